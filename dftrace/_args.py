@@ -1,0 +1,152 @@
+"""Making user-supplied args safe to write.
+
+Args keep their JSON types (ints of any size, floats, bools, strings, small lists and
+dicts of those). Anything else becomes a short summary string. NaN/inf, lone
+surrogates, control characters and huge strings all still give one valid UTF-8 JSON
+line. Nothing in this module raises: a value that defeats every attempt is written as
+``"<unprintable T>"``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+__all__ = ["RESERVED", "sanitize", "sanitize_args", "encode_fragment", "summarize_object"]
+
+#: Keys dftrace itself writes into ``args``; a user arg of the same name is renamed.
+RESERVED = frozenset({"hhash", "level", "p_idx"})
+
+_MAX_ITEMS = 32
+_MAX_DEPTH = 3
+_I64_MIN, _U64_MAX = -(2**63), 2**64 - 1
+
+
+def _cut(s: str, max_len: int) -> str:
+    if len(s) > max_len:
+        s = f"{s[:max_len]}…[+{len(s) - max_len} chars]"
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates cannot be written as UTF-8
+            s = s.encode("utf-8", "replace").decode("utf-8")
+    return s
+
+
+def summarize_object(v: Any, max_len: int = 200) -> str:
+    """A short, safe description of an arbitrary object (never its full data)."""
+    tname = type(v).__name__
+    try:
+        shape = getattr(v, "shape", None)
+        dtype = getattr(v, "dtype", None)
+        if shape is not None and dtype is not None:
+            return _cut(f"<{tname} shape={tuple(shape)} dtype={dtype}>", max_len)
+    except Exception:
+        pass
+    try:
+        r = repr(v)
+    except Exception:
+        return f"<{tname} (repr failed)>"
+    if not isinstance(r, str):
+        return f"<{tname}>"
+    return _cut(r, max_len)
+
+
+def sanitize(v: Any, max_len: int = 1024, _depth: int = 0) -> Any:
+    """Return a value orjson can encode (big ints excepted) that means the same as ``v``."""
+    t = type(v)
+    if t is str:
+        return _cut(v, max_len)
+    if t is bool or v is None:
+        return v
+    if t is int:
+        return v
+    if t is float:
+        if math.isfinite(v):
+            return v
+        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+    try:
+        if isinstance(v, bool):
+            return bool(v)
+        if isinstance(v, int):
+            return int(v)
+        if isinstance(v, float):
+            return sanitize(float(v), max_len)
+        if isinstance(v, str):
+            return _cut(str(v), max_len)
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return f"<{t.__name__} len={len(v)}>"
+        # numpy / torch scalars: keep the number
+        if getattr(v, "ndim", None) == 0 and hasattr(v, "item"):
+            item = v.item()
+            if isinstance(item, (int, float, bool)):
+                return sanitize(item, max_len, _depth)
+        if _depth < _MAX_DEPTH:
+            if isinstance(v, Mapping):
+                if len(v) <= _MAX_ITEMS:
+                    return {_key(k, max_len): sanitize(x, max_len, _depth + 1) for k, x in v.items()}
+                return f"<{t.__name__} len={len(v)}>"
+            if isinstance(v, (list, tuple, set, frozenset)):
+                if len(v) <= _MAX_ITEMS:
+                    return [sanitize(x, max_len, _depth + 1) for x in v]
+                return f"<{t.__name__} len={len(v)}>"
+    except Exception:
+        pass
+    return summarize_object(v, min(max_len, 200))
+
+
+def _key(k: Any, max_len: int) -> str:
+    if type(k) is str:
+        return _cut(k, max_len)
+    try:
+        return _cut(str(k), max_len)
+    except Exception:
+        return f"<{type(k).__name__}>"
+
+
+def sanitize_args(args: Mapping[str, Any] | None, max_len: int = 1024) -> dict[str, Any]:
+    """Sanitise a mapping of args; reserved keys are renamed ``arg_<key>``."""
+    if not args:
+        return {}
+    out: dict[str, Any] = {}
+    try:
+        items = list(args.items())
+    except Exception:
+        return {"args": summarize_object(args)}
+    for k, v in items:
+        key = _key(k, max_len)
+        if key in RESERVED:
+            key = "arg_" + key
+        out[key] = sanitize(v, max_len)
+    return out
+
+
+def _dump(v: Any) -> bytes:
+    """orjson, falling back to hand encoding for ints beyond 64 bits."""
+    try:
+        return orjson.dumps(v)
+    except Exception:
+        pass
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v).encode()
+    if isinstance(v, dict):
+        return b"{" + b",".join(orjson.dumps(k) + b":" + _dump(x) for k, x in v.items()) + b"}"
+    if isinstance(v, list):
+        return b"[" + b",".join(_dump(x) for x in v) + b"]"
+    return orjson.dumps(summarize_object(v))
+
+
+def encode_fragment(args: Mapping[str, Any] | None, max_len: int = 1024,
+                    sanitized: bool = False) -> bytes:
+    """``,"k":v,...`` for splicing into an event's args object (empty when no args)."""
+    if not args:
+        return b""
+    try:
+        clean = args if sanitized else sanitize_args(args, max_len)
+        body = _dump(clean)
+        return b"," + body[1:-1] if len(body) > 2 else b""
+    except Exception:
+        return b',"args":"<unprintable>"'

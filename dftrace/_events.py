@@ -1,0 +1,180 @@
+"""Event records and their encoding into trace lines.
+
+The hot path appends raw 8-tuples to the shared buffer::
+
+    (kind, t0_ns, t1_ns, id, parent_id, level, tid, extra)
+
+``kind`` is an :class:`EventKind` (a span) or a :class:`SpecialKind` (metadata,
+counters). ``extra`` is ``None``, an ``int`` (the ``count`` of an ``.iter`` item),
+an :class:`Extra` (per-use args, encoded once) or a ``dict`` (args known only at
+record time, encoded here). Nothing is encoded until the writer asks for it.
+
+Encoding is template based: each kind carries its name, category and static args
+pre-rendered into ``bytes`` templates, so one event costs one ``%`` format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from ._args import encode_fragment, sanitize_args
+
+__all__ = ["EventKind", "SpecialKind", "Extra", "Encoder", "META", "COUNTER", "INSTANT"]
+
+
+class EventKind:
+    """Name, category and sticky args of a span; immutable once built."""
+
+    __slots__ = ("name", "cat", "args", "frag", "keys", "tmpl", "special")
+
+    def __init__(self, name: str, cat: str, args: dict[str, Any] | None = None):
+        self.name = name
+        self.cat = cat
+        self.args = args or {}
+        self.frag = encode_fragment(self.args, sanitized=True)
+        self.keys = frozenset(self.args)
+        self.tmpl: tuple[bytes, bytes, bytes] | None = None  # built by the encoder
+        self.special = False
+
+    def __repr__(self) -> str:
+        return f"EventKind({self.name!r}, {self.cat!r}, {self.args!r})"
+
+
+class Extra:
+    """Args given to one use of a node (``node(args=...)``), encoded once."""
+
+    __slots__ = ("args", "frag", "keys")
+
+    def __init__(self, args: dict[str, Any], max_len: int = 1024):
+        self.args = sanitize_args(args, max_len)
+        self.frag = encode_fragment(self.args, sanitized=True)
+        self.keys = frozenset(self.args)
+
+
+class SpecialKind:
+    """Records that are not spans: metadata (``ph`` M), counters (C), instants (i).
+
+    For these records the tuple slots mean ``(kind, t_ns, _, id, _, _, tid, payload)``
+    where ``payload`` is a dict with ``name``, ``cat`` and ``args``.
+    """
+
+    __slots__ = ("ph", "tmpl", "special")
+
+    def __init__(self, ph: str):
+        self.ph = ph
+        self.tmpl = None
+        self.special = True
+
+
+META = SpecialKind("M")
+COUNTER = SpecialKind("C")
+INSTANT = SpecialKind("i")
+
+
+def _esc(b: bytes) -> bytes:
+    return b.replace(b"%", b"%%")
+
+
+class Encoder:
+    """Turns batches of raw records into newline-terminated JSON lines (bytes)."""
+
+    def __init__(self, pid: int, hhash: str, offset_ns: int, max_arg_length: int = 1024):
+        self.pid = pid
+        self.hhash = hhash
+        #: wall_ns - mono_ns at the anchor: ts_us = (mono_ns + offset_ns) // 1000
+        self.offset_ns = offset_ns
+        self.max_arg_length = max_arg_length
+        #: span ids at or below this were started before a fork and belong to the parent
+        self.min_id = 0
+        self._hh = orjson.dumps(hhash)
+
+    # -- templates -------------------------------------------------------
+    def _build(self, k: EventKind) -> tuple[bytes, bytes, bytes]:
+        head = (
+            b'{"id":%d,"name":' + _esc(orjson.dumps(k.name))
+            + b',"cat":' + _esc(orjson.dumps(k.cat))
+            + b',"pid":' + str(self.pid).encode()
+            + b',"tid":%d,"ts":%d,"dur":%d,"ph":"X","args":{"hhash":' + _esc(self._hh)
+            + b',"level":%d,"p_idx":%d' + _esc(k.frag)
+        )
+        t = (head + b"}}\n", head + b',"count":%d}}\n', head + b"%b}}\n")
+        k.tmpl = t
+        return t
+
+    def reset_templates(self, kinds: Iterable[EventKind]) -> None:
+        for k in kinds:
+            k.tmpl = None
+
+    # -- encoding --------------------------------------------------------
+    def encode(self, batch: list[tuple]) -> bytes:
+        """Encode a batch; a record that cannot be encoded is replaced, never raised."""
+        out: list[bytes] = []
+        ap = out.append
+        off = self.offset_ns
+        min_id = self.min_id
+        for rec in batch:
+            k, t0, t1, i, p, lvl, tid, x = rec
+            tm = k.tmpl
+            if tm is None:
+                if k.special:
+                    ap(self._special(rec))
+                    continue
+                tm = self._build(k)
+            if i <= min_id:
+                continue
+            s = (t0 + off) // 1000
+            d = (t1 + off) // 1000 - s
+            if x is None:
+                ap(tm[0] % (i, tid, s, d, lvl, p))
+            elif type(x) is int:
+                ap(tm[1] % (i, tid, s, d, lvl, p, x))
+            elif type(x) is Extra and x.keys.isdisjoint(k.keys):
+                ap(tm[2] % (i, tid, s, d, lvl, p, x.frag))
+            else:
+                ap(self._slow(k, x, (i, tid, s, d, lvl, p)))
+        return b"".join(out)
+
+    def _slow(self, k: EventKind, x: Any, nums: tuple) -> bytes:
+        """Args known only at record time; on a key clash they override the static ones."""
+        try:
+            if type(x) is Extra:
+                extra = x.args
+            elif isinstance(x, dict):
+                extra = sanitize_args(x, self.max_arg_length)
+            else:
+                extra = {"value": x}
+            if k.keys.isdisjoint(extra):
+                return k.tmpl[2] % (*nums, encode_fragment(extra, sanitized=True))
+            merged = dict(k.args)
+            merged.update(extra)
+            return self._build(EventKind(k.name, k.cat, merged))[0] % nums
+        except Exception:
+            return k.tmpl[0] % nums
+
+    def _special(self, rec: tuple) -> bytes:
+        k, t0, _t1, i, _p, _lvl, tid, payload = rec
+        try:
+            ev: dict[str, Any] = {
+                "id": i,
+                "name": payload.get("name", "?"),
+                "cat": payload.get("cat", "dftrace"),
+                "pid": self.pid,
+                "tid": tid,
+            }
+            if k.ph != "M":
+                ev["ts"] = (t0 + self.offset_ns) // 1000
+            ev["ph"] = k.ph
+            if k.ph == "i":
+                ev["s"] = payload.get("scope", "t")
+            args = sanitize_args(payload.get("args"), self.max_arg_length)
+            if payload.get("ts_value"):  # metadata mode: the value is the time, as text
+                args["value"] = str((t0 + self.offset_ns) // 1000)
+            if payload.get("hhash", True):
+                args = {"hhash": self.hhash, **args}
+            ev["args"] = args
+            return orjson.dumps(ev) + b"\n"
+        except Exception:
+            return b""

@@ -1,0 +1,426 @@
+"""The profiler tree: ``ai.<category>.<event>`` nodes and their uses.
+
+A :class:`Node` is shared by every thread, task and call site that names it, so it
+holds no per-call state: start times live in frames on the caller's own stack (see
+``_recorder``). A node works as a decorator, a context manager, an iterator wrapper
+and a start/stop hook. Calling it with options (``node(args=..., enable=...)``) makes
+a :class:`Use`: the same event with args of its own, still switched by its node's
+``enable``/``disable`` and reached by its ``update`` unless ``enable=`` was forced.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from collections.abc import Iterable
+from typing import Any, Callable, TypeVar
+
+from . import _recorder as _rec
+from ._args import sanitize_args
+from ._events import EventKind, Extra
+
+__all__ = ["Node", "Use", "Span", "AITree", "GATE", "CATEGORIES", "ai", "set_off_for_good"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The categories and their children, exactly as DFTracer's AI/DL logging names them.
+CATEGORIES: dict[str, tuple[str, ...]] = {
+    "compute": ("forward", "backward", "step"),
+    "data": ("preprocess", "item"),
+    "dataloader": ("fetch",),
+    "comm": ("send", "receive", "barrier", "bcast", "reduce", "all_reduce", "gather",
+             "all_gather", "scatter", "reduce_scatter", "all_to_all"),
+    "device": ("transfer",),
+    "checkpoint": ("capture", "restart"),
+    "pipeline": ("epoch", "train", "evaluate", "test"),
+}
+
+
+class _Gate:
+    """Whether anything records at all (tracing initialised or a capture running)."""
+
+    __slots__ = ("_on",)
+
+    def __init__(self) -> None:
+        self._on = False
+
+
+GATE = _Gate()
+
+#: Trees not under ``ai`` (``dft_fn`` events, user-made roots), so switches reach them.
+_roots: weakref.WeakSet[Node] = weakref.WeakSet()
+
+# Set when configuration switches tracing off for good (DFTRACE_ENABLE=0 at import):
+# decorators then return the function itself and .iter() its argument.
+_off_for_good = False
+_max_arg_length = 1024
+
+
+def set_off_for_good(value: bool) -> None:
+    global _off_for_good
+    _off_for_good = bool(value)
+
+
+def set_max_arg_length(n: int) -> None:
+    global _max_arg_length
+    _max_arg_length = n
+
+
+def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
+    """Wrap ``fn`` so each call is a span of ``obj``'s node."""
+    if isinstance(fn, (staticmethod, classmethod)):
+        return type(fn)(_decorate(obj, fn.__func__, gate))
+    if inspect.isclass(fn):
+        fn.__init__ = _decorate(obj, fn.__init__, gate)  # type: ignore[misc]
+        return fn
+    if not callable(fn):
+        raise TypeError(
+            f"{obj!r} decorates functions; got {type(fn).__name__}. "
+            f"To pass args use {obj._node.path}(args={{...}}).")
+    if inspect.iscoroutinefunction(fn):
+        wrapper = _rec.wrap_async(fn, obj, gate)
+    elif inspect.isasyncgenfunction(fn):
+        wrapper = _rec.wrap_asyncgen(fn, obj, gate)
+    elif inspect.isgeneratorfunction(fn):
+        wrapper = _rec.wrap_generator(fn, obj, gate)
+    else:
+        wrapper = _rec.wrap_sync(fn, obj, gate)
+    try:
+        functools.update_wrapper(wrapper, fn)
+    except Exception:
+        pass
+    wrapper.__dftrace_node__ = obj._node  # type: ignore[attr-defined]
+    return wrapper
+
+
+class Span:
+    """Token returned by ``start()``; ``stop()`` it (or pass it to ``node.stop``)."""
+
+    __slots__ = ("_obj", "_token")
+
+    def __init__(self, obj: Node | Use | None, token: tuple | None):
+        self._obj = obj
+        self._token = token
+
+    @property
+    def id(self) -> int | None:
+        """The span's event id in the trace (None when nothing was recorded)."""
+        return self._token[1] if self._token is not None else None
+
+    def stop(self) -> None:
+        """Close this span (safe to call twice)."""
+        if self._token is not None and self._obj is not None:
+            try:
+                _rec.stop(self._obj, self._token)
+            except Exception:
+                pass
+            self._token = None
+
+    def __enter__(self) -> Span:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<dftrace.Span id={self.id}>"
+
+
+_NO_SPAN = Span(None, None)
+
+
+class _Traceable:
+    """What nodes and uses share: decorator, context manager, iterator, hooks."""
+
+    _node: Node
+    _extra: Extra | None
+
+    def _gate(self) -> Any:
+        raise NotImplementedError
+
+    # decorator / options ------------------------------------------------
+    def __call__(self, fn: Any = None, /, **options: Any) -> Any:
+        if fn is not None and not options and not isinstance(fn, dict):
+            return self.decorate(fn)
+        if isinstance(fn, dict):
+            options.setdefault("args", fn)
+        return Use(self._node, **self._merge_options(options))
+
+    def _merge_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        return options
+
+    def decorate(self, fn: F) -> F:
+        """Return ``fn`` wrapped so every call records a span (or ``fn`` itself when
+        tracing is off by configuration, or this use is forced off)."""
+        gate = self._gate()
+        if _off_for_good or gate is None:
+            return fn
+        return _decorate(self, fn, gate)
+
+    # context manager (the recorder's functions serve directly as the methods) ------
+    __enter__ = _rec.cm_enter
+    __exit__ = _rec.cm_exit
+
+    async def __aenter__(self) -> Any:
+        return _rec.cm_enter(self)
+
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        return _rec.cm_exit(self, et, ev, tb)
+
+    # iterators ------------------------------------------------------------
+    def iter(self, iterable: Iterable[Any]) -> Any:
+        """Wrap an iterable: per item a ``<name>.iter`` span (obtaining it) and a
+        ``<name>.block`` span (the loop body), both with ``args.count``. Returns the
+        iterable itself when tracing is off."""
+        gate = self._gate()
+        if _off_for_good or gate is None or not gate._on:
+            return iterable
+        return _rec.iterate(self, gate, iterable)
+
+    def aiter(self, aiterable: Any) -> Any:
+        """``async for`` version of :meth:`iter`."""
+        gate = self._gate()
+        if _off_for_good or gate is None or not gate._on:
+            return aiterable
+        return _rec.aiterate(self, gate, aiterable)
+
+    # hooks ------------------------------------------------------------------
+    def start(self, metadata: bool = False) -> Span:
+        """Open a span closed by a later :meth:`stop` (hook style). With
+        ``metadata=True`` write a ``CM`` event ``<name>.start`` with the time instead."""
+        gate = self._gate()
+        if gate is None or not gate._on:
+            return _NO_SPAN
+        try:
+            if metadata:
+                _rec.record_cm(self._node.name + ".start")
+                return _NO_SPAN
+            return Span(self, _rec.start(self))
+        except Exception:
+            return _NO_SPAN
+
+    def stop(self, span: Span | None = None, metadata: bool = False) -> None:
+        """Close the span from :meth:`start` (the innermost open one of this node on
+        the caller's thread/task, or ``span``). A stop with nothing open warns once."""
+        gate = self._gate()
+        try:
+            if metadata:
+                if gate is not None and gate._on:
+                    _rec.record_cm(self._node.name + ".end")
+                return
+            if span is not None:
+                span.stop()
+                return
+            if not _rec.stop(self) and gate is not None and gate._on:
+                _rec.STATE.warn_once(
+                    "stop:" + self._node.path,
+                    f"{self._node.path}.stop() without a matching start(); ignored")
+        except Exception:
+            pass
+
+
+class Node(_Traceable):
+    """One event of the tree, e.g. ``ai.compute.forward``."""
+
+    #: Suffix of the span covering the loop body in ``.iter()``.
+    BLOCK_SUFFIX = ".block"
+
+    def __init__(self, name: str, cat: str, parent: Node | None = None, path: str | None = None):
+        self.name = name
+        self.cat = cat
+        self.path = path or name
+        self._parent = parent
+        self._children: dict[str, Node] = {}
+        self._own_args: dict[str, Any] = {}
+        self._enabled = True
+        self._on = False
+        self._node = self
+        self._extra = None
+        self._rebuild()
+        if parent is None:
+            _roots.add(self)
+            self._refresh()
+
+    def __repr__(self) -> str:
+        return f"<dftrace node {self.path} name={self.name!r} cat={self.cat!r}>"
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._children))
+
+    def _gate(self) -> Any:
+        return self
+
+    # tree -------------------------------------------------------------------
+    def _add(self, key: str, child: Node) -> Node:
+        self._children[key] = child
+        if key.isidentifier() and not hasattr(type(self), key):
+            self.__dict__[key] = child
+        child._refresh()
+        return child
+
+    def _walk(self) -> Iterable[Node]:
+        yield self
+        for c in list(self._children.values()):
+            yield from c._walk()
+
+    def _args(self) -> dict[str, Any]:
+        chain = []
+        n: Node | None = self
+        while n is not None:
+            chain.append(n._own_args)
+            n = n._parent
+        merged: dict[str, Any] = {}
+        for a in reversed(chain):
+            merged.update(a)
+        return merged
+
+    def _rebuild(self) -> None:
+        args = self._args()
+        self._kind = EventKind(self.name, self.cat, args)
+        self._iter_kind = EventKind(self.name + ".iter", self.cat, args)
+        self._block_kind = EventKind(self.name + self.BLOCK_SUFFIX, self.cat, args)
+
+    def _enabled_path(self) -> bool:
+        n: Node | None = self
+        while n is not None:
+            if not n._enabled:
+                return False
+            n = n._parent
+        return True
+
+    def _refresh(self) -> None:
+        for n in self._walk():
+            n._on = GATE._on and n._enabled_path()
+
+    def derive(self, name: str, args: dict[str, Any] | None = None) -> Node:
+        """A child event named ``<this name>.<name>`` in the same category that
+        inherits this node's args, switches and updates."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("derive(name=...) needs a non-empty string name")
+        key = name
+        child = self._children.get(key)
+        if child is None:
+            child = self._add(key, Node(f"{self.name}.{name}", self.cat, self, f"{self.path}.{name}"))
+        if args:
+            child.update(**args)
+        return child
+
+    @property
+    def init(self) -> Node:
+        """The ``<name>.init`` event, for constructors (``@ai.data.item.init``)."""
+        return self.derive("init")
+
+    # switches and args --------------------------------------------------------
+    def enable(self) -> None:
+        """Record this node and its subtree again (unless an ancestor is disabled)."""
+        self._enabled = True
+        self._refresh()
+
+    def disable(self) -> None:
+        """Stop recording this node and its subtree (uses forced on still record)."""
+        self._enabled = False
+        self._refresh()
+
+    @property
+    def enabled(self) -> bool:
+        """True when this node would record now."""
+        return self._on
+
+    def update(self, args: dict[str, Any] | None = None, /, **kwargs: Any) -> None:
+        """Set sticky args on this node's later events and its whole subtree's."""
+        try:
+            new = dict(args or {})
+            new.update(kwargs)
+            self._own_args.update(sanitize_args(new, _max_arg_length))
+            for n in self._walk():
+                n._rebuild()
+        except Exception:
+            pass
+
+    def reset_args(self) -> None:
+        """Forget args set with :meth:`update` on this node and its subtree."""
+        for n in self._walk():
+            n._own_args.clear()
+        for n in self._walk():
+            n._rebuild()
+
+
+class Use(_Traceable):
+    """A node with options of its own: ``ai.compute.forward(args={...}, enable=True)``."""
+
+    __slots__ = ("_node", "_extra", "_forced")
+
+    def __init__(self, node: Node, args: dict[str, Any] | None = None,
+                 enable: bool | None = None, **unknown: Any):
+        if unknown:
+            raise TypeError(
+                f"{node.path}() got unexpected option(s) {', '.join(sorted(unknown))}; "
+                "options are args=..., enable=...")
+        self._node = node
+        self._extra = Extra(dict(args), _max_arg_length) if args else None
+        self._forced = None if enable is None else bool(enable)
+
+    def _gate(self) -> Any:
+        if self._forced is None:
+            return self._node
+        return GATE if self._forced else None
+
+    def _merge_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        if self._extra is not None:
+            merged["args"] = dict(self._extra.args)
+        if self._forced is not None:
+            merged["enable"] = self._forced
+        if "args" in options and options["args"]:
+            merged["args"] = {**merged.get("args", {}), **options.pop("args")}
+        merged.update(options)
+        return merged
+
+    @property
+    def _on(self) -> bool:
+        g = self._gate()
+        return bool(g is not None and g._on)
+
+    def update(self, args: dict[str, Any] | None = None, /, **kwargs: Any) -> None:
+        """Updates go to the node (and so reach every use of it)."""
+        self._node.update(args, **kwargs)
+
+    def __repr__(self) -> str:
+        extra = self._extra.args if self._extra else {}
+        return f"<dftrace use of {self._node.path} args={extra!r} enable={self._forced!r}>"
+
+
+class AITree(Node):
+    """The root ``ai``: categories as attributes; ``update``/``enable``/``disable``
+    act on the whole tree."""
+
+    def __init__(self) -> None:
+        super().__init__("ai", "ai", None, "ai")
+        for cat, children in CATEGORIES.items():
+            c = self._add(cat, Node(cat, cat, self, f"ai.{cat}"))
+            for child in children:
+                c._add(child, Node(child, cat, c, f"ai.{cat}.{child}"))
+
+    def __getitem__(self, key: str) -> Node:
+        return self._children[key]
+
+    def nodes(self) -> list[Node]:
+        """Every node of the tree, derived ones included."""
+        return list(self._walk())
+
+
+ai = AITree()
+
+
+def refresh_all() -> None:
+    """Recompute every node's switch after the gate changed."""
+    for root in list(_roots):
+        root._refresh()
+
+
+def rebuild_all() -> None:
+    """Rebuild every node's kinds (after fork: templates embed the pid)."""
+    for root in list(_roots):
+        for n in root._walk():
+            n._rebuild()

@@ -1,0 +1,312 @@
+"""A tracing session: initialise, write the file header, finalise; fork and exit hooks.
+
+There is at most one session per process. ``initialize`` resolves the configuration,
+opens ``<prefix>[-rank<R>]-<host>-<pid>.pfw.zst``, writes the metadata header, starts
+the writer and opens the gate so nodes record. ``finalize`` (also run at interpreter
+exit and when a ``multiprocessing`` child ends) closes open spans, flushes
+everything and writes the closing ``]``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import orjson
+
+from . import _nodes
+from . import _recorder as _rec
+from ._config import Config, ConfigError, env_disabled
+from ._events import Encoder
+from ._version import __version__
+from ._writer import FileSink, Writer
+
+__all__ = ["Session", "initialize", "finalize", "session", "detect_rank"]
+
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+_LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+
+_lock = threading.RLock()
+_session: Session | None = None
+_atexit_registered = False
+_fork_hook_registered = False
+
+
+def _env_int(names: tuple[str, ...]) -> int | None:
+    for n in names:
+        v = os.environ.get(n, "").strip()
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def detect_rank() -> tuple[int | None, int | None]:
+    """(rank, local rank) from the launcher's environment, None when unknown."""
+    return _env_int(_RANK_VARS), _env_int(_LOCAL_RANK_VARS)
+
+
+def hostname_hash(host: str) -> str:
+    return hashlib.blake2b(host.encode(), digest_size=8).hexdigest()
+
+
+def _safe_host(host: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", host) or "host"
+
+
+class Session:
+    """One process's tracing session (what ``initialize`` returns)."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.pid = os.getpid()
+        self.hostname = socket.gethostname()
+        self.hhash = hostname_hash(self.hostname)
+        rank, local_rank = detect_rank()
+        self.rank = config.rank if config.rank is not None else rank
+        self.local_rank = local_rank
+        # One monotonic clock, anchored once to wall time.
+        self.mono_ns = time.perf_counter_ns()
+        self.wall_ns = time.time_ns()
+        self.offset_ns = self.wall_ns - self.mono_ns
+        self.encoder = Encoder(self.pid, self.hhash, self.offset_ns, config.max_arg_length)
+        self.base = self._base_path()
+        self.sink = FileSink(self.base, config.compression, config.compression_level,
+                             config.max_file_size, self._header())
+        self.writer = Writer(self.encoder, self.sink, config.flush_interval)
+        self.finalized = False
+        self._saved_env: dict[str, str | None] = {}
+
+    # -- naming --------------------------------------------------------------
+    def _base_path(self) -> str:
+        prefix = os.path.abspath(os.path.expanduser(self.config.log_file))
+        d = os.path.dirname(prefix)
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"log_file (env DFTRACE_LOG_FILE)={self.config.log_file!r}: cannot create "
+                f"directory {d!r}: {exc.strerror or exc}") from None
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"log_file (env DFTRACE_LOG_FILE)={self.config.log_file!r}: directory {d!r} "
+                "is not writable")
+        rank = f"-rank{self.rank}" if self.rank is not None else ""
+        return f"{prefix}{rank}-{_safe_host(self.hostname)}-{self.pid}"
+
+    @property
+    def process_name(self) -> str:
+        if self.config.process_name:
+            return self.config.process_name
+        if self.rank is not None:
+            return f"rank {self.rank} · {self.hostname} · pid {self.pid}"
+        return f"{self.hostname} · pid {self.pid}"
+
+    @property
+    def path(self) -> str:
+        """The file being written (the latest part when rotating)."""
+        return self.sink.path
+
+    @property
+    def paths(self) -> list[str]:
+        return list(self.sink.paths)
+
+    # -- header --------------------------------------------------------------
+    def _meta(self, name: str, args: dict[str, Any], tid: int | None = None) -> bytes:
+        ev = {"name": name, "cat": "dftrace", "pid": self.pid,
+              "tid": self.pid if tid is None else tid, "ph": "M", "args": args}
+        return orjson.dumps(ev, default=str) + b"\n"
+
+    def _header(self) -> bytes:
+        tid = threading.get_native_id()
+        sort_index = self.rank if self.rank is not None else self.pid
+        lines = [
+            b"[\n",
+            self._meta("process_name", {"name": self.process_name}),
+            self._meta("process_sort_index", {"sort_index": sort_index}),
+            self._meta("thread_name", {"name": threading.current_thread().name}, tid),
+            self._meta("HH", {"hhash": self.hhash, "name": self.hostname, "value": self.hhash}),
+            self._meta("clock_anchor", {"hhash": self.hhash, "wall_ns": self.wall_ns,
+                                        "mono_ns": self.mono_ns, "clock": "perf_counter_ns",
+                                        "time_metric": "us"}),
+            self._meta("PR", {"hhash": self.hhash, **process_info(self)}),
+        ]
+        return b"".join(lines)
+
+    # -- environment export ----------------------------------------------------
+    def export_env(self) -> None:
+        for k, v in self.config.to_env().items():
+            self._saved_env.setdefault(k, os.environ.get(k))
+            os.environ[k] = v
+
+    def restore_env(self) -> None:
+        for k, old in self._saved_env.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
+        self._saved_env.clear()
+
+    # -- end ----------------------------------------------------------------
+    def finalize(self) -> None:
+        """Close open spans, flush, write the closing bracket (idempotent)."""
+        finalize(self)
+
+    def __repr__(self) -> str:
+        return f"<dftrace.Session {self.path} {'finalized' if self.finalized else 'active'}>"
+
+
+def process_info(s: Session) -> dict[str, Any]:
+    """What this process is: command line, directory, versions, affinity, host, rank."""
+    info: dict[str, Any] = {
+        "cmdline": list(sys.argv) if sys.argv else [],
+        "executable": sys.executable,
+        "cwd": os.getcwd() if os.path.exists(".") else None,
+        "python": sys.version.split()[0],
+        "dftrace": __version__,
+        "hostname": s.hostname,
+        "ppid": os.getppid(),
+        "rank": s.rank,
+        "local_rank": s.local_rank,
+        "data_dir": s.config.data_dir,
+        "platform": sys.platform,
+    }
+    try:
+        info["cpu_affinity"] = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        pass
+    versions = {}
+    for mod in ("numpy", "torch", "tensorflow", "keras", "lightning", "transformers"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            versions[mod] = str(getattr(m, "__version__", "?"))
+    info["packages"] = versions
+    return info
+
+
+def session() -> Session | None:
+    """The active session of this process, if any."""
+    return _session
+
+
+def _set_gate() -> None:
+    _nodes.GATE._on = _session is not None or _rec.STATE.captures > 0
+    _nodes.refresh_all()
+
+
+def initialize(**options: Any) -> Session | None:
+    """Start tracing in this process. Keyword arguments override ``DFTRACE_*``
+    variables (see docs/configuration.md); an invalid value raises ``ConfigError``
+    naming the setting. Returns the :class:`Session` (None when tracing is off by
+    configuration). Calling it again while a session runs returns that session."""
+    global _session, _atexit_registered
+    config = Config.resolve(options)
+    with _lock:
+        if _session is not None and _session.pid == os.getpid():
+            return _session
+        if config.enable is False:
+            _nodes.set_off_for_good(True)
+            return None
+        _nodes.set_off_for_good(False)
+        _nodes.set_max_arg_length(config.max_arg_length)
+        _rec.STATE.batch_size = config.batch_size
+        _rec.STATE.buffer_limit = config.buffer_limit
+        _rec.STATE.drop_when_full = config.on_full == "drop"
+        _rec.STATE.dropped = 0
+        del _rec.BUFFER[:]  # leftovers of an earlier session (late events) are not ours
+        s = Session(config)
+        _rec.STATE.consumer = s.writer
+        _session = s
+        if config.inherit:
+            s.export_env()
+        _register_hooks()
+        _set_gate()
+        return s
+
+
+def finalize(target: Session | None = None) -> None:
+    """Stop tracing: close spans left open by ``start()`` (``args.incomplete``),
+    flush every buffered event and write the closing ``]``. Idempotent; also runs
+    at interpreter exit."""
+    global _session
+    with _lock:
+        s = _session
+        if s is None or (target is not None and target is not s) or s.pid != os.getpid():
+            return
+        try:
+            _rec.close_all_open()
+            _session = None
+            _set_gate()
+            s.writer.stop()
+            trailer = b""
+            if _rec.STATE.dropped:
+                trailer += s._meta("dropped", {"count": _rec.STATE.dropped,
+                                               "reason": "buffer full"})
+            s.sink.close(trailer + b"]\n")
+        except Exception as exc:
+            _rec.STATE.warn_once("finalize", f"finalize failed: {exc!r}")
+        finally:
+            s.finalized = True
+            _rec.STATE.consumer = None
+            s.restore_env()
+
+
+def _after_fork_child() -> None:
+    """In a forked child: drop the parent's buffered events and frames, and trace
+    into a file of the child's own."""
+    global _session
+    parent = _session
+    _rec.STATE.reset_after_fork()
+    if parent is None:
+        return
+    parent.sink.abandon()
+    parent.writer = None  # type: ignore[assignment]
+    _session = None
+    try:
+        first_id = next(_rec.ids)
+        _nodes.rebuild_all()
+        s = Session(parent.config)
+        s.encoder.min_id = first_id
+        _rec.STATE.consumer = s.writer
+        _session = s
+        _register_mp_finalizer()
+    except Exception as exc:
+        _rec.STATE.warn_once("fork", f"tracing could not restart in the child: {exc!r}")
+    _set_gate()
+
+
+def _register_mp_finalizer() -> None:
+    # multiprocessing children leave through os._exit, skipping atexit; its own
+    # finalizers do run (Process._bootstrap -> util._exit_function).
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        try:
+            mp_util.Finalize(None, finalize, exitpriority=-100)
+        except Exception:
+            pass
+
+
+def _register_hooks() -> None:
+    global _atexit_registered, _fork_hook_registered
+    if not _atexit_registered:
+        atexit.register(finalize)
+        _atexit_registered = True
+    if not _fork_hook_registered and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_child)
+        _fork_hook_registered = True
+    _register_mp_finalizer()
+
+
+def autostart() -> None:
+    """At import: honour ``DFTRACE_ENABLE`` (1 starts a session, 0 switches off for good)."""
+    if env_disabled():
+        _nodes.set_off_for_good(True)
+        return
+    if os.environ.get("DFTRACE_ENABLE", "").strip().lower() in ("1", "true", "yes", "on"):
+        initialize()  # a bad DFTRACE_* value fails here, at import, naming the variable

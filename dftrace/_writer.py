@@ -1,0 +1,213 @@
+"""Taking records from the buffer, encoding them and writing trace files.
+
+The :class:`Writer` is a background thread. It wakes every ``flush_interval`` (or
+sooner when producers report a full batch), takes everything buffered, encodes it
+in chunks (releasing the GIL between chunks so traced threads are not held up),
+compresses the result as ONE independent zstd frame / gzip member and appends it to
+the file. A process killed at any moment leaves a file that decodes up to its last
+complete flush.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import threading
+import time
+from typing import Any
+
+import zstandard
+
+from . import _recorder as _rec
+from ._events import Encoder
+
+__all__ = ["FileSink", "Writer", "SUFFIXES"]
+
+SUFFIXES = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}
+
+# Records encoded per slice before the writer lets traced threads run.
+_CHUNK = 2048
+
+
+class FileSink:
+    """Appends compressed frames to ``<base>.pfw[.zst|.gz]``, rotating to part files
+    past ``max_size`` bytes. Any OS error disables the sink with one warning."""
+
+    def __init__(self, base: str, compression: str, level: int | None, max_size: int = 0,
+                 header: bytes = b""):
+        self.base = base
+        self.compression = compression
+        self.suffix = SUFFIXES[compression]
+        self.level = level
+        self.max_size = max_size
+        self.header = header  # written at the top of every part file
+        self.part = 0
+        self.paths: list[str] = []
+        self.bytes_written = 0
+        self.failed: str | None = None
+        self._fd: int | None = None
+        if compression == "zstd":
+            self._zc = zstandard.ZstdCompressor(level=3 if level is None else level)
+        self._open()
+
+    @property
+    def path(self) -> str:
+        return self.paths[-1]
+
+    def _open(self) -> None:
+        name = self.base + (f".part{self.part}" if self.part else "") + self.suffix
+        self._fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self.paths.append(name)
+        self.bytes_written = 0
+        self._write_raw(self.header)
+
+    def _compress(self, data: bytes) -> bytes:
+        if self.compression == "zstd":
+            return self._zc.compress(data)
+        if self.compression == "gzip":
+            return gzip.compress(data, compresslevel=6 if self.level is None else self.level)
+        return data
+
+    def _write_raw(self, data: bytes) -> None:
+        if not data or self._fd is None:
+            return
+        out = self._compress(data)
+        view = memoryview(out)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        self.bytes_written += len(out)
+
+    def write(self, data: bytes) -> None:
+        if self.failed or not data:
+            return
+        try:
+            if self.max_size and self.bytes_written >= self.max_size:
+                self._rotate()
+            self._write_raw(data)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _rotate(self) -> None:
+        self._write_raw(b"]\n")
+        os.close(self._fd)  # type: ignore[arg-type]
+        self._fd = None
+        self.part += 1
+        self._open()
+
+    def _fail(self, exc: BaseException) -> None:
+        self.failed = f"{type(exc).__name__}: {exc}"
+        _rec.STATE.warn_once(
+            "sink-failed",
+            f"writing {self.path} failed ({self.failed}); tracing stops, the run goes on. "
+            "The file written so far stays readable.")
+        try:
+            if self._fd is not None:
+                os.close(self._fd)
+        except OSError:
+            pass
+        self._fd = None
+
+    def close(self, trailer: bytes = b"]\n") -> None:
+        if self._fd is None:
+            return
+        try:
+            self._write_raw(trailer)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        self._fd = None
+
+    def abandon(self) -> None:
+        """Forget the file descriptor without writing (a forked child's copy)."""
+        self._fd = None
+
+
+class Writer:
+    """Background consumer of the record buffer for one process."""
+
+    def __init__(self, encoder: Encoder, sink: FileSink, flush_interval: float):
+        self.encoder = encoder
+        self.sink = sink
+        self.flush_interval = flush_interval
+        self._wake = threading.Event()
+        self._drained = threading.Condition(threading.Lock())
+        self._flush_lock = threading.Lock()
+        self._stop = False
+        self.events_written = 0
+        self.max_pause_hint = 0.0
+        self._thread = threading.Thread(target=self._run, name="dftrace-writer", daemon=True)
+        self._thread.start()
+
+    # consumer protocol used by _recorder.pressure -----------------------------
+    def wake(self) -> None:
+        self._wake.set()
+
+    def wait_drained(self, below: int, timeout: float) -> bool:
+        if threading.current_thread() is self._thread or not self._thread.is_alive():
+            return False
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        with self._drained:
+            while len(_rec.BUFFER) > below:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._drained.wait(min(left, 0.05))
+        return True
+
+    # ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            if self._stop:
+                break
+            try:
+                self.flush()
+            except Exception as exc:  # never let the thread die silently
+                _rec.STATE.warn_once("writer", f"writer error: {exc!r}")
+
+    def flush(self) -> int:
+        """Encode and write everything buffered now; returns the number of records."""
+        with self._flush_lock:
+            buf = _rec.BUFFER
+            n = len(buf)
+            if not n:
+                return 0
+            batch = buf[:n]
+            del buf[:n]
+            with self._drained:
+                self._drained.notify_all()
+            if self.sink.failed:
+                return 0
+            enc = self.encoder.encode
+            if n <= _CHUNK:
+                data = enc(batch)
+            else:
+                parts = []
+                for j in range(0, n, _CHUNK):
+                    parts.append(enc(batch[j:j + _CHUNK]))
+                    time.sleep(0)  # let traced threads take the GIL between slices
+                data = b"".join(parts)
+            self.sink.write(data)
+            self.events_written += n
+            return n
+
+    def stop(self) -> None:
+        """Stop the thread and flush what is left (idempotent)."""
+        self._stop = True
+        self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+        self.flush()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"events_written": self.events_written, "paths": list(self.sink.paths)}

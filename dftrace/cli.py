@@ -1,0 +1,150 @@
+"""The ``dftrace`` command (also ``python -m dftrace``).
+
+Core subcommands live here (``demo``, ``run``); the analysis package adds its own
+(``summary``, ``report``, ``convert``, ``merge``, ``validate``) through
+``dftrace.analysis._cli.register`` without importing any heavy library until one
+of them runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from collections import Counter
+from typing import Any
+
+from ._config import OPTIONS, ConfigError
+
+__all__ = ["main"]
+
+
+def _add_trace_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tracing options (default: the DFTRACE_* variables)")
+    for opt in OPTIONS:
+        if opt.name in ("enable", "inherit"):
+            continue
+        g.add_argument("--" + opt.name.replace("_", "-"), dest=opt.name, default=None,
+                       metavar=opt.env, help=opt.doc)
+
+
+def _trace_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+    return {o.name: getattr(ns, o.name) for o in OPTIONS
+            if getattr(ns, o.name, None) is not None}
+
+
+def _summarize(paths: list[str]) -> str:
+    from .testing import read_events
+
+    rows: Counter[tuple[str, str]] = Counter()
+    total: Counter[tuple[str, str]] = Counter()
+    n = 0
+    for p in paths:
+        for e in read_events(p, strict=False):
+            if e.get("ph") == "X":
+                key = (e.get("cat", "?"), e.get("name", "?"))
+                rows[key] += 1
+                total[key] += e.get("dur", 0)
+                n += 1
+    lines = [f"{'category':<12} {'name':<22} {'count':>7} {'total ms':>10}"]
+    for (cat, name), c in sorted(rows.items()):
+        lines.append(f"{cat:<12} {name:<22} {c:>7} {total[(cat, name)] / 1000:>10.2f}")
+    lines.append(f"{n} spans in {len(rows)} kinds")
+    return "\n".join(lines)
+
+
+def _cmd_demo(ns: argparse.Namespace) -> int:
+    import dftrace
+    from .examples import toy_training
+
+    out = os.path.abspath(ns.out)
+    kwargs = _trace_kwargs(ns)
+    kwargs.setdefault("log_file", os.path.join(out, "demo"))
+    s = dftrace.initialize(**kwargs)
+    toy_training.train(epochs=ns.epochs, n=ns.samples)
+    dftrace.finalize()
+    if s is None:
+        print("tracing is off (DFTRACE_ENABLE=0): no trace written")
+        return 0
+    print(f"\ntrace written to {', '.join(s.paths)}")
+    print(_summarize(s.paths))
+    print("\nopen it in https://ui.perfetto.dev, or: dftrace summary " + out)
+    return 0
+
+
+def _cmd_run(ns: argparse.Namespace) -> int:
+    import dftrace
+
+    if not ns.target:
+        print("dftrace run: give a script (or -m module) to run", file=sys.stderr)
+        return 2
+    try:
+        dftrace.initialize(**_trace_kwargs(ns))
+    except ConfigError as exc:
+        print(f"dftrace run: {exc}", file=sys.stderr)
+        return 2
+    target, *rest = ns.target
+    code = 0
+    old_argv = sys.argv
+    try:
+        if ns.module:
+            sys.argv = [target, *rest]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [target, *rest]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    finally:
+        sys.argv = old_argv
+        dftrace.finalize()
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dftrace", description="Trace AI/DL pipelines and read the traces.")
+    from ._version import __version__
+    p.add_argument("--version", action="version", version=f"dftrace {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    d = sub.add_parser("demo", help="run a bundled toy training pipeline with tracing on",
+                       description="Run a toy training pipeline (no framework needed) with tracing "
+                                   "on, then print where the trace went and what is in it.")
+    d.add_argument("--out", default="dftrace-demo", help="directory for the trace (default: %(default)s)")
+    d.add_argument("--epochs", type=int, default=3)
+    d.add_argument("--samples", type=int, default=256)
+    _add_trace_options(d)
+    d.set_defaults(func=_cmd_demo)
+
+    r = sub.add_parser("run", help="run a Python script or module with tracing initialised",
+                       description="Run SCRIPT [ARGS] (or -m MODULE [ARGS]) with tracing initialised "
+                                   "from the options and DFTRACE_* variables; child processes trace too.")
+    r.add_argument("-m", dest="module", action="store_true", help="run a module, like python -m")
+    _add_trace_options(r)
+    r.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]")
+    r.set_defaults(func=_cmd_run)
+
+    try:
+        from .analysis import _cli as analysis_cli
+    except ImportError:
+        analysis_cli = None
+    if analysis_cli is not None:
+        analysis_cli.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if not getattr(ns, "func", None):
+        parser.print_help()
+        return 2
+    return int(ns.func(ns) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

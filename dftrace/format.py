@@ -1,0 +1,603 @@
+"""The trace file contract shared by dftrace's writer and its readers.
+
+This module holds the names and codes that appear in trace files (categories,
+metadata event names, phase codes including DFTracer's integer ones, file suffixes
+and the file-name pattern), a tolerant reader, :func:`iter_trace_lines`, and the
+checker, :func:`validate_file`, for the rules in ``FORMAT.md``.
+
+It depends on the standard library, ``orjson`` and, for ``.zst`` files only,
+``zstandard``, so the core and the tests can import it without pulling in the
+analysis stack.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from typing import IO, Any, NamedTuple
+
+import orjson
+
+__all__ = [
+    "AI_CATEGORIES",
+    "ARG_COUNT",
+    "ARG_EPOCH",
+    "ARG_HOSTNAME_HASH",
+    "ARG_INCOMPLETE",
+    "ARG_LEVEL",
+    "ARG_PARENT",
+    "ARG_STEP",
+    "BLOCK_SUFFIX",
+    "CAT_CHECKPOINT",
+    "CAT_COMM",
+    "CAT_COMPUTE",
+    "CAT_DATA",
+    "CAT_DATALOADER",
+    "CAT_DEVICE",
+    "CAT_DFTRACER",
+    "CAT_PIPELINE",
+    "CAT_SYSTEM",
+    "CAT_TRACER",
+    "CHROME_SUFFIXES",
+    "COMMON_ARGS",
+    "DFTRACER_PHASES",
+    "DecodedTrace",
+    "EPOCH_NAMES",
+    "INIT_SUFFIX",
+    "ITER_SUFFIX",
+    "META_CLOCK_ANCHOR",
+    "META_CUSTOM",
+    "META_DROPPED",
+    "META_FILE_HASH",
+    "META_HOSTNAME_HASH",
+    "META_PROCESS_INFO",
+    "META_PROCESS_NAME",
+    "META_PROCESS_SORT_INDEX",
+    "META_STRING_HASH",
+    "META_THREAD_NAME",
+    "META_THREAD_SORT_INDEX",
+    "PERFETTO_METADATA",
+    "PH_AGGREGATED",
+    "PH_COMPLETE",
+    "PH_COUNTER",
+    "PH_INSTANT",
+    "PH_METADATA",
+    "TRACE_SUFFIXES",
+    "TraceFileName",
+    "TraceLine",
+    "UINT32_MAX",
+    "VIRTUAL_TID_BASE",
+    "Violation",
+    "is_trace_file",
+    "iter_decoded_chunks",
+    "iter_trace_lines",
+    "normalize_phase",
+    "parse_trace_filename",
+    "read_trace_bytes",
+    "validate_file",
+]
+
+# --- categories ----------------------------------------------------------------------
+
+CAT_COMPUTE = "compute"
+CAT_DATA = "data"
+CAT_DATALOADER = "dataloader"
+CAT_COMM = "comm"
+CAT_DEVICE = "device"
+CAT_CHECKPOINT = "checkpoint"
+CAT_PIPELINE = "pipeline"
+#: The categories of the ``ai`` tree, in the order reports list them.
+AI_CATEGORIES = (
+    CAT_PIPELINE,
+    CAT_COMPUTE,
+    CAT_DATA,
+    CAT_DATALOADER,
+    CAT_COMM,
+    CAT_DEVICE,
+    CAT_CHECKPOINT,
+)
+#: Resource samples (counter events: cpu_percent, rss_bytes, ...).
+CAT_SYSTEM = "sys"
+#: dftrace's own bookkeeping events (clock anchor, dropped counts).
+CAT_TRACER = "dftrace"
+#: DFTracer's bookkeeping category (its ``start``/``end`` events and metadata).
+CAT_DFTRACER = "dftracer"
+
+#: ``.iter()`` writes ``<leaf>.iter`` (time to obtain an item) and ``<leaf>.block``
+#: (time the loop body held it); ``.init`` writes ``<leaf>.init``.
+ITER_SUFFIX = ".iter"
+BLOCK_SUFFIX = ".block"
+INIT_SUFFIX = ".init"
+#: Epoch spans are ``cat == "pipeline"`` with one of these names.
+EPOCH_NAMES = ("epoch", "epoch.block")
+
+# --- phases --------------------------------------------------------------------------
+
+PH_COMPLETE = "X"
+PH_COUNTER = "C"
+PH_METADATA = "M"
+PH_INSTANT = "i"
+#: DFTracer's aggregated records; no Chrome-trace viewer knows this phase.
+PH_AGGREGATED = "A"
+#: DFTracer 2.2 writes ``ph`` as an integer (``TracePhaseType``): these are its codes.
+DFTRACER_PHASES = {1: PH_COMPLETE, 2: PH_COUNTER, 3: PH_AGGREGATED, 4: PH_METADATA}
+
+
+def normalize_phase(ph: Any) -> str | None:
+    """Return the Chrome-trace phase letter for ``ph``, mapping DFTracer's integers."""
+    if isinstance(ph, str):
+        return ph
+    if isinstance(ph, int) and not isinstance(ph, bool):
+        return DFTRACER_PHASES.get(ph)
+    return None
+
+
+# --- metadata event names ------------------------------------------------------------
+
+META_PROCESS_NAME = "process_name"
+META_THREAD_NAME = "thread_name"
+META_PROCESS_SORT_INDEX = "process_sort_index"
+META_THREAD_SORT_INDEX = "thread_sort_index"
+#: The only metadata names Perfetto acts on.
+PERFETTO_METADATA = frozenset(
+    {META_PROCESS_NAME, META_THREAD_NAME, META_PROCESS_SORT_INDEX, META_THREAD_SORT_INDEX}
+)
+#: Hostname hash: ``args.name`` is the host, ``args.value`` the hash events carry.
+META_HOSTNAME_HASH = "HH"
+META_FILE_HASH = "FH"
+META_STRING_HASH = "SH"
+#: Process information: ``args`` has cmdline, cwd, python, hostname, rank, ...
+META_PROCESS_INFO = "PR"
+#: Custom metadata: ``args.name`` / ``args.value`` (value written as a string).
+META_CUSTOM = "CM"
+#: Wall and monotonic clocks read at one instant: ``args.wall_ns``, ``args.mono_ns``.
+META_CLOCK_ANCHOR = "clock_anchor"
+#: Events the writer had to drop: ``args.count``.
+META_DROPPED = "dropped"
+
+# --- args ----------------------------------------------------------------------------
+
+ARG_HOSTNAME_HASH = "hhash"
+ARG_LEVEL = "level"
+ARG_PARENT = "p_idx"
+ARG_EPOCH = "epoch"
+ARG_STEP = "step"
+ARG_COUNT = "count"
+ARG_INCOMPLETE = "incomplete"
+#: Args that analysis lifts into columns of their own.
+COMMON_ARGS = (ARG_EPOCH, ARG_STEP, ARG_COUNT, ARG_LEVEL, ARG_PARENT, ARG_INCOMPLETE)
+
+#: asyncio tasks are recorded on virtual thread ids from here up.
+VIRTUAL_TID_BASE = 0x40000000
+#: Perfetto stores pid and tid as uint32 and turns larger values into 0.
+UINT32_MAX = 2**32 - 1
+
+# --- files ---------------------------------------------------------------------------
+
+#: Suffixes of the files dftrace writes (and DFTracer's ``.pfw`` / ``.pfw.gz``).
+TRACE_SUFFIXES = (".pfw", ".pfw.gz", ".pfw.zst")
+#: Strict Chrome-trace JSON, as written by ``dftrace convert`` and ``dftrace merge``.
+CHROME_SUFFIXES = (".json", ".json.gz")
+
+_FILENAME = re.compile(
+    r"^(?P<prefix>.*?)(?:-rank(?P<rank>\d+))?-(?P<host>[^/]+?)-(?P<pid>\d+)"
+    r"(?:\.part(?P<part>\d+))?\.pfw(?:\.gz|\.zst)?$"
+)
+
+
+class TraceFileName(NamedTuple):
+    """The parts of ``<prefix>[-rank<R>]-<host>-<pid>[.part<N>].pfw[.gz|.zst]``."""
+
+    prefix: str
+    rank: int | None
+    host: str
+    pid: int
+    part: int
+
+
+def parse_trace_filename(name: str | os.PathLike[str]) -> TraceFileName | None:
+    """Split a dftrace file name into its parts, or return None if it does not match.
+
+    Hosts may contain dashes; the rank, when present, is the ``rank<R>`` component
+    that follows the prefix. The file's metadata is authoritative; this is the
+    fallback for files that lost their first lines.
+    """
+    match = _FILENAME.match(os.path.basename(os.fspath(name)))
+    if match is None:
+        return None
+    rank = match["rank"]
+    return TraceFileName(
+        prefix=match["prefix"],
+        rank=int(rank) if rank is not None else None,
+        host=match["host"],
+        pid=int(match["pid"]),
+        part=int(match["part"] or 0),
+    )
+
+
+def is_trace_file(name: str | os.PathLike[str]) -> bool:
+    """Tell whether a file name has a trace suffix (pfw, Chrome JSON, or ``.jsonl``)."""
+    base = os.path.basename(os.fspath(name))
+    return base.endswith(TRACE_SUFFIXES + CHROME_SUFFIXES + (".jsonl",))
+
+
+# --- tolerant decoding ---------------------------------------------------------------
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_CHUNK = 1 << 20
+
+
+def _member_decoder(magic: bytes) -> Any:
+    """Return a factory of one-member decompressors for a compressed stream, or None."""
+    if magic.startswith(_GZIP_MAGIC):
+        return lambda: zlib.decompressobj(wbits=31)
+    if magic.startswith(_ZSTD_MAGIC):
+        import zstandard
+
+        dctx = zstandard.ZstdDecompressor()
+        return dctx.decompressobj
+    return None
+
+
+class DecodedTrace(NamedTuple):
+    """The decodable content of a trace file (or a byte range of it)."""
+
+    data: bytes
+    #: Why decoding stopped early (a cut-off gzip member or zstd frame, or garbage
+    #: after the last complete one); None when the stream ended cleanly.
+    cut_off: str | None
+
+
+def iter_decoded_chunks(
+    path: str | os.PathLike[str],
+    start: int = 0,
+    end: int | None = None,
+    *,
+    status: list[str] | None = None,
+) -> Iterator[bytes]:
+    """Yield the decompressed bytes of ``path`` from byte ``start`` to ``end``.
+
+    ``.gz`` and ``.zst`` are recognised by their magic bytes, anything else is read
+    as is. Each gzip member or zstd frame is decoded on its own, so a stream cut
+    off by a crash yields everything up to the cut. If ``status`` is given, the
+    reason decoding stopped early is appended to it.
+    """
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        remaining = None if end is None else end - start
+        yield from _decode_stream(fh, remaining, status)
+
+
+def _read(fh: IO[bytes], remaining: int | None) -> bytes:
+    return fh.read(_CHUNK if remaining is None else min(_CHUNK, remaining))
+
+
+def _decode_stream(fh: IO[bytes], remaining: int | None, status: list[str] | None) -> Iterator[bytes]:
+    head = _read(fh, remaining)
+    if remaining is not None:
+        remaining -= len(head)
+    factory = _member_decoder(head)
+    if factory is None:
+        while head:
+            yield head
+            head = _read(fh, remaining)
+            if remaining is not None:
+                remaining -= len(head)
+        return
+    decoder = factory()
+    in_member = False
+    offset = 0  # compressed bytes consumed, for the error message
+    data = head
+    while data:
+        while data:
+            try:
+                out = decoder.decompress(data)
+            except Exception as exc:  # zlib.error / zstandard.ZstdError
+                if status is not None:
+                    status.append(f"undecodable data at compressed byte {offset}: {exc}")
+                return
+            in_member = True
+            if out:
+                yield out
+            if decoder.eof:
+                tail = decoder.unused_data
+                offset += len(data) - len(tail)
+                data = tail
+                decoder = factory()
+                in_member = False
+            else:
+                offset += len(data)
+                data = b""
+        data = _read(fh, remaining)
+        if remaining is not None:
+            remaining -= len(data)
+    if in_member and status is not None:
+        status.append(f"compressed stream cut off inside the frame/member ending at byte {offset}")
+
+
+def read_trace_bytes(
+    path: str | os.PathLike[str], start: int = 0, end: int | None = None
+) -> DecodedTrace:
+    """Decode ``path`` (or the byte range ``[start, end)``) into memory, tolerating a cut."""
+    status: list[str] = []
+    data = b"".join(iter_decoded_chunks(path, start, end, status=status))
+    return DecodedTrace(data, status[0] if status else None)
+
+
+# --- lines ---------------------------------------------------------------------------
+
+_STRUCTURAL = re.compile(rb"^[\[\],\s]*$")
+
+
+class TraceLine(NamedTuple):
+    """One physical line of a trace file, with its parsed event or why it is broken."""
+
+    #: 1-based line number in the decompressed stream.
+    number: int
+    #: The line without its line break and surrounding whitespace.
+    text: bytes
+    #: The parsed event for a line holding one JSON object, else None.
+    event: dict[str, Any] | None
+    #: Why the line could not be read as an event; None for events and for the
+    #: structural lines ``[``, ``]`` and blank ones.
+    error: str | None
+
+    @property
+    def is_structural(self) -> bool:
+        """True for array brackets, commas and blank lines, which carry no event."""
+        return self.event is None and self.error is None
+
+
+def _parse_line(number: int, text: bytes) -> TraceLine:
+    if _STRUCTURAL.match(text):
+        return TraceLine(number, text, None, None)
+    body = text[:-1] if text.endswith(b",") else text
+    try:
+        event = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return TraceLine(number, text, None, f"not valid JSON: {exc}")
+    if not isinstance(event, dict):
+        return TraceLine(number, text, None, "not a JSON object")
+    return TraceLine(number, text, event, None)
+
+
+def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[TraceLine]:
+    """Yield every line of a ``.pfw``, ``.pfw.gz``, ``.pfw.zst`` or ``.json[.gz]`` file.
+
+    Never raises on bad content: a line that is not one JSON object comes back with
+    ``error`` set, and a compressed stream cut off by a crash ends with one extra
+    broken line saying so (merged into the last line when that line was cut too).
+    A trailing comma (Chrome's array layout) is accepted.
+    """
+    status: list[str] = []
+    number = 0
+    pending = b""
+    for chunk in iter_decoded_chunks(path, status=status):
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        for raw in lines:
+            number += 1
+            yield _parse_line(number, raw.strip())
+    cut = status[0] if status else None
+    if pending.strip():
+        number += 1
+        line = _parse_line(number, pending.strip())
+        if cut is not None and line.error is not None:
+            line = line._replace(error=f"{line.error} ({cut})")
+            cut = None
+        yield line
+    if cut is not None:
+        yield TraceLine(number + 1, b"", None, cut)
+
+
+# --- validation ----------------------------------------------------------------------
+
+
+class Violation(NamedTuple):
+    """A broken rule of FORMAT.md at a line of a trace file (0: the file as a whole)."""
+
+    line: int
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" if self.line else "file"
+        return f"{where}: [{self.rule}] {self.message}"
+
+
+# An escaped surrogate (\ud800-\udfff) not preceded by an escaped backslash.
+_SURROGATE = re.compile(rb"(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _is_uint32(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= UINT32_MAX
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+class _Span(NamedTuple):
+    ts: float
+    end: float
+    line: int
+    id: Any
+    parent: Any
+    level: Any
+
+
+def validate_file(path: str | os.PathLike[str]) -> list[Violation]:
+    """Check a trace file against FORMAT.md and return the violations in line order.
+
+    Rules: the file opens with a ``[`` line and nothing follows a closing ``]``; one
+    JSON object per line with no separating commas (``.json`` files, Chrome's array
+    layout, may have them); valid UTF-8 without escaped surrogates; a metadata event
+    first; ``ph`` a Chrome phase letter; ``pid``/``tid`` unsigned 32-bit integers;
+    ``ts >= 0`` and ``dur >= 0`` on complete events; spans on each thread nested or
+    disjoint, never partly overlapping; ``p_idx``/``level`` consistent with the
+    enclosing span. A file cut off by a crash (no ``]``) is valid as long as every
+    line it has is whole. An empty list means the file follows the contract.
+    """
+    allow_commas = os.fspath(path).endswith(CHROME_SUFFIXES)
+    violations: list[Violation] = []
+    tracks: dict[tuple[Any, Any], list[_Span]] = {}
+    state = "start"  # -> "open" after "[" (or the first event), -> "closed" after "]"
+    first_event = True
+    for line in iter_trace_lines(path):
+        n, text = line.number, line.text
+        if state == "closed":
+            if text:
+                violations.append(Violation(n, "after-close", "content after the closing ']'"))
+            continue
+        if line.is_structural:
+            if text == b"[" and state == "start":
+                state = "open"
+            elif text == b"]" and state == "open":
+                state = "closed"
+            elif text:
+                violations.append(Violation(n, "brackets", f"stray {text.decode(errors='replace')!r}"))
+            continue
+        if state == "start":
+            violations.append(Violation(n, "open", "the file must start with a '[' line"))
+            state = "open"
+        text_violations = _check_text(n, text, allow_commas)
+        violations.extend(text_violations)
+        if line.error is not None:
+            if not any(v.rule in ("utf8", "surrogate") for v in text_violations):
+                violations.append(Violation(n, "json", line.error))
+            first_event = False
+            continue
+        event = line.event
+        assert event is not None
+        if first_event and normalize_phase(event.get("ph")) != PH_METADATA:
+            violations.append(
+                Violation(n, "metadata-first", "the first event must be metadata (ph 'M')")
+            )
+        first_event = False
+        violations.extend(_check_event(n, event))
+        _collect_span(n, event, tracks)
+    violations.extend(_check_nesting(tracks))
+    violations.sort(key=lambda v: v.line)
+    return violations
+
+
+def _check_text(n: int, text: bytes, allow_commas: bool) -> list[Violation]:
+    found = []
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        found.append(Violation(n, "utf8", f"invalid UTF-8 at byte {exc.start}"))
+    if _SURROGATE.search(text):
+        found.append(
+            Violation(n, "surrogate", "escaped surrogate (\\uD800-\\uDFFF); write raw UTF-8")
+        )
+    if text.endswith(b",") and not allow_commas:
+        found.append(Violation(n, "comma", "events are not separated by commas in .pfw files"))
+    return found
+
+
+_PHASES = frozenset("BEXiIbenstfCMPONDRcvV()=")
+
+
+def _check_event(n: int, event: dict[str, Any]) -> list[Violation]:
+    found = []
+    ph = event.get("ph")
+    if not isinstance(ph, str):
+        hint = " (DFTracer 2.2's integer code)" if normalize_phase(ph) else ""
+        found.append(Violation(n, "ph", f"ph must be a phase letter, got {ph!r}{hint}"))
+    elif ph not in _PHASES:
+        found.append(Violation(n, "ph", f"unknown phase {ph!r}"))
+    if not isinstance(event.get("name"), str):
+        found.append(Violation(n, "name", "name must be a string"))
+    for key in ("pid", "tid"):
+        if key in event:
+            if not _is_uint32(event[key]):
+                found.append(Violation(n, key, f"{key} must be an integer in [0, 2**32), got {event[key]!r}"))
+        elif key == "pid" or ph != PH_METADATA:
+            found.append(Violation(n, key, f"{key} is missing"))
+    if ph in (PH_COMPLETE, PH_COUNTER, PH_INSTANT) and not _is_time(event.get("ts")):
+        found.append(Violation(n, "ts", f"ts must be a number >= 0, got {event.get('ts')!r}"))
+    if ph == PH_COMPLETE and not _is_time(event.get("dur")):
+        found.append(Violation(n, "dur", f"dur must be a number >= 0, got {event.get('dur')!r}"))
+    if "args" in event and not isinstance(event["args"], dict):
+        found.append(Violation(n, "args", "args must be a JSON object"))
+    return found
+
+
+def _collect_span(n: int, event: dict[str, Any], tracks: dict[tuple[Any, Any], list[_Span]]) -> None:
+    if event.get("ph") != PH_COMPLETE:
+        return
+    ts, dur = event.get("ts"), event.get("dur")
+    pid, tid = event.get("pid"), event.get("tid")
+    if not (_is_time(ts) and _is_time(dur) and _is_uint32(pid) and _is_uint32(tid)):
+        return
+    args = event.get("args")
+    args = args if isinstance(args, dict) else {}
+    span = _Span(ts, ts + dur, n, event.get("id"), args.get(ARG_PARENT), args.get(ARG_LEVEL))
+    tracks.setdefault((pid, tid), []).append(span)
+
+
+def _check_nesting(tracks: dict[tuple[Any, Any], list[_Span]]) -> list[Violation]:
+    found = []
+    span_track: dict[tuple[Any, Any], tuple[Any, _Span]] = {}
+    for (pid, tid), spans in tracks.items():
+        for span in spans:
+            if span.id is not None:
+                span_track[(pid, span.id)] = (tid, span)
+    for (pid, tid), spans in tracks.items():
+        spans.sort(key=lambda s: (s.ts, -s.end, s.line))
+        stack: list[_Span] = []
+        for span in spans:
+            # Touching spans (one ends where the next starts) are disjoint.
+            while stack and stack[-1].end <= span.ts and not stack[-1].end == span.ts == span.end:
+                stack.pop()
+            if stack and span.end > stack[-1].end:
+                found.append(
+                    Violation(
+                        span.line,
+                        "nesting",
+                        f"overlaps the span at line {stack[-1].line} on pid {pid} tid {tid} "
+                        "without nesting in it",
+                    )
+                )
+                continue
+            stack.append(span)
+        for span in spans:
+            found.extend(_check_parent(pid, tid, span, span_track))
+    return found
+
+
+def _check_parent(
+    pid: Any, tid: Any, span: _Span, span_track: dict[tuple[Any, Any], tuple[Any, _Span]]
+) -> list[Violation]:
+    parent_id, level = span.parent, span.level
+    if not isinstance(parent_id, int) or isinstance(parent_id, bool):
+        return []
+    if parent_id <= 0:  # 0 (dftrace) or -1 (DFTracer 1.x): a root span
+        if isinstance(level, int) and parent_id == 0 and level != 1:
+            return [Violation(span.line, "level", f"a span without parent has level {level}, expected 1")]
+        return []
+    found = span_track.get((pid, parent_id))
+    if found is None:
+        return []  # the parent was dropped or lives in another part file
+    parent_tid, parent = found
+    if parent_tid != tid:
+        return [
+            Violation(span.line, "parent", f"p_idx {parent_id} is a span on tid {parent_tid}, not on tid {tid}")
+        ]
+    if not (parent.ts <= span.ts and span.end <= parent.end):
+        return [
+            Violation(
+                span.line, "parent", f"p_idx {parent_id} (line {parent.line}) does not enclose this span"
+            )
+        ]
+    if isinstance(level, int) and isinstance(parent.level, int) and level != parent.level + 1:
+        return [
+            Violation(
+                span.line, "level", f"level {level} inside a level-{parent.level} parent (line {parent.line})"
+            )
+        ]
+    return []

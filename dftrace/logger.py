@@ -1,0 +1,176 @@
+"""DFTracer-compatible spelling: port a DFTracer program by changing one import.
+
+    from dftrace.logger import ai, dftracer, dft_fn
+
+    log = dftracer.initialize_log(logfile="run.pfw", data_dir=None, process_id=-1)
+    fn = dft_fn("COMPUTE")
+
+    @fn.log
+    def step(batch): ...
+
+    for x in fn.iter(loader): ...
+    log.finalize()
+
+Events keep DFTracer's names: ``fn.log`` names the event after the function's
+``__qualname__``, ``fn.iter(x, name="loop")`` writes ``loop.iter`` and ``loop.yield``
+spans. Unlike DFTracer, every use records its own start time, so threads and
+recursion lose nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any, Callable, Iterable, TypeVar
+
+from . import _recorder as _rec
+from ._events import EventKind
+from ._nodes import Node, ai
+from ._runtime import finalize, initialize, session
+
+__all__ = ["ai", "dftracer", "dft_fn"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class dftracer:  # noqa: N801 - DFTracer's spelling
+    """The process-wide logger handle DFTracer programs expect."""
+
+    _instance: dftracer | None = None
+
+    @classmethod
+    def get_instance(cls) -> dftracer:
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    @staticmethod
+    def initialize_log(logfile: str | None = None, data_dir: str | None = None,
+                       process_id: int = -1) -> dftracer:
+        """Start tracing; ``logfile`` (``.pfw`` suffix optional) is the file prefix."""
+        options: dict[str, Any] = {}
+        if logfile:
+            prefix = str(logfile)
+            for suffix in (".pfw.gz", ".pfw.zst", ".pfw"):
+                if prefix.endswith(suffix):
+                    prefix = prefix[: -len(suffix)]
+            options["log_file"] = prefix
+        if data_dir:
+            options["data_dir"] = str(data_dir)
+        initialize(**options)
+        return dftracer.get_instance()
+
+    def finalize(self) -> None:
+        finalize()
+
+    def get_time(self) -> int:
+        """Microseconds since the epoch, on the trace's clock."""
+        s = session()
+        if s is None:
+            return time.time_ns() // 1000
+        return (time.perf_counter_ns() + s.offset_ns) // 1000
+
+    def enter_event(self) -> None:  # nesting is tracked automatically
+        pass
+
+    def exit_event(self) -> None:
+        pass
+
+    _kinds: dict[tuple[str, str, tuple], EventKind] = {}
+
+    def log_event(self, name: str, cat: str, start_time: int, duration: int,
+                  int_args: dict | None = None, float_args: dict | None = None,
+                  string_args: dict | None = None) -> None:
+        """Record a finished event given in microseconds (DFTracer's ``log_event``)."""
+        s = session()
+        if s is None:
+            return
+        try:
+            args: dict[str, Any] = {}
+            for group in (int_args, float_args, string_args):
+                for k, v in (group or {}).items():
+                    # DFTracer passes (tag type, value) pairs; plain values work too.
+                    args[k] = v[1] if isinstance(v, tuple) and len(v) == 2 else v
+            t0 = int(start_time) * 1000 - s.offset_ns
+            t1 = t0 + int(duration) * 1000
+            stk = _rec.current_stack()
+            kind = EventKind(str(name), str(cat))
+            _rec.append((kind, t0, t1, next(_rec.ids), stk[-1], len(stk), stk.tid, args or None))
+        except Exception:
+            pass
+
+    def log_metadata_event(self, key: str, value: Any) -> None:
+        """A ``CM`` metadata event ``key`` = ``value``."""
+        if session() is None:
+            return
+        try:
+            stk = _rec.current_stack()
+            _rec.record_special(_rec.META, {"name": "CM", "args": {"name": str(key), "value": value}},
+                                stk.tid)
+        except Exception:
+            pass
+
+
+class _LoopNode(Node):
+    """``dft_fn.iter`` names its per-item spans ``<name>.iter`` and ``<name>.yield``."""
+
+    BLOCK_SUFFIX = ".yield"
+
+
+class dft_fn(Node):  # noqa: N801 - DFTracer's spelling
+    """A named event in a category of your choice: context manager, ``.log``
+    decorator (event named after the function), ``.log_init``, ``.iter``, ``.update``."""
+
+    def __init__(self, cat: str, name: str | None = None, epoch: int | None = None,
+                 step: int | None = None, image_idx: int | None = None,
+                 image_size: float | None = None, enable: bool = True):
+        if not name:
+            try:
+                name = inspect.stack()[1].function
+            except Exception:
+                name = str(cat)
+        super().__init__(str(name), str(cat), None, f"dft_fn({cat!r}, {name!r})")
+        if not enable:
+            self.disable()
+        self.update(epoch=epoch, step=step, image_idx=image_idx, image_size=image_size)
+
+    def update(self, epoch: int | None = None, step: int | None = None,  # type: ignore[override]
+               image_idx: int | None = None, image_size: float | None = None,
+               args: dict[str, Any] | None = None, **kwargs: Any) -> dft_fn:
+        """Sticky args for this event and the functions it decorates."""
+        new = {k: v for k, v in (("epoch", epoch), ("step", step), ("image_idx", image_idx),
+                                 ("image_size", image_size)) if v is not None}
+        new.update(args or {})
+        new.update(kwargs)
+        if new:
+            Node.update(self, new)
+        return self
+
+    def _child(self, name: str, cls: type[Node] = Node) -> Node:
+        child = self._children.get(name)
+        if child is None:
+            child = self._add(name, cls(name, self.cat, self, f"{self.path}.{name}"))
+        return child
+
+    def log(self, func: F) -> F:
+        """Decorate ``func``; its calls are events named ``func.__qualname__``."""
+        return self._child(getattr(func, "__qualname__", str(func))).decorate(func)
+
+    log_static = log
+
+    def log_init(self, init: F) -> F:
+        """Decorate a constructor; events are named ``Class.__init__``."""
+        return self.log(init)
+
+    def iter(self, iterable: Iterable[Any], name: str = "loop", iter_name: str = "step") -> Any:  # type: ignore[override]
+        """Per item, ``<name>.iter`` and ``<name>.yield`` spans with ``args.count``."""
+        return self._child(name, _LoopNode).iter(iterable)
+
+    def log_metadata(self, key: str, value: Any) -> None:
+        dftracer.get_instance().log_metadata_event(key, value)
+
+    def flush(self) -> dft_fn:
+        return self
+
+    def reset(self) -> dft_fn:
+        return self
