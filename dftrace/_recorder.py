@@ -44,15 +44,15 @@ CHECK_MASK = 0xFFF
 
 
 class Stack(list):
-    """Ids of the open spans of one thread or task; ``self[0]`` is the link to the
-    span that was open where the task was created (0 for none). ``open`` maps the
-    id of each span opened by ``with``/``start()`` to ``(t0, opener, extra, parent,
-    level)``."""
+    """Ids of the open spans of one thread or task, above a 0 sentinel (so
+    ``self[-1]`` is always the parent id and ``len(self)`` the next level). ``open``
+    maps the id of each span opened by ``with``/``start()`` to ``(t0, opener, extra,
+    parent, level)``."""
 
     __slots__ = ("tid", "owner", "open")
 
-    def __init__(self, tid: int, owner: Any, link: int = 0):
-        super().__init__((link,))
+    def __init__(self, tid: int, owner: Any):
+        super().__init__((0,))
         self.tid = tid
         self.owner = owner
         self.open: dict[int, tuple] = {}
@@ -144,10 +144,9 @@ def resolve() -> Stack:
     stk = TASK_STACK.get()
     if stk is not None and stk.owner is task:
         return stk
-    # A new task: its own track, linked to the span open where it was created.
-    parent = stk if stk is not None else thread_stk
+    # A new task: its own track and its own nesting (p_idx never crosses tracks).
     vtid = next(_vtids)
-    stk = Stack(vtid, task, parent[-1])
+    stk = Stack(vtid, task)
     try:
         tname = task.get_name()
     except Exception:

@@ -76,7 +76,8 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 def _cmd_run(ns: argparse.Namespace) -> int:
     import dftrace
 
-    if not ns.target:
+    target_argv = ns.target[1:] if ns.target[:1] == ["--"] else ns.target
+    if not target_argv:
         print("dftrace run: give a script (or -m module) to run", file=sys.stderr)
         return 2
     try:
@@ -84,7 +85,7 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"dftrace run: {exc}", file=sys.stderr)
         return 2
-    target, *rest = ns.target
+    target, *rest = target_argv
     code = 0
     old_argv = sys.argv
     try:
@@ -137,8 +138,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _split_run(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``run [OPTIONS] SCRIPT [ARGS]``: everything from SCRIPT on belongs to the script,
+    even tokens that look like our options; put it behind ``--`` for argparse."""
+    takes_value = {a for act in parser._actions if act.option_strings and act.nargs != 0
+                   for a in act.option_strings}
+    i = 1
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            return argv
+        if not tok.startswith("-") or tok == "-":
+            break
+        i += 2 if tok in takes_value else 1
+    return argv[:i] + ["--"] + argv[i:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":
+        run_parser = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+        argv = _split_run(argv, run_parser)
     ns = parser.parse_args(argv)
     if not getattr(ns, "func", None):
         parser.print_help()

@@ -74,6 +74,7 @@ __all__ = [
     "iter_decoded_chunks",
     "iter_trace_lines",
     "normalize_phase",
+    "parse_line",
     "parse_trace_filename",
     "read_trace_bytes",
     "validate_file",
@@ -351,7 +352,8 @@ class TraceLine(NamedTuple):
         return self.event is None and self.error is None
 
 
-def _parse_line(number: int, text: bytes) -> TraceLine:
+def parse_line(text: bytes, number: int = 0) -> TraceLine:
+    """Classify one stripped line: an event, a structural line, or broken (with why)."""
     if _STRUCTURAL.match(text):
         return TraceLine(number, text, None, None)
     body = text[:-1] if text.endswith(b",") else text
@@ -380,11 +382,11 @@ def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[TraceLine]:
         pending = lines.pop()
         for raw in lines:
             number += 1
-            yield _parse_line(number, raw.strip())
+            yield parse_line(raw.strip(), number)
     cut = status[0] if status else None
     if pending.strip():
         number += 1
-        line = _parse_line(number, pending.strip())
+        line = parse_line(pending.strip(), number)
         if cut is not None and line.error is not None:
             line = line._replace(error=f"{line.error} ({cut})")
             cut = None

@@ -1,0 +1,171 @@
+"""Where the per-partition work runs: in this process, or on a Dask cluster.
+
+Both executors run the same module-level function on each partition and hand the
+results back in partition order; everything after that (combining, resolving
+metadata, rendering) happens in the caller's process. So there is one analysis
+code path, and only where its first stage runs differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any, TypeVar
+
+from ._deps import require
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# A progress bar appears only on a terminal, and only for loads longer than this.
+_PROGRESS_DELAY_S = 0.5
+
+
+class _Progress:
+    """A tqdm bar on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self, total: int, enabled: bool | None, desc: str):
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        self._bar = None
+        if enabled and total > 0:
+            tqdm = require("tqdm").tqdm
+            self._bar = tqdm(total=total, desc=desc, unit="part", delay=_PROGRESS_DELAY_S, leave=False)
+
+    def update(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+class EmbeddedExecutor:
+    """Runs partitions on a thread pool in this process (the default).
+
+    polars releases the GIL while parsing and aggregating, so a few threads keep
+    every core busy; ``threads`` defaults to the number of CPUs, at most 8.
+    """
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads or min(os.cpu_count() or 1, 8)
+
+    def map(
+        self,
+        fn: Callable[[T], R],
+        items: Sequence[T],
+        *,
+        progress: bool | None = None,
+        desc: str = "reading",
+    ) -> list[R]:
+        """Apply ``fn`` to every item and return the results in item order."""
+        results: list[Any] = [None] * len(items)
+        bar = _Progress(len(items), progress, desc)
+        try:
+            if self.threads == 1 or len(items) <= 1:
+                for i, item in enumerate(items):
+                    results[i] = fn(item)
+                    bar.update()
+                return results
+            with ThreadPoolExecutor(self.threads) as pool:
+                futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    bar.update()
+        finally:
+            bar.close()
+        return results
+
+    def close(self) -> None:
+        """Nothing to release; present so both executors can be used alike."""
+
+    def __enter__(self) -> EmbeddedExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"EmbeddedExecutor(threads={self.threads})"
+
+
+class DaskExecutor:
+    """Runs partitions on a Dask cluster: an existing scheduler, or a local one.
+
+    ``DaskExecutor("tcp://host:8786")`` connects to a running scheduler (workers
+    must see the same file paths, e.g. on a shared file system);
+    ``DaskExecutor(workers=4)`` starts a ``LocalCluster`` of four single-threaded
+    worker processes on loopback and stops it on :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        workers: int = 2,
+        threads_per_worker: int = 1,
+        processes: bool = True,
+    ):
+        distributed = require("distributed")
+        self.address = address
+        self._cluster = None
+        if address is None:
+            self._cluster = distributed.LocalCluster(
+                n_workers=workers,
+                threads_per_worker=threads_per_worker,
+                processes=processes,
+                host="127.0.0.1",
+                dashboard_address=None,
+                silence_logs=logging.ERROR,
+            )
+            self.client = distributed.Client(self._cluster)
+        else:
+            self.client = distributed.Client(address)
+        self._as_completed = distributed.as_completed
+
+    def map(
+        self,
+        fn: Callable[[T], R],
+        items: Sequence[T],
+        *,
+        progress: bool | None = None,
+        desc: str = "reading",
+    ) -> list[R]:
+        """Apply ``fn`` to every item on the cluster and return results in item order."""
+        futures = self.client.map(fn, list(items), pure=False)
+        position = {f.key: i for i, f in enumerate(futures)}
+        results: list[Any] = [None] * len(futures)
+        bar = _Progress(len(futures), progress, desc)
+        try:
+            for future in self._as_completed(futures):
+                results[position[future.key]] = future.result()
+                future.release()
+                bar.update()
+        finally:
+            bar.close()
+        return results
+
+    def close(self) -> None:
+        """Disconnect, and stop the local cluster if this executor started one."""
+        self.client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+
+    def __enter__(self) -> DaskExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self.address or f"LocalCluster({len(self.client.scheduler_info()['workers'])} workers)"
+        return f"DaskExecutor({where})"
+
+
+def default_executor(executor: Any = None) -> Any:
+    """Return ``executor``, or a fresh :class:`EmbeddedExecutor` when it is None."""
+    return EmbeddedExecutor() if executor is None else executor

@@ -1,0 +1,195 @@
+"""Resolving hosts, ranks, process and thread names, and clock anchors across files.
+
+Metadata lives at the top of each file (and DFTracer files name their host only
+through a hash), so it is gathered from every partition first and resolved once:
+an event's host comes from its ``hhash`` through any file's ``HH`` record, falling
+back to the host of its own file; a process is a (host, pid) pair, wherever its
+events and part files are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import format as fmt
+
+_RANK_IN_NAME = re.compile(r"\brank\s*(\d+)\b")
+
+
+@dataclass
+class Process:
+    """One traced process and what its metadata says about it."""
+
+    host: str
+    pid: int
+    rank: int | None = None
+    #: ``process_name`` as written (e.g. ``rank 3 · host17 · pid 4242``).
+    name: str | None = None
+    #: Clock anchor: wall and monotonic clocks (ns) read at one instant at start-up.
+    wall_ns: int | None = None
+    mono_ns: int | None = None
+    #: Events the writer reported as dropped.
+    dropped: int = 0
+    files: list[str] = field(default_factory=list)
+    #: ``PR`` args: cmdline, cwd, python, hostname, rank, local_rank, ...
+    info: dict[str, Any] = field(default_factory=dict)
+    #: ``CM`` custom metadata, name -> value.
+    custom: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """``rank R · host · pid P`` (without the rank part when it is unknown)."""
+        base = f"{self.host} · pid {self.pid}"
+        return base if self.rank is None else f"rank {self.rank} · {base}"
+
+
+@dataclass
+class FileMetadata:
+    """What one partition contributes to resolution.
+
+    Metadata records are ``{"pid", "tid", "name", "args"}`` dicts; a record may
+    also carry ``host_key`` (instead of ``args.hhash``) and ``synthetic: True``
+    (used for resolution only, not kept as a record of the trace).
+    """
+
+    path: str
+    meta: list[dict[str, Any]]
+    #: (pid, host_key) pairs its events carry.
+    keys: Iterable[tuple[int, str]]
+
+
+@dataclass
+class Resolution:
+    """Processes in rank order and the lookups that map partition keys onto them."""
+
+    processes: list[Process]
+    #: (file, pid, host_key) -> index into ``processes``.
+    index: dict[tuple[str, int, str], int]
+    #: (process index, tid) -> thread name.
+    threads: dict[tuple[int, int], str]
+    #: Every metadata record as (process index, record), in file order.
+    records: list[tuple[int, dict[str, Any]]]
+
+    def process_of(self, path: str, pid: int, host_key: str) -> int:
+        return self.index[(path, pid, host_key)]
+
+
+def _host_key(record: dict[str, Any]) -> str:
+    value = record.get("host_key", record["args"].get(fmt.ARG_HOSTNAME_HASH))
+    return "" if value is None else str(value)
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def resolve(files: Iterable[FileMetadata]) -> Resolution:
+    """Resolve every partition's metadata together (see the module docstring)."""
+    files = list(files)
+    hostnames: dict[str, str] = {}
+    file_host: dict[str, str] = {}
+    for part in files:
+        for record in part.meta:
+            if record["name"] == fmt.META_HOSTNAME_HASH:
+                host = record["args"].get("name")
+                if isinstance(host, str) and host:
+                    hostnames[str(record["args"].get("value"))] = host
+                    file_host.setdefault(part.path, host)
+    for part in files:
+        if part.path in file_host:
+            continue
+        for record in part.meta:
+            host = record["args"].get("hostname") if record["name"] == fmt.META_PROCESS_INFO else None
+            if isinstance(host, str) and host:
+                file_host[part.path] = host
+                break
+        else:
+            parsed = fmt.parse_trace_filename(part.path)
+            if parsed is not None:
+                file_host[part.path] = parsed.host
+
+    def host_of(path: str, host_key: str) -> str:
+        return hostnames.get(host_key) or file_host.get(path) or host_key or "unknown"
+
+    by_key: dict[tuple[str, int], Process] = {}
+    index_by_key: dict[tuple[str, int, str], tuple[str, int]] = {}
+    per_process_records: list[tuple[tuple[str, int], dict[str, Any]]] = []
+
+    def process(path: str, pid: int, host_key: str) -> tuple[str, int]:
+        key = (host_of(path, host_key), pid)
+        proc = by_key.get(key)
+        if proc is None:
+            proc = by_key[key] = Process(host=key[0], pid=pid)
+        if path not in proc.files:
+            proc.files.append(path)
+        index_by_key[(path, pid, host_key)] = key
+        return key
+
+    for part in files:
+        for pid, host_key in part.keys:
+            process(part.path, pid, host_key)
+        for record in part.meta:
+            pid = _as_int(record.get("pid"))
+            if pid is None:
+                continue
+            key = process(part.path, pid, _host_key(record))
+            _apply(by_key[key], record)
+            if not record.get("synthetic"):
+                per_process_records.append((key, record))
+    for proc in by_key.values():
+        if proc.rank is None:
+            proc.rank = _rank_from_files(proc)
+
+    ordered = sorted(
+        by_key.values(), key=lambda p: (p.rank is None, p.rank if p.rank is not None else 0, p.host, p.pid)
+    )
+    position = {(p.host, p.pid): i for i, p in enumerate(ordered)}
+    threads: dict[tuple[int, int], str] = {}
+    records = []
+    for key, record in per_process_records:
+        i = position[key]
+        records.append((i, record))
+        tid = _as_int(record.get("tid"))
+        name = record["args"].get("name")
+        if record["name"] == fmt.META_THREAD_NAME and tid is not None and isinstance(name, str):
+            threads[(i, tid)] = name
+    index = {k: position[v] for k, v in index_by_key.items()}
+    return Resolution(ordered, index, threads, records)
+
+
+def _apply(proc: Process, record: dict[str, Any]) -> None:
+    name, args = record["name"], record["args"]
+    if name == fmt.META_PROCESS_NAME and isinstance(args.get("name"), str):
+        proc.name = args["name"]
+        match = _RANK_IN_NAME.search(proc.name)
+        if match and proc.rank is None:
+            proc.rank = int(match.group(1))
+    elif name == fmt.META_PROCESS_INFO:
+        proc.info.update(args)
+        rank = _as_int(args.get("rank"))
+        if rank is not None:
+            proc.rank = rank
+    elif name == fmt.META_CLOCK_ANCHOR and proc.wall_ns is None:
+        proc.wall_ns = _as_int(args.get("wall_ns"))
+        proc.mono_ns = _as_int(args.get("mono_ns"))
+    elif name == fmt.META_DROPPED:
+        proc.dropped += _as_int(args.get("count")) or 0
+    elif name == fmt.META_CUSTOM and isinstance(args.get("name"), str):
+        proc.custom[args["name"]] = args.get("value")
+
+
+def _rank_from_files(proc: Process) -> int | None:
+    for path in proc.files:
+        parsed = fmt.parse_trace_filename(path)
+        if parsed is not None and parsed.rank is not None and parsed.pid == proc.pid:
+            return parsed.rank
+    return None

@@ -1,0 +1,304 @@
+"""Loading trace files into a :class:`Trace`: the events table plus resolved metadata."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import polars as pl
+
+from ._decode import PartitionData, read_partition
+from ._executor import default_executor
+from ._metadata import FileMetadata, Resolution, resolve
+from ._schema import EVENT_COLUMNS, HOST_KEY
+from ._sources import DEFAULT_PARTITION_BYTES, expand_paths, plan_partitions
+
+PathsLike = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+# Key of the JSON document stored in a Parquet file's key-value metadata.
+_PARQUET_KEY = "dftrace"
+_PARQUET_VERSION = 1
+
+
+@dataclass
+class FileReport:
+    """How reading one input file went."""
+
+    path: str
+    partitions: int = 0
+    lines: int = 0
+    events: int = 0
+    #: Lines that are not an event (cut-off, not JSON, ...), all counted.
+    broken_count: int = 0
+    #: ``(line number, reason)`` of the first broken lines of each partition. Line
+    #: numbers count from the top of the decompressed file.
+    broken: list[tuple[int, str]] = field(default_factory=list)
+    #: Why decoding stopped early (a crash-cut zstd frame / gzip member), if it did.
+    cut_off: str | None = None
+    #: Whether the file ends with the ``]`` of a clean finalize.
+    closed: bool = False
+
+
+@dataclass
+class Trace:
+    """A loaded trace: one events table and the metadata resolved across its files.
+
+    ``events`` follows ``EVENT_COLUMNS`` (see docs/analysis.md); ``processes`` has
+    one row per (host, pid) in rank order; ``threads`` names threads and asyncio
+    task tracks; ``meta`` keeps every metadata record (args as JSON text) so
+    conversions lose nothing; ``files`` says what was read and what was broken.
+    """
+
+    events: pl.DataFrame
+    processes: pl.DataFrame
+    threads: pl.DataFrame
+    meta: pl.DataFrame
+    files: list[FileReport]
+
+    @property
+    def broken_lines(self) -> int:
+        """Lines of all files that could not be read as events."""
+        return sum(f.broken_count for f in self.files)
+
+    def __repr__(self) -> str:
+        return (
+            f"Trace({self.events.height} events, {self.processes.height} processes, "
+            f"{len(self.files)} files, {self.broken_lines} broken lines)"
+        )
+
+
+def load_traces(
+    paths: PathsLike,
+    *,
+    columns: Sequence[str] | None = None,
+    executor: Any = None,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    progress: bool | None = None,
+) -> Trace:
+    """Load trace files, directories or glob patterns into one :class:`Trace`.
+
+    Reads dftrace's ``.pfw``/``.pfw.gz``/``.pfw.zst`` (finalized or cut off by a
+    crash), DFTracer 1.x/2.x files, Chrome JSON written by ``dftrace convert`` or
+    ``merge``, and Parquet written by ``dftrace convert``. Broken lines are counted
+    in ``Trace.files``, never raised. ``columns`` limits the event columns decoded
+    (``pid``, ``host`` and ``rank`` are always present). ``executor`` is an
+    :class:`EmbeddedExecutor` (default) or :class:`DaskExecutor`. ``progress``
+    shows a bar (default: only when stderr is a terminal).
+    """
+    wanted = _with_pid(columns)
+    plan = plan_partitions(expand_paths(_as_list(paths)), partition_bytes)
+    parts = default_executor(executor).map(
+        functools.partial(read_partition, columns=wanted), plan, progress=progress, desc="loading"
+    )
+    return assemble(parts, wanted)
+
+
+def _as_list(paths: PathsLike) -> list[str | os.PathLike[str]]:
+    if isinstance(paths, (str, os.PathLike)):
+        return [paths]
+    return list(paths)
+
+
+def _with_pid(columns: Sequence[str] | None) -> list[str] | None:
+    if columns is None:
+        return None
+    return list(dict.fromkeys(["pid", *columns]))
+
+
+def partition_keys(part: PartitionData) -> list[tuple[int, str]]:
+    """The (pid, host_key) pairs a partition's events carry."""
+    if not part.events.height:
+        return []
+    keys = part.events.select(pl.col("pid").fill_null(0), HOST_KEY).unique()
+    return [(int(pid), str(key)) for pid, key in keys.iter_rows()]
+
+
+def resolve_parts(parts: Sequence[PartitionData], keys: Sequence[list[tuple[int, str]]]) -> Resolution:
+    """Resolve the metadata of all partitions together."""
+    return resolve(
+        FileMetadata(p.partition.path, p.meta, k) for p, k in zip(parts, keys)
+    )
+
+
+def file_reports(parts: Sequence[PartitionData], events: Sequence[int]) -> list[FileReport]:
+    """Per-file reports, numbering broken lines from the top of each file."""
+    reports: dict[str, FileReport] = {}
+    offsets: dict[str, int] = {}
+    for part, n_events in sorted(
+        zip(parts, events), key=lambda pe: (pe[0].partition.path, pe[0].partition.index)
+    ):
+        path = part.partition.path
+        report = reports.setdefault(path, FileReport(path))
+        offset = offsets.get(path, 0)
+        report.partitions += 1
+        report.lines += part.n_lines
+        report.events += n_events
+        report.broken_count += part.broken_count
+        report.broken.extend((offset + number, reason) for number, reason in part.broken)
+        report.cut_off = report.cut_off or part.cut_off
+        report.closed = report.closed or part.closed
+        offsets[path] = offset + part.n_lines
+    return list(reports.values())
+
+
+def assemble(parts: Sequence[PartitionData], columns: Sequence[str] | None = None) -> Trace:
+    """Combine partitions into a :class:`Trace`, resolving hosts and ranks."""
+    keys = [partition_keys(p) for p in parts]
+    resolution = resolve_parts(parts, keys)
+    procs = resolution.processes
+    frames = []
+    for part, part_keys in zip(parts, keys):
+        if not part.events.height:
+            continue
+        path = part.partition.path
+        mapping = pl.DataFrame(
+            {
+                "pid": [pid for pid, _ in part_keys],
+                HOST_KEY: [key for _, key in part_keys],
+                "host": [procs[resolution.process_of(path, pid, key)].host for pid, key in part_keys],
+                "rank": [procs[resolution.process_of(path, pid, key)].rank for pid, key in part_keys],
+            },
+            schema={"pid": pl.Int64, HOST_KEY: pl.String, "host": pl.String, "rank": pl.Int32},
+        )
+        events = part.events.with_columns(pl.col("pid").fill_null(0))
+        frames.append(
+            events.join(mapping, on=["pid", HOST_KEY], how="left", maintain_order="left").drop(HOST_KEY)
+        )
+    order = [c for c in EVENT_COLUMNS if columns is None or c in columns or c in ("host", "rank")]
+    schema = {c: EVENT_COLUMNS[c] for c in order}
+    events = (
+        pl.concat([f.select(order) for f in frames], how="vertical")
+        if frames
+        else pl.DataFrame(schema=schema)
+    )
+    return Trace(
+        events=events,
+        processes=processes_frame(resolution),
+        threads=threads_frame(resolution),
+        meta=meta_frame(resolution),
+        files=file_reports(parts, [p.events.height for p in parts]),
+    )
+
+
+def processes_frame(resolution: Resolution) -> pl.DataFrame:
+    """One row per process, in rank order."""
+    rows = [
+        {
+            "host": p.host,
+            "pid": p.pid,
+            "rank": p.rank,
+            "name": p.name,
+            "label": p.label,
+            "wall_ns": p.wall_ns,
+            "mono_ns": p.mono_ns,
+            "dropped": p.dropped,
+            "files": p.files,
+            "info": orjson.dumps(p.info).decode(),
+            "custom": orjson.dumps(p.custom).decode(),
+        }
+        for p in resolution.processes
+    ]
+    return pl.DataFrame(rows, schema=_PROCESS_SCHEMA)
+
+
+_PROCESS_SCHEMA = {
+    "host": pl.String,
+    "pid": pl.Int64,
+    "rank": pl.Int32,
+    "name": pl.String,
+    "label": pl.String,
+    "wall_ns": pl.Int64,
+    "mono_ns": pl.Int64,
+    "dropped": pl.Int64,
+    "files": pl.List(pl.String),
+    "info": pl.String,
+    "custom": pl.String,
+}
+
+
+def threads_frame(resolution: Resolution) -> pl.DataFrame:
+    procs = resolution.processes
+    rows = [
+        {"host": procs[i].host, "pid": procs[i].pid, "tid": tid, "name": name}
+        for (i, tid), name in sorted(resolution.threads.items())
+    ]
+    return pl.DataFrame(rows, schema={"host": pl.String, "pid": pl.Int64, "tid": pl.Int64, "name": pl.String})
+
+
+def meta_frame(resolution: Resolution) -> pl.DataFrame:
+    procs = resolution.processes
+    rows = [
+        {
+            "host": procs[i].host,
+            "pid": procs[i].pid,
+            "tid": record.get("tid") if isinstance(record.get("tid"), int) else None,
+            "name": record["name"],
+            "args": orjson.dumps(record["args"], default=str).decode(),
+        }
+        for i, record in resolution.records
+    ]
+    return pl.DataFrame(
+        rows,
+        schema={"host": pl.String, "pid": pl.Int64, "tid": pl.Int64, "name": pl.String, "args": pl.String},
+    )
+
+
+# --- Parquet ---------------------------------------------------------------------------
+
+
+def write_parquet(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Write the events as Parquet, with processes, threads and metadata records
+    stored in the file's key-value metadata so :func:`load_traces` reads it back."""
+    document = {
+        "version": _PARQUET_VERSION,
+        "processes": trace.processes.select("host", "pid", "rank").to_dicts(),
+        "meta": trace.meta.to_dicts(),
+    }
+    trace.events.write_parquet(path, metadata={_PARQUET_KEY: orjson.dumps(document).decode()})
+
+
+def read_parquet_parts(path: str, wanted: Sequence[str]) -> tuple[pl.DataFrame, list[dict[str, Any]]]:
+    """Read a Parquet file written by :func:`write_parquet` as one partition's data.
+
+    Its events already carry ``host``, which becomes the host key; synthetic
+    records map each host to itself and restore each process's rank, so
+    resolution reproduces the processes that were written.
+    """
+    kv = pl.read_parquet_metadata(path)
+    if _PARQUET_KEY not in kv:
+        raise ValueError(f"{path} was not written by dftrace (no {_PARQUET_KEY!r} metadata)")
+    document = orjson.loads(kv[_PARQUET_KEY])
+    available = pl.read_parquet_schema(path)
+    events = pl.read_parquet(path, columns=[c for c in [*wanted, "host"] if c in available])
+    events = events.select(
+        *[
+            pl.col(c) if c in available else pl.lit(None, dtype=EVENT_COLUMNS[c]).alias(c)
+            for c in wanted
+        ],
+        pl.col("host").fill_null("").alias(HOST_KEY),
+    )
+    meta: list[dict[str, Any]] = []
+    for proc in document["processes"]:
+        host, pid = proc["host"], proc["pid"]
+        meta.append(_synthetic(pid, host, "HH", {"name": host, "value": host}))
+        if proc["rank"] is not None:
+            meta.append(_synthetic(pid, host, "PR", {"rank": proc["rank"]}))
+    for row in document["meta"]:
+        meta.append(
+            {
+                "pid": row["pid"],
+                "tid": row["tid"],
+                "name": row["name"],
+                "args": orjson.loads(row["args"]),
+                "host_key": row["host"],
+            }
+        )
+    return events, meta
+
+
+def _synthetic(pid: int, host: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"pid": pid, "tid": None, "name": name, "args": args, "host_key": host, "synthetic": True}

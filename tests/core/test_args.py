@@ -1,0 +1,70 @@
+"""Args keep their JSON types; anything else is summarised; nothing raises."""
+
+from __future__ import annotations
+
+from dftrace import ai, testing
+
+from ._util import assert_valid
+
+
+class Unprintable:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+    __str__ = __repr__
+
+
+def test_json_types_are_kept(tmp_path):
+    """Ints of any size, floats, bools, strings and None keep their types."""
+    big = 2**100
+    with testing.trace_to(tmp_path) as t:
+        with ai.compute.forward(args={"i": 2**40, "big": big, "neg": -(2**70), "f": 0.5,
+                                      "b": True, "s": "x", "n": None}):
+            pass
+    a = t.spans("forward")[0]["args"]
+    assert (a["i"], a["big"], a["neg"], a["f"], a["b"], a["s"], a["n"]) == (
+        2**40, big, -(2**70), 0.5, True, "x", None)
+    assert_valid(t.paths)
+
+
+def test_awkward_values_still_give_valid_lines(tmp_path):
+    """NaN/inf, surrogates, control characters, huge strings, bytes and failing reprs are written safely."""
+    huge = "y" * 100_000
+    with testing.trace_to(tmp_path, max_arg_length=64) as t:
+        with ai.data.item(args={"nan": float("nan"), "inf": float("-inf"), "sur": "a\ud800b",
+                                "ctl": "a\x00\x1fb", "huge": huge, "raw": b"\x00\xff",
+                                "obj": Unprintable(), "nested": {"k": [1, {"x": 2}]},
+                                "level": 99}):
+            pass
+    a = t.spans("item")[0]["args"]
+    assert a["nan"] == "NaN" and a["inf"] == "-Infinity"
+    assert a["sur"] == "a?b" and a["ctl"] == "a\x00\x1fb"
+    assert a["huge"].startswith("y" * 64) and a["huge"].endswith("[+99936 chars]")
+    assert a["raw"] == "<bytes len=2>"
+    assert a["obj"] == "<Unprintable (repr failed)>"
+    assert a["nested"] == {"k": [1, {"x": 2}]}
+    assert a["level"] == 1 and a["arg_level"] == 99  # reserved keys are renamed
+    assert_valid(t.paths)
+
+
+def test_update_with_bad_values_never_raises(tmp_path):
+    """``update`` with values that cannot be printed still records the event."""
+    with testing.trace_to(tmp_path) as t:
+        ai.compute.update(weird=Unprintable(), step=3)
+        with ai.compute.forward:
+            pass
+    a = t.spans("forward")[0]["args"]
+    assert a["step"] == 3 and a["weird"].startswith("<Unprintable")
+
+
+def test_array_like_values_are_summarised_not_dumped(tmp_path):
+    """Objects with shape and dtype are written as a short summary."""
+
+    class Tensor:
+        shape = (2, 3)
+        dtype = "float32"
+
+    with testing.trace_to(tmp_path) as t:
+        with ai.device.transfer(args={"batch": Tensor()}):
+            pass
+    assert t.spans("transfer")[0]["args"]["batch"] == "<Tensor shape=(2, 3) dtype=float32>"

@@ -1,0 +1,135 @@
+"""Configuration: keyword arguments over ``DFTRACE_*`` variables, validated early."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import dftrace
+from dftrace import ConfigError, testing
+from dftrace._config import OPTIONS, Config
+
+
+@pytest.mark.parametrize("var,value,expect", [
+    ("DFTRACE_COMPRESSION", "lz4", "expected one of zstd, gzip, none"),
+    ("DFTRACE_FLUSH_INTERVAL", "-1", "number of seconds > 0"),
+    ("DFTRACE_FLUSH_INTERVAL", "soon", "number of seconds > 0"),
+    ("DFTRACE_BATCH_SIZE", "0", "integer >= 1"),
+    ("DFTRACE_BUFFER_LIMIT", "10", "integer >= 1024"),
+    ("DFTRACE_ON_FULL", "panic", "block, drop"),
+    ("DFTRACE_ENABLE", "maybe", "true/false"),
+    ("DFTRACE_MAX_FILE_SIZE", "big", "size in bytes"),
+    ("DFTRACE_COMPRESSION_LEVEL", "x", "integer"),
+])
+def test_invalid_environment_values_name_the_variable(monkeypatch, var, value, expect):
+    """A bad ``DFTRACE_*`` value raises at initialize() naming the variable and what is accepted."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError) as info:
+        dftrace.initialize(log_file="/tmp/never")
+    assert var in str(info.value) and expect in str(info.value)
+
+
+def test_invalid_keyword_names_the_keyword():
+    """A bad keyword value names the keyword; an unknown keyword lists the valid ones."""
+    with pytest.raises(ConfigError, match="compression=.*'zip'"):
+        dftrace.initialize(compression="zip")
+    with pytest.raises(ConfigError, match="unknown option.*logfile.*valid options"):
+        dftrace.initialize(logfile="x")
+
+
+def test_compression_level_is_checked_against_the_codec():
+    """zstd accepts 1-22, gzip 1-9."""
+    assert Config.resolve({"compression": "zstd", "compression_level": 19}).compression_level == 19
+    with pytest.raises(ConfigError, match="from 1 to 9"):
+        Config.resolve({"compression": "gzip", "compression_level": 19}, environ={})
+
+
+def test_keywords_override_environment(monkeypatch, tmp_path):
+    """Keyword arguments win over variables, variables over defaults."""
+    monkeypatch.setenv("DFTRACE_COMPRESSION", "gzip")
+    monkeypatch.setenv("DFTRACE_FLUSH_INTERVAL", "2.5")
+    cfg = Config.resolve({"compression": "none"})
+    assert (cfg.compression, cfg.flush_interval) == ("none", 2.5)
+    assert Config.resolve({}, environ={}).compression == "zstd"
+
+
+def test_every_option_is_documented():
+    """Each option has a variable named DFTRACE_<NAME> and a doc string."""
+    for opt in OPTIONS:
+        assert opt.env == "DFTRACE_" + opt.name.upper()
+        assert len(opt.doc) > 20
+
+
+def test_unwritable_log_directory_fails_at_initialize(tmp_path):
+    """A log path under a regular file raises a ConfigError naming log_file."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="log_file"):
+        dftrace.initialize(log_file=str(blocker / "sub" / "run"))
+
+
+def test_missing_log_directory_is_created(tmp_path):
+    """``log_file="traces/run"`` works when ``traces/`` does not exist yet."""
+    with testing.trace_to(tmp_path, log_file=str(tmp_path / "a" / "b" / "run")) as t:
+        pass
+    assert os.path.dirname(t.paths[0]) == str(tmp_path / "a" / "b")
+
+
+def test_initialize_exports_configuration_for_children(tmp_path):
+    """initialize() sets DFTRACE_* so child processes trace; finalize() restores the environment."""
+    os.environ.pop("DFTRACE_ENABLE", None)
+    dftrace.initialize(log_file=str(tmp_path / "run"), compression="gzip")
+    assert os.environ["DFTRACE_ENABLE"] == "1"
+    assert os.environ["DFTRACE_LOG_FILE"] == str(tmp_path / "run")
+    assert os.environ["DFTRACE_COMPRESSION"] == "gzip"
+    dftrace.finalize()
+    assert "DFTRACE_ENABLE" not in os.environ
+
+
+def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=full)
+
+
+def test_environment_alone_starts_tracing(tmp_path):
+    """``DFTRACE_ENABLE=1 DFTRACE_LOG_FILE=...`` traces a program that only imports dftrace."""
+    out = _run("""
+        from dftrace import ai
+        with ai.compute.forward:
+            pass
+    """, {"DFTRACE_ENABLE": "1", "DFTRACE_LOG_FILE": str(tmp_path / "env")})
+    assert out.returncode == 0, out.stderr
+    events = testing.read_events(tmp_path)
+    assert [e["name"] for e in testing.spans(events)] == ["forward"]
+
+
+def test_off_by_configuration_returns_the_original_function(tmp_path):
+    """With ``DFTRACE_ENABLE=0`` decorators return the function itself, ``.iter`` its argument,
+    and nothing is written even if initialize() is called."""
+    out = _run("""
+        import dftrace
+        from dftrace import ai
+        def f(): return 1
+        assert ai.compute.forward(f) is f
+        data = [1, 2]
+        assert ai.dataloader.fetch.iter(data) is data
+        assert dftrace.initialize() is None
+        with ai.compute.forward:
+            pass
+        print("ok")
+    """, {"DFTRACE_ENABLE": "0", "DFTRACE_LOG_FILE": str(tmp_path / "off")})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_bad_variable_fails_at_import_when_tracing_is_requested(tmp_path):
+    """``DFTRACE_ENABLE=1`` with a bad value stops the program at import, naming the variable."""
+    out = _run("import dftrace", {"DFTRACE_ENABLE": "1", "DFTRACE_COMPRESSION": "lz4",
+                                  "DFTRACE_LOG_FILE": str(tmp_path / "x")})
+    assert out.returncode != 0 and "DFTRACE_COMPRESSION" in out.stderr

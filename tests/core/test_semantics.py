@@ -1,0 +1,372 @@
+"""How spans, args, switches and hooks behave, checked in the written trace."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+
+import pytest
+
+import dftrace
+from dftrace import ai, testing
+
+from ._util import assert_valid, by_id, check_nesting
+
+
+def test_bare_decorator_records_each_call_and_keeps_the_function(tmp_path):
+    """``@ai.compute.forward`` records one span per call and returns the result."""
+
+    @ai.compute.forward
+    def forward(x, scale=2):
+        """Doc."""
+        return x * scale
+
+    assert forward.__name__ == "forward" and forward.__doc__ == "Doc."
+    with testing.trace_to(tmp_path) as t:
+        assert forward(3) == 6
+        assert forward(3, scale=3) == 9
+    spans = t.spans("forward")
+    assert len(spans) == 2
+    assert all(e["cat"] == "compute" and e["dur"] >= 0 for e in spans)
+    assert_valid(t.paths)
+
+
+def test_decorator_args_land_on_this_function_only(tmp_path):
+    """Args given with ``(args=...)`` go on that function's events, not the node's other uses."""
+
+    @ai.compute.forward(args={"model": "resnet"})
+    def f1():
+        pass
+
+    @ai.compute.forward
+    def f2():
+        pass
+
+    with testing.trace_to(tmp_path) as t:
+        f1()
+        f2()
+        f1()
+    args = [e["args"].get("model") for e in t.spans("forward")]
+    assert args == ["resnet", None, "resnet"]
+
+
+def test_context_manager_with_args(tmp_path):
+    """``with node:`` and ``with node(args=...):`` each write one span; args only on the second."""
+    with testing.trace_to(tmp_path) as t:
+        with ai.comm.all_reduce:
+            pass
+        with ai.comm.all_reduce(args={"bytes": 4096}):
+            pass
+    a, b = t.spans("all_reduce")
+    assert "bytes" not in a["args"] and b["args"]["bytes"] == 4096
+
+
+def test_iter_writes_iter_and_block_spans_with_count(tmp_path):
+    """``.iter`` writes ``<leaf>.iter`` and ``<leaf>.block`` per item with 1-based ``count``;
+    spans inside the loop body nest under the block."""
+
+    @ai.compute.forward
+    def fwd():
+        pass
+
+    with testing.trace_to(tmp_path) as t:
+        items = list(ai.pipeline.epoch.iter(range(3)))
+        for _ in ai.dataloader.fetch.iter(["a", "b"]):
+            fwd()
+    assert items == [0, 1, 2]
+    assert [e["args"]["count"] for e in t.spans("epoch.iter")] == [1, 2, 3]
+    assert [e["args"]["count"] for e in t.spans("epoch.block")] == [1, 2, 3]
+    blocks = {e["id"]: e for e in t.spans("fetch.block")}
+    for f in t.spans("forward"):
+        assert f["args"]["p_idx"] in blocks
+    check_nesting(t.events)
+    assert_valid(t.paths)
+
+
+@pytest.mark.parametrize("how", ["break", "exception", "close"])
+def test_iter_closes_its_spans_early(tmp_path, how):
+    """Leaving a ``.iter`` loop by break, an exception or ``close()`` still closes the block span."""
+    with testing.trace_to(tmp_path) as t:
+        if how == "break":
+            for i in ai.dataloader.fetch.iter(range(10)):
+                if i == 1:
+                    break
+        elif how == "exception":
+            with pytest.raises(KeyError):
+                for i in ai.dataloader.fetch.iter(range(10)):
+                    if i == 1:
+                        raise KeyError(i)
+        else:
+            it = ai.dataloader.fetch.iter(range(10))
+            next(it), next(it)
+            it.close()
+        with ai.compute.step:  # the stack is clean afterwards: this is a root span
+            pass
+    assert len(t.spans("fetch.block")) == 2
+    assert t.spans("step")[0]["args"]["level"] == 1
+    check_nesting(t.events)
+
+
+def test_iter_returns_the_iterable_itself_when_tracing_is_off():
+    """Without tracing, ``.iter(x)`` is ``x``."""
+    data = [1, 2]
+    assert ai.dataloader.fetch.iter(data) is data
+
+
+def test_update_is_sticky_for_the_node_and_its_subtree(tmp_path):
+    """``node.update`` reaches later events of the node and its children; ``ai.update`` the whole tree."""
+    with testing.trace_to(tmp_path) as t:
+        ai.compute.update(epoch=1)
+        with ai.compute.forward:
+            pass
+        ai.compute.forward.update(step=5)
+        with ai.compute.forward:
+            pass
+        with ai.compute.backward:
+            pass
+        ai.update(run="a")
+        with ai.comm.barrier:
+            pass
+    f1, f2 = t.spans("forward")
+    assert (f1["args"]["epoch"], f1["args"].get("step")) == (1, None)
+    assert (f2["args"]["epoch"], f2["args"]["step"]) == (1, 5)
+    assert t.spans("backward")[0]["args"]["epoch"] == 1 and "step" not in t.spans("backward")[0]["args"]
+    assert t.spans("barrier")[0]["args"]["run"] == "a"
+
+
+def test_uses_made_with_options_follow_their_node(tmp_path):
+    """A use created with ``(args=...)`` before ``disable()`` is switched off by it and reached by ``update``."""
+
+    @ai.checkpoint.capture(args={"kind": "full"})
+    def save():
+        pass
+
+    with testing.trace_to(tmp_path) as t:
+        ai.checkpoint.disable()
+        save()
+        ai.checkpoint.enable()
+        ai.checkpoint.capture.update(epoch=2)
+        save()
+    (e,) = t.spans("capture")
+    assert e["args"]["kind"] == "full" and e["args"]["epoch"] == 2
+
+
+def test_disable_and_enable(tmp_path):
+    """``disable()`` on a category or the whole tree stops events; ``enable()`` brings them back."""
+    with testing.trace_to(tmp_path) as t:
+        ai.compute.disable()
+        with ai.compute.forward:
+            pass
+        with ai.comm.send:
+            pass
+        ai.compute.enable()
+        ai.disable()
+        with ai.comm.receive:
+            pass
+        ai.enable()
+        with ai.compute.forward:
+            pass
+    assert t.names() == ["send", "forward"]
+
+
+def test_forced_enable_overrides_the_node_switch(tmp_path):
+    """``enable=True`` records while its category is disabled; ``enable=False`` never records."""
+
+    @ai.compute.forward(enable=True)
+    def on():
+        pass
+
+    @ai.compute.backward(enable=False)
+    def off():
+        pass
+
+    assert off.__name__ == "off" and not hasattr(off, "__wrapped__")
+    with testing.trace_to(tmp_path) as t:
+        ai.compute.disable()
+        on()
+        with ai.compute.step(enable=True):
+            pass
+        ai.compute.enable()
+        off()
+        with ai.compute.backward(enable=False):
+            pass
+    assert t.names() == ["forward", "step"]
+
+
+def test_start_stop_hook_style(tmp_path):
+    """``start()``/``stop()`` write one span; spans in between nest under it."""
+    with testing.trace_to(tmp_path) as t:
+        ai.pipeline.train.start()
+        with ai.compute.forward:
+            pass
+        ai.pipeline.train.stop()
+        tok = ai.pipeline.epoch.start()
+        tok.stop()
+        tok.stop()  # a second stop is harmless
+    train = t.spans("train")[0]
+    assert t.spans("forward")[0]["args"]["p_idx"] == train["id"]
+    assert len(t.spans("epoch")) == 1
+    check_nesting(t.events)
+
+
+def test_stop_without_start_warns_once_and_does_nothing(tmp_path):
+    """A ``stop()`` with nothing open writes nothing and warns once."""
+    with testing.trace_to(tmp_path) as t:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ai.compute.stop()
+            ai.compute.stop()
+    assert t.spans() == []
+    assert len([x for x in w if "without a matching start" in str(x.message)]) == 1
+
+
+def test_unstopped_start_is_closed_at_finalize_as_incomplete(tmp_path):
+    """A ``start()`` never stopped is written at finalize with ``args.incomplete=true``."""
+    with testing.trace_to(tmp_path) as t:
+        ai.pipeline.epoch.start()
+    (e,) = t.spans("epoch")
+    assert e["args"]["incomplete"] is True
+
+
+def test_stopping_a_parent_closes_children_left_open(tmp_path):
+    """Stopping a span closes the start()-spans still open inside it, flagged incomplete."""
+    with testing.trace_to(tmp_path) as t:
+        ai.pipeline.epoch.start()
+        ai.compute.start()  # e.g. a step whose after_run never came
+        ai.pipeline.epoch.stop()
+    comp, = t.spans("compute")
+    epoch, = t.spans("epoch")
+    assert comp["args"]["incomplete"] is True and "incomplete" not in epoch["args"]
+    check_nesting(t.events)
+
+
+def test_metadata_mode_writes_cm_events(tmp_path):
+    """``start(metadata=True)``/``stop(metadata=True)`` write CM events ``epoch.start``/``epoch.end``."""
+    with testing.trace_to(tmp_path) as t:
+        ai.pipeline.epoch.start(metadata=True)
+        ai.pipeline.epoch.stop(metadata=True)
+    cms = [e["args"] for e in t.metadata("CM")]
+    assert [c["name"] for c in cms] == ["epoch.start", "epoch.end"]
+    assert all(c["value"].isdigit() for c in cms)
+    assert int(cms[0]["value"]) <= int(cms[1]["value"])
+    assert t.spans() == []
+
+
+def test_exception_closes_the_span_and_propagates_unchanged(tmp_path):
+    """An exception inside a span closes it (with ``args.error``) and reaches the caller as is."""
+    err = ValueError("boom")
+
+    @ai.compute.forward
+    def bad():
+        raise err
+
+    with testing.trace_to(tmp_path) as t:
+        with pytest.raises(ValueError) as info:
+            bad()
+        assert info.value is err
+        with pytest.raises(KeyError):
+            with ai.comm.send:
+                raise KeyError("x")
+    assert t.spans("forward")[0]["args"]["error"] == "ValueError"
+    assert t.spans("send")[0]["args"]["error"] == "KeyError"
+
+
+def test_recursion_and_self_nesting_keep_every_event(tmp_path):
+    """A recursive decorated function and a node nested in itself write every level."""
+
+    @ai.compute.forward
+    def depth(n):
+        return 0 if n == 0 else 1 + depth(n - 1)
+
+    with testing.trace_to(tmp_path) as t:
+        assert depth(4) == 4
+        with ai.comm.send:
+            with ai.comm.send:
+                pass
+    levels = sorted(e["args"]["level"] for e in t.spans("forward"))
+    assert levels == [1, 2, 3, 4, 5]
+    assert sorted(e["args"]["level"] for e in t.spans("send")) == [1, 2]
+    check_nesting(t.events)
+
+
+def test_async_function_span_covers_the_awaited_body(tmp_path):
+    """An ``async def`` decorated with a node gets a span as long as its awaited body."""
+
+    @ai.comm.receive
+    async def fetch(delay):
+        await asyncio.sleep(delay)
+        return delay
+
+    with testing.trace_to(tmp_path) as t:
+        assert asyncio.run(fetch(0.02)) == 0.02
+    (e,) = t.spans("receive")
+    assert e["dur"] >= 20_000
+
+
+def test_concurrent_tasks_get_their_own_tracks(tmp_path):
+    """Concurrent asyncio tasks on one node each write their own event on a track of their own."""
+
+    @ai.comm.receive
+    async def fetch(i):
+        await asyncio.sleep(0.001 * (i % 3))
+        with ai.compute.forward:
+            pass
+
+    async def main():
+        await asyncio.gather(*(fetch(i) for i in range(20)))
+
+    with testing.trace_to(tmp_path) as t:
+        asyncio.run(main())
+    recv = t.spans("receive")
+    assert len(recv) == 20 and len({e["tid"] for e in recv}) == 20
+    fwd = by_id(t.events)
+    for f in t.spans("forward"):
+        assert fwd[f["args"]["p_idx"]]["name"] == "receive"
+    check_nesting(t.events)
+    assert_valid(t.paths)
+
+
+def test_generator_function_span_covers_its_iteration(tmp_path):
+    """A decorated generator function writes one span ending when the generator finishes."""
+
+    @ai.data.preprocess
+    def gen(n):
+        yield from range(n)
+
+    with testing.trace_to(tmp_path) as t:
+        assert list(gen(3)) == [0, 1, 2]
+    assert len(t.spans("preprocess")) == 1
+
+
+def test_decorators_applied_before_initialize_record_after_it(tmp_path):
+    """Nodes decorated at import time (before ``initialize``) record once tracing starts."""
+
+    @ai.compute.step
+    def early():
+        pass
+
+    early()  # not tracing yet: nothing recorded, nothing raised
+    with testing.trace_to(tmp_path) as t:
+        early()
+    assert t.names() == ["step"]
+
+
+def test_finalize_is_idempotent_and_stops_recording(tmp_path):
+    """``finalize()`` twice is fine; after it nothing records."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False)
+    with ai.compute.forward:
+        pass
+    dftrace.finalize()
+    dftrace.finalize()
+    with ai.compute.forward:
+        pass
+    events = testing.read_events(s.path)
+    assert len(testing.spans(events)) == 1
+    assert open(s.path).read().endswith("]\n")
+
+
+def test_initialize_twice_returns_the_running_session(tmp_path):
+    """A second ``initialize`` while a session runs returns it instead of opening a new file."""
+    s1 = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False)
+    s2 = dftrace.initialize(log_file=str(tmp_path / "other"), inherit=False)
+    assert s1 is s2 and dftrace.session() is s1

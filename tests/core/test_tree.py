@@ -1,0 +1,110 @@
+"""The shape of the ``ai`` tree and the names its events carry."""
+
+from __future__ import annotations
+
+import dftrace
+from dftrace import CATEGORIES, ai, testing
+
+from ._util import assert_valid
+
+EXPECTED = {
+    "compute": ["forward", "backward", "step"],
+    "data": ["preprocess", "item"],
+    "dataloader": ["fetch"],
+    "comm": ["send", "receive", "barrier", "bcast", "reduce", "all_reduce", "gather",
+             "all_gather", "scatter", "reduce_scatter", "all_to_all"],
+    "device": ["transfer"],
+    "checkpoint": ["capture", "restart"],
+    "pipeline": ["epoch", "train", "evaluate", "test"],
+}
+
+
+def test_tree_has_the_seven_categories_and_24_children():
+    """The tree holds exactly the categories and children of DFTracer's table."""
+    assert {k: list(v) for k, v in CATEGORIES.items()} == EXPECTED
+    assert sum(len(v) for v in EXPECTED.values()) == 24
+    for cat, children in EXPECTED.items():
+        node = getattr(ai, cat)
+        assert node is ai[cat]
+        for child in children:
+            leaf = getattr(node, child)
+            assert (leaf.name, leaf.cat, leaf.path) == (child, cat, f"ai.{cat}.{child}")
+
+
+def test_every_leaf_writes_its_name_and_category(tmp_path):
+    """Each leaf used as a context manager writes name=<leaf>, cat=<category>."""
+    with testing.trace_to(tmp_path) as t:
+        for cat, children in EXPECTED.items():
+            for child in children:
+                with getattr(getattr(ai, cat), child):
+                    pass
+    got = sorted((e["cat"], e["name"]) for e in t.spans())
+    assert got == sorted((c, n) for c, ns in EXPECTED.items() for n in ns)
+    assert_valid(t.paths)
+
+
+def test_category_nodes_work_as_decorator_and_context_manager(tmp_path):
+    """``@ai.compute`` and ``with ai.data:`` write events named after the category."""
+
+    @ai.compute
+    def work():
+        return 7
+
+    with testing.trace_to(tmp_path) as t:
+        assert work() == 7
+        with ai.data:
+            pass
+    assert [(e["name"], e["cat"]) for e in t.spans()] == [("compute", "compute"), ("data", "data")]
+
+
+def test_init_events_are_namespaced(tmp_path):
+    """``.init`` writes ``<leaf>.init``; ``with ai.checkpoint.init`` works (it raises in DFTracer)."""
+
+    class Dataset:
+        @ai.data.item.init
+        def __init__(self, n):
+            self.n = n
+
+    with testing.trace_to(tmp_path) as t:
+        assert Dataset(3).n == 3
+        with ai.checkpoint.init:
+            pass
+        with ai.data.init:
+            pass
+    assert [(e["name"], e["cat"]) for e in t.spans()] == [
+        ("item.init", "data"), ("checkpoint.init", "checkpoint"), ("data.init", "data")]
+
+
+def test_derive_makes_a_child_event_in_the_same_category(tmp_path):
+    """``derive(name="collate")`` on data.preprocess writes ``preprocess.collate`` in cat data,
+    as decorator, context manager and iterator."""
+    collate = ai.data.preprocess.derive(name="collate")
+    assert ai.data.preprocess.derive("collate") is collate
+
+    @collate
+    def fn(batch):
+        return batch
+
+    with testing.trace_to(tmp_path) as t:
+        fn([1])
+        with collate:
+            pass
+        list(collate.iter([1, 2]))
+    names = [(e["name"], e["cat"]) for e in t.spans()]
+    assert names == [("preprocess.collate", "data")] * 2 + [
+        ("preprocess.collate.iter", "data"), ("preprocess.collate.block", "data")] * 2
+
+
+def test_misuse_of_decorator_gives_a_helpful_error():
+    """Decorating a non-callable says how to pass args instead."""
+    import pytest
+
+    with pytest.raises(TypeError, match=r"ai\.compute\.forward\(args="):
+        ai.compute.forward.decorate(42)
+
+
+def test_public_api_is_pinned():
+    """``dftrace.__all__`` lists exactly the public names, sorted."""
+    assert dftrace.__all__ == sorted(dftrace.__all__)
+    for name in dftrace.__all__:
+        assert hasattr(dftrace, name), name

@@ -1,0 +1,150 @@
+"""The files: layout, compression, flushing, bounded memory."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import zstandard
+
+import dftrace
+from dftrace import ai, testing
+
+from ._util import assert_valid
+
+
+def _raw_lines(path: str) -> list[bytes]:
+    data = open(path, "rb").read()
+    if path.endswith(".zst"):
+        data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
+    elif path.endswith(".gz"):
+        data = gzip.decompress(data)
+    return data.splitlines()
+
+
+@pytest.mark.parametrize("compression,suffix", [("zstd", ".pfw.zst"), ("gzip", ".pfw.gz"), ("none", ".pfw")])
+def test_file_layout_for_each_compression(tmp_path, compression, suffix):
+    """``[`` first, metadata before events, one JSON object per line, ``]`` last; name has host and pid."""
+    with testing.trace_to(tmp_path, compression=compression) as t:
+        with ai.compute.forward:
+            pass
+    (path,) = t.paths
+    assert path.endswith(f"-{os.getpid()}{suffix}")
+    lines = _raw_lines(path)
+    assert lines[0] == b"[" and lines[-1] == b"]"
+    assert b'"ph":"M"' in lines[1] and b'"process_name"' in lines[1]
+    names = [e["name"] for e in t.events[:6]]
+    assert names == ["process_name", "process_sort_index", "thread_name", "HH", "clock_anchor", "PR"]
+    assert_valid(t.paths)
+
+
+def test_each_flush_is_an_independent_zstd_frame(tmp_path):
+    """Every flush appends a frame that decodes on its own, so a cut file loses only its tail."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False)
+    for _ in range(3):
+        with ai.compute.forward:
+            pass
+        s.writer.flush()
+    dftrace.finalize()
+    data = open(s.path, "rb").read()
+    frames, pos = 0, 0
+    while pos < len(data):  # decode frame by frame, each with a fresh decompressor
+        assert zstandard.frame_content_size(data[pos:]) > 0
+        d = zstandard.ZstdDecompressor().decompressobj()
+        d.decompress(data[pos:])
+        pos = len(data) - len(d.unused_data)
+        frames += 1
+    assert frames == 5  # header, three flushes, trailer
+    cut = data[: len(data) - 3]  # a crash mid-write of the last frame
+    open(s.path, "wb").write(cut)
+    assert len(testing.spans(testing.read_events(s.path, strict=False))) == 3
+
+
+def test_events_reach_disk_within_the_flush_interval(tmp_path):
+    """Without finalize, events are on disk after one flush interval."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), flush_interval=0.05, compression="none",
+                           inherit=False)
+    with ai.compute.forward:
+        pass
+    deadline = time.time() + 5
+    while time.time() < deadline and b'"forward"' not in open(s.path, "rb").read():
+        time.sleep(0.02)
+    assert b'"forward"' in open(s.path, "rb").read()
+
+
+def test_drop_mode_counts_dropped_events_in_the_trace(tmp_path):
+    """With ``on_full="drop"`` and a full buffer, drops are counted and the count is written."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), buffer_limit=1024, on_full="drop",
+                           flush_interval=60, batch_size=10**9, compression="none", inherit=False)
+    s.writer._stop = True  # a writer that cannot keep up: it never flushes until finalize
+    s.writer.wake()
+    s.writer._thread.join()
+
+    @ai.compute.forward
+    def f():
+        pass
+
+    for _ in range(20_000):
+        f()
+    dftrace.finalize()
+    events = testing.read_events(s.path)
+    (dropped,) = [e for e in events if e.get("name") == "dropped"]
+    written = len(testing.spans(events, "forward"))
+    assert dropped["args"]["count"] > 0
+    assert written + dropped["args"]["count"] == 20_000
+
+
+def test_block_mode_loses_nothing_with_a_small_buffer(tmp_path):
+    """With the default lossless mode, a tiny buffer makes producers wait; every event is written."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), buffer_limit=1024, batch_size=512,
+                           inherit=False)
+
+    @ai.compute.forward
+    def f():
+        pass
+
+    for _ in range(30_000):
+        f()
+    dftrace.finalize()
+    events = testing.read_events(s.path)
+    assert len(testing.spans(events, "forward")) == 30_000
+    assert not [e for e in events if e.get("name") == "dropped"]
+    assert_valid([s.path])
+
+
+def test_exit_without_finalize_writes_a_complete_file(tmp_path):
+    """A program that never calls finalize still leaves a complete file (atexit)."""
+    code = textwrap.dedent(f"""
+        import dftrace
+        from dftrace import ai
+        s = dftrace.initialize(log_file={str(tmp_path / 'run')!r}, compression="gzip")
+        for _ in range(100):
+            with ai.compute.forward:
+                pass
+        print(s.path)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    path = out.stdout.strip()
+    assert gzip.decompress(open(path, "rb").read()).endswith(b"]\n")
+    assert len(testing.spans(testing.read_events(path), "forward")) == 100
+
+
+def test_timestamps_come_from_one_anchored_monotonic_clock(tmp_path):
+    """``ts`` is wall-clock µs derived from the recorded anchor; nested spans nest in time."""
+    before = time.time_ns() // 1000
+    with testing.trace_to(tmp_path) as t:
+        with ai.pipeline.train:
+            with ai.compute.forward:
+                time.sleep(0.001)
+    after = time.time_ns() // 1000
+    anchor = t.metadata("clock_anchor")[0]["args"]
+    train, fwd = t.spans("train")[0], t.spans("forward")[0]
+    assert before - 1000 <= train["ts"] <= after
+    assert train["ts"] <= fwd["ts"] and fwd["ts"] + fwd["dur"] <= train["ts"] + train["dur"]
+    assert anchor["wall_ns"] > 0 and anchor["mono_ns"] > 0
