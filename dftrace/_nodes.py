@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import weakref
 from collections.abc import Iterable
 from typing import Any, Callable, TypeVar
@@ -67,6 +68,27 @@ def set_max_arg_length(n: int) -> None:
     _max_arg_length = n
 
 
+# Sample mode (``dftrace.capture(max_items=N)``): every ``.iter()`` called while it is
+# set yields at most this many items. Checked once per ``.iter()`` call, never per item.
+_max_items: int | None = None
+
+
+def set_max_items(n: int | None) -> None:
+    global _max_items
+    _max_items = n
+
+
+async def _aislice(aiterable: Any, n: int) -> Any:
+    if n <= 0:
+        return
+    count = 0
+    async for item in aiterable:
+        yield item
+        count += 1
+        if count >= n:
+            return
+
+
 def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
     """Wrap ``fn`` so each call is a span of ``obj``'s node."""
     if isinstance(fn, (staticmethod, classmethod)):
@@ -78,7 +100,9 @@ def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
         raise TypeError(
             f"{obj!r} decorates functions; got {type(fn).__name__}. "
             f"To pass args use {obj._node.path}(args={{...}}).")
-    if inspect.iscoroutinefunction(fn):
+    if obj._capture is not None:  # chosen here, once: uses without capture pay nothing
+        wrapper = obj._capture.wrap(fn, obj, gate)
+    elif inspect.iscoroutinefunction(fn):
         wrapper = _rec.wrap_async(fn, obj, gate)
     elif inspect.isasyncgenfunction(fn):
         wrapper = _rec.wrap_asyncgen(fn, obj, gate)
@@ -108,11 +132,12 @@ class Span:
         """The span's event id in the trace (None when nothing was recorded)."""
         return self._token[1] if self._token is not None else None
 
-    def stop(self) -> None:
-        """Close this span (safe to call twice)."""
+    def stop(self, args: dict[str, Any] | None = None) -> None:
+        """Close this span (safe to call twice). ``args`` known only at the end
+        (output shapes, bytes written) are added to the span's args."""
         if self._token is not None and self._obj is not None:
             try:
-                _rec.stop(self._obj, self._token)
+                _rec.stop(self._obj, self._token, args)
             except Exception:
                 pass
             self._token = None
@@ -135,6 +160,8 @@ class _Traceable:
 
     _node: Node
     _extra: Extra | None
+    #: What a capturing use records (``_capture.CapturingUse``); None everywhere else.
+    _capture: Any = None
 
     def _gate(self) -> Any:
         raise NotImplementedError
@@ -173,6 +200,8 @@ class _Traceable:
         """Wrap an iterable: per item a ``<name>.iter`` span (obtaining it) and a
         ``<name>.block`` span (the loop body), both with ``args.count``. Returns the
         iterable itself when tracing is off."""
+        if _max_items is not None:
+            iterable = itertools.islice(iterable, _max_items)
         gate = self._gate()
         if _off_for_good or gate is None or not gate._on:
             return iterable
@@ -180,6 +209,8 @@ class _Traceable:
 
     def aiter(self, aiterable: Any) -> Any:
         """``async for`` version of :meth:`iter`."""
+        if _max_items is not None:
+            aiterable = _aislice(aiterable, _max_items)
         gate = self._gate()
         if _off_for_good or gate is None or not gate._on:
             return aiterable
@@ -347,16 +378,31 @@ class Node(_Traceable):
 
 
 class Use(_Traceable):
-    """A node with options of its own: ``ai.compute.forward(args={...}, enable=True)``."""
+    """A node with options of its own: ``ai.compute.forward(args={...}, enable=True)``.
+
+    With ``capture=`` (True, a parameter name or a list of names), ``capture_result=True``
+    or ``capture_hash=True`` the use also records summaries of the values that went
+    through each call (see docs/inspect.md); it is then a ``CapturingUse``.
+    """
 
     __slots__ = ("_node", "_extra", "_forced")
 
+    def __new__(cls, node: Node, *args: Any, **options: Any) -> Use:
+        if cls is Use and (options.get("capture") not in (None, False)
+                           or options.get("capture_result") or options.get("capture_hash")):
+            from ._capture import CapturingUse
+
+            cls = CapturingUse
+        return super().__new__(cls)
+
     def __init__(self, node: Node, args: dict[str, Any] | None = None,
-                 enable: bool | None = None, **unknown: Any):
+                 enable: bool | None = None, capture: Any = None,
+                 capture_result: bool = False, capture_hash: bool = False, **unknown: Any):
         if unknown:
             raise TypeError(
                 f"{node.path}() got unexpected option(s) {', '.join(sorted(unknown))}; "
-                "options are args=..., enable=...")
+                "options are args=..., enable=..., capture=..., capture_result=..., "
+                "capture_hash=...")
         self._node = node
         self._extra = Extra(dict(args), _max_arg_length) if args else None
         self._forced = None if enable is None else bool(enable)

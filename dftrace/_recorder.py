@@ -19,6 +19,7 @@ import itertools
 import os
 import threading
 import warnings
+import weakref
 from asyncio import _get_running_loop, current_task
 from contextvars import ContextVar
 from time import perf_counter_ns
@@ -32,6 +33,13 @@ __all__ = ["BUFFER", "STATE", "LOCAL", "Stack", "current_stack", "record_special
 #: its ``append``. Consumers take from the front with ``del BUFFER[:n]``.
 BUFFER: list[tuple] = []
 append = BUFFER.append
+
+
+def record(*rec: Any) -> None:
+    """Append one record ``(kind, t0, t1, id, parent, level, tid, extra)``; replaced
+    by the C version (which also keeps records out of the garbage collector's way)."""
+    append(rec)
+
 clock = perf_counter_ns
 ids = itertools.count(1)
 
@@ -49,7 +57,7 @@ class Stack(list):
     maps the id of each span opened by ``with``/``start()`` to ``(t0, opener, extra,
     parent, level)``."""
 
-    __slots__ = ("tid", "owner", "open")
+    __slots__ = ("tid", "owner", "open", "__weakref__")
 
     def __init__(self, tid: int, owner: Any):
         super().__init__((0,))
@@ -100,16 +108,21 @@ class _State:
         self.pid = os.getpid()
         self.dropped = 0
         del BUFFER[:]
+        STACKS.clear()
 
 
 STATE = _State()
+
+#: Every live thread and task stack, so finalize can tell how many spans are still
+#: open on other threads (added once per thread/task, on the slow path).
+STACKS: weakref.WeakValueDictionary[int, Stack] = weakref.WeakValueDictionary()
 
 
 def record_special(kind: Any, payload: dict, tid: int | None = None, t_ns: int | None = None) -> None:
     """Append a non-span record (metadata, counter, instant)."""
     if tid is None:
         tid = threading.get_native_id()
-    append((kind, clock() if t_ns is None else t_ns, 0, next(ids), 0, 0, tid, payload))
+    record(kind, clock() if t_ns is None else t_ns, 0, next(ids), 0, 0, tid, payload)
 
 
 def _thread_stack() -> Stack:
@@ -117,6 +130,7 @@ def _thread_stack() -> Stack:
     if stk is None:
         tid = threading.get_native_id()
         stk = LOCAL.thread_stk = Stack(tid, None)
+        STACKS[id(stk)] = stk
         try:
             name = threading.current_thread().name
         except Exception:
@@ -147,6 +161,7 @@ def resolve() -> Stack:
     # A new task: its own track and its own nesting (p_idx never crosses tracks).
     vtid = next(_vtids)
     stk = Stack(vtid, task)
+    STACKS[id(stk)] = stk
     try:
         tname = task.get_name()
     except Exception:
@@ -211,6 +226,8 @@ def _with_error(extra: Any, exc: BaseException) -> Any:
 def wrap_sync(fn: Any, obj: Any, gate: Any) -> Any:
     node = obj._node
     extra = obj._extra
+    if speedups is not None:
+        return speedups.SpanWrapper(fn, node, gate, extra)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not gate._on:
@@ -230,12 +247,12 @@ def wrap_sync(fn: Any, obj: Any, gate: Any) -> Any:
         except BaseException as e:
             t1 = clock()
             _unwind(stk, i)
-            append((node._kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e)))
+            record(node._kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e))
             raise
         t1 = clock()
         if stk.pop() is not i:
             _unwind(stk, i)
-        append((node._kind, t0, t1, i, p, lvl, stk.tid, extra))
+        record(node._kind, t0, t1, i, p, lvl, stk.tid, extra)
         return r
 
     return wrapper
@@ -261,11 +278,11 @@ def wrap_async(fn: Any, obj: Any, gate: Any) -> Any:
         except BaseException as e:
             t1 = clock()
             _unwind(stk, i)
-            append((node._kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e)))
+            record(node._kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e))
             raise
         t1 = clock()
         _unwind(stk, i)
-        append((node._kind, t0, t1, i, p, lvl, stk.tid, extra))
+        record(node._kind, t0, t1, i, p, lvl, stk.tid, extra)
         return r
 
     return wrapper
@@ -298,7 +315,7 @@ def _generator_span(gen: Any, node: Any, extra: Any) -> Any:
         x = _with_error(extra, e)
         raise
     finally:
-        append((node._kind, t0, clock(), i, p, lvl, tid, x))
+        record(node._kind, t0, clock(), i, p, lvl, tid, x)
 
 
 def wrap_asyncgen(fn: Any, obj: Any, gate: Any) -> Any:
@@ -327,7 +344,7 @@ async def _asyncgen_span(agen: Any, node: Any, extra: Any) -> Any:
         x = _with_error(extra, e)
         raise
     finally:
-        append((node._kind, t0, clock(), i, p, lvl, tid, x))
+        record(node._kind, t0, clock(), i, p, lvl, tid, x)
 
 
 # ---------------------------------------------------------------------------
@@ -358,7 +375,7 @@ def _close(stk: Stack, i: int, t1: int, x: Any = None, incomplete: bool = False)
     if incomplete:
         x = {**(x if isinstance(x, dict) else (x.args if x is not None else {})),
              "incomplete": True}
-    append((obj._node._kind, t0, t1, i, p, lvl, stk.tid, x))
+    record(obj._node._kind, t0, t1, i, p, lvl, stk.tid, x)
 
 
 def cm_enter(self: Any) -> Any:
@@ -426,9 +443,11 @@ def _find_open(obj: Any) -> tuple[Stack, int] | None:
     return None
 
 
-def stop(obj: Any, token: tuple[Stack, int] | None = None) -> bool:
+def stop(obj: Any, token: tuple[Stack, int] | None = None,
+         args: dict[str, Any] | None = None) -> bool:
     """Close a span opened by ``start``. Spans started inside it with ``start`` and
-    still open are closed too, flagged ``incomplete``. False when nothing was open."""
+    still open are closed too, flagged ``incomplete``. ``args`` (known only now)
+    join the span's own. False when nothing was open."""
     t1 = clock()
     if token is None:
         token = _find_open(obj)
@@ -441,7 +460,13 @@ def stop(obj: Any, token: tuple[Stack, int] | None = None) -> bool:
         for j in stk[stk.index(i) + 1:][::-1]:
             if STATE.open_spans.pop(j, None) is not None:
                 _close(stk, j, t1, incomplete=True)
-    _close(stk, i, t1)
+    x = None
+    if args:
+        ent = stk.open.get(i)
+        base = ent[2] if ent is not None else None
+        x = {**(base if isinstance(base, dict) else (base.args if base is not None else {})),
+             **args}
+    _close(stk, i, t1, x)
     return True
 
 
@@ -495,14 +520,14 @@ def iterate(obj: Any, gate: Any, iterable: Any) -> Any:
         except BaseException as e:
             t1 = clock()
             _unwind(stk, i)
-            append((node._iter_kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e)))
+            record(node._iter_kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e))
             raise
         t1 = clock()
         if stk.pop() is not i:
             _unwind(stk, i)
         count += 1
         x = count if extra is None else {**extra.args, "count": count}
-        append((node._iter_kind, t0, t1, i, p, lvl, stk.tid, x))
+        record(node._iter_kind, t0, t1, i, p, lvl, stk.tid, x)
         j = next(ids)
         stk.append(j)
         try:
@@ -513,7 +538,7 @@ def iterate(obj: Any, gate: Any, iterable: Any) -> Any:
                 stk.pop()
             else:
                 _unwind(stk, j)
-            append((node._block_kind, t1, t2, j, p, lvl, stk.tid, x))
+            record(node._block_kind, t1, t2, j, p, lvl, stk.tid, x)
 
 
 async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
@@ -545,13 +570,13 @@ async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
         except BaseException as e:
             t1 = clock()
             _unwind(stk, i)
-            append((node._iter_kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e)))
+            record(node._iter_kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e))
             raise
         t1 = clock()
         _unwind(stk, i)
         count += 1
         x = count if extra is None else {**extra.args, "count": count}
-        append((node._iter_kind, t0, t1, i, p, lvl, stk.tid, x))
+        record(node._iter_kind, t0, t1, i, p, lvl, stk.tid, x)
         j = next(ids)
         stk.append(j)
         try:
@@ -559,11 +584,239 @@ async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
         finally:
             t2 = clock()
             _unwind(stk, j)
-            append((node._block_kind, t1, t2, j, p, lvl, stk.tid, x))
+            record(node._block_kind, t1, t2, j, p, lvl, stk.tid, x)
 
 
 def record_cm(name: str) -> None:
     """Metadata mode: a ``CM`` event ``<name>`` whose value is the current time (µs)."""
     stk = current_stack()
-    append((META, clock(), 0, next(ids), 0, 0, stk.tid,
-            {"name": "CM", "args": {"name": name}, "ts_value": True}))
+    record(META, clock(), 0, next(ids), 0, 0, stk.tid,
+           {"name": "CM", "args": {"name": name}, "ts_value": True})
+
+
+# ---------------------------------------------------------------------------
+# Capturing uses (``node(capture=..., capture_result=...)``). ``_nodes`` picks these
+# at decoration time, so a node without ``capture`` never runs any of this. ``cap``
+# is a ``_values.FunctionCapture``: ``cap.params(args, kwargs)`` summarises the
+# arguments before the clock starts, ``cap.extra(...)`` builds the event's args
+# after it stops. Neither raises, and neither keeps a reference to a value.
+# ---------------------------------------------------------------------------
+
+def wrap_sync_capture(fn: Any, obj: Any, gate: Any, cap: Any) -> Any:
+    node = obj._node
+    extra = obj._extra
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not gate._on:
+            return fn(*args, **kwargs)
+        params = cap.params(args, kwargs)
+        stk = LOCAL.stk
+        if stk is None:
+            stk = resolve()
+        i = next(ids)
+        if not i & CHECK_MASK:
+            pressure()
+        p = stk[-1]
+        lvl = len(stk)
+        stk.append(i)
+        t0 = clock()
+        try:
+            r = fn(*args, **kwargs)
+        except BaseException as e:
+            t1 = clock()
+            _unwind(stk, i)
+            record(node._kind, t0, t1, i, p, lvl, stk.tid, cap.extra(extra, params, error=e))
+            raise
+        t1 = clock()
+        if stk.pop() is not i:
+            _unwind(stk, i)
+        record(node._kind, t0, t1, i, p, lvl, stk.tid, cap.extra(extra, params, r))
+        return r
+
+    return wrapper
+
+
+def wrap_async_capture(fn: Any, obj: Any, gate: Any, cap: Any) -> Any:
+    node = obj._node
+    extra = obj._extra
+
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not gate._on:
+            return await fn(*args, **kwargs)
+        params = cap.params(args, kwargs)
+        stk = resolve()
+        i = next(ids)
+        if not i & CHECK_MASK:
+            pressure()
+        p = stk[-1]
+        lvl = len(stk)
+        stk.append(i)
+        t0 = clock()
+        try:
+            r = await fn(*args, **kwargs)
+        except BaseException as e:
+            t1 = clock()
+            _unwind(stk, i)
+            record(node._kind, t0, t1, i, p, lvl, stk.tid, cap.extra(extra, params, error=e))
+            raise
+        t1 = clock()
+        _unwind(stk, i)
+        record(node._kind, t0, t1, i, p, lvl, stk.tid, cap.extra(extra, params, r))
+        return r
+
+    return wrapper
+
+
+def wrap_generator_capture(fn: Any, obj: Any, gate: Any, cap: Any) -> Any:
+    """A generator function: its arguments, and its ``return`` value as the result."""
+    node = obj._node
+    extra = obj._extra
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        gen = fn(*args, **kwargs)
+        if not gate._on:
+            return gen
+        return _generator_span_capture(gen, node, extra, cap, cap.params(args, kwargs))
+
+    return wrapper
+
+
+def _generator_span_capture(gen: Any, node: Any, extra: Any, cap: Any, params: Any) -> Any:
+    stk = current_stack()
+    p, lvl, tid = stk[-1], len(stk), stk.tid
+    i = next(ids)
+    t0 = clock()
+    try:
+        r = yield from gen
+    except BaseException as e:
+        record(node._kind, t0, clock(), i, p, lvl, tid, cap.extra(extra, params, error=e))
+        raise
+    record(node._kind, t0, clock(), i, p, lvl, tid, cap.extra(extra, params, r))
+    return r
+
+
+def wrap_asyncgen_capture(fn: Any, obj: Any, gate: Any, cap: Any) -> Any:
+    node = obj._node
+    extra = obj._extra
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        agen = fn(*args, **kwargs)
+        if not gate._on:
+            return agen
+        return _asyncgen_span_capture(agen, node, extra, cap, cap.params(args, kwargs))
+
+    return wrapper
+
+
+async def _asyncgen_span_capture(agen: Any, node: Any, extra: Any, cap: Any, params: Any) -> Any:
+    stk = current_stack()
+    p, lvl, tid = stk[-1], len(stk), stk.tid
+    i = next(ids)
+    t0 = clock()
+    x = None
+    try:
+        async for item in agen:
+            yield item
+    except BaseException as e:
+        x = cap.extra(extra, params, error=e)
+        raise
+    finally:
+        if x is None:
+            x = cap.extra(extra, params)
+        record(node._kind, t0, clock(), i, p, lvl, tid, x)
+
+
+def iterate_capture(obj: Any, gate: Any, iterable: Any, cap: Any) -> Any:
+    """:func:`iterate` for ``capture_result=True``: each ``<leaf>.iter`` span also
+    carries ``result``, the summary of the item the iterable produced."""
+    node = obj._node
+    extra = obj._extra
+    base = extra.args if extra is not None else {}
+    it = iter(iterable)
+    count = 0
+    while True:
+        if not gate._on:
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            count += 1
+            yield item
+            continue
+        stk = current_stack()
+        i = next(ids)
+        if not i & CHECK_MASK:
+            pressure()
+        p = stk[-1]
+        lvl = len(stk)
+        stk.append(i)
+        t0 = clock()
+        try:
+            item = next(it)
+        except StopIteration:
+            _unwind(stk, i)
+            return
+        except BaseException as e:
+            t1 = clock()
+            _unwind(stk, i)
+            record(node._iter_kind, t0, t1, i, p, lvl, stk.tid,
+                   cap.extra(extra, None, error=e))
+            raise
+        t1 = clock()
+        _unwind(stk, i)
+        count += 1
+        x = count if extra is None else {**base, "count": count}
+        record(node._iter_kind, t0, t1, i, p, lvl, stk.tid, cap.item_extra(extra, count, item))
+        j = next(ids)
+        stk.append(j)
+        try:
+            yield item
+        finally:
+            t2 = clock()
+            _unwind(stk, j)
+            record(node._block_kind, t1, t2, j, p, lvl, stk.tid, x)
+
+
+def cm_open(opener: Any) -> Stack:
+    """Open a ``with`` span on the caller's stack whose opener is ``opener``
+    (anything with ``_node`` and ``_extra``: a capturing use's per-call scope)."""
+    stk = current_stack()
+    _open(stk, opener)
+    return stk
+
+
+def cm_find(match: Any) -> tuple[Stack, int, Any] | None:
+    """The innermost open ``with`` span on the caller's stack whose opener satisfies
+    ``match``, as ``(stack, id, opener)``; None when there is none."""
+    stk = current_stack()
+    for j in reversed(stk):
+        ent = stk.open.get(j)
+        if ent is not None and match(ent[1]):
+            return stk, j, ent[1]
+    return None
+
+
+def cm_close(stk: Stack, i: int, t1: int, x: Any) -> None:
+    """Close span ``i`` (from :func:`cm_open`) at ``t1`` with args ``x``."""
+    _close(stk, i, t1, x)
+
+
+def _load_speedups() -> Any:
+    """The C twin of ``wrap_sync`` and of the encoder loop, when it was built, uses the
+    same clock, and ``DFTRACE_NO_SPEEDUPS`` is not set; else None (pure Python)."""
+    if os.environ.get("DFTRACE_NO_SPEEDUPS", "").strip() not in ("", "0"):
+        return None
+    try:
+        from . import _speedups as mod
+    except ImportError:
+        return None
+    # Spans mix both clocks (C wrappers, Python context managers): they must agree.
+    if abs(mod.clock_ns() - clock()) > 1_000_000:
+        return None
+    mod.configure(LOCAL, BUFFER, resolve, pressure, _unwind, _with_error, ids.__next__)
+    return mod
+
+
+speedups = _load_speedups()
+if speedups is not None:
+    record = speedups.record  # noqa: F811 - the C twin of the function above

@@ -17,16 +17,18 @@ import socket
 import sys
 import threading
 import time
+from asyncio import _get_running_loop
 from typing import Any
 
 import orjson
 
 from . import _nodes
 from . import _recorder as _rec
+from . import _sampler, _signals
 from ._config import Config, ConfigError, env_disabled
 from ._events import Encoder
 from ._version import __version__
-from ._writer import FileSink, Writer
+from ._writer import SUFFIXES, FileSink, Writer
 
 __all__ = ["Session", "initialize", "finalize", "session", "detect_rank"]
 
@@ -77,8 +79,14 @@ class Session:
         self.offset_ns = self.wall_ns - self.mono_ns
         self.encoder = Encoder(self.pid, self.hhash, self.offset_ns, config.max_arg_length)
         self.base = self._base_path()
-        self.sink = FileSink(self.base, config.compression, config.compression_level,
-                             config.max_file_size, self._header())
+        try:
+            self.sink = FileSink(self.base, config.compression, config.compression_level,
+                                 config.max_file_size, self._header())
+        except OSError as exc:
+            raise ConfigError(
+                f"log_file (env DFTRACE_LOG_FILE)={config.log_file!r}: cannot create "
+                f"{self.base}{SUFFIXES[config.compression]}: {exc.strerror or exc}") from None
+        self.sampler: _sampler.Sampler | None = None
         self.writer = Writer(self.encoder, self.sink, config.flush_interval)
         self.finalized = False
         self._saved_env: dict[str, str | None] = {}
@@ -177,9 +185,21 @@ def process_info(s: Session) -> dict[str, Any]:
         "data_dir": s.config.data_dir,
         "platform": sys.platform,
     }
+    info["pid"] = s.pid
+    info["cpu_count"] = os.cpu_count()
     try:
         info["cpu_affinity"] = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
+        pass
+    try:  # what os cannot tell everywhere (macOS has no sched_getaffinity)
+        import psutil
+
+        proc = psutil.Process(s.pid)
+        info["memory_total"] = psutil.virtual_memory().total
+        info["start_time"] = proc.create_time()
+        if "cpu_affinity" not in info and hasattr(proc, "cpu_affinity"):
+            info["cpu_affinity"] = sorted(proc.cpu_affinity())
+    except Exception:
         pass
     versions = {}
     for mod in ("numpy", "torch", "tensorflow", "keras", "lightning", "transformers"):
@@ -226,8 +246,11 @@ def initialize(**options: Any) -> Session | None:
         if config.inherit:
             s.export_env()
         _register_hooks()
+        _signals.install()
         _set_gate()
-        return s
+        s.sampler = _sampler.start(config.sample_interval)
+    _signals.redeliver_pending()
+    return s
 
 
 def finalize(target: Session | None = None) -> None:
@@ -243,11 +266,16 @@ def finalize(target: Session | None = None) -> None:
             _rec.close_all_open()
             _session = None
             _set_gate()
+            if s.sampler is not None:
+                s.sampler.stop()
             s.writer.stop()
+            late = _wait_for_open_spans(s)
             trailer = b""
             if _rec.STATE.dropped:
                 trailer += s._meta("dropped", {"count": _rec.STATE.dropped,
                                                "reason": "buffer full"})
+            if late:
+                trailer += s._meta("dropped", {"count": late, "reason": "late"})
             s.sink.close(trailer + b"]\n")
         except Exception as exc:
             _rec.STATE.warn_once("finalize", f"finalize failed: {exc!r}")
@@ -255,12 +283,83 @@ def finalize(target: Session | None = None) -> None:
             s.finalized = True
             _rec.STATE.consumer = None
             s.restore_env()
+            _signals.uninstall()
+    _signals.redeliver_pending()
+
+
+#: How long finalize waits for spans still open on other threads: those that end
+#: in time are written, the rest are counted in a ``dropped`` line (reason "late").
+LATE_GRACE_S = 0.2
+
+
+def _stacks_stuck_here() -> set[int]:
+    """Stacks that cannot move while this thread is in finalize: its own, and
+    those of the tasks of the event loop it runs (if any)."""
+    out = set()
+    own = _rec.LOCAL.thread_stk
+    if own is not None:
+        out.add(id(own))
+    loop = _get_running_loop()
+    if loop is not None:
+        for stk in list(_rec.STACKS.values()):
+            try:
+                if stk.owner is not None and stk.owner.get_loop() is loop:
+                    out.add(id(stk))
+            except Exception:
+                pass
+    return out
+
+
+def _open_span_count(exclude: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+    # Every stack starts with one root link; the rest are ids of open spans.
+    return sum(len(stk) - 1 for stk in list(_rec.STACKS.values()) if id(stk) not in exclude)
+
+
+def _wait_for_open_spans(s: Session) -> int:
+    """Give spans still open on other threads a moment to end and write them;
+    return how many spans are still open anywhere (they will end too late)."""
+    stuck = _stacks_stuck_here()
+    deadline = time.monotonic() + LATE_GRACE_S
+    while _open_span_count(stuck) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    s.writer.flush()
+    return _open_span_count()
+
+
+def busy_here() -> bool:
+    """True when the calling thread is inside initialize() or finalize()."""
+    return _lock._is_owned()  # type: ignore[attr-defined]
+
+
+def flush_now(timeout: float = 1.0) -> None:
+    """Write the buffered events to the file now (without ending the session)."""
+    s = _session
+    if s is not None and s.pid == os.getpid() and s.writer is not None:
+        s.writer.flush(timeout=timeout)
+
+
+def finalize_on_signal() -> None:
+    """Finalize before a signal ends the process: the spans this thread (and its
+    event loop's tasks) have open will never end, so write them as incomplete."""
+    if _session is None or _session.pid != os.getpid():
+        return
+    t1 = _rec.clock()
+    stuck = _stacks_stuck_here()
+    for stk in list(_rec.STACKS.values()):
+        if id(stk) not in stuck:
+            continue
+        for i in reversed(list(stk)):
+            if i in stk.open:
+                _rec._close(stk, i, t1, incomplete=True)
+    finalize()
 
 
 def _after_fork_child() -> None:
     """In a forked child: drop the parent's buffered events and frames, and trace
     into a file of the child's own."""
-    global _session
+    global _session, _lock
+    # A lock held by another thread of the parent at fork time would stay held here.
+    _lock = threading.RLock()
     parent = _session
     _rec.STATE.reset_after_fork()
     if parent is None:
@@ -276,20 +375,47 @@ def _after_fork_child() -> None:
         _rec.STATE.consumer = s.writer
         _session = s
         _register_mp_finalizer()
+        s.sampler = _sampler.start(s.config.sample_interval)
     except Exception as exc:
         _rec.STATE.warn_once("fork", f"tracing could not restart in the child: {exc!r}")
     _set_gate()
 
 
+class _MPAnchor:
+    """What multiprocessing's after-fork registry holds (it keeps weak references)."""
+
+
+_MP_ANCHOR = _MPAnchor()
+_mp_finalizer_pid = 0
+_mp_afterfork_registered = False
+
+
 def _register_mp_finalizer() -> None:
-    # multiprocessing children leave through os._exit, skipping atexit; its own
-    # finalizers do run (Process._bootstrap -> util._exit_function).
+    # multiprocessing children (fork, spawn, forkserver) end through os._exit or
+    # skip atexit; multiprocessing's own finalizers do run there
+    # (Process._bootstrap -> util._exit_function). But _bootstrap clears that
+    # registry before it runs the target, dropping a finalizer registered at fork
+    # or at import; its after-fork callbacks run right after the clear, so one of
+    # them registers the finalizer again.
+    global _mp_finalizer_pid, _mp_afterfork_registered
     mp_util = sys.modules.get("multiprocessing.util")
-    if mp_util is not None:
-        try:
+    if mp_util is None:
+        return
+    try:
+        if _mp_finalizer_pid != os.getpid():
             mp_util.Finalize(None, finalize, exitpriority=-100)
-        except Exception:
-            pass
+            _mp_finalizer_pid = os.getpid()
+        if not _mp_afterfork_registered:
+            mp_util.register_after_fork(_MP_ANCHOR, _mp_child_started)
+            _mp_afterfork_registered = True
+    except Exception:
+        pass
+
+
+def _mp_child_started(_anchor: Any) -> None:
+    global _mp_finalizer_pid
+    _mp_finalizer_pid = 0
+    _register_mp_finalizer()
 
 
 def _register_hooks() -> None:

@@ -69,6 +69,8 @@ class FileSink:
         return data
 
     def _write_raw(self, data: bytes) -> None:
+        # bytes_written only counts whole frames: on failure the file is cut back
+        # to it, so what stays on disk always decodes.
         if not data or self._fd is None:
             return
         out = self._compress(data)
@@ -101,6 +103,13 @@ class FileSink:
             "sink-failed",
             f"writing {self.path} failed ({self.failed}); tracing stops, the run goes on. "
             "The file written so far stays readable.")
+        try:
+            if self._fd is not None:
+                # Drop a frame cut short by the failure (e.g. disk full); shrinking
+                # a file needs no space.
+                os.ftruncate(self._fd, self.bytes_written)
+        except OSError:
+            pass
         try:
             if self._fd is not None:
                 os.close(self._fd)
@@ -172,31 +181,45 @@ class Writer:
             except Exception as exc:  # never let the thread die silently
                 _rec.STATE.warn_once("writer", f"writer error: {exc!r}")
 
-    def flush(self) -> int:
-        """Encode and write everything buffered now; returns the number of records."""
-        with self._flush_lock:
-            buf = _rec.BUFFER
-            n = len(buf)
-            if not n:
-                return 0
-            batch = buf[:n]
-            del buf[:n]
-            with self._drained:
+    def flush(self, timeout: float = -1) -> int:
+        """Encode and write everything buffered now; returns the number of records.
+        With a ``timeout`` (seconds), give up when another flush holds the writer
+        that long (a signal handler must not wait forever)."""
+        if not self._flush_lock.acquire(timeout=timeout):
+            return 0
+        try:
+            return self._flush()
+        finally:
+            self._flush_lock.release()
+
+    def _flush(self) -> int:
+        buf = _rec.BUFFER
+        n = len(buf)
+        if not n:
+            return 0
+        batch = buf[:n]
+        del buf[:n]
+        # Never wait for this lock: a producer blocked in wait_drained polls
+        # anyway, and a signal handler may hold it in the thread it interrupted.
+        if self._drained.acquire(blocking=False):
+            try:
                 self._drained.notify_all()
-            if self.sink.failed:
-                return 0
-            enc = self.encoder.encode
-            if n <= _CHUNK:
-                data = enc(batch)
-            else:
-                parts = []
-                for j in range(0, n, _CHUNK):
-                    parts.append(enc(batch[j:j + _CHUNK]))
-                    time.sleep(0)  # let traced threads take the GIL between slices
-                data = b"".join(parts)
-            self.sink.write(data)
-            self.events_written += n
-            return n
+            finally:
+                self._drained.release()
+        if self.sink.failed:
+            return 0
+        enc = self.encoder.encode
+        if n <= _CHUNK:
+            data = enc(batch)
+        else:
+            parts = []
+            for j in range(0, n, _CHUNK):
+                parts.append(enc(batch[j:j + _CHUNK]))
+                time.sleep(0)  # let traced threads take the GIL between slices
+            data = b"".join(parts)
+        self.sink.write(data)
+        self.events_written += n
+        return n
 
     def stop(self) -> None:
         """Stop the thread and flush what is left (idempotent)."""

@@ -35,7 +35,7 @@ class PartitionData:
     #: to resolve its host); ``host`` and ``rank`` are filled in after all
     #: partitions' metadata is known.
     events: pl.DataFrame
-    #: Metadata events as ``{"pid", "tid", "name", "args"}`` dicts, in file order.
+    #: Metadata events as ``{"pid", "tid", "name", "cat", "args"}`` dicts, in file order.
     meta: list[dict[str, Any]] = field(default_factory=list)
     #: Lines in this partition (to number broken lines across partitions).
     n_lines: int = 0
@@ -259,6 +259,7 @@ def _meta_record(text: str) -> dict[str, Any]:
         "pid": event.get("pid"),
         "tid": event.get("tid"),
         "name": event.get("name"),
+        "cat": event.get("cat"),
         "args": args if isinstance(args, dict) else {},
     }
 

@@ -193,3 +193,19 @@ def _rank_from_files(proc: Process) -> int | None:
         if parsed is not None and parsed.rank is not None and parsed.pid == proc.pid:
             return parsed.rank
     return None
+
+
+def synthetic_records(pid: int, host: str, rank: int | None) -> list[dict[str, Any]]:
+    """Records that pin a process of already resolved data to ``host`` and ``rank``.
+
+    Used when reading back tables that carry hosts instead of hostname hashes
+    (Parquet, an in-memory :class:`Trace`): the host is its own key.
+    """
+    records = [_synthetic(pid, host, fmt.META_HOSTNAME_HASH, {"name": host, "value": host})]
+    if rank is not None:
+        records.append(_synthetic(pid, host, fmt.META_PROCESS_INFO, {"rank": rank}))
+    return records
+
+
+def _synthetic(pid: int, host: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"pid": pid, "tid": None, "name": name, "args": args, "host_key": host, "synthetic": True}

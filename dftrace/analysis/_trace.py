@@ -13,7 +13,7 @@ import polars as pl
 
 from ._decode import PartitionData, read_partition
 from ._executor import default_executor
-from ._metadata import FileMetadata, Resolution, resolve
+from ._metadata import FileMetadata, Resolution, resolve, synthetic_records
 from ._schema import EVENT_COLUMNS, HOST_KEY
 from ._sources import DEFAULT_PARTITION_BYTES, expand_paths, plan_partitions
 
@@ -90,14 +90,14 @@ def load_traces(
     shows a bar (default: only when stderr is a terminal).
     """
     wanted = _with_pid(columns)
-    plan = plan_partitions(expand_paths(_as_list(paths)), partition_bytes)
+    plan = plan_partitions(expand_paths(as_path_list(paths)), partition_bytes)
     parts = default_executor(executor).map(
         functools.partial(read_partition, columns=wanted), plan, progress=progress, desc="loading"
     )
     return assemble(parts, wanted)
 
 
-def _as_list(paths: PathsLike) -> list[str | os.PathLike[str]]:
+def as_path_list(paths: PathsLike) -> list[str | os.PathLike[str]]:
     if isinstance(paths, (str, os.PathLike)):
         return [paths]
     return list(paths)
@@ -237,14 +237,23 @@ def meta_frame(resolution: Resolution) -> pl.DataFrame:
             "pid": procs[i].pid,
             "tid": record.get("tid") if isinstance(record.get("tid"), int) else None,
             "name": record["name"],
+            "cat": record.get("cat") if isinstance(record.get("cat"), str) else None,
             "args": orjson.dumps(record["args"], default=str).decode(),
         }
         for i, record in resolution.records
     ]
-    return pl.DataFrame(
-        rows,
-        schema={"host": pl.String, "pid": pl.Int64, "tid": pl.Int64, "name": pl.String, "args": pl.String},
-    )
+    return pl.DataFrame(rows, schema=META_SCHEMA)
+
+
+#: Columns of ``Trace.meta``: every metadata record, args as JSON text.
+META_SCHEMA = {
+    "host": pl.String,
+    "pid": pl.Int64,
+    "tid": pl.Int64,
+    "name": pl.String,
+    "cat": pl.String,
+    "args": pl.String,
+}
 
 
 # --- Parquet ---------------------------------------------------------------------------
@@ -284,21 +293,16 @@ def read_parquet_parts(path: str, wanted: Sequence[str]) -> tuple[pl.DataFrame, 
     meta: list[dict[str, Any]] = []
     for proc in document["processes"]:
         host, pid = proc["host"], proc["pid"]
-        meta.append(_synthetic(pid, host, "HH", {"name": host, "value": host}))
-        if proc["rank"] is not None:
-            meta.append(_synthetic(pid, host, "PR", {"rank": proc["rank"]}))
+        meta.extend(synthetic_records(pid, host, proc["rank"]))
     for row in document["meta"]:
         meta.append(
             {
                 "pid": row["pid"],
                 "tid": row["tid"],
                 "name": row["name"],
+                "cat": row["cat"],
                 "args": orjson.loads(row["args"]),
                 "host_key": row["host"],
             }
         )
     return events, meta
-
-
-def _synthetic(pid: int, host: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {"pid": pid, "tid": None, "name": name, "args": args, "host_key": host, "synthetic": True}

@@ -1,0 +1,428 @@
+"""Overhead of recording one event, side by side with a bare call and a minimal
+hand-written recorder (two ``perf_counter_ns()`` reads and a tuple appended to a list).
+
+Every benchmark runs LOOP events per round; divide by LOOP for the cost of one event
+(``bench/report.py`` prints the table in docs/performance.md). Groups:
+
+- ``decorator``, ``with``, ``iter``, ``startstop``: the API styles. In each group:
+  ``bare`` (no tracing code at all), ``hand`` (the minimal recorder), ``flag`` (a
+  wrapper that checks one flag, the bar for the disabled path), ``hot`` (dftrace
+  recording into its buffer, the writer idle), ``disabled`` (dftrace switched off
+  at run time with ``ai.disable()``), ``offconfig`` (off by configuration).
+- ``e2e``: LOOP_E2E events then ``finalize()``: encoding, compression and writing
+  included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from time import perf_counter_ns
+
+import pytest
+
+import dftrace
+from dftrace import _nodes, _recorder, ai, testing
+
+LOOP = 10_000
+LOOP_E2E = 200_000
+
+
+def work():
+    return None
+
+
+# -- the baselines ------------------------------------------------------------------
+_hand_buf: list = []
+
+
+def hand_recorder(fn):
+    append = _hand_buf.append
+
+    def wrapper(*args, **kwargs):
+        t0 = perf_counter_ns()
+        r = fn(*args, **kwargs)
+        t1 = perf_counter_ns()
+        append((t0, t1))
+        return r
+
+    return wrapper
+
+
+class _Flag:
+    on = False
+
+
+def flag_wrapper(fn, flag=_Flag):
+    def wrapper(*args, **kwargs):
+        if not flag.on:
+            return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class HandCM:
+    __slots__ = ("t0",)
+
+    def __enter__(self):
+        self.t0 = perf_counter_ns()
+
+    def __exit__(self, *exc):
+        _hand_buf.append((self.t0, perf_counter_ns()))
+
+
+def hand_iter(it):
+    t0 = perf_counter_ns()
+    for x in it:
+        t1 = perf_counter_ns()
+        _hand_buf.append((t0, t1))
+        yield x
+        t0 = perf_counter_ns()
+        _hand_buf.append((t1, t0))
+
+
+def _clear():
+    _hand_buf.clear()
+    del _recorder.BUFFER[:]
+
+
+@pytest.fixture
+def tracing(tmp_path):
+    """A session whose writer never runs during the measurement (hot path only)."""
+    dftrace.initialize(log_file=str(tmp_path / "b"), flush_interval=3600, batch_size=10**9,
+                       buffer_limit=10**8, inherit=False)
+    yield
+    del _recorder.BUFFER[:]
+    dftrace.finalize()
+
+
+def _run(benchmark, loop_fn):
+    benchmark.extra_info["events_per_round"] = LOOP
+    benchmark.pedantic(loop_fn, setup=_clear, rounds=30, iterations=1, warmup_rounds=2)
+
+
+def _call_loop(fn):
+    def loop():
+        for _ in range(LOOP):
+            fn()
+    return loop
+
+
+# -- decorator ------------------------------------------------------------------------
+@pytest.mark.benchmark(group="decorator")
+def test_decorator_bare(benchmark):
+    _run(benchmark, _call_loop(work))
+
+
+@pytest.mark.benchmark(group="decorator")
+def test_decorator_hand(benchmark):
+    _run(benchmark, _call_loop(hand_recorder(work)))
+
+
+@pytest.mark.benchmark(group="decorator")
+def test_decorator_flag(benchmark):
+    _run(benchmark, _call_loop(flag_wrapper(work)))
+
+
+@pytest.mark.benchmark(group="decorator")
+def test_decorator_hot(benchmark, tracing):
+    _run(benchmark, _call_loop(ai.compute.forward(work)))
+
+
+@pytest.mark.benchmark(group="decorator")
+def test_decorator_disabled(benchmark, tracing):
+    f = ai.compute.forward(work)
+    ai.disable()
+    _run(benchmark, _call_loop(f))
+
+
+@pytest.mark.benchmark(group="decorator")
+def test_decorator_offconfig(benchmark):
+    _nodes.set_off_for_good(True)
+    _run(benchmark, _call_loop(ai.compute.forward(work)))
+
+
+# -- with -------------------------------------------------------------------------------
+def _with_loop(cm):
+    def loop():
+        for _ in range(LOOP):
+            with cm:
+                pass
+    return loop
+
+
+@pytest.mark.benchmark(group="with")
+def test_with_bare(benchmark):
+    _run(benchmark, _with_loop(contextlib.nullcontext()))
+
+
+@pytest.mark.benchmark(group="with")
+def test_with_hand(benchmark):
+    _run(benchmark, _with_loop(HandCM()))
+
+
+@pytest.mark.benchmark(group="with")
+def test_with_hot(benchmark, tracing):
+    _run(benchmark, _with_loop(ai.comm.all_reduce))
+
+
+@pytest.mark.benchmark(group="with")
+def test_with_disabled(benchmark, tracing):
+    ai.disable()
+    _run(benchmark, _with_loop(ai.comm.all_reduce))
+
+
+@pytest.mark.benchmark(group="with")
+def test_with_offconfig(benchmark):
+    _nodes.set_off_for_good(True)
+    _run(benchmark, _with_loop(ai.comm.all_reduce))
+
+
+# -- iter -------------------------------------------------------------------------------
+_ITEMS = range(LOOP)
+
+
+def _iter_loop(wrap):
+    def loop():
+        for _ in wrap(_ITEMS):
+            pass
+    return loop
+
+
+@pytest.mark.benchmark(group="iter")
+def test_iter_bare(benchmark):
+    _run(benchmark, _iter_loop(lambda x: x))
+
+
+@pytest.mark.benchmark(group="iter")
+def test_iter_hand(benchmark):
+    _run(benchmark, _iter_loop(hand_iter))
+
+
+@pytest.mark.benchmark(group="iter")
+def test_iter_hot(benchmark, tracing):
+    _run(benchmark, _iter_loop(ai.dataloader.fetch.iter))
+
+
+@pytest.mark.benchmark(group="iter")
+def test_iter_disabled(benchmark, tracing):
+    ai.disable()
+    _run(benchmark, _iter_loop(ai.dataloader.fetch.iter))
+
+
+@pytest.mark.benchmark(group="iter")
+def test_iter_offconfig(benchmark):
+    _nodes.set_off_for_good(True)
+    _run(benchmark, _iter_loop(ai.dataloader.fetch.iter))
+
+
+# -- start / stop -----------------------------------------------------------------------
+def _startstop_loop(node):
+    def loop():
+        for _ in range(LOOP):
+            node.start()
+            node.stop()
+    return loop
+
+
+@pytest.mark.benchmark(group="startstop")
+def test_startstop_hand(benchmark):
+    state = {}
+
+    class Hook:
+        def start(self):
+            state["t0"] = perf_counter_ns()
+
+        def stop(self):
+            _hand_buf.append((state["t0"], perf_counter_ns()))
+
+    _run(benchmark, _startstop_loop(Hook()))
+
+
+@pytest.mark.benchmark(group="startstop")
+def test_startstop_hot(benchmark, tracing):
+    _run(benchmark, _startstop_loop(ai.pipeline.train))
+
+
+@pytest.mark.benchmark(group="startstop")
+def test_startstop_disabled(benchmark, tracing):
+    ai.disable()
+    _run(benchmark, _startstop_loop(ai.pipeline.train))
+
+
+# -- end to end -------------------------------------------------------------------------
+def _e2e(benchmark, tmp_path, compression, body):
+    def setup():
+        dftrace.initialize(log_file=str(tmp_path / f"e2e-{time.perf_counter_ns()}"),
+                           compression=compression, inherit=False)
+        return (), {}
+
+    def run():
+        body()
+        dftrace.finalize()
+
+    benchmark.extra_info["events_per_round"] = LOOP_E2E
+    benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
+
+
+@pytest.mark.benchmark(group="e2e")
+@pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])
+def test_e2e_decorator(benchmark, tmp_path, compression):
+    f = ai.compute.forward(work)
+
+    def body():
+        for _ in range(LOOP_E2E):
+            f()
+
+    _e2e(benchmark, tmp_path, compression, body)
+
+
+@pytest.mark.benchmark(group="e2e")
+def test_e2e_with(benchmark, tmp_path):
+    def body():
+        cm = ai.comm.all_reduce
+        for _ in range(LOOP_E2E):
+            with cm:
+                pass
+
+    _e2e(benchmark, tmp_path, "zstd", body)
+
+
+@pytest.mark.benchmark(group="e2e")
+def test_e2e_iter(benchmark, tmp_path):
+    def body():  # two events per item
+        for _ in ai.dataloader.fetch.iter(range(LOOP_E2E // 2)):
+            pass
+
+    _e2e(benchmark, tmp_path, "zstd", body)
+
+
+@pytest.mark.benchmark(group="e2e")
+def test_e2e_startstop(benchmark, tmp_path):
+    def body():
+        node = ai.pipeline.train
+        for _ in range(LOOP_E2E):
+            node.start()
+            node.stop()
+
+    _e2e(benchmark, tmp_path, "zstd", body)
+
+
+# -- size and pauses (figures, not timings of a loop) -----------------------------------
+def realistic_run(steps: int) -> int:
+    """A training-loop shaped trace: epochs, fetch.iter/block, forward/backward/step with
+    epoch/step args, an all_reduce with bytes. Returns the number of events."""
+
+    @ai.compute.forward
+    def forward():
+        pass
+
+    @ai.compute.backward
+    def backward():
+        with ai.comm.all_reduce(args={"bytes": 4096}):
+            pass
+
+    @ai.compute.step
+    def step():
+        pass
+
+    n = 0
+    for epoch in ai.pipeline.epoch.iter(range(4)):
+        ai.update(epoch=epoch)
+        for i in ai.dataloader.fetch.iter(range(steps // 4)):
+            ai.compute.update(step=i)
+            forward()
+            backward()
+            step()
+            n += 6
+        n += 2
+    return n
+
+
+@pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])
+def test_bytes_per_event(benchmark, tmp_path, compression):
+    """Bytes on disk per event for a realistic trace (stored in extra_info)."""
+    sizes = {}
+
+    def run():
+        d = tmp_path / f"size-{time.perf_counter_ns()}"
+        s = dftrace.initialize(log_file=str(d / "t"), compression=compression, inherit=False)
+        n = realistic_run(40_000)
+        dftrace.finalize()
+        sizes["bpe"] = sum(os.path.getsize(p) for p in s.paths) / n
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    benchmark.extra_info["bytes_per_event"] = round(sizes["bpe"], 2)
+
+
+def test_longest_flush_pause(benchmark, tmp_path):
+    """The longest gap a traced thread sees between two events while the writer flushes
+    big batches (extra_info, µs), against the same loop's gap with tracing off."""
+    result = {}
+
+    def gaps(traced: bool) -> float:
+        f = ai.compute.forward(work)
+        if traced:
+            dftrace.initialize(log_file=str(tmp_path / f"p-{time.perf_counter_ns()}"),
+                               batch_size=65536, flush_interval=0.2, inherit=False)
+        worst, last = 0, perf_counter_ns()
+        end = last + 2_000_000_000
+        while last < end:
+            for _ in range(100):
+                f()
+            now = perf_counter_ns()
+            worst = max(worst, now - last)
+            last = now
+        if traced:
+            dftrace.finalize()
+        return worst / 1000
+
+    def run():
+        result["untraced_us"] = gaps(False)
+        result["traced_us"] = gaps(True)
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    benchmark.extra_info.update({k: round(v, 1) for k, v in result.items()})
+
+
+def test_import_time(benchmark):
+    """Wall time of ``import dftrace`` in a fresh interpreter, minus a bare interpreter start."""
+    def timed(code: str) -> float:
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    res = {}
+
+    def run():
+        res["ms"] = (timed("import dftrace") - timed("pass")) * 1000
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    benchmark.extra_info["import_ms"] = round(res["ms"], 1)
+
+
+def test_threads_do_not_block_each_other(benchmark, tracing):
+    """Four threads recording at once (total events per round = 4 x LOOP)."""
+    f = ai.compute.forward(work)
+
+    def loop():
+        ts = [threading.Thread(target=_call_loop(f)) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    benchmark.extra_info["events_per_round"] = 4 * LOOP
+    benchmark.pedantic(loop, setup=_clear, rounds=5, iterations=1)
+
+
+# make the realistic workload importable for docs/performance.md's reproduction notes
+__all__ = ["realistic_run", "testing"]

@@ -1,0 +1,549 @@
+/* Optional C accelerator for dftrace's two hot loops.
+ *
+ * encode(batch, offset_ns, min_id, fallback) -> bytes
+ *     Turns raw span records into JSON lines using the byte pieces the Python
+ *     encoder prepared for each event kind. Records it does not handle (metadata,
+ *     args known only at record time, numbers outside 64 bits) go to `fallback`.
+ *
+ * SpanWrapper(fn, node, gate, extra, state)
+ *     The decorator wrapper: the same algorithm as _recorder.wrap_sync, in C.
+ *
+ * Everything here has a pure-Python twin; the package works without this module.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <time.h>
+#include <string.h>
+#include <stdint.h>
+#include <stddef.h>
+
+/* ------------------------------------------------------------------------- */
+/* a growable byte buffer                                                     */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} buf_t;
+
+static int buf_reserve(buf_t *b, Py_ssize_t extra) {
+    if (b->len + extra <= b->cap)
+        return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra)
+        cap *= 2;
+    char *d = PyMem_Realloc(b->data, (size_t)cap);
+    if (!d) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = d;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int buf_put(buf_t *b, const char *s, Py_ssize_t n) {
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    memcpy(b->data + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+static inline int buf_put_bytes(buf_t *b, PyObject *bytes) {
+    return buf_put(b, PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes));
+}
+
+static inline int buf_put_int(buf_t *b, long long v) {
+    char tmp[24];
+    int n = 0;
+    unsigned long long u;
+    if (buf_reserve(b, 24) < 0)
+        return -1;
+    if (v < 0) {
+        b->data[b->len++] = '-';
+        u = (unsigned long long)(-(v + 1)) + 1;
+    } else {
+        u = (unsigned long long)v;
+    }
+    do {
+        tmp[n++] = (char)('0' + (u % 10));
+        u /= 10;
+    } while (u);
+    while (n)
+        b->data[b->len++] = tmp[--n];
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* encode                                                                     */
+
+static PyObject *str_tmpl, *str_frag, *str_keys, *str_isdisjoint;
+
+/* kind.tmpl is a tuple whose items 3..5 are (P1, P4, FRAG):
+ *   {"id":<i> P1 <tid> ,"ts":<ts> ,"dur":<dur> P4 <level> ,"p_idx":<p> FRAG [extra] }}\n
+ * P1 = ,"name":..,"cat":..,"pid":N,"tid":    P4 = ,"ph":"X","args":{"hhash":..,"level":
+ */
+static int get_ll(PyObject *o, long long *out) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static PyObject *encode(PyObject *self, PyObject *args) {
+    PyObject *batch, *fallback, *extra_type;
+    long long off, min_id;
+    if (!PyArg_ParseTuple(args, "O!LLOO", &PyList_Type, &batch, &off, &min_id, &fallback, &extra_type))
+        return NULL;
+    buf_t b = {NULL, 0, 0};
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    if (buf_reserve(&b, n * 192 + 64) < 0)
+        return NULL;
+    /* Runs of records share a kind: look its pieces up once per run. */
+    PyObject *last_kind = NULL, *last_tmpl = NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *rec = PyList_GET_ITEM(batch, k);
+        PyObject *tmpl = NULL;
+        long long t0, t1, i, p, lvl, tid;
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 8)
+            goto slow;
+        if (PyTuple_GET_ITEM(rec, 0) == last_kind && last_tmpl) {
+            tmpl = last_tmpl;
+            Py_INCREF(tmpl);
+        } else {
+            tmpl = PyObject_GetAttr(PyTuple_GET_ITEM(rec, 0), str_tmpl);
+            if (!tmpl) {
+                PyErr_Clear();
+                goto slow;
+            }
+            Py_XDECREF(last_tmpl);
+            last_tmpl = NULL;
+            if (PyTuple_Check(tmpl) && PyTuple_GET_SIZE(tmpl) >= 6) {
+                last_kind = PyTuple_GET_ITEM(rec, 0);
+                last_tmpl = tmpl;
+                Py_INCREF(last_tmpl);
+            }
+        }
+        if (!PyTuple_Check(tmpl) || PyTuple_GET_SIZE(tmpl) < 6)
+            goto slow;
+        if (get_ll(PyTuple_GET_ITEM(rec, 1), &t0) || get_ll(PyTuple_GET_ITEM(rec, 2), &t1) ||
+            get_ll(PyTuple_GET_ITEM(rec, 3), &i) || get_ll(PyTuple_GET_ITEM(rec, 4), &p) ||
+            get_ll(PyTuple_GET_ITEM(rec, 5), &lvl) || get_ll(PyTuple_GET_ITEM(rec, 6), &tid))
+            goto slow;
+        if (i <= min_id) {
+            Py_DECREF(tmpl);
+            continue;
+        }
+        {
+            PyObject *x = PyTuple_GET_ITEM(rec, 7);
+            PyObject *xfrag = NULL;
+            long long count = 0;
+            int has_count = 0;
+            if (x == Py_None) {
+            } else if (PyLong_CheckExact(x)) {
+                if (get_ll(x, &count))
+                    goto slow;
+                has_count = 1;
+            } else if (Py_TYPE(x) == (PyTypeObject *)extra_type) {
+                /* per-use args: only when no key clashes with the kind's static args */
+                PyObject *kkeys = PyObject_GetAttr(PyTuple_GET_ITEM(rec, 0), str_keys);
+                PyObject *xkeys = kkeys ? PyObject_GetAttr(x, str_keys) : NULL;
+                PyObject *dis = xkeys ? PyObject_CallMethodObjArgs(kkeys, str_isdisjoint, xkeys, NULL) : NULL;
+                Py_XDECREF(kkeys);
+                Py_XDECREF(xkeys);
+                if (!dis) {
+                    PyErr_Clear();
+                    goto slow;
+                }
+                int ok = (dis == Py_True);
+                Py_DECREF(dis);
+                if (!ok)
+                    goto slow;
+                xfrag = PyObject_GetAttr(x, str_frag);
+                if (!xfrag || !PyBytes_Check(xfrag)) {
+                    Py_XDECREF(xfrag);
+                    PyErr_Clear();
+                    goto slow;
+                }
+            } else {
+                goto slow;
+            }
+            long long s = (t0 + off) / 1000;
+            long long d = (t1 + off) / 1000 - s;
+            PyObject *p1 = PyTuple_GET_ITEM(tmpl, 3), *p4 = PyTuple_GET_ITEM(tmpl, 4),
+                     *frag = PyTuple_GET_ITEM(tmpl, 5);
+            int err = buf_put(&b, "{\"id\":", 6) || buf_put_int(&b, i) || buf_put_bytes(&b, p1) ||
+                      buf_put_int(&b, tid) || buf_put(&b, ",\"ts\":", 6) || buf_put_int(&b, s) ||
+                      buf_put(&b, ",\"dur\":", 7) || buf_put_int(&b, d) || buf_put_bytes(&b, p4) ||
+                      buf_put_int(&b, lvl) || buf_put(&b, ",\"p_idx\":", 9) || buf_put_int(&b, p) ||
+                      buf_put_bytes(&b, frag);
+            if (!err && has_count)
+                err = buf_put(&b, ",\"count\":", 9) || buf_put_int(&b, count);
+            if (!err && xfrag)
+                err = buf_put_bytes(&b, xfrag);
+            Py_XDECREF(xfrag);
+            if (!err)
+                err = buf_put(&b, "}}\n", 3);
+            Py_DECREF(tmpl);
+            if (err) {
+                Py_XDECREF(last_tmpl);
+                PyMem_Free(b.data);
+                return NULL;
+            }
+            continue;
+        }
+    slow:
+        Py_XDECREF(tmpl);
+        {
+            PyObject *line = PyObject_CallOneArg(fallback, rec);
+            if (!line || (PyBytes_Check(line) && buf_put_bytes(&b, line) < 0)) {
+                Py_XDECREF(line);
+                Py_XDECREF(last_tmpl);
+                PyMem_Free(b.data);
+                return NULL;
+            }
+            Py_DECREF(line);
+            /* the fallback may have built templates: look them up afresh */
+            Py_XDECREF(last_tmpl);
+            last_tmpl = NULL;
+            last_kind = NULL;
+        }
+    }
+    Py_XDECREF(last_tmpl);
+    PyObject *out = PyBytes_FromStringAndSize(b.data ? b.data : "", b.len);
+    PyMem_Free(b.data);
+    return out;
+}
+
+/* ------------------------------------------------------------------------- */
+/* the shared recorder state the wrappers need                                */
+
+typedef struct {
+    PyObject *local;     /* threading.local with .stk */
+    PyObject *buffer;    /* the BUFFER list */
+    PyObject *resolve;   /* callable() -> Stack */
+    PyObject *pressure;  /* callable() */
+    PyObject *unwind;    /* callable(stk, i) */
+    PyObject *with_error;/* callable(extra, exc) -> extra */
+    PyObject *next_id;   /* callable() -> int (itertools.count.__next__) */
+} recstate_t;
+
+static recstate_t R = {0};
+static PyObject *str_stk, *str_on, *str_kind, *str_tid;
+
+static inline long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static PyObject *configure(PyObject *self, PyObject *args) {
+    recstate_t r;
+    if (!PyArg_ParseTuple(args, "OO!OOOOO", &r.local, &PyList_Type, &r.buffer, &r.resolve,
+                          &r.pressure, &r.unwind, &r.with_error, &r.next_id))
+        return NULL;
+    Py_INCREF(r.local); Py_INCREF(r.buffer); Py_INCREF(r.resolve); Py_INCREF(r.pressure);
+    Py_INCREF(r.unwind); Py_INCREF(r.with_error); Py_INCREF(r.next_id);
+    Py_XDECREF(R.local); Py_XDECREF(R.buffer); Py_XDECREF(R.resolve); Py_XDECREF(R.pressure);
+    Py_XDECREF(R.unwind); Py_XDECREF(R.with_error); Py_XDECREF(R.next_id);
+    R = r;
+    Py_RETURN_NONE;
+}
+
+/* record(kind, t0, t1, id, parent, level, tid, extra): append an untracked record. */
+static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "record() takes 8 arguments");
+        return NULL;
+    }
+    PyObject *rec = PyTuple_New(8);
+    if (!rec)
+        return NULL;
+    for (Py_ssize_t k = 0; k < 8; k++) {
+        Py_INCREF(args[k]);
+        PyTuple_SET_ITEM(rec, k, args[k]);
+    }
+    PyObject_GC_UnTrack(rec);
+    int err = PyList_Append(R.buffer, rec);
+    Py_DECREF(rec);
+    if (err)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *clock_ns(PyObject *self, PyObject *unused) {
+    return PyLong_FromLongLong(now_ns());
+}
+
+/* ------------------------------------------------------------------------- */
+/* SpanWrapper                                                                */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn;
+    PyObject *node;
+    PyObject *gate;
+    PyObject *extra;
+    PyObject *dict;
+    PyObject *weakreflist;
+    vectorcallfunc vectorcall;
+} SpanWrapper;
+
+static PyObject *span_record(SpanWrapper *w, long long t0, long long t1, PyObject *id, PyObject *p,
+                             Py_ssize_t lvl, PyObject *tid, PyObject *extra) {
+    PyObject *kind = PyObject_GetAttr(w->node, str_kind);
+    if (!kind)
+        return NULL;
+    PyObject *rec = PyTuple_New(8);
+    if (!rec) {
+        Py_DECREF(kind);
+        return NULL;
+    }
+    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1), *l = PyLong_FromSsize_t(lvl);
+    if (!a || !b || !l) {
+        Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(l);
+        Py_DECREF(rec); Py_DECREF(kind);
+        return NULL;
+    }
+    Py_INCREF(id); Py_INCREF(p); Py_INCREF(tid); Py_INCREF(extra);
+    PyTuple_SET_ITEM(rec, 0, kind);
+    PyTuple_SET_ITEM(rec, 1, a);
+    PyTuple_SET_ITEM(rec, 2, b);
+    PyTuple_SET_ITEM(rec, 3, id);
+    PyTuple_SET_ITEM(rec, 4, p);
+    PyTuple_SET_ITEM(rec, 5, l);
+    PyTuple_SET_ITEM(rec, 6, tid);
+    PyTuple_SET_ITEM(rec, 7, extra);
+    /* A record never takes part in a reference cycle: keep it out of the garbage
+       collector's sight, or every collection would walk the whole buffer. */
+    PyObject_GC_UnTrack(rec);
+    int err = PyList_Append(R.buffer, rec);
+    Py_DECREF(rec);
+    if (err)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Remove span `id` from the top of `stk`; anything left above it is unwound. */
+static int stack_pop(PyObject *stk, PyObject *id) {
+    Py_ssize_t n = PyList_GET_SIZE(stk);
+    if (n > 0 && PyList_GET_ITEM(stk, n - 1) == id)
+        return PyList_SetSlice(stk, n - 1, n, NULL);
+    PyObject *r = PyObject_CallFunctionObjArgs(R.unwind, stk, id, NULL);
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames) {
+    SpanWrapper *w = (SpanWrapper *)self_;
+    PyObject *on = PyObject_GetAttr(w->gate, str_on);
+    if (!on)
+        return NULL;
+    int is_on = PyObject_IsTrue(on);
+    Py_DECREF(on);
+    if (is_on <= 0 || R.buffer == NULL)
+        return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+
+    PyObject *stk = PyObject_GetAttr(R.local, str_stk);
+    if (!stk)
+        return NULL;
+    if (stk == Py_None) {
+        Py_DECREF(stk);
+        stk = PyObject_CallNoArgs(R.resolve);
+        if (!stk)
+            return NULL;
+    }
+    if (!PyList_Check(stk) || PyList_GET_SIZE(stk) == 0) {
+        Py_DECREF(stk);
+        return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+    }
+    PyObject *id = PyObject_CallNoArgs(R.next_id);
+    if (!id) {
+        Py_DECREF(stk);
+        return NULL;
+    }
+    long long iv = PyLong_AsLongLong(id);
+    if (iv != -1 && (iv & 0xFFF) == 0) {
+        PyObject *r = PyObject_CallNoArgs(R.pressure);
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    Py_ssize_t lvl = PyList_GET_SIZE(stk);
+    PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
+    Py_INCREF(p);
+    PyObject *tid = PyObject_GetAttr(stk, str_tid);
+    if (!tid || PyList_Append(stk, id) < 0) {
+        Py_XDECREF(tid);
+        Py_DECREF(p); Py_DECREF(id); Py_DECREF(stk);
+        return NULL;
+    }
+    long long t0 = now_ns();
+    PyObject *result = PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+    long long t1 = now_ns();
+    PyObject *extra = w->extra;
+    Py_INCREF(extra);
+    if (!result) {
+        /* record the span with args.error, then let the exception go on unchanged */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyErr_NormalizeException(&et, &ev, &tb);
+        if (ev) {
+            PyObject *x = PyObject_CallFunctionObjArgs(R.with_error, extra, ev, NULL);
+            if (x) {
+                Py_DECREF(extra);
+                extra = x;
+            } else {
+                PyErr_Clear();
+            }
+        }
+        if (stack_pop(stk, id) < 0)
+            PyErr_Clear();
+        PyObject *r = span_record(w, t0, t1, id, p, lvl, tid, extra);
+        Py_XDECREF(r);
+        PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    } else {
+        if (stack_pop(stk, id) < 0)
+            PyErr_Clear();
+        PyObject *r = span_record(w, t0, t1, id, p, lvl, tid, extra);
+        if (!r)
+            PyErr_Clear(); /* never let recording break the caller */
+        Py_XDECREF(r);
+    }
+    Py_DECREF(extra);
+    Py_DECREF(tid);
+    Py_DECREF(p);
+    Py_DECREF(id);
+    Py_DECREF(stk);
+    return result;
+}
+
+static PyObject *SpanWrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *fn, *node, *gate, *extra;
+    if (!PyArg_ParseTuple(args, "OOOO", &fn, &node, &gate, &extra))
+        return NULL;
+    SpanWrapper *w = (SpanWrapper *)type->tp_alloc(type, 0);
+    if (!w)
+        return NULL;
+    Py_INCREF(fn); Py_INCREF(node); Py_INCREF(gate); Py_INCREF(extra);
+    w->fn = fn;
+    w->node = node;
+    w->gate = gate;
+    w->extra = extra;
+    w->dict = NULL;
+    w->weakreflist = NULL;
+    w->vectorcall = SpanWrapper_vectorcall;
+    return (PyObject *)w;
+}
+
+static int SpanWrapper_traverse(SpanWrapper *w, visitproc visit, void *arg) {
+    Py_VISIT(w->fn);
+    Py_VISIT(w->node);
+    Py_VISIT(w->gate);
+    Py_VISIT(w->extra);
+    Py_VISIT(w->dict);
+    return 0;
+}
+
+static int SpanWrapper_clear(SpanWrapper *w) {
+    Py_CLEAR(w->fn);
+    Py_CLEAR(w->node);
+    Py_CLEAR(w->gate);
+    Py_CLEAR(w->extra);
+    Py_CLEAR(w->dict);
+    return 0;
+}
+
+static void SpanWrapper_dealloc(SpanWrapper *w) {
+    PyObject_GC_UnTrack(w);
+    if (w->weakreflist)
+        PyObject_ClearWeakRefs((PyObject *)w);
+    SpanWrapper_clear(w);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+/* Behave like a function when found on a class: bind to the instance. */
+static PyObject *SpanWrapper_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+/* Pickle by reference, like a function: the name under which the module holds us. */
+static PyObject *SpanWrapper_reduce(PyObject *self, PyObject *unused) {
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyMethodDef SpanWrapper_methods[] = {
+    {"__reduce__", SpanWrapper_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef SpanWrapper_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL}};
+
+static PyTypeObject SpanWrapperType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._speedups.SpanWrapper",
+    .tp_basicsize = sizeof(SpanWrapper),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A traced function: each call is one span of its node.",
+    .tp_new = SpanWrapper_new,
+    .tp_dealloc = (destructor)SpanWrapper_dealloc,
+    .tp_traverse = (traverseproc)SpanWrapper_traverse,
+    .tp_clear = (inquiry)SpanWrapper_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(SpanWrapper, vectorcall),
+    .tp_descr_get = SpanWrapper_descr_get,
+    .tp_dictoffset = offsetof(SpanWrapper, dict),
+    .tp_weaklistoffset = offsetof(SpanWrapper, weakreflist),
+    .tp_getset = SpanWrapper_getset,
+    .tp_methods = SpanWrapper_methods,
+};
+
+/* ------------------------------------------------------------------------- */
+
+static PyMethodDef methods[] = {
+    {"encode", encode, METH_VARARGS, "encode(batch, offset_ns, min_id, fallback, extra_type) -> bytes"},
+    {"configure", configure, METH_VARARGS, "configure(local, buffer, resolve, pressure, unwind, with_error, next_id)"},
+    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, "record(kind, t0, t1, id, parent, level, tid, extra): append one record"},
+    {"clock_ns", clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_speedups",
+                                       "C accelerators for dftrace's hot paths.", -1, methods};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+#define INTERN(v, s) if (!(v = PyUnicode_InternFromString(s))) return NULL
+    INTERN(str_tmpl, "tmpl");
+    INTERN(str_frag, "frag");
+    INTERN(str_keys, "keys");
+    INTERN(str_isdisjoint, "isdisjoint");
+    INTERN(str_stk, "stk");
+    INTERN(str_on, "_on");
+    INTERN(str_kind, "_kind");
+    INTERN(str_tid, "tid");
+#undef INTERN
+    if (PyType_Ready(&SpanWrapperType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m)
+        return NULL;
+    Py_INCREF(&SpanWrapperType);
+    if (PyModule_AddObject(m, "SpanWrapper", (PyObject *)&SpanWrapperType) < 0) {
+        Py_DECREF(&SpanWrapperType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

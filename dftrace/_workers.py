@@ -1,0 +1,85 @@
+"""Data-loader worker processes (PyTorch ``DataLoader(num_workers=N)``).
+
+Workers trace without any help: a forked worker gets a file of its own at fork, a
+``spawn``/``forkserver`` worker starts tracing when it imports dftrace (the parent's
+``initialize`` exported its configuration to the environment), and every worker
+flushes when it ends, although ``multiprocessing`` skips ``atexit`` there.
+
+``worker_init_fn`` adds what only the loader knows: which worker this process is.
+Its file then names the process ``dataloader worker <id>`` in Perfetto (instead of a
+bare pid), and records a ``CM`` metadata event ``dataloader.worker`` with the worker
+id. It also starts tracing in a worker whose parent traced without exporting its
+configuration (``inherit=False``), if the environment asks for it.
+
+    from dftrace.torch import worker_init_fn, WorkerInit
+
+    DataLoader(ds, num_workers=4, worker_init_fn=worker_init_fn)
+    DataLoader(ds, num_workers=4, worker_init_fn=WorkerInit(my_own_init))
+
+Neither imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from . import _recorder as _rec
+from . import _runtime
+from ._config import env_enabled
+from ._events import META
+
+__all__ = ["worker_init_fn", "WorkerInit"]
+
+
+def _worker_count() -> int | None:
+    data = sys.modules.get("torch.utils.data")
+    try:
+        info = data.get_worker_info() if data is not None else None
+        return int(info.num_workers) if info is not None else None
+    except Exception:
+        return None
+
+
+def worker_init_fn(worker_id: int) -> None:
+    """Pass as ``DataLoader(worker_init_fn=...)``: names this worker's trace
+    ``dataloader worker <id>`` and makes sure the worker traces. Never raises."""
+    try:
+        s = _runtime.session()
+        if s is None and env_enabled():
+            s = _runtime.initialize()
+        if s is None:
+            return
+        label = f"dataloader worker {worker_id}"
+        if s.rank is not None:
+            label = f"rank {s.rank} · {label}"
+        pid = os.getpid()
+        _rec.record_special(META, {"name": "process_name", "hhash": False,
+                                   "args": {"name": f"{label} · pid {pid}"}}, pid)
+        args: dict[str, Any] = {"name": "dataloader.worker", "value": str(worker_id)}
+        n = _worker_count()
+        if n is not None:
+            args["num_workers"] = n
+        _rec.record_special(META, {"name": "CM", "args": args}, pid)
+    except Exception as exc:
+        _rec.STATE.warn_once("worker_init", f"worker_init_fn failed: {exc!r}")
+
+
+class WorkerInit:
+    """A ``worker_init_fn`` that does what :func:`worker_init_fn` does, then calls
+    yours: ``DataLoader(worker_init_fn=WorkerInit(my_init))``. Picklable (for
+    ``spawn``/``forkserver`` workers) whenever ``fn`` is; ``fn``'s exceptions are
+    its own and propagate as they would without dftrace."""
+
+    def __init__(self, fn: Callable[[int], Any] | None = None):
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> None:
+        worker_init_fn(worker_id)
+        if self.fn is not None:
+            self.fn(worker_id)
+
+    def __repr__(self) -> str:
+        return f"WorkerInit({self.fn!r})"

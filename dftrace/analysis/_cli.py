@@ -1,0 +1,255 @@
+"""The analysis subcommands: summary, report, convert, merge, validate.
+
+``register(subparsers)`` adds them to an argparse subparsers object; each sets
+``func`` to a callable taking the parsed arguments and returning the exit code.
+Nothing heavy is imported until a command runs, so registering costs nothing and
+``validate`` works without the analysis extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._deps import require
+
+_EXECUTOR_HELP = """
+Where the work runs: by default on threads in this process. --dask-workers N starts
+a local Dask cluster of N worker processes; --scheduler ADDRESS uses a running Dask
+scheduler (workers must see the same paths).
+"""
+
+
+def register(subparsers: Any) -> None:
+    """Add the analysis subcommands to ``subparsers`` (from ``add_subparsers()``)."""
+    p = subparsers.add_parser(
+        "summary",
+        help="tables of where the time goes: categories, epochs, steps, overlap, stalls, stragglers",
+        description="Summarise trace files: time per category and name (count, total, mean, "
+        "p50/p95/max), epochs and steps, a time breakdown with overlap, data-loader stall and "
+        "per-rank imbalance." + _EXECUTOR_HELP,
+    )
+    _inputs(p)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--top", type=int, default=20, metavar="N", help="rows of the longest tables (default 20)")
+    _execution(p)
+    p.set_defaults(func=_run_summary)
+
+    p = subparsers.add_parser(
+        "report",
+        help="one self-contained HTML file with plots",
+        description="Write an HTML report (plotly, works offline): step timeline per rank, "
+        "time breakdown, duration distributions, stragglers, data-loader stall." + _EXECUTOR_HELP,
+    )
+    _inputs(p)
+    p.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
+    p.add_argument("--title", default="dftrace report", help="page title")
+    _execution(p)
+    p.set_defaults(func=_run_report)
+
+    p = subparsers.add_parser(
+        "convert",
+        help="to Chrome JSON (.json, .json.gz), pfw for DFAnalyzer (.pfw.gz) or Parquet",
+        description="Convert traces (all inputs into one output). The output suffix picks the "
+        "format: .json/.json.gz strict Chrome JSON for chrome://tracing and Perfetto, "
+        ".pfw/.pfw.gz for DFAnalyzer, .parquet for the events table." + _EXECUTOR_HELP,
+    )
+    _inputs(p)
+    p.add_argument("-o", "--output", required=True, help="output file")
+    _execution(p)
+    p.set_defaults(func=_run_convert)
+
+    p = subparsers.add_parser(
+        "merge",
+        help="many processes and ranks into one Perfetto-loadable file",
+        description="Merge processes and ranks into one file with unique pids, processes named "
+        "'rank R · host · pid' in rank order, and the clocks of each host's processes aligned "
+        "from their recorded anchors. Filters keep big runs openable." + _EXECUTOR_HELP,
+    )
+    _inputs(p)
+    p.add_argument("-o", "--output", default="merged.json.gz", help="output file (default merged.json.gz)")
+    p.add_argument("--cat", action="append", metavar="CAT", help="keep only this category (repeatable)")
+    p.add_argument("--start", type=float, metavar="S", help="keep events after S seconds from the start")
+    p.add_argument("--end", type=float, metavar="S", help="keep events before S seconds from the start")
+    p.add_argument("--steps", metavar="A[:B]", help="keep each rank's time of steps A to B (inclusive)")
+    p.add_argument("--epoch", type=int, help="with --steps: the epoch the steps are in")
+    p.add_argument("--no-align", action="store_true", help="leave timestamps as recorded")
+    _execution(p)
+    p.set_defaults(func=_run_merge)
+
+    p = subparsers.add_parser(
+        "validate",
+        help="check files against the trace format rules",
+        description="Check trace files against FORMAT.md: '[' first, one JSON object per line, "
+        "UTF-8 without surrogate escapes, metadata first, uint32 pid/tid, ts and dur >= 0, spans "
+        "nested per thread, p_idx/level consistent. Exit code 1 if any file breaks a rule.",
+    )
+    p.add_argument("paths", nargs="+", help="trace files, directories or glob patterns")
+    p.add_argument("--max", type=int, default=50, metavar="N", help="violations to print per file (default 50)")
+    p.add_argument("--json", action="store_true", help="print violations as JSON")
+    p.set_defaults(func=_run_validate)
+
+
+def _inputs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths", nargs="+",
+        help="trace files (.pfw, .pfw.gz, .pfw.zst, DFTracer's, .json[.gz], .parquet), directories or globs",
+    )
+
+
+def _execution(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("execution")
+    where = group.add_mutually_exclusive_group()
+    where.add_argument("--dask-workers", type=int, metavar="N", help="run on a local Dask cluster of N workers")
+    where.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS")
+    group.add_argument("--partition-mb", type=float, default=16, metavar="MB",
+                       help="split compressed files into pieces of about MB on disk (default 16)")
+    group.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+
+
+def _reports_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn expected failures (no such file, bad option, missing extra) into a message."""
+
+    @functools.wraps(run)
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except (FileNotFoundError, ValueError, ImportError, argparse.ArgumentTypeError) as exc:
+            print(f"dftrace {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+
+    return wrapper
+
+
+class _Run:
+    """The executor and options of one command, closed when the command ends."""
+
+    def __init__(self, args: argparse.Namespace):
+        require("polars")
+        from ._executor import DaskExecutor, EmbeddedExecutor
+
+        if args.scheduler:
+            self.executor: Any = DaskExecutor(args.scheduler)
+        elif args.dask_workers:
+            self.executor = DaskExecutor(workers=args.dask_workers)
+        else:
+            self.executor = EmbeddedExecutor()
+        self.options = {
+            "executor": self.executor,
+            "partition_bytes": int(args.partition_mb * (1 << 20)),
+            "progress": False if args.no_progress else None,
+        }
+
+    def __enter__(self) -> dict[str, Any]:
+        return self.options
+
+    def __exit__(self, *exc: object) -> None:
+        self.executor.close()
+
+
+@_reports_errors
+def _run_summary(args: argparse.Namespace) -> int:
+    from ._render_text import render_text
+    from ._summary import summarize
+
+    with _Run(args) as options:
+        summary = summarize(args.paths, **options)
+    sys.stdout.write(summary.to_json() + "\n" if args.json else render_text(summary, top=args.top))
+    return 0
+
+
+@_reports_errors
+def _run_report(args: argparse.Namespace) -> int:
+    from ._render_html import write_html
+    from ._summary import summarize
+
+    require("plotly")
+    with _Run(args) as options:
+        summary = summarize(args.paths, **options)
+    write_html(summary, args.output, title=args.title)
+    print(f"wrote {args.output} ({os.path.getsize(args.output) / 1e6:.1f} MB)")
+    return 0
+
+
+@_reports_errors
+def _run_convert(args: argparse.Namespace) -> int:
+    from ._export import output_format, write_trace
+    from ._trace import load_traces
+
+    output_format(args.output)  # fail on an unknown suffix before reading anything
+    with _Run(args) as options:
+        trace = load_traces(args.paths, **options)
+    write_trace(trace, args.output)
+    print(f"wrote {args.output}: {trace.events.height} events of {trace.processes.height} processes")
+    return 0
+
+
+@_reports_errors
+def _run_merge(args: argparse.Namespace) -> int:
+    from ._export import MergeFilter, merge, output_format, write_trace
+    from ._trace import load_traces
+
+    output_format(args.output)
+    keep = MergeFilter(
+        categories=args.cat, start_s=args.start, end_s=args.end, steps=_step_range(args.steps), epoch=args.epoch
+    )
+    with _Run(args) as options:
+        trace = load_traces(args.paths, **options)
+    merged = merge(trace, keep, align_clocks=not args.no_align)
+    write_trace(merged, args.output)
+    print(f"wrote {args.output}: {merged.events.height} events of {merged.processes.height} processes")
+    return 0
+
+
+def _step_range(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    first, _, last = text.partition(":")
+    try:
+        return int(first), int(last or first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--steps wants A or A:B, got {text!r}") from None
+
+
+@_reports_errors
+def _run_validate(args: argparse.Namespace) -> int:
+    import orjson
+
+    from ..format import validate_file
+    from ._sources import expand_paths
+
+    failed = 0
+    report: dict[str, list[dict[str, Any]]] = {}
+    for path in expand_paths(args.paths):
+        violations = validate_file(path)
+        failed += bool(violations)
+        report[path] = [v._asdict() for v in violations]
+        if args.json:
+            continue
+        if not violations:
+            print(f"{path}: OK")
+            continue
+        print(f"{path}: {len(violations)} violations")
+        for v in violations[: args.max]:
+            print(f"  {v}")
+        if len(violations) > args.max:
+            print(f"  ... {len(violations) - args.max} more")
+    if args.json:
+        sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one analysis subcommand, as ``dftrace <command>`` does."""
+    parser = argparse.ArgumentParser(prog="dftrace", description="Analyse dftrace and DFTracer traces.")
+    register(parser.add_subparsers(dest="command", required=True, metavar="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Rendering a :class:`Summary` as one self-contained HTML report (plotly, offline).
+
+plotly.js is embedded once in the page, so the file opens without a network.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ._deps import require
+from ._render_text import GROUP_LABELS, format_us
+from ._summary import Summary
+
+# One colour per activity group, reused across figures so they read together.
+_GROUP_COLORS = {
+    "compute": "#4C78A8",
+    "data": "#F58518",
+    "comm": "#54A24B",
+    "checkpoint": "#B279A2",
+    "device": "#72B7B2",
+    "overlap": "#9D755D",
+    "idle": "#D3D3D3",
+}
+_CONFIG = {"displaylogo": False, "responsive": True}
+
+_STYLE = """
+body { font-family: system-ui, -apple-system, Segoe UI, Roboto, sans-serif; margin: 2rem auto;
+       max-width: 1200px; color: #222; padding: 0 1rem; }
+h1 { font-size: 1.6rem; margin-bottom: .2rem; }
+h2 { font-size: 1.2rem; margin-top: 2.2rem; border-bottom: 1px solid #ddd; padding-bottom: .3rem; }
+.sub { color: #666; margin-top: 0; }
+.cards { display: flex; flex-wrap: wrap; gap: .8rem; margin: 1rem 0; }
+.card { background: #f6f7f9; border-radius: 6px; padding: .6rem .9rem; min-width: 8rem; }
+.card b { display: block; font-size: 1.2rem; }
+.card span { color: #666; font-size: .85rem; }
+.note { color: #666; font-size: .9rem; }
+table { border-collapse: collapse; font-size: .9rem; }
+td, th { padding: .2rem .6rem; text-align: right; border-bottom: 1px solid #eee; }
+td:first-child, th:first-child, td:nth-child(2), th:nth-child(2) { text-align: left; }
+"""
+
+
+def render_html(summary: Summary, *, title: str = "dftrace report") -> str:
+    """The summary as a self-contained HTML page with interactive plots."""
+    plotly_js = require("plotly.offline").get_plotlyjs()
+    sections: list[tuple[str, str, Callable[[Summary], Any]]] = [
+        ("Step timeline per rank", "Each bar is one step of one rank, from its first to its last "
+         "event; colour is the epoch.", _step_timeline),
+        ("Step time per rank", "Stragglers stand out as one rank's line above the others.", _step_lines),
+        ("Time breakdown", "Per process: time in exactly one activity, in several at once "
+         "(overlap), and in none (idle).", _breakdown),
+        ("Where the time goes", "Total span time of the names that take the most.", _top_names),
+        ("Duration distributions", "How long each call of the busiest names took (log scale).",
+         _distributions),
+        ("Stragglers", "Slowest rank vs the median rank for each step, and how often each rank "
+         "was the slowest.", _stragglers),
+        ("Data-loader stall", "Share of loop time spent waiting for the next item (.iter) "
+         "rather than using it (.block), per rank.", _stall),
+    ]
+    parts = []
+    for heading, note, build in sections:
+        figure = build(summary)
+        if figure is None:
+            continue
+        div = require("plotly.io").to_html(figure, include_plotlyjs=False, full_html=False, config=_CONFIG)
+        parts.append(f"<h2>{html.escape(heading)}</h2>\n<p class='note'>{html.escape(note)}</p>\n{div}")
+    body = "\n".join([_header(summary, title), _files_table(summary), *parts])
+    return (
+        "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
+        f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n"
+        f"<script type='text/javascript'>{plotly_js}</script>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )
+
+
+def write_html(summary: Summary, path: str | os.PathLike[str], *, title: str = "dftrace report") -> None:
+    """Write :func:`render_html` output to ``path``."""
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(render_html(summary, title=title))
+
+
+def _header(summary: Summary, title: str) -> str:
+    o = summary.overview
+    cards = [
+        ("wall time", format_us(o["wall_us"])),
+        ("processes", o["processes"]),
+        ("ranks", o["ranks"]),
+        ("hosts", o["hosts"]),
+        ("events", f"{o['events']:,}"),
+        ("files", o["files"]),
+        ("broken lines", o["broken_lines"]),
+        ("dropped events", o["dropped_events"]),
+    ]
+    stats = summary.step_stats
+    if stats:
+        cards.insert(1, ("median step", format_us(stats["p50_us"])))
+    cards_html = "".join(f"<div class='card'><b>{html.escape(str(v))}</b><span>{k}</span></div>" for k, v in cards)
+    return f"<h1>{html.escape(title)}</h1>\n<div class='cards'>{cards_html}</div>"
+
+
+def _files_table(summary: Summary) -> str:
+    damaged = [f for f in summary.files if f["broken_count"] or f["cut_off"]]
+    if not damaged:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(os.path.basename(f['path']))}</td><td>{f['broken_count']}</td>"
+        f"<td>{html.escape(f['cut_off'] or '')}</td></tr>"
+        for f in damaged
+    )
+    return (
+        "<h2>Damaged files</h2><table><tr><th>file</th><th>broken lines</th><th>cut off</th></tr>"
+        f"{rows}</table>"
+    )
+
+
+def _go() -> Any:
+    return require("plotly.graph_objects")
+
+
+def _layout(fig: Any, height: int = 420, **kwargs: Any) -> Any:
+    fig.update_layout(height=height, margin={"l": 60, "r": 20, "t": 30, "b": 50},
+                      template="plotly_white", **kwargs)
+    return fig
+
+
+def _step_timeline(summary: Summary) -> Any:
+    rows = summary.rank_steps
+    if not rows:
+        return None
+    go = _go()
+    fig = go.Figure()
+    for epoch in sorted({r["epoch"] for r in rows}, key=lambda e: (e is None, e)):
+        sub = [r for r in rows if r["epoch"] == epoch]
+        fig.add_trace(
+            go.Bar(
+                name=f"epoch {epoch}", orientation="h", y=[r["rank"] for r in sub],
+                x=[r["dur_us"] / 1000 for r in sub], base=[r["start_us"] / 1000 for r in sub],
+                customdata=[[r["step"], format_us(r["dur_us"])] for r in sub],
+                hovertemplate="%{y} step %{customdata[0]}: %{customdata[1]}<extra></extra>",
+            )
+        )
+    ranks = list(dict.fromkeys(r["rank"] for r in rows))
+    note = " (sampled steps)" if summary.rank_steps_sampled else ""
+    return _layout(fig, height=max(260, 28 * len(ranks) + 120), barmode="overlay",
+                   xaxis_title=f"time since trace start (ms){note}",
+                   yaxis={"categoryorder": "array", "categoryarray": ranks[::-1]})
+
+
+def _step_lines(summary: Summary) -> Any:
+    rows = summary.rank_steps
+    if not rows:
+        return None
+    go = _go()
+    order = {key: i for i, key in enumerate(sorted({(r["epoch"], r["step"]) for r in rows},
+                                                   key=lambda k: (k[0] is None, k[0] or 0, k[1])))}
+    fig = go.Figure()
+    for rank in dict.fromkeys(r["rank"] for r in rows):
+        sub = sorted((r for r in rows if r["rank"] == rank), key=lambda r: order[(r["epoch"], r["step"])])
+        fig.add_trace(
+            go.Scatter(
+                name=rank, mode="lines+markers" if len(sub) < 200 else "lines",
+                x=[order[(r["epoch"], r["step"])] for r in sub], y=[r["dur_us"] / 1000 for r in sub],
+                customdata=[[r["epoch"], r["step"]] for r in sub],
+                hovertemplate=f"{rank} epoch %{{customdata[0]}} step %{{customdata[1]}}: %{{y:.3f}} ms<extra></extra>",
+            )
+        )
+    return _layout(fig, xaxis_title="step (in order over all epochs)", yaxis_title="step time (ms)")
+
+
+def _breakdown(summary: Summary) -> Any:
+    processes = summary.breakdown["processes"]
+    if not processes:
+        return None
+    go = _go()
+    labels = [p["label"] for p in processes]
+    fig = go.Figure()
+    for group, label in GROUP_LABELS.items():
+        values = [p["exclusive_us"][group] / 1000 for p in processes]
+        if any(values):
+            fig.add_trace(go.Bar(name=f"{label} only", y=labels, x=values, orientation="h",
+                                 marker_color=_GROUP_COLORS[group]))
+    overlap = [(p["wall_us"] - p["idle_us"] - sum(p["exclusive_us"].values())) / 1000 for p in processes]
+    fig.add_trace(go.Bar(name="overlapping activities", y=labels, x=overlap, orientation="h",
+                         marker_color=_GROUP_COLORS["overlap"]))
+    fig.add_trace(go.Bar(name="idle / other", y=labels, x=[p["idle_us"] / 1000 for p in processes],
+                         orientation="h", marker_color=_GROUP_COLORS["idle"]))
+    return _layout(fig, height=max(260, 28 * len(labels) + 120), barmode="stack",
+                   xaxis_title="process time (ms)", yaxis={"autorange": "reversed"})
+
+
+def _top_names(summary: Summary) -> Any:
+    rows = sorted(summary.categories, key=lambda r: r["total_us"], reverse=True)[:20]
+    if not rows:
+        return None
+    go = _go()
+    fig = go.Figure(
+        go.Bar(
+            y=[f"{r['cat']}/{r['name']}" for r in rows], x=[r["total_us"] / 1000 for r in rows],
+            orientation="h", customdata=[[r["count"], format_us(r["mean_us"])] for r in rows],
+            hovertemplate="%{y}: %{x:.3f} ms in %{customdata[0]} calls (mean %{customdata[1]})<extra></extra>",
+        )
+    )
+    return _layout(fig, height=max(260, 24 * len(rows) + 100), xaxis_title="total time (ms)",
+                   yaxis={"autorange": "reversed"})
+
+
+def _distributions(summary: Summary) -> Any:
+    dists = summary.distributions
+    if not dists:
+        return None
+    go = _go()
+    subplots = require("plotly.subplots")
+    cols = 3
+    rows = (len(dists) + cols - 1) // cols
+    fig = subplots.make_subplots(rows=rows, cols=cols, subplot_titles=[f"{d['cat']}/{d['name']}" for d in dists])
+    for i, d in enumerate(dists):
+        fig.add_trace(
+            go.Scatter(x=d["edges_us"], y=d["counts"] + d["counts"][-1:], line_shape="hv", fill="tozeroy",
+                       showlegend=False, hovertemplate="from %{x:.1f} us: %{y} calls<extra></extra>"),
+            row=i // cols + 1, col=i % cols + 1,
+        )
+    fig.update_xaxes(type="log", title_text="duration (us)")
+    return _layout(fig, height=260 * rows)
+
+
+def _stragglers(summary: Summary) -> Any:
+    steps = [s for s in summary.steps if s["imbalance"] is not None and s["ranks"] > 1]
+    ranks = summary.imbalance["ranks"]
+    if not steps or not ranks:
+        return None
+    go = _go()
+    subplots = require("plotly.subplots")
+    fig = subplots.make_subplots(rows=1, cols=2, column_widths=[0.65, 0.35],
+                                 subplot_titles=["max / median step time", "steps as the slowest rank"])
+    fig.add_trace(
+        go.Scatter(x=list(range(len(steps))), y=[s["imbalance"] for s in steps], mode="lines",
+                   customdata=[[s["epoch"], s["step"], s["slowest"]] for s in steps], showlegend=False,
+                   hovertemplate="epoch %{customdata[0]} step %{customdata[1]}: %{y:.2f} (%{customdata[2]})<extra></extra>"),
+        row=1, col=1,
+    )
+    fig.add_trace(go.Bar(x=[r["rank"] for r in ranks], y=[r["slowest_count"] for r in ranks], showlegend=False),
+                  row=1, col=2)
+    fig.update_xaxes(title_text="step (in order)", row=1, col=1)
+    return _layout(fig)
+
+
+def _stall(summary: Summary) -> Any:
+    loaders = [d for d in summary.dataloader if d["ranks"]]
+    if not loaders:
+        return None
+    go = _go()
+    fig = go.Figure()
+    for d in loaders:
+        ranks = sorted(d["ranks"], key=lambda r: r["rank"])
+        fig.add_trace(go.Bar(name=f"{d['cat']}/{d['loader']}", x=[r["rank"] for r in ranks],
+                             y=[(r["stall"] or 0) * 100 for r in ranks]))
+    return _layout(fig, yaxis_title="stall (% of loop time)", barmode="group")

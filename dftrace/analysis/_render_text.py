@@ -1,0 +1,211 @@
+"""Rendering a :class:`Summary` as terminal tables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ._summary import Summary
+
+#: How the breakdown names its activity groups.
+GROUP_LABELS = {
+    "compute": "compute",
+    "data": "data loading",
+    "comm": "communication",
+    "checkpoint": "checkpoint",
+    "device": "device transfer",
+}
+
+
+def format_us(us: float | None) -> str:
+    """A duration in microseconds, in the unit that reads best (us, ms, s, min)."""
+    if us is None:
+        return "-"
+    if abs(us) < 1_000:
+        return f"{us:.0f} us" if float(us).is_integer() else f"{us:.1f} us"
+    if abs(us) < 1_000_000:
+        return f"{us / 1_000:.2f} ms"
+    if abs(us) < 600_000_000:
+        return f"{us / 1_000_000:.2f} s"
+    return f"{us / 60_000_000:.1f} min"
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.1f}%"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[bool]) -> list[str]:
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    out = []
+    for n, row in enumerate(cells):
+        parts = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right)]
+        out.append("  " + "  ".join(parts).rstrip())
+        if n == 0:
+            out.append("  " + "  ".join("-" * w for w in widths))
+    return out
+
+
+def render_text(summary: Summary, *, top: int = 20) -> str:
+    """The summary as text: overview, categories, epochs, steps, breakdown, loaders, ranks.
+
+    ``top`` limits the longest tables (names, steps, ranks) to their first rows.
+    """
+    sections = [
+        _overview(summary),
+        _broken(summary),
+        _categories(summary, top),
+        _epochs(summary),
+        _steps(summary, top),
+        _breakdown(summary),
+        _dataloader(summary),
+        _imbalance(summary, top),
+    ]
+    return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
+
+
+def _overview(summary: Summary) -> list[str]:
+    o = summary.overview
+    ranks = f"{o['ranks']} ranks" if o["ranks"] else "no ranks"
+    lines = [
+        f"dftrace summary: {o['files']} files, {o['processes']} processes ({ranks} on "
+        f"{o['hosts']} hosts), {o['events']} events over {format_us(o['wall_us'])}",
+        f"  broken lines {o['broken_lines']} · cut-off files {o['cut_off_files']} · unfinished "
+        f"files {o['unfinished_files']} · incomplete spans {o['incomplete_spans']} · dropped "
+        f"events {o['dropped_events']}",
+    ]
+    others = {k: v for k, v in o["events_by_phase"].items() if k != "X"}
+    if others:
+        lines.append("  besides spans: " + ", ".join(f"{v} '{k}' events" for k, v in others.items()))
+    return lines
+
+
+def _broken(summary: Summary) -> list[str]:
+    damaged = [f for f in summary.files if f["broken_count"] or f["cut_off"]]
+    if not damaged:
+        return []
+    lines = ["Damaged files"]
+    for f in damaged:
+        lines.append(f"  {os.path.basename(f['path'])}: {f['broken_count']} broken lines")
+        lines.extend(f"    line {b['line']}: {b['reason']}" for b in f["broken"][:3])
+        if f["cut_off"]:
+            lines.append(f"    {f['cut_off']}")
+    return lines
+
+
+def _categories(summary: Summary, top: int) -> list[str]:
+    if not summary.categories:
+        return ["No spans found."]
+    rows = [
+        (r["cat"], r["name"], r["count"], format_us(r["total_us"]), format_us(r["mean_us"]),
+         format_us(r["p50_us"]), format_us(r["p95_us"]), format_us(r["max_us"]))
+        for r in summary.categories[: max(top, 1) * 2]
+    ]
+    more = len(summary.categories) - len(rows)
+    lines = ["Time per category and name"]
+    lines += _table(("cat", "name", "count", "total", "mean", "p50", "p95", "max"), rows,
+                    (False, False, True, True, True, True, True, True))
+    if more > 0:
+        lines.append(f"  ... {more} more (--top, or --json for all)")
+    return lines
+
+
+def _epochs(summary: Summary) -> list[str]:
+    if not summary.epochs:
+        return []
+    rows = [
+        (e["epoch"], e["ranks"], e["steps"], format_us(e["max_us"]), e["slowest"], format_us(e["median_us"]))
+        for e in summary.epochs
+    ]
+    return ["Epochs"] + _table(
+        ("epoch", "ranks", "steps", "time (slowest rank)", "slowest", "median rank"), rows,
+        (True, True, True, True, False, True),
+    )
+
+
+def _steps(summary: Summary, top: int) -> list[str]:
+    stats = summary.step_stats
+    if not stats:
+        return []
+    lines = [
+        f"Steps: {len(summary.steps)} steps, {stats['count']} rank-steps",
+        f"  step time: mean {format_us(stats['mean_us'])} · p50 {format_us(stats['p50_us'])} · "
+        f"p95 {format_us(stats['p95_us'])} · max {format_us(stats['max_us'])}",
+    ]
+    slowest = sorted(summary.steps, key=lambda s: s["max_us"], reverse=True)[: min(top, 5)]
+    rows = [
+        (s["epoch"], s["step"], s["ranks"], format_us(s["median_us"]), format_us(s["max_us"]), s["slowest"])
+        for s in slowest
+    ]
+    lines.append("  longest steps:")
+    lines += _table(("epoch", "step", "ranks", "median", "max", "slowest"), rows,
+                    (True, True, True, True, True, False))
+    return lines
+
+
+def _breakdown(summary: Summary) -> list[str]:
+    b = summary.breakdown
+    if not b["wall_us"]:
+        return []
+    n = len(b["processes"])
+    rows = [
+        (GROUP_LABELS.get(g["group"], g["group"]), format_us(g["busy_us"]), _pct(g["share_of_wall"]),
+         format_us(g["exclusive_us"]), format_us(g["overlapped_us"]), _pct(g["overlap_share"]))
+        for g in b["groups"]
+        if g["busy_us"]
+    ]
+    rows.append(("idle / other", format_us(b["idle_us"]), _pct(b["idle_share"]), "", "", ""))
+    lines = [f"Time breakdown (union of spans per process, summed over {n} processes: "
+             f"{format_us(b['wall_us'])} of process time)"]
+    lines += _table(("activity", "busy", "% of time", "exclusive", "overlapped", "overlap %"), rows,
+                    (False, True, True, True, True, True))
+    pairs = [
+        f"{GROUP_LABELS.get(p['a'], p['a'])} + {GROUP_LABELS.get(p['b'], p['b'])} {format_us(p['overlap_us'])}"
+        for p in sorted(b["pairs"], key=lambda p: p["overlap_us"], reverse=True)
+    ]
+    if pairs:
+        lines.append("  overlapping: " + " · ".join(pairs))
+    return lines
+
+
+def _dataloader(summary: Summary) -> list[str]:
+    if not summary.dataloader:
+        return []
+    rows = []
+    for d in summary.dataloader:
+        worst = d["ranks"][0] if d["ranks"] else None
+        rows.append(
+            (f"{d['cat']}/{d['loader']}", d["items"], format_us(d["iter_us"]), format_us(d["iter_p95_us"]),
+             format_us(d["block_us"]), _pct(d["stall"]),
+             f"{worst['rank']} ({_pct(worst['stall'])})" if worst else "-")
+        )
+    return ["Data-loader stall (waiting for the next item in .iter vs using it in .block)"] + _table(
+        ("loader", "items", "waiting", "p95 wait", "using", "stall", "worst rank"), rows,
+        (False, True, True, True, True, True, False),
+    )
+
+
+def _imbalance(summary: Summary, top: int) -> list[str]:
+    imb = summary.imbalance
+    if not imb["ranks"]:
+        return []
+    lines = ["Rank imbalance (slowest vs median rank per step)"]
+    if imb["steps_compared"]:
+        worst = imb["worst"][0] if imb["worst"] else None
+        where = (f" (epoch {worst['epoch']} step {worst['step']}, {worst['slowest']})" if worst else "")
+        lines.append(
+            f"  {imb['steps_compared']} steps compared · mean max/median {imb['mean_ratio']:.2f} · "
+            f"worst {imb['max_ratio']:.2f}{where}"
+        )
+    ranks = sorted(imb["ranks"], key=lambda r: r["mean_us"], reverse=True)[:top]
+    rows = [
+        (r["rank"], r["steps"], format_us(r["mean_us"]), format_us(r["p50_us"]), format_us(r["max_us"]),
+         r["slowest_count"])
+        for r in ranks
+    ]
+    lines += _table(("rank", "steps", "mean step", "p50", "max", "slowest in"), rows,
+                    (False, True, True, True, True, True))
+    if len(imb["ranks"]) > len(ranks):
+        lines.append(f"  ... {len(imb['ranks']) - len(ranks)} more ranks (--top, or --json)")
+    return lines

@@ -1,0 +1,538 @@
+"""The answers: turning combined aggregates into a :class:`Summary`.
+
+A Summary is plain data (dicts, lists, numbers) so it serialises to JSON as is;
+the terminal table, ``--json`` and the HTML report all render from it. Times are
+integer microseconds. Percentiles use the nearest-rank method: p95 is the smallest
+value with at least 95 % of the observations at or below it, computed exactly from
+counts of each distinct duration.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import orjson
+import polars as pl
+
+from .. import format as fmt
+from ._aggregate import GROUPS, Combined, Partial, aggregate, combine, summarize_partition
+from ._decode import PartitionData
+from ._executor import default_executor
+from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
+from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
+from ._metadata import synthetic_records
+from ._trace import PathsLike, Trace, as_path_list
+
+#: How many (unit, step) rows the summary keeps for the per-rank step timeline;
+#: beyond this, evenly spaced steps are kept (all ranks of each kept step).
+RANK_STEPS_LIMIT = 20_000
+#: (category, name) pairs that get a duration histogram.
+DISTRIBUTIONS = 12
+_HISTOGRAM_BINS = 24
+
+
+@dataclass
+class Summary:
+    """Everything ``dftrace summary`` and ``dftrace report`` show, as plain data."""
+
+    #: Files, processes, ranks, hosts, events, time span, broken lines, ...
+    overview: dict[str, Any]
+    #: Per input file: lines, events, broken lines (first ones with reasons), cut-off.
+    files: list[dict[str, Any]]
+    #: Per process (rank order): label, rank, host, pid, time span, spans, dropped.
+    processes: list[dict[str, Any]]
+    #: Per (category, name): count, total, mean, min, p50, p95, max.
+    categories: list[dict[str, Any]]
+    #: Per epoch: ranks, steps, slowest rank and its time, median rank time.
+    epochs: list[dict[str, Any]]
+    #: Per (epoch, step): ranks, min/median/max step time, slowest rank, max/median.
+    steps: list[dict[str, Any]]
+    #: Step times over all ranks and steps: count, mean, p50, p95, max.
+    step_stats: dict[str, Any]
+    #: Per (rank, epoch, step): start (from the trace start) and duration.
+    rank_steps: list[dict[str, Any]]
+    #: True when ``rank_steps`` keeps a subset of the steps (RANK_STEPS_LIMIT).
+    rank_steps_sampled: bool
+    #: Busy, exclusive and overlapped time per activity group, overall and per process.
+    breakdown: dict[str, Any]
+    #: Per ``<leaf>.iter``/``<leaf>.block`` pair: time waiting for items vs using them.
+    dataloader: list[dict[str, Any]]
+    #: Slowest vs median rank per step.
+    imbalance: dict[str, Any]
+    #: Duration histograms (log-spaced bins) of the names with the most total time.
+    distributions: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as a JSON-ready dict."""
+        return asdict(self)
+
+    def to_json(self, indent: bool = True) -> str:
+        """The summary as JSON text."""
+        option = orjson.OPT_INDENT_2 if indent else 0
+        return orjson.dumps(self.to_dict(), option=option | orjson.OPT_SERIALIZE_NUMPY).decode()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Summary:
+        """Rebuild a summary from :meth:`to_dict` / ``dftrace summary --json`` output."""
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+def summarize(
+    source: PathsLike | Trace,
+    *,
+    executor: Any = None,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    progress: bool | None = None,
+) -> Summary:
+    """Summarise trace files (or an already loaded :class:`Trace`).
+
+    Files are cut into partitions; each is parsed and reduced to partial aggregates
+    where it is read (a thread here, or a Dask worker with a :class:`DaskExecutor`),
+    and the partials are combined exactly here. Only the columns the summary needs
+    are decoded.
+    """
+    if isinstance(source, Trace):
+        combined = combine([_partial_of_trace(source)])
+        combined.files = list(source.files)
+        return build_summary(combined)
+    plan = plan_partitions(expand_paths(as_path_list(source)), partition_bytes)
+    partials = default_executor(executor).map(
+        summarize_partition, plan, progress=progress, desc="summarising"
+    )
+    return build_summary(combine(partials))
+
+
+def _partial_of_trace(trace: Trace) -> Partial:
+    """View an in-memory trace as one partition, so it takes the same path."""
+    events = trace.events.select(
+        *[
+            pl.col(c) if c in trace.events.columns else pl.lit(None, EVENT_COLUMNS[c]).alias(c)
+            for c in SUMMARY_COLUMNS
+        ],
+        pl.col("host").fill_null("").alias(HOST_KEY),
+    )
+    meta = []
+    for row in trace.processes.select("host", "pid", "rank").iter_rows(named=True):
+        meta.extend(synthetic_records(row["pid"], row["host"], row["rank"]))
+    for row in trace.meta.iter_rows(named=True):
+        meta.append(
+            {"pid": row["pid"], "tid": row["tid"], "name": row["name"], "cat": row["cat"],
+             "args": orjson.loads(row["args"]), "host_key": row["host"]}
+        )
+    return aggregate(PartitionData(Partition("<memory>"), events, meta=meta))
+
+
+# --- building ------------------------------------------------------------------------
+
+
+def build_summary(combined: Combined) -> Summary:
+    """Compute every answer from combined aggregates."""
+    procs = _processes_frame(combined)
+    start = combined.extents.get_column("start").min() if combined.extents.height else None
+    steps_by_unit = _unit_extents(combined.steps, procs, ["epoch", "step"])
+    steps = _steps(steps_by_unit)
+    rank_steps, sampled = _rank_steps(steps_by_unit, start)
+    return Summary(
+        overview=_overview(combined, procs),
+        files=[_file_dict(f) for f in combined.files],
+        processes=_process_rows(combined, procs),
+        categories=_categories(combined.durations),
+        epochs=_epochs(_unit_extents(combined.epochs, procs, ["epoch"]), combined.steps),
+        steps=steps,
+        step_stats=_step_stats(steps_by_unit),
+        rank_steps=rank_steps,
+        rank_steps_sampled=sampled,
+        breakdown=_breakdown(combined, procs),
+        dataloader=_dataloader(combined.durations, procs),
+        imbalance=_imbalance(steps_by_unit, steps),
+        distributions=_distributions(combined.durations),
+    )
+
+
+def _processes_frame(combined: Combined) -> pl.DataFrame:
+    """proc -> label, rank, host, pid, and the unit steps are compared by.
+
+    Ranks are the units when any process has one (processes without a rank, such
+    as helpers, are then left out of step comparisons); otherwise each process is.
+    """
+    processes = combined.resolution.processes
+    any_rank = any(p.rank is not None for p in processes)
+    rows = []
+    for i, p in enumerate(processes):
+        if any_rank:
+            unit = f"rank {p.rank}" if p.rank is not None else None
+            order = p.rank if p.rank is not None else None
+        else:
+            unit, order = p.label, i
+        rows.append(
+            {"proc": i, "label": p.label, "rank": p.rank, "host": p.host, "pid": p.pid,
+             "dropped": p.dropped, "unit": unit, "unit_order": order}
+        )
+    return pl.DataFrame(
+        rows,
+        schema={"proc": pl.Int32, "label": pl.String, "rank": pl.Int32, "host": pl.String,
+                "pid": pl.Int64, "dropped": pl.Int64, "unit": pl.String, "unit_order": pl.Int64},
+    )
+
+
+def _overview(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
+    extents = combined.extents
+    start = extents.get_column("start").min() if extents.height else None
+    end = extents.get_column("end").max() if extents.height else None
+    phases = dict(combined.phases.sort("ph").iter_rows())
+    return {
+        "files": len(combined.files),
+        "partitions": combined.partitions,
+        "processes": procs.height,
+        "ranks": procs.get_column("rank").drop_nulls().n_unique(),
+        "hosts": procs.get_column("host").n_unique(),
+        "events": int(sum(phases.values())),
+        "spans": int(extents.get_column("n").sum()) if extents.height else 0,
+        "events_by_phase": {k: int(v) for k, v in phases.items()},
+        "start_us": start,
+        "end_us": end,
+        "wall_us": (end - start) if start is not None else 0,
+        "broken_lines": sum(f.broken_count for f in combined.files),
+        "cut_off_files": sum(1 for f in combined.files if f.cut_off),
+        "unfinished_files": sum(1 for f in combined.files if not f.closed),
+        "incomplete_spans": int(extents.get_column("incomplete").sum()) if extents.height else 0,
+        "dropped_events": int(procs.get_column("dropped").sum()),
+    }
+
+
+def _file_dict(report: Any) -> dict[str, Any]:
+    out = asdict(report)
+    out["broken"] = [{"line": n, "reason": r} for n, r in report.broken]
+    return out
+
+
+def _process_rows(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
+    joined = procs.join(combined.extents, on="proc", how="left").sort("proc")
+    return [
+        {
+            "label": r["label"], "rank": r["rank"], "host": r["host"], "pid": r["pid"],
+            "start_us": r["start"], "end_us": r["end"],
+            "wall_us": (r["end"] - r["start"]) if r["start"] is not None else 0,
+            "spans": r["n"] or 0, "incomplete": r["incomplete"] or 0, "dropped": r["dropped"],
+        }
+        for r in joined.iter_rows(named=True)
+    ]
+
+
+def _quantile_exprs(qs: Sequence[float]) -> list[pl.Expr]:
+    """Aggregations over (value ``dur``, count ``n``) rows sorted by ``dur`` within a group,
+    with ``cum`` (running count) and ``total_n`` columns present."""
+    exprs = [
+        pl.col("n").sum().alias("count"),
+        (pl.col("dur") * pl.col("n")).sum().alias("total_us"),
+        pl.col("dur").min().alias("min_us"),
+        pl.col("dur").max().alias("max_us"),
+    ]
+    for q in qs:
+        threshold = (pl.col("total_n") * q).ceil()
+        exprs.append(pl.col("dur").filter(pl.col("cum") >= threshold).min().alias(f"p{round(q * 100)}_us"))
+    return exprs
+
+
+def _value_stats(frame: pl.DataFrame, by: list[str], qs: Sequence[float] = (0.5, 0.95)) -> pl.DataFrame:
+    """count, total, mean, min, percentiles, max of ``dur`` weighted by ``n`` per group."""
+    if not frame.height:
+        schema = {**{c: frame.schema[c] for c in by}, "count": pl.Int64, "total_us": pl.Int64,
+                  "min_us": pl.Int64, "max_us": pl.Int64, "mean_us": pl.Float64}
+        schema.update({f"p{round(q * 100)}_us": pl.Int64 for q in qs})
+        return pl.DataFrame(schema=schema)
+    ordered = frame.sort([*by, "dur"]).with_columns(
+        pl.col("n").cum_sum().over(by).alias("cum"), pl.col("n").sum().over(by).alias("total_n")
+    )
+    stats = ordered.group_by(by).agg(_quantile_exprs(qs))
+    return stats.with_columns((pl.col("total_us") / pl.col("count")).alias("mean_us"))
+
+
+def _category_order(cat: str) -> tuple[int, str]:
+    known = fmt.AI_CATEGORIES
+    return (known.index(cat), "") if cat in known else (len(known), cat or "")
+
+
+def _categories(durations: pl.DataFrame) -> list[dict[str, Any]]:
+    merged = durations.group_by("cat", "name", "dur").agg(pl.col("n").sum())
+    stats = _value_stats(merged, ["cat", "name"])
+    rows = stats.sort("total_us", descending=True).to_dicts()
+    rows.sort(key=lambda r: _category_order(r["cat"]))
+    return [_round(r) for r in rows]
+
+
+def _round(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
+
+
+def _slowest() -> pl.Expr:
+    # The unit with the longest time; ties go to the lowest rank.
+    return pl.col("unit").sort_by(["dur", "unit_order"], descending=[True, False]).first()
+
+
+def _unit_extents(frame: pl.DataFrame, procs: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Extents per (unit, *by): a rank's processes together, start to end."""
+    units = procs.filter(pl.col("unit").is_not_null()).select("proc", "unit", "unit_order")
+    joined = frame.join(units, on="proc", how="inner")
+    return (
+        joined.group_by(["unit", "unit_order", *by])
+        .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum())
+        .with_columns((pl.col("end") - pl.col("start")).alias("dur"))
+        .sort([*by, "unit_order"], nulls_last=True)
+    )
+
+
+def _median_expr() -> pl.Expr:
+    # Nearest-rank median (the lower middle value), like the percentiles.
+    return pl.col("dur").sort().gather(((pl.len() + 1) // 2 - 1).cast(pl.UInt32)).first()
+
+
+def _steps(by_unit: pl.DataFrame) -> list[dict[str, Any]]:
+    if not by_unit.height:
+        return []
+    per_step = (
+        by_unit.group_by(["epoch", "step"])
+        .agg(
+            pl.len().alias("ranks"),
+            pl.col("start").min().alias("start_us"),
+            pl.col("dur").min().alias("min_us"),
+            _median_expr().alias("median_us"),
+            pl.col("dur").max().alias("max_us"),
+            _slowest().alias("slowest"),
+        )
+        .with_columns(
+            pl.when(pl.col("median_us") > 0).then(pl.col("max_us") / pl.col("median_us")).alias("imbalance")
+        )
+        .sort(["epoch", "step"], nulls_last=True)
+    )
+    return [_round(r) for r in per_step.to_dicts()]
+
+
+def _step_stats(by_unit: pl.DataFrame) -> dict[str, Any]:
+    values = by_unit.select(pl.col("dur"), pl.lit(1, pl.Int64).alias("n"), pl.lit(0).alias("g"))
+    stats = _value_stats(values, ["g"]).drop("g").to_dicts()
+    return _round(stats[0]) if stats else {}
+
+
+def _rank_steps(by_unit: pl.DataFrame, start: int | None) -> tuple[list[dict[str, Any]], bool]:
+    if not by_unit.height:
+        return [], False
+    sampled = by_unit.height > RANK_STEPS_LIMIT
+    frame = by_unit
+    if sampled:
+        keys = by_unit.select("epoch", "step").unique().sort(["epoch", "step"], nulls_last=True)
+        per_step = max(1, by_unit.height // keys.height)
+        keep = max(1, RANK_STEPS_LIMIT // per_step)
+        stride = math.ceil(keys.height / keep)
+        frame = by_unit.join(keys.gather_every(stride), on=["epoch", "step"], how="semi", nulls_equal=True)
+    rows = frame.select(
+        pl.col("unit").alias("rank"), "epoch", "step",
+        (pl.col("start") - (start or 0)).alias("start_us"), pl.col("dur").alias("dur_us"),
+    )
+    return rows.to_dicts(), sampled
+
+
+def _epochs(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
+    if not by_unit.height:
+        return []
+    step_counts = steps.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(
+        pl.col("step").n_unique().alias("steps")
+    )
+    per_epoch = (
+        by_unit.group_by("epoch")
+        .agg(
+            pl.len().alias("ranks"),
+            pl.col("start").min().alias("start_us"),
+            pl.col("n").sum().alias("spans"),
+            _median_expr().alias("median_us"),
+            pl.col("dur").max().alias("max_us"),
+            _slowest().alias("slowest"),
+        )
+        .join(step_counts, on="epoch", how="left")
+        .with_columns(pl.col("steps").fill_null(0))
+        .sort("epoch")
+    )
+    return per_epoch.to_dicts()
+
+
+def _imbalance(by_unit: pl.DataFrame, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    compared = [s for s in steps if s["ranks"] > 1 and s["imbalance"] is not None]
+    ratios = np.array([s["imbalance"] for s in compared]) if compared else np.array([])
+    # Only steps where someone was slower than the median make a straggler.
+    uneven = [s for s in compared if s["imbalance"] > 1]
+    worst = sorted(uneven, key=lambda s: s["imbalance"], reverse=True)[:10]
+    per_unit: list[dict[str, Any]] = []
+    if by_unit.height:
+        slowest = pl.DataFrame(
+            {"unit": [s["slowest"] for s in uneven]}, schema={"unit": pl.String}
+        ).group_by("unit").agg(pl.len().alias("slowest_count"))
+        values = by_unit.select("unit", "unit_order", "dur", pl.lit(1, pl.Int64).alias("n"))
+        stats = _value_stats(values, ["unit", "unit_order"], qs=(0.5,))
+        per_unit = [
+            _round(r)
+            for r in stats.join(slowest, on="unit", how="left")
+            .with_columns(pl.col("slowest_count").fill_null(0))
+            .sort("unit_order", nulls_last=True)
+            .drop("unit_order")
+            .rename({"unit": "rank", "count": "steps"})
+            .to_dicts()
+        ]
+    return {
+        "steps_compared": len(compared),
+        "mean_ratio": round(float(ratios.mean()), 3) if ratios.size else None,
+        "max_ratio": round(float(ratios.max()), 3) if ratios.size else None,
+        "worst": worst,
+        "ranks": per_unit,
+    }
+
+
+def _dataloader(durations: pl.DataFrame, procs: pl.DataFrame) -> list[dict[str, Any]]:
+    loops = durations.filter(
+        (pl.col("cat") != fmt.CAT_PIPELINE)
+        & (pl.col("name").str.ends_with(fmt.ITER_SUFFIX) | pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX))
+    ).with_columns(
+        pl.col("name").str.ends_with(fmt.ITER_SUFFIX).alias("is_iter"),
+        pl.col("name").str.replace(r"\.(iter|block)$", "").alias("loader"),
+    )
+    if not loops.height:
+        return []
+    iters = _value_stats(loops.filter("is_iter").drop("proc", "name", "is_iter"), ["cat", "loader"], qs=(0.95,))
+    blocks = (
+        loops.filter(~pl.col("is_iter"))
+        .group_by("cat", "loader")
+        .agg((pl.col("dur") * pl.col("n")).sum().alias("block_us"))
+    )
+    per_unit = (
+        loops.join(procs.select("proc", "unit"), on="proc")
+        .filter(pl.col("unit").is_not_null())
+        .group_by("cat", "loader", "unit")
+        .agg(
+            (pl.col("dur") * pl.col("n")).filter(pl.col("is_iter")).sum().alias("iter_us"),
+            (pl.col("dur") * pl.col("n")).filter(~pl.col("is_iter")).sum().alias("block_us"),
+        )
+        .with_columns(_stall("iter_us", "block_us"))
+        .sort("stall", descending=True, nulls_last=True)
+    )
+    rows = (
+        iters.join(blocks, on=["cat", "loader"], how="left")
+        .rename({"count": "items", "total_us": "iter_us", "mean_us": "iter_mean_us", "p95_us": "iter_p95_us"})
+        .with_columns(_stall("iter_us", "block_us"))
+        .sort("iter_us", descending=True)
+        .to_dicts()
+    )
+    for row in rows:
+        worst = per_unit.filter((pl.col("cat") == row["cat"]) & (pl.col("loader") == row["loader"]))
+        row["ranks"] = [_round(r) for r in worst.drop("cat", "loader").rename({"unit": "rank"}).to_dicts()]
+        del row["min_us"], row["max_us"]
+    return [_round(r) for r in rows]
+
+
+def _stall(iter_col: str, block_col: str) -> pl.Expr:
+    total = pl.col(iter_col) + pl.col(block_col)
+    return pl.when(total > 0).then(pl.col(iter_col) / total).alias("stall")
+
+
+def _breakdown(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
+    n = len(GROUPS)
+    by_proc = {key[0]: frame for key, frame in combined.intervals.partition_by("proc", as_dict=True).items()}
+    labels = dict(procs.select("proc", "label").iter_rows())
+    ranks = dict(procs.select("proc", "rank").iter_rows())
+    totals = np.zeros(1 << n)
+    wall_total = 0
+    rows = []
+    for proc, start, end in combined.extents.sort("proc").select("proc", "start", "end").iter_rows():
+        per_mask = _mask_times(by_proc.get(proc), n)
+        wall = end - start
+        totals += per_mask
+        wall_total += wall
+        busy, exclusive = _busy_exclusive(per_mask, n)
+        rows.append(
+            {
+                "label": labels[proc], "rank": ranks[proc], "wall_us": wall,
+                "busy_us": busy, "exclusive_us": exclusive,
+                "idle_us": int(wall - per_mask[1:].sum()),
+            }
+        )
+    busy, exclusive = _busy_exclusive(totals, n)
+    groups = [
+        {
+            "group": g,
+            "busy_us": busy[g],
+            "exclusive_us": exclusive[g],
+            "overlapped_us": busy[g] - exclusive[g],
+            "share_of_wall": round(busy[g] / wall_total, 4) if wall_total else None,
+            "overlap_share": round((busy[g] - exclusive[g]) / busy[g], 4) if busy[g] else None,
+        }
+        for g in GROUPS
+    ]
+    pairs = [
+        {"a": GROUPS[i], "b": GROUPS[j],
+         "overlap_us": int(sum(totals[m] for m in range(1 << n) if m >> i & 1 and m >> j & 1))}
+        for i in range(n)
+        for j in range(i + 1, n)
+    ]
+    idle = int(wall_total - totals[1:].sum())
+    return {
+        "wall_us": int(wall_total),
+        "groups": groups,
+        "idle_us": idle,
+        "idle_share": round(idle / wall_total, 4) if wall_total else None,
+        "pairs": [p for p in pairs if p["overlap_us"]],
+        "processes": rows,
+    }
+
+
+def _mask_times(intervals: pl.DataFrame | None, n: int) -> np.ndarray:
+    """Time spent in each combination of active groups (bit mask -> µs).
+
+    Each group's intervals are disjoint, so sweeping the sorted boundaries and
+    toggling the group's bit at each one gives the set of active groups.
+    """
+    if intervals is None or not intervals.height:
+        return np.zeros(1 << n)
+    bits = np.left_shift(1, intervals.get_column("group").to_numpy().astype(np.int64))
+    times = np.concatenate([intervals.get_column("start").to_numpy(), intervals.get_column("end").to_numpy()])
+    toggles = np.concatenate([bits, bits])
+    order = np.argsort(times, kind="stable")
+    state = np.bitwise_xor.accumulate(toggles[order])
+    return np.bincount(state[:-1], weights=np.diff(times[order]), minlength=1 << n)
+
+
+def _busy_exclusive(per_mask: np.ndarray, n: int) -> tuple[dict[str, int], dict[str, int]]:
+    masks = np.arange(1 << n)
+    busy = {g: int(per_mask[(masks >> i) & 1 == 1].sum()) for i, g in enumerate(GROUPS)}
+    exclusive = {g: int(per_mask[1 << i]) for i, g in enumerate(GROUPS)}
+    return busy, exclusive
+
+
+def _distributions(durations: pl.DataFrame) -> list[dict[str, Any]]:
+    if not durations.height:
+        return []
+    totals = (
+        durations.group_by("cat", "name")
+        .agg((pl.col("dur") * pl.col("n")).sum().alias("total"))
+        .sort("total", descending=True)
+        .head(DISTRIBUTIONS)
+    )
+    out = []
+    for cat, name, _ in totals.iter_rows():
+        sub = (
+            durations.filter((pl.col("cat") == cat) & (pl.col("name") == name))
+            .group_by("dur")
+            .agg(pl.col("n").sum())
+        )
+        values = sub.get_column("dur").to_numpy().astype(np.float64)
+        weights = sub.get_column("n").to_numpy()
+        low, high = max(values.min(), 1.0), max(values.max(), 1.0)
+        edges = np.unique(np.geomspace(low, high * 1.000001 + 1, _HISTOGRAM_BINS + 1))
+        counts, edges = np.histogram(np.maximum(values, low), bins=edges, weights=weights)
+        out.append(
+            {"cat": cat, "name": name, "edges_us": [round(float(e), 2) for e in edges],
+             "counts": [int(c) for c in counts]}
+        )
+    return out

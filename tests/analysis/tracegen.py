@@ -1,0 +1,190 @@
+"""Writing dftrace-format trace files with known contents, for the analysis tests.
+
+Follows the writer's contract (FORMAT.md and the core's file layout): one file per
+process, ``[`` first, metadata first, one JSON object per line, each flush its own
+zstd frame / gzip member, ``]`` only after a clean finalize. Durations are fixed
+per name so tests can assert exact counts, totals and percentiles.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import zstandard
+
+T0_US = 1_795_331_512_000_000
+HHASH = {"node0": "6882804a826580cd", "node1": "1a2b3c4d5e6f7081"}
+
+#: Fixed durations (µs) of the spans one training step writes on the main thread.
+FETCH_ITER_US = 40
+TRANSFER_US = 10
+FORWARD_US = 100
+BACKWARD_US = 200
+ALL_REDUCE_US = 50
+OPTIMIZER_US = 20
+GAP_US = 5
+CHECKPOINT_US = 300
+#: Preprocessing on the loader thread, overlapping the step's compute.
+PREPROCESS_US = 150
+
+
+def step_us(extra: int = 0) -> int:
+    """Length of one step's ``fetch.block`` (the loop body) with ``extra`` µs of slowness."""
+    return TRANSFER_US + FORWARD_US + BACKWARD_US + extra + ALL_REDUCE_US + OPTIMIZER_US + 4 * GAP_US
+
+
+@dataclass
+class Process:
+    """One traced process and the events it will write."""
+
+    pid: int
+    host: str = "node0"
+    rank: int | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    next_id: int = 1
+
+    @property
+    def hhash(self) -> str:
+        return HHASH.get(self.host, "00000000" + self.host.encode().hex()[:8])
+
+    def span(self, name: str, cat: str, ts: int, dur: int, tid: int | None = None,
+             level: int = 1, parent: int = 0, **args: Any) -> int:
+        """Append a complete event; return its id."""
+        event_id = self.next_id
+        self.next_id += 1
+        self.events.append(
+            {"id": event_id, "name": name, "cat": cat, "pid": self.pid,
+             "tid": self.pid if tid is None else tid, "ts": ts, "dur": dur, "ph": "X",
+             "args": {"hhash": self.hhash, "level": level, "p_idx": parent, **args}}
+        )
+        return event_id
+
+    def metadata(self, t0: int = T0_US, mono_ns: int = 5_000_000_000) -> list[dict[str, Any]]:
+        label = f"{self.host} · pid {self.pid}"
+        if self.rank is not None:
+            label = f"rank {self.rank} · {label}"
+        main, loader = self.pid, self.pid + 1
+        meta = [
+            ("process_name", "", main, {"name": label}),
+            ("process_sort_index", "", main, {"sort_index": self.rank if self.rank is not None else 0}),
+            ("thread_name", "", main, {"name": "MainThread"}),
+            ("thread_name", "", loader, {"name": "loader"}),
+            ("HH", "dftrace", main, {"name": self.host, "value": self.hhash}),
+            ("clock_anchor", "dftrace", main, {"wall_ns": t0 * 1000 - 1_000_000, "mono_ns": mono_ns}),
+            ("PR", "dftrace", main, {"cmdline": ["python", "train.py"], "cwd": "/work", "python": "3.11",
+                                     "hostname": self.host, "rank": self.rank, "local_rank": self.rank}),
+        ]
+        return [
+            {"name": name, **({"cat": cat} if cat else {}), "pid": self.pid, "tid": tid,
+             "ph": "M", "args": args}
+            for name, cat, tid, args in meta
+        ]
+
+
+def training_process(pid: int, *, rank: int | None = 0, host: str = "node0", epochs: int = 2,
+                     steps: int = 4, slow: dict[tuple[int, int], int] | None = None,
+                     t0: int = T0_US) -> Process:
+    """A process that trains ``epochs`` x ``steps`` steps with a loader thread.
+
+    Per step on the main thread: ``fetch.iter`` then a ``fetch.block`` holding
+    transfer, forward, backward, all_reduce and the optimizer ``step``; a
+    ``preprocess`` span on the loader thread (tid pid+1) overlaps the forward
+    pass. ``slow[(epoch, step)]`` adds µs to that step's backward pass. Each
+    epoch ends with a checkpoint ``save``.
+    """
+    proc = Process(pid, host, rank)
+    slow = slow or {}
+    t = t0
+    for epoch in range(epochs):
+        epoch_start = t
+        children: list[tuple] = []
+        for step in range(steps):
+            extra = slow.get((epoch, step), 0)
+            count = step + 1
+            children.append(("fetch.iter", "dataloader", t, FETCH_ITER_US, {"epoch": epoch, "count": count}, []))
+            t += FETCH_ITER_US
+            block_start = t
+            inner = []
+            for name, cat, dur in (("transfer", "device", TRANSFER_US), ("forward", "compute", FORWARD_US),
+                                   ("backward", "compute", BACKWARD_US + extra),
+                                   ("all_reduce", "comm", ALL_REDUCE_US), ("step", "compute", OPTIMIZER_US)):
+                inner.append((name, cat, t, dur, {"epoch": epoch, "step": step}, []))
+                if name == "forward":
+                    proc.span("preprocess", "data", t, PREPROCESS_US, tid=pid + 1, epoch=epoch)
+                t += dur + GAP_US
+            children.append(("fetch.block", "dataloader", block_start, t - block_start,
+                             {"epoch": epoch, "count": count}, inner))
+        children.append(("save", "checkpoint", t, CHECKPOINT_US, {"epoch": epoch}, []))
+        t += CHECKPOINT_US
+        _emit(proc, ("epoch", "pipeline", epoch_start, t - epoch_start, {"epoch": epoch}, children), 1, 0)
+        t += GAP_US
+    return proc
+
+
+def _emit(proc: Process, node: tuple, level: int, parent: int) -> None:
+    """Write a span tree children first, as a writer that emits spans as they end does."""
+    name, cat, ts, dur, args, children = node
+    # Reserve the id at the start of the span, like a real recorder.
+    span_id = proc.next_id
+    proc.next_id += 1
+    for child in children:
+        _emit(proc, child, level + 1, span_id)
+    proc.events.append(
+        {"id": span_id, "name": name, "cat": cat, "pid": proc.pid, "tid": proc.pid, "ts": ts,
+         "dur": dur, "ph": "X", "args": {"hhash": proc.hhash, "level": level, "p_idx": parent, **args}}
+    )
+
+
+def write_process(directory: str | os.PathLike[str], proc: Process, *, compression: str = "zstd",
+                  prefix: str = "train", finalize: bool = True, lines_per_frame: int = 16,
+                  cut: str | None = None, extra_lines: list[bytes] | None = None) -> Path:
+    """Write ``proc`` as ``<prefix>[-rank<R>]-<host>-<pid>.pfw[.zst|.gz]``.
+
+    ``cut="frame"`` chops the file inside its last frame (a crash mid-flush),
+    ``cut="line"`` (uncompressed only) in the middle of the last line. A cut or
+    ``finalize=False`` file has no closing ``]``. ``extra_lines`` are appended
+    raw before the end (for broken-line tests).
+    """
+    suffix = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}[compression]
+    rank = f"-rank{proc.rank}" if proc.rank is not None else ""
+    path = Path(directory) / f"{prefix}{rank}-{proc.host}-{proc.pid}{suffix}"
+    lines = [b"["] + [orjson.dumps(e) for e in proc.metadata() + proc.events]
+    lines += extra_lines or []
+    if finalize and cut is None:
+        lines.append(b"]")
+    frames = [b"\n".join(lines[i:i + lines_per_frame]) + b"\n" for i in range(0, len(lines), lines_per_frame)]
+    if compression == "zstd":
+        cctx = zstandard.ZstdCompressor()
+        blobs = [cctx.compress(f) for f in frames]
+    elif compression == "gzip":
+        blobs = [gzip.compress(f) for f in frames]
+    else:
+        blobs = frames
+    data = b"".join(blobs)
+    if cut == "frame":
+        data = data[: len(data) - len(blobs[-1]) // 2]
+    elif cut == "line":
+        assert compression == "none"
+        data = data.rstrip(b"\n")[:-10]
+    path.write_bytes(data)
+    return path
+
+
+def write_run(directory: str | os.PathLike[str], ranks: int = 2, *, compression: str = "zstd",
+              slow: dict[tuple[int, int, int], int] | None = None, **kwargs: Any) -> list[Path]:
+    """Write one training process per rank (pids 1000+rank, hosts alternating node0/node1).
+
+    ``slow[(rank, epoch, step)]`` adds µs to that rank's step.
+    """
+    slow = slow or {}
+    paths = []
+    for rank in range(ranks):
+        per_rank = {(e, s): us for (r, e, s), us in slow.items() if r == rank}
+        proc = training_process(1000 + rank, rank=rank, host=f"node{rank % 2}", slow=per_rank)
+        paths.append(write_process(directory, proc, compression=compression, **kwargs))
+    return paths

@@ -1,0 +1,83 @@
+"""Helpers for the reliability tests: run real Python processes and read their files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from typing import Any
+
+from dftrace import testing
+from dftrace.format import iter_trace_lines, parse_trace_filename, validate_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without DFTRACE_* or rank variables, plus ``extra``."""
+    drop = ("DFTRACE_", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_", "PMI_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def write_script(tmp_path: Any, body: str, name: str = "prog.py") -> str:
+    """Write a script (dedented) and return its path."""
+    path = os.path.join(os.fspath(tmp_path), name)
+    with open(path, "w") as fh:
+        fh.write(textwrap.dedent(body))
+    return path
+
+
+def run(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    """Run ``python <args>`` to the end with a clean environment."""
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=timeout, env=clean_env(**env))
+
+
+def start(args: list[str], **env: str) -> subprocess.Popen:
+    """Start ``python <args>`` with a clean environment and piped stdout/stderr."""
+    return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=clean_env(**env))
+
+
+def files(directory: Any) -> list[str]:
+    return testing.trace_files(directory)
+
+
+def events_by_pid(directory: Any) -> dict[int, list[dict[str, Any]]]:
+    """Events of every trace file under ``directory``, by the pid in the file name."""
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for path in files(directory):
+        name = parse_trace_filename(path)
+        assert name is not None, path
+        out[name.pid].extend(testing.read_events(path))
+    return dict(out)
+
+
+def assert_valid(paths: list[str], complete: bool = True) -> None:
+    """Every file obeys FORMAT.md; with ``complete``, each also ends with ``]``."""
+    for p in paths:
+        problems = validate_file(p)
+        assert problems == [], f"{p}: {[str(v) for v in problems[:5]]}"
+        if complete:
+            assert last_line(p) == b"]", f"{p} has no closing ']'"
+
+
+def last_line(path: str) -> bytes:
+    last = b""
+    for line in iter_trace_lines(path):
+        if line.text:
+            last = line.text
+    return last
+
+
+def spans(events: list[dict[str, Any]], name: str | None = None) -> list[dict[str, Any]]:
+    return testing.spans(events, name)
+
+
+def meta(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("ph") == "M" and e.get("name") == name]
