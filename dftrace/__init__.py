@@ -7,7 +7,9 @@ Chrome-trace file per process that Perfetto and DFAnalyzer open.
 Importing this package loads the core only: no torch, TensorFlow, pandas or Dask.
 """
 
+from ._capture import Trace, capture, last_capture
 from ._config import Config, ConfigError
+from ._instrument import instrument
 from ._nodes import CATEGORIES, AITree, Node, Span, Use, ai
 from ._runtime import Session, finalize, initialize, session
 from ._version import __version__
@@ -20,11 +22,15 @@ __all__ = [
     "Node",
     "Session",
     "Span",
+    "Trace",
     "Use",
     "__version__",
     "ai",
+    "capture",
     "finalize",
     "initialize",
+    "instrument",
+    "last_capture",
     "session",
 ]
 

@@ -154,8 +154,11 @@ class Span:
 
 _NO_SPAN = Span(None, None)
 
+# With the C accelerator, ``__enter__``/``__exit__`` come from its base class.
+_CMBase: type = _rec.speedups.TraceableBase if _rec.speedups is not None else object
 
-class _Traceable:
+
+class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
     """What nodes and uses share: decorator, context manager, iterator, hooks."""
 
     _node: Node
@@ -185,9 +188,10 @@ class _Traceable:
             return fn
         return _decorate(self, fn, gate)
 
-    # context manager (the recorder's functions serve directly as the methods) ------
-    __enter__ = _rec.cm_enter
-    __exit__ = _rec.cm_exit
+    # context manager: the C base class's methods, else the recorder's functions --------
+    if _CMBase is object:
+        __enter__ = _rec.cm_enter
+        __exit__ = _rec.cm_exit
 
     async def __aenter__(self) -> Any:
         return _rec.cm_enter(self)

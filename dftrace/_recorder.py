@@ -813,7 +813,8 @@ def _load_speedups() -> Any:
     # Spans mix both clocks (C wrappers, Python context managers): they must agree.
     if abs(mod.clock_ns() - clock()) > 1_000_000:
         return None
-    mod.configure(LOCAL, BUFFER, resolve, pressure, _unwind, _with_error, ids.__next__)
+    mod.configure(LOCAL, BUFFER, resolve, pressure, _unwind, _with_error, ids.__next__,
+                  _get_running_loop, cm_exit)
     return mod
 
 

@@ -231,10 +231,12 @@ typedef struct {
     PyObject *unwind;    /* callable(stk, i) */
     PyObject *with_error;/* callable(extra, exc) -> extra */
     PyObject *next_id;   /* callable() -> int (itertools.count.__next__) */
+    PyObject *running_loop; /* asyncio._get_running_loop */
+    PyObject *slow_exit; /* the Python __exit__ for every case but the common one */
 } recstate_t;
 
 static recstate_t R = {0};
-static PyObject *str_stk, *str_on, *str_kind, *str_tid;
+static PyObject *str_thread_stk, *str_stk, *str_on, *str_kind, *str_tid, *str_open, *str_extra, *str_node;
 
 static inline long long now_ns(void) {
     struct timespec ts;
@@ -244,13 +246,16 @@ static inline long long now_ns(void) {
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     recstate_t r;
-    if (!PyArg_ParseTuple(args, "OO!OOOOO", &r.local, &PyList_Type, &r.buffer, &r.resolve,
-                          &r.pressure, &r.unwind, &r.with_error, &r.next_id))
+    if (!PyArg_ParseTuple(args, "OO!OOOOOOO", &r.local, &PyList_Type, &r.buffer, &r.resolve,
+                          &r.pressure, &r.unwind, &r.with_error, &r.next_id, &r.running_loop,
+                          &r.slow_exit))
         return NULL;
     Py_INCREF(r.local); Py_INCREF(r.buffer); Py_INCREF(r.resolve); Py_INCREF(r.pressure);
     Py_INCREF(r.unwind); Py_INCREF(r.with_error); Py_INCREF(r.next_id);
+    Py_INCREF(r.running_loop); Py_INCREF(r.slow_exit);
     Py_XDECREF(R.local); Py_XDECREF(R.buffer); Py_XDECREF(R.resolve); Py_XDECREF(R.pressure);
     Py_XDECREF(R.unwind); Py_XDECREF(R.with_error); Py_XDECREF(R.next_id);
+    Py_XDECREF(R.running_loop); Py_XDECREF(R.slow_exit);
     R = r;
     Py_RETURN_NONE;
 }
@@ -512,6 +517,187 @@ static PyTypeObject SpanWrapperType = {
 };
 
 /* ------------------------------------------------------------------------- */
+/* TraceableBase: __enter__/__exit__ for nodes and uses                       */
+
+/* The stack spans of this thread nest on, or NULL (error set) / resolved one. */
+static PyObject *current_stack(int *in_loop) {
+    PyObject *loop = PyObject_CallNoArgs(R.running_loop);
+    if (!loop)
+        return NULL;
+    *in_loop = (loop != Py_None);
+    Py_DECREF(loop);
+    PyObject *stk = NULL;
+    if (!*in_loop) {
+        stk = PyObject_GetAttr(R.local, str_stk);
+        if (!stk)
+            return NULL;
+        if (stk != Py_None)
+            return stk;
+        Py_DECREF(stk);
+    }
+    return PyObject_CallNoArgs(R.resolve);
+}
+
+static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
+    PyObject *on = PyObject_GetAttr(self, str_on);
+    int is_on = on ? PyObject_IsTrue(on) : -1;
+    Py_XDECREF(on);
+    if (is_on <= 0 || R.buffer == NULL) {
+        PyErr_Clear();
+        Py_INCREF(self);
+        return self;
+    }
+    int in_loop = 0;
+    PyObject *stk = current_stack(&in_loop), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL;
+    if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
+        goto done;
+    id = PyObject_CallNoArgs(R.next_id);
+    if (!id)
+        goto done;
+    long long iv = PyLong_AsLongLong(id);
+    if (iv != -1 && (iv & 0xFFF) == 0) {
+        PyObject *r = PyObject_CallNoArgs(R.pressure);
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    extra = PyObject_GetAttr(self, str_extra);
+    open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
+    if (!open || !PyDict_Check(open))
+        goto done;
+    Py_ssize_t lvl = PyList_GET_SIZE(stk);
+    ent = Py_BuildValue("(LOOOn)", now_ns(), self, extra, PyList_GET_ITEM(stk, lvl - 1), lvl);
+    if (!ent || PyDict_SetItem(open, id, ent) < 0)
+        goto done;
+    if (PyList_Append(stk, id) < 0)
+        PyDict_DelItem(open, id);
+done:
+    PyErr_Clear(); /* entering a span never fails the user's with-statement */
+    Py_XDECREF(ent);
+    Py_XDECREF(open);
+    Py_XDECREF(extra);
+    Py_XDECREF(id);
+    Py_XDECREF(stk);
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long t1 = now_ns();
+    PyObject *stk = NULL, *open = NULL, *top, *ent, *node = NULL, *kind = NULL, *tid = NULL;
+    if (nargs != 3 || R.buffer == NULL)
+        goto slow;
+    if (args[1] != Py_None)
+        goto slow; /* an exception: let Python tag the span with args.error */
+    stk = PyObject_GetAttr(R.local, str_stk);
+    if (stk == Py_None) {
+        /* A thread that never recorded has nothing to close (unless inside a loop). */
+        PyObject *own = PyObject_GetAttr(R.local, str_thread_stk);
+        int never = (own == Py_None);
+        Py_XDECREF(own);
+        if (never) {
+            PyObject *loop = PyObject_CallNoArgs(R.running_loop);
+            never = (loop == Py_None);
+            Py_XDECREF(loop);
+            if (never) {
+                Py_DECREF(stk);
+                Py_RETURN_FALSE;
+            }
+        }
+        goto slow;
+    }
+    if (!stk || !PyList_Check(stk))
+        goto slow;
+    if (PyList_GET_SIZE(stk) < 2) {
+        /* nothing open on this thread (inside an event loop LOCAL.stk is None) */
+        Py_DECREF(stk);
+        Py_RETURN_FALSE;
+    }
+    /* No event-loop check needed: a span opened inside a loop lives on its task's
+       stack (LOCAL.stk is None there), so a match on top of LOCAL.stk is ours. */
+    open = PyObject_GetAttr(stk, str_open);
+    if (!open || !PyDict_Check(open))
+        goto slow;
+    Py_ssize_t n = PyList_GET_SIZE(stk);
+    top = PyList_GET_ITEM(stk, n - 1);
+    ent = PyDict_GetItemWithError(open, top);
+    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != 5 || PyTuple_GET_ITEM(ent, 1) != self)
+        goto slow;
+    node = PyObject_GetAttr(self, str_node);
+    kind = node ? PyObject_GetAttr(node, str_kind) : NULL;
+    tid = kind ? PyObject_GetAttr(stk, str_tid) : NULL;
+    if (!tid)
+        goto slow;
+    {
+        PyObject *rec = PyTuple_New(8);
+        PyObject *t1o = PyLong_FromLongLong(t1);
+        if (!rec || !t1o) {
+            Py_XDECREF(rec);
+            Py_XDECREF(t1o);
+            goto slow;
+        }
+        Py_INCREF(ent);
+        Py_INCREF(top);
+        PyTuple_SET_ITEM(rec, 0, kind);
+        kind = NULL;
+        PyObject *t0 = PyTuple_GET_ITEM(ent, 0), *extra = PyTuple_GET_ITEM(ent, 2),
+                 *p = PyTuple_GET_ITEM(ent, 3), *lvl = PyTuple_GET_ITEM(ent, 4);
+        Py_INCREF(t0); Py_INCREF(extra); Py_INCREF(p); Py_INCREF(lvl);
+        PyTuple_SET_ITEM(rec, 1, t0);
+        PyTuple_SET_ITEM(rec, 2, t1o);
+        PyTuple_SET_ITEM(rec, 3, top);
+        PyTuple_SET_ITEM(rec, 4, p);
+        PyTuple_SET_ITEM(rec, 5, lvl);
+        PyTuple_SET_ITEM(rec, 6, tid);
+        tid = NULL;
+        PyTuple_SET_ITEM(rec, 7, extra);
+        PyObject_GC_UnTrack(rec);
+        int err = PyList_Append(R.buffer, rec);
+        Py_DECREF(rec);
+        if (PyDict_DelItem(open, top) < 0 || PyList_SetSlice(stk, n - 1, n, NULL) < 0 || err)
+            PyErr_Clear();
+        Py_DECREF(ent);
+    }
+    Py_DECREF(node);
+    Py_DECREF(open);
+    Py_DECREF(stk);
+    Py_RETURN_FALSE;
+slow:
+    PyErr_Clear();
+    Py_XDECREF(tid);
+    Py_XDECREF(kind);
+    Py_XDECREF(node);
+    Py_XDECREF(open);
+    Py_XDECREF(stk);
+    if (R.slow_exit == NULL)
+        Py_RETURN_FALSE;
+    PyObject *r = PyObject_Vectorcall(R.slow_exit, (PyObject *const[]){self, nargs > 0 ? args[0] : Py_None,
+                                          nargs > 1 ? args[1] : Py_None, nargs > 2 ? args[2] : Py_None},
+                                      4, NULL);
+    if (!r) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef Traceable_methods[] = {
+    {"__enter__", Traceable_enter, METH_NOARGS, "Open a span of this node (nothing when off)."},
+    {"__exit__", (PyCFunction)(void (*)(void))Traceable_exit, METH_FASTCALL,
+     "Close the span opened by __enter__; exceptions propagate unchanged."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject TraceableBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._speedups.TraceableBase",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "C __enter__/__exit__ for dftrace nodes.",
+    .tp_new = PyType_GenericNew,
+    .tp_methods = Traceable_methods,
+};
+
+/* ------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
     {"encode", encode, METH_VARARGS, "encode(batch, offset_ns, min_id, fallback, extra_type) -> bytes"},
@@ -530,11 +716,15 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(str_keys, "keys");
     INTERN(str_isdisjoint, "isdisjoint");
     INTERN(str_stk, "stk");
+    INTERN(str_thread_stk, "thread_stk");
     INTERN(str_on, "_on");
     INTERN(str_kind, "_kind");
     INTERN(str_tid, "tid");
+    INTERN(str_open, "open");
+    INTERN(str_extra, "_extra");
+    INTERN(str_node, "_node");
 #undef INTERN
-    if (PyType_Ready(&SpanWrapperType) < 0)
+    if (PyType_Ready(&SpanWrapperType) < 0 || PyType_Ready(&TraceableBaseType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
@@ -542,6 +732,12 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     Py_INCREF(&SpanWrapperType);
     if (PyModule_AddObject(m, "SpanWrapper", (PyObject *)&SpanWrapperType) < 0) {
         Py_DECREF(&SpanWrapperType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&TraceableBaseType);
+    if (PyModule_AddObject(m, "TraceableBase", (PyObject *)&TraceableBaseType) < 0) {
+        Py_DECREF(&TraceableBaseType);
         Py_DECREF(m);
         return NULL;
     }

@@ -404,14 +404,16 @@ class CaptureOptions:
               result: Any = _NOTHING, error: BaseException | None = None,
               summarized: bool = False) -> Extra | None:
         """The event's args: the use's own, ``params``, ``result`` (summarised here
-        unless ``summarized``) and the error. Never raises: falls back to ``base``."""
+        unless ``summarized``) or the error. Like every span, only an ``Exception``
+        counts as an error (not a generator's close or a KeyboardInterrupt). Never
+        raises: falls back to ``base``."""
         try:
             payload: dict[str, Any] = dict(base.args) if base is not None else {}
             if params is not None:
                 payload["params"] = params
-            if error is not None:
+            if isinstance(error, Exception):
                 _error_args(payload, error)
-            elif self.result and result is not _NOTHING:
+            elif result is not _NOTHING:
                 payload["result"] = result if summarized else self.summarize(result, max_len)
             return make_extra(payload)
         except Exception:
@@ -522,4 +524,6 @@ class FunctionCapture:
 
     def extra(self, base: Extra | None, params: dict[str, Any] | None,
               result: Any = _NOTHING, error: BaseException | None = None) -> Extra | None:
-        return self.options.extra(base, params, _nodes._max_arg_length, result, error)
+        opts = self.options
+        return opts.extra(base, params, _nodes._max_arg_length,
+                          result if opts.result else _NOTHING, error)

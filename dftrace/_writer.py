@@ -28,6 +28,10 @@ SUFFIXES = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}
 # Records encoded per slice before the writer lets traced threads run.
 _CHUNK = 2048
 
+#: Called with each encoded batch before it is written: in-memory captures
+#: (``dftrace.capture()``) running beside a file session. Empty otherwise.
+LISTENERS: list[Any] = []
+
 
 class FileSink:
     """Appends compressed frames to ``<base>.pfw[.zst|.gz]``, rotating to part files
@@ -206,7 +210,7 @@ class Writer:
                 self._drained.notify_all()
             finally:
                 self._drained.release()
-        if self.sink.failed:
+        if self.sink.failed and not LISTENERS:
             return 0
         enc = self.encoder.encode
         if n <= _CHUNK:
@@ -217,6 +221,11 @@ class Writer:
                 parts.append(enc(batch[j:j + _CHUNK]))
                 time.sleep(0)  # let traced threads take the GIL between slices
             data = b"".join(parts)
+        for listener in LISTENERS:
+            try:
+                listener(data)
+            except Exception:
+                pass
         self.sink.write(data)
         self.events_written += n
         return n

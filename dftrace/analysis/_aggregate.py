@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 import polars as pl
 
@@ -41,9 +44,9 @@ _KEY = ["pid", HOST_KEY]
 
 @dataclass
 class Partial:
-    """The aggregates of one partition (or several, once combined)."""
+    """The aggregates of one partition."""
 
-    #: Read report of the partition, with its metadata records.
+    #: Read report of the partition, with its metadata records (no events).
     source: PartitionData
     keys: list[tuple[int, str]]
     #: pid, host_key, cat, name, dur, n: how many complete events had each duration.
@@ -56,6 +59,9 @@ class Partial:
     intervals: pl.DataFrame
     #: pid, host_key, start, end, n, incomplete
     extents: pl.DataFrame
+    #: pid, host_key, mask, us: time in each combination of active groups, valid
+    #: when this partial holds all of the process's events (see ``combine``).
+    overlap: pl.DataFrame
     #: ph, n: events of every phase (counters, instants, ...)
     phases: pl.DataFrame
 
@@ -68,7 +74,6 @@ def summarize_partition(partition: Partition) -> Partial:
 def aggregate(data: PartitionData) -> Partial:
     """Reduce a partition's events to a :class:`Partial`."""
     events = data.events
-    keys = partition_keys(data)
     source = PartitionData(
         data.partition,
         events.clear(),
@@ -86,19 +91,51 @@ def aggregate(data: PartitionData) -> Partial:
         & pl.col("ts").is_not_null()
         & ~pl.col("cat").is_in(TRACER_CATS)
     ).with_columns(pl.col("pid").fill_null(0), (pl.col("ts") + pl.col("dur")).alias("end"))
-    durations = spans.group_by([*_KEY, "cat", "name", "dur"]).agg(pl.len().cast(pl.Int64).alias("n"))
-    steps = (
-        spans.filter(pl.col("step").is_not_null())
-        .group_by([*_KEY, "epoch", "step"])
-        .agg(*_extent())
-    )
-    epochs = spans.filter(pl.col("epoch").is_not_null()).group_by([*_KEY, "epoch"]).agg(*_extent())
-    extents = spans.group_by(_KEY).agg(
+    # One process at a time: a partition rarely holds more than one, and grouping
+    # by integer keys alone is several times faster than with the string host key.
+    pieces = [_aggregate_process(frame, key) for key, frame in spans.partition_by(_KEY, as_dict=True).items()]
+    tables = {
+        kind: pl.concat([p[kind] for p in pieces], how="vertical") if pieces else _EMPTY[kind]
+        for kind in _EMPTY
+    }
+    return Partial(source, partition_keys(data), phases=phases, **tables)
+
+
+_KEY_SCHEMA = {"pid": pl.Int64, HOST_KEY: pl.String}
+_EXTENT_SCHEMA = {"start": pl.Int64, "end": pl.Int64, "n": pl.Int64}
+_EMPTY = {
+    "durations": pl.DataFrame(schema={**_KEY_SCHEMA, "cat": pl.String, "name": pl.String, "dur": pl.Int64, "n": pl.Int64}),
+    "steps": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, "step": pl.Int64, **_EXTENT_SCHEMA}),
+    "epochs": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, **_EXTENT_SCHEMA}),
+    "intervals": pl.DataFrame(schema={**_KEY_SCHEMA, "group": pl.Int8, "start": pl.Int64, "end": pl.Int64}),
+    "extents": pl.DataFrame(schema={**_KEY_SCHEMA, **_EXTENT_SCHEMA, "incomplete": pl.Int64}),
+    "overlap": pl.DataFrame(schema={**_KEY_SCHEMA, "mask": pl.Int64, "us": pl.Int64}),
+}
+
+
+def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, pl.DataFrame]:
+    pid, host_key = key
+    durations = spans.group_by(["cat", "name", "dur"]).agg(pl.len().cast(pl.Int64).alias("n"))
+    steps = spans.filter(pl.col("step").is_not_null()).group_by(["epoch", "step"]).agg(*_extent())
+    epochs = spans.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(*_extent())
+    extents = spans.select(
         *_extent(), pl.col("incomplete").fill_null(False).sum().cast(pl.Int64).alias("incomplete")
     )
-    busy = spans.with_columns(_group_expr().alias("group")).filter(pl.col("group").is_not_null())
-    intervals = union_intervals(busy.select(*_KEY, "group", pl.col("ts").alias("start"), "end"), _KEY)
-    return Partial(source, keys, durations, steps, epochs, intervals, extents, phases)
+    busy = spans.select(_group_expr().alias("group"), pl.col("ts").alias("start"), "end")
+    intervals = union_intervals(busy.filter(pl.col("group").is_not_null()), [])
+    masks = mask_times(intervals)
+    overlap = pl.DataFrame(
+        {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
+    )
+    keys = [pl.lit(pid, pl.Int64).alias("pid"), pl.lit(host_key, pl.String).alias(HOST_KEY)]
+    tables = {
+        "durations": durations, "steps": steps, "epochs": epochs, "intervals": intervals,
+        "extents": extents, "overlap": overlap,
+    }
+    return {
+        kind: frame.select(*keys, *frame.columns).cast(_EMPTY[kind].schema)
+        for kind, frame in tables.items()
+    }
 
 
 def _extent() -> list[pl.Expr]:
@@ -133,6 +170,24 @@ def union_intervals(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
     )
 
 
+def mask_times(intervals: pl.DataFrame) -> np.ndarray:
+    """Time spent in each combination of active groups (bit mask -> µs) of one process.
+
+    Each group's intervals are disjoint, so sweeping the sorted boundaries and
+    toggling the group's bit at each one gives the set of active groups.
+    """
+    size = 1 << len(GROUPS)
+    if not intervals.height:
+        return np.zeros(size, dtype=np.int64)
+    bits = np.left_shift(1, intervals.get_column("group").to_numpy().astype(np.int64))
+    times = np.concatenate([intervals.get_column("start").to_numpy(), intervals.get_column("end").to_numpy()])
+    toggles = np.concatenate([bits, bits])
+    order = np.argsort(times, kind="stable")
+    state = np.bitwise_xor.accumulate(toggles[order])
+    spans = np.bincount(state[:-1], weights=np.diff(times[order]), minlength=size)
+    return np.rint(spans).astype(np.int64)
+
+
 @dataclass
 class Combined:
     """All partials merged, keyed by process (an index into ``resolution.processes``)."""
@@ -142,8 +197,9 @@ class Combined:
     durations: pl.DataFrame
     steps: pl.DataFrame
     epochs: pl.DataFrame
-    intervals: pl.DataFrame
     extents: pl.DataFrame
+    #: proc, mask, us: time each process spent in each combination of active groups.
+    overlap: pl.DataFrame
     phases: pl.DataFrame
     partitions: int = 0
 
@@ -152,34 +208,38 @@ def combine(partials: Sequence[Partial]) -> Combined:
     """Merge partials exactly, mapping (pid, hhash) of each file to its process."""
     sources = [p.source for p in partials]
     resolution = resolve_parts(sources, [p.keys for p in partials])
+    mappings = [_mapping(resolution, p) for p in partials]
 
-    def collect(kind: str) -> pl.DataFrame:
+    def collect(kind: str, only: set[int] | None = None) -> pl.DataFrame:
         frames = []
-        for partial in partials:
-            frame = getattr(partial, kind)
-            if not frame.height:
-                continue
-            path = partial.source.partition.path
-            mapping = pl.DataFrame(
-                {
-                    "pid": [pid for pid, _ in partial.keys],
-                    HOST_KEY: [key for _, key in partial.keys],
-                    "proc": [resolution.process_of(path, pid, key) for pid, key in partial.keys],
-                },
-                schema={"pid": pl.Int64, HOST_KEY: pl.String, "proc": pl.Int32},
-            )
-            frames.append(frame.join(mapping, on=_KEY, how="left").drop(_KEY))
+        for partial, mapping in zip(partials, mappings):
+            frame = getattr(partial, kind).join(mapping, on=_KEY, how="inner").drop(_KEY)
+            frames.append(frame if only is None else frame.filter(pl.col("proc").is_in(list(only))))
         if frames:
             return pl.concat(frames, how="vertical")
-        empty = getattr(partials[0], kind) if partials else pl.DataFrame()
-        return empty.drop(_KEY, strict=False).with_columns(pl.lit(None, pl.Int32).alias("proc"))
+        return _EMPTY[kind].drop(_KEY).with_columns(pl.lit(None, pl.Int32).alias("proc"))
 
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
     durations = collect("durations").group_by(["proc", "cat", "name", "dur"]).agg(pl.col("n").sum())
     steps = collect("steps").group_by(["proc", "epoch", "step"]).agg(*extent)
     epochs = collect("epochs").group_by(["proc", "epoch"]).agg(*extent)
-    extents = collect("extents").group_by("proc").agg(*extent, pl.col("incomplete").sum())
-    intervals = union_intervals(collect("intervals"), ["proc"])
+    pieces = collect("extents")
+    extents = pieces.group_by("proc").agg(*extent, pl.col("incomplete").sum())
+    # A process read in one piece already has its overlap times; one spread over
+    # several partitions (part files, frame ranges) needs its intervals unioned anew.
+    counts = pieces.group_by("proc").len()
+    split = set(counts.filter(pl.col("len") > 1).get_column("proc").to_list())
+    overlap = collect("overlap").filter(~pl.col("proc").is_in(list(split)))
+    if split:
+        merged = union_intervals(collect("intervals", split), ["proc"])
+        rows = [
+            (proc, mask, int(us))
+            for (proc,), frame in merged.partition_by("proc", as_dict=True).items()
+            for mask, us in enumerate(mask_times(frame))
+            if us
+        ]
+        recomputed = pl.DataFrame(rows, schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}, orient="row")
+        overlap = pl.concat([overlap.select("proc", "mask", "us"), recomputed], how="vertical")
     phases = (
         pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
         if partials
@@ -191,8 +251,21 @@ def combine(partials: Sequence[Partial]) -> Combined:
         durations=durations,
         steps=steps,
         epochs=epochs,
-        intervals=intervals,
         extents=extents,
+        overlap=overlap.select("proc", "mask", "us"),
         phases=phases,
         partitions=len(partials),
+    )
+
+
+def _mapping(resolution: Resolution, partial: Partial) -> pl.DataFrame:
+    """(pid, host_key) of one partial -> process index."""
+    path = partial.source.partition.path
+    return pl.DataFrame(
+        {
+            "pid": [pid for pid, _ in partial.keys],
+            HOST_KEY: [key for _, key in partial.keys],
+            "proc": [resolution.process_of(path, pid, key) for pid, key in partial.keys],
+        },
+        schema={"pid": pl.Int64, HOST_KEY: pl.String, "proc": pl.Int32},
     )

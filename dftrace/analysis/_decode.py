@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 import polars as pl
 
@@ -68,29 +69,47 @@ def read_partition(partition: Partition, columns: Iterable[str] | None = None) -
     data = decoded.data
     if not data:
         return result
-    lines = pl.read_lines(data, name="text").with_row_index("line", offset=1)
-    result.n_lines = lines.height
-    starts_object = pl.col("text").str.starts_with("{")
-    for number, text in lines.filter(~starts_object).iter_rows():
-        _classify_other(result, number, text)
-    candidates = lines.filter(starts_object)
-    if candidates.height and candidates.item(-1, "line") == lines.height and not data.endswith(b"\n"):
+    # Keep read_lines' chunks: json_decode runs chunks in parallel, and a single
+    # rechunked column decodes several times slower.
+    text = pl.read_lines(data, name="text").get_column("text")
+    result.n_lines = text.len()
+    is_object = text.str.starts_with("{")
+    others = (~is_object).arg_true()
+    for index, line in zip(others.to_list(), text.gather(others).to_list()):
+        _classify_other(result, index + 1, line)
+    candidates = _Candidates(text.filter(is_object), others.to_numpy())
+    last_is_object = not others.len() or others[-1] != result.n_lines - 1
+    if candidates.text.len() and last_is_object and not data.endswith(b"\n"):
         # A crash can cut the last line; check it alone rather than failing the batch.
-        line = fmt.parse_line(candidates.item(-1, "text").encode())
+        line = fmt.parse_line(candidates.text[-1].encode())
         if line.error is not None:
-            result.note_broken(lines.height, line.error)
-            candidates = candidates.slice(0, candidates.height - 1)
+            result.note_broken(result.n_lines, line.error)
+            candidates.text = candidates.text.head(-1)
     if decoded.cut_off is not None:
         _note_cut_off(result, decoded.cut_off)
-    if candidates.select(pl.col("text").str.ends_with(",").any()).item():
-        candidates = candidates.with_columns(pl.col("text").str.strip_suffix(","))
+    if candidates.text.str.ends_with(",").any():
+        candidates.text = candidates.text.str.strip_suffix(",")
     try:
         events, meta_lines = _decode_fast(result, candidates, wanted)
     except pl.exceptions.PolarsError:
         events, meta_lines = _decode_slow(result, candidates, wanted)
-    result.meta = [_meta_record(text) for text in meta_lines]
+    result.meta = [_meta_record(line) for line in meta_lines]
     result.events = events
     return result
+
+
+class _Candidates:
+    """The lines that start with ``{``, and how to find their line numbers again."""
+
+    def __init__(self, text: pl.Series, removed: np.ndarray):
+        self.text = text
+        # Candidate i sits at line i + 1 + (lines removed before it); removed[j] - j
+        # is how many candidates precede the j-th removed line.
+        self._shift = removed - np.arange(len(removed))
+
+    def line_numbers(self, positions: np.ndarray) -> np.ndarray:
+        """1-based line numbers of the candidates at ``positions``."""
+        return positions + np.searchsorted(self._shift, positions, side="right") + 1
 
 
 def _wanted(columns: Iterable[str] | None) -> list[str]:
@@ -131,38 +150,41 @@ def _classify_other(result: PartitionData, number: int, text: str) -> None:
         result.note_broken(number, "event line starts with whitespace")
 
 
+# Top-level keys in the order writers put them: decoding is fastest when the
+# requested struct follows the document order.
+_TOP_ORDER = ("id", "name", "cat", "pid", "tid", "ts", "dur", "ph")
+
+
 def _struct_dtype(wanted: list[str]) -> pl.Struct:
-    top: dict[str, Any] = {"ph": pl.String}
+    top: dict[str, Any] = {}
     args: dict[str, Any] = {fmt.ARG_HOSTNAME_HASH: pl.String}
     for column in wanted:
         source = RAW_FIELDS.get(column)
-        if source is None:
-            continue
-        where, key, dtype = source
-        (args if where == "args" else top)[key] = dtype
-    top["args"] = pl.Struct(args)
-    return pl.Struct(top)
+        if source is not None:
+            where, key, dtype = source
+            (args if where == "args" else top)[key] = dtype
+    top["ph"] = pl.String
+    ordered = {key: top[key] for key in _TOP_ORDER if key in top}
+    ordered["args"] = pl.Struct(args)
+    return pl.Struct(ordered)
 
 
 def _decode_fast(
-    result: PartitionData, candidates: pl.DataFrame, wanted: list[str]
+    result: PartitionData, candidates: _Candidates, wanted: list[str]
 ) -> tuple[pl.DataFrame, list[str]]:
-    extra = []
+    text = candidates.text
+    # Through a frame: Series.str.json_decode runs sequentially, a select in parallel.
+    parsed = text.to_frame().select(pl.col(text.name).str.json_decode(_struct_dtype(wanted))).unnest(text.name)
     if "args" in wanted:
-        extra.append(pl.col("text").str.json_path_match("$.args").alias("args_json"))
-    parsed = candidates.select(
-        pl.col("line"), pl.col("text").str.json_decode(_struct_dtype(wanted)).alias("event"), *extra
-    ).unnest("event")
-    parsed = parsed.with_columns(pl.col("ph").replace(_PHASE_CODES))
-    for (number,) in parsed.filter(pl.col("ph").is_null()).select("line").iter_rows():
-        result.note_broken(number, "event without ph")
-    is_meta = pl.col("ph") == fmt.PH_METADATA
-    meta_lines = (
-        candidates.join(parsed.filter(is_meta).select("line"), on="line", how="semi")
-        .get_column("text")
-        .to_list()
-    )
-    events = parsed.filter(~is_meta & pl.col("ph").is_not_null())
+        parsed = parsed.with_columns(text.str.json_path_match("$.args").alias("args_json"))
+    ph = parsed.get_column("ph").replace(_PHASE_CODES)
+    missing = ph.is_null()
+    if missing.any():
+        for number in candidates.line_numbers(missing.arg_true().to_numpy()):
+            result.note_broken(int(number), "event without ph")
+    is_meta = ph == fmt.PH_METADATA
+    meta_lines = text.filter(is_meta).to_list()
+    events = parsed.with_columns(ph).filter(~is_meta & ~missing)
     return _finish(events, wanted), meta_lines
 
 
@@ -185,7 +207,7 @@ def _finish(parsed: pl.DataFrame, wanted: list[str]) -> pl.DataFrame:
 
 
 def _decode_slow(
-    result: PartitionData, candidates: pl.DataFrame, wanted: list[str]
+    result: PartitionData, candidates: _Candidates, wanted: list[str]
 ) -> tuple[pl.DataFrame, list[str]]:
     """Parse line by line: slower, but reports each bad line and coerces odd types."""
     rows: dict[str, list[Any]] = {"ph": [], "args": [], "args_json": []}
@@ -193,7 +215,8 @@ def _decode_slow(
     for key in tops:
         rows[key] = []
     meta_lines = []
-    for number, text in candidates.iter_rows():
+    numbers = candidates.line_numbers(np.arange(candidates.text.len())).tolist()
+    for number, text in zip(numbers, candidates.text.to_list()):
         line = fmt.parse_line(text.encode())
         if line.error is not None:
             result.note_broken(number, line.error)

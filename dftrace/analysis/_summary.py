@@ -439,14 +439,17 @@ def _stall(iter_col: str, block_col: str) -> pl.Expr:
 
 def _breakdown(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
     n = len(GROUPS)
-    by_proc = {key[0]: frame for key, frame in combined.intervals.partition_by("proc", as_dict=True).items()}
+    size = 1 << n
+    per_proc: dict[int, np.ndarray] = {}
+    for proc, mask, us in combined.overlap.iter_rows():
+        per_proc.setdefault(proc, np.zeros(size, dtype=np.int64))[mask] += us
     labels = dict(procs.select("proc", "label").iter_rows())
     ranks = dict(procs.select("proc", "rank").iter_rows())
-    totals = np.zeros(1 << n)
+    totals = np.zeros(size, dtype=np.int64)
     wall_total = 0
     rows = []
     for proc, start, end in combined.extents.sort("proc").select("proc", "start", "end").iter_rows():
-        per_mask = _mask_times(by_proc.get(proc), n)
+        per_mask = per_proc.get(proc, np.zeros(size, dtype=np.int64))
         wall = end - start
         totals += per_mask
         wall_total += wall
@@ -472,7 +475,7 @@ def _breakdown(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
     ]
     pairs = [
         {"a": GROUPS[i], "b": GROUPS[j],
-         "overlap_us": int(sum(totals[m] for m in range(1 << n) if m >> i & 1 and m >> j & 1))}
+         "overlap_us": int(sum(totals[m] for m in range(size) if m >> i & 1 and m >> j & 1))}
         for i in range(n)
         for j in range(i + 1, n)
     ]
@@ -485,22 +488,6 @@ def _breakdown(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
         "pairs": [p for p in pairs if p["overlap_us"]],
         "processes": rows,
     }
-
-
-def _mask_times(intervals: pl.DataFrame | None, n: int) -> np.ndarray:
-    """Time spent in each combination of active groups (bit mask -> µs).
-
-    Each group's intervals are disjoint, so sweeping the sorted boundaries and
-    toggling the group's bit at each one gives the set of active groups.
-    """
-    if intervals is None or not intervals.height:
-        return np.zeros(1 << n)
-    bits = np.left_shift(1, intervals.get_column("group").to_numpy().astype(np.int64))
-    times = np.concatenate([intervals.get_column("start").to_numpy(), intervals.get_column("end").to_numpy()])
-    toggles = np.concatenate([bits, bits])
-    order = np.argsort(times, kind="stable")
-    state = np.bitwise_xor.accumulate(toggles[order])
-    return np.bincount(state[:-1], weights=np.diff(times[order]), minlength=1 << n)
 
 
 def _busy_exclusive(per_mask: np.ndarray, n: int) -> tuple[dict[str, int], dict[str, int]]:

@@ -38,10 +38,12 @@ def test_every_item_is_traced_once_in_some_worker(tmp_path, method, init):
     assert all(spans(by_pid[p], "item") for p in workers)  # both workers did work
     assert {e["name"] for p in workers for e in spans(by_pid[p])} == {"item"}
     assert len({(e["pid"], e["id"]) for e in items}) == N
-    if init:
-        names = sorted(meta(by_pid[p], "process_name")[-1]["args"]["name"] for p in workers)
-        assert names == [f"dataloader worker {i} · pid {p}" for i, p in
-                         enumerate(sorted(workers, key=lambda p: _worker_id(by_pid[p])))]
+    if init:  # worker_init_fn names each worker after its DataLoader worker id
+        ids = {p: _worker_id(by_pid[p]) for p in workers}
+        assert sorted(ids.values()) == [0, 1]
+        for p in workers:
+            name = meta(by_pid[p], "process_name")[-1]["args"]["name"]
+            assert name == f"dataloader worker {ids[p]} · pid {p}"
     else:
         host = socket.gethostname()
         assert all(meta(by_pid[p], "process_name")[-1]["args"]["name"] == f"{host} · pid {p}"

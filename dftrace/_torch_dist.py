@@ -1,0 +1,229 @@
+"""``torch.distributed`` tracing for ``dftrace.torch``: a ``comm.*`` span per call.
+
+The functions of the ``torch.distributed`` namespace (what ``dist.all_reduce``
+resolves to at call time) are replaced by wrappers while a
+:class:`DistributedTracing` is active. Each call writes a span named after the
+tree's comm leaf with ``args.bytes`` (the payload this rank contributes), ``op``,
+``group_size``, ``async`` and ``src``/``dst`` where the call has them.
+
+Around an asynchronous backend (NCCL, or any call with ``async_op=True``) the span
+measures the launch, not the transfer: the call returns once the work is queued.
+``synchronize=True`` waits for the current CUDA stream before closing the span of a
+synchronous CUDA collective, which gives the transfer time at the cost of a sync.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ._nodes import Node, ai
+from ._torch_spans import warn_once
+
+__all__ = ["DistributedTracing", "trace_distributed", "trace_ddp", "COLLECTIVES"]
+
+#: function name -> (comm leaf, payload parameter, other recorded parameters, always async)
+COLLECTIVES: dict[str, tuple[str, str | None, tuple[str, ...], bool]] = {
+    "all_reduce": ("all_reduce", "tensor", ("op",), False),
+    "all_reduce_coalesced": ("all_reduce", "tensors", ("op",), False),
+    "broadcast": ("bcast", "tensor", ("src",), False),
+    "broadcast_object_list": ("bcast", None, ("src",), False),
+    "reduce": ("reduce", "tensor", ("op", "dst"), False),
+    "all_gather": ("all_gather", "tensor", (), False),
+    "all_gather_into_tensor": ("all_gather", "input_tensor", (), False),
+    "all_gather_object": ("all_gather", None, (), False),
+    "gather": ("gather", "tensor", ("dst",), False),
+    "gather_object": ("gather", None, ("dst",), False),
+    "scatter": ("scatter", "tensor", ("src",), False),
+    "scatter_object_list": ("scatter", None, ("src",), False),
+    "reduce_scatter": ("reduce_scatter", "input_list", ("op",), False),
+    "reduce_scatter_tensor": ("reduce_scatter", "input", ("op",), False),
+    "all_to_all": ("all_to_all", "input_tensor_list", (), False),
+    "all_to_all_single": ("all_to_all", "input", (), False),
+    "barrier": ("barrier", None, (), False),
+    "monitored_barrier": ("barrier", None, (), False),
+    "send": ("send", "tensor", ("dst",), False),
+    "isend": ("send", "tensor", ("dst",), True),
+    "send_object_list": ("send", None, ("dst",), False),
+    "recv": ("receive", "tensor", ("src",), False),
+    "irecv": ("receive", "tensor", ("src",), True),
+    "recv_object_list": ("receive", None, ("src",), False),
+}
+
+
+def nbytes(x: Any) -> int:
+    """Bytes of a tensor, or of the tensors in a list/tuple (0 for anything else)."""
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(nbytes(t) for t in x if isinstance(t, torch.Tensor))
+    return 0
+
+
+def _op_name(op: Any) -> str:
+    name = getattr(op, "name", None)
+    if isinstance(name, str):
+        return name
+    return str(op).rsplit(".", 1)[-1]
+
+
+def _on_cuda(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.is_cuda
+    if isinstance(x, (list, tuple)):
+        return any(isinstance(t, torch.Tensor) and t.is_cuda for t in x)
+    return False
+
+
+def _wrap(fn: Callable[..., Any], node: Node, payload: str | None, params: tuple[str, ...],
+          always_async: bool, synchronize: bool) -> Callable[..., Any]:
+    sig = inspect.signature(fn)
+
+    def call_args(a: tuple, kw: dict) -> tuple[dict[str, Any], Any]:
+        bound = sig.bind(*a, **kw).arguments
+        out: dict[str, Any] = {}
+        data = bound.get(payload) if payload else None
+        if payload:
+            out["bytes"] = nbytes(data)
+        for p in params:
+            v = bound.get(p)
+            if v is None and p in ("src", "dst"):
+                v = bound.get("group_" + p)
+            if v is not None:
+                out[p] = _op_name(v) if p == "op" else v
+        if "op" in params and "op" not in out:
+            out["op"] = "SUM"  # the default of every reducing collective
+        group = bound.get("group")
+        try:
+            out["group_size"] = dist.get_world_size(group)
+        except Exception:
+            pass
+        out["async"] = bool(always_async or bound.get("async_op", False))
+        return out, data
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        if not node.enabled:
+            return fn(*a, **kw)
+        try:
+            args, data = call_args(a, kw)
+        except Exception:
+            args, data = {}, None  # a bad call: let torch raise its own error below
+        span = node.start()
+        try:
+            result = fn(*a, **kw)
+            if synchronize and not args.get("async") and _on_cuda(data):
+                torch.cuda.current_stream().synchronize()
+        except BaseException as exc:
+            span.stop({**args, "error": type(exc).__name__})
+            raise
+        span.stop(args)
+        return result
+
+    wrapper.__dftrace_wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+_lock = threading.Lock()
+_active: list[DistributedTracing] = []
+_originals: dict[str, Callable[..., Any]] = {}
+
+
+class DistributedTracing:
+    """What :func:`trace_distributed` returns: a context manager; :meth:`remove`
+    puts the original ``torch.distributed`` functions back (once no other tracing
+    of them is active)."""
+
+    def __init__(self, synchronize: bool = False):
+        self.synchronize = bool(synchronize)
+        self.functions: list[str] = []
+        self._removed = False
+        with _lock:
+            if not _active:
+                for name, (leaf, payload, params, always_async) in COLLECTIVES.items():
+                    fn = getattr(dist, name, None)
+                    if fn is None or not callable(fn):
+                        continue
+                    node = getattr(ai.comm, leaf)
+                    _originals[name] = fn
+                    setattr(dist, name, _wrap(fn, node, payload, params, always_async,
+                                              synchronize))
+            _active.append(self)
+            self.functions = sorted(_originals)
+
+    def remove(self) -> None:
+        """Stop tracing ``torch.distributed`` calls (idempotent)."""
+        with _lock:
+            if self._removed:
+                return
+            self._removed = True
+            if self in _active:
+                _active.remove(self)
+            if _active:
+                return
+            for name, fn in _originals.items():
+                current = getattr(dist, name, None)
+                if getattr(current, "__dftrace_wrapped__", None) is fn:
+                    setattr(dist, name, fn)
+                else:  # someone wrapped it after us: leave theirs in place
+                    warn_once("dist-restore:" + name,
+                              f"torch.distributed.{name} was replaced after trace_distributed(); "
+                              "left as it is")
+            _originals.clear()
+
+    def __enter__(self) -> DistributedTracing:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def trace_distributed(*, synchronize: bool = False) -> DistributedTracing:
+    """Record a ``comm.*`` span for each ``torch.distributed`` collective and
+    point-to-point call made through the ``torch.distributed`` namespace
+    (``dist.all_reduce(...)``), until ``remove()`` or the end of the ``with`` block.
+
+    Args are ``bytes`` (this rank's payload), ``op``, ``group_size``, ``async`` and
+    ``src``/``dst``. With ``async_op=True`` (and always on NCCL) the span is the
+    launch; ``synchronize=True`` makes synchronous CUDA calls wait for the stream
+    before the span closes. Names imported before the call
+    (``from torch.distributed import all_reduce``) are not replaced.
+    """
+    return DistributedTracing(synchronize=synchronize)
+
+
+def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any = None) -> None:
+    """Register a DistributedDataParallel communication hook that records a
+    ``comm.all_reduce`` span (``args.bucket``, ``bytes``, ``async=true``) per
+    gradient bucket it launches. ``hook``/``state`` default to DDP's own
+    all-reduce. Like any comm hook: call it once, before the first backward."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    inner = hook if hook is not None else default_hooks.allreduce_hook
+    node = ai.comm.all_reduce
+
+    def traced_hook(st: Any, bucket: Any) -> Any:
+        if not node.enabled:
+            return inner(st, bucket)
+        span = node.start()
+        args: dict[str, Any] = {"async": True, "ddp": True}
+        try:
+            args["bucket"] = bucket.index()
+            args["bytes"] = nbytes(bucket.buffer())
+            args["group_size"] = dist.get_world_size(st) if st is not None else dist.get_world_size()
+        except Exception:
+            pass
+        try:
+            fut = inner(st, bucket)
+        except BaseException as exc:
+            span.stop({**args, "error": type(exc).__name__})
+            raise
+        span.stop(args)
+        return fut
+
+    ddp_model.register_comm_hook(state, traced_hook)

@@ -1,0 +1,101 @@
+"""Span bookkeeping shared by the hook-driven PyTorch integrations (``dftrace.torch``,
+``dftrace.lightning``, ``dftrace.transformers``).
+
+Frameworks call hooks in pairs (``on_X_start`` / ``on_X_end``) that may never both
+run: an exception skips the closing hook. :class:`OpenSpans` keeps the tokens an
+integration opened, keyed by what they stand for, so a closing hook finds its span,
+a repeated opening hook closes the dangling one first (flagged incomplete), and an
+error path closes everything still open. :func:`guarded` makes a hook body unable to
+raise into the framework that called it. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable, TypeVar
+
+from ._nodes import Node, Span
+
+__all__ = ["OpenSpans", "guarded", "warn_once"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """A ``RuntimeWarning`` the first time ``key`` is seen in this process."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    try:
+        warnings.warn(f"dftrace: {message}", RuntimeWarning, stacklevel=3)
+    except Exception:
+        pass
+
+
+def guarded(fn: F) -> F:
+    """Wrap a hook so an error inside it is reported once and swallowed: tracing
+    must never break the training loop that called the hook. Returns None then."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            warn_once(fn.__qualname__, f"{fn.__qualname__} failed and was skipped: {exc!r}")
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class OpenSpans:
+    """The spans one callback/hook object has open, by key, in opening order.
+
+    Args given to :meth:`open` are written when the span closes, together with any
+    given to :meth:`close`, so no per-call ``Use`` has to be built.
+    """
+
+    __slots__ = ("_spans",)
+
+    def __init__(self) -> None:
+        self._spans: dict[str, tuple[Span, dict[str, Any]]] = {}
+
+    def open(self, key: str, node: Node, **args: Any) -> None:
+        """Open a span of ``node`` under ``key``; one still open there is closed
+        first, flagged incomplete (its closing hook never ran)."""
+        prev = self._spans.pop(key, None)
+        if prev is not None:
+            prev[0].stop({**prev[1], "incomplete": True})
+        if node.enabled:
+            self._spans[key] = (node.start(), args)
+
+    def close(self, key: str, **more: Any) -> bool:
+        """Close the span under ``key`` with its args plus ``more``; False when
+        nothing was open there."""
+        ent = self._spans.pop(key, None)
+        if ent is None:
+            return False
+        span, args = ent
+        if more:
+            args = {**args, **more}
+        span.stop(args or None)
+        return True
+
+    def is_open(self, key: str) -> bool:
+        return key in self._spans
+
+    def close_all(self, **more: Any) -> int:
+        """Close every open span, innermost first, flagged incomplete; the count."""
+        n = 0
+        for key in reversed(list(self._spans)):
+            if self.close(key, incomplete=True, **more):
+                n += 1
+        return n
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def __repr__(self) -> str:
+        return f"<OpenSpans {list(self._spans)}>"

@@ -1,0 +1,145 @@
+"""Every way a traced program can end: what is on disk, and the exit status it had anyway."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from dftrace import _signals, testing
+
+from ._ends import N
+from ._util import HERE, assert_valid, files, last_line, meta, run, spans, start
+
+ENDS = os.path.join(HERE, "_ends.py")
+
+
+def _events(out) -> list[dict]:
+    (path,) = files(out)
+    return testing.read_events(path)
+
+
+@pytest.mark.parametrize("mode,code,stderr", [
+    ("return", 0, ""),
+    ("sys-exit", 7, ""),
+    ("raise", 1, "RuntimeError: boom"),
+])
+def test_exit_without_finalize_writes_every_event(tmp_path, mode, code, stderr):
+    """Normal end, sys.exit(n) and an uncaught exception: the file is complete, the status unchanged."""
+    out = run([ENDS, mode, str(tmp_path)])
+    assert out.returncode == code, out.stderr
+    assert stderr in out.stderr
+    assert "dftrace" not in out.stderr  # no warning, no traceback of ours
+    assert_valid(files(tmp_path))
+    assert [e["args"]["level"] for e in spans(_events(tmp_path), "forward")] == [1] * N
+
+
+def _signal_run(tmp_path, mode: str, sig: int):
+    proc = start([ENDS, mode, str(tmp_path)])
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("mode,sig", [
+    ("sigterm", signal.SIGTERM),
+    ("sighup", signal.SIGHUP),
+])
+def test_fatal_signal_completes_the_file_and_still_kills(tmp_path, mode, sig):
+    """SIGTERM/SIGHUP: every event, the open span marked incomplete, ']'; still killed by the signal."""
+    code, err = _signal_run(tmp_path, mode, sig)
+    assert code == -sig, err
+    assert_valid(files(tmp_path))
+    events = _events(tmp_path)
+    assert len(spans(events, "forward")) == N
+    (epoch,) = spans(events, "epoch")
+    assert epoch["args"]["incomplete"] is True
+
+
+def test_sigint_raises_keyboard_interrupt_and_completes_the_file(tmp_path):
+    """SIGINT: KeyboardInterrupt unwinds as usual, the open span ends, the file is complete."""
+    code, err = _signal_run(tmp_path, "sigint", signal.SIGINT)
+    assert code == -signal.SIGINT, err
+    assert "KeyboardInterrupt" in err
+    assert_valid(files(tmp_path))
+    events = _events(tmp_path)
+    assert len(spans(events, "forward")) == N
+    (epoch,) = spans(events, "epoch")
+    assert "incomplete" not in epoch["args"]
+
+
+def test_application_sigterm_handler_runs_and_decides_the_exit(tmp_path):
+    """An application's SIGTERM handler still runs; its sys.exit(3) is the exit status."""
+    code, err = _signal_run(tmp_path, "app-handler-exit", signal.SIGTERM)
+    assert code == 3, err
+    assert (tmp_path / "handler-ran").read_text() == str(int(signal.SIGTERM))
+    assert_valid(files(tmp_path))
+    assert len(spans(_events(tmp_path), "forward")) == N
+
+
+def test_application_sigterm_handler_may_carry_on(tmp_path):
+    """A handler that only sets a flag keeps the run (and tracing) going."""
+    code, err = _signal_run(tmp_path, "app-handler-continue", signal.SIGTERM)
+    assert code == 0, err
+    assert (tmp_path / "handler-ran").exists()
+    assert_valid(files(tmp_path))
+    events = _events(tmp_path)
+    assert len(spans(events, "forward")) == N
+    assert len(spans(events, "step")) == 1  # recorded after the signal
+
+
+def test_os_exit_keeps_everything_flushed_before_it(tmp_path):
+    """os._exit: the file decodes, has every event up to the last flush and no ']'."""
+    out = run([ENDS, "os-exit", str(tmp_path)])
+    assert out.returncode == 5, out.stderr
+    assert_valid(files(tmp_path), complete=False)
+    assert last_line(files(tmp_path)[0]) != b"]"
+    assert len(spans(_events(tmp_path), "forward")) == N
+
+
+def test_sigkill_keeps_everything_flushed_before_it(tmp_path):
+    """SIGKILL: the file decodes and has every event flushed before the kill."""
+    proc = start([ENDS, "sigkill", str(tmp_path)])
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert_valid(files(tmp_path), complete=False)
+    assert len(spans(_events(tmp_path), "forward")) == N
+
+
+def test_no_signal_handler_is_installed_at_import(tmp_path):
+    """Importing dftrace (tracing not requested) leaves every signal handler alone."""
+    out = run(["-c", "import signal; before = [signal.getsignal(s) for s in signal.Signals]\n"
+                     "import dftrace\n"
+                     "assert before == [signal.getsignal(s) for s in signal.Signals]\n"
+                     "print('same')"])
+    assert out.stdout.strip() == "same", out.stderr
+
+
+def test_handlers_are_installed_by_initialize_and_restored_by_finalize(tmp_path):
+    """initialize() takes over SIGTERM (chaining to what was there); finalize() puts it back."""
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with testing.trace_to(tmp_path):
+            assert _signals.installed()[signal.SIGTERM] is mine
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert _signals.installed() == {}
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_ignored_signal_stays_ignored(tmp_path):
+    """A signal the application ignores is not taken over."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with testing.trace_to(tmp_path):
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
