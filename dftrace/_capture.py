@@ -496,7 +496,8 @@ class TraceKeyError(KeyError, AttributeError):
 
 def _missing(key: Any, where: str, keys: list[str], what: str = "key", hint: str = "") -> TraceKeyError:
     shown = ", ".join(keys) if keys else "(none)"
-    msg = f"no {what} {key!r} in {where}; valid {what}s: {shown}"
+    plural = "categories" if what == "category" else what + "s"
+    msg = f"no {what} {key!r} in {where}; valid {plural}: {shown}"
     close = difflib.get_close_matches(str(key), keys, n=1)
     if close:
         msg += f" (did you mean {close[0]!r}?)"

@@ -64,10 +64,12 @@ class Instrumentation:
             raise TypeError(f"instrument: {self._describe()}.{name} is a "
                             f"{type(raw).__name__}, not a method")
         if inspect.isclass(t):
-            if not (inspect.isfunction(raw) or isinstance(raw, (staticmethod, classmethod))):
-                raise TypeError(f"instrument: {t.__qualname__}.{name} is a "
-                                f"{type(raw).__name__}; only functions, static and class "
-                                "methods defined in Python can be shimmed")
+            if not hasattr(type(raw), "__get__"):
+                # A callable object stored on a class is not bound to instances; a
+                # function shim would be, and would change what the call receives.
+                raise TypeError(f"instrument: {t.__qualname__}.{name} is a callable "
+                                f"{type(raw).__name__} object, not a method; instrument "
+                                "the object itself")
             return t, node.decorate(raw), t.__dict__.get(name, _ABSENT)
         if name.startswith("__") and name.endswith("__"):
             raise TypeError(

@@ -11,7 +11,6 @@ a :class:`Use`: the same event with args of its own, still switched by its node'
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import weakref
 from collections.abc import Iterable
@@ -91,6 +90,7 @@ async def _aislice(aiterable: Any, n: int) -> Any:
 
 def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
     """Wrap ``fn`` so each call is a span of ``obj``'s node."""
+    import inspect  # at the first decoration, not at ``import dftrace``
     if isinstance(fn, (staticmethod, classmethod)):
         return type(fn)(_decorate(obj, fn.__func__, gate))
     if inspect.isclass(fn):

@@ -20,7 +20,7 @@ import os
 import threading
 import warnings
 import weakref
-from asyncio import _get_running_loop, current_task
+import sys
 from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any
@@ -49,6 +49,18 @@ _vtids = itertools.count(VTID_BASE + 1)
 
 #: How often (in span ids) a producer checks the buffer's fill level.
 CHECK_MASK = 0xFFF
+
+
+def _get_running_loop() -> Any:
+    """The running asyncio loop, or None. No loop can run before asyncio is imported,
+    so importing dftrace does not import asyncio; once it is, this name is rebound to
+    asyncio's own (C) function."""
+    aio = sys.modules.get("asyncio")
+    if aio is None:
+        return None
+    global _get_running_loop
+    _get_running_loop = aio._get_running_loop
+    return _get_running_loop()
 
 
 class Stack(list):
@@ -152,7 +164,9 @@ def resolve() -> Stack:
         return stk
     LOCAL.stk = None
     thread_stk = _thread_stack()
-    task = current_task(loop)
+    import asyncio  # already imported: a loop is running
+
+    task = asyncio.current_task(loop)
     if task is None:  # a plain loop callback: the thread's own track
         return thread_stk
     stk = TASK_STACK.get()
@@ -813,8 +827,7 @@ def _load_speedups() -> Any:
     # Spans mix both clocks (C wrappers, Python context managers): they must agree.
     if abs(mod.clock_ns() - clock()) > 1_000_000:
         return None
-    mod.configure(LOCAL, BUFFER, resolve, pressure, _unwind, _with_error, ids.__next__,
-                  _get_running_loop, cm_exit)
+    mod.configure(LOCAL, BUFFER, resolve, pressure, _unwind, _with_error, ids.__next__, cm_exit)
     return mod
 
 

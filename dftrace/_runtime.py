@@ -10,14 +10,10 @@ everything and writes the closing ``]``.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import os
-import re
-import socket
 import sys
 import threading
 import time
-from asyncio import _get_running_loop
 from typing import Any
 
 import orjson
@@ -54,12 +50,23 @@ def detect_rank() -> tuple[int | None, int | None]:
     return _env_int(_RANK_VARS), _env_int(_LOCAL_RANK_VARS)
 
 
+def _hostname() -> str:
+    try:
+        return os.uname().nodename
+    except AttributeError:  # not a POSIX system
+        import socket
+
+        return socket.gethostname()
+
+
 def hostname_hash(host: str) -> str:
+    import hashlib  # at initialize, not at import
+
     return hashlib.blake2b(host.encode(), digest_size=8).hexdigest()
 
 
 def _safe_host(host: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.]+", "_", host) or "host"
+    return "".join(c if c.isascii() and (c.isalnum() or c in "_.") else "_" for c in host) or "host"
 
 
 class Session:
@@ -68,7 +75,7 @@ class Session:
     def __init__(self, config: Config):
         self.config = config
         self.pid = os.getpid()
-        self.hostname = socket.gethostname()
+        self.hostname = _hostname()
         self.hhash = hostname_hash(self.hostname)
         rank, local_rank = detect_rank()
         self.rank = config.rank if config.rank is not None else rank
@@ -299,7 +306,7 @@ def _stacks_stuck_here() -> set[int]:
     own = _rec.LOCAL.thread_stk
     if own is not None:
         out.add(id(own))
-    loop = _get_running_loop()
+    loop = _rec._get_running_loop()
     if loop is not None:
         for stk in list(_rec.STACKS.values()):
             try:

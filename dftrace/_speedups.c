@@ -231,7 +231,6 @@ typedef struct {
     PyObject *unwind;    /* callable(stk, i) */
     PyObject *with_error;/* callable(extra, exc) -> extra */
     PyObject *next_id;   /* callable() -> int (itertools.count.__next__) */
-    PyObject *running_loop; /* asyncio._get_running_loop */
     PyObject *slow_exit; /* the Python __exit__ for every case but the common one */
 } recstate_t;
 
@@ -246,16 +245,13 @@ static inline long long now_ns(void) {
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     recstate_t r;
-    if (!PyArg_ParseTuple(args, "OO!OOOOOOO", &r.local, &PyList_Type, &r.buffer, &r.resolve,
-                          &r.pressure, &r.unwind, &r.with_error, &r.next_id, &r.running_loop,
-                          &r.slow_exit))
+    if (!PyArg_ParseTuple(args, "OO!OOOOOO", &r.local, &PyList_Type, &r.buffer, &r.resolve,
+                          &r.pressure, &r.unwind, &r.with_error, &r.next_id, &r.slow_exit))
         return NULL;
     Py_INCREF(r.local); Py_INCREF(r.buffer); Py_INCREF(r.resolve); Py_INCREF(r.pressure);
-    Py_INCREF(r.unwind); Py_INCREF(r.with_error); Py_INCREF(r.next_id);
-    Py_INCREF(r.running_loop); Py_INCREF(r.slow_exit);
+    Py_INCREF(r.unwind); Py_INCREF(r.with_error); Py_INCREF(r.next_id); Py_INCREF(r.slow_exit);
     Py_XDECREF(R.local); Py_XDECREF(R.buffer); Py_XDECREF(R.resolve); Py_XDECREF(R.pressure);
-    Py_XDECREF(R.unwind); Py_XDECREF(R.with_error); Py_XDECREF(R.next_id);
-    Py_XDECREF(R.running_loop); Py_XDECREF(R.slow_exit);
+    Py_XDECREF(R.unwind); Py_XDECREF(R.with_error); Py_XDECREF(R.next_id); Py_XDECREF(R.slow_exit);
     R = r;
     Py_RETURN_NONE;
 }
@@ -519,9 +515,28 @@ static PyTypeObject SpanWrapperType = {
 /* ------------------------------------------------------------------------- */
 /* TraceableBase: __enter__/__exit__ for nodes and uses                       */
 
+/* asyncio's running loop, or None; asyncio is never imported from here: until the
+   program imports it, no loop can be running. */
+static PyObject *asyncio_get_running_loop = NULL;
+
+static PyObject *running_loop(void) {
+    if (asyncio_get_running_loop == NULL) {
+        PyObject *mods = PyImport_GetModuleDict();
+        PyObject *aio = mods ? PyDict_GetItemString(mods, "asyncio") : NULL;
+        if (aio == NULL)
+            Py_RETURN_NONE;
+        asyncio_get_running_loop = PyObject_GetAttrString(aio, "_get_running_loop");
+        if (asyncio_get_running_loop == NULL) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+    }
+    return PyObject_CallNoArgs(asyncio_get_running_loop);
+}
+
 /* The stack spans of this thread nest on, or NULL (error set) / resolved one. */
 static PyObject *current_stack(int *in_loop) {
-    PyObject *loop = PyObject_CallNoArgs(R.running_loop);
+    PyObject *loop = running_loop();
     if (!loop)
         return NULL;
     *in_loop = (loop != Py_None);
@@ -595,7 +610,7 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
         int never = (own == Py_None);
         Py_XDECREF(own);
         if (never) {
-            PyObject *loop = PyObject_CallNoArgs(R.running_loop);
+            PyObject *loop = running_loop();
             never = (loop == Py_None);
             Py_XDECREF(loop);
             if (never) {

@@ -31,6 +31,7 @@ from ._events import Extra
 __all__ = [
     "CaptureOptions",
     "FunctionCapture",
+    "ItemCapture",
     "content_hash",
     "make_extra",
     "render",
@@ -419,6 +420,10 @@ class CaptureOptions:
         except Exception:
             return base
 
+    def for_items(self) -> ItemCapture:
+        """For ``.iter()``: each item the iterable produces is the ``.iter`` span's result."""
+        return ItemCapture(self)
+
     def bind(self, fn: Any) -> FunctionCapture:
         """Check the names against ``fn``'s signature (a misspelt name fails here, at
         decoration time, listing the real ones) and prepare per-call binding."""
@@ -451,13 +456,43 @@ class CaptureOptions:
         return out
 
 
-class FunctionCapture:
+class _Bound:
+    """What the recorder's capturing wrappers call; ``extra`` never raises."""
+
+    __slots__ = ("options",)
+
+    def __init__(self, options: CaptureOptions):
+        self.options = options
+
+    def extra(self, base: Extra | None, params: dict[str, Any] | None,
+              result: Any = _NOTHING, error: BaseException | None = None) -> Extra | None:
+        opts = self.options
+        return opts.extra(base, params, _nodes._max_arg_length,
+                          result if opts.result else _NOTHING, error)
+
+
+class ItemCapture(_Bound):
+    """``CaptureOptions`` for the items of an ``.iter()``."""
+
+    __slots__ = ()
+
+    def item_extra(self, base: Extra | None, count: int, item: Any) -> Any:
+        try:
+            payload: dict[str, Any] = dict(base.args) if base is not None else {}
+            payload["count"] = count
+            payload["result"] = self.options.summarize(item, _nodes._max_arg_length)
+            return make_extra(payload)
+        except Exception:
+            return count
+
+
+class FunctionCapture(_Bound):
     """``CaptureOptions`` bound to one function's signature (built at decoration)."""
 
-    __slots__ = ("options", "signature", "names", "var_kw", "max_len")
+    __slots__ = ("signature", "names", "var_kw")
 
     def __init__(self, options: CaptureOptions, fn: Any):
-        self.options = options
+        super().__init__(options)
         self.var_kw: str | None = None
         try:
             sig: inspect.Signature | None = inspect.signature(fn)
@@ -521,9 +556,3 @@ class FunctionCapture:
             return out
         except Exception:
             return None
-
-    def extra(self, base: Extra | None, params: dict[str, Any] | None,
-              result: Any = _NOTHING, error: BaseException | None = None) -> Extra | None:
-        opts = self.options
-        return opts.extra(base, params, _nodes._max_arg_length,
-                          result if opts.result else _NOTHING, error)

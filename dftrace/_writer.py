@@ -10,10 +10,10 @@ complete flush.
 
 from __future__ import annotations
 
-import gzip
 import os
 import threading
 import time
+import zlib
 from typing import Any
 
 import zstandard
@@ -27,6 +27,10 @@ SUFFIXES = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}
 
 # Records encoded per slice before the writer lets traced threads run.
 _CHUNK = 2048
+# A real (if tiny) sleep between slices: sleep(0) gives the GIL back, but the writer
+# would usually take it again before a waiting traced thread wakes up, leaving that
+# thread to wait for the interpreter's 5 ms switch interval.
+_YIELD_S = 0.0001
 
 #: Called with each encoded batch before it is written: in-memory captures
 #: (``dftrace.capture()``) running beside a file session. Empty otherwise.
@@ -65,14 +69,25 @@ class FileSink:
         self.bytes_written = 0
         self._write_raw(self.header)
 
-    def _compress(self, data: bytes) -> bytes:
+    def _compress(self, data: bytes | list[bytes]) -> bytes:
+        """One zstd frame / gzip member from ``data`` (bytes, or slices of it that are
+        compressed one by one so traced threads get the GIL in between)."""
+        parts = data if isinstance(data, list) else [data]
         if self.compression == "zstd":
-            return self._zc.compress(data)
-        if self.compression == "gzip":
-            return gzip.compress(data, compresslevel=6 if self.level is None else self.level)
-        return data
+            c = self._zc.compressobj(size=sum(map(len, parts)))
+        elif self.compression == "gzip":  # wbits 31: a complete gzip member
+            c = zlib.compressobj(6 if self.level is None else self.level, zlib.DEFLATED, 31)
+        else:
+            return b"".join(parts)
+        out = []
+        for i, part in enumerate(parts):
+            if i:
+                time.sleep(_YIELD_S)
+            out.append(c.compress(part))
+        out.append(c.flush())
+        return b"".join(out)
 
-    def _write_raw(self, data: bytes) -> None:
+    def _write_raw(self, data: bytes | list[bytes]) -> None:
         # bytes_written only counts whole frames: on failure the file is cut back
         # to it, so what stays on disk always decodes.
         if not data or self._fd is None:
@@ -84,7 +99,7 @@ class FileSink:
             view = view[n:]
         self.bytes_written += len(out)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | list[bytes]) -> None:
         if self.failed or not data:
             return
         try:
@@ -147,6 +162,8 @@ class Writer:
         self.encoder = encoder
         self.sink = sink
         self.flush_interval = flush_interval
+        #: Most records in one frame; a bigger backlog is written as several frames.
+        self.max_batch = 65536
         self._wake = threading.Event()
         self._drained = threading.Condition(threading.Lock())
         self._flush_lock = threading.Lock()
@@ -197,8 +214,17 @@ class Writer:
             self._flush_lock.release()
 
     def _flush(self) -> int:
+        total = 0
+        while True:
+            n = self._flush_batch()
+            total += n
+            if n < self.max_batch:
+                return total
+
+    def _flush_batch(self) -> int:
+        """One frame: at most ``max_batch`` records from the front of the buffer."""
         buf = _rec.BUFFER
-        n = len(buf)
+        n = min(len(buf), self.max_batch)
         if not n:
             return 0
         batch = buf[:n]
@@ -211,22 +237,26 @@ class Writer:
             finally:
                 self._drained.release()
         if self.sink.failed and not LISTENERS:
-            return 0
+            return n
         enc = self.encoder.encode
-        if n <= _CHUNK:
-            data = enc(batch)
-        else:
-            parts = []
-            for j in range(0, n, _CHUNK):
-                parts.append(enc(batch[j:j + _CHUNK]))
-                time.sleep(0)  # let traced threads take the GIL between slices
+        parts = []
+        for j in range(0, n, _CHUNK):
+            if j:
+                time.sleep(_YIELD_S)  # let traced threads take the GIL between slices
+            parts.append(enc(batch[j:j + _CHUNK]))
+        # Freeing a big batch at once holds the GIL for milliseconds: free it in slices.
+        while len(batch) > _CHUNK:
+            del batch[-_CHUNK:]
+            time.sleep(_YIELD_S)
+        del batch
+        if LISTENERS:
             data = b"".join(parts)
-        for listener in LISTENERS:
-            try:
-                listener(data)
-            except Exception:
-                pass
-        self.sink.write(data)
+            for listener in LISTENERS:
+                try:
+                    listener(data)
+                except Exception:
+                    pass
+        self.sink.write(parts)  # compression and the write release the GIL
         self.events_written += n
         return n
 

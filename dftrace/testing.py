@@ -7,6 +7,13 @@
             model_step()
         assert result.names() == ["forward", "backward"]
 
+    def test_step_sees_the_batch():
+        with testing.capture_events() as result:   # in memory: no files
+            model_step(batch)
+        testing.assert_span(result, "forward", cat="compute",
+                            args={"params.x.shape": [32, 10]})
+        testing.assert_nested(result, "step", "forward")
+
 ``reset()`` puts every piece of global state back to how ``import dftrace`` left it;
 call it between tests (our own suite does, from an autouse fixture).
 """
@@ -19,11 +26,23 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from . import _nodes
+from . import _capture, _nodes
 from . import _recorder as _rec
 from . import _runtime
 
-__all__ = ["TraceResult", "read_events", "trace_files", "reset", "trace_to", "spans"]
+__all__ = [
+    "TraceResult",
+    "assert_names",
+    "assert_nested",
+    "assert_span",
+    "capture_events",
+    "get_arg",
+    "read_events",
+    "reset",
+    "spans",
+    "trace_files",
+    "trace_to",
+]
 
 
 def trace_files(where: str | os.PathLike[str]) -> list[str]:
@@ -61,9 +80,10 @@ def spans(events: list[dict[str, Any]], name: str | None = None,
 
 
 class TraceResult:
-    """What a :func:`trace_to` block wrote; filled in when the block ends."""
+    """What a :func:`trace_to` block wrote, or a :func:`capture_events` block
+    recorded (``directory`` None); filled in when the block ends."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str | None = None):
         self.directory = directory
         self.events: list[dict[str, Any]] = []
         self.paths: list[str] = []
@@ -77,6 +97,11 @@ class TraceResult:
 
     def metadata(self, name: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("ph") == "M" and e.get("name") == name]
+
+    @property
+    def trace(self) -> _capture.Trace:
+        """The events as a browsable :class:`dftrace.Trace`."""
+        return _capture.Trace(self.events)
 
 
 @contextlib.contextmanager
@@ -97,6 +122,129 @@ def trace_to(directory: str | os.PathLike[str], **options: Any) -> Iterator[Trac
             result.paths = s.paths
             for p in s.paths:
                 result.events.extend(read_events(p))
+
+
+@contextlib.contextmanager
+def capture_events(max_items: int | None = None) -> Iterator[TraceResult]:
+    """Record the block in memory (no files, no ``initialize``) with
+    :func:`dftrace.capture` and fill a :class:`TraceResult` when it ends, also when
+    it raises. ``max_items`` is capture's sample mode."""
+    result = TraceResult(None)
+    trace = None
+    try:
+        with _capture.capture(max_items) as trace:
+            yield result
+    finally:
+        if trace is not None:
+            result.events = trace.events
+
+
+_MISSING: Any = object()
+
+
+def _events_of(source: Any) -> list[dict[str, Any]]:
+    if isinstance(source, (TraceResult, _capture.Trace)):
+        return source.events
+    return list(source)
+
+
+def _in_start_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def key(e: dict[str, Any]) -> tuple[Any, Any]:
+        i = e.get("id")
+        return e.get("ts", 0), i if isinstance(i, int) else 0
+
+    return sorted(spans(events), key=key)
+
+
+def get_arg(event: dict[str, Any], path: str, default: Any = _MISSING) -> Any:
+    """The arg at a dotted path: ``get_arg(e, "params.batch.shape")``; a number
+    indexes a list (``"result.0.shape"``). Without ``default`` a missing key raises
+    ``KeyError`` naming the keys that are there."""
+    value: Any = event.get("args", {})
+    walked = "args"
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            value = value[int(part)]
+        else:
+            if default is not _MISSING:
+                return default
+            there = sorted(value) if isinstance(value, dict) else f"a {type(value).__name__}"
+            raise KeyError(f"{walked} has no {part!r} (it holds: {there})")
+        walked += "." + part
+    return value
+
+
+def _recorded(events: list[dict[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for e in _in_start_order(events):
+        k = f"{e.get('cat')}.{e.get('name')}"
+        counts[k] = counts.get(k, 0) + 1
+    return ", ".join(f"{k} ×{n}" for k, n in counts.items()) or "nothing"
+
+
+def assert_span(source: Any, name: str, *, cat: str | None = None, count: int | None = None,
+                args: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Assert spans named ``name`` (in ``cat``) were recorded: at least one, or
+    exactly ``count``, whose args match ``args`` (keys are dotted paths, see
+    :func:`get_arg`). Returns the matching spans, in start order. ``source`` is a
+    :class:`TraceResult`, a :class:`dftrace.Trace` or a list of events."""
+    events = _events_of(source)
+    named = [e for e in _in_start_order(events)
+             if e.get("name") == name and (cat is None or e.get("cat") == cat)]
+    want = args or {}
+    matching = [e for e in named
+                if all(get_arg(e, k, _MISSING) == v for k, v in want.items())]
+    ok = len(matching) >= 1 if count is None else len(matching) == count
+    if not ok:
+        what = f"span(s) named {name!r}" + (f" in category {cat!r}" if cat else "")
+        if want:
+            what += f" with args {want!r}"
+        expected = "at least 1" if count is None else str(count)
+        lines = [f"expected {expected} {what}; found {len(matching)}.",
+                 f"Recorded: {_recorded(events)}."]
+        for e in named[:3]:
+            if e not in matching:
+                got = {k: get_arg(e, k, "<missing>") for k in want}
+                lines.append(f"  {name} id={e.get('id')} has {got!r}")
+        raise AssertionError("\n".join(lines))
+    return matching
+
+
+def assert_names(source: Any, expected: list[str], *, cat: str | None = None) -> None:
+    """Assert the span names (of ``cat``), in the order the spans started, are
+    exactly ``expected``."""
+    got = [e.get("name") for e in _in_start_order(_events_of(source))
+           if cat is None or e.get("cat") == cat]
+    if got != list(expected):
+        first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
+                     min(len(got), len(expected)))
+        raise AssertionError(
+            f"span names differ at position {first}:\n  expected {list(expected)!r}\n"
+            f"  recorded {got!r}")
+
+
+def assert_nested(source: Any, parent: str, child: str) -> list[dict[str, Any]]:
+    """Assert every span named ``child`` runs inside a span named ``parent`` (its
+    parent or a further ancestor, by ``p_idx``). Returns the ``child`` spans."""
+    events = _in_start_order(_events_of(source))
+    by_id = {(e.get("pid"), e.get("id")): e for e in events}
+    children = [e for e in events if e.get("name") == child]
+    if not children:
+        raise AssertionError(f"no span named {child!r} was recorded. "
+                             f"Recorded: {_recorded(events)}.")
+    for e in children:
+        chain = []
+        p = by_id.get((e.get("pid"), e.get("args", {}).get("p_idx")))
+        while p is not None and p.get("name") != parent:
+            chain.append(p.get("name"))
+            p = by_id.get((p.get("pid"), p.get("args", {}).get("p_idx")))
+        if p is None:
+            path = " < ".join([child, *chain]) if chain else f"{child} (top level)"
+            raise AssertionError(f"span {child!r} id={e.get('id')} is not inside a {parent!r} "
+                                 f"span; its ancestors: {path}")
+    return children
 
 
 def reset() -> None:
@@ -122,4 +270,5 @@ def reset() -> None:
             n._own_args.clear()
         for n in root._walk():
             n._rebuild()
+    _capture.reset_state()
     _runtime._set_gate()

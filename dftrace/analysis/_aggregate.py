@@ -93,12 +93,22 @@ def aggregate(data: PartitionData) -> Partial:
     ).with_columns(pl.col("pid").fill_null(0), (pl.col("ts") + pl.col("dur")).alias("end"))
     # One process at a time: a partition rarely holds more than one, and grouping
     # by integer keys alone is several times faster than with the string host key.
-    pieces = [_aggregate_process(frame, key) for key, frame in spans.partition_by(_KEY, as_dict=True).items()]
+    pieces = [_aggregate_process(frame, key) for key, frame in _by_process(spans)]
     tables = {
         kind: pl.concat([p[kind] for p in pieces], how="vertical") if pieces else _EMPTY[kind]
         for kind in _EMPTY
     }
     return Partial(source, partition_keys(data), phases=phases, **tables)
+
+
+def _by_process(spans: pl.DataFrame) -> list[tuple[tuple[Any, ...], pl.DataFrame]]:
+    if not spans.height:
+        return []
+    first = (spans.item(0, "pid"), spans.item(0, HOST_KEY))
+    same = spans.select((pl.col("pid") == first[0]).all() & (pl.col(HOST_KEY) == first[1]).all()).item()
+    if same:
+        return [(first, spans)]
+    return list(spans.partition_by(_KEY, as_dict=True).items())
 
 
 _KEY_SCHEMA = {"pid": pl.Int64, HOST_KEY: pl.String}
@@ -155,19 +165,24 @@ def _group_expr() -> pl.Expr:
 
 def union_intervals(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
     """Merge overlapping or touching [start, end] intervals within each (keys, group)."""
-    by = [*keys, "group"]
     if not frame.height:
         return frame
-    ordered = frame.sort([*by, "start"])
-    prev_end = pl.col("end").cum_max().shift(1).over(by)
-    runs = ordered.with_columns(
-        (prev_end.is_null() | (pl.col("start") > prev_end)).cum_sum().alias("run")
-    )
-    return (
-        runs.group_by([*by, "run"], maintain_order=True)
-        .agg(pl.col("start").min(), pl.col("end").max())
-        .drop("run")
-    )
+    pieces = []
+    for key, part in frame.partition_by([*keys, "group"], as_dict=True, maintain_order=True).items():
+        starts, ends = _union(part.get_column("start").to_numpy(), part.get_column("end").to_numpy())
+        columns = {name: pl.repeat(value, len(starts), dtype=frame.schema[name], eager=True)
+                   for name, value in zip([*keys, "group"], key)}
+        pieces.append(pl.DataFrame({**columns, "start": starts, "end": ends}))
+    return pl.concat(pieces, how="vertical").select(frame.columns)
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    # An interval opens a new run when it starts after everything before it ended.
+    first = np.flatnonzero(np.concatenate(([True], starts[1:] > reach[:-1])))
+    return starts[first], np.maximum.reduceat(ends, first)
 
 
 def mask_times(intervals: pl.DataFrame) -> np.ndarray:

@@ -119,7 +119,7 @@ def _reports_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argpa
         try:
             return run(args)
         except (FileNotFoundError, ValueError, ImportError, argparse.ArgumentTypeError) as exc:
-            print(f"dftrace {args.command}: error: {exc}", file=sys.stderr)
+            print(f"dftrace: error: {exc}", file=sys.stderr)
             return 2
 
     return wrapper

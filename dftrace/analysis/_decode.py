@@ -32,9 +32,10 @@ class PartitionData:
     """What one partition holds: events, metadata records and how reading went."""
 
     partition: Partition
-    #: The requested event columns plus ``host_key`` (the event's ``hhash``, used
-    #: to resolve its host); ``host`` and ``rank`` are filled in after all
-    #: partitions' metadata is known.
+    #: The requested event columns plus ``host_key``: empty for trace files, whose
+    #: hosts are resolved per (file, pid) from the metadata; the host itself for
+    #: tables that already carry one (Parquet). ``host`` and ``rank`` are filled in
+    #: once all partitions' metadata is known.
     events: pl.DataFrame
     #: Metadata events as ``{"pid", "tid", "name", "cat", "args"}`` dicts, in file order.
     meta: list[dict[str, Any]] = field(default_factory=list)
@@ -157,7 +158,7 @@ _TOP_ORDER = ("id", "name", "cat", "pid", "tid", "ts", "dur", "ph")
 
 def _struct_dtype(wanted: list[str]) -> pl.Struct:
     top: dict[str, Any] = {}
-    args: dict[str, Any] = {fmt.ARG_HOSTNAME_HASH: pl.String}
+    args: dict[str, Any] = {}
     for column in wanted:
         source = RAW_FIELDS.get(column)
         if source is not None:
@@ -165,7 +166,8 @@ def _struct_dtype(wanted: list[str]) -> pl.Struct:
             (args if where == "args" else top)[key] = dtype
     top["ph"] = pl.String
     ordered = {key: top[key] for key in _TOP_ORDER if key in top}
-    ordered["args"] = pl.Struct(args)
+    if args:
+        ordered["args"] = pl.Struct(args)
     return pl.Struct(ordered)
 
 
@@ -202,7 +204,8 @@ def _finish(parsed: pl.DataFrame, wanted: list[str]) -> pl.DataFrame:
         if column == "parent_id":
             expr = pl.when(expr > 0).then(expr)
         exprs.append(expr.cast(EVENT_COLUMNS[column]).alias(column))
-    exprs.append(args.struct.field(fmt.ARG_HOSTNAME_HASH).fill_null("").alias(HOST_KEY))
+    # Hosts of trace files are resolved per (file, pid) from the metadata.
+    exprs.append(pl.lit("", pl.String).alias(HOST_KEY))
     return parsed.select(exprs)
 
 
@@ -242,14 +245,15 @@ def _decode_slow(
     for key, key_dtype in fields.items():
         if key in tops:
             columns[key] = pl.Series([_coerce(v, key_dtype) for v in rows[key]], dtype=key_dtype)
-    arg_fields = {f.name: f.dtype for f in fields["args"].fields}
-    columns["args"] = pl.Series(
-        [
-            {k: _coerce(a.get(k), t) for k, t in arg_fields.items()} if a is not None else None
-            for a in rows["args"]
-        ],
-        dtype=pl.Struct(arg_fields),
-    )
+    if "args" in fields:
+        arg_fields = {f.name: f.dtype for f in fields["args"].fields}
+        columns["args"] = pl.Series(
+            [
+                {k: _coerce(a.get(k), t) for k, t in arg_fields.items()} if a is not None else None
+                for a in rows["args"]
+            ],
+            dtype=pl.Struct(arg_fields),
+        )
     columns["args_json"] = pl.Series(rows["args_json"], dtype=pl.String)
     return _finish(pl.DataFrame(columns), wanted), meta_lines
 

@@ -1,10 +1,10 @@
 """Resolving hosts, ranks, process and thread names, and clock anchors across files.
 
-Metadata lives at the top of each file (and DFTracer files name their host only
-through a hash), so it is gathered from every partition first and resolved once:
-an event's host comes from its ``hhash`` through any file's ``HH`` record, falling
-back to the host of its own file; a process is a (host, pid) pair, wherever its
-events and part files are.
+Metadata lives at the top of each file, so it is gathered from every partition
+first and resolved once. The host of a pid in a file comes from that pid's ``HH``
+(hostname hash) or ``PR`` (process info) record in the file, else from any such
+record in the file, else from the file name. A process is a (host, pid) pair,
+wherever its events and part files are.
 """
 
 from __future__ import annotations
@@ -50,14 +50,15 @@ class Process:
 class FileMetadata:
     """What one partition contributes to resolution.
 
-    Metadata records are ``{"pid", "tid", "name", "args"}`` dicts; a record may
-    also carry ``host_key`` (instead of ``args.hhash``) and ``synthetic: True``
-    (used for resolution only, not kept as a record of the trace).
+    Metadata records are ``{"pid", "tid", "name", "cat", "args"}`` dicts; a record
+    may also carry ``host_key`` (its host, for tables that already resolved it) and
+    ``synthetic: True`` (used for resolution only, not kept as a record).
     """
 
     path: str
     meta: list[dict[str, Any]]
-    #: (pid, host_key) pairs its events carry.
+    #: (pid, host_key) pairs its events carry; host_key is empty unless the host is
+    #: already known.
     keys: Iterable[tuple[int, str]]
 
 
@@ -78,8 +79,18 @@ class Resolution:
 
 
 def _host_key(record: dict[str, Any]) -> str:
-    value = record.get("host_key", record["args"].get(fmt.ARG_HOSTNAME_HASH))
-    return "" if value is None else str(value)
+    return record.get("host_key") or ""
+
+
+def _hostname(record: dict[str, Any]) -> str | None:
+    """The host a metadata record names (``HH`` args.name or ``PR`` args.hostname)."""
+    if record["name"] == fmt.META_HOSTNAME_HASH:
+        host = record["args"].get("name")
+    elif record["name"] == fmt.META_PROCESS_INFO:
+        host = record["args"].get("hostname")
+    else:
+        return None
+    return host if isinstance(host, str) and host else None
 
 
 def _as_int(value: Any) -> int | None:
@@ -95,37 +106,29 @@ def _as_int(value: Any) -> int | None:
 def resolve(files: Iterable[FileMetadata]) -> Resolution:
     """Resolve every partition's metadata together (see the module docstring)."""
     files = list(files)
-    hostnames: dict[str, str] = {}
+    pid_host: dict[tuple[str, int | None], str] = {}
     file_host: dict[str, str] = {}
     for part in files:
         for record in part.meta:
-            if record["name"] == fmt.META_HOSTNAME_HASH:
-                host = record["args"].get("name")
-                if isinstance(host, str) and host:
-                    hostnames[str(record["args"].get("value"))] = host
-                    file_host.setdefault(part.path, host)
+            host = _hostname(record)
+            if host is not None:
+                pid_host.setdefault((part.path, _as_int(record.get("pid"))), host)
+                file_host.setdefault(part.path, host)
     for part in files:
-        if part.path in file_host:
-            continue
-        for record in part.meta:
-            host = record["args"].get("hostname") if record["name"] == fmt.META_PROCESS_INFO else None
-            if isinstance(host, str) and host:
-                file_host[part.path] = host
-                break
-        else:
+        if part.path not in file_host:
             parsed = fmt.parse_trace_filename(part.path)
             if parsed is not None:
                 file_host[part.path] = parsed.host
 
-    def host_of(path: str, host_key: str) -> str:
-        return hostnames.get(host_key) or file_host.get(path) or host_key or "unknown"
+    def host_of(path: str, pid: int, host_key: str) -> str:
+        return host_key or pid_host.get((path, pid)) or file_host.get(path) or "unknown"
 
     by_key: dict[tuple[str, int], Process] = {}
     index_by_key: dict[tuple[str, int, str], tuple[str, int]] = {}
     per_process_records: list[tuple[tuple[str, int], dict[str, Any]]] = []
 
     def process(path: str, pid: int, host_key: str) -> tuple[str, int]:
-        key = (host_of(path, host_key), pid)
+        key = (host_of(path, pid, host_key), pid)
         proc = by_key.get(key)
         if proc is None:
             proc = by_key[key] = Process(host=key[0], pid=pid)
@@ -196,16 +199,11 @@ def _rank_from_files(proc: Process) -> int | None:
 
 
 def synthetic_records(pid: int, host: str, rank: int | None) -> list[dict[str, Any]]:
-    """Records that pin a process of already resolved data to ``host`` and ``rank``.
-
-    Used when reading back tables that carry hosts instead of hostname hashes
-    (Parquet, an in-memory :class:`Trace`): the host is its own key.
-    """
-    records = [_synthetic(pid, host, fmt.META_HOSTNAME_HASH, {"name": host, "value": host})]
-    if rank is not None:
-        records.append(_synthetic(pid, host, fmt.META_PROCESS_INFO, {"rank": rank}))
-    return records
-
-
-def _synthetic(pid: int, host: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {"pid": pid, "tid": None, "name": name, "args": args, "host_key": host, "synthetic": True}
+    """Records that pin a process of already resolved data (Parquet, an in-memory
+    :class:`Trace`) to its ``rank``, so resolution reproduces it."""
+    if rank is None:
+        return []
+    return [
+        {"pid": pid, "tid": None, "name": fmt.META_PROCESS_INFO, "cat": None,
+         "args": {"rank": rank}, "host_key": host, "synthetic": True}
+    ]

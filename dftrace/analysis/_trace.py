@@ -111,10 +111,17 @@ def _with_pid(columns: Sequence[str] | None) -> list[str] | None:
 
 def partition_keys(part: PartitionData) -> list[tuple[int, str]]:
     """The (pid, host_key) pairs a partition's events carry."""
-    if not part.events.height:
+    events = part.events
+    if not events.height:
         return []
-    keys = part.events.select(pl.col("pid").fill_null(0), HOST_KEY).unique()
-    return [(int(pid), str(key)) for pid, key in keys.iter_rows()]
+    pid, key = pl.col("pid").fill_null(0), pl.col(HOST_KEY)
+    first = events.select(pid.first(), key.first()).row(0)
+    # Usually every event of a partition has the same pair: check that cheaply
+    # before hashing strings.
+    if events.select((pid == first[0]).all() & (key == first[1]).all()).item():
+        return [(int(first[0]), str(first[1]))]
+    keys = events.select(pid, key).unique()
+    return [(int(p), str(k)) for p, k in keys.iter_rows()]
 
 
 def resolve_parts(parts: Sequence[PartitionData], keys: Sequence[list[tuple[int, str]]]) -> Resolution:
@@ -273,9 +280,9 @@ def write_parquet(trace: Trace, path: str | os.PathLike[str]) -> None:
 def read_parquet_parts(path: str, wanted: Sequence[str]) -> tuple[pl.DataFrame, list[dict[str, Any]]]:
     """Read a Parquet file written by :func:`write_parquet` as one partition's data.
 
-    Its events already carry ``host``, which becomes the host key; synthetic
-    records map each host to itself and restore each process's rank, so
-    resolution reproduces the processes that were written.
+    Its events already carry ``host``, which becomes the host key, and synthetic
+    records restore each process's rank, so resolution reproduces the processes
+    that were written.
     """
     kv = pl.read_parquet_metadata(path)
     if _PARQUET_KEY not in kv:

@@ -1,0 +1,68 @@
+"""Turn a pytest-benchmark JSON file into the tables of docs/performance.md.
+
+    pytest bench/test_bench_core.py --benchmark-json=core.json
+    python bench/report.py core.json
+
+Times are per event: a benchmark's minimum round time divided by the events it
+recorded per round (``extra_info["events_per_round"]``); the minimum is the figure
+least disturbed by the rest of the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+STYLES = ("decorator", "with", "iter", "startstop")
+VARIANTS = ("bare", "flag", "hand", "hot", "disabled", "offconfig")
+
+
+def per_event_ns(bench: dict) -> float:
+    n = bench.get("extra_info", {}).get("events_per_round", 1)
+    return bench["stats"]["min"] * 1e9 / n
+
+
+def main(path: str) -> None:
+    data = json.load(open(path))
+    by_name = {b["name"]: b for b in data["benchmarks"]}
+    print(f"Machine: {data['machine_info'].get('cpu', {}).get('brand_raw', '?')}, "
+          f"Python {data['machine_info'].get('python_version')}\n")
+    print("| style | bare call | flag-check wrapper | hand-written recorder | dftrace hot path "
+          "| hot / hand | dftrace disabled at run time | disabled / flag | off by configuration |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for style in STYLES:
+        v = {var: by_name.get(f"test_{style}_{var}") for var in VARIANTS}
+        ns = {k: per_event_ns(b) if b else None for k, b in v.items()}
+
+        def cell(k: str) -> str:
+            return "—" if ns[k] is None else f"{ns[k]:.0f} ns"
+
+        ratio_hot = f"{ns['hot'] / ns['hand']:.2f}x" if ns["hot"] and ns["hand"] else "—"
+        flag = ns["flag"] or ns["bare"]
+        ratio_dis = f"{ns['disabled'] / flag:.2f}x" if ns["disabled"] and flag else "—"
+        print(f"| {style} | {cell('bare')} | {cell('flag')} | {cell('hand')} | {cell('hot')} | "
+              f"{ratio_hot} | {cell('disabled')} | {ratio_dis} | {cell('offconfig')} |")
+    print("\n| end to end (N events, then finalize) | per event |")
+    print("|---|---|")
+    for name, b in sorted(by_name.items()):
+        if name.startswith("test_e2e_"):
+            print(f"| {name[len('test_e2e_'):]} | {per_event_ns(b):.0f} ns |")
+    print("\n| figure | value |")
+    print("|---|---|")
+    for name, b in sorted(by_name.items()):
+        info = b.get("extra_info", {})
+        if "bytes_per_event" in info:
+            print(f"| bytes per event on disk, {name.split('[')[-1].rstrip(']')} | {info['bytes_per_event']} |")
+        if "during_flush_max_ms" in info:
+            print(f"| longest pause of a traced thread overlapping a flush | {info['during_flush_max_ms']} ms |")
+            print(f"| longest pause of that thread overall (traced) | {info['traced_max_ms']} ms |")
+            print(f"| longest pause of the same loop untraced (machine noise) | {info['untraced_max_ms']} ms |")
+        if "import_ms" in info:
+            print(f"| `import dftrace` | {info['import_ms']} ms |")
+    if "test_threads_do_not_block_each_other" in by_name:
+        b = by_name["test_threads_do_not_block_each_other"]
+        print(f"| 4 threads recording at once, per event | {per_event_ns(b):.0f} ns |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench.json")

@@ -1,0 +1,164 @@
+"""Keras 3 integration: a callback for ``fit``, ``evaluate`` and ``predict``.
+
+    import dftrace
+    from dftrace.keras import TraceCallback
+
+    dftrace.initialize(log_file="traces/run")
+    model.fit(x, y, epochs=3, validation_split=0.2, callbacks=[TraceCallback()])
+
+writes, with any Keras backend:
+
+- ``fit``: ``pipeline.train``; per epoch ``pipeline.epoch`` (``args.epoch``); per
+  training batch a ``compute`` span with ``args.epoch``, ``args.batch`` (index in the
+  epoch) and ``args.step`` (batches since ``fit`` began). Validation inside ``fit``
+  is a ``pipeline.evaluate`` inside its epoch.
+- ``evaluate``: ``pipeline.evaluate``, a ``compute.forward`` span per batch.
+- ``predict``: ``pipeline.test``, a ``compute.forward`` span per batch.
+
+With ``compile(steps_per_execution=N)`` Keras calls batch hooks every N batches, so
+one ``compute`` span covers N batches.
+"""
+
+from __future__ import annotations
+
+try:
+    import keras
+except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "dftrace.keras needs Keras 3, which is not installed; "
+        "install it with: pip install 'dftrace[keras]'") from _exc
+
+import functools
+import warnings
+from typing import Any, Callable
+
+from ._nodes import Node, Span, ai
+
+__all__ = ["TraceCallback"]
+
+_warned: set[str] = set()
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    # A failing hook must never break fit(): warn once and go on. functools.wraps
+    # keeps Keras's "is this method overridden" check working (no _is_default).
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if fn.__qualname__ not in _warned:
+                _warned.add(fn.__qualname__)
+                warnings.warn(f"dftrace: {fn.__qualname__} failed and was skipped: {exc!r}",
+                              RuntimeWarning, stacklevel=2)
+            return None
+
+    return wrapper
+
+
+class TraceCallback(keras.callbacks.Callback):
+    """Trace ``model.fit`` / ``evaluate`` / ``predict`` into the ``ai`` tree (see the
+    module docstring for the names and args). Spans left open by an exception are
+    closed, flagged incomplete, when the next ``fit``/``evaluate``/``predict`` of this
+    callback begins, or at ``dftrace.finalize()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._open: dict[str, tuple[Span, dict[str, Any]]] = {}
+        self._epoch: int | None = None
+        self._step = 0
+
+    # -- bookkeeping -------------------------------------------------------------
+    def _start(self, key: str, node: Node, **args: Any) -> None:
+        prev = self._open.pop(key, None)
+        if prev is not None:
+            prev[0].stop({**prev[1], "incomplete": True})
+        if node.enabled:
+            self._open[key] = (node.start(), args)
+
+    def _stop(self, key: str) -> None:
+        ent = self._open.pop(key, None)
+        if ent is not None:
+            ent[0].stop(ent[1] or None)
+
+    def _stop_all(self) -> None:
+        for key in reversed(list(self._open)):
+            ent = self._open.pop(key)
+            ent[0].stop({**ent[1], "incomplete": True})
+
+    def _epoch_args(self) -> dict[str, Any]:
+        return {} if self._epoch is None else {"epoch": self._epoch}
+
+    # -- fit ---------------------------------------------------------------------
+    @_guarded
+    def on_train_begin(self, logs: Any = None) -> None:
+        self._stop_all()
+        self._epoch = None
+        self._step = 0
+        self._start("train", ai.pipeline.train)
+
+    @_guarded
+    def on_train_end(self, logs: Any = None) -> None:
+        self._stop("batch")
+        self._stop("epoch")
+        self._stop("train")
+        self._epoch = None
+
+    @_guarded
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch = int(epoch)
+        self._start("epoch", ai.pipeline.epoch, epoch=self._epoch)
+
+    @_guarded
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._stop("batch")
+        self._stop("epoch")
+
+    @_guarded
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._start("batch", ai.compute, **self._epoch_args(), batch=int(batch), step=self._step)
+        self._step += 1
+
+    @_guarded
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._stop("batch")
+
+    # -- evaluate (also validation inside fit) --------------------------------------
+    @_guarded
+    def on_test_begin(self, logs: Any = None) -> None:
+        if "train" not in self._open:  # a standalone evaluate(): leftovers are stale
+            self._stop_all()
+        self._start("evaluate", ai.pipeline.evaluate, **self._epoch_args())
+
+    @_guarded
+    def on_test_end(self, logs: Any = None) -> None:
+        self._stop("eval_batch")
+        self._stop("evaluate")
+
+    @_guarded
+    def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._start("eval_batch", ai.compute.forward, batch=int(batch))
+
+    @_guarded
+    def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._stop("eval_batch")
+
+    # -- predict -------------------------------------------------------------------
+    @_guarded
+    def on_predict_begin(self, logs: Any = None) -> None:
+        if "train" not in self._open:
+            self._stop_all()
+        self._start("predict", ai.pipeline.test)
+
+    @_guarded
+    def on_predict_end(self, logs: Any = None) -> None:
+        self._stop("predict_batch")
+        self._stop("predict")
+
+    @_guarded
+    def on_predict_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._start("predict_batch", ai.compute.forward, batch=int(batch))
+
+    @_guarded
+    def on_predict_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._stop("predict_batch")

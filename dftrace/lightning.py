@@ -1,0 +1,286 @@
+"""Lightning integration: a ``lightning.pytorch`` callback.
+
+    import dftrace
+    import lightning.pytorch as pl
+    from dftrace.lightning import TraceCallback
+
+    dftrace.initialize(log_file="traces/run")
+    trainer = pl.Trainer(max_epochs=2, callbacks=[TraceCallback()])
+    trainer.fit(model, train_loader, val_loader)
+
+writes:
+
+============================================  ======================================
+hooks                                         span
+============================================  ======================================
+``on_fit_start`` → ``on_fit_end``             ``pipeline.train``
+``on_train_epoch_start`` → ``_end``           ``pipeline.epoch`` (``args.epoch``)
+``on_train_batch_start`` → ``_end``           ``compute`` (``epoch``, ``batch``, ``step``)
+batch start → ``on_before_zero_grad`` /       ``compute.forward`` (``training_step``;
+``on_before_backward``                        no hook wraps only the forward pass)
+``on_before_backward`` → ``on_after_backward``  ``compute.backward``
+``on_before_optimizer_step`` → batch end      ``compute.step`` (the update and
+                                              Lightning's bookkeeping after it)
+``on_validation_start`` → ``_end``            ``pipeline.evaluate`` (``args.sanity_check``
+                                              during the sanity check)
+``on_test_start`` → ``_end``                  ``pipeline.test``
+``on_predict_start`` → ``_end``               ``pipeline.test`` (``args.stage="predict"``)
+validation/test/predict batch                 ``compute.forward`` (``args.batch``)
+checkpoint write / read (``CheckpointIO``)    ``checkpoint.capture`` / ``restart``
+                                              (``args.path``, ``args.bytes``)
+============================================  ======================================
+
+``args.step`` is ``trainer.global_step`` (optimizer steps so far). ``on_exception``
+closes every open span, flagged incomplete with ``args.error``.
+"""
+
+from __future__ import annotations
+
+try:
+    import lightning.pytorch as pl
+except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "dftrace.lightning needs Lightning, which is not installed; "
+        "install it with: pip install 'dftrace[lightning]'") from _exc
+
+import os
+from typing import Any
+
+from ._nodes import ai
+from ._torch_spans import OpenSpans, guarded
+
+__all__ = ["TraceCallback"]
+
+
+def _size(path: Any) -> int | None:
+    try:
+        p = os.fspath(path)
+        if os.path.isdir(p):  # sharded checkpoints are directories
+            return sum(os.path.getsize(os.path.join(d, f))
+                       for d, _, files in os.walk(p) for f in files)
+        return os.path.getsize(p)
+    except Exception:
+        return None
+
+
+class _TracedCheckpointIO:
+    """Replaces ``save_checkpoint``/``load_checkpoint`` on one CheckpointIO object
+    (instance attributes, removed again by :meth:`undo`)."""
+
+    def __init__(self, io: Any, callback: TraceCallback):
+        self.io = io
+        self._save = io.save_checkpoint
+        self._load = io.load_checkpoint
+        cb = callback
+
+        def save_checkpoint(checkpoint: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+            node = ai.checkpoint.capture
+            if not node.enabled:
+                return self._save(checkpoint, path, *args, **kwargs)
+            extra = {"path": os.fspath(path), **cb._position()}
+            span = node.start()
+            try:
+                out = self._save(checkpoint, path, *args, **kwargs)
+            except BaseException as exc:
+                span.stop({**extra, "error": type(exc).__name__})
+                raise
+            size = _size(path)
+            if size is not None:
+                extra["bytes"] = size
+            span.stop(extra)
+            return out
+
+        def load_checkpoint(path: Any, *args: Any, **kwargs: Any) -> Any:
+            node = ai.checkpoint.restart
+            if not node.enabled:
+                return self._load(path, *args, **kwargs)
+            extra: dict[str, Any] = {"path": os.fspath(path)}
+            size = _size(path)
+            if size is not None:
+                extra["bytes"] = size
+            span = node.start()
+            try:
+                out = self._load(path, *args, **kwargs)
+            except BaseException as exc:
+                span.stop({**extra, "error": type(exc).__name__})
+                raise
+            span.stop(extra)
+            return out
+
+        io.save_checkpoint = save_checkpoint
+        io.load_checkpoint = load_checkpoint
+
+    def undo(self) -> None:
+        for name in ("save_checkpoint", "load_checkpoint"):
+            try:
+                if name in vars(self.io):
+                    delattr(self.io, name)
+            except Exception:
+                pass
+
+
+class TraceCallback(pl.Callback):
+    """Map a Lightning ``Trainer`` run onto the ``ai`` tree (see the module
+    docstring). ``checkpoints=False`` leaves the trainer's CheckpointIO alone."""
+
+    def __init__(self, checkpoints: bool = True) -> None:
+        super().__init__()
+        self.checkpoints = bool(checkpoints)
+        self._spans = OpenSpans()
+        self._io: _TracedCheckpointIO | None = None
+        self._trainer: Any = None
+
+    def _position(self) -> dict[str, Any]:
+        t = self._trainer
+        if t is None:
+            return {}
+        try:
+            return {"epoch": int(t.current_epoch), "step": int(t.global_step)}
+        except Exception:
+            return {}
+
+    # -- setup / teardown: checkpoint I/O --------------------------------------------
+    @guarded
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._trainer = trainer
+        if self.checkpoints and self._io is None:
+            self._io = _TracedCheckpointIO(trainer.strategy.checkpoint_io, self)
+
+    @guarded
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._undo_io()
+
+    def _undo_io(self) -> None:
+        if self._io is not None:
+            self._io.undo()
+            self._io = None
+
+    # -- fit -----------------------------------------------------------------------
+    @guarded
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._trainer = trainer
+        self._spans.open("fit", ai.pipeline.train)
+
+    @guarded
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._spans.close("fit")
+
+    @guarded
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._spans.open("epoch", ai.pipeline.epoch, epoch=int(trainer.current_epoch))
+
+    @guarded
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close_batch()
+        self._spans.close("epoch")
+
+    @guarded
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        step = int(trainer.global_step)
+        self._spans.open("batch", ai.compute, epoch=int(trainer.current_epoch),
+                         batch=int(batch_idx), step=step)
+        self._spans.open("forward", ai.compute.forward, step=step)
+
+    @guarded
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._close_batch()
+
+    def _close_batch(self) -> None:
+        self._spans.close("forward")
+        self._spans.close("backward")
+        self._spans.close("step")
+        self._spans.close("batch")
+
+    @guarded
+    def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._spans.close("forward")
+
+    @guarded
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._spans.close("forward")
+        self._spans.open("backward", ai.compute.backward, step=int(trainer.global_step))
+
+    @guarded
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        self._spans.close("backward")
+
+    @guarded
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._spans.close("forward")
+        self._spans.close("backward")
+        self._spans.open("step", ai.compute.step, step=int(trainer.global_step),
+                         optimizer=type(optimizer).__name__)
+
+    # -- validation / test / predict ------------------------------------------------------
+    @guarded
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        args: dict[str, Any] = {"epoch": int(trainer.current_epoch)}
+        if trainer.sanity_checking:
+            args["sanity_check"] = True
+        self._spans.open("evaluate", ai.pipeline.evaluate, **args)
+
+    @guarded
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._spans.close("eval_batch")
+        self._spans.close("evaluate")
+
+    @guarded
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._spans.open("test", ai.pipeline.test, stage="test")
+
+    @guarded
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._spans.close("eval_batch")
+        self._spans.close("test")
+
+    @guarded
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        self._spans.open("predict", ai.pipeline.test, stage="predict")
+
+    @guarded
+    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+        self._spans.close("eval_batch")
+        self._spans.close("predict")
+
+    def _eval_batch_start(self, batch_idx: int, dataloader_idx: int) -> None:
+        args: dict[str, Any] = {"batch": int(batch_idx)}
+        if dataloader_idx:
+            args["dataloader"] = int(dataloader_idx)
+        self._spans.open("eval_batch", ai.compute.forward, **args)
+
+    @guarded
+    def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:
+        self._eval_batch_start(batch_idx, dataloader_idx)
+
+    @guarded
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._spans.close("eval_batch")
+
+    @guarded
+    def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                            dataloader_idx: int = 0) -> None:
+        self._eval_batch_start(batch_idx, dataloader_idx)
+
+    @guarded
+    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._spans.close("eval_batch")
+
+    @guarded
+    def on_predict_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                               dataloader_idx: int = 0) -> None:
+        self._eval_batch_start(batch_idx, dataloader_idx)
+
+    @guarded
+    def on_predict_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                             batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._spans.close("eval_batch")
+
+    # -- errors --------------------------------------------------------------------------
+    @guarded
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._spans.close_all(error=type(exception).__name__)
+        self._undo_io()

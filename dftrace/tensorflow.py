@@ -1,0 +1,158 @@
+"""TensorFlow integration: a ``SessionRunHook`` for ``MonitoredTrainingSession``.
+
+    import dftrace
+    from dftrace.tensorflow import TraceHook
+
+    dftrace.initialize(log_file="traces/run")
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[TraceHook()]) as sess:
+        while not sess.should_stop():
+            sess.run(train_op)
+
+writes ``pipeline.train`` from ``begin`` to ``end`` (``TraceHook(span="epoch")`` for
+``pipeline.epoch``) and one ``compute`` span per ``session.run`` with ``args.step``,
+the global step when the run began (a run counter when the graph has none).
+
+``tf.compat.v1.train.SessionRunHook`` gives no hook after a failed run: a run that
+ends the input (``OutOfRangeError``) is closed by ``end`` with ``args.end_of_input``;
+one that raises anything else is closed, flagged incomplete, when the session
+closes. Either way no span is left open.
+"""
+
+from __future__ import annotations
+
+try:
+    import tensorflow as tf
+except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "dftrace.tensorflow needs TensorFlow, which is not installed; "
+        "install it with: pip install 'dftrace[tensorflow]'") from _exc
+
+import functools
+import threading
+import warnings
+from typing import Any, Callable
+
+from ._nodes import Node, Span, ai
+
+__all__ = ["TraceHook"]
+
+_warned: set[str] = set()
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    # A failing hook must never break the session that called it: warn once, go on.
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if fn.__qualname__ not in _warned:
+                _warned.add(fn.__qualname__)
+                warnings.warn(f"dftrace: {fn.__qualname__} failed and was skipped: {exc!r}",
+                              RuntimeWarning, stacklevel=2)
+            return None
+
+    return wrapper
+
+
+_PHASES = {"train": ai.pipeline.train, "epoch": ai.pipeline.epoch}
+
+
+class TraceHook(tf.compat.v1.train.SessionRunHook):
+    """Trace a ``MonitoredSession``: a ``pipeline.train`` (or ``pipeline.epoch``) span
+    for the session and a ``compute`` span per run with ``args.step``.
+
+    Args:
+        span: ``"train"`` (default) or ``"epoch"``: the node the whole session is.
+        read_global_step: read the global step before each run (one small extra
+            ``session.run`` of the step variable); with False, or when the graph
+            has no global step, ``args.step`` counts this hook's runs instead.
+    """
+
+    def __init__(self, span: str = "train", read_global_step: bool = True):
+        if span not in _PHASES:
+            raise ValueError(f"TraceHook(span=...) must be 'train' or 'epoch'; got {span!r}")
+        self._phase: Node = _PHASES[span]
+        self._read_global_step = bool(read_global_step)
+        self._global_step: Any = None
+        self._runs = 0
+        self._session_span: Span | None = None
+        self._run_span: tuple[Span, dict[str, Any]] | None = None
+
+    # -- spans -----------------------------------------------------------------
+    def _close_run(self, **more: Any) -> None:
+        ent, self._run_span = self._run_span, None
+        if ent is not None:
+            ent[0].stop({**ent[1], **more})
+
+    def _close_all(self, **more: Any) -> None:
+        self._close_run(**more)
+        span, self._session_span = self._session_span, None
+        if span is not None:
+            span.stop(more or None)
+
+    # -- SessionRunHook --------------------------------------------------------
+    @_guarded
+    def begin(self) -> None:
+        # A session of this hook that failed earlier may have left spans open.
+        self._close_all(incomplete=True)
+        self._runs = 0
+        self._global_step = (tf.compat.v1.train.get_global_step()
+                             if self._read_global_step else None)
+        if self._phase.enabled:
+            self._session_span = self._phase.start()
+
+    @_guarded
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        self._watch_close(coord)
+
+    @_guarded
+    def before_run(self, run_context: Any) -> None:
+        if self._run_span is not None:  # the last run raised: no after_run came
+            self._close_run(incomplete=True)
+        node = ai.compute
+        if not node.enabled:
+            return None
+        step = self._runs
+        if self._global_step is not None:
+            try:
+                step = int(run_context.session.run(self._global_step))
+            except Exception:
+                pass
+        self._run_span = (node.start(), {"step": step})
+        return None
+
+    @_guarded
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        self._runs += 1
+        self._close_run()
+
+    @_guarded
+    def end(self, session: Any) -> None:
+        # end() without after_run: the run stopped the input (OutOfRangeError or
+        # StopIteration); the run did finish, by raising.
+        self._close_run(end_of_input=True)
+        self._close_all()
+
+    # -- failed runs -------------------------------------------------------------
+    def _watch_close(self, coord: Any) -> None:
+        """A run that raises anything but OutOfRangeError gets neither after_run nor
+        end; the session's close still asks its coordinator to stop. Close our spans
+        there (only on the thread that ran the session: other threads may request a
+        stop while a run is going on)."""
+        if coord is None or getattr(coord.request_stop, "__dftrace_hook__", None) is self:
+            return
+        original = coord.request_stop
+        owner = threading.get_ident()
+        hook = self
+
+        def request_stop(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == owner:
+                try:
+                    hook._close_all(incomplete=True)
+                except Exception:
+                    pass
+            return original(*args, **kwargs)
+
+        request_stop.__dftrace_hook__ = self  # type: ignore[attr-defined]
+        coord.request_stop = request_stop

@@ -1,0 +1,218 @@
+"""The shared format module: tolerant line reading, validation, names."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+
+import orjson
+import pytest
+import tracegen
+
+from dftrace import format as fmt
+
+
+def _write(tmp_path, lines, name="t-node0-7.pfw"):
+    path = tmp_path / name
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def _meta(pid=7):
+    return orjson.dumps({"name": "process_name", "ph": "M", "pid": pid, "tid": pid, "args": {"name": "x"}})
+
+
+def _span(ts, dur, *, pid=7, tid=7, id=1, p_idx=0, level=1, **extra):
+    event = {"id": id, "name": "s", "cat": "compute", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "ph": "X",
+             "args": {"level": level, "p_idx": p_idx}}
+    event.update(extra)
+    return orjson.dumps(event)
+
+
+def _rules(path):
+    return [(v.line, v.rule) for v in fmt.validate_file(path)]
+
+
+@pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])
+def test_lines_of_a_finalized_file_are_all_events_or_brackets(tmp_path, compression):
+    """Every line of a clean file is an event, except the opening and closing bracket."""
+    proc = tracegen.training_process(1000, epochs=1, steps=2)
+    path = tracegen.write_process(tmp_path, proc, compression=compression)
+    lines = list(fmt.iter_trace_lines(path))
+    assert [line.text for line in lines if line.is_structural] == [b"[", b"]"]
+    assert [line.number for line in lines] == list(range(1, len(lines) + 1))
+    assert len([line for line in lines if line.event]) == len(proc.events) + len(proc.metadata())
+    assert not [line for line in lines if line.error]
+
+
+def test_zstd_file_cut_inside_a_frame_ends_with_one_broken_line(tmp_path):
+    """A crash inside a zstd frame keeps every earlier frame and reports the cut once."""
+    proc = tracegen.training_process(1000, epochs=1, steps=4)
+    path = tracegen.write_process(tmp_path, proc, compression="zstd", cut="frame", lines_per_frame=10)
+    lines = list(fmt.iter_trace_lines(path))
+    broken = [line for line in lines if line.error]
+    assert len(broken) == 1 and broken[0] is lines[-1]
+    assert "cut off" in broken[0].error
+    assert len([line for line in lines if line.event]) >= 30
+
+
+def test_gzip_file_cut_inside_a_member_ends_with_one_broken_line(tmp_path):
+    """A crash inside a gzip member keeps every earlier member and reports the cut once."""
+    proc = tracegen.training_process(1000, epochs=1, steps=4)
+    path = tracegen.write_process(tmp_path, proc, compression="gzip", cut="frame", lines_per_frame=10)
+    lines = list(fmt.iter_trace_lines(path))
+    assert [line.number for line in lines if line.error] == [lines[-1].number]
+    assert "cut off" in lines[-1].error
+
+
+def test_plain_file_cut_mid_line_reports_that_line(tmp_path):
+    """An uncompressed file cut in the middle of a line has exactly that line broken."""
+    proc = tracegen.training_process(1000, epochs=1, steps=2)
+    path = tracegen.write_process(tmp_path, proc, compression="none", cut="line")
+    lines = list(fmt.iter_trace_lines(path))
+    assert [line.number for line in lines if line.error] == [len(lines)]
+    assert "not valid JSON" in lines[-1].error
+
+
+def test_garbage_after_the_last_member_is_one_broken_line(tmp_path):
+    """Zero padding after the last gzip member (a pre-allocated file) is reported, not raised."""
+    path = tmp_path / "t-node0-7.pfw.gz"
+    path.write_bytes(gzip.compress(b"[\n" + _meta() + b"\n") + b"\0" * 64)
+    lines = list(fmt.iter_trace_lines(path))
+    assert [line.event["name"] for line in lines if line.event] == ["process_name"]
+    assert "undecodable" in lines[-1].error
+
+
+def test_trailing_commas_of_chrome_json_are_accepted(tmp_path):
+    """Lines of Chrome's array layout (`{...},`) parse as events."""
+    path = _write(tmp_path, [b"[", _meta() + b",", _span(10, 5), b"]"], "x.json")
+    assert [line.event["ph"] for line in fmt.iter_trace_lines(path) if line.event] == ["M", "X"]
+
+
+def test_clean_file_has_no_violations(tmp_path):
+    """A file written to the contract validates clean."""
+    path = tracegen.write_process(tmp_path, tracegen.training_process(1000), compression="zstd")
+    assert fmt.validate_file(path) == []
+
+
+def test_unfinished_file_with_whole_lines_is_valid(tmp_path):
+    """No closing bracket (process killed between flushes) is not a violation."""
+    path = tracegen.write_process(tmp_path, tracegen.training_process(1000), finalize=False)
+    assert fmt.validate_file(path) == []
+
+
+def test_cut_line_is_a_json_violation(tmp_path):
+    """A half-written last line is reported with its line number."""
+    path = tracegen.write_process(tmp_path, tracegen.training_process(1000), compression="none", cut="line")
+    n_lines = len(path.read_bytes().split(b"\n"))
+    assert _rules(path) == [(n_lines, "json")]
+
+
+@pytest.mark.parametrize(
+    ("line", "rule"),
+    [
+        (_span(10, -1), "dur"),
+        (_span(-5, 1), "ts"),
+        (_span(10, 1, pid=2**32), "pid"),
+        (_span(10, 1, tid=-1), "tid"),
+        (_span(10, 1, ph=1), "ph"),
+        (_span(10, 1, ph="Q"), "ph"),
+        (_span(10, 1, name=3), "name"),
+        (_span(10, 1, args=[1]), "args"),
+        (b'{"name":"s","ph":"i","pid":7,"tid":7,"ts":1,"args":{"t":"\\ud83d\\ude00"}}', "surrogate"),
+        (b'{"name":"s\xff","ph":"i","pid":7,"tid":7,"ts":1}', "utf8"),
+        (_span(10, 1) + b",", "comma"),
+        (b"][", "brackets"),
+        (b'{"name":', "json"),
+    ],
+)
+def test_each_rule_reports_the_offending_line(tmp_path, line, rule):
+    """A line breaking one rule is reported at its line number under that rule."""
+    path = _write(tmp_path, [b"[", _meta(), _span(1, 1, id=9), line])
+    assert (4, rule) in _rules(path)
+
+
+def test_escaped_backslash_before_u_is_not_a_surrogate(tmp_path):
+    """`\\\\ud800` is a backslash followed by text, not an escaped surrogate."""
+    line = b'{"name":"s","ph":"i","pid":7,"tid":7,"ts":1,"args":{"p":"C:\\\\ud800"}}'
+    assert _rules(_write(tmp_path, [b"[", _meta(), line])) == []
+
+
+def test_missing_open_bracket_and_metadata_first(tmp_path):
+    """A file must open with '[' and a metadata event."""
+    path = _write(tmp_path, [_span(1, 1)])
+    assert _rules(path) == [(1, "open"), (1, "metadata-first")]
+
+
+def test_content_after_close_is_a_violation(tmp_path):
+    """Nothing may follow the closing bracket."""
+    path = _write(tmp_path, [b"[", _meta(), b"]", _span(1, 1)])
+    assert _rules(path) == [(4, "after-close")]
+
+
+def test_partial_overlap_on_one_thread_is_a_nesting_violation(tmp_path):
+    """Two spans on one thread that overlap without nesting are reported."""
+    path = _write(tmp_path, [b"[", _meta(), _span(10, 10, id=1), _span(15, 10, id=2)])
+    assert _rules(path) == [(4, "nesting")]
+
+
+def test_overlap_on_different_threads_is_fine(tmp_path):
+    """Nesting is checked per thread."""
+    path = _write(tmp_path, [b"[", _meta(), _span(10, 10, id=1), _span(15, 10, id=2, tid=8)])
+    assert _rules(path) == []
+
+
+def test_touching_and_zero_length_spans_nest(tmp_path):
+    """Back-to-back spans and zero-length spans at a parent's end are not overlaps."""
+    lines = [b"[", _meta(), _span(15, 0, id=3, p_idx=1, level=2), _span(10, 5, id=1), _span(15, 5, id=2)]
+    assert _rules(_write(tmp_path, lines)) == []
+
+
+def test_parent_must_enclose_the_child(tmp_path):
+    """p_idx must name a span on the same thread that contains the child."""
+    lines = [b"[", _meta(), _span(10, 5, id=2, p_idx=1, level=2), _span(20, 5, id=1)]
+    assert _rules(_write(tmp_path, lines)) == [(3, "parent")]
+
+
+def test_level_must_be_one_below_the_parent(tmp_path):
+    """level is the parent's level plus one."""
+    lines = [b"[", _meta(), _span(11, 2, id=2, p_idx=1, level=3), _span(10, 5, id=1)]
+    assert _rules(_write(tmp_path, lines)) == [(3, "level")]
+
+
+def test_parent_on_another_thread_is_a_violation(tmp_path):
+    """p_idx refers to the same track only."""
+    lines = [b"[", _meta(), _span(11, 2, id=2, p_idx=1, level=2, tid=8), _span(10, 5, id=1)]
+    assert _rules(_write(tmp_path, lines)) == [(3, "parent")]
+
+
+def test_dftracer_samples_follow_or_break_the_rules_as_known(samples):
+    """DFTracer 2.0.3 finalized output is valid; 2.2.0's integer ph and missing '[' are not."""
+    assert fmt.validate_file(samples / "dftracer-2.0.3" / "toy.pfw.gz") == []
+    rules = {v.rule for v in fmt.validate_file(samples / "dftracer-2.2.0_default" / "toy-03954d0cc0f5eaf2-app.pfw.gz")}
+    assert rules == {"open", "ph"}
+
+
+def test_parse_trace_filename_reads_rank_host_pid_and_part():
+    """File names give prefix, rank, host (dashes allowed), pid and part number."""
+    assert fmt.parse_trace_filename("/x/run-rank3-node-17-4242.part2.pfw.zst") == fmt.TraceFileName(
+        "run", 3, "node-17", 4242, 2
+    )
+    assert fmt.parse_trace_filename("run-host1-42.pfw") == fmt.TraceFileName("run", None, "host1", 42, 0)
+    assert fmt.parse_trace_filename("toy-1629759c158d1f1f-app.pfw.gz") is None
+
+
+def test_normalize_phase_maps_dftracer_codes():
+    """DFTracer 2.2's integer phases become Chrome letters."""
+    assert [fmt.normalize_phase(p) for p in (1, 2, 3, 4, "X", 9, True)] == ["X", "C", "A", "M", "X", None, None]
+
+
+def test_format_module_imports_no_analysis_stack():
+    """dftrace.format (and dftrace) load without polars, dask or pandas."""
+    code = (
+        "import sys, dftrace, dftrace.format, dftrace.analysis, dftrace.analysis._cli;"
+        "print(sorted(m for m in ('polars', 'dask', 'pandas', 'distributed', 'plotly') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,101 @@
+"""Kill -9 a process that traces continuously and count what survived.
+
+As a script with arguments ``emit OUT_DIR FLUSH_INTERVAL RATE`` it is the victim:
+it records ``forward`` spans at about RATE per second (0: as fast as it can) and,
+after each span, stores how many spans have ended in ``OUT_DIR/count`` (a shared
+memory map, so the number is exact at the moment of the kill).
+
+Run without arguments it is the measurement quoted in docs/reliability.md::
+
+    python tests/reliability/_kill9.py [RUNS]
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+
+def emit(out: str, flush_interval: float, rate: float) -> None:
+    import dftrace
+    from dftrace import ai
+
+    with open(os.path.join(out, "count"), "r+b") as fh:
+        counter = mmap.mmap(fh.fileno(), 8)
+    dftrace.initialize(log_file=os.path.join(out, "t"), compression="zstd",
+                       flush_interval=flush_interval)
+    node = ai.compute.forward
+    pack = struct.pack_into
+    n = 0
+    chunk = max(1, int(rate / 100)) if rate else 1000
+    print("ready", flush=True)
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(chunk):
+            with node:
+                pass
+            n += 1
+            pack("q", counter, 0, n)
+        if rate:  # about 100 chunks a second
+            left = 0.01 - (time.perf_counter() - t0)
+            if left > 0:
+                time.sleep(left)
+
+
+def kill_after(out: str, seconds: float, flush_interval: float, rate: float) -> dict:
+    """Start a victim, SIGKILL it after ``seconds``, and count what its file kept."""
+    from dftrace import testing
+    from dftrace.format import validate_file
+
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "count"), "wb") as fh:
+        fh.write(b"\0" * 8)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "emit", out,
+                             str(flush_interval), str(rate)],
+                            stdout=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    time.sleep(seconds)
+    killed_at_us = time.time_ns() // 1000
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with open(os.path.join(out, "count"), "rb") as fh:
+        emitted = struct.unpack("q", fh.read(8))[0]
+    (path,) = testing.trace_files(os.path.join(out, "t"))
+    got = testing.spans(testing.read_events(path, strict=False), "forward")
+    ids = sorted(e["id"] for e in got)
+    last_end = max((e["ts"] + e["dur"] for e in got), default=0)
+    return {
+        "emitted": emitted,
+        "kept": len(got),
+        "lost": emitted - len(got),
+        "contiguous": ids == list(range(ids[0], ids[0] + len(ids))) if ids else True,
+        "lost_window_s": (killed_at_us - last_end) / 1e6,
+        "problems": [str(v) for v in validate_file(path)],
+        "returncode": proc.returncode,
+    }
+
+
+def main(runs: int) -> None:
+    import tempfile
+
+    print(f"{'flush s':>8} {'rate/s':>8} {'emitted':>9} {'lost':>8} {'lost %':>7} {'window s':>9}")
+    for flush_interval, rate in ((1.0, 10_000), (1.0, 0), (0.1, 0)):
+        for r in range(runs):
+            with tempfile.TemporaryDirectory() as d:
+                res = kill_after(d, 2.0 + 0.37 * r, flush_interval, rate)
+            assert res["contiguous"], res
+            print(f"{flush_interval:>8} {rate or 'max':>8} {res['emitted']:>9} {res['lost']:>8} "
+                  f"{100 * res['lost'] / max(res['emitted'], 1):>6.1f}% {res['lost_window_s']:>9.3f}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["emit"]:
+        emit(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
