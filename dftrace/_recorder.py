@@ -464,6 +464,16 @@ def stop(obj: Any, token: tuple[Stack, int] | None = None,
     join the span's own. False when nothing was open."""
     t1 = clock()
     if token is None:
+        # The common case: the innermost span on this thread's stack is obj's start().
+        stk = LOCAL.stk
+        if stk is not None and len(stk) > 1:
+            i = stk[-1]
+            ent = stk.open.get(i)
+            if ent is not None and ent[1] is obj and STATE.open_spans.pop(i, None) is not None:
+                del stk.open[i]
+                stk.pop()
+                record(obj._node._kind, ent[0], t1, i, ent[3], ent[4], stk.tid, ent[2])
+                return True
         token = _find_open(obj)
         if token is None:
             return False
@@ -503,6 +513,12 @@ def close_all_open() -> int:
 def iterate(obj: Any, gate: Any, iterable: Any) -> Any:
     """``.iter()``: per item, a ``<leaf>.iter`` span (getting it) and a ``<leaf>.block``
     span (the loop body holding it), both with ``count``. Closes on break/close/error."""
+    if speedups is not None:
+        return speedups.SpanIter(obj._node, gate, obj._extra or None, iterable)
+    return _iterate(obj, gate, iterable)
+
+
+def _iterate(obj: Any, gate: Any, iterable: Any) -> Any:
     node = obj._node
     extra = obj._extra
     it = iter(iterable)

@@ -713,6 +713,245 @@ static PyTypeObject TraceableBaseType = {
 };
 
 /* ------------------------------------------------------------------------- */
+/* SpanIter: .iter() — per item a <leaf>.iter span and a <leaf>.block span     */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *it;      /* the source iterator (NULL once exhausted/closed) */
+    PyObject *node;
+    PyObject *gate;
+    PyObject *extra;   /* Extra or None */
+    long long count;
+    /* the open block span */
+    int block_open;
+    PyObject *bstk, *bid, *bp, *btid, *bx;
+    Py_ssize_t blvl;
+    long long bt0;
+} SpanIter;
+
+static PyObject *str_iter_kind, *str_block_kind, *str_args;
+
+static PyObject *count_extra(SpanIter *s) {
+    if (s->extra == Py_None)
+        return PyLong_FromLongLong(s->count);
+    /* per-use args plus the count: a dict the encoder merges */
+    PyObject *args = PyObject_GetAttr(s->extra, str_args);
+    PyObject *d = args ? PyDict_Copy(args) : NULL;
+    Py_XDECREF(args);
+    if (!d)
+        return NULL;
+    PyObject *c = PyLong_FromLongLong(s->count);
+    if (!c || PyDict_SetItemString(d, "count", c) < 0) {
+        Py_XDECREF(c);
+        Py_DECREF(d);
+        return NULL;
+    }
+    Py_DECREF(c);
+    return d;
+}
+
+static int append_record(PyObject *kind, long long t0, long long t1, PyObject *id, PyObject *p,
+                         Py_ssize_t lvl, PyObject *tid, PyObject *x) {
+    PyObject *rec = Py_BuildValue("(OLLOOnOO)", kind, t0, t1, id, p, lvl, tid, x);
+    if (!rec)
+        return -1;
+    PyObject_GC_UnTrack(rec);
+    int err = PyList_Append(R.buffer, rec);
+    Py_DECREF(rec);
+    return err;
+}
+
+static void close_block(SpanIter *s, long long t2) {
+    if (!s->block_open)
+        return;
+    s->block_open = 0;
+    if (stack_pop(s->bstk, s->bid) < 0)
+        PyErr_Clear();
+    PyObject *kind = PyObject_GetAttr(s->node, str_block_kind);
+    if (!kind || append_record(kind, s->bt0, t2, s->bid, s->bp, s->blvl, s->btid, s->bx) < 0)
+        PyErr_Clear();
+    Py_XDECREF(kind);
+    Py_CLEAR(s->bstk);
+    Py_CLEAR(s->bid);
+    Py_CLEAR(s->bp);
+    Py_CLEAR(s->btid);
+    Py_CLEAR(s->bx);
+}
+
+static PyObject *SpanIter_next(SpanIter *s) {
+    long long now = now_ns();
+    close_block(s, now);
+    if (s->it == NULL)
+        return NULL;
+    PyObject *on = PyObject_GetAttr(s->gate, str_on);
+    int is_on = on ? PyObject_IsTrue(on) : 0;
+    Py_XDECREF(on);
+    PyErr_Clear();
+    if (!is_on || R.buffer == NULL) {
+        PyObject *item = PyIter_Next(s->it);
+        if (item)
+            s->count++;
+        else
+            Py_CLEAR(s->it);
+        return item;
+    }
+    int in_loop = 0;
+    PyObject *stk = current_stack(&in_loop);
+    if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0) {
+        Py_XDECREF(stk);
+        PyErr_Clear();
+        PyObject *item = PyIter_Next(s->it);
+        if (item)
+            s->count++;
+        else
+            Py_CLEAR(s->it);
+        return item;
+    }
+    PyObject *id = PyObject_CallNoArgs(R.next_id);
+    PyObject *tid = id ? PyObject_GetAttr(stk, str_tid) : NULL;
+    if (!tid) {
+        Py_XDECREF(id);
+        Py_DECREF(stk);
+        return NULL;
+    }
+    long long iv = PyLong_AsLongLong(id);
+    if (iv != -1 && (iv & 0xFFF) == 0) {
+        PyObject *r = PyObject_CallNoArgs(R.pressure);
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    Py_ssize_t lvl = PyList_GET_SIZE(stk);
+    PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
+    Py_INCREF(p);
+    if (PyList_Append(stk, id) < 0) {
+        Py_DECREF(p); Py_DECREF(tid); Py_DECREF(id); Py_DECREF(stk);
+        return NULL;
+    }
+    long long t0 = now_ns();
+    PyObject *item = PyIter_Next(s->it);
+    long long t1 = now_ns();
+    if (stack_pop(stk, id) < 0)
+        PyErr_Clear();
+    PyObject *x = NULL;
+    if (item == NULL) {
+        Py_CLEAR(s->it);
+        if (PyErr_Occurred()) {
+            /* the source raised: record the .iter span with args.error, re-raise */
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            PyErr_NormalizeException(&et, &ev, &tb);
+            x = PyObject_CallFunctionObjArgs(R.with_error, s->extra, ev ? ev : Py_None, NULL);
+            PyObject *kind = x ? PyObject_GetAttr(s->node, str_iter_kind) : NULL;
+            if (!kind || append_record(kind, t0, t1, id, p, lvl, tid, x) < 0)
+                PyErr_Clear();
+            Py_XDECREF(kind);
+            Py_XDECREF(x);
+            PyErr_Restore(et, ev, tb);
+        }
+        Py_DECREF(p); Py_DECREF(tid); Py_DECREF(id); Py_DECREF(stk);
+        return NULL;
+    }
+    s->count++;
+    x = count_extra(s);
+    PyObject *kind = x ? PyObject_GetAttr(s->node, str_iter_kind) : NULL;
+    if (!kind || append_record(kind, t0, t1, id, p, lvl, tid, x) < 0)
+        PyErr_Clear();
+    Py_XDECREF(kind);
+    Py_DECREF(id);
+    /* the loop body's span: open until the next call (or close/dealloc) */
+    PyObject *bid = PyObject_CallNoArgs(R.next_id);
+    if (bid && PyList_Append(stk, bid) == 0 && x) {
+        s->block_open = 1;
+        s->bstk = stk;
+        s->bid = bid;
+        s->bp = p;
+        s->btid = tid;
+        s->bx = x;
+        s->blvl = lvl;
+        s->bt0 = t1;
+        return item;
+    }
+    PyErr_Clear();
+    Py_XDECREF(bid);
+    Py_XDECREF(x);
+    Py_DECREF(p);
+    Py_DECREF(tid);
+    Py_DECREF(stk);
+    return item;
+}
+
+static PyObject *SpanIter_close(SpanIter *s, PyObject *unused) {
+    close_block(s, now_ns());
+    Py_CLEAR(s->it);
+    Py_RETURN_NONE;
+}
+
+static PyObject *SpanIter_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *node, *gate, *extra, *iterable;
+    if (!PyArg_ParseTuple(args, "OOOO", &node, &gate, &extra, &iterable))
+        return NULL;
+    PyObject *it = PyObject_GetIter(iterable);
+    if (!it)
+        return NULL;
+    SpanIter *s = (SpanIter *)type->tp_alloc(type, 0);
+    if (!s) {
+        Py_DECREF(it);
+        return NULL;
+    }
+    s->it = it;
+    Py_INCREF(node); Py_INCREF(gate); Py_INCREF(extra);
+    s->node = node;
+    s->gate = gate;
+    s->extra = extra;
+    return (PyObject *)s;
+}
+
+static int SpanIter_traverse(SpanIter *s, visitproc visit, void *arg) {
+    Py_VISIT(s->it); Py_VISIT(s->node); Py_VISIT(s->gate); Py_VISIT(s->extra);
+    Py_VISIT(s->bstk); Py_VISIT(s->bid); Py_VISIT(s->bp); Py_VISIT(s->btid); Py_VISIT(s->bx);
+    return 0;
+}
+
+static int SpanIter_clear(SpanIter *s) {
+    Py_CLEAR(s->it); Py_CLEAR(s->node); Py_CLEAR(s->gate); Py_CLEAR(s->extra);
+    Py_CLEAR(s->bstk); Py_CLEAR(s->bid); Py_CLEAR(s->bp); Py_CLEAR(s->btid); Py_CLEAR(s->bx);
+    s->block_open = 0;
+    return 0;
+}
+
+static void SpanIter_dealloc(SpanIter *s) {
+    PyObject_GC_UnTrack(s);
+    if (s->block_open && s->node) {
+        /* a loop left with break or an exception: close the body's span now */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        close_block(s, now_ns());
+        PyErr_Restore(et, ev, tb);
+    }
+    SpanIter_clear(s);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyMethodDef SpanIter_methods[] = {
+    {"close", (PyCFunction)SpanIter_close, METH_NOARGS, "Stop iterating; close the open span."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject SpanIterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._speedups.SpanIter",
+    .tp_basicsize = sizeof(SpanIter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "An iterable wrapped by node.iter(): .iter and .block spans per item.",
+    .tp_new = SpanIter_new,
+    .tp_dealloc = (destructor)SpanIter_dealloc,
+    .tp_traverse = (traverseproc)SpanIter_traverse,
+    .tp_clear = (inquiry)SpanIter_clear,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)SpanIter_next,
+    .tp_methods = SpanIter_methods,
+};
+
+/* ------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
     {"encode", encode, METH_VARARGS, "encode(batch, offset_ns, min_id, fallback, extra_type) -> bytes"},
@@ -738,8 +977,12 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(str_open, "open");
     INTERN(str_extra, "_extra");
     INTERN(str_node, "_node");
+    INTERN(str_iter_kind, "_iter_kind");
+    INTERN(str_block_kind, "_block_kind");
+    INTERN(str_args, "args");
 #undef INTERN
-    if (PyType_Ready(&SpanWrapperType) < 0 || PyType_Ready(&TraceableBaseType) < 0)
+    if (PyType_Ready(&SpanWrapperType) < 0 || PyType_Ready(&TraceableBaseType) < 0 ||
+        PyType_Ready(&SpanIterType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
@@ -747,6 +990,12 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     Py_INCREF(&SpanWrapperType);
     if (PyModule_AddObject(m, "SpanWrapper", (PyObject *)&SpanWrapperType) < 0) {
         Py_DECREF(&SpanWrapperType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&SpanIterType);
+    if (PyModule_AddObject(m, "SpanIter", (PyObject *)&SpanIterType) < 0) {
+        Py_DECREF(&SpanIterType);
         Py_DECREF(m);
         return NULL;
     }

@@ -143,8 +143,9 @@ class TracedBatchedDataset(TracedDataset):
 
 
 class TracedIterableDataset(_Wrapper, IterableDataset):
-    """An iterable dataset whose items are timed as ``item.iter`` (producing one)
-    and ``item.block`` (until the next is asked for), both with ``args.count``."""
+    """An iterable dataset whose items are ``data.item`` spans (producing one) with
+    ``args.count``. The call that finds the data exhausted is one more span, flagged
+    ``args.exhausted`` (its time is real; it is not an item)."""
 
     def __init__(self, dataset: Any):
         self._dftrace_inner = dataset
@@ -158,7 +159,33 @@ class TracedIterableDataset(_Wrapper, IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         if self._dftrace_options is not None and _runtime.session() is None:
             _start_in_worker(self._dftrace_options)
-        return _ITEM.iter(self._dftrace_inner)
+        return self._items(iter(self._dftrace_inner))
+
+    @staticmethod
+    def _items(it: Iterator[Any]) -> Iterator[Any]:
+        # Only the production of each item is a span: the consumer (the fetcher)
+        # keeps items across batches, so "holding" one has no meaningful extent.
+        count = 0
+        while True:
+            if not _ITEM.enabled:
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+                yield item
+                continue
+            span = _ITEM.start()
+            try:
+                item = next(it)
+            except StopIteration:
+                span.stop({"count": count + 1, "exhausted": True})
+                return
+            except BaseException as exc:
+                span.stop({"count": count + 1, "error": type(exc).__name__})
+                raise
+            count += 1
+            span.stop({"count": count})
+            yield item
 
     def __repr__(self) -> str:
         return f"TracedIterableDataset({self._dftrace_inner!r})"

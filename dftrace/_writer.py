@@ -167,6 +167,7 @@ class Writer:
         self._wake = threading.Event()
         self._drained = threading.Condition(threading.Lock())
         self._flush_lock = threading.Lock()
+        self._busy_since = 0.0  # monotonic start of the flush under way (0: none)
         self._stop = False
         self.events_written = 0
         self.max_pause_hint = 0.0
@@ -175,7 +176,19 @@ class Writer:
 
     # consumer protocol used by _recorder.pressure -----------------------------
     def wake(self) -> None:
+        """A producer found a full batch buffered: wake the writer. If the writer
+        has already been writing for more than a flush interval (it cannot keep up
+        with this rate), the producer waits until it is done (block mode only), so
+        a kill -9 loses about one flush interval of events, not a full buffer."""
         self._wake.set()
+        since = self._busy_since
+        if (since and not _rec.STATE.drop_when_full
+                and time.monotonic() - since > self.flush_interval
+                and threading.current_thread() is not self._thread):
+            deadline = time.monotonic() + 10.0
+            # Poll without holding a lock: a signal handler may run in this thread.
+            while self._busy_since == since and time.monotonic() < deadline:
+                time.sleep(0.001)
 
     def wait_drained(self, below: int, timeout: float) -> bool:
         if threading.current_thread() is self._thread or not self._thread.is_alive():
@@ -208,9 +221,11 @@ class Writer:
         that long (a signal handler must not wait forever)."""
         if not self._flush_lock.acquire(timeout=timeout):
             return 0
+        self._busy_since = time.monotonic()
         try:
             return self._flush()
         finally:
+            self._busy_since = 0.0
             self._flush_lock.release()
 
     def _flush(self) -> int:

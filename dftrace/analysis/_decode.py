@@ -96,6 +96,7 @@ def read_partition(partition: Partition, columns: Iterable[str] | None = None) -
         events, meta_lines = _decode_slow(result, candidates, wanted)
     result.meta = [_meta_record(line) for line in meta_lines]
     result.events = events
+    result.broken.sort()
     return result
 
 

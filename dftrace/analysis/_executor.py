@@ -111,7 +111,6 @@ class DaskExecutor:
         processes: bool = True,
     ):
         distributed = require("distributed")
-        self.address = address
         self._cluster = None
         if address is None:
             self._cluster = distributed.LocalCluster(
@@ -125,6 +124,8 @@ class DaskExecutor:
             self.client = distributed.Client(self._cluster)
         else:
             self.client = distributed.Client(address)
+        #: The scheduler's address (also of the local cluster this executor started).
+        self.address: str = self.client.scheduler.address
         self._as_completed = distributed.as_completed
 
     def map(
@@ -162,8 +163,8 @@ class DaskExecutor:
         self.close()
 
     def __repr__(self) -> str:
-        where = self.address or f"LocalCluster({len(self.client.scheduler_info()['workers'])} workers)"
-        return f"DaskExecutor({where})"
+        kind = "local cluster" if self._cluster is not None else "scheduler"
+        return f"DaskExecutor({kind} at {self.address})"
 
 
 def default_executor(executor: Any = None) -> Any:

@@ -145,9 +145,11 @@ def resolve(files: Iterable[FileMetadata]) -> Resolution:
             if pid is None:
                 continue
             key = process(part.path, pid, _host_key(record))
+            if record.get("synthetic"):
+                by_key[key].rank = _as_int(record["args"].get("rank"))
+                continue
             _apply(by_key[key], record)
-            if not record.get("synthetic"):
-                per_process_records.append((key, record))
+            per_process_records.append((key, record))
     for proc in by_key.values():
         if proc.rank is None:
             proc.rank = _rank_from_files(proc)

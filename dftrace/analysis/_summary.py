@@ -408,15 +408,16 @@ def _dataloader(durations: pl.DataFrame, procs: pl.DataFrame) -> list[dict[str, 
         .agg((pl.col("dur") * pl.col("n")).sum().alias("block_us"))
     )
     per_unit = (
-        loops.join(procs.select("proc", "unit"), on="proc")
+        loops.join(procs.select("proc", "unit", "unit_order"), on="proc")
         .filter(pl.col("unit").is_not_null())
-        .group_by("cat", "loader", "unit")
+        .group_by("cat", "loader", "unit", "unit_order")
         .agg(
             (pl.col("dur") * pl.col("n")).filter(pl.col("is_iter")).sum().alias("iter_us"),
             (pl.col("dur") * pl.col("n")).filter(~pl.col("is_iter")).sum().alias("block_us"),
         )
         .with_columns(_stall("iter_us", "block_us"))
-        .sort("stall", descending=True, nulls_last=True)
+        .sort(["stall", "unit_order"], descending=[True, False], nulls_last=True)
+        .drop("unit_order")
     )
     rows = (
         iters.join(blocks, on=["cat", "loader"], how="left")

@@ -35,7 +35,7 @@ PREPROCESS_US = 150
 
 def step_us(extra: int = 0) -> int:
     """Length of one step's ``fetch.block`` (the loop body) with ``extra`` µs of slowness."""
-    return TRANSFER_US + FORWARD_US + BACKWARD_US + extra + ALL_REDUCE_US + OPTIMIZER_US + 4 * GAP_US
+    return TRANSFER_US + FORWARD_US + BACKWARD_US + extra + ALL_REDUCE_US + OPTIMIZER_US + 5 * GAP_US
 
 
 @dataclass
@@ -47,6 +47,8 @@ class Process:
     rank: int | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     next_id: int = 1
+    #: Clock anchor (wall_ns, mono_ns) written to the metadata.
+    anchor: tuple[int, int] = (T0_US * 1000 - 1_000_000, 5_000_000_000)
 
     @property
     def hhash(self) -> str:
@@ -64,7 +66,7 @@ class Process:
         )
         return event_id
 
-    def metadata(self, t0: int = T0_US, mono_ns: int = 5_000_000_000) -> list[dict[str, Any]]:
+    def metadata(self) -> list[dict[str, Any]]:
         label = f"{self.host} · pid {self.pid}"
         if self.rank is not None:
             label = f"rank {self.rank} · {label}"
@@ -75,7 +77,7 @@ class Process:
             ("thread_name", "", main, {"name": "MainThread"}),
             ("thread_name", "", loader, {"name": "loader"}),
             ("HH", "dftrace", main, {"name": self.host, "value": self.hhash}),
-            ("clock_anchor", "dftrace", main, {"wall_ns": t0 * 1000 - 1_000_000, "mono_ns": mono_ns}),
+            ("clock_anchor", "dftrace", main, {"wall_ns": self.anchor[0], "mono_ns": self.anchor[1]}),
             ("PR", "dftrace", main, {"cmdline": ["python", "train.py"], "cwd": "/work", "python": "3.11",
                                      "hostname": self.host, "rank": self.rank, "local_rank": self.rank}),
         ]

@@ -119,8 +119,10 @@ def test_the_same_method_instrumented_twice_ends_as_it_started():
             with dftrace.instrument(Pipeline, {"load": ai.data.preprocess}):
                 Pipeline().load(1)
             Pipeline().load(2)
-    assert testing.spans(result.events, "item") and len(testing.spans(result.events, "item")) == 2
-    assert len(testing.spans(result.events, "preprocess")) == 1
+    first_item, second_item = testing.assert_span(result, "item", count=2)
+    [outer] = testing.assert_span(result, "preprocess", count=1)
+    assert first_item["args"]["p_idx"] == outer["id"]  # the inner shim wraps the outer one
+    assert second_item["args"]["p_idx"] == 0
     _assert_pristine()
 
 
@@ -141,8 +143,13 @@ def test_special_method_on_an_instance_points_to_the_class():
 
 def test_non_methods_and_non_nodes_are_refused():
     """Properties, plain attributes and values that are not nodes raise TypeError."""
+    class Handler:
+        def __call__(self, x):
+            return x
+
     class WithProperty:
         size = 3
+        handler = Handler()
 
         @property
         def name(self):
@@ -153,6 +160,9 @@ def test_non_methods_and_non_nodes_are_refused():
             pass
     with pytest.raises(TypeError, match="not a method"):
         with dftrace.instrument(WithProperty, {"size": ai.data.item}):
+            pass
+    with pytest.raises(TypeError, match="callable Handler object, not a method"):
+        with dftrace.instrument(WithProperty, {"handler": ai.data.item}):
             pass
     with pytest.raises(TypeError, match="give a node"):
         dftrace.instrument(Pipeline, {"load": "ai.data.item"})

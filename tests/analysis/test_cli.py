@@ -1,0 +1,221 @@
+"""The analysis commands: summary, convert, merge, validate (report: test_report.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import orjson
+import polars as pl
+import pytest
+import tracegen
+
+from dftrace import format as fmt
+from dftrace.analysis import load_traces
+from dftrace.analysis._cli import main
+
+COMMANDS = ("summary", "report", "convert", "merge", "validate")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command, capsys):
+    """`<command> --help` exits 0 and describes the command."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert f"usage: dftrace {command}" in capsys.readouterr().out
+
+
+def test_dftrace_command_offers_the_analysis_commands():
+    """`python -m dftrace --help` lists the analysis commands next to the core's."""
+    out = subprocess.run([sys.executable, "-m", "dftrace", "--help"], capture_output=True, text=True, check=True)
+    for command in COMMANDS:
+        assert command in out.stdout
+
+
+def test_summary_prints_every_section(run_dir, capsys):
+    """The terminal summary has the category table, epochs, steps, breakdown, stall, ranks."""
+    assert main(["summary", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    for heading in ("Time per category and name", "Epochs", "Steps:", "Time breakdown",
+                    "Data-loader stall", "Rank imbalance"):
+        assert heading in out
+    assert "4 files, 4 processes (4 ranks on 2 hosts)" in out
+    forward = next(line for line in out.splitlines() if " forward " in line)
+    assert forward.split()[:3] == ["compute", "forward", "32"]
+
+
+def test_summary_json_is_the_summary(run_dir, capsys):
+    """--json prints the whole summary as JSON."""
+    assert main(["summary", str(run_dir), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["overview"]["processes"] == 4
+    assert {g["group"] for g in data["breakdown"]["groups"]} == {"compute", "data", "comm", "checkpoint", "device"}
+
+
+def test_missing_input_is_a_clear_error(tmp_path, capsys):
+    """A path that matches nothing exits 2 with a message, not a traceback."""
+    assert main(["summary", str(tmp_path / "none*.pfw")]) == 2
+    assert "no trace files found" in capsys.readouterr().err
+
+
+def test_convert_to_chrome_json_is_strict_json(run_dir, tmp_path, capsys):
+    """.json.gz output is one JSON array that starts with metadata and has every event."""
+    out = tmp_path / "trace.json.gz"
+    assert main(["convert", str(run_dir), "-o", str(out)]) == 0
+    events = json.loads(gzip.decompress(out.read_bytes()))
+    trace = load_traces(run_dir)
+    assert len(events) == trace.events.height + trace.meta.height
+    assert events[0]["ph"] == "M"
+    assert all(isinstance(e["ph"], str) and 0 <= e["pid"] < 2**32 for e in events)
+    assert fmt.validate_file(out) == []
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_convert_round_trips_through_every_format(run_dir, tmp_path):
+    """Chrome JSON, pfw.gz and Parquet outputs load back to the same events."""
+    trace = load_traces(run_dir)
+    for name in ("t.json", "t.pfw.gz", "t.parquet"):
+        assert main(["convert", str(run_dir), "-o", str(tmp_path / name)]) == 0
+        back = load_traces(tmp_path / name)
+        assert back.events.sort("pid", "id").equals(trace.events.sort("pid", "id")), name
+
+
+def test_convert_dftracer_2_2_to_pfw_for_dfanalyzer(samples, tmp_path):
+    """DFTracer 2.2.0's integer phases become letters in a valid pfw.gz."""
+    out = tmp_path / "toy.pfw.gz"
+    source = samples / "dftracer-2.2.0_meta" / "toy-1629759c158d1f1f-app.pfw.gz"
+    assert main(["convert", str(source), "-o", str(out)]) == 0
+    lines = [line for line in fmt.iter_trace_lines(out) if line.event]
+    assert {line.event["ph"] for line in lines} == {"M", "X"}
+    assert not any("type" in line.event for line in lines)
+    assert fmt.validate_file(out) == []
+
+
+def test_convert_rejects_an_unknown_suffix(run_dir, tmp_path, capsys):
+    """An output suffix that names no format fails before reading anything."""
+    assert main(["convert", str(run_dir), "-o", str(tmp_path / "out.txt")]) == 2
+    assert "output format" in capsys.readouterr().err
+
+
+def _merged(tmp_path, *args):
+    out = tmp_path / "merged.json.gz"
+    assert main(["merge", *args, "-o", str(out)]) == 0
+    return json.loads(gzip.decompress(out.read_bytes()))
+
+
+def test_merge_names_and_orders_processes_by_rank(run_dir, tmp_path):
+    """Merged processes are named 'rank R · host · pid P' and sorted by rank."""
+    events = _merged(tmp_path, str(run_dir))
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    order = {e["pid"]: e["args"]["sort_index"] for e in events if e["name"] == "process_sort_index"}
+    assert sorted(names.values()) == [f"rank {r} · node{r % 2} · pid {1000 + r}" for r in range(4)]
+    assert sorted(order.items(), key=lambda kv: kv[1]) == sorted(order.items())
+    assert set(order.values()) == {0, 1, 2, 3}
+
+
+def test_merge_makes_pids_unique(tmp_path):
+    """Two processes with the same pid on different hosts get different pids."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for rank, host in ((0, "node0"), (1, "node1")):
+        tracegen.write_process(inputs, tracegen.training_process(4242, rank=rank, host=host, epochs=1))
+    events = _merged(tmp_path, str(inputs))
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len({e["pid"] for e in spans}) == 2
+    labels = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert {e["pid"] for e in spans} == set(labels)
+    assert sorted(labels.values()) == ["rank 0 · node0 · pid 4242", "rank 1 · node1 · pid 4242"]
+
+
+def test_merge_aligns_clocks_of_one_host_from_anchors(tmp_path):
+    """A process whose wall clock was 2 ms ahead at start-up is shifted back by 2 ms."""
+    ahead_us = 2000
+    ref = tracegen.training_process(1000, rank=0, epochs=1)
+    late = tracegen.training_process(1001, rank=1, epochs=1, t0=tracegen.T0_US + ahead_us)
+    wall, mono = ref.anchor
+    # Same monotonic clock reading, wall clock 2 ms further: an NTP step between starts.
+    late.anchor = (wall + ahead_us * 1000, mono)
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for proc in (ref, late):
+        tracegen.write_process(inputs, proc)
+    events = _merged(tmp_path, str(inputs))
+    first = {e["pid"]: min(x["ts"] for x in events if x["ph"] == "X" and x["pid"] == e["pid"])
+             for e in events if e["ph"] == "X"}
+    assert set(first.values()) == {tracegen.T0_US}
+    raw = _merged(tmp_path, str(inputs), "--no-align")
+    assert {min(e["ts"] for e in raw if e["ph"] == "X" and e["pid"] == p) for p in first} == {
+        tracegen.T0_US, tracegen.T0_US + ahead_us
+    }
+
+
+def test_merge_filters_categories(run_dir, tmp_path):
+    """--cat keeps the named categories only (metadata stays)."""
+    events = _merged(tmp_path, str(run_dir), "--cat", "comm", "--cat", "checkpoint")
+    assert {e["cat"] for e in events if e["ph"] != "M"} == {"comm", "checkpoint"}
+    assert any(e["name"] == "process_name" for e in events)
+
+
+def test_merge_keeps_the_time_of_selected_steps(run_dir, tmp_path):
+    """--steps keeps, per rank, what overlaps those steps, including spans without step args."""
+    events = [e for e in _merged(tmp_path, str(run_dir), "--steps", "1:2", "--epoch", "0") if e["ph"] == "X"]
+    steps = {e["args"].get("step") for e in events if e["cat"] == "compute"}
+    assert steps == {1, 2}
+    names = {e["name"] for e in events}
+    assert {"epoch", "preprocess", "fetch.block", "forward"} <= names and "save" not in names
+
+
+def test_merge_time_window(run_dir, tmp_path):
+    """--start/--end keep events overlapping the window (seconds from the start)."""
+    events = [e for e in _merged(tmp_path, str(run_dir), "--start", "0.001", "--end", "0.0015") if e["ph"] == "X"]
+    lo, hi = tracegen.T0_US + 1000, tracegen.T0_US + 1500
+    assert events and all(e["ts"] <= hi and e["ts"] + e["dur"] >= lo for e in events)
+
+
+def test_merged_output_loads_back_with_ranks(run_dir, tmp_path):
+    """A merged file is itself a trace: ranks and hosts survive."""
+    out = tmp_path / "m.json.gz"
+    assert main(["merge", str(run_dir), "-o", str(out)]) == 0
+    back = load_traces(out)
+    assert back.processes.select("rank", "host").rows() == [(r, f"node{r % 2}") for r in range(4)]
+
+
+def test_validate_passes_clean_files(run_dir, capsys):
+    """validate exits 0 and says OK for files that follow the format."""
+    assert main(["validate", str(run_dir)]) == 0
+    assert capsys.readouterr().out.count(": OK") == 4
+
+
+def test_validate_fails_with_line_numbers(tmp_path, capsys):
+    """validate exits 1 and prints each offending line number and rule."""
+    bad = orjson.dumps({"name": "x", "cat": "c", "ph": "X", "pid": 1, "tid": 1, "ts": 5, "dur": -3})
+    path = tracegen.write_process(tmp_path, tracegen.training_process(1, epochs=1, steps=1),
+                                  compression="none", extra_lines=[bad])
+    bad_line = path.read_bytes().split(b"\n").index(bad) + 1
+    assert main(["validate", str(path)]) == 1
+    assert f"line {bad_line}: [dur] dur must be a number >= 0" in capsys.readouterr().out
+    assert main(["validate", str(path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report[str(path)] == [{"line": bad_line, "rule": "dur", "message": "dur must be a number >= 0, got -3"}]
+
+
+def test_validate_needs_no_analysis_stack(tmp_path):
+    """validate runs without importing polars."""
+    path = tracegen.write_process(tmp_path, tracegen.training_process(1, epochs=1, steps=1))
+    code = (
+        "import sys; from dftrace.analysis._cli import main;"
+        f"rc = main(['validate', {str(path)!r}]); print(rc, 'polars' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-2:] == ["0", "False"]
+
+
+def test_merge_output_is_sorted_by_rank_then_time(run_dir, tmp_path):
+    """Events come rank by rank, each in time order."""
+    events = [e for e in _merged(tmp_path, str(run_dir)) if e["ph"] == "X"]
+    frame = pl.DataFrame({"pid": [e["pid"] for e in events], "ts": [e["ts"] for e in events]})
+    assert frame.get_column("pid").to_list() == sorted(frame.get_column("pid").to_list())
+    assert all(group.get_column("ts").is_sorted() for group in frame.partition_by("pid"))

@@ -1,0 +1,204 @@
+"""The summary's answers, checked against the known contents of generated runs."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+import tracegen
+from tracegen import (
+    ALL_REDUCE_US,
+    BACKWARD_US,
+    CHECKPOINT_US,
+    FETCH_ITER_US,
+    FORWARD_US,
+    OPTIMIZER_US,
+    PREPROCESS_US,
+    TRANSFER_US,
+)
+
+from dftrace.analysis import Summary, load_traces, summarize
+from dftrace.analysis import _summary as summary_module
+
+RANKS, EPOCHS, STEPS = 4, 2, 4
+STEP_EXTENT = tracegen.step_us() - tracegen.GAP_US  # transfer .. end of the optimizer step
+SLOW = {(1, 0, 2): 500, (3, 1, 1): 900}
+
+
+@pytest.fixture(scope="module")
+def summary(run_dir) -> Summary:
+    return summarize(run_dir)
+
+
+def _row(rows, **match):
+    found = [r for r in rows if all(r[k] == v for k, v in match.items())]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_category_table_counts_totals_and_percentiles(summary):
+    """Per (cat, name): exact count, total, mean and nearest-rank percentiles."""
+    n = RANKS * EPOCHS * STEPS
+    forward = _row(summary.categories, cat="compute", name="forward")
+    assert (forward["count"], forward["total_us"], forward["mean_us"]) == (n, n * FORWARD_US, FORWARD_US)
+    backward = _row(summary.categories, cat="compute", name="backward")
+    assert backward["total_us"] == n * BACKWARD_US + sum(SLOW.values())
+    # 30 calls of 200 us, one of 700, one of 1100: p95 is the 31st smallest.
+    assert (backward["p50_us"], backward["p95_us"], backward["max_us"]) == (200, 700, 1100)
+
+
+def test_categories_are_listed_in_pipeline_order(summary):
+    """The table groups names by category: pipeline, compute, data, dataloader, comm, ..."""
+    cats = list(dict.fromkeys(r["cat"] for r in summary.categories))
+    assert cats == ["pipeline", "compute", "data", "dataloader", "comm", "device", "checkpoint"]
+
+
+def test_percentiles_use_the_nearest_rank(tmp_path):
+    """Durations 1..100 have p50 50 and p95 95."""
+    proc = tracegen.Process(1, rank=0)
+    for i in range(1, 101):
+        proc.span("op", "compute", tracegen.T0_US + 1000 * i, i)
+    stats = _row(summarize(tracegen.write_process(tmp_path, proc)).categories, name="op")
+    assert (stats["min_us"], stats["p50_us"], stats["p95_us"], stats["max_us"]) == (1, 50, 95, 100)
+
+
+def test_epoch_table_names_the_slowest_rank(summary):
+    """Each epoch: ranks, steps, slowest rank's time and the median rank's."""
+    epoch_us = STEPS * (FETCH_ITER_US + tracegen.step_us()) + CHECKPOINT_US
+    first = _row(summary.epochs, epoch=0)
+    assert (first["ranks"], first["steps"], first["slowest"]) == (RANKS, STEPS, "rank 1")
+    assert (first["median_us"], first["max_us"]) == (epoch_us, epoch_us + 500)
+
+
+def test_step_table_finds_stragglers(summary):
+    """A slow step shows its slowest rank, the median and their ratio."""
+    step = _row(summary.steps, epoch=0, step=2)
+    assert (step["slowest"], step["median_us"], step["max_us"]) == ("rank 1", STEP_EXTENT, STEP_EXTENT + 500)
+    assert step["imbalance"] == pytest.approx((STEP_EXTENT + 500) / STEP_EXTENT, abs=1e-3)
+    even = _row(summary.steps, epoch=0, step=0)
+    assert even["imbalance"] == 1.0 and even["min_us"] == even["max_us"] == STEP_EXTENT
+
+
+def test_imbalance_ranks_worst_steps_and_slowest_ranks(summary):
+    """The worst step comes first; each rank counts the steps it was slowest in."""
+    imbalance = summary.imbalance
+    assert imbalance["steps_compared"] == EPOCHS * STEPS
+    assert [(w["epoch"], w["step"], w["slowest"]) for w in imbalance["worst"]] == [(1, 1, "rank 3"), (0, 2, "rank 1")]
+    ratios = [1.0] * 6 + [(STEP_EXTENT + 500) / STEP_EXTENT, (STEP_EXTENT + 900) / STEP_EXTENT]
+    assert imbalance["mean_ratio"] == pytest.approx(sum(ratios) / len(ratios), abs=1e-3)
+    slowest = {r["rank"]: r["slowest_count"] for r in imbalance["ranks"]}
+    assert slowest == {"rank 0": 0, "rank 1": 1, "rank 2": 0, "rank 3": 1}
+
+
+def test_step_stats_cover_every_rank_step(summary):
+    """Step time statistics run over all (rank, step) pairs."""
+    stats = summary.step_stats
+    assert stats["count"] == RANKS * EPOCHS * STEPS
+    assert (stats["p50_us"], stats["max_us"]) == (STEP_EXTENT, STEP_EXTENT + 900)
+
+
+def test_breakdown_measures_busy_exclusive_and_overlap(summary):
+    """Busy time is the union of a group's spans; preprocessing overlaps the forward pass."""
+    steps = EPOCHS * STEPS
+    groups = {g["group"]: g for g in summary.breakdown["groups"]}
+    compute = RANKS * steps * (FORWARD_US + BACKWARD_US + OPTIMIZER_US) + sum(SLOW.values())
+    data = RANKS * steps * (FETCH_ITER_US + PREPROCESS_US)
+    # The loader thread's preprocess starts with forward and runs 150 us: forward
+    # (100), the gap after it (5, idle) and the first 45 us of backward.
+    overlap = RANKS * steps * (PREPROCESS_US - tracegen.GAP_US)
+    assert (groups["compute"]["busy_us"], groups["data"]["busy_us"]) == (compute, data)
+    assert groups["compute"]["overlapped_us"] == groups["data"]["overlapped_us"] == overlap
+    assert groups["comm"]["busy_us"] == groups["comm"]["exclusive_us"] == RANKS * steps * ALL_REDUCE_US
+    assert groups["checkpoint"]["busy_us"] == RANKS * EPOCHS * CHECKPOINT_US
+    assert groups["device"]["busy_us"] == RANKS * steps * TRANSFER_US
+    assert summary.breakdown["pairs"] == [{"a": "compute", "b": "data", "overlap_us": overlap}]
+
+
+def test_breakdown_adds_up_to_process_time(summary):
+    """Per process, exclusive + overlapped + idle time equals the process's wall time."""
+    for proc in summary.breakdown["processes"]:
+        union = sum(proc["exclusive_us"].values())
+        overlap = sum(proc["busy_us"].values()) - union
+        # Two groups overlap here, so each overlapping microsecond is counted twice in busy.
+        assert union + overlap // 2 + proc["idle_us"] == proc["wall_us"]
+    rank0 = summary.breakdown["processes"][0]
+    assert rank0["idle_us"] == EPOCHS * STEPS * 4 * tracegen.GAP_US + tracegen.GAP_US
+
+
+def test_dataloader_stall_compares_iter_and_block(summary):
+    """Stall is the share of loop time spent in fetch.iter rather than fetch.block."""
+    loader = _row(summary.dataloader, cat="dataloader", loader="fetch")
+    n = RANKS * EPOCHS * STEPS
+    iter_us = n * FETCH_ITER_US
+    block_us = n * tracegen.step_us() + sum(SLOW.values())
+    assert (loader["items"], loader["iter_us"], loader["block_us"]) == (n, iter_us, block_us)
+    assert loader["stall"] == pytest.approx(iter_us / (iter_us + block_us), abs=1e-3)
+    assert loader["ranks"][0]["rank"] in {"rank 0", "rank 2"}  # the ranks that never straggled
+
+
+def test_overview_counts_processes_ranks_and_hosts(summary):
+    """The overview counts files, processes, ranks, hosts and events."""
+    o = summary.overview
+    per_process = len(tracegen.training_process(1000).events)
+    assert (o["files"], o["processes"], o["ranks"], o["hosts"]) == (4, 4, 4, 2)
+    assert o["events"] == o["spans"] == RANKS * per_process
+    assert o["broken_lines"] == o["cut_off_files"] == o["unfinished_files"] == 0
+
+
+def test_damage_is_counted_in_the_overview(tmp_path):
+    """Cut-off files, unfinished files, incomplete spans and dropped events are counted."""
+    proc = tracegen.training_process(1000, rank=0)
+    proc.span("hung", "compute", tracegen.T0_US, 10, incomplete=True)
+    dropped = orjson.dumps({"name": "dropped", "cat": "dftrace", "ph": "M", "pid": 1000, "tid": 1000,
+                            "args": {"count": 7}})
+    tracegen.write_process(tmp_path, proc, extra_lines=[dropped], finalize=False)
+    tracegen.write_process(tmp_path, tracegen.training_process(1001, rank=1), cut="frame")
+    o = summarize(tmp_path).overview
+    assert (o["broken_lines"], o["cut_off_files"], o["unfinished_files"]) == (1, 1, 2)
+    assert (o["incomplete_spans"], o["dropped_events"]) == (1, 7)
+
+
+def test_split_partitions_combine_exactly(run_dir):
+    """Summaries of files cut into many partitions equal those of whole files."""
+    whole = summarize(run_dir).to_dict()
+    split = summarize(run_dir, partition_bytes=600).to_dict()
+    assert split["overview"].pop("partitions") > whole["overview"].pop("partitions")
+    for f in split["files"] + whole["files"]:
+        f.pop("partitions")
+    assert split == whole
+
+
+def test_summary_of_a_loaded_trace_matches_the_files(run_dir):
+    """summarize(trace) and summarize(paths) give the same answers."""
+    from_files = summarize(run_dir).to_dict()
+    from_trace = summarize(load_traces(run_dir)).to_dict()
+    for key in ("overview", "files"):
+        from_files.pop(key), from_trace.pop(key)
+    assert from_trace == from_files
+
+
+def test_json_round_trip(summary):
+    """A summary survives to_json / from_dict unchanged."""
+    assert Summary.from_dict(orjson.loads(summary.to_json())) == summary
+
+
+def test_rank_steps_are_sampled_beyond_the_limit(run_dir, monkeypatch):
+    """Past RANK_STEPS_LIMIT the per-rank step rows keep every rank of evenly spaced steps."""
+    monkeypatch.setattr(summary_module, "RANK_STEPS_LIMIT", 8)
+    s = summarize(run_dir)
+    assert s.rank_steps_sampled
+    steps = {(r["epoch"], r["step"]) for r in s.rank_steps}
+    assert len(s.rank_steps) == RANKS * len(steps) <= 8
+
+
+def test_processes_are_the_units_when_no_rank_is_known(samples):
+    """Without ranks (DFTracer), each process is compared as its own unit."""
+    s = summarize([samples / "dftracer-2.0.3" / "toy.pfw.gz", str(samples / "dftracer-2.2.0_meta" / "*.pfw.gz")])
+    assert s.overview["ranks"] == 0
+    assert {r["rank"] for r in s.imbalance["ranks"]} == {"vm · pid 25021", "vm · pid 22426"}
+    assert _row(s.categories, cat="comm", name="send")["count"] == 3
+
+
+def test_no_progress_output_off_a_terminal(run_dir, capsys):
+    """Without a terminal, loading prints nothing to stderr."""
+    summarize(run_dir)
+    assert capsys.readouterr().err == ""
