@@ -19,10 +19,9 @@ encoder, parsed back), so ``capture()`` and ``Trace.load(path)`` agree.
 
 from __future__ import annotations
 
-import difflib
 import glob
-import html
 import inspect
+import itertools
 import os
 import socket
 import sys
@@ -38,7 +37,7 @@ from . import _recorder as _rec
 from . import _runtime, _writer
 from ._events import Encoder
 from ._nodes import Use
-from ._values import _NOTHING, CaptureOptions, render, summarize
+from ._values import _NOTHING, CaptureOptions, render
 
 __all__ = [
     "Call",
@@ -187,7 +186,9 @@ class CapturingUse(Use):
             scope = CallScope(self, opts.frame_params(frame, max_len))
             if opts.result:
                 scope._snapshot = _snapshot(frame)
-            scope._extra = opts.extra(self._extra, scope._params, max_len)
+            # Plain dicts here: if the span is never closed, the core flags it
+            # incomplete by re-reading these args as a dict.
+            scope._extra = opts.extra(self._extra, scope._params, max_len, compact=False)
             _rec.cm_open(scope)
             return scope
         except Exception:
@@ -195,6 +196,8 @@ class CapturingUse(Use):
 
     def _exit(self, t1: int, frame: Any, ev: Any) -> None:
         try:
+            if not self._on and _rec.LOCAL.thread_stk is None:
+                return  # nothing was ever opened on this thread: do not make a stack
             found = _rec.cm_find(_is_scope_of(self))
             if found is None:
                 return
@@ -233,8 +236,6 @@ class CapturingUse(Use):
         if not self._capture.result:
             return super().iter(iterable)
         if _nodes._max_items is not None:
-            import itertools
-
             iterable = itertools.islice(iterable, _nodes._max_items)
         gate = self._gate()
         if _nodes._off_for_good or gate is None or not gate._on:
@@ -342,6 +343,13 @@ def _after_fork_in_child() -> None:
     _runtime._set_gate()
 
 
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # an exception whose __str__ raises
+        return type(exc).__name__
+
+
 def _add_note(exc: BaseException, note: str) -> None:
     try:
         if hasattr(exc, "add_note"):
@@ -407,10 +415,7 @@ class Capture:
                     self._running = False
                 _runtime._set_gate()
             if trace is not None:
-                error = None
-                if ev is not None:
-                    error = f"{type(ev).__name__}: {ev}"
-                trace._fill(self._events(), error=error)
+                trace._fill(self._events(), error=None if ev is None else _describe(ev))
         except Exception as exc:  # never let the capture hide the block's own outcome
             _rec.STATE.warn_once("capture", f"capture could not build its trace: {exc!r}")
         finally:
@@ -495,6 +500,8 @@ class TraceKeyError(KeyError, AttributeError):
 
 
 def _missing(key: Any, where: str, keys: list[str], what: str = "key", hint: str = "") -> TraceKeyError:
+    import difflib  # only on this error path: keeps `import dftrace` light
+
     shown = ", ".join(keys) if keys else "(none)"
     plural = "categories" if what == "category" else what + "s"
     msg = f"no {what} {key!r} in {where}; valid {plural}: {shown}"
@@ -606,7 +613,7 @@ def _text_table(headers: list[str], rows: list[list[str]], right: set[int] = fro
 
 
 def _html_table(caption: str, headers: list[str], rows: list[list[str]]) -> str:
-    e = html.escape
+    from html import escape as e  # notebooks only
     head = "".join(f"<th>{e(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
     return (f'<table class="dftrace"><caption>{e(caption)}</caption>'
@@ -692,7 +699,8 @@ class Call(_Browsable):
             rows.append(["result", render(self.result, 80)])
         if self.error:
             rows.append(["error", self.error])
-        others = {k: v for k, v in self.args.items() if k not in ("params", "result")}
+        others = {k: v for k, v in self.args.items()
+                  if k not in ("params", "result", "error", "error_message")}
         if others:
             rows.append(["args", render(others, 80)])
         if self._children:
@@ -703,7 +711,9 @@ class Call(_Browsable):
         return rows
 
     def __str__(self) -> str:
-        return "\n".join(f"{k:<12} {v}" for k, v in self._rows())
+        rows = self._rows()
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
     def _repr_html_(self) -> str:
         return _html_table(f"{self.cat}.{self.name}", ["field", "value"], self._rows())
@@ -794,7 +804,10 @@ class Calls(_Browsable):
         headers = ["#"] + (["name"] if mixed else []) + ["start", "duration", "params", "result"]
         rows = []
         for n, c in enumerate(self._calls[:_MAX_ROWS]):
-            result = c.error and f"error {c.error}" or (render(c.result, 40) if "result" in c.args else "")
+            if c.error:
+                result = f"error {c.error}"
+            else:
+                result = render(c.result, 40) if "result" in c.args else ""
             rows.append([str(n)] + ([c.name] if mixed else [])
                         + [f"+{_fmt_dur(c.ts - c._t0)}", _fmt_dur(c.dur), _fmt_params(c.params), result])
         return headers, rows

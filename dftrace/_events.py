@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from ._args import encode_fragment, sanitize_args
+from ._args import _cut, encode_fragment, sanitize_args
 
 try:  # the optional C encoder (see _speedups.c); DFTRACE_NO_SPEEDUPS=1 disables it
     import os as _os
@@ -40,8 +40,10 @@ class EventKind:
     __slots__ = ("name", "cat", "args", "frag", "keys", "tmpl", "special")
 
     def __init__(self, name: str, cat: str, args: dict[str, Any] | None = None):
-        self.name = name
-        self.cat = cat
+        # Names come from user code: valid UTF-8 and bounded like string args, or
+        # the encoder could not write this kind's events at all.
+        self.name = _text(name)
+        self.cat = _text(cat)
         self.args = args or {}
         self.frag = encode_fragment(self.args, sanitized=True)
         self.keys = frozenset(self.args)
@@ -50,6 +52,19 @@ class EventKind:
 
     def __repr__(self) -> str:
         return f"EventKind({self.name!r}, {self.cat!r}, {self.args!r})"
+
+
+def _text(s: Any) -> str:
+    if type(s) is str and len(s) <= _NAME_MAX and s.isascii():
+        return s
+    try:
+        return _cut(s if isinstance(s, str) else str(s), _NAME_MAX)
+    except Exception:
+        return f"<{type(s).__name__}>"
+
+
+#: Longest event name or category kept (longer ones are cut with a visible marker).
+_NAME_MAX = 1024
 
 
 class Extra:

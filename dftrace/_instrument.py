@@ -8,7 +8,6 @@ shims outlive a failing notebook cell otherwise.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +56,8 @@ class Instrumentation:
         try:
             raw = inspect.getattr_static(t, name)
         except AttributeError:
+            import difflib  # only on this error path
+
             close = difflib.get_close_matches(name, self._candidates(), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise AttributeError(f"instrument: {self._describe()} has no method {name!r}{hint}") from None
@@ -128,7 +129,7 @@ def instrument(target: Any, methods: Mapping[str, Any]) -> Instrumentation:
         with dftrace.instrument(MyDataset, {"__getitem__": ai.data.item(capture=True)}):
             ...
 
-    On a class, instance methods, ``staticmethod``\\ s and ``classmethod``\\ s are
+    On a class, instance methods, static methods and class methods are
     shimmed where they are (an inherited one is shadowed on ``target`` and the
     shadow removed afterwards). On an instance, the shim is an attribute of that
     instance only; special methods (``__getitem__``, ``__call__``) must be shimmed

@@ -24,8 +24,10 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import orjson
+
 from . import _nodes
-from ._args import _cut, encode_fragment
+from ._args import _cut, _dump
 from ._events import Extra
 
 __all__ = [
@@ -52,11 +54,12 @@ _SEQUENCES = (list, tuple, set, frozenset, deque)
 def type_name(v: Any) -> str:
     """``torch.Tensor``, ``numpy.ndarray``, ``list``: the top-level package and the
     class name, which is how users spell the type."""
-    t = type(v)
+    return _type_name_of(type(v))
+
+
+def _type_name_of(t: type) -> str:
     mod = getattr(t, "__module__", "") or ""
-    if mod == "builtins":
-        return t.__qualname__
-    return f"{mod.split('.')[0]}.{t.__qualname__}"
+    return t.__qualname__ if mod == "builtins" else f"{mod.split('.')[0]}.{t.__qualname__}"
 
 
 def _torch_tensor_type() -> Any:
@@ -170,20 +173,33 @@ def _repr(v: Any, max_len: int) -> str:
     return _cut(r, max_len) if isinstance(r, str) else f"<{type_name(v)}>"
 
 
-def _shape(shape: Any) -> list[int]:
-    return [int(d) for d in shape]
+# numpy's dtype.name is computed in Python on every access (microseconds): dtypes
+# and devices are few, so their names are looked up once.
+_names: dict[Any, str] = {}
+
+
+def _name_of(key: Any, make: Any) -> str:
+    name = _names.get(key)
+    if name is None:
+        name = _names[key] = make(key)
+    return name
+
+
+def _torch_dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _tensor(v: Any, hash_values: bool) -> dict[str, Any]:
+    device = v.device
     out: dict[str, Any] = {
-        "type": type_name(v),
-        "shape": _shape(v.shape),
-        "dtype": str(v.dtype).removeprefix("torch."),
-        "device": str(v.device),
+        "type": _name_of(type(v), _type_name_of),
+        "shape": list(v.shape),
+        "dtype": _name_of(v.dtype, _torch_dtype_name),
+        "device": _name_of(device, str),
     }
     if v.requires_grad:
         out["requires_grad"] = True
-    if v.dim() == 0 and v.device.type == "cpu":
+    if v.dim() == 0 and device.type == "cpu":
         # A loss or a metric: the number is the point (no device sync on CPU).
         out["value"] = summarize(v.item())
     if hash_values:
@@ -195,9 +211,9 @@ def _tensor(v: Any, hash_values: bool) -> dict[str, Any]:
 
 def _ndarray(v: Any, hash_values: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "type": type_name(v),
-        "shape": _shape(v.shape),
-        "dtype": v.dtype.name,
+        "type": _name_of(type(v), _type_name_of),
+        "shape": list(v.shape),
+        "dtype": _name_of(v.dtype, _numpy_dtype_name),
         "device": "cpu",
     }
     if v.ndim == 0 and v.dtype.kind in "biuf":
@@ -207,6 +223,10 @@ def _ndarray(v: Any, hash_values: bool) -> dict[str, Any]:
         if h is not None:
             out["hash"] = h
     return out
+
+
+def _numpy_dtype_name(dtype: Any) -> str:
+    return dtype.name
 
 
 def _shaped(v: Any) -> dict[str, Any] | None:
@@ -313,7 +333,7 @@ def _render(s: Any, width: int) -> str:
                 if s.get(key):
                     text += f" {s[key]}"
             if "value" in s:
-                text += f" ={s['value']}"
+                text += f" ={_render(s['value'], width)}"
             if "hash" in s:
                 text += f" #{s['hash'][:8]}"
             return text
@@ -332,18 +352,42 @@ def _render(s: Any, width: int) -> str:
             if sum(len(p) + 2 for p in parts) > width:
                 break
         return "[" + ", ".join(parts) + "]"
+    if isinstance(s, float):
+        text = f"{s:.6g}"
+        return text if any(c in text for c in ".ein") else text + ".0"  # 1.0 stays a float
     return str(s).lower() if isinstance(s, bool) or s is None else str(s)
 
 
 # -- what a capturing use captures ------------------------------------------------------
 
-def make_extra(payload: dict[str, Any]) -> Extra:
+_Fragment = getattr(orjson, "Fragment", None)  # orjson >= 3.9
+_key_sets: dict[tuple[str, ...], frozenset[str]] = {}
+
+
+def make_extra(payload: dict[str, Any], compact: bool = True) -> Extra:
     """An :class:`Extra` for args that are already JSON-safe summaries (they are not
-    sanitised again: that would flatten nested summaries into strings)."""
+    sanitised again: that would flatten nested summaries into strings).
+
+    With ``compact``, nested values are kept as pre-encoded ``orjson.Fragment`` objects:
+    a captured call then leaves one object the garbage collector tracks in the
+    buffer (the Extra) instead of a tree of dicts and lists, which made collections
+    cost more than the capture itself while events wait to be encoded.
+    """
+    parts = []
+    args: dict[str, Any] = {}
+    fragment = _Fragment if compact else None
+    for k, v in payload.items():
+        encoded = _dump(v)
+        parts.append(b"," + orjson.dumps(k) + b":" + encoded)
+        args[k] = fragment(encoded) if fragment is not None and isinstance(v, (dict, list)) else v
     x = Extra.__new__(Extra)
-    x.args = payload
-    x.frag = encode_fragment(payload, sanitized=True)
-    x.keys = frozenset(payload)
+    x.args = args
+    x.frag = b"".join(parts)
+    names = tuple(args)
+    keys = _key_sets.get(names)
+    if keys is None:
+        keys = _key_sets[names] = frozenset(names)
+    x.keys = keys
     return x
 
 
@@ -403,7 +447,7 @@ class CaptureOptions:
 
     def extra(self, base: Extra | None, params: dict[str, Any] | None, max_len: int,
               result: Any = _NOTHING, error: BaseException | None = None,
-              summarized: bool = False) -> Extra | None:
+              summarized: bool = False, compact: bool = True) -> Extra | None:
         """The event's args: the use's own, ``params``, ``result`` (summarised here
         unless ``summarized``) or the error. Like every span, only an ``Exception``
         counts as an error (not a generator's close or a KeyboardInterrupt). Never
@@ -416,7 +460,7 @@ class CaptureOptions:
                 _error_args(payload, error)
             elif result is not _NOTHING:
                 payload["result"] = result if summarized else self.summarize(result, max_len)
-            return make_extra(payload)
+            return make_extra(payload, compact)
         except Exception:
             return base
 
@@ -487,13 +531,24 @@ class ItemCapture(_Bound):
 
 
 class FunctionCapture(_Bound):
-    """``CaptureOptions`` bound to one function's signature (built at decoration)."""
+    """``CaptureOptions`` bound to one function's signature (built at decoration).
 
-    __slots__ = ("signature", "names", "var_kw")
+    Binding a call is done with tables made here, as ``Signature.bind`` followed by
+    ``apply_defaults`` would (extra positionals to ``*args``, unknown keywords to
+    ``**kwargs``, defaults filled in) at a fraction of its cost.
+    """
+
+    __slots__ = ("signature", "names", "positional", "keywords", "var_pos", "var_kw",
+                 "defaults", "required")
 
     def __init__(self, options: CaptureOptions, fn: Any):
         super().__init__(options)
+        self.var_pos: str | None = None
         self.var_kw: str | None = None
+        self.positional: tuple[str, ...] = ()
+        self.keywords: frozenset[str] = frozenset()
+        self.defaults: dict[str, Any] = {}
+        self.required: tuple[str, ...] = ()
         try:
             sig: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -507,13 +562,24 @@ class FunctionCapture(_Bound):
                     "use capture=True to record its arguments by position")
             self.names: tuple[str, ...] | None = None
             return
+        P = inspect.Parameter
         params = list(sig.parameters.values())
+        self.positional = tuple(p.name for p in params
+                                if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD))
+        self.keywords = frozenset(p.name for p in params
+                                  if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY))
         for p in params:
-            if p.kind is inspect.Parameter.VAR_KEYWORD:
+            if p.kind is P.VAR_POSITIONAL:
+                self.var_pos = p.name
+            elif p.kind is P.VAR_KEYWORD:
                 self.var_kw = p.name
+            elif p.default is not P.empty:
+                self.defaults[p.name] = p.default
+        self.required = tuple(p.name for p in params if p.default is P.empty
+                              and p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD))
         if requested is True:
             if params and params[0].name in _SELF_NAMES and params[0].kind in (
-                    inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+                    P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
                 params = params[1:]
             self.names = tuple(p.name for p in params)
         elif isinstance(requested, tuple):
@@ -527,6 +593,33 @@ class FunctionCapture(_Bound):
         else:
             self.names = ()
 
+    def _bind(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """Parameter name -> argument, or None when the call does not fit the
+        signature (it is about to raise TypeError itself)."""
+        positional = self.positional
+        arguments = dict(zip(positional, args))
+        if self.var_pos is not None:
+            arguments[self.var_pos] = args[len(positional):]
+        elif len(args) > len(positional):
+            return None
+        var_kw: dict[str, Any] | None = {} if self.var_kw is not None else None
+        keywords = self.keywords
+        for k, v in kwargs.items():
+            if k in keywords:
+                if k in arguments:
+                    return None  # given twice
+                arguments[k] = v
+            elif var_kw is not None:
+                var_kw[k] = v
+            else:
+                return None
+        if var_kw is not None:
+            arguments[self.var_kw] = var_kw  # type: ignore[index]
+        for name in self.required:
+            if name not in arguments:
+                return None
+        return arguments
+
     def params(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """Summaries of the call's arguments by parameter name (defaults applied).
         None when nothing is captured; never raises."""
@@ -535,22 +628,21 @@ class FunctionCapture(_Bound):
         max_len = _nodes._max_arg_length
         try:
             summarize_ = self.options.summarize
-            sig = self.signature
-            if sig is None:  # no signature: by position and keyword
+            if self.signature is None:  # no signature: by position and keyword
                 out = {f"arg{i}": summarize_(a, max_len) for i, a in enumerate(args)}
                 out.update((k, summarize_(v, max_len)) for k, v in kwargs.items())
                 return out
-            try:
-                bound = sig.bind(*args, **kwargs)
-            except TypeError:
-                return None  # the call itself is about to fail with the real message
-            bound.apply_defaults()
-            arguments = bound.arguments
+            arguments = self._bind(args, kwargs)
+            if arguments is None:
+                return None
+            defaults = self.defaults
             extra_kw = arguments.get(self.var_kw, {}) if self.var_kw else {}
             out = {}
             for name in self.names or ():
                 if name in arguments:
                     out[name] = summarize_(arguments[name], max_len)
+                elif name in defaults:
+                    out[name] = summarize_(defaults[name], max_len)
                 elif name in extra_kw:
                     out[name] = summarize_(extra_kw[name], max_len)
             return out

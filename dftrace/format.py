@@ -269,14 +269,16 @@ def iter_decoded_chunks(
     with open(path, "rb") as fh:
         fh.seek(start)
         remaining = None if end is None else end - start
-        yield from _decode_stream(fh, remaining, status)
+        yield from _decode_stream(fh, start, remaining, status)
 
 
 def _read(fh: IO[bytes], remaining: int | None) -> bytes:
     return fh.read(_CHUNK if remaining is None else min(_CHUNK, remaining))
 
 
-def _decode_stream(fh: IO[bytes], remaining: int | None, status: list[str] | None) -> Iterator[bytes]:
+def _decode_stream(
+    fh: IO[bytes], start: int, remaining: int | None, status: list[str] | None
+) -> Iterator[bytes]:
     head = _read(fh, remaining)
     if remaining is not None:
         remaining -= len(head)
@@ -290,7 +292,8 @@ def _decode_stream(fh: IO[bytes], remaining: int | None, status: list[str] | Non
         return
     decoder = factory()
     in_member = False
-    offset = 0  # compressed bytes consumed, for the error message
+    offset = start  # file offset of the next compressed byte to decode
+    member_start = start
     data = head
     while data:
         while data:
@@ -298,7 +301,7 @@ def _decode_stream(fh: IO[bytes], remaining: int | None, status: list[str] | Non
                 out = decoder.decompress(data)
             except Exception as exc:  # zlib.error / zstandard.ZstdError
                 if status is not None:
-                    status.append(f"undecodable data at compressed byte {offset}: {exc}")
+                    status.append(f"undecodable data in the frame/member at byte {member_start}: {exc}")
                 return
             in_member = True
             if out:
@@ -309,6 +312,7 @@ def _decode_stream(fh: IO[bytes], remaining: int | None, status: list[str] | Non
                 data = tail
                 decoder = factory()
                 in_member = False
+                member_start = offset
             else:
                 offset += len(data)
                 data = b""
@@ -316,7 +320,7 @@ def _decode_stream(fh: IO[bytes], remaining: int | None, status: list[str] | Non
         if remaining is not None:
             remaining -= len(data)
     if in_member and status is not None:
-        status.append(f"compressed stream cut off inside the frame/member ending at byte {offset}")
+        status.append(f"compressed stream cut off in the frame/member at byte {member_start}")
 
 
 def read_trace_bytes(

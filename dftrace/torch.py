@@ -48,7 +48,9 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._nodes import Node, ai
+from torch import Tensor
+
+from ._nodes import ai
 from ._torch_data import (TracedCollate, TracedDataLoader, TracedDataset,
                           TracedIterableDataset, trace_collate, trace_dataloader,
                           trace_dataset)
@@ -83,23 +85,38 @@ def shapes(obj: Any, limit: int = 8) -> list[list[int]]:
     """Shapes of the tensors in ``obj`` (a tensor, or lists/tuples/dicts of them,
     three levels deep), at most ``limit`` of them. Only shapes are kept: no
     reference to a tensor outlives the call."""
+    if isinstance(obj, Tensor):  # the common case of a module output
+        return [list(obj.shape)]
     out: list[list[int]] = []
-
-    def visit(o: Any, depth: int) -> None:
-        if len(out) >= limit:
-            return
-        if isinstance(o, torch.Tensor):
-            out.append(list(o.shape))
-        elif depth < 3:
-            if isinstance(o, (list, tuple)):
-                for x in o:
-                    visit(x, depth + 1)
-            elif isinstance(o, Mapping):
-                for x in o.values():
-                    visit(x, depth + 1)
-
-    visit(obj, 0)
+    _visit(obj, 0, out, limit)
     return out
+
+
+def _visit(o: Any, depth: int, out: list[list[int]], limit: int) -> None:
+    if len(out) >= limit:
+        return
+    if isinstance(o, Tensor):
+        out.append(list(o.shape))
+    elif depth < 3:
+        if isinstance(o, (list, tuple)):
+            for x in o:
+                _visit(x, depth + 1, out, limit)
+        elif isinstance(o, Mapping):
+            for x in o.values():
+                _visit(x, depth + 1, out, limit)
+
+
+def _input_shapes(args: tuple, kwargs: dict, limit: int = 8) -> list[list[int]]:
+    # Most modules get a few positional tensors and no kwargs: no recursion then.
+    out = []
+    for a in args:
+        if isinstance(a, Tensor):
+            out.append(list(a.shape))
+        else:
+            _visit(a, 1, out, limit)
+    if kwargs:
+        _visit(kwargs, 0, out, limit)
+    return out[:limit]
 
 
 class _ThreadSpans:
@@ -361,7 +378,7 @@ class _ModuleSpans:
             return
         extra: dict[str, Any] = {"module": self.path, "type": self.kind}
         if self.record_shapes:
-            extra["input_shapes"] = shapes((args, kwargs))
+            extra["input_shapes"] = _input_shapes(args, kwargs)
         self._fwd.push((node.start(), extra))
 
     @guarded

@@ -55,11 +55,11 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-if TYPE_CHECKING:
-    from ._executor import DaskExecutor, EmbeddedExecutor
-    from ._export import MergeFilter, merge, write_trace
-    from ._render_html import render_html, write_html
-    from ._render_text import render_text
-    from ._schema import EVENT_COLUMNS
-    from ._summary import Summary, summarize
-    from ._trace import FileReport, Trace, load_traces
+if TYPE_CHECKING:  # the names as type checkers and IDEs should see them
+    from ._executor import DaskExecutor, EmbeddedExecutor  # noqa: F401
+    from ._export import MergeFilter, merge, write_trace  # noqa: F401
+    from ._render_html import render_html, write_html  # noqa: F401
+    from ._render_text import render_text  # noqa: F401
+    from ._schema import EVENT_COLUMNS  # noqa: F401
+    from ._summary import Summary, summarize  # noqa: F401
+    from ._trace import FileReport, Trace, load_traces  # noqa: F401

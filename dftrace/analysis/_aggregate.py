@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 import polars as pl
 
 from .. import format as fmt
@@ -53,8 +52,10 @@ class Partial:
     durations: pl.DataFrame
     #: pid, host_key, epoch, step, start, end, n
     steps: pl.DataFrame
-    #: pid, host_key, epoch, start, end, n
+    #: pid, host_key, epoch, start, end, n: extents of the events carrying args.epoch
     epochs: pl.DataFrame
+    #: pid, host_key, epoch, start, end, n: the pipeline's epoch spans themselves
+    epoch_spans: pl.DataFrame
     #: pid, host_key, group, start, end: disjoint busy intervals per group
     intervals: pl.DataFrame
     #: pid, host_key, start, end, n, incomplete
@@ -114,9 +115,12 @@ def _by_process(spans: pl.DataFrame) -> list[tuple[tuple[Any, ...], pl.DataFrame
 _KEY_SCHEMA = {"pid": pl.Int64, HOST_KEY: pl.String}
 _EXTENT_SCHEMA = {"start": pl.Int64, "end": pl.Int64, "n": pl.Int64}
 _EMPTY = {
-    "durations": pl.DataFrame(schema={**_KEY_SCHEMA, "cat": pl.String, "name": pl.String, "dur": pl.Int64, "n": pl.Int64}),
+    "durations": pl.DataFrame(
+        schema={**_KEY_SCHEMA, "cat": pl.String, "name": pl.String, "dur": pl.Int64, "n": pl.Int64}
+    ),
     "steps": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, "step": pl.Int64, **_EXTENT_SCHEMA}),
     "epochs": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, **_EXTENT_SCHEMA}),
+    "epoch_spans": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, **_EXTENT_SCHEMA}),
     "intervals": pl.DataFrame(schema={**_KEY_SCHEMA, "group": pl.Int8, "start": pl.Int64, "end": pl.Int64}),
     "extents": pl.DataFrame(schema={**_KEY_SCHEMA, **_EXTENT_SCHEMA, "incomplete": pl.Int64}),
     "overlap": pl.DataFrame(schema={**_KEY_SCHEMA, "mask": pl.Int64, "us": pl.Int64}),
@@ -128,6 +132,14 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, p
     durations = spans.group_by(["cat", "name", "dur"]).agg(pl.len().cast(pl.Int64).alias("n"))
     steps = spans.filter(pl.col("step").is_not_null()).group_by(["epoch", "step"]).agg(*_extent())
     epochs = spans.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(*_extent())
+    # An epoch span numbers its epoch in args.epoch, or as .iter()'s 1-based count.
+    epoch_spans = (
+        spans.filter((pl.col("cat") == fmt.CAT_PIPELINE) & pl.col("name").is_in(fmt.EPOCH_NAMES))
+        .with_columns(pl.coalesce(pl.col("epoch"), pl.col("count") - 1).alias("epoch"))
+        .filter(pl.col("epoch").is_not_null())
+        .group_by("epoch")
+        .agg(*_extent())
+    )
     extents = spans.select(
         *_extent(), pl.col("incomplete").fill_null(False).sum().cast(pl.Int64).alias("incomplete")
     )
@@ -139,7 +151,8 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, p
     )
     keys = [pl.lit(pid, pl.Int64).alias("pid"), pl.lit(host_key, pl.String).alias(HOST_KEY)]
     tables = {
-        "durations": durations, "steps": steps, "epochs": epochs, "intervals": intervals,
+        "durations": durations, "steps": steps, "epochs": epochs, "epoch_spans": epoch_spans,
+        "intervals": intervals,
         "extents": extents, "overlap": overlap,
     }
     return {
@@ -212,6 +225,7 @@ class Combined:
     durations: pl.DataFrame
     steps: pl.DataFrame
     epochs: pl.DataFrame
+    epoch_spans: pl.DataFrame
     extents: pl.DataFrame
     #: proc, mask, us: time each process spent in each combination of active groups.
     overlap: pl.DataFrame
@@ -238,6 +252,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
     durations = collect("durations").group_by(["proc", "cat", "name", "dur"]).agg(pl.col("n").sum())
     steps = collect("steps").group_by(["proc", "epoch", "step"]).agg(*extent)
     epochs = collect("epochs").group_by(["proc", "epoch"]).agg(*extent)
+    epoch_spans = collect("epoch_spans").group_by(["proc", "epoch"]).agg(*extent)
     pieces = collect("extents")
     extents = pieces.group_by("proc").agg(*extent, pl.col("incomplete").sum())
     # A process read in one piece already has its overlap times; one spread over
@@ -266,6 +281,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
         durations=durations,
         steps=steps,
         epochs=epochs,
+        epoch_spans=epoch_spans,
         extents=extents,
         overlap=overlap.select("proc", "mask", "us"),
         phases=phases,

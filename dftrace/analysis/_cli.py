@@ -9,9 +9,9 @@ Nothing heavy is imported until a command runs, so registering costs nothing and
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -184,7 +184,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     with _Run(args) as options:
         trace = load_traces(args.paths, **options)
     write_trace(trace, args.output)
-    print(f"wrote {args.output}: {trace.events.height} events of {trace.processes.height} processes")
+    print(f"wrote {args.output}: {_events_of(trace)}")
     return 0
 
 
@@ -201,8 +201,14 @@ def _run_merge(args: argparse.Namespace) -> int:
         trace = load_traces(args.paths, **options)
     merged = merge(trace, keep, align_clocks=not args.no_align)
     write_trace(merged, args.output)
-    print(f"wrote {args.output}: {merged.events.height} events of {merged.processes.height} processes")
+    print(f"wrote {args.output}: {_events_of(merged)}")
     return 0
+
+
+def _events_of(trace: Any) -> str:
+    from ._render_text import count_of
+
+    return f"{count_of(trace.events.height, 'event')} of {count_of(trace.processes.height, 'process', 'processes')}"
 
 
 def _step_range(text: str | None) -> tuple[int, int] | None:
@@ -233,7 +239,7 @@ def _run_validate(args: argparse.Namespace) -> int:
         if not violations:
             print(f"{path}: OK")
             continue
-        print(f"{path}: {len(violations)} violations")
+        print(f"{path}: {len(violations)} violation{'s' if len(violations) > 1 else ''}")
         for v in violations[: args.max]:
             print(f"  {v}")
         if len(violations) > args.max:

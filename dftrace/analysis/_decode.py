@@ -67,34 +67,43 @@ def read_partition(partition: Partition, columns: Iterable[str] | None = None) -
         return _read_parquet(partition, wanted)
     decoded = fmt.read_trace_bytes(partition.path, partition.start, partition.end)
     result = PartitionData(partition, _empty(wanted), cut_off=decoded.cut_off)
-    data = decoded.data
-    if not data:
+    if not decoded.data:
         return result
+    ends_with_newline = decoded.data.endswith(b"\n")
     # Keep read_lines' chunks: json_decode runs chunks in parallel, and a single
     # rechunked column decodes several times slower.
-    text = pl.read_lines(data, name="text").get_column("text")
+    text = pl.read_lines(decoded.data, name="text").get_column("text")
+    del decoded  # the lines hold their own copy: free the bytes before parsing
     result.n_lines = text.len()
     is_object = text.str.starts_with("{")
     others = (~is_object).arg_true()
+    indented = False
     for index, line in zip(others.to_list(), text.gather(others).to_list()):
-        _classify_other(result, index + 1, line)
+        indented |= _classify_other(result, index + 1, line)
+    if indented:
+        # Some writer indents its event lines: strip every line (rare, so the copy
+        # is not made for the usual layout).
+        text = text.str.strip_chars()
+        is_object = text.str.starts_with("{")
+        others = (~is_object).arg_true()
     candidates = _Candidates(text.filter(is_object), others.to_numpy())
     last_is_object = not others.len() or others[-1] != result.n_lines - 1
-    if candidates.text.len() and last_is_object and not data.endswith(b"\n"):
+    if candidates.text.len() and last_is_object and not ends_with_newline:
         # A crash can cut the last line; check it alone rather than failing the batch.
         line = fmt.parse_line(candidates.text[-1].encode())
         if line.error is not None:
             result.note_broken(result.n_lines, line.error)
             candidates.text = candidates.text.head(-1)
-    if decoded.cut_off is not None:
-        _note_cut_off(result, decoded.cut_off)
+    if result.cut_off is not None:
+        _note_cut_off(result, result.cut_off)
     if candidates.text.str.ends_with(",").any():
         candidates.text = candidates.text.str.strip_suffix(",")
     try:
         events, meta_lines = _decode_fast(result, candidates, wanted)
     except pl.exceptions.PolarsError:
         events, meta_lines = _decode_slow(result, candidates, wanted)
-    result.meta = [_meta_record(line) for line in meta_lines]
+    result.meta = [_meta_record(result, number, line) for number, line in meta_lines]
+    result.meta = [record for record in result.meta if record is not None]
     result.events = events
     result.broken.sort()
     return result
@@ -138,7 +147,8 @@ def _note_cut_off(result: PartitionData, reason: str) -> None:
         result.note_broken(result.n_lines + 1, reason)
 
 
-def _classify_other(result: PartitionData, number: int, text: str) -> None:
+def _classify_other(result: PartitionData, number: int, text: str) -> bool:
+    """Note a line that does not start with ``{``; True if it is an indented event."""
     stripped = text.strip()
     line = fmt.parse_line(stripped.encode())
     if line.is_structural:
@@ -146,10 +156,7 @@ def _classify_other(result: PartitionData, number: int, text: str) -> None:
             result.closed = True
     elif line.error is not None:
         result.note_broken(number, line.error)
-    else:
-        # An event line with leading whitespace: valid JSON but not in the layout
-        # the fast path expects. Rare enough to send the partition down the slow path.
-        result.note_broken(number, "event line starts with whitespace")
+    return line.event is not None
 
 
 # Top-level keys in the order writers put them: decoding is fastest when the
@@ -174,7 +181,7 @@ def _struct_dtype(wanted: list[str]) -> pl.Struct:
 
 def _decode_fast(
     result: PartitionData, candidates: _Candidates, wanted: list[str]
-) -> tuple[pl.DataFrame, list[str]]:
+) -> tuple[pl.DataFrame, list[tuple[int, str]]]:
     text = candidates.text
     # Through a frame: Series.str.json_decode runs sequentially, a select in parallel.
     parsed = text.to_frame().select(pl.col(text.name).str.json_decode(_struct_dtype(wanted))).unnest(text.name)
@@ -186,7 +193,8 @@ def _decode_fast(
         for number in candidates.line_numbers(missing.arg_true().to_numpy()):
             result.note_broken(int(number), "event without ph")
     is_meta = ph == fmt.PH_METADATA
-    meta_lines = text.filter(is_meta).to_list()
+    numbers = candidates.line_numbers(is_meta.arg_true().to_numpy()).tolist()
+    meta_lines = list(zip(numbers, text.filter(is_meta).to_list()))
     events = parsed.with_columns(ph).filter(~is_meta & ~missing)
     return _finish(events, wanted), meta_lines
 
@@ -212,7 +220,7 @@ def _finish(parsed: pl.DataFrame, wanted: list[str]) -> pl.DataFrame:
 
 def _decode_slow(
     result: PartitionData, candidates: _Candidates, wanted: list[str]
-) -> tuple[pl.DataFrame, list[str]]:
+) -> tuple[pl.DataFrame, list[tuple[int, str]]]:
     """Parse line by line: slower, but reports each bad line and coerces odd types."""
     rows: dict[str, list[Any]] = {"ph": [], "args": [], "args_json": []}
     tops = {RAW_FIELDS[c][1] for c in wanted if c in RAW_FIELDS and RAW_FIELDS[c][0] == "top"} - {"ph"}
@@ -232,7 +240,7 @@ def _decode_slow(
             result.note_broken(number, f"no usable ph: {event.get('ph')!r}")
             continue
         if ph == fmt.PH_METADATA:
-            meta_lines.append(text)
+            meta_lines.append((number, text))
             continue
         rows["ph"].append(ph)
         for key in tops:
@@ -280,8 +288,12 @@ def _coerce(value: Any, dtype: Any) -> Any:
     return None
 
 
-def _meta_record(text: str) -> dict[str, Any]:
-    event = orjson.loads(text)
+def _meta_record(result: PartitionData, number: int, text: str) -> dict[str, Any] | None:
+    line = fmt.parse_line(text.encode())
+    if line.event is None:
+        result.note_broken(number, line.error or "not an event")
+        return None
+    event = line.event
     args = event.get("args")
     return {
         "pid": event.get("pid"),

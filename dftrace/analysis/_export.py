@@ -63,12 +63,15 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
 
 def _write_lines(fh: IO[bytes], lines: Iterator[bytes], separator: bytes) -> None:
     fh.write(b"[\n")
-    first = True
+    batch: list[bytes] = []
+    written = False
     for line in lines:
-        if not first:
-            fh.write(separator)
-        fh.write(line)
-        first = False
+        batch.append(line)
+        if len(batch) == _BATCH:
+            fh.write((separator if written else b"") + separator.join(batch))
+            batch, written = [], True
+    if batch:
+        fh.write((separator if written else b"") + separator.join(batch))
     fh.write(b"\n]\n")
 
 
@@ -81,7 +84,33 @@ def _trace_lines(trace: Trace) -> Iterator[bytes]:
         event.update(pid=row["pid"], tid=row["tid"] if row["tid"] is not None else row["pid"], ph="M")
         event["args"] = orjson.Fragment(row["args"])
         yield orjson.dumps(event)
+    for pid, args in _identity_records(trace):
+        yield orjson.dumps({"name": fmt.META_PROCESS_INFO, "cat": fmt.CAT_TRACER, "pid": pid, "tid": pid,
+                            "ph": "M", "args": args})
     yield from _event_lines(trace.events)
+
+
+def _identity_records(trace: Trace) -> list[tuple[int, dict[str, Any]]]:
+    """``PR`` records for processes whose host or rank no metadata record states.
+
+    Hosts and ranks can come from a file's name, which the output does not keep;
+    these records carry them into it so the output loads back the same.
+    """
+    stated: dict[tuple[str, int], set[str]] = {}
+    for host, pid, name, args in trace.meta.select("host", "pid", "name", "args").iter_rows():
+        if name in (fmt.META_HOSTNAME_HASH, fmt.META_PROCESS_INFO):
+            parsed = orjson.loads(args)
+            keys = stated.setdefault((host, pid), set())
+            if name == fmt.META_HOSTNAME_HASH or parsed.get("hostname"):
+                keys.add("hostname")
+            if name == fmt.META_PROCESS_INFO and parsed.get("rank") is not None:
+                keys.add("rank")
+    records = []
+    for host, pid, rank in trace.processes.select("host", "pid", "rank").iter_rows():
+        keys = stated.get((host, pid), set())
+        if "hostname" not in keys or (rank is not None and "rank" not in keys):
+            records.append((pid, {"hostname": host, "rank": rank}))
+    return records
 
 
 def _event_lines(events: pl.DataFrame) -> Iterator[bytes]:
@@ -225,7 +254,9 @@ def _remap(frame: pl.DataFrame, new_pid: dict[tuple[str, int], int]) -> pl.DataF
     )
 
 
-def _merged_meta(trace: Trace, new_pid: dict[tuple[str, int], int], offset_us: dict[tuple[str, int], int]) -> pl.DataFrame:
+def _merged_meta(
+    trace: Trace, new_pid: dict[tuple[str, int], int], offset_us: dict[tuple[str, int], int]
+) -> pl.DataFrame:
     """Metadata of the merged trace: names and sort order by rank, pids remapped."""
     rows = []
     for index, proc in enumerate(trace.processes.iter_rows(named=True)):

@@ -237,7 +237,8 @@ def _stragglers(summary: Summary) -> Any:
     fig.add_trace(
         go.Scatter(x=list(range(len(steps))), y=[s["imbalance"] for s in steps], mode="lines",
                    customdata=[[s["epoch"], s["step"], s["slowest"]] for s in steps], showlegend=False,
-                   hovertemplate="epoch %{customdata[0]} step %{customdata[1]}: %{y:.2f} (%{customdata[2]})<extra></extra>"),
+                   hovertemplate="epoch %{customdata[0]} step %{customdata[1]}: %{y:.2f} "
+                                 "(%{customdata[2]})<extra></extra>"),
         row=1, col=1,
     )
     fig.add_trace(go.Bar(x=[r["rank"] for r in ranks], y=[r["slowest_count"] for r in ranks], showlegend=False),

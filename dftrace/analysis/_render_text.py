@@ -65,12 +65,18 @@ def render_text(summary: Summary, *, top: int = 20) -> str:
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
 
 
+def count_of(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 file`` / ``2 files``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
+
+
 def _overview(summary: Summary) -> list[str]:
     o = summary.overview
-    ranks = f"{o['ranks']} ranks" if o["ranks"] else "no ranks"
+    ranks = count_of(o["ranks"], "rank") if o["ranks"] else "no ranks"
+    processes = count_of(o["processes"], "process", "processes")
     lines = [
-        f"dftrace summary: {o['files']} files, {o['processes']} processes ({ranks} on "
-        f"{o['hosts']} hosts), {o['events']} events over {format_us(o['wall_us'])}",
+        f"dftrace summary: {count_of(o['files'], 'file')}, {processes} ({ranks} on "
+        f"{count_of(o['hosts'], 'host')}), {count_of(o['events'], 'event')} over {format_us(o['wall_us'])}",
         f"  broken lines {o['broken_lines']} · cut-off files {o['cut_off_files']} · unfinished "
         f"files {o['unfinished_files']} · incomplete spans {o['incomplete_spans']} · dropped "
         f"events {o['dropped_events']}",
@@ -87,7 +93,7 @@ def _broken(summary: Summary) -> list[str]:
         return []
     lines = ["Damaged files"]
     for f in damaged:
-        lines.append(f"  {os.path.basename(f['path'])}: {f['broken_count']} broken lines")
+        lines.append(f"  {os.path.basename(f['path'])}: {count_of(f['broken_count'], 'broken line')}")
         lines.extend(f"    line {b['line']}: {b['reason']}" for b in f["broken"][:3])
         if f["cut_off"]:
             lines.append(f"    {f['cut_off']}")
@@ -100,7 +106,7 @@ def _categories(summary: Summary, top: int) -> list[str]:
     rows = [
         (r["cat"], r["name"], r["count"], format_us(r["total_us"]), format_us(r["mean_us"]),
          format_us(r["p50_us"]), format_us(r["p95_us"]), format_us(r["max_us"]))
-        for r in summary.categories[: max(top, 1) * 2]
+        for r in summary.categories[: max(top, 1)]
     ]
     more = len(summary.categories) - len(rows)
     lines = ["Time per category and name"]

@@ -50,4 +50,4 @@ RAW_FIELDS: dict[str, tuple[str, str, pl.DataType]] = {
 HOST_KEY = "host_key"
 
 #: What the summary reads: everything else is skipped while parsing.
-SUMMARY_COLUMNS = ("pid", "cat", "name", "ph", "ts", "dur", "epoch", "step", "incomplete")
+SUMMARY_COLUMNS = ("pid", "cat", "name", "ph", "ts", "dur", "epoch", "step", "count", "incomplete")

@@ -10,7 +10,6 @@ counts of each distinct duration.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -25,8 +24,7 @@ from ._decode import PartitionData
 from ._executor import default_executor
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
-from ._metadata import synthetic_records
-from ._trace import PathsLike, Trace, as_path_list
+from ._trace import PathsLike, Trace, as_path_list, resolved_records
 
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
 #: beyond this, evenly spaced steps are kept (all ranks of each kept step).
@@ -116,14 +114,7 @@ def _partial_of_trace(trace: Trace) -> Partial:
         ],
         pl.col("host").fill_null("").alias(HOST_KEY),
     )
-    meta = []
-    for row in trace.processes.select("host", "pid", "rank").iter_rows(named=True):
-        meta.extend(synthetic_records(row["pid"], row["host"], row["rank"]))
-    for row in trace.meta.iter_rows(named=True):
-        meta.append(
-            {"pid": row["pid"], "tid": row["tid"], "name": row["name"], "cat": row["cat"],
-             "args": orjson.loads(row["args"]), "host_key": row["host"]}
-        )
+    meta = resolved_records(trace.processes.iter_rows(named=True), trace.meta.iter_rows(named=True))
     return aggregate(PartitionData(Partition("<memory>"), events, meta=meta))
 
 
@@ -142,7 +133,7 @@ def build_summary(combined: Combined) -> Summary:
         files=[_file_dict(f) for f in combined.files],
         processes=_process_rows(combined, procs),
         categories=_categories(combined.durations),
-        epochs=_epochs(_unit_extents(combined.epochs, procs, ["epoch"]), combined.steps),
+        epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]), combined.steps),
         steps=steps,
         step_stats=_step_stats(steps_by_unit),
         rank_steps=rank_steps,
@@ -335,6 +326,12 @@ def _rank_steps(by_unit: pl.DataFrame, start: int | None) -> tuple[list[dict[str
         (pl.col("start") - (start or 0)).alias("start_us"), pl.col("dur").alias("dur_us"),
     )
     return rows.to_dicts(), sampled
+
+
+def _epoch_source(combined: Combined) -> pl.DataFrame:
+    """The pipeline's epoch spans when the trace has them, else the extents of the
+    events that carry ``args.epoch``."""
+    return combined.epoch_spans if combined.epoch_spans.height else combined.epochs
 
 
 def _epochs(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:

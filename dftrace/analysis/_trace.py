@@ -288,6 +288,8 @@ def read_parquet_parts(path: str, wanted: Sequence[str]) -> tuple[pl.DataFrame, 
     if _PARQUET_KEY not in kv:
         raise ValueError(f"{path} was not written by dftrace (no {_PARQUET_KEY!r} metadata)")
     document = orjson.loads(kv[_PARQUET_KEY])
+    if document.get("version") != _PARQUET_VERSION:
+        raise ValueError(f"{path}: unsupported dftrace Parquet version {document.get('version')!r}")
     available = pl.read_parquet_schema(path)
     events = pl.read_parquet(path, columns=[c for c in [*wanted, "host"] if c in available])
     events = events.select(
@@ -297,19 +299,23 @@ def read_parquet_parts(path: str, wanted: Sequence[str]) -> tuple[pl.DataFrame, 
         ],
         pl.col("host").fill_null("").alias(HOST_KEY),
     )
-    meta: list[dict[str, Any]] = []
-    for proc in document["processes"]:
-        host, pid = proc["host"], proc["pid"]
-        meta.extend(synthetic_records(pid, host, proc["rank"]))
-    for row in document["meta"]:
-        meta.append(
-            {
-                "pid": row["pid"],
-                "tid": row["tid"],
-                "name": row["name"],
-                "cat": row["cat"],
-                "args": orjson.loads(row["args"]),
-                "host_key": row["host"],
-            }
+    return events, resolved_records(document["processes"], document["meta"])
+
+
+def resolved_records(
+    processes: Iterable[dict[str, Any]], meta: Iterable[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Metadata records for data whose hosts and ranks are already resolved.
+
+    ``processes`` rows have host, pid and rank; ``meta`` rows are ``Trace.meta``
+    rows. Each record is keyed by its host, and synthetic records restore ranks.
+    """
+    records: list[dict[str, Any]] = []
+    for proc in processes:
+        records.extend(synthetic_records(proc["pid"], proc["host"], proc["rank"]))
+    for row in meta:
+        records.append(
+            {"pid": row["pid"], "tid": row["tid"], "name": row["name"], "cat": row["cat"],
+             "args": orjson.loads(row["args"]), "host_key": row["host"]}
         )
-    return events, meta
+    return records

@@ -83,6 +83,16 @@ def test_convert_round_trips_through_every_format(run_dir, tmp_path):
         assert back.events.sort("pid", "id").equals(trace.events.sort("pid", "id")), name
 
 
+def test_convert_keeps_ranks_and_hosts_known_only_from_file_names(tmp_path):
+    """A rank and host that only the input's file name gave survive conversion."""
+    proc = tracegen.training_process(1000, rank=5, host="node1", epochs=1)
+    source = tmp_path / "train-rank5-node1-1000.pfw"
+    source.write_bytes(b"[\n" + b"\n".join(orjson.dumps(e) for e in proc.events) + b"\n")
+    out = tmp_path / "out.json"
+    assert main(["convert", str(source), "-o", str(out)]) == 0
+    assert load_traces(out).processes.select("rank", "host").row(0) == (5, "node1")
+
+
 def test_convert_dftracer_2_2_to_pfw_for_dfanalyzer(samples, tmp_path):
     """DFTracer 2.2.0's integer phases become letters in a valid pfw.gz."""
     out = tmp_path / "toy.pfw.gz"

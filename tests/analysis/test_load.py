@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+
 import orjson
 import polars as pl
 import pytest
@@ -37,8 +38,9 @@ def test_multi_rank_run_loads_every_event_with_rank_and_host(run_dir):
 def test_common_args_become_columns_and_the_rest_is_kept(tmp_path):
     """epoch/step/count/level/parent are columns; args keeps every key as JSON."""
     proc = tracegen.training_process(1000, epochs=1, steps=1)
-    custom_line = ('{"id":99,"name":"custom","cat":"compute","pid":1000,"tid":1000,"ts":%d,"dur":5,"ph":"X",'
-                   '"args":{"level":1,"p_idx":0,"lr":0.1,"note":"héllo","big":%d}}' % (tracegen.T0_US, 2**70))
+    # Written by hand: orjson (like JSON in most languages) stops at 64-bit integers.
+    custom_line = (f'{{"id":99,"name":"custom","cat":"compute","pid":1000,"tid":1000,"ts":{tracegen.T0_US},'
+                   f'"dur":5,"ph":"X","args":{{"level":1,"p_idx":0,"lr":0.1,"note":"héllo","big":{2**70}}}}}')
     trace = load_traces(tracegen.write_process(tmp_path, proc, extra_lines=[custom_line.encode()]))
     forward = trace.events.filter(pl.col("name") == "forward").row(0, named=True)
     assert (forward["epoch"], forward["step"], forward["level"]) == (0, 0, 3)
@@ -99,6 +101,18 @@ def test_broken_lines_are_counted_with_line_numbers(tmp_path):
     first_extra = 1 + n_meta + len(proc.events) + 1
     assert [number for number, _ in trace.files[0].broken] == [first_extra, first_extra + 1]
     assert trace.events.height == len(proc.events)
+
+
+def test_indented_event_lines_load(tmp_path):
+    """Chrome JSON with indented one-line events (`  {...},`) loads every event."""
+    events = [{"name": "process_name", "ph": "M", "pid": 5, "tid": 5, "args": {"name": "p"}}] + [
+        {"name": "op", "cat": "compute", "ph": "X", "pid": 5, "tid": 5, "ts": 10 * i, "dur": 3} for i in range(4)
+    ]
+    path = tmp_path / "indented.json"
+    path.write_bytes(b"[\n" + b",\n".join(b"  " + orjson.dumps(e) for e in events) + b"\n]\n")
+    trace = load_traces(path)
+    assert trace.events.height == 4 and trace.broken_lines == 0
+    assert trace.processes.item(0, "name") == "p"
 
 
 def test_values_of_odd_types_take_the_slow_path(tmp_path):

@@ -198,6 +198,15 @@ def test_processes_are_the_units_when_no_rank_is_known(samples):
     assert _row(s.categories, cat="comm", name="send")["count"] == 3
 
 
+def test_progress_bar_when_asked(run_dir, capsys, monkeypatch):
+    """progress=True draws a tqdm bar on stderr (on a terminal this is the default)."""
+    from dftrace.analysis import _executor
+
+    monkeypatch.setattr(_executor, "_PROGRESS_DELAY_S", 0)
+    summarize(run_dir, progress=True)
+    assert "summarising" in capsys.readouterr().err
+
+
 def test_no_progress_output_off_a_terminal(run_dir, capsys):
     """Without a terminal, loading prints nothing to stderr."""
     summarize(run_dir)

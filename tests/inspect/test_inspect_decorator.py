@@ -324,3 +324,45 @@ def test_plain_use_is_not_a_capturing_use():
     assert type(ai.compute.forward(args={"a": 1})) is dftrace.Use
     assert type(ai.compute.forward(capture=False)) is dftrace.Use
     assert type(ai.compute.forward(capture_result=True)) is not dftrace.Use
+
+
+def _f1(a, b=2, *args, c, d=4, **kw):
+    pass
+
+
+def _f2(a, /, b, *, c=3):
+    pass
+
+
+def _f3(*args, **kwargs):
+    pass
+
+
+def _f4(x, y=None):
+    pass
+
+
+_CALLS = [((), {}), ((1,), {}), ((1, 2), {}), ((1, 2, 3), {}), ((1,), {"c": 5}),
+          ((1, 2, 3, 4), {"c": 5, "z": 6}), ((), {"a": 1, "c": 2}), ((1,), {"a": 2, "c": 3}),
+          ((1,), {"b": 2}), ((1, 2), {"b": 3}), ((), {"args": 1, "kw": 2}),
+          ((1,), {"y": 2, "x": 3}), ((1, 2), {"c": 1})]
+
+
+@pytest.mark.parametrize("fn", [_f1, _f2, _f3, _f4])
+@pytest.mark.parametrize("call", _CALLS)
+def test_arguments_bind_exactly_as_python_binds_them(fn, call):
+    """Captured params equal inspect.Signature.bind + apply_defaults for every call
+    shape, and nothing is captured for a call the signature rejects."""
+    import inspect
+
+    from dftrace._values import CaptureOptions, summarize
+
+    args, kwargs = call
+    captured = CaptureOptions(True).bind(fn).params(args, kwargs)
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        assert captured is None
+        return
+    bound.apply_defaults()
+    assert captured == {k: summarize(v) for k, v in bound.arguments.items()}

@@ -204,10 +204,14 @@ def test_print_of_a_call_shows_its_fields():
     """Printing one call lists duration, each param, result and children."""
     with dftrace.capture() as t:
         train(1)
-    text = str(t.dataloader.fetch.block[0])
-    assert "children     forward ×1, backward ×1" in text
-    call_text = str(t.compute.forward[0])
-    assert "params.x     0" in call_text and "result       0" in call_text
+    def fields(text):
+        return dict(line.split(None, 1) for line in text.splitlines())
+
+    block = fields(str(t.dataloader.fetch.block[0]))
+    assert block["call"] == "dataloader.fetch.block"
+    assert block["children"] == "forward ×1, backward ×1"
+    call = fields(str(t.compute.forward[0]))
+    assert (call["params.x"], call["params.scale"], call["result"]) == ("0", "10", "0")
 
 
 def test_repr_html_renders_a_well_formed_escaped_table():
@@ -377,3 +381,16 @@ def test_max_items_must_be_a_positive_int(bad):
     """capture(max_items=...) rejects anything but a positive int."""
     with pytest.raises(ValueError, match="positive int"):
         dftrace.capture(max_items=bad)
+
+
+def test_an_exception_that_cannot_be_printed_still_leaves_the_trace():
+    """A block raising an exception whose str() raises still yields the partial trace."""
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    with pytest.raises(Unprintable):
+        with dftrace.capture() as t:
+            forward(1)
+            raise Unprintable()
+    assert t.partial and t.error == "Unprintable" and len(t.compute.forward) == 1

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dftrace
-from dftrace import ai, testing
+from dftrace import _recorder, ai, testing
 
 
 def test_with_capture_names_records_those_variables_at_entry():
@@ -121,11 +121,13 @@ def test_async_with_captures_the_coroutines_arguments():
 
 
 def test_scope_methods_are_harmless_when_not_recording():
-    """With tracing off, the with block runs and its scope methods do nothing."""
+    """With tracing off, the with block runs, its scope methods do nothing, and
+    nothing is left in the record buffer."""
     with ai.compute.forward(capture=True, capture_result=True) as call:
         call.capture(x=1)
         call.set_result(2)
     assert dftrace.last_capture() is None
+    assert _recorder.BUFFER == []
 
 
 def test_iter_with_capture_result_records_each_item():

@@ -288,14 +288,17 @@ def test_module_spans_named_by_path_with_shapes(tmp_path):
 def test_module_selection(tmp_path):
     """include/exclude patterns, classes and max_depth choose the hooked submodules."""
     model = _nested_model()
-    assert dft.trace_modules(model, max_depth=1).paths == ["0", "1", "2"]
-    assert dft.trace_modules(model, include=[nn.Linear]).paths == ["0", "1.fc", "2"]
-    assert dft.trace_modules(model, include=["1*"], exclude=["*.act"]).paths == ["1", "1.fc"]
+    with dft.trace_modules(model, max_depth=1) as tm:
+        assert tm.paths == ["0", "1", "2"]
+    with dft.trace_modules(model, include=[nn.Linear]) as tm:
+        assert tm.paths == ["0", "1.fc", "2"]
+    with dft.trace_modules(model, include=["1*"], exclude=["*.act"]) as tm:
+        assert tm.paths == ["1", "1.fc"]
     with pytest.raises(ValueError, match="max_depth"):
         dft.trace_modules(model, max_depth=0)
     with pytest.raises(TypeError, match="include"):
         dft.trace_modules(model, include=[3])
-    assert not any(m._forward_hooks for m in model.modules()), "failed calls leave no hook"
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
 def test_module_hooks_removed_after_an_exception(tmp_path):

@@ -7,66 +7,73 @@ MODE says. Prints ``ready`` when a parent may send it a signal.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
 import time
 
-import dftrace
-from dftrace import ai
-
 N = 200
-mode, out = sys.argv[1], sys.argv[2]
-
-if mode.startswith("app-handler"):
-    # The application's own SIGTERM handler, installed before tracing starts.
-    def on_term(signum, frame):
-        with open(os.path.join(out, "handler-ran"), "w") as fh:
-            fh.write(str(signum))
-        if mode == "app-handler-exit":
-            sys.exit(3)
-        global stop
-        stop = True
-
-    stop = False
-    signal.signal(signal.SIGTERM, on_term)
-
-os.makedirs(out, exist_ok=True)
-flush = 0.1 if mode in ("os-exit", "sigkill") else 60
-dftrace.initialize(log_file=os.path.join(out, "t"), compression="zstd", flush_interval=flush)
 
 
-@ai.compute.forward
-def step(i):
-    return i
+def main(mode: str, out: str) -> None:
+    import dftrace
+    from dftrace import ai
 
+    faulthandler.dump_traceback_later(30, exit=True)  # a hang shows where, then ends
+    stop = []
+    if mode.startswith("app-handler"):
+        # The application's own SIGTERM handler, installed before tracing starts.
+        def on_term(signum, frame):
+            with open(os.path.join(out, "handler-ran"), "w") as fh:
+                fh.write(str(signum))
+            if mode == "app-handler-exit":
+                sys.exit(3)
+            stop.append(signum)
 
-for i in range(N):
-    step(i)
+        signal.signal(signal.SIGTERM, on_term)
 
-if mode == "return":
-    pass
-elif mode == "sys-exit":
-    sys.exit(7)
-elif mode == "raise":
-    raise RuntimeError("boom")
-elif mode in ("sigterm", "sigint", "sighup"):
-    with ai.pipeline.epoch:
+    os.makedirs(out, exist_ok=True)
+    flush = 0.1 if mode in ("os-exit", "sigkill") else 60
+    dftrace.initialize(log_file=os.path.join(out, "t"), compression="zstd", flush_interval=flush)
+
+    @ai.compute.forward
+    def step(i):
+        return i
+
+    for i in range(N):
+        step(i)
+
+    if mode == "return":
+        pass
+    elif mode == "sys-exit":
+        sys.exit(7)
+    elif mode == "raise":
+        raise RuntimeError("boom")
+    elif mode in ("sigterm", "sigint", "sighup"):
+        with ai.pipeline.epoch:
+            print("ready", flush=True)
+            time.sleep(60)
+    elif mode.startswith("app-handler"):
+        print("ready", flush=True)
+        deadline = time.time() + 60
+        while not stop and time.time() < deadline:
+            time.sleep(0.01)
+        with ai.compute.step:  # the run goes on after the application's handler
+            pass
+    elif mode in ("os-exit", "sigkill"):
+        writer = dftrace.session().writer
+        deadline = time.time() + 60
+        while writer.events_written < N and time.time() < deadline:
+            time.sleep(0.01)  # until a periodic flush has put the N spans on disk
+        for i in range(5):
+            with ai.compute.backward:
+                pass
+        if mode == "os-exit":
+            os._exit(5)
         print("ready", flush=True)
         time.sleep(60)
-elif mode.startswith("app-handler"):
-    print("ready", flush=True)
-    deadline = time.time() + 60
-    while not stop and time.time() < deadline:
-        time.sleep(0.01)
-    with ai.compute.step:  # the run goes on after the application's handler
-        pass
-elif mode in ("os-exit", "sigkill"):
-    time.sleep(0.6)  # several flush intervals: the N spans are on disk now
-    for i in range(5):
-        with ai.compute.backward:
-            pass
-    if mode == "os-exit":
-        os._exit(5)
-    print("ready", flush=True)
-    time.sleep(60)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,259 @@
+"""Load + summary of 1M and 10M events (16 zstd files, one per rank), embedded and on Dask.
+
+    pytest bench/test_bench_analysis.py --benchmark-json=analysis.json
+
+Each benchmark runs ``summarize`` (parse every file, aggregate, combine) on a trace
+of 16 processes; the 10M-event trace is about 1.9 GB of JSON, 140 MB compressed.
+The traces are generated once into ``<pytest temp root>/dftrace-analysis-bench``
+and reused by later runs. ``extra_info`` records, next to the uncompressed trace
+size: the resident memory before a round and at its peak and the CPU seconds of the
+least costly round (this process plus Dask workers), and the Dask cluster's start-up
+time, which the timed rounds leave out.
+
+The 10M-event cases take a few minutes with data generation; set
+``DFTRACE_BENCH_SKIP_BIG=1`` to run only the 1M-event ones.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+import zstandard
+
+pytest.importorskip("polars")
+
+from dftrace.analysis import DaskExecutor, load_traces, summarize  # noqa: E402
+
+RANKS = 16
+T0_US = 1_795_331_512_000_000
+LINES_PER_FRAME = 4096
+skip_big = pytest.mark.skipif(os.environ.get("DFTRACE_BENCH_SKIP_BIG") == "1", reason="DFTRACE_BENCH_SKIP_BIG=1")
+
+
+# --- trace generation ----------------------------------------------------------------
+
+_META = (
+    '{{"name":"process_name","cat":"dftrace","pid":{pid},"tid":{pid},"ph":"M",'
+    '"args":{{"name":"rank {rank} · {host} · pid {pid}"}}}}\n'
+    '{{"name":"thread_name","cat":"dftrace","pid":{pid},"tid":{pid},"ph":"M","args":{{"name":"MainThread"}}}}\n'
+    '{{"name":"HH","cat":"dftrace","pid":{pid},"tid":{pid},"ph":"M","args":{{"name":"{host}","value":"{hhash}"}}}}\n'
+    '{{"name":"clock_anchor","cat":"dftrace","pid":{pid},"tid":{pid},"ph":"M","args":{{"wall_ns":{wall},"mono_ns":5000000000}}}}\n'
+    '{{"name":"PR","cat":"dftrace","pid":{pid},"tid":{pid},"ph":"M","args":{{"hostname":"{host}","rank":{rank},"cmdline":["python","train.py"]}}}}\n'
+)
+_SPAN = ('{{"id":{id},"name":"{name}","cat":"{cat}","pid":{pid},"tid":{tid},"ts":{ts},"dur":{dur},"ph":"X",'
+         '"args":{{"hhash":"{hhash}","level":{level},"p_idx":{parent},"epoch":{epoch}{extra}}}}}\n')
+# One training step: (name, cat, offset from the step start, duration, level, inside the
+# step's fetch.block, extra args, thread). The block is written last, as it ends last.
+_STEP = (
+    ("fetch.iter", "dataloader", 0, 40, 1, False, ',"count":{count}', 0),
+    ("transfer", "device", 40, 10, 2, True, ',"step":{step}', 0),
+    ("forward", "compute", 55, 100, 2, True, ',"step":{step}', 0),
+    ("preprocess", "data", 55, 150, 1, False, "", 1),
+    ("backward", "compute", 160, 200, 2, True, ',"step":{step}', 0),
+    ("all_reduce", "comm", 365, 50, 2, True, ',"step":{step}', 0),
+    ("step", "compute", 420, 20, 2, True, ',"step":{step}', 0),
+    ("fetch.block", "dataloader", 40, 405, 1, False, ',"count":{count}', 0),
+)
+_STEP_US = 445
+_STEPS_PER_EPOCH = 1000
+
+
+def _write_rank(args: tuple[Path, int, int]) -> int:
+    """Write one rank's file of ``events`` events; return its uncompressed size."""
+    path, rank, events = args
+    pid, host = 10_000 + rank, f"node{rank % 2}"
+    hhash = f"{rank % 2:016x}"
+    cctx = zstandard.ZstdCompressor(level=3)
+    head = "[\n" + _META.format(pid=pid, rank=rank, host=host, hhash=hhash, wall=T0_US * 1000)
+    size = 0
+    lines: list[str] = [head]
+    with open(path, "wb") as fh:
+        event_id = 0
+        step = 0
+        while event_id < events:
+            # Ranks drift apart a little: rank r's step is r us longer every 7th step.
+            start = T0_US + step * _STEP_US + (step // 7) * rank
+            block_id = event_id + len(_STEP)
+            for name, cat, offset, dur, level, inside, extra, thread in _STEP:
+                event_id += 1
+                lines.append(_SPAN.format(
+                    id=event_id, name=name, cat=cat, pid=pid, tid=pid + thread, ts=start + offset, dur=dur,
+                    hhash=hhash, level=level, parent=block_id if inside else 0,
+                    epoch=step // _STEPS_PER_EPOCH, extra=extra.format(count=step + 1, step=step),
+                ))
+                if len(lines) >= LINES_PER_FRAME:
+                    data = "".join(lines).encode()
+                    size += len(data)
+                    fh.write(cctx.compress(data))
+                    lines = []
+                if event_id >= events:
+                    break
+            step += 1
+        data = ("".join(lines) + "]\n").encode()
+        size += len(data)
+        fh.write(cctx.compress(data))
+    return size
+
+
+def _trace(root: Path, events: int) -> tuple[Path, int]:
+    """The cached 16-rank trace of ``events`` events and its uncompressed size."""
+    directory = root / f"{events // 1_000_000}M"
+    marker = directory / "uncompressed_bytes"
+    if not marker.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        jobs = [(directory / f"train-rank{r}-node{r % 2}-{10_000 + r}.pfw.zst", r, events // RANKS)
+                for r in range(RANKS)]
+        with ProcessPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
+            marker.write_text(str(sum(pool.map(_write_rank, jobs))))
+    return directory, int(marker.read_text())
+
+
+@pytest.fixture(scope="session")
+def bench_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Outside the per-session directory so later runs reuse the traces.
+    return tmp_path_factory.getbasetemp().parent / "dftrace-analysis-bench"
+
+
+@pytest.fixture(scope="module")
+def dask2():
+    start = time.perf_counter()
+    executor = DaskExecutor(workers=2, threads_per_worker=1)
+    executor.startup_s = time.perf_counter() - start
+    yield executor
+    executor.close()
+
+
+# --- measuring -----------------------------------------------------------------------
+
+
+class _Usage:
+    """Peak resident memory and CPU time of this process and its children (Dask
+    workers) while the block runs; memory is sampled every ``interval`` seconds."""
+
+    def __init__(self, interval: float = 0.02):
+        import psutil
+
+        self._process = psutil.Process()
+        self._interval = interval
+        self.baseline = self.peak = self._rss()
+        self.cpu_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _family(self):
+        return [self._process, *self._process.children(recursive=True)]
+
+    def _rss(self) -> int:
+        total = 0
+        for process in self._family():
+            try:
+                total += process.memory_info().rss
+            except Exception:  # a worker that just exited
+                pass
+        return total
+
+    def _cpu(self) -> float:
+        total = 0.0
+        for process in self._family():
+            try:
+                times = process.cpu_times()
+                total += times.user + times.system
+            except Exception:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> _Usage:
+        self._cpu_start = self._cpu()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._rss())
+        self.cpu_s = self._cpu() - self._cpu_start
+
+
+def _measured(benchmark, fn, rounds: int) -> tuple[object, list[_Usage]]:
+    """Run ``fn`` ``rounds`` times under the benchmark, recording usage per round."""
+    usages: list[_Usage] = []
+    result = {}
+
+    def once():
+        with _Usage() as usage:
+            result["value"] = fn()
+        usages.append(usage)
+
+    benchmark.pedantic(once, rounds=rounds, iterations=1)
+    return result["value"], usages
+
+
+def _record(benchmark, usages: list[_Usage], events: int, size: int, **info) -> None:
+    fastest = min(usages, key=lambda u: u.cpu_s)
+    benchmark.extra_info.update(
+        events=events,
+        uncompressed_mb=round(size / 2**20),
+        baseline_rss_mb=round(min(u.baseline for u in usages) / 2**20),
+        peak_rss_mb=round(max(u.peak for u in usages) / 2**20),
+        cpu_s=round(fastest.cpu_s, 2),
+        events_per_s=round(events / benchmark.stats.stats.min),
+        **info,
+    )
+
+
+def _run(benchmark, fn, events: int, size: int, rounds: int, **info) -> None:
+    summary, usages = _measured(benchmark, fn, rounds)
+    assert summary.overview["events"] == events
+    _record(benchmark, usages, events, size, **info)
+
+
+# --- benchmarks ----------------------------------------------------------------------
+
+
+@pytest.mark.benchmark(group="analysis-1M")
+def test_summary_embedded_1m(benchmark, bench_root):
+    directory, size = _trace(bench_root, 1_000_000)
+    _run(benchmark, lambda: summarize(directory, progress=False), 1_000_000, size, rounds=3)
+
+
+@pytest.mark.benchmark(group="analysis-1M")
+def test_summary_dask2_1m(benchmark, bench_root, dask2):
+    directory, size = _trace(bench_root, 1_000_000)
+    _run(benchmark, lambda: summarize(directory, executor=dask2, progress=False), 1_000_000, size,
+         rounds=3, dask_startup_s=round(dask2.startup_s, 2))
+
+
+@pytest.mark.benchmark(group="analysis-1M")
+def test_load_table_embedded_1m(benchmark, bench_root):
+    """The full events table (every column, args as JSON text) rather than the summary."""
+    directory, size = _trace(bench_root, 1_000_000)
+    trace, usages = _measured(benchmark, lambda: load_traces(directory, progress=False), rounds=2)
+    assert trace.events.height == 1_000_000
+    _record(benchmark, usages, 1_000_000, size)
+
+
+@skip_big
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="analysis-10M")
+def test_summary_embedded_10m(benchmark, bench_root):
+    directory, size = _trace(bench_root, 10_000_000)
+    _run(benchmark, lambda: summarize(directory, progress=False), 10_000_000, size, rounds=2)
+
+
+@skip_big
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="analysis-10M")
+def test_summary_dask2_10m(benchmark, bench_root, dask2):
+    directory, size = _trace(bench_root, 10_000_000)
+    _run(benchmark, lambda: summarize(directory, executor=dask2, progress=False), 10_000_000, size,
+         rounds=2, dask_startup_s=round(dask2.startup_s, 2))

@@ -1,0 +1,107 @@
+"""The HTML report: self-contained, and rendered by a real browser (headless Chromium)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+import tracegen
+
+from dftrace.analysis import render_html, summarize
+from dftrace.analysis._cli import main
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)"
+)
+
+
+def _chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    command = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000",
+        *args, page.as_uri(),
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+
+
+def _distinct_bytes(png: Path) -> int:
+    """Distinct byte values in a PNG's filtered pixel data: a one-colour image has a handful."""
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat = 8, b""
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"IDAT":
+            idat += data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    return len(set(zlib.decompress(idat)))
+
+
+@pytest.fixture(scope="module")
+def report(run_dir, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("report") / "report.html"
+    assert main(["report", str(run_dir), "-o", str(path), "--title", "test run"]) == 0
+    return path
+
+
+def test_report_is_self_contained(report):
+    """plotly.js is embedded and nothing is fetched from the network."""
+    html = report.read_text(encoding="utf-8")
+    assert "<title>test run</title>" in html
+    assert "Plotly" in html and len(html) > 1_000_000
+    assert not re.search(r"<script[^>]+src=", html)
+    assert not re.search(r"<(link|img|iframe)[^>]+(href|src)=[\"']https?:", html)
+
+
+def test_report_has_one_plot_per_section(report):
+    """Timeline, step times, breakdown, top names, distributions, stragglers and stall."""
+    html = report.read_text(encoding="utf-8")
+    headings = re.findall(r"<h2>([^<]+)</h2>", html)
+    assert headings == ["Step timeline per rank", "Step time per rank", "Time breakdown", "Where the time goes",
+                        "Duration distributions", "Stragglers", "Data-loader stall"]
+    assert html.count('class="plotly-graph-div"') == len(headings)
+
+
+@needs_chromium
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    """Chromium draws every plot, logs nothing to the console and the screenshot is not blank."""
+    shot = tmp_path / "shot.png"
+    run = _chromium(tmp_path, report, "--window-size=1280,2400", f"--screenshot={shot}")
+    console = [line for line in run.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert console == []
+    assert _distinct_bytes(shot) > 64
+    dom = _chromium(tmp_path, report, "--dump-dom").stdout
+    plots = report.read_text(encoding="utf-8").count('class="plotly-graph-div"')
+    assert dom.count('class="plot-container plotly"') == plots
+    assert dom.count('class="main-svg"') >= plots
+
+
+@needs_chromium
+def test_blank_page_is_detected_as_blank(tmp_path):
+    """The blank-screenshot check itself: an empty page has almost no distinct bytes."""
+    page = tmp_path / "blank.html"
+    page.write_text("<html><body></body></html>")
+    shot = tmp_path / "blank.png"
+    _chromium(tmp_path, page, "--window-size=1280,800", f"--screenshot={shot}")
+    assert _distinct_bytes(shot) < 16
+
+
+def test_report_lists_damaged_files(tmp_path):
+    """Files with broken lines or a cut get their own table."""
+    tracegen.write_process(tmp_path, tracegen.training_process(1000, rank=0), cut="frame")
+    html = render_html(summarize(tmp_path))
+    assert "<h2>Damaged files</h2>" in html and "train-rank0-node0-1000.pfw.zst" in html
+
+
+def test_report_of_dftracer_traces(samples):
+    """DFTracer's files (no ranks) make a report with per-process plots."""
+    html = render_html(summarize(samples / "dftracer-2.0.3" / "toy.pfw.gz"))
+    assert "Step timeline per rank" in html and "vm · pid 25021" in html

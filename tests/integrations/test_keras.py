@@ -1,0 +1,109 @@
+"""dftrace.keras with real Keras 3: fit, evaluate and predict on a tiny model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+keras = pytest.importorskip("keras")
+
+import numpy as np  # noqa: E402
+
+from dftrace import testing  # noqa: E402
+from dftrace.format import validate_file  # noqa: E402
+from dftrace.keras import TraceCallback  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    return rng.random((40, 3), dtype=np.float32), rng.random((40, 1), dtype=np.float32)
+
+
+def make_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def by_id(result):
+    return {e["id"]: e for e in result.spans()}
+
+
+def test_fit_writes_train_epochs_and_batches(tmp_path, data):
+    """fit is pipeline.train holding a pipeline.epoch per epoch holding a compute span per batch."""
+    x, y = data
+    with testing.trace_to(tmp_path) as result:
+        make_model().fit(x, y, epochs=2, batch_size=10, callbacks=[TraceCallback()], verbose=0)
+    [train] = result.spans("train", "pipeline")
+    epochs = result.spans("epoch", "pipeline")
+    assert [e["args"]["epoch"] for e in epochs] == [0, 1]
+    assert all(e["args"]["p_idx"] == train["id"] for e in epochs)
+    batches = result.spans("compute", "compute")
+    assert [(b["args"]["epoch"], b["args"]["batch"], b["args"]["step"]) for b in batches] == [
+        (0, 0, 0), (0, 1, 1), (0, 2, 2), (0, 3, 3), (1, 0, 4), (1, 1, 5), (1, 2, 6), (1, 3, 7)]
+    spans = by_id(result)
+    assert all(spans[b["args"]["p_idx"]]["args"]["epoch"] == b["args"]["epoch"] for b in batches)
+    assert validate_file(result.paths[0]) == []
+
+
+def test_validation_in_fit_is_evaluate_inside_its_epoch(tmp_path, data):
+    """validation_data in fit gives a pipeline.evaluate (with forward batches) inside each epoch span."""
+    x, y = data
+    with testing.trace_to(tmp_path) as result:
+        make_model().fit(x[:30], y[:30], epochs=2, batch_size=10, validation_data=(x[30:], y[30:]),
+                         callbacks=[TraceCallback()], verbose=0)
+    spans = by_id(result)
+    evals = result.spans("evaluate", "pipeline")
+    assert len(evals) == 2
+    for ev, epoch in zip(evals, (0, 1)):
+        assert spans[ev["args"]["p_idx"]]["name"] == "epoch"
+        assert ev["args"]["epoch"] == epoch
+    forwards = result.spans("forward", "compute")
+    assert len(forwards) == 2
+    assert {spans[f["args"]["p_idx"]]["name"] for f in forwards} == {"evaluate"}
+    assert validate_file(result.paths[0]) == []
+
+
+def test_evaluate_and_predict(tmp_path, data):
+    """evaluate is pipeline.evaluate and predict pipeline.test, each with a compute.forward per batch."""
+    x, y = data
+    model = make_model()
+    cb = TraceCallback()
+    with testing.trace_to(tmp_path) as result:
+        model.evaluate(x, y, batch_size=20, callbacks=[cb], verbose=0)
+        model.predict(x, batch_size=10, callbacks=[cb], verbose=0)
+    spans = by_id(result)
+    [ev] = result.spans("evaluate", "pipeline")
+    [test] = result.spans("test", "pipeline")
+    fwd = result.spans("forward", "compute")
+    assert [f["args"]["batch"] for f in fwd if f["args"]["p_idx"] == ev["id"]] == [0, 1]
+    assert [f["args"]["batch"] for f in fwd if f["args"]["p_idx"] == test["id"]] == [0, 1, 2, 3]
+    assert all(spans.get(f["args"]["p_idx"]) in (ev, test) for f in fwd)
+    assert validate_file(result.paths[0]) == []
+
+
+def test_failed_fit_spans_close_when_fit_runs_again(tmp_path, data):
+    """Spans a failing fit left open are closed, flagged incomplete, when the callback's next fit begins."""
+    x, y = data
+
+    class Boom(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                raise RuntimeError("boom")
+
+    cb = TraceCallback()
+    model = make_model()
+    with testing.trace_to(tmp_path) as result:
+        with pytest.raises(RuntimeError, match="boom"):
+            model.fit(x, y, epochs=1, batch_size=10, callbacks=[cb, Boom()], verbose=0)
+        model.fit(x, y, epochs=1, batch_size=10, callbacks=[cb], verbose=0)
+    trains = result.spans("train", "pipeline")
+    assert [t["args"].get("incomplete", False) for t in trains] == [True, False]
+    first_end = trains[0]["ts"] + trains[0]["dur"]
+    assert first_end <= trains[1]["ts"]
+    assert validate_file(result.paths[0]) == []

@@ -1,0 +1,131 @@
+"""dftrace.lightning with real Lightning: Trainer(max_epochs=2) on a tiny module, on CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pl = pytest.importorskip("lightning.pytorch")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from dftrace import ai, testing  # noqa: E402
+from dftrace.format import validate_file  # noqa: E402
+from dftrace.lightning import TraceCallback  # noqa: E402
+
+
+class Regressor(pl.LightningModule):
+    def __init__(self, fail_at_batch: int | None = None):
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+        self.fail_at_batch = fail_at_batch
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == self.fail_at_batch:
+            raise RuntimeError("training_step failed")
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test_loss", nn.functional.mse_loss(self.net(x), y))
+
+    def predict_step(self, batch, batch_idx):
+        return self.net(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def loader():
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(16, 3, generator=g), torch.randn(16, 1, generator=g)),
+                      batch_size=8)
+
+
+def trainer(tmp_path, **kw):
+    kw.setdefault("max_epochs", 2)
+    return pl.Trainer(callbacks=[TraceCallback()], logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=str(tmp_path / "root"),
+                      num_sanity_val_steps=1, **kw)
+
+
+def by_id(result):
+    return {e["id"]: e for e in result.spans()}
+
+
+def test_fit_maps_onto_the_tree(tmp_path):
+    """fit -> train, epochs, a compute span per batch holding forward/backward/step, validation, checkpoints."""
+    with testing.trace_to(tmp_path / "trace") as result:
+        trainer(tmp_path).fit(Regressor(), loader(), loader())
+    spans = by_id(result)
+    [train] = result.spans("train", "pipeline")
+    epochs = result.spans("epoch", "pipeline")
+    assert [e["args"]["epoch"] for e in epochs] == [0, 1]
+    assert all(e["args"]["p_idx"] == train["id"] for e in epochs)
+    batches = result.spans("compute", "compute")
+    assert [(b["args"]["epoch"], b["args"]["batch"], b["args"]["step"]) for b in batches] == [
+        (0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3)]
+    for b in batches:
+        assert spans[b["args"]["p_idx"]]["name"] == "epoch"
+        inside = sorted((e for e in result.spans(cat="compute") if e["args"]["p_idx"] == b["id"]),
+                        key=lambda e: e["ts"])
+        assert [e["name"] for e in inside] == ["forward", "backward", "step"]
+        assert all(e["args"]["step"] == b["args"]["step"] for e in inside)
+    evals = result.spans("evaluate", "pipeline")
+    assert [e["args"].get("sanity_check", False) for e in evals] == [True, False, False]
+    assert spans[evals[0]["args"]["p_idx"]]["name"] == "train"
+    assert [spans[e["args"]["p_idx"]]["name"] for e in evals[1:]] == ["epoch", "epoch"]
+    val_batches = [e for e in result.spans("forward") if spans[e["args"]["p_idx"]]["name"] == "evaluate"]
+    assert len(val_batches) == 1 + 2 + 2
+    captures = result.spans("capture", "checkpoint")
+    assert [os.path.basename(c["args"]["path"]) for c in captures] == [
+        "epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt"]
+    assert all(c["args"]["bytes"] > 0 for c in captures)
+    last = captures[-1]["args"]  # ModelCheckpoint keeps only the newest file
+    assert last["bytes"] == os.path.getsize(last["path"])
+    assert (last["epoch"], last["step"]) == (1, 4)
+    assert validate_file(result.paths[0]) == []
+
+
+def test_exception_closes_open_spans(tmp_path):
+    """A training_step that raises: on_exception closes every open span with args.error, before fit returns."""
+    with testing.trace_to(tmp_path / "trace") as result:
+        with pytest.raises(RuntimeError, match="training_step failed"):
+            trainer(tmp_path, max_epochs=1).fit(Regressor(fail_at_batch=1), loader())
+        with ai.pipeline.test:  # written after fit raised
+            pass
+    marker = result.spans("test")[0]
+    closed = [e for e in result.spans() if e["args"].get("incomplete")]
+    assert {e["name"] for e in closed} == {"train", "epoch", "compute", "forward"}
+    assert all(e["args"]["error"] == "RuntimeError" for e in closed)
+    assert all(e["ts"] + e["dur"] <= marker["ts"] for e in closed)
+    assert validate_file(result.paths[0]) == []
+
+
+def test_test_predict_and_restart(tmp_path):
+    """test and predict are pipeline.test spans (args.stage); fit(ckpt_path=...) reads the checkpoint in checkpoint.restart."""
+    module = Regressor()
+    trainer(tmp_path, max_epochs=1).fit(module, loader())
+    ckpt = os.path.join(tmp_path, "root", "checkpoints", "epoch=0-step=2.ckpt")
+    assert os.path.isfile(ckpt)
+    with testing.trace_to(tmp_path / "trace") as result:
+        t = trainer(tmp_path, max_epochs=2)
+        t.fit(Regressor(), loader(), ckpt_path=ckpt)
+        t.test(module, loader(), verbose=False)
+        t.predict(module, loader())
+    [restart] = result.spans("restart", "checkpoint")
+    assert restart["args"]["path"] == ckpt and restart["args"]["bytes"] == os.path.getsize(ckpt)
+    tests = result.spans("test", "pipeline")
+    assert [e["args"]["stage"] for e in tests] == ["test", "predict"]
+    spans = by_id(result)
+    for stage in tests:
+        assert len([e for e in result.spans("forward") if spans[e["args"]["p_idx"]] is stage]) == 2
+    assert validate_file(result.paths[0]) == []

@@ -1,0 +1,117 @@
+"""dftrace.tensorflow with real TensorFlow: a tiny graph trained in a
+MonitoredTrainingSession (one graph builder shared by every test)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = pytest.importorskip("tensorflow")
+
+import numpy as np  # noqa: E402
+
+from dftrace import ai, testing  # noqa: E402
+from dftrace.format import validate_file  # noqa: E402
+from dftrace.tensorflow import TraceHook  # noqa: E402
+
+
+def train(hooks, n=12, batch=4, fail_at_step=None):
+    """Build a linear model on n points and train it until the input runs out
+    (n / batch runs, then OutOfRangeError), or until the assert at fail_at_step."""
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        rng = np.random.default_rng(0)
+        ds = tf.data.Dataset.from_tensor_slices(
+            (rng.random((n, 3), dtype=np.float32), rng.random((n, 1), dtype=np.float32))).batch(batch)
+        x, y = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        w = tf.compat.v1.get_variable("w", [3, 1])
+        loss = tf.reduce_mean((tf.matmul(x, w) - y) ** 2)
+        deps = [] if fail_at_step is None else [tf.debugging.Assert(tf.less(gs, fail_at_step), [gs])]
+        with tf.control_dependencies(deps):
+            train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=gs)
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                hooks=hooks, log_step_count_steps=None, save_summaries_steps=None,
+                save_checkpoint_secs=None) as sess:
+            while not sess.should_stop():
+                sess.run(train_op)
+
+
+def test_hook_is_a_session_run_hook():
+    """TraceHook is a real tf.compat.v1.train.SessionRunHook (estimator-style checks accept it)."""
+    assert isinstance(TraceHook(), tf.compat.v1.train.SessionRunHook)
+
+
+def test_session_writes_train_and_a_compute_span_per_run(tmp_path):
+    """begin..end is pipeline.train; each run is a compute span with the global step, inside it."""
+    with testing.trace_to(tmp_path) as result:
+        train([TraceHook()])
+    [session] = result.spans("train", "pipeline")
+    runs = result.spans("compute", "compute")
+    assert [e["args"]["step"] for e in runs] == [0, 1, 2, 3]
+    assert all(e["args"]["p_idx"] == session["id"] for e in runs)
+    # the 4th run found the input exhausted: closed by end(), not left open
+    assert runs[-1]["args"]["end_of_input"] is True
+    assert not any(e["args"].get("incomplete") for e in result.spans())
+    assert validate_file(result.paths[0]) == []
+
+
+def test_epoch_span_option(tmp_path):
+    """TraceHook(span="epoch") makes the session a pipeline.epoch span."""
+    with testing.trace_to(tmp_path) as result:
+        train([TraceHook(span="epoch")], n=4)
+    assert [e["name"] for e in result.spans(cat="pipeline")] == ["epoch"]
+    with pytest.raises(ValueError, match="span"):
+        TraceHook(span="step")
+
+
+def test_failed_run_leaves_no_span_open(tmp_path):
+    """A run raising an error (no after_run, no end) is closed, flagged incomplete, when the session closes."""
+    with testing.trace_to(tmp_path) as result:
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            train([TraceHook()], fail_at_step=2)
+        with ai.pipeline.test:  # recorded after the session closed
+            pass
+    marker = result.spans("test")[0]
+    runs = result.spans("compute")
+    assert [e["args"]["step"] for e in runs] == [0, 1, 2]
+    assert runs[-1]["args"]["incomplete"] is True
+    [session] = result.spans("train")
+    assert session["args"]["incomplete"] is True
+    for e in runs + [session]:
+        assert e["ts"] + e["dur"] <= marker["ts"]
+    assert validate_file(result.paths[0]) == []
+
+
+def test_seed_hook_example_works_as_written(tmp_path):
+    """The user-written hook of DFTracer's AI logging docs (start/update/stop) works with `from dftrace import ai`."""
+    from tensorflow.python.training import training_util
+
+    class DFTracerProfilingHook(tf.compat.v1.train.SessionRunHook):
+        def begin(self):
+            self._global_step_tensor = training_util._get_or_create_global_step_read()
+            if self._global_step_tensor is None:
+                raise RuntimeError("Global step should be created to use ProfilerHook.")
+            ai.pipeline.epoch.start()
+
+        def end(self, session):
+            ai.pipeline.epoch.stop()
+
+        def before_run(self, run_context):
+            global_step = run_context.session.run(self._global_step_tensor)
+            ai.update(step=global_step)
+            ai.compute.start()
+
+        def after_run(self, run_context, run_values):
+            ai.compute.stop()
+
+    with testing.trace_to(tmp_path) as result:
+        train([DFTracerProfilingHook()])
+    [epoch] = result.spans("epoch", "pipeline")
+    runs = result.spans("compute", "compute")
+    assert [e["args"]["step"] for e in runs] == [0, 1, 2, 3]
+    assert all(e["args"]["p_idx"] == epoch["id"] for e in runs)
+    # the run that hit OutOfRangeError got no after_run: epoch.stop() closed it
+    assert runs[-1]["args"]["incomplete"] is True
+    assert validate_file(result.paths[0]) == []

@@ -1,0 +1,100 @@
+"""dftrace.transformers with the real Hugging Face Trainer on a tiny BERT built from
+a config (no downloads), on CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # the Trainer needs it with PyTorch
+
+import torch  # noqa: E402
+
+from dftrace import testing  # noqa: E402
+from dftrace.format import validate_file  # noqa: E402
+from dftrace.transformers import TraceCallback  # noqa: E402
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=32,
+                                  max_position_embeddings=16, num_labels=2)
+    return transformers.BertForSequenceClassification(cfg)
+
+
+def dataset(n):
+    g = torch.Generator().manual_seed(0)
+    return [{"input_ids": torch.randint(0, 50, (8,), generator=g),
+             "attention_mask": torch.ones(8, dtype=torch.long), "labels": i % 2} for i in range(n)]
+
+
+def run(tmp_path, callback, **kw):
+    kw.setdefault("num_train_epochs", 2)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+        per_device_eval_batch_size=8, report_to=[], use_cpu=True, disable_tqdm=True,
+        logging_strategy="no", **kw)
+    trainer = transformers.Trainer(model=tiny_model(), args=args, train_dataset=dataset(16),
+                                   eval_dataset=dataset(8), callbacks=[callback])
+    trainer.train()
+
+
+def by_id(result):
+    return {e["id"]: e for e in result.spans()}
+
+
+def test_train_maps_onto_the_tree(tmp_path):
+    """train/epochs/steps with forward+backward per micro-batch and the optimizer step, then evaluate and save per epoch."""
+    with testing.trace_to(tmp_path / "trace") as result:
+        run(tmp_path, TraceCallback(), gradient_accumulation_steps=2, eval_strategy="epoch",
+            save_strategy="epoch")
+    spans = by_id(result)
+    [train] = result.spans("train", "pipeline")
+    epochs = result.spans("epoch", "pipeline")
+    assert [e["args"]["epoch"] for e in epochs] == [0, 1]
+    steps = result.spans("compute", "compute")
+    assert [(s["args"]["epoch"], s["args"]["step"]) for s in steps] == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    for s in steps:
+        assert spans[s["args"]["p_idx"]]["name"] == "epoch"
+        inside = sorted((e for e in result.spans(cat="compute") if e["args"]["p_idx"] == s["id"]),
+                        key=lambda e: e["ts"])
+        # 2 micro-batches (gradient accumulation), then one optimizer step
+        assert [e["name"] for e in inside] == ["forward", "backward", "forward", "backward", "step"]
+        assert all(e["args"]["step"] == s["args"]["step"] for e in inside)
+    evals = result.spans("evaluate", "pipeline")
+    assert [spans[e["args"]["p_idx"]] for e in evals] == [train, train]
+    assert [e["args"]["step"] for e in evals] == [2, 4]
+    eval_forwards = [e for e in result.spans("forward") if spans[e["args"]["p_idx"]]["name"] == "evaluate"]
+    assert len(eval_forwards) == 2 and not any(e["args"]["training"] for e in eval_forwards)
+    saves = result.spans("capture", "checkpoint")
+    assert [os.path.basename(s["args"]["path"]) for s in saves] == ["checkpoint-2", "checkpoint-4"]
+    assert all(s["args"]["bytes"] > 0 for s in saves)
+    for ev, save in zip(evals, saves):
+        assert ev["ts"] + ev["dur"] <= save["ts"]
+    assert validate_file(result.paths[0]) == []
+
+
+def test_step_strategy_evaluates_inside_the_epoch(tmp_path):
+    """With eval/save every 2 steps, evaluate and capture spans sit inside the epoch that triggered them."""
+    with testing.trace_to(tmp_path / "trace") as result:
+        run(tmp_path, TraceCallback(), num_train_epochs=1, eval_strategy="steps", eval_steps=2,
+            save_strategy="steps", save_steps=2)
+    spans = by_id(result)
+    evals = result.spans("evaluate", "pipeline")
+    saves = result.spans("capture", "checkpoint")
+    assert [e["args"]["step"] for e in evals] == [2, 4]
+    assert [s["args"]["step"] for s in saves] == [2, 4]
+    assert {spans[e["args"]["p_idx"]]["name"] for e in evals + saves} == {"epoch"}
+    assert validate_file(result.paths[0]) == []
+
+
+def test_compute_false_writes_no_model_hooks(tmp_path):
+    """TraceCallback(compute=False) writes the step spans but no forward/backward spans."""
+    with testing.trace_to(tmp_path / "trace") as result:
+        run(tmp_path, TraceCallback(compute=False), num_train_epochs=1, save_strategy="no")
+    assert len(result.spans("compute", "compute")) == 4
+    assert len(result.spans("step", "compute")) == 4
+    assert not result.spans("forward") and not result.spans("backward")

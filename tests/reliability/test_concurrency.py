@@ -1,0 +1,189 @@
+"""Many threads and tasks on the same nodes, and finalize() while they still emit."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter, defaultdict
+
+import dftrace
+from dftrace import ai, testing
+from dftrace.format import VIRTUAL_TID_BASE
+
+from ._util import assert_valid, meta, spans
+
+
+@ai.compute.forward
+def _inner(i: int) -> int:
+    return i
+
+
+def test_eight_threads_on_the_same_nodes_lose_nothing(tmp_path):
+    """8 threads x 10,000 events: all present, each on its thread's tid, properly nested."""
+    tids: dict[int, int] = {}
+
+    def work(k: int) -> None:
+        tids[k] = threading.get_native_id()
+        for i in range(5000):
+            with ai.pipeline.epoch:
+                _inner(i)
+
+    with testing.trace_to(tmp_path) as t:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert_valid(t.paths)  # includes: spans on a track nest or are disjoint
+    events = t.spans()
+    assert len(events) == 80_000
+    per_tid = defaultdict(Counter)
+    for e in events:
+        per_tid[e["tid"]][e["name"]] += 1
+    assert set(per_tid) == set(tids.values())
+    assert all(c == {"epoch": 5000, "forward": 5000} for c in per_tid.values())
+    epochs = {e["id"]: e for e in events if e["name"] == "epoch"}
+    for e in events:
+        if e["name"] == "forward":
+            parent = epochs[e["args"]["p_idx"]]
+            assert parent["tid"] == e["tid"] and e["args"]["level"] == 2
+    assert len({e["id"] for e in events}) == len(events)
+
+
+def test_hundred_concurrent_tasks_each_get_their_own_track(tmp_path):
+    """100 overlapping asyncio tasks on one node: 100 spans, each its own duration and track."""
+
+    @ai.compute.backward
+    async def work(k: int) -> None:
+        async with ai.comm.all_reduce(args={"task": k}):
+            await asyncio.sleep(0.001 * (k % 10 + 1))
+
+    async def main() -> None:
+        await asyncio.gather(*(work(k) for k in range(100)))
+
+    with testing.trace_to(tmp_path) as t:
+        asyncio.run(main())
+    assert_valid(t.paths)
+    reduces = t.spans("all_reduce")
+    assert sorted(e["args"]["task"] for e in reduces) == list(range(100))
+    for e in reduces:
+        assert e["dur"] >= 1000 * (e["args"]["task"] % 10 + 1)  # µs: its own sleep at least
+    assert len({e["tid"] for e in reduces}) == 100
+    assert all(e["tid"] >= VIRTUAL_TID_BASE for e in reduces)
+    outer = {e["id"]: e for e in t.spans("backward")}
+    assert len(outer) == 100
+    for e in reduces:  # nested in its own task's backward span, on the same track
+        assert outer[e["args"]["p_idx"]]["tid"] == e["tid"]
+    names = {m["tid"]: m["args"]["name"] for m in meta(t.events, "thread_name")}
+    assert all("asyncio" in names[e["tid"]] for e in reduces)
+
+
+def test_finalize_while_threads_emit_leaves_a_clean_file(tmp_path):
+    """finalize() racing with emitting threads: no error, no broken line, no hole in any thread."""
+    stop = threading.Event()
+    done = [0] * 4
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            while not stop.is_set():
+                with ai.data.item(args={"k": k, "i": done[k]}):
+                    _inner(done[k])
+                done[k] += 1
+        except BaseException as exc:  # pragma: no cover - the failure being tested for
+            errors.append(exc)
+
+    # A short interval keeps the final batch small: finalize is quick even with
+    # four threads spinning for the GIL.
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="zstd", inherit=False,
+                           flush_interval=0.05)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    while min(done) < 1000 and not errors:
+        stop.wait(0.01)
+    dftrace.finalize()  # while the threads run on
+    stop.wait(0.05)
+    stop.set()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert_valid(s.paths)
+    events = testing.read_events(s.path)
+    for k in range(4):
+        seen = sorted(e["args"]["i"] for e in spans(events, "item") if e["args"]["k"] == k)
+        assert len(seen) >= 1000 and seen == list(range(len(seen)))  # no hole inside
+        assert len(seen) < done[k]  # the thread went on after tracing stopped
+
+
+def test_span_still_open_on_another_thread_is_counted_late(tmp_path):
+    """A span that outlives finalize() on another thread is counted in a 'dropped' line, reason late."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with ai.checkpoint.capture:
+            entered.set()
+            release.wait(30)
+
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False)
+    with ai.compute.step:
+        pass
+    th = threading.Thread(target=hold)
+    th.start()
+    entered.wait(30)
+    dftrace.finalize()
+    release.set()
+    th.join()
+    assert_valid(s.paths)
+    events = testing.read_events(s.path)
+    assert [e["name"] for e in spans(events)] == ["step"]
+    (late,) = meta(events, "dropped")
+    assert late["args"]["count"] == 1 and late["args"]["reason"] == "late"
+
+
+def test_span_ending_soon_after_finalize_is_still_written(tmp_path):
+    """A span on another thread that ends within the grace period is written, not dropped."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with ai.checkpoint.capture:
+            entered.set()
+            release.wait(30)
+
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False)
+    th = threading.Thread(target=hold)
+    th.start()
+    entered.wait(30)
+    threading.Timer(0.02, release.set).start()
+    dftrace.finalize()
+    th.join()
+    assert_valid(s.paths)
+    events = testing.read_events(s.path)
+    assert [e["name"] for e in spans(events)] == ["capture"]
+    assert meta(events, "dropped") == []
+
+
+def test_task_still_open_when_the_loop_finalizes_is_counted_late(tmp_path):
+    """finalize() called from inside an event loop counts the other tasks' open spans as late."""
+
+    async def hold(release: asyncio.Event) -> None:
+        async with ai.comm.barrier:
+            await release.wait()
+
+    async def main() -> None:
+        release = asyncio.Event()
+        task = asyncio.create_task(hold(release))
+        await asyncio.sleep(0.01)
+        async with ai.comm.send:
+            pass
+        dftrace.finalize()
+        release.set()
+        await task
+
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False)
+    asyncio.run(main())
+    assert_valid(s.paths)
+    events = testing.read_events(s.path)
+    assert [e["name"] for e in spans(events)] == ["send"]
+    (late,) = meta(events, "dropped")
+    assert late["args"]["count"] == 1 and late["args"]["reason"] == "late"

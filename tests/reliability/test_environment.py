@@ -1,0 +1,161 @@
+"""A hostile environment: bad log paths, a disk that fills up, invalid settings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import dftrace
+from dftrace import ConfigError, ai, testing
+from dftrace._config import OPTIONS
+
+from ._util import assert_valid, files, last_line, run, spans, write_script
+
+
+def test_missing_log_directories_are_created(tmp_path):
+    """log_file="a/b/c/run" works: the directories are made."""
+    s = dftrace.initialize(log_file=str(tmp_path / "a" / "b" / "c" / "run"), inherit=False)
+    with ai.compute.step:
+        pass
+    dftrace.finalize()
+    assert os.path.dirname(s.path) == str(tmp_path / "a" / "b" / "c")
+    assert [e["name"] for e in spans(testing.read_events(s.path))] == ["step"]
+
+
+def test_log_path_under_a_file_fails_at_initialize(tmp_path):
+    """A log directory that cannot be made (a parent is a file) is a ConfigError naming log_file."""
+    (tmp_path / "plain").write_text("not a directory")
+    with pytest.raises(ConfigError, match=r"log_file \(env DFTRACE_LOG_FILE\).*plain"):
+        dftrace.initialize(log_file=str(tmp_path / "plain" / "sub" / "run"), inherit=False)
+    assert dftrace.session() is None
+    with ai.compute.step:  # the program goes on, untraced
+        pass
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_unwritable_log_directory_fails_at_initialize():
+    """A directory where no file can be created is a ConfigError naming log_file."""
+    with pytest.raises(ConfigError, match=r"log_file \(env DFTRACE_LOG_FILE\)='/proc/self/run'"):
+        dftrace.initialize(log_file="/proc/self/run", inherit=False)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+def test_read_only_log_directory_fails_at_initialize(tmp_path):
+    """A read-only directory is a ConfigError naming log_file."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match="log_file"):
+            dftrace.initialize(log_file=str(ro / "run"), inherit=False)
+    finally:
+        ro.chmod(0o755)
+
+
+DISK_FULL = """
+    import os
+    import resource
+    import signal
+    import sys
+
+    import dftrace
+    from dftrace import ai
+
+    # Simulate a disk that fills up: files may not grow past 64 KiB. Ignoring
+    # SIGXFSZ turns the kernel's kill into an EFBIG error, as a full disk gives.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+    dftrace.initialize(log_file=sys.argv[1] + "/t", compression=sys.argv[2], flush_interval=60)
+    s = dftrace.session()
+    for step in range(400):
+        with ai.compute.step(args={"step": step, "pad": os.urandom(150).hex()}):
+            pass
+        if step % 20 == 19:
+            s.writer.flush()  # the disk fills up in the middle of the run
+    total = sum(i * i for i in range(1000))  # the training goes on
+    print("done", total, s.sink.failed is not None)
+"""
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_disk_full_mid_run_warns_once_and_keeps_the_file_readable(tmp_path, compression):
+    """Writes failing mid-run: one warning, the run finishes, the file holds whole events only."""
+    script = write_script(tmp_path, DISK_FULL)
+    out = run([script, str(tmp_path / "traces"), compression])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["done", str(sum(i * i for i in range(1000))), "True"]
+    assert out.stderr.count("dftrace:") == 1, out.stderr
+    assert "tracing stops, the run goes on" in out.stderr
+    (path,) = files(tmp_path / "traces")
+    assert os.path.getsize(path) <= 64 * 1024
+    assert_valid([path], complete=False)  # no half-written line or frame
+    assert last_line(path) != b"]"
+    steps = [e["args"]["step"] for e in spans(testing.read_events(path), "step")]
+    assert steps and steps == list(range(len(steps)))  # a prefix, nothing garbled
+
+
+# A value each option rejects, and words its message must contain.
+BAD = {
+    "enable": ("maybe", "1/0, true/false"),
+    "log_file": ("  ", "non-empty"),
+    "data_dir": None,  # free text
+    "compression": ("lz4", "zstd, gzip, none"),
+    "compression_level": ("x", "integer"),
+    "flush_interval": ("0", "> 0"),
+    "batch_size": ("0", ">= 1"),
+    "buffer_limit": ("100", ">= 1024"),
+    "on_full": ("wait", "block, drop"),
+    "max_arg_length": ("3", ">= 16"),
+    "max_file_size": ("1X", "500M"),
+    "process_name": None,  # free text
+    "rank": ("-1", ">= 0"),
+    "sample_interval": ("-2", ">= 0"),
+    "inherit": ("perhaps", "1/0, true/false"),
+}
+
+
+def test_every_option_has_a_bad_value_here():
+    """Each configuration option is covered by the invalid-value tests below."""
+    assert set(BAD) == {o.name for o in OPTIONS}
+
+
+# A blank variable counts as unset, so log_file has no bad value in the environment.
+@pytest.mark.parametrize("opt", [o for o in OPTIONS if BAD.get(o.name) and BAD[o.name][0].strip()],
+                         ids=lambda o: o.env)
+def test_invalid_environment_value_fails_at_initialize(tmp_path, monkeypatch, opt):
+    """A bad DFTRACE_* value is a ConfigError naming the variable and what it accepts."""
+    value, accepted = BAD[opt.name]
+    monkeypatch.setenv(opt.env, value)
+    with pytest.raises(ConfigError) as err:
+        dftrace.initialize(log_file=str(tmp_path / "t"))
+    assert opt.env in str(err.value) and repr(value) in str(err.value)
+    assert accepted in str(err.value)
+    assert dftrace.session() is None and files(tmp_path) == []
+
+
+@pytest.mark.parametrize("opt", [o for o in OPTIONS if BAD.get(o.name)], ids=lambda o: o.name)
+def test_invalid_keyword_value_fails_at_initialize(tmp_path, opt):
+    """A bad keyword value is a ConfigError naming the keyword, its variable and what it accepts."""
+    value, accepted = BAD[opt.name]
+    with pytest.raises(ConfigError) as err:
+        dftrace.initialize(**{"log_file": str(tmp_path / "t"), opt.name: value})
+    assert f"{opt.name}=" in str(err.value) and opt.env in str(err.value)
+    assert accepted in str(err.value)
+
+
+def test_compression_level_out_of_range_for_the_codec(tmp_path):
+    """A level valid for gzip but not zstd (or the reverse) names the codec's range."""
+    with pytest.raises(ConfigError, match="DFTRACE_COMPRESSION_LEVEL.*from 1 to 9"):
+        dftrace.initialize(log_file=str(tmp_path / "t"), compression="gzip", compression_level=12)
+
+
+def test_invalid_variable_in_a_child_fails_at_its_import(tmp_path):
+    """With DFTRACE_ENABLE=1 a bad variable stops the program at import, naming it."""
+    out = run(["-c", "import dftrace"], DFTRACE_ENABLE="1", DFTRACE_ON_FULL="later",
+              DFTRACE_LOG_FILE=str(tmp_path / "t"))
+    assert out.returncode == 1
+    assert "ConfigError: DFTRACE_ON_FULL='later' is invalid: expected one of block, drop" \
+        in out.stderr
+    assert files(tmp_path) == []
+
