@@ -7,9 +7,9 @@ Chrome-trace file per process that Perfetto and DFAnalyzer open.
 Importing this package loads the core only: no torch, TensorFlow, pandas or Dask.
 """
 
-from ._capture import Trace, capture, last_capture
+from typing import Any
+
 from ._config import Config, ConfigError
-from ._instrument import instrument
 from ._nodes import CATEGORIES, AITree, Node, Span, Use, ai
 from ._runtime import Session, finalize, initialize, session
 from ._version import __version__
@@ -34,7 +34,27 @@ __all__ = [
     "session",
 ]
 
-from ._runtime import autostart as _autostart
+# Inspection tools load on first use, keeping ``import dftrace`` light.
+_LAZY = {"Trace": "_capture", "capture": "_capture", "last_capture": "_capture",
+         "instrument": "_instrument"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dftrace' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+from ._runtime import autostart as _autostart  # noqa: E402
 
 _autostart()
 del _autostart

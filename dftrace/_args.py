@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+_Fragment = getattr(orjson, "Fragment", ())
+
 __all__ = ["RESERVED", "sanitize", "sanitize_args", "encode_fragment", "summarize_object"]
 
 #: Keys dftrace itself writes into ``args``; a user arg of the same name is renamed.
@@ -60,6 +62,8 @@ def sanitize(v: Any, max_len: int = 1024, _depth: int = 0) -> Any:
     t = type(v)
     if t is str:
         return _cut(v, max_len)
+    if t is _Fragment:  # already-encoded JSON (captured values): written as is
+        return v
     if t is bool or v is None:
         return v
     if t is int:

@@ -7,7 +7,6 @@ raises :class:`ConfigError` naming the variable (or keyword) and what is accepte
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -128,13 +127,20 @@ def _opt_int(raw: Any) -> int | None:
     return _int_range(0)(raw)
 
 
-@dataclasses.dataclass(frozen=True)
 class Option:
-    name: str
-    env: str
-    default: Any
-    parse: Callable[[Any], Any]
-    doc: str
+    """One setting: keyword, variable, default, parser and documentation."""
+
+    __slots__ = ("name", "env", "default", "parse", "doc")
+
+    def __init__(self, name: str, env: str, default: Any, parse: Callable[[Any], Any], doc: str):
+        self.name = name
+        self.env = env
+        self.default = default
+        self.parse = parse
+        self.doc = doc
+
+    def __repr__(self) -> str:
+        return f"Option({self.name!r}, {self.env!r}, default={self.default!r})"
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -178,25 +184,33 @@ OPTIONS: tuple[Option, ...] = (
 _BY_NAME = {o.name: o for o in OPTIONS}
 
 
-@dataclasses.dataclass(frozen=True)
 class Config:
-    """Validated settings of one tracing session."""
+    """Validated settings of one tracing session (read-only; one attribute per option)."""
 
-    enable: bool | None = None
-    log_file: str = "dftrace"
-    data_dir: str | None = None
-    compression: str = "zstd"
-    compression_level: int | None = None
-    flush_interval: float = 1.0
-    batch_size: int = 65536
-    buffer_limit: int = 1_048_576
-    on_full: str = "block"
-    max_arg_length: int = 1024
-    max_file_size: int = 0
-    process_name: str | None = None
-    rank: int | None = None
-    sample_interval: float = 0.0
-    inherit: bool = True
+    __slots__ = tuple(o.name for o in OPTIONS)
+
+    def __init__(self, **values: Any):
+        unknown = set(values) - set(_BY_NAME)
+        if unknown:
+            raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+        for opt in OPTIONS:
+            object.__setattr__(self, opt.name, values.get(opt.name, opt.default))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Config is read-only; start a new session with other options")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and self.as_dict() == other.as_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.as_dict().items()))
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every option and its value."""
+        return {opt.name: getattr(self, opt.name) for opt in OPTIONS}
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any] | None = None,

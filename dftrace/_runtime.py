@@ -246,7 +246,8 @@ def initialize(**options: Any) -> Session | None:
         _rec.STATE.buffer_limit = config.buffer_limit
         _rec.STATE.drop_when_full = config.on_full == "drop"
         _rec.STATE.dropped = 0
-        del _rec.BUFFER[:]  # leftovers of an earlier session (late events) are not ours
+        if not _rec.STATE.captures:  # a running capture's events are still in the buffer
+            del _rec.BUFFER[:]  # leftovers of an earlier session (late events) are not ours
         s = Session(config)
         _rec.STATE.consumer = s.writer
         _session = s

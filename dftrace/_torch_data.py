@@ -13,7 +13,6 @@ starting the iterator (worker start-up).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -42,7 +41,7 @@ def _child_options() -> dict[str, Any] | None:
     s = _runtime.session()
     if s is None:
         return None
-    opts = dataclasses.asdict(s.config)
+    opts = s.config.as_dict()
     opts["log_file"] = os.path.abspath(os.path.expanduser(s.config.log_file))
     opts["enable"] = True
     opts["process_name"] = None

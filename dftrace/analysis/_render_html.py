@@ -115,6 +115,12 @@ def _files_table(summary: Summary) -> str:
     )
 
 
+def _unit_order(unit: str) -> tuple[int, int, str]:
+    """Sort "rank 2" before "rank 10"; process labels after ranks."""
+    number = unit.removeprefix("rank ")
+    return (0, int(number), "") if number.isdigit() else (1, 0, unit)
+
+
 def _go() -> Any:
     return require("plotly.graph_objects")
 
@@ -254,7 +260,7 @@ def _stall(summary: Summary) -> Any:
     go = _go()
     fig = go.Figure()
     for d in loaders:
-        ranks = sorted(d["ranks"], key=lambda r: r["rank"])
+        ranks = sorted(d["ranks"], key=lambda r: _unit_order(r["rank"]))
         fig.add_trace(go.Bar(name=f"{d['cat']}/{d['loader']}", x=[r["rank"] for r in ranks],
                              y=[(r["stall"] or 0) * 100 for r in ranks]))
     return _layout(fig, yaxis_title="stall (% of loop time)", barmode="group")
