@@ -205,6 +205,9 @@ def _record(benchmark, usages: list[_Usage], events: int, size: int, **info) -> 
         uncompressed_mb=round(size / 2**20),
         baseline_rss_mb=round(min(u.baseline for u in usages) / 2**20),
         peak_rss_mb=round(max(u.peak for u in usages) / 2**20),
+        # What the analysis itself added: memory earlier rounds left in the process
+        # (allocators keep freed pages) is not the analysis's.
+        added_rss_mb=round(max(u.peak - u.baseline for u in usages) / 2**20),
         cpu_s=round(fastest.cpu_s, 2),
         events_per_s=round(events / benchmark.stats.stats.min),
         **info,
@@ -218,6 +221,23 @@ def _run(benchmark, fn, events: int, size: int, rounds: int, **info) -> None:
 
 
 # --- benchmarks ----------------------------------------------------------------------
+
+
+@skip_big
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="analysis-10M")
+def test_summary_embedded_10m(benchmark, bench_root):
+    directory, size = _trace(bench_root, 10_000_000)
+    _run(benchmark, lambda: summarize(directory, progress=False), 10_000_000, size, rounds=2)
+
+
+@skip_big
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="analysis-10M")
+def test_summary_dask2_10m(benchmark, bench_root, dask2):
+    directory, size = _trace(bench_root, 10_000_000)
+    _run(benchmark, lambda: summarize(directory, executor=dask2, progress=False), 10_000_000, size,
+         rounds=2, dask_startup_s=round(dask2.startup_s, 2))
 
 
 @pytest.mark.benchmark(group="analysis-1M")
@@ -240,20 +260,3 @@ def test_load_table_embedded_1m(benchmark, bench_root):
     trace, usages = _measured(benchmark, lambda: load_traces(directory, progress=False), rounds=2)
     assert trace.events.height == 1_000_000
     _record(benchmark, usages, 1_000_000, size)
-
-
-@skip_big
-@pytest.mark.timeout(1800)
-@pytest.mark.benchmark(group="analysis-10M")
-def test_summary_embedded_10m(benchmark, bench_root):
-    directory, size = _trace(bench_root, 10_000_000)
-    _run(benchmark, lambda: summarize(directory, progress=False), 10_000_000, size, rounds=2)
-
-
-@skip_big
-@pytest.mark.timeout(1800)
-@pytest.mark.benchmark(group="analysis-10M")
-def test_summary_dask2_10m(benchmark, bench_root, dask2):
-    directory, size = _trace(bench_root, 10_000_000)
-    _run(benchmark, lambda: summarize(directory, executor=dask2, progress=False), 10_000_000, size,
-         rounds=2, dask_startup_s=round(dask2.startup_s, 2))

@@ -382,6 +382,16 @@ def _close(stk: Stack, i: int, t1: int, x: Any = None, incomplete: bool = False)
     if stk and stk[-1] == i:
         stk.pop()
     else:
+        # Spans opened inside this one and still open (a start() whose stop never
+        # came) end here too, flagged incomplete, so nesting stays valid.
+        try:
+            above = stk[stk.index(i) + 1:]
+        except ValueError:
+            above = []
+        for j in reversed(above):
+            if j in stk.open:
+                STATE.open_spans.pop(j, None)
+                _close(stk, j, t1, incomplete=True)
         _unwind(stk, i)
     t0, obj, extra, p, lvl = ent
     if x is None:

@@ -3,8 +3,10 @@
 There is at most one session per process. ``initialize`` resolves the configuration,
 opens ``<prefix>[-rank<R>]-<host>-<pid>.pfw.zst``, writes the metadata header, starts
 the writer and opens the gate so nodes record. ``finalize`` (also run at interpreter
-exit and when a ``multiprocessing`` child ends) closes open spans, flushes
-everything and writes the closing ``]``.
+exit, when a ``multiprocessing`` child ends and when SIGTERM/SIGHUP end the process,
+see ``_signals``) closes open spans, flushes everything and writes the closing ``]``;
+spans still open on other threads get a short grace period, and those that outlive
+it are counted in a ``dropped`` line (reason ``late``).
 """
 
 from __future__ import annotations

@@ -37,15 +37,20 @@ _worker_start_tried = False
 
 
 def _child_options() -> dict[str, Any] | None:
-    """The running session's settings, for a worker started by pickling (spawn)."""
-    s = _runtime.session()
-    if s is None:
+    """The running session's settings, for a worker started by pickling (spawn).
+    None when not tracing, or when they cannot be read: pickling must not fail."""
+    try:
+        s = _runtime.session()
+        if s is None:
+            return None
+        opts = dict(s.config.as_dict())
+        opts["log_file"] = os.path.abspath(os.path.expanduser(s.config.log_file))
+        opts["enable"] = True
+        opts["process_name"] = None
+        return opts
+    except Exception as exc:
+        warn_once("worker-options", f"spawned DataLoader workers will not trace: {exc!r}")
         return None
-    opts = s.config.as_dict()
-    opts["log_file"] = os.path.abspath(os.path.expanduser(s.config.log_file))
-    opts["enable"] = True
-    opts["process_name"] = None
-    return opts
 
 
 def _start_in_worker(options: dict[str, Any]) -> None:

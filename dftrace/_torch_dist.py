@@ -72,16 +72,19 @@ def _op_name(op: Any) -> str:
     return str(op).rsplit(".", 1)[-1]
 
 
-def _on_cuda(x: Any) -> bool:
+def _cuda_device(x: Any) -> Any:
+    """The CUDA device of the (first) tensor in ``x``, or None."""
     if isinstance(x, torch.Tensor):
-        return x.is_cuda
+        return x.device if x.is_cuda else None
     if isinstance(x, (list, tuple)):
-        return any(isinstance(t, torch.Tensor) and t.is_cuda for t in x)
-    return False
+        for t in x:
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                return t.device
+    return None
 
 
 def _wrap(fn: Callable[..., Any], node: Node, payload: str | None, params: tuple[str, ...],
-          always_async: bool, synchronize: bool) -> Callable[..., Any]:
+          always_async: bool) -> Callable[..., Any]:
     sig = inspect.signature(fn)
 
     def call_args(a: tuple, kw: dict) -> tuple[dict[str, Any], Any]:
@@ -117,8 +120,10 @@ def _wrap(fn: Callable[..., Any], node: Node, payload: str | None, params: tuple
         span = node.start()
         try:
             result = fn(*a, **kw)
-            if synchronize and not args.get("async") and _on_cuda(data):
-                torch.cuda.current_stream().synchronize()
+            if _synchronize and not args.get("async"):
+                device = _cuda_device(data)
+                if device is not None:
+                    torch.cuda.current_stream(device).synchronize()
         except BaseException as exc:
             span.stop({**args, "error": type(exc).__name__})
             raise
@@ -132,6 +137,12 @@ def _wrap(fn: Callable[..., Any], node: Node, payload: str | None, params: tuple
 _lock = threading.Lock()
 _active: list[DistributedTracing] = []
 _originals: dict[str, Callable[..., Any]] = {}
+_synchronize = False  # any active tracing asked for synchronize=True
+
+
+def _update_synchronize() -> None:
+    global _synchronize
+    _synchronize = any(t.synchronize for t in _active)
 
 
 class DistributedTracing:
@@ -151,9 +162,9 @@ class DistributedTracing:
                         continue
                     node = getattr(ai.comm, leaf)
                     _originals[name] = fn
-                    setattr(dist, name, _wrap(fn, node, payload, params, always_async,
-                                              synchronize))
+                    setattr(dist, name, _wrap(fn, node, payload, params, always_async))
             _active.append(self)
+            _update_synchronize()
             self.functions = sorted(_originals)
 
     def remove(self) -> None:
@@ -164,6 +175,7 @@ class DistributedTracing:
             self._removed = True
             if self in _active:
                 _active.remove(self)
+            _update_synchronize()
             if _active:
                 return
             for name, fn in _originals.items():

@@ -105,9 +105,12 @@ class TraceResult:
 
 
 @contextlib.contextmanager
-def trace_to(directory: str | os.PathLike[str], **options: Any) -> Iterator[TraceResult]:
+def trace_to(directory: str | os.PathLike[str], *, validate: bool = True,
+             **options: Any) -> Iterator[TraceResult]:
     """Trace the block into ``directory`` (uncompressed unless ``compression`` is
-    given) and read the result back when it ends."""
+    given) and read the result back when it ends. With ``validate`` (the default)
+    the files are checked against the format rules and an ``AssertionError`` lists
+    any violation."""
     d = os.fspath(directory)
     options.setdefault("compression", "none")
     options.setdefault("log_file", os.path.join(d, "trace"))
@@ -122,6 +125,11 @@ def trace_to(directory: str | os.PathLike[str], **options: Any) -> Iterator[Trac
             result.paths = s.paths
             for p in s.paths:
                 result.events.extend(read_events(p))
+    if validate and s is not None:  # not when the block raised: that error comes first
+        from .format import validate_file
+
+        problems = [f"{p}:{v.line}: {v.rule}: {v.message}" for p in s.paths for v in validate_file(p)]
+        assert not problems, "trace breaks the format rules:\n" + "\n".join(problems[:20])
 
 
 @contextlib.contextmanager

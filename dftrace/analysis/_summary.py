@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 import polars as pl
+import polars.selectors as cs
 
 from .. import format as fmt
 from ._aggregate import GROUPS, Combined, Partial, aggregate, combine, summarize_partition
@@ -134,7 +135,7 @@ def build_summary(combined: Combined) -> Summary:
         processes=_process_rows(combined, procs),
         categories=_categories(combined.durations),
         epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]), combined.steps),
-        steps=steps,
+        steps=_rows(steps),
         step_stats=_step_stats(steps_by_unit),
         rank_steps=rank_steps,
         rank_steps_sampled=sampled,
@@ -143,6 +144,11 @@ def build_summary(combined: Combined) -> Summary:
         imbalance=_imbalance(steps_by_unit, steps),
         distributions=_distributions(combined.durations),
     )
+
+
+def _rows(frame: pl.DataFrame) -> list[dict[str, Any]]:
+    """Rows as dicts, floats rounded to 3 decimals for readable JSON."""
+    return frame.with_columns(cs.float().round(3)).to_dicts()
 
 
 def _processes_frame(combined: Combined) -> pl.DataFrame:
@@ -225,7 +231,7 @@ def _quantile_exprs(qs: Sequence[float]) -> list[pl.Expr]:
         pl.col("dur").max().alias("max_us"),
     ]
     for q in qs:
-        threshold = (pl.col("total_n") * q).ceil()
+        threshold = (pl.col("total_n") * q - 1e-9).ceil()
         exprs.append(pl.col("dur").filter(pl.col("cum") >= threshold).min().alias(f"p{round(q * 100)}_us"))
     return exprs
 
@@ -274,19 +280,24 @@ def _unit_extents(frame: pl.DataFrame, procs: pl.DataFrame, by: list[str]) -> pl
         joined.group_by(["unit", "unit_order", *by])
         .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum())
         .with_columns((pl.col("end") - pl.col("start")).alias("dur"))
-        .sort([*by, "unit_order"], nulls_last=True)
     )
+
+
+def _nearest_rank(q: float) -> pl.Expr:
+    """The q-quantile of ``dur`` within a group, by the nearest-rank method."""
+    # The small epsilon keeps q * n from rounding up past an exact integer.
+    rank = (pl.len() * q - 1e-9).ceil().cast(pl.Int64).clip(lower_bound=1) - 1
+    return pl.col("dur").sort().gather(rank).first()
 
 
 def _median_expr() -> pl.Expr:
     # Nearest-rank median (the lower middle value), like the percentiles.
-    return pl.col("dur").sort().gather(((pl.len() + 1) // 2 - 1).cast(pl.UInt32)).first()
+    return _nearest_rank(0.5)
 
 
-def _steps(by_unit: pl.DataFrame) -> list[dict[str, Any]]:
-    if not by_unit.height:
-        return []
-    per_step = (
+def _steps(by_unit: pl.DataFrame) -> pl.DataFrame:
+    """Per (epoch, step): ranks, start, min/median/max time, slowest rank, max/median."""
+    return (
         by_unit.group_by(["epoch", "step"])
         .agg(
             pl.len().alias("ranks"),
@@ -301,13 +312,25 @@ def _steps(by_unit: pl.DataFrame) -> list[dict[str, Any]]:
         )
         .sort(["epoch", "step"], nulls_last=True)
     )
-    return [_round(r) for r in per_step.to_dicts()]
+
+
+def _plain_stats() -> list[pl.Expr]:
+    """count, total, min, max, mean, p50, p95 of ``dur`` (one value per row)."""
+    return [
+        pl.len().alias("count"),
+        pl.col("dur").sum().alias("total_us"),
+        pl.col("dur").min().alias("min_us"),
+        pl.col("dur").max().alias("max_us"),
+        pl.col("dur").mean().alias("mean_us"),
+        _nearest_rank(0.5).alias("p50_us"),
+        _nearest_rank(0.95).alias("p95_us"),
+    ]
 
 
 def _step_stats(by_unit: pl.DataFrame) -> dict[str, Any]:
-    values = by_unit.select(pl.col("dur"), pl.lit(1, pl.Int64).alias("n"), pl.lit(0).alias("g"))
-    stats = _value_stats(values, ["g"]).drop("g").to_dicts()
-    return _round(stats[0]) if stats else {}
+    if not by_unit.height:
+        return {}
+    return _rows(by_unit.select(_plain_stats()))[0]
 
 
 def _rank_steps(by_unit: pl.DataFrame, start: int | None) -> tuple[list[dict[str, Any]], bool]:
@@ -321,7 +344,7 @@ def _rank_steps(by_unit: pl.DataFrame, start: int | None) -> tuple[list[dict[str
         keep = max(1, RANK_STEPS_LIMIT // per_step)
         stride = math.ceil(keys.height / keep)
         frame = by_unit.join(keys.gather_every(stride), on=["epoch", "step"], how="semi", nulls_equal=True)
-    rows = frame.select(
+    rows = frame.sort(["epoch", "step", "unit_order"], nulls_last=True).select(
         pl.col("unit").alias("rank"), "epoch", "step",
         (pl.col("start") - (start or 0)).alias("start_us"), pl.col("dur").alias("dur_us"),
     )
@@ -357,34 +380,28 @@ def _epochs(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
     return per_epoch.to_dicts()
 
 
-def _imbalance(by_unit: pl.DataFrame, steps: list[dict[str, Any]]) -> dict[str, Any]:
-    compared = [s for s in steps if s["ranks"] > 1 and s["imbalance"] is not None]
-    ratios = np.array([s["imbalance"] for s in compared]) if compared else np.array([])
+def _imbalance(by_unit: pl.DataFrame, steps: pl.DataFrame) -> dict[str, Any]:
+    compared = steps.filter((pl.col("ranks") > 1) & pl.col("imbalance").is_not_null())
     # Only steps where someone was slower than the median make a straggler.
-    uneven = [s for s in compared if s["imbalance"] > 1]
-    worst = sorted(uneven, key=lambda s: s["imbalance"], reverse=True)[:10]
-    per_unit: list[dict[str, Any]] = []
-    if by_unit.height:
-        slowest = pl.DataFrame(
-            {"unit": [s["slowest"] for s in uneven]}, schema={"unit": pl.String}
-        ).group_by("unit").agg(pl.len().alias("slowest_count"))
-        values = by_unit.select("unit", "unit_order", "dur", pl.lit(1, pl.Int64).alias("n"))
-        stats = _value_stats(values, ["unit", "unit_order"], qs=(0.5,))
-        per_unit = [
-            _round(r)
-            for r in stats.join(slowest, on="unit", how="left")
-            .with_columns(pl.col("slowest_count").fill_null(0))
-            .sort("unit_order", nulls_last=True)
-            .drop("unit_order")
-            .rename({"unit": "rank", "count": "steps"})
-            .to_dicts()
-        ]
+    uneven = compared.filter(pl.col("imbalance") > 1)
+    worst = uneven.sort(["imbalance", "epoch", "step"], descending=[True, False, False], nulls_last=True).head(10)
+    slowest = uneven.group_by("slowest").agg(pl.len().alias("slowest_count")).rename({"slowest": "unit"})
+    per_unit = (
+        by_unit.group_by("unit", "unit_order")
+        .agg(_plain_stats()[:-1])
+        .join(slowest, on="unit", how="left")
+        .with_columns(pl.col("slowest_count").fill_null(0).cast(pl.Int64))
+        .sort("unit_order", nulls_last=True)
+        .drop("unit_order")
+        .rename({"unit": "rank", "count": "steps"})
+    )
+    ratios = compared.get_column("imbalance")
     return {
-        "steps_compared": len(compared),
-        "mean_ratio": round(float(ratios.mean()), 3) if ratios.size else None,
-        "max_ratio": round(float(ratios.max()), 3) if ratios.size else None,
-        "worst": worst,
-        "ranks": per_unit,
+        "steps_compared": compared.height,
+        "mean_ratio": round(ratios.mean(), 3) if compared.height else None,
+        "max_ratio": round(ratios.max(), 3) if compared.height else None,
+        "worst": _rows(worst),
+        "ranks": _rows(per_unit),
     }
 
 

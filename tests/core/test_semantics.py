@@ -370,3 +370,18 @@ def test_initialize_twice_returns_the_running_session(tmp_path):
     s1 = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False)
     s2 = dftrace.initialize(log_file=str(tmp_path / "other"), inherit=False)
     assert s1 is s2 and dftrace.session() is s1
+
+
+def test_leaving_a_with_block_closes_start_spans_left_open_inside(tmp_path):
+    """A ``with`` span that ends while a ``start()`` inside it is still open closes that
+    span too (flagged incomplete), so the file stays properly nested."""
+    with testing.trace_to(tmp_path) as t:
+        with ai.pipeline.epoch:
+            ai.compute.start()  # e.g. a callback whose end never came
+        with ai.comm.barrier:  # the stack is clean again: a root span
+            pass
+    comp, = t.spans("compute")
+    epoch, = t.spans("epoch")
+    assert comp["args"]["incomplete"] is True and comp["args"]["p_idx"] == epoch["id"]
+    assert t.spans("barrier")[0]["args"]["level"] == 1
+    check_nesting(t.events)

@@ -85,8 +85,9 @@ def test_dataloader_workers_write_items_and_collate(tmp_path, context):
     assert_valid(p for p, _ in files.values())
 
 
-def test_spawned_workers_trace_without_the_environment(tmp_path):
+def test_spawned_workers_trace_without_the_environment(tmp_path, monkeypatch):
     """A spawned worker traces with the parent's settings even when they were not exported."""
+    monkeypatch.delenv("DFTRACE_ENABLE", raising=False)
     loader = DataLoader(Squares(8), batch_size=4, num_workers=1, multiprocessing_context="spawn")
     with testing.trace_to(tmp_path, inherit=False):
         assert "DFTRACE_ENABLE" not in os.environ

@@ -98,3 +98,32 @@ def test_compute_false_writes_no_model_hooks(tmp_path):
     assert len(result.spans("compute", "compute")) == 4
     assert len(result.spans("step", "compute")) == 4
     assert not result.spans("forward") and not result.spans("backward")
+
+
+def test_failed_train_is_closed_by_the_next_train(tmp_path):
+    """After train() raises, the next train() closes the leftovers (incomplete) and hooks the model only once."""
+
+    class FailOnce(transformers.TrainerCallback):
+        failed = False
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 1 and not self.failed:
+                FailOnce.failed = True
+                raise RuntimeError("step failed")
+
+    cb = TraceCallback()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), num_train_epochs=1, per_device_train_batch_size=4,
+        report_to=[], use_cpu=True, disable_tqdm=True, logging_strategy="no", save_strategy="no")
+    trainer = transformers.Trainer(model=tiny_model(), args=args, train_dataset=dataset(8),
+                                   callbacks=[cb, FailOnce()])
+    with testing.trace_to(tmp_path / "trace") as result:
+        with pytest.raises(RuntimeError, match="step failed"):
+            trainer.train()
+        trainer.train()
+    trains = result.spans("train", "pipeline")
+    assert [t["args"].get("incomplete", False) for t in trains] == [True, False]
+    assert trains[0]["ts"] + trains[0]["dur"] <= trains[1]["ts"]
+    second = [e for e in result.spans("forward") if e["ts"] >= trains[1]["ts"]]
+    assert len(second) == 2  # two steps of one micro-batch: one forward each, not doubled
+    assert validate_file(result.paths[0]) == []

@@ -66,8 +66,8 @@ def test_hundred_concurrent_tasks_each_get_their_own_track(tmp_path):
     assert_valid(t.paths)
     reduces = t.spans("all_reduce")
     assert sorted(e["args"]["task"] for e in reduces) == list(range(100))
-    for e in reduces:
-        assert e["dur"] >= 1000 * (e["args"]["task"] % 10 + 1)  # µs: its own sleep at least
+    for e in reduces:  # its own sleep at least (µs; 100 µs for clock rounding)
+        assert e["dur"] >= 1000 * (e["args"]["task"] % 10 + 1) - 100
     assert len({e["tid"] for e in reduces}) == 100
     assert all(e["tid"] >= VIRTUAL_TID_BASE for e in reduces)
     outer = {e["id"]: e for e in t.spans("backward")}

@@ -33,6 +33,18 @@ def test_log_path_under_a_file_fails_at_initialize(tmp_path):
         pass
 
 
+def test_trace_file_that_cannot_be_created_fails_at_initialize(tmp_path):
+    """A trace file that cannot be opened (a directory has its name) is a ConfigError naming log_file."""
+    import socket
+
+    from dftrace._runtime import _safe_host
+
+    (tmp_path / f"t-{_safe_host(socket.gethostname())}-{os.getpid()}.pfw.zst").mkdir()
+    with pytest.raises(ConfigError, match=r"log_file \(env DFTRACE_LOG_FILE\).*cannot create"):
+        dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False)
+    assert dftrace.session() is None
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
 def test_unwritable_log_directory_fails_at_initialize():
     """A directory where no file can be created is a ConfigError naming log_file."""

@@ -51,3 +51,23 @@ def test_size_limit_rotates_into_complete_numbered_parts(tmp_path):
         assert os.path.getsize(p) < limit + 64 * 1024
     assert steps == list(range(6000))
 
+
+
+def test_producer_faster_than_the_writer_waits_instead_of_piling_up(tmp_path):
+    """When the writer is a flush interval behind, producers wait: the buffer stays short."""
+    from dftrace import _recorder
+
+    # zstd level 9 makes the writer far slower than this loop on any machine.
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression_level=9,
+                           flush_interval=0.05, inherit=False)
+    most = 0
+    for i in range(400_000):
+        with ai.compute.forward:
+            pass
+        if not i & 0x3FF:
+            most = max(most, len(_recorder.BUFFER))
+    dftrace.finalize()
+    # Without waiting, more than 250,000 would be buffered here; with it, about
+    # one batch (65,536) plus one flush interval of events.
+    assert most < 200_000, most
+    assert len(spans(testing.read_events(s.path))) == 400_000

@@ -7,6 +7,7 @@ import threading
 import time
 
 import psutil
+import pytest
 
 import dftrace
 from dftrace import ai, testing
@@ -76,6 +77,9 @@ def test_sample_interval_comes_from_the_environment(tmp_path, monkeypatch):
     assert any(e.get("ph") == "C" and e["name"] == "memory" for e in events)
 
 
+# Python 3.12+ warns about any fork while threads run (here dftrace's writer and
+# sampler); the child never uses them, their locks or their buffer.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_forked_child_samples_itself(tmp_path):
     """A forked child restarts sampling: its file has its own counters."""
     s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False,
