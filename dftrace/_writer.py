@@ -32,6 +32,16 @@ _CHUNK = 2048
 # thread to wait for the interpreter's 5 ms switch interval.
 _YIELD_S = 0.0001
 
+
+def _yield_gil() -> None:
+    """Pause between slices, but only on the writer's own thread: finalize() and
+    signal handlers flush from the traced thread, which has no one to yield to."""
+    if threading.current_thread().name == _WRITER_THREAD:
+        time.sleep(_YIELD_S)
+
+
+_WRITER_THREAD = "dftrace-writer"
+
 #: Called with each encoded batch before it is written: in-memory captures
 #: (``dftrace.capture()``) running beside a file session. Empty otherwise.
 LISTENERS: list[Any] = []
@@ -82,7 +92,7 @@ class FileSink:
         out = []
         for i, part in enumerate(parts):
             if i:
-                time.sleep(_YIELD_S)
+                _yield_gil()
             out.append(c.compress(part))
         out.append(c.flush())
         return b"".join(out)
@@ -171,7 +181,7 @@ class Writer:
         self._stop = False
         self.events_written = 0
         self.max_pause_hint = 0.0
-        self._thread = threading.Thread(target=self._run, name="dftrace-writer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=_WRITER_THREAD, daemon=True)
         self._thread.start()
 
     # consumer protocol used by _recorder.pressure -----------------------------
@@ -257,12 +267,12 @@ class Writer:
         parts = []
         for j in range(0, n, _CHUNK):
             if j:
-                time.sleep(_YIELD_S)  # let traced threads take the GIL between slices
+                _yield_gil()  # let traced threads take the GIL between slices
             parts.append(enc(batch[j:j + _CHUNK]))
         # Freeing a big batch at once holds the GIL for milliseconds: free it in slices.
         while len(batch) > _CHUNK:
             del batch[-_CHUNK:]
-            time.sleep(_YIELD_S)
+            _yield_gil()
         del batch
         if LISTENERS:
             data = b"".join(parts)

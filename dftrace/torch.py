@@ -56,6 +56,7 @@ from ._torch_data import (TracedCollate, TracedDataLoader, TracedDataset,
                           trace_dataset)
 from ._torch_dist import DistributedTracing, trace_ddp, trace_distributed
 from ._torch_spans import guarded, warn_once
+from ._workers import WorkerInit, worker_init_fn
 
 __all__ = [
     "ComputeTracing",
@@ -65,6 +66,7 @@ __all__ = [
     "TracedDataLoader",
     "TracedDataset",
     "TracedIterableDataset",
+    "WorkerInit",
     "load",
     "save",
     "shapes",
@@ -76,6 +78,7 @@ __all__ = [
     "trace_ddp",
     "trace_distributed",
     "trace_modules",
+    "worker_init_fn",
 ]
 
 _get_ident = threading.get_ident
