@@ -26,7 +26,7 @@ def _add_trace_options(p: argparse.ArgumentParser) -> None:
         if opt.name in ("enable", "inherit"):
             continue
         g.add_argument("--" + opt.name.replace("_", "-"), dest=opt.name, default=None,
-                       metavar=opt.env, help=opt.doc)
+                       metavar=opt.env, help=opt.doc.replace("%", "%%"))
 
 
 def _trace_kwargs(ns: argparse.Namespace) -> dict[str, Any]:

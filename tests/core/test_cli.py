@@ -58,3 +58,11 @@ def test_help_lists_the_commands():
     """``dftrace --help`` names demo and run."""
     out = subprocess.run([sys.executable, "-m", "dftrace", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "demo" in out.stdout and "run" in out.stdout
+
+
+def test_every_command_has_help():
+    """``dftrace <command> --help`` works for every command."""
+    for cmd in ("demo", "run", "summary", "report", "convert", "merge", "validate"):
+        out = subprocess.run([sys.executable, "-m", "dftrace", cmd, "--help"],
+                             capture_output=True, text=True)
+        assert out.returncode == 0 and "usage: dftrace " + cmd in out.stdout, (cmd, out.stderr)
