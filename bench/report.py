@@ -56,7 +56,9 @@ def main(path: str) -> None:
         if "during_flush_max_ms" in info:
             print(f"| longest pause of a traced thread overlapping a flush | {info['during_flush_max_ms']} ms |")
             print(f"| longest pause of that thread overall (traced) | {info['traced_max_ms']} ms |")
-            print(f"| longest pause of the same loop untraced (machine noise) | {info['untraced_max_ms']} ms |")
+            noise = info["untraced_max_ms"]
+            noise_text = f"{noise} ms" if noise else "no gap over 1 ms"
+            print(f"| longest pause of the same loop untraced (machine noise) | {noise_text} |")
         if "import_ms" in info:
             print(f"| `import dftrace` | {info['import_ms']} ms |")
     if "test_threads_do_not_block_each_other" in by_name:

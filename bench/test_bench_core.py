@@ -16,6 +16,7 @@ Every benchmark runs LOOP events per round; divide by LOOP for the cost of one e
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import subprocess
 import sys
@@ -360,17 +361,19 @@ def test_bytes_per_event(benchmark, tmp_path, compression):
     benchmark.extra_info["bytes_per_event"] = round(sizes["bpe"], 2)
 
 
-def _spin(ns: int = 2000):
-    end = perf_counter_ns() + ns
-    while perf_counter_ns() < end:
-        pass
+_BLOCK = b"x" * 8192
+
+
+def _native_work():
+    """About 5 µs of C work that releases the GIL, as a tensor op does."""
+    hashlib.sha256(_BLOCK).digest()
 
 
 def test_longest_flush_pause(benchmark, tmp_path):
     """How long a traced thread waits while the writer flushes. A thread emits events
-    wrapping 2 µs of work each (about 350k events/s, more than any training loop) for
-    3 s; we record every gap over 1 ms between batches of 10 events and the writer's
-    flush windows. Reported (extra_info, ms): the longest gap that overlaps a flush,
+    each wrapping ~5 µs of GIL-releasing C work (about 170k events/s, more than any
+    training loop) for 3 s; we record every gap over 1 ms between batches of 10
+    events and the writer's flush windows. Reported (extra_info, ms): the longest gap that overlaps a flush,
     the longest gap overall, and the longest gap of the same loop untraced (this
     machine's own noise)."""
     from dftrace import _writer
@@ -378,7 +381,7 @@ def test_longest_flush_pause(benchmark, tmp_path):
     result = {}
 
     def gaps(traced: bool) -> tuple[float, float]:
-        f = ai.compute.forward(_spin)
+        f = ai.compute.forward(_native_work)
         windows: list[tuple[int, int]] = []
         if traced:
             s = dftrace.initialize(log_file=str(tmp_path / f"p-{time.perf_counter_ns()}"),

@@ -580,8 +580,23 @@ static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
     if (!open || !PyDict_Check(open))
         goto done;
     Py_ssize_t lvl = PyList_GET_SIZE(stk);
-    ent = Py_BuildValue("(LOOOn)", now_ns(), self, extra, PyList_GET_ITEM(stk, lvl - 1), lvl);
-    if (!ent || PyDict_SetItem(open, id, ent) < 0)
+    {
+        PyObject *t0 = PyLong_FromLongLong(now_ns()), *lv = PyLong_FromSsize_t(lvl);
+        ent = (t0 && lv) ? PyTuple_New(5) : NULL;
+        if (!ent) {
+            Py_XDECREF(t0);
+            Py_XDECREF(lv);
+            goto done;
+        }
+        PyObject *par = PyList_GET_ITEM(stk, lvl - 1);
+        Py_INCREF(self); Py_INCREF(extra); Py_INCREF(par);
+        PyTuple_SET_ITEM(ent, 0, t0);
+        PyTuple_SET_ITEM(ent, 1, self);
+        PyTuple_SET_ITEM(ent, 2, extra);
+        PyTuple_SET_ITEM(ent, 3, par);
+        PyTuple_SET_ITEM(ent, 4, lv);
+    }
+    if (PyDict_SetItem(open, id, ent) < 0)
         goto done;
     if (PyList_Append(stk, id) < 0)
         PyDict_DelItem(open, id);
@@ -752,9 +767,21 @@ static PyObject *count_extra(SpanIter *s) {
 
 static int append_record(PyObject *kind, long long t0, long long t1, PyObject *id, PyObject *p,
                          Py_ssize_t lvl, PyObject *tid, PyObject *x) {
-    PyObject *rec = Py_BuildValue("(OLLOOnOO)", kind, t0, t1, id, p, lvl, tid, x);
-    if (!rec)
+    PyObject *rec = PyTuple_New(8);
+    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1), *l = PyLong_FromSsize_t(lvl);
+    if (!rec || !a || !b || !l) {
+        Py_XDECREF(rec); Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(l);
         return -1;
+    }
+    Py_INCREF(kind); Py_INCREF(id); Py_INCREF(p); Py_INCREF(tid); Py_INCREF(x);
+    PyTuple_SET_ITEM(rec, 0, kind);
+    PyTuple_SET_ITEM(rec, 1, a);
+    PyTuple_SET_ITEM(rec, 2, b);
+    PyTuple_SET_ITEM(rec, 3, id);
+    PyTuple_SET_ITEM(rec, 4, p);
+    PyTuple_SET_ITEM(rec, 5, l);
+    PyTuple_SET_ITEM(rec, 6, tid);
+    PyTuple_SET_ITEM(rec, 7, x);
     PyObject_GC_UnTrack(rec);
     int err = PyList_Append(R.buffer, rec);
     Py_DECREF(rec);

@@ -173,7 +173,7 @@ class Writer:
         self.sink = sink
         self.flush_interval = flush_interval
         #: Most records in one frame; a bigger backlog is written as several frames.
-        self.max_batch = 65536
+        self.max_batch = 16384
         self._wake = threading.Event()
         self._drained = threading.Condition(threading.Lock())
         self._flush_lock = threading.Lock()
