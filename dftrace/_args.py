@@ -13,9 +13,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
 
-_Fragment = getattr(orjson, "Fragment", ())
+
+def _is_fragment(t: type) -> bool:
+    """orjson.Fragment (pre-encoded JSON from value capture), without importing orjson."""
+    return t.__name__ == "Fragment" and t.__module__ == "orjson"
 
 __all__ = ["RESERVED", "sanitize", "sanitize_args", "encode_fragment", "summarize_object"]
 
@@ -62,7 +64,7 @@ def sanitize(v: Any, max_len: int = 1024, _depth: int = 0) -> Any:
     t = type(v)
     if t is str:
         return _cut(v, max_len)
-    if t is _Fragment:  # already-encoded JSON (captured values): written as is
+    if _is_fragment(t):  # already-encoded JSON (captured values): written as is
         return v
     if t is bool or v is None:
         return v
@@ -130,6 +132,8 @@ def sanitize_args(args: Mapping[str, Any] | None, max_len: int = 1024) -> dict[s
 
 def _dump(v: Any) -> bytes:
     """orjson, falling back to hand encoding for ints beyond 64 bits."""
+    import orjson  # at the first arg encoded, not at ``import dftrace``
+
     try:
         return orjson.dumps(v)
     except Exception:

@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import orjson
-
 from ._args import _cut, encode_fragment, sanitize_args
 
 try:  # the optional C encoder (see _speedups.c); DFTRACE_NO_SPEEDUPS=1 disables it
@@ -113,10 +111,14 @@ class Encoder:
         self.max_arg_length = max_arg_length
         #: span ids at or below this were started before a fork and belong to the parent
         self.min_id = 0
+        import orjson  # sessions encode; ``import dftrace`` alone does not
+
         self._hh = orjson.dumps(hhash)
 
     # -- templates -------------------------------------------------------
     def _build(self, k: EventKind) -> tuple[bytes, bytes, bytes]:
+        import orjson
+
         head = (
             b'{"id":%d,"name":' + _esc(orjson.dumps(k.name))
             + b',"cat":' + _esc(orjson.dumps(k.cat))
@@ -201,6 +203,8 @@ class Encoder:
             return k.tmpl[0] % nums
 
     def _special(self, rec: tuple) -> bytes:
+        import orjson
+
         k, t0, _t1, i, _p, _lvl, tid, payload = rec
         try:
             ev: dict[str, Any] = {

@@ -18,8 +18,6 @@ import threading
 import time
 from typing import Any
 
-import orjson
-
 from . import _nodes
 from . import _recorder as _rec
 from . import _sampler, _signals
@@ -138,6 +136,8 @@ class Session:
     def _meta(self, name: str, args: dict[str, Any], tid: int | None = None) -> bytes:
         ev = {"name": name, "cat": "dftrace", "pid": self.pid,
               "tid": self.pid if tid is None else tid, "ph": "M", "args": args}
+        import orjson
+
         return orjson.dumps(ev, default=str) + b"\n"
 
     def _header(self) -> bytes:

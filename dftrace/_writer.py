@@ -16,8 +16,6 @@ import time
 import zlib
 from typing import Any
 
-import zstandard
-
 from . import _recorder as _rec
 from ._events import Encoder
 
@@ -65,6 +63,8 @@ class FileSink:
         self.failed: str | None = None
         self._fd: int | None = None
         if compression == "zstd":
+            import zstandard  # at the first session, not at ``import dftrace``
+
             self._zc = zstandard.ZstdCompressor(level=3 if level is None else level)
         self._open()
 
