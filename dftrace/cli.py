@@ -69,7 +69,12 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
         return 0
     print(f"\ntrace written to {', '.join(s.paths)}")
     print(_summarize(s.paths))
-    print("\nopen it in https://ui.perfetto.dev, or: dftrace summary " + out)
+    import importlib.util
+
+    more = f"dftrace summary {out}"
+    if importlib.util.find_spec("polars") is None:
+        more = f"pip install 'dftrace[analysis]' && {more}"
+    print(f"\nopen it in https://ui.perfetto.dev, or: {more}")
     return 0
 
 
