@@ -234,7 +234,7 @@ def initialize(**options: Any) -> Session | None:
     variables (see docs/configuration.md); an invalid value raises ``ConfigError``
     naming the setting. Returns the :class:`Session` (None when tracing is off by
     configuration). Calling it again while a session runs returns that session."""
-    global _session, _atexit_registered
+    global _session
     config = Config.resolve(options)
     with _lock:
         if _session is not None and _session.pid == os.getpid():

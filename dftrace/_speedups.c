@@ -307,23 +307,18 @@ typedef struct {
     vectorcallfunc vectorcall;
 } SpanWrapper;
 
-static PyObject *span_record(SpanWrapper *w, long long t0, long long t1, PyObject *id, PyObject *p,
-                             Py_ssize_t lvl, PyObject *tid, PyObject *extra) {
-    PyObject *kind = PyObject_GetAttr(w->node, str_kind);
-    if (!kind)
-        return NULL;
+/* Append one record (kind, t0, t1, id, parent, level, tid, extra) to the buffer. A
+   record never takes part in a reference cycle: it is kept out of the garbage
+   collector's sight, or every collection would walk the whole buffer. */
+static int append_record(PyObject *kind, long long t0, long long t1, PyObject *id, PyObject *p,
+                         Py_ssize_t lvl, PyObject *tid, PyObject *x) {
     PyObject *rec = PyTuple_New(8);
-    if (!rec) {
-        Py_DECREF(kind);
-        return NULL;
-    }
     PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1), *l = PyLong_FromSsize_t(lvl);
-    if (!a || !b || !l) {
-        Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(l);
-        Py_DECREF(rec); Py_DECREF(kind);
-        return NULL;
+    if (!rec || !a || !b || !l) {
+        Py_XDECREF(rec); Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(l);
+        return -1;
     }
-    Py_INCREF(id); Py_INCREF(p); Py_INCREF(tid); Py_INCREF(extra);
+    Py_INCREF(kind); Py_INCREF(id); Py_INCREF(p); Py_INCREF(tid); Py_INCREF(x);
     PyTuple_SET_ITEM(rec, 0, kind);
     PyTuple_SET_ITEM(rec, 1, a);
     PyTuple_SET_ITEM(rec, 2, b);
@@ -331,12 +326,18 @@ static PyObject *span_record(SpanWrapper *w, long long t0, long long t1, PyObjec
     PyTuple_SET_ITEM(rec, 4, p);
     PyTuple_SET_ITEM(rec, 5, l);
     PyTuple_SET_ITEM(rec, 6, tid);
-    PyTuple_SET_ITEM(rec, 7, extra);
-    /* A record never takes part in a reference cycle: keep it out of the garbage
-       collector's sight, or every collection would walk the whole buffer. */
+    PyTuple_SET_ITEM(rec, 7, x);
     PyObject_GC_UnTrack(rec);
     int err = PyList_Append(R.buffer, rec);
     Py_DECREF(rec);
+    return err;
+}
+
+static PyObject *span_record(SpanWrapper *w, long long t0, long long t1, PyObject *id, PyObject *p,
+                             Py_ssize_t lvl, PyObject *tid, PyObject *extra) {
+    PyObject *kind = PyObject_GetAttr(w->node, str_kind);
+    int err = kind ? append_record(kind, t0, t1, id, p, lvl, tid, extra) : -1;
+    Py_XDECREF(kind);
     if (err)
         return NULL;
     Py_RETURN_NONE;
@@ -777,28 +778,6 @@ static PyObject *count_extra(SpanIter *s) {
     return d;
 }
 
-static int append_record(PyObject *kind, long long t0, long long t1, PyObject *id, PyObject *p,
-                         Py_ssize_t lvl, PyObject *tid, PyObject *x) {
-    PyObject *rec = PyTuple_New(8);
-    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1), *l = PyLong_FromSsize_t(lvl);
-    if (!rec || !a || !b || !l) {
-        Py_XDECREF(rec); Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(l);
-        return -1;
-    }
-    Py_INCREF(kind); Py_INCREF(id); Py_INCREF(p); Py_INCREF(tid); Py_INCREF(x);
-    PyTuple_SET_ITEM(rec, 0, kind);
-    PyTuple_SET_ITEM(rec, 1, a);
-    PyTuple_SET_ITEM(rec, 2, b);
-    PyTuple_SET_ITEM(rec, 3, id);
-    PyTuple_SET_ITEM(rec, 4, p);
-    PyTuple_SET_ITEM(rec, 5, l);
-    PyTuple_SET_ITEM(rec, 6, tid);
-    PyTuple_SET_ITEM(rec, 7, x);
-    PyObject_GC_UnTrack(rec);
-    int err = PyList_Append(R.buffer, rec);
-    Py_DECREF(rec);
-    return err;
-}
 
 static void close_block(SpanIter *s, long long t2) {
     if (!s->block_open)

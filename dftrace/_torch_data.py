@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from . import _runtime
 from ._config import env_disabled
 from ._nodes import ai
-from ._torch_spans import warn_once
+from ._hooks import warn_once
 
 __all__ = ["TracedDataLoader", "TracedDataset", "TracedIterableDataset", "TracedCollate",
            "trace_dataloader", "trace_dataset", "trace_collate"]

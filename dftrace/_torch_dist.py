@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ._nodes import Node, ai
-from ._torch_spans import warn_once
+from ._hooks import warn_once
 
 __all__ = ["DistributedTracing", "trace_distributed", "trace_ddp", "COLLECTIVES"]
 

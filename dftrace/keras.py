@@ -28,32 +28,12 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
         "dftrace.keras needs Keras 3, which is not installed; "
         "install it with: pip install 'dftrace[keras]'") from _exc
 
-import functools
-import warnings
-from typing import Any, Callable
+from typing import Any
 
+from ._hooks import guarded as _guarded
 from ._nodes import Node, Span, ai
 
 __all__ = ["TraceCallback"]
-
-_warned: set[str] = set()
-
-
-def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    # A failing hook must never break fit(): warn once and go on. functools.wraps
-    # keeps Keras's "is this method overridden" check working (no _is_default).
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            if fn.__qualname__ not in _warned:
-                _warned.add(fn.__qualname__)
-                warnings.warn(f"dftrace: {fn.__qualname__} failed and was skipped: {exc!r}",
-                              RuntimeWarning, stacklevel=2)
-            return None
-
-    return wrapper
 
 
 class TraceCallback(keras.callbacks.Callback):

@@ -47,7 +47,7 @@ import os
 from typing import Any
 
 from ._nodes import ai
-from ._torch_spans import OpenSpans, guarded
+from ._hooks import OpenSpans, guarded
 
 __all__ = ["TraceCallback"]
 

@@ -27,32 +27,13 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
         "dftrace.tensorflow needs TensorFlow, which is not installed; "
         "install it with: pip install 'dftrace[tensorflow]'") from _exc
 
-import functools
 import threading
-import warnings
-from typing import Any, Callable
+from typing import Any
 
+from ._hooks import guarded as _guarded
 from ._nodes import Node, Span, ai
 
 __all__ = ["TraceHook"]
-
-_warned: set[str] = set()
-
-
-def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    # A failing hook must never break the session that called it: warn once, go on.
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            if fn.__qualname__ not in _warned:
-                _warned.add(fn.__qualname__)
-                warnings.warn(f"dftrace: {fn.__qualname__} failed and was skipped: {exc!r}",
-                              RuntimeWarning, stacklevel=2)
-            return None
-
-    return wrapper
 
 
 _PHASES = {"train": ai.pipeline.train, "epoch": ai.pipeline.epoch}

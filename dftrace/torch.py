@@ -55,7 +55,7 @@ from ._torch_data import (TracedCollate, TracedDataLoader, TracedDataset,
                           TracedIterableDataset, trace_collate, trace_dataloader,
                           trace_dataset)
 from ._torch_dist import DistributedTracing, trace_ddp, trace_distributed
-from ._torch_spans import guarded, warn_once
+from ._hooks import guarded, warn_once
 from ._workers import WorkerInit, worker_init_fn
 
 __all__ = [

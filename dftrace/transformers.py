@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - older layouts
     PREFIX_CHECKPOINT_DIR = "checkpoint"
 
 from ._nodes import ai
-from ._torch_spans import OpenSpans, guarded
+from ._hooks import OpenSpans, guarded
 from .torch import ComputeTracing
 
 __all__ = ["TraceCallback"]

@@ -1,5 +1,5 @@
-"""Span bookkeeping shared by the hook-driven PyTorch integrations (``dftrace.torch``,
-``dftrace.lightning``, ``dftrace.transformers``).
+"""Span bookkeeping shared by the hook-driven integrations (``dftrace.torch``,
+``dftrace.lightning``, ``dftrace.transformers``, ``dftrace.keras``, ``dftrace.tensorflow``).
 
 Frameworks call hooks in pairs (``on_X_start`` / ``on_X_end``) that may never both
 run: an exception skips the closing hook. :class:`OpenSpans` keeps the tokens an
@@ -12,27 +12,18 @@ raise into the framework that called it. Nothing here imports torch.
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, Callable, TypeVar
 
+from . import _recorder as _rec
 from ._nodes import Node, Span
 
 __all__ = ["OpenSpans", "guarded", "warn_once"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_warned: set[str] = set()
-
-
 def warn_once(key: str, message: str) -> None:
     """A ``RuntimeWarning`` the first time ``key`` is seen in this process."""
-    if key in _warned:
-        return
-    _warned.add(key)
-    try:
-        warnings.warn(f"dftrace: {message}", RuntimeWarning, stacklevel=3)
-    except Exception:
-        pass
+    _rec.STATE.warn_once(key, message)
 
 
 def guarded(fn: F) -> F:
