@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -32,16 +33,23 @@ def write_script(tmp_path: Any, body: str, name: str = "prog.py") -> str:
     return path
 
 
+def _default_sigint() -> None:
+    # A test runner started in the background inherits SIGINT ignored, and so would
+    # the child; give it the disposition a program started from a terminal has.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     """Run ``python <args>`` to the end with a clean environment."""
     return subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=timeout, env=clean_env(**env))
+                          timeout=timeout, env=clean_env(**env), preexec_fn=_default_sigint)
 
 
 def start(args: list[str], **env: str) -> subprocess.Popen:
     """Start ``python <args>`` with a clean environment and piped stdout/stderr."""
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=clean_env(**env))
+                            stderr=subprocess.PIPE, text=True, env=clean_env(**env),
+                            preexec_fn=_default_sigint)
 
 
 def files(directory: Any) -> list[str]:

@@ -125,10 +125,11 @@ def test_handlers_are_installed_by_initialize_and_restored_by_finalize(tmp_path)
         pass
 
     previous = signal.signal(signal.SIGTERM, mine)
+    sigint_before = signal.getsignal(signal.SIGINT)
     try:
         with testing.trace_to(tmp_path):
             assert _signals.installed()[signal.SIGTERM] is mine
-            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert signal.getsignal(signal.SIGINT) is sigint_before  # Python's own, kept
         assert signal.getsignal(signal.SIGTERM) is mine
         assert _signals.installed() == {}
     finally:
