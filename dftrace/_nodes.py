@@ -224,10 +224,9 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
     def start(self, metadata: bool = False) -> Span:
         """Open a span closed by a later :meth:`stop` (hook style). With
         ``metadata=True`` write a ``CM`` event ``<name>.start`` with the time instead."""
-        gate = self._gate()
-        if gate is None or not gate._on:
-            return _NO_SPAN
         try:
+            if not self._on:
+                return _NO_SPAN
             if metadata:
                 _rec.record_cm(self._node.name + ".start")
                 return _NO_SPAN
@@ -238,16 +237,15 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
     def stop(self, span: Span | None = None, metadata: bool = False) -> None:
         """Close the span from :meth:`start` (the innermost open one of this node on
         the caller's thread/task, or ``span``). A stop with nothing open warns once."""
-        gate = self._gate()
         try:
             if metadata:
-                if gate is not None and gate._on:
+                if self._on:
                     _rec.record_cm(self._node.name + ".end")
                 return
             if span is not None:
                 span.stop()
                 return
-            if not _rec.stop(self) and gate is not None and gate._on:
+            if not _rec.stop(self) and self._on:
                 _rec.STATE.warn_once(
                     "stop:" + self._node.path,
                     f"{self._node.path}.stop() without a matching start(); ignored")

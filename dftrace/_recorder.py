@@ -443,8 +443,14 @@ def cm_exit(self: Any, et: Any, ev: Any, tb: Any) -> bool:
 
 def start(obj: Any) -> tuple[Stack, int]:
     """Hook style: open a span that stays open until ``stop`` (any later call)."""
-    stk = current_stack()
-    i = _open(stk, obj)
+    stk = LOCAL.stk
+    if stk is None or _get_running_loop() is not None:
+        stk = resolve()
+    i = next(ids)
+    if not i & 0xFFF:  # CHECK_MASK, inlined
+        pressure()
+    stk.open[i] = (clock(), obj, obj._extra, stk[-1], len(stk))
+    stk.append(i)
     STATE.open_spans[i] = stk
     return stk, i
 
