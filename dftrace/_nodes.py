@@ -221,7 +221,7 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         return _rec.aiterate(self, gate, aiterable)
 
     # hooks ------------------------------------------------------------------
-    def start(self, metadata: bool = False) -> Span:
+    def _start_py(self, metadata: bool = False) -> Span:
         """Open a span closed by a later :meth:`stop` (hook style). With
         ``metadata=True`` write a ``CM`` event ``<name>.start`` with the time instead."""
         try:
@@ -234,7 +234,7 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         except Exception:
             return _NO_SPAN
 
-    def stop(self, span: Span | None = None, metadata: bool = False) -> None:
+    def _stop_py(self, span: Span | None = None, metadata: bool = False) -> None:
         """Close the span from :meth:`start` (the innermost open one of this node on
         the caller's thread/task, or ``span``). A stop with nothing open warns once."""
         try:
@@ -251,6 +251,12 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
                     f"{self._node.path}.stop() without a matching start(); ignored")
         except Exception:
             pass
+
+    # start()/stop(): the C base class's methods (which call the two above for
+    # anything but the common case), else the Python ones.
+    if _CMBase is object:
+        start = _start_py
+        stop = _stop_py
 
 
 class Node(_Traceable):
@@ -472,3 +478,8 @@ def rebuild_all() -> None:
     for root in list(_roots):
         for n in root._walk():
             n._rebuild()
+
+
+if _rec.speedups is not None:
+    _rec.speedups.configure_hooks(_rec.STATE, Span, _NO_SPAN, _Traceable._start_py,
+                                  _Traceable._stop_py)

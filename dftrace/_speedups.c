@@ -724,10 +724,188 @@ slow:
     Py_RETURN_FALSE;
 }
 
+/* start()/stop(): the common calls in C, everything else in Python ---------- */
+
+typedef struct {
+    PyObject *state;      /* _recorder.STATE (its open_spans dict is replaced after fork) */
+    PyTypeObject *span;   /* _nodes.Span, allocated here and filled through its slots */
+    PyObject *no_span;    /* the Span returned when nothing is recorded */
+    PyObject *start_slow; /* _Traceable._start_py(self, *args, **kwargs) */
+    PyObject *stop_slow;  /* _Traceable._stop_py(self, *args, **kwargs) */
+} hookstate_t;
+
+static hookstate_t H = {0};
+static PyObject *str_open_spans, *str__obj, *str__token;
+
+static PyObject *configure_hooks(PyObject *self, PyObject *args) {
+    hookstate_t h;
+    if (!PyArg_ParseTuple(args, "OO!OOO", &h.state, &PyType_Type, &h.span, &h.no_span,
+                          &h.start_slow, &h.stop_slow))
+        return NULL;
+    Py_INCREF(h.state); Py_INCREF(h.span); Py_INCREF(h.no_span);
+    Py_INCREF(h.start_slow); Py_INCREF(h.stop_slow);
+    Py_XDECREF(H.state); Py_XDECREF(H.span); Py_XDECREF(H.no_span);
+    Py_XDECREF(H.start_slow); Py_XDECREF(H.stop_slow);
+    H = h;
+    Py_RETURN_NONE;
+}
+
+static PyObject *call_slow(PyObject *fn, PyObject *self, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject **full = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n + nk + 1));
+    if (!full)
+        return PyErr_NoMemory();
+    full[0] = self;
+    for (Py_ssize_t k = 0; k < n + nk; k++)
+        full[k + 1] = args[k];
+    PyObject *r = PyObject_Vectorcall(fn, full, (size_t)(n + 1), kwnames);
+    PyMem_Free(full);
+    return r;
+}
+
+static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) || kwnames || H.span == NULL || R.buffer == NULL)
+        return call_slow(H.start_slow, self, args, nargsf, kwnames);
+    PyObject *on = PyObject_GetAttr(self, str_on);
+    int is_on = on ? PyObject_IsTrue(on) : -1;
+    Py_XDECREF(on);
+    if (is_on <= 0) {
+        PyErr_Clear();
+        Py_INCREF(H.no_span);
+        return H.no_span;
+    }
+    int in_loop = 0;
+    PyObject *stk = current_stack(&in_loop), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL,
+             *spans = NULL, *token = NULL, *span = NULL;
+    if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
+        goto fail;
+    id = PyObject_CallNoArgs(R.next_id);
+    if (!id)
+        goto fail;
+    long long iv = PyLong_AsLongLong(id);
+    if (iv != -1 && (iv & 0xFFF) == 0) {
+        PyObject *r = PyObject_CallNoArgs(R.pressure);
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    extra = PyObject_GetAttr(self, str_extra);
+    open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
+    spans = open ? PyObject_GetAttr(H.state, str_open_spans) : NULL;
+    if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
+        goto fail;
+    Py_ssize_t lvl = PyList_GET_SIZE(stk);
+    {
+        PyObject *t0 = PyLong_FromLongLong(now_ns()), *lv = PyLong_FromSsize_t(lvl);
+        ent = (t0 && lv) ? PyTuple_New(5) : NULL;
+        if (!ent) {
+            Py_XDECREF(t0);
+            Py_XDECREF(lv);
+            goto fail;
+        }
+        PyObject *par = PyList_GET_ITEM(stk, lvl - 1);
+        Py_INCREF(self); Py_INCREF(extra); Py_INCREF(par);
+        PyTuple_SET_ITEM(ent, 0, t0);
+        PyTuple_SET_ITEM(ent, 1, self);
+        PyTuple_SET_ITEM(ent, 2, extra);
+        PyTuple_SET_ITEM(ent, 3, par);
+        PyTuple_SET_ITEM(ent, 4, lv);
+    }
+    token = PyTuple_Pack(2, stk, id);
+    span = token ? H.span->tp_alloc(H.span, 0) : NULL;
+    if (!span || PyObject_SetAttr(span, str__obj, self) < 0 ||
+        PyObject_SetAttr(span, str__token, token) < 0)
+        goto fail;
+    if (PyDict_SetItem(open, id, ent) < 0)
+        goto fail;
+    if (PyList_Append(stk, id) < 0 || PyDict_SetItem(spans, id, stk) < 0) {
+        PyDict_DelItem(open, id);
+        goto fail;
+    }
+    Py_DECREF(token); Py_DECREF(ent); Py_DECREF(spans); Py_DECREF(open); Py_DECREF(extra);
+    Py_DECREF(id); Py_DECREF(stk);
+    return span;
+fail:
+    PyErr_Clear(); /* never fail the caller: nothing was recorded */
+    Py_XDECREF(span); Py_XDECREF(token); Py_XDECREF(ent); Py_XDECREF(spans); Py_XDECREF(open);
+    Py_XDECREF(extra); Py_XDECREF(id); Py_XDECREF(stk);
+    Py_INCREF(H.no_span);
+    return H.no_span;
+}
+
+static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames) {
+    long long t1 = now_ns();
+    PyObject *stk = NULL, *open = NULL, *spans = NULL, *node = NULL, *kind = NULL, *tid = NULL;
+    if (PyVectorcall_NARGS(nargsf) || kwnames || H.span == NULL || R.buffer == NULL)
+        goto slow;
+    spans = PyObject_GetAttr(H.state, str_open_spans);
+    if (!spans || !PyDict_Check(spans))
+        goto slow;
+    if (PyDict_GET_SIZE(spans) == 0) {
+        /* nothing open anywhere: done, unless tracing is on (then Python warns once) */
+        PyObject *on = PyObject_GetAttr(self, str_on);
+        int is_on = on ? PyObject_IsTrue(on) : 1;
+        Py_XDECREF(on);
+        if (is_on == 0) {
+            Py_DECREF(spans);
+            Py_RETURN_NONE;
+        }
+        goto slow;
+    }
+    /* The common case: the innermost span on this thread's stack is our start(). */
+    stk = PyObject_GetAttr(R.local, str_stk);
+    if (!stk || stk == Py_None || !PyList_Check(stk) || PyList_GET_SIZE(stk) < 2)
+        goto slow;
+    open = PyObject_GetAttr(stk, str_open);
+    if (!open || !PyDict_Check(open))
+        goto slow;
+    Py_ssize_t n = PyList_GET_SIZE(stk);
+    PyObject *top = PyList_GET_ITEM(stk, n - 1);
+    PyObject *ent = PyDict_GetItemWithError(open, top);
+    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != 5 || PyTuple_GET_ITEM(ent, 1) != self)
+        goto slow;
+    int has = PyDict_Contains(spans, top);
+    if (has != 1)
+        goto slow;
+    node = PyObject_GetAttr(self, str_node);
+    kind = node ? PyObject_GetAttr(node, str_kind) : NULL;
+    tid = kind ? PyObject_GetAttr(stk, str_tid) : NULL;
+    if (!tid)
+        goto slow;
+    Py_INCREF(ent);
+    Py_INCREF(top);
+    long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
+    Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
+    if (PyDict_DelItem(spans, top) < 0 || PyDict_DelItem(open, top) < 0 ||
+        PyList_SetSlice(stk, n - 1, n, NULL) < 0 ||
+        append_record(kind, t0, t1, top, PyTuple_GET_ITEM(ent, 3), lvl, tid, PyTuple_GET_ITEM(ent, 2)) < 0)
+        PyErr_Clear();
+    Py_DECREF(top);
+    Py_DECREF(ent);
+    Py_DECREF(tid); Py_DECREF(kind); Py_DECREF(node); Py_DECREF(spans); Py_DECREF(open);
+    Py_DECREF(stk);
+    Py_RETURN_NONE;
+slow:
+    PyErr_Clear();
+    Py_XDECREF(tid); Py_XDECREF(kind); Py_XDECREF(node); Py_XDECREF(spans); Py_XDECREF(open);
+    Py_XDECREF(stk);
+    if (H.stop_slow == NULL)
+        Py_RETURN_NONE;
+    return call_slow(H.stop_slow, self, args, nargsf, kwnames);
+}
+
 static PyMethodDef Traceable_methods[] = {
     {"__enter__", Traceable_enter, METH_NOARGS, "Open a span of this node (nothing when off)."},
     {"__exit__", (PyCFunction)(void (*)(void))Traceable_exit, METH_FASTCALL,
      "Close the span opened by __enter__; exceptions propagate unchanged."},
+    {"start", (PyCFunction)(void (*)(void))Traceable_start, METH_FASTCALL | METH_KEYWORDS,
+     "start(metadata=False) -> Span: open a span closed by a later stop() (hook style). "
+     "With metadata=True write a CM event <name>.start with the time instead."},
+    {"stop", (PyCFunction)(void (*)(void))Traceable_stop, METH_FASTCALL | METH_KEYWORDS,
+     "stop(span=None, metadata=False): close the span from start() (the innermost open "
+     "one of this node on the caller's thread/task, or `span`)."},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject TraceableBaseType = {
@@ -974,6 +1152,7 @@ static PyTypeObject SpanIterType = {
 static PyMethodDef methods[] = {
     {"encode", encode, METH_VARARGS, "encode(batch, offset_ns, min_id, fallback, extra_type) -> bytes"},
     {"configure", configure, METH_VARARGS, "configure(local, buffer, resolve, pressure, unwind, with_error, next_id)"},
+    {"configure_hooks", configure_hooks, METH_VARARGS, "configure_hooks(state, span_type, no_span, start_slow, stop_slow)"},
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, "record(kind, t0, t1, id, parent, level, tid, extra): append one record"},
     {"clock_ns", clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},
     {NULL, NULL, 0, NULL}};
@@ -998,6 +1177,9 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(str_iter_kind, "_iter_kind");
     INTERN(str_block_kind, "_block_kind");
     INTERN(str_args, "args");
+    INTERN(str_open_spans, "open_spans");
+    INTERN(str__obj, "_obj");
+    INTERN(str__token, "_token");
 #undef INTERN
     if (PyType_Ready(&SpanWrapperType) < 0 || PyType_Ready(&TraceableBaseType) < 0 ||
         PyType_Ready(&SpanIterType) < 0)

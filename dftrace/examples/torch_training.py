@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import tempfile
 from collections import Counter
 
@@ -63,12 +62,6 @@ class Points(Dataset):
         return x, self.y[i]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _join_process_group() -> bool:
     """A gloo group for the gradient all-reduce: the launcher's (torchrun) when there
     is one, else a group of just this process. True when we created it."""
@@ -77,8 +70,8 @@ def _join_process_group() -> bool:
     if "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
     else:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
-                                rank=0, world_size=1)
+        # A group of one needs no rendezvous: an in-memory store, no port to pick.
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return True
 
 

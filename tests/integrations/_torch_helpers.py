@@ -33,7 +33,7 @@ class Counting(IterableDataset):
         return (torch.tensor([float(i)]) for i in range(self.n))
 
 
-def distributed_rank(rank: int, world: int, port: int, log_dir: str) -> None:
+def distributed_rank(rank: int, world: int, init_method: str, log_dir: str) -> None:
     """One rank: trace collectives, point-to-point and a DDP backward over gloo."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -43,8 +43,7 @@ def distributed_rank(rank: int, world: int, port: int, log_dir: str) -> None:
 
     dftrace.initialize(log_file=os.path.join(log_dir, "trace"), compression="none",
                        rank=rank, inherit=False)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         with dft.trace_distributed():
             t = torch.full((4,), float(rank + 1))

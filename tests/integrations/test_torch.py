@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import subprocess
 import sys
 import weakref
@@ -392,19 +391,15 @@ def test_checkpoint_save_and_load(tmp_path):
 # torch.distributed
 # ---------------------------------------------------------------------------
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_distributed_collectives_over_gloo(tmp_path):
     """Two gloo ranks write comm spans with bytes, op, group size, async flag and peers."""
     import torch.multiprocessing as mp
 
     from ._torch_helpers import distributed_rank
 
-    mp.spawn(distributed_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    # A file rendezvous: no port to pick, so no race with other processes for one.
+    rendezvous = f"file://{tmp_path / 'rendezvous'}"
+    mp.spawn(distributed_rank, args=(2, rendezvous, str(tmp_path)), nprocs=2, join=True)
     files = testing.trace_files(tmp_path)
     assert len(files) == 2
     assert_valid(files)
