@@ -1,20 +1,25 @@
-"""Benchmarks run with pytest-benchmark: ``pytest bench`` (see docs/performance.md)."""
+"""Benchmarks run with pytest-benchmark: ``pytest bench`` (see docs/performance.md).
+Each starts from the state ``import dftrace`` leaves."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from dftrace import testing
+import dftrace
+from dftrace import _recorder, testing
 
 
 @pytest.fixture(autouse=True)
 def _reset_dftrace():
-    saved = {k: v for k, v in os.environ.items() if k.startswith("DFTRACE_")}
-    testing.reset()
+    with testing.clean_state():
+        yield
+
+
+@pytest.fixture
+def tracing(tmp_path):
+    """A session whose writer never runs during the measurement (hot path only)."""
+    dftrace.initialize(log_file=str(tmp_path / "b"), flush_interval=3600, batch_size=10**9,
+                       buffer_limit=10**8, inherit=False)
     yield
-    testing.reset()
-    for k in [k for k in os.environ if k.startswith("DFTRACE_")]:
-        del os.environ[k]
-    os.environ.update(saved)
+    del _recorder.BUFFER[:]
+    dftrace.finalize()

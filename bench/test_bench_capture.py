@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 import torch
 
-import dftrace
 from dftrace import _recorder, ai
 
 LOOP = 10_000
@@ -34,16 +33,6 @@ def work(x, y=1):
 
 def _clear():
     del _recorder.BUFFER[:]
-
-
-@pytest.fixture
-def tracing(tmp_path):
-    """A session whose writer never runs during the measurement (hot path only)."""
-    dftrace.initialize(log_file=str(tmp_path / "b"), flush_interval=3600, batch_size=10**9,
-                       buffer_limit=10**8, inherit=False)
-    yield
-    del _recorder.BUFFER[:]
-    dftrace.finalize()
 
 
 def _run(benchmark, loop_fn):

@@ -92,16 +92,6 @@ def _clear():
     del _recorder.BUFFER[:]
 
 
-@pytest.fixture
-def tracing(tmp_path):
-    """A session whose writer never runs during the measurement (hot path only)."""
-    dftrace.initialize(log_file=str(tmp_path / "b"), flush_interval=3600, batch_size=10**9,
-                       buffer_limit=10**8, inherit=False)
-    yield
-    del _recorder.BUFFER[:]
-    dftrace.finalize()
-
-
 def _run(benchmark, loop_fn):
     benchmark.extra_info["events_per_round"] = LOOP
     benchmark.pedantic(loop_fn, setup=_clear, rounds=30, iterations=1, warmup_rounds=2)
@@ -373,11 +363,9 @@ def test_longest_flush_pause(benchmark, tmp_path):
     """How long a traced thread waits while the writer flushes. A thread emits events
     each wrapping ~5 µs of GIL-releasing C work (about 170k events/s, more than any
     training loop) for 3 s; we record every gap over 1 ms between batches of 10
-    events and the writer's flush windows. Reported (extra_info, ms): the longest gap that overlaps a flush,
-    the longest gap overall, and the longest gap of the same loop untraced (this
-    machine's own noise)."""
-    from dftrace import _writer
-
+    events and the writer's flush windows. Reported (extra_info, ms): the longest gap
+    that overlaps a flush, the longest gap overall, and the longest gap of the same
+    loop untraced (this machine's own noise)."""
     result = {}
 
     def gaps(traced: bool) -> tuple[float, float]:

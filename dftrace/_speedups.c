@@ -566,6 +566,27 @@ static PyObject *current_stack(int *in_loop) {
     return PyObject_CallNoArgs(R.resolve);
 }
 
+/* The entry a with-block or start() leaves in its stack's `open` map:
+   (t0, opener, extra, parent id, level), timed now. */
+static PyObject *open_entry(PyObject *self, PyObject *extra, PyObject *stk) {
+    Py_ssize_t lvl = PyList_GET_SIZE(stk);
+    PyObject *t0 = PyLong_FromLongLong(now_ns()), *lv = PyLong_FromSsize_t(lvl);
+    PyObject *ent = (t0 && lv) ? PyTuple_New(5) : NULL;
+    if (!ent) {
+        Py_XDECREF(t0);
+        Py_XDECREF(lv);
+        return NULL;
+    }
+    PyObject *par = PyList_GET_ITEM(stk, lvl - 1);
+    Py_INCREF(self); Py_INCREF(extra); Py_INCREF(par);
+    PyTuple_SET_ITEM(ent, 0, t0);
+    PyTuple_SET_ITEM(ent, 1, self);
+    PyTuple_SET_ITEM(ent, 2, extra);
+    PyTuple_SET_ITEM(ent, 3, par);
+    PyTuple_SET_ITEM(ent, 4, lv);
+    return ent;
+}
+
 static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
     PyObject *on = PyObject_GetAttr(self, str_on);
     int is_on = on ? PyObject_IsTrue(on) : -1;
@@ -592,23 +613,9 @@ static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
     open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
     if (!open || !PyDict_Check(open))
         goto done;
-    Py_ssize_t lvl = PyList_GET_SIZE(stk);
-    {
-        PyObject *t0 = PyLong_FromLongLong(now_ns()), *lv = PyLong_FromSsize_t(lvl);
-        ent = (t0 && lv) ? PyTuple_New(5) : NULL;
-        if (!ent) {
-            Py_XDECREF(t0);
-            Py_XDECREF(lv);
-            goto done;
-        }
-        PyObject *par = PyList_GET_ITEM(stk, lvl - 1);
-        Py_INCREF(self); Py_INCREF(extra); Py_INCREF(par);
-        PyTuple_SET_ITEM(ent, 0, t0);
-        PyTuple_SET_ITEM(ent, 1, self);
-        PyTuple_SET_ITEM(ent, 2, extra);
-        PyTuple_SET_ITEM(ent, 3, par);
-        PyTuple_SET_ITEM(ent, 4, lv);
-    }
+    ent = open_entry(self, extra, stk);
+    if (!ent)
+        goto done;
     if (PyDict_SetItem(open, id, ent) < 0)
         goto done;
     if (PyList_Append(stk, id) < 0)
@@ -795,23 +802,9 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
     spans = open ? PyObject_GetAttr(H.state, str_open_spans) : NULL;
     if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
         goto fail;
-    Py_ssize_t lvl = PyList_GET_SIZE(stk);
-    {
-        PyObject *t0 = PyLong_FromLongLong(now_ns()), *lv = PyLong_FromSsize_t(lvl);
-        ent = (t0 && lv) ? PyTuple_New(5) : NULL;
-        if (!ent) {
-            Py_XDECREF(t0);
-            Py_XDECREF(lv);
-            goto fail;
-        }
-        PyObject *par = PyList_GET_ITEM(stk, lvl - 1);
-        Py_INCREF(self); Py_INCREF(extra); Py_INCREF(par);
-        PyTuple_SET_ITEM(ent, 0, t0);
-        PyTuple_SET_ITEM(ent, 1, self);
-        PyTuple_SET_ITEM(ent, 2, extra);
-        PyTuple_SET_ITEM(ent, 3, par);
-        PyTuple_SET_ITEM(ent, 4, lv);
-    }
+    ent = open_entry(self, extra, stk);
+    if (!ent)
+        goto fail;
     token = PyTuple_Pack(2, stk, id);
     span = token ? H.span->tp_alloc(H.span, 0) : NULL;
     if (!span || PyObject_SetAttr(span, str__obj, self) < 0 ||

@@ -36,6 +36,7 @@ __all__ = [
     "assert_nested",
     "assert_span",
     "capture_events",
+    "clean_state",
     "get_arg",
     "read_events",
     "reset",
@@ -255,6 +256,28 @@ def assert_nested(source: Any, parent: str, child: str) -> list[dict[str, Any]]:
             raise AssertionError(f"span {child!r} id={e.get('id')} is not inside a {parent!r} "
                                  f"span; its ancestors: {path}")
     return children
+
+
+@contextlib.contextmanager
+def clean_state() -> Iterator[None]:
+    """Run the block from a clean slate and leave one: :func:`reset` before and after,
+    and ``DFTRACE_*`` environment variables restored. Our test suites use it as an
+    autouse fixture; so can yours::
+
+        @pytest.fixture(autouse=True)
+        def _dftrace_state():
+            with dftrace.testing.clean_state():
+                yield
+    """
+    saved = {k: v for k, v in os.environ.items() if k.startswith("DFTRACE_")}
+    reset()
+    try:
+        yield
+    finally:
+        reset()
+        for k in [k for k in os.environ if k.startswith("DFTRACE_")]:
+            del os.environ[k]
+        os.environ.update(saved)
 
 
 def reset() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from dftrace import testing
@@ -11,10 +9,5 @@ from dftrace import testing
 
 @pytest.fixture(autouse=True)
 def _reset_dftrace():
-    saved = {k: v for k, v in os.environ.items() if k.startswith("DFTRACE_")}
-    testing.reset()
-    yield
-    testing.reset()
-    for k in [k for k in os.environ if k.startswith("DFTRACE_")]:
-        del os.environ[k]
-    os.environ.update(saved)
+    with testing.clean_state():
+        yield
