@@ -15,7 +15,6 @@ pre-rendered into ``bytes`` templates, so one event costs one ``%`` format.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from ._args import _cut, encode_fragment, sanitize_args
@@ -133,10 +132,6 @@ class Encoder:
         t = (head + b"}}\n", head + b',"count":%d}}\n', head + b"%b}}\n", p1, p4, k.frag)
         k.tmpl = t
         return t
-
-    def reset_templates(self, kinds: Iterable[EventKind]) -> None:
-        for k in kinds:
-            k.tmpl = None
 
     # -- encoding --------------------------------------------------------
     def encode(self, batch: list[tuple]) -> bytes:

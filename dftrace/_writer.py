@@ -180,7 +180,6 @@ class Writer:
         self._busy_since = 0.0  # monotonic start of the flush under way (0: none)
         self._stop = False
         self.events_written = 0
-        self.max_pause_hint = 0.0
         self._thread = threading.Thread(target=self._run, name=_WRITER_THREAD, daemon=True)
         self._thread.start()
 
@@ -292,9 +291,3 @@ class Writer:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
         self.flush()
-
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"events_written": self.events_written, "paths": list(self.sink.paths)}
