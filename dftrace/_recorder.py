@@ -302,63 +302,31 @@ def wrap_async(fn: Any, obj: Any, gate: Any) -> Any:
     return wrapper
 
 
+class _NoCapture:
+    """Plays the capture spec for the uncaptured generator paths, which are not hot:
+    no parameters, no result, ``args.error`` on an exception."""
+
+    @staticmethod
+    def params(args: tuple, kwargs: dict) -> None:
+        return None
+
+    @staticmethod
+    def extra(extra: Any, params: Any, result: Any = None, error: BaseException | None = None) -> Any:
+        return extra if error is None else _with_error(extra, error)
+
+
+_NO_CAPTURE = _NoCapture()
+
+
 def wrap_generator(fn: Any, obj: Any, gate: Any) -> Any:
     """A generator function: one span from its first ``next`` until it ends or closes
     (not a parent of what the consumer does between items)."""
-    node = obj._node
-    extra = obj._extra
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        gen = fn(*args, **kwargs)
-        if not gate._on:
-            return gen
-        return _generator_span(gen, node, extra)
-
-    return wrapper
-
-
-def _generator_span(gen: Any, node: Any, extra: Any) -> Any:
-    stk = current_stack()
-    p, lvl, tid = stk[-1], len(stk), stk.tid
-    i = next(ids)
-    t0 = clock()
-    x = extra
-    try:
-        return (yield from gen)
-    except BaseException as e:
-        x = _with_error(extra, e)
-        raise
-    finally:
-        record(node._kind, t0, clock(), i, p, lvl, tid, x)
+    return wrap_generator_capture(fn, obj, gate, _NO_CAPTURE)
 
 
 def wrap_asyncgen(fn: Any, obj: Any, gate: Any) -> Any:
-    node = obj._node
-    extra = obj._extra
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        agen = fn(*args, **kwargs)
-        if not gate._on:
-            return agen
-        return _asyncgen_span(agen, node, extra)
-
-    return wrapper
-
-
-async def _asyncgen_span(agen: Any, node: Any, extra: Any) -> Any:
-    stk = current_stack()
-    p, lvl, tid = stk[-1], len(stk), stk.tid
-    i = next(ids)
-    t0 = clock()
-    x = extra
-    try:
-        async for item in agen:
-            yield item
-    except BaseException as e:
-        x = _with_error(extra, e)
-        raise
-    finally:
-        record(node._kind, t0, clock(), i, p, lvl, tid, x)
+    """An async generator function: one span for its whole iteration."""
+    return wrap_asyncgen_capture(fn, obj, gate, _NO_CAPTURE)
 
 
 # ---------------------------------------------------------------------------

@@ -343,6 +343,21 @@ static PyObject *span_record(SpanWrapper *w, long long t0, long long t1, PyObjec
     Py_RETURN_NONE;
 }
 
+/* The next span id; every 4096 ids, let the writer know how full the buffer is
+   (it may make this thread wait when the writer cannot keep up). */
+static PyObject *new_id(void) {
+    PyObject *id = PyObject_CallNoArgs(R.next_id);
+    if (id) {
+        long long iv = PyLong_AsLongLong(id);
+        if (iv != -1 && (iv & 0xFFF) == 0) {
+            PyObject *r = PyObject_CallNoArgs(R.pressure);
+            Py_XDECREF(r);
+            PyErr_Clear();
+        }
+    }
+    return id;
+}
+
 /* Remove span `id` from the top of `stk`; anything left above it is unwound. */
 static int stack_pop(PyObject *stk, PyObject *id) {
     Py_ssize_t n = PyList_GET_SIZE(stk);
@@ -379,16 +394,10 @@ static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, 
         Py_DECREF(stk);
         return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     }
-    PyObject *id = PyObject_CallNoArgs(R.next_id);
+    PyObject *id = new_id();
     if (!id) {
         Py_DECREF(stk);
         return NULL;
-    }
-    long long iv = PyLong_AsLongLong(id);
-    if (iv != -1 && (iv & 0xFFF) == 0) {
-        PyObject *r = PyObject_CallNoArgs(R.pressure);
-        Py_XDECREF(r);
-        PyErr_Clear();
     }
     Py_ssize_t lvl = PyList_GET_SIZE(stk);
     PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
@@ -600,15 +609,9 @@ static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
     PyObject *stk = current_stack(&in_loop), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto done;
-    id = PyObject_CallNoArgs(R.next_id);
+    id = new_id();
     if (!id)
         goto done;
-    long long iv = PyLong_AsLongLong(id);
-    if (iv != -1 && (iv & 0xFFF) == 0) {
-        PyObject *r = PyObject_CallNoArgs(R.pressure);
-        Py_XDECREF(r);
-        PyErr_Clear();
-    }
     extra = PyObject_GetAttr(self, str_extra);
     open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
     if (!open || !PyDict_Check(open))
@@ -788,15 +791,9 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
              *spans = NULL, *token = NULL, *span = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto fail;
-    id = PyObject_CallNoArgs(R.next_id);
+    id = new_id();
     if (!id)
         goto fail;
-    long long iv = PyLong_AsLongLong(id);
-    if (iv != -1 && (iv & 0xFFF) == 0) {
-        PyObject *r = PyObject_CallNoArgs(R.pressure);
-        Py_XDECREF(r);
-        PyErr_Clear();
-    }
     extra = PyObject_GetAttr(self, str_extra);
     open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
     spans = open ? PyObject_GetAttr(H.state, str_open_spans) : NULL;
@@ -996,18 +993,12 @@ static PyObject *SpanIter_next(SpanIter *s) {
             Py_CLEAR(s->it);
         return item;
     }
-    PyObject *id = PyObject_CallNoArgs(R.next_id);
+    PyObject *id = new_id();
     PyObject *tid = id ? PyObject_GetAttr(stk, str_tid) : NULL;
     if (!tid) {
         Py_XDECREF(id);
         Py_DECREF(stk);
         return NULL;
-    }
-    long long iv = PyLong_AsLongLong(id);
-    if (iv != -1 && (iv & 0xFFF) == 0) {
-        PyObject *r = PyObject_CallNoArgs(R.pressure);
-        Py_XDECREF(r);
-        PyErr_Clear();
     }
     Py_ssize_t lvl = PyList_GET_SIZE(stk);
     PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
