@@ -77,6 +77,15 @@ class _Wrapper:
     _dftrace_inner: Any
     _dftrace_options: dict[str, Any] | None
 
+    def __init__(self, dataset: Any):
+        self._dftrace_inner = dataset
+        self._dftrace_options = None
+
+    @property
+    def dataset(self) -> Any:
+        """The wrapped dataset."""
+        return self._dftrace_inner
+
     def __getattr__(self, name: str) -> Any:
         # Unpickling looks up attributes before __dict__ is filled: never recurse.
         if name.startswith("_dftrace") or (name.startswith("__") and name.endswith("__")):
@@ -98,15 +107,6 @@ class _Wrapper:
 class TracedDataset(_Wrapper, Dataset):
     """A map-style dataset whose ``__getitem__`` records a ``data.item`` span with
     ``args.index``. Use :func:`trace_dataset` to make one."""
-
-    def __init__(self, dataset: Any):
-        self._dftrace_inner = dataset
-        self._dftrace_options = None
-
-    @property
-    def dataset(self) -> Any:
-        """The wrapped dataset."""
-        return self._dftrace_inner
 
     def __getitem__(self, index: Any) -> Any:
         if self._dftrace_options is not None and _runtime.session() is None:
@@ -150,15 +150,6 @@ class TracedIterableDataset(_Wrapper, IterableDataset):
     """An iterable dataset whose items are ``data.item`` spans (producing one) with
     ``args.count``. The call that finds the data exhausted is one more span, flagged
     ``args.exhausted`` (its time is real; it is not an item)."""
-
-    def __init__(self, dataset: Any):
-        self._dftrace_inner = dataset
-        self._dftrace_options = None
-
-    @property
-    def dataset(self) -> Any:
-        """The wrapped dataset."""
-        return self._dftrace_inner
 
     def __iter__(self) -> Iterator[Any]:
         if self._dftrace_options is not None and _runtime.session() is None:

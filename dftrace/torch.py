@@ -84,6 +84,16 @@ __all__ = [
 _get_ident = threading.get_ident
 
 
+def _remove_handles(handles: list[Any]) -> None:
+    """Remove torch hook handles, each even if another fails; empties the list."""
+    for h in handles:
+        try:
+            h.remove()
+        except Exception:
+            pass
+    handles.clear()
+
+
 def shapes(obj: Any, limit: int = 8) -> list[list[int]]:
     """Shapes of the tensors in ``obj`` (a tensor, or lists/tuples/dicts of them,
     three levels deep), at most ``limit`` of them. Only shapes are kept: no
@@ -293,12 +303,7 @@ class ComputeTracing:
         if self._removed:
             return
         self._removed = True
-        for h in self._handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self._handles.clear()
+        _remove_handles(self._handles)
         if self._backward:
             _uninstall_backward(self)
         self._forward.close_all()
@@ -461,12 +466,7 @@ class ModuleTracing:
         if self._removed:
             return
         self._removed = True
-        for h in self._handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self._handles.clear()
+        _remove_handles(self._handles)
         for ms in self._spans:
             ms.close_all()
 
