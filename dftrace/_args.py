@@ -19,7 +19,7 @@ def _is_fragment(t: type) -> bool:
     """orjson.Fragment (pre-encoded JSON from value capture), without importing orjson."""
     return t.__name__ == "Fragment" and t.__module__ == "orjson"
 
-__all__ = ["RESERVED", "sanitize", "sanitize_args", "encode_fragment", "summarize_object"]
+__all__ = ["RESERVED", "sanitize", "sanitize_args", "encode_fragment", "key_mask", "plain_fragment", "summarize_object"]
 
 #: Keys dftrace itself writes into ``args``; a user arg of the same name is renamed.
 RESERVED = frozenset({"hhash", "level", "p_idx"})
@@ -158,3 +158,45 @@ def encode_fragment(args: Mapping[str, Any] | None, max_len: int = 1024,
         return b"," + body[1:-1] if len(body) > 2 else b""
     except Exception:
         return b',"args":"<unprintable>"'
+
+
+def key_mask(args: Mapping[str, Any]) -> int:
+    """A 64-bit summary of the keys of ``args``: two mappings whose masks share no bit
+    share no key (the engine checks this before splicing two fragments together)."""
+    m = 0
+    for k in args:
+        m |= 1 << (hash(k) & 63)
+    return m
+
+
+_dumps: Any = None
+
+
+def plain_fragment(args: Any, max_len: int = 1024) -> bytes | None:
+    """The fragment of a small flat dict of plain keys and JSON scalars, encoded in one
+    call (what ``update(step=s)`` and ``node(args={"bytes": n})`` pass); None when
+    the mapping needs :func:`sanitize_args` first."""
+    global _dumps
+    if type(args) is not dict or len(args) > _MAX_ITEMS or not RESERVED.isdisjoint(args):
+        return None
+    for k, v in args.items():
+        if type(k) is not str or len(k) > max_len or not k.isascii():
+            return None
+        t = type(v)
+        if t is int:
+            if not _I64_MIN <= v <= _U64_MAX:
+                return None
+        elif t is str:
+            if len(v) > max_len or not v.isascii():
+                return None
+        elif t is float:
+            if v - v != 0:  # NaN or infinity
+                return None
+        elif t is not bool and v is not None:
+            return None
+    if _dumps is None:
+        import orjson
+
+        _dumps = orjson.dumps
+    body = _dumps(args)
+    return b"," + body[1:-1] if len(body) > 2 else b""

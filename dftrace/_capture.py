@@ -56,22 +56,6 @@ __all__ = [
 # Capturing uses
 # =====================================================================================
 
-class _UseCapture(CaptureOptions):
-    """Capture options that also pick the recorder's capturing wrapper for a function."""
-
-    __slots__ = ()
-
-    def wrap(self, fn: Any, obj: Any, gate: Any) -> Any:
-        cap = self.bind(fn)
-        if inspect.iscoroutinefunction(fn):
-            return _rec.wrap_async_capture(fn, obj, gate, cap)
-        if inspect.isasyncgenfunction(fn):
-            return _rec.wrap_asyncgen_capture(fn, obj, gate, cap)
-        if inspect.isgeneratorfunction(fn):
-            return _rec.wrap_generator_capture(fn, obj, gate, cap)
-        return _rec.wrap_sync_capture(fn, obj, gate, cap)
-
-
 class CallScope:
     """What ``with node(capture=...) as call:`` binds: one call's record, open until
     the block ends. Values given here are summarised at once (none is kept)."""
@@ -171,7 +155,7 @@ class CapturingUse(Use):
                  enable: bool | None = None, capture: Any = None,
                  capture_result: bool = False, capture_hash: bool = False, **unknown: Any):
         super().__init__(node, args, enable, **unknown)
-        self._capture = _UseCapture(capture, capture_result, capture_hash)
+        self._capture = CaptureOptions(capture, capture_result, capture_hash)
 
     def _merge_options(self, options: dict[str, Any]) -> dict[str, Any]:
         return {**self._capture.as_options(), **super()._merge_options(options)}
@@ -240,7 +224,7 @@ class CapturingUse(Use):
         gate = self._gate()
         if _nodes._off_for_good or gate is None or not gate._on:
             return iterable
-        return _rec.iterate_capture(self, gate, iterable, self._capture.for_items())
+        return _rec.iterate(self, gate, iterable, self._capture.for_items())
 
     def __repr__(self) -> str:
         extra = self._extra.args if self._extra else {}
@@ -286,13 +270,13 @@ def _deliver(data: bytes) -> None:
 def _drain() -> None:
     """Take everything buffered and deliver it (when no file session consumes it)."""
     with _lock:
-        buf = _rec.BUFFER
-        n = len(buf)
-        if not n:
-            return
-        batch = buf[:n]
-        del buf[:n]
-        _deliver(_encoder().encode(batch))
+        enc = _encoder()
+        while True:
+            data, n = _rec.drain(enc, 65536)
+            if data:
+                _deliver(data)
+            if n < 65536:
+                return
 
 
 class _MemoryConsumer:
@@ -383,7 +367,7 @@ class Capture:
                 _fork_hook = True
             self.trace = Trace(max_items=self.max_items)
             self._chunks = []
-            self._first_id = next(_rec.ids)  # spans opened before this are not ours
+            self._first_id = _rec.new_id()  # spans opened before this are not ours
             self._running = True
             _active.append(self)
             if _deliver not in _writer.LISTENERS:

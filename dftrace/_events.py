@@ -1,54 +1,38 @@
-"""Event records and their encoding into trace lines.
+"""What a record is made of, and how records become trace lines.
 
-The hot path appends raw 8-tuples to the shared buffer::
+A span record is ``(kid, t0_ns, t1_ns, id, parent_id, level, tid, args, count, flags)``:
 
-    (kind, t0_ns, t1_ns, id, parent_id, level, tid, extra)
+- ``kid`` names the event: an index into the kind table (:func:`kind_id`), whose
+  entry is the ``,"name":..,"cat":..`` piece of every line of that kind;
+- ``args`` is the JSON fragment ``,"k":v,...`` of the span's args (the sticky args in
+  force when it started, then its own), encoded when they were given;
+- ``count`` is the item number of an ``.iter()`` span (-1: none); ``flags`` has
+  :data:`INCOMPLETE` for a span that never ended.
 
-``kind`` is an :class:`EventKind` (a span) or a :class:`SpecialKind` (metadata,
-counters). ``extra`` is ``None``, an ``int`` (the ``count`` of an ``.iter`` item),
-an :class:`Extra` (per-use args, encoded once) or a ``dict`` (args known only at
-record time, encoded here). Nothing is encoded until the writer asks for it.
+With the C engine records are 64-byte structs in native memory (see
+``_speedups.c``); without it, tuples in a list. Either way the line written is::
 
-Encoding is template based: each kind carries its name, category and static args
-pre-rendered into ``bytes`` templates, so one event costs one ``%`` format.
+    {"id":I,"name":..,"cat":..,"pid":P,"tid":T,"ts":S,"dur":D,"ph":"X",
+     "args":{"hhash":H,"level":L,"p_idx":P<args>[,"count":C][,"incomplete":true]}}
+
+Records that are not spans (metadata, counters, instants) are rare; they keep a
+payload dict and are encoded in Python by :meth:`Encoder.special_line`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._args import _cut, encode_fragment, sanitize_args
+from ._args import _cut, encode_fragment, key_mask, plain_fragment, sanitize_args
 
-try:  # the optional C encoder (see _speedups.c); DFTRACE_NO_SPEEDUPS=1 disables it
-    import os as _os
+__all__ = ["Extra", "Encoder", "SpecialKind", "META", "COUNTER", "INSTANT", "INCOMPLETE",
+           "kind_id", "kind_pieces", "json_str"]
 
-    if _os.environ.get("DFTRACE_NO_SPEEDUPS", "").strip() not in ("", "0"):
-        raise ImportError
-    from . import _speedups
-except ImportError:
-    _speedups = None
+#: Flag of a span closed by finalize or by its parent before it ended.
+INCOMPLETE = 1
 
-__all__ = ["EventKind", "SpecialKind", "Extra", "Encoder", "META", "COUNTER", "INSTANT"]
-
-
-class EventKind:
-    """Name, category and sticky args of a span; immutable once built."""
-
-    __slots__ = ("name", "cat", "args", "frag", "keys", "tmpl", "special")
-
-    def __init__(self, name: str, cat: str, args: dict[str, Any] | None = None):
-        # Names come from user code: valid UTF-8 and bounded like string args, or
-        # the encoder could not write this kind's events at all.
-        self.name = _text(name)
-        self.cat = _text(cat)
-        self.args = args or {}
-        self.frag = encode_fragment(self.args, sanitized=True)
-        self.keys = frozenset(self.args)
-        self.tmpl: tuple[bytes, bytes, bytes] | None = None  # built by the encoder
-        self.special = False
-
-    def __repr__(self) -> str:
-        return f"EventKind({self.name!r}, {self.cat!r}, {self.args!r})"
+#: Longest event name or category kept (longer ones are cut with a visible marker).
+_NAME_MAX = 1024
 
 
 def _text(s: Any) -> str:
@@ -60,34 +44,99 @@ def _text(s: Any) -> str:
         return f"<{type(s).__name__}>"
 
 
-#: Longest event name or category kept (longer ones are cut with a visible marker).
-_NAME_MAX = 1024
+_PLAIN = frozenset(range(0x20, 0x7F)) - {ord('"'), ord("\\")}
 
 
+def json_str(s: str) -> bytes:
+    """``s`` as a JSON string literal (no import for plain ASCII names)."""
+    b = s.encode("utf-8", "replace") if not s.isascii() else s.encode()
+    if s.isascii() and all(c in _PLAIN for c in b):
+        return b'"' + b + b'"'
+    import json
+
+    return json.dumps(s, ensure_ascii=False).encode("utf-8", "replace")
+
+
+# -- the kind table ---------------------------------------------------------------
+_KIND_IDS: dict[tuple[str, str], int] = {}
+_KIND_PIECES: list[bytes] = []
+_native_add: Any = None  # the C engine's add_kind, set by _recorder when it loads
+
+
+def kind_id(name: Any, cat: Any) -> int:
+    """The id of the event kind ``(name, cat)``, registered on first use."""
+    name, cat = _text(name), _text(cat)
+    key = (name, cat)
+    kid = _KIND_IDS.get(key)
+    if kid is None:
+        piece = b',"name":' + json_str(name) + b',"cat":' + json_str(cat)
+        if _native_add is not None:
+            _native_add(piece)
+        kid = len(_KIND_PIECES)
+        _KIND_PIECES.append(piece)
+        _KIND_IDS[key] = kid
+    return kid
+
+
+def kind_pieces() -> list[bytes]:
+    return _KIND_PIECES
+
+
+def set_native_kinds(add: Any) -> None:
+    """Mirror the kind table into the C engine (every kind so far, then each new one)."""
+    global _native_add
+    for piece in _KIND_PIECES:
+        add(piece)
+    _native_add = add
+
+
+# -- args ---------------------------------------------------------------------------
 class Extra:
-    """Args given to one use of a node (``node(args=...)``), encoded once."""
+    """Args of one span or one use (``node(args=...)``, ``update()``, ``stop(args=)``),
+    snapshotted when given: ``args`` (sanitized copies), ``frag`` (their JSON
+    fragment) and ``mask`` (a 64-bit summary of their keys that tells, in one AND,
+    that two Extras cannot share a key)."""
 
-    __slots__ = ("args", "frag", "keys")
+    __slots__ = ("args", "frag", "mask")
 
-    def __init__(self, args: dict[str, Any], max_len: int = 1024):
-        self.args = sanitize_args(args, max_len)
-        self.frag = encode_fragment(self.args, sanitized=True)
-        self.keys = frozenset(self.args)
+    def __init__(self, args: dict[str, Any], max_len: int = 1024, sanitized: bool = False):
+        frag = None if sanitized else plain_fragment(args, max_len)
+        if frag is not None:
+            self.args = dict(args)
+        else:
+            self.args = args if sanitized else sanitize_args(args, max_len)
+            frag = encode_fragment(self.args, sanitized=True)
+        self.frag = frag
+        self.mask = key_mask(self.args)
+
+    @classmethod
+    def joined(cls, base: Extra | None, own: Extra | None) -> Extra | None:
+        """``base`` then ``own``; on a shared key ``own`` wins."""
+        if base is None or not base.args:
+            return own
+        if own is None or not own.args:
+            return base
+        x = cls.__new__(cls)
+        if base.mask & own.mask and not base.args.keys().isdisjoint(own.args):
+            x.args = {**base.args, **own.args}
+            x.frag = encode_fragment(x.args, sanitized=True)
+        else:
+            x.args = {**base.args, **own.args}
+            x.frag = base.frag + own.frag
+        x.mask = base.mask | own.mask
+        return x
+
+    def __repr__(self) -> str:
+        return f"Extra({self.args!r})"
 
 
 class SpecialKind:
-    """Records that are not spans: metadata (``ph`` M), counters (C), instants (i).
+    """Records that are not spans: metadata (``ph`` M), counters (C), instants (i)."""
 
-    For these records the tuple slots mean ``(kind, t_ns, _, id, _, _, tid, payload)``
-    where ``payload`` is a dict with ``name``, ``cat`` and ``args``.
-    """
-
-    __slots__ = ("ph", "tmpl", "special")
+    __slots__ = ("ph",)
 
     def __init__(self, ph: str):
         self.ph = ph
-        self.tmpl = None
-        self.special = True
 
 
 META = SpecialKind("M")
@@ -95,12 +144,9 @@ COUNTER = SpecialKind("C")
 INSTANT = SpecialKind("i")
 
 
-def _esc(b: bytes) -> bytes:
-    return b.replace(b"%", b"%%")
-
-
 class Encoder:
-    """Turns batches of raw records into newline-terminated JSON lines (bytes)."""
+    """The per-process pieces of every line (pid, host hash, clock offset), and the
+    pure-Python encoding of records."""
 
     def __init__(self, pid: int, hhash: str, offset_ns: int, max_arg_length: int = 1024):
         self.pid = pid
@@ -110,97 +156,38 @@ class Encoder:
         self.max_arg_length = max_arg_length
         #: span ids at or below this were started before a fork and belong to the parent
         self.min_id = 0
-        import orjson  # sessions encode; ``import dftrace`` alone does not
+        hh = json_str(hhash)
+        self.pid_piece = b',"pid":' + str(pid).encode() + b',"tid":'
+        self.hh_piece = b',"ph":"X","args":{"hhash":' + hh + b',"level":'
 
-        self._hh = orjson.dumps(hhash)
-
-    # -- templates -------------------------------------------------------
-    def _build(self, k: EventKind) -> tuple[bytes, bytes, bytes]:
-        import orjson
-
-        head = (
-            b'{"id":%d,"name":' + _esc(orjson.dumps(k.name))
-            + b',"cat":' + _esc(orjson.dumps(k.cat))
-            + b',"pid":' + str(self.pid).encode()
-            + b',"tid":%d,"ts":%d,"dur":%d,"ph":"X","args":{"hhash":' + _esc(self._hh)
-            + b',"level":%d,"p_idx":%d' + _esc(k.frag)
-        )
-        # Items 3-5 are the pieces the C encoder splices numbers between.
-        p1 = (b',"name":' + orjson.dumps(k.name) + b',"cat":' + orjson.dumps(k.cat)
-              + b',"pid":' + str(self.pid).encode() + b',"tid":')
-        p4 = b',"ph":"X","args":{"hhash":' + self._hh + b',"level":'
-        t = (head + b"}}\n", head + b',"count":%d}}\n', head + b"%b}}\n", p1, p4, k.frag)
-        k.tmpl = t
-        return t
-
-    # -- encoding --------------------------------------------------------
-    def encode(self, batch: list[tuple]) -> bytes:
-        """Encode a batch; a record that cannot be encoded is dropped, never raised."""
-        if _speedups is not None:
-            try:
-                return _speedups.encode(batch, self.offset_ns, self.min_id, self._one, Extra)
-            except Exception:
-                pass  # fall back to the Python loop for this batch
-        return self._encode_py(batch)
-
-    def _one(self, rec: tuple) -> bytes:
-        """One record the C loop leaves to Python (metadata, record-time args...)."""
-        try:
-            k = rec[0]
-            if k.tmpl is None and not k.special:
-                self._build(k)
-            return self._encode_py([rec])
-        except Exception:
-            return b""
-
-    def _encode_py(self, batch: list[tuple]) -> bytes:
+    def encode_spans(self, batch: list[tuple]) -> bytes:
+        """Encode tuple records (the pure-Python engine's)."""
         out: list[bytes] = []
         ap = out.append
         off = self.offset_ns
         min_id = self.min_id
-        for rec in batch:
-            k, t0, t1, i, p, lvl, tid, x = rec
-            tm = k.tmpl
-            if tm is None:
-                if k.special:
-                    ap(self._special(rec))
-                    continue
-                tm = self._build(k)
+        pieces = _KIND_PIECES
+        pidp, hhp = self.pid_piece, self.hh_piece
+        for kid, t0, t1, i, p, lvl, tid, frag, count, flags in batch:
             if i <= min_id:
                 continue
             s = (t0 + off) // 1000
-            d = (t1 + off) // 1000 - s
-            if x is None:
-                ap(tm[0] % (i, tid, s, d, lvl, p))
-            elif type(x) is int:
-                ap(tm[1] % (i, tid, s, d, lvl, p, x))
-            elif type(x) is Extra and x.keys.isdisjoint(k.keys):
-                ap(tm[2] % (i, tid, s, d, lvl, p, x.frag))
-            else:
-                ap(self._slow(k, x, (i, tid, s, d, lvl, p)))
+            line = b'{"id":%d%b%b%d,"ts":%d,"dur":%d%b%d,"p_idx":%d%b' % (
+                i, pieces[kid], pidp, tid, s, (t1 + off) // 1000 - s, hhp, lvl, p, frag)
+            if count >= 0:
+                line += b',"count":%d' % count
+            if flags & INCOMPLETE:
+                line += b',"incomplete":true'
+            ap(line + b"}}\n")
         return b"".join(out)
 
-    def _slow(self, k: EventKind, x: Any, nums: tuple) -> bytes:
-        """Args known only at record time; on a key clash they override the static ones."""
-        try:
-            if type(x) is Extra:
-                extra = x.args
-            elif isinstance(x, dict):
-                extra = sanitize_args(x, self.max_arg_length)
-            else:
-                extra = {"value": x}
-            if k.keys.isdisjoint(extra):
-                return k.tmpl[2] % (*nums, encode_fragment(extra, sanitized=True))
-            merged = dict(k.args)
-            merged.update(extra)
-            return self._build(EventKind(k.name, k.cat, merged))[0] % nums
-        except Exception:
-            return k.tmpl[0] % nums
-
-    def _special(self, rec: tuple) -> bytes:
+    def special_line(self, rec: tuple) -> bytes:
+        """One metadata/counter/instant record ``(kind, t_ns, id, tid, payload)``."""
         import orjson
 
-        k, t0, _t1, i, _p, _lvl, tid, payload = rec
+        k, t0, i, tid, payload = rec
+        if i <= self.min_id:
+            return b""
         try:
             ev: dict[str, Any] = {
                 "id": i,

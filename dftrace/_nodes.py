@@ -17,8 +17,7 @@ from collections.abc import Iterable
 from typing import Any, Callable, TypeVar
 
 from . import _recorder as _rec
-from ._args import sanitize_args
-from ._events import EventKind, Extra
+from ._events import Extra, kind_id
 
 __all__ = ["Node", "Use", "Span", "AITree", "GATE", "CATEGORIES", "ai", "set_off_for_good"]
 
@@ -67,6 +66,10 @@ def set_max_arg_length(n: int) -> None:
     _max_arg_length = n
 
 
+def max_arg_length() -> int:
+    return _max_arg_length
+
+
 # Sample mode (``dftrace.capture(max_items=N)``): every ``.iter()`` called while it is
 # set yields at most this many items. Checked once per ``.iter()`` call, never per item.
 _max_items: int | None = None
@@ -100,16 +103,16 @@ def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
         raise TypeError(
             f"{obj!r} decorates functions; got {type(fn).__name__}. "
             f"To pass args use {obj._node.path}(args={{...}}).")
-    if obj._capture is not None:  # chosen here, once: uses without capture pay nothing
-        wrapper = obj._capture.wrap(fn, obj, gate)
-    elif inspect.iscoroutinefunction(fn):
-        wrapper = _rec.wrap_async(fn, obj, gate)
+    # Chosen here, once: uses without capture pay nothing for it.
+    cap = obj._capture.bind(fn) if obj._capture is not None else None
+    if inspect.iscoroutinefunction(fn):
+        wrapper = _rec.wrap_async(fn, obj, gate, cap)
     elif inspect.isasyncgenfunction(fn):
-        wrapper = _rec.wrap_asyncgen(fn, obj, gate)
+        wrapper = _rec.wrap_asyncgen(fn, obj, gate, cap)
     elif inspect.isgeneratorfunction(fn):
-        wrapper = _rec.wrap_generator(fn, obj, gate)
+        wrapper = _rec.wrap_generator(fn, obj, gate, cap)
     else:
-        wrapper = _rec.wrap_sync(fn, obj, gate)
+        wrapper = _rec.wrap_sync(fn, obj, gate, cap)
     try:
         functools.update_wrapper(wrapper, fn)
     except Exception:
@@ -173,8 +176,12 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
     def __call__(self, fn: Any = None, /, **options: Any) -> Any:
         if fn is not None and not options and not isinstance(fn, dict):
             return self.decorate(fn)
+        if _off_for_good:
+            return OFF_USE
         if isinstance(fn, dict):
             options.setdefault("args", fn)
+        if len(options) == 1 and isinstance(self, Node) and "args" in options:
+            return Use.with_args(self._node, options["args"])  # the common case, fast
         return Use(self._node, **self._merge_options(options))
 
     def _merge_options(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -271,12 +278,17 @@ class Node(_Traceable):
         self.path = path or name
         self._parent = parent
         self._children: dict[str, Node] = {}
-        self._own_args: dict[str, Any] = {}
+        self._own: Extra | None = None  # this node's sticky args (``update``)
+        self._pending: dict[str, Any] = {}  # updates made while nothing records
+        self._sticky: Extra | None = None  # its ancestors' and its own, at _sgen
+        self._sgen = 0
         self._enabled = True
         self._on = False
         self._node = self
         self._extra = None
-        self._rebuild()
+        self._kid = kind_id(name, cat)
+        self._ikid = kind_id(name + ".iter", cat)
+        self._bkid = kind_id(name + self.BLOCK_SUFFIX, cat)
         if parent is None:
             _roots.add(self)
             self._refresh()
@@ -304,21 +316,9 @@ class Node(_Traceable):
             yield from c._walk()
 
     def _args(self) -> dict[str, Any]:
-        chain = []
-        n: Node | None = self
-        while n is not None:
-            chain.append(n._own_args)
-            n = n._parent
-        merged: dict[str, Any] = {}
-        for a in reversed(chain):
-            merged.update(a)
-        return merged
-
-    def _rebuild(self) -> None:
-        args = self._args()
-        self._kind = EventKind(self.name, self.cat, args)
-        self._iter_kind = EventKind(self.name + ".iter", self.cat, args)
-        self._block_kind = EventKind(self.name + self.BLOCK_SUFFIX, self.cat, args)
+        """The sticky args this node's next span carries."""
+        s = _rec.sticky_of(self)
+        return dict(s.args) if s is not None else {}
 
     def _enabled_path(self) -> bool:
         n: Node | None = self
@@ -367,22 +367,39 @@ class Node(_Traceable):
         return self._on
 
     def update(self, args: dict[str, Any] | None = None, /, **kwargs: Any) -> None:
-        """Set sticky args on this node's later events and its whole subtree's."""
+        """Set sticky args on the spans of this node and its whole subtree that start
+        from now on (spans already open keep the values they started with). O(1):
+        the values are encoded once here, whatever the size of the tree."""
+        if _off_for_good:
+            return
         try:
-            new = dict(args or {})
-            new.update(kwargs)
-            self._own_args.update(sanitize_args(new, _max_arg_length))
-            for n in self._walk():
-                n._rebuild()
+            if args:
+                kwargs = {**args, **kwargs}
+            if GATE._on:
+                own = self._own
+                if self._pending:
+                    kwargs = {**self._pending, **kwargs}
+                    self._pending = {}
+                new = Extra(kwargs, _max_arg_length)
+                self._own = new if own is None else Extra.joined(own, new)
+            else:  # nothing records: keep the values, encode them when something does
+                self._pending.update(kwargs)
+            _rec.bump_sticky()
         except Exception:
             pass
+
+    def _flush_pending(self) -> None:
+        if self._pending:
+            new = Extra(self._pending, _max_arg_length)
+            self._pending = {}
+            self._own = new if self._own is None else Extra.joined(self._own, new)
 
     def reset_args(self) -> None:
         """Forget args set with :meth:`update` on this node and its subtree."""
         for n in self._walk():
-            n._own_args.clear()
-        for n in self._walk():
-            n._rebuild()
+            n._own = None
+            n._pending = {}
+        _rec.bump_sticky()
 
 
 class Use(_Traceable):
@@ -412,8 +429,20 @@ class Use(_Traceable):
                 "options are args=..., enable=..., capture=..., capture_result=..., "
                 "capture_hash=...")
         self._node = node
-        self._extra = Extra(dict(args), _max_arg_length) if args else None
+        self._extra = Extra(args, _max_arg_length) if args else None
         self._forced = None if enable is None else bool(enable)
+
+    @classmethod
+    def with_args(cls, node: Node, args: Any) -> Use:
+        """``node(args=...)``: the args are encoded now (a snapshot), or not at all
+        while the node does not record."""
+        if not node._on:
+            return _LazyUse(node, args)
+        u = _Traceable.__new__(cls)
+        u._node = node
+        u._extra = Extra(args, _max_arg_length) if args else None
+        u._forced = None
+        return u
 
     def _gate(self) -> Any:
         if self._forced is None:
@@ -445,6 +474,50 @@ class Use(_Traceable):
         return f"<dftrace use of {self._node.path} args={extra!r} enable={self._forced!r}>"
 
 
+class _LazyUse(Use):
+    """A use made while its node did not record: its args are encoded only if it is
+    used after recording started."""
+
+    __slots__ = ("_raw", "_encoded")
+
+    def __new__(cls, node: Node, args: Any) -> _LazyUse:
+        return _Traceable.__new__(cls)
+
+    def __init__(self, node: Node, args: Any):
+        self._node = node
+        self._forced = None
+        self._raw = args
+        self._encoded: Any = _LazyUse
+
+    @property  # type: ignore[override]
+    def _extra(self) -> Extra | None:
+        x = self._encoded
+        if x is _LazyUse:
+            x = self._encoded = Extra(self._raw, _max_arg_length) if self._raw else None
+            self._raw = None
+        return x
+
+
+class _OffUse(Use):
+    """What ``node(...)`` returns when tracing is off by configuration: a decorator
+    that returns the function, a ``with`` that does nothing, ``.iter(x)`` that
+    returns ``x``."""
+
+    __slots__ = ()
+    _on = False
+
+    def __init__(self) -> None:
+        self._node = ai
+        self._extra = None
+        self._forced = False
+
+    def __call__(self, fn: Any = None, /, **options: Any) -> Any:
+        return fn if fn is not None and not options and not isinstance(fn, dict) else self
+
+    def update(self, args: dict[str, Any] | None = None, /, **kwargs: Any) -> None:
+        pass
+
+
 class AITree(Node):
     """The root ``ai``: categories as attributes; ``update``/``enable``/``disable``
     act on the whole tree."""
@@ -465,19 +538,14 @@ class AITree(Node):
 
 
 ai = AITree()
+OFF_USE = _Traceable.__new__(_OffUse)
+OFF_USE.__init__()
 
 
 def refresh_all() -> None:
     """Recompute every node's switch after the gate changed."""
     for root in list(_roots):
         root._refresh()
-
-
-def rebuild_all() -> None:
-    """Rebuild every node's kinds (after fork: templates embed the pid)."""
-    for root in list(_roots):
-        for n in root._walk():
-            n._rebuild()
 
 
 if _rec.speedups is not None:

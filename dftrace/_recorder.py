@@ -25,30 +25,24 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any
 
-from ._events import META
+from ._events import INCOMPLETE, META, Extra, kind_id, set_native_kinds
 
-__all__ = ["BUFFER", "STATE", "LOCAL", "Stack", "current_stack", "record_special", "VTID_BASE"]
+__all__ = ["BUFFER", "SPECIALS", "STATE", "LOCAL", "Stack", "current_stack", "record",
+           "record_special", "new_id", "drain", "buffered", "sticky_of", "VTID_BASE"]
 
-#: The one buffer every traced thread appends to. Never rebound: hot paths capture
-#: its ``append``. Consumers take from the front with ``del BUFFER[:n]``.
+#: The pure-Python engine's span records (tuples, see ``_events``); the C engine keeps
+#: them in native memory instead. Never rebound.
 BUFFER: list[tuple] = []
-append = BUFFER.append
-
-
-def record(*rec: Any) -> None:
-    """Append one record ``(kind, t0, t1, id, parent, level, tid, extra)``; replaced
-    by the C version (which also keeps records out of the garbage collector's way)."""
-    append(rec)
+#: Metadata, counter and instant records ``(kind, t_ns, id, tid, payload)``: rare, so
+#: they stay Python objects in both engines and are encoded by the writer.
+SPECIALS: list[tuple] = []
 
 clock = perf_counter_ns
-ids = itertools.count(1)
+new_id = itertools.count(1).__next__
 
 #: Virtual tids for asyncio tasks start here (real Linux tids stay below 2**22).
 VTID_BASE = 0x40000000
 _vtids = itertools.count(VTID_BASE + 1)
-
-#: How often (in span ids) a producer checks the buffer's fill level.
-CHECK_MASK = 0xFFF
 
 
 def _get_running_loop() -> Any:
@@ -66,8 +60,8 @@ def _get_running_loop() -> Any:
 class Stack(list):
     """Ids of the open spans of one thread or task, above a 0 sentinel (so
     ``self[-1]`` is always the parent id and ``len(self)`` the next level). ``open``
-    maps the id of each span opened by ``with``/``start()`` to ``(t0, opener, extra,
-    parent, level)``."""
+    maps the id of each span opened by ``with``/``start()`` to
+    ``(t0, opener, extra, parent, level, sticky)``."""
 
     __slots__ = ("tid", "owner", "open", "__weakref__")
 
@@ -95,11 +89,36 @@ class _State:
         self.batch_size = 65536
         self.buffer_limit = 1_048_576
         self.drop_when_full = False
-        self.dropped = 0
+        self._dropped = 0
+        self.woken = False  # the consumer was told a batch is ready (pure-Python engine)
         self.captures = 0  # in-memory captures running (they open the gate too)
         self.pid = os.getpid()
         self.open_spans: dict[int, Stack] = {}  # id of a start() span -> its stack
+        #: Most spans started and never stopped kept open; past it start() records
+        #: nothing and counts (see ``open_over_cap``).
+        self.open_cap = 100_000
+        self.open_over_cap = 0
+        #: Generation of the sticky args: update() bumps it, nodes refresh lazily.
+        self.sgen = 1
         self._warned: set[str] = set()
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped (buffer full, out of memory) and counted so far."""
+        return speedups.dropped() if speedups is not None else self._dropped
+
+    @dropped.setter
+    def dropped(self, n: int) -> None:
+        if speedups is not None:
+            speedups.set_dropped(n)
+        self._dropped = n
+
+    def set_limits(self, batch_size: int, buffer_limit: int, drop_when_full: bool) -> None:
+        self.batch_size = batch_size
+        self.buffer_limit = buffer_limit
+        self.drop_when_full = drop_when_full
+        if speedups is not None:
+            speedups.set_limits(batch_size, buffer_limit, drop_when_full)
 
     def warn_once(self, key: str, message: str) -> None:
         if key in self._warned:
@@ -118,8 +137,8 @@ class _State:
         TASK_STACK.set(None)
         self.open_spans = {}
         self.pid = os.getpid()
+        discard_buffered()
         self.dropped = 0
-        del BUFFER[:]
         STACKS.clear()
 
 
@@ -130,11 +149,154 @@ STATE = _State()
 STACKS: weakref.WeakValueDictionary[int, Stack] = weakref.WeakValueDictionary()
 
 
+# ---------------------------------------------------------------------------
+# The recording primitive (the pure-Python twin of the C engine's ``record``).
+# ---------------------------------------------------------------------------
+
+def record(kid: int, t0: int, t1: int, i: int, p: int, lvl: int, tid: int,
+           sticky: Extra | None = None, x: Any = None, count: int = -1, flags: int = 0) -> None:
+    """Record one span: ``sticky`` are the sticky args in force when it started,
+    ``x`` its own args (an :class:`Extra`, or a dict encoded now). At the buffer
+    limit, block mode waits for the writer (a KeyboardInterrupt raised meanwhile
+    propagates) and drop mode counts."""
+    if len(BUFFER) >= STATE.buffer_limit and not _room():
+        STATE._dropped += 1
+        return
+    try:
+        if x is not None and type(x) is not Extra:
+            x = to_extra(x)
+        if sticky is None:
+            frag = x.frag if x is not None else b""
+        elif x is None:
+            frag = sticky.frag
+        elif sticky.mask & x.mask:
+            frag = Extra.joined(sticky, x).frag  # type: ignore[union-attr]
+        else:
+            frag = sticky.frag + x.frag
+    except Exception:
+        STATE._dropped += 1
+        return
+    BUFFER.append((kid, t0, t1, i, p, lvl, tid, frag, count, flags))
+    if len(BUFFER) >= STATE.batch_size and not STATE.woken:
+        wake_consumer()
+
+
+def _room() -> bool:
+    """At the buffer limit: True once the consumer made room (block mode)."""
+    if STATE.drop_when_full:
+        return False
+    try:
+        wait_for_room()
+    except Exception:
+        return False
+    return len(BUFFER) < STATE.buffer_limit
+
+
+def wait_for_room() -> None:
+    """Block until the consumer drained the buffer to half its limit (or gave up).
+    Signals are not swallowed: their exceptions propagate to the recording call."""
+    c = STATE.consumer
+    if c is not None:
+        c.wait_drained(STATE.buffer_limit // 2, 10.0)
+
+
+def wake_consumer() -> None:
+    STATE.woken = True
+    c = STATE.consumer
+    if c is not None:
+        try:
+            c.wake()
+        except Exception:
+            pass
+
+
+def buffered() -> int:
+    """Span records waiting for the consumer."""
+    return speedups.buffered() if speedups is not None else len(BUFFER)
+
+
+def discard_buffered() -> None:
+    """Forget every buffered record (a forked child's copy of its parent's)."""
+    del BUFFER[:]
+    del SPECIALS[:]
+    STATE.woken = False
+    if speedups is not None:
+        speedups.reset()
+
+
+def drain(encoder: Any, max_records: int) -> tuple[bytes, int]:
+    """Take up to ``max_records`` span records (and every special record) and return
+    their lines. With the C engine the encoding runs with the GIL released."""
+    out = b""
+    taken = 0
+    if SPECIALS:
+        specials = SPECIALS[:]
+        del SPECIALS[:len(specials)]
+        taken = len(specials)
+        out = b"".join(encoder.special_line(r) for r in specials)
+    if speedups is not None:
+        data, n = speedups.drain(max_records, encoder.pid_piece, encoder.hh_piece,
+                                 encoder.offset_ns, encoder.min_id)
+    else:
+        n = min(len(BUFFER), max_records)
+        batch = BUFFER[:n]
+        del BUFFER[:n]
+        STATE.woken = False
+        data = encoder.encode_spans(batch)
+    return out + data if out else data, n + taken
+
+
+def to_extra(x: Any) -> Extra:
+    """Args given as a mapping (or a bare value) as an :class:`Extra`."""
+    from ._nodes import max_arg_length
+
+    if isinstance(x, dict):
+        return Extra(x, max_arg_length())
+    return Extra({"value": x}, max_arg_length())
+
+
+_ERRORS: dict[str, Extra] = {}
+
+
+def with_error(extra: Extra | None, exc: BaseException) -> Extra | None:
+    """``extra`` plus ``error: <exception type>`` (only for ``Exception``s: a
+    KeyboardInterrupt or GeneratorExit is no error of the span)."""
+    if not isinstance(exc, Exception):
+        return extra
+    name = type(exc).__name__
+    err = _ERRORS.get(name)
+    if err is None:
+        err = _ERRORS[name] = Extra({"error": name})
+    return Extra.joined(extra, err)
+
+
+def sticky_of(node: Any) -> Extra | None:
+    """The sticky args of ``node`` now: its ancestors' then its own, rebuilt once per
+    ``update()`` generation (``update`` itself is O(1))."""
+    gen = STATE.sgen
+    if node._sgen == gen:
+        return node._sticky
+    if node._pending:
+        node._flush_pending()
+    parent = node._parent
+    s = Extra.joined(sticky_of(parent) if parent is not None else None, node._own)
+    node._sticky = s
+    node._sgen = gen
+    return s
+
+
+def bump_sticky() -> None:
+    """Sticky args changed somewhere: every node refreshes its own on next use."""
+    STATE.sgen += 1
+    if speedups is not None:
+        speedups.set_sticky_gen(STATE.sgen)
+
+
 def record_special(kind: Any, payload: dict, tid: int | None = None, t_ns: int | None = None) -> None:
-    """Append a non-span record (metadata, counter, instant)."""
+    """Record a non-span event (metadata, counter, instant)."""
     if tid is None:
         tid = threading.get_native_id()
-    record(kind, clock() if t_ns is None else t_ns, 0, next(ids), 0, 0, tid, payload)
+    SPECIALS.append((kind, clock() if t_ns is None else t_ns, new_id(), tid, payload))
 
 
 def _thread_stack() -> Stack:
@@ -194,26 +356,6 @@ def current_stack() -> Stack:
     return stk
 
 
-def pressure() -> None:
-    """Called by producers every CHECK_MASK+1 span ids: wake or wait for the consumer."""
-    try:
-        n = len(BUFFER)
-        c = STATE.consumer
-        if c is None:
-            return
-        if n >= STATE.batch_size:
-            c.wake()
-        if n >= STATE.buffer_limit:
-            if STATE.drop_when_full or not c.wait_drained(STATE.buffer_limit // 2, 10.0):
-                # Drop the newest events beyond the limit and count them; never hang.
-                extra = len(BUFFER) - STATE.buffer_limit
-                if extra > 0:
-                    del BUFFER[STATE.buffer_limit:]
-                    STATE.dropped += extra
-    except Exception:
-        pass
-
-
 def _unwind(stk: Stack, i: int) -> None:
     """Remove span ``i`` and anything left above it (spans that never closed)."""
     try:
@@ -222,38 +364,59 @@ def _unwind(stk: Stack, i: int) -> None:
         pass
 
 
-def _with_error(extra: Any, exc: BaseException) -> Any:
-    if not isinstance(exc, Exception):
-        return extra
-    args = {"error": type(exc).__name__}
-    if extra is not None:
-        args = {**(extra if isinstance(extra, dict) else extra.args), **args}
-    return args
+def _sticky(node: Any) -> Extra | None:
+    return node._sticky if node._sgen == STATE.sgen else sticky_of(node)
+
+
+# Pure-Python spans add a frame per traced call; past this depth each call makes
+# sure the recursion limit leaves the program the depth it would have untraced.
+_DEEP = 128
+_limit_set = 0
+_limit_user = 0
+
+
+def _deepen(lvl: int) -> None:
+    global _limit_set, _limit_user
+    try:
+        cur = sys.getrecursionlimit()
+        if cur != _limit_set:  # first time, or the program set its own limit
+            _limit_user = cur
+        want = _limit_user + lvl + _DEEP
+        if want > cur:
+            sys.setrecursionlimit(want)
+            _limit_set = want
+    except Exception:
+        pass
 
 
 # ---------------------------------------------------------------------------
-# Decorators. The wrappers read module globals, the cheapest lookups Python has.
-# ``obj`` is a Node or a Use: it has ``_node`` (the tree node whose current kinds
-# name the events) and ``_extra``. ``gate._on`` says whether to record right now.
+# Decorators. ``obj`` is a Node or a Use: ``obj._node`` names the events and
+# ``obj._extra`` holds the use's own args. ``gate._on`` says whether to record now.
+# ``cap`` (a ``_values.FunctionCapture``, or None) adds captured values: its
+# ``params`` summarises the arguments before the clock starts, its ``extra`` builds
+# the span's args after it stops; neither raises nor keeps a value alive.
 # ---------------------------------------------------------------------------
 
-def wrap_sync(fn: Any, obj: Any, gate: Any) -> Any:
+def wrap_sync(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
     node = obj._node
     extra = obj._extra
-    if speedups is not None:
+    if speedups is not None and cap is None:
         return speedups.SpanWrapper(fn, node, gate, extra)
+    kid = node._kid
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not gate._on:
             return fn(*args, **kwargs)
+        params = cap.params(args, kwargs) if cap is not None else None
         stk = LOCAL.stk
         if stk is None:
             stk = resolve()
-        i = next(ids)
-        if not i & 0xFFF:  # CHECK_MASK, inlined
-            pressure()
+        sticky = node._sticky if node._sgen == STATE.sgen else sticky_of(node)
+        i = new_id()
         p = stk[-1]
         lvl = len(stk)
+        if lvl >= _DEEP:
+            _deepen(lvl)
         stk.append(i)
         t0 = clock()
         try:
@@ -261,28 +424,31 @@ def wrap_sync(fn: Any, obj: Any, gate: Any) -> Any:
         except BaseException as e:
             t1 = clock()
             _unwind(stk, i)
-            record(node._kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e))
+            record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
+                   with_error(extra, e) if cap is None else cap.extra(extra, params, error=e))
             raise
         t1 = clock()
         if stk.pop() is not i:
             _unwind(stk, i)
-        record(node._kind, t0, t1, i, p, lvl, stk.tid, extra)
+        record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
+               extra if cap is None else cap.extra(extra, params, r))
         return r
 
     return wrapper
 
 
-def wrap_async(fn: Any, obj: Any, gate: Any) -> Any:
+def wrap_async(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
     node = obj._node
     extra = obj._extra
+    kid = node._kid
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not gate._on:
             return await fn(*args, **kwargs)
+        params = cap.params(args, kwargs) if cap is not None else None
         stk = resolve()
-        i = next(ids)
-        if not i & 0xFFF:  # CHECK_MASK, inlined
-            pressure()
+        sticky = _sticky(node)
+        i = new_id()
         p = stk[-1]
         lvl = len(stk)
         stk.append(i)
@@ -292,11 +458,13 @@ def wrap_async(fn: Any, obj: Any, gate: Any) -> Any:
         except BaseException as e:
             t1 = clock()
             _unwind(stk, i)
-            record(node._kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e))
+            record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
+                   with_error(extra, e) if cap is None else cap.extra(extra, params, error=e))
             raise
         t1 = clock()
         _unwind(stk, i)
-        record(node._kind, t0, t1, i, p, lvl, stk.tid, extra)
+        record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
+               extra if cap is None else cap.extra(extra, params, r))
         return r
 
     return wrapper
@@ -312,21 +480,103 @@ class _NoCapture:
 
     @staticmethod
     def extra(extra: Any, params: Any, result: Any = None, error: BaseException | None = None) -> Any:
-        return extra if error is None else _with_error(extra, error)
+        return extra if error is None else with_error(extra, error)
 
 
 _NO_CAPTURE = _NoCapture()
 
 
-def wrap_generator(fn: Any, obj: Any, gate: Any) -> Any:
+def _side_stack(stk: Stack) -> Stack:
+    """A track of its own for a span that does not nest where it started (a
+    generator finishing inside a block opened after it started)."""
+    vtid = next(_vtids)
+    side = Stack(vtid, None)
+    record_special(META, {"name": "thread_name",
+                          "args": {"name": f"generators (thread {stk.tid})"}}, vtid)
+    return side
+
+
+def _nests(stk: Stack, p: int, lvl: int) -> bool:
+    """True when a span that started at (parent ``p``, level ``lvl``) on ``stk`` and
+    is not on it can end now without crossing another span: its parent is still open
+    below it and nothing opened since is still open."""
+    return len(stk) == lvl and stk[-1] == p
+
+
+def wrap_generator(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
     """A generator function: one span from its first ``next`` until it ends or closes
-    (not a parent of what the consumer does between items)."""
-    return wrap_generator_capture(fn, obj, gate, _NO_CAPTURE)
+    (not a parent of what the consumer does between items); with ``cap``, its
+    arguments and its ``return`` value."""
+    node = obj._node
+    extra = obj._extra
+    cap = cap or _NO_CAPTURE
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        gen = fn(*args, **kwargs)
+        if not gate._on:
+            return gen
+        return _generator_span(gen, node, extra, cap, cap.params(args, kwargs))
+
+    return wrapper
 
 
-def wrap_asyncgen(fn: Any, obj: Any, gate: Any) -> Any:
+def _close_detached(node: Any, stk: Stack, t0: int, i: int, p: int, lvl: int,
+                    sticky: Any, x: Any) -> None:
+    """Record a span that was never on its stack (a generator's): where it started
+    if it nests there, else on a track of its own."""
+    if _nests(stk, p, lvl):
+        record(node._kid, t0, clock(), i, p, lvl, stk.tid, sticky, x)
+    else:
+        record(node._kid, t0, clock(), i, 0, 1, _side_stack(stk).tid, sticky, x)
+
+
+def _generator_span(gen: Any, node: Any, extra: Any, cap: Any, params: Any) -> Any:
+    stk = current_stack()
+    p, lvl = stk[-1], len(stk)
+    sticky = _sticky(node)
+    i = new_id()
+    t0 = clock()
+    try:
+        r = yield from gen
+    except BaseException as e:
+        _close_detached(node, stk, t0, i, p, lvl, sticky, cap.extra(extra, params, error=e))
+        raise
+    _close_detached(node, stk, t0, i, p, lvl, sticky, cap.extra(extra, params, r))
+    return r
+
+
+def wrap_asyncgen(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
     """An async generator function: one span for its whole iteration."""
-    return wrap_asyncgen_capture(fn, obj, gate, _NO_CAPTURE)
+    node = obj._node
+    extra = obj._extra
+    cap = cap or _NO_CAPTURE
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        agen = fn(*args, **kwargs)
+        if not gate._on:
+            return agen
+        return _asyncgen_span(agen, node, extra, cap, cap.params(args, kwargs))
+
+    return wrapper
+
+
+async def _asyncgen_span(agen: Any, node: Any, extra: Any, cap: Any, params: Any) -> Any:
+    stk = current_stack()
+    p, lvl = stk[-1], len(stk)
+    sticky = _sticky(node)
+    i = new_id()
+    t0 = clock()
+    x = None
+    try:
+        async for item in agen:
+            yield item
+    except BaseException as e:
+        x = cap.extra(extra, params, error=e)
+        raise
+    finally:
+        if x is None:
+            x = cap.extra(extra, params)
+        _close_detached(node, stk, t0, i, p, lvl, sticky, x)
 
 
 # ---------------------------------------------------------------------------
@@ -335,10 +585,9 @@ def wrap_asyncgen(fn: Any, obj: Any, gate: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 def _open(stk: Stack, obj: Any) -> int:
-    i = next(ids)
-    if not i & CHECK_MASK:
-        pressure()
-    stk.open[i] = (clock(), obj, obj._extra, stk[-1], len(stk))
+    sticky = _sticky(obj._node)
+    i = new_id()
+    stk.open[i] = (clock(), obj, obj._extra, stk[-1], len(stk), sticky)
     stk.append(i)
     return i
 
@@ -361,13 +610,9 @@ def _close(stk: Stack, i: int, t1: int, x: Any = None, incomplete: bool = False)
                 STATE.open_spans.pop(j, None)
                 _close(stk, j, t1, incomplete=True)
         _unwind(stk, i)
-    t0, obj, extra, p, lvl = ent
-    if x is None:
-        x = extra
-    if incomplete:
-        x = {**(x if isinstance(x, dict) else (x.args if x is not None else {})),
-             "incomplete": True}
-    record(obj._node._kind, t0, t1, i, p, lvl, stk.tid, x)
+    t0, obj, extra, p, lvl, sticky = ent
+    record(obj._node._kid, t0, t1, i, p, lvl, stk.tid, sticky, extra if x is None else x, -1,
+           INCOMPLETE if incomplete else 0)
 
 
 def cm_enter(self: Any) -> Any:
@@ -403,22 +648,24 @@ def cm_exit(self: Any, et: Any, ev: Any, tb: Any) -> bool:
                     break
             if not i:
                 return False
-        _close(stk, i, t1, None if ev is None else _with_error(ent[2], ev))
+        _close(stk, i, t1, None if ev is None else with_error(ent[2], ev))
     except Exception:
         pass
     return False
 
 
-def start(obj: Any) -> tuple[Stack, int]:
-    """Hook style: open a span that stays open until ``stop`` (any later call)."""
+def start(obj: Any) -> tuple[Stack, int] | None:
+    """Hook style: open a span that stays open until ``stop`` (any later call).
+    None when too many spans are open already (counted, warned once)."""
+    if len(STATE.open_spans) >= STATE.open_cap:
+        STATE.open_over_cap += 1
+        STATE.warn_once("open-cap", f"more than {STATE.open_cap} spans were started and "
+                        "never stopped; further start() calls record nothing (counted)")
+        return None
     stk = LOCAL.stk
     if stk is None or _get_running_loop() is not None:
         stk = resolve()
-    i = next(ids)
-    if not i & 0xFFF:  # CHECK_MASK, inlined
-        pressure()
-    stk.open[i] = (clock(), obj, obj._extra, stk[-1], len(stk))
-    stk.append(i)
+    i = _open(stk, obj)
     STATE.open_spans[i] = stk
     return stk, i
 
@@ -444,20 +691,11 @@ def _find_open(obj: Any) -> tuple[Stack, int] | None:
 def stop(obj: Any, token: tuple[Stack, int] | None = None,
          args: dict[str, Any] | None = None) -> bool:
     """Close a span opened by ``start``. Spans started inside it with ``start`` and
-    still open are closed too, flagged ``incomplete``. ``args`` (known only now)
-    join the span's own. False when nothing was open."""
+    still open are closed too, flagged ``incomplete``. ``args`` (known only now) join
+    the span's own; they are encoded here, so later changes to them are not written.
+    False when nothing was open."""
     t1 = clock()
     if token is None:
-        # The common case: the innermost span on this thread's stack is obj's start().
-        stk = LOCAL.stk
-        if stk is not None and len(stk) > 1:
-            i = stk[-1]
-            ent = stk.open.get(i)
-            if ent is not None and ent[1] is obj and STATE.open_spans.pop(i, None) is not None:
-                del stk.open[i]
-                stk.pop()
-                record(obj._node._kind, ent[0], t1, i, ent[3], ent[4], stk.tid, ent[2])
-                return True
         token = _find_open(obj)
         if token is None:
             return False
@@ -471,9 +709,7 @@ def stop(obj: Any, token: tuple[Stack, int] | None = None,
     x = None
     if args:
         ent = stk.open.get(i)
-        base = ent[2] if ent is not None else None
-        x = {**(base if isinstance(base, dict) else (base.args if base is not None else {})),
-             **args}
+        x = Extra.joined(ent[2] if ent is not None else None, to_extra(args))
     _close(stk, i, t1, x)
     return True
 
@@ -494,17 +730,19 @@ def close_all_open() -> int:
 # Iterators
 # ---------------------------------------------------------------------------
 
-def iterate(obj: Any, gate: Any, iterable: Any) -> Any:
+def iterate(obj: Any, gate: Any, iterable: Any, cap: Any = None) -> Any:
     """``.iter()``: per item, a ``<leaf>.iter`` span (getting it) and a ``<leaf>.block``
-    span (the loop body holding it), both with ``count``. Closes on break/close/error."""
-    if speedups is not None:
-        return speedups.SpanIter(obj._node, gate, obj._extra or None, iterable)
-    return _iterate(obj, gate, iterable)
+    span (the loop body holding it), both with ``count``. Closes on break/close/error.
+    With ``cap``, each ``.iter`` span also carries the summary of its item."""
+    if speedups is not None and cap is None:
+        return speedups.SpanIter(obj._node, gate, obj._extra, iterable)
+    return _iterate(obj, gate, iterable, cap)
 
 
-def _iterate(obj: Any, gate: Any, iterable: Any) -> Any:
+def _iterate(obj: Any, gate: Any, iterable: Any, cap: Any) -> Any:
     node = obj._node
     extra = obj._extra
+    ikid, bkid = node._ikid, node._bkid
     it = iter(iterable)
     count = 0
     while True:
@@ -519,9 +757,8 @@ def _iterate(obj: Any, gate: Any, iterable: Any) -> Any:
         stk = LOCAL.stk
         if stk is None or _get_running_loop() is not None:
             stk = resolve()
-        i = next(ids)
-        if not i & 0xFFF:  # CHECK_MASK, inlined
-            pressure()
+        sticky = _sticky(node)
+        i = new_id()
         p = stk[-1]
         lvl = len(stk)
         stk.append(i)
@@ -534,15 +771,15 @@ def _iterate(obj: Any, gate: Any, iterable: Any) -> Any:
         except BaseException as e:
             t1 = clock()
             _unwind(stk, i)
-            record(node._iter_kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e))
+            record(ikid, t0, t1, i, p, lvl, stk.tid, sticky, with_error(extra, e))
             raise
         t1 = clock()
         if stk.pop() is not i:
             _unwind(stk, i)
         count += 1
-        x = count if extra is None else {**extra.args, "count": count}
-        record(node._iter_kind, t0, t1, i, p, lvl, stk.tid, x)
-        j = next(ids)
+        record(ikid, t0, t1, i, p, lvl, stk.tid, sticky,
+               extra if cap is None else cap.item_extra(extra, count, item), count)
+        j = new_id()
         stk.append(j)
         try:
             yield item
@@ -552,13 +789,14 @@ def _iterate(obj: Any, gate: Any, iterable: Any) -> Any:
                 stk.pop()
             else:
                 _unwind(stk, j)
-            record(node._block_kind, t1, t2, j, p, lvl, stk.tid, x)
+            record(bkid, t1, t2, j, p, lvl, stk.tid, sticky, extra, count)
 
 
 async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
     """``.aiter()``: the ``async for`` twin of :func:`iterate`."""
     node = obj._node
     extra = obj._extra
+    ikid, bkid = node._ikid, node._bkid
     it = aiterable.__aiter__()
     count = 0
     while True:
@@ -571,7 +809,8 @@ async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
             yield item
             continue
         stk = resolve()
-        i = next(ids)
+        sticky = _sticky(node)
+        i = new_id()
         p = stk[-1]
         lvl = len(stk)
         stk.append(i)
@@ -584,211 +823,45 @@ async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
         except BaseException as e:
             t1 = clock()
             _unwind(stk, i)
-            record(node._iter_kind, t0, t1, i, p, lvl, stk.tid, _with_error(extra, e))
+            record(ikid, t0, t1, i, p, lvl, stk.tid, sticky, with_error(extra, e))
             raise
         t1 = clock()
         _unwind(stk, i)
         count += 1
-        x = count if extra is None else {**extra.args, "count": count}
-        record(node._iter_kind, t0, t1, i, p, lvl, stk.tid, x)
-        j = next(ids)
+        record(ikid, t0, t1, i, p, lvl, stk.tid, sticky, extra, count)
+        j = new_id()
         stk.append(j)
         try:
             yield item
         finally:
             t2 = clock()
             _unwind(stk, j)
-            record(node._block_kind, t1, t2, j, p, lvl, stk.tid, x)
+            record(bkid, t1, t2, j, p, lvl, stk.tid, sticky, extra, count)
 
 
 def record_cm(name: str) -> None:
     """Metadata mode: a ``CM`` event ``<name>`` whose value is the current time (µs)."""
     stk = current_stack()
-    record(META, clock(), 0, next(ids), 0, 0, stk.tid,
-           {"name": "CM", "args": {"name": name}, "ts_value": True})
+    record_special(META, {"name": "CM", "args": {"name": name}, "ts_value": True}, stk.tid)
 
 
-# ---------------------------------------------------------------------------
-# Capturing uses (``node(capture=..., capture_result=...)``). ``_nodes`` picks these
-# at decoration time, so a node without ``capture`` never runs any of this. ``cap``
-# is a ``_values.FunctionCapture``: ``cap.params(args, kwargs)`` summarises the
-# arguments before the clock starts, ``cap.extra(...)`` builds the event's args
-# after it stops. Neither raises, and neither keeps a reference to a value.
-# ---------------------------------------------------------------------------
-
-def wrap_sync_capture(fn: Any, obj: Any, gate: Any, cap: Any) -> Any:
-    node = obj._node
-    extra = obj._extra
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not gate._on:
-            return fn(*args, **kwargs)
-        params = cap.params(args, kwargs)
-        stk = LOCAL.stk
-        if stk is None:
-            stk = resolve()
-        i = next(ids)
-        if not i & CHECK_MASK:
-            pressure()
-        p = stk[-1]
-        lvl = len(stk)
-        stk.append(i)
-        t0 = clock()
-        try:
-            r = fn(*args, **kwargs)
-        except BaseException as e:
-            t1 = clock()
-            _unwind(stk, i)
-            record(node._kind, t0, t1, i, p, lvl, stk.tid, cap.extra(extra, params, error=e))
-            raise
-        t1 = clock()
-        if stk.pop() is not i:
-            _unwind(stk, i)
-        record(node._kind, t0, t1, i, p, lvl, stk.tid, cap.extra(extra, params, r))
-        return r
-
-    return wrapper
-
-
-def wrap_async_capture(fn: Any, obj: Any, gate: Any, cap: Any) -> Any:
-    node = obj._node
-    extra = obj._extra
-
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not gate._on:
-            return await fn(*args, **kwargs)
-        params = cap.params(args, kwargs)
-        stk = resolve()
-        i = next(ids)
-        if not i & CHECK_MASK:
-            pressure()
-        p = stk[-1]
-        lvl = len(stk)
-        stk.append(i)
-        t0 = clock()
-        try:
-            r = await fn(*args, **kwargs)
-        except BaseException as e:
-            t1 = clock()
-            _unwind(stk, i)
-            record(node._kind, t0, t1, i, p, lvl, stk.tid, cap.extra(extra, params, error=e))
-            raise
-        t1 = clock()
-        _unwind(stk, i)
-        record(node._kind, t0, t1, i, p, lvl, stk.tid, cap.extra(extra, params, r))
-        return r
-
-    return wrapper
-
-
-def wrap_generator_capture(fn: Any, obj: Any, gate: Any, cap: Any) -> Any:
-    """A generator function: its arguments, and its ``return`` value as the result."""
-    node = obj._node
-    extra = obj._extra
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        gen = fn(*args, **kwargs)
-        if not gate._on:
-            return gen
-        return _generator_span_capture(gen, node, extra, cap, cap.params(args, kwargs))
-
-    return wrapper
-
-
-def _generator_span_capture(gen: Any, node: Any, extra: Any, cap: Any, params: Any) -> Any:
+def record_finished(name: str, cat: str, t0: int, t1: int, args: Any = None) -> None:
+    """A span that already ended, given by its times (DFTracer's ``log_event``)."""
     stk = current_stack()
-    p, lvl, tid = stk[-1], len(stk), stk.tid
-    i = next(ids)
-    t0 = clock()
+    record(kind_id(name, cat), t0, t1, new_id(), stk[-1], len(stk), stk.tid, None, args or None)
+
+
+def restick_open(node: Any) -> None:
+    """Give the spans of ``node`` open on the caller's stack the sticky args in force
+    now (DFTracer's ``dft_fn.update`` inside its own ``with`` block)."""
     try:
-        r = yield from gen
-    except BaseException as e:
-        record(node._kind, t0, clock(), i, p, lvl, tid, cap.extra(extra, params, error=e))
-        raise
-    record(node._kind, t0, clock(), i, p, lvl, tid, cap.extra(extra, params, r))
-    return r
-
-
-def wrap_asyncgen_capture(fn: Any, obj: Any, gate: Any, cap: Any) -> Any:
-    node = obj._node
-    extra = obj._extra
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        agen = fn(*args, **kwargs)
-        if not gate._on:
-            return agen
-        return _asyncgen_span_capture(agen, node, extra, cap, cap.params(args, kwargs))
-
-    return wrapper
-
-
-async def _asyncgen_span_capture(agen: Any, node: Any, extra: Any, cap: Any, params: Any) -> Any:
-    stk = current_stack()
-    p, lvl, tid = stk[-1], len(stk), stk.tid
-    i = next(ids)
-    t0 = clock()
-    x = None
-    try:
-        async for item in agen:
-            yield item
-    except BaseException as e:
-        x = cap.extra(extra, params, error=e)
-        raise
-    finally:
-        if x is None:
-            x = cap.extra(extra, params)
-        record(node._kind, t0, clock(), i, p, lvl, tid, x)
-
-
-def iterate_capture(obj: Any, gate: Any, iterable: Any, cap: Any) -> Any:
-    """:func:`iterate` for ``capture_result=True``: each ``<leaf>.iter`` span also
-    carries ``result``, the summary of the item the iterable produced."""
-    node = obj._node
-    extra = obj._extra
-    base = extra.args if extra is not None else {}
-    it = iter(iterable)
-    count = 0
-    while True:
-        if not gate._on:
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            count += 1
-            yield item
-            continue
         stk = current_stack()
-        i = next(ids)
-        if not i & CHECK_MASK:
-            pressure()
-        p = stk[-1]
-        lvl = len(stk)
-        stk.append(i)
-        t0 = clock()
-        try:
-            item = next(it)
-        except StopIteration:
-            _unwind(stk, i)
-            return
-        except BaseException as e:
-            t1 = clock()
-            _unwind(stk, i)
-            record(node._iter_kind, t0, t1, i, p, lvl, stk.tid,
-                   cap.extra(extra, None, error=e))
-            raise
-        t1 = clock()
-        _unwind(stk, i)
-        count += 1
-        x = count if extra is None else {**base, "count": count}
-        record(node._iter_kind, t0, t1, i, p, lvl, stk.tid, cap.item_extra(extra, count, item))
-        j = next(ids)
-        stk.append(j)
-        try:
-            yield item
-        finally:
-            t2 = clock()
-            _unwind(stk, j)
-            record(node._block_kind, t1, t2, j, p, lvl, stk.tid, x)
+        sticky = sticky_of(node)
+        for j, ent in list(stk.open.items()):
+            if ent[1]._node is node:
+                stk.open[j] = ent[:5] + (sticky,)
+    except Exception:
+        pass
 
 
 def cm_open(opener: Any) -> Stack:
@@ -816,8 +889,8 @@ def cm_close(stk: Stack, i: int, t1: int, x: Any) -> None:
 
 
 def _load_speedups() -> Any:
-    """The C twin of ``wrap_sync`` and of the encoder loop, when it was built, uses the
-    same clock, and ``DFTRACE_NO_SPEEDUPS`` is not set; else None (pure Python)."""
+    """The C engine, when it was built, uses the same clock, and
+    ``DFTRACE_NO_SPEEDUPS`` is not set; else None (pure Python)."""
     if os.environ.get("DFTRACE_NO_SPEEDUPS", "").strip() not in ("", "0"):
         return None
     try:
@@ -827,10 +900,15 @@ def _load_speedups() -> Any:
     # Spans mix both clocks (C wrappers, Python context managers): they must agree.
     if abs(mod.clock_ns() - clock()) > 1_000_000:
         return None
-    mod.configure(LOCAL, BUFFER, resolve, pressure, _unwind, _with_error, ids.__next__, cm_exit)
+    mod.configure(LOCAL, resolve, wait_for_room, wake_consumer, _unwind, with_error,
+                  Extra.joined, to_extra, sticky_of, Extra, cm_exit)
+    mod.set_limits(STATE.batch_size, STATE.buffer_limit, STATE.drop_when_full)
+    mod.set_sticky_gen(STATE.sgen)
+    set_native_kinds(mod.add_kind)
     return mod
 
 
 speedups = _load_speedups()
 if speedups is not None:
     record = speedups.record  # noqa: F811 - the C twin of the function above
+    new_id = speedups.new_id  # noqa: F811 - one id counter for both engines' paths

@@ -244,12 +244,10 @@ def initialize(**options: Any) -> Session | None:
             return None
         _nodes.set_off_for_good(False)
         _nodes.set_max_arg_length(config.max_arg_length)
-        _rec.STATE.batch_size = config.batch_size
-        _rec.STATE.buffer_limit = config.buffer_limit
-        _rec.STATE.drop_when_full = config.on_full == "drop"
-        _rec.STATE.dropped = 0
+        _rec.STATE.set_limits(config.batch_size, config.buffer_limit, config.on_full == "drop")
         if not _rec.STATE.captures:  # a running capture's events are still in the buffer
-            del _rec.BUFFER[:]  # leftovers of an earlier session (late events) are not ours
+            _rec.discard_buffered()  # leftovers of an earlier session (late events) are not ours
+        _rec.STATE.dropped = 0
         s = Session(config)
         _rec.STATE.consumer = s.writer
         _session = s
@@ -286,6 +284,9 @@ def finalize(target: Session | None = None) -> None:
                                                "reason": "buffer full"})
             if late:
                 trailer += s._meta("dropped", {"count": late, "reason": "late"})
+            if _rec.STATE.open_over_cap:
+                trailer += s._meta("dropped", {"count": _rec.STATE.open_over_cap,
+                                               "reason": "too many open spans"})
             s.sink.close(trailer + b"]\n")
         except Exception as exc:
             _rec.STATE.warn_once("finalize", f"finalize failed: {exc!r}")
@@ -378,8 +379,7 @@ def _after_fork_child() -> None:
     parent.writer = None  # type: ignore[assignment]
     _session = None
     try:
-        first_id = next(_rec.ids)
-        _nodes.rebuild_all()
+        first_id = _rec.new_id()
         s = Session(parent.config)
         s.encoder.min_id = first_id
         _rec.STATE.consumer = s.writer

@@ -1,51 +1,29 @@
-/* Optional C accelerator for dftrace's two hot loops.
+/* dftrace's recording engine in C (the pure-Python twin is dftrace/_recorder.py).
  *
- * encode(batch, offset_ns, min_id, fallback, extra_type) -> bytes
- *     Turns raw span records into JSON lines using the byte pieces the Python
- *     encoder prepared for each event kind. Records it does not handle (metadata,
- *     args known only at record time, numbers outside 64 bits) go to `fallback`.
+ * Records are fixed-size structs (rec_t, 64 bytes) in preallocated chunks of native
+ * memory, never Python objects: the garbage collector never walks them, and the
+ * writer encodes them into JSON lines with the GIL released. A chunk is
+ * self-contained (its records point into its own args arena by offset), so a chunk
+ * could be mapped and drained by another process.
  *
- * SpanWrapper(fn, node, gate, extra, state)
- *     The decorator wrapper: the same algorithm as _recorder.wrap_sync, in C.
- *
- * Everything here has a pure-Python twin; the package works without this module.
+ *   record(kid, t0, t1, id, parent, level, tid, sticky, extra, count, flags)
+ *       The one recording primitive every style calls (C wrappers call emit_span
+ *       directly). `sticky` and `extra` are Extra objects (or None): the sticky args
+ *       in force when the span started and the span's own args, both already
+ *       encoded as JSON fragments; their bytes are copied into the chunk's arena.
+ *   drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, n)
+ *       Detach up to max_records (whole chunks) with the GIL held, encode them with
+ *       the GIL released, return the JSON lines.
+ *   SpanWrapper / TraceableBase / SpanIter
+ *       Decorator, with/start/stop and .iter() in C, all recording through emit_span.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <time.h>
 #include <string.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <stddef.h>
-
-/* ------------------------------------------------------------------------- */
-/* encode                                                                     */
-
-static PyObject *str_tmpl, *str_frag, *str_keys, *str_isdisjoint;
-
-/* kind.tmpl is a tuple whose items 3..5 are (P1, P4, FRAG):
- *   {"id":<i> P1 <tid> ,"ts":<ts> ,"dur":<dur> P4 <level> ,"p_idx":<p> FRAG [extra] }}\n
- * P1 = ,"name":..,"cat":..,"pid":N,"tid":    P4 = ,"ph":"X","args":{"hhash":..,"level":
- */
-static int get_ll(PyObject *o, long long *out) {
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (overflow || (v == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* One record, its numbers taken out of their Python objects. The byte pieces are
-   borrowed: the records (hence their kinds, templates and Extra objects) stay
-   alive in the batch for the whole call. */
-typedef struct {
-    long long i, tid, ts, dur, lvl, p, count;
-    const char *p1, *p4, *frag, *xfrag, *line;
-    Py_ssize_t n1, n4, nfrag, nxfrag, nline;
-    int has_count;
-} enc_rec;
 
 static inline char *put(char *o, const char *s, Py_ssize_t n) {
     memcpy(o, s, (size_t)n);
@@ -71,183 +49,19 @@ static inline char *put_int(char *o, long long v) {
     return o;
 }
 
-#define LIT(s) (s), (Py_ssize_t)(sizeof(s) - 1)
-
-/* Pass 1: numbers and pieces out of the records; records the C loop does not
-   handle go through `fallback`, whose bytes are kept in `keep`. Pass 2: format
-   everything into one bytes object sized from pass 1. (Releasing the GIL for pass 2
-   was measured: a traced thread that never releases the GIL then makes the writer
-   wait a whole switch interval to take it back, and end-to-end cost rose ~30%.) */
-static PyObject *encode(PyObject *self, PyObject *args) {
-    PyObject *batch, *fallback, *extra_type;
-    long long off, min_id;
-    if (!PyArg_ParseTuple(args, "O!LLOO", &PyList_Type, &batch, &off, &min_id, &fallback, &extra_type))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(batch), m = 0, total = 0;
-    enc_rec *recs = PyMem_Malloc(sizeof(enc_rec) * (size_t)(n ? n : 1));
-    PyObject *keep = PyList_New(0); /* fallback lines and templates, alive until the end */
-    if (!recs || !keep) {
-        PyMem_Free(recs);
-        Py_XDECREF(keep);
-        return PyErr_NoMemory();
-    }
-    PyObject *last_kind = NULL, *last_tmpl = NULL;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *rec = PyList_GET_ITEM(batch, k);
-        PyObject *tmpl = NULL;
-        enc_rec *r = &recs[m];
-        long long t0, t1;
-        memset(r, 0, sizeof(*r));
-        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 8)
-            goto slow;
-        if (PyTuple_GET_ITEM(rec, 0) == last_kind && last_tmpl) {
-            tmpl = last_tmpl;
-        } else {
-            tmpl = PyObject_GetAttr(PyTuple_GET_ITEM(rec, 0), str_tmpl);
-            if (!tmpl) {
-                PyErr_Clear();
-                goto slow;
-            }
-            int ok = PyTuple_Check(tmpl) && PyTuple_GET_SIZE(tmpl) >= 6 &&
-                     PyBytes_Check(PyTuple_GET_ITEM(tmpl, 3)) && PyBytes_Check(PyTuple_GET_ITEM(tmpl, 4)) &&
-                     PyBytes_Check(PyTuple_GET_ITEM(tmpl, 5));
-            if (ok && PyList_Append(keep, tmpl) < 0)
-                ok = 0;
-            Py_DECREF(tmpl); /* `keep` holds it now (or it is not usable) */
-            if (!ok) {
-                PyErr_Clear();
-                goto slow;
-            }
-            last_kind = PyTuple_GET_ITEM(rec, 0);
-            last_tmpl = tmpl;
-        }
-        if (get_ll(PyTuple_GET_ITEM(rec, 1), &t0) || get_ll(PyTuple_GET_ITEM(rec, 2), &t1) ||
-            get_ll(PyTuple_GET_ITEM(rec, 3), &r->i) || get_ll(PyTuple_GET_ITEM(rec, 4), &r->p) ||
-            get_ll(PyTuple_GET_ITEM(rec, 5), &r->lvl) || get_ll(PyTuple_GET_ITEM(rec, 6), &r->tid))
-            goto slow;
-        if (r->i <= min_id)
-            continue;
-        {
-            PyObject *x = PyTuple_GET_ITEM(rec, 7);
-            if (x == Py_None) {
-            } else if (PyLong_CheckExact(x)) {
-                if (get_ll(x, &r->count))
-                    goto slow;
-                r->has_count = 1;
-            } else if (Py_TYPE(x) == (PyTypeObject *)extra_type) {
-                /* per-use args: only when no key clashes with the kind's static args */
-                PyObject *kkeys = PyObject_GetAttr(PyTuple_GET_ITEM(rec, 0), str_keys);
-                PyObject *xkeys = kkeys ? PyObject_GetAttr(x, str_keys) : NULL;
-                PyObject *dis = xkeys ? PyObject_CallMethodObjArgs(kkeys, str_isdisjoint, xkeys, NULL) : NULL;
-                Py_XDECREF(kkeys);
-                Py_XDECREF(xkeys);
-                int ok = (dis == Py_True);
-                Py_XDECREF(dis);
-                PyObject *xfrag = ok ? PyObject_GetAttr(x, str_frag) : NULL;
-                if (!xfrag || !PyBytes_Check(xfrag) || PyList_Append(keep, xfrag) < 0) {
-                    Py_XDECREF(xfrag);
-                    PyErr_Clear();
-                    goto slow;
-                }
-                Py_DECREF(xfrag);
-                r->xfrag = PyBytes_AS_STRING(xfrag);
-                r->nxfrag = PyBytes_GET_SIZE(xfrag);
-            } else {
-                goto slow;
-            }
-        }
-        r->ts = (t0 + off) / 1000;
-        r->dur = (t1 + off) / 1000 - r->ts;
-        r->p1 = PyBytes_AS_STRING(PyTuple_GET_ITEM(tmpl, 3));
-        r->n1 = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tmpl, 3));
-        r->p4 = PyBytes_AS_STRING(PyTuple_GET_ITEM(tmpl, 4));
-        r->n4 = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tmpl, 4));
-        r->frag = PyBytes_AS_STRING(PyTuple_GET_ITEM(tmpl, 5));
-        r->nfrag = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tmpl, 5));
-        /* fixed literals 6+6+7+9+3 (+9 with a count) and at most 7 numbers of 20 chars */
-        total += 31 + 9 + 7 * 20 + r->n1 + r->n4 + r->nfrag + r->nxfrag;
-        m++;
-        continue;
-    slow:
-        memset(r, 0, sizeof(*r));
-        {
-            PyObject *line = PyObject_CallOneArg(fallback, rec);
-            if (!line || (PyBytes_Check(line) && PyList_Append(keep, line) < 0)) {
-                Py_XDECREF(line);
-                PyMem_Free(recs);
-                Py_DECREF(keep);
-                return NULL;
-            }
-            if (PyBytes_Check(line) && PyBytes_GET_SIZE(line)) {
-                r->line = PyBytes_AS_STRING(line);
-                r->nline = PyBytes_GET_SIZE(line);
-                total += r->nline;
-                m++;
-            }
-            Py_DECREF(line);
-            /* the fallback may have built templates: look them up afresh */
-            last_tmpl = NULL;
-            last_kind = NULL;
-        }
-    }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
-    if (!out) {
-        PyMem_Free(recs);
-        Py_DECREF(keep);
-        return NULL;
-    }
-    char *o = PyBytes_AS_STRING(out);
-    for (Py_ssize_t k = 0; k < m; k++) {
-        enc_rec *r = &recs[k];
-        if (r->line) {
-            o = put(o, r->line, r->nline);
-            continue;
-        }
-        o = put(o, LIT("{\"id\":"));
-        o = put_int(o, r->i);
-        o = put(o, r->p1, r->n1);
-        o = put_int(o, r->tid);
-        o = put(o, LIT(",\"ts\":"));
-        o = put_int(o, r->ts);
-        o = put(o, LIT(",\"dur\":"));
-        o = put_int(o, r->dur);
-        o = put(o, r->p4, r->n4);
-        o = put_int(o, r->lvl);
-        o = put(o, LIT(",\"p_idx\":"));
-        o = put_int(o, r->p);
-        o = put(o, r->frag, r->nfrag);
-        if (r->has_count) {
-            o = put(o, LIT(",\"count\":"));
-            o = put_int(o, r->count);
-        }
-        if (r->xfrag)
-            o = put(o, r->xfrag, r->nxfrag);
-        o = put(o, LIT("}}\n"));
-    }
-    PyMem_Free(recs);
-    Py_DECREF(keep);
-    Py_ssize_t used = o - PyBytes_AS_STRING(out);
-    if (_PyBytes_Resize(&out, used) < 0)
-        return NULL;
-    return out;
+static inline char *put_uint(char *o, unsigned long long u) {
+    char tmp[24];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + (u % 10));
+        u /= 10;
+    } while (u);
+    while (n)
+        *o++ = tmp[--n];
+    return o;
 }
 
-/* ------------------------------------------------------------------------- */
-/* the shared recorder state the wrappers need                                */
-
-typedef struct {
-    PyObject *local;     /* threading.local with .stk */
-    PyObject *buffer;    /* the BUFFER list */
-    PyObject *resolve;   /* callable() -> Stack */
-    PyObject *pressure;  /* callable() */
-    PyObject *unwind;    /* callable(stk, i) */
-    PyObject *with_error;/* callable(extra, exc) -> extra */
-    PyObject *next_id;   /* callable() -> int (itertools.count.__next__) */
-    PyObject *slow_exit; /* the Python __exit__ for every case but the common one */
-} recstate_t;
-
-static recstate_t R = {0};
-static PyObject *str_thread_stk, *str_stk, *str_on, *str_kind, *str_tid, *str_open, *str_extra, *str_node;
+#define LIT(s) (s), (Py_ssize_t)(sizeof(s) - 1)
 
 static inline long long now_ns(void) {
     struct timespec ts;
@@ -255,108 +69,487 @@ static inline long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* ------------------------------------------------------------------------- */
+/* kinds: kid -> the `,"name":..,"cat":..` piece of its lines                  */
+
+typedef struct {
+    char *piece;
+    Py_ssize_t n;
+} kind_t;
+
+/* Grown by copying into a larger array; an old array is never freed, because the
+   writer may be reading it without the GIL. */
+static kind_t *kinds = NULL;
+static Py_ssize_t nkinds = 0, capkinds = 0, max_kind_len = 0;
+
+static PyObject *add_kind(PyObject *self, PyObject *arg) {
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "add_kind() takes bytes");
+        return NULL;
+    }
+    if (nkinds == capkinds) {
+        Py_ssize_t cap = capkinds ? capkinds * 2 : 1024;
+        kind_t *grown = PyMem_RawMalloc(sizeof(kind_t) * (size_t)cap);
+        if (!grown)
+            return PyErr_NoMemory();
+        if (nkinds)
+            memcpy(grown, kinds, sizeof(kind_t) * (size_t)nkinds);
+        kinds = grown; /* the old array stays allocated (see above) */
+        capkinds = cap;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(arg);
+    char *p = PyMem_RawMalloc((size_t)(n ? n : 1));
+    if (!p)
+        return PyErr_NoMemory();
+    memcpy(p, PyBytes_AS_STRING(arg), (size_t)n);
+    kinds[nkinds].piece = p;
+    kinds[nkinds].n = n;
+    if (n > max_kind_len)
+        max_kind_len = n;
+    return PyLong_FromSsize_t(nkinds++);
+}
+
+/* ------------------------------------------------------------------------- */
+/* the native buffer                                                          */
+
+#define F_INCOMPLETE 1u
+#define LEVEL_BITS 24
+#define LEVEL_MASK ((1u << LEVEL_BITS) - 1)
+
+typedef struct {
+    int64_t t0, t1;
+    uint64_t id, parent;
+    uint32_t kind;
+    uint32_t level_flags; /* level in the low 24 bits, flags above */
+    uint64_t tid;
+    int64_t count; /* -1: none */
+    uint32_t aoff, alen; /* args bytes in the chunk's arena */
+} rec_t;
+
+#define CHUNK_RECS 4096
+
+typedef struct chunk {
+    struct chunk *next;
+    uint32_t n;
+    size_t alen, acap;
+    char *arena;
+    rec_t recs[CHUNK_RECS];
+} chunk_t;
+
+static chunk_t *head = NULL, *tail = NULL;
+static Py_ssize_t nbuf = 0;          /* records buffered (not yet detached) */
+static Py_ssize_t batch_size = 65536; /* wake the writer at this many */
+static Py_ssize_t buf_limit = 1048576;
+static int drop_full = 0;
+static long long ndropped = 0;
+static int woken = 0;
+static unsigned long long next_id_val = 1;
+static unsigned long long sticky_gen = 1;
+
+static void free_chunks(chunk_t *c) {
+    while (c) {
+        chunk_t *nx = c->next;
+        PyMem_RawFree(c->arena);
+        PyMem_RawFree(c);
+        c = nx;
+    }
+}
+
+static chunk_t *new_chunk(void) {
+    chunk_t *c = PyMem_RawMalloc(sizeof(chunk_t));
+    if (!c)
+        return NULL;
+    c->next = NULL;
+    c->n = 0;
+    c->alen = 0;
+    c->acap = 0;
+    c->arena = NULL;
+    return c;
+}
+
+/* Append one record; -1 when memory ran out (the caller counts it as dropped). */
+static int native_append(uint32_t kid, long long t0, long long t1, unsigned long long id,
+                         unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
+                         uint32_t flags, long long count, const char *a, Py_ssize_t na,
+                         const char *b, Py_ssize_t nb) {
+    chunk_t *c = tail;
+    if (!c || c->n == CHUNK_RECS) {
+        c = new_chunk();
+        if (!c)
+            return -1;
+        if (tail)
+            tail->next = c;
+        else
+            head = c;
+        tail = c;
+    }
+    rec_t *r = &c->recs[c->n];
+    size_t need = (size_t)(na + nb);
+    r->aoff = 0;
+    r->alen = 0;
+    if (need) {
+        if (c->alen + need > c->acap) {
+            size_t cap = c->acap ? c->acap * 2 : 16384;
+            while (cap < c->alen + need)
+                cap *= 2;
+            if (cap > 0xFFFFFFFFu)
+                return -1;
+            char *ar = PyMem_RawRealloc(c->arena, cap);
+            if (!ar)
+                return -1;
+            c->arena = ar;
+            c->acap = cap;
+        }
+        if (na)
+            memcpy(c->arena + c->alen, a, (size_t)na);
+        if (nb)
+            memcpy(c->arena + c->alen + na, b, (size_t)nb);
+        r->aoff = (uint32_t)c->alen;
+        r->alen = (uint32_t)need;
+        c->alen += need;
+    }
+    r->t0 = t0;
+    r->t1 = t1;
+    r->id = id;
+    r->parent = p;
+    r->kind = kid;
+    r->level_flags = ((uint32_t)lvl & LEVEL_MASK) | (flags << LEVEL_BITS);
+    r->tid = tid;
+    r->count = count;
+    c->n++;
+    nbuf++;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* the Python side the engine calls back into                                */
+
+typedef struct {
+    PyObject *local;      /* threading.local with .stk / .thread_stk */
+    PyObject *resolve;    /* callable() -> Stack */
+    PyObject *wait_room;  /* callable(): wait until the writer made room (may raise) */
+    PyObject *wake;       /* callable(): a batch is ready */
+    PyObject *unwind;     /* callable(stk, i) */
+    PyObject *with_error; /* callable(extra, exc) -> Extra */
+    PyObject *merge;      /* callable(sticky, extra) -> Extra (a key in both) */
+    PyObject *to_extra;   /* callable(obj) -> Extra (args given as a dict) */
+    PyObject *sticky_of;  /* callable(node) -> Extra or None (refresh after update()) */
+    PyObject *extra_type; /* the Extra class */
+    PyObject *slow_exit;  /* the Python __exit__ for every case but the common one */
+} recstate_t;
+
+static recstate_t R = {0};
+static PyObject *str_thread_stk, *str_stk, *str_on, *str_kid, *str_ikid, *str_bkid, *str_tid,
+    *str_open, *str_extra, *str_node, *str_frag, *str_mask, *str_sgen, *str_sticky;
+
 static PyObject *configure(PyObject *self, PyObject *args) {
     recstate_t r;
-    if (!PyArg_ParseTuple(args, "OO!OOOOOO", &r.local, &PyList_Type, &r.buffer, &r.resolve,
-                          &r.pressure, &r.unwind, &r.with_error, &r.next_id, &r.slow_exit))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO", &r.local, &r.resolve, &r.wait_room, &r.wake,
+                          &r.unwind, &r.with_error, &r.merge, &r.to_extra, &r.sticky_of,
+                          &r.extra_type, &r.slow_exit))
         return NULL;
-    Py_INCREF(r.local); Py_INCREF(r.buffer); Py_INCREF(r.resolve); Py_INCREF(r.pressure);
-    Py_INCREF(r.unwind); Py_INCREF(r.with_error); Py_INCREF(r.next_id); Py_INCREF(r.slow_exit);
-    Py_XDECREF(R.local); Py_XDECREF(R.buffer); Py_XDECREF(R.resolve); Py_XDECREF(R.pressure);
-    Py_XDECREF(R.unwind); Py_XDECREF(R.with_error); Py_XDECREF(R.next_id); Py_XDECREF(R.slow_exit);
+    PyObject **nw = (PyObject **)&r, **old = (PyObject **)&R;
+    for (size_t k = 0; k < sizeof(recstate_t) / sizeof(PyObject *); k++) {
+        Py_INCREF(nw[k]);
+        Py_XDECREF(old[k]);
+    }
     R = r;
     Py_RETURN_NONE;
 }
 
-/* record(kind, t0, t1, id, parent, level, tid, extra): append an untracked record. */
-static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "record() takes 8 arguments");
-        return NULL;
-    }
-    PyObject *rec = PyTuple_New(8);
-    if (!rec)
-        return NULL;
-    for (Py_ssize_t k = 0; k < 8; k++) {
-        Py_INCREF(args[k]);
-        PyTuple_SET_ITEM(rec, k, args[k]);
-    }
-    PyObject_GC_UnTrack(rec);
-    int err = PyList_Append(R.buffer, rec);
-    Py_DECREF(rec);
-    if (err)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *clock_ns(PyObject *self, PyObject *unused) {
-    return PyLong_FromLongLong(now_ns());
-}
-
-/* ------------------------------------------------------------------------- */
-/* SpanWrapper                                                                */
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *fn;
-    PyObject *node;
-    PyObject *gate;
-    PyObject *extra;
-    PyObject *dict;
-    PyObject *weakreflist;
-    vectorcallfunc vectorcall;
-} SpanWrapper;
-
-/* Append one record (kind, t0, t1, id, parent, level, tid, extra) to the buffer. A
-   record never takes part in a reference cycle: it is kept out of the garbage
-   collector's sight, or every collection would walk the whole buffer. */
-static int append_record(PyObject *kind, long long t0, long long t1, PyObject *id, PyObject *p,
-                         Py_ssize_t lvl, PyObject *tid, PyObject *x) {
-    PyObject *rec = PyTuple_New(8);
-    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1), *l = PyLong_FromSsize_t(lvl);
-    if (!rec || !a || !b || !l) {
-        Py_XDECREF(rec); Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(l);
-        return -1;
-    }
-    Py_INCREF(kind); Py_INCREF(id); Py_INCREF(p); Py_INCREF(tid); Py_INCREF(x);
-    PyTuple_SET_ITEM(rec, 0, kind);
-    PyTuple_SET_ITEM(rec, 1, a);
-    PyTuple_SET_ITEM(rec, 2, b);
-    PyTuple_SET_ITEM(rec, 3, id);
-    PyTuple_SET_ITEM(rec, 4, p);
-    PyTuple_SET_ITEM(rec, 5, l);
-    PyTuple_SET_ITEM(rec, 6, tid);
-    PyTuple_SET_ITEM(rec, 7, x);
-    PyObject_GC_UnTrack(rec);
-    int err = PyList_Append(R.buffer, rec);
-    Py_DECREF(rec);
-    return err;
-}
-
-static PyObject *span_record(SpanWrapper *w, long long t0, long long t1, PyObject *id, PyObject *p,
-                             Py_ssize_t lvl, PyObject *tid, PyObject *extra) {
-    PyObject *kind = PyObject_GetAttr(w->node, str_kind);
-    int err = kind ? append_record(kind, t0, t1, id, p, lvl, tid, extra) : -1;
-    Py_XDECREF(kind);
-    if (err)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-/* The next span id; every 4096 ids, let the writer know how full the buffer is
-   (it may make this thread wait when the writer cannot keep up). */
-static PyObject *new_id(void) {
-    PyObject *id = PyObject_CallNoArgs(R.next_id);
-    if (id) {
-        long long iv = PyLong_AsLongLong(id);
-        if (iv != -1 && (iv & 0xFFF) == 0) {
-            PyObject *r = PyObject_CallNoArgs(R.pressure);
-            Py_XDECREF(r);
+/* Called when the buffer is at its limit: in block mode wait for the writer (a
+   KeyboardInterrupt/SystemExit raised while waiting propagates: -1), else count. */
+static int make_room(void) {
+    if (!drop_full && R.wait_room) {
+        PyObject *r = PyObject_CallNoArgs(R.wait_room);
+        if (!r) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                return -1;
             PyErr_Clear();
         }
+        Py_XDECREF(r);
     }
-    return id;
+    return 0;
 }
+
+static void wake_writer(void) {
+    if (woken || !R.wake)
+        return;
+    woken = 1;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *r = PyObject_CallNoArgs(R.wake);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+}
+
+/* The fragment bytes and key mask of an Extra (or None). Borrowed pointers into the
+   Extra's bytes: valid while the caller holds it. */
+static int extra_piece(PyObject *x, const char **s, Py_ssize_t *n, unsigned long long *mask) {
+    *s = NULL;
+    *n = 0;
+    *mask = 0;
+    if (x == NULL || x == Py_None)
+        return 0;
+    PyObject *f = PyObject_GetAttr(x, str_frag);
+    if (!f)
+        return -1;
+    if (!PyBytes_Check(f)) {
+        Py_DECREF(f);
+        PyErr_SetString(PyExc_TypeError, "Extra.frag must be bytes");
+        return -1;
+    }
+    *s = PyBytes_AS_STRING(f);
+    *n = PyBytes_GET_SIZE(f);
+    Py_DECREF(f); /* the Extra keeps it alive */
+    PyObject *m = PyObject_GetAttr(x, str_mask);
+    if (!m)
+        return -1;
+    *mask = PyLong_AsUnsignedLongLongMask(m);
+    Py_DECREF(m);
+    if (*mask == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    return 0;
+}
+
+static int get_ull(PyObject *o, unsigned long long *out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* The recording primitive. Returns 0 (recorded, or dropped and counted) or -1 with
+   an exception that must reach the caller (a signal's exception during back-pressure).
+   Any other failure is swallowed and counted: recording never breaks the program. */
+static int emit_span(uint32_t kid, long long t0, long long t1, PyObject *id, PyObject *p,
+                     Py_ssize_t lvl, PyObject *tid, PyObject *sticky, PyObject *x,
+                     long long count, uint32_t flags) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb); /* an exception the span is closing over stays as it is */
+    int rc = 0;
+    PyObject *own = NULL, *merged = NULL;
+    if (nbuf >= buf_limit) {
+        if (make_room() < 0) {
+            ndropped++;
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+            return -1;
+        }
+        if (nbuf >= buf_limit) {
+            ndropped++;
+            goto done;
+        }
+    }
+    const char *a, *b;
+    Py_ssize_t na, nb;
+    unsigned long long ma, mb, iv, pv, tv;
+    if (x != NULL && x != Py_None && Py_TYPE(x) != (PyTypeObject *)R.extra_type) {
+        own = PyObject_CallOneArg(R.to_extra, x);
+        if (!own)
+            goto fail;
+        x = own;
+    }
+    if (extra_piece(sticky, &a, &na, &ma) < 0 || extra_piece(x, &b, &nb, &mb) < 0)
+        goto fail;
+    if (ma & mb) {
+        /* maybe a key in both: the span's own args win; let Python merge them */
+        merged = PyObject_CallFunctionObjArgs(R.merge, sticky, x, NULL);
+        if (!merged || extra_piece(merged, &b, &nb, &mb) < 0)
+            goto fail;
+        a = NULL;
+        na = 0;
+    }
+    if (get_ull(id, &iv) < 0 || get_ull(p, &pv) < 0 || get_ull(tid, &tv) < 0)
+        goto fail;
+    if (native_append(kid, t0, t1, iv, pv, lvl, tv, flags, count, a, na, b, nb) < 0) {
+        ndropped++;
+        goto done;
+    }
+    if (nbuf >= batch_size)
+        wake_writer();
+    goto done;
+fail:
+    PyErr_Clear();
+    ndropped++;
+done:
+    Py_XDECREF(own);
+    Py_XDECREF(merged);
+    PyErr_Restore(et, ev, tb);
+    return rc;
+}
+
+/* record(kid, t0, t1, id, parent, level, tid, sticky=None, extra=None, count=-1, flags=0) */
+static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 7 || nargs > 11) {
+        PyErr_SetString(PyExc_TypeError, "record() takes 7 to 11 arguments");
+        return NULL;
+    }
+    long kid = PyLong_AsLong(args[0]);
+    long long t0 = PyLong_AsLongLong(args[1]), t1 = PyLong_AsLongLong(args[2]);
+    Py_ssize_t lvl = PyLong_AsSsize_t(args[5]);
+    long long count = nargs > 9 ? PyLong_AsLongLong(args[9]) : -1;
+    long flags = nargs > 10 ? PyLong_AsLong(args[10]) : 0;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        ndropped++;
+        Py_RETURN_NONE;
+    }
+    if (emit_span((uint32_t)kid, t0, t1, args[3], args[4], lvl, args[6],
+                  nargs > 7 ? args[7] : Py_None, nargs > 8 ? args[8] : Py_None, count,
+                  (uint32_t)flags) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, n) */
+#define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
+static PyObject *drain(PyObject *self, PyObject *args) {
+    Py_ssize_t maxn, npid, nhh;
+    const char *pidp, *hhp;
+    long long off, min_id;
+    if (!PyArg_ParseTuple(args, "ny#y#LL", &maxn, &pidp, &npid, &hhp, &nhh, &off, &min_id))
+        return NULL;
+    chunk_t *first = head, *last = NULL;
+    Py_ssize_t n = 0;
+    size_t upper = 0;
+    while (head && (n == 0 || n + (Py_ssize_t)head->n <= maxn)) {
+        last = head;
+        n += head->n;
+        upper += (size_t)head->n * (size_t)(REC_FIXED + max_kind_len + npid + nhh) + head->alen;
+        head = head->next;
+    }
+    if (!last)
+        return Py_BuildValue("(y#n)", "", (Py_ssize_t)0, (Py_ssize_t)0);
+    last->next = NULL;
+    if (!head)
+        tail = NULL;
+    nbuf -= n;
+    woken = 0;
+    kind_t *ks = kinds;
+    Py_ssize_t nk = nkinds;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)upper);
+    if (!out) {
+        free_chunks(first);
+        ndropped += n;
+        return NULL;
+    }
+    char *o0 = PyBytes_AS_STRING(out), *o = o0;
+    Py_BEGIN_ALLOW_THREADS
+    for (chunk_t *c = first; c; c = c->next) {
+        for (uint32_t k = 0; k < c->n; k++) {
+            rec_t *r = &c->recs[k];
+            if ((long long)r->id <= min_id)
+                continue;
+            long long ts = (r->t0 + off) / 1000;
+            long long dur = (r->t1 + off) / 1000 - ts;
+            o = put(o, LIT("{\"id\":"));
+            o = put_uint(o, r->id);
+            if (r->kind < nk)
+                o = put(o, ks[r->kind].piece, ks[r->kind].n);
+            else
+                o = put(o, LIT(",\"name\":\"?\",\"cat\":\"dftrace\""));
+            o = put(o, pidp, npid);
+            o = put_uint(o, r->tid);
+            o = put(o, LIT(",\"ts\":"));
+            o = put_int(o, ts);
+            o = put(o, LIT(",\"dur\":"));
+            o = put_int(o, dur);
+            o = put(o, hhp, nhh);
+            o = put_uint(o, r->level_flags & LEVEL_MASK);
+            o = put(o, LIT(",\"p_idx\":"));
+            o = put_uint(o, r->parent);
+            if (r->alen)
+                o = put(o, c->arena + r->aoff, r->alen);
+            if (r->count >= 0) {
+                o = put(o, LIT(",\"count\":"));
+                o = put_int(o, r->count);
+            }
+            if ((r->level_flags >> LEVEL_BITS) & F_INCOMPLETE)
+                o = put(o, LIT(",\"incomplete\":true"));
+            o = put(o, LIT("}}\n"));
+        }
+    }
+    free_chunks(first);
+    Py_END_ALLOW_THREADS
+    if (_PyBytes_Resize(&out, (Py_ssize_t)(o - o0)) < 0)
+        return NULL;
+    PyObject *res = Py_BuildValue("(Nn)", out, n);
+    return res;
+}
+
+/* Forget everything buffered (a forked child's copy of its parent's records). */
+static PyObject *reset(PyObject *self, PyObject *unused) {
+    free_chunks(head);
+    head = tail = NULL;
+    nbuf = 0;
+    woken = 0;
+    ndropped = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_limits(PyObject *self, PyObject *args) {
+    Py_ssize_t b, l;
+    int d;
+    if (!PyArg_ParseTuple(args, "nnp", &b, &l, &d))
+        return NULL;
+    batch_size = b;
+    buf_limit = l;
+    drop_full = d;
+    Py_RETURN_NONE;
+}
+
+static PyObject *buffered(PyObject *self, PyObject *unused) { return PyLong_FromSsize_t(nbuf); }
+
+static PyObject *get_dropped(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(ndropped); }
+
+static PyObject *set_dropped(PyObject *self, PyObject *arg) {
+    long long v = PyLong_AsLongLong(arg);
+    if (v == -1 && PyErr_Occurred())
+        return NULL;
+    ndropped = v;
+    Py_RETURN_NONE;
+}
+
+static PyObject *new_id_py(PyObject *self, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(next_id_val++);
+}
+
+static PyObject *set_sticky_gen(PyObject *self, PyObject *arg) {
+    unsigned long long v = PyLong_AsUnsignedLongLongMask(arg);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    sticky_gen = v;
+    Py_RETURN_NONE;
+}
+
+static PyObject *clock_ns(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }
+
+/* The sticky args of `node` now (new reference: an Extra or None). */
+static PyObject *node_sticky(PyObject *node) {
+    PyObject *g = PyObject_GetAttr(node, str_sgen);
+    if (!g)
+        return NULL;
+    unsigned long long gv = PyLong_AsUnsignedLongLongMask(g);
+    Py_DECREF(g);
+    if (gv == sticky_gen)
+        return PyObject_GetAttr(node, str_sticky);
+    return PyObject_CallOneArg(R.sticky_of, node);
+}
+
+static uint32_t node_kid(PyObject *node, PyObject *name) {
+    PyObject *k = PyObject_GetAttr(node, name);
+    long v = k ? PyLong_AsLong(k) : -1;
+    Py_XDECREF(k);
+    if (v < 0) {
+        PyErr_Clear();
+        return 0xFFFFFFFFu;
+    }
+    return (uint32_t)v;
+}
+
+static PyObject *new_id(void) { return PyLong_FromUnsignedLongLong(next_id_val++); }
 
 /* Remove span `id` from the top of `stk`; anything left above it is unwound. */
 static int stack_pop(PyObject *stk, PyObject *id) {
@@ -370,6 +563,21 @@ static int stack_pop(PyObject *stk, PyObject *id) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------- */
+/* SpanWrapper: the decorator                                                 */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn;
+    PyObject *node;
+    PyObject *gate;
+    PyObject *extra;
+    PyObject *dict;
+    PyObject *weakreflist;
+    vectorcallfunc vectorcall;
+    uint32_t kid;
+} SpanWrapper;
+
 static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
                                         PyObject *kwnames) {
     SpanWrapper *w = (SpanWrapper *)self_;
@@ -378,7 +586,7 @@ static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, 
         return NULL;
     int is_on = PyObject_IsTrue(on);
     Py_DECREF(on);
-    if (is_on <= 0 || R.buffer == NULL)
+    if (is_on <= 0 || R.local == NULL)
         return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
 
     PyObject *stk = PyObject_GetAttr(R.local, str_stk);
@@ -394,54 +602,54 @@ static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, 
         Py_DECREF(stk);
         return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     }
-    PyObject *id = new_id();
-    if (!id) {
-        Py_DECREF(stk);
-        return NULL;
+    PyObject *sticky = node_sticky(w->node);
+    if (!sticky) {
+        PyErr_Clear();
+        sticky = Py_None;
+        Py_INCREF(sticky);
     }
-    Py_ssize_t lvl = PyList_GET_SIZE(stk);
-    PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
-    Py_INCREF(p);
-    PyObject *tid = PyObject_GetAttr(stk, str_tid);
+    PyObject *id = new_id();
+    PyObject *tid = id ? PyObject_GetAttr(stk, str_tid) : NULL;
     if (!tid || PyList_Append(stk, id) < 0) {
         Py_XDECREF(tid);
-        Py_DECREF(p); Py_DECREF(id); Py_DECREF(stk);
-        return NULL;
+        Py_XDECREF(id);
+        Py_DECREF(sticky);
+        Py_DECREF(stk);
+        PyErr_Clear();
+        return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     }
+    Py_ssize_t lvl = PyList_GET_SIZE(stk) - 1;
+    PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
+    Py_INCREF(p);
     long long t0 = now_ns();
     PyObject *result = PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     long long t1 = now_ns();
-    PyObject *extra = w->extra;
-    Py_INCREF(extra);
     if (!result) {
         /* record the span with args.error, then let the exception go on unchanged */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
         PyErr_NormalizeException(&et, &ev, &tb);
-        if (ev) {
-            PyObject *x = PyObject_CallFunctionObjArgs(R.with_error, extra, ev, NULL);
-            if (x) {
-                Py_DECREF(extra);
-                extra = x;
-            } else {
-                PyErr_Clear();
-            }
+        PyObject *x = ev ? PyObject_CallFunctionObjArgs(R.with_error, w->extra, ev, NULL) : NULL;
+        if (!x) {
+            PyErr_Clear();
+            x = w->extra;
+            Py_INCREF(x);
         }
         if (stack_pop(stk, id) < 0)
             PyErr_Clear();
-        PyObject *r = span_record(w, t0, t1, id, p, lvl, tid, extra);
-        Py_XDECREF(r);
-        PyErr_Clear();
-        PyErr_Restore(et, ev, tb);
+        if (emit_span(w->kid, t0, t1, id, p, lvl, tid, sticky, x, -1, 0) < 0) {
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+        } else {
+            PyErr_Restore(et, ev, tb);
+        }
+        Py_DECREF(x);
     } else {
         if (stack_pop(stk, id) < 0)
             PyErr_Clear();
-        PyObject *r = span_record(w, t0, t1, id, p, lvl, tid, extra);
-        if (!r)
-            PyErr_Clear(); /* never let recording break the caller */
-        Py_XDECREF(r);
+        if (emit_span(w->kid, t0, t1, id, p, lvl, tid, sticky, w->extra, -1, 0) < 0)
+            Py_CLEAR(result); /* a signal's exception while waiting for room */
     }
-    Py_DECREF(extra);
+    Py_DECREF(sticky);
     Py_DECREF(tid);
     Py_DECREF(p);
     Py_DECREF(id);
@@ -453,6 +661,7 @@ static PyObject *SpanWrapper_new(PyTypeObject *type, PyObject *args, PyObject *k
     PyObject *fn, *node, *gate, *extra;
     if (!PyArg_ParseTuple(args, "OOOO", &fn, &node, &gate, &extra))
         return NULL;
+    uint32_t kid = node_kid(node, str_kid);
     SpanWrapper *w = (SpanWrapper *)type->tp_alloc(type, 0);
     if (!w)
         return NULL;
@@ -464,6 +673,7 @@ static PyObject *SpanWrapper_new(PyTypeObject *type, PyObject *args, PyObject *k
     w->dict = NULL;
     w->weakreflist = NULL;
     w->vectorcall = SpanWrapper_vectorcall;
+    w->kid = kid;
     return (PyObject *)w;
 }
 
@@ -535,7 +745,7 @@ static PyTypeObject SpanWrapperType = {
 };
 
 /* ------------------------------------------------------------------------- */
-/* TraceableBase: __enter__/__exit__ for nodes and uses                       */
+/* TraceableBase: __enter__/__exit__ and start()/stop() for nodes and uses    */
 
 /* asyncio's running loop, or None; asyncio is never imported from here: until the
    program imports it, no loop can be running. */
@@ -556,16 +766,15 @@ static PyObject *running_loop(void) {
     return PyObject_CallNoArgs(asyncio_get_running_loop);
 }
 
-/* The stack spans of this thread nest on, or NULL (error set) / resolved one. */
-static PyObject *current_stack(int *in_loop) {
+/* The stack spans of this thread (or asyncio task) nest on; NULL with an error. */
+static PyObject *current_stack(void) {
     PyObject *loop = running_loop();
     if (!loop)
         return NULL;
-    *in_loop = (loop != Py_None);
+    int in_loop = (loop != Py_None);
     Py_DECREF(loop);
-    PyObject *stk = NULL;
-    if (!*in_loop) {
-        stk = PyObject_GetAttr(R.local, str_stk);
+    if (!in_loop) {
+        PyObject *stk = PyObject_GetAttr(R.local, str_stk);
         if (!stk)
             return NULL;
         if (stk != Py_None)
@@ -576,14 +785,21 @@ static PyObject *current_stack(int *in_loop) {
 }
 
 /* The entry a with-block or start() leaves in its stack's `open` map:
-   (t0, opener, extra, parent id, level), timed now. */
+   (t0, opener, extra, parent id, level, sticky), timed now. */
+#define ENTRY_LEN 6
 static PyObject *open_entry(PyObject *self, PyObject *extra, PyObject *stk) {
+    PyObject *node = PyObject_GetAttr(self, str_node);
+    PyObject *sticky = node ? node_sticky(node) : NULL;
+    Py_XDECREF(node);
+    if (!sticky)
+        return NULL;
     Py_ssize_t lvl = PyList_GET_SIZE(stk);
     PyObject *t0 = PyLong_FromLongLong(now_ns()), *lv = PyLong_FromSsize_t(lvl);
-    PyObject *ent = (t0 && lv) ? PyTuple_New(5) : NULL;
+    PyObject *ent = (t0 && lv) ? PyTuple_New(ENTRY_LEN) : NULL;
     if (!ent) {
         Py_XDECREF(t0);
         Py_XDECREF(lv);
+        Py_DECREF(sticky);
         return NULL;
     }
     PyObject *par = PyList_GET_ITEM(stk, lvl - 1);
@@ -593,31 +809,49 @@ static PyObject *open_entry(PyObject *self, PyObject *extra, PyObject *stk) {
     PyTuple_SET_ITEM(ent, 2, extra);
     PyTuple_SET_ITEM(ent, 3, par);
     PyTuple_SET_ITEM(ent, 4, lv);
+    PyTuple_SET_ITEM(ent, 5, sticky);
     return ent;
+}
+
+/* Record the span of an `open` entry, closed at t1. -1: an exception to propagate. */
+static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self, long long t1) {
+    PyObject *node = PyObject_GetAttr(self, str_node);
+    uint32_t kid = node ? node_kid(node, str_kid) : 0xFFFFFFFFu;
+    Py_XDECREF(node);
+    PyObject *tid = PyObject_GetAttr(stk, str_tid);
+    long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
+    Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
+    if (!tid || kid == 0xFFFFFFFFu || PyErr_Occurred()) {
+        Py_XDECREF(tid);
+        PyErr_Clear();
+        ndropped++;
+        return 0;
+    }
+    int rc = emit_span(kid, t0, t1, id, PyTuple_GET_ITEM(ent, 3), lvl, tid, PyTuple_GET_ITEM(ent, 5),
+                       PyTuple_GET_ITEM(ent, 2), -1, 0);
+    Py_DECREF(tid);
+    return rc;
 }
 
 static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
     PyObject *on = PyObject_GetAttr(self, str_on);
     int is_on = on ? PyObject_IsTrue(on) : -1;
     Py_XDECREF(on);
-    if (is_on <= 0 || R.buffer == NULL) {
+    if (is_on <= 0 || R.local == NULL) {
         PyErr_Clear();
         Py_INCREF(self);
         return self;
     }
-    int in_loop = 0;
-    PyObject *stk = current_stack(&in_loop), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL;
+    PyObject *stk = current_stack(), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
-        goto done;
-    id = new_id();
-    if (!id)
         goto done;
     extra = PyObject_GetAttr(self, str_extra);
     open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
     if (!open || !PyDict_Check(open))
         goto done;
     ent = open_entry(self, extra, stk);
-    if (!ent)
+    id = ent ? new_id() : NULL;
+    if (!id)
         goto done;
     if (PyDict_SetItem(open, id, ent) < 0)
         goto done;
@@ -636,8 +870,8 @@ done:
 
 static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long t1 = now_ns();
-    PyObject *stk = NULL, *open = NULL, *top, *ent, *node = NULL, *kind = NULL, *tid = NULL;
-    if (nargs != 3 || R.buffer == NULL)
+    PyObject *stk = NULL, *open = NULL, *top, *ent;
+    if (nargs != 3 || R.local == NULL)
         goto slow;
     if (args[1] != Py_None)
         goto slow; /* an exception: let Python tag the span with args.error */
@@ -673,68 +907,31 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
     Py_ssize_t n = PyList_GET_SIZE(stk);
     top = PyList_GET_ITEM(stk, n - 1);
     ent = PyDict_GetItemWithError(open, top);
-    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != 5 || PyTuple_GET_ITEM(ent, 1) != self)
+    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN ||
+        PyTuple_GET_ITEM(ent, 1) != self)
         goto slow;
-    node = PyObject_GetAttr(self, str_node);
-    kind = node ? PyObject_GetAttr(node, str_kind) : NULL;
-    tid = kind ? PyObject_GetAttr(stk, str_tid) : NULL;
-    if (!tid)
-        goto slow;
-    {
-        PyObject *rec = PyTuple_New(8);
-        PyObject *t1o = PyLong_FromLongLong(t1);
-        if (!rec || !t1o) {
-            Py_XDECREF(rec);
-            Py_XDECREF(t1o);
-            goto slow;
-        }
-        Py_INCREF(ent);
-        Py_INCREF(top);
-        PyTuple_SET_ITEM(rec, 0, kind);
-        kind = NULL;
-        PyObject *t0 = PyTuple_GET_ITEM(ent, 0), *extra = PyTuple_GET_ITEM(ent, 2),
-                 *p = PyTuple_GET_ITEM(ent, 3), *lvl = PyTuple_GET_ITEM(ent, 4);
-        Py_INCREF(t0); Py_INCREF(extra); Py_INCREF(p); Py_INCREF(lvl);
-        PyTuple_SET_ITEM(rec, 1, t0);
-        PyTuple_SET_ITEM(rec, 2, t1o);
-        PyTuple_SET_ITEM(rec, 3, top);
-        PyTuple_SET_ITEM(rec, 4, p);
-        PyTuple_SET_ITEM(rec, 5, lvl);
-        PyTuple_SET_ITEM(rec, 6, tid);
-        tid = NULL;
-        PyTuple_SET_ITEM(rec, 7, extra);
-        PyObject_GC_UnTrack(rec);
-        int err = PyList_Append(R.buffer, rec);
-        Py_DECREF(rec);
-        if (PyDict_DelItem(open, top) < 0 || PyList_SetSlice(stk, n - 1, n, NULL) < 0 || err)
-            PyErr_Clear();
-        Py_DECREF(ent);
-    }
-    Py_DECREF(node);
+    Py_INCREF(ent);
+    Py_INCREF(top);
+    if (PyDict_DelItem(open, top) < 0 || PyList_SetSlice(stk, n - 1, n, NULL) < 0)
+        PyErr_Clear();
+    int rc = emit_entry(ent, top, stk, self, t1);
+    Py_DECREF(top);
+    Py_DECREF(ent);
     Py_DECREF(open);
     Py_DECREF(stk);
+    if (rc < 0)
+        return NULL;
     Py_RETURN_FALSE;
 slow:
     PyErr_Clear();
-    Py_XDECREF(tid);
-    Py_XDECREF(kind);
-    Py_XDECREF(node);
     Py_XDECREF(open);
     Py_XDECREF(stk);
     if (R.slow_exit == NULL)
         Py_RETURN_FALSE;
-    PyObject *r = PyObject_Vectorcall(R.slow_exit, (PyObject *const[]){self, nargs > 0 ? args[0] : Py_None,
-                                          nargs > 1 ? args[1] : Py_None, nargs > 2 ? args[2] : Py_None},
-                                      4, NULL);
-    if (!r) {
-        PyErr_Clear();
-        Py_RETURN_FALSE;
-    }
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
+    return PyObject_Vectorcall(R.slow_exit, (PyObject *const[]){self, nargs > 0 ? args[0] : Py_None,
+                                   nargs > 1 ? args[1] : Py_None, nargs > 2 ? args[2] : Py_None},
+                               4, NULL);
 }
-
-/* start()/stop(): the common calls in C, everything else in Python ---------- */
 
 typedef struct {
     PyObject *state;      /* _recorder.STATE (its open_spans dict is replaced after fork) */
@@ -745,7 +942,7 @@ typedef struct {
 } hookstate_t;
 
 static hookstate_t H = {0};
-static PyObject *str_open_spans, *str__obj, *str__token;
+static PyObject *str_open_spans, *str__obj, *str__token, *str_open_cap;
 
 static PyObject *configure_hooks(PyObject *self, PyObject *args) {
     hookstate_t h;
@@ -776,7 +973,7 @@ static PyObject *call_slow(PyObject *fn, PyObject *self, PyObject *const *args, 
 
 static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
-    if (PyVectorcall_NARGS(nargsf) || kwnames || H.span == NULL || R.buffer == NULL)
+    if (PyVectorcall_NARGS(nargsf) || kwnames || H.span == NULL || R.local == NULL)
         return call_slow(H.start_slow, self, args, nargsf, kwnames);
     PyObject *on = PyObject_GetAttr(self, str_on);
     int is_on = on ? PyObject_IsTrue(on) : -1;
@@ -786,23 +983,26 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         Py_INCREF(H.no_span);
         return H.no_span;
     }
-    int in_loop = 0;
-    PyObject *stk = current_stack(&in_loop), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL,
-             *spans = NULL, *token = NULL, *span = NULL;
+    PyObject *stk = current_stack(), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL,
+             *spans = NULL, *token = NULL, *span = NULL, *cap = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
-        goto fail;
-    id = new_id();
-    if (!id)
         goto fail;
     extra = PyObject_GetAttr(self, str_extra);
     open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
     spans = open ? PyObject_GetAttr(H.state, str_open_spans) : NULL;
     if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
         goto fail;
-    ent = open_entry(self, extra, stk);
-    if (!ent)
+    cap = PyObject_GetAttr(H.state, str_open_cap);
+    if (!cap)
         goto fail;
-    token = PyTuple_Pack(2, stk, id);
+    if (PyDict_GET_SIZE(spans) >= PyLong_AsSsize_t(cap)) {
+        /* too many spans started and never stopped: Python counts and warns */
+        Py_XDECREF(cap); Py_XDECREF(spans); Py_XDECREF(open); Py_XDECREF(extra); Py_XDECREF(stk);
+        return call_slow(H.start_slow, self, args, nargsf, kwnames);
+    }
+    ent = open_entry(self, extra, stk);
+    id = ent ? new_id() : NULL;
+    token = id ? PyTuple_Pack(2, stk, id) : NULL;
     span = token ? H.span->tp_alloc(H.span, 0) : NULL;
     if (!span || PyObject_SetAttr(span, str__obj, self) < 0 ||
         PyObject_SetAttr(span, str__token, token) < 0)
@@ -813,13 +1013,13 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         PyDict_DelItem(open, id);
         goto fail;
     }
-    Py_DECREF(token); Py_DECREF(ent); Py_DECREF(spans); Py_DECREF(open); Py_DECREF(extra);
-    Py_DECREF(id); Py_DECREF(stk);
+    Py_DECREF(cap); Py_DECREF(token); Py_DECREF(ent); Py_DECREF(spans); Py_DECREF(open);
+    Py_DECREF(extra); Py_DECREF(id); Py_DECREF(stk);
     return span;
 fail:
     PyErr_Clear(); /* never fail the caller: nothing was recorded */
-    Py_XDECREF(span); Py_XDECREF(token); Py_XDECREF(ent); Py_XDECREF(spans); Py_XDECREF(open);
-    Py_XDECREF(extra); Py_XDECREF(id); Py_XDECREF(stk);
+    Py_XDECREF(cap); Py_XDECREF(span); Py_XDECREF(token); Py_XDECREF(ent); Py_XDECREF(spans);
+    Py_XDECREF(open); Py_XDECREF(extra); Py_XDECREF(id); Py_XDECREF(stk);
     Py_INCREF(H.no_span);
     return H.no_span;
 }
@@ -827,8 +1027,8 @@ fail:
 static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames) {
     long long t1 = now_ns();
-    PyObject *stk = NULL, *open = NULL, *spans = NULL, *node = NULL, *kind = NULL, *tid = NULL;
-    if (PyVectorcall_NARGS(nargsf) || kwnames || H.span == NULL || R.buffer == NULL)
+    PyObject *stk = NULL, *open = NULL, *spans = NULL;
+    if (PyVectorcall_NARGS(nargsf) || kwnames || H.span == NULL || R.local == NULL)
         goto slow;
     spans = PyObject_GetAttr(H.state, str_open_spans);
     if (!spans || !PyDict_Check(spans))
@@ -854,32 +1054,29 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
     Py_ssize_t n = PyList_GET_SIZE(stk);
     PyObject *top = PyList_GET_ITEM(stk, n - 1);
     PyObject *ent = PyDict_GetItemWithError(open, top);
-    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != 5 || PyTuple_GET_ITEM(ent, 1) != self)
+    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN ||
+        PyTuple_GET_ITEM(ent, 1) != self)
         goto slow;
-    int has = PyDict_Contains(spans, top);
-    if (has != 1)
-        goto slow;
-    node = PyObject_GetAttr(self, str_node);
-    kind = node ? PyObject_GetAttr(node, str_kind) : NULL;
-    tid = kind ? PyObject_GetAttr(stk, str_tid) : NULL;
-    if (!tid)
+    if (PyDict_Contains(spans, top) != 1)
         goto slow;
     Py_INCREF(ent);
     Py_INCREF(top);
-    long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
-    Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
     if (PyDict_DelItem(spans, top) < 0 || PyDict_DelItem(open, top) < 0 ||
-        PyList_SetSlice(stk, n - 1, n, NULL) < 0 ||
-        append_record(kind, t0, t1, top, PyTuple_GET_ITEM(ent, 3), lvl, tid, PyTuple_GET_ITEM(ent, 2)) < 0)
+        PyList_SetSlice(stk, n - 1, n, NULL) < 0)
         PyErr_Clear();
+    int rc = emit_entry(ent, top, stk, self, t1);
     Py_DECREF(top);
     Py_DECREF(ent);
-    Py_DECREF(tid); Py_DECREF(kind); Py_DECREF(node); Py_DECREF(spans); Py_DECREF(open);
+    Py_DECREF(spans);
+    Py_DECREF(open);
     Py_DECREF(stk);
+    if (rc < 0)
+        return NULL;
     Py_RETURN_NONE;
 slow:
     PyErr_Clear();
-    Py_XDECREF(tid); Py_XDECREF(kind); Py_XDECREF(node); Py_XDECREF(spans); Py_XDECREF(open);
+    Py_XDECREF(spans);
+    Py_XDECREF(open);
     Py_XDECREF(stk);
     if (H.stop_slow == NULL)
         Py_RETURN_NONE;
@@ -903,7 +1100,7 @@ static PyTypeObject TraceableBaseType = {
     .tp_name = "dftrace._speedups.TraceableBase",
     .tp_basicsize = sizeof(PyObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "C __enter__/__exit__ for dftrace nodes.",
+    .tp_doc = "C __enter__/__exit__ and start()/stop() for dftrace nodes.",
     .tp_new = PyType_GenericNew,
     .tp_methods = Traceable_methods,
 };
@@ -917,102 +1114,79 @@ typedef struct {
     PyObject *node;
     PyObject *gate;
     PyObject *extra;   /* Extra or None */
+    uint32_t ikid, bkid;
     long long count;
     /* the open block span */
     int block_open;
-    PyObject *bstk, *bid, *bp, *btid, *bx;
+    PyObject *bstk, *bid, *bp, *btid, *bsticky;
     Py_ssize_t blvl;
     long long bt0;
 } SpanIter;
 
-static PyObject *str_iter_kind, *str_block_kind, *str_args;
-
-static PyObject *count_extra(SpanIter *s) {
-    if (s->extra == Py_None)
-        return PyLong_FromLongLong(s->count);
-    /* per-use args plus the count: a dict the encoder merges */
-    PyObject *args = PyObject_GetAttr(s->extra, str_args);
-    PyObject *d = args ? PyDict_Copy(args) : NULL;
-    Py_XDECREF(args);
-    if (!d)
-        return NULL;
-    PyObject *c = PyLong_FromLongLong(s->count);
-    if (!c || PyDict_SetItemString(d, "count", c) < 0) {
-        Py_XDECREF(c);
-        Py_DECREF(d);
-        return NULL;
-    }
-    Py_DECREF(c);
-    return d;
-}
-
-
-static void close_block(SpanIter *s, long long t2) {
+/* Close the loop body's span at t2; -1 when an exception must propagate. */
+static int close_block(SpanIter *s, long long t2) {
     if (!s->block_open)
-        return;
+        return 0;
     s->block_open = 0;
     if (stack_pop(s->bstk, s->bid) < 0)
         PyErr_Clear();
-    PyObject *kind = PyObject_GetAttr(s->node, str_block_kind);
-    if (!kind || append_record(kind, s->bt0, t2, s->bid, s->bp, s->blvl, s->btid, s->bx) < 0)
-        PyErr_Clear();
-    Py_XDECREF(kind);
+    int rc = emit_span(s->bkid, s->bt0, t2, s->bid, s->bp, s->blvl, s->btid, s->bsticky, s->extra,
+                       s->count, 0);
     Py_CLEAR(s->bstk);
     Py_CLEAR(s->bid);
     Py_CLEAR(s->bp);
     Py_CLEAR(s->btid);
-    Py_CLEAR(s->bx);
+    Py_CLEAR(s->bsticky);
+    return rc;
+}
+
+static PyObject *plain_next(SpanIter *s) {
+    PyObject *item = PyIter_Next(s->it);
+    if (item)
+        s->count++;
+    else
+        Py_CLEAR(s->it);
+    return item;
 }
 
 static PyObject *SpanIter_next(SpanIter *s) {
-    long long now = now_ns();
-    close_block(s, now);
+    if (close_block(s, now_ns()) < 0)
+        return NULL;
     if (s->it == NULL)
         return NULL;
     PyObject *on = PyObject_GetAttr(s->gate, str_on);
     int is_on = on ? PyObject_IsTrue(on) : 0;
     Py_XDECREF(on);
     PyErr_Clear();
-    if (!is_on || R.buffer == NULL) {
-        PyObject *item = PyIter_Next(s->it);
-        if (item)
-            s->count++;
-        else
-            Py_CLEAR(s->it);
-        return item;
-    }
-    int in_loop = 0;
-    PyObject *stk = current_stack(&in_loop);
+    if (!is_on || R.local == NULL)
+        return plain_next(s);
+    PyObject *stk = current_stack();
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0) {
         Py_XDECREF(stk);
         PyErr_Clear();
-        PyObject *item = PyIter_Next(s->it);
-        if (item)
-            s->count++;
-        else
-            Py_CLEAR(s->it);
-        return item;
+        return plain_next(s);
+    }
+    PyObject *sticky = node_sticky(s->node);
+    if (!sticky) {
+        PyErr_Clear();
+        sticky = Py_None;
+        Py_INCREF(sticky);
     }
     PyObject *id = new_id();
     PyObject *tid = id ? PyObject_GetAttr(stk, str_tid) : NULL;
-    if (!tid) {
-        Py_XDECREF(id);
-        Py_DECREF(stk);
-        return NULL;
+    if (!tid || PyList_Append(stk, id) < 0) {
+        Py_XDECREF(tid); Py_XDECREF(id); Py_DECREF(sticky); Py_DECREF(stk);
+        PyErr_Clear();
+        return plain_next(s);
     }
-    Py_ssize_t lvl = PyList_GET_SIZE(stk);
+    Py_ssize_t lvl = PyList_GET_SIZE(stk) - 1;
     PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
     Py_INCREF(p);
-    if (PyList_Append(stk, id) < 0) {
-        Py_DECREF(p); Py_DECREF(tid); Py_DECREF(id); Py_DECREF(stk);
-        return NULL;
-    }
     long long t0 = now_ns();
     PyObject *item = PyIter_Next(s->it);
     long long t1 = now_ns();
     if (stack_pop(stk, id) < 0)
         PyErr_Clear();
-    PyObject *x = NULL;
     if (item == NULL) {
         Py_CLEAR(s->it);
         if (PyErr_Occurred()) {
@@ -1020,40 +1194,45 @@ static PyObject *SpanIter_next(SpanIter *s) {
             PyObject *et, *ev, *tb;
             PyErr_Fetch(&et, &ev, &tb);
             PyErr_NormalizeException(&et, &ev, &tb);
-            x = PyObject_CallFunctionObjArgs(R.with_error, s->extra, ev ? ev : Py_None, NULL);
-            PyObject *kind = x ? PyObject_GetAttr(s->node, str_iter_kind) : NULL;
-            if (!kind || append_record(kind, t0, t1, id, p, lvl, tid, x) < 0)
+            PyObject *x = PyObject_CallFunctionObjArgs(R.with_error, s->extra, ev ? ev : Py_None, NULL);
+            if (!x) {
                 PyErr_Clear();
-            Py_XDECREF(kind);
-            Py_XDECREF(x);
-            PyErr_Restore(et, ev, tb);
+                x = s->extra;
+                Py_INCREF(x);
+            }
+            if (emit_span(s->ikid, t0, t1, id, p, lvl, tid, sticky, x, -1, 0) < 0) {
+                Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+            } else {
+                PyErr_Restore(et, ev, tb);
+            }
+            Py_DECREF(x);
         }
-        Py_DECREF(p); Py_DECREF(tid); Py_DECREF(id); Py_DECREF(stk);
+        Py_DECREF(sticky); Py_DECREF(p); Py_DECREF(tid); Py_DECREF(id); Py_DECREF(stk);
         return NULL;
     }
     s->count++;
-    x = count_extra(s);
-    PyObject *kind = x ? PyObject_GetAttr(s->node, str_iter_kind) : NULL;
-    if (!kind || append_record(kind, t0, t1, id, p, lvl, tid, x) < 0)
-        PyErr_Clear();
-    Py_XDECREF(kind);
+    if (emit_span(s->ikid, t0, t1, id, p, lvl, tid, sticky, s->extra, s->count, 0) < 0) {
+        Py_DECREF(item);
+        Py_DECREF(sticky); Py_DECREF(p); Py_DECREF(tid); Py_DECREF(id); Py_DECREF(stk);
+        return NULL;
+    }
     Py_DECREF(id);
     /* the loop body's span: open until the next call (or close/dealloc) */
-    PyObject *bid = PyObject_CallNoArgs(R.next_id);
-    if (bid && PyList_Append(stk, bid) == 0 && x) {
+    PyObject *bid = new_id();
+    if (bid && PyList_Append(stk, bid) == 0) {
         s->block_open = 1;
         s->bstk = stk;
         s->bid = bid;
         s->bp = p;
         s->btid = tid;
-        s->bx = x;
+        s->bsticky = sticky;
         s->blvl = lvl;
         s->bt0 = t1;
         return item;
     }
     PyErr_Clear();
     Py_XDECREF(bid);
-    Py_XDECREF(x);
+    Py_DECREF(sticky);
     Py_DECREF(p);
     Py_DECREF(tid);
     Py_DECREF(stk);
@@ -1061,8 +1240,10 @@ static PyObject *SpanIter_next(SpanIter *s) {
 }
 
 static PyObject *SpanIter_close(SpanIter *s, PyObject *unused) {
-    close_block(s, now_ns());
+    int rc = close_block(s, now_ns());
     Py_CLEAR(s->it);
+    if (rc < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1083,18 +1264,20 @@ static PyObject *SpanIter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     s->node = node;
     s->gate = gate;
     s->extra = extra;
+    s->ikid = node_kid(node, str_ikid);
+    s->bkid = node_kid(node, str_bkid);
     return (PyObject *)s;
 }
 
 static int SpanIter_traverse(SpanIter *s, visitproc visit, void *arg) {
     Py_VISIT(s->it); Py_VISIT(s->node); Py_VISIT(s->gate); Py_VISIT(s->extra);
-    Py_VISIT(s->bstk); Py_VISIT(s->bid); Py_VISIT(s->bp); Py_VISIT(s->btid); Py_VISIT(s->bx);
+    Py_VISIT(s->bstk); Py_VISIT(s->bid); Py_VISIT(s->bp); Py_VISIT(s->btid); Py_VISIT(s->bsticky);
     return 0;
 }
 
 static int SpanIter_clear(SpanIter *s) {
     Py_CLEAR(s->it); Py_CLEAR(s->node); Py_CLEAR(s->gate); Py_CLEAR(s->extra);
-    Py_CLEAR(s->bstk); Py_CLEAR(s->bid); Py_CLEAR(s->bp); Py_CLEAR(s->btid); Py_CLEAR(s->bx);
+    Py_CLEAR(s->bstk); Py_CLEAR(s->bid); Py_CLEAR(s->bp); Py_CLEAR(s->btid); Py_CLEAR(s->bsticky);
     s->block_open = 0;
     return 0;
 }
@@ -1105,7 +1288,8 @@ static void SpanIter_dealloc(SpanIter *s) {
         /* a loop left with break or an exception: close the body's span now */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        close_block(s, now_ns());
+        if (close_block(s, now_ns()) < 0)
+            PyErr_Clear();
         PyErr_Restore(et, ev, tb);
     }
     SpanIter_clear(s);
@@ -1134,34 +1318,46 @@ static PyTypeObject SpanIterType = {
 /* ------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
-    {"encode", encode, METH_VARARGS, "encode(batch, offset_ns, min_id, fallback, extra_type) -> bytes"},
-    {"configure", configure, METH_VARARGS, "configure(local, buffer, resolve, pressure, unwind, with_error, next_id)"},
-    {"configure_hooks", configure_hooks, METH_VARARGS, "configure_hooks(state, span_type, no_span, start_slow, stop_slow)"},
-    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, "record(kind, t0, t1, id, parent, level, tid, extra): append one record"},
+    {"configure", configure, METH_VARARGS,
+     "configure(local, resolve, wait_room, wake, unwind, with_error, merge, to_extra, sticky_of, extra_type, slow_exit)"},
+    {"configure_hooks", configure_hooks, METH_VARARGS,
+     "configure_hooks(state, span_type, no_span, start_slow, stop_slow)"},
+    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL,
+     "record(kid, t0, t1, id, parent, level, tid, sticky=None, extra=None, count=-1, flags=0)"},
+    {"drain", drain, METH_VARARGS,
+     "drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, records taken)"},
+    {"add_kind", add_kind, METH_O, "add_kind(piece) -> kid"},
+    {"reset", reset, METH_NOARGS, "Forget every buffered record."},
+    {"set_limits", set_limits, METH_VARARGS, "set_limits(batch_size, buffer_limit, drop_when_full)"},
+    {"buffered", buffered, METH_NOARGS, "Records buffered now."},
+    {"dropped", get_dropped, METH_NOARGS, "Records dropped and counted so far."},
+    {"set_dropped", set_dropped, METH_O, "Set the dropped counter."},
+    {"new_id", new_id_py, METH_NOARGS, "The next span id."},
+    {"set_sticky_gen", set_sticky_gen, METH_O, "The generation of sticky args now in force."},
     {"clock_ns", clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_speedups",
-                                       "C accelerators for dftrace's hot paths.", -1, methods};
+                                       "dftrace's recording engine in C.", -1, methods};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
 #define INTERN(v, s) if (!(v = PyUnicode_InternFromString(s))) return NULL
-    INTERN(str_tmpl, "tmpl");
-    INTERN(str_frag, "frag");
-    INTERN(str_keys, "keys");
-    INTERN(str_isdisjoint, "isdisjoint");
     INTERN(str_stk, "stk");
     INTERN(str_thread_stk, "thread_stk");
     INTERN(str_on, "_on");
-    INTERN(str_kind, "_kind");
+    INTERN(str_kid, "_kid");
+    INTERN(str_ikid, "_ikid");
+    INTERN(str_bkid, "_bkid");
     INTERN(str_tid, "tid");
     INTERN(str_open, "open");
     INTERN(str_extra, "_extra");
     INTERN(str_node, "_node");
-    INTERN(str_iter_kind, "_iter_kind");
-    INTERN(str_block_kind, "_block_kind");
-    INTERN(str_args, "args");
+    INTERN(str_frag, "frag");
+    INTERN(str_mask, "mask");
+    INTERN(str_sgen, "_sgen");
+    INTERN(str_sticky, "_sticky");
     INTERN(str_open_spans, "open_spans");
+    INTERN(str_open_cap, "open_cap");
     INTERN(str__obj, "_obj");
     INTERN(str__token, "_token");
 #undef INTERN
@@ -1171,21 +1367,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
         return NULL;
-    Py_INCREF(&SpanWrapperType);
-    if (PyModule_AddObject(m, "SpanWrapper", (PyObject *)&SpanWrapperType) < 0) {
-        Py_DECREF(&SpanWrapperType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&SpanIterType);
-    if (PyModule_AddObject(m, "SpanIter", (PyObject *)&SpanIterType) < 0) {
-        Py_DECREF(&SpanIterType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&TraceableBaseType);
-    if (PyModule_AddObject(m, "TraceableBase", (PyObject *)&TraceableBaseType) < 0) {
-        Py_DECREF(&TraceableBaseType);
+    if (PyModule_AddObjectRef(m, "SpanWrapper", (PyObject *)&SpanWrapperType) < 0 ||
+        PyModule_AddObjectRef(m, "SpanIter", (PyObject *)&SpanIterType) < 0 ||
+        PyModule_AddObjectRef(m, "TraceableBase", (PyObject *)&TraceableBaseType) < 0 ||
+        PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(rec_t)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from . import _nodes
-from ._args import _cut, _dump
+from ._args import _cut, _dump, key_mask
 from ._events import Extra
 
 __all__ = [
@@ -361,7 +361,7 @@ def _render(s: Any, width: int) -> str:
 # -- what a capturing use captures ------------------------------------------------------
 
 _Fragment = getattr(orjson, "Fragment", None)  # orjson >= 3.9
-_key_sets: dict[tuple[str, ...], frozenset[str]] = {}
+_key_masks: dict[tuple[str, ...], int] = {}
 
 
 def make_extra(payload: dict[str, Any], compact: bool = True) -> Extra:
@@ -384,10 +384,10 @@ def make_extra(payload: dict[str, Any], compact: bool = True) -> Extra:
     x.args = args
     x.frag = b"".join(parts)
     names = tuple(args)
-    keys = _key_sets.get(names)
-    if keys is None:
-        keys = _key_sets[names] = frozenset(names)
-    x.keys = keys
+    mask = _key_masks.get(names)
+    if mask is None:
+        mask = _key_masks[names] = key_mask(args)
+    x.mask = mask
     return x
 
 
@@ -521,13 +521,14 @@ class ItemCapture(_Bound):
     __slots__ = ()
 
     def item_extra(self, base: Extra | None, count: int, item: Any) -> Any:
+        """The args of the ``.iter`` span of item number ``count`` (the count itself is
+        written by the engine)."""
         try:
             payload: dict[str, Any] = dict(base.args) if base is not None else {}
-            payload["count"] = count
             payload["result"] = self.options.summarize(item, _nodes._max_arg_length)
             return make_extra(payload)
         except Exception:
-            return count
+            return base
 
 
 class FunctionCapture(_Bound):

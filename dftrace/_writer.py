@@ -1,11 +1,12 @@
-"""Taking records from the buffer, encoding them and writing trace files.
+"""Taking records from the engine's buffer, encoding them and writing trace files.
 
 The :class:`Writer` is a background thread. It wakes every ``flush_interval`` (or
-sooner when producers report a full batch), takes everything buffered, encodes it
-in chunks (releasing the GIL between chunks so traced threads are not held up),
-compresses the result as ONE independent zstd frame / gzip member and appends it to
-the file. A process killed at any moment leaves a file that decodes up to its last
-complete flush.
+sooner when producers report a full batch), takes what is buffered in frames of at
+most ``max_batch`` records, and appends each frame to the file as ONE independent
+zstd frame / gzip member. With the C engine the encoding, the compression and the
+write all run with the GIL released, so traced threads keep running; the writer
+holds the GIL only to detach the records and to hand the bytes on. A process killed
+at any moment leaves a file that decodes up to its last complete flush.
 """
 
 from __future__ import annotations
@@ -22,21 +23,6 @@ from ._events import Encoder
 __all__ = ["FileSink", "Writer", "SUFFIXES"]
 
 SUFFIXES = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}
-
-# Records encoded per slice before the writer lets traced threads run.
-_CHUNK = 2048
-# A real (if tiny) sleep between slices: sleep(0) gives the GIL back, but the writer
-# would usually take it again before a waiting traced thread wakes up, leaving that
-# thread to wait for the interpreter's 5 ms switch interval.
-_YIELD_S = 0.0001
-
-
-def _yield_gil() -> None:
-    """Pause between slices, but only on the writer's own thread: finalize() and
-    signal handlers flush from the traced thread, which has no one to yield to."""
-    if threading.current_thread().name == _WRITER_THREAD:
-        time.sleep(_YIELD_S)
-
 
 _WRITER_THREAD = "dftrace-writer"
 
@@ -79,25 +65,17 @@ class FileSink:
         self.bytes_written = 0
         self._write_raw(self.header)
 
-    def _compress(self, data: bytes | list[bytes]) -> bytes:
-        """One zstd frame / gzip member from ``data`` (bytes, or slices of it that are
-        compressed one by one so traced threads get the GIL in between)."""
-        parts = data if isinstance(data, list) else [data]
+    def _compress(self, data: bytes) -> bytes:
+        """One zstd frame / gzip member from ``data`` (both compressors release the
+        GIL while they work)."""
         if self.compression == "zstd":
-            c = self._zc.compressobj(size=sum(map(len, parts)))
-        elif self.compression == "gzip":  # wbits 31: a complete gzip member
+            return self._zc.compress(data)
+        if self.compression == "gzip":  # wbits 31: a complete gzip member
             c = zlib.compressobj(6 if self.level is None else self.level, zlib.DEFLATED, 31)
-        else:
-            return b"".join(parts)
-        out = []
-        for i, part in enumerate(parts):
-            if i:
-                _yield_gil()
-            out.append(c.compress(part))
-        out.append(c.flush())
-        return b"".join(out)
+            return c.compress(data) + c.flush()
+        return data
 
-    def _write_raw(self, data: bytes | list[bytes]) -> None:
+    def _write_raw(self, data: bytes) -> None:
         # bytes_written only counts whole frames: on failure the file is cut back
         # to it, so what stays on disk always decodes.
         if not data or self._fd is None:
@@ -109,7 +87,7 @@ class FileSink:
             view = view[n:]
         self.bytes_written += len(out)
 
-    def write(self, data: bytes | list[bytes]) -> None:
+    def write(self, data: bytes) -> None:
         if self.failed or not data:
             return
         try:
@@ -205,7 +183,7 @@ class Writer:
         self._wake.set()
         deadline = time.monotonic() + timeout
         with self._drained:
-            while len(_rec.BUFFER) > below:
+            while _rec.buffered() > below:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -247,12 +225,11 @@ class Writer:
 
     def _flush_batch(self) -> int:
         """One frame: at most ``max_batch`` records from the front of the buffer."""
-        buf = _rec.BUFFER
-        n = min(len(buf), self.max_batch)
-        if not n:
-            return 0
-        batch = buf[:n]
-        del buf[:n]
+        if self.sink.failed and not LISTENERS:
+            _, n = _rec.drain(self.encoder, self.max_batch)  # nowhere to go: counted
+            _rec.STATE.dropped += n
+            return n
+        data, n = _rec.drain(self.encoder, self.max_batch)
         # Never wait for this lock: a producer blocked in wait_drained polls
         # anyway, and a signal handler may hold it in the thread it interrupted.
         if self._drained.acquire(blocking=False):
@@ -260,27 +237,14 @@ class Writer:
                 self._drained.notify_all()
             finally:
                 self._drained.release()
-        if self.sink.failed and not LISTENERS:
+        if not data:
             return n
-        enc = self.encoder.encode
-        parts = []
-        for j in range(0, n, _CHUNK):
-            if j:
-                _yield_gil()  # let traced threads take the GIL between slices
-            parts.append(enc(batch[j:j + _CHUNK]))
-        # Freeing a big batch at once holds the GIL for milliseconds: free it in slices.
-        while len(batch) > _CHUNK:
-            del batch[-_CHUNK:]
-            _yield_gil()
-        del batch
-        if LISTENERS:
-            data = b"".join(parts)
-            for listener in LISTENERS:
-                try:
-                    listener(data)
-                except Exception:
-                    pass
-        self.sink.write(parts)  # compression and the write release the GIL
+        for listener in LISTENERS:
+            try:
+                listener(data)
+            except Exception:
+                pass
+        self.sink.write(data)
         self.events_written += n
         return n
 

@@ -24,7 +24,6 @@ import time
 from typing import Any, Callable, Iterable, TypeVar
 
 from . import _recorder as _rec
-from ._events import EventKind
 from ._nodes import Node, ai
 from ._runtime import finalize, initialize, session
 
@@ -76,7 +75,6 @@ class dftracer:  # noqa: N801 - DFTracer's spelling
     def exit_event(self) -> None:
         pass
 
-    _kinds: dict[tuple[str, str, tuple], EventKind] = {}
 
     def log_event(self, name: str, cat: str, start_time: int, duration: int,
                   int_args: dict | None = None, float_args: dict | None = None,
@@ -93,9 +91,7 @@ class dftracer:  # noqa: N801 - DFTracer's spelling
                     args[k] = v[1] if isinstance(v, tuple) and len(v) == 2 else v
             t0 = int(start_time) * 1000 - s.offset_ns
             t1 = t0 + int(duration) * 1000
-            stk = _rec.current_stack()
-            kind = EventKind(str(name), str(cat))
-            _rec.append((kind, t0, t1, next(_rec.ids), stk[-1], len(stk), stk.tid, args or None))
+            _rec.record_finished(str(name), str(cat), t0, t1, args)
         except Exception:
             pass
 
@@ -137,13 +133,15 @@ class dft_fn(Node):  # noqa: N801 - DFTracer's spelling
     def update(self, epoch: int | None = None, step: int | None = None,  # type: ignore[override]
                image_idx: int | None = None, image_size: float | None = None,
                args: dict[str, Any] | None = None, **kwargs: Any) -> dft_fn:
-        """Sticky args for this event and the functions it decorates."""
+        """Sticky args for this event and the functions it decorates. As in DFTracer,
+        they also reach this event's own ``with`` block if one is open here."""
         new = {k: v for k, v in (("epoch", epoch), ("step", step), ("image_idx", image_idx),
                                  ("image_size", image_size)) if v is not None}
         new.update(args or {})
         new.update(kwargs)
         if new:
             Node.update(self, new)
+            _rec.restick_open(self)
         return self
 
     def _child(self, name: str, cls: type[Node] = Node) -> Node:

@@ -287,21 +287,20 @@ def reset() -> None:
     if s is not None:  # a session inherited through fork
         _runtime._session = None
     _rec.STATE.captures = 0
-    _rec.STATE.dropped = 0
     _rec.STATE.open_spans.clear()
+    _rec.STATE.open_over_cap = 0
     _rec.STATE._warned.clear()
     _rec.STATE.consumer = None
     _rec.LOCAL.stk = None
     _rec.LOCAL.thread_stk = None
     _rec.TASK_STACK.set(None)
-    del _rec.BUFFER[:]
+    _rec.discard_buffered()
+    _rec.STATE.dropped = 0
     _nodes.set_off_for_good(False)
     _nodes.set_max_arg_length(1024)
     for root in list(_nodes._roots):
         for n in root._walk():
             n._enabled = True
-            n._own_args.clear()
-        for n in root._walk():
-            n._rebuild()
+        root.reset_args()
     _capture.reset_state()
     _runtime._set_gate()
