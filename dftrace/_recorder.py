@@ -781,15 +781,45 @@ def _iterate(obj: Any, gate: Any, iterable: Any, cap: Any) -> Any:
                extra if cap is None else cap.item_extra(extra, count, item), count)
         j = new_id()
         stk.append(j)
+        block = _Block(bkid, t1, j, p, lvl, stk, sticky, extra, count)
+        _OPEN_BLOCKS[j] = block
         try:
             yield item
         finally:
-            t2 = clock()
-            if stk and stk[-1] is j:
-                stk.pop()
-            else:
-                _unwind(stk, j)
-            record(bkid, t1, t2, j, p, lvl, stk.tid, sticky, extra, count)
+            block.close(clock())
+
+
+class _Block:
+    """The open loop-body span of a pure-Python ``.iter()`` (see ``_OPEN_BLOCKS``)."""
+
+    __slots__ = ("kid", "t0", "i", "p", "lvl", "stk", "sticky", "extra", "count")
+
+    def __init__(self, kid: int, t0: int, i: int, p: int, lvl: int, stk: Stack,
+                 sticky: Any, extra: Any, count: int):
+        self.kid, self.t0, self.i, self.p, self.lvl = kid, t0, i, p, lvl
+        self.stk, self.sticky, self.extra, self.count = stk, sticky, extra, count
+
+    def close(self, t2: int) -> None:
+        if _OPEN_BLOCKS.pop(self.i, None) is None:
+            return  # already ended by an iterator below it
+        stk = self.stk
+        # Blocks of other iterators still open above this one (zip of two .iter()s)
+        # end here first, so both nest.
+        while stk and stk[-1] != self.i:
+            other = _OPEN_BLOCKS.get(stk[-1])
+            if other is None:
+                break
+            other.close(t2)
+        if stk and stk[-1] == self.i:
+            stk.pop()
+        else:
+            _unwind(stk, self.i)
+        record(self.kid, self.t0, t2, self.i, self.p, self.lvl, stk.tid, self.sticky,
+               self.extra, self.count)
+
+
+#: Loop-body spans open now, by id (pure-Python engine; the C engine keeps a list).
+_OPEN_BLOCKS: dict[int, _Block] = {}
 
 
 async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:

@@ -1108,8 +1108,9 @@ static PyTypeObject TraceableBaseType = {
 /* ------------------------------------------------------------------------- */
 /* SpanIter: .iter() — per item a <leaf>.iter span and a <leaf>.block span     */
 
-typedef struct {
+typedef struct SpanIter {
     PyObject_HEAD
+    struct SpanIter *prev_open, *next_open; /* the list of iterators with an open block */
     PyObject *it;      /* the source iterator (NULL once exhausted/closed) */
     PyObject *node;
     PyObject *gate;
@@ -1123,11 +1124,60 @@ typedef struct {
     long long bt0;
 } SpanIter;
 
+/* Iterators whose loop-body span is open, so that one whose body span ends while
+   another iterator's is still open above it (zip(a.iter(x), b.iter(y))) can end
+   that one first: both then nest. */
+static SpanIter *open_iters = NULL;
+
+static void link_open(SpanIter *s) {
+    s->prev_open = NULL;
+    s->next_open = open_iters;
+    if (open_iters)
+        open_iters->prev_open = s;
+    open_iters = s;
+}
+
+static void unlink_open(SpanIter *s) {
+    if (s->prev_open)
+        s->prev_open->next_open = s->next_open;
+    else if (open_iters == s)
+        open_iters = s->next_open;
+    if (s->next_open)
+        s->next_open->prev_open = s->prev_open;
+    s->prev_open = s->next_open = NULL;
+}
+
+static int close_block(SpanIter *s, long long t2);
+
+/* Before closing s's block: end the blocks of other iterators still open above it. */
+static int close_blocks_above(SpanIter *s, long long t2) {
+    PyObject *stk = s->bstk;
+    Py_ssize_t n = PyList_GET_SIZE(stk);
+    while (n > 0 && PyList_GET_ITEM(stk, n - 1) != s->bid) {
+        PyObject *top = PyList_GET_ITEM(stk, n - 1);
+        SpanIter *o = open_iters;
+        while (o && !(o->block_open && o->bid == top))
+            o = o->next_open;
+        if (!o)
+            return 0; /* not a block: left to stack_pop (unwound) */
+        if (close_block(o, t2) < 0)
+            return -1;
+        Py_ssize_t m = PyList_GET_SIZE(stk);
+        if (m >= n)
+            return 0;
+        n = m;
+    }
+    return 0;
+}
+
 /* Close the loop body's span at t2; -1 when an exception must propagate. */
 static int close_block(SpanIter *s, long long t2) {
     if (!s->block_open)
         return 0;
+    if (close_blocks_above(s, t2) < 0)
+        return -1;
     s->block_open = 0;
+    unlink_open(s);
     if (stack_pop(s->bstk, s->bid) < 0)
         PyErr_Clear();
     int rc = emit_span(s->bkid, s->bt0, t2, s->bid, s->bp, s->blvl, s->btid, s->bsticky, s->extra,
@@ -1228,6 +1278,7 @@ static PyObject *SpanIter_next(SpanIter *s) {
         s->bsticky = sticky;
         s->blvl = lvl;
         s->bt0 = t1;
+        link_open(s);
         return item;
     }
     PyErr_Clear();
@@ -1277,8 +1328,10 @@ static int SpanIter_traverse(SpanIter *s, visitproc visit, void *arg) {
 
 static int SpanIter_clear(SpanIter *s) {
     Py_CLEAR(s->it); Py_CLEAR(s->node); Py_CLEAR(s->gate); Py_CLEAR(s->extra);
-    Py_CLEAR(s->bstk); Py_CLEAR(s->bid); Py_CLEAR(s->bp); Py_CLEAR(s->btid); Py_CLEAR(s->bsticky);
+    if (s->block_open)
+        unlink_open(s);
     s->block_open = 0;
+    Py_CLEAR(s->bstk); Py_CLEAR(s->bid); Py_CLEAR(s->bp); Py_CLEAR(s->btid); Py_CLEAR(s->bsticky);
     return 0;
 }
 
