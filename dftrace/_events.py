@@ -82,12 +82,17 @@ def kind_pieces() -> list[bytes]:
     return _KIND_PIECES
 
 
-def set_native_kinds(add: Any) -> None:
-    """Mirror the kind table into the C engine (every kind so far, then each new one)."""
-    global _native_add
+_native_plain: Any = None  # the C engine's plain_fragment
+
+
+def use_native(add_kind: Any, plain: Any) -> None:
+    """Mirror the kind table into the C engine (every kind so far, then each new
+    one) and encode plain args with it."""
+    global _native_add, _native_plain
     for piece in _KIND_PIECES:
-        add(piece)
-    _native_add = add
+        add_kind(piece)
+    _native_add = add_kind
+    _native_plain = plain
 
 
 # -- args ---------------------------------------------------------------------------
@@ -100,6 +105,12 @@ class Extra:
     __slots__ = ("args", "frag", "mask")
 
     def __init__(self, args: dict[str, Any], max_len: int = 1024, sanitized: bool = False):
+        if not sanitized and max_len == 1024 and _native_plain is not None:
+            fast = _native_plain(args)
+            if fast is not None:
+                self.args = dict(args)
+                self.frag, self.mask = fast
+                return
         frag = None if sanitized else plain_fragment(args, max_len)
         if frag is not None:
             self.args = dict(args)

@@ -59,11 +59,18 @@ _max_arg_length = 1024
 def set_off_for_good(value: bool) -> None:
     global _off_for_good
     _off_for_good = bool(value)
+    _tell_engine()
 
 
 def set_max_arg_length(n: int) -> None:
     global _max_arg_length
     _max_arg_length = n
+    _tell_engine()
+
+
+def _tell_engine() -> None:
+    if _rec.speedups is not None:
+        _rec.speedups.set_options(_max_arg_length, _off_for_good)
 
 
 def max_arg_length() -> int:
@@ -121,7 +128,13 @@ def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
     return wrapper
 
 
-class Span:
+# With the C engine, ``Span.stop`` and the nodes' ``__call__``, ``__enter__``/
+# ``__exit__`` and ``start``/``stop`` come from its base classes.
+_SpanBase: type = _rec.speedups.SpanBase if _rec.speedups is not None else object
+_CMBase: type = _rec.speedups.TraceableBase if _rec.speedups is not None else object
+
+
+class Span(_SpanBase):  # type: ignore[misc,valid-type]
     """Token returned by ``start()``; ``stop()`` it (or pass it to ``node.stop``)."""
 
     __slots__ = ("_obj", "_token")
@@ -135,15 +148,18 @@ class Span:
         """The span's event id in the trace (None when nothing was recorded)."""
         return self._token[1] if self._token is not None else None
 
-    def stop(self, args: dict[str, Any] | None = None) -> None:
+    def _stop_py(self, args: dict[str, Any] | None = None) -> None:
         """Close this span (safe to call twice). ``args`` known only at the end
-        (output shapes, bytes written) are added to the span's args."""
+        (output shapes, bytes written) are added to the span's args, encoded now."""
         if self._token is not None and self._obj is not None:
             try:
                 _rec.stop(self._obj, self._token, args)
             except Exception:
                 pass
             self._token = None
+
+    if _SpanBase is object:
+        stop = _stop_py
 
     def __enter__(self) -> Span:
         return self
@@ -156,9 +172,6 @@ class Span:
 
 
 _NO_SPAN = Span(None, None)
-
-# With the C accelerator, ``__enter__``/``__exit__`` come from its base class.
-_CMBase: type = _rec.speedups.TraceableBase if _rec.speedups is not None else object
 
 
 class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
@@ -173,7 +186,7 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         raise NotImplementedError
 
     # decorator / options ------------------------------------------------
-    def __call__(self, fn: Any = None, /, **options: Any) -> Any:
+    def _call_py(self, fn: Any = None, /, **options: Any) -> Any:
         if fn is not None and not options and not isinstance(fn, dict):
             return self.decorate(fn)
         if _off_for_good:
@@ -183,6 +196,9 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         if len(options) == 1 and isinstance(self, Node) and "args" in options:
             return Use.with_args(self._node, options["args"])  # the common case, fast
         return Use(self._node, **self._merge_options(options))
+
+    if _CMBase is object:
+        __call__ = _call_py
 
     def _merge_options(self, options: dict[str, Any]) -> dict[str, Any]:
         return options
@@ -375,15 +391,14 @@ class Node(_Traceable):
         try:
             if args:
                 kwargs = {**args, **kwargs}
-            if GATE._on:
-                own = self._own
-                if self._pending:
-                    kwargs = {**self._pending, **kwargs}
-                    self._pending = {}
-                new = Extra(kwargs, _max_arg_length)
-                self._own = new if own is None else Extra.joined(own, new)
-            else:  # nothing records: keep the values, encode them when something does
+            if not GATE._on:  # nothing records: keep the values, encode them later
                 self._pending.update(kwargs)
+            elif self._own is None and not self._pending:
+                self._own = Extra(kwargs, _max_arg_length)
+            else:
+                self._own = Extra({**(self._own.args if self._own is not None else {}),
+                                   **self._pending, **kwargs}, _max_arg_length)
+                self._pending = {}
             _rec.bump_sticky()
         except Exception:
             pass
@@ -410,7 +425,8 @@ class Use(_Traceable):
     through each call (see docs/inspect.md); it is then a ``CapturingUse``.
     """
 
-    __slots__ = ("_node", "_extra", "_forced")
+    # With the C engine these three are fields of the base class.
+    __slots__ = ("_node", "_extra", "_forced") if _CMBase is object else ()
 
     def __new__(cls, node: Node, *args: Any, **options: Any) -> Use:
         if cls is Use and (options.get("capture") not in (None, False)
@@ -435,8 +451,8 @@ class Use(_Traceable):
     @classmethod
     def with_args(cls, node: Node, args: Any) -> Use:
         """``node(args=...)``: the args are encoded now (a snapshot), or not at all
-        while the node does not record."""
-        if not node._on:
+        while the node does not record (the C engine does this in ``__call__``)."""
+        if not node._on and _CMBase is object:
             return _LazyUse(node, args)
         u = _Traceable.__new__(cls)
         u._node = node
@@ -476,7 +492,8 @@ class Use(_Traceable):
 
 class _LazyUse(Use):
     """A use made while its node did not record: its args are encoded only if it is
-    used after recording started."""
+    used after recording started (pure-Python engine; the C engine's uses do this
+    themselves)."""
 
     __slots__ = ("_raw", "_encoded")
 
@@ -550,4 +567,5 @@ def refresh_all() -> None:
 
 if _rec.speedups is not None:
     _rec.speedups.configure_hooks(_rec.STATE, Span, _NO_SPAN, _Traceable._start_py,
-                                  _Traceable._stop_py)
+                                  _Traceable._stop_py, Use, _Traceable._call_py, Span._stop_py,
+                                  GATE)

@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any
 
-from ._events import INCOMPLETE, META, Extra, kind_id, set_native_kinds
+from ._events import INCOMPLETE, META, Extra, kind_id, use_native
 
 __all__ = ["BUFFER", "SPECIALS", "STATE", "LOCAL", "Stack", "current_stack", "record",
            "record_special", "new_id", "drain", "buffered", "sticky_of", "VTID_BASE"]
@@ -98,9 +98,13 @@ class _State:
         #: nothing and counts (see ``open_over_cap``).
         self.open_cap = 100_000
         self.open_over_cap = 0
-        #: Generation of the sticky args: update() bumps it, nodes refresh lazily.
-        self.sgen = 1
+        self._sgen = 1
         self._warned: set[str] = set()
+
+    @property
+    def sgen(self) -> int:
+        """Generation of the sticky args: update() bumps it, nodes refresh lazily."""
+        return speedups.sticky_gen() if speedups is not None else self._sgen
 
     @property
     def dropped(self) -> int:
@@ -287,9 +291,7 @@ def sticky_of(node: Any) -> Extra | None:
 
 def bump_sticky() -> None:
     """Sticky args changed somewhere: every node refreshes its own on next use."""
-    STATE.sgen += 1
-    if speedups is not None:
-        speedups.set_sticky_gen(STATE.sgen)
+    STATE._sgen += 1
 
 
 def record_special(kind: Any, payload: dict, tid: int | None = None, t_ns: int | None = None) -> None:
@@ -411,7 +413,7 @@ def wrap_sync(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
         stk = LOCAL.stk
         if stk is None:
             stk = resolve()
-        sticky = node._sticky if node._sgen == STATE.sgen else sticky_of(node)
+        sticky = _sticky(node)
         i = new_id()
         p = stk[-1]
         lvl = len(stk)
@@ -933,8 +935,7 @@ def _load_speedups() -> Any:
     mod.configure(LOCAL, resolve, wait_for_room, wake_consumer, _unwind, with_error,
                   Extra.joined, to_extra, sticky_of, Extra, cm_exit)
     mod.set_limits(STATE.batch_size, STATE.buffer_limit, STATE.drop_when_full)
-    mod.set_sticky_gen(STATE.sgen)
-    set_native_kinds(mod.add_kind)
+    use_native(mod.add_kind, mod.plain_fragment)
     return mod
 
 
@@ -942,3 +943,4 @@ speedups = _load_speedups()
 if speedups is not None:
     record = speedups.record  # noqa: F811 - the C twin of the function above
     new_id = speedups.new_id  # noqa: F811 - one id counter for both engines' paths
+    bump_sticky = speedups.bump_sticky_gen  # noqa: F811

@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <stddef.h>
+#include <structmember.h>
 
 static inline char *put(char *o, const char *s, Py_ssize_t n) {
     memcpy(o, s, (size_t)n);
@@ -403,6 +404,150 @@ static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------- */
+/* args: the fragment of a small flat dict of plain keys and JSON scalars      */
+
+static Py_ssize_t max_arg_len = 1024;
+static int off_for_good = 0;
+
+static PyObject *set_options(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    int off;
+    if (!PyArg_ParseTuple(args, "np", &n, &off))
+        return NULL;
+    max_arg_len = n;
+    off_for_good = off;
+    Py_RETURN_NONE;
+}
+
+/* An ASCII str that JSON writes as it is (no escapes), at most max_arg_len long. */
+static const char *plain_str(PyObject *o, Py_ssize_t *n) {
+    if (!PyUnicode_CheckExact(o) || !PyUnicode_IS_ASCII(o))
+        return NULL;
+    Py_ssize_t len = PyUnicode_GET_LENGTH(o);
+    if (len > max_arg_len)
+        return NULL;
+    const unsigned char *c = PyUnicode_1BYTE_DATA(o);
+    for (Py_ssize_t k = 0; k < len; k++)
+        if (c[k] < 0x20 || c[k] == '"' || c[k] == '\\')
+            return NULL;
+    *n = len;
+    return (const char *)c;
+}
+
+static int is_reserved(const char *k, Py_ssize_t n) {
+    return (n == 5 && (!memcmp(k, "hhash", 5) || !memcmp(k, "level", 5))) ||
+           (n == 5 && !memcmp(k, "p_idx", 5));
+}
+
+/* (frag, mask) for a plain dict; NULL without an error when it is not plain. */
+static PyObject *plain_fragment_of(PyObject *d, unsigned long long *mask_out) {
+    if (!PyDict_CheckExact(d) || PyDict_GET_SIZE(d) > 32)
+        return NULL;
+    char buf[8192];
+    char *o = buf;
+    unsigned long long mask = 0;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        Py_ssize_t nk, nv;
+        const char *ks = plain_str(k, &nk);
+        if (!ks || is_reserved(ks, nk))
+            return NULL;
+        if ((size_t)(o - buf) + (size_t)nk + 40 > sizeof(buf))
+            return NULL;
+        Py_hash_t h = PyObject_Hash(k);
+        if (h == -1) {
+            PyErr_Clear();
+            return NULL;
+        }
+        mask |= 1ULL << ((unsigned long long)h & 63);
+        *o++ = ',';
+        *o++ = '"';
+        o = put(o, ks, nk);
+        *o++ = '"';
+        *o++ = ':';
+        if (v == Py_None) {
+            o = put(o, LIT("null"));
+        } else if (v == Py_True) {
+            o = put(o, LIT("true"));
+        } else if (v == Py_False) {
+            o = put(o, LIT("false"));
+        } else if (PyLong_CheckExact(v)) {
+            int overflow = 0;
+            long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (overflow > 0) {
+                unsigned long long u = PyLong_AsUnsignedLongLong(v);
+                if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    return NULL;
+                }
+                o = put_uint(o, u);
+            } else if (overflow < 0 || (x == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                return NULL;
+            } else {
+                o = put_int(o, x);
+            }
+        } else if (PyFloat_CheckExact(v)) {
+            double x = PyFloat_AS_DOUBLE(v);
+            if (x - x != 0)
+                return NULL; /* NaN or infinity: sanitize writes them as strings */
+            char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+            if (!r) {
+                PyErr_Clear();
+                return NULL;
+            }
+            o = put(o, r, (Py_ssize_t)strlen(r));
+            PyMem_Free(r);
+        } else {
+            const char *vs = plain_str(v, &nv);
+            if (!vs || (size_t)(o - buf) + (size_t)nv + 4 > sizeof(buf))
+                return NULL;
+            *o++ = '"';
+            o = put(o, vs, nv);
+            *o++ = '"';
+        }
+    }
+    *mask_out = mask;
+    return PyBytes_FromStringAndSize(buf, o - buf);
+}
+
+/* An Extra for a plain dict (its copy, fragment and mask); NULL without an error
+   when the dict is not plain. */
+static PyObject *str_args_attr;
+static PyObject *plain_extra(PyObject *d) {
+    unsigned long long mask = 0;
+    PyObject *frag = plain_fragment_of(d, &mask);
+    if (!frag)
+        return NULL;
+    PyTypeObject *t = (PyTypeObject *)R.extra_type;
+    PyObject *x = t ? t->tp_alloc(t, 0) : NULL;
+    PyObject *copy = x ? PyDict_Copy(d) : NULL;
+    PyObject *m = copy ? PyLong_FromUnsignedLongLong(mask) : NULL;
+    if (!m || PyObject_SetAttr(x, str_args_attr, copy) < 0 || PyObject_SetAttr(x, str_frag, frag) < 0 ||
+        PyObject_SetAttr(x, str_mask, m) < 0) {
+        Py_XDECREF(x);
+        x = NULL;
+    }
+    Py_XDECREF(m);
+    Py_XDECREF(copy);
+    Py_DECREF(frag);
+    return x;
+}
+
+/* plain_fragment(d) -> (frag, mask) or None */
+static PyObject *plain_fragment_py(PyObject *self, PyObject *d) {
+    unsigned long long mask = 0;
+    PyObject *frag = plain_fragment_of(d, &mask);
+    if (!frag) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(NK)", frag, mask);
+}
+
 /* drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, n) */
 #define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
 static PyObject *drain(PyObject *self, PyObject *args) {
@@ -516,18 +661,98 @@ static PyObject *new_id_py(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(next_id_val++);
 }
 
-static PyObject *set_sticky_gen(PyObject *self, PyObject *arg) {
-    unsigned long long v = PyLong_AsUnsignedLongLongMask(arg);
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    sticky_gen = v;
+static PyObject *bump_sticky_gen(PyObject *self, PyObject *unused) {
+    sticky_gen++;
     Py_RETURN_NONE;
+}
+
+static PyObject *get_sticky_gen(PyObject *self, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(sticky_gen);
 }
 
 static PyObject *clock_ns(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }
 
+/* ------------------------------------------------------------------------- */
+/* nodes and uses: the fields the hot paths read, in the object itself         */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *node;   /* _node: the tree node naming the events (itself for a node) */
+    PyObject *extra;  /* _extra: the use's own args (Extra or None) */
+    PyObject *forced; /* _forced: a use's enable= (None: follows its node) */
+    PyObject *on;     /* _on: a node records now (True/False) */
+    PyObject *sticky; /* _sticky: its sticky args (Extra or None) as of _sgen */
+    unsigned long long sgen;
+    unsigned int kid, ikid, bkid; /* kind ids of <name>, <name>.iter, <name>.block */
+    PyObject *raw;    /* a use's args not encoded yet (made while its node was off) */
+} TraceableObject;
+
+static PyTypeObject TraceableBaseType;
+static PyObject *gate_obj = NULL; /* GATE: what a use forced on follows */
+
+#define AS_T(o) ((TraceableObject *)(o))
+#define IS_T(o) PyObject_TypeCheck((o), &TraceableBaseType)
+
+/* Whether `o` (a node, a use, or the GATE) records now; -1 with an error. */
+static int is_on(PyObject *o) {
+    if (IS_T(o)) {
+        TraceableObject *t = AS_T(o);
+        if (t->on)
+            return t->on == Py_True;
+        if (t->forced == NULL || t->forced == Py_None) {
+            if (t->node && t->node != o && IS_T(t->node) && AS_T(t->node)->on)
+                return AS_T(t->node)->on == Py_True;
+        } else if (t->forced == Py_False) {
+            return 0;
+        } else if (gate_obj) {
+            return is_on(gate_obj);
+        }
+    }
+    PyObject *on = PyObject_GetAttr(o, str_on);
+    if (!on)
+        return -1;
+    int r = PyObject_IsTrue(on);
+    Py_DECREF(on);
+    return r;
+}
+
+/* New references to a traceable's _node / _extra. */
+static PyObject *get_node(PyObject *o) {
+    if (IS_T(o) && AS_T(o)->node) {
+        Py_INCREF(AS_T(o)->node);
+        return AS_T(o)->node;
+    }
+    return PyObject_GetAttr(o, str_node);
+}
+
+/* A use made while its node was off encodes its args on first use. */
+static PyObject *get_extra(PyObject *o) {
+    if (!IS_T(o))
+        return PyObject_GetAttr(o, str_extra);
+    TraceableObject *t = AS_T(o);
+    if (!t->extra && t->raw) {
+        PyObject *x = PyObject_CallOneArg(R.to_extra, t->raw);
+        if (!x)
+            return NULL;
+        t->extra = x;
+        Py_CLEAR(t->raw);
+    }
+    PyObject *x = t->extra ? t->extra : Py_None;
+    Py_INCREF(x);
+    return x;
+}
+
 /* The sticky args of `node` now (new reference: an Extra or None). */
 static PyObject *node_sticky(PyObject *node) {
+    if (IS_T(node)) {
+        TraceableObject *t = AS_T(node);
+        if (t->sgen == sticky_gen) {
+            PyObject *st = t->sticky ? t->sticky : Py_None;
+            Py_INCREF(st);
+            return st;
+        }
+        return PyObject_CallOneArg(R.sticky_of, node);
+    }
     PyObject *g = PyObject_GetAttr(node, str_sgen);
     if (!g)
         return NULL;
@@ -539,6 +764,10 @@ static PyObject *node_sticky(PyObject *node) {
 }
 
 static uint32_t node_kid(PyObject *node, PyObject *name) {
+    if (IS_T(node)) {
+        TraceableObject *t = AS_T(node);
+        return name == str_kid ? t->kid : name == str_ikid ? t->ikid : t->bkid;
+    }
     PyObject *k = PyObject_GetAttr(node, name);
     long v = k ? PyLong_AsLong(k) : -1;
     Py_XDECREF(k);
@@ -581,12 +810,10 @@ typedef struct {
 static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
                                         PyObject *kwnames) {
     SpanWrapper *w = (SpanWrapper *)self_;
-    PyObject *on = PyObject_GetAttr(w->gate, str_on);
-    if (!on)
+    int on = is_on(w->gate);
+    if (on < 0)
         return NULL;
-    int is_on = PyObject_IsTrue(on);
-    Py_DECREF(on);
-    if (is_on <= 0 || R.local == NULL)
+    if (!on || R.local == NULL)
         return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
 
     PyObject *stk = PyObject_GetAttr(R.local, str_stk);
@@ -788,7 +1015,7 @@ static PyObject *current_stack(void) {
    (t0, opener, extra, parent id, level, sticky), timed now. */
 #define ENTRY_LEN 6
 static PyObject *open_entry(PyObject *self, PyObject *extra, PyObject *stk) {
-    PyObject *node = PyObject_GetAttr(self, str_node);
+    PyObject *node = get_node(self);
     PyObject *sticky = node ? node_sticky(node) : NULL;
     Py_XDECREF(node);
     if (!sticky)
@@ -815,7 +1042,7 @@ static PyObject *open_entry(PyObject *self, PyObject *extra, PyObject *stk) {
 
 /* Record the span of an `open` entry, closed at t1. -1: an exception to propagate. */
 static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self, long long t1) {
-    PyObject *node = PyObject_GetAttr(self, str_node);
+    PyObject *node = get_node(self);
     uint32_t kid = node ? node_kid(node, str_kid) : 0xFFFFFFFFu;
     Py_XDECREF(node);
     PyObject *tid = PyObject_GetAttr(stk, str_tid);
@@ -834,10 +1061,7 @@ static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self
 }
 
 static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
-    PyObject *on = PyObject_GetAttr(self, str_on);
-    int is_on = on ? PyObject_IsTrue(on) : -1;
-    Py_XDECREF(on);
-    if (is_on <= 0 || R.local == NULL) {
+    if (is_on(self) <= 0 || R.local == NULL) {
         PyErr_Clear();
         Py_INCREF(self);
         return self;
@@ -845,7 +1069,7 @@ static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
     PyObject *stk = current_stack(), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto done;
-    extra = PyObject_GetAttr(self, str_extra);
+    extra = get_extra(self);
     open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
     if (!open || !PyDict_Check(open))
         goto done;
@@ -939,22 +1163,83 @@ typedef struct {
     PyObject *no_span;    /* the Span returned when nothing is recorded */
     PyObject *start_slow; /* _Traceable._start_py(self, *args, **kwargs) */
     PyObject *stop_slow;  /* _Traceable._stop_py(self, *args, **kwargs) */
+    PyTypeObject *use;    /* _nodes.Use, allocated here for node(args={...}) */
+    PyObject *call_slow;  /* _Traceable._call_py(self, *args, **kwargs) */
+    PyObject *span_stop_slow; /* Span._stop_py(self, args=None) */
+    PyObject *gate;       /* GATE */
 } hookstate_t;
 
 static hookstate_t H = {0};
-static PyObject *str_open_spans, *str__obj, *str__token, *str_open_cap;
+static PyObject *str_open_spans, *str__obj, *str__token, *str_open_cap, *str__forced, *str_args_kw;
 
 static PyObject *configure_hooks(PyObject *self, PyObject *args) {
     hookstate_t h;
-    if (!PyArg_ParseTuple(args, "OO!OOO", &h.state, &PyType_Type, &h.span, &h.no_span,
-                          &h.start_slow, &h.stop_slow))
+    if (!PyArg_ParseTuple(args, "OO!OOOO!OOO", &h.state, &PyType_Type, &h.span, &h.no_span,
+                          &h.start_slow, &h.stop_slow, &PyType_Type, &h.use, &h.call_slow,
+                          &h.span_stop_slow, &h.gate))
         return NULL;
-    Py_INCREF(h.state); Py_INCREF(h.span); Py_INCREF(h.no_span);
-    Py_INCREF(h.start_slow); Py_INCREF(h.stop_slow);
-    Py_XDECREF(H.state); Py_XDECREF(H.span); Py_XDECREF(H.no_span);
-    Py_XDECREF(H.start_slow); Py_XDECREF(H.stop_slow);
+    PyObject **nw = (PyObject **)&h, **old = (PyObject **)&H;
+    for (size_t k = 0; k < sizeof(hookstate_t) / sizeof(PyObject *); k++) {
+        Py_INCREF(nw[k]);
+        Py_XDECREF(old[k]);
+    }
     H = h;
+    gate_obj = h.gate;
     Py_RETURN_NONE;
+}
+
+/* node(args={...}) for a node that records now and plain args: the Use is made
+   here (its args encoded once, a snapshot); everything else goes to Python. */
+static PyObject *Traceable_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    if (H.use && !off_for_good && PyTuple_GET_SIZE(args) == 0 && kwargs &&
+        PyDict_GET_SIZE(kwargs) == 1) {
+        PyObject *d = PyDict_GetItemWithError(kwargs, str_args_kw);
+        PyObject *node = d && PyDict_CheckExact(d) ? get_node(self) : NULL;
+        if (node == self) {
+            PyObject *x = NULL, *raw = NULL;
+            if (PyDict_GET_SIZE(d) == 0) {
+                x = Py_None;
+                Py_INCREF(x);
+            } else if (is_on(self) > 0) {
+                x = plain_extra(d);
+            } else {
+                raw = d; /* nothing records now: encoded only if it is used later */
+                Py_INCREF(raw);
+            }
+            PyObject *use = (x || raw) ? H.use->tp_alloc(H.use, 0) : NULL;
+            if (use) {
+                TraceableObject *u = AS_T(use);
+                Py_INCREF(self);
+                u->node = self;
+                u->extra = x;
+                u->raw = raw;
+                Py_INCREF(Py_None);
+                u->forced = Py_None;
+                Py_DECREF(node);
+                return use;
+            }
+            Py_XDECREF(raw);
+            Py_XDECREF(x);
+        }
+        Py_XDECREF(node);
+        PyErr_Clear();
+    }
+    if (H.call_slow == NULL) {
+        PyErr_SetString(PyExc_TypeError, "dftrace is not configured");
+        return NULL;
+    }
+    PyObject *full = PyTuple_New(PyTuple_GET_SIZE(args) + 1);
+    if (!full)
+        return NULL;
+    Py_INCREF(self);
+    PyTuple_SET_ITEM(full, 0, self);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(args); k++) {
+        Py_INCREF(PyTuple_GET_ITEM(args, k));
+        PyTuple_SET_ITEM(full, k + 1, PyTuple_GET_ITEM(args, k));
+    }
+    PyObject *r = PyObject_Call(H.call_slow, full, kwargs);
+    Py_DECREF(full);
+    return r;
 }
 
 static PyObject *call_slow(PyObject *fn, PyObject *self, PyObject *const *args, size_t nargsf,
@@ -975,10 +1260,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
                                  PyObject *kwnames) {
     if (PyVectorcall_NARGS(nargsf) || kwnames || H.span == NULL || R.local == NULL)
         return call_slow(H.start_slow, self, args, nargsf, kwnames);
-    PyObject *on = PyObject_GetAttr(self, str_on);
-    int is_on = on ? PyObject_IsTrue(on) : -1;
-    Py_XDECREF(on);
-    if (is_on <= 0) {
+    if (is_on(self) <= 0) {
         PyErr_Clear();
         Py_INCREF(H.no_span);
         return H.no_span;
@@ -987,7 +1269,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
              *spans = NULL, *token = NULL, *span = NULL, *cap = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto fail;
-    extra = PyObject_GetAttr(self, str_extra);
+    extra = get_extra(self);
     open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
     spans = open ? PyObject_GetAttr(H.state, str_open_spans) : NULL;
     if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
@@ -1035,10 +1317,7 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
         goto slow;
     if (PyDict_GET_SIZE(spans) == 0) {
         /* nothing open anywhere: done, unless tracing is on (then Python warns once) */
-        PyObject *on = PyObject_GetAttr(self, str_on);
-        int is_on = on ? PyObject_IsTrue(on) : 1;
-        Py_XDECREF(on);
-        if (is_on == 0) {
+        if (is_on(self) == 0) {
             Py_DECREF(spans);
             Py_RETURN_NONE;
         }
@@ -1095,14 +1374,173 @@ static PyMethodDef Traceable_methods[] = {
      "one of this node on the caller's thread/task, or `span`)."},
     {NULL, NULL, 0, NULL}};
 
+static int Traceable_traverse(TraceableObject *t, visitproc visit, void *arg) {
+    Py_VISIT(t->node);
+    Py_VISIT(t->extra);
+    Py_VISIT(t->forced);
+    Py_VISIT(t->on);
+    Py_VISIT(t->sticky);
+    Py_VISIT(t->raw);
+    return 0;
+}
+
+static int Traceable_clear(TraceableObject *t) {
+    Py_CLEAR(t->node);
+    Py_CLEAR(t->extra);
+    Py_CLEAR(t->forced);
+    Py_CLEAR(t->on);
+    Py_CLEAR(t->sticky);
+    Py_CLEAR(t->raw);
+    return 0;
+}
+
+static void Traceable_dealloc(TraceableObject *t) {
+    PyObject_GC_UnTrack(t);
+    Traceable_clear(t);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyObject *Traceable_get_extra(PyObject *self, void *closure) { return get_extra(self); }
+
+static int Traceable_set_extra(PyObject *self, PyObject *value, void *closure) {
+    TraceableObject *t = AS_T(self);
+    Py_XINCREF(value);
+    Py_XSETREF(t->extra, value);
+    Py_CLEAR(t->raw);
+    return 0;
+}
+
+static PyGetSetDef Traceable_getset[] = {
+    {"_extra", Traceable_get_extra, Traceable_set_extra, "the use's own args (an Extra or None)", NULL},
+    {NULL}};
+
+static PyMemberDef Traceable_members[] = {
+    {"_node", T_OBJECT, offsetof(TraceableObject, node), 0, NULL},
+    {"_forced", T_OBJECT, offsetof(TraceableObject, forced), 0, NULL},
+    {"_on", T_OBJECT, offsetof(TraceableObject, on), 0, NULL},
+    {"_sticky", T_OBJECT, offsetof(TraceableObject, sticky), 0, NULL},
+    {"_sgen", T_ULONGLONG, offsetof(TraceableObject, sgen), 0, NULL},
+    {"_kid", T_UINT, offsetof(TraceableObject, kid), 0, NULL},
+    {"_ikid", T_UINT, offsetof(TraceableObject, ikid), 0, NULL},
+    {"_bkid", T_UINT, offsetof(TraceableObject, bkid), 0, NULL},
+    {NULL}};
+
 static PyTypeObject TraceableBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dftrace._speedups.TraceableBase",
+    .tp_basicsize = sizeof(TraceableObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "C __call__, __enter__/__exit__ and start()/stop() for dftrace nodes and uses, "
+              "with the fields they read.",
+    .tp_new = PyType_GenericNew,
+    .tp_call = Traceable_call,
+    .tp_methods = Traceable_methods,
+    .tp_members = Traceable_members,
+    .tp_getset = Traceable_getset,
+    .tp_traverse = (traverseproc)Traceable_traverse,
+    .tp_clear = (inquiry)Traceable_clear,
+    .tp_dealloc = (destructor)Traceable_dealloc,
+};
+
+/* ------------------------------------------------------------------------- */
+/* SpanBase: Span.stop(args=None) for the token start() returned              */
+
+static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    long long t1 = now_ns();
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *a = NULL, *token = NULL, *obj = NULL, *spans = NULL, *open = NULL, *y = NULL;
+    if (n + nk > 1 || (nk == 1 && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), str_args_kw) != 0))
+        goto slow;
+    if (n + nk == 1)
+        a = args[0];
+    if (a == Py_None)
+        a = NULL;
+    token = PyObject_GetAttr(self, str__token);
+    if (!token)
+        goto slow;
+    if (token == Py_None) {
+        Py_DECREF(token);
+        Py_RETURN_NONE;
+    }
+    obj = PyObject_GetAttr(self, str__obj);
+    spans = (obj && H.state) ? PyObject_GetAttr(H.state, str_open_spans) : NULL;
+    if (!spans || !PyDict_Check(spans) || !PyTuple_Check(token) || PyTuple_GET_SIZE(token) != 2)
+        goto slow;
+    PyObject *stk = PyTuple_GET_ITEM(token, 0), *id = PyTuple_GET_ITEM(token, 1);
+    if (!PyList_Check(stk) || PyList_GET_SIZE(stk) < 2 || PyList_GET_ITEM(stk, PyList_GET_SIZE(stk) - 1) != id)
+        goto slow;
+    open = PyObject_GetAttr(stk, str_open);
+    if (!open || !PyDict_Check(open) || PyDict_Contains(spans, id) != 1)
+        goto slow;
+    PyObject *ent = PyDict_GetItemWithError(open, id);
+    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN || PyTuple_GET_ITEM(ent, 1) != obj)
+        goto slow;
+    if (a) {
+        /* args known only now: encoded here (a snapshot), after the use's own */
+        PyObject *own = PyDict_CheckExact(a) ? plain_extra(a) : NULL;
+        if (!own && !PyErr_Occurred())
+            own = PyObject_CallOneArg(R.to_extra, a);
+        if (!own)
+            goto slow;
+        PyObject *base = PyTuple_GET_ITEM(ent, 2);
+        y = base == Py_None ? own : PyObject_CallFunctionObjArgs(R.merge, base, own, NULL);
+        if (y != own)
+            Py_DECREF(own);
+        if (!y)
+            goto slow;
+    }
+    Py_INCREF(ent);
+    Py_INCREF(id);
+    Py_INCREF(stk);
+    Py_ssize_t m = PyList_GET_SIZE(stk);
+    if (PyDict_DelItem(spans, id) < 0 || PyDict_DelItem(open, id) < 0 ||
+        PyList_SetSlice(stk, m - 1, m, NULL) < 0 || PyObject_SetAttr(self, str__token, Py_None) < 0)
+        PyErr_Clear();
+    int rc = 0;
+    {
+        PyObject *node = get_node(obj);
+        uint32_t kid = node ? node_kid(node, str_kid) : 0xFFFFFFFFu;
+        Py_XDECREF(node);
+        PyObject *tid = PyObject_GetAttr(stk, str_tid);
+        long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
+        Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
+        if (!tid || kid == 0xFFFFFFFFu || PyErr_Occurred()) {
+            PyErr_Clear();
+            ndropped++;
+        } else {
+            rc = emit_span(kid, t0, t1, id, PyTuple_GET_ITEM(ent, 3), lvl, tid, PyTuple_GET_ITEM(ent, 5),
+                           y ? y : PyTuple_GET_ITEM(ent, 2), -1, 0);
+        }
+        Py_XDECREF(tid);
+    }
+    Py_DECREF(ent); Py_DECREF(id); Py_DECREF(stk);
+    Py_XDECREF(y); Py_DECREF(open); Py_DECREF(spans); Py_DECREF(obj); Py_DECREF(token);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+slow:
+    PyErr_Clear();
+    Py_XDECREF(y); Py_XDECREF(open); Py_XDECREF(spans); Py_XDECREF(obj); Py_XDECREF(token);
+    if (H.span_stop_slow == NULL)
+        Py_RETURN_NONE;
+    return call_slow(H.span_stop_slow, self, args, nargsf, kwnames);
+}
+
+static PyMethodDef SpanBase_methods[] = {
+    {"stop", (PyCFunction)(void (*)(void))SpanBase_stop, METH_FASTCALL | METH_KEYWORDS,
+     "stop(args=None): close this span (safe to call twice). args known only at the end "
+     "(output shapes, bytes written) are added to the span's args, encoded now."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject SpanBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._speedups.SpanBase",
     .tp_basicsize = sizeof(PyObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "C __enter__/__exit__ and start()/stop() for dftrace nodes.",
+    .tp_doc = "C stop() for the Span tokens start() returns.",
     .tp_new = PyType_GenericNew,
-    .tp_methods = Traceable_methods,
+    .tp_methods = SpanBase_methods,
 };
 
 /* ------------------------------------------------------------------------- */
@@ -1204,11 +1642,9 @@ static PyObject *SpanIter_next(SpanIter *s) {
         return NULL;
     if (s->it == NULL)
         return NULL;
-    PyObject *on = PyObject_GetAttr(s->gate, str_on);
-    int is_on = on ? PyObject_IsTrue(on) : 0;
-    Py_XDECREF(on);
+    int on = is_on(s->gate);
     PyErr_Clear();
-    if (!is_on || R.local == NULL)
+    if (on <= 0 || R.local == NULL)
         return plain_next(s);
     PyObject *stk = current_stack();
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0) {
@@ -1386,8 +1822,12 @@ static PyMethodDef methods[] = {
     {"dropped", get_dropped, METH_NOARGS, "Records dropped and counted so far."},
     {"set_dropped", set_dropped, METH_O, "Set the dropped counter."},
     {"new_id", new_id_py, METH_NOARGS, "The next span id."},
-    {"set_sticky_gen", set_sticky_gen, METH_O, "The generation of sticky args now in force."},
+    {"bump_sticky_gen", bump_sticky_gen, METH_NOARGS, "Sticky args changed: nodes refresh theirs on next use."},
+    {"sticky_gen", get_sticky_gen, METH_NOARGS, "The generation of the sticky args in force."},
     {"clock_ns", clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},
+    {"set_options", set_options, METH_VARARGS, "set_options(max_arg_length, off_for_good)"},
+    {"plain_fragment", plain_fragment_py, METH_O,
+     "plain_fragment(d) -> (frag, mask) for a small flat dict of plain keys and JSON scalars, else None"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_speedups",
@@ -1413,9 +1853,12 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(str_open_cap, "open_cap");
     INTERN(str__obj, "_obj");
     INTERN(str__token, "_token");
+    INTERN(str__forced, "_forced");
+    INTERN(str_args_kw, "args");
+    INTERN(str_args_attr, "args");
 #undef INTERN
     if (PyType_Ready(&SpanWrapperType) < 0 || PyType_Ready(&TraceableBaseType) < 0 ||
-        PyType_Ready(&SpanIterType) < 0)
+        PyType_Ready(&SpanIterType) < 0 || PyType_Ready(&SpanBaseType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
@@ -1423,6 +1866,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyModule_AddObjectRef(m, "SpanWrapper", (PyObject *)&SpanWrapperType) < 0 ||
         PyModule_AddObjectRef(m, "SpanIter", (PyObject *)&SpanIterType) < 0 ||
         PyModule_AddObjectRef(m, "TraceableBase", (PyObject *)&TraceableBaseType) < 0 ||
+        PyModule_AddObjectRef(m, "SpanBase", (PyObject *)&SpanBaseType) < 0 ||
         PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(rec_t)) < 0) {
         Py_DECREF(m);
         return NULL;
