@@ -10,6 +10,7 @@ Importing this package loads the core only: no torch, TensorFlow, pandas or Dask
 from typing import Any
 
 from ._config import Config, ConfigError
+from ._inspect import capturing as _capturing  # registers node(capture=...) uses
 from ._nodes import CATEGORIES, AITree, Node, Span, Use, ai
 from ._runtime import Session, finalize, initialize, session
 from ._version import __version__
@@ -35,8 +36,8 @@ __all__ = [
 ]
 
 # Inspection tools load on first use, keeping ``import dftrace`` light.
-_LAZY = {"Trace": "_capture", "capture": "_capture", "last_capture": "_capture",
-         "instrument": "_instrument"}
+_LAZY = {"Trace": "_inspect.browse", "capture": "_inspect.memory",
+         "last_capture": "_inspect.memory", "instrument": "_inspect.instrument"}
 
 
 def __getattr__(name: str) -> Any:

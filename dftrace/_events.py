@@ -96,6 +96,10 @@ def use_native(add_kind: Any, plain: Any) -> None:
 
 
 # -- args ---------------------------------------------------------------------------
+#: Longest string arg kept (``max_arg_length``; set through ``_nodes``).
+max_arg_length = 1024
+
+
 class Extra:
     """Args of one span or one use (``node(args=...)``, ``update()``, ``stop(args=)``),
     snapshotted when given: ``args`` (sanitized copies), ``frag`` (their JSON
@@ -104,8 +108,10 @@ class Extra:
 
     __slots__ = ("args", "frag", "mask")
 
-    def __init__(self, args: dict[str, Any], max_len: int = 1024, sanitized: bool = False):
-        if not sanitized and max_len == 1024 and _native_plain is not None:
+    def __init__(self, args: dict[str, Any], max_len: int | None = None, sanitized: bool = False):
+        if max_len is None:
+            max_len = max_arg_length
+        if not sanitized and _native_plain is not None:
             fast = _native_plain(args)
             if fast is not None:
                 self.args = dict(args)

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, Callable, TypeVar
 
+from . import _events
 from . import _recorder as _rec
 from ._events import Extra, kind_id
 
@@ -65,16 +66,13 @@ def set_off_for_good(value: bool) -> None:
 def set_max_arg_length(n: int) -> None:
     global _max_arg_length
     _max_arg_length = n
+    _events.max_arg_length = n
     _tell_engine()
 
 
 def _tell_engine() -> None:
     if _rec.speedups is not None:
         _rec.speedups.set_options(_max_arg_length, _off_for_good)
-
-
-def max_arg_length() -> int:
-    return _max_arg_length
 
 
 # Sample mode (``dftrace.capture(max_items=N)``): every ``.iter()`` called while it is
@@ -179,7 +177,7 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
 
     _node: Node
     _extra: Extra | None
-    #: What a capturing use records (``_capture.CapturingUse``); None everywhere else.
+    #: What a capturing use records (its ``CaptureOptions``); None everywhere else.
     _capture: Any = None
 
     def _gate(self) -> Any:
@@ -417,6 +415,16 @@ class Node(_Traceable):
         _rec.bump_sticky()
 
 
+_capturing_use: type | None = None
+
+
+def register_capturing_use(cls: type) -> None:
+    """``node(capture=...)`` makes instances of ``cls`` (``_inspect.capturing``
+    registers its class when it loads, so this module never imports it)."""
+    global _capturing_use
+    _capturing_use = cls
+
+
 class Use(_Traceable):
     """A node with options of its own: ``ai.compute.forward(args={...}, enable=True)``.
 
@@ -431,9 +439,9 @@ class Use(_Traceable):
     def __new__(cls, node: Node, *args: Any, **options: Any) -> Use:
         if cls is Use and (options.get("capture") not in (None, False)
                            or options.get("capture_result") or options.get("capture_hash")):
-            from ._capture import CapturingUse
-
-            cls = CapturingUse
+            if _capturing_use is None:
+                raise TypeError("capture options need dftrace's inspection tools: import dftrace")
+            cls = _capturing_use
         return super().__new__(cls)
 
     def __init__(self, node: Node, args: dict[str, Any] | None = None,

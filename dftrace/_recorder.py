@@ -252,11 +252,7 @@ def drain(encoder: Any, max_records: int) -> tuple[bytes, int]:
 
 def to_extra(x: Any) -> Extra:
     """Args given as a mapping (or a bare value) as an :class:`Extra`."""
-    from ._nodes import max_arg_length
-
-    if isinstance(x, dict):
-        return Extra(x, max_arg_length())
-    return Extra({"value": x}, max_arg_length())
+    return Extra(x if isinstance(x, dict) else {"value": x})
 
 
 _ERRORS: dict[str, Extra] = {}

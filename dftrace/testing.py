@@ -26,7 +26,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from . import _capture, _nodes
+from . import _nodes
+from ._inspect import browse, memory
 from . import _recorder as _rec
 from . import _runtime
 
@@ -100,9 +101,9 @@ class TraceResult:
         return [e for e in self.events if e.get("ph") == "M" and e.get("name") == name]
 
     @property
-    def trace(self) -> _capture.Trace:
+    def trace(self) -> browse.Trace:
         """The events as a browsable :class:`dftrace.Trace`."""
-        return _capture.Trace(self.events)
+        return browse.Trace(self.events)
 
 
 @contextlib.contextmanager
@@ -141,7 +142,7 @@ def capture_events(max_items: int | None = None) -> Iterator[TraceResult]:
     result = TraceResult(None)
     trace = None
     try:
-        with _capture.capture(max_items) as trace:
+        with memory.capture(max_items) as trace:
             yield result
     finally:
         if trace is not None:
@@ -152,7 +153,7 @@ _MISSING: Any = object()
 
 
 def _events_of(source: Any) -> list[dict[str, Any]]:
-    if isinstance(source, (TraceResult, _capture.Trace)):
+    if isinstance(source, (TraceResult, browse.Trace)):
         return source.events
     return list(source)
 
@@ -302,5 +303,5 @@ def reset() -> None:
         for n in root._walk():
             n._enabled = True
         root.reset_args()
-    _capture.reset_state()
+    memory.reset_state()
     _runtime._set_gate()

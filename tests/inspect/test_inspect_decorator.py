@@ -319,7 +319,7 @@ def test_without_capture_the_decorator_is_the_plain_span_wrapper():
 
 def test_plain_use_is_not_a_capturing_use():
     """Only uses given a capture option become capturing uses."""
-    from dftrace._capture import CapturingUse
+    from dftrace._inspect.capturing import CapturingUse
 
     for use in (ai.compute.forward(args={"a": 1}), ai.compute.forward(capture=False)):
         assert isinstance(use, dftrace.Use) and not isinstance(use, CapturingUse)
@@ -355,7 +355,7 @@ def test_arguments_bind_exactly_as_python_binds_them(fn, call):
     shape, and nothing is captured for a call the signature rejects."""
     import inspect
 
-    from dftrace._values import CaptureOptions, summarize
+    from dftrace._inspect.values import CaptureOptions, summarize
 
     args, kwargs = call
     captured = CaptureOptions(True).bind(fn).params(args, kwargs)

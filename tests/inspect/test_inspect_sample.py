@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import dftrace
 from dftrace import _nodes, ai, testing
-from dftrace._values import content_hash
+from dftrace._inspect.values import content_hash
 
 
 def test_every_iter_inside_stops_after_max_items():

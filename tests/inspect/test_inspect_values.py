@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dftrace._values import content_hash, make_extra, render, summarize
+from dftrace._inspect.values import content_hash, make_extra, render, summarize
 
 
 def test_numbers_none_and_bools_are_kept_as_they_are():
@@ -124,7 +124,7 @@ def test_torch_and_numpy_with_the_same_data_hash_alike():
 
 def test_hash_is_the_same_in_another_process():
     """The hash is deterministic: a fresh interpreter computes the same digest."""
-    code = ("import numpy as np; from dftrace._values import content_hash; "
+    code = ("import numpy as np; from dftrace._inspect.values import content_hash; "
             "print(content_hash(np.arange(100, dtype=np.float64).reshape(10, 10)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == content_hash(np.arange(100, dtype=np.float64).reshape(10, 10))
@@ -183,7 +183,7 @@ def test_every_summary_encodes_as_strict_json(value):
 
 def test_summaries_do_not_import_numpy_or_torch():
     """Summarising plain values leaves numpy and torch unimported."""
-    code = ("import sys, dftrace; from dftrace._values import summarize; "
+    code = ("import sys, dftrace; from dftrace._inspect.values import summarize; "
             "summarize({'a': [1, 2.0, 'x', b'y']}); "
             "print('numpy' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

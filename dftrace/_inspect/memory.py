@@ -1,0 +1,264 @@
+"""In-memory capture: ``with dftrace.capture() as t:`` records the block into memory
+(no files, no ``initialize``) and fills ``t``, a :class:`~.browse.Trace`, when it
+ends, also when it raises. ``max_items=N`` makes every ``.iter()`` inside stop after
+N items. The trace is made of the very lines a file session writes (the writer's
+encoder, parsed back), so ``capture()`` and ``Trace.load(path)`` agree.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import orjson
+
+from .. import _nodes
+from .. import _recorder as _rec
+from .. import _runtime, _writer
+from .._events import Encoder
+from .browse import Trace
+
+__all__ = ["Capture", "capture", "last_capture", "reset_state"]
+
+
+
+# =====================================================================================
+# In-memory capture
+# =====================================================================================
+
+_lock = threading.RLock()
+_active: list[Capture] = []  # running captures, oldest first
+_last: Trace | None = None
+_encoders: dict[int, Encoder] = {}
+_fork_hook = False
+
+
+def _encoder() -> Encoder:
+    """This process's encoder for captures that run without a file session. Same pid
+    and host hash as a session's, so both can share the kinds' cached templates."""
+    pid = os.getpid()
+    enc = _encoders.get(pid)
+    if enc is None:
+        s = _runtime.session()
+        if s is not None and s.pid == pid:
+            hhash, offset = s.hhash, s.offset_ns
+        else:
+            hhash = _runtime.hostname_hash(socket.gethostname())
+            offset = time.time_ns() - time.perf_counter_ns()
+        enc = Encoder(pid, hhash, offset, _nodes._max_arg_length)
+        _encoders.clear()
+        _encoders[pid] = enc
+    return enc
+
+
+def _deliver(data: bytes) -> None:
+    """Hand an encoded batch to every running capture (also the writer's listener)."""
+    for c in list(_active):
+        c._chunks.append(data)
+
+
+def _drain() -> None:
+    """Take everything buffered and deliver it (when no file session consumes it)."""
+    with _lock:
+        enc = _encoder()
+        while True:
+            data, n = _rec.drain(enc, 65536)
+            if data:
+                _deliver(data)
+            if n < 65536:
+                return
+
+
+class _MemoryConsumer:
+    """Drains the record buffer into running captures while no file session does
+    (the consumer protocol of ``_recorder.pressure``)."""
+
+    def wake(self) -> None:
+        _drain()
+
+    def wait_drained(self, below: int, timeout: float) -> bool:
+        _drain()
+        return True
+
+
+_CONSUMER = _MemoryConsumer()
+
+
+def _collect() -> None:
+    """Bring every record buffered so far to the running captures."""
+    consumer = _rec.STATE.consumer
+    if consumer is None or consumer is _CONSUMER:
+        _drain()
+        return
+    flush = getattr(consumer, "flush", None)
+    if flush is not None:
+        flush()  # the session's writer: its listener delivers to us
+
+
+def _apply_max_items() -> None:
+    limits = [c.max_items for c in _active if c.max_items is not None]
+    # Nested sampling captures: the innermost one that set a limit wins.
+    _nodes.set_max_items(limits[-1] if limits else None)
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) cannot hand events back to the parent's
+    # memory: stop capturing there, and never wait on a lock held by a parent thread.
+    global _lock
+    _lock = threading.RLock()
+    _active.clear()
+    _encoders.clear()
+    if _deliver in _writer.LISTENERS:
+        _writer.LISTENERS.remove(_deliver)
+    if _rec.STATE.consumer is _CONSUMER:
+        _rec.STATE.consumer = None
+    _rec.STATE.captures = 0
+    _nodes.set_max_items(None)
+    _runtime._set_gate()
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # an exception whose __str__ raises
+        return type(exc).__name__
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    try:
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # Python 3.10: the attribute add_note would set
+            exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+    except Exception:
+        pass
+
+
+class Capture:
+    """``with dftrace.capture() as t:`` -- see :func:`capture`."""
+
+    def __init__(self, max_items: int | None = None):
+        if max_items is not None and (isinstance(max_items, bool) or not isinstance(max_items, int)
+                                      or max_items < 1):
+            raise ValueError(f"capture(max_items=...) takes a positive int or None; got {max_items!r}")
+        self.max_items = max_items
+        self.trace: Trace | None = None
+        self._chunks: list[bytes] = []
+        self._first_id = 0
+        self._running = False
+
+    def __enter__(self) -> Trace:
+        global _fork_hook
+        with _lock:
+            if self._running:
+                raise RuntimeError("this dftrace.capture() is already running")
+            if not _fork_hook and hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=_after_fork_in_child)
+                _fork_hook = True
+            self.trace = Trace(max_items=self.max_items)
+            self._chunks = []
+            self._first_id = _rec.new_id()  # spans opened before this are not ours
+            self._running = True
+            _active.append(self)
+            if _deliver not in _writer.LISTENERS:
+                _writer.LISTENERS.append(_deliver)
+            if _rec.STATE.consumer is None:
+                _rec.STATE.consumer = _CONSUMER
+            _rec.STATE.captures += 1
+            _apply_max_items()
+        _runtime._set_gate()
+        return self.trace
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        global _last
+        trace = self.trace
+        try:
+            try:
+                _collect()
+            finally:
+                with _lock:
+                    if self in _active:
+                        _active.remove(self)
+                        _rec.STATE.captures = max(0, _rec.STATE.captures - 1)
+                    if not _active:
+                        if _deliver in _writer.LISTENERS:
+                            _writer.LISTENERS.remove(_deliver)
+                        if _rec.STATE.consumer is _CONSUMER:
+                            _rec.STATE.consumer = None
+                    _apply_max_items()
+                    self._running = False
+                _runtime._set_gate()
+            if trace is not None:
+                trace._fill(self._events(), error=None if ev is None else _describe(ev))
+        except Exception as exc:  # never let the capture hide the block's own outcome
+            _rec.STATE.warn_once("capture", f"capture could not build its trace: {exc!r}")
+        finally:
+            self._chunks = []
+        _last = trace
+        if ev is not None and trace is not None and not isinstance(ev, (SystemExit, GeneratorExit)):
+            _add_note(ev, f"dftrace: the capture recorded {len(trace)} call(s) before this "
+                          "error; browse them in the object `with dftrace.capture() as ...` "
+                          "bound, or dftrace.last_capture().")
+        return False
+
+    def _events(self) -> list[dict[str, Any]]:
+        first = self._first_id
+        out: list[dict[str, Any]] = []
+        for chunk in self._chunks:
+            for line in chunk.split(b"\n"):
+                if not line:
+                    continue
+                try:
+                    ev = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                i = ev.get("id") if isinstance(ev, dict) else None
+                if isinstance(i, int) and i > first:
+                    out.append(ev)
+        return out
+
+    def __repr__(self) -> str:
+        state = "running" if self._running else "idle"
+        return f"<dftrace.Capture max_items={self.max_items} {state}>"
+
+
+def capture(max_items: int | None = None) -> Capture:
+    """Record a block into memory and browse it as a :class:`Trace`::
+
+        with dftrace.capture(max_items=4) as t:
+            train_one_epoch()
+        t.compute.forward[0].params.x.shape
+
+    No files are written and no ``initialize`` is needed; a running file session
+    keeps writing as well. ``t`` is filled when the block ends, also when it raises
+    (the exception then carries a note saying so, and :func:`last_capture` returns
+    the partial trace). ``max_items=N`` is sample mode: every ``.iter()`` called
+    inside the block yields at most N items.
+    """
+    return Capture(max_items)
+
+
+def last_capture() -> Trace | None:
+    """The :class:`Trace` of the most recent :func:`capture` block to end (also one
+    that raised), or None."""
+    return _last
+
+
+def reset_state() -> None:
+    """Forget running captures and the last trace (``dftrace.testing.reset``)."""
+    global _last
+    with _lock:
+        for c in _active:
+            c._running = False
+        _active.clear()
+        if _deliver in _writer.LISTENERS:
+            _writer.LISTENERS.remove(_deliver)
+        if _rec.STATE.consumer is _CONSUMER:
+            _rec.STATE.consumer = None
+        _encoders.clear()
+        _last = None
+        _nodes.set_max_items(None)
+
