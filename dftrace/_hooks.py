@@ -17,9 +17,11 @@ from typing import Any, Callable, TypeVar
 from . import _recorder as _rec
 from ._nodes import Node, Span
 
-__all__ = ["OpenSpans", "guarded", "warn_once"]
+__all__ = ["OpenSpans", "call_in_span", "error_args", "guarded", "warn_once"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
+
 
 def warn_once(key: str, message: str) -> None:
     """A ``RuntimeWarning`` the first time ``key`` is seen in this process."""
@@ -39,6 +41,39 @@ def guarded(fn: F) -> F:
             return None
 
     return wrapper  # type: ignore[return-value]
+
+
+def error_args(args: dict[str, Any] | None, exc: BaseException) -> dict[str, Any] | None:
+    """``args`` plus ``error: <type>`` when ``exc`` is an ``Exception`` (the rule of
+    every span: a KeyboardInterrupt or SystemExit ending a span is no error of it)."""
+    if not isinstance(exc, Exception):
+        return args
+    return {**(args or {}), "error": type(exc).__name__}
+
+
+def call_in_span(node: Node, fn: Callable[..., R], a: tuple = (), kw: dict[str, Any] | None = None,
+                 args: dict[str, Any] | None = None,
+                 after: Callable[[Any], dict[str, Any] | None] | None = None) -> R:
+    """``fn(*a, **kw)`` as one span of ``node``: ``args`` known before the call, plus
+    ``after(result)`` computed once it returned; an exception is tagged by
+    :func:`error_args`. The call's result or exception reaches the caller unchanged."""
+    if not node.enabled:
+        return fn(*a, **(kw or {}))
+    span = node.start()
+    try:
+        out = fn(*a, **(kw or {}))
+    except BaseException as exc:
+        span.stop(error_args(args, exc))
+        raise
+    if after is not None:
+        try:
+            more = after(out)
+        except Exception:
+            more = None
+        if more:
+            args = {**args, **more} if args else more
+    span.stop(args)
+    return out
 
 
 class OpenSpans:

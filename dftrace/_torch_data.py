@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from . import _runtime
 from ._config import env_disabled
 from ._nodes import ai
-from ._hooks import warn_once
+from ._hooks import call_in_span, error_args, warn_once
 
 __all__ = ["TracedDataLoader", "TracedDataset", "TracedIterableDataset", "TracedCollate",
            "trace_dataloader", "trace_dataset", "trace_collate"]
@@ -111,17 +111,8 @@ class TracedDataset(_Wrapper, Dataset):
     def __getitem__(self, index: Any) -> Any:
         if self._dftrace_options is not None and _runtime.session() is None:
             _start_in_worker(self._dftrace_options)
-        if not _ITEM.enabled:
-            return self._dftrace_inner[index]
-        span = _ITEM.start()
-        args = {"index": index} if type(index) is int else None
-        try:
-            item = self._dftrace_inner[index]
-        except BaseException as exc:
-            span.stop({**(args or {}), "error": type(exc).__name__})
-            raise
-        span.stop(args)
-        return item
+        return call_in_span(_ITEM, self._dftrace_inner.__getitem__, (index,),
+                            args={"index": index} if type(index) is int else None)
 
     def __repr__(self) -> str:
         return f"TracedDataset({self._dftrace_inner!r})"
@@ -134,16 +125,8 @@ class TracedBatchedDataset(TracedDataset):
     def __getitems__(self, indices: list[Any]) -> Any:
         if self._dftrace_options is not None and _runtime.session() is None:
             _start_in_worker(self._dftrace_options)
-        if not _ITEM.enabled:
-            return self._dftrace_inner.__getitems__(indices)
-        span = _ITEM.start()
-        try:
-            items = self._dftrace_inner.__getitems__(indices)
-        except BaseException as exc:
-            span.stop({"count": len(indices), "error": type(exc).__name__})
-            raise
-        span.stop({"count": len(indices)})
-        return items
+        return call_in_span(_ITEM, self._dftrace_inner.__getitems__, (indices,),
+                            args={"count": len(indices)})
 
 
 class TracedIterableDataset(_Wrapper, IterableDataset):
@@ -176,7 +159,7 @@ class TracedIterableDataset(_Wrapper, IterableDataset):
                 span.stop({"count": count + 1, "exhausted": True})
                 return
             except BaseException as exc:
-                span.stop({"count": count + 1, "error": type(exc).__name__})
+                span.stop(error_args({"count": count + 1}, exc))
                 raise
             count += 1
             span.stop({"count": count})
@@ -196,19 +179,11 @@ class TracedCollate:
     def __call__(self, batch: Any) -> Any:
         if not _COLLATE.enabled:
             return self.fn(batch)
-        span = _COLLATE.start()
         try:
-            n = len(batch)
+            args = {"items": len(batch)}
         except Exception:
-            n = None
-        args = {"items": n} if n is not None else None
-        try:
-            out = self.fn(batch)
-        except BaseException as exc:
-            span.stop({**(args or {}), "error": type(exc).__name__})
-            raise
-        span.stop(args)
-        return out
+            args = None
+        return call_in_span(_COLLATE, self.fn, (batch,), args=args)
 
     def __repr__(self) -> str:
         return f"TracedCollate({self.fn!r})"

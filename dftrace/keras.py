@@ -30,8 +30,9 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
 
 from typing import Any
 
+from ._hooks import OpenSpans
 from ._hooks import guarded as _guarded
-from ._nodes import Node, Span, ai
+from ._nodes import Node, ai
 
 __all__ = ["TraceCallback"]
 
@@ -44,27 +45,19 @@ class TraceCallback(keras.callbacks.Callback):
 
     def __init__(self) -> None:
         super().__init__()
-        self._open: dict[str, tuple[Span, dict[str, Any]]] = {}
+        self._open = OpenSpans()
         self._epoch: int | None = None
         self._step = 0
 
     # -- bookkeeping -------------------------------------------------------------
     def _start(self, key: str, node: Node, **args: Any) -> None:
-        prev = self._open.pop(key, None)
-        if prev is not None:
-            prev[0].stop({**prev[1], "incomplete": True})
-        if node.enabled:
-            self._open[key] = (node.start(), args)
+        self._open.open(key, node, **args)
 
     def _stop(self, key: str) -> None:
-        ent = self._open.pop(key, None)
-        if ent is not None:
-            ent[0].stop(ent[1] or None)
+        self._open.close(key)
 
     def _stop_all(self) -> None:
-        for key in reversed(list(self._open)):
-            ent = self._open.pop(key)
-            ent[0].stop({**ent[1], "incomplete": True})
+        self._open.close_all()
 
     def _epoch_args(self) -> dict[str, Any]:
         return {} if self._epoch is None else {"epoch": self._epoch}
@@ -106,7 +99,7 @@ class TraceCallback(keras.callbacks.Callback):
     # -- evaluate (also validation inside fit) --------------------------------------
     @_guarded
     def on_test_begin(self, logs: Any = None) -> None:
-        if "train" not in self._open:  # a standalone evaluate(): leftovers are stale
+        if not self._open.is_open("train"):  # a standalone evaluate(): leftovers are stale
             self._stop_all()
         self._start("evaluate", ai.pipeline.evaluate, **self._epoch_args())
 
@@ -126,7 +119,7 @@ class TraceCallback(keras.callbacks.Callback):
     # -- predict -------------------------------------------------------------------
     @_guarded
     def on_predict_begin(self, logs: Any = None) -> None:
-        if "train" not in self._open:
+        if not self._open.is_open("train"):
             self._stop_all()
         self._start("predict", ai.pipeline.test)
 

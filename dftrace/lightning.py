@@ -47,7 +47,7 @@ import os
 from typing import Any
 
 from ._nodes import ai
-from ._hooks import OpenSpans, guarded
+from ._hooks import OpenSpans, call_in_span, guarded
 
 __all__ = ["TraceCallback"]
 
@@ -61,6 +61,11 @@ def _size(path: Any) -> int | None:
         return os.path.getsize(p)
     except Exception:
         return None
+
+
+def _bytes_at(path: Any) -> dict[str, Any] | None:
+    size = _size(path)
+    return {"bytes": size} if size is not None else None
 
 
 class _TracedCheckpointIO:
@@ -77,35 +82,16 @@ class _TracedCheckpointIO:
             node = ai.checkpoint.capture
             if not node.enabled:
                 return self._save(checkpoint, path, *args, **kwargs)
-            extra = {"path": os.fspath(path), **cb._position()}
-            span = node.start()
-            try:
-                out = self._save(checkpoint, path, *args, **kwargs)
-            except BaseException as exc:
-                span.stop({**extra, "error": type(exc).__name__})
-                raise
-            size = _size(path)
-            if size is not None:
-                extra["bytes"] = size
-            span.stop(extra)
-            return out
+            return call_in_span(node, self._save, (checkpoint, path, *args), kwargs,
+                                args={"path": os.fspath(path), **cb._position()},
+                                after=lambda _out: _bytes_at(path))
 
         def load_checkpoint(path: Any, *args: Any, **kwargs: Any) -> Any:
             node = ai.checkpoint.restart
             if not node.enabled:
                 return self._load(path, *args, **kwargs)
-            extra: dict[str, Any] = {"path": os.fspath(path)}
-            size = _size(path)
-            if size is not None:
-                extra["bytes"] = size
-            span = node.start()
-            try:
-                out = self._load(path, *args, **kwargs)
-            except BaseException as exc:
-                span.stop({**extra, "error": type(exc).__name__})
-                raise
-            span.stop(extra)
-            return out
+            return call_in_span(node, self._load, (path, *args), kwargs,
+                                args={"path": os.fspath(path), **(_bytes_at(path) or {})})
 
         io.save_checkpoint = save_checkpoint
         io.load_checkpoint = load_checkpoint
