@@ -380,7 +380,7 @@ class Node(_Traceable):
         """True when this node would record now."""
         return self._on
 
-    def update(self, args: dict[str, Any] | None = None, /, **kwargs: Any) -> None:
+    def _update_py(self, args: dict[str, Any] | None = None, /, **kwargs: Any) -> None:
         """Set sticky args on the spans of this node and its whole subtree that start
         from now on (spans already open keep the values they started with). O(1):
         the values are encoded once here, whatever the size of the tree."""
@@ -400,6 +400,9 @@ class Node(_Traceable):
             _rec.bump_sticky()
         except Exception:
             pass
+
+    if _CMBase is object:
+        update = _update_py
 
     def _flush_pending(self) -> None:
         if self._pending:
@@ -574,6 +577,7 @@ def refresh_all() -> None:
 
 
 if _rec.speedups is not None:
+    _rec.speedups.set_update_slow(Node._update_py)
     _rec.speedups.configure_hooks(_rec.STATE, Span, _NO_SPAN, _Traceable._start_py,
                                   _Traceable._stop_py, Use, _Traceable._call_py, Span._stop_py,
                                   GATE)

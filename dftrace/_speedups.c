@@ -240,6 +240,7 @@ typedef struct {
 } recstate_t;
 
 static recstate_t R = {0};
+static PyObject *update_slow = NULL; /* Node._update_py */
 static PyObject *str_thread_stk, *str_stk, *str_on, *str_kid, *str_ikid, *str_bkid, *str_tid,
     *str_open, *str_extra, *str_node, *str_frag, *str_mask, *str_sgen, *str_sticky;
 
@@ -685,6 +686,9 @@ typedef struct {
     unsigned long long sgen;
     unsigned int kid, ikid, bkid; /* kind ids of <name>, <name>.iter, <name>.block */
     PyObject *raw;    /* a use's args not encoded yet (made while its node was off) */
+    PyObject *parent; /* _parent: the node above (None for a root) */
+    PyObject *own;    /* _own: a node's own sticky args (update()), Extra or None */
+    PyObject *pending; /* _pending: sticky args given while nothing recorded (dict) */
 } TraceableObject;
 
 static PyTypeObject TraceableBaseType;
@@ -742,17 +746,49 @@ static PyObject *get_extra(PyObject *o) {
     return x;
 }
 
+/* The sticky args of a node now: its parent's, then its own (new reference: an
+   Extra or None). Refreshed once per update() generation; where no node of the
+   chain has args of its own beyond one, no object is made at all. */
+static PyObject *sticky_chain(TraceableObject *t) {
+    if (t->sgen == sticky_gen) {
+        PyObject *st = t->sticky ? t->sticky : Py_None;
+        Py_INCREF(st);
+        return st;
+    }
+    if (t->pending && PyDict_Check(t->pending) && PyDict_GET_SIZE(t->pending))
+        return PyObject_CallOneArg(R.sticky_of, (PyObject *)t); /* encodes them first */
+    PyObject *base;
+    if (t->parent && t->parent != Py_None && IS_T(t->parent)) {
+        base = sticky_chain(AS_T(t->parent));
+        if (!base)
+            return NULL;
+    } else {
+        base = Py_None;
+        Py_INCREF(base);
+    }
+    PyObject *own = t->own, *st;
+    if (own == NULL || own == Py_None) {
+        st = base;
+    } else if (base == Py_None) {
+        Py_DECREF(base);
+        st = own;
+        Py_INCREF(st);
+    } else {
+        st = PyObject_CallFunctionObjArgs(R.merge, base, own, NULL);
+        Py_DECREF(base);
+        if (!st)
+            return NULL;
+    }
+    Py_INCREF(st);
+    Py_XSETREF(t->sticky, st);
+    t->sgen = sticky_gen;
+    return st;
+}
+
 /* The sticky args of `node` now (new reference: an Extra or None). */
 static PyObject *node_sticky(PyObject *node) {
-    if (IS_T(node)) {
-        TraceableObject *t = AS_T(node);
-        if (t->sgen == sticky_gen) {
-            PyObject *st = t->sticky ? t->sticky : Py_None;
-            Py_INCREF(st);
-            return st;
-        }
-        return PyObject_CallOneArg(R.sticky_of, node);
-    }
+    if (IS_T(node))
+        return sticky_chain(AS_T(node));
     PyObject *g = PyObject_GetAttr(node, str_sgen);
     if (!g)
         return NULL;
@@ -1188,6 +1224,12 @@ static PyObject *configure_hooks(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *set_update_slow(PyObject *self, PyObject *fn) {
+    Py_INCREF(fn);
+    Py_XSETREF(update_slow, fn);
+    Py_RETURN_NONE;
+}
+
 /* node(args={...}) for a node that records now and plain args: the Use is made
    here (its args encoded once, a snapshot); everything else goes to Python. */
 static PyObject *Traceable_call(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -1362,7 +1404,58 @@ slow:
     return call_slow(H.stop_slow, self, args, nargsf, kwnames);
 }
 
+/* update(args=None, /, **kwargs): a node's sticky args, encoded once here (O(1));
+   anything but plain values while recording goes to Python (update_slow). */
+static PyObject *Traceable_update(PyObject *self, PyObject *args, PyObject *kwargs) {
+    if (off_for_good)
+        Py_RETURN_NONE;
+    TraceableObject *t = AS_T(self);
+    PyObject *given = PyTuple_GET_SIZE(args) == 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
+    int plain = PyTuple_GET_SIZE(args) <= 1 && t->node == self && update_slow &&
+                (given == NULL || given == Py_None || PyDict_CheckExact(given)) &&
+                (t->pending == NULL || !PyDict_Check(t->pending) || PyDict_GET_SIZE(t->pending) == 0) &&
+                gate_obj && is_on(gate_obj) > 0;
+    PyObject *d = NULL, *x = NULL;
+    if (plain) {
+        d = (t->own && t->own != Py_None) ? PyObject_GetAttr(t->own, str_args_attr) : PyDict_New();
+        if (d && t->own && t->own != Py_None) {
+            PyObject *copy = PyDict_Check(d) ? PyDict_Copy(d) : NULL;
+            Py_DECREF(d);
+            d = copy;
+        }
+        if (d && given && given != Py_None && PyDict_Update(d, given) < 0)
+            Py_CLEAR(d);
+        if (d && kwargs && PyDict_Update(d, kwargs) < 0)
+            Py_CLEAR(d);
+        x = d ? plain_extra(d) : NULL;
+        Py_XDECREF(d);
+        if (x) {
+            Py_XSETREF(t->own, x);
+            sticky_gen++;
+            Py_RETURN_NONE;
+        }
+        PyErr_Clear();
+    }
+    if (!update_slow)
+        Py_RETURN_NONE;
+    PyObject *full = PyTuple_New(PyTuple_GET_SIZE(args) + 1);
+    if (!full)
+        return NULL;
+    Py_INCREF(self);
+    PyTuple_SET_ITEM(full, 0, self);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(args); k++) {
+        Py_INCREF(PyTuple_GET_ITEM(args, k));
+        PyTuple_SET_ITEM(full, k + 1, PyTuple_GET_ITEM(args, k));
+    }
+    PyObject *r = PyObject_Call(update_slow, full, kwargs);
+    Py_DECREF(full);
+    return r;
+}
+
 static PyMethodDef Traceable_methods[] = {
+    {"update", (PyCFunction)(void (*)(void))Traceable_update, METH_VARARGS | METH_KEYWORDS,
+     "update(args=None, /, **kwargs): sticky args on the spans of this node and its subtree "
+     "that start from now on."},
     {"__enter__", Traceable_enter, METH_NOARGS, "Open a span of this node (nothing when off)."},
     {"__exit__", (PyCFunction)(void (*)(void))Traceable_exit, METH_FASTCALL,
      "Close the span opened by __enter__; exceptions propagate unchanged."},
@@ -1381,6 +1474,9 @@ static int Traceable_traverse(TraceableObject *t, visitproc visit, void *arg) {
     Py_VISIT(t->on);
     Py_VISIT(t->sticky);
     Py_VISIT(t->raw);
+    Py_VISIT(t->parent);
+    Py_VISIT(t->own);
+    Py_VISIT(t->pending);
     return 0;
 }
 
@@ -1391,6 +1487,9 @@ static int Traceable_clear(TraceableObject *t) {
     Py_CLEAR(t->on);
     Py_CLEAR(t->sticky);
     Py_CLEAR(t->raw);
+    Py_CLEAR(t->parent);
+    Py_CLEAR(t->own);
+    Py_CLEAR(t->pending);
     return 0;
 }
 
@@ -1423,6 +1522,9 @@ static PyMemberDef Traceable_members[] = {
     {"_kid", T_UINT, offsetof(TraceableObject, kid), 0, NULL},
     {"_ikid", T_UINT, offsetof(TraceableObject, ikid), 0, NULL},
     {"_bkid", T_UINT, offsetof(TraceableObject, bkid), 0, NULL},
+    {"_parent", T_OBJECT, offsetof(TraceableObject, parent), 0, NULL},
+    {"_own", T_OBJECT, offsetof(TraceableObject, own), 0, NULL},
+    {"_pending", T_OBJECT, offsetof(TraceableObject, pending), 0, NULL},
     {NULL}};
 
 static PyTypeObject TraceableBaseType = {
@@ -1826,6 +1928,7 @@ static PyMethodDef methods[] = {
     {"sticky_gen", get_sticky_gen, METH_NOARGS, "The generation of the sticky args in force."},
     {"clock_ns", clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},
     {"set_options", set_options, METH_VARARGS, "set_options(max_arg_length, off_for_good)"},
+    {"set_update_slow", set_update_slow, METH_O, "The Python update() for every case but plain values."},
     {"plain_fragment", plain_fragment_py, METH_O,
      "plain_fragment(d) -> (frag, mask) for a small flat dict of plain keys and JSON scalars, else None"},
     {NULL, NULL, 0, NULL}};
