@@ -21,5 +21,5 @@ def tracing(tmp_path):
     dftrace.initialize(log_file=str(tmp_path / "b"), flush_interval=3600, batch_size=10**9,
                        buffer_limit=10**8, inherit=False)
     yield
-    del _recorder.BUFFER[:]
+    _recorder.discard_buffered()
     dftrace.finalize()

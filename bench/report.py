@@ -47,10 +47,17 @@ def main(path: str) -> None:
     for name, b in sorted(by_name.items()):
         if name.startswith("test_e2e_"):
             print(f"| {name[len('test_e2e_'):]} | {per_event_ns(b):.0f} ns |")
+    patterns_table(by_name)
     print("\n| figure | value |")
     print("|---|---|")
     for name, b in sorted(by_name.items()):
         info = b.get("extra_info", {})
+        if "bytes_per_buffered_event" in info:
+            print(f"| memory per buffered event without args, {info['engine']} engine | "
+                  f"{info['bytes_per_buffered_event']} B |")
+        if "gil_hold_ms_median" in info:
+            print(f"| writer: longest GIL hold while writing one 16,384-record frame "
+                  f"(median / max of 20) | {info['gil_hold_ms_median']} / {info['gil_hold_ms_max']} ms |")
         if "bytes_per_event" in info:
             print(f"| bytes per event on disk, {name.split('[')[-1].rstrip(']')} | {info['bytes_per_event']} |")
         if "during_flush_max_ms" in info:
@@ -64,6 +71,49 @@ def main(path: str) -> None:
     if "test_threads_do_not_block_each_other" in by_name:
         b = by_name["test_threads_do_not_block_each_other"]
         print(f"| 4 threads recording at once, per event | {per_event_ns(b):.0f} ns |")
+
+
+PATTERN_ROWS = (
+    ("step", "realistic step: update + fetch.iter item + 3 decorators + with(args=) + start/stop"),
+    ("decorator", "decorator"),
+    ("with", "`with node:`"),
+    ("with_args", "`with node(args={...}):`"),
+    ("update", "`ai.update(epoch=, step=)`"),
+    ("iter", "`.iter()` item (2 spans)"),
+    ("startstop", "`start()` / `stop()`"),
+    ("stop_args", "`start()` / `Span.stop(args=)`"),
+)
+
+
+def patterns_table(by_name: dict) -> None:
+    """Per pattern, µs per operation under each tracer (bench/test_bench_patterns.py)."""
+    res: dict[tuple[str, str], dict] = {}
+    for b in by_name.values():
+        info = b.get("extra_info", {})
+        if "hot_ns" in info:
+            res[(info["tracer"], info["pattern"])] = info
+    if not res:
+        return
+
+    def us(tracer: str, pattern: str, key: str) -> str:
+        r = res.get((tracer, pattern))
+        return "—" if r is None else f"{r[key] / 1000:.2f}"
+
+    def ratio(a: str, b: str, pattern: str, key: str) -> str:
+        ra, rb = res.get((a, pattern)), res.get((b, pattern))
+        return "—" if not ra or not rb or not rb[key] else f"{ra[key] / rb[key]:.2f}x"
+
+    print("\nµs per operation; *hot*: recording only (fastest of 5 rounds); *e2e*: the "
+          "operations then finalize (encoding, compression, writing included).\n")
+    print("| pattern | bare | hand-written e2e | dftrace hot | dftrace e2e | e2e / hand | "
+          "off at run time | off by config | DFTracer 2.2.0 e2e | DFTracer / dftrace e2e |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for pattern, label in PATTERN_ROWS:
+        print(f"| {label} | {us('bare', pattern, 'hot_ns')} | {us('hand', pattern, 'e2e_ns')} | "
+              f"{us('dftrace', pattern, 'hot_ns')} | {us('dftrace', pattern, 'e2e_ns')} | "
+              f"{ratio('dftrace', 'hand', pattern, 'e2e_ns')} | {us('dftrace-off', pattern, 'hot_ns')} | "
+              f"{us('dftrace-offconfig', pattern, 'hot_ns')} | {us('dftracer', pattern, 'e2e_ns')} | "
+              f"{ratio('dftracer', 'dftrace', pattern, 'e2e_ns')} |")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def work(x, y=1):
 
 
 def _clear():
-    del _recorder.BUFFER[:]
+    _recorder.discard_buffered()
 
 
 def _run(benchmark, loop_fn):

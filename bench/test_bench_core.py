@@ -89,7 +89,7 @@ def hand_iter(it):
 
 def _clear():
     _hand_buf.clear()
-    del _recorder.BUFFER[:]
+    _recorder.discard_buffered()
 
 
 def _run(benchmark, loop_fn):

@@ -66,10 +66,12 @@ class FileSink:
         self._write_raw(self.header)
 
     def _compress(self, data: bytes) -> bytes:
-        """One zstd frame / gzip member from ``data`` (both compressors release the
-        GIL while they work)."""
+        """One zstd frame / gzip member from ``data``. (zstandard's streaming
+        ``compressobj`` releases the GIL while it works; its one-shot ``compress``
+        does not.)"""
         if self.compression == "zstd":
-            return self._zc.compress(data)
+            c = self._zc.compressobj(size=len(data))
+            return c.compress(data) + c.flush()
         if self.compression == "gzip":  # wbits 31: a complete gzip member
             c = zlib.compressobj(6 if self.level is None else self.level, zlib.DEFLATED, 31)
             return c.compress(data) + c.flush()
