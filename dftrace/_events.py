@@ -106,7 +106,7 @@ class Extra:
     fragment) and ``mask`` (a 64-bit summary of their keys that tells, in one AND,
     that two Extras cannot share a key)."""
 
-    __slots__ = ("args", "frag", "mask")
+    __slots__ = ("_args", "frag", "mask")
 
     def __init__(self, args: dict[str, Any], max_len: int | None = None, sanitized: bool = False):
         if max_len is None:
@@ -114,17 +114,32 @@ class Extra:
         if not sanitized and _native_plain is not None:
             fast = _native_plain(args)
             if fast is not None:
-                self.args = dict(args)
-                self.frag, self.mask = fast
+                self.frag, self.mask, nested = fast
+                # with containers, the copy would share them: decode when asked
+                self._args = None if nested else dict(args)
                 return
         frag = None if sanitized else plain_fragment(args, max_len)
         if frag is not None:
-            self.args = dict(args)
+            self._args = dict(args)
         else:
-            self.args = args if sanitized else sanitize_args(args, max_len)
-            frag = encode_fragment(self.args, sanitized=True)
+            self._args = args if sanitized else sanitize_args(args, max_len)
+            frag = encode_fragment(self._args, sanitized=True)
         self.frag = frag
-        self.mask = key_mask(self.args)
+        self.mask = key_mask(self._args)
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The args as values (decoded from the fragment when they held containers)."""
+        a = self._args
+        if a is None:
+            import orjson
+
+            a = self._args = orjson.loads(b"{" + self.frag[1:] + b"}") if self.frag else {}
+        return a
+
+    @args.setter
+    def args(self, value: dict[str, Any]) -> None:
+        self._args = value
 
     @classmethod
     def joined(cls, base: Extra | None, own: Extra | None) -> Extra | None:

@@ -441,21 +441,125 @@ static int is_reserved(const char *k, Py_ssize_t n) {
            (n == 5 && !memcmp(k, "p_idx", 5));
 }
 
-/* (frag, mask) for a plain dict; NULL without an error when it is not plain. */
-static PyObject *plain_fragment_of(PyObject *d, unsigned long long *mask_out) {
-    if (!PyDict_CheckExact(d) || PyDict_GET_SIZE(d) > 32)
+/* Values JSON writes as they are: None, bools, 64-bit ints, finite floats, plain
+   strings, and lists/tuples/dicts of those (at most 32 items, three levels deep:
+   what sanitize_args keeps as it is). -1: not plain (Python sanitizes it). */
+#define PLAIN_MAX_ITEMS 32
+#define PLAIN_MAX_DEPTH 3
+
+typedef struct {
+    char *o, *end;
+    int nested; /* a container was written */
+} pbuf;
+
+static int pb_room(pbuf *b, Py_ssize_t n) { return b->end - b->o >= n; }
+
+static int put_plain(pbuf *b, PyObject *v, int depth) {
+    if (!pb_room(b, 32))
+        return -1;
+    if (v == Py_None) {
+        b->o = put(b->o, LIT("null"));
+    } else if (v == Py_True) {
+        b->o = put(b->o, LIT("true"));
+    } else if (v == Py_False) {
+        b->o = put(b->o, LIT("false"));
+    } else if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow > 0) {
+            unsigned long long u = PyLong_AsUnsignedLongLong(v);
+            if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return -1;
+            }
+            b->o = put_uint(b->o, u);
+        } else if (overflow < 0 || (x == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return -1;
+        } else {
+            b->o = put_int(b->o, x);
+        }
+    } else if (PyFloat_CheckExact(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        if (x - x != 0)
+            return -1; /* NaN or infinity: sanitize writes them as strings */
+        char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+        if (!r) {
+            PyErr_Clear();
+            return -1;
+        }
+        Py_ssize_t n = (Py_ssize_t)strlen(r);
+        if (!pb_room(b, n)) {
+            PyMem_Free(r);
+            return -1;
+        }
+        b->o = put(b->o, r, n);
+        PyMem_Free(r);
+    } else if (PyUnicode_CheckExact(v)) {
+        Py_ssize_t n;
+        const char *vs = plain_str(v, &n);
+        if (!vs || !pb_room(b, n + 2))
+            return -1;
+        *b->o++ = '"';
+        b->o = put(b->o, vs, n);
+        *b->o++ = '"';
+    } else if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+        if (depth >= PLAIN_MAX_DEPTH || n > PLAIN_MAX_ITEMS)
+            return -1;
+        b->nested = 1;
+        *b->o++ = '[';
+        for (Py_ssize_t k = 0; k < n; k++) {
+            if (k)
+                *b->o++ = ',';
+            if (put_plain(b, PySequence_Fast_GET_ITEM(v, k), depth + 1) < 0 || !pb_room(b, 2))
+                return -1;
+        }
+        *b->o++ = ']';
+    } else if (PyDict_CheckExact(v)) {
+        if (depth >= PLAIN_MAX_DEPTH || PyDict_GET_SIZE(v) > PLAIN_MAX_ITEMS)
+            return -1;
+        b->nested = 1;
+        *b->o++ = '{';
+        Py_ssize_t pos = 0;
+        PyObject *k, *x;
+        int first = 1;
+        while (PyDict_Next(v, &pos, &k, &x)) {
+            Py_ssize_t nk;
+            const char *ks = plain_str(k, &nk);
+            if (!ks || !pb_room(b, nk + 8))
+                return -1;
+            if (!first)
+                *b->o++ = ',';
+            first = 0;
+            *b->o++ = '"';
+            b->o = put(b->o, ks, nk);
+            *b->o++ = '"';
+            *b->o++ = ':';
+            if (put_plain(b, x, depth + 1) < 0 || !pb_room(b, 2))
+                return -1;
+        }
+        *b->o++ = '}';
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+/* (frag, mask) for a plain dict; NULL without an error when it is not plain.
+   *nested tells whether it held containers (their copy is then not a snapshot). */
+static PyObject *plain_fragment_of(PyObject *d, unsigned long long *mask_out, int *nested) {
+    if (!PyDict_CheckExact(d) || PyDict_GET_SIZE(d) > PLAIN_MAX_ITEMS)
         return NULL;
-    char buf[8192];
-    char *o = buf;
+    char buf[16384];
+    pbuf b = {buf, buf + sizeof(buf), 0};
     unsigned long long mask = 0;
     Py_ssize_t pos = 0;
     PyObject *k, *v;
     while (PyDict_Next(d, &pos, &k, &v)) {
-        Py_ssize_t nk, nv;
+        Py_ssize_t nk;
         const char *ks = plain_str(k, &nk);
-        if (!ks || is_reserved(ks, nk))
-            return NULL;
-        if ((size_t)(o - buf) + (size_t)nk + 40 > sizeof(buf))
+        if (!ks || is_reserved(ks, nk) || !pb_room(&b, nk + 8))
             return NULL;
         Py_hash_t h = PyObject_Hash(k);
         if (h == -1) {
@@ -463,70 +567,35 @@ static PyObject *plain_fragment_of(PyObject *d, unsigned long long *mask_out) {
             return NULL;
         }
         mask |= 1ULL << ((unsigned long long)h & 63);
-        *o++ = ',';
-        *o++ = '"';
-        o = put(o, ks, nk);
-        *o++ = '"';
-        *o++ = ':';
-        if (v == Py_None) {
-            o = put(o, LIT("null"));
-        } else if (v == Py_True) {
-            o = put(o, LIT("true"));
-        } else if (v == Py_False) {
-            o = put(o, LIT("false"));
-        } else if (PyLong_CheckExact(v)) {
-            int overflow = 0;
-            long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-            if (overflow > 0) {
-                unsigned long long u = PyLong_AsUnsignedLongLong(v);
-                if (u == (unsigned long long)-1 && PyErr_Occurred()) {
-                    PyErr_Clear();
-                    return NULL;
-                }
-                o = put_uint(o, u);
-            } else if (overflow < 0 || (x == -1 && PyErr_Occurred())) {
-                PyErr_Clear();
-                return NULL;
-            } else {
-                o = put_int(o, x);
-            }
-        } else if (PyFloat_CheckExact(v)) {
-            double x = PyFloat_AS_DOUBLE(v);
-            if (x - x != 0)
-                return NULL; /* NaN or infinity: sanitize writes them as strings */
-            char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-            if (!r) {
-                PyErr_Clear();
-                return NULL;
-            }
-            o = put(o, r, (Py_ssize_t)strlen(r));
-            PyMem_Free(r);
-        } else {
-            const char *vs = plain_str(v, &nv);
-            if (!vs || (size_t)(o - buf) + (size_t)nv + 4 > sizeof(buf))
-                return NULL;
-            *o++ = '"';
-            o = put(o, vs, nv);
-            *o++ = '"';
-        }
+        *b.o++ = ',';
+        *b.o++ = '"';
+        b.o = put(b.o, ks, nk);
+        *b.o++ = '"';
+        *b.o++ = ':';
+        if (put_plain(&b, v, 0) < 0)
+            return NULL;
     }
     *mask_out = mask;
-    return PyBytes_FromStringAndSize(buf, o - buf);
+    *nested = b.nested;
+    return PyBytes_FromStringAndSize(buf, b.o - buf);
 }
 
 /* An Extra for a plain dict (its copy, fragment and mask); NULL without an error
    when the dict is not plain. */
-static PyObject *str_args_attr;
+static PyObject *str_args_attr, *str__args;
 static PyObject *plain_extra(PyObject *d) {
     unsigned long long mask = 0;
-    PyObject *frag = plain_fragment_of(d, &mask);
+    int nested = 0;
+    PyObject *frag = plain_fragment_of(d, &mask, &nested);
     if (!frag)
         return NULL;
     PyTypeObject *t = (PyTypeObject *)R.extra_type;
     PyObject *x = t ? t->tp_alloc(t, 0) : NULL;
-    PyObject *copy = x ? PyDict_Copy(d) : NULL;
+    /* a flat dict's copy is a snapshot; with containers, args are decoded from
+       the fragment when asked for (None here) */
+    PyObject *copy = x ? (nested ? Py_NewRef(Py_None) : PyDict_Copy(d)) : NULL;
     PyObject *m = copy ? PyLong_FromUnsignedLongLong(mask) : NULL;
-    if (!m || PyObject_SetAttr(x, str_args_attr, copy) < 0 || PyObject_SetAttr(x, str_frag, frag) < 0 ||
+    if (!m || PyObject_SetAttr(x, str__args, copy) < 0 || PyObject_SetAttr(x, str_frag, frag) < 0 ||
         PyObject_SetAttr(x, str_mask, m) < 0) {
         Py_XDECREF(x);
         x = NULL;
@@ -540,13 +609,14 @@ static PyObject *plain_extra(PyObject *d) {
 /* plain_fragment(d) -> (frag, mask) or None */
 static PyObject *plain_fragment_py(PyObject *self, PyObject *d) {
     unsigned long long mask = 0;
-    PyObject *frag = plain_fragment_of(d, &mask);
+    int nested = 0;
+    PyObject *frag = plain_fragment_of(d, &mask, &nested);
     if (!frag) {
         if (PyErr_Occurred())
             return NULL;
         Py_RETURN_NONE;
     }
-    return Py_BuildValue("(NK)", frag, mask);
+    return Py_BuildValue("(NKO)", frag, mask, nested ? Py_True : Py_False);
 }
 
 /* drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, n) */
@@ -1930,7 +2000,7 @@ static PyMethodDef methods[] = {
     {"set_options", set_options, METH_VARARGS, "set_options(max_arg_length, off_for_good)"},
     {"set_update_slow", set_update_slow, METH_O, "The Python update() for every case but plain values."},
     {"plain_fragment", plain_fragment_py, METH_O,
-     "plain_fragment(d) -> (frag, mask) for a small flat dict of plain keys and JSON scalars, else None"},
+     "plain_fragment(d) -> (frag, mask, nested) for a dict of plain keys and JSON values, else None"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_speedups",
@@ -1959,6 +2029,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(str__forced, "_forced");
     INTERN(str_args_kw, "args");
     INTERN(str_args_attr, "args");
+    INTERN(str__args, "_args");
 #undef INTERN
     if (PyType_Ready(&SpanWrapperType) < 0 || PyType_Ready(&TraceableBaseType) < 0 ||
         PyType_Ready(&SpanIterType) < 0 || PyType_Ready(&SpanBaseType) < 0)
