@@ -25,6 +25,8 @@ from ._decode import PartitionData
 from ._executor import default_executor
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
+from ._steps import model_steps, unit_steps
+from ._stragglers import analyse, match_collectives
 from ._trace import PathsLike, Trace, as_path_list, resolved_records
 
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
@@ -49,11 +51,19 @@ class Summary:
     categories: list[dict[str, Any]]
     #: Per epoch: ranks, steps, slowest rank and its time, median rank time.
     epochs: list[dict[str, Any]]
+    #: Ranks the others waited for in collectives, worst first (empty for one rank):
+    #: rank, host, last_arrivals, caused_wait_us, compute_us_per_step, held_steps, ...
+    stragglers: list[dict[str, Any]]
+    #: Collectives matched across ranks: count, arrival skew, the worst ones.
+    collectives: dict[str, Any]
+    #: Separate runs found among the files (clock anchors far apart, other hosts and
+    #: command lines); empty when the files are of one run.
+    runs: list[dict[str, Any]]
     #: Per (epoch, step): ranks, min/median/max step time, slowest rank, max/median.
     steps: list[dict[str, Any]]
     #: Step times over all ranks and steps: count, mean, p50, p95, max.
     step_stats: dict[str, Any]
-    #: Per (rank, epoch, step): start (from the trace start) and duration.
+    #: Per (rank, epoch, step): start (from its run's start), duration, wait in collectives.
     rank_steps: list[dict[str, Any]]
     #: True when ``rank_steps`` keeps a subset of the steps (RANK_STEPS_LIMIT).
     rank_steps_sampled: bool
@@ -125,16 +135,24 @@ def _partial_of_trace(trace: Trace) -> Partial:
 def build_summary(combined: Combined) -> Summary:
     """Compute every answer from combined aggregates."""
     procs = _processes_frame(combined)
-    start = combined.extents.get_column("start").min() if combined.extents.height else None
-    steps_by_unit = _unit_extents(combined.steps, procs, ["epoch", "step"])
+    runs = find_runs(combined, procs)
+    process_steps = model_steps(combined.steps, combined.containers)
+    steps_by_unit = unit_steps(process_steps, procs)
     steps = _steps(steps_by_unit)
-    rank_steps, sampled = _rank_steps(steps_by_unit, start)
+    hosts = dict(procs.filter(pl.col("unit").is_not_null()).select("unit", "host").unique("unit").iter_rows())
+    stragglers, collectives, waits = analyse(
+        match_collectives(combined.collectives, procs), steps_by_unit, _compute_by_unit(combined, procs), hosts
+    )
+    rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs)
     return Summary(
-        overview=_overview(combined, procs),
+        overview=_overview(combined, procs, runs),
         files=[_file_dict(f) for f in combined.files],
         processes=_process_rows(combined, procs),
         categories=_categories(combined.durations),
-        epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]), combined.steps),
+        epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]), process_steps),
+        stragglers=stragglers,
+        collectives=collectives,
+        runs=runs,
         steps=_rows(steps),
         step_stats=_step_stats(steps_by_unit),
         rank_steps=rank_steps,
@@ -177,10 +195,13 @@ def _processes_frame(combined: Combined) -> pl.DataFrame:
     )
 
 
-def _overview(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
+def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]]) -> dict[str, Any]:
     extents = combined.extents
     start = extents.get_column("start").min() if extents.height else None
     end = extents.get_column("end").max() if extents.height else None
+    if runs:  # files of separate runs: the longest run's time, never the gap between them
+        longest = max(runs, key=lambda r: r["wall_us"])
+        start, end = longest["start_us"], longest["end_us"]
     phases = dict(combined.phases.sort("ph").iter_rows())
     return {
         "files": len(combined.files),
@@ -194,6 +215,7 @@ def _overview(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
         "start_us": start,
         "end_us": end,
         "wall_us": (end - start) if start is not None else 0,
+        "runs": max(len(runs), 1) if start is not None else 0,
         "broken_lines": sum(f.broken_count for f in combined.files),
         "cut_off_files": sum(1 for f in combined.files if f.cut_off),
         "unfinished_files": sum(1 for f in combined.files if not f.closed),
@@ -333,7 +355,8 @@ def _step_stats(by_unit: pl.DataFrame) -> dict[str, Any]:
     return _rows(by_unit.select(_plain_stats()))[0]
 
 
-def _rank_steps(by_unit: pl.DataFrame, start: int | None) -> tuple[list[dict[str, Any]], bool]:
+def _rank_steps(by_unit: pl.DataFrame, waits: pl.DataFrame, runs: list[dict[str, Any]],
+                procs: pl.DataFrame) -> tuple[list[dict[str, Any]], bool]:
     if not by_unit.height:
         return [], False
     sampled = by_unit.height > RANK_STEPS_LIMIT
@@ -344,11 +367,85 @@ def _rank_steps(by_unit: pl.DataFrame, start: int | None) -> tuple[list[dict[str
         keep = max(1, RANK_STEPS_LIMIT // per_step)
         stride = math.ceil(keys.height / keep)
         frame = by_unit.join(keys.gather_every(stride), on=["epoch", "step"], how="semi", nulls_equal=True)
+    frame = frame.join(waits, on=["unit", "epoch", "step"], how="left", nulls_equal=True)
+    origin = _run_origins(runs, procs, frame)
     rows = frame.sort(["epoch", "step", "unit_order"], nulls_last=True).select(
         pl.col("unit").alias("rank"), "epoch", "step",
-        (pl.col("start") - (start or 0)).alias("start_us"), pl.col("dur").alias("dur_us"),
+        (pl.col("start") - origin).alias("start_us"), pl.col("dur").alias("dur_us"),
+        pl.col("wait_us").fill_null(0),
     )
     return rows.to_dicts(), sampled
+
+
+def _run_origins(runs: list[dict[str, Any]], procs: pl.DataFrame, frame: pl.DataFrame) -> pl.Expr:
+    """The start of each unit's run (of the whole trace when it is one run)."""
+    if not runs:
+        return pl.lit(frame.get_column("start").min() if frame.height else 0)
+    start_of = {}
+    for run in runs:
+        for proc in run["procs"]:
+            start_of[proc] = run["start_us"]
+    units = procs.filter(pl.col("unit").is_not_null()).select("unit", "proc")
+    mapping = {unit: start_of.get(proc, 0) for unit, proc in units.iter_rows()}
+    return pl.col("unit").replace_strict(mapping, default=0, return_dtype=pl.Int64)
+
+
+def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
+    """Separate runs among the files, or [] when they are one run.
+
+    Processes belong to one run when their times overlap (with a minute of slack);
+    a gap between groups of processes means files of different runs, which also
+    shows as other hosts and command lines.
+    """
+    extents = combined.extents.sort("start")
+    if extents.height < 2:
+        return []
+    groups: list[list[int]] = []
+    reach = None
+    for proc, start, end in extents.select("proc", "start", "end").iter_rows():
+        if reach is None or start > reach + RUN_GAP_US:
+            groups.append([])
+            reach = end
+        groups[-1].append(proc)
+        reach = max(reach, end)
+    if len(groups) < 2:
+        return []
+    info = combined.resolution.processes
+    bounds = {p: (s, e) for p, s, e in extents.select("proc", "start", "end").iter_rows()}
+    runs = []
+    for members in groups:
+        start = min(bounds[p][0] for p in members)
+        end = max(bounds[p][1] for p in members)
+        commands = sorted({_command(info[p].info) for p in members} - {""})
+        runs.append({
+            "procs": members,
+            "ranks": sorted({info[p].rank for p in members if info[p].rank is not None}),
+            "hosts": sorted({info[p].host for p in members if info[p].host}),
+            "commands": commands,
+            "start_us": start,
+            "end_us": end,
+            "wall_us": end - start,
+        })
+    return runs
+
+
+#: Processes whose times are further apart than this are of separate runs.
+RUN_GAP_US = 60_000_000
+
+
+def _command(info: dict[str, Any]) -> str:
+    cmd = info.get("cmdline") or info.get("cmd") or ""
+    return " ".join(map(str, cmd)) if isinstance(cmd, list) else str(cmd)
+
+
+def _compute_by_unit(combined: Combined, procs: pl.DataFrame) -> dict[str, int]:
+    """Compute time (self time) of each unit's processes."""
+    compute_bit = 1 << GROUPS.index("compute")
+    per_proc = (
+        combined.overlap.filter((pl.col("mask") & compute_bit) > 0).group_by("proc").agg(pl.col("us").sum())
+    )
+    joined = per_proc.join(procs.select("proc", "unit"), on="proc").filter(pl.col("unit").is_not_null())
+    return dict(joined.group_by("unit").agg(pl.col("us").sum()).iter_rows())
 
 
 def _epoch_source(combined: Combined) -> pl.DataFrame:
@@ -358,6 +455,7 @@ def _epoch_source(combined: Combined) -> pl.DataFrame:
 
 
 def _epochs(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
+    by_unit = by_unit.filter(pl.col("epoch").is_not_null())
     if not by_unit.height:
         return []
     step_counts = steps.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(
@@ -381,6 +479,8 @@ def _epochs(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
 
 
 def _imbalance(by_unit: pl.DataFrame, steps: pl.DataFrame) -> dict[str, Any]:
+    if by_unit.get_column("unit").n_unique() < 2:  # nothing to compare a single rank with
+        return {"steps_compared": 0, "mean_ratio": None, "max_ratio": None, "worst": [], "ranks": []}
     compared = steps.filter((pl.col("ranks") > 1) & pl.col("imbalance").is_not_null())
     # Only steps where someone was slower than the median make a straggler.
     uneven = compared.filter(pl.col("imbalance") > 1)
