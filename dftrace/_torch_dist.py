@@ -8,6 +8,10 @@ tree's comm leaf with ``args.bytes`` (the payload this rank contributes), ``op``
 the same call across ranks: ``group`` (the process group's name) and ``seq`` (the
 call's number among this process's traced calls on that group, from 1).
 
+DDP waits for its buckets at the end of ``backward``; ``trace_ddp`` writes that
+wait as ``comm.all_reduce.wait`` inside the ``backward`` span (from the last
+bucket's launch to the end of the wait), so it counts as communication.
+
 A call made while another traced call is running on the same thread (DDP's comm
 hook calling ``dist.all_reduce``, ``all_gather_object`` calling ``all_gather``) is
 part of that call and writes nothing of its own: each call is one span. Work that
@@ -334,18 +338,63 @@ def trace_distributed(*, synchronize: bool = False) -> DistributedTracing:
     return DistributedTracing(synchronize=synchronize)
 
 
+#: Suffix of the span in which DDP's backward waits for its buckets.
+WAIT_SUFFIX = "wait"
+
+
+class _BackwardWait:
+    """Writes ``comm.all_reduce.wait`` for the time DDP's backward spends waiting
+    for its gradient buckets: from the last bucket's launch to the end of DDP's
+    own end-of-backward callback (which waits for them)."""
+
+    def __init__(self, node: Node):
+        self.node = node.derive(WAIT_SUFFIX)
+        self.local = threading.local()
+
+    def launched(self) -> None:
+        """A bucket was launched (call at the end of the hook)."""
+        state = self.local
+        first = not getattr(state, "pending", False)
+        state.last = _rec.clock()
+        if first:
+            state.pending = True
+            try:
+                # Queued now, before DDP queues its own callback at the last bucket;
+                # ours queues the recording behind DDP's, which waits for the buckets.
+                _engine().queue_callback(lambda: _engine().queue_callback(self._record))
+            except Exception:
+                state.pending = False
+
+    def _record(self) -> None:
+        state = self.local
+        state.pending = False
+        try:
+            t1 = _rec.clock()
+            if self.node.enabled:
+                stk = _rec.current_stack()
+                _rec.record(self.node._kind, state.last, t1, next(_rec.ids), stk[-1], len(stk), stk.tid, None)
+        except Exception:
+            pass
+
+
+def _engine() -> Any:
+    return torch.autograd.Variable._execution_engine
+
+
 def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any = None) -> None:
     """Register a DistributedDataParallel communication hook that records a
     ``comm.all_reduce`` span (``args.bucket``, ``bytes``, ``group``, ``seq``,
     ``group_size``, ``ddp``, ``async=true``) per gradient bucket it launches, and
     a ``comm.all_reduce.done`` span from the launch to the bucket's completion.
-    ``hook``/``state`` default to DDP's own all-reduce; collectives the hook makes
+    The time backward then waits for the buckets is a ``comm.all_reduce.wait``
+    span. ``hook``/``state`` default to DDP's own all-reduce; collectives the hook makes
     are part of the bucket's span, not spans of their own. Like any comm hook:
     call it once, before the first backward."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     inner = hook if hook is not None else default_hooks.allreduce_hook
     node = ai.comm.all_reduce
+    waits = _BackwardWait(node)
 
     # No annotations: DDP rejects a hook whose annotations are not the real
     # GradBucket/Future types (strings, under postponed evaluation, are not).
@@ -375,6 +424,7 @@ def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any
             _leave()
         span.stop(args)
         record_completion(node, fut, t0, args)
+        waits.launched()
         return fut
 
     ddp_model.register_comm_hook(state, traced_hook)

@@ -330,6 +330,8 @@ class Combined:
     extents: pl.DataFrame
     #: proc, mask, us: time each process spent in each combination of active groups.
     overlap: pl.DataFrame
+    #: proc, start, end: disjoint compute intervals (self time) of each process.
+    compute: pl.DataFrame
     phases: pl.DataFrame
     partitions: int = 0
 
@@ -371,6 +373,10 @@ def combine(partials: Sequence[Partial]) -> Combined:
         ]
         recomputed = pl.DataFrame(rows, schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}, orient="row")
         overlap = pl.concat([overlap.select("proc", "mask", "us"), recomputed], how="vertical")
+    compute_bit = GROUPS.index("compute")
+    compute = union_intervals(
+        collect("intervals").filter(pl.col("group") == compute_bit), ["proc"]
+    ).select("proc", "start", "end")
     phases = (
         pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
         if partials
@@ -387,6 +393,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
         epoch_spans=epoch_spans,
         extents=extents,
         overlap=overlap.select("proc", "mask", "us"),
+        compute=compute,
         phases=phases,
         partitions=len(partials),
     )

@@ -136,7 +136,9 @@ def _in_steps(calls: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         return calls.with_columns(pl.lit(None, pl.Int64).alias("epoch"), pl.lit(None, pl.Int64).alias("step"))
     spans = steps.select("unit", "epoch", "step", pl.col("start").alias("step_start"),
                          pl.col("end").alias("step_end")).sort("step_start")
-    joined = calls.sort("arrival").join_asof(spans, left_on="arrival", right_on="step_start", by="unit")
+    # Both sides are sorted by time, hence within each unit too.
+    joined = calls.sort("arrival").join_asof(spans, left_on="arrival", right_on="step_start", by="unit",
+                                             check_sortedness=False)
     outside = pl.col("arrival") >= pl.col("step_end")
     return joined.with_columns(
         pl.when(outside).then(None).otherwise(pl.col("epoch")).alias("epoch"),

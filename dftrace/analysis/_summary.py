@@ -141,7 +141,8 @@ def build_summary(combined: Combined) -> Summary:
     steps = _steps(steps_by_unit)
     hosts = dict(procs.filter(pl.col("unit").is_not_null()).select("unit", "host").unique("unit").iter_rows())
     stragglers, collectives, waits = analyse(
-        match_collectives(combined.collectives, procs), steps_by_unit, _compute_by_unit(combined, procs), hosts
+        match_collectives(combined.collectives, procs), steps_by_unit,
+        _compute_in_steps(combined, procs, steps_by_unit), hosts
     )
     rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs)
     return Summary(
@@ -438,14 +439,31 @@ def _command(info: dict[str, Any]) -> str:
     return " ".join(map(str, cmd)) if isinstance(cmd, list) else str(cmd)
 
 
-def _compute_by_unit(combined: Combined, procs: pl.DataFrame) -> dict[str, int]:
-    """Compute time (self time) of each unit's processes."""
-    compute_bit = 1 << GROUPS.index("compute")
-    per_proc = (
-        combined.overlap.filter((pl.col("mask") & compute_bit) > 0).group_by("proc").agg(pl.col("us").sum())
-    )
-    joined = per_proc.join(procs.select("proc", "unit"), on="proc").filter(pl.col("unit").is_not_null())
-    return dict(joined.group_by("unit").agg(pl.col("us").sum()).iter_rows())
+def _compute_in_steps(combined: Combined, procs: pl.DataFrame, steps: pl.DataFrame) -> dict[str, int]:
+    """Compute time (self time) of each unit's processes within the unit's steps."""
+    units = dict(procs.filter(pl.col("unit").is_not_null()).select("proc", "unit").iter_rows())
+    step_bounds = {
+        unit: (frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy())
+        for (unit,), frame in steps.partition_by("unit", as_dict=True).items()
+    } if steps.height else {}
+    out: dict[str, int] = {}
+    for (proc,), frame in combined.compute.sort("start").partition_by("proc", as_dict=True).items():
+        unit = units.get(proc)
+        if unit not in step_bounds:
+            continue
+        starts = frame.get_column("start").to_numpy()
+        ends = frame.get_column("end").to_numpy()
+        before = np.concatenate(([0], np.cumsum(ends - starts)))
+
+        def busy_until(t: np.ndarray) -> np.ndarray:
+            # compute time before t: whole intervals before it plus the part of the one it is in
+            i = np.searchsorted(starts, t, side="right")
+            inside = np.where(i > 0, np.minimum(t, ends[np.maximum(i - 1, 0)]) - starts[np.maximum(i - 1, 0)], 0)
+            return before[np.maximum(i - 1, 0)] + np.where(i > 0, inside, 0)
+
+        a, b = step_bounds[unit]
+        out[unit] = out.get(unit, 0) + int((busy_until(b) - busy_until(a)).sum())
+    return out
 
 
 def _epoch_source(combined: Combined) -> pl.DataFrame:
