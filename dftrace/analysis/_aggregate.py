@@ -25,6 +25,7 @@ from ._decode import PartitionData, read_partition
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS
 from ._sources import Partition
+from ._steps import DONE_SUFFIX, container_rows, step_rows
 from ._trace import FileReport, file_reports, partition_keys, resolve_parts
 
 #: Activity groups of the time breakdown, in bit order. ``.block`` spans (the loop
@@ -40,8 +41,6 @@ _GROUP_CATS = {
 }
 #: The tracers' own bookkeeping events, left out of every statistic.
 TRACER_CATS = (fmt.CAT_TRACER, fmt.CAT_DFTRACER)
-#: Name suffix of the span from an asynchronous collective's call to its completion.
-DONE_SUFFIX = ".done"
 
 _KEY = ["pid", HOST_KEY]
 
@@ -146,17 +145,8 @@ _EMPTY = {
 def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, pl.DataFrame]:
     pid, host_key = key
     durations = spans.group_by(["cat", "name", "dur"]).agg(pl.len().cast(pl.Int64).alias("n"))
-    is_loop_body = pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX)
-    is_pipeline = pl.col("cat") == fmt.CAT_PIPELINE
-    steps = (
-        spans.filter(pl.col("step").is_not_null() & ~is_pipeline & ~is_loop_body
-                     & ~pl.col("name").str.ends_with(DONE_SUFFIX))
-        .group_by(["epoch", "step", "cat", "name"])
-        .agg(*_extent())
-    )
-    containers = spans.filter(
-        is_pipeline & ~is_loop_body & ~pl.col("name").str.ends_with(fmt.ITER_SUFFIX)
-    ).select("name", pl.col("ts").alias("start"), "end")
+    steps = step_rows(spans, [])
+    containers = container_rows(spans, [])
     collectives = spans.filter(
         (pl.col("cat") == fmt.CAT_COMM) & pl.col("seq").is_not_null()
     ).select(

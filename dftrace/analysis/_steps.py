@@ -28,6 +28,34 @@ from .. import format as fmt
 #: Categories whose spans place a step in time; data loading follows them.
 WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
 
+#: Name suffix of the span from an asynchronous collective's call to its completion.
+DONE_SUFFIX = ".done"
+
+
+def step_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """*by, epoch, step, cat, name, start, end, n: extents of the spans that carry
+    ``args.step``, per name: what :func:`model_steps` works from. ``spans`` are
+    complete events with an ``end`` column."""
+    return (
+        spans.filter(
+            pl.col("step").is_not_null() & (pl.col("cat") != fmt.CAT_PIPELINE)
+            & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX) & ~pl.col("name").str.ends_with(DONE_SUFFIX)
+        )
+        .group_by([*by, "epoch", "step", "cat", "name"])
+        .agg(pl.col("ts").min().alias("start"), pl.col("end").max().alias("end"),
+             pl.len().cast(pl.Int64).alias("n"))
+    )
+
+
+def container_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """*by, name, start, end: the pipeline's own spans (train, epoch, evaluate, ...);
+    loop bodies and item waits left out."""
+    return spans.filter(
+        (pl.col("cat") == fmt.CAT_PIPELINE) & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX)
+        & ~pl.col("name").str.ends_with(fmt.ITER_SUFFIX)
+    ).select(*by, "name", pl.col("ts").alias("start"), "end")
+
+
 STEP_SCHEMA = {"proc": pl.Int32, "epoch": pl.Int64, "step": pl.Int64, "start": pl.Int64, "end": pl.Int64,
                "n": pl.Int64, "work": pl.Boolean}
 
@@ -143,3 +171,38 @@ def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
         .with_columns((pl.col("end") - pl.col("start")).alias("dur"))
         .sort(["unit_order", "start"], nulls_last=True)
     )
+
+
+def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
+                 epoch: int | None) -> pl.DataFrame:
+    """_unit, _from, _to: per unit, the time of steps ``first``..``last`` (of
+    ``epoch``, or of any epoch) by the step model. ``events`` is a loaded trace's
+    events table; ``unit`` names the rank (or process) of each event."""
+    spans = events.filter(
+        (pl.col("ph") == fmt.PH_COMPLETE) & pl.col("ts").is_not_null() & pl.col("dur").is_not_null()
+    ).with_columns(
+        (pl.col("ts") + pl.col("dur")).alias("end"),
+        pl.struct("host", "pid").rank("dense").cast(pl.Int32).alias("proc"),
+        unit.alias("_unit"),
+    )
+    units = spans.select("proc", "_unit").unique("proc")
+    steps = model_steps(step_rows(spans, ["proc"]), container_rows(spans, ["proc"]))
+    selected = steps.filter(pl.col("step").is_between(first, last))
+    if epoch is not None:
+        selected = selected.filter(pl.col("epoch") == epoch)
+    return (
+        selected.join(units, on="proc")
+        .group_by("_unit")
+        .agg(pl.col("start").min().alias("_from"), pl.col("end").max().alias("_to"))
+    )
+
+
+def describe_steps(events: pl.DataFrame) -> str:
+    """What steps and epochs the events carry, for a message about a filter."""
+    spans = events.filter(pl.col("step").is_not_null())
+    if not spans.height:
+        return "the trace has no step numbers"
+    steps = spans.get_column("step")
+    epochs = sorted(spans.get_column("epoch").drop_nulls().unique().to_list())
+    where = f"epochs {epochs[0]}..{epochs[-1]}" if epochs else "no epoch numbers"
+    return f"the trace has steps {steps.min()}..{steps.max()} and {where}"
