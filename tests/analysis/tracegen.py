@@ -115,7 +115,10 @@ def training_process(pid: int, *, rank: int | None = 0, host: str = "node0", epo
             for name, cat, dur in (("transfer", "device", TRANSFER_US), ("forward", "compute", FORWARD_US),
                                    ("backward", "compute", BACKWARD_US + extra),
                                    ("all_reduce", "comm", ALL_REDUCE_US), ("step", "compute", OPTIMIZER_US)):
-                inner.append((name, cat, t, dur, {"epoch": epoch, "step": step}, []))
+                args = {"epoch": epoch, "step": step}
+                if cat == "comm":
+                    args.update(group="0", seq=epoch * steps + step + 1)
+                inner.append((name, cat, t, dur, args, []))
                 if name == "forward":
                     proc.span("preprocess", "data", t, PREPROCESS_US, tid=pid + 1, epoch=epoch)
                 t += dur + GAP_US
