@@ -322,6 +322,9 @@ class Combined:
     overlap: pl.DataFrame
     #: proc, start, end: disjoint compute intervals (self time) of each process.
     compute: pl.DataFrame
+    #: path, start, end, command: each input file's time span and the command line
+    #: its process info names (to tell files of separate runs apart).
+    file_extents: pl.DataFrame
     phases: pl.DataFrame
     partitions: int = 0
 
@@ -384,8 +387,29 @@ def combine(partials: Sequence[Partial]) -> Combined:
         extents=extents,
         overlap=overlap.select("proc", "mask", "us"),
         compute=compute,
+        file_extents=_file_extents(partials),
         phases=phases,
         partitions=len(partials),
+    )
+
+
+def _file_extents(partials: Sequence[Partial]) -> pl.DataFrame:
+    rows: dict[str, list[Any]] = {}
+    for p in partials:
+        path = p.source.partition.path
+        row = rows.setdefault(path, [path, None, None, ""])
+        if p.extents.height:
+            start, end = p.extents.get_column("start").min(), p.extents.get_column("end").max()
+            row[1] = start if row[1] is None else min(row[1], start)
+            row[2] = end if row[2] is None else max(row[2], end)
+        for record in p.source.meta:
+            if record.get("name") == fmt.META_PROCESS_INFO and isinstance(record.get("args"), dict):
+                cmd = record["args"].get("cmdline")
+                if cmd and not row[3]:
+                    row[3] = " ".join(map(str, cmd)) if isinstance(cmd, list) else str(cmd)
+    return pl.DataFrame(
+        [r for r in rows.values() if r[1] is not None],
+        schema={"path": pl.String, "start": pl.Int64, "end": pl.Int64, "command": pl.String}, orient="row",
     )
 
 

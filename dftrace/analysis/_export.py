@@ -254,7 +254,7 @@ def _filter(events: pl.DataFrame, keep: MergeFilter) -> pl.DataFrame:
         events = (
             events.with_columns(unit.alias("_unit"))
             .join(windows, on="_unit", how="inner", maintain_order="left")
-            .filter((end >= pl.col("_from")) & (pl.col("ts") <= pl.col("_to")))
+            .filter((end > pl.col("_from")) & (pl.col("ts") < pl.col("_to")))
             .drop("_unit", "_from", "_to")
         )
     return events

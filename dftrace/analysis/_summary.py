@@ -394,49 +394,43 @@ def _run_origins(runs: list[dict[str, Any]], procs: pl.DataFrame, frame: pl.Data
 def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     """Separate runs among the files, or [] when they are one run.
 
-    Processes belong to one run when their times overlap (with a minute of slack);
-    a gap between groups of processes means files of different runs, which also
-    shows as other hosts and command lines.
+    Files belong to one run when their times overlap (with a minute of slack); a
+    gap between groups of files means separate runs, which usually also shows as
+    other hosts and command lines.
     """
-    extents = combined.extents.sort("start")
-    if extents.height < 2:
+    files = combined.file_extents.sort("start")
+    if files.height < 2:
         return []
-    groups: list[list[int]] = []
+    groups: list[list[tuple[str, int, int, str]]] = []
     reach = None
-    for proc, start, end in extents.select("proc", "start", "end").iter_rows():
+    for path, start, end, command in files.iter_rows():
         if reach is None or start > reach + RUN_GAP_US:
             groups.append([])
             reach = end
-        groups[-1].append(proc)
+        groups[-1].append((path, start, end, command))
         reach = max(reach, end)
     if len(groups) < 2:
         return []
     info = combined.resolution.processes
-    bounds = {p: (s, e) for p, s, e in extents.select("proc", "start", "end").iter_rows()}
     runs = []
     for members in groups:
-        start = min(bounds[p][0] for p in members)
-        end = max(bounds[p][1] for p in members)
-        commands = sorted({_command(info[p].info) for p in members} - {""})
+        paths = {m[0] for m in members}
+        run_procs = [i for i, p in enumerate(info) if paths & set(p.files)]
         runs.append({
-            "procs": members,
-            "ranks": sorted({info[p].rank for p in members if info[p].rank is not None}),
-            "hosts": sorted({info[p].host for p in members if info[p].host}),
-            "commands": commands,
-            "start_us": start,
-            "end_us": end,
-            "wall_us": end - start,
+            "files": sorted(paths),
+            "procs": run_procs,
+            "ranks": sorted({info[p].rank for p in run_procs if info[p].rank is not None}),
+            "hosts": sorted({info[p].host for p in run_procs if info[p].host}),
+            "commands": sorted({m[3] for m in members} - {""}),
+            "start_us": min(m[1] for m in members),
+            "end_us": max(m[2] for m in members),
+            "wall_us": max(m[2] for m in members) - min(m[1] for m in members),
         })
     return runs
 
 
-#: Processes whose times are further apart than this are of separate runs.
+#: Files whose times are further apart than this are of separate runs.
 RUN_GAP_US = 60_000_000
-
-
-def _command(info: dict[str, Any]) -> str:
-    cmd = info.get("cmdline") or info.get("cmd") or ""
-    return " ".join(map(str, cmd)) if isinstance(cmd, list) else str(cmd)
 
 
 def _compute_in_steps(combined: Combined, procs: pl.DataFrame, steps: pl.DataFrame) -> dict[str, int]:
