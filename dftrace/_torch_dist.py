@@ -285,6 +285,7 @@ class DistributedTracing:
         self._removed = False
         with _lock:
             if not _active:
+                _seqs.clear()  # every rank starts numbering here: the same calls get the same numbers
                 for name, (leaf, payload, params, always_async) in COLLECTIVES.items():
                     fn = getattr(dist, name, None)
                     if fn is None or not callable(fn):

@@ -12,8 +12,9 @@ matched call:
   shortest, which needs no clock alignment between hosts;
 - the wait it caused is the others' mean wait beyond its own.
 
-Per rank: how often it arrived last, the wait it caused, in how many steps it
-caused the most wait (it held the others back), and its compute time per step.
+Per rank: how often it arrived last, the wait it caused (in all, and per step from
+the collectives inside steps), in how many steps it caused the most wait (it held
+the others back), and its compute time per step.
 """
 
 from __future__ import annotations
@@ -91,15 +92,17 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, compute: dict[str, int],
     )
     n_steps = steps.select("epoch", "step").unique().height if steps.height else 0
     held = per_step.group_by("last").agg(pl.len().alias("held_steps"))
+    in_step = pl.col("step").is_not_null() | pl.col("epoch").is_not_null()
     per_unit = (
         located.group_by("last")
-        .agg(pl.len().alias("last_arrivals"), pl.col("caused_us").sum().alias("caused_wait_us"))
+        .agg(pl.len().alias("last_arrivals"), pl.col("caused_us").sum().alias("caused_wait_us"),
+             pl.col("caused_us").filter(in_step).sum().alias("caused_in_steps"))
         .join(held, on="last", how="left")
         .rename({"last": "unit"})
     )
     order = (
         matched.select("unit", "unit_order").unique().join(per_unit, on="unit", how="left")
-        .with_columns(pl.col("last_arrivals", "caused_wait_us", "held_steps").fill_null(0))
+        .with_columns(pl.col("last_arrivals", "caused_wait_us", "caused_in_steps", "held_steps").fill_null(0))
         .sort(["caused_wait_us", "unit_order"], descending=[True, False])
     )
     unit_steps = steps.group_by("unit").len() if steps.height else pl.DataFrame(
@@ -116,7 +119,7 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, compute: dict[str, int],
             "caused_wait_us": int(row["caused_wait_us"]),
             "held_steps": int(row["held_steps"]),
             "steps": count,
-            "caused_wait_us_per_step": round(row["caused_wait_us"] / count) if count else None,
+            "caused_wait_us_per_step": round(row["caused_in_steps"] / count) if count else None,
             "compute_us_per_step": round(compute.get(row["unit"], 0) / count) if count else None,
         })
     worst = per_call.sort(["skew_us", "seq"], descending=[True, False]).head(WORST_COLLECTIVES)
