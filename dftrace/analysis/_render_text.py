@@ -62,6 +62,7 @@ def render_text(summary: Summary, *, top: int = 20) -> str:
         _breakdown(summary),
         _dataloader(summary),
         _stragglers(summary, top),
+        _imbalance(summary, top),
     ]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
 
@@ -210,8 +211,8 @@ def _breakdown(summary: Summary) -> list[str]:
         if g["busy_us"]
     ]
     rows.append(("idle / other", format_us(b["idle_us"]), _pct(b["idle_share"]), "", "", ""))
-    lines = [f"Time breakdown (union of spans per process, summed over {n} processes: "
-             f"{format_us(b['wall_us'])} of process time)"]
+    lines = [f"Time breakdown (each thread's time to its innermost span, threads swept together; "
+             f"{n} processes, {format_us(b['wall_us'])} of process time)"]
     lines += _table(("activity", "busy", "% of time", "exclusive", "overlapped", "overlap %"), rows,
                     (False, True, True, True, True, True))
     pairs = [
@@ -255,4 +256,29 @@ def _stragglers(summary: Summary, top: int) -> list[str]:
                      "compute per step"), rows, (False, False, True, True, True, True, True))
     if len(summary.stragglers) > len(rows):
         lines.append(f"  ... {len(summary.stragglers) - len(rows)} more ranks (--top, or --json)")
+    return lines
+
+
+def _imbalance(summary: Summary, top: int) -> list[str]:
+    imb = summary.imbalance
+    if not imb["ranks"] or summary.stragglers:  # collectives tell more than step times
+        return []
+    lines = ["Rank imbalance (slowest vs median rank per step; no collectives matched across ranks)"]
+    if imb["steps_compared"]:
+        worst = imb["worst"][0] if imb["worst"] else None
+        where = (f" (epoch {worst['epoch']} step {worst['step']}, {worst['slowest']})" if worst else "")
+        lines.append(
+            f"  {imb['steps_compared']} steps compared · mean max/median {imb['mean_ratio']:.2f} · "
+            f"worst {imb['max_ratio']:.2f}{where}"
+        )
+    ranks = sorted(imb["ranks"], key=lambda r: r["mean_us"], reverse=True)[:top]
+    rows = [
+        (r["rank"], r["steps"], format_us(r["mean_us"]), format_us(r["p50_us"]), format_us(r["max_us"]),
+         r["slowest_count"])
+        for r in ranks
+    ]
+    lines += _table(("rank", "steps", "mean step", "p50", "max", "slowest in"), rows,
+                    (False, True, True, True, True, True))
+    if len(imb["ranks"]) > len(ranks):
+        lines.append(f"  ... {len(imb['ranks']) - len(ranks)} more ranks (--top, or --json)")
     return lines
