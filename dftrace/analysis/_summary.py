@@ -87,8 +87,13 @@ class Summary:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
-        """Rebuild a summary from :meth:`to_dict` / ``dftrace summary --json`` output."""
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        """Rebuild a summary from :meth:`to_dict` / ``dftrace summary --json`` output
+        (fields an older version did not write come back empty)."""
+        return cls(**{f.name: data[f.name] if f.name in data else _empty_field(f.type) for f in fields(cls)})
+
+
+def _empty_field(annotation: Any) -> Any:
+    return [] if str(annotation).startswith("list") else {}
 
 
 def summarize(

@@ -144,3 +144,32 @@ def test_merge_filter_matching_nothing_fails(lockstep, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no events match" in err and "steps 3..4 of epoch 0" in err and "no epoch numbers" in err
     assert not out.exists()
+
+
+def test_report_names_the_straggler_first(lockstep, tmp_path):
+    """The HTML report's first lines are the terminal summary's: rank 1 held the others back."""
+    from dftrace.analysis import render_html
+
+    page = render_html(summarize(lockstep))
+    first = page.index("<p class='finding'>")
+    assert page[first:].startswith(f"<p class='finding'>rank 1 held the others back in {STEPS} of {STEPS} steps")
+    assert page.index("<h2>Stragglers</h2>") < page.index("<h2>Step timeline per rank</h2>")
+
+
+def test_report_of_one_rank_says_nothing_of_stragglers(tmp_path):
+    from dftrace.analysis import render_html
+
+    _write(tmp_path, tracegen.collective_run(1, steps=STEPS, slow_rank=None))
+    page = render_html(summarize(tmp_path))
+    assert "held the others back" not in page and "<h2>Stragglers</h2>" not in page
+
+
+def test_summary_json_of_an_older_version_loads(lockstep):
+    """Summary.from_dict accepts JSON without the newer fields."""
+    from dftrace.analysis import Summary
+
+    data = summarize(lockstep).to_dict()
+    for key in ("stragglers", "collectives", "runs"):
+        del data[key]
+    old = Summary.from_dict(data)
+    assert (old.stragglers, old.collectives, old.runs) == ([], {}, [])
