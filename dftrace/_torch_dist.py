@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from . import _recorder as _rec
+from . import format as fmt
 from ._events import META
 from ._nodes import Node, ai
 from ._hooks import warn_once
@@ -99,8 +100,6 @@ def _cuda_device(x: Any) -> Any:
     return None
 
 
-#: Suffix of the span from an asynchronous call to its completion.
-DONE_SUFFIX = "done"
 #: p2p calls whose sequence numbers count per (sender, receiver) pair.
 _P2P = frozenset({"send", "receive"})
 
@@ -183,7 +182,7 @@ _tracks = _InFlightTracks()
 
 def record_completion(node: Node, future: Any, t0: int, args: dict[str, Any]) -> None:
     """When ``future`` completes, write ``<node>.done`` from ``t0`` to then."""
-    done = node.derive(DONE_SUFFIX)
+    done = node.derive(fmt.DONE_SUFFIX[1:])
     keep = {k: args[k] for k in ("group", "seq", "bucket") if k in args}
 
     def on_done(_: Any) -> None:
@@ -330,17 +329,15 @@ def trace_distributed(*, synchronize: bool = False) -> DistributedTracing:
     point-to-point call made through the ``torch.distributed`` namespace
     (``dist.all_reduce(...)``), until ``remove()`` or the end of the ``with`` block.
 
-    Args are ``bytes`` (this rank's payload), ``op``, ``group_size``, ``async`` and
-    ``src``/``dst``. With ``async_op=True`` (and always on NCCL) the span is the
+    Args are ``bytes`` (this rank's payload), ``op``, ``group_size``, ``async``,
+    ``src``/``dst``, and ``group``/``seq``, which match the same call across ranks.
+    A call made inside another traced one is part of it (one span per call);
+    asynchronous work also writes ``<leaf>.done`` up to its completion. With ``async_op=True`` (and always on NCCL) the span is the
     launch; ``synchronize=True`` makes synchronous CUDA calls wait for the stream
     before the span closes. Names imported before the call
     (``from torch.distributed import all_reduce``) are not replaced.
     """
     return DistributedTracing(synchronize=synchronize)
-
-
-#: Suffix of the span in which DDP's backward waits for its buckets.
-WAIT_SUFFIX = "wait"
 
 
 class _BackwardWait:
@@ -349,31 +346,32 @@ class _BackwardWait:
     own end-of-backward callback (which waits for them)."""
 
     def __init__(self, node: Node):
-        self.node = node.derive(WAIT_SUFFIX)
-        self.local = threading.local()
+        self.node = node.derive(fmt.WAIT_SUFFIX[1:])
+        # One backward of one model at a time: its buckets may be launched on an
+        # autograd thread and its end-of-backward callbacks run on another.
+        self.pending = False
+        self.last = 0
 
     def launched(self) -> None:
         """A bucket was launched (call at the end of the hook)."""
-        state = self.local
-        first = not getattr(state, "pending", False)
-        state.last = _rec.clock()
+        first = not self.pending
+        self.last = _rec.clock()
         if first:
-            state.pending = True
+            self.pending = True
             try:
                 # Queued now, before DDP queues its own callback at the last bucket;
                 # ours queues the recording behind DDP's, which waits for the buckets.
                 _engine().queue_callback(lambda: _engine().queue_callback(self._record))
             except Exception:
-                state.pending = False
+                self.pending = False
 
     def _record(self) -> None:
-        state = self.local
-        state.pending = False
+        self.pending = False
         try:
             t1 = _rec.clock()
             if self.node.enabled:
                 stk = _rec.current_stack()
-                _rec.record(self.node._kind, state.last, t1, next(_rec.ids), stk[-1], len(stk), stk.tid, None)
+                _rec.record(self.node._kind, self.last, t1, next(_rec.ids), stk[-1], len(stk), stk.tid, None)
         except Exception:
             pass
 

@@ -25,7 +25,7 @@ from ._decode import PartitionData, read_partition
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS
 from ._sources import Partition
-from ._steps import DONE_SUFFIX, container_rows, step_rows
+from ._steps import container_rows, step_rows
 from ._trace import FileReport, file_reports, partition_keys, resolve_parts
 
 #: Activity groups of the time breakdown, in bit order. ``.block`` spans (the loop
@@ -150,8 +150,8 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, p
     collectives = spans.filter(
         (pl.col("cat") == fmt.CAT_COMM) & pl.col("seq").is_not_null()
     ).select(
-        pl.col("name").str.strip_suffix(DONE_SUFFIX), pl.col("group").fill_null(""), "seq", "ts", "dur",
-        pl.col("name").str.ends_with(DONE_SUFFIX).alias("done"),
+        pl.col("name").str.strip_suffix(fmt.DONE_SUFFIX), pl.col("group").fill_null(""), "seq", "ts", "dur",
+        pl.col("name").str.ends_with(fmt.DONE_SUFFIX).alias("done"),
     )
     epochs = spans.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(*_extent())
     # An epoch span numbers its epoch in args.epoch, or as .iter()'s 1-based count.

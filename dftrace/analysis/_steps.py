@@ -28,10 +28,6 @@ from .. import format as fmt
 #: Categories whose spans place a step in time; data loading follows them.
 WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
 
-#: Name suffix of the span from an asynchronous collective's call to its completion.
-DONE_SUFFIX = ".done"
-
-
 def step_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """*by, epoch, step, cat, name, start, end, n: extents of the spans that carry
     ``args.step``, per name: what :func:`model_steps` works from. ``spans`` are
@@ -39,7 +35,7 @@ def step_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     return (
         spans.filter(
             pl.col("step").is_not_null() & (pl.col("cat") != fmt.CAT_PIPELINE)
-            & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX) & ~pl.col("name").str.ends_with(DONE_SUFFIX)
+            & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX) & ~pl.col("name").str.ends_with(fmt.DONE_SUFFIX)
         )
         .group_by([*by, "epoch", "step", "cat", "name"])
         .agg(pl.col("ts").min().alias("start"), pl.col("end").max().alias("end"),
