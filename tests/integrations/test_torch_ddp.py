@@ -97,3 +97,31 @@ def test_ddp_demo(tmp_path, capsys):
     buckets = {e["args"]["bucket"] for e in spans if e["args"].get("ddp")}
     reduces = sum(1 for e in spans if e["name"] == "all_reduce")
     assert reduces == WORLD * 32 * (len(buckets) + 1)  # the buckets and the loss, per step and rank
+
+
+@pytest.fixture
+def one_rank_group():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+def test_nested_and_async_calls(one_rank_group, tmp_path):
+    """all_gather_object (which calls all_gather) is one span; an async all-reduce is
+    one span plus its .done with the same sequence number."""
+    import dftrace.torch as dft
+    from dftrace import testing
+
+    dist = one_rank_group
+    with testing.trace_to(tmp_path) as result, dft.trace_distributed():
+        out = [None]
+        dist.all_gather_object(out, {"a": 1})
+        dist.all_reduce(torch.ones(4), async_op=True).wait()
+    comm = [e for e in result.spans() if e["cat"] == "comm"]
+    names = sorted(e["name"] for e in comm)
+    assert names == ["all_gather", "all_reduce", "all_reduce.done"]
+    seqs = {e["name"]: e["args"]["seq"] for e in comm}
+    assert seqs == {"all_gather": 1, "all_reduce": 2, "all_reduce.done": 2}
+    assert out == [{"a": 1}]
