@@ -28,14 +28,14 @@ WORST_COLLECTIVES = 10
 
 
 def match_collectives(collectives: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
-    """One row per (unit, group, seq): name, arrival (call start), wait.
+    """One row per (unit, group, seq): run, name, arrival (call start), wait.
 
     A call's wait is the span from the call to its completion when it has one
     (asynchronous work), else the call's own span.
     """
-    units = procs.filter(pl.col("unit").is_not_null()).select("proc", "unit", "unit_order")
+    units = procs.filter(pl.col("unit").is_not_null()).select("proc", "unit", "unit_order", "run")
     rows = collectives.join(units, on="proc", how="inner")
-    calls = rows.filter(~pl.col("done")).group_by(["unit", "unit_order", "group", "seq"]).agg(
+    calls = rows.filter(~pl.col("done")).group_by(["run", "unit", "unit_order", "group", "seq"]).agg(
         pl.col("name").first(), pl.col("ts").min().alias("arrival"), pl.col("dur").max().alias("call_us"),
     )
     done = rows.filter(pl.col("done")).group_by(["unit", "group", "seq"]).agg(pl.col("dur").max().alias("done_us"))
@@ -47,11 +47,12 @@ def match_collectives(collectives: pl.DataFrame, procs: pl.DataFrame) -> pl.Data
 
 
 def analyse(calls: pl.DataFrame, steps: pl.DataFrame, compute: dict[str, int],
-            hosts: dict[str, str]) -> tuple[list[dict[str, Any]], dict[str, Any], pl.DataFrame]:
+            units: dict[str, tuple[Any, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any], pl.DataFrame]:
     """(stragglers worst first, collective statistics, wait per unit and step).
 
     ``calls`` comes from :func:`match_collectives`; ``steps`` is the step model per
-    unit; ``compute`` the compute time of each unit; ``hosts`` each unit's host.
+    unit; ``compute`` the compute time of each unit; ``units`` each unit's (rank,
+    host). Calls are matched within a run (the ``run`` column).
     """
     empty_waits = pl.DataFrame(schema={"unit": pl.String, "epoch": pl.Int64, "step": pl.Int64,
                                        "wait_us": pl.Int64})
@@ -62,10 +63,11 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, compute: dict[str, int],
         .agg(pl.col("wait").sum().alias("wait_us"))
         if stepped.height else empty_waits
     )
-    matched = stepped.with_columns(pl.len().over(["group", "seq"]).alias("ranks")).filter(pl.col("ranks") > 1)
+    call = ["run", "group", "seq"]
+    matched = stepped.with_columns(pl.len().over(call).alias("ranks")).filter(pl.col("ranks") > 1)
     if not matched.height:
         return [], {}, waits
-    per_call = matched.group_by(["group", "seq"]).agg(
+    per_call = matched.group_by(call).agg(
         pl.col("name").first(),
         pl.col("ranks").first(),
         pl.col("unit").sort_by(["wait", "unit_order"]).first().alias("last"),
@@ -79,8 +81,8 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, compute: dict[str, int],
     )
     # Each call counts in the step the last rank was in when it arrived.
     located = per_call.join(
-        matched.select("group", "seq", pl.col("unit").alias("last"), "epoch", "step"),
-        on=["group", "seq", "last"], how="left",
+        matched.select(*call, pl.col("unit").alias("last"), "epoch", "step"),
+        on=[*call, "last"], how="left",
     )
     per_step = (
         located.filter(pl.col("step").is_not_null() | pl.col("epoch").is_not_null())
@@ -111,10 +113,11 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, compute: dict[str, int],
     stragglers = []
     for row in order.iter_rows(named=True):
         count = step_count.get(row["unit"], 0)
+        rank, host = units.get(row["unit"], (None, None))
         stragglers.append({
-            "rank": row["unit_order"],
+            "rank": rank,
             "unit": row["unit"],
-            "host": hosts.get(row["unit"]),
+            "host": host,
             "last_arrivals": int(row["last_arrivals"]),
             "caused_wait_us": int(row["caused_wait_us"]),
             "held_steps": int(row["held_steps"]),

@@ -141,13 +141,15 @@ def build_summary(combined: Combined) -> Summary:
     """Compute every answer from combined aggregates."""
     procs = _processes_frame(combined)
     runs = find_runs(combined, procs)
+    procs = _units_per_run(procs, runs)
     process_steps = model_steps(combined.steps, combined.containers)
     steps_by_unit = unit_steps(process_steps, procs)
     steps = _steps(steps_by_unit)
-    hosts = dict(procs.filter(pl.col("unit").is_not_null()).select("unit", "host").unique("unit").iter_rows())
+    units = {unit: (rank, host) for unit, rank, host in
+             procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
     stragglers, collectives, waits = analyse(
         match_collectives(combined.collectives, procs), steps_by_unit,
-        _compute_in_steps(combined, procs, steps_by_unit), hosts
+        _compute_in_steps(combined, procs, steps_by_unit), units
     )
     rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs)
     return Summary(
@@ -394,6 +396,22 @@ def _run_origins(runs: list[dict[str, Any]], procs: pl.DataFrame, frame: pl.Data
     units = procs.filter(pl.col("unit").is_not_null()).select("unit", "proc")
     mapping = {unit: start_of.get(proc, 0) for unit, proc in units.iter_rows()}
     return pl.col("unit").replace_strict(mapping, default=0, return_dtype=pl.Int64)
+
+
+def _units_per_run(procs: pl.DataFrame, runs: list[dict[str, Any]]) -> pl.DataFrame:
+    """procs with a ``run`` column; a unit found in several runs (rank 0 of each) is
+    split into one per run ("rank 0 · run 2"), so steps and collectives never mix runs."""
+    if not runs:
+        return procs.with_columns(pl.lit(0, pl.Int32).alias("run"))
+    run_of = {proc: i for i, run in enumerate(runs) for proc in run["procs"]}
+    procs = procs.with_columns(pl.col("proc").replace_strict(run_of, default=0, return_dtype=pl.Int32).alias("run"))
+    shared = pl.col("run").n_unique().over("unit") > 1
+    return procs.with_columns(
+        pl.when(shared).then(pl.col("unit") + pl.lit(" · run ") + (pl.col("run") + 1).cast(pl.String))
+        .otherwise(pl.col("unit")).alias("unit"),
+        pl.when(shared).then(pl.col("unit_order") + pl.col("run").cast(pl.Int64) * 1_000_000)
+        .otherwise(pl.col("unit_order")).alias("unit_order"),
+    )
 
 
 def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dftrace.analysis import render_text, summarize
 from dftrace.cli import main as cli_main
-from dftrace.testing import read_events, trace_files
+from dftrace.testing import read_events
 
 
 def test_toy_demo_steps_and_no_straggler(tmp_path, capsys):
@@ -15,10 +15,13 @@ def test_toy_demo_steps_and_no_straggler(tmp_path, capsys):
     capsys.readouterr()
     summary = summarize(tmp_path)
     assert [(s["epoch"], s["step"]) for s in summary.steps] == [(e, s) for e in range(2) for s in range(8)]
-    evaluations = [e["dur"] for f in trace_files(tmp_path) for e in read_events(f, strict=False)
-                   if e.get("name") == "evaluate"]
-    assert len(evaluations) == 2
-    assert summary.step_stats["max_us"] < min(evaluations)
+    # The last step of epoch 0 ends where the evaluation begins: merging that step
+    # keeps its own forward, none of the evaluation's.
+    merged = tmp_path / "last-step.json"
+    assert cli_main(["merge", str(tmp_path), "-o", str(merged), "--steps", "7", "--epoch", "0"]) == 0
+    kept = [e for e in read_events(merged, strict=False) if e.get("ph") == "X"]
+    assert [e["name"] for e in kept if e["cat"] == "compute" and e["name"] == "forward"] == ["forward"]
+    assert not [e for e in kept if e["name"] == "evaluate"]
     assert [e["epoch"] for e in summary.epochs] == [0, 1]
     assert summary.stragglers == [] and summary.imbalance["ranks"] == []
     text = render_text(summary)

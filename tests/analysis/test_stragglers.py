@@ -117,15 +117,19 @@ def test_files_of_two_runs_are_told_apart(tmp_path):
     """Two runs a day apart: found as two runs, wall time is one run's, not the gap."""
     day = 86_400_000_000
     _write(tmp_path, tracegen.collective_run(2, steps=STEPS, cmdline="a.py"))
-    _write(tmp_path, tracegen.collective_run(2, steps=STEPS, t0=tracegen.T0_US + day, cmdline="b.py"), "other")
+    _write(tmp_path, tracegen.collective_run(2, steps=STEPS, t0=tracegen.T0_US + day, cmdline="b.py",
+                                             pid=3000), "other")
     summary = summarize(tmp_path)
     assert [(r["ranks"], r["commands"]) for r in summary.runs] == [([0, 1], ["python a.py"]),
                                                                    ([0, 1], ["python b.py"])]
     assert summary.overview["runs"] == 2
     assert summary.overview["wall_us"] < day / 1000
     assert "2 separate runs" in render_text(summary).splitlines()[2]
-    # Each run's steps are timed from that run's start.
+    # Each run's ranks are units of their own: steps and collectives never mix runs.
     assert max(r["start_us"] for r in summary.rank_steps) < day / 1000
+    assert summary.step_stats["max_us"] == PERIOD and summary.step_stats["count"] == 2 * 2 * STEPS
+    assert [(s["unit"], s["rank"], s["last_arrivals"]) for s in summary.stragglers[:2]] == [
+        ("rank 1 · run 1", 1, STEPS), ("rank 1 · run 2", 1, STEPS)]
 
 
 def test_merge_keeps_the_steps_of_the_model(lockstep, tmp_path):

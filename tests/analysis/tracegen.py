@@ -208,7 +208,7 @@ COLL_EVAL_FORWARD_US = 5_000
 
 def collective_run(ranks: int = 2, *, steps: int = 8, slow_rank: int | None = 1, slow_us: int = 3_000,
                    sticky: str = "start", t0: int = T0_US, evaluate: bool = True,
-                   host_offset_us: int = 0, cmdline: str = "train.py") -> list[Process]:
+                   host_offset_us: int = 0, cmdline: str = "train.py", pid: int = 2000) -> list[Process]:
     """Ranks training in lockstep through one blocking all-reduce per step.
 
     Per step and rank: ``fetch.iter``, ``forward`` (``slow_us`` longer on
@@ -219,10 +219,11 @@ def collective_run(ranks: int = 2, *, steps: int = 8, slow_rank: int | None = 1,
     the fetch before ``ai.update(step=k)`` carries step k-1. After the loop, an
     evaluation (``pipeline.evaluate``) runs forwards that still carry the last
     step. A ``pipeline.train`` and a ``compute.loop`` span enclose everything.
-    Odd ranks are on node1, whose clock is ``host_offset_us`` ahead.
+    Odd ranks are on node1, whose clock is ``host_offset_us`` ahead. Rank r has pid
+    ``pid + r``.
     """
     anchor = (t0 * 1000 - 1_000_000, 5_000_000_000)
-    procs = [Process(2000 + r, host=f"node{r % 2}", rank=r, anchor=anchor, cmdline=cmdline)
+    procs = [Process(pid + r, host=f"node{r % 2}", rank=r, anchor=anchor, cmdline=cmdline)
              for r in range(ranks)]
     clock = [t0] * ranks
     begin = t0
