@@ -4,7 +4,20 @@ The functions of the ``torch.distributed`` namespace (what ``dist.all_reduce``
 resolves to at call time) are replaced by wrappers while a
 :class:`DistributedTracing` is active. Each call writes a span named after the
 tree's comm leaf with ``args.bytes`` (the payload this rank contributes), ``op``,
-``group_size``, ``async`` and ``src``/``dst`` where the call has them.
+``group_size``, ``async``, ``src``/``dst`` where the call has them, and what matches
+the same call across ranks: ``group`` (the process group's name) and ``seq`` (the
+call's number among this process's traced calls on that group, from 1).
+
+DDP waits for its buckets at the end of ``backward``; ``trace_ddp`` writes that
+wait as ``comm.all_reduce.wait`` inside the ``backward`` span (from the last
+bucket's launch to the end of the wait), so it counts as communication.
+
+A call made while another traced call is running on the same thread (DDP's comm
+hook calling ``dist.all_reduce``, ``all_gather_object`` calling ``all_gather``) is
+part of that call and writes nothing of its own: each call is one span. Work that
+completes after the call returns (``async_op=True``, DDP buckets) also writes a
+``<leaf>.done`` span from the call to its completion, on a separate "comm in
+flight" track, with the same ``group`` and ``seq``.
 
 Around an asynchronous backend (NCCL, or any call with ``async_op=True``) the span
 measures the launch, not the transfer: the call returns once the work is queued.
@@ -16,12 +29,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import threading
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from . import _recorder as _rec
+from . import format as fmt
+from ._events import META
 from ._nodes import Node, ai
 from ._hooks import warn_once
 
@@ -83,8 +100,109 @@ def _cuda_device(x: Any) -> Any:
     return None
 
 
-def _wrap(fn: Callable[..., Any], node: Node, payload: str | None, params: tuple[str, ...],
+#: p2p calls whose sequence numbers count per (sender, receiver) pair.
+_P2P = frozenset({"send", "receive"})
+
+_local = threading.local()
+_seqs: dict[Any, Any] = {}
+
+
+def _inside() -> bool:
+    """True while a traced collective runs on this thread."""
+    return getattr(_local, "depth", 0) > 0
+
+
+def _enter() -> None:
+    _local.depth = getattr(_local, "depth", 0) + 1
+
+
+def _leave() -> None:
+    _local.depth -= 1
+
+
+def group_name(group: Any) -> str:
+    """The name of a process group (``None``: the default group)."""
+    pg = group if group is not None else dist.group.WORLD
+    name = getattr(pg, "group_name", None)
+    return str(name) if name is not None else "0"
+
+
+def next_seq(key: Any) -> int:
+    """The next sequence number of ``key`` (a group name, or a p2p pair), from 1."""
+    counter = _seqs.get(key)
+    if counter is None:
+        counter = _seqs.setdefault(key, itertools.count(1))
+    return next(counter)
+
+
+def matching_args(leaf: str, group: Any, out: dict[str, Any]) -> None:
+    """Add ``group`` and ``seq`` (what matches this call across ranks) to ``out``."""
+    name = group_name(group)
+    out["group"] = name
+    if leaf in _P2P:
+        try:
+            me = dist.get_rank()  # src/dst are global ranks too
+        except Exception:
+            return
+        peer = out.get("dst" if leaf == "send" else "src")
+        if peer is None:
+            return  # a receive from any source: nothing to match it with
+        pair = (me, peer) if leaf == "send" else (peer, me)
+        out["seq"] = next_seq((name, "p2p", *pair))
+    else:
+        out["seq"] = next_seq(name)
+
+
+class _InFlightTracks:
+    """Virtual threads on which ``<leaf>.done`` spans are written, so spans that
+    overlap in time never share a track."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ends: list[list[int]] = []  # [tid, end of its last span]
+
+    def track(self, t0: int, t1: int) -> int:
+        with self._lock:
+            for entry in self._ends:
+                if entry[1] <= t0:
+                    entry[1] = t1
+                    return entry[0]
+            tid = next(_rec._vtids)
+            self._ends.append([tid, t1])
+        _rec.record_special(META, {"name": "thread_name", "args": {"name": "comm in flight"}}, tid)
+        return tid
+
+    def clear(self) -> None:
+        with self._lock:
+            self._ends.clear()
+
+
+_tracks = _InFlightTracks()
+
+
+def record_completion(node: Node, future: Any, t0: int, args: dict[str, Any]) -> None:
+    """When ``future`` completes, write ``<node>.done`` from ``t0`` to then."""
+    done = node.derive(fmt.DONE_SUFFIX[1:])
+    keep = {k: args[k] for k in ("group", "seq", "bucket") if k in args}
+
+    def on_done(_: Any) -> None:
+        try:
+            t1 = _rec.clock()
+            if done.enabled:
+                tid = _tracks.track(t0, t1)
+                _rec.record(done._kind, t0, t1, next(_rec.ids), 0, 1, tid, keep)
+        except Exception:
+            pass
+
+    try:
+        future.add_done_callback(on_done)
+    except Exception:
+        pass
+
+
+def _wrap(fn: Callable[..., Any], leaf: str, payload: str | None, params: tuple[str, ...],
           always_async: bool) -> Callable[..., Any]:
+    node = getattr(ai.comm, leaf)
     sig = inspect.signature(fn)
 
     def call_args(a: tuple, kw: dict) -> tuple[dict[str, Any], Any]:
@@ -107,17 +225,20 @@ def _wrap(fn: Callable[..., Any], node: Node, payload: str | None, params: tuple
         except Exception:
             pass
         out["async"] = bool(always_async or bound.get("async_op", False))
+        matching_args(leaf, group, out)
         return out, data
 
     @functools.wraps(fn)
     def wrapper(*a: Any, **kw: Any) -> Any:
-        if not node.enabled:
+        if not node.enabled or _inside():
             return fn(*a, **kw)
         try:
             args, data = call_args(a, kw)
         except Exception:
             args, data = {}, None  # a bad call: let torch raise its own error below
+        t0 = _rec.clock()
         span = node.start()
+        _enter()
         try:
             result = fn(*a, **kw)
             if _synchronize and not args.get("async"):
@@ -127,7 +248,14 @@ def _wrap(fn: Callable[..., Any], node: Node, payload: str | None, params: tuple
         except BaseException as exc:
             span.stop({**args, "error": type(exc).__name__})
             raise
+        finally:
+            _leave()
         span.stop(args)
+        if args.get("async") and result is not None:
+            try:
+                record_completion(node, result.get_future(), t0, args)
+            except Exception:
+                pass  # no future for this work (gloo point-to-point)
         return result
 
     wrapper.__dftrace_wrapped__ = fn  # type: ignore[attr-defined]
@@ -156,13 +284,13 @@ class DistributedTracing:
         self._removed = False
         with _lock:
             if not _active:
+                _seqs.clear()  # every rank starts numbering here: the same calls get the same numbers
                 for name, (leaf, payload, params, always_async) in COLLECTIVES.items():
                     fn = getattr(dist, name, None)
                     if fn is None or not callable(fn):
                         continue
-                    node = getattr(ai.comm, leaf)
                     _originals[name] = fn
-                    setattr(dist, name, _wrap(fn, node, payload, params, always_async))
+                    setattr(dist, name, _wrap(fn, leaf, payload, params, always_async))
             _active.append(self)
             _update_synchronize()
             self.functions = sorted(_originals)
@@ -187,6 +315,7 @@ class DistributedTracing:
                               f"torch.distributed.{name} was replaced after trace_distributed(); "
                               "left as it is")
             _originals.clear()
+            _tracks.clear()
 
     def __enter__(self) -> DistributedTracing:
         return self
@@ -200,8 +329,10 @@ def trace_distributed(*, synchronize: bool = False) -> DistributedTracing:
     point-to-point call made through the ``torch.distributed`` namespace
     (``dist.all_reduce(...)``), until ``remove()`` or the end of the ``with`` block.
 
-    Args are ``bytes`` (this rank's payload), ``op``, ``group_size``, ``async`` and
-    ``src``/``dst``. With ``async_op=True`` (and always on NCCL) the span is the
+    Args are ``bytes`` (this rank's payload), ``op``, ``group_size``, ``async``,
+    ``src``/``dst``, and ``group``/``seq``, which match the same call across ranks.
+    A call made inside another traced one is part of it (one span per call);
+    asynchronous work also writes ``<leaf>.done`` up to its completion. With ``async_op=True`` (and always on NCCL) the span is the
     launch; ``synchronize=True`` makes synchronous CUDA calls wait for the stream
     before the span closes. Names imported before the call
     (``from torch.distributed import all_reduce``) are not replaced.
@@ -209,35 +340,90 @@ def trace_distributed(*, synchronize: bool = False) -> DistributedTracing:
     return DistributedTracing(synchronize=synchronize)
 
 
+class _BackwardWait:
+    """Writes ``comm.all_reduce.wait`` for the time DDP's backward spends waiting
+    for its gradient buckets: from the last bucket's launch to the end of DDP's
+    own end-of-backward callback (which waits for them)."""
+
+    def __init__(self, node: Node):
+        self.node = node.derive(fmt.WAIT_SUFFIX[1:])
+        # One backward of one model at a time: its buckets may be launched on an
+        # autograd thread and its end-of-backward callbacks run on another.
+        self.pending = False
+        self.last = 0
+
+    def launched(self) -> None:
+        """A bucket was launched (call at the end of the hook)."""
+        first = not self.pending
+        self.last = _rec.clock()
+        if first:
+            self.pending = True
+            try:
+                # Queued now, before DDP queues its own callback at the last bucket;
+                # ours queues the recording behind DDP's, which waits for the buckets.
+                _engine().queue_callback(lambda: _engine().queue_callback(self._record))
+            except Exception:
+                self.pending = False
+
+    def _record(self) -> None:
+        self.pending = False
+        try:
+            t1 = _rec.clock()
+            if self.node.enabled:
+                stk = _rec.current_stack()
+                _rec.record(self.node._kind, self.last, t1, next(_rec.ids), stk[-1], len(stk), stk.tid, None)
+        except Exception:
+            pass
+
+
+def _engine() -> Any:
+    return torch.autograd.Variable._execution_engine
+
+
 def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any = None) -> None:
     """Register a DistributedDataParallel communication hook that records a
-    ``comm.all_reduce`` span (``args.bucket``, ``bytes``, ``async=true``) per
-    gradient bucket it launches. ``hook``/``state`` default to DDP's own
-    all-reduce. Like any comm hook: call it once, before the first backward."""
+    ``comm.all_reduce`` span (``args.bucket``, ``bytes``, ``group``, ``seq``,
+    ``group_size``, ``ddp``, ``async=true``) per gradient bucket it launches, and
+    a ``comm.all_reduce.done`` span from the launch to the bucket's completion.
+    The time backward then waits for the buckets is a ``comm.all_reduce.wait``
+    span. ``hook``/``state`` default to DDP's own all-reduce; collectives the hook makes
+    are part of the bucket's span, not spans of their own. Like any comm hook:
+    call it once, before the first backward."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     inner = hook if hook is not None else default_hooks.allreduce_hook
     node = ai.comm.all_reduce
+    waits = _BackwardWait(node)
 
     # No annotations: DDP rejects a hook whose annotations are not the real
     # GradBucket/Future types (strings, under postponed evaluation, are not).
     def traced_hook(st, bucket):  # type: ignore[no-untyped-def]
-        if not node.enabled:
+        if not node.enabled or _inside():
             return inner(st, bucket)
-        span = node.start()
         args: dict[str, Any] = {"async": True, "ddp": True}
         try:
+            group = st if isinstance(st, dist.ProcessGroup) else None
             args["bucket"] = bucket.index()
             args["bytes"] = nbytes(bucket.buffer())
-            args["group_size"] = dist.get_world_size(st) if st is not None else dist.get_world_size()
+            if hook is None:
+                args["op"] = "SUM"
+            args["group_size"] = dist.get_world_size(group)
+            matching_args("all_reduce", group, args)
         except Exception:
             pass
+        t0 = _rec.clock()
+        span = node.start()
+        _enter()
         try:
             fut = inner(st, bucket)
         except BaseException as exc:
             span.stop({**args, "error": type(exc).__name__})
             raise
+        finally:
+            _leave()
         span.stop(args)
+        record_completion(node, fut, t0, args)
+        waits.launched()
         return fut
 
     ddp_model.register_comm_hook(state, traced_hook)

@@ -54,7 +54,21 @@ def _summarize(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _cmd_demo_ddp(ns: argparse.Namespace) -> int:
+    try:
+        from .examples import ddp_training
+    except ImportError:
+        print("dftrace demo --ddp needs PyTorch: pip install 'dftrace[torch]'", file=sys.stderr)
+        return 2
+
+    out = ddp_training.launch(ns.out, epochs=ns.epochs)
+    print(f"\ntrace written to {out}\nfind the rank that holds the others back with: dftrace summary {out}")
+    return 0
+
+
 def _cmd_demo(ns: argparse.Namespace) -> int:
+    if ns.ddp:
+        return _cmd_demo_ddp(ns)
     import dftrace
     from .examples import toy_training
 
@@ -123,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="dftrace-demo", help="directory for the trace (default: %(default)s)")
     d.add_argument("--epochs", type=int, default=3)
     d.add_argument("--samples", type=int, default=256)
+    d.add_argument("--ddp", action="store_true",
+                   help="run 2 DistributedDataParallel ranks instead (CPU, gloo, loopback; rank 1 made "
+                        "slow on purpose); needs PyTorch")
     _add_trace_options(d)
     d.set_defaults(func=_cmd_demo)
 

@@ -43,6 +43,7 @@ __all__ = [
     "CHROME_SUFFIXES",
     "COMMON_ARGS",
     "DFTRACER_PHASES",
+    "DONE_SUFFIX",
     "DecodedTrace",
     "EPOCH_NAMES",
     "INIT_SUFFIX",
@@ -70,6 +71,7 @@ __all__ = [
     "UINT32_MAX",
     "VIRTUAL_TID_BASE",
     "Violation",
+    "WAIT_SUFFIX",
     "is_trace_file",
     "iter_decoded_chunks",
     "iter_trace_lines",
@@ -111,6 +113,10 @@ CAT_DFTRACER = "dftracer"
 ITER_SUFFIX = ".iter"
 BLOCK_SUFFIX = ".block"
 INIT_SUFFIX = ".init"
+#: A collective's span from an asynchronous call to its completion is ``<leaf>.done``;
+#: the time DDP's backward waits for its gradient buckets is ``all_reduce.wait``.
+DONE_SUFFIX = ".done"
+WAIT_SUFFIX = ".wait"
 #: Epoch spans are ``cat == "pipeline"`` with one of these names.
 EPOCH_NAMES = ("epoch", "epoch.block")
 

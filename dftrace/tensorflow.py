@@ -10,7 +10,9 @@
 
 writes ``pipeline.train`` from ``begin`` to ``end`` (``TraceHook(span="epoch")`` for
 ``pipeline.epoch``) and one ``compute`` span per ``session.run`` with ``args.step``,
-the global step when the run began (a run counter when the graph has none).
+the global step (a run counter when the graph has none). The step is fetched with
+the run itself (``SessionRunArgs``), so it costs no extra ``session.run``; like
+TensorFlow's own step hooks, it may be read before or after the run's increment.
 
 ``tf.compat.v1.train.SessionRunHook`` gives no hook after a failed run: a run that
 ends the input (``OutOfRangeError``) is closed by ``end`` with ``args.end_of_input``;
@@ -39,15 +41,29 @@ __all__ = ["TraceHook"]
 _PHASES = {"train": ai.pipeline.train, "epoch": ai.pipeline.epoch}
 
 
+def _global_step_read() -> Any:
+    """The global step tensor TensorFlow's own step hooks fetch, or None when the
+    graph has no global step."""
+    try:
+        from tensorflow.python.training import training_util
+
+        read = training_util._get_or_create_global_step_read()
+        if read is not None:
+            return read
+    except Exception:
+        pass
+    return tf.compat.v1.train.get_global_step()
+
+
 class TraceHook(tf.compat.v1.train.SessionRunHook):
     """Trace a ``MonitoredSession``: a ``pipeline.train`` (or ``pipeline.epoch``) span
     for the session and a ``compute`` span per run with ``args.step``.
 
     Args:
         span: ``"train"`` (default) or ``"epoch"``: the node the whole session is.
-        read_global_step: read the global step before each run (one small extra
-            ``session.run`` of the step variable); with False, or when the graph
-            has no global step, ``args.step`` counts this hook's runs instead.
+        read_global_step: fetch the global step with each run (in the same
+            ``session.run``); with False, or when the graph has no global step, or
+            for a run that raised, ``args.step`` counts this hook's runs instead.
     """
 
     def __init__(self, span: str = "train", read_global_step: bool = True):
@@ -78,8 +94,7 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
         # A session of this hook that failed earlier may have left spans open.
         self._close_all(incomplete=True)
         self._runs = 0
-        self._global_step = (tf.compat.v1.train.get_global_step()
-                             if self._read_global_step else None)
+        self._global_step = _global_step_read() if self._read_global_step else None
         if self._phase.enabled:
             self._session_span = self._phase.start()
 
@@ -94,18 +109,19 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
         node = ai.compute
         if not node.enabled:
             return None
-        step = self._runs
-        if self._global_step is not None:
-            try:
-                step = int(run_context.session.run(self._global_step))
-            except Exception:
-                pass
-        self._run_span = (node.start(), {"step": step})
-        return None
+        self._run_span = (node.start(), {"step": self._runs})
+        if self._global_step is None:
+            return None
+        return tf.compat.v1.train.SessionRunArgs(self._global_step)
 
     @_guarded
     def after_run(self, run_context: Any, run_values: Any) -> None:
         self._runs += 1
+        if self._run_span is not None and self._global_step is not None:
+            try:
+                self._run_span[1]["step"] = int(run_values.results)
+            except Exception:
+                pass
         self._close_run()
 
     @_guarded

@@ -184,7 +184,7 @@ def _traced_backward(*args: Any, **kwargs: Any) -> Any:
         return _original_backward(*args, **kwargs)
     owner = users[-1]
     span = _BACKWARD.start()
-    extra = owner._step_args()
+    extra = owner._backward_args()
     try:
         result = _original_backward(*args, **kwargs)
     except BaseException as exc:
@@ -225,7 +225,8 @@ class ComputeTracing:
 
     ``step`` is the step number written into the spans' args: the number of
     optimizer steps taken since tracing began (``None`` without an optimizer
-    until you set it, e.g. ``tracing.step = global_step``).
+    until you set it, e.g. ``tracing.step = global_step``). A step set with
+    ``ai.update(step=...)`` wins: the spans then carry that one.
     """
 
     def __init__(self, model: Any = None, optimizer: Any = None, *, forward: bool = True,
@@ -250,9 +251,15 @@ class ComputeTracing:
             _install_backward(self)
             self._backward = True
 
-    def _step_args(self) -> dict[str, Any] | None:
-        s = self.step
+    def _backward_args(self) -> dict[str, Any] | None:
+        s = self._own_step(_BACKWARD)
         return None if s is None else {"step": s}
+
+    def _own_step(self, node: Any) -> int | None:
+        """The step to write on ``node``'s span: ours, unless the user set one."""
+        if self.step is None or "step" in node._kind.args:
+            return None
+        return self.step
 
     @guarded
     def _forward_pre(self, module: Any, args: Any) -> None:
@@ -266,8 +273,9 @@ class ComputeTracing:
         if span is None:
             return
         extra: dict[str, Any] = {"training": bool(module.training)}
-        if self.step is not None:
-            extra["step"] = self.step
+        step = self._own_step(ai.compute.forward)
+        if step is not None:
+            extra["step"] = step
         err = _forward_failed(output)
         if err:
             extra["error"] = err
@@ -281,8 +289,9 @@ class ComputeTracing:
             leftover[0].stop({**leftover[1], "incomplete": True})
         if node.enabled:
             extra: dict[str, Any] = {"optimizer": type(optimizer).__name__}
-            if self.step is not None:
-                extra["step"] = self.step
+            step = self._own_step(node)
+            if step is not None:
+                extra["step"] = step
             if len(self._optimizers) > 1:
                 extra["optimizer_index"] = self._optimizers.index(optimizer)
             self._steps.push((node.start(), extra))

@@ -1,8 +1,11 @@
 """Per-partition partial aggregates that combine exactly into whole-trace ones.
 
 A partition's events are reduced to small tables: counts of each duration per
-(process, category, name) (exact percentiles come from these), step and epoch
-extents, the union of busy intervals per activity group and the process extents.
+(process, category, name) (exact percentiles come from these), the extents of
+each (step, name) the step model works from, the pipeline's own spans, one row
+per traced collective (to match calls across ranks), epoch extents, the union of
+busy intervals per activity group (self time: each thread's time goes to its
+innermost span) and the process extents.
 Counts and sums add, minima and maxima take the extreme, interval unions union
 again: combining partials in any grouping gives the same result as aggregating
 all events at once. Workers ship only these tables, never the events.
@@ -22,6 +25,7 @@ from ._decode import PartitionData, read_partition
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS
 from ._sources import Partition
+from ._steps import container_rows, step_rows
 from ._trace import FileReport, file_reports, partition_keys, resolve_parts
 
 #: Activity groups of the time breakdown, in bit order. ``.block`` spans (the loop
@@ -50,8 +54,15 @@ class Partial:
     keys: list[tuple[int, str]]
     #: pid, host_key, cat, name, dur, n: how many complete events had each duration.
     durations: pl.DataFrame
-    #: pid, host_key, epoch, step, start, end, n
+    #: pid, host_key, epoch, step, cat, name, start, end, n: extents of the spans
+    #: carrying args.step, per name (pipeline spans and loop bodies left out)
     steps: pl.DataFrame
+    #: pid, host_key, name, start, end: the pipeline's own spans (train, epoch,
+    #: evaluate, ...), loop bodies and item waits left out
+    containers: pl.DataFrame
+    #: pid, host_key, name, group, seq, ts, dur, done: traced collectives (done: the
+    #: span from an asynchronous call to its completion)
+    collectives: pl.DataFrame
     #: pid, host_key, epoch, start, end, n: extents of the events carrying args.epoch
     epochs: pl.DataFrame
     #: pid, host_key, epoch, start, end, n: the pipeline's epoch spans themselves
@@ -118,7 +129,11 @@ _EMPTY = {
     "durations": pl.DataFrame(
         schema={**_KEY_SCHEMA, "cat": pl.String, "name": pl.String, "dur": pl.Int64, "n": pl.Int64}
     ),
-    "steps": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, "step": pl.Int64, **_EXTENT_SCHEMA}),
+    "steps": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, "step": pl.Int64, "cat": pl.String,
+                                  "name": pl.String, **_EXTENT_SCHEMA}),
+    "containers": pl.DataFrame(schema={**_KEY_SCHEMA, "name": pl.String, "start": pl.Int64, "end": pl.Int64}),
+    "collectives": pl.DataFrame(schema={**_KEY_SCHEMA, "name": pl.String, "group": pl.String, "seq": pl.Int64,
+                                        "ts": pl.Int64, "dur": pl.Int64, "done": pl.Boolean}),
     "epochs": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, **_EXTENT_SCHEMA}),
     "epoch_spans": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, **_EXTENT_SCHEMA}),
     "intervals": pl.DataFrame(schema={**_KEY_SCHEMA, "group": pl.Int8, "start": pl.Int64, "end": pl.Int64}),
@@ -130,7 +145,14 @@ _EMPTY = {
 def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, pl.DataFrame]:
     pid, host_key = key
     durations = spans.group_by(["cat", "name", "dur"]).agg(pl.len().cast(pl.Int64).alias("n"))
-    steps = spans.filter(pl.col("step").is_not_null()).group_by(["epoch", "step"]).agg(*_extent())
+    steps = step_rows(spans, [])
+    containers = container_rows(spans, [])
+    collectives = spans.filter(
+        (pl.col("cat") == fmt.CAT_COMM) & pl.col("seq").is_not_null()
+    ).select(
+        pl.col("name").str.strip_suffix(fmt.DONE_SUFFIX), pl.col("group").fill_null(""), "seq", "ts", "dur",
+        pl.col("name").str.ends_with(fmt.DONE_SUFFIX).alias("done"),
+    )
     epochs = spans.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(*_extent())
     # An epoch span numbers its epoch in args.epoch, or as .iter()'s 1-based count.
     epoch_spans = (
@@ -143,15 +165,15 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, p
     extents = spans.select(
         *_extent(), pl.col("incomplete").fill_null(False).sum().cast(pl.Int64).alias("incomplete")
     )
-    busy = spans.select(_group_expr().alias("group"), pl.col("ts").alias("start"), "end")
-    intervals = union_intervals(busy.filter(pl.col("group").is_not_null()), [])
+    intervals = union_intervals(self_time_intervals(spans), [])
     masks = mask_times(intervals)
     overlap = pl.DataFrame(
         {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
     )
     keys = [pl.lit(pid, pl.Int64).alias("pid"), pl.lit(host_key, pl.String).alias(HOST_KEY)]
     tables = {
-        "durations": durations, "steps": steps, "epochs": epochs, "epoch_spans": epoch_spans,
+        "durations": durations, "steps": steps, "containers": containers, "collectives": collectives,
+        "epochs": epochs, "epoch_spans": epoch_spans,
         "intervals": intervals,
         "extents": extents, "overlap": overlap,
     }
@@ -174,6 +196,73 @@ def _group_expr() -> pl.Expr:
     for cat, bit in _GROUP_CATS.items():
         expr = expr.when(pl.col("cat") == cat).then(pl.lit(bit))
     return expr.otherwise(None).cast(pl.Int8)
+
+
+def self_time_intervals(spans: pl.DataFrame) -> pl.DataFrame:
+    """group, start, end: the time each thread spent with its innermost open span in
+    each activity group (a collective inside ``backward`` is communication, not
+    compute). Time whose innermost span has no group (pipeline spans, loop bodies)
+    belongs to none. Spans are nested per thread by ``level`` (depth on the track);
+    without levels (DFTracer 2.x files) the nesting is rebuilt from the times."""
+    pieces = []
+    frame = spans.select(pl.col("tid").fill_null(0), "ts", "end", "level", _group_expr().alias("group"))
+    for _, thread in frame.partition_by("tid", as_dict=True).items():
+        pieces.append(_innermost(thread))
+    if not pieces:
+        return pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64})
+    return pl.concat(pieces, how="vertical")
+
+
+def _innermost(thread: pl.DataFrame) -> pl.DataFrame:
+    thread = thread.sort(["ts", "end"], descending=[False, True])
+    starts = thread.get_column("ts").to_numpy().astype(np.int64)
+    ends = thread.get_column("end").to_numpy().astype(np.int64)
+    groups = thread.get_column("group").fill_null(-1).to_numpy().astype(np.int64)
+    levels = thread.get_column("level")
+    if levels.null_count():
+        depth = _depths(starts, ends)
+    else:
+        depth = levels.to_numpy().astype(np.int64)
+    bounds = np.unique(np.concatenate([starts, ends]))
+    if bounds.size < 2:
+        return pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64})
+    first = np.searchsorted(bounds, starts)
+    last = np.searchsorted(bounds, ends)
+    segments = bounds.size - 1
+    best_depth = np.full(segments, -1, dtype=np.int64)
+    best_group = np.full(segments, -1, dtype=np.int64)
+    # Deeper spans paint over shallower ones; spans of one depth on one thread are
+    # disjoint, so painting depth by depth leaves the innermost span's group.
+    for d in np.unique(depth):
+        at = depth == d
+        cover = np.zeros(segments + 1, dtype=np.int64)
+        code = np.zeros(segments + 1, dtype=np.int64)
+        np.add.at(cover, first[at], 1)
+        np.add.at(cover, last[at], -1)
+        np.add.at(code, first[at], groups[at] + 2)
+        np.add.at(code, last[at], -(groups[at] + 2))
+        covered = np.cumsum(cover)[:-1] > 0
+        value = np.cumsum(code)[:-1] - 2
+        take = covered & (d >= best_depth)
+        best_depth[take] = d
+        best_group[take] = value[take]
+    keep = best_group >= 0
+    return pl.DataFrame(
+        {"group": best_group[keep], "start": bounds[:-1][keep], "end": bounds[1:][keep]},
+        schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64},
+    )
+
+
+def _depths(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Nesting depth of each span (sorted by start, longest first) from its times."""
+    depth = np.empty(starts.size, dtype=np.int64)
+    open_ends: list[int] = []
+    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        while open_ends and open_ends[-1] <= s:
+            open_ends.pop()
+        depth[i] = len(open_ends) + 1
+        open_ends.append(e)
+    return depth
 
 
 def union_intervals(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
@@ -224,11 +313,18 @@ class Combined:
     files: list[FileReport]
     durations: pl.DataFrame
     steps: pl.DataFrame
+    containers: pl.DataFrame
+    collectives: pl.DataFrame
     epochs: pl.DataFrame
     epoch_spans: pl.DataFrame
     extents: pl.DataFrame
     #: proc, mask, us: time each process spent in each combination of active groups.
     overlap: pl.DataFrame
+    #: proc, start, end: disjoint compute intervals (self time) of each process.
+    compute: pl.DataFrame
+    #: path, start, end, command: each input file's time span and the command line
+    #: its process info names (to tell files of separate runs apart).
+    file_extents: pl.DataFrame
     phases: pl.DataFrame
     partitions: int = 0
 
@@ -250,7 +346,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
 
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
     durations = collect("durations").group_by(["proc", "cat", "name", "dur"]).agg(pl.col("n").sum())
-    steps = collect("steps").group_by(["proc", "epoch", "step"]).agg(*extent)
+    steps = collect("steps").group_by(["proc", "epoch", "step", "cat", "name"]).agg(*extent)
     epochs = collect("epochs").group_by(["proc", "epoch"]).agg(*extent)
     epoch_spans = collect("epoch_spans").group_by(["proc", "epoch"]).agg(*extent)
     pieces = collect("extents")
@@ -270,6 +366,10 @@ def combine(partials: Sequence[Partial]) -> Combined:
         ]
         recomputed = pl.DataFrame(rows, schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}, orient="row")
         overlap = pl.concat([overlap.select("proc", "mask", "us"), recomputed], how="vertical")
+    compute_bit = GROUPS.index("compute")
+    compute = union_intervals(
+        collect("intervals").filter(pl.col("group") == compute_bit), ["proc"]
+    ).select("proc", "start", "end")
     phases = (
         pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
         if partials
@@ -280,12 +380,36 @@ def combine(partials: Sequence[Partial]) -> Combined:
         files=file_reports(sources, [int(p.phases.get_column("n").sum()) for p in partials]),
         durations=durations,
         steps=steps,
+        containers=collect("containers"),
+        collectives=collect("collectives"),
         epochs=epochs,
         epoch_spans=epoch_spans,
         extents=extents,
         overlap=overlap.select("proc", "mask", "us"),
+        compute=compute,
+        file_extents=_file_extents(partials),
         phases=phases,
         partitions=len(partials),
+    )
+
+
+def _file_extents(partials: Sequence[Partial]) -> pl.DataFrame:
+    rows: dict[str, list[Any]] = {}
+    for p in partials:
+        path = p.source.partition.path
+        row = rows.setdefault(path, [path, None, None, ""])
+        if p.extents.height:
+            start, end = p.extents.get_column("start").min(), p.extents.get_column("end").max()
+            row[1] = start if row[1] is None else min(row[1], start)
+            row[2] = end if row[2] is None else max(row[2], end)
+        for record in p.source.meta:
+            if record.get("name") == fmt.META_PROCESS_INFO and isinstance(record.get("args"), dict):
+                cmd = record["args"].get("cmdline")
+                if cmd and not row[3]:
+                    row[3] = " ".join(map(str, cmd)) if isinstance(cmd, list) else str(cmd)
+    return pl.DataFrame(
+        [r for r in rows.values() if r[1] is not None],
+        schema={"path": pl.String, "start": pl.Int64, "end": pl.Int64, "command": pl.String}, orient="row",
     )
 
 

@@ -17,6 +17,7 @@ import orjson
 import polars as pl
 
 from .. import format as fmt
+from ._steps import describe_steps, step_windows
 from ._trace import Trace, write_parquet
 
 # Events encoded per batch: bounds memory while writing big traces.
@@ -76,18 +77,32 @@ def _write_lines(fh: IO[bytes], lines: Iterator[bytes], separator: bytes) -> Non
 
 
 def _trace_lines(trace: Trace) -> Iterator[bytes]:
-    """Metadata first (Perfetto recognises JSON by a leading object), then events."""
+    """Metadata first (Perfetto recognises JSON by a leading object), then events.
+
+    Every event has a ``ts``: metadata takes its process's first event time (the
+    trace's first, for a process without events), as strict readers expect."""
+    first_ts = _first_times(trace.events)
+    default_ts = min(first_ts.values(), default=0)
     for row in trace.meta.iter_rows(named=True):
         event: dict[str, Any] = {"name": row["name"]}
         if row["cat"] is not None:
             event["cat"] = row["cat"]
-        event.update(pid=row["pid"], tid=row["tid"] if row["tid"] is not None else row["pid"], ph="M")
+        event.update(pid=row["pid"], tid=row["tid"] if row["tid"] is not None else row["pid"],
+                     ts=first_ts.get(row["pid"], default_ts), ph="M")
         event["args"] = orjson.Fragment(row["args"])
         yield orjson.dumps(event)
     for pid, args in _identity_records(trace):
         yield orjson.dumps({"name": fmt.META_PROCESS_INFO, "cat": fmt.CAT_TRACER, "pid": pid, "tid": pid,
-                            "ph": "M", "args": args})
+                            "ts": first_ts.get(pid, default_ts), "ph": "M", "args": args})
     yield from _event_lines(trace.events)
+
+
+def _first_times(events: pl.DataFrame) -> dict[int, int]:
+    """pid -> the time of its first event."""
+    if "ts" not in events.columns or not events.height:
+        return {}
+    firsts = events.group_by("pid").agg(pl.col("ts").min()).drop_nulls()
+    return dict(firsts.iter_rows())
 
 
 def _identity_records(trace: Trace) -> list[tuple[int, dict[str, Any]]]:
@@ -143,7 +158,8 @@ class MergeFilter:
     #: Keep events overlapping [start_s, end_s], seconds from the (aligned) trace start.
     start_s: float | None = None
     end_s: float | None = None
-    #: Keep, per rank, the time of steps first..last (inclusive) ...
+    #: Keep, per rank, the time of steps first..last (inclusive, by the step model
+    #: of docs/analysis.md) ...
     steps: tuple[int, int] | None = None
     #: ... of this epoch (any epoch when None).
     epoch: int | None = None
@@ -178,8 +194,11 @@ def merge(trace: Trace, keep: MergeFilter | None = None, *, align_clocks: bool =
         trace.events.join(mapping, on=["host", "pid"], how="left", maintain_order="left")
         .with_columns(pl.col("ts") + pl.col("offset").fill_null(0))
     )
-    events = _filter(events, keep)
-    events = events.sort(["order", "ts"], maintain_order=True).with_columns(pl.col("new_pid").alias("pid"))
+    filtered = _filter(events, keep)
+    if not filtered.height and events.height and keep != MergeFilter():
+        raise ValueError(f"no events match {_describe(keep)}"
+                         + (f": {describe_steps(events)}" if keep.steps is not None else ""))
+    events = filtered.sort(["order", "ts"], maintain_order=True).with_columns(pl.col("new_pid").alias("pid"))
     events = events.drop("new_pid", "offset", "order")
     return replace(
         trace,
@@ -230,22 +249,28 @@ def _filter(events: pl.DataFrame, keep: MergeFilter) -> pl.DataFrame:
             events = events.filter(pl.col("ts") <= origin + round(keep.end_s * 1e6))
     if keep.steps is not None:
         first, last = keep.steps
-        selected = pl.col("step").is_between(first, last)
-        if keep.epoch is not None:
-            selected &= pl.col("epoch") == keep.epoch
         unit = pl.coalesce(pl.col("rank").cast(pl.String), pl.col("host") + pl.lit(":") + pl.col("pid").cast(pl.String))
-        events = events.with_columns(unit.alias("_unit"))
-        windows = (
-            events.filter(selected)
-            .group_by("_unit")
-            .agg(pl.col("ts").min().alias("_from"), end.max().alias("_to"))
-        )
+        windows = step_windows(events, unit, first, last, keep.epoch)
         events = (
-            events.join(windows, on="_unit", how="inner", maintain_order="left")
-            .filter((end >= pl.col("_from")) & (pl.col("ts") <= pl.col("_to")))
+            events.with_columns(unit.alias("_unit"))
+            .join(windows, on="_unit", how="inner", maintain_order="left")
+            .filter((end > pl.col("_from")) & (pl.col("ts") < pl.col("_to")))
             .drop("_unit", "_from", "_to")
         )
     return events
+
+
+def _describe(keep: MergeFilter) -> str:
+    """The filter in words."""
+    parts = []
+    if keep.categories is not None:
+        parts.append("categories " + ", ".join(keep.categories))
+    if keep.start_s is not None or keep.end_s is not None:
+        parts.append(f"time {keep.start_s or 0}s..{'' if keep.end_s is None else keep.end_s}s")
+    if keep.steps is not None:
+        first, last = keep.steps
+        parts.append(f"steps {first}..{last}" + (f" of epoch {keep.epoch}" if keep.epoch is not None else ""))
+    return "the filter (" + "; ".join(parts) + ")"
 
 
 def _remap(frame: pl.DataFrame, new_pid: dict[tuple[str, int], int]) -> pl.DataFrame:

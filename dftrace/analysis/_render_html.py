@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._deps import require
-from ._render_text import GROUP_LABELS, format_us
+from ._render_text import GROUP_LABELS, findings, format_us
 from ._summary import Summary
 
 # One colour per activity group, reused across figures so they read together.
@@ -37,6 +37,7 @@ h2 { font-size: 1.2rem; margin-top: 2.2rem; border-bottom: 1px solid #ddd; paddi
 .card b { display: block; font-size: 1.2rem; }
 .card span { color: #666; font-size: .85rem; }
 .note { color: #666; font-size: .9rem; }
+.finding { font-size: 1.05rem; margin: .3rem 0; }
 table { border-collapse: collapse; font-size: .9rem; }
 td, th { padding: .2rem .6rem; text-align: right; border-bottom: 1px solid #eee; }
 td:first-child, th:first-child, td:nth-child(2), th:nth-child(2) { text-align: left; }
@@ -47,16 +48,21 @@ def render_html(summary: Summary, *, title: str = "dftrace report") -> str:
     """The summary as a self-contained HTML page with interactive plots."""
     plotly_js = require("plotly.offline").get_plotlyjs()
     sections: list[tuple[str, str, Callable[[Summary], Any]]] = [
-        ("Step timeline per rank", "Each bar is one step of one rank, from its first to its last "
-         "event; colour is the epoch.", _step_timeline),
-        ("Step time per rank", "Stragglers stand out as one rank's line above the others.", _step_lines),
+        ("Stragglers", "Per rank: the wait it caused the others in collectives (matched across "
+         "ranks by group and sequence number; the last to arrive waits the least), and how many "
+         "steps it held the others back in.", _stragglers),
+        ("Step timeline per rank", "Each bar is one step of one rank, from the first span of its "
+         "work to the next step's (see the step model in docs/analysis.md); colour is the epoch. "
+         "With many ranks or steps, a heat map of step times instead.", _step_timeline),
+        ("Wait in collectives per rank and step", "Time each rank spent waiting in collectives in "
+         "each step: the ranks that wait are not the straggler.", _step_waits),
+        ("Step time per rank", "Under synchronous collectives every rank's step lasts as long as "
+         "the slowest; the wait above tells who that is.", _step_lines),
         ("Time breakdown", "Per process: time in exactly one activity, in several at once "
          "(overlap), and in none (idle).", _breakdown),
         ("Where the time goes", "Total span time of the names that take the most.", _top_names),
         ("Duration distributions", "How long each call of the busiest names took (log scale).",
          _distributions),
-        ("Stragglers", "Slowest rank vs the median rank for each step, and how often each rank "
-         "was the slowest.", _stragglers),
         ("Data-loader stall", "Share of loop time spent waiting for the next item (.iter) "
          "rather than using it (.block), per rank.", _stall),
     ]
@@ -97,7 +103,8 @@ def _header(summary: Summary, title: str) -> str:
     if stats:
         cards.insert(1, ("median step", format_us(stats["p50_us"])))
     cards_html = "".join(f"<div class='card'><b>{html.escape(str(v))}</b><span>{k}</span></div>" for k, v in cards)
-    return f"<h1>{html.escape(title)}</h1>\n<div class='cards'>{cards_html}</div>"
+    lines = "".join(f"<p class='finding'>{html.escape(line.strip())}</p>" for line in findings(summary))
+    return f"<h1>{html.escape(title)}</h1>\n{lines}\n<div class='cards'>{cards_html}</div>"
 
 
 def _files_table(summary: Summary) -> str:
@@ -131,27 +138,66 @@ def _layout(fig: Any, height: int = 420, **kwargs: Any) -> Any:
     return fig
 
 
+#: Above this many ranks or rank-steps, the step timeline is a heat map.
+TIMELINE_RANKS = 32
+TIMELINE_BARS = 5_000
+
+
+def _step_order(rows: list[dict[str, Any]]) -> dict[tuple[Any, Any], int]:
+    keys = sorted({(r["epoch"], r["step"]) for r in rows}, key=lambda k: (k[0] is None, k[0] or 0, k[1]))
+    return {key: i for i, key in enumerate(keys)}
+
+
+def _heatmap(rows: list[dict[str, Any]], value: str, title: str, colorscale: str) -> Any:
+    """Ranks by steps (in order), coloured by ``value`` in ms."""
+    go = _go()
+    order = _step_order(rows)
+    ranks = sorted(dict.fromkeys(r["rank"] for r in rows), key=_unit_order)
+    index = {rank: i for i, rank in enumerate(ranks)}
+    z: list[list[float | None]] = [[None] * len(order) for _ in ranks]
+    for r in rows:
+        z[index[r["rank"]]][order[(r["epoch"], r["step"])]] = r[value] / 1000
+    labels = [f"epoch {e} step {s}" if e is not None else f"step {s}" for e, s in order]
+    fig = go.Figure(go.Heatmap(z=z, y=ranks, x=list(range(len(order))), colorscale=colorscale,
+                               customdata=[labels] * len(ranks), colorbar={"title": title},
+                               hovertemplate="%{y} %{customdata}: %{z:.3f} ms<extra></extra>"))
+    return _layout(fig, height=max(260, min(900, 14 * len(ranks) + 140)), xaxis_title="step (in order)",
+                   yaxis={"autorange": "reversed"})
+
+
 def _step_timeline(summary: Summary) -> Any:
     rows = summary.rank_steps
     if not rows:
         return None
+    ranks = list(dict.fromkeys(r["rank"] for r in rows))
+    if len(ranks) > TIMELINE_RANKS or len(rows) > TIMELINE_BARS:
+        return _heatmap(rows, "dur_us", "step (ms)", "Viridis")
     go = _go()
     fig = go.Figure()
     for epoch in sorted({r["epoch"] for r in rows}, key=lambda e: (e is None, e)):
         sub = [r for r in rows if r["epoch"] == epoch]
         fig.add_trace(
             go.Bar(
-                name=f"epoch {epoch}", orientation="h", y=[r["rank"] for r in sub],
+                name=f"epoch {epoch}" if epoch is not None else "steps", orientation="h",
+                y=[r["rank"] for r in sub],
                 x=[r["dur_us"] / 1000 for r in sub], base=[r["start_us"] / 1000 for r in sub],
-                customdata=[[r["step"], format_us(r["dur_us"])] for r in sub],
-                hovertemplate="%{y} step %{customdata[0]}: %{customdata[1]}<extra></extra>",
+                customdata=[[r["step"], format_us(r["dur_us"]), format_us(r.get("wait_us"))] for r in sub],
+                hovertemplate="%{y} step %{customdata[0]}: %{customdata[1]}, waiting "
+                              "%{customdata[2]}<extra></extra>",
+                marker_line_width=0.5, marker_line_color="white",
             )
         )
-    ranks = list(dict.fromkeys(r["rank"] for r in rows))
     note = " (sampled steps)" if summary.rank_steps_sampled else ""
     return _layout(fig, height=max(260, 28 * len(ranks) + 120), barmode="overlay",
-                   xaxis_title=f"time since trace start (ms){note}",
+                   xaxis_title=f"time since the run's start (ms){note}",
                    yaxis={"categoryorder": "array", "categoryarray": ranks[::-1]})
+
+
+def _step_waits(summary: Summary) -> Any:
+    rows = summary.rank_steps
+    if not summary.stragglers or not any(r.get("wait_us") for r in rows):
+        return None
+    return _heatmap(rows, "wait_us", "wait (ms)", "Reds")
 
 
 def _step_lines(summary: Summary) -> Any:
@@ -159,8 +205,7 @@ def _step_lines(summary: Summary) -> Any:
     if not rows:
         return None
     go = _go()
-    order = {key: i for i, key in enumerate(sorted({(r["epoch"], r["step"]) for r in rows},
-                                                   key=lambda k: (k[0] is None, k[0] or 0, k[1])))}
+    order = _step_order(rows)
     fig = go.Figure()
     for rank in dict.fromkeys(r["rank"] for r in rows):
         sub = sorted((r for r in rows if r["rank"] == rank), key=lambda r: order[(r["epoch"], r["step"])])
@@ -232,24 +277,23 @@ def _distributions(summary: Summary) -> Any:
 
 
 def _stragglers(summary: Summary) -> Any:
-    steps = [s for s in summary.steps if s["imbalance"] is not None and s["ranks"] > 1]
-    ranks = summary.imbalance["ranks"]
-    if not steps or not ranks:
+    ranks = summary.stragglers[:50]
+    if not ranks:
         return None
     go = _go()
     subplots = require("plotly.subplots")
-    fig = subplots.make_subplots(rows=1, cols=2, column_widths=[0.65, 0.35],
-                                 subplot_titles=["max / median step time", "steps as the slowest rank"])
-    fig.add_trace(
-        go.Scatter(x=list(range(len(steps))), y=[s["imbalance"] for s in steps], mode="lines",
-                   customdata=[[s["epoch"], s["step"], s["slowest"]] for s in steps], showlegend=False,
-                   hovertemplate="epoch %{customdata[0]} step %{customdata[1]}: %{y:.2f} "
-                                 "(%{customdata[2]})<extra></extra>"),
-        row=1, col=1,
-    )
-    fig.add_trace(go.Bar(x=[r["rank"] for r in ranks], y=[r["slowest_count"] for r in ranks], showlegend=False),
+    fig = subplots.make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5],
+                                 subplot_titles=["wait caused per step (ms)", "compute per step (ms)"])
+    labels = [r["unit"] for r in ranks]
+    fig.add_trace(go.Bar(x=labels, y=[(r["caused_wait_us_per_step"] or 0) / 1000 for r in ranks],
+                         customdata=[[r["held_steps"], r["last_arrivals"]] for r in ranks], showlegend=False,
+                         hovertemplate="%{x}: %{y:.3f} ms per step, held the others back in "
+                                       "%{customdata[0]} steps, last in %{customdata[1]} "
+                                       "collectives<extra></extra>"),
+                  row=1, col=1)
+    fig.add_trace(go.Bar(x=labels, y=[(r["compute_us_per_step"] or 0) / 1000 for r in ranks], showlegend=False,
+                         marker_color=_GROUP_COLORS["compute"]),
                   row=1, col=2)
-    fig.update_xaxes(title_text="step (in order)", row=1, col=1)
     return _layout(fig)
 
 

@@ -53,13 +53,15 @@ def render_text(summary: Summary, *, top: int = 20) -> str:
     ``top`` limits the longest tables (names, steps, ranks) to their first rows.
     """
     sections = [
-        _overview(summary),
+        _overview(summary) + [f"  {line}" for line in findings(summary)],
+        _runs(summary),
         _broken(summary),
         _categories(summary, top),
         _epochs(summary),
         _steps(summary, top),
         _breakdown(summary),
         _dataloader(summary),
+        _stragglers(summary, top),
         _imbalance(summary, top),
     ]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
@@ -85,6 +87,53 @@ def _overview(summary: Summary) -> list[str]:
     if others:
         lines.append("  besides spans: " + ", ".join(f"{v} '{k}' events" for k, v in others.items()))
     return lines
+
+
+def findings(summary: Summary) -> list[str]:
+    """The first things to know, in words: separate runs, the straggler."""
+    lines = []
+    if summary.runs:
+        lines.append(f"these files are from {len(summary.runs)} separate runs, not one: "
+                     "each run's steps are timed from its own start (see Runs)")
+    lines.extend(straggler_lines(summary))
+    return lines
+
+
+def straggler_lines(summary: Summary) -> list[str]:
+    """"rank 1 held the others back in 62 of 64 steps, 23 ms per step", or nothing
+    for a single rank."""
+    if not summary.stragglers:
+        return []
+    worst = summary.stragglers[0]
+    stats = summary.collectives
+    if not worst["caused_wait_us"] or not worst["held_steps"]:
+        return [f"no rank held the others back: {stats['matched']} collectives matched across ranks, "
+                f"arrival skew {format_us(stats['mean_skew_us'])} on average"]
+    per_step = worst["caused_wait_us_per_step"]
+    line = (f"{worst['unit']} held the others back in {worst['held_steps']} of {stats['steps']} steps, "
+            f"{format_us(per_step)} per step")
+    others = [r["compute_us_per_step"] for r in summary.stragglers[1:] if r["compute_us_per_step"] is not None]
+    detail = (f"last to arrive in {worst['last_arrivals']} of {stats['matched']} collectives "
+              f"(arrival skew up to {format_us(stats['max_skew_us'])})")
+    if others and worst["compute_us_per_step"] is not None:
+        median = sorted(others)[(len(others) - 1) // 2]
+        detail += (f"; its compute {format_us(worst['compute_us_per_step'])} per step vs "
+                   f"{format_us(median)} on the other ranks")
+    return [line, f"  {detail}"]
+
+
+def _runs(summary: Summary) -> list[str]:
+    if not summary.runs:
+        return []
+    rows = [
+        (i + 1, len(r["procs"]), ", ".join(map(str, r["ranks"])) or "-", ", ".join(r["hosts"]) or "-",
+         format_us(r["wall_us"]), (r["commands"][0][:60] if r["commands"] else "-"))
+        for i, r in enumerate(summary.runs)
+    ]
+    return ["Runs (processes far apart in time: analyse each run's files on their own)"] + _table(
+        ("run", "processes", "ranks", "hosts", "wall time", "command"), rows,
+        (True, True, False, False, True, False),
+    )
 
 
 def _broken(summary: Summary) -> list[str]:
@@ -162,8 +211,8 @@ def _breakdown(summary: Summary) -> list[str]:
         if g["busy_us"]
     ]
     rows.append(("idle / other", format_us(b["idle_us"]), _pct(b["idle_share"]), "", "", ""))
-    lines = [f"Time breakdown (union of spans per process, summed over {n} processes: "
-             f"{format_us(b['wall_us'])} of process time)"]
+    lines = [f"Time breakdown (each thread's time to its innermost span, threads swept together; "
+             f"{n} processes, {format_us(b['wall_us'])} of process time)"]
     lines += _table(("activity", "busy", "% of time", "exclusive", "overlapped", "overlap %"), rows,
                     (False, True, True, True, True, True))
     pairs = [
@@ -192,11 +241,29 @@ def _dataloader(summary: Summary) -> list[str]:
     )
 
 
+def _stragglers(summary: Summary, top: int) -> list[str]:
+    if not summary.stragglers:
+        return []
+    stats = summary.collectives
+    lines = [f"Stragglers ({stats['matched']} collectives matched across ranks by group and sequence "
+             f"number; the last to arrive waits the least)"]
+    rows = [
+        (r["unit"], r["host"] or "-", r["last_arrivals"], format_us(r["caused_wait_us"]),
+         format_us(r["caused_wait_us_per_step"]), r["held_steps"], format_us(r["compute_us_per_step"]))
+        for r in summary.stragglers[:top]
+    ]
+    lines += _table(("rank", "host", "last to arrive", "wait caused", "per step", "held back steps",
+                     "compute per step"), rows, (False, False, True, True, True, True, True))
+    if len(summary.stragglers) > len(rows):
+        lines.append(f"  ... {len(summary.stragglers) - len(rows)} more ranks (--top, or --json)")
+    return lines
+
+
 def _imbalance(summary: Summary, top: int) -> list[str]:
     imb = summary.imbalance
-    if not imb["ranks"]:
+    if not imb["ranks"] or summary.stragglers:  # collectives tell more than step times
         return []
-    lines = ["Rank imbalance (slowest vs median rank per step)"]
+    lines = ["Rank imbalance (slowest vs median rank per step; no collectives matched across ranks)"]
     if imb["steps_compared"]:
         worst = imb["worst"][0] if imb["worst"] else None
         where = (f" (epoch {worst['epoch']} step {worst['step']}, {worst['slowest']})" if worst else "")

@@ -25,6 +25,8 @@ EVENT_COLUMNS: dict[str, pl.DataType] = {
     "step": pl.Int64(),
     "count": pl.Int64(),  # args.count: item number of .iter() spans
     "incomplete": pl.Boolean(),  # true for spans closed at finalize without a stop
+    "group": pl.String(),  # args.group: process group of a collective
+    "seq": pl.Int64(),  # args.seq: the collective's number within its group
     "args": pl.String(),  # the whole args object as JSON text, common args included
 }
 
@@ -44,10 +46,13 @@ RAW_FIELDS: dict[str, tuple[str, str, pl.DataType]] = {
     "step": ("args", fmt.ARG_STEP, pl.Int64()),
     "count": ("args", fmt.ARG_COUNT, pl.Int64()),
     "incomplete": ("args", fmt.ARG_INCOMPLETE, pl.Boolean()),
+    "group": ("args", "group", pl.String()),
+    "seq": ("args", "seq", pl.Int64()),
 }
 
 #: Per-partition column holding the event's hostname hash until hosts are resolved.
 HOST_KEY = "host_key"
 
 #: What the summary reads: everything else is skipped while parsing.
-SUMMARY_COLUMNS = ("pid", "cat", "name", "ph", "ts", "dur", "epoch", "step", "count", "incomplete")
+SUMMARY_COLUMNS = ("pid", "tid", "cat", "name", "ph", "ts", "dur", "level", "epoch", "step", "count",
+                   "incomplete", "group", "seq")

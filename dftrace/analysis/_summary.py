@@ -25,6 +25,8 @@ from ._decode import PartitionData
 from ._executor import default_executor
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
+from ._steps import model_steps, unit_steps
+from ._stragglers import analyse, match_collectives
 from ._trace import PathsLike, Trace, as_path_list, resolved_records
 
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
@@ -49,11 +51,19 @@ class Summary:
     categories: list[dict[str, Any]]
     #: Per epoch: ranks, steps, slowest rank and its time, median rank time.
     epochs: list[dict[str, Any]]
+    #: Ranks the others waited for in collectives, worst first (empty for one rank):
+    #: rank, host, last_arrivals, caused_wait_us, compute_us_per_step, held_steps, ...
+    stragglers: list[dict[str, Any]]
+    #: Collectives matched across ranks: count, arrival skew, the worst ones.
+    collectives: dict[str, Any]
+    #: Separate runs found among the files (clock anchors far apart, other hosts and
+    #: command lines); empty when the files are of one run.
+    runs: list[dict[str, Any]]
     #: Per (epoch, step): ranks, min/median/max step time, slowest rank, max/median.
     steps: list[dict[str, Any]]
     #: Step times over all ranks and steps: count, mean, p50, p95, max.
     step_stats: dict[str, Any]
-    #: Per (rank, epoch, step): start (from the trace start) and duration.
+    #: Per (rank, epoch, step): start (from its run's start), duration, wait in collectives.
     rank_steps: list[dict[str, Any]]
     #: True when ``rank_steps`` keeps a subset of the steps (RANK_STEPS_LIMIT).
     rank_steps_sampled: bool
@@ -77,8 +87,13 @@ class Summary:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
-        """Rebuild a summary from :meth:`to_dict` / ``dftrace summary --json`` output."""
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        """Rebuild a summary from :meth:`to_dict` / ``dftrace summary --json`` output
+        (fields an older version did not write come back empty)."""
+        return cls(**{f.name: data[f.name] if f.name in data else _empty_field(f.type) for f in fields(cls)})
+
+
+def _empty_field(annotation: Any) -> Any:
+    return [] if str(annotation).startswith("list") else {}
 
 
 def summarize(
@@ -125,16 +140,27 @@ def _partial_of_trace(trace: Trace) -> Partial:
 def build_summary(combined: Combined) -> Summary:
     """Compute every answer from combined aggregates."""
     procs = _processes_frame(combined)
-    start = combined.extents.get_column("start").min() if combined.extents.height else None
-    steps_by_unit = _unit_extents(combined.steps, procs, ["epoch", "step"])
+    runs = find_runs(combined, procs)
+    procs = _units_per_run(procs, runs)
+    process_steps = model_steps(combined.steps, combined.containers)
+    steps_by_unit = unit_steps(process_steps, procs)
     steps = _steps(steps_by_unit)
-    rank_steps, sampled = _rank_steps(steps_by_unit, start)
+    units = {unit: (rank, host) for unit, rank, host in
+             procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
+    stragglers, collectives, waits = analyse(
+        match_collectives(combined.collectives, procs), steps_by_unit,
+        _compute_in_steps(combined, procs, steps_by_unit), units
+    )
+    rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs)
     return Summary(
-        overview=_overview(combined, procs),
+        overview=_overview(combined, procs, runs),
         files=[_file_dict(f) for f in combined.files],
         processes=_process_rows(combined, procs),
         categories=_categories(combined.durations),
-        epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]), combined.steps),
+        epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]), process_steps),
+        stragglers=stragglers,
+        collectives=collectives,
+        runs=runs,
         steps=_rows(steps),
         step_stats=_step_stats(steps_by_unit),
         rank_steps=rank_steps,
@@ -177,10 +203,13 @@ def _processes_frame(combined: Combined) -> pl.DataFrame:
     )
 
 
-def _overview(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
+def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]]) -> dict[str, Any]:
     extents = combined.extents
     start = extents.get_column("start").min() if extents.height else None
     end = extents.get_column("end").max() if extents.height else None
+    if runs:  # files of separate runs: the longest run's time, never the gap between them
+        longest = max(runs, key=lambda r: r["wall_us"])
+        start, end = longest["start_us"], longest["end_us"]
     phases = dict(combined.phases.sort("ph").iter_rows())
     return {
         "files": len(combined.files),
@@ -194,6 +223,7 @@ def _overview(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
         "start_us": start,
         "end_us": end,
         "wall_us": (end - start) if start is not None else 0,
+        "runs": max(len(runs), 1) if start is not None else 0,
         "broken_lines": sum(f.broken_count for f in combined.files),
         "cut_off_files": sum(1 for f in combined.files if f.cut_off),
         "unfinished_files": sum(1 for f in combined.files if not f.closed),
@@ -333,7 +363,8 @@ def _step_stats(by_unit: pl.DataFrame) -> dict[str, Any]:
     return _rows(by_unit.select(_plain_stats()))[0]
 
 
-def _rank_steps(by_unit: pl.DataFrame, start: int | None) -> tuple[list[dict[str, Any]], bool]:
+def _rank_steps(by_unit: pl.DataFrame, waits: pl.DataFrame, runs: list[dict[str, Any]],
+                procs: pl.DataFrame) -> tuple[list[dict[str, Any]], bool]:
     if not by_unit.height:
         return [], False
     sampled = by_unit.height > RANK_STEPS_LIMIT
@@ -344,11 +375,112 @@ def _rank_steps(by_unit: pl.DataFrame, start: int | None) -> tuple[list[dict[str
         keep = max(1, RANK_STEPS_LIMIT // per_step)
         stride = math.ceil(keys.height / keep)
         frame = by_unit.join(keys.gather_every(stride), on=["epoch", "step"], how="semi", nulls_equal=True)
+    frame = frame.join(waits, on=["unit", "epoch", "step"], how="left", nulls_equal=True)
+    origin = _run_origins(runs, procs, frame)
     rows = frame.sort(["epoch", "step", "unit_order"], nulls_last=True).select(
         pl.col("unit").alias("rank"), "epoch", "step",
-        (pl.col("start") - (start or 0)).alias("start_us"), pl.col("dur").alias("dur_us"),
+        (pl.col("start") - origin).alias("start_us"), pl.col("dur").alias("dur_us"),
+        pl.col("wait_us").fill_null(0),
     )
     return rows.to_dicts(), sampled
+
+
+def _run_origins(runs: list[dict[str, Any]], procs: pl.DataFrame, frame: pl.DataFrame) -> pl.Expr:
+    """The start of each unit's run (of the whole trace when it is one run)."""
+    if not runs:
+        return pl.lit(frame.get_column("start").min() if frame.height else 0)
+    start_of = {}
+    for run in runs:
+        for proc in run["procs"]:
+            start_of[proc] = run["start_us"]
+    units = procs.filter(pl.col("unit").is_not_null()).select("unit", "proc")
+    mapping = {unit: start_of.get(proc, 0) for unit, proc in units.iter_rows()}
+    return pl.col("unit").replace_strict(mapping, default=0, return_dtype=pl.Int64)
+
+
+def _units_per_run(procs: pl.DataFrame, runs: list[dict[str, Any]]) -> pl.DataFrame:
+    """procs with a ``run`` column; a unit found in several runs (rank 0 of each) is
+    split into one per run ("rank 0 · run 2"), so steps and collectives never mix runs."""
+    if not runs:
+        return procs.with_columns(pl.lit(0, pl.Int32).alias("run"))
+    run_of = {proc: i for i, run in enumerate(runs) for proc in run["procs"]}
+    procs = procs.with_columns(pl.col("proc").replace_strict(run_of, default=0, return_dtype=pl.Int32).alias("run"))
+    shared = pl.col("run").n_unique().over("unit") > 1
+    return procs.with_columns(
+        pl.when(shared).then(pl.col("unit") + pl.lit(" · run ") + (pl.col("run") + 1).cast(pl.String))
+        .otherwise(pl.col("unit")).alias("unit"),
+        pl.when(shared).then(pl.col("unit_order") + pl.col("run").cast(pl.Int64) * 1_000_000)
+        .otherwise(pl.col("unit_order")).alias("unit_order"),
+    )
+
+
+def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
+    """Separate runs among the files, or [] when they are one run.
+
+    Files belong to one run when their times overlap (with a minute of slack); a
+    gap between groups of files means separate runs, which usually also shows as
+    other hosts and command lines.
+    """
+    files = combined.file_extents.sort("start")
+    if files.height < 2:
+        return []
+    groups: list[list[tuple[str, int, int, str]]] = []
+    reach = None
+    for path, start, end, command in files.iter_rows():
+        if reach is None or start > reach + RUN_GAP_US:
+            groups.append([])
+            reach = end
+        groups[-1].append((path, start, end, command))
+        reach = max(reach, end)
+    if len(groups) < 2:
+        return []
+    info = combined.resolution.processes
+    runs = []
+    for members in groups:
+        paths = {m[0] for m in members}
+        run_procs = [i for i, p in enumerate(info) if paths & set(p.files)]
+        runs.append({
+            "files": sorted(paths),
+            "procs": run_procs,
+            "ranks": sorted({info[p].rank for p in run_procs if info[p].rank is not None}),
+            "hosts": sorted({info[p].host for p in run_procs if info[p].host}),
+            "commands": sorted({m[3] for m in members} - {""}),
+            "start_us": min(m[1] for m in members),
+            "end_us": max(m[2] for m in members),
+            "wall_us": max(m[2] for m in members) - min(m[1] for m in members),
+        })
+    return runs
+
+
+#: Files whose times are further apart than this are of separate runs.
+RUN_GAP_US = 60_000_000
+
+
+def _compute_in_steps(combined: Combined, procs: pl.DataFrame, steps: pl.DataFrame) -> dict[str, int]:
+    """Compute time (self time) of each unit's processes within the unit's steps."""
+    units = dict(procs.filter(pl.col("unit").is_not_null()).select("proc", "unit").iter_rows())
+    step_bounds = {
+        unit: (frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy())
+        for (unit,), frame in steps.partition_by("unit", as_dict=True).items()
+    } if steps.height else {}
+    out: dict[str, int] = {}
+    for (proc,), frame in combined.compute.sort("start").partition_by("proc", as_dict=True).items():
+        unit = units.get(proc)
+        if unit not in step_bounds:
+            continue
+        starts = frame.get_column("start").to_numpy()
+        ends = frame.get_column("end").to_numpy()
+        before = np.concatenate(([0], np.cumsum(ends - starts)))
+
+        def busy_until(t: np.ndarray) -> np.ndarray:
+            # compute time before t: whole intervals before it plus the part of the one it is in
+            i = np.searchsorted(starts, t, side="right")
+            inside = np.where(i > 0, np.minimum(t, ends[np.maximum(i - 1, 0)]) - starts[np.maximum(i - 1, 0)], 0)
+            return before[np.maximum(i - 1, 0)] + np.where(i > 0, inside, 0)
+
+        a, b = step_bounds[unit]
+        out[unit] = out.get(unit, 0) + int((busy_until(b) - busy_until(a)).sum())
+    return out
 
 
 def _epoch_source(combined: Combined) -> pl.DataFrame:
@@ -358,6 +490,7 @@ def _epoch_source(combined: Combined) -> pl.DataFrame:
 
 
 def _epochs(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
+    by_unit = by_unit.filter(pl.col("epoch").is_not_null())
     if not by_unit.height:
         return []
     step_counts = steps.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(
@@ -381,6 +514,8 @@ def _epochs(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
 
 
 def _imbalance(by_unit: pl.DataFrame, steps: pl.DataFrame) -> dict[str, Any]:
+    if by_unit.get_column("unit").n_unique() < 2:  # nothing to compare a single rank with
+        return {"steps_compared": 0, "mean_ratio": None, "max_ratio": None, "worst": [], "ranks": []}
     compared = steps.filter((pl.col("ranks") > 1) & pl.col("imbalance").is_not_null())
     # Only steps where someone was slower than the median make a straggler.
     uneven = compared.filter(pl.col("imbalance") > 1)

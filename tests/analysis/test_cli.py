@@ -40,7 +40,7 @@ def test_summary_prints_every_section(run_dir, capsys):
     assert main(["summary", str(run_dir)]) == 0
     out = capsys.readouterr().out
     for heading in ("Time per category and name", "Epochs", "Steps:", "Time breakdown",
-                    "Data-loader stall", "Rank imbalance"):
+                    "Data-loader stall", "Stragglers"):
         assert heading in out
     assert "4 files, 4 processes (4 ranks on 2 hosts)" in out
     forward = next(line for line in out.splitlines() if " forward " in line)

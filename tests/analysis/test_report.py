@@ -62,11 +62,12 @@ def test_report_is_self_contained(report):
 
 
 def test_report_has_one_plot_per_section(report):
-    """Timeline, step times, breakdown, top names, distributions, stragglers and stall."""
+    """Stragglers, timeline, waits, step times, breakdown, top names, distributions and stall."""
     html = report.read_text(encoding="utf-8")
     headings = re.findall(r"<h2>([^<]+)</h2>", html)
-    assert headings == ["Step timeline per rank", "Step time per rank", "Time breakdown", "Where the time goes",
-                        "Duration distributions", "Stragglers", "Data-loader stall"]
+    assert headings == ["Stragglers", "Step timeline per rank", "Wait in collectives per rank and step",
+                        "Step time per rank", "Time breakdown", "Where the time goes", "Duration distributions",
+                        "Data-loader stall"]
     assert html.count('class="plotly-graph-div"') == len(headings)
 
 

@@ -20,7 +20,10 @@ from dftrace.analysis import Summary, load_traces, summarize
 from dftrace.analysis import _summary as summary_module
 
 RANKS, EPOCHS, STEPS = 4, 2, 4
-STEP_EXTENT = tracegen.step_us() - tracegen.GAP_US  # transfer .. end of the optimizer step
+# The step model: a step runs from its first work (transfer) to the next step's; the
+# last step of an epoch ends with its own last span (the optimizer step).
+STEP_PERIOD = FETCH_ITER_US + tracegen.step_us()
+LAST_STEP = tracegen.step_us() - tracegen.GAP_US
 SLOW = {(1, 0, 2): 500, (3, 1, 1): 900}
 
 
@@ -72,10 +75,12 @@ def test_epoch_table_names_the_slowest_rank(summary):
 def test_step_table_finds_stragglers(summary):
     """A slow step shows its slowest rank, the median and their ratio."""
     step = _row(summary.steps, epoch=0, step=2)
-    assert (step["slowest"], step["median_us"], step["max_us"]) == ("rank 1", STEP_EXTENT, STEP_EXTENT + 500)
-    assert step["imbalance"] == pytest.approx((STEP_EXTENT + 500) / STEP_EXTENT, abs=1e-3)
+    assert (step["slowest"], step["median_us"], step["max_us"]) == ("rank 1", STEP_PERIOD, STEP_PERIOD + 500)
+    assert step["imbalance"] == pytest.approx((STEP_PERIOD + 500) / STEP_PERIOD, abs=1e-3)
     even = _row(summary.steps, epoch=0, step=0)
-    assert even["imbalance"] == 1.0 and even["min_us"] == even["max_us"] == STEP_EXTENT
+    assert even["imbalance"] == 1.0 and even["min_us"] == even["max_us"] == STEP_PERIOD
+    last = _row(summary.steps, epoch=0, step=STEPS - 1)
+    assert last["min_us"] == last["max_us"] == LAST_STEP
 
 
 def test_imbalance_ranks_worst_steps_and_slowest_ranks(summary):
@@ -83,7 +88,7 @@ def test_imbalance_ranks_worst_steps_and_slowest_ranks(summary):
     imbalance = summary.imbalance
     assert imbalance["steps_compared"] == EPOCHS * STEPS
     assert [(w["epoch"], w["step"], w["slowest"]) for w in imbalance["worst"]] == [(1, 1, "rank 3"), (0, 2, "rank 1")]
-    ratios = [1.0] * 6 + [(STEP_EXTENT + 500) / STEP_EXTENT, (STEP_EXTENT + 900) / STEP_EXTENT]
+    ratios = [1.0] * 6 + [(STEP_PERIOD + 500) / STEP_PERIOD, (STEP_PERIOD + 900) / STEP_PERIOD]
     assert imbalance["mean_ratio"] == pytest.approx(sum(ratios) / len(ratios), abs=1e-3)
     slowest = {r["rank"]: r["slowest_count"] for r in imbalance["ranks"]}
     assert slowest == {"rank 0": 0, "rank 1": 1, "rank 2": 0, "rank 3": 1}
@@ -93,7 +98,7 @@ def test_step_stats_cover_every_rank_step(summary):
     """Step time statistics run over all (rank, step) pairs."""
     stats = summary.step_stats
     assert stats["count"] == RANKS * EPOCHS * STEPS
-    assert (stats["p50_us"], stats["max_us"]) == (STEP_EXTENT, STEP_EXTENT + 900)
+    assert (stats["min_us"], stats["p50_us"], stats["max_us"]) == (LAST_STEP, STEP_PERIOD, STEP_PERIOD + 900)
 
 
 def test_breakdown_measures_busy_exclusive_and_overlap(summary):

@@ -49,6 +49,8 @@ class Process:
     next_id: int = 1
     #: Clock anchor (wall_ns, mono_ns) written to the metadata.
     anchor: tuple[int, int] = (T0_US * 1000 - 1_000_000, 5_000_000_000)
+    #: The script named in the process info.
+    cmdline: str = "train.py"
 
     @property
     def hhash(self) -> str:
@@ -78,7 +80,7 @@ class Process:
             ("thread_name", "", loader, {"name": "loader"}),
             ("HH", "dftrace", main, {"name": self.host, "value": self.hhash}),
             ("clock_anchor", "dftrace", main, {"wall_ns": self.anchor[0], "mono_ns": self.anchor[1]}),
-            ("PR", "dftrace", main, {"cmdline": ["python", "train.py"], "cwd": "/work", "python": "3.11",
+            ("PR", "dftrace", main, {"cmdline": ["python", self.cmdline], "cwd": "/work", "python": "3.11",
                                      "hostname": self.host, "rank": self.rank, "local_rank": self.rank}),
         ]
         return [
@@ -115,7 +117,10 @@ def training_process(pid: int, *, rank: int | None = 0, host: str = "node0", epo
             for name, cat, dur in (("transfer", "device", TRANSFER_US), ("forward", "compute", FORWARD_US),
                                    ("backward", "compute", BACKWARD_US + extra),
                                    ("all_reduce", "comm", ALL_REDUCE_US), ("step", "compute", OPTIMIZER_US)):
-                inner.append((name, cat, t, dur, {"epoch": epoch, "step": step}, []))
+                args = {"epoch": epoch, "step": step}
+                if cat == "comm":
+                    args.update(group="0", seq=epoch * steps + step + 1)
+                inner.append((name, cat, t, dur, args, []))
                 if name == "forward":
                     proc.span("preprocess", "data", t, PREPROCESS_US, tid=pid + 1, epoch=epoch)
                 t += dur + GAP_US
@@ -190,3 +195,78 @@ def write_run(directory: str | os.PathLike[str], ranks: int = 2, *, compression:
         proc = training_process(1000 + rank, rank=rank, host=f"node{rank % 2}", slow=per_rank)
         paths.append(write_process(directory, proc, compression=compression, **kwargs))
     return paths
+
+
+#: Durations (µs) of the collective run's spans (see :func:`collective_run`).
+COLL_FETCH_US = 30
+COLL_FORWARD_US = 100
+COLL_BACKWARD_US = 200
+COLL_TRANSFER_US = 40
+COLL_OPTIMIZER_US = 20
+COLL_EVAL_FORWARD_US = 5_000
+
+
+def collective_run(ranks: int = 2, *, steps: int = 8, slow_rank: int | None = 1, slow_us: int = 3_000,
+                   sticky: str = "start", t0: int = T0_US, evaluate: bool = True,
+                   host_offset_us: int = 0, cmdline: str = "train.py", pid: int = 2000) -> list[Process]:
+    """Ranks training in lockstep through one blocking all-reduce per step.
+
+    Per step and rank: ``fetch.iter``, ``forward`` (``slow_us`` longer on
+    ``slow_rank``), then ``backward`` holding the all-reduce, then the optimizer
+    ``step``. Every rank leaves the all-reduce when the last one has arrived plus
+    ``COLL_TRANSFER_US``, so the others wait. ``sticky`` says when sticky args are
+    taken, as a recorder would: at a span's ``"start"`` or ``"end"``; either way
+    the fetch before ``ai.update(step=k)`` carries step k-1. After the loop, an
+    evaluation (``pipeline.evaluate``) runs forwards that still carry the last
+    step. A ``pipeline.train`` and a ``compute.loop`` span enclose everything.
+    Odd ranks are on node1, whose clock is ``host_offset_us`` ahead. Rank r has pid
+    ``pid + r``.
+    """
+    anchor = (t0 * 1000 - 1_000_000, 5_000_000_000)
+    procs = [Process(pid + r, host=f"node{r % 2}", rank=r, anchor=anchor, cmdline=cmdline)
+             for r in range(ranks)]
+    clock = [t0] * ranks
+    begin = t0
+    for step in range(steps):
+        arrivals = []
+        for r, p in enumerate(procs):
+            t = clock[r]
+            prev = step - 1 if step else None
+            fetch_args = {"step": prev} if prev is not None else {}
+            p.span("fetch.iter", "dataloader", t, COLL_FETCH_US, level=2, **fetch_args)
+            t += COLL_FETCH_US
+            forward = COLL_FORWARD_US + (slow_us if r == slow_rank else 0)
+            p.span("forward", "compute", t, forward, level=2, step=step)
+            t += forward
+            arrivals.append(t + COLL_BACKWARD_US)
+            clock[r] = t
+        done = max(arrivals) + COLL_TRANSFER_US
+        for r, p in enumerate(procs):
+            t = clock[r]
+            backward_id = p.next_id
+            p.next_id += 1
+            arrive = t + COLL_BACKWARD_US
+            p.span("all_reduce", "comm", arrive, done - arrive, level=3, parent=backward_id, step=step,
+                   group="0", seq=step + 1, op="SUM", bytes=4096, group_size=ranks)
+            p.events.append({"id": backward_id, "name": "backward", "cat": "compute", "pid": p.pid, "tid": p.pid,
+                             "ts": t, "dur": done - t, "ph": "X",
+                             "args": {"hhash": p.hhash, "level": 2, "p_idx": 0, "step": step}})
+            p.span("step", "compute", done, COLL_OPTIMIZER_US, level=2, step=step)
+            clock[r] = done + COLL_OPTIMIZER_US
+    last = steps - 1
+    for r, p in enumerate(procs):
+        t = clock[r]
+        if evaluate:
+            p.span("forward", "compute", t + 10, COLL_EVAL_FORWARD_US, level=3, step=last)
+            p.span("forward", "compute", t + 20 + COLL_EVAL_FORWARD_US, COLL_EVAL_FORWARD_US, level=3, step=last)
+            p.span("evaluate", "pipeline", t, 30 + 2 * COLL_EVAL_FORWARD_US, level=2, step=last)
+            clock[r] = t + 30 + 2 * COLL_EVAL_FORWARD_US
+        enclosing = {"step": last} if sticky == "end" else {}
+        p.span("loop", "compute", begin, clock[r] - begin, level=1, **enclosing)
+        p.span("train", "pipeline", begin, clock[r] - begin, level=1, **enclosing)
+    if host_offset_us:
+        for p in procs:
+            if p.host == "node1":
+                for e in p.events:
+                    e["ts"] += host_offset_us
+    return procs

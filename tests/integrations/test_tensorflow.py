@@ -17,10 +17,15 @@ from dftrace.format import validate_file  # noqa: E402
 from dftrace.tensorflow import TraceHook  # noqa: E402
 
 
-def train(hooks, n=12, batch=4, fail_at_step=None):
+def train(hooks, n=12, batch=4, fail_at_step=None, first_step=0):
     """Build a linear model on n points and train it until the input runs out
     (n / batch runs, then OutOfRangeError), or until the assert at fail_at_step."""
     with tf.Graph().as_default():
+        if first_step:
+            tf.compat.v1.get_variable(
+                "global_step", shape=[], dtype=tf.int64, trainable=False,
+                initializer=tf.compat.v1.constant_initializer(first_step),
+                collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, tf.compat.v1.GraphKeys.GLOBAL_STEP])
         gs = tf.compat.v1.train.get_or_create_global_step()
         rng = np.random.default_rng(0)
         ds = tf.data.Dataset.from_tensor_slices(
@@ -55,6 +60,29 @@ def test_session_writes_train_and_a_compute_span_per_run(tmp_path):
     assert runs[-1]["args"]["end_of_input"] is True
     assert not any(e["args"].get("incomplete") for e in result.spans())
     assert validate_file(result.paths[0]) == []
+
+
+def test_global_step_comes_with_the_run(tmp_path, monkeypatch):
+    """The hook reads the global step through SessionRunArgs: as many session.run calls
+    as without it, and each span has the global step as read during its run (before or
+    after the run's own increment: TensorFlow does not order the two)."""
+    calls = []
+    original = tf.compat.v1.Session.run
+
+    def counting_run(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(tf.compat.v1.Session, "run", counting_run)
+    train([], n=16)
+    untraced = len(calls)
+    calls.clear()
+    with testing.trace_to(tmp_path) as result:
+        train([TraceHook()], n=16, first_step=100)
+    assert len(calls) == untraced
+    steps = [e["args"]["step"] for e in result.spans("compute", "compute")]
+    # 4 runs, then the one that found the input exhausted (no result: the run count)
+    assert all(step in (100 + i, 101 + i) for i, step in enumerate(steps[:4])) and steps[4] == 4
 
 
 def test_epoch_span_option(tmp_path):

@@ -407,11 +407,11 @@ def test_distributed_collectives_over_gloo(tmp_path):
         rank = int(f.split("-rank")[1].split("-")[0])
         events = testing.read_events(f)
         comm = testing.spans(events, cat="comm")
-        calls = [e for e in comm if not e["args"].get("ddp")]
+        calls = [e for e in comm if not e["args"].get("ddp") and "." not in e["name"]]
         assert [e["name"] for e in calls] == [
             "all_reduce", "bcast", "all_gather", "reduce", "barrier", "all_reduce",
             "send" if rank == 0 else "receive", "send" if rank == 0 else "receive"]
-        assert all(e["args"]["group_size"] == 2 for e in comm)
+        assert all(e["args"]["group_size"] == 2 for e in comm if "." not in e["name"])
         first = calls[0]["args"]
         assert (first["bytes"], first["op"], first["async"]) == (16, "SUM", False)
         assert calls[1]["args"]["src"] == 0
@@ -421,6 +421,13 @@ def test_distributed_collectives_over_gloo(tmp_path):
         assert calls[6]["args"]["bytes"] == 12 and calls[6]["args"]["async"] is False
         assert calls[7]["args"]["bytes"] == 20 and calls[7]["args"]["async"] is True
         assert calls[6]["args"].get("dst" if rank == 0 else "src") == (1 if rank == 0 else 0)
+        # Matching across ranks: group and a per-group sequence number (p2p: per pair)
+        seqs = [e["args"]["seq"] for e in calls[:6]]
+        assert all(e["args"]["group"] == "0" for e in calls) and seqs == sorted(set(seqs))
+        assert [e["args"]["seq"] for e in calls[6:]] == [1, 2]
+        # the async all-reduce's completion, with the call's sequence number
+        done = [e for e in comm if e["name"] == "all_reduce.done"]
+        assert calls[5]["args"]["seq"] in {e["args"]["seq"] for e in done}
         ddp = [e for e in comm if e["args"].get("ddp")]
         assert ddp and ddp[0]["args"]["bytes"] == 5 * 4 and ddp[0]["args"]["async"] is True
         backward = testing.spans(events, "backward", "compute")

@@ -1,0 +1,204 @@
+"""The step model: which stretch of each rank's time is which training step.
+
+A step runs, on each process, from the first start of the step's own work (the
+earliest span carrying its ``args.step``) to the first start of the next step's
+work. Work means leaf activity: compute, communication, device transfers,
+checkpoints, and data loading. Never part of a step:
+
+- pipeline spans (train, epoch, evaluate, test, ``pipeline.*``) and loop bodies
+  (``.block``), which enclose steps;
+- any span that contains the starts of two or more other steps (a span around the
+  whole loop that carries some step's number);
+- data-loading spans that began before the previous step's compute: the fetch
+  that ran before ``ai.update(step=...)`` was called carries the previous step's
+  number, whether sticky args are taken when a span starts or when it ends.
+
+The last step of an epoch (or of the run) ends with the last of its own spans, and
+a pipeline span that starts inside a step (an evaluation, the next epoch) ends it
+there: evaluation after the last training step is not part of that step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from .. import format as fmt
+
+#: Categories whose spans place a step in time; data loading follows them.
+WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
+
+def step_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """*by, epoch, step, cat, name, start, end, n: extents of the spans that carry
+    ``args.step``, per name: what :func:`model_steps` works from. ``spans`` are
+    complete events with an ``end`` column."""
+    return (
+        spans.filter(
+            pl.col("step").is_not_null() & (pl.col("cat") != fmt.CAT_PIPELINE)
+            & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX) & ~pl.col("name").str.ends_with(fmt.DONE_SUFFIX)
+        )
+        .group_by([*by, "epoch", "step", "cat", "name"])
+        .agg(pl.col("ts").min().alias("start"), pl.col("end").max().alias("end"),
+             pl.len().cast(pl.Int64).alias("n"))
+    )
+
+
+def container_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """*by, name, start, end: the pipeline's own spans (train, epoch, evaluate, ...);
+    loop bodies and item waits left out."""
+    return spans.filter(
+        (pl.col("cat") == fmt.CAT_PIPELINE) & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX)
+        & ~pl.col("name").str.ends_with(fmt.ITER_SUFFIX)
+    ).select(*by, "name", pl.col("ts").alias("start"), "end")
+
+
+STEP_SCHEMA = {"proc": pl.Int32, "epoch": pl.Int64, "step": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+               "n": pl.Int64, "work": pl.Boolean}
+
+
+def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
+    """proc, epoch, step, start, end, n, work: each process's steps.
+
+    ``rows`` has the extents of each (proc, epoch, step, cat, name); ``containers``
+    the pipeline spans (proc, name, start, end). ``work`` is false for processes
+    whose steps are found from data loading alone (DataLoader workers).
+    """
+    if not rows.height:
+        return pl.DataFrame(schema=STEP_SCHEMA)
+    cuts = {
+        proc: np.sort(frame.get_column("start").to_numpy())
+        for (proc,), frame in containers.partition_by("proc", as_dict=True).items()
+    }
+    out = [
+        _process_steps(proc, frame, cuts.get(proc, np.empty(0, dtype=np.int64)))
+        for (proc,), frame in rows.partition_by("proc", as_dict=True).items()
+    ]
+    return pl.concat(out, how="vertical") if out else pl.DataFrame(schema=STEP_SCHEMA)
+
+
+def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFrame:
+    keys = rows.select("epoch", "step").unique().sort(["epoch", "step"], nulls_last=False)
+    rows = rows.join(keys.with_row_index("key"), on=["epoch", "step"], nulls_equal=True)
+    key = rows.get_column("key").to_numpy().astype(np.int64)
+    start = rows.get_column("start").to_numpy().astype(np.int64)
+    end = rows.get_column("end").to_numpy().astype(np.int64)
+    n = rows.get_column("n").to_numpy().astype(np.int64)
+    is_work = rows.get_column("cat").is_in(WORK_CATS).to_numpy()
+    work = bool(is_work.any())
+    if not work:
+        is_work = np.ones(key.size, dtype=bool)
+    keep = np.ones(key.size, dtype=bool)
+    first = _first_starts(key, start, is_work & keep, keys.height)
+    # Spans that hold the starts of two or more other steps enclose steps.
+    known = np.sort(first[np.isfinite(first)]).astype(np.int64)
+    inside = np.searchsorted(known, end, side="left") - np.searchsorted(known, start, side="right")
+    own = (first[key] > start) & (first[key] < end)
+    keep &= (inside - own) < 2
+    first = _first_starts(key, start, is_work & keep, keys.height)
+    found = np.flatnonzero(np.isfinite(first))
+    if not found.size:
+        return pl.DataFrame(schema=STEP_SCHEMA)
+    order = found[np.argsort(first[found], kind="stable")]
+    rank_of = np.full(keys.height, -1, dtype=np.int64)
+    rank_of[order] = np.arange(order.size)
+    step_start = first[order].astype(np.int64)
+    # Data loading joins a step only when it began after the previous step's work.
+    previous = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
+    data = keep & ~is_work & (rank_of[key] >= 0)
+    data &= start > previous[np.maximum(rank_of[key], 0)]
+    if data.any():
+        earliest = np.full(order.size, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(earliest, rank_of[key[data]], start[data])
+        step_start = np.minimum(step_start, earliest)
+    last_end = np.zeros(order.size, dtype=np.int64)
+    counts = np.zeros(order.size, dtype=np.int64)
+    placed = keep & (rank_of[key] >= 0)
+    np.maximum.at(last_end, rank_of[key[placed]], end[placed])
+    np.add.at(counts, rank_of[key[placed]], n[placed])
+    epochs = keys.get_column("epoch").to_numpy()[order] if keys.height else np.empty(0)
+    same_epoch = np.concatenate((_same(epochs[1:], epochs[:-1]), [False]))
+    step_end = np.where(same_epoch, np.concatenate((step_start[1:], [0])), last_end)
+    # A pipeline span starting inside a step (evaluation, the next epoch) ends it.
+    if cuts.size:
+        nxt = np.searchsorted(cuts, step_start, side="right")
+        has = nxt < cuts.size
+        cut = np.where(has, cuts[np.minimum(nxt, cuts.size - 1)], np.iinfo(np.int64).max)
+        step_end = np.minimum(step_end, cut)
+    step_end = np.maximum(step_end, step_start)
+    picked = keys[order.tolist()]
+    return pl.DataFrame(
+        {
+            "proc": np.full(order.size, proc, dtype=np.int32),
+            "epoch": picked.get_column("epoch"),
+            "step": picked.get_column("step"),
+            "start": step_start,
+            "end": step_end,
+            "n": counts,
+            "work": np.full(order.size, work),
+        },
+        schema=STEP_SCHEMA,
+    )
+
+
+def _first_starts(key: np.ndarray, start: np.ndarray, use: np.ndarray, size: int) -> np.ndarray:
+    first = np.full(size, np.inf)
+    np.minimum.at(first, key[use], start[use].astype(np.float64))
+    return first
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise equality that treats two missing epochs as equal."""
+    return np.array([x == y or (x is None and y is None) or (x != x and y != y) for x, y in zip(a, b)],
+                    dtype=bool)
+
+
+def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
+    """unit, unit_order, epoch, step, start, end, dur, n: each rank's steps.
+
+    A rank's processes together: those that place steps by their work (the
+    training process), or, for a rank with none, those that only load data.
+    """
+    units = procs.filter(pl.col("unit").is_not_null()).select("proc", "unit", "unit_order")
+    joined = steps.join(units, on="proc", how="inner")
+    joined = joined.filter(pl.col("work") | ~pl.col("work").any().over("unit"))
+    return (
+        joined.group_by(["unit", "unit_order", "epoch", "step"])
+        .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum())
+        .with_columns((pl.col("end") - pl.col("start")).alias("dur"))
+        .sort(["unit_order", "start"], nulls_last=True)
+    )
+
+
+def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
+                 epoch: int | None) -> pl.DataFrame:
+    """_unit, _from, _to: per unit, the time of steps ``first``..``last`` (of
+    ``epoch``, or of any epoch) by the step model. ``events`` is a loaded trace's
+    events table; ``unit`` names the rank (or process) of each event."""
+    spans = events.filter(
+        (pl.col("ph") == fmt.PH_COMPLETE) & pl.col("ts").is_not_null() & pl.col("dur").is_not_null()
+    ).with_columns(
+        (pl.col("ts") + pl.col("dur")).alias("end"),
+        pl.struct("host", "pid").rank("dense").cast(pl.Int32).alias("proc"),
+        unit.alias("_unit"),
+    )
+    units = spans.select("proc", "_unit").unique("proc")
+    steps = model_steps(step_rows(spans, ["proc"]), container_rows(spans, ["proc"]))
+    selected = steps.filter(pl.col("step").is_between(first, last))
+    if epoch is not None:
+        selected = selected.filter(pl.col("epoch") == epoch)
+    return (
+        selected.join(units, on="proc")
+        .group_by("_unit")
+        .agg(pl.col("start").min().alias("_from"), pl.col("end").max().alias("_to"))
+    )
+
+
+def describe_steps(events: pl.DataFrame) -> str:
+    """What steps and epochs the events carry, for a message about a filter."""
+    spans = events.filter(pl.col("step").is_not_null())
+    if not spans.height:
+        return "the trace has no step numbers"
+    steps = spans.get_column("step")
+    epochs = sorted(spans.get_column("epoch").drop_nulls().unique().to_list())
+    where = f"epochs {epochs[0]}..{epochs[-1]}" if epochs else "no epoch numbers"
+    return f"the trace has steps {steps.min()}..{steps.max()} and {where}"

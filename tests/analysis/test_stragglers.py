@@ -1,0 +1,179 @@
+"""The step model and the straggler analysis, on generated runs with known answers."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+import tracegen
+from tracegen import (
+    COLL_BACKWARD_US,
+    COLL_FETCH_US,
+    COLL_FORWARD_US,
+    COLL_OPTIMIZER_US,
+    COLL_TRANSFER_US,
+)
+
+from dftrace.analysis import render_text, summarize
+from dftrace.analysis._cli import main
+
+STEPS, SLOW_US = 8, 3_000
+#: One step of the lockstep run: everyone waits for the slow rank's forward.
+PERIOD = COLL_FETCH_US + COLL_FORWARD_US + SLOW_US + COLL_BACKWARD_US + COLL_TRANSFER_US + COLL_OPTIMIZER_US
+LAST = PERIOD - COLL_FETCH_US  # the last step ends with its optimizer step
+
+
+def _write(directory, procs, prefix="train"):
+    for p in procs:
+        tracegen.write_process(directory, p, prefix=prefix)
+    return directory
+
+
+@pytest.fixture(params=["start", "end"])
+def lockstep(request, tmp_path):
+    """Two ranks (on two hosts, clocks 7 ms apart), rank 1 slow; sticky args taken at
+    span start or at span end."""
+    return _write(tmp_path, tracegen.collective_run(2, steps=STEPS, slow_us=SLOW_US, sticky=request.param,
+                                                    host_offset_us=7_000))
+
+
+def test_steps_are_the_loops_steps(lockstep):
+    """8 steps per rank; enclosing spans and the evaluation after the last step are
+    not part of any step."""
+    summary = summarize(lockstep)
+    assert [(s["epoch"], s["step"], s["ranks"]) for s in summary.steps] == [(None, k, 2) for k in range(STEPS)]
+    assert summary.step_stats["count"] == 2 * STEPS
+    assert [s["max_us"] for s in summary.steps] == [PERIOD] * (STEPS - 1) + [LAST]
+    # No epoch arg anywhere: no "epoch None" row.
+    assert summary.epochs == []
+
+
+def test_straggler_is_the_rank_that_arrives_last(lockstep):
+    """Rank 1 arrives last at every all-reduce: it waited the least, the others waited
+    SLOW_US more, whatever the clocks of the two hosts say."""
+    summary = summarize(lockstep)
+    first, second = summary.stragglers
+    assert (first["rank"], first["host"], first["last_arrivals"], first["held_steps"]) == (1, "node1", STEPS, STEPS)
+    assert first["caused_wait_us"] == STEPS * SLOW_US
+    assert first["caused_wait_us_per_step"] == SLOW_US
+    assert (second["rank"], second["last_arrivals"], second["caused_wait_us"]) == (0, 0, 0)
+    # Compute within the steps: the slow forward, and a backward without the wait.
+    assert first["compute_us_per_step"] == COLL_FORWARD_US + SLOW_US + COLL_BACKWARD_US + COLL_OPTIMIZER_US
+    assert second["compute_us_per_step"] == COLL_FORWARD_US + COLL_BACKWARD_US + COLL_OPTIMIZER_US
+    stats = summary.collectives
+    assert (stats["matched"], stats["steps"], stats["max_skew_us"]) == (STEPS, STEPS, SLOW_US)
+    assert stats["worst"][0]["last"] == "rank 1"
+
+
+def test_summary_names_the_straggler_first(lockstep, capsys):
+    """The terminal summary's first lines say who held the others back, and the JSON
+    has the stragglers list."""
+    text = render_text(summarize(lockstep))
+    assert text.splitlines()[2].strip() == (
+        f"rank 1 held the others back in {STEPS} of {STEPS} steps, {SLOW_US / 1000:.2f} ms per step")
+    assert main(["summary", str(lockstep), "--json"]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert [(s["rank"], s["last_arrivals"]) for s in data["stragglers"]] == [(1, STEPS), (0, 0)]
+    assert set(data["stragglers"][0]) >= {"rank", "host", "last_arrivals", "caused_wait_us", "compute_us_per_step"}
+
+
+def test_collective_wait_inside_backward_is_communication(lockstep):
+    """The all-reduce nested in backward is communication (self time), not compute
+    overlapped with communication."""
+    summary = summarize(lockstep)
+    groups = {g["group"]: g for g in summary.breakdown["groups"]}
+    wait = STEPS * (SLOW_US + COLL_TRANSFER_US) + STEPS * COLL_TRANSFER_US  # rank 0 waits, rank 1 only transfers
+    assert groups["comm"]["busy_us"] == groups["comm"]["exclusive_us"] == wait
+    assert groups["compute"]["overlapped_us"] == 0
+    assert summary.breakdown["pairs"] == []
+
+
+def test_wait_per_rank_and_step(lockstep):
+    """Each rank-step row of the timeline carries the rank's wait in collectives."""
+    rows = summarize(lockstep).rank_steps
+    waits = {(r["rank"], r["step"]): r["wait_us"] for r in rows}
+    assert waits[("rank 0", 3)] == SLOW_US + COLL_TRANSFER_US
+    assert waits[("rank 1", 3)] == COLL_TRANSFER_US
+
+
+def test_single_rank_has_no_straggler_output(tmp_path):
+    """One rank: no stragglers, no imbalance table, no straggler lines."""
+    _write(tmp_path, tracegen.collective_run(1, steps=STEPS, slow_rank=None))
+    summary = summarize(tmp_path)
+    assert summary.stragglers == [] and summary.imbalance["ranks"] == []
+    assert len(summary.steps) == STEPS
+    text = render_text(summary)
+    assert "held the others back" not in text and "Stragglers" not in text and "imbalance" not in text
+
+
+def test_no_straggler_when_ranks_keep_pace(tmp_path):
+    """Ranks that arrive together: the summary says nobody held the others back."""
+    _write(tmp_path, tracegen.collective_run(2, steps=STEPS, slow_rank=None))
+    summary = summarize(tmp_path)
+    assert all(s["caused_wait_us"] == 0 for s in summary.stragglers)
+    assert "no rank held the others back" in render_text(summary)
+
+
+def test_files_of_two_runs_are_told_apart(tmp_path):
+    """Two runs a day apart: found as two runs, wall time is one run's, not the gap."""
+    day = 86_400_000_000
+    _write(tmp_path, tracegen.collective_run(2, steps=STEPS, cmdline="a.py"))
+    _write(tmp_path, tracegen.collective_run(2, steps=STEPS, t0=tracegen.T0_US + day, cmdline="b.py",
+                                             pid=3000), "other")
+    summary = summarize(tmp_path)
+    assert [(r["ranks"], r["commands"]) for r in summary.runs] == [([0, 1], ["python a.py"]),
+                                                                   ([0, 1], ["python b.py"])]
+    assert summary.overview["runs"] == 2
+    assert summary.overview["wall_us"] < day / 1000
+    assert "2 separate runs" in render_text(summary).splitlines()[2]
+    # Each run's ranks are units of their own: steps and collectives never mix runs.
+    assert max(r["start_us"] for r in summary.rank_steps) < day / 1000
+    assert summary.step_stats["max_us"] == PERIOD and summary.step_stats["count"] == 2 * 2 * STEPS
+    assert [(s["unit"], s["rank"], s["last_arrivals"]) for s in summary.stragglers[:2]] == [
+        ("rank 1 · run 1", 1, STEPS), ("rank 1 · run 2", 1, STEPS)]
+
+
+def test_merge_keeps_the_steps_of_the_model(lockstep, tmp_path):
+    """--steps 2:3 keeps each rank's time from step 2's first work to step 4's."""
+    out = tmp_path / "two.json"
+    assert main(["merge", str(lockstep), "-o", str(out), "--steps", "2:3", "--no-align"]) == 0
+    events = [e for e in orjson.loads(out.read_bytes()) if e["ph"] == "X"]
+    forwards = sorted({e["args"].get("step") for e in events if e["name"] == "forward"})
+    assert forwards == [2, 3]
+
+
+def test_merge_filter_matching_nothing_fails(lockstep, tmp_path, capsys):
+    """A step filter that selects nothing exits non-zero and says what the trace has."""
+    out = tmp_path / "none.json"
+    assert main(["merge", str(lockstep), "-o", str(out), "--steps", "3:4", "--epoch", "0"]) != 0
+    err = capsys.readouterr().err
+    assert "no events match" in err and "steps 3..4 of epoch 0" in err and "no epoch numbers" in err
+    assert not out.exists()
+
+
+def test_report_names_the_straggler_first(lockstep, tmp_path):
+    """The HTML report's first lines are the terminal summary's: rank 1 held the others back."""
+    from dftrace.analysis import render_html
+
+    page = render_html(summarize(lockstep))
+    first = page.index("<p class='finding'>")
+    assert page[first:].startswith(f"<p class='finding'>rank 1 held the others back in {STEPS} of {STEPS} steps")
+    assert page.index("<h2>Stragglers</h2>") < page.index("<h2>Step timeline per rank</h2>")
+
+
+def test_report_of_one_rank_says_nothing_of_stragglers(tmp_path):
+    from dftrace.analysis import render_html
+
+    _write(tmp_path, tracegen.collective_run(1, steps=STEPS, slow_rank=None))
+    page = render_html(summarize(tmp_path))
+    assert "held the others back" not in page and "<h2>Stragglers</h2>" not in page
+
+
+def test_summary_json_of_an_older_version_loads(lockstep):
+    """Summary.from_dict accepts JSON without the newer fields."""
+    from dftrace.analysis import Summary
+
+    data = summarize(lockstep).to_dict()
+    for key in ("stragglers", "collectives", "runs"):
+        del data[key]
+    old = Summary.from_dict(data)
+    assert (old.stragglers, old.collectives, old.runs) == ([], {}, [])
