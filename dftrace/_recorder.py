@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any
 
-from ._events import INCOMPLETE, META, Extra, kind_id, use_native
+from ._events import INCOMPLETE, META, Extra, use_native
 
 __all__ = ["BUFFER", "SPECIALS", "STATE", "LOCAL", "Stack", "current_stack", "record",
            "record_special", "new_id", "drain", "buffered", "sticky_of", "VTID_BASE"]
@@ -873,10 +873,23 @@ def record_cm(name: str) -> None:
     record_special(META, {"name": "CM", "args": {"name": name}, "ts_value": True}, stk.tid)
 
 
-def record_finished(name: str, cat: str, t0: int, t1: int, args: Any = None) -> None:
-    """A span that already ended, given by its times (DFTracer's ``log_event``)."""
-    stk = current_stack()
-    record(kind_id(name, cat), t0, t1, new_id(), stk[-1], len(stk), stk.tid, None, args or None)
+def record_finished(kid: int, t0: int, t1: int, args: Any = None, sticky: Any = None,
+                    tid: int | None = None) -> None:
+    """A span that already ended, given by its times: inside the caller's open span,
+    or at the top of track ``tid`` (DFTracer's ``log_event``, completions of
+    asynchronous work)."""
+    if tid is None:
+        stk = current_stack()
+        record(kid, t0, t1, new_id(), stk[-1], len(stk), stk.tid, sticky, args or None)
+    else:
+        record(kid, t0, t1, new_id(), 0, 1, tid, sticky, args or None)
+
+
+def new_track(name: str) -> int:
+    """A virtual tid for spans that run beside the threads (a track of its own)."""
+    tid = next(_vtids)
+    record_special(META, {"name": "thread_name", "args": {"name": name}}, tid)
+    return tid
 
 
 def restick_open(node: Any) -> None:

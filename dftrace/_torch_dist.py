@@ -38,7 +38,6 @@ import torch.distributed as dist
 
 from . import _recorder as _rec
 from . import format as fmt
-from ._events import META
 from ._nodes import Node, ai
 from ._hooks import warn_once
 
@@ -167,9 +166,8 @@ class _InFlightTracks:
                 if entry[1] <= t0:
                     entry[1] = t1
                     return entry[0]
-            tid = next(_rec._vtids)
+            tid = _rec.new_track("comm in flight")
             self._ends.append([tid, t1])
-        _rec.record_special(META, {"name": "thread_name", "args": {"name": "comm in flight"}}, tid)
         return tid
 
     def clear(self) -> None:
@@ -184,13 +182,13 @@ def record_completion(node: Node, future: Any, t0: int, args: dict[str, Any]) ->
     """When ``future`` completes, write ``<node>.done`` from ``t0`` to then."""
     done = node.derive(fmt.DONE_SUFFIX[1:])
     keep = {k: args[k] for k in ("group", "seq", "bucket") if k in args}
+    sticky = _rec.sticky_of(done)  # the sticky args in force when the work was issued
 
     def on_done(_: Any) -> None:
         try:
             t1 = _rec.clock()
             if done.enabled:
-                tid = _tracks.track(t0, t1)
-                _rec.record(done._kind, t0, t1, next(_rec.ids), 0, 1, tid, keep)
+                _rec.record_finished(done._kid, t0, t1, keep, sticky, _tracks.track(t0, t1))
         except Exception:
             pass
 
@@ -370,8 +368,7 @@ class _BackwardWait:
         try:
             t1 = _rec.clock()
             if self.node.enabled:
-                stk = _rec.current_stack()
-                _rec.record(self.node._kind, self.last, t1, next(_rec.ids), stk[-1], len(stk), stk.tid, None)
+                _rec.record_finished(self.node._kid, self.last, t1, None, _rec.sticky_of(self.node))
         except Exception:
             pass
 

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Iterable, TypeVar
 
 from . import _recorder as _rec
+from ._events import kind_id
 from ._nodes import Node, ai
 from ._runtime import finalize, initialize, session
 
@@ -91,7 +92,7 @@ class dftracer:  # noqa: N801 - DFTracer's spelling
                     args[k] = v[1] if isinstance(v, tuple) and len(v) == 2 else v
             t0 = int(start_time) * 1000 - s.offset_ns
             t1 = t0 + int(duration) * 1000
-            _rec.record_finished(str(name), str(cat), t0, t1, args)
+            _rec.record_finished(kind_id(str(name), str(cat)), t0, t1, args)
         except Exception:
             pass
 

@@ -257,7 +257,7 @@ class ComputeTracing:
 
     def _own_step(self, node: Any) -> int | None:
         """The step to write on ``node``'s span: ours, unless the user set one."""
-        if self.step is None or "step" in node._kind.args:
+        if self.step is None or "step" in node._args():
             return None
         return self.step
 

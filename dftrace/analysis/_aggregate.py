@@ -154,10 +154,12 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, p
         pl.col("name").str.ends_with(fmt.DONE_SUFFIX).alias("done"),
     )
     epochs = spans.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(*_extent())
-    # An epoch span numbers its epoch in args.epoch, or as .iter()'s 1-based count.
+    # An epoch span numbers its epoch as .iter()'s 1-based count, else in args.epoch
+    # (sticky args are those in force when a span starts: an epoch's own
+    # ai.update(epoch=...) comes after its span began).
     epoch_spans = (
         spans.filter((pl.col("cat") == fmt.CAT_PIPELINE) & pl.col("name").is_in(fmt.EPOCH_NAMES))
-        .with_columns(pl.coalesce(pl.col("epoch"), pl.col("count") - 1).alias("epoch"))
+        .with_columns(pl.coalesce(pl.col("count") - 1, pl.col("epoch")).alias("epoch"))
         .filter(pl.col("epoch").is_not_null())
         .group_by("epoch")
         .agg(*_extent())
