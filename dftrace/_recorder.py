@@ -99,6 +99,8 @@ class _State:
         self.captures = 0  # in-memory captures running (they open the gate too)
         self.pid = os.getpid()
         self.open_spans: dict[int, Stack] = {}  # id of a start() span -> its stack
+        self.max_open_spans = 100_000  # past it start() records nothing ...
+        self.open_refused = 0  # ... and counts here
         self._warned: set[str] = set()
 
     def warn_once(self, key: str, message: str) -> None:
@@ -119,6 +121,7 @@ class _State:
         self.open_spans = {}
         self.pid = os.getpid()
         self.dropped = 0
+        self.open_refused = 0
         del BUFFER[:]
         STACKS.clear()
 
@@ -409,8 +412,15 @@ def cm_exit(self: Any, et: Any, ev: Any, tb: Any) -> bool:
     return False
 
 
-def start(obj: Any) -> tuple[Stack, int]:
-    """Hook style: open a span that stays open until ``stop`` (any later call)."""
+def start(obj: Any) -> tuple[Stack, int] | None:
+    """Hook style: open a span that stays open until ``stop`` (any later call).
+    None (nothing recorded, counted) past ``STATE.max_open_spans`` open spans."""
+    if len(STATE.open_spans) >= STATE.max_open_spans:
+        STATE.open_refused += 1
+        STATE.warn_once("open-spans", f"{STATE.max_open_spans} spans started with start() "
+                        "are still open; further start() calls record nothing (counted in "
+                        "the trace as dropped, reason 'open spans')")
+        return None
     stk = LOCAL.stk
     if stk is None or _get_running_loop() is not None:
         stk = resolve()

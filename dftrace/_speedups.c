@@ -745,7 +745,7 @@ typedef struct {
 } hookstate_t;
 
 static hookstate_t H = {0};
-static PyObject *str_open_spans, *str__obj, *str__token;
+static PyObject *str_open_spans, *str__obj, *str__token, *str_max_open_spans;
 
 static PyObject *configure_hooks(PyObject *self, PyObject *args) {
     hookstate_t h;
@@ -799,6 +799,16 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
     spans = open ? PyObject_GetAttr(H.state, str_open_spans) : NULL;
     if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
         goto fail;
+    if (PyDict_GET_SIZE(spans) >= 16) { /* 16: the least max_open_spans accepts */
+        PyObject *lim = PyObject_GetAttr(H.state, str_max_open_spans);
+        Py_ssize_t limit = lim ? PyLong_AsSsize_t(lim) : -1;
+        Py_XDECREF(lim);
+        PyErr_Clear();
+        if (limit >= 0 && PyDict_GET_SIZE(spans) >= limit) { /* Python refuses and counts */
+            Py_DECREF(spans); Py_DECREF(open); Py_DECREF(extra); Py_DECREF(id); Py_DECREF(stk);
+            return call_slow(H.start_slow, self, args, nargsf, kwnames);
+        }
+    }
     ent = open_entry(self, extra, stk);
     if (!ent)
         goto fail;
@@ -1162,6 +1172,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(str_block_kind, "_block_kind");
     INTERN(str_args, "args");
     INTERN(str_open_spans, "open_spans");
+    INTERN(str_max_open_spans, "max_open_spans");
     INTERN(str__obj, "_obj");
     INTERN(str__token, "_token");
 #undef INTERN

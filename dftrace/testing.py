@@ -288,6 +288,8 @@ def reset() -> None:
         _runtime._session = None
     _rec.STATE.captures = 0
     _rec.STATE.dropped = 0
+    _rec.STATE.open_refused = 0
+    _rec.STATE.max_open_spans = 100_000
     _rec.STATE.open_spans.clear()
     _rec.STATE._warned.clear()
     _rec.STATE.consumer = None
