@@ -154,8 +154,17 @@ def _terminating(signum: int) -> bool:
         signal.getsignal(signum) is _handler
 
 
+#: True while the handler writes the buffered events before calling the
+#: application's handler: signals arriving meanwhile wait for that handler.
+_chaining = False
+
+
 def _handler(signum: int, frame: Any) -> Any:
+    global _chaining
     prev = _previous.get(signum, signal.SIG_DFL)
+    if _chaining:  # the application's handler for an earlier signal comes first
+        _pending.append(signum)
+        return None
     if CALLBACKS.busy():
         # The signal interrupted initialize()/finalize() on this thread; running
         # finalize now would see half a session. They send it again when done.
@@ -166,13 +175,17 @@ def _handler(signum: int, frame: Any) -> Any:
     if prev is signal.SIG_DFL:
         _end_with(signum, on_main=True)
         return None
+    _chaining = True
     try:
         CALLBACKS.flush()
     except BaseException:
         pass
-    if callable(prev):
-        return prev(signum, frame)
-    return None
+    finally:
+        _chaining = False
+    try:
+        return prev(signum, frame) if callable(prev) else None
+    finally:
+        redeliver_pending()
 
 
 def _end_with(signum: int, on_main: bool) -> None:
@@ -318,8 +331,9 @@ class _Watcher:
             time.sleep(0.01)
             if _ending.locked():
                 return  # the main thread's handler runs
-        if _main_frame_key() != before or _ending.locked() or CALLBACKS.active():
-            return  # the main thread runs Python code: its handler will come
+        if (_main_frame_key() != before or _ending.locked() or CALLBACKS.active()
+                or _chaining or signum in _pending):
+            return  # the main thread runs Python code (or has deferred the signal)
         _end_with(signum, on_main=False)
 
 
