@@ -33,13 +33,21 @@ def ready() -> None:
 
 def block_in_c() -> None:
     """Block the main thread inside one C call that signals do not interrupt (as a
-    collective that never completes does): pthread_join on a thread that never ends."""
-    forever = threading.Thread(target=threading.Event().wait, daemon=True)
-    forever.start()
-    libc = ctypes.CDLL(None)
+    collective that never completes does): pthread_join on a C thread that waits in
+    pause() forever with every signal blocked (so no signal ends its wait)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.pthread_create.argtypes = (ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_void_p)
     libc.pthread_join.argtypes = (ctypes.c_ulong, ctypes.c_void_p)
+    tid = ctypes.c_ulong()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    err = libc.pthread_create(ctypes.byref(tid), None, ctypes.cast(libc.pause, ctypes.c_void_p), None)
+    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    assert err == 0, err
     ready()
-    libc.pthread_join(forever.ident, None)
+    err = libc.pthread_join(tid, None)
+    print("pthread_join returned", err, flush=True)
+    sys.exit(99)
 
 
 def expected_base(prefix: str) -> str:
