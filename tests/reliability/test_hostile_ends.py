@@ -152,3 +152,37 @@ def test_spans_of_atexit_hooks_registered_before_initialize_are_written(tmp_path
     late = [e for e in spans(testing.read_events(path), "forward") if e["args"].get("late")]
     assert len(late) == 1
     assert last_line(path) == b"]"
+
+
+def test_an_application_wakeup_fd_keeps_receiving_signals(tmp_path):
+    """The application set a signal wakeup fd before initialize(): every signal
+    still reaches it (dftrace passes the bytes on), its handler still runs, and
+    finalize() puts its wakeup fd back."""
+    import dftrace
+
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    os.set_blocking(r, False)
+    got: list[int] = []
+    old_handler = signal.signal(signal.SIGUSR2, lambda signum, frame: got.append(signum))
+    old_fd = signal.set_wakeup_fd(w)
+    try:
+        dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        data = b""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not data:
+            time.sleep(0.01)
+            try:
+                data = os.read(r, 64)
+            except BlockingIOError:
+                pass
+        assert got == [signal.SIGUSR2]
+        assert data == bytes([signal.SIGUSR2])
+        dftrace.finalize()
+        assert signal.set_wakeup_fd(-1) == w
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        signal.signal(signal.SIGUSR2, old_handler)
+        os.close(r)
+        os.close(w)
