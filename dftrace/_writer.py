@@ -198,10 +198,12 @@ class FileSink:
 
     def _fail(self, exc: BaseException) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
+        empty = self._fd is not None and not self._fifo and self.bytes_written == 0
         _rec.STATE.warn_once(
             "sink-failed",
             f"writing {self.path} failed ({self.failed}); tracing stops, the run goes on. "
-            + ("The file written so far stays readable." if self.paths else "No file was written."))
+            + ("No file was written." if empty or not self.paths
+               else "The file written so far stays readable."))
         try:
             if self._fd is not None and not self._fifo:
                 # Drop a frame cut short by the failure (e.g. disk full); shrinking
@@ -210,6 +212,11 @@ class FileSink:
         except OSError:
             pass
         self._close_fd()
+        if empty:  # not even the header fit: leave no empty file (it was ours: O_EXCL)
+            try:
+                os.unlink(self.paths.pop())
+            except OSError:
+                pass
 
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
