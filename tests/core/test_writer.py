@@ -82,7 +82,7 @@ def test_events_reach_disk_within_the_flush_interval(tmp_path):
 def test_drop_mode_counts_dropped_events_in_the_trace(tmp_path):
     """With ``on_full="drop"`` and a full buffer, drops are counted and the count is written."""
     s = dftrace.initialize(log_file=str(tmp_path / "t"), buffer_limit=1024, on_full="drop",
-                           flush_interval=60, batch_size=1 << 24, compression="none", inherit=False)
+                           flush_interval=60, batch_size=10**9, compression="none", inherit=False)
     s.writer._stop = True  # a writer that cannot keep up: it never flushes until finalize
     s.writer.wake()
     s.writer._thread.join()

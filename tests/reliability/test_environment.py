@@ -121,7 +121,7 @@ BAD = {
     "compression": ("lz4", "zstd, gzip, none"),
     "compression_level": ("x", "integer"),
     "flush_interval": ("0", "from 0.01 to 3600"),
-    "batch_size": ("0", "from 1 to 16777216"),
+    "batch_size": ("0", "from 1 to 1073741824"),
     "buffer_limit": ("100", "from 1024 to 1073741824"),
     "on_full": ("wait", "block, drop"),
     "max_arg_length": ("3", "from 16 to 1048576"),
