@@ -11,7 +11,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Config", "ConfigError", "OPTIONS", "RANK_MAX", "env_disabled", "env_enable", "env_enabled"]
+__all__ = ["Config", "ConfigError", "OPTIONS", "RANK_MAX", "env_disabled", "env_enable",
+           "env_enabled"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -41,7 +41,8 @@ def block_in_c() -> None:
     libc.pthread_join.argtypes = (ctypes.c_ulong, ctypes.c_void_p)
     tid = ctypes.c_ulong()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-    err = libc.pthread_create(ctypes.byref(tid), None, ctypes.cast(libc.pause, ctypes.c_void_p), None)
+    pause = ctypes.cast(libc.pause, ctypes.c_void_p)
+    err = libc.pthread_create(ctypes.byref(tid), None, pause, None)
     signal.pthread_sigmask(signal.SIG_SETMASK, old)
     assert err == 0, err
     ready()

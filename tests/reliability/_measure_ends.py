@@ -52,7 +52,8 @@ def _env() -> dict[str, str]:
 def run_once(scenario: str, n: int, signals: list, untraced: bool) -> tuple[int, float, int, bool]:
     """(status, seconds to exit, forward spans in the file, has ']')."""
     with tempfile.TemporaryDirectory() as out:
-        args = [sys.executable, HOSTILE, scenario, out, str(n)] + (["--untraced"] if untraced else [])
+        args = [sys.executable, HOSTILE, scenario, out, str(n)]
+        args += ["--untraced"] if untraced else []
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         assert proc.stdout.readline().strip() == b"ready"

@@ -22,7 +22,8 @@ N = 20_000
 
 
 def _start(scenario: str, out, n: int = N, untraced: bool = False) -> subprocess.Popen:
-    args = [sys.executable, HOSTILE, scenario, str(out), str(n)] + (["--untraced"] if untraced else [])
+    args = [sys.executable, HOSTILE, scenario, str(out), str(n)]
+    args += ["--untraced"] if untraced else []
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=clean_env(), start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
