@@ -132,6 +132,9 @@ def test_stalled_storage_does_not_hold_the_exit(tmp_path, scenario, code):
     assert took < 8, took
     assert err.count("dftrace:") == 1, err
     assert "shutdown_timeout=1 s" in err and "events were not written" in err
+    lost = int(err.split("abandoned and ")[1].split()[0])
+    # no reader: nothing could be written; a reader that never reads took 64 KiB
+    assert lost >= N if "noreader" in scenario else 0 < lost < N + 10
 
 
 def test_stalled_storage_does_not_hold_sigterm(tmp_path):
