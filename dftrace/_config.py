@@ -11,7 +11,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Config", "ConfigError", "OPTIONS", "env_disabled"]
+__all__ = ["Config", "ConfigError", "OPTIONS", "RANK_MAX", "env_disabled", "env_enable",
+           "env_enabled"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -34,6 +35,9 @@ def _bool(raw: Any) -> bool:
     raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
 
 
+_bool.range = "1/0, true/false, yes/no, on/off"  # type: ignore[attr-defined]
+
+
 def _choice(*choices: str) -> Callable[[Any], str]:
     def parse(raw: Any) -> str:
         s = str(raw).strip().lower()
@@ -44,71 +48,94 @@ def _choice(*choices: str) -> Callable[[Any], str]:
     return parse
 
 
-def _positive_float(raw: Any) -> float:
+def _number(raw: Any) -> float:
     if isinstance(raw, bool):
-        raise ValueError("expected a number of seconds > 0")
+        raise ValueError
     try:
-        v = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError("expected a number of seconds > 0") from None
-    if not v > 0 or v == float("inf"):
-        raise ValueError("expected a number of seconds > 0")
+        v = float(raw.strip() if isinstance(raw, str) else raw)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError
     return v
 
 
-def _nonneg_float(raw: Any) -> float:
-    if isinstance(raw, bool):
-        raise ValueError("expected a number >= 0")
-    try:
-        v = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError("expected a number >= 0") from None
-    if not v >= 0 or v == float("inf"):
-        raise ValueError("expected a number >= 0")
-    return v
+def _seconds(lo: float, hi: float, zero_off: bool = False) -> Callable[[Any], float]:
+    """Seconds from ``lo`` to ``hi`` (and 0, meaning off, when ``zero_off``)."""
+    desc = f"a number of seconds from {lo:g} to {hi:g}" + (" (0 = off)" if zero_off else "")
+
+    def parse(raw: Any) -> float:
+        try:
+            v = _number(raw)
+        except ValueError:
+            raise ValueError("expected " + desc) from None
+        if (zero_off and v == 0) or lo <= v <= hi:
+            return v
+        raise ValueError("expected " + desc)
+
+    parse.range = desc  # type: ignore[attr-defined]
+    return parse
 
 
-def _int_range(lo: int, hi: int | None = None) -> Callable[[Any], int]:
-    desc = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
+    desc = f"an integer from {lo} to {hi}"
 
     def parse(raw: Any) -> int:
         if isinstance(raw, bool):
             raise ValueError("expected " + desc)
-        try:
-            v = int(str(raw).strip()) if not isinstance(raw, int) else raw
-        except ValueError:
-            raise ValueError("expected " + desc) from None
-        if v < lo or (hi is not None and v > hi):
+        if isinstance(raw, int):
+            v = raw
+        else:
+            text = str(raw).strip()
+            if not (text.isascii() and text.isdigit()) or len(text) > 30:
+                raise ValueError("expected " + desc)
+            v = int(text)
+        if not lo <= v <= hi:
             raise ValueError("expected " + desc)
         return v
 
+    parse.range = desc  # type: ignore[attr-defined]
     return parse
 
 
+#: Smallest and largest part-file size accepted by max_file_size (besides 0).
+_SIZE_MIN, _SIZE_MAX = 4096, 1 << 50
+_SIZE_DESC = "a size in bytes like 500M or 1G, from 4K to 1P (0 = no limit)"
+
+
 def _size(raw: Any) -> int:
-    """Bytes, with an optional K/M/G suffix (powers of 1024); 0 means no limit."""
+    """Bytes, with an optional K/M/G/T/P suffix (powers of 1024); 0 means no limit."""
     if isinstance(raw, bool):
-        raise ValueError("expected a size in bytes like 500M or 1G (0 = no limit)")
+        raise ValueError("expected " + _SIZE_DESC)
     if isinstance(raw, int):
-        if raw < 0:
-            raise ValueError("expected a size in bytes like 500M or 1G (0 = no limit)")
-        return raw
-    s = str(raw).strip().upper().removesuffix("B")
-    mult = 1
-    if s and s[-1] in "KMG":
-        mult = 1024 ** ("KMG".index(s[-1]) + 1)
-        s = s[:-1]
-    try:
-        v = int(float(s) * mult)
-    except ValueError:
-        raise ValueError("expected a size in bytes like 500M or 1G (0 = no limit)") from None
-    if v < 0:
-        raise ValueError("expected a size in bytes like 500M or 1G (0 = no limit)")
+        v = raw
+    else:
+        s = str(raw).strip().upper().removesuffix("B")
+        mult = 1
+        if s and s[-1] in "KMGTP":
+            mult = 1024 ** ("KMGTP".index(s[-1]) + 1)
+            s = s[:-1]
+        try:
+            v = int(_number(s) * mult)
+        except (ValueError, OverflowError):
+            raise ValueError("expected " + _SIZE_DESC) from None
+    if v != 0 and not _SIZE_MIN <= v <= _SIZE_MAX:
+        raise ValueError("expected " + _SIZE_DESC)
     return v
 
 
-def _str(raw: Any) -> str:
+_size.range = _SIZE_DESC  # type: ignore[attr-defined]
+
+
+def _text(raw: Any) -> str:
     s = str(raw)
+    if "\0" in s:
+        raise ValueError("contains a NUL character")
+    return s
+
+
+def _str(raw: Any) -> str:
+    s = _text(raw)
     if not s.strip():
         raise ValueError("expected a non-empty string")
     return s
@@ -117,14 +144,23 @@ def _str(raw: Any) -> str:
 def _opt_str(raw: Any) -> str | None:
     if raw is None:
         return None
-    s = str(raw)
+    s = _text(raw)
     return s if s.strip() else None
 
 
-def _opt_int(raw: Any) -> int | None:
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return None
-    return _int_range(0)(raw)
+#: Ranks fit a signed 32-bit integer (MPI's int).
+RANK_MAX = 2**31 - 1
+_rank = _int_range(0, RANK_MAX)
+
+
+def _opt_int(parse: Callable[[Any], int]) -> Callable[[Any], int | None]:
+    def opt(raw: Any) -> int | None:
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return None
+        return parse(raw)
+
+    opt.range = parse.range  # type: ignore[attr-defined]
+    return opt
 
 
 class Option:
@@ -155,30 +191,37 @@ OPTIONS: tuple[Option, ...] = (
            "Recorded in the process metadata (accepted for DFTracer compatibility)."),
     Option("compression", "DFTRACE_COMPRESSION", "zstd", _choice("zstd", "gzip", "none"),
            "File compression: zstd (.pfw.zst), gzip (.pfw.gz, what DFAnalyzer reads) or none (.pfw)."),
-    Option("compression_level", "DFTRACE_COMPRESSION_LEVEL", None, _opt_int,
+    Option("compression_level", "DFTRACE_COMPRESSION_LEVEL", None, _opt_int(_int_range(0, 22)),
            "Compression level (zstd 1-22, default 3; gzip 1-9, default 6)."),
-    Option("flush_interval", "DFTRACE_FLUSH_INTERVAL", 1.0, _positive_float,
+    Option("flush_interval", "DFTRACE_FLUSH_INTERVAL", 1.0, _seconds(0.01, 3600),
            "Seconds between flushes; a killed process loses at most this much."),
-    Option("batch_size", "DFTRACE_BATCH_SIZE", 65536, _int_range(1),
+    Option("batch_size", "DFTRACE_BATCH_SIZE", 65536, _int_range(1, 1 << 30),
            "Buffered events that wake the writer before the flush interval ends."),
-    Option("buffer_limit", "DFTRACE_BUFFER_LIMIT", 1_048_576, _int_range(1024),
+    Option("buffer_limit", "DFTRACE_BUFFER_LIMIT", 1_048_576, _int_range(1024, 1 << 30),
            "Most events held in memory; past it the tracing thread waits (on_full=block) or "
            "events are dropped and counted (on_full=drop)."),
     Option("on_full", "DFTRACE_ON_FULL", "block", _choice("block", "drop"),
            "What happens when the buffer is full: block (lossless) or drop (count drops)."),
-    Option("max_arg_length", "DFTRACE_MAX_ARG_LENGTH", 1024, _int_range(16),
+    Option("max_arg_length", "DFTRACE_MAX_ARG_LENGTH", 1024, _int_range(16, 1 << 20),
            "Longest string kept in an arg; longer ones are cut with a visible marker."),
     Option("max_file_size", "DFTRACE_MAX_FILE_SIZE", 0, _size,
            "Rotate to numbered part files past this many bytes (e.g. 512M); 0 = never."),
     Option("process_name", "DFTRACE_PROCESS_NAME", None, _opt_str,
            "Overrides the process name shown in Perfetto."),
-    Option("rank", "DFTRACE_RANK", None, _opt_int,
+    Option("rank", "DFTRACE_RANK", None, _opt_int(_rank),
            "Rank of this process; default from RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID."),
-    Option("sample_interval", "DFTRACE_SAMPLE_INTERVAL", 0.0, _nonneg_float,
+    Option("sample_interval", "DFTRACE_SAMPLE_INTERVAL", 0.0, _seconds(0.01, 3600, zero_off=True),
            "Seconds between resource samples (CPU %, RSS, I/O bytes as counter events); 0 = off."),
     Option("inherit", "DFTRACE_INHERIT", True, _bool,
            "Export the configuration to the environment so child processes (spawn, "
            "forkserver, subprocesses) trace too."),
+    Option("shutdown_timeout", "DFTRACE_SHUTDOWN_TIMEOUT", 5.0, _seconds(0.1, 3600),
+           "Longest time finalize (at exit, on a signal, at the end of a multiprocessing "
+           "child) waits for the trace file; storage that stalls longer is abandoned with a "
+           "warning that counts the events not written."),
+    Option("max_open_spans", "DFTRACE_MAX_OPEN_SPANS", 100_000, _int_range(16, 1 << 27),
+           "Most spans opened with start() and not yet stopped; further start() calls record "
+           "nothing, warn once and are counted in a dropped line (reason open spans)."),
 )
 
 _BY_NAME = {o.name: o for o in OPTIONS}
@@ -233,8 +276,8 @@ class Config:
                 continue
             try:
                 values[opt.name] = opt.parse(raw)
-            except ValueError as exc:
-                raise ConfigError(f"{where}={raw!r} is invalid: {exc}") from None
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise ConfigError(f"{where}={_shown(raw)} is invalid: {exc}") from None
         cfg = cls(**values)
         cfg._check_levels()
         return cfg
@@ -264,6 +307,16 @@ class Config:
         return out
 
 
+def _shown(raw: Any) -> str:
+    """A value as an error message shows it (non-UTF-8 bytes as replacement characters)."""
+    try:
+        text = repr(raw)
+        text.encode("utf-8")
+        return text
+    except Exception:
+        return repr(str(raw).encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
+
+
 def env_disabled(environ: Mapping[str, str] | None = None) -> bool:
     """True when the environment switches tracing off for good (``DFTRACE_ENABLE=0``)."""
     raw = (os.environ if environ is None else environ).get("DFTRACE_ENABLE", "").strip().lower()
@@ -274,3 +327,15 @@ def env_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """True when the environment asks for tracing from import on (``DFTRACE_ENABLE=1``)."""
     raw = (os.environ if environ is None else environ).get("DFTRACE_ENABLE", "").strip().lower()
     return raw in _TRUE
+
+
+def env_enable(environ: Mapping[str, str] | None = None) -> bool | None:
+    """``DFTRACE_ENABLE`` parsed: True, False, or None when unset or blank. Any other
+    value raises :class:`ConfigError` naming the variable and the accepted values."""
+    raw = (os.environ if environ is None else environ).get("DFTRACE_ENABLE", "")
+    if not raw.strip():
+        return None
+    try:
+        return _bool(raw)
+    except ValueError as exc:
+        raise ConfigError(f"DFTRACE_ENABLE={_shown(raw)} is invalid: {exc}") from None

@@ -251,7 +251,8 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
             if metadata:
                 _rec.record_cm(self._node.name + ".start")
                 return _NO_SPAN
-            return Span(self, _rec.start(self))
+            token = _rec.start(self)
+            return _NO_SPAN if token is None else Span(self, token)
         except Exception:
             return _NO_SPAN
 

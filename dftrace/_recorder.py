@@ -94,10 +94,8 @@ class _State:
         self.captures = 0  # in-memory captures running (they open the gate too)
         self.pid = os.getpid()
         self.open_spans: dict[int, Stack] = {}  # id of a start() span -> its stack
-        #: Most spans started and never stopped kept open; past it start() records
-        #: nothing and counts (see ``open_over_cap``).
-        self.open_cap = 100_000
-        self.open_over_cap = 0
+        self.max_open_spans = 100_000  # past it start() records nothing ...
+        self.open_refused = 0  # ... and counts here
         self._sgen = 1
         self._warned: set[str] = set()
 
@@ -143,6 +141,7 @@ class _State:
         self.pid = os.getpid()
         discard_buffered()
         self.dropped = 0
+        self.open_refused = 0
         STACKS.clear()
 
 
@@ -654,11 +653,12 @@ def cm_exit(self: Any, et: Any, ev: Any, tb: Any) -> bool:
 
 def start(obj: Any) -> tuple[Stack, int] | None:
     """Hook style: open a span that stays open until ``stop`` (any later call).
-    None when too many spans are open already (counted, warned once)."""
-    if len(STATE.open_spans) >= STATE.open_cap:
-        STATE.open_over_cap += 1
-        STATE.warn_once("open-cap", f"more than {STATE.open_cap} spans were started and "
-                        "never stopped; further start() calls record nothing (counted)")
+    None (nothing recorded, counted) past ``STATE.max_open_spans`` open spans."""
+    if len(STATE.open_spans) >= STATE.max_open_spans:
+        STATE.open_refused += 1
+        STATE.warn_once("open-spans", f"{STATE.max_open_spans} spans started with start() "
+                        "are still open; further start() calls record nothing (counted in "
+                        "the trace as dropped, reason 'open spans')")
         return None
     stk = LOCAL.stk
     if stk is None or _get_running_loop() is not None:

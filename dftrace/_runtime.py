@@ -1,18 +1,21 @@
 """A tracing session: initialise, write the file header, finalise; fork and exit hooks.
 
 There is at most one session per process. ``initialize`` resolves the configuration,
-opens ``<prefix>[-rank<R>]-<host>-<pid>.pfw.zst``, writes the metadata header, starts
-the writer and opens the gate so nodes record. ``finalize`` (also run at interpreter
-exit, when a ``multiprocessing`` child ends and when SIGTERM/SIGHUP end the process,
-see ``_signals``) closes open spans, flushes everything and writes the closing ``]``;
-spans still open on other threads get a short grace period, and those that outlive
-it are counted in a ``dropped`` line (reason ``late``).
+starts the writer and opens the gate so nodes record; the writer creates
+``<prefix>[-rank<R>]-<host>-<pid>.pfw.zst`` (with the metadata header) at its first
+write. ``finalize`` (also run at interpreter exit, when a ``multiprocessing`` child
+ends and when a signal ends the process, see ``_signals``) closes open spans, has
+the writer write everything and the closing ``]``, and returns within
+``shutdown_timeout`` whatever the storage does; spans still open on other threads
+get a short grace period, and those that outlive it are counted in a ``dropped``
+line (reason ``late``).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 import time
@@ -21,10 +24,10 @@ from typing import Any
 from . import _nodes
 from . import _recorder as _rec
 from . import _sampler, _signals
-from ._config import Config, ConfigError, env_disabled
+from ._config import RANK_MAX, Config, ConfigError, env_enable
 from ._events import Encoder
 from ._version import __version__
-from ._writer import SUFFIXES, FileSink, Writer
+from ._writer import FileSink, Writer
 
 __all__ = ["Session", "initialize", "finalize", "session", "detect_rank"]
 
@@ -37,17 +40,45 @@ _atexit_registered = False
 _fork_hook_registered = False
 
 
-def _env_int(names: tuple[str, ...]) -> int | None:
+def _env_int(names: tuple[str, ...], strict: bool = False) -> int | None:
+    """The first of ``names`` set to a number. With ``strict``, one set to a
+    number out of range (0 to 2**31 - 1) raises ConfigError naming it."""
     for n in names:
         v = os.environ.get(n, "").strip()
-        if v.isdigit():
-            return int(v)
+        if v.isascii() and v.isdigit():
+            if len(v) <= 10 and int(v) <= RANK_MAX:
+                return int(v)
+            if strict:
+                raise ConfigError(f"{n}={_clean(v)!r} is invalid: expected an integer from 0 "
+                                  f"to {RANK_MAX}")
     return None
 
 
-def detect_rank() -> tuple[int | None, int | None]:
+def detect_rank(strict: bool = False) -> tuple[int | None, int | None]:
     """(rank, local rank) from the launcher's environment, None when unknown."""
-    return _env_int(_RANK_VARS), _env_int(_LOCAL_RANK_VARS)
+    return _env_int(_RANK_VARS, strict), _env_int(_LOCAL_RANK_VARS)
+
+
+def _clean(value: Any) -> Any:
+    """``value`` with every string valid UTF-8: bytes that were not UTF-8 (file
+    names, arguments, variables decoded with surrogateescape) and lone surrogates
+    become U+FFFD."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            pass
+        try:
+            raw = value.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raw = value.encode("utf-8", "surrogatepass")
+        return raw.decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
 
 
 def _hostname() -> str:
@@ -75,9 +106,9 @@ class Session:
     def __init__(self, config: Config):
         self.config = config
         self.pid = os.getpid()
-        self.hostname = _hostname()
+        self.hostname = _clean(_hostname())
         self.hhash = hostname_hash(self.hostname)
-        rank, local_rank = detect_rank()
+        rank, local_rank = detect_rank(strict=config.rank is None)
         self.rank = config.rank if config.rank is not None else rank
         self.local_rank = local_rank
         # One monotonic clock, anchored once to wall time.
@@ -86,31 +117,36 @@ class Session:
         self.offset_ns = self.wall_ns - self.mono_ns
         self.encoder = Encoder(self.pid, self.hhash, self.offset_ns, config.max_arg_length)
         self.base = self._base_path()
-        try:
-            self.sink = FileSink(self.base, config.compression, config.compression_level,
-                                 config.max_file_size, self._header())
-        except OSError as exc:
-            raise ConfigError(
-                f"log_file (env DFTRACE_LOG_FILE)={config.log_file!r}: cannot create "
-                f"{self.base}{SUFFIXES[config.compression]}: {exc.strerror or exc}") from None
+        # What the header says about the process, as it is now (the file and its
+        # header are written at the first flush, on the writer's thread).
+        self._thread = (threading.get_native_id(), threading.current_thread().name)
+        self._context = _context()
+        self.sink = FileSink(self.base, config.compression, config.compression_level,
+                             config.max_file_size, self._header)
         self.sampler: _sampler.Sampler | None = None
         self.writer = Writer(self.encoder, self.sink, config.flush_interval)
         self.finalized = False
+        #: Events lost to the storage (write failed, file deleted, shutdown gave up).
+        self.events_lost = 0
         self._saved_env: dict[str, str | None] = {}
 
     # -- naming --------------------------------------------------------------
     def _base_path(self) -> str:
-        prefix = os.path.abspath(os.path.expanduser(self.config.log_file))
+        shown = _clean(self.config.log_file)
+        try:
+            prefix = os.path.abspath(os.path.expanduser(self.config.log_file))
+        except (OSError, ValueError) as exc:  # the working directory is gone
+            raise ConfigError(f"log_file (env DFTRACE_LOG_FILE)={shown!r}: {exc}") from None
         d = os.path.dirname(prefix)
         try:
             os.makedirs(d, exist_ok=True)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise ConfigError(
-                f"log_file (env DFTRACE_LOG_FILE)={self.config.log_file!r}: cannot create "
-                f"directory {d!r}: {exc.strerror or exc}") from None
+                f"log_file (env DFTRACE_LOG_FILE)={shown!r}: cannot create "
+                f"directory {_clean(d)!r}: {getattr(exc, 'strerror', None) or exc}") from None
         if not os.access(d, os.W_OK | os.X_OK):
             raise ConfigError(
-                f"log_file (env DFTRACE_LOG_FILE)={self.config.log_file!r}: directory {d!r} "
+                f"log_file (env DFTRACE_LOG_FILE)={shown!r}: directory {_clean(d)!r} "
                 "is not writable")
         rank = f"-rank{self.rank}" if self.rank is not None else ""
         return f"{prefix}{rank}-{_safe_host(self.hostname)}-{self.pid}"
@@ -118,7 +154,7 @@ class Session:
     @property
     def process_name(self) -> str:
         if self.config.process_name:
-            return self.config.process_name
+            return _clean(self.config.process_name)
         if self.rank is not None:
             return f"rank {self.rank} · {self.hostname} · pid {self.pid}"
         return f"{self.hostname} · pid {self.pid}"
@@ -138,16 +174,19 @@ class Session:
               "tid": self.pid if tid is None else tid, "ph": "M", "args": args}
         import orjson
 
-        return orjson.dumps(ev, default=str) + b"\n"
+        try:
+            return orjson.dumps(ev, default=str) + b"\n"
+        except TypeError:  # a string that is not valid UTF-8
+            return orjson.dumps(_clean(ev), default=lambda v: _clean(str(v))) + b"\n"
 
     def _header(self) -> bytes:
-        tid = threading.get_native_id()
+        tid, thread_name = self._thread
         sort_index = self.rank if self.rank is not None else self.pid
         lines = [
             b"[\n",
             self._meta("process_name", {"name": self.process_name}),
             self._meta("process_sort_index", {"sort_index": sort_index}),
-            self._meta("thread_name", {"name": threading.current_thread().name}, tid),
+            self._meta("thread_name", {"name": _clean(thread_name)}, tid),
             self._meta("HH", {"hhash": self.hhash, "name": self.hostname, "value": self.hhash}),
             self._meta("clock_anchor", {"hhash": self.hhash, "wall_ns": self.wall_ns,
                                         "mono_ns": self.mono_ns, "clock": "perf_counter_ns",
@@ -179,19 +218,30 @@ class Session:
         return f"<dftrace.Session {self.path} {'finalized' if self.finalized else 'active'}>"
 
 
+def _context() -> dict[str, Any]:
+    """Command line and working directory, read at initialize (cheap, never raises)."""
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:  # deleted
+        cwd = None
+    try:
+        argv = [str(a) for a in sys.argv] if sys.argv else []
+    except Exception:
+        argv = []
+    return _clean({"cmdline": argv, "executable": sys.executable or "", "cwd": cwd})
+
+
 def process_info(s: Session) -> dict[str, Any]:
     """What this process is: command line, directory, versions, affinity, host, rank."""
     info: dict[str, Any] = {
-        "cmdline": list(sys.argv) if sys.argv else [],
-        "executable": sys.executable,
-        "cwd": os.getcwd() if os.path.exists(".") else None,
+        **s._context,
         "python": sys.version.split()[0],
         "dftrace": __version__,
         "hostname": s.hostname,
         "ppid": os.getppid(),
         "rank": s.rank,
         "local_rank": s.local_rank,
-        "data_dir": s.config.data_dir,
+        "data_dir": _clean(s.config.data_dir),
         "platform": sys.platform,
     }
     info["pid"] = s.pid
@@ -233,8 +283,12 @@ def initialize(**options: Any) -> Session | None:
     """Start tracing in this process. Keyword arguments override ``DFTRACE_*``
     variables (see docs/configuration.md); an invalid value raises ``ConfigError``
     naming the setting. Returns the :class:`Session` (None when tracing is off by
-    configuration). Calling it again while a session runs returns that session."""
-    global _session
+    configuration). Calling it again while a session runs returns that session.
+
+    From a thread other than the main one, the signal handlers (which only the main
+    thread may install) are installed by the main thread the next time it runs
+    Python code."""
+    global _session, _busy
     config = Config.resolve(options)
     with _lock:
         if _session is not None and _session.pid == os.getpid():
@@ -242,60 +296,126 @@ def initialize(**options: Any) -> Session | None:
         if config.enable is False:
             _nodes.set_off_for_good(True)
             return None
-        _nodes.set_off_for_good(False)
-        _nodes.set_max_arg_length(config.max_arg_length)
-        _rec.STATE.set_limits(config.batch_size, config.buffer_limit, config.on_full == "drop")
-        if not _rec.STATE.captures:  # a running capture's events are still in the buffer
-            _rec.discard_buffered()  # leftovers of an earlier session (late events) are not ours
-        _rec.STATE.dropped = 0
-        s = Session(config)
-        _rec.STATE.consumer = s.writer
-        _session = s
-        if config.inherit:
-            s.export_env()
-        _register_hooks()
-        _signals.install()
-        _set_gate()
-        s.sampler = _sampler.start(config.sample_interval)
+        _busy += 1
+        try:
+            s = Session(config)
+            # The header now, on this thread: the file is only created at the first
+            # flush, but what the header imports (psutil) must not wait until the
+            # interpreter exits (an import on the writer's thread then makes a
+            # KeyboardInterrupt exit with status 1 instead of dying of SIGINT).
+            s.sink.header()
+            _nodes.set_off_for_good(False)
+            _nodes.set_max_arg_length(config.max_arg_length)
+            _rec.STATE.set_limits(config.batch_size, config.buffer_limit, config.on_full == "drop")
+            _rec.STATE.max_open_spans = config.max_open_spans
+            if not _rec.STATE.captures:  # a running capture's events are still in the buffer
+                _rec.discard_buffered()  # leftovers of an earlier session (late events) are not ours
+            _rec.STATE.dropped = 0
+            _rec.STATE.open_refused = 0
+            _rec.STATE.consumer = s.writer
+            _session = s
+            if config.inherit:
+                s.export_env()
+            _register_hooks()
+            if not _install_signals():
+                _signals.run_on_main_thread(_install_signals_if_active)
+            _set_gate()
+            s.sampler = _sampler.start(config.sample_interval)
+        finally:
+            _busy -= 1
     _signals.redeliver_pending()
     return s
+
+
+def _install_signals() -> bool:
+    return _signals.install(_finish_on_signal, flush_now, busy_here, lambda: _busy > 0,
+                            _shutdown_timeout)
+
+
+def _install_signals_if_active() -> None:
+    s = _session
+    if s is not None and s.pid == os.getpid():
+        _install_signals()
+
+
+def _shutdown_timeout() -> float:
+    s = _session
+    return s.config.shutdown_timeout if s is not None else 5.0
+
+
+#: initialize()/finalize() calls under way in this process (any thread)
+_busy = 0
 
 
 def finalize(target: Session | None = None) -> None:
     """Stop tracing: close spans left open by ``start()`` (``args.incomplete``),
     flush every buffered event and write the closing ``]``. Idempotent; also runs
-    at interpreter exit."""
-    global _session
+    at interpreter exit. Returns within the session's ``shutdown_timeout`` even when
+    the storage stalls: the file is then abandoned with a warning counting the
+    events not written."""
+    global _session, _busy
+    interrupted: BaseException | None = None
     with _lock:
         s = _session
         if s is None or (target is not None and target is not s) or s.pid != os.getpid():
             return
+        _busy += 1
+        deadline = time.monotonic() + s.config.shutdown_timeout
         try:
             _rec.close_all_open()
             _session = None
             _set_gate()
             if s.sampler is not None:
                 s.sampler.stop()
-            s.writer.stop()
-            late = _wait_for_open_spans(s)
-            trailer = b""
-            if _rec.STATE.dropped:
-                trailer += s._meta("dropped", {"count": _rec.STATE.dropped,
+            late = _wait_for_open_spans(deadline)
+
+            def trailer() -> bytes:
+                out = b""
+                if _rec.STATE.dropped:
+                    out += s._meta("dropped", {"count": _rec.STATE.dropped,
                                                "reason": "buffer full"})
-            if late:
-                trailer += s._meta("dropped", {"count": late, "reason": "late"})
-            if _rec.STATE.open_over_cap:
-                trailer += s._meta("dropped", {"count": _rec.STATE.open_over_cap,
-                                               "reason": "too many open spans"})
-            s.sink.close(trailer + b"]\n")
-        except Exception as exc:
-            _rec.STATE.warn_once("finalize", f"finalize failed: {exc!r}")
+                if _rec.STATE.open_refused:
+                    out += s._meta("dropped", {"count": _rec.STATE.open_refused,
+                                               "reason": "open spans"})
+                if late:
+                    out += s._meta("dropped", {"count": late, "reason": "late"})
+                return out + b"]\n"
+
+            done = False
+            while True:  # an exception (KeyboardInterrupt) in the wait must not end it
+                try:
+                    done = s.writer.stop(deadline - time.monotonic(), trailer)
+                    break
+                except BaseException as exc:
+                    interrupted = interrupted or exc
+                    if time.monotonic() >= deadline:
+                        break
+            lost = s.sink.events_lost
+            if not done:
+                lost += _rec.buffered()
+                _rec.STATE.warn_once(
+                    "shutdown-stalled",
+                    f"writing {s.path} did not finish within shutdown_timeout="
+                    f"{s.config.shutdown_timeout:g} s (storage stalled); the file is "
+                    f"abandoned and {lost} events were not written")
+            elif lost and not s.sink.failed:  # a failed sink has warned already
+                _rec.STATE.warn_once(
+                    "events-lost", f"{lost} events could not be written to {s.path}")
+            s.events_lost = lost
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                _rec.STATE.warn_once("finalize", f"finalize failed: {exc!r}")
+            else:
+                interrupted = interrupted or exc
         finally:
             s.finalized = True
             _rec.STATE.consumer = None
             s.restore_env()
             _signals.uninstall()
+            _busy -= 1
     _signals.redeliver_pending()
+    if interrupted is not None:
+        raise interrupted
 
 
 #: How long finalize waits for spans still open on other threads: those that end
@@ -326,14 +446,13 @@ def _open_span_count(exclude: set[int] = frozenset()) -> int:  # type: ignore[as
     return sum(len(stk) - 1 for stk in list(_rec.STACKS.values()) if id(stk) not in exclude)
 
 
-def _wait_for_open_spans(s: Session) -> int:
-    """Give spans still open on other threads a moment to end and write them;
-    return how many spans are still open anywhere (they will end too late)."""
+def _wait_for_open_spans(deadline: float) -> int:
+    """Give spans still open on other threads a moment to end (the writer writes
+    them); return how many spans are still open anywhere (they will end too late)."""
     stuck = _stacks_stuck_here()
-    deadline = time.monotonic() + LATE_GRACE_S
-    while _open_span_count(stuck) and time.monotonic() < deadline:
+    until = min(deadline, time.monotonic() + LATE_GRACE_S)
+    while _open_span_count(stuck) and time.monotonic() < until:
         time.sleep(0.005)
-    s.writer.flush()
     return _open_span_count()
 
 
@@ -343,13 +462,14 @@ def busy_here() -> bool:
 
 
 def flush_now(timeout: float = 1.0) -> None:
-    """Write the buffered events to the file now (without ending the session)."""
+    """Have the writer write the buffered events now and wait for it (at most
+    ``timeout`` seconds, less when the session's shutdown_timeout is shorter)."""
     s = _session
     if s is not None and s.pid == os.getpid() and s.writer is not None:
-        s.writer.flush(timeout=timeout)
+        s.writer.sync(min(timeout, s.config.shutdown_timeout))
 
 
-def finalize_on_signal() -> None:
+def _finish_on_signal(signum: int) -> None:
     """Finalize before a signal ends the process: the spans this thread (and its
     event loop's tasks) have open will never end, so write them as incomplete."""
     if _session is None or _session.pid != os.getpid():
@@ -362,17 +482,53 @@ def finalize_on_signal() -> None:
         for i in reversed(list(stk)):
             if i in stk.open:
                 _rec._close(stk, i, t1, incomplete=True)
-    finalize()
+    try:
+        finalize()
+    except BaseException:
+        pass
+
+
+def _finalize_at_exit() -> None:
+    """The atexit hook: finalize, undisturbed by a Ctrl-C pressed meanwhile (which
+    is sent again once the file is complete, as the program would have seen it)."""
+    if _session is None:
+        return
+    swapped = None
+    on_main = threading.current_thread() is threading.main_thread()
+    got: list[int] = []
+    if on_main:
+        try:
+            current = signal.getsignal(signal.SIGINT)
+            if callable(current):
+                swapped = current
+                signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+        except (ValueError, OSError, RuntimeError):
+            swapped = None
+    try:
+        finalize()
+    except BaseException:
+        pass
+    finally:
+        if swapped is not None:
+            try:
+                signal.signal(signal.SIGINT, swapped)
+            except (ValueError, OSError, RuntimeError):
+                pass
+            if got:
+                os.kill(os.getpid(), signal.SIGINT)
 
 
 def _after_fork_child() -> None:
     """In a forked child: drop the parent's buffered events and frames, and trace
-    into a file of the child's own."""
-    global _session, _lock
+    into a file of the child's own (created at its first flush: a child that
+    execs or records nothing leaves no file)."""
+    global _session, _lock, _busy
     # A lock held by another thread of the parent at fork time would stay held here.
     _lock = threading.RLock()
+    _busy = 0
     parent = _session
     _rec.STATE.reset_after_fork()
+    _signals.after_fork()
     if parent is None:
         return
     parent.sink.abandon()
@@ -429,20 +585,39 @@ def _mp_child_started(_anchor: Any) -> None:
 
 
 def _register_hooks() -> None:
-    global _atexit_registered, _fork_hook_registered
-    if not _atexit_registered:
-        atexit.register(finalize)
-        _atexit_registered = True
+    global _fork_hook_registered
+    _register_atexit()
     if not _fork_hook_registered and hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_child)
         _fork_hook_registered = True
     _register_mp_finalizer()
 
 
+def _register_atexit() -> None:
+    # At import: atexit runs hooks last-registered first, so the hooks a program
+    # registers after ``import dftrace`` (even before initialize()) run before the
+    # trace is completed, and their spans are written.
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_finalize_at_exit)
+        _atexit_registered = True
+
+
 def autostart() -> None:
-    """At import: honour ``DFTRACE_ENABLE`` (1 starts a session, 0 switches off for good)."""
-    if env_disabled():
+    """At import: honour ``DFTRACE_ENABLE`` (1 starts a session, 0 switches off for
+    good). Never raises: an unusable environment (a bad setting, bytes that are not
+    UTF-8, a log directory that cannot be created) leaves this process untraced
+    with one warning naming the cause."""
+    _register_atexit()
+    try:
+        enable = env_enable()
+        if enable is False:
+            _nodes.set_off_for_good(True)
+        elif enable:
+            initialize()
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
         _nodes.set_off_for_good(True)
-        return
-    if os.environ.get("DFTRACE_ENABLE", "").strip().lower() in ("1", "true", "yes", "on"):
-        initialize()  # a bad DFTRACE_* value fails here, at import, naming the variable
+        _rec.STATE.warn_once(
+            "autostart", f"tracing is off in this process (pid {os.getpid()}): {_clean(str(exc))}")

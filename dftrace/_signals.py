@@ -6,40 +6,79 @@ its last flush interval of events and the closing ``]`` are lost. Handlers are
 installed by :func:`dftrace.initialize` (never by ``import dftrace`` alone) and
 change nothing the application can observe:
 
-* signal with the default action: finalize the trace, then restore the default
+* signal with the default action (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, and SIGINT
+  when its action is the default one): finish the trace, then restore the default
   action and send the signal again, so the process ends exactly as it would have
   (same signal, same exit status, same core-dump rule);
 * signal with a handler of the application's (installed before ``initialize``):
-  write the buffered events to disk, then call that handler, whatever it does
-  (raise, exit, ``os._exit``, or nothing and carry on tracing);
+  write the buffered events to disk (bounded wait), then call that handler,
+  whatever it does (raise, exit, ``os._exit``, or nothing and carry on tracing);
 * signal ignored (``SIG_IGN``) or handled outside Python: left alone.
 
 ``SIGINT`` normally has Python's own handler, which raises ``KeyboardInterrupt``;
 the exception unwinds the program and ``atexit`` completes the trace, so that
-handler is left in place (``asyncio.run`` and other libraries install their own
-SIGINT handler only when they find Python's one there). SIGINT is taken over only
-when its action is the default one.
+handler is left in place.
 
-Handlers run in the main thread when it next executes Python code, as every
-Python-level signal handler does. :func:`uninstall` (run by ``finalize``) puts the
-previous handlers back unless the application has replaced ours since.
+A Python-level handler runs only when the main thread next executes Python code.
+When the main thread is blocked inside C (a collective that never completes, a
+native wait), a default-action signal would wait for it forever. So this module
+also watches the signal wakeup fd (:func:`signal.set_wakeup_fd`): Python's C-level
+handler writes the signal number there at once, whatever the main thread does. A
+small daemon thread reads it; if a terminating signal is not taken up by the
+main thread within :data:`MAIN_GRACE_S` while the main thread's Python frame has
+not moved, that thread finishes the trace and ends the process with the signal.
+A wakeup fd set before ours (by the application) keeps receiving every byte. An
+application or library (asyncio) that sets its own wakeup fd after ours replaces
+it; then only the Python-level handlers above apply.
+
+The module does not import the session: :func:`install` takes the callbacks it
+needs.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["install", "uninstall", "installed", "redeliver_pending"]
+__all__ = ["install", "uninstall", "installed", "redeliver_pending", "after_fork",
+           "run_on_main_thread", "MAIN_GRACE_S"]
 
-_NAMES = ("SIGTERM", "SIGINT", "SIGHUP")
+_NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+#: How long the signal watcher leaves a terminating signal to the main thread's
+#: Python-level handler before it finishes the trace itself.
+MAIN_GRACE_S = 0.1
 
 #: signal number -> the handler that was there before ours
 _previous: dict[int, Any] = {}
 #: signals that arrived while this thread was inside initialize()/finalize()
 _pending: list[int] = []
+
+
+class _Callbacks:
+    """What the session gives this module (so that it imports no session code)."""
+
+    #: finish(signum): close open spans, write everything and the ``]`` (bounded)
+    finish: Callable[[int], None] = staticmethod(lambda signum: None)
+    #: flush(): write the buffered events now (bounded)
+    flush: Callable[[], None] = staticmethod(lambda: None)
+    #: busy(): True while the calling thread is inside initialize()/finalize()
+    busy: Callable[[], bool] = staticmethod(lambda: False)
+    #: active(): True while any thread is inside initialize()/finalize()
+    active: Callable[[], bool] = staticmethod(lambda: False)
+    #: deadline(): seconds finishing may take (the session's shutdown_timeout)
+    deadline: Callable[[], float] = staticmethod(lambda: 5.0)
+
+
+CALLBACKS = _Callbacks()
+
+# Whoever takes this lock (the main thread's handler or the watcher) ends the process.
+_ending = threading.Lock()
 
 
 def _wanted(sig: int, current: Any) -> bool:
@@ -50,10 +89,14 @@ def _wanted(sig: int, current: Any) -> bool:
     return current is signal.SIG_DFL or callable(current)
 
 
-def install() -> None:
-    """Install the handlers (main thread only; elsewhere a no-op)."""
+def install(finish: Callable[[int], None], flush: Callable[[], None], busy: Callable[[], bool],
+            active: Callable[[], bool], deadline: Callable[[], float]) -> bool:
+    """Install the handlers and the watcher. Main thread only: elsewhere nothing
+    happens and False is returned (see :func:`run_on_main_thread`)."""
+    CALLBACKS.finish, CALLBACKS.flush, CALLBACKS.busy = finish, flush, busy
+    CALLBACKS.active, CALLBACKS.deadline = active, deadline
     if threading.current_thread() is not threading.main_thread():
-        return
+        return False
     for name in _NAMES:
         sig = getattr(signal, name, None)
         if sig is None or sig in _previous:
@@ -66,6 +109,8 @@ def install() -> None:
             _previous[sig] = current
         except (ValueError, OSError, RuntimeError):
             pass  # not the main interpreter, or a platform without this signal
+    _Watcher.start()
+    return True
 
 
 def uninstall() -> None:
@@ -79,6 +124,7 @@ def uninstall() -> None:
         except (ValueError, OSError, RuntimeError):
             continue
         del _previous[sig]
+    _Watcher.stop()
 
 
 def installed() -> dict[int, Any]:
@@ -87,16 +133,39 @@ def installed() -> dict[int, Any]:
 
 
 def redeliver_pending() -> None:
-    """Send again the signals deferred while initialize()/finalize() ran."""
+    """Send again the signals deferred while initialize()/finalize() ran (unless
+    the process is already ending of an earlier signal)."""
+    if _ending.locked():
+        return
     while _pending:
         os.kill(os.getpid(), _pending.pop(0))
 
 
-def _handler(signum: int, frame: Any) -> Any:
-    from . import _runtime
+def after_fork() -> None:
+    """In a forked child: the watcher thread is gone and its pipe is shared with the
+    parent; give the child a pipe and a watcher of its own."""
+    global _ending
+    _ending = threading.Lock()
+    _Watcher.after_fork()
 
+
+def _terminating(signum: int) -> bool:
+    return signum in _previous and _previous[signum] is signal.SIG_DFL and \
+        signal.getsignal(signum) is _handler
+
+
+#: True while the handler writes the buffered events before calling the
+#: application's handler: signals arriving meanwhile wait for that handler.
+_chaining = False
+
+
+def _handler(signum: int, frame: Any) -> Any:
+    global _chaining
     prev = _previous.get(signum, signal.SIG_DFL)
-    if _runtime.busy_here():
+    if _chaining:  # the application's handler for an earlier signal comes first
+        _pending.append(signum)
+        return None
+    if CALLBACKS.busy():
         # The signal interrupted initialize()/finalize() on this thread; running
         # finalize now would see half a session. They send it again when done.
         if prev is signal.SIG_DFL:
@@ -104,20 +173,198 @@ def _handler(signum: int, frame: Any) -> Any:
             return None
         return prev(signum, frame) if callable(prev) else None
     if prev is signal.SIG_DFL:
-        try:
-            _runtime.finalize_on_signal()
-        except BaseException:
-            pass
-        try:
-            signal.signal(signum, signal.SIG_DFL)
-        except (ValueError, OSError):
-            pass
-        os.kill(os.getpid(), signum)
+        _end_with(signum, on_main=True)
         return None
+    _chaining = True
     try:
-        _runtime.flush_now()
+        CALLBACKS.flush()
     except BaseException:
         pass
-    if callable(prev):
-        return prev(signum, frame)
-    return None
+    finally:
+        _chaining = False
+    try:
+        return prev(signum, frame) if callable(prev) else None
+    finally:
+        redeliver_pending()
+
+
+def _end_with(signum: int, on_main: bool) -> None:
+    """Finish the trace, then die of ``signum`` as the default action would."""
+    if not _ending.acquire(blocking=False):
+        if not on_main:
+            return  # the main thread is already at it
+        # The watcher is finishing the trace and will end the process; wait for it
+        # (bounded), then end it here if it has not.
+        deadline = time.monotonic() + CALLBACKS.deadline() + 2.0
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+    else:
+        try:
+            CALLBACKS.finish(signum)
+        except BaseException:
+            pass
+    _die(signum)
+
+
+def _die(signum: int) -> None:
+    if threading.current_thread() is threading.main_thread():
+        try:
+            signal.signal(signum, signal.SIG_DFL)
+        except (ValueError, OSError, RuntimeError):
+            pass
+    else:  # signal.signal() is for the main thread; the C library has no such rule
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.signal.restype = ctypes.c_void_p
+            libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+            libc.signal(signum, None)  # None: NULL, which is SIG_DFL
+        except Exception:
+            os._exit(128 + signum)  # the nearest we can get: the shell's status
+    os.kill(os.getpid(), signum)
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(5.0)  # the signal ends the process; nothing after it may run
+        os._exit(128 + signum)
+
+
+def _main_frame_key() -> Any:
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    return None if frame is None else (id(frame), frame.f_lasti)
+
+
+class _Watcher:
+    """The daemon thread that reads the signal wakeup fd (see the module doc)."""
+
+    thread: threading.Thread | None = None
+    pipe: tuple[int, int] | None = None
+    chained = -1  # the wakeup fd that was set before ours (-1: none)
+
+    @classmethod
+    def start(cls) -> None:
+        if cls.pipe is not None:
+            return
+        try:
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError, AttributeError):
+            return
+        cls.pipe, cls.chained = (r, w), old
+        cls.thread = threading.Thread(target=cls._run, args=(r, w), name="dftrace-signals",
+                                      daemon=True)
+        cls.thread.start()
+
+    @classmethod
+    def stop(cls) -> None:
+        pipe = cls.pipe
+        if pipe is None:
+            return
+        try:
+            current = signal.set_wakeup_fd(cls.chained)
+            if current != pipe[1]:  # someone replaced ours since: leave theirs
+                signal.set_wakeup_fd(current)
+        except (ValueError, OSError):
+            pass
+        cls.pipe = None
+        try:
+            os.write(pipe[1], b"\0")  # wake the thread so it ends (and closes the pipe)
+        except OSError:
+            pass
+
+    @classmethod
+    def after_fork(cls) -> None:
+        if cls.pipe is None:
+            return
+        r, w = cls.pipe
+        chained = cls.chained
+        cls.pipe = None
+        cls.thread = None
+        try:
+            if threading.current_thread() is threading.main_thread():
+                current = signal.set_wakeup_fd(chained)
+                if current != w:
+                    signal.set_wakeup_fd(current)
+        except (ValueError, OSError):
+            pass
+        for fd in (r, w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if threading.current_thread() is threading.main_thread():
+            cls.start()
+
+    @classmethod
+    def _run(cls, r: int, w: int) -> None:
+        while True:
+            try:
+                data = os.read(r, 512)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            if not data or cls.pipe is None or cls.pipe[0] != r:
+                break  # stopped (a later session has a pipe of its own)
+            chained = cls.chained
+            if chained >= 0:
+                try:
+                    os.write(chained, data)
+                except OSError:
+                    pass
+            for signum in set(data):
+                if signum and _terminating(signum):
+                    cls._maybe_end(signum)
+        for fd in (r, w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    @classmethod
+    def _maybe_end(cls, signum: int) -> None:
+        """End the process with ``signum`` if the main thread cannot: it has not
+        taken the signal up and its Python frame has not moved (it is in C)."""
+        before = _main_frame_key()
+        deadline = time.monotonic() + MAIN_GRACE_S
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            if _ending.locked():
+                return  # the main thread's handler runs
+        if (_main_frame_key() != before or _ending.locked() or CALLBACKS.active()
+                or _chaining or signum in _pending):
+            return  # the main thread runs Python code (or has deferred the signal)
+        _end_with(signum, on_main=False)
+
+
+def run_on_main_thread(fn: Callable[[], Any]) -> bool:
+    """Have the main thread call ``fn`` the next time it runs Python code (for
+    what only the main thread may do, like installing signal handlers). False when
+    this Python cannot schedule it."""
+    try:
+        import ctypes
+
+        proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+        def call(_arg: Any) -> int:
+            _scheduled.remove(cb)
+            try:
+                fn()
+            except BaseException:
+                pass
+            return 0
+
+        cb = proto(call)
+        _scheduled.append(cb)  # kept alive until it has run
+        add = ctypes.pythonapi.Py_AddPendingCall
+        add.restype = ctypes.c_int
+        add.argtypes = (proto, ctypes.c_void_p)
+        if add(cb, None) != 0:
+            _scheduled.remove(cb)
+            return False
+        return True
+    except Exception:
+        return False
+
+
+_scheduled: list[Any] = []

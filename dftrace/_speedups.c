@@ -1276,7 +1276,7 @@ typedef struct {
 } hookstate_t;
 
 static hookstate_t H = {0};
-static PyObject *str_open_spans, *str__obj, *str__token, *str_open_cap, *str__forced, *str_args_kw;
+static PyObject *str_open_spans, *str__obj, *str__token, *str_max_open_spans, *str__forced, *str_args_kw;
 
 static PyObject *configure_hooks(PyObject *self, PyObject *args) {
     hookstate_t h;
@@ -1378,7 +1378,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         return H.no_span;
     }
     PyObject *stk = current_stack(), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL,
-             *spans = NULL, *token = NULL, *span = NULL, *cap = NULL;
+             *spans = NULL, *token = NULL, *span = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto fail;
     extra = get_extra(self);
@@ -1386,13 +1386,15 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
     spans = open ? PyObject_GetAttr(H.state, str_open_spans) : NULL;
     if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
         goto fail;
-    cap = PyObject_GetAttr(H.state, str_open_cap);
-    if (!cap)
-        goto fail;
-    if (PyDict_GET_SIZE(spans) >= PyLong_AsSsize_t(cap)) {
-        /* too many spans started and never stopped: Python counts and warns */
-        Py_XDECREF(cap); Py_XDECREF(spans); Py_XDECREF(open); Py_XDECREF(extra); Py_XDECREF(stk);
-        return call_slow(H.start_slow, self, args, nargsf, kwnames);
+    if (PyDict_GET_SIZE(spans) >= 16) { /* 16: the least max_open_spans accepts */
+        PyObject *lim = PyObject_GetAttr(H.state, str_max_open_spans);
+        Py_ssize_t limit = lim ? PyLong_AsSsize_t(lim) : -1;
+        Py_XDECREF(lim);
+        PyErr_Clear();
+        if (limit >= 0 && PyDict_GET_SIZE(spans) >= limit) { /* Python refuses and counts */
+            Py_DECREF(spans); Py_DECREF(open); Py_DECREF(extra); Py_DECREF(stk);
+            return call_slow(H.start_slow, self, args, nargsf, kwnames);
+        }
     }
     ent = open_entry(self, extra, stk);
     id = ent ? new_id() : NULL;
@@ -1407,12 +1409,12 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         PyDict_DelItem(open, id);
         goto fail;
     }
-    Py_DECREF(cap); Py_DECREF(token); Py_DECREF(ent); Py_DECREF(spans); Py_DECREF(open);
+    Py_DECREF(token); Py_DECREF(ent); Py_DECREF(spans); Py_DECREF(open);
     Py_DECREF(extra); Py_DECREF(id); Py_DECREF(stk);
     return span;
 fail:
     PyErr_Clear(); /* never fail the caller: nothing was recorded */
-    Py_XDECREF(cap); Py_XDECREF(span); Py_XDECREF(token); Py_XDECREF(ent); Py_XDECREF(spans);
+    Py_XDECREF(span); Py_XDECREF(token); Py_XDECREF(ent); Py_XDECREF(spans);
     Py_XDECREF(open); Py_XDECREF(extra); Py_XDECREF(id); Py_XDECREF(stk);
     Py_INCREF(H.no_span);
     return H.no_span;
@@ -2023,7 +2025,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(str_sgen, "_sgen");
     INTERN(str_sticky, "_sticky");
     INTERN(str_open_spans, "open_spans");
-    INTERN(str_open_cap, "open_cap");
+    INTERN(str_max_open_spans, "max_open_spans");
     INTERN(str__obj, "_obj");
     INTERN(str__token, "_token");
     INTERN(str__forced, "_forced");

@@ -12,9 +12,11 @@ at any moment leaves a file that decodes up to its last complete flush.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from . import _recorder as _rec
@@ -33,37 +35,81 @@ LISTENERS: list[Any] = []
 
 class FileSink:
     """Appends compressed frames to ``<base>.pfw[.zst|.gz]``, rotating to part files
-    past ``max_size`` bytes. Any OS error disables the sink with one warning."""
+    past ``max_size`` bytes. Any OS error disables the sink with one warning.
+
+    The file is created at the first write (a process that records nothing, or a
+    forked child that execs, leaves no file), exclusively: an existing file of that
+    name (pid reuse, a rerun) is never truncated; the next free ``<base>.<N>`` is
+    taken instead. A FIFO already there under the exact name is written into (a
+    reader consumes the stream live). ``header`` (bytes, or a function returning
+    them, called at the first write) opens every part file."""
 
     def __init__(self, base: str, compression: str, level: int | None, max_size: int = 0,
-                 header: bytes = b""):
+                 header: bytes | Callable[[], bytes] = b""):
         self.base = base
         self.compression = compression
         self.suffix = SUFFIXES[compression]
         self.level = level
         self.max_size = max_size
-        self.header = header  # written at the top of every part file
+        self._header = header  # written at the top of every part file
         self.part = 0
+        self.run = 0  # N of <base>.<N> when <base> was taken
         self.paths: list[str] = []
         self.bytes_written = 0
         self.failed: str | None = None
+        #: Events that reached this sink but are in no file (write failed, file
+        #: deleted, storage abandoned at shutdown).
+        self.events_lost = 0
+        self._events_in_file = 0  # events in the current file (lost with it if deleted)
+        self._writing = 0  # events in the write under way (lost if it never returns)
+        self.abandoned = False
+        self._fifo = False
         self._fd: int | None = None
         if compression == "zstd":
             import zstandard  # at the first session, not at ``import dftrace``
 
             self._zc = zstandard.ZstdCompressor(level=3 if level is None else level)
-        self._open()
 
     @property
     def path(self) -> str:
-        return self.paths[-1]
+        """The file written to (before the first write: the name it will have)."""
+        return self.paths[-1] if self.paths else self._name()
+
+    @property
+    def opened(self) -> bool:
+        return bool(self.paths)
+
+    def _name(self) -> str:
+        return (self.base + (f".{self.run}" if self.run else "")
+                + (f".part{self.part}" if self.part else "") + self.suffix)
+
+    def header(self) -> bytes:
+        if callable(self._header):
+            self._header = self._header()
+        return self._header
 
     def _open(self) -> None:
-        name = self.base + (f".part{self.part}" if self.part else "") + self.suffix
-        self._fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        while True:
+            name = self._name()
+            try:
+                self._fd = os.open(name, flags, 0o644)
+                break
+            except FileExistsError:
+                if not self.paths and _is_fifo(name):
+                    self._fd = os.open(name, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+                    self._fifo = True
+                    break
+                if self.part:
+                    self.part += 1
+                else:
+                    self.run += 1
+                if self.run > 100_000:
+                    raise
         self.paths.append(name)
         self.bytes_written = 0
-        self._write_raw(self.header)
+        self._events_in_file = 0
+        self._write_raw(self.header())
 
     def _compress(self, data: bytes) -> bytes:
         """One zstd frame / gzip member from ``data``. (zstandard's streaming
@@ -87,62 +133,104 @@ class FileSink:
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
+            if self.abandoned:  # finalize gave up waiting: the rest is not ours
+                return
         self.bytes_written += len(out)
 
-    def write(self, data: bytes) -> None:
-        if self.failed or not data:
+    def write(self, data: bytes, events: int) -> None:
+        """Append ``data`` (``events`` lines) as one frame."""
+        if not data:
             return
+        if self.failed or self.abandoned:
+            self.events_lost += events
+            return
+        self._writing = events
         try:
-            if self.max_size and self.bytes_written >= self.max_size:
+            if self._fd is None:
+                self._open()
+            elif self.max_size and self.bytes_written >= self.max_size and not self._fifo:
                 self._rotate()
             self._write_raw(data)
+            self._events_in_file += events
+            if not self._fifo and os.fstat(self._fd).st_nlink == 0:  # type: ignore[arg-type]
+                self._deleted()
         except Exception as exc:
+            self.events_lost += events
             self._fail(exc)
+        finally:
+            self._writing = 0
+
+    def _deleted(self) -> None:
+        """The file (or its directory) was removed: what it held is gone."""
+        self.events_lost += self._events_in_file
+        self.failed = "deleted"
+        _rec.STATE.warn_once(
+            "sink-deleted",
+            f"{self.path} was deleted while the run went on: {self._events_in_file} events "
+            "written to it are lost; tracing stops, the run goes on.")
+        self._close_fd()
 
     def _rotate(self) -> None:
         self._write_raw(b"]\n")
-        os.close(self._fd)  # type: ignore[arg-type]
-        self._fd = None
+        self._close_fd()
         self.part += 1
         self._open()
 
     def _fail(self, exc: BaseException) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
+        empty = self._fd is not None and not self._fifo and self.bytes_written == 0
         _rec.STATE.warn_once(
             "sink-failed",
             f"writing {self.path} failed ({self.failed}); tracing stops, the run goes on. "
-            "The file written so far stays readable.")
+            + ("No file was written." if empty or not self.paths
+               else "The file written so far stays readable."))
         try:
-            if self._fd is not None:
+            if self._fd is not None and not self._fifo:
                 # Drop a frame cut short by the failure (e.g. disk full); shrinking
                 # a file needs no space.
                 os.ftruncate(self._fd, self.bytes_written)
         except OSError:
             pass
-        try:
-            if self._fd is not None:
-                os.close(self._fd)
-        except OSError:
-            pass
-        self._fd = None
+        self._close_fd()
+        if empty:  # not even the header fit: leave no empty file (it was ours: O_EXCL)
+            try:
+                os.unlink(self.paths.pop())
+            except OSError:
+                pass
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def close(self, trailer: bytes = b"]\n") -> None:
-        if self._fd is None:
+        """Write ``trailer`` and close; a sink that never wrote an event leaves no file."""
+        if self._fd is None or self.abandoned:
             return
         try:
             self._write_raw(trailer)
         except Exception as exc:
             self._fail(exc)
             return
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
-        self._fd = None
+        self._close_fd()
 
-    def abandon(self) -> None:
-        """Forget the file descriptor without writing (a forked child's copy)."""
-        self._fd = None
+    def abandon(self, close: bool = False) -> None:
+        """Stop using the file: a forked child's copy (forget the descriptor) or
+        storage that stalled at shutdown (the stuck write is left to the kernel)."""
+        self.abandoned = True
+        self.events_lost += self._writing
+        if not close:
+            self._fd = None
+
+
+def _is_fifo(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 class Writer:
@@ -159,6 +247,10 @@ class Writer:
         self._flush_lock = threading.Lock()
         self._busy_since = 0.0  # monotonic start of the flush under way (0: none)
         self._stop = False
+        self._trailer: Callable[[], bytes] | None = None
+        self._finished = False
+        self._started = 0  # flush rounds of the thread begun, and ended (see sync)
+        self._completed = 0
         self.events_written = 0
         self._thread = threading.Thread(target=self._run, name=_WRITER_THREAD, daemon=True)
         self._thread.start()
@@ -199,10 +291,38 @@ class Writer:
             self._wake.clear()
             if self._stop:
                 break
+            self._started += 1
             try:
                 self.flush()
             except Exception as exc:  # never let the thread die silently
                 _rec.STATE.warn_once("writer", f"writer error: {exc!r}")
+            self._completed += 1
+        self._finish()
+
+    def _finish(self) -> None:
+        """Last flush and the trailer, on the writer's thread (see :meth:`stop`)."""
+        try:
+            self.flush()
+            trailer = self._trailer
+            if trailer is not None:
+                self.sink.close(trailer())
+        except Exception as exc:
+            _rec.STATE.warn_once("writer", f"writer error: {exc!r}")
+
+    def sync(self, timeout: float) -> bool:
+        """Have the writer thread write everything buffered now and wait for it, at
+        most ``timeout`` seconds. The caller never touches the file itself, so a
+        stalled disk or a flush it interrupted (a signal handler) cannot hold it."""
+        if not self._thread.is_alive() or threading.current_thread() is self._thread:
+            return False
+        target = self._started + 1
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        while self._completed < target:
+            if time.monotonic() >= deadline or not self._thread.is_alive():
+                return False
+            time.sleep(0.001)  # polling: no lock a signal handler could find held
+        return True
 
     def flush(self, timeout: float = -1) -> int:
         """Encode and write everything buffered now; returns the number of records.
@@ -246,14 +366,28 @@ class Writer:
                 listener(data)
             except Exception:
                 pass
-        self.sink.write(data)
+        self.sink.write(data, n)
         self.events_written += n
         return n
 
-    def stop(self) -> None:
-        """Stop the thread and flush what is left (idempotent)."""
+    def stop(self, timeout: float = 30.0, trailer: Callable[[], bytes] | None = None) -> bool:
+        """Stop the thread after it wrote what is left and ``trailer()`` (idempotent).
+        Waits at most ``timeout`` seconds: past that the storage is stalled, and
+        the file is abandoned (the events not written are counted in
+        ``sink.events_lost`` plus whatever is still buffered). True when done."""
+        self._trailer = trailer
         self._stop = True
         self._wake.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
-        self.flush()
+        if threading.current_thread() is self._thread:
+            return False
+        if not self._thread.is_alive():
+            if not self._finished:
+                self._finished = True
+                self._finish()
+            return True
+        self._thread.join(timeout=max(0.0, timeout))
+        if self._thread.is_alive():
+            self.sink.abandon(close=True)
+            return False
+        self._finished = True
+        return True

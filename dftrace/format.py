@@ -189,7 +189,7 @@ TRACE_SUFFIXES = (".pfw", ".pfw.gz", ".pfw.zst")
 CHROME_SUFFIXES = (".json", ".json.gz")
 
 _FILENAME = re.compile(
-    r"^(?P<prefix>.*?)(?:-rank(?P<rank>\d+))?-(?P<host>[^/]+?)-(?P<pid>\d+)"
+    r"^(?P<prefix>.*?)(?:-rank(?P<rank>\d+))?-(?P<host>[^/]+?)-(?P<pid>\d+)(?:\.\d+)?"
     r"(?:\.part(?P<part>\d+))?\.pfw(?:\.gz|\.zst)?$"
 )
 
@@ -441,7 +441,24 @@ class _Span(NamedTuple):
     level: Any
 
 
-def validate_file(path: str | os.PathLike[str]) -> list[Violation]:
+class TornTail(NamedTuple):
+    """A compressed trace whose last frame/member was cut off (a process killed
+    mid-write): everything before ``offset`` decodes."""
+
+    #: File offset where the cut frame/member starts (the readable part ends there).
+    offset: int
+    #: Events on the whole lines before the cut.
+    events: int
+
+    def __str__(self) -> str:
+        return f"cut off at byte {self.offset}, {self.events} events readable"
+
+
+_CUT = re.compile(r"compressed stream cut off in the frame/member at byte (\d+)")
+
+
+def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
+                  torn: list[TornTail] | None = None) -> list[Violation]:
     """Check a trace file against FORMAT.md and return the violations in line order.
 
     Rules: the file opens with a ``[`` line and nothing follows a closing ``]``; one
@@ -451,15 +468,25 @@ def validate_file(path: str | os.PathLike[str]) -> list[Violation]:
     ``ts >= 0`` and ``dur >= 0`` on complete events; spans on each thread nested or
     disjoint, never partly overlapping; ``p_idx``/``level`` consistent with the
     enclosing span. A file cut off by a crash (no ``]``) is valid as long as every
-    line it has is whole. An empty list means the file follows the contract.
+    line it has is whole. A compressed file whose last frame/member was cut
+    mid-write is normal after a kill: unless ``strict``, the cut (and the partial
+    line it leaves) is no violation, and is reported in ``torn`` if a list is given.
+    An empty list means the file follows the contract.
     """
     allow_commas = os.fspath(path).endswith(CHROME_SUFFIXES)
     violations: list[Violation] = []
     tracks: dict[tuple[Any, Any], list[_Span]] = {}
     state = "start"  # -> "open" after "[" (or the first event), -> "closed" after "]"
     first_event = True
+    events = 0
     for line in iter_trace_lines(path):
         n, text = line.number, line.text
+        cut = _CUT.search(line.error) if line.error is not None else None
+        if cut is not None and not strict:
+            if torn is not None:
+                torn.append(TornTail(int(cut[1]), events))
+            continue
+        events += line.event is not None
         if state == "closed":
             if text:
                 violations.append(Violation(n, "after-close", "content after the closing ']'"))

@@ -86,11 +86,15 @@ def register(subparsers: Any) -> None:
         help="check files against the trace format rules",
         description="Check trace files against FORMAT.md: '[' first, one JSON object per line, "
         "UTF-8 without surrogate escapes, metadata first, uint32 pid/tid, ts and dur >= 0, spans "
-        "nested per thread, p_idx/level consistent. Exit code 1 if any file breaks a rule.",
+        "nested per thread, p_idx/level consistent. A last frame cut off by a kill is reported "
+        "('cut off at byte N, K events readable') and is no violation unless --strict. "
+        "Exit code 1 if any file breaks a rule.",
     )
     p.add_argument("paths", nargs="+", help="trace files, directories or glob patterns")
     p.add_argument("--max", type=int, default=50, metavar="N", help="violations to print per file (default 50)")
     p.add_argument("--json", action="store_true", help="print violations as JSON")
+    p.add_argument("--strict", action="store_true",
+                   help="count a last frame cut off mid-write (a killed process) as a violation")
     p.set_defaults(func=_run_validate)
 
 
@@ -231,13 +235,14 @@ def _run_validate(args: argparse.Namespace) -> int:
     failed = 0
     report: dict[str, list[dict[str, Any]]] = {}
     for path in expand_paths(args.paths):
-        violations = validate_file(path)
+        torn: list[Any] = []
+        violations = validate_file(path, strict=args.strict, torn=torn)
         failed += bool(violations)
         report[path] = [v._asdict() for v in violations]
         if args.json:
             continue
         if not violations:
-            print(f"{path}: OK")
+            print(f"{path}: OK" + (f" ({torn[0]})" if torn else ""))
             continue
         print(f"{path}: {len(violations)} violation{'s' if len(violations) > 1 else ''}")
         for v in violations[: args.max]:

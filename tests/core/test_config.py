@@ -16,14 +16,25 @@ from dftrace._config import OPTIONS, Config
 
 @pytest.mark.parametrize("var,value,expect", [
     ("DFTRACE_COMPRESSION", "lz4", "expected one of zstd, gzip, none"),
-    ("DFTRACE_FLUSH_INTERVAL", "-1", "number of seconds > 0"),
-    ("DFTRACE_FLUSH_INTERVAL", "soon", "number of seconds > 0"),
-    ("DFTRACE_BATCH_SIZE", "0", "integer >= 1"),
-    ("DFTRACE_BUFFER_LIMIT", "10", "integer >= 1024"),
+    ("DFTRACE_FLUSH_INTERVAL", "-1", "from 0.01 to 3600"),
+    ("DFTRACE_FLUSH_INTERVAL", "soon", "from 0.01 to 3600"),
+    ("DFTRACE_FLUSH_INTERVAL", "1e-6", "from 0.01 to 3600"),
+    ("DFTRACE_FLUSH_INTERVAL", "inf", "from 0.01 to 3600"),
+    ("DFTRACE_BATCH_SIZE", "0", "integer from 1 to"),
+    ("DFTRACE_BUFFER_LIMIT", "10", "integer from 1024 to"),
     ("DFTRACE_ON_FULL", "panic", "block, drop"),
     ("DFTRACE_ENABLE", "maybe", "true/false"),
+    ("DFTRACE_ENABLE", "ture", "1/0, true/false, yes/no, on/off"),
     ("DFTRACE_MAX_FILE_SIZE", "big", "size in bytes"),
+    ("DFTRACE_MAX_FILE_SIZE", "inf", "from 4K to 1P"),
+    ("DFTRACE_MAX_FILE_SIZE", "nan", "from 4K to 1P"),
     ("DFTRACE_COMPRESSION_LEVEL", "x", "integer"),
+    ("DFTRACE_RANK", "3" * 30, "from 0 to 2147483647"),
+    ("DFTRACE_SHUTDOWN_TIMEOUT", "0", "from 0.1 to 3600"),
+    ("DFTRACE_MAX_OPEN_SPANS", "1", "from 16 to"),
+    ("DFTRACE_SAMPLE_INTERVAL", "0.0001", "(0 = off)"),
+    ("RANK", str(2**64 + 1), "from 0 to 2147483647"),
+    ("OMPI_COMM_WORLD_RANK", "9" * 40, "from 0 to 2147483647"),
 ])
 def test_invalid_environment_values_name_the_variable(monkeypatch, var, value, expect):
     """A bad ``DFTRACE_*`` value raises at initialize() naming the variable and what is accepted."""
@@ -75,7 +86,8 @@ def test_unwritable_log_directory_fails_at_initialize(tmp_path):
 def test_missing_log_directory_is_created(tmp_path):
     """``log_file="traces/run"`` works when ``traces/`` does not exist yet."""
     with testing.trace_to(tmp_path, log_file=str(tmp_path / "a" / "b" / "run")) as t:
-        pass
+        with dftrace.ai.compute.step:
+            pass
     assert os.path.dirname(t.paths[0]) == str(tmp_path / "a" / "b")
 
 
@@ -128,8 +140,31 @@ def test_off_by_configuration_returns_the_original_function(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_bad_variable_fails_at_import_when_tracing_is_requested(tmp_path):
-    """``DFTRACE_ENABLE=1`` with a bad value stops the program at import, naming the variable."""
-    out = _run("import dftrace", {"DFTRACE_ENABLE": "1", "DFTRACE_COMPRESSION": "lz4",
-                                  "DFTRACE_LOG_FILE": str(tmp_path / "x")})
-    assert out.returncode != 0 and "DFTRACE_COMPRESSION" in out.stderr
+@pytest.mark.parametrize("env", [
+    {"DFTRACE_ENABLE": "1", "DFTRACE_COMPRESSION": "lz4"},
+    {"DFTRACE_ENABLE": "ture"},
+    {"DFTRACE_ENABLE": "1", "RANK": str(2**64 + 5)},
+    {"DFTRACE_ENABLE": "1", "DFTRACE_MAX_FILE_SIZE": "inf"},
+    {"DFTRACE_ENABLE": "1", "DFTRACE_FLUSH_INTERVAL": "1e-6"},
+])
+def test_bad_variable_at_import_warns_once_and_leaves_the_program_untraced(tmp_path, env):
+    """``DFTRACE_ENABLE=1`` with a bad value: the program runs (exit 0) untraced, with
+    one warning naming the variable and what it accepts."""
+    name = next(k for k in env if k != "DFTRACE_ENABLE") if len(env) > 1 else "DFTRACE_ENABLE"
+    out = _run("""
+        import dftrace
+        from dftrace import ai
+        with ai.compute.forward:
+            pass
+        print("ran", dftrace.session())
+    """, {**env, "DFTRACE_LOG_FILE": str(tmp_path / "x")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ran None"
+    assert out.stderr.count("dftrace: tracing is off") == 1, out.stderr
+    assert name in out.stderr and "is invalid: expected" in out.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_nul_in_log_file_is_a_config_error():
+    with pytest.raises(ConfigError, match="log_file.*NUL"):
+        dftrace.initialize(log_file="traces/a\0b")

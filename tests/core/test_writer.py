@@ -73,7 +73,8 @@ def test_events_reach_disk_within_the_flush_interval(tmp_path):
     with ai.compute.forward:
         pass
     deadline = time.time() + 5
-    while time.time() < deadline and b'"forward"' not in open(s.path, "rb").read():
+    while time.time() < deadline and not (os.path.exists(s.path)
+                                          and b'"forward"' in open(s.path, "rb").read()):
         time.sleep(0.02)
     assert b'"forward"' in open(s.path, "rb").read()
 
@@ -148,3 +149,57 @@ def test_timestamps_come_from_one_anchored_monotonic_clock(tmp_path):
     assert before - 1000 <= train["ts"] <= after
     assert train["ts"] <= fwd["ts"] and fwd["ts"] + fwd["dur"] <= train["ts"] + train["dur"]
     assert anchor["wall_ns"] > 0 and anchor["mono_ns"] > 0
+
+
+def test_file_is_created_at_the_first_write_and_never_over_an_existing_one(tmp_path):
+    """No file before the first event; a taken name gets the next free ``.N``; the
+    taken file is untouched."""
+    from dftrace._writer import FileSink
+
+    (tmp_path / "b.pfw").write_bytes(b"earlier")
+    (tmp_path / "b.1.pfw").write_bytes(b"earlier too")
+    sink = FileSink(str(tmp_path / "b"), "none", None, header=lambda: b"[\n")
+    assert not sink.opened and sorted(os.listdir(tmp_path)) == ["b.1.pfw", "b.pfw"]
+    sink.write([b'{"a":1}\n'])
+    sink.close()
+    assert sink.path == str(tmp_path / "b.2.pfw")
+    assert open(sink.path, "rb").read() == b'[\n{"a":1}\n]\n'
+    assert (tmp_path / "b.pfw").read_bytes() == b"earlier"
+    empty = FileSink(str(tmp_path / "c"), "none", None, header=b"[\n")
+    empty.close()
+    assert not os.path.exists(tmp_path / "c.pfw")
+
+
+def test_stop_returns_on_time_when_the_storage_stalls(tmp_path):
+    """A write that does not return: stop() gives up after its timeout, says so, and
+    the events it could not write are counted."""
+    import threading
+
+    from dftrace import _recorder as _rec
+
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", flush_interval=60,
+                           inherit=False)
+    stuck, release = threading.Event(), threading.Event()
+
+    def hang(data):
+        stuck.set()
+        release.wait(30)
+
+    with ai.compute.forward:
+        pass
+    s.sink._write_raw = hang  # the first write (the header) hangs
+    s.writer.sync(0.01)
+    assert stuck.wait(5)
+    for _ in range(10):
+        with ai.compute.forward:
+            pass
+    t0 = time.monotonic()
+    assert s.writer.stop(0.3, lambda: b"]\n") is False
+    assert time.monotonic() - t0 < 2
+    assert s.sink.abandoned and s.sink.events_lost >= 1
+    assert len(_rec.BUFFER) >= 10
+    release.set()
+    s.writer._thread.join(5)
+    with pytest.warns(RuntimeWarning, match="events could not be written"):
+        dftrace.finalize()
+    assert not os.path.exists(s.path) or os.path.getsize(s.path) == 0

@@ -459,7 +459,9 @@ def test_combined_example_shows_every_category(tmp_path):
         capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = testing.trace_files(out)
-    assert len(files) == 5  # the main process and 2 workers for each of 2 loaders
+    # the main process and 2 workers for each of 2 loaders; a worker that got no
+    # batch records nothing and leaves no file
+    assert 4 <= len(files) <= 5
     assert_valid(files)
     seen = Counter()
     for f in files:

@@ -128,7 +128,8 @@ def test_subprocess_traces_with_the_configuration_the_parent_exported(tmp_path):
 
         dftrace.initialize(log_file=sys.argv[1] + "/p", compression="gzip", flush_interval=7)
         code = "import dftrace; from dftrace import ai\\nwith ai.compute.step: pass"
-        subprocess.run([sys.executable, "-c", code], check=True)
+        with dftrace.ai.pipeline.train:
+            subprocess.run([sys.executable, "-c", code], check=True)
     """)
     out = run([script, str(tmp_path)])
     assert out.returncode == 0, out.stderr
@@ -136,7 +137,7 @@ def test_subprocess_traces_with_the_configuration_the_parent_exported(tmp_path):
     assert len(by_pid) == 2
     assert_valid(files(tmp_path))
     assert all(p.endswith(".pfw.gz") for p in files(tmp_path))
-    (child,) = [evs for evs in by_pid.values() if spans(evs)]
+    (child,) = [evs for evs in by_pid.values() if spans(evs, "step")]
     assert [e["name"] for e in spans(child)] == ["step"]
 
 
@@ -145,7 +146,8 @@ def test_process_context_is_recorded_at_start(tmp_path):
     import numpy  # noqa: F401  (an imported framework gets its version recorded)
 
     with testing.trace_to(tmp_path) as t:
-        pass
+        with ai.compute.step:
+            pass
     (pr,) = t.metadata("PR")
     a = pr["args"]
     assert a["cmdline"] == sys.argv
@@ -194,6 +196,7 @@ def test_process_without_rank_sorts_by_pid(tmp_path, monkeypatch):
     for k in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
         monkeypatch.delenv(k, raising=False)
     with testing.trace_to(tmp_path) as t:
-        pass
+        with ai.compute.step:
+            pass
     assert "-rank" not in os.path.basename(t.paths[0])
     assert meta(t.events, "process_sort_index")[0]["args"]["sort_index"] == os.getpid()
