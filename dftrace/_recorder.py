@@ -86,9 +86,9 @@ class _State:
 
     def __init__(self) -> None:
         self.consumer: Any = None  # object with wake(), wait_drained(limit, timeout)
-        self.batch_size = 65536
-        self.buffer_limit = 1_048_576
-        self.drop_when_full = False
+        self._batch_size = 65536
+        self._buffer_limit = 1_048_576
+        self._drop_when_full = False
         self._dropped = 0
         self.woken = False  # the consumer was told a batch is ready (pure-Python engine)
         self.captures = 0  # in-memory captures running (they open the gate too)
@@ -116,11 +116,20 @@ class _State:
         self._dropped = n
 
     def set_limits(self, batch_size: int, buffer_limit: int, drop_when_full: bool) -> None:
-        self.batch_size = batch_size
-        self.buffer_limit = buffer_limit
-        self.drop_when_full = drop_when_full
+        """Wake the consumer at ``batch_size`` records; at ``buffer_limit`` wait for it
+        (or drop and count, with ``drop_when_full``)."""
+        self._batch_size = batch_size
+        self._buffer_limit = buffer_limit
+        self._drop_when_full = bool(drop_when_full)
         if speedups is not None:
-            speedups.set_limits(batch_size, buffer_limit, drop_when_full)
+            speedups.set_limits(batch_size, buffer_limit, bool(drop_when_full))
+
+    batch_size = property(lambda self: self._batch_size,
+                          lambda self, v: self.set_limits(v, self._buffer_limit, self._drop_when_full))
+    buffer_limit = property(lambda self: self._buffer_limit,
+                            lambda self, v: self.set_limits(self._batch_size, v, self._drop_when_full))
+    drop_when_full = property(lambda self: self._drop_when_full,
+                              lambda self, v: self.set_limits(self._batch_size, self._buffer_limit, v))
 
     def warn_once(self, key: str, message: str) -> None:
         if key in self._warned:
@@ -180,8 +189,9 @@ def record(kid: int, t0: int, t1: int, i: int, p: int, lvl: int, tid: int,
         STATE._dropped += 1
         return
     BUFFER.append((kid, t0, t1, i, p, lvl, tid, frag, count, flags))
-    if len(BUFFER) >= STATE.batch_size and not STATE.woken:
-        wake_consumer()
+    n = len(BUFFER)
+    if n >= STATE.batch_size and (not STATE.woken or not n & 0xFFF):
+        wake_consumer()  # once per batch, then every 4096 records (see the C twin)
 
 
 def _room() -> bool:
@@ -943,7 +953,7 @@ def _load_speedups() -> Any:
         return None
     mod.configure(LOCAL, resolve, wait_for_room, wake_consumer, _unwind, with_error,
                   Extra.joined, to_extra, sticky_of, Extra, cm_exit)
-    mod.set_limits(STATE.batch_size, STATE.buffer_limit, STATE.drop_when_full)
+    mod.set_limits(STATE._batch_size, STATE._buffer_limit, STATE._drop_when_full)
     use_native(mod.add_kind, mod.plain_fragment)
     return mod
 

@@ -274,8 +274,11 @@ static int make_room(void) {
     return 0;
 }
 
+/* A batch is ready: wake the writer once per batch, and again every 4096 records
+   while it has not drained (its wake() makes a producer wait when the writer has
+   fallen a flush interval behind). */
 static void wake_writer(void) {
-    if (woken || !R.wake)
+    if (!R.wake || (woken && (nbuf & 0xFFF)))
         return;
     woken = 1;
     PyObject *et, *ev, *tb;

@@ -256,22 +256,32 @@ class Writer:
         self._thread.start()
 
     # consumer protocol used by _recorder.pressure -----------------------------
+    #: One flush taking longer than this (or two flush intervals) means the storage
+    #: stalled (a hung mount, a FIFO nobody reads): producers stop waiting for it.
+    STALL_S = 1.0
+
+    def stalled(self) -> bool:
+        since = self._busy_since
+        return bool(since) and time.monotonic() - since > max(self.STALL_S, 2 * self.flush_interval)
+
     def wake(self) -> None:
         """A producer found a full batch buffered: wake the writer. If the writer
         has already been writing for more than a flush interval (it cannot keep up
         with this rate), the producer waits until it is done (block mode only), so
-        a kill -9 loses about one flush interval of events, not a full buffer."""
+        a kill -9 loses about one flush interval of events, not a full buffer. A
+        stalled writer is not waited for."""
         self._wake.set()
         since = self._busy_since
         if (since and not _rec.STATE.drop_when_full
                 and time.monotonic() - since > self.flush_interval
                 and threading.current_thread() is not self._thread):
-            deadline = time.monotonic() + 10.0
             # Poll without holding a lock: a signal handler may run in this thread.
-            while self._busy_since == since and time.monotonic() < deadline:
+            while self._busy_since == since and not self.stalled():
                 time.sleep(0.001)
 
     def wait_drained(self, below: int, timeout: float) -> bool:
+        """Wait until at most ``below`` records are buffered; False on timeout or
+        when the writer is stalled (the caller then drops and counts)."""
         if threading.current_thread() is self._thread or not self._thread.is_alive():
             return False
         self._wake.set()
@@ -279,7 +289,7 @@ class Writer:
         with self._drained:
             while _rec.buffered() > below:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self.stalled():
                     return False
                 self._drained.wait(min(left, 0.05))
         return True

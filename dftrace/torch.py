@@ -55,7 +55,7 @@ from ._torch_data import (TracedCollate, TracedDataLoader, TracedDataset,
                           TracedIterableDataset, trace_collate, trace_dataloader,
                           trace_dataset)
 from ._torch_dist import DistributedTracing, trace_ddp, trace_distributed
-from ._hooks import guarded, warn_once
+from ._hooks import error_args, guarded, warn_once
 from ._workers import WorkerInit, worker_init_fn
 
 __all__ = [
@@ -373,11 +373,12 @@ def _matches(path: str, module: Any, patterns: Iterable[Any]) -> bool:
 
 
 class _ModuleSpans:
-    """Forward (and backward) hooks of one submodule. Holds no module and no tensor:
-    only the path, the nodes and the open spans."""
+    """The spans of one submodule: its ``forward`` is wrapped (a C span wrapper when
+    shapes are off: no hook machinery of torch's runs per call), its backward goes
+    through full backward hooks. Holds no tensor: only the path, the nodes and the
+    open backward spans."""
 
-    __slots__ = ("path", "kind", "forward_node", "backward_node", "record_shapes",
-                 "_fwd", "_bwd")
+    __slots__ = ("path", "kind", "forward_node", "backward_node", "record_shapes", "_bwd")
 
     def __init__(self, path: str, kind: str, record_shapes: bool):
         self.path = path
@@ -385,31 +386,36 @@ class _ModuleSpans:
         self.forward_node = ai.compute.forward.derive(_event_path(path))
         self.backward_node = ai.compute.backward.derive(_event_path(path))
         self.record_shapes = record_shapes
-        self._fwd = _ThreadSpans()
         self._bwd = _ThreadSpans()
 
-    @guarded
-    def forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
+    def wrap_forward(self, forward: Any) -> Any:
+        """``forward`` (the module's bound method) recording one span per call."""
+        base = {"module": self.path, "type": self.kind}
+        if not self.record_shapes:
+            return self.forward_node(args=base).decorate(forward)
         node = self.forward_node
-        if not node.enabled:
-            return
-        extra: dict[str, Any] = {"module": self.path, "type": self.kind}
-        if self.record_shapes:
-            extra["input_shapes"] = _input_shapes(args, kwargs)
-        self._fwd.push((node.start(), extra))
 
-    @guarded
-    def forward_post(self, module: Any, args: Any, output: Any) -> None:
-        entry = self._fwd.pop()
-        if entry is None:
-            return
-        span, extra = entry
-        err = _forward_failed(output)
-        if err:
-            extra["error"] = err
-        elif self.record_shapes:
-            extra["output_shapes"] = shapes(output)
-        span.stop(extra)
+        def traced_forward(*args: Any, **kwargs: Any) -> Any:
+            if not node._on:
+                return forward(*args, **kwargs)
+            try:
+                extra = {**base, "input_shapes": _input_shapes(args, kwargs)}
+            except Exception:
+                extra = dict(base)
+            span = node.start()
+            try:
+                out = forward(*args, **kwargs)
+            except BaseException as exc:
+                span.stop(error_args(extra, exc))
+                raise
+            try:
+                extra["output_shapes"] = shapes(out)
+            except Exception:
+                pass
+            span.stop(extra)
+            return out
+
+        return traced_forward
 
     @guarded
     def backward_pre(self, module: Any, grad_output: Any) -> None:
@@ -424,8 +430,10 @@ class _ModuleSpans:
             entry[0].stop(entry[1])
 
     def close_all(self) -> None:
-        self._fwd.close_all()
         self._bwd.close_all()
+
+
+_NO_FORWARD: Any = object()  # a module without a forward attribute of its own
 
 
 class ModuleTracing:
@@ -447,6 +455,7 @@ class ModuleTracing:
         self.paths: list[str] = []
         self._spans: list[_ModuleSpans] = []
         self._handles: list[Any] = []
+        self._forwards: list[tuple[Any, Any]] = []  # (module, its own forward attribute)
         self._removed = False
         try:
             for path, module in model.named_modules():
@@ -459,8 +468,9 @@ class ModuleTracing:
                 if exclude and _matches(path, module, exclude):
                     continue
                 ms = _ModuleSpans(path, type(module).__name__, shapes)
-                self._handles.append(module.register_forward_pre_hook(ms.forward_pre, with_kwargs=True))
-                self._handles.append(module.register_forward_hook(ms.forward_post, always_call=True))
+                own = module.__dict__.get("forward", _NO_FORWARD)
+                self._forwards.append((module, own))
+                module.forward = ms.wrap_forward(module.forward)
                 if backward:
                     self._handles.append(module.register_full_backward_pre_hook(ms.backward_pre))
                     self._handles.append(module.register_full_backward_hook(ms.backward_post))
@@ -476,6 +486,15 @@ class ModuleTracing:
             return
         self._removed = True
         _remove_handles(self._handles)
+        for module, own in self._forwards:
+            try:
+                if own is _NO_FORWARD:
+                    del module.forward
+                else:
+                    module.forward = own
+            except Exception:
+                pass
+        self._forwards.clear()
         for ms in self._spans:
             ms.close_all()
 

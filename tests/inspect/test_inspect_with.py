@@ -127,7 +127,7 @@ def test_scope_methods_are_harmless_when_not_recording():
         call.capture(x=1)
         call.set_result(2)
     assert dftrace.last_capture() is None
-    assert _recorder.BUFFER == []
+    assert _recorder.buffered() == 0
 
 
 def test_iter_with_capture_result_records_each_item():

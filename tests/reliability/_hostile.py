@@ -68,7 +68,13 @@ def main() -> None:
         # pipe's 64 KiB are full; with no reader at all, opening it blocks.
         os.mkfifo(expected_base(prefix) + ".pfw.zst")
         if SCENARIO.startswith("fifo-reader"):
-            os.open(expected_base(prefix) + ".pfw.zst", os.O_RDONLY | os.O_NONBLOCK)
+            reader = os.open(expected_base(prefix) + ".pfw.zst", os.O_RDONLY | os.O_NONBLOCK)
+            try:  # the smallest pipe (one page): the writes stall at once, whatever the size
+                import fcntl
+
+                fcntl.fcntl(reader, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)
+            except OSError:
+                pass
         options["flush_interval"] = 0.05
     if SCENARIO == "app-handler-then-sighup":
         def on_term(signum, frame):

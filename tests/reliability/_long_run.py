@@ -30,7 +30,7 @@ def main(out: str, phases: int, per_phase: int, max_file_size: str) -> None:
             with ai.pipeline.epoch(args={"step": n}):
                 forward(n)
             n += 2
-        buffered = len(_recorder.BUFFER)
+        buffered = _recorder.buffered()
         session.writer.flush()  # measure what stays once the buffer is written
         print(phase, n, proc.memory_info().rss, buffered, flush=True)
 

@@ -65,7 +65,7 @@ def test_producer_faster_than_the_writer_waits_instead_of_piling_up(tmp_path):
         with ai.compute.forward:
             pass
         if not i & 0x3FF:
-            most = max(most, len(_recorder.BUFFER))
+            most = max(most, _recorder.buffered())
     dftrace.finalize()
     # Without waiting, more than 250,000 would be buffered here; with it, about
     # one batch (65,536) plus one flush interval of events.
