@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import tracegen
 
-from dftrace.analysis import render_html, summarize
-from dftrace.analysis._cli import main
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from dftrace.analysis import render_html, summarize  # noqa: E402
+from dftrace.analysis._cli import main  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
