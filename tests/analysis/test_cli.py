@@ -17,24 +17,6 @@ from dftrace import format as fmt  # noqa: E402
 from dftrace.analysis import load_traces, write_trace  # noqa: E402
 from dftrace.analysis._cli import main  # noqa: E402
 
-COMMANDS = ("summary", "report", "convert", "merge", "validate")
-
-
-@pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_has_help(command, capsys):
-    """`<command> --help` exits 0 and describes the command."""
-    with pytest.raises(SystemExit) as exit_info:
-        main([command, "--help"])
-    assert exit_info.value.code == 0
-    assert f"usage: dftrace {command}" in capsys.readouterr().out
-
-
-def test_dftrace_command_offers_the_analysis_commands():
-    """`python -m dftrace --help` lists the analysis commands next to the core's."""
-    out = subprocess.run([sys.executable, "-m", "dftrace", "--help"], capture_output=True, text=True, check=True)
-    for command in COMMANDS:
-        assert command in out.stdout
-
 
 def test_summary_prints_every_section(run_dir, capsys):
     """The terminal summary has the category table, epochs, steps, breakdown, stall, ranks."""

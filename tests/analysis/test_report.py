@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import struct
@@ -103,7 +104,31 @@ def test_report_lists_damaged_files(tmp_path):
     assert "<h2>Damaged files</h2>" in html and "train-rank0-node0-1000.pfw.zst" in html
 
 
+def _section(html: str, heading: str) -> str:
+    start = html.index(f"<h2>{heading}</h2>")
+    end = html.find("<h2>", start + 1)
+    return html[start:end if end > 0 else len(html)]
+
+
+def _first_json_list(section: str, key: str) -> list:
+    start = section.index(f'"{key}":') + len(key) + 3
+    return json.JSONDecoder().raw_decode(section, start)[0]
+
+
+def test_report_shows_which_rank_straggled_at_each_step(report):
+    """The stragglers plot names the slowest rank of each step: the ranks made slow in the run."""
+    steps = _first_json_list(_section(report.read_text(encoding="utf-8"), "Stragglers"), "customdata")
+    slowest = {(epoch, step): rank for epoch, step, rank in steps}
+    assert len(slowest) == 2 * 4
+    assert slowest[(0, 2)] == "rank 1" and slowest[(1, 1)] == "rank 3"
+
+
 def test_report_of_dftracer_traces(samples):
-    """DFTracer's files (no ranks) make a report with per-process plots."""
-    html = render_html(summarize(samples / "dftracer-2.0.3" / "toy.pfw.gz"))
-    assert "Step timeline per rank" in html and "vm · pid 25021" in html
+    """DFTracer's files (no ranks) make a report whose plots hold the trace's events and process."""
+    summary = summarize(samples / "dftracer-2.0.3" / "toy.pfw.gz")
+    html = render_html(summary)
+    names = _first_json_list(_section(html, "Where the time goes"), "y")
+    by_total = sorted(summary.to_dict()["categories"], key=lambda c: -c["total_us"])
+    assert names[0] == f"{by_total[0]['cat']}/{by_total[0]['name']}" == "pipeline/epoch"
+    assert set(names) <= {f"{c['cat']}/{c['name']}" for c in by_total} and "IO/read_shard" in names
+    assert "vm · pid 25021" in _section(html, "Step timeline per rank")

@@ -56,7 +56,9 @@ def test_browse_by_category_name_and_position():
     assert call.params == {"x": 1, "scale": 10}
     assert call.params.x == 1
     assert call.result == 10
-    assert call.duration >= 0 and call.start >= 0
+    block = call.parent
+    assert block.name == "fetch.block" and call in block.children
+    assert block.start <= call.start and call.start + call.duration <= block.start + block.duration
     assert call.args["params"]["scale"] == 10
 
 
