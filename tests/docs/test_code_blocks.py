@@ -1,4 +1,4 @@
-"""Every fenced code block in README.md and docs/ runs here, or is marked as not code.
+"""Every fenced code block in README.md, CONTRIBUTING.md and docs/ runs here, or is marked as not code.
 
 The convention (CONTRIBUTING.md says the same):
 
@@ -44,7 +44,7 @@ from dftrace import testing
 from dftrace.format import validate_file
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SAMPLES = ROOT / "tests" / "data" / "dftracer"
 
 RUN = {"python", "bash", "sh", "console"}
