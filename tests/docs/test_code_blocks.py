@@ -266,7 +266,7 @@ def test_block_runs_as_written(block, prepared, tmp_path):
     """The block runs in a fresh process, in a directory with prepared traces, and succeeds."""
     missing = _needs(block)
     if missing:
-        pytest.skip(f"needs {', '.join(missing)}, which is not installed")
+        pytest.skip(f"needs {', '.join(missing)} (not installed)")
     cwd = tmp_path / "work"
     shutil.copytree(prepared, cwd)
     before = set(testing.trace_files(cwd))
