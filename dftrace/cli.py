@@ -206,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory for the traces; each demo writes a new run-N directory in it "
                         "(default: %(default)s)")
     d.add_argument("--epochs", type=int, default=3, help="epochs to train (default: %(default)s)")
-    d.add_argument("--samples", type=int, default=256, help="samples in the toy dataset (default: %(default)s)")
+    d.add_argument("--samples", type=int, default=256,
+                   help="samples in the toy dataset (default: %(default)s)")
     _add_trace_options(d)
     d.set_defaults(func=_cmd_demo)
 

@@ -117,7 +117,7 @@ def _execution(parser: argparse.ArgumentParser) -> None:
 
 def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
     """A command that needs the modules ``needs`` (checked before anything imports them)
-    and turns expected failures (no such file, bad option, missing extra) into a message."""
+    and turns expected failures (no such or unreadable file, bad option, missing extra) into a message."""
 
     def decorate(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
         @functools.wraps(run)
@@ -129,7 +129,7 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
             except ImportError as exc:
                 print(f"dftrace: error: {missing_extra_message(exc, command) or exc}", file=sys.stderr)
                 return 2
-            except (FileNotFoundError, ValueError, argparse.ArgumentTypeError) as exc:
+            except (OSError, ValueError, argparse.ArgumentTypeError) as exc:
                 print(f"dftrace: error: {exc}", file=sys.stderr)
                 return 2
 
@@ -143,7 +143,8 @@ class _Run:
 
     def __init__(self, args: argparse.Namespace):
         if args.scheduler or args.dask_workers:
-            check_installed("dask", "distributed", needed_by="--dask-workers and --scheduler")
+            option = "--scheduler" if args.scheduler else "--dask-workers"
+            check_installed("dask", "distributed", needed_by=option)
         from ._executor import DaskExecutor, EmbeddedExecutor
 
         if args.scheduler:

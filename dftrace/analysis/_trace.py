@@ -304,7 +304,7 @@ def read_parquet_parts(path: str, wanted: Sequence[str]) -> tuple[pl.DataFrame, 
 
 
 def validate_parquet(path: str | os.PathLike[str]) -> list[fmt.Violation]:
-    """Check a Parquet file against what :func:`write_parquet` writes (docs/format.md §6).
+    """Check a Parquet file against what :func:`write_parquet` writes (docs/format.md, section 6).
 
     Rules: a readable Parquet file; a ``dftrace`` key-value document of a known
     version listing processes and metadata records; every column of
@@ -319,21 +319,25 @@ def validate_parquet(path: str | os.PathLike[str]) -> list[fmt.Violation]:
     except Exception as exc:  # polars raises its own error types for non-Parquet input
         return [fmt.Violation(0, "parquet", f"not a readable Parquet file: {exc}")]
     found: list[fmt.Violation] = []
+
+    def broken(rule: str, message: str) -> None:
+        found.append(fmt.Violation(0, rule, message))
+
     try:
         document = orjson.loads(kv[_PARQUET_KEY])
     except (KeyError, orjson.JSONDecodeError):
         document = None
     if not isinstance(document, dict):
-        found.append(fmt.Violation(0, "parquet-metadata", f"no {_PARQUET_KEY!r} JSON document in the key-value metadata"))
+        broken("parquet-metadata", f"no {_PARQUET_KEY!r} JSON document in the key-value metadata")
     elif document.get("version") != _PARQUET_VERSION:
-        found.append(fmt.Violation(0, "parquet-metadata", f"unsupported version {document.get('version')!r}"))
+        broken("parquet-metadata", f"unsupported version {document.get('version')!r}")
     elif not (isinstance(document.get("processes"), list) and isinstance(document.get("meta"), list)):
-        found.append(fmt.Violation(0, "parquet-metadata", "the document needs 'processes' and 'meta' lists"))
+        broken("parquet-metadata", "the document needs 'processes' and 'meta' lists")
     for column, dtype in EVENT_COLUMNS.items():
         if column not in schema:
-            found.append(fmt.Violation(0, "parquet-columns", f"column {column!r} is missing"))
+            broken("parquet-columns", f"column {column!r} is missing")
         elif schema[column] != dtype:
-            found.append(fmt.Violation(0, "parquet-columns", f"column {column!r} is {schema[column]}, expected {dtype}"))
+            broken("parquet-columns", f"column {column!r} is {schema[column]}, expected {dtype}")
     if found:
         return found
     events = pl.scan_parquet(path).with_row_index("row", offset=1)
@@ -347,7 +351,7 @@ def validate_parquet(path: str | os.PathLike[str]) -> list[fmt.Violation]:
         rows = events.filter(bad.fill_null(False)).select("row", rule).collect()
         if rows.height:
             row, value = rows.row(0)
-            found.append(fmt.Violation(0, rule, f"{rows.height} rows with a bad {rule}, first row {row}: {value!r}"))
+            broken(rule, f"{rows.height} rows with a bad {rule}, first row {row}: {value!r}")
     return found
 
 

@@ -179,7 +179,7 @@ def test_dask_options_without_dask_name_the_extra(demo_trace):
     out = subprocess.run([sys.executable, "-c", _WITHOUT, "dask,distributed", "summary", str(demo_trace),
                           "--dask-workers", "2"], capture_output=True, text=True)
     assert (out.returncode, out.stderr) == (
-        2, "dftrace: error: --dask-workers and --scheduler needs 'dask', which is not installed: "
+        2, "dftrace: error: --dask-workers needs 'dask', which is not installed: "
            "pip install 'dftrace[dask]'\n")
 
 
