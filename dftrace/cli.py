@@ -81,7 +81,11 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
     kwargs = _trace_kwargs(ns)
     out = None
     if "log_file" not in kwargs:
-        out = _fresh_run_dir(os.path.abspath(ns.out))
+        try:
+            out = _fresh_run_dir(os.path.abspath(ns.out))
+        except OSError as exc:
+            print(f"dftrace demo: cannot write into --out {ns.out!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         kwargs["log_file"] = os.path.join(out, "demo")
     try:
         s = dftrace.initialize(**kwargs)

@@ -75,6 +75,14 @@ def test_demo_runs_twice_in_one_directory_without_mixing(tmp_path, capsys, monke
         assert f"dftrace summary {os.path.join('dftrace-demo', run)}\n" in out
 
 
+def test_demo_into_an_unusable_directory_says_so_in_one_line(tmp_path, capsys):
+    """``--out`` naming a file is one line on stderr and exit code 2."""
+    (tmp_path / "file").write_text("")
+    assert main(["demo", "--out", str(tmp_path / "file"), "--epochs", "1", "--samples", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dftrace demo: cannot write into --out '{tmp_path / 'file'}': ") and err.count("\n") == 1
+
+
 def test_demo_leaves_no_temporary_directory(tmp_path, monkeypatch, capsys):
     """The demo's checkpoint directory is removed when the demo ends."""
     scratch = tmp_path / "tmp"
