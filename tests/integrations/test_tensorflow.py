@@ -50,8 +50,9 @@ def test_hook_traces_any_monitored_session(tmp_path, session_class):
                     sess.run(step)
     [session] = result.spans("train", "pipeline")
     runs = result.spans("compute", "compute")
-    assert [e["args"]["step"] for e in runs] == [0, 1, 2]
-    assert all(e["args"]["p_idx"] == session["id"] for e in runs)
+    assert len(runs) == 3 and all(e["args"]["p_idx"] == session["id"] for e in runs)
+    # the global step as read during each run: before or after the run's own increment
+    assert all(e["args"]["step"] in (i, i + 1) for i, e in enumerate(runs))
     assert validate_file(result.paths[0]) == []
 
 
