@@ -15,7 +15,7 @@ import tracegen
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
-from dftrace.analysis import render_html, summarize  # noqa: E402
+from dftrace.analysis import load_traces, render_html, summarize  # noqa: E402
 from dftrace.analysis._cli import main  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -115,12 +115,12 @@ def _first_json_list(section: str, key: str) -> list:
     return json.JSONDecoder().raw_decode(section, start)[0]
 
 
-def test_report_shows_which_rank_straggled_at_each_step(report):
-    """The stragglers plot names the slowest rank of each step: the ranks made slow in the run."""
-    steps = _first_json_list(_section(report.read_text(encoding="utf-8"), "Stragglers"), "customdata")
-    slowest = {(epoch, step): rank for epoch, step, rank in steps}
-    assert len(slowest) == 2 * 4
-    assert slowest[(0, 2)] == "rank 1" and slowest[(1, 1)] == "rank 3"
+def test_report_step_timeline_has_a_row_per_rank_of_the_run(report, run_dir):
+    """The step timeline has one row for each rank the traces hold, and no other."""
+    timeline = _section(report.read_text(encoding="utf-8"), "Step timeline per rank")
+    ranks = load_traces(run_dir).processes.get_column("rank").to_list()
+    assert ranks == [0, 1, 2, 3]
+    assert {int(r) for r in re.findall(r'"rank (\d+)', timeline)} == set(ranks)
 
 
 def test_report_of_dftracer_traces(samples):
