@@ -61,9 +61,35 @@ def _cmd_demo_ddp(ns: argparse.Namespace) -> int:
         print("dftrace demo --ddp needs PyTorch: pip install 'dftrace[torch]'", file=sys.stderr)
         return 2
 
-    out = ddp_training.launch(ns.out, epochs=ns.epochs)
-    print(f"\ntrace written to {out}\nfind the rank that holds the others back with: dftrace summary {out}")
+    try:
+        out = _fresh_run_dir(os.path.abspath(ns.out))
+    except OSError as exc:
+        print(f"dftrace demo: cannot write into --out {ns.out!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    ddp_training.launch(out, epochs=ns.epochs)
+    print(f"\ntraces written to {_shown(out)}\n"
+          f"find the rank that holds the others back with: dftrace summary {_shown(out)}")
     return 0
+
+
+def _fresh_run_dir(parent: str) -> str:
+    """A new ``run-N`` directory under ``parent``, so that runs never mix."""
+    os.makedirs(parent, exist_ok=True)
+    n = 1 + max((int(d[4:]) for d in os.listdir(parent) if d.startswith("run-") and d[4:].isdigit()),
+                default=0)
+    while True:
+        path = os.path.join(parent, f"run-{n}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:  # another demo took it meanwhile
+            n += 1
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory when it lies inside it (easier to copy)."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith(os.pardir) else rel
 
 
 def _cmd_demo(ns: argparse.Namespace) -> int:
@@ -72,24 +98,79 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
     import dftrace
     from .examples import toy_training
 
-    out = os.path.abspath(ns.out)
     kwargs = _trace_kwargs(ns)
-    kwargs.setdefault("log_file", os.path.join(out, "demo"))
-    s = dftrace.initialize(**kwargs)
+    out = None
+    if "log_file" not in kwargs:
+        try:
+            out = _fresh_run_dir(os.path.abspath(ns.out))
+        except OSError as exc:
+            print(f"dftrace demo: cannot write into --out {ns.out!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        kwargs["log_file"] = os.path.join(out, "demo")
+    try:
+        s = dftrace.initialize(**kwargs)
+    except ConfigError as exc:
+        print(f"dftrace demo: {exc}", file=sys.stderr)
+        return 2
     toy_training.train(epochs=ns.epochs, n=ns.samples)
     dftrace.finalize()
     if s is None:
         print("tracing is off (DFTRACE_ENABLE=0): no trace written")
         return 0
-    print(f"\ntrace written to {', '.join(s.paths)}")
+    print(f"\ntrace written to {', '.join(_shown(p) for p in s.paths)}")
     print(_summarize(s.paths))
-    import importlib.util
+    target = _shown(out) if out is not None else " ".join(_shown(p) for p in s.paths)
+    more = f"dftrace summary {target}"
+    try:
+        from .analysis._deps import ANALYSIS, check_installed
 
-    more = f"dftrace summary {out}"
-    if importlib.util.find_spec("polars") is None:
+        check_installed(*ANALYSIS)
+    except ImportError:
         more = f"pip install 'dftrace[analysis]' && {more}"
     print(f"\nopen it in https://ui.perfetto.dev, or: {more}")
     return 0
+
+
+def _missing_target(module: bool, target: str) -> str | None:
+    """Why ``target`` cannot be run (no such script, module or ``__main__``), or None.
+
+    Modules are looked up on the file system below their top-level package, so
+    nothing of the user's is imported before tracing starts.
+    """
+    if not module:
+        if os.path.isdir(target) and not os.path.exists(os.path.join(target, "__main__.py")):
+            return f"{target!r} is a directory without a __main__.py"
+        return None if os.path.exists(target) else f"no such file: {target!r}"
+    import importlib.machinery
+    import importlib.util
+
+    top, *parts = target.split(".")
+    try:
+        spec = importlib.util.find_spec(top) if top else None
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return f"no module named {top or target!r}"
+    places = spec.submodule_search_locations
+    name = top
+    for part in parts:
+        name = f"{name}.{part}"
+        if places is None:
+            return f"no module named {name!r}"
+        if not all(os.path.isdir(d) for d in places):
+            return None  # a zip file or custom importer: let the import system decide
+        packages = [os.path.join(d, part) for d in places if os.path.isdir(os.path.join(d, part))]
+        if packages:
+            places = packages
+            continue
+        suffixes = importlib.machinery.all_suffixes()
+        if not any(os.path.isfile(os.path.join(d, part + s)) for d in places for s in suffixes):
+            return f"no module named {name!r}"
+        places = None
+    if places is not None and all(os.path.isdir(d) for d in places) and not any(
+            os.path.exists(os.path.join(d, "__main__.py")) for d in places):
+        return f"{target!r} is a package without a __main__ module; name a module in it"
+    return None
 
 
 def _cmd_run(ns: argparse.Namespace) -> int:
@@ -99,18 +180,29 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     if not target_argv:
         print("dftrace run: give a script (or -m module) to run", file=sys.stderr)
         return 2
+    target, *rest = target_argv
+    problem = _missing_target(ns.module, target)
+    if problem is not None:
+        print(f"dftrace run: {problem}", file=sys.stderr)
+        return 2
     try:
         dftrace.initialize(**_trace_kwargs(ns))
     except ConfigError as exc:
         print(f"dftrace run: {exc}", file=sys.stderr)
         return 2
-    target, *rest = target_argv
     code = 0
     old_argv = sys.argv
     try:
         if ns.module:
             sys.argv = [target, *rest]
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            try:
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            except ImportError as exc:
+                missing = getattr(exc, "name", None)
+                if not missing or not (target == missing or target.startswith(missing + ".")):
+                    raise  # the module ran and failed to import something: its own error
+                print(f"dftrace run: no module named {missing!r}", file=sys.stderr)
+                code = 2
         else:
             sys.argv = [target, *rest]
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
@@ -134,9 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run a bundled toy training pipeline with tracing on",
                        description="Run a toy training pipeline (no framework needed) with tracing "
                                    "on, then print where the trace went and what is in it.")
-    d.add_argument("--out", default="dftrace-demo", help="directory for the trace (default: %(default)s)")
-    d.add_argument("--epochs", type=int, default=3)
-    d.add_argument("--samples", type=int, default=256)
+    d.add_argument("--out", default="dftrace-demo",
+                   help="directory for the traces; each demo writes a new run-N directory in it "
+                        "(default: %(default)s)")
+    d.add_argument("--epochs", type=int, default=3, help="epochs to train (default: %(default)s)")
+    d.add_argument("--samples", type=int, default=256,
+                   help="samples in the toy dataset (default: %(default)s)")
     d.add_argument("--ddp", action="store_true",
                    help="run 2 DistributedDataParallel ranks instead (CPU, gloo, loopback; rank 1 made "
                         "slow on purpose); needs PyTorch")
@@ -148,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "from the options and DFTRACE_* variables; child processes trace too.")
     r.add_argument("-m", dest="module", action="store_true", help="run a module, like python -m")
     _add_trace_options(r)
-    r.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]")
+    r.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
+                   help="the script and its arguments (with -m: the module and its arguments)")
     r.set_defaults(func=_cmd_run)
 
     try:

@@ -3,7 +3,7 @@
 This module holds the names and codes that appear in trace files (categories,
 metadata event names, phase codes including DFTracer's integer ones, file suffixes
 and the file-name pattern), a tolerant reader, :func:`iter_trace_lines`, and the
-checker, :func:`validate_file`, for the rules in ``FORMAT.md``.
+checker, :func:`validate_file`, for the rules in docs/format.md (section 5).
 
 It depends on the standard library, ``orjson`` and, for ``.zst`` files only,
 ``zstandard``, so the core and the tests can import it without pulling in the
@@ -409,7 +409,7 @@ def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[TraceLine]:
 
 
 class Violation(NamedTuple):
-    """A broken rule of FORMAT.md at a line of a trace file (0: the file as a whole)."""
+    """A broken rule of docs/format.md (section 5) at a line of a trace file (0: the file as a whole)."""
 
     line: int
     rule: str
@@ -459,7 +459,7 @@ _CUT = re.compile(r"compressed stream cut off in the frame/member at byte (\d+)"
 
 def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
                   torn: list[TornTail] | None = None) -> list[Violation]:
-    """Check a trace file against FORMAT.md and return the violations in line order.
+    """Check a trace file against docs/format.md and return the violations in line order.
 
     Rules: the file opens with a ``[`` line and nothing follows a closing ``]``; one
     JSON object per line with no separating commas (``.json`` files, Chrome's array

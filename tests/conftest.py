@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dftrace import testing
@@ -11,3 +13,13 @@ from dftrace import testing
 def _reset_dftrace():
     with testing.clean_state():
         yield
+
+
+#: Real DFTracer output (1.0.5, 2.0.3, 2.2.0) shipped with the tests; see its README.md.
+DFTRACER_SAMPLES = Path(__file__).resolve().parent / "data" / "dftracer"
+
+
+@pytest.fixture(scope="session")
+def samples() -> Path:
+    """DFTracer's real trace files, in ``tests/data/dftracer``."""
+    return DFTRACER_SAMPLES

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._deps import require
+from ._deps import ANALYSIS, check_installed
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -45,7 +45,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    require("polars")
+    check_installed(*ANALYSIS)
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._deps import require
+from ._deps import ANALYSIS, check_installed, missing_extra_message
 
 _EXECUTOR_HELP = """
 Where the work runs: by default on threads in this process. --dask-workers N starts
@@ -53,10 +53,11 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser(
         "convert",
-        help="to Chrome JSON (.json, .json.gz), pfw for DFAnalyzer (.pfw.gz) or Parquet",
+        help="to Chrome JSON (.json, .json.gz), dftrace's pfw (.pfw, .pfw.gz, .pfw.zst) or Parquet",
         description="Convert traces (all inputs into one output). The output suffix picks the "
         "format: .json/.json.gz strict Chrome JSON for chrome://tracing and Perfetto, "
-        ".pfw/.pfw.gz for DFAnalyzer, .parquet for the events table." + _EXECUTOR_HELP,
+        ".pfw/.pfw.gz/.pfw.zst dftrace's own format (DFAnalyzer reads it too), .parquet for "
+        "the events table." + _EXECUTOR_HELP,
     )
     _inputs(p)
     p.add_argument("-o", "--output", required=True, help="output file")
@@ -83,12 +84,14 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser(
         "validate",
-        help="check files against the trace format rules",
-        description="Check trace files against FORMAT.md: '[' first, one JSON object per line, "
-        "UTF-8 without surrogate escapes, metadata first, uint32 pid/tid, ts and dur >= 0, spans "
-        "nested per thread, p_idx/level consistent. A last frame cut off by a kill is reported "
-        "('cut off at byte N, K events readable') and is no violation unless --strict. "
-        "Exit code 1 if any file breaks a rule.",
+        help="check trace files (and Parquet files from convert) against the format's rules",
+        description="Check trace files against the rules of docs/format.md (section 5, "
+        "'Validation rules'): '[' first, one JSON object per line, UTF-8 without surrogate "
+        "escapes, metadata first, uint32 pid/tid, ts and dur >= 0, spans nested per thread, "
+        "p_idx/level consistent. A last frame cut off by a kill is reported ('cut off at byte N, "
+        "K events readable') and is no violation unless --strict. A .parquet file written by "
+        "'dftrace convert' is checked against the events table instead (section 6; needs the "
+        "analysis extra). Exit code 1 if any file breaks a rule, 2 if a file cannot be read.",
     )
     p.add_argument("paths", nargs="+", help="trace files, directories or glob patterns")
     p.add_argument("--max", type=int, default=50, metavar="N", help="violations to print per file (default 50)")
@@ -115,25 +118,36 @@ def _execution(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-progress", action="store_true", help="never show a progress bar")
 
 
-def _reports_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Turn expected failures (no such file, bad option, missing extra) into a message."""
+def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """A command that needs the modules ``needs`` (checked before anything imports them)
+    and turns expected failures (no such or unreadable file, bad option, missing extra) into a message."""
 
-    @functools.wraps(run)
-    def wrapper(args: argparse.Namespace) -> int:
-        try:
-            return run(args)
-        except (FileNotFoundError, ValueError, ImportError, argparse.ArgumentTypeError) as exc:
-            print(f"dftrace: error: {exc}", file=sys.stderr)
-            return 2
+    def decorate(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        @functools.wraps(run)
+        def wrapper(args: argparse.Namespace) -> int:
+            command = f"dftrace {getattr(args, 'command', None) or ''}".strip()
+            try:
+                check_installed(*needs, needed_by=command)
+                return run(args)
+            except ImportError as exc:
+                print(f"dftrace: error: {missing_extra_message(exc, command) or exc}", file=sys.stderr)
+                return 2
+            except (OSError, ValueError, argparse.ArgumentTypeError) as exc:
+                print(f"dftrace: error: {exc}", file=sys.stderr)
+                return 2
 
-    return wrapper
+        return wrapper
+
+    return decorate
 
 
 class _Run:
     """The executor and options of one command, closed when the command ends."""
 
     def __init__(self, args: argparse.Namespace):
-        require("polars")
+        if args.scheduler or args.dask_workers:
+            option = "--scheduler" if args.scheduler else "--dask-workers"
+            check_installed("dask", "distributed", needed_by=option)
         from ._executor import DaskExecutor, EmbeddedExecutor
 
         if args.scheduler:
@@ -155,7 +169,7 @@ class _Run:
         self.executor.close()
 
 
-@_reports_errors
+@_command(*ANALYSIS)
 def _run_summary(args: argparse.Namespace) -> int:
     from ._render_text import render_text
     from ._summary import summarize
@@ -166,12 +180,11 @@ def _run_summary(args: argparse.Namespace) -> int:
     return 0
 
 
-@_reports_errors
+@_command(*ANALYSIS, "plotly")
 def _run_report(args: argparse.Namespace) -> int:
     from ._render_html import write_html
     from ._summary import summarize
 
-    require("plotly")
     with _Run(args) as options:
         summary = summarize(args.paths, **options)
     write_html(summary, args.output, title=args.title)
@@ -179,7 +192,7 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-@_reports_errors
+@_command(*ANALYSIS)
 def _run_convert(args: argparse.Namespace) -> int:
     from ._export import output_format, write_trace
     from ._trace import load_traces
@@ -192,7 +205,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-@_reports_errors
+@_command(*ANALYSIS)
 def _run_merge(args: argparse.Namespace) -> int:
     from ._export import MergeFilter, merge, output_format, write_trace
     from ._trace import load_traces
@@ -225,18 +238,24 @@ def _step_range(text: str | None) -> tuple[int, int] | None:
         raise argparse.ArgumentTypeError(f"--steps wants A or A:B, got {text!r}") from None
 
 
-@_reports_errors
+@_command()
 def _run_validate(args: argparse.Namespace) -> int:
     import orjson
 
     from ..format import validate_file
-    from ._sources import expand_paths
+    from ._sources import PARQUET_SUFFIX, expand_paths
 
     failed = 0
     report: dict[str, list[dict[str, Any]]] = {}
     for path in expand_paths(args.paths):
         torn: list[Any] = []
-        violations = validate_file(path, strict=args.strict, torn=torn)
+        if path.endswith(PARQUET_SUFFIX):
+            check_installed(*ANALYSIS, needed_by="dftrace validate of a Parquet file")
+            from ._trace import validate_parquet
+
+            violations = validate_parquet(path)
+        else:
+            violations = validate_file(path, strict=args.strict, torn=torn)
         failed += bool(violations)
         report[path] = [v._asdict() for v in violations]
         if args.json:
@@ -251,6 +270,8 @@ def _run_validate(args: argparse.Namespace) -> int:
             print(f"  ... {len(violations) - args.max} more")
     if args.json:
         sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif failed:
+        print("each [rule] is explained in docs/format.md, section 5 'Validation rules'")
     return 1 if failed else 0
 
 

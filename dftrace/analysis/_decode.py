@@ -308,4 +308,5 @@ def _read_parquet(partition: Partition, wanted: list[str]) -> PartitionData:
     from ._trace import read_parquet_parts
 
     events, meta = read_parquet_parts(partition.path, wanted)
-    return PartitionData(partition, events, meta=meta, n_lines=0)
+    # A Parquet file is written whole (no rotated parts, no crash-cut tail): it is finished.
+    return PartitionData(partition, events, meta=meta, n_lines=0, closed=True)

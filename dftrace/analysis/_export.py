@@ -34,7 +34,9 @@ _ARG_COLUMNS = {
     "incomplete": fmt.ARG_INCOMPLETE,
 }
 #: Output formats, by the suffix of the output file.
-FORMATS = {".json": "chrome", ".json.gz": "chrome", ".pfw": "pfw", ".pfw.gz": "pfw", ".parquet": "parquet"}
+FORMATS = {
+    ".json": "chrome", ".json.gz": "chrome", ".pfw": "pfw", ".pfw.gz": "pfw", ".pfw.zst": "pfw", ".parquet": "parquet",
+}
 
 
 def output_format(path: str | os.PathLike[str]) -> str:
@@ -50,14 +52,21 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
     """Write ``trace`` in the format its file name asks for.
 
     ``.json`` / ``.json.gz``: strict Chrome JSON (one array, one event per line),
-    which chrome://tracing, Perfetto and ``json.load`` open. ``.pfw`` / ``.pfw.gz``:
-    dftrace's line layout that DFAnalyzer reads. ``.parquet``: the events table.
+    which chrome://tracing, Perfetto and ``json.load`` open. ``.pfw`` / ``.pfw.gz`` /
+    ``.pfw.zst``: dftrace's own line layout, which DFAnalyzer and dftrace read. ``.parquet``: the events table.
     """
     kind = output_format(path)
     if kind == "parquet":
         write_parquet(trace, path)
         return
-    opener = gzip.open if os.fspath(path).endswith(".gz") else open
+    name = os.fspath(path)
+    if name.endswith(".zst"):
+        import zstandard
+
+        with open(path, "wb") as raw, zstandard.ZstdCompressor().stream_writer(raw) as fh:
+            _write_lines(fh, _trace_lines(trace), separator=b"\n")
+        return
+    opener = gzip.open if name.endswith(".gz") else open
     with opener(path, "wb") as fh:
         _write_lines(fh, _trace_lines(trace), separator=b",\n" if kind == "chrome" else b"\n")
 

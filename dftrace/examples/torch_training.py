@@ -100,7 +100,8 @@ def train(epochs: int = 2, batch_size: int = 32, samples: int = 512, workers: in
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.MSELoss()
-    ckpt_dir = checkpoint_dir or tempfile.mkdtemp(prefix="dftrace-torch-example-")
+    scratch = None if checkpoint_dir else tempfile.TemporaryDirectory(prefix="dftrace-torch-example-")
+    ckpt_dir = checkpoint_dir or scratch.name
     ckpt = os.path.join(ckpt_dir, "model.pt")
     created_group = _join_process_group()
     try:
@@ -132,6 +133,8 @@ def train(epochs: int = 2, batch_size: int = 32, samples: int = 512, workers: in
     finally:
         if created_group:
             dist.destroy_process_group()
+        if scratch is not None:
+            scratch.cleanup()
 
 
 def _summary(directory: str) -> str:

@@ -111,10 +111,18 @@ def save_checkpoint(w, path):
 @ai.pipeline.train
 def train(epochs: int = 3, batch_size: int = 32, n: int = 256, lr: float = 0.5,
           checkpoint_dir: str | None = None) -> list[float]:
+    """Train, evaluate, checkpoint (into ``checkpoint_dir``, by default a temporary
+    directory removed afterwards) and restart; returns the weights."""
+    if checkpoint_dir is None:
+        with tempfile.TemporaryDirectory(prefix="dftrace-demo-") as tmp:
+            return _train(epochs, batch_size, n, lr, tmp)
+    return _train(epochs, batch_size, n, lr, checkpoint_dir)
+
+
+def _train(epochs: int, batch_size: int, n: int, lr: float, ckpt_dir: str) -> list[float]:
     ds = ToyDataset(n=n)
     loader = ToyLoader(ds, batch_size)
     w = [0.0] * len(ds.w)
-    ckpt_dir = checkpoint_dir or tempfile.mkdtemp(prefix="dftrace-demo-")
     loss = float("nan")
     for epoch in ai.pipeline.epoch.iter(range(epochs)):
         ai.update(epoch=epoch)

@@ -1,4 +1,4 @@
-"""Fixtures for the analysis tests: generated runs, the DFTracer samples, a Dask cluster."""
+"""Fixtures for the analysis tests: generated runs and a Dask cluster."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 import tracegen
-
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "reference" / "samples"
 
 #: Steps made slow in the standard run: (rank, epoch, step) -> extra µs.
 SLOW = {(1, 0, 2): 500, (3, 1, 1): 900}
@@ -20,14 +18,6 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("run")
     tracegen.write_run(directory, ranks=4, slow=SLOW)
     return directory
-
-
-@pytest.fixture(scope="session")
-def samples() -> Path:
-    """DFTracer's real trace files (1.0.5, 2.0.3, 2.2.0)."""
-    if not SAMPLES.is_dir():
-        pytest.skip(f"DFTracer samples not found at {SAMPLES}")
-    return SAMPLES
 
 
 @pytest.fixture(scope="module")

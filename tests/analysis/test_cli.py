@@ -8,31 +8,14 @@ import subprocess
 import sys
 
 import orjson
-import polars as pl
 import pytest
 import tracegen
 
-from dftrace import format as fmt
-from dftrace.analysis import load_traces
-from dftrace.analysis._cli import main
+pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
-COMMANDS = ("summary", "report", "convert", "merge", "validate")
-
-
-@pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_has_help(command, capsys):
-    """`<command> --help` exits 0 and describes the command."""
-    with pytest.raises(SystemExit) as exit_info:
-        main([command, "--help"])
-    assert exit_info.value.code == 0
-    assert f"usage: dftrace {command}" in capsys.readouterr().out
-
-
-def test_dftrace_command_offers_the_analysis_commands():
-    """`python -m dftrace --help` lists the analysis commands next to the core's."""
-    out = subprocess.run([sys.executable, "-m", "dftrace", "--help"], capture_output=True, text=True, check=True)
-    for command in COMMANDS:
-        assert command in out.stdout
+from dftrace import format as fmt  # noqa: E402
+from dftrace.analysis import load_traces, write_trace  # noqa: E402
+from dftrace.analysis._cli import main  # noqa: E402
 
 
 def test_summary_prints_every_section(run_dir, capsys):
@@ -77,10 +60,76 @@ def test_convert_to_chrome_json_is_strict_json(run_dir, tmp_path, capsys):
 def test_convert_round_trips_through_every_format(run_dir, tmp_path):
     """Chrome JSON, pfw.gz and Parquet outputs load back to the same events."""
     trace = load_traces(run_dir)
-    for name in ("t.json", "t.pfw.gz", "t.parquet"):
+    for name in ("t.json", "t.json.gz", "t.pfw", "t.pfw.gz", "t.pfw.zst", "t.parquet"):
         assert main(["convert", str(run_dir), "-o", str(tmp_path / name)]) == 0
         back = load_traces(tmp_path / name)
         assert back.events.sort("pid", "id").equals(trace.events.sort("pid", "id")), name
+
+
+@pytest.mark.parametrize("name", ["t.pfw", "t.pfw.gz", "t.pfw.zst"])
+def test_convert_to_pfw_writes_dftrace_s_own_format(run_dir, tmp_path, name):
+    """.pfw, .pfw.gz and .pfw.zst outputs are valid dftrace trace files that end with ']'."""
+    out = tmp_path / name
+    assert main(["convert", str(run_dir), "-o", str(out)]) == 0
+    assert fmt.validate_file(out) == []
+    lines = list(fmt.iter_trace_lines(out))
+    assert lines[0].text == b"[" and lines[-1].text == b"]"
+    assert sum(1 for line in lines if line.event and line.event["ph"] == "X") == load_traces(run_dir).events.filter(
+        pl.col("ph") == "X").height
+
+
+def test_validate_checks_a_converted_parquet_file_as_parquet(run_dir, tmp_path, capsys):
+    """A Parquet file from convert validates OK (its table, not its bytes as JSON lines)."""
+    out = tmp_path / "events.parquet"
+    assert main(["convert", str(run_dir), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(out)]) == 0
+    assert capsys.readouterr().out == f"{out}: OK\n"
+
+
+def test_validate_reports_a_parquet_file_that_dftrace_did_not_write(tmp_path, capsys):
+    """A Parquet table without dftrace's metadata or columns breaks the Parquet rules."""
+    out = tmp_path / "other.parquet"
+    pl.DataFrame({"pid": [1], "ts": [-5]}).write_parquet(out)
+    assert main(["validate", str(out), "--json"]) == 1
+    rules = {v["rule"] for v in json.loads(capsys.readouterr().out)[str(out)]}
+    assert rules == {"parquet-metadata", "parquet-columns"}
+
+
+def test_validate_reports_bad_rows_of_a_parquet_file(run_dir, tmp_path, capsys):
+    """Negative durations in a converted table are found and the first bad row named."""
+    good = tmp_path / "good.parquet"
+    assert main(["convert", str(run_dir), "-o", str(good)]) == 0
+    trace = load_traces(good)
+    trace.events = trace.events.with_columns(
+        pl.when(pl.int_range(pl.len()) == 3).then(-1).otherwise(pl.col("dur")).alias("dur"))
+    bad = tmp_path / "bad.parquet"
+    write_trace(trace, bad)
+    capsys.readouterr()
+    assert main(["validate", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "file: [dur] 1 rows with a bad dur, first row 4: -1" in out
+
+
+def test_validate_of_a_file_that_is_not_parquet_is_a_violation(tmp_path, capsys):
+    """Bytes that are not Parquet under a .parquet name fail validation, without a traceback."""
+    out = tmp_path / "broken.parquet"
+    out.write_bytes(b"not parquet at all")
+    assert main(["validate", str(out)]) == 1
+    assert "file: [parquet] not a readable Parquet file" in capsys.readouterr().out
+
+
+def test_summary_of_a_converted_parquet_file_has_no_unfinished_files(run_dir, tmp_path, capsys):
+    """A Parquet file is whole: its summary reports no unfinished file, like the clean run it came from."""
+    out = tmp_path / "events.parquet"
+    assert main(["convert", str(run_dir), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["summary", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert main(["summary", str(run_dir), "--json"]) == 0
+    original = json.loads(capsys.readouterr().out)
+    assert original["overview"]["unfinished_files"] == 0
+    assert summary["overview"]["unfinished_files"] == 0
 
 
 def test_convert_keeps_ranks_and_hosts_known_only_from_file_names(tmp_path):

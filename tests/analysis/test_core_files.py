@@ -7,13 +7,14 @@ import sys
 import threading
 import time
 
-import polars as pl
 import pytest
 
-import dftrace
-from dftrace import ai
-from dftrace import format as fmt
-from dftrace.analysis import load_traces, summarize
+pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+import dftrace  # noqa: E402
+from dftrace import ai  # noqa: E402
+from dftrace import format as fmt  # noqa: E402
+from dftrace.analysis import load_traces, summarize  # noqa: E402
 
 EPOCHS, STEPS = 2, 5
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 
-from polars.testing import assert_frame_equal
+import pytest
 
-from dftrace.analysis import load_traces, summarize
-from dftrace.analysis._cli import main
+pytest.importorskip("distributed", reason="needs the dask extra: pip install 'dftrace[dask]'")
+
+from polars.testing import assert_frame_equal  # noqa: E402
+
+from dftrace.analysis import load_traces, summarize  # noqa: E402
+from dftrace.analysis._cli import main  # noqa: E402
 
 
 def test_summary_on_dask_equals_embedded(run_dir, dask_executor):

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import orjson
-import polars as pl
 import pytest
 import tracegen
-from polars.testing import assert_frame_equal
 
-from dftrace.analysis import EVENT_COLUMNS, load_traces, write_trace
+pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from polars.testing import assert_frame_equal  # noqa: E402
+
+from dftrace.analysis import EVENT_COLUMNS, load_traces, write_trace  # noqa: E402
 
 
 def test_events_table_has_the_documented_schema(run_dir):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import struct
@@ -12,8 +13,10 @@ from pathlib import Path
 import pytest
 import tracegen
 
-from dftrace.analysis import render_html, summarize
-from dftrace.analysis._cli import main
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from dftrace.analysis import load_traces, render_html, summarize  # noqa: E402
+from dftrace.analysis._cli import main  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -102,7 +105,31 @@ def test_report_lists_damaged_files(tmp_path):
     assert "<h2>Damaged files</h2>" in html and "train-rank0-node0-1000.pfw.zst" in html
 
 
+def _section(html: str, heading: str) -> str:
+    start = html.index(f"<h2>{heading}</h2>")
+    end = html.find("<h2>", start + 1)
+    return html[start:end if end > 0 else len(html)]
+
+
+def _first_json_list(section: str, key: str) -> list:
+    start = section.index(f'"{key}":') + len(key) + 3
+    return json.JSONDecoder().raw_decode(section, start)[0]
+
+
+def test_report_step_timeline_has_a_row_per_rank_of_the_run(report, run_dir):
+    """The step timeline has one row for each rank the traces hold, and no other."""
+    timeline = _section(report.read_text(encoding="utf-8"), "Step timeline per rank")
+    ranks = load_traces(run_dir).processes.get_column("rank").to_list()
+    assert ranks == [0, 1, 2, 3]
+    assert {int(r) for r in re.findall(r'"rank (\d+)', timeline)} == set(ranks)
+
+
 def test_report_of_dftracer_traces(samples):
-    """DFTracer's files (no ranks) make a report with per-process plots."""
-    html = render_html(summarize(samples / "dftracer-2.0.3" / "toy.pfw.gz"))
-    assert "Step timeline per rank" in html and "vm · pid 25021" in html
+    """DFTracer's files (no ranks) make a report whose plots hold the trace's events and process."""
+    summary = summarize(samples / "dftracer-2.0.3" / "toy.pfw.gz")
+    html = render_html(summary)
+    names = _first_json_list(_section(html, "Where the time goes"), "y")
+    by_total = sorted(summary.to_dict()["categories"], key=lambda c: -c["total_us"])
+    assert names[0] == f"{by_total[0]['cat']}/{by_total[0]['name']}" == "pipeline/epoch"
+    assert set(names) <= {f"{c['cat']}/{c['name']}" for c in by_total} and "IO/read_shard" in names
+    assert "vm · pid 25021" in _section(html, "Step timeline per rank")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import orjson
 import pytest
 import tracegen
-from tracegen import (
+
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from tracegen import (  # noqa: E402
     ALL_REDUCE_US,
     BACKWARD_US,
     CHECKPOINT_US,
@@ -16,8 +19,8 @@ from tracegen import (
     TRANSFER_US,
 )
 
-from dftrace.analysis import Summary, load_traces, summarize
-from dftrace.analysis import _summary as summary_module
+from dftrace.analysis import Summary, load_traces, summarize  # noqa: E402
+from dftrace.analysis import _summary as summary_module  # noqa: E402
 
 RANKS, EPOCHS, STEPS = 4, 2, 4
 # The step model: a step runs from its first work (transfer) to the next step's; the

@@ -1,6 +1,6 @@
 """Writing dftrace-format trace files with known contents, for the analysis tests.
 
-Follows the writer's contract (FORMAT.md and the core's file layout): one file per
+Follows the writer's contract (docs/format.md and the core's file layout): one file per
 process, ``[`` first, metadata first, one JSON object per line, each flush its own
 zstd frame / gzip member, ``]`` only after a clean finalize. Durations are fixed
 per name so tests can assert exact counts, totals and percentiles.
@@ -80,7 +80,7 @@ class Process:
             ("thread_name", "", loader, {"name": "loader"}),
             ("HH", "dftrace", main, {"name": self.host, "value": self.hhash}),
             ("clock_anchor", "dftrace", main, {"wall_ns": self.anchor[0], "mono_ns": self.anchor[1]}),
-            ("PR", "dftrace", main, {"cmdline": ["python", self.cmdline], "cwd": "/work", "python": "3.11",
+            ("PR", "dftrace", main, {"cmdline": ["python", self.cmdline], "cwd": "/home/me/project", "python": "3.11",
                                      "hostname": self.host, "rank": self.rank, "local_rank": self.rank}),
         ]
         return [

@@ -9,7 +9,7 @@ from dftrace.format import validate_file
 
 
 def assert_valid(paths: list[str]) -> None:
-    """Every file obeys FORMAT.md (the validator finds nothing)."""
+    """Every file obeys docs/format.md (the validator finds nothing)."""
     for p in paths:
         problems = validate_file(p)
         assert problems == [], f"{p}: {problems[:5]}"

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
+import pytest
+
 from dftrace import testing
-from dftrace.cli import main
+from dftrace.cli import build_parser, main
 
 from ._util import assert_valid, check_nesting
 
@@ -18,7 +23,7 @@ def test_demo_writes_a_trace_with_every_category(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--epochs", "2", "--samples", "64"]) == 0
     out = capsys.readouterr().out
     files = testing.trace_files(tmp_path)
-    assert len(files) == 1 and files[0] in out and "spans in" in out
+    assert len(files) == 1 and os.path.basename(files[0]) in out and "spans in" in out
     events = testing.read_events(tmp_path)
     cats = {e["cat"] for e in testing.spans(events)}
     assert cats == {"compute", "data", "dataloader", "comm", "device", "checkpoint", "pipeline"}
@@ -49,20 +54,207 @@ def test_run_traces_a_script_and_keeps_its_exit_code(tmp_path):
 
 def test_run_rejects_bad_options_with_the_setting_named(tmp_path):
     """A bad tracing option stops ``dftrace run`` before the script starts."""
+    (tmp_path / "x.py").write_text("open('started', 'w').close()\n")
     out = subprocess.run([sys.executable, "-m", "dftrace", "run", "--compression", "lz4", "x.py"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 2 and "compression" in out.stderr
+    assert not (tmp_path / "started").exists()
 
 
-def test_help_lists_the_commands():
-    """``dftrace --help`` names demo and run."""
-    out = subprocess.run([sys.executable, "-m", "dftrace", "--help"], capture_output=True, text=True)
-    assert out.returncode == 0 and "demo" in out.stdout and "run" in out.stdout
+def test_demo_runs_twice_in_one_directory_without_mixing(tmp_path, capsys, monkeypatch):
+    """Each demo writes into a new run directory and suggests exactly that directory."""
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert main(["demo", "--epochs", "1", "--samples", "8"]) == 0
+    out = capsys.readouterr().out
+    runs = sorted(os.listdir(tmp_path / "dftrace-demo"))
+    assert runs == ["run-1", "run-2"]
+    for run in runs:
+        (file,) = testing.trace_files(tmp_path / "dftrace-demo" / run)
+        assert len({e["pid"] for e in testing.read_events(file)}) == 1
+        assert f"dftrace summary {os.path.join('dftrace-demo', run)}\n" in out
 
 
-def test_every_command_has_help():
-    """``dftrace <command> --help`` works for every command."""
-    for cmd in ("demo", "run", "summary", "report", "convert", "merge", "validate"):
-        out = subprocess.run([sys.executable, "-m", "dftrace", cmd, "--help"],
-                             capture_output=True, text=True)
-        assert out.returncode == 0 and "usage: dftrace " + cmd in out.stdout, (cmd, out.stderr)
+def test_demo_into_an_unusable_directory_says_so_in_one_line(tmp_path, capsys):
+    """``--out`` naming a file is one line on stderr and exit code 2."""
+    (tmp_path / "file").write_text("")
+    assert main(["demo", "--out", str(tmp_path / "file"), "--epochs", "1", "--samples", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dftrace demo: cannot write into --out '{tmp_path / 'file'}': ") and err.count("\n") == 1
+
+
+def test_demo_leaves_no_temporary_directory(tmp_path, monkeypatch, capsys):
+    """The demo's checkpoint directory is removed when the demo ends."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    assert main(["demo", "--out", str(tmp_path / "out"), "--epochs", "1", "--samples", "8"]) == 0
+    assert "checkpoint" in {e["cat"] for e in testing.read_events(tmp_path / "out")}
+    assert list(scratch.iterdir()) == []
+
+
+def _dftrace(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dftrace", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "nonexist.py"], "dftrace run: no such file: 'nonexist.py'"),
+    (["run", "-m", "nonexistent_module"], "dftrace run: no module named 'nonexistent_module'"),
+    (["run", "-m", "nonexistent_module.sub"], "dftrace run: no module named 'nonexistent_module'"),
+    (["run", "-m", "dftrace.nonexistent_module"], "dftrace run: no module named 'dftrace.nonexistent_module'"),
+    (["run", "-m", "dftrace.examples"],
+     "dftrace run: 'dftrace.examples' is a package without a __main__ module; name a module in it"),
+])
+def test_run_of_a_missing_target_says_so_in_one_line(tmp_path, args, message):
+    """A script or module that does not exist is one line on stderr and exit code 2, no traceback."""
+    out = _dftrace(*args, cwd=tmp_path)
+    assert (out.returncode, out.stderr) == (2, message + "\n")
+    assert testing.trace_files(tmp_path) == []
+
+
+def test_run_keeps_the_traceback_of_a_module_that_fails_to_import(tmp_path):
+    """An ImportError raised by the user's module is the user's: its traceback is shown."""
+    (tmp_path / "job.py").write_text("import nonexistent_dependency\n")
+    out = _dftrace("run", "--log-file", str(tmp_path / "t"), "-m", "job", cwd=tmp_path)
+    assert out.returncode == 1
+    assert "Traceback" in out.stderr and "No module named 'nonexistent_dependency'" in out.stderr
+
+
+# Runs the dftrace command in a fresh interpreter where the modules named in argv[1]
+# (comma-separated, with their submodules) cannot be imported, as if not installed.
+_WITHOUT = """
+import sys
+
+class NotInstalled:
+    def __init__(self, names):
+        self.names = set(names)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled(sys.argv[1].split(",")))
+from dftrace.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _first_missing(blocked: str) -> str:
+    """The module the analysis check names first: polars, then numpy, blocked or not installed."""
+    return next(m for m in ("polars", "numpy") if m in blocked.split(",") or importlib.util.find_spec(m) is None)
+
+
+@pytest.fixture(scope="module")
+def demo_trace(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    done = _dftrace("demo", "--out", str(out), "--epochs", "1", "--samples", "8")
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.mark.parametrize("missing", ["numpy", "polars", "numpy,polars"])
+@pytest.mark.parametrize("command", [
+    ["summary"], ["summary", "--json"], ["report", "-o", "r.html"], ["convert", "-o", "x.json"],
+    ["merge", "-o", "m.json.gz"],
+])
+def test_analysis_commands_name_the_extra_to_install(demo_trace, tmp_path, missing, command):
+    """Without numpy or polars, each analysis command says which pip install it needs."""
+    out = subprocess.run([sys.executable, "-c", _WITHOUT, missing, command[0], str(demo_trace), *command[1:]],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2
+    prefix = f"dftrace: error: dftrace {command[0]} needs '"
+    assert out.stderr.startswith(prefix), out.stderr
+    named, _, rest = out.stderr[len(prefix):].partition("'")
+    assert named == _first_missing(missing)
+    assert rest == ", which is not installed: pip install 'dftrace[analysis]'\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_without_plotly_names_the_extra(demo_trace, tmp_path):
+    """``report`` needs plotly too, and says so before reading anything."""
+    for module in ("polars", "numpy"):
+        pytest.importorskip(module, reason="the rest of the analysis extra is checked first")
+    out = subprocess.run([sys.executable, "-c", _WITHOUT, "plotly", "report", str(demo_trace)],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert (out.returncode, out.stderr) == (
+        2, "dftrace: error: dftrace report needs 'plotly', which is not installed: pip install 'dftrace[analysis]'\n")
+
+
+def test_dask_options_without_dask_name_the_extra(demo_trace):
+    """``--dask-workers`` without Dask names the dask extra."""
+    pytest.importorskip("polars", reason="the analysis extra is checked first")
+    out = subprocess.run([sys.executable, "-c", _WITHOUT, "dask,distributed", "summary", str(demo_trace),
+                          "--dask-workers", "2"], capture_output=True, text=True)
+    assert (out.returncode, out.stderr) == (
+        2, "dftrace: error: --dask-workers needs 'dask', which is not installed: "
+           "pip install 'dftrace[dask]'\n")
+
+
+def test_validate_checks_trace_files_without_the_analysis_extra(demo_trace):
+    """``validate`` of trace files needs nothing beyond the core install."""
+    out = subprocess.run([sys.executable, "-c", _WITHOUT, "numpy,polars", "validate", str(demo_trace)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip().endswith(": OK")
+
+
+def test_validate_of_parquet_without_the_analysis_extra_names_it(tmp_path):
+    """A Parquet file needs polars to be checked; validate says which pip install that is."""
+    table = tmp_path / "events.parquet"
+    table.write_bytes(b"PAR1")
+    out = subprocess.run([sys.executable, "-c", _WITHOUT, "numpy,polars", "validate", str(table)],
+                         capture_output=True, text=True)
+    assert (out.returncode, out.stderr) == (
+        2, "dftrace: error: dftrace validate of a Parquet file needs 'polars', which is not installed: "
+           "pip install 'dftrace[analysis]'\n")
+
+
+def _documented_options(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:
+    return [(a.option_strings[-1] if a.option_strings else (a.metavar or a.dest), a.help)
+            for a in parser._actions if not isinstance(a, argparse._SubParsersAction)]
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_help_lists_every_command_with_its_summary():
+    """``dftrace --help`` lists each command next to its one-line help."""
+    out = _dftrace("--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    expected = {choice.dest: " ".join(choice.help.split()) for choice in sub._choices_actions}
+    assert set(expected) == {"demo", "run", "summary", "report", "convert", "merge", "validate"}
+    for command, summary in expected.items():
+        assert f" {command} {summary}" in text, command
+
+
+@pytest.mark.parametrize("command", ["demo", "run", "summary", "report", "convert", "merge", "validate"])
+def test_every_option_of_every_command_is_documented_in_its_help(command):
+    """``dftrace <command> --help`` shows each option and argument, each with a help text."""
+    out = _dftrace(command, "--help")
+    assert out.returncode == 0 and out.stdout.startswith(f"usage: dftrace {command}")
+    text = " ".join(out.stdout.split())
+    for option, help_text in _documented_options(_commands()[command]):
+        assert help_text, f"{command} {option} has no help text"
+        assert option in out.stdout, f"{command} --help does not show {option}"
+        if "%(" not in help_text:
+            explained = " ".join(help_text.replace("%%", "%").split())
+            assert explained in text, f"{command} --help does not explain {option}"
+
+
+@pytest.mark.parametrize("missing", ["numpy", "polars"])
+def test_analysis_api_names_the_extra_whatever_is_missing(missing):
+    """``from dftrace.analysis import summarize`` without numpy or polars names the pip install."""
+    code = _WITHOUT.replace("from dftrace.cli import main\nsys.exit(main(sys.argv[2:]))\n", "") + (
+        "try:\n"
+        "    from dftrace.analysis import summarize\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code, missing], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.endswith("which is not installed: pip install 'dftrace[analysis]'\n")
+    assert f"needs '{_first_missing(missing)}'" in out.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 
 from dftrace._config import OPTIONS
 
@@ -31,3 +32,77 @@ def test_ci_runs_the_readme_test_command():
     test_cmd = [ln for ln in readme.splitlines() if "pytest" in ln and ln.startswith("python3")][0]
     tail = test_cmd.split(". .venv/bin/activate && ", 1)[1]
     assert tail in (ROOT / ".ci" / "run").read_text()
+
+
+def _section_titles(page: pathlib.Path) -> list[str]:
+    return [line.lstrip("#").strip() for line in page.read_text().splitlines() if line.startswith("## ")]
+
+
+def test_every_validation_rule_is_explained_in_the_format_doc():
+    """Each rule name the validators can print has a row in docs/format.md's rule tables."""
+    source = (ROOT / "dftrace" / "format.py").read_text() + (ROOT / "dftrace" / "analysis" / "_trace.py").read_text()
+    rules = set(re.findall(r'(?:Violation\(\s*[^,()]+,|broken\()\s*"([a-z0-9-]+)"', source)) | {"pid", "tid"}
+    assert {"open", "json", "nesting", "parent", "level", "parquet-columns"} <= rules
+    text = (ROOT / "docs" / "format.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z0-9-]+)`", text, re.M))
+    documented |= {name for row in re.findall(r"^\| (`[^|]+`) \|", text, re.M) for name in re.findall(r"`([a-z0-9-]+)`", row)}
+    assert rules - documented == set()
+
+
+def test_the_sections_the_product_names_exist():
+    """Messages and help that send the user to docs/format.md name sections that are there."""
+    titles = _section_titles(ROOT / "docs" / "format.md")
+    assert "5. Validation rules" in titles and "6. Parquet tables" in titles
+    cli = (ROOT / "dftrace" / "analysis" / "_cli.py").read_text()
+    assert "section 5 'Validation rules'" in cli and "(section 6" in cli
+
+
+def test_relative_links_in_the_docs_point_at_files_and_sections_that_exist():
+    """Every relative link of README.md and docs/ reaches a file, and its #anchor a heading."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]*)(#[^)\s]*)?\)", page.read_text()):
+            path, anchor = target
+            if re.match(r"[a-z]+:", path):
+                continue
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.name}: {path}")
+            elif anchor and linked.suffix == ".md":
+                anchors = {re.sub(r"[^\w\- ]", "", t).strip().lower().replace(" ", "-")
+                           for t in re.findall(r"^#+ (.+)$", linked.read_text(), re.M)}
+                if anchor[1:] not in anchors:
+                    broken.append(f"{page.name}: {path}{anchor}")
+    assert broken == []
+
+
+def test_nothing_points_outside_the_repository():
+    """Code, docs, tests and help cite only the project's own files (no outside reference copies)."""
+    outside = ["FORMAT" + ".md", "shared/" + "reference", "../" + "shared", "/" + "work/"]
+    found = []
+    for path in ROOT.rglob("*"):
+        parts = path.relative_to(ROOT).parts
+        if (not path.is_file() or path.suffix not in {".py", ".md", ".toml", ".ini", ".c", ""}
+                or parts[0].startswith(".") and parts[0] != ".ci" or parts[:2] == ("tests", "data")
+                or parts[0] in {"build", "dist"} or "egg-info" in parts[0]):
+            continue
+        text = path.read_text(errors="replace")
+        found += [f"{path.relative_to(ROOT)}: {word}" for word in outside if word in text]
+    assert found == []
+
+
+def test_extras_state_ranges_and_ci_pins_what_it_installs():
+    """The torch extra accepts any supported torch; CI installs the pinned CPU build first."""
+    text = (ROOT / "pyproject.toml").read_text()
+    extras = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    assert "==" not in extras and '"torch>=' in extras
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.index("pip install torch==") < ci.index('pip install -e ".[all]"')
+
+
+def test_ci_and_tox_run_the_suite_on_a_minimal_install():
+    """A second CI run and a tox env install only the test extra."""
+    assert 'pip install -e ".[test]" && python -m pytest' in (ROOT / ".ci" / "run").read_text()
+    tox = (ROOT / "tox.ini").read_text()
+    minimal = tox.split("[testenv:minimal]", 1)[1].split("\n[", 1)[0]
+    assert "extras = test" in minimal and "python -m pytest" in minimal

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import warnings
 
 import pytest
@@ -26,8 +27,8 @@ def test_bare_decorator_records_each_call_and_keeps_the_function(tmp_path):
         assert forward(3) == 6
         assert forward(3, scale=3) == 9
     spans = t.spans("forward")
-    assert len(spans) == 2
-    assert all(e["cat"] == "compute" and e["dur"] >= 0 for e in spans)
+    assert [e["cat"] for e in spans] == ["compute", "compute"]
+    assert spans[0]["ts"] + spans[0]["dur"] <= spans[1]["ts"]  # two calls, one after the other
     assert_valid(t.paths)
 
 
@@ -370,6 +371,12 @@ def test_initialize_twice_returns_the_running_session(tmp_path):
     s1 = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False)
     s2 = dftrace.initialize(log_file=str(tmp_path / "other"), inherit=False)
     assert s1 is s2 and dftrace.session() is s1
+    with ai.compute.forward:
+        pass
+    dftrace.finalize()
+    files = testing.trace_files(tmp_path)
+    assert [os.path.basename(f).split("-")[0] for f in files] == ["t"]
+    assert len(testing.spans(testing.read_events(files[0]), "forward")) == 1
 
 
 def test_leaving_a_with_block_closes_start_spans_left_open_inside(tmp_path):

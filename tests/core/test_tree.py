@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dftrace
 from dftrace import CATEGORIES, ai, testing
+from dftrace import format as fmt
 
 from ._util import assert_valid
 
@@ -19,16 +20,35 @@ EXPECTED = {
 }
 
 
+def _live_tree() -> dict[str, list[str]]:
+    """Categories and their children, read from the nodes of the ``ai`` tree."""
+    tree: dict[str, list[str]] = {}
+    for node in ai.nodes():
+        _, *names = node.path.split(".")
+        if len(names) == 1:
+            tree.setdefault(names[0], [])
+        elif len(names) == 2 and node.name == names[1]:  # derived nodes have dotted names
+            tree.setdefault(names[0], []).append(names[1])
+    return tree
+
+
 def test_tree_has_the_seven_categories_and_24_children():
-    """The tree holds exactly the categories and children of DFTracer's table."""
-    assert {k: list(v) for k, v in CATEGORIES.items()} == EXPECTED
-    assert sum(len(v) for v in EXPECTED.values()) == 24
+    """The live ``ai`` tree holds exactly the categories and children of DFTracer's table."""
+    tree = _live_tree()
+    assert tree == EXPECTED
+    assert sum(len(v) for v in tree.values()) == 24
     for cat, children in EXPECTED.items():
         node = getattr(ai, cat)
         assert node is ai[cat]
         for child in children:
             leaf = getattr(node, child)
             assert (leaf.name, leaf.cat, leaf.path) == (child, cat, f"ai.{cat}.{child}")
+
+
+def test_the_format_and_the_public_constant_know_the_tree_s_categories():
+    """CATEGORIES (public) and the format's category list match the tree that is built."""
+    assert {k: list(v) for k, v in CATEGORIES.items()} == _live_tree()
+    assert sorted(fmt.AI_CATEGORIES) == sorted(EXPECTED)
 
 
 def test_every_leaf_writes_its_name_and_category(tmp_path):

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, Dataset
 
-import dftrace
-from dftrace import _nodes, ai, testing
-from dftrace._inspect.values import content_hash
+torch = pytest.importorskip("torch", reason="sample mode is tested on torch DataLoaders: pip install 'dftrace[torch]'")
+
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import dftrace  # noqa: E402
+from dftrace import _nodes, ai, testing  # noqa: E402
+from dftrace._inspect.values import content_hash  # noqa: E402
 
 
 def test_every_iter_inside_stops_after_max_items():

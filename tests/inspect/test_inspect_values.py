@@ -6,13 +6,14 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dftrace._inspect.values import content_hash, make_extra, render, summarize
+np = pytest.importorskip("numpy", reason="array summaries are tested on numpy arrays")
+torch = pytest.importorskip("torch", reason="tensor summaries are tested on torch tensors: pip install 'dftrace[torch]'")
+
+from dftrace._inspect.values import content_hash, make_extra, render, summarize  # noqa: E402
 
 
 def test_numbers_none_and_bools_are_kept_as_they_are():

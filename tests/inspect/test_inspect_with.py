@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 
 import dftrace
@@ -13,6 +12,7 @@ from dftrace import _recorder, ai, testing
 
 def test_with_capture_names_records_those_variables_at_entry():
     """capture=[names] on a with block records the named variables as it starts."""
+    np = pytest.importorskip("numpy")
     def step(batch, lr):
         with ai.compute.step(capture=["batch", "lr"]):
             batch = None  # rebinding inside the block does not change what was captured
@@ -132,6 +132,7 @@ def test_scope_methods_are_harmless_when_not_recording():
 
 def test_iter_with_capture_result_records_each_item():
     """.iter() on a use with capture_result=True records each item on its .iter span."""
+    np = pytest.importorskip("numpy")
     with testing.capture_events() as result:
         for _ in ai.dataloader.fetch(capture_result=True).iter([np.zeros(3), "text"]):
             pass

@@ -43,9 +43,22 @@ def train(hooks, n=12, batch=4, fail_at_step=None, first_step=0):
                 sess.run(train_op)
 
 
-def test_hook_is_a_session_run_hook():
-    """TraceHook is a real tf.compat.v1.train.SessionRunHook (estimator-style checks accept it)."""
-    assert isinstance(TraceHook(), tf.compat.v1.train.SessionRunHook)
+@pytest.mark.parametrize("session_class", ["MonitoredSession", "SingularMonitoredSession"])
+def test_hook_traces_any_monitored_session(tmp_path, session_class):
+    """TraceHook goes wherever session hooks go: each run of a plain MonitoredSession (or
+    SingularMonitoredSession) is a compute span with its global step, inside pipeline.train."""
+    with testing.trace_to(tmp_path) as result:
+        with tf.Graph().as_default():
+            step = tf.compat.v1.assign_add(tf.compat.v1.train.get_or_create_global_step(), 1)
+            with getattr(tf.compat.v1.train, session_class)(hooks=[TraceHook()]) as sess:
+                for _ in range(3):
+                    sess.run(step)
+    [session] = result.spans("train", "pipeline")
+    runs = result.spans("compute", "compute")
+    assert len(runs) == 3 and all(e["args"]["p_idx"] == session["id"] for e in runs)
+    # the global step as read during each run: before or after the run's own increment
+    assert all(e["args"]["step"] in (i, i + 1) for i, e in enumerate(runs))
+    assert validate_file(result.paths[0]) == []
 
 
 def test_session_writes_train_and_a_compute_span_per_run(tmp_path):

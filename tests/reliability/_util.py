@@ -67,7 +67,7 @@ def events_by_pid(directory: Any) -> dict[int, list[dict[str, Any]]]:
 
 
 def assert_valid(paths: list[str], complete: bool = True) -> None:
-    """Every file obeys FORMAT.md; with ``complete``, each also ends with ``]``."""
+    """Every file obeys docs/format.md; with ``complete``, each also ends with ``]``."""
     for p in paths:
         problems = validate_file(p)
         assert problems == [], f"{p}: {[str(v) for v in problems[:5]]}"

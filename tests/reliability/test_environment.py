@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -10,7 +13,7 @@ import dftrace
 from dftrace import ConfigError, ai, testing
 from dftrace._config import OPTIONS
 
-from ._util import assert_valid, files, last_line, run, spans, write_script
+from ._util import assert_valid, clean_env, files, last_line, run, spans, write_script
 
 
 def test_missing_log_directories_are_created(tmp_path):
@@ -58,17 +61,75 @@ def test_unwritable_log_directory_fails_at_initialize():
         dftrace.initialize(log_file="/proc/self/run", inherit=False)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+INITIALIZE = """
+    import sys
+
+    import dftrace
+
+    try:
+        dftrace.initialize(log_file=sys.argv[1], inherit=False)
+    except dftrace.ConfigError as exc:
+        print("ConfigError:", exc)
+    else:
+        print("initialized", dftrace.session().path)
+"""
+
+
+def _without_root_powers() -> list[str]:
+    """A command prefix that takes away root's power to write where permissions forbid it
+    (CAP_DAC_OVERRIDE), so that a read-only directory is read-only for root too."""
+    if os.geteuid() != 0:
+        return []
+    prefix = [shutil.which("setpriv") or "setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    try:
+        probe = subprocess.run([*prefix, "true"], capture_output=True)
+    except OSError:
+        pytest.skip("running as root, and setpriv (util-linux) is not installed to drop CAP_DAC_OVERRIDE")
+    if probe.returncode != 0:
+        pytest.skip(f"running as root, and setpriv cannot drop CAP_DAC_OVERRIDE: {probe.stderr!r}")
+    return prefix
+
+
 def test_read_only_log_directory_fails_at_initialize(tmp_path):
-    """A read-only directory is a ConfigError naming log_file."""
+    """A read-only directory is a ConfigError naming log_file (as root too, without its override)."""
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
+    script = write_script(tmp_path, INITIALIZE)
     try:
-        with pytest.raises(ConfigError, match="log_file"):
-            dftrace.initialize(log_file=str(ro / "run"), inherit=False)
+        out = subprocess.run([*_without_root_powers(), sys.executable, script, str(ro / "run")],
+                             capture_output=True, text=True, timeout=120, env=clean_env())
     finally:
         ro.chmod(0o755)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"ConfigError: log_file (env DFTRACE_LOG_FILE)='{ro / 'run'}'"), out.stdout
+    assert os.listdir(ro) == []
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A directory on a read-only file system (a tmpfs mounted read-only; needs root)."""
+    where = tmp_path / "ro-fs"
+    where.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(where)],
+                                 capture_output=True, text=True)
+    except OSError:
+        pytest.skip("no mount command")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_read_only_file_system_fails_at_initialize(read_only_mount):
+    """A log directory on a read-only file system is a ConfigError naming log_file, even for root."""
+    with pytest.raises(ConfigError, match=r"log_file \(env DFTRACE_LOG_FILE\)=.*ro-fs"):
+        dftrace.initialize(log_file=str(read_only_mount / "run"), inherit=False)
+    assert dftrace.session() is None
+    assert os.listdir(read_only_mount) == []
 
 
 DISK_FULL = """

@@ -162,7 +162,7 @@ def test_sigkill_loses_at_most_about_one_flush_interval(tmp_path, rate):
     res = kill_after(str(tmp_path), 1.0, interval, rate)
     assert res["returncode"] == -signal.SIGKILL
     _assert_cut_only(res)
-    assert res["kept"] > 0 and res["lost"] >= 0
+    assert res["kept"] > 0
     # Lost spans all ended in the last flush interval before the kill, plus the time
     # the writer takes for one frame: short at a steady rate, longer when the
     # producer outruns it (margins for a loaded machine; figures in docs/reliability.md).
