@@ -400,7 +400,8 @@ class _ModuleSpans:
                 return forward(*args, **kwargs)
             try:
                 extra = {**base, "input_shapes": _input_shapes(args, kwargs)}
-            except Exception:
+            except Exception as exc:
+                _skipped(exc)
                 extra = dict(base)
             span = node.start()
             try:
@@ -410,8 +411,8 @@ class _ModuleSpans:
                 raise
             try:
                 extra["output_shapes"] = shapes(out)
-            except Exception:
-                pass
+            except Exception as exc:
+                _skipped(exc)
             span.stop(extra)
             return out
 
@@ -434,6 +435,10 @@ class _ModuleSpans:
 
 
 _NO_FORWARD: Any = object()  # a module without a forward attribute of its own
+
+
+def _skipped(exc: BaseException) -> None:
+    warn_once("trace_modules.shapes", f"trace_modules: recording shapes failed and was skipped: {exc!r}")
 
 
 class ModuleTracing:
