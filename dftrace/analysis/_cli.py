@@ -251,7 +251,7 @@ def _run_validate(args: argparse.Namespace) -> int:
         torn: list[Any] = []
         if path.endswith(PARQUET_SUFFIX):
             check_installed(*ANALYSIS, needed_by="dftrace validate of a Parquet file")
-            from ._trace import validate_parquet
+            from ._parquet import validate_parquet
 
             violations = validate_parquet(path)
         else:

@@ -19,6 +19,7 @@ import polars as pl
 
 from .. import format as fmt
 from ._schema import EVENT_COLUMNS, HOST_KEY, RAW_FIELDS
+from ._parquet import read_parquet_parts
 from ._sources import Partition
 
 # Keep this many broken lines (number and reason) per partition; all are counted.
@@ -305,8 +306,6 @@ def _meta_record(result: PartitionData, number: int, text: str) -> dict[str, Any
 
 
 def _read_parquet(partition: Partition, wanted: list[str]) -> PartitionData:
-    from ._trace import read_parquet_parts
-
     events, meta = read_parquet_parts(partition.path, wanted)
     # A Parquet file is written whole (no rotated parts, no crash-cut tail): it is finished.
     return PartitionData(partition, events, meta=meta, n_lines=0, closed=True)

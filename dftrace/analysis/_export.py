@@ -18,7 +18,8 @@ import polars as pl
 
 from .. import format as fmt
 from ._steps import describe_steps, step_windows
-from ._trace import Trace, write_parquet
+from ._parquet import write_parquet
+from ._trace import Trace
 
 # Events encoded per batch: bounds memory while writing big traces.
 _BATCH = 50_000

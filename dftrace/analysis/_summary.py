@@ -27,7 +27,8 @@ from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
 from ._steps import model_steps, unit_steps
 from ._stragglers import analyse, match_collectives
-from ._trace import PathsLike, Trace, as_path_list, resolved_records
+from ._parquet import resolved_records
+from ._trace import PathsLike, Trace, as_path_list
 
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
 #: beyond this, evenly spaced steps are kept (all ranks of each kept step).
