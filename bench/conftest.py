@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 import dftrace
-from dftrace import _recorder, testing
+from dftrace import testing
+from dftrace._core import engine as _recorder
 
 
 @pytest.fixture(autouse=True)

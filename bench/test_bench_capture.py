@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from dftrace import _recorder, ai
+from dftrace import ai
+from dftrace._core import engine as _recorder
 
 LOOP = 10_000
 

@@ -27,7 +27,9 @@ from time import perf_counter_ns
 import pytest
 
 import dftrace
-from dftrace import _nodes, _recorder, ai, testing
+from dftrace import ai, testing
+from dftrace._core import tree as _nodes
+from dftrace._core import engine as _recorder
 
 LOOP = 10_000
 LOOP_E2E = 200_000

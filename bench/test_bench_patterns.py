@@ -28,7 +28,8 @@ from time import perf_counter_ns
 import pytest
 
 import dftrace
-from dftrace import _recorder, ai
+from dftrace import ai
+from dftrace._core import engine as _recorder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACERS = ("bare", "hand", "dftrace", "dftrace-off", "dftrace-offconfig", "dftracer")
@@ -61,7 +62,8 @@ def test_pattern(benchmark, tmp_path, tracer, pattern):
 # -- memory and the writer ----------------------------------------------------------------
 _MEMORY = """
 import gc, os, sys, psutil, dftrace
-from dftrace import ai, _recorder
+from dftrace import ai
+from dftrace._core import engine as _recorder
 dftrace.initialize(log_file=sys.argv[1], buffer_limit=10**8, batch_size=10**9, flush_interval=3600)
 _recorder.STATE.consumer = None  # nothing drains: every record stays buffered
 @ai.compute.forward

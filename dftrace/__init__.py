@@ -9,10 +9,10 @@ Importing this package loads the core only: no torch, TensorFlow, pandas or Dask
 
 from typing import Any
 
-from ._config import Config, ConfigError
+from ._core.config import Config, ConfigError
 from ._inspect import capturing as _capturing  # registers node(capture=...) uses
-from ._nodes import CATEGORIES, AITree, Node, Span, Use, ai
-from ._runtime import Session, finalize, initialize, session
+from ._core.tree import CATEGORIES, AITree, Node, Span, Use, ai
+from ._core.session import Session, finalize, initialize, session
 from ._version import __version__
 
 __all__ = [
@@ -55,7 +55,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-from ._runtime import autostart as _autostart  # noqa: E402
+from ._core.session import autostart as _autostart  # noqa: E402
 
 _autostart()
 del _autostart

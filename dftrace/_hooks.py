@@ -14,8 +14,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
-from . import _recorder as _rec
-from ._nodes import Node, Span
+from ._core import engine as _rec
+from ._core.tree import Node, Span
 
 __all__ = ["OpenSpans", "call_in_span", "error_args", "guarded", "warn_once"]
 

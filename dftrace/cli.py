@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from ._config import OPTIONS, ConfigError
+from ._core.config import OPTIONS, ConfigError
 
 __all__ = ["main"]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from ._hooks import OpenSpans
 from ._hooks import guarded as _guarded
-from ._nodes import Node, ai
+from ._core.tree import Node, ai
 
 __all__ = ["TraceCallback"]
 

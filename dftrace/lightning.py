@@ -46,7 +46,7 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
 import os
 from typing import Any
 
-from ._nodes import ai
+from ._core.tree import ai
 from ._hooks import OpenSpans, call_in_span, guarded
 
 __all__ = ["TraceCallback"]

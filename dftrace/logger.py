@@ -23,10 +23,10 @@ import inspect
 import time
 from typing import Any, Callable, Iterable, TypeVar
 
-from . import _recorder as _rec
-from ._events import kind_id
-from ._nodes import Node, ai
-from ._runtime import finalize, initialize, session
+from ._core import engine as _rec
+from ._core.records import kind_id
+from ._core.tree import Node, ai
+from ._core.session import finalize, initialize, session
 
 __all__ = ["ai", "dftracer", "dft_fn"]
 

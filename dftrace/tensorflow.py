@@ -33,7 +33,7 @@ import threading
 from typing import Any
 
 from ._hooks import guarded as _guarded
-from ._nodes import Node, Span, ai
+from ._core.tree import Node, Span, ai
 
 __all__ = ["TraceHook"]
 

@@ -26,10 +26,10 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from . import _nodes
+from ._core import tree as _nodes
 from ._inspect import browse, memory
-from . import _recorder as _rec
-from . import _runtime
+from ._core import engine as _rec
+from ._core import session as _runtime
 
 __all__ = [
     "TraceResult",

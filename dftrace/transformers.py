@@ -47,7 +47,7 @@ try:
 except ImportError:  # pragma: no cover - older layouts
     PREFIX_CHECKPOINT_DIR = "checkpoint"
 
-from ._nodes import ai
+from ._core.tree import ai
 from ._hooks import OpenSpans, guarded
 from .torch import ComputeTracing
 

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .. import _nodes
-from .. import _recorder as _rec
-from .._nodes import Use
+from .._core import tree as _nodes
+from .._core import engine as _rec
+from .._core.tree import Use
 
 if TYPE_CHECKING:
     from .values import CaptureOptions

@@ -12,8 +12,8 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from .. import _nodes
-from .. import _recorder as _rec
+from .._core import tree as _nodes
+from .._core import engine as _rec
 
 __all__ = ["Instrumentation", "instrument"]
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 
-from .. import _nodes
-from .. import _recorder as _rec
-from .. import _runtime, _writer
-from .._events import Encoder
+from .._core import tree as _nodes
+from .._core import engine as _rec
+from .._core import session as _runtime, writer as _writer
+from .._core.records import Encoder
 from .browse import Trace
 
 __all__ = ["Capture", "capture", "last_capture", "reset_state"]
@@ -74,7 +74,7 @@ def _drain() -> None:
 
 class _MemoryConsumer:
     """Drains the record buffer into running captures while no file session does
-    (the consumer protocol of ``_recorder.pressure``)."""
+    (the engine's consumer protocol: ``wake`` and ``wait_drained``)."""
 
     def wake(self) -> None:
         _drain()

@@ -26,9 +26,9 @@ from typing import Any
 
 import orjson
 
-from .. import _nodes
-from .._args import _cut, _dump, key_mask
-from .._events import Extra
+from .._core import tree as _nodes
+from .._core.args import _cut, _dump, key_mask
+from .._core.records import Extra
 
 __all__ = [
     "CaptureOptions",

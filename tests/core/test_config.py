@@ -11,7 +11,7 @@ import pytest
 
 import dftrace
 from dftrace import ConfigError, testing
-from dftrace._config import OPTIONS, Config
+from dftrace._core.config import OPTIONS, Config
 
 
 @pytest.mark.parametrize("var,value,expect", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-from dftrace._config import OPTIONS
+from dftrace._core.config import OPTIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,7 @@ def _section_titles(page: pathlib.Path) -> list[str]:
 
 def test_every_validation_rule_is_explained_in_the_format_doc():
     """Each rule name the validators can print has a row in docs/format.md's rule tables."""
-    source = (ROOT / "dftrace" / "format.py").read_text() + (ROOT / "dftrace" / "analysis" / "_trace.py").read_text()
+    source = (ROOT / "dftrace" / "format.py").read_text() + (ROOT / "dftrace" / "analysis" / "_parquet.py").read_text()
     rules = set(re.findall(r'(?:Violation\(\s*[^,()]+,|broken\()\s*"([a-z0-9-]+)"', source)) | {"pid", "tid"}
     assert {"open", "json", "nesting", "parent", "level", "parquet-columns"} <= rules
     text = (ROOT / "docs" / "format.md").read_text()

@@ -15,7 +15,8 @@ import weakref
 import pytest
 
 import dftrace
-from dftrace import _recorder, ai, testing
+from dftrace import ai, testing
+from dftrace._core import engine as _recorder
 
 LIMIT = 1024  # the smallest buffer_limit the configuration accepts
 
@@ -222,7 +223,7 @@ def test_switched_off_by_configuration_returns_the_plain_objects(monkeypatch):
 def test_disabled_node_use_encodes_nothing_until_it_records(tmp_path, monkeypatch):
     """node(args=) made while the node is off encodes nothing; used after recording
     starts it still writes its args."""
-    from dftrace import _events
+    from dftrace._core import records as _events
 
     encoded = []
     real = _events.plain_fragment

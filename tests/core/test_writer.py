@@ -154,7 +154,7 @@ def test_timestamps_come_from_one_anchored_monotonic_clock(tmp_path):
 def test_file_is_created_at_the_first_write_and_never_over_an_existing_one(tmp_path):
     """No file before the first event; a taken name gets the next free ``.N``; the
     taken file is untouched."""
-    from dftrace._writer import FileSink
+    from dftrace._core.writer import FileSink
 
     (tmp_path / "b.pfw").write_bytes(b"earlier")
     (tmp_path / "b.1.pfw").write_bytes(b"earlier too")
@@ -175,7 +175,7 @@ def test_stop_returns_on_time_when_the_storage_stalls(tmp_path):
     the events it could not write are counted."""
     import threading
 
-    from dftrace import _recorder as _rec
+    from dftrace._core import engine as _rec
 
     s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", flush_interval=60,
                            inherit=False)

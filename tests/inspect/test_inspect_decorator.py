@@ -9,7 +9,8 @@ import weakref
 import pytest
 
 import dftrace
-from dftrace import _recorder, ai, testing
+from dftrace import ai, testing
+from dftrace._core import engine as _recorder
 
 
 def test_capture_true_records_every_parameter_by_name():

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch", reason="sample mode is tested on torch Data
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import dftrace  # noqa: E402
-from dftrace import _nodes, ai, testing  # noqa: E402
+from dftrace import ai, testing  # noqa: E402
+from dftrace._core import tree as _nodes
 from dftrace._inspect.values import content_hash  # noqa: E402
 
 

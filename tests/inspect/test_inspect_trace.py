@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import dftrace
-from dftrace import _recorder, ai, testing
+from dftrace import ai, testing
+from dftrace._core import engine as _recorder
 
 
 @ai.compute.forward(capture=True, capture_result=True)

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 import dftrace
-from dftrace import _recorder, ai, testing
+from dftrace import ai, testing
+from dftrace._core import engine as _recorder
 
 
 def test_with_capture_names_records_those_variables_at_entry():

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import dftrace
 from dftrace import ai
-from dftrace._workers import WorkerInit
+from dftrace.torch._workers import WorkerInit
 
 
 class Squares(Dataset):

@@ -52,7 +52,7 @@ def block_in_c() -> None:
 
 
 def expected_base(prefix: str) -> str:
-    from dftrace._runtime import _safe_host
+    from dftrace._core.session import _safe_host
 
     return f"{prefix}-{_safe_host(socket.gethostname())}-{os.getpid()}"
 

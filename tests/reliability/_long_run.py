@@ -12,7 +12,8 @@ import sys
 import psutil
 
 import dftrace
-from dftrace import _recorder, ai
+from dftrace import ai
+from dftrace._core import engine as _recorder
 
 
 @ai.compute.forward

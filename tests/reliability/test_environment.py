@@ -11,7 +11,7 @@ import pytest
 
 import dftrace
 from dftrace import ConfigError, ai, testing
-from dftrace._config import OPTIONS
+from dftrace._core.config import OPTIONS
 
 from ._util import assert_valid, clean_env, files, last_line, run, spans, write_script
 
@@ -41,7 +41,7 @@ def test_an_entry_with_the_trace_files_name_is_left_alone(tmp_path):
     and the trace goes to the next free name, ``<base>.1.pfw.zst``."""
     import socket
 
-    from dftrace._runtime import _safe_host
+    from dftrace._core.session import _safe_host
 
     base = tmp_path / f"t-{_safe_host(socket.gethostname())}-{os.getpid()}"
     (tmp_path / f"{base.name}.pfw.zst").mkdir()

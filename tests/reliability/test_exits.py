@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from dftrace import _signals, testing
+from dftrace import testing
+from dftrace._core import signals as _signals
 
 from ._ends import N
 from ._util import HERE, assert_valid, files, last_line, meta, run, spans, start
@@ -179,7 +180,8 @@ def test_sigterm_during_finalize_lets_it_finish_then_dies(tmp_path):
         import sys
 
         import dftrace
-        from dftrace import _writer, ai
+        from dftrace import ai
+        from dftrace._core import writer as _writer
 
         dftrace.initialize(log_file=sys.argv[1] + "/t", compression="zstd", flush_interval=60)
         for i in range(100):

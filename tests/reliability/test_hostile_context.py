@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from dftrace import testing
-from dftrace._runtime import _safe_host
+from dftrace._core.session import _safe_host
 
 from ._util import assert_valid, clean_env, files, meta, spans, write_script
 
@@ -166,7 +166,7 @@ def test_an_existing_trace_of_the_same_name_is_never_overwritten(tmp_path):
     with the same pid) writes ``<name>.1.pfw.zst``; the earlier trace is untouched."""
     script = write_script(tmp_path, """
         import os, socket, sys
-        from dftrace._runtime import _safe_host
+        from dftrace._core.session import _safe_host
         base = f"{sys.argv[1]}/t-{_safe_host(socket.gethostname())}-{os.getpid()}"
         with open(base + ".pfw.zst", "wb") as fh:
             fh.write(b"an earlier trace")

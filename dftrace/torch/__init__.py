@@ -50,12 +50,12 @@ from typing import Any
 
 from torch import Tensor
 
-from ._nodes import ai
-from ._torch_data import (TracedCollate, TracedDataLoader, TracedDataset,
+from .._core.tree import ai
+from ._data import (TracedCollate, TracedDataLoader, TracedDataset,
                           TracedIterableDataset, trace_collate, trace_dataloader,
                           trace_dataset)
-from ._torch_dist import DistributedTracing, trace_ddp, trace_distributed
-from ._hooks import error_args, guarded, warn_once
+from ._dist import DistributedTracing, trace_ddp, trace_distributed
+from .._hooks import error_args, guarded, warn_once
 from ._workers import WorkerInit, worker_init_fn
 
 __all__ = [

@@ -19,8 +19,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from . import _recorder as _rec
-from ._events import Encoder
+from . import engine as _rec
+from .records import Encoder
 
 __all__ = ["FileSink", "Writer", "SUFFIXES"]
 

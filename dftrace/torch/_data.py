@@ -19,10 +19,10 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from . import _runtime
-from ._config import env_disabled
-from ._nodes import ai
-from ._hooks import call_in_span, error_args, warn_once
+from .._core import session as _runtime
+from .._core.config import env_disabled
+from .._core.tree import ai
+from .._hooks import call_in_span, error_args, warn_once
 
 __all__ = ["TracedDataLoader", "TracedDataset", "TracedIterableDataset", "TracedCollate",
            "trace_dataloader", "trace_dataset", "trace_collate"]

@@ -1,8 +1,18 @@
-"""The recording core: the shared buffer, span ids, and per-thread/per-task nesting.
+"""The recording engine: one primitive, :func:`record`, under every style.
 
 Recording one span is: read the clock, run the user's code, read the clock, append
-one tuple to ``BUFFER``. Everything else (encoding, compression, writing) happens
-later in a consumer (the file writer, or an in-memory capture).
+one record. Decorators (sync, async, generators), ``with``, ``.iter``/``.aiter``,
+start/stop, ``Span.stop(args=)``, captured values, the DFTracer-compatible logger
+and the integrations all end in :func:`record`; nothing else builds records. The C
+twin (``_speedups``, used when it was built) keeps records as 64-byte structs in
+native memory and implements the hot styles itself; this module is the pure-Python
+engine and the slow paths of both.
+
+A span carries the sticky args in force when it *started* (:func:`sticky_of`,
+refreshed once per ``update()``) and its own args, encoded when given
+(:class:`~.records.Extra`). The buffer limit is checked where a record is appended:
+block mode waits for the consumer there (a KeyboardInterrupt raised meanwhile
+propagates), drop mode counts.
 
 Nesting lives on a :class:`Stack` (a list of the ids of the open spans) that belongs
 to one thread, or to one asyncio task. Plain threads find theirs in a
@@ -25,7 +35,7 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any
 
-from ._events import INCOMPLETE, META, Extra, use_native
+from .records import INCOMPLETE, META, Extra, use_native
 
 __all__ = ["BUFFER", "SPECIALS", "STATE", "LOCAL", "Stack", "current_stack", "record",
            "record_special", "new_id", "drain", "buffered", "sticky_of", "VTID_BASE"]

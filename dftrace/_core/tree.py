@@ -16,9 +16,9 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, Callable, TypeVar
 
-from . import _events
-from . import _recorder as _rec
-from ._events import Extra, kind_id
+from . import records as _events
+from . import engine as _rec
+from .records import Extra, kind_id
 
 __all__ = ["Node", "Use", "Span", "AITree", "GATE", "CATEGORIES", "ai", "set_off_for_good"]
 

@@ -21,13 +21,13 @@ import threading
 import time
 from typing import Any
 
-from . import _nodes
-from . import _recorder as _rec
-from . import _sampler, _signals
-from ._config import RANK_MAX, Config, ConfigError, env_enable
-from ._events import Encoder
-from ._version import __version__
-from ._writer import FileSink, Writer
+from . import tree as _nodes
+from . import engine as _rec
+from . import sampler as _sampler, signals as _signals
+from .config import RANK_MAX, Config, ConfigError, env_enable
+from .records import Encoder
+from .._version import __version__
+from .writer import FileSink, Writer
 
 __all__ = ["Session", "initialize", "finalize", "session", "detect_rank"]
 

@@ -1063,7 +1063,7 @@ static PyGetSetDef SpanWrapper_getset[] = {
 
 static PyTypeObject SpanWrapperType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dftrace._speedups.SpanWrapper",
+    .tp_name = "dftrace._core._speedups.SpanWrapper",
     .tp_basicsize = sizeof(SpanWrapper),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "A traced function: each call is one span of its node.",
@@ -1604,7 +1604,7 @@ static PyMemberDef Traceable_members[] = {
 
 static PyTypeObject TraceableBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dftrace._speedups.TraceableBase",
+    .tp_name = "dftrace._core._speedups.TraceableBase",
     .tp_basicsize = sizeof(TraceableObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "C __call__, __enter__/__exit__ and start()/stop() for dftrace nodes and uses, "
@@ -1712,7 +1712,7 @@ static PyMethodDef SpanBase_methods[] = {
 
 static PyTypeObject SpanBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dftrace._speedups.SpanBase",
+    .tp_name = "dftrace._core._speedups.SpanBase",
     .tp_basicsize = sizeof(PyObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "C stop() for the Span tokens start() returns.",
@@ -1968,7 +1968,7 @@ static PyMethodDef SpanIter_methods[] = {
 
 static PyTypeObject SpanIterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dftrace._speedups.SpanIter",
+    .tp_name = "dftrace._core._speedups.SpanIter",
     .tp_basicsize = sizeof(SpanIter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "An iterable wrapped by node.iter(): .iter and .block spans per item.",

@@ -26,10 +26,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import _recorder as _rec
-from . import _runtime
-from ._config import env_enabled
-from ._events import META
+from .._core import engine as _rec
+from .._core import session as _runtime
+from .._core.config import env_enabled
+from .._core.records import META
 
 __all__ = ["worker_init_fn", "WorkerInit"]
 

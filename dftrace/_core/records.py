@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._args import _cut, encode_fragment, key_mask, plain_fragment, sanitize_args
+from .args import _cut, encode_fragment, key_mask, plain_fragment, sanitize_args
 
 __all__ = ["Extra", "Encoder", "SpecialKind", "META", "COUNTER", "INSTANT", "INCOMPLETE",
            "kind_id", "kind_pieces", "json_str"]

@@ -36,10 +36,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import _recorder as _rec
-from . import format as fmt
-from ._nodes import Node, ai
-from ._hooks import warn_once
+from .._core import engine as _rec
+from .. import format as fmt
+from .._core.tree import Node, ai
+from .._hooks import warn_once
 
 __all__ = ["DistributedTracing", "trace_distributed", "trace_ddp", "COLLECTIVES"]
 

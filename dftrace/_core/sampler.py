@@ -22,8 +22,8 @@ import os
 import threading
 from typing import Any
 
-from . import _recorder as _rec
-from ._events import COUNTER
+from . import engine as _rec
+from .records import COUNTER
 
 __all__ = ["Sampler", "start", "CATEGORY"]
 
