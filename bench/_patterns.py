@@ -1,10 +1,11 @@
 """What users write, timed under each tracer in a process of its own.
 
-    python bench/_patterns.py TRACER PATTERN N OUT_DIR
+    python bench/_patterns.py TRACER PATTERN N OUT_DIR MODE
 
-prints one JSON object: ``hot_ns`` (per operation, the fastest of several rounds,
-the writer left alone) and ``e2e_ns`` (per operation for N operations then the
-tracer's finalize: recording, encoding, compression and writing together).
+prints one JSON object. MODE ``hot``: ``hot_ns``, per operation, the fastest of five
+rounds of N, dftrace's writer kept idle (recording only). MODE ``e2e``: ``e2e_ns``,
+per operation for N operations then the tracer's finalize, in a fresh process
+(recording, encoding, compression and writing together, with default settings).
 
 Tracers: ``bare`` (the same code with no tracer: plain functions, null contexts),
 ``hand`` (a minimal hand-written Python recorder with the same API: two
@@ -120,7 +121,7 @@ class _HandNode:
         self.buf.append((self.t0, perf_counter_ns(), dict(args) if args else None))
 
 
-def _setup(tracer: str, out: str) -> tuple[Any, Any]:
+def _setup(tracer: str, out: str, hot: bool = False) -> tuple[Any, Any]:
     """(the ai tree, the finalize function) of ``tracer``."""
     if tracer == "bare":
         return _BareNode(), lambda: None
@@ -132,7 +133,8 @@ def _setup(tracer: str, out: str) -> tuple[Any, Any]:
         import dftrace
 
         if tracer == "dftrace":
-            dftrace.initialize(log_file=os.path.join(out, "t"), inherit=False)
+            idle = {"flush_interval": 3600, "batch_size": 10**9, "buffer_limit": 10**8} if hot else {}
+            dftrace.initialize(log_file=os.path.join(out, "t"), inherit=False, **idle)
         return dftrace.ai, dftrace.finalize
     if tracer == "dftracer":
         os.environ["DFTRACER_ENABLE"] = "1"
@@ -219,26 +221,31 @@ def _make(pattern: str, ai: Any) -> Any:
             "iter": iter_, "startstop": startstop, "stop_args": stop_args, "step": realistic}[pattern]
 
 
-def measure(tracer: str, pattern: str, n: int, out: str) -> dict[str, Any]:
-    ai, finalize = _setup(tracer, out)
+def measure(tracer: str, pattern: str, n: int, out: str, mode: str) -> dict[str, Any]:
+    ai, finalize = _setup(tracer, out, hot=mode == "hot")
     run = _make(pattern, ai)
-    run(min(n, 2000))  # warm up
-    rounds = []
-    for _ in range(5):
+    result: dict[str, Any] = {"tracer": tracer, "pattern": pattern, "n": n,
+                              "spans_per_op": SPANS[pattern]}
+    if mode == "hot":
+        run(min(n, 2000))  # warm up
+        rounds = []
+        for _ in range(5):
+            t0 = perf_counter_ns()
+            run(n)
+            rounds.append((perf_counter_ns() - t0) / n)
+        result["hot_ns"] = round(min(rounds), 1)
+    else:
+        run(min(n, 2000))  # warm up (first-use costs), as for the hot path
         t0 = perf_counter_ns()
         run(n)
-        rounds.append((perf_counter_ns() - t0) / n)
-    t0 = perf_counter_ns()
-    run(n)
-    finalize()
-    e2e = (perf_counter_ns() - t0) / n
-    return {"tracer": tracer, "pattern": pattern, "n": n, "hot_ns": round(min(rounds), 1),
-            "e2e_ns": round(e2e, 1), "spans_per_op": SPANS[pattern]}
+        finalize()
+        result["e2e_ns"] = round((perf_counter_ns() - t0) / n, 1)
+    return result
 
 
 if __name__ == "__main__":
-    tracer, pattern, n, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    tracer, pattern, n, out, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
     os.makedirs(out, exist_ok=True)
-    result = measure(tracer, pattern, n, out)
+    result = measure(tracer, pattern, n, out, mode)
     print(json.dumps(result), flush=True)
     time.sleep(0)

@@ -39,12 +39,17 @@ N_DFTRACER = {"step": 2_000, "update": 2_000}  # its update() walks every node: 
 
 
 def _run_pattern(tracer: str, pattern: str, out: str) -> dict:
+    """Hot path and end to end, each in a process of its own."""
     n = (N_DFTRACER if tracer == "dftracer" else N).get(pattern, 50_000)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "DFTRACER_"))}
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "_patterns.py"), tracer, pattern,
-                           str(n), out], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict = {}
+    for mode in ("hot", "e2e"):
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "_patterns.py"), tracer, pattern,
+                               str(n), os.path.join(out, mode), mode],
+                              capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return result
 
 
 @pytest.mark.benchmark(group="patterns")

@@ -31,35 +31,38 @@ static inline char *put(char *o, const char *s, Py_ssize_t n) {
     return o + n;
 }
 
-static inline char *put_int(char *o, long long v) {
-    char tmp[24];
-    int n = 0;
-    unsigned long long u;
-    if (v < 0) {
-        *o++ = '-';
-        u = (unsigned long long)(-(v + 1)) + 1;
-    } else {
-        u = (unsigned long long)v;
-    }
-    do {
-        tmp[n++] = (char)('0' + (u % 10));
-        u /= 10;
-    } while (u);
-    while (n)
-        *o++ = tmp[--n];
-    return o;
-}
+static const char DIGIT_PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
 
+/* Decimal digits of u, two at a time (the encoder writes seven numbers a line). */
 static inline char *put_uint(char *o, unsigned long long u) {
     char tmp[24];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + (u % 10));
-        u /= 10;
-    } while (u);
-    while (n)
-        *o++ = tmp[--n];
-    return o;
+    char *t = tmp + sizeof(tmp);
+    while (u >= 100) {
+        unsigned r = (unsigned)(u % 100);
+        u /= 100;
+        t -= 2;
+        memcpy(t, DIGIT_PAIRS + 2 * r, 2);
+    }
+    if (u >= 10) {
+        t -= 2;
+        memcpy(t, DIGIT_PAIRS + 2 * u, 2);
+    } else {
+        *--t = (char)('0' + u);
+    }
+    size_t n = (size_t)(tmp + sizeof(tmp) - t);
+    memcpy(o, t, n);
+    return o + n;
+}
+
+static inline char *put_int(char *o, long long v) {
+    if (v < 0) {
+        *o++ = '-';
+        return put_uint(o, (unsigned long long)(-(v + 1)) + 1);
+    }
+    return put_uint(o, (unsigned long long)v);
 }
 
 #define LIT(s) (s), (Py_ssize_t)(sizeof(s) - 1)
@@ -156,15 +159,43 @@ static void free_chunks(chunk_t *c) {
     }
 }
 
+/* Drained chunks are kept for reuse (up to SPARE_MAX, 16 MiB): a new chunk's pages
+   are then already mapped, and recording takes no page faults. Touched with the
+   GIL held only. */
+#define SPARE_MAX 64
+static chunk_t *spare = NULL;
+static int nspare = 0;
+
+static void recycle_chunks(chunk_t *c) {
+    while (c) {
+        chunk_t *nx = c->next;
+        if (nspare < SPARE_MAX) {
+            c->next = spare;
+            spare = c;
+            nspare++;
+        } else {
+            PyMem_RawFree(c->arena);
+            PyMem_RawFree(c);
+        }
+        c = nx;
+    }
+}
+
 static chunk_t *new_chunk(void) {
-    chunk_t *c = PyMem_RawMalloc(sizeof(chunk_t));
-    if (!c)
-        return NULL;
+    chunk_t *c = spare;
+    if (c) {
+        spare = c->next;
+        nspare--;
+    } else {
+        c = PyMem_RawMalloc(sizeof(chunk_t));
+        if (!c)
+            return NULL;
+        c->acap = 0;
+        c->arena = NULL;
+    }
     c->next = NULL;
     c->n = 0;
     c->alen = 0;
-    c->acap = 0;
-    c->arena = NULL;
     return c;
 }
 
@@ -690,8 +721,8 @@ static PyObject *drain(PyObject *self, PyObject *args) {
             o = put(o, LIT("}}\n"));
         }
     }
-    free_chunks(first);
     Py_END_ALLOW_THREADS
+    recycle_chunks(first);
     if (_PyBytes_Resize(&out, (Py_ssize_t)(o - o0)) < 0)
         return NULL;
     PyObject *res = Py_BuildValue("(Nn)", out, n);

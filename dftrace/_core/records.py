@@ -26,7 +26,7 @@ from typing import Any
 from .args import _cut, encode_fragment, key_mask, plain_fragment, sanitize_args
 
 __all__ = ["Extra", "Encoder", "SpecialKind", "META", "COUNTER", "INSTANT", "INCOMPLETE",
-           "kind_id", "kind_pieces", "json_str"]
+           "kind_id", "json_str"]
 
 #: Flag of a span closed by finalize or by its parent before it ended.
 INCOMPLETE = 1
@@ -76,10 +76,6 @@ def kind_id(name: Any, cat: Any) -> int:
         _KIND_PIECES.append(piece)
         _KIND_IDS[key] = kid
     return kid
-
-
-def kind_pieces() -> list[bytes]:
-    return _KIND_PIECES
 
 
 _native_plain: Any = None  # the C engine's plain_fragment
