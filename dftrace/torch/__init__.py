@@ -55,7 +55,7 @@ from ._data import (TracedCollate, TracedDataLoader, TracedDataset,
                           TracedIterableDataset, trace_collate, trace_dataloader,
                           trace_dataset)
 from ._dist import DistributedTracing, trace_ddp, trace_distributed
-from .._hooks import error_args, guarded, warn_once
+from .._hooks import call_in_span, error_args, guarded, warn_once
 from ._workers import WorkerInit, worker_init_fn
 
 __all__ = [
@@ -182,16 +182,8 @@ def _traced_backward(*args: Any, **kwargs: Any) -> Any:
     users = _backward_users
     if not users or not _BACKWARD.enabled:
         return _original_backward(*args, **kwargs)
-    owner = users[-1]
-    span = _BACKWARD.start()
-    extra = owner._backward_args()
-    try:
-        result = _original_backward(*args, **kwargs)
-    except BaseException as exc:
-        span.stop({**(extra or {}), "error": type(exc).__name__})
-        raise
-    span.stop(extra)
-    return result
+    return call_in_span(_BACKWARD, _original_backward, args, kwargs,
+                        args=users[-1]._backward_args())
 
 
 def _install_backward(user: ComputeTracing) -> None:
@@ -564,16 +556,9 @@ def to_device(batch: Any, device: Any, non_blocking: bool = False) -> Any:
     """
     node = ai.device.transfer
     count = [0]
-    if not node.enabled:
-        return _move(batch, device, non_blocking, count)
-    span = node.start()
-    try:
-        out = _move(batch, device, non_blocking, count)
-    except BaseException as exc:
-        span.stop({"device": str(device), "error": type(exc).__name__})
-        raise
-    span.stop({"bytes": count[0], "device": str(device), "non_blocking": bool(non_blocking)})
-    return out
+    return call_in_span(node, _move, (batch, device, non_blocking, count),
+                        args={"device": str(device)},
+                        after=lambda _out: {"bytes": count[0], "non_blocking": bool(non_blocking)})
 
 
 def _path_of(f: Any) -> str | None:
@@ -600,20 +585,16 @@ def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
     if not node.enabled:
         return torch.save(obj, f, *args, **kwargs)
     start_pos = None if isinstance(f, (str, os.PathLike)) else _size_of(f)
-    span = node.start()
-    extra: dict[str, Any] = {}
     path = _path_of(f)
-    if path is not None:
-        extra["path"] = path
-    try:
-        torch.save(obj, f, *args, **kwargs)
-    except BaseException as exc:
-        span.stop({**extra, "error": type(exc).__name__})
-        raise
-    end = _size_of(f)
-    if end is not None:
-        extra["bytes"] = end - start_pos if start_pos is not None else end
-    span.stop(extra)
+
+    def written(_out: Any) -> dict[str, Any] | None:
+        end = _size_of(f)
+        if end is None:
+            return None
+        return {"bytes": end - start_pos if start_pos is not None else end}
+
+    call_in_span(node, torch.save, (obj, f, *args), kwargs,
+                 args={"path": path} if path is not None else None, after=written)
     return None
 
 
@@ -631,11 +612,4 @@ def load(f: Any, *args: Any, **kwargs: Any) -> Any:
         size = _size_of(f)
         if size is not None:
             extra["bytes"] = size
-    span = node.start()
-    try:
-        obj = torch.load(f, *args, **kwargs)
-    except BaseException as exc:
-        span.stop({**extra, "error": type(exc).__name__})
-        raise
-    span.stop(extra)
-    return obj
+    return call_in_span(node, torch.load, (f, *args), kwargs, args=extra or None)

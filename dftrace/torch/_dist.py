@@ -39,7 +39,7 @@ import torch.distributed as dist
 from .._core import engine as _rec
 from .. import format as fmt
 from .._core.tree import Node, ai
-from .._hooks import warn_once
+from .._hooks import call_in_span, warn_once
 
 __all__ = ["DistributedTracing", "trace_distributed", "trace_ddp", "COLLECTIVES"]
 
@@ -234,21 +234,20 @@ def _wrap(fn: Callable[..., Any], leaf: str, payload: str | None, params: tuple[
             args, data = call_args(a, kw)
         except Exception:
             args, data = {}, None  # a bad call: let torch raise its own error below
+        def call() -> Any:
+            _enter()  # a collective this one makes is part of its span, not another
+            try:
+                result = fn(*a, **kw)
+                if _synchronize and not args.get("async"):
+                    device = _cuda_device(data)
+                    if device is not None:
+                        torch.cuda.current_stream(device).synchronize()
+                return result
+            finally:
+                _leave()
+
         t0 = _rec.clock()
-        span = node.start()
-        _enter()
-        try:
-            result = fn(*a, **kw)
-            if _synchronize and not args.get("async"):
-                device = _cuda_device(data)
-                if device is not None:
-                    torch.cuda.current_stream(device).synchronize()
-        except BaseException as exc:
-            span.stop({**args, "error": type(exc).__name__})
-            raise
-        finally:
-            _leave()
-        span.stop(args)
+        result = call_in_span(node, call, args=args)
         if args.get("async") and result is not None:
             try:
                 record_completion(node, result.get_future(), t0, args)
@@ -408,17 +407,15 @@ def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any
             matching_args("all_reduce", group, args)
         except Exception:
             pass
+        def call() -> Any:
+            _enter()  # the all_reduce DDP's hook makes is this span, not another
+            try:
+                return inner(st, bucket)
+            finally:
+                _leave()
+
         t0 = _rec.clock()
-        span = node.start()
-        _enter()
-        try:
-            fut = inner(st, bucket)
-        except BaseException as exc:
-            span.stop({**args, "error": type(exc).__name__})
-            raise
-        finally:
-            _leave()
-        span.stop(args)
+        fut = call_in_span(node, call, args=args)
         record_completion(node, fut, t0, args)
         waits.launched()
         return fut
