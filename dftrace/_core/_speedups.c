@@ -1517,6 +1517,18 @@ static PyObject *Traceable_update(PyObject *self, PyObject *args, PyObject *kwar
         Py_RETURN_NONE;
     TraceableObject *t = AS_T(self);
     PyObject *given = PyTuple_GET_SIZE(args) == 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
+    if (PyTuple_GET_SIZE(args) <= 1 && t->node == self && t->pending && PyDict_CheckExact(t->pending) &&
+        (given == NULL || given == Py_None || PyDict_CheckExact(given)) && gate_obj &&
+        is_on(gate_obj) == 0) {
+        /* nothing records: keep the values as given, encode them when something does */
+        if ((given && given != Py_None && PyDict_Update(t->pending, given) < 0) ||
+            (kwargs && PyDict_Update(t->pending, kwargs) < 0)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        sticky_gen++;
+        Py_RETURN_NONE;
+    }
     int plain = PyTuple_GET_SIZE(args) <= 1 && t->node == self && update_slow &&
                 (given == NULL || given == Py_None || PyDict_CheckExact(given)) &&
                 (t->pending == NULL || !PyDict_Check(t->pending) || PyDict_GET_SIZE(t->pending) == 0) &&

@@ -284,3 +284,19 @@ def test_records_are_native_and_small():
     if _recorder.speedups is None:
         pytest.skip("the C engine is not in use")
     assert _recorder.speedups.RECORD_SIZE <= 64
+
+
+def test_update_before_tracing_starts_reaches_the_first_spans(tmp_path):
+    """Sticky args given while nothing records are kept (not encoded) and land on the
+    spans that start once tracing is on."""
+    ai.update(epoch=3)
+    ai.compute.update({"step": 7})
+    with testing.trace_to(tmp_path) as result:
+        with ai.compute.forward:
+            pass
+        with ai.comm.all_reduce:
+            pass
+    assert result.spans("forward")[0]["args"]["epoch"] == 3
+    assert result.spans("forward")[0]["args"]["step"] == 7
+    assert result.spans("all_reduce")[0]["args"]["epoch"] == 3
+    assert "step" not in result.spans("all_reduce")[0]["args"]
