@@ -34,7 +34,7 @@ def _trace_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
             if getattr(ns, o.name, None) is not None}
 
 
-def _summarize(paths: list[str]) -> str:
+def _demo_table(paths: list[str]) -> str:
     from .testing import read_events
 
     rows: Counter[tuple[str, str]] = Counter()
@@ -118,7 +118,7 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
         print("tracing is off (DFTRACE_ENABLE=0): no trace written")
         return 0
     print(f"\ntrace written to {', '.join(_shown(p) for p in s.paths)}")
-    print(_summarize(s.paths))
+    print(_demo_table(s.paths))
     target = _shown(out) if out is not None else " ".join(_shown(p) for p in s.paths)
     more = f"dftrace summary {target}"
     try:

@@ -19,7 +19,7 @@ def _is_fragment(t: type) -> bool:
     """orjson.Fragment (pre-encoded JSON from value capture), without importing orjson."""
     return t.__name__ == "Fragment" and t.__module__ == "orjson"
 
-__all__ = ["RESERVED", "sanitize", "sanitize_args", "encode_fragment", "key_mask", "plain_fragment", "summarize_object"]
+__all__ = ["RESERVED", "sanitize", "sanitize_args", "encode_fragment", "key_mask", "plain_fragment", "describe_object"]
 
 #: Keys dftrace itself writes into ``args``; a user arg of the same name is renamed.
 RESERVED = frozenset({"hhash", "level", "p_idx"})
@@ -40,7 +40,7 @@ def _cut(s: str, max_len: int) -> str:
     return s
 
 
-def summarize_object(v: Any, max_len: int = 200) -> str:
+def describe_object(v: Any, max_len: int = 200) -> str:
     """A short, safe description of an arbitrary object (never its full data)."""
     tname = type(v).__name__
     try:
@@ -101,7 +101,7 @@ def sanitize(v: Any, max_len: int = 1024, _depth: int = 0) -> Any:
                 return f"<{t.__name__} len={len(v)}>"
     except Exception:
         pass
-    return summarize_object(v, min(max_len, 200))
+    return describe_object(v, min(max_len, 200))
 
 
 def _key(k: Any, max_len: int) -> str:
@@ -121,7 +121,7 @@ def sanitize_args(args: Mapping[str, Any] | None, max_len: int = 1024) -> dict[s
     try:
         items = list(args.items())
     except Exception:
-        return {"args": summarize_object(args)}
+        return {"args": describe_object(args)}
     for k, v in items:
         key = _key(k, max_len)
         if key in RESERVED:
@@ -144,7 +144,7 @@ def _dump(v: Any) -> bytes:
         return b"{" + b",".join(orjson.dumps(k) + b":" + _dump(x) for k, x in v.items()) + b"}"
     if isinstance(v, list):
         return b"[" + b",".join(_dump(x) for x in v) + b"]"
-    return orjson.dumps(summarize_object(v))
+    return orjson.dumps(describe_object(v))
 
 
 def encode_fragment(args: Mapping[str, Any] | None, max_len: int = 1024,

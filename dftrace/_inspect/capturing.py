@@ -55,7 +55,7 @@ class CallScope:
             max_len = _nodes._max_arg_length
             params = dict(self._params or {})
             for k, v in values.items():
-                params[k] = self._use._capture.summarize(v, max_len)
+                params[k] = self._use._capture.describe(v, max_len)
             self._params = params
         except Exception:
             pass
@@ -63,7 +63,7 @@ class CallScope:
     def set_result(self, value: Any) -> None:
         """Record ``value`` as this call's result (replaces an automatic one)."""
         try:
-            self._result = self._use._capture.summarize(value, _nodes._max_arg_length)
+            self._result = self._use._capture.describe(value, _nodes._max_arg_length)
         except Exception:
             pass
 
@@ -101,7 +101,7 @@ def _assigned(frame: Any, before: dict[str, int], opts: CaptureOptions, max_len:
         if (k.startswith("_") or before.get(k) == id(v)
                 or isinstance(v, (CallScope, _NullScope))):
             continue
-        out[k] = opts.summarize(v, max_len)
+        out[k] = opts.describe(v, max_len)
         if len(out) >= 16:
             break
     return out if out else _NOTHING

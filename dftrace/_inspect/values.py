@@ -37,7 +37,7 @@ __all__ = [
     "content_hash",
     "make_extra",
     "render",
-    "summarize",
+    "describe_value",
     "type_name",
 ]
 
@@ -71,7 +71,7 @@ def _numpy() -> Any:
     return sys.modules.get("numpy")
 
 
-def summarize(v: Any, *, hash_values: bool = False, max_len: int = 1024, _depth: int = 0) -> Any:
+def describe_value(v: Any, *, hash_values: bool = False, max_len: int = 1024, _depth: int = 0) -> Any:
     """A JSON-safe description of ``v`` that holds no reference to it."""
     t = type(v)
     if v is None or t is bool or t is int:
@@ -81,7 +81,7 @@ def summarize(v: Any, *, hash_values: bool = False, max_len: int = 1024, _depth:
     if t is str:
         return _cut(v, max_len)
     try:
-        return _summarize_other(v, t, hash_values, max_len, _depth)
+        return _describe_other(v, t, hash_values, max_len, _depth)
     except Exception:
         return f"<{t.__name__}>"
 
@@ -92,7 +92,7 @@ def _float(v: float) -> Any:
     return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
 
 
-def _summarize_other(v: Any, t: type, hash_values: bool, max_len: int, depth: int) -> Any:
+def _describe_other(v: Any, t: type, hash_values: bool, max_len: int, depth: int) -> Any:
     tensor = _torch_tensor_type()
     if tensor is not None and isinstance(v, tensor):
         return _tensor(v, hash_values)
@@ -101,7 +101,7 @@ def _summarize_other(v: Any, t: type, hash_values: bool, max_len: int, depth: in
         if isinstance(v, np.ndarray):
             return _ndarray(v, hash_values)
         if isinstance(v, np.generic):
-            return summarize(v.item(), max_len=max_len)
+            return describe_value(v.item(), max_len=max_len)
     if isinstance(v, enum.Enum):
         return f"{t.__qualname__}.{v.name}"
     if isinstance(v, bool):
@@ -123,9 +123,9 @@ def _summarize_other(v: Any, t: type, hash_values: bool, max_len: int, depth: in
     if isinstance(v, Mapping):
         return _mapping(v, sub)
     if isinstance(v, tuple) and hasattr(t, "_fields"):  # a namedtuple: keep field names
-        return {str(k): summarize(x, **sub) for k, x in zip(t._fields, v)}
+        return {str(k): describe_value(x, **sub) for k, x in zip(t._fields, v)}
     if isinstance(v, _SEQUENCES):
-        items = [summarize(x, **sub) for x in _head(v, MAX_ITEMS)]
+        items = [describe_value(x, **sub) for x in _head(v, MAX_ITEMS)]
         if len(v) <= MAX_ITEMS:
             return items
         return {"type": type_name(v), "len": len(v), "head": items}
@@ -133,7 +133,7 @@ def _summarize_other(v: Any, t: type, hash_values: bool, max_len: int, depth: in
         if depth >= MAX_DEPTH:
             return f"<{type_name(v)}>"
         fields = dataclasses.fields(v)[:MAX_KEYS]
-        return {"type": type_name(v), **{f.name: summarize(getattr(v, f.name), **sub) for f in fields}}
+        return {"type": type_name(v), **{f.name: describe_value(getattr(v, f.name), **sub) for f in fields}}
     shaped = _shaped(v)
     if shaped is not None:
         return shaped
@@ -150,7 +150,7 @@ def _head(items: Iterable[Any], n: int) -> list[Any]:
 
 
 def _mapping(v: Mapping[Any, Any], sub: dict[str, Any]) -> dict[str, Any]:
-    items = {_key(k): summarize(x, **sub) for k, x in _head(v.items(), MAX_KEYS)}
+    items = {_key(k): describe_value(x, **sub) for k, x in _head(v.items(), MAX_KEYS)}
     if len(v) <= MAX_KEYS:
         return items
     return {"type": type_name(v), "len": len(v), "head": items}
@@ -201,7 +201,7 @@ def _tensor(v: Any, hash_values: bool) -> dict[str, Any]:
         out["requires_grad"] = True
     if v.dim() == 0 and device.type == "cpu":
         # A loss or a metric: the number is the point (no device sync on CPU).
-        out["value"] = summarize(v.item())
+        out["value"] = describe_value(v.item())
     if hash_values:
         h = _torch_hash(v)
         if h is not None:
@@ -217,7 +217,7 @@ def _ndarray(v: Any, hash_values: bool) -> dict[str, Any]:
         "device": "cpu",
     }
     if v.ndim == 0 and v.dtype.kind in "biuf":
-        out["value"] = summarize(v.item())
+        out["value"] = describe_value(v.item())
     if hash_values:
         h = _numpy_hash(v)
         if h is not None:
@@ -442,8 +442,8 @@ class CaptureOptions:
         return ", ".join(f"{k}={v!r}" for k, v in self.as_options().items())
 
     # -- values ---------------------------------------------------------------------
-    def summarize(self, v: Any, max_len: int) -> Any:
-        return summarize(v, hash_values=self.hash_values, max_len=max_len)
+    def describe(self, v: Any, max_len: int) -> Any:
+        return describe_value(v, hash_values=self.hash_values, max_len=max_len)
 
     def extra(self, base: Extra | None, params: dict[str, Any] | None, max_len: int,
               result: Any = _NOTHING, error: BaseException | None = None,
@@ -459,7 +459,7 @@ class CaptureOptions:
             if isinstance(error, Exception):
                 _error_args(payload, error)
             elif result is not _NOTHING:
-                payload["result"] = result if summarized else self.summarize(result, max_len)
+                payload["result"] = result if summarized else self.describe(result, max_len)
             return make_extra(payload, compact)
         except Exception:
             return base
@@ -496,7 +496,7 @@ class CaptureOptions:
                 if name not in g:
                     continue
                 value = g[name]
-            out[name] = self.summarize(value, max_len)
+            out[name] = self.describe(value, max_len)
         return out
 
 
@@ -525,7 +525,7 @@ class ItemCapture(_Bound):
         written by the engine)."""
         try:
             payload: dict[str, Any] = dict(base.args) if base is not None else {}
-            payload["result"] = self.options.summarize(item, _nodes._max_arg_length)
+            payload["result"] = self.options.describe(item, _nodes._max_arg_length)
             return make_extra(payload)
         except Exception:
             return base
@@ -628,10 +628,10 @@ class FunctionCapture(_Bound):
             return None
         max_len = _nodes._max_arg_length
         try:
-            summarize_ = self.options.summarize
+            describe = self.options.describe
             if self.signature is None:  # no signature: by position and keyword
-                out = {f"arg{i}": summarize_(a, max_len) for i, a in enumerate(args)}
-                out.update((k, summarize_(v, max_len)) for k, v in kwargs.items())
+                out = {f"arg{i}": describe(a, max_len) for i, a in enumerate(args)}
+                out.update((k, describe(v, max_len)) for k, v in kwargs.items())
                 return out
             arguments = self._bind(args, kwargs)
             if arguments is None:
@@ -641,11 +641,11 @@ class FunctionCapture(_Bound):
             out = {}
             for name in self.names or ():
                 if name in arguments:
-                    out[name] = summarize_(arguments[name], max_len)
+                    out[name] = describe(arguments[name], max_len)
                 elif name in defaults:
-                    out[name] = summarize_(defaults[name], max_len)
+                    out[name] = describe(defaults[name], max_len)
                 elif name in extra_kw:
-                    out[name] = summarize_(extra_kw[name], max_len)
+                    out[name] = describe(extra_kw[name], max_len)
             return out
         except Exception:
             return None

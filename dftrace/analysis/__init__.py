@@ -1,6 +1,6 @@
 """Analysis of dftrace (and DFTracer) traces: load, summarise, report, convert, merge.
 
-The pipeline is load -> one table (:class:`Trace`) or partial aggregates ->
+The pipeline is load -> one table (:class:`TraceTable`) or partial aggregates ->
 :class:`Summary` -> a renderer (terminal, JSON, HTML, Chrome JSON, pfw, Parquet).
 It runs embedded (polars on threads, the default) or on a Dask cluster
 (:class:`DaskExecutor`); the code is the same, only where it runs differs::
@@ -28,7 +28,7 @@ _EXPORTS = {
     "FileReport": "._trace",
     "MergeFilter": "._export",
     "Summary": "._summary",
-    "Trace": "._trace",
+    "TraceTable": "._trace",
     "load_traces": "._trace",
     "merge": "._export",
     "render_html": "._render_html",
@@ -62,4 +62,4 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs should see them
     from ._render_text import render_text  # noqa: F401
     from ._schema import EVENT_COLUMNS  # noqa: F401
     from ._summary import Summary, summarize  # noqa: F401
-    from ._trace import FileReport, Trace, load_traces  # noqa: F401
+    from ._trace import FileReport, TraceTable, load_traces  # noqa: F401

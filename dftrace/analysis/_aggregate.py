@@ -78,7 +78,7 @@ class Partial:
     phases: pl.DataFrame
 
 
-def summarize_partition(partition: Partition) -> Partial:
+def aggregate_partition(partition: Partition) -> Partial:
     """Read one partition and reduce it to a :class:`Partial` (runs on workers)."""
     return aggregate(read_partition(partition, SUMMARY_COLUMNS))
 

@@ -1,8 +1,8 @@
-"""Writing a :class:`Trace` out (Chrome JSON, pfw for DFAnalyzer, Parquet) and merging.
+"""Writing a :class:`TraceTable` out (Chrome JSON, pfw for DFAnalyzer, Parquet) and merging.
 
-:func:`merge` is a pure transform from one Trace to another: unique pids, process
+:func:`merge` is a pure transform from one TraceTable to another: unique pids, process
 names and sort order by rank, per-host clock alignment and filters. The writers
-turn any Trace into a file.
+turn any TraceTable into a file.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import polars as pl
 from .. import format as fmt
 from ._steps import describe_steps, step_windows
 from ._parquet import write_parquet
-from ._trace import Trace
+from ._trace import TraceTable
 
 # Events encoded per batch: bounds memory while writing big traces.
 _BATCH = 50_000
@@ -49,7 +49,7 @@ def output_format(path: str | os.PathLike[str]) -> str:
     raise ValueError(f"cannot tell the output format of {name!r}; use one of {', '.join(FORMATS)}")
 
 
-def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
+def write_trace(trace: TraceTable, path: str | os.PathLike[str]) -> None:
     """Write ``trace`` in the format its file name asks for.
 
     ``.json`` / ``.json.gz``: strict Chrome JSON (one array, one event per line),
@@ -86,7 +86,7 @@ def _write_lines(fh: IO[bytes], lines: Iterator[bytes], separator: bytes) -> Non
     fh.write(b"\n]\n")
 
 
-def _trace_lines(trace: Trace) -> Iterator[bytes]:
+def _trace_lines(trace: TraceTable) -> Iterator[bytes]:
     """Metadata first (Perfetto recognises JSON by a leading object), then events.
 
     Every event has a ``ts``: metadata takes its process's first event time (the
@@ -115,7 +115,7 @@ def _first_times(events: pl.DataFrame) -> dict[int, int]:
     return dict(firsts.iter_rows())
 
 
-def _identity_records(trace: Trace) -> list[tuple[int, dict[str, Any]]]:
+def _identity_records(trace: TraceTable) -> list[tuple[int, dict[str, Any]]]:
     """``PR`` records for processes whose host or rank no metadata record states.
 
     Hosts and ranks can come from a file's name, which the output does not keep;
@@ -175,7 +175,7 @@ class MergeFilter:
     epoch: int | None = None
 
 
-def merge(trace: Trace, keep: MergeFilter | None = None, *, align_clocks: bool = True) -> Trace:
+def merge(trace: TraceTable, keep: MergeFilter | None = None, *, align_clocks: bool = True) -> TraceTable:
     """Make one Perfetto-friendly trace of many processes and ranks.
 
     Every process gets a unique pid (its own unless another process already has
@@ -290,7 +290,7 @@ def _remap(frame: pl.DataFrame, new_pid: dict[tuple[str, int], int]) -> pl.DataF
 
 
 def _merged_meta(
-    trace: Trace, new_pid: dict[tuple[str, int], int], offset_us: dict[tuple[str, int], int]
+    trace: TraceTable, new_pid: dict[tuple[str, int], int], offset_us: dict[tuple[str, int], int]
 ) -> pl.DataFrame:
     """Metadata of the merged trace: names and sort order by rank, pids remapped."""
     rows = []

@@ -202,7 +202,7 @@ def _rank_from_files(proc: Process) -> int | None:
 
 def synthetic_records(pid: int, host: str, rank: int | None) -> list[dict[str, Any]]:
     """Records that pin a process of already resolved data (Parquet, an in-memory
-    :class:`Trace`) to its ``rank``, so resolution reproduces it."""
+    :class:`TraceTable`) to its ``rank``, so resolution reproduces it."""
     if rank is None:
         return []
     return [

@@ -111,7 +111,7 @@ def resolved_records(
 ) -> list[dict[str, Any]]:
     """Metadata records for data whose hosts and ranks are already resolved.
 
-    ``processes`` rows have host, pid and rank; ``meta`` rows are ``Trace.meta``
+    ``processes`` rows have host, pid and rank; ``meta`` rows are ``TraceTable.meta``
     rows. Each record is keyed by its host, and synthetic records restore ranks.
     """
     records: list[dict[str, Any]] = []

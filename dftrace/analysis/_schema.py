@@ -6,7 +6,7 @@ import polars as pl
 
 from .. import format as fmt
 
-#: Columns of ``Trace.events``, in order, with their polars types. Times are integer
+#: Columns of ``TraceTable.events``, in order, with their polars types. Times are integer
 #: microseconds since the Unix epoch (fractional microseconds are truncated).
 EVENT_COLUMNS: dict[str, pl.DataType] = {
     "pid": pl.Int64(),

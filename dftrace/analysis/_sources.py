@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..format import is_trace_file
 
-#: Default on-disk size of one partition of a compressed file. Trace lines compress
+#: Default on-disk size of one partition of a compressed file. TraceTable lines compress
 #: about tenfold, so a partition decodes to roughly 150-250 MB of JSON.
 DEFAULT_PARTITION_BYTES = 16 << 20
 # Uncompressed files are cut into partitions this many times larger.

@@ -20,7 +20,7 @@ import polars as pl
 import polars.selectors as cs
 
 from .. import format as fmt
-from ._aggregate import GROUPS, Combined, Partial, aggregate, combine, summarize_partition
+from ._aggregate import GROUPS, Combined, Partial, aggregate, combine, aggregate_partition
 from ._decode import PartitionData
 from ._executor import default_executor
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
@@ -28,7 +28,7 @@ from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_par
 from ._steps import model_steps, unit_steps
 from ._stragglers import analyse, match_collectives
 from ._parquet import resolved_records
-from ._trace import PathsLike, Trace, as_path_list
+from ._trace import PathsLike, TraceTable, as_path_list
 
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
 #: beyond this, evenly spaced steps are kept (all ranks of each kept step).
@@ -98,31 +98,31 @@ def _empty_field(annotation: Any) -> Any:
 
 
 def summarize(
-    source: PathsLike | Trace,
+    source: PathsLike | TraceTable,
     *,
     executor: Any = None,
     partition_bytes: int = DEFAULT_PARTITION_BYTES,
     progress: bool | None = None,
 ) -> Summary:
-    """Summarise trace files (or an already loaded :class:`Trace`).
+    """Summarise trace files (or an already loaded :class:`TraceTable`).
 
     Files are cut into partitions; each is parsed and reduced to partial aggregates
     where it is read (a thread here, or a Dask worker with a :class:`DaskExecutor`),
     and the partials are combined exactly here. Only the columns the summary needs
     are decoded.
     """
-    if isinstance(source, Trace):
+    if isinstance(source, TraceTable):
         combined = combine([_partial_of_trace(source)])
         combined.files = list(source.files)
         return build_summary(combined)
     plan = plan_partitions(expand_paths(as_path_list(source)), partition_bytes)
     partials = default_executor(executor).map(
-        summarize_partition, plan, progress=progress, desc="summarising"
+        aggregate_partition, plan, progress=progress, desc="summarising"
     )
     return build_summary(combine(partials))
 
 
-def _partial_of_trace(trace: Trace) -> Partial:
+def _partial_of_trace(trace: TraceTable) -> Partial:
     """View an in-memory trace as one partition, so it takes the same path."""
     events = trace.events.select(
         *[

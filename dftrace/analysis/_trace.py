@@ -1,4 +1,4 @@
-"""Loading trace files into a :class:`Trace`: the events table plus resolved metadata."""
+"""Loading trace files into a :class:`TraceTable`: the events table plus resolved metadata."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class FileReport:
 
 
 @dataclass
-class Trace:
+class TraceTable:
     """A loaded trace: one events table and the metadata resolved across its files.
 
     ``events`` follows ``EVENT_COLUMNS`` (see docs/analysis.md); ``processes`` has
@@ -64,7 +64,7 @@ class Trace:
 
     def __repr__(self) -> str:
         return (
-            f"Trace({self.events.height} events, {self.processes.height} processes, "
+            f"TraceTable({self.events.height} events, {self.processes.height} processes, "
             f"{len(self.files)} files, {self.broken_lines} broken lines)"
         )
 
@@ -76,13 +76,13 @@ def load_traces(
     executor: Any = None,
     partition_bytes: int = DEFAULT_PARTITION_BYTES,
     progress: bool | None = None,
-) -> Trace:
-    """Load trace files, directories or glob patterns into one :class:`Trace`.
+) -> TraceTable:
+    """Load trace files, directories or glob patterns into one :class:`TraceTable`.
 
     Reads dftrace's ``.pfw``/``.pfw.gz``/``.pfw.zst`` (finalized or cut off by a
     crash), DFTracer 1.x/2.x files, Chrome JSON written by ``dftrace convert`` or
     ``merge``, and Parquet written by ``dftrace convert``. Broken lines are counted
-    in ``Trace.files``, never raised. ``columns`` limits the event columns decoded
+    in ``TraceTable.files``, never raised. ``columns`` limits the event columns decoded
     (``pid``, ``host`` and ``rank`` are always present). ``executor`` is an
     :class:`EmbeddedExecutor` (default) or :class:`DaskExecutor`. ``progress``
     shows a bar (default: only when stderr is a terminal).
@@ -150,8 +150,8 @@ def file_reports(parts: Sequence[PartitionData], events: Sequence[int]) -> list[
     return list(reports.values())
 
 
-def assemble(parts: Sequence[PartitionData], columns: Sequence[str] | None = None) -> Trace:
-    """Combine partitions into a :class:`Trace`, resolving hosts and ranks."""
+def assemble(parts: Sequence[PartitionData], columns: Sequence[str] | None = None) -> TraceTable:
+    """Combine partitions into a :class:`TraceTable`, resolving hosts and ranks."""
     keys = [partition_keys(p) for p in parts]
     resolution = resolve_parts(parts, keys)
     procs = resolution.processes
@@ -180,7 +180,7 @@ def assemble(parts: Sequence[PartitionData], columns: Sequence[str] | None = Non
         if frames
         else pl.DataFrame(schema=schema)
     )
-    return Trace(
+    return TraceTable(
         events=events,
         processes=processes_frame(resolution),
         threads=threads_frame(resolution),
@@ -250,7 +250,7 @@ def meta_frame(resolution: Resolution) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=META_SCHEMA)
 
 
-#: Columns of ``Trace.meta``: every metadata record, args as JSON text.
+#: Columns of ``TraceTable.meta``: every metadata record, args as JSON text.
 META_SCHEMA = {
     "host": pl.String,
     "pid": pl.Int64,

@@ -357,7 +357,7 @@ def test_arguments_bind_exactly_as_python_binds_them(fn, call):
     shape, and nothing is captured for a call the signature rejects."""
     import inspect
 
-    from dftrace._inspect.values import CaptureOptions, summarize
+    from dftrace._inspect.values import CaptureOptions, describe_value
 
     args, kwargs = call
     captured = CaptureOptions(True).bind(fn).params(args, kwargs)
@@ -367,4 +367,4 @@ def test_arguments_bind_exactly_as_python_binds_them(fn, call):
         assert captured is None
         return
     bound.apply_defaults()
-    assert captured == {k: summarize(v) for k, v in bound.arguments.items()}
+    assert captured == {k: describe_value(v) for k, v in bound.arguments.items()}

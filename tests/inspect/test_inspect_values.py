@@ -13,49 +13,49 @@ from hypothesis import strategies as st
 np = pytest.importorskip("numpy", reason="array summaries are tested on numpy arrays")
 torch = pytest.importorskip("torch", reason="tensor summaries are tested on torch tensors: pip install 'dftrace[torch]'")
 
-from dftrace._inspect.values import content_hash, make_extra, render, summarize  # noqa: E402
+from dftrace._inspect.values import content_hash, make_extra, render, describe_value  # noqa: E402
 
 
 def test_numbers_none_and_bools_are_kept_as_they_are():
     """Ints (any size), floats, bools and None are recorded unchanged."""
-    assert summarize(3) == 3
-    assert summarize(2**80) == 2**80
-    assert summarize(1.5) == 1.5
-    assert summarize(True) is True
-    assert summarize(None) is None
+    assert describe_value(3) == 3
+    assert describe_value(2**80) == 2**80
+    assert describe_value(1.5) == 1.5
+    assert describe_value(True) is True
+    assert describe_value(None) is None
 
 
 def test_non_finite_floats_become_names():
     """NaN and infinities are written as strings (JSON has no such numbers)."""
-    assert [summarize(float("nan")), summarize(float("inf")), summarize(-float("inf"))] == [
+    assert [describe_value(float("nan")), describe_value(float("inf")), describe_value(-float("inf"))] == [
         "NaN", "Infinity", "-Infinity"]
 
 
 def test_long_strings_are_cut_with_a_count_of_what_was_dropped():
     """A string longer than max_len keeps its head and says how much was cut."""
-    s = summarize("x" * 5000, max_len=100)
+    s = describe_value("x" * 5000, max_len=100)
     assert s.startswith("x" * 100)
     assert s.endswith("[+4900 chars]")
-    assert summarize("short") == "short"
+    assert describe_value("short") == "short"
 
 
 def test_small_containers_keep_their_items_summarised():
     """Short lists and small dicts keep every item, each summarised."""
-    assert summarize([1, "a", (2, 3)]) == [1, "a", [2, 3]]
-    assert summarize({"lr": 0.1, 3: "x"}) == {"lr": 0.1, "3": "x"}
+    assert describe_value([1, "a", (2, 3)]) == [1, "a", [2, 3]]
+    assert describe_value({"lr": 0.1, 3: "x"}) == {"lr": 0.1, "3": "x"}
 
 
 def test_long_containers_keep_type_length_and_head():
     """A long list is described by type, length and its first items."""
-    s = summarize(list(range(1000)))
+    s = describe_value(list(range(1000)))
     assert s == {"type": "list", "len": 1000, "head": [0, 1, 2, 3, 4, 5, 6, 7]}
-    d = summarize({f"k{i}": i for i in range(100)})
+    d = describe_value({f"k{i}": i for i in range(100)})
     assert d["len"] == 100 and len(d["head"]) == 16
 
 
 def test_deep_nesting_is_cut_off():
     """Containers below the depth limit become a short type description."""
-    assert summarize([[[[1, 2]]]]) == [[["<list len=2>"]]]
+    assert describe_value([[[[1, 2]]]]) == [[["<list len=2>"]]]
 
 
 def test_namedtuples_keep_field_names():
@@ -63,40 +63,40 @@ def test_namedtuples_keep_field_names():
     from collections import namedtuple
 
     Batch = namedtuple("Batch", "x y")
-    assert summarize(Batch(1, "a")) == {"x": 1, "y": "a"}
+    assert describe_value(Batch(1, "a")) == {"x": 1, "y": "a"}
 
 
 def test_numpy_array_is_type_shape_dtype_device():
     """A numpy array becomes its type, shape, dtype and device, not its data."""
     a = np.zeros((3, 4), dtype=np.float32)
-    assert summarize(a) == {"type": "numpy.ndarray", "shape": [3, 4], "dtype": "float32",
+    assert describe_value(a) == {"type": "numpy.ndarray", "shape": [3, 4], "dtype": "float32",
                             "device": "cpu"}
 
 
 def test_torch_tensor_is_type_shape_dtype_device():
     """A torch tensor becomes its type, shape, dtype and device."""
     t = torch.ones(2, 5, dtype=torch.int64)
-    assert summarize(t) == {"type": "torch.Tensor", "shape": [2, 5], "dtype": "int64",
+    assert describe_value(t) == {"type": "torch.Tensor", "shape": [2, 5], "dtype": "int64",
                             "device": "cpu"}
 
 
 def test_scalar_tensor_records_its_value():
     """A 0-d tensor (a loss) records its number too."""
-    s = summarize(torch.tensor(2.5))
+    s = describe_value(torch.tensor(2.5))
     assert s["shape"] == [] and s["value"] == 2.5
 
 
 def test_numpy_scalars_become_numbers():
     """numpy scalar types are recorded as plain numbers."""
-    assert summarize(np.float32(1.5)) == 1.5
-    assert summarize(np.int64(7)) == 7
+    assert describe_value(np.float32(1.5)) == 1.5
+    assert describe_value(np.int64(7)) == 7
 
 
 def test_hash_is_only_added_when_asked_for():
     """Content hashes are opt-in."""
     t = torch.arange(6)
-    assert "hash" not in summarize(t)
-    assert summarize(t, hash_values=True)["hash"] == content_hash(t)
+    assert "hash" not in describe_value(t)
+    assert describe_value(t, hash_values=True)["hash"] == content_hash(t)
 
 
 def test_hash_depends_on_content_not_layout():
@@ -144,7 +144,7 @@ def test_object_whose_repr_raises_is_described_by_type():
         def __repr__(self):
             raise RuntimeError("no")
 
-    s = summarize(Bad())
+    s = describe_value(Bad())
     assert s.startswith("<") and s.endswith("Bad (repr failed)>")
 
 
@@ -154,13 +154,13 @@ def test_other_objects_use_their_short_repr():
         def __repr__(self):
             return "Point(1, 2)" + "!" * 1000
 
-    s = summarize(Point())
+    s = describe_value(Point())
     assert s.startswith("Point(1, 2)") and len(s) < 260
 
 
 def test_render_describes_a_tensor_summary_on_one_line():
     """Tables show a tensor summary as Type[shape] dtype device."""
-    assert render(summarize(torch.zeros(4, 3))) == "Tensor[4, 3] float32 cpu"
+    assert render(describe_value(torch.zeros(4, 3))) == "Tensor[4, 3] float32 cpu"
 
 
 json_values = st.recursive(
@@ -177,15 +177,15 @@ json_values = st.recursive(
 @given(json_values)
 def test_every_summary_encodes_as_strict_json(value):
     """Whatever goes in, the summary encodes as event args that strict JSON reads back."""
-    s = summarize(value)
+    s = describe_value(value)
     frag = make_extra({"v": s}).frag
     assert json.loads(b"{" + frag[1:] + b"}")["v"] == s
 
 
 def test_summaries_do_not_import_numpy_or_torch():
     """Summarising plain values leaves numpy and torch unimported."""
-    code = ("import sys, dftrace; from dftrace._inspect.values import summarize; "
-            "summarize({'a': [1, 2.0, 'x', b'y']}); "
+    code = ("import sys, dftrace; from dftrace._inspect.values import describe_value; "
+            "describe_value({'a': [1, 2.0, 'x', b'y']}); "
             "print('numpy' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
@@ -194,4 +194,4 @@ def test_summaries_do_not_import_numpy_or_torch():
 @pytest.mark.parametrize("value", [b"abc", bytearray(b"abc"), memoryview(b"abc")])
 def test_bytes_are_described_by_length(value):
     """Bytes-like values record their length, not their content."""
-    assert summarize(value)["len"] == 3
+    assert describe_value(value)["len"] == 3
