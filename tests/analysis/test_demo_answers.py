@@ -3,9 +3,13 @@ evaluation outside them, and nothing about stragglers."""
 
 from __future__ import annotations
 
-from dftrace.analysis import render_text, summarize
-from dftrace.cli import main as cli_main
-from dftrace.testing import read_events
+import pytest
+
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from dftrace.analysis import render_text, summarize  # noqa: E402
+from dftrace.cli import main as cli_main  # noqa: E402
+from dftrace.testing import read_events  # noqa: E402
 
 
 def test_toy_demo_steps_and_no_straggler(tmp_path, capsys):

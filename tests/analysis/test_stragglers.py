@@ -5,7 +5,10 @@ from __future__ import annotations
 import orjson
 import pytest
 import tracegen
-from tracegen import (
+
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from tracegen import (  # noqa: E402
     COLL_BACKWARD_US,
     COLL_FETCH_US,
     COLL_FORWARD_US,
@@ -13,8 +16,8 @@ from tracegen import (
     COLL_TRANSFER_US,
 )
 
-from dftrace.analysis import render_text, summarize
-from dftrace.analysis._cli import main
+from dftrace.analysis import render_text, summarize  # noqa: E402
+from dftrace.analysis._cli import main  # noqa: E402
 
 STEPS, SLOW_US = 8, 3_000
 #: One step of the lockstep run: everyone waits for the slow rank's forward.
