@@ -98,7 +98,7 @@ def shapes(obj: Any, limit: int = 8) -> list[list[int]]:
     """Shapes of the tensors in ``obj`` (a tensor, or lists/tuples/dicts of them,
     three levels deep), at most ``limit`` of them. Only shapes are kept: no
     reference to a tensor outlives the call."""
-    if isinstance(obj, Tensor):  # the common case of a module output
+    if type(obj) is Tensor or isinstance(obj, Tensor):  # the common case of a module output
         return [list(obj.shape)]
     out: list[list[int]] = []
     _visit(obj, 0, out, limit)
@@ -120,7 +120,9 @@ def _visit(o: Any, depth: int, out: list[list[int]], limit: int) -> None:
 
 
 def _input_shapes(args: tuple, kwargs: dict, limit: int = 8) -> list[list[int]]:
-    # Most modules get a few positional tensors and no kwargs: no recursion then.
+    # Most modules get one tensor, or a few, and no kwargs: no recursion then.
+    if not kwargs and len(args) == 1 and type(args[0]) is Tensor:
+        return [list(args[0].shape)]
     out = []
     for a in args:
         if isinstance(a, Tensor):
