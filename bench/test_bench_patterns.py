@@ -142,14 +142,6 @@ def test_writer_gil_hold_per_frame(benchmark, tmp_path):
 torch = importlib.import_module("torch") if importlib.util.find_spec("torch") else None
 
 
-@pytest.fixture
-def session(tmp_path):
-    dftrace.initialize(log_file=str(tmp_path / "t"), flush_interval=3600, batch_size=10**9,
-                       buffer_limit=10**8, inherit=False)
-    yield
-    dftrace.finalize()
-
-
 def _model(layers: int):
     return torch.nn.Sequential(*[torch.nn.Identity() for _ in range(layers)])
 
@@ -160,7 +152,7 @@ LAYERS = 100
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 @pytest.mark.benchmark(group="torch")
 @pytest.mark.parametrize("variant", ["untraced", "shapes_off", "shapes_on"])
-def test_trace_modules_per_hooked_call(benchmark, session, variant):
+def test_trace_modules_per_hooked_call(benchmark, tracing, variant):
     """A forward through 100 hooked modules: per hooked module call."""
     from dftrace.torch import trace_modules
 
@@ -177,7 +169,7 @@ def test_trace_modules_per_hooked_call(benchmark, session, variant):
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 @pytest.mark.benchmark(group="torch")
 @pytest.mark.parametrize("variant", ["untraced", "traced"])
-def test_dataloader_item(benchmark, session, variant):
+def test_dataloader_item(benchmark, tracing, variant):
     """One batch of 64 items from a map-style dataset (num_workers=0), per item."""
     from torch.utils.data import DataLoader
 

@@ -1181,7 +1181,8 @@ static PyObject *open_entry(PyObject *self, PyObject *extra, PyObject *stk) {
 }
 
 /* Record the span of an `open` entry, closed at t1. -1: an exception to propagate. */
-static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self, long long t1) {
+static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self, long long t1,
+                      PyObject *x) {
     PyObject *node = get_node(self);
     uint32_t kid = node ? node_kid(node, str_kid) : 0xFFFFFFFFu;
     Py_XDECREF(node);
@@ -1195,7 +1196,7 @@ static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self
         return 0;
     }
     int rc = emit_span(kid, t0, t1, id, PyTuple_GET_ITEM(ent, 3), lvl, tid, PyTuple_GET_ITEM(ent, 5),
-                       PyTuple_GET_ITEM(ent, 2), -1, 0);
+                       x ? x : PyTuple_GET_ITEM(ent, 2), -1, 0);
     Py_DECREF(tid);
     return rc;
 }
@@ -1278,7 +1279,7 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
     Py_INCREF(top);
     if (PyDict_DelItem(open, top) < 0 || PyList_SetSlice(stk, n - 1, n, NULL) < 0)
         PyErr_Clear();
-    int rc = emit_entry(ent, top, stk, self, t1);
+    int rc = emit_entry(ent, top, stk, self, t1, NULL);
     Py_DECREF(top);
     Py_DECREF(ent);
     Py_DECREF(open);
@@ -1334,6 +1335,22 @@ static PyObject *set_update_slow(PyObject *self, PyObject *fn) {
     Py_RETURN_NONE;
 }
 
+/* fn(self, *args, **kwargs): the Python method a C method falls back to. */
+static PyObject *call_method(PyObject *fn, PyObject *self, PyObject *args, PyObject *kwargs) {
+    PyObject *full = PyTuple_New(PyTuple_GET_SIZE(args) + 1);
+    if (!full)
+        return NULL;
+    Py_INCREF(self);
+    PyTuple_SET_ITEM(full, 0, self);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(args); k++) {
+        Py_INCREF(PyTuple_GET_ITEM(args, k));
+        PyTuple_SET_ITEM(full, k + 1, PyTuple_GET_ITEM(args, k));
+    }
+    PyObject *r = PyObject_Call(fn, full, kwargs);
+    Py_DECREF(full);
+    return r;
+}
+
 /* node(args={...}) for a node that records now and plain args: the Use is made
    here (its args encoded once, a snapshot); everything else goes to Python. */
 static PyObject *Traceable_call(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -1374,18 +1391,7 @@ static PyObject *Traceable_call(PyObject *self, PyObject *args, PyObject *kwargs
         PyErr_SetString(PyExc_TypeError, "dftrace is not configured");
         return NULL;
     }
-    PyObject *full = PyTuple_New(PyTuple_GET_SIZE(args) + 1);
-    if (!full)
-        return NULL;
-    Py_INCREF(self);
-    PyTuple_SET_ITEM(full, 0, self);
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(args); k++) {
-        Py_INCREF(PyTuple_GET_ITEM(args, k));
-        PyTuple_SET_ITEM(full, k + 1, PyTuple_GET_ITEM(args, k));
-    }
-    PyObject *r = PyObject_Call(H.call_slow, full, kwargs);
-    Py_DECREF(full);
-    return r;
+    return call_method(H.call_slow, self, args, kwargs);
 }
 
 static PyObject *call_slow(PyObject *fn, PyObject *self, PyObject *const *args, size_t nargsf,
@@ -1491,7 +1497,7 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
     if (PyDict_DelItem(spans, top) < 0 || PyDict_DelItem(open, top) < 0 ||
         PyList_SetSlice(stk, n - 1, n, NULL) < 0)
         PyErr_Clear();
-    int rc = emit_entry(ent, top, stk, self, t1);
+    int rc = emit_entry(ent, top, stk, self, t1, NULL);
     Py_DECREF(top);
     Py_DECREF(ent);
     Py_DECREF(spans);
@@ -1556,18 +1562,7 @@ static PyObject *Traceable_update(PyObject *self, PyObject *args, PyObject *kwar
     }
     if (!update_slow)
         Py_RETURN_NONE;
-    PyObject *full = PyTuple_New(PyTuple_GET_SIZE(args) + 1);
-    if (!full)
-        return NULL;
-    Py_INCREF(self);
-    PyTuple_SET_ITEM(full, 0, self);
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(args); k++) {
-        Py_INCREF(PyTuple_GET_ITEM(args, k));
-        PyTuple_SET_ITEM(full, k + 1, PyTuple_GET_ITEM(args, k));
-    }
-    PyObject *r = PyObject_Call(update_slow, full, kwargs);
-    Py_DECREF(full);
-    return r;
+    return call_method(update_slow, self, args, kwargs);
 }
 
 static PyMethodDef Traceable_methods[] = {
@@ -1717,23 +1712,7 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
     if (PyDict_DelItem(spans, id) < 0 || PyDict_DelItem(open, id) < 0 ||
         PyList_SetSlice(stk, m - 1, m, NULL) < 0 || PyObject_SetAttr(self, str__token, Py_None) < 0)
         PyErr_Clear();
-    int rc = 0;
-    {
-        PyObject *node = get_node(obj);
-        uint32_t kid = node ? node_kid(node, str_kid) : 0xFFFFFFFFu;
-        Py_XDECREF(node);
-        PyObject *tid = PyObject_GetAttr(stk, str_tid);
-        long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
-        Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
-        if (!tid || kid == 0xFFFFFFFFu || PyErr_Occurred()) {
-            PyErr_Clear();
-            ndropped++;
-        } else {
-            rc = emit_span(kid, t0, t1, id, PyTuple_GET_ITEM(ent, 3), lvl, tid, PyTuple_GET_ITEM(ent, 5),
-                           y ? y : PyTuple_GET_ITEM(ent, 2), -1, 0);
-        }
-        Py_XDECREF(tid);
-    }
+    int rc = emit_entry(ent, id, stk, obj, t1, y);
     Py_DECREF(ent); Py_DECREF(id); Py_DECREF(stk);
     Py_XDECREF(y); Py_DECREF(open); Py_DECREF(spans); Py_DECREF(obj); Py_DECREF(token);
     if (rc < 0)

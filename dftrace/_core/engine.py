@@ -524,6 +524,16 @@ def wrap_generator(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
     """A generator function: one span from its first ``next`` until it ends or closes
     (not a parent of what the consumer does between items); with ``cap``, its
     arguments and its ``return`` value."""
+    return _wrap_generating(fn, obj, gate, cap, _generator_span)
+
+
+def wrap_asyncgen(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
+    """An async generator function: one span for its whole iteration."""
+    return _wrap_generating(fn, obj, gate, cap, _asyncgen_span)
+
+
+def _wrap_generating(fn: Any, obj: Any, gate: Any, cap: Any, span: Any) -> Any:
+    """The wrapper of a (async) generator function: ``span`` wraps what it returns."""
     node = obj._node
     extra = obj._extra
     cap = cap or _NO_CAPTURE
@@ -532,7 +542,7 @@ def wrap_generator(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
         gen = fn(*args, **kwargs)
         if not gate._on:
             return gen
-        return _generator_span(gen, node, extra, cap, cap.params(args, kwargs))
+        return span(gen, node, extra, cap, cap.params(args, kwargs))
 
     return wrapper
 
@@ -560,21 +570,6 @@ def _generator_span(gen: Any, node: Any, extra: Any, cap: Any, params: Any) -> A
         raise
     _close_detached(node, stk, t0, i, p, lvl, sticky, cap.extra(extra, params, r))
     return r
-
-
-def wrap_asyncgen(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
-    """An async generator function: one span for its whole iteration."""
-    node = obj._node
-    extra = obj._extra
-    cap = cap or _NO_CAPTURE
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        agen = fn(*args, **kwargs)
-        if not gate._on:
-            return agen
-        return _asyncgen_span(agen, node, extra, cap, cap.params(args, kwargs))
-
-    return wrapper
 
 
 async def _asyncgen_span(agen: Any, node: Any, extra: Any, cap: Any, params: Any) -> Any:
