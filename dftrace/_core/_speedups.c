@@ -130,7 +130,10 @@ typedef struct {
     uint32_t aoff, alen; /* args bytes in the chunk's arena */
 } rec_t;
 
-#define CHUNK_RECS 4096
+/* A chunk is its header (40 bytes) and CHUNK_RECS records: 4095 makes it, with the
+   allocator's own 16 bytes, exactly 64 pages (256 KiB), so a buffered record costs
+   64 bytes of memory, not 65. */
+#define CHUNK_RECS 4095
 
 typedef struct chunk {
     struct chunk *next;
@@ -653,41 +656,40 @@ static PyObject *plain_fragment_py(PyObject *self, PyObject *d) {
     return Py_BuildValue("(NKO)", frag, mask, nested ? Py_True : Py_False);
 }
 
-/* drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, n) */
+/* Detach up to maxn records (whole chunks; at least one chunk) from the front of the
+   buffer. GIL held. Returns the first chunk (NULL: nothing buffered), the records
+   taken and an upper bound of their encoded size. */
 #define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
-static PyObject *drain(PyObject *self, PyObject *args) {
-    Py_ssize_t maxn, npid, nhh;
-    const char *pidp, *hhp;
-    long long off, min_id;
-    if (!PyArg_ParseTuple(args, "ny#y#LL", &maxn, &pidp, &npid, &hhp, &nhh, &off, &min_id))
-        return NULL;
+static chunk_t *detach(Py_ssize_t maxn, Py_ssize_t extra_per_rec, Py_ssize_t *taken,
+                       size_t *upper) {
     chunk_t *first = head, *last = NULL;
     Py_ssize_t n = 0;
-    size_t upper = 0;
+    size_t up = 0;
     while (head && (n == 0 || n + (Py_ssize_t)head->n <= maxn)) {
         last = head;
         n += head->n;
-        upper += (size_t)head->n * (size_t)(REC_FIXED + max_kind_len + npid + nhh) + head->alen;
+        up += (size_t)head->n * (size_t)(REC_FIXED + max_kind_len + extra_per_rec) + head->alen;
         head = head->next;
     }
+    *taken = n;
+    *upper = up;
     if (!last)
-        return Py_BuildValue("(y#n)", "", (Py_ssize_t)0, (Py_ssize_t)0);
+        return NULL;
     last->next = NULL;
     if (!head)
         tail = NULL;
     nbuf -= n;
     woken = 0;
-    kind_t *ks = kinds;
-    Py_ssize_t nk = nkinds;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)upper);
-    if (!out) {
-        free_chunks(first);
-        ndropped += n;
-        return NULL;
-    }
-    char *o0 = PyBytes_AS_STRING(out), *o = o0;
-    Py_BEGIN_ALLOW_THREADS
-    for (chunk_t *c = first; c; c = c->next) {
+    return first;
+}
+
+/* The JSON lines of the records of the chunks from `c` on, written at `o`; returns
+   the end. Runs without the GIL: it reads only the chunks (detached, the caller's
+   own) and the kind table (never freed). */
+static char *encode_chunks(chunk_t *c, char *o, const kind_t *ks, Py_ssize_t nk,
+                           const char *pidp, Py_ssize_t npid, const char *hhp,
+                           Py_ssize_t nhh, long long off, long long min_id) {
+    for (; c; c = c->next) {
         for (uint32_t k = 0; k < c->n; k++) {
             rec_t *r = &c->recs[k];
             if ((long long)r->id <= min_id)
@@ -721,12 +723,197 @@ static PyObject *drain(PyObject *self, PyObject *args) {
             o = put(o, LIT("}}\n"));
         }
     }
+    return o;
+}
+
+/* drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, n) */
+static PyObject *drain(PyObject *self, PyObject *args) {
+    Py_ssize_t maxn, npid, nhh;
+    const char *pidp, *hhp;
+    long long off, min_id;
+    if (!PyArg_ParseTuple(args, "ny#y#LL", &maxn, &pidp, &npid, &hhp, &nhh, &off, &min_id))
+        return NULL;
+    Py_ssize_t n;
+    size_t upper;
+    chunk_t *first = detach(maxn, npid + nhh, &n, &upper);
+    if (!first)
+        return Py_BuildValue("(y#n)", "", (Py_ssize_t)0, (Py_ssize_t)0);
+    kind_t *ks = kinds;
+    Py_ssize_t nk = nkinds;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)upper);
+    if (!out) {
+        free_chunks(first);
+        ndropped += n;
+        return NULL;
+    }
+    char *o0 = PyBytes_AS_STRING(out), *o = o0;
+    Py_BEGIN_ALLOW_THREADS
+    o = encode_chunks(first, o0, ks, nk, pidp, npid, hhp, nhh, off, min_id);
     Py_END_ALLOW_THREADS
     recycle_chunks(first);
     if (_PyBytes_Resize(&out, (Py_ssize_t)(o - o0)) < 0)
         return NULL;
     PyObject *res = Py_BuildValue("(Nn)", out, n);
     return res;
+}
+
+/* ------------------------------------------------------------------------- */
+/* One frame straight to the file: encode, compress and write with the GIL
+   released once. zstd comes from the system's libzstd, loaded at first use (its
+   one-shot API, stable since zstd 1.0); without it the writer compresses in
+   Python, taking the GIL between the steps.                                 */
+
+typedef size_t (*zstd_compress_fn)(void *, void *, size_t, const void *, size_t, int);
+typedef size_t (*zstd_bound_fn)(size_t);
+typedef unsigned (*zstd_iserror_fn)(size_t);
+typedef void *(*zstd_create_fn)(void);
+static struct {
+    int tried;
+    void *cctx;
+    zstd_compress_fn compress;
+    zstd_bound_fn bound;
+    zstd_iserror_fn iserror;
+} zstd;
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <dlfcn.h>
+#include <errno.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#define HAVE_NATIVE_WRITE 1
+static int load_zstd(void) {
+    if (zstd.tried)
+        return zstd.cctx != NULL;
+    zstd.tried = 1;
+    static const char *names[] = {"libzstd.so.1", "libzstd.1.dylib", "libzstd.so", "libzstd.dylib"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            continue;
+        zstd_create_fn create = (zstd_create_fn)dlsym(h, "ZSTD_createCCtx");
+        zstd.compress = (zstd_compress_fn)dlsym(h, "ZSTD_compressCCtx");
+        zstd.bound = (zstd_bound_fn)dlsym(h, "ZSTD_compressBound");
+        zstd.iserror = (zstd_iserror_fn)dlsym(h, "ZSTD_isError");
+        if (create && zstd.compress && zstd.bound && zstd.iserror && (zstd.cctx = create()))
+            return 1;
+        dlclose(h); /* an incomplete library: not used */
+    }
+    return 0;
+}
+#else
+static int load_zstd(void) { return 0; }
+#endif
+
+/* native_write() -> the compressions drain_write() can do ("none", "zstd") */
+static PyObject *native_write(PyObject *self, PyObject *unused) {
+#ifdef HAVE_NATIVE_WRITE
+    return Py_BuildValue("(ss)", "none", load_zstd() ? "zstd" : "none");
+#else
+    return PyTuple_New(0);
+#endif
+}
+
+#ifdef HAVE_NATIVE_WRITE
+/* Buffers kept between frames (only the writer thread drains, one frame at a
+   time): their pages stay mapped, so a frame takes no page faults. */
+static char *enc_buf = NULL, *zbuf = NULL;
+static size_t enc_cap = 0, zcap = 0;
+static Py_ssize_t inflight = 0; /* records in the drain_write() under way */
+
+static int ensure(char **buf, size_t *cap, size_t need) {
+    if (need <= *cap)
+        return 0;
+    char *b = PyMem_RawRealloc(*buf, need);
+    if (!b)
+        return -1;
+    *buf = b;
+    *cap = need;
+    return 0;
+}
+
+/* drain_write(fd, level, max_records, pid_piece, hh_piece, offset_ns, min_id, prefix)
+   -> (records, bytes written, errno, st_nlink)
+   level < 0: no compression. `prefix` (lines already encoded: metadata records)
+   goes first in the frame. A failed write reports errno and the bytes that did
+   reach the file (the caller cuts the file back to its last whole frame). */
+static PyObject *drain_write(PyObject *self, PyObject *args) {
+    int fd, level;
+    Py_ssize_t maxn, npid, nhh, npre;
+    const char *pidp, *hhp, *pre;
+    long long off, min_id;
+    if (!PyArg_ParseTuple(args, "iiny#y#LLy#", &fd, &level, &maxn, &pidp, &npid, &hhp, &nhh,
+                          &off, &min_id, &pre, &npre))
+        return NULL;
+    if (level >= 0 && !load_zstd()) {
+        PyErr_SetString(PyExc_RuntimeError, "zstd is not available to the C engine");
+        return NULL;
+    }
+    Py_ssize_t n;
+    size_t upper;
+    chunk_t *first = detach(maxn, npid + nhh, &n, &upper);
+    if (!first && !npre)
+        return Py_BuildValue("(nnii)", (Py_ssize_t)0, (Py_ssize_t)0, 0, -1);
+    kind_t *ks = kinds;
+    Py_ssize_t nk = nkinds;
+    int err = 0;
+    long nlink = -1;
+    inflight = n;
+    Py_ssize_t written = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const char *src = NULL;
+    size_t len = 0;
+    if (ensure(&enc_buf, &enc_cap, upper + (size_t)npre + 1) < 0) {
+        err = ENOMEM;
+    } else {
+        memcpy(enc_buf, pre, (size_t)npre);
+        char *o = encode_chunks(first, enc_buf + npre, ks, nk, pidp, npid, hhp, nhh, off, min_id);
+        src = enc_buf;
+        len = (size_t)(o - enc_buf);
+    }
+    if (!err && level >= 0 && len) {
+        size_t bound = zstd.bound(len);
+        if (ensure(&zbuf, &zcap, bound) < 0) {
+            err = ENOMEM;
+        } else {
+            size_t z = zstd.compress(zstd.cctx, zbuf, bound, src, len, level);
+            if (zstd.iserror(z)) {
+                err = EIO;
+            } else {
+                src = zbuf;
+                len = z;
+            }
+        }
+    }
+    while (!err && (size_t)written < len) {
+        ssize_t w = write(fd, src + written, len - (size_t)written);
+        if (w < 0) {
+            if (errno != EINTR)
+                err = errno;
+        } else {
+            written += w;
+        }
+    }
+    if (!err) {
+        struct stat st;
+        if (fstat(fd, &st) == 0)
+            nlink = (long)st.st_nlink;
+    }
+    Py_END_ALLOW_THREADS
+    inflight = 0;
+    if (first)
+        recycle_chunks(first);
+    return Py_BuildValue("(nnil)", n, written, err, nlink);
+}
+#endif
+
+/* in_flight() -> records taken by a drain_write() that has not returned (a write
+   stuck on storage) */
+static PyObject *in_flight(PyObject *self, PyObject *unused) {
+#ifdef HAVE_NATIVE_WRITE
+    return PyLong_FromSsize_t(inflight);
+#else
+    return PyLong_FromLong(0);
+#endif
 }
 
 /* Forget everything buffered (a forked child's copy of its parent's records). */
@@ -2014,6 +2201,14 @@ static PyMethodDef methods[] = {
      "record(kid, t0, t1, id, parent, level, tid, sticky=None, extra=None, count=-1, flags=0)"},
     {"drain", drain, METH_VARARGS,
      "drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, records taken)"},
+#ifdef HAVE_NATIVE_WRITE
+    {"drain_write", drain_write, METH_VARARGS,
+     "drain_write(fd, level, max_records, pid_piece, hh_piece, offset_ns, min_id, prefix) "
+     "-> (records, bytes written, errno, st_nlink): one frame encoded, compressed and written"},
+#endif
+    {"in_flight", in_flight, METH_NOARGS, "Records in a drain_write() under way."},
+    {"native_write", native_write, METH_NOARGS,
+     "The compressions drain_write() can do here."},
     {"add_kind", add_kind, METH_O, "add_kind(piece) -> kid"},
     {"reset", reset, METH_NOARGS, "Forget every buffered record."},
     {"set_limits", set_limits, METH_VARARGS, "set_limits(batch_size, buffer_limit, drop_when_full)"},

@@ -269,6 +269,36 @@ def drain(encoder: Any, max_records: int) -> tuple[bytes, int]:
     return out + data if out else data, n + taken
 
 
+def native_compressions() -> tuple[str, ...]:
+    """The compressions :func:`drain_to_file` can write ("none", "zstd"), or none
+    (the pure-Python engine; zstd also needs the system's libzstd)."""
+    return tuple(speedups.native_write()) if speedups is not None else ()
+
+
+def drain_to_file(encoder: Any, max_records: int, fd: int, level: int) -> tuple[int, int, int, int]:
+    """Like :func:`drain`, but the C engine also compresses (``level`` >= 0: zstd at
+    that level; < 0: none) and appends the frame to ``fd``, all with the GIL
+    released once. Returns (records taken, bytes written, errno or 0, the file's
+    link count or -1)."""
+    prefix = b""
+    taken = 0
+    if SPECIALS:
+        specials = SPECIALS[:]
+        del SPECIALS[:len(specials)]
+        taken = len(specials)
+        prefix = b"".join(encoder.special_line(r) for r in specials)
+    n, written, err, nlink = speedups.drain_write(
+        fd, level, max_records, encoder.pid_piece, encoder.hh_piece, encoder.offset_ns,
+        encoder.min_id, prefix)
+    return n + taken, written, err, nlink
+
+
+def in_flight() -> int:
+    """Records taken by a :func:`drain_to_file` that has not returned (a write
+    stuck on storage)."""
+    return speedups.in_flight() if speedups is not None else 0
+
+
 def to_extra(x: Any) -> Extra:
     """Args given as a mapping (or a bare value) as an :class:`Extra`."""
     return Extra(x if isinstance(x, dict) else {"value": x})

@@ -26,6 +26,14 @@ __all__ = ["FileSink", "Writer", "SUFFIXES"]
 
 SUFFIXES = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}
 
+#: zstd's level when none is configured: on trace lines level 1 is both faster and
+#: smaller than 3 (measured in docs/performance.md).
+_ZSTD_LEVEL = 1
+
+#: What the C engine can compress and write itself, the GIL released (see
+#: :meth:`FileSink.native_level`). Emptied to force the Python path.
+_NATIVE: set[str] = set(_rec.native_compressions())
+
 _WRITER_THREAD = "dftrace-writer"
 
 #: Called with each encoded batch before it is written: in-memory captures
@@ -68,12 +76,17 @@ class FileSink:
         if compression == "zstd":
             import zstandard  # at the first session, not at ``import dftrace``
 
-            self._zc = zstandard.ZstdCompressor(level=3 if level is None else level)
+            self._zc = zstandard.ZstdCompressor(level=_ZSTD_LEVEL if level is None else level)
 
     @property
     def path(self) -> str:
         """The file written to (before the first write: the name it will have)."""
         return self.paths[-1] if self.paths else self._name()
+
+    @property
+    def fd(self) -> int | None:
+        """The open file's descriptor (None before the first write)."""
+        return self._fd
 
     @property
     def opened(self) -> bool:
@@ -136,6 +149,29 @@ class FileSink:
             if self.abandoned:  # finalize gave up waiting: the rest is not ours
                 return
         self.bytes_written += len(out)
+
+    def native_level(self) -> int | None:
+        """The ``level`` for :func:`engine.drain_to_file` (-1: no compression) when
+        the next frame can go straight from the engine to the open file: the C
+        engine can compress this way, no rotation is due. None otherwise."""
+        if (self._fd is None or self.failed or self.abandoned
+                or self.compression not in _NATIVE
+                or (self.max_size and self.bytes_written >= self.max_size and not self._fifo)):
+            return None
+        if self.compression == "none":
+            return -1
+        return _ZSTD_LEVEL if self.level is None else self.level
+
+    def wrote_natively(self, events: int, written: int, err: int, nlink: int) -> None:
+        """Account for a frame :func:`engine.drain_to_file` wrote (or failed to)."""
+        if err:
+            self.events_lost += events
+            self._fail(OSError(err, os.strerror(err)))
+            return
+        self.bytes_written += written
+        self._events_in_file += events
+        if nlink == 0 and not self._fifo:
+            self._deleted()
 
     def write(self, data: bytes, events: int) -> None:
         """Append ``data`` (``events`` lines) as one frame."""
@@ -217,11 +253,12 @@ class FileSink:
             return
         self._close_fd()
 
-    def abandon(self, close: bool = False) -> None:
+    def abandon(self, close: bool = False, writing: int = 0) -> None:
         """Stop using the file: a forked child's copy (forget the descriptor) or
-        storage that stalled at shutdown (the stuck write is left to the kernel)."""
+        storage that stalled at shutdown (the stuck write, of ``writing`` events
+        when the engine wrote it, is left to the kernel)."""
         self.abandoned = True
-        self.events_lost += self._writing
+        self.events_lost += max(self._writing, writing)
         if not close:
             self._fd = None
 
@@ -361,14 +398,17 @@ class Writer:
             _, n = _rec.drain(self.encoder, self.max_batch)  # nowhere to go: counted
             _rec.STATE.dropped += n
             return n
+        level = None if LISTENERS else self.sink.native_level()
+        if level is not None:
+            n, written, err, nlink = _rec.drain_to_file(self.encoder, self.max_batch,
+                                                        self.sink.fd, level)
+            if n:
+                self.sink.wrote_natively(n, written, err, nlink)
+                self.events_written += 0 if err else n
+            self._notify_drained()
+            return n
         data, n = _rec.drain(self.encoder, self.max_batch)
-        # Never wait for this lock: a producer blocked in wait_drained polls
-        # anyway, and a signal handler may hold it in the thread it interrupted.
-        if self._drained.acquire(blocking=False):
-            try:
-                self._drained.notify_all()
-            finally:
-                self._drained.release()
+        self._notify_drained()
         if not data:
             return n
         for listener in LISTENERS:
@@ -379,6 +419,15 @@ class Writer:
         self.sink.write(data, n)
         self.events_written += n
         return n
+
+    def _notify_drained(self) -> None:
+        # Never wait for this lock: a producer blocked in wait_drained polls
+        # anyway, and a signal handler may hold it in the thread it interrupted.
+        if self._drained.acquire(blocking=False):
+            try:
+                self._drained.notify_all()
+            finally:
+                self._drained.release()
 
     def stop(self, timeout: float = 30.0, trailer: Callable[[], bytes] | None = None) -> bool:
         """Stop the thread after it wrote what is left and ``trailer()`` (idempotent).
@@ -397,7 +446,7 @@ class Writer:
             return True
         self._thread.join(timeout=max(0.0, timeout))
         if self._thread.is_alive():
-            self.sink.abandon(close=True)
+            self.sink.abandon(close=True, writing=_rec.in_flight())
             return False
         self._finished = True
         return True

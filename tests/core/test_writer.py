@@ -15,6 +15,7 @@ import zstandard
 
 import dftrace
 from dftrace import ai, testing
+from dftrace._core import writer as writer_mod
 
 from ._util import assert_valid
 
@@ -64,6 +65,54 @@ def test_each_flush_is_an_independent_zstd_frame(tmp_path):
     cut = data[: len(data) - 3]  # a crash mid-write of the last frame
     open(s.path, "wb").write(cut)
     assert len(testing.spans(testing.read_events(s.path, strict=False))) == 3
+
+
+def _program_events(tmp_path, name: str, compression: str) -> list[dict]:
+    s = dftrace.initialize(log_file=str(tmp_path / name), inherit=False, compression=compression)
+    ai.update(epoch=1)
+    for i in ai.dataloader.fetch.iter(range(3)):
+        with ai.compute.forward(args={"i": i, "shape": [i, 2]}):
+            pass
+        span = ai.comm.all_reduce.start()
+        span.stop(args={"bytes": 8 * i})
+        s.writer.flush()
+    dftrace.finalize()
+    events = testing.read_events(s.path)
+    return [{k: v for k, v in e.items() if k not in ("ts", "dur", "pid")}
+            for e in events if e.get("ph") == "X"]
+
+
+@pytest.mark.skipif(not writer_mod._NATIVE, reason="the C engine is not built")
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_engine_written_frames_match_the_python_path(tmp_path, monkeypatch, compression):
+    """Frames the C engine compresses and writes itself decode to the same events as
+    frames compressed and written in Python."""
+    native = _program_events(tmp_path, "native", compression)
+    monkeypatch.setattr(writer_mod, "_NATIVE", set())
+    python = _program_events(tmp_path, "python", compression)
+    assert len(native) == 12  # per item: fetch.iter, fetch.block, forward, all_reduce
+    assert [(e["name"], e["args"].get("i"), e["args"].get("bytes"), e["args"].get("epoch"))
+            for e in native] == [(e["name"], e["args"].get("i"), e["args"].get("bytes"),
+                                  e["args"].get("epoch")) for e in python]
+
+
+@pytest.mark.skipif(not writer_mod._NATIVE, reason="the C engine is not built")
+def test_engine_written_frames_are_independent_zstd_frames(tmp_path):
+    """A flush the C engine writes is one zstd frame with its content size, like the
+    Python path's."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False)
+    with ai.compute.forward:  # the first write (the header) opens the file in Python
+        pass
+    s.writer.flush()
+    size = os.path.getsize(s.path)
+    for _ in range(5):
+        with ai.compute.forward:
+            pass
+    s.writer.flush()
+    tail = open(s.path, "rb").read()[size:]
+    lines = zstandard.ZstdDecompressor().decompress(tail).splitlines()  # needs the content size
+    assert len(lines) == 5 and all(b'"name":"forward"' in line for line in lines)
+    dftrace.finalize()
 
 
 def test_events_reach_disk_within_the_flush_interval(tmp_path):
