@@ -1304,13 +1304,16 @@ static PyTypeObject SpanWrapperType = {
 /* asyncio's running loop, or None; asyncio is never imported from here: until the
    program imports it, no loop can be running. */
 static PyObject *asyncio_get_running_loop = NULL;
+static PyObject *str_asyncio; /* interned: its hash is computed once */
 
 static PyObject *running_loop(void) {
     if (asyncio_get_running_loop == NULL) {
         PyObject *mods = PyImport_GetModuleDict();
-        PyObject *aio = mods ? PyDict_GetItemString(mods, "asyncio") : NULL;
-        if (aio == NULL)
+        PyObject *aio = mods ? PyDict_GetItemWithError(mods, str_asyncio) : NULL;
+        if (aio == NULL) {
+            PyErr_Clear();
             Py_RETURN_NONE;
+        }
         asyncio_get_running_loop = PyObject_GetAttrString(aio, "_get_running_loop");
         if (asyncio_get_running_loop == NULL) {
             PyErr_Clear();
@@ -1704,41 +1707,49 @@ slow:
 }
 
 /* update(args=None, /, **kwargs): a node's sticky args, encoded once here (O(1));
-   anything but plain values while recording goes to Python (update_slow). */
-static PyObject *Traceable_update(PyObject *self, PyObject *args, PyObject *kwargs) {
+   anything but plain values while recording goes to Python (update_slow). A
+   vectorcall: keyword values are read from the call's own array, no dict built. */
+static int put_kwargs(PyObject *d, PyObject *given, PyObject *const *kwv, PyObject *kwnames) {
+    if (given && given != Py_None && PyDict_Update(d, given) < 0)
+        return -1;
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nk; k++)
+        if (PyDict_SetItem(d, PyTuple_GET_ITEM(kwnames, k), kwv[k]) < 0)
+            return -1;
+    return 0;
+}
+
+static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames) {
     if (off_for_good)
         Py_RETURN_NONE;
     TraceableObject *t = AS_T(self);
-    PyObject *given = PyTuple_GET_SIZE(args) == 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
-    if (PyTuple_GET_SIZE(args) <= 1 && t->node == self && t->pending && PyDict_CheckExact(t->pending) &&
-        (given == NULL || given == Py_None || PyDict_CheckExact(given)) && gate_obj &&
-        is_on(gate_obj) == 0) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyObject *given = n == 1 ? args[0] : NULL;
+    int simple = n <= 1 && t->node == self &&
+                 (given == NULL || given == Py_None || PyDict_CheckExact(given));
+    if (simple && t->pending && PyDict_CheckExact(t->pending) && gate_obj && is_on(gate_obj) == 0) {
         /* nothing records: keep the values as given, encode them when something does */
-        if ((given && given != Py_None && PyDict_Update(t->pending, given) < 0) ||
-            (kwargs && PyDict_Update(t->pending, kwargs) < 0)) {
+        if (put_kwargs(t->pending, given, args + n, kwnames) < 0) {
             PyErr_Clear();
             Py_RETURN_NONE;
         }
         sticky_gen++;
         Py_RETURN_NONE;
     }
-    int plain = PyTuple_GET_SIZE(args) <= 1 && t->node == self && update_slow &&
-                (given == NULL || given == Py_None || PyDict_CheckExact(given)) &&
+    int plain = simple && update_slow &&
                 (t->pending == NULL || !PyDict_Check(t->pending) || PyDict_GET_SIZE(t->pending) == 0) &&
                 gate_obj && is_on(gate_obj) > 0;
-    PyObject *d = NULL, *x = NULL;
     if (plain) {
-        d = (t->own && t->own != Py_None) ? PyObject_GetAttr(t->own, str_args_attr) : PyDict_New();
+        PyObject *d = (t->own && t->own != Py_None) ? PyObject_GetAttr(t->own, str_args_attr) : PyDict_New();
         if (d && t->own && t->own != Py_None) {
             PyObject *copy = PyDict_Check(d) ? PyDict_Copy(d) : NULL;
             Py_DECREF(d);
             d = copy;
         }
-        if (d && given && given != Py_None && PyDict_Update(d, given) < 0)
+        if (d && put_kwargs(d, given, args + n, kwnames) < 0)
             Py_CLEAR(d);
-        if (d && kwargs && PyDict_Update(d, kwargs) < 0)
-            Py_CLEAR(d);
-        x = d ? plain_extra(d) : NULL;
+        PyObject *x = d ? plain_extra(d) : NULL;
         Py_XDECREF(d);
         if (x) {
             Py_XSETREF(t->own, x);
@@ -1749,11 +1760,11 @@ static PyObject *Traceable_update(PyObject *self, PyObject *args, PyObject *kwar
     }
     if (!update_slow)
         Py_RETURN_NONE;
-    return call_method(update_slow, self, args, kwargs);
+    return call_slow(update_slow, self, args, nargsf, kwnames);
 }
 
 static PyMethodDef Traceable_methods[] = {
-    {"update", (PyCFunction)(void (*)(void))Traceable_update, METH_VARARGS | METH_KEYWORDS,
+    {"update", (PyCFunction)(void (*)(void))Traceable_update, METH_FASTCALL | METH_KEYWORDS,
      "update(args=None, /, **kwargs): sticky args on the spans of this node and its subtree "
      "that start from now on."},
     {"__enter__", Traceable_enter, METH_NOARGS, "Open a span of this node (nothing when off)."},
@@ -2252,6 +2263,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(str_args_kw, "args");
     INTERN(str_args_attr, "args");
     INTERN(str__args, "_args");
+    INTERN(str_asyncio, "asyncio");
 #undef INTERN
     if (PyType_Ready(&SpanWrapperType) < 0 || PyType_Ready(&TraceableBaseType) < 0 ||
         PyType_Ready(&SpanIterType) < 0 || PyType_Ready(&SpanBaseType) < 0)
