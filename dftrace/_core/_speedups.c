@@ -145,7 +145,7 @@ typedef struct chunk {
 
 static chunk_t *head = NULL, *tail = NULL;
 static Py_ssize_t nbuf = 0;          /* records buffered (not yet detached) */
-static Py_ssize_t batch_size = 65536; /* wake the writer at this many */
+static Py_ssize_t batch_size = 16384; /* wake the writer at this many */
 static Py_ssize_t buf_limit = 1048576;
 static int drop_full = 0;
 static long long ndropped = 0;
@@ -831,18 +831,70 @@ static int ensure(char **buf, size_t *cap, size_t need) {
     return 0;
 }
 
-/* drain_write(fd, level, max_records, pid_piece, hh_piece, offset_ns, min_id, prefix)
-   -> (records, bytes written, errno, st_nlink)
-   level < 0: no compression. `prefix` (lines already encoded: metadata records)
-   goes first in the frame. A failed write reports errno and the bytes that did
-   reach the file (the caller cuts the file back to its last whole frame). */
+/* One frame: the records of chunks [c, end) (and `pre` first), encoded, compressed
+   and written. No GIL. Returns 0 or an errno; *written: bytes that reached the file. */
+static int write_frame(int fd, int level, chunk_t *c, chunk_t *end, const char *pre,
+                       Py_ssize_t npre, const kind_t *ks, Py_ssize_t nk, const char *pidp,
+                       Py_ssize_t npid, const char *hhp, Py_ssize_t nhh, long long off,
+                       long long min_id, size_t *written) {
+    size_t upper = (size_t)npre + 1;
+    for (chunk_t *k = c; k != end; k = k->next)
+        upper += (size_t)k->n * (size_t)(REC_FIXED + max_kind_len + npid + nhh) + k->alen;
+    *written = 0;
+    if (ensure(&enc_buf, &enc_cap, upper) < 0)
+        return ENOMEM;
+    memcpy(enc_buf, pre, (size_t)npre);
+    char *o = enc_buf + npre;
+    if (c != end) {
+        /* encode_chunks stops at the end of the list: cut it there for the call */
+        chunk_t *last = c;
+        while (last->next != end)
+            last = last->next;
+        last->next = NULL;
+        o = encode_chunks(c, o, ks, nk, pidp, npid, hhp, nhh, off, min_id);
+        last->next = end;
+    }
+    const char *src = enc_buf;
+    size_t len = (size_t)(o - enc_buf);
+    if (!len)
+        return 0;
+    if (level >= 0) {
+        size_t bound = zstd.bound(len);
+        if (ensure(&zbuf, &zcap, bound) < 0)
+            return ENOMEM;
+        size_t z = zstd.compress(zstd.cctx, zbuf, bound, src, len, level);
+        if (zstd.iserror(z))
+            return EIO;
+        src = zbuf;
+        len = z;
+    }
+    while (*written < len) {
+        ssize_t w = write(fd, src + *written, len - *written);
+        if (w < 0) {
+            if (errno != EINTR)
+                return errno;
+        } else {
+            *written += (size_t)w;
+        }
+    }
+    return 0;
+}
+
+/* drain_write(fd, level, frame_records, max_records, pid_piece, hh_piece, offset_ns,
+               min_id, prefix) -> (records taken, records written, bytes written, errno, st_nlink)
+   Takes up to max_records (whole chunks) with the GIL held, then, with the GIL
+   released once, writes them as frames of at most frame_records records each
+   (one zstd frame apiece; level < 0: no compression), `prefix` (lines already
+   encoded: metadata records) first. On a failed write it stops: the records and
+   bytes written count only whole frames (the caller cuts the file back to them;
+   the rest of what was taken is lost and counted by the caller). */
 static PyObject *drain_write(PyObject *self, PyObject *args) {
     int fd, level;
-    Py_ssize_t maxn, npid, nhh, npre;
+    Py_ssize_t frame, maxn, npid, nhh, npre;
     const char *pidp, *hhp, *pre;
     long long off, min_id;
-    if (!PyArg_ParseTuple(args, "iiny#y#LLy#", &fd, &level, &maxn, &pidp, &npid, &hhp, &nhh,
-                          &off, &min_id, &pre, &npre))
+    if (!PyArg_ParseTuple(args, "iinny#y#LLy#", &fd, &level, &frame, &maxn, &pidp, &npid, &hhp,
+                          &nhh, &off, &min_id, &pre, &npre))
         return NULL;
     if (level >= 0 && !load_zstd()) {
         PyErr_SetString(PyExc_RuntimeError, "zstd is not available to the C engine");
@@ -850,59 +902,58 @@ static PyObject *drain_write(PyObject *self, PyObject *args) {
     }
     Py_ssize_t n;
     size_t upper;
-    chunk_t *first = detach(maxn, npid + nhh, &n, &upper);
+    chunk_t *first = detach(maxn, 0, &n, &upper);
     if (!first && !npre)
-        return Py_BuildValue("(nnii)", (Py_ssize_t)0, (Py_ssize_t)0, 0, -1);
+        return Py_BuildValue("(nnnii)", (Py_ssize_t)0, (Py_ssize_t)0, (Py_ssize_t)0, 0, -1);
     kind_t *ks = kinds;
     Py_ssize_t nk = nkinds;
     int err = 0;
     long nlink = -1;
+    Py_ssize_t done = 0, bytes = 0;
+    int room = SPARE_MAX - nspare; /* chunks the spare list can take back */
     inflight = n;
-    Py_ssize_t written = 0;
+    chunk_t *keep = NULL;
     Py_BEGIN_ALLOW_THREADS
-    const char *src = NULL;
-    size_t len = 0;
-    if (ensure(&enc_buf, &enc_cap, upper + (size_t)npre + 1) < 0) {
-        err = ENOMEM;
-    } else {
-        memcpy(enc_buf, pre, (size_t)npre);
-        char *o = encode_chunks(first, enc_buf + npre, ks, nk, pidp, npid, hhp, nhh, off, min_id);
-        src = enc_buf;
-        len = (size_t)(o - enc_buf);
-    }
-    if (!err && level >= 0 && len) {
-        size_t bound = zstd.bound(len);
-        if (ensure(&zbuf, &zcap, bound) < 0) {
-            err = ENOMEM;
-        } else {
-            size_t z = zstd.compress(zstd.cctx, zbuf, bound, src, len, level);
-            if (zstd.iserror(z)) {
-                err = EIO;
-            } else {
-                src = zbuf;
-                len = z;
-            }
+    chunk_t *c = first;
+    int firstframe = 1;
+    while (!err && (c || firstframe)) {
+        chunk_t *end = c;
+        Py_ssize_t recs = 0;
+        while (end && (recs == 0 || recs + (Py_ssize_t)end->n <= frame)) {
+            recs += end->n;
+            end = end->next;
         }
-    }
-    while (!err && (size_t)written < len) {
-        ssize_t w = write(fd, src + written, len - (size_t)written);
-        if (w < 0) {
-            if (errno != EINTR)
-                err = errno;
-        } else {
-            written += w;
+        size_t w = 0;
+        err = write_frame(fd, level, c, end, pre, firstframe ? npre : 0, ks, nk, pidp, npid,
+                          hhp, nhh, off, min_id, &w);
+        if (!err) {
+            done += recs;
+            bytes += (Py_ssize_t)w;
         }
+        firstframe = 0;
+        c = end;
     }
     if (!err) {
         struct stat st;
         if (fstat(fd, &st) == 0)
             nlink = (long)st.st_nlink;
     }
+    /* free what the spare list can't take here, not with the GIL held */
+    keep = first;
+    chunk_t *prev = NULL, *k = first;
+    for (int i = 0; k && i < room; i++) {
+        prev = k;
+        k = k->next;
+    }
+    if (prev)
+        prev->next = NULL;
+    else
+        keep = NULL;
+    free_chunks(k);
     Py_END_ALLOW_THREADS
     inflight = 0;
-    if (first)
-        recycle_chunks(first);
-    return Py_BuildValue("(nnil)", n, written, err, nlink);
+    recycle_chunks(keep);
+    return Py_BuildValue("(nnnil)", n, done, bytes, err, nlink);
 }
 #endif
 
@@ -2214,8 +2265,8 @@ static PyMethodDef methods[] = {
      "drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, records taken)"},
 #ifdef HAVE_NATIVE_WRITE
     {"drain_write", drain_write, METH_VARARGS,
-     "drain_write(fd, level, max_records, pid_piece, hh_piece, offset_ns, min_id, prefix) "
-     "-> (records, bytes written, errno, st_nlink): one frame encoded, compressed and written"},
+     "drain_write(fd, level, frame_records, max_records, pid_piece, hh_piece, offset_ns, min_id, "
+     "prefix) -> (taken, written, bytes, errno, st_nlink): frames encoded, compressed and written"},
 #endif
     {"in_flight", in_flight, METH_NOARGS, "Records in a drain_write() under way."},
     {"native_write", native_write, METH_NOARGS,

@@ -195,8 +195,8 @@ OPTIONS: tuple[Option, ...] = (
            "Compression level (zstd 1-22, default 1; gzip 1-9, default 6)."),
     Option("flush_interval", "DFTRACE_FLUSH_INTERVAL", 1.0, _seconds(0.01, 3600),
            "Seconds between flushes; a killed process loses at most this much."),
-    Option("batch_size", "DFTRACE_BATCH_SIZE", 65536, _int_range(1, 1 << 30),
-           "Buffered events that wake the writer before the flush interval ends."),
+    Option("batch_size", "DFTRACE_BATCH_SIZE", 16384, _int_range(1, 1 << 30),
+           "Buffered events that wake the writer before the flush interval ends (one frame's worth)."),
     Option("buffer_limit", "DFTRACE_BUFFER_LIMIT", 1_048_576, _int_range(1024, 1 << 30),
            "Most events held in memory; past it the tracing thread waits (on_full=block) or "
            "events are dropped and counted (on_full=drop)."),

@@ -96,7 +96,7 @@ class _State:
 
     def __init__(self) -> None:
         self.consumer: Any = None  # object with wake(), wait_drained(limit, timeout)
-        self._batch_size = 65536
+        self._batch_size = 16384
         self._buffer_limit = 1_048_576
         self._drop_when_full = False
         self._dropped = 0
@@ -275,11 +275,13 @@ def native_compressions() -> tuple[str, ...]:
     return tuple(speedups.native_write()) if speedups is not None else ()
 
 
-def drain_to_file(encoder: Any, max_records: int, fd: int, level: int) -> tuple[int, int, int, int]:
+def drain_to_file(encoder: Any, frame_records: int, max_records: int, fd: int,
+                  level: int) -> tuple[int, int, int, int, int]:
     """Like :func:`drain`, but the C engine also compresses (``level`` >= 0: zstd at
-    that level; < 0: none) and appends the frame to ``fd``, all with the GIL
-    released once. Returns (records taken, bytes written, errno or 0, the file's
-    link count or -1)."""
+    that level; < 0: none) and appends to ``fd``, as frames of at most
+    ``frame_records`` records, all with the GIL released once. Returns (records
+    taken, records written, bytes written, errno or 0, the file's link count or
+    -1); on an error, written records and bytes count whole frames only."""
     prefix = b""
     taken = 0
     if SPECIALS:
@@ -287,10 +289,11 @@ def drain_to_file(encoder: Any, max_records: int, fd: int, level: int) -> tuple[
         del SPECIALS[:len(specials)]
         taken = len(specials)
         prefix = b"".join(encoder.special_line(r) for r in specials)
-    n, written, err, nlink = speedups.drain_write(
-        fd, level, max_records, encoder.pid_piece, encoder.hh_piece, encoder.offset_ns,
-        encoder.min_id, prefix)
-    return n + taken, written, err, nlink
+    n, done, nbytes, err, nlink = speedups.drain_write(
+        fd, level, frame_records, max_records, encoder.pid_piece, encoder.hh_piece,
+        encoder.offset_ns, encoder.min_id, prefix)
+    # the specials went into the first frame: written unless that one failed
+    return n + taken, done + (taken if done or not err else 0), nbytes, err, nlink
 
 
 def in_flight() -> int:

@@ -162,15 +162,14 @@ class FileSink:
             return -1
         return _ZSTD_LEVEL if self.level is None else self.level
 
-    def wrote_natively(self, events: int, written: int, err: int, nlink: int) -> None:
-        """Account for a frame :func:`engine.drain_to_file` wrote (or failed to)."""
+    def wrote_natively(self, taken: int, written: int, nbytes: int, err: int, nlink: int) -> None:
+        """Account for frames :func:`engine.drain_to_file` wrote (or failed to)."""
+        self.bytes_written += nbytes
+        self._events_in_file += written
         if err:
-            self.events_lost += events
+            self.events_lost += taken - written
             self._fail(OSError(err, os.strerror(err)))
-            return
-        self.bytes_written += written
-        self._events_in_file += events
-        if nlink == 0 and not self._fifo:
+        elif nlink == 0 and not self._fifo:
             self._deleted()
 
     def write(self, data: bytes, events: int) -> None:
@@ -292,6 +291,9 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name=_WRITER_THREAD, daemon=True)
         self._thread.start()
 
+    #: Most records the C engine takes in one go (written as frames of max_batch).
+    NATIVE_TAKE = 262_144
+
     # consumer protocol used by _recorder.pressure -----------------------------
     #: One flush taking longer than this (or two flush intervals) means the storage
     #: stalled (a hung mount, a FIFO nobody reads): producers stop waiting for it.
@@ -385,11 +387,14 @@ class Writer:
             self._flush_lock.release()
 
     def _flush(self) -> int:
+        # Everything buffered when the flush began, and no more: under a steady
+        # load a flush still ends.
+        target = _rec.buffered()
         total = 0
         while True:
             n = self._flush_batch()
             total += n
-            if n < self.max_batch:
+            if n == 0 or total >= target or not _rec.buffered():
                 return total
 
     def _flush_batch(self) -> int:
@@ -400,13 +405,15 @@ class Writer:
             return n
         level = None if LISTENERS else self.sink.native_level()
         if level is not None:
-            n, written, err, nlink = _rec.drain_to_file(self.encoder, self.max_batch,
-                                                        self.sink.fd, level)
-            if n:
-                self.sink.wrote_natively(n, written, err, nlink)
-                self.events_written += 0 if err else n
+            # Everything buffered (up to NATIVE_TAKE) as frames of max_batch, the
+            # GIL taken once for all of them.
+            taken, written, nbytes, err, nlink = _rec.drain_to_file(
+                self.encoder, self.max_batch, self.NATIVE_TAKE, self.sink.fd, level)
+            if taken:
+                self.sink.wrote_natively(taken, written, nbytes, err, nlink)
+                self.events_written += written
             self._notify_drained()
-            return n
+            return taken
         data, n = _rec.drain(self.encoder, self.max_batch)
         self._notify_drained()
         if not data:

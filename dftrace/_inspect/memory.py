@@ -64,11 +64,14 @@ def _drain() -> None:
     """Take everything buffered and deliver it (when no file session consumes it)."""
     with _lock:
         enc = _encoder()
+        target = _rec.buffered()  # what is buffered now, and no more (a steady load)
+        total = 0
         while True:
             data, n = _rec.drain(enc, 65536)
             if data:
                 _deliver(data)
-            if n < 65536:
+            total += n
+            if n == 0 or total >= target or not _rec.buffered():
                 return
 
 

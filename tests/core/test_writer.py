@@ -115,6 +115,30 @@ def test_engine_written_frames_are_independent_zstd_frames(tmp_path):
     dftrace.finalize()
 
 
+def test_one_flush_writes_a_big_backlog_as_frames_of_at_most_max_batch(tmp_path):
+    """A backlog of 40,000 spans leaves in one flush, as frames of at most 16,384 lines."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False, flush_interval=3600,
+                           batch_size=10**6)
+    size = 0
+
+    @ai.compute.forward
+    def f():
+        pass
+
+    for _ in range(40_000):
+        f()
+    assert s.writer.flush() >= 40_000
+    data = open(s.path, "rb").read()[size:]
+    frames = []
+    while data:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        frames.append(d.decompress(data).count(b'"name":"forward"'))
+        data = d.unused_data
+    assert sum(frames) == 40_000
+    assert len(frames) >= 3 and max(frames) <= s.writer.max_batch
+    dftrace.finalize()
+
+
 def test_events_reach_disk_within_the_flush_interval(tmp_path):
     """Without finalize, events are on disk after one flush interval."""
     s = dftrace.initialize(log_file=str(tmp_path / "t"), flush_interval=0.05, compression="none",
