@@ -36,25 +36,34 @@ static const char DIGIT_PAIRS[201] =
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
     "8081828384858687888990919293949596979899";
 
-/* Decimal digits of u, two at a time (the encoder writes seven numbers a line). */
+/* The number of decimal digits of u. */
+static inline int ndigits(unsigned long long u) {
+    int n = 1;
+    for (;;) {
+        if (u < 10) return n;
+        if (u < 100) return n + 1;
+        if (u < 1000) return n + 2;
+        if (u < 10000) return n + 3;
+        u /= 10000;
+        n += 4;
+    }
+}
+
+/* Decimal digits of u, two at a time, written in place from the end (the encoder
+   writes seven numbers a line). */
 static inline char *put_uint(char *o, unsigned long long u) {
-    char tmp[24];
-    char *t = tmp + sizeof(tmp);
+    char *end = o + ndigits(u), *t = end;
     while (u >= 100) {
         unsigned r = (unsigned)(u % 100);
         u /= 100;
         t -= 2;
         memcpy(t, DIGIT_PAIRS + 2 * r, 2);
     }
-    if (u >= 10) {
-        t -= 2;
-        memcpy(t, DIGIT_PAIRS + 2 * u, 2);
-    } else {
-        *--t = (char)('0' + u);
-    }
-    size_t n = (size_t)(tmp + sizeof(tmp) - t);
-    memcpy(o, t, n);
-    return o + n;
+    if (u >= 10)
+        memcpy(t - 2, DIGIT_PAIRS + 2 * u, 2);
+    else
+        t[-1] = (char)('0' + u);
+    return end;
 }
 
 static inline char *put_int(char *o, long long v) {
