@@ -152,8 +152,29 @@ typedef struct chunk {
     rec_t recs[CHUNK_RECS];
 } chunk_t;
 
+/* The chunk list. Producers append to the tail chunk holding the GIL; the list's
+   links (head, tail, the spare list, full_recs) change under qlock, so that the
+   writer's loop (write_loop) can take full chunks without the GIL. The records
+   buffered are appended - taken: `appended` is the producers' (GIL), `taken` the
+   takers' (under qlock, read atomically). */
 static chunk_t *head = NULL, *tail = NULL;
-static Py_ssize_t nbuf = 0;          /* records buffered (not yet detached) */
+static unsigned long long appended = 0, taken = 0;
+static Py_ssize_t full_recs = 0; /* records in the chunks before the tail */
+#define nbuf ((Py_ssize_t)(appended - __atomic_load_n(&taken, __ATOMIC_RELAXED)))
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#define HAVE_WRITE_LOOP 1
+static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t qcond = PTHREAD_COND_INITIALIZER;
+static int loop_waiting = 0; /* write_loop() waits on qcond */
+static int kicked = 0;       /* write_loop() must return to Python */
+#define QLOCK() pthread_mutex_lock(&qlock)
+#define QUNLOCK() pthread_mutex_unlock(&qlock)
+#else
+#define QLOCK() ((void)0)
+#define QUNLOCK() ((void)0)
+#endif
 static Py_ssize_t batch_size = 16384; /* wake the writer at this many */
 static Py_ssize_t buf_limit = 1048576;
 static int drop_full = 0;
@@ -172,13 +193,14 @@ static void free_chunks(chunk_t *c) {
 }
 
 /* Drained chunks are kept for reuse (up to SPARE_MAX, 16 MiB): a new chunk's pages
-   are then already mapped, and recording takes no page faults. Touched with the
-   GIL held only. */
+   are then already mapped, and recording takes no page faults. Under qlock. */
 #define SPARE_MAX 64
 static chunk_t *spare = NULL;
 static int nspare = 0;
 
 static void recycle_chunks(chunk_t *c) {
+    chunk_t *unused = NULL;
+    QLOCK();
     while (c) {
         chunk_t *nx = c->next;
         if (nspare < SPARE_MAX) {
@@ -186,13 +208,16 @@ static void recycle_chunks(chunk_t *c) {
             spare = c;
             nspare++;
         } else {
-            PyMem_RawFree(c->arena);
-            PyMem_RawFree(c);
+            c->next = unused;
+            unused = c;
         }
         c = nx;
     }
+    QUNLOCK();
+    free_chunks(unused);
 }
 
+/* A chunk from the spare list or a new one; called under qlock. */
 static chunk_t *new_chunk(void) {
     chunk_t *c = spare;
     if (c) {
@@ -218,14 +243,24 @@ static int native_append(uint32_t kid, long long t0, long long t1, unsigned long
                          const char *b, Py_ssize_t nb) {
     chunk_t *c = tail;
     if (!c || c->n == CHUNK_RECS) {
+        QLOCK();
         c = new_chunk();
+        if (c) {
+            if (tail) {
+                tail->next = c;
+                full_recs += tail->n;
+            } else {
+                head = c;
+            }
+            tail = c;
+#ifdef HAVE_WRITE_LOOP
+            if (loop_waiting && full_recs >= batch_size)
+                pthread_cond_signal(&qcond);
+#endif
+        }
+        QUNLOCK();
         if (!c)
             return -1;
-        if (tail)
-            tail->next = c;
-        else
-            head = c;
-        tail = c;
     }
     rec_t *r = &c->recs[c->n];
     size_t need = (size_t)(na + nb);
@@ -261,7 +296,7 @@ static int native_append(uint32_t kid, long long t0, long long t1, unsigned long
     r->tid = tid;
     r->count = count;
     c->n++;
-    nbuf++;
+    appended++;
     return 0;
 }
 
@@ -669,25 +704,31 @@ static PyObject *plain_fragment_py(PyObject *self, PyObject *d) {
    buffer. GIL held. Returns the first chunk (NULL: nothing buffered), the records
    taken and an upper bound of their encoded size. */
 #define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
-static chunk_t *detach(Py_ssize_t maxn, Py_ssize_t extra_per_rec, Py_ssize_t *taken,
+static chunk_t *detach(Py_ssize_t maxn, Py_ssize_t extra_per_rec, Py_ssize_t *ntaken,
                        size_t *upper) {
+    QLOCK();
     chunk_t *first = head, *last = NULL;
     Py_ssize_t n = 0;
     size_t up = 0;
     while (head && (n == 0 || n + (Py_ssize_t)head->n <= maxn)) {
         last = head;
         n += head->n;
+        if (head != tail)
+            full_recs -= head->n;
         up += (size_t)head->n * (size_t)(REC_FIXED + max_kind_len + extra_per_rec) + head->alen;
         head = head->next;
     }
-    *taken = n;
+    *ntaken = n;
     *upper = up;
+    if (last) {
+        last->next = NULL;
+        if (!head)
+            tail = NULL;
+        __atomic_store_n(&taken, taken + (unsigned long long)n, __ATOMIC_RELAXED);
+    }
+    QUNLOCK();
     if (!last)
         return NULL;
-    last->next = NULL;
-    if (!head)
-        tail = NULL;
-    nbuf -= n;
     woken = 0;
     return first;
 }
@@ -966,6 +1007,137 @@ static PyObject *drain_write(PyObject *self, PyObject *args) {
 }
 #endif
 
+#ifdef HAVE_WRITE_LOOP
+static long long writing_since_ns = 0; /* start of the loop's write under way, 0: none */
+
+/* The full chunks (all before the tail), taken under qlock; NULL: none. */
+static chunk_t *take_full(Py_ssize_t *n) {
+    *n = 0;
+    if (!head || head == tail)
+        return NULL;
+    chunk_t *first = head, *last = head;
+    Py_ssize_t k = head->n;
+    while (last->next != tail) {
+        last = last->next;
+        k += last->n;
+    }
+    last->next = NULL;
+    head = tail;
+    full_recs = 0;
+    __atomic_store_n(&taken, taken + (unsigned long long)k, __ATOMIC_RELAXED);
+    *n = k;
+    return first;
+}
+
+/* write_loop(fd, level, frame_records, seconds, max_bytes, pid_piece, hh_piece,
+              offset_ns, min_id) -> (records taken, written, bytes written, errno, st_nlink)
+   The writer thread's wait, without the GIL: whenever a batch of full chunks is
+   buffered, take them (producers go on filling the tail chunk) and write them as
+   frames; return after `seconds`, when kick() is called, when the file has
+   max_bytes more (0: no limit; rotation is the caller's), or on an error. The GIL
+   is taken again only to return: once per flush interval, not per frame. */
+static PyObject *write_loop(PyObject *self, PyObject *args) {
+    int fd, level;
+    Py_ssize_t frame, npid, nhh, max_bytes;
+    double seconds;
+    const char *pidp, *hhp;
+    long long off, min_id;
+    if (!PyArg_ParseTuple(args, "iindny#y#LL", &fd, &level, &frame, &seconds, &max_bytes, &pidp,
+                          &npid, &hhp, &nhh, &off, &min_id))
+        return NULL;
+    if (level >= 0 && !load_zstd()) {
+        PyErr_SetString(PyExc_RuntimeError, "zstd is not available to the C engine");
+        return NULL;
+    }
+    kind_t *ks = kinds;
+    Py_ssize_t nk = nkinds;
+    Py_ssize_t all = 0, done = 0, bytes = 0;
+    int err = 0;
+    long nlink = -1;
+    long long deadline = now_ns() + (long long)(seconds * 1e9);
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        QLOCK();
+        Py_ssize_t n = 0;
+        chunk_t *first = NULL;
+        while (!kicked) {
+            if (full_recs >= batch_size) {
+                first = take_full(&n);
+                break;
+            }
+            long long now = now_ns();
+            if (now >= deadline)
+                break;
+            /* qcond uses the realtime clock: wait a relative slice of at most 50 ms */
+            long long slice = deadline - now < 50000000LL ? deadline - now : 50000000LL;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += (long)(slice % 1000000000LL);
+            ts.tv_sec += (time_t)(slice / 1000000000LL) + ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            loop_waiting = 1;
+            pthread_cond_timedwait(&qcond, &qlock, &ts);
+            loop_waiting = 0;
+        }
+        QUNLOCK();
+        if (!first)
+            break;
+        all += n;
+        inflight = n;
+        __atomic_store_n(&writing_since_ns, now_ns(), __ATOMIC_RELAXED);
+        for (chunk_t *c = first; c && !err;) {
+            chunk_t *end = c;
+            Py_ssize_t recs = 0;
+            while (end && (recs == 0 || recs + (Py_ssize_t)end->n <= frame)) {
+                recs += end->n;
+                end = end->next;
+            }
+            size_t w = 0;
+            err = write_frame(fd, level, c, end, "", 0, ks, nk, pidp, npid, hhp, nhh, off,
+                              min_id, &w);
+            if (!err) {
+                done += recs;
+                bytes += (Py_ssize_t)w;
+            }
+            c = end;
+        }
+        __atomic_store_n(&writing_since_ns, 0, __ATOMIC_RELAXED);
+        inflight = 0;
+        recycle_chunks(first);
+        if (err || (max_bytes && bytes >= max_bytes))
+            break;
+    }
+    if (!err && done) {
+        struct stat st;
+        if (fstat(fd, &st) == 0)
+            nlink = (long)st.st_nlink;
+    }
+    QLOCK();
+    kicked = 0;
+    QUNLOCK();
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(nnnil)", all, done, bytes, err, nlink);
+}
+
+/* kick(): make write_loop() return now (a flush, a sync or the end is asked for). */
+static PyObject *kick(PyObject *self, PyObject *unused) {
+    Py_BEGIN_ALLOW_THREADS
+    QLOCK();
+    kicked = 1;
+    pthread_cond_signal(&qcond);
+    QUNLOCK();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* writing_since() -> CLOCK_MONOTONIC seconds when write_loop's write under way
+   began, 0.0 when none (storage that hangs shows here) */
+static PyObject *writing_since(PyObject *self, PyObject *unused) {
+    long long t = __atomic_load_n(&writing_since_ns, __ATOMIC_RELAXED);
+    return PyFloat_FromDouble(t ? (double)t / 1e9 : 0.0);
+}
+#endif
+
 /* in_flight() -> records taken by a drain_write() that has not returned (a write
    stuck on storage) */
 static PyObject *in_flight(PyObject *self, PyObject *unused) {
@@ -976,13 +1148,36 @@ static PyObject *in_flight(PyObject *self, PyObject *unused) {
 #endif
 }
 
-/* Forget everything buffered (a forked child's copy of its parent's records). */
+/* Forget everything buffered. */
 static PyObject *reset(PyObject *self, PyObject *unused) {
-    free_chunks(head);
+    QLOCK();
+    chunk_t *c = head;
     head = tail = NULL;
-    nbuf = 0;
+    full_recs = 0;
+    __atomic_store_n(&taken, appended, __ATOMIC_RELAXED);
+    QUNLOCK();
+    free_chunks(c);
     woken = 0;
     ndropped = 0;
+    Py_RETURN_NONE;
+}
+
+/* In a forked child: the lock may have been copied held by a thread that does not
+   exist here, and the lists half changed. Start afresh; the parent's chunks are
+   left as they are (not freed: they may be inconsistent). */
+static PyObject *after_fork(PyObject *self, PyObject *unused) {
+#ifdef HAVE_WRITE_LOOP
+    pthread_mutex_init(&qlock, NULL);
+    pthread_cond_init(&qcond, NULL);
+    loop_waiting = 0;
+    kicked = 0;
+#endif
+    spare = NULL;
+    nspare = 0;
+    head = tail = NULL;
+    full_recs = 0;
+    __atomic_store_n(&taken, appended, __ATOMIC_RELAXED);
+    woken = 0;
     Py_RETURN_NONE;
 }
 
@@ -2278,10 +2473,18 @@ static PyMethodDef methods[] = {
      "prefix) -> (taken, written, bytes, errno, st_nlink): frames encoded, compressed and written"},
 #endif
     {"in_flight", in_flight, METH_NOARGS, "Records in a drain_write() under way."},
+#ifdef HAVE_WRITE_LOOP
+    {"write_loop", write_loop, METH_VARARGS,
+     "write_loop(fd, level, frame_records, seconds, max_bytes, pid_piece, hh_piece, offset_ns, "
+     "min_id) -> (taken, written, bytes, errno, st_nlink): write full batches without the GIL"},
+    {"kick", kick, METH_NOARGS, "Make write_loop() return now."},
+    {"writing_since", writing_since, METH_NOARGS, "When write_loop's write under way began (0.0: none)."},
+#endif
     {"native_write", native_write, METH_NOARGS,
      "The compressions drain_write() can do here."},
     {"add_kind", add_kind, METH_O, "add_kind(piece) -> kid"},
     {"reset", reset, METH_NOARGS, "Forget every buffered record."},
+    {"after_fork", after_fork, METH_NOARGS, "In a forked child: a fresh buffer and lock."},
     {"set_limits", set_limits, METH_VARARGS, "set_limits(batch_size, buffer_limit, drop_when_full)"},
     {"buffered", buffered, METH_NOARGS, "Records buffered now."},
     {"dropped", get_dropped, METH_NOARGS, "Records dropped and counted so far."},
@@ -2335,7 +2538,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(m, "SpanIter", (PyObject *)&SpanIterType) < 0 ||
         PyModule_AddObjectRef(m, "TraceableBase", (PyObject *)&TraceableBaseType) < 0 ||
         PyModule_AddObjectRef(m, "SpanBase", (PyObject *)&SpanBaseType) < 0 ||
-        PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(rec_t)) < 0) {
+        PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(rec_t)) < 0 ||
+        PyModule_AddIntConstant(m, "CHUNK_RECORDS", (long)CHUNK_RECS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

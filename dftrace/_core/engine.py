@@ -158,6 +158,8 @@ class _State:
         TASK_STACK.set(None)
         self.open_spans = {}
         self.pid = os.getpid()
+        if speedups is not None:
+            speedups.after_fork()
         discard_buffered()
         self.dropped = 0
         self.open_refused = 0
@@ -294,6 +296,35 @@ def drain_to_file(encoder: Any, frame_records: int, max_records: int, fd: int,
         encoder.offset_ns, encoder.min_id, prefix)
     # the specials went into the first frame: written unless that one failed
     return n + taken, done + (taken if done or not err else 0), nbytes, err, nlink
+
+
+def write_loop(encoder: Any, frame_records: int, seconds: float, max_bytes: int, fd: int,
+               level: int) -> tuple[int, int, int, int, int] | None:
+    """The writer thread's wait with the C engine: for ``seconds`` (or until
+    :func:`kick`), write every full batch of records to ``fd`` as frames, without
+    the GIL (records still in the chunk being filled, and metadata records, are left
+    for :func:`drain_to_file`). Returns (records taken, records written, bytes
+    written, errno or 0, link count or -1), or None where the engine has no such loop (the caller waits and
+    drains instead)."""
+    loop = getattr(speedups, "write_loop", None)
+    if loop is None:
+        return None
+    return loop(fd, level, frame_records, seconds, max_bytes, encoder.pid_piece,
+                encoder.hh_piece, encoder.offset_ns, encoder.min_id)
+
+
+def kick() -> None:
+    """Make a :func:`write_loop` under way return now."""
+    k = getattr(speedups, "kick", None)
+    if k is not None:
+        k()
+
+
+def writing_since() -> float:
+    """``time.monotonic()`` when the write a :func:`write_loop` is doing began (0.0:
+    none)."""
+    w = getattr(speedups, "writing_since", None)
+    return w() if w is not None else 0.0
 
 
 def in_flight() -> int:

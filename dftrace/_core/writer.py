@@ -34,6 +34,9 @@ _ZSTD_LEVEL = 1
 #: :meth:`FileSink.native_level`). Emptied to force the Python path.
 _NATIVE: set[str] = set(_rec.native_compressions())
 
+#: Records per chunk of the C engine (its writer loop takes whole chunks).
+_CHUNK_RECORDS: int = getattr(_rec.speedups, "CHUNK_RECORDS", 1)
+
 _WRITER_THREAD = "dftrace-writer"
 
 #: Called with each encoded batch before it is written: in-memory captures
@@ -299,8 +302,12 @@ class Writer:
     #: stalled (a hung mount, a FIFO nobody reads): producers stop waiting for it.
     STALL_S = 1.0
 
+    def _busy(self) -> float:
+        """``time.monotonic()`` when the write under way began (0.0: none)."""
+        return self._busy_since or _rec.writing_since()
+
     def stalled(self) -> bool:
-        since = self._busy_since
+        since = self._busy()
         return bool(since) and time.monotonic() - since > max(self.STALL_S, 2 * self.flush_interval)
 
     def wake(self) -> None:
@@ -310,12 +317,14 @@ class Writer:
         a kill -9 loses about one flush interval of events, not a full buffer. A
         stalled writer is not waited for."""
         self._wake.set()
-        since = self._busy_since
+        if _rec.STATE.batch_size < _CHUNK_RECORDS:
+            _rec.kick()  # the engine's loop takes whole chunks only: a smaller batch is ours
+        since = self._busy()
         if (since and not _rec.STATE.drop_when_full
                 and time.monotonic() - since > self.flush_interval
                 and threading.current_thread() is not self._thread):
             # Poll without holding a lock: a signal handler may run in this thread.
-            while self._busy_since == since and not self.stalled():
+            while self._busy() == since and not self.stalled():
                 time.sleep(0.001)
 
     def wait_drained(self, below: int, timeout: float) -> bool:
@@ -324,6 +333,7 @@ class Writer:
         if threading.current_thread() is self._thread or not self._thread.is_alive():
             return False
         self._wake.set()
+        _rec.kick()
         deadline = time.monotonic() + timeout
         with self._drained:
             while _rec.buffered() > below:
@@ -336,7 +346,8 @@ class Writer:
     # ---------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop:
-            self._wake.wait(self.flush_interval)
+            if not self._write_loop():
+                self._wake.wait(self.flush_interval)
             self._wake.clear()
             if self._stop:
                 break
@@ -358,6 +369,29 @@ class Writer:
         except Exception as exc:
             _rec.STATE.warn_once("writer", f"writer error: {exc!r}")
 
+    def _write_loop(self) -> bool:
+        """Wait one flush interval in the C engine, which writes full batches
+        meanwhile without the GIL; False where it can't (then the thread waits and
+        flushes in Python)."""
+        level = None if LISTENERS else self.sink.native_level()
+        if level is None or not self._flush_lock.acquire(blocking=False):
+            return False
+        try:
+            room = (self.sink.max_size - self.sink.bytes_written) if self.sink.max_size else 0
+            result = _rec.write_loop(self.encoder, self.max_batch, self.flush_interval,
+                                     max(room, 1) if self.sink.max_size else 0,
+                                     self.sink.fd, level)  # type: ignore[arg-type]
+            if result is None:
+                return False
+            taken, written, nbytes, err, nlink = result
+            if taken:
+                self.sink.wrote_natively(taken, written, nbytes, err, nlink)
+                self.events_written += written
+                self._notify_drained()
+            return True
+        finally:
+            self._flush_lock.release()
+
     def sync(self, timeout: float) -> bool:
         """Have the writer thread write everything buffered now and wait for it, at
         most ``timeout`` seconds. The caller never touches the file itself, so a
@@ -366,6 +400,7 @@ class Writer:
             return False
         target = self._started + 1
         self._wake.set()
+        _rec.kick()
         deadline = time.monotonic() + timeout
         while self._completed < target:
             if time.monotonic() >= deadline or not self._thread.is_alive():
@@ -377,6 +412,8 @@ class Writer:
         """Encode and write everything buffered now; returns the number of records.
         With a ``timeout`` (seconds), give up when another flush holds the writer
         that long (a signal handler must not wait forever)."""
+        if threading.current_thread() is not self._thread:
+            _rec.kick()  # the thread's loop holds the lock until it returns
         if not self._flush_lock.acquire(timeout=timeout):
             return 0
         self._busy_since = time.monotonic()
@@ -444,6 +481,7 @@ class Writer:
         self._trailer = trailer
         self._stop = True
         self._wake.set()
+        _rec.kick()
         if threading.current_thread() is self._thread:
             return False
         if not self._thread.is_alive():
