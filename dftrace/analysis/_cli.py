@@ -303,6 +303,8 @@ def _register_diff_and_watch(subparsers: Any) -> None:
                    help="the figure --fail-on-regression guards (default step.p50; any metric key of "
                    "the output, such as step.p95, epoch.time or compute.forward.mean)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--top", type=int, default=20, metavar="N",
+                   help="flagged rows, and names per category table, to print (default 20)")
     _execution(p)
     p.set_defaults(func=_run_diff)
 
@@ -346,7 +348,7 @@ def _run_diff(args: argparse.Namespace) -> int:
                                   "reason": failure}
         sys.stdout.write(_json_text(data) + "\n")
     else:
-        sys.stdout.write(render_diff(diff, args.base, args.new))
+        sys.stdout.write(render_diff(diff, args.base, args.new, top=args.top))
     if failure is not None:
         print(f"dftrace diff: regression: {failure}", file=sys.stderr)
         return 1

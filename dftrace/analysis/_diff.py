@@ -335,8 +335,10 @@ def _change(row: DiffRow) -> tuple[str, str]:
     return absolute, relative
 
 
-def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new") -> str:
-    """The comparison as terminal tables: what changed beyond noise, then every section."""
+def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *, top: int = 20) -> str:
+    """The comparison as terminal tables: what changed beyond noise (the ``top`` rows
+    with the largest effect on step time), then every section side by side (per name:
+    the ``top`` names with the most time)."""
     from ._render_text import _table, count_of
 
     def describe(run: dict[str, Any]) -> str:
@@ -350,13 +352,20 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new") -
     if flagged:
         lines.append(f"Changed beyond {threshold} (largest effect on step time first; impact: "
                      "change in the figure's time per rank-step)")
-        rows = [(r.metric, _value(r.unit, r.base), _value(r.unit, r.new), *_change(r), _impact(r)) for r in flagged]
+        rows = [(r.metric, _value(r.unit, r.base), _value(r.unit, r.new), *_change(r), _impact(r))
+                for r in flagged[:top]]
         lines += _table(("metric", "base", "new", "change", "%", "impact"), rows,
                         (False, True, True, True, True, True))
+        if len(flagged) > top:
+            lines.append(f"  ... {len(flagged) - top} more (--top, or --json)")
     else:
         lines.append(f"Nothing changed beyond {threshold}.")
+    shown_names = _busiest_names(diff, top)
     for section in SECTIONS:
         rows = [r for r in diff.rows if r.section == section]
+        if section == "categories":
+            hidden = len({_name_of(r) for r in rows} - shown_names)
+            rows = [r for r in rows if _name_of(r) in shown_names]
         if not rows:
             continue
         lines += ["", _SECTION_TITLES[section]]
@@ -364,7 +373,22 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new") -
                   r.note) for r in rows]
         lines += _table(("metric", "base", "new", "change", "%", "flag", "note"), table,
                         (False, True, True, True, True, False, False))
+        if section == "categories" and hidden:
+            lines.append(f"  ... {hidden} more names (--top, or --json)")
     return "\n".join(lines) + "\n"
+
+
+def _name_of(row: DiffRow) -> str:
+    return row.metric.rsplit(".", 1)[0]
+
+
+def _busiest_names(diff: RunDiff, top: int) -> set[str]:
+    """The ``top`` names with the most time in either run."""
+    totals: dict[str, float] = {}
+    for row in diff.rows:
+        if row.section == "categories" and row.metric.endswith(".total"):
+            totals[_name_of(row)] = max(row.base or 0, row.new or 0)
+    return set(sorted(totals, key=lambda name: -totals[name])[:top])
 
 
 def _impact(row: DiffRow) -> str:
