@@ -138,9 +138,9 @@ def _partial_of_trace(trace: TraceTable) -> Partial:
 # --- building ------------------------------------------------------------------------
 
 
-def build_summary(combined: Combined, *, rank_steps_limit: int = RANK_STEPS_LIMIT) -> Summary:
+def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) -> Summary:
     """Compute every answer from combined aggregates (``rank_steps`` keeps at most
-    ``rank_steps_limit`` rows)."""
+    ``rank_steps_limit`` rows, by default RANK_STEPS_LIMIT)."""
     procs = _processes_frame(combined)
     runs = find_runs(combined, procs)
     procs = _units_per_run(procs, runs)
@@ -153,7 +153,8 @@ def build_summary(combined: Combined, *, rank_steps_limit: int = RANK_STEPS_LIMI
         match_collectives(combined.collectives, procs), steps_by_unit,
         _compute_in_steps(combined, procs, steps_by_unit), units
     )
-    rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs, rank_steps_limit)
+    limit = RANK_STEPS_LIMIT if rank_steps_limit is None else rank_steps_limit
+    rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs, limit)
     return Summary(
         overview=_overview(combined, procs, runs),
         files=[_file_dict(f) for f in combined.files],
