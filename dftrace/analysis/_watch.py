@@ -29,8 +29,8 @@ from ._summary import Summary, build_summary
 
 #: Bytes read from a file per system call while catching up.
 _READ_BYTES = 1 << 20
-#: A follower folds its partials into one when it holds more than this many, so a
-#: refresh costs the same after an hour as after a minute.
+#: A follower folds its partials into one when it holds more than this many, so
+#: combining handles a few partials per file however long the job has run.
 _MAX_PARTIALS = 8
 #: rank_steps rows kept per refresh: the live view needs each rank's recent steps.
 _RANK_STEPS = 1_000_000
@@ -43,6 +43,10 @@ class FileFollower:
 
     def __init__(self, path: str):
         self.path = path
+        self._start()
+
+    def _start(self) -> None:
+        """Follow the file from its first byte."""
         #: End of the last complete unit read (the next partition starts here).
         self.offset = 0
         #: Bytes of the file looked at so far (the unit being written included).
@@ -70,7 +74,7 @@ class FileFollower:
         except OSError:
             return False
         if size < self.scanned:  # replaced or truncated: follow the new file from its start
-            self.__init__(self.path)  # type: ignore[misc]
+            self._start()
         if size == self.scanned:
             return False
         end = self._complete_end(size)
@@ -288,15 +292,9 @@ def _totals(files: list[dict[str, Any]], summary: Summary | None, ranks: list[di
 
 def render_plain(snapshot: dict[str, Any]) -> str:
     """The snapshot as plain text lines."""
-    from ._render_text import _table, format_us
+    from ._render_text import _table
 
-    t = snapshot["totals"]
-    lines = [
-        f"dftrace watch: {t['files']} files ({t['files_open']} open, {t['files_stalled']} stalled, "
-        f"{t['files_cut_off']} cut off, {t['files_closed']} closed) · {t['ranks']} ranks · "
-        f"{t['events']} events · {t['dropped_events']} dropped · {format_us(t['wall_us'])}"
-        + (f" · {t['steps_per_s']:.2f} steps/s (slowest rank)" if t["steps_per_s"] else "")
-    ]
+    lines = [_headline(snapshot)]
     if snapshot["ranks"]:
         # The last column only marks the straggler: left out when there is none.
         shown = len(_RANK_HEADERS) - (snapshot["straggler"] is None)
@@ -313,6 +311,18 @@ def render_plain(snapshot: dict[str, Any]) -> str:
     lines += _table(("file", "state", "bytes", "events", "last write", "problem")[:shown],
                     [row[:shown] for row in rows], (False, False, True, True, True, False)[:shown])
     return "\n".join(lines) + "\n"
+
+
+def _headline(snapshot: dict[str, Any]) -> str:
+    from ._render_text import format_us
+
+    t = snapshot["totals"]
+    return (
+        f"dftrace watch: {t['files']} files ({t['files_open']} open, {t['files_stalled']} stalled, "
+        f"{t['files_cut_off']} cut off, {t['files_closed']} closed) · {t['ranks']} ranks · "
+        f"{t['events']} events · {t['dropped_events']} dropped · {format_us(t['wall_us'])}"
+        + (f" · {t['steps_per_s']:.2f} steps/s (slowest rank)" if t["steps_per_s"] else "")
+    )
 
 
 _RANK_HEADERS = ("rank", "epoch", "step", "steps", "steps/s", "p50 step", "p95 step", "comm wait/step",
@@ -352,8 +362,7 @@ def render_rich(snapshot: dict[str, Any]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    plain = render_plain(snapshot).splitlines()
-    parts: list[Any] = [Text(plain[0], style="bold")]
+    parts: list[Any] = [Text(_headline(snapshot), style="bold")]
     ranks = Table(box=None, header_style="bold", pad_edge=False)
     for i, header in enumerate(_RANK_HEADERS):
         ranks.add_column(header, justify="left" if i in (0, 9) else "right")
