@@ -1,4 +1,4 @@
-"""The analysis subcommands: summary, report, convert, merge, validate.
+"""The analysis subcommands: summary, report, convert, merge, validate, diff, watch.
 
 ``register(subparsers)`` adds them to an argparse subparsers object; each sets
 ``func`` to a callable taking the parsed arguments and returning the exit code.

@@ -295,7 +295,9 @@ def render_plain(snapshot: dict[str, Any]) -> str:
     from ._render_text import _table
 
     lines = [_headline(snapshot)]
-    if snapshot["ranks"]:
+    if not snapshot["files"]:
+        lines.append("  waiting for trace files")
+    elif snapshot["ranks"]:
         # The last column only marks the straggler: left out when there is none.
         shown = len(_RANK_HEADERS) - (snapshot["straggler"] is None)
         rows = [_rank_cells(r, snapshot["straggler"])[:shown] for r in snapshot["ranks"]]
@@ -369,7 +371,8 @@ def render_rich(snapshot: dict[str, Any]) -> Any:
     for r in snapshot["ranks"]:
         ranks.add_row(*_rank_cells(r, snapshot["straggler"]),
                       style="red" if snapshot["straggler"] and snapshot["straggler"]["rank"] == r["rank"] else None)
-    parts.append(ranks if snapshot["ranks"] else Text("no steps yet", style="dim"))
+    waiting = "no steps yet" if snapshot["files"] else "waiting for trace files"
+    parts.append(ranks if snapshot["ranks"] else Text(waiting, style="dim"))
     straggler = _straggler_line(snapshot["straggler"])
     if straggler:
         parts.append(Text(straggler, style="red"))
