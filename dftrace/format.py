@@ -75,6 +75,7 @@ __all__ = [
     "is_trace_file",
     "iter_decoded_chunks",
     "iter_trace_lines",
+    "member_decoder",
     "normalize_phase",
     "parse_line",
     "parse_trace_filename",
@@ -237,8 +238,9 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20
 
 
-def _member_decoder(magic: bytes) -> Any:
-    """Return a factory of one-member decompressors for a compressed stream, or None."""
+def member_decoder(magic: bytes) -> Any:
+    """A factory of one-member decompressors (``.decompress``, ``.eof``, ``.unused_data``)
+    for a stream starting with ``magic`` (gzip or zstd), or None for plain text."""
     if magic.startswith(_GZIP_MAGIC):
         return lambda: zlib.decompressobj(wbits=31)
     if magic.startswith(_ZSTD_MAGIC):
@@ -288,7 +290,7 @@ def _decode_stream(
     head = _read(fh, remaining)
     if remaining is not None:
         remaining -= len(head)
-    factory = _member_decoder(head)
+    factory = member_decoder(head)
     if factory is None:
         while head:
             yield head

@@ -1,4 +1,4 @@
-"""Analysis of dftrace (and DFTracer) traces: load, summarise, report, convert, merge.
+"""Analysis of dftrace (and DFTracer) traces: load, summarise, compare, report, convert, merge.
 
 The pipeline is load -> one table (:class:`TraceTable`) or partial aggregates ->
 :class:`Summary` -> a renderer (terminal, JSON, HTML, Chrome JSON, pfw, Parquet).
@@ -27,8 +27,11 @@ _EXPORTS = {
     "EmbeddedExecutor": "._executor",
     "FileReport": "._trace",
     "MergeFilter": "._export",
+    "RunDiff": "._diff",
     "Summary": "._summary",
     "TraceTable": "._trace",
+    "compare_runs": "._diff",
+    "compare_summaries": "._diff",
     "load_traces": "._trace",
     "merge": "._export",
     "render_html": "._render_html",
@@ -56,6 +59,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the names as type checkers and IDEs should see them
+    from ._diff import RunDiff, compare_runs, compare_summaries  # noqa: F401
     from ._executor import DaskExecutor, EmbeddedExecutor  # noqa: F401
     from ._export import MergeFilter, merge, write_trace  # noqa: F401
     from ._render_html import render_html, write_html  # noqa: F401

@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from .. import format as fmt
-from ._decode import PartitionData, read_partition
+from ._decode import MAX_BROKEN_KEPT, PartitionData, read_partition
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS
 from ._sources import Partition
@@ -426,3 +426,54 @@ def _mapping(resolution: Resolution, partial: Partial) -> pl.DataFrame:
         },
         schema={"pid": pl.Int64, HOST_KEY: pl.String, "proc": pl.Int32},
     )
+
+
+def fold_partials(partials: Sequence[Partial]) -> Partial:
+    """One partial holding what ``partials`` hold: consecutive pieces of one file, in
+    order (a file followed while it grows). Exact like :func:`combine`: counts add,
+    extents widen, busy intervals union again and the overlap times are recomputed."""
+    first, last = partials[0], partials[-1]
+    broken: list[tuple[int, str]] = []
+    lines = 0
+    for p in partials:
+        broken.extend((lines + number, reason) for number, reason in p.source.broken)
+        lines += p.source.n_lines
+    part = first.source.partition
+    source = PartitionData(
+        Partition(part.path, part.index, part.start, last.source.partition.end),
+        first.source.events,
+        meta=[record for p in partials for record in p.source.meta],
+        n_lines=lines,
+        broken=broken[:MAX_BROKEN_KEPT],
+        broken_count=sum(p.source.broken_count for p in partials),
+        cut_off=last.source.cut_off,
+        closed=any(p.source.closed for p in partials),
+    )
+    keys = list(dict.fromkeys(k for p in partials for k in p.keys))
+
+    def stacked(kind: str) -> pl.DataFrame:
+        return pl.concat([getattr(p, kind) for p in partials], how="vertical")
+
+    extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
+    intervals = union_intervals(stacked("intervals"), _KEY)
+    overlap = [
+        pl.DataFrame({"pid": pid, HOST_KEY: host_key, "mask": np.flatnonzero(masks), "us": masks[masks > 0]},
+                     schema=_EMPTY["overlap"].schema)
+        for (pid, host_key), frame in intervals.partition_by(_KEY, as_dict=True).items()
+        for masks in [mask_times(frame)]
+    ]
+    tables = {
+        "durations": stacked("durations").group_by([*_KEY, "cat", "name", "dur"]).agg(pl.col("n").sum()),
+        "steps": stacked("steps").group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
+        "containers": stacked("containers"),
+        "collectives": stacked("collectives"),
+        "epochs": stacked("epochs").group_by([*_KEY, "epoch"]).agg(*extent),
+        "epoch_spans": stacked("epoch_spans").group_by([*_KEY, "epoch"]).agg(*extent),
+        "intervals": intervals,
+        "extents": stacked("extents").group_by(_KEY).agg(*extent, pl.col("incomplete").sum()),
+        "overlap": pl.concat(overlap, how="vertical") if overlap else _EMPTY["overlap"],
+    }
+    phases = stacked("phases").group_by("ph").agg(pl.col("n").sum())
+    return Partial(source, keys, phases=phases,
+                   **{kind: frame.select(_EMPTY[kind].columns).cast(_EMPTY[kind].schema)
+                      for kind, frame in tables.items()})

@@ -1,4 +1,4 @@
-"""The analysis subcommands: summary, report, convert, merge, validate.
+"""The analysis subcommands: summary, report, convert, merge, validate, diff, watch.
 
 ``register(subparsers)`` adds them to an argparse subparsers object; each sets
 ``func`` to a callable taking the parsed arguments and returning the exit code.
@@ -99,6 +99,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--strict", action="store_true",
                    help="count a last frame cut off mid-write (a killed process) as a violation")
     p.set_defaults(func=_run_validate)
+
+    _register_diff_and_watch(subparsers)
 
 
 def _inputs(parser: argparse.ArgumentParser) -> None:
@@ -273,6 +275,102 @@ def _run_validate(args: argparse.Namespace) -> int:
     elif failed:
         print("each [rule] is explained in docs/format.md, section 5 'Validation rules'")
     return 1 if failed else 0
+
+
+# --- diff and watch ------------------------------------------------------------------
+
+
+def _register_diff_and_watch(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "diff",
+        help="compare two runs: step time, names, breakdown, stalls, stragglers; guard CI",
+        description="Compare two runs side by side (BASE first): step time p50/p95, epoch time, "
+        "per category and name count/total/mean/p95, the time breakdown, data-loader stall, "
+        "the straggler, events and dropped events, each with its absolute and relative change. "
+        "Figures that moved beyond --threshold (and names whose count changed) are flagged "
+        "and listed first, largest effect on step time first. Runs may have different numbers "
+        "of ranks and be written by dftrace or DFTracer. Exit code 1 when --fail-on-regression "
+        "is given and the --metric got worse by more than it, 2 when a run cannot be read."
+        + _EXECUTOR_HELP,
+    )
+    p.add_argument("base", help="the reference run: trace files, a directory or a glob")
+    p.add_argument("new", help="the run to check: trace files, a directory or a glob")
+    p.add_argument("--threshold", default="5%", metavar="PCT",
+                   help="relative change below which a figure is noise (default 5%%)")
+    p.add_argument("--fail-on-regression", metavar="PCT",
+                   help="exit with code 1 when --metric got worse (larger) by more than PCT (e.g. 10%%)")
+    p.add_argument("--metric", default="step.p50", metavar="KEY",
+                   help="the figure --fail-on-regression guards (default step.p50; any metric key of "
+                   "the output, such as step.p95, epoch.time or compute.forward.mean)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--top", type=int, default=20, metavar="N",
+                   help="flagged rows, and names per category table, to print (default 20)")
+    _execution(p)
+    p.set_defaults(func=_run_diff)
+
+    p = subparsers.add_parser(
+        "watch",
+        help="live view of a running job from its trace files",
+        description="Follow trace files while they are written: per rank the current epoch and "
+        "step, steps per second, step time p50/p95 over the recent steps, data-loader stall, "
+        "communication wait and the straggler; totals; files that stopped growing or were cut off. "
+        "Reads only the bytes added since the last look, picks up new files (a directory or glob "
+        "is searched again), and exits by itself when every file is closed (or on Ctrl-C, "
+        "exit code 0). Without a terminal it prints plain snapshots.",
+    )
+    p.add_argument("paths", nargs="+", help="trace files, directories or globs (quote globs)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (default 1)")
+    p.add_argument("--window", type=int, default=50, metavar="N",
+                   help="recent steps per rank for steps/s and p50/p95 (default 50)")
+    p.add_argument("--stale", type=float, default=10.0, metavar="S",
+                   help="an open file that did not grow for S seconds is shown as stalled (default 10)")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
+    p.set_defaults(func=_run_watch)
+
+
+@_command(*ANALYSIS)
+def _run_diff(args: argparse.Namespace) -> int:
+    from ._diff import compare_summaries, parse_percent, render_diff
+    from ._summary import summarize
+
+    threshold = parse_percent(args.threshold)
+    limit = parse_percent(args.fail_on_regression) if args.fail_on_regression is not None else None
+    with _Run(args) as options:
+        base = summarize([args.base], **options)
+        new = summarize([args.new], **options)
+    diff = compare_summaries(base, new, threshold=threshold)
+    failure = diff.regression(args.metric, limit) if limit is not None else None
+    if args.json:
+        data = diff.to_dict()
+        if limit is not None:
+            data["regression"] = {"metric": args.metric, "limit": limit, "failed": failure is not None,
+                                  "reason": failure}
+        sys.stdout.write(_json_text(data) + "\n")
+    else:
+        sys.stdout.write(render_diff(diff, args.base, args.new, top=args.top))
+    if failure is not None:
+        print(f"dftrace diff: regression: {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _json_text(data: Any) -> str:
+    import orjson
+
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+@_command(*ANALYSIS, "rich")
+def _run_watch(args: argparse.Namespace) -> int:
+    from ._watch import watch
+
+    if args.json and not args.once:
+        raise ValueError("--json needs --once (a live view is for people)")
+    if args.interval <= 0 or args.window < 2 or args.stale <= 0:
+        raise ValueError("--interval and --stale must be > 0 and --window at least 2")
+    return watch(args.paths, interval=args.interval, window=args.window, stale_s=args.stale,
+                 once=args.once, as_json=args.json)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ _EXTRAS = {
     "polars": "analysis",
     "plotly": "analysis",
     "tqdm": "analysis",
+    "rich": "analysis",
     "dask": "dask",
     "distributed": "dask",
 }

@@ -138,8 +138,9 @@ def _partial_of_trace(trace: TraceTable) -> Partial:
 # --- building ------------------------------------------------------------------------
 
 
-def build_summary(combined: Combined) -> Summary:
-    """Compute every answer from combined aggregates."""
+def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) -> Summary:
+    """Compute every answer from combined aggregates (``rank_steps`` keeps at most
+    ``rank_steps_limit`` rows, by default RANK_STEPS_LIMIT)."""
     procs = _processes_frame(combined)
     runs = find_runs(combined, procs)
     procs = _units_per_run(procs, runs)
@@ -152,7 +153,8 @@ def build_summary(combined: Combined) -> Summary:
         match_collectives(combined.collectives, procs), steps_by_unit,
         _compute_in_steps(combined, procs, steps_by_unit), units
     )
-    rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs)
+    limit = RANK_STEPS_LIMIT if rank_steps_limit is None else rank_steps_limit
+    rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs, limit)
     return Summary(
         overview=_overview(combined, procs, runs),
         files=[_file_dict(f) for f in combined.files],
@@ -365,15 +367,15 @@ def _step_stats(by_unit: pl.DataFrame) -> dict[str, Any]:
 
 
 def _rank_steps(by_unit: pl.DataFrame, waits: pl.DataFrame, runs: list[dict[str, Any]],
-                procs: pl.DataFrame) -> tuple[list[dict[str, Any]], bool]:
+                procs: pl.DataFrame, limit: int) -> tuple[list[dict[str, Any]], bool]:
     if not by_unit.height:
         return [], False
-    sampled = by_unit.height > RANK_STEPS_LIMIT
+    sampled = by_unit.height > limit
     frame = by_unit
     if sampled:
         keys = by_unit.select("epoch", "step").unique().sort(["epoch", "step"], nulls_last=True)
         per_step = max(1, by_unit.height // keys.height)
-        keep = max(1, RANK_STEPS_LIMIT // per_step)
+        keep = max(1, limit // per_step)
         stride = math.ceil(keys.height / keep)
         frame = by_unit.join(keys.gather_every(stride), on=["epoch", "step"], how="semi", nulls_equal=True)
     frame = frame.join(waits, on=["unit", "epoch", "step"], how="left", nulls_equal=True)

@@ -64,6 +64,8 @@ NEEDS = {
     "dftrace summary": ("polars", "numpy"),
     "dftrace convert": ("polars", "numpy"),
     "dftrace merge": ("polars", "numpy"),
+    "dftrace diff": ("polars", "numpy"),
+    "dftrace watch": ("polars", "numpy", "rich"),
     "dftrace report": ("polars", "numpy", "plotly"),
     ".parquet": ("polars", "numpy"),
     "write_html": ("plotly",),

@@ -1,0 +1,437 @@
+"""Following a running job's trace files: ``dftrace watch``.
+
+Each file is followed from where the last look stopped. The writer appends whole
+units (a zstd frame, a gzip member, or lines of a plain file), so a follower keeps
+the offset of the last complete unit and, for compressed files, the decoder of the
+unit being written: a look feeds it only the bytes added since, and a unit that is
+not complete yet waits for the next look. Each newly completed byte range is one
+:class:`~dftrace.analysis._sources.Partition`, reduced to a partial by the same
+function every summary uses; the partials of all files combine into the ordinary
+:class:`Summary`, and the live view reads its figures from that.
+
+A file is closed when its writer's closing ``]`` was read; one whose last bytes are
+an unfinished unit is cut off (a writer killed mid-flush); one that has not grown
+for ``stale_s`` seconds is stalled.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .. import format as fmt
+from ._aggregate import Partial, aggregate_partition, combine, fold_partials
+from ._sources import Partition, expand_paths
+from ._summary import Summary, build_summary
+
+#: Bytes read from a file per system call while catching up.
+_READ_BYTES = 1 << 20
+#: A follower folds its partials into one when it holds more than this many, so
+#: combining handles a few partials per file however long the job has run.
+_MAX_PARTIALS = 8
+#: rank_steps rows kept per refresh: the live view needs each rank's recent steps.
+_RANK_STEPS = 1_000_000
+
+OPEN, STALLED, CUT_OFF, CLOSED = "open", "stalled", "cut off", "closed"
+
+
+class FileFollower:
+    """One trace file, read a complete unit at a time as it grows."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._start()
+
+    def _start(self) -> None:
+        """Follow the file from its first byte."""
+        #: End of the last complete unit read (the next partition starts here).
+        self.offset = 0
+        #: Bytes of the file looked at so far (the unit being written included).
+        self.scanned = 0
+        self.partials: list[Partial] = []
+        self.closed = False
+        #: Why the file cannot be read further (undecodable bytes), if so.
+        self.broken: str | None = None
+        self._decoder: Any = None
+        self._factory: Any = None
+        self._kind: str | None = None
+        self._partitions = 0
+
+    @property
+    def pending(self) -> int:
+        """Bytes after the last complete unit: a unit still being written, or cut off."""
+        return self.scanned - self.offset
+
+    def poll(self) -> bool:
+        """Read what was added since the last call; True when new events were read."""
+        if self.closed or self.broken:
+            return False
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return False
+        if size < self.scanned:  # replaced or truncated: follow the new file from its start
+            self._start()
+        if size == self.scanned:
+            return False
+        end = self._complete_end(size)
+        if end <= self.offset:
+            return False
+        partition = Partition(self.path, self._partitions, self.offset, end)
+        self._partitions += 1
+        self.offset = end
+        partial = aggregate_partition(partition)
+        self.partials.append(partial)
+        self.closed = partial.source.closed
+        if len(self.partials) > _MAX_PARTIALS:
+            self.partials = [fold_partials(self.partials)]
+        return True
+
+    def _complete_end(self, size: int) -> int:
+        """Scan bytes [scanned, size) and return the end of the last complete unit."""
+        with open(self.path, "rb") as fh:
+            if self._kind is None:
+                head = fh.read(4)
+                if len(head) < 4:
+                    return self.offset
+                self._factory = fmt.member_decoder(head)
+                self._kind = "plain" if self._factory is None else "compressed"
+            if self._kind == "plain":
+                return self._plain_end(fh, size)
+            return self._compressed_end(fh, size)
+
+    def _plain_end(self, fh: Any, size: int) -> int:
+        # The unfinished last line is read again next time: it is short.
+        fh.seek(self.offset)
+        data = fh.read(size - self.offset)
+        self.scanned = self.offset + len(data)
+        newline = data.rfind(b"\n")
+        return self.offset if newline < 0 else self.offset + newline + 1
+
+    def _compressed_end(self, fh: Any, size: int) -> int:
+        end = self.offset
+        fh.seek(self.scanned)
+        position = self.scanned
+        while position < size:
+            data = fh.read(min(_READ_BYTES, size - position))
+            if not data:
+                break
+            while data:
+                if self._decoder is None:
+                    self._decoder = self._factory()
+                try:
+                    self._decoder.decompress(data)
+                except Exception as exc:  # zlib.error / zstandard.ZstdError: not a unit we can read
+                    self.broken = f"undecodable data in the frame/member at byte {end}: {exc}"
+                    self.scanned = size
+                    return end
+                if self._decoder.eof:
+                    tail = self._decoder.unused_data
+                    position += len(data) - len(tail)
+                    end = position
+                    self._decoder = None
+                    data = tail
+                else:
+                    position += len(data)
+                    data = b""
+        self.scanned = position
+        return end
+
+    def state(self, now: float, stale_s: float) -> str:
+        if self.closed:
+            return CLOSED
+        if self.broken or self.pending:
+            return CUT_OFF
+        try:
+            age = now - os.path.getmtime(self.path)
+        except OSError:
+            return STALLED
+        return STALLED if age > stale_s else OPEN
+
+
+class Watcher:
+    """The files under ``paths`` (searched again at each look) and their followers."""
+
+    def __init__(self, paths: Sequence[str], *, window: int = 50, stale_s: float = 10.0):
+        self.paths = list(paths)
+        self.window = window
+        self.stale_s = stale_s
+        self.followers: dict[str, FileFollower] = {}
+        self._summary: Summary | None = None
+
+    def poll(self) -> bool:
+        """Look for new files and new bytes; True when anything new was read."""
+        changed = False
+        for path in self._files():
+            if path not in self.followers:
+                self.followers[path] = FileFollower(path)
+                changed = True
+        for follower in self.followers.values():
+            changed |= follower.poll()
+        if changed or self._summary is None:
+            partials = [p for f in self.followers.values() for p in f.partials]
+            self._summary = build_summary(combine(partials), rank_steps_limit=_RANK_STEPS) if partials else None
+        return changed
+
+    def _files(self) -> list[str]:
+        try:
+            found = expand_paths(self.paths)
+        except FileNotFoundError:
+            return []  # nothing written yet
+        return [p for p in found if fmt.is_trace_file(p)]
+
+    @property
+    def finished(self) -> bool:
+        """True when there are files and every one is closed."""
+        return bool(self.followers) and all(f.closed for f in self.followers.values())
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        """The live figures as plain data (what ``--once --json`` prints)."""
+        now = time.time() if now is None else now
+        files = [self._file_row(f, now) for f in self.followers.values()]
+        live = any(f["state"] != CLOSED for f in files)
+        summary = self._summary
+        if summary is None:
+            return {"files": files, "ranks": [], "totals": _totals(files, None, []), "straggler": None}
+        ranks = _rank_rows(summary, self.window, drop_last=live)
+        return {
+            "files": files,
+            "ranks": ranks,
+            "totals": _totals(files, summary, ranks),
+            "straggler": _straggler(summary),
+        }
+
+    def _file_row(self, follower: FileFollower, now: float) -> dict[str, Any]:
+        events = sum(int(p.phases.get_column("n").sum()) for p in follower.partials)
+        try:
+            stat = os.stat(follower.path)
+            size, age = stat.st_size, max(0.0, now - stat.st_mtime)
+        except OSError:
+            size, age = follower.scanned, None
+        return {
+            "path": follower.path, "state": follower.state(now, self.stale_s), "bytes": size,
+            "events": events, "idle_s": round(age, 1) if age is not None else None,
+            "pending_bytes": follower.pending, "problem": follower.broken,
+        }
+
+
+def _rank_rows(summary: Summary, window: int, drop_last: bool) -> list[dict[str, Any]]:
+    """Per rank: where it is and how its recent steps went."""
+    by_rank: dict[str, list[dict[str, Any]]] = {}
+    for row in summary.rank_steps:
+        by_rank.setdefault(row["rank"], []).append(row)
+    stall_of = _stalls(summary)
+    out = []
+    for rank, rows in by_rank.items():
+        rows.sort(key=lambda r: r["start_us"])
+        current = rows[-1]
+        # While the job runs, a rank's last step is still going: time only finished ones.
+        done = rows[:-1] if drop_last and len(rows) > 1 else rows
+        recent = done[-window:]
+        durations = sorted(r["dur_us"] for r in recent)
+        span_us = recent[-1]["start_us"] + recent[-1]["dur_us"] - recent[0]["start_us"] if recent else 0
+        out.append({
+            "rank": rank,
+            "epoch": current["epoch"],
+            "step": current["step"],
+            "steps": len(rows),
+            "steps_per_s": round(len(recent) / (span_us / 1e6), 3) if span_us > 0 else None,
+            "step_p50_us": _nearest_rank(durations, 0.5),
+            "step_p95_us": _nearest_rank(durations, 0.95),
+            "comm_wait_us_per_step": round(sum(r["wait_us"] for r in recent) / len(recent), 1) if recent else None,
+            "stall": stall_of.get(rank),
+        })
+    return out
+
+
+def _nearest_rank(ordered: list[int], q: float) -> int | None:
+    """The q-quantile by the nearest-rank method (as the summary computes them)."""
+    if not ordered:
+        return None
+    index = max(1, -int(-(len(ordered) * q - 1e-9) // 1)) - 1
+    return ordered[index]
+
+
+def _stalls(summary: Summary) -> dict[str, float | None]:
+    """Each rank's data-loader stall in its busiest loader."""
+    if not summary.dataloader:
+        return {}
+    return {r["rank"]: r["stall"] for r in summary.dataloader[0]["ranks"]}
+
+
+def _straggler(summary: Summary) -> dict[str, Any] | None:
+    if summary.stragglers and summary.stragglers[0]["caused_wait_us"]:
+        worst = summary.stragglers[0]
+        return {"rank": worst["unit"], "caused_wait_us_per_step": worst["caused_wait_us_per_step"],
+                "held_steps": worst["held_steps"]}
+    ranks = summary.imbalance.get("ranks") or []
+    slowest = max(ranks, key=lambda r: (r["slowest_count"], r["mean_us"]), default=None)
+    if slowest is None or not slowest["slowest_count"]:
+        return None
+    return {"rank": slowest["rank"], "slowest_steps": slowest["slowest_count"], "mean_step_us": slowest["mean_us"]}
+
+
+def _totals(files: list[dict[str, Any]], summary: Summary | None, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    states = {state: sum(1 for f in files if f["state"] == state) for state in (OPEN, STALLED, CUT_OFF, CLOSED)}
+    rates = [r["steps_per_s"] for r in ranks if r["steps_per_s"]]
+    o = summary.overview if summary is not None else {}
+    return {
+        "files": len(files), **{f"files_{k.replace(' ', '_')}": v for k, v in states.items()},
+        "processes": o.get("processes", 0), "ranks": o.get("ranks", 0),
+        "events": o.get("events", 0), "dropped_events": o.get("dropped_events", 0),
+        "wall_us": o.get("wall_us", 0),
+        "steps_per_s": round(min(rates), 3) if rates else None,
+    }
+
+
+# --- showing -------------------------------------------------------------------------------
+
+
+def render_plain(snapshot: dict[str, Any]) -> str:
+    """The snapshot as plain text lines."""
+    from ._render_text import _table
+
+    lines = [_headline(snapshot)]
+    if not snapshot["files"]:
+        lines.append("  waiting for trace files")
+    elif snapshot["ranks"]:
+        # The last column only marks the straggler: left out when there is none.
+        shown = len(_RANK_HEADERS) - (snapshot["straggler"] is None)
+        rows = [_rank_cells(r, snapshot["straggler"])[:shown] for r in snapshot["ranks"]]
+        lines += _table(_RANK_HEADERS[:shown], rows, (False, *[True] * 8, False)[:shown])
+    else:
+        lines.append("  no steps yet")
+    straggler = _straggler_line(snapshot["straggler"])
+    if straggler:
+        lines.append(f"  {straggler}")
+    rows = [(f["path"], f["state"], f"{f['bytes']:,}", f["events"],
+             "-" if f["idle_s"] is None else f"{f['idle_s']:.0f} s", f["problem"] or "") for f in snapshot["files"]]
+    shown = 6 if any(f["problem"] for f in snapshot["files"]) else 5
+    lines += _table(("file", "state", "bytes", "events", "last write", "problem")[:shown],
+                    [row[:shown] for row in rows], (False, False, True, True, True, False)[:shown])
+    return "\n".join(lines) + "\n"
+
+
+def _headline(snapshot: dict[str, Any]) -> str:
+    from ._render_text import format_us
+
+    t = snapshot["totals"]
+    return (
+        f"dftrace watch: {t['files']} files ({t['files_open']} open, {t['files_stalled']} stalled, "
+        f"{t['files_cut_off']} cut off, {t['files_closed']} closed) · {t['ranks']} ranks · "
+        f"{t['events']} events · {t['dropped_events']} dropped · {format_us(t['wall_us'])}"
+        + (f" · {t['steps_per_s']:.2f} steps/s (slowest rank)" if t["steps_per_s"] else "")
+    )
+
+
+_RANK_HEADERS = ("rank", "epoch", "step", "steps", "steps/s", "p50 step", "p95 step", "comm wait/step",
+                 "stall", "")
+
+
+def _rank_cells(r: dict[str, Any], straggler: dict[str, Any] | None) -> tuple[str, ...]:
+    from ._render_text import format_us
+
+    return (
+        r["rank"], _or_dash(r["epoch"]), _or_dash(r["step"]), str(r["steps"]),
+        "-" if r["steps_per_s"] is None else f"{r['steps_per_s']:.2f}",
+        format_us(r["step_p50_us"]), format_us(r["step_p95_us"]), format_us(r["comm_wait_us_per_step"]),
+        "-" if r["stall"] is None else f"{r['stall'] * 100:.1f}%",
+        "straggler" if straggler and straggler["rank"] == r["rank"] else "",
+    )
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _straggler_line(straggler: dict[str, Any] | None) -> str:
+    from ._render_text import format_us
+
+    if straggler is None:
+        return ""
+    if "held_steps" in straggler:
+        return (f"straggler: {straggler['rank']} held the others back in {straggler['held_steps']} steps, "
+                f"{format_us(straggler['caused_wait_us_per_step'])} per step")
+    return f"straggler: {straggler['rank']} was the slowest rank in {straggler['slowest_steps']} steps"
+
+
+def render_rich(snapshot: dict[str, Any]) -> Any:
+    """The snapshot as a rich renderable (tables with the same figures as the plain text)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = [Text(_headline(snapshot), style="bold")]
+    ranks = Table(box=None, header_style="bold", pad_edge=False)
+    for i, header in enumerate(_RANK_HEADERS):
+        ranks.add_column(header, justify="left" if i in (0, 9) else "right")
+    for r in snapshot["ranks"]:
+        ranks.add_row(*_rank_cells(r, snapshot["straggler"]),
+                      style="red" if snapshot["straggler"] and snapshot["straggler"]["rank"] == r["rank"] else None)
+    waiting = "no steps yet" if snapshot["files"] else "waiting for trace files"
+    parts.append(ranks if snapshot["ranks"] else Text(waiting, style="dim"))
+    straggler = _straggler_line(snapshot["straggler"])
+    if straggler:
+        parts.append(Text(straggler, style="red"))
+    files = Table(box=None, header_style="bold", pad_edge=False)
+    for header in ("file", "state", "bytes", "events", "last write"):
+        files.add_column(header, justify="left" if header in ("file", "state") else "right")
+    colours = {OPEN: "green", STALLED: "yellow", CUT_OFF: "red", CLOSED: "dim"}
+    for f in snapshot["files"]:
+        files.add_row(f["path"], Text(f["state"], style=colours[f["state"]]), f"{f['bytes']:,}", str(f["events"]),
+                      "-" if f["idle_s"] is None else f"{f['idle_s']:.0f} s")
+    parts += [files, Text("Ctrl-C to stop", style="dim")]
+    return Group(*parts)
+
+
+def watch(paths: Sequence[str], *, interval: float = 1.0, window: int = 50, stale_s: float = 10.0,
+          once: bool = False, as_json: bool = False) -> int:
+    """Run ``dftrace watch``: one snapshot (``once``), or a live view until every file
+    is closed or Ctrl-C. Returns the exit code."""
+    watcher = Watcher(paths, window=window, stale_s=stale_s)
+    watcher.poll()
+    if once:
+        if not watcher.followers:
+            raise FileNotFoundError(f"no trace files found at {' '.join(map(repr, paths))}")
+        snapshot = watcher.snapshot()
+        if as_json:
+            import orjson
+
+            sys.stdout.write(orjson.dumps(snapshot, option=orjson.OPT_INDENT_2).decode() + "\n")
+        else:
+            sys.stdout.write(render_plain(snapshot))
+        return 0
+    try:
+        if sys.stdout.isatty():
+            _live(watcher, interval)
+        else:
+            _lines(watcher, interval)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _live(watcher: Watcher, interval: float) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    with Live(render_rich(watcher.snapshot()), console=Console(), auto_refresh=False,
+              transient=False) as live:
+        while not watcher.finished:
+            time.sleep(interval)
+            watcher.poll()
+            live.update(render_rich(watcher.snapshot()), refresh=True)
+
+
+def _lines(watcher: Watcher, interval: float) -> None:
+    """Without a terminal: a plain snapshot whenever something new was read."""
+    sys.stdout.write(render_plain(watcher.snapshot()))
+    sys.stdout.flush()
+    while not watcher.finished:
+        time.sleep(interval)
+        if watcher.poll():
+            sys.stdout.write("\n" + render_plain(watcher.snapshot()))
+            sys.stdout.flush()

@@ -1,0 +1,198 @@
+"""dftrace diff: two runs side by side, changes beyond noise flagged, CI's exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tracegen
+
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from dftrace.analysis._cli import main  # noqa: E402
+from dftrace.analysis._diff import compare_runs  # noqa: E402
+
+#: µs added to every backward pass of the NEW run.
+SLOWER_BACKWARD_US = 300
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """BASE: two ranks; NEW: the same with every backward pass 300 µs slower."""
+    base = tmp_path_factory.mktemp("base")
+    new = tmp_path_factory.mktemp("new")
+    tracegen.write_run(base, ranks=2)
+    slow = {(r, e, s): SLOWER_BACKWARD_US for r in range(2) for e in range(2) for s in range(4)}
+    tracegen.write_run(new, ranks=2, slow=slow)
+    return base, new
+
+
+def _diff_json(capsys, *args: str) -> tuple[int, dict]:
+    code = main(["diff", *args, "--json", "--no-progress"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_planted_regression_is_flagged_and_first(runs, capsys):
+    """A slower backward pass flags backward's time and the step time, ranked by their
+    effect on step time; unchanged names are not flagged."""
+    code, data = _diff_json(capsys, str(runs[0]), str(runs[1]))
+    assert code == 0
+    rows = {r["metric"]: r for r in data["rows"]}
+    backward = rows["compute.backward.mean"]
+    assert (backward["base"], backward["new"]) == (tracegen.BACKWARD_US, tracegen.BACKWARD_US + SLOWER_BACKWARD_US)
+    assert backward["change"] == SLOWER_BACKWARD_US and backward["relative"] == 1.5
+    assert backward["flagged"] and backward["impact_us"] == SLOWER_BACKWARD_US
+    step = rows["step.p50"]
+    assert step["new"] - step["base"] == SLOWER_BACKWARD_US and step["flagged"]
+    for unchanged in ("compute.forward.mean", "compute.forward.count", "comm.all_reduce.p95", "events.dropped"):
+        assert not rows[unchanged]["flagged"], unchanged
+    # Sorted by impact on step time: the rows that explain the +300 µs per step come first,
+    # figures that moved but cost no step time (shares of time) after them.
+    impacts = [rows[m]["impact_us"] for m in data["flagged"]]
+    assert impacts == sorted(impacts, key=abs, reverse=True)
+    top = data["flagged"][:6]
+    assert {"compute.backward.total", "compute.backward.mean", "step.p50"} <= set(top)
+    assert "compute.forward.mean" not in data["flagged"]
+
+
+def test_text_lists_flagged_rows_before_the_sections(runs, capsys):
+    """The terminal output starts with the flagged rows, then every section's table."""
+    assert main(["diff", str(runs[0]), str(runs[1]), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    flagged = out[out.index("Changed beyond 5%"):out.index("Step time (all ranks and steps)")]
+    first = flagged.splitlines()[3]
+    assert first.split()[0].startswith(("compute.backward", "step.")) and "+300 us/step" in first
+    for title in ("Step time", "Epochs", "Per category and name", "Time breakdown", "Data-loader stall",
+                  "Stragglers", "Events"):
+        assert f"\n{title}" in out
+    forward = next(line for line in out.splitlines() if line.split()[:1] == ["compute.forward.mean"])
+    assert forward.split()[1:5] == ["100", "us", "100", "us"] and "*" not in forward
+
+
+def test_threshold_decides_what_is_noise(runs, capsys):
+    """--threshold 100%: backward (+150 %) is still flagged, the step time (+67 %) is not."""
+    _, data = _diff_json(capsys, str(runs[0]), str(runs[1]), "--threshold", "100%")
+    assert data["threshold"] == 1.0
+    assert "compute.backward.mean" in data["flagged"] and "step.p50" not in data["flagged"]
+
+
+def test_fail_on_regression_exit_code(runs, capsys):
+    """--fail-on-regression exits 1 when step p50 got worse by more than PCT, else 0; the
+    JSON says why."""
+    code, data = _diff_json(capsys, str(runs[0]), str(runs[1]), "--fail-on-regression", "10%")
+    assert code == 1
+    assert data["regression"]["failed"] and data["regression"]["metric"] == "step.p50"
+    assert "step.p50 got worse by" in data["regression"]["reason"]
+    code, data = _diff_json(capsys, str(runs[0]), str(runs[1]), "--fail-on-regression", "90")
+    assert code == 0 and not data["regression"]["failed"]
+    # Faster is never a regression.
+    code, _ = _diff_json(capsys, str(runs[1]), str(runs[0]), "--fail-on-regression", "1%")
+    assert code == 0
+
+
+def test_metric_chooses_the_guarded_figure(runs, capsys):
+    """--metric guards another figure: forward did not change, backward did; an unknown
+    key is an error (exit 2) that lists the known ones."""
+    base, new = str(runs[0]), str(runs[1])
+    assert main(["diff", base, new, "--fail-on-regression", "5%", "--metric", "compute.forward.mean"]) == 0
+    assert main(["diff", base, new, "--fail-on-regression", "5%", "--metric", "compute.backward.p95"]) == 1
+    capsys.readouterr()
+    assert main(["diff", base, new, "--fail-on-regression", "5%", "--metric", "no.such"]) == 2
+    err = capsys.readouterr().err
+    assert "'no.such' is not a figure both runs have" in err and "compute.backward.p95" in err
+
+
+def test_the_cli_exit_code_in_a_pipeline(runs):
+    """The installed command exits 1 on a regression, as a CI step sees it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dftrace", "diff", str(runs[0]), str(runs[1]), "--fail-on-regression", "10%"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert result.returncode == 1
+    assert "regression: step.p50 got worse by 67.4%" in result.stderr
+
+
+def test_different_numbers_of_ranks_compare_per_rank(tmp_path, capsys):
+    """Two ranks against four doing the same work per rank: counts are per rank and
+    nothing is flagged."""
+    for name, ranks in (("two", 2), ("four", 4)):
+        (tmp_path / name).mkdir()
+        tracegen.write_run(tmp_path / name, ranks=ranks)
+    code, data = _diff_json(capsys, str(tmp_path / "two"), str(tmp_path / "four"))
+    assert code == 0
+    assert (data["base"]["ranks"], data["new"]["ranks"]) == (2, 4)
+    rows = {r["metric"]: r for r in data["rows"]}
+    assert rows["compute.forward.count"]["base"] == rows["compute.forward.count"]["new"] == 8
+    assert rows["compute.forward.count"]["note"] == "per rank"
+    assert data["flagged"] == []
+
+
+def test_dftracer_traces_compare(samples, tmp_path, runs, capsys):
+    """DFTracer's files compare with a copy of themselves (nothing changed) and with a
+    dftrace run (names only one run has are flagged as such)."""
+    original = samples / "dftracer-2.2.0_meta"
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    code, data = _diff_json(capsys, str(original), str(copy))
+    assert code == 0 and data["flagged"] == []
+    assert data["base"]["events"] == data["new"]["events"] > 0
+    assert all(r["change"] in (0, None) for r in data["rows"])
+    code, data = _diff_json(capsys, str(original), str(runs[0]))
+    rows = {r["metric"]: r for r in data["rows"]}
+    assert code == 0
+    assert rows["checkpoint.save.mean"]["base"] is None and rows["checkpoint.save.mean"]["flagged"]
+    assert rows["comm.send.mean"]["new"] is None and rows["comm.send.mean"]["flagged"]
+    assert rows["comm.send.count"]["new"] == 0 and "comm.send.count" in data["flagged"]
+
+
+LOADER = textwrap.dedent("""
+    import sys, time
+    import dftrace
+    from dftrace import ai
+
+    dftrace.initialize(log_file=sys.argv[1])
+    wait = float(sys.argv[2])
+
+    def batches():
+        for i in range(20):
+            time.sleep(wait)               # the loader's time: the step waits for it
+            yield i
+
+    for step in ai.dataloader.fetch.iter(batches()):
+        ai.update(epoch=0, step=step)
+        with ai.compute.forward:
+            time.sleep(0.004)
+    dftrace.finalize()
+""")
+
+
+def test_extra_data_loader_stall_in_a_real_run(tmp_path, capsys):
+    """A real traced loop whose loader got slower: the stall and fetch.iter are flagged,
+    forward (same work) is not, and step time fails the guard."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOADER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for name, wait in (("base", "0"), ("new", "0.02")):
+        subprocess.run([sys.executable, str(script), str(tmp_path / name / "run"), wait], check=True, env=env)
+    code, data = _diff_json(capsys, str(tmp_path / "base"), str(tmp_path / "new"), "--fail-on-regression", "50%")
+    rows = {r["metric"]: r for r in data["rows"]}
+    assert code == 1
+    stall = rows["stall.dataloader.fetch"]
+    assert stall["flagged"] and stall["new"] > 0.5 > stall["base"]
+    assert rows["dataloader.fetch.iter.mean"]["flagged"] and rows["dataloader.fetch.iter.mean"]["new"] >= 20_000
+    assert not rows["compute.forward.count"]["flagged"]
+    assert data["flagged"].index("dataloader.fetch.iter.total") < data["flagged"].index("breakdown.compute")
+
+
+def test_compare_runs_from_python(runs):
+    """The Python API gives the same rows as the command."""
+    diff = compare_runs(runs[0], runs[1], threshold=0.05)
+    assert diff.row("compute.backward.mean").change == SLOWER_BACKWARD_US
+    assert diff.regression("step.p50", 0.10) is not None
+    assert diff.regression("compute.forward.mean", 0.0) is None

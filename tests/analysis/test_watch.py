@@ -1,0 +1,231 @@
+"""dftrace watch: a running job's trace files, read as they grow."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import tracegen
+
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+pytest.importorskip("rich", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from dftrace.analysis import summarize  # noqa: E402
+from dftrace.analysis._watch import Watcher  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+#: A traced loop that, after step PAUSE_AT of epoch 1, writes "epoch step" to a side
+#: file and waits for a "go" file: a job caught mid-run at a known step.
+LOOP = textwrap.dedent("""
+    import os, sys, time
+    import dftrace
+    from dftrace import ai
+
+    out, side = sys.argv[1], sys.argv[2]
+    pause_at, steps = int(sys.argv[3]), int(sys.argv[4])
+    dftrace.initialize(log_file=out, flush_interval=0.05)
+    for epoch in ai.pipeline.epoch.iter(range(2)):
+        for step in range(steps):
+            ai.update(epoch=epoch, step=step)
+            with ai.compute.forward:
+                time.sleep(0.002)
+            with ai.comm.all_reduce:
+                time.sleep(0.001)
+            if epoch == 1 and step == pause_at:
+                with open(side + ".tmp", "w") as fh:
+                    fh.write(f"{epoch} {step}")
+                os.replace(side + ".tmp", side)
+                while not os.path.exists(side + ".go"):
+                    time.sleep(0.01)
+    dftrace.finalize()
+""")
+PAUSE_AT, STEPS = 6, 10
+
+
+def _wait_for(condition, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def _watch(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dftrace", "watch", *args], capture_output=True, text=True,
+                          env=ENV, timeout=60, **kwargs)
+
+
+@pytest.fixture
+def paused_job(tmp_path: Path):
+    """A real traced process stopped after a known step, its trace file still open."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    side = tmp_path / "counter"
+    traces = tmp_path / "traces"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(traces / "train"), str(side), str(PAUSE_AT), str(STEPS)],
+        env={**ENV, "RANK": "0"},
+    )
+    try:
+        _wait_for(side.exists, "the loop to reach its pause")
+        yield proc, traces, side
+    finally:
+        Path(str(side) + ".go").touch()
+        proc.wait(timeout=30)
+
+
+def _snapshot(traces: Path) -> dict:
+    result = _watch(str(traces), "--once", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_once_shows_a_running_job_where_it_is(paused_job):
+    """--once on a live job: the rank's epoch and step are the loop's own counters, the
+    file is open, and once the job ends the file is closed."""
+    proc, traces, side = paused_job
+    epoch, step = map(int, side.read_text().split())
+    # The writer flushes on its own thread: wait until the paused step is on disk.
+    snap = _wait_for(lambda: (s := _snapshot(traces))["ranks"] and s["ranks"][0]["step"] == step and s,
+                     "the paused step in the trace")
+    (rank,) = snap["ranks"]
+    assert rank["rank"] == "rank 0"
+    assert (rank["epoch"], rank["step"]) == (epoch, step)
+    assert rank["steps"] == STEPS + PAUSE_AT + 1
+    assert rank["steps_per_s"] > 0 and rank["step_p50_us"] <= rank["step_p95_us"]
+    (file,) = snap["files"]
+    assert file["state"] == "open" and file["events"] > 0
+    assert snap["totals"]["files_open"] == 1 and snap["totals"]["ranks"] == 1
+    Path(str(side) + ".go").touch()
+    proc.wait(timeout=30)
+    snap = _snapshot(traces)
+    assert snap["files"][0]["state"] == "closed"
+    assert (snap["ranks"][0]["epoch"], snap["ranks"][0]["step"]) == (1, STEPS - 1)
+
+
+def test_live_watch_exits_when_the_job_finishes(paused_job):
+    """Without a terminal, watch prints plain snapshots and exits by itself (code 0) when
+    every file is closed."""
+    proc, traces, side = paused_job
+    _wait_for(lambda: list(traces.glob("*.pfw*")), "the trace file")
+    watcher = subprocess.Popen([sys.executable, "-m", "dftrace", "watch", str(traces), "--interval", "0.1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    time.sleep(0.3)
+    assert watcher.poll() is None  # still watching: the file is open
+    Path(str(side) + ".go").touch()
+    out, err = watcher.communicate(timeout=60)
+    assert watcher.returncode == 0, err
+    last = out.split("\n\n")[-1]
+    row = next(line for line in last.splitlines() if line.strip().startswith("rank 0 "))
+    assert "1 closed" in last and row.split()[2:5] == ["1", str(STEPS - 1), str(2 * STEPS)]
+
+
+def test_finished_trace_exits_at_once(run_dir):
+    """A finished run (every file closed): watch shows it and exits by itself."""
+    result = _watch(str(run_dir))
+    assert result.returncode == 0, result.stderr
+    assert "4 files (0 open, 0 stalled, 0 cut off, 4 closed) · 4 ranks" in result.stdout
+    for rank in range(4):
+        row = next(line for line in result.stdout.splitlines() if line.strip().startswith(f"rank {rank} "))
+        assert row.split()[2:5] == ["1", "3", "8"]  # epoch 1, step 3, 8 steps
+
+
+def test_cut_off_file_is_reported(tmp_path):
+    """A file whose last frame was cut (a writer killed mid-flush) is shown as cut off,
+    with what came before it read."""
+    proc = tracegen.training_process(1000, rank=0)
+    tracegen.write_process(tmp_path, proc, cut="frame")
+    snap = _snapshot(tmp_path)
+    (file,) = snap["files"]
+    assert file["state"] == "cut off" and file["pending_bytes"] > 0 and file["events"] > 0
+    assert snap["totals"]["files_cut_off"] == 1
+
+
+@pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])
+def test_reads_only_new_bytes_and_matches_the_summary(tmp_path, compression):
+    """A file written a few hundred bytes at a time (frames cut anywhere) is read on from
+    where the last look stopped; what the watcher then holds equals a summary of the
+    whole file."""
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    source = tracegen.write_process(whole, tracegen.training_process(1000, rank=0, epochs=3),
+                                    compression=compression, lines_per_frame=8)
+    data = source.read_bytes()
+    live = tmp_path / "live"
+    live.mkdir()
+    target = live / source.name
+    watcher = Watcher([str(live)])
+    offsets = []
+    with open(target, "wb") as fh:
+        for at in range(0, len(data), 300):
+            fh.write(data[at:at + 300])
+            fh.flush()
+            watcher.poll()
+            follower = watcher.followers[str(target)]
+            assert follower.offset <= at + 300 and follower.scanned == min(at + 300, len(data))
+            offsets.append(follower.offset)
+    assert offsets == sorted(offsets) and offsets[-1] == len(data)
+    follower = watcher.followers[str(target)]
+    assert follower.closed and len(follower.partials) <= 8  # folded as it grew
+    expected = summarize(str(whole))
+    got = watcher._summary
+    assert got.categories == expected.categories
+    assert got.step_stats == expected.step_stats
+    assert got.breakdown["groups"] == expected.breakdown["groups"]
+    assert got.overview["events"] == expected.overview["events"]
+
+
+def test_new_file_between_two_looks(tmp_path):
+    """A file that appears after the first look (a new rank) is followed from the next."""
+    tracegen.write_process(tmp_path, tracegen.training_process(1000, rank=0), finalize=False)
+    watcher = Watcher([str(tmp_path)])
+    watcher.poll()
+    assert [r["rank"] for r in watcher.snapshot()["ranks"]] == ["rank 0"]
+    tracegen.write_process(tmp_path, tracegen.training_process(1001, rank=1, host="node1"), finalize=False)
+    assert watcher.poll()
+    snap = watcher.snapshot()
+    assert [r["rank"] for r in snap["ranks"]] == ["rank 0", "rank 1"]
+    assert snap["totals"]["files"] == 2 and not watcher.finished
+
+
+def test_watch_json_needs_once(tmp_path):
+    """--json is for one snapshot; a directory with no trace files is an error with --once."""
+    result = _watch(str(tmp_path), "--json")
+    assert result.returncode == 2 and "--json needs --once" in result.stderr
+    result = _watch(str(tmp_path), "--once")
+    assert result.returncode == 2 and "no trace files found" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_terminal_view_and_ctrl_c(paused_job, tmp_path):
+    """In a real terminal (tmux): the live view shows the rank, and Ctrl-C ends it with
+    exit code 0 and no traceback."""
+    _, traces, side = paused_job
+    session = f"dftrace-watch-{os.getpid()}"
+    command = (f"cd {tmp_path} && PYTHONPATH={os.pathsep.join(sys.path)} {sys.executable} -m dftrace watch "
+               f"{traces} --interval 0.2; echo EXIT=$?; sleep 60")
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "40", command], check=True)
+    try:
+        def screen() -> str:
+            return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+                                  text=True).stdout
+
+        shown = _wait_for(lambda: "rank 0" in (s := screen()) and "Ctrl-C to stop" in s and s,
+                          "the live view")
+        assert "dftrace watch: 1 files (1 open" in shown
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        ended = _wait_for(lambda: "EXIT=" in (s := screen()) and s, "watch to exit")
+        assert "EXIT=0" in ended and "Traceback" not in ended
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
