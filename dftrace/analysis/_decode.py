@@ -1,10 +1,14 @@
 """Reading one partition into a table of events plus the metadata records it holds.
 
-This is the function every executor runs on its workers. The fast path splits the
-decoded bytes into lines and lets polars parse all events at once; metadata lines
-(a handful per file) and any partition polars refuses (a broken line in the middle,
-an arg of an unexpected type) are parsed line by line with orjson, which reports
-each broken line instead of failing.
+This is the function every executor runs on its workers. The fastest path hands the
+decoded bytes to the C scanner (``_scan.c``, built with the package), which pulls the
+requested fields of every line into column buffers without the GIL; lines it cannot
+read are looked at again with orjson (a broken line is reported, anything else sends
+the partition down the next path). Without the scanner, or when the full ``args``
+text is wanted, the bytes are split into lines and polars parses all events at once;
+metadata lines (a handful per file) and any partition polars refuses (a broken line
+in the middle, an arg of an unexpected type) are parsed line by line with orjson,
+which reports each broken line instead of failing.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ from .. import format as fmt
 from ._schema import EVENT_COLUMNS, HOST_KEY, RAW_FIELDS
 from ._parquet import read_parquet_parts
 from ._sources import Partition
+
+try:
+    from . import _scan
+except ImportError:  # built without a compiler: polars alone parses
+    _scan = None
 
 # Keep this many broken lines (number and reason) per partition; all are counted.
 MAX_BROKEN_KEPT = 100
@@ -70,11 +79,23 @@ def read_partition(partition: Partition, columns: Iterable[str] | None = None) -
     result = PartitionData(partition, _empty(wanted), cut_off=decoded.cut_off)
     if not decoded.data:
         return result
-    ends_with_newline = decoded.data.endswith(b"\n")
+    holder = [decoded.data]
+    del decoded
+    if _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted):
+        return result
+    return _read_lines(result, holder, wanted)
+
+
+def _read_lines(result: PartitionData, holder: list[bytes], wanted: list[str]) -> PartitionData:
+    """Split the bytes into lines and let polars parse them (see the module docstring).
+
+    ``holder`` holds the only reference to the bytes, dropped once they are split."""
+    data = holder.pop()
+    ends_with_newline = data.endswith(b"\n")
     # Keep read_lines' chunks: json_decode runs chunks in parallel, and a single
     # rechunked column decodes several times slower.
-    text = pl.read_lines(decoded.data, name="text").get_column("text")
-    del decoded  # the lines hold their own copy: free the bytes before parsing
+    text = pl.read_lines(data, name="text").get_column("text")
+    del data  # the lines hold their own copy: free the bytes before parsing
     result.n_lines = text.len()
     is_object = text.str.starts_with("{")
     others = (~is_object).arg_true()
@@ -108,6 +129,92 @@ def read_partition(partition: Partition, columns: Iterable[str] | None = None) -
     result.events = events
     result.broken.sort()
     return result
+
+
+_KIND_INT, _KIND_STR, _KIND_BOOL = 0, 1, 2
+_LINE_EVENT, _LINE_OTHER, _LINE_UNREAD = 0, 1, 2
+
+
+def _read_scanned(result: PartitionData, data: bytes, wanted: list[str]) -> bool:
+    """Fill ``result`` from the C scanner's columns; False (``result`` untouched) when a
+    line holds valid JSON the scanner cannot take (a value of an unexpected type)."""
+    sources = [RAW_FIELDS[c] for c in wanted if c in RAW_FIELDS]
+    sources = [("top", "ph", pl.String()), *[s for s in sources if s[1] != "ph" or s[0] != "top"]]
+    spec = tuple(
+        (int(where == "args"), key.encode(), _KIND_STR if dtype == pl.String else
+         _KIND_BOOL if dtype == pl.Boolean else _KIND_INT)
+        for where, key, dtype in sources
+    )
+    raw_starts, raw_status, raw_columns = _scan.scan_lines(data, spec)
+    starts = np.frombuffer(raw_starts, dtype=np.int64)
+    status = np.frombuffer(raw_status, dtype=np.uint8)
+
+    def line(index: int) -> bytes:
+        return data[starts[index]:starts[index + 1]].strip()
+
+    broken: list[tuple[int, str]] = []
+    closed = False
+    for index in np.flatnonzero(status != _LINE_EVENT).tolist():
+        parsed = fmt.parse_line(line(index))
+        if parsed.error is not None:
+            broken.append((index + 1, parsed.error))
+        elif parsed.event is not None:
+            return False  # valid JSON the scanner does not read: the polars path will
+        elif parsed.text == b"]":
+            closed = True
+    columns: dict[str, pl.Series] = {}
+    for (where, key, dtype), raw in zip(sources, raw_columns):
+        series = _scanned_column(key, dtype, raw)
+        if series is None:
+            return False
+        columns[f"{where}.{key}"] = series
+    ph = columns.pop("top.ph").replace(_PHASE_CODES)
+    is_event = pl.Series(status == _LINE_EVENT)
+    missing = is_event & ph.is_null()
+    for index in missing.arg_true().to_list():
+        broken.append((index + 1, "event without ph"))
+    is_meta = is_event & (ph == fmt.PH_METADATA)
+    keep = is_event & ~missing & ~is_meta
+    args = {key.removeprefix("args."): s.filter(keep) for key, s in columns.items() if key.startswith("args.")}
+    parsed_frame = pl.DataFrame(
+        {"ph": ph.filter(keep), **{key.removeprefix("top."): s.filter(keep)
+                                   for key, s in columns.items() if key.startswith("top.")}}
+    )
+    if args:
+        parsed_frame = parsed_frame.with_columns(pl.DataFrame(args).to_struct("args"))
+    result.n_lines = len(status)
+    result.closed = closed
+    for number, reason in sorted(broken):
+        result.note_broken(number, reason)
+    if result.cut_off is not None:
+        _note_cut_off(result, result.cut_off)
+    meta = (_meta_record(result, index + 1, line(index).decode(errors="replace"))
+            for index in is_meta.arg_true().to_list())
+    result.meta = [record for record in meta if record is not None]
+    result.events = _finish(parsed_frame, wanted)
+    result.broken.sort()
+    return True
+
+
+def _scanned_column(key: str, dtype: pl.DataType, raw: tuple[Any, bytes]) -> pl.Series | None:
+    """One scanned column as a Series (one row per line); None if a string is not UTF-8."""
+    if dtype == pl.String:
+        distinct, codes = raw
+        try:
+            values = [orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode() for text in distinct]
+        except (orjson.JSONDecodeError, UnicodeDecodeError):
+            return None
+        index = pl.Series(np.frombuffer(codes, dtype=np.int32))
+        index = index.to_frame("i").select(pl.when(pl.col("i") >= 0).then(pl.col("i"))).to_series()
+        return pl.Series(key, values, dtype=pl.String).gather(index).alias(key)
+    values, valid = raw
+    series = pl.Series(key, np.frombuffer(values, dtype=np.int64))
+    if dtype == pl.Boolean:
+        series = series.cast(pl.Boolean)
+    mask = np.frombuffer(valid, dtype=np.bool_)
+    if not mask.all():
+        series = series.to_frame().select(pl.when(pl.Series(mask)).then(pl.col(key))).to_series()
+    return series
 
 
 class _Candidates:
@@ -238,7 +345,8 @@ def _decode_slow(
         assert event is not None
         ph = fmt.normalize_phase(event.get("ph"))
         if ph is None:
-            result.note_broken(number, f"no usable ph: {event.get('ph')!r}")
+            result.note_broken(number, "event without ph" if event.get("ph") is None
+                               else f"no usable ph: {event.get('ph')!r}")
             continue
         if ph == fmt.PH_METADATA:
             meta_lines.append((number, text))

@@ -20,6 +20,9 @@ there: evaluation after the last training step is not part of that step.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import polars as pl
 
@@ -69,10 +72,11 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
         proc: np.sort(frame.get_column("start").to_numpy())
         for (proc,), frame in containers.partition_by("proc", as_dict=True).items()
     }
-    out = [
-        _process_steps(proc, frame, cuts.get(proc, np.empty(0, dtype=np.int64)))
-        for (proc,), frame in rows.partition_by("proc", as_dict=True).items()
-    ]
+    jobs = [(proc, frame, cuts.get(proc, np.empty(0, dtype=np.int64)))
+            for (proc,), frame in rows.partition_by("proc", as_dict=True).items()]
+    # Processes are independent, and numpy and polars release the GIL for most of the work.
+    with ThreadPoolExecutor(min(os.cpu_count() or 1, 8, len(jobs))) as pool:
+        out = list(pool.map(lambda job: _process_steps(*job), jobs))
     return pl.concat(out, how="vertical") if out else pl.DataFrame(schema=STEP_SCHEMA)
 
 
