@@ -65,14 +65,25 @@ class PartitionData:
             self.broken.append((number, reason))
 
 
-def read_partition(partition: Partition, columns: Iterable[str] | None = None) -> PartitionData:
+#: What to decode: column -> (``"top"`` | ``"args"``, JSON key, type); ``args`` -> None.
+Wanted = dict[str, "tuple[str, str, pl.DataType] | None"]
+
+
+def read_partition(
+    partition: Partition,
+    columns: Iterable[str] | None = None,
+    arg_columns: dict[str, tuple[str, pl.DataType]] | None = None,
+) -> PartitionData:
     """Read ``partition`` into :class:`PartitionData` with the given event columns.
 
     ``columns`` defaults to the whole schema (``dftrace.analysis.EVENT_COLUMNS``);
     asking for fewer (the summary needs eight) skips decoding the rest, which is
-    what makes the summary fast. Never raises on bad content.
+    what makes the summary fast. ``arg_columns`` adds columns read from other args:
+    column name -> (key in ``args``, type); a value of another type is converted
+    where it can be (numbers to text as JSON) and is null otherwise. Never raises
+    on bad content.
     """
-    wanted = _wanted(columns)
+    wanted = _wanted(columns, arg_columns)
     if partition.is_parquet:
         return _read_parquet(partition, wanted)
     decoded = fmt.read_trace_bytes(partition.path, partition.start, partition.end)
@@ -86,7 +97,7 @@ def read_partition(partition: Partition, columns: Iterable[str] | None = None) -
     return _read_lines(result, holder, wanted)
 
 
-def _read_lines(result: PartitionData, holder: list[bytes], wanted: list[str]) -> PartitionData:
+def _read_lines(result: PartitionData, holder: list[bytes], wanted: Wanted) -> PartitionData:
     """Split the bytes into lines and let polars parse them (see the module docstring).
 
     ``holder`` holds the only reference to the bytes, dropped once they are split."""
@@ -131,18 +142,17 @@ def _read_lines(result: PartitionData, holder: list[bytes], wanted: list[str]) -
     return result
 
 
-_KIND_INT, _KIND_STR, _KIND_BOOL = 0, 1, 2
+_KIND_INT, _KIND_STR, _KIND_BOOL, _KIND_FLOAT = 0, 1, 2, 3
 _LINE_EVENT, _LINE_OTHER, _LINE_UNREAD = 0, 1, 2
 
 
-def _read_scanned(result: PartitionData, data: bytes, wanted: list[str]) -> bool:
+def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted) -> bool:
     """Fill ``result`` from the C scanner's columns; False (``result`` untouched) when a
     line holds valid JSON the scanner cannot take (a value of an unexpected type)."""
-    sources = [RAW_FIELDS[c] for c in wanted if c in RAW_FIELDS]
-    sources = [("top", "ph", pl.String()), *[s for s in sources if s[1] != "ph" or s[0] != "top"]]
+    sources = list(dict.fromkeys([("top", "ph", pl.String()), *(s for s in wanted.values() if s is not None)]))
     spec = tuple(
         (int(where == "args"), key.encode(), _KIND_STR if dtype == pl.String else
-         _KIND_BOOL if dtype == pl.Boolean else _KIND_INT)
+         _KIND_BOOL if dtype == pl.Boolean else _KIND_FLOAT if dtype == pl.Float64 else _KIND_INT)
         for where, key, dtype in sources
     )
     raw_starts, raw_status, raw_columns = _scan.scan_lines(data, spec)
@@ -208,7 +218,7 @@ def _scanned_column(key: str, dtype: pl.DataType, raw: tuple[Any, bytes]) -> pl.
         index = index.to_frame("i").select(pl.when(pl.col("i") >= 0).then(pl.col("i"))).to_series()
         return pl.Series(key, values, dtype=pl.String).gather(index).alias(key)
     values, valid = raw
-    series = pl.Series(key, np.frombuffer(values, dtype=np.int64))
+    series = pl.Series(key, np.frombuffer(values, dtype=np.float64 if dtype == pl.Float64 else np.int64))
     if dtype == pl.Boolean:
         series = series.cast(pl.Boolean)
     mask = np.frombuffer(valid, dtype=np.bool_)
@@ -231,17 +241,29 @@ class _Candidates:
         return positions + np.searchsorted(self._shift, positions, side="right") + 1
 
 
-def _wanted(columns: Iterable[str] | None) -> list[str]:
+def _wanted(columns: Iterable[str] | None, arg_columns: dict[str, tuple[str, pl.DataType]] | None) -> Wanted:
     if columns is None:
-        return [c for c in EVENT_COLUMNS if c not in ("host", "rank")]
-    unknown = set(columns) - set(EVENT_COLUMNS)
-    if unknown:
-        raise ValueError(f"unknown event columns {sorted(unknown)}; known: {list(EVENT_COLUMNS)}")
-    return [c for c in EVENT_COLUMNS if c in set(columns) and c not in ("host", "rank")]
+        names = [c for c in EVENT_COLUMNS if c not in ("host", "rank")]
+    else:
+        unknown = set(columns) - set(EVENT_COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown event columns {sorted(unknown)}; known: {list(EVENT_COLUMNS)}")
+        names = [c for c in EVENT_COLUMNS if c in set(columns) and c not in ("host", "rank")]
+    wanted: Wanted = {c: RAW_FIELDS.get(c) for c in names}
+    for column, (key, dtype) in (arg_columns or {}).items():
+        if column in EVENT_COLUMNS:
+            raise ValueError(f"arg column {column!r} has the name of an event column")
+        wanted[column] = ("args", key, dtype)
+    return wanted
 
 
-def _empty(wanted: list[str]) -> pl.DataFrame:
-    schema = {c: EVENT_COLUMNS[c] for c in wanted}
+def _output_type(column: str, wanted: Wanted) -> pl.DataType:
+    source = wanted[column]
+    return EVENT_COLUMNS[column] if column in EVENT_COLUMNS or source is None else source[2]
+
+
+def _empty(wanted: Wanted) -> pl.DataFrame:
+    schema = {c: _output_type(c, wanted) for c in wanted}
     schema[HOST_KEY] = pl.String
     return pl.DataFrame(schema=schema)
 
@@ -272,11 +294,10 @@ def _classify_other(result: PartitionData, number: int, text: str) -> bool:
 _TOP_ORDER = ("id", "name", "cat", "pid", "tid", "ts", "dur", "ph")
 
 
-def _struct_dtype(wanted: list[str]) -> pl.Struct:
+def _struct_dtype(wanted: Wanted) -> pl.Struct:
     top: dict[str, Any] = {}
     args: dict[str, Any] = {}
-    for column in wanted:
-        source = RAW_FIELDS.get(column)
+    for source in wanted.values():
         if source is not None:
             where, key, dtype = source
             (args if where == "args" else top)[key] = dtype
@@ -288,7 +309,7 @@ def _struct_dtype(wanted: list[str]) -> pl.Struct:
 
 
 def _decode_fast(
-    result: PartitionData, candidates: _Candidates, wanted: list[str]
+    result: PartitionData, candidates: _Candidates, wanted: Wanted
 ) -> tuple[pl.DataFrame, list[tuple[int, str]]]:
     text = candidates.text
     # Through a frame: Series.str.json_decode runs sequentially, a select in parallel.
@@ -307,31 +328,30 @@ def _decode_fast(
     return _finish(events, wanted), meta_lines
 
 
-def _finish(parsed: pl.DataFrame, wanted: list[str]) -> pl.DataFrame:
+def _finish(parsed: pl.DataFrame, wanted: Wanted) -> pl.DataFrame:
     """Turn decoded fields into schema columns (args unnested, p_idx <= 0 as null)."""
     args = pl.col("args")
     exprs = []
-    for column in wanted:
-        source = RAW_FIELDS.get(column)
-        if column == "args":
+    for column, source in wanted.items():
+        if source is None:
             exprs.append(pl.col("args_json").alias("args"))
             continue
         where, key, _ = source
         expr = args.struct.field(key) if where == "args" else pl.col(key)
         if column == "parent_id":
             expr = pl.when(expr > 0).then(expr)
-        exprs.append(expr.cast(EVENT_COLUMNS[column]).alias(column))
+        exprs.append(expr.cast(_output_type(column, wanted)).alias(column))
     # Hosts of trace files are resolved per (file, pid) from the metadata.
     exprs.append(pl.lit("", pl.String).alias(HOST_KEY))
     return parsed.select(exprs)
 
 
 def _decode_slow(
-    result: PartitionData, candidates: _Candidates, wanted: list[str]
+    result: PartitionData, candidates: _Candidates, wanted: Wanted
 ) -> tuple[pl.DataFrame, list[tuple[int, str]]]:
     """Parse line by line: slower, but reports each bad line and coerces odd types."""
     rows: dict[str, list[Any]] = {"ph": [], "args": [], "args_json": []}
-    tops = {RAW_FIELDS[c][1] for c in wanted if c in RAW_FIELDS and RAW_FIELDS[c][0] == "top"} - {"ph"}
+    tops = {s[1] for s in wanted.values() if s is not None and s[0] == "top"} - {"ph"}
     for key in tops:
         rows[key] = []
     meta_lines = []
@@ -383,6 +403,8 @@ def _coerce(value: Any, dtype: Any) -> Any:
         return value if isinstance(value, str) else orjson.dumps(value).decode()
     if dtype == pl.Boolean:
         return value if isinstance(value, bool) else None
+    if dtype == pl.Float64:
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):
@@ -413,7 +435,15 @@ def _meta_record(result: PartitionData, number: int, text: str) -> dict[str, Any
     }
 
 
-def _read_parquet(partition: Partition, wanted: list[str]) -> PartitionData:
-    events, meta = read_parquet_parts(partition.path, wanted)
+def _read_parquet(partition: Partition, wanted: Wanted) -> PartitionData:
+    events, meta = read_parquet_parts(partition.path, [c for c in wanted if c in EVENT_COLUMNS])
+    extra = [c for c in wanted if c not in EVENT_COLUMNS]
+    if extra:
+        # A Parquet file keeps the other args as JSON text in its args column.
+        args = pl.read_parquet(partition.path, columns=["args"]).get_column("args")
+        events = events.with_columns(
+            args.str.json_path_match(f"$.{wanted[c][1]}").cast(_output_type(c, wanted), strict=False).alias(c)
+            for c in extra
+        )
     # A Parquet file is written whole (no rotated parts, no crash-cut tail): it is finished.
     return PartitionData(partition, events, meta=meta, n_lines=0, closed=True)

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { KIND_INT = 0, KIND_STR = 1, KIND_BOOL = 2 };
+enum { KIND_INT = 0, KIND_STR = 1, KIND_BOOL = 2, KIND_FLOAT = 3 };
 enum { WHERE_TOP = 0, WHERE_ARGS = 1 };
 enum { LINE_EVENT = 0, LINE_OTHER = 1, LINE_UNREAD = 2 };
 
@@ -34,7 +34,7 @@ typedef struct {
     int where, kind;
     const char *key;
     Py_ssize_t key_len;
-    int64_t *ints;   /* KIND_INT, KIND_BOOL (0/1) */
+    int64_t *ints;   /* KIND_INT, KIND_BOOL (0/1), KIND_FLOAT (the double's bits) */
     int32_t *codes;  /* KIND_STR: -1 for null or absent */
     uint8_t *valid;
     /* distinct strings: entries in first-seen order, and an open-addressing index */
@@ -208,6 +208,20 @@ static const char *read_field(Field *f, Py_ssize_t i, const char *p, const char 
     if (f->kind == KIND_INT) {
         const char *q = read_int(p, end, &f->ints[i]);
         if (q) f->valid[i] = 1;
+        return q;
+    }
+    if (f->kind == KIND_FLOAT) {
+        const char *q = p;
+        while (q < end && is_number_char(*q)) q++;
+        char buf[64];
+        if (q == p || q - p >= (Py_ssize_t)sizeof(buf)) return NULL;
+        memcpy(buf, p, q - p);
+        buf[q - p] = 0;
+        char *stop;
+        double d = strtod(buf, &stop);
+        if (stop != buf + (q - p)) return NULL;
+        memcpy(&f->ints[i], &d, sizeof(d));
+        f->valid[i] = 1;
         return q;
     }
     if (f->kind == KIND_BOOL) {
