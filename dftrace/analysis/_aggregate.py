@@ -348,7 +348,14 @@ def combine(partials: Sequence[Partial]) -> Combined:
     def collect(kind: str, only: set[int] | None = None) -> pl.DataFrame:
         frames = []
         for partial, mapping in zip(partials, mappings):
-            frame = getattr(partial, kind).join(mapping, on=_KEY, how="inner").drop(_KEY)
+            table = getattr(partial, kind)
+            if mapping.height == 1:
+                # The usual partition of one process: every row is that process's, and
+                # adding a column shares the others' memory where a join would copy them.
+                proc = pl.lit(mapping.item(0, "proc"), pl.Int32).alias("proc")
+                frame = table.drop(_KEY).with_columns(proc)
+            else:
+                frame = table.join(mapping, on=_KEY, how="inner").drop(_KEY)
             frames.append(frame if only is None else frame.filter(pl.col("proc").is_in(list(only))))
         if frames:
             return pl.concat(frames, how="vertical")

@@ -119,7 +119,9 @@ def summarize(
     partials = default_executor(executor).map(
         aggregate_partition, plan, progress=progress, desc="summarising"
     )
-    return build_summary(combine(partials))
+    combined = combine(partials)
+    del partials  # the per-partition tables are merged: free them before the answers are built
+    return build_summary(combined)
 
 
 def _partial_of_trace(trace: TraceTable) -> Partial:
