@@ -167,7 +167,7 @@ def discover_arg_columns(plan: Sequence[Partition]) -> dict[str, tuple[str, pl.D
 
     A key seen with integers only is Int64, with numbers Float64, with booleans only
     Boolean, anything else String (JSON text for lists and objects). A key that is
-    also an event column's name becomes ``arg_<key>``.
+    also an event column's name (or ``end``, which ``spans`` adds) becomes ``arg_<key>``.
     """
     seen: dict[str, set[type]] = {}
     firsts = {p.path: p for p in plan if not p.is_parquet and p.index == 0}
@@ -194,7 +194,7 @@ def discover_arg_columns(plan: Sequence[Partition]) -> dict[str, tuple[str, pl.D
             dtype = pl.Boolean()
         else:
             dtype = pl.String()
-        columns[f"arg_{key}" if key in EVENT_COLUMNS else key] = (key, dtype)
+        columns[f"arg_{key}" if key in EVENT_COLUMNS or key == "end" else key] = (key, dtype)
     return columns
 
 

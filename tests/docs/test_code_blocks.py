@@ -65,6 +65,7 @@ NEEDS = {
     "dftrace summary": ("polars", "numpy"),
     "dftrace convert": ("polars", "numpy"),
     "dftrace merge": ("polars", "numpy"),
+    "dftrace sql": ("polars", "numpy"),
     "dftrace report": ("polars", "numpy", "plotly"),
     ".parquet": ("polars", "numpy"),
     "write_html": ("plotly",),
