@@ -184,3 +184,18 @@ def test_docs_show_ten_questions_with_their_real_output(monkeypatch, capsys):
         assert main(argv) == 0, command
         assert capsys.readouterr().out == output, command
     assert os.path.isdir(DATA / "ddp-run")
+
+
+def test_a_converted_parquet_file_answers_like_the_trace_files(run_dir, tmp_path):
+    """Parquet from `dftrace convert` gives the same rows, other args included."""
+    from dftrace.analysis import write_trace
+
+    proc = tracegen.Process(3000, rank=0)
+    for i in range(5):
+        proc.span("all_reduce", "comm", tracegen.T0_US + i * 100, 50, group="0", seq=i + 1, bytes=10 * (i + 1))
+    tracegen.write_process(tmp_path, proc)
+    parquet = tmp_path / "converted.parquet"
+    write_trace(load_traces(tmp_path), parquet)
+    query = "SELECT seq, bytes, dur FROM collectives ORDER BY seq"
+    assert_frame_equal(run_sql(query, parquet), run_sql(query, tmp_path / "train-rank0-node0-3000.pfw.zst"))
+    assert run_sql(query, parquet).get_column("bytes").to_list() == [10, 20, 30, 40, 50]
