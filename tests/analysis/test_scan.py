@@ -101,3 +101,46 @@ def test_scanner_reads_dftracer_files_like_the_polars_path(monkeypatch):
         assert scanned.events.height > 0, path
         assert_frame_equal(scanned.events, parsed.events)
         assert scanned.files == parsed.files
+
+
+_text = __import__("hypothesis").strategies.text(max_size=12)
+
+
+def _event_strategy():
+    from hypothesis import strategies as st
+
+    scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), _text,
+                       st.floats(allow_nan=False, allow_infinity=False, width=32))
+    value = st.recursive(scalar, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                          st.dictionaries(_text, inner, max_size=3)), max_leaves=6)
+    args = st.fixed_dictionaries(
+        {}, optional={"level": st.integers(1, 9), "p_idx": st.integers(-1, 99), "epoch": st.integers(0, 5),
+                      "step": st.integers(0, 50), "count": st.integers(1, 50), "incomplete": st.booleans(),
+                      "group": _text, "seq": st.integers(0, 99), "other": value, _KEY: value})
+    return st.fixed_dictionaries(
+        {"name": _text, "cat": _text, "pid": st.integers(0, 2**31), "tid": st.integers(0, 2**31),
+         "ts": st.integers(0, 2**52), "ph": st.sampled_from(["X", "i", "C", 1, 2])},
+        optional={"dur": st.integers(0, 2**31), "id": st.integers(1, 2**31), "args": args, "extra": value},
+    )
+
+
+_KEY = "k\u00e9y"
+
+
+@needs_scanner
+def test_scanner_matches_the_polars_path_on_generated_events(tmp_path_factory, monkeypatch):
+    """Random events (unicode, escapes, nested values, integer phases) load alike both ways."""
+    import orjson
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(_event_strategy(), min_size=1, max_size=12))
+    def check(events):
+        path = tmp_path_factory.mktemp("gen") / "gen.pfw"
+        path.write_bytes(b"[\n" + _META.encode() + b"\n".join(orjson.dumps(e) for e in events) + b"\n]\n")
+        scanned, parsed = _both_ways(path, monkeypatch)
+        assert_frame_equal(scanned.events, parsed.events)
+        assert scanned.files == parsed.files
+
+    check()
