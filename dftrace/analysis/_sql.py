@@ -24,13 +24,14 @@ from ._decode import read_partition
 from ._executor import default_executor
 from ._schema import EVENT_COLUMNS, RAW_FIELDS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
-from ._steps import container_rows, model_steps, step_rows, unit_steps
+from ._aggregate import aggregate_partition, combine
+from ._summary import steps_of
 from ._trace import PathsLike, as_path_list, assemble
 
 #: Views over ``events``, with what each row is (shown by ``dftrace sql --help``).
 VIEWS = {
     "spans": "complete events (ph 'X') with end = ts + dur",
-    "steps": "one row per step per rank: rank, unit, epoch, step, ts, end, dur, n_spans",
+    "steps": "one row per step per rank, as the summary has them: rank, unit, epoch, step, ts, end, dur, n_spans",
     "collectives": "communication spans: rank, host, pid, tid, name, group, seq, ts, dur, end, bytes, epoch, step",
 }
 
@@ -41,7 +42,6 @@ _KNOWN_ARGS = {source[1] for source in RAW_FIELDS.values() if source[0] == "args
 
 _STEP_SCHEMA = {"rank": pl.Int32, "unit": pl.String, "epoch": pl.Int64, "step": pl.Int64, "ts": pl.Int64,
                 "end": pl.Int64, "dur": pl.Int64, "n_spans": pl.Int64}
-_STEP_INPUT = ("pid", "host", "rank", "cat", "name", "ph", "ts", "dur", "epoch", "step", "count")
 
 
 def run_sql(
@@ -120,25 +120,15 @@ class TraceTables:
         return next(column for column, (k, _) in self.arg_columns.items() if k == key)
 
     def _steps(self) -> pl.DataFrame:
-        """One row per step per rank (or per process without ranks), by the summary's step model."""
-        events = self.events(_STEP_INPUT)
-        spans = events.filter(
-            (pl.col("ph") == fmt.PH_COMPLETE) & pl.col("ts").is_not_null() & pl.col("dur").is_not_null()
-        ).with_columns(
-            (pl.col("ts") + pl.col("dur")).alias("end"),
-            pl.struct("host", "pid").rank("dense").cast(pl.Int32).alias("proc"),
-        )
-        procs = (
-            spans.select("proc", "rank", "host", "pid").unique("proc")
-            .with_columns(pl.when(pl.col("rank").is_not_null()).then(pl.format("rank {}", pl.col("rank")))
-                          .otherwise(pl.format("{} pid {}", pl.col("host"), pl.col("pid"))).alias("unit"))
-            .with_columns(pl.col("rank").cast(pl.Int64).fill_null(1 << 40).add(pl.col("proc")).alias("unit_order"))
-        )
-        steps = model_steps(step_rows(spans, ["proc"]), container_rows(spans, ["proc"]))
-        by_unit = unit_steps(steps, procs)
-        ranks = procs.select("unit", "rank").unique("unit")
+        """One row per step per rank (or per process without ranks), as the summary has them.
+
+        Computed the summary's way, from per-partition aggregates: a big trace's
+        events are never all in memory at once."""
+        partials = self._executor.map(aggregate_partition, self._plan, progress=self._progress, desc="steps")
+        found = steps_of(combine(partials))
+        ranks = found.procs.select("unit", "rank").unique("unit")
         return (
-            by_unit.join(ranks, on="unit", how="left")
+            found.by_unit.join(ranks, on="unit", how="left")
             .select("rank", "unit", "epoch", "step", pl.col("start").alias("ts"), "end", "dur",
                     pl.col("n").alias("n_spans"))
             .cast(_STEP_SCHEMA)
