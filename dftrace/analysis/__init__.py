@@ -1,4 +1,4 @@
-"""Analysis of dftrace (and DFTracer) traces: load, summarise, compare, report, convert, merge.
+"""Analysis of dftrace (and DFTracer) traces: load, summarise, compare, report, convert, merge, query.
 
 The pipeline is load -> one table (:class:`TraceTable`) or partial aggregates ->
 :class:`Summary` -> a renderer (terminal, JSON, HTML, Chrome JSON, pfw, Parquet).
@@ -36,6 +36,7 @@ _EXPORTS = {
     "merge": "._export",
     "render_html": "._render_html",
     "render_text": "._render_text",
+    "run_sql": "._sql",
     "summarize": "._summary",
     "write_html": "._render_html",
     "write_trace": "._export",
@@ -64,6 +65,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs should see them
     from ._export import MergeFilter, merge, write_trace  # noqa: F401
     from ._render_html import render_html, write_html  # noqa: F401
     from ._render_text import render_text  # noqa: F401
+    from ._sql import run_sql  # noqa: F401
     from ._schema import EVENT_COLUMNS  # noqa: F401
     from ._summary import Summary, summarize  # noqa: F401
     from ._trace import FileReport, TraceTable, load_traces  # noqa: F401

@@ -1,4 +1,4 @@
-"""The analysis subcommands: summary, report, convert, merge, validate, diff, watch.
+"""The analysis subcommands: summary, report, convert, merge, validate, diff, watch, sql.
 
 ``register(subparsers)`` adds them to an argparse subparsers object; each sets
 ``func`` to a callable taking the parsed arguments and returning the exit code.
@@ -101,6 +101,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_run_validate)
 
     _register_diff_and_watch(subparsers)
+    _register_sql(subparsers)
 
 
 def _inputs(parser: argparse.ArgumentParser) -> None:
@@ -371,6 +372,80 @@ def _run_watch(args: argparse.Namespace) -> int:
         raise ValueError("--interval and --stale must be > 0 and --window at least 2")
     return watch(args.paths, interval=args.interval, window=args.window, stale_s=args.stale,
                  once=args.once, as_json=args.json)
+
+
+# --- dftrace sql ------------------------------------------------------------------
+
+_SQL_TABLES = """
+tables:
+  events       one row per event (metadata records left out):
+               pid, tid, rank, host, cat, name, ph, ts, dur (µs), id, parent_id, level,
+               epoch, step, count, incomplete, group, seq, args (all args as JSON text),
+               and one column per other arg found in the first events of each file
+               (bytes, size, lr, ...; named arg_<key> when the key is a column name)
+  spans        complete events (ph 'X') with end = ts + dur
+  steps        one row per step per rank, by the summary's step model:
+               rank, unit, epoch, step, ts, end, dur, n_spans
+  collectives  communication spans: rank, host, pid, tid, name, group, seq, ts, dur,
+               end, bytes, epoch, step
+
+Only the columns a query names are decoded. The SQL is polars' dialect (SELECT, WHERE,
+GROUP BY, JOIN, WITH, window functions, ...); quote names that are SQL words: "group".
+
+examples:
+  dftrace sql "SELECT name, count(*) AS n, sum(dur) AS total_us FROM spans
+               GROUP BY name ORDER BY total_us DESC LIMIT 10" traces/
+  dftrace sql "SELECT rank, max(dur) FROM steps GROUP BY rank" traces/ -o slowest.parquet
+"""
+
+
+def _register_sql(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sql",
+        help="answer a question with one SQL query over the events table and its views",
+        description="Run one SQL query over trace files and print its result (a table on the\n"
+        "terminal, --csv, --json) or write it (-o FILE.parquet|.csv|.json)." + _EXECUTOR_HELP,
+        epilog=_SQL_TABLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("query", help="the SQL query (tables: events, spans, steps, collectives)")
+    _inputs(p)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--csv", action="store_true", help="print the result as CSV")
+    out.add_argument("--json", action="store_true", help="print the result as a JSON array of rows")
+    out.add_argument("-o", "--output", metavar="FILE", help="write the result to FILE (.parquet, .csv or .json)")
+    p.add_argument("--max-rows", type=int, default=100, metavar="N",
+                   help="rows of the terminal table (default 100; -1 for all)")
+    _execution(p)
+    p.set_defaults(func=_run_sql)
+
+
+@_command(*ANALYSIS)
+def _run_sql(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    from ._sql import check_output, result_json, result_table, run_sql, write_result
+
+    if args.output:
+        check_output(args.output)
+    try:
+        with _Run(args) as options:
+            result = run_sql(args.query, args.paths, **options)
+    except pl.exceptions.PolarsError as exc:
+        # polars explains a bad query in its first line; the plan dump after it is noise.
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"dftrace: error: in the query: {message}", file=sys.stderr)
+        return 2
+    if args.output:
+        write_result(result, args.output)
+        print(f"wrote {args.output}: {result.height} rows")
+    elif args.csv:
+        sys.stdout.write(result.write_csv())
+    elif args.json:
+        sys.stdout.buffer.write(result_json(result))
+    else:
+        sys.stdout.write(result_table(result, args.max_rows))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

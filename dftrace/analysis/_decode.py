@@ -1,10 +1,14 @@
 """Reading one partition into a table of events plus the metadata records it holds.
 
-This is the function every executor runs on its workers. The fast path splits the
-decoded bytes into lines and lets polars parse all events at once; metadata lines
-(a handful per file) and any partition polars refuses (a broken line in the middle,
-an arg of an unexpected type) are parsed line by line with orjson, which reports
-each broken line instead of failing.
+This is the function every executor runs on its workers. The fastest path hands the
+decoded bytes to the C scanner (``_scan.c``, built with the package), which pulls the
+requested fields of every line into column buffers without the GIL; lines it cannot
+read are looked at again with orjson (a broken line is reported, anything else sends
+the partition down the next path). Without the scanner, or when the full ``args``
+text is wanted, the bytes are split into lines and polars parses all events at once;
+metadata lines (a handful per file) and any partition polars refuses (a broken line
+in the middle, an arg of an unexpected type) are parsed line by line with orjson,
+which reports each broken line instead of failing.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ from .. import format as fmt
 from ._schema import EVENT_COLUMNS, HOST_KEY, RAW_FIELDS
 from ._parquet import read_parquet_parts
 from ._sources import Partition
+
+try:
+    from . import _scan
+except ImportError:  # built without a compiler: polars alone parses
+    _scan = None
 
 # Keep this many broken lines (number and reason) per partition; all are counted.
 MAX_BROKEN_KEPT = 100
@@ -56,25 +65,48 @@ class PartitionData:
             self.broken.append((number, reason))
 
 
-def read_partition(partition: Partition, columns: Iterable[str] | None = None) -> PartitionData:
+#: What to decode: column -> (``"top"`` | ``"args"``, JSON key, type); ``args`` -> None.
+Wanted = dict[str, "tuple[str, str, pl.DataType] | None"]
+
+
+def read_partition(
+    partition: Partition,
+    columns: Iterable[str] | None = None,
+    arg_columns: dict[str, tuple[str, pl.DataType]] | None = None,
+) -> PartitionData:
     """Read ``partition`` into :class:`PartitionData` with the given event columns.
 
     ``columns`` defaults to the whole schema (``dftrace.analysis.EVENT_COLUMNS``);
     asking for fewer (the summary needs eight) skips decoding the rest, which is
-    what makes the summary fast. Never raises on bad content.
+    what makes the summary fast. ``arg_columns`` adds columns read from other args:
+    column name -> (key in ``args``, type); a value of another type is converted
+    where it can be (numbers to text as JSON) and is null otherwise. Never raises
+    on bad content.
     """
-    wanted = _wanted(columns)
+    wanted = _wanted(columns, arg_columns)
     if partition.is_parquet:
         return _read_parquet(partition, wanted)
     decoded = fmt.read_trace_bytes(partition.path, partition.start, partition.end)
     result = PartitionData(partition, _empty(wanted), cut_off=decoded.cut_off)
     if not decoded.data:
         return result
-    ends_with_newline = decoded.data.endswith(b"\n")
+    holder = [decoded.data]
+    del decoded
+    if _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted):
+        return result
+    return _read_lines(result, holder, wanted)
+
+
+def _read_lines(result: PartitionData, holder: list[bytes], wanted: Wanted) -> PartitionData:
+    """Split the bytes into lines and let polars parse them (see the module docstring).
+
+    ``holder`` holds the only reference to the bytes, dropped once they are split."""
+    data = holder.pop()
+    ends_with_newline = data.endswith(b"\n")
     # Keep read_lines' chunks: json_decode runs chunks in parallel, and a single
     # rechunked column decodes several times slower.
-    text = pl.read_lines(decoded.data, name="text").get_column("text")
-    del decoded  # the lines hold their own copy: free the bytes before parsing
+    text = pl.read_lines(data, name="text").get_column("text")
+    del data  # the lines hold their own copy: free the bytes before parsing
     result.n_lines = text.len()
     is_object = text.str.starts_with("{")
     others = (~is_object).arg_true()
@@ -110,6 +142,91 @@ def read_partition(partition: Partition, columns: Iterable[str] | None = None) -
     return result
 
 
+_KIND_INT, _KIND_STR, _KIND_BOOL, _KIND_FLOAT = 0, 1, 2, 3
+_LINE_EVENT, _LINE_OTHER, _LINE_UNREAD = 0, 1, 2
+
+
+def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted) -> bool:
+    """Fill ``result`` from the C scanner's columns; False (``result`` untouched) when a
+    line holds valid JSON the scanner cannot take (a value of an unexpected type)."""
+    sources = list(dict.fromkeys([("top", "ph", pl.String()), *(s for s in wanted.values() if s is not None)]))
+    spec = tuple(
+        (int(where == "args"), key.encode(), _KIND_STR if dtype == pl.String else
+         _KIND_BOOL if dtype == pl.Boolean else _KIND_FLOAT if dtype == pl.Float64 else _KIND_INT)
+        for where, key, dtype in sources
+    )
+    raw_starts, raw_status, raw_columns = _scan.scan_lines(data, spec)
+    starts = np.frombuffer(raw_starts, dtype=np.int64)
+    status = np.frombuffer(raw_status, dtype=np.uint8)
+
+    def line(index: int) -> bytes:
+        return data[starts[index]:starts[index + 1]].strip()
+
+    broken: list[tuple[int, str]] = []
+    closed = False
+    for index in np.flatnonzero(status != _LINE_EVENT).tolist():
+        parsed = fmt.parse_line(line(index))
+        if parsed.error is not None:
+            broken.append((index + 1, parsed.error))
+        elif parsed.event is not None:
+            return False  # valid JSON the scanner does not read: the polars path will
+        elif parsed.text == b"]":
+            closed = True
+    columns: dict[str, pl.Series] = {}
+    for (where, key, dtype), raw in zip(sources, raw_columns):
+        series = _scanned_column(key, dtype, raw)
+        if series is None:
+            return False
+        columns[f"{where}.{key}"] = series
+    ph = columns.pop("top.ph").replace(_PHASE_CODES)
+    is_event = pl.Series(status == _LINE_EVENT)
+    missing = is_event & ph.is_null()
+    for index in missing.arg_true().to_list():
+        broken.append((index + 1, "event without ph"))
+    is_meta = is_event & (ph == fmt.PH_METADATA)
+    keep = is_event & ~missing & ~is_meta
+    args = {key.removeprefix("args."): s.filter(keep) for key, s in columns.items() if key.startswith("args.")}
+    parsed_frame = pl.DataFrame(
+        {"ph": ph.filter(keep), **{key.removeprefix("top."): s.filter(keep)
+                                   for key, s in columns.items() if key.startswith("top.")}}
+    )
+    if args:
+        parsed_frame = parsed_frame.with_columns(pl.DataFrame(args).to_struct("args"))
+    result.n_lines = len(status)
+    result.closed = closed
+    for number, reason in sorted(broken):
+        result.note_broken(number, reason)
+    if result.cut_off is not None:
+        _note_cut_off(result, result.cut_off)
+    meta = (_meta_record(result, index + 1, line(index).decode(errors="replace"))
+            for index in is_meta.arg_true().to_list())
+    result.meta = [record for record in meta if record is not None]
+    result.events = _finish(parsed_frame, wanted)
+    result.broken.sort()
+    return True
+
+
+def _scanned_column(key: str, dtype: pl.DataType, raw: tuple[Any, bytes]) -> pl.Series | None:
+    """One scanned column as a Series (one row per line); None if a string is not UTF-8."""
+    if dtype == pl.String:
+        distinct, codes = raw
+        try:
+            values = [orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode() for text in distinct]
+        except (orjson.JSONDecodeError, UnicodeDecodeError):
+            return None
+        index = pl.Series(np.frombuffer(codes, dtype=np.int32))
+        index = index.to_frame("i").select(pl.when(pl.col("i") >= 0).then(pl.col("i"))).to_series()
+        return pl.Series(key, values, dtype=pl.String).gather(index).alias(key)
+    values, valid = raw
+    series = pl.Series(key, np.frombuffer(values, dtype=np.float64 if dtype == pl.Float64 else np.int64))
+    if dtype == pl.Boolean:
+        series = series.cast(pl.Boolean)
+    mask = np.frombuffer(valid, dtype=np.bool_)
+    if not mask.all():
+        series = series.to_frame().select(pl.when(pl.Series(mask)).then(pl.col(key))).to_series()
+    return series
+
+
 class _Candidates:
     """The lines that start with ``{``, and how to find their line numbers again."""
 
@@ -124,17 +241,29 @@ class _Candidates:
         return positions + np.searchsorted(self._shift, positions, side="right") + 1
 
 
-def _wanted(columns: Iterable[str] | None) -> list[str]:
+def _wanted(columns: Iterable[str] | None, arg_columns: dict[str, tuple[str, pl.DataType]] | None) -> Wanted:
     if columns is None:
-        return [c for c in EVENT_COLUMNS if c not in ("host", "rank")]
-    unknown = set(columns) - set(EVENT_COLUMNS)
-    if unknown:
-        raise ValueError(f"unknown event columns {sorted(unknown)}; known: {list(EVENT_COLUMNS)}")
-    return [c for c in EVENT_COLUMNS if c in set(columns) and c not in ("host", "rank")]
+        names = [c for c in EVENT_COLUMNS if c not in ("host", "rank")]
+    else:
+        unknown = set(columns) - set(EVENT_COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown event columns {sorted(unknown)}; known: {list(EVENT_COLUMNS)}")
+        names = [c for c in EVENT_COLUMNS if c in set(columns) and c not in ("host", "rank")]
+    wanted: Wanted = {c: RAW_FIELDS.get(c) for c in names}
+    for column, (key, dtype) in (arg_columns or {}).items():
+        if column in EVENT_COLUMNS:
+            raise ValueError(f"arg column {column!r} has the name of an event column")
+        wanted[column] = ("args", key, dtype)
+    return wanted
 
 
-def _empty(wanted: list[str]) -> pl.DataFrame:
-    schema = {c: EVENT_COLUMNS[c] for c in wanted}
+def _output_type(column: str, wanted: Wanted) -> pl.DataType:
+    source = wanted[column]
+    return EVENT_COLUMNS[column] if column in EVENT_COLUMNS or source is None else source[2]
+
+
+def _empty(wanted: Wanted) -> pl.DataFrame:
+    schema = {c: _output_type(c, wanted) for c in wanted}
     schema[HOST_KEY] = pl.String
     return pl.DataFrame(schema=schema)
 
@@ -165,11 +294,10 @@ def _classify_other(result: PartitionData, number: int, text: str) -> bool:
 _TOP_ORDER = ("id", "name", "cat", "pid", "tid", "ts", "dur", "ph")
 
 
-def _struct_dtype(wanted: list[str]) -> pl.Struct:
+def _struct_dtype(wanted: Wanted) -> pl.Struct:
     top: dict[str, Any] = {}
     args: dict[str, Any] = {}
-    for column in wanted:
-        source = RAW_FIELDS.get(column)
+    for source in wanted.values():
         if source is not None:
             where, key, dtype = source
             (args if where == "args" else top)[key] = dtype
@@ -181,7 +309,7 @@ def _struct_dtype(wanted: list[str]) -> pl.Struct:
 
 
 def _decode_fast(
-    result: PartitionData, candidates: _Candidates, wanted: list[str]
+    result: PartitionData, candidates: _Candidates, wanted: Wanted
 ) -> tuple[pl.DataFrame, list[tuple[int, str]]]:
     text = candidates.text
     # Through a frame: Series.str.json_decode runs sequentially, a select in parallel.
@@ -200,31 +328,30 @@ def _decode_fast(
     return _finish(events, wanted), meta_lines
 
 
-def _finish(parsed: pl.DataFrame, wanted: list[str]) -> pl.DataFrame:
+def _finish(parsed: pl.DataFrame, wanted: Wanted) -> pl.DataFrame:
     """Turn decoded fields into schema columns (args unnested, p_idx <= 0 as null)."""
     args = pl.col("args")
     exprs = []
-    for column in wanted:
-        source = RAW_FIELDS.get(column)
-        if column == "args":
+    for column, source in wanted.items():
+        if source is None:
             exprs.append(pl.col("args_json").alias("args"))
             continue
         where, key, _ = source
         expr = args.struct.field(key) if where == "args" else pl.col(key)
         if column == "parent_id":
             expr = pl.when(expr > 0).then(expr)
-        exprs.append(expr.cast(EVENT_COLUMNS[column]).alias(column))
+        exprs.append(expr.cast(_output_type(column, wanted)).alias(column))
     # Hosts of trace files are resolved per (file, pid) from the metadata.
     exprs.append(pl.lit("", pl.String).alias(HOST_KEY))
     return parsed.select(exprs)
 
 
 def _decode_slow(
-    result: PartitionData, candidates: _Candidates, wanted: list[str]
+    result: PartitionData, candidates: _Candidates, wanted: Wanted
 ) -> tuple[pl.DataFrame, list[tuple[int, str]]]:
     """Parse line by line: slower, but reports each bad line and coerces odd types."""
     rows: dict[str, list[Any]] = {"ph": [], "args": [], "args_json": []}
-    tops = {RAW_FIELDS[c][1] for c in wanted if c in RAW_FIELDS and RAW_FIELDS[c][0] == "top"} - {"ph"}
+    tops = {s[1] for s in wanted.values() if s is not None and s[0] == "top"} - {"ph"}
     for key in tops:
         rows[key] = []
     meta_lines = []
@@ -238,7 +365,8 @@ def _decode_slow(
         assert event is not None
         ph = fmt.normalize_phase(event.get("ph"))
         if ph is None:
-            result.note_broken(number, f"no usable ph: {event.get('ph')!r}")
+            result.note_broken(number, "event without ph" if event.get("ph") is None
+                               else f"no usable ph: {event.get('ph')!r}")
             continue
         if ph == fmt.PH_METADATA:
             meta_lines.append((number, text))
@@ -275,6 +403,8 @@ def _coerce(value: Any, dtype: Any) -> Any:
         return value if isinstance(value, str) else orjson.dumps(value).decode()
     if dtype == pl.Boolean:
         return value if isinstance(value, bool) else None
+    if dtype == pl.Float64:
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):
@@ -305,7 +435,15 @@ def _meta_record(result: PartitionData, number: int, text: str) -> dict[str, Any
     }
 
 
-def _read_parquet(partition: Partition, wanted: list[str]) -> PartitionData:
-    events, meta = read_parquet_parts(partition.path, wanted)
+def _read_parquet(partition: Partition, wanted: Wanted) -> PartitionData:
+    events, meta = read_parquet_parts(partition.path, [c for c in wanted if c in EVENT_COLUMNS])
+    extra = [c for c in wanted if c not in EVENT_COLUMNS]
+    if extra:
+        # A Parquet file keeps the other args as JSON text in its args column.
+        args = pl.read_parquet(partition.path, columns=["args"]).get_column("args")
+        events = events.with_columns(
+            args.str.json_path_match(f"$.{wanted[c][1]}").cast(_output_type(c, wanted), strict=False).alias(c)
+            for c in extra
+        )
     # A Parquet file is written whole (no rotated parts, no crash-cut tail): it is finished.
     return PartitionData(partition, events, meta=meta, n_lines=0, closed=True)

@@ -20,6 +20,9 @@ there: evaluation after the last training step is not part of that step.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import polars as pl
 
@@ -69,10 +72,17 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
         proc: np.sort(frame.get_column("start").to_numpy())
         for (proc,), frame in containers.partition_by("proc", as_dict=True).items()
     }
-    out = [
-        _process_steps(proc, frame, cuts.get(proc, np.empty(0, dtype=np.int64)))
-        for (proc,), frame in rows.partition_by("proc", as_dict=True).items()
-    ]
+    procs = rows.get_column("proc").unique(maintain_order=True).to_list()
+
+    def one(proc: int) -> pl.DataFrame:
+        # Each process's rows are cut out when its turn comes: a big run's rows are
+        # not all copied at once.
+        frame = rows.filter(pl.col("proc") == proc)
+        return _process_steps(proc, frame, cuts.get(proc, np.empty(0, dtype=np.int64)))
+
+    # Processes are independent, and numpy and polars release the GIL for most of the work.
+    with ThreadPoolExecutor(min(os.cpu_count() or 1, 8, len(procs))) as pool:
+        out = list(pool.map(one, procs))
     return pl.concat(out, how="vertical") if out else pl.DataFrame(schema=STEP_SCHEMA)
 
 

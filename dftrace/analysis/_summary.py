@@ -119,7 +119,9 @@ def summarize(
     partials = default_executor(executor).map(
         aggregate_partition, plan, progress=progress, desc="summarising"
     )
-    return build_summary(combine(partials))
+    combined = combine(partials)
+    del partials  # the per-partition tables are merged: free them before the answers are built
+    return build_summary(combined)
 
 
 def _partial_of_trace(trace: TraceTable) -> Partial:
@@ -138,14 +140,34 @@ def _partial_of_trace(trace: TraceTable) -> Partial:
 # --- building ------------------------------------------------------------------------
 
 
-def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) -> Summary:
-    """Compute every answer from combined aggregates (``rank_steps`` keeps at most
-    ``rank_steps_limit`` rows, by default RANK_STEPS_LIMIT)."""
+@dataclass
+class UnitSteps:
+    """The processes with the unit (rank) each belongs to, the runs, and the steps."""
+
+    #: proc, label, rank, host, pid, dropped, unit, unit_order, run
+    procs: pl.DataFrame
+    runs: list[dict[str, Any]]
+    #: Each process's steps (see ``model_steps``).
+    process_steps: pl.DataFrame
+    #: Each unit's steps (see ``unit_steps``): what the answers and ``dftrace sql``'s
+    #: steps view are built on.
+    by_unit: pl.DataFrame
+
+
+def steps_of(combined: Combined) -> UnitSteps:
+    """Units, runs and steps of combined aggregates."""
     procs = _processes_frame(combined)
     runs = find_runs(combined, procs)
     procs = _units_per_run(procs, runs)
     process_steps = model_steps(combined.steps, combined.containers)
-    steps_by_unit = unit_steps(process_steps, procs)
+    return UnitSteps(procs, runs, process_steps, unit_steps(process_steps, procs))
+
+
+def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) -> Summary:
+    """Compute every answer from combined aggregates (``rank_steps`` keeps at most
+    ``rank_steps_limit`` rows, by default RANK_STEPS_LIMIT)."""
+    found = steps_of(combined)
+    procs, runs, process_steps, steps_by_unit = found.procs, found.runs, found.process_steps, found.by_unit
     steps = _steps(steps_by_unit)
     units = {unit: (rank, host) for unit, rank, host in
              procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}

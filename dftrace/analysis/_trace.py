@@ -76,6 +76,7 @@ def load_traces(
     executor: Any = None,
     partition_bytes: int = DEFAULT_PARTITION_BYTES,
     progress: bool | None = None,
+    arg_columns: dict[str, tuple[str, pl.DataType]] | None = None,
 ) -> TraceTable:
     """Load trace files, directories or glob patterns into one :class:`TraceTable`.
 
@@ -85,14 +86,16 @@ def load_traces(
     in ``TraceTable.files``, never raised. ``columns`` limits the event columns decoded
     (``pid``, ``host`` and ``rank`` are always present). ``executor`` is an
     :class:`EmbeddedExecutor` (default) or :class:`DaskExecutor`. ``progress``
-    shows a bar (default: only when stderr is a terminal).
+    shows a bar (default: only when stderr is a terminal). ``arg_columns`` adds
+    columns from other args: column name -> (key in ``args``, polars type).
     """
     wanted = _with_pid(columns)
     plan = plan_partitions(expand_paths(as_path_list(paths)), partition_bytes)
     parts = default_executor(executor).map(
-        functools.partial(read_partition, columns=wanted), plan, progress=progress, desc="loading"
+        functools.partial(read_partition, columns=wanted, arg_columns=arg_columns), plan,
+        progress=progress, desc="loading",
     )
-    return assemble(parts, wanted)
+    return assemble(parts, wanted, arg_columns)
 
 
 def as_path_list(paths: PathsLike) -> list[str | os.PathLike[str]]:
@@ -150,7 +153,11 @@ def file_reports(parts: Sequence[PartitionData], events: Sequence[int]) -> list[
     return list(reports.values())
 
 
-def assemble(parts: Sequence[PartitionData], columns: Sequence[str] | None = None) -> TraceTable:
+def assemble(
+    parts: Sequence[PartitionData],
+    columns: Sequence[str] | None = None,
+    arg_columns: dict[str, tuple[str, pl.DataType]] | None = None,
+) -> TraceTable:
     """Combine partitions into a :class:`TraceTable`, resolving hosts and ranks."""
     keys = [partition_keys(p) for p in parts]
     resolution = resolve_parts(parts, keys)
@@ -175,6 +182,9 @@ def assemble(parts: Sequence[PartitionData], columns: Sequence[str] | None = Non
         )
     order = [c for c in EVENT_COLUMNS if columns is None or c in columns or c in ("host", "rank")]
     schema = {c: EVENT_COLUMNS[c] for c in order}
+    for column, (_, dtype) in (arg_columns or {}).items():
+        order.append(column)
+        schema[column] = dtype
     events = (
         pl.concat([f.select(order) for f in frames], how="vertical")
         if frames

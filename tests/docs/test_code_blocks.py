@@ -5,8 +5,9 @@ The convention (CONTRIBUTING.md says the same):
 - Every block names its language after the opening fence.
 - ``python`` blocks run as a script in a fresh interpreter; ``bash`` and ``sh`` blocks
   run with ``bash -euo pipefail``. Both run in a new directory holding ``traces/`` (a
-  four-rank run of the toy pipeline) and DFTracer's sample directories
-  (``dftracer-2.0.3/``, ...), and must exit with status 0.
+  four-rank run of the toy pipeline), DFTracer's sample directories
+  (``dftracer-2.0.3/``, ...) and ``ddp-run/`` (two DDP ranks, tests/data/ddp-run),
+  and must exit with status 0.
 - ``console`` blocks are shell sessions: each ``$ `` line is a command that runs the
   same way and must not fail (status 0, or 1 for ``dftrace validate``, which reports
   broken rules that way) nor print a traceback; the other lines are its output, shown
@@ -66,6 +67,7 @@ NEEDS = {
     "dftrace merge": ("polars", "numpy"),
     "dftrace diff": ("polars", "numpy"),
     "dftrace watch": ("polars", "numpy", "rich"),
+    "dftrace sql": ("polars", "numpy"),
     "dftrace report": ("polars", "numpy", "plotly"),
     ".parquet": ("polars", "numpy"),
     "write_html": ("plotly",),
@@ -241,6 +243,7 @@ def prepared(tmp_path_factory) -> Path:
     for sample in SAMPLES.iterdir():
         if sample.is_dir():
             shutil.copytree(sample, where / sample.name)
+    shutil.copytree(ROOT / "tests" / "data" / "ddp-run", where / "ddp-run")
     return where
 
 

@@ -1,0 +1,405 @@
+/* Column extraction from trace lines: the fast path of dftrace.analysis._decode.
+ *
+ * scan_lines(data, fields) walks every line of ``data`` once, without the GIL, and
+ * pulls the requested top-level and ``args`` fields of each JSON object into column
+ * buffers: integers and booleans as fixed-width arrays with a validity byte, strings
+ * as int32 codes into a table of their distinct raw (still escaped) spellings, which
+ * the caller decodes once each. Event lines hold few distinct names and categories,
+ * so this never builds a Python object per line.
+ *
+ * It reads only the simple layout every tracer writes: one object per line, values of
+ * the requested type. A line it cannot read is marked (status 2) and the caller looks
+ * at it again with a real JSON parser; a line that does not start with '{' is marked
+ * status 1 (array brackets, blank lines).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { KIND_INT = 0, KIND_STR = 1, KIND_BOOL = 2, KIND_FLOAT = 3 };
+enum { WHERE_TOP = 0, WHERE_ARGS = 1 };
+enum { LINE_EVENT = 0, LINE_OTHER = 1, LINE_UNREAD = 2 };
+
+typedef struct {
+    const char *ptr;
+    Py_ssize_t len;
+    uint64_t hash;
+} Entry;
+
+typedef struct {
+    int where, kind;
+    const char *key;
+    Py_ssize_t key_len;
+    int64_t *ints;   /* KIND_INT, KIND_BOOL (0/1), KIND_FLOAT (the double's bits) */
+    int32_t *codes;  /* KIND_STR: -1 for null or absent */
+    uint8_t *valid;
+    /* distinct strings: entries in first-seen order, and an open-addressing index */
+    Entry *entries;
+    Py_ssize_t n_entries, cap_entries;
+    int32_t *slots;
+    Py_ssize_t n_slots;
+} Field;
+
+static uint64_t hash_bytes(const char *p, Py_ssize_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h ^= (unsigned char)p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static int grow_slots(Field *f) {
+    Py_ssize_t n = f->n_slots ? f->n_slots * 2 : 64;
+    int32_t *slots = malloc(sizeof(int32_t) * n);
+    if (!slots) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) slots[i] = -1;
+    for (Py_ssize_t e = 0; e < f->n_entries; e++) {
+        Py_ssize_t s = (Py_ssize_t)(f->entries[e].hash & (uint64_t)(n - 1));
+        while (slots[s] >= 0) s = (s + 1) & (n - 1);
+        slots[s] = (int32_t)e;
+    }
+    free(f->slots);
+    f->slots = slots;
+    f->n_slots = n;
+    return 0;
+}
+
+/* The code of string ``p[0:n]`` in field ``f``, adding it when new; -1 on no memory. */
+static int32_t intern(Field *f, const char *p, Py_ssize_t n) {
+    if (f->n_entries * 2 >= f->n_slots && grow_slots(f) < 0) return -1;
+    uint64_t h = hash_bytes(p, n);
+    Py_ssize_t s = (Py_ssize_t)(h & (uint64_t)(f->n_slots - 1));
+    while (f->slots[s] >= 0) {
+        Entry *e = &f->entries[f->slots[s]];
+        if (e->hash == h && e->len == n && memcmp(e->ptr, p, n) == 0) return f->slots[s];
+        s = (s + 1) & (f->n_slots - 1);
+    }
+    if (f->n_entries == f->cap_entries) {
+        Py_ssize_t cap = f->cap_entries ? f->cap_entries * 2 : 64;
+        Entry *entries = realloc(f->entries, sizeof(Entry) * cap);
+        if (!entries) return -1;
+        f->entries = entries;
+        f->cap_entries = cap;
+    }
+    if (f->n_entries >= INT32_MAX) return -1;
+    f->entries[f->n_entries] = (Entry){p, n, h};
+    f->slots[s] = (int32_t)f->n_entries;
+    return (int32_t)f->n_entries++;
+}
+
+static const char *skip_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) p++;
+    return p;
+}
+
+/* p at the opening quote; returns the position after the closing one, or NULL. */
+static const char *scan_string(const char *p, const char *end) {
+    p++;
+    while (p < end) {
+        const char *q = memchr(p, '"', end - p);
+        if (!q) return NULL;
+        /* the quote is escaped when an odd number of backslashes precede it */
+        const char *b = q;
+        while (b > p && b[-1] == '\\') b--;
+        if (((q - b) & 1) == 0) return q + 1;
+        p = q + 1;
+    }
+    return NULL;
+}
+
+static int is_number_char(char c) {
+    return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+}
+
+static const char *scan_literal(const char *p, const char *end, const char *word) {
+    size_t n = strlen(word);
+    if ((size_t)(end - p) < n || memcmp(p, word, n) != 0) return NULL;
+    return p + n;
+}
+
+/* Skip any JSON value; returns the position after it, or NULL if it is not one. */
+static const char *skip_value(const char *p, const char *end) {
+    if (p >= end) return NULL;
+    switch (*p) {
+    case '"':
+        return scan_string(p, end);
+    case '{':
+    case '[': {
+        int depth = 0;
+        while (p < end) {
+            char c = *p;
+            if (c == '"') {
+                p = scan_string(p, end);
+                if (!p) return NULL;
+                continue;
+            }
+            if (c == '{' || c == '[') depth++;
+            else if (c == '}' || c == ']') {
+                if (--depth == 0) return p + 1;
+            }
+            p++;
+        }
+        return NULL;
+    }
+    case 't': return scan_literal(p, end, "true");
+    case 'f': return scan_literal(p, end, "false");
+    case 'n': return scan_literal(p, end, "null");
+    default: {
+        const char *start = p;
+        while (p < end && is_number_char(*p)) p++;
+        return p > start ? p : NULL;
+    }
+    }
+}
+
+/* Read an integer (a fraction is truncated, as the slow path does) into *out.
+ * Returns the position after it, or NULL if the value is not a number in range. */
+static const char *read_int(const char *p, const char *end, int64_t *out) {
+    const char *start = p;
+    int negative = 0;
+    if (p < end && *p == '-') { negative = 1; p++; }
+    const char *digits = p;
+    uint64_t value = 0;
+    while (p < end && *p >= '0' && *p <= '9') {
+        if (value > (UINT64_MAX - 9) / 10) return NULL;
+        value = value * 10 + (uint64_t)(*p - '0');
+        p++;
+    }
+    if (p == digits) return NULL;
+    if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) {
+        char buf[64];
+        const char *q = start;
+        while (q < end && is_number_char(*q)) q++;
+        if (q - start >= (Py_ssize_t)sizeof(buf)) return NULL;
+        memcpy(buf, start, q - start);
+        buf[q - start] = 0;
+        char *stop;
+        double d = strtod(buf, &stop);
+        if (stop != buf + (q - start) || !isfinite(d) || d >= 9.2e18 || d <= -9.2e18) return NULL;
+        *out = (int64_t)d;
+        return q;
+    }
+    if (negative) {
+        if (value > (uint64_t)INT64_MAX + 1) return NULL;
+        *out = (int64_t)(0 - value);
+    } else {
+        if (value > (uint64_t)INT64_MAX) return NULL;
+        *out = (int64_t)value;
+    }
+    return p;
+}
+
+/* Read the value at p into field f for row i. Returns the position after the value,
+ * or NULL when it is not of the field's type (or is not JSON). */
+static const char *read_field(Field *f, Py_ssize_t i, const char *p, const char *end) {
+    if (*p == 'n') {
+        const char *q = scan_literal(p, end, "null");
+        if (q) {
+            f->valid[i] = 0;
+            if (f->kind == KIND_STR) f->codes[i] = -1;
+        }
+        return q;
+    }
+    if (f->kind == KIND_INT) {
+        const char *q = read_int(p, end, &f->ints[i]);
+        if (q) f->valid[i] = 1;
+        return q;
+    }
+    if (f->kind == KIND_FLOAT) {
+        const char *q = p;
+        while (q < end && is_number_char(*q)) q++;
+        char buf[64];
+        if (q == p || q - p >= (Py_ssize_t)sizeof(buf)) return NULL;
+        memcpy(buf, p, q - p);
+        buf[q - p] = 0;
+        char *stop;
+        double d = strtod(buf, &stop);
+        if (stop != buf + (q - p)) return NULL;
+        memcpy(&f->ints[i], &d, sizeof(d));
+        f->valid[i] = 1;
+        return q;
+    }
+    if (f->kind == KIND_BOOL) {
+        const char *q = scan_literal(p, end, "true");
+        if (q) f->ints[i] = 1;
+        else if ((q = scan_literal(p, end, "false"))) f->ints[i] = 0;
+        if (q) f->valid[i] = 1;
+        return q;
+    }
+    const char *q;
+    int32_t code;
+    if (*p == '-' || (*p >= '0' && *p <= '9')) {
+        /* a number where text is expected (DFTracer's integer phases): its spelling */
+        q = skip_value(p, end);
+        if (!q) return NULL;
+        code = intern(f, p, q - p);
+        if (code < 0) return NULL;
+        f->codes[i] = code;
+        f->valid[i] = 1;
+        return q;
+    }
+    if (*p != '"') return NULL;
+    q = scan_string(p, end);
+    if (!q) return NULL;
+    code = intern(f, p + 1, q - p - 2);
+    if (code < 0) return NULL;
+    f->codes[i] = code;
+    f->valid[i] = 1;
+    return q;
+}
+
+static Field *find_field(Field *fields, Py_ssize_t n, int where, const char *key, Py_ssize_t len) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (fields[k].where == where && fields[k].key_len == len && memcmp(fields[k].key, key, len) == 0)
+            return &fields[k];
+    }
+    return NULL;
+}
+
+/* Walk the object at p (at '{'); returns the position after its '}' or NULL. */
+static const char *scan_object(Field *fields, Py_ssize_t n_fields, int where, Py_ssize_t row,
+                               const char *p, const char *end, int want_args) {
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == '}') return p + 1;
+    while (p < end) {
+        if (*p != '"') return NULL;
+        const char *key = p + 1;
+        const char *q = scan_string(p, end);
+        if (!q) return NULL;
+        Py_ssize_t key_len = q - key - 1;
+        p = skip_ws(q, end);
+        if (p >= end || *p != ':') return NULL;
+        p = skip_ws(p + 1, end);
+        if (p >= end) return NULL;
+        Field *f = find_field(fields, n_fields, where, key, key_len);
+        if (f) {
+            p = read_field(f, row, p, end);
+        } else if (where == WHERE_TOP && want_args && *p == '{' && key_len == 4 && memcmp(key, "args", 4) == 0) {
+            p = scan_object(fields, n_fields, WHERE_ARGS, row, p, end, 0);
+        } else {
+            p = skip_value(p, end);
+        }
+        if (!p) return NULL;
+        p = skip_ws(p, end);
+        if (p < end && *p == ',') {
+            p = skip_ws(p + 1, end);
+            continue;
+        }
+        if (p < end && *p == '}') return p + 1;
+        return NULL;
+    }
+    return NULL;
+}
+
+static void free_fields(Field *fields, Py_ssize_t n) {
+    if (!fields) return;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        free(fields[k].ints);
+        free(fields[k].codes);
+        free(fields[k].valid);
+        free(fields[k].entries);
+        free(fields[k].slots);
+    }
+    free(fields);
+}
+
+static PyObject *scan_lines(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    PyObject *spec;
+    if (!PyArg_ParseTuple(args, "y*O!:scan_lines", &data, &PyTuple_Type, &spec)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n_fields = PyTuple_GET_SIZE(spec);
+    Field *fields = calloc(n_fields ? n_fields : 1, sizeof(Field));
+    int64_t *starts = NULL;
+    uint8_t *status = NULL;
+    if (!fields) { PyErr_NoMemory(); goto done; }
+    const char *buf = data.buf, *end = buf + data.len;
+    Py_ssize_t n_lines = 0;
+    for (const char *p = buf; p < end; n_lines++) {
+        const char *nl = memchr(p, '\n', end - p);
+        p = nl ? nl + 1 : end;
+    }
+    int want_args = 0;
+    for (Py_ssize_t k = 0; k < n_fields; k++) {
+        Field *f = &fields[k];
+        const char *key;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(spec, k), "iy#i", &f->where, &key, &f->key_len, &f->kind)) goto done;
+        f->key = key;
+        want_args |= f->where == WHERE_ARGS;
+        f->valid = calloc(n_lines ? n_lines : 1, 1);
+        if (f->kind == KIND_STR) f->codes = malloc(sizeof(int32_t) * (n_lines ? n_lines : 1));
+        else f->ints = calloc(n_lines ? n_lines : 1, sizeof(int64_t));
+        if (!f->valid || (!f->codes && !f->ints)) { PyErr_NoMemory(); goto done; }
+        if (f->codes) memset(f->codes, 0xff, sizeof(int32_t) * n_lines);
+    }
+    starts = malloc(sizeof(int64_t) * (n_lines + 1));
+    status = malloc(n_lines ? n_lines : 1);
+    if (!starts || !status) { PyErr_NoMemory(); goto done; }
+
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t row = 0;
+    for (const char *p = buf; p < end; row++) {
+        const char *nl = memchr(p, '\n', end - p);
+        const char *line_end = nl ? nl : end;
+        starts[row] = p - buf;
+        const char *q = skip_ws(p, line_end);
+        if (q >= line_end || *q != '{') {
+            status[row] = LINE_OTHER;
+        } else {
+            q = scan_object(fields, n_fields, WHERE_TOP, row, q, line_end, want_args);
+            if (q) {
+                q = skip_ws(q, line_end);
+                if (q < line_end && *q == ',') q = skip_ws(q + 1, line_end);
+            }
+            status[row] = (q && q == line_end) ? LINE_EVENT : LINE_UNREAD;
+        }
+        p = nl ? nl + 1 : end;
+    }
+    starts[n_lines] = data.len;
+    Py_END_ALLOW_THREADS
+
+    PyObject *columns = PyList_New(n_fields);
+    if (!columns) goto done;
+    for (Py_ssize_t k = 0; k < n_fields; k++) {
+        Field *f = &fields[k];
+        PyObject *item;
+        if (f->kind == KIND_STR) {
+            PyObject *distinct = PyList_New(f->n_entries);
+            if (!distinct) { Py_DECREF(columns); goto done; }
+            for (Py_ssize_t e = 0; e < f->n_entries; e++) {
+                PyObject *raw = PyBytes_FromStringAndSize(f->entries[e].ptr, f->entries[e].len);
+                if (!raw) { Py_DECREF(distinct); Py_DECREF(columns); goto done; }
+                PyList_SET_ITEM(distinct, e, raw);
+            }
+            item = Py_BuildValue("(Ny#)", distinct, (const char *)f->codes, (Py_ssize_t)(sizeof(int32_t) * n_lines));
+        } else {
+            item = Py_BuildValue("(y#y#)", (const char *)f->ints, (Py_ssize_t)(sizeof(int64_t) * n_lines),
+                                 (const char *)f->valid, n_lines);
+        }
+        if (!item) { Py_DECREF(columns); goto done; }
+        PyList_SET_ITEM(columns, k, item);
+    }
+    result = Py_BuildValue("(y#y#N)", (const char *)starts, (Py_ssize_t)(sizeof(int64_t) * (n_lines + 1)),
+                           (const char *)status, n_lines, columns);
+done:
+    free(starts);
+    free(status);
+    free_fields(fields, n_fields);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_lines", scan_lines, METH_VARARGS,
+     "scan_lines(data, fields) -> (starts, status, columns): see dftrace.analysis._decode."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dftrace.analysis._scan",
+                                    "Column extraction from trace lines.", -1, methods};
+
+PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }

@@ -1,0 +1,254 @@
+"""SQL over trace files: the ``events`` table and the ``spans``, ``steps`` and
+``collectives`` views, run by polars' SQL engine.
+
+Each table is a lazy scan: polars tells the scan which columns the query uses (and
+its row filter), and only those columns are decoded from the files, through the
+same per-partition reader (:func:`read_partition`) the summary runs on threads or
+on Dask. Args other than the documented ones become columns of their own; which
+exist is learnt from the first events of each file.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import orjson
+import polars as pl
+from polars.io.plugins import register_io_source
+
+from .. import format as fmt
+from ._decode import read_partition
+from ._executor import default_executor
+from ._schema import EVENT_COLUMNS, RAW_FIELDS
+from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
+from ._aggregate import aggregate_partition, combine
+from ._summary import steps_of
+from ._trace import PathsLike, as_path_list, assemble
+
+#: Views over ``events``, with what each row is (shown by ``dftrace sql --help``).
+VIEWS = {
+    "spans": "complete events (ph 'X') with end = ts + dur",
+    "steps": "one row per step per rank, as the summary has them: rank, unit, epoch, step, ts, end, dur, n_spans",
+    "collectives": "communication spans: rank, host, pid, tid, name, group, seq, ts, dur, end, bytes, epoch, step",
+}
+
+#: Decoded from the start of each file to learn which other args exist.
+_SAMPLE_BYTES = 1 << 20
+#: Args every event may carry, already columns of ``events`` (``hhash`` names the host).
+_KNOWN_ARGS = {source[1] for source in RAW_FIELDS.values() if source[0] == "args"} | {fmt.ARG_HOSTNAME_HASH}
+
+_STEP_SCHEMA = {"rank": pl.Int32, "unit": pl.String, "epoch": pl.Int64, "step": pl.Int64, "ts": pl.Int64,
+                "end": pl.Int64, "dur": pl.Int64, "n_spans": pl.Int64}
+
+
+def run_sql(
+    query: str,
+    paths: PathsLike,
+    *,
+    executor: Any = None,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    progress: bool | None = None,
+) -> pl.DataFrame:
+    """Run one SQL ``query`` over the traces at ``paths`` and return its result.
+
+    The tables are ``events`` (the columns of ``EVENT_COLUMNS`` plus one per other
+    arg) and the views in :data:`VIEWS`. Raises ``polars.exceptions.PolarsError``
+    for a query polars cannot run.
+    """
+    tables = TraceTables(paths, executor=executor, partition_bytes=partition_bytes, progress=progress)
+    return tables.context().execute(query, eager=False).collect()
+
+
+class TraceTables:
+    """The lazy tables of one set of trace files; loads what queries ask for, once."""
+
+    def __init__(
+        self,
+        paths: PathsLike,
+        *,
+        executor: Any = None,
+        partition_bytes: int = DEFAULT_PARTITION_BYTES,
+        progress: bool | None = None,
+    ):
+        self._plan = plan_partitions(expand_paths(as_path_list(paths)), partition_bytes)
+        self._executor = default_executor(executor)
+        self._progress = progress
+        #: Other args as columns: column name -> (key in args, type).
+        self.arg_columns = discover_arg_columns(self._plan)
+        self.schema: dict[str, pl.DataType] = {
+            **EVENT_COLUMNS, **{column: dtype for column, (_, dtype) in self.arg_columns.items()}
+        }
+        self._lock = threading.Lock()
+        self._loaded: list[pl.DataFrame] = []
+        #: The column sets decoded so far, in order (to check what a query read).
+        self.loads: list[tuple[str, ...]] = []
+
+    def events(self, columns: Sequence[str]) -> pl.DataFrame:
+        """The events table with ``columns``, decoding them unless a wider load has them."""
+        wanted = set(columns)
+        with self._lock:
+            for frame in self._loaded:
+                if wanted <= set(frame.columns):
+                    return frame.select(c for c in self.schema if c in wanted)
+            event_columns = [c for c in EVENT_COLUMNS if c in wanted]
+            arg_columns = {c: source for c, source in self.arg_columns.items() if c in wanted}
+            reader = functools.partial(read_partition, columns=["pid", *event_columns], arg_columns=arg_columns)
+            parts = self._executor.map(reader, self._plan, progress=self._progress, desc="loading")
+            frame = assemble(parts, ["pid", *event_columns], arg_columns).events
+            self._loaded.append(frame)
+            self.loads.append(tuple(c for c in self.schema if c in set(frame.columns)))
+            return frame.select(c for c in self.schema if c in wanted)
+
+    def context(self) -> pl.SQLContext:
+        """A SQL context with ``events`` and the views registered."""
+        events = _scan(lambda columns: self.events(columns), self.schema, "events")
+        spans = events.filter(pl.col("ph") == fmt.PH_COMPLETE).with_columns(
+            (pl.col("ts") + pl.col("dur")).alias("end")
+        )
+        bytes_column = pl.col(self._arg("bytes")) if "bytes" in self.arg_columns else pl.lit(None, pl.Int64)
+        collectives = spans.filter(pl.col("cat") == fmt.CAT_COMM).select(
+            "rank", "host", "pid", "tid", "name", "group", "seq", "ts", "dur", "end",
+            bytes_column.cast(pl.Int64, strict=False).alias("bytes"), "epoch", "step",
+        )
+        steps = _scan(lambda columns: self._steps().select(columns), _STEP_SCHEMA, "steps")
+        return pl.SQLContext(frames={"events": events, "spans": spans, "steps": steps, "collectives": collectives})
+
+    def _arg(self, key: str) -> str:
+        return next(column for column, (k, _) in self.arg_columns.items() if k == key)
+
+    def _steps(self) -> pl.DataFrame:
+        """One row per step per rank (or per process without ranks), as the summary has them.
+
+        Computed the summary's way, from per-partition aggregates: a big trace's
+        events are never all in memory at once."""
+        partials = self._executor.map(aggregate_partition, self._plan, progress=self._progress, desc="steps")
+        found = steps_of(combine(partials))
+        ranks = found.procs.select("unit", "rank").unique("unit")
+        return (
+            found.by_unit.join(ranks, on="unit", how="left")
+            .select("rank", "unit", "epoch", "step", pl.col("start").alias("ts"), "end", "dur",
+                    pl.col("n").alias("n_spans"))
+            .cast(_STEP_SCHEMA)
+        )
+
+
+def _scan(load: Any, schema: dict[str, pl.DataType], name: str) -> pl.LazyFrame:
+    """A lazy table whose rows come from ``load(columns)``, told the columns a query uses."""
+
+    def source(
+        with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, _batch: int | None
+    ) -> Iterator[pl.DataFrame]:
+        # A query that names no column (count(*)) still needs the rows: read one.
+        frame = load(with_columns or list(schema)[:1] if with_columns is not None else list(schema))
+        if predicate is not None:
+            frame = frame.filter(predicate)
+        if n_rows is not None:
+            frame = frame.head(n_rows)
+        yield frame
+
+    return register_io_source(source, schema=schema, explain_name=name)
+
+
+def discover_arg_columns(plan: Sequence[Partition]) -> dict[str, tuple[str, pl.DataType]]:
+    """Other args seen in the first events of each file: column -> (key, type).
+
+    A key seen with integers only is Int64, with numbers Float64, with booleans only
+    Boolean, anything else String (JSON text for lists and objects). A key that is
+    also an event column's name (or ``end``, which ``spans`` adds) becomes ``arg_<key>``.
+    """
+    seen: dict[str, set[type]] = {}
+    firsts = {p.path: p for p in plan if not p.is_parquet and p.index == 0}
+    for partition in firsts.values():
+        for event in _first_events(partition):
+            args = event.get("args")
+            if not isinstance(args, dict) or fmt.normalize_phase(event.get("ph")) == fmt.PH_METADATA:
+                continue
+            for key, value in args.items():
+                if key not in _KNOWN_ARGS and value is not None:
+                    seen.setdefault(key, set()).add(type(value))
+    for partition in plan:
+        if partition.is_parquet:
+            for key, kinds in _parquet_arg_types(partition.path).items():
+                seen.setdefault(key, set()).update(kinds)
+    columns: dict[str, tuple[str, pl.DataType]] = {}
+    for key in sorted(seen):
+        kinds = seen[key]
+        if kinds == {int}:
+            dtype: pl.DataType = pl.Int64()
+        elif kinds <= {int, float}:
+            dtype = pl.Float64()
+        elif kinds == {bool}:
+            dtype = pl.Boolean()
+        else:
+            dtype = pl.String()
+        columns[f"arg_{key}" if key in EVENT_COLUMNS or key == "end" else key] = (key, dtype)
+    return columns
+
+
+def _first_events(partition: Partition) -> Iterator[dict[str, Any]]:
+    data = b""
+    for chunk in fmt.iter_decoded_chunks(partition.path, partition.start, partition.end):
+        data += chunk
+        if len(data) >= _SAMPLE_BYTES:
+            break
+    for line in data.split(b"\n")[:-1] if len(data) >= _SAMPLE_BYTES else data.split(b"\n"):
+        parsed = fmt.parse_line(line.strip())
+        if parsed.event is not None:
+            yield parsed.event
+
+
+def _parquet_arg_types(path: str) -> dict[str, set[type]]:
+    args = pl.read_parquet(path, columns=["args"], n_rows=10_000).get_column("args").drop_nulls()
+    seen: dict[str, set[type]] = {}
+    for text in args.to_list():
+        for key, value in orjson.loads(text).items():
+            if key not in _KNOWN_ARGS and value is not None:
+                seen.setdefault(key, set()).add(type(value))
+    return seen
+
+
+# --- output ------------------------------------------------------------------------
+
+#: Output formats of ``-o FILE`` by suffix.
+OUTPUT_SUFFIXES = (".parquet", ".csv", ".json")
+
+
+def check_output(path: str) -> None:
+    """Raise ValueError for an output file whose suffix names no format."""
+    if not path.endswith(OUTPUT_SUFFIXES):
+        raise ValueError(f"-o {path!r}: the suffix picks the format, one of {', '.join(OUTPUT_SUFFIXES)}")
+
+
+def write_result(result: pl.DataFrame, path: str) -> None:
+    """Write a query's result to ``path`` as Parquet, CSV or JSON (by suffix)."""
+    check_output(path)
+    if path.endswith(".parquet"):
+        result.write_parquet(path)
+    elif path.endswith(".csv"):
+        result.write_csv(path)
+    else:
+        with open(path, "wb") as fh:
+            fh.write(result_json(result))
+
+
+def result_json(result: pl.DataFrame) -> bytes:
+    """The rows as a JSON array of objects."""
+    return orjson.dumps(result.to_dicts(), option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def result_table(result: pl.DataFrame, max_rows: int) -> str:
+    """The rows as a Markdown-style table for a terminal, at most ``max_rows`` of them."""
+    shown = result.head(max_rows) if max_rows >= 0 else result
+    with pl.Config(
+        tbl_rows=-1, tbl_cols=-1, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
+        tbl_formatting="ASCII_MARKDOWN", tbl_width_chars=1000, fmt_str_lengths=80, tbl_cell_numeric_alignment="RIGHT",
+        thousands_separator=False,
+    ):
+        text = str(shown) + "\n"
+    if shown.height < result.height:
+        text += f"({result.height - shown.height} more rows: --max-rows, --csv or -o FILE for all)\n"
+    return text
+

@@ -1,0 +1,146 @@
+"""The C line scanner reads what the polars path reads, line for line, broken lines included."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+import zstandard
+
+pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from polars.testing import assert_frame_equal  # noqa: E402
+
+from dftrace.analysis import _decode, load_traces  # noqa: E402
+from dftrace.analysis._schema import SUMMARY_COLUMNS  # noqa: E402
+
+needs_scanner = pytest.mark.skipif(_decode._scan is None, reason="the C scanner was not built (no compiler)")
+
+_META = (
+    '{"name":"process_name","cat":"dftrace","pid":7,"tid":7,"ph":"M","args":{"name":"rank 0 · h · pid 7"}}\n'
+    '{"name":"PR","cat":"dftrace","pid":7,"tid":7,"ph":"M","args":{"hostname":"h","rank":0}}\n'
+)
+
+#: Lines that exercise the scanner's corners: escapes, unicode, integer phases,
+#: float times, trailing commas, nested args it must skip, nulls, booleans,
+#: a line without ph, whitespace, a broken line in the middle.
+_ODD_LINES = [
+    '{"id":1,"name":"a\\"b\\\\c","cat":"compute","pid":7,"tid":7,"ts":10,"dur":5,"ph":"X","args":{"level":1}}',
+    '{"id":2,"name":"f\\u00fcr \u00e9t\u00e9","cat":"data","pid":7,"tid":8,"ts":11,"dur":2,"ph":1,'
+    '"args":{"level":1,"p_idx":0,"epoch":1,"step":3}}',
+    '{"id":3,"name":"float","cat":"compute","pid":7,"tid":7,"ts":12.75,"dur":1e1,"ph":"X",'
+    '"args":{"level":2,"p_idx":1,"nested":{"a":[1,{"b":"}"}]},"list":[1,2],"count":4}},',
+    '  {"name":"c","cat":"comm","pid":7,"tid":7,"ts":30,"dur":3,"ph":"X","args":{"group":"g0","seq":2,'
+    '"incomplete":true,"p_idx":-1,"level":1}}  ',
+    '{"name":"nulls","cat":null,"pid":7,"tid":7,"ts":31,"dur":null,"ph":"i","args":null}',
+    '{"name":"noph","cat":"compute","pid":7,"tid":7,"ts":40,"dur":1}',
+    '{"name":"broken","cat":"compute","pid":7,',
+    '{"name":"counter","cat":"metric","pid":7,"tid":7,"ts":41,"ph":"C","args":{"value":3.5,"group":5}}',
+    '',
+    '{"name":"last","cat":"compute","pid":7,"tid":7,"ts":50,"dur":1,"ph":"X","args":{"level":1,"step":4,"epoch":1}}',
+]
+
+
+def _write(path, text: bytes) -> None:
+    if path.suffix == ".zst":
+        path.write_bytes(zstandard.ZstdCompressor().compress(text))
+    elif path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text))
+    else:
+        path.write_bytes(text)
+
+
+def _both_ways(path, monkeypatch, columns=SUMMARY_COLUMNS):
+    scanned = load_traces(path, columns=columns)
+    with monkeypatch.context() as patch:
+        patch.setattr(_decode, "_scan", None)
+        parsed = load_traces(path, columns=columns)
+    return scanned, parsed
+
+
+@needs_scanner
+@pytest.mark.parametrize("suffix", [".pfw", ".pfw.gz", ".pfw.zst"])
+@pytest.mark.parametrize("ending", ["]\n", "", '{"name":"cut","cat":"compute","pid":7,"ts'])
+def test_scanner_matches_the_polars_path_on_odd_lines(tmp_path, monkeypatch, suffix, ending):
+    """Events, broken-line reports and metadata are the same with and without the scanner."""
+    path = tmp_path / f"odd{suffix}"
+    _write(path, ("[\n" + _META + "\n".join(_ODD_LINES) + "\n" + ending).encode())
+    scanned, parsed = _both_ways(path, monkeypatch)
+    assert_frame_equal(scanned.events, parsed.events)
+    assert scanned.files == parsed.files
+    assert_frame_equal(scanned.meta, parsed.meta)
+    assert scanned.events.filter(pl.col("name") == 'a"b\\c').height == 1
+    assert scanned.events.filter(pl.col("name") == "für été").get_column("ph").to_list() == ["X"]
+    assert scanned.events.filter(pl.col("name") == "float").select("ts", "dur", "count").row(0) == (12, 10, 4)
+    broken = [reason for _, reason in scanned.files[0].broken]
+    assert "event without ph" in broken and len(broken) == 2 + (ending.startswith("{"))
+
+
+@needs_scanner
+def test_a_value_of_another_type_falls_back_to_the_polars_path(tmp_path, monkeypatch):
+    """A time written as a string is valid JSON the scanner does not take: the result is
+    still that of the line-by-line path (the string read as a number)."""
+    path = tmp_path / "typed.pfw"
+    line = '{"name":"s","cat":"compute","pid":7,"tid":7,"ts":"12","dur":3,"ph":"X","args":{"level":1}}'
+    _write(path, ("[\n" + _META + line + "\n" + _ODD_LINES[0] + "\n]\n").encode())
+    scanned, parsed = _both_ways(path, monkeypatch)
+    assert_frame_equal(scanned.events, parsed.events)
+    assert scanned.events.filter(pl.col("name") == "s").get_column("ts").to_list() == [12]
+
+
+@needs_scanner
+def test_scanner_reads_dftracer_files_like_the_polars_path(monkeypatch):
+    """DFTracer 1.x and 2.x samples (integer phases, hashes, gzip) load alike both ways."""
+    from pathlib import Path
+
+    data = Path(__file__).parent.parent / "data" / "dftracer"
+    for path in sorted(data.glob("*/*")):
+        if path.suffix == ".md":
+            continue
+        scanned, parsed = _both_ways(path, monkeypatch)
+        assert scanned.events.height > 0, path
+        assert_frame_equal(scanned.events, parsed.events)
+        assert scanned.files == parsed.files
+
+
+_text = __import__("hypothesis").strategies.text(max_size=12)
+
+
+def _event_strategy():
+    from hypothesis import strategies as st
+
+    scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), _text,
+                       st.floats(allow_nan=False, allow_infinity=False, width=32))
+    value = st.recursive(scalar, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                          st.dictionaries(_text, inner, max_size=3)), max_leaves=6)
+    args = st.fixed_dictionaries(
+        {}, optional={"level": st.integers(1, 9), "p_idx": st.integers(-1, 99), "epoch": st.integers(0, 5),
+                      "step": st.integers(0, 50), "count": st.integers(1, 50), "incomplete": st.booleans(),
+                      "group": _text, "seq": st.integers(0, 99), "other": value, _KEY: value})
+    return st.fixed_dictionaries(
+        {"name": _text, "cat": _text, "pid": st.integers(0, 2**31), "tid": st.integers(0, 2**31),
+         "ts": st.integers(0, 2**52), "ph": st.sampled_from(["X", "i", "C", 1, 2])},
+        optional={"dur": st.integers(0, 2**31), "id": st.integers(1, 2**31), "args": args, "extra": value},
+    )
+
+
+_KEY = "k\u00e9y"
+
+
+@needs_scanner
+def test_scanner_matches_the_polars_path_on_generated_events(tmp_path_factory, monkeypatch):
+    """Random events (unicode, escapes, nested values, integer phases) load alike both ways."""
+    import orjson
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(_event_strategy(), min_size=1, max_size=12))
+    def check(events):
+        path = tmp_path_factory.mktemp("gen") / "gen.pfw"
+        path.write_bytes(b"[\n" + _META.encode() + b"\n".join(orjson.dumps(e) for e in events) + b"\n]\n")
+        scanned, parsed = _both_ways(path, monkeypatch)
+        assert_frame_equal(scanned.events, parsed.events)
+        assert scanned.files == parsed.files
+
+    check()
