@@ -240,6 +240,8 @@ typedef struct {
     uint64_t next_seq;
     int64_t drainer_busy_ns; /* CLOCK_MONOTONIC start of the drainer's write under way, 0 idle */
     int64_t producer_pid;
+    uint64_t reader_seq; /* where the drainer goes on reading (a successor resumes there) */
+    uint32_t reader_pos, pad;
 } shm_hdr_t;
 
 typedef struct {
@@ -1036,7 +1038,8 @@ static void ShmReader_dealloc(ShmReader *self) {
 
 static int ShmReader_init(ShmReader *self, PyObject *args, PyObject *kw) {
     PyObject *obj;
-    if (!PyArg_ParseTuple(args, "O", &obj))
+    int resume = 0;
+    if (!PyArg_ParseTuple(args, "O|p", &obj, &resume))
         return -1;
     ShmReader_release(self);
     if (PyObject_GetBuffer(obj, &self->view, PyBUF_WRITABLE) < 0)
@@ -1053,8 +1056,8 @@ static int ShmReader_init(ShmReader *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     self->h = h;
-    self->next_seq = 0;
-    self->pos = 0;
+    self->next_seq = resume ? h->reader_seq : 0;
+    self->pos = resume ? h->reader_pos : 0;
     self->nk = 0;
     self->maxk = 0;
     self->koff = 0;
@@ -1180,6 +1183,8 @@ static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     self->next_seq = seq;
     self->pos = pos;
+    h->reader_seq = seq;
+    h->reader_pos = pos;
     if (_PyBytes_Resize(&out, (Py_ssize_t)(o - o0)) < 0)
         return NULL;
     return Py_BuildValue("(Nn)", out, n);
@@ -1230,7 +1235,7 @@ static PyTypeObject ShmReaderType = {
     .tp_basicsize = sizeof(ShmReader),
     .tp_dealloc = (destructor)ShmReader_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "ShmReader(region): read the records of one producer's shared-memory ring.",
+    .tp_doc = "ShmReader(region, resume=False): read the records of one producer's shared-memory ring (from where the last reader stopped, with resume).",
     .tp_methods = ShmReader_methods,
     .tp_getset = ShmReader_getset,
     .tp_init = (initproc)ShmReader_init,
@@ -1239,7 +1244,6 @@ static PyTypeObject ShmReaderType = {
 
 /* Forget everything buffered (a forked child's copy of its parent's records). */
 static PyObject *reset(PyObject *self, PyObject *unused) {
-    shm_release();
     free_chunks(head);
     head = tail = NULL;
     nbuf = 0;

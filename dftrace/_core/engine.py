@@ -158,6 +158,8 @@ class _State:
         TASK_STACK.set(None)
         self.open_spans = {}
         self.pid = os.getpid()
+        if speedups is not None:
+            speedups.shm_detach()  # the parent's shared-memory ring is never written here
         discard_buffered()
         self.dropped = 0
         self.open_refused = 0

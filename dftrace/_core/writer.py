@@ -236,8 +236,12 @@ def _is_fifo(path: str) -> bool:
 class Writer:
     """Background consumer of the record buffer for one process."""
 
-    def __init__(self, encoder: Encoder, sink: FileSink, flush_interval: float):
+    def __init__(self, encoder: Encoder, sink: FileSink, flush_interval: float,
+                 source: Callable[[Encoder, int], tuple[bytes, int]] = _rec.drain):
         self.encoder = encoder
+        #: Where the records come from: the engine's buffer, or a shared-memory ring
+        #: whose drainer process is gone (see ``_core.shm``).
+        self.source = source
         self.sink = sink
         self.flush_interval = flush_interval
         #: Most records in one frame; a bigger backlog is written as several frames.
@@ -358,10 +362,10 @@ class Writer:
     def _flush_batch(self) -> int:
         """One frame: at most ``max_batch`` records from the front of the buffer."""
         if self.sink.failed and not LISTENERS:
-            _, n = _rec.drain(self.encoder, self.max_batch)  # nowhere to go: counted
+            _, n = self.source(self.encoder, self.max_batch)  # nowhere to go: counted
             _rec.STATE.dropped += n
             return n
-        data, n = _rec.drain(self.encoder, self.max_batch)
+        data, n = self.source(self.encoder, self.max_batch)
         # Never wait for this lock: a producer blocked in wait_drained polls
         # anyway, and a signal handler may hold it in the thread it interrupted.
         if self._drained.acquire(blocking=False):
