@@ -93,8 +93,11 @@ def _start_drainer() -> str:
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dftrace._core.drainer", name, str(os.getpid())],
+            # No standard stream of the job: a launcher reading the job's output must
+            # not wait for the drainer (which may be held by hung storage). Failures
+            # reach the producer in the answer to its finalize.
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True)
+            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         raise DrainerUnavailable(f"cannot start the drainer: {exc}") from None
     _started.append(proc)
@@ -184,6 +187,14 @@ class ProcessWriter:
             raise
         os.close(self._fd)  # the drainer holds its own; the mapping stays
         self._fd = -1
+        encoder, append = session.encoder, _rec.speedups.shm_append_line
+
+        def special_to_ring(rec: tuple) -> None:
+            line = encoder.special_line(rec)
+            if line:
+                append(line)
+
+        _rec.STATE.special_to_ring = special_to_ring
 
     # -- the drainer is gone ---------------------------------------------------------
     def _lost(self) -> Any:
@@ -239,17 +250,15 @@ class ProcessWriter:
 
     def wait_drained(self, below: int, timeout: float) -> bool:
         """The ring is full: wait until half its slots are free again; False on
-        timeout or when the drainer's storage stalled (the record is then dropped
+        timeout or when the writer's storage stalled (the record is then dropped
         and counted)."""
-        if self.fallback is not None:
-            return bool(self.fallback.wait_drained(below, timeout))
         deadline = time.monotonic() + timeout
-        self._send(b"w")
+        self.wake()
         while True:
             st = _rec.speedups.shm_state()
             if st is None or st[0] >= max(1, st[1] // 2):
                 return True
-            if self.fallback is not None or time.monotonic() >= deadline or self.stalled():
+            if time.monotonic() >= deadline or self.stalled():
                 return False
             time.sleep(0.001)
 
@@ -262,10 +271,17 @@ class ProcessWriter:
             deadline = time.monotonic() + timeout
             if self.fallback is not None:
                 return None
-            try:
-                self._sock.sendall(b)
-            except OSError:
-                return None
+            while True:  # never block on a drainer that does not read (hung storage)
+                try:
+                    self._sock.send(b, socket.MSG_DONTWAIT)
+                    break
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self.stalled():
+                        return None
+                    select.select([], [self._sock], [], min(left, 0.05))
+                except OSError:
+                    return b""  # the drainer is gone
             while True:
                 got = self._take_reply(reply)
                 if got is not None:
@@ -339,7 +355,7 @@ class ProcessWriter:
                 sp.shm_append_line(lines)
             sp.shm_finish()
             got = self._request(b"f", b"d", timeout)
-            if got == b"" or (got is None and self.fallback is not None):
+            if got == b"":
                 self._lost()
             elif got is None:
                 self._close()
@@ -351,12 +367,17 @@ class ProcessWriter:
                 s.sink.events_lost = int(info.get("lost", 0))
                 s.sink.failed = info.get("failed")
                 self.events_written = int(info.get("written", 0))
+                if s.sink.failed:
+                    _rec.STATE.warn_once(
+                        "sink-failed", f"the trace drainer could not write {s.path} "
+                        f"({s.sink.failed}); {s.sink.events_lost} events were not written")
                 self._close()
                 return True
             return bool(self.fallback.stop(timeout, lambda: b"]\n"))
         return bool(self.fallback.stop(timeout, lambda: body))
 
     def _close(self) -> None:
+        _rec.STATE.special_to_ring = None
         if _rec.speedups is not None:
             _rec.speedups.shm_detach()
         try:
