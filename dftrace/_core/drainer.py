@@ -51,6 +51,10 @@ class Producer:
         self.min_id = int(info["min_id"])
         self.hhash = info["hhash"]
         self.flush_interval = float(info["flush_interval"])
+        #: Full slots that make a write (as the in-process writer wakes at batch_size).
+        self.wakes_per_write = max(1, min(int(info.get("batch_size", 65536)), 1 << 20)
+                                   // _rec.speedups.SHM_SLOT_RECORDS)
+        self.wakes = 0
         self.sink = FileSink(info["base"], info["compression"], info["level"],
                              int(info["max_size"]), info["header"].encode("latin-1"))
         self.next_flush = time.monotonic() + self.flush_interval
@@ -263,8 +267,11 @@ def _handle(p: Producer, data: bytes, sel: selectors.BaseSelector,
             p.conn.sendall(b"y" + struct.pack("<Q", p.written))
         except OSError:
             pass
-    elif b"w" in data:
-        _guard(p.write, False)
+    else:
+        p.wakes += data.count(b"w")
+        if p.wakes >= p.wakes_per_write:
+            p.wakes = 0
+            _guard(p.write, False)
 
 
 def _end(p: Producer, finalized: bool, sel: selectors.BaseSelector,

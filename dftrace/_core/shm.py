@@ -118,7 +118,8 @@ def _register(session: Any, fd: int) -> tuple[socket.socket, int]:
     msg = json.dumps({
         "pid": session.pid, "base": session.base, "compression": cfg.compression,
         "level": cfg.compression_level, "max_size": cfg.max_file_size,
-        "flush_interval": cfg.flush_interval, "pid_piece": enc.pid_piece.decode("latin-1"),
+        "flush_interval": cfg.flush_interval, "batch_size": cfg.batch_size,
+        "pid_piece": enc.pid_piece.decode("latin-1"),
         "hh_piece": enc.hh_piece.decode("latin-1"), "offset_ns": enc.offset_ns,
         "min_id": enc.min_id, "hhash": session.hhash,
         "header": session.sink.header().decode("latin-1"),
