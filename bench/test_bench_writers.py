@@ -127,6 +127,59 @@ def kill9_loss(writer: str, seconds: float = 1.5) -> dict[str, float]:
     return {"emitted": emitted, "lost": max(0, emitted - kept)}
 
 
+HUNG = r"""
+import sys, time
+import dftrace
+from dftrace import ai
+dftrace.initialize(log_file=sys.argv[1], writer=sys.argv[2], flush_interval=0.05)
+print("ready", flush=True)
+while True:
+    for i in range(1000):
+        with ai.compute.forward:
+            pass
+    time.sleep(0.001)
+"""
+
+
+def hung_exit(writer: str) -> dict[str, float]:
+    """Trace storage whose writes never return (a FUSE filesystem, see
+    tests/reliability/_hung_fs.py): seconds from SIGTERM until the traced process is
+    gone (its main thread has ended and no thread of it is left in the kernel), or
+    -1 when it is still there after 15 s. Empty without FUSE."""
+    import shutil
+
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount") is None:
+        return {}
+    with tempfile.TemporaryDirectory() as d:
+        mnt = os.path.join(d, "mnt")
+        os.mkdir(mnt)
+        daemon = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "reliability", "_hung_fs.py"), mnt],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while not os.path.ismount(mnt):
+                if daemon.poll() is not None or time.monotonic() > deadline:
+                    return {}
+                time.sleep(0.05)
+            proc = subprocess.Popen([sys.executable, "-c", HUNG, mnt + "/t", writer],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env())
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+                took = time.monotonic() - t0
+            except subprocess.TimeoutExpired:
+                took = -1.0
+            return {"hung_exit_s": took}
+        finally:
+            daemon.kill()
+            daemon.wait()
+            subprocess.run(["fusermount", "-u", "-z", mnt], capture_output=True)
+
+
 def _ends(path: str) -> bool:
     from dftrace.format import iter_trace_lines
 
@@ -163,6 +216,7 @@ def main(rounds: int = 3) -> None:
         row["total_cpu_ns"] = row["traced_cpu_ns"] + (row["writer_cpu_ns"] if writer == "process"
                                                       else 0)
         row.update({f"kill9_{k}": v for k, v in kill9_loss(writer).items()})
+        row.update(hung_exit(writer))
     print("| | writer=\"thread\" | writer=\"process\" |")
     print("|---|---|---|")
     for key, label, fmt in (
@@ -176,8 +230,11 @@ def main(rounds: int = 3) -> None:
             ("writer_hwm_mib", "peak memory of the drainer process", "{:.0f} MiB"),
             ("bytes_per_event", "bytes per event in the file", "{:.1f}"),
             ("kill9_emitted", "kill -9 after 1.5 s: spans that had ended", "{:.0f}"),
-            ("kill9_lost", "kill -9 after 1.5 s: of those, not in the file", "{:.0f}")):
-        print(f"| {label} | " + " | ".join(fmt.format(rows[w][key]) for w in rows) + " |")
+            ("kill9_lost", "kill -9 after 1.5 s: of those, not in the file", "{:.0f}"),
+            ("hung_exit_s", "hung storage: SIGTERM to process gone (-1: not gone after 15 s)",
+             "{:.2f} s")):
+        if all(key in rows[w] for w in rows):
+            print(f"| {label} | " + " | ".join(fmt.format(rows[w][key]) for w in rows) + " |")
 
 
 if __name__ == "__main__":
