@@ -81,10 +81,29 @@ def _connect(name: str) -> socket.socket:
     return sock
 
 
-def _start_drainer() -> str:
+#: Variables naming the job a process belongs to: processes of one job that are not
+#: each other's children (torchrun ranks, srun tasks) share a drainer through them.
+_JOB_VARS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
+
+
+def _job_name() -> str:
+    """The drainer name of this job on this host ("" when no launcher names the job)."""
+    import hashlib
+
+    for var in _JOB_VARS:
+        job = os.environ.get(var, "").strip()
+        if job:
+            digest = hashlib.blake2b(f"{var}={job}".encode(), digest_size=8).hexdigest()
+            return f"dftrace-drainer-{os.getuid()}-{digest}"
+    return ""
+
+
+def _start_drainer(name: str = "") -> str:
     """Start a drainer in a session of its own (a Ctrl-C or a SIGTERM sent to the
-    job's process group does not end it before it has written its producers' files)."""
-    name = f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}"
+    job's process group does not end it before it has written its producers' files).
+    When another process of the job started one of the same name first, this one
+    exits at once and the other answers."""
+    name = name or f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}"
     env = dict(os.environ)
     env["DFTRACE_ENABLE"] = "0"  # the drainer itself is never traced
     env.pop(ENV_VAR, None)
@@ -126,18 +145,18 @@ def _register(session: Any, fd: int) -> tuple[socket.socket, int]:
     }).encode()
     payload = struct.pack("<I", len(msg)) + msg
     deadline = time.monotonic() + START_TIMEOUT_S
-    name = os.environ.get(ENV_VAR, "").strip()
+    name = os.environ.get(ENV_VAR, "").strip() or _job_name()
     started = False
     last: BaseException | None = None
     while time.monotonic() < deadline:
         if not name:
-            name, started = _start_drainer(), True
-            os.environ[ENV_VAR] = name
+            name, started = _start_drainer(_job_name()), True
+        os.environ[ENV_VAR] = name
         try:
             sock = _connect(name)
         except OSError as exc:
             last = exc
-            if not started:  # the drainer named in the environment is gone
+            if not started:  # the drainer named is gone, or the job has none yet
                 name = ""
             else:
                 time.sleep(0.01)

@@ -346,3 +346,28 @@ def test_hung_storage_never_holds_the_traced_process(tmp_path, hung_mount, end):
     assert rc == expected, proc.stderr.read()
     assert not os.path.exists(f"/proc/{proc.pid}")
     assert "storage stalled" in proc.stderr.read()
+
+
+def test_processes_of_one_job_share_one_drainer(tmp_path):
+    """Siblings of one job (torchrun ranks, srun tasks: not each other's children)
+    find the job's drainer through the launcher's job id."""
+    script = write_script(tmp_path, """
+        import sys
+        import dftrace
+        from dftrace import ai
+        s = dftrace.initialize(log_file=sys.argv[1] + "/t", writer="process")
+        with ai.compute.forward:
+            pass
+        print(s.writer.drainer_pid, flush=True)
+        sys.stdin.readline()
+    """)
+    env = clean_env(TORCHELASTIC_RUN_ID=f"job-{os.getpid()}-{time.time_ns()}")
+    ranks = [subprocess.Popen([sys.executable, script, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    drainers = {int(r.stdout.readline()) for r in ranks}
+    for r in ranks:
+        r.communicate("\n")
+        assert r.returncode == 0
+    assert len(drainers) == 1
+    assert len(files(tmp_path)) == 3
+    assert_valid(files(tmp_path))
