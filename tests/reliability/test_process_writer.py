@@ -18,7 +18,6 @@ import pytest
 import dftrace
 from dftrace import ai, testing
 from dftrace._core import engine as _rec
-from dftrace.format import iter_trace_lines
 
 from ._util import HERE, assert_valid, clean_env, events_by_pid, files, last_line, meta, run, \
     spans, start, write_script
@@ -279,7 +278,7 @@ def _fuse_usable() -> str | None:
     if shutil.which("fusermount") is None:
         return "no fusermount (apt-get install fuse libfuse2)"
     try:
-        import fuse  # noqa: F401  (fusepy)
+        import fuse  # noqa: F401  (fusepy: it loads libfuse on import)
     except (ImportError, OSError) as exc:
         return f"fusepy unusable: {exc}"
     return None
