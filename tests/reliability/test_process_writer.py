@@ -370,3 +370,26 @@ def test_processes_of_one_job_share_one_drainer(tmp_path):
     assert len(drainers) == 1
     assert len(files(tmp_path)) == 3
     assert_valid(files(tmp_path))
+
+
+def test_dftrace_run_with_a_subprocess_child_shares_the_drainer(tmp_path):
+    """``dftrace run --writer process``: the script and the subprocess it starts (traced
+    through the exported configuration) write through one drainer."""
+    script = write_script(tmp_path, """
+        import subprocess, sys
+        import dftrace
+        from dftrace import ai
+        with ai.pipeline.train:
+            pass
+        if sys.argv[1:] != ["child"]:
+            subprocess.run([sys.executable, __file__, "child"], check=True)
+        print(dftrace.session().writer.drainer_pid, flush=True)
+    """)
+    out = run(["-m", "dftrace", "run", "--writer", "process", "--log-file",
+               str(tmp_path / "traces" / "t"), script])
+    assert out.returncode == 0, out.stderr
+    assert len(set(out.stdout.split())) == 1
+    by_pid = events_by_pid(tmp_path / "traces")
+    assert len(by_pid) == 2
+    assert all(len(spans(evs, "train")) == 1 for evs in by_pid.values())
+    assert_valid(files(tmp_path / "traces"))
