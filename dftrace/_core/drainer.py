@@ -195,8 +195,10 @@ def serve(name: str, ppid: int) -> int:
             idle_since = now
         elif (served and now - idle_since >= LINGER_S) or now - started > FIRST_PRODUCER_S:
             break
-        timeout = min([p.next_flush for p in producers.values()], default=now + 0.05) - now
-        for key, _ in sel.select(max(0.0, min(timeout, 0.05))):
+        # Sleep until the next flush is due: wakes, registrations and ends of
+        # connections arrive on the sockets.
+        timeout = min([p.next_flush for p in producers.values()], default=now + LINGER_S) - now
+        for key, _ in sel.select(max(0.0, timeout)):
             sock = key.fileobj
             if sock is listener:
                 served = _accept(listener, sel, producers) or served
