@@ -293,6 +293,9 @@ def reset() -> None:
     _rec.STATE.open_spans.clear()
     _rec.STATE._warned.clear()
     _rec.STATE.consumer = None
+    _rec.STATE.special_to_ring = None
+    if _rec.speedups is not None:
+        _rec.speedups.shm_detach()
     _rec.LOCAL.stk = None
     _rec.LOCAL.thread_stk = None
     _rec.TASK_STACK.set(None)

@@ -95,6 +95,8 @@ typedef struct {
 static kind_t *kinds = NULL;
 static Py_ssize_t nkinds = 0, capkinds = 0, max_kind_len = 0;
 
+static void shm_add_kind(const char *p, Py_ssize_t n);
+
 static PyObject *add_kind(PyObject *self, PyObject *arg) {
     if (!PyBytes_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "add_kind() takes bytes");
@@ -119,6 +121,7 @@ static PyObject *add_kind(PyObject *self, PyObject *arg) {
     kinds[nkinds].n = n;
     if (n > max_kind_len)
         max_kind_len = n;
+    shm_add_kind(p, n);
     return PyLong_FromSsize_t(nkinds++);
 }
 
@@ -126,6 +129,7 @@ static PyObject *add_kind(PyObject *self, PyObject *arg) {
 /* the native buffer                                                          */
 
 #define F_INCOMPLETE 1u
+#define F_RAW 2u /* a whole line, already encoded, in the arena (shared-memory ring only) */
 #define LEVEL_BITS 24
 #define LEVEL_MASK ((1u << LEVEL_BITS) - 1)
 
@@ -179,6 +183,9 @@ static Py_ssize_t batch_size = 16384; /* wake the writer at this many */
 static Py_ssize_t buf_limit = 1048576;
 static int drop_full = 0;
 static long long ndropped = 0;
+/* Counted drops; with a shared-memory ring also in its header, so the drainer can
+   write them when this process dies without finalizing. */
+#define COUNT_DROP(k) do { ndropped += (k); if (shm) shm->dropped = ndropped; } while (0)
 static int woken = 0;
 static unsigned long long next_id_val = 1;
 static unsigned long long sticky_gen = 1;
@@ -236,11 +243,258 @@ static chunk_t *new_chunk(void) {
     return c;
 }
 
+
+/* ------------------------------------------------------------------------- */
+/* the shared-memory ring (writer="process")                                  */
+/*
+ * The region (a memfd the drainer process maps too):
+ *   header (4096 bytes) | kind table (SHM_KINDS_BYTES) | nslots chunk slots
+ * A slot is FREE, FILLING (this process appends to it) or FULL (sealed). Slots are
+ * taken in sequence order (seq). A record becomes visible by the store-release of
+ * the slot's n after its fields and args bytes were written, so a reader that
+ * load-acquires n finds complete records only: a record being written when the
+ * process dies is not counted in n and is never read. Only the drainer sets a slot
+ * FREE again, after encoding it. Kind pieces are appended the same way (bytes,
+ * then the committed count).
+ */
+#define SHM_MAGIC 0x3153484d54464444ULL /* "DDFTMHS1" */
+#define SHM_VERSION 1
+#define SHM_HEADER_BYTES 4096
+#define SHM_KINDS_BYTES (1u << 20)
+#define SHM_ARENA (256u * 1024u)
+#define SLOT_FREE 0u
+#define SLOT_FILLING 1u
+#define SLOT_FULL 2u
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version, nslots;
+    uint64_t slot_size, slots_off, kinds_off, kinds_cap;
+    uint32_t nkinds;    /* kind entries committed (release) */
+    uint32_t finalized; /* 1: the producer wrote its trailer lines and ended */
+    uint64_t kinds_len; /* bytes of the kind table used */
+    int64_t dropped;    /* the producer's counted drops */
+    uint64_t next_seq;
+    int64_t drainer_busy_ns; /* CLOCK_MONOTONIC start of the drainer's write under way, 0 idle */
+    int64_t producer_pid;
+    uint64_t reader_seq; /* where the drainer goes on reading (a successor resumes there) */
+    uint32_t reader_pos, pad;
+} shm_hdr_t;
+
+typedef struct {
+    uint32_t state;
+    uint32_t n; /* committed records (release) */
+    uint64_t seq;
+    uint32_t alen, pad;
+    uint64_t reserved[5];
+    rec_t recs[CHUNK_RECS];
+    char arena[SHM_ARENA];
+} shm_slot_t;
+
+#define SHM_SLOT_BYTES ((sizeof(shm_slot_t) + 4095) & ~(size_t)4095)
+
+static shm_hdr_t *shm = NULL;    /* attached: records go to the ring */
+static char *shm_base = NULL;
+static shm_slot_t *shm_cur = NULL; /* the FILLING slot */
+static int shm_kinds_full = 0;
+static int shm_sealed = 0;        /* a slot was sealed since the last wake */
+static Py_buffer shm_view;
+static int shm_has_view = 0;
+
+static inline shm_slot_t *slot_at(shm_hdr_t *h, uint32_t i) {
+    return (shm_slot_t *)((char *)h + h->slots_off + (size_t)i * h->slot_size);
+}
+
+static void shm_add_kind(const char *p, Py_ssize_t n) {
+    if (!shm || shm_kinds_full)
+        return;
+    size_t need = 4 + (((size_t)n + 3) & ~(size_t)3);
+    if (shm->kinds_len + need > shm->kinds_cap) {
+        shm_kinds_full = 1; /* later kinds are written with name "?" */
+        return;
+    }
+    char *e = shm_base + shm->kinds_off + shm->kinds_len;
+    uint32_t len = (uint32_t)n;
+    memcpy(e, &len, 4);
+    memcpy(e + 4, p, (size_t)n);
+    shm->kinds_len += need;
+    __atomic_store_n(&shm->nkinds, shm->nkinds + 1, __ATOMIC_RELEASE);
+}
+
+static void shm_seal(void) {
+    if (shm_cur) {
+        __atomic_store_n(&shm_cur->state, SLOT_FULL, __ATOMIC_RELEASE);
+        shm_cur = NULL;
+        shm_sealed = 1;
+    }
+}
+
+/* The lowest FREE slot (few slots stay in use, so few pages are touched). */
+static shm_slot_t *shm_take(void) {
+    for (uint32_t i = 0; i < shm->nslots; i++) {
+        shm_slot_t *s = slot_at(shm, i);
+        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SLOT_FREE) {
+            __atomic_store_n(&s->n, 0, __ATOMIC_RELAXED);
+            s->alen = 0;
+            s->seq = shm->next_seq++;
+            __atomic_store_n(&s->state, SLOT_FILLING, __ATOMIC_RELEASE);
+            return s;
+        }
+    }
+    return NULL;
+}
+
+/* Append to the ring: 0, -1 (args too long for a slot: dropped), -2 (ring full). */
+static int shm_append(uint32_t kid, long long t0, long long t1, unsigned long long id,
+                      unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
+                      uint32_t flags, long long count, const char *a, Py_ssize_t na,
+                      const char *b, Py_ssize_t nb) {
+    size_t need = (size_t)(na + nb);
+    if (need > SHM_ARENA)
+        return -1;
+    shm_slot_t *c = shm_cur;
+    if (c && (c->n == CHUNK_RECS || c->alen + need > SHM_ARENA))
+        shm_seal();
+    if (!shm_cur && !(shm_cur = shm_take()))
+        return -2;
+    c = shm_cur;
+    rec_t *r = &c->recs[c->n];
+    r->aoff = c->alen;
+    r->alen = (uint32_t)need;
+    if (na)
+        memcpy(c->arena + c->alen, a, (size_t)na);
+    if (nb)
+        memcpy(c->arena + c->alen + na, b, (size_t)nb);
+    c->alen += (uint32_t)need;
+    r->t0 = t0;
+    r->t1 = t1;
+    r->id = id;
+    r->parent = p;
+    r->kind = kid;
+    r->level_flags = ((uint32_t)lvl & LEVEL_MASK) | (flags << LEVEL_BITS);
+    r->tid = tid;
+    r->count = count;
+    __atomic_store_n(&c->n, c->n + 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static void shm_release(void) {
+    shm = NULL;
+    shm_base = NULL;
+    shm_cur = NULL;
+    shm_sealed = 0;
+    if (shm_has_view) {
+        shm_has_view = 0;
+        PyBuffer_Release(&shm_view);
+    }
+}
+
+
+/* shm_attach(buffer, pid): record into this writable region from now on. */
+static PyObject *shm_attach(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    long long pid;
+    if (!PyArg_ParseTuple(args, "OL", &obj, &pid))
+        return NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_WRITABLE) < 0)
+        return NULL;
+    size_t fixed = SHM_HEADER_BYTES + SHM_KINDS_BYTES;
+    if ((size_t)v.len < fixed + 2 * SHM_SLOT_BYTES) {
+        PyBuffer_Release(&v);
+        PyErr_SetString(PyExc_ValueError, "shared-memory region too small");
+        return NULL;
+    }
+    shm_release();
+    shm_view = v;
+    shm_has_view = 1;
+    shm_base = (char *)v.buf;
+    shm_hdr_t *h = (shm_hdr_t *)shm_base;
+    memset(h, 0, sizeof(*h));
+    h->version = SHM_VERSION;
+    h->kinds_off = SHM_HEADER_BYTES;
+    h->kinds_cap = SHM_KINDS_BYTES;
+    h->slots_off = fixed;
+    h->slot_size = SHM_SLOT_BYTES;
+    h->nslots = (uint32_t)(((size_t)v.len - fixed) / SHM_SLOT_BYTES);
+    h->producer_pid = pid;
+    h->dropped = ndropped;
+    shm_kinds_full = 0;
+    shm = h;
+    for (Py_ssize_t k = 0; k < nkinds; k++)
+        shm_add_kind(kinds[k].piece, kinds[k].n);
+    /* what the in-process buffer held is not this session's */
+    QLOCK();
+    chunk_t *old = head;
+    head = tail = NULL;
+    full_recs = 0;
+    __atomic_store_n(&taken, appended, __ATOMIC_RELAXED);
+    QUNLOCK();
+    free_chunks(old);
+    __atomic_store_n(&h->magic, SHM_MAGIC, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+/* shm_detach(): record into process memory again (a forked child's copy of the
+   region belongs to its parent and is never written). */
+static PyObject *shm_detach(PyObject *self, PyObject *unused) {
+    shm_release();
+    Py_RETURN_NONE;
+}
+
+/* shm_finish(): seal the slot being filled and mark the ring finalized. */
+static PyObject *shm_finish(PyObject *self, PyObject *unused) {
+    if (shm) {
+        shm_seal();
+        __atomic_store_n(&shm->finalized, 1u, __ATOMIC_RELEASE);
+    }
+    Py_RETURN_NONE;
+}
+
+/* shm_state() -> (free slots, slots, drainer_busy_ns) or None when not attached. */
+static PyObject *shm_state(PyObject *self, PyObject *unused) {
+    if (!shm)
+        Py_RETURN_NONE;
+    uint32_t nfree = 0;
+    for (uint32_t i = 0; i < shm->nslots; i++)
+        nfree += __atomic_load_n(&slot_at(shm, i)->state, __ATOMIC_ACQUIRE) == SLOT_FREE;
+    return Py_BuildValue("(IIL)", nfree, shm->nslots,
+                         (long long)__atomic_load_n(&shm->drainer_busy_ns, __ATOMIC_ACQUIRE));
+}
+
+static int make_room(void);
+
+/* shm_append_line(line): one line encoded already (metadata, counters, instants,
+   the trailer's lines), in order with the spans. False when it was dropped. */
+static PyObject *shm_append_line(PyObject *self, PyObject *arg) {
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "shm_append_line() takes bytes");
+        return NULL;
+    }
+    if (!shm)
+        Py_RETURN_FALSE;
+    const char *s = PyBytes_AS_STRING(arg);
+    Py_ssize_t n = PyBytes_GET_SIZE(arg);
+    int rc = shm_append(0, 0, 0, 0, 0, 0, 0, F_RAW, -1, s, n, NULL, 0);
+    if (rc == -2) {
+        if (make_room() < 0)
+            return NULL;
+        rc = shm ? shm_append(0, 0, 0, 0, 0, 0, 0, F_RAW, -1, s, n, NULL, 0) : -1;
+    }
+    if (rc < 0) {
+        COUNT_DROP(1);
+        Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 /* Append one record; -1 when memory ran out (the caller counts it as dropped). */
 static int native_append(uint32_t kid, long long t0, long long t1, unsigned long long id,
                          unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
                          uint32_t flags, long long count, const char *a, Py_ssize_t na,
                          const char *b, Py_ssize_t nb) {
+    if (shm)
+        return shm_append(kid, t0, t1, id, p, lvl, tid, flags, count, a, na, b, nb);
     chunk_t *c = tail;
     if (!c || c->n == CHUNK_RECS) {
         QLOCK();
@@ -416,12 +670,12 @@ static int emit_span(uint32_t kid, long long t0, long long t1, PyObject *id, PyO
     PyObject *own = NULL, *merged = NULL;
     if (nbuf >= buf_limit) {
         if (make_room() < 0) {
-            ndropped++;
+            COUNT_DROP(1);
             Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
             return -1;
         }
         if (nbuf >= buf_limit) {
-            ndropped++;
+            COUNT_DROP(1);
             goto done;
         }
     }
@@ -446,16 +700,30 @@ static int emit_span(uint32_t kid, long long t0, long long t1, PyObject *id, PyO
     }
     if (get_ull(id, &iv) < 0 || get_ull(p, &pv) < 0 || get_ull(tid, &tv) < 0)
         goto fail;
-    if (native_append(kid, t0, t1, iv, pv, lvl, tv, flags, count, a, na, b, nb) < 0) {
-        ndropped++;
+    int ar = native_append(kid, t0, t1, iv, pv, lvl, tv, flags, count, a, na, b, nb);
+    if (ar == -2) { /* the shared ring is full: as at the buffer limit */
+        if (make_room() < 0) {
+            COUNT_DROP(1);
+            Py_XDECREF(own); Py_XDECREF(merged);
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+            return -1;
+        }
+        ar = native_append(kid, t0, t1, iv, pv, lvl, tv, flags, count, a, na, b, nb);
+    }
+    if (ar < 0) {
+        COUNT_DROP(1);
         goto done;
     }
-    if (nbuf >= batch_size)
+    if (shm_sealed) { /* a slot of the ring is full: tell the drainer */
+        shm_sealed = 0;
+        woken = 0;
+        wake_writer();
+    } else if (nbuf >= batch_size)
         wake_writer();
     goto done;
 fail:
     PyErr_Clear();
-    ndropped++;
+    COUNT_DROP(1);
 done:
     Py_XDECREF(own);
     Py_XDECREF(merged);
@@ -476,7 +744,7 @@ static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long flags = nargs > 10 ? PyLong_AsLong(args[10]) : 0;
     if (PyErr_Occurred()) {
         PyErr_Clear();
-        ndropped++;
+        COUNT_DROP(1);
         Py_RETURN_NONE;
     }
     if (emit_span((uint32_t)kid, t0, t1, args[3], args[4], lvl, args[6],
@@ -700,6 +968,51 @@ static PyObject *plain_fragment_py(PyObject *self, PyObject *d) {
     return Py_BuildValue("(NKO)", frag, mask, nested ? Py_True : Py_False);
 }
 
+/* The JSON lines of records [from, to) of a chunk whose args are in `arena`; the
+   one encoder of both the in-process writer and the drainer. */
+static char *encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
+                         const char *arena, const kind_t *ks, Py_ssize_t nk, const char *pidp,
+                         Py_ssize_t npid, const char *hhp, Py_ssize_t nhh, long long off,
+                         long long min_id) {
+    for (uint32_t k = from; k < to; k++) {
+        const rec_t *r = &recs[k];
+        if ((r->level_flags >> LEVEL_BITS) & F_RAW) {
+            o = put(o, arena + r->aoff, r->alen);
+            continue;
+        }
+        if ((long long)r->id <= min_id)
+            continue;
+        long long ts = (r->t0 + off) / 1000;
+        long long dur = (r->t1 + off) / 1000 - ts;
+        o = put(o, LIT("{\"id\":"));
+        o = put_uint(o, r->id);
+        if (r->kind < nk)
+            o = put(o, ks[r->kind].piece, ks[r->kind].n);
+        else
+            o = put(o, LIT(",\"name\":\"?\",\"cat\":\"dftrace\""));
+        o = put(o, pidp, npid);
+        o = put_uint(o, r->tid);
+        o = put(o, LIT(",\"ts\":"));
+        o = put_int(o, ts);
+        o = put(o, LIT(",\"dur\":"));
+        o = put_int(o, dur);
+        o = put(o, hhp, nhh);
+        o = put_uint(o, r->level_flags & LEVEL_MASK);
+        o = put(o, LIT(",\"p_idx\":"));
+        o = put_uint(o, r->parent);
+        if (r->alen)
+            o = put(o, arena + r->aoff, r->alen);
+        if (r->count >= 0) {
+            o = put(o, LIT(",\"count\":"));
+            o = put_int(o, r->count);
+        }
+        if ((r->level_flags >> LEVEL_BITS) & F_INCOMPLETE)
+            o = put(o, LIT(",\"incomplete\":true"));
+        o = put(o, LIT("}}\n"));
+    }
+    return o;
+}
+
 /* Detach up to maxn records (whole chunks; at least one chunk) from the front of the
    buffer. GIL held. Returns the first chunk (NULL: nothing buffered), the records
    taken and an upper bound of their encoded size. */
@@ -739,40 +1052,8 @@ static chunk_t *detach(Py_ssize_t maxn, Py_ssize_t extra_per_rec, Py_ssize_t *nt
 static char *encode_chunks(chunk_t *c, char *o, const kind_t *ks, Py_ssize_t nk,
                            const char *pidp, Py_ssize_t npid, const char *hhp,
                            Py_ssize_t nhh, long long off, long long min_id) {
-    for (; c; c = c->next) {
-        for (uint32_t k = 0; k < c->n; k++) {
-            rec_t *r = &c->recs[k];
-            if ((long long)r->id <= min_id)
-                continue;
-            long long ts = (r->t0 + off) / 1000;
-            long long dur = (r->t1 + off) / 1000 - ts;
-            o = put(o, LIT("{\"id\":"));
-            o = put_uint(o, r->id);
-            if (r->kind < nk)
-                o = put(o, ks[r->kind].piece, ks[r->kind].n);
-            else
-                o = put(o, LIT(",\"name\":\"?\",\"cat\":\"dftrace\""));
-            o = put(o, pidp, npid);
-            o = put_uint(o, r->tid);
-            o = put(o, LIT(",\"ts\":"));
-            o = put_int(o, ts);
-            o = put(o, LIT(",\"dur\":"));
-            o = put_int(o, dur);
-            o = put(o, hhp, nhh);
-            o = put_uint(o, r->level_flags & LEVEL_MASK);
-            o = put(o, LIT(",\"p_idx\":"));
-            o = put_uint(o, r->parent);
-            if (r->alen)
-                o = put(o, c->arena + r->aoff, r->alen);
-            if (r->count >= 0) {
-                o = put(o, LIT(",\"count\":"));
-                o = put_int(o, r->count);
-            }
-            if ((r->level_flags >> LEVEL_BITS) & F_INCOMPLETE)
-                o = put(o, LIT(",\"incomplete\":true"));
-            o = put(o, LIT("}}\n"));
-        }
-    }
+    for (; c; c = c->next)
+        o = encode_recs(o, c->recs, 0, c->n, c->arena, ks, nk, pidp, npid, hhp, nhh, off, min_id);
     return o;
 }
 
@@ -793,7 +1074,7 @@ static PyObject *drain(PyObject *self, PyObject *args) {
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)upper);
     if (!out) {
         free_chunks(first);
-        ndropped += n;
+        COUNT_DROP(n);
         return NULL;
     }
     char *o0 = PyBytes_AS_STRING(out), *o = o0;
@@ -1148,6 +1429,241 @@ static PyObject *in_flight(PyObject *self, PyObject *unused) {
 #endif
 }
 
+/* ------------------------------------------------------------------------- */
+/* ShmReader: the drainer's side of one producer's ring                      */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    int has_view;
+    shm_hdr_t *h;
+    uint64_t next_seq; /* the slot to encode next ... */
+    uint32_t pos;      /* ... from this record on */
+    kind_t *ks;
+    Py_ssize_t nk, capk, maxk;
+    uint64_t koff;
+} ShmReader;
+
+static void ShmReader_release(ShmReader *self) {
+    if (self->has_view) {
+        self->has_view = 0;
+        PyBuffer_Release(&self->view);
+    }
+    self->h = NULL;
+}
+
+static void ShmReader_dealloc(ShmReader *self) {
+    ShmReader_release(self);
+    PyMem_Free(self->ks);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int ShmReader_init(ShmReader *self, PyObject *args, PyObject *kw) {
+    PyObject *obj;
+    int resume = 0;
+    if (!PyArg_ParseTuple(args, "O|p", &obj, &resume))
+        return -1;
+    ShmReader_release(self);
+    if (PyObject_GetBuffer(obj, &self->view, PyBUF_WRITABLE) < 0)
+        return -1;
+    self->has_view = 1;
+    shm_hdr_t *h = (shm_hdr_t *)self->view.buf;
+    size_t len = (size_t)self->view.len;
+    if (len < SHM_HEADER_BYTES || __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC ||
+        h->version != SHM_VERSION || h->slot_size < sizeof(shm_slot_t) ||
+        h->kinds_off + h->kinds_cap > h->slots_off ||
+        h->slots_off + (size_t)h->nslots * h->slot_size > len) {
+        ShmReader_release(self);
+        PyErr_SetString(PyExc_ValueError, "not a dftrace ring (or another version)");
+        return -1;
+    }
+    self->h = h;
+    self->next_seq = resume ? h->reader_seq : 0;
+    self->pos = resume ? h->reader_pos : 0;
+    self->nk = 0;
+    self->maxk = 0;
+    self->koff = 0;
+    return 0;
+}
+
+/* Kind pieces committed since the last call (they stay where they are). */
+static int reader_kinds(ShmReader *self) {
+    shm_hdr_t *h = self->h;
+    uint32_t n = __atomic_load_n(&h->nkinds, __ATOMIC_ACQUIRE);
+    const char *area = (const char *)h + h->kinds_off;
+    while ((uint32_t)self->nk < n) {
+        if (self->nk == self->capk) {
+            Py_ssize_t cap = self->capk ? self->capk * 2 : 256;
+            kind_t *g = PyMem_Realloc(self->ks, sizeof(kind_t) * (size_t)cap);
+            if (!g) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            self->ks = g;
+            self->capk = cap;
+        }
+        uint32_t len;
+        if (self->koff + 4 > h->kinds_cap)
+            break;
+        memcpy(&len, area + self->koff, 4);
+        if (self->koff + 4 + len > h->kinds_cap)
+            break;
+        self->ks[self->nk].piece = (char *)area + self->koff + 4;
+        self->ks[self->nk].n = len;
+        if ((Py_ssize_t)len > self->maxk)
+            self->maxk = len;
+        self->koff += 4 + (((uint64_t)len + 3) & ~(uint64_t)3);
+        self->nk++;
+    }
+    return 0;
+}
+
+#define READ_RANGES 64
+typedef struct {
+    shm_slot_t *s;
+    uint32_t from, to;
+    int full;
+} range_t;
+
+/* drain(max_records, pid_piece, hh_piece, offset_ns, min_id, partial) -> (bytes, n):
+   the lines of the sealed slots in sequence order (and, with `partial`, of the
+   records committed so far in the slot being filled); sealed slots are freed. */
+static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
+    Py_ssize_t maxn, npid, nhh;
+    const char *pidp, *hhp;
+    long long off, min_id;
+    int partial;
+    if (!PyArg_ParseTuple(args, "ny#y#LLp", &maxn, &pidp, &npid, &hhp, &nhh, &off, &min_id,
+                          &partial))
+        return NULL;
+    shm_hdr_t *h = self->h;
+    if (!h) {
+        PyErr_SetString(PyExc_ValueError, "closed");
+        return NULL;
+    }
+    if (reader_kinds(self) < 0)
+        return NULL;
+    range_t rg[READ_RANGES];
+    int nr = 0;
+    Py_ssize_t n = 0;
+    size_t upper = 0, per = (size_t)(REC_FIXED + self->maxk + npid + nhh);
+    uint64_t seq = self->next_seq;
+    uint32_t pos = self->pos;
+    while (nr < READ_RANGES && (n == 0 || n < maxn)) {
+        shm_slot_t *s = NULL;
+        for (uint32_t i = 0; i < h->nslots; i++) {
+            shm_slot_t *c = slot_at(h, i);
+            if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != SLOT_FREE && c->seq == seq) {
+                s = c;
+                break;
+            }
+        }
+        if (!s)
+            break;
+        int full = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SLOT_FULL;
+        uint32_t cnt = __atomic_load_n(&s->n, __ATOMIC_ACQUIRE);
+        if (cnt > CHUNK_RECS)
+            cnt = CHUNK_RECS;
+        if (!full && !partial)
+            break;
+        if (pos > cnt)
+            pos = cnt;
+        rg[nr].s = s;
+        rg[nr].from = pos;
+        rg[nr].to = cnt;
+        rg[nr].full = full;
+        for (uint32_t k = pos; k < cnt; k++) {
+            rec_t *r = &s->recs[k];
+            if ((size_t)r->aoff + r->alen > SHM_ARENA) { /* never written so: skip it */
+                r->alen = 0;
+                r->aoff = 0;
+            }
+            upper += per + r->alen;
+        }
+        n += cnt - pos;
+        nr++;
+        if (!full) {
+            pos = cnt;
+            break;
+        }
+        seq++;
+        pos = 0;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)upper);
+    if (!out)
+        return NULL;
+    char *o0 = PyBytes_AS_STRING(out), *o = o0;
+    kind_t *ks = self->ks;
+    Py_ssize_t nk = self->nk;
+    Py_BEGIN_ALLOW_THREADS
+    for (int k = 0; k < nr; k++) {
+        o = encode_recs(o, rg[k].s->recs, rg[k].from, rg[k].to, rg[k].s->arena, ks, nk, pidp, npid,
+                        hhp, nhh, off, min_id);
+        if (rg[k].full)
+            __atomic_store_n(&rg[k].s->state, SLOT_FREE, __ATOMIC_RELEASE);
+    }
+    Py_END_ALLOW_THREADS
+    self->next_seq = seq;
+    self->pos = pos;
+    h->reader_seq = seq;
+    h->reader_pos = pos;
+    if (_PyBytes_Resize(&out, (Py_ssize_t)(o - o0)) < 0)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, n);
+}
+
+static PyObject *ShmReader_set_busy(ShmReader *self, PyObject *arg) {
+    long long v = PyLong_AsLongLong(arg);
+    if (v == -1 && PyErr_Occurred())
+        return NULL;
+    if (self->h)
+        __atomic_store_n(&self->h->drainer_busy_ns, (int64_t)v, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShmReader_close(ShmReader *self, PyObject *unused) {
+    ShmReader_release(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShmReader_get_finalized(ShmReader *self, void *c) {
+    return PyBool_FromLong(self->h && __atomic_load_n(&self->h->finalized, __ATOMIC_ACQUIRE));
+}
+
+static PyObject *ShmReader_get_dropped(ShmReader *self, void *c) {
+    return PyLong_FromLongLong(self->h ? (long long)self->h->dropped : 0);
+}
+
+static PyObject *ShmReader_get_pid(ShmReader *self, void *c) {
+    return PyLong_FromLongLong(self->h ? (long long)self->h->producer_pid : 0);
+}
+
+static PyMethodDef ShmReader_methods[] = {
+    {"drain", (PyCFunction)ShmReader_drain, METH_VARARGS,
+     "drain(max_records, pid_piece, hh_piece, offset_ns, min_id, partial) -> (bytes, n)"},
+    {"set_busy", (PyCFunction)ShmReader_set_busy, METH_O,
+     "set_busy(ns): when the write under way began (CLOCK_MONOTONIC), 0 when idle"},
+    {"close", (PyCFunction)ShmReader_close, METH_NOARGS, "Let go of the region."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef ShmReader_getset[] = {
+    {"finalized", (getter)ShmReader_get_finalized, NULL, "the producer finalized", NULL},
+    {"dropped", (getter)ShmReader_get_dropped, NULL, "the producer's counted drops", NULL},
+    {"pid", (getter)ShmReader_get_pid, NULL, "the producer's pid", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject ShmReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dftrace._core._speedups.ShmReader",
+    .tp_basicsize = sizeof(ShmReader),
+    .tp_dealloc = (destructor)ShmReader_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ShmReader(region, resume=False): read the records of one producer's shared-memory ring (from where the last reader stopped, with resume).",
+    .tp_methods = ShmReader_methods,
+    .tp_getset = ShmReader_getset,
+    .tp_init = (initproc)ShmReader_init,
+    .tp_new = PyType_GenericNew,
+};
+
 /* Forget everything buffered. */
 static PyObject *reset(PyObject *self, PyObject *unused) {
     QLOCK();
@@ -1201,6 +1717,8 @@ static PyObject *set_dropped(PyObject *self, PyObject *arg) {
     if (v == -1 && PyErr_Occurred())
         return NULL;
     ndropped = v;
+    if (shm)
+        shm->dropped = v;
     Py_RETURN_NONE;
 }
 
@@ -1637,7 +2155,7 @@ static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self
     if (!tid || kid == 0xFFFFFFFFu || PyErr_Occurred()) {
         Py_XDECREF(tid);
         PyErr_Clear();
-        ndropped++;
+        COUNT_DROP(1);
         return 0;
     }
     int rc = emit_span(kid, t0, t1, id, PyTuple_GET_ITEM(ent, 3), lvl, tid, PyTuple_GET_ITEM(ent, 5),
@@ -2483,6 +3001,11 @@ static PyMethodDef methods[] = {
     {"native_write", native_write, METH_NOARGS,
      "The compressions drain_write() can do here."},
     {"add_kind", add_kind, METH_O, "add_kind(piece) -> kid"},
+    {"shm_attach", shm_attach, METH_VARARGS, "shm_attach(region, pid): record into a shared-memory ring"},
+    {"shm_detach", shm_detach, METH_NOARGS, "Record into process memory again."},
+    {"shm_finish", shm_finish, METH_NOARGS, "Seal the ring's last slot and mark it finalized."},
+    {"shm_state", shm_state, METH_NOARGS, "(free slots, slots, drainer_busy_ns), or None"},
+    {"shm_append_line", shm_append_line, METH_O, "shm_append_line(line) -> recorded (bool)"},
     {"reset", reset, METH_NOARGS, "Forget every buffered record."},
     {"after_fork", after_fork, METH_NOARGS, "In a forked child: a fresh buffer and lock."},
     {"set_limits", set_limits, METH_VARARGS, "set_limits(batch_size, buffer_limit, drop_when_full)"},
@@ -2529,7 +3052,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(str_asyncio, "asyncio");
 #undef INTERN
     if (PyType_Ready(&SpanWrapperType) < 0 || PyType_Ready(&TraceableBaseType) < 0 ||
-        PyType_Ready(&SpanIterType) < 0 || PyType_Ready(&SpanBaseType) < 0)
+        PyType_Ready(&SpanIterType) < 0 || PyType_Ready(&SpanBaseType) < 0 ||
+        PyType_Ready(&ShmReaderType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
@@ -2538,6 +3062,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(m, "SpanIter", (PyObject *)&SpanIterType) < 0 ||
         PyModule_AddObjectRef(m, "TraceableBase", (PyObject *)&TraceableBaseType) < 0 ||
         PyModule_AddObjectRef(m, "SpanBase", (PyObject *)&SpanBaseType) < 0 ||
+        PyModule_AddObjectRef(m, "ShmReader", (PyObject *)&ShmReaderType) < 0 ||
+        PyModule_AddIntConstant(m, "SHM_FIXED_BYTES", (long)(SHM_HEADER_BYTES + SHM_KINDS_BYTES)) < 0 ||
+        PyModule_AddIntConstant(m, "SHM_SLOT_BYTES", (long)SHM_SLOT_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "SHM_SLOT_RECORDS", (long)CHUNK_RECS) < 0 ||
         PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(rec_t)) < 0 ||
         PyModule_AddIntConstant(m, "CHUNK_RECORDS", (long)CHUNK_RECS) < 0) {
         Py_DECREF(m);

@@ -219,6 +219,12 @@ OPTIONS: tuple[Option, ...] = (
            "Longest time finalize (at exit, on a signal, at the end of a multiprocessing "
            "child) waits for the trace file; storage that stalls longer is abandoned with a "
            "warning that counts the events not written."),
+    Option("writer", "DFTRACE_WRITER", "thread", _choice("thread", "process"),
+           "Who writes the trace file: thread (a thread of the traced process) or process "
+           "(a drainer process, one per job and host, reading the records from shared "
+           "memory: a SIGKILL loses nothing recorded, hung storage never holds the traced "
+           "process). Where shared memory or the drainer cannot be had, thread, with one "
+           "warning."),
     Option("max_open_spans", "DFTRACE_MAX_OPEN_SPANS", 100_000, _int_range(16, 1 << 27),
            "Most spans opened with start() and not yet stopped; further start() calls record "
            "nothing, warn once and are counted in a dropped line (reason open spans)."),

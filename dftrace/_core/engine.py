@@ -96,6 +96,8 @@ class _State:
 
     def __init__(self) -> None:
         self.consumer: Any = None  # object with wake(), wait_drained(limit, timeout)
+        #: With writer="process": puts a special record's line in the shared ring.
+        self.special_to_ring: Any = None
         self._batch_size = 16384
         self._buffer_limit = 1_048_576
         self._drop_when_full = False
@@ -160,6 +162,8 @@ class _State:
         self.pid = os.getpid()
         if speedups is not None:
             speedups.after_fork()
+            speedups.shm_detach()  # the parent's shared-memory ring is never written here
+        self.special_to_ring = None
         discard_buffered()
         self.dropped = 0
         self.open_refused = 0
@@ -377,7 +381,12 @@ def record_special(kind: Any, payload: dict, tid: int | None = None, t_ns: int |
     """Record a non-span event (metadata, counter, instant)."""
     if tid is None:
         tid = threading.get_native_id()
-    SPECIALS.append((kind, clock() if t_ns is None else t_ns, new_id(), tid, payload))
+    rec = (kind, clock() if t_ns is None else t_ns, new_id(), tid, payload)
+    to_ring = STATE.special_to_ring
+    if to_ring is not None:
+        to_ring(rec)  # writer="process": encoded now, in order with the spans
+    else:
+        SPECIALS.append(rec)
 
 
 def _thread_stack() -> Stack:

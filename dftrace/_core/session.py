@@ -23,7 +23,7 @@ from typing import Any
 
 from . import tree as _nodes
 from . import engine as _rec
-from . import sampler as _sampler, signals as _signals
+from . import sampler as _sampler, shm as _shm, signals as _signals
 from .config import RANK_MAX, Config, ConfigError, env_enable
 from .records import Encoder
 from .._version import __version__
@@ -103,7 +103,7 @@ def _safe_host(host: str) -> str:
 class Session:
     """One process's tracing session (what ``initialize`` returns)."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, min_id: int = 0):
         self.config = config
         self.pid = os.getpid()
         self.hostname = _clean(_hostname())
@@ -116,6 +116,8 @@ class Session:
         self.wall_ns = time.time_ns()
         self.offset_ns = self.wall_ns - self.mono_ns
         self.encoder = Encoder(self.pid, self.hhash, self.offset_ns, config.max_arg_length)
+        #: span ids at or below this were started before a fork (the parent's)
+        self.encoder.min_id = min_id
         self.base = self._base_path()
         # What the header says about the process, as it is now (the file and its
         # header are written at the first flush, on the writer's thread).
@@ -124,11 +126,21 @@ class Session:
         self.sink = FileSink(self.base, config.compression, config.compression_level,
                              config.max_file_size, self._header)
         self.sampler: _sampler.Sampler | None = None
-        self.writer = Writer(self.encoder, self.sink, config.flush_interval)
+        self.writer: Writer | _shm.ProcessWriter = self._start_writer()
         self.finalized = False
         #: Events lost to the storage (write failed, file deleted, shutdown gave up).
         self.events_lost = 0
         self._saved_env: dict[str, str | None] = {}
+
+    def _start_writer(self) -> Writer | _shm.ProcessWriter:
+        if self.config.writer == "process":
+            try:
+                return _shm.ProcessWriter(self)
+            except _shm.DrainerUnavailable as exc:
+                _rec.STATE.warn_once(
+                    "writer-process", f"writer='process' (env DFTRACE_WRITER) is not available "
+                    f"here: {exc}; this process writes its trace itself (writer='thread')")
+        return Writer(self.encoder, self.sink, self.config.flush_interval)
 
     # -- naming --------------------------------------------------------------
     def _base_path(self) -> str:
@@ -391,7 +403,13 @@ def finalize(target: Session | None = None) -> None:
                     if time.monotonic() >= deadline:
                         break
             lost = s.sink.events_lost
-            if not done:
+            if not done and isinstance(s.writer, _shm.ProcessWriter) and s.writer.fallback is None:
+                _rec.STATE.warn_once(
+                    "shutdown-drainer",
+                    f"the trace drainer (pid {s.writer.drainer_pid}) has not finished writing "
+                    f"{s.path} within shutdown_timeout={s.config.shutdown_timeout:g} s "
+                    "(storage stalled); it writes the rest when the storage answers")
+            elif not done:
                 lost += _rec.buffered()
                 _rec.STATE.warn_once(
                     "shutdown-stalled",
@@ -532,12 +550,13 @@ def _after_fork_child() -> None:
     if parent is None:
         return
     parent.sink.abandon()
+    if isinstance(parent.writer, _shm.ProcessWriter):
+        parent.writer.forget()
     parent.writer = None  # type: ignore[assignment]
     _session = None
     try:
         first_id = _rec.new_id()
-        s = Session(parent.config)
-        s.encoder.min_id = first_id
+        s = Session(parent.config, first_id)
         _rec.STATE.consumer = s.writer
         _session = s
         _register_mp_finalizer()

@@ -275,8 +275,12 @@ def _is_fifo(path: str) -> bool:
 class Writer:
     """Background consumer of the record buffer for one process."""
 
-    def __init__(self, encoder: Encoder, sink: FileSink, flush_interval: float):
+    def __init__(self, encoder: Encoder, sink: FileSink, flush_interval: float,
+                 source: Callable[[Encoder, int], tuple[bytes, int]] = _rec.drain):
         self.encoder = encoder
+        #: Where the records come from: the engine's buffer, or a shared-memory ring
+        #: whose drainer process is gone (see ``_core.shm``).
+        self.source = source
         self.sink = sink
         self.flush_interval = flush_interval
         #: Most records in one frame; a bigger backlog is written as several frames.
@@ -369,11 +373,19 @@ class Writer:
         except Exception as exc:
             _rec.STATE.warn_once("writer", f"writer error: {exc!r}")
 
+    def _native_level(self) -> int | None:
+        """The level for the engine's own writing (see FileSink.native_level), or None:
+        captures listen, the records come from elsewhere (a shared ring), or the
+        sink can't take it."""
+        if LISTENERS or self.source is not _rec.drain:
+            return None
+        return self.sink.native_level()
+
     def _write_loop(self) -> bool:
         """Wait one flush interval in the C engine, which writes full batches
         meanwhile without the GIL; False where it can't (then the thread waits and
         flushes in Python)."""
-        level = None if LISTENERS else self.sink.native_level()
+        level = self._native_level()
         if level is None or not self._flush_lock.acquire(blocking=False):
             return False
         try:
@@ -431,16 +443,21 @@ class Writer:
         while True:
             n = self._flush_batch()
             total += n
-            if n == 0 or total >= target or not _rec.buffered():
+            if n == 0:
+                return total
+            if self.source is _rec.drain:
+                if total >= target or not _rec.buffered():
+                    return total
+            elif n < self.max_batch:  # another source (a shared ring): until a short batch
                 return total
 
     def _flush_batch(self) -> int:
         """One frame: at most ``max_batch`` records from the front of the buffer."""
         if self.sink.failed and not LISTENERS:
-            _, n = _rec.drain(self.encoder, self.max_batch)  # nowhere to go: counted
+            _, n = self.source(self.encoder, self.max_batch)  # nowhere to go: counted
             _rec.STATE.dropped += n
             return n
-        level = None if LISTENERS else self.sink.native_level()
+        level = self._native_level()
         if level is not None:
             # Everything buffered (up to NATIVE_TAKE) as frames of max_batch, the
             # GIL taken once for all of them.
@@ -451,7 +468,7 @@ class Writer:
                 self.events_written += written
             self._notify_drained()
             return taken
-        data, n = _rec.drain(self.encoder, self.max_batch)
+        data, n = self.source(self.encoder, self.max_batch)
         self._notify_drained()
         if not data:
             return n

@@ -21,14 +21,14 @@ import sys
 import time
 
 
-def emit(out: str, flush_interval: float, rate: float) -> None:
+def emit(out: str, flush_interval: float, rate: float, writer: str = "thread") -> None:
     import dftrace
     from dftrace import ai
 
     with open(os.path.join(out, "count"), "r+b") as fh:
         counter = mmap.mmap(fh.fileno(), 8)
     dftrace.initialize(log_file=os.path.join(out, "t"), compression="zstd",
-                       flush_interval=flush_interval)
+                       flush_interval=flush_interval, writer=writer)
     node = ai.compute.forward
     pack = struct.pack_into
     n = 0
@@ -101,6 +101,6 @@ def main(runs: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["emit"]:
-        emit(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
+        emit(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), *sys.argv[5:6])
     else:
         main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)

@@ -15,6 +15,11 @@ from dftrace.format import iter_trace_lines, parse_trace_filename, validate_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+#: The writers a process test runs under: writer="process" needs the C engine on Linux.
+WRITERS = ["thread"] + (
+    ["process"] if sys.platform.startswith("linux")
+    and os.environ.get("DFTRACE_NO_SPEEDUPS", "").strip() in ("", "0") else [])
+
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The test process's environment without DFTRACE_* or rank variables, plus ``extra``."""

@@ -8,24 +8,26 @@ from collections import Counter
 
 import pytest
 
-from ._util import HERE, assert_valid, events_by_pid, files, meta, run, spans
+from ._util import HERE, WRITERS, assert_valid, events_by_pid, files, meta, run, spans
 
 pytest.importorskip("torch")
 
 N = 40  # items; batches of 4
 
 
-@pytest.mark.parametrize("method,init", [
-    ("fork", False),
-    ("fork", True),
-    ("spawn", True),
-    ("forkserver", True),
+@pytest.mark.parametrize("method,init,writer", [
+    ("fork", False, "thread"),
+    ("fork", True, "thread"),
+    ("spawn", True, "thread"),
+    ("forkserver", True, "thread"),
+    *((m, True, "process") for m in ("fork", "spawn") if "process" in WRITERS),
 ])
-def test_every_item_is_traced_once_in_some_worker(tmp_path, method, init):
+def test_every_item_is_traced_once_in_some_worker(tmp_path, method, init, writer):
     """Item spans are in the workers' files, fetch spans in the main one, none twice."""
     args = [os.path.join(HERE, "_dl_workload.py"), method, str(tmp_path), str(N)]
-    out = run(args + (["init"] if init else []), timeout=240)
+    out = run(args + (["init"] if init else []), timeout=240, DFTRACE_WRITER=writer)
     assert out.returncode == 0, out.stderr
+    assert "not available" not in out.stderr
     by_pid = events_by_pid(tmp_path)
     assert_valid(files(tmp_path))
     assert len(by_pid) == 3  # main + two workers

@@ -10,7 +10,7 @@ import pytest
 import dftrace
 from dftrace import ai, testing
 
-from ._util import assert_valid, events_by_pid, files, meta, run, spans, write_script
+from ._util import WRITERS, assert_valid, events_by_pid, files, meta, run, spans, write_script
 
 MP_SCRIPT = """
     import multiprocessing as mp
@@ -46,12 +46,14 @@ MP_SCRIPT = """
 """
 
 
+@pytest.mark.parametrize("writer", WRITERS)
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_multiprocessing_children_write_complete_files_of_their_own(tmp_path, method):
+def test_multiprocessing_children_write_complete_files_of_their_own(tmp_path, method, writer):
     """Each multiprocessing child writes all its events, and only its own, to a finished file."""
     script = write_script(tmp_path, MP_SCRIPT)
-    out = run([script, method, str(tmp_path / "traces")])
+    out = run([script, method, str(tmp_path / "traces")], DFTRACE_WRITER=writer)
     assert out.returncode == 0, out.stderr
+    assert "not available" not in out.stderr
     child_pids = [int(p) for p in out.stdout.split("[")[0].split()]
     by_pid = events_by_pid(tmp_path / "traces")
     parent_pid = next(p for p in by_pid if p not in child_pids)
@@ -102,11 +104,13 @@ FORK_SCRIPT = """
 """
 
 
-def test_os_fork_child_writes_only_its_own_events(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_os_fork_child_writes_only_its_own_events(tmp_path, writer):
     """A child of os.fork gets its own file; the parent's buffered and open spans stay the parent's."""
     script = write_script(tmp_path, FORK_SCRIPT)
-    out = run([script, str(tmp_path)])
+    out = run([script, str(tmp_path)], DFTRACE_WRITER=writer)
     assert out.returncode == 0, out.stderr
+    assert "not available" not in out.stderr
     child = int(out.stdout.split()[-1])
     by_pid = events_by_pid(tmp_path)
     assert len(by_pid) == 2

@@ -1,0 +1,395 @@
+"""writer="process": a drainer process writes each traced process's file from shared memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import dftrace
+from dftrace import ai, testing
+from dftrace._core import engine as _rec
+
+from ._util import HERE, assert_valid, clean_env, events_by_pid, files, last_line, meta, run, \
+    spans, start, write_script
+
+pytestmark = pytest.mark.skipif(
+    _rec.speedups is None or not sys.platform.startswith("linux"),
+    reason="writer='process' needs the C engine and Linux (memfd)")
+
+DETERMINISTIC = """
+    import sys
+
+    import dftrace
+    from dftrace import ai
+
+    dftrace.initialize(log_file=sys.argv[1], writer=sys.argv[2], compression="gzip",
+                       flush_interval=0.05)
+
+    @ai.compute.forward
+    def forward(i):
+        return i
+
+    with ai.pipeline.epoch(args={"epoch": 0}):
+        for i in range(9000):  # more than two slots of the ring
+            forward(i)
+        for i in range(3):
+            with ai.data.item(args={"i": i, "s": "x" * i}):
+                ai.data.item.update(step=i)
+    ai.compute.forward.update(phase="eval")
+    forward(-1)
+"""
+
+
+def _comparable(path: str) -> list[tuple]:
+    """The events of a file without what differs between runs (ids, times, pids)."""
+    out = []
+    for e in testing.read_events(path):
+        args = {k: v for k, v in e.get("args", {}).items()
+                if k not in ("hhash", "p_idx", "wall_ns", "mono_ns", "ppid", "pid", "start_time",
+                             "cmdline", "name", "sort_index", "value", "memory_total")}
+        out.append((e.get("ph"), e.get("name"), e.get("cat"), json.dumps(args, sort_keys=True)))
+    return out
+
+
+def test_same_file_as_the_thread_writer(tmp_path):
+    """A deterministic program leaves the same events with either writer."""
+    script = write_script(tmp_path, DETERMINISTIC)
+    got = {}
+    for writer in ("thread", "process"):
+        out = run([script, str(tmp_path / writer / "t"), writer])
+        assert out.returncode == 0, out.stderr
+        assert "not available" not in out.stderr
+        (path,) = files(tmp_path / writer)
+        assert path.endswith(".pfw.gz")
+        assert_valid([path])
+        got[writer] = _comparable(path)
+    assert len(got["process"]) > 9000
+    assert got["process"] == got["thread"]
+
+
+def test_in_process_session_writes_through_the_drainer(tmp_path):
+    """In this process: finalize returns with the drainer's file complete, metadata included."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), writer="process")
+    assert type(s.writer).__name__ == "ProcessWriter"
+    for i in range(5000):
+        with ai.compute.forward(args={"i": i}):
+            pass
+
+    def load() -> None:
+        with ai.data.item:
+            pass
+
+    t = threading.Thread(target=load, name="loader")
+    t.start()
+    t.join()
+    dftrace.finalize()
+    (path,) = s.paths
+    assert_valid([path])
+    events = testing.read_events(path)
+    assert [e["args"]["i"] for e in spans(events, "forward")] == list(range(5000))
+    assert "loader" in [e["args"]["name"] for e in meta(events, "thread_name")]
+    assert len(spans(events, "item")) == 1
+
+
+def test_writer_setting_is_validated_at_initialize():
+    """A wrong DFTRACE_WRITER fails at initialize naming the setting."""
+    with pytest.raises(dftrace.ConfigError, match="DFTRACE_WRITER"):
+        dftrace.initialize(writer="disk")
+
+
+def test_without_the_c_engine_the_thread_writer_is_used_with_one_warning(tmp_path):
+    """DFTRACE_NO_SPEEDUPS=1: the process writer falls back, says so once, and the file is whole."""
+    script = write_script(tmp_path, DETERMINISTIC)
+    out = run([script, str(tmp_path / "t"), "process"], DFTRACE_NO_SPEEDUPS="1")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("writer='process' (env DFTRACE_WRITER) is not available") == 1
+    (path,) = files(tmp_path)
+    assert_valid([path])
+    assert len(spans(testing.read_events(path), "forward")) == 9001
+
+
+# -- kill -9 -------------------------------------------------------------------------
+
+def _wait_for_end(path_dir, timeout: float = 20.0) -> str:
+    """The drainer completes a killed process's file: wait until it ends with ']'."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        paths = files(path_dir)
+        if paths and last_line(paths[0]) == b"]":
+            return paths[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no complete file in {path_dir}: {files(path_dir)}")
+
+
+@pytest.mark.parametrize("run_no", range(3))
+def test_kill9_loses_nothing_committed(tmp_path, run_no):
+    """SIGKILL at a random moment under full load: every span that ended is in the file,
+    the file is complete and valid, and a metadata line says the process was killed."""
+    out = str(tmp_path)
+    with open(os.path.join(out, "count"), "wb") as fh:
+        fh.write(b"\0" * 8)
+    proc = start([os.path.join(HERE, "_kill9.py"), "emit", out, "1.0", "0", "process"])
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    time.sleep(random.uniform(0.2, 1.2))
+    proc.send_signal(signal.SIGKILL)
+    with open(os.path.join(out, "count"), "rb") as fh:
+        emitted = struct.unpack("q", fh.read(8))[0]
+    # Not reaped yet: the drainer reads how the process ended from its zombie.
+    path = _wait_for_end(out)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert_valid([path])
+    events = testing.read_events(path)
+    ids = sorted(e["id"] for e in spans(events, "forward"))
+    assert emitted > 0
+    # The counter is stored after each span is committed: all of them are here (the
+    # span in flight at the kill may be too, or may be dropped, never cut).
+    assert len(ids) in (emitted, emitted + 1)
+    assert ids == list(range(ids[0], ids[0] + len(ids)))
+    (end,) = meta(events, "process_end")
+    assert end["args"]["finalized"] is False
+    assert end["args"]["signal"] == signal.SIGKILL
+    assert end["args"]["how"] == "killed by signal 9"
+
+
+def test_exit_without_finalize_is_said_in_the_file(tmp_path):
+    """os._exit skips finalize: the drainer ends the file and says how the process ended."""
+    script = write_script(tmp_path, """
+        import os, sys
+        import dftrace
+        from dftrace import ai
+        dftrace.initialize(log_file=sys.argv[1], writer="process")
+        for i in range(10):
+            with ai.compute.forward:
+                pass
+        print("done", flush=True)
+        sys.stdin.readline()
+        os._exit(3)
+    """)
+    proc = subprocess.Popen([sys.executable, script, str(tmp_path / "t")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            env=clean_env())
+    assert proc.stdout.readline().strip() == "done"
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    path = _wait_for_end(tmp_path)
+    assert proc.wait() == 3
+    events = testing.read_events(path)
+    assert len(spans(events, "forward")) == 10
+    (end,) = meta(events, "process_end")
+    assert end["args"]["exit_status"] == 3
+
+
+# -- children ------------------------------------------------------------------------
+
+def test_drainer_is_shared_by_children_and_exits_after_the_last(tmp_path):
+    """multiprocessing children register with their parent's drainer; it exits after them."""
+    script = write_script(tmp_path, """
+        import multiprocessing as mp, os, sys
+        import dftrace
+        from dftrace import ai
+
+        def child(k, out):
+            for i in range(5):
+                with ai.data.item(args={"k": k}):
+                    pass
+            with open(f"{out}/drainer{k}", "w") as fh:
+                fh.write(str(dftrace.session().writer.drainer_pid))
+
+        if __name__ == "__main__":
+            s = dftrace.initialize(log_file=sys.argv[1] + "/t", writer="process")
+            with ai.compute.forward:
+                pass
+            procs = [mp.get_context("spawn").Process(target=child, args=(k, sys.argv[2]))
+                     for k in range(2)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join()
+            print(s.writer.drainer_pid)
+    """)
+    side = tmp_path / "side"
+    side.mkdir()
+    out = run([script, str(tmp_path / "traces"), str(side)])
+    assert out.returncode == 0, out.stderr
+    drainer = int(out.stdout)
+    assert {int((side / f"drainer{k}").read_text()) for k in range(2)} == {drainer}
+    tmp_path = tmp_path / "traces"
+    by_pid = events_by_pid(tmp_path)
+    assert len(by_pid) == 3
+    assert_valid(files(tmp_path))
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{drainer}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{drainer}")
+
+
+# -- the drainer dies ----------------------------------------------------------------
+
+def test_killed_drainer_is_replaced_by_writing_in_process(tmp_path):
+    """SIGKILL to the drainer: the process notices, warns once, and writes the rest of
+    its ring itself into the next free file name."""
+    script = write_script(tmp_path, """
+        import os, signal, sys, time
+        import dftrace
+        from dftrace import ai
+        s = dftrace.initialize(log_file=sys.argv[1] + "/t", writer="process")
+        for i in range(100):
+            with ai.compute.forward(args={"i": i}):
+                pass
+        s.writer.flush()
+        os.kill(s.writer.drainer_pid, signal.SIGKILL)
+        while os.path.exists(f"/proc/{s.writer.drainer_pid}/cmdline") and \\
+                open(f"/proc/{s.writer.drainer_pid}/stat").read().split()[2] != "Z":
+            time.sleep(0.01)
+        for i in range(100, 20000):
+            with ai.compute.forward(args={"i": i}):
+                pass
+        dftrace.finalize()
+        print(*s.paths)
+    """)
+    out = run([script, str(tmp_path)])
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("the trace drainer") == 1, out.stderr
+    first, second = sorted(files(tmp_path), key=len)
+    assert out.stdout.split() == [second]
+    assert_valid([second])
+    before = [e["args"]["i"] for e in spans(testing.read_events(first), "forward")]
+    after = [e["args"]["i"] for e in spans(testing.read_events(second), "forward")]
+    assert before == list(range(100))
+    assert after == list(range(100, 20000))
+
+
+# -- storage that hangs ---------------------------------------------------------------
+
+def _fuse_usable() -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    if shutil.which("fusermount") is None:
+        return "no fusermount (apt-get install fuse libfuse2)"
+    try:
+        import fuse  # noqa: F401  (fusepy: it loads libfuse on import)
+    except (ImportError, OSError) as exc:
+        return f"fusepy unusable: {exc}"
+    return None
+
+
+@pytest.fixture
+def hung_mount(tmp_path):
+    """A mounted filesystem whose writes never return; unmounted whatever happens."""
+    why = _fuse_usable()
+    if why:
+        pytest.skip(why)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    daemon = subprocess.Popen([sys.executable, os.path.join(HERE, "_hung_fs.py"), str(mnt)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(mnt):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                pytest.skip(f"FUSE mount failed: {daemon.stderr.read().decode()[-300:]}")
+            time.sleep(0.05)
+        yield mnt
+    finally:
+        daemon.kill()  # ends every write waiting on it (ENOTCONN)
+        daemon.wait()
+        subprocess.run(["fusermount", "-u", "-z", str(mnt)], capture_output=True)
+
+
+HUNG = """
+    import sys, time
+    import dftrace
+    from dftrace import ai
+    dftrace.initialize(log_file=sys.argv[1], writer="process", flush_interval=0.05)
+    print("ready", flush=True)
+    for _ in range(int(sys.argv[2])):
+        for i in range(1000):
+            with ai.compute.forward:
+                pass
+        time.sleep(0.001)
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("end", ["sigterm", "exit"])
+def test_hung_storage_never_holds_the_traced_process(tmp_path, hung_mount, end):
+    """With the trace storage hung, SIGTERM ends the process with its SIGTERM death and
+    a normal exit ends it with status 0, and the process is gone (no thread of it is
+    stuck in the kernel)."""
+    script = write_script(tmp_path, HUNG)
+    rounds = 10**9 if end == "sigterm" else 400
+    proc = start([script, str(hung_mount / "t"), str(rounds)])
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    time.sleep(0.5)  # the drainer's first write is under way, and hangs
+    if end == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+        expected = -signal.SIGTERM
+    else:
+        expected = 0
+    try:
+        rc = proc.wait(timeout=30)  # a process stuck on the storage would never end
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the traced process did not end while the storage hung")
+    assert rc == expected, proc.stderr.read()
+    assert not os.path.exists(f"/proc/{proc.pid}")
+    assert "storage stalled" in proc.stderr.read()
+
+
+def test_processes_of_one_job_share_one_drainer(tmp_path):
+    """Siblings of one job (torchrun ranks, srun tasks: not each other's children)
+    find the job's drainer through the launcher's job id."""
+    script = write_script(tmp_path, """
+        import sys
+        import dftrace
+        from dftrace import ai
+        s = dftrace.initialize(log_file=sys.argv[1] + "/t", writer="process")
+        with ai.compute.forward:
+            pass
+        print(s.writer.drainer_pid, flush=True)
+        sys.stdin.readline()
+    """)
+    env = clean_env(TORCHELASTIC_RUN_ID=f"job-{os.getpid()}-{time.time_ns()}")
+    ranks = [subprocess.Popen([sys.executable, script, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    drainers = {int(r.stdout.readline()) for r in ranks}
+    for r in ranks:
+        r.communicate("\n")
+        assert r.returncode == 0
+    assert len(drainers) == 1
+    assert len(files(tmp_path)) == 3
+    assert_valid(files(tmp_path))
+
+
+def test_dftrace_run_with_a_subprocess_child_shares_the_drainer(tmp_path):
+    """``dftrace run --writer process``: the script and the subprocess it starts (traced
+    through the exported configuration) write through one drainer."""
+    script = write_script(tmp_path, """
+        import subprocess, sys
+        import dftrace
+        from dftrace import ai
+        with ai.pipeline.train:
+            pass
+        if sys.argv[1:] != ["child"]:
+            subprocess.run([sys.executable, __file__, "child"], check=True)
+        print(dftrace.session().writer.drainer_pid, flush=True)
+    """)
+    out = run(["-m", "dftrace", "run", "--writer", "process", "--log-file",
+               str(tmp_path / "traces" / "t"), script])
+    assert out.returncode == 0, out.stderr
+    assert len(set(out.stdout.split())) == 1
+    by_pid = events_by_pid(tmp_path / "traces")
+    assert len(by_pid) == 2
+    assert all(len(spans(evs, "train")) == 1 for evs in by_pid.values())
+    assert_valid(files(tmp_path / "traces"))
