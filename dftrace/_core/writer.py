@@ -153,6 +153,17 @@ class FileSink:
                 return
         self.bytes_written += len(out)
 
+    def open_now(self) -> None:
+        """Create the file and write its header now (before the first frame), so that
+        the first frame too can go straight from the engine. A failure disables the
+        sink, as a failed write does."""
+        if self._fd is not None or self.failed or self.abandoned:
+            return
+        try:
+            self._open()
+        except Exception as exc:
+            self._fail(exc)
+
     def native_level(self) -> int | None:
         """The ``level`` for :func:`engine.drain_to_file` (-1: no compression) when
         the next frame can go straight from the engine to the open file: the C
@@ -379,6 +390,8 @@ class Writer:
         sink can't take it."""
         if LISTENERS or self.source is not _rec.drain:
             return None
+        if not self.sink.opened and self.sink.compression in _NATIVE and _rec.buffered():
+            self.sink.open_now()  # the header in Python, then every frame from the engine
         return self.sink.native_level()
 
     def _write_loop(self) -> bool:
