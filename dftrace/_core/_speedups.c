@@ -1162,6 +1162,36 @@ static int ensure(char **buf, size_t *cap, size_t need) {
     return 0;
 }
 
+/* `len` bytes of lines as one frame (zstd at `level`; < 0: as they are) appended to
+   fd, the compressed bytes in *zb (grown as needed). No GIL. Returns 0 or an errno;
+   *written: bytes that reached the file. */
+static int compress_write(int fd, int level, const char *src, size_t len, char **zb,
+                          size_t *zcap_, size_t *written) {
+    *written = 0;
+    if (!len)
+        return 0;
+    if (level >= 0) {
+        size_t bound = zstd.bound(len);
+        if (ensure(zb, zcap_, bound) < 0)
+            return ENOMEM;
+        size_t z = zstd.compress(zstd.cctx, *zb, bound, src, len, level);
+        if (zstd.iserror(z))
+            return EIO;
+        src = *zb;
+        len = z;
+    }
+    while (*written < len) {
+        ssize_t w = write(fd, src + *written, len - *written);
+        if (w < 0) {
+            if (errno != EINTR)
+                return errno;
+        } else {
+            *written += (size_t)w;
+        }
+    }
+    return 0;
+}
+
 /* One frame: the records of chunks [c, end) (and `pre` first), encoded, compressed
    and written. No GIL. Returns 0 or an errno; *written: bytes that reached the file. */
 static int write_frame(int fd, int level, chunk_t *c, chunk_t *end, const char *pre,
@@ -1185,30 +1215,7 @@ static int write_frame(int fd, int level, chunk_t *c, chunk_t *end, const char *
         o = encode_chunks(c, o, ks, nk, pidp, npid, hhp, nhh, off, min_id);
         last->next = end;
     }
-    const char *src = enc_buf;
-    size_t len = (size_t)(o - enc_buf);
-    if (!len)
-        return 0;
-    if (level >= 0) {
-        size_t bound = zstd.bound(len);
-        if (ensure(&zbuf, &zcap, bound) < 0)
-            return ENOMEM;
-        size_t z = zstd.compress(zstd.cctx, zbuf, bound, src, len, level);
-        if (zstd.iserror(z))
-            return EIO;
-        src = zbuf;
-        len = z;
-    }
-    while (*written < len) {
-        ssize_t w = write(fd, src + *written, len - *written);
-        if (w < 0) {
-            if (errno != EINTR)
-                return errno;
-        } else {
-            *written += (size_t)w;
-        }
-    }
-    return 0;
+    return compress_write(fd, level, enc_buf, (size_t)(o - enc_buf), &zbuf, &zcap, written);
 }
 
 /* drain_write(fd, level, frame_records, max_records, pid_piece, hh_piece, offset_ns,
@@ -1442,6 +1449,8 @@ typedef struct {
     kind_t *ks;
     Py_ssize_t nk, capk, maxk;
     uint64_t koff;
+    char *buf, *zb; /* drain_write's lines and compressed frame, kept between calls */
+    size_t cap, zcap;
 } ShmReader;
 
 static void ShmReader_release(ShmReader *self) {
@@ -1455,6 +1464,8 @@ static void ShmReader_release(ShmReader *self) {
 static void ShmReader_dealloc(ShmReader *self) {
     ShmReader_release(self);
     PyMem_Free(self->ks);
+    PyMem_RawFree(self->buf);
+    PyMem_RawFree(self->zb);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1528,25 +1539,16 @@ typedef struct {
 /* drain(max_records, pid_piece, hh_piece, offset_ns, min_id, partial) -> (bytes, n):
    the lines of the sealed slots in sequence order (and, with `partial`, of the
    records committed so far in the slot being filled); sealed slots are freed. */
-static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
-    Py_ssize_t maxn, npid, nhh;
-    const char *pidp, *hhp;
-    long long off, min_id;
-    int partial;
-    if (!PyArg_ParseTuple(args, "ny#y#LLp", &maxn, &pidp, &npid, &hhp, &nhh, &off, &min_id,
-                          &partial))
-        return NULL;
+/* The ranges of records to encode next, in sequence order: the sealed slots (and,
+   with `partial`, the records committed so far in the slot being filled), at most
+   about maxn records; their count and an upper bound of their encoded size. */
+static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int partial,
+                          range_t *rg, Py_ssize_t *n_out, size_t *upper_out, uint64_t *seq_out,
+                          uint32_t *pos_out) {
     shm_hdr_t *h = self->h;
-    if (!h) {
-        PyErr_SetString(PyExc_ValueError, "closed");
-        return NULL;
-    }
-    if (reader_kinds(self) < 0)
-        return NULL;
-    range_t rg[READ_RANGES];
     int nr = 0;
     Py_ssize_t n = 0;
-    size_t upper = 0, per = (size_t)(REC_FIXED + self->maxk + npid + nhh);
+    size_t upper = 0;
     uint64_t seq = self->next_seq;
     uint32_t pos = self->pos;
     while (nr < READ_RANGES && (n == 0 || n < maxn)) {
@@ -1589,6 +1591,47 @@ static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
         seq++;
         pos = 0;
     }
+    *n_out = n;
+    *upper_out = upper;
+    *seq_out = seq;
+    *pos_out = pos;
+    return nr;
+}
+
+/* Encode the ranges at o (no GIL); sealed slots are freed for the producer. */
+static char *encode_ranges(char *o, range_t *rg, int nr, const kind_t *ks, Py_ssize_t nk,
+                           const char *pidp, Py_ssize_t npid, const char *hhp, Py_ssize_t nhh,
+                           long long off, long long min_id) {
+    for (int k = 0; k < nr; k++) {
+        o = encode_recs(o, rg[k].s->recs, rg[k].from, rg[k].to, rg[k].s->arena, ks, nk, pidp, npid,
+                        hhp, nhh, off, min_id);
+        if (rg[k].full)
+            __atomic_store_n(&rg[k].s->state, SLOT_FREE, __ATOMIC_RELEASE);
+    }
+    return o;
+}
+
+static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
+    Py_ssize_t maxn, npid, nhh;
+    const char *pidp, *hhp;
+    long long off, min_id;
+    int partial;
+    if (!PyArg_ParseTuple(args, "ny#y#LLp", &maxn, &pidp, &npid, &hhp, &nhh, &off, &min_id,
+                          &partial))
+        return NULL;
+    if (!self->h) {
+        PyErr_SetString(PyExc_ValueError, "closed");
+        return NULL;
+    }
+    if (reader_kinds(self) < 0)
+        return NULL;
+    range_t rg[READ_RANGES];
+    Py_ssize_t n;
+    size_t upper;
+    uint64_t seq;
+    uint32_t pos;
+    int nr = collect_ranges(self, maxn, (size_t)(REC_FIXED + self->maxk + npid + nhh), partial,
+                            rg, &n, &upper, &seq, &pos);
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)upper);
     if (!out)
         return NULL;
@@ -1596,21 +1639,71 @@ static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
     kind_t *ks = self->ks;
     Py_ssize_t nk = self->nk;
     Py_BEGIN_ALLOW_THREADS
-    for (int k = 0; k < nr; k++) {
-        o = encode_recs(o, rg[k].s->recs, rg[k].from, rg[k].to, rg[k].s->arena, ks, nk, pidp, npid,
-                        hhp, nhh, off, min_id);
-        if (rg[k].full)
-            __atomic_store_n(&rg[k].s->state, SLOT_FREE, __ATOMIC_RELEASE);
-    }
+    o = encode_ranges(o0, rg, nr, ks, nk, pidp, npid, hhp, nhh, off, min_id);
     Py_END_ALLOW_THREADS
     self->next_seq = seq;
     self->pos = pos;
-    h->reader_seq = seq;
-    h->reader_pos = pos;
+    self->h->reader_seq = seq;
+    self->h->reader_pos = pos;
     if (_PyBytes_Resize(&out, (Py_ssize_t)(o - o0)) < 0)
         return NULL;
     return Py_BuildValue("(Nn)", out, n);
 }
+
+#ifdef HAVE_NATIVE_WRITE
+/* drain_write(fd, level, max_records, pid_piece, hh_piece, offset_ns, min_id, partial)
+   -> (records, bytes written, errno, st_nlink): as drain(), then the lines are
+   compressed (level < 0: not) and appended to fd as one frame, without the GIL:
+   the drainer writes the way the writer thread does. */
+static PyObject *ShmReader_drain_write(ShmReader *self, PyObject *args) {
+    int fd, level, partial;
+    Py_ssize_t maxn, npid, nhh;
+    const char *pidp, *hhp;
+    long long off, min_id;
+    if (!PyArg_ParseTuple(args, "iiny#y#LLp", &fd, &level, &maxn, &pidp, &npid, &hhp, &nhh, &off,
+                          &min_id, &partial))
+        return NULL;
+    if (!self->h) {
+        PyErr_SetString(PyExc_ValueError, "closed");
+        return NULL;
+    }
+    if (level >= 0 && !load_zstd()) {
+        PyErr_SetString(PyExc_RuntimeError, "zstd is not available to the C engine");
+        return NULL;
+    }
+    if (reader_kinds(self) < 0)
+        return NULL;
+    range_t rg[READ_RANGES];
+    Py_ssize_t n;
+    size_t upper;
+    uint64_t seq;
+    uint32_t pos;
+    int nr = collect_ranges(self, maxn, (size_t)(REC_FIXED + self->maxk + npid + nhh), partial,
+                            rg, &n, &upper, &seq, &pos);
+    if (ensure(&self->buf, &self->cap, upper + 1) < 0)
+        return PyErr_NoMemory();
+    kind_t *ks = self->ks;
+    Py_ssize_t nk = self->nk;
+    size_t written = 0;
+    int err = 0;
+    long nlink = -1;
+    Py_BEGIN_ALLOW_THREADS
+    char *o = encode_ranges(self->buf, rg, nr, ks, nk, pidp, npid, hhp, nhh, off, min_id);
+    err = compress_write(fd, level, self->buf, (size_t)(o - self->buf), &self->zb, &self->zcap,
+                         &written);
+    if (!err && written) {
+        struct stat st;
+        if (fstat(fd, &st) == 0)
+            nlink = (long)st.st_nlink;
+    }
+    Py_END_ALLOW_THREADS
+    self->next_seq = seq;
+    self->pos = pos;
+    self->h->reader_seq = seq;
+    self->h->reader_pos = pos;
+    return Py_BuildValue("(nnil)", n, (Py_ssize_t)written, err, nlink);
+}
+#endif
 
 static PyObject *ShmReader_set_busy(ShmReader *self, PyObject *arg) {
     long long v = PyLong_AsLongLong(arg);
@@ -1641,6 +1734,11 @@ static PyObject *ShmReader_get_pid(ShmReader *self, void *c) {
 static PyMethodDef ShmReader_methods[] = {
     {"drain", (PyCFunction)ShmReader_drain, METH_VARARGS,
      "drain(max_records, pid_piece, hh_piece, offset_ns, min_id, partial) -> (bytes, n)"},
+#ifdef HAVE_NATIVE_WRITE
+    {"drain_write", (PyCFunction)ShmReader_drain_write, METH_VARARGS,
+     "drain_write(fd, level, max_records, pid_piece, hh_piece, offset_ns, min_id, partial) "
+     "-> (records, bytes written, errno, st_nlink): drain() compressed and appended to fd"},
+#endif
     {"set_busy", (PyCFunction)ShmReader_set_busy, METH_O,
      "set_busy(ns): when the write under way began (CLOCK_MONOTONIC), 0 when idle"},
     {"close", (PyCFunction)ShmReader_close, METH_NOARGS, "Let go of the region."},

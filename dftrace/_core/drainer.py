@@ -65,14 +65,24 @@ class Producer:
         """Encode and write what the ring holds (with ``partial``, the slot being
         filled too), in frames of at most MAX_BATCH records."""
         while True:
-            data, n = self.reader.drain(MAX_BATCH, self.pid_piece, self.hh_piece,
-                                        self.offset_ns, self.min_id, partial)
-            if data:
-                self.reader.set_busy(time.monotonic_ns())
-                try:
-                    self.sink.write(data, n)
-                finally:
-                    self.reader.set_busy(0)
+            # Once the file is open (its header written), frames go from the ring to
+            # the file in C, as the writer thread's do.
+            level = self.sink.native_level() if hasattr(self.reader, "drain_write") else None
+            self.reader.set_busy(time.monotonic_ns())
+            try:
+                if level is not None:
+                    n, nbytes, err, nlink = self.reader.drain_write(
+                        self.sink.fd, level, MAX_BATCH, self.pid_piece, self.hh_piece,
+                        self.offset_ns, self.min_id, partial)
+                    if n:
+                        self.sink.wrote_natively(n, 0 if err else n, 0 if err else nbytes, err, nlink)
+                else:
+                    data, n = self.reader.drain(MAX_BATCH, self.pid_piece, self.hh_piece,
+                                                self.offset_ns, self.min_id, partial)
+                    if data:
+                        self.sink.write(data, n)
+            finally:
+                self.reader.set_busy(0)
             self.written += n
             if n < MAX_BATCH:
                 return
