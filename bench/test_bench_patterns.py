@@ -38,17 +38,26 @@ N = {"step": 20_000, "update": 20_000}
 N_DFTRACER = {"step": 2_000, "update": 2_000}  # its update() walks every node: slow
 
 
+#: End-to-end rounds per tracer and pattern, each a fresh process; the fastest counts
+#: (as the hot path's fastest of five rounds does).
+E2E_ROUNDS = 3
+
+
 def _run_pattern(tracer: str, pattern: str, out: str) -> dict:
-    """Hot path and end to end, each in a process of its own."""
+    """Hot path (one process, five rounds) and end to end (E2E_ROUNDS processes)."""
     n = (N_DFTRACER if tracer == "dftracer" else N).get(pattern, 50_000)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "DFTRACER_"))}
     result: dict = {}
-    for mode in ("hot", "e2e"):
-        proc = subprocess.run([sys.executable, os.path.join(HERE, "_patterns.py"), tracer, pattern,
-                               str(n), os.path.join(out, mode), mode],
-                              capture_output=True, text=True, env=env, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    for mode, rounds in (("hot", 1), ("e2e", E2E_ROUNDS)):
+        for i in range(rounds):
+            proc = subprocess.run([sys.executable, os.path.join(HERE, "_patterns.py"), tracer,
+                                   pattern, str(n), os.path.join(out, f"{mode}{i}"), mode],
+                                  capture_output=True, text=True, env=env, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            got = json.loads(proc.stdout.strip().splitlines()[-1])
+            if "e2e_ns" in got and "e2e_ns" in result:
+                got["e2e_ns"] = min(got["e2e_ns"], result["e2e_ns"])
+            result.update(got)
     return result
 
 
