@@ -1218,6 +1218,34 @@ static int write_frame(int fd, int level, chunk_t *c, chunk_t *end, const char *
     return compress_write(fd, level, enc_buf, (size_t)(o - enc_buf), &zbuf, &zcap, written);
 }
 
+/* The chunks from `c` on as frames of at most `frame` records (`pre` opens the
+   first), each encoded, compressed and written; stops at the first error. No GIL.
+   *done, *bytes: the records and bytes of the frames written whole. */
+static int write_frames(int fd, int level, chunk_t *c, Py_ssize_t frame, const char *pre,
+                        Py_ssize_t npre, const kind_t *ks, Py_ssize_t nk, const char *pidp,
+                        Py_ssize_t npid, const char *hhp, Py_ssize_t nhh, long long off,
+                        long long min_id, Py_ssize_t *done, Py_ssize_t *bytes) {
+    int err = 0, first = 1;
+    while (!err && (c || (first && npre))) {
+        chunk_t *end = c;
+        Py_ssize_t recs = 0;
+        while (end && (recs == 0 || recs + (Py_ssize_t)end->n <= frame)) {
+            recs += end->n;
+            end = end->next;
+        }
+        size_t w = 0;
+        err = write_frame(fd, level, c, end, pre, first ? npre : 0, ks, nk, pidp, npid, hhp,
+                          nhh, off, min_id, &w);
+        if (!err) {
+            *done += recs;
+            *bytes += (Py_ssize_t)w;
+        }
+        first = 0;
+        c = end;
+    }
+    return err;
+}
+
 /* drain_write(fd, level, frame_records, max_records, pid_piece, hh_piece, offset_ns,
                min_id, prefix) -> (records taken, records written, bytes written, errno, st_nlink)
    Takes up to max_records (whole chunks) with the GIL held, then, with the GIL
@@ -1252,25 +1280,8 @@ static PyObject *drain_write(PyObject *self, PyObject *args) {
     inflight = n;
     chunk_t *keep = NULL;
     Py_BEGIN_ALLOW_THREADS
-    chunk_t *c = first;
-    int firstframe = 1;
-    while (!err && (c || firstframe)) {
-        chunk_t *end = c;
-        Py_ssize_t recs = 0;
-        while (end && (recs == 0 || recs + (Py_ssize_t)end->n <= frame)) {
-            recs += end->n;
-            end = end->next;
-        }
-        size_t w = 0;
-        err = write_frame(fd, level, c, end, pre, firstframe ? npre : 0, ks, nk, pidp, npid,
-                          hhp, nhh, off, min_id, &w);
-        if (!err) {
-            done += recs;
-            bytes += (Py_ssize_t)w;
-        }
-        firstframe = 0;
-        c = end;
-    }
+    err = write_frames(fd, level, first, frame, pre, npre, ks, nk, pidp, npid, hhp, nhh, off,
+                       min_id, &done, &bytes);
     if (!err) {
         struct stat st;
         if (fstat(fd, &st) == 0)
@@ -1373,22 +1384,8 @@ static PyObject *write_loop(PyObject *self, PyObject *args) {
         all += n;
         inflight = n;
         __atomic_store_n(&writing_since_ns, now_ns(), __ATOMIC_RELAXED);
-        for (chunk_t *c = first; c && !err;) {
-            chunk_t *end = c;
-            Py_ssize_t recs = 0;
-            while (end && (recs == 0 || recs + (Py_ssize_t)end->n <= frame)) {
-                recs += end->n;
-                end = end->next;
-            }
-            size_t w = 0;
-            err = write_frame(fd, level, c, end, "", 0, ks, nk, pidp, npid, hhp, nhh, off,
-                              min_id, &w);
-            if (!err) {
-                done += recs;
-                bytes += (Py_ssize_t)w;
-            }
-            c = end;
-        }
+        err = write_frames(fd, level, first, frame, "", 0, ks, nk, pidp, npid, hhp, nhh, off,
+                           min_id, &done, &bytes);
         __atomic_store_n(&writing_since_ns, 0, __ATOMIC_RELAXED);
         inflight = 0;
         recycle_chunks(first);

@@ -253,16 +253,19 @@ def discard_buffered() -> None:
         speedups.reset()
 
 
+def _take_specials(encoder: Any) -> tuple[bytes, int]:
+    """The lines of every special record buffered (taken), and how many."""
+    if not SPECIALS:
+        return b"", 0
+    specials = SPECIALS[:]
+    del SPECIALS[:len(specials)]
+    return b"".join(encoder.special_line(r) for r in specials), len(specials)
+
+
 def drain(encoder: Any, max_records: int) -> tuple[bytes, int]:
     """Take up to ``max_records`` span records (and every special record) and return
     their lines. With the C engine the encoding runs with the GIL released."""
-    out = b""
-    taken = 0
-    if SPECIALS:
-        specials = SPECIALS[:]
-        del SPECIALS[:len(specials)]
-        taken = len(specials)
-        out = b"".join(encoder.special_line(r) for r in specials)
+    out, taken = _take_specials(encoder)
     if speedups is not None:
         data, n = speedups.drain(max_records, encoder.pid_piece, encoder.hh_piece,
                                  encoder.offset_ns, encoder.min_id)
@@ -288,13 +291,7 @@ def drain_to_file(encoder: Any, frame_records: int, max_records: int, fd: int,
     ``frame_records`` records, all with the GIL released once. Returns (records
     taken, records written, bytes written, errno or 0, the file's link count or
     -1); on an error, written records and bytes count whole frames only."""
-    prefix = b""
-    taken = 0
-    if SPECIALS:
-        specials = SPECIALS[:]
-        del SPECIALS[:len(specials)]
-        taken = len(specials)
-        prefix = b"".join(encoder.special_line(r) for r in specials)
+    prefix, taken = _take_specials(encoder)
     n, done, nbytes, err, nlink = speedups.drain_write(
         fd, level, frame_records, max_records, encoder.pid_piece, encoder.hh_piece,
         encoder.offset_ns, encoder.min_id, prefix)
