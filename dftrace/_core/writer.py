@@ -31,8 +31,16 @@ SUFFIXES = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}
 _ZSTD_LEVEL = 1
 
 #: What the C engine can compress and write itself, the GIL released (see
-#: :meth:`FileSink.native_level`). Emptied to force the Python path.
-_NATIVE: set[str] = set(_rec.native_compressions())
+#: :meth:`FileSink.native_level`); found at the first session (it loads libzstd),
+#: not at import. Set to an empty set to force the Python path.
+_NATIVE: set[str] | None = None
+
+
+def _native() -> set[str]:
+    global _NATIVE
+    if _NATIVE is None:
+        _NATIVE = set(_rec.native_compressions())
+    return _NATIVE
 
 #: Records per chunk of the C engine (its writer loop takes whole chunks).
 _CHUNK_RECORDS: int = getattr(_rec.speedups, "CHUNK_RECORDS", 1)
@@ -169,7 +177,7 @@ class FileSink:
         the next frame can go straight from the engine to the open file: the C
         engine can compress this way, no rotation is due. None otherwise."""
         if (self._fd is None or self.failed or self.abandoned
-                or self.compression not in _NATIVE
+                or self.compression not in _native()
                 or (self.max_size and self.bytes_written >= self.max_size and not self._fifo)):
             return None
         if self.compression == "none":
@@ -390,7 +398,7 @@ class Writer:
         sink can't take it."""
         if LISTENERS or self.source is not _rec.drain:
             return None
-        if not self.sink.opened and self.sink.compression in _NATIVE and _rec.buffered():
+        if not self.sink.opened and self.sink.compression in _native() and _rec.buffered():
             self.sink.open_now()  # the header in Python, then every frame from the engine
         return self.sink.native_level()
 
