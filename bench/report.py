@@ -48,6 +48,7 @@ def main(path: str) -> None:
         if name.startswith("test_e2e_"):
             print(f"| {name[len('test_e2e_'):]} | {per_event_ns(b):.0f} ns |")
     patterns_table(by_name)
+    instructions_table(by_name)
     print("\n| figure | value |")
     print("|---|---|")
     for name, b in sorted(by_name.items()):
@@ -61,11 +62,15 @@ def main(path: str) -> None:
         if "bytes_per_event" in info:
             print(f"| bytes per event on disk, {name.split('[')[-1].rstrip(']')} | {info['bytes_per_event']} |")
         if "during_flush_max_ms" in info:
+            def pause(mode: str) -> str:
+                worst, count = info[f"{mode}_max_ms"], info.get(f"{mode}_gaps_over_1ms", 0)
+                return f"{worst} ms ({count} gaps over 1 ms in 3 s)" if worst else "no gap over 1 ms"
             print(f"| longest pause of a traced thread overlapping a flush | {info['during_flush_max_ms']} ms |")
-            print(f"| longest pause of that thread overall (traced) | {info['traced_max_ms']} ms |")
-            noise = info["untraced_max_ms"]
-            noise_text = f"{noise} ms" if noise else "no gap over 1 ms"
-            print(f"| longest pause of the same loop untraced (machine noise) | {noise_text} |")
+            print(f"| longest pause of that thread overall (traced) | {pause('traced')} |")
+            print(f"| longest pause of the same loop untraced (machine noise) | {pause('untraced')} |")
+            if "during_gc_max_ms" in info:
+                print(f"| longest pause overlapping a garbage collection (any thread) | "
+                      f"{info['during_gc_max_ms']} ms |")
         if "import_ms" in info:
             print(f"| `import dftrace` | {info['import_ms']} ms |")
     if "test_threads_do_not_block_each_other" in by_name:
@@ -106,14 +111,31 @@ def patterns_table(by_name: dict) -> None:
     print("\nµs per operation; *hot*: recording only (fastest of 5 rounds); *e2e*: the "
           "operations then finalize (encoding, compression, writing included).\n")
     print("| pattern | bare | hand-written e2e | dftrace hot | dftrace e2e | e2e / hand | "
-          "off at run time | off by config | DFTracer 2.2.0 e2e | DFTracer / dftrace e2e |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "e2e / hand, medians | off at run time | off by config | DFTracer 2.2.0 e2e | "
+          "DFTracer / dftrace e2e |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for pattern, label in PATTERN_ROWS:
         print(f"| {label} | {us('bare', pattern, 'hot_ns')} | {us('hand', pattern, 'e2e_ns')} | "
               f"{us('dftrace', pattern, 'hot_ns')} | {us('dftrace', pattern, 'e2e_ns')} | "
-              f"{ratio('dftrace', 'hand', pattern, 'e2e_ns')} | {us('dftrace-off', pattern, 'hot_ns')} | "
+              f"{ratio('dftrace', 'hand', pattern, 'e2e_ns')} | "
+              f"{ratio('dftrace', 'hand', pattern, 'e2e_median_ns')} | {us('dftrace-off', pattern, 'hot_ns')} | "
               f"{us('dftrace-offconfig', pattern, 'hot_ns')} | {us('dftracer', pattern, 'e2e_ns')} | "
               f"{ratio('dftracer', 'dftrace', pattern, 'e2e_ns')} |")
+
+
+def instructions_table(by_name: dict) -> None:
+    """Instructions per operation end to end, hand-written recorder and dftrace."""
+    res = {(i["tracer"], i["pattern"]): i["instructions_per_op"] for i in
+           (b.get("extra_info", {}) for b in by_name.values()) if "instructions_per_op" in i}
+    if not res:
+        return
+    print("\nInstructions per operation end to end (callgrind; all threads, the writer's included).\n")
+    print("| pattern | hand-written | dftrace | dftrace / hand |")
+    print("|---|---|---|---|")
+    for pattern, label in PATTERN_ROWS:
+        hand, ours = res.get(("hand", pattern)), res.get(("dftrace", pattern))
+        if hand and ours:
+            print(f"| {label} | {hand:,} | {ours:,} | {ours / hand:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -296,7 +296,7 @@ def reset() -> None:
     _rec.STATE.special_to_ring = None
     if _rec.speedups is not None:
         _rec.speedups.shm_detach()
-    _rec.LOCAL.stk = None
+    _rec.install_stack(None)
     _rec.LOCAL.thread_stk = None
     _rec.TASK_STACK.set(None)
     _rec.discard_buffered()

@@ -576,6 +576,74 @@ static PyObject *update_slow = NULL; /* Node._update_py */
 static PyObject *str_thread_stk, *str_stk, *str_on, *str_kid, *str_ikid, *str_bkid, *str_tid,
     *str_open, *str_extra, *str_node, *str_frag, *str_mask, *str_sgen, *str_sticky;
 
+/* ------------------------------------------------------------------------- */
+/* This thread's stack without a threading.local lookup                        */
+
+/* LOCAL.stk as this thread last read it, with the stack's tid and open map (both
+   fixed for a stack's life). Borrowed references: LOCAL holds the stack for the
+   thread state that read it. Valid while that thread state is the current one
+   (its id is never reused) and no LOCAL.stk was assigned since (Python calls
+   stacks_changed() at every assignment, which moves stack_epoch). Used only when
+   LOCAL is a real threading.local: a greenlet-local one is per greenlet. */
+typedef struct {
+    unsigned long long tsid, epoch;
+    PyObject *stk, *tid, *open;
+} stack_cache_t;
+static __thread stack_cache_t stack_cache;
+static unsigned long long stack_epoch = 1;
+static int stack_cache_ok = 0;
+
+static inline int cache_valid(void) {
+    return stack_cache.stk && stack_cache.epoch == stack_epoch &&
+           stack_cache.tsid == PyThreadState_GetID(PyThreadState_Get());
+}
+
+/* New reference to LOCAL.stk (None: ask resolve()); NULL with an error. */
+static PyObject *local_stk(void) {
+    if (cache_valid()) {
+        Py_INCREF(stack_cache.stk);
+        return stack_cache.stk;
+    }
+    PyObject *stk = PyObject_GetAttr(R.local, str_stk);
+    if (!stk || !stack_cache_ok || !PyList_Check(stk))
+        return stk;
+    PyObject *tid = PyObject_GetAttr(stk, str_tid), *open = tid ? PyObject_GetAttr(stk, str_open) : NULL;
+    if (open && PyDict_Check(open)) {
+        stack_cache.stk = stk;
+        stack_cache.tid = tid;
+        stack_cache.open = open;
+        stack_cache.epoch = stack_epoch;
+        stack_cache.tsid = PyThreadState_GetID(PyThreadState_Get());
+    }
+    PyErr_Clear();
+    Py_XDECREF(tid);
+    Py_XDECREF(open);
+    return stk;
+}
+
+/* New references to a stack's tid / open map. */
+static PyObject *stk_tid(PyObject *stk) {
+    if (stk == stack_cache.stk && cache_valid()) {
+        Py_INCREF(stack_cache.tid);
+        return stack_cache.tid;
+    }
+    return PyObject_GetAttr(stk, str_tid);
+}
+
+static PyObject *stk_open(PyObject *stk) {
+    if (stk == stack_cache.stk && cache_valid()) {
+        Py_INCREF(stack_cache.open);
+        return stack_cache.open;
+    }
+    return PyObject_GetAttr(stk, str_open);
+}
+
+/* stacks_changed(): a LOCAL.stk was assigned (or LOCAL replaced). */
+static PyObject *stacks_changed(PyObject *self, PyObject *unused) {
+    stack_epoch++;
+    Py_RETURN_NONE;
+}
+
 static PyObject *configure(PyObject *self, PyObject *args) {
     recstate_t r;
     if (!PyArg_ParseTuple(args, "OOOOOOOOOOO", &r.local, &r.resolve, &r.wait_room, &r.wake,
@@ -588,6 +656,16 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         Py_XDECREF(old[k]);
     }
     R = r;
+    /* the stack cache needs LOCAL to be per thread: a real threading.local */
+    PyObject *thread = PyImport_ImportModule("_thread");
+    PyObject *local_type = thread ? PyObject_GetAttrString(thread, "_local") : NULL;
+    int real = local_type ? PyObject_IsInstance(R.local, local_type) : -1;
+    Py_XDECREF(local_type);
+    Py_XDECREF(thread);
+    if (real < 0)
+        PyErr_Clear();
+    stack_cache_ok = real == 1;
+    stack_epoch++;
     Py_RETURN_NONE;
 }
 
@@ -1789,6 +1867,7 @@ static PyObject *after_fork(PyObject *self, PyObject *unused) {
     full_recs = 0;
     __atomic_store_n(&taken, appended, __ATOMIC_RELAXED);
     woken = 0;
+    stack_epoch++;
     Py_RETURN_NONE;
 }
 
@@ -1975,11 +2054,20 @@ static uint32_t node_kid(PyObject *node, PyObject *name) {
 
 static PyObject *new_id(void) { return PyLong_FromUnsignedLongLong(next_id_val++); }
 
+/* Drop the top of a non-empty stack (a list keeps its allocation when it shrinks). */
+static inline int drop_top(PyObject *stk) {
+    Py_ssize_t n = PyList_GET_SIZE(stk);
+    PyObject *top = PyList_GET_ITEM(stk, n - 1);
+    Py_SET_SIZE(stk, n - 1);
+    Py_DECREF(top);
+    return 0;
+}
+
 /* Remove span `id` from the top of `stk`; anything left above it is unwound. */
 static int stack_pop(PyObject *stk, PyObject *id) {
     Py_ssize_t n = PyList_GET_SIZE(stk);
     if (n > 0 && PyList_GET_ITEM(stk, n - 1) == id)
-        return PyList_SetSlice(stk, n - 1, n, NULL);
+        return drop_top(stk);
     PyObject *r = PyObject_CallFunctionObjArgs(R.unwind, stk, id, NULL);
     if (!r)
         return -1;
@@ -2011,7 +2099,7 @@ static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, 
     if (!on || R.local == NULL)
         return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
 
-    PyObject *stk = PyObject_GetAttr(R.local, str_stk);
+    PyObject *stk = local_stk();
     if (!stk)
         return NULL;
     if (stk == Py_None) {
@@ -2031,7 +2119,7 @@ static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, 
         Py_INCREF(sticky);
     }
     PyObject *id = new_id();
-    PyObject *tid = id ? PyObject_GetAttr(stk, str_tid) : NULL;
+    PyObject *tid = id ? stk_tid(stk) : NULL;
     if (!tid || PyList_Append(stk, id) < 0) {
         Py_XDECREF(tid);
         Py_XDECREF(id);
@@ -2199,7 +2287,7 @@ static PyObject *current_stack(void) {
     int in_loop = (loop != Py_None);
     Py_DECREF(loop);
     if (!in_loop) {
-        PyObject *stk = PyObject_GetAttr(R.local, str_stk);
+        PyObject *stk = local_stk();
         if (!stk)
             return NULL;
         if (stk != Py_None)
@@ -2244,7 +2332,7 @@ static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self
     PyObject *node = get_node(self);
     uint32_t kid = node ? node_kid(node, str_kid) : 0xFFFFFFFFu;
     Py_XDECREF(node);
-    PyObject *tid = PyObject_GetAttr(stk, str_tid);
+    PyObject *tid = stk_tid(stk);
     long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
     Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
     if (!tid || kid == 0xFFFFFFFFu || PyErr_Occurred()) {
@@ -2269,7 +2357,7 @@ static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto done;
     extra = get_extra(self);
-    open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
+    open = extra ? stk_open(stk) : NULL;
     if (!open || !PyDict_Check(open))
         goto done;
     ent = open_entry(self, extra, stk);
@@ -2298,7 +2386,7 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
         goto slow;
     if (args[1] != Py_None)
         goto slow; /* an exception: let Python tag the span with args.error */
-    stk = PyObject_GetAttr(R.local, str_stk);
+    stk = local_stk();
     if (stk == Py_None) {
         /* A thread that never recorded has nothing to close (unless inside a loop). */
         PyObject *own = PyObject_GetAttr(R.local, str_thread_stk);
@@ -2324,7 +2412,7 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
     }
     /* No event-loop check needed: a span opened inside a loop lives on its task's
        stack (LOCAL.stk is None there), so a match on top of LOCAL.stk is ours. */
-    open = PyObject_GetAttr(stk, str_open);
+    open = stk_open(stk);
     if (!open || !PyDict_Check(open))
         goto slow;
     Py_ssize_t n = PyList_GET_SIZE(stk);
@@ -2335,7 +2423,7 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
         goto slow;
     Py_INCREF(ent);
     Py_INCREF(top);
-    if (PyDict_DelItem(open, top) < 0 || PyList_SetSlice(stk, n - 1, n, NULL) < 0)
+    if (PyDict_DelItem(open, top) < 0 || drop_top(stk) < 0)
         PyErr_Clear();
     int rc = emit_entry(ent, top, stk, self, t1, NULL);
     Py_DECREF(top);
@@ -2480,7 +2568,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto fail;
     extra = get_extra(self);
-    open = extra ? PyObject_GetAttr(stk, str_open) : NULL;
+    open = extra ? stk_open(stk) : NULL;
     spans = open ? PyObject_GetAttr(H.state, str_open_spans) : NULL;
     if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
         goto fail;
@@ -2536,10 +2624,10 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
         goto slow;
     }
     /* The common case: the innermost span on this thread's stack is our start(). */
-    stk = PyObject_GetAttr(R.local, str_stk);
+    stk = local_stk();
     if (!stk || stk == Py_None || !PyList_Check(stk) || PyList_GET_SIZE(stk) < 2)
         goto slow;
-    open = PyObject_GetAttr(stk, str_open);
+    open = stk_open(stk);
     if (!open || !PyDict_Check(open))
         goto slow;
     Py_ssize_t n = PyList_GET_SIZE(stk);
@@ -2553,7 +2641,7 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
     Py_INCREF(ent);
     Py_INCREF(top);
     if (PyDict_DelItem(spans, top) < 0 || PyDict_DelItem(open, top) < 0 ||
-        PyList_SetSlice(stk, n - 1, n, NULL) < 0)
+        drop_top(stk) < 0)
         PyErr_Clear();
     int rc = emit_entry(ent, top, stk, self, t1, NULL);
     Py_DECREF(top);
@@ -2751,7 +2839,7 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
     PyObject *stk = PyTuple_GET_ITEM(token, 0), *id = PyTuple_GET_ITEM(token, 1);
     if (!PyList_Check(stk) || PyList_GET_SIZE(stk) < 2 || PyList_GET_ITEM(stk, PyList_GET_SIZE(stk) - 1) != id)
         goto slow;
-    open = PyObject_GetAttr(stk, str_open);
+    open = stk_open(stk);
     if (!open || !PyDict_Check(open) || PyDict_Contains(spans, id) != 1)
         goto slow;
     PyObject *ent = PyDict_GetItemWithError(open, id);
@@ -2774,9 +2862,8 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
     Py_INCREF(ent);
     Py_INCREF(id);
     Py_INCREF(stk);
-    Py_ssize_t m = PyList_GET_SIZE(stk);
     if (PyDict_DelItem(spans, id) < 0 || PyDict_DelItem(open, id) < 0 ||
-        PyList_SetSlice(stk, m - 1, m, NULL) < 0 || PyObject_SetAttr(self, str__token, Py_None) < 0)
+        drop_top(stk) < 0 || PyObject_SetAttr(self, str__token, Py_None) < 0)
         PyErr_Clear();
     int rc = emit_entry(ent, id, stk, obj, t1, y);
     Py_DECREF(ent); Py_DECREF(id); Py_DECREF(stk);
@@ -2924,7 +3011,7 @@ static PyObject *SpanIter_next(SpanIter *s) {
         Py_INCREF(sticky);
     }
     PyObject *id = new_id();
-    PyObject *tid = id ? PyObject_GetAttr(stk, str_tid) : NULL;
+    PyObject *tid = id ? stk_tid(stk) : NULL;
     if (!tid || PyList_Append(stk, id) < 0) {
         Py_XDECREF(tid); Py_XDECREF(id); Py_DECREF(sticky); Py_DECREF(stk);
         PyErr_Clear();
@@ -3108,6 +3195,7 @@ static PyMethodDef methods[] = {
     {"dropped", get_dropped, METH_NOARGS, "Records dropped and counted so far."},
     {"set_dropped", set_dropped, METH_O, "Set the dropped counter."},
     {"new_id", new_id_py, METH_NOARGS, "The next span id."},
+    {"stacks_changed", stacks_changed, METH_NOARGS, "A LOCAL.stk was assigned: threads read theirs again."},
     {"bump_sticky_gen", bump_sticky_gen, METH_NOARGS, "Sticky args changed: nodes refresh theirs on next use."},
     {"sticky_gen", get_sticky_gen, METH_NOARGS, "The generation of the sticky args in force."},
     {"clock_ns", clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},

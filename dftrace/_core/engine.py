@@ -155,7 +155,7 @@ class _State:
     def reset_after_fork(self) -> None:
         # Only the forking thread lives on in the child: give it a fresh stack so no
         # span of the parent is anyone's parent here.
-        LOCAL.stk = None
+        install_stack(None)
         LOCAL.thread_stk = None
         TASK_STACK.set(None)
         self.open_spans = {}
@@ -400,6 +400,15 @@ def _thread_stack() -> Stack:
     return stk
 
 
+def install_stack(stk: Stack | None) -> None:
+    """Make ``stk`` the stack of the calling thread's next spans (None: the next
+    span asks :func:`resolve`). The only way ``LOCAL.stk`` is set: the C engine
+    keeps each thread's in a cache that this invalidates."""
+    LOCAL.stk = stk
+    if speedups is not None:
+        speedups.stacks_changed()
+
+
 def resolve() -> Stack:
     """The stack of the calling thread, or of the calling asyncio task (slow path).
 
@@ -409,9 +418,10 @@ def resolve() -> Stack:
     """
     loop = _get_running_loop()
     if loop is None:
-        stk = LOCAL.stk = _thread_stack()
+        stk = _thread_stack()
+        install_stack(stk)
         return stk
-    LOCAL.stk = None
+    install_stack(None)
     thread_stk = _thread_stack()
     import asyncio  # already imported: a loop is running
 

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+import subprocess
 import threading
 from collections import Counter, defaultdict
+
+import pytest
 
 import dftrace
 from dftrace import ai, testing
 from dftrace.format import VIRTUAL_TID_BASE
 
-from ._util import assert_valid, meta, spans
+from ._util import assert_valid, files, meta, run, spans
 
 
 @ai.compute.forward
@@ -187,3 +192,74 @@ def test_task_still_open_when_the_loop_finalizes_is_counted_late(tmp_path):
     assert [e["name"] for e in spans(events)] == ["send"]
     (late,) = meta(events, "dropped")
     assert late["args"]["count"] == 1 and late["args"]["reason"] == "late"
+
+
+_TWICE_C = r"""
+#include <pthread.h>
+typedef void (*cb_t)(int);
+static void *run(void *arg) {
+    cb_t cb = (cb_t)arg;
+    cb(1); /* a thread state is made for the call and deleted after it ... */
+    cb(2); /* ... and a new one made for this call, on the same OS thread */
+    return 0;
+}
+int run_twice(cb_t cb) {
+    pthread_t t;
+    if (pthread_create(&t, 0, run, (void *)cb))
+        return -1;
+    return pthread_join(t, 0);
+}
+"""
+
+_TWICE_PY = """
+import ctypes, json, sys, threading
+import dftrace
+from dftrace import ai
+
+dftrace.initialize(log_file=sys.argv[2], inherit=False)
+lib = ctypes.CDLL(sys.argv[1])
+
+@ai.compute.forward
+def forward():
+    pass
+
+seen = []
+
+def call(k):
+    for _ in range(3):
+        with ai.pipeline.epoch:
+            forward()
+    ai.device.transfer.start().stop()
+    for _ in ai.dataloader.fetch.iter(range(2)):
+        pass
+    seen.append(threading.get_native_id())
+
+callback = ctypes.CFUNCTYPE(None, ctypes.c_int)(call)
+assert lib.run_twice(callback) == 0
+dftrace.finalize()
+print(json.dumps(seen))
+"""
+
+
+def test_thread_state_made_again_on_the_same_os_thread(tmp_path):
+    """A library thread that calls into Python twice gets a new thread state each
+    time (ctypes callbacks, like pybind11's, drop it after the call): the second
+    call's spans nest on their own stack, not on the first call's freed one."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the library thread")
+    src, lib = tmp_path / "twice.c", tmp_path / "twice.so"
+    src.write_text(_TWICE_C)
+    subprocess.run([cc, "-shared", "-fPIC", "-pthread", "-o", str(lib), str(src)], check=True)
+    out = run(["-c", _TWICE_PY, str(lib), str(tmp_path / "t")])
+    assert out.returncode == 0, out.stderr[-3000:]
+    (tid1, tid2) = json.loads(out.stdout)
+    assert tid1 == tid2  # the same OS thread both times
+    paths = files(tmp_path)
+    assert_valid(paths)
+    events = [e for p in paths for e in testing.read_events(p)]
+    names = Counter(e["name"] for e in spans(events) if e["tid"] == tid1)
+    assert names == {"epoch": 6, "forward": 6, "transfer": 2, "fetch.iter": 4, "fetch.block": 4}
+    epochs = {e["id"]: e for e in spans(events, "epoch")}
+    for e in spans(events, "forward"):
+        assert epochs[e["args"]["p_idx"]]["tid"] == tid1 and e["args"]["level"] == 2

@@ -140,10 +140,17 @@ def test_kill9_loses_nothing_committed(tmp_path, run_no):
         fh.write(b"\0" * 8)
     proc = start([os.path.join(HERE, "_kill9.py"), "emit", out, "1.0", "0", "process"])
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+
+    def ended() -> int:
+        with open(os.path.join(out, "count"), "rb") as fh:
+            return struct.unpack("q", fh.read(8))[0]
+
+    deadline = time.monotonic() + 30  # a loaded machine may not run it at once
+    while ended() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(random.uniform(0.2, 1.2))
     proc.send_signal(signal.SIGKILL)
-    with open(os.path.join(out, "count"), "rb") as fh:
-        emitted = struct.unpack("q", fh.read(8))[0]
+    emitted = ended()
     # Not reaped yet: the drainer reads how the process ended from its zombie.
     path = _wait_for_end(out)
     proc.wait()
