@@ -574,7 +574,53 @@ typedef struct {
 static recstate_t R = {0};
 static PyObject *update_slow = NULL; /* Node._update_py */
 static PyObject *str_thread_stk, *str_stk, *str_on, *str_kid, *str_ikid, *str_bkid, *str_tid,
-    *str_open, *str_extra, *str_node, *str_frag, *str_mask, *str_sgen, *str_sticky;
+    *str_open, *str_extra, *str_node, *str_frag, *str_mask, *str_sgen, *str_sticky, *str__args,
+    *str__obj, *str__token;
+
+/* The __slots__ of dftrace's own small Python classes (Extra, Span), read and set
+   in place: each slot's offset is found once from its member descriptor. For an
+   instance of another class (a subclass), or where none was found (off -1),
+   attribute access is used. */
+typedef struct {
+    PyTypeObject *type; /* borrowed: R or H holds it */
+    PyObject *name;
+    Py_ssize_t off;
+} slot_t;
+static slot_t slot_frag, slot_mask, slot_args, slot_obj, slot_token;
+
+static void find_slot(slot_t *s, PyObject *type, PyObject *name) {
+    s->type = PyType_Check(type) ? (PyTypeObject *)type : NULL;
+    s->name = name;
+    s->off = -1;
+    PyObject *d = s->type ? PyDict_GetItemWithError(s->type->tp_dict, name) : NULL;
+    if (d && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
+            s->off = m->offset;
+    }
+    PyErr_Clear();
+}
+
+/* New reference to o.<slot>; NULL with an error (AttributeError when unset). */
+static inline PyObject *slot_get(PyObject *o, const slot_t *s) {
+    if (s->off >= 0 && Py_TYPE(o) == s->type) {
+        PyObject *v = *(PyObject **)((char *)o + s->off);
+        if (v) {
+            Py_INCREF(v);
+            return v;
+        }
+    }
+    return PyObject_GetAttr(o, s->name);
+}
+
+static inline int slot_set(PyObject *o, const slot_t *s, PyObject *v) {
+    if (s->off >= 0 && Py_TYPE(o) == s->type) {
+        Py_INCREF(v);
+        Py_XSETREF(*(PyObject **)((char *)o + s->off), v);
+        return 0;
+    }
+    return PyObject_SetAttr(o, s->name, v);
+}
 
 /* ------------------------------------------------------------------------- */
 /* This thread's stack without a threading.local lookup                        */
@@ -666,6 +712,9 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         PyErr_Clear();
     stack_cache_ok = real == 1;
     stack_epoch++;
+    find_slot(&slot_frag, R.extra_type, str_frag);
+    find_slot(&slot_mask, R.extra_type, str_mask);
+    find_slot(&slot_args, R.extra_type, str__args);
     Py_RETURN_NONE;
 }
 
@@ -707,7 +756,7 @@ static int extra_piece(PyObject *x, const char **s, Py_ssize_t *n, unsigned long
     *mask = 0;
     if (x == NULL || x == Py_None)
         return 0;
-    PyObject *f = PyObject_GetAttr(x, str_frag);
+    PyObject *f = slot_get(x, &slot_frag);
     if (!f)
         return -1;
     if (!PyBytes_Check(f)) {
@@ -718,7 +767,7 @@ static int extra_piece(PyObject *x, const char **s, Py_ssize_t *n, unsigned long
     *s = PyBytes_AS_STRING(f);
     *n = PyBytes_GET_SIZE(f);
     Py_DECREF(f); /* the Extra keeps it alive */
-    PyObject *m = PyObject_GetAttr(x, str_mask);
+    PyObject *m = slot_get(x, &slot_mask);
     if (!m)
         return -1;
     *mask = PyLong_AsUnsignedLongLongMask(m);
@@ -1009,7 +1058,7 @@ static PyObject *plain_fragment_of(PyObject *d, unsigned long long *mask_out, in
 
 /* An Extra for a plain dict (its copy, fragment and mask); NULL without an error
    when the dict is not plain. */
-static PyObject *str_args_attr, *str__args;
+static PyObject *str_args_attr;
 static PyObject *plain_extra(PyObject *d) {
     unsigned long long mask = 0;
     int nested = 0;
@@ -1022,8 +1071,8 @@ static PyObject *plain_extra(PyObject *d) {
        the fragment when asked for (None here) */
     PyObject *copy = x ? (nested ? Py_NewRef(Py_None) : PyDict_Copy(d)) : NULL;
     PyObject *m = copy ? PyLong_FromUnsignedLongLong(mask) : NULL;
-    if (!m || PyObject_SetAttr(x, str__args, copy) < 0 || PyObject_SetAttr(x, str_frag, frag) < 0 ||
-        PyObject_SetAttr(x, str_mask, m) < 0) {
+    if (!m || slot_set(x, &slot_args, copy) < 0 || slot_set(x, &slot_frag, frag) < 0 ||
+        slot_set(x, &slot_mask, m) < 0) {
         Py_XDECREF(x);
         x = NULL;
     }
@@ -2457,7 +2506,7 @@ typedef struct {
 } hookstate_t;
 
 static hookstate_t H = {0};
-static PyObject *str_open_spans, *str__obj, *str__token, *str_max_open_spans, *str__forced, *str_args_kw;
+static PyObject *str_open_spans, *str_max_open_spans, *str__forced, *str_args_kw;
 
 static PyObject *configure_hooks(PyObject *self, PyObject *args) {
     hookstate_t h;
@@ -2472,6 +2521,8 @@ static PyObject *configure_hooks(PyObject *self, PyObject *args) {
     }
     H = h;
     gate_obj = h.gate;
+    find_slot(&slot_obj, (PyObject *)H.span, str__obj);
+    find_slot(&slot_token, (PyObject *)H.span, str__token);
     Py_RETURN_NONE;
 }
 
@@ -2586,8 +2637,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
     id = ent ? new_id() : NULL;
     token = id ? PyTuple_Pack(2, stk, id) : NULL;
     span = token ? H.span->tp_alloc(H.span, 0) : NULL;
-    if (!span || PyObject_SetAttr(span, str__obj, self) < 0 ||
-        PyObject_SetAttr(span, str__token, token) < 0)
+    if (!span || slot_set(span, &slot_obj, self) < 0 || slot_set(span, &slot_token, token) < 0)
         goto fail;
     if (PyDict_SetItem(open, id, ent) < 0)
         goto fail;
@@ -2825,14 +2875,14 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
         a = args[0];
     if (a == Py_None)
         a = NULL;
-    token = PyObject_GetAttr(self, str__token);
+    token = slot_get(self, &slot_token);
     if (!token)
         goto slow;
     if (token == Py_None) {
         Py_DECREF(token);
         Py_RETURN_NONE;
     }
-    obj = PyObject_GetAttr(self, str__obj);
+    obj = slot_get(self, &slot_obj);
     spans = (obj && H.state) ? PyObject_GetAttr(H.state, str_open_spans) : NULL;
     if (!spans || !PyDict_Check(spans) || !PyTuple_Check(token) || PyTuple_GET_SIZE(token) != 2)
         goto slow;
@@ -2863,7 +2913,7 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
     Py_INCREF(id);
     Py_INCREF(stk);
     if (PyDict_DelItem(spans, id) < 0 || PyDict_DelItem(open, id) < 0 ||
-        drop_top(stk) < 0 || PyObject_SetAttr(self, str__token, Py_None) < 0)
+        drop_top(stk) < 0 || slot_set(self, &slot_token, Py_None) < 0)
         PyErr_Clear();
     int rc = emit_entry(ent, id, stk, obj, t1, y);
     Py_DECREF(ent); Py_DECREF(id); Py_DECREF(stk);
