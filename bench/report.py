@@ -130,12 +130,13 @@ def instructions_table(by_name: dict) -> None:
     if not res:
         return
     print("\nInstructions per operation end to end (callgrind; all threads, the writer's included).\n")
-    print("| pattern | hand-written | dftrace | dftrace / hand |")
-    print("|---|---|---|---|")
+    print("| pattern | no tracer | hand-written | dftrace | dftrace / hand | dftrace's added instructions |")
+    print("|---|---|---|---|---|---|")
     for pattern, label in PATTERN_ROWS:
-        hand, ours = res.get(("hand", pattern)), res.get(("dftrace", pattern))
+        bare, hand, ours = (res.get((t, pattern)) for t in ("bare", "hand", "dftrace"))
         if hand and ours:
-            print(f"| {label} | {hand:,} | {ours:,} | {ours / hand:.2f}x |")
+            added = f"{ours - bare:,}" if bare else "—"
+            print(f"| {label} | {bare or 0:,} | {hand:,} | {ours:,} | {ours / hand:.2f}x | {added} |")
 
 
 if __name__ == "__main__":

@@ -76,8 +76,9 @@ def test_pattern(benchmark, tmp_path, tracer, pattern):
 
 
 # -- instructions: a figure the machine's noise does not move ---------------------------
-#: Patterns whose instructions per operation are counted, hand-written recorder and dftrace.
-COUNTED = ("decorator", "with", "iter", "startstop", "step")
+#: Patterns whose instructions per operation are counted, under no tracer, the
+#: hand-written recorder and dftrace.
+COUNTED = ("decorator", "with", "with_args", "iter", "startstop", "stop_args", "step")
 
 
 def _instructions(tracer: str, pattern: str, n: int, out: str) -> int:
@@ -92,7 +93,7 @@ def _instructions(tracer: str, pattern: str, n: int, out: str) -> int:
 
 @pytest.mark.benchmark(group="instructions")
 @pytest.mark.parametrize("pattern", COUNTED)
-@pytest.mark.parametrize("tracer", ("hand", "dftrace"))
+@pytest.mark.parametrize("tracer", ("bare", "hand", "dftrace"))
 def test_instructions_per_operation(benchmark, tmp_path, tracer, pattern):
     """Instructions per operation end to end, counted by callgrind (the same count on
     every run, whatever else the machine does): the difference between 40,000 and
