@@ -635,7 +635,12 @@ typedef struct {
     unsigned long long tsid, epoch;
     PyObject *stk, *tid, *open;
 } stack_cache_t;
-static __thread stack_cache_t stack_cache;
+#ifdef _MSC_VER
+#define THREAD_LOCAL __declspec(thread)
+#else
+#define THREAD_LOCAL _Thread_local
+#endif
+static THREAD_LOCAL stack_cache_t stack_cache;
 static unsigned long long stack_epoch = 1;
 static int stack_cache_ok = 0;
 
