@@ -1740,6 +1740,23 @@ static char *encode_ranges(char *o, range_t *rg, int nr, const kind_t *ks, Py_ss
     return o;
 }
 
+/* Ready to read: the ring is attached and its kind table read. -1 with an error. */
+static int reader_ready(ShmReader *self) {
+    if (!self->h) {
+        PyErr_SetString(PyExc_ValueError, "closed");
+        return -1;
+    }
+    return reader_kinds(self);
+}
+
+/* The ranges up to (seq, pos) were taken: the producer sees the slots read. */
+static void reader_advance(ShmReader *self, uint64_t seq, uint32_t pos) {
+    self->next_seq = seq;
+    self->pos = pos;
+    self->h->reader_seq = seq;
+    self->h->reader_pos = pos;
+}
+
 static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
     Py_ssize_t maxn, npid, nhh;
     const char *pidp, *hhp;
@@ -1748,11 +1765,7 @@ static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "ny#y#LLp", &maxn, &pidp, &npid, &hhp, &nhh, &off, &min_id,
                           &partial))
         return NULL;
-    if (!self->h) {
-        PyErr_SetString(PyExc_ValueError, "closed");
-        return NULL;
-    }
-    if (reader_kinds(self) < 0)
+    if (reader_ready(self) < 0)
         return NULL;
     range_t rg[READ_RANGES];
     Py_ssize_t n;
@@ -1770,10 +1783,7 @@ static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     o = encode_ranges(o0, rg, nr, ks, nk, pidp, npid, hhp, nhh, off, min_id);
     Py_END_ALLOW_THREADS
-    self->next_seq = seq;
-    self->pos = pos;
-    self->h->reader_seq = seq;
-    self->h->reader_pos = pos;
+    reader_advance(self, seq, pos);
     if (_PyBytes_Resize(&out, (Py_ssize_t)(o - o0)) < 0)
         return NULL;
     return Py_BuildValue("(Nn)", out, n);
@@ -1792,16 +1802,12 @@ static PyObject *ShmReader_drain_write(ShmReader *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iiny#y#LLp", &fd, &level, &maxn, &pidp, &npid, &hhp, &nhh, &off,
                           &min_id, &partial))
         return NULL;
-    if (!self->h) {
-        PyErr_SetString(PyExc_ValueError, "closed");
+    if (reader_ready(self) < 0)
         return NULL;
-    }
     if (level >= 0 && !load_zstd()) {
         PyErr_SetString(PyExc_RuntimeError, "zstd is not available to the C engine");
         return NULL;
     }
-    if (reader_kinds(self) < 0)
-        return NULL;
     range_t rg[READ_RANGES];
     Py_ssize_t n;
     size_t upper;
@@ -1826,10 +1832,7 @@ static PyObject *ShmReader_drain_write(ShmReader *self, PyObject *args) {
             nlink = (long)st.st_nlink;
     }
     Py_END_ALLOW_THREADS
-    self->next_seq = seq;
-    self->pos = pos;
-    self->h->reader_seq = seq;
-    self->h->reader_pos = pos;
+    reader_advance(self, seq, pos);
     return Py_BuildValue("(nnil)", n, (Py_ssize_t)written, err, nlink);
 }
 #endif

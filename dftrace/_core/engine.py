@@ -404,6 +404,8 @@ def install_stack(stk: Stack | None) -> None:
     """Make ``stk`` the stack of the calling thread's next spans (None: the next
     span asks :func:`resolve`). The only way ``LOCAL.stk`` is set: the C engine
     keeps each thread's in a cache that this invalidates."""
+    if LOCAL.stk is stk:  # inside an event loop every span asks again: nothing changes
+        return
     LOCAL.stk = stk
     if speedups is not None:
         speedups.stacks_changed()
