@@ -22,6 +22,8 @@ import time
 
 
 def emit(out: str, flush_interval: float, rate: float, writer: str = "thread") -> None:
+    import faulthandler
+
     import dftrace
     from dftrace import ai
 
@@ -29,6 +31,8 @@ def emit(out: str, flush_interval: float, rate: float, writer: str = "thread") -
         counter = mmap.mmap(fh.fileno(), 8)
     dftrace.initialize(log_file=os.path.join(out, "t"), compression="zstd",
                        flush_interval=flush_interval, writer=writer)
+    # A test that sees no progress asks for every thread's stack (on stderr).
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     node = ai.compute.forward
     pack = struct.pack_into
     n = 0
