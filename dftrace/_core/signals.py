@@ -13,7 +13,9 @@ change nothing the application can observe:
 * signal with a handler of the application's (installed before ``initialize``):
   write the buffered events to disk (bounded wait), then call that handler,
   whatever it does (raise, exit, ``os._exit``, or nothing and carry on tracing);
-* signal ignored (``SIG_IGN``) or handled outside Python: left alone.
+* signal ignored (``SIG_IGN``) or handled outside Python (a handler installed in
+  C, such as ``faulthandler.register(signal.SIGUSR1)`` to dump a hung job's
+  stacks; seen on Linux, where the OS tells which signals are caught): left alone.
 
 ``SIGINT`` normally has Python's own handler, which raises ``KeyboardInterrupt``;
 the exception unwinds the program and ``atexit`` completes the trace, so that
@@ -81,11 +83,28 @@ CALLBACKS = _Callbacks()
 _ending = threading.Lock()
 
 
-def _wanted(sig: int, current: Any) -> bool:
+def _caught_outside_python() -> int:
+    """The signals this process catches, as a bit mask (bit ``n - 1`` for signal
+    ``n``), read from the OS; -1 where the OS does not tell (not Linux)."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"SigCgt:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return -1
+
+
+def _wanted(sig: int, current: Any, caught: int = -1) -> bool:
     if current is None or current is signal.SIG_IGN:
         return False  # set outside Python, or ignored: nothing of ours to do
     if sig == signal.SIGINT and current is signal.default_int_handler:
         return False  # KeyboardInterrupt unwinds and atexit finishes the trace
+    if current is signal.SIG_DFL and caught > 0 and caught >> (sig - 1) & 1:
+        # Python says "default" but the OS has a handler: one installed in C after
+        # Python started (faulthandler.register, a native library). Left alone.
+        return False
     return current is signal.SIG_DFL or callable(current)
 
 
@@ -97,13 +116,14 @@ def install(finish: Callable[[int], None], flush: Callable[[], None], busy: Call
     CALLBACKS.active, CALLBACKS.deadline = active, deadline
     if threading.current_thread() is not threading.main_thread():
         return False
+    caught = _caught_outside_python()
     for name in _NAMES:
         sig = getattr(signal, name, None)
         if sig is None or sig in _previous:
             continue
         try:
             current = signal.getsignal(sig)
-            if not _wanted(sig, current):
+            if not _wanted(sig, current, caught):
                 continue
             signal.signal(sig, _handler)
             _previous[sig] = current

@@ -147,6 +147,38 @@ def test_ignored_signal_stays_ignored(tmp_path):
         signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="the OS tells no caught signals")
+def test_a_handler_installed_in_c_is_left_alone(tmp_path):
+    """faulthandler.register(SIGUSR1) before initialize: SIGUSR1 still prints the stacks
+    and the run goes on (Python reports such a handler as the default one)."""
+    from ._util import write_script
+
+    script = write_script(tmp_path, """
+        import faulthandler
+        import os
+        import signal
+        import sys
+
+        import dftrace
+        from dftrace import ai
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        dftrace.initialize(log_file=sys.argv[1] + "/t")
+        for i in range(3):
+            with ai.compute.forward:
+                if i == 1:
+                    os.kill(os.getpid(), signal.SIGUSR1)
+        dftrace.finalize()
+        print("carried on")
+    """)
+    out = run([script, str(tmp_path)])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "carried on"
+    assert "most recent call first" in out.stderr
+    assert_valid(files(tmp_path))
+    assert len(spans(_events(tmp_path), "forward")) == 3
+
+
 def _assert_cut_only(res: dict) -> None:
     # A kill during a write may leave half a frame at the end: readers skip it.
     assert all("cut off" in p for p in res["problems"]), res["problems"]
