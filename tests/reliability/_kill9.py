@@ -22,6 +22,7 @@ import time
 
 
 def emit(out: str, flush_interval: float, rate: float, writer: str = "thread") -> None:
+    import ctypes
     import faulthandler
 
     import dftrace
@@ -29,12 +30,14 @@ def emit(out: str, flush_interval: float, rate: float, writer: str = "thread") -
 
     with open(os.path.join(out, "count"), "r+b") as fh:
         counter = mmap.mmap(fh.fileno(), 8)
+    # One aligned 8-byte store per update: struct.pack_into would first zero the
+    # field, and a SIGKILL between its two stores would leave 0 in the file.
+    ended = ctypes.c_int64.from_buffer(counter)
     dftrace.initialize(log_file=os.path.join(out, "t"), compression="zstd",
                        flush_interval=flush_interval, writer=writer)
     # A test that sees no progress asks for every thread's stack (on stderr).
     faulthandler.register(signal.SIGUSR2, all_threads=True)
     node = ai.compute.forward
-    pack = struct.pack_into
     n = 0
     chunk = max(1, int(rate / 100)) if rate else 1000
     print("ready", flush=True)
@@ -44,7 +47,7 @@ def emit(out: str, flush_interval: float, rate: float, writer: str = "thread") -
             with node:
                 pass
             n += 1
-            pack("q", counter, 0, n)
+            ended.value = n
         if rate:  # about 100 chunks a second
             left = 0.01 - (time.perf_counter() - t0)
             if left > 0:
