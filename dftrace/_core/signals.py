@@ -83,9 +83,9 @@ CALLBACKS = _Callbacks()
 _ending = threading.Lock()
 
 
-def _caught_outside_python() -> int:
-    """The signals this process catches, as a bit mask (bit ``n - 1`` for signal
-    ``n``), read from the OS; -1 where the OS does not tell (not Linux)."""
+def _caught_signals() -> int:
+    """The signals this process catches (through Python or not), as a bit mask (bit
+    ``n - 1`` for signal ``n``), read from the OS; -1 where it does not tell."""
     try:
         with open("/proc/self/status", "rb") as fh:
             for line in fh:
@@ -96,7 +96,7 @@ def _caught_outside_python() -> int:
     return -1
 
 
-def _wanted(sig: int, current: Any, caught: int = -1) -> bool:
+def _wanted(sig: int, current: Any, caught: int) -> bool:
     if current is None or current is signal.SIG_IGN:
         return False  # set outside Python, or ignored: nothing of ours to do
     if sig == signal.SIGINT and current is signal.default_int_handler:
@@ -116,7 +116,7 @@ def install(finish: Callable[[int], None], flush: Callable[[], None], busy: Call
     CALLBACKS.active, CALLBACKS.deadline = active, deadline
     if threading.current_thread() is not threading.main_thread():
         return False
-    caught = _caught_outside_python()
+    caught = _caught_signals()
     for name in _NAMES:
         sig = getattr(signal, name, None)
         if sig is None or sig in _previous:
