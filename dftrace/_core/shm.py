@@ -98,6 +98,22 @@ def _job_name() -> str:
     return ""
 
 
+#: Runs a module of the dftrace this process imported, whatever the working directory
+#: holds: ``python -m`` would put the working directory first on ``sys.path``, so a
+#: directory holding a ``dftrace`` folder (a clone) would run that one instead.
+_RUN_INSTALLED = (
+    "import os, runpy, sys\n"
+    "if sys.path and sys.path[0] in ('', os.getcwd()): del sys.path[0]\n"
+    "sys.path.insert(0, sys.argv.pop(1))\n"
+    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n")
+
+
+def installed_module_argv(module: str, *args: str) -> list[str]:
+    """The command that runs ``module`` of this very dftrace installation with ``args``."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return [sys.executable, "-c", _RUN_INSTALLED, root, module, *args]
+
+
 def _start_drainer(name: str = "") -> str:
     """Start a drainer in a session of its own (a Ctrl-C or a SIGTERM sent to the
     job's process group does not end it before it has written its producers' files).
@@ -107,11 +123,9 @@ def _start_drainer(name: str = "") -> str:
     env = dict(os.environ)
     env["DFTRACE_ENABLE"] = "0"  # the drainer itself is never traced
     env.pop(ENV_VAR, None)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dftrace._core.drainer", name, str(os.getpid())],
+            installed_module_argv("dftrace._core.drainer", name, str(os.getpid())),
             # No standard stream of the job: a launcher reading the job's output must
             # not wait for the drainer (which may be held by hung storage). Failures
             # reach the producer in the answer to its finalize.

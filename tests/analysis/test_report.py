@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import tracegen
+from _requirements import needs
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
@@ -19,9 +20,8 @@ from dftrace.analysis import load_traces, render_html, summarize  # noqa: E402
 from dftrace.analysis._cli import main  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)"
-)
+needs_chromium = needs(
+    "chromium", None if CHROMIUM else "headless Chromium is not installed (Debian: apt-get install chromium)")
 
 
 def _chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess[str]:

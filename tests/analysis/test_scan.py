@@ -6,6 +6,7 @@ import gzip
 
 import pytest
 import zstandard
+from _requirements import native_scanner_missing, needs
 
 pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
@@ -14,7 +15,7 @@ from polars.testing import assert_frame_equal  # noqa: E402
 from dftrace.analysis import _decode, load_traces  # noqa: E402
 from dftrace.analysis._schema import SUMMARY_COLUMNS  # noqa: E402
 
-needs_scanner = pytest.mark.skipif(_decode._scan is None, reason="the C scanner was not built (no compiler)")
+needs_scanner = needs("native", native_scanner_missing())
 
 _META = (
     '{"name":"process_name","cat":"dftrace","pid":7,"tid":7,"ph":"M","args":{"name":"rank 0 · h · pid 7"}}\n'

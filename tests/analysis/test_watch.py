@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import tracegen
+from _requirements import needs
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 pytest.importorskip("rich", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
@@ -207,7 +208,7 @@ def test_watch_json_needs_once(tmp_path):
     assert result.returncode == 2 and "no trace files found" in result.stderr
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+@needs("tmux", None if shutil.which("tmux") else "tmux is not installed (Debian: apt-get install tmux)")
 def test_terminal_view_and_ctrl_c(paused_job, tmp_path):
     """In a real terminal (tmux): the live view shows the rank, and Ctrl-C ends it with
     exit code 0 and no traceback."""

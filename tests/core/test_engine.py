@@ -13,6 +13,7 @@ import threading
 import weakref
 
 import pytest
+from _requirements import native_engine_missing, needs
 
 import dftrace
 from dftrace import ai, testing
@@ -279,10 +280,9 @@ def test_deep_recursion_works_as_deep_as_untraced(tmp_path):
         assert out.returncode == 0 and out.stdout.strip() == "900", out.stderr[-2000:]
 
 
+@needs("native", native_engine_missing())
 def test_records_are_native_and_small():
     """With the C engine a buffered span without args takes 64 bytes of native memory."""
-    if _recorder.speedups is None:
-        pytest.skip("the C engine is not in use")
     assert _recorder.speedups.RECORD_SIZE <= 64
 
 

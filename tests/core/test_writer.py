@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from _requirements import native_engine_missing, needs
 import zstandard
 
 import dftrace
@@ -82,7 +83,7 @@ def _program_events(tmp_path, name: str, compression: str) -> list[dict]:
             for e in events if e.get("ph") == "X"]
 
 
-@pytest.mark.skipif(not writer_mod._native(), reason="the C engine is not built")
+@needs("native", native_engine_missing())
 @pytest.mark.parametrize("compression", ["zstd", "none"])
 def test_engine_written_frames_match_the_python_path(tmp_path, monkeypatch, compression):
     """Frames the C engine compresses and writes itself decode to the same events as
@@ -96,7 +97,7 @@ def test_engine_written_frames_match_the_python_path(tmp_path, monkeypatch, comp
                                   e["args"].get("epoch")) for e in python]
 
 
-@pytest.mark.skipif(not writer_mod._native(), reason="the C engine is not built")
+@needs("native", native_engine_missing())
 def test_engine_written_frames_are_independent_zstd_frames(tmp_path):
     """A flush the C engine writes is one zstd frame with its content size, like the
     Python path's."""

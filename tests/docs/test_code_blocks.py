@@ -10,8 +10,11 @@ The convention (CONTRIBUTING.md says the same):
   and must exit with status 0.
 - ``console`` blocks are shell sessions: each ``$ `` line is a command that runs the
   same way and must not fail (status 0, or 1 for ``dftrace validate``, which reports
-  broken rules that way) nor print a traceback; the other lines are its output, shown
-  for reading and not compared.
+  broken rules that way) nor print a traceback; the lines after it are its output,
+  compared with what the command prints (trailing spaces aside). A block whose output
+  cannot be the same twice (times measured on the machine that runs the test) says so
+  with ``<!-- output varies: why -->`` before it: its commands run, its output is
+  shown for reading only.
 - ``text``, ``json`` and ``pycon`` blocks are output, data or interactive transcripts:
   not run.
 - Markers, as HTML comments on the lines right around a block (blank lines allowed):
@@ -19,7 +22,8 @@ The convention (CONTRIBUTING.md says the same):
   ``<!-- continues -->`` before it: runs as the continuation of the page's previous
   block of the same language (one script);
   ``<!-- setup: ... -->`` before it: the comment's code runs first;
-  ``<!-- then: ... -->`` after it: the comment's code runs after it.
+  ``<!-- then: ... -->`` after it: the comment's code runs after it;
+  ``<!-- output varies: ... -->`` before a console block: its output is not compared.
 - A block that needs a package that is not installed (a framework, an extra) is
   skipped, with the package named.
 """
@@ -201,7 +205,7 @@ def test_every_block_says_what_it_is():
 def test_markers_are_the_known_ones():
     """Every HTML comment next to a block is one of the markers this test understands."""
     bad = [(b.id, m) for b in BLOCKS for m in b.markers
-           if m not in ("fragment", "continues") and not m.startswith("setup:")]
+           if m not in ("fragment", "continues") and not m.startswith(("setup:", "output varies:"))]
     assert bad == []
 
 
@@ -254,15 +258,41 @@ def _environment() -> dict[str, str]:
     return env
 
 
+def _session(text: str) -> list[tuple[str, list[str]]]:
+    """A console session's commands, each with the output lines shown under it."""
+    steps: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        elif steps:
+            steps[-1][1].append(line)
+    return steps
+
+
+def _lines(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
 def _run_console(block: Block, cwd: Path) -> None:
-    commands = [line[2:] for line in block.script.splitlines() if line.startswith("$ ")]
-    assert commands, f"{block.id}: a console block shows at least one `$ ` command"
-    for command in commands:
+    steps = _session(block.script)  # the blocks it continues first
+    own = len(_session(block.code))
+    assert own, f"{block.id}: a console block shows at least one `$ ` command"
+    varies = any(m.startswith("output varies:") for m in block.markers)
+    for k, (command, shown) in enumerate(steps):
+        compared = not varies and k >= len(steps) - own
+        # What a terminal shows: standard output and error as they come.
         done = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=cwd, env=_environment(),
-                              capture_output=True, text=True, timeout=600)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
         allowed = (0, 1) if shlex.split(command)[:2] == ["dftrace", "validate"] else (0,)
-        assert done.returncode in allowed and "Traceback" not in done.stderr, (
-            f"{block.id}: `{command}` exited {done.returncode}\n{done.stderr[-3000:]}")
+        assert done.returncode in allowed and "Traceback" not in done.stdout, (
+            f"{block.id}: `{command}` exited {done.returncode}\n{done.stdout[-3000:]}")
+        if compared:
+            assert _lines(done.stdout) == _lines("\n".join(shown)), (
+                f"{block.id}: `{command}` printed other output than the page shows "
+                "(mark the block `<!-- output varies: why -->` if it cannot be the same twice)")
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.language in RUN and not b.fragment],

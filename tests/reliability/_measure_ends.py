@@ -24,6 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from dftrace import testing  # noqa: E402
 from dftrace.format import iter_trace_lines  # noqa: E402
 
+sys.path.insert(0, HERE)
+from _util import default_signals  # noqa: E402
+
 HOSTILE = os.path.join(HERE, "_hostile.py")
 
 # (label, scenario, events, signals to send as (delay before it, signal))
@@ -55,7 +58,7 @@ def run_once(scenario: str, n: int, signals: list, untraced: bool) -> tuple[int,
         args = [sys.executable, HOSTILE, scenario, out, str(n)]
         args += ["--untraced"] if untraced else []
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                preexec_fn=default_signals)
         assert proc.stdout.readline().strip() == b"ready"
         t0 = time.monotonic()
         for delay, sig in signals:

@@ -38,23 +38,31 @@ def write_script(tmp_path: Any, body: str, name: str = "prog.py") -> str:
     return path
 
 
-def _default_sigint() -> None:
-    # A test runner started in the background inherits SIGINT ignored, and so would
-    # the child; give it the disposition a program started from a terminal has.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+#: Signals a program started from a terminal has at their default action.
+_DEFAULT_SIGNALS = ("SIGINT", "SIGHUP", "SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
+
+
+def default_signals() -> None:
+    """In a child before exec: the signal dispositions of a program started from a
+    terminal. A test runner started under ``nohup`` (SIGHUP ignored) or in the
+    background (SIGINT ignored) passes those on to its children, and the signal tests
+    need the default actions."""
+    for name in _DEFAULT_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def run(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     """Run ``python <args>`` to the end with a clean environment."""
     return subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=timeout, env=clean_env(**env), preexec_fn=_default_sigint)
+                          timeout=timeout, env=clean_env(**env), preexec_fn=default_signals)
 
 
 def start(args: list[str], **env: str) -> subprocess.Popen:
     """Start ``python <args>`` with a clean environment and piped stdout/stderr."""
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=clean_env(**env),
-                            preexec_fn=_default_sigint)
+                            preexec_fn=default_signals)
 
 
 def files(directory: Any) -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 
 from dftrace import testing
 
-from ._util import HERE, assert_valid, clean_env, files, last_line, spans
+from ._util import HERE, assert_valid, clean_env, default_signals, files, last_line, spans
 
 HOSTILE = os.path.join(HERE, "_hostile.py")
 N = 20_000
@@ -26,7 +26,7 @@ def _start(scenario: str, out, n: int = N, untraced: bool = False) -> subprocess
     args += ["--untraced"] if untraced else []
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=clean_env(), start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=default_signals)
     line = proc.stdout.readline()
     if line.strip() != "ready":
         proc.kill()
@@ -150,7 +150,8 @@ def test_spans_of_atexit_hooks_registered_before_initialize_are_written(tmp_path
     """An atexit hook registered after ``import dftrace`` but before initialize()
     runs before the trace is completed: its span is in the file."""
     out = subprocess.run([sys.executable, HOSTILE, "atexit-before-init", str(tmp_path), "10"],
-                         capture_output=True, text=True, env=clean_env(), timeout=60)
+                         capture_output=True, text=True, env=clean_env(), timeout=60,
+                         preexec_fn=default_signals)
     assert out.returncode == 0, out.stderr
     assert_valid(files(tmp_path))
     (path,) = files(tmp_path)

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from _requirements import native_engine_missing, needs
 
 import dftrace
 from dftrace import ai, testing
@@ -23,9 +24,9 @@ from dftrace._core import engine as _rec
 from ._util import HERE, assert_valid, clean_env, events_by_pid, files, last_line, meta, run, \
     spans, start, write_script
 
-pytestmark = pytest.mark.skipif(
-    _rec.speedups is None or not sys.platform.startswith("linux"),
-    reason="writer='process' needs the C engine and Linux (memfd)")
+pytestmark = [
+    needs("native", native_engine_missing()),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="writer='process' needs Linux (memfd)")]
 
 DETERMINISTIC = """
     import sys
@@ -100,6 +101,26 @@ def test_in_process_session_writes_through_the_drainer(tmp_path):
     assert [e["args"]["i"] for e in spans(events, "forward")] == list(range(5000))
     assert "loader" in [e["args"]["name"] for e in meta(events, "thread_name")]
     assert len(spans(events, "item")) == 1
+
+
+def test_drainer_runs_the_installed_dftrace_whatever_the_working_directory(tmp_path):
+    """From a directory holding another ``dftrace`` folder (a clone, say), the drainer
+    still runs the dftrace the program imported: no fallback, the file is whole."""
+    script = write_script(tmp_path, DETERMINISTIC + """
+    import dftrace._core.session as _session
+    print(type(_session.session().writer).__name__ if _session.session() else "none")
+    """)
+    clone = tmp_path / "clone"
+    (clone / "dftrace").mkdir(parents=True)
+    (clone / "dftrace" / "__init__.py").write_text("raise SystemExit('the wrong dftrace')\n")
+    out = subprocess.run([sys.executable, script, str(tmp_path / "out" / "t"), "process"],
+                         capture_output=True, text=True, timeout=120, cwd=clone, env=clean_env())
+    assert out.returncode == 0, out.stderr
+    assert "not available" not in out.stderr and "itself" not in out.stderr, out.stderr
+    assert out.stdout.split() == ["ProcessWriter"]
+    (path,) = files(tmp_path / "out")
+    assert_valid([path])
+    assert len(spans(testing.read_events(path), "forward")) == 9001
 
 
 def test_writer_setting_is_validated_at_initialize():
@@ -287,22 +308,30 @@ def test_killed_drainer_is_replaced_by_writing_in_process(tmp_path):
 
 # -- storage that hangs ---------------------------------------------------------------
 
-def _fuse_usable() -> str | None:
+def _fuse_missing() -> str | None:
+    """Why a FUSE filesystem cannot be mounted here (fusepy runs on libfuse2), or None."""
     if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse"
-    if shutil.which("fusermount") is None:
-        return "no fusermount (apt-get install fuse libfuse2)"
+        return "no /dev/fuse on this machine"
+    if os.geteuid() != 0 and shutil.which("fusermount") is None:
+        return "not root, and libfuse2's fusermount is not installed (Debian: apt-get install fuse)"
     try:
-        import fuse  # noqa: F401  (fusepy: it loads libfuse on import)
-    except (ImportError, OSError) as exc:
-        return f"fusepy unusable: {exc}"
+        import fuse  # noqa: F401  (fusepy: it loads libfuse2 on import)
+    except (ImportError, OSError, EnvironmentError) as exc:
+        return f"fusepy cannot load libfuse2 (Debian: apt-get install libfuse2): {exc}"
     return None
+
+
+def _unmount(mnt) -> None:
+    """Detach ``mnt`` lazily with whichever tool is there (fuse3, fuse, or umount as root)."""
+    for tool in (["fusermount3", "-u", "-z"], ["fusermount", "-u", "-z"], ["umount", "-l"]):
+        if shutil.which(tool[0]) and subprocess.run([*tool, str(mnt)], capture_output=True).returncode == 0:
+            return
 
 
 @pytest.fixture
 def hung_mount(tmp_path):
     """A mounted filesystem whose writes never return; unmounted whatever happens."""
-    why = _fuse_usable()
+    why = _fuse_missing()
     if why:
         pytest.skip(why)
     mnt = tmp_path / "mnt"
@@ -319,7 +348,7 @@ def hung_mount(tmp_path):
     finally:
         daemon.kill()  # ends every write waiting on it (ENOTCONN)
         daemon.wait()
-        subprocess.run(["fusermount", "-u", "-z", str(mnt)], capture_output=True)
+        _unmount(mnt)
 
 
 HUNG = """
@@ -337,6 +366,7 @@ HUNG = """
 """
 
 
+@pytest.mark.needs("fuse")
 @pytest.mark.parametrize("end", ["sigterm", "exit"])
 def test_hung_storage_never_holds_the_traced_process(tmp_path, hung_mount, end):
     """With the trace storage hung, SIGTERM ends the process with its SIGTERM death and

@@ -1,0 +1,16 @@
+"""The package's C parts. They are optional: without a compiler dftrace runs in pure
+Python. ``DFTRACE_REQUIRE_SPEEDUPS=1`` at install time makes a failed C build fail the
+install instead (CI sets it, so a broken engine cannot pass unnoticed)."""
+
+import os
+
+from setuptools import Extension, setup
+
+required = os.environ.get("DFTRACE_REQUIRE_SPEEDUPS", "").strip() not in ("", "0")
+
+setup(ext_modules=[
+    # The recording engine: records, span styles, encoder, writer loop, shared-memory ring.
+    Extension("dftrace._core._speedups", ["dftrace/_core/_speedups.c"], optional=not required),
+    # The reader of trace lines for analysis; without it loading parses with polars alone.
+    Extension("dftrace.analysis._scan", ["dftrace/analysis/_scan.c"], optional=not required),
+])
