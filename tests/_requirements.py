@@ -67,15 +67,21 @@ class Requirements:
                            f"and DFTRACE_REQUIRE_SPEEDUPS), but the test skipped: {reason}")
 
 
-def needs(capability: str, missing: str | None):
-    """Mark a test as needing ``capability``: it skips with the reason ``missing`` (the
-    true cause) when that is not None, and fails instead where the capability is required."""
+def needs_marks(capability: str, missing: str | None) -> list[pytest.MarkDecorator]:
+    """The marks of a test that needs ``capability`` (for a module's ``pytestmark``): it
+    skips with the reason ``missing`` (the true cause) when that is not None, and fails
+    instead where the capability is required."""
     if capability not in CAPABILITIES:
         raise ValueError(f"unknown capability {capability!r}")
+    return [pytest.mark.needs(capability), pytest.mark.skipif(missing is not None, reason=missing or "")]
 
+
+def needs(capability: str, missing: str | None):
+    """:func:`needs_marks` as a decorator of one test."""
     def mark(test):
-        test = pytest.mark.needs(capability)(test)
-        return pytest.mark.skipif(missing is not None, reason=missing or "")(test)
+        for m in needs_marks(capability, missing):
+            test = m(test)
+        return test
     return mark
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from _requirements import native_engine_missing, needs
+from _requirements import native_engine_missing, needs_marks
 
 import dftrace
 from dftrace import ai, testing
@@ -25,7 +25,7 @@ from ._util import HERE, assert_valid, clean_env, events_by_pid, files, last_lin
     spans, start, write_script
 
 pytestmark = [
-    needs("native", native_engine_missing()),
+    *needs_marks("native", native_engine_missing()),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="writer='process' needs Linux (memfd)")]
 
 DETERMINISTIC = """
