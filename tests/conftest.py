@@ -30,6 +30,28 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_requirements.Requirements(), "dftrace-requirements")
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Which dftrace is under test, and with which engine: run from a clone after a
+    non-editable install, ``python -m pytest`` imports the clone's sources, not the
+    installed package (and its C engine)."""
+    import dftrace
+    from _requirements import native_engine_missing
+
+    where = Path(dftrace.__file__).resolve().parent
+    engine = native_engine_missing() or "the C engine"
+    lines = [f"dftrace under test: {where} ({engine})"]
+    try:
+        from importlib.metadata import distribution
+
+        installed = Path(distribution("dftrace").locate_file("dftrace")).resolve()
+        if installed.exists() and installed != where:
+            lines.append(f"  note: the installed dftrace is {installed}; these tests import {where} "
+                         "(an editable install, pip install -e, tests what is installed)")
+    except Exception:  # noqa: BLE001 - not installed at all: the sources are what runs
+        pass
+    return lines
+
+
 @pytest.fixture(autouse=True)
 def _reset_dftrace():
     with testing.clean_state():
