@@ -230,3 +230,29 @@ def test_dataloader_item(benchmark, tracing, variant):
             pass
 
     benchmark.pedantic(epoch, rounds=10, iterations=1, warmup_rounds=1)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.benchmark(group="torch")
+@pytest.mark.parametrize("variant", ["no_profiler", "between_windows"])
+def test_profile_steps_between_windows(benchmark, tracing, variant):
+    """A small training step (Linear 64x64, SGD), per step: without the profiler
+    schedule, and with ``profile_steps`` waiting between two windows."""
+    from dftrace.torch import profile_steps
+
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 64)
+
+    def step():
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    schedule = profile_steps(opt, every=10**9, active=1, warmup=0, skip_first=10**8) \
+        if variant == "between_windows" else None
+    benchmark.pedantic(step, rounds=2000, iterations=1, warmup_rounds=100)
+    if schedule is not None:
+        assert schedule.paths == []  # never profiled: the cost measured is the wait's
+        schedule.stop()

@@ -27,6 +27,8 @@ What each piece writes:
 - :func:`trace_distributed` / :func:`trace_ddp`: ``comm.*`` per collective.
 - :func:`to_device`, :func:`save`, :func:`load`: ``device.transfer``,
   ``checkpoint.capture``, ``checkpoint.restart`` with bytes and path.
+- :func:`profile_steps`: the PyTorch profiler (GPU kernels with CUDA) for a few
+  steps every N, its traces written beside dftrace's.
 
 Every hook body is guarded: an error inside dftrace is reported once as a warning
 and never reaches your training loop.
@@ -55,6 +57,7 @@ from ._data import (TracedCollate, TracedDataLoader, TracedDataset,
                           TracedIterableDataset, trace_collate, trace_dataloader,
                           trace_dataset)
 from ._dist import DistributedTracing, trace_ddp, trace_distributed
+from ._profiler import StepProfiler, profile_steps
 from .._hooks import call_in_span, error_args, guarded, warn_once
 from ._workers import WorkerInit, worker_init_fn
 
@@ -62,12 +65,14 @@ __all__ = [
     "ComputeTracing",
     "DistributedTracing",
     "ModuleTracing",
+    "StepProfiler",
     "TracedCollate",
     "TracedDataLoader",
     "TracedDataset",
     "TracedIterableDataset",
     "WorkerInit",
     "load",
+    "profile_steps",
     "save",
     "shapes",
     "to_device",
