@@ -23,6 +23,7 @@ from .. import format as fmt
 from ._aggregate import GROUPS, Combined, Partial, aggregate, combine, aggregate_partition
 from ._decode import PartitionData
 from ._executor import default_executor
+from ._gpu import gpu_answers
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
 from ._steps import model_steps, unit_steps
@@ -76,6 +77,9 @@ class Summary:
     imbalance: dict[str, Any]
     #: Duration histograms (log-spaced bins) of the names with the most total time.
     distributions: list[dict[str, Any]]
+    #: Per (rank, device) of PyTorch profiler traces: GPU idle/compute/non-compute
+    #: time, communication/computation overlap, idle time by cause, top kernels.
+    gpu: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""
@@ -194,6 +198,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
         dataloader=_dataloader(combined.durations, procs),
         imbalance=_imbalance(steps_by_unit, steps),
         distributions=_distributions(combined.durations),
+        gpu=gpu_answers(combined.activity, combined.resolution) if combined.activity is not None else [],
     )
 
 

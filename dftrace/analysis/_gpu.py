@@ -1,0 +1,244 @@
+"""GPU answers from PyTorch profiler traces, with HolisticTraceAnalysis' (HTA 0.5.0) definitions.
+
+Per rank and device, over the GPU kernels (device-side events with a stream and a
+correlation id: kernels, memory copies and sets, stream syncs):
+
+- **which kernels count**: when the traces hold two or more ``ProfilerStep#N``
+  names, only the kernels launched (same ``correlation``) by host calls that
+  started before the last ``ProfilerStep`` of the rank: the last step is usually
+  cut short by the end of profiling;
+- **times** are whole microseconds as HTA takes them: a start rounded up, an end
+  rounded down;
+- **kernel time** (``kernel_us``) runs from the start of the first kernel to the
+  end of the last; **idle** is the part of it with no kernel running on any stream
+  (kernel intervals merged); **compute** is the time some computation kernel runs
+  (merged), **non-compute** the rest of the busy time (communication, memory);
+- **kernel type** by name: communication ``^nccl.*Kernel``; memory names starting
+  with Memcpy, Memset or dma; computation any name that is not communication, does
+  not contain Memcpy or Sync and does not start with Memset; anything else other;
+- **communication/computation overlap**: the share of (merged) communication time
+  during which computation runs too; null without communication kernels;
+- **idle time by cause**, per stream: the gap before each kernel (from the end of
+  the previous kernel of the stream) is *host wait* when the kernel's launch call
+  started after that end (the host was late), else *kernel wait* when the gap is
+  under :data:`CONSECUTIVE_KERNEL_DELAY_US` (back-to-back launch latency), else
+  *other*; gaps are summed over the streams (memory copies and sets included,
+  stream syncs not).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ._kineto import activity_schema
+from ._metadata import Resolution
+from ._schema import HOST_KEY
+
+#: Gaps between kernels shorter than this (µs) count as kernel wait (HTA's default).
+CONSECUTIVE_KERNEL_DELAY_US = 30
+#: Kernels listed per rank and device, by total time.
+TOP_KERNELS = 10
+
+KERNEL_TYPES = ("computation", "communication", "memory", "other")
+_COMMUNICATION = re.compile(r"nccl.*Kernel")
+_MEMORY = re.compile(r"Memcpy|Memset|dma")
+_NOT_COMPUTATION = re.compile(r"nccl.*Kernel|.*Memcpy|Memset|.*Sync")
+#: Device-side categories whose gaps the idle-time split looks at (syncs are not kernels there).
+_IDLE_CATS = ("kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
+
+
+def kernel_type(name: str) -> str:
+    """HTA's kernel type of a kernel name (see the module docstring)."""
+    if _COMMUNICATION.match(name):
+        return "communication"
+    if _MEMORY.match(name):
+        return "memory"
+    if not _NOT_COMPUTATION.match(name):
+        return "computation"
+    return "other"
+
+
+def activity_by_process(sources: Sequence[Any], resolution: Resolution) -> pl.DataFrame:
+    """The activity tables of all partitions, each row given its process index ``proc``."""
+    frames = []
+    for source in sources:
+        activity = getattr(source, "activity", None)
+        if activity is None or not activity.height:
+            continue
+        keys = activity.select("pid", HOST_KEY).unique()
+        mapping = pl.DataFrame(
+            {"pid": keys.get_column("pid"), HOST_KEY: keys.get_column(HOST_KEY),
+             "proc": [resolution.process_of(source.partition.path, pid, key) for pid, key in keys.iter_rows()]},
+            schema={"pid": pl.Int64, HOST_KEY: pl.String, "proc": pl.Int32},
+        )
+        frames.append(activity.join(mapping, on=["pid", HOST_KEY], how="left").drop(HOST_KEY))
+    if not frames:
+        return pl.DataFrame(schema={**activity_schema(), "proc": pl.Int32})
+    return pl.concat(frames, how="vertical")
+
+
+def kernels_of(activity: pl.DataFrame) -> pl.DataFrame:
+    """The GPU kernels that count (see the module docstring), with HTA's whole-µs
+    ``ts``/``end``, the launch call's start ``launch_ts`` and the ``type``."""
+    whole_us = [(-(-pl.col("start_ns") // 1000)).alias("ts"), (pl.col("end_ns") // 1000).alias("end")]
+    host = activity.filter(pl.col("stream").is_null())
+    device = activity.filter(
+        (pl.col("stream") >= 0) & (pl.col("correlation") >= 0) & pl.col("device").is_not_null()
+    )
+    launches = host.filter(pl.col("correlation").is_not_null())
+    step_names = host.filter(pl.col("step").is_not_null()).get_column("name").n_unique()
+    if step_names >= 2:
+        last_step = host.filter(pl.col("step").is_not_null()).group_by("proc").agg(
+            pl.col("start_ns").max().alias("last_step_ns"))
+        launches = launches.join(last_step, on="proc", how="inner").filter(
+            pl.col("start_ns") < pl.col("last_step_ns"))
+        device = device.join(launches.select("proc", "correlation").unique(), on=["proc", "correlation"],
+                             how="semi")
+    launch_ts = launches.group_by("proc", "correlation").agg(
+        (-(-pl.col("start_ns").max() // 1000)).alias("launch_ts"))
+    return (
+        device.with_columns(*whole_us)
+        .join(launch_ts, on=["proc", "correlation"], how="left")
+        .with_columns(pl.col("name").fill_null("").map_elements(kernel_type, return_dtype=pl.String).alias("type"))
+    )
+
+
+def merge_intervals(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge intervals: sorted by start, an interval that starts after every earlier
+    one has ended opens a new merged interval."""
+    if not len(ts):
+        return ts, end
+    order = np.argsort(ts, kind="stable")
+    ts, end = ts[order], end[order]
+    reach = np.maximum.accumulate(end)
+    opens = np.empty(len(ts), dtype=bool)
+    opens[0] = True
+    opens[1:] = ts[1:] > reach[:-1]
+    group = np.cumsum(opens) - 1
+    starts = ts[opens]
+    ends = np.full(len(starts), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(ends, group, end)
+    return starts, ends
+
+
+def _length(starts: np.ndarray, ends: np.ndarray) -> int:
+    return int(ends.sum() - starts.sum())
+
+
+def _intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
+    """Total time two sets of disjoint intervals overlap."""
+    times = np.concatenate([a[0], a[1], b[0], b[1]])
+    steps = np.concatenate([np.ones(len(a[0])), -np.ones(len(a[1])), np.ones(len(b[0])), -np.ones(len(b[1]))])
+    order = np.lexsort((steps, times))  # at equal times, ends before starts
+    running = np.cumsum(steps[order])
+    sorted_times = times[order]
+    both = running[:-1] == 2
+    return int(np.diff(sorted_times)[both].sum())
+
+
+def _pct(part: float, whole: float) -> float | None:
+    return round(100 * part / whole, 2) if whole else None
+
+
+def gpu_answers(activity: pl.DataFrame, resolution: Resolution) -> list[dict[str, Any]]:
+    """One answer per (rank, device): see the module docstring for the figures."""
+    if not activity.height:
+        return []
+    kernels = kernels_of(activity)
+    answers = []
+    for (proc, device), frame in sorted(kernels.partition_by("proc", "device", as_dict=True).items()):
+        process = resolution.processes[proc]
+        answers.append({"rank": process.rank, "host": process.host, "pid": process.pid, "device": device,
+                        **device_figures(frame)})
+    return answers
+
+
+def device_figures(kernels: pl.DataFrame) -> dict[str, Any]:
+    """The figures of one device's kernels (the output of :func:`kernels_of`)."""
+    ts = kernels.get_column("ts").to_numpy()
+    end = kernels.get_column("end").to_numpy()
+    types = kernels.get_column("type").to_numpy()
+    merged = merge_intervals(ts, end)
+    span = int(merged[1][-1] - merged[0][0])
+    busy = _length(*merged)
+    idle = span - busy
+    by_type = {t: merge_intervals(ts[types == t], end[types == t]) for t in KERNEL_TYPES}
+    compute = _length(*by_type["computation"])
+    communication = _length(*by_type["communication"])
+    overlap = _intersection(by_type["computation"], by_type["communication"])
+    idle_causes = idle_by_cause(kernels)
+    idle_total = sum(idle_causes.values())
+    return {
+        "kernels": kernels.height,
+        "kernel_us": span,
+        "busy_us": busy,
+        "idle_us": idle,
+        "compute_us": compute,
+        "non_compute_us": span - compute - idle,
+        "idle_pct": _pct(idle, span),
+        "compute_pct": _pct(compute, span),
+        "non_compute_pct": _pct(span - compute - idle, span),
+        "comm_compute_overlap_pct": _pct(overlap, communication),
+        "idle_by_cause": {
+            **{f"{cause}_us": us for cause, us in idle_causes.items()},
+            **{f"{cause}_pct": _pct(us, idle_total) for cause, us in idle_causes.items()},
+        },
+        "kernel_type_us": kernel_type_times(by_type),
+        "top_kernels": top_kernels(kernels),
+    }
+
+
+def idle_by_cause(kernels: pl.DataFrame) -> dict[str, int]:
+    """Idle time per cause (host_wait, kernel_wait, other), summed over streams."""
+    gaps = (
+        kernels.filter(pl.col("cat").is_in(_IDLE_CATS))
+        .sort("stream", "ts", maintain_order=True)
+        .with_columns(pl.col("end").shift(1).over("stream").alias("previous_end"))
+        .with_columns((pl.col("ts") - pl.col("previous_end")).alias("gap"))
+        .filter(pl.col("gap").is_not_null())
+    )
+    host_wait = pl.col("launch_ts").is_not_null() & (pl.col("launch_ts") > pl.col("previous_end"))
+    cause = (
+        pl.when(host_wait).then(pl.lit("host_wait"))
+        .when(pl.col("gap") < CONSECUTIVE_KERNEL_DELAY_US).then(pl.lit("kernel_wait"))
+        .otherwise(pl.lit("other"))
+    )
+    sums = dict(gaps.group_by(cause.alias("cause")).agg(pl.col("gap").sum()).iter_rows())
+    return {c: int(sums.get(c, 0)) for c in ("host_wait", "kernel_wait", "other")}
+
+
+def kernel_type_times(by_type: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, int]:
+    """Time per combination of kernel types running at once (``computation``,
+    ``computation overlapping communication``, ...): the busy time split by what ran."""
+    names = [t for t in KERNEL_TYPES if len(by_type[t][0])]
+    if not names:
+        return {}
+    times = np.concatenate([np.concatenate(by_type[t]) for t in names])
+    bits = np.concatenate([np.concatenate([np.full(len(by_type[t][0]), 1 << i), np.full(len(by_type[t][1]), -(1 << i))])
+                           for i, t in enumerate(names)])
+    order = np.lexsort((bits, times))
+    state = np.cumsum(bits[order])[:-1]
+    lengths = np.diff(times[order])
+    out: dict[str, int] = {}
+    for mask in np.unique(state[state > 0]):
+        label = " overlapping ".join(t for i, t in enumerate(names) if mask & (1 << i))
+        out[label] = int(lengths[state == mask].sum())
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def top_kernels(kernels: pl.DataFrame, limit: int = TOP_KERNELS) -> list[dict[str, Any]]:
+    """The kernels with the most total time: name, type, count, total, mean and max (µs)."""
+    dur = (pl.col("end") - pl.col("ts"))
+    top = (
+        kernels.group_by("name", "type")
+        .agg(pl.len().alias("count"), dur.sum().alias("total_us"), dur.mean().round(2).alias("mean_us"),
+             dur.max().alias("max_us"))
+        .sort(["total_us", "name"], descending=[True, False])
+        .head(limit)
+    )
+    return top.to_dicts()
