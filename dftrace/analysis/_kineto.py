@@ -25,6 +25,7 @@ What becomes of it:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections import Counter
@@ -127,7 +128,16 @@ class KinetoDocument:
 
     def ns(self, ts: float | int) -> int:
         """A Kineto time (µs, relative to the base) as nanoseconds since the epoch."""
-        return self.base_ns + (ts * 1000 if isinstance(ts, int) else round(ts * 1000))
+        return self.base_ns + us_to_ns(ts)
+
+
+def us_to_ns(us: float | int) -> int:
+    """Microseconds as whole nanoseconds, without the float error of ``us * 1000``
+    (epoch microseconds times 1000 exceed a double's exact integers)."""
+    if isinstance(us, int):
+        return us * 1000
+    whole = math.floor(us)
+    return int(whole) * 1000 + round((us - whole) * 1000)
 
 
 def _stem(path: str) -> str:
@@ -202,7 +212,7 @@ def split_events(doc: KinetoDocument) -> dict[str, Any]:
             tid = stream
             lanes.setdefault(stream if stream is not None else -1, device)
         start_ns = doc.ns(ts)
-        end_ns = None if dur is None else start_ns + (dur * 1000 if isinstance(dur, int) else round(dur * 1000))
+        end_ns = None if dur is None else start_ns + us_to_ns(dur)
         cat = event.get("cat") if isinstance(event.get("cat"), str) else None
         name = event.get("name") if isinstance(event.get("name"), str) else None
         step = profiler_step(name) if not on_device else None
