@@ -63,6 +63,7 @@ def render_text(summary: Summary, *, top: int = 20) -> str:
         _dataloader(summary),
         _stragglers(summary, top),
         _imbalance(summary, top),
+        _gpu(summary, top),
     ]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
 
@@ -282,3 +283,36 @@ def _imbalance(summary: Summary, top: int) -> list[str]:
     if len(imb["ranks"]) > len(ranks):
         lines.append(f"  ... {len(imb['ranks']) - len(ranks)} more ranks (--top, or --json)")
     return lines
+
+
+def _gpu(summary: Summary, top: int) -> list[str]:
+    """Per rank and device of PyTorch profiler traces: GPU time split, overlap, idle causes, top kernels."""
+    if not summary.gpu:
+        return []
+    lines = ["GPU (PyTorch profiler traces; HTA's definitions: % of the time from the first kernel's "
+             "start to the last one's end)"]
+    rows = []
+    for g in summary.gpu[:top]:
+        causes = g["idle_by_cause"]
+        rows.append((
+            "-" if g["rank"] is None else g["rank"], g["device"], g["kernels"], format_us(g["kernel_us"]),
+            f"{g['idle_pct']:.2f}%", f"{g['compute_pct']:.2f}%", f"{g['non_compute_pct']:.2f}%",
+            "-" if g["comm_compute_overlap_pct"] is None else f"{g['comm_compute_overlap_pct']:.2f}%",
+            " / ".join("-" if causes[f"{c}_pct"] is None else f"{causes[f'{c}_pct']:.0f}%"
+                       for c in ("host_wait", "kernel_wait", "other")),
+        ))
+    lines += _table(("rank", "device", "kernels", "kernel time", "idle", "compute", "non-compute",
+                     "comm overlap", "idle: host/kernel/other wait"), rows, (True,) * 8 + (False,))
+    if len(summary.gpu) > top:
+        lines.append(f"  ... {len(summary.gpu) - top} more devices (--top, or --json)")
+    first = summary.gpu[0]
+    if first["top_kernels"]:
+        lines.append(f"  top kernels (rank {first['rank']}, device {first['device']}):")
+        lines += _table(("kernel", "type", "count", "total", "mean"),
+                        [(_short(k["name"]), k["type"], k["count"], format_us(k["total_us"]), format_us(k["mean_us"]))
+                         for k in first["top_kernels"][:5]], (False, False, True, True, True))
+    return lines
+
+
+def _short(name: str, width: int = 60) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
