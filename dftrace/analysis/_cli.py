@@ -246,6 +246,7 @@ def _run_validate(args: argparse.Namespace) -> int:
     import orjson
 
     from ..format import validate_file
+    from ._kineto import is_document_file, validate_document
     from ._sources import PARQUET_SUFFIX, expand_paths
 
     failed = 0
@@ -257,6 +258,8 @@ def _run_validate(args: argparse.Namespace) -> int:
             from ._parquet import validate_parquet
 
             violations = validate_parquet(path)
+        elif is_document_file(path):
+            violations = validate_document(path)
         else:
             violations = validate_file(path, strict=args.strict, torn=torn)
         failed += bool(violations)

@@ -265,6 +265,30 @@ def _meta_records(doc: KinetoDocument, process_name: str | None, thread_names: d
     return records
 
 
+def validate_document(path: str | os.PathLike[str]) -> list[fmt.Violation]:
+    """Check a PyTorch profiler trace: one JSON object with a ``traceEvents`` list of
+    objects, each with a ``ph``; complete events with numeric ``ts`` and ``dur >= 0``;
+    GPU activity with integer ``device``, ``stream`` and ``correlation``. Violations
+    name the event's number in ``traceEvents`` (rule ``kineto``)."""
+    decoded = fmt.read_trace_bytes(path)
+    doc, error = read_document(decoded.data, os.fspath(path))
+    if doc is None:
+        return [fmt.Violation(0, "kineto", error + (f" ({decoded.cut_off})" if decoded.cut_off else ""))]
+    violations = [fmt.Violation(number, "kineto", reason) for number, reason in split_events(doc)["broken"]]
+    for number, event in enumerate(doc.events, 1):
+        if not isinstance(event, dict) or event.get("ph") != fmt.PH_COMPLETE:
+            continue
+        dur = _number(event.get("dur"))
+        if dur is None or dur < 0:
+            violations.append(fmt.Violation(number, "kineto", f"complete event with dur {event.get('dur')!r}"))
+        args = event.get("args")
+        if event.get("cat") in GPU_CATS and isinstance(args, dict):
+            for key in ("device", "stream", "correlation"):
+                if _int(args.get(key)) is None:
+                    violations.append(fmt.Violation(number, "kineto", f"GPU activity without an integer {key}"))
+    return sorted(violations)
+
+
 def activity_schema() -> dict[str, Any]:
     import polars as pl
 

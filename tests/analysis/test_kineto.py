@@ -1,0 +1,289 @@
+"""PyTorch profiler (Kineto) traces: reading them in every command, and the GPU answers.
+
+The GPU figures are checked two ways: against a per-microsecond occupancy count the
+test makes itself from the generated documents, and against HolisticTraceAnalysis
+0.5.0 (the reference for the definitions) when it is installed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kinetogen
+import orjson
+import pytest
+
+from dftrace.analysis import load_traces, run_sql, summarize
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def host_events(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events a reader keeps as rows: complete events of numbered processes, no flows."""
+    return [e for e in doc["traceEvents"] if e["ph"] == "X" and isinstance(e["pid"], int)]
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gzip_files", [True, False])
+def test_summary_reads_profiler_traces(tmp_path: Path, gzip_files: bool) -> None:
+    paths = kinetogen.write_job(tmp_path, ranks=2, seed=3, gzip_files=gzip_files)
+    docs = [kinetogen.rank_document(rank, seed=3, world=2) for rank in range(2)]
+    summary = summarize(tmp_path)
+    overview = summary.overview
+    assert overview["processes"] == 2
+    assert overview["events"] == sum(len(host_events(d)) for d in docs)
+    assert sum(f["broken_count"] for f in summary.files) == 0
+    assert sorted(p["rank"] for p in summary.processes) == [0, 1]
+    kernels = sum(1 for d in docs for e in d["traceEvents"] if e.get("cat") == "kernel")
+    assert sum(c["count"] for c in summary.categories if c["cat"] == "kernel") == kernels
+    # ProfilerStep#N spans are the steps
+    assert sorted({s["step"] for s in summary.steps}) == [10, 11, 12, 13]
+    assert len(paths) == 2
+
+
+def test_detected_by_content_not_by_name(tmp_path: Path) -> None:
+    doc = kinetogen.rank_document(0, seed=4)
+    odd = kinetogen.write_document(doc, tmp_path / "profile.bin")
+    trace = load_traces(odd)
+    assert trace.events.height == len(host_events(doc))
+    assert trace.processes.get_column("rank").to_list() == [0]
+    assert trace.processes.get_column("host").to_list() == ["gpu-node0"]
+
+
+def test_events_table_columns(tmp_path: Path) -> None:
+    doc = kinetogen.rank_document(1, seed=5, world=2)
+    trace = load_traces(kinetogen.write_document(doc, tmp_path / "r1.pt.trace.json.gz"))
+    events = trace.events
+    first = min(e["ts"] for e in host_events(doc))
+    # times are µs since the epoch: the base plus the relative ts
+    assert events.get_column("ts").min() == round(kinetogen.BASE_NS / 1000 + first)
+    # GPU activity sits on its stream's lane of the host process, with device/stream/correlation in args
+    kernels = events.filter(events["cat"] == "kernel")
+    assert set(kernels.get_column("pid").to_list()) == {4001}
+    assert set(kernels.get_column("tid").to_list()) <= {kinetogen.COMPUTE_STREAM, kinetogen.COMM_STREAM}
+    args = json.loads(kernels.get_column("args")[0])
+    assert args["device"] == 1 and "correlation" in args
+    names = dict(zip(trace.threads["tid"].to_list(), trace.threads["name"].to_list()))
+    assert names[kinetogen.COMM_STREAM] == f"GPU 1 stream {kinetogen.COMM_STREAM}"
+    steps = events.filter(events["name"].str.starts_with("ProfilerStep#"))
+    assert steps.get_column("step").to_list() == [10, 11, 12, 13]
+
+
+def test_line_traces_named_json_are_still_read_as_lines(tmp_path: Path) -> None:
+    path = tmp_path / "lines.json"
+    events = [{"ph": "X", "cat": "compute", "name": "forward", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5}
+              for i in range(3)]
+    path.write_bytes(b"[\n" + b"\n".join(orjson.dumps(e) for e in events) + b"\n]\n")
+    assert load_traces(path).events.height == 3
+
+
+def test_not_a_document_is_one_broken_line(tmp_path: Path) -> None:
+    path = tmp_path / "cut.pt.trace.json"
+    text = orjson.dumps(kinetogen.rank_document(0), option=orjson.OPT_INDENT_2)
+    path.write_bytes(text[: len(text) // 2])
+    trace = load_traces(path)
+    assert trace.events.height == 0
+    assert trace.files[0].broken_count == 1
+    assert "not a JSON document" in trace.files[0].broken[0][1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dftrace.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_commands_take_profiler_traces(tmp_path: Path) -> None:
+    kinetogen.write_job(tmp_path / "job", ranks=2, seed=6)
+    out = run_cli("summary", str(tmp_path / "job"))
+    assert out.returncode == 0, out.stderr
+    assert "GPU (PyTorch profiler traces" in out.stdout and "0 events" not in out.stdout
+    converted = tmp_path / "out.pfw"
+    out = run_cli("convert", str(tmp_path / "job"), "-o", str(converted))
+    assert out.returncode == 0, out.stderr
+    assert load_traces(converted).events.height == load_traces(tmp_path / "job").events.height
+    out = run_cli("validate", *map(str, sorted((tmp_path / "job").iterdir())))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- GPU answers: ground truth computed here -------------------------------------------
+
+
+def occupancy_truth(doc: dict[str, Any]) -> dict[str, Any]:
+    """The temporal breakdown of one generated rank, counted microsecond by microsecond.
+
+    Kernels launched before the last ProfilerStep count; each covers the whole
+    microseconds from its start rounded up to its end rounded down.
+    """
+    base_us = 0  # all times here are relative to the same base
+    events = doc["traceEvents"]
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    last_step = max(e["ts"] for e in steps)
+    launched = {e["args"]["correlation"] for e in events
+                if e.get("cat") == "cuda_runtime" and e["ts"] < last_step}
+    covered: dict[int, set[str]] = {}
+    for e in events:
+        if e.get("cat") not in GPU_CATS or e["args"]["correlation"] not in launched:
+            continue
+        kind = ("communication" if e["name"].startswith("nccl") else
+                "memory" if e["cat"] != "kernel" else "computation")
+        for us in range(math.ceil(e["ts"] - base_us), math.floor(e["ts"] + e["dur"] - base_us)):
+            covered.setdefault(us, set()).add(kind)
+    first, last = min(covered), max(covered) + 1
+    span = last - first
+    busy = len(covered)
+    compute = sum(1 for kinds in covered.values() if "computation" in kinds)
+    comm = sum(1 for kinds in covered.values() if "communication" in kinds)
+    both = sum(1 for kinds in covered.values() if {"computation", "communication"} <= kinds)
+    return {"kernel_us": span, "idle_us": span - busy, "compute_us": compute,
+            "non_compute_us": busy - compute, "overlap_pct": 100 * both / comm if comm else None}
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_gpu_figures_match_occupancy_count(tmp_path: Path, seed: int) -> None:
+    kinetogen.write_job(tmp_path, ranks=3, seed=seed)
+    gpu = summarize(tmp_path).gpu
+    assert [(g["rank"], g["device"]) for g in gpu] == [(0, 0), (1, 1), (2, 2)]
+    for g in gpu:
+        truth = occupancy_truth(kinetogen.rank_document(g["rank"], seed=seed, world=3))
+        assert g["kernel_us"] == truth["kernel_us"]
+        assert g["idle_us"] == truth["idle_us"]
+        assert g["compute_us"] == truth["compute_us"]
+        assert g["non_compute_us"] == truth["non_compute_us"]
+        assert g["idle_pct"] == pytest.approx(100 * truth["idle_us"] / truth["kernel_us"], abs=0.01)
+        assert g["comm_compute_overlap_pct"] == pytest.approx(truth["overlap_pct"], abs=0.01)
+        assert g["idle_pct"] + g["compute_pct"] + g["non_compute_pct"] == pytest.approx(100, abs=0.02)
+
+
+def test_kernels_of_the_last_profiler_step_are_left_out(tmp_path: Path) -> None:
+    doc = kinetogen.rank_document(0, seed=1)
+    kinetogen.write_document(doc, tmp_path / "r0.pt.trace.json")
+    gpu = summarize(tmp_path).gpu[0]
+    last_step = max(e["ts"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    launched = {e["args"]["correlation"] for e in doc["traceEvents"]
+                if e.get("cat") == "cuda_runtime" and e["ts"] < last_step}
+    in_steps = [e for e in doc["traceEvents"] if e.get("cat") in GPU_CATS and e["args"]["correlation"] in launched]
+    every = [e for e in doc["traceEvents"] if e.get("cat") in GPU_CATS]
+    assert len(in_steps) < len(every)
+    assert gpu["kernels"] == len(in_steps)
+
+
+def test_no_communication_means_no_overlap(tmp_path: Path) -> None:
+    kinetogen.write_job(tmp_path, ranks=1, seed=2, with_comm=False)
+    gpu = summarize(tmp_path).gpu[0]
+    assert gpu["comm_compute_overlap_pct"] is None
+    assert "communication" not in {k["type"] for k in gpu["top_kernels"]}
+
+
+def test_kernel_types() -> None:
+    from dftrace.analysis._gpu import kernel_type
+
+    assert kernel_type("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)") == "communication"
+    assert kernel_type("Memcpy DtoH (Device -> Pageable)") == "memory"
+    assert kernel_type("Memset (Device)") == "memory"
+    assert kernel_type("Stream Sync") == "other"
+    assert kernel_type("void at::native::vectorized_elementwise_kernel<4>(int)") == "computation"
+
+
+# --- against HolisticTraceAnalysis -----------------------------------------------------
+
+
+def hta_figures(directory: Path) -> dict[int, dict[str, Any]]:
+    """HTA 0.5.0's temporal breakdown, overlap and idle-time split per rank."""
+    pytest.importorskip("hta", reason="HolisticTraceAnalysis 0.5.0 is not installed (pip install "
+                                       "holistictraceanalysis==0.5.0): no comparison with the reference")
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    from hta.trace_analysis import TraceAnalysis
+
+    analysis = TraceAnalysis(trace_dir=str(directory))
+    temporal = analysis.get_temporal_breakdown(visualize=False).set_index("rank")
+    overlap = analysis.get_comm_comp_overlap(visualize=False).set_index("rank")
+    figures = {}
+    for rank in temporal.index:
+        idle, _ = analysis.get_idle_time_breakdown(ranks=[int(rank)], visualize=False)
+        by_cause = idle.groupby("idle_category")["idle_time"].sum()
+        row = temporal.loc[rank]
+        value = overlap.loc[rank]["comp_comm_overlap_pctg"]
+        figures[int(rank)] = {
+            "idle_pct": row["idle_time_pctg"], "compute_pct": row["compute_time_pctg"],
+            "non_compute_pct": row["non_compute_time_pctg"], "kernel_us": row["kernel_time(us)"],
+            "overlap_pct": None if value != value else value,
+            "idle_share": {cause: 100 * by_cause.get(cause, 0) / by_cause.sum() for cause in
+                           ("host_wait", "kernel_wait", "other")},
+        }
+    return figures
+
+
+@pytest.mark.filterwarnings("ignore")  # HTA's pandas deprecations and its 0/0 without communication
+@pytest.mark.parametrize("options", [
+    {"ranks": 4, "seed": 11},
+    {"ranks": 2, "seed": 12, "with_comm": False},
+    {"ranks": 3, "seed": 13, "gzip_files": False, "steps": 6},
+])
+def test_gpu_figures_match_hta(tmp_path: Path, options: dict[str, Any]) -> None:
+    kinetogen.write_job(tmp_path, **options)
+    reference = hta_figures(tmp_path)
+    gpu = summarize(tmp_path).gpu
+    assert sorted(g["rank"] for g in gpu) == sorted(reference)
+    for g in gpu:
+        ref = reference[g["rank"]]
+        assert g["idle_pct"] == pytest.approx(ref["idle_pct"], abs=1)
+        assert g["compute_pct"] == pytest.approx(ref["compute_pct"], abs=1)
+        assert g["non_compute_pct"] == pytest.approx(ref["non_compute_pct"], abs=1)
+        if ref["overlap_pct"] is None:
+            assert g["comm_compute_overlap_pct"] is None
+        else:
+            assert g["comm_compute_overlap_pct"] == pytest.approx(ref["overlap_pct"], abs=2)
+        for cause, share in ref["idle_share"].items():
+            assert g["idle_by_cause"][f"{cause}_pct"] == pytest.approx(share, abs=1)
+
+
+# --- a real profiler trace, CPU only ---------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events")
+def test_real_torch_profiler_cpu_trace(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    path = tmp_path / "worker.pt.trace.json"
+
+    def save(prof: Any) -> None:
+        prof.export_chrome_trace(str(path))
+
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3),
+                 on_trace_ready=save) as prof:
+        for _ in range(4):
+            x = torch.randn(64, 64)
+            with record_function("my_block"):
+                (x @ x).sum()
+            prof.step()
+    doc = json.loads(path.read_text())
+    summary = summarize(path)
+    rows = host_events(doc)
+    assert summary.overview["events"] == len(rows)
+    assert sum(f["broken_count"] for f in summary.files) == 0
+    ops = sum(1 for e in rows if e["cat"] == "cpu_op")
+    assert sum(c["count"] for c in summary.categories if c["cat"] == "cpu_op") == ops
+    steps = sorted(int(e["name"].split("#")[1]) for e in rows if e["name"].startswith("ProfilerStep#"))
+    assert steps and sorted({s["step"] for s in summary.steps}) == steps
+    assert summary.gpu == []
+    # the events sit where the clock put them: base + ts, within the time the test ran
+    first = min(e["ts"] for e in rows)
+    trace = load_traces(path)
+    assert trace.events.get_column("ts").min() == round(doc.get("baseTimeNanoseconds", 0) / 1000 + first)
+
+
+def test_gzip_document_is_one_partition(tmp_path: Path) -> None:
+    from dftrace.analysis._sources import plan_partitions
+
+    path = kinetogen.write_document(kinetogen.rank_document(0, steps=30), tmp_path / "big.json.gz")
+    assert len(plan_partitions([str(path)], partition_bytes=1024)) == 1
+    assert gzip.decompress(path.read_bytes()).lstrip().startswith(b"{")
