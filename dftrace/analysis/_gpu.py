@@ -242,3 +242,64 @@ def top_kernels(kernels: pl.DataFrame, limit: int = TOP_KERNELS) -> list[dict[st
         .head(limit)
     )
     return top.to_dicts()
+
+
+#: Columns of ``dftrace sql``'s ``kernels`` table: every device-side activity, times
+#: in µs since the epoch at nanosecond resolution.
+KERNELS_SCHEMA = {
+    "rank": pl.Int32, "host": pl.String, "pid": pl.Int64, "device": pl.Int32, "stream": pl.Int64,
+    "cat": pl.String, "name": pl.String, "type": pl.String, "ts": pl.Float64, "end": pl.Float64,
+    "dur": pl.Float64, "correlation": pl.Int64, "launch_name": pl.String, "launch_tid": pl.Int64,
+    "launch_ts": pl.Float64, "queued": pl.Float64, "counted": pl.Boolean,
+}
+
+#: Columns of ``dftrace sql``'s ``gpu`` view: the summary's figures per rank and device.
+GPU_VIEW_SCHEMA = {
+    "rank": pl.Int32, "host": pl.String, "pid": pl.Int64, "device": pl.Int32, "kernels": pl.Int64,
+    "kernel_us": pl.Int64, "busy_us": pl.Int64, "idle_us": pl.Int64, "compute_us": pl.Int64,
+    "non_compute_us": pl.Int64, "idle_pct": pl.Float64, "compute_pct": pl.Float64,
+    "non_compute_pct": pl.Float64, "comm_compute_overlap_pct": pl.Float64, "host_wait_us": pl.Int64,
+    "kernel_wait_us": pl.Int64, "other_wait_us": pl.Int64,
+}
+
+
+def kernels_table(activity: pl.DataFrame, resolution: Resolution) -> pl.DataFrame:
+    """Every device-side activity with its launch call (by correlation) and whether
+    the GPU answers count it (``counted``, see the module docstring)."""
+    procs = pl.DataFrame(
+        {"proc": range(len(resolution.processes)),
+         "rank": [p.rank for p in resolution.processes], "host": [p.host for p in resolution.processes]},
+        schema={"proc": pl.Int32, "rank": pl.Int32, "host": pl.String},
+    )
+    us = 1000.0
+    device = activity.filter(pl.col("stream").is_not_null())
+    launches = (
+        activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
+        .group_by("proc", "correlation")
+        .agg(pl.col("name").first().alias("launch_name"), pl.col("tid").first().alias("launch_tid"),
+             (pl.col("start_ns").first() / us).alias("launch_ts"))
+    )
+    counted = kernels_of(activity).select("proc", "correlation", "stream", "start_ns", pl.lit(True).alias("counted"))
+    return (
+        device.join(launches, on=["proc", "correlation"], how="left")
+        .join(counted, on=["proc", "correlation", "stream", "start_ns"], how="left")
+        .join(procs, on="proc", how="left")
+        .with_columns(
+            (pl.col("start_ns") / us).alias("ts"), (pl.col("end_ns") / us).alias("end"),
+            ((pl.col("end_ns") - pl.col("start_ns")) / us).alias("dur"),
+            pl.col("name").fill_null("").map_elements(kernel_type, return_dtype=pl.String).alias("type"),
+            pl.col("counted").fill_null(False),
+        )
+        .with_columns((pl.col("ts") - pl.col("launch_ts")).alias("queued"))
+        .sort("rank", "device", "ts")
+        .select(list(KERNELS_SCHEMA))
+        .cast(KERNELS_SCHEMA)
+    )
+
+
+def gpu_view(answers: list[dict[str, Any]]) -> pl.DataFrame:
+    """The GPU answers as one row per rank and device (scalars only)."""
+    rows = [{**{k: a[k] for k in GPU_VIEW_SCHEMA if k in a},
+             "host_wait_us": a["idle_by_cause"]["host_wait_us"], "kernel_wait_us": a["idle_by_cause"]["kernel_wait_us"],
+             "other_wait_us": a["idle_by_cause"]["other_us"]} for a in answers]
+    return pl.DataFrame(rows, schema=GPU_VIEW_SCHEMA)

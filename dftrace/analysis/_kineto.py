@@ -348,3 +348,15 @@ def fill_partition(result: Any, data: bytes, wanted: dict[str, Any], schema: dic
 # Event columns dftrace decodes from its own args (``args.step``, ``args.level``,
 # ...): a Kineto event has none of them, except ``step`` which comes from the name.
 _COLUMNS_NOT_ARGS = ("parent_id", "level", "epoch", "step", "count", "incomplete", "group", "seq")
+
+
+def first_events(path: str | os.PathLike[str], limit: int) -> list[dict[str, Any]]:
+    """A sample of the events of a Kineto document that become rows (to see their
+    args): the first ``limit``, and the first of each category."""
+    doc, _ = read_document(fmt.read_trace_bytes(path).data, os.fspath(path))
+    if doc is None:
+        return []
+    rows = [e for e in doc.events if isinstance(e, dict) and _int(e.get("pid")) is not None
+            and e.get("ph") not in _FLOW_PHASES]
+    firsts = {e.get("cat"): e for e in reversed(rows)}
+    return rows[:limit] + list(firsts.values())

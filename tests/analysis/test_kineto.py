@@ -287,3 +287,33 @@ def test_gzip_document_is_one_partition(tmp_path: Path) -> None:
     path = kinetogen.write_document(kinetogen.rank_document(0, steps=30), tmp_path / "big.json.gz")
     assert len(plan_partitions([str(path)], partition_bytes=1024)) == 1
     assert gzip.decompress(path.read_bytes()).lstrip().startswith(b"{")
+
+
+def test_sql_kernels_table_and_gpu_view(tmp_path: Path) -> None:
+    kinetogen.write_job(tmp_path, ranks=2, seed=8)
+    docs = [kinetogen.rank_document(rank, seed=8, world=2) for rank in range(2)]
+    kernels = run_sql("SELECT rank, stream, count(*) AS n, sum(dur) AS us FROM kernels GROUP BY rank, stream "
+                      "ORDER BY rank, stream", tmp_path)
+    expected = {}
+    for rank, doc in enumerate(docs):
+        for e in doc["traceEvents"]:
+            if e.get("cat") in GPU_CATS:
+                n, us = expected.get((rank, e["args"]["stream"]), (0, 0.0))
+                expected[(rank, e["args"]["stream"])] = (n + 1, us + e["dur"])
+    got = {(r["rank"], r["stream"]): (r["n"], r["us"]) for r in kernels.to_dicts()}
+    assert got.keys() == expected.keys()
+    for key, (n, us) in expected.items():
+        assert got[key][0] == n and got[key][1] == pytest.approx(us, abs=0.01)
+    # each kernel's launch is the runtime call with its correlation id
+    launches = run_sql("SELECT launch_name, count(*) AS n FROM kernels GROUP BY launch_name ORDER BY launch_name",
+                       tmp_path)
+    assert set(launches.get_column("launch_name").to_list()) == {"cudaLaunchKernel", "cudaMemcpyAsync",
+                                                                 "cudaMemsetAsync"}
+    gpu = run_sql("SELECT rank, device, idle_pct, compute_pct FROM gpu ORDER BY rank", tmp_path)
+    summary = summarize(tmp_path).gpu
+    assert gpu.to_dicts() == [{k: g[k] for k in ("rank", "device", "idle_pct", "compute_pct")} for g in summary]
+    counted = run_sql("SELECT rank, count(*) AS n FROM kernels WHERE counted GROUP BY rank ORDER BY rank", tmp_path)
+    assert counted.get_column("n").to_list() == [g["kernels"] for g in summary]
+    # device, stream and correlation are columns of events too
+    events = run_sql("SELECT count(*) AS n FROM events WHERE stream IS NOT NULL AND correlation IS NOT NULL", tmp_path)
+    assert events.item() == sum(expected[k][0] for k in expected)
