@@ -65,6 +65,9 @@ def render_html(summary: Summary, *, title: str = "dftrace report") -> str:
          _distributions),
         ("Data-loader stall", "Share of loop time spent waiting for the next item (.iter) "
          "rather than using it (.block), per rank.", _stall),
+        ("GPU time per rank and device", "PyTorch profiler traces, HolisticTraceAnalysis' definitions: from "
+         "the first kernel's start to the last one's end, time some computation kernel ran, time only other "
+         "kernels ran (communication, memory), and idle time (split by cause on hover).", _gpu_time),
     ]
     parts = []
     for heading, note, build in sections:
@@ -308,3 +311,24 @@ def _stall(summary: Summary) -> Any:
         fig.add_trace(go.Bar(name=f"{d['cat']}/{d['loader']}", x=[r["rank"] for r in ranks],
                              y=[(r["stall"] or 0) * 100 for r in ranks]))
     return _layout(fig, yaxis_title="stall (% of loop time)", barmode="group")
+
+
+def _gpu_time(summary: Summary) -> Any:
+    rows = summary.gpu
+    if not rows:
+        return None
+    go = _go()
+    labels = [f"rank {g['rank']} · GPU {g['device']}" for g in rows]
+    fig = go.Figure()
+    for key, name, color in (("compute_us", "compute", "#4c78a8"), ("non_compute_us", "non-compute", "#f58518"),
+                             ("idle_us", "idle", "#bab0ac")):
+        fig.add_trace(go.Bar(
+            name=name, y=labels, x=[g[key] / 1000 for g in rows], orientation="h", marker_color=color,
+            customdata=[[g[key.replace("_us", "_pct")], g["comm_compute_overlap_pct"],
+                         g["idle_by_cause"]["host_wait_pct"], g["idle_by_cause"]["kernel_wait_pct"]] for g in rows],
+            hovertemplate=f"%{{y}} {name}: %{{x:.3f}} ms (%{{customdata[0]}}%), comm/compute overlap "
+                          "%{customdata[1]}%, idle waiting on the host %{customdata[2]}%, between kernels "
+                          "%{customdata[3]}%<extra></extra>",
+        ))
+    return _layout(fig, height=max(260, 28 * len(labels) + 120), barmode="stack",
+                   xaxis_title="kernel time (ms)", yaxis={"autorange": "reversed"})

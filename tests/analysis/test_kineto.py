@@ -317,3 +317,19 @@ def test_sql_kernels_table_and_gpu_view(tmp_path: Path) -> None:
     # device, stream and correlation are columns of events too
     events = run_sql("SELECT count(*) AS n FROM events WHERE stream IS NOT NULL AND correlation IS NOT NULL", tmp_path)
     assert events.item() == sum(expected[k][0] for k in expected)
+
+
+def test_report_and_diff_show_the_gpu(tmp_path: Path) -> None:
+    from dftrace.analysis import compare_runs, render_html
+
+    kinetogen.write_job(tmp_path / "a", ranks=2, seed=9)
+    kinetogen.write_job(tmp_path / "b", ranks=2, seed=10, with_comm=False)
+    base, new = summarize(tmp_path / "a"), summarize(tmp_path / "b")
+    page = render_html(base)
+    assert "GPU time per rank and device" in page
+    assert "rank 0 · GPU 0" in page
+    rows = {r.metric: r for r in compare_runs(tmp_path / "a", tmp_path / "b").rows}
+    mean_idle = sum(g["idle_pct"] for g in base.gpu) / len(base.gpu) / 100
+    assert rows["gpu.idle"].base == pytest.approx(mean_idle, abs=1e-4)
+    assert rows["gpu.comm_compute_overlap"].new is None  # no communication in NEW
+    assert rows["gpu.compute"].new == pytest.approx(sum(g["compute_pct"] for g in new.gpu) / 200, abs=1e-4)
