@@ -303,3 +303,93 @@ def gpu_view(answers: list[dict[str, Any]]) -> pl.DataFrame:
              "host_wait_us": a["idle_by_cause"]["host_wait_us"], "kernel_wait_us": a["idle_by_cause"]["kernel_wait_us"],
              "other_wait_us": a["idle_by_cause"]["other_us"]} for a in answers]
     return pl.DataFrame(rows, schema=GPU_VIEW_SCHEMA)
+
+
+# --- joined to dftrace's steps ---------------------------------------------------------
+
+#: Runtime calls that block the host until the GPU has caught up.
+SYNC_CALLS = frozenset(
+    f"{api}{call}" for api in ("cuda", "hip") for call in (
+        "DeviceSynchronize", "StreamSynchronize", "EventSynchronize", "Memcpy", "Memcpy2D", "Memcpy3D",
+        "MemcpyFromSymbol", "MemcpyToSymbol", "MemcpyPeer", "MemcpyDtoH",
+    )
+) | {"cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2"}
+#: Device-side copies that make an asynchronous launch block the host (pageable host memory).
+_BLOCKING_COPY = re.compile(r"Memcpy DtoH \(Device -> Pageable\)")
+
+
+def without_profiler_steps(steps: pl.DataFrame) -> pl.DataFrame:
+    """Step rows of the step model, leaving out ``ProfilerStep#N`` spans of processes
+    that have dftrace's own steps (a PyTorch profiler trace joined to a dftrace trace
+    of the same process): the profiler's step counter is not the training loop's."""
+    profiler = pl.col("name").str.starts_with("ProfilerStep#")
+    own = steps.filter(~profiler).get_column("proc").unique()
+    return steps.filter(~(profiler & pl.col("proc").is_in(own.implode())))
+
+
+def host_waits(activity: pl.DataFrame) -> pl.DataFrame:
+    """proc, start_ns, end_ns: the host calls that waited for the GPU: synchronising
+    runtime calls, and asynchronous copies to pageable host memory."""
+    host = activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
+    blocking = activity.filter(pl.col("stream").is_not_null() & pl.col("name").str.contains(_BLOCKING_COPY.pattern))
+    return host.filter(
+        pl.col("name").is_in(list(SYNC_CALLS))
+        | pl.col("correlation").is_in(blocking.get_column("correlation").implode())
+    ).select("proc", "start_ns", "end_ns")
+
+
+def _overlap_ns(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """For each window [lo, hi): the time disjoint sorted intervals [starts, ends) cover in it."""
+    covered = np.concatenate([[0], np.cumsum(ends - starts)])
+
+    def covered_until(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, t, side="right")  # intervals starting at or before t
+        last = np.clip(i - 1, 0, None)
+        partial = np.where(i > 0, np.clip(t - starts[last], 0, ends[last] - starts[last]), 0)
+        return covered[last] * (i > 0) + partial
+
+    return covered_until(hi) - covered_until(lo)
+
+
+def gpu_steps(activity: pl.DataFrame, process_steps: pl.DataFrame, resolution: Resolution) -> list[dict[str, Any]]:
+    """Per step of each process with both dftrace steps and GPU activity: the GPU's
+    busy share of the step, the GPU time of the kernels launched in it, and the host
+    time spent waiting for the GPU in it (see docs/analysis.md, "GPU traces").
+
+    Steps are integer µs since the epoch (dftrace's clock), activity ns since the epoch
+    (the profiler's): both are wall-clock times, compared as they are."""
+    if activity is None or not activity.height or not process_steps.height:
+        return []
+    device = activity.filter(pl.col("stream").is_not_null())
+    launches = activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
+    launched = device.join(launches.select("proc", "correlation", pl.col("start_ns").alias("launch_ns")),
+                           on=["proc", "correlation"], how="inner")
+    waits = host_waits(activity)
+    rows = []
+    for (proc,), steps in process_steps.filter(pl.col("proc").is_in(device.get_column("proc").unique().implode())
+                                               ).partition_by("proc", as_dict=True).items():
+        steps = steps.sort("start")
+        lo = steps.get_column("start").to_numpy() * 1000
+        hi = steps.get_column("end").to_numpy() * 1000
+        mine = device.filter(pl.col("proc") == proc)
+        busy = _overlap_ns(*merge_intervals(mine.get_column("start_ns").to_numpy(), mine.get_column("end_ns").to_numpy()),
+                           lo, hi)
+        own = waits.filter(pl.col("proc") == proc)
+        waited = _overlap_ns(*merge_intervals(own.get_column("start_ns").to_numpy(), own.get_column("end_ns").to_numpy()),
+                             lo, hi)
+        kernels = launched.filter(pl.col("proc") == proc).sort("launch_ns")
+        at = kernels.get_column("launch_ns").to_numpy()
+        durations = np.concatenate([[0], np.cumsum((kernels.get_column("end_ns") - kernels.get_column("start_ns")).to_numpy())])
+        first, last = np.searchsorted(at, lo, side="left"), np.searchsorted(at, hi, side="left")
+        process = resolution.processes[proc]
+        for i, step in enumerate(steps.iter_rows(named=True)):
+            span_ns = hi[i] - lo[i]
+            rows.append({
+                "rank": process.rank, "host": process.host, "pid": process.pid, "epoch": step["epoch"],
+                "step": step["step"], "start_us": step["start"], "dur_us": step["end"] - step["start"],
+                "gpu_busy_pct": round(100 * busy[i] / span_ns, 2) if span_ns else None,
+                "kernels_launched": int(last[i] - first[i]),
+                "kernel_us_launched": round((durations[last[i]] - durations[first[i]]) / 1000, 3),
+                "host_wait_us": round(waited[i] / 1000, 3),
+            })
+    return rows

@@ -23,7 +23,7 @@ from .. import format as fmt
 from ._aggregate import GROUPS, Combined, Partial, aggregate, combine, aggregate_partition
 from ._decode import PartitionData
 from ._executor import default_executor
-from ._gpu import gpu_answers
+from ._gpu import gpu_answers, gpu_steps, without_profiler_steps
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
 from ._steps import model_steps, unit_steps
@@ -80,6 +80,9 @@ class Summary:
     #: Per (rank, device) of PyTorch profiler traces: GPU idle/compute/non-compute
     #: time, communication/computation overlap, idle time by cause, top kernels.
     gpu: list[dict[str, Any]]
+    #: Per step of each process with dftrace steps and a PyTorch profiler trace of its
+    #: GPU: GPU busy share, GPU time of the kernels launched in the step, host wait.
+    gpu_steps: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""
@@ -163,7 +166,7 @@ def steps_of(combined: Combined) -> UnitSteps:
     procs = _processes_frame(combined)
     runs = find_runs(combined, procs)
     procs = _units_per_run(procs, runs)
-    process_steps = model_steps(combined.steps, combined.containers)
+    process_steps = model_steps(without_profiler_steps(combined.steps), combined.containers)
     return UnitSteps(procs, runs, process_steps, unit_steps(process_steps, procs))
 
 
@@ -199,6 +202,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
         imbalance=_imbalance(steps_by_unit, steps),
         distributions=_distributions(combined.durations),
         gpu=gpu_answers(combined.activity, combined.resolution) if combined.activity is not None else [],
+        gpu_steps=gpu_steps(combined.activity, process_steps, combined.resolution),
     )
 
 

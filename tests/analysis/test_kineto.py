@@ -333,3 +333,77 @@ def test_report_and_diff_show_the_gpu(tmp_path: Path) -> None:
     assert rows["gpu.idle"].base == pytest.approx(mean_idle, abs=1e-4)
     assert rows["gpu.comm_compute_overlap"].new is None  # no communication in NEW
     assert rows["gpu.compute"].new == pytest.approx(sum(g["compute_pct"] for g in new.gpu) / 200, abs=1e-4)
+
+
+# --- joined to dftrace's steps ---------------------------------------------------------
+
+
+def gpu_of_process(pid: int, host: str, start_us: int, end_us: int, seed: int) -> dict[str, Any]:
+    """A profiler trace of process ``pid`` on ``host`` (times: epoch µs, no base, whole µs):
+    kernels on two streams launched a little before they run, device syncs, asynchronous
+    copies into pageable memory, and ProfilerStep spans numbered unlike dftrace's steps."""
+    rng = __import__("random").Random(seed)
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "ts": start_us, "args": {"labels": "CPU"}}]
+    t, correlation = start_us, 1
+    while t < end_us:
+        correlation += 1
+        roll = rng.random()
+        if roll < 0.1:
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "pid": pid, "tid": pid,
+                           "ts": t, "dur": rng.randint(10, 60), "args": {"correlation": correlation}})
+            t += 70
+            continue
+        launch_dur = 3 if roll > 0.2 else 25
+        name = "cudaLaunchKernel" if roll > 0.2 else "cudaMemcpyAsync"
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": pid, "tid": pid, "ts": t,
+                       "dur": launch_dur, "args": {"correlation": correlation}})
+        kernel = {"ph": "X", "cat": "kernel" if roll > 0.2 else "gpu_memcpy",
+                  "name": "gemm_kernel" if roll > 0.2 else "Memcpy DtoH (Device -> Pageable)", "pid": 0,
+                  "tid": 7 if roll > 0.6 else 13, "ts": t + rng.randint(4, 30), "dur": rng.randint(5, 80),
+                  "args": {"device": 0, "stream": 7 if roll > 0.6 else 13, "correlation": correlation}}
+        events.append(kernel)
+        t += rng.randint(5, 60)
+    for number, at in enumerate(range(start_us, end_us, (end_us - start_us) // 3)):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{number + 100}", "pid": pid,
+                       "tid": pid, "ts": at, "dur": (end_us - start_us) // 3, "args": {}})
+    return {"schemaVersion": 1, "host_name": host, "distributedInfo": {"rank": 0}, "traceEvents": events}
+
+
+def covered(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """Microseconds of [lo, hi) inside any of the intervals, counted one by one."""
+    return len({u for a, b in intervals for u in range(max(a, lo), min(b, hi))})
+
+
+def test_gpu_joined_to_dftrace_steps(tmp_path: Path) -> None:
+    import tracegen
+
+    tracegen.write_run(tmp_path, ranks=1)
+    alone = summarize(tmp_path)
+    start, end = alone.overview["start_us"], alone.overview["end_us"]
+    doc = gpu_of_process(1000, "node0", start, end, seed=3)
+    kinetogen.write_document(doc, tmp_path / "node0_1000.1.pt.trace.json")
+    joined = summarize(tmp_path)
+    assert joined.overview["processes"] == 1  # the profiler trace joins dftrace's process
+    # dftrace's steps stand: the profiler's ProfilerStep#100.. do not become steps
+    assert [(s["epoch"], s["step"], s["dur_us"]) for s in joined.rank_steps] == \
+        [(s["epoch"], s["step"], s["dur_us"]) for s in alone.rank_steps]
+    rows = joined.gpu_steps
+    assert len(rows) == len(alone.rank_steps)
+    events = doc["traceEvents"]
+    kernels = [e for e in events if e.get("cat") in GPU_CATS]
+    launch_at = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") == "cuda_runtime"}
+    blocking = {e["args"]["correlation"] for e in kernels if "Pageable" in e["name"]}
+    waits = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "cuda_runtime"
+             and (e["name"] == "cudaDeviceSynchronize" or e["args"]["correlation"] in blocking)]
+    busy = [(e["ts"], e["ts"] + e["dur"]) for e in kernels]
+    checked = 0
+    for row in rows:
+        lo, hi = row["start_us"], row["start_us"] + row["dur_us"]
+        inside = [e for e in kernels if lo <= launch_at[e["args"]["correlation"]] < hi]
+        assert row["kernels_launched"] == len(inside)
+        assert row["kernel_us_launched"] == sum(e["dur"] for e in inside)
+        assert row["gpu_busy_pct"] == pytest.approx(100 * covered(busy, lo, hi) / (hi - lo), abs=0.01)
+        assert row["host_wait_us"] == covered(waits, lo, hi)
+        checked += bool(inside)
+    assert checked >= 2
