@@ -393,3 +393,44 @@ def gpu_steps(activity: pl.DataFrame, process_steps: pl.DataFrame, resolution: R
                 "host_wait_us": round(waited[i] / 1000, 3),
             })
     return rows
+
+
+#: Columns of ``dftrace sql``'s ``span_gpu`` view.
+SPAN_GPU_SCHEMA = {
+    "rank": pl.Int32, "host": pl.String, "pid": pl.Int64, "tid": pl.Int64, "cat": pl.String, "name": pl.String,
+    "ts": pl.Int64, "dur": pl.Int64, "kernels": pl.Int64, "kernel_us": pl.Float64,
+}
+
+
+def span_gpu(spans: pl.DataFrame, activity: pl.DataFrame, resolution: Resolution) -> pl.DataFrame:
+    """Per span (rank, host, pid, tid, cat, name, ts, dur): the kernels launched inside
+    it (the launch call started in [ts, ts + dur) on the span's thread) and their GPU
+    time (µs). Only spans of processes with GPU activity."""
+    keys = pl.DataFrame(
+        {"proc": range(len(resolution.processes)), "host": [p.host for p in resolution.processes],
+         "pid": [p.pid for p in resolution.processes]},
+        schema={"proc": pl.Int32, "host": pl.String, "pid": pl.Int64},
+    )
+    device = activity.filter(pl.col("stream").is_not_null())
+    launches = (
+        activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
+        .select("proc", "correlation", pl.col("tid").alias("launch_tid"), pl.col("start_ns").alias("launch_ns"))
+        .join(device.select("proc", "correlation", (pl.col("end_ns") - pl.col("start_ns")).alias("gpu_ns")),
+              on=["proc", "correlation"], how="inner")
+        .join(keys, on="proc", how="left")
+    )
+    spans = spans.filter(pl.col("dur").is_not_null() & pl.col("ts").is_not_null())
+    out = []
+    for (host, pid, tid), group in launches.sort("launch_ns").partition_by("host", "pid", "launch_tid",
+                                                                           as_dict=True).items():
+        mine = spans.filter((pl.col("host") == host) & (pl.col("pid") == pid) & (pl.col("tid") == tid))
+        if not mine.height:
+            continue
+        at = group.get_column("launch_ns").to_numpy()
+        total = np.concatenate([[0], np.cumsum(group.get_column("gpu_ns").to_numpy())])
+        lo = np.searchsorted(at, mine.get_column("ts").to_numpy() * 1000, side="left")
+        hi = np.searchsorted(at, (mine.get_column("ts") + mine.get_column("dur")).to_numpy() * 1000, side="left")
+        out.append(mine.with_columns(pl.Series("kernels", hi - lo), pl.Series("kernel_us", (total[hi] - total[lo]) / 1000)))
+    if not out:
+        return pl.DataFrame(schema=SPAN_GPU_SCHEMA)
+    return pl.concat(out, how="vertical").select(list(SPAN_GPU_SCHEMA)).cast(SPAN_GPU_SCHEMA)

@@ -26,7 +26,8 @@ from ._schema import EVENT_COLUMNS, RAW_FIELDS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
 from ._aggregate import aggregate_partition, combine
 from ._summary import steps_of
-from ._gpu import GPU_VIEW_SCHEMA, KERNELS_SCHEMA, activity_by_process, gpu_answers, gpu_view, kernels_table
+from ._gpu import (GPU_VIEW_SCHEMA, KERNELS_SCHEMA, SPAN_GPU_SCHEMA, activity_by_process, gpu_answers, gpu_view,
+                   kernels_table, span_gpu)
 from ._kineto import first_events, is_document_file
 from ._metadata import Resolution
 from ._trace import PathsLike, as_path_list, assemble, partition_keys, resolve_parts
@@ -42,6 +43,8 @@ VIEWS = {
     "gpu": "the summary's GPU answers, one row per rank and device: kernel_us, busy_us, idle_us, compute_us, "
            "non_compute_us, idle_pct, compute_pct, non_compute_pct, comm_compute_overlap_pct, host_wait_us, "
            "kernel_wait_us, other_wait_us",
+    "span_gpu": "spans of processes with a PyTorch profiler trace, with the kernels launched inside them (the launch "
+                "call started in the span, on its thread): rank, host, pid, tid, cat, name, ts, dur, kernels, kernel_us",
 }
 
 #: Decoded from the start of each file to learn which other args exist.
@@ -127,8 +130,11 @@ class TraceTables:
         steps = _scan(lambda columns: self._steps().select(columns), _STEP_SCHEMA, "steps")
         kernels = _scan(lambda columns: kernels_table(*self._activity()).select(columns), KERNELS_SCHEMA, "kernels")
         gpu = _scan(lambda columns: gpu_view(gpu_answers(*self._activity())).select(columns), GPU_VIEW_SCHEMA, "gpu")
+        span_gpu_view = _scan(lambda columns: span_gpu(
+            self.events(["rank", "host", "pid", "tid", "cat", "name", "ph", "ts", "dur"]).filter(
+                pl.col("ph") == fmt.PH_COMPLETE), *self._activity()).select(columns), SPAN_GPU_SCHEMA, "span_gpu")
         return pl.SQLContext(frames={"events": events, "spans": spans, "steps": steps, "collectives": collectives,
-                                     "kernels": kernels, "gpu": gpu})
+                                     "kernels": kernels, "gpu": gpu, "span_gpu": span_gpu_view})
 
     def _activity(self) -> tuple[pl.DataFrame, Resolution]:
         """GPU activity of the PyTorch profiler traces among the files, with its processes."""

@@ -13,6 +13,7 @@ import logging
 import math
 import subprocess
 import sys
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 def host_events(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The events a reader keeps as rows: complete events of numbered processes, no flows."""
     return [e for e in doc["traceEvents"] if e["ph"] == "X" and isinstance(e["pid"], int)]
+
+
+def epoch_us(base_ns: int, ts: float) -> int:
+    """A profiler time as whole µs since the epoch, in exact decimal arithmetic."""
+    return int((Decimal(base_ns) / 1000 + Decimal(repr(ts))).to_integral_value(ROUND_HALF_UP))
 
 
 # --- reading ---------------------------------------------------------------------------
@@ -65,7 +71,7 @@ def test_events_table_columns(tmp_path: Path) -> None:
     events = trace.events
     first = min(e["ts"] for e in host_events(doc))
     # times are µs since the epoch: the base plus the relative ts
-    assert events.get_column("ts").min() == round(kinetogen.BASE_NS / 1000 + first)
+    assert events.get_column("ts").min() == epoch_us(kinetogen.BASE_NS, first)
     # GPU activity sits on its stream's lane of the host process, with device/stream/correlation in args
     kernels = events.filter(events["cat"] == "kernel")
     assert set(kernels.get_column("pid").to_list()) == {4001}
@@ -278,7 +284,7 @@ def test_real_torch_profiler_cpu_trace(tmp_path: Path) -> None:
     # the events sit where the clock put them: base + ts, within the time the test ran
     first = min(e["ts"] for e in rows)
     trace = load_traces(path)
-    assert trace.events.get_column("ts").min() == round(doc.get("baseTimeNanoseconds", 0) / 1000 + first)
+    assert trace.events.get_column("ts").min() == epoch_us(doc.get("baseTimeNanoseconds", 0), first)
 
 
 def test_gzip_document_is_one_partition(tmp_path: Path) -> None:
@@ -407,3 +413,30 @@ def test_gpu_joined_to_dftrace_steps(tmp_path: Path) -> None:
         assert row["host_wait_us"] == covered(waits, lo, hi)
         checked += bool(inside)
     assert checked >= 2
+
+
+def test_sql_span_gpu_attributes_kernels_to_the_spans_that_launched_them(tmp_path: Path) -> None:
+    import tracegen
+
+    tracegen.write_run(tmp_path, ranks=1)
+    alone = summarize(tmp_path)
+    doc = gpu_of_process(1000, "node0", alone.overview["start_us"], alone.overview["end_us"], seed=4)
+    kinetogen.write_document(doc, tmp_path / "node0_1000.1.pt.trace.json")
+    events = doc["traceEvents"]
+    launch_at = {e["args"]["correlation"]: (e["ts"], e["tid"]) for e in events if e.get("cat") == "cuda_runtime"}
+    kernels = [(launch_at[e["args"]["correlation"]], e["dur"]) for e in events if e.get("cat") in GPU_CATS]
+    dftrace_events = load_traces(sorted(tmp_path.glob("*.pfw*"))).events
+    spans = dftrace_events.filter(dftrace_events["ph"] == "X")
+    expected: dict[str, tuple[int, int]] = {}
+    for span in spans.iter_rows(named=True):
+        inside = [dur for (at, tid), dur in kernels
+                  if tid == span["tid"] and span["ts"] <= at < span["ts"] + span["dur"]]
+        n, us = expected.get(span["name"], (0, 0))
+        expected[span["name"]] = (n + len(inside), us + sum(inside))
+    got = run_sql("SELECT name, sum(kernels) AS n, sum(kernel_us) AS us FROM span_gpu "
+                  "WHERE cat NOT IN ('cuda_runtime', 'kernel', 'gpu_memcpy', 'user_annotation') GROUP BY name",
+                  tmp_path)
+    got_map = {r["name"]: (r["n"], r["us"]) for r in got.to_dicts()}
+    # spans on threads that launched nothing (the loader's) have no row
+    assert {k: v for k, v in got_map.items() if v[0]} == {k: v for k, v in expected.items() if v[0]}
+    assert sum(n for n, _ in expected.values()) > 0
