@@ -312,7 +312,7 @@ def _gpu(summary: Summary, top: int) -> list[str]:
                         [(_short(k["name"]), k["type"], k["count"], format_us(k["total_us"]), format_us(k["mean_us"]))
                          for k in first["top_kernels"][:5]], (False, False, True, True, True))
     if summary.gpu_steps:
-        lines.append("  per dftrace step (kernels launched in the step; host wait: synchronising calls):")
+        lines.append("  per step (kernels launched in the step, GPU time of those kernels; host wait: synchronising calls):")
         rows = [("-" if s["rank"] is None else s["rank"], "-" if s["epoch"] is None else s["epoch"], s["step"], format_us(s["dur_us"]),
                  "-" if s["gpu_busy_pct"] is None else f"{s['gpu_busy_pct']:.1f}%", s["kernels_launched"],
                  format_us(s["kernel_us_launched"]), format_us(s["host_wait_us"]))
