@@ -351,6 +351,28 @@ def _overlap_ns(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.nda
     return covered_until(hi) - covered_until(lo)
 
 
+#: Largest rate (ppm) at which NTP slews the wall clock against the monotonic one.
+MAX_SLEW_PPM = 500
+#: Reading a clock pair at each anchor: at most this far apart (µs), for both anchors together.
+ANCHOR_READ_US = 2
+
+
+def clock_bound_us(anchor_wall_ns: int | None, profiler_start_ns: int) -> float | None:
+    """How far apart dftrace's and the profiler's times of one instant can be.
+
+    Both are wall-clock times of a monotonic clock: dftrace adds the wall-minus-monotonic
+    offset read when it initialised (its clock anchor); the profiler calibrates its clock
+    against the wall clock when it starts. They differ by how much the wall clock moved
+    against the monotonic clock between the two calibrations (NTP slews it by at most
+    MAX_SLEW_PPM) plus the reading of each pair. None without a dftrace anchor (the
+    process has no dftrace trace). A step of the wall clock in between (``date -s``, an
+    NTP step) is beyond this bound.
+    """
+    if anchor_wall_ns is None:
+        return None
+    return round(ANCHOR_READ_US + MAX_SLEW_PPM * 1e-6 * abs(profiler_start_ns - anchor_wall_ns) / 1000, 1)
+
+
 def gpu_steps(activity: pl.DataFrame, process_steps: pl.DataFrame, resolution: Resolution) -> list[dict[str, Any]]:
     """Per step of each process with both dftrace steps and GPU activity: the GPU's
     busy share of the step, the GPU time of the kernels launched in it, and the host
@@ -382,6 +404,8 @@ def gpu_steps(activity: pl.DataFrame, process_steps: pl.DataFrame, resolution: R
         durations = np.concatenate([[0], np.cumsum((kernels.get_column("end_ns") - kernels.get_column("start_ns")).to_numpy())])
         first, last = np.searchsorted(at, lo, side="left"), np.searchsorted(at, hi, side="left")
         process = resolution.processes[proc]
+        bound = clock_bound_us(process.wall_ns, int(activity.filter(pl.col("proc") == proc)
+                                                    .get_column("start_ns").min()))
         for i, step in enumerate(steps.iter_rows(named=True)):
             span_ns = hi[i] - lo[i]
             rows.append({
@@ -391,6 +415,7 @@ def gpu_steps(activity: pl.DataFrame, process_steps: pl.DataFrame, resolution: R
                 "kernels_launched": int(last[i] - first[i]),
                 "kernel_us_launched": round((durations[last[i]] - durations[first[i]]) / 1000, 3),
                 "host_wait_us": round(waited[i] / 1000, 3),
+                "clock_bound_us": bound,
             })
     return rows
 

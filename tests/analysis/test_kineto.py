@@ -396,6 +396,8 @@ def test_gpu_joined_to_dftrace_steps(tmp_path: Path) -> None:
         [(s["epoch"], s["step"], s["dur_us"]) for s in alone.rank_steps]
     rows = joined.gpu_steps
     assert len(rows) == len(alone.rank_steps)
+    # the process has dftrace's clock anchor, so the join states its error bound
+    assert all(row["clock_bound_us"] is not None and row["clock_bound_us"] >= 2 for row in rows)
     events = doc["traceEvents"]
     kernels = [e for e in events if e.get("cat") in GPU_CATS]
     launch_at = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") == "cuda_runtime"}
@@ -440,3 +442,43 @@ def test_sql_span_gpu_attributes_kernels_to_the_spans_that_launched_them(tmp_pat
     # spans on threads that launched nothing (the loader's) have no row
     assert {k: v for k, v in got_map.items() if v[0]} == {k: v for k, v in expected.items() if v[0]}
     assert sum(n for n, _ in expected.values()) > 0
+
+
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events")
+def test_real_profiler_and_dftrace_share_one_clock(tmp_path: Path) -> None:
+    """A process traced by dftrace and by torch.profiler at once: its two files are one
+    process, and each record_function lies inside the dftrace span around it, up to
+    the clock bound the join states."""
+    pytest.importorskip("torch")
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import os, time, torch, dftrace\n"
+        "from dftrace import ai\n"
+        "from torch.profiler import profile, ProfilerActivity, record_function\n"
+        "dftrace.initialize(log_file='traces/train', compression='none')\n"
+        "with profile(activities=[ProfilerActivity.CPU]) as prof:\n"
+        "    for step in range(4):\n"
+        "        with ai.compute.forward(args={'step': step}):\n"
+        "            with record_function(f'fwd{step}'):\n"
+        "                x = torch.randn(200, 200); (x @ x).sum()\n"
+        "        time.sleep(0.002)\n"
+        "prof.export_chrome_trace(f'traces/{os.uname().nodename}_{os.getpid()}.pt.trace.json')\n"
+        "dftrace.finalize()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    trace = load_traces(tmp_path / "traces")
+    assert trace.processes.height == 1
+    anchor = trace.processes.get_column("wall_ns")[0]
+    events = trace.events
+    spans = {s: r for r in events.filter(events["name"] == "forward").iter_rows(named=True) for s in [r["step"]]}
+    annotations = events.filter(events["name"].str.starts_with("fwd"))
+    assert annotations.height == 4
+    from dftrace.analysis._gpu import clock_bound_us
+
+    for row in annotations.iter_rows(named=True):
+        outer = spans[int(row["name"][3:])]
+        bound = clock_bound_us(anchor, row["ts"] * 1000)
+        assert outer["ts"] - bound <= row["ts"]
+        assert row["ts"] + row["dur"] <= outer["ts"] + outer["dur"] + bound
+        assert row["tid"] == outer["tid"]
