@@ -258,8 +258,8 @@ GPU_VIEW_SCHEMA = {
     "rank": pl.Int32, "host": pl.String, "pid": pl.Int64, "device": pl.Int32, "kernels": pl.Int64,
     "kernel_us": pl.Int64, "busy_us": pl.Int64, "idle_us": pl.Int64, "compute_us": pl.Int64,
     "non_compute_us": pl.Int64, "idle_pct": pl.Float64, "compute_pct": pl.Float64,
-    "non_compute_pct": pl.Float64, "comm_compute_overlap_pct": pl.Float64, "host_wait_us": pl.Int64,
-    "kernel_wait_us": pl.Int64, "other_wait_us": pl.Int64,
+    "non_compute_pct": pl.Float64, "comm_compute_overlap_pct": pl.Float64, "idle_host_wait_us": pl.Int64,
+    "idle_kernel_wait_us": pl.Int64, "idle_other_us": pl.Int64,
 }
 
 
@@ -300,8 +300,9 @@ def kernels_table(activity: pl.DataFrame, resolution: Resolution) -> pl.DataFram
 def gpu_view(answers: list[dict[str, Any]]) -> pl.DataFrame:
     """The GPU answers as one row per rank and device (scalars only)."""
     rows = [{**{k: a[k] for k in GPU_VIEW_SCHEMA if k in a},
-             "host_wait_us": a["idle_by_cause"]["host_wait_us"], "kernel_wait_us": a["idle_by_cause"]["kernel_wait_us"],
-             "other_wait_us": a["idle_by_cause"]["other_us"]} for a in answers]
+             "idle_host_wait_us": a["idle_by_cause"]["host_wait_us"],
+             "idle_kernel_wait_us": a["idle_by_cause"]["kernel_wait_us"],
+             "idle_other_us": a["idle_by_cause"]["other_us"]} for a in answers]
     return pl.DataFrame(rows, schema=GPU_VIEW_SCHEMA)
 
 
@@ -327,7 +328,7 @@ def without_profiler_steps(steps: pl.DataFrame) -> pl.DataFrame:
     return steps.filter(~(profiler & pl.col("proc").is_in(own.implode())))
 
 
-def host_waits(activity: pl.DataFrame) -> pl.DataFrame:
+def sync_waits(activity: pl.DataFrame) -> pl.DataFrame:
     """proc, start_ns, end_ns: the host calls that waited for the GPU: synchronising
     runtime calls, and asynchronous copies to pageable host memory."""
     host = activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
@@ -386,7 +387,7 @@ def gpu_steps(activity: pl.DataFrame, process_steps: pl.DataFrame, resolution: R
     launches = activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
     launched = device.join(launches.select("proc", "correlation", pl.col("start_ns").alias("launch_ns")),
                            on=["proc", "correlation"], how="inner")
-    waits = host_waits(activity)
+    waits = sync_waits(activity)
     rows = []
     for (proc,), steps in process_steps.filter(pl.col("proc").is_in(device.get_column("proc").unique().implode())
                                                ).partition_by("proc", as_dict=True).items():
@@ -414,7 +415,7 @@ def gpu_steps(activity: pl.DataFrame, process_steps: pl.DataFrame, resolution: R
                 "gpu_busy_pct": round(100 * busy[i] / span_ns, 2) if span_ns else None,
                 "kernels_launched": int(last[i] - first[i]),
                 "kernel_us_launched": round((durations[last[i]] - durations[first[i]]) / 1000, 3),
-                "host_wait_us": round(waited[i] / 1000, 3),
+                "sync_wait_us": round(waited[i] / 1000, 3),
                 "clock_bound_us": bound,
             })
     return rows

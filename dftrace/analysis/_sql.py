@@ -41,8 +41,8 @@ VIEWS = {
                "cat, name, type, ts, end, dur (µs, ns resolution), correlation, launch_name, launch_tid, launch_ts, "
                "queued, counted (by the gpu answers)",
     "gpu": "the summary's GPU answers, one row per rank and device: kernel_us, busy_us, idle_us, compute_us, "
-           "non_compute_us, idle_pct, compute_pct, non_compute_pct, comm_compute_overlap_pct, host_wait_us, "
-           "kernel_wait_us, other_wait_us",
+           "non_compute_us, idle_pct, compute_pct, non_compute_pct, comm_compute_overlap_pct, "
+           "idle_host_wait_us, idle_kernel_wait_us, idle_other_us (gaps between kernels by cause, summed over streams)",
     "span_gpu": "spans of processes with a PyTorch profiler trace, with the kernels launched inside them (the launch "
                 "call started in the span, on its thread): rank, host, pid, tid, cat, name, ts, dur, kernels, kernel_us",
 }

@@ -81,7 +81,8 @@ class Summary:
     #: time, communication/computation overlap, idle time by cause, top kernels.
     gpu: list[dict[str, Any]]
     #: Per step of each process with dftrace steps and a PyTorch profiler trace of its
-    #: GPU: GPU busy share, GPU time of the kernels launched in the step, host wait.
+    #: GPU: GPU busy share, GPU time of the kernels launched in the step, host time
+    #: in calls waiting for the GPU (sync_wait_us), the clock join's error bound.
     gpu_steps: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:

@@ -412,7 +412,7 @@ def test_gpu_joined_to_dftrace_steps(tmp_path: Path) -> None:
         assert row["kernels_launched"] == len(inside)
         assert row["kernel_us_launched"] == sum(e["dur"] for e in inside)
         assert row["gpu_busy_pct"] == pytest.approx(100 * covered(busy, lo, hi) / (hi - lo), abs=0.01)
-        assert row["host_wait_us"] == covered(waits, lo, hi)
+        assert row["sync_wait_us"] == covered(waits, lo, hi)
         checked += bool(inside)
     assert checked >= 2
 
