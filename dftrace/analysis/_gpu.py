@@ -28,7 +28,6 @@ correlation id: kernels, memory copies and sets, stream syncs):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,22 +44,18 @@ CONSECUTIVE_KERNEL_DELAY_US = 30
 TOP_KERNELS = 10
 
 KERNEL_TYPES = ("computation", "communication", "memory", "other")
-_COMMUNICATION = re.compile(r"nccl.*Kernel")
-_MEMORY = re.compile(r"Memcpy|Memset|dma")
-_NOT_COMPUTATION = re.compile(r"nccl.*Kernel|.*Memcpy|Memset|.*Sync")
 #: Device-side categories whose gaps the idle-time split looks at (syncs are not kernels there).
 _IDLE_CATS = ("kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
 
 
-def kernel_type(name: str) -> str:
-    """HTA's kernel type of a kernel name (see the module docstring)."""
-    if _COMMUNICATION.match(name):
-        return "communication"
-    if _MEMORY.match(name):
-        return "memory"
-    if not _NOT_COMPUTATION.match(name):
-        return "computation"
-    return "other"
+def kernel_type(name: pl.Expr) -> pl.Expr:
+    """HTA's kernel type of each kernel name (see the module docstring)."""
+    return (
+        pl.when(name.str.contains(r"^nccl.*Kernel")).then(pl.lit("communication"))
+        .when(name.str.contains(r"^(Memcpy|Memset|dma)")).then(pl.lit("memory"))
+        .when(~name.str.contains(r"^(nccl.*Kernel|.*Memcpy|Memset|.*Sync)")).then(pl.lit("computation"))
+        .otherwise(pl.lit("other"))
+    )
 
 
 def activity_by_process(sources: Sequence[Any], resolution: Resolution) -> pl.DataFrame:
@@ -104,7 +99,7 @@ def kernels_of(activity: pl.DataFrame) -> pl.DataFrame:
     return (
         device.with_columns(*whole_us)
         .join(launch_ts, on=["proc", "correlation"], how="left")
-        .with_columns(pl.col("name").fill_null("").map_elements(kernel_type, return_dtype=pl.String).alias("type"))
+        .with_columns(kernel_type(pl.col("name").fill_null("")).alias("type"))
     )
 
 
@@ -287,7 +282,7 @@ def kernels_table(activity: pl.DataFrame, resolution: Resolution) -> pl.DataFram
         .with_columns(
             (pl.col("start_ns") / us).alias("ts"), (pl.col("end_ns") / us).alias("end"),
             ((pl.col("end_ns") - pl.col("start_ns")) / us).alias("dur"),
-            pl.col("name").fill_null("").map_elements(kernel_type, return_dtype=pl.String).alias("type"),
+            kernel_type(pl.col("name").fill_null("")).alias("type"),
             pl.col("counted").fill_null(False),
         )
         .with_columns((pl.col("ts") - pl.col("launch_ts")).alias("queued"))
@@ -316,7 +311,7 @@ SYNC_CALLS = frozenset(
     )
 ) | {"cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2"}
 #: Device-side copies that make an asynchronous launch block the host (pageable host memory).
-_BLOCKING_COPY = re.compile(r"Memcpy DtoH \(Device -> Pageable\)")
+_BLOCKING_COPY = r"^Memcpy DtoH \(Device -> Pageable\)"
 
 
 def without_profiler_steps(steps: pl.DataFrame) -> pl.DataFrame:
@@ -332,7 +327,7 @@ def sync_waits(activity: pl.DataFrame) -> pl.DataFrame:
     """proc, start_ns, end_ns: the host calls that waited for the GPU: synchronising
     runtime calls, and asynchronous copies to pageable host memory."""
     host = activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
-    blocking = activity.filter(pl.col("stream").is_not_null() & pl.col("name").str.contains(_BLOCKING_COPY.pattern))
+    blocking = activity.filter(pl.col("stream").is_not_null() & pl.col("name").str.contains(_BLOCKING_COPY))
     return host.filter(
         pl.col("name").is_in(list(SYNC_CALLS))
         | pl.col("correlation").is_in(blocking.get_column("correlation").implode())

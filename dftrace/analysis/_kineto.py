@@ -37,6 +37,8 @@ from .. import format as fmt
 
 #: How much decoded text is looked at to recognise a Kineto document.
 SNIFF_BYTES = 1 << 20
+# Compressed bytes decoded first, enough to see how the text starts.
+_FIRST_PIECE = 4096
 #: Host-side categories whose events carry the ``correlation`` of what they launched.
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
 #: Device-side categories of GPU activity (newer and older Kineto spellings).
@@ -60,14 +62,25 @@ def looks_like_document(head: bytes) -> bool:
 
 
 def is_document_file(path: str | os.PathLike[str]) -> bool:
-    """Whether the file at ``path`` (plain, gzip or zstd) is a Kineto-style document."""
-    head = b""
+    """Whether the file at ``path`` (plain, gzip or zstd) is a Kineto-style document.
+
+    Looks at the first bytes only: a file whose text does not start with ``{`` (every
+    dftrace file starts with ``[``) is ruled out before anything is decompressed."""
     try:
-        for chunk in fmt.iter_decoded_chunks(path, status=[]):
-            head += chunk
-            if len(head) >= SNIFF_BYTES or not head.lstrip()[:1] in (b"", b"{"):
-                break
+        with open(path, "rb") as fh:
+            raw = fh.read(SNIFF_BYTES)
     except OSError:
+        return False
+    factory = fmt.member_decoder(raw)
+    if factory is None:
+        return looks_like_document(raw)
+    decoder = factory()
+    try:
+        head = decoder.decompress(raw[:_FIRST_PIECE])
+        if head.lstrip()[:1] not in (b"", b"{"):
+            return False
+        head += decoder.decompress(raw[_FIRST_PIECE: SNIFF_BYTES // 4])
+    except Exception:  # noqa: BLE001 - a damaged stream is not a document
         return False
     return looks_like_document(head[:SNIFF_BYTES])
 
@@ -204,6 +217,7 @@ def split_events(doc: KinetoDocument) -> dict[str, Any]:
         stream = _int(args.get("stream"))
         on_device = pid != host_pid
         tid = _int(event.get("tid"))
+        device = None
         if on_device:
             if stream is None:
                 stream = tid
@@ -235,7 +249,7 @@ def split_events(doc: KinetoDocument) -> dict[str, Any]:
             activity["name"].append(name)
             activity["start_ns"].append(start_ns)
             activity["end_ns"].append(end_ns)
-            activity["device"].append(device if on_device else None)
+            activity["device"].append(device)
             activity["stream"].append(stream if on_device else None)
             activity["correlation"].append(correlation)
             activity["external_id"].append(_int(args.get("External id")))

@@ -84,6 +84,15 @@ def test_events_table_columns(tmp_path: Path) -> None:
     assert steps.get_column("step").to_list() == [10, 11, 12, 13]
 
 
+def test_zstd_document(tmp_path: Path) -> None:
+    import zstandard
+
+    doc = kinetogen.rank_document(0, seed=4)
+    path = tmp_path / "trace.json"
+    path.write_bytes(zstandard.ZstdCompressor().compress(orjson.dumps(doc, option=orjson.OPT_INDENT_2)))
+    assert load_traces(path).events.height == len(host_events(doc))
+
+
 def test_line_traces_named_json_are_still_read_as_lines(tmp_path: Path) -> None:
     path = tmp_path / "lines.json"
     events = [{"ph": "X", "cat": "compute", "name": "forward", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5}
@@ -189,13 +198,22 @@ def test_no_communication_means_no_overlap(tmp_path: Path) -> None:
 
 
 def test_kernel_types() -> None:
+    import polars as pl
+
     from dftrace.analysis._gpu import kernel_type
 
-    assert kernel_type("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)") == "communication"
-    assert kernel_type("Memcpy DtoH (Device -> Pageable)") == "memory"
-    assert kernel_type("Memset (Device)") == "memory"
-    assert kernel_type("Stream Sync") == "other"
-    assert kernel_type("void at::native::vectorized_elementwise_kernel<4>(int)") == "computation"
+    names = {
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)": "communication",
+        "Memcpy DtoH (Device -> Pageable)": "memory",
+        "Memset (Device)": "memory",
+        "dma_copy": "memory",
+        "Stream Sync": "other",
+        "void at::native::vectorized_elementwise_kernel<4>(int)": "computation",
+        "void nccl_helper_kernel(int)": "computation",  # not ^nccl.*Kernel: a lower-case k
+        "fused_MemcpyLike_kernel": "other",  # contains Memcpy
+    }
+    got = pl.DataFrame({"name": list(names)}).select(kernel_type(pl.col("name"))).to_series().to_list()
+    assert dict(zip(names, got)) == names
 
 
 # --- against HolisticTraceAnalysis -----------------------------------------------------
