@@ -391,6 +391,11 @@ tables:
                rank, unit, epoch, step, ts, end, dur, n_spans
   collectives  communication spans: rank, host, pid, tid, name, group, seq, ts, dur,
                end, bytes, epoch, step
+  kernels      GPU activity of PyTorch profiler traces: rank, host, pid, device, stream,
+               cat, name, type, ts, end, dur (µs, ns resolution), correlation,
+               launch_name, launch_tid, launch_ts, queued, counted
+  gpu          GPU answers per rank and device (see docs/analysis.md, GPU traces)
+  span_gpu     spans with the kernels launched inside them: ..., kernels, kernel_us
 
 Only the columns a query names are decoded. The SQL is polars' dialect (SELECT, WHERE,
 GROUP BY, JOIN, WITH, window functions, ...); quote names that are SQL words: "group".

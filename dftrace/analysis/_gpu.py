@@ -77,6 +77,16 @@ def activity_by_process(sources: Sequence[Any], resolution: Resolution) -> pl.Da
     return pl.concat(frames, how="vertical")
 
 
+def with_processes(activity: pl.DataFrame, resolution: Resolution) -> pl.DataFrame:
+    """Activity by process index (``proc``) with each process's ``host`` and ``rank``."""
+    procs = pl.DataFrame(
+        {"proc": range(len(resolution.processes)), "host": [p.host for p in resolution.processes],
+         "rank": [p.rank for p in resolution.processes]},
+        schema={"proc": pl.Int32, "host": pl.String, "rank": pl.Int32},
+    )
+    return activity.join(procs, on="proc", how="left")
+
+
 def kernels_of(activity: pl.DataFrame) -> pl.DataFrame:
     """The GPU kernels that count (see the module docstring), with HTA's whole-µs
     ``ts``/``end``, the launch call's start ``launch_ts`` and the ``type``."""
@@ -140,9 +150,9 @@ def _pct(part: float, whole: float) -> float | None:
     return round(100 * part / whole, 2) if whole else None
 
 
-def gpu_answers(activity: pl.DataFrame, resolution: Resolution) -> list[dict[str, Any]]:
+def gpu_answers(activity: pl.DataFrame | None, resolution: Resolution) -> list[dict[str, Any]]:
     """One answer per (rank, device): see the module docstring for the figures."""
-    if not activity.height:
+    if activity is None or not activity.height:
         return []
     kernels = kernels_of(activity)
     answers = []
@@ -261,11 +271,6 @@ GPU_VIEW_SCHEMA = {
 def kernels_table(activity: pl.DataFrame, resolution: Resolution) -> pl.DataFrame:
     """Every device-side activity with its launch call (by correlation) and whether
     the GPU answers count it (``counted``, see the module docstring)."""
-    procs = pl.DataFrame(
-        {"proc": range(len(resolution.processes)),
-         "rank": [p.rank for p in resolution.processes], "host": [p.host for p in resolution.processes]},
-        schema={"proc": pl.Int32, "rank": pl.Int32, "host": pl.String},
-    )
     us = 1000.0
     device = activity.filter(pl.col("stream").is_not_null())
     launches = (
@@ -278,7 +283,7 @@ def kernels_table(activity: pl.DataFrame, resolution: Resolution) -> pl.DataFram
     return (
         device.join(launches, on=["proc", "correlation"], how="left")
         .join(counted, on=["proc", "correlation", "stream", "start_ns"], how="left")
-        .join(procs, on="proc", how="left")
+        .pipe(with_processes, resolution)
         .with_columns(
             (pl.col("start_ns") / us).alias("ts"), (pl.col("end_ns") / us).alias("end"),
             ((pl.col("end_ns") - pl.col("start_ns")) / us).alias("dur"),
@@ -369,7 +374,7 @@ def clock_bound_us(anchor_wall_ns: int | None, profiler_start_ns: int) -> float 
     return round(ANCHOR_READ_US + MAX_SLEW_PPM * 1e-6 * abs(profiler_start_ns - anchor_wall_ns) / 1000, 1)
 
 
-def gpu_steps(activity: pl.DataFrame, process_steps: pl.DataFrame, resolution: Resolution) -> list[dict[str, Any]]:
+def gpu_steps(activity: pl.DataFrame | None, process_steps: pl.DataFrame, resolution: Resolution) -> list[dict[str, Any]]:
     """Per step of each process with both dftrace steps and GPU activity: the GPU's
     busy share of the step, the GPU time of the kernels launched in it, and the host
     time spent waiting for the GPU in it (see docs/analysis.md, "GPU traces").

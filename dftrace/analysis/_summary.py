@@ -24,6 +24,7 @@ from ._aggregate import GROUPS, Combined, Partial, aggregate, combine, aggregate
 from ._decode import PartitionData
 from ._executor import default_executor
 from ._gpu import gpu_answers, gpu_steps, without_profiler_steps
+from ._kineto import activity_schema
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
 from ._steps import model_steps, unit_steps
@@ -142,7 +143,10 @@ def _partial_of_trace(trace: TraceTable) -> Partial:
         pl.col("host").fill_null("").alias(HOST_KEY),
     )
     meta = resolved_records(trace.processes.iter_rows(named=True), trace.meta.iter_rows(named=True))
-    return aggregate(PartitionData(Partition("<memory>"), events, meta=meta))
+    activity = None
+    if trace.activity is not None:
+        activity = trace.activity.select(*activity_schema(), pl.col("host").fill_null("").alias(HOST_KEY))
+    return aggregate(PartitionData(Partition("<memory>"), events, meta=meta, activity=activity))
 
 
 # --- building ------------------------------------------------------------------------
@@ -202,7 +206,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
         dataloader=_dataloader(combined.durations, procs),
         imbalance=_imbalance(steps_by_unit, steps),
         distributions=_distributions(combined.durations),
-        gpu=gpu_answers(combined.activity, combined.resolution) if combined.activity is not None else [],
+        gpu=gpu_answers(combined.activity, combined.resolution),
         gpu_steps=gpu_steps(combined.activity, process_steps, combined.resolution),
     )
 

@@ -177,6 +177,16 @@ def test_gpu_figures_match_occupancy_count(tmp_path: Path, seed: int) -> None:
         assert g["idle_pct"] + g["compute_pct"] + g["non_compute_pct"] == pytest.approx(100, abs=0.02)
 
 
+def test_loaded_table_keeps_the_gpu_activity(tmp_path: Path) -> None:
+    kinetogen.write_job(tmp_path, ranks=2, seed=14)
+    trace = load_traces(tmp_path)
+    kernels = sum(1 for rank in range(2) for e in kinetogen.rank_document(rank, seed=14, world=2)["traceEvents"]
+                  if e.get("cat") in GPU_CATS)
+    assert trace.activity.filter(trace.activity["stream"].is_not_null()).height == kernels
+    assert set(trace.activity.get_column("rank").to_list()) == {0, 1}
+    assert summarize(trace).gpu == summarize(tmp_path).gpu != []
+
+
 def test_kernels_of_the_last_profiler_step_are_left_out(tmp_path: Path) -> None:
     doc = kinetogen.rank_document(0, seed=1)
     kinetogen.write_document(doc, tmp_path / "r0.pt.trace.json")
