@@ -85,20 +85,22 @@ def is_document_file(path: str | os.PathLike[str]) -> bool:
     return looks_like_document(head[:SNIFF_BYTES])
 
 
+_INT64 = range(-(2**63), 2**63)
+
+
 def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
+    """An integer that fits a 64-bit column, else None."""
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
         return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
+    return value if value in _INT64 else None
 
 
 def _number(value: Any) -> float | int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return value
+    return value if math.isfinite(value) else None
 
 
 def profiler_step(name: Any) -> int | None:
@@ -197,8 +199,11 @@ def split_events(doc: KinetoDocument) -> dict[str, Any]:
             broken.append((number, "event without ph"))
             continue
         pid = _int(event.get("pid"))
-        if ph in _FLOW_PHASES or pid is None:
-            continue  # flow arrows and the profiler's own tracks
+        if ph in _FLOW_PHASES or isinstance(event.get("pid"), str):
+            continue  # flow arrows and the profiler's own tracks ("Spans", "Traces")
+        if pid is None:
+            broken.append((number, "event without an integer pid"))
+            continue
         args = event.get("args")
         args = args if isinstance(args, dict) else {}
         if ph == fmt.PH_METADATA:
@@ -211,9 +216,12 @@ def split_events(doc: KinetoDocument) -> dict[str, Any]:
             continue
         ts = _number(event.get("ts"))
         if ts is None:
-            broken.append((number, "event without ts"))
+            broken.append((number, "event without a numeric ts"))
             continue
         dur = _number(event.get("dur"))
+        if dur is not None and dur < 0:
+            broken.append((number, f"negative dur {dur!r}"))
+            continue
         stream = _int(args.get("stream"))
         on_device = pid != host_pid
         tid = _int(event.get("tid"))
@@ -227,8 +235,11 @@ def split_events(doc: KinetoDocument) -> dict[str, Any]:
             lanes.setdefault(stream if stream is not None else -1, device)
         start_ns = doc.ns(ts)
         end_ns = None if dur is None else start_ns + us_to_ns(dur)
-        cat = event.get("cat") if isinstance(event.get("cat"), str) else None
-        name = event.get("name") if isinstance(event.get("name"), str) else None
+        if start_ns not in _INT64 or (end_ns is not None and end_ns not in _INT64):
+            broken.append((number, "ts or dur out of range"))
+            continue
+        cat = event.get("cat") if isinstance(event.get("cat"), str) else ""
+        name = event.get("name") if isinstance(event.get("name"), str) else ""
         step = profiler_step(name) if not on_device else None
         rows["tid"].append(tid)
         rows["cat"].append(cat)
@@ -281,26 +292,25 @@ def _meta_records(doc: KinetoDocument, process_name: str | None, thread_names: d
 
 def validate_document(path: str | os.PathLike[str]) -> list[fmt.Violation]:
     """Check a PyTorch profiler trace: one JSON object with a ``traceEvents`` list of
-    objects, each with a ``ph``; complete events with numeric ``ts`` and ``dur >= 0``;
-    GPU activity with integer ``device``, ``stream`` and ``correlation``. Violations
-    name the event's number in ``traceEvents`` (rule ``kineto``)."""
+    objects, each with a ``ph``; events with a numeric ``ts`` that fits the time
+    columns; complete events with a numeric ``dur >= 0``; GPU activity with integer
+    ``device``, ``stream`` and ``correlation``. Violations (rule ``kineto``) concern
+    the file as a whole and name the event as ``traceEvents[i]``."""
     decoded = fmt.read_trace_bytes(path)
     doc, error = read_document(decoded.data, os.fspath(path))
     if doc is None:
         return [fmt.Violation(0, "kineto", error + (f" ({decoded.cut_off})" if decoded.cut_off else ""))]
-    violations = [fmt.Violation(number, "kineto", reason) for number, reason in split_events(doc)["broken"]]
+    found = list(split_events(doc)["broken"])
     for number, event in enumerate(doc.events, 1):
         if not isinstance(event, dict) or event.get("ph") != fmt.PH_COMPLETE:
             continue
-        dur = _number(event.get("dur"))
-        if dur is None or dur < 0:
-            violations.append(fmt.Violation(number, "kineto", f"complete event with dur {event.get('dur')!r}"))
+        if _number(event.get("dur")) is None:
+            found.append((number, f"complete event with dur {event.get('dur')!r}"))
         args = event.get("args")
         if event.get("cat") in GPU_CATS and isinstance(args, dict):
-            for key in ("device", "stream", "correlation"):
-                if _int(args.get(key)) is None:
-                    violations.append(fmt.Violation(number, "kineto", f"GPU activity without an integer {key}"))
-    return sorted(violations)
+            found.extend((number, f"GPU activity without an integer {key}")
+                         for key in ("device", "stream", "correlation") if _int(args.get(key)) is None)
+    return [fmt.Violation(0, "kineto", f"traceEvents[{number - 1}]: {reason}") for number, reason in sorted(found)]
 
 
 def activity_schema() -> dict[str, Any]:

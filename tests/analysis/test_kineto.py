@@ -510,3 +510,33 @@ def test_real_profiler_and_dftrace_share_one_clock(tmp_path: Path) -> None:
         assert outer["ts"] - bound <= row["ts"]
         assert row["ts"] + row["dur"] <= outer["ts"] + outer["dur"] + bound
         assert row["tid"] == outer["tid"]
+
+
+def test_hostile_documents_are_reported_not_raised(tmp_path: Path) -> None:
+    events: list[Any] = [
+        1, "x", None, [], {}, {"ph": 5}, {"ph": "X"},
+        {"ph": "X", "pid": "Spans", "ts": 1},                     # the profiler's own track: left out
+        {"ph": "X", "pid": 1, "ts": "12", "dur": 3},               # ts not a number
+        {"ph": "X", "pid": 1, "ts": 1e300, "dur": 1},              # out of range
+        {"ph": "X", "pid": 1, "ts": 7, "dur": -5},                 # negative dur
+        {"ph": "X", "pid": 1, "tid": "t", "ts": 5, "dur": 2, "args": [1]},
+        {"ph": "X", "pid": 2, "tid": 7, "ts": 5, "dur": 2, "cat": "kernel",
+         "args": {"stream": "7", "device": 0, "correlation": 1.5}},
+        {"ph": "M", "pid": 1, "name": "thread_name", "tid": 3, "args": {"name": 5}},
+        {"ph": "X", "pid": 1, "tid": 1, "ts": 10, "dur": 1, "cat": "user_annotation", "name": "ProfilerStep#x"},
+        {"ph": "X", "pid": 1, "tid": 1, "ts": 10, "dur": 1, "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+         "args": {"correlation": 3}},
+    ]
+    doc = {"traceEvents": events, "distributedInfo": {"rank": "3"}, "baseTimeNanoseconds": "x", "host_name": 7}
+    (tmp_path / "odd.json").write_text(json.dumps(doc))
+    (tmp_path / "not-a-list.json").write_bytes(b'{"traceEvents": 5}')
+    summary = summarize(tmp_path)
+    broken = {Path(f["path"]).name: f["broken_count"] for f in summary.files}
+    # four non-objects, two without ph, one without pid, a string ts, one out of range, a negative dur
+    assert broken == {"odd.json": 10, "not-a-list.json": 1}
+    assert summary.overview["events"] == 4
+    assert summary.processes[0]["rank"] is None and summary.processes[0]["host"] == "odd"
+    out = run_cli("validate", str(tmp_path / "odd.json"))
+    assert out.returncode == 1 and "[kineto] traceEvents[12]: GPU activity without an integer stream" in out.stdout
+    out = run_cli("summary", str(tmp_path))
+    assert out.returncode == 0 and "Traceback" not in out.stderr
