@@ -42,6 +42,8 @@ from ._schema import HOST_KEY
 CONSECUTIVE_KERNEL_DELAY_US = 30
 #: Kernels listed per rank and device, by total time.
 TOP_KERNELS = 10
+#: Busy intervals kept per stream for the report's GPU lanes (the shortest gaps closed first).
+LANE_INTERVALS = 200
 
 KERNEL_TYPES = ("computation", "communication", "memory", "other")
 #: Device-side categories whose gaps the idle-time split looks at (syncs are not kernels there).
@@ -195,7 +197,24 @@ def device_figures(kernels: pl.DataFrame) -> dict[str, Any]:
         },
         "kernel_type_us": kernel_type_times(by_type),
         "top_kernels": top_kernels(kernels),
+        "streams": stream_lanes(kernels),
     }
+
+
+def stream_lanes(kernels: pl.DataFrame, limit: int = LANE_INTERVALS) -> list[dict[str, Any]]:
+    """Per stream: kernels, busy time and its busy intervals ``[start, end]`` (µs since
+    the epoch), at most ``limit`` of them: beyond that the shortest gaps are closed."""
+    lanes = []
+    for (stream,), frame in sorted(kernels.partition_by("stream", as_dict=True).items()):
+        starts, ends = merge_intervals(frame.get_column("ts").to_numpy(), frame.get_column("end").to_numpy())
+        busy = _length(starts, ends)
+        if len(starts) > limit:
+            gaps = starts[1:] - ends[:-1]
+            kept = np.sort(np.argpartition(gaps, len(gaps) - (limit - 1))[len(gaps) - (limit - 1):])
+            starts, ends = np.concatenate([starts[:1], starts[kept + 1]]), np.concatenate([ends[kept], ends[-1:]])
+        lanes.append({"stream": stream, "kernels": frame.height, "busy_us": busy,
+                      "busy": [[int(a), int(b)] for a, b in zip(starts, ends)]})
+    return lanes
 
 
 def idle_by_cause(kernels: pl.DataFrame) -> dict[str, int]:

@@ -68,6 +68,8 @@ def render_html(summary: Summary, *, title: str = "dftrace report") -> str:
         ("GPU time per rank and device", "PyTorch profiler traces, HolisticTraceAnalysis' definitions: from "
          "the first kernel's start to the last one's end, time some computation kernel ran, time only other "
          "kernels ran (communication, memory), and idle time (split by cause on hover).", _gpu_time),
+        ("GPU streams", "When each CUDA stream was busy (kernels, copies, sets; the shortest gaps are "
+         "closed beyond 200 intervals a stream), on the step timeline's clock.", _gpu_lanes),
     ]
     parts = []
     for heading, note, build in sections:
@@ -332,3 +334,24 @@ def _gpu_time(summary: Summary) -> Any:
         ))
     return _layout(fig, height=max(260, 28 * len(labels) + 120), barmode="stack",
                    xaxis_title="kernel time (ms)", yaxis={"autorange": "reversed"})
+
+
+def _gpu_lanes(summary: Summary) -> Any:
+    lanes = [(f"rank {g['rank']} · GPU {g['device']} · stream {lane['stream']}", lane)
+             for g in summary.gpu for lane in g.get("streams", [])]
+    if not lanes:
+        return None
+    go = _go()
+    origin = summary.overview["start_us"]
+    fig = go.Figure()
+    for label, lane in lanes:
+        fig.add_trace(go.Bar(
+            name=label, orientation="h", y=[label] * len(lane["busy"]), showlegend=False,
+            x=[(end - start) / 1000 for start, end in lane["busy"]],
+            base=[(start - origin) / 1000 for start, _ in lane["busy"]],
+            hovertemplate=f"{label}: busy %{{x:.3f}} ms from %{{base:.3f}} ms "
+                          f"({lane['kernels']} kernels, {format_us(lane['busy_us'])} in all)<extra></extra>",
+        ))
+    return _layout(fig, height=max(260, 26 * len(lanes) + 120), barmode="overlay",
+                   xaxis_title="time since the run's start (ms)",
+                   yaxis={"categoryorder": "array", "categoryarray": [label for label, _ in lanes][::-1]})

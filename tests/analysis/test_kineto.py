@@ -540,3 +540,29 @@ def test_hostile_documents_are_reported_not_raised(tmp_path: Path) -> None:
     assert out.returncode == 1 and "[kineto] traceEvents[12]: GPU activity without an integer stream" in out.stdout
     out = run_cli("summary", str(tmp_path))
     assert out.returncode == 0 and "Traceback" not in out.stderr
+
+
+def test_stream_lanes(tmp_path: Path) -> None:
+    import polars as pl
+
+    from dftrace.analysis._gpu import stream_lanes
+
+    kinetogen.write_job(tmp_path, ranks=1, seed=15)
+    gpu = summarize(tmp_path).gpu[0]
+    doc = kinetogen.rank_document(0, seed=15)
+    last_step = max(e["ts"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    launched = {e["args"]["correlation"] for e in doc["traceEvents"]
+                if e.get("cat") == "cuda_runtime" and e["ts"] < last_step}
+    for lane in gpu["streams"]:
+        spans = [(math.ceil(e["ts"]), math.floor(e["ts"] + e["dur"])) for e in doc["traceEvents"]
+                 if e.get("cat") in GPU_CATS and e["args"]["stream"] == lane["stream"]
+                 and e["args"]["correlation"] in launched]
+        assert lane["kernels"] == len(spans)
+        assert lane["busy_us"] == covered(spans, -(2**62), 2**62)
+        assert sum(b - a for a, b in lane["busy"]) == lane["busy_us"]  # uncoarsened: exactly the busy time
+    # coarsened: the largest gaps stay, every busy microsecond stays inside an interval
+    kernels = pl.DataFrame({"stream": [7] * 6, "ts": [0, 10, 12, 30, 31, 100], "end": [5, 11, 20, 31, 40, 101]})
+    lane = stream_lanes(kernels, limit=3)[0]
+    # merged: [0,5] [10,11] [12,20] [30,40] [100,101]; gaps 5, 1, 10, 60: the two largest stay
+    assert lane["busy"] == [[0, 20], [30, 40], [100, 101]]
+    assert lane["busy_us"] == 5 + 1 + 8 + 10 + 1
