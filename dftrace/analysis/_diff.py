@@ -245,6 +245,13 @@ def _gpu_figures(base: Summary, new: Summary) -> Iterator[_Figure]:
         yield _Figure(f"gpu.{key}", "gpu", SHARE, *means,
                       note="mean over ranks and devices" + (" of kernel time" if key != "comm_compute_overlap"
                                                             else " of communication time"))
+    if base.gpu_steps or new.gpu_steps:
+        busy = [_mean_share([s["gpu_busy_pct"] for s in summary.gpu_steps]) for summary in (base, new)]
+        yield _Figure("gpu.step_busy", "gpu", SHARE, *busy, note="mean over rank-steps of the GPU's busy share")
+        waits = [sum(s["sync_wait_us"] for s in summary.gpu_steps) / len(summary.gpu_steps) if summary.gpu_steps
+                 else None for summary in (base, new)]
+        yield _Figure("gpu.step_sync_wait", "gpu", US, *waits, time=None,
+                      note="host time per rank-step in calls waiting for the GPU")
 
 
 def _mean_share(pcts: list[float | None]) -> float | None:

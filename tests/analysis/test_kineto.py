@@ -367,6 +367,10 @@ def test_report_and_diff_show_the_gpu(tmp_path: Path) -> None:
     assert rows["gpu.idle"].base == pytest.approx(mean_idle, abs=1e-4)
     assert rows["gpu.comm_compute_overlap"].new is None  # no communication in NEW
     assert rows["gpu.compute"].new == pytest.approx(sum(g["compute_pct"] for g in new.gpu) / 200, abs=1e-4)
+    waits = [s["sync_wait_us"] for s in base.gpu_steps]
+    assert rows["gpu.step_sync_wait"].base == pytest.approx(sum(waits) / len(waits))
+    assert rows["gpu.step_busy"].new == pytest.approx(
+        sum(s["gpu_busy_pct"] for s in new.gpu_steps) / len(new.gpu_steps) / 100, abs=1e-4)
 
 
 # --- joined to dftrace's steps ---------------------------------------------------------
