@@ -28,6 +28,7 @@ correlation id: kernels, memory copies and sets, stream syncs):
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,8 +61,14 @@ def kernel_type(name: pl.Expr) -> pl.Expr:
     )
 
 
+#: What ties a launch call to the GPU activity it launched: correlation ids are unique
+#: within one profiler trace (a profiling window) of one process.
+LAUNCH_KEY = ["proc", "file", "correlation"]
+
+
 def activity_by_process(sources: Sequence[Any], resolution: Resolution) -> pl.DataFrame:
-    """The activity tables of all partitions, each row given its process index ``proc``."""
+    """The activity tables of all partitions, each row given its process index ``proc``
+    and the ``file`` it came from (one profiling window)."""
     frames = []
     for source in sources:
         activity = getattr(source, "activity", None)
@@ -73,9 +80,11 @@ def activity_by_process(sources: Sequence[Any], resolution: Resolution) -> pl.Da
              "proc": [resolution.process_of(source.partition.path, pid, key) for pid, key in keys.iter_rows()]},
             schema={"pid": pl.Int64, HOST_KEY: pl.String, "proc": pl.Int32},
         )
+        if "file" not in activity.columns:
+            activity = activity.with_columns(pl.lit(source.partition.path, pl.String).alias("file"))
         frames.append(activity.join(mapping, on=["pid", HOST_KEY], how="left").drop(HOST_KEY))
     if not frames:
-        return pl.DataFrame(schema={**activity_schema(), "proc": pl.Int32})
+        return pl.DataFrame(schema={**activity_schema(), "file": pl.String, "proc": pl.Int32})
     return pl.concat(frames, how="vertical")
 
 
@@ -100,17 +109,15 @@ def kernels_of(activity: pl.DataFrame) -> pl.DataFrame:
     launches = host.filter(pl.col("correlation").is_not_null())
     step_names = host.filter(pl.col("step").is_not_null()).get_column("name").n_unique()
     if step_names >= 2:
-        last_step = host.filter(pl.col("step").is_not_null()).group_by("proc").agg(
+        last_step = host.filter(pl.col("step").is_not_null()).group_by("proc", "file").agg(
             pl.col("start_ns").max().alias("last_step_ns"))
-        launches = launches.join(last_step, on="proc", how="inner").filter(
+        launches = launches.join(last_step, on=["proc", "file"], how="inner").filter(
             pl.col("start_ns") < pl.col("last_step_ns"))
-        device = device.join(launches.select("proc", "correlation").unique(), on=["proc", "correlation"],
-                             how="semi")
-    launch_ts = launches.group_by("proc", "correlation").agg(
-        (-(-pl.col("start_ns").max() // 1000)).alias("launch_ts"))
+        device = device.join(launches.select(LAUNCH_KEY).unique(), on=LAUNCH_KEY, how="semi")
+    launch_ts = launches.group_by(LAUNCH_KEY).agg((-(-pl.col("start_ns").max() // 1000)).alias("launch_ts"))
     return (
         device.with_columns(*whole_us)
-        .join(launch_ts, on=["proc", "correlation"], how="left")
+        .join(launch_ts, on=LAUNCH_KEY, how="left")
         .with_columns(kernel_type(pl.col("name").fill_null("")).alias("type"))
     )
 
@@ -166,39 +173,57 @@ def gpu_answers(activity: pl.DataFrame | None, resolution: Resolution) -> list[d
 
 
 def device_figures(kernels: pl.DataFrame) -> dict[str, Any]:
-    """The figures of one device's kernels (the output of :func:`kernels_of`)."""
-    ts = kernels.get_column("ts").to_numpy()
-    end = kernels.get_column("end").to_numpy()
-    types = kernels.get_column("type").to_numpy()
-    merged = merge_intervals(ts, end)
-    span = int(merged[1][-1] - merged[0][0])
-    busy = _length(*merged)
-    idle = span - busy
-    by_type = {t: merge_intervals(ts[types == t], end[types == t]) for t in KERNEL_TYPES}
-    compute = _length(*by_type["computation"])
-    communication = _length(*by_type["communication"])
-    overlap = _intersection(by_type["computation"], by_type["communication"])
+    """The figures of one device's kernels (the output of :func:`kernels_of`).
+
+    Each profiling window (file) is a timeline of its own: times are summed over the
+    windows, so the time between two windows is not idle time."""
+    totals: Counter[str] = Counter()
+    type_times: Counter[str] = Counter()
+    for window in kernels.partition_by("file"):
+        times, types = _window_times(window)
+        totals.update(times)
+        type_times.update(types)
+    span, idle, compute = totals["span"], totals["idle"], totals["compute"]
     idle_causes = idle_by_cause(kernels)
     idle_total = sum(idle_causes.values())
     return {
         "kernels": kernels.height,
         "kernel_us": span,
-        "busy_us": busy,
+        "busy_us": span - idle,
         "idle_us": idle,
         "compute_us": compute,
         "non_compute_us": span - compute - idle,
         "idle_pct": _pct(idle, span),
         "compute_pct": _pct(compute, span),
         "non_compute_pct": _pct(span - compute - idle, span),
-        "comm_compute_overlap_pct": _pct(overlap, communication),
+        "comm_compute_overlap_pct": _pct(totals["overlap"], totals["communication"]),
         "idle_by_cause": {
             **{f"{cause}_us": us for cause, us in idle_causes.items()},
             **{f"{cause}_pct": _pct(us, idle_total) for cause, us in idle_causes.items()},
         },
-        "kernel_type_us": kernel_type_times(by_type),
+        "kernel_type_us": dict(sorted(type_times.items(), key=lambda kv: -kv[1])),
         "top_kernels": top_kernels(kernels),
         "streams": stream_lanes(kernels),
     }
+
+
+def _window_times(kernels: pl.DataFrame) -> tuple[dict[str, int], dict[str, int]]:
+    """Kernel time, idle, compute, communication and their overlap (µs) of one
+    profiling window, and its busy time per combination of kernel types."""
+    ts = kernels.get_column("ts").to_numpy()
+    end = kernels.get_column("end").to_numpy()
+    types = kernels.get_column("type").to_numpy()
+    merged = merge_intervals(ts, end)
+    span = int(merged[1][-1] - merged[0][0])
+    by_type = {t: merge_intervals(ts[types == t], end[types == t]) for t in KERNEL_TYPES}
+    times = {
+        "span": span,
+        "idle": span - _length(*merged),
+        "compute": _length(*by_type["computation"]),
+        "communication": _length(*by_type["communication"]),
+        "overlap": _intersection(by_type["computation"], by_type["communication"]),
+    }
+    return times, kernel_type_times(by_type)
 
 
 def stream_lanes(kernels: pl.DataFrame, limit: int = LANE_INTERVALS) -> list[dict[str, Any]]:
@@ -221,8 +246,8 @@ def idle_by_cause(kernels: pl.DataFrame) -> dict[str, int]:
     """Idle time per cause (host_wait, kernel_wait, other), summed over streams."""
     gaps = (
         kernels.filter(pl.col("cat").is_in(_IDLE_CATS))
-        .sort("stream", "ts", maintain_order=True)
-        .with_columns(pl.col("end").shift(1).over("stream").alias("previous_end"))
+        .sort("file", "stream", "ts", maintain_order=True)
+        .with_columns(pl.col("end").shift(1).over("file", "stream").alias("previous_end"))
         .with_columns((pl.col("ts") - pl.col("previous_end")).alias("gap"))
         .filter(pl.col("gap").is_not_null())
     )
@@ -294,14 +319,14 @@ def kernels_table(activity: pl.DataFrame, resolution: Resolution) -> pl.DataFram
     device = activity.filter(pl.col("stream").is_not_null())
     launches = (
         activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
-        .group_by("proc", "correlation")
+        .group_by(LAUNCH_KEY)
         .agg(pl.col("name").first().alias("launch_name"), pl.col("tid").first().alias("launch_tid"),
              (pl.col("start_ns").first() / us).alias("launch_ts"))
     )
-    counted = kernels_of(activity).select("proc", "correlation", "stream", "start_ns", pl.lit(True).alias("counted"))
+    counted = kernels_of(activity).select(*LAUNCH_KEY, "stream", "start_ns", pl.lit(True).alias("counted"))
     return (
-        device.join(launches, on=["proc", "correlation"], how="left")
-        .join(counted, on=["proc", "correlation", "stream", "start_ns"], how="left")
+        device.join(launches, on=LAUNCH_KEY, how="left")
+        .join(counted, on=[*LAUNCH_KEY, "stream", "start_ns"], how="left")
         .pipe(with_processes, resolution)
         .with_columns(
             (pl.col("start_ns") / us).alias("ts"), (pl.col("end_ns") / us).alias("end"),
@@ -352,10 +377,9 @@ def sync_waits(activity: pl.DataFrame) -> pl.DataFrame:
     runtime calls, and asynchronous copies to pageable host memory."""
     host = activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
     blocking = activity.filter(pl.col("stream").is_not_null() & pl.col("name").str.contains(_BLOCKING_COPY))
-    return host.filter(
-        pl.col("name").is_in(list(SYNC_CALLS))
-        | pl.col("correlation").is_in(blocking.get_column("correlation").implode())
-    ).select("proc", "start_ns", "end_ns")
+    calls = host.filter(pl.col("name").is_in(list(SYNC_CALLS)))
+    copies = host.join(blocking.select(LAUNCH_KEY).unique(), on=LAUNCH_KEY, how="semi")
+    return pl.concat([calls, copies], how="vertical").unique().select("proc", "start_ns", "end_ns")
 
 
 def _overlap_ns(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -404,8 +428,8 @@ def gpu_steps(activity: pl.DataFrame | None, process_steps: pl.DataFrame, resolu
         return []
     device = activity.filter(pl.col("stream").is_not_null())
     launches = activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
-    launched = device.join(launches.select("proc", "correlation", pl.col("start_ns").alias("launch_ns")),
-                           on=["proc", "correlation"], how="inner")
+    launched = device.join(launches.select(*LAUNCH_KEY, pl.col("start_ns").alias("launch_ns")),
+                           on=LAUNCH_KEY, how="inner")
     waits = sync_waits(activity)
     rows = []
     for (proc,), steps in process_steps.filter(pl.col("proc").is_in(device.get_column("proc").unique().implode())
@@ -459,9 +483,9 @@ def span_gpu(spans: pl.DataFrame, activity: pl.DataFrame, resolution: Resolution
     device = activity.filter(pl.col("stream").is_not_null())
     launches = (
         activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
-        .select("proc", "correlation", pl.col("tid").alias("launch_tid"), pl.col("start_ns").alias("launch_ns"))
-        .join(device.select("proc", "correlation", (pl.col("end_ns") - pl.col("start_ns")).alias("gpu_ns")),
-              on=["proc", "correlation"], how="inner")
+        .select(*LAUNCH_KEY, pl.col("tid").alias("launch_tid"), pl.col("start_ns").alias("launch_ns"))
+        .join(device.select(*LAUNCH_KEY, (pl.col("end_ns") - pl.col("start_ns")).alias("gpu_ns")),
+              on=LAUNCH_KEY, how="inner")
         .join(keys, on="proc", how="left")
     )
     spans = spans.filter(pl.col("dur").is_not_null() & pl.col("ts").is_not_null())

@@ -145,7 +145,7 @@ def _partial_of_trace(trace: TraceTable) -> Partial:
     meta = resolved_records(trace.processes.iter_rows(named=True), trace.meta.iter_rows(named=True))
     activity = None
     if trace.activity is not None:
-        activity = trace.activity.select(*activity_schema(), pl.col("host").fill_null("").alias(HOST_KEY))
+        activity = trace.activity.select(*activity_schema(), "file", pl.col("host").fill_null("").alias(HOST_KEY))
     return aggregate(PartitionData(Partition("<memory>"), events, meta=meta, activity=activity))
 
 

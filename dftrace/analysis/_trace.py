@@ -59,7 +59,7 @@ class TraceTable:
     files: list[FileReport]
     #: GPU activity, launches and profiler steps of PyTorch profiler traces at
     #: nanosecond resolution (``dftrace.analysis._kineto.activity_schema()`` plus
-    #: ``host`` and ``rank``); None when no file is one.
+    #: ``file``, ``host`` and ``rank``); None when no file is one.
     activity: pl.DataFrame | None = None
 
     @property

@@ -570,3 +570,22 @@ def test_stream_lanes(tmp_path: Path) -> None:
     # merged: [0,5] [10,11] [12,20] [30,40] [100,101]; gaps 5, 1, 10, 60: the two largest stay
     assert lane["busy"] == [[0, 20], [30, 40], [100, 101]]
     assert lane["busy_us"] == 5 + 1 + 8 + 10 + 1
+
+
+def test_profiling_windows_of_one_process_are_timelines_of_their_own(tmp_path: Path) -> None:
+    """Two profiler traces of one process (two windows, a second apart, with the same
+    correlation ids): the time between them is not idle, and ids never cross windows."""
+    first = kinetogen.rank_document(0, seed=16)
+    second = kinetogen.rank_document(0, seed=17)
+    for event in second["traceEvents"]:
+        event["ts"] = round(event["ts"] + 1_000_000, 3)
+    a = kinetogen.write_document(first, tmp_path / "w1.pt.trace.json")
+    b = kinetogen.write_document(second, tmp_path / "w2.pt.trace.json")
+    alone = [summarize(path).gpu[0] for path in (a, b)]
+    both = summarize([a, b])
+    assert both.overview["processes"] == 1
+    (gpu,) = both.gpu
+    for key in ("kernels", "kernel_us", "idle_us", "compute_us", "non_compute_us"):
+        assert gpu[key] == alone[0][key] + alone[1][key]
+    for cause in ("host_wait_us", "kernel_wait_us", "other_us"):
+        assert gpu["idle_by_cause"][cause] == alone[0]["idle_by_cause"][cause] + alone[1]["idle_by_cause"][cause]
