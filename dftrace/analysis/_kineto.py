@@ -18,7 +18,7 @@ What becomes of it:
 - ``ProfilerStep#N`` spans carry ``step`` N;
 - the rank is ``distributedInfo.rank``; the host is ``host_name``, else the file
   name's stem (so ranks of one job never merge into one process);
-- the GPU activity table (:data:`ACTIVITY_SCHEMA`) keeps, at nanosecond resolution,
+- the GPU activity table (:func:`activity_schema`) keeps, at nanosecond resolution,
   what the GPU answers need: device-side activity, the runtime/driver calls that
   launched it (joined by ``correlation``) and the ``ProfilerStep#N`` spans.
 """
@@ -37,7 +37,7 @@ from .. import format as fmt
 
 #: How much decoded text is looked at to recognise a Kineto document.
 SNIFF_BYTES = 1 << 20
-# Compressed bytes decoded first, enough to see how the text starts.
+# Bytes read (and decoded) first, enough to see how the text starts.
 _FIRST_PIECE = 4096
 #: Host-side categories whose events carry the ``correlation`` of what they launched.
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
@@ -68,19 +68,15 @@ def is_document_file(path: str | os.PathLike[str]) -> bool:
     dftrace file starts with ``[``) is ruled out before anything is decompressed."""
     try:
         with open(path, "rb") as fh:
-            raw = fh.read(SNIFF_BYTES)
-    except OSError:
-        return False
-    factory = fmt.member_decoder(raw)
-    if factory is None:
-        return looks_like_document(raw)
-    decoder = factory()
-    try:
-        head = decoder.decompress(raw[:_FIRST_PIECE])
-        if head.lstrip()[:1] not in (b"", b"{"):
-            return False
-        head += decoder.decompress(raw[_FIRST_PIECE: SNIFF_BYTES // 4])
-    except Exception:  # noqa: BLE001 - a damaged stream is not a document
+            raw = fh.read(_FIRST_PIECE)
+            factory = fmt.member_decoder(raw)
+            decoder = factory() if factory is not None else None
+            head = raw if decoder is None else decoder.decompress(raw)
+            if head.lstrip()[:1] not in (b"", b"{"):
+                return False
+            rest = fh.read(SNIFF_BYTES - _FIRST_PIECE if decoder is None else SNIFF_BYTES // 4)
+            head += rest if decoder is None else decoder.decompress(rest)
+    except Exception:  # noqa: BLE001 - unreadable, or a damaged stream: not a document
         return False
     return looks_like_document(head[:SNIFF_BYTES])
 
@@ -110,7 +106,7 @@ def profiler_step(name: Any) -> int | None:
 
 
 class KinetoDocument:
-    """One parsed Kineto trace: its events split into host rows, GPU activity and metadata."""
+    """One parsed Kineto trace: its events, time base, rank, host and profiled pid."""
 
     def __init__(self, doc: dict[str, Any], path: str):
         events = doc.get("traceEvents")
@@ -222,22 +218,22 @@ def split_events(doc: KinetoDocument) -> dict[str, Any]:
         if dur is not None and dur < 0:
             broken.append((number, f"negative dur {dur!r}"))
             continue
-        stream = _int(args.get("stream"))
-        on_device = pid != host_pid
-        tid = _int(event.get("tid"))
-        device = None
-        if on_device:
-            if stream is None:
-                stream = tid
-            device = _int(args.get("device"))
-            device = pid if device is None else device
-            tid = stream
-            lanes.setdefault(stream if stream is not None else -1, device)
         start_ns = doc.ns(ts)
         end_ns = None if dur is None else start_ns + us_to_ns(dur)
         if start_ns not in _INT64 or (end_ns is not None and end_ns not in _INT64):
             broken.append((number, "ts or dur out of range"))
             continue
+        stream = _int(args.get("stream"))
+        on_device = pid != host_pid
+        tid = _int(event.get("tid"))
+        device = None
+        if on_device:
+            # the stream's lane (events without args.stream, GPU annotations, sit on their tid)
+            device = _int(args.get("device"))
+            device = pid if device is None else device
+            tid = stream if stream is not None else tid
+            if tid is not None:
+                lanes.setdefault(tid, device)
         cat = event.get("cat") if isinstance(event.get("cat"), str) else ""
         name = event.get("name") if isinstance(event.get("name"), str) else ""
         step = profiler_step(name) if not on_device else None
@@ -253,7 +249,7 @@ def split_events(doc: KinetoDocument) -> dict[str, Any]:
         correlation = _int(args.get("correlation"))
         if end_ns is None or ph != fmt.PH_COMPLETE:
             continue
-        if on_device or (correlation is not None and cat in LAUNCH_CATS) or step is not None:
+        if (on_device and stream is not None) or (correlation is not None and cat in LAUNCH_CATS) or step is not None:
             activity["pid"].append(host_pid)
             activity["tid"].append(tid)
             activity["cat"].append(cat)
@@ -314,11 +310,11 @@ def validate_document(path: str | os.PathLike[str]) -> list[fmt.Violation]:
 
 
 def activity_schema() -> dict[str, Any]:
-    import polars as pl
+    """The GPU activity table's columns (:data:`ACTIVITY_COLUMNS`) with their polars types."""
+    import polars as pl  # here: detecting a document needs no polars (``dftrace validate``)
 
-    return {"pid": pl.Int64, "tid": pl.Int64, "cat": pl.String, "name": pl.String, "start_ns": pl.Int64,
-            "end_ns": pl.Int64, "device": pl.Int32, "stream": pl.Int64, "correlation": pl.Int64,
-            "external_id": pl.Int64, "step": pl.Int64}
+    text = {"cat", "name"}
+    return {c: pl.String if c in text else pl.Int32 if c == "device" else pl.Int64 for c in ACTIVITY_COLUMNS}
 
 
 def fill_partition(result: Any, data: bytes, wanted: dict[str, Any], schema: dict[str, Any]) -> None:

@@ -589,3 +589,34 @@ def test_profiling_windows_of_one_process_are_timelines_of_their_own(tmp_path: P
         assert gpu[key] == alone[0][key] + alone[1][key]
     for cause in ("host_wait_us", "kernel_wait_us", "other_us"):
         assert gpu["idle_by_cause"][cause] == alone[0]["idle_by_cause"][cause] + alone[1]["idle_by_cause"][cause]
+
+
+def clipped_union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """Length of the union of intervals inside [lo, hi), by sorting and sweeping."""
+    total, reach = 0, lo
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, hi)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
+
+
+def test_sync_wait_per_step_stays_within_each_rank(tmp_path: Path) -> None:
+    """Every rank's correlation ids start alike: a rank's waits are its own calls only."""
+    kinetogen.write_job(tmp_path, ranks=2, seed=21, steps=5)
+    rows = summarize(tmp_path).gpu_steps
+    assert {r["rank"] for r in rows} == {0, 1}
+    for rank in (0, 1):
+        doc = kinetogen.rank_document(rank, seed=21, world=2, steps=5)
+        def ns(us: float) -> int:
+            return int(Decimal(kinetogen.BASE_NS) + Decimal(repr(us)) * 1000)
+
+        blocking = {e["args"]["correlation"] for e in doc["traceEvents"]
+                    if e.get("name") == "Memcpy DtoH (Device -> Pageable)"}
+        waits = [(ns(e["ts"]), ns(e["ts"]) + int(Decimal(repr(e["dur"])) * 1000)) for e in doc["traceEvents"]
+                 if e.get("cat") == "cuda_runtime"
+                 and (e["name"] == "cudaDeviceSynchronize" or e["args"]["correlation"] in blocking)]
+        for row in (r for r in rows if r["rank"] == rank):
+            lo, hi = row["start_us"] * 1000, (row["start_us"] + row["dur_us"]) * 1000
+            assert row["sync_wait_us"] == pytest.approx(clipped_union_ns(waits, lo, hi) / 1000, abs=1e-3)
