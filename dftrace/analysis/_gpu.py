@@ -24,6 +24,14 @@ correlation id: kernels, memory copies and sets, stream syncs):
   under :data:`CONSECUTIVE_KERNEL_DELAY_US` (back-to-back launch latency), else
   *other*; gaps are summed over the streams (memory copies and sets included,
   stream syncs not).
+
+Each profiler trace of a process is a profiling window of its own: times add up over
+the windows, and correlation ids tie launches to kernels within one window.
+
+Joined to the steps of the step model (dftrace's, else the profiler's), per step:
+the GPU's busy share, the kernels launched in the step and their GPU time, and the
+host time in calls that wait for the GPU (:func:`gpu_steps`); and per span, the
+kernels launched inside it on its thread (:func:`span_gpu`).
 """
 
 from __future__ import annotations
