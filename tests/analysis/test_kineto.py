@@ -229,8 +229,9 @@ def test_kernel_types() -> None:
 # --- against HolisticTraceAnalysis -----------------------------------------------------
 
 
-def hta_figures(directory: Path) -> dict[int, dict[str, Any]]:
-    """HTA 0.5.0's temporal breakdown, overlap and idle-time split per rank."""
+def hta_figures(directory: Path) -> dict[Any, dict[str, Any]]:
+    """HTA 0.5.0's temporal breakdown, overlap and idle-time split per rank, and its
+    kernel-type times over all ranks (key ``kernel_type_us``)."""
     pytest.importorskip("hta", reason="HolisticTraceAnalysis 0.5.0 is not installed (pip install "
                                        "holistictraceanalysis==0.5.0): no comparison with the reference")
     logging.getLogger("hta").setLevel(logging.ERROR)
@@ -239,7 +240,9 @@ def hta_figures(directory: Path) -> dict[int, dict[str, Any]]:
     analysis = TraceAnalysis(trace_dir=str(directory))
     temporal = analysis.get_temporal_breakdown(visualize=False).set_index("rank")
     overlap = analysis.get_comm_comp_overlap(visualize=False).set_index("rank")
-    figures = {}
+    kernel_types, _ = analysis.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
+    figures: dict[Any, Any] = {"kernel_type_us": {row["kernel_type"].lower(): row["sum"]
+                                                  for _, row in kernel_types.iterrows()}}
     for rank in temporal.index:
         idle, _ = analysis.get_idle_time_breakdown(ranks=[int(rank)], visualize=False)
         by_cause = idle.groupby("idle_category")["idle_time"].sum()
@@ -265,7 +268,14 @@ def test_gpu_figures_match_hta(tmp_path: Path, options: dict[str, Any]) -> None:
     kinetogen.write_job(tmp_path, **options)
     reference = hta_figures(tmp_path)
     gpu = summarize(tmp_path).gpu
+    by_type = reference.pop("kernel_type_us")
     assert sorted(g["rank"] for g in gpu) == sorted(reference)
+    # busy time per combination of kernel types, summed over ranks as HTA gives it
+    ours: dict[str, int] = {}
+    for g in gpu:
+        for kind, us in g["kernel_type_us"].items():
+            ours[kind] = ours.get(kind, 0) + us
+    assert ours == pytest.approx({k: v for k, v in by_type.items() if v}, rel=0.01)
     for g in gpu:
         ref = reference[g["rank"]]
         assert g["idle_pct"] == pytest.approx(ref["idle_pct"], abs=1)
