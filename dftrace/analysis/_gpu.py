@@ -426,15 +426,18 @@ def clock_bound_us(anchor_wall_ns: int | None, profiler_start_ns: int) -> float 
 
 
 def gpu_steps(activity: pl.DataFrame | None, process_steps: pl.DataFrame, resolution: Resolution) -> list[dict[str, Any]]:
-    """Per step of each process with both dftrace steps and GPU activity: the GPU's
-    busy share of the step, the GPU time of the kernels launched in it, and the host
-    time spent waiting for the GPU in it (see docs/analysis.md, "GPU traces").
+    """Per step of each process with steps and GPU activity: the shares of the step
+    in which some kernel (``gpu_busy_pct``) and some computation kernel
+    (``gpu_compute_pct``) ran, the kernels launched in the step and their GPU time,
+    and the host time spent waiting for the GPU in it (see docs/analysis.md, "GPU
+    traces"). Stream syncs are not GPU work here.
 
     Steps are integer µs since the epoch (dftrace's clock), activity ns since the epoch
     (the profiler's): both are wall-clock times, compared as they are."""
     if activity is None or not activity.height or not process_steps.height:
         return []
-    device = activity.filter(pl.col("stream").is_not_null())
+    device = activity.filter(pl.col("stream").is_not_null() & (pl.col("cat") != "cuda_sync")).with_columns(
+        kernel_type(pl.col("name")).alias("type"))
     launches = activity.filter(pl.col("stream").is_null() & pl.col("correlation").is_not_null())
     launched = device.join(launches.select(*LAUNCH_KEY, pl.col("start_ns").alias("launch_ns")),
                            on=LAUNCH_KEY, how="inner")
@@ -446,11 +449,9 @@ def gpu_steps(activity: pl.DataFrame | None, process_steps: pl.DataFrame, resolu
         lo = steps.get_column("start").to_numpy() * 1000
         hi = steps.get_column("end").to_numpy() * 1000
         mine = device.filter(pl.col("proc") == proc)
-        busy = _overlap_ns(*merge_intervals(mine.get_column("start_ns").to_numpy(), mine.get_column("end_ns").to_numpy()),
-                           lo, hi)
-        own = waits.filter(pl.col("proc") == proc)
-        waited = _overlap_ns(*merge_intervals(own.get_column("start_ns").to_numpy(), own.get_column("end_ns").to_numpy()),
-                             lo, hi)
+        busy = _covered(mine, lo, hi)
+        compute = _covered(mine.filter(pl.col("type") == "computation"), lo, hi)
+        waited = _covered(waits.filter(pl.col("proc") == proc), lo, hi)
         kernels = launched.filter(pl.col("proc") == proc).sort("launch_ns")
         at = kernels.get_column("launch_ns").to_numpy()
         durations = np.concatenate([[0], np.cumsum((kernels.get_column("end_ns") - kernels.get_column("start_ns")).to_numpy())])
@@ -464,12 +465,19 @@ def gpu_steps(activity: pl.DataFrame | None, process_steps: pl.DataFrame, resolu
                 "rank": process.rank, "host": process.host, "pid": process.pid, "epoch": step["epoch"],
                 "step": step["step"], "start_us": step["start"], "dur_us": step["end"] - step["start"],
                 "gpu_busy_pct": round(100 * busy[i] / span_ns, 2) if span_ns else None,
+                "gpu_compute_pct": round(100 * compute[i] / span_ns, 2) if span_ns else None,
                 "kernels_launched": int(last[i] - first[i]),
                 "kernel_us_launched": round((durations[last[i]] - durations[first[i]]) / 1000, 3),
                 "sync_wait_us": round(waited[i] / 1000, 3),
                 "clock_bound_us": bound,
             })
     return rows
+
+
+def _covered(intervals: pl.DataFrame, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """For each window [lo, hi) (ns): the time the rows' [start_ns, end_ns) cover in it."""
+    return _overlap_ns(*merge_intervals(intervals.get_column("start_ns").to_numpy(),
+                                        intervals.get_column("end_ns").to_numpy()), lo, hi)
 
 
 #: Columns of ``dftrace sql``'s ``span_gpu`` view.

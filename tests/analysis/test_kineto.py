@@ -233,7 +233,7 @@ def hta_figures(directory: Path) -> dict[Any, dict[str, Any]]:
     """HTA 0.5.0's temporal breakdown, overlap and idle-time split per rank, and its
     kernel-type times over all ranks (key ``kernel_type_us``)."""
     pytest.importorskip("hta", reason="HolisticTraceAnalysis 0.5.0 is not installed (pip install "
-                                       "holistictraceanalysis==0.5.0): no comparison with the reference")
+                                       "'dftrace[gpu-check]'): no comparison with the reference")
     logging.getLogger("hta").setLevel(logging.ERROR)
     from hta.trace_analysis import TraceAnalysis
 
@@ -454,6 +454,8 @@ def test_gpu_joined_to_dftrace_steps(tmp_path: Path) -> None:
         assert row["kernels_launched"] == len(inside)
         assert row["kernel_us_launched"] == sum(e["dur"] for e in inside)
         assert row["gpu_busy_pct"] == pytest.approx(100 * covered(busy, lo, hi) / (hi - lo), abs=0.01)
+        compute = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if e["cat"] == "kernel"]
+        assert row["gpu_compute_pct"] == pytest.approx(100 * covered(compute, lo, hi) / (hi - lo), abs=0.01)
         assert row["sync_wait_us"] == covered(waits, lo, hi)
         checked += bool(inside)
     assert checked >= 2
