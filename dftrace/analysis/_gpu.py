@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._kineto import activity_schema
+from ._kineto import PROFILER_CATS, activity_schema
 from ._metadata import Resolution
 from ._schema import HOST_KEY
 
@@ -519,3 +519,33 @@ def span_gpu(spans: pl.DataFrame, activity: pl.DataFrame, resolution: Resolution
     if not out:
         return pl.DataFrame(schema=SPAN_GPU_SCHEMA)
     return pl.concat(out, how="vertical").select(list(SPAN_GPU_SCHEMA)).cast(SPAN_GPU_SCHEMA)
+
+
+def gpu_by_span(spans: pl.DataFrame, activity: pl.DataFrame | None, resolution: Resolution,
+                limit: int = TOP_KERNELS * 2) -> list[dict[str, Any]]:
+    """Per (cat, name) of dftrace's spans (the profiler's own categories left out) in
+    processes with a profiler trace: spans,
+    the kernels launched inside them (see :func:`span_gpu`) and their GPU time (µs),
+    most GPU time first. A kernel launched inside nested spans counts for each."""
+    spans = spans.filter(~pl.col("cat").is_in(PROFILER_CATS))
+    if activity is None or not activity.height or not spans.height:
+        return []
+    per_span = span_gpu(spans, activity, resolution)
+    return (
+        per_span.group_by("cat", "name")
+        .agg(pl.len().alias("spans"), pl.col("kernels").sum(), pl.col("kernel_us").sum().round(3))
+        .filter(pl.col("kernels") > 0)
+        .sort(["kernel_us", "cat", "name"], descending=[True, False, False])
+        .head(limit)
+        .to_dicts()
+    )
+
+
+def dftrace_files_with_gpu(activity: pl.DataFrame | None, resolution: Resolution) -> list[str]:
+    """The files other than profiler traces of the processes that have GPU activity."""
+    if activity is None or not activity.height:
+        return []
+    procs = set(activity.get_column("proc").unique().to_list())
+    profiler_files = set(activity.get_column("file").unique().to_list())
+    return sorted({path for (path, _, _), proc in resolution.index.items()
+                   if proc in procs and path not in profiler_files})

@@ -43,6 +43,8 @@ _FIRST_PIECE = 4096
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
 #: Device-side categories of GPU activity (newer and older Kineto spellings).
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset", "cuda_sync")
+#: Categories of the profiler's own events (host and device side).
+PROFILER_CATS = ("cpu_op", "user_annotation", "python_function", "gpu_user_annotation", *LAUNCH_CATS, *GPU_CATS)
 _PROFILER_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 _FLOW_PHASES = ("s", "f", "t")
 

@@ -322,6 +322,11 @@ def _gpu(summary: Summary, top: int) -> list[str]:
                          "sync wait"), rows, (True,) * 9)
         if len(summary.gpu_steps) > top:
             lines.append(f"  ... {len(summary.gpu_steps) - top} more steps (--top, or --json)")
+    if summary.gpu_spans:
+        lines.append("  GPU time by span (kernels whose launch call started inside the span, on its thread):")
+        lines += _table(("cat", "name", "spans", "kernels", "GPU time"),
+                        [(s["cat"], _short(s["name"]), s["spans"], s["kernels"], format_us(s["kernel_us"]))
+                         for s in summary.gpu_spans[:top]], (False, False, True, True, True))
     return lines
 
 

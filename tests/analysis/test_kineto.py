@@ -394,6 +394,7 @@ def gpu_of_process(pid: int, host: str, start_us: int, end_us: int, seed: int) -
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "ts": start_us, "args": {"labels": "CPU"}}]
     t, correlation = start_us, 1
+    free = {7: start_us, 13: start_us}  # when each stream is done with its last kernel
     while t < end_us:
         correlation += 1
         roll = rng.random()
@@ -406,10 +407,12 @@ def gpu_of_process(pid: int, host: str, start_us: int, end_us: int, seed: int) -
         name = "cudaLaunchKernel" if roll > 0.2 else "cudaMemcpyAsync"
         events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": pid, "tid": pid, "ts": t,
                        "dur": launch_dur, "args": {"correlation": correlation}})
+        stream = 7 if roll > 0.6 else 13
         kernel = {"ph": "X", "cat": "kernel" if roll > 0.2 else "gpu_memcpy",
                   "name": "gemm_kernel" if roll > 0.2 else "Memcpy DtoH (Device -> Pageable)", "pid": 0,
-                  "tid": 7 if roll > 0.6 else 13, "ts": t + rng.randint(4, 30), "dur": rng.randint(5, 80),
-                  "args": {"device": 0, "stream": 7 if roll > 0.6 else 13, "correlation": correlation}}
+                  "tid": stream, "ts": max(t + rng.randint(4, 30), free[stream]), "dur": rng.randint(5, 80),
+                  "args": {"device": 0, "stream": stream, "correlation": correlation}}
+        free[stream] = kernel["ts"] + kernel["dur"]
         events.append(kernel)
         t += rng.randint(5, 60)
     for number, at in enumerate(range(start_us, end_us, (end_us - start_us) // 3)):
@@ -484,8 +487,14 @@ def test_sql_span_gpu_attributes_kernels_to_the_spans_that_launched_them(tmp_pat
                   tmp_path)
     got_map = {r["name"]: (r["n"], r["us"]) for r in got.to_dicts()}
     # spans on threads that launched nothing (the loader's) have no row
-    assert {k: v for k, v in got_map.items() if v[0]} == {k: v for k, v in expected.items() if v[0]}
+    launching = {k: v for k, v in expected.items() if v[0]}
+    assert {k: v for k, v in got_map.items() if v[0]} == launching
     assert sum(n for n, _ in expected.values()) > 0
+    # the summary has the same per name, for dftrace's spans (read again for it)
+    for summary in (summarize(tmp_path), summarize(load_traces(tmp_path))):
+        by_name = {s["name"]: (s["kernels"], s["kernel_us"]) for s in summary.gpu_spans}
+        assert by_name == {k: v for k, v in launching.items() if k in by_name}
+        assert set(by_name) == set(launching)
 
 
 @pytest.mark.filterwarnings("ignore:.*Profiler clears events")
