@@ -127,8 +127,9 @@ def summarize(
         combined = combine([_partial_of_trace(source)])
         combined.files = list(source.files)
         summary = build_summary(combined)
-        summary.gpu_spans = gpu_by_span(source.events.filter(pl.col("ph") == fmt.PH_COMPLETE),
-                                        combined.activity, combined.resolution)
+        if set(_SPAN_COLUMNS) <= set(source.events.columns):
+            summary.gpu_spans = gpu_by_span(source.events.filter(pl.col("ph") == fmt.PH_COMPLETE),
+                                            combined.activity, combined.resolution)
         return summary
     plan = plan_partitions(expand_paths(as_path_list(source)), partition_bytes)
     partials = default_executor(executor).map(
