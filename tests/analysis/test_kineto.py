@@ -641,3 +641,28 @@ def test_sync_wait_per_step_stays_within_each_rank(tmp_path: Path) -> None:
         for row in (r for r in rows if r["rank"] == rank):
             lo, hi = row["start_us"] * 1000, (row["start_us"] + row["dur_us"]) * 1000
             assert row["sync_wait_us"] == pytest.approx(clipped_union_ns(waits, lo, hi) / 1000, abs=1e-3)
+
+
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events")
+def test_real_tensorboard_handler_gzip_files(tmp_path: Path) -> None:
+    """What ``tensorboard_trace_handler(use_gzip=True)`` writes on a schedule: one
+    ``.pt.trace.json.gz`` per active window, each read as a trace of the process."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    handler = tensorboard_trace_handler(str(tmp_path), worker_name="worker0", use_gzip=True)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2, repeat=2),
+                 on_trace_ready=handler) as prof:
+        for _ in range(8):
+            x = torch.randn(64, 64)
+            (x @ x).sum()
+            prof.step()
+    files = sorted(tmp_path.glob("*.pt.trace.json.gz"))
+    assert len(files) == 2
+    summary = summarize(tmp_path)
+    assert summary.overview["processes"] == 1 and summary.overview["files"] == 2
+    docs = [json.loads(gzip.decompress(path.read_bytes())) for path in files]
+    assert summary.overview["events"] == sum(len(host_events(doc)) for doc in docs)
+    steps = sorted(int(e["name"].split("#")[1]) for doc in docs for e in host_events(doc)
+                   if e["name"].startswith("ProfilerStep#"))
+    assert sorted({s["step"] for s in summary.steps}) == steps
