@@ -97,6 +97,7 @@ class TraceTables:
         }
         self._lock = threading.Lock()
         self._loaded: list[pl.DataFrame] = []
+        self._activity_read: tuple[pl.DataFrame, Resolution] | None = None
         #: The column sets decoded so far, in order (to check what a query read).
         self.loads: list[tuple[str, ...]] = []
 
@@ -137,11 +138,15 @@ class TraceTables:
                                      "kernels": kernels, "gpu": gpu, "span_gpu": span_gpu_view})
 
     def _activity(self) -> tuple[pl.DataFrame, Resolution]:
-        """GPU activity of the PyTorch profiler traces among the files, with its processes."""
-        parts = self._executor.map(functools.partial(read_partition, columns=["pid"]), self._plan,
-                                   progress=self._progress, desc="loading")
-        resolution = resolve_parts(parts, [partition_keys(p) for p in parts])
-        return activity_by_process(parts, resolution), resolution
+        """GPU activity of the PyTorch profiler traces among the files, with its processes
+        (read once, for whichever of kernels, gpu and span_gpu a query uses first)."""
+        with self._lock:
+            if self._activity_read is None:
+                parts = self._executor.map(functools.partial(read_partition, columns=["pid"]), self._plan,
+                                           progress=self._progress, desc="loading")
+                resolution = resolve_parts(parts, [partition_keys(p) for p in parts])
+                self._activity_read = (activity_by_process(parts, resolution), resolution)
+            return self._activity_read
 
     def _arg(self, key: str) -> str:
         return next(column for column, (k, _) in self.arg_columns.items() if k == key)
