@@ -22,6 +22,7 @@ import polars as pl
 
 from .. import format as fmt
 from ._decode import MAX_BROKEN_KEPT, PartitionData, read_partition
+from ._gpu import activity_by_process
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS
 from ._sources import Partition
@@ -95,6 +96,7 @@ def aggregate(data: PartitionData) -> Partial:
         broken_count=data.broken_count,
         cut_off=data.cut_off,
         closed=data.closed,
+        activity=data.activity,
     )
     phases = events.group_by("ph").agg(pl.len().cast(pl.Int64).alias("n"))
     spans = events.filter(
@@ -337,6 +339,9 @@ class Combined:
     file_extents: pl.DataFrame
     phases: pl.DataFrame
     partitions: int = 0
+    #: proc plus ``_kineto.activity_schema()``: GPU activity, launches and profiler
+    #: steps of PyTorch profiler traces (empty for other traces).
+    activity: pl.DataFrame | None = None
 
 
 def combine(partials: Sequence[Partial]) -> Combined:
@@ -415,6 +420,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
         file_extents=_file_extents(partials),
         phases=phases,
         partitions=len(partials),
+        activity=activity_by_process(sources, resolution),
     )
 
 

@@ -246,6 +246,7 @@ def _run_validate(args: argparse.Namespace) -> int:
     import orjson
 
     from ..format import validate_file
+    from ._kineto import is_document_file, validate_document
     from ._sources import PARQUET_SUFFIX, expand_paths
 
     failed = 0
@@ -257,6 +258,8 @@ def _run_validate(args: argparse.Namespace) -> int:
             from ._parquet import validate_parquet
 
             violations = validate_parquet(path)
+        elif is_document_file(path):
+            violations = validate_document(path)
         else:
             violations = validate_file(path, strict=args.strict, torn=torn)
         failed += bool(violations)
@@ -388,6 +391,11 @@ tables:
                rank, unit, epoch, step, ts, end, dur, n_spans
   collectives  communication spans: rank, host, pid, tid, name, group, seq, ts, dur,
                end, bytes, epoch, step
+  kernels      GPU activity of PyTorch profiler traces: rank, host, pid, device, stream,
+               cat, name, type, ts, end, dur (µs, ns resolution), correlation,
+               launch_name, launch_tid, launch_ts, queued, counted
+  gpu          GPU answers per rank and device (see docs/analysis.md, GPU traces)
+  span_gpu     spans with the kernels launched inside them: ..., kernels, kernel_us
 
 Only the columns a query names are decoded. The SQL is polars' dialect (SELECT, WHERE,
 GROUP BY, JOIN, WITH, window functions, ...); quote names that are SQL words: "group".

@@ -22,6 +22,7 @@ import orjson
 import polars as pl
 
 from .. import format as fmt
+from . import _kineto
 from ._schema import EVENT_COLUMNS, HOST_KEY, RAW_FIELDS
 from ._parquet import read_parquet_parts
 from ._sources import Partition
@@ -58,6 +59,10 @@ class PartitionData:
     cut_off: str | None = None
     #: Whether the closing ``]`` of a finalized file was seen.
     closed: bool = False
+    #: GPU activity, launches and profiler steps of a PyTorch profiler trace, at
+    #: nanosecond resolution (``_kineto.activity_schema()`` plus ``host_key``); None
+    #: for other traces.
+    activity: pl.DataFrame | None = None
 
     def note_broken(self, number: int, reason: str) -> None:
         self.broken_count += 1
@@ -89,6 +94,9 @@ def read_partition(
     decoded = fmt.read_trace_bytes(partition.path, partition.start, partition.end)
     result = PartitionData(partition, _empty(wanted), cut_off=decoded.cut_off)
     if not decoded.data:
+        return result
+    if _kineto.looks_like_document(decoded.data[:_kineto.SNIFF_BYTES]):
+        _kineto.fill_partition(result, decoded.data, wanted, result.events.schema)
         return result
     holder = [decoded.data]
     del decoded

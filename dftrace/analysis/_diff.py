@@ -103,7 +103,7 @@ class RunDiff:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2).decode()
 
 
-SECTIONS = ("steps", "epochs", "categories", "breakdown", "dataloader", "stragglers", "events")
+SECTIONS = ("steps", "epochs", "categories", "breakdown", "dataloader", "stragglers", "gpu", "events")
 
 
 def compare_summaries(base: Summary, new: Summary, *, threshold: float = DEFAULT_THRESHOLD) -> RunDiff:
@@ -155,6 +155,7 @@ def _figures(base: Summary, new: Summary) -> Iterator[_Figure]:
     yield from _breakdown_figures(base, new)
     yield from _dataloader_figures(base, new)
     yield from _straggler_figures(base, new)
+    yield from _gpu_figures(base, new)
     for key, label in (("events", "events"), ("dropped_events", "dropped")):
         values = _scaled((base.overview.get(key), new.overview.get(key)), units, per_rank)
         yield _Figure(f"events.{label}", "events", COUNT, *values, note=note)
@@ -233,6 +234,29 @@ def _straggler_figures(base: Summary, new: Summary) -> Iterator[_Figure]:
         slow_b, slow_n = _slowest_rank(base), _slowest_rank(new)
         yield _Figure("straggler.imbalance", "stragglers", RATIO, ratio_b, ratio_n,
                       note=f"mean slowest/median rank step time (slowest most often: {slow_b} -> {slow_n})")
+
+
+def _gpu_figures(base: Summary, new: Summary) -> Iterator[_Figure]:
+    """GPU idle, compute, non-compute and overlap shares, averaged over ranks and devices."""
+    if not base.gpu and not new.gpu:
+        return
+    for key in ("idle", "compute", "non_compute", "comm_compute_overlap"):
+        means = [_mean_share([g[f"{key}_pct"] for g in summary.gpu]) for summary in (base, new)]
+        yield _Figure(f"gpu.{key}", "gpu", SHARE, *means,
+                      note="mean over ranks and devices" + (" of kernel time" if key != "comm_compute_overlap"
+                                                            else " of communication time"))
+    if base.gpu_steps or new.gpu_steps:
+        busy = [_mean_share([s["gpu_busy_pct"] for s in summary.gpu_steps]) for summary in (base, new)]
+        yield _Figure("gpu.step_busy", "gpu", SHARE, *busy, note="mean over rank-steps of the GPU's busy share")
+        waits = [sum(s["sync_wait_us"] for s in summary.gpu_steps) / len(summary.gpu_steps) if summary.gpu_steps
+                 else None for summary in (base, new)]
+        yield _Figure("gpu.step_sync_wait", "gpu", US, *waits, time=None,
+                      note="host time per rank-step in calls waiting for the GPU")
+
+
+def _mean_share(pcts: list[float | None]) -> float | None:
+    known = [p for p in pcts if p is not None]
+    return round(sum(known) / len(known) / 100, 4) if known else None
 
 
 def _worst(summary: Summary) -> dict[str, Any]:
@@ -406,5 +430,6 @@ _SECTION_TITLES = {
     "breakdown": "Time breakdown",
     "dataloader": "Data-loader stall",
     "stragglers": "Stragglers",
+    "gpu": "GPU (PyTorch profiler traces)",
     "events": "Events",
 }

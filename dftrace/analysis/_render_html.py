@@ -65,6 +65,11 @@ def render_html(summary: Summary, *, title: str = "dftrace report") -> str:
          _distributions),
         ("Data-loader stall", "Share of loop time spent waiting for the next item (.iter) "
          "rather than using it (.block), per rank.", _stall),
+        ("GPU time per rank and device", "PyTorch profiler traces, HolisticTraceAnalysis' definitions: from "
+         "the first kernel's start to the last one's end, time some computation kernel ran, time only other "
+         "kernels ran (communication, memory), and idle time (split by cause on hover).", _gpu_time),
+        ("GPU streams", "When each CUDA stream was busy (kernels, copies, sets; the shortest gaps are "
+         "closed beyond 200 intervals a stream), on the step timeline's clock.", _gpu_lanes),
     ]
     parts = []
     for heading, note, build in sections:
@@ -308,3 +313,45 @@ def _stall(summary: Summary) -> Any:
         fig.add_trace(go.Bar(name=f"{d['cat']}/{d['loader']}", x=[r["rank"] for r in ranks],
                              y=[(r["stall"] or 0) * 100 for r in ranks]))
     return _layout(fig, yaxis_title="stall (% of loop time)", barmode="group")
+
+
+def _gpu_time(summary: Summary) -> Any:
+    rows = summary.gpu
+    if not rows:
+        return None
+    go = _go()
+    labels = [f"rank {g['rank']} · GPU {g['device']}" for g in rows]
+    fig = go.Figure()
+    for key, name, color in (("compute_us", "compute", "#4c78a8"), ("non_compute_us", "non-compute", "#f58518"),
+                             ("idle_us", "idle", "#bab0ac")):
+        fig.add_trace(go.Bar(
+            name=name, y=labels, x=[g[key] / 1000 for g in rows], orientation="h", marker_color=color,
+            customdata=[[g[key.replace("_us", "_pct")], g["comm_compute_overlap_pct"],
+                         g["idle_by_cause"]["host_wait_pct"], g["idle_by_cause"]["kernel_wait_pct"]] for g in rows],
+            hovertemplate=f"%{{y}} {name}: %{{x:.3f}} ms (%{{customdata[0]}}%), comm/compute overlap "
+                          "%{customdata[1]}%, idle waiting on the host %{customdata[2]}%, between kernels "
+                          "%{customdata[3]}%<extra></extra>",
+        ))
+    return _layout(fig, height=max(260, 28 * len(labels) + 120), barmode="stack",
+                   xaxis_title="kernel time (ms)", yaxis={"autorange": "reversed"})
+
+
+def _gpu_lanes(summary: Summary) -> Any:
+    lanes = [(f"rank {g['rank']} · GPU {g['device']} · stream {lane['stream']}", lane)
+             for g in summary.gpu for lane in g.get("streams", [])]
+    if not lanes:
+        return None
+    go = _go()
+    origin = summary.overview["start_us"]
+    fig = go.Figure()
+    for label, lane in lanes:
+        fig.add_trace(go.Bar(
+            name=label, orientation="h", y=[label] * len(lane["busy"]), showlegend=False,
+            x=[(end - start) / 1000 for start, end in lane["busy"]],
+            base=[(start - origin) / 1000 for start, _ in lane["busy"]],
+            hovertemplate=f"{label}: busy %{{x:.3f}} ms from %{{base:.3f}} ms "
+                          f"({lane['kernels']} kernels, {format_us(lane['busy_us'])} in all)<extra></extra>",
+        ))
+    return _layout(fig, height=max(260, 26 * len(lanes) + 120), barmode="overlay",
+                   xaxis_title="time since the run's start (ms)",
+                   yaxis={"categoryorder": "array", "categoryarray": [label for label, _ in lanes][::-1]})

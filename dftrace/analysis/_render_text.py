@@ -63,6 +63,7 @@ def render_text(summary: Summary, *, top: int = 20) -> str:
         _dataloader(summary),
         _stragglers(summary, top),
         _imbalance(summary, top),
+        _gpu(summary, top),
     ]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
 
@@ -282,3 +283,56 @@ def _imbalance(summary: Summary, top: int) -> list[str]:
     if len(imb["ranks"]) > len(ranks):
         lines.append(f"  ... {len(imb['ranks']) - len(ranks)} more ranks (--top, or --json)")
     return lines
+
+
+def _gpu(summary: Summary, top: int) -> list[str]:
+    """Per rank and device of PyTorch profiler traces: GPU time split, overlap, idle causes, top kernels."""
+    if not summary.gpu:
+        return []
+    lines = ["GPU (PyTorch profiler traces; HTA's definitions: % of the time from the first kernel's "
+             "start to the last one's end)"]
+    rows = []
+    for g in summary.gpu[:top]:
+        causes = g["idle_by_cause"]
+        rows.append((
+            "-" if g["rank"] is None else g["rank"], g["device"], g["kernels"], format_us(g["kernel_us"]),
+            f"{g['idle_pct']:.2f}%", f"{g['compute_pct']:.2f}%", f"{g['non_compute_pct']:.2f}%",
+            "-" if g["comm_compute_overlap_pct"] is None else f"{g['comm_compute_overlap_pct']:.2f}%",
+            " / ".join("-" if causes[f"{c}_pct"] is None else f"{causes[f'{c}_pct']:.0f}%"
+                       for c in ("host_wait", "kernel_wait", "other")),
+        ))
+    lines += _table(("rank", "device", "kernels", "kernel time", "idle", "compute", "non-compute",
+                     "comm overlap", "idle: host/kernel/other wait"), rows, (True,) * 8 + (False,))
+    if len(summary.gpu) > top:
+        lines.append(f"  ... {len(summary.gpu) - top} more devices (--top, or --json)")
+    first = summary.gpu[0]
+    if first["top_kernels"]:
+        lines.append(f"  top kernels (rank {first['rank']}, device {first['device']}):")
+        lines += _table(("kernel", "type", "count", "total", "mean"),
+                        [(_short(k["name"]), k["type"], k["count"], format_us(k["total_us"]), format_us(k["mean_us"]))
+                         for k in first["top_kernels"][:5]], (False, False, True, True, True))
+    if summary.gpu_steps:
+        lines.append("  per step (kernels launched in the step, GPU time of those kernels; sync wait: host time in "
+                     "calls waiting for the GPU):")
+        rows = [("-" if s["rank"] is None else s["rank"], "-" if s["epoch"] is None else s["epoch"], s["step"],
+                 format_us(s["dur_us"]), _share(s["gpu_busy_pct"]), _share(s["gpu_compute_pct"]),
+                 s["kernels_launched"], format_us(s["kernel_us_launched"]), format_us(s["sync_wait_us"]))
+                for s in summary.gpu_steps[:top]]
+        lines += _table(("rank", "epoch", "step", "step time", "GPU busy", "GPU compute", "kernels", "GPU time",
+                         "sync wait"), rows, (True,) * 9)
+        if len(summary.gpu_steps) > top:
+            lines.append(f"  ... {len(summary.gpu_steps) - top} more steps (--top, or --json)")
+    if summary.gpu_spans:
+        lines.append("  GPU time by span (kernels whose launch call started inside the span, on its thread):")
+        lines += _table(("cat", "name", "spans", "kernels", "GPU time"),
+                        [(s["cat"], _short(s["name"]), s["spans"], s["kernels"], format_us(s["kernel_us"]))
+                         for s in summary.gpu_spans[:top]], (False, False, True, True, True))
+    return lines
+
+
+def _share(pct: float | None) -> str:
+    return "-" if pct is None else f"{pct:.1f}%"
+
+
+def _short(name: str, width: int = 60) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"

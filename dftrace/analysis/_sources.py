@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..format import is_trace_file
+from ._kineto import is_document_file
 
 #: Default on-disk size of one partition of a compressed file. TraceTable lines compress
 #: about tenfold, so a partition decodes to roughly 150-250 MB of JSON.
@@ -86,8 +87,8 @@ def plan_partitions(
     plan: list[Partition] = []
     for path in files:
         size = os.path.getsize(path)
-        if path.endswith(PARQUET_SUFFIX):
-            cuts = [0]
+        if path.endswith(PARQUET_SUFFIX) or is_document_file(path):
+            cuts = [0]  # Parquet, and JSON documents (PyTorch profiler traces), are read whole
         else:
             with open(path, "rb") as fh:
                 magic = fh.read(4)

@@ -26,17 +26,31 @@ from ._schema import EVENT_COLUMNS, RAW_FIELDS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
 from ._aggregate import aggregate_partition, combine
 from ._summary import steps_of
-from ._trace import PathsLike, as_path_list, assemble
+from ._gpu import (GPU_VIEW_SCHEMA, KERNELS_SCHEMA, SPAN_GPU_SCHEMA, activity_by_process, gpu_answers, gpu_view,
+                   kernels_table, span_gpu)
+from ._kineto import first_events, is_document_file
+from ._metadata import Resolution
+from ._trace import PathsLike, as_path_list, assemble, partition_keys, resolve_parts
 
 #: Views over ``events``, with what each row is (shown by ``dftrace sql --help``).
 VIEWS = {
     "spans": "complete events (ph 'X') with end = ts + dur",
     "steps": "one row per step per rank, as the summary has them: rank, unit, epoch, step, ts, end, dur, n_spans",
     "collectives": "communication spans: rank, host, pid, tid, name, group, seq, ts, dur, end, bytes, epoch, step",
+    "kernels": "GPU activity of PyTorch profiler traces (kernels, memcpy, memset): rank, host, pid, device, stream, "
+               "cat, name, type, ts, end, dur (µs, ns resolution), correlation, launch_name, launch_tid, launch_ts, "
+               "queued, counted (by the gpu answers)",
+    "gpu": "the summary's GPU answers, one row per rank and device: kernel_us, busy_us, idle_us, compute_us, "
+           "non_compute_us, idle_pct, compute_pct, non_compute_pct, comm_compute_overlap_pct, "
+           "idle_host_wait_us, idle_kernel_wait_us, idle_other_us (gaps between kernels by cause, summed over streams)",
+    "span_gpu": "spans of processes with a PyTorch profiler trace, with the kernels launched inside them (the launch "
+                "call started in the span, on its thread): rank, host, pid, tid, cat, name, ts, dur, kernels, kernel_us",
 }
 
 #: Decoded from the start of each file to learn which other args exist.
 _SAMPLE_BYTES = 1 << 20
+# Events of a PyTorch profiler trace looked at for their args.
+_SAMPLE_EVENTS = 1000
 #: Args every event may carry, already columns of ``events`` (``hhash`` names the host).
 _KNOWN_ARGS = {source[1] for source in RAW_FIELDS.values() if source[0] == "args"} | {fmt.ARG_HOSTNAME_HASH}
 
@@ -83,6 +97,7 @@ class TraceTables:
         }
         self._lock = threading.Lock()
         self._loaded: list[pl.DataFrame] = []
+        self._activity_read: tuple[pl.DataFrame, Resolution] | None = None
         #: The column sets decoded so far, in order (to check what a query read).
         self.loads: list[tuple[str, ...]] = []
 
@@ -114,7 +129,24 @@ class TraceTables:
             bytes_column.cast(pl.Int64, strict=False).alias("bytes"), "epoch", "step",
         )
         steps = _scan(lambda columns: self._steps().select(columns), _STEP_SCHEMA, "steps")
-        return pl.SQLContext(frames={"events": events, "spans": spans, "steps": steps, "collectives": collectives})
+        kernels = _scan(lambda columns: kernels_table(*self._activity()).select(columns), KERNELS_SCHEMA, "kernels")
+        gpu = _scan(lambda columns: gpu_view(gpu_answers(*self._activity())).select(columns), GPU_VIEW_SCHEMA, "gpu")
+        span_gpu_view = _scan(lambda columns: span_gpu(
+            self.events(["rank", "host", "pid", "tid", "cat", "name", "ph", "ts", "dur"]).filter(
+                pl.col("ph") == fmt.PH_COMPLETE), *self._activity()).select(columns), SPAN_GPU_SCHEMA, "span_gpu")
+        return pl.SQLContext(frames={"events": events, "spans": spans, "steps": steps, "collectives": collectives,
+                                     "kernels": kernels, "gpu": gpu, "span_gpu": span_gpu_view})
+
+    def _activity(self) -> tuple[pl.DataFrame, Resolution]:
+        """GPU activity of the PyTorch profiler traces among the files, with its processes
+        (read once, for whichever of kernels, gpu and span_gpu a query uses first)."""
+        with self._lock:
+            if self._activity_read is None:
+                parts = self._executor.map(functools.partial(read_partition, columns=["pid"]), self._plan,
+                                           progress=self._progress, desc="loading")
+                resolution = resolve_parts(parts, [partition_keys(p) for p in parts])
+                self._activity_read = (activity_by_process(parts, resolution), resolution)
+            return self._activity_read
 
     def _arg(self, key: str) -> str:
         return next(column for column, (k, _) in self.arg_columns.items() if k == key)
@@ -189,6 +221,9 @@ def discover_arg_columns(plan: Sequence[Partition]) -> dict[str, tuple[str, pl.D
 
 
 def _first_events(partition: Partition) -> Iterator[dict[str, Any]]:
+    if is_document_file(partition.path):
+        yield from first_events(partition.path, _SAMPLE_EVENTS)
+        return
     data = b""
     for chunk in fmt.iter_decoded_chunks(partition.path, partition.start, partition.end):
         data += chunk

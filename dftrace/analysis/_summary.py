@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -23,12 +23,14 @@ from .. import format as fmt
 from ._aggregate import GROUPS, Combined, Partial, aggregate, combine, aggregate_partition
 from ._decode import PartitionData
 from ._executor import default_executor
+from ._gpu import dftrace_files_with_gpu, gpu_answers, gpu_by_span, gpu_steps, without_profiler_steps
+from ._kineto import activity_schema
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
 from ._steps import model_steps, unit_steps
 from ._stragglers import analyse, match_collectives
 from ._parquet import resolved_records
-from ._trace import PathsLike, TraceTable, as_path_list
+from ._trace import PathsLike, TraceTable, as_path_list, load_traces
 
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
 #: beyond this, evenly spaced steps are kept (all ranks of each kept step).
@@ -76,6 +78,16 @@ class Summary:
     imbalance: dict[str, Any]
     #: Duration histograms (log-spaced bins) of the names with the most total time.
     distributions: list[dict[str, Any]]
+    #: Per (rank, device) of PyTorch profiler traces: GPU idle/compute/non-compute
+    #: time, communication/computation overlap, idle time by cause, top kernels.
+    gpu: list[dict[str, Any]]
+    #: Per step of each process with dftrace steps and a PyTorch profiler trace of its
+    #: GPU: GPU busy share, GPU time of the kernels launched in the step, host time
+    #: in calls waiting for the GPU (sync_wait_us), the clock join's error bound.
+    gpu_steps: list[dict[str, Any]]
+    #: Per (cat, name) of dftrace's spans in processes with a profiler trace: spans, the
+    #: kernels launched inside them and those kernels' GPU time, most GPU time first.
+    gpu_spans: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""
@@ -114,14 +126,29 @@ def summarize(
     if isinstance(source, TraceTable):
         combined = combine([_partial_of_trace(source)])
         combined.files = list(source.files)
-        return build_summary(combined)
+        summary = build_summary(combined)
+        if set(_SPAN_COLUMNS) <= set(source.events.columns):
+            summary.gpu_spans = gpu_by_span(source.events.filter(pl.col("ph") == fmt.PH_COMPLETE),
+                                            combined.activity, combined.resolution)
+        return summary
     plan = plan_partitions(expand_paths(as_path_list(source)), partition_bytes)
     partials = default_executor(executor).map(
         aggregate_partition, plan, progress=progress, desc="summarising"
     )
     combined = combine(partials)
     del partials  # the per-partition tables are merged: free them before the answers are built
-    return build_summary(combined)
+    summary = build_summary(combined)
+    # Spans are not kept by the aggregates: those of processes with a profiler trace
+    # beside their dftrace trace are read again for the per-span GPU time.
+    files = dftrace_files_with_gpu(combined.activity, combined.resolution)
+    if files:
+        spans = load_traces(files, columns=_SPAN_COLUMNS, executor=executor, partition_bytes=partition_bytes,
+                            progress=progress).events.filter(pl.col("ph") == fmt.PH_COMPLETE)
+        summary.gpu_spans = gpu_by_span(spans, combined.activity, combined.resolution)
+    return summary
+
+
+_SPAN_COLUMNS = ["pid", "tid", "cat", "name", "ph", "ts", "dur"]
 
 
 def _partial_of_trace(trace: TraceTable) -> Partial:
@@ -134,7 +161,10 @@ def _partial_of_trace(trace: TraceTable) -> Partial:
         pl.col("host").fill_null("").alias(HOST_KEY),
     )
     meta = resolved_records(trace.processes.iter_rows(named=True), trace.meta.iter_rows(named=True))
-    return aggregate(PartitionData(Partition("<memory>"), events, meta=meta))
+    activity = None
+    if trace.activity is not None:
+        activity = trace.activity.select(*activity_schema(), "file", pl.col("host").fill_null("").alias(HOST_KEY))
+    return aggregate(PartitionData(Partition("<memory>"), events, meta=meta, activity=activity))
 
 
 # --- building ------------------------------------------------------------------------
@@ -159,7 +189,7 @@ def steps_of(combined: Combined) -> UnitSteps:
     procs = _processes_frame(combined)
     runs = find_runs(combined, procs)
     procs = _units_per_run(procs, runs)
-    process_steps = model_steps(combined.steps, combined.containers)
+    process_steps = model_steps(without_profiler_steps(combined.steps), combined.containers)
     return UnitSteps(procs, runs, process_steps, unit_steps(process_steps, procs))
 
 
@@ -194,6 +224,8 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
         dataloader=_dataloader(combined.durations, procs),
         imbalance=_imbalance(steps_by_unit, steps),
         distributions=_distributions(combined.durations),
+        gpu=gpu_answers(combined.activity, combined.resolution),
+        gpu_steps=gpu_steps(combined.activity, process_steps, combined.resolution),
     )
 
 

@@ -13,6 +13,7 @@ import polars as pl
 
 from ._decode import PartitionData, read_partition
 from ._executor import default_executor
+from ._gpu import activity_by_process, with_processes
 from ._metadata import FileMetadata, Resolution, resolve
 from ._schema import EVENT_COLUMNS, HOST_KEY
 from ._sources import DEFAULT_PARTITION_BYTES, expand_paths, plan_partitions
@@ -56,6 +57,10 @@ class TraceTable:
     threads: pl.DataFrame
     meta: pl.DataFrame
     files: list[FileReport]
+    #: GPU activity, launches and profiler steps of PyTorch profiler traces at
+    #: nanosecond resolution (``dftrace.analysis._kineto.activity_schema()`` plus
+    #: ``file``, ``host`` and ``rank``); None when no file is one.
+    activity: pl.DataFrame | None = None
 
     @property
     def broken_lines(self) -> int:
@@ -196,7 +201,14 @@ def assemble(
         threads=threads_frame(resolution),
         meta=meta_frame(resolution),
         files=file_reports(parts, [p.events.height for p in parts]),
+        activity=_activity(parts, resolution),
     )
+
+
+def _activity(parts: Sequence[PartitionData], resolution: Resolution) -> pl.DataFrame | None:
+    if all(p.activity is None for p in parts):
+        return None
+    return with_processes(activity_by_process(parts, resolution), resolution).drop("proc")
 
 
 def processes_frame(resolution: Resolution) -> pl.DataFrame:
