@@ -23,7 +23,7 @@ import polars as pl
 
 from .. import format as fmt
 from . import _kineto
-from ._schema import EVENT_COLUMNS, HOST_KEY, RAW_FIELDS
+from ._schema import EVENT_COLUMNS, HOST_KEY, RAW_FIELDS, coerce_value
 from ._parquet import read_parquet_parts
 from ._sources import Partition
 
@@ -390,41 +390,18 @@ def _decode_slow(
     columns = {"ph": pl.Series(rows["ph"], dtype=pl.String)}
     for key, key_dtype in fields.items():
         if key in tops:
-            columns[key] = pl.Series([_coerce(v, key_dtype) for v in rows[key]], dtype=key_dtype)
+            columns[key] = pl.Series([coerce_value(v, key_dtype) for v in rows[key]], dtype=key_dtype)
     if "args" in fields:
         arg_fields = {f.name: f.dtype for f in fields["args"].fields}
         columns["args"] = pl.Series(
             [
-                {k: _coerce(a.get(k), t) for k, t in arg_fields.items()} if a is not None else None
+                {k: coerce_value(a.get(k), t) for k, t in arg_fields.items()} if a is not None else None
                 for a in rows["args"]
             ],
             dtype=pl.Struct(arg_fields),
         )
     columns["args_json"] = pl.Series(rows["args_json"], dtype=pl.String)
     return _finish(pl.DataFrame(columns), wanted), meta_lines
-
-
-def _coerce(value: Any, dtype: Any) -> Any:
-    if value is None:
-        return None
-    if dtype == pl.String:
-        return value if isinstance(value, str) else orjson.dumps(value).decode()
-    if dtype == pl.Boolean:
-        return value if isinstance(value, bool) else None
-    if dtype == pl.Float64:
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value if -(2**63) <= value < 2**63 else None
-    if isinstance(value, float):
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None
 
 
 def _meta_record(result: PartitionData, number: int, text: str) -> dict[str, Any] | None:

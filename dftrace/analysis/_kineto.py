@@ -328,7 +328,7 @@ def fill_partition(result: Any, data: bytes, wanted: dict[str, Any], schema: dic
     """
     import polars as pl
 
-    from ._decode import _coerce
+    from ._schema import coerce_value
     from ._schema import HOST_KEY
 
     result.n_lines = 1
@@ -354,7 +354,7 @@ def fill_partition(result: Any, data: bytes, wanted: dict[str, Any], schema: dic
             values = rows[column]
         elif wanted.get(column) is not None and wanted[column][0] == "args" and column not in _COLUMNS_NOT_ARGS:
             key = wanted[column][1]
-            values = [_coerce(a.get(key), dtype) for a in rows["args"]]
+            values = [coerce_value(a.get(key), dtype) for a in rows["args"]]
         else:
             values = [None] * n
         columns[column] = pl.Series(column, values, dtype=dtype)

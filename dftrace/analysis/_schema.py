@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
 import polars as pl
 
 from .. import format as fmt
@@ -56,3 +59,27 @@ HOST_KEY = "host_key"
 #: What the summary reads: everything else is skipped while parsing.
 SUMMARY_COLUMNS = ("pid", "tid", "cat", "name", "ph", "ts", "dur", "level", "epoch", "step", "count",
                    "incomplete", "group", "seq")
+
+
+def coerce_value(value: Any, dtype: Any) -> Any:
+    """``value`` as the column type ``dtype`` holds it (None where it cannot be)."""
+    if value is None:
+        return None
+    if dtype == pl.String:
+        return value if isinstance(value, str) else orjson.dumps(value).decode()
+    if dtype == pl.Boolean:
+        return value if isinstance(value, bool) else None
+    if dtype == pl.Float64:
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value if -(2**63) <= value < 2**63 else None
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
