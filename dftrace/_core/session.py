@@ -36,6 +36,9 @@ _LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID
 
 _lock = threading.RLock()
 _session: Session | None = None
+#: How long initialize() waits for the trace directory to be checked (created,
+#: writable) before it goes on without the answer.
+DIR_CHECK_S = 2.0
 _atexit_registered = False
 _fork_hook_registered = False
 
@@ -103,7 +106,7 @@ def _safe_host(host: str) -> str:
 class Session:
     """One process's tracing session (what ``initialize`` returns)."""
 
-    def __init__(self, config: Config, min_id: int = 0):
+    def __init__(self, config: Config, min_id: int = 0, checked_prefix: str | None = None):
         self.config = config
         self.pid = os.getpid()
         self.hostname = _clean(_hostname())
@@ -118,7 +121,11 @@ class Session:
         self.encoder = Encoder(self.pid, self.hhash, self.offset_ns, config.max_arg_length)
         #: span ids at or below this were started before a fork (the parent's)
         self.encoder.min_id = min_id
-        self.base = self._base_path()
+        #: The absolute log_file prefix, its directory checked (a forked child
+        #: reuses the parent's: no call on the storage, which may hang).
+        self.prefix = checked_prefix or self._checked_prefix()
+        rank = f"-rank{self.rank}" if self.rank is not None else ""
+        self.base = f"{self.prefix}{rank}-{_safe_host(self.hostname)}-{self.pid}"
         # What the header says about the process, as it is now (the file and its
         # header are written at the first flush, on the writer's thread).
         self._thread = (threading.get_native_id(), threading.current_thread().name)
@@ -143,25 +150,40 @@ class Session:
         return Writer(self.encoder, self.sink, self.config.flush_interval)
 
     # -- naming --------------------------------------------------------------
-    def _base_path(self) -> str:
+    def _checked_prefix(self) -> str:
+        """The absolute log_file prefix, its directory created and writable. The
+        check runs on a thread of its own and is given DIR_CHECK_S: storage that
+        does not answer (a hung mount) is left to the writer, which never holds the
+        program, with one warning."""
         shown = _clean(self.config.log_file)
         try:
             prefix = os.path.abspath(os.path.expanduser(self.config.log_file))
         except (OSError, ValueError) as exc:  # the working directory is gone
             raise ConfigError(f"log_file (env DFTRACE_LOG_FILE)={shown!r}: {exc}") from None
         d = os.path.dirname(prefix)
-        try:
-            os.makedirs(d, exist_ok=True)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(
-                f"log_file (env DFTRACE_LOG_FILE)={shown!r}: cannot create "
-                f"directory {_clean(d)!r}: {getattr(exc, 'strerror', None) or exc}") from None
-        if not os.access(d, os.W_OK | os.X_OK):
-            raise ConfigError(
-                f"log_file (env DFTRACE_LOG_FILE)={shown!r}: directory {_clean(d)!r} "
-                "is not writable")
-        rank = f"-rank{self.rank}" if self.rank is not None else ""
-        return f"{prefix}{rank}-{_safe_host(self.hostname)}-{self.pid}"
+        outcome: list[str | None] = []
+
+        def check() -> None:
+            try:
+                os.makedirs(d, exist_ok=True)
+            except (OSError, ValueError) as exc:
+                outcome.append(f"cannot create directory {_clean(d)!r}: "
+                               f"{getattr(exc, 'strerror', None) or exc}")
+                return
+            outcome.append(None if os.access(d, os.W_OK | os.X_OK)
+                           else f"directory {_clean(d)!r} is not writable")
+
+        t = threading.Thread(target=check, name="dftrace-dir-check", daemon=True)
+        t.start()
+        t.join(DIR_CHECK_S)
+        if not outcome:
+            _rec.STATE.warn_once(
+                "dir-check", f"the trace directory {_clean(d)!r} did not answer within "
+                f"{DIR_CHECK_S:g} s (storage hung?); tracing goes on and the file is "
+                "written when the storage answers")
+        elif outcome[0] is not None:
+            raise ConfigError(f"log_file (env DFTRACE_LOG_FILE)={shown!r}: {outcome[0]}")
+        return prefix
 
     @property
     def process_name(self) -> str:
@@ -381,9 +403,12 @@ def finalize(target: Session | None = None) -> None:
                 s.sampler.stop()
             late = _wait_for_open_spans(deadline)
 
-            def trailer() -> bytes:
+            def trailer(count_buffer_full: bool = True) -> bytes:
+                """The last lines: the counts of what was dropped (those the
+                buffer dropped only with ``count_buffer_full``: a drainer counts
+                them itself, from the ring) and the closing bracket."""
                 out = b""
-                if _rec.STATE.dropped:
+                if count_buffer_full and _rec.STATE.dropped:
                     out += s._meta("dropped", {"count": _rec.STATE.dropped,
                                                "reason": "buffer full"})
                 if _rec.STATE.open_refused:
@@ -556,7 +581,7 @@ def _after_fork_child() -> None:
     _session = None
     try:
         first_id = _rec.new_id()
-        s = Session(parent.config, first_id)
+        s = Session(parent.config, first_id, parent.prefix)
         _rec.STATE.consumer = s.writer
         _session = s
         _register_mp_finalizer()
