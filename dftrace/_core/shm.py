@@ -224,45 +224,51 @@ def _register(session: Any, fd: int) -> tuple[socket.socket, int]:
     deadline = time.monotonic() + START_TIMEOUT_S
     problems: list[str] = []
 
-    def attempt(name: str, pid: int | None) -> tuple[socket.socket, int] | None:
+    def attempt(name: str, pid: int | None) -> tuple[socket.socket, int] | bool:
+        """The registered socket and the drainer's pid; False when nobody listens
+        at ``name``; True when something answered that is not our drainer (another
+        user, another pid, an answer of another protocol)."""
         try:
             sock, peer_pid = _connect(name, pid)
+        except (ConnectionRefusedError, FileNotFoundError) as exc:
+            problems.append(str(exc))
+            return False
         except OSError as exc:
             problems.append(str(exc))
-            return None
+            return True
         try:
             _handshake(sock, peer_pid, payload, fd, deadline)
         except (OSError, _ProtocolError) as exc:
-            problems.append(str(exc))
+            problems.append(str(exc) or type(exc).__name__)
             sock.close()
-            return None
+            return True
         os.environ[ENV_VAR] = f"{name}:{peer_pid}"
         return sock, peer_pid
 
     recorded = _recorded()
     if recorded is not None:
         got = attempt(*recorded)
-        if got:
+        if not isinstance(got, bool):
             return got
         os.environ.pop(ENV_VAR, None)  # gone, or not ours: children must not use it
     job = _job_name()
-    if job:
-        got = attempt(job, None)
-        if got:
-            return got
-    # Start one: the job's name (another rank may win the race to bind it: any
-    # process of this user answering there is the job's drainer), or a private one
-    # when there is no job, or the job's name is held by another user.
-    squatted = any("held by" in p for p in problems)
-    name = job if job and not squatted else f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}"
+    got = attempt(job, None) if job else False
+    if not isinstance(got, bool):
+        return got
+    # Start one: under the job's name when nobody holds it (another rank may win the
+    # race to bind it: any process of this user answering there is the job's
+    # drainer); a private one when there is no job, or something that is not this
+    # user's drainer holds the job's name.
+    if job and got is False:
+        name, pid = job, None
+    else:
+        name, pid = f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}", -1
     proc = _start_drainer(name)
     while time.monotonic() < deadline:
-        got = attempt(name, None if name == job else proc.pid)
-        if got:
+        got = attempt(name, proc.pid if pid == -1 else None)
+        if not isinstance(got, bool):
             return got
-        if problems and "held by" in problems[-1]:
-            break
-        if proc.poll() is not None and name != job:
+        if got or (pid == -1 and proc.poll() is not None):
             break
         time.sleep(0.01)
     raise DrainerUnavailable(f"no drainer answered ({problems[-1] if problems else 'timeout'})")
@@ -373,8 +379,13 @@ class ProcessWriter:
                         first[0] = False
                         if committed is not None:
                             _cut_back(dead_file, committed[2])
-                    data, n = reader.drain(max_records, enc.pid_piece, enc.hh_piece,
-                                           enc.offset_ns, enc.min_id, True)
+                    try:
+                        data, n = reader.drain(max_records, enc.pid_piece, enc.hh_piece,
+                                               enc.offset_ns, enc.min_id, True)
+                    except _rec.speedups.RingError as exc:  # written over meanwhile
+                        _rec.STATE.warn_once("ring-unreadable", f"the trace ring is "
+                                             f"unreadable ({exc}); its records are lost")
+                        return b"", 0
                     reader.commit(0, 0, -1)  # no successor after this one: free at once
                     return data, n
 

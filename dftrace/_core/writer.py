@@ -307,6 +307,9 @@ def _open_own_fifo(path: str) -> int | None:
     flags = (os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
              | getattr(os, "O_CLOEXEC", 0))
     try:
+        st = os.lstat(path)
+        if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.geteuid():
+            return None  # not even opened: its reader learns nothing
         fd = os.open(path, flags)  # ENXIO: a FIFO without a reader
     except OSError:
         return None
