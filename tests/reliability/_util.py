@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from dftrace import testing
@@ -94,3 +98,42 @@ def spans(events: list[dict[str, Any]], name: str | None = None) -> list[dict[st
 
 def meta(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [e for e in events if e.get("ph") == "M" and e.get("name") == name]
+
+
+def fuse_unusable() -> str | None:
+    """Why a FUSE filesystem cannot be mounted here (None: it can)."""
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    if shutil.which("fusermount") is None:
+        return "no fusermount (apt-get install fuse3 libfuse2)"
+    try:
+        import fuse  # noqa: F401  (fusepy: it loads libfuse on import)
+    except (ImportError, OSError) as exc:
+        return f"fusepy unusable: {exc}"
+    return None
+
+
+@contextlib.contextmanager
+def fuse_mount(helper: str, mnt: Any, *args: str,
+               stdout: Any = subprocess.DEVNULL) -> Iterator[subprocess.Popen]:
+    """Mount ``mnt`` with the FUSE daemon ``helper`` (a file next to this one, run as
+    ``helper [*args before] mnt [*args after]``: ``args`` may hold the string
+    ``"{mnt}"``, replaced by the mount point; without it, ``mnt`` comes first).
+    Yields the daemon; it is killed (every request waiting on it ends with ENOTCONN)
+    and the mount is detached whatever happens. Raises RuntimeError when the mount
+    does not come up."""
+    mnt = os.fspath(mnt)
+    argv = [a.replace("{mnt}", mnt) for a in args] if "{mnt}" in args else [mnt, *args]
+    daemon = subprocess.Popen([sys.executable, os.path.join(HERE, helper), *argv],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(mnt):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"FUSE mount failed: {daemon.stderr.read()[-300:]}")
+            time.sleep(0.05)
+        yield daemon
+    finally:
+        daemon.kill()
+        daemon.wait()
+        subprocess.run(["fusermount", "-u", "-z", mnt], capture_output=True)

@@ -6,7 +6,6 @@ import json
 import mmap
 import os
 import random
-import shutil
 import signal
 import struct
 import subprocess
@@ -20,8 +19,8 @@ import dftrace
 from dftrace import ai, testing
 from dftrace._core import engine as _rec
 
-from ._util import HERE, assert_valid, clean_env, events_by_pid, files, last_line, meta, run, \
-    spans, start, write_script
+from ._util import HERE, assert_valid, clean_env, events_by_pid, files, fuse_mount, \
+    fuse_unusable, last_line, meta, run, spans, start, write_script
 
 pytestmark = pytest.mark.skipif(
     _rec.speedups is None or not sys.platform.startswith("linux"),
@@ -287,39 +286,19 @@ def test_killed_drainer_is_replaced_by_writing_in_process(tmp_path):
 
 # -- storage that hangs ---------------------------------------------------------------
 
-def _fuse_usable() -> str | None:
-    if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse"
-    if shutil.which("fusermount") is None:
-        return "no fusermount (apt-get install fuse libfuse2)"
-    try:
-        import fuse  # noqa: F401  (fusepy: it loads libfuse on import)
-    except (ImportError, OSError) as exc:
-        return f"fusepy unusable: {exc}"
-    return None
-
-
 @pytest.fixture
 def hung_mount(tmp_path):
     """A mounted filesystem whose writes never return; unmounted whatever happens."""
-    why = _fuse_usable()
+    why = fuse_unusable()
     if why:
         pytest.skip(why)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    daemon = subprocess.Popen([sys.executable, os.path.join(HERE, "_hung_fs.py"), str(mnt)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.ismount(mnt):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(f"FUSE mount failed: {daemon.stderr.read().decode()[-300:]}")
-            time.sleep(0.05)
-        yield mnt
-    finally:
-        daemon.kill()  # ends every write waiting on it (ENOTCONN)
-        daemon.wait()
-        subprocess.run(["fusermount", "-u", "-z", str(mnt)], capture_output=True)
+        with fuse_mount("_hung_fs.py", mnt):
+            yield mnt
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
 
 
 HUNG = """
