@@ -152,37 +152,24 @@ class Session:
     # -- naming --------------------------------------------------------------
     def _checked_prefix(self) -> str:
         """The absolute log_file prefix, its directory created and writable. The
-        check runs on a thread of its own and is given DIR_CHECK_S: storage that
-        does not answer (a hung mount) is left to the writer, which never holds the
-        program, with one warning."""
+        check runs in a short-lived process of its own, given DIR_CHECK_S: a call
+        on storage that does not answer (a hung mount) holds whatever thread makes
+        it, even at exit, so no thread of this process makes it. Storage that does
+        not answer in time is left to the writer, with one warning."""
         shown = _clean(self.config.log_file)
         try:
             prefix = os.path.abspath(os.path.expanduser(self.config.log_file))
         except (OSError, ValueError) as exc:  # the working directory is gone
             raise ConfigError(f"log_file (env DFTRACE_LOG_FILE)={shown!r}: {exc}") from None
         d = os.path.dirname(prefix)
-        outcome: list[str | None] = []
-
-        def check() -> None:
-            try:
-                os.makedirs(d, exist_ok=True)
-            except (OSError, ValueError) as exc:
-                outcome.append(f"cannot create directory {_clean(d)!r}: "
-                               f"{getattr(exc, 'strerror', None) or exc}")
-                return
-            outcome.append(None if os.access(d, os.W_OK | os.X_OK)
-                           else f"directory {_clean(d)!r} is not writable")
-
-        t = threading.Thread(target=check, name="dftrace-dir-check", daemon=True)
-        t.start()
-        t.join(DIR_CHECK_S)
-        if not outcome:
+        problem = _check_dir(d)
+        if problem is _NO_ANSWER:
             _rec.STATE.warn_once(
                 "dir-check", f"the trace directory {_clean(d)!r} did not answer within "
                 f"{DIR_CHECK_S:g} s (storage hung?); tracing goes on and the file is "
                 "written when the storage answers")
-        elif outcome[0] is not None:
-            raise ConfigError(f"log_file (env DFTRACE_LOG_FILE)={shown!r}: {outcome[0]}")
+        elif problem:
+            raise ConfigError(f"log_file (env DFTRACE_LOG_FILE)={shown!r}: {problem}")
         return prefix
 
     @property
@@ -250,6 +237,52 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<dftrace.Session {self.path} {'finalized' if self.finalized else 'active'}>"
+
+
+_NO_ANSWER = "no answer"
+
+#: What the directory check runs (in a process of its own, see _check_dir).
+_DIR_CHECK = """
+import os, sys
+d = sys.argv[1]
+try:
+    os.makedirs(d, exist_ok=True)
+except (OSError, ValueError) as exc:
+    print("cannot create directory %r: %s" % (d, getattr(exc, "strerror", None) or exc))
+else:
+    if not os.access(d, os.W_OK | os.X_OK):
+        print("directory %r is not writable" % d)
+"""
+
+
+def _check_dir(d: str) -> str | None:
+    """Create directory ``d`` when missing and check that it is writable: None when
+    it is, what is wrong otherwise, _NO_ANSWER when the storage did not answer
+    within DIR_CHECK_S. In a child process (a Python of its own, isolated), so that
+    no thread of this process waits on storage that hangs; where none can be
+    started, in this thread."""
+    import subprocess
+
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _DIR_CHECK, d], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        proc = None
+    if proc is not None:
+        try:
+            out, _ = proc.communicate(timeout=DIR_CHECK_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # it ends when the storage answers; never waited for
+            return _NO_ANSWER
+        if proc.returncode == 0:
+            return _clean(out.decode("utf-8", "surrogateescape").strip()) or None
+    try:  # no interpreter to run it (an embedded Python): here
+        os.makedirs(d, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        return (f"cannot create directory {_clean(d)!r}: "
+                f"{getattr(exc, 'strerror', None) or exc}")
+    return None if os.access(d, os.W_OK | os.X_OK) else f"directory {_clean(d)!r} is not writable"
 
 
 def _context() -> dict[str, Any]:
