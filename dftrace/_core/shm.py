@@ -46,8 +46,12 @@ __all__ = ["ENV_VAR", "DrainerUnavailable", "ProcessWriter"]
 
 #: The drainer's socket name and pid (``NAME:PID``), inherited by child processes.
 ENV_VAR = "DFTRACE_DRAINER"
-#: How long initialize waits for a drainer to start and accept the ring.
+#: How long initialize waits for a drainer it started to accept the ring.
 START_TIMEOUT_S = 5.0
+#: How long a running drainer (the job's, or the one recorded in DFTRACE_DRAINER)
+#: has to accept the ring; one that does not (held by storage that hangs) is
+#: passed over for a drainer of this process's own.
+REGISTER_TIMEOUT_S = 2.0
 #: A drainer that frees no slot for this long has stalled: a full ring stops
 #: waiting for it (in block mode too), whatever the drainer says it is doing.
 STALL_S = 1.0
@@ -221,10 +225,9 @@ def _register(session: Any, fd: int) -> tuple[socket.socket, int]:
         "header": session.sink.header().decode("latin-1"),
     }).encode()
     payload = struct.pack("<I", len(msg)) + msg
-    deadline = time.monotonic() + START_TIMEOUT_S
     problems: list[str] = []
 
-    def attempt(name: str, pid: int | None) -> tuple[socket.socket, int] | bool:
+    def attempt(name: str, pid: int | None, deadline: float) -> tuple[socket.socket, int] | bool:
         """The registered socket and the drainer's pid; False when nobody listens
         at ``name``; True when something answered that is not our drainer (another
         user, another pid, an answer of another protocol)."""
@@ -247,12 +250,12 @@ def _register(session: Any, fd: int) -> tuple[socket.socket, int]:
 
     recorded = _recorded()
     if recorded is not None:
-        got = attempt(*recorded)
+        got = attempt(*recorded, time.monotonic() + REGISTER_TIMEOUT_S)
         if not isinstance(got, bool):
             return got
         os.environ.pop(ENV_VAR, None)  # gone, or not ours: children must not use it
     job = _job_name()
-    got = attempt(job, None) if job else False
+    got = attempt(job, None, time.monotonic() + REGISTER_TIMEOUT_S) if job else False
     if not isinstance(got, bool):
         return got
     # Start one: under the job's name when nobody holds it (another rank may win the
@@ -264,8 +267,9 @@ def _register(session: Any, fd: int) -> tuple[socket.socket, int]:
     else:
         name, pid = f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}", -1
     proc = _start_drainer(name)
+    deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        got = attempt(name, proc.pid if pid == -1 else None)
+        got = attempt(name, proc.pid if pid == -1 else None, deadline)
         if not isinstance(got, bool):
             return got
         if got or (pid == -1 and proc.poll() is not None):
