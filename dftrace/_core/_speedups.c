@@ -130,6 +130,7 @@ static PyObject *add_kind(PyObject *self, PyObject *arg) {
 
 #define F_INCOMPLETE 1u
 #define F_RAW 2u /* a whole line, already encoded, in the arena (shared-memory ring only) */
+#define F_MORE 4u /* F_RAW: a piece of a line, continued by the next record (ring only) */
 #define LEVEL_BITS 24
 #define LEVEL_MASK ((1u << LEVEL_BITS) - 1)
 
@@ -328,6 +329,11 @@ static uint64_t shm_next_seq = 0, shm_kinds_len = 0;
 static uint32_t shm_nkinds = 0;
 static uint32_t shm_cur_n = 0, shm_cur_alen = 0; /* records and arena bytes of shm_cur */
 static long long shm_owner = 0; /* the pid that attached: a forked child never writes */
+/* What a line is encoded with (as the drainer does), for a record too long for one
+   slot: it goes into the ring as an encoded line, in pieces. */
+static char *shm_pidp = NULL, *shm_hhp = NULL;
+static Py_ssize_t shm_npid = 0, shm_nhh = 0;
+static long long shm_offset = 0, shm_min_id = 0;
 
 static inline shm_slot_t *slot_in(char *base, size_t slots_off, size_t slot_size, uint32_t i) {
     return (shm_slot_t *)(base + slots_off + (size_t)i * slot_size);
@@ -397,7 +403,79 @@ static shm_slot_t *shm_take(void) {
     return NULL;
 }
 
-/* Append to the ring: 0, -1 (args too long for a slot: dropped), -2 (ring full, or
+static char *encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
+                         const char *arena, const kind_t *ks, Py_ssize_t nk, const char *pidp,
+                         Py_ssize_t npid, const char *hhp, Py_ssize_t nhh, long long off,
+                         long long min_id);
+#define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
+/* Most slots one line may take: a reader collects at most READ_RANGES slots at once. */
+#define SHM_LONG_SLOTS 63
+
+/* A line too long for one slot's arena, in pieces of one slot each (F_RAW, all
+   but the last F_MORE); every slot it needs is free before the first piece is
+   written, so it is never left cut short by a full ring. A reader writes a line
+   only once its last piece is committed. 0, -1 (longer than the ring can hold),
+   -2 (not enough free slots now). */
+static int shm_append_pieces(const char *line, size_t len) {
+    size_t k = (len + SHM_ARENA - 1) / SHM_ARENA;
+    if (k > SHM_LONG_SLOTS || k + 1 > shm_nslots)
+        return -1;
+    shm_seal();
+    size_t nfree = 0;
+    for (uint32_t i = 0; i < shm_nslots; i++)
+        nfree += __atomic_load_n(&OWN_SLOT(i)->state, __ATOMIC_ACQUIRE) == SLOT_FREE;
+    if (nfree < k)
+        return -2;
+    for (size_t i = 0; i < k; i++) {
+        size_t piece = len - i * SHM_ARENA < SHM_ARENA ? len - i * SHM_ARENA : SHM_ARENA;
+        if (!(shm_cur = shm_take()))
+            return -2; /* not this process's ring any more (a forked child) */
+        rec_t *r = &shm_cur->recs[0];
+        memset(r, 0, sizeof(*r));
+        r->count = -1;
+        r->alen = (uint32_t)piece;
+        r->level_flags = (F_RAW | (i + 1 < k ? F_MORE : 0)) << LEVEL_BITS;
+        memcpy(shm_cur->arena, line + i * SHM_ARENA, piece);
+        shm_cur_alen = (uint32_t)piece;
+        shm_cur->alen = shm_cur_alen;
+        __atomic_store_n(&shm_cur->n, ++shm_cur_n, __ATOMIC_RELEASE);
+        shm_seal();
+    }
+    return 0;
+}
+
+/* A record whose args do not fit in one slot: encoded here, as the drainer would,
+   and appended in pieces. */
+static int shm_append_long(uint32_t kid, long long t0, long long t1, unsigned long long id,
+                           unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
+                           uint32_t flags, long long count, const char *a, Py_ssize_t na,
+                           const char *b, Py_ssize_t nb) {
+    size_t need = (size_t)(na + nb);
+    if (need > (size_t)SHM_LONG_SLOTS * SHM_ARENA || need > UINT32_MAX)
+        return -1;
+    if ((flags & F_RAW) && !nb)
+        return shm_append_pieces(a, need);
+    char *args = PyMem_RawMalloc(need ? need : 1);
+    size_t cap = REC_FIXED + (size_t)max_kind_len + (size_t)shm_npid + (size_t)shm_nhh + need;
+    char *line = PyMem_RawMalloc(cap);
+    int rc = -1;
+    if (args && line) {
+        memcpy(args, a, (size_t)na);
+        if (nb)
+            memcpy(args + na, b, (size_t)nb);
+        rec_t r = {.t0 = t0, .t1 = t1, .id = id, .parent = p, .kind = kid,
+                   .level_flags = ((uint32_t)lvl & LEVEL_MASK) | (flags << LEVEL_BITS),
+                   .tid = tid, .count = count, .aoff = 0, .alen = (uint32_t)need};
+        char *end = encode_recs(line, &r, 0, 1, args, kinds, nkinds, shm_pidp, shm_npid,
+                                shm_hhp, shm_nhh, shm_offset, shm_min_id);
+        rc = end == line ? 0 : shm_append_pieces(line, (size_t)(end - line));
+    }
+    PyMem_RawFree(args);
+    PyMem_RawFree(line);
+    return rc;
+}
+
+/* Append to the ring: 0, -1 (too long for the ring: dropped), -2 (ring full, or
    no longer this process's ring). */
 static int shm_append(uint32_t kid, long long t0, long long t1, unsigned long long id,
                       unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
@@ -405,7 +483,7 @@ static int shm_append(uint32_t kid, long long t0, long long t1, unsigned long lo
                       const char *b, Py_ssize_t nb) {
     size_t need = (size_t)(na + nb);
     if (need > SHM_ARENA)
-        return -1;
+        return shm_append_long(kid, t0, t1, id, p, lvl, tid, flags, count, a, na, b, nb);
     if (shm_cur && (shm_cur_n == CHUNK_RECS || shm_cur_alen + need > SHM_ARENA))
         shm_seal();
     if (!shm_cur && !(shm_cur = shm_take()))
@@ -443,12 +521,35 @@ static void shm_release(void) {
 }
 
 
-/* shm_attach(buffer, pid): record into this writable region from now on. */
+/* A copy of a bytes piece (replacing *dst). */
+static int keep_piece(char **dst, Py_ssize_t *ndst, const char *src, Py_ssize_t n) {
+    char *c = PyMem_RawMalloc((size_t)(n ? n : 1));
+    if (!c) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(c, src, (size_t)n);
+    PyMem_RawFree(*dst);
+    *dst = c;
+    *ndst = n;
+    return 0;
+}
+
+/* shm_attach(buffer, pid, pid_piece, hh_piece, offset_ns, min_id): record into this
+   writable region from now on (the pieces and numbers are the encoder's, for lines
+   too long for one slot). */
 static PyObject *shm_attach(PyObject *self, PyObject *args) {
     PyObject *obj;
-    long long pid;
-    if (!PyArg_ParseTuple(args, "OL", &obj, &pid))
+    long long pid, off, min_id;
+    const char *pidp, *hhp;
+    Py_ssize_t npid, nhh;
+    if (!PyArg_ParseTuple(args, "OLy#y#LL", &obj, &pid, &pidp, &npid, &hhp, &nhh, &off, &min_id))
         return NULL;
+    if (keep_piece(&shm_pidp, &shm_npid, pidp, npid) < 0 ||
+        keep_piece(&shm_hhp, &shm_nhh, hhp, nhh) < 0)
+        return NULL;
+    shm_offset = off;
+    shm_min_id = min_id;
     Py_buffer v;
     if (PyObject_GetBuffer(obj, &v, PyBUF_WRITABLE) < 0)
         return NULL;
@@ -1213,7 +1314,6 @@ static char *encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
 /* Detach up to maxn records (whole chunks; at least one chunk) from the front of the
    buffer. GIL held. Returns the first chunk (NULL: nothing buffered), the records
    taken and an upper bound of their encoded size. */
-#define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
 static chunk_t *detach(Py_ssize_t maxn, Py_ssize_t extra_per_rec, Py_ssize_t *ntaken,
                        size_t *upper) {
     QLOCK();
@@ -1820,6 +1920,15 @@ static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int part
         self->crecs = need;
     }
     size_t used = 0;
+    typedef struct {
+        int open, range;
+        uint32_t k;
+        uint64_t seq;
+        uint32_t pos;
+        Py_ssize_t n;
+        size_t upper;
+    } group_t;
+    group_t g = {0, 0, 0, 0, 0, 0, 0};
     while (nr < READ_RANGES && (n == 0 || n < maxn)) {
         shm_slot_t *s = NULL;
         for (uint32_t i = 0; i < self->nslots; i++) {
@@ -1851,6 +1960,12 @@ static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int part
                 PyErr_SetString(RingError, "a record of the ring points outside its slot");
                 return -1;
             }
+            if ((r->level_flags >> LEVEL_BITS) & F_MORE) {
+                if (!g.open) /* a line in pieces begins: where to stop if it is not whole */
+                    g = (group_t){1, nr, k, seq, pos + k, n + k, upper};
+            } else {
+                g.open = 0;
+            }
             upper += per + r->alen;
         }
         rg[nr].s = s;
@@ -1866,6 +1981,15 @@ static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int part
         }
         seq++;
         pos = 0;
+    }
+    if (g.open) { /* the last line is not whole yet: stop before its first piece */
+        nr = g.k ? g.range + 1 : g.range;
+        if (g.k)
+            rg[g.range].to = rg[g.range].from + g.k;
+        n = g.n;
+        upper = g.upper;
+        seq = g.seq;
+        pos = g.pos;
     }
     *n_out = n;
     *upper_out = upper;
@@ -3436,7 +3560,8 @@ static PyMethodDef methods[] = {
     {"native_write", native_write, METH_NOARGS,
      "The compressions drain_write() can do here."},
     {"add_kind", add_kind, METH_O, "add_kind(piece) -> kid"},
-    {"shm_attach", shm_attach, METH_VARARGS, "shm_attach(region, pid): record into a shared-memory ring"},
+    {"shm_attach", shm_attach, METH_VARARGS,
+     "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},
     {"shm_detach", shm_detach, METH_NOARGS, "Record into process memory again."},
     {"shm_finish", shm_finish, METH_NOARGS, "Seal the ring's last slot and mark it finalized."},
     {"shm_state", shm_state, METH_NOARGS, "(free slots, slots, drainer_busy_ns), or None"},

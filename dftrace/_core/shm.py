@@ -319,7 +319,9 @@ class ProcessWriter:
         self._gave_up_at = -1  # free slots when a full ring last stopped waiting
         self._fd, self._mm = _ring(session.config.buffer_limit)
         try:
-            _rec.speedups.shm_attach(self._mm, session.pid)
+            enc = session.encoder
+            _rec.speedups.shm_attach(self._mm, session.pid, enc.pid_piece, enc.hh_piece,
+                                     enc.offset_ns, enc.min_id)
             try:
                 self._sock, self.drainer_pid = _register(session, self._fd)
             except BaseException:
