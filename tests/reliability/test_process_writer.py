@@ -507,7 +507,7 @@ def test_hung_storage_never_holds_initialize_or_forked_and_spawned_workers(tmp_p
 # -- every drop counted -----------------------------------------------------------------
 
 STOPPED_DRAINER = """
-    import os, signal, sys
+    import os, signal, sys, threading
     import dftrace
     from dftrace import ai
     s = dftrace.initialize(log_file=sys.argv[1], writer="process", on_full=sys.argv[2],
@@ -516,7 +516,9 @@ STOPPED_DRAINER = """
     for i in range(int(sys.argv[3])):
         with ai.compute.forward(args={"i": i}):
             pass
-    os.kill(s.writer.drainer_pid, signal.SIGCONT)
+    # finalize finds the ring full; the drainer goes on meanwhile
+    threading.Timer(0.3, os.kill, (s.writer.drainer_pid, signal.SIGCONT)).start()
+    dftrace.finalize()
 """
 
 
@@ -525,13 +527,13 @@ def test_drops_under_a_full_ring_and_a_stopped_drainer_are_counted_exactly(tmp_p
     """The drainer is stopped (SIGSTOP: not busy, not reading) while the process
     records far more than its ring holds: block mode gives up after the stall limit
     instead of waiting on every span, and the file counts exactly the spans it
-    lacks (the count reaches the file although the ring was full when finalize
-    wrote its last lines)."""
+    lacks (the count reaches the file although the ring is full when finalize
+    writes its last lines)."""
     n = 60_000
     script = write_script(tmp_path, STOPPED_DRAINER)
     out = run([script, str(tmp_path / "t"), on_full, str(n)], timeout=600)
     assert out.returncode == 0, out.stderr
-    (path,) = files(tmp_path)
+    path = _wait_for_end(tmp_path)
     assert_valid([path])
     events = testing.read_events(path)
     written = len(spans(events, "forward"))
@@ -606,3 +608,36 @@ def test_each_file_has_its_producers_umask(tmp_path):
     (private_file,) = files(tmp_path / "private")
     assert os.stat(open_file).st_mode & 0o777 == 0o644
     assert os.stat(private_file).st_mode & 0o777 == 0o600
+
+
+# -- records too long for one slot -------------------------------------------------------
+
+def test_records_longer_than_a_slot_are_written_as_by_the_thread_writer(tmp_path):
+    """Spans whose args take 300 kB and 2 MB (a slot's arena is 256 KiB), among short
+    ones: the process writer writes them whole, in order, like the thread writer, and
+    counts no drop."""
+    script = write_script(tmp_path, """
+        import sys
+        import dftrace
+        from dftrace import ai
+        dftrace.initialize(log_file=sys.argv[1], writer=sys.argv[2], max_arg_length=1 << 20)
+        for size in (100, 300_000, 1_000_000):
+            with ai.compute.forward(args={"size": size, "a": "x" * size, "b": "y" * size}):
+                pass
+            for i in range(5000):
+                with ai.compute.backward(args={"i": i}):
+                    pass
+    """)
+    got = {}
+    for writer in ("thread", "process"):
+        out = run([script, str(tmp_path / writer / "t"), writer])
+        assert out.returncode == 0, out.stderr
+        (path,) = files(tmp_path / writer)
+        assert_valid([path])
+        events = testing.read_events(path)
+        assert meta(events, "dropped") == []
+        got[writer] = [(e["name"], e["args"].get("size"), len(e["args"].get("a", "")),
+                        len(e["args"].get("b", ""))) for e in spans(events)]
+    assert [g for g in got["process"] if g[0] == "forward"] == [
+        ("forward", n, n, n) for n in (100, 300_000, 1_000_000)]
+    assert got["process"] == got["thread"]

@@ -365,7 +365,7 @@ def test_the_drainer_refuses_a_ring_whose_size_is_not_sealed():
 def _attached_ring() -> mmap.mmap:
     sp = _rec.speedups
     mm = mmap.mmap(-1, sp.SHM_FIXED_BYTES + 4 * sp.SHM_SLOT_BYTES)
-    sp.shm_attach(mm, os.getpid())
+    sp.shm_attach(mm, os.getpid(), b"", b"", 0, 0)
     return mm
 
 
