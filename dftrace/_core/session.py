@@ -39,6 +39,9 @@ _session: Session | None = None
 #: How long initialize() waits for the trace directory to be checked (created,
 #: writable) before it goes on without the answer.
 DIR_CHECK_S = 2.0
+#: ``<host>:<log_file prefix>`` whose directory a parent process checked, or gave up
+#: checking on storage that did not answer (exported with the configuration).
+CHECKED_ENV = "DFTRACE_CHECKED_PREFIX"
 _atexit_registered = False
 _fork_hook_registered = False
 
@@ -161,6 +164,8 @@ class Session:
             prefix = os.path.abspath(os.path.expanduser(self.config.log_file))
         except (OSError, ValueError) as exc:  # the working directory is gone
             raise ConfigError(f"log_file (env DFTRACE_LOG_FILE)={shown!r}: {exc}") from None
+        if os.environ.get(CHECKED_ENV) == f"{self.hostname}:{prefix}":
+            return prefix  # checked by the parent, on this host
         d = os.path.dirname(prefix)
         problem = _check_dir(d)
         if problem is _NO_ANSWER:
@@ -218,7 +223,11 @@ class Session:
 
     # -- environment export ----------------------------------------------------
     def export_env(self) -> None:
-        for k, v in self.config.to_env().items():
+        exported = self.config.to_env()
+        # Children started afresh (spawn, subprocess) on this host trust this
+        # check of the directory instead of making it again on the storage.
+        exported[CHECKED_ENV] = f"{self.hostname}:{self.prefix}"
+        for k, v in exported.items():
             self._saved_env.setdefault(k, os.environ.get(k))
             os.environ[k] = v
 

@@ -30,7 +30,8 @@ from dftrace._core.session import _safe_host
 from ._ring_tamper import HDR, REC0_ALEN, REC0_AOFF, SLOT_N
 from ._util import assert_valid, clean_env, files, spans, write_script
 
-pytestmark = pytest.mark.skipif(
+#: The tests of the shared-memory ring and its drainer.
+needs_ring = pytest.mark.skipif(
     _rec.speedups is None or not sys.platform.startswith("linux"),
     reason="writer='process' needs the C engine and Linux (memfd)")
 
@@ -149,6 +150,7 @@ def _job_drainer_name(job: str) -> str:
                 os.environ[k] = v
 
 
+@needs_ring
 @pytest.mark.parametrize("how", ["job-name", "recorded-name", "recorded-name-and-pid"])
 def test_another_user_holding_the_drainer_name_gets_nothing(tmp_path, other_user, how):
     """Another user binds the drainer's name first: the job's name (computable from
@@ -212,6 +214,7 @@ FAKE_DRAINER = """
 """
 
 
+@needs_ring
 @pytest.mark.parametrize("mode", ["registration", "json", "fields", "unknown"])
 def test_a_drainer_answering_nonsense_raises_nothing_and_loses_nothing(tmp_path, mode):
     """Whatever the process at the job's drainer name answers (a registration reply
@@ -255,6 +258,7 @@ def test_a_drainer_answering_nonsense_raises_nothing_and_loses_nothing(tmp_path,
 
 # -- the ring ---------------------------------------------------------------------------
 
+@needs_ring
 def test_the_producer_never_reads_addresses_from_the_ring(tmp_path):
     """The ring's header, rewritten while the process records (as anything holding
     the ring could), changes nothing: the process keeps its own layout, records
@@ -284,6 +288,7 @@ def test_the_producer_never_reads_addresses_from_the_ring(tmp_path):
     assert len(spans(events, "backward")) == 25000
 
 
+@needs_ring
 def test_a_hostile_ring_is_dropped_and_the_drainer_serves_the_others(tmp_path):
     """A producer sharing the job's drainer rewrites its ring (the header's layout,
     a slot's record count, a record's args offset and length): the drainer drops
@@ -341,6 +346,7 @@ def test_a_hostile_ring_is_dropped_and_the_drainer_serves_the_others(tmp_path):
     assert got == list(range(4000))
 
 
+@needs_ring
 def test_the_drainer_refuses_a_ring_whose_size_is_not_sealed():
     """A memfd its producer could still shrink under the drainer's mapping (SIGBUS)
     is refused; a sealed one is taken."""
@@ -369,6 +375,7 @@ def _attached_ring() -> mmap.mmap:
     return mm
 
 
+@needs_ring
 def test_a_reader_refuses_a_ring_whose_layout_does_not_fit():
     """Layouts pointing outside the region are refused at attach (RingError)."""
     sp = _rec.speedups
@@ -385,6 +392,7 @@ def test_a_reader_refuses_a_ring_whose_layout_does_not_fit():
             mm.close()
 
 
+@needs_ring
 def test_a_reader_refuses_records_pointing_outside_their_slot():
     """A slot claiming more records than it holds, or a record whose args lie
     outside its slot: drain raises RingError (the drainer drops the producer), and
@@ -407,7 +415,7 @@ def test_a_reader_refuses_records_pointing_outside_their_slot():
 
 # -- trace files ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("writer", ["thread", "process"])
+@pytest.mark.parametrize("writer", ["thread", pytest.param("process", marks=needs_ring)])
 @pytest.mark.parametrize("reader", [True, False], ids=["read", "unread"])
 def test_a_fifo_planted_by_another_user_gets_nothing(tmp_path, other_user, shared_dir,
                                                      writer, reader):
@@ -428,8 +436,6 @@ def test_a_fifo_planted_by_another_user_gets_nothing(tmp_path, other_user, share
         dftrace.finalize()
         print(*s.paths, flush=True)
     """)
-    if writer == "process" and _rec.speedups is None:
-        pytest.skip("writer='process' needs the C engine")
     victim = subprocess.Popen([sys.executable, script, os.path.join(shared_dir, "t"), writer],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=clean_env())
