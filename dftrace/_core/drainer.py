@@ -1,14 +1,19 @@
 """The drainer process of ``writer="process"``: ``python -m dftrace._core.drainer NAME PPID``.
 
-It listens on the abstract Unix socket ``NAME``; each traced process that registers
-hands it a memfd holding its shared-memory ring (see :mod:`._core.shm`). For each
-one it writes exactly the file the in-process writer would: the same
-:class:`~._core.writer.FileSink` (names, header, rotation, compression, failure
-handling) fed by the same C encoder (``_speedups.ShmReader``). When a producer's
+It listens on the abstract Unix socket ``NAME``; each traced process of this user
+(the kernel's credentials of the peer say so; the pid it gives is the one the
+kernel names) that registers hands it a memfd holding its shared-memory ring (see
+:mod:`._core.shm`), its size sealed. For each one it writes exactly the file the
+in-process writer would: the same :class:`~._core.writer.FileSink` (names, header,
+rotation, compression, failure handling) with the producer's umask, fed by the same
+C encoder (``_speedups.ShmReader``). After each write it commits (frees the slots
+written and publishes where the file stands, for a successor). When a producer's
 connection ends without ``f`` (killed, ``os._exit``), it writes everything the ring
-holds, a ``process_end`` metadata line saying how the process ended, and the end
-of the file. It exits once its last producer is gone, and it started in a
-session of its own, so the job's Ctrl-C does not end it before that.
+holds, the drops the ring counts, a ``process_end`` metadata line saying how the
+process ended, and the end of the file. Anything a producer sends or writes in its
+ring that does not fit the protocol drops that producer, never the drainer. It
+exits once its last producer is gone, and it started in a session of its own, so
+the job's Ctrl-C does not end it before that.
 """
 
 from __future__ import annotations
