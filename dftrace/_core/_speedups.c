@@ -617,15 +617,17 @@ static PyObject *shm_finish(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* shm_state() -> (free slots, slots, drainer_busy_ns) or None when not attached. */
+/* shm_state() -> (free slots, slots, drainer_busy_ns, commits) or None when not
+   attached; commits counts the drainer's commits (its progress). */
 static PyObject *shm_state(PyObject *self, PyObject *unused) {
     if (!shm)
         Py_RETURN_NONE;
     uint32_t nfree = 0;
     for (uint32_t i = 0; i < shm_nslots; i++)
         nfree += __atomic_load_n(&OWN_SLOT(i)->state, __ATOMIC_ACQUIRE) == SLOT_FREE;
-    return Py_BuildValue("(IIL)", nfree, shm_nslots,
-                         (long long)__atomic_load_n(&shm->drainer_busy_ns, __ATOMIC_ACQUIRE));
+    return Py_BuildValue("(IILK)", nfree, shm_nslots,
+                         (long long)__atomic_load_n(&shm->drainer_busy_ns, __ATOMIC_ACQUIRE),
+                         (unsigned long long)__atomic_load_n(&shm->commit_gen, __ATOMIC_ACQUIRE));
 }
 
 static int make_room(void);
@@ -3564,7 +3566,7 @@ static PyMethodDef methods[] = {
      "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},
     {"shm_detach", shm_detach, METH_NOARGS, "Record into process memory again."},
     {"shm_finish", shm_finish, METH_NOARGS, "Seal the ring's last slot and mark it finalized."},
-    {"shm_state", shm_state, METH_NOARGS, "(free slots, slots, drainer_busy_ns), or None"},
+    {"shm_state", shm_state, METH_NOARGS, "(free slots, slots, drainer_busy_ns, commits), or None"},
     {"shm_append_line", shm_append_line, METH_O, "shm_append_line(line) -> recorded (bool)"},
     {"reset", reset, METH_NOARGS, "Forget every buffered record."},
     {"after_fork", after_fork, METH_NOARGS, "In a forked child: a fresh buffer and lock."},

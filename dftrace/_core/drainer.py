@@ -50,7 +50,8 @@ class Producer:
 
         self.conn = conn
         self.pid = pid
-        self.mm = mmap.mmap(fd, _sealed_size(fd))
+        size = _sealed_size(fd)
+        self.mm = mmap.mmap(fd, size)
         os.close(fd)
         try:
             self.reader = _rec.speedups.ShmReader(self.mm)
@@ -63,9 +64,13 @@ class Producer:
         self.min_id = info.min_id
         self.hhash = info.hhash
         self.flush_interval = info.flush_interval
-        #: Full slots that make a write (as the in-process writer wakes at batch_size).
-        self.wakes_per_write = max(1, min(info.batch_size, 1 << 20)
-                                   // _rec.speedups.SHM_SLOT_RECORDS)
+        #: Full slots that make a write (as the in-process writer wakes at batch_size),
+        #: at most half the ring: a full ring is always written without waiting
+        #: for the flush interval.
+        sp = _rec.speedups
+        nslots = max(1, (size - sp.SHM_FIXED_BYTES) // sp.SHM_SLOT_BYTES)
+        self.wakes_per_write = max(1, min(min(info.batch_size, 1 << 20)
+                                          // sp.SHM_SLOT_RECORDS, nslots // 2))
         self.wakes = 0
         # The producer's umask, as its own writer would have had (this process's is 0).
         self.sink = FileSink(info.base, info.compression, info.level, info.max_size,

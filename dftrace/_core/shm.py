@@ -315,8 +315,8 @@ class ProcessWriter:
         self.fallback: Any = None
         self._lock = threading.Lock()
         self._replies = b""
-        self._progress = (-1, 0.0)  # (free slots, monotonic time) when they last rose
-        self._gave_up_at = -1  # free slots when a full ring last stopped waiting
+        self._progress = (-1, 0.0)  # (drainer's commits, monotonic time) when last seen
+        self._gave_up_at = -1  # the drainer's commits when a full ring last stopped waiting
         self._fd, self._mm = _ring(session.config.buffer_limit)
         try:
             enc = session.encoder
@@ -425,35 +425,40 @@ class ProcessWriter:
             self._send(b"w")
 
     def _watch(self) -> None:
-        """Start measuring the drainer's progress (a wait begins)."""
-        self._progress = (-1, 0.0)
+        """Start measuring the drainer's progress (a wait for room begins)."""
+        self._progress = (-1, time.monotonic())
 
-    def stalled(self) -> bool:
-        """The drainer freed no slot for STALL_S while the ring was full, or its write
-        under way is older than that."""
-        if self.fallback is not None:
-            return bool(self.fallback.stalled())
+    def _no_progress(self) -> bool:
+        """The drainer committed nothing (wrote nothing, freed no slot) for STALL_S
+        since _watch(), whatever it says it is doing (a stopped drainer says
+        nothing)."""
         st = _rec.speedups.shm_state()
         if st is None:
             return False
         now = time.monotonic()
-        if st[0] > self._progress[0] or st[0] == st[1]:
-            self._progress = (st[0], now)
-        busy = st[2]
-        return (now - self._progress[1] > STALL_S
-                or (bool(busy) and time.monotonic_ns() - busy > STALL_S * 1e9))
+        if st[3] != self._progress[0]:
+            self._progress = (st[3], now)
+        return now - self._progress[1] > STALL_S
+
+    def stalled(self) -> bool:
+        """The drainer's write under way is older than STALL_S: its storage stalled."""
+        if self.fallback is not None:
+            return bool(self.fallback.stalled())
+        st = _rec.speedups.shm_state()
+        busy = st[2] if st else 0
+        return bool(busy) and time.monotonic_ns() - busy > STALL_S * 1e9
 
     def wait_drained(self, below: int, timeout: float) -> bool:
         """The ring is full: wait until half its slots are free again; False (the
-        record is then dropped and counted) when the drainer stalled: it freed no
-        slot for STALL_S, busy or not. Once it gave up, a full ring does not wait
-        again until the drainer has freed a slot since."""
+        record is then dropped and counted) when the drainer's storage stalled or it
+        committed nothing for STALL_S, busy or not. Once it gave up, a full ring does
+        not wait again until the drainer has committed since."""
         if not self._here():
             return False
         deadline = time.monotonic() + timeout
         st = _rec.speedups.shm_state()
-        if st is not None and 0 <= self._gave_up_at and st[0] <= self._gave_up_at:
-            return False  # still stalled: no slot freed since the last give-up
+        if st is not None and st[3] == self._gave_up_at:
+            return False  # still stalled: nothing committed since the last give-up
         self._gave_up_at = -1
         self._watch()
         self.wake()
@@ -461,8 +466,8 @@ class ProcessWriter:
             st = _rec.speedups.shm_state()
             if st is None or st[0] >= max(1, st[1] // 2):
                 return True
-            if time.monotonic() >= deadline or self.stalled():
-                self._gave_up_at = st[0]
+            if time.monotonic() >= deadline or self.stalled() or self._no_progress():
+                self._gave_up_at = st[3]
                 return False
             time.sleep(0.001)
 
@@ -476,7 +481,6 @@ class ProcessWriter:
             deadline = time.monotonic() + timeout
             if self.fallback is not None:
                 return None
-            self._watch()
             view = memoryview(b)
             while view:  # never block on a drainer that does not read (hung storage)
                 try:
