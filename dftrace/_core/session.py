@@ -250,43 +250,38 @@ class Session:
 
 _NO_ANSWER = "no answer"
 
-#: What the directory check runs (in a process of its own, see _check_dir).
-_DIR_CHECK = """
-import os, sys
-d = sys.argv[1]
-try:
-    os.makedirs(d, exist_ok=True)
-except (OSError, ValueError) as exc:
-    print("cannot create directory %r: %s" % (d, getattr(exc, "strerror", None) or exc))
-else:
-    if not os.access(d, os.W_OK | os.X_OK):
-        print("directory %r is not writable" % d)
-"""
+#: The directory check, run by /bin/sh in a process of its own (see _check_dir):
+#: exit 3 when the directory cannot be created, 4 when it is not writable.
+_DIR_CHECK = 'mkdir -p -- "$1" 2>/dev/null || exit 3; [ -w "$1" ] && [ -x "$1" ] || exit 4'
 
 
 def _check_dir(d: str) -> str | None:
     """Create directory ``d`` when missing and check that it is writable: None when
     it is, what is wrong otherwise, _NO_ANSWER when the storage did not answer
-    within DIR_CHECK_S. In a child process (a Python of its own, isolated), so that
-    no thread of this process waits on storage that hangs; where none can be
-    started, in this thread."""
+    within DIR_CHECK_S. The calls on the storage are made by a child process (a
+    shell: a couple of milliseconds), so that no thread of this process waits on
+    storage that hangs; the reason of a failure, once the storage has answered,
+    and the whole check where no shell can be started, here."""
     import subprocess
 
+    code = None
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _DIR_CHECK, d], stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+        proc = subprocess.Popen(["/bin/sh", "-c", _DIR_CHECK, "sh", d], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                close_fds=True)
     except (OSError, ValueError, subprocess.SubprocessError):
         proc = None
     if proc is not None:
         try:
-            out, _ = proc.communicate(timeout=DIR_CHECK_S)
+            code = proc.wait(timeout=DIR_CHECK_S)
         except subprocess.TimeoutExpired:
             proc.kill()  # it ends when the storage answers; never waited for
             return _NO_ANSWER
-        if proc.returncode == 0:
-            return _clean(out.decode("utf-8", "surrogateescape").strip()) or None
-    try:  # no interpreter to run it (an embedded Python): here
+        if code == 0:
+            return None
+        if code == 4:
+            return f"directory {_clean(d)!r} is not writable"
+    try:
         os.makedirs(d, exist_ok=True)
     except (OSError, ValueError) as exc:
         return (f"cannot create directory {_clean(d)!r}: "
