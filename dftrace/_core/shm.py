@@ -262,17 +262,16 @@ def _register(session: Any, fd: int) -> tuple[socket.socket, int]:
     # race to bind it: any process of this user answering there is the job's
     # drainer); a private one when there is no job, or something that is not this
     # user's drainer holds the job's name.
-    if job and got is False:
-        name, pid = job, None
-    else:
-        name, pid = f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}", -1
+    private = not job or got is True
+    name = f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}" if private else job
     proc = _start_drainer(name)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        got = attempt(name, proc.pid if pid == -1 else None, deadline)
+        # A private drainer must be the very process started.
+        got = attempt(name, proc.pid if private else None, deadline)
         if not isinstance(got, bool):
             return got
-        if got or (pid == -1 and proc.poll() is not None):
+        if got or (private and proc.poll() is not None):
             break
         time.sleep(0.01)
     raise DrainerUnavailable(f"no drainer answered ({problems[-1] if problems else 'timeout'})")
