@@ -641,3 +641,30 @@ def test_records_longer_than_a_slot_are_written_as_by_the_thread_writer(tmp_path
     assert [g for g in got["process"] if g[0] == "forward"] == [
         ("forward", n, n, n) for n in (100, 300_000, 1_000_000)]
     assert got["process"] == got["thread"]
+
+
+def test_a_line_in_pieces_is_read_only_once_whole():
+    """A line longer than a slot is in the ring in pieces, one slot each: a reader
+    that finds its last piece not yet committed reads nothing of it (and the records
+    before it), and reads the whole line once it is."""
+    sp = _rec.speedups
+    mm = mmap.mmap(-1, sp.SHM_FIXED_BYTES + 6 * sp.SHM_SLOT_BYTES)
+    try:
+        sp.shm_attach(mm, os.getpid(), b"", b"", 0, 0)
+        assert sp.shm_append_line(b'{"short":1}\n')
+        line = b'{"long":"' + b"x" * 600_000 + b'"}\n'  # three slots
+        assert sp.shm_append_line(line)
+        sp.shm_finish()
+        sp.shm_detach()
+        last = sp.SHM_FIXED_BYTES + 3 * sp.SHM_SLOT_BYTES  # slot 0: the short line
+        state, n = struct.unpack_from("<II", mm, last)
+        assert (state, n) == (2, 1)  # FULL, one record: the last piece
+        struct.pack_into("<II", mm, last, 1, 0)  # as while it is being written
+        reader = sp.ShmReader(mm)
+        assert reader.drain(100, b"", b"", 0, 0, True) == (b'{"short":1}\n', 1)
+        assert reader.drain(100, b"", b"", 0, 0, True) == (b"", 0)
+        struct.pack_into("<II", mm, last, 2, 1)  # committed
+        assert reader.drain(100, b"", b"", 0, 0, True) == (line, 3)
+        reader.close()
+    finally:
+        mm.close()
