@@ -251,8 +251,9 @@ def test_drainer_is_shared_by_children_and_exits_after_the_last(tmp_path):
 # -- the drainer dies ----------------------------------------------------------------
 
 def test_killed_drainer_is_replaced_by_writing_in_process(tmp_path):
-    """SIGKILL to the drainer: the process notices, warns once, and writes the rest of
-    its ring itself into the next free file name."""
+    """SIGKILL to the drainer: the process notices, warns once, writes the rest of
+    its ring itself into the next free file name, and no longer names the drainer
+    to its children (DFTRACE_DRAINER is removed)."""
     script = write_script(tmp_path, """
         import os, signal, sys, time
         import dftrace
@@ -271,12 +272,15 @@ def test_killed_drainer_is_replaced_by_writing_in_process(tmp_path):
                 pass
         dftrace.finalize()
         print(*s.paths)
+        print(os.environ.get("DFTRACE_DRAINER", "none"))
     """)
     out = run([script, str(tmp_path)])
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("the trace drainer") == 1, out.stderr
     first, second = sorted(files(tmp_path), key=len)
-    assert out.stdout.split() == [second]
+    paths, drainer = out.stdout.split("\n")[:2]
+    assert paths.split() == [second]
+    assert drainer == "none"  # children started from now on do not look for it
     assert_valid([second])
     before = [e["args"]["i"] for e in spans(testing.read_events(first), "forward")]
     after = [e["args"]["i"] for e in spans(testing.read_events(second), "forward")]
