@@ -378,9 +378,16 @@ class Served:
         self.drop(p)
 
     def reject(self, p: Producer, why: str) -> None:
+        """Stop serving ``p``, and tell it why (``x`` + 4-byte length + the reason):
+        it writes its trace itself from then on, and says so."""
         try:
             p.reject(why)
         except Exception:
+            pass
+        body = why.encode("utf-8", "replace")[:4096]
+        try:
+            p.conn.send(b"x" + struct.pack("<I", len(body)) + body, socket.MSG_DONTWAIT)
+        except OSError:
             pass
         self.drop(p)
 

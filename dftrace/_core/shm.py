@@ -22,7 +22,8 @@ Protocol on the Unix socket (this process -> drainer): one registration message
 ``s`` write everything now (answered ``y`` + 8-byte count of events written), ``f``
 + 4-byte length + the trailer's lines: finalized, write everything, those lines and
 the end of the file (answered ``d`` + 4-byte length + JSON: paths, events lost,
-error, events written). The drainer answers the registration with ``k`` + its pid.
+error, events written). The drainer answers the registration with ``k`` + its pid,
+and says ``x`` + 4-byte length + the reason when it stops serving this process.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ class _Impostor(ConnectionError):
 
 class _ProtocolError(Exception):
     """The drainer answered something that is not an answer of the protocol."""
+
+
+class _Rejected(_ProtocolError):
+    """The drainer stopped serving this process (its ring was found inconsistent)."""
 
 
 def _ring(buffer_limit: int) -> tuple[int, mmap.mmap]:
@@ -361,6 +366,8 @@ class ProcessWriter:
                 from .writer import FileSink, Writer
 
                 s = self.session
+                if why == "ended":
+                    why = self._last_word() or why
                 _rec.STATE.warn_once(
                     "drainer-lost",
                     f"the trace drainer (pid {self.drainer_pid}) {why}; this process writes "
@@ -403,6 +410,25 @@ class ProcessWriter:
                 except OSError:
                     pass
             return self.fallback
+
+    def _last_word(self) -> str | None:
+        """Why the drainer stopped serving this process, when it said so before
+        closing the connection (None otherwise)."""
+        try:
+            while len(self._replies) < MAX_ANSWER:
+                data = self._sock.recv(65536, socket.MSG_DONTWAIT)
+                if not data:
+                    break
+                self._replies += data
+        except OSError:
+            pass
+        try:
+            self._take_reply(b"")
+        except _Rejected as exc:
+            return f"dropped this process's ring ({exc})"
+        except _ProtocolError:
+            pass
+        return None
 
     def _send(self, b: bytes) -> bool:
         try:
@@ -519,7 +545,7 @@ class ProcessWriter:
                 if len(buf) < 9:
                     break
                 msg, buf = buf[:9], buf[9:]
-            elif buf[:1] == b"d":
+            elif buf[:1] in (b"d", b"x"):
                 if len(buf) < 5:
                     break
                 n = struct.unpack("<I", buf[1:5])[0]
@@ -531,6 +557,8 @@ class ProcessWriter:
             else:
                 raise _ProtocolError(f"the answer {buf[:16]!r}")
             self._replies = buf
+            if msg[:1] == b"x":
+                raise _Rejected(msg[5:].decode("utf-8", "replace"))
             if msg[:1] == kind:
                 return msg
         self._replies = buf
@@ -541,6 +569,9 @@ class ProcessWriter:
         the in-process writer (b"" then)."""
         try:
             got = self._request(b, reply, timeout)
+        except _Rejected as exc:
+            self._lost(f"dropped this process's ring ({exc})")
+            return b""
         except _ProtocolError as exc:
             self._lost(f"answered what it should not ({exc})")
             return b""

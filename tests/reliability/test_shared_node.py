@@ -201,16 +201,26 @@ FAKE_DRAINER = """
         conn.sendall(b"k" + b"not-a-pid")
     else:
         conn.sendall(b"k" + str(os.getpid()).encode())
+    buf = b""
     while True:
         data = conn.recv(65536)
         if not data:
             break
-        if mode == "unknown" and (b"s" in data or b"f" in data):
-            conn.sendall(b"Zzz")
-        elif b"f" in data:
-            body = b"{not json" if mode == "json" else json.dumps(
-                {"paths": 5, "lost": "many", "failed": None, "written": -1}).encode()
-            conn.sendall(b"d" + struct.pack("<I", len(body)) + body)
+        buf += data
+        while buf[:1] in (b"w", b"s") or (buf[:1] == b"f" and len(buf) >= 5
+                                           and len(buf) >= 5 + struct.unpack("<I", buf[1:5])[0]):
+            kind = buf[:1]
+            buf = buf[1:] if kind != b"f" else buf[5 + struct.unpack("<I", buf[1:5])[0]:]
+            if kind == b"w":
+                continue
+            if mode == "unknown":
+                conn.sendall(b"Zzz")
+            elif kind == b"s":  # a flush answered as the protocol says
+                conn.sendall(b"y" + struct.pack("<Q", 0))
+            else:
+                body = b"{not json" if mode == "json" else json.dumps(
+                    {"paths": 5, "lost": "many", "failed": None, "written": -1}).encode()
+                conn.sendall(b"d" + struct.pack("<I", len(body)) + body)
 """
 
 
@@ -335,6 +345,7 @@ def test_a_hostile_ring_is_dropped_and_the_drainer_serves_the_others(tmp_path):
                        capture_output=True, text=True, timeout=120, env=env)
     assert b.returncode == 0, b.stderr
     assert "Traceback" not in b.stderr, b.stderr
+    assert f"the trace drainer (pid {drainer}) dropped this process's ring" in b.stderr
     assert int(b.stdout) == drainer
     out, err = a.communicate("\n", timeout=120)
     assert a.returncode == 0, err
