@@ -24,6 +24,7 @@ CAPABILITIES = {
     "fuse": "FUSE mounts (fusepy with libfuse2, /dev/fuse, root) for the hung-storage tests",
     "chromium": "headless Chromium, to render `dftrace report` pages",
     "tmux": "tmux, to drive `dftrace watch` in a terminal",
+    "second-user": "root, to create a second user (useradd) who attacks the process writer",
 }
 
 

@@ -130,6 +130,7 @@ static PyObject *add_kind(PyObject *self, PyObject *arg) {
 
 #define F_INCOMPLETE 1u
 #define F_RAW 2u /* a whole line, already encoded, in the arena (shared-memory ring only) */
+#define F_MORE 4u /* F_RAW: a piece of a line, continued by the next record (ring only) */
 #define LEVEL_BITS 24
 #define LEVEL_MASK ((1u << LEVEL_BITS) - 1)
 
@@ -168,6 +169,8 @@ static Py_ssize_t full_recs = 0; /* records in the chunks before the tail */
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <pthread.h>
+#include <unistd.h>
+#define CURRENT_PID() ((long long)getpid())
 #define HAVE_WRITE_LOOP 1
 static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t qcond = PTHREAD_COND_INITIALIZER;
@@ -176,6 +179,8 @@ static int kicked = 0;       /* write_loop() must return to Python */
 #define QLOCK() pthread_mutex_lock(&qlock)
 #define QUNLOCK() pthread_mutex_unlock(&qlock)
 #else
+#include <process.h>
+#define CURRENT_PID() ((long long)_getpid())
 #define QLOCK() ((void)0)
 #define QUNLOCK() ((void)0)
 #endif
@@ -254,17 +259,33 @@ static chunk_t *new_chunk(void) {
  * the slot's n after its fields and args bytes were written, so a reader that
  * load-acquires n finds complete records only: a record being written when the
  * process dies is not counted in n and is never read. Only the drainer sets a slot
- * FREE again, after encoding it. Kind pieces are appended the same way (bytes,
- * then the committed count).
+ * FREE again, after the bytes encoded from it were written (its commit), so a
+ * reader that takes over after the drainer died starts at the last commit and
+ * finds every record not yet written. Kind pieces are appended the same way
+ * (bytes, then the committed count).
+ *
+ * Neither side trusts the region: the other side can write it. Each keeps the
+ * geometry (slot count, offsets, sizes) and its own positions in its own memory,
+ * and bounds every count and length it reads from the region.
  */
-#define SHM_MAGIC 0x3153484d54464444ULL /* "DDFTMHS1" */
-#define SHM_VERSION 1
+#define SHM_MAGIC 0x3253484d54464444ULL /* "DDFTMHS2" */
+#define SHM_VERSION 2
 #define SHM_HEADER_BYTES 4096
 #define SHM_KINDS_BYTES (1u << 20)
 #define SHM_ARENA (256u * 1024u)
 #define SLOT_FREE 0u
 #define SLOT_FILLING 1u
 #define SLOT_FULL 2u
+
+/* Where the drainer's file stands: every record before (seq, pos) is in the file
+   <base>[.run][.part<part>], whose first `size` bytes are whole frames. */
+typedef struct {
+    uint64_t seq;
+    uint32_t pos, run;
+    uint32_t part, valid;
+    uint64_t size; /* NO_FILE: none of its own yet (or a FIFO) */
+} shm_commit_t;
+#define NO_FILE UINT64_MAX
 
 typedef struct {
     uint64_t magic;
@@ -277,8 +298,8 @@ typedef struct {
     uint64_t next_seq;
     int64_t drainer_busy_ns; /* CLOCK_MONOTONIC start of the drainer's write under way, 0 idle */
     int64_t producer_pid;
-    uint64_t reader_seq; /* where the drainer goes on reading (a successor resumes there) */
-    uint32_t reader_pos, pad;
+    uint64_t commit_gen; /* commit[commit_gen & 1] is the latest (release) */
+    shm_commit_t commit[2];
 } shm_hdr_t;
 
 typedef struct {
@@ -292,6 +313,7 @@ typedef struct {
 } shm_slot_t;
 
 #define SHM_SLOT_BYTES ((sizeof(shm_slot_t) + 4095) & ~(size_t)4095)
+typedef char shm_header_fits[sizeof(shm_hdr_t) <= SHM_HEADER_BYTES ? 1 : -1];
 
 static shm_hdr_t *shm = NULL;    /* attached: records go to the ring */
 static char *shm_base = NULL;
@@ -300,25 +322,40 @@ static int shm_kinds_full = 0;
 static int shm_sealed = 0;        /* a slot was sealed since the last wake */
 static Py_buffer shm_view;
 static int shm_has_view = 0;
+/* This process's own copy of the ring's layout and positions (the region's copy is
+   for the drainer and is never read back). */
+static uint32_t shm_nslots = 0;
+static uint64_t shm_next_seq = 0, shm_kinds_len = 0;
+static uint32_t shm_nkinds = 0;
+static uint32_t shm_cur_n = 0, shm_cur_alen = 0; /* records and arena bytes of shm_cur */
+static long long shm_owner = 0; /* the pid that attached: a forked child never writes */
+/* What a line is encoded with (as the drainer does), for a record too long for one
+   slot: it goes into the ring as an encoded line, in pieces. */
+static char *shm_pidp = NULL, *shm_hhp = NULL;
+static Py_ssize_t shm_npid = 0, shm_nhh = 0;
+static long long shm_offset = 0, shm_min_id = 0;
 
-static inline shm_slot_t *slot_at(shm_hdr_t *h, uint32_t i) {
-    return (shm_slot_t *)((char *)h + h->slots_off + (size_t)i * h->slot_size);
+static inline shm_slot_t *slot_in(char *base, size_t slots_off, size_t slot_size, uint32_t i) {
+    return (shm_slot_t *)(base + slots_off + (size_t)i * slot_size);
 }
+
+#define OWN_SLOT(i) slot_in(shm_base, SHM_HEADER_BYTES + SHM_KINDS_BYTES, SHM_SLOT_BYTES, (i))
 
 static void shm_add_kind(const char *p, Py_ssize_t n) {
     if (!shm || shm_kinds_full)
         return;
     size_t need = 4 + (((size_t)n + 3) & ~(size_t)3);
-    if (shm->kinds_len + need > shm->kinds_cap) {
+    if (shm_kinds_len + need > SHM_KINDS_BYTES) {
         shm_kinds_full = 1; /* later kinds are written with name "?" */
         return;
     }
-    char *e = shm_base + shm->kinds_off + shm->kinds_len;
+    char *e = shm_base + SHM_HEADER_BYTES + shm_kinds_len;
     uint32_t len = (uint32_t)n;
     memcpy(e, &len, 4);
     memcpy(e + 4, p, (size_t)n);
-    shm->kinds_len += need;
-    __atomic_store_n(&shm->nkinds, shm->nkinds + 1, __ATOMIC_RELEASE);
+    shm_kinds_len += need;
+    shm->kinds_len = shm_kinds_len;
+    __atomic_store_n(&shm->nkinds, ++shm_nkinds, __ATOMIC_RELEASE);
 }
 
 static void shm_seal(void) {
@@ -329,14 +366,36 @@ static void shm_seal(void) {
     }
 }
 
+/* Stop recording into the ring without touching it (a child created by fork()
+   holds a copy of the parent's mapping: the ring stays the parent's). The view is
+   released later, by shm_detach, where the GIL is held. */
+static void shm_forget_ring(void) {
+    shm = NULL;
+    shm_cur = NULL;
+    shm_sealed = 0;
+}
+
+#ifdef HAVE_WRITE_LOOP
+/* fork() from C runs no Python at-fork hook, but it runs these. */
+static void shm_after_fork_child(void) { shm_forget_ring(); }
+static int shm_atfork_registered = 0;
+#endif
+
 /* The lowest FREE slot (few slots stay in use, so few pages are touched). */
 static shm_slot_t *shm_take(void) {
-    for (uint32_t i = 0; i < shm->nslots; i++) {
-        shm_slot_t *s = slot_at(shm, i);
+    if (CURRENT_PID() != shm_owner) { /* a forked child that no hook told */
+        shm_forget_ring();
+        return NULL;
+    }
+    for (uint32_t i = 0; i < shm_nslots; i++) {
+        shm_slot_t *s = OWN_SLOT(i);
         if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SLOT_FREE) {
             __atomic_store_n(&s->n, 0, __ATOMIC_RELAXED);
             s->alen = 0;
-            s->seq = shm->next_seq++;
+            s->seq = shm_next_seq++;
+            shm->next_seq = shm_next_seq;
+            shm_cur_n = 0;
+            shm_cur_alen = 0;
             __atomic_store_n(&s->state, SLOT_FILLING, __ATOMIC_RELEASE);
             return s;
         }
@@ -344,28 +403,101 @@ static shm_slot_t *shm_take(void) {
     return NULL;
 }
 
-/* Append to the ring: 0, -1 (args too long for a slot: dropped), -2 (ring full). */
+static char *encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
+                         const char *arena, const kind_t *ks, Py_ssize_t nk, const char *pidp,
+                         Py_ssize_t npid, const char *hhp, Py_ssize_t nhh, long long off,
+                         long long min_id);
+#define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
+/* Most slots one line may take: a reader collects at most READ_RANGES slots at once. */
+#define SHM_LONG_SLOTS 63
+
+/* A line too long for one slot's arena, in pieces of one slot each (F_RAW, all
+   but the last F_MORE); every slot it needs is free before the first piece is
+   written, so it is never left cut short by a full ring. A reader writes a line
+   only once its last piece is committed. 0, -1 (longer than the ring can hold),
+   -2 (not enough free slots now). */
+static int shm_append_pieces(const char *line, size_t len) {
+    size_t k = (len + SHM_ARENA - 1) / SHM_ARENA;
+    if (k > SHM_LONG_SLOTS || k + 1 > shm_nslots)
+        return -1;
+    shm_seal();
+    size_t nfree = 0;
+    for (uint32_t i = 0; i < shm_nslots; i++)
+        nfree += __atomic_load_n(&OWN_SLOT(i)->state, __ATOMIC_ACQUIRE) == SLOT_FREE;
+    if (nfree < k)
+        return -2;
+    for (size_t i = 0; i < k; i++) {
+        size_t piece = len - i * SHM_ARENA < SHM_ARENA ? len - i * SHM_ARENA : SHM_ARENA;
+        if (!(shm_cur = shm_take()))
+            return -2; /* not this process's ring any more (a forked child) */
+        rec_t *r = &shm_cur->recs[0];
+        memset(r, 0, sizeof(*r));
+        r->count = -1;
+        r->alen = (uint32_t)piece;
+        r->level_flags = (F_RAW | (i + 1 < k ? F_MORE : 0)) << LEVEL_BITS;
+        memcpy(shm_cur->arena, line + i * SHM_ARENA, piece);
+        shm_cur_alen = (uint32_t)piece;
+        shm_cur->alen = shm_cur_alen;
+        __atomic_store_n(&shm_cur->n, ++shm_cur_n, __ATOMIC_RELEASE);
+        shm_seal();
+    }
+    return 0;
+}
+
+/* A record whose args do not fit in one slot: encoded here, as the drainer would,
+   and appended in pieces. */
+static int shm_append_long(uint32_t kid, long long t0, long long t1, unsigned long long id,
+                           unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
+                           uint32_t flags, long long count, const char *a, Py_ssize_t na,
+                           const char *b, Py_ssize_t nb) {
+    size_t need = (size_t)(na + nb);
+    if (need > (size_t)SHM_LONG_SLOTS * SHM_ARENA || need > UINT32_MAX)
+        return -1;
+    if ((flags & F_RAW) && !nb)
+        return shm_append_pieces(a, need);
+    char *args = PyMem_RawMalloc(need ? need : 1);
+    size_t cap = REC_FIXED + (size_t)max_kind_len + (size_t)shm_npid + (size_t)shm_nhh + need;
+    char *line = PyMem_RawMalloc(cap);
+    int rc = -1;
+    if (args && line) {
+        memcpy(args, a, (size_t)na);
+        if (nb)
+            memcpy(args + na, b, (size_t)nb);
+        rec_t r = {.t0 = t0, .t1 = t1, .id = id, .parent = p, .kind = kid,
+                   .level_flags = ((uint32_t)lvl & LEVEL_MASK) | (flags << LEVEL_BITS),
+                   .tid = tid, .count = count, .aoff = 0, .alen = (uint32_t)need};
+        char *end = encode_recs(line, &r, 0, 1, args, kinds, nkinds, shm_pidp, shm_npid,
+                                shm_hhp, shm_nhh, shm_offset, shm_min_id);
+        rc = end == line ? 0 : shm_append_pieces(line, (size_t)(end - line));
+    }
+    PyMem_RawFree(args);
+    PyMem_RawFree(line);
+    return rc;
+}
+
+/* Append to the ring: 0, -1 (too long for the ring: dropped), -2 (ring full, or
+   no longer this process's ring). */
 static int shm_append(uint32_t kid, long long t0, long long t1, unsigned long long id,
                       unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
                       uint32_t flags, long long count, const char *a, Py_ssize_t na,
                       const char *b, Py_ssize_t nb) {
     size_t need = (size_t)(na + nb);
     if (need > SHM_ARENA)
-        return -1;
-    shm_slot_t *c = shm_cur;
-    if (c && (c->n == CHUNK_RECS || c->alen + need > SHM_ARENA))
+        return shm_append_long(kid, t0, t1, id, p, lvl, tid, flags, count, a, na, b, nb);
+    if (shm_cur && (shm_cur_n == CHUNK_RECS || shm_cur_alen + need > SHM_ARENA))
         shm_seal();
     if (!shm_cur && !(shm_cur = shm_take()))
         return -2;
-    c = shm_cur;
-    rec_t *r = &c->recs[c->n];
-    r->aoff = c->alen;
+    shm_slot_t *c = shm_cur;
+    rec_t *r = &c->recs[shm_cur_n];
+    r->aoff = shm_cur_alen;
     r->alen = (uint32_t)need;
     if (na)
-        memcpy(c->arena + c->alen, a, (size_t)na);
+        memcpy(c->arena + shm_cur_alen, a, (size_t)na);
     if (nb)
-        memcpy(c->arena + c->alen + na, b, (size_t)nb);
-    c->alen += (uint32_t)need;
+        memcpy(c->arena + shm_cur_alen + na, b, (size_t)nb);
+    shm_cur_alen += (uint32_t)need;
+    c->alen = shm_cur_alen;
     r->t0 = t0;
     r->t1 = t1;
     r->id = id;
@@ -374,15 +506,14 @@ static int shm_append(uint32_t kid, long long t0, long long t1, unsigned long lo
     r->level_flags = ((uint32_t)lvl & LEVEL_MASK) | (flags << LEVEL_BITS);
     r->tid = tid;
     r->count = count;
-    __atomic_store_n(&c->n, c->n + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->n, ++shm_cur_n, __ATOMIC_RELEASE);
     return 0;
 }
 
 static void shm_release(void) {
-    shm = NULL;
+    shm_forget_ring();
     shm_base = NULL;
-    shm_cur = NULL;
-    shm_sealed = 0;
+    shm_nslots = 0;
     if (shm_has_view) {
         shm_has_view = 0;
         PyBuffer_Release(&shm_view);
@@ -390,33 +521,68 @@ static void shm_release(void) {
 }
 
 
-/* shm_attach(buffer, pid): record into this writable region from now on. */
+/* A copy of a bytes piece (replacing *dst). */
+static int keep_piece(char **dst, Py_ssize_t *ndst, const char *src, Py_ssize_t n) {
+    char *c = PyMem_RawMalloc((size_t)(n ? n : 1));
+    if (!c) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(c, src, (size_t)n);
+    PyMem_RawFree(*dst);
+    *dst = c;
+    *ndst = n;
+    return 0;
+}
+
+/* shm_attach(buffer, pid, pid_piece, hh_piece, offset_ns, min_id): record into this
+   writable region from now on (the pieces and numbers are the encoder's, for lines
+   too long for one slot). */
 static PyObject *shm_attach(PyObject *self, PyObject *args) {
     PyObject *obj;
-    long long pid;
-    if (!PyArg_ParseTuple(args, "OL", &obj, &pid))
+    long long pid, off, min_id;
+    const char *pidp, *hhp;
+    Py_ssize_t npid, nhh;
+    if (!PyArg_ParseTuple(args, "OLy#y#LL", &obj, &pid, &pidp, &npid, &hhp, &nhh, &off, &min_id))
         return NULL;
+    if (keep_piece(&shm_pidp, &shm_npid, pidp, npid) < 0 ||
+        keep_piece(&shm_hhp, &shm_nhh, hhp, nhh) < 0)
+        return NULL;
+    shm_offset = off;
+    shm_min_id = min_id;
     Py_buffer v;
     if (PyObject_GetBuffer(obj, &v, PyBUF_WRITABLE) < 0)
         return NULL;
     size_t fixed = SHM_HEADER_BYTES + SHM_KINDS_BYTES;
-    if ((size_t)v.len < fixed + 2 * SHM_SLOT_BYTES) {
+    if ((size_t)v.len < fixed + 2 * SHM_SLOT_BYTES ||
+        ((size_t)v.len - fixed) / SHM_SLOT_BYTES > UINT32_MAX) {
         PyBuffer_Release(&v);
-        PyErr_SetString(PyExc_ValueError, "shared-memory region too small");
+        PyErr_SetString(PyExc_ValueError, "shared-memory region too small or too large");
         return NULL;
     }
+#ifdef HAVE_WRITE_LOOP
+    if (!shm_atfork_registered) {
+        pthread_atfork(NULL, NULL, shm_after_fork_child);
+        shm_atfork_registered = 1;
+    }
+#endif
     shm_release();
     shm_view = v;
     shm_has_view = 1;
     shm_base = (char *)v.buf;
     shm_hdr_t *h = (shm_hdr_t *)shm_base;
     memset(h, 0, sizeof(*h));
+    shm_nslots = (uint32_t)(((size_t)v.len - fixed) / SHM_SLOT_BYTES);
+    shm_next_seq = 0;
+    shm_kinds_len = 0;
+    shm_nkinds = 0;
+    shm_owner = pid;
     h->version = SHM_VERSION;
     h->kinds_off = SHM_HEADER_BYTES;
     h->kinds_cap = SHM_KINDS_BYTES;
     h->slots_off = fixed;
     h->slot_size = SHM_SLOT_BYTES;
-    h->nslots = (uint32_t)(((size_t)v.len - fixed) / SHM_SLOT_BYTES);
+    h->nslots = shm_nslots;
     h->producer_pid = pid;
     h->dropped = ndropped;
     shm_kinds_full = 0;
@@ -451,15 +617,17 @@ static PyObject *shm_finish(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* shm_state() -> (free slots, slots, drainer_busy_ns) or None when not attached. */
+/* shm_state() -> (free slots, slots, drainer_busy_ns, commits) or None when not
+   attached; commits counts the drainer's commits (its progress). */
 static PyObject *shm_state(PyObject *self, PyObject *unused) {
     if (!shm)
         Py_RETURN_NONE;
     uint32_t nfree = 0;
-    for (uint32_t i = 0; i < shm->nslots; i++)
-        nfree += __atomic_load_n(&slot_at(shm, i)->state, __ATOMIC_ACQUIRE) == SLOT_FREE;
-    return Py_BuildValue("(IIL)", nfree, shm->nslots,
-                         (long long)__atomic_load_n(&shm->drainer_busy_ns, __ATOMIC_ACQUIRE));
+    for (uint32_t i = 0; i < shm_nslots; i++)
+        nfree += __atomic_load_n(&OWN_SLOT(i)->state, __ATOMIC_ACQUIRE) == SLOT_FREE;
+    return Py_BuildValue("(IILK)", nfree, shm_nslots,
+                         (long long)__atomic_load_n(&shm->drainer_busy_ns, __ATOMIC_ACQUIRE),
+                         (unsigned long long)__atomic_load_n(&shm->commit_gen, __ATOMIC_ACQUIRE));
 }
 
 static int make_room(void);
@@ -1148,7 +1316,6 @@ static char *encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
 /* Detach up to maxn records (whole chunks; at least one chunk) from the front of the
    buffer. GIL held. Returns the first chunk (NULL: nothing buffered), the records
    taken and an upper bound of their encoded size. */
-#define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
 static chunk_t *detach(Py_ssize_t maxn, Py_ssize_t extra_per_rec, Py_ssize_t *ntaken,
                        size_t *upper) {
     QLOCK();
@@ -1567,17 +1734,34 @@ static PyObject *in_flight(PyObject *self, PyObject *unused) {
 
 /* ------------------------------------------------------------------------- */
 /* ShmReader: the drainer's side of one producer's ring                      */
+/*
+ * The producer can write the region at any time, so the reader checks the layout
+ * once (at attach) and keeps it; it copies the records it encodes into its own
+ * memory and checks each (args inside the slot's arena, a known kind), so that
+ * nothing the producer writes later makes it read or write out of bounds. A ring
+ * found inconsistent raises RingError: the drainer drops that producer.
+ */
+
+static PyObject *RingError = NULL;
 
 typedef struct {
     PyObject_HEAD
     Py_buffer view;
     int has_view;
     shm_hdr_t *h;
+    char *base;
+    /* the layout, read and checked once */
+    uint32_t nslots;
+    size_t slots_off, slot_size, kinds_off, kinds_cap;
     uint64_t next_seq; /* the slot to encode next ... */
     uint32_t pos;      /* ... from this record on */
+    uint64_t done_seq; /* the position of the last commit */
+    uint32_t done_pos;
     kind_t *ks;
     Py_ssize_t nk, capk, maxk;
     uint64_t koff;
+    rec_t *recs;  /* the records being encoded, copied out of the ring */
+    size_t crecs; /* their capacity */
     char *buf, *zb; /* drain_write's lines and compressed frame, kept between calls */
     size_t cap, zcap;
 } ShmReader;
@@ -1588,14 +1772,38 @@ static void ShmReader_release(ShmReader *self) {
         PyBuffer_Release(&self->view);
     }
     self->h = NULL;
+    self->base = NULL;
 }
 
 static void ShmReader_dealloc(ShmReader *self) {
     ShmReader_release(self);
     PyMem_Free(self->ks);
+    PyMem_RawFree(self->recs);
     PyMem_RawFree(self->buf);
     PyMem_RawFree(self->zb);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static inline shm_slot_t *reader_slot(ShmReader *self, uint32_t i) {
+    return slot_in(self->base, self->slots_off, self->slot_size, i);
+}
+
+/* The latest commit, copied (NULL when none was made). */
+static int reader_commit_of(ShmReader *self, shm_commit_t *out) {
+    uint64_t gen = __atomic_load_n(&self->h->commit_gen, __ATOMIC_ACQUIRE);
+    if (!gen)
+        return 0;
+    memcpy(out, &self->h->commit[gen & 1], sizeof(*out));
+    return out->valid == 1;
+}
+
+/* Slots whose every record was written: FREE for the producer. */
+static void reader_free_before(ShmReader *self, uint64_t seq) {
+    for (uint32_t i = 0; i < self->nslots; i++) {
+        shm_slot_t *c = reader_slot(self, i);
+        if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) == SLOT_FULL && c->seq < seq)
+            __atomic_store_n(&c->state, SLOT_FREE, __ATOMIC_RELEASE);
+    }
 }
 
 static int ShmReader_init(ShmReader *self, PyObject *args, PyObject *kw) {
@@ -1610,27 +1818,53 @@ static int ShmReader_init(ShmReader *self, PyObject *args, PyObject *kw) {
     shm_hdr_t *h = (shm_hdr_t *)self->view.buf;
     size_t len = (size_t)self->view.len;
     if (len < SHM_HEADER_BYTES || __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC ||
-        h->version != SHM_VERSION || h->slot_size < sizeof(shm_slot_t) ||
-        h->kinds_off + h->kinds_cap > h->slots_off ||
-        h->slots_off + (size_t)h->nslots * h->slot_size > len) {
+        h->version != SHM_VERSION) {
         ShmReader_release(self);
-        PyErr_SetString(PyExc_ValueError, "not a dftrace ring (or another version)");
+        PyErr_SetString(RingError, "not a dftrace ring (or another version)");
+        return -1;
+    }
+    /* One read of each field: the checks and the use see the same values. */
+    uint64_t nslots = h->nslots, slot_size = h->slot_size, slots_off = h->slots_off;
+    uint64_t kinds_off = h->kinds_off, kinds_cap = h->kinds_cap;
+    if (slot_size < sizeof(shm_slot_t) || slot_size % 8 || slots_off % 8 || kinds_off % 4 ||
+        kinds_off < sizeof(shm_hdr_t) || kinds_cap > len || kinds_off > len - kinds_cap ||
+        kinds_off + kinds_cap > slots_off || slots_off > len || nslots == 0 ||
+        nslots > (len - slots_off) / slot_size) {
+        ShmReader_release(self);
+        PyErr_SetString(RingError, "the ring's layout does not fit its region");
         return -1;
     }
     self->h = h;
-    self->next_seq = resume ? h->reader_seq : 0;
-    self->pos = resume ? h->reader_pos : 0;
+    self->base = (char *)h;
+    self->nslots = (uint32_t)nslots;
+    self->slot_size = (size_t)slot_size;
+    self->slots_off = (size_t)slots_off;
+    self->kinds_off = (size_t)kinds_off;
+    self->kinds_cap = (size_t)kinds_cap;
+    self->next_seq = 0;
+    self->pos = 0;
+    if (resume) { /* go on from the last commit: what was written before it stays */
+        shm_commit_t c;
+        if (reader_commit_of(self, &c)) {
+            self->next_seq = c.seq;
+            self->pos = c.pos;
+        }
+        reader_free_before(self, self->next_seq);
+    }
+    self->done_seq = self->next_seq;
+    self->done_pos = self->pos;
     self->nk = 0;
     self->maxk = 0;
     self->koff = 0;
     return 0;
 }
 
-/* Kind pieces committed since the last call (they stay where they are). */
+/* Kind pieces committed since the last call (they stay where they are: a producer
+   rewriting one changes its own lines' text, never their length). */
 static int reader_kinds(ShmReader *self) {
     shm_hdr_t *h = self->h;
     uint32_t n = __atomic_load_n(&h->nkinds, __ATOMIC_ACQUIRE);
-    const char *area = (const char *)h + h->kinds_off;
+    const char *area = self->base + self->kinds_off;
     while ((uint32_t)self->nk < n) {
         if (self->nk == self->capk) {
             Py_ssize_t cap = self->capk ? self->capk * 2 : 256;
@@ -1643,10 +1877,10 @@ static int reader_kinds(ShmReader *self) {
             self->capk = cap;
         }
         uint32_t len;
-        if (self->koff + 4 > h->kinds_cap)
+        if (self->koff + 4 > self->kinds_cap)
             break;
         memcpy(&len, area + self->koff, 4);
-        if (self->koff + 4 + len > h->kinds_cap)
+        if (self->koff + 4 + (uint64_t)len > self->kinds_cap)
             break;
         self->ks[self->nk].piece = (char *)area + self->koff + 4;
         self->ks[self->nk].n = len;
@@ -1661,30 +1895,48 @@ static int reader_kinds(ShmReader *self) {
 #define READ_RANGES 64
 typedef struct {
     shm_slot_t *s;
+    const rec_t *recs; /* the range's records, copied (index 0 is record `from`) */
     uint32_t from, to;
-    int full;
 } range_t;
 
-/* drain(max_records, pid_piece, hh_piece, offset_ns, min_id, partial) -> (bytes, n):
-   the lines of the sealed slots in sequence order (and, with `partial`, of the
-   records committed so far in the slot being filled); sealed slots are freed. */
 /* The ranges of records to encode next, in sequence order: the sealed slots (and,
    with `partial`, the records committed so far in the slot being filled), at most
-   about maxn records; their count and an upper bound of their encoded size. */
+   about maxn records, copied into the reader's memory and checked; their count
+   and an upper bound of their encoded size. -1 with RingError (or MemoryError). */
 static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int partial,
                           range_t *rg, Py_ssize_t *n_out, size_t *upper_out, uint64_t *seq_out,
                           uint32_t *pos_out) {
-    shm_hdr_t *h = self->h;
     int nr = 0;
     Py_ssize_t n = 0;
     size_t upper = 0;
     uint64_t seq = self->next_seq;
     uint32_t pos = self->pos;
+    size_t need = (size_t)(maxn > 0 ? maxn : 1) + CHUNK_RECS;
+    if (self->crecs < need) {
+        rec_t *g = PyMem_RawRealloc(self->recs, need * sizeof(rec_t));
+        if (!g) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->recs = g;
+        self->crecs = need;
+    }
+    size_t used = 0;
+    typedef struct {
+        int open, range;
+        uint32_t k;
+        uint64_t seq;
+        uint32_t pos;
+        Py_ssize_t n;
+        size_t upper;
+    } group_t;
+    group_t g = {0, 0, 0, 0, 0, 0, 0};
     while (nr < READ_RANGES && (n == 0 || n < maxn)) {
         shm_slot_t *s = NULL;
-        for (uint32_t i = 0; i < h->nslots; i++) {
-            shm_slot_t *c = slot_at(h, i);
-            if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != SLOT_FREE && c->seq == seq) {
+        for (uint32_t i = 0; i < self->nslots; i++) {
+            shm_slot_t *c = reader_slot(self, i);
+            if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != SLOT_FREE &&
+                __atomic_load_n(&c->seq, __ATOMIC_RELAXED) == seq) {
                 s = c;
                 break;
             }
@@ -1693,25 +1945,37 @@ static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int part
             break;
         int full = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SLOT_FULL;
         uint32_t cnt = __atomic_load_n(&s->n, __ATOMIC_ACQUIRE);
-        if (cnt > CHUNK_RECS)
-            cnt = CHUNK_RECS;
+        if (cnt > CHUNK_RECS) {
+            PyErr_SetString(RingError, "a slot of the ring claims more records than it holds");
+            return -1;
+        }
         if (!full && !partial)
             break;
         if (pos > cnt)
             pos = cnt;
-        rg[nr].s = s;
-        rg[nr].from = pos;
-        rg[nr].to = cnt;
-        rg[nr].full = full;
-        for (uint32_t k = pos; k < cnt; k++) {
-            rec_t *r = &s->recs[k];
-            if ((size_t)r->aoff + r->alen > SHM_ARENA) { /* never written so: skip it */
-                r->alen = 0;
-                r->aoff = 0;
+        uint32_t take = cnt - pos;
+        rec_t *copy = self->recs + used;
+        memcpy(copy, &s->recs[pos], (size_t)take * sizeof(rec_t));
+        for (uint32_t k = 0; k < take; k++) {
+            const rec_t *r = &copy[k];
+            if ((size_t)r->aoff + r->alen > SHM_ARENA) {
+                PyErr_SetString(RingError, "a record of the ring points outside its slot");
+                return -1;
+            }
+            if ((r->level_flags >> LEVEL_BITS) & F_MORE) {
+                if (!g.open) /* a line in pieces begins: where to stop if it is not whole */
+                    g = (group_t){1, nr, k, seq, pos + k, n + k, upper};
+            } else {
+                g.open = 0;
             }
             upper += per + r->alen;
         }
-        n += cnt - pos;
+        rg[nr].s = s;
+        rg[nr].recs = copy;
+        rg[nr].from = pos;
+        rg[nr].to = cnt;
+        used += take;
+        n += take;
         nr++;
         if (!full) {
             pos = cnt;
@@ -1720,6 +1984,15 @@ static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int part
         seq++;
         pos = 0;
     }
+    if (g.open) { /* the last line is not whole yet: stop before its first piece */
+        nr = g.k ? g.range + 1 : g.range;
+        if (g.k)
+            rg[g.range].to = rg[g.range].from + g.k;
+        n = g.n;
+        upper = g.upper;
+        seq = g.seq;
+        pos = g.pos;
+    }
     *n_out = n;
     *upper_out = upper;
     *seq_out = seq;
@@ -1727,16 +2000,13 @@ static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int part
     return nr;
 }
 
-/* Encode the ranges at o (no GIL); sealed slots are freed for the producer. */
+/* Encode the ranges at o (no GIL). */
 static char *encode_ranges(char *o, range_t *rg, int nr, const kind_t *ks, Py_ssize_t nk,
                            const char *pidp, Py_ssize_t npid, const char *hhp, Py_ssize_t nhh,
                            long long off, long long min_id) {
-    for (int k = 0; k < nr; k++) {
-        o = encode_recs(o, rg[k].s->recs, rg[k].from, rg[k].to, rg[k].s->arena, ks, nk, pidp, npid,
-                        hhp, nhh, off, min_id);
-        if (rg[k].full)
-            __atomic_store_n(&rg[k].s->state, SLOT_FREE, __ATOMIC_RELEASE);
-    }
+    for (int k = 0; k < nr; k++)
+        o = encode_recs(o, rg[k].recs, 0, rg[k].to - rg[k].from, rg[k].s->arena, ks, nk, pidp,
+                        npid, hhp, nhh, off, min_id);
     return o;
 }
 
@@ -1749,12 +2019,10 @@ static int reader_ready(ShmReader *self) {
     return reader_kinds(self);
 }
 
-/* The ranges up to (seq, pos) were taken: the producer sees the slots read. */
+/* The ranges up to (seq, pos) were encoded; they are freed at the next commit. */
 static void reader_advance(ShmReader *self, uint64_t seq, uint32_t pos) {
     self->next_seq = seq;
     self->pos = pos;
-    self->h->reader_seq = seq;
-    self->h->reader_pos = pos;
 }
 
 static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
@@ -1774,6 +2042,8 @@ static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
     uint32_t pos;
     int nr = collect_ranges(self, maxn, (size_t)(REC_FIXED + self->maxk + npid + nhh), partial,
                             rg, &n, &upper, &seq, &pos);
+    if (nr < 0)
+        return NULL;
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)upper);
     if (!out)
         return NULL;
@@ -1815,6 +2085,8 @@ static PyObject *ShmReader_drain_write(ShmReader *self, PyObject *args) {
     uint32_t pos;
     int nr = collect_ranges(self, maxn, (size_t)(REC_FIXED + self->maxk + npid + nhh), partial,
                             rg, &n, &upper, &seq, &pos);
+    if (nr < 0)
+        return NULL;
     if (ensure(&self->buf, &self->cap, upper + 1) < 0)
         return PyErr_NoMemory();
     kind_t *ks = self->ks;
@@ -1837,6 +2109,48 @@ static PyObject *ShmReader_drain_write(ShmReader *self, PyObject *args) {
 }
 #endif
 
+/* commit(run, part, size, advance=True): what was drained is in the file
+   <base>[.run][.part<part>], whose first `size` bytes are whole frames (size < 0:
+   no file of its own, a FIFO). Publishes where a successor goes on reading (without
+   `advance`: where the last commit said, the file having changed), then frees the
+   slots read through. */
+static PyObject *ShmReader_commit(ShmReader *self, PyObject *args) {
+    unsigned int run, part;
+    long long size;
+    int advance = 1;
+    if (!PyArg_ParseTuple(args, "IIL|p", &run, &part, &size, &advance))
+        return NULL;
+    if (!self->h) {
+        PyErr_SetString(PyExc_ValueError, "closed");
+        return NULL;
+    }
+    if (advance) {
+        self->done_seq = self->next_seq;
+        self->done_pos = self->pos;
+    }
+    shm_hdr_t *h = self->h;
+    uint64_t gen = __atomic_load_n(&h->commit_gen, __ATOMIC_RELAXED) + 1;
+    shm_commit_t *c = &h->commit[gen & 1];
+    c->valid = 0;
+    c->seq = self->done_seq;
+    c->pos = self->done_pos;
+    c->run = run;
+    c->part = part;
+    c->size = size < 0 ? NO_FILE : (uint64_t)size;
+    c->valid = 1;
+    __atomic_store_n(&h->commit_gen, gen, __ATOMIC_RELEASE);
+    reader_free_before(self, self->done_seq);
+    Py_RETURN_NONE;
+}
+
+/* committed -> (run, part, size) of the latest commit's file, or None. */
+static PyObject *ShmReader_get_committed(ShmReader *self, void *unused) {
+    shm_commit_t c;
+    if (!self->h || !reader_commit_of(self, &c) || c.size == NO_FILE)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(IIK)", c.run, c.part, (unsigned long long)c.size);
+}
+
 static PyObject *ShmReader_set_busy(ShmReader *self, PyObject *arg) {
     long long v = PyLong_AsLongLong(arg);
     if (v == -1 && PyErr_Occurred())
@@ -1856,7 +2170,8 @@ static PyObject *ShmReader_get_finalized(ShmReader *self, void *c) {
 }
 
 static PyObject *ShmReader_get_dropped(ShmReader *self, void *c) {
-    return PyLong_FromLongLong(self->h ? (long long)self->h->dropped : 0);
+    long long d = self->h ? (long long)__atomic_load_n(&self->h->dropped, __ATOMIC_RELAXED) : 0;
+    return PyLong_FromLongLong(d > 0 ? d : 0);
 }
 
 static PyObject *ShmReader_get_pid(ShmReader *self, void *c) {
@@ -1871,6 +2186,8 @@ static PyMethodDef ShmReader_methods[] = {
      "drain_write(fd, level, max_records, pid_piece, hh_piece, offset_ns, min_id, partial) "
      "-> (records, bytes written, errno, st_nlink): drain() compressed and appended to fd"},
 #endif
+    {"commit", (PyCFunction)ShmReader_commit, METH_VARARGS,
+     "commit(run, part, size, advance=True): what was drained is written in that file"},
     {"set_busy", (PyCFunction)ShmReader_set_busy, METH_O,
      "set_busy(ns): when the write under way began (CLOCK_MONOTONIC), 0 when idle"},
     {"close", (PyCFunction)ShmReader_close, METH_NOARGS, "Let go of the region."},
@@ -1880,6 +2197,8 @@ static PyGetSetDef ShmReader_getset[] = {
     {"finalized", (getter)ShmReader_get_finalized, NULL, "the producer finalized", NULL},
     {"dropped", (getter)ShmReader_get_dropped, NULL, "the producer's counted drops", NULL},
     {"pid", (getter)ShmReader_get_pid, NULL, "the producer's pid", NULL},
+    {"committed", (getter)ShmReader_get_committed, NULL,
+     "(run, part, size) of the latest commit, or None", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject ShmReaderType = {
@@ -1887,7 +2206,9 @@ static PyTypeObject ShmReaderType = {
     .tp_basicsize = sizeof(ShmReader),
     .tp_dealloc = (destructor)ShmReader_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "ShmReader(region, resume=False): read the records of one producer's shared-memory ring (from where the last reader stopped, with resume).",
+    .tp_doc = "ShmReader(region, resume=False): read the records of one producer's "
+              "shared-memory ring; drained records are freed for the producer at the next "
+              "commit(), once written. With resume: from the last commit on.",
     .tp_methods = ShmReader_methods,
     .tp_getset = ShmReader_getset,
     .tp_init = (initproc)ShmReader_init,
@@ -3241,10 +3562,11 @@ static PyMethodDef methods[] = {
     {"native_write", native_write, METH_NOARGS,
      "The compressions drain_write() can do here."},
     {"add_kind", add_kind, METH_O, "add_kind(piece) -> kid"},
-    {"shm_attach", shm_attach, METH_VARARGS, "shm_attach(region, pid): record into a shared-memory ring"},
+    {"shm_attach", shm_attach, METH_VARARGS,
+     "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},
     {"shm_detach", shm_detach, METH_NOARGS, "Record into process memory again."},
     {"shm_finish", shm_finish, METH_NOARGS, "Seal the ring's last slot and mark it finalized."},
-    {"shm_state", shm_state, METH_NOARGS, "(free slots, slots, drainer_busy_ns), or None"},
+    {"shm_state", shm_state, METH_NOARGS, "(free slots, slots, drainer_busy_ns, commits), or None"},
     {"shm_append_line", shm_append_line, METH_O, "shm_append_line(line) -> recorded (bool)"},
     {"reset", reset, METH_NOARGS, "Forget every buffered record."},
     {"after_fork", after_fork, METH_NOARGS, "In a forked child: a fresh buffer and lock."},
@@ -3296,10 +3618,14 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyType_Ready(&SpanIterType) < 0 || PyType_Ready(&SpanBaseType) < 0 ||
         PyType_Ready(&ShmReaderType) < 0)
         return NULL;
+    if (!RingError && !(RingError = PyErr_NewException("dftrace._core._speedups.RingError",
+                                                         PyExc_ValueError, NULL)))
+        return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
         return NULL;
-    if (PyModule_AddObjectRef(m, "SpanWrapper", (PyObject *)&SpanWrapperType) < 0 ||
+    if (PyModule_AddObjectRef(m, "RingError", RingError) < 0 ||
+        PyModule_AddObjectRef(m, "SpanWrapper", (PyObject *)&SpanWrapperType) < 0 ||
         PyModule_AddObjectRef(m, "SpanIter", (PyObject *)&SpanIterType) < 0 ||
         PyModule_AddObjectRef(m, "TraceableBase", (PyObject *)&TraceableBaseType) < 0 ||
         PyModule_AddObjectRef(m, "SpanBase", (PyObject *)&SpanBaseType) < 0 ||

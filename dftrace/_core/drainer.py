@@ -1,14 +1,19 @@
 """The drainer process of ``writer="process"``: ``python -m dftrace._core.drainer NAME PPID``.
 
-It listens on the abstract Unix socket ``NAME``; each traced process that registers
-hands it a memfd holding its shared-memory ring (see :mod:`._core.shm`). For each
-one it writes exactly the file the in-process writer would: the same
-:class:`~._core.writer.FileSink` (names, header, rotation, compression, failure
-handling) fed by the same C encoder (``_speedups.ShmReader``). When a producer's
+It listens on the abstract Unix socket ``NAME``; each traced process of this user
+(the kernel's credentials of the peer say so; the pid it gives is the one the
+kernel names) that registers hands it a memfd holding its shared-memory ring (see
+:mod:`._core.shm`), its size sealed. For each one it writes exactly the file the
+in-process writer would: the same :class:`~._core.writer.FileSink` (names, header,
+rotation, compression, failure handling) with the producer's umask, fed by the same
+C encoder (``_speedups.ShmReader``). After each write it commits (frees the slots
+written and publishes where the file stands, for a successor). When a producer's
 connection ends without ``f`` (killed, ``os._exit``), it writes everything the ring
-holds, a ``process_end`` metadata line saying how the process ended, and the end
-of the file. It exits once its last producer is gone, and it started in a
-session of its own, so the job's Ctrl-C does not end it before that.
+holds, the drops the ring counts, a ``process_end`` metadata line saying how the
+process ended, and the end of the file. Anything a producer sends or writes in its
+ring that does not fit the protocol drops that producer, never the drainer. It
+exits once its last producer is gone, and it started in a session of its own, so
+the job's Ctrl-C does not end it before that.
 """
 
 from __future__ import annotations
@@ -30,40 +35,66 @@ MAX_BATCH = 16384
 LINGER_S = 0.5
 #: Exit when no producer registered this long after the start.
 FIRST_PRODUCER_S = 30.0
+#: The largest ring accepted (buffer_limit's largest value takes less).
+MAX_RING_BYTES = 1 << 40
+#: The largest message a producer sends (the registration, the trailer's lines).
+MAX_MESSAGE = 16 << 20
 
 
 class Producer:
     """One registered traced process: its ring, its file."""
 
-    def __init__(self, conn: socket.socket, info: dict[str, Any], fd: int):
+    def __init__(self, conn: socket.socket, pid: int, info: Registration, fd: int):
         from . import engine as _rec
         from .writer import FileSink
 
         self.conn = conn
-        self.pid = int(info["pid"])
-        size = os.fstat(fd).st_size
+        self.pid = pid
+        size = _sealed_size(fd)
         self.mm = mmap.mmap(fd, size)
         os.close(fd)
-        self.reader = _rec.speedups.ShmReader(self.mm)
-        self.pid_piece = info["pid_piece"].encode("latin-1")
-        self.hh_piece = info["hh_piece"].encode("latin-1")
-        self.offset_ns = int(info["offset_ns"])
-        self.min_id = int(info["min_id"])
-        self.hhash = info["hhash"]
-        self.flush_interval = float(info["flush_interval"])
-        #: Full slots that make a write (as the in-process writer wakes at batch_size).
-        self.wakes_per_write = max(1, min(int(info.get("batch_size", 65536)), 1 << 20)
-                                   // _rec.speedups.SHM_SLOT_RECORDS)
+        try:
+            self.reader = _rec.speedups.ShmReader(self.mm)
+        except BaseException:
+            self.mm.close()
+            raise
+        self.pid_piece = info.pid_piece
+        self.hh_piece = info.hh_piece
+        self.offset_ns = info.offset_ns
+        self.min_id = info.min_id
+        self.hhash = info.hhash
+        self.flush_interval = info.flush_interval
+        #: Full slots that make a write (as the in-process writer wakes at batch_size),
+        #: at most half the ring: a full ring is always written without waiting
+        #: for the flush interval.
+        sp = _rec.speedups
+        nslots = max(1, (size - sp.SHM_FIXED_BYTES) // sp.SHM_SLOT_BYTES)
+        self.wakes_per_write = max(1, min(min(info.batch_size, 1 << 20)
+                                          // sp.SHM_SLOT_RECORDS, nslots // 2))
         self.wakes = 0
-        self.sink = FileSink(info["base"], info["compression"], info["level"],
-                             int(info["max_size"]), info["header"].encode("latin-1"))
+        # The producer's umask, as its own writer would have had (this process's is 0).
+        self.sink = FileSink(info.base, info.compression, info.level, info.max_size,
+                             info.header, mode=0o644 & ~info.umask)
         self.next_flush = time.monotonic() + self.flush_interval
         self.written = 0
         self.rbuf = b""
 
+    def _commit(self, advance: bool = True) -> None:
+        """Publish where the file stands (a successor cuts it back to ``size`` and
+        goes on reading from there): after each write, and when a file is opened."""
+        sink = self.sink
+        whole = sink.opened and sink.fd is not None and not sink.is_fifo
+        self.reader.commit(sink.run, sink.part, sink.bytes_written if whole else -1, advance)
+
+    def _open(self) -> None:
+        if not self.sink.opened:
+            self.sink.open_now()
+            self._commit(advance=False)
+
     def write(self, partial: bool) -> None:
         """Encode and write what the ring holds (with ``partial``, the slot being
-        filled too), in frames of at most MAX_BATCH records."""
+        filled too), in frames of at most MAX_BATCH records. Slots are freed for the
+        producer only once their bytes are written (the commit)."""
         while True:
             # Once the file is open (its header written), frames go from the ring to
             # the file in C, as the writer thread's do.
@@ -80,9 +111,11 @@ class Producer:
                     data, n = self.reader.drain(MAX_BATCH, self.pid_piece, self.hh_piece,
                                                 self.offset_ns, self.min_id, partial)
                     if data:
+                        self._open()
                         self.sink.write(data, n)
             finally:
                 self.reader.set_busy(0)
+            self._commit()
             self.written += n
             if n < MAX_BATCH:
                 return
@@ -92,21 +125,41 @@ class Producer:
                            "ph": "M", "args": {"hhash": self.hhash, **args}},
                           separators=(",", ":")).encode() + b"\n"
 
-    def finish(self, finalized: bool) -> dict[str, Any]:
-        """Write the rest and end the file; for a process that ended without
-        finalizing, say how it ended (and what it counted as dropped)."""
+    def finish(self, trailer_lines: bytes | None) -> dict[str, Any]:
+        """Write the rest and end the file: the producer's drops as counted in its
+        ring (drops of its last lines included), then its trailer lines
+        (``trailer_lines``, sent with ``f``), or, for a process that ended without
+        finalizing (None), how it ended."""
         self.write(True)
         trailer = b""
-        if not finalized:
-            if self.reader.dropped:
-                trailer += self._meta("dropped", {"count": self.reader.dropped,
-                                                  "reason": "buffer full"})
+        lines = 0
+        if self.reader.dropped:
+            trailer += self._meta("dropped", {"count": self.reader.dropped,
+                                              "reason": "buffer full"})
+            lines += 1
+        if trailer_lines is not None:
+            trailer += trailer_lines
+            lines += trailer_lines.count(b"\n")
+        else:
             trailer += self._meta("process_end", {"finalized": False, **how_ended(self.pid)})
-            self.written += 1
-            if not self.sink.opened:  # a process that recorded nothing still gets its end
-                self.sink.write(trailer, 1)
-                trailer = b""
-        self.sink.close(trailer + b"]\n")
+            lines += 1
+        if trailer:  # a process that recorded nothing still gets its end and its counts
+            self._open()
+            self.sink.write(trailer, lines)
+            self._commit()
+            self.written += lines
+        self.sink.close(b"]\n")
+        return self.close()
+
+    def reject(self, why: str) -> dict[str, Any]:
+        """The ring is inconsistent (a producer that wrote over its header): stop
+        reading it. The file says so and ends."""
+        print(f"dftrace drainer: dropped producer {self.pid}: {why}", file=sys.stderr)
+        if self.sink.opened:
+            self.sink.close(self._meta("ring_rejected", {"reason": why}) + b"]\n")
+        return self.close()
+
+    def close(self) -> dict[str, Any]:
         info = {"paths": list(self.sink.paths), "lost": self.sink.events_lost,
                 "failed": self.sink.failed, "written": self.written}
         self.reader.close()
@@ -115,6 +168,55 @@ class Producer:
         except (BufferError, ValueError):
             pass
         return info
+
+
+class Registration:
+    """A producer's registration, checked field by field (anything else: refused)."""
+
+    def __init__(self, info: Any):
+        from .writer import SUFFIXES
+
+        if not isinstance(info, dict):
+            raise ValueError("not an object")
+
+        def get(key: str, kind: Any, check: Any = lambda v: True) -> Any:
+            v = info.get(key)
+            if isinstance(v, bool) or not isinstance(v, kind) or not check(v):
+                raise ValueError(f"bad {key!r}")
+            return v
+
+        def text(key: str, limit: int = 1 << 20) -> str:
+            return get(key, str, lambda v: len(v) <= limit)
+
+        self.base = text("base", 4096)
+        self.compression = get("compression", str, lambda v: v in SUFFIXES)
+        level = info.get("level")
+        self.level = None if level is None else get("level", int, lambda v: -(1 << 20) < v < 100)
+        self.max_size = get("max_size", int, lambda v: v >= 0)
+        self.flush_interval = float(get("flush_interval", (int, float),
+                                        lambda v: 0.001 <= v <= 86400))
+        self.batch_size = get("batch_size", int, lambda v: v > 0)
+        self.pid_piece = text("pid_piece", 4096).encode("latin-1")
+        self.hh_piece = text("hh_piece", 4096).encode("latin-1")
+        self.offset_ns = get("offset_ns", int, lambda v: abs(v) < 1 << 63)
+        self.min_id = get("min_id", int, lambda v: 0 <= v < 1 << 63)
+        self.hhash = text("hhash", 64)
+        self.header = text("header").encode("latin-1")
+        self.umask = get("umask", int, lambda v: 0 <= v <= 0o777)
+
+
+def _sealed_size(fd: int) -> int:
+    """The size of a producer's memfd, which it sealed: it can neither shrink it
+    under our mapping (SIGBUS) nor grow it. Anything else is refused."""
+    import fcntl
+
+    need = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+    if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & need != need:
+        raise ValueError("the ring's size is not sealed")
+    size = os.fstat(fd).st_size
+    if not 0 < size <= MAX_RING_BYTES:
+        raise ValueError(f"a ring of {size} bytes")
+    return size
 
 
 def how_ended(pid: int, wait_s: float = 0.2) -> dict[str, Any]:
@@ -139,34 +241,35 @@ def how_ended(pid: int, wait_s: float = 0.2) -> dict[str, Any]:
         time.sleep(0.005)
 
 
-def _read_registration(conn: socket.socket) -> tuple[dict[str, Any], int]:
+def _read_registration(conn: socket.socket) -> tuple[Registration, int]:
     conn.settimeout(5.0)
     msg, fds, _flags, _addr = socket.recv_fds(conn, 65536, 1)
-    if not fds or len(msg) < 4:
+    if len(fds) != 1 or len(msg) < 4:
         for fd in fds:
             os.close(fd)
         raise ConnectionError("no ring")
-    n = struct.unpack("<I", msg[:4])[0]
-    body = msg[4:]
-    while len(body) < n:
-        more = conn.recv(n - len(body))
-        if not more:
-            os.close(fds[0])
-            raise ConnectionError("cut short")
-        body += more
-    conn.settimeout(None)
-    return json.loads(body[:n]), fds[0]
-
-
-def _same_user(conn: socket.socket) -> bool:
-    """Only processes of this user may hand over rings (an abstract socket is
-    reachable by every user of the network namespace)."""
     try:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
-        return uid == os.getuid()
-    except OSError:
-        return False
+        n = struct.unpack("<I", msg[:4])[0]
+        if n > MAX_MESSAGE:
+            raise ConnectionError("registration too long")
+        body = msg[4:]
+        while len(body) < n:
+            more = conn.recv(n - len(body))
+            if not more:
+                raise ConnectionError("cut short")
+            body += more
+        conn.settimeout(None)
+        return Registration(json.loads(body[:n])), fds[0]
+    except BaseException:
+        os.close(fds[0])
+        raise
+
+
+def peer_of(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket, from the kernel."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
 
 
 def _tie_to_parent(ppid: int) -> None:
@@ -180,6 +283,146 @@ def _tie_to_parent(ppid: int) -> None:
         pass
 
 
+class Served:
+    """The producers being served and the selector their connections are in."""
+
+    def __init__(self, listener: socket.socket):
+        self.listener = listener
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(listener, selectors.EVENT_READ)
+        self.producers: dict[socket.socket, Producer] = {}
+
+    def accept(self) -> bool:
+        """Register a producer. Only processes of this user may hand over rings (an
+        abstract socket is reachable by every user of the network namespace), and
+        the ring's owner is the pid the kernel names, whatever the message says."""
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return False
+        try:
+            pid, uid = peer_of(conn)
+            if uid != os.geteuid():
+                raise ConnectionError(f"uid {uid} is another user")
+            info, fd = _read_registration(conn)
+            p = Producer(conn, pid, info, fd)
+            conn.sendall(b"k" + str(os.getpid()).encode())
+        except Exception as exc:
+            print(f"dftrace drainer: registration refused: {exc!r}", file=sys.stderr)
+            conn.close()
+            return False
+        self.producers[conn] = p
+        self.sel.register(conn, selectors.EVENT_READ)
+        return True
+
+    def handle(self, p: Producer, data: bytes) -> None:
+        """What the producer sent (b"": its connection ended)."""
+        if not data:  # the process is gone without finalize
+            self.end(p, None)
+            return
+        p.rbuf += data
+        wrote = False
+        while True:
+            try:
+                msg = _next_message(p)
+            except ValueError as exc:
+                self.reject(p, str(exc))
+                return
+            if msg is None:
+                break
+            if msg[:1] == b"f":
+                self.end(p, msg[5:])
+                return
+            if msg == b"s":
+                self.guard(p, p.write, True)
+                wrote = True
+                if p.conn not in self.producers:
+                    return
+                try:
+                    p.conn.sendall(b"y" + struct.pack("<Q", p.written))
+                except OSError:
+                    pass
+            else:
+                p.wakes += 1
+        if p.wakes >= p.wakes_per_write and not wrote:
+            p.wakes = 0
+            self.guard(p, p.write, False)
+
+    def guard(self, p: Producer, fn: Any, *args: Any) -> Any:
+        """Run ``fn``; an inconsistent ring drops its producer, other errors are said."""
+        from . import engine as _rec
+
+        try:
+            return fn(*args)
+        except _rec.speedups.RingError as exc:
+            self.reject(p, str(exc))
+        except Exception as exc:
+            print(f"dftrace drainer: {exc!r}", file=sys.stderr)
+        return None
+
+    def end(self, p: Producer, trailer_lines: bytes | None) -> None:
+        """The producer finalized (``trailer_lines``: its last lines, answered with
+        ``d`` and what became of the file) or ended without finalize (None)."""
+        info = self.guard(p, p.finish, trailer_lines)
+        if p.conn not in self.producers:  # rejected meanwhile
+            return
+        if info is None:
+            info = {"paths": list(p.sink.paths), "lost": 0, "failed": "drainer error",
+                    "written": p.written}
+        if trailer_lines is not None:
+            body = json.dumps(info).encode()
+            try:
+                p.conn.sendall(b"d" + struct.pack("<I", len(body)) + body)
+            except OSError:
+                pass
+        self.drop(p)
+
+    def reject(self, p: Producer, why: str) -> None:
+        """Stop serving ``p``, and tell it why (``x`` + 4-byte length + the reason):
+        it writes its trace itself from then on, and says so."""
+        try:
+            p.reject(why)
+        except Exception:
+            pass
+        body = why.encode("utf-8", "replace")[:4096]
+        try:
+            p.conn.send(b"x" + struct.pack("<I", len(body)) + body, socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+        self.drop(p)
+
+    def drop(self, p: Producer) -> None:
+        try:
+            self.sel.unregister(p.conn)
+        except (KeyError, ValueError):
+            pass
+        self.producers.pop(p.conn, None)
+        p.conn.close()
+
+
+def _next_message(p: Producer) -> bytes | None:
+    """The next whole message in the producer's input (None: not yet complete).
+    Raises ValueError on anything that is not a message of the protocol."""
+    buf = p.rbuf
+    if not buf:
+        return None
+    kind = buf[:1]
+    if kind in (b"w", b"s"):
+        p.rbuf = buf[1:]
+        return kind
+    if kind == b"f":
+        if len(buf) < 5:
+            return None
+        n = struct.unpack("<I", buf[1:5])[0]
+        if n > MAX_MESSAGE:
+            raise ValueError("trailer too long")
+        if len(buf) < 5 + n:
+            return None
+        p.rbuf = buf[5 + n:]
+        return buf[:5 + n]
+    raise ValueError(f"unknown message {kind!r}")
+
+
 def serve(name: str, ppid: int) -> int:
     """Serve producers until the last one is gone."""
     from . import engine as _rec
@@ -190,116 +433,44 @@ def serve(name: str, ppid: int) -> int:
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, lambda *_: None)  # the parent ended: serve the rest
     _tie_to_parent(ppid)
+    os.umask(0)  # each file is created with its producer's umask (see Producer)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + name)
     listener.listen(64)
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ)
-    producers: dict[socket.socket, Producer] = {}
+    srv = Served(listener)
     started = time.monotonic()
     served = False  # a producer registered at some point
     idle_since = started
     while True:
         now = time.monotonic()
-        if producers:
+        if srv.producers:
             idle_since = now
         elif (served and now - idle_since >= LINGER_S) or now - started > FIRST_PRODUCER_S:
             break
         # Sleep until the next flush is due: wakes, registrations and ends of
         # connections arrive on the sockets.
-        timeout = min([p.next_flush for p in producers.values()], default=now + LINGER_S) - now
-        for key, _ in sel.select(max(0.0, timeout)):
+        timeout = min([p.next_flush for p in srv.producers.values()],
+                      default=now + LINGER_S) - now
+        for key, _ in srv.sel.select(max(0.0, timeout)):
             sock = key.fileobj
             if sock is listener:
-                served = _accept(listener, sel, producers) or served
+                served = srv.accept() or served
                 continue
-            p = producers.get(sock)  # type: ignore[arg-type]
+            p = srv.producers.get(sock)  # type: ignore[arg-type]
             if p is None:
                 continue
             try:
-                data = sock.recv(4096)  # type: ignore[union-attr]
+                data = sock.recv(65536)  # type: ignore[union-attr]
             except OSError:
                 data = b""
-            _handle(p, data, sel, producers)
+            srv.handle(p, data)
         now = time.monotonic()
-        for p in list(producers.values()):
+        for p in list(srv.producers.values()):
             if now >= p.next_flush:
                 p.next_flush = now + p.flush_interval
-                _guard(p.write, True)
+                srv.guard(p, p.write, True)
     listener.close()
     return 0
-
-
-def _guard(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception as exc:
-        print(f"dftrace drainer: {exc!r}", file=sys.stderr)
-        return None
-
-
-def _accept(listener: socket.socket, sel: selectors.BaseSelector,
-            producers: dict[socket.socket, Producer]) -> bool:
-    try:
-        conn, _ = listener.accept()
-    except OSError:
-        return False
-    try:
-        if not _same_user(conn):
-            raise ConnectionError("another user")
-        info, fd = _read_registration(conn)
-        p = Producer(conn, info, fd)
-        conn.sendall(b"k" + str(os.getpid()).encode())
-    except Exception as exc:
-        print(f"dftrace drainer: registration failed: {exc!r}", file=sys.stderr)
-        conn.close()
-        return False
-    producers[conn] = p
-    sel.register(conn, selectors.EVENT_READ)
-    return True
-
-
-def _handle(p: Producer, data: bytes, sel: selectors.BaseSelector,
-            producers: dict[socket.socket, Producer]) -> None:
-    if not data:  # the process is gone without finalize
-        _end(p, False, sel, producers)
-        return
-    if b"f" in data:
-        info = _guard(p.finish, True) or {"paths": [], "lost": 0, "failed": "drainer error"}
-        body = json.dumps(info).encode()
-        try:
-            p.conn.sendall(b"d" + struct.pack("<I", len(body)) + body)
-        except OSError:
-            pass
-        _drop(p, sel, producers)
-        return
-    if b"s" in data:
-        _guard(p.write, True)
-        try:
-            p.conn.sendall(b"y" + struct.pack("<Q", p.written))
-        except OSError:
-            pass
-    else:
-        p.wakes += data.count(b"w")
-        if p.wakes >= p.wakes_per_write:
-            p.wakes = 0
-            _guard(p.write, False)
-
-
-def _end(p: Producer, finalized: bool, sel: selectors.BaseSelector,
-         producers: dict[socket.socket, Producer]) -> None:
-    _guard(p.finish, finalized or p.reader.finalized)
-    _drop(p, sel, producers)
-
-
-def _drop(p: Producer, sel: selectors.BaseSelector,
-          producers: dict[socket.socket, Producer]) -> None:
-    try:
-        sel.unregister(p.conn)
-    except (KeyError, ValueError):
-        pass
-    producers.pop(p.conn, None)
-    p.conn.close()
 
 
 def main(argv: list[str]) -> int:

@@ -36,6 +36,12 @@ _LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID
 
 _lock = threading.RLock()
 _session: Session | None = None
+#: How long initialize() waits for the trace directory to be checked (created,
+#: writable) before it goes on without the answer.
+DIR_CHECK_S = 2.0
+#: ``<host>:<log_file prefix>`` whose directory a parent process checked, or gave up
+#: checking on storage that did not answer (exported with the configuration).
+CHECKED_ENV = "DFTRACE_CHECKED_PREFIX"
 _atexit_registered = False
 _fork_hook_registered = False
 
@@ -103,7 +109,7 @@ def _safe_host(host: str) -> str:
 class Session:
     """One process's tracing session (what ``initialize`` returns)."""
 
-    def __init__(self, config: Config, min_id: int = 0):
+    def __init__(self, config: Config, min_id: int = 0, checked_prefix: str | None = None):
         self.config = config
         self.pid = os.getpid()
         self.hostname = _clean(_hostname())
@@ -118,7 +124,11 @@ class Session:
         self.encoder = Encoder(self.pid, self.hhash, self.offset_ns, config.max_arg_length)
         #: span ids at or below this were started before a fork (the parent's)
         self.encoder.min_id = min_id
-        self.base = self._base_path()
+        #: The absolute log_file prefix, its directory checked (a forked child
+        #: reuses the parent's: no call on the storage, which may hang).
+        self.prefix = checked_prefix or self._checked_prefix()
+        rank = f"-rank{self.rank}" if self.rank is not None else ""
+        self.base = f"{self.prefix}{rank}-{_safe_host(self.hostname)}-{self.pid}"
         # What the header says about the process, as it is now (the file and its
         # header are written at the first flush, on the writer's thread).
         self._thread = (threading.get_native_id(), threading.current_thread().name)
@@ -143,25 +153,29 @@ class Session:
         return Writer(self.encoder, self.sink, self.config.flush_interval)
 
     # -- naming --------------------------------------------------------------
-    def _base_path(self) -> str:
+    def _checked_prefix(self) -> str:
+        """The absolute log_file prefix, its directory created and writable. The
+        check runs in a short-lived process of its own, given DIR_CHECK_S: a call
+        on storage that does not answer (a hung mount) holds whatever thread makes
+        it, even at exit, so no thread of this process makes it. Storage that does
+        not answer in time is left to the writer, with one warning."""
         shown = _clean(self.config.log_file)
         try:
             prefix = os.path.abspath(os.path.expanduser(self.config.log_file))
         except (OSError, ValueError) as exc:  # the working directory is gone
             raise ConfigError(f"log_file (env DFTRACE_LOG_FILE)={shown!r}: {exc}") from None
+        if os.environ.get(CHECKED_ENV) == f"{self.hostname}:{prefix}":
+            return prefix  # checked by the parent, on this host
         d = os.path.dirname(prefix)
-        try:
-            os.makedirs(d, exist_ok=True)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(
-                f"log_file (env DFTRACE_LOG_FILE)={shown!r}: cannot create "
-                f"directory {_clean(d)!r}: {getattr(exc, 'strerror', None) or exc}") from None
-        if not os.access(d, os.W_OK | os.X_OK):
-            raise ConfigError(
-                f"log_file (env DFTRACE_LOG_FILE)={shown!r}: directory {_clean(d)!r} "
-                "is not writable")
-        rank = f"-rank{self.rank}" if self.rank is not None else ""
-        return f"{prefix}{rank}-{_safe_host(self.hostname)}-{self.pid}"
+        problem = _check_dir(d)
+        if problem is _NO_ANSWER:
+            _rec.STATE.warn_once(
+                "dir-check", f"the trace directory {_clean(d)!r} did not answer within "
+                f"{DIR_CHECK_S:g} s (storage hung?); tracing goes on and the file is "
+                "written when the storage answers")
+        elif problem:
+            raise ConfigError(f"log_file (env DFTRACE_LOG_FILE)={shown!r}: {problem}")
+        return prefix
 
     @property
     def process_name(self) -> str:
@@ -209,7 +223,11 @@ class Session:
 
     # -- environment export ----------------------------------------------------
     def export_env(self) -> None:
-        for k, v in self.config.to_env().items():
+        exported = self.config.to_env()
+        # Children started afresh (spawn, subprocess) on this host trust this
+        # check of the directory instead of making it again on the storage.
+        exported[CHECKED_ENV] = f"{self.hostname}:{self.prefix}"
+        for k, v in exported.items():
             self._saved_env.setdefault(k, os.environ.get(k))
             os.environ[k] = v
 
@@ -228,6 +246,47 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<dftrace.Session {self.path} {'finalized' if self.finalized else 'active'}>"
+
+
+_NO_ANSWER = "no answer"
+
+#: The directory check, run by /bin/sh in a process of its own (see _check_dir):
+#: exit 3 when the directory cannot be created, 4 when it is not writable.
+_DIR_CHECK = 'mkdir -p -- "$1" 2>/dev/null || exit 3; [ -w "$1" ] && [ -x "$1" ] || exit 4'
+
+
+def _check_dir(d: str) -> str | None:
+    """Create directory ``d`` when missing and check that it is writable: None when
+    it is, what is wrong otherwise, _NO_ANSWER when the storage did not answer
+    within DIR_CHECK_S. The calls on the storage are made by a child process (a
+    shell: a couple of milliseconds), so that no thread of this process waits on
+    storage that hangs; the reason of a failure, once the storage has answered,
+    and the whole check where no shell can be started, here."""
+    import subprocess
+
+    code = None
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", _DIR_CHECK, "sh", d], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                close_fds=True)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        proc = None
+    if proc is not None:
+        try:
+            code = proc.wait(timeout=DIR_CHECK_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # it ends when the storage answers; never waited for
+            return _NO_ANSWER
+        if code == 0:
+            return None
+        if code == 4:
+            return f"directory {_clean(d)!r} is not writable"
+    try:
+        os.makedirs(d, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        return (f"cannot create directory {_clean(d)!r}: "
+                f"{getattr(exc, 'strerror', None) or exc}")
+    return None if os.access(d, os.W_OK | os.X_OK) else f"directory {_clean(d)!r} is not writable"
 
 
 def _context() -> dict[str, Any]:
@@ -381,9 +440,12 @@ def finalize(target: Session | None = None) -> None:
                 s.sampler.stop()
             late = _wait_for_open_spans(deadline)
 
-            def trailer() -> bytes:
+            def trailer(count_buffer_full: bool = True) -> bytes:
+                """The last lines: the counts of what was dropped (those the
+                buffer dropped only with ``count_buffer_full``: a drainer counts
+                them itself, from the ring) and the closing bracket."""
                 out = b""
-                if _rec.STATE.dropped:
+                if count_buffer_full and _rec.STATE.dropped:
                     out += s._meta("dropped", {"count": _rec.STATE.dropped,
                                                "reason": "buffer full"})
                 if _rec.STATE.open_refused:
@@ -556,7 +618,7 @@ def _after_fork_child() -> None:
     _session = None
     try:
         first_id = _rec.new_id()
-        s = Session(parent.config, first_id)
+        s = Session(parent.config, first_id, parent.prefix)
         _rec.STATE.consumer = s.writer
         _session = s
         _register_mp_finalizer()

@@ -10,12 +10,20 @@ killed with SIGKILL loses nothing it committed to the ring (the drainer notices
 the end of its connection, writes what the ring holds, says how the process
 ended and closes the file).
 
+Who answers is checked before anything is sent: the drainer's socket is an
+abstract name any local user could bind, so the kernel's credentials of the peer
+(``SO_PEERCRED``) must name this user and, when known, the drainer's pid (the one
+this process started, or the one recorded in ``DFTRACE_DRAINER`` as ``NAME:PID``).
+The memfd's size is sealed before it is handed over, and every answer is checked:
+anything unexpected makes this process write its trace itself (one warning).
+
 Protocol on the Unix socket (this process -> drainer): one registration message
-(4-byte length, JSON, the memfd as ancillary data), then single bytes: ``w`` a
-slot is full, ``s`` write everything now and answer ``y`` + 8-byte count of events
-written, ``f`` finalized: write everything and the end of the file, answer ``d`` +
-4-byte length + JSON (paths, events lost, error). The drainer answers the
-registration with ``k``.
+(4-byte length, JSON, the memfd as ancillary data), then ``w`` a slot is full,
+``s`` write everything now (answered ``y`` + 8-byte count of events written), ``f``
++ 4-byte length + the trailer's lines: finalized, write everything, those lines and
+the end of the file (answered ``d`` + 4-byte length + JSON: paths, events lost,
+error, events written). The drainer answers the registration with ``k`` + its pid,
+and says ``x`` + 4-byte length + the reason when it stops serving this process.
 """
 
 from __future__ import annotations
@@ -37,12 +45,19 @@ from . import engine as _rec
 
 __all__ = ["ENV_VAR", "DrainerUnavailable", "ProcessWriter"]
 
-#: The drainer's socket name (abstract namespace), inherited by child processes.
+#: The drainer's socket name and pid (``NAME:PID``), inherited by child processes.
 ENV_VAR = "DFTRACE_DRAINER"
-#: How long initialize waits for a drainer to start and accept the ring.
+#: How long initialize waits for a drainer it started to accept the ring.
 START_TIMEOUT_S = 5.0
-#: A drainer write taking longer than this means its storage stalled.
+#: How long a running drainer (the job's, or the one recorded in DFTRACE_DRAINER)
+#: has to accept the ring; one that does not (held by storage that hangs) is
+#: passed over for a drainer of this process's own.
+REGISTER_TIMEOUT_S = 2.0
+#: A drainer that frees no slot for this long has stalled: a full ring stops
+#: waiting for it (in block mode too), whatever the drainer says it is doing.
 STALL_S = 1.0
+#: The largest answer accepted from the drainer.
+MAX_ANSWER = 1 << 20
 
 _started: list[subprocess.Popen] = []  # drainers this process started (reaped when done)
 
@@ -51,34 +66,62 @@ class DrainerUnavailable(Exception):
     """Shared memory or a drainer process cannot be had here."""
 
 
+class _Impostor(ConnectionError):
+    """The process answering at the drainer's name is not this user's drainer."""
+
+
+class _ProtocolError(Exception):
+    """The drainer answered something that is not an answer of the protocol."""
+
+
+class _Rejected(_ProtocolError):
+    """The drainer stopped serving this process (its ring was found inconsistent)."""
+
+
 def _ring(buffer_limit: int) -> tuple[int, mmap.mmap]:
+    """A memfd for the ring, its size sealed (the drainer maps it: a shrink under
+    its mapping, by anyone, would kill it with SIGBUS), and this process's mapping."""
+    import fcntl
+
     sp = _rec.speedups
     if sp is None:
         raise DrainerUnavailable("the C engine is off (DFTRACE_NO_SPEEDUPS or not built)")
-    if not hasattr(os, "memfd_create") or not sys.platform.startswith("linux"):
-        raise DrainerUnavailable("no memfd on this platform")
+    if (not hasattr(os, "memfd_create") or not sys.platform.startswith("linux")
+            or not hasattr(fcntl, "F_ADD_SEALS")):
+        raise DrainerUnavailable("no sealable memfd on this platform")
     nslots = max(4, -(-buffer_limit // sp.SHM_SLOT_RECORDS))
     size = sp.SHM_FIXED_BYTES + nslots * sp.SHM_SLOT_BYTES
     try:
-        fd = os.memfd_create("dftrace-ring", os.MFD_CLOEXEC)
+        fd = os.memfd_create("dftrace-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     except OSError as exc:
         raise DrainerUnavailable(f"memfd_create failed: {exc}") from None
     try:
         os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         return fd, mmap.mmap(fd, size)
     except OSError as exc:
         os.close(fd)
         raise DrainerUnavailable(f"shared memory of {size} bytes: {exc}") from None
 
 
-def _connect(name: str) -> socket.socket:
+def _connect(name: str, pid: int | None) -> tuple[socket.socket, int]:
+    """Connect to the drainer named ``name`` and check who answers: a process of
+    this user (and process ``pid`` when given). Returns the socket and its pid."""
+    from .drainer import peer_of
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect("\0" + name)
+        peer_pid, peer_uid = peer_of(sock)
+        if peer_uid != os.geteuid():
+            raise _Impostor(f"the socket {name!r} is held by uid {peer_uid}")
+        if pid is not None and peer_pid != pid:
+            raise _Impostor(f"the socket {name!r} is held by pid {peer_pid}, not {pid}")
     except OSError:
         sock.close()
         raise
-    return sock
+    return sock, peer_pid
 
 
 #: Variables naming the job a process belongs to: processes of one job that are not
@@ -94,7 +137,7 @@ def _job_name() -> str:
         job = os.environ.get(var, "").strip()
         if job:
             digest = hashlib.blake2b(f"{var}={job}".encode(), digest_size=8).hexdigest()
-            return f"dftrace-drainer-{os.getuid()}-{digest}"
+            return f"dftrace-drainer-{os.geteuid()}-{digest}"
     return ""
 
 
@@ -114,12 +157,24 @@ def installed_module_argv(module: str, *args: str) -> list[str]:
     return [sys.executable, "-c", _RUN_INSTALLED, root, module, *args]
 
 
-def _start_drainer(name: str = "") -> str:
+def _recorded() -> tuple[str, int] | None:
+    """The drainer recorded in the environment (``NAME:PID``), None when none is
+    (a value of another form is removed)."""
+    value = os.environ.get(ENV_VAR, "")
+    name, _, pid = value.rpartition(":")
+    if (name.startswith("dftrace-drainer-") and len(name) < 100 and pid.isascii()
+            and pid.isdigit() and 0 < int(pid) < 1 << 31
+            and all(c.isascii() and (c.isalnum() or c == "-") for c in name)):
+        return name, int(pid)
+    os.environ.pop(ENV_VAR, None)
+    return None
+
+
+def _start_drainer(name: str) -> subprocess.Popen:
     """Start a drainer in a session of its own (a Ctrl-C or a SIGTERM sent to the
     job's process group does not end it before it has written its producers' files).
     When another process of the job started one of the same name first, this one
     exits at once and the other answers."""
-    name = name or f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}"
     env = dict(os.environ)
     env["DFTRACE_ENABLE"] = "0"  # the drainer itself is never traced
     env.pop(ENV_VAR, None)
@@ -134,13 +189,44 @@ def _start_drainer(name: str = "") -> str:
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         raise DrainerUnavailable(f"cannot start the drainer: {exc}") from None
     _started.append(proc)
-    return name
+    return proc
 
 
 def _reap() -> None:
     for proc in list(_started):
         if proc.poll() is not None:
             _started.remove(proc)
+
+
+def _own_umask() -> int:
+    """This process's umask (read without changing it where /proc tells it)."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8) & 0o777
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask & 0o777
+
+
+def _handshake(sock: socket.socket, peer_pid: int, payload: bytes, fd: int,
+               deadline: float) -> None:
+    """Hand the ring over and check the answer: exactly ``k`` + the drainer's pid."""
+    expected = b"k" + str(peer_pid).encode()
+    sock.settimeout(max(0.1, deadline - time.monotonic()))
+    socket.send_fds(sock, [payload], [fd])
+    reply = b""
+    while len(reply) < len(expected):
+        more = sock.recv(len(expected) - len(reply))
+        if not more:
+            break
+        reply += more
+    if reply != expected:
+        raise _ProtocolError(f"the drainer answered {reply[:32]!r} to the registration")
+    sock.settimeout(None)
 
 
 def _register(session: Any, fd: int) -> tuple[socket.socket, int]:
@@ -154,71 +240,117 @@ def _register(session: Any, fd: int) -> tuple[socket.socket, int]:
         "flush_interval": cfg.flush_interval, "batch_size": cfg.batch_size,
         "pid_piece": enc.pid_piece.decode("latin-1"),
         "hh_piece": enc.hh_piece.decode("latin-1"), "offset_ns": enc.offset_ns,
-        "min_id": enc.min_id, "hhash": session.hhash,
+        "min_id": enc.min_id, "hhash": session.hhash, "umask": _own_umask(),
         "header": session.sink.header().decode("latin-1"),
     }).encode()
     payload = struct.pack("<I", len(msg)) + msg
+    problems: list[str] = []
+
+    def attempt(name: str, pid: int | None, deadline: float) -> tuple[socket.socket, int] | bool:
+        """The registered socket and the drainer's pid; False when nobody listens
+        at ``name``; True when something answered that is not our drainer (another
+        user, another pid, an answer of another protocol)."""
+        try:
+            sock, peer_pid = _connect(name, pid)
+        except (ConnectionRefusedError, FileNotFoundError) as exc:
+            problems.append(str(exc))
+            return False
+        except OSError as exc:
+            problems.append(str(exc))
+            return True
+        try:
+            _handshake(sock, peer_pid, payload, fd, deadline)
+        except (OSError, _ProtocolError) as exc:
+            problems.append(str(exc) or type(exc).__name__)
+            sock.close()
+            return True
+        os.environ[ENV_VAR] = f"{name}:{peer_pid}"
+        return sock, peer_pid
+
+    recorded = _recorded()
+    if recorded is not None:
+        got = attempt(*recorded, time.monotonic() + REGISTER_TIMEOUT_S)
+        if not isinstance(got, bool):
+            return got
+        os.environ.pop(ENV_VAR, None)  # gone, or not ours: children must not use it
+    job = _job_name()
+    got = attempt(job, None, time.monotonic() + REGISTER_TIMEOUT_S) if job else False
+    if not isinstance(got, bool):
+        return got
+    # Start one: under the job's name when nobody holds it (another rank may win the
+    # race to bind it: any process of this user answering there is the job's
+    # drainer); a private one when there is no job, or something that is not this
+    # user's drainer holds the job's name.
+    private = not job or got is True
+    name = f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}" if private else job
+    proc = _start_drainer(name)
     deadline = time.monotonic() + START_TIMEOUT_S
-    name = os.environ.get(ENV_VAR, "").strip() or _job_name()
-    started = False
-    last: BaseException | None = None
     while time.monotonic() < deadline:
-        if not name:
-            name, started = _start_drainer(_job_name()), True
-        os.environ[ENV_VAR] = name
-        try:
-            sock = _connect(name)
-        except OSError as exc:
-            last = exc
-            if not started:  # the drainer named is gone, or the job has none yet
-                name = ""
-            else:
-                time.sleep(0.01)
-            continue
-        try:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            socket.send_fds(sock, [payload], [fd])
-            reply = sock.recv(16)
-            if reply[:1] == b"k":
-                sock.settimeout(None)
-                return sock, int(reply[1:] or b"0")
-            last = ConnectionError("the drainer refused the ring")
-        except OSError as exc:
-            last = exc
-        sock.close()
-        if not started:
-            name = ""
-        else:
+        # A private drainer must be the very process started.
+        got = attempt(name, proc.pid if private else None, deadline)
+        if not isinstance(got, bool):
+            return got
+        if got or (private and proc.poll() is not None):
             break
-    raise DrainerUnavailable(f"no drainer answered ({last})")
+        time.sleep(0.01)
+    raise DrainerUnavailable(f"no drainer answered ({problems[-1] if problems else 'timeout'})")
+
+
+def _cut_back(path: str, size: int) -> None:
+    """Cut the file a dead drainer was writing back to ``size`` bytes, its last
+    commit: a frame written after it (whole or in part) is written again by the
+    successor, so nothing is in two files. Only a regular file of this user's."""
+    flags = os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        import stat
+
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size > size:
+            os.ftruncate(fd, size)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class ProcessWriter:
     """The session's writer when a drainer process writes the file (the consumer
     protocol of :class:`~._core.writer.Writer`: wake, wait_drained, stalled, sync,
-    flush, stop). When the drainer is gone, an in-process Writer takes over the ring
-    from where the drainer stopped reading (into a file of the next free name)."""
+    flush, stop). When the drainer is gone, or answers anything unexpected, an
+    in-process Writer takes over the ring from the drainer's last commit (into a
+    file of the next free name, the drainer's file cut back to that commit)."""
 
     def __init__(self, session: Any):
         if _rec.STATE.captures:
             raise DrainerUnavailable("a dftrace.capture() is running")
         self.session = session
+        self.pid = os.getpid()
         self.events_written = 0
         self.fallback: Any = None
         self._lock = threading.Lock()
         self._replies = b""
+        self._progress = (-1, 0.0)  # (drainer's commits, monotonic time) when last seen
+        self._gave_up_at = -1  # the drainer's commits when a full ring last stopped waiting
         self._fd, self._mm = _ring(session.config.buffer_limit)
         try:
-            _rec.speedups.shm_attach(self._mm, session.pid)
+            enc = session.encoder
+            _rec.speedups.shm_attach(self._mm, session.pid, enc.pid_piece, enc.hh_piece,
+                                     enc.offset_ns, enc.min_id)
             try:
                 self._sock, self.drainer_pid = _register(session, self._fd)
             except BaseException:
                 _rec.speedups.shm_detach()
                 raise
-        except BaseException:
-            self._mm.close()
-            os.close(self._fd)
+        except DrainerUnavailable:
+            self._release_ring()
             raise
+        except Exception as exc:
+            self._release_ring()
+            raise DrainerUnavailable(f"registration failed: {exc!r}") from None
         os.close(self._fd)  # the drainer holds its own; the mapping stays
         self._fd = -1
         encoder, append = session.encoder, _rec.speedups.shm_append_line
@@ -230,23 +362,58 @@ class ProcessWriter:
 
         _rec.STATE.special_to_ring = special_to_ring
 
+    def _release_ring(self) -> None:
+        self._mm.close()
+        os.close(self._fd)
+
+    def _here(self) -> bool:
+        """This is the process that registered (not a child forked without the
+        at-fork hooks, from C): only it talks to the drainer."""
+        return os.getpid() == self.pid
+
     # -- the drainer is gone ---------------------------------------------------------
-    def _lost(self) -> Any:
-        """Write the ring from this process from now on (once)."""
+    def _lost(self, why: str = "ended") -> Any:
+        """Write the ring from this process from now on (once), from the drainer's
+        last commit."""
         with self._lock:
             if self.fallback is None:
                 from .writer import FileSink, Writer
 
                 s = self.session
+                if why == "ended":
+                    why = self._last_word() or why
                 _rec.STATE.warn_once(
                     "drainer-lost",
-                    f"the trace drainer (pid {self.drainer_pid}) ended; this process writes "
+                    f"the trace drainer (pid {self.drainer_pid}) {why}; this process writes "
                     "its trace itself from now on")
-                reader = _rec.speedups.ShmReader(self._mm, True)
+                os.environ.pop(ENV_VAR, None)  # children must not look for it either
+                try:
+                    reader = _rec.speedups.ShmReader(self._mm, True)
+                except Exception as exc:  # its header was written over
+                    reader = None
+                    _rec.STATE.warn_once("ring-unreadable", f"the trace ring is unreadable "
+                                         f"({exc}); its records are lost")
+                committed = reader.committed if reader is not None else None
+                # The file the drainer was writing, cut back to its last commit.
+                dead_file = s.sink.name_of(committed[0], committed[1]) if committed else ""
+                first = [True]
 
                 def source(enc: Any, max_records: int) -> tuple[bytes, int]:
-                    return reader.drain(max_records, enc.pid_piece, enc.hh_piece, enc.offset_ns,
-                                        enc.min_id, True)
+                    if reader is None:
+                        return b"", 0
+                    if first[0]:  # on the writer's thread: storage never holds the program
+                        first[0] = False
+                        if committed is not None:
+                            _cut_back(dead_file, committed[2])
+                    try:
+                        data, n = reader.drain(max_records, enc.pid_piece, enc.hh_piece,
+                                               enc.offset_ns, enc.min_id, True)
+                    except _rec.speedups.RingError as exc:  # written over meanwhile
+                        _rec.STATE.warn_once("ring-unreadable", f"the trace ring is "
+                                             f"unreadable ({exc}); its records are lost")
+                        return b"", 0
+                    reader.commit(0, 0, -1)  # no successor after this one: free at once
+                    return data, n
 
                 sink = FileSink(s.base, s.config.compression, s.config.compression_level,
                                 s.config.max_file_size, s.sink.header())
@@ -258,9 +425,28 @@ class ProcessWriter:
                     pass
             return self.fallback
 
-    def _send(self, b: bytes, wait: bool = False) -> bool:
+    def _last_word(self) -> str | None:
+        """Why the drainer stopped serving this process, when it said so before
+        closing the connection (None otherwise)."""
         try:
-            self._sock.send(b, 0 if wait else socket.MSG_DONTWAIT)
+            while len(self._replies) < MAX_ANSWER:
+                data = self._sock.recv(65536, socket.MSG_DONTWAIT)
+                if not data:
+                    break
+                self._replies += data
+        except OSError:
+            pass
+        try:
+            self._take_reply(b"")
+        except _Rejected as exc:
+            return f"dropped this process's ring ({exc})"
+        except _ProtocolError:
+            pass
+        return None
+
+    def _send(self, b: bytes) -> bool:
+        try:
+            self._sock.send(b, socket.MSG_DONTWAIT)
             return True
         except BlockingIOError:
             return True  # wakes already queued
@@ -270,12 +456,31 @@ class ProcessWriter:
 
     # -- consumer protocol ---------------------------------------------------------
     def wake(self) -> None:
+        if not self._here():
+            return
         if self.fallback is not None:
             self.fallback.wake()
         else:
             self._send(b"w")
 
+    def _watch(self) -> None:
+        """Start measuring the drainer's progress (a wait for room begins)."""
+        self._progress = (-1, time.monotonic())
+
+    def _no_progress(self) -> bool:
+        """The drainer committed nothing (wrote nothing, freed no slot) for STALL_S
+        since _watch(), whatever it says it is doing (a stopped drainer says
+        nothing)."""
+        st = _rec.speedups.shm_state()
+        if st is None:
+            return False
+        now = time.monotonic()
+        if st[3] != self._progress[0]:
+            self._progress = (st[3], now)
+        return now - self._progress[1] > STALL_S
+
     def stalled(self) -> bool:
+        """The drainer's write under way is older than STALL_S: its storage stalled."""
         if self.fallback is not None:
             return bool(self.fallback.stalled())
         st = _rec.speedups.shm_state()
@@ -283,32 +488,42 @@ class ProcessWriter:
         return bool(busy) and time.monotonic_ns() - busy > STALL_S * 1e9
 
     def wait_drained(self, below: int, timeout: float) -> bool:
-        """The ring is full: wait until half its slots are free again; False on
-        timeout or when the writer's storage stalled (the record is then dropped
-        and counted)."""
+        """The ring is full: wait until half its slots are free again; False (the
+        record is then dropped and counted) when the drainer's storage stalled or it
+        committed nothing for STALL_S, busy or not. Once it gave up, a full ring does
+        not wait again until the drainer has committed since."""
+        if not self._here():
+            return False
         deadline = time.monotonic() + timeout
+        st = _rec.speedups.shm_state()
+        if st is not None and st[3] == self._gave_up_at:
+            return False  # still stalled: nothing committed since the last give-up
+        self._gave_up_at = -1
+        self._watch()
         self.wake()
         while True:
             st = _rec.speedups.shm_state()
             if st is None or st[0] >= max(1, st[1] // 2):
                 return True
-            if time.monotonic() >= deadline or self.stalled():
+            if time.monotonic() >= deadline or self.stalled() or self._no_progress():
+                self._gave_up_at = st[3]
                 return False
             time.sleep(0.001)
 
     def _request(self, b: bytes, reply: bytes, timeout: float) -> bytes | None:
         """Send ``b`` and wait for the answer starting with ``reply`` (None: none
-        came in time, the drainer stalled or is gone)."""
+        came in time, the drainer stalled or is gone). Raises _ProtocolError when the
+        drainer answered something else than the protocol's answers."""
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             return None
         try:
             deadline = time.monotonic() + timeout
             if self.fallback is not None:
                 return None
-            while True:  # never block on a drainer that does not read (hung storage)
+            view = memoryview(b)
+            while view:  # never block on a drainer that does not read (hung storage)
                 try:
-                    self._sock.send(b, socket.MSG_DONTWAIT)
-                    break
+                    view = view[self._sock.send(view, socket.MSG_DONTWAIT):]
                 except BlockingIOError:
                     left = deadline - time.monotonic()
                     if left <= 0 or self.stalled():
@@ -336,40 +551,61 @@ class ProcessWriter:
             self._lock.release()
 
     def _take_reply(self, kind: bytes) -> bytes | None:
+        """The next whole answer when it is of ``kind`` (None: none complete yet);
+        _ProtocolError on bytes that are no answer."""
         buf = self._replies
         while buf:
             if buf[:1] == b"y":
                 if len(buf) < 9:
-                    return None
+                    break
                 msg, buf = buf[:9], buf[9:]
-            elif buf[:1] == b"d":
+            elif buf[:1] in (b"d", b"x"):
                 if len(buf) < 5:
-                    return None
+                    break
                 n = struct.unpack("<I", buf[1:5])[0]
+                if n > MAX_ANSWER:
+                    raise _ProtocolError(f"an answer of {n} bytes")
                 if len(buf) < 5 + n:
-                    return None
+                    break
                 msg, buf = buf[:5 + n], buf[5 + n:]
             else:
-                buf = buf[1:]
-                continue
+                raise _ProtocolError(f"the answer {buf[:16]!r}")
             self._replies = buf
+            if msg[:1] == b"x":
+                raise _Rejected(msg[5:].decode("utf-8", "replace"))
             if msg[:1] == kind:
                 return msg
         self._replies = buf
         return None
 
+    def _ask(self, b: bytes, reply: bytes, timeout: float) -> bytes | None:
+        """_request, with a drainer that is gone or answers nonsense replaced by
+        the in-process writer (b"" then)."""
+        try:
+            got = self._request(b, reply, timeout)
+        except _Rejected as exc:
+            self._lost(f"dropped this process's ring ({exc})")
+            return b""
+        except _ProtocolError as exc:
+            self._lost(f"answered what it should not ({exc})")
+            return b""
+        if got == b"":
+            self._lost()
+        return got
+
     def flush(self, timeout: float = -1) -> int:
         """Have the drainer write everything recorded so far, and wait for it."""
-        if self.fallback is not None:
-            return int(self.fallback.flush(timeout))
-        got = self._request(b"s", b"y", 30.0 if timeout < 0 else timeout)
-        if got == b"":
-            return int(self._lost().flush(timeout))
-        if got:
-            before = self.events_written
-            self.events_written = struct.unpack("<Q", got[1:9])[0]
-            return self.events_written - before
-        return 0
+        if not self._here():
+            return 0
+        if self.fallback is None:
+            got = self._ask(b"s", b"y", 30.0 if timeout < 0 else timeout)
+            if got:
+                before = self.events_written
+                self.events_written = struct.unpack("<Q", got[1:9])[0]
+                return max(0, self.events_written - before)
+            if got is None:
+                return 0
+        return int(self.fallback.flush(timeout))
 
     def sync(self, timeout: float) -> bool:
         if self.fallback is not None:
@@ -377,38 +613,55 @@ class ProcessWriter:
         return self.flush(timeout) >= 0
 
     def stop(self, timeout: float = 30.0, trailer: Any = None) -> bool:
-        """Put the trailer's lines in the ring, seal it and have the drainer end
-        the file. Waits at most ``timeout`` seconds, and not at all once the
-        drainer's storage stalled (the drainer still writes what the ring holds
-        when it can). True when the file is complete."""
-        sp = _rec.speedups
-        body = trailer() if trailer is not None else b"]\n"
+        """Seal the ring and have the drainer end the file with the trailer's lines
+        (sent with the request, so a full ring never drops them; the drainer adds the
+        count of drops, which it reads from the ring). Waits at most ``timeout``
+        seconds, and not at all once the drainer's storage stalled (the drainer
+        still writes what the ring holds when it can). True when the file is
+        complete."""
+        body = trailer(False) if trailer is not None else b"]\n"
+        lines = body[:-2] if body.endswith(b"]\n") else body
         if self.fallback is None:
-            lines = body[:-2] if body.endswith(b"]\n") else body
-            if lines:
-                sp.shm_append_line(lines)
-            sp.shm_finish()
-            got = self._request(b"f", b"d", timeout)
-            if got == b"":
-                self._lost()
-            elif got is None:
+            _rec.speedups.shm_finish()
+            got = self._ask(b"f" + struct.pack("<I", len(lines)) + lines, b"d", timeout)
+            if got is None:
                 self._close()
                 return False
-            else:
-                info = json.loads(got[5:])
-                s = self.session
-                s.sink.paths[:] = info.get("paths", [])
-                s.sink.events_lost = int(info.get("lost", 0))
-                s.sink.failed = info.get("failed")
-                self.events_written = int(info.get("written", 0))
-                if s.sink.failed:
-                    _rec.STATE.warn_once(
-                        "sink-failed", f"the trace drainer could not write {s.path} "
-                        f"({s.sink.failed}); {s.sink.events_lost} events were not written")
-                self._close()
-                return True
-            return bool(self.fallback.stop(timeout, lambda: b"]\n"))
+            if got:
+                try:
+                    self._finished(got[5:])
+                    self._close()
+                    return True
+                except _ProtocolError as exc:
+                    self._lost(f"answered what it should not ({exc})")
+        # The in-process writer: the drops are its to count.
+        body = trailer(True) if trailer is not None else b"]\n"
         return bool(self.fallback.stop(timeout, lambda: body))
+
+    def _finished(self, answer: bytes) -> None:
+        """Take the drainer's account of the file (each field checked)."""
+        try:
+            info = json.loads(answer)
+        except ValueError:
+            raise _ProtocolError("an answer that is not JSON") from None
+        ok = isinstance(info, dict)
+        paths = info.get("paths") if ok else None
+        lost, written, failed = ((info.get("lost"), info.get("written"), info.get("failed"))
+                                 if ok else (None, None, None))
+        if not (isinstance(paths, list) and all(isinstance(p, str) for p in paths)
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                        for v in (lost, written))
+                and (failed is None or isinstance(failed, str))):
+            raise _ProtocolError("an account of the file with missing or wrong fields")
+        s = self.session
+        s.sink.paths[:] = paths
+        s.sink.events_lost = lost
+        s.sink.failed = failed
+        self.events_written = written
+        if failed:
+            _rec.STATE.warn_once(
+                "sink-failed", f"the trace drainer could not write {s.path} "
+                f"({failed}); {lost} events were not written")
 
     def _close(self) -> None:
         _rec.STATE.special_to_ring = None

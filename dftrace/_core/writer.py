@@ -59,13 +59,18 @@ class FileSink:
     The file is created at the first write (a process that records nothing, or a
     forked child that execs, leaves no file), exclusively: an existing file of that
     name (pid reuse, a rerun) is never truncated; the next free ``<base>.<N>`` is
-    taken instead. A FIFO already there under the exact name is written into (a
-    reader consumes the stream live). ``header`` (bytes, or a function returning
-    them, called at the first write) opens every part file."""
+    taken instead, as for a symbolic link there. A FIFO already there under the
+    exact name is written into (a reader consumes the stream live) only when this
+    user owns it and a reader has it open; otherwise the next name is taken (a FIFO
+    planted by another user in a shared directory gets nothing, and one nobody reads
+    never blocks the writer). Files are created with ``mode`` (less the umask).
+    ``header`` (bytes, or a function returning them, called at the first write)
+    opens every part file."""
 
     def __init__(self, base: str, compression: str, level: int | None, max_size: int = 0,
-                 header: bytes | Callable[[], bytes] = b""):
+                 header: bytes | Callable[[], bytes] = b"", mode: int = 0o644):
         self.base = base
+        self.mode = mode
         self.compression = compression
         self.suffix = SUFFIXES[compression]
         self.level = level
@@ -103,9 +108,19 @@ class FileSink:
     def opened(self) -> bool:
         return bool(self.paths)
 
+    @property
+    def is_fifo(self) -> bool:
+        """The file written is a FIFO (a reader consumes the stream)."""
+        return self._fifo
+
     def _name(self) -> str:
-        return (self.base + (f".{self.run}" if self.run else "")
-                + (f".part{self.part}" if self.part else "") + self.suffix)
+        return self.name_of(self.run, self.part)
+
+    def name_of(self, run: int, part: int) -> str:
+        """The file name of run ``run`` (``<base>.<run>`` when ``<base>`` was taken),
+        part ``part``."""
+        return (self.base + (f".{run}" if run else "")
+                + (f".part{part}" if part else "") + self.suffix)
 
     def header(self) -> bytes:
         if callable(self._header):
@@ -117,11 +132,12 @@ class FileSink:
         while True:
             name = self._name()
             try:
-                self._fd = os.open(name, flags, 0o644)
+                self._fd = os.open(name, flags, self.mode)
                 break
             except FileExistsError:
-                if not self.paths and _is_fifo(name):
-                    self._fd = os.open(name, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+                fd = _open_own_fifo(name) if not self.paths else None
+                if fd is not None:
+                    self._fd = fd
                     self._fifo = True
                     break
                 if self.part:
@@ -284,11 +300,28 @@ class FileSink:
             self._fd = None
 
 
-def _is_fifo(path: str) -> bool:
+def _open_own_fifo(path: str) -> int | None:
+    """``path`` opened for writing when it is a FIFO this user owns that a reader has
+    open (then in blocking mode, as a file is); None otherwise. The open never
+    blocks and follows no symbolic link."""
+    flags = (os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
     try:
-        return stat.S_ISFIFO(os.stat(path).st_mode)
+        st = os.lstat(path)
+        if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.geteuid():
+            return None  # not even opened: its reader learns nothing
+        fd = os.open(path, flags)  # ENXIO: a FIFO without a reader
     except OSError:
-        return False
+        return None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISFIFO(st.st_mode) and st.st_uid == os.geteuid():
+            os.set_blocking(fd, True)
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 class Writer:

@@ -40,7 +40,7 @@ SCENARIOS = [
      [(0, signal.SIGINT), (0.05, signal.SIGINT)]),
     ("app's SIGTERM handler, then SIGHUP 50 ms later", "app-handler-then-sighup", 300_000,
      [(0, signal.SIGTERM), (0.05, signal.SIGHUP)]),
-    ("trace file a FIFO nobody reads, `sys.exit(3)`", "fifo-noreader-exit", 20_000, []),
+    ("trace file a FIFO whose reader never reads, `sys.exit(3)`", "fifo-reader-exit", 20_000, []),
     ("trace file a FIFO never read, SIGTERM", "fifo-reader", 20_000, [(0, signal.SIGTERM)]),
 ]
 

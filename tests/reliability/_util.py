@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from dftrace import testing
@@ -102,3 +106,49 @@ def spans(events: list[dict[str, Any]], name: str | None = None) -> list[dict[st
 
 def meta(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [e for e in events if e.get("ph") == "M" and e.get("name") == name]
+
+
+def fuse_unusable() -> str | None:
+    """Why a FUSE filesystem cannot be mounted here (fusepy runs on libfuse2), or None."""
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse on this machine"
+    if os.geteuid() != 0 and shutil.which("fusermount") is None:
+        return "not root, and no fusermount is installed (Debian: apt-get install fuse3)"
+    try:
+        import fuse  # noqa: F401  (fusepy: it loads libfuse2 on import)
+    except (ImportError, OSError, EnvironmentError) as exc:
+        return f"fusepy cannot load libfuse2 (Debian: apt-get install libfuse2): {exc}"
+    return None
+
+
+def _unmount(mnt: str) -> None:
+    """Detach ``mnt`` lazily with whichever tool is there (fuse3, fuse, or umount as root)."""
+    for tool in (["fusermount3", "-u", "-z"], ["fusermount", "-u", "-z"], ["umount", "-l"]):
+        if shutil.which(tool[0]) and subprocess.run([*tool, mnt], capture_output=True).returncode == 0:
+            return
+
+
+@contextlib.contextmanager
+def fuse_mount(helper: str, mnt: Any, *args: str,
+               stdout: Any = subprocess.DEVNULL) -> Iterator[subprocess.Popen]:
+    """Mount ``mnt`` with the FUSE daemon ``helper`` (a file next to this one, run as
+    ``helper [*args before] mnt [*args after]``: ``args`` may hold the string
+    ``"{mnt}"``, replaced by the mount point; without it, ``mnt`` comes first).
+    Yields the daemon; it is killed (every request waiting on it ends with ENOTCONN)
+    and the mount is detached whatever happens. Raises RuntimeError when the mount
+    does not come up."""
+    mnt = os.fspath(mnt)
+    argv = [a.replace("{mnt}", mnt) for a in args] if "{mnt}" in args else [mnt, *args]
+    daemon = subprocess.Popen([sys.executable, os.path.join(HERE, helper), *argv],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(mnt):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"FUSE mount failed: {daemon.stderr.read()[-300:]}")
+            time.sleep(0.05)
+        yield daemon
+    finally:
+        daemon.kill()
+        daemon.wait()
+        _unmount(mnt)

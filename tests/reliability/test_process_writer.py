@@ -6,7 +6,6 @@ import json
 import mmap
 import os
 import random
-import shutil
 import signal
 import struct
 import subprocess
@@ -21,8 +20,8 @@ import dftrace
 from dftrace import ai, testing
 from dftrace._core import engine as _rec
 
-from ._util import HERE, assert_valid, clean_env, events_by_pid, files, last_line, meta, run, \
-    spans, start, write_script
+from ._util import HERE, assert_valid, clean_env, events_by_pid, files, fuse_mount, \
+    fuse_unusable, last_line, meta, run, spans, start, write_script
 
 pytestmark = [
     *needs_marks("native", native_engine_missing()),
@@ -273,8 +272,9 @@ def test_drainer_is_shared_by_children_and_exits_after_the_last(tmp_path):
 # -- the drainer dies ----------------------------------------------------------------
 
 def test_killed_drainer_is_replaced_by_writing_in_process(tmp_path):
-    """SIGKILL to the drainer: the process notices, warns once, and writes the rest of
-    its ring itself into the next free file name."""
+    """SIGKILL to the drainer: the process notices, warns once, writes the rest of
+    its ring itself into the next free file name, and no longer names the drainer
+    to its children (DFTRACE_DRAINER is removed)."""
     script = write_script(tmp_path, """
         import os, signal, sys, time
         import dftrace
@@ -293,12 +293,15 @@ def test_killed_drainer_is_replaced_by_writing_in_process(tmp_path):
                 pass
         dftrace.finalize()
         print(*s.paths)
+        print(os.environ.get("DFTRACE_DRAINER", "none"))
     """)
     out = run([script, str(tmp_path)])
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("the trace drainer") == 1, out.stderr
     first, second = sorted(files(tmp_path), key=len)
-    assert out.stdout.split() == [second]
+    paths, drainer = out.stdout.split("\n")[:2]
+    assert paths.split() == [second]
+    assert drainer == "none"  # children started from now on do not look for it
     assert_valid([second])
     before = [e["args"]["i"] for e in spans(testing.read_events(first), "forward")]
     after = [e["args"]["i"] for e in spans(testing.read_events(second), "forward")]
@@ -308,47 +311,19 @@ def test_killed_drainer_is_replaced_by_writing_in_process(tmp_path):
 
 # -- storage that hangs ---------------------------------------------------------------
 
-def _fuse_missing() -> str | None:
-    """Why a FUSE filesystem cannot be mounted here (fusepy runs on libfuse2), or None."""
-    if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse on this machine"
-    if os.geteuid() != 0 and shutil.which("fusermount") is None:
-        return "not root, and libfuse2's fusermount is not installed (Debian: apt-get install fuse)"
-    try:
-        import fuse  # noqa: F401  (fusepy: it loads libfuse2 on import)
-    except (ImportError, OSError, EnvironmentError) as exc:
-        return f"fusepy cannot load libfuse2 (Debian: apt-get install libfuse2): {exc}"
-    return None
-
-
-def _unmount(mnt) -> None:
-    """Detach ``mnt`` lazily with whichever tool is there (fuse3, fuse, or umount as root)."""
-    for tool in (["fusermount3", "-u", "-z"], ["fusermount", "-u", "-z"], ["umount", "-l"]):
-        if shutil.which(tool[0]) and subprocess.run([*tool, str(mnt)], capture_output=True).returncode == 0:
-            return
-
-
 @pytest.fixture
 def hung_mount(tmp_path):
     """A mounted filesystem whose writes never return; unmounted whatever happens."""
-    why = _fuse_missing()
+    why = fuse_unusable()
     if why:
         pytest.skip(why)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    daemon = subprocess.Popen([sys.executable, os.path.join(HERE, "_hung_fs.py"), str(mnt)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.ismount(mnt):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(f"FUSE mount failed: {daemon.stderr.read().decode()[-300:]}")
-            time.sleep(0.05)
-        yield mnt
-    finally:
-        daemon.kill()  # ends every write waiting on it (ENOTCONN)
-        daemon.wait()
-        _unmount(mnt)
+        with fuse_mount("_hung_fs.py", mnt):
+            yield mnt
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
 
 
 HUNG = """
@@ -438,3 +413,288 @@ def test_dftrace_run_with_a_subprocess_child_shares_the_drainer(tmp_path):
     assert len(by_pid) == 2
     assert all(len(spans(evs, "train")) == 1 for evs in by_pid.values())
     assert_valid(files(tmp_path / "traces"))
+
+
+# -- the drainer killed inside a write -------------------------------------------------
+
+SLOW_WRITER = """
+    import sys
+    import dftrace
+    from dftrace import ai
+    s = dftrace.initialize(log_file=sys.argv[1], writer="process", compression=sys.argv[3],
+                           flush_interval=0.05, buffer_limit=400_000, shutdown_timeout=120)
+    print(s.writer.drainer_pid, flush=True)
+    for i in range(int(sys.argv[2])):
+        with ai.compute.forward(args={"i": i}):
+            pass
+    print("recorded", flush=True)
+    sys.stdin.readline()
+    dftrace.finalize()
+    print(*s.paths, flush=True)
+"""
+
+
+@pytest.mark.needs("fuse")
+@pytest.mark.parametrize("compression", ["zstd", "gzip"])
+def test_drainer_killed_inside_a_write_loses_and_duplicates_nothing(tmp_path, compression):
+    """On slow storage (each write takes 0.2 s), SIGKILL to the drainer while one of
+    its writes is under way: the process writes the rest of its trace itself, and
+    between the drainer's file (cut back to its last whole frame written) and its
+    own, every span is there exactly once."""
+    why = fuse_unusable()
+    if why:
+        pytest.skip(why)
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    n = 200_000
+    try:
+        with fuse_mount("_slow_fs.py", mnt, str(backing), "{mnt}", "0.2",
+                        stdout=subprocess.PIPE) as fs:
+            script = write_script(tmp_path, SLOW_WRITER)
+            proc = start([script, str(mnt / "t"), str(n), compression])
+            drainer = int(proc.stdout.readline())
+            writes = 0
+            while writes < 8:  # the header, then frames (a few requests each)
+                assert fs.stdout.readline().strip() == "write"
+                writes += 1
+            os.kill(drainer, signal.SIGKILL)
+            assert proc.stdout.readline().strip() == "recorded", proc.stderr.read()
+            out, err = proc.communicate("\n", timeout=300)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    assert proc.returncode == 0, err
+    assert err.count(f"the trace drainer (pid {drainer}) ended") == 1, err
+    first, second = sorted(files(backing), key=len)
+    assert out.split() == [str(mnt / os.path.relpath(second, backing))]
+    assert_valid([first], complete=False)  # cut back to its last whole frame
+    assert_valid([second])
+    got = [e["args"]["i"] for path in (first, second)
+           for e in spans(testing.read_events(path), "forward")]
+    assert len(spans(testing.read_events(first), "forward")) > 0
+    assert sorted(got) == list(range(n))
+
+
+# -- hung storage never reaches the program ---------------------------------------------
+
+WORKERS = """
+    import multiprocessing as mp, os, sys
+    import dftrace
+    from dftrace import ai
+
+    def work(name, q):
+        for i in range(100):
+            with ai.data.item(args={"w": name}):
+                pass
+        q.put(name)
+
+    if __name__ == "__main__":
+        dftrace.initialize(log_file=sys.argv[1], writer="process", shutdown_timeout=1)
+        print("initialized", flush=True)
+        done = []
+        for method in ("fork", "spawn"):
+            ctx = mp.get_context(method)
+            q = ctx.Queue()
+            procs = [ctx.Process(target=work, args=(f"{method}{k}", q)) for k in range(2)]
+            for p in procs:
+                p.start()
+            done += [q.get() for _ in procs]
+            for p in procs:
+                p.join()
+        print("workers", *sorted(done), flush=True)
+"""
+
+
+@pytest.mark.needs("fuse")
+def test_hung_storage_never_holds_initialize_or_forked_and_spawned_workers(tmp_path):
+    """Every request to the trace's mount hangs (the directory check, the file's
+    creation, its writes): initialize() goes on after its directory check's
+    deadline, forked workers start without touching the mount, spawned workers
+    take the parent's check and start, work and end, and the program ends with its
+    own status."""
+    why = fuse_unusable()
+    if why:
+        pytest.skip(why)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        with fuse_mount("_hung_fs.py", mnt, "all"):
+            script = write_script(tmp_path, WORKERS)
+            proc = start([script, str(mnt / "sub" / "t")])
+            try:
+                out, err = proc.communicate(timeout=120)  # a hang never ends: the test fails
+            except subprocess.TimeoutExpired:
+                proc.kill()  # its stuck children may hold its pipes: not read
+                pytest.fail("the program hung on the storage")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    assert proc.returncode == 0, err
+    assert out.split("\n")[:2] == ["initialized", "workers fork0 fork1 spawn0 spawn1"], (out, err)
+    # only initialize() waited for the directory: the workers took its answer
+    assert err.count("did not answer within") == 1, err
+
+
+# -- every drop counted -----------------------------------------------------------------
+
+STOPPED_DRAINER = """
+    import os, signal, sys, threading
+    import dftrace
+    from dftrace import ai
+    s = dftrace.initialize(log_file=sys.argv[1], writer="process", on_full=sys.argv[2],
+                           buffer_limit=8192, flush_interval=0.05)
+    os.kill(s.writer.drainer_pid, signal.SIGSTOP)  # stuck without looking busy
+    for i in range(int(sys.argv[3])):
+        with ai.compute.forward(args={"i": i}):
+            pass
+    # finalize finds the ring full; the drainer goes on meanwhile
+    threading.Timer(0.3, os.kill, (s.writer.drainer_pid, signal.SIGCONT)).start()
+    dftrace.finalize()
+"""
+
+
+@pytest.mark.parametrize("on_full", ["drop", "block"])
+def test_drops_under_a_full_ring_and_a_stopped_drainer_are_counted_exactly(tmp_path, on_full):
+    """The drainer is stopped (SIGSTOP: not busy, not reading) while the process
+    records far more than its ring holds: block mode gives up after the stall limit
+    instead of waiting on every span, and the file counts exactly the spans it
+    lacks (the count reaches the file although the ring is full when finalize
+    writes its last lines)."""
+    n = 60_000
+    script = write_script(tmp_path, STOPPED_DRAINER)
+    out = run([script, str(tmp_path / "t"), on_full, str(n)], timeout=600)
+    assert out.returncode == 0, out.stderr
+    path = _wait_for_end(tmp_path)
+    assert_valid([path])
+    events = testing.read_events(path)
+    written = len(spans(events, "forward"))
+    dropped = sum(e["args"]["count"] for e in meta(events, "dropped")
+                  if e["args"]["reason"] == "buffer full")
+    assert 0 < written < n
+    assert written + dropped == n
+
+
+# -- fork() from C ----------------------------------------------------------------------
+
+def test_a_child_forked_from_c_never_writes_into_the_parents_ring(tmp_path):
+    """A child created by fork() from C (no Python at-fork hook runs) records spans:
+    none reach the parent's ring, and the parent's file is valid and holds exactly
+    the parent's spans."""
+    script = write_script(tmp_path, """
+        import ctypes, os, sys
+        import dftrace
+        from dftrace import ai
+        dftrace.initialize(log_file=sys.argv[1], writer="process")
+        for i in range(3000):
+            with ai.compute.forward(args={"who": "parent"}):
+                pass
+        pid = ctypes.CDLL(None).fork()
+        if pid == 0:
+            for i in range(20000):
+                with ai.compute.forward(args={"who": "child"}):
+                    pass
+            os._exit(0)
+        os.waitpid(pid, 0)
+        for i in range(3000):
+            with ai.compute.forward(args={"who": "parent"}):
+                pass
+    """)
+    out = run([script, str(tmp_path / "t")])
+    assert out.returncode == 0, out.stderr
+    (path,) = files(tmp_path)
+    assert_valid([path])
+    who = [e["args"]["who"] for e in spans(testing.read_events(path), "forward")]
+    assert who == ["parent"] * 6000
+
+
+# -- files carry their producer's umask --------------------------------------------------
+
+def test_each_file_has_its_producers_umask(tmp_path):
+    """Two processes of one job share a drainer, started by the first: each file is
+    created with its own process's umask, not the drainer's."""
+    script = write_script(tmp_path, """
+        import os, sys
+        os.umask(int(sys.argv[2], 8))
+        import dftrace
+        from dftrace import ai
+        s = dftrace.initialize(log_file=sys.argv[1] + "/t", writer="process")
+        with ai.compute.forward:
+            pass
+        print(s.writer.drainer_pid, flush=True)
+        sys.stdin.readline()
+    """)
+    env = clean_env(TORCHELASTIC_RUN_ID=f"job-{os.getpid()}-{time.time_ns()}")
+    procs = []
+    for mask, sub in (("022", "open"), ("077", "private")):
+        os.makedirs(tmp_path / sub)
+        procs.append(subprocess.Popen([sys.executable, script, str(tmp_path / sub), mask],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                      env=env))
+    drainers = {int(p.stdout.readline()) for p in procs}
+    for p in procs:
+        p.communicate("\n", timeout=60)
+        assert p.returncode == 0
+    assert len(drainers) == 1
+    (open_file,) = files(tmp_path / "open")
+    (private_file,) = files(tmp_path / "private")
+    assert os.stat(open_file).st_mode & 0o777 == 0o644
+    assert os.stat(private_file).st_mode & 0o777 == 0o600
+
+
+# -- records too long for one slot -------------------------------------------------------
+
+def test_records_longer_than_a_slot_are_written_as_by_the_thread_writer(tmp_path):
+    """Spans whose args take 300 kB and 2 MB (a slot's arena is 256 KiB), among short
+    ones: the process writer writes them whole, in order, like the thread writer, and
+    counts no drop."""
+    script = write_script(tmp_path, """
+        import sys
+        import dftrace
+        from dftrace import ai
+        dftrace.initialize(log_file=sys.argv[1], writer=sys.argv[2], max_arg_length=1 << 20)
+        for size in (100, 300_000, 1_000_000):
+            with ai.compute.forward(args={"size": size, "a": "x" * size, "b": "y" * size}):
+                pass
+            for i in range(5000):
+                with ai.compute.backward(args={"i": i}):
+                    pass
+    """)
+    got = {}
+    for writer in ("thread", "process"):
+        out = run([script, str(tmp_path / writer / "t"), writer])
+        assert out.returncode == 0, out.stderr
+        (path,) = files(tmp_path / writer)
+        assert_valid([path])
+        events = testing.read_events(path)
+        assert meta(events, "dropped") == []
+        got[writer] = [(e["name"], e["args"].get("size"), len(e["args"].get("a", "")),
+                        len(e["args"].get("b", ""))) for e in spans(events)]
+    assert [g for g in got["process"] if g[0] == "forward"] == [
+        ("forward", n, n, n) for n in (100, 300_000, 1_000_000)]
+    assert got["process"] == got["thread"]
+
+
+def test_a_line_in_pieces_is_read_only_once_whole():
+    """A line longer than a slot is in the ring in pieces, one slot each: a reader
+    that finds its last piece not yet committed reads nothing of it (and the records
+    before it), and reads the whole line once it is."""
+    sp = _rec.speedups
+    mm = mmap.mmap(-1, sp.SHM_FIXED_BYTES + 6 * sp.SHM_SLOT_BYTES)
+    try:
+        sp.shm_attach(mm, os.getpid(), b"", b"", 0, 0)
+        assert sp.shm_append_line(b'{"short":1}\n')
+        line = b'{"long":"' + b"x" * 600_000 + b'"}\n'  # three slots
+        assert sp.shm_append_line(line)
+        sp.shm_finish()
+        sp.shm_detach()
+        last = sp.SHM_FIXED_BYTES + 3 * sp.SHM_SLOT_BYTES  # slot 0: the short line
+        state, n = struct.unpack_from("<II", mm, last)
+        assert (state, n) == (2, 1)  # FULL, one record: the last piece
+        struct.pack_into("<II", mm, last, 1, 0)  # as while it is being written
+        reader = sp.ShmReader(mm)
+        assert reader.drain(100, b"", b"", 0, 0, True) == (b'{"short":1}\n', 1)
+        assert reader.drain(100, b"", b"", 0, 0, True) == (b"", 0)
+        struct.pack_into("<II", mm, last, 2, 1)  # committed
+        assert reader.drain(100, b"", b"", 0, 0, True) == (line, 3)
+        reader.close()
+    finally:
+        mm.close()
