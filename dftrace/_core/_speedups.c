@@ -1517,6 +1517,10 @@ static int write_frame(int fd, int level, chunk_t *c, chunk_t *end, const char *
     return compress_write(fd, level, enc_buf, (size_t)(o - enc_buf), &zbuf, &zcap, written);
 }
 
+/* Frames this process's engine wrote whole, ever: what a finishing writer's progress
+   is read by (a long write_frames call moves it frame by frame). */
+static long long frames_written_total = 0;
+
 /* The chunks from `c` on as frames of at most `frame` records (`pre` opens the
    first), each encoded, compressed and written; stops at the first error. No GIL.
    *done, *bytes: the records and bytes of the frames written whole. */
@@ -1538,6 +1542,7 @@ static int write_frames(int fd, int level, chunk_t *c, Py_ssize_t frame, const c
         if (!err) {
             *done += recs;
             *bytes += (Py_ssize_t)w;
+            __atomic_add_fetch(&frames_written_total, 1, __ATOMIC_RELAXED);
         }
         first = 0;
         c = end;
@@ -1712,6 +1717,11 @@ static PyObject *kick(PyObject *self, PyObject *unused) {
     QUNLOCK();
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
+}
+
+/* frames_written() -> frames the engine has written whole in this process, ever. */
+static PyObject *frames_written(PyObject *self, PyObject *unused) {
+    return PyLong_FromLongLong(__atomic_load_n(&frames_written_total, __ATOMIC_RELAXED));
 }
 
 /* writing_since() -> CLOCK_MONOTONIC seconds when write_loop's write under way
@@ -3558,6 +3568,7 @@ static PyMethodDef methods[] = {
      "min_id) -> (taken, written, bytes, errno, st_nlink): write full batches without the GIL"},
     {"kick", kick, METH_NOARGS, "Make write_loop() return now."},
     {"writing_since", writing_since, METH_NOARGS, "When write_loop's write under way began (0.0: none)."},
+    {"frames_written", frames_written, METH_NOARGS, "Frames the engine has written whole, ever."},
 #endif
     {"native_write", native_write, METH_NOARGS,
      "The compressions drain_write() can do here."},

@@ -217,8 +217,9 @@ OPTIONS: tuple[Option, ...] = (
            "forkserver, subprocesses) trace too."),
     Option("shutdown_timeout", "DFTRACE_SHUTDOWN_TIMEOUT", 5.0, _seconds(0.1, 3600),
            "Longest time finalize (at exit, on a signal, at the end of a multiprocessing "
-           "child) waits for the trace file; storage that stalls longer is abandoned with a "
-           "warning that counts the events not written."),
+           "child) waits for the trace file without progress (while frames keep reaching "
+           "the storage it waits on, 300 s in all at most); storage that makes no progress "
+           "for longer is abandoned with a warning that counts the events not written."),
     Option("writer", "DFTRACE_WRITER", "thread", _choice("thread", "process"),
            "Who writes the trace file: thread (a thread of the traced process) or process "
            "(a drainer process, one per job and host, reading the records from shared "

@@ -27,7 +27,7 @@ from . import sampler as _sampler, shm as _shm, signals as _signals
 from .config import RANK_MAX, Config, ConfigError, env_enable
 from .records import Encoder
 from .._version import __version__
-from .writer import FileSink, Writer
+from .writer import FileSink, Patience, Writer
 
 __all__ = ["Session", "initialize", "finalize", "session", "detect_rank"]
 
@@ -456,27 +456,35 @@ def finalize(target: Session | None = None) -> None:
                 return out + b"]\n"
 
             done = False
+            # Slow is not stuck: the writer may take shutdown_timeout without progress
+            # (what is left of it after the open spans' wait), FINISH_CAP_S in all.
+            patience = Patience(max(0.0, deadline - time.monotonic()))
             while True:  # an exception (KeyboardInterrupt) in the wait must not end it
                 try:
-                    done = s.writer.stop(deadline - time.monotonic(), trailer)
+                    done = s.writer.stop(s.config.shutdown_timeout, trailer, patience)
                     break
                 except BaseException as exc:
                     interrupted = interrupted or exc
-                    if time.monotonic() >= deadline:
+                    if patience.exhausted():
                         break
             lost = s.sink.events_lost
+            if patience.reason == "too slow":
+                why = (f"the writer was still writing after {patience.elapsed:.0f} s "
+                       f"(at {s.writer.events_written / max(patience.elapsed, 1e-9):,.0f} events/s: "
+                       "too slow for the load, the storage still answering)")
+            else:
+                why = (f"no progress for shutdown_timeout={s.config.shutdown_timeout:g} s "
+                       "(storage stalled)")
             if not done and isinstance(s.writer, _shm.ProcessWriter) and s.writer.fallback is None:
                 _rec.STATE.warn_once(
                     "shutdown-drainer",
                     f"the trace drainer (pid {s.writer.drainer_pid}) has not finished writing "
-                    f"{s.path} within shutdown_timeout={s.config.shutdown_timeout:g} s "
-                    "(storage stalled); it writes the rest when the storage answers")
+                    f"{s.path}: {why}; it writes the rest when it can")
             elif not done:
                 lost += _rec.buffered()
                 _rec.STATE.warn_once(
                     "shutdown-stalled",
-                    f"writing {s.path} did not finish within shutdown_timeout="
-                    f"{s.config.shutdown_timeout:g} s (storage stalled); the file is "
+                    f"writing {s.path} did not finish: {why}; the file is "
                     f"abandoned and {lost} events were not written")
             elif lost and not s.sink.failed:  # a failed sink has warned already
                 _rec.STATE.warn_once(

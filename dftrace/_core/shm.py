@@ -42,6 +42,7 @@ import time
 from typing import Any
 
 from . import engine as _rec
+from .writer import Patience
 
 __all__ = ["ENV_VAR", "DrainerUnavailable", "ProcessWriter"]
 
@@ -510,14 +511,24 @@ class ProcessWriter:
                 return False
             time.sleep(0.001)
 
-    def _request(self, b: bytes, reply: bytes, timeout: float) -> bytes | None:
+    def _request(self, b: bytes, reply: bytes, timeout: float,
+                 patience: Patience | None = None) -> bytes | None:
         """Send ``b`` and wait for the answer starting with ``reply`` (None: none
-        came in time, the drainer stalled or is gone). Raises _ProtocolError when the
-        drainer answered something else than the protocol's answers."""
+        came in time, the drainer stalled or is gone). With ``patience``, "in time"
+        means while the drainer keeps committing (see :class:`Patience`). Raises
+        _ProtocolError when the drainer answered something else than the protocol's
+        answers."""
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             return None
         try:
             deadline = time.monotonic() + timeout
+
+            def time_left() -> float:
+                if patience is None:
+                    return deadline - time.monotonic()
+                st = _rec.speedups.shm_state()
+                return patience.left(st[3] if st is not None else None)
+
             if self.fallback is not None:
                 return None
             view = memoryview(b)
@@ -525,7 +536,7 @@ class ProcessWriter:
                 try:
                     view = view[self._sock.send(view, socket.MSG_DONTWAIT):]
                 except BlockingIOError:
-                    left = deadline - time.monotonic()
+                    left = time_left()
                     if left <= 0 or self.stalled():
                         return None
                     select.select([], [self._sock], [], min(left, 0.05))
@@ -535,7 +546,7 @@ class ProcessWriter:
                 got = self._take_reply(reply)
                 if got is not None:
                     return got
-                left = deadline - time.monotonic()
+                left = time_left()
                 if left <= 0 or self.stalled():
                     return None
                 r, _, _ = select.select([self._sock], [], [], min(left, 0.05))
@@ -578,11 +589,12 @@ class ProcessWriter:
         self._replies = buf
         return None
 
-    def _ask(self, b: bytes, reply: bytes, timeout: float) -> bytes | None:
+    def _ask(self, b: bytes, reply: bytes, timeout: float,
+             patience: Patience | None = None) -> bytes | None:
         """_request, with a drainer that is gone or answers nonsense replaced by
         the in-process writer (b"" then)."""
         try:
-            got = self._request(b, reply, timeout)
+            got = self._request(b, reply, timeout, patience)
         except _Rejected as exc:
             self._lost(f"dropped this process's ring ({exc})")
             return b""
@@ -612,7 +624,8 @@ class ProcessWriter:
             return bool(self.fallback.sync(timeout))
         return self.flush(timeout) >= 0
 
-    def stop(self, timeout: float = 30.0, trailer: Any = None) -> bool:
+    def stop(self, timeout: float = 30.0, trailer: Any = None,
+             patience: Patience | None = None) -> bool:
         """Seal the ring and have the drainer end the file with the trailer's lines
         (sent with the request, so a full ring never drops them; the drainer adds the
         count of drops, which it reads from the ring). Waits at most ``timeout``
@@ -623,7 +636,8 @@ class ProcessWriter:
         lines = body[:-2] if body.endswith(b"]\n") else body
         if self.fallback is None:
             _rec.speedups.shm_finish()
-            got = self._ask(b"f" + struct.pack("<I", len(lines)) + lines, b"d", timeout)
+            patience = patience or Patience(timeout)
+            got = self._ask(b"f" + struct.pack("<I", len(lines)) + lines, b"d", timeout, patience)
             if got is None:
                 self._close()
                 return False
@@ -636,7 +650,7 @@ class ProcessWriter:
                     self._lost(f"answered what it should not ({exc})")
         # The in-process writer: the drops are its to count.
         body = trailer(True) if trailer is not None else b"]\n"
-        return bool(self.fallback.stop(timeout, lambda: body))
+        return bool(self.fallback.stop(timeout, lambda: body, patience))
 
     def _finished(self, answer: bytes) -> None:
         """Take the drainer's account of the file (each field checked)."""

@@ -22,7 +22,7 @@ from typing import Any
 from . import engine as _rec
 from .records import Encoder
 
-__all__ = ["FileSink", "Writer", "SUFFIXES"]
+__all__ = ["FileSink", "Patience", "Writer", "SUFFIXES"]
 
 SUFFIXES = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}
 
@@ -34,6 +34,54 @@ _ZSTD_LEVEL = 1
 #: :meth:`FileSink.native_level`); found at the first session (it loads libzstd),
 #: not at import. Set to an empty set to force the Python path.
 _NATIVE: set[str] | None = None
+
+
+#: However the writing progresses, finishing a file gives up after this long: no
+#: healthy finish comes near it (measured: 8 ranks on 2 cores writing 500,000 events
+#: each finish in under 3 s), so reaching it means a writer far too slow for its load.
+FINISH_CAP_S = 300.0
+
+
+class Patience:
+    """How long to wait for a writer that is finishing: it may take ``idle_s``
+    seconds without progress (storage that stopped answering), and ``cap_s`` in all
+    (a writer too slow for its load). Slow is not stuck: while progress is made, the
+    wait goes on. ``left(progress)`` takes any value that changes when the writer
+    gets on (bytes written, records taken, the drainer's commits)."""
+
+    def __init__(self, idle_s: float, cap_s: float = FINISH_CAP_S) -> None:
+        now = time.monotonic()
+        self.idle_s = max(0.0, idle_s)
+        self.start = now
+        self.end = now + max(cap_s, self.idle_s)
+        self._last: Any = None
+        self._since = now
+        #: Why the wait ended without the writer finishing: "stalled" (no progress
+        #: for idle_s) or "too slow" (cap_s in all); None while it goes on.
+        self.reason: str | None = None
+
+    def left(self, progress: Any) -> float:
+        """Seconds the caller may still wait; 0.0 (and ``reason`` set) when it must give up."""
+        now = time.monotonic()
+        if progress != self._last:
+            self._last, self._since = progress, now
+        idle_left = self._since + self.idle_s - now
+        cap_left = self.end - now
+        if idle_left <= 0:
+            self.reason = "stalled"
+            return 0.0
+        if cap_left <= 0:
+            self.reason = "too slow"
+            return 0.0
+        return min(idle_left, cap_left)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def exhausted(self) -> bool:
+        """No time left, progress as last seen."""
+        return self.left(self._last) <= 0
 
 
 def _native() -> set[str]:
@@ -544,11 +592,14 @@ class Writer:
             finally:
                 self._drained.release()
 
-    def stop(self, timeout: float = 30.0, trailer: Callable[[], bytes] | None = None) -> bool:
+    def stop(self, timeout: float = 30.0, trailer: Callable[[], bytes] | None = None,
+             patience: Patience | None = None) -> bool:
         """Stop the thread after it wrote what is left and ``trailer()`` (idempotent).
-        Waits at most ``timeout`` seconds: past that the storage is stalled, and
-        the file is abandoned (the events not written are counted in
-        ``sink.events_lost`` plus whatever is still buffered). True when done."""
+        Waits while the writing progresses, at most ``timeout`` seconds without
+        progress (or as ``patience`` says): past that the storage is stalled (or the
+        writer far too slow: ``patience.reason``), and the file is abandoned (the
+        events not written are counted in ``sink.events_lost`` plus whatever is still
+        buffered). True when done."""
         self._trailer = trailer
         self._stop = True
         self._wake.set()
@@ -560,9 +611,15 @@ class Writer:
                 self._finished = True
                 self._finish()
             return True
-        self._thread.join(timeout=max(0.0, timeout))
-        if self._thread.is_alive():
-            self.sink.abandon(close=True, writing=_rec.in_flight())
-            return False
-        self._finished = True
-        return True
+        patience = patience or Patience(timeout)
+        while True:
+            left = patience.left((self.sink.bytes_written, self.events_written,
+                                  _rec.buffered(), _rec.frames_written()))
+            if left <= 0:
+                break
+            self._thread.join(timeout=min(left, 0.05))
+            if not self._thread.is_alive():
+                self._finished = True
+                return True
+        self.sink.abandon(close=True, writing=_rec.in_flight())
+        return False

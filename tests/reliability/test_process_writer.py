@@ -698,3 +698,51 @@ def test_a_line_in_pieces_is_read_only_once_whole():
         reader.close()
     finally:
         mm.close()
+
+
+# -- slow is not stuck -------------------------------------------------------------------
+
+SLOW_FINISH = """
+    import sys
+    import dftrace
+    from dftrace import ai
+
+    dftrace.initialize(log_file=sys.argv[1], writer=sys.argv[2], compression=sys.argv[3],
+                       shutdown_timeout=1, flush_interval=600)
+
+    @ai.compute.forward
+    def forward(i):
+        return i
+
+    for i in range(int(sys.argv[4])):
+        forward(i)
+    dftrace.finalize()
+"""
+
+
+@pytest.mark.needs("fuse")
+@pytest.mark.parametrize("writer", ["thread", "process"])
+@pytest.mark.parametrize("compression", ["zstd", "gzip"])
+def test_a_slow_finish_is_not_taken_for_stalled_storage(tmp_path, writer, compression):
+    """Storage that answers every write after 0.2 s, and everything still buffered at
+    finalize (about 12 frames, 2.4 s of writing) with shutdown_timeout=1: the writer
+    makes progress all along, so finalize waits for it: every span on disk, the file
+    closed, no warning of loss."""
+    why = fuse_unusable()
+    if why:
+        pytest.skip(why)
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    n = 200_000
+    try:
+        with fuse_mount("_slow_fs.py", mnt, str(backing), "{mnt}", "0.2"):
+            script = write_script(tmp_path, SLOW_FINISH)
+            out = run([script, str(mnt / "t"), writer, compression, str(n)], timeout=300)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    assert out.returncode == 0, out.stderr
+    assert "not finish" not in out.stderr and "not written" not in out.stderr, out.stderr
+    (path,) = files(backing)
+    assert_valid([path])
+    assert len(spans(testing.read_events(path), "forward")) == n
