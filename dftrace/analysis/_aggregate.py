@@ -315,6 +315,31 @@ def mask_times(intervals: pl.DataFrame) -> np.ndarray:
     return np.rint(spans).astype(np.int64)
 
 
+def alone_intervals(intervals: pl.DataFrame, group: str) -> pl.DataFrame:
+    """proc, start, end: the time each process spent with ``group`` active and no
+    other group (disjoint intervals). ``intervals`` holds proc, group, start, end,
+    disjoint within each (proc, group). For communication this is the blocked time:
+    waiting in a collective (a blocking call, DDP's wait for its buckets, the
+    completion of asynchronous work) while nothing else runs; several collectives at
+    once count once, and in-flight work that overlaps compute is not waiting."""
+    bit = 1 << GROUPS.index(group)
+    pieces = []
+    for (proc,), frame in intervals.partition_by("proc", as_dict=True).items():
+        bits = np.left_shift(1, frame.get_column("group").to_numpy().astype(np.int64))
+        times = np.concatenate([frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy()])
+        order = np.argsort(times, kind="stable")
+        times = times[order]
+        state = np.bitwise_xor.accumulate(np.concatenate([bits, bits])[order])
+        alone = (state[:-1] == bit) & (times[1:] > times[:-1])
+        if alone.any():
+            starts, ends = _union(times[:-1][alone], times[1:][alone])
+            pieces.append(pl.DataFrame({"proc": proc, "start": starts, "end": ends},
+                                       schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64}))
+    if not pieces:
+        return pl.DataFrame(schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
+    return pl.concat(pieces, how="vertical")
+
+
 @dataclass
 class Combined:
     """All partials merged, keyed by process (an index into ``resolution.processes``)."""
@@ -332,6 +357,9 @@ class Combined:
     overlap: pl.DataFrame
     #: proc, start, end: disjoint compute intervals (self time) of each process.
     compute: pl.DataFrame
+    #: proc, start, end: disjoint intervals each process spent blocked in
+    #: communication with nothing else running (see ``alone_intervals``).
+    blocked: pl.DataFrame
     #: path, start, end, command: each input file's time span and the command line
     #: its process info names (to tell files of separate runs apart).
     file_extents: pl.DataFrame
@@ -381,8 +409,11 @@ def combine(partials: Sequence[Partial]) -> Combined:
             .select(steps.columns),
         ], how="vertical")
     overlap = collect("overlap").filter(~pl.col("proc").is_in(list(split)))
-    if split:
-        merged = union_intervals(collect("intervals", split), ["proc"])
+    intervals = collect("intervals")
+    if split:  # a process read in pieces has each group's intervals in several partials
+        is_split = pl.col("proc").is_in(list(split))
+        merged = union_intervals(intervals.filter(is_split), ["proc"])
+        intervals = pl.concat([intervals.filter(~is_split), merged], how="vertical")
         rows = [
             (proc, mask, int(us))
             for (proc,), frame in merged.partition_by("proc", as_dict=True).items()
@@ -392,9 +423,8 @@ def combine(partials: Sequence[Partial]) -> Combined:
         recomputed = pl.DataFrame(rows, schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}, orient="row")
         overlap = pl.concat([overlap.select("proc", "mask", "us"), recomputed], how="vertical")
     compute_bit = GROUPS.index("compute")
-    compute = union_intervals(
-        collect("intervals").filter(pl.col("group") == compute_bit), ["proc"]
-    ).select("proc", "start", "end")
+    compute = intervals.filter(pl.col("group") == compute_bit).select("proc", "start", "end")
+    blocked = alone_intervals(intervals, "comm")
     phases = (
         pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
         if partials
@@ -412,6 +442,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
         extents=extents,
         overlap=overlap.select("proc", "mask", "us"),
         compute=compute,
+        blocked=blocked,
         file_extents=_file_extents(partials),
         phases=phases,
         partitions=len(partials),

@@ -100,21 +100,23 @@ def findings(summary: Summary) -> list[str]:
 
 
 def straggler_lines(summary: Summary) -> list[str]:
-    """"rank 1 held the others back in 62 of 64 steps, 23 ms per step", or nothing
-    for a single rank."""
+    """"rank 1 held the others back in 16 of 64 steps, 6.20 ms per step", "no rank
+    stands out: ...", or nothing for a single rank."""
     if not summary.stragglers:
         return []
     worst = summary.stragglers[0]
     stats = summary.collectives
-    if not worst["caused_wait_us"] or not worst["held_steps"]:
-        return [f"no rank held the others back: {stats['matched']} collectives matched across ranks, "
-                f"arrival skew {format_us(stats['mean_skew_us'])} on average"]
+    if not worst.get("significant"):
+        median = stats.get("median_skew_us")
+        return [f"no rank stands out: arrival skew within noise, median {format_us(median)}"
+                + (f" ({stats['held_steps']} of {stats['steps']} steps above noise, spread among the ranks)"
+                   if stats.get("held_steps") else "")]
     per_step = worst["caused_wait_us_per_step"]
     line = (f"{worst['unit']} held the others back in {worst['held_steps']} of {stats['steps']} steps, "
             f"{format_us(per_step)} per step")
     others = [r["compute_us_per_step"] for r in summary.stragglers[1:] if r["compute_us_per_step"] is not None]
-    detail = (f"last to arrive in {worst['last_arrivals']} of {stats['matched']} collectives "
-              f"(arrival skew up to {format_us(stats['max_skew_us'])})")
+    detail = (f"beyond the noise of {format_us(worst.get('noise_us'))} per step; last to arrive in "
+              f"{worst['last_arrivals']} of {stats.get('matched', 0)} collectives")
     if others and worst["compute_us_per_step"] is not None:
         median = sorted(others)[(len(others) - 1) // 2]
         detail += (f"; its compute {format_us(worst['compute_us_per_step'])} per step vs "
@@ -245,15 +247,17 @@ def _stragglers(summary: Summary, top: int) -> list[str]:
     if not summary.stragglers:
         return []
     stats = summary.collectives
-    lines = [f"Stragglers ({stats['matched']} collectives matched across ranks by group and sequence "
-             f"number; the last to arrive waits the least)"]
+    lines = [f"Stragglers (blocked time per step compared across ranks; a step is held back when the "
+             f"last rank's lead exceeds 5x its noise; {stats.get('matched', 0)} collectives matched)"]
     rows = [
         (r["unit"], r["host"] or "-", r["last_arrivals"], format_us(r["caused_wait_us"]),
-         format_us(r["caused_wait_us_per_step"]), r["held_steps"], format_us(r["compute_us_per_step"]))
+         format_us(r["caused_wait_us_per_step"]), r["held_steps"], format_us(r.get("noise_us")),
+         "yes" if r.get("significant") else "no", format_us(r["compute_us_per_step"]))
         for r in summary.stragglers[:top]
     ]
     lines += _table(("rank", "host", "last to arrive", "wait caused", "per step", "held back steps",
-                     "compute per step"), rows, (False, False, True, True, True, True, True))
+                     "noise", "stands out", "compute per step"), rows,
+                    (False, False, True, True, True, True, True, False, True))
     if len(summary.stragglers) > len(rows):
         lines.append(f"  ... {len(summary.stragglers) - len(rows)} more ranks (--top, or --json)")
     return lines

@@ -171,9 +171,11 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     steps = _steps(steps_by_unit)
     units = {unit: (rank, host) for unit, rank, host in
              procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
+    compute = dict(_time_in_steps(combined.compute, procs, steps_by_unit)
+                   .group_by("unit").agg(pl.col("us").sum()).iter_rows())
+    blocked = _time_in_steps(combined.blocked, procs, steps_by_unit)
     stragglers, collectives, waits = analyse(
-        match_collectives(combined.collectives, procs), steps_by_unit,
-        _compute_in_steps(combined, procs, steps_by_unit), units
+        match_collectives(combined.collectives, procs), steps_by_unit, blocked, compute, units
     )
     limit = RANK_STEPS_LIMIT if rank_steps_limit is None else rank_steps_limit
     rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs, limit)
@@ -481,31 +483,35 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
 RUN_GAP_US = 60_000_000
 
 
-def _compute_in_steps(combined: Combined, procs: pl.DataFrame, steps: pl.DataFrame) -> dict[str, int]:
-    """Compute time (self time) of each unit's processes within the unit's steps."""
+def _time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """unit, epoch, step, us: the time of disjoint per-process ``intervals`` (proc,
+    start, end) that falls within each of the unit's steps (a rank's processes
+    together)."""
     units = dict(procs.filter(pl.col("unit").is_not_null()).select("proc", "unit").iter_rows())
-    step_bounds = {
-        unit: (frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy())
-        for (unit,), frame in steps.partition_by("unit", as_dict=True).items()
-    } if steps.height else {}
-    out: dict[str, int] = {}
-    for (proc,), frame in combined.compute.sort("start").partition_by("proc", as_dict=True).items():
+    by_unit = {unit: frame for (unit,), frame in steps.partition_by("unit", as_dict=True).items()} \
+        if steps.height else {}
+    pieces = []
+    for (proc,), frame in intervals.sort("start").partition_by("proc", as_dict=True).items():
         unit = units.get(proc)
-        if unit not in step_bounds:
+        if unit not in by_unit:
             continue
         starts = frame.get_column("start").to_numpy()
         ends = frame.get_column("end").to_numpy()
         before = np.concatenate(([0], np.cumsum(ends - starts)))
 
-        def busy_until(t: np.ndarray) -> np.ndarray:
-            # compute time before t: whole intervals before it plus the part of the one it is in
+        def time_until(t: np.ndarray) -> np.ndarray:
+            # time before t: whole intervals before it plus the part of the one it is in
             i = np.searchsorted(starts, t, side="right")
             inside = np.where(i > 0, np.minimum(t, ends[np.maximum(i - 1, 0)]) - starts[np.maximum(i - 1, 0)], 0)
             return before[np.maximum(i - 1, 0)] + np.where(i > 0, inside, 0)
 
-        a, b = step_bounds[unit]
-        out[unit] = out.get(unit, 0) + int((busy_until(b) - busy_until(a)).sum())
-    return out
+        own = by_unit[unit]
+        us = time_until(own.get_column("end").to_numpy()) - time_until(own.get_column("start").to_numpy())
+        pieces.append(own.select("unit", "epoch", "step").with_columns(pl.Series("us", us, pl.Int64)))
+    if not pieces:
+        return pl.DataFrame(schema={"unit": pl.String, "epoch": pl.Int64, "step": pl.Int64, "us": pl.Int64})
+    return (pl.concat(pieces, how="vertical")
+            .group_by(["unit", "epoch", "step"]).agg(pl.col("us").sum()))
 
 
 def _epoch_source(combined: Combined) -> pl.DataFrame:

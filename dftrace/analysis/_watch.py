@@ -263,7 +263,7 @@ def _stalls(summary: Summary) -> dict[str, float | None]:
 
 
 def _straggler(summary: Summary) -> dict[str, Any] | None:
-    if summary.stragglers and summary.stragglers[0]["caused_wait_us"]:
+    if summary.stragglers and summary.stragglers[0].get("significant"):
         worst = summary.stragglers[0]
         return {"rank": worst["unit"], "caused_wait_us_per_step": worst["caused_wait_us_per_step"],
                 "held_steps": worst["held_steps"]}
