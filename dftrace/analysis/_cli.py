@@ -290,12 +290,21 @@ def _register_diff_and_watch(subparsers: Any) -> None:
         "the straggler, events and dropped events, each with its absolute and relative change. "
         "Figures that moved beyond --threshold (and names whose count changed) are flagged "
         "and listed first, largest effect on step time first. Runs may have different numbers "
-        "of ranks and be written by dftrace or DFTracer. Exit code 1 when --fail-on-regression "
-        "is given and the --metric got worse by more than it, 2 when a run cannot be read."
+        "of ranks and be written by dftrace or DFTracer. Each change comes with a 95 % interval "
+        "from the noise: the spread over several runs per side (--base/--new repeated, or a "
+        "directory of runs), else, for step figures, the spread over blocks of steps. Exit code 1 "
+        "when --fail-on-regression is given and the --metric got worse by more than it and "
+        "outside the noise, 2 when a run cannot be read."
         + _EXECUTOR_HELP,
     )
-    p.add_argument("base", help="the reference run: trace files, a directory or a glob")
-    p.add_argument("new", help="the run to check: trace files, a directory or a glob")
+    p.add_argument("base", help="the reference run: trace files, a directory or a glob; a directory "
+                   "whose subdirectories hold the traces is several runs, one per subdirectory")
+    p.add_argument("new", help="the run to check, as BASE")
+    p.add_argument("--base", dest="more_base", action="append", default=[], metavar="RUN",
+                   help="another run of the reference (repeat for more): the spread of each figure "
+                   "over a side's runs is the noise its change is judged against")
+    p.add_argument("--new", dest="more_new", action="append", default=[], metavar="RUN",
+                   help="another run of the run to check (repeat for more)")
     p.add_argument("--threshold", default="5%", metavar="PCT",
                    help="relative change below which a figure is noise (default 5%%)")
     p.add_argument("--fail-on-regression", metavar="PCT",
@@ -333,13 +342,14 @@ def _register_diff_and_watch(subparsers: Any) -> None:
 @_command(*ANALYSIS)
 def _run_diff(args: argparse.Namespace) -> int:
     from ._diff import compare_summaries, parse_percent, render_diff
+    from ._sources import runs_in
     from ._summary import summarize
 
     threshold = parse_percent(args.threshold)
     limit = parse_percent(args.fail_on_regression) if args.fail_on_regression is not None else None
     with _Run(args) as options:
-        base = summarize([args.base], **options)
-        new = summarize([args.new], **options)
+        base = [summarize([run], **options) for path in [args.base, *args.more_base] for run in runs_in(path)]
+        new = [summarize([run], **options) for path in [args.new, *args.more_new] for run in runs_in(path)]
     diff = compare_summaries(base, new, threshold=threshold)
     failure = diff.regression(args.metric, limit) if limit is not None else None
     if args.json:

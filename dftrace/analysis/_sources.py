@@ -67,6 +67,20 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
     return list(found)
 
 
+def runs_in(path: str | os.PathLike[str]) -> list[str]:
+    """The runs ``path`` holds: its subdirectories when it is a directory of runs (no
+    trace files of its own, two or more subdirectories with some), else ``[path]``."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return [path]
+    entries = sorted(os.listdir(path))
+    if any(_is_input(e) and os.path.isfile(os.path.join(path, e)) for e in entries):
+        return [path]
+    runs = [os.path.join(path, e) for e in entries
+            if os.path.isdir(os.path.join(path, e)) and _walk(os.path.join(path, e))]
+    return runs if len(runs) >= 2 else [path]
+
+
 def _is_input(path: str) -> bool:
     return is_trace_file(path) or path.endswith(PARQUET_SUFFIX)
 
