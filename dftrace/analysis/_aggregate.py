@@ -243,8 +243,11 @@ def _innermost(thread: pl.DataFrame) -> pl.DataFrame:
         np.add.at(cover, last[at], -1)
         np.add.at(code, first[at], groups[at] + 2)
         np.add.at(code, last[at], -(groups[at] + 2))
-        covered = np.cumsum(cover)[:-1] > 0
-        value = np.cumsum(code)[:-1] - 2
+        depth_cover = np.cumsum(cover)[:-1]
+        covered = depth_cover > 0
+        # Spans of one depth overlap only in odd files (identical events): their
+        # codes add up, so divide by how many there are; never out of the groups' range.
+        value = np.clip(np.cumsum(code)[:-1] // np.maximum(depth_cover, 1) - 2, -1, len(GROUPS) - 1)
         take = covered & (d >= best_depth)
         best_depth[take] = d
         best_group[take] = value[take]

@@ -69,6 +69,9 @@ class DiffRow:
     #: Where the interval's noise comes from: "runs" (several per side), "steps"
     #: (blocks of steps of each run), or "" (none).
     noise: str = ""
+    #: The part of ``change`` the machine's speed explains (one run per side; see
+    #: :func:`machine_speed`), 0 when not estimated; flags and regressions judge the rest.
+    machine: float = 0.0
 
 
 @dataclass
@@ -81,6 +84,9 @@ class RunDiff:
     rows: list[DiffRow] = field(default_factory=list)
     #: How many runs each side had.
     runs: tuple[int, int] = (1, 1)
+    #: How much slower NEW's machine ran than BASE's, from the names whose time changed
+    #: alike (None: several runs per side, or too few names to tell).
+    speed: float | None = None
 
     @property
     def flagged(self) -> list[DiffRow]:
@@ -103,17 +109,20 @@ class RunDiff:
         if row is None or row.base is None or row.new is None:
             known = ", ".join(r.metric for r in self.rows if r.base is not None and r.new is not None)
             raise ValueError(f"--metric {metric!r} is not a figure both runs have; they have: {known}")
-        if row.relative is None or row.relative <= limit or (row.low is not None and row.low <= 0):
+        excess = _excess(row)
+        if excess is None or excess <= limit or (row.low is not None and row.low - row.machine <= 0):
             return None
         within = "" if row.low is None else f", interval {_interval(row)}, outside the noise"
-        return (f"{metric} got worse by {row.relative * 100:.1f}% "
-                f"({_value(row.unit, row.base)} -> {_value(row.unit, row.new)}{within}), "
+        machine = f"; {excess * 100:.1f}% beyond the machine's speed" if row.machine else ""
+        return (f"{metric} got worse by {row.relative * 100:.1f}% "  # type: ignore[operator]
+                f"({_value(row.unit, row.base)} -> {_value(row.unit, row.new)}{within}{machine}), "
                 f"more than {limit * 100:g}%")
 
     def to_dict(self) -> dict[str, Any]:
         """The comparison as a JSON-ready dict (``flagged``: metric keys in impact order)."""
         return {
             "base": self.base, "new": self.new, "threshold": self.threshold, "runs": list(self.runs),
+            "speed": self.speed,
             "flagged": [r.metric for r in self.flagged],
             "rows": [asdict(r) for r in self.rows],
         }
@@ -142,7 +151,9 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     # Each run's value of each figure, lined up against the other side's first run.
     values_b = [{f.metric: f.base for f in _figures(b, first_n)} for b in bases]
     values_n = [{f.metric: f.new for f in _figures(first_b, n)} for n in news]
-    blocks = (_step_blocks(first_b), _step_blocks(first_n)) if len(bases) == len(news) == 1 else None
+    single = len(bases) == len(news) == 1
+    blocks = (_step_blocks(first_b), _step_blocks(first_n)) if single else None
+    diff.speed = machine_speed(first_b, first_n) if single else None
     for figure in _figures(first_b, first_n):
         samples = ([v.get(figure.metric) for v in values_b], [v.get(figure.metric) for v in values_n])
         if len(bases) > 1 or len(news) > 1:
@@ -153,8 +164,52 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
             noise = "steps"
         else:
             noise = ""
-        diff.rows.append(_row(figure, per_step, threshold, samples if noise else None, noise))
+        speed = diff.speed if figure.unit == US and figure.section in _TIMED_SECTIONS else None
+        diff.rows.append(_row(figure, per_step, threshold, samples if noise else None, noise, speed))
     return diff
+
+
+#: Sections whose time figures scale with the machine's speed.
+_TIMED_SECTIONS = ("steps", "epochs", "categories")
+#: Names that take part in the machine-speed estimate: at least this many spans in
+#: each run, and this share of the runs' time.
+_SPEED_MIN_COUNT, _SPEED_MIN_SHARE = 8, 0.01
+
+
+def machine_speed(base: Summary, new: Summary) -> float | None:
+    """How much slower NEW ran than BASE for reasons that touch every part of the step
+    alike (a busier or slower machine): the median over names of the ratio of their
+    mean durations (leaf names with enough spans and time in both runs; pipeline spans
+    and loop bodies left out). A change in the code touches some names and moves the
+    step beyond this; one that slows every name alike cannot be told from a slower
+    machine with one run per side. None with fewer than three such names."""
+    rows_b = {(r["cat"], r["name"]): r for r in base.categories}
+    total = sum(r.get("total_us") or 0 for r in base.categories if _leaf(r["cat"], r["name"])) or 1
+    ratios = []
+    for r in new.categories:
+        key = (r["cat"], r["name"])
+        b = rows_b.get(key)
+        if (b is None or not _leaf(*key) or min(b["count"], r["count"]) < _SPEED_MIN_COUNT
+                or (b.get("total_us") or 0) < _SPEED_MIN_SHARE * total or not b.get("mean_us")):
+            continue
+        ratios.append(r["mean_us"] / b["mean_us"])
+    if len(ratios) < 3:
+        return None
+    ratios.sort()
+    middle = len(ratios) // 2
+    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    return round(median, 4)
+
+
+def _leaf(cat: str, name: str) -> bool:
+    return cat != fmt.CAT_PIPELINE and not name.endswith((fmt.BLOCK_SUFFIX, fmt.ITER_SUFFIX))
+
+
+def _excess(row: DiffRow) -> float | None:
+    """The relative change beyond what the machine's speed explains."""
+    if row.change is None or not row.base:
+        return None
+    return (row.change - row.machine) / row.base
 
 
 def compare_runs(base: Any, new: Any, *, threshold: float = DEFAULT_THRESHOLD, **options: Any) -> RunDiff:
@@ -169,8 +224,9 @@ def compare_runs(base: Any, new: Any, *, threshold: float = DEFAULT_THRESHOLD, *
     return compare_summaries(runs(base), runs(new), threshold=threshold)
 
 
-#: Blocks of consecutive steps a single run is cut into to estimate step-level noise.
-STEP_BLOCKS = 8
+#: Blocks of consecutive steps a single run is cut into to estimate step-level noise
+#: (at most; a block has at least four steps).
+STEP_BLOCKS = 16
 #: Two-sided 97.5 % quantiles of Student's t by degrees of freedom (then 1.96).
 _T975 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
          12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.0}
@@ -183,7 +239,7 @@ def _step_blocks(summary: Summary) -> dict[str, list[float]]:
     keys = sorted({(r["epoch"] if r["epoch"] is not None else -1, r["step"]) for r in rows})
     if len(keys) < 4:
         return {}
-    count = min(STEP_BLOCKS, len(keys) // 2)
+    count = max(2, min(STEP_BLOCKS, len(keys) // 4))
     block_of = {key: i * count // len(keys) for i, key in enumerate(keys)}
     durations: list[list[float]] = [[] for _ in range(count)]
     for r in rows:
@@ -377,10 +433,13 @@ def _describe(summary: Summary) -> dict[str, Any]:
 
 
 def _row(figure: _Figure, per_step: tuple[int, int], threshold: float,
-         samples: tuple[Sequence[float | None], Sequence[float | None]] | None, noise: str) -> DiffRow:
+         samples: tuple[Sequence[float | None], Sequence[float | None]] | None, noise: str,
+         speed: float | None) -> DiffRow:
     b, n = figure.base, figure.new
     change = (n - b) if b is not None and n is not None else None
     relative = change / b if change is not None and b else None
+    machine = b * (speed - 1) if speed is not None and b is not None and change is not None else 0.0
+    excess = (change - machine) / b if change is not None and b else None
     interval = _change_interval(*samples) if samples is not None and change is not None else None
     if interval is not None and noise == "steps":
         # The blocks give the spread; the interval sits around the whole runs' change.
@@ -393,11 +452,11 @@ def _row(figure: _Figure, per_step: tuple[int, int], threshold: float,
     elif not b:
         flagged = bool(n)
     else:
-        flagged = abs(relative) > threshold  # type: ignore[arg-type]
+        flagged = abs(excess) > threshold  # type: ignore[arg-type]
         if figure.unit == SHARE:
             flagged = flagged and abs(change) >= _MIN_SHARE_CHANGE  # type: ignore[arg-type]
         if interval is not None:
-            flagged = flagged and not interval[0] <= 0 <= interval[1]
+            flagged = flagged and not interval[0] <= machine <= interval[1]
     if figure.time is None:
         impact = change or 0.0
     else:
@@ -406,7 +465,7 @@ def _row(figure: _Figure, per_step: tuple[int, int], threshold: float,
     low, high = interval if interval is not None else (None, None)
     return DiffRow(figure.metric, figure.section, figure.unit, b, n,
                    _rounded(change), _rounded(relative, 4), flagged, round(float(impact), 3), figure.note,
-                   _rounded(low), _rounded(high), noise if interval is not None else "")
+                   _rounded(low), _rounded(high), noise if interval is not None else "", round(machine, 3))
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:
@@ -483,8 +542,11 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
                      f"(Welch's t), means over {runs_b} and {runs_n} runs")
     else:
         lines.append(f"  noise: step figures from the spread over blocks of consecutive steps "
-                     f"(up to {STEP_BLOCKS} per run); other figures have no noise estimate with one "
-                     "run per side: several runs per side give a sharper answer")
+                     f"(up to {STEP_BLOCKS} per run); other figures have no interval with one run "
+                     "per side: several runs per side give a sharper answer")
+        if diff.speed is not None:
+            lines.append(f"  machine speed: the names took {diff.speed:.3f}x as long in new (median over "
+                         "names); time figures are judged by their change beyond that")
     lines.append("")
     flagged = diff.flagged
     threshold = f"{diff.threshold * 100:g}%"
