@@ -472,7 +472,8 @@ def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
     enclosing span. A file cut off by a crash (no ``]``) is valid as long as every
     line it has is whole. A compressed file whose last frame/member was cut
     mid-write is normal after a kill: unless ``strict``, the cut (and the partial
-    line it leaves) is no violation, and is reported in ``torn`` if a list is given.
+    line it leaves) is no violation, and is reported in ``torn`` if a list is given;
+    with ``strict``, an empty file (no ``[``, no event) is a violation too.
     An empty list means the file follows the contract.
     """
     allow_commas = os.fspath(path).endswith(CHROME_SUFFIXES)
@@ -520,6 +521,8 @@ def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
         first_event = False
         violations.extend(_check_event(n, event))
         _collect_span(n, event, tracks)
+    if strict and state == "start":
+        violations.append(Violation(0, "empty", "the file holds nothing: no '[' line and no event"))
     violations.extend(_check_nesting(tracks))
     violations.sort(key=lambda v: v.line)
     return violations

@@ -136,7 +136,7 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
                 print(f"dftrace: error: {missing_extra_message(exc, command) or exc}", file=sys.stderr)
                 return 2
             except (OSError, ValueError, argparse.ArgumentTypeError) as exc:
-                print(f"dftrace: error: {exc}", file=sys.stderr)
+                print(f"dftrace: error: {_printable(str(exc))}", file=sys.stderr)
                 return 2
 
         return wrapper
@@ -179,7 +179,7 @@ def _run_summary(args: argparse.Namespace) -> int:
 
     with _Run(args) as options:
         summary = summarize(args.paths, **options)
-    sys.stdout.write(summary.to_json() + "\n" if args.json else render_text(summary, top=args.top))
+    sys.stdout.write(summary.to_json() + "\n" if args.json else _printable(render_text(summary, top=args.top)))
     return 0
 
 
@@ -268,7 +268,7 @@ def _run_validate(args: argparse.Namespace) -> int:
             continue
         print(f"{path}: {len(violations)} violation{'s' if len(violations) > 1 else ''}")
         for v in violations[: args.max]:
-            print(f"  {v}")
+            print(f"  {_printable(str(v))}")
         if len(violations) > args.max:
             print(f"  ... {len(violations) - args.max} more")
     if args.json:
@@ -359,11 +359,17 @@ def _run_diff(args: argparse.Namespace) -> int:
                                   "reason": failure}
         sys.stdout.write(_json_text(data) + "\n")
     else:
-        sys.stdout.write(render_diff(diff, args.base, args.new, top=args.top))
+        sys.stdout.write(_printable(render_diff(diff, args.base, args.new, top=args.top)))
     if failure is not None:
-        print(f"dftrace diff: regression: {failure}", file=sys.stderr)
+        print(f"dftrace diff: regression: {_printable(failure)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _printable(text: str) -> str:
+    from ._render_text import printable
+
+    return printable(text)
 
 
 def _json_text(data: Any) -> str:
@@ -444,17 +450,18 @@ def _run_sql(args: argparse.Namespace) -> int:
     except pl.exceptions.PolarsError as exc:
         # polars explains a bad query in its first line; the plan dump after it is noise.
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"dftrace: error: in the query: {message}", file=sys.stderr)
+        print(f"dftrace: error: in the query: {_printable(message)}", file=sys.stderr)
         return 2
     if args.output:
         write_result(result, args.output)
         print(f"wrote {args.output}: {result.height} rows")
     elif args.csv:
-        sys.stdout.write(result.write_csv())
+        csv = result.write_csv()
+        sys.stdout.write(_printable(csv) if sys.stdout.isatty() else csv)
     elif args.json:
         sys.stdout.buffer.write(result_json(result))
     else:
-        sys.stdout.write(result_table(result, args.max_rows))
+        sys.stdout.write(_printable(result_table(result, args.max_rows)))
     return 0
 
 

@@ -153,20 +153,42 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     values_n = [{f.metric: f.new for f in _figures(first_b, n)} for n in news]
     single = len(bases) == len(news) == 1
     blocks = (_step_blocks(first_b), _step_blocks(first_n)) if single else None
-    diff.speed = machine_speed(first_b, first_n) if single else None
+    # Each run's machine speed against BASE's first run (None: too few names to tell).
+    speeds = ([1.0, *(machine_speed(first_b, b) for b in bases[1:])], [machine_speed(first_b, n) for n in news])
+    if any(v is None for side in speeds for v in side):
+        speeds = ([], [])
+    diff.speed = speeds[1][0] if single and speeds[1] else None
     for figure in _figures(first_b, first_n):
         samples = ([v.get(figure.metric) for v in values_b], [v.get(figure.metric) for v in values_n])
-        if len(bases) > 1 or len(news) > 1:
+        timed = figure.unit == US and figure.section in _TIMED_SECTIONS and bool(speeds[1])
+        interval, machine, noise = None, 0.0, ""
+        if not single:
             figure.base, figure.new = _mean(samples[0]), _mean(samples[1])
-            noise = "runs" if len(bases) + len(news) > 2 else ""
-        elif blocks is not None and figure.metric in blocks[0] and figure.metric in blocks[1]:
-            samples = (blocks[0][figure.metric], blocks[1][figure.metric])
-            noise = "steps"
-        else:
-            noise = ""
-        speed = diff.speed if figure.unit == US and figure.section in _TIMED_SECTIONS else None
-        diff.rows.append(_row(figure, per_step, threshold, samples if noise else None, noise, speed))
+            if timed:  # judge each run's figure at BASE's first run's machine speed
+                samples = ([_per_speed(v, k) for v, k in zip(samples[0], speeds[0])],
+                           [_per_speed(v, k) for v, k in zip(samples[1], speeds[1])])
+            interval = _change_interval(*samples)
+            if interval is not None and figure.base is not None and figure.new is not None:
+                adjusted = (_mean(samples[1]) or 0) - (_mean(samples[0]) or 0)
+                machine = (figure.new - figure.base) - adjusted if timed else 0.0
+                interval = (interval[0] + machine, interval[1] + machine)
+                noise = "runs"
+        elif figure.base is not None and figure.new is not None:
+            if timed:
+                machine = figure.base * (speeds[1][0] - 1)
+            if blocks is not None and figure.metric in blocks[0] and figure.metric in blocks[1]:
+                interval = _change_interval(blocks[0][figure.metric], blocks[1][figure.metric])
+                if interval is not None:
+                    # The blocks give the spread; the interval sits around the runs' change.
+                    half = (interval[1] - interval[0]) / 2
+                    change = figure.new - figure.base
+                    interval, noise = (change - half, change + half), "steps"
+        diff.rows.append(_row(figure, per_step, threshold, interval, noise, machine))
     return diff
+
+
+def _per_speed(value: float | None, speed: float) -> float | None:
+    return None if value is None else value / speed
 
 
 #: Sections whose time figures scale with the machine's speed.
@@ -433,18 +455,11 @@ def _describe(summary: Summary) -> dict[str, Any]:
 
 
 def _row(figure: _Figure, per_step: tuple[int, int], threshold: float,
-         samples: tuple[Sequence[float | None], Sequence[float | None]] | None, noise: str,
-         speed: float | None) -> DiffRow:
+         interval: tuple[float, float] | None, noise: str, machine: float) -> DiffRow:
     b, n = figure.base, figure.new
     change = (n - b) if b is not None and n is not None else None
     relative = change / b if change is not None and b else None
-    machine = b * (speed - 1) if speed is not None and b is not None and change is not None else 0.0
     excess = (change - machine) / b if change is not None and b else None
-    interval = _change_interval(*samples) if samples is not None and change is not None else None
-    if interval is not None and noise == "steps":
-        # The blocks give the spread; the interval sits around the whole runs' change.
-        middle = (interval[0] + interval[1]) / 2
-        interval = (interval[0] - middle + change, interval[1] - middle + change)  # type: ignore[operator]
     if b is None or n is None:
         flagged = b is not None or n is not None  # a figure only one run has
     elif figure.unit == COUNT:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,30 @@ GROUP_LABELS = {
     "checkpoint": "checkpoint",
     "device": "device transfer",
 }
+
+
+#: Characters a terminal acts on instead of showing: C0 and C1 controls (escape
+#: sequences, bell, carriage return), DEL, and the invisible ones that reorder text.
+_UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters (but the line breaks)
+    shown as ``\\x1b``-style escapes, so a name in a trace cannot move the cursor,
+    clear the screen or write the clipboard."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                            else f"\\u{ord(m.group()):04x}", text)
+
+
+def printable_data(value: Any) -> Any:
+    """``value`` (dicts, lists, strings) with every string made :func:`printable`."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {k: printable_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(printable_data(v) for v in value)
+    return value
 
 
 def format_us(us: float | None) -> str:
@@ -140,9 +165,14 @@ def _runs(summary: Summary) -> list[str]:
 
 def _broken(summary: Summary) -> list[str]:
     damaged = [f for f in summary.files if f["broken_count"] or f["cut_off"]]
+    skipped = summary.overview.get("skipped_files") or []
+    lines = []
+    if skipped:
+        names = ", ".join(os.path.basename(p) for p in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+        lines = [f"Skipped {count_of(len(skipped), 'file')} that hold no trace events: {names}"]
     if not damaged:
-        return []
-    lines = ["Damaged files"]
+        return lines
+    lines.append("Damaged files")
     for f in damaged:
         lines.append(f"  {os.path.basename(f['path'])}: {count_of(f['broken_count'], 'broken line')}")
         lines.extend(f"    line {b['line']}: {b['reason']}" for b in f["broken"][:3])

@@ -28,7 +28,7 @@ from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_par
 from ._steps import model_steps, unit_steps
 from ._stragglers import analyse, match_collectives
 from ._parquet import resolved_records
-from ._trace import PathsLike, TraceTable, as_path_list
+from ._trace import PathsLike, TraceTable, as_path_list, require_content
 
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
 #: beyond this, evenly spaced steps are kept (all ranks of each kept step).
@@ -115,13 +115,17 @@ def summarize(
         combined = combine([_partial_of_trace(source)])
         combined.files = list(source.files)
         return build_summary(combined)
-    plan = plan_partitions(expand_paths(as_path_list(source)), partition_bytes)
+    skipped: list[str] = []
+    plan = plan_partitions(expand_paths(as_path_list(source), skipped), partition_bytes)
     partials = default_executor(executor).map(
         aggregate_partition, plan, progress=progress, desc="summarising"
     )
+    require_content([p.source for p in partials], sum(int(p.phases.get_column("n").sum()) for p in partials))
     combined = combine(partials)
     del partials  # the per-partition tables are merged: free them before the answers are built
-    return build_summary(combined)
+    summary = build_summary(combined)
+    summary.overview["skipped_files"] = skipped
+    return summary
 
 
 def _partial_of_trace(trace: TraceTable) -> Partial:

@@ -25,6 +25,7 @@ from typing import Any
 from .. import format as fmt
 from ._aggregate import Partial, aggregate_partition, combine, fold_partials
 from ._sources import Partition, expand_paths
+from ._render_text import printable, printable_data
 from ._summary import Summary, build_summary
 
 #: Bytes read from a file per system call while catching up.
@@ -402,7 +403,7 @@ def watch(paths: Sequence[str], *, interval: float = 1.0, window: int = 50, stal
 
             sys.stdout.write(orjson.dumps(snapshot, option=orjson.OPT_INDENT_2).decode() + "\n")
         else:
-            sys.stdout.write(render_plain(snapshot))
+            sys.stdout.write(printable(render_plain(snapshot)))
         return 0
     try:
         if sys.stdout.isatty():
@@ -418,20 +419,20 @@ def _live(watcher: Watcher, interval: float) -> None:
     from rich.console import Console
     from rich.live import Live
 
-    with Live(render_rich(watcher.snapshot()), console=Console(), auto_refresh=False,
+    with Live(render_rich(printable_data(watcher.snapshot())), console=Console(), auto_refresh=False,
               transient=False) as live:
         while not watcher.finished:
             time.sleep(interval)
             watcher.poll()
-            live.update(render_rich(watcher.snapshot()), refresh=True)
+            live.update(render_rich(printable_data(watcher.snapshot())), refresh=True)
 
 
 def _lines(watcher: Watcher, interval: float) -> None:
     """Without a terminal: a plain snapshot whenever something new was read."""
-    sys.stdout.write(render_plain(watcher.snapshot()))
+    sys.stdout.write(printable(render_plain(watcher.snapshot())))
     sys.stdout.flush()
     while not watcher.finished:
         time.sleep(interval)
         if watcher.poll():
-            sys.stdout.write("\n" + render_plain(watcher.snapshot()))
+            sys.stdout.write("\n" + printable(render_plain(watcher.snapshot())))
             sys.stdout.flush()
