@@ -372,10 +372,28 @@ def parse_line(text: bytes, number: int = 0) -> TraceLine:
     try:
         event = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        return TraceLine(number, text, None, f"not valid JSON: {exc}")
+        event = _with_big_numbers(body) if "number" in str(exc) else None
+        if event is None:
+            return TraceLine(number, text, None, f"not valid JSON: {exc}")
     if not isinstance(event, dict):
         return TraceLine(number, text, None, "not a JSON object")
     return TraceLine(number, text, event, None)
+
+
+def _with_big_numbers(body: bytes) -> Any:
+    """``body`` parsed with integers beyond 64 bits kept as strings of their digits
+    (how dftrace writes them) and floats beyond double range as infinities; None
+    when it is not valid JSON even so."""
+    import json
+
+    def integer(digits: str) -> int | str:
+        value = int(digits) if len(digits) < 40 else None
+        return value if value is not None and -(2**63) <= value < 2**64 else digits
+
+    try:
+        return json.loads(body, parse_int=integer)
+    except ValueError:
+        return None
 
 
 def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[TraceLine]:

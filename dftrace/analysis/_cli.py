@@ -432,6 +432,9 @@ def _register_sql(subparsers: Any) -> None:
     out.add_argument("-o", "--output", metavar="FILE", help="write the result to FILE (.parquet, .csv or .json)")
     p.add_argument("--max-rows", type=int, default=100, metavar="N",
                    help="rows of the terminal table (default 100; -1 for all)")
+    p.add_argument("--allow-file-functions", action="store_true",
+                   help="let the query call polars' table functions that read files (read_csv(...), ...); "
+                   "without it a query reads only the traces given")
     _execution(p)
     p.set_defaults(func=_run_sql)
 
@@ -446,7 +449,7 @@ def _run_sql(args: argparse.Namespace) -> int:
         check_output(args.output)
     try:
         with _Run(args) as options:
-            result = run_sql(args.query, args.paths, **options)
+            result = run_sql(args.query, args.paths, allow_file_functions=args.allow_file_functions, **options)
     except pl.exceptions.PolarsError as exc:
         # polars explains a bad query in its first line; the plan dump after it is noise.
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

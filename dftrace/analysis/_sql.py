@@ -11,6 +11,7 @@ exist is learnt from the first events of each file.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -51,15 +52,35 @@ def run_sql(
     executor: Any = None,
     partition_bytes: int = DEFAULT_PARTITION_BYTES,
     progress: bool | None = None,
+    allow_file_functions: bool = False,
 ) -> pl.DataFrame:
     """Run one SQL ``query`` over the traces at ``paths`` and return its result.
 
     The tables are ``events`` (the columns of ``EVENT_COLUMNS`` plus one per other
-    arg) and the views in :data:`VIEWS`. Raises ``polars.exceptions.PolarsError``
-    for a query polars cannot run.
+    arg) and the views in :data:`VIEWS`. A query reads only those: polars' table
+    functions that read files (``read_csv(...)`` and the like) raise ValueError
+    unless ``allow_file_functions``, so a query from someone else cannot print a
+    file of this machine. Raises ``polars.exceptions.PolarsError`` for a query
+    polars cannot run.
     """
+    if not allow_file_functions:
+        reject_file_functions(query)
     tables = TraceTables(paths, executor=executor, partition_bytes=partition_bytes, progress=progress)
     return tables.context().execute(query, eager=False).collect()
+
+
+#: polars' SQL table functions, which read files named in the query.
+_FILE_FUNCTION = re.compile(r"\b(read_(csv|parquet|json|ndjson|ipc|delta|excel|database)|scan_\w+)\s*\(",
+                            re.IGNORECASE)
+_SQL_LITERAL = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
+
+
+def reject_file_functions(query: str) -> None:
+    """Raise ValueError when ``query`` calls a table function that reads files."""
+    found = _FILE_FUNCTION.search(_SQL_LITERAL.sub("''", query))
+    if found:
+        raise ValueError(f"the query calls {found.group(1)}(), which reads files: dftrace sql reads only the "
+                         "traces it was given (--allow-file-functions allows it)")
 
 
 class TraceTables:
