@@ -45,6 +45,7 @@ __all__ = [
     "DFTRACER_PHASES",
     "DONE_SUFFIX",
     "DecodedTrace",
+    "LinePiece",
     "EPOCH_NAMES",
     "INIT_SUFFIX",
     "ITER_SUFFIX",
@@ -74,6 +75,7 @@ __all__ = [
     "WAIT_SUFFIX",
     "is_trace_file",
     "iter_decoded_chunks",
+    "iter_line_pieces",
     "iter_trace_lines",
     "member_decoder",
     "normalize_phase",
@@ -284,6 +286,13 @@ def _read(fh: IO[bytes], remaining: int | None) -> bytes:
     return fh.read(_CHUNK if remaining is None else min(_CHUNK, remaining))
 
 
+#: At most this many decompressed bytes come out of one call into a decompressor
+#: (a zstd block regenerates at most 128 KiB; gzip is told its limit), so a small
+#: file that expands to gigabytes is read piece by piece, never all at once.
+DECODED_PIECE = 8 << 20
+_ZSTD_BLOCK_MAX = 128 << 10
+
+
 def _decode_stream(
     fh: IO[bytes], start: int, remaining: int | None, status: list[str] | None
 ) -> Iterator[bytes]:
@@ -298,15 +307,29 @@ def _decode_stream(
             if remaining is not None:
                 remaining -= len(head)
         return
+    gzip = head.startswith(_GZIP_MAGIC)
     decoder = factory()
     in_member = False
     offset = start  # file offset of the next compressed byte to decode
     member_start = start
     data = head
+    blocks = _ZstdBlocks()
     while data:
         while data:
+            # Feed a piece whose output is bounded: gzip by max_length, zstd by
+            # whole blocks (each regenerates at most 128 KiB).
+            if gzip:
+                piece, rest = data, b""
+            else:
+                cut = blocks.cut(data, DECODED_PIECE // _ZSTD_BLOCK_MAX)
+                piece, rest = data[:cut], data[cut:]
             try:
-                out = decoder.decompress(data)
+                if gzip:
+                    out = decoder.decompress(piece, DECODED_PIECE)
+                    rest = decoder.unconsumed_tail + rest
+                    piece = piece[:len(piece) - len(decoder.unconsumed_tail)]
+                else:
+                    out = decoder.decompress(piece)
             except Exception as exc:  # zlib.error / zstandard.ZstdError
                 if status is not None:
                     status.append(f"undecodable data in the frame/member at byte {member_start}: {exc}")
@@ -316,19 +339,140 @@ def _decode_stream(
                 yield out
             if decoder.eof:
                 tail = decoder.unused_data
-                offset += len(data) - len(tail)
-                data = tail
+                offset += len(piece) - len(tail)
+                data = tail + rest
                 decoder = factory()
+                blocks = _ZstdBlocks()
                 in_member = False
                 member_start = offset
             else:
-                offset += len(data)
-                data = b""
-        data = _read(fh, remaining)
+                offset += len(piece)
+                data = rest
+                if not piece and rest:  # a block longer than what was read: read more first
+                    break
+        more = _read(fh, remaining)
         if remaining is not None:
-            remaining -= len(data)
-    if in_member and status is not None:
-        status.append(f"compressed stream cut off in the frame/member at byte {member_start}")
+            remaining -= len(more)
+        if not more:
+            break
+        data += more
+    if (in_member or data) and status is not None:
+        status.append(f"compressed stream cut off at byte {offset + len(data)}, in the frame/member that "
+                      f"starts at byte {member_start}")
+
+
+class _ZstdBlocks:
+    """Where the blocks of a zstd frame end, read from their headers as the bytes
+    come (RFC 8878): so a decompressor can be fed whole blocks, whose output is
+    bounded, rather than whatever was read."""
+
+    def __init__(self) -> None:
+        self.state = "header"  # -> "blocks" -> "checksum" -> "done"
+        self.checksum = 0
+
+    def cut(self, data: bytes, max_blocks: int) -> int:
+        """How many bytes of ``data`` (the frame's next bytes) hold at most
+        ``max_blocks`` whole blocks; the frame's header and end ride along. Past the
+        frame (or in bytes it cannot follow) everything is handed over: the
+        decompressor reports what it makes of it."""
+        pos = 0
+        blocks = 0
+        while pos < len(data):
+            if self.state == "header":
+                header = _zstd_header(data[pos:])
+                if header is None:
+                    return pos
+                if header[0] < 0:  # a skippable frame or not zstd: not ours to cut
+                    self.state = "done"
+                    return len(data)
+                pos += header[0]
+                self.checksum = header[1]
+                self.state = "blocks"
+            elif self.state == "blocks":
+                if len(data) - pos < 3:
+                    return pos
+                header = int.from_bytes(data[pos:pos + 3], "little")
+                last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+                length = 3 + (1 if kind == 1 else size)
+                if len(data) - pos < length or blocks >= max_blocks:
+                    return pos
+                pos += length
+                blocks += 1
+                if last:
+                    self.state = "checksum" if self.checksum else "done"
+            elif self.state == "checksum":
+                if len(data) - pos < 4:
+                    return pos
+                pos += 4
+                self.state = "done"
+            else:
+                return len(data)
+        return pos
+
+
+def _zstd_header(data: bytes) -> tuple[int, bool] | None:
+    """(size, has a checksum) of the zstd frame header at the start of ``data``;
+    None when more bytes are needed, size -1 for anything but a zstd frame."""
+    if len(data) < 5:
+        return None if _ZSTD_MAGIC.startswith(data[:4]) else (-1, False)
+    if not data.startswith(_ZSTD_MAGIC):
+        return -1, False
+    descriptor = data[4]
+    single = (descriptor >> 5) & 1
+    content = [1 if single else 0, 2, 4, 8][descriptor >> 6]
+    dictionary = [0, 1, 2, 4][descriptor & 3]
+    return 5 + (0 if single else 1) + dictionary + content, bool(descriptor & 4)
+
+
+#: Lines longer than this (decoded) are broken lines: counted, never held in memory.
+MAX_LINE_BYTES = 16 << 20
+#: The decoded bytes of a file are handed over in pieces of about this size (whole lines).
+LINE_PIECE_BYTES = 128 << 20
+
+
+class LinePiece(NamedTuple):
+    """Whole lines of a decoded stream, one piece of it (see :func:`iter_line_pieces`)."""
+
+    #: The lines, each ending with a line break (but perhaps the stream's last one);
+    #: a line longer than the cap is left empty here.
+    data: bytes
+    #: 1-based numbers, within this piece, of the lines longer than the cap.
+    long_lines: list[int]
+    #: Why decoding stopped early, on the last piece; else None.
+    cut_off: str | None
+
+
+def iter_line_pieces(path: str | os.PathLike[str], start: int = 0, end: int | None = None, *,
+                     piece_bytes: int = LINE_PIECE_BYTES, max_line: int = MAX_LINE_BYTES) -> Iterator[LinePiece]:
+    """The decoded lines of ``path`` (or of ``[start, end)``) in pieces of about
+    ``piece_bytes``, each made of whole lines; at least one piece. Memory stays
+    bounded by the piece size whatever the file expands to: a line longer than
+    ``max_line`` is dropped as it streams by (an empty line stands in for it, and
+    its number is listed)."""
+    status: list[str] = []
+    buf = bytearray()
+    long_lines: list[int] = []
+    skipping = False
+    for chunk in iter_decoded_chunks(path, start, end, status=status):
+        if skipping:
+            newline = chunk.find(b"\n")
+            if newline < 0:
+                continue
+            chunk = chunk[newline:]  # the long line's break ends its (empty) stand-in
+            skipping = False
+        buf += chunk
+        last = buf.rfind(b"\n")
+        if len(buf) - (last + 1) > max_line:
+            del buf[last + 1:]
+            long_lines.append(buf.count(b"\n") + 1)
+            skipping = True
+        if len(buf) >= piece_bytes and last >= 0:
+            cut = buf.rfind(b"\n") + 1
+            lines = buf.count(b"\n", 0, cut)
+            yield LinePiece(bytes(buf[:cut]), [n for n in long_lines if n <= lines], None)
+            long_lines = [n - lines for n in long_lines if n > lines]
+            del buf[:cut]
+    yield LinePiece(bytes(buf), long_lines, status[0] if status else None)
 
 
 def read_trace_bytes(
@@ -474,7 +618,7 @@ class TornTail(NamedTuple):
         return f"cut off at byte {self.offset}, {self.events} events readable"
 
 
-_CUT = re.compile(r"compressed stream cut off in the frame/member at byte (\d+)")
+_CUT = re.compile(r"compressed stream cut off at byte (\d+)")
 
 
 def validate_file(path: str | os.PathLike[str], *, strict: bool = False,

@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from .. import format as fmt
-from ._decode import MAX_BROKEN_KEPT, PartitionData, read_partition
+from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS
 from ._sources import Partition
@@ -79,8 +79,10 @@ class Partial:
 
 
 def aggregate_partition(partition: Partition) -> Partial:
-    """Read one partition and reduce it to a :class:`Partial` (runs on workers)."""
-    return aggregate(read_partition(partition, SUMMARY_COLUMNS))
+    """Read one partition and reduce it to a :class:`Partial` (runs on workers),
+    piece by piece: one piece of decoded lines is held at a time."""
+    partials = [aggregate(piece) for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS)]
+    return partials[0] if len(partials) == 1 else fold_partials(partials)
 
 
 def aggregate(data: PartitionData) -> Partial:

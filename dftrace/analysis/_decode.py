@@ -13,7 +13,7 @@ which reports each broken line instead of failing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,15 +86,51 @@ def read_partition(
     wanted = _wanted(columns, arg_columns)
     if partition.is_parquet:
         return _read_parquet(partition, wanted)
-    decoded = fmt.read_trace_bytes(partition.path, partition.start, partition.end)
-    result = PartitionData(partition, _empty(wanted), cut_off=decoded.cut_off)
-    if not decoded.data:
-        return result
-    holder = [decoded.data]
-    del decoded
-    if _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted):
-        return result
-    return _read_lines(result, holder, wanted)
+    return joined_pieces(list(_pieces(partition, wanted)))
+
+
+def iter_partition_pieces(partition: Partition, columns: Iterable[str] | None = None) -> Iterator[PartitionData]:
+    """``read_partition`` in pieces of whole lines (``fmt.LINE_PIECE_BYTES`` of
+    decoded text each), read one after the other: a consumer that reduces each
+    piece before asking for the next holds one piece at a time, whatever the
+    partition expands to. Line numbers count from each piece's start."""
+    wanted = _wanted(columns, None)
+    if partition.is_parquet:
+        yield _read_parquet(partition, wanted)
+        return
+    yield from _pieces(partition, wanted)
+
+
+def _pieces(partition: Partition, wanted: Wanted) -> Iterator[PartitionData]:
+    for piece in fmt.iter_line_pieces(partition.path, partition.start, partition.end):
+        result = PartitionData(partition, _empty(wanted), cut_off=piece.cut_off)
+        for number in piece.long_lines:
+            result.note_broken(number, f"a line longer than {fmt.MAX_LINE_BYTES >> 20} MiB (not read)")
+        holder = [piece.data]
+        del piece
+        if not holder[0]:
+            yield result
+        elif _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted):
+            yield result
+        else:
+            yield _read_lines(result, holder, wanted)
+
+
+def joined_pieces(pieces: list[PartitionData]) -> PartitionData:
+    """Consecutive pieces of one partition as one (line numbers continued)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    broken: list[tuple[int, str]] = []
+    lines = 0
+    for p in pieces:
+        broken.extend((lines + number, reason) for number, reason in p.broken)
+        lines += p.n_lines
+    return PartitionData(
+        pieces[0].partition, pl.concat([p.events for p in pieces], how="vertical"),
+        meta=[record for p in pieces for record in p.meta], n_lines=lines, broken=broken[:MAX_BROKEN_KEPT],
+        broken_count=sum(p.broken_count for p in pieces), cut_off=pieces[-1].cut_off,
+        closed=any(p.closed for p in pieces),
+    )
 
 
 def _read_lines(result: PartitionData, holder: list[bytes], wanted: Wanted) -> PartitionData:
