@@ -46,6 +46,7 @@ __all__ = [
     "DONE_SUFFIX",
     "DecodedTrace",
     "LinePiece",
+    "MemberReader",
     "EPOCH_NAMES",
     "INIT_SUFFIX",
     "ITER_SUFFIX",
@@ -299,66 +300,93 @@ def _decode_stream(
     head = _read(fh, remaining)
     if remaining is not None:
         remaining -= len(head)
-    factory = member_decoder(head)
-    if factory is None:
+    if member_decoder(head) is None:
         while head:
             yield head
             head = _read(fh, remaining)
             if remaining is not None:
                 remaining -= len(head)
         return
-    gzip = head.startswith(_GZIP_MAGIC)
-    decoder = factory()
-    in_member = False
-    offset = start  # file offset of the next compressed byte to decode
-    member_start = start
+    reader = MemberReader(head)
     data = head
-    blocks = _ZstdBlocks()
     while data:
+        try:
+            for out, _ in reader.feed(data):
+                if out:
+                    yield out
+        except ValueError as exc:
+            if status is not None:
+                status.append(f"undecodable data in the frame/member at byte {start + reader.member_start}: "
+                              f"{exc.__cause__ or exc}")
+            return
+        data = _read(fh, remaining)
+        if remaining is not None:
+            remaining -= len(data)
+    if reader.unfinished and status is not None:
+        status.append(f"compressed stream cut off at byte {start + reader.offset + len(reader.held)}, in the "
+                      f"frame/member that starts at byte {start + reader.member_start}")
+
+
+class MemberReader:
+    """Decodes a stream of gzip members or zstd frames fed in any pieces, keeping
+    each call's output bounded (gzip by ``max_length``, zstd by feeding whole
+    blocks, which regenerate at most 128 KiB each): a small file that expands to
+    gigabytes is decoded piece by piece. Offsets count from the first byte fed."""
+
+    def __init__(self, magic: bytes):
+        self.gzip = magic.startswith(_GZIP_MAGIC)
+        self._factory = member_decoder(magic)
+        self._decoder = self._factory()
+        self._blocks = _ZstdBlocks()
+        #: Bytes fed but not yet decoded (the start of an incomplete block).
+        self.held = b""
+        #: Offset of the next byte to decode, and of the frame/member it is in.
+        self.offset = 0
+        self.member_start = 0
+        self._in_member = False
+
+    @property
+    def unfinished(self) -> bool:
+        """True when the stream so far ends inside a frame/member."""
+        return self._in_member or bool(self.held)
+
+    def feed(self, data: bytes) -> Iterator[tuple[bytes, bool]]:
+        """(decoded bytes, whether a frame/member ended there) for ``data``; raises
+        ValueError (from the decompressor's error) on undecodable data."""
+        data = self.held + data
+        self.held = b""
         while data:
-            # Feed a piece whose output is bounded: gzip by max_length, zstd by
-            # whole blocks (each regenerates at most 128 KiB).
-            if gzip:
+            if self.gzip:
                 piece, rest = data, b""
             else:
-                cut = blocks.cut(data, DECODED_PIECE // _ZSTD_BLOCK_MAX)
+                cut = self._blocks.cut(data, DECODED_PIECE // _ZSTD_BLOCK_MAX)
+                if not cut:
+                    self.held = data
+                    return
                 piece, rest = data[:cut], data[cut:]
             try:
-                if gzip:
-                    out = decoder.decompress(piece, DECODED_PIECE)
-                    rest = decoder.unconsumed_tail + rest
-                    piece = piece[:len(piece) - len(decoder.unconsumed_tail)]
+                if self.gzip:
+                    out = self._decoder.decompress(piece, DECODED_PIECE)
+                    rest = self._decoder.unconsumed_tail + rest
+                    piece = piece[:len(piece) - len(self._decoder.unconsumed_tail)]
                 else:
-                    out = decoder.decompress(piece)
+                    out = self._decoder.decompress(piece)
             except Exception as exc:  # zlib.error / zstandard.ZstdError
-                if status is not None:
-                    status.append(f"undecodable data in the frame/member at byte {member_start}: {exc}")
-                return
-            in_member = True
-            if out:
-                yield out
-            if decoder.eof:
-                tail = decoder.unused_data
-                offset += len(piece) - len(tail)
+                raise ValueError(str(exc)) from exc
+            self._in_member = True
+            if self._decoder.eof:
+                tail = self._decoder.unused_data
+                self.offset += len(piece) - len(tail)
                 data = tail + rest
-                decoder = factory()
-                blocks = _ZstdBlocks()
-                in_member = False
-                member_start = offset
+                self._decoder = self._factory()
+                self._blocks = _ZstdBlocks()
+                self._in_member = False
+                self.member_start = self.offset
+                yield out, True
             else:
-                offset += len(piece)
+                self.offset += len(piece)
                 data = rest
-                if not piece and rest:  # a block longer than what was read: read more first
-                    break
-        more = _read(fh, remaining)
-        if remaining is not None:
-            remaining -= len(more)
-        if not more:
-            break
-        data += more
-    if (in_member or data) and status is not None:
-        status.append(f"compressed stream cut off at byte {offset + len(data)}, in the frame/member that "
-                      f"starts at byte {member_start}")
+                yield out, False
 
 
 class _ZstdBlocks:
@@ -427,7 +455,7 @@ def _zstd_header(data: bytes) -> tuple[int, bool] | None:
 #: Lines longer than this (decoded) are broken lines: counted, never held in memory.
 MAX_LINE_BYTES = 16 << 20
 #: The decoded bytes of a file are handed over in pieces of about this size (whole lines).
-LINE_PIECE_BYTES = 128 << 20
+LINE_PIECE_BYTES = 64 << 20
 
 
 class LinePiece(NamedTuple):
@@ -544,20 +572,25 @@ def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[TraceLine]:
     """Yield every line of a ``.pfw``, ``.pfw.gz``, ``.pfw.zst`` or ``.json[.gz]`` file.
 
     Never raises on bad content: a line that is not one JSON object comes back with
-    ``error`` set, and a compressed stream cut off by a crash ends with one extra
-    broken line saying so (merged into the last line when that line was cut too).
-    A trailing comma (Chrome's array layout) is accepted.
+    ``error`` set, a line longer than ``MAX_LINE_BYTES`` comes back empty with
+    ``error`` set (it is never held in memory), and a compressed stream cut off by a
+    crash ends with one extra broken line saying so (merged into the last line when
+    that line was cut too). A trailing comma (Chrome's array layout) is accepted.
     """
-    status: list[str] = []
     number = 0
+    cut = None
     pending = b""
-    for chunk in iter_decoded_chunks(path, status=status):
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
-        for raw in lines:
+    for piece in iter_line_pieces(path, piece_bytes=_CHUNK * 8):
+        cut = piece.cut_off
+        long_lines = set(piece.long_lines)
+        lines = piece.data.split(b"\n")
+        pending = lines.pop()  # the stream's last line has no break: it comes last
+        for index, raw in enumerate(lines, 1):
             number += 1
-            yield parse_line(raw.strip(), number)
-    cut = status[0] if status else None
+            if index in long_lines:
+                yield TraceLine(number, b"", None, f"a line longer than {MAX_LINE_BYTES >> 20} MiB")
+            else:
+                yield parse_line(raw.strip(), number)
     if pending.strip():
         number += 1
         line = parse_line(pending.strip(), number)

@@ -57,6 +57,8 @@ class FileFollower:
         #: Why the file cannot be read further (undecodable bytes), if so.
         self.broken: str | None = None
         self._decoder: Any = None
+        self._decoder_start = 0
+        self._magic = b""
         self._factory: Any = None
         self._kind: str | None = None
         self._partitions = 0
@@ -99,6 +101,7 @@ class FileFollower:
                 if len(head) < 4:
                     return self.offset
                 self._factory = fmt.member_decoder(head)
+                self._magic = head
                 self._kind = "plain" if self._factory is None else "compressed"
             if self._kind == "plain":
                 return self._plain_end(fh, size)
@@ -120,24 +123,18 @@ class FileFollower:
             data = fh.read(min(_READ_BYTES, size - position))
             if not data:
                 break
-            while data:
-                if self._decoder is None:
-                    self._decoder = self._factory()
-                try:
-                    self._decoder.decompress(data)
-                except Exception as exc:  # zlib.error / zstandard.ZstdError: not a unit we can read
-                    self.broken = f"undecodable data in the frame/member at byte {end}: {exc}"
-                    self.scanned = size
-                    return end
-                if self._decoder.eof:
-                    tail = self._decoder.unused_data
-                    position += len(data) - len(tail)
-                    end = position
-                    self._decoder = None
-                    data = tail
-                else:
-                    position += len(data)
-                    data = b""
+            if self._decoder is None:  # frames are decoded only to find where they end
+                self._decoder = fmt.MemberReader(self._magic)
+                self._decoder_start = position
+            try:
+                for _, ended in self._decoder.feed(data):
+                    if ended:
+                        end = self._decoder_start + self._decoder.offset
+            except ValueError as exc:  # not a unit we can read
+                self.broken = f"undecodable data in the frame/member at byte {end}: {exc}"
+                self.scanned = size
+                return end
+            position += len(data)
         self.scanned = position
         return end
 
