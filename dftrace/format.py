@@ -53,6 +53,7 @@ __all__ = [
     "META_CLOCK_ANCHOR",
     "META_CUSTOM",
     "META_DROPPED",
+    "META_PROCESS_END",
     "META_FILE_HASH",
     "META_HOSTNAME_HASH",
     "META_PROCESS_INFO",
@@ -167,6 +168,9 @@ META_CUSTOM = "CM"
 META_CLOCK_ANCHOR = "clock_anchor"
 #: Events the writer had to drop: ``args.count``.
 META_DROPPED = "dropped"
+#: Written by the process writer when a traced process ended without finalize:
+#: ``args.how`` ("killed by signal 9", "exited with status 3 without finalize").
+META_PROCESS_END = "process_end"
 
 # --- args ----------------------------------------------------------------------------
 

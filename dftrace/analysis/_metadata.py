@@ -33,6 +33,8 @@ class Process:
     mono_ns: int | None = None
     #: Events the writer reported as dropped.
     dropped: int = 0
+    #: How the process ended when the trace says (``process_end``: "killed by signal 9").
+    ended: str | None = None
     files: list[str] = field(default_factory=list)
     #: ``PR`` args: cmdline, cwd, python, hostname, rank, local_rank, ...
     info: dict[str, Any] = field(default_factory=dict)
@@ -188,6 +190,8 @@ def _apply(proc: Process, record: dict[str, Any]) -> None:
         proc.mono_ns = _as_int(args.get("mono_ns"))
     elif name == fmt.META_DROPPED:
         proc.dropped += _as_int(args.get("count")) or 0
+    elif name == fmt.META_PROCESS_END and isinstance(args.get("how"), str):
+        proc.ended = args["how"]
     elif name == fmt.META_CUSTOM and isinstance(args.get("name"), str):
         proc.custom[args["name"]] = args.get("value")
 

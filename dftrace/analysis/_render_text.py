@@ -108,6 +108,10 @@ def _overview(summary: Summary) -> list[str]:
         f"files {o['unfinished_files']} · incomplete spans {o['incomplete_spans']} · dropped "
         f"events {o['dropped_events']}",
     ]
+    ended = [p for p in summary.processes if p.get("ended")]
+    if ended:
+        lines.append("  not finalized: " + "; ".join(f"{p['label']} {p['ended']}" for p in ended[:4])
+                     + (f"; {len(ended) - 4} more" if len(ended) > 4 else ""))
     others = {k: v for k, v in o["events_by_phase"].items() if k != "X"}
     if others:
         lines.append("  besides spans: " + ", ".join(f"{v} '{k}' events" for k, v in others.items()))

@@ -46,7 +46,8 @@ class Summary:
     overview: dict[str, Any]
     #: Per input file: lines, events, broken lines (first ones with reasons), cut-off.
     files: list[dict[str, Any]]
-    #: Per process (rank order): label, rank, host, pid, time span, spans, dropped.
+    #: Per process (rank order): label, rank, host, pid, time span, spans, dropped, and how
+    #: it ended when the trace says (``ended``: "killed by signal 9"; None when finalized).
     processes: list[dict[str, Any]]
     #: Per (category, name): count, total, mean, min, p50, p95, max.
     categories: list[dict[str, Any]]
@@ -260,6 +261,7 @@ def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]
         "unfinished_files": sum(1 for f in combined.files if not f.closed),
         "incomplete_spans": int(extents.get_column("incomplete").sum()) if extents.height else 0,
         "dropped_events": int(procs.get_column("dropped").sum()),
+        "ended_abnormally": sum(p.ended is not None for p in combined.resolution.processes),
     }
 
 
@@ -271,12 +273,14 @@ def _file_dict(report: Any) -> dict[str, Any]:
 
 def _process_rows(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     joined = procs.join(combined.extents, on="proc", how="left").sort("proc")
+    ended = [p.ended for p in combined.resolution.processes]
     return [
         {
             "label": r["label"], "rank": r["rank"], "host": r["host"], "pid": r["pid"],
             "start_us": r["start"], "end_us": r["end"],
             "wall_us": (r["end"] - r["start"]) if r["start"] is not None else 0,
             "spans": r["n"] or 0, "incomplete": r["incomplete"] or 0, "dropped": r["dropped"],
+            "ended": ended[r["proc"]],
         }
         for r in joined.iter_rows(named=True)
     ]

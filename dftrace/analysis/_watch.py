@@ -17,6 +17,7 @@ for ``stale_s`` seconds is stalled.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -138,10 +139,32 @@ class FileFollower:
         self.scanned = position
         return end
 
+    @property
+    def writer_gone(self) -> bool:
+        """True when the file is not closed and the process that wrote it, named by
+        its metadata, is on this host and no longer runs: the file will not grow
+        again (a writer killed before it could finalize)."""
+        if self.closed:
+            return False
+        writer = None
+        for partial in self.partials:
+            for record in partial.source.meta:
+                if record.get("name") == fmt.META_PROCESS_INFO and isinstance(record.get("args"), dict):
+                    writer = (record["args"].get("pid", record.get("pid")), record["args"].get("hostname"))
+        if writer is None or not isinstance(writer[0], int) or writer[1] != socket.gethostname():
+            return False
+        try:
+            os.kill(writer[0], 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # alive, another user's
+            return False
+        return False
+
     def state(self, now: float, stale_s: float) -> str:
         if self.closed:
             return CLOSED
-        if self.broken or self.pending:
+        if self.broken or self.pending or self.writer_gone:
             return CUT_OFF
         try:
             age = now - os.path.getmtime(self.path)
@@ -183,8 +206,9 @@ class Watcher:
 
     @property
     def finished(self) -> bool:
-        """True when there are files and every one is closed."""
-        return bool(self.followers) and all(f.closed for f in self.followers.values())
+        """True when there are files and every one is closed, or cut off with its
+        writer gone."""
+        return bool(self.followers) and all(f.closed or f.writer_gone for f in self.followers.values())
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """The live figures as plain data (what ``--once --json`` prints)."""
