@@ -11,10 +11,13 @@ has them, so runs with different numbers of ranks compare.
 
 Noise. With several runs per side, each figure's run-to-run spread gives the
 interval (Welch's t interval of the difference of the means). With one run per
-side, only step-level figures have one: each run's steps are cut into blocks of
-consecutive steps (all ranks together), the figure is computed per block, and the
-blocks' spread stands in for the runs'. A row is flagged, and a regression fails,
-only when the change is beyond the threshold and its interval excludes zero.
+side, two things stand in for the runs' spread: the machine's speed (how much
+longer every name took in NEW, the median over names of their mean-duration
+ratios; a busier machine slows every name alike, a change in the code some) is
+taken out of time figures, and step figures get an interval from blocks of
+consecutive steps (all ranks together), the figure computed per block. A row is
+flagged, and a regression fails, only when its change beyond the machine's speed
+is beyond the threshold and its interval excludes the machine's part.
 """
 
 from __future__ import annotations
@@ -153,29 +156,18 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     values_n = [{f.metric: f.new for f in _figures(first_b, n)} for n in news]
     single = len(bases) == len(news) == 1
     blocks = (_step_blocks(first_b), _step_blocks(first_n)) if single else None
-    # Each run's machine speed against BASE's first run (None: too few names to tell).
-    speeds = ([1.0, *(machine_speed(first_b, b) for b in bases[1:])], [machine_speed(first_b, n) for n in news])
-    if any(v is None for side in speeds for v in side):
-        speeds = ([], [])
-    diff.speed = speeds[1][0] if single and speeds[1] else None
+    # With one run per side, the machine's speed stands in for the run-to-run noise.
+    diff.speed = machine_speed(first_b, first_n) if single else None
     for figure in _figures(first_b, first_n):
         samples = ([v.get(figure.metric) for v in values_b], [v.get(figure.metric) for v in values_n])
-        timed = figure.unit == US and figure.section in _TIMED_SECTIONS and bool(speeds[1])
         interval, machine, noise = None, 0.0, ""
         if not single:
             figure.base, figure.new = _mean(samples[0]), _mean(samples[1])
-            if timed:  # judge each run's figure at BASE's first run's machine speed
-                samples = ([_per_speed(v, k) for v, k in zip(samples[0], speeds[0])],
-                           [_per_speed(v, k) for v, k in zip(samples[1], speeds[1])])
             interval = _change_interval(*samples)
-            if interval is not None and figure.base is not None and figure.new is not None:
-                adjusted = (_mean(samples[1]) or 0) - (_mean(samples[0]) or 0)
-                machine = (figure.new - figure.base) - adjusted if timed else 0.0
-                interval = (interval[0] + machine, interval[1] + machine)
-                noise = "runs"
+            noise = "runs" if interval is not None else ""
         elif figure.base is not None and figure.new is not None:
-            if timed:
-                machine = figure.base * (speeds[1][0] - 1)
+            if diff.speed is not None and figure.unit == US and figure.section in _TIMED_SECTIONS:
+                machine = figure.base * (diff.speed - 1)
             if blocks is not None and figure.metric in blocks[0] and figure.metric in blocks[1]:
                 interval = _change_interval(blocks[0][figure.metric], blocks[1][figure.metric])
                 if interval is not None:
@@ -185,10 +177,6 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
                     interval, noise = (change - half, change + half), "steps"
         diff.rows.append(_row(figure, per_step, threshold, interval, noise, machine))
     return diff
-
-
-def _per_speed(value: float | None, speed: float) -> float | None:
-    return None if value is None else value / speed
 
 
 #: Sections whose time figures scale with the machine's speed.

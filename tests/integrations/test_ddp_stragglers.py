@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -62,16 +60,6 @@ def test_wait_caused_is_the_time_the_slow_rank_slept(tmp_path, world, buckets, s
     # Each rank's blocked time in a step never exceeds the step.
     assert all(r["wait_us"] <= r["dur_us"] for r in summary.rank_steps)
     assert render_text(summary).splitlines()[2].strip().startswith(f"rank {slow_rank} held the others back in ")
-
-
-@pytest.fixture
-def busy_machine():
-    """Three processes spinning on the CPU while the job runs."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
-    yield
-    for p in spinners:
-        p.kill()
-        p.wait()
 
 
 @pytest.mark.parametrize("world", [2, 3])
