@@ -189,7 +189,8 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
         files=[_file_dict(f) for f in combined.files],
         processes=_process_rows(combined, procs),
         categories=_categories(combined.durations),
-        epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]), process_steps),
+        epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]),
+                       _steps_in_epochs(process_steps, _epoch_source(combined))),
         stragglers=stragglers,
         collectives=collectives,
         runs=runs,
@@ -526,6 +527,23 @@ def _epoch_source(combined: Combined) -> pl.DataFrame:
     """The pipeline's epoch spans when the trace has them, else the extents of the
     events that carry ``args.epoch``."""
     return combined.epoch_spans if combined.epoch_spans.height else combined.epochs
+
+
+def _steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
+    """``steps`` (proc, epoch, step, start, ...) with the epoch of a step that carries
+    none taken from the epoch span (proc, epoch, start, end) it starts in: a loop
+    numbered by ``.iter()`` alone has epoch spans but no ``args.epoch``."""
+    missing = steps.filter(pl.col("epoch").is_null())
+    if not missing.height or not epochs.height:
+        return steps
+    spans = epochs.select("proc", pl.col("epoch").alias("_epoch"), pl.col("start").alias("_from"),
+                          pl.col("end").alias("_to")).sort("_from")
+    placed = (
+        missing.sort("start").join_asof(spans, left_on="start", right_on="_from", by="proc", check_sortedness=False)
+        .with_columns(pl.when(pl.col("start") < pl.col("_to")).then(pl.col("_epoch")).alias("epoch"))
+        .select(steps.columns)
+    )
+    return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical")
 
 
 def _epochs(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:

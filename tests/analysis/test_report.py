@@ -133,3 +133,22 @@ def test_report_of_dftracer_traces(samples):
     assert names[0] == f"{by_total[0]['cat']}/{by_total[0]['name']}" == "pipeline/epoch"
     assert set(names) <= {f"{c['cat']}/{c['name']}" for c in by_total} and "IO/read_shard" in names
     assert "vm · pid 25021" in _section(html, "Step timeline per rank")
+
+
+def _section(page: str, heading: str) -> str:
+    start = page.index(f"<h2>{heading}</h2>")
+    end = page.find("<h2>", start + 1)
+    return page[start:end if end >= 0 else len(page)]
+
+
+def test_where_the_time_goes_leaves_out_containers_and_shows_in_flight_time_apart():
+    """On a real DDP run: no pipeline span or loop body among the names, the DDP
+    buckets' .done time in its own (grey) series, and subplot titles clear of the
+    toolbar (a top margin above them)."""
+    page = render_html(summarize(Path(__file__).resolve().parents[1] / "data" / "ddp-run"))
+    where = _section(page, "Where the time goes")
+    assert "pipeline/" not in where and ".block" not in where
+    assert '"asynchronous work in flight"' in where and "comm/all_reduce.done" in where
+    assert '"time in the call"' in where and "compute/backward" in where
+    distributions = _section(page, "Duration distributions")
+    assert '"margin":{"l":60,"r":20,"t":80,"b":50}' in distributions.replace(" ", "")
