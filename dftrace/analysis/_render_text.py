@@ -144,8 +144,12 @@ def straggler_lines(summary: Summary) -> list[str]:
     line = (f"{worst['unit']} held the others back in {worst['held_steps']} of {stats['steps']} steps, "
             f"{format_us(per_step)} per step")
     others = [r["compute_us_per_step"] for r in summary.stragglers[1:] if r["compute_us_per_step"] is not None]
-    detail = (f"beyond the noise of {format_us(worst.get('noise_us'))} per step; last to arrive in "
-              f"{worst['last_arrivals']} of {stats.get('matched', 0)} collectives")
+    if worst.get("pattern") == "most steps":
+        detail = (f"last in {worst['last_steps']} of {stats['steps']} steps, median lead "
+                  f"{format_us(worst['median_lead_us'])}")
+    else:
+        detail = f"each beyond 5x its step-to-step noise of {format_us(worst.get('noise_us'))}"
+    detail += f"; last to arrive in {worst['last_arrivals']} of {stats.get('matched', 0)} collectives"
     if others and worst["compute_us_per_step"] is not None:
         median = sorted(others)[(len(others) - 1) // 2]
         detail += (f"; its compute {format_us(worst['compute_us_per_step'])} per step vs "
@@ -281,8 +285,9 @@ def _stragglers(summary: Summary, top: int) -> list[str]:
     if not summary.stragglers:
         return []
     stats = summary.collectives
-    lines = [f"Stragglers (blocked time per step compared across ranks; a step is held back when the "
-             f"last rank's lead exceeds 5x its noise; {stats.get('matched', 0)} collectives matched)"]
+    lines = [f"Stragglers (blocked time per step compared across ranks: a step is held back by its last rank "
+             f"when its lead is beyond 5x its noise, or, for a rank last in most steps, beyond 2% of the "
+             f"step; {stats.get('matched', 0)} collectives matched)"]
     rows = [
         (r["unit"], r["host"] or "-", r["last_arrivals"], format_us(r["caused_wait_us"]),
          format_us(r["caused_wait_us_per_step"]), r["held_steps"], format_us(r.get("noise_us")),

@@ -52,12 +52,16 @@ def match_collectives(collectives: pl.DataFrame, procs: pl.DataFrame) -> pl.Data
 #: The noise scale is never taken below this (µs): timer resolution and tracing
 #: overhead make arrivals this close indistinguishable.
 NOISE_FLOOR_US = 100
-#: A step is held back when the late rank's lead exceeds this many noise scales.
+#: A step is held back by a rank now and then when its lead exceeds this many of
+#: its noise scales.
 NOISE_MULTIPLE = 5
+#: A rank late in most steps holds the others back by a typical lead of at least
+#: this share of the median step time (and NOISE_FLOOR_US).
+CONSISTENT_SHARE = 0.02
 #: A rank is named a straggler only when it held the others back in at least this
-#: many steps, and more often than chance (the binomial test below) allows.
+#: many steps, and more often than chance (the binomial tests below) allows.
 MIN_HELD_STEPS = 3
-#: Significance level of that test, shared among the ranks (Bonferroni).
+#: Significance level of those tests, shared among the ranks (Bonferroni).
 SIGNIFICANCE = 0.01
 
 
@@ -71,13 +75,21 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
 
     Per step, a rank's lead is the mean blocked time of the other ranks minus its
     own: how long the others waited for it, bounded by what they were blocked. The
-    rank with the largest lead arrived last. A rank's noise scale is the
-    step-to-step spread of its lead (1.4826 times the median absolute deviation, at
-    least NOISE_FLOOR_US); a step is held back when its last rank's lead exceeds
-    NOISE_MULTIPLE noise scales. A rank is a straggler when it held the others back
-    in MIN_HELD_STEPS steps or more and in more of the held-back steps than chance
-    would give it (one-sided binomial test against 1/ranks, SIGNIFICANCE shared
-    among the ranks).
+    rank with the largest lead arrived last. A rank stands out in one of two ways:
+
+    - now and then (a slow batch, a hiccup): its noise scale is the step-to-step
+      spread of its lead (1.4826 times the median absolute deviation, at least
+      NOISE_FLOOR_US), and a step is held back when it was last with a lead beyond
+      NOISE_MULTIPLE noise scales; it stands out when it held the others back in
+      MIN_HELD_STEPS steps or more and in more of the held-back steps than chance
+      gives it (one-sided binomial test against 1/ranks);
+    - in most steps (a slower rank), when it does not stand out the first way: it was
+      last in more steps than chance gives it (the same test over all steps) and its
+      median lead over all steps is at least CONSISTENT_SHARE of the median step
+      time; the held-back steps are then those it was last in with a lead beyond that.
+
+    SIGNIFICANCE is shared among the ranks. The wait a rank caused is the sum of its
+    leads in the steps it held back.
     """
     waits = blocked.rename({"us": "wait_us"}).select("unit", "epoch", "step", "wait_us")
     ranks = pl.concat([steps.select("unit", "unit_order"), calls.select("unit", "unit_order")],
@@ -86,46 +98,57 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
     per_call = _per_call(calls)
     if not leads.height and not per_call.height:
         return [], {}, waits
-    held = leads.filter(pl.col("held"))
-    n_held = held.height
-    per_unit = (
-        leads.group_by("unit").agg(pl.col("noise_us").first())
-        .join(held.group_by("unit").agg(pl.len().alias("held_steps"), pl.col("lead_us").sum().alias("caused")),
-              on="unit", how="left")
-        .join(per_call.group_by("last").agg(pl.len().alias("last_arrivals")).rename({"last": "unit"}),
-              on="unit", how="full", coalesce=True)
-    )
-    order = ranks.join(per_unit, on="unit", how="left").with_columns(
-        pl.col("held_steps", "caused", "last_arrivals").fill_null(0)
-    )
-    n_ranks = max(order.height, 2)
+    n_ranks = max(ranks.height, 2)
+    level = SIGNIFICANCE / n_ranks
+    step_floor = max(float(NOISE_FLOOR_US), CONSISTENT_SHARE * float(steps.get_column("dur").median() or 0))
+    n_steps = leads.select("run", "epoch", "step").unique().height
+    outliers = leads.filter(pl.col("last") & (pl.col("lead_us") > NOISE_MULTIPLE * pl.col("noise_us")))
+    by_unit = {unit: frame for (unit,), frame in leads.partition_by("unit", as_dict=True).items()} \
+        if leads.height else {}
+    last_counts = dict(per_call.group_by("last").len().iter_rows()) if per_call.height else {}
     step_count = dict(steps.group_by("unit").len().iter_rows()) if steps.height else {}
     stragglers = []
-    for row in order.iter_rows(named=True):
-        count = step_count.get(row["unit"], 0)
-        rank, host = units.get(row["unit"], (None, None))
-        held_steps = int(row["held_steps"])
-        p_value = _binomial_tail(held_steps, n_held, 1 / n_ranks)
+    for unit in ranks.get_column("unit").to_list():
+        own = by_unit.get(unit)
+        last = own.filter(pl.col("last")) if own is not None else leads.clear()
+        median_lead = float(own.get_column("lead_us").median()) if own is not None else 0.0
+        # Steps that stand out of the rank's own noise tell more than a lead in most
+        # steps: the consistent pattern is looked at only when they do not.
+        held = outliers.filter(pl.col("unit") == unit)
+        p_value = _binomial_tail(held.height, outliers.height, 1 / n_ranks)
+        consistent = False
+        if not (held.height >= MIN_HELD_STEPS and p_value <= level):
+            consistent_p = _binomial_tail(last.height, n_steps, 1 / n_ranks)
+            consistent = consistent_p <= level and median_lead >= step_floor
+            if consistent:
+                held, p_value = last.filter(pl.col("lead_us") > step_floor), consistent_p
+        caused = float(held.get_column("lead_us").sum()) if held.height else 0.0
+        count = step_count.get(unit, 0)
+        rank, host = units.get(unit, (None, None))
+        noise = own.get_column("noise_us").first() if own is not None else None
         stragglers.append({
             "rank": rank,
-            "unit": row["unit"],
+            "unit": unit,
             "host": host,
-            "last_arrivals": int(row["last_arrivals"]),
-            "caused_wait_us": int(row["caused"]),
-            "held_steps": held_steps,
+            "last_arrivals": int(last_counts.get(unit, 0)),
+            "caused_wait_us": round(caused),
+            "held_steps": held.height,
             "steps": count,
-            "caused_wait_us_per_step": round(row["caused"] / count) if count else None,
-            "compute_us_per_step": round(compute.get(row["unit"], 0) / count) if count else None,
-            "noise_us": round(row["noise_us"]) if row["noise_us"] is not None else None,
+            "caused_wait_us_per_step": round(caused / count) if count else None,
+            "compute_us_per_step": round(compute.get(unit, 0) / count) if count else None,
+            "last_steps": last.height,
+            "median_lead_us": round(median_lead),
+            "noise_us": round(noise) if noise is not None else None,
             "p_value": round(p_value, 6),
-            "significant": held_steps >= MIN_HELD_STEPS and p_value <= SIGNIFICANCE / n_ranks,
+            "significant": held.height >= MIN_HELD_STEPS and p_value <= level,
+            "pattern": "most steps" if consistent else "some steps",
         })
     stragglers.sort(key=lambda r: (not r["significant"], -r["caused_wait_us"]))  # stable: rank order next
-    skews = leads.group_by(["run", "epoch", "step"]).agg(pl.col("lead_us").max()).get_column("lead_us")
+    skews = leads.filter(pl.col("last")).get_column("lead_us")
     stats: dict[str, Any] = {
         "matched": per_call.height,
-        "steps": leads.select("run", "epoch", "step").unique().height,
-        "held_steps": n_held,
+        "steps": n_steps,
+        "held_steps": sum(r["held_steps"] for r in stragglers),
         "median_skew_us": round(skews.median()) if skews.len() else None,
         "noise_us": round(leads.get_column("noise_us").median()) if leads.height else None,
     }
@@ -140,10 +163,11 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
 
 
 def _leads(steps: pl.DataFrame, blocked: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
-    """run, epoch, step, unit, lead_us, noise_us, held: each rank's lead in each step
-    that two or more ranks ran (see :func:`analyse`)."""
+    """run, epoch, step, unit, lead_us, noise_us, last: each rank's lead in each step
+    that two or more ranks ran, its noise scale, and whether it was the last rank
+    (see :func:`analyse`)."""
     schema = {"run": pl.Int32, "epoch": pl.Int64, "step": pl.Int64, "unit": pl.String, "lead_us": pl.Float64,
-              "noise_us": pl.Float64, "held": pl.Boolean}
+              "noise_us": pl.Float64, "last": pl.Boolean}
     if not steps.height:
         return pl.DataFrame(schema=schema)
     run_of = calls.select("unit", "run").unique("unit") if calls.height else pl.DataFrame(
@@ -167,8 +191,7 @@ def _leads(steps: pl.DataFrame, blocked: pl.DataFrame, calls: pl.DataFrame) -> p
         (pl.col("unit") == pl.col("unit").sort_by(["lead_us", "unit_order"], descending=[True, False])
          .first().over(step)).alias("last"),
     )
-    held = pl.col("last") & (pl.col("lead_us") > NOISE_MULTIPLE * pl.col("noise_us"))
-    return frame.select(*step, "unit", "lead_us", "noise_us", held.alias("held"))
+    return frame.select(*step, "unit", "lead_us", "noise_us", "last")
 
 
 def _per_call(calls: pl.DataFrame) -> pl.DataFrame:
