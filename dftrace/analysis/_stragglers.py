@@ -55,6 +55,9 @@ NOISE_FLOOR_US = 100
 #: A step is held back by a rank now and then when its lead exceeds this many of
 #: its noise scales.
 NOISE_MULTIPLE = 5
+#: The least share of steps in which a rank's lead is taken to go beyond its noise
+#: by chance (a busy machine's hiccups).
+CHANCE_RATE = 0.02
 #: A rank late in most steps holds the others back by a typical lead of at least
 #: this share of the median step time (and NOISE_FLOOR_US).
 CONSISTENT_SHARE = 0.02
@@ -81,10 +84,11 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
       spread of its lead (1.4826 times the median absolute deviation, at least
       NOISE_FLOOR_US), and a step is held back when it was last with a lead beyond
       NOISE_MULTIPLE noise scales; it stands out when it held the others back in
-      MIN_HELD_STEPS steps or more and in more of the held-back steps than chance
-      gives it (one-sided binomial test against 1/ranks);
+      MIN_HELD_STEPS steps or more, more often than chance allows (one-sided
+      binomial test over the steps, the chance being the other ranks' share of such
+      steps, at least CHANCE_RATE);
     - in most steps (a slower rank), when it does not stand out the first way: it was
-      last in more steps than chance gives it (the same test over all steps) and its
+      last in more steps than chance gives it (a binomial test against 1/ranks) and its
       median lead over all steps is at least CONSISTENT_SHARE of the median step
       time; the held-back steps are then those it was last in with a lead beyond that.
 
@@ -115,7 +119,10 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
         # Steps that stand out of the rank's own noise tell more than a lead in most
         # steps: the consistent pattern is looked at only when they do not.
         held = outliers.filter(pl.col("unit") == unit)
-        p_value = _binomial_tail(held.height, outliers.height, 1 / n_ranks)
+        # How often a rank's lead goes beyond its noise by chance: what the other
+        # ranks show, and never taken below CHANCE_RATE (noise has heavy tails).
+        chance = max(CHANCE_RATE, (outliers.height - held.height) / max(n_steps * (n_ranks - 1), 1))
+        p_value = _binomial_tail(held.height, n_steps, chance)
         consistent = False
         if not (held.height >= MIN_HELD_STEPS and p_value <= level):
             consistent_p = _binomial_tail(last.height, n_steps, 1 / n_ranks)

@@ -181,3 +181,69 @@ def test_summary_json_of_an_older_version_loads(lockstep):
         del data[key]
     old = Summary.from_dict(data)
     assert (old.stragglers, old.collectives, old.runs) == ([], {}, [])
+
+
+def _bucketed_run(directory, steps, slow_steps, slow_us, buckets=3, jitter=None):
+    """Two ranks training like DDP with ``buckets`` gradient buckets: each bucket's
+    all-reduce is launched during backward (a short call) and completes (``.done``,
+    on a track of its own) when both ranks have launched it; backward then waits for
+    the buckets (``all_reduce.wait``). Rank 1's forward is ``slow_us`` longer in
+    ``slow_steps``; ``jitter[(rank, step)]`` adds µs to a rank's forward."""
+    jitter = jitter or {}
+    procs = [tracegen.Process(2100 + r, host="node0", rank=r) for r in range(2)]
+    clock = [tracegen.T0_US] * 2
+    for step in range(steps):
+        launches = []
+        for r, p in enumerate(procs):
+            t = clock[r]
+            p.span("fetch.iter", "dataloader", t, 30, level=2, **({"step": step - 1} if step else {}))
+            t += 30
+            forward = 100 + (slow_us if r == 1 and step in slow_steps else 0) + jitter.get((r, step), 0)
+            p.span("forward", "compute", t, forward, level=2, step=step)
+            t += forward
+            launches.append([t + 50 * (b + 1) for b in range(buckets)])
+            clock[r] = t
+        done = [max(launches[0][b], launches[1][b]) + 40 for b in range(buckets)]
+        for r, p in enumerate(procs):
+            t = clock[r]
+            backward_end = max(done[-1], launches[r][-1] + 10)
+            for b in range(buckets):
+                p.span("all_reduce", "comm", launches[r][b], 5, level=3, step=step, group="0",
+                       seq=step * buckets + b + 1, bucket=b, ddp=True)
+                p.span("all_reduce.done", "comm", launches[r][b], done[b] - launches[r][b], level=1,
+                       tid=1 << 30, step=step, group="0", seq=step * buckets + b + 1)
+            p.span("all_reduce.wait", "comm", launches[r][-1] + 5, backward_end - launches[r][-1] - 5, level=3,
+                   step=step)
+            p.span("backward", "compute", t, backward_end - t, level=2, step=step)
+            p.span("step", "compute", backward_end, 20, level=2, step=step)
+            clock[r] = backward_end + 20
+    for p in procs:
+        tracegen.write_process(directory, p)
+    return directory
+
+
+@pytest.mark.parametrize("buckets", [1, 2, 4])
+def test_overlapping_buckets_count_once(tmp_path, buckets):
+    """Several buckets in flight at once, all waiting for the late rank: the wait it
+    caused is the time it was late, whatever the number of buckets, and only the
+    slowed steps are held back."""
+    slow_steps = {3, 7, 11, 15, 19}
+    _bucketed_run(tmp_path, 24, slow_steps, SLOW_US, buckets=buckets)
+    worst = summarize(tmp_path).stragglers[0]
+    assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, len(slow_steps))
+    assert worst["caused_wait_us"] == len(slow_steps) * SLOW_US
+    waits = {(r["rank"], r["step"]): r["wait_us"] for r in summarize(tmp_path).rank_steps}
+    assert all(waits[("rank 0", s)] <= SLOW_US + 200 for s in slow_steps)  # blocked once, not once per bucket
+
+
+def test_noise_names_no_straggler(tmp_path):
+    """Ranks that take turns being a little late (random jitter up to 300 µs): no
+    rank stands out, and the summary says the skew is within noise."""
+    import random
+
+    rng = random.Random(7)
+    jitter = {(r, s): rng.randrange(0, 300) for r in range(2) for s in range(48)}
+    _bucketed_run(tmp_path, 48, set(), 0, buckets=2, jitter=jitter)
+    summary = summarize(tmp_path)
+    assert not any(s["significant"] for s in summary.stragglers)
+    assert render_text(summary).splitlines()[2].strip().startswith("no rank stands out: arrival skew within noise")
