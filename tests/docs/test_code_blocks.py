@@ -6,8 +6,8 @@ The convention (CONTRIBUTING.md says the same):
 - ``python`` blocks run as a script in a fresh interpreter; ``bash`` and ``sh`` blocks
   run with ``bash -euo pipefail``. Both run in a new directory holding ``traces/`` (a
   four-rank run of the toy pipeline), DFTracer's sample directories
-  (``dftracer-2.0.3/``, ...) and ``ddp-run/`` (two DDP ranks, tests/data/ddp-run),
-  and must exit with status 0.
+  (``dftracer-2.0.3/``, ...), ``ddp-run/`` (two DDP ranks, tests/data/ddp-run),
+  ``ddp-buckets/`` and ``diff-runs/`` (tests/data), and must exit with status 0.
 - ``console`` blocks are shell sessions: each ``$ `` line is a command that runs the
   same way and must not fail (status 0, or 1 for ``dftrace validate``, which reports
   broken rules that way) nor print a traceback; the other lines are its output, shown
@@ -243,7 +243,8 @@ def prepared(tmp_path_factory) -> Path:
     for sample in SAMPLES.iterdir():
         if sample.is_dir():
             shutil.copytree(sample, where / sample.name)
-    shutil.copytree(ROOT / "tests" / "data" / "ddp-run", where / "ddp-run")
+    for name in ("ddp-run", "ddp-buckets", "diff-runs"):
+        shutil.copytree(ROOT / "tests" / "data" / name, where / name)
     return where
 
 
