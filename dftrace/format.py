@@ -644,18 +644,22 @@ class _Span(NamedTuple):
 
 class TornTail(NamedTuple):
     """A compressed trace whose last frame/member was cut off (a process killed
-    mid-write): everything before ``offset`` decodes."""
+    mid-write): the file ends at ``offset``, inside the frame/member that starts at
+    ``frame``; the whole lines before the cut decode."""
 
-    #: File offset where the cut frame/member starts (the readable part ends there).
+    #: File offset where the file was cut (its end).
     offset: int
     #: Events on the whole lines before the cut.
     events: int
+    #: File offset where the cut frame/member starts.
+    frame: int | None = None
 
     def __str__(self) -> str:
-        return f"cut off at byte {self.offset}, {self.events} events readable"
+        where = f" in the frame that starts at byte {self.frame}" if self.frame is not None else ""
+        return f"cut off at byte {self.offset}{where}, {self.events} events readable"
 
 
-_CUT = re.compile(r"compressed stream cut off at byte (\d+)")
+_CUT = re.compile(r"compressed stream cut off at byte (\d+), in the frame/member that starts at byte (\d+)")
 
 
 def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
@@ -686,7 +690,7 @@ def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
         cut = _CUT.search(line.error) if line.error is not None else None
         if cut is not None and not strict:
             if torn is not None:
-                torn.append(TornTail(int(cut[1]), events))
+                torn.append(TornTail(int(cut[1]), events, int(cut[2])))
             continue
         events += line.event is not None
         if state == "closed":
