@@ -228,7 +228,10 @@ def _run_merge(args: argparse.Namespace) -> int:
 def _events_of(trace: Any) -> str:
     from ._render_text import count_of
 
-    return f"{count_of(trace.events.height, 'event')} of {count_of(trace.processes.height, 'process', 'processes')}"
+    broken = sum(f.broken_count for f in trace.files)
+    skipped = f" ({count_of(broken, 'broken line')} left out; dftrace summary lists them)" if broken else ""
+    return (f"{count_of(trace.events.height, 'event')} of "
+            f"{count_of(trace.processes.height, 'process', 'processes')}{skipped}")
 
 
 def _step_range(text: str | None) -> tuple[int, int] | None:
@@ -450,12 +453,17 @@ def _run_sql(args: argparse.Namespace) -> int:
         check_output(args.output)
     try:
         with _Run(args) as options:
-            result = run_sql(args.query, args.paths, allow_file_functions=args.allow_file_functions, **options)
+            broken: list[int] = []
+            result = run_sql(args.query, args.paths, allow_file_functions=args.allow_file_functions,
+                             broken=broken, **options)
     except pl.exceptions.PolarsError as exc:
         # polars explains a bad query in its first line; the plan dump after it is noise.
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"dftrace: error: in the query: {_printable(message)}", file=sys.stderr)
         return 2
+    if sum(broken):
+        print(f"dftrace sql: {sum(broken)} broken line{'s' if sum(broken) != 1 else ''} of the input left out "
+              "(dftrace summary lists them)", file=sys.stderr)
     if args.output:
         write_result(result, args.output)
         print(f"wrote {args.output}: {result.height} rows")

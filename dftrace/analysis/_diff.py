@@ -439,7 +439,8 @@ def _per_rank_step(summary: Summary) -> int:
 def _describe(summary: Summary) -> dict[str, Any]:
     o = summary.overview
     return {"files": o["files"], "processes": o["processes"], "ranks": o["ranks"],
-            "rank_steps": summary.step_stats.get("count", 0), "events": o["events"], "wall_us": o["wall_us"]}
+            "rank_steps": summary.step_stats.get("count", 0), "events": o["events"], "wall_us": o["wall_us"],
+            "broken_lines": o.get("broken_lines", 0)}
 
 
 def _row(figure: _Figure, per_step: tuple[int, int], threshold: float,
@@ -535,7 +536,8 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
 
     def describe(run: dict[str, Any]) -> str:
         ranks = count_of(run["ranks"], "rank") if run["ranks"] else count_of(run["processes"], "process", "processes")
-        return f"{ranks}, {count_of(run['rank_steps'], 'rank-step')}, {count_of(run['events'], 'event')}"
+        broken = f", {count_of(run['broken_lines'], 'broken line')}" if run.get("broken_lines") else ""
+        return f"{ranks}, {count_of(run['rank_steps'], 'rank-step')}, {count_of(run['events'], 'event')}{broken}"
 
     runs_b, runs_n = diff.runs
     lines = [f"dftrace diff: base {base_name} ({_runs_of(runs_b)}{describe(diff.base)})",

@@ -53,6 +53,7 @@ def run_sql(
     partition_bytes: int = DEFAULT_PARTITION_BYTES,
     progress: bool | None = None,
     allow_file_functions: bool = False,
+    broken: list[int] | None = None,
 ) -> pl.DataFrame:
     """Run one SQL ``query`` over the traces at ``paths`` and return its result.
 
@@ -60,13 +61,17 @@ def run_sql(
     arg) and the views in :data:`VIEWS`. A query reads only those: polars' table
     functions that read files (``read_csv(...)`` and the like) raise ValueError
     unless ``allow_file_functions``, so a query from someone else cannot print a
-    file of this machine. Raises ``polars.exceptions.PolarsError`` for a query
+    file of this machine. The number of broken lines of the input is appended to
+    ``broken`` when given. Raises ``polars.exceptions.PolarsError`` for a query
     polars cannot run.
     """
     if not allow_file_functions:
         reject_file_functions(query)
     tables = TraceTables(paths, executor=executor, partition_bytes=partition_bytes, progress=progress)
-    return tables.context().execute(query, eager=False).collect()
+    result = tables.context().execute(query, eager=False).collect()
+    if broken is not None:
+        broken.append(tables.broken_lines)
+    return result
 
 
 #: polars' SQL table functions, which read files named in the query.
@@ -104,6 +109,8 @@ class TraceTables:
         }
         self._lock = threading.Lock()
         self._loaded: list[pl.DataFrame] = []
+        #: Broken lines of the input (known once a query read the events).
+        self.broken_lines = 0
         #: The column sets decoded so far, in order (to check what a query read).
         self.loads: list[tuple[str, ...]] = []
 
@@ -118,7 +125,10 @@ class TraceTables:
             arg_columns = {c: source for c, source in self.arg_columns.items() if c in wanted}
             reader = functools.partial(read_partition, columns=["pid", *event_columns], arg_columns=arg_columns)
             parts = self._executor.map(reader, self._plan, progress=self._progress, desc="loading")
-            frame = assemble(parts, ["pid", *event_columns], arg_columns).events
+            trace = assemble(parts, ["pid", *event_columns], arg_columns)
+            frame = trace.events
+            if not self._loaded:  # every load reads the same lines: count them once
+                self.broken_lines = sum(f.broken_count for f in trace.files)
             self._loaded.append(frame)
             self.loads.append(tuple(c for c in self.schema if c in set(frame.columns)))
             return frame.select(c for c in self.schema if c in wanted)

@@ -62,10 +62,12 @@ def _every_command_answers(path: Path, tmp: Path, capsys) -> dict[str, tuple[int
     ("event without a name", _line(None), "event without name"),
 ])
 def test_a_bad_event_is_a_broken_line_in_every_command(tmp_path, capsys, name, line, reason):
-    """One non-UTF-8 byte in a name, or an event without one: every command answers,
-    and the summary counts one broken line with its reason."""
+    """One non-UTF-8 byte in a name, or an event without one: every command answers
+    and says it left one broken line out; the summary gives its reason."""
     run = _run(tmp_path / "run", {0: [line]})
-    _every_command_answers(run, tmp_path, capsys)
+    outputs = _every_command_answers(run, tmp_path, capsys)
+    assert "1 broken line" in outputs["sql"][2] and "(1 broken line left out" in outputs["convert"][1]
+    assert "(1 broken line left out" in outputs["merge"][1] and "1 broken line)" in outputs["diff"][1]
     summary = summarize(run)
     assert summary.overview["broken_lines"] == 1
     assert [b["reason"].split(":")[0] for f in summary.files for b in f["broken"]] == [reason]
