@@ -98,10 +98,10 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
     waits = blocked.rename({"us": "wait_us"}).select("unit", "epoch", "step", "wait_us")
     ranks = pl.concat([steps.select("unit", "unit_order"), calls.select("unit", "unit_order")],
                       how="vertical").unique("unit").sort("unit_order", nulls_last=True)
-    leads = _leads(steps, blocked, calls)
     per_call = _per_call(calls)
-    if not leads.height and not per_call.height:
+    if not per_call.height:  # no collective matched across ranks: they do not wait for each other
         return [], {}, waits
+    leads = _leads(steps, blocked, calls)
     n_ranks = max(ranks.height, 2)
     level = SIGNIFICANCE / n_ranks
     step_floor = max(float(NOISE_FLOOR_US), CONSISTENT_SHARE * float(steps.get_column("dur").median() or 0))
