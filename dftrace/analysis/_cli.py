@@ -328,8 +328,9 @@ def _register_diff_and_watch(subparsers: Any) -> None:
         "step, steps per second, step time p50/p95 over the recent steps, data-loader stall, "
         "communication wait and the straggler; totals; files that stopped growing or were cut off. "
         "Reads only the bytes added since the last look, picks up new files (a directory or glob "
-        "is searched again), and exits by itself when every file is closed or cut off with its "
-        "writer gone (a process of this host that no longer runs), or on Ctrl-C (exit code 0). "
+        "is searched again), and exits by itself when no file will grow again: each closed, cut "
+        "off with its writer gone (a process of this host that no longer runs), or naming no "
+        "writer and not grown for --stale seconds; or on Ctrl-C (exit code 0). "
         "Without a terminal it prints plain snapshots.",
     )
     p.add_argument("paths", nargs="+", help="trace files, directories or globs (quote globs)")

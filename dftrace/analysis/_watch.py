@@ -140,17 +140,35 @@ class FileFollower:
         return end
 
     @property
+    def writer(self) -> tuple[Any, Any] | None:
+        """(pid, hostname) of the process that writes the file, from its metadata."""
+        for partial in reversed(self.partials):
+            for record in partial.source.meta:
+                if record.get("name") == fmt.META_PROCESS_INFO and isinstance(record.get("args"), dict):
+                    return record["args"].get("pid", record.get("pid")), record["args"].get("hostname")
+        return None
+
+    def done(self, now: float, stale_s: float) -> bool:
+        """True when the file will not grow again: closed, undecodable, its writer
+        gone, or, for a file that names no writer (garbage, another tool's), not grown
+        for ``stale_s`` seconds."""
+        if self.closed or self.broken or self.writer_gone:
+            return True
+        if self.writer is not None:
+            return False
+        try:
+            return now - os.path.getmtime(self.path) > stale_s
+        except OSError:  # removed
+            return True
+
+    @property
     def writer_gone(self) -> bool:
         """True when the file is not closed and the process that wrote it, named by
         its metadata, is on this host and no longer runs: the file will not grow
         again (a writer killed before it could finalize)."""
         if self.closed:
             return False
-        writer = None
-        for partial in self.partials:
-            for record in partial.source.meta:
-                if record.get("name") == fmt.META_PROCESS_INFO and isinstance(record.get("args"), dict):
-                    writer = (record["args"].get("pid", record.get("pid")), record["args"].get("hostname"))
+        writer = self.writer
         if writer is None or not isinstance(writer[0], int) or writer[1] != socket.gethostname():
             return False
         try:
@@ -206,9 +224,9 @@ class Watcher:
 
     @property
     def finished(self) -> bool:
-        """True when there are files and every one is closed, or cut off with its
-        writer gone."""
-        return bool(self.followers) and all(f.closed or f.writer_gone for f in self.followers.values())
+        """True when there are files and none will grow again (see ``FileFollower.done``)."""
+        now = time.time()
+        return bool(self.followers) and all(f.done(now, self.stale_s) for f in self.followers.values())
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """The live figures as plain data (what ``--once --json`` prints)."""

@@ -271,3 +271,15 @@ def test_summary_says_how_a_killed_process_ended(tmp_path, capsys):
     assert summary.overview["ended_abnormally"] == 1
     assert main(["summary", str(tmp_path), "--no-progress"]) == 0
     assert "not finalized: " in capsys.readouterr().out
+
+
+def test_watch_ends_on_files_that_name_no_writer(tmp_path):
+    """Garbage (or another tool's unfinished file) names no writer: once it has not
+    grown for --stale seconds, watch counts it as done and ends."""
+    (tmp_path / "a.pfw").write_bytes(os.urandom(4096))
+    (tmp_path / "b.pfw.gz").write_bytes(b"\x1f\x8bnot gzip at all")
+    for f in tmp_path.iterdir():
+        os.utime(f, (f.stat().st_atime - 60, f.stat().st_mtime - 60))
+    watch = subprocess.run([sys.executable, "-m", "dftrace", "watch", str(tmp_path), "--interval", "0.1",
+                            "--stale", "5"], capture_output=True, text=True, timeout=60)
+    assert watch.returncode == 0 and "2 files" in watch.stdout and "Traceback" not in watch.stderr
