@@ -163,8 +163,9 @@ def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_st
     ``ai.update(step=k)``, so it carries the previous step's number: a data row of
     step ``s`` that began after ``s``'s first work fetched the batch of the step
     after ``s``, and belongs to it unless a pipeline span (an evaluation) starts
-    between the two steps' work (its fetches carry ``s`` too). One that began before (between the previous step's work and its own)
-    is its own step's. Rows of no placed step, and earlier ones, belong to none.
+    between the two steps' work (its fetches carry ``s`` too). One that began before
+    (between the previous step's work and its own) is its own step's. Rows of no
+    placed step, and earlier ones, belong to none.
     """
     size = step_start.size
     target = np.full(rank.size, -1, dtype=np.int64)
