@@ -15,7 +15,8 @@ side, two things stand in for the runs' spread: the machine's speed (how much
 longer every name took in NEW, the median over names of their mean-duration
 ratios; a busier machine slows every name alike, a change in the code some) is
 taken out of time figures, and step figures get an interval from blocks of
-consecutive steps (all ranks together), the figure computed per block. A row is
+consecutive steps (all ranks together), the figure computed per block; a name's
+mean gets one from the spread of its durations. A row is
 flagged, and a regression fails, only when its change beyond the machine's speed
 is beyond the threshold and its interval excludes the machine's part.
 """
@@ -70,7 +71,8 @@ class DiffRow:
     low: float | None = None
     high: float | None = None
     #: Where the interval's noise comes from: "runs" (several per side), "steps"
-    #: (blocks of steps of each run), or "" (none).
+    #: (blocks of steps of each run), "spans" (the spread of a name's durations, for
+    #: its mean), or "" (none).
     noise: str = ""
     #: The part of ``change`` the machine's speed explains (one run per side; see
     #: :func:`machine_speed`), 0 when not estimated; flags and regressions judge the rest.
@@ -168,13 +170,17 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
         elif figure.base is not None and figure.new is not None:
             if diff.speed is not None and figure.unit == US and figure.section in _TIMED_SECTIONS:
                 machine = figure.base * (diff.speed - 1)
+            change = figure.new - figure.base
             if blocks is not None and figure.metric in blocks[0] and figure.metric in blocks[1]:
                 interval = _change_interval(blocks[0][figure.metric], blocks[1][figure.metric])
                 if interval is not None:
                     # The blocks give the spread; the interval sits around the runs' change.
                     half = (interval[1] - interval[0]) / 2
-                    change = figure.new - figure.base
                     interval, noise = (change - half, change + half), "steps"
+            elif figure.spread is not None:
+                half = _half_width(*figure.spread)
+                if half is not None:
+                    interval, noise = (change - half, change + half), "spans"
         diff.rows.append(_row(figure, per_step, threshold, interval, noise, machine))
     return diff
 
@@ -276,6 +282,21 @@ def _interval(row: DiffRow) -> str:
     return f"{_signed(row.unit, row.low)} .. {_signed(row.unit, row.high)}"
 
 
+def _t975(dof: float) -> float:
+    return next((q for d, q in sorted(_T975.items()) if d >= math.floor(max(dof, 1))), 1.96)
+
+
+def _half_width(base: tuple[float | None, int], new: tuple[float | None, int]) -> float | None:
+    """Half the 95 % interval of the difference of two means, from each one's
+    (standard deviation, count) (Welch); None without a spread on both sides."""
+    (sb, nb), (sn, nn) = base, new
+    if sb is None or sn is None or nb < 2 or nn < 2:
+        return None
+    a, c = sb * sb / nb, sn * sn / nn
+    parts = a * a / (nb - 1) + c * c / (nn - 1)
+    return _t975((a + c) ** 2 / parts if parts else nb + nn - 2) * math.sqrt(a + c)
+
+
 def _change_interval(base: Sequence[float | None], new: Sequence[float | None]) -> tuple[float, float] | None:
     """95 % interval of mean(new) - mean(base) (Welch). A side with one value takes
     the other side's spread; None when neither side has two values."""
@@ -300,7 +321,7 @@ def _change_interval(base: Sequence[float | None], new: Sequence[float | None]) 
     else:
         parts = (a * a / (len(b) - 1) if len(b) > 1 else 0) + (c * c / (len(n) - 1) if len(n) > 1 else 0)
         dof = (a + c) ** 2 / parts if parts else len(b) + len(n) - 2
-    t = next((q for d, q in sorted(_T975.items()) if d >= math.floor(max(dof, 1))), 1.96)
+    t = _t975(dof)
     change = sum(n) / len(n) - sum(b) / len(b)
     return change - t * se, change + t * se
 
@@ -316,6 +337,9 @@ class _Figure:
     #: (None: the change itself is per step; omitted: no impact).
     time: tuple[float | None, float | None] | None = (0, 0)
     note: str = ""
+    #: (standard deviation, count) of the values a mean is taken over, in each run:
+    #: the mean's own noise when there is one run per side.
+    spread: tuple[tuple[float | None, int], tuple[float | None, int]] | None = None
 
 
 def _figures(base: Summary, new: Summary) -> Iterator[_Figure]:
@@ -359,8 +383,10 @@ def _category_figures(base: Summary, new: Summary) -> Iterator[_Figure]:
         count, total = _scaled(count, units, per_rank), _scaled(total, units, per_rank)
         yield _Figure(f"{name}.count", "categories", COUNT, *count, time=time, note=note)
         yield _Figure(f"{name}.total", "categories", US, *total, time=time, note=note)
-        for stat in ("mean", "p95"):
-            yield _Figure(f"{name}.{stat}", "categories", US, rb.get(f"{stat}_us"), rn.get(f"{stat}_us"), time=time)
+        moments = ((rb.get("std_us"), rb.get("count", 0)), (rn.get("std_us"), rn.get("count", 0)))
+        yield _Figure(f"{name}.mean", "categories", US, rb.get("mean_us"), rn.get("mean_us"), time=time,
+                      spread=moments)
+        yield _Figure(f"{name}.p95", "categories", US, rb.get("p95_us"), rn.get("p95_us"), time=time)
 
 
 def _units(summary: Summary) -> int:
@@ -547,8 +573,9 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
                      f"(Welch's t), means over {runs_b} and {runs_n} runs")
     else:
         lines.append(f"  noise: step figures from the spread over blocks of consecutive steps "
-                     f"(up to {STEP_BLOCKS} per run); other figures have no interval with one run "
-                     "per side: several runs per side give a sharper answer")
+                     f"(up to {STEP_BLOCKS} per run), a name's mean from the spread of its durations; "
+                     "other figures have no interval with one run per side: several runs per side give "
+                     "a sharper answer")
         if diff.speed is not None:
             lines.append(f"  machine speed: the names took {diff.speed:.3f}x as long in new (median over "
                          "names); time figures are judged by their change beyond that")

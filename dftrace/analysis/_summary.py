@@ -49,7 +49,8 @@ class Summary:
     #: Per process (rank order): label, rank, host, pid, time span, spans, dropped, and how
     #: it ended when the trace says (``ended``: "killed by signal 9"; None when finalized).
     processes: list[dict[str, Any]]
-    #: Per (category, name): count, total, mean, min, p50, p95, max.
+    #: Per (category, name): count, total, mean, min, p50, p95, max, and the standard
+    #: deviation of the durations (``std_us``; None for a single span).
     categories: list[dict[str, Any]]
     #: Per epoch: ranks, steps, slowest rank and its time, median rank time.
     epochs: list[dict[str, Any]]
@@ -324,6 +325,14 @@ def _category_order(cat: str) -> tuple[int, str]:
 def _categories(durations: pl.DataFrame) -> list[dict[str, Any]]:
     merged = durations.group_by("cat", "name", "dur").agg(pl.col("n").sum())
     stats = _value_stats(merged, ["cat", "name"])
+    # The spread of the durations (sample standard deviation), for diff's intervals.
+    spread = (
+        merged.join(stats.select("cat", "name", "mean_us", "count"), on=["cat", "name"])
+        .group_by("cat", "name")
+        .agg(((pl.col("n") * (pl.col("dur") - pl.col("mean_us")) ** 2).sum()
+              / (pl.col("count").first() - 1)).sqrt().alias("std_us"))
+    )
+    stats = stats.join(spread, on=["cat", "name"], how="left")
     rows = stats.sort("total_us", descending=True).to_dicts()
     rows.sort(key=lambda r: _category_order(r["cat"]))
     return [_round(r) for r in rows]

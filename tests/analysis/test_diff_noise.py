@@ -65,6 +65,7 @@ def test_one_run_per_side(quiet, capsys):
     assert code == 1 and "beyond the machine's speed" in data["regression"]["reason"]
     forward = next(r for r in data["rows"] if r["metric"] == "compute.forward.mean")
     assert forward["flagged"] and (forward["change"] - forward["machine"]) / forward["base"] > 0.3  # 48 of 80
+    assert forward["noise"] == "spans" and forward["low"] < forward["change"] < forward["high"]
     step = next(r for r in data["rows"] if r["metric"] == "step.p50")
     assert step["noise"] == "steps" and step["low"] < step["change"] < step["high"]
     assert main(["diff", str(same[0]), str(same[1]), "--no-progress"]) == 0
