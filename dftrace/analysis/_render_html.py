@@ -61,7 +61,8 @@ def render_html(summary: Summary, *, title: str = "dftrace report") -> str:
          "the slowest; the wait above tells who that is.", _step_lines),
         ("Time breakdown", "Per process: time in exactly one activity, in several at once "
          "(overlap), and in none (idle).", _breakdown),
-        ("Where the time goes", "Total span time of the names that take the most; enclosing spans "
+        ("Where the time goes", "Self time of the names that take the most: the time their spans "
+         "were the innermost on their thread, without what runs inside them; enclosing spans "
          "(pipeline spans, loop bodies) are left out, and the time asynchronous work was in flight "
          "(.done, overlapping other work) is shown apart, in grey.", _top_names),
         ("Duration distributions", "How long each call of the busiest names took (log scale).",
@@ -248,28 +249,32 @@ def _breakdown(summary: Summary) -> Any:
 
 
 def _top_names(summary: Summary) -> Any:
-    """The names with the most time, enclosing spans left out (pipeline spans and loop
-    bodies hold the others' time), and the time asynchronous work was in flight
-    (``.done``, which overlaps other work) apart from the time spent in calls."""
+    """The names with the most self time (the time their spans were the innermost:
+    a loop body or ``backward`` without what runs inside it), enclosing spans left out
+    (pipeline spans and loop bodies), and the time asynchronous work was in flight
+    (``.done``, which overlaps other work) apart."""
     leaves = [r for r in summary.categories
               if r["cat"] != fmt.CAT_PIPELINE and not r["name"].endswith(fmt.BLOCK_SUFFIX)]
-    calls = sorted((r for r in leaves if not r["name"].endswith(fmt.DONE_SUFFIX)),
-                   key=lambda r: r["total_us"], reverse=True)[:20]
+    own = [r for r in leaves if not r["name"].endswith(fmt.DONE_SUFFIX)]
+    calls = sorted(own, key=lambda r: r.get("self_us", r["total_us"]), reverse=True)[:20]
     flight = sorted((r for r in leaves if r["name"].endswith(fmt.DONE_SUFFIX)),
                     key=lambda r: r["total_us"], reverse=True)[:5]
-    rows = calls + flight
-    if not rows:
+    if not calls and not flight:
         return None
     go = _go()
     fig = go.Figure()
-    for part, name, color in ((calls, "time in the call", None), (flight, "asynchronous work in flight", "#bbb")):
+    series = ((calls, "self time in the call", "self_us", None),
+              (flight, "asynchronous work in flight", "total_us", "#bbb"))
+    for part, name, key, color in series:
         if part:
             fig.add_trace(go.Bar(
-                y=[f"{r['cat']}/{r['name']}" for r in part], x=[r["total_us"] / 1000 for r in part], name=name,
-                orientation="h", marker_color=color, customdata=[[r["count"], format_us(r["mean_us"])] for r in part],
-                hovertemplate="%{y}: %{x:.3f} ms in %{customdata[0]} calls (mean %{customdata[1]})<extra></extra>",
+                y=[f"{r['cat']}/{r['name']}" for r in part], x=[r.get(key, r["total_us"]) / 1000 for r in part],
+                name=name, orientation="h", marker_color=color,
+                customdata=[[r["count"], format_us(r["total_us"])] for r in part],
+                hovertemplate="%{y}: %{x:.3f} ms in %{customdata[0]} calls (%{customdata[1]} with what runs "
+                              "inside)<extra></extra>",
             ))
-    return _layout(fig, height=max(260, 24 * len(rows) + 100), xaxis_title="total time (ms)",
+    return _layout(fig, height=max(260, 24 * (len(calls) + len(flight)) + 100), xaxis_title="time (ms)",
                    yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": -0.2})
 
 

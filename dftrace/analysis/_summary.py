@@ -49,7 +49,8 @@ class Summary:
     #: Per process (rank order): label, rank, host, pid, time span, spans, dropped, and how
     #: it ended when the trace says (``ended``: "killed by signal 9"; None when finalized).
     processes: list[dict[str, Any]]
-    #: Per (category, name): count, total, mean, min, p50, p95, max, and the standard
+    #: Per (category, name): count, total, self time (``self_us``: the time its spans
+    #: were the innermost on their thread), mean, min, p50, p95, max, and the standard
     #: deviation of the durations (``std_us``; None for a single span).
     categories: list[dict[str, Any]]
     #: Per epoch: ranks, steps, slowest rank and its time, median rank time.
@@ -189,7 +190,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
         overview=_overview(combined, procs, runs),
         files=[_file_dict(f) for f in combined.files],
         processes=_process_rows(combined, procs),
-        categories=_categories(combined.durations),
+        categories=_categories(combined.durations, combined.self_times),
         epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]),
                        _steps_in_epochs(process_steps, _epoch_source(combined))),
         stragglers=stragglers,
@@ -322,9 +323,11 @@ def _category_order(cat: str) -> tuple[int, str]:
     return (known.index(cat), "") if cat in known else (len(known), cat or "")
 
 
-def _categories(durations: pl.DataFrame) -> list[dict[str, Any]]:
+def _categories(durations: pl.DataFrame, self_times: pl.DataFrame) -> list[dict[str, Any]]:
     merged = durations.group_by("cat", "name", "dur").agg(pl.col("n").sum())
-    stats = _value_stats(merged, ["cat", "name"])
+    stats = _value_stats(merged, ["cat", "name"]).join(
+        self_times.rename({"us": "self_us"}), on=["cat", "name"], how="left"
+    ).with_columns(pl.col("self_us").fill_null(0))
     # The spread of the durations (sample standard deviation), for diff's intervals.
     spread = (
         merged.join(stats.select("cat", "name", "mean_us", "count"), on=["cat", "name"])

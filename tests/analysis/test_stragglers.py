@@ -247,3 +247,19 @@ def test_noise_names_no_straggler(tmp_path):
     summary = summarize(tmp_path)
     assert not any(s["significant"] for s in summary.stragglers)
     assert render_text(summary).splitlines()[2].strip().startswith("no rank stands out: arrival skew within noise")
+
+
+@pytest.mark.parametrize("partition_bytes", [None, 300])
+def test_self_time_of_each_name(lockstep, partition_bytes):
+    """Self time is the time a name's spans were the innermost: backward's is its own
+    compute without the all-reduce nested in it, the same when the files are cut into
+    many partitions (children written in one, their parent in another)."""
+    options = {} if partition_bytes is None else {"partition_bytes": partition_bytes}
+    summary = summarize(lockstep, **options)
+    if partition_bytes:
+        assert summary.overview["partitions"] > 2  # the two files, cut
+    rows = {r["name"]: r for r in summary.categories}
+    assert rows["backward"]["self_us"] == 2 * STEPS * COLL_BACKWARD_US
+    assert rows["backward"]["total_us"] > rows["backward"]["self_us"]
+    for leaf in ("all_reduce", "forward", "step", "fetch.iter"):
+        assert rows[leaf]["self_us"] == rows[leaf]["total_us"], leaf
