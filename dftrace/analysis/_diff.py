@@ -117,11 +117,15 @@ class RunDiff:
         excess = _excess(row)
         if excess is None or excess <= limit or (row.low is not None and row.low - row.machine <= 0):
             return None
-        within = "" if row.low is None else f", interval {_interval(row)}, outside the noise"
-        machine = f"; {excess * 100:.1f}% beyond the machine's speed" if row.machine else ""
+        change = f"{_value(row.unit, row.base)} -> {_value(row.unit, row.new)}"
+        within = "" if row.low is None else f", interval {_interval(row)}"
+        if row.machine:
+            speed = 1 + row.machine / row.base  # type: ignore[operator]
+            return (f"{metric} got worse by {excess * 100:.1f}% beyond the machine's speed, more than "
+                    f"{limit * 100:g}% ({change}, {row.relative * 100:+.1f}% while the names took "  # type: ignore[operator]
+                    f"{speed:.3f}x as long{within}, outside the noise)")
         return (f"{metric} got worse by {row.relative * 100:.1f}% "  # type: ignore[operator]
-                f"({_value(row.unit, row.base)} -> {_value(row.unit, row.new)}{within}{machine}), "
-                f"more than {limit * 100:g}%")
+                f"({change}{within}{', outside the noise' if within else ''}), more than {limit * 100:g}%")
 
     def to_dict(self) -> dict[str, Any]:
         """The comparison as a JSON-ready dict (``flagged``: metric keys in impact order)."""
