@@ -123,7 +123,7 @@ class RunDiff:
             speed = 1 + row.machine / row.base  # type: ignore[operator]
             return (f"{metric} got worse by {excess * 100:.1f}% beyond the machine's speed, more than "
                     f"{limit * 100:g}% ({change}, {row.relative * 100:+.1f}% while the names took "  # type: ignore[operator]
-                    f"{speed:.3f}x as long{within}, outside the noise)")
+                    f"{speed:.3f}x as long{within}{', outside the noise' if within else ''})")
         return (f"{metric} got worse by {row.relative * 100:.1f}% "  # type: ignore[operator]
                 f"({change}{within}{', outside the noise' if within else ''}), more than {limit * 100:g}%")
 
