@@ -75,7 +75,8 @@ class DiffRow:
     #: its mean), or "" (none).
     noise: str = ""
     #: The part of ``change`` the machine's speed explains (one run per side; see
-    #: :func:`machine_speed`), 0 when not estimated; flags and regressions judge the rest.
+    #: :func:`machine_speed`): in the change's direction and at most all of it, 0 when
+    #: not estimated; flags and regressions judge the rest.
     machine: float = 0.0
 
 
@@ -172,9 +173,9 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
             interval = _change_interval(*samples)
             noise = "runs" if interval is not None else ""
         elif figure.base is not None and figure.new is not None:
-            if diff.speed is not None and figure.unit == US and figure.section in _TIMED_SECTIONS:
-                machine = figure.base * (diff.speed - 1)
             change = figure.new - figure.base
+            if diff.speed is not None and figure.unit == US and figure.section in _TIMED_SECTIONS:
+                machine = _explained(change, figure.base * (diff.speed - 1))
             if blocks is not None and figure.metric in blocks[0] and figure.metric in blocks[1]:
                 interval = _change_interval(blocks[0][figure.metric], blocks[1][figure.metric])
                 if interval is not None:
@@ -199,10 +200,13 @@ _SPEED_MIN_COUNT, _SPEED_MIN_SHARE = 8, 0.01
 def machine_speed(base: Summary, new: Summary) -> float | None:
     """How much slower NEW ran than BASE for reasons that touch every part of the step
     alike (a busier or slower machine): the median over names of the ratio of their
-    mean durations (leaf names with enough spans and time in both runs; pipeline spans
-    and loop bodies left out). A change in the code touches some names and moves the
-    step beyond this; one that slows every name alike cannot be told from a slower
-    machine with one run per side. None with fewer than three such names."""
+    mean durations, each name weighing its share of BASE's time (a busy machine
+    stretches long spans more than short ones, which often finish within one time
+    slice); leaf names with enough spans and time in both runs, pipeline spans and
+    loop bodies left out. A change in the code touches some names and moves the step
+    beyond this, unless those names hold half the time or more; one that slows every
+    name alike cannot be told from a slower machine with one run per side. None with
+    fewer than three such names."""
     rows_b = {(r["cat"], r["name"]): r for r in base.categories}
     total = sum(r.get("total_us") or 0 for r in base.categories if _leaf(r["cat"], r["name"])) or 1
     ratios = []
@@ -212,17 +216,30 @@ def machine_speed(base: Summary, new: Summary) -> float | None:
         if (b is None or not _leaf(*key) or min(b["count"], r["count"]) < _SPEED_MIN_COUNT
                 or (b.get("total_us") or 0) < _SPEED_MIN_SHARE * total or not b.get("mean_us")):
             continue
-        ratios.append(r["mean_us"] / b["mean_us"])
+        ratios.append((r["mean_us"] / b["mean_us"], b["total_us"]))
     if len(ratios) < 3:
         return None
     ratios.sort()
-    middle = len(ratios) // 2
-    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
-    return round(median, 4)
+    half = sum(w for _, w in ratios) / 2
+    reach = 0.0
+    for ratio, weight in ratios:
+        reach += weight
+        if reach >= half:
+            return round(ratio, 4)
+    return round(ratios[-1][0], 4)
 
 
 def _leaf(cat: str, name: str) -> bool:
     return cat != fmt.CAT_PIPELINE and not name.endswith((fmt.BLOCK_SUFFIX, fmt.ITER_SUFFIX))
+
+
+def _explained(change: float, machine: float) -> float:
+    """The part of ``change`` a machine that ran ``machine`` µs slower (or faster)
+    explains: the machine's speed only ever explains a change away, in the change's
+    own direction and no further than the change; it never makes one."""
+    if change * machine <= 0:
+        return 0.0
+    return machine if abs(machine) < abs(change) else change
 
 
 def _excess(row: DiffRow) -> float | None:
@@ -582,7 +599,7 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
                      "a sharper answer")
         if diff.speed is not None:
             lines.append(f"  machine speed: the names took {diff.speed:.3f}x as long in new (median over "
-                         "names); time figures are judged by their change beyond that")
+                         "names, weighed by time); time figures are judged by their change beyond that")
     lines.append("")
     flagged = diff.flagged
     threshold = f"{diff.threshold * 100:g}%"
