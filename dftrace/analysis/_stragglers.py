@@ -109,7 +109,7 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
     outliers = leads.filter(pl.col("last") & (pl.col("lead_us") > NOISE_MULTIPLE * pl.col("noise_us")))
     by_unit = {unit: frame for (unit,), frame in leads.partition_by("unit", as_dict=True).items()} \
         if leads.height else {}
-    last_counts = dict(per_call.group_by("last").len().iter_rows()) if per_call.height else {}
+    last_counts = dict(per_call.group_by("last").len().iter_rows())
     step_count = dict(steps.group_by("unit").len().iter_rows()) if steps.height else {}
     stragglers = []
     for unit in ranks.get_column("unit").to_list():
@@ -152,20 +152,17 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
         })
     stragglers.sort(key=lambda r: (not r["significant"], -r["caused_wait_us"]))  # stable: rank order next
     skews = leads.filter(pl.col("last")).get_column("lead_us")
+    worst = per_call.sort(["skew_us", "seq"], descending=[True, False]).head(WORST_COLLECTIVES)
     stats: dict[str, Any] = {
         "matched": per_call.height,
         "steps": n_steps,
         "held_steps": sum(r["held_steps"] for r in stragglers),
         "median_skew_us": round(skews.median()) if skews.len() else None,
         "noise_us": round(leads.get_column("noise_us").median()) if leads.height else None,
+        "mean_skew_us": round(per_call.get_column("skew_us").mean(), 1),
+        "max_skew_us": int(per_call.get_column("skew_us").max()),
+        "worst": worst.select("group", "seq", "name", "ranks", "skew_us", "last", "caused_us").to_dicts(),
     }
-    if per_call.height:
-        worst = per_call.sort(["skew_us", "seq"], descending=[True, False]).head(WORST_COLLECTIVES)
-        stats.update({
-            "mean_skew_us": round(per_call.get_column("skew_us").mean(), 1),
-            "max_skew_us": int(per_call.get_column("skew_us").max()),
-            "worst": worst.select("group", "seq", "name", "ranks", "skew_us", "last", "caused_us").to_dicts(),
-        })
     return stragglers, stats, waits
 
 
