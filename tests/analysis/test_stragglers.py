@@ -263,3 +263,20 @@ def test_self_time_of_each_name(lockstep, partition_bytes):
     assert rows["backward"]["total_us"] > rows["backward"]["self_us"]
     for leaf in ("all_reduce", "forward", "step", "fetch.iter"):
         assert rows[leaf]["self_us"] == rows[leaf]["total_us"], leaf
+
+
+def test_a_slow_fetch_lands_in_the_same_step_on_every_rank():
+    """A real DDP job (tests/data/ddp-buckets/slow) whose rank 1 sleeps 25 ms in its
+    collate on every 4th step (1, 5, 9, ...): the step that waits for the batch is
+    the same on both ranks, so both are long in exactly the slowed steps (no step
+    plot zig-zagging between ranks) and neither is long in the step before."""
+    from pathlib import Path
+
+    summary = summarize(Path(__file__).resolve().parents[1] / "data" / "ddp-buckets" / "slow")
+    steps: dict = {}
+    for r in summary.rank_steps:
+        steps.setdefault(r["step"], {})[r["rank"]] = r["dur_us"]
+    slowed = {k for k in steps if k % 4 == 1}
+    long = {k for k, ranks in steps.items() if min(ranks.values()) > 20_000}
+    assert long == slowed
+    assert all(max(steps[k - 1].values()) < 20_000 for k in slowed)
