@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
+from array import array
 from collections.abc import Iterator
 from typing import IO, Any, NamedTuple
 
@@ -45,12 +46,15 @@ __all__ = [
     "DFTRACER_PHASES",
     "DONE_SUFFIX",
     "DecodedTrace",
+    "LinePiece",
+    "MemberReader",
     "EPOCH_NAMES",
     "INIT_SUFFIX",
     "ITER_SUFFIX",
     "META_CLOCK_ANCHOR",
     "META_CUSTOM",
     "META_DROPPED",
+    "META_PROCESS_END",
     "META_FILE_HASH",
     "META_HOSTNAME_HASH",
     "META_PROCESS_INFO",
@@ -74,6 +78,7 @@ __all__ = [
     "WAIT_SUFFIX",
     "is_trace_file",
     "iter_decoded_chunks",
+    "iter_line_pieces",
     "iter_trace_lines",
     "member_decoder",
     "normalize_phase",
@@ -164,6 +169,9 @@ META_CUSTOM = "CM"
 META_CLOCK_ANCHOR = "clock_anchor"
 #: Events the writer had to drop: ``args.count``.
 META_DROPPED = "dropped"
+#: Written by the process writer when a traced process ended without finalize:
+#: ``args.how`` ("killed by signal 9", "exited with status 3 without finalize").
+META_PROCESS_END = "process_end"
 
 # --- args ----------------------------------------------------------------------------
 
@@ -284,51 +292,220 @@ def _read(fh: IO[bytes], remaining: int | None) -> bytes:
     return fh.read(_CHUNK if remaining is None else min(_CHUNK, remaining))
 
 
+#: At most this many decompressed bytes come out of one call into a decompressor
+#: (a zstd block regenerates at most 128 KiB; gzip is told its limit), so a small
+#: file that expands to gigabytes is read piece by piece, never all at once.
+DECODED_PIECE = 8 << 20
+_ZSTD_BLOCK_MAX = 128 << 10
+
+
 def _decode_stream(
     fh: IO[bytes], start: int, remaining: int | None, status: list[str] | None
 ) -> Iterator[bytes]:
     head = _read(fh, remaining)
     if remaining is not None:
         remaining -= len(head)
-    factory = member_decoder(head)
-    if factory is None:
+    if member_decoder(head) is None:
         while head:
             yield head
             head = _read(fh, remaining)
             if remaining is not None:
                 remaining -= len(head)
         return
-    decoder = factory()
-    in_member = False
-    offset = start  # file offset of the next compressed byte to decode
-    member_start = start
+    reader = MemberReader(head)
     data = head
     while data:
-        while data:
-            try:
-                out = decoder.decompress(data)
-            except Exception as exc:  # zlib.error / zstandard.ZstdError
-                if status is not None:
-                    status.append(f"undecodable data in the frame/member at byte {member_start}: {exc}")
-                return
-            in_member = True
-            if out:
-                yield out
-            if decoder.eof:
-                tail = decoder.unused_data
-                offset += len(data) - len(tail)
-                data = tail
-                decoder = factory()
-                in_member = False
-                member_start = offset
-            else:
-                offset += len(data)
-                data = b""
+        try:
+            for out, _ in reader.feed(data):
+                if out:
+                    yield out
+        except ValueError as exc:
+            if status is not None:
+                status.append(f"undecodable data in the frame/member at byte {start + reader.member_start}: "
+                              f"{exc.__cause__ or exc}")
+            return
         data = _read(fh, remaining)
         if remaining is not None:
             remaining -= len(data)
-    if in_member and status is not None:
-        status.append(f"compressed stream cut off in the frame/member at byte {member_start}")
+    if reader.unfinished and status is not None:
+        status.append(f"compressed stream cut off at byte {start + reader.offset + len(reader.held)}, in the "
+                      f"frame/member that starts at byte {start + reader.member_start}")
+
+
+class MemberReader:
+    """Decodes a stream of gzip members or zstd frames fed in any pieces, keeping
+    each call's output bounded (gzip by ``max_length``, zstd by feeding whole
+    blocks, which regenerate at most 128 KiB each): a small file that expands to
+    gigabytes is decoded piece by piece. Offsets count from the first byte fed."""
+
+    def __init__(self, magic: bytes):
+        self.gzip = magic.startswith(_GZIP_MAGIC)
+        self._factory = member_decoder(magic)
+        self._decoder = self._factory()
+        self._blocks = _ZstdBlocks()
+        #: Bytes fed but not yet decoded (the start of an incomplete block).
+        self.held = b""
+        #: Offset of the next byte to decode, and of the frame/member it is in.
+        self.offset = 0
+        self.member_start = 0
+        self._in_member = False
+
+    @property
+    def unfinished(self) -> bool:
+        """True when the stream so far ends inside a frame/member."""
+        return self._in_member or bool(self.held)
+
+    def feed(self, data: bytes) -> Iterator[tuple[bytes, bool]]:
+        """(decoded bytes, whether a frame/member ended there) for ``data``; raises
+        ValueError (from the decompressor's error) on undecodable data."""
+        data = self.held + data
+        self.held = b""
+        while data:
+            if self.gzip:
+                piece, rest = data, b""
+            else:
+                cut = self._blocks.cut(data, DECODED_PIECE // _ZSTD_BLOCK_MAX)
+                if not cut:
+                    self.held = data
+                    return
+                piece, rest = data[:cut], data[cut:]
+            try:
+                if self.gzip:
+                    out = self._decoder.decompress(piece, DECODED_PIECE)
+                    rest = self._decoder.unconsumed_tail + rest
+                    piece = piece[:len(piece) - len(self._decoder.unconsumed_tail)]
+                else:
+                    out = self._decoder.decompress(piece)
+            except Exception as exc:  # zlib.error / zstandard.ZstdError
+                raise ValueError(str(exc)) from exc
+            self._in_member = True
+            if self._decoder.eof:
+                tail = self._decoder.unused_data
+                self.offset += len(piece) - len(tail)
+                data = tail + rest
+                self._decoder = self._factory()
+                self._blocks = _ZstdBlocks()
+                self._in_member = False
+                self.member_start = self.offset
+                yield out, True
+            else:
+                self.offset += len(piece)
+                data = rest
+                yield out, False
+
+
+class _ZstdBlocks:
+    """Where the blocks of a zstd frame end, read from their headers as the bytes
+    come (RFC 8878): so a decompressor can be fed whole blocks, whose output is
+    bounded, rather than whatever was read."""
+
+    def __init__(self) -> None:
+        self.state = "header"  # -> "blocks" -> "checksum" -> "done"
+        self.checksum = 0
+
+    def cut(self, data: bytes, max_blocks: int) -> int:
+        """How many bytes of ``data`` (the frame's next bytes) hold at most
+        ``max_blocks`` whole blocks; the frame's header and end ride along. Past the
+        frame (or in bytes it cannot follow) everything is handed over: the
+        decompressor reports what it makes of it."""
+        pos = 0
+        blocks = 0
+        while pos < len(data):
+            if self.state == "header":
+                header = _zstd_header(data[pos:])
+                if header is None:
+                    return pos
+                if header[0] < 0:  # a skippable frame or not zstd: not ours to cut
+                    self.state = "done"
+                    return len(data)
+                pos += header[0]
+                self.checksum = header[1]
+                self.state = "blocks"
+            elif self.state == "blocks":
+                if len(data) - pos < 3:
+                    return pos
+                header = int.from_bytes(data[pos:pos + 3], "little")
+                last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+                length = 3 + (1 if kind == 1 else size)
+                if len(data) - pos < length or blocks >= max_blocks:
+                    return pos
+                pos += length
+                blocks += 1
+                if last:
+                    self.state = "checksum" if self.checksum else "done"
+            elif self.state == "checksum":
+                if len(data) - pos < 4:
+                    return pos
+                pos += 4
+                self.state = "done"
+            else:
+                return len(data)
+        return pos
+
+
+def _zstd_header(data: bytes) -> tuple[int, bool] | None:
+    """(size, has a checksum) of the zstd frame header at the start of ``data``;
+    None when more bytes are needed, size -1 for anything but a zstd frame."""
+    if len(data) < 5:
+        return None if _ZSTD_MAGIC.startswith(data[:4]) else (-1, False)
+    if not data.startswith(_ZSTD_MAGIC):
+        return -1, False
+    descriptor = data[4]
+    single = (descriptor >> 5) & 1
+    content = [1 if single else 0, 2, 4, 8][descriptor >> 6]
+    dictionary = [0, 1, 2, 4][descriptor & 3]
+    return 5 + (0 if single else 1) + dictionary + content, bool(descriptor & 4)
+
+
+#: Lines longer than this (decoded) are broken lines: counted, never held in memory.
+MAX_LINE_BYTES = 16 << 20
+#: The decoded bytes of a file are handed over in pieces of about this size (whole lines).
+LINE_PIECE_BYTES = 64 << 20
+
+
+class LinePiece(NamedTuple):
+    """Whole lines of a decoded stream, one piece of it (see :func:`iter_line_pieces`)."""
+
+    #: The lines, each ending with a line break (but perhaps the stream's last one);
+    #: a line longer than the cap is left empty here.
+    data: bytes
+    #: 1-based numbers, within this piece, of the lines longer than the cap.
+    long_lines: list[int]
+    #: Why decoding stopped early, on the last piece; else None.
+    cut_off: str | None
+
+
+def iter_line_pieces(path: str | os.PathLike[str], start: int = 0, end: int | None = None, *,
+                     piece_bytes: int = LINE_PIECE_BYTES, max_line: int = MAX_LINE_BYTES) -> Iterator[LinePiece]:
+    """The decoded lines of ``path`` (or of ``[start, end)``) in pieces of about
+    ``piece_bytes``, each made of whole lines; at least one piece. Memory stays
+    bounded by the piece size whatever the file expands to: a line longer than
+    ``max_line`` is dropped as it streams by (an empty line stands in for it, and
+    its number is listed)."""
+    status: list[str] = []
+    buf = bytearray()
+    long_lines: list[int] = []
+    skipping = False
+    for chunk in iter_decoded_chunks(path, start, end, status=status):
+        if skipping:
+            newline = chunk.find(b"\n")
+            if newline < 0:
+                continue
+            chunk = chunk[newline:]  # the long line's break ends its (empty) stand-in
+            skipping = False
+        buf += chunk
+        last = buf.rfind(b"\n")
+        if len(buf) - (last + 1) > max_line:
+            del buf[last + 1:]
+            long_lines.append(buf.count(b"\n") + 1)
+            skipping = True
+        if len(buf) >= piece_bytes and last >= 0:
+            cut = buf.rfind(b"\n") + 1
+            lines = buf.count(b"\n", 0, cut)
+            yield LinePiece(bytes(buf[:cut]), [n for n in long_lines if n <= lines], None)
+            long_lines = [n - lines for n in long_lines if n > lines]
+            del buf[:cut]
+    yield LinePiece(bytes(buf), long_lines, status[0] if status else None)
 
 
 def read_trace_bytes(
@@ -372,30 +549,53 @@ def parse_line(text: bytes, number: int = 0) -> TraceLine:
     try:
         event = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        return TraceLine(number, text, None, f"not valid JSON: {exc}")
+        event = _with_big_numbers(body) if "number" in str(exc) else None
+        if event is None:
+            return TraceLine(number, text, None, f"not valid JSON: {exc}")
     if not isinstance(event, dict):
         return TraceLine(number, text, None, "not a JSON object")
     return TraceLine(number, text, event, None)
+
+
+def _with_big_numbers(body: bytes) -> Any:
+    """``body`` parsed with integers beyond 64 bits kept as strings of their digits
+    (how dftrace writes them) and floats beyond double range as infinities; None
+    when it is not valid JSON even so."""
+    import json
+
+    def integer(digits: str) -> int | str:
+        value = int(digits) if len(digits) < 40 else None
+        return value if value is not None and -(2**63) <= value < 2**64 else digits
+
+    try:
+        return json.loads(body, parse_int=integer)
+    except ValueError:
+        return None
 
 
 def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[TraceLine]:
     """Yield every line of a ``.pfw``, ``.pfw.gz``, ``.pfw.zst`` or ``.json[.gz]`` file.
 
     Never raises on bad content: a line that is not one JSON object comes back with
-    ``error`` set, and a compressed stream cut off by a crash ends with one extra
-    broken line saying so (merged into the last line when that line was cut too).
-    A trailing comma (Chrome's array layout) is accepted.
+    ``error`` set, a line longer than ``MAX_LINE_BYTES`` comes back empty with
+    ``error`` set (it is never held in memory), and a compressed stream cut off by a
+    crash ends with one extra broken line saying so (merged into the last line when
+    that line was cut too). A trailing comma (Chrome's array layout) is accepted.
     """
-    status: list[str] = []
     number = 0
+    cut = None
     pending = b""
-    for chunk in iter_decoded_chunks(path, status=status):
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
-        for raw in lines:
+    for piece in iter_line_pieces(path, piece_bytes=_CHUNK * 8):
+        cut = piece.cut_off
+        long_lines = set(piece.long_lines)
+        lines = piece.data.split(b"\n")
+        pending = lines.pop()  # the stream's last line has no break: it comes last
+        for index, raw in enumerate(lines, 1):
             number += 1
-            yield parse_line(raw.strip(), number)
-    cut = status[0] if status else None
+            if index in long_lines:
+                yield TraceLine(number, b"", None, f"a line longer than {MAX_LINE_BYTES >> 20} MiB")
+            else:
+                yield parse_line(raw.strip(), number)
     if pending.strip():
         number += 1
         line = parse_line(pending.strip(), number)
@@ -434,29 +634,57 @@ def _is_time(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
-class _Span(NamedTuple):
-    ts: float
-    end: float
-    line: int
-    id: Any
-    parent: Any
-    level: Any
+class _Spans:
+    """The complete events of a file, as columns of numbers (about 50 bytes a span,
+    not a Python object each): what the nesting and parent rules need."""
+
+    #: Stands for a missing (or non-integer) id, parent or level.
+    NONE = -(2**63)
+
+    def __init__(self) -> None:
+        self.ts, self.end = array("d"), array("d")
+        self.line, self.id, self.parent, self.level, self.track = (array("q") for _ in range(5))
+        self.tracks: dict[tuple[Any, Any], int] = {}
+        self.keys: list[tuple[Any, Any]] = []
+
+    def add(self, pid: Any, tid: Any, ts: float, end: float, line: int, span_id: Any, parent: Any,
+            level: Any) -> None:
+        track = self.tracks.get((pid, tid))
+        if track is None:
+            track = self.tracks[(pid, tid)] = len(self.keys)
+            self.keys.append((pid, tid))
+        self.ts.append(ts)
+        self.end.append(end)
+        self.line.append(line)
+        self.id.append(self._int(span_id))
+        self.parent.append(self._int(parent))
+        self.level.append(self._int(level))
+        self.track.append(track)
+
+    @classmethod
+    def _int(cls, value: Any) -> int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and cls.NONE < value < 2**63
+        return value if ok else cls.NONE
 
 
 class TornTail(NamedTuple):
     """A compressed trace whose last frame/member was cut off (a process killed
-    mid-write): everything before ``offset`` decodes."""
+    mid-write): the file ends at ``offset``, inside the frame/member that starts at
+    ``frame``; the whole lines before the cut decode."""
 
-    #: File offset where the cut frame/member starts (the readable part ends there).
+    #: File offset where the file was cut (its end).
     offset: int
     #: Events on the whole lines before the cut.
     events: int
+    #: File offset where the cut frame/member starts.
+    frame: int | None = None
 
     def __str__(self) -> str:
-        return f"cut off at byte {self.offset}, {self.events} events readable"
+        where = f" in the frame that starts at byte {self.frame}" if self.frame is not None else ""
+        return f"cut off at byte {self.offset}{where}, {self.events} events readable"
 
 
-_CUT = re.compile(r"compressed stream cut off in the frame/member at byte (\d+)")
+_CUT = re.compile(r"compressed stream cut off at byte (\d+), in the frame/member that starts at byte (\d+)")
 
 
 def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
@@ -472,12 +700,13 @@ def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
     enclosing span. A file cut off by a crash (no ``]``) is valid as long as every
     line it has is whole. A compressed file whose last frame/member was cut
     mid-write is normal after a kill: unless ``strict``, the cut (and the partial
-    line it leaves) is no violation, and is reported in ``torn`` if a list is given.
+    line it leaves) is no violation, and is reported in ``torn`` if a list is given;
+    with ``strict``, an empty file (no ``[``, no event) is a violation too.
     An empty list means the file follows the contract.
     """
     allow_commas = os.fspath(path).endswith(CHROME_SUFFIXES)
     violations: list[Violation] = []
-    tracks: dict[tuple[Any, Any], list[_Span]] = {}
+    spans = _Spans()
     state = "start"  # -> "open" after "[" (or the first event), -> "closed" after "]"
     first_event = True
     events = 0
@@ -486,7 +715,7 @@ def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
         cut = _CUT.search(line.error) if line.error is not None else None
         if cut is not None and not strict:
             if torn is not None:
-                torn.append(TornTail(int(cut[1]), events))
+                torn.append(TornTail(int(cut[1]), events, int(cut[2])))
             continue
         events += line.event is not None
         if state == "closed":
@@ -519,8 +748,10 @@ def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
             )
         first_event = False
         violations.extend(_check_event(n, event))
-        _collect_span(n, event, tracks)
-    violations.extend(_check_nesting(tracks))
+        _collect_span(n, event, spans)
+    if strict and state == "start":
+        violations.append(Violation(0, "empty", "the file holds nothing: no '[' line and no event"))
+    violations.extend(_check_nesting(spans))
     violations.sort(key=lambda v: v.line)
     return violations
 
@@ -568,7 +799,7 @@ def _check_event(n: int, event: dict[str, Any]) -> list[Violation]:
     return found
 
 
-def _collect_span(n: int, event: dict[str, Any], tracks: dict[tuple[Any, Any], list[_Span]]) -> None:
+def _collect_span(n: int, event: dict[str, Any], spans: _Spans) -> None:
     if event.get("ph") != PH_COMPLETE:
         return
     ts, dur = event.get("ts"), event.get("dur")
@@ -577,68 +808,67 @@ def _collect_span(n: int, event: dict[str, Any], tracks: dict[tuple[Any, Any], l
         return
     args = event.get("args")
     args = args if isinstance(args, dict) else {}
-    span = _Span(ts, ts + dur, n, event.get("id"), args.get(ARG_PARENT), args.get(ARG_LEVEL))
-    tracks.setdefault((pid, tid), []).append(span)
+    spans.add(pid, tid, ts, ts + dur, n, event.get("id"), args.get(ARG_PARENT), args.get(ARG_LEVEL))
 
 
-def _check_nesting(tracks: dict[tuple[Any, Any], list[_Span]]) -> list[Violation]:
+def _check_nesting(spans: _Spans) -> list[Violation]:
     found = []
-    span_track: dict[tuple[Any, Any], tuple[Any, _Span]] = {}
-    for (pid, tid), spans in tracks.items():
-        for span in spans:
-            if span.id is not None:
-                span_track[(pid, span.id)] = (tid, span)
-    for (pid, tid), spans in tracks.items():
-        spans.sort(key=lambda s: (s.ts, -s.end, s.line))
-        stack: list[_Span] = []
-        for span in spans:
-            # Touching spans (one ends where the next starts) are disjoint.
-            while stack and stack[-1].end <= span.ts and not stack[-1].end == span.ts == span.end:
-                stack.pop()
-            if stack and span.end > stack[-1].end:
-                found.append(
-                    Violation(
-                        span.line,
-                        "nesting",
-                        f"overlaps the span at line {stack[-1].line} on pid {pid} tid {tid} "
-                        "without nesting in it",
-                    )
-                )
-                continue
-            stack.append(span)
-        for span in spans:
-            found.extend(_check_parent(pid, tid, span, span_track))
+    none = _Spans.NONE
+    ts, end, line, track = spans.ts, spans.end, spans.line, spans.track
+    # Only spans named as a parent are looked up by id (the last one with an id wins).
+    wanted = {(spans.keys[track[i]][0], spans.parent[i]) for i in range(len(ts)) if spans.parent[i] > 0}
+    by_id: dict[tuple[Any, int], int] = {}
+    if wanted:
+        for i in range(len(ts)):
+            key = (spans.keys[track[i]][0], spans.id[i])
+            if spans.id[i] != none and key in wanted:
+                by_id[key] = i
+    # By track, start, longest first, then line (the order spans were added in):
+    # stable sorts on one key each hold no tuple per span.
+    order = list(range(len(ts)))
+    order.sort(key=end.__getitem__, reverse=True)
+    order.sort(key=ts.__getitem__)
+    order.sort(key=track.__getitem__)
+    stack: list[int] = []
+    current = -1
+    for i in order:
+        if track[i] != current:
+            current, stack = track[i], []
+        # Touching spans (one ends where the next starts) are disjoint.
+        while stack and end[stack[-1]] <= ts[i] and not end[stack[-1]] == ts[i] == end[i]:
+            stack.pop()
+        if stack and end[i] > end[stack[-1]]:
+            pid, tid = spans.keys[current]
+            found.append(Violation(line[i], "nesting", f"overlaps the span at line {line[stack[-1]]} on pid "
+                                                      f"{pid} tid {tid} without nesting in it"))
+            continue
+        stack.append(i)
+    for i in order:
+        found.extend(_check_parent(spans, i, by_id))
     return found
 
 
-def _check_parent(
-    pid: Any, tid: Any, span: _Span, span_track: dict[tuple[Any, Any], tuple[Any, _Span]]
-) -> list[Violation]:
-    parent_id, level = span.parent, span.level
-    if not isinstance(parent_id, int) or isinstance(parent_id, bool):
+def _check_parent(spans: _Spans, i: int, by_id: dict[tuple[Any, int], int]) -> list[Violation]:
+    none = _Spans.NONE
+    parent_id, level, line = spans.parent[i], spans.level[i], spans.line[i]
+    if parent_id == none:
         return []
     if parent_id <= 0:  # 0 (dftrace) or -1 (DFTracer 1.x): a root span
-        if isinstance(level, int) and parent_id == 0 and level != 1:
-            return [Violation(span.line, "level", f"a span without parent has level {level}, expected 1")]
+        if level != none and parent_id == 0 and level != 1:
+            return [Violation(line, "level", f"a span without parent has level {level}, expected 1")]
         return []
-    found = span_track.get((pid, parent_id))
-    if found is None:
+    pid, tid = spans.keys[spans.track[i]]
+    parent = by_id.get((pid, parent_id))
+    if parent is None:
         return []  # the parent was dropped or lives in another part file
-    parent_tid, parent = found
+    parent_tid = spans.keys[spans.track[parent]][1]
     if parent_tid != tid:
-        return [
-            Violation(span.line, "parent", f"p_idx {parent_id} is a span on tid {parent_tid}, not on tid {tid}")
-        ]
-    if not (parent.ts <= span.ts and span.end <= parent.end):
-        return [
-            Violation(
-                span.line, "parent", f"p_idx {parent_id} (line {parent.line}) does not enclose this span"
-            )
-        ]
-    if isinstance(level, int) and isinstance(parent.level, int) and level != parent.level + 1:
-        return [
-            Violation(
-                span.line, "level", f"level {level} inside a level-{parent.level} parent (line {parent.line})"
-            )
-        ]
+        return [Violation(line, "parent", f"p_idx {parent_id} is a span on tid {parent_tid}, not on tid {tid}")]
+    if not (spans.ts[parent] <= spans.ts[i] and spans.end[i] <= spans.end[parent]):
+        return [Violation(line, "parent", f"p_idx {parent_id} (line {spans.line[parent]}) does not enclose "
+                                          "this span")]
+    parent_level = spans.level[parent]
+    if level != none and parent_level != none and level != parent_level + 1:
+        return [Violation(line, "level", f"level {level} inside a level-{parent_level} parent "
+                                         f"(line {spans.line[parent]})")]
     return []

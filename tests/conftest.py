@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -67,3 +68,13 @@ DFTRACER_SAMPLES = Path(__file__).resolve().parent / "data" / "dftracer"
 def samples() -> Path:
     """DFTracer's real trace files, in ``tests/data/dftracer``."""
     return DFTRACER_SAMPLES
+
+
+@pytest.fixture
+def busy_machine():
+    """Three processes spinning on the CPU while the test runs (a shared, busy machine)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    yield
+    for p in spinners:
+        p.kill()
+        p.wait()

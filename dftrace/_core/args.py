@@ -131,7 +131,9 @@ def sanitize_args(args: Mapping[str, Any] | None, max_len: int = 1024) -> dict[s
 
 
 def _dump(v: Any) -> bytes:
-    """orjson, falling back to hand encoding for ints beyond 64 bits."""
+    """orjson, falling back to hand encoding for ints beyond 64 bits, which are
+    written as strings of their digits: a JSON reader (ours, the validator's) turns
+    a longer number into a float, or rejects it past 308 digits."""
     import orjson  # at the first arg encoded, not at ``import dftrace``
 
     try:
@@ -139,7 +141,10 @@ def _dump(v: Any) -> bytes:
     except Exception:
         pass
     if isinstance(v, int) and not isinstance(v, bool):
-        return str(v).encode()
+        try:
+            return b'"' + str(v).encode() + b'"'
+        except ValueError:  # more digits than int -> str allows
+            return orjson.dumps(describe_object(v))
     if isinstance(v, dict):
         return b"{" + b",".join(orjson.dumps(k) + b":" + _dump(x) for k, x in v.items()) + b"}"
     if isinstance(v, list):

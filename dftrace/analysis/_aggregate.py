@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from .. import format as fmt
-from ._decode import MAX_BROKEN_KEPT, PartitionData, read_partition
+from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces
 from ._gpu import activity_by_process
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS
@@ -70,6 +70,13 @@ class Partial:
     epoch_spans: pl.DataFrame
     #: pid, host_key, group, start, end: disjoint busy intervals per group
     intervals: pl.DataFrame
+    #: pid, host_key, cat, name, us: self time per name as painted in this partition
+    self_times: pl.DataFrame
+    #: pid, host_key, tid, level, start, end / ... cat, name: spans whose enclosing span
+    #: is elsewhere, and spans that may enclose such spans of earlier partitions
+    #: (see ``self_times_of``)
+    orphans: pl.DataFrame
+    openers: pl.DataFrame
     #: pid, host_key, start, end, n, incomplete
     extents: pl.DataFrame
     #: pid, host_key, mask, us: time in each combination of active groups, valid
@@ -80,8 +87,10 @@ class Partial:
 
 
 def aggregate_partition(partition: Partition) -> Partial:
-    """Read one partition and reduce it to a :class:`Partial` (runs on workers)."""
-    return aggregate(read_partition(partition, SUMMARY_COLUMNS))
+    """Read one partition and reduce it to a :class:`Partial` (runs on workers),
+    piece by piece: one piece of decoded lines is held at a time."""
+    partials = [aggregate(piece) for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS)]
+    return partials[0] if len(partials) == 1 else fold_partials(partials)
 
 
 def aggregate(data: PartitionData) -> Partial:
@@ -139,6 +148,11 @@ _EMPTY = {
     "epochs": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, **_EXTENT_SCHEMA}),
     "epoch_spans": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, **_EXTENT_SCHEMA}),
     "intervals": pl.DataFrame(schema={**_KEY_SCHEMA, "group": pl.Int8, "start": pl.Int64, "end": pl.Int64}),
+    "self_times": pl.DataFrame(schema={**_KEY_SCHEMA, "cat": pl.String, "name": pl.String, "us": pl.Int64}),
+    "orphans": pl.DataFrame(schema={**_KEY_SCHEMA, "tid": pl.Int64, "level": pl.Int64, "start": pl.Int64,
+                                    "end": pl.Int64}),
+    "openers": pl.DataFrame(schema={**_KEY_SCHEMA, "tid": pl.Int64, "level": pl.Int64, "start": pl.Int64,
+                                    "end": pl.Int64, "cat": pl.String, "name": pl.String}),
     "extents": pl.DataFrame(schema={**_KEY_SCHEMA, **_EXTENT_SCHEMA, "incomplete": pl.Int64}),
     "overlap": pl.DataFrame(schema={**_KEY_SCHEMA, "mask": pl.Int64, "us": pl.Int64}),
 }
@@ -169,7 +183,11 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, p
     extents = spans.select(
         *_extent(), pl.col("incomplete").fill_null(False).sum().cast(pl.Int64).alias("incomplete")
     )
-    intervals = union_intervals(self_time_intervals(spans), [])
+    own, self_us = self_time_intervals(spans)
+    intervals = union_intervals(own, [])
+    self_times = (spans.select("cat", "name").with_columns(pl.Series("us", self_us))
+                  .group_by(["cat", "name"]).agg(pl.col("us").sum()))
+    orphans, openers = _nesting_edges(spans)
     masks = mask_times(intervals)
     overlap = pl.DataFrame(
         {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
@@ -178,7 +196,7 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, p
     tables = {
         "durations": durations, "steps": steps, "containers": containers, "collectives": collectives,
         "epochs": epochs, "epoch_spans": epoch_spans,
-        "intervals": intervals,
+        "intervals": intervals, "self_times": self_times, "orphans": orphans, "openers": openers,
         "extents": extents, "overlap": overlap,
     }
     return {
@@ -202,26 +220,35 @@ def _group_expr() -> pl.Expr:
     return expr.otherwise(None).cast(pl.Int8)
 
 
-def self_time_intervals(spans: pl.DataFrame) -> pl.DataFrame:
-    """group, start, end: the time each thread spent with its innermost open span in
-    each activity group (a collective inside ``backward`` is communication, not
-    compute). Time whose innermost span has no group (pipeline spans, loop bodies)
-    belongs to none. Spans are nested per thread by ``level`` (depth on the track);
-    without levels (DFTracer 2.x files) the nesting is rebuilt from the times."""
+def self_time_intervals(spans: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+    """(group, start, end: the time each thread spent with its innermost open span in
+    each activity group; each span's self time, the time it was the innermost, in
+    the order of ``spans``).
+
+    A collective inside ``backward`` is communication, not compute. Time whose
+    innermost span has no group (pipeline spans, loop bodies) belongs to no group,
+    but is its span's self time. Spans are nested per thread by ``level`` (depth on
+    the track); without levels (DFTracer 2.x files) the nesting is rebuilt from the
+    times."""
     pieces = []
-    frame = spans.select(pl.col("tid").fill_null(0), "ts", "end", "level", _group_expr().alias("group"))
+    self_us = np.zeros(spans.height, dtype=np.int64)
+    frame = spans.select(pl.col("tid").fill_null(0), "ts", "end", "level", _group_expr().alias("group"),
+                         pl.int_range(pl.len(), dtype=pl.Int64).alias("span"))
     for _, thread in frame.partition_by("tid", as_dict=True).items():
-        pieces.append(_innermost(thread))
+        intervals, (owner, us) = _innermost(thread)
+        pieces.append(intervals)
+        np.add.at(self_us, owner, us)
     if not pieces:
-        return pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64})
-    return pl.concat(pieces, how="vertical")
+        return pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64}), self_us
+    return pl.concat(pieces, how="vertical"), self_us
 
 
-def _innermost(thread: pl.DataFrame) -> pl.DataFrame:
+def _innermost(thread: pl.DataFrame) -> tuple[pl.DataFrame, tuple[np.ndarray, np.ndarray]]:
     thread = thread.sort(["ts", "end"], descending=[False, True])
     starts = thread.get_column("ts").to_numpy().astype(np.int64)
     ends = thread.get_column("end").to_numpy().astype(np.int64)
     groups = thread.get_column("group").fill_null(-1).to_numpy().astype(np.int64)
+    spans = thread.get_column("span").to_numpy().astype(np.int64)
     levels = thread.get_column("level")
     if levels.null_count():
         depth = _depths(starts, ends)
@@ -229,31 +256,95 @@ def _innermost(thread: pl.DataFrame) -> pl.DataFrame:
         depth = levels.to_numpy().astype(np.int64)
     bounds = _sorted_unique(np.concatenate([starts, ends]))
     if bounds.size < 2:
-        return pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64})
+        return (pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64}),
+                (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)))
     first = np.searchsorted(bounds, starts)
     last = np.searchsorted(bounds, ends)
     segments = bounds.size - 1
     best_depth = np.full(segments, -1, dtype=np.int64)
     best_group = np.full(segments, -1, dtype=np.int64)
+    best_span = np.full(segments, -1, dtype=np.int64)
+    position = np.arange(starts.size, dtype=np.int64)
     # Deeper spans paint over shallower ones; spans of one depth on one thread are
-    # disjoint, so painting depth by depth leaves the innermost span's group.
+    # disjoint, so painting depth by depth leaves the innermost span (and its group).
     for d in np.unique(depth):
         at = depth == d
         cover = np.zeros(segments + 1, dtype=np.int64)
         code = np.zeros(segments + 1, dtype=np.int64)
+        owner = np.zeros(segments + 1, dtype=np.int64)
         np.add.at(cover, first[at], 1)
         np.add.at(cover, last[at], -1)
         np.add.at(code, first[at], groups[at] + 2)
         np.add.at(code, last[at], -(groups[at] + 2))
-        covered = np.cumsum(cover)[:-1] > 0
-        value = np.cumsum(code)[:-1] - 2
+        np.add.at(owner, first[at], position[at])
+        np.add.at(owner, last[at], -position[at])
+        depth_cover = np.cumsum(cover)[:-1]
+        covered = depth_cover > 0
+        # Spans of one depth overlap only in odd files (identical events): their
+        # codes add up, so divide by how many there are; never out of range.
+        count = np.maximum(depth_cover, 1)
+        value = np.clip(np.cumsum(code)[:-1] // count - 2, -1, len(GROUPS) - 1)
+        which = np.clip(np.cumsum(owner)[:-1] // count, 0, starts.size - 1)
         take = covered & (d >= best_depth)
         best_depth[take] = d
         best_group[take] = value[take]
+        best_span[take] = which[take]
     keep = best_group >= 0
-    return pl.DataFrame(
+    owned = best_span >= 0
+    intervals = pl.DataFrame(
         {"group": best_group[keep], "start": bounds[:-1][keep], "end": bounds[1:][keep]},
         schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64},
+    )
+    return intervals, (spans[best_span[owned]], np.diff(bounds)[owned])
+
+
+def _nesting_edges(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(orphans, openers) of a partition's spans, for self time across partitions:
+    orphans (tid, level, start, end) are spans whose enclosing span (one level up,
+    same thread) is not among ``spans``; openers (tid, level, start, end, cat, name)
+    are the spans that began before every span of their thread here ended, the only
+    ones that can enclose an orphan of an earlier partition (a span is written when
+    it ends, after everything it encloses). Threads without levels have none."""
+    frame = spans.select(pl.col("tid").fill_null(0), "level", "ts", "end", "cat", "name").filter(
+        pl.col("level").is_not_null().all().over("tid")
+    )
+    if not frame.height:
+        return _EMPTY["orphans"].drop(_KEY), _EMPTY["openers"].drop(_KEY)
+    parents = frame.select("tid", (pl.col("level") + 1).alias("level"), pl.col("ts").alias("_from"),
+                           pl.col("end").alias("_to")).sort("_from")
+    inner = frame.filter(pl.col("level") > 1).sort("ts")
+    orphans = (
+        inner.join_asof(parents, left_on="ts", right_on="_from", by=["tid", "level"], check_sortedness=False)
+        .filter(pl.col("_to").is_null() | (pl.col("_to") < pl.col("end")))
+        .select("tid", "level", pl.col("ts").alias("start"), "end")
+    )
+    openers = frame.filter(pl.col("ts") < pl.col("end").min().over("tid")).select(
+        "tid", "level", pl.col("ts").alias("start"), "end", "cat", "name")
+    return orphans, openers
+
+
+def self_times_of(self_times: pl.DataFrame, orphans: pl.DataFrame, openers: pl.DataFrame,
+                  keys: Sequence[str]) -> pl.DataFrame:
+    """*keys, cat, name, us: self time per name, exact across partitions: a span
+    painted in one partition counted as its own the time of the spans it encloses
+    that were written in another (its orphans there), which is taken back here."""
+    totals = self_times.group_by([*keys, "cat", "name"]).agg(pl.col("us").sum())
+    if not orphans.height or not openers.height:
+        return totals
+    parents = openers.select(*keys, "tid", (pl.col("level") + 1).alias("level"), pl.col("start").alias("_from"),
+                             pl.col("end").alias("_to"), "cat", "name").sort("_from")
+    taken = (
+        orphans.sort("start")
+        .join_asof(parents, left_on="start", right_on="_from", by=[*keys, "tid", "level"], check_sortedness=False)
+        .filter(pl.col("_to").is_not_null() & (pl.col("_to") >= pl.col("end")))
+        .group_by([*keys, "cat", "name"]).agg((pl.col("end") - pl.col("start")).sum().alias("_taken"))
+    )
+    return (
+        totals.join(taken, on=[*keys, "cat", "name"], how="left")
+        # Never below zero: spans of one level that overlap (a malformed file) can
+        # take from the wrong one.
+        .with_columns(pl.max_horizontal(pl.col("us") - pl.col("_taken").fill_null(0), pl.lit(0)).alias("us"))
+        .drop("_taken")
     )
 
 
@@ -317,6 +408,31 @@ def mask_times(intervals: pl.DataFrame) -> np.ndarray:
     return np.rint(spans).astype(np.int64)
 
 
+def alone_intervals(intervals: pl.DataFrame, group: str) -> pl.DataFrame:
+    """proc, start, end: the time each process spent with ``group`` active and no
+    other group (disjoint intervals). ``intervals`` holds proc, group, start, end,
+    disjoint within each (proc, group). For communication this is the blocked time:
+    waiting in a collective (a blocking call, DDP's wait for its buckets, the
+    completion of asynchronous work) while nothing else runs; several collectives at
+    once count once, and in-flight work that overlaps compute is not waiting."""
+    bit = 1 << GROUPS.index(group)
+    pieces = []
+    for (proc,), frame in intervals.partition_by("proc", as_dict=True).items():
+        bits = np.left_shift(1, frame.get_column("group").to_numpy().astype(np.int64))
+        times = np.concatenate([frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy()])
+        order = np.argsort(times, kind="stable")
+        times = times[order]
+        state = np.bitwise_xor.accumulate(np.concatenate([bits, bits])[order])
+        alone = (state[:-1] == bit) & (times[1:] > times[:-1])
+        if alone.any():
+            starts, ends = _union(times[:-1][alone], times[1:][alone])
+            pieces.append(pl.DataFrame({"proc": proc, "start": starts, "end": ends},
+                                       schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64}))
+    if not pieces:
+        return pl.DataFrame(schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
+    return pl.concat(pieces, how="vertical")
+
+
 @dataclass
 class Combined:
     """All partials merged, keyed by process (an index into ``resolution.processes``)."""
@@ -324,6 +440,9 @@ class Combined:
     resolution: Resolution
     files: list[FileReport]
     durations: pl.DataFrame
+    #: cat, name, us: each name's self time (the time its spans were the innermost
+    #: on their thread), all processes together.
+    self_times: pl.DataFrame
     steps: pl.DataFrame
     containers: pl.DataFrame
     collectives: pl.DataFrame
@@ -334,6 +453,9 @@ class Combined:
     overlap: pl.DataFrame
     #: proc, start, end: disjoint compute intervals (self time) of each process.
     compute: pl.DataFrame
+    #: proc, start, end: disjoint intervals each process spent blocked in
+    #: communication with nothing else running (see ``alone_intervals``).
+    blocked: pl.DataFrame
     #: path, start, end, command: each input file's time span and the command line
     #: its process info names (to tell files of separate runs apart).
     file_extents: pl.DataFrame
@@ -368,6 +490,8 @@ def combine(partials: Sequence[Partial]) -> Combined:
 
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
     durations = collect("durations").group_by(["proc", "cat", "name", "dur"]).agg(pl.col("n").sum())
+    self_times = self_times_of(collect("self_times"), collect("orphans"), collect("openers"), ["proc"]).group_by(
+        ["cat", "name"]).agg(pl.col("us").sum())
     epochs = collect("epochs").group_by(["proc", "epoch"]).agg(*extent)
     epoch_spans = collect("epoch_spans").group_by(["proc", "epoch"]).agg(*extent)
     pieces = collect("extents")
@@ -386,8 +510,11 @@ def combine(partials: Sequence[Partial]) -> Combined:
             .select(steps.columns),
         ], how="vertical")
     overlap = collect("overlap").filter(~pl.col("proc").is_in(list(split)))
-    if split:
-        merged = union_intervals(collect("intervals", split), ["proc"])
+    intervals = collect("intervals")
+    if split:  # a process read in pieces has each group's intervals in several partials
+        is_split = pl.col("proc").is_in(list(split))
+        merged = union_intervals(intervals.filter(is_split), ["proc"])
+        intervals = pl.concat([intervals.filter(~is_split), merged], how="vertical")
         rows = [
             (proc, mask, int(us))
             for (proc,), frame in merged.partition_by("proc", as_dict=True).items()
@@ -397,9 +524,8 @@ def combine(partials: Sequence[Partial]) -> Combined:
         recomputed = pl.DataFrame(rows, schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}, orient="row")
         overlap = pl.concat([overlap.select("proc", "mask", "us"), recomputed], how="vertical")
     compute_bit = GROUPS.index("compute")
-    compute = union_intervals(
-        collect("intervals").filter(pl.col("group") == compute_bit), ["proc"]
-    ).select("proc", "start", "end")
+    compute = intervals.filter(pl.col("group") == compute_bit).select("proc", "start", "end")
+    blocked = alone_intervals(intervals, "comm")
     phases = (
         pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
         if partials
@@ -409,6 +535,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
         resolution=resolution,
         files=file_reports(sources, [int(p.phases.get_column("n").sum()) for p in partials]),
         durations=durations,
+        self_times=self_times,
         steps=steps,
         containers=collect("containers"),
         collectives=collect("collectives"),
@@ -417,6 +544,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
         extents=extents,
         overlap=overlap.select("proc", "mask", "us"),
         compute=compute,
+        blocked=blocked,
         file_extents=_file_extents(partials),
         phases=phases,
         partitions=len(partials),
@@ -493,6 +621,9 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
     ]
     tables = {
         "durations": stacked("durations").group_by([*_KEY, "cat", "name", "dur"]).agg(pl.col("n").sum()),
+        "self_times": stacked("self_times").group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
+        "orphans": stacked("orphans"),
+        "openers": stacked("openers"),
         "steps": stacked("steps").group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
         "containers": stacked("containers"),
         "collectives": stacked("collectives"),

@@ -136,7 +136,7 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
                 print(f"dftrace: error: {missing_extra_message(exc, command) or exc}", file=sys.stderr)
                 return 2
             except (OSError, ValueError, argparse.ArgumentTypeError) as exc:
-                print(f"dftrace: error: {exc}", file=sys.stderr)
+                print(f"dftrace: error: {_printable(str(exc))}", file=sys.stderr)
                 return 2
 
         return wrapper
@@ -179,7 +179,7 @@ def _run_summary(args: argparse.Namespace) -> int:
 
     with _Run(args) as options:
         summary = summarize(args.paths, **options)
-    sys.stdout.write(summary.to_json() + "\n" if args.json else render_text(summary, top=args.top))
+    sys.stdout.write(summary.to_json() + "\n" if args.json else _printable(render_text(summary, top=args.top)))
     return 0
 
 
@@ -228,7 +228,10 @@ def _run_merge(args: argparse.Namespace) -> int:
 def _events_of(trace: Any) -> str:
     from ._render_text import count_of
 
-    return f"{count_of(trace.events.height, 'event')} of {count_of(trace.processes.height, 'process', 'processes')}"
+    broken = sum(f.broken_count for f in trace.files)
+    skipped = f" ({count_of(broken, 'broken line')} left out; dftrace summary lists them)" if broken else ""
+    return (f"{count_of(trace.events.height, 'event')} of "
+            f"{count_of(trace.processes.height, 'process', 'processes')}{skipped}")
 
 
 def _step_range(text: str | None) -> tuple[int, int] | None:
@@ -271,7 +274,7 @@ def _run_validate(args: argparse.Namespace) -> int:
             continue
         print(f"{path}: {len(violations)} violation{'s' if len(violations) > 1 else ''}")
         for v in violations[: args.max]:
-            print(f"  {v}")
+            print(f"  {_printable(str(v))}")
         if len(violations) > args.max:
             print(f"  ... {len(violations) - args.max} more")
     if args.json:
@@ -293,12 +296,21 @@ def _register_diff_and_watch(subparsers: Any) -> None:
         "the straggler, events and dropped events, each with its absolute and relative change. "
         "Figures that moved beyond --threshold (and names whose count changed) are flagged "
         "and listed first, largest effect on step time first. Runs may have different numbers "
-        "of ranks and be written by dftrace or DFTracer. Exit code 1 when --fail-on-regression "
-        "is given and the --metric got worse by more than it, 2 when a run cannot be read."
+        "of ranks and be written by dftrace or DFTracer. Each change comes with a 95 % interval "
+        "from the noise: the spread over several runs per side (--base/--new repeated, or a "
+        "directory of runs), else, for step figures, the spread over blocks of steps. Exit code 1 "
+        "when --fail-on-regression is given and the --metric got worse by more than it and "
+        "outside the noise, 2 when a run cannot be read."
         + _EXECUTOR_HELP,
     )
-    p.add_argument("base", help="the reference run: trace files, a directory or a glob")
-    p.add_argument("new", help="the run to check: trace files, a directory or a glob")
+    p.add_argument("base", help="the reference run: trace files, a directory or a glob; a directory "
+                   "whose subdirectories hold the traces is several runs, one per subdirectory")
+    p.add_argument("new", help="the run to check, as BASE")
+    p.add_argument("--base", dest="more_base", action="append", default=[], metavar="RUN",
+                   help="another run of the reference (repeat for more): the spread of each figure "
+                   "over a side's runs is the noise its change is judged against")
+    p.add_argument("--new", dest="more_new", action="append", default=[], metavar="RUN",
+                   help="another run of the run to check (repeat for more)")
     p.add_argument("--threshold", default="5%", metavar="PCT",
                    help="relative change below which a figure is noise (default 5%%)")
     p.add_argument("--fail-on-regression", metavar="PCT",
@@ -319,8 +331,10 @@ def _register_diff_and_watch(subparsers: Any) -> None:
         "step, steps per second, step time p50/p95 over the recent steps, data-loader stall, "
         "communication wait and the straggler; totals; files that stopped growing or were cut off. "
         "Reads only the bytes added since the last look, picks up new files (a directory or glob "
-        "is searched again), and exits by itself when every file is closed (or on Ctrl-C, "
-        "exit code 0). Without a terminal it prints plain snapshots.",
+        "is searched again), and exits by itself when no file will grow again: each closed, cut "
+        "off with its writer gone (a process of this host that no longer runs), or naming no "
+        "writer and not grown for --stale seconds; or on Ctrl-C (exit code 0). "
+        "Without a terminal it prints plain snapshots.",
     )
     p.add_argument("paths", nargs="+", help="trace files, directories or globs (quote globs)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (default 1)")
@@ -336,13 +350,14 @@ def _register_diff_and_watch(subparsers: Any) -> None:
 @_command(*ANALYSIS)
 def _run_diff(args: argparse.Namespace) -> int:
     from ._diff import compare_summaries, parse_percent, render_diff
+    from ._sources import runs_in
     from ._summary import summarize
 
     threshold = parse_percent(args.threshold)
     limit = parse_percent(args.fail_on_regression) if args.fail_on_regression is not None else None
     with _Run(args) as options:
-        base = summarize([args.base], **options)
-        new = summarize([args.new], **options)
+        base = [summarize([run], **options) for path in [args.base, *args.more_base] for run in runs_in(path)]
+        new = [summarize([run], **options) for path in [args.new, *args.more_new] for run in runs_in(path)]
     diff = compare_summaries(base, new, threshold=threshold)
     failure = diff.regression(args.metric, limit) if limit is not None else None
     if args.json:
@@ -352,11 +367,17 @@ def _run_diff(args: argparse.Namespace) -> int:
                                   "reason": failure}
         sys.stdout.write(_json_text(data) + "\n")
     else:
-        sys.stdout.write(render_diff(diff, args.base, args.new, top=args.top))
+        sys.stdout.write(_printable(render_diff(diff, args.base, args.new, top=args.top)))
     if failure is not None:
-        print(f"dftrace diff: regression: {failure}", file=sys.stderr)
+        print(f"dftrace diff: regression: {_printable(failure)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _printable(text: str) -> str:
+    from ._render_text import printable
+
+    return printable(text)
 
 
 def _json_text(data: Any) -> str:
@@ -424,6 +445,9 @@ def _register_sql(subparsers: Any) -> None:
     out.add_argument("-o", "--output", metavar="FILE", help="write the result to FILE (.parquet, .csv or .json)")
     p.add_argument("--max-rows", type=int, default=100, metavar="N",
                    help="rows of the terminal table (default 100; -1 for all)")
+    p.add_argument("--allow-file-functions", action="store_true",
+                   help="let the query call polars' table functions that read files (read_csv(...), ...); "
+                   "without it a query reads only the traces given")
     _execution(p)
     p.set_defaults(func=_run_sql)
 
@@ -438,21 +462,27 @@ def _run_sql(args: argparse.Namespace) -> int:
         check_output(args.output)
     try:
         with _Run(args) as options:
-            result = run_sql(args.query, args.paths, **options)
+            broken: list[int] = []
+            result = run_sql(args.query, args.paths, allow_file_functions=args.allow_file_functions,
+                             broken=broken, **options)
     except pl.exceptions.PolarsError as exc:
         # polars explains a bad query in its first line; the plan dump after it is noise.
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"dftrace: error: in the query: {message}", file=sys.stderr)
+        print(f"dftrace: error: in the query: {_printable(message)}", file=sys.stderr)
         return 2
+    if sum(broken):
+        print(f"dftrace sql: {sum(broken)} broken line{'s' if sum(broken) != 1 else ''} of the input left out "
+              "(dftrace summary lists them)", file=sys.stderr)
     if args.output:
         write_result(result, args.output)
         print(f"wrote {args.output}: {result.height} rows")
     elif args.csv:
-        sys.stdout.write(result.write_csv())
+        csv = result.write_csv()
+        sys.stdout.write(_printable(csv) if sys.stdout.isatty() else csv)
     elif args.json:
         sys.stdout.buffer.write(result_json(result))
     else:
-        sys.stdout.write(result_table(result, args.max_rows))
+        sys.stdout.write(_printable(result_table(result, args.max_rows)))
     return 0
 
 

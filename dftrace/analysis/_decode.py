@@ -13,7 +13,7 @@ which reports each broken line instead of failing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,18 +91,65 @@ def read_partition(
     wanted = _wanted(columns, arg_columns)
     if partition.is_parquet:
         return _read_parquet(partition, wanted)
+    return joined_pieces(list(_pieces(partition, wanted)))
+
+
+def iter_partition_pieces(partition: Partition, columns: Iterable[str] | None = None) -> Iterator[PartitionData]:
+    """``read_partition`` in pieces of whole lines (``fmt.LINE_PIECE_BYTES`` of
+    decoded text each), read one after the other: a consumer that reduces each
+    piece before asking for the next holds one piece at a time, whatever the
+    partition expands to. Line numbers count from each piece's start."""
+    wanted = _wanted(columns, None)
+    if partition.is_parquet:
+        yield _read_parquet(partition, wanted)
+        return
+    yield from _pieces(partition, wanted)
+
+
+def _pieces(partition: Partition, wanted: Wanted) -> Iterator[PartitionData]:
+    first = True
+    for piece in fmt.iter_line_pieces(partition.path, partition.start, partition.end):
+        if first and _kineto.looks_like_document(piece.data[:_kineto.SNIFF_BYTES]):
+            del piece
+            yield _read_document(partition, wanted)  # one JSON object: read whole
+            return
+        first = False
+        result = PartitionData(partition, _empty(wanted), cut_off=piece.cut_off)
+        for number in piece.long_lines:
+            result.note_broken(number, f"a line longer than {fmt.MAX_LINE_BYTES >> 20} MiB (not read)")
+        holder = [piece.data]
+        del piece
+        if not holder[0]:
+            yield result
+        elif _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted):
+            yield result
+        else:
+            yield _read_lines(result, holder, wanted)
+
+
+def _read_document(partition: Partition, wanted: Wanted) -> PartitionData:
+    """A PyTorch profiler trace (one JSON document), read whole."""
     decoded = fmt.read_trace_bytes(partition.path, partition.start, partition.end)
     result = PartitionData(partition, _empty(wanted), cut_off=decoded.cut_off)
-    if not decoded.data:
-        return result
-    if _kineto.looks_like_document(decoded.data[:_kineto.SNIFF_BYTES]):
-        _kineto.fill_partition(result, decoded.data, wanted, result.events.schema)
-        return result
-    holder = [decoded.data]
-    del decoded
-    if _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted):
-        return result
-    return _read_lines(result, holder, wanted)
+    _kineto.fill_partition(result, decoded.data, wanted, result.events.schema)
+    return result
+
+
+def joined_pieces(pieces: list[PartitionData]) -> PartitionData:
+    """Consecutive pieces of one partition as one (line numbers continued)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    broken: list[tuple[int, str]] = []
+    lines = 0
+    for p in pieces:
+        broken.extend((lines + number, reason) for number, reason in p.broken)
+        lines += p.n_lines
+    return PartitionData(
+        pieces[0].partition, pl.concat([p.events for p in pieces], how="vertical"),
+        meta=[record for p in pieces for record in p.meta], n_lines=lines, broken=broken[:MAX_BROKEN_KEPT],
+        broken_count=sum(p.broken_count for p in pieces), cut_off=pieces[-1].cut_off,
+        closed=any(p.closed for p in pieces),
+    )
 
 
 def _read_lines(result: PartitionData, holder: list[bytes], wanted: Wanted) -> PartitionData:
@@ -113,7 +160,11 @@ def _read_lines(result: PartitionData, holder: list[bytes], wanted: Wanted) -> P
     ends_with_newline = data.endswith(b"\n")
     # Keep read_lines' chunks: json_decode runs chunks in parallel, and a single
     # rechunked column decodes several times slower.
-    text = pl.read_lines(data, name="text").get_column("text")
+    try:
+        text = pl.read_lines(data, name="text").get_column("text")
+    except pl.exceptions.ComputeError:  # bytes that are not UTF-8: those lines are broken
+        data = _utf8_lines(result, data)
+        text = pl.read_lines(data, name="text").get_column("text")
     del data  # the lines hold their own copy: free the bytes before parsing
     result.n_lines = text.len()
     is_object = text.str.starts_with("{")
@@ -157,7 +208,8 @@ _LINE_EVENT, _LINE_OTHER, _LINE_UNREAD = 0, 1, 2
 def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted) -> bool:
     """Fill ``result`` from the C scanner's columns; False (``result`` untouched) when a
     line holds valid JSON the scanner cannot take (a value of an unexpected type)."""
-    sources = list(dict.fromkeys([("top", "ph", pl.String()), *(s for s in wanted.values() if s is not None)]))
+    sources = list(dict.fromkeys([("top", "ph", pl.String()), ("top", "name", pl.String()),
+                                  *(s for s in wanted.values() if s is not None)]))
     spec = tuple(
         (int(where == "args"), key.encode(), _KIND_STR if dtype == pl.String else
          _KIND_BOOL if dtype == pl.Boolean else _KIND_FLOAT if dtype == pl.Float64 else _KIND_INT)
@@ -187,10 +239,9 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted) -> bool:
             return False
         columns[f"{where}.{key}"] = series
     ph = columns.pop("top.ph").replace(_PHASE_CODES)
+    name = columns["top.name"] if "name" in wanted else columns.pop("top.name")
     is_event = pl.Series(status == _LINE_EVENT)
-    missing = is_event & ph.is_null()
-    for index in missing.arg_true().to_list():
-        broken.append((index + 1, "event without ph"))
+    missing = _without_name_or_ph(result, ph, name, lambda mask: mask.arg_true().to_numpy() + 1, is_event)
     is_meta = is_event & (ph == fmt.PH_METADATA)
     keep = is_event & ~missing & ~is_meta
     args = {key.removeprefix("args."): s.filter(keep) for key, s in columns.items() if key.startswith("args.")}
@@ -285,6 +336,35 @@ def _note_cut_off(result: PartitionData, reason: str) -> None:
         result.note_broken(result.n_lines + 1, reason)
 
 
+def _utf8_lines(result: PartitionData, data: bytes) -> bytes:
+    """``data`` with every line that is not UTF-8 emptied and noted as broken (line
+    numbers stay as they were)."""
+    lines = data.split(b"\n")
+    for index, line in enumerate(lines):
+        try:
+            line.decode()
+        except UnicodeDecodeError as exc:
+            result.note_broken(index + 1, f"not UTF-8 text: byte {line[exc.start]:#04x} at column {exc.start + 1}")
+            lines[index] = b""
+    return b"\n".join(lines)
+
+
+def _without_name_or_ph(result: PartitionData, ph: pl.Series, name: pl.Series, numbers: Any,
+                        only: pl.Series | None = None) -> pl.Series:
+    """Note the events without a ``ph``, and those (other than metadata) without a
+    ``name``, as broken lines; return which rows they are. ``numbers(mask)`` gives
+    the line numbers of the rows of a mask; ``only`` limits the rows looked at."""
+    no_ph = ph.is_null()
+    no_name = (~no_ph & (ph != fmt.PH_METADATA) & name.is_null()).fill_null(False)
+    if only is not None:
+        no_ph, no_name = no_ph & only, no_name & only
+    for mask, reason in ((no_ph, "event without ph"), (no_name, "event without name")):
+        if mask.any():
+            for number in numbers(mask):
+                result.note_broken(int(number), reason)
+    return no_ph | no_name
+
+
 def _classify_other(result: PartitionData, number: int, text: str) -> bool:
     """Note a line that does not start with ``{``; True if it is an indented event."""
     stripped = text.strip()
@@ -310,6 +390,7 @@ def _struct_dtype(wanted: Wanted) -> pl.Struct:
             where, key, dtype = source
             (args if where == "args" else top)[key] = dtype
     top["ph"] = pl.String
+    top["name"] = pl.String  # read always: an event without one is a broken line
     ordered = {key: top[key] for key in _TOP_ORDER if key in top}
     if args:
         ordered["args"] = pl.Struct(args)
@@ -325,10 +406,8 @@ def _decode_fast(
     if "args" in wanted:
         parsed = parsed.with_columns(text.str.json_path_match("$.args").alias("args_json"))
     ph = parsed.get_column("ph").replace(_PHASE_CODES)
-    missing = ph.is_null()
-    if missing.any():
-        for number in candidates.line_numbers(missing.arg_true().to_numpy()):
-            result.note_broken(int(number), "event without ph")
+    missing = _without_name_or_ph(result, ph, parsed.get_column("name"),
+                                  lambda mask: candidates.line_numbers(mask.arg_true().to_numpy()))
     is_meta = ph == fmt.PH_METADATA
     numbers = candidates.line_numbers(is_meta.arg_true().to_numpy()).tolist()
     meta_lines = list(zip(numbers, text.filter(is_meta).to_list()))
@@ -359,7 +438,7 @@ def _decode_slow(
 ) -> tuple[pl.DataFrame, list[tuple[int, str]]]:
     """Parse line by line: slower, but reports each bad line and coerces odd types."""
     rows: dict[str, list[Any]] = {"ph": [], "args": [], "args_json": []}
-    tops = {s[1] for s in wanted.values() if s is not None and s[0] == "top"} - {"ph"}
+    tops = ({s[1] for s in wanted.values() if s is not None and s[0] == "top"} | {"name"}) - {"ph"}
     for key in tops:
         rows[key] = []
     meta_lines = []
@@ -375,6 +454,9 @@ def _decode_slow(
         if ph is None:
             result.note_broken(number, "event without ph" if event.get("ph") is None
                                else f"no usable ph: {event.get('ph')!r}")
+            continue
+        if ph != fmt.PH_METADATA and event.get("name") is None:
+            result.note_broken(number, "event without name")
             continue
         if ph == fmt.PH_METADATA:
             meta_lines.append((number, text))

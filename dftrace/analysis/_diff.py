@@ -2,15 +2,28 @@
 
 Both runs go through the ordinary pipeline (load -> partials -> :class:`Summary`);
 this module only lines their answers up. Every compared figure becomes one row with
-its absolute and relative change, whether it moved beyond the noise threshold, and
-its *impact*: how much of the change in step time it can account for (its time per
+its absolute and relative change, a 95 % interval for the change where the noise can
+be estimated, whether it moved beyond the threshold and outside the noise, and its
+*impact*: how much of the change in step time it can account for (its time per
 rank-step in NEW minus in BASE), which is what the flagged rows are sorted by.
 Figures are per step, per rank-step or shares of process time wherever the summary
 has them, so runs with different numbers of ranks compare.
+
+Noise. With several runs per side, each figure's run-to-run spread gives the
+interval (Welch's t interval of the difference of the means). With one run per
+side, two things stand in for the runs' spread: the machine's speed (how much
+longer every name took in NEW, the median over names of their mean-duration
+ratios; a busier machine slows every name alike, a change in the code some) is
+taken out of time figures, and step figures get an interval from blocks of
+consecutive steps (all ranks together), the figure computed per block; a name's
+mean gets one from the spread of its durations. A row is
+flagged, and a regression fails, only when its change beyond the machine's speed
+is beyond the threshold and its interval excludes the machine's part.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -47,22 +60,39 @@ class DiffRow:
     change: float | None
     #: ``change / base``; None when BASE has no (or a zero) value.
     relative: float | None
-    #: Moved beyond the threshold (a count that changed at all, a figure only one run has).
+    #: Moved beyond the threshold and outside the noise (a count that changed at all, a
+    #: figure only one run has).
     flagged: bool
     #: µs per rank-step this figure's time moved by (0 for figures that are not time).
     impact_us: float
     #: A note for a reader: the straggling rank in each run, ...
     note: str = ""
+    #: 95 % interval of ``change`` (None when the noise cannot be estimated).
+    low: float | None = None
+    high: float | None = None
+    #: Where the interval's noise comes from: "runs" (several per side), "steps"
+    #: (blocks of steps of each run), "spans" (the spread of a name's durations, for
+    #: its mean), or "" (none).
+    noise: str = ""
+    #: The part of ``change`` the machine's speed explains (one run per side; see
+    #: :func:`machine_speed`): in the change's direction and at most all of it, 0 when
+    #: not estimated; flags and regressions judge the rest.
+    machine: float = 0.0
 
 
 @dataclass
 class RunDiff:
-    """Two runs compared: what each is, and every compared figure."""
+    """Two runs compared (or two sets of runs): what each is, and every compared figure."""
 
     base: dict[str, Any]
     new: dict[str, Any]
     threshold: float
     rows: list[DiffRow] = field(default_factory=list)
+    #: How many runs each side had.
+    runs: tuple[int, int] = (1, 1)
+    #: How much slower NEW's machine ran than BASE's, from the names whose time changed
+    #: alike (None: several runs per side, or too few names to tell).
+    speed: float | None = None
 
     @property
     def flagged(self) -> list[DiffRow]:
@@ -85,15 +115,24 @@ class RunDiff:
         if row is None or row.base is None or row.new is None:
             known = ", ".join(r.metric for r in self.rows if r.base is not None and r.new is not None)
             raise ValueError(f"--metric {metric!r} is not a figure both runs have; they have: {known}")
-        if row.relative is None or row.relative <= limit:
+        excess = _excess(row)
+        if excess is None or excess <= limit or (row.low is not None and row.low - row.machine <= 0):
             return None
-        return (f"{metric} got worse by {row.relative * 100:.1f}% "
-                f"({_value(row.unit, row.base)} -> {_value(row.unit, row.new)}), more than {limit * 100:g}%")
+        change = f"{_value(row.unit, row.base)} -> {_value(row.unit, row.new)}"
+        within = "" if row.low is None else f", interval {_interval(row)}"
+        if row.machine:
+            speed = 1 + row.machine / row.base  # type: ignore[operator]
+            return (f"{metric} got worse by {excess * 100:.1f}% beyond the machine's speed, more than "
+                    f"{limit * 100:g}% ({change}, {row.relative * 100:+.1f}% while the names took "  # type: ignore[operator]
+                    f"{speed:.3f}x as long{within}{', outside the noise' if within else ''})")
+        return (f"{metric} got worse by {row.relative * 100:.1f}% "  # type: ignore[operator]
+                f"({change}{within}{', outside the noise' if within else ''}), more than {limit * 100:g}%")
 
     def to_dict(self) -> dict[str, Any]:
         """The comparison as a JSON-ready dict (``flagged``: metric keys in impact order)."""
         return {
-            "base": self.base, "new": self.new, "threshold": self.threshold,
+            "base": self.base, "new": self.new, "threshold": self.threshold, "runs": list(self.runs),
+            "speed": self.speed,
             "flagged": [r.metric for r in self.flagged],
             "rows": [asdict(r) for r in self.rows],
         }
@@ -106,23 +145,206 @@ class RunDiff:
 SECTIONS = ("steps", "epochs", "categories", "breakdown", "dataloader", "stragglers", "gpu", "events")
 
 
-def compare_summaries(base: Summary, new: Summary, *, threshold: float = DEFAULT_THRESHOLD) -> RunDiff:
-    """Compare the answers of two runs (BASE first): one :class:`DiffRow` per figure."""
+def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence[Summary], *,
+                      threshold: float = DEFAULT_THRESHOLD) -> RunDiff:
+    """Compare the answers of two runs (BASE first), or of several runs per side: one
+    :class:`DiffRow` per figure, with the mean over each side's runs."""
     if threshold < 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
-    per_step = (_per_rank_step(base), _per_rank_step(new))
-    diff = RunDiff(_describe(base), _describe(new), threshold)
-    for figure in _figures(base, new):
-        diff.rows.append(_row(figure, per_step, threshold))
+    bases = [base] if isinstance(base, Summary) else list(base)
+    news = [new] if isinstance(new, Summary) else list(new)
+    if not bases or not news:
+        raise ValueError("each side needs at least one run")
+    first_b, first_n = bases[0], news[0]
+    per_step = (_per_rank_step(first_b), _per_rank_step(first_n))
+    diff = RunDiff(_describe(first_b), _describe(first_n), threshold, runs=(len(bases), len(news)))
+    # Each run's value of each figure, lined up against the other side's first run.
+    values_b = [{f.metric: f.base for f in _figures(b, first_n)} for b in bases]
+    values_n = [{f.metric: f.new for f in _figures(first_b, n)} for n in news]
+    single = len(bases) == len(news) == 1
+    blocks = (_step_blocks(first_b), _step_blocks(first_n)) if single else None
+    # With one run per side, the machine's speed stands in for the run-to-run noise.
+    diff.speed = machine_speed(first_b, first_n) if single else None
+    for figure in _figures(first_b, first_n):
+        samples = ([v.get(figure.metric) for v in values_b], [v.get(figure.metric) for v in values_n])
+        interval, machine, noise = None, 0.0, ""
+        if not single:
+            figure.base, figure.new = _mean(samples[0]), _mean(samples[1])
+            interval = _change_interval(*samples)
+            noise = "runs" if interval is not None else ""
+        elif figure.base is not None and figure.new is not None:
+            change = figure.new - figure.base
+            if diff.speed is not None and figure.unit == US and figure.section in _TIMED_SECTIONS:
+                machine = _explained(change, figure.base * (diff.speed - 1))
+            if blocks is not None and figure.metric in blocks[0] and figure.metric in blocks[1]:
+                interval = _change_interval(blocks[0][figure.metric], blocks[1][figure.metric])
+                if interval is not None:
+                    # The blocks give the spread; the interval sits around the runs' change.
+                    half = (interval[1] - interval[0]) / 2
+                    interval, noise = (change - half, change + half), "steps"
+            elif figure.spread is not None:
+                half = _half_width(*figure.spread)
+                if half is not None:
+                    interval, noise = (change - half, change + half), "spans"
+        diff.rows.append(_row(figure, per_step, threshold, interval, noise, machine))
     return diff
+
+
+#: Sections whose time figures scale with the machine's speed.
+_TIMED_SECTIONS = ("steps", "epochs", "categories")
+#: Names that take part in the machine-speed estimate: at least this many spans in
+#: each run, and this share of the runs' time.
+_SPEED_MIN_COUNT, _SPEED_MIN_SHARE = 8, 0.01
+
+
+def machine_speed(base: Summary, new: Summary) -> float | None:
+    """How much slower NEW ran than BASE for reasons that touch every part of the step
+    alike (a busier or slower machine): the median over names of the ratio of their
+    mean durations, each name weighing its share of BASE's time (a busy machine
+    stretches long spans more than short ones, which often finish within one time
+    slice); leaf names with enough spans and time in both runs, pipeline spans and
+    loop bodies left out. A change in the code touches some names and moves the step
+    beyond this, unless those names hold half the time or more; one that slows every
+    name alike cannot be told from a slower machine with one run per side. None with
+    fewer than three such names."""
+    rows_b = {(r["cat"], r["name"]): r for r in base.categories}
+    total = sum(r.get("total_us") or 0 for r in base.categories if _leaf(r["cat"], r["name"])) or 1
+    ratios = []
+    for r in new.categories:
+        key = (r["cat"], r["name"])
+        b = rows_b.get(key)
+        if (b is None or not _leaf(*key) or min(b["count"], r["count"]) < _SPEED_MIN_COUNT
+                or (b.get("total_us") or 0) < _SPEED_MIN_SHARE * total or not b.get("mean_us")):
+            continue
+        ratios.append((r["mean_us"] / b["mean_us"], b["total_us"]))
+    if len(ratios) < 3:
+        return None
+    ratios.sort()
+    half = sum(w for _, w in ratios) / 2
+    reach = 0.0
+    for ratio, weight in ratios:
+        reach += weight
+        if reach >= half:
+            return round(ratio, 4)
+    return round(ratios[-1][0], 4)
+
+
+def _leaf(cat: str, name: str) -> bool:
+    return cat != fmt.CAT_PIPELINE and not name.endswith((fmt.BLOCK_SUFFIX, fmt.ITER_SUFFIX))
+
+
+def _explained(change: float, machine: float) -> float:
+    """The part of ``change`` a machine that ran ``machine`` µs slower (or faster)
+    explains: the machine's speed only ever explains a change away, in the change's
+    own direction and no further than the change; it never makes one."""
+    if change * machine <= 0:
+        return 0.0
+    return machine if abs(machine) < abs(change) else change
+
+
+def _excess(row: DiffRow) -> float | None:
+    """The relative change beyond what the machine's speed explains."""
+    if row.change is None or not row.base:
+        return None
+    return (row.change - row.machine) / row.base
 
 
 def compare_runs(base: Any, new: Any, *, threshold: float = DEFAULT_THRESHOLD, **options: Any) -> RunDiff:
     """Summarise two runs' trace files (paths, directories, globs, or loaded
-    :class:`TraceTable` objects) and compare them; ``options`` go to :func:`summarize`."""
+    :class:`TraceTable` objects) and compare them; ``options`` go to :func:`summarize`.
+    A list of such sources on a side is several runs of it."""
     from ._summary import summarize
 
-    return compare_summaries(summarize(base, **options), summarize(new, **options), threshold=threshold)
+    def runs(side: Any) -> list[Summary]:
+        return [summarize(r, **options) for r in side] if isinstance(side, list) else [summarize(side, **options)]
+
+    return compare_summaries(runs(base), runs(new), threshold=threshold)
+
+
+#: Blocks of consecutive steps a single run is cut into to estimate step-level noise
+#: (at most; a block has at least four steps).
+STEP_BLOCKS = 16
+#: Two-sided 97.5 % quantiles of Student's t by degrees of freedom (then 1.96).
+_T975 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.0}
+
+
+def _step_blocks(summary: Summary) -> dict[str, list[float]]:
+    """step.p50 / step.p95 / step.mean of each block of consecutive steps (all ranks
+    of a step in one block), from the per-rank step rows; {} for fewer than four steps."""
+    rows = [r for r in summary.rank_steps if r.get("dur_us") is not None]
+    keys = sorted({(r["epoch"] if r["epoch"] is not None else -1, r["step"]) for r in rows})
+    if len(keys) < 4:
+        return {}
+    count = max(2, min(STEP_BLOCKS, len(keys) // 4))
+    block_of = {key: i * count // len(keys) for i, key in enumerate(keys)}
+    durations: list[list[float]] = [[] for _ in range(count)]
+    for r in rows:
+        durations[block_of[(r["epoch"] if r["epoch"] is not None else -1, r["step"])]].append(r["dur_us"])
+    out: dict[str, list[float]] = {"step.p50": [], "step.p95": [], "step.mean": []}
+    for values in durations:
+        values.sort()
+        out["step.p50"].append(_nearest_rank(values, 0.5))
+        out["step.p95"].append(_nearest_rank(values, 0.95))
+        out["step.mean"].append(sum(values) / len(values))
+    return out
+
+
+def _nearest_rank(ordered: Sequence[float], q: float) -> float:
+    return ordered[max(0, math.ceil(q * len(ordered) - 1e-9) - 1)]
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(sum(present) / len(present), 6) if present else None
+
+
+def _interval(row: DiffRow) -> str:
+    return f"{_signed(row.unit, row.low)} .. {_signed(row.unit, row.high)}"
+
+
+def _t975(dof: float) -> float:
+    return next((q for d, q in sorted(_T975.items()) if d >= math.floor(max(dof, 1))), 1.96)
+
+
+def _half_width(base: tuple[float | None, int], new: tuple[float | None, int]) -> float | None:
+    """Half the 95 % interval of the difference of two means, from each one's
+    (standard deviation, count) (Welch); None without a spread on both sides."""
+    (sb, nb), (sn, nn) = base, new
+    if sb is None or sn is None or nb < 2 or nn < 2:
+        return None
+    a, c = sb * sb / nb, sn * sn / nn
+    parts = a * a / (nb - 1) + c * c / (nn - 1)
+    return _t975((a + c) ** 2 / parts if parts else nb + nn - 2) * math.sqrt(a + c)
+
+
+def _change_interval(base: Sequence[float | None], new: Sequence[float | None]) -> tuple[float, float] | None:
+    """95 % interval of mean(new) - mean(base) (Welch). A side with one value takes
+    the other side's spread; None when neither side has two values."""
+    b = [float(v) for v in base if v is not None]
+    n = [float(v) for v in new if v is not None]
+    if not b or not n or (len(b) < 2 and len(n) < 2):
+        return None
+
+    def var(x: list[float]) -> float | None:
+        if len(x) < 2:
+            return None
+        m = sum(x) / len(x)
+        return sum((v - m) ** 2 for v in x) / (len(x) - 1)
+
+    vb, vn = var(b), var(n)
+    vb = vn if vb is None else vb
+    vn = vb if vn is None else vn
+    a, c = vb / len(b), vn / len(n)  # type: ignore[operator]
+    se = math.sqrt(a + c)
+    if se == 0:
+        dof = len(b) + len(n) - 2
+    else:
+        parts = (a * a / (len(b) - 1) if len(b) > 1 else 0) + (c * c / (len(n) - 1) if len(n) > 1 else 0)
+        dof = (a + c) ** 2 / parts if parts else len(b) + len(n) - 2
+    t = _t975(dof)
+    change = sum(n) / len(n) - sum(b) / len(b)
+    return change - t * se, change + t * se
 
 
 @dataclass
@@ -136,6 +358,9 @@ class _Figure:
     #: (None: the change itself is per step; omitted: no impact).
     time: tuple[float | None, float | None] | None = (0, 0)
     note: str = ""
+    #: (standard deviation, count) of the values a mean is taken over, in each run:
+    #: the mean's own noise when there is one run per side.
+    spread: tuple[tuple[float | None, int], tuple[float | None, int]] | None = None
 
 
 def _figures(base: Summary, new: Summary) -> Iterator[_Figure]:
@@ -180,8 +405,10 @@ def _category_figures(base: Summary, new: Summary) -> Iterator[_Figure]:
         count, total = _scaled(count, units, per_rank), _scaled(total, units, per_rank)
         yield _Figure(f"{name}.count", "categories", COUNT, *count, time=time, note=note)
         yield _Figure(f"{name}.total", "categories", US, *total, time=time, note=note)
-        for stat in ("mean", "p95"):
-            yield _Figure(f"{name}.{stat}", "categories", US, rb.get(f"{stat}_us"), rn.get(f"{stat}_us"), time=time)
+        moments = ((rb.get("std_us"), rb.get("count", 0)), (rn.get("std_us"), rn.get("count", 0)))
+        yield _Figure(f"{name}.mean", "categories", US, rb.get("mean_us"), rn.get("mean_us"), time=time,
+                      spread=moments)
+        yield _Figure(f"{name}.p95", "categories", US, rb.get("p95_us"), rn.get("p95_us"), time=time)
 
 
 def _units(summary: Summary) -> int:
@@ -283,30 +510,37 @@ def _per_rank_step(summary: Summary) -> int:
 def _describe(summary: Summary) -> dict[str, Any]:
     o = summary.overview
     return {"files": o["files"], "processes": o["processes"], "ranks": o["ranks"],
-            "rank_steps": summary.step_stats.get("count", 0), "events": o["events"], "wall_us": o["wall_us"]}
+            "rank_steps": summary.step_stats.get("count", 0), "events": o["events"], "wall_us": o["wall_us"],
+            "broken_lines": o.get("broken_lines", 0)}
 
 
-def _row(figure: _Figure, per_step: tuple[int, int], threshold: float) -> DiffRow:
+def _row(figure: _Figure, per_step: tuple[int, int], threshold: float,
+         interval: tuple[float, float] | None, noise: str, machine: float) -> DiffRow:
     b, n = figure.base, figure.new
     change = (n - b) if b is not None and n is not None else None
     relative = change / b if change is not None and b else None
+    excess = (change - machine) / b if change is not None and b else None
     if b is None or n is None:
         flagged = b is not None or n is not None  # a figure only one run has
     elif figure.unit == COUNT:
-        flagged = change != 0
+        flagged = change != 0 and (interval is None or not interval[0] <= 0 <= interval[1])
     elif not b:
         flagged = bool(n)
     else:
-        flagged = abs(relative) > threshold  # type: ignore[arg-type]
+        flagged = abs(excess) > threshold  # type: ignore[arg-type]
         if figure.unit == SHARE:
             flagged = flagged and abs(change) >= _MIN_SHARE_CHANGE  # type: ignore[arg-type]
+        if interval is not None:
+            flagged = flagged and not interval[0] <= machine <= interval[1]
     if figure.time is None:
         impact = change or 0.0
     else:
         tb, tn = figure.time
         impact = (tn or 0) / per_step[1] - (tb or 0) / per_step[0]
+    low, high = interval if interval is not None else (None, None)
     return DiffRow(figure.metric, figure.section, figure.unit, b, n,
-                   _rounded(change), _rounded(relative, 4), flagged, round(float(impact), 3), figure.note)
+                   _rounded(change), _rounded(relative, 4), flagged, round(float(impact), 3), figure.note,
+                   _rounded(low), _rounded(high), noise if interval is not None else "", round(machine, 3))
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:
@@ -342,21 +576,27 @@ def _value(unit: str, value: float | None) -> str:
     return f"{value:,.0f}"
 
 
-def _change(row: DiffRow) -> tuple[str, str]:
+def _signed(unit: str, value: float | None) -> str:
+    """A change (or an interval's end) with its sign, in the row's unit."""
     from ._render_text import format_us
 
+    if value is None:
+        return "-"
+    if unit == US:
+        return ("+" if value > 0 else "") + format_us(value)
+    if unit == SHARE:
+        return f"{value * 100:+.1f} pt"
+    if unit == RATIO:
+        return f"{value:+.2f}"
+    return f"{value:+,.0f}"
+
+
+def _change(row: DiffRow) -> tuple[str, str, str]:
+    """(change, relative change, interval) as printed."""
     if row.change is None:
-        return ("only in base" if row.new is None else "only in new"), ""
-    if row.unit == US:
-        absolute = ("+" if row.change > 0 else "") + format_us(row.change)
-    elif row.unit == SHARE:
-        absolute = f"{row.change * 100:+.1f} pt"
-    elif row.unit == RATIO:
-        absolute = f"{row.change:+.2f}"
-    else:
-        absolute = f"{row.change:+,.0f}"
+        return ("only in base" if row.new is None else "only in new"), "", ""
     relative = f"{row.relative * 100:+.1f}%" if row.relative is not None else ""
-    return absolute, relative
+    return _signed(row.unit, row.change), relative, _interval(row) if row.low is not None else ""
 
 
 def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *, top: int = 20) -> str:
@@ -367,23 +607,37 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
 
     def describe(run: dict[str, Any]) -> str:
         ranks = count_of(run["ranks"], "rank") if run["ranks"] else count_of(run["processes"], "process", "processes")
-        return f"{ranks}, {count_of(run['rank_steps'], 'rank-step')}, {count_of(run['events'], 'event')}"
+        broken = f", {count_of(run['broken_lines'], 'broken line')}" if run.get("broken_lines") else ""
+        return f"{ranks}, {count_of(run['rank_steps'], 'rank-step')}, {count_of(run['events'], 'event')}{broken}"
 
-    lines = [f"dftrace diff: base {base_name} ({describe(diff.base)})",
-             f"              new  {new_name} ({describe(diff.new)})", ""]
+    runs_b, runs_n = diff.runs
+    lines = [f"dftrace diff: base {base_name} ({_runs_of(runs_b)}{describe(diff.base)})",
+             f"              new  {new_name} ({_runs_of(runs_n)}{describe(diff.new)})"]
+    if runs_b + runs_n > 2:
+        lines.append(f"  noise: the spread of each figure over the runs; intervals are 95 % "
+                     f"(Welch's t), means over {runs_b} and {runs_n} runs")
+    else:
+        lines.append(f"  noise: step figures from the spread over blocks of consecutive steps "
+                     f"(up to {STEP_BLOCKS} per run), a name's mean from the spread of its durations; "
+                     "other figures have no interval with one run per side: several runs per side give "
+                     "a sharper answer")
+        if diff.speed is not None:
+            lines.append(f"  machine speed: the names took {diff.speed:.3f}x as long in new (median over "
+                         "names, weighed by time); time figures are judged by their change beyond that")
+    lines.append("")
     flagged = diff.flagged
     threshold = f"{diff.threshold * 100:g}%"
     if flagged:
-        lines.append(f"Changed beyond {threshold} (largest effect on step time first; impact: "
-                     "change in the figure's time per rank-step)")
+        lines.append(f"Changed beyond {threshold} and outside the noise (largest effect on step time first; "
+                     "impact: change in the figure's time per rank-step)")
         rows = [(r.metric, _value(r.unit, r.base), _value(r.unit, r.new), *_change(r), _impact(r))
                 for r in flagged[:top]]
-        lines += _table(("metric", "base", "new", "change", "%", "impact"), rows,
-                        (False, True, True, True, True, True))
+        lines += _table(("metric", "base", "new", "change", "%", "95% interval", "impact"), rows,
+                        (False, True, True, True, True, True, True))
         if len(flagged) > top:
             lines.append(f"  ... {len(flagged) - top} more (--top, or --json)")
     else:
-        lines.append(f"Nothing changed beyond {threshold}.")
+        lines.append(f"Nothing changed beyond {threshold} outside the noise.")
     shown_names = _busiest_names(diff, top)
     for section in SECTIONS:
         rows = [r for r in diff.rows if r.section == section]
@@ -395,11 +649,15 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
         lines += ["", _SECTION_TITLES[section]]
         table = [(r.metric, _value(r.unit, r.base), _value(r.unit, r.new), *_change(r), "*" if r.flagged else "",
                   r.note) for r in rows]
-        lines += _table(("metric", "base", "new", "change", "%", "flag", "note"), table,
-                        (False, True, True, True, True, False, False))
+        lines += _table(("metric", "base", "new", "change", "%", "95% interval", "flag", "note"), table,
+                        (False, True, True, True, True, True, False, False))
         if section == "categories" and hidden:
             lines.append(f"  ... {hidden} more names (--top, or --json)")
     return "\n".join(lines) + "\n"
+
+
+def _runs_of(count: int) -> str:
+    return f"{count} runs, mean of " if count > 1 else ""
 
 
 def _name_of(row: DiffRow) -> str:

@@ -33,16 +33,24 @@ class Process:
     mono_ns: int | None = None
     #: Events the writer reported as dropped.
     dropped: int = 0
+    #: How the process ended when the trace says (``process_end``: "killed by signal 9").
+    ended: str | None = None
     files: list[str] = field(default_factory=list)
     #: ``PR`` args: cmdline, cwd, python, hostname, rank, local_rank, ...
     info: dict[str, Any] = field(default_factory=dict)
     #: ``CM`` custom metadata, name -> value.
     custom: dict[str, Any] = field(default_factory=dict)
 
+    #: For a helper process (a DataLoader worker): "worker 0 of rank 1".
+    role: str | None = None
+
     @property
     def label(self) -> str:
-        """``rank R · host · pid P`` (without the rank part when it is unknown)."""
+        """``rank R · host · pid P`` (without the rank part when it is unknown), or
+        ``worker K of rank R · host · pid P`` for a DataLoader worker."""
         base = f"{self.host} · pid {self.pid}"
+        if self.role is not None:
+            return f"{self.role} · {base}"
         return base if self.rank is None else f"rank {self.rank} · {base}"
 
 
@@ -103,6 +111,23 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
+def _name_workers(by_key: dict[tuple[str, int], Process]) -> None:
+    """Name the traced children of a traced process (DataLoader workers) after it:
+    ``worker K of rank R``, K the worker's id when its ``worker_init_fn`` recorded
+    one, else its place among its siblings in start (pid) order."""
+    children: dict[tuple[str, int], list[Process]] = {}
+    for proc in by_key.values():
+        ppid = _as_int(proc.info.get("ppid"))
+        if ppid is not None and (proc.host, ppid) in by_key and ppid != proc.pid:
+            children.setdefault((proc.host, ppid), []).append(proc)
+    for key, kids in children.items():
+        parent = by_key[key]
+        owner = f"rank {parent.rank}" if parent.rank is not None else f"pid {parent.pid}"
+        for k, kid in enumerate(sorted(kids, key=lambda p: p.pid)):
+            worker = _as_int(kid.custom.get("dataloader.worker"))
+            kid.role = f"worker {worker if worker is not None else k} of {owner}"
+
+
 def resolve(files: Iterable[FileMetadata]) -> Resolution:
     """Resolve every partition's metadata together (see the module docstring)."""
     files = list(files)
@@ -153,6 +178,7 @@ def resolve(files: Iterable[FileMetadata]) -> Resolution:
     for proc in by_key.values():
         if proc.rank is None:
             proc.rank = _rank_from_files(proc)
+    _name_workers(by_key)
 
     ordered = sorted(
         by_key.values(), key=lambda p: (p.rank is None, p.rank if p.rank is not None else 0, p.host, p.pid)
@@ -188,6 +214,8 @@ def _apply(proc: Process, record: dict[str, Any]) -> None:
         proc.mono_ns = _as_int(args.get("mono_ns"))
     elif name == fmt.META_DROPPED:
         proc.dropped += _as_int(args.get("count")) or 0
+    elif name == fmt.META_PROCESS_END and isinstance(args.get("how"), str):
+        proc.ended = args["how"]
     elif name == fmt.META_CUSTOM and isinstance(args.get("name"), str):
         proc.custom[args["name"]] = args.get("value")
 

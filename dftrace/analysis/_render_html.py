@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from .. import format as fmt
 from ._deps import require
 from ._render_text import GROUP_LABELS, findings, format_us
 from ._summary import Summary
@@ -60,7 +61,10 @@ def render_html(summary: Summary, *, title: str = "dftrace report") -> str:
          "the slowest; the wait above tells who that is.", _step_lines),
         ("Time breakdown", "Per process: time in exactly one activity, in several at once "
          "(overlap), and in none (idle).", _breakdown),
-        ("Where the time goes", "Total span time of the names that take the most.", _top_names),
+        ("Where the time goes", "Self time of the names that take the most: the time their spans "
+         "were the innermost on their thread, without what runs inside them; enclosing spans "
+         "(pipeline spans, loop bodies) are left out, and the time asynchronous work was in flight "
+         "(.done, overlapping other work) is shown apart, in grey.", _top_names),
         ("Duration distributions", "How long each call of the busiest names took (log scale).",
          _distributions),
         ("Data-loader stall", "Share of loop time spent waiting for the next item (.iter) "
@@ -138,7 +142,10 @@ def _go() -> Any:
 
 
 def _layout(fig: Any, height: int = 420, **kwargs: Any) -> Any:
-    fig.update_layout(height=height, margin={"l": 60, "r": 20, "t": 30, "b": 50},
+    # Subplot titles sit above the plot area: leave room for them and for plotly's
+    # toolbar, which would cover them.
+    titled = any(a.text for a in fig.layout.annotations)
+    fig.update_layout(height=height, margin={"l": 60, "r": 20, "t": 80 if titled else 40, "b": 50},
                       template="plotly_white", **kwargs)
     return fig
 
@@ -247,19 +254,33 @@ def _breakdown(summary: Summary) -> Any:
 
 
 def _top_names(summary: Summary) -> Any:
-    rows = sorted(summary.categories, key=lambda r: r["total_us"], reverse=True)[:20]
-    if not rows:
+    """The names with the most self time (the time their spans were the innermost:
+    a loop body or ``backward`` without what runs inside it), enclosing spans left out
+    (pipeline spans and loop bodies), and the time asynchronous work was in flight
+    (``.done``, which overlaps other work) apart."""
+    leaves = [r for r in summary.categories
+              if r["cat"] != fmt.CAT_PIPELINE and not r["name"].endswith(fmt.BLOCK_SUFFIX)]
+    own = [r for r in leaves if not r["name"].endswith(fmt.DONE_SUFFIX)]
+    calls = sorted(own, key=lambda r: r.get("self_us", r["total_us"]), reverse=True)[:20]
+    flight = sorted((r for r in leaves if r["name"].endswith(fmt.DONE_SUFFIX)),
+                    key=lambda r: r["total_us"], reverse=True)[:5]
+    if not calls and not flight:
         return None
     go = _go()
-    fig = go.Figure(
-        go.Bar(
-            y=[f"{r['cat']}/{r['name']}" for r in rows], x=[r["total_us"] / 1000 for r in rows],
-            orientation="h", customdata=[[r["count"], format_us(r["mean_us"])] for r in rows],
-            hovertemplate="%{y}: %{x:.3f} ms in %{customdata[0]} calls (mean %{customdata[1]})<extra></extra>",
-        )
-    )
-    return _layout(fig, height=max(260, 24 * len(rows) + 100), xaxis_title="total time (ms)",
-                   yaxis={"autorange": "reversed"})
+    fig = go.Figure()
+    series = ((calls, "self time in the call", "self_us", None),
+              (flight, "asynchronous work in flight", "total_us", "#bbb"))
+    for part, name, key, color in series:
+        if part:
+            fig.add_trace(go.Bar(
+                y=[f"{r['cat']}/{r['name']}" for r in part], x=[r.get(key, r["total_us"]) / 1000 for r in part],
+                name=name, orientation="h", marker_color=color,
+                customdata=[[r["count"], format_us(r["total_us"])] for r in part],
+                hovertemplate="%{y}: %{x:.3f} ms in %{customdata[0]} calls (%{customdata[1]} with what runs "
+                              "inside)<extra></extra>",
+            ))
+    return _layout(fig, height=max(260, 24 * (len(calls) + len(flight)) + 100), xaxis_title="time (ms)",
+                   yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": -0.2})
 
 
 def _distributions(summary: Summary) -> Any:

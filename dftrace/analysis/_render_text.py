@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,30 @@ GROUP_LABELS = {
     "checkpoint": "checkpoint",
     "device": "device transfer",
 }
+
+
+#: Characters a terminal acts on instead of showing: C0 and C1 controls (escape
+#: sequences, bell, carriage return), DEL, and the invisible ones that reorder text.
+_UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters (but the line breaks)
+    shown as ``\\x1b``-style escapes, so a name in a trace cannot move the cursor,
+    clear the screen or write the clipboard."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                            else f"\\u{ord(m.group()):04x}", text)
+
+
+def printable_data(value: Any) -> Any:
+    """``value`` (dicts, lists, strings) with every string made :func:`printable`."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {k: printable_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(printable_data(v) for v in value)
+    return value
 
 
 def format_us(us: float | None) -> str:
@@ -84,6 +109,10 @@ def _overview(summary: Summary) -> list[str]:
         f"files {o['unfinished_files']} · incomplete spans {o['incomplete_spans']} · dropped "
         f"events {o['dropped_events']}",
     ]
+    ended = [p for p in summary.processes if p.get("ended")]
+    if ended:
+        lines.append("  not finalized: " + "; ".join(f"{p['label']} {p['ended']}" for p in ended[:4])
+                     + (f"; {len(ended) - 4} more" if len(ended) > 4 else ""))
     others = {k: v for k, v in o["events_by_phase"].items() if k != "X"}
     if others:
         lines.append("  besides spans: " + ", ".join(f"{v} '{k}' events" for k, v in others.items()))
@@ -101,21 +130,27 @@ def findings(summary: Summary) -> list[str]:
 
 
 def straggler_lines(summary: Summary) -> list[str]:
-    """"rank 1 held the others back in 62 of 64 steps, 23 ms per step", or nothing
-    for a single rank."""
+    """"rank 1 held the others back in 16 of 64 steps, 6.20 ms per step", "no rank
+    stands out: ...", or nothing for a single rank."""
     if not summary.stragglers:
         return []
     worst = summary.stragglers[0]
     stats = summary.collectives
-    if not worst["caused_wait_us"] or not worst["held_steps"]:
-        return [f"no rank held the others back: {stats['matched']} collectives matched across ranks, "
-                f"arrival skew {format_us(stats['mean_skew_us'])} on average"]
+    if not worst.get("significant"):
+        median = stats.get("median_skew_us")
+        return [f"no rank stands out: arrival skew within noise, median {format_us(median)}"
+                + (f" ({stats['held_steps']} of {stats['steps']} steps above noise, spread among the ranks)"
+                   if stats.get("held_steps") else "")]
     per_step = worst["caused_wait_us_per_step"]
     line = (f"{worst['unit']} held the others back in {worst['held_steps']} of {stats['steps']} steps, "
             f"{format_us(per_step)} per step")
     others = [r["compute_us_per_step"] for r in summary.stragglers[1:] if r["compute_us_per_step"] is not None]
-    detail = (f"last to arrive in {worst['last_arrivals']} of {stats['matched']} collectives "
-              f"(arrival skew up to {format_us(stats['max_skew_us'])})")
+    if worst.get("pattern") == "most steps":
+        detail = (f"last in {worst['last_steps']} of {stats['steps']} steps, median lead "
+                  f"{format_us(worst['median_lead_us'])}")
+    else:
+        detail = f"each beyond 5x its step-to-step noise of {format_us(worst.get('noise_us'))}"
+    detail += f"; last to arrive in {worst['last_arrivals']} of {stats.get('matched', 0)} collectives"
     if others and worst["compute_us_per_step"] is not None:
         median = sorted(others)[(len(others) - 1) // 2]
         detail += (f"; its compute {format_us(worst['compute_us_per_step'])} per step vs "
@@ -139,9 +174,14 @@ def _runs(summary: Summary) -> list[str]:
 
 def _broken(summary: Summary) -> list[str]:
     damaged = [f for f in summary.files if f["broken_count"] or f["cut_off"]]
+    skipped = summary.overview.get("skipped_files") or []
+    lines = []
+    if skipped:
+        names = ", ".join(os.path.basename(p) for p in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+        lines = [f"Skipped {count_of(len(skipped), 'file')} that hold no trace events: {names}"]
     if not damaged:
-        return []
-    lines = ["Damaged files"]
+        return lines
+    lines.append("Damaged files")
     for f in damaged:
         lines.append(f"  {os.path.basename(f['path'])}: {count_of(f['broken_count'], 'broken line')}")
         lines.extend(f"    line {b['line']}: {b['reason']}" for b in f["broken"][:3])
@@ -246,15 +286,18 @@ def _stragglers(summary: Summary, top: int) -> list[str]:
     if not summary.stragglers:
         return []
     stats = summary.collectives
-    lines = [f"Stragglers ({stats['matched']} collectives matched across ranks by group and sequence "
-             f"number; the last to arrive waits the least)"]
+    lines = [f"Stragglers (blocked time per step compared across ranks: a step is held back by its last rank "
+             f"when its lead is beyond 5x its noise, or, for a rank last in most steps, beyond 2% of the "
+             f"step; {stats.get('matched', 0)} collectives matched)"]
     rows = [
         (r["unit"], r["host"] or "-", r["last_arrivals"], format_us(r["caused_wait_us"]),
-         format_us(r["caused_wait_us_per_step"]), r["held_steps"], format_us(r["compute_us_per_step"]))
+         format_us(r["caused_wait_us_per_step"]), r["held_steps"], format_us(r.get("noise_us")),
+         "yes" if r.get("significant") else "no", format_us(r["compute_us_per_step"]))
         for r in summary.stragglers[:top]
     ]
     lines += _table(("rank", "host", "last to arrive", "wait caused", "per step", "held back steps",
-                     "compute per step"), rows, (False, False, True, True, True, True, True))
+                     "noise", "stands out", "compute per step"), rows,
+                    (False, False, True, True, True, True, True, False, True))
     if len(summary.stragglers) > len(rows):
         lines.append(f"  ... {len(summary.stragglers) - len(rows)} more ranks (--top, or --json)")
     return lines

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..format import is_trace_file
+from ..format import is_trace_file, iter_decoded_chunks
 from ._kineto import is_document_file
 
 #: Default on-disk size of one partition of a compressed file. TraceTable lines compress
@@ -43,13 +44,17 @@ class Partition:
         return self.path.endswith(PARQUET_SUFFIX)
 
 
-def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
+def expand_paths(paths: Iterable[str | os.PathLike[str]], skipped: list[str] | None = None) -> list[str]:
     """Turn files, directories (searched recursively) and glob patterns into files.
 
+    Files with a generic JSON name found in a directory or by a glob (``config.json``,
+    ``metrics.json`` beside the traces) are traces only when their content says so
+    (:func:`holds_events`); the others are left out and appended to ``skipped``.
     Raises FileNotFoundError for an argument that names nothing, so a typo is not
     silently an empty analysis.
     """
     found: dict[str, None] = {}
+    left_out: list[str] = []
     for raw in paths:
         path = os.fspath(raw)
         if os.path.isdir(path):
@@ -61,11 +66,58 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
             for match in sorted(glob.glob(path, recursive=True)):
                 candidates.extend(_walk(match) if os.path.isdir(match) else [match])
             candidates = [c for c in candidates if _is_input(c)]
+        if not os.path.isfile(path):
+            left_out += [c for c in candidates if not holds_events(c)]
+            candidates = [c for c in candidates if c not in left_out]
         if not candidates:
-            raise FileNotFoundError(f"no trace files found at {path!r}")
+            also = f" ({len(left_out)} files that are not traces)" if left_out else ""
+            raise FileNotFoundError(f"no trace files found at {path!r}{also}")
         for candidate in candidates:
             found[os.path.normpath(candidate)] = None
+    if skipped is not None:
+        skipped.extend(os.path.normpath(p) for p in dict.fromkeys(left_out))
     return list(found)
+
+
+#: Names that say nothing of the content: such files are looked into.
+_GENERIC_SUFFIXES = (".json", ".json.gz", ".jsonl")
+#: How much of a file's decoded start is looked at for an event.
+_SNIFF_BYTES = 1 << 16
+
+
+def holds_events(path: str) -> bool:
+    """Whether a file is a trace by its content: True for trace-specific names (.pfw,
+    Parquet, which are reported as damaged when they hold none); for generic JSON
+    names, whether the start of the (decoded) content holds an object with ``ph``
+    (an event) or a ``traceEvents`` key."""
+    if not path.endswith(_GENERIC_SUFFIXES):
+        return True
+    head = b""
+    try:
+        for chunk in iter_decoded_chunks(path):
+            head += chunk
+            if len(head) >= _SNIFF_BYTES:
+                break
+    except OSError:
+        return True  # unreadable: reported when it is read
+    return _EVENT_KEY.search(head[:_SNIFF_BYTES]) is not None
+
+
+_EVENT_KEY = re.compile(rb'"(ph|traceEvents)"\s*:')
+
+
+def runs_in(path: str | os.PathLike[str]) -> list[str]:
+    """The runs ``path`` holds: its subdirectories when it is a directory of runs (no
+    trace files of its own, two or more subdirectories with some), else ``[path]``."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return [path]
+    entries = sorted(os.listdir(path))
+    if any(_is_input(e) and os.path.isfile(os.path.join(path, e)) for e in entries):
+        return [path]
+    runs = [os.path.join(path, e) for e in entries
+            if os.path.isdir(os.path.join(path, e)) and _walk(os.path.join(path, e))]
+    return runs if len(runs) >= 2 else [path]
 
 
 def _is_input(path: str) -> bool:

@@ -11,6 +11,7 @@ exist is learnt from the first events of each file.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -65,15 +66,40 @@ def run_sql(
     executor: Any = None,
     partition_bytes: int = DEFAULT_PARTITION_BYTES,
     progress: bool | None = None,
+    allow_file_functions: bool = False,
+    broken: list[int] | None = None,
 ) -> pl.DataFrame:
     """Run one SQL ``query`` over the traces at ``paths`` and return its result.
 
     The tables are ``events`` (the columns of ``EVENT_COLUMNS`` plus one per other
-    arg) and the views in :data:`VIEWS`. Raises ``polars.exceptions.PolarsError``
-    for a query polars cannot run.
+    arg) and the views in :data:`VIEWS`. A query reads only those: polars' table
+    functions that read files (``read_csv(...)`` and the like) raise ValueError
+    unless ``allow_file_functions``, so a query from someone else cannot print a
+    file of this machine. The number of broken lines of the input is appended to
+    ``broken`` when given. Raises ``polars.exceptions.PolarsError`` for a query
+    polars cannot run.
     """
+    if not allow_file_functions:
+        reject_file_functions(query)
     tables = TraceTables(paths, executor=executor, partition_bytes=partition_bytes, progress=progress)
-    return tables.context().execute(query, eager=False).collect()
+    result = tables.context().execute(query, eager=False).collect()
+    if broken is not None:
+        broken.append(tables.broken_lines)
+    return result
+
+
+#: polars' SQL table functions, which read files named in the query.
+_FILE_FUNCTION = re.compile(r"\b(read_(csv|parquet|json|ndjson|ipc|delta|excel|database)|scan_\w+)\s*\(",
+                            re.IGNORECASE)
+_SQL_LITERAL = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
+
+
+def reject_file_functions(query: str) -> None:
+    """Raise ValueError when ``query`` calls a table function that reads files."""
+    found = _FILE_FUNCTION.search(_SQL_LITERAL.sub("''", query))
+    if found:
+        raise ValueError(f"the query calls {found.group(1)}(), which reads files: dftrace sql reads only the "
+                         "traces it was given (--allow-file-functions allows it)")
 
 
 class TraceTables:
@@ -98,6 +124,8 @@ class TraceTables:
         self._lock = threading.Lock()
         self._loaded: list[pl.DataFrame] = []
         self._activity_read: tuple[pl.DataFrame, Resolution] | None = None
+        #: Broken lines of the input (known once a query read the events).
+        self.broken_lines = 0
         #: The column sets decoded so far, in order (to check what a query read).
         self.loads: list[tuple[str, ...]] = []
 
@@ -112,7 +140,10 @@ class TraceTables:
             arg_columns = {c: source for c, source in self.arg_columns.items() if c in wanted}
             reader = functools.partial(read_partition, columns=["pid", *event_columns], arg_columns=arg_columns)
             parts = self._executor.map(reader, self._plan, progress=self._progress, desc="loading")
-            frame = assemble(parts, ["pid", *event_columns], arg_columns).events
+            trace = assemble(parts, ["pid", *event_columns], arg_columns)
+            frame = trace.events
+            if not self._loaded:  # every load reads the same lines: count them once
+                self.broken_lines = sum(f.broken_count for f in trace.files)
             self._loaded.append(frame)
             self.loads.append(tuple(c for c in self.schema if c in set(frame.columns)))
             return frame.select(c for c in self.schema if c in wanted)

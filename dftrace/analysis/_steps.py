@@ -9,9 +9,15 @@ checkpoints, and data loading. Never part of a step:
   (``.block``), which enclose steps;
 - any span that contains the starts of two or more other steps (a span around the
   whole loop that carries some step's number);
-- data-loading spans that began before the previous step's compute: the fetch
-  that ran before ``ai.update(step=...)`` was called carries the previous step's
-  number, whether sticky args are taken when a span starts or when it ends.
+- data-loading spans that began before the previous step's work.
+
+A step's data wait is the fetch of the batch it trains on, the same on every rank:
+the fetch that ran before ``ai.update(step=k)`` was called carries the previous
+step's number (whether sticky args are taken when a span starts or when it ends),
+so a data-loading span of step k-1 that began after step k-1's work belongs to
+step k, which starts with it. The first step's fetch carries no step number, and
+a fetch separated from the next step by a pipeline span (an evaluation) belongs
+to no step.
 
 The last step of an epoch (or of the run) ends with the last of its own spans, and
 a pipeline span that starts inside a step (an evaluation, the next epoch) ends it
@@ -112,19 +118,18 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
     rank_of = np.full(keys.height, -1, dtype=np.int64)
     rank_of[order] = np.arange(order.size)
     step_start = first[order].astype(np.int64)
-    # Data loading joins a step only when it began after the previous step's work.
-    previous = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
-    data = keep & ~is_work & (rank_of[key] >= 0)
-    data &= start > previous[np.maximum(rank_of[key], 0)]
+    target = _data_targets(rank_of[key], start, ~is_work & keep, step_start, cuts)
+    data = target >= 0
     if data.any():
         earliest = np.full(order.size, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(earliest, rank_of[key[data]], start[data])
+        np.minimum.at(earliest, target[data], start[data])
         step_start = np.minimum(step_start, earliest)
     last_end = np.zeros(order.size, dtype=np.int64)
     counts = np.zeros(order.size, dtype=np.int64)
-    placed = keep & (rank_of[key] >= 0)
-    np.maximum.at(last_end, rank_of[key[placed]], end[placed])
-    np.add.at(counts, rank_of[key[placed]], n[placed])
+    owner = np.where(is_work, rank_of[key], target)
+    placed = keep & (owner >= 0)
+    np.maximum.at(last_end, owner[placed], end[placed])
+    np.add.at(counts, owner[placed], n[placed])
     epochs = keys.get_column("epoch").to_numpy()[order] if keys.height else np.empty(0)
     same_epoch = np.concatenate((_same(epochs[1:], epochs[:-1]), [False]))
     step_end = np.where(same_epoch, np.concatenate((step_start[1:], [0])), last_end)
@@ -148,6 +153,37 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
         },
         schema=STEP_SCHEMA,
     )
+
+
+def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
+                  cuts: np.ndarray) -> np.ndarray:
+    """The step (its place in time order) each data-loading row belongs to, or -1.
+
+    A step's data wait is the fetch of the batch it trains on. That fetch ran before
+    ``ai.update(step=k)``, so it carries the previous step's number: a data row of
+    step ``s`` that began after ``s``'s first work fetched the batch of the step
+    after ``s``, and belongs to it unless a pipeline span (an evaluation) starts
+    between the two steps' work (its fetches carry ``s`` too). One that began before
+    (between the previous step's work and its own) is its own step's. Rows of no
+    placed step, and earlier ones, belong to none.
+    """
+    size = step_start.size
+    target = np.full(rank.size, -1, dtype=np.int64)
+    if not size:
+        return target
+    r = np.maximum(rank, 0)
+    placed = data & (rank >= 0)
+    previous = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
+    own = placed & (start > previous[r]) & (start < step_start[r])
+    nxt = np.minimum(r + 1, size - 1)
+    ahead = placed & (start >= step_start[r]) & (r + 1 < size)
+    if cuts.size:
+        between = np.searchsorted(cuts, step_start[nxt], side="left") - np.searchsorted(cuts, step_start[r],
+                                                                                           side="right")
+        ahead &= between == 0
+    target[own] = r[own]
+    target[ahead] = nxt[ahead]
+    return target
 
 
 def _first_starts(key: np.ndarray, start: np.ndarray, use: np.ndarray, size: int) -> np.ndarray:

@@ -1,24 +1,27 @@
 """Straggler analysis: which rank the others waited for, found without comparing clocks.
 
-Each traced collective carries its process group and a sequence number within it
-(``args.group``, ``args.seq``), so the same call is matched across ranks. In a
-collective every rank waits until the last one arrives, so the last rank to arrive
-waits the least: each rank's wait is its own span's duration (for an asynchronous
-call, the span from the call to its completion), measured on its own clock. Per
-matched call:
+Blocked time, not summed spans: a rank's wait in a step is the time it spent
+blocked in communication with nothing else running (a blocking collective, DDP's
+wait for its gradient buckets, the completion of asynchronous work), the union of
+those intervals, so several buckets in flight at once count once. Each rank's
+blocked time is measured on its own clock, and in a collective every rank waits
+until the last one arrives, so the last rank is the one blocked least: per step,
+a rank's lead is the others' mean blocked time minus its own, which is bounded by
+what the others were blocked and needs no clock alignment between hosts.
 
-- the last rank to arrive is the one with the shortest wait;
-- the arrival skew (last arrival minus first) is the longest wait minus the
-  shortest, which needs no clock alignment between hosts;
-- the wait it caused is the others' mean wait beyond its own.
+Significance: a step counts as held back only when its last rank's lead stands
+out of that rank's step-to-step noise, and a rank is named a straggler only when
+it held the others back more often than chance allows (see :func:`analyse`).
 
-Per rank: how often it arrived last, the wait it caused (in all, and per step from
-the collectives inside steps), in how many steps it caused the most wait (it held
-the others back), and its compute time per step.
+Each traced collective also carries its process group and a sequence number
+(``args.group``, ``args.seq``), so the same call is matched across ranks for the
+per-call figures: how often each rank arrived last and the calls with the largest
+arrival skew.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import polars as pl
@@ -46,28 +49,161 @@ def match_collectives(collectives: pl.DataFrame, procs: pl.DataFrame) -> pl.Data
     )
 
 
-def analyse(calls: pl.DataFrame, steps: pl.DataFrame, compute: dict[str, int],
+#: The noise scale is never taken below this (µs): timer resolution and tracing
+#: overhead make arrivals this close indistinguishable.
+NOISE_FLOOR_US = 100
+#: A step is held back by a rank now and then when its lead exceeds this many of
+#: its noise scales.
+NOISE_MULTIPLE = 5
+#: The least share of steps in which a rank's lead is taken to go beyond its noise
+#: by chance (a busy machine's hiccups).
+CHANCE_RATE = 0.02
+#: A rank late in most steps holds the others back by a typical lead of at least
+#: this share of the median step time (and NOISE_FLOOR_US).
+CONSISTENT_SHARE = 0.02
+#: A rank is named a straggler only when it held the others back in at least this
+#: many steps, and more often than chance (the binomial tests below) allows.
+MIN_HELD_STEPS = 3
+#: Significance level of those tests, shared among the ranks (Bonferroni).
+SIGNIFICANCE = 0.01
+
+
+def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, compute: dict[str, int],
             units: dict[str, tuple[Any, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any], pl.DataFrame]:
     """(stragglers worst first, collective statistics, wait per unit and step).
 
     ``calls`` comes from :func:`match_collectives`; ``steps`` is the step model per
-    unit; ``compute`` the compute time of each unit; ``units`` each unit's (rank,
-    host). Calls are matched within a run (the ``run`` column).
+    unit; ``blocked`` each unit's blocked time per step (unit, epoch, step, us);
+    ``compute`` the compute time of each unit; ``units`` each unit's (rank, host).
+
+    Per step, a rank's lead is the mean blocked time of the other ranks minus its
+    own: how long the others waited for it, bounded by what they were blocked. The
+    rank with the largest lead arrived last. A rank stands out in one of two ways:
+
+    - now and then (a slow batch, a hiccup): its noise scale is the step-to-step
+      spread of its lead (1.4826 times the median absolute deviation, at least
+      NOISE_FLOOR_US), and a step is held back when it was last with a lead beyond
+      NOISE_MULTIPLE noise scales; it stands out when it held the others back in
+      MIN_HELD_STEPS steps or more, more often than chance allows (one-sided
+      binomial test over the steps, the chance being the other ranks' share of such
+      steps, at least CHANCE_RATE);
+    - in most steps (a slower rank), when it does not stand out the first way: it was
+      last in more steps than chance gives it (a binomial test against 1/ranks) and its
+      median lead over all steps is at least CONSISTENT_SHARE of the median step
+      time; the held-back steps are then those it was last in with a lead beyond that.
+
+    SIGNIFICANCE is shared among the ranks. The wait a rank caused is the sum of its
+    leads in the steps it held back.
     """
-    empty_waits = pl.DataFrame(schema={"unit": pl.String, "epoch": pl.Int64, "step": pl.Int64,
-                                       "wait_us": pl.Int64})
-    stepped = _in_steps(calls, steps)
-    waits = (
-        stepped.filter(pl.col("step").is_not_null() | pl.col("epoch").is_not_null())
-        .group_by(["unit", "epoch", "step"])
-        .agg(pl.col("wait").sum().alias("wait_us"))
-        if stepped.height else empty_waits
-    )
-    call = ["run", "group", "seq"]
-    matched = stepped.with_columns(pl.len().over(call).alias("ranks")).filter(pl.col("ranks") > 1)
-    if not matched.height:
+    waits = blocked.rename({"us": "wait_us"}).select("unit", "epoch", "step", "wait_us")
+    ranks = pl.concat([steps.select("unit", "unit_order"), calls.select("unit", "unit_order")],
+                      how="vertical").unique("unit").sort("unit_order", nulls_last=True)
+    per_call = _per_call(calls)
+    if not per_call.height:  # no collective matched across ranks: they do not wait for each other
         return [], {}, waits
-    per_call = matched.group_by(call).agg(
+    leads = _leads(steps, blocked, calls)
+    n_ranks = max(ranks.height, 2)
+    level = SIGNIFICANCE / n_ranks
+    step_floor = max(float(NOISE_FLOOR_US), CONSISTENT_SHARE * float(steps.get_column("dur").median() or 0))
+    n_steps = leads.select("run", "epoch", "step").unique().height
+    outliers = leads.filter(pl.col("last") & (pl.col("lead_us") > NOISE_MULTIPLE * pl.col("noise_us")))
+    by_unit = {unit: frame for (unit,), frame in leads.partition_by("unit", as_dict=True).items()} \
+        if leads.height else {}
+    last_counts = dict(per_call.group_by("last").len().iter_rows())
+    step_count = dict(steps.group_by("unit").len().iter_rows()) if steps.height else {}
+    stragglers = []
+    for unit in ranks.get_column("unit").to_list():
+        own = by_unit.get(unit)
+        last = own.filter(pl.col("last")) if own is not None else leads.clear()
+        median_lead = float(own.get_column("lead_us").median()) if own is not None else 0.0
+        # Steps that stand out of the rank's own noise tell more than a lead in most
+        # steps: the consistent pattern is looked at only when they do not.
+        held = outliers.filter(pl.col("unit") == unit)
+        # How often a rank's lead goes beyond its noise by chance: what the other
+        # ranks show, and never taken below CHANCE_RATE (noise has heavy tails).
+        chance = max(CHANCE_RATE, (outliers.height - held.height) / max(n_steps * (n_ranks - 1), 1))
+        p_value = _binomial_tail(held.height, n_steps, chance)
+        consistent = False
+        if not (held.height >= MIN_HELD_STEPS and p_value <= level):
+            consistent_p = _binomial_tail(last.height, n_steps, 1 / n_ranks)
+            consistent = consistent_p <= level and median_lead >= step_floor
+            if consistent:
+                held, p_value = last.filter(pl.col("lead_us") > step_floor), consistent_p
+        caused = float(held.get_column("lead_us").sum()) if held.height else 0.0
+        count = step_count.get(unit, 0)
+        rank, host = units.get(unit, (None, None))
+        noise = own.get_column("noise_us").first() if own is not None else None
+        stragglers.append({
+            "rank": rank,
+            "unit": unit,
+            "host": host,
+            "last_arrivals": int(last_counts.get(unit, 0)),
+            "caused_wait_us": round(caused),
+            "held_steps": held.height,
+            "steps": count,
+            "caused_wait_us_per_step": round(caused / count) if count else None,
+            "compute_us_per_step": round(compute.get(unit, 0) / count) if count else None,
+            "last_steps": last.height,
+            "median_lead_us": round(median_lead),
+            "noise_us": round(noise) if noise is not None else None,
+            "p_value": round(p_value, 6),
+            "significant": held.height >= MIN_HELD_STEPS and p_value <= level,
+            "pattern": "most steps" if consistent else "some steps",
+        })
+    stragglers.sort(key=lambda r: (not r["significant"], -r["caused_wait_us"]))  # stable: rank order next
+    skews = leads.filter(pl.col("last")).get_column("lead_us")
+    worst = per_call.sort(["skew_us", "seq"], descending=[True, False]).head(WORST_COLLECTIVES)
+    stats: dict[str, Any] = {
+        "matched": per_call.height,
+        "steps": n_steps,
+        "held_steps": sum(r["held_steps"] for r in stragglers),
+        "median_skew_us": round(skews.median()) if skews.len() else None,
+        "noise_us": round(leads.get_column("noise_us").median()) if leads.height else None,
+        "mean_skew_us": round(per_call.get_column("skew_us").mean(), 1),
+        "max_skew_us": int(per_call.get_column("skew_us").max()),
+        "worst": worst.select("group", "seq", "name", "ranks", "skew_us", "last", "caused_us").to_dicts(),
+    }
+    return stragglers, stats, waits
+
+
+def _leads(steps: pl.DataFrame, blocked: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    """run, epoch, step, unit, lead_us, noise_us, last: each rank's lead in each step
+    that two or more ranks ran, its noise scale, and whether it was the last rank
+    (see :func:`analyse`)."""
+    schema = {"run": pl.Int32, "epoch": pl.Int64, "step": pl.Int64, "unit": pl.String, "lead_us": pl.Float64,
+              "noise_us": pl.Float64, "last": pl.Boolean}
+    if not steps.height:
+        return pl.DataFrame(schema=schema)
+    run_of = calls.select("unit", "run").unique("unit") if calls.height else pl.DataFrame(
+        schema={"unit": pl.String, "run": pl.Int32})
+    step = ["run", "epoch", "step"]
+    frame = (
+        steps.select("unit", "unit_order", "epoch", "step")
+        .join(run_of, on="unit", how="left").with_columns(pl.col("run").fill_null(0).cast(pl.Int32))
+        .join(blocked, on=["unit", "epoch", "step"], how="left", nulls_equal=True)
+        .with_columns(pl.col("us").fill_null(0).cast(pl.Float64))
+        .with_columns(pl.len().over(step).alias("ranks"))
+        .filter(pl.col("ranks") > 1)
+    )
+    if not frame.height:
+        return pl.DataFrame(schema=schema)
+    others = (pl.col("us").sum().over(step) - pl.col("us")) / (pl.col("ranks") - 1)
+    frame = frame.with_columns((others - pl.col("us")).alias("lead_us"))
+    spread = 1.4826 * (pl.col("lead_us") - pl.col("lead_us").median()).abs().median()
+    frame = frame.with_columns(
+        pl.max_horizontal(spread.over(["run", "unit"]), pl.lit(float(NOISE_FLOOR_US))).alias("noise_us"),
+        (pl.col("unit") == pl.col("unit").sort_by(["lead_us", "unit_order"], descending=[True, False])
+         .first().over(step)).alias("last"),
+    )
+    return frame.select(*step, "unit", "lead_us", "noise_us", "last")
+
+
+def _per_call(calls: pl.DataFrame) -> pl.DataFrame:
+    """run, group, seq, name, ranks, last, skew_us, caused_us per collective call
+    matched across ranks: the last rank to arrive waited the least."""
+    call = ["run", "group", "seq"]
+    matched = calls.with_columns(pl.len().over(call).alias("ranks")).filter(pl.col("ranks") > 1)
+    return matched.group_by(call).agg(
         pl.col("name").first(),
         pl.col("ranks").first(),
         pl.col("unit").sort_by(["wait", "unit_order"]).first().alias("last"),
@@ -78,75 +214,11 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, compute: dict[str, int],
         (pl.col("max_wait") - pl.col("last_wait")).alias("skew_us"),
         ((pl.col("sum_wait") - pl.col("last_wait")) / (pl.col("ranks") - 1) - pl.col("last_wait"))
         .round(0).cast(pl.Int64).alias("caused_us"),
-    )
-    # Each call counts in the step the last rank was in when it arrived.
-    located = per_call.join(
-        matched.select(*call, pl.col("unit").alias("last"), "epoch", "step"),
-        on=[*call, "last"], how="left",
-    )
-    per_step = (
-        located.filter(pl.col("step").is_not_null() | pl.col("epoch").is_not_null())
-        .group_by(["epoch", "step", "last"])
-        .agg(pl.col("caused_us").sum())
-        .sort(["caused_us", "last"], descending=[True, False])
-        .group_by(["epoch", "step"], maintain_order=True)
-        .first()
-    )
-    n_steps = steps.select("epoch", "step").unique().height if steps.height else 0
-    held = per_step.group_by("last").agg(pl.len().alias("held_steps"))
-    in_step = pl.col("step").is_not_null() | pl.col("epoch").is_not_null()
-    per_unit = (
-        located.group_by("last")
-        .agg(pl.len().alias("last_arrivals"), pl.col("caused_us").sum().alias("caused_wait_us"),
-             pl.col("caused_us").filter(in_step).sum().alias("caused_in_steps"))
-        .join(held, on="last", how="left")
-        .rename({"last": "unit"})
-    )
-    order = (
-        matched.select("unit", "unit_order").unique().join(per_unit, on="unit", how="left")
-        .with_columns(pl.col("last_arrivals", "caused_wait_us", "caused_in_steps", "held_steps").fill_null(0))
-        .sort(["caused_wait_us", "unit_order"], descending=[True, False])
-    )
-    unit_steps = steps.group_by("unit").len() if steps.height else pl.DataFrame(
-        schema={"unit": pl.String, "len": pl.UInt32})
-    step_count = dict(unit_steps.iter_rows())
-    stragglers = []
-    for row in order.iter_rows(named=True):
-        count = step_count.get(row["unit"], 0)
-        rank, host = units.get(row["unit"], (None, None))
-        stragglers.append({
-            "rank": rank,
-            "unit": row["unit"],
-            "host": host,
-            "last_arrivals": int(row["last_arrivals"]),
-            "caused_wait_us": int(row["caused_wait_us"]),
-            "held_steps": int(row["held_steps"]),
-            "steps": count,
-            "caused_wait_us_per_step": round(row["caused_in_steps"] / count) if count else None,
-            "compute_us_per_step": round(compute.get(row["unit"], 0) / count) if count else None,
-        })
-    worst = per_call.sort(["skew_us", "seq"], descending=[True, False]).head(WORST_COLLECTIVES)
-    stats = {
-        "matched": per_call.height,
-        "steps": n_steps,
-        "mean_skew_us": round(per_call.get_column("skew_us").mean(), 1),
-        "max_skew_us": int(per_call.get_column("skew_us").max()),
-        "worst": worst.select("group", "seq", "name", "ranks", "skew_us", "last", "caused_us").to_dicts(),
-    }
-    return stragglers, stats, waits
+    ).drop("last_wait", "max_wait", "sum_wait")
 
 
-def _in_steps(calls: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """``calls`` with the (epoch, step) of the unit's step each call arrived in."""
-    if not steps.height or not calls.height:
-        return calls.with_columns(pl.lit(None, pl.Int64).alias("epoch"), pl.lit(None, pl.Int64).alias("step"))
-    spans = steps.select("unit", "epoch", "step", pl.col("start").alias("step_start"),
-                         pl.col("end").alias("step_end")).sort("step_start")
-    # Both sides are sorted by time, hence within each unit too.
-    joined = calls.sort("arrival").join_asof(spans, left_on="arrival", right_on="step_start", by="unit",
-                                             check_sortedness=False)
-    outside = pl.col("arrival") >= pl.col("step_end")
-    return joined.with_columns(
-        pl.when(outside).then(None).otherwise(pl.col("epoch")).alias("epoch"),
-        pl.when(outside).then(None).otherwise(pl.col("step")).alias("step"),
-    ).drop("step_start", "step_end")
+def _binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    return min(1.0, sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1)))

@@ -30,7 +30,7 @@ from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_par
 from ._steps import model_steps, unit_steps
 from ._stragglers import analyse, match_collectives
 from ._parquet import resolved_records
-from ._trace import PathsLike, TraceTable, as_path_list, load_traces
+from ._trace import PathsLike, TraceTable, as_path_list, load_traces, require_content
 
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
 #: beyond this, evenly spaced steps are kept (all ranks of each kept step).
@@ -48,9 +48,12 @@ class Summary:
     overview: dict[str, Any]
     #: Per input file: lines, events, broken lines (first ones with reasons), cut-off.
     files: list[dict[str, Any]]
-    #: Per process (rank order): label, rank, host, pid, time span, spans, dropped.
+    #: Per process (rank order): label, rank, host, pid, time span, spans, dropped, and how
+    #: it ended when the trace says (``ended``: "killed by signal 9"; None when finalized).
     processes: list[dict[str, Any]]
-    #: Per (category, name): count, total, mean, min, p50, p95, max.
+    #: Per (category, name): count, total, self time (``self_us``: the time its spans
+    #: were the innermost on their thread), mean, min, p50, p95, max, and the standard
+    #: deviation of the durations (``std_us``; None for a single span).
     categories: list[dict[str, Any]]
     #: Per epoch: ranks, steps, slowest rank and its time, median rank time.
     epochs: list[dict[str, Any]]
@@ -131,13 +134,16 @@ def summarize(
             summary.gpu_spans = gpu_by_span(source.events.filter(pl.col("ph") == fmt.PH_COMPLETE),
                                             combined.activity, combined.resolution)
         return summary
-    plan = plan_partitions(expand_paths(as_path_list(source)), partition_bytes)
+    skipped: list[str] = []
+    plan = plan_partitions(expand_paths(as_path_list(source), skipped), partition_bytes)
     partials = default_executor(executor).map(
         aggregate_partition, plan, progress=progress, desc="summarising"
     )
+    require_content([p.source for p in partials], sum(int(p.phases.get_column("n").sum()) for p in partials))
     combined = combine(partials)
     del partials  # the per-partition tables are merged: free them before the answers are built
     summary = build_summary(combined)
+    summary.overview["skipped_files"] = skipped
     # Spans are not kept by the aggregates: those of processes with a profiler trace
     # beside their dftrace trace are read again for the per-span GPU time.
     files = dftrace_files_with_gpu(combined.activity, combined.resolution)
@@ -201,9 +207,11 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     steps = _steps(steps_by_unit)
     units = {unit: (rank, host) for unit, rank, host in
              procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
+    compute = dict(_time_in_steps(combined.compute, procs, steps_by_unit)
+                   .group_by("unit").agg(pl.col("us").sum()).iter_rows())
+    blocked = _time_in_steps(combined.blocked, procs, steps_by_unit)
     stragglers, collectives, waits = analyse(
-        match_collectives(combined.collectives, procs), steps_by_unit,
-        _compute_in_steps(combined, procs, steps_by_unit), units
+        match_collectives(combined.collectives, procs), steps_by_unit, blocked, compute, units
     )
     limit = RANK_STEPS_LIMIT if rank_steps_limit is None else rank_steps_limit
     rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs, limit)
@@ -211,8 +219,9 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
         overview=_overview(combined, procs, runs),
         files=[_file_dict(f) for f in combined.files],
         processes=_process_rows(combined, procs),
-        categories=_categories(combined.durations),
-        epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]), process_steps),
+        categories=_categories(combined.durations, combined.self_times),
+        epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]),
+                       _steps_in_epochs(process_steps, _epoch_source(combined))),
         stragglers=stragglers,
         collectives=collectives,
         runs=runs,
@@ -286,6 +295,7 @@ def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]
         "unfinished_files": sum(1 for f in combined.files if not f.closed),
         "incomplete_spans": int(extents.get_column("incomplete").sum()) if extents.height else 0,
         "dropped_events": int(procs.get_column("dropped").sum()),
+        "ended_abnormally": sum(p.ended is not None for p in combined.resolution.processes),
     }
 
 
@@ -297,12 +307,14 @@ def _file_dict(report: Any) -> dict[str, Any]:
 
 def _process_rows(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     joined = procs.join(combined.extents, on="proc", how="left").sort("proc")
+    ended = [p.ended for p in combined.resolution.processes]
     return [
         {
             "label": r["label"], "rank": r["rank"], "host": r["host"], "pid": r["pid"],
             "start_us": r["start"], "end_us": r["end"],
             "wall_us": (r["end"] - r["start"]) if r["start"] is not None else 0,
             "spans": r["n"] or 0, "incomplete": r["incomplete"] or 0, "dropped": r["dropped"],
+            "ended": ended[r["proc"]],
         }
         for r in joined.iter_rows(named=True)
     ]
@@ -342,9 +354,19 @@ def _category_order(cat: str) -> tuple[int, str]:
     return (known.index(cat), "") if cat in known else (len(known), cat or "")
 
 
-def _categories(durations: pl.DataFrame) -> list[dict[str, Any]]:
+def _categories(durations: pl.DataFrame, self_times: pl.DataFrame) -> list[dict[str, Any]]:
     merged = durations.group_by("cat", "name", "dur").agg(pl.col("n").sum())
-    stats = _value_stats(merged, ["cat", "name"])
+    stats = _value_stats(merged, ["cat", "name"]).join(
+        self_times.rename({"us": "self_us"}), on=["cat", "name"], how="left"
+    ).with_columns(pl.col("self_us").fill_null(0))
+    # The spread of the durations (sample standard deviation), for diff's intervals.
+    spread = (
+        merged.join(stats.select("cat", "name", "mean_us", "count"), on=["cat", "name"])
+        .group_by("cat", "name")
+        .agg(((pl.col("n") * (pl.col("dur") - pl.col("mean_us")) ** 2).sum()
+              / (pl.col("count").first() - 1)).sqrt().alias("std_us"))
+    )
+    stats = stats.join(spread, on=["cat", "name"], how="left")
     rows = stats.sort("total_us", descending=True).to_dicts()
     rows.sort(key=lambda r: _category_order(r["cat"]))
     return [_round(r) for r in rows]
@@ -513,37 +535,58 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
 RUN_GAP_US = 60_000_000
 
 
-def _compute_in_steps(combined: Combined, procs: pl.DataFrame, steps: pl.DataFrame) -> dict[str, int]:
-    """Compute time (self time) of each unit's processes within the unit's steps."""
+def _time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """unit, epoch, step, us: the time of disjoint per-process ``intervals`` (proc,
+    start, end) that falls within each of the unit's steps (a rank's processes
+    together)."""
     units = dict(procs.filter(pl.col("unit").is_not_null()).select("proc", "unit").iter_rows())
-    step_bounds = {
-        unit: (frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy())
-        for (unit,), frame in steps.partition_by("unit", as_dict=True).items()
-    } if steps.height else {}
-    out: dict[str, int] = {}
-    for (proc,), frame in combined.compute.sort("start").partition_by("proc", as_dict=True).items():
+    by_unit = {unit: frame for (unit,), frame in steps.partition_by("unit", as_dict=True).items()} \
+        if steps.height else {}
+    pieces = []
+    for (proc,), frame in intervals.sort("start").partition_by("proc", as_dict=True).items():
         unit = units.get(proc)
-        if unit not in step_bounds:
+        if unit not in by_unit:
             continue
         starts = frame.get_column("start").to_numpy()
         ends = frame.get_column("end").to_numpy()
         before = np.concatenate(([0], np.cumsum(ends - starts)))
 
-        def busy_until(t: np.ndarray) -> np.ndarray:
-            # compute time before t: whole intervals before it plus the part of the one it is in
+        def time_until(t: np.ndarray) -> np.ndarray:
+            # time before t: whole intervals before it plus the part of the one it is in
             i = np.searchsorted(starts, t, side="right")
             inside = np.where(i > 0, np.minimum(t, ends[np.maximum(i - 1, 0)]) - starts[np.maximum(i - 1, 0)], 0)
             return before[np.maximum(i - 1, 0)] + np.where(i > 0, inside, 0)
 
-        a, b = step_bounds[unit]
-        out[unit] = out.get(unit, 0) + int((busy_until(b) - busy_until(a)).sum())
-    return out
+        own = by_unit[unit]
+        us = time_until(own.get_column("end").to_numpy()) - time_until(own.get_column("start").to_numpy())
+        pieces.append(own.select("unit", "epoch", "step").with_columns(pl.Series("us", us, pl.Int64)))
+    if not pieces:
+        return pl.DataFrame(schema={"unit": pl.String, "epoch": pl.Int64, "step": pl.Int64, "us": pl.Int64})
+    return (pl.concat(pieces, how="vertical")
+            .group_by(["unit", "epoch", "step"]).agg(pl.col("us").sum()))
 
 
 def _epoch_source(combined: Combined) -> pl.DataFrame:
     """The pipeline's epoch spans when the trace has them, else the extents of the
     events that carry ``args.epoch``."""
     return combined.epoch_spans if combined.epoch_spans.height else combined.epochs
+
+
+def _steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
+    """``steps`` (proc, epoch, step, start, ...) with the epoch of a step that carries
+    none taken from the epoch span (proc, epoch, start, end) it starts in: a loop
+    numbered by ``.iter()`` alone has epoch spans but no ``args.epoch``."""
+    missing = steps.filter(pl.col("epoch").is_null())
+    if not missing.height or not epochs.height:
+        return steps
+    spans = epochs.select("proc", pl.col("epoch").alias("_epoch"), pl.col("start").alias("_from"),
+                          pl.col("end").alias("_to")).sort("_from")
+    placed = (
+        missing.sort("start").join_asof(spans, left_on="start", right_on="_from", by="proc", check_sortedness=False)
+        .with_columns(pl.when(pl.col("start") < pl.col("_to")).then(pl.col("_epoch")).alias("epoch"))
+        .select(steps.columns)
+    )
+    return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical")
 
 
 def _epochs(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:

@@ -103,6 +103,21 @@ def load_traces(
     return assemble(parts, wanted, arg_columns)
 
 
+def require_content(parts: Sequence[PartitionData], events: int | None = None) -> None:
+    """Raise ValueError (one line) when no partition holds an event or a metadata
+    record: every input is empty or garbage, which is an error, not an empty trace.
+    ``events`` is how many events the partitions held, when their tables are gone."""
+    if any(p.meta for p in parts) or (events if events is not None else any(p.events.height for p in parts)):
+        return
+    broken: dict[str, int] = {}
+    for p in parts:
+        broken[p.partition.path] = broken.get(p.partition.path, 0) + p.broken_count
+    detail = "; ".join(f"{os.path.basename(path)}: " + (f"{n} broken line{'s' if n != 1 else ''}" if n else "empty")
+                       for path, n in list(broken.items())[:5])
+    more = f"; {len(broken) - 5} more" if len(broken) > 5 else ""
+    raise ValueError(f"no trace events in {len(broken)} file{'s' if len(broken) != 1 else ''} ({detail}{more})")
+
+
 def as_path_list(paths: PathsLike) -> list[str | os.PathLike[str]]:
     if isinstance(paths, (str, os.PathLike)):
         return [paths]
@@ -164,6 +179,7 @@ def assemble(
     arg_columns: dict[str, tuple[str, pl.DataType]] | None = None,
 ) -> TraceTable:
     """Combine partitions into a :class:`TraceTable`, resolving hosts and ranks."""
+    require_content(parts)
     keys = [partition_keys(p) for p in parts]
     resolution = resolve_parts(parts, keys)
     procs = resolution.processes

@@ -17,6 +17,7 @@ for ``stale_s`` seconds is stalled.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from typing import Any
 from .. import format as fmt
 from ._aggregate import Partial, aggregate_partition, combine, fold_partials
 from ._sources import Partition, expand_paths
+from ._render_text import printable, printable_data
 from ._summary import Summary, build_summary
 
 #: Bytes read from a file per system call while catching up.
@@ -56,6 +58,8 @@ class FileFollower:
         #: Why the file cannot be read further (undecodable bytes), if so.
         self.broken: str | None = None
         self._decoder: Any = None
+        self._decoder_start = 0
+        self._magic = b""
         self._factory: Any = None
         self._kind: str | None = None
         self._partitions = 0
@@ -98,6 +102,7 @@ class FileFollower:
                 if len(head) < 4:
                     return self.offset
                 self._factory = fmt.member_decoder(head)
+                self._magic = head
                 self._kind = "plain" if self._factory is None else "compressed"
             if self._kind == "plain":
                 return self._plain_end(fh, size)
@@ -119,31 +124,65 @@ class FileFollower:
             data = fh.read(min(_READ_BYTES, size - position))
             if not data:
                 break
-            while data:
-                if self._decoder is None:
-                    self._decoder = self._factory()
-                try:
-                    self._decoder.decompress(data)
-                except Exception as exc:  # zlib.error / zstandard.ZstdError: not a unit we can read
-                    self.broken = f"undecodable data in the frame/member at byte {end}: {exc}"
-                    self.scanned = size
-                    return end
-                if self._decoder.eof:
-                    tail = self._decoder.unused_data
-                    position += len(data) - len(tail)
-                    end = position
-                    self._decoder = None
-                    data = tail
-                else:
-                    position += len(data)
-                    data = b""
+            if self._decoder is None:  # frames are decoded only to find where they end
+                self._decoder = fmt.MemberReader(self._magic)
+                self._decoder_start = position
+            try:
+                for _, ended in self._decoder.feed(data):
+                    if ended:
+                        end = self._decoder_start + self._decoder.offset
+            except ValueError as exc:  # not a unit we can read
+                self.broken = f"undecodable data in the frame/member at byte {end}: {exc}"
+                self.scanned = size
+                return end
+            position += len(data)
         self.scanned = position
         return end
+
+    @property
+    def writer(self) -> tuple[Any, Any] | None:
+        """(pid, hostname) of the process that writes the file, from its metadata."""
+        for partial in reversed(self.partials):
+            for record in partial.source.meta:
+                if record.get("name") == fmt.META_PROCESS_INFO and isinstance(record.get("args"), dict):
+                    return record["args"].get("pid", record.get("pid")), record["args"].get("hostname")
+        return None
+
+    def done(self, now: float, stale_s: float) -> bool:
+        """True when the file will not grow again: closed, undecodable, its writer
+        gone, or, for a file that names no writer (garbage, another tool's), not grown
+        for ``stale_s`` seconds."""
+        if self.closed or self.broken or self.writer_gone:
+            return True
+        if self.writer is not None:
+            return False
+        try:
+            return now - os.path.getmtime(self.path) > stale_s
+        except OSError:  # removed
+            return True
+
+    @property
+    def writer_gone(self) -> bool:
+        """True when the file is not closed and the process that wrote it, named by
+        its metadata, is on this host and no longer runs: the file will not grow
+        again (a writer killed before it could finalize)."""
+        if self.closed:
+            return False
+        writer = self.writer
+        if writer is None or not isinstance(writer[0], int) or writer[1] != socket.gethostname():
+            return False
+        try:
+            os.kill(writer[0], 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # alive, another user's
+            return False
+        return False
 
     def state(self, now: float, stale_s: float) -> str:
         if self.closed:
             return CLOSED
-        if self.broken or self.pending:
+        if self.broken or self.pending or self.writer_gone:
             return CUT_OFF
         try:
             age = now - os.path.getmtime(self.path)
@@ -185,8 +224,9 @@ class Watcher:
 
     @property
     def finished(self) -> bool:
-        """True when there are files and every one is closed."""
-        return bool(self.followers) and all(f.closed for f in self.followers.values())
+        """True when there are files and none will grow again (see ``FileFollower.done``)."""
+        now = time.time()
+        return bool(self.followers) and all(f.done(now, self.stale_s) for f in self.followers.values())
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """The live figures as plain data (what ``--once --json`` prints)."""
@@ -263,7 +303,7 @@ def _stalls(summary: Summary) -> dict[str, float | None]:
 
 
 def _straggler(summary: Summary) -> dict[str, Any] | None:
-    if summary.stragglers and summary.stragglers[0]["caused_wait_us"]:
+    if summary.stragglers and summary.stragglers[0].get("significant"):
         worst = summary.stragglers[0]
         return {"rank": worst["unit"], "caused_wait_us_per_step": worst["caused_wait_us_per_step"],
                 "held_steps": worst["held_steps"]}
@@ -402,7 +442,7 @@ def watch(paths: Sequence[str], *, interval: float = 1.0, window: int = 50, stal
 
             sys.stdout.write(orjson.dumps(snapshot, option=orjson.OPT_INDENT_2).decode() + "\n")
         else:
-            sys.stdout.write(render_plain(snapshot))
+            sys.stdout.write(printable(render_plain(snapshot)))
         return 0
     try:
         if sys.stdout.isatty():
@@ -418,20 +458,20 @@ def _live(watcher: Watcher, interval: float) -> None:
     from rich.console import Console
     from rich.live import Live
 
-    with Live(render_rich(watcher.snapshot()), console=Console(), auto_refresh=False,
+    with Live(render_rich(printable_data(watcher.snapshot())), console=Console(), auto_refresh=False,
               transient=False) as live:
         while not watcher.finished:
             time.sleep(interval)
             watcher.poll()
-            live.update(render_rich(watcher.snapshot()), refresh=True)
+            live.update(render_rich(printable_data(watcher.snapshot())), refresh=True)
 
 
 def _lines(watcher: Watcher, interval: float) -> None:
     """Without a terminal: a plain snapshot whenever something new was read."""
-    sys.stdout.write(render_plain(watcher.snapshot()))
+    sys.stdout.write(printable(render_plain(watcher.snapshot())))
     sys.stdout.flush()
     while not watcher.finished:
         time.sleep(interval)
         if watcher.poll():
-            sys.stdout.write("\n" + render_plain(watcher.snapshot()))
+            sys.stdout.write("\n" + printable(render_plain(watcher.snapshot())))
             sys.stdout.flush()

@@ -130,6 +130,29 @@ def test_report_of_dftracer_traces(samples):
     html = render_html(summary)
     names = _first_json_list(_section(html, "Where the time goes"), "y")
     by_total = sorted(summary.to_dict()["categories"], key=lambda c: -c["total_us"])
-    assert names[0] == f"{by_total[0]['cat']}/{by_total[0]['name']}" == "pipeline/epoch"
+    leaves = sorted((c for c in by_total if c["cat"] != "pipeline" and not c["name"].endswith(".block")),
+                    key=lambda c: -c["self_us"])
+    assert by_total[0]["cat"] == "pipeline"  # the enclosing epoch span: left out of the plot
+    assert names[0] == f"{leaves[0]['cat']}/{leaves[0]['name']}" and not any(n.startswith("pipeline/") for n in names)
     assert set(names) <= {f"{c['cat']}/{c['name']}" for c in by_total} and "IO/read_shard" in names
     assert "vm · pid 25021" in _section(html, "Step timeline per rank")
+
+
+def test_where_the_time_goes_leaves_out_containers_and_shows_in_flight_time_apart():
+    """On a real DDP run: names by self time, no pipeline span or loop body among
+    them, the DDP buckets' .done time in its own (grey) series, and subplot titles
+    clear of the toolbar (a top margin above them)."""
+    page = render_html(summarize(Path(__file__).resolve().parents[1] / "data" / "ddp-run"))
+    where = _section(page, "Where the time goes").replace("\\u002f", "/")  # plotly escapes "/"
+    names = _first_json_list(where, "y")
+    assert not any(n.startswith("pipeline/") or n.endswith(".block") for n in names)
+    summary = summarize(Path(__file__).resolve().parents[1] / "data" / "ddp-run")
+    by_self = sorted((c for c in summary.categories if c["cat"] != "pipeline" and not c["name"].endswith(
+        (".block", ".done"))), key=lambda c: -c["self_us"])
+    assert names[0] == f"{by_self[0]['cat']}/{by_self[0]['name']}" and "comm/all_reduce.done" not in names
+    backward = next(c for c in summary.categories if c["name"] == "backward")
+    assert backward["self_us"] < backward["total_us"]  # without the bucket wait nested in it
+    assert '"asynchronous work in flight"' in where and '"y":["comm/all_reduce.done"]' in where
+    assert '"self time in the call"' in where
+    distributions = _section(page, "Duration distributions")
+    assert '"margin":{"l":60,"r":20,"t":80,"b":50}' in distributions.replace(" ", "")

@@ -219,3 +219,40 @@ def test_no_progress_output_off_a_terminal(run_dir, capsys):
     """Without a terminal, loading prints nothing to stderr."""
     summarize(run_dir)
     assert capsys.readouterr().err == ""
+
+
+def test_dataloader_workers_are_named_after_their_rank(tmp_path):
+    """Traced children of a rank's process (DataLoader workers, which carry no rank)
+    are "worker k of rank r", k in start order; a worker that recorded its id keeps it."""
+    main = tracegen.Process(3000, rank=1)
+    main.span("forward", "compute", tracegen.T0_US, 100, step=0)
+    workers = [tracegen.Process(pid, rank=None, ppid=3000) for pid in (3007, 3005)]
+    for w in workers:
+        w.span("item", "data", tracegen.T0_US, 10)
+    named = tracegen.Process(3009, rank=None, ppid=3000)
+    named.span("item", "data", tracegen.T0_US, 10)
+    named.events.insert(0, {"name": "CM", "cat": "dftrace", "pid": 3009, "tid": 3009, "ph": "M",
+                            "args": {"name": "dataloader.worker", "value": "7"}})
+    for p in (main, *workers, named):
+        tracegen.write_process(tmp_path, p)
+    labels = [p["label"] for p in summarize(tmp_path).processes]
+    assert labels == ["rank 1 · node0 · pid 3000", "worker 0 of rank 1 · node0 · pid 3005",
+                      "worker 1 of rank 1 · node0 · pid 3007", "worker 7 of rank 1 · node0 · pid 3009"]
+
+
+def test_epoch_table_counts_the_steps_of_iter_numbered_epochs(tmp_path):
+    """Epochs numbered by ai.pipeline.epoch.iter() and steps that carry no epoch: each
+    epoch's row counts the steps that start inside its span."""
+    proc = tracegen.Process(3100, rank=0)
+    t = tracegen.T0_US
+    for epoch in range(2):
+        begin = t
+        for step in range(3):
+            proc.span("forward", "compute", t, 100, level=2, step=epoch * 3 + step)
+            t += 200
+        proc.span("epoch.block", "pipeline", begin, t - begin, level=1, count=epoch + 1)
+        t += 50
+    tracegen.write_process(tmp_path, proc)
+    summary = summarize(tmp_path)
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 3), (1, 3)]
+    assert summary.step_stats["count"] == 6

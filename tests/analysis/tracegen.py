@@ -51,6 +51,8 @@ class Process:
     anchor: tuple[int, int] = (T0_US * 1000 - 1_000_000, 5_000_000_000)
     #: The script named in the process info.
     cmdline: str = "train.py"
+    #: The parent process's pid in the process info (a DataLoader worker's rank process).
+    ppid: int | None = None
 
     @property
     def hhash(self) -> str:
@@ -81,7 +83,8 @@ class Process:
             ("HH", "dftrace", main, {"name": self.host, "value": self.hhash}),
             ("clock_anchor", "dftrace", main, {"wall_ns": self.anchor[0], "mono_ns": self.anchor[1]}),
             ("PR", "dftrace", main, {"cmdline": ["python", self.cmdline], "cwd": "/home/me/project", "python": "3.11",
-                                     "hostname": self.host, "rank": self.rank, "local_rank": self.rank}),
+                                     "hostname": self.host, "rank": self.rank, "local_rank": self.rank,
+                                     **({"ppid": self.ppid} if self.ppid is not None else {})}),
         ]
         return [
             {"name": name, **({"cat": cat} if cat else {}), "pid": self.pid, "tid": tid,

@@ -15,15 +15,17 @@ class Unprintable:
 
 
 def test_json_types_are_kept(tmp_path):
-    """Ints of any size, floats, bools, strings and None keep their types."""
-    big = 2**100
+    """64-bit ints, floats, bools, strings and None keep their types; ints beyond 64
+    bits (up to hundreds of digits) are written as strings of their exact digits,
+    which the validator and the analysis read."""
+    big, huge = 2**100, 10**320 + 7
     with testing.trace_to(tmp_path) as t:
-        with ai.compute.forward(args={"i": 2**40, "big": big, "neg": -(2**70), "f": 0.5,
-                                      "b": True, "s": "x", "n": None}):
+        with ai.compute.forward(args={"i": 2**40, "u": 2**64 - 1, "big": big, "neg": -(2**70), "huge": huge,
+                                      "f": 0.5, "b": True, "s": "x", "n": None}):
             pass
     a = t.spans("forward")[0]["args"]
-    assert (a["i"], a["big"], a["neg"], a["f"], a["b"], a["s"], a["n"]) == (
-        2**40, big, -(2**70), 0.5, True, "x", None)
+    assert (a["i"], a["u"], a["big"], a["neg"], a["huge"], a["f"], a["b"], a["s"], a["n"]) == (
+        2**40, 2**64 - 1, str(big), str(-(2**70)), str(huge), 0.5, True, "x", None)
     assert_valid(t.paths)
 
 

@@ -6,9 +6,9 @@ The convention (CONTRIBUTING.md says the same):
 - ``python`` blocks run as a script in a fresh interpreter; ``bash`` and ``sh`` blocks
   run with ``bash -euo pipefail``. Both run in a new directory holding ``traces/`` (a
   four-rank run of the toy pipeline), DFTracer's sample directories
-  (``dftracer-2.0.3/``, ...), ``ddp-run/`` (two DDP ranks, tests/data/ddp-run) and
-  ``gpu-job/`` (PyTorch profiler traces of two GPU ranks, tests/data/gpu-job),
-  and must exit with status 0.
+  (``dftracer-2.0.3/``, ...), ``ddp-run/`` (two DDP ranks, tests/data/ddp-run),
+  ``ddp-buckets/`` and ``diff-runs/`` (tests/data), and ``gpu-job/`` (PyTorch
+  profiler traces of two GPU ranks, tests/data/gpu-job), and must exit with status 0.
 - ``console`` blocks are shell sessions: each ``$ `` line is a command that runs the
   same way and must not fail (status 0, or 1 for ``dftrace validate``, which reports
   broken rules that way) nor print a traceback; the lines after it are its output,
@@ -248,8 +248,8 @@ def prepared(tmp_path_factory) -> Path:
     for sample in SAMPLES.iterdir():
         if sample.is_dir():
             shutil.copytree(sample, where / sample.name)
-    shutil.copytree(ROOT / "tests" / "data" / "ddp-run", where / "ddp-run")
-    shutil.copytree(ROOT / "tests" / "data" / "gpu-job", where / "gpu-job")
+    for name in ("ddp-run", "ddp-buckets", "diff-runs", "gpu-job"):
+        shutil.copytree(ROOT / "tests" / "data" / name, where / name)
     return where
 
 

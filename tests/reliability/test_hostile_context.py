@@ -328,14 +328,17 @@ def _torn_copy(tmp_path, compression: str) -> tuple[str, int, int]:
 @pytest.mark.parametrize("compression", ["zstd", "gzip"])
 def test_torn_tail_validates_with_a_report_and_fails_only_when_strict(tmp_path, compression):
     """``dftrace validate`` on a file whose last frame was cut: exit 0 and 'cut off
-    at byte N, K events readable'; with --strict, exit 1."""
+    at byte N in the frame that starts at byte M, K events readable', N where the
+    file was cut; with --strict, exit 1."""
     torn, size, events = _torn_copy(tmp_path, compression)
     cli = [sys.executable, "-m", "dftrace", "validate"]
     out = subprocess.run([*cli, torn], capture_output=True, text=True, env=clean_env())
     assert out.returncode == 0, out.stdout + out.stderr
     readable = len(testing.read_events(torn, strict=False))  # includes the cut frame's whole lines
     assert readable >= events
-    assert f"cut off at byte {size}, {readable} events readable" in out.stdout
+    cut_at = os.path.getsize(torn)  # where the file ends, inside the frame that starts at `size`
+    assert f"cut off at byte {cut_at} in the frame that starts at byte {size}, {readable} events readable" \
+        in out.stdout
     strict = subprocess.run([*cli, "--strict", torn], capture_output=True, text=True,
                             env=clean_env())
     assert strict.returncode == 1 and "cut off" in strict.stdout

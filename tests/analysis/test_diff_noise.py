@@ -1,0 +1,100 @@
+"""dftrace diff against the runs' own noise: same-code (A/A) pairs pass the documented
+CI line, a planted +20 % forward is caught beyond the machine's speed; several runs
+per side give means and intervals from the runs' spread. The runs are real traced
+loops of fixed CPU work (_timed_job.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from dftrace.analysis._cli import main  # noqa: E402
+
+JOB = Path(__file__).with_name("_timed_job.py")
+STEPS = 48
+#: Work units added to every forward: 20 % of a step, so that other jobs on a shared
+#: machine cannot hide it in a single pair of runs.
+PLANTED = 48
+
+
+def _job(out: Path, extra: int = 0) -> Path:
+    subprocess.run([sys.executable, str(JOB), str(out), str(STEPS), str(extra)], check=True, timeout=300)
+    return out
+
+
+def _mean_forward(run: Path) -> float:
+    from dftrace.analysis import summarize
+
+    return next(c["mean_us"] for c in summarize(run).categories if c["name"] == "forward")
+
+
+def _diff(capsys, *args: str) -> tuple[int, dict]:
+    code = main(["diff", *args, "--fail-on-regression", "5%", "--json", "--no-progress"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def quiet(tmp_path_factory):
+    """Three runs of the same code, and three with the planted forward, interleaved
+    (as runs to compare should be taken: under like conditions)."""
+    root = tmp_path_factory.mktemp("quiet")
+    same, planted = [], []
+    for i in range(3):
+        same.append(_job(root / "same" / f"run{i}"))
+        planted.append(_job(root / "planted" / f"run{i}", PLANTED))
+    return same, planted
+
+
+def test_one_run_per_side(quiet, capsys):
+    """A/A passes and a planted +20 % forward fails, each step figure with an interval
+    from blocks of steps; the text says more runs give a sharper answer."""
+    same, planted = quiet
+    code, data = _diff(capsys, str(same[0]), str(same[1]))
+    step = next(r for r in data["rows"] if r["metric"] == "step.p50")
+    assert code == 0 and step["noise"] == "steps" and step["low"] < step["change"] < step["high"]
+    assert not data["regression"]["failed"]
+    # The forward's time, judged beyond the machine's speed, tells the planted change
+    # even when the machine's load moved the step time more than it.
+    code, data = _diff(capsys, str(same[0]), str(planted[0]), "--metric", "compute.forward.mean")
+    assert code == 1 and "beyond the machine's speed" in data["regression"]["reason"]
+    forward = next(r for r in data["rows"] if r["metric"] == "compute.forward.mean")
+    assert forward["flagged"] and (forward["change"] - forward["machine"]) / forward["base"] > 0.3  # 48 of 80
+    assert forward["noise"] == "spans" and forward["low"] < forward["change"] < forward["high"]
+    step = next(r for r in data["rows"] if r["metric"] == "step.p50")
+    assert step["noise"] == "steps" and step["low"] < step["change"] < step["high"]
+    assert main(["diff", str(same[0]), str(same[1]), "--no-progress"]) == 0
+    assert "several runs per side give a sharper answer" in capsys.readouterr().out
+
+
+def test_several_runs_per_side(quiet, capsys, tmp_path):
+    """Repeated --base/--new, or directories of runs: means over the runs, intervals
+    from their spread; A/A passes, the planted forward fails."""
+    same, planted = quiet
+    code, repeated = _diff(capsys, str(same[0]), str(planted[0]), "--base", str(same[1]), "--base",
+                           str(same[2]), "--new", str(planted[1]), "--new", str(planted[2]),
+                           "--metric", "compute.forward.mean")
+    assert code == 1 and repeated["runs"] == [3, 3] and repeated["speed"] is None
+    forward = next(r for r in repeated["rows"] if r["metric"] == "compute.forward.mean")
+    assert forward["noise"] == "runs" and forward["low"] > 0 and forward["machine"] == 0
+    assert forward["base"] == pytest.approx(sum(_mean_forward(r) for r in same) / 3, rel=1e-6)
+    code, directories = _diff(capsys, str(same[0].parent), str(planted[0].parent), "--metric", "compute.forward.mean")
+    assert code == 1 and directories["rows"] == repeated["rows"]
+    code, data = _diff(capsys, str(same[0]), str(same[1]), "--base", str(same[2]))
+    assert code == 0 and data["runs"] == [2, 1]
+    assert main(["diff", str(same[0].parent), str(planted[0].parent), "--no-progress"]) == 0
+    assert "means over 3 and 3 runs" in capsys.readouterr().out
+
+
+def test_same_code_passes_on_a_busy_machine(tmp_path, busy_machine, capsys):
+    """Three busy processes share the machine: same-code pairs pass the CI line, the
+    step time's change judged against the machine's speed and the steps' spread."""
+    for i in range(3):
+        base, new = _job(tmp_path / f"a{i}"), _job(tmp_path / f"b{i}")
+        code, data = _diff(capsys, str(base), str(new))
+        assert code == 0, data["regression"]
