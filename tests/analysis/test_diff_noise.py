@@ -62,7 +62,9 @@ def test_one_run_per_side(quiet, capsys):
     # The forward's time, judged beyond the machine's speed, tells the planted change
     # even when the machine's load moved the step time more than it.
     code, data = _diff(capsys, str(same[0]), str(planted[0]), "--metric", "compute.forward.mean")
-    assert code == 1 and "beyond the machine's speed" in data["regression"]["reason"]
+    # (judged beyond the machine's speed where the load moved every name, or outside
+    # the noise directly where it did not)
+    assert code == 1 and data["regression"]["reason"].startswith("compute.forward.mean got worse")
     forward = next(r for r in data["rows"] if r["metric"] == "compute.forward.mean")
     assert forward["flagged"] and (forward["change"] - forward["machine"]) / forward["base"] > 0.3  # 48 of 80
     assert forward["noise"] == "spans" and forward["low"] < forward["change"] < forward["high"]
