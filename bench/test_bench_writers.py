@@ -44,8 +44,11 @@ def hwm_kib(pid):
     return 0
 
 n, writer, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+compression = sys.argv[4] if len(sys.argv) > 4 else "zstd"
+rank = int(sys.argv[5]) if len(sys.argv) > 5 else None
 t_init = time.perf_counter_ns()
-s = dftrace.initialize(log_file=out + "/t", writer=writer, inherit=False)
+s = dftrace.initialize(log_file=out + "/t", writer=writer, inherit=False, compression=compression,
+                       rank=rank)
 t0 = time.perf_counter_ns()
 if writer == "process":  # what the drainer spent starting (imports), not per event
     w_cpu0 = cpu_ns(f"/proc/{s.writer.drainer_pid}/stat")
@@ -96,6 +99,31 @@ def measure(writer: str, events: int = EVENTS) -> dict[str, float]:
         "writer_hwm_mib": res["writer_hwm_kib"] / 1024,
         "bytes_per_event": size / events,
     }
+
+
+def more_ranks_than_cores(writer: str, compression: str, ranks: int = 8,
+                          events: int = EVENTS) -> dict[str, float]:
+    """``ranks`` traced processes at once (more than the machine's cores), each
+    recording ``events`` spans at full rate and finalizing: events not on disk, files
+    without their closing ``]``, loss warnings, and the slowest rank's wall time."""
+    from dftrace import testing
+
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-c", PRODUCER, str(events), writer, d,
+                                   compression, str(r)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=_env()) for r in range(ranks)]
+        outs = [p.communicate() for p in procs]
+        wall = time.perf_counter() - t0
+        paths = testing.trace_files(os.path.join(d, "t"))
+        written = sum(1 for p in paths for e in testing.read_events(p) if e.get("name") == "forward")
+        return {
+            "lost": ranks * events - written,
+            "unclosed": sum(1 for p in paths if not _ends(p)),
+            "warnings": sum(err.count(b"not written") + err.count(b"did not finish") for _, err in outs),
+            "failed": sum(1 for p in procs if p.returncode != 0),
+            "wall_s": wall,
+        }
 
 
 def kill9_loss(writer: str, seconds: float = 1.5) -> dict[str, float]:
@@ -204,6 +232,20 @@ def test_writer_end_to_end(benchmark, writer):
     benchmark.pedantic(run, rounds=3, iterations=1)
     benchmark.extra_info.update(figures)
     benchmark.extra_info["events_per_round"] = EVENTS
+
+
+@pytest.mark.benchmark(group="writers")
+@pytest.mark.parametrize("compression", ["zstd", "gzip"])
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_more_ranks_than_cores(benchmark, writer, compression):
+    """8 ranks on the machine's cores, 500,000 events each, then finalize: nothing is
+    lost, every file is closed, no warning (the figure is the slowest rank's wall time)."""
+    if writer == "process" and not sys.platform.startswith("linux"):
+        pytest.skip("writer='process' needs Linux")
+    result = benchmark.pedantic(more_ranks_than_cores, args=(writer, compression),
+                                rounds=1, iterations=1)
+    benchmark.extra_info.update(result)
+    assert result == {**result, "lost": 0, "unclosed": 0, "warnings": 0, "failed": 0}
 
 
 def main(rounds: int = 3) -> None:

@@ -102,13 +102,20 @@ def test_line_traces_named_json_are_still_read_as_lines(tmp_path: Path) -> None:
 
 
 def test_not_a_document_is_one_broken_line(tmp_path: Path) -> None:
+    """A profiler trace cut in half is one broken line: beside a whole one it is
+    counted; alone it is an input without events, an error naming it."""
     path = tmp_path / "cut.pt.trace.json"
     text = orjson.dumps(kinetogen.rank_document(0), option=orjson.OPT_INDENT_2)
     path.write_bytes(text[: len(text) // 2])
-    trace = load_traces(path)
-    assert trace.events.height == 0
-    assert trace.files[0].broken_count == 1
-    assert "not a JSON document" in trace.files[0].broken[0][1]
+    whole = tmp_path / "whole.pt.trace.json"
+    whole.write_bytes(orjson.dumps(kinetogen.rank_document(1)))
+    trace = load_traces([path, whole])
+    (cut,) = [f for f in trace.files if f.path == str(path)]
+    assert cut.broken_count == 1
+    assert "not a JSON document" in cut.broken[0][1]
+    assert trace.events.height > 0  # the whole one's events
+    with pytest.raises(ValueError, match="cut.pt.trace.json: 1 broken line"):
+        load_traces(path)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -193,7 +193,9 @@ def test_an_application_wakeup_fd_keeps_receiving_signals(tmp_path):
             except BlockingIOError:
                 pass
         assert got == [signal.SIGUSR2]
-        assert data == bytes([signal.SIGUSR2])
+        # initialize() checks the trace directory in a short-lived child: where the
+        # application handles SIGCHLD, that child's end reaches its wakeup fd too.
+        assert data.replace(bytes([signal.SIGCHLD]), b"") == bytes([signal.SIGUSR2])
         dftrace.finalize()
         assert signal.set_wakeup_fd(-1) == w
     finally:
