@@ -78,10 +78,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def measure(writer: str, events: int = EVENTS) -> dict[str, float]:
+def measure(writer: str, events: int = EVENTS, compression: str = "zstd") -> dict[str, float]:
     """One traced process recording ``events`` spans with ``writer``; figures per event."""
     with tempfile.TemporaryDirectory() as d:
-        proc = subprocess.Popen([sys.executable, "-c", PRODUCER, str(events), writer, d],
+        proc = subprocess.Popen([sys.executable, "-c", PRODUCER, str(events), writer, d, compression],
                                 stdout=subprocess.PIPE, env=_env())
         assert proc.stdout is not None
         out = proc.stdout.read()

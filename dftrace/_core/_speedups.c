@@ -1430,14 +1430,52 @@ static int load_zstd(void) {
     }
     return 0;
 }
+
+/* gzip members from the system's libdeflate (deflate-compatible, faster than zlib),
+   loaded at first use; without it the writer compresses gzip in Python. A `level`
+   of GZIP_LEVEL_BASE + n asks for gzip at libdeflate's level n (1..12). */
+#define GZIP_LEVEL_BASE 100
+typedef void *(*deflate_alloc_fn)(int);
+typedef size_t (*deflate_gzip_fn)(void *, const void *, size_t, void *, size_t);
+typedef size_t (*deflate_bound_fn)(void *, size_t);
+static struct {
+    int tried;
+    deflate_alloc_fn alloc;
+    deflate_gzip_fn gzip;
+    deflate_bound_fn bound;
+    void *by_level[13];
+} gz;
+
+static int load_gzip(void) {
+    if (gz.tried)
+        return gz.gzip != NULL;
+    gz.tried = 1;
+    static const char *names[] = {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so",
+                                  "libdeflate.dylib"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            continue;
+        gz.alloc = (deflate_alloc_fn)dlsym(h, "libdeflate_alloc_compressor");
+        gz.gzip = (deflate_gzip_fn)dlsym(h, "libdeflate_gzip_compress");
+        gz.bound = (deflate_bound_fn)dlsym(h, "libdeflate_gzip_compress_bound");
+        if (gz.alloc && gz.gzip && gz.bound)
+            return 1;
+        gz.gzip = NULL;
+        dlclose(h); /* an incomplete library: not used */
+    }
+    return 0;
+}
 #else
 static int load_zstd(void) { return 0; }
+static int load_gzip(void) { return 0; }
 #endif
 
-/* native_write() -> the compressions drain_write() can do ("none", "zstd") */
+/* native_write() -> the compressions drain_write() can do ("none", "zstd", "gzip") */
 static PyObject *native_write(PyObject *self, PyObject *unused) {
 #ifdef HAVE_NATIVE_WRITE
-    return Py_BuildValue("(ss)", "none", load_zstd() ? "zstd" : "none");
+    return Py_BuildValue("(sss)", "none", load_zstd() ? "zstd" : "none",
+                         load_gzip() ? "gzip" : "none");
 #else
     return PyTuple_New(0);
 #endif
@@ -1469,7 +1507,22 @@ static int compress_write(int fd, int level, const char *src, size_t len, char *
     *written = 0;
     if (!len)
         return 0;
-    if (level >= 0) {
+    if (level >= GZIP_LEVEL_BASE) {
+        int n = level - GZIP_LEVEL_BASE;
+        n = n < 1 ? 1 : n > 12 ? 12 : n;
+        if (!gz.gzip)
+            return EINVAL;
+        if (!gz.by_level[n] && !(gz.by_level[n] = gz.alloc(n)))
+            return ENOMEM;
+        size_t bound = gz.bound(gz.by_level[n], len);
+        if (ensure(zb, zcap_, bound) < 0)
+            return ENOMEM;
+        size_t z = gz.gzip(gz.by_level[n], src, len, *zb, bound);
+        if (!z)
+            return EIO;
+        src = *zb;
+        len = z;
+    } else if (level >= 0) {
         size_t bound = zstd.bound(len);
         if (ensure(zb, zcap_, bound) < 0)
             return ENOMEM;

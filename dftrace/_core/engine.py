@@ -279,15 +279,16 @@ def drain(encoder: Any, max_records: int) -> tuple[bytes, int]:
 
 
 def native_compressions() -> tuple[str, ...]:
-    """The compressions :func:`drain_to_file` can write ("none", "zstd"), or none
-    (the pure-Python engine; zstd also needs the system's libzstd)."""
+    """The compressions :func:`drain_to_file` can write ("none", "zstd", "gzip"), or
+    none (the pure-Python engine; zstd needs the system's libzstd, gzip its
+    libdeflate)."""
     return tuple(speedups.native_write()) if speedups is not None else ()
 
 
 def drain_to_file(encoder: Any, frame_records: int, max_records: int, fd: int,
                   level: int) -> tuple[int, int, int, int, int]:
-    """Like :func:`drain`, but the C engine also compresses (``level`` >= 0: zstd at
-    that level; < 0: none) and appends to ``fd``, as frames of at most
+    """Like :func:`drain`, but the C engine also compresses (``level`` < 0: none;
+    0..22: zstd at that level; 100 + n: gzip at level n) and appends to ``fd``, as frames of at most
     ``frame_records`` records, all with the GIL released once. Returns (records
     taken, records written, bytes written, errno or 0, the file's link count or
     -1); on an error, written records and bytes count whole frames only."""

@@ -16,6 +16,7 @@ import zstandard
 
 import dftrace
 from dftrace import ai, testing
+from dftrace._core import engine as _rec
 from dftrace._core import writer as writer_mod
 
 from ._util import assert_valid
@@ -84,7 +85,7 @@ def _program_events(tmp_path, name: str, compression: str) -> list[dict]:
 
 
 @needs("native", native_engine_missing())
-@pytest.mark.parametrize("compression", ["zstd", "none"])
+@pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])
 def test_engine_written_frames_match_the_python_path(tmp_path, monkeypatch, compression):
     """Frames the C engine compresses and writes itself decode to the same events as
     frames compressed and written in Python."""
@@ -114,6 +115,31 @@ def test_engine_written_frames_are_independent_zstd_frames(tmp_path):
     lines = zstandard.ZstdDecompressor().decompress(tail).splitlines()  # needs the content size
     assert len(lines) == 5 and all(b'"name":"forward"' in line for line in lines)
     dftrace.finalize()
+
+
+@needs("native", native_engine_missing())
+def test_gzip_frames_are_compressed_and_written_by_the_engine(tmp_path):
+    """With the system's libdeflate, gzip goes the way zstd goes: the engine
+    compresses and writes each frame as one gzip member, without the GIL; the file
+    is a multi-member gzip that any reader decodes."""
+    if "gzip" not in writer_mod._native():
+        pytest.skip("no libdeflate on this machine: gzip is compressed in Python")
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False, compression="gzip")
+    with ai.compute.forward:  # the first write (the header) opens the file in Python
+        pass
+    s.writer.flush()
+    before = _rec.frames_written()
+    for flush in range(3):
+        for _ in range(1000):
+            with ai.compute.forward:
+                pass
+        s.writer.flush()
+    assert _rec.frames_written() - before == 3  # one member per flush, from the engine
+    dftrace.finalize()
+    with gzip.open(s.path, "rb") as fh:
+        lines = fh.read().splitlines()
+    assert sum(b'"name":"forward"' in line for line in lines) == 3001
+    assert len(testing.spans(testing.read_events(s.path))) == 3001
 
 
 def test_one_flush_writes_a_big_backlog_as_frames_of_at_most_max_batch(tmp_path):
