@@ -375,7 +375,7 @@ def _run_diff(args: argparse.Namespace) -> int:
 
 
 def _printable(text: str) -> str:
-    from ._render_text import printable
+    from ._terminal import printable
 
     return printable(text)
 

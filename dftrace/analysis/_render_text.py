@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from ._summary import Summary
+from ._terminal import printable, printable_data
 
 #: How the breakdown names its activity groups.
 GROUP_LABELS = {
@@ -17,30 +17,6 @@ GROUP_LABELS = {
     "checkpoint": "checkpoint",
     "device": "device transfer",
 }
-
-
-#: Characters a terminal acts on instead of showing: C0 and C1 controls (escape
-#: sequences, bell, carriage return), DEL, and the invisible ones that reorder text.
-_UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: control characters (but the line breaks)
-    shown as ``\\x1b``-style escapes, so a name in a trace cannot move the cursor,
-    clear the screen or write the clipboard."""
-    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                            else f"\\u{ord(m.group()):04x}", text)
-
-
-def printable_data(value: Any) -> Any:
-    """``value`` (dicts, lists, strings) with every string made :func:`printable`."""
-    if isinstance(value, str):
-        return printable(value)
-    if isinstance(value, dict):
-        return {k: printable_data(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(printable_data(v) for v in value)
-    return value
 
 
 def format_us(us: float | None) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 from .. import format as fmt
 from ._aggregate import Partial, aggregate_partition, combine, fold_partials
 from ._sources import Partition, expand_paths
-from ._render_text import printable, printable_data
+from ._terminal import printable, printable_data
 from ._summary import Summary, build_summary
 
 #: Bytes read from a file per system call while catching up.

@@ -21,7 +21,9 @@ import kinetogen
 import orjson
 import pytest
 
-from dftrace.analysis import load_traces, run_sql, summarize
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from dftrace.analysis import load_traces, run_sql, summarize  # noqa: E402
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
