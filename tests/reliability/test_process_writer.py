@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -326,6 +327,23 @@ def hung_mount(tmp_path):
         pytest.skip(str(exc))
 
 
+@contextlib.contextmanager
+def slow_storage(tmp_path, **kw):
+    """A FUSE mount over ``tmp_path/backing`` whose every write takes 0.2 s: yields
+    (backing, mount point, the daemon); the test skips where FUSE cannot mount."""
+    why = fuse_unusable()
+    if why:
+        pytest.skip(why)
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    try:
+        with fuse_mount("_slow_fs.py", mnt, str(backing), "{mnt}", "0.2", **kw) as fs:
+            yield backing, mnt, fs
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
 HUNG = """
     import sys, time
     import dftrace
@@ -441,28 +459,18 @@ def test_drainer_killed_inside_a_write_loses_and_duplicates_nothing(tmp_path, co
     its writes is under way: the process writes the rest of its trace itself, and
     between the drainer's file (cut back to its last whole frame written) and its
     own, every span is there exactly once."""
-    why = fuse_unusable()
-    if why:
-        pytest.skip(why)
-    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
-    backing.mkdir()
-    mnt.mkdir()
     n = 200_000
-    try:
-        with fuse_mount("_slow_fs.py", mnt, str(backing), "{mnt}", "0.2",
-                        stdout=subprocess.PIPE) as fs:
-            script = write_script(tmp_path, SLOW_WRITER)
-            proc = start([script, str(mnt / "t"), str(n), compression])
-            drainer = int(proc.stdout.readline())
-            writes = 0
-            while writes < 8:  # the header, then frames (a few requests each)
-                assert fs.stdout.readline().strip() == "write"
-                writes += 1
-            os.kill(drainer, signal.SIGKILL)
-            assert proc.stdout.readline().strip() == "recorded", proc.stderr.read()
-            out, err = proc.communicate("\n", timeout=300)
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    with slow_storage(tmp_path, stdout=subprocess.PIPE) as (backing, mnt, fs):
+        script = write_script(tmp_path, SLOW_WRITER)
+        proc = start([script, str(mnt / "t"), str(n), compression])
+        drainer = int(proc.stdout.readline())
+        writes = 0
+        while writes < 8:  # the header, then frames (a few requests each)
+            assert fs.stdout.readline().strip() == "write"
+            writes += 1
+        os.kill(drainer, signal.SIGKILL)
+        assert proc.stdout.readline().strip() == "recorded", proc.stderr.read()
+        out, err = proc.communicate("\n", timeout=300)
     assert proc.returncode == 0, err
     assert err.count(f"the trace drainer (pid {drainer}) ended") == 1, err
     first, second = sorted(files(backing), key=len)
@@ -728,19 +736,10 @@ def test_a_slow_finish_is_not_taken_for_stalled_storage(tmp_path, writer, compre
     finalize (about 12 frames, 2.4 s of writing) with shutdown_timeout=1: the writer
     makes progress all along, so finalize waits for it: every span on disk, the file
     closed, no warning of loss."""
-    why = fuse_unusable()
-    if why:
-        pytest.skip(why)
-    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
-    backing.mkdir()
-    mnt.mkdir()
     n = 200_000
-    try:
-        with fuse_mount("_slow_fs.py", mnt, str(backing), "{mnt}", "0.2"):
-            script = write_script(tmp_path, SLOW_FINISH)
-            out = run([script, str(mnt / "t"), writer, compression, str(n)], timeout=300)
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    with slow_storage(tmp_path) as (backing, mnt, _):
+        script = write_script(tmp_path, SLOW_FINISH)
+        out = run([script, str(mnt / "t"), writer, compression, str(n)], timeout=300)
     assert out.returncode == 0, out.stderr
     assert "not finish" not in out.stderr and "not written" not in out.stderr, out.stderr
     (path,) = files(backing)
