@@ -1,6 +1,16 @@
-"""Load + summary of 1M and 10M events (16 zstd files, one per rank), embedded and on Dask.
+"""Load + summary of 1M and 10M events (16 zstd files, one per rank), embedded and on Dask;
+and ``dftrace summary`` side by side with dftracer-utils' ``dftracer_stats``.
 
     pytest bench/test_bench_analysis.py --benchmark-json=analysis.json
+
+The side-by-side cases run whole processes one after the other and record each
+one's CPU time (user + system) and peak resident memory from the kernel's
+accounting of the finished process: ``dftracer_stats --report detailed --group-by
+name`` once building its index and once reading it, and ``dftrace summary`` (twice:
+the second run is what a repeated question costs). They need dftracer-utils
+(``pip install 'dftrace[bench]'``) and are skipped without it; dftracer_stats reads
+gzip and plain files, so they compare on gzip traces (8 files of 4M events, 16
+files of 10M events).
 
 Each benchmark runs ``summarize`` (parse every file, aggregate, combine) on a trace
 of 16 processes; the 10M-event trace is about 1.9 GB of JSON, 140 MB compressed.
@@ -17,8 +27,12 @@ The 10M-event cases take a few minutes with data generation; set
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
+import zlib
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -64,11 +78,13 @@ _STEPS_PER_EPOCH = 1000
 
 
 def _write_rank(args: tuple[Path, int, int]) -> int:
-    """Write one rank's file of ``events`` events; return its uncompressed size."""
+    """Write one rank's file of ``events`` events (zstd frames, or gzip members at
+    level 1 as dftrace writes by default, by the file's suffix); return its
+    uncompressed size."""
     path, rank, events = args
     pid, host = 10_000 + rank, f"node{rank % 2}"
     hhash = f"{rank % 2:016x}"
-    cctx = zstandard.ZstdCompressor(level=3)
+    cctx = _Gzip() if str(path).endswith(".gz") else zstandard.ZstdCompressor(level=3)
     head = "[\n" + _META.format(pid=pid, rank=rank, host=host, hhash=hhash, wall=T0_US * 1000)
     size = 0
     lines: list[str] = [head]
@@ -100,14 +116,23 @@ def _write_rank(args: tuple[Path, int, int]) -> int:
     return size
 
 
-def _trace(root: Path, events: int) -> tuple[Path, int]:
-    """The cached 16-rank trace of ``events`` events and its uncompressed size."""
-    directory = root / f"{events // 1_000_000}M"
+class _Gzip:
+    """Each flush its own gzip member, like dftrace's writer."""
+
+    def compress(self, data: bytes) -> bytes:
+        member = zlib.compressobj(1, wbits=31)
+        return member.compress(data) + member.flush()
+
+
+def _trace(root: Path, events: int, ranks: int = RANKS, compression: str = "zst") -> tuple[Path, int]:
+    """The cached trace of ``events`` events in ``ranks`` files and its uncompressed size."""
+    directory = root / (f"{events // 1_000_000}M" if (ranks, compression) == (RANKS, "zst")
+                        else f"{events // 1_000_000}M-{ranks}-{compression}")
     marker = directory / "uncompressed_bytes"
     if not marker.exists():
         directory.mkdir(parents=True, exist_ok=True)
-        jobs = [(directory / f"train-rank{r}-node{r % 2}-{10_000 + r}.pfw.zst", r, events // RANKS)
-                for r in range(RANKS)]
+        jobs = [(directory / f"train-rank{r}-node{r % 2}-{10_000 + r}.pfw.{compression}", r, events // ranks)
+                for r in range(ranks)]
         with ProcessPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
             marker.write_text(str(sum(pool.map(_write_rank, jobs))))
     return directory, int(marker.read_text())
@@ -260,3 +285,63 @@ def test_load_table_embedded_1m(benchmark, bench_root):
     trace, usages = _measured(benchmark, lambda: load_traces(directory, progress=False), rounds=2)
     assert trace.events.height == 1_000_000
     _record(benchmark, usages, 1_000_000, size)
+
+
+# --- side by side with dftracer-utils -------------------------------------------------------
+
+_STATS = shutil.which("dftracer_stats") or shutil.which("dftracer_stats", path=os.path.dirname(sys.executable))
+needs_stats = pytest.mark.skipif(_STATS is None, reason="dftracer-utils is not installed: pip install 'dftrace[bench]'")
+
+
+def _whole_process(command: list[str], log: Path) -> dict[str, float]:
+    """CPU seconds (user + system) and peak RSS (MB) of one finished process."""
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, log.read_text()[-2000:]
+    return {"cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024)}
+
+
+def _side_by_side(benchmark, bench_root: Path, tmp_path: Path, events: int, ranks: int) -> None:
+    directory, size = _trace(bench_root, events, ranks, "gz")
+    stats = [_STATS, "--directory", str(directory), "--index-dir", str(tmp_path / "dftindex"),
+             "--report", "detailed", "--group-by", "name"]
+    ours = [sys.executable, "-m", "dftrace", "summary", str(directory), "--json", "--no-progress"]
+    figures = {
+        "dftracer_stats_first": _whole_process(stats, tmp_path / "stats1.log"),
+        "dftracer_stats_indexed": _whole_process(stats, tmp_path / "stats2.log"),
+    }
+    runs = []
+    benchmark.pedantic(lambda: runs.append(_whole_process(ours, tmp_path / "summary.log")), rounds=2, iterations=1)
+    figures["dftrace_summary"], figures["dftrace_summary_again"] = runs
+    benchmark.extra_info.update(events=events, files=ranks, uncompressed_mb=round(size / 2**20),
+                                load_1min=round(os.getloadavg()[0], 2), **figures)
+
+
+@needs_stats
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="side-by-side")
+def test_side_by_side_4m_gzip(benchmark, bench_root, tmp_path):
+    _side_by_side(benchmark, bench_root, tmp_path, 4_000_000, 8)
+
+
+@needs_stats
+@skip_big
+@pytest.mark.timeout(3600)
+@pytest.mark.benchmark(group="side-by-side")
+def test_side_by_side_10m_gzip(benchmark, bench_root, tmp_path):
+    _side_by_side(benchmark, bench_root, tmp_path, 10_000_000, 16)
+
+
+@skip_big
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="side-by-side")
+def test_summary_process_10m_zstd(benchmark, bench_root, tmp_path):
+    """The 10M-event trace in 16 zstd files (which dftracer_stats does not read): the
+    whole ``dftrace summary`` process."""
+    directory, size = _trace(bench_root, 10_000_000)
+    ours = [sys.executable, "-m", "dftrace", "summary", str(directory), "--json", "--no-progress"]
+    runs = []
+    benchmark.pedantic(lambda: runs.append(_whole_process(ours, tmp_path / "summary.log")), rounds=2, iterations=1)
+    benchmark.extra_info.update(events=10_000_000, files=RANKS, uncompressed_mb=round(size / 2**20),
+                                load_1min=round(os.getloadavg()[0], 2), runs=runs)

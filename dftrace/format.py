@@ -332,6 +332,26 @@ def _decode_stream(
                       f"frame/member that starts at byte {start + reader.member_start}")
 
 
+_gunzip_members: Any = False  # not looked up yet
+
+
+def _fast_gunzip() -> Any:
+    """The C engine's whole-member gzip decoder (libdeflate), or None."""
+    global _gunzip_members
+    if _gunzip_members is False:
+        _gunzip_members = None
+        if os.environ.get("DFTRACE_NO_SPEEDUPS", "").strip() in ("", "0"):
+            try:
+                from ._core import _speedups
+            except ImportError:
+                pass
+            else:
+                found = getattr(_speedups, "gunzip_members", None)
+                if found is not None and found(b"", 0, 1) is not None:
+                    _gunzip_members = found
+    return _gunzip_members
+
+
 class MemberReader:
     """Decodes a stream of gzip members or zstd frames fed in any pieces, keeping
     each call's output bounded (gzip by ``max_length``, zstd by feeding whole
@@ -340,6 +360,7 @@ class MemberReader:
 
     def __init__(self, magic: bytes):
         self.gzip = magic.startswith(_GZIP_MAGIC)
+        self._gunzip = _fast_gunzip() if self.gzip else None
         self._factory = member_decoder(magic)
         self._decoder = self._factory()
         self._blocks = _ZstdBlocks()
@@ -361,6 +382,16 @@ class MemberReader:
         data = self.held + data
         self.held = b""
         while data:
+            if self.gzip and not self._in_member and self._gunzip is not None:
+                # Whole members at once through libdeflate; one it cannot take whole
+                # (cut by the end of what was fed, damaged) goes through zlib below.
+                out, used = self._gunzip(data, 0, DECODED_PIECE)
+                if used:
+                    self.offset += used
+                    self.member_start = self.offset
+                    data = data[used:]
+                    yield out, True
+                    continue
             if self.gzip:
                 piece, rest = data, b""
             else:
@@ -483,7 +514,10 @@ def iter_line_pieces(path: str | os.PathLike[str], start: int = 0, end: int | No
     ``max_line`` is dropped as it streams by (an empty line stands in for it, and
     its number is listed)."""
     status: list[str] = []
-    buf = bytearray()
+    # The decoded chunks of the piece being gathered, joined once when it is handed
+    # over; ``tail``: bytes after their last line break (an unfinished line).
+    chunks: list[bytes | memoryview] = []
+    size = tail = 0
     long_lines: list[int] = []
     skipping = False
     for chunk in iter_decoded_chunks(path, start, end, status=status):
@@ -493,19 +527,43 @@ def iter_line_pieces(path: str | os.PathLike[str], start: int = 0, end: int | No
                 continue
             chunk = chunk[newline:]  # the long line's break ends its (empty) stand-in
             skipping = False
-        buf += chunk
-        last = buf.rfind(b"\n")
-        if len(buf) - (last + 1) > max_line:
-            del buf[last + 1:]
-            long_lines.append(buf.count(b"\n") + 1)
+        if not chunk:
+            continue
+        newline = chunk.rfind(b"\n")
+        tail = len(chunk) - newline - 1 if newline >= 0 else tail + len(chunk)
+        chunks.append(chunk)
+        size += len(chunk)
+        if tail > max_line:
+            _split_tail(chunks, tail)
+            size -= tail
+            tail = 0
+            long_lines.append(sum(c.count(b"\n") for c in chunks) + 1)
             skipping = True
-        if len(buf) >= piece_bytes and last >= 0:
-            cut = buf.rfind(b"\n") + 1
-            lines = buf.count(b"\n", 0, cut)
-            yield LinePiece(bytes(buf[:cut]), [n for n in long_lines if n <= lines], None)
+        if size >= piece_bytes and size > tail:
+            rest = _split_tail(chunks, tail)
+            data = b"".join(chunks)
+            lines = data.count(b"\n") if long_lines else 0  # numbers of long lines only
+            yield LinePiece(data, [n for n in long_lines if n <= lines], None)
+            del data
             long_lines = [n - lines for n in long_lines if n > lines]
-            del buf[:cut]
-    yield LinePiece(bytes(buf), long_lines, status[0] if status else None)
+            chunks, size = rest, tail
+    yield LinePiece(b"".join(chunks), long_lines, status[0] if status else None)
+
+
+def _split_tail(chunks: list[bytes | memoryview], tail: int) -> list[bytes | memoryview]:
+    """Take the last ``tail`` bytes off ``chunks`` (in place, without copying); return them."""
+    rest: list[bytes | memoryview] = []
+    while tail:
+        last = chunks.pop()
+        if len(last) <= tail:
+            rest.insert(0, last)
+            tail -= len(last)
+        else:
+            view = memoryview(last)
+            chunks.append(view[:len(last) - tail])
+            rest.insert(0, view[len(last) - tail:])
+            tail = 0
+    return rest
 
 
 def read_trace_bytes(

@@ -1466,10 +1466,90 @@ static int load_gzip(void) {
     }
     return 0;
 }
+
+/* gzip decoding from the same library (libdeflate_gzip_decompress_ex decodes one
+   whole member into a buffer large enough for it): the analysis's fast inflate. */
+typedef void *(*inflate_alloc_fn)(void);
+typedef void (*inflate_free_fn)(void *);
+typedef int (*gunzip_ex_fn)(void *, const void *, size_t, void *, size_t, size_t *, size_t *);
+static struct {
+    int tried;
+    inflate_alloc_fn alloc;
+    inflate_free_fn release;
+    gunzip_ex_fn gunzip;
+} gunz;
+
+static int load_gunzip(void) {
+    if (gunz.tried)
+        return gunz.gunzip != NULL;
+    gunz.tried = 1;
+    static const char *names[] = {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so",
+                                  "libdeflate.dylib"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            continue;
+        gunz.alloc = (inflate_alloc_fn)dlsym(h, "libdeflate_alloc_decompressor");
+        gunz.release = (inflate_free_fn)dlsym(h, "libdeflate_free_decompressor");
+        gunz.gunzip = (gunzip_ex_fn)dlsym(h, "libdeflate_gzip_decompress_ex");
+        if (gunz.alloc && gunz.release && gunz.gunzip)
+            return 1;
+        gunz.gunzip = NULL;
+        dlclose(h);
+    }
+    return 0;
+}
 #else
 static int load_zstd(void) { return 0; }
 static int load_gzip(void) { return 0; }
+static int load_gunzip(void) { return 0; }
 #endif
+
+/* gunzip_members(data, start, limit) -> (decoded, consumed), or None without
+   libdeflate: the whole gzip members of data[start:] decoded one after the other,
+   without the GIL, until about `limit` bytes came out. Stops early, returning what
+   it has, at a member that does not decode whole here (cut by the end of `data`,
+   longer than the room left, damaged): the caller's streaming decoder takes that
+   one, and tells a cut from damage. */
+static PyObject *gunzip_members(PyObject *self, PyObject *args) {
+#ifndef HAVE_NATIVE_WRITE
+    Py_RETURN_NONE;
+#else
+    Py_buffer in;
+    Py_ssize_t start, limit;
+    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &limit))
+        return NULL;
+    if (!load_gunzip() || limit <= 0 || start < 0 || start > in.len) {
+        PyBuffer_Release(&in);
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, limit);
+    void *d = out ? gunz.alloc() : NULL;
+    if (!d) {
+        Py_XDECREF(out);
+        PyBuffer_Release(&in);
+        return out ? PyErr_NoMemory() : NULL;
+    }
+    char *dst = PyBytes_AS_STRING(out);
+    const char *src = (const char *)in.buf;
+    size_t pos = (size_t)start, used = 0, n = (size_t)in.len, room = (size_t)limit;
+    Py_BEGIN_ALLOW_THREADS
+    while (pos < n && used < room) {
+        size_t in_used = 0, out_used = 0;
+        /* 0: LIBDEFLATE_SUCCESS */
+        if (gunz.gunzip(d, src + pos, n - pos, dst + used, room - used, &in_used, &out_used) != 0)
+            break;
+        pos += in_used;
+        used += out_used;
+    }
+    Py_END_ALLOW_THREADS
+    gunz.release(d);
+    PyBuffer_Release(&in);
+    if (_PyBytes_Resize(&out, (Py_ssize_t)used) < 0)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(pos - (size_t)start));
+#endif
+}
 
 /* native_write() -> the compressions drain_write() can do ("none", "zstd", "gzip") */
 static PyObject *native_write(PyObject *self, PyObject *unused) {
@@ -3625,6 +3705,8 @@ static PyMethodDef methods[] = {
 #endif
     {"native_write", native_write, METH_NOARGS,
      "The compressions drain_write() can do here."},
+    {"gunzip_members", gunzip_members, METH_VARARGS,
+     "gunzip_members(data, start, limit) -> (decoded, consumed) or None: whole gzip members via libdeflate"},
     {"add_kind", add_kind, METH_O, "add_kind(piece) -> kid"},
     {"shm_attach", shm_attach, METH_VARARGS,
      "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},

@@ -1,7 +1,8 @@
 """Per-partition partial aggregates that combine exactly into whole-trace ones.
 
-A partition's events are reduced to small tables: counts of each duration per
-(process, category, name) (exact percentiles come from these), the extents of
+A partition's events are reduced to small tables: a sketch of the durations per
+(process, category, name) (counts, totals, extremes exact; percentiles within a
+stated relative error, see ``_sketch``), the extents of
 each (step, name) the step model works from, the pipeline's own spans, one row
 per traced collective (to match calls across ranks), epoch extents, the union of
 busy intervals per activity group (self time: each thread's time goes to its
@@ -22,11 +23,12 @@ import polars as pl
 
 from .. import format as fmt
 from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces
-from ._gpu import activity_by_process
+from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS
+from ._sketch import BIN_SCHEMA, bins_of, merged_bins
 from ._sources import Partition
-from ._steps import container_rows, step_rows
+from ._steps import STEP_SCHEMA, container_rows, model_steps, step_rows
 from ._trace import FileReport, file_reports, partition_keys, resolve_parts
 
 #: Activity groups of the time breakdown, in bit order. ``.block`` spans (the loop
@@ -53,7 +55,8 @@ class Partial:
     #: Read report of the partition, with its metadata records (no events).
     source: PartitionData
     keys: list[tuple[int, str]]
-    #: pid, host_key, cat, name, dur, n: how many complete events had each duration.
+    #: pid, host_key, cat, name, bin, n, total, lo, hi, m2: the durations of the
+    #: complete events of each name as a mergeable sketch (see ``_sketch``).
     durations: pl.DataFrame
     #: pid, host_key, epoch, step, cat, name, start, end, n: extents of the spans
     #: carrying args.step, per name (pipeline spans and loop bodies left out)
@@ -84,13 +87,69 @@ class Partial:
     overlap: pl.DataFrame
     #: ph, n: events of every phase (counters, instants, ...)
     phases: pl.DataFrame
+    #: pid, host_key, epoch, step, start, end, n, work: the steps of each process of a
+    #: whole file, modelled where it was read (``steps`` is then empty); None when
+    #: ``steps`` holds the rows. Valid while no other file holds events of the same
+    #: process: ``combine`` reads such a file again otherwise.
+    modelled: pl.DataFrame | None = None
 
 
-def aggregate_partition(partition: Partition) -> Partial:
+def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
     """Read one partition and reduce it to a :class:`Partial` (runs on workers),
-    piece by piece: one piece of decoded lines is held at a time."""
-    partials = [aggregate(piece) for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS)]
-    return partials[0] if len(partials) == 1 else fold_partials(partials)
+    piece by piece: one piece of decoded lines is held at a time. A whole file's
+    step rows become its processes' steps (``Partial.modelled``) unless ``model`` is
+    false: a few rows per step rather than one per step and name."""
+    # Pieces are folded as they come, _FOLD of a like number of pieces at a time: a
+    # few partials are held whatever the partition's size, and each piece is folded
+    # about log(pieces) / log(_FOLD) times.
+    stack: list[tuple[int, Partial]] = []
+    for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES):
+        stack.append((1, aggregate(piece)))
+        del piece
+        while len(stack) >= _FOLD and len({weight for weight, _ in stack[-_FOLD:]}) == 1:
+            folded = fold_partials([p for _, p in stack[-_FOLD:]])
+            weight = stack[-1][0] * _FOLD
+            del stack[-_FOLD:]
+            stack.append((weight, compacted(folded)))
+    partials = [p for _, p in stack]
+    partial = partials[0] if len(partials) == 1 else fold_partials(partials)
+    if model and partition.start == 0 and partition.end is None and not partition.is_parquet:
+        partial = _with_modelled_steps(partial)
+    return compacted(partial)
+
+
+def _with_modelled_steps(partial: Partial) -> Partial:
+    """``partial`` with its step rows replaced by each process's steps."""
+    keys = partial.steps.select(_KEY).unique(maintain_order=True).with_row_index("proc").with_columns(
+        pl.col("proc").cast(pl.Int32))
+    rows = partial.steps.join(keys, on=_KEY).drop(_KEY)
+    containers = partial.containers.join(keys, on=_KEY).drop(_KEY)
+    steps = model_steps(without_profiler_steps(rows), containers)
+    partial.modelled = steps.join(keys, on="proc").select(_EMPTY["modelled"].columns).cast(
+        _EMPTY["modelled"].schema)
+    partial.steps = _EMPTY["steps"]
+    return partial
+
+
+#: Partials of pieces folded into one at a time.
+_FOLD = 8
+#: Decoded text reduced at a time by the summary: what a partition costs in memory
+#: while it is read, whatever its size.
+SUMMARY_PIECE_BYTES = 16 << 20
+
+_TABLES = ("durations", "steps", "containers", "collectives", "epochs", "epoch_spans", "intervals",
+           "self_times", "orphans", "openers", "extents", "overlap")
+
+
+def compacted(partial: Partial) -> Partial:
+    """``partial`` with each table in one chunk of exactly its size: the partials of
+    every partition are held until they are combined, so the spare capacity and
+    chunk lists the reduction left behind would be held with them."""
+    for kind in _TABLES:
+        setattr(partial, kind, getattr(partial, kind).rechunk().shrink_to_fit())
+    if partial.modelled is not None:
+        partial.modelled = partial.modelled.rechunk().shrink_to_fit()
+    return partial
 
 
 def aggregate(data: PartitionData) -> Partial:
@@ -119,7 +178,7 @@ def aggregate(data: PartitionData) -> Partial:
     pieces = [_aggregate_process(frame, key) for key, frame in _by_process(spans)]
     tables = {
         kind: pl.concat([p[kind] for p in pieces], how="vertical") if pieces else _EMPTY[kind]
-        for kind in _EMPTY
+        for kind in _TABLES
     }
     return Partial(source, partition_keys(data), phases=phases, **tables)
 
@@ -138,7 +197,7 @@ _KEY_SCHEMA = {"pid": pl.Int64, HOST_KEY: pl.String}
 _EXTENT_SCHEMA = {"start": pl.Int64, "end": pl.Int64, "n": pl.Int64}
 _EMPTY = {
     "durations": pl.DataFrame(
-        schema={**_KEY_SCHEMA, "cat": pl.String, "name": pl.String, "dur": pl.Int64, "n": pl.Int64}
+        schema={**_KEY_SCHEMA, "cat": pl.String, "name": pl.String, **BIN_SCHEMA}
     ),
     "steps": pl.DataFrame(schema={**_KEY_SCHEMA, "epoch": pl.Int64, "step": pl.Int64, "cat": pl.String,
                                   "name": pl.String, **_EXTENT_SCHEMA}),
@@ -155,12 +214,13 @@ _EMPTY = {
                                     "end": pl.Int64, "cat": pl.String, "name": pl.String}),
     "extents": pl.DataFrame(schema={**_KEY_SCHEMA, **_EXTENT_SCHEMA, "incomplete": pl.Int64}),
     "overlap": pl.DataFrame(schema={**_KEY_SCHEMA, "mask": pl.Int64, "us": pl.Int64}),
+    "modelled": pl.DataFrame(schema={**_KEY_SCHEMA, **{k: v for k, v in STEP_SCHEMA.items() if k != "proc"}}),
 }
 
 
 def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, pl.DataFrame]:
     pid, host_key = key
-    durations = spans.group_by(["cat", "name", "dur"]).agg(pl.len().cast(pl.Int64).alias("n"))
+    durations = bins_of(spans, ["cat", "name"])
     steps = step_rows(spans, [])
     containers = container_rows(spans, [])
     collectives = spans.filter(
@@ -464,6 +524,9 @@ class Combined:
     #: proc plus ``_kineto.activity_schema()``: GPU activity, launches and profiler
     #: steps of PyTorch profiler traces (empty for other traces).
     activity: pl.DataFrame | None = None
+    #: proc, epoch, step, start, end, n, work: steps modelled where whole files were
+    #: read (their processes have no rows in ``steps``).
+    modelled: pl.DataFrame | None = None
 
 
 def combine(partials: Sequence[Partial]) -> Combined:
@@ -471,11 +534,14 @@ def combine(partials: Sequence[Partial]) -> Combined:
     sources = [p.source for p in partials]
     resolution = resolve_parts(sources, [p.keys for p in partials])
     mappings = [_mapping(resolution, p) for p in partials]
+    partials = _steps_unmodelled_where_shared(partials, mappings)
 
     def collect(kind: str, only: set[int] | None = None) -> pl.DataFrame:
         frames = []
         for partial, mapping in zip(partials, mappings):
             table = getattr(partial, kind)
+            if table is None:
+                continue
             if mapping.height == 1:
                 # The usual partition of one process: every row is that process's, and
                 # adding a column shares the others' memory where a join would copy them.
@@ -489,7 +555,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
         return _EMPTY[kind].drop(_KEY).with_columns(pl.lit(None, pl.Int32).alias("proc"))
 
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
-    durations = collect("durations").group_by(["proc", "cat", "name", "dur"]).agg(pl.col("n").sum())
+    durations = merged_bins(collect("durations"), ["proc", "cat", "name"])
     self_times = self_times_of(collect("self_times"), collect("orphans"), collect("openers"), ["proc"]).group_by(
         ["cat", "name"]).agg(pl.col("us").sum())
     epochs = collect("epochs").group_by(["proc", "epoch"]).agg(*extent)
@@ -549,7 +615,24 @@ def combine(partials: Sequence[Partial]) -> Combined:
         phases=phases,
         partitions=len(partials),
         activity=activity_by_process(sources, resolution),
+        modelled=collect("modelled").select(list(STEP_SCHEMA)).cast(STEP_SCHEMA),
     )
+
+
+def _steps_unmodelled_where_shared(partials: Sequence[Partial], mappings: list[pl.DataFrame]) -> list[Partial]:
+    """``partials``, those whose steps were modelled for a process that other partials
+    also hold events of (its parts in several files, a profiler trace beside it) read
+    again with their step rows: a process's steps are modelled from all of its rows."""
+    holders: dict[int, int] = {}
+    for mapping in mappings:
+        for proc in set(mapping.get_column("proc").drop_nulls().to_list()):
+            holders[proc] = holders.get(proc, 0) + 1
+    out = list(partials)
+    for i, (partial, mapping) in enumerate(zip(partials, mappings)):
+        if partial.modelled is not None and any(holders.get(proc, 0) > 1 for proc in
+                                                mapping.get_column("proc").drop_nulls().to_list()):
+            out[i] = aggregate_partition(partial.source.partition, model=False)
+    return out
 
 
 def _file_extents(partials: Sequence[Partial]) -> pl.DataFrame:
@@ -620,7 +703,7 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
         for masks in [mask_times(frame)]
     ]
     tables = {
-        "durations": stacked("durations").group_by([*_KEY, "cat", "name", "dur"]).agg(pl.col("n").sum()),
+        "durations": merged_bins(stacked("durations"), [*_KEY, "cat", "name"]),
         "self_times": stacked("self_times").group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
         "orphans": stacked("orphans"),
         "openers": stacked("openers"),

@@ -94,7 +94,8 @@ def read_partition(
     return joined_pieces(list(_pieces(partition, wanted)))
 
 
-def iter_partition_pieces(partition: Partition, columns: Iterable[str] | None = None) -> Iterator[PartitionData]:
+def iter_partition_pieces(partition: Partition, columns: Iterable[str] | None = None, *,
+                          piece_bytes: int = fmt.LINE_PIECE_BYTES) -> Iterator[PartitionData]:
     """``read_partition`` in pieces of whole lines (``fmt.LINE_PIECE_BYTES`` of
     decoded text each), read one after the other: a consumer that reduces each
     piece before asking for the next holds one piece at a time, whatever the
@@ -103,12 +104,12 @@ def iter_partition_pieces(partition: Partition, columns: Iterable[str] | None = 
     if partition.is_parquet:
         yield _read_parquet(partition, wanted)
         return
-    yield from _pieces(partition, wanted)
+    yield from _pieces(partition, wanted, piece_bytes)
 
 
-def _pieces(partition: Partition, wanted: Wanted) -> Iterator[PartitionData]:
+def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PIECE_BYTES) -> Iterator[PartitionData]:
     first = True
-    for piece in fmt.iter_line_pieces(partition.path, partition.start, partition.end):
+    for piece in fmt.iter_line_pieces(partition.path, partition.start, partition.end, piece_bytes=piece_bytes):
         if first and _kineto.looks_like_document(piece.data[:_kineto.SNIFF_BYTES]):
             del piece
             yield _read_document(partition, wanted)  # one JSON object: read whole

@@ -3,8 +3,10 @@
 A Summary is plain data (dicts, lists, numbers) so it serialises to JSON as is;
 the terminal table, ``--json`` and the HTML report all render from it. Times are
 integer microseconds. Percentiles use the nearest-rank method: p95 is the smallest
-value with at least 95 % of the observations at or below it, computed exactly from
-counts of each distinct duration.
+value with at least 95 % of the observations at or below it. Those of steps are
+exact; those of span durations (categories, data-loader waits) come from a
+mergeable sketch (``_sketch``): exact below ``EXACT_BELOW_US``, within
+``RELATIVE_ERROR`` above, as the overview states.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ._executor import default_executor
 from ._gpu import dftrace_files_with_gpu, gpu_answers, gpu_by_span, gpu_steps, without_profiler_steps
 from ._kineto import activity_schema
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
+from ._sketch import EXACT_BELOW_US, RELATIVE_ERROR, merged_bins, std_expr, value_expr
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
 from ._steps import model_steps, unit_steps
 from ._stragglers import analyse, match_collectives
@@ -196,6 +199,8 @@ def steps_of(combined: Combined) -> UnitSteps:
     runs = find_runs(combined, procs)
     procs = _units_per_run(procs, runs)
     process_steps = model_steps(without_profiler_steps(combined.steps), combined.containers)
+    if combined.modelled is not None and combined.modelled.height:  # whole files' steps, modelled as read
+        process_steps = pl.concat([process_steps, combined.modelled], how="vertical")
     return UnitSteps(procs, runs, process_steps, unit_steps(process_steps, procs))
 
 
@@ -296,6 +301,9 @@ def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]
         "incomplete_spans": int(extents.get_column("incomplete").sum()) if extents.height else 0,
         "dropped_events": int(procs.get_column("dropped").sum()),
         "ended_abnormally": sum(p.ended is not None for p in combined.resolution.processes),
+        # Span-duration percentiles come from a sketch: exact below the first figure,
+        # within the relative error above it (counts, totals, means, extremes exact).
+        "duration_percentiles": {"exact_below_us": EXACT_BELOW_US, "relative_error": RELATIVE_ERROR},
     }
 
 
@@ -321,13 +329,14 @@ def _process_rows(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any
 
 
 def _quantile_exprs(qs: Sequence[float]) -> list[pl.Expr]:
-    """Aggregations over (value ``dur``, count ``n``) rows sorted by ``dur`` within a group,
-    with ``cum`` (running count) and ``total_n`` columns present."""
+    """Aggregations over sketch bins (``dur``: the value a bin stands for, ``n``, ``total``,
+    ``lo``, ``hi``) sorted by ``bin`` within a group, with ``cum`` (running count) and
+    ``total_n`` columns present."""
     exprs = [
         pl.col("n").sum().alias("count"),
-        (pl.col("dur") * pl.col("n")).sum().alias("total_us"),
-        pl.col("dur").min().alias("min_us"),
-        pl.col("dur").max().alias("max_us"),
+        pl.col("total").sum().alias("total_us"),
+        pl.col("lo").min().alias("min_us"),
+        pl.col("hi").max().alias("max_us"),
     ]
     for q in qs:
         threshold = (pl.col("total_n") * q - 1e-9).ceil()
@@ -336,14 +345,15 @@ def _quantile_exprs(qs: Sequence[float]) -> list[pl.Expr]:
 
 
 def _value_stats(frame: pl.DataFrame, by: list[str], qs: Sequence[float] = (0.5, 0.95)) -> pl.DataFrame:
-    """count, total, mean, min, percentiles, max of ``dur`` weighted by ``n`` per group."""
+    """count, total, mean, min, percentiles, max of the durations of sketch bins per group."""
     if not frame.height:
         schema = {**{c: frame.schema[c] for c in by}, "count": pl.Int64, "total_us": pl.Int64,
                   "min_us": pl.Int64, "max_us": pl.Int64, "mean_us": pl.Float64}
         schema.update({f"p{round(q * 100)}_us": pl.Int64 for q in qs})
         return pl.DataFrame(schema=schema)
-    ordered = frame.sort([*by, "dur"]).with_columns(
-        pl.col("n").cum_sum().over(by).alias("cum"), pl.col("n").sum().over(by).alias("total_n")
+    ordered = frame.sort([*by, "bin"]).with_columns(
+        value_expr().alias("dur"), pl.col("n").cum_sum().over(by).alias("cum"),
+        pl.col("n").sum().over(by).alias("total_n"),
     )
     stats = ordered.group_by(by).agg(_quantile_exprs(qs))
     return stats.with_columns((pl.col("total_us") / pl.col("count")).alias("mean_us"))
@@ -355,17 +365,12 @@ def _category_order(cat: str) -> tuple[int, str]:
 
 
 def _categories(durations: pl.DataFrame, self_times: pl.DataFrame) -> list[dict[str, Any]]:
-    merged = durations.group_by("cat", "name", "dur").agg(pl.col("n").sum())
+    merged = merged_bins(durations.drop("proc"), ["cat", "name"])
     stats = _value_stats(merged, ["cat", "name"]).join(
         self_times.rename({"us": "self_us"}), on=["cat", "name"], how="left"
     ).with_columns(pl.col("self_us").fill_null(0))
     # The spread of the durations (sample standard deviation), for diff's intervals.
-    spread = (
-        merged.join(stats.select("cat", "name", "mean_us", "count"), on=["cat", "name"])
-        .group_by("cat", "name")
-        .agg(((pl.col("n") * (pl.col("dur") - pl.col("mean_us")) ** 2).sum()
-              / (pl.col("count").first() - 1)).sqrt().alias("std_us"))
-    )
+    spread = merged.group_by("cat", "name").agg(std_expr().alias("std_us"))
     stats = stats.join(spread, on=["cat", "name"], how="left")
     rows = stats.sort("total_us", descending=True).to_dicts()
     rows.sort(key=lambda r: _category_order(r["cat"]))
@@ -650,19 +655,20 @@ def _dataloader(durations: pl.DataFrame, procs: pl.DataFrame) -> list[dict[str, 
     )
     if not loops.height:
         return []
-    iters = _value_stats(loops.filter("is_iter").drop("proc", "name", "is_iter"), ["cat", "loader"], qs=(0.95,))
+    iters = _value_stats(merged_bins(loops.filter("is_iter").drop("proc", "name", "is_iter"), ["cat", "loader"]),
+                         ["cat", "loader"], qs=(0.95,))
     blocks = (
         loops.filter(~pl.col("is_iter"))
         .group_by("cat", "loader")
-        .agg((pl.col("dur") * pl.col("n")).sum().alias("block_us"))
+        .agg(pl.col("total").sum().alias("block_us"))
     )
     per_unit = (
         loops.join(procs.select("proc", "unit", "unit_order"), on="proc")
         .filter(pl.col("unit").is_not_null())
         .group_by("cat", "loader", "unit", "unit_order")
         .agg(
-            (pl.col("dur") * pl.col("n")).filter(pl.col("is_iter")).sum().alias("iter_us"),
-            (pl.col("dur") * pl.col("n")).filter(~pl.col("is_iter")).sum().alias("block_us"),
+            pl.col("total").filter(pl.col("is_iter")).sum().alias("iter_us"),
+            pl.col("total").filter(~pl.col("is_iter")).sum().alias("block_us"),
         )
         .with_columns(_stall("iter_us", "block_us"))
         .sort(["stall", "unit_order"], descending=[True, False], nulls_last=True)
@@ -752,20 +758,18 @@ def _distributions(durations: pl.DataFrame) -> list[dict[str, Any]]:
         return []
     totals = (
         durations.group_by("cat", "name")
-        .agg((pl.col("dur") * pl.col("n")).sum().alias("total"))
+        .agg(pl.col("total").sum())
         .sort("total", descending=True)
         .head(DISTRIBUTIONS)
     )
     out = []
     for cat, name, _ in totals.iter_rows():
-        sub = (
-            durations.filter((pl.col("cat") == cat) & (pl.col("name") == name))
-            .group_by("dur")
-            .agg(pl.col("n").sum())
-        )
+        sub = merged_bins(durations.filter((pl.col("cat") == cat) & (pl.col("name") == name)).drop(
+            "proc", "cat", "name"), []).with_columns(value_expr().alias("dur"))
         values = sub.get_column("dur").to_numpy().astype(np.float64)
         weights = sub.get_column("n").to_numpy()
-        low, high = max(values.min(), 1.0), max(values.max(), 1.0)
+        low = max(float(sub.get_column("lo").min()), 1.0)
+        high = max(float(sub.get_column("hi").max()), 1.0)
         edges = np.unique(np.geomspace(low, high * 1.000001 + 1, _HISTOGRAM_BINS + 1))
         counts, edges = np.histogram(np.maximum(values, low), bins=edges, weights=weights)
         out.append(

@@ -63,6 +63,8 @@ class FileFollower:
         self._factory: Any = None
         self._kind: str | None = None
         self._partitions = 0
+        #: Compressed bytes and events decoded by the last look (what it cost).
+        self.last_read = (0, 0)
 
     @property
     def pending(self) -> int:
@@ -71,6 +73,7 @@ class FileFollower:
 
     def poll(self) -> bool:
         """Read what was added since the last call; True when new events were read."""
+        self.last_read = (0, 0)
         if self.closed or self.broken:
             return False
         try:
@@ -88,6 +91,7 @@ class FileFollower:
         self._partitions += 1
         self.offset = end
         partial = aggregate_partition(partition)
+        self.last_read = (end - partition.start, int(partial.phases.get_column("n").sum()))
         self.partials.append(partial)
         self.closed = partial.source.closed
         if len(self.partials) > _MAX_PARTIALS:
@@ -200,6 +204,9 @@ class Watcher:
         self.stale_s = stale_s
         self.followers: dict[str, FileFollower] = {}
         self._summary: Summary | None = None
+        #: What the last look decoded, over all files: only the data added since the
+        #: look before (``bytes``: on disk, ``events``: read from them).
+        self.last_refresh = {"bytes": 0, "events": 0}
 
     def poll(self) -> bool:
         """Look for new files and new bytes; True when anything new was read."""
@@ -210,6 +217,8 @@ class Watcher:
                 changed = True
         for follower in self.followers.values():
             changed |= follower.poll()
+        self.last_refresh = {"bytes": sum(f.last_read[0] for f in self.followers.values()),
+                             "events": sum(f.last_read[1] for f in self.followers.values())}
         if changed or self._summary is None:
             partials = [p for f in self.followers.values() for p in f.partials]
             self._summary = build_summary(combine(partials), rank_steps_limit=_RANK_STEPS) if partials else None
@@ -235,13 +244,15 @@ class Watcher:
         live = any(f["state"] != CLOSED for f in files)
         summary = self._summary
         if summary is None:
-            return {"files": files, "ranks": [], "totals": _totals(files, None, []), "straggler": None}
+            return {"files": files, "ranks": [], "totals": _totals(files, None, []), "straggler": None,
+                    "last_read": dict(self.last_refresh)}
         ranks = _rank_rows(summary, self.window, drop_last=live)
         return {
             "files": files,
             "ranks": ranks,
             "totals": _totals(files, summary, ranks),
             "straggler": _straggler(summary),
+            "last_read": dict(self.last_refresh),
         }
 
     def _file_row(self, follower: FileFollower, now: float) -> dict[str, Any]:

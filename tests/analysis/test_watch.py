@@ -187,6 +187,33 @@ def test_reads_only_new_bytes_and_matches_the_summary(tmp_path, compression):
     assert got.overview["events"] == expected.overview["events"]
 
 
+@pytest.mark.parametrize("epochs", [2, 20])
+def test_a_refresh_decodes_only_what_was_added(tmp_path, epochs):
+    """However much a file held at the look before (800 or 8,000 events), the next look
+    after 64 events were appended decodes those 64 events and their bytes, no more."""
+    import orjson
+    import zstandard
+
+    proc = tracegen.training_process(1000, rank=0, epochs=epochs, steps=50)
+    lines = [b"["] + [orjson.dumps(e) for e in proc.metadata() + proc.events]
+    head, tail = lines[:-64], lines[-64:]
+    cctx = zstandard.ZstdCompressor()
+    path = tmp_path / "train-rank0-node0-1000.pfw.zst"
+    path.write_bytes(cctx.compress(b"\n".join(head) + b"\n"))
+    watcher = Watcher([str(tmp_path)])
+    watcher.poll()
+    before = len(proc.events) - 64
+    assert watcher.last_refresh == {"bytes": path.stat().st_size, "events": before}
+    appended = cctx.compress(b"\n".join(tail) + b"\n")
+    with open(path, "ab") as fh:
+        fh.write(appended)
+    assert watcher.poll()
+    assert watcher.last_refresh == {"bytes": len(appended), "events": 64}
+    assert watcher.snapshot()["last_read"] == {"bytes": len(appended), "events": 64}
+    assert watcher.snapshot()["totals"]["events"] == len(proc.events)
+    assert not watcher.poll() and watcher.last_refresh == {"bytes": 0, "events": 0}
+
+
 def test_new_file_between_two_looks(tmp_path):
     """A file that appears after the first look (a new rank) is followed from the next."""
     tracegen.write_process(tmp_path, tracegen.training_process(1000, rank=0), finalize=False)

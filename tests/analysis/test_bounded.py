@@ -1,0 +1,120 @@
+"""The summary's memory is bounded by what the trace holds distinct (names, ranks,
+steps), not by its events; span-duration percentiles come from a sketch within the
+error the summary states."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import tracegen
+
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from dftrace.analysis import summarize  # noqa: E402
+
+
+def _nearest_rank(values: np.ndarray, q: float) -> int:
+    ordered = np.sort(values)
+    return int(ordered[max(int(np.ceil(len(ordered) * q - 1e-9)), 1) - 1])
+
+
+def test_duration_percentiles_within_the_stated_error(tmp_path):
+    """Durations from 1 µs to minutes (log-normal, 40,000 spans over two ranks):
+    count, total, min, max and mean are exact, the standard deviation is, and p50/p95
+    are within the relative error the overview states of the exact nearest-rank
+    values; durations below the exact bound come back exactly."""
+    rng = np.random.default_rng(7)
+    everything = {"wide": [], "short": []}
+    for rank in range(2):
+        proc = tracegen.Process(1000 + rank, rank=rank)
+        t = tracegen.T0_US
+        wide = np.maximum(rng.lognormal(8, 3, 20_000).astype(np.int64), 1)
+        short = rng.integers(1, 900, 5_000)
+        for name, durations in (("wide", wide), ("short", short)):
+            for dur in durations.tolist():
+                proc.span(name, "compute", t, dur)
+                t += dur + 1
+            everything[name].append(durations)
+        tracegen.write_process(tmp_path, proc, lines_per_frame=4096)
+    summary = summarize(tmp_path, progress=False)
+    stated = summary.overview["duration_percentiles"]
+    assert stated["relative_error"] == 0.01 and stated["exact_below_us"] == 1024
+    rows = {r["name"]: r for r in summary.categories}
+    for name, parts in everything.items():
+        values = np.concatenate(parts)
+        row = rows[name]
+        assert row["count"] == values.size and row["total_us"] == int(values.sum())
+        assert (row["min_us"], row["max_us"]) == (int(values.min()), int(values.max()))
+        assert row["mean_us"] == pytest.approx(values.mean(), abs=1e-3)
+        assert row["std_us"] == pytest.approx(values.std(ddof=1), rel=1e-6)
+        for q in (0.5, 0.95):
+            exact = _nearest_rank(values, q)
+            got = row[f"p{round(q * 100)}_us"]
+            if name == "short":
+                assert got == exact
+            else:
+                assert abs(got - exact) <= stated["relative_error"] * exact, (name, q, got, exact)
+    assert rows["wide"]["max_us"] > 1_000_000  # the buckets were exercised far above the exact bound
+
+
+#: Data-segment limit of the summarising process (its resident memory stays well
+#: below: allocators reserve more than they touch); the trace decodes to three times
+#: as much.
+LIMIT_MB = 800
+
+
+def test_memory_is_bounded_by_keys_not_events(tmp_path):
+    """A 2.4 GB (decoded) trace summarised under an 800 MB data limit: one process's
+    steps repeated in gzip members, so its events keep growing and its names, steps
+    and threads do not (collectives are left out: each call is a key of its own; a
+    long argument the summary does not read makes the lines long, the test short).
+    The summary counts every event and span, each name's count and total being the
+    repeats' sum."""
+    proc = tracegen.training_process(1000, rank=0, epochs=2, steps=500)
+    for event in proc.events:
+        event["args"].pop("seq", None)
+        event["args"]["note"] = "x" * 600
+    body = b"".join(orjson.dumps(e) + b"\n" for e in proc.events)
+    head = b"[\n" + b"".join(orjson.dumps(e) + b"\n" for e in proc.metadata())
+
+    def member(data: bytes) -> bytes:
+        z = zlib.compressobj(1, wbits=31)
+        return z.compress(data) + z.flush()
+
+    repeats = -(-3 * (LIMIT_MB << 20) // len(body))
+    path = tmp_path / "train-rank0-node0-1000.pfw.gz"
+    packed = member(body)
+    with open(path, "wb") as fh:
+        fh.write(member(head))
+        for _ in range(repeats):
+            fh.write(packed)
+        fh.write(member(b"]\n"))
+    assert len(body) * repeats > 3 * (LIMIT_MB << 20)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (LIMIT_MB << 20, LIMIT_MB << 20))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "dftrace", "summary", str(path), "--json", "--no-progress"],
+        capture_output=True, text=True, preexec_fn=limit, timeout=900,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout)
+    assert summary["overview"]["events"] == len(proc.events) * repeats
+    per_name: dict[str, list[int]] = {}
+    for e in proc.events:
+        per_name.setdefault(e["name"], []).append(e["dur"])
+    for row in summary["categories"]:
+        durations = per_name[row["name"]]
+        assert row["count"] == len(durations) * repeats
+        assert row["total_us"] == sum(durations) * repeats
