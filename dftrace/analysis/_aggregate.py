@@ -92,6 +92,10 @@ class Partial:
     #: ``steps`` holds the rows. Valid while no other file holds events of the same
     #: process: ``combine`` reads such a file again otherwise.
     modelled: pl.DataFrame | None = None
+    #: pid, host_key, start, end: with ``modelled``, each process's blocked time (see
+    #: ``alone_intervals``), found where it was read; ``intervals`` then keeps the
+    #: compute intervals alone, all the answers need of the others.
+    blocked: pl.DataFrame | None = None
 
 
 def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
@@ -114,20 +118,26 @@ def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
     partials = [p for _, p in stack]
     partial = partials[0] if len(partials) == 1 else fold_partials(partials)
     if model and partition.start == 0 and partition.end is None and not partition.is_parquet:
-        partial = _with_modelled_steps(partial)
+        partial = _settled_where_read(partial)
     return compacted(partial)
 
 
-def _with_modelled_steps(partial: Partial) -> Partial:
-    """``partial`` with its step rows replaced by each process's steps."""
-    keys = partial.steps.select(_KEY).unique(maintain_order=True).with_row_index("proc").with_columns(
-        pl.col("proc").cast(pl.Int32))
+def _settled_where_read(partial: Partial) -> Partial:
+    """A whole file's ``partial`` with its step rows replaced by each process's steps
+    and its busy intervals by the compute intervals and the blocked time: what the
+    answers need of them, a fraction of the rows."""
+    keys = partial.extents.select(_KEY).vstack(partial.steps.select(_KEY)).unique(maintain_order=True) \
+        .with_row_index("proc").with_columns(pl.col("proc").cast(pl.Int32))
     rows = partial.steps.join(keys, on=_KEY).drop(_KEY)
     containers = partial.containers.join(keys, on=_KEY).drop(_KEY)
     steps = model_steps(without_profiler_steps(rows), containers)
     partial.modelled = steps.join(keys, on="proc").select(_EMPTY["modelled"].columns).cast(
         _EMPTY["modelled"].schema)
     partial.steps = _EMPTY["steps"]
+    intervals = partial.intervals.join(keys, on=_KEY).drop(_KEY)
+    partial.blocked = alone_intervals(intervals, "comm").join(keys, on="proc").select(
+        _EMPTY["blocked"].columns).cast(_EMPTY["blocked"].schema)
+    partial.intervals = partial.intervals.filter(pl.col("group") == GROUPS.index("compute"))
     return partial
 
 
@@ -149,6 +159,7 @@ def compacted(partial: Partial) -> Partial:
         setattr(partial, kind, getattr(partial, kind).rechunk().shrink_to_fit())
     if partial.modelled is not None:
         partial.modelled = partial.modelled.rechunk().shrink_to_fit()
+        partial.blocked = partial.blocked.rechunk().shrink_to_fit()
     return partial
 
 
@@ -215,6 +226,7 @@ _EMPTY = {
     "extents": pl.DataFrame(schema={**_KEY_SCHEMA, **_EXTENT_SCHEMA, "incomplete": pl.Int64}),
     "overlap": pl.DataFrame(schema={**_KEY_SCHEMA, "mask": pl.Int64, "us": pl.Int64}),
     "modelled": pl.DataFrame(schema={**_KEY_SCHEMA, **{k: v for k, v in STEP_SCHEMA.items() if k != "proc"}}),
+    "blocked": pl.DataFrame(schema={**_KEY_SCHEMA, "start": pl.Int64, "end": pl.Int64}),
 }
 
 
@@ -591,7 +603,10 @@ def combine(partials: Sequence[Partial]) -> Combined:
         overlap = pl.concat([overlap.select("proc", "mask", "us"), recomputed], how="vertical")
     compute_bit = GROUPS.index("compute")
     compute = intervals.filter(pl.col("group") == compute_bit).select("proc", "start", "end")
-    blocked = alone_intervals(intervals, "comm")
+    # Files read whole found their processes' blocked time as they were read (their
+    # intervals here are the compute ones alone).
+    blocked = pl.concat([alone_intervals(intervals, "comm"), collect("blocked").select("proc", "start", "end")],
+                        how="vertical")
     phases = (
         pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
         if partials
