@@ -179,7 +179,9 @@ def _run_summary(args: argparse.Namespace) -> int:
 
     with _Run(args) as options:
         summary = summarize(args.paths, **options)
-    sys.stdout.write(summary.to_json() + "\n" if args.json else _printable(render_text(summary, top=args.top)))
+    sys.stdout.write(summary.to_json() if args.json else _printable(render_text(summary, top=args.top)))
+    if args.json:
+        sys.stdout.write("\n")
     return 0
 
 

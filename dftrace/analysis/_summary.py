@@ -102,7 +102,8 @@ class Summary:
     def to_json(self, indent: bool = True) -> str:
         """The summary as JSON text."""
         option = orjson.OPT_INDENT_2 if indent else 0
-        return orjson.dumps(self.to_dict(), option=option | orjson.OPT_SERIALIZE_NUMPY).decode()
+        # The dataclass itself, not a deep copy of it (the answers of a long run are big).
+        return orjson.dumps(self, option=option | orjson.OPT_SERIALIZE_NUMPY).decode()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
