@@ -987,8 +987,8 @@ static void nvtx_call(PyObject *fn, PyObject *const *args, size_t n) {
     PyErr_Restore(et, ev, tb);
 }
 
-/* Span `id` of kind `kid` opened on `stk`; `pairs`: it closes on this thread, after
-   the spans opened inside it (decorator, with, .iter), so it can push a range. */
+/* Span `id` of kind `kid` opened on `stk`; `pairs`: it closes after the spans opened
+   inside it (every span the C engine opens), so it can push a range. */
 static void nvtx_open(uint32_t kid, PyObject *id, PyObject *stk, int pairs) {
     PyObject *k = PyLong_FromUnsignedLong(kid);
     if (!k) {
@@ -3119,7 +3119,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         PyDict_DelItem(open, id);
         goto fail;
     }
-    NVTX_OPEN(span_kid(self), id, stk, 0); /* stop() may come from another thread */
+    NVTX_OPEN(span_kid(self), id, stk, 1);
     Py_DECREF(token); Py_DECREF(ent); Py_DECREF(spans); Py_DECREF(open);
     Py_DECREF(extra); Py_DECREF(id); Py_DECREF(stk);
     return span;

@@ -709,15 +709,13 @@ async def _asyncgen_span(agen: Any, node: Any, extra: Any, cap: Any, params: Any
 # ``cm_enter``/``cm_exit`` are installed directly as ``__enter__``/``__exit__``.
 # ---------------------------------------------------------------------------
 
-def _open(stk: Stack, obj: Any, pairs: bool = True) -> int:
-    """Open a ``with`` span (``pairs``: closed by this thread, after the spans opened
-    inside it) or a ``start()`` span on ``stk``."""
+def _open(stk: Stack, obj: Any) -> int:
     sticky = _sticky(obj._node)
     i = new_id()
     stk.open[i] = (clock(), obj, obj._extra, stk[-1], len(stk), sticky)
     stk.append(i)
     if NVTX_ON:
-        nvtx_open(obj._node._kid, i, stk, pairs)
+        nvtx_open(obj._node._kid, i, stk, True)
     return i
 
 
@@ -795,7 +793,7 @@ def start(obj: Any) -> tuple[Stack, int] | None:
     stk = LOCAL.stk
     if stk is None or _get_running_loop() is not None:
         stk = resolve()
-    i = _open(stk, obj, False)
+    i = _open(stk, obj)
     STATE.open_spans[i] = stk
     return stk, i
 

@@ -10,15 +10,15 @@ with one registered string per event kind.
 
 NVTX has two kinds of ranges. Push/pop ranges nest on a stack of their thread and
 must be popped by that thread; start/end ranges end anywhere and nest with nothing.
-A span on a thread's own stack that closes where it opened (a decorated function,
-``with``, ``.iter()``) pushes; a span that may close on another thread or across
-``await``s (``start()``/``stop()``, spans of asyncio tasks, generator spans) starts a
-range. The ids of a thread's pushed ranges are kept in the order pushed, which is
-its span stack: a span that closes while spans opened after it are still open (an
-exit out of order, a span never closed) pops theirs too, as the engine unwinds them
-from its stack, so a thread's NVTX nesting always matches its spans. A pushed span
-closed from another thread (no program of ours does that) cannot be popped there:
-its range ends when the span below it ends.
+A span on a thread's own stack (a decorated function, ``with``, ``.iter()``,
+``start()``) pushes; a span of an asyncio task (tasks take turns on one thread) or a
+generator span (its consumer runs in between) starts a range. The ids of a thread's
+pushed ranges are kept in the order pushed, which is its span stack: a span that
+closes while spans opened after it are still open (an exit out of order, a span never
+closed) pops theirs too, as the engine unwinds them from its stack, so a thread's NVTX
+nesting always matches its spans. A pushed span closed by another thread (a
+``stop()`` called there) cannot be popped there: its range, and those above it, end
+when the thread that opened it next opens or closes a span.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ class _Pushed(threading.local):
 _pushed = _Pushed()
 #: Span id -> NVTX range id of the start/end ranges open now (any thread).
 _started: dict[Any, int] = {}
+#: Ids of the push ranges open now (all threads), and those of them closed by a
+#: thread other than the one that pushed them, left for that one to pop.
+_pushed_all: set[Any] = set()
+_stray: set[Any] = set()
 #: The event attributes of each event kind (by kind id), made on first use.
 _attrs: list[Any] = []
 _attrs_lock = threading.Lock()
@@ -70,17 +74,40 @@ def _attributes(kid: int) -> Any:
     with _attrs_lock:
         if kid >= len(_attrs):
             names = kind_names()
+            if kid not in names:
+                raise KeyError(kid)
             for k in range(len(_attrs), kid + 1):
                 name, cat = names.get(k, ("?", "?"))
                 _attrs.append(_domain.get_event_attributes(message=f"{cat}.{name}"))
         return _attrs[kid]
 
 
+def _pop_from(ids: list[Any], k: int) -> None:
+    """Pop this thread's push ranges from the ``k``-th on (``ids``: this thread's)."""
+    for j in ids[k:]:
+        _pushed_all.discard(j)
+        _stray.discard(j)
+        _domain.pop_range()
+    del ids[k:]
+
+
+def _settle() -> None:
+    """Pop this thread's ranges that other threads closed (and those above them)."""
+    ids = _pushed.ids
+    if ids:
+        for k, j in enumerate(ids):
+            if j in _stray:
+                _pop_from(ids, k)
+                return
+
+
 def open_range(kid: int, i: Any, stk: Any, pairs: bool) -> None:
-    """Span ``i`` of kind ``kid`` opened on stack ``stk``. ``pairs``: it closes on
-    this thread, after the spans opened inside it (decorator, ``with``, ``.iter``);
-    it pushes a range where ``stk`` is the thread's own, else it starts one."""
+    """Span ``i`` of kind ``kid`` opened on stack ``stk``. ``pairs``: it closes after
+    the spans opened inside it (not a generator's or an async function's span); it
+    pushes a range where ``stk`` is the thread's own, else it starts one."""
     try:
+        if _stray:
+            _settle()
         a = _attrs[kid] if kid < len(_attrs) else _attributes(kid)
         if pairs and stk.owner is None:
             ids = _pushed.ids
@@ -88,6 +115,7 @@ def open_range(kid: int, i: Any, stk: Any, pairs: bool) -> None:
                 ids = _pushed.ids = []
             _domain.push_range(a)
             ids.append(i)
+            _pushed_all.add(i)
         else:
             _started[i] = _domain.start_range(a)
     except Exception:
@@ -102,19 +130,19 @@ def close_range(i: Any) -> None:
             _domain.end_range(r)
             return
         ids = _pushed.ids
-        if not ids:
-            return
-        if ids[-1] == i:
+        if ids and ids[-1] == i:
             ids.pop()
+            _pushed_all.discard(i)
             _domain.pop_range()
-            return
-        k = len(ids) - 2
-        while k >= 0 and ids[k] != i:
-            k -= 1
-        if k < 0:
-            return  # not pushed on this thread
-        for _ in range(len(ids) - k):  # it and the ranges left open above it
-            _domain.pop_range()
-        del ids[k:]
+        elif i in _pushed_all:
+            k = len(ids) - 2 if ids else -1
+            while k >= 0 and ids[k] != i:
+                k -= 1
+            if k >= 0:
+                _pop_from(ids, k)  # it and the ranges left open above it
+            else:
+                _stray.add(i)  # pushed by another thread: popped there
+        if _stray:
+            _settle()
     except Exception:
         pass

@@ -189,10 +189,11 @@ def run_program(tmp_path: Path, engine: str, nvtx: bool, tool: Path | None) -> t
 @needs("nvtx", _tool_missing())
 @pytest.mark.parametrize("engine", ["c", "python"])
 def test_nsight_tool_receives_every_span_as_a_range(tmp_path, nvtx_tool, engine):
-    """Under an NVTX tool each span is a range named <cat>.<name>: spans that close
-    where they opened push ranges that nest as the spans do on their thread; start()
-    spans (one stopped by another thread), generator spans and asyncio tasks' spans
-    start/end ranges. Exits out of order leave the nesting whole."""
+    """Under an NVTX tool each span is a range named <cat>.<name>: spans on a thread's
+    stack push ranges that nest as the spans do on their thread (a start() span
+    stopped by another thread is popped by its own thread next time it opens a
+    span); generator spans and asyncio tasks' spans are start/end ranges. Exits out
+    of order leave the nesting whole."""
     info, lines, events = run_program(tmp_path, engine, True, nvtx_tool)
     assert info["nvtx_on"] and info["nvtx_imported"]
     pushed, ended = replay(lines)
@@ -203,8 +204,11 @@ def test_nsight_tool_receives_every_span_as_a_range(tmp_path, nvtx_tool, engine)
         (main, "dataloader.fetch.iter", None): 3,  # two items, then the fetch that ends the loop
         (main, "dataloader.fetch.block", None): 2,
         (main, "compute.forward", "dataloader.fetch.block"): 2,
-        (main, "compute.forward", None): 2,  # inside a start() span (not a push range), then at the top
+        (main, "compute.forward", "checkpoint.capture"): 1,
+        (main, "compute.forward", None): 1,
         (main, "compute.backward", "compute.forward"): 4,
+        (main, "checkpoint.capture", None): 1,
+        (main, "checkpoint.restart", None): 1,  # stopped by the worker, popped here
         (main, "pipeline.epoch", None): 1,
         (main, "compute.step", "pipeline.epoch"): 1,
         (worker, "comm.all_reduce", None): 1,
@@ -212,8 +216,6 @@ def test_nsight_tool_receives_every_span_as_a_range(tmp_path, nvtx_tool, engine)
         (worker, "compute.backward", "compute.forward"): 1,
     })
     assert ended == Counter({
-        ("checkpoint.capture", main, main): 1,
-        ("checkpoint.restart", main, worker): 1,  # stopped by the worker thread
         ("data.preprocess", main, main): 1,
         ("pipeline.evaluate", main, main): 2,
         ("pipeline.test", main, main): 2,
@@ -324,8 +326,8 @@ def fake_tool(monkeypatch) -> FakeDomain:
 def test_a_span_closed_by_another_thread_leaves_both_threads_nesting_whole(tmp_path, fake_tool):
     """A span that ends on another thread (an .iter() loop body closed there) cannot
     pop its push range there (NVTX pops the caller's): nothing is popped on that
-    thread, and the range ends with the span below it on its own thread, so every
-    thread's ranges stay balanced."""
+    thread, and the range ends when its own thread next opens a span, so every
+    thread's ranges stay balanced and nest as the spans do."""
     with testing.trace_to(tmp_path) as t:
         _rec.use_nvtx(True)
         with ai.pipeline.epoch:
@@ -343,8 +345,29 @@ def test_a_span_closed_by_another_thread_leaves_both_threads_nesting_whole(tmp_p
         (main, "pipeline.epoch", None): 1,
         (main, "dataloader.fetch.iter", "pipeline.epoch"): 1,
         (main, "dataloader.fetch.block", "pipeline.epoch"): 1,
-        (main, "compute.forward", "dataloader.fetch.block"): 1,  # still open on this thread
+        (main, "compute.forward", "pipeline.epoch"): 1,
     })
+    assert not ended
+
+
+def test_a_start_span_stopped_by_another_thread_ends_with_what_it_holds(tmp_path, fake_tool):
+    """stop() on another thread closes the start() span and the with-block opened
+    inside it (as the trace does, incomplete): their ranges end when their thread
+    next opens a span, and that span is at the top, as in the trace."""
+    with testing.trace_to(tmp_path) as t:
+        _rec.use_nvtx(True)
+        span = ai.checkpoint.capture.start()
+        with ai.pipeline.epoch:
+            stopper = threading.Thread(target=span.stop)
+            stopper.start()
+            stopper.join()
+            with ai.compute.forward:
+                pass
+    assert t.spans("forward")[0]["args"]["p_idx"] == 0
+    main = threading.get_native_id()
+    pushed, ended = replay(fake_tool.lines)
+    assert pushed == Counter({(main, "checkpoint.capture", None): 1, (main, "pipeline.epoch", "checkpoint.capture"): 1,
+                              (main, "compute.forward", None): 1})
     assert not ended
 
 
