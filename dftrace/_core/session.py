@@ -410,8 +410,9 @@ def _nvtx_ready(config: Config, asked: bool) -> bool:
     try:
         return _nvtx.load()
     except Exception as exc:
-        problem = (f"nvtx=True (env DFTRACE_NVTX) needs NVIDIA's nvtx package, which does not "
-                   f"load here ({_clean(str(exc))}): {_nvtx.INSTALL}")
+        setting = "nvtx=True (env DFTRACE_NVTX)" if asked else "DFTRACE_NVTX=1"
+        problem = (f"{setting} needs NVIDIA's nvtx package, which does not load here "
+                   f"({_clean(str(exc))}): {_nvtx.INSTALL}")
     if asked:
         raise ConfigError(problem)
     _rec.STATE.warn_once("nvtx", problem + "; tracing goes on without NVTX ranges")
