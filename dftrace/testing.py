@@ -288,6 +288,7 @@ def reset() -> None:
     if s is not None:  # a session inherited through fork
         _runtime._session = None
     _rec.STATE.captures = 0
+    _rec.use_nvtx(False)
     _rec.STATE.open_refused = 0
     _rec.STATE.max_open_spans = 100_000
     _rec.STATE.open_spans.clear()

@@ -25,6 +25,8 @@ CAPABILITIES = {
     "chromium": "headless Chromium, to render `dftrace report` pages",
     "tmux": "tmux, to drive `dftrace watch` in a terminal",
     "second-user": "root, to create a second user (useradd) who attacks the process writer",
+    "nvtx": "NVIDIA's nvtx package (pip install 'dftrace[nvtx]') and a C compiler, to test "
+            "NVTX ranges through an NVTX tool built by the test",
 }
 
 

@@ -958,12 +958,85 @@ static int get_ull(PyObject *o, unsigned long long *out) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------- */
+/* NVTX ranges (nvtx=True): each span also opens one, through nvtx_ranges.py    */
+
+#if defined(__GNUC__) || defined(__clang__)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#else
+#define unlikely(x) (x)
+#endif
+
+/* Off, a span pays one predictable branch on this flag: NVTX_OPEN / NVTX_CLOSE. */
+static int nvtx_on = 0;
+static PyObject *nvtx_open_fn = NULL, *nvtx_close_fn = NULL; /* open_range, close_range */
+
+/* Call an NVTX hook; an exception set before stays as it was, one it raises is dropped. */
+static void nvtx_call(PyObject *fn, PyObject *const *args, size_t n) {
+    if (fn == NULL)
+        return;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    Py_INCREF(fn); /* set_nvtx() on another thread may drop it meanwhile */
+    PyObject *r = PyObject_Vectorcall(fn, args, n, NULL);
+    Py_DECREF(fn);
+    if (r)
+        Py_DECREF(r);
+    else
+        PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+}
+
+/* Span `id` of kind `kid` opened on `stk`; `pairs`: it closes after the spans opened
+   inside it (every span the C engine opens), so it can push a range. */
+static void nvtx_open(uint32_t kid, PyObject *id, PyObject *stk, int pairs) {
+    PyObject *k = PyLong_FromUnsignedLong(kid);
+    if (!k) {
+        PyErr_Clear();
+        return;
+    }
+    nvtx_call(nvtx_open_fn, (PyObject *const[]){k, id, stk, pairs ? Py_True : Py_False}, 4);
+    Py_DECREF(k);
+}
+
+/* Span `id` closed (recorded, or ended without a record). */
+static void nvtx_close(PyObject *id) { nvtx_call(nvtx_close_fn, &id, 1); }
+
+#define NVTX_OPEN(kid, id, stk, pairs) \
+    do { if (unlikely(nvtx_on)) nvtx_open((kid), (id), (stk), (pairs)); } while (0)
+#define NVTX_CLOSE(id) \
+    do { if (unlikely(nvtx_on)) nvtx_close(id); } while (0)
+
+/* set_nvtx(open_range, close_range), or set_nvtx(None, None) to stop. */
+static PyObject *set_nvtx(PyObject *self, PyObject *args) {
+    PyObject *o, *c;
+    if (!PyArg_ParseTuple(args, "OO", &o, &c))
+        return NULL;
+    int on = (o != Py_None && c != Py_None);
+    if (on && (!PyCallable_Check(o) || !PyCallable_Check(c))) {
+        PyErr_SetString(PyExc_TypeError, "set_nvtx() takes two callables, or None and None");
+        return NULL;
+    }
+    nvtx_on = 0;
+    Py_CLEAR(nvtx_open_fn);
+    Py_CLEAR(nvtx_close_fn);
+    if (on) {
+        Py_INCREF(o);
+        Py_INCREF(c);
+        nvtx_open_fn = o;
+        nvtx_close_fn = c;
+        nvtx_on = 1;
+    }
+    Py_RETURN_NONE;
+}
+
 /* The recording primitive. Returns 0 (recorded, or dropped and counted) or -1 with
    an exception that must reach the caller (a signal's exception during back-pressure).
    Any other failure is swallowed and counted: recording never breaks the program. */
 static int emit_span(uint32_t kid, long long t0, long long t1, PyObject *id, PyObject *p,
                      Py_ssize_t lvl, PyObject *tid, PyObject *sticky, PyObject *x,
                      long long count, uint32_t flags) {
+    NVTX_CLOSE(id);
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb); /* an exception the span is closing over stays as it is */
     int rc = 0;
@@ -2652,6 +2725,7 @@ static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, 
     Py_ssize_t lvl = PyList_GET_SIZE(stk) - 1;
     PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
     Py_INCREF(p);
+    NVTX_OPEN(w->kid, id, stk, 1);
     long long t0 = now_ns();
     PyObject *result = PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     long long t1 = now_ns();
@@ -2847,12 +2921,18 @@ static PyObject *open_entry(PyObject *self, PyObject *extra, PyObject *stk) {
     return ent;
 }
 
-/* Record the span of an `open` entry, closed at t1. -1: an exception to propagate. */
-static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self, long long t1,
-                      PyObject *x) {
+/* The kind id of the spans of a node or use (0xFFFFFFFF: none). */
+static uint32_t span_kid(PyObject *self) {
     PyObject *node = get_node(self);
     uint32_t kid = node ? node_kid(node, str_kid) : 0xFFFFFFFFu;
     Py_XDECREF(node);
+    return kid;
+}
+
+/* Record the span of an `open` entry, closed at t1. -1: an exception to propagate. */
+static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self, long long t1,
+                      PyObject *x) {
+    uint32_t kid = span_kid(self);
     PyObject *tid = stk_tid(stk);
     long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
     Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
@@ -2889,6 +2969,8 @@ static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
         goto done;
     if (PyList_Append(stk, id) < 0)
         PyDict_DelItem(open, id);
+    else
+        NVTX_OPEN(span_kid(self), id, stk, 1);
 done:
     PyErr_Clear(); /* entering a span never fails the user's with-statement */
     Py_XDECREF(ent);
@@ -3117,6 +3199,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         PyDict_DelItem(open, id);
         goto fail;
     }
+    NVTX_OPEN(span_kid(self), id, stk, 1);
     Py_DECREF(token); Py_DECREF(ent); Py_DECREF(spans); Py_DECREF(open);
     Py_DECREF(extra); Py_DECREF(id); Py_DECREF(stk);
     return span;
@@ -3542,6 +3625,7 @@ static PyObject *SpanIter_next(SpanIter *s) {
     Py_ssize_t lvl = PyList_GET_SIZE(stk) - 1;
     PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
     Py_INCREF(p);
+    NVTX_OPEN(s->ikid, id, stk, 1);
     long long t0 = now_ns();
     PyObject *item = PyIter_Next(s->it);
     long long t1 = now_ns();
@@ -3566,6 +3650,8 @@ static PyObject *SpanIter_next(SpanIter *s) {
                 PyErr_Restore(et, ev, tb);
             }
             Py_DECREF(x);
+        } else {
+            NVTX_CLOSE(id); /* the end: no .iter span is recorded */
         }
         Py_DECREF(sticky); Py_DECREF(p); Py_DECREF(tid); Py_DECREF(id); Py_DECREF(stk);
         return NULL;
@@ -3580,6 +3666,7 @@ static PyObject *SpanIter_next(SpanIter *s) {
     /* the loop body's span: open until the next call (or close/dealloc) */
     PyObject *bid = new_id();
     if (bid && PyList_Append(stk, bid) == 0) {
+        NVTX_OPEN(s->bkid, bid, stk, 1);
         s->block_open = 1;
         s->bstk = stk;
         s->bid = bid;
@@ -3717,6 +3804,8 @@ static PyMethodDef methods[] = {
     {"reset", reset, METH_NOARGS, "Forget every buffered record."},
     {"after_fork", after_fork, METH_NOARGS, "In a forked child: a fresh buffer and lock."},
     {"set_limits", set_limits, METH_VARARGS, "set_limits(batch_size, buffer_limit, drop_when_full)"},
+    {"set_nvtx", set_nvtx, METH_VARARGS,
+     "set_nvtx(open_range, close_range): every span also calls these (None, None: off)"},
     {"buffered", buffered, METH_NOARGS, "Records buffered now."},
     {"dropped", get_dropped, METH_NOARGS, "Records dropped and counted so far."},
     {"set_dropped", set_dropped, METH_O, "Set the dropped counter."},

@@ -229,6 +229,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_open_spans", "DFTRACE_MAX_OPEN_SPANS", 100_000, _int_range(16, 1 << 27),
            "Most spans opened with start() and not yet stopped; further start() calls record "
            "nothing, warn once and are counted in a dropped line (reason open spans)."),
+    Option("nvtx", "DFTRACE_NVTX", False, _bool,
+           "Every span also opens an NVTX range named <cat>.<name>, so Nsight Systems shows "
+           "the ai tree above the CUDA kernels (needs pip install 'dftrace[nvtx]')."),
 )
 
 _BY_NAME = {o.name: o for o in OPTIONS}

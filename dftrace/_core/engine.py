@@ -35,6 +35,7 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any
 
+from .nvtx_ranges import close_range as nvtx_close, open_range as nvtx_open
 from .records import INCOMPLETE, META, Extra, use_native
 
 __all__ = ["BUFFER", "SPECIALS", "STATE", "LOCAL", "Stack", "current_stack", "record",
@@ -172,6 +173,18 @@ class _State:
 
 STATE = _State()
 
+#: NVTX ranges are on (``nvtx=True``): each span also opens and closes one (see
+#: ``nvtx_ranges``). Off, every span pays one test of this flag.
+NVTX_ON = False
+
+
+def use_nvtx(on: bool) -> None:
+    """Open an NVTX range with every span from now on (or stop)."""
+    global NVTX_ON
+    NVTX_ON = bool(on)
+    if speedups is not None:
+        speedups.set_nvtx(nvtx_open if on else None, nvtx_close if on else None)
+
 #: Every live thread and task stack, so finalize can tell how many spans are still
 #: open on other threads (added once per thread/task, on the slow path).
 STACKS: weakref.WeakValueDictionary[int, Stack] = weakref.WeakValueDictionary()
@@ -187,6 +200,8 @@ def record(kid: int, t0: int, t1: int, i: int, p: int, lvl: int, tid: int,
     ``x`` its own args (an :class:`Extra`, or a dict encoded now). At the buffer
     limit, block mode waits for the writer (a KeyboardInterrupt raised meanwhile
     propagates) and drop mode counts."""
+    if NVTX_ON:
+        nvtx_close(i)
     if len(BUFFER) >= STATE.buffer_limit and not _room():
         STATE._dropped += 1
         return
@@ -525,6 +540,8 @@ def wrap_sync(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
         if lvl >= _DEEP:
             _deepen(lvl)
         stk.append(i)
+        if NVTX_ON:
+            nvtx_open(kid, i, stk, True)
         t0 = clock()
         try:
             r = fn(*args, **kwargs)
@@ -559,6 +576,8 @@ def wrap_async(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
         p = stk[-1]
         lvl = len(stk)
         stk.append(i)
+        if NVTX_ON:
+            nvtx_open(kid, i, stk, False)
         t0 = clock()
         try:
             r = await fn(*args, **kwargs)
@@ -652,6 +671,8 @@ def _generator_span(gen: Any, node: Any, extra: Any, cap: Any, params: Any) -> A
     p, lvl = stk[-1], len(stk)
     sticky = _sticky(node)
     i = new_id()
+    if NVTX_ON:
+        nvtx_open(node._kid, i, stk, False)
     t0 = clock()
     try:
         r = yield from gen
@@ -667,6 +688,8 @@ async def _asyncgen_span(agen: Any, node: Any, extra: Any, cap: Any, params: Any
     p, lvl = stk[-1], len(stk)
     sticky = _sticky(node)
     i = new_id()
+    if NVTX_ON:
+        nvtx_open(node._kid, i, stk, False)
     t0 = clock()
     x = None
     try:
@@ -691,6 +714,8 @@ def _open(stk: Stack, obj: Any) -> int:
     i = new_id()
     stk.open[i] = (clock(), obj, obj._extra, stk[-1], len(stk), sticky)
     stk.append(i)
+    if NVTX_ON:
+        nvtx_open(obj._node._kid, i, stk, True)
     return i
 
 
@@ -865,11 +890,15 @@ def _iterate(obj: Any, gate: Any, iterable: Any, cap: Any) -> Any:
         p = stk[-1]
         lvl = len(stk)
         stk.append(i)
+        if NVTX_ON:
+            nvtx_open(ikid, i, stk, True)
         t0 = clock()
         try:
             item = next(it)
         except StopIteration:
             _unwind(stk, i)
+            if NVTX_ON:
+                nvtx_close(i)
             return
         except BaseException as e:
             t1 = clock()
@@ -884,6 +913,8 @@ def _iterate(obj: Any, gate: Any, iterable: Any, cap: Any) -> Any:
                extra if cap is None else cap.item_extra(extra, count, item), count)
         j = new_id()
         stk.append(j)
+        if NVTX_ON:
+            nvtx_open(bkid, j, stk, True)
         block = _Block(bkid, t1, j, p, lvl, stk, sticky, extra, count)
         _OPEN_BLOCKS[j] = block
         try:
@@ -947,11 +978,15 @@ async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
         p = stk[-1]
         lvl = len(stk)
         stk.append(i)
+        if NVTX_ON:
+            nvtx_open(ikid, i, stk, False)
         t0 = clock()
         try:
             item = await it.__anext__()
         except StopAsyncIteration:
             _unwind(stk, i)
+            if NVTX_ON:
+                nvtx_close(i)
             return
         except BaseException as e:
             t1 = clock()
@@ -964,6 +999,8 @@ async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
         record(ikid, t0, t1, i, p, lvl, stk.tid, sticky, extra, count)
         j = new_id()
         stk.append(j)
+        if NVTX_ON:
+            nvtx_open(bkid, j, stk, False)
         try:
             yield item
         finally:

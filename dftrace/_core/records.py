@@ -26,7 +26,7 @@ from typing import Any
 from .args import _cut, encode_fragment, key_mask, plain_fragment, sanitize_args
 
 __all__ = ["Extra", "Encoder", "SpecialKind", "META", "COUNTER", "INSTANT", "INCOMPLETE",
-           "kind_id", "json_str"]
+           "kind_id", "kind_names", "json_str"]
 
 #: Flag of a span closed by finalize or by its parent before it ended.
 INCOMPLETE = 1
@@ -76,6 +76,11 @@ def kind_id(name: Any, cat: Any) -> int:
         _KIND_PIECES.append(piece)
         _KIND_IDS[key] = kid
     return kid
+
+
+def kind_names() -> dict[int, tuple[str, str]]:
+    """Every registered event kind: its id -> ``(name, cat)``."""
+    return {kid: key for key, kid in list(_KIND_IDS.items())}
 
 
 _native_plain: Any = None  # the C engine's plain_fragment

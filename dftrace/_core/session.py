@@ -23,7 +23,7 @@ from typing import Any
 
 from . import tree as _nodes
 from . import engine as _rec
-from . import sampler as _sampler, shm as _shm, signals as _signals
+from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .config import RANK_MAX, Config, ConfigError, env_enable
 from .records import Encoder
 from .._version import __version__
@@ -367,6 +367,7 @@ def initialize(**options: Any) -> Session | None:
         if config.enable is False:
             _nodes.set_off_for_good(True)
             return None
+        nvtx = _nvtx_ready(config, asked="nvtx" in options and options["nvtx"] is not None)
         _busy += 1
         try:
             s = Session(config)
@@ -391,11 +392,31 @@ def initialize(**options: Any) -> Session | None:
             if not _install_signals():
                 _signals.run_on_main_thread(_install_signals_if_active)
             _set_gate()
+            _rec.use_nvtx(nvtx)
             s.sampler = _sampler.start(config.sample_interval)
         finally:
             _busy -= 1
     _signals.redeliver_pending()
     return s
+
+
+def _nvtx_ready(config: Config, asked: bool) -> bool:
+    """Whether spans open NVTX ranges in this session: ``nvtx`` is on and a tool
+    (Nsight Systems) receives them. Without the ``nvtx`` package, ``nvtx=True`` given
+    to initialize() is a ConfigError; ``DFTRACE_NVTX=1`` from the environment warns
+    once and tracing goes on without ranges."""
+    if not config.nvtx:
+        return False
+    try:
+        return _nvtx.load()
+    except Exception as exc:
+        setting = "nvtx=True (env DFTRACE_NVTX)" if asked else "DFTRACE_NVTX=1"
+        problem = (f"{setting} needs NVIDIA's nvtx package, which does not load here "
+                   f"({_clean(str(exc))}): {_nvtx.INSTALL}")
+    if asked:
+        raise ConfigError(problem)
+    _rec.STATE.warn_once("nvtx", problem + "; tracing goes on without NVTX ranges")
+    return False
 
 
 def _install_signals() -> bool:
@@ -434,6 +455,7 @@ def finalize(target: Session | None = None) -> None:
         deadline = time.monotonic() + s.config.shutdown_timeout
         try:
             _rec.close_all_open()
+            _rec.use_nvtx(False)
             _session = None
             _set_gate()
             if s.sampler is not None:

@@ -194,6 +194,7 @@ BAD = {
     "shutdown_timeout": ("0.01", "from 0.1 to 3600"),
     "max_open_spans": ("10", "from 16 to 134217728"),
     "writer": ("disk", "thread, process"),
+    "nvtx": ("maybe", "1/0, true/false"),
 }
 
 
