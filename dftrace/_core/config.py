@@ -220,12 +220,13 @@ OPTIONS: tuple[Option, ...] = (
            "child) waits for the trace file without progress (while frames keep reaching "
            "the storage it waits on, 300 s in all at most); storage that makes no progress "
            "for longer is abandoned with a warning that counts the events not written."),
-    Option("writer", "DFTRACE_WRITER", "thread", _choice("thread", "process"),
-           "Who writes the trace file: thread (a thread of the traced process) or process "
-           "(a drainer process, one per job and host, reading the records from shared "
-           "memory: a SIGKILL loses nothing recorded, hung storage never holds the traced "
-           "process). Where shared memory or the drainer cannot be had, thread, with one "
-           "warning."),
+    Option("writer", "DFTRACE_WRITER", "process", _choice("thread", "process"),
+           "Who writes the trace file: process (a drainer process, one per job and host, "
+           "reading the records from shared memory: a SIGKILL loses nothing recorded, hung "
+           "storage never holds the traced process) or thread (a thread of the traced "
+           "process). Where the drainer cannot be had, thread, with one warning (none "
+           "where the platform has no shared ring: not Linux, or the C engine is off, "
+           "and writer is not set)."),
     Option("max_open_spans", "DFTRACE_MAX_OPEN_SPANS", 100_000, _int_range(16, 1 << 27),
            "Most spans opened with start() and not yet stopped; further start() calls record "
            "nothing, warn once and are counted in a dropped line (reason open spans)."),
