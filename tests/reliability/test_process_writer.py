@@ -775,12 +775,16 @@ def test_a_capture_during_a_session_gets_what_the_drainer_writes(tmp_path, start
     def forward(i):
         return i
 
+    import warnings
+
     with contextlib.ExitStack() as stack:
         if started == "before":
             trace = stack.enter_context(dftrace.capture())
-        s = dftrace.initialize(log_file=str(tmp_path / "t"), writer="process",
-                               compression="none", inherit=False, batch_size=1000)
-        assert isinstance(s.writer, _shm.ProcessWriter)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            s = dftrace.initialize(log_file=str(tmp_path / "t"), writer="process",
+                                   compression="none", inherit=False, batch_size=1000)
+        assert isinstance(s.writer, _shm.ProcessWriter), [str(w.message) for w in said]
         for i in range(100):
             forward(i)
         if started == "during":
