@@ -67,14 +67,6 @@ class Producer:
         self.min_id = info.min_id
         self.hhash = info.hhash
         self.flush_interval = info.flush_interval
-        #: Full slots that make a write (as the in-process writer wakes at batch_size),
-        #: at most half the ring: a full ring is always written without waiting
-        #: for the flush interval.
-        sp = _rec.speedups
-        nslots = max(1, (size - sp.SHM_FIXED_BYTES) // sp.SHM_SLOT_BYTES)
-        self.wakes_per_write = max(1, min(min(info.batch_size, 1 << 20)
-                                          // sp.SHM_SLOT_RECORDS, nslots // 2))
-        self.wakes = 0
         # The producer's umask, as its own writer would have had (this process's is 0).
         self.sink = FileSink(info.base, info.compression, info.level, info.max_size,
                              info.header, mode=0o644 & ~info.umask)
@@ -382,7 +374,7 @@ class Served:
             self.end(p, None)
             return
         p.rbuf += data
-        wrote = False
+        wrote = woken = False
         while True:
             try:
                 msg = _next_message(p)
@@ -404,10 +396,9 @@ class Served:
                         p.conn.sendall(b"y" + struct.pack("<Q", p.written))
                     except OSError:
                         pass
-            else:
-                p.wakes += 1
-        if p.wakes >= p.wakes_per_write and not wrote:
-            p.wakes = 0
+            else:  # "w": the producer sealed a write's worth of slots
+                woken = True
+        if woken and not wrote:
             self.guard(p, p.write, False)
 
     def guard(self, p: Producer, fn: Any, *args: Any) -> Any:

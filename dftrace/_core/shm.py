@@ -24,7 +24,8 @@ args). While a ``dftrace.capture()`` runs, records go to process memory: this
 process encodes them, hands the lines to the captures and relays them to the ring.
 
 Protocol on the Unix socket (this process -> drainer): one registration message
-(4-byte length, JSON, the memfd as ancillary data), then ``w`` a slot is full,
+(4-byte length, JSON, the memfd as ancillary data), then ``w`` a write's worth of
+slots is full,
 ``n`` write everything now (a full ring waits for room; no answer), ``s`` write
 everything now (answered ``y`` + 8-byte count of events written), ``f``
 + 4-byte length + the trailer's lines: finalized, write everything, those lines and
@@ -359,6 +360,13 @@ class ProcessWriter(Consumer):
         self._local = False  # captures run: records in process memory, relayed (see _relay)
         self._relaying = threading.RLock()
         self._fd, self._mm = _ring(session.config.buffer_limit)
+        # Slots sealed since the drainer was last woken: it is woken once per write's
+        # worth (as the writer thread at batch_size), at most half the ring.
+        self._sealed = 0
+        nslots = max(1, (len(self._mm) - _rec.speedups.SHM_FIXED_BYTES)
+                     // _rec.speedups.SHM_SLOT_BYTES)
+        self._seals_per_wake = max(1, min(min(session.config.batch_size, 1 << 20)
+                                          // _rec.speedups.SHM_SLOT_RECORDS, nslots // 2))
         previous = _rec.STATE.consumer
         if LISTENERS and previous is not None:
             previous.flush()  # the captures' records so far (attaching drops the buffer)
@@ -545,8 +553,11 @@ class ProcessWriter(Consumer):
             self._relay()
         elif self.fallback is not None:
             self.fallback.wake()
-        else:
-            self._send(b"w")
+        else:  # a slot was sealed
+            self._sealed += 1
+            if self._sealed >= self._seals_per_wake:
+                self._sealed = 0
+                self._send(b"w")
 
     def _watch(self) -> None:
         """Start measuring the drainer's progress (a wait for room begins)."""
