@@ -21,8 +21,8 @@ import dftrace
 from dftrace import ai, testing
 from dftrace._core import engine as _rec
 
-from ._util import HERE, assert_valid, clean_env, drainer_writes, events_by_pid, files, \
-    fuse_mount, fuse_unusable, last_line, meta, run, spans, start, write_script
+from ._util import HERE, assert_valid, clean_env, events_by_pid, files, fuse_mount, \
+    fuse_unusable, last_line, meta, run, spans, start, write_script
 
 pytestmark = [
     *needs_marks("native", native_engine_missing()),
@@ -165,18 +165,17 @@ def test_kill9_loses_nothing_committed(tmp_path, run_no, writer):
     """SIGKILL at a random moment under full load, with writer="process" or no writer
     setting: every span that ended is in the file, the file is complete and valid, and
     a metadata line says the process was killed, also when the parent reaps the
-    process before the drainer looks (no setting: the test reaps it at once)."""
-    if not writer and not drainer_writes():
-        pytest.skip("DFTRACE_WRITER=thread: the default is not under test")
-    if not writer and _kernel() < (6, 15):
-        pytest.skip("a pidfd keeps the exit status of a reaped process from Linux 6.15 on")
+    process before the drainer looks (no setting: the test reaps it at once, where the
+    kernel keeps the exit status for a pidfd, Linux 6.15 on)."""
+    reap_first = not writer and _kernel() >= (6, 15)
     out = str(tmp_path)
     with open(os.path.join(out, "count"), "w+b") as fh:
         fh.write(b"\0" * 8)
         fh.flush()
         # Read through a mapping of our own: the victim's stores are seen at once.
         counter = mmap.mmap(fh.fileno(), 8, prot=mmap.PROT_READ)
-    proc = start([os.path.join(HERE, "_kill9.py"), "emit", out, "1.0", "0", writer])
+    proc = start([os.path.join(HERE, "_kill9.py"), "emit", out, "1.0", "0", writer],
+                 DFTRACE_WRITER="")  # blank: no setting
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
 
     def ended() -> int:
@@ -194,7 +193,7 @@ def test_kill9_loses_nothing_committed(tmp_path, run_no, writer):
     time.sleep(random.uniform(0.2, 1.2))
     proc.send_signal(signal.SIGKILL)
     emitted = ended()
-    if not writer:
+    if reap_first:
         proc.wait()  # reaped before the drainer looks: its pidfd still tells the signal
     path = _wait_for_end(out)
     proc.wait()
@@ -380,11 +379,9 @@ def test_hung_storage_never_holds_the_traced_process(tmp_path, hung_mount, end, 
     """With the trace storage hung, SIGTERM ends the process with its SIGTERM death and
     a normal exit ends it with status 0, and the process is gone (no thread of it is
     stuck in the kernel): with writer="process", and with no writer setting."""
-    if not writer and not drainer_writes():
-        pytest.skip("DFTRACE_WRITER=thread: the default is not under test")
     script = write_script(tmp_path, HUNG)
     rounds = 10**9 if end == "sigterm" else 400
-    proc = start([script, str(hung_mount / "t"), str(rounds), writer])
+    proc = start([script, str(hung_mount / "t"), str(rounds), writer], DFTRACE_WRITER="")
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
     time.sleep(0.5)  # the drainer's first write is under way, and hangs
     if end == "sigterm":
