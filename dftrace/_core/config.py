@@ -198,8 +198,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("batch_size", "DFTRACE_BATCH_SIZE", 16384, _int_range(1, 1 << 30),
            "Buffered events that wake the writer before the flush interval ends (one frame's worth)."),
     Option("buffer_limit", "DFTRACE_BUFFER_LIMIT", 1_048_576, _int_range(1024, 1 << 30),
-           "Most events held in memory; past it the tracing thread waits (on_full=block) or "
-           "events are dropped and counted (on_full=drop)."),
+           "Most spans waiting to be written: in memory (writer thread), or in ring slots "
+           "the drainer has not freed yet (writer process); past it the tracing thread waits "
+           "(on_full=block) or events are dropped and counted (on_full=drop)."),
     Option("on_full", "DFTRACE_ON_FULL", "block", _choice("block", "drop"),
            "What happens when the buffer is full: block (lossless) or drop (count drops)."),
     Option("max_arg_length", "DFTRACE_MAX_ARG_LENGTH", 1024, _int_range(16, 1 << 20),
