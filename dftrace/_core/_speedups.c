@@ -320,6 +320,12 @@ static char *shm_base = NULL;
 static shm_slot_t *shm_cur = NULL; /* the FILLING slot */
 static int shm_kinds_full = 0;
 static int shm_sealed = 0;        /* a slot was sealed since the last wake */
+/* 1 while captures run beside the ring: records go to process memory, and the
+   writer relays their lines to the ring (shm_append_line) as it hands them on. */
+static int shm_local = 0;
+/* Spans in the ring not yet freed by the drainer, as last counted, plus those
+   appended since: buffer_limit bounds the exact count (shm_held). */
+static Py_ssize_t shm_est = 0;
 static Py_buffer shm_view;
 static int shm_has_view = 0;
 /* This process's own copy of the ring's layout and positions (the region's copy is
@@ -373,6 +379,32 @@ static void shm_forget_ring(void) {
     shm = NULL;
     shm_cur = NULL;
     shm_sealed = 0;
+    shm_local = 0;
+    shm_est = 0;
+}
+
+/* A slot's `reserved[0]` (the producer's own word, never read by a reader): how many
+   of its records are lines encoded already (metadata, relayed lines), not spans. */
+#define SLOT_RAW(s) ((s)->reserved[0])
+
+/* The spans in slots the drainer has not freed yet (written or not: they are in
+   memory until their slot is free): what buffer_limit bounds with a ring. */
+static Py_ssize_t shm_held(void) {
+    Py_ssize_t h = 0;
+    for (uint32_t i = 0; i < shm_nslots; i++) {
+        shm_slot_t *s = OWN_SLOT(i);
+        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SLOT_FREE)
+            h += (Py_ssize_t)__atomic_load_n(&s->n, __ATOMIC_ACQUIRE) - (Py_ssize_t)SLOT_RAW(s);
+    }
+    return h;
+}
+
+/* At buffer_limit spans in the ring (counted again only when the estimate says so). */
+static int shm_at_limit(void) {
+    if (shm_est < buf_limit)
+        return 0;
+    shm_est = shm_held();
+    return shm_est >= buf_limit;
 }
 
 #ifdef HAVE_WRITE_LOOP
@@ -392,6 +424,7 @@ static shm_slot_t *shm_take(void) {
         if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SLOT_FREE) {
             __atomic_store_n(&s->n, 0, __ATOMIC_RELAXED);
             s->alen = 0;
+            SLOT_RAW(s) = 0;
             s->seq = shm_next_seq++;
             shm->next_seq = shm_next_seq;
             shm_cur_n = 0;
@@ -415,8 +448,9 @@ static char *encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
    but the last F_MORE); every slot it needs is free before the first piece is
    written, so it is never left cut short by a full ring. A reader writes a line
    only once its last piece is committed. 0, -1 (longer than the ring can hold),
-   -2 (not enough free slots now). */
-static int shm_append_pieces(const char *line, size_t len) {
+   -2 (not enough free slots now). A span's line (`span`) counts as one span, in
+   its last piece's slot. */
+static int shm_append_pieces(const char *line, size_t len, int span) {
     size_t k = (len + SHM_ARENA - 1) / SHM_ARENA;
     if (k > SHM_LONG_SLOTS || k + 1 > shm_nslots)
         return -1;
@@ -436,6 +470,8 @@ static int shm_append_pieces(const char *line, size_t len) {
         r->alen = (uint32_t)piece;
         r->level_flags = (F_RAW | (i + 1 < k ? F_MORE : 0)) << LEVEL_BITS;
         memcpy(shm_cur->arena, line + i * SHM_ARENA, piece);
+        SLOT_RAW(shm_cur) = span && i + 1 == k ? 0 : 1;
+        shm_est += span && i + 1 == k;
         shm_cur_alen = (uint32_t)piece;
         shm_cur->alen = shm_cur_alen;
         __atomic_store_n(&shm_cur->n, ++shm_cur_n, __ATOMIC_RELEASE);
@@ -454,7 +490,7 @@ static int shm_append_long(uint32_t kid, long long t0, long long t1, unsigned lo
     if (need > (size_t)SHM_LONG_SLOTS * SHM_ARENA || need > UINT32_MAX)
         return -1;
     if ((flags & F_RAW) && !nb)
-        return shm_append_pieces(a, need);
+        return shm_append_pieces(a, need, 0);
     char *args = PyMem_RawMalloc(need ? need : 1);
     size_t cap = REC_FIXED + (size_t)max_kind_len + (size_t)shm_npid + (size_t)shm_nhh + need;
     char *line = PyMem_RawMalloc(cap);
@@ -468,7 +504,7 @@ static int shm_append_long(uint32_t kid, long long t0, long long t1, unsigned lo
                    .tid = tid, .count = count, .aoff = 0, .alen = (uint32_t)need};
         char *end = encode_recs(line, &r, 0, 1, args, kinds, nkinds, shm_pidp, shm_npid,
                                 shm_hhp, shm_nhh, shm_offset, shm_min_id);
-        rc = end == line ? 0 : shm_append_pieces(line, (size_t)(end - line));
+        rc = end == line ? 0 : shm_append_pieces(line, (size_t)(end - line), 1);
     }
     PyMem_RawFree(args);
     PyMem_RawFree(line);
@@ -506,6 +542,10 @@ static int shm_append(uint32_t kid, long long t0, long long t1, unsigned long lo
     r->level_flags = ((uint32_t)lvl & LEVEL_MASK) | (flags << LEVEL_BITS);
     r->tid = tid;
     r->count = count;
+    if (flags & F_RAW)
+        SLOT_RAW(c)++;
+    else
+        shm_est++;
     __atomic_store_n(&c->n, ++shm_cur_n, __ATOMIC_RELEASE);
     return 0;
 }
@@ -608,6 +648,26 @@ static PyObject *shm_detach(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* shm_local(on) -> before: with `on`, record into process memory while the ring stays
+   attached (captures run: the writer hands the lines to them and relays them to the
+   ring with shm_append_line); without, into the ring again. */
+static PyObject *shm_set_local(PyObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    int before = shm_local;
+    shm_local = shm ? on : 0;
+    return PyBool_FromLong(before);
+}
+
+/* shm_seal_now(): seal the slot being filled, so the drainer can write it whole and
+   free it (a producer waiting for room). */
+static PyObject *shm_seal_now(PyObject *self, PyObject *unused) {
+    if (shm)
+        shm_seal();
+    Py_RETURN_NONE;
+}
+
 /* shm_finish(): seal the slot being filled and mark the ring finalized. */
 static PyObject *shm_finish(PyObject *self, PyObject *unused) {
     if (shm) {
@@ -661,7 +721,7 @@ static int native_append(uint32_t kid, long long t0, long long t1, unsigned long
                          unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
                          uint32_t flags, long long count, const char *a, Py_ssize_t na,
                          const char *b, Py_ssize_t nb) {
-    if (shm)
+    if (shm && !shm_local)
         return shm_append(kid, t0, t1, id, p, lvl, tid, flags, count, a, na, b, nb);
     chunk_t *c = tail;
     if (!c || c->n == CHUNK_RECS) {
@@ -891,6 +951,9 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* buffer_limit spans wait: in process memory, or in the ring (see shm_held). */
+#define AT_LIMIT() (shm && !shm_local ? shm_at_limit() : nbuf >= buf_limit)
+
 /* Called when the buffer is at its limit: in block mode wait for the writer (a
    KeyboardInterrupt/SystemExit raised while waiting propagates: -1), else count. */
 static int make_room(void) {
@@ -1041,13 +1104,13 @@ static int emit_span(uint32_t kid, long long t0, long long t1, PyObject *id, PyO
     PyErr_Fetch(&et, &ev, &tb); /* an exception the span is closing over stays as it is */
     int rc = 0;
     PyObject *own = NULL, *merged = NULL;
-    if (nbuf >= buf_limit) {
+    if (AT_LIMIT()) {
         if (make_room() < 0) {
             COUNT_DROP(1);
             Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
             return -1;
         }
-        if (nbuf >= buf_limit) {
+        if (AT_LIMIT()) {
             COUNT_DROP(1);
             goto done;
         }
@@ -2476,7 +2539,11 @@ static PyObject *set_limits(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *buffered(PyObject *self, PyObject *unused) { return PyLong_FromSsize_t(nbuf); }
+/* Spans waiting to be written: in process memory, and in the ring's slots not yet
+   freed. */
+static PyObject *buffered(PyObject *self, PyObject *unused) {
+    return PyLong_FromSsize_t(nbuf + (shm ? shm_held() : 0));
+}
 
 static PyObject *get_dropped(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(ndropped); }
 
@@ -3799,6 +3866,8 @@ static PyMethodDef methods[] = {
      "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},
     {"shm_detach", shm_detach, METH_NOARGS, "Record into process memory again."},
     {"shm_finish", shm_finish, METH_NOARGS, "Seal the ring's last slot and mark it finalized."},
+    {"shm_local", shm_set_local, METH_O, "shm_local(on) -> before: record into process memory while captures run"},
+    {"shm_seal_now", shm_seal_now, METH_NOARGS, "Seal the ring's slot being filled."},
     {"shm_state", shm_state, METH_NOARGS, "(free slots, slots, drainer_busy_ns, commits), or None"},
     {"shm_append_line", shm_append_line, METH_O, "shm_append_line(line) -> recorded (bool)"},
     {"reset", reset, METH_NOARGS, "Forget every buffered record."},

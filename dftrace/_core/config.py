@@ -198,8 +198,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("batch_size", "DFTRACE_BATCH_SIZE", 16384, _int_range(1, 1 << 30),
            "Buffered events that wake the writer before the flush interval ends (one frame's worth)."),
     Option("buffer_limit", "DFTRACE_BUFFER_LIMIT", 1_048_576, _int_range(1024, 1 << 30),
-           "Most events held in memory; past it the tracing thread waits (on_full=block) or "
-           "events are dropped and counted (on_full=drop)."),
+           "Most spans waiting to be written: in memory (writer thread), or in ring slots "
+           "the drainer has not freed yet (writer process); past it the tracing thread waits "
+           "(on_full=block) or events are dropped and counted (on_full=drop)."),
     Option("on_full", "DFTRACE_ON_FULL", "block", _choice("block", "drop"),
            "What happens when the buffer is full: block (lossless) or drop (count drops)."),
     Option("max_arg_length", "DFTRACE_MAX_ARG_LENGTH", 1024, _int_range(16, 1 << 20),
@@ -220,12 +221,13 @@ OPTIONS: tuple[Option, ...] = (
            "child) waits for the trace file without progress (while frames keep reaching "
            "the storage it waits on, 300 s in all at most); storage that makes no progress "
            "for longer is abandoned with a warning that counts the events not written."),
-    Option("writer", "DFTRACE_WRITER", "thread", _choice("thread", "process"),
-           "Who writes the trace file: thread (a thread of the traced process) or process "
-           "(a drainer process, one per job and host, reading the records from shared "
-           "memory: a SIGKILL loses nothing recorded, hung storage never holds the traced "
-           "process). Where shared memory or the drainer cannot be had, thread, with one "
-           "warning."),
+    Option("writer", "DFTRACE_WRITER", "process", _choice("thread", "process"),
+           "Who writes the trace file: process (a drainer process, one per job and host, "
+           "reading the records from shared memory: a SIGKILL loses nothing recorded, hung "
+           "storage never holds the traced process) or thread (a thread of the traced "
+           "process). Where the drainer cannot be had, thread, with one warning (none "
+           "where the platform has no shared ring: not Linux, or the C engine is off, "
+           "and writer is not set)."),
     Option("max_open_spans", "DFTRACE_MAX_OPEN_SPANS", 100_000, _int_range(16, 1 << 27),
            "Most spans opened with start() and not yet stopped; further start() calls record "
            "nothing, warn once and are counted in a dropped line (reason open spans)."),

@@ -50,6 +50,9 @@ class Producer:
 
         self.conn = conn
         self.pid = pid
+        #: A pidfd of the producer, opened now: it tells how the process ended even
+        #: once its parent has reaped it (see how_ended).
+        self.pidfd = _pidfd(pid)
         size = _sealed_size(fd)
         self.mm = mmap.mmap(fd, size)
         os.close(fd)
@@ -64,14 +67,6 @@ class Producer:
         self.min_id = info.min_id
         self.hhash = info.hhash
         self.flush_interval = info.flush_interval
-        #: Full slots that make a write (as the in-process writer wakes at batch_size),
-        #: at most half the ring: a full ring is always written without waiting
-        #: for the flush interval.
-        sp = _rec.speedups
-        nslots = max(1, (size - sp.SHM_FIXED_BYTES) // sp.SHM_SLOT_BYTES)
-        self.wakes_per_write = max(1, min(min(info.batch_size, 1 << 20)
-                                          // sp.SHM_SLOT_RECORDS, nslots // 2))
-        self.wakes = 0
         # The producer's umask, as its own writer would have had (this process's is 0).
         self.sink = FileSink(info.base, info.compression, info.level, info.max_size,
                              info.header, mode=0o644 & ~info.umask)
@@ -131,6 +126,9 @@ class Producer:
         (``trailer_lines``, sent with ``f``), or, for a process that ended without
         finalizing (None), how it ended."""
         self.write(True)
+        if (trailer_lines is None and not self.sink.opened and not self.written
+                and not self.reader.dropped):
+            return self.close()  # recorded nothing (a forked child that exec'd): no file
         trailer = b""
         lines = 0
         if self.reader.dropped:
@@ -141,7 +139,8 @@ class Producer:
             trailer += trailer_lines
             lines += trailer_lines.count(b"\n")
         else:
-            trailer += self._meta("process_end", {"finalized": False, **how_ended(self.pid)})
+            trailer += self._meta("process_end", {"finalized": False,
+                                                  **how_ended(self.pid, self.pidfd)})
             lines += 1
         if trailer:  # a process that recorded nothing still gets its end and its counts
             self._open()
@@ -162,6 +161,9 @@ class Producer:
     def close(self) -> dict[str, Any]:
         info = {"paths": list(self.sink.paths), "lost": self.sink.events_lost,
                 "failed": self.sink.failed, "written": self.written}
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
         self.reader.close()
         try:
             self.mm.close()
@@ -219,23 +221,74 @@ def _sealed_size(fd: int) -> int:
     return size
 
 
-def how_ended(pid: int, wait_s: float = 0.2) -> dict[str, Any]:
-    """How process ``pid`` ended, read from its zombie's /proc entry while its parent
-    has not reaped it yet (else: it ended without finalize, cause unknown)."""
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of process ``pid`` (None where the kernel has none)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+#: ioctl(PIDFD_GET_INFO) with struct pidfd_info (64 bytes in its first version), and
+#: the mask bit asking for the exit status (Linux 6.15 and later).
+_PIDFD_GET_INFO = 0xC040FF0B
+_PIDFD_INFO_EXIT = 0x8
+_PIDFD_INFO_SIZE = 64
+_PIDFD_EXIT_CODE_AT = 60
+
+
+def _exit_status(pidfd: int | None) -> int | None:
+    """The wait status of the process of ``pidfd`` once it has been reaped (None
+    before, or where the kernel cannot tell it)."""
+    if pidfd is None:
+        return None
+    import fcntl
+
+    buf = bytearray(_PIDFD_INFO_SIZE)
+    struct.pack_into("<Q", buf, 0, _PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, _PIDFD_GET_INFO, buf, True)
+    except (OSError, ValueError):
+        return None
+    if not struct.unpack_from("<Q", buf, 0)[0] & _PIDFD_INFO_EXIT:
+        return None
+    return struct.unpack_from("<i", buf, _PIDFD_EXIT_CODE_AT)[0]
+
+
+def _zombie_status(pid: int) -> int | None:
+    """The wait status of process ``pid`` while it is a zombie its parent has not
+    reaped (None otherwise)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()
+    if fields[:1] in ([b"Z"], [b"X"]) and len(fields) >= 50:
+        return int(fields[49])  # exit_code: a wait status
+    return None
+
+
+def _described(code: int) -> dict[str, Any]:
+    """A wait status, as process_end's args say it."""
+    if code & 0x7F:
+        return {"how": f"killed by signal {code & 0x7F}", "signal": code & 0x7F}
+    return {"how": f"exited with status {(code >> 8) & 0xFF} without finalize",
+            "exit_status": (code >> 8) & 0xFF}
+
+
+def how_ended(pid: int, pidfd: int | None = None, wait_s: float = 0.2) -> dict[str, Any]:
+    """How process ``pid`` ended: from its zombie's /proc entry while its parent has
+    not reaped it, from its pidfd (opened while it lived) once the parent has: the
+    kernel keeps the exit status for a pidfd (Linux 6.15 on). Else, within
+    ``wait_s``: it ended without finalize, cause unknown."""
     deadline = time.monotonic() + wait_s
     while True:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            return {"how": "ended without finalize"}
-        fields = stat[stat.rindex(b")") + 2:].split()
-        if fields[:1] in ([b"Z"], [b"X"]) and len(fields) >= 50:
-            code = int(fields[49])  # exit_code: a wait status
-            if code & 0x7F:
-                return {"how": f"killed by signal {code & 0x7F}", "signal": code & 0x7F}
-            return {"how": f"exited with status {code >> 8} without finalize",
-                    "exit_status": code >> 8}
+        code = _zombie_status(pid)
+        if code is None:
+            code = _exit_status(pidfd)
+        if code is not None:
+            return _described(code)
         if time.monotonic() >= deadline:
             return {"how": "ended without finalize"}
         time.sleep(0.005)
@@ -321,7 +374,7 @@ class Served:
             self.end(p, None)
             return
         p.rbuf += data
-        wrote = False
+        wrote = woken = False
         while True:
             try:
                 msg = _next_message(p)
@@ -333,19 +386,19 @@ class Served:
             if msg[:1] == b"f":
                 self.end(p, msg[5:])
                 return
-            if msg == b"s":
+            if msg in (b"s", b"n"):  # write now (n: a producer waits for room; no answer)
                 self.guard(p, p.write, True)
                 wrote = True
                 if p.conn not in self.producers:
                     return
-                try:
-                    p.conn.sendall(b"y" + struct.pack("<Q", p.written))
-                except OSError:
-                    pass
-            else:
-                p.wakes += 1
-        if p.wakes >= p.wakes_per_write and not wrote:
-            p.wakes = 0
+                if msg == b"s":
+                    try:
+                        p.conn.sendall(b"y" + struct.pack("<Q", p.written))
+                    except OSError:
+                        pass
+            else:  # "w": the producer sealed a write's worth of slots
+                woken = True
+        if woken and not wrote:
             self.guard(p, p.write, False)
 
     def guard(self, p: Producer, fn: Any, *args: Any) -> Any:
@@ -407,7 +460,7 @@ def _next_message(p: Producer) -> bytes | None:
     if not buf:
         return None
     kind = buf[:1]
-    if kind in (b"w", b"s"):
+    if kind in (b"w", b"s", b"n"):
         p.rbuf = buf[1:]
         return kind
     if kind == b"f":

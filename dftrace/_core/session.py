@@ -109,8 +109,11 @@ def _safe_host(host: str) -> str:
 class Session:
     """One process's tracing session (what ``initialize`` returns)."""
 
-    def __init__(self, config: Config, min_id: int = 0, checked_prefix: str | None = None):
+    def __init__(self, config: Config, min_id: int = 0, checked_prefix: str | None = None,
+                 writer_asked: bool = True):
         self.config = config
+        #: ``writer`` was set (argument or DFTRACE_WRITER), not left to its default.
+        self.writer_asked = writer_asked
         self.pid = os.getpid()
         self.hostname = _clean(_hostname())
         self.hhash = hostname_hash(self.hostname)
@@ -147,9 +150,13 @@ class Session:
             try:
                 return _shm.ProcessWriter(self)
             except _shm.DrainerUnavailable as exc:
-                _rec.STATE.warn_once(
-                    "writer-process", f"writer='process' (env DFTRACE_WRITER) is not available "
-                    f"here: {exc}; this process writes its trace itself (writer='thread')")
+                # The default says nothing where the platform has no shared ring (not
+                # Linux, no C engine): the thread writer is the writer there.
+                if self.writer_asked or not exc.platform:
+                    _rec.STATE.warn_once(
+                        "writer-process", f"writer='process' (env DFTRACE_WRITER) is not "
+                        f"available here: {exc}; this process writes its trace itself "
+                        "(writer='thread')")
         return Writer(self.encoder, self.sink, self.config.flush_interval)
 
     # -- naming --------------------------------------------------------------
@@ -224,6 +231,8 @@ class Session:
     # -- environment export ----------------------------------------------------
     def export_env(self) -> None:
         exported = self.config.to_env()
+        if not self.writer_asked:
+            del exported["DFTRACE_WRITER"]  # children take the default too (quiet where it can't be had)
         # Children started afresh (spawn, subprocess) on this host trust this
         # check of the directory instead of making it again on the storage.
         exported[CHECKED_ENV] = f"{self.hostname}:{self.prefix}"
@@ -370,7 +379,9 @@ def initialize(**options: Any) -> Session | None:
         nvtx = _nvtx_ready(config, asked="nvtx" in options and options["nvtx"] is not None)
         _busy += 1
         try:
-            s = Session(config)
+            asked = (options.get("writer") is not None
+                     or os.environ.get("DFTRACE_WRITER", "").strip() != "")
+            s = Session(config, writer_asked=asked)
             # The header now, on this thread: the file is only created at the first
             # flush, but what the header imports (psutil) must not wait until the
             # interpreter exits (an import on the writer's thread then makes a
@@ -648,7 +659,7 @@ def _after_fork_child() -> None:
     _session = None
     try:
         first_id = _rec.new_id()
-        s = Session(parent.config, first_id, parent.prefix)
+        s = Session(parent.config, first_id, parent.prefix, parent.writer_asked)
         _rec.STATE.consumer = s.writer
         _session = s
         _register_mp_finalizer()

@@ -17,9 +17,17 @@ this process started, or the one recorded in ``DFTRACE_DRAINER`` as ``NAME:PID``
 The memfd's size is sealed before it is handed over, and every answer is checked:
 anything unexpected makes this process write its trace itself (one warning).
 
+``buffer_limit`` bounds the spans in the ring's slots that the drainer has not freed
+yet, exactly as it bounds the spans waiting in memory with the writer thread (the
+ring has two slots more than the limit needs; a slot also holds at most 256 KiB of
+args). While a ``dftrace.capture()`` runs, records go to process memory: this
+process encodes them, hands the lines to the captures and relays them to the ring.
+
 Protocol on the Unix socket (this process -> drainer): one registration message
-(4-byte length, JSON, the memfd as ancillary data), then ``w`` a slot is full,
-``s`` write everything now (answered ``y`` + 8-byte count of events written), ``f``
+(4-byte length, JSON, the memfd as ancillary data), then ``w`` a write's worth of
+slots is full,
+``n`` write everything now (a full ring waits for room; no answer), ``s`` write
+everything now (answered ``y`` + 8-byte count of events written), ``f``
 + 4-byte length + the trailer's lines: finalized, write everything, those lines and
 the end of the file (answered ``d`` + 4-byte length + JSON: paths, events lost,
 error, events written). The drainer answers the registration with ``k`` + its pid,
@@ -42,7 +50,7 @@ import time
 from typing import Any
 
 from . import engine as _rec
-from .writer import Patience
+from .writer import LISTENERS, Consumer, Patience, to_listeners
 
 __all__ = ["ENV_VAR", "DrainerUnavailable", "ProcessWriter"]
 
@@ -64,7 +72,14 @@ _started: list[subprocess.Popen] = []  # drainers this process started (reaped w
 
 
 class DrainerUnavailable(Exception):
-    """Shared memory or a drainer process cannot be had here."""
+    """Shared memory or a drainer process cannot be had here (``platform``: this
+    platform or build has no shared ring at all)."""
+
+    def __init__(self, message: str, platform: bool = False):
+        # platform: this platform, build or process cannot have a shared ring at all
+        # (the default writer then falls back without a word).
+        super().__init__(message)
+        self.platform = platform
 
 
 class _Impostor(ConnectionError):
@@ -86,11 +101,14 @@ def _ring(buffer_limit: int) -> tuple[int, mmap.mmap]:
 
     sp = _rec.speedups
     if sp is None:
-        raise DrainerUnavailable("the C engine is off (DFTRACE_NO_SPEEDUPS or not built)")
+        raise DrainerUnavailable("the C engine is off (DFTRACE_NO_SPEEDUPS or not built)",
+                                 platform=True)
     if (not hasattr(os, "memfd_create") or not sys.platform.startswith("linux")
             or not hasattr(fcntl, "F_ADD_SEALS")):
-        raise DrainerUnavailable("no sealable memfd on this platform")
-    nslots = max(4, -(-buffer_limit // sp.SHM_SLOT_RECORDS))
+        raise DrainerUnavailable("no sealable memfd on this platform", platform=True)
+    # Two slots more than buffer_limit spans fill: the one being filled and one sealed
+    # early (a wait for room seals it) never make the ring full before the limit.
+    nslots = max(4, -(-buffer_limit // sp.SHM_SLOT_RECORDS) + 2)
     size = sp.SHM_FIXED_BYTES + nslots * sp.SHM_SLOT_BYTES
     try:
         fd = os.memfd_create("dftrace-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -103,7 +121,8 @@ def _ring(buffer_limit: int) -> tuple[int, mmap.mmap]:
         return fd, mmap.mmap(fd, size)
     except OSError as exc:
         os.close(fd)
-        raise DrainerUnavailable(f"shared memory of {size} bytes: {exc}") from None
+        # A limit of this process (RLIMIT_FSIZE, memory): no ring here.
+        raise DrainerUnavailable(f"shared memory of {size} bytes: {exc}", platform=True) from None
 
 
 def _connect(name: str, pid: int | None) -> tuple[socket.socket, int]:
@@ -318,16 +337,18 @@ def _cut_back(path: str, size: int) -> None:
         os.close(fd)
 
 
-class ProcessWriter:
-    """The session's writer when a drainer process writes the file (the consumer
-    protocol of :class:`~._core.writer.Writer`: wake, wait_drained, stalled, sync,
-    flush, stop). When the drainer is gone, or answers anything unexpected, an
-    in-process Writer takes over the ring from the drainer's last commit (into a
-    file of the next free name, the drainer's file cut back to that commit)."""
+#: Most bytes of lines relayed to the ring as one record (a slot's args hold 256 KiB).
+_RELAY_BYTES = 192 * 1024
+
+
+class ProcessWriter(Consumer):
+    """The session's writer when a drainer process writes the file (the
+    :class:`~._core.writer.Consumer` protocol, and stalled, sync, stop). When the
+    drainer is gone, or answers anything unexpected, an in-process Writer takes over
+    the ring from the drainer's last commit (into a file of the next free name, the
+    drainer's file cut back to that commit)."""
 
     def __init__(self, session: Any):
-        if _rec.STATE.captures:
-            raise DrainerUnavailable("a dftrace.capture() is running")
         self.session = session
         self.pid = os.getpid()
         self.events_written = 0
@@ -336,7 +357,19 @@ class ProcessWriter:
         self._replies = b""
         self._progress = (-1, 0.0)  # (drainer's commits, monotonic time) when last seen
         self._gave_up_at = -1  # the drainer's commits when a full ring last stopped waiting
+        self._local = False  # captures run: records in process memory, relayed (see _relay)
+        self._relaying = threading.RLock()
         self._fd, self._mm = _ring(session.config.buffer_limit)
+        # Slots sealed since the drainer was last woken: it is woken once per write's
+        # worth (as the writer thread at batch_size), at most half the ring.
+        self._sealed = 0
+        nslots = max(1, (len(self._mm) - _rec.speedups.SHM_FIXED_BYTES)
+                     // _rec.speedups.SHM_SLOT_BYTES)
+        self._seals_per_wake = max(1, min(min(session.config.batch_size, 1 << 20)
+                                          // _rec.speedups.SHM_SLOT_RECORDS, nslots // 2))
+        previous = _rec.STATE.consumer
+        if LISTENERS and previous is not None:
+            previous.flush()  # the captures' records so far (attaching drops the buffer)
         try:
             enc = session.encoder
             _rec.speedups.shm_attach(self._mm, session.pid, enc.pid_piece, enc.hh_piece,
@@ -361,7 +394,9 @@ class ProcessWriter:
             if line:
                 append(line)
 
+        self._special_to_ring = special_to_ring
         _rec.STATE.special_to_ring = special_to_ring
+        self.listeners_changed()  # a capture running already
 
     def _release_ring(self) -> None:
         self._mm.close()
@@ -419,7 +454,9 @@ class ProcessWriter:
                 sink = FileSink(s.base, s.config.compression, s.config.compression_level,
                                 s.config.max_file_size, s.sink.header())
                 s.sink = sink
-                self.fallback = Writer(s.encoder, sink, s.config.flush_interval, source)
+                # Captures get their lines from _relay, which goes on feeding the ring.
+                self.fallback = Writer(s.encoder, sink, s.config.flush_interval, source,
+                                       deliver=False)
                 try:
                     self._sock.close()
                 except OSError:
@@ -455,14 +492,72 @@ class ProcessWriter:
             self._lost()
             return False
 
+    # -- captures ------------------------------------------------------------------
+    def listeners_changed(self) -> None:
+        """Captures started (records go to process memory, and _relay hands them to
+        the captures and to the ring) or all ended (records go to the ring again)."""
+        if not self._here():
+            return
+        want = bool(LISTENERS)
+        with self._relaying:
+            if want == self._local:
+                return
+            self._local = want
+            _rec.speedups.shm_local(want)
+            # Metadata lines too: in the buffer (for the captures), or into the ring.
+            _rec.STATE.special_to_ring = None if want else self._special_to_ring
+            if not want:
+                self._relay(force=True)  # what the last capture left in memory
+
+    def _relay(self, force: bool = False) -> int:
+        """While captures run: encode what is buffered in process memory, hand it to
+        the captures and append the lines to the ring (for the drainer). Returns the
+        number of records."""
+        if not (self._local or force) or not self._here():
+            return 0
+        total = 0
+        with self._relaying:
+            target = _rec.buffered()
+            while True:
+                data, n = _rec.drain(self.session.encoder, 16384)
+                total += n
+                if data:
+                    to_listeners(data)
+                    self._to_ring(data)
+                if n == 0 or total >= target:
+                    break
+        if total and self.fallback is None:
+            self._send(b"w")
+        return total
+
+    @staticmethod
+    def _to_ring(data: bytes) -> None:
+        """Append encoded lines to the ring, as records of at most _RELAY_BYTES cut
+        at line ends (a longer line goes whole: the engine splits it over slots)."""
+        append = _rec.speedups.shm_append_line
+        start = 0
+        while start < len(data):
+            end = len(data)
+            if end - start > _RELAY_BYTES:
+                cut = data.rfind(b"\n", start, start + _RELAY_BYTES)
+                end = cut + 1 if cut >= 0 else data.find(b"\n", start + _RELAY_BYTES) + 1 or end
+            if not append(data[start:end]):  # the ring stayed full: dropped (counted once)
+                _rec.STATE.dropped += max(0, data.count(b"\n", start, end) - 1)
+            start = end
+
     # -- consumer protocol ---------------------------------------------------------
     def wake(self) -> None:
         if not self._here():
             return
-        if self.fallback is not None:
+        if self._local:
+            self._relay()
+        elif self.fallback is not None:
             self.fallback.wake()
-        else:
-            self._send(b"w")
+        else:  # a slot was sealed
+            self._sealed += 1
+            if self._sealed >= self._seals_per_wake:
+                self._sealed = 0
+                self._send(b"w")
 
     def _watch(self) -> None:
         """Start measuring the drainer's progress (a wait for room begins)."""
@@ -495,16 +590,28 @@ class ProcessWriter:
         not wait again until the drainer has committed since."""
         if not self._here():
             return False
+        # Captures run: the buffer is in process memory; a relay under way in this
+        # thread found the ring full, though, and waits for the drainer.
+        relaying = self._local and self._relaying._is_owned()  # type: ignore[attr-defined]
+        if self._local and not relaying:
+            self._relay()
+            return True
         deadline = time.monotonic() + timeout
         st = _rec.speedups.shm_state()
         if st is not None and st[3] == self._gave_up_at:
             return False  # still stalled: nothing committed since the last give-up
         self._gave_up_at = -1
         self._watch()
-        self.wake()
+        # The slot being filled is sealed, so that the drainer writes and frees it whole.
+        _rec.speedups.shm_seal_now()
+        if self.fallback is not None:
+            self.fallback.wake()
+        else:
+            self._send(b"n")
         while True:
             st = _rec.speedups.shm_state()
-            if st is None or st[0] >= max(1, st[1] // 2):
+            if st is None or (st[0] >= max(1, st[1] // 2)
+                              and (relaying or _rec.buffered() <= below)):
                 return True
             if time.monotonic() >= deadline or self.stalled() or self._no_progress():
                 self._gave_up_at = st[3]
@@ -609,6 +716,7 @@ class ProcessWriter:
         """Have the drainer write everything recorded so far, and wait for it."""
         if not self._here():
             return 0
+        self._relay()
         if self.fallback is None:
             got = self._ask(b"s", b"y", 30.0 if timeout < 0 else timeout)
             if got:
@@ -632,6 +740,10 @@ class ProcessWriter:
         seconds, and not at all once the drainer's storage stalled (the drainer
         still writes what the ring holds when it can). True when the file is
         complete."""
+        if self._local:
+            self._relay()
+            self._local = False
+            _rec.speedups.shm_local(False)
         body = trailer(False) if trailer is not None else b"]\n"
         lines = body[:-2] if body.endswith(b"]\n") else body
         if self.fallback is None:
@@ -672,7 +784,11 @@ class ProcessWriter:
         s.sink.events_lost = lost
         s.sink.failed = failed
         self.events_written = written
-        if failed:
+        if failed == "deleted":  # as the in-process sink says it
+            _rec.STATE.warn_once(
+                "sink-deleted", f"{s.path} was deleted while the run went on: {lost} events "
+                "written to it are lost; tracing stopped there, the run went on.")
+        elif failed:
             _rec.STATE.warn_once(
                 "sink-failed", f"the trace drainer could not write {s.path} "
                 f"({failed}); {lost} events were not written")

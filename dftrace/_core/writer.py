@@ -22,7 +22,7 @@ from typing import Any
 from . import engine as _rec
 from .records import Encoder
 
-__all__ = ["FileSink", "Patience", "Writer", "SUFFIXES"]
+__all__ = ["Consumer", "FileSink", "Patience", "Writer", "SUFFIXES", "LISTENERS", "to_listeners"]
 
 SUFFIXES = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}
 
@@ -106,6 +106,41 @@ _WRITER_THREAD = "dftrace-writer"
 #: Called with each encoded batch before it is written: in-memory captures
 #: (``dftrace.capture()``) running beside a file session. Empty otherwise.
 LISTENERS: list[Any] = []
+
+
+def to_listeners(data: bytes) -> None:
+    """Hand an encoded batch to every listener (a failing one is skipped)."""
+    for listener in LISTENERS:
+        try:
+            listener(data)
+        except Exception:
+            pass
+
+
+class Consumer:
+    """What takes the engine's records (``engine.STATE.consumer``): the writer thread
+    (:class:`Writer`), the drainer's client (``shm.ProcessWriter``) and captures
+    running without a file session (``_inspect.memory``). The engine calls ``wake``
+    and ``wait_drained``; captures call ``flush`` and ``listeners_changed``. Every
+    consumer hands each encoded batch to :data:`LISTENERS` (:func:`to_listeners`)
+    before it goes anywhere else."""
+
+    def wake(self) -> None:
+        """A batch is ready (``batch_size`` records, or a slot of the ring is full)."""
+
+    def wait_drained(self, below: int, timeout: float) -> bool:
+        """The buffer is at ``buffer_limit`` (block mode): return once at most
+        ``below`` records wait; False when it gave up (the record is then dropped
+        and counted)."""
+        return False
+
+    def flush(self, timeout: float = -1) -> int:
+        """Hand everything recorded so far on now (to the listeners too); the number
+        of records."""
+        return 0
+
+    def listeners_changed(self) -> None:
+        """A capture started or ended (:data:`LISTENERS` changed)."""
 
 
 class FileSink:
@@ -382,15 +417,19 @@ def _open_own_fifo(path: str) -> int | None:
     return None
 
 
-class Writer:
+class Writer(Consumer):
     """Background consumer of the record buffer for one process."""
 
     def __init__(self, encoder: Encoder, sink: FileSink, flush_interval: float,
-                 source: Callable[[Encoder, int], tuple[bytes, int]] = _rec.drain):
+                 source: Callable[[Encoder, int], tuple[bytes, int]] = _rec.drain,
+                 deliver: bool = True):
         self.encoder = encoder
         #: Where the records come from: the engine's buffer, or a shared-memory ring
         #: whose drainer process is gone (see ``_core.shm``).
         self.source = source
+        #: Hand batches to LISTENERS (not when another consumer did already: the
+        #: ring of a process writer whose drainer is gone).
+        self.deliver = deliver
         self.sink = sink
         self.flush_interval = flush_interval
         #: Most records in one frame; a bigger backlog is written as several frames.
@@ -487,7 +526,7 @@ class Writer:
         """The level for the engine's own writing (see FileSink.native_level), or None:
         captures listen, the records come from elsewhere (a shared ring), or the
         sink can't take it."""
-        if LISTENERS or self.source is not _rec.drain:
+        if (LISTENERS and self.deliver) or self.source is not _rec.drain:
             return None
         if not self.sink.opened and self.sink.compression in _native() and _rec.buffered():
             self.sink.open_now()  # the header in Python, then every frame from the engine
@@ -565,7 +604,7 @@ class Writer:
 
     def _flush_batch(self) -> int:
         """One frame: at most ``max_batch`` records from the front of the buffer."""
-        if self.sink.failed and not LISTENERS:
+        if self.sink.failed and not (LISTENERS and self.deliver):
             _, n = self.source(self.encoder, self.max_batch)  # nowhere to go: counted
             _rec.STATE.dropped += n
             return n
@@ -584,11 +623,8 @@ class Writer:
         self._notify_drained()
         if not data:
             return n
-        for listener in LISTENERS:
-            try:
-                listener(data)
-            except Exception:
-                pass
+        if self.deliver:
+            to_listeners(data)
         self.sink.write(data, n)
         self.events_written += n
         return n

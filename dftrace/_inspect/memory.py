@@ -75,9 +75,8 @@ def _drain() -> None:
                 return
 
 
-class _MemoryConsumer:
-    """Drains the record buffer into running captures while no file session does
-    (the engine's consumer protocol: ``wake`` and ``wait_drained``)."""
+class _MemoryConsumer(_writer.Consumer):
+    """Drains the record buffer into running captures while no file session does."""
 
     def wake(self) -> None:
         _drain()
@@ -86,19 +85,30 @@ class _MemoryConsumer:
         _drain()
         return True
 
+    def flush(self, timeout: float = -1) -> int:
+        before = _rec.buffered()
+        _drain()
+        return before
+
 
 _CONSUMER = _MemoryConsumer()
 
 
 def _collect() -> None:
-    """Bring every record buffered so far to the running captures."""
+    """Bring every record buffered so far to the running captures (a session's
+    writer hands them to its listeners, _deliver among them)."""
+    (_rec.STATE.consumer or _CONSUMER).flush()
+
+
+def _tell_consumer() -> None:
+    """The listeners changed: the session's writer may record elsewhere now."""
     consumer = _rec.STATE.consumer
-    if consumer is None or consumer is _CONSUMER:
-        _drain()
-        return
-    flush = getattr(consumer, "flush", None)
-    if flush is not None:
-        flush()  # the session's writer: its listener delivers to us
+    if consumer is not None and consumer is not _CONSUMER:
+        try:
+            consumer.listeners_changed()
+        except Exception as exc:
+            _rec.STATE.warn_once("capture-writer", f"the writer could not follow the "
+                                 f"capture: {exc!r}")
 
 
 def _apply_max_items() -> None:
@@ -118,6 +128,7 @@ def _after_fork_in_child() -> None:
         _writer.LISTENERS.remove(_deliver)
     if _rec.STATE.consumer is _CONSUMER:
         _rec.STATE.consumer = None
+    _tell_consumer()  # the child's session writes to its file only
     _rec.STATE.captures = 0
     _nodes.set_max_items(None)
     _runtime._set_gate()
@@ -172,6 +183,7 @@ class Capture:
                 _rec.STATE.consumer = _CONSUMER
             _rec.STATE.captures += 1
             _apply_max_items()
+            _tell_consumer()
         _runtime._set_gate()
         return self.trace
 
@@ -191,6 +203,7 @@ class Capture:
                             _writer.LISTENERS.remove(_deliver)
                         if _rec.STATE.consumer is _CONSUMER:
                             _rec.STATE.consumer = None
+                        _tell_consumer()
                     _apply_max_items()
                     self._running = False
                 _runtime._set_gate()
@@ -261,6 +274,7 @@ def reset_state() -> None:
             _writer.LISTENERS.remove(_deliver)
         if _rec.STATE.consumer is _CONSUMER:
             _rec.STATE.consumer = None
+        _tell_consumer()
         _encoders.clear()
         _last = None
         _nodes.set_max_items(None)

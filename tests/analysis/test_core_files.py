@@ -65,7 +65,9 @@ _KILLED = """
 import os, sys, time
 import dftrace
 from dftrace import ai
-dftrace.initialize(log_file=sys.argv[1], compression="zstd", flush_interval=0.05, inherit=False)
+# The writer thread: a drainer would end the file of a process that died.
+dftrace.initialize(log_file=sys.argv[1], compression="zstd", flush_interval=0.05, inherit=False,
+                   writer="thread")
 for i in range(20):
     with ai.compute.forward:
         time.sleep(0.001)

@@ -233,13 +233,14 @@ def test_an_event_bomb_is_summarised_in_bounded_memory(bombs):
 
 
 def test_watch_ends_when_the_writer_is_gone(tmp_path):
-    """A process killed before it could finalize leaves a file without ']': watch
-    shows it cut off and ends, instead of waiting forever."""
+    """A process killed before it could finalize leaves a file without ']' (with the
+    writer thread: a drainer ends it): watch shows it cut off and ends, instead of
+    waiting forever."""
     script = textwrap.dedent(f"""
         import os, signal, time
         import dftrace
         from dftrace import ai
-        dftrace.initialize(log_file={str(tmp_path / 'job')!r})
+        dftrace.initialize(log_file={str(tmp_path / 'job')!r}, writer="thread")
         for step in range(5):
             ai.update(step=step)
             with ai.compute.forward:

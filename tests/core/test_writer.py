@@ -124,7 +124,8 @@ def test_gzip_frames_are_compressed_and_written_by_the_engine(tmp_path):
     is a multi-member gzip that any reader decodes."""
     if "gzip" not in writer_mod._native():
         pytest.skip("no libdeflate on this machine: gzip is compressed in Python")
-    s = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False, compression="gzip")
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False, compression="gzip",
+                           writer="thread")  # frames_written counts this process's own
     with ai.compute.forward:  # the first write (the header) opens the file in Python
         pass
     s.writer.flush()
@@ -145,7 +146,7 @@ def test_gzip_frames_are_compressed_and_written_by_the_engine(tmp_path):
 def test_one_flush_writes_a_big_backlog_as_frames_of_at_most_max_batch(tmp_path):
     """A backlog of 40,000 spans leaves in one flush, as frames of at most 16,384 lines."""
     s = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False, flush_interval=3600,
-                           batch_size=10**6)
+                           batch_size=10**6, writer="thread")  # the thread's max_batch
     size = 0
 
     @ai.compute.forward
@@ -182,7 +183,8 @@ def test_events_reach_disk_within_the_flush_interval(tmp_path):
 def test_drop_mode_counts_dropped_events_in_the_trace(tmp_path):
     """With ``on_full="drop"`` and a full buffer, drops are counted and the count is written."""
     s = dftrace.initialize(log_file=str(tmp_path / "t"), buffer_limit=1024, on_full="drop",
-                           flush_interval=60, batch_size=10**9, compression="none", inherit=False)
+                           flush_interval=60, batch_size=10**9, compression="none", inherit=False,
+                           writer="thread")  # its thread is stopped here
     s.writer._stop = True  # a writer that cannot keep up: it never flushes until finalize
     s.writer.wake()
     s.writer._thread.join()
@@ -201,10 +203,12 @@ def test_drop_mode_counts_dropped_events_in_the_trace(tmp_path):
     assert written + dropped["args"]["count"] == 20_000
 
 
-def test_block_mode_loses_nothing_with_a_small_buffer(tmp_path):
-    """With the default lossless mode, a tiny buffer makes producers wait; every event is written."""
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_block_mode_loses_nothing_with_a_small_buffer(tmp_path, writer):
+    """With the default lossless mode, a tiny buffer makes producers wait; every event is
+    written, with either writer."""
     s = dftrace.initialize(log_file=str(tmp_path / "t"), buffer_limit=1024, batch_size=512,
-                           inherit=False)
+                           inherit=False, writer=writer)
 
     @ai.compute.forward
     def f():
@@ -278,7 +282,7 @@ def test_stop_returns_on_time_when_the_storage_stalls(tmp_path):
     from dftrace._core import engine as _rec
 
     s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", flush_interval=60,
-                           inherit=False)
+                           inherit=False, writer="thread")  # its sink is made to hang here
     stuck, release = threading.Event(), threading.Event()
 
     def hang(data):
@@ -304,3 +308,26 @@ def test_stop_returns_on_time_when_the_storage_stalls(tmp_path):
     with pytest.warns(RuntimeWarning, match="events could not be written"):
         dftrace.finalize()
     assert not os.path.exists(s.path) or os.path.getsize(s.path) == 0
+
+
+def test_where_no_shared_ring_can_be_had_the_default_is_the_writer_thread(tmp_path, monkeypatch):
+    """No sealable memfd (a platform other than Linux): with no writer setting the
+    writer thread writes, without a word; asking for writer="process" says once that
+    it is not available. The file is whole either way."""
+    import warnings
+
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    monkeypatch.delenv("DFTRACE_WRITER", raising=False)
+    for asked, expected_warnings in ((None, 0), ("process", 1)):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            s = dftrace.initialize(log_file=str(tmp_path / str(asked) / "t"), inherit=False,
+                                   writer=asked)
+            with ai.compute.forward:
+                pass
+            dftrace.finalize()
+        assert type(s.writer) is writer_mod.Writer
+        said = [w for w in got if "writer='process' (env DFTRACE_WRITER) is not available"
+                in str(w.message)]
+        assert len(said) == expected_warnings
+        assert len(testing.spans(testing.read_events(s.path), "forward")) == 1

@@ -26,12 +26,25 @@ WRITERS = ["thread"] + (
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without DFTRACE_* or rank variables, plus ``extra``."""
+    """The test process's environment without DFTRACE_* or rank variables, plus ``extra``.
+    ``DFTRACE_WRITER`` stays: the suite runs under each writer (see drainer_writes)."""
     drop = ("DFTRACE_", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_", "PMI_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(drop) or k == "DFTRACE_WRITER"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     return env
+
+
+def drainer_writes() -> bool:
+    """The programs these tests start, leaving ``writer`` to DFTRACE_WRITER or its
+    default, write through a drainer process: the C engine is built (their clean
+    environment does not switch it off), on Linux, and DFTRACE_WRITER is not thread."""
+    import importlib.util
+
+    return (sys.platform.startswith("linux")
+            and importlib.util.find_spec("dftrace._core._speedups") is not None
+            and os.environ.get("DFTRACE_WRITER", "").strip() != "thread")
 
 
 def write_script(tmp_path: Any, body: str, name: str = "prog.py") -> str:

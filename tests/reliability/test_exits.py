@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
+from _requirements import native_engine_missing, needs
 
 from dftrace import testing
 from dftrace._core import signals as _signals
 
 from ._ends import N
-from ._util import HERE, assert_valid, files, last_line, meta, run, spans, start
+from ._util import HERE, assert_valid, drainer_writes, files, last_line, meta, run, spans, start
 
 ENDS = os.path.join(HERE, "_ends.py")
+
+
+def _wait_for_end(out, timeout: float = 30.0) -> str:
+    """The drainer completes the file of a process gone without finalize: wait for it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = files(out)
+        if found and last_line(found[0]) == b"]":
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no complete file in {out}: {files(out)}")
 
 
 def _events(out) -> list[dict]:
@@ -92,11 +105,21 @@ def test_application_sigterm_handler_may_carry_on(tmp_path):
 
 
 def test_os_exit_keeps_everything_flushed_before_it(tmp_path):
-    """os._exit: the file decodes, has every event up to the last flush and no ']'."""
+    """os._exit: the file decodes and has every event up to the last flush; a drainer
+    then writes the rest and ends the file saying how the process ended, the writer
+    thread leaves it without its ']'."""
     out = run([ENDS, "os-exit", str(tmp_path)])
     assert out.returncode == 5, out.stderr
-    assert_valid(files(tmp_path), complete=False)
-    assert last_line(files(tmp_path)[0]) != b"]"
+    if drainer_writes():
+        path = _wait_for_end(tmp_path)
+        assert_valid([path])
+        events = testing.read_events(path)
+        assert len(spans(events, "backward")) == 5
+        (end,) = meta(events, "process_end")
+        assert end["args"]["exit_status"] == 5
+    else:
+        assert_valid(files(tmp_path), complete=False)
+        assert last_line(files(tmp_path)[0]) != b"]"
     assert len(spans(_events(tmp_path), "forward")) == N
 
 
@@ -188,11 +211,12 @@ def _assert_cut_only(res: dict) -> None:
 
 @pytest.mark.parametrize("rate", [10_000, 0])
 def test_sigkill_loses_at_most_about_one_flush_interval(tmp_path, rate):
-    """kill -9 while emitting (steady, or faster than the writer): only the last interval is lost."""
+    """kill -9 while emitting (steady, or faster than the writer): with the writer
+    thread, only the last interval is lost."""
     from ._kill9 import kill_after
 
     interval = 0.2
-    res = kill_after(str(tmp_path), 1.0, interval, rate)
+    res = kill_after(str(tmp_path), 1.0, interval, rate, writer="thread")
     assert res["returncode"] == -signal.SIGKILL
     _assert_cut_only(res)
     assert res["kept"] > 0
@@ -200,6 +224,25 @@ def test_sigkill_loses_at_most_about_one_flush_interval(tmp_path, rate):
     # the writer takes for one frame: short at a steady rate, longer when the
     # producer outruns it (margins for a loaded machine; figures in docs/reliability.md).
     assert res["lost_window_s"] < interval + (0.5 if rate else 1.5), res
+
+
+@needs("native", native_engine_missing())
+@pytest.mark.parametrize("rate", [10_000, 0])
+def test_sigkill_with_the_default_writer_loses_nothing_that_ended(tmp_path, rate):
+    """kill -9 while emitting, no writer setting (the drainer process, where it can be
+    had): every span that ended before the kill is in the file, which the drainer
+    completes; its end says the process was killed."""
+    from ._kill9 import kill_after
+
+    res = kill_after(str(tmp_path), 1.0, 0.2, rate)
+    assert res["drainer"]
+    assert res["returncode"] == -signal.SIGKILL
+    assert not res["problems"]
+    assert res["contiguous"]
+    assert res["emitted"] > 0 and res["kept"] in (res["emitted"], res["emitted"] + 1), res
+    (path,) = files(tmp_path)
+    (end,) = meta(testing.read_events(path), "process_end")
+    assert end["args"]["how"] == "killed by signal 9"
 
 
 def test_sigterm_during_finalize_lets_it_finish_then_dies(tmp_path):
@@ -215,7 +258,9 @@ def test_sigterm_during_finalize_lets_it_finish_then_dies(tmp_path):
         from dftrace import ai
         from dftrace._core import writer as _writer
 
-        dftrace.initialize(log_file=sys.argv[1] + "/t", compression="zstd", flush_interval=60)
+        # The writer thread: its last flush is where the signal arrives.
+        dftrace.initialize(log_file=sys.argv[1] + "/t", compression="zstd", flush_interval=60,
+                           writer="thread")
         for i in range(100):
             with ai.compute.forward:
                 pass

@@ -142,6 +142,12 @@ def test_without_the_c_engine_the_thread_writer_is_used_with_one_warning(tmp_pat
 
 # -- kill -9 -------------------------------------------------------------------------
 
+def _kernel() -> tuple[int, ...]:
+    """The running Linux kernel's version, as numbers."""
+    release = os.uname().release.split("-")[0].split(".")
+    return tuple(int(p) for p in release[:2] if p.isdigit())
+
+
 def _wait_for_end(path_dir, timeout: float = 20.0) -> str:
     """The drainer completes a killed process's file: wait until it ends with ']'."""
     deadline = time.monotonic() + timeout
@@ -153,17 +159,23 @@ def _wait_for_end(path_dir, timeout: float = 20.0) -> str:
     raise AssertionError(f"no complete file in {path_dir}: {files(path_dir)}")
 
 
-@pytest.mark.parametrize("run_no", range(3))
-def test_kill9_loses_nothing_committed(tmp_path, run_no):
-    """SIGKILL at a random moment under full load: every span that ended is in the file,
-    the file is complete and valid, and a metadata line says the process was killed."""
+@pytest.mark.parametrize("run_no", range(2))
+@pytest.mark.parametrize("writer", ["process", ""])
+def test_kill9_loses_nothing_committed(tmp_path, run_no, writer):
+    """SIGKILL at a random moment under full load, with writer="process" or no writer
+    setting: every span that ended is in the file, the file is complete and valid, and
+    a metadata line says the process was killed, also when the parent reaps the
+    process before the drainer looks (no setting: the test reaps it at once, where the
+    kernel keeps the exit status for a pidfd, Linux 6.15 on)."""
+    reap_first = not writer and _kernel() >= (6, 15)
     out = str(tmp_path)
     with open(os.path.join(out, "count"), "w+b") as fh:
         fh.write(b"\0" * 8)
         fh.flush()
         # Read through a mapping of our own: the victim's stores are seen at once.
         counter = mmap.mmap(fh.fileno(), 8, prot=mmap.PROT_READ)
-    proc = start([os.path.join(HERE, "_kill9.py"), "emit", out, "1.0", "0", "process"])
+    proc = start([os.path.join(HERE, "_kill9.py"), "emit", out, "1.0", "0", writer],
+                 DFTRACE_WRITER="")  # blank: no setting
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
 
     def ended() -> int:
@@ -181,7 +193,8 @@ def test_kill9_loses_nothing_committed(tmp_path, run_no):
     time.sleep(random.uniform(0.2, 1.2))
     proc.send_signal(signal.SIGKILL)
     emitted = ended()
-    # Not reaped yet: the drainer reads how the process ended from its zombie.
+    if reap_first:
+        proc.wait()  # reaped before the drainer looks: its pidfd still tells the signal
     path = _wait_for_end(out)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
@@ -348,7 +361,7 @@ HUNG = """
     import sys, time
     import dftrace
     from dftrace import ai
-    dftrace.initialize(log_file=sys.argv[1], writer="process", flush_interval=0.05)
+    dftrace.initialize(log_file=sys.argv[1], writer=sys.argv[3] or None, flush_interval=0.05)
     print("ready", flush=True)
     for _ in range(int(sys.argv[2])):
         for i in range(1000):
@@ -360,14 +373,15 @@ HUNG = """
 
 
 @pytest.mark.needs("fuse")
+@pytest.mark.parametrize("writer", ["process", ""])
 @pytest.mark.parametrize("end", ["sigterm", "exit"])
-def test_hung_storage_never_holds_the_traced_process(tmp_path, hung_mount, end):
+def test_hung_storage_never_holds_the_traced_process(tmp_path, hung_mount, end, writer):
     """With the trace storage hung, SIGTERM ends the process with its SIGTERM death and
     a normal exit ends it with status 0, and the process is gone (no thread of it is
-    stuck in the kernel)."""
+    stuck in the kernel): with writer="process", and with no writer setting."""
     script = write_script(tmp_path, HUNG)
     rounds = 10**9 if end == "sigterm" else 400
-    proc = start([script, str(hung_mount / "t"), str(rounds)])
+    proc = start([script, str(hung_mount / "t"), str(rounds), writer], DFTRACE_WRITER="")
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
     time.sleep(0.5)  # the drainer's first write is under way, and hangs
     if end == "sigterm":
@@ -745,3 +759,46 @@ def test_a_slow_finish_is_not_taken_for_stalled_storage(tmp_path, writer, compre
     (path,) = files(backing)
     assert_valid([path])
     assert len(spans(testing.read_events(path), "forward")) == n
+
+
+@pytest.mark.parametrize("started", ["before", "during"])
+def test_a_capture_during_a_session_gets_what_the_drainer_writes(tmp_path, started):
+    """A dftrace.capture() running beside a process-writer session (started before
+    initialize, or during the session) gets every span of its block, metadata too, and
+    the drainer still writes every span to the file, once."""
+    from dftrace._core import shm as _shm
+
+    @ai.compute.forward
+    def forward(i):
+        return i
+
+    import warnings
+
+    with contextlib.ExitStack() as stack:
+        if started == "before":
+            trace = stack.enter_context(dftrace.capture())
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            s = dftrace.initialize(log_file=str(tmp_path / "t"), writer="process",
+                                   compression="none", inherit=False, batch_size=1000)
+        assert isinstance(s.writer, _shm.ProcessWriter), [str(w.message) for w in said]
+        for i in range(100):
+            forward(i)
+        if started == "during":
+            trace = stack.enter_context(dftrace.capture())
+        for i in range(20_000):  # many batches: handed on while the capture runs
+            forward(i)
+        worker = threading.Thread(target=forward, args=(-1,), name="capture-worker")
+        worker.start()
+        worker.join()
+    for i in range(100):
+        forward(i)
+    dftrace.finalize()
+    assert len(spans(trace.events, "forward")) == 20_001 + (100 if started == "before" else 0)
+    assert "capture-worker" in {e["args"]["name"] for e in meta(trace.events, "thread_name")}
+    events = testing.read_events(s.path)
+    ids = [e["id"] for e in spans(events, "forward")]
+    assert len(ids) == len(set(ids)) == 20_201
+    names = {e["args"]["name"] for e in meta(events, "thread_name")}
+    assert "capture-worker" in names
+    assert_valid([s.path])
