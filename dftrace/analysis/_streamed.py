@@ -56,6 +56,8 @@ from ._trace import (
 
 #: Rows per batch read back from a process's sorted pieces.
 _BATCH = 50_000
+#: Rows the k-way merge of a process's pieces holds, over all its pieces together.
+_MERGE_ROWS = 100_000
 #: Columns the first pass decodes.
 _SCAN_COLUMNS = ("pid", "ts", "dur", "ph", "cat", "name", "epoch", "step")
 _ORDER = list(EVENT_COLUMNS)
@@ -319,9 +321,9 @@ def _in_time_order(files: Sequence[str]) -> Iterator[pl.DataFrame]:
         yield from _batches(files[0])
         return
     schema = pl.read_parquet_schema(files[0])
-    columns = list(schema)
-    at = columns.index("ts")
-    rows = heapq.merge(*(_rows(f) for f in files), key=lambda row: row[at])
+    at = list(schema).index("ts")
+    block = max(1, _MERGE_ROWS // len(files))
+    rows = heapq.merge(*(_rows(f, block) for f in files), key=lambda row: row[at])
     batch: list[tuple[Any, ...]] = []
     for row in rows:
         batch.append(row)
@@ -332,14 +334,14 @@ def _in_time_order(files: Sequence[str]) -> Iterator[pl.DataFrame]:
         yield pl.DataFrame(batch, schema=schema, orient="row")
 
 
-def _batches(path: str) -> Iterator[pl.DataFrame]:
+def _batches(path: str, rows: int = _BATCH) -> Iterator[pl.DataFrame]:
     lazy = pl.scan_parquet(path)
     total = lazy.select(pl.len()).collect().item()
-    for offset in range(0, total, _BATCH):
-        yield lazy.slice(offset, _BATCH).collect()
+    for offset in range(0, total, rows):
+        yield lazy.slice(offset, rows).collect()
 
 
-def _rows(path: str) -> Iterator[tuple[Any, ...]]:
-    for batch in _batches(path):
+def _rows(path: str, block: int) -> Iterator[tuple[Any, ...]]:
+    for batch in _batches(path, block):
         yield from batch.iter_rows()
 
