@@ -190,12 +190,14 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     blocks = (_step_blocks(first_b), _step_blocks(first_n)) if single else None
     # With one run per side, the machine's speed stands in for the run-to-run noise.
     diff.speed = machine_speed(first_b, first_n) if single else None
-    shifts = _step_shifts(*steps, threshold) if single and steps is not None else {}
+    shifts = (_step_shifts(*steps, threshold, first_b.step_stats.get("mean_us"))
+              if single and steps is not None else {})
     diff.moved = {f"{cat}.{name}": round(v.step, 4) for (cat, name), v in shifts.items()}
     # Where the judged names hold most of the steps' time, they alone judge the step
     # figures: the load of a shared machine moves a step's own figures far more than
     # the blocks of one run can tell, and moves the names alike.
-    names_judge = single and steps is not None and _covered(first_b, steps[0]) >= _COVERED
+    names_judge = (single and steps is not None
+                   and min(_covered(first_b, steps[0]), _covered(first_n, steps[1])) >= _COVERED)
     for figure in _figures(first_b, first_n):
         samples = ([v.get(figure.metric) for v in values_b], [v.get(figure.metric) for v in values_n])
         interval, machine, noise = None, 0.0, ""
@@ -259,8 +261,9 @@ STEPS_KEPT = 1000
 
 
 def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
-    """Each leaf name's time per step in one run (paths, directories, globs, or a loaded
-    :class:`TraceTable`), from the spans that carry a step number. Files are read a
+    """Each name's time per step in one run (paths, directories, globs, or a loaded
+    :class:`TraceTable`), from the spans that carry a step number (enclosing spans
+    left out: pipeline spans and loop bodies). Files are read a
     piece at a time: memory is bounded by the steps times the names."""
     import polars as pl
 
@@ -290,7 +293,9 @@ def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
     if table is None or not table.height:
         return StepTimes([], np.zeros((0, 0)))
     table = table.with_columns(pl.col("cat").fill_null(""), pl.col("host").fill_null(""))
-    table = table.filter([_leaf(c, n) for c, n in zip(table["cat"], table["name"])])
+    # Item waits (``.iter``) are the step's own time too; enclosing spans are not.
+    table = table.filter([c != fmt.CAT_PIPELINE and not n.endswith(fmt.BLOCK_SUFFIX)
+                          for c, n in zip(table["cat"], table["name"])])
     names = sorted(set(zip(table["cat"].to_list(), table["name"].to_list())))
     column = {name: i for i, name in enumerate(names)}
     steps = table.select("host", "pid", "epoch", "step").unique().with_row_index("k")
@@ -318,11 +323,13 @@ def _kept(values: np.ndarray) -> np.ndarray:
     return np.quantile(values, (np.arange(STEPS_KEPT) + 0.5) / STEPS_KEPT)
 
 
-def _step_shifts(base: StepTimes, new: StepTimes, threshold: float) -> dict[tuple[str, str], _Shift]:
+def _step_shifts(base: StepTimes, new: StepTimes, threshold: float,
+                 step_us: float | None = None) -> dict[tuple[str, str], _Shift]:
     """The names whose time per step moved against the rest of the step (the other
     names' time in the same step: the machine's speed and its load at that moment,
     seen by the rest of the work) enough to change the step by more than the
-    threshold, with 95 % intervals that exclude no move.
+    threshold (its time per step in BASE times its move, over ``step_us``, BASE's mean
+    step; the names' time per step without it), with 95 % intervals that exclude no move.
 
     One name at a time: the one that moved most is taken out of the rest before the
     others are judged again (a name that grew makes every other look smaller against
@@ -354,11 +361,11 @@ def _step_shifts(base: StepTimes, new: StepTimes, threshold: float) -> dict[tupl
             estimate, low, high = _log_shift(*logs)
             if low <= 0 <= high:
                 continue
-            # The name's share of the rest in BASE turns its move into the step's.
-            share = times[0][:, i].sum() / max(rest_of[0].sum() - times[0][:, i].sum(), 1.0)
+            # The name's time per step in BASE turns its move into the step's.
+            share = times[0][:, i].sum() / len(times[0]) / (step_us or rest_of[0].mean() or 1.0)
 
             def step(log: float, share: float = share) -> float:
-                return (1 + share * math.exp(log)) / (1 + share) - 1
+                return share * math.expm1(log)
 
             shift = _Shift(estimate, low, high, step(estimate), step(low), step(high))
             if abs(shift.step) > threshold and (best is None or abs(shift.step) > abs(best[1].step)):
@@ -375,10 +382,10 @@ def _step_shifts(base: StepTimes, new: StepTimes, threshold: float) -> dict[tupl
 _COVERED = 0.5
 
 
-def _covered(base: Summary, steps: StepTimes) -> float:
-    """The share of BASE's rank-step time that its names' spans with a step number hold
+def _covered(run: Summary, steps: StepTimes) -> float:
+    """The share of a run's rank-step time that its names' spans with a step number hold
     (nested names counted once each, so this may pass 1)."""
-    total = (base.step_stats.get("mean_us") or 0) * (base.step_stats.get("count") or 0)
+    total = (run.step_stats.get("mean_us") or 0) * (run.step_stats.get("count") or 0)
     return float(steps.times.sum()) / total if total else 0.0
 
 
