@@ -20,17 +20,15 @@ mean gets one from the spread of its durations. A row is
 flagged, and a regression fails, only when its change beyond the machine's speed
 is beyond the threshold and its interval excludes the machine's part.
 
-Per-call shifts. With one run per side and the runs' span durations at hand
-(:func:`call_durations`; :func:`compare_runs` and ``dftrace diff`` read them),
-each leaf name's calls are compared directly: the Hodges-Lehmann estimate of
-how many times longer a call took in NEW (the median of the ratios of every
-pair of calls, one from each run) with its distribution-free 95 % interval
-(Mann-Whitney ranks), judged against the machine's speed seen by the *other*
-names (their estimates' median, weighed by time). A name whose interval
-excludes that speed shifted; the shifted names' time per step, times their
-shift beyond the machine's speed, is the step's change that the code explains
-(``noise`` "calls"): a step figure fails when that part is beyond the threshold
-even where the load of the machine moved the step's own figure more, or less.
+Names that moved. With one run per side and each run's time per name and step at
+hand (:func:`step_times`; :func:`compare_runs` and ``dftrace diff`` read them), each
+name's time in a step is compared with the rest of the same step (the other names'
+time, slowed alike by the machine's load at that moment): the change of that ratio
+between the runs is the Hodges-Lehmann estimate with its distribution-free 95 %
+interval (Mann-Whitney ranks). A name moved when the interval excludes no change and
+the move changes the step by more than the threshold; the moved names' part of the
+step then judges the step figures (``noise`` "names"), where the names hold at least
+half of both runs' steps (:func:`_step_shifts`).
 """
 
 from __future__ import annotations
@@ -86,7 +84,8 @@ class DiffRow:
     high: float | None = None
     #: Where the interval's noise comes from: "runs" (several per side), "steps"
     #: (blocks of steps of each run), "spans" (the spread of a name's durations, for
-    #: its mean), or "" (none).
+    #: its mean), "names" (the names' moves against the rest of their steps, for a
+    #: moved name's mean and the step figures), or "" (none).
     noise: str = ""
     #: The part of ``change`` the machine's speed explains (one run per side; see
     #: :func:`machine_speed`): in the change's direction and at most all of it, 0 when
@@ -138,10 +137,11 @@ class RunDiff:
         change = f"{_value(row.unit, row.base)} -> {_value(row.unit, row.new)}"
         within = "" if row.low is None else f", interval {_interval(row)}"
         if row.noise == "names":
-            part = f"{_signed(row.unit, row.low - row.machine)} .. {_signed(row.unit, row.high - row.machine)}"  # type: ignore[operator]
+            low, high = row.low - row.machine, row.high - row.machine  # type: ignore[operator]
             return (f"{metric} got worse by {excess * 100:.1f}% from names that took longer against the rest "
                     f"of their steps ({row.note}), more than {limit * 100:g}% ({change}, "
-                    f"{row.relative * 100:+.1f}% in all; their part {part}, outside the noise)")  # type: ignore[operator]
+                    f"{row.relative * 100:+.1f}% in all; their part {_signed(row.unit, low)} .. "  # type: ignore[operator]
+                    f"{_signed(row.unit, high)}, outside the noise)")
         if row.machine:
             speed = 1 + row.machine / row.base  # type: ignore[operator]
             return (f"{metric} got worse by {excess * 100:.1f}% beyond the machine's speed, more than "

@@ -323,7 +323,9 @@ def _in_time_order(files: Sequence[str]) -> Iterator[pl.DataFrame]:
     schema = pl.read_parquet_schema(files[0])
     at = list(schema).index("ts")
     block = max(1, _MERGE_ROWS // len(files))
-    rows = heapq.merge(*(_rows(f, block) for f in files), key=lambda row: row[at])
+    # Events without a time first, as polars sorts them.
+    rows = heapq.merge(*(_rows(f, block) for f in files),
+                       key=lambda row: (row[at] is not None, row[at] if row[at] is not None else 0))
     batch: list[tuple[Any, ...]] = []
     for row in rows:
         batch.append(row)
