@@ -258,6 +258,8 @@ class StepTimes:
 #: Steps kept per run for the comparison; a run with more is represented by this many
 #: evenly spaced quantiles of each name's share of its steps.
 STEPS_KEPT = 1000
+#: The normal quantile of the intervals of the names' moves.
+_Z = 1.96
 
 
 def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
@@ -313,7 +315,7 @@ def _log_shift(base: np.ndarray, new: np.ndarray) -> tuple[float, float, float]:
     base, new = _kept(base), _kept(new)
     pairs = np.sort(np.subtract.outer(new, base).ravel())
     m, k = len(base), len(new)
-    cut = max(0, math.floor(m * k / 2 - 1.96 * math.sqrt(m * k * (m + k + 1) / 12)))
+    cut = max(0, math.floor(m * k / 2 - _Z * math.sqrt(m * k * (m + k + 1) / 12)))
     return float(np.median(pairs)), float(pairs[cut]), float(pairs[m * k - 1 - cut])
 
 
