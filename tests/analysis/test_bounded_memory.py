@@ -55,9 +55,13 @@ def _run(*argv: str) -> tuple[int, float]:
     """Exit code and peak memory (MB) of ``dftrace argv`` in a fresh interpreter that
     decodes pieces of PIECE bytes."""
     code = textwrap.dedent(f"""
-        import contextlib, functools, io, resource
+        import contextlib, io, resource
         from dftrace import format as fmt
-        fmt.iter_line_pieces = functools.partial(fmt.iter_line_pieces, piece_bytes={PIECE})
+        whole = fmt.iter_line_pieces
+        def small(*args, **kwargs):
+            kwargs["piece_bytes"] = {PIECE}
+            return whole(*args, **kwargs)
+        fmt.iter_line_pieces = small
         from dftrace.cli import main
         with contextlib.redirect_stdout(io.StringIO()):
             rc = main({list(argv)!r})
