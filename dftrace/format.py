@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO, Any, NamedTuple
 
 import orjson
+
+from ._nesting import SpanChecker
 
 __all__ = [
     "AI_CATEGORIES",
@@ -492,6 +493,8 @@ def _zstd_header(data: bytes) -> tuple[int, bool] | None:
 MAX_LINE_BYTES = 16 << 20
 #: The decoded bytes of a file are handed over in pieces of about this size (whole lines).
 LINE_PIECE_BYTES = 64 << 20
+#: Violations ``validate_file`` keeps per file (those of the lowest lines; all are counted).
+MAX_VIOLATIONS = 100_000
 
 
 class LinePiece(NamedTuple):
@@ -692,39 +695,6 @@ def _is_time(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
-class _Spans:
-    """The complete events of a file, as columns of numbers (about 50 bytes a span,
-    not a Python object each): what the nesting and parent rules need."""
-
-    #: Stands for a missing (or non-integer) id, parent or level.
-    NONE = -(2**63)
-
-    def __init__(self) -> None:
-        self.ts, self.end = array("d"), array("d")
-        self.line, self.id, self.parent, self.level, self.track = (array("q") for _ in range(5))
-        self.tracks: dict[tuple[Any, Any], int] = {}
-        self.keys: list[tuple[Any, Any]] = []
-
-    def add(self, pid: Any, tid: Any, ts: float, end: float, line: int, span_id: Any, parent: Any,
-            level: Any) -> None:
-        track = self.tracks.get((pid, tid))
-        if track is None:
-            track = self.tracks[(pid, tid)] = len(self.keys)
-            self.keys.append((pid, tid))
-        self.ts.append(ts)
-        self.end.append(end)
-        self.line.append(line)
-        self.id.append(self._int(span_id))
-        self.parent.append(self._int(parent))
-        self.level.append(self._int(level))
-        self.track.append(track)
-
-    @classmethod
-    def _int(cls, value: Any) -> int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and cls.NONE < value < 2**63
-        return value if ok else cls.NONE
-
-
 class TornTail(NamedTuple):
     """A compressed trace whose last frame/member was cut off (a process killed
     mid-write): the file ends at ``offset``, inside the frame/member that starts at
@@ -763,8 +733,8 @@ def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
     An empty list means the file follows the contract.
     """
     allow_commas = os.fspath(path).endswith(CHROME_SUFFIXES)
-    violations: list[Violation] = []
-    spans = _Spans()
+    violations = _Violations()
+    spans = SpanChecker()
     state = "start"  # -> "open" after "[" (or the first event), -> "closed" after "]"
     first_event = True
     events = 0
@@ -778,7 +748,7 @@ def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
         events += line.event is not None
         if state == "closed":
             if text:
-                violations.append(Violation(n, "after-close", "content after the closing ']'"))
+                violations.add(Violation(n, "after-close", "content after the closing ']'"))
             continue
         if line.is_structural:
             if text == b"[" and state == "start":
@@ -786,32 +756,29 @@ def validate_file(path: str | os.PathLike[str], *, strict: bool = False,
             elif text == b"]" and state == "open":
                 state = "closed"
             elif text:
-                violations.append(Violation(n, "brackets", f"stray {text.decode(errors='replace')!r}"))
+                violations.add(Violation(n, "brackets", f"stray {text.decode(errors='replace')!r}"))
             continue
         if state == "start":
-            violations.append(Violation(n, "open", "the file must start with a '[' line"))
+            violations.add(Violation(n, "open", "the file must start with a '[' line"))
             state = "open"
         text_violations = _check_text(n, text, allow_commas)
         violations.extend(text_violations)
         if line.error is not None:
             if not any(v.rule in ("utf8", "surrogate") for v in text_violations):
-                violations.append(Violation(n, "json", line.error))
+                violations.add(Violation(n, "json", line.error))
             first_event = False
             continue
         event = line.event
         assert event is not None
         if first_event and normalize_phase(event.get("ph")) != PH_METADATA:
-            violations.append(
-                Violation(n, "metadata-first", "the first event must be metadata (ph 'M')")
-            )
+            violations.add(Violation(n, "metadata-first", "the first event must be metadata (ph 'M')"))
         first_event = False
         violations.extend(_check_event(n, event))
         _collect_span(n, event, spans)
     if strict and state == "start":
-        violations.append(Violation(0, "empty", "the file holds nothing: no '[' line and no event"))
-    violations.extend(_check_nesting(spans))
-    violations.sort(key=lambda v: v.line)
-    return violations
+        violations.add(Violation(0, "empty", "the file holds nothing: no '[' line and no event"))
+    violations.extend(Violation(*found) for found in spans.check())
+    return violations.result()
 
 
 def _check_text(n: int, text: bytes, allow_commas: bool) -> list[Violation]:
@@ -857,7 +824,7 @@ def _check_event(n: int, event: dict[str, Any]) -> list[Violation]:
     return found
 
 
-def _collect_span(n: int, event: dict[str, Any], spans: _Spans) -> None:
+def _collect_span(n: int, event: dict[str, Any], spans: SpanChecker) -> None:
     if event.get("ph") != PH_COMPLETE:
         return
     ts, dur = event.get("ts"), event.get("dur")
@@ -869,64 +836,29 @@ def _collect_span(n: int, event: dict[str, Any], spans: _Spans) -> None:
     spans.add(pid, tid, ts, ts + dur, n, event.get("id"), args.get(ARG_PARENT), args.get(ARG_LEVEL))
 
 
-def _check_nesting(spans: _Spans) -> list[Violation]:
-    found = []
-    none = _Spans.NONE
-    ts, end, line, track = spans.ts, spans.end, spans.line, spans.track
-    # Only spans named as a parent are looked up by id (the last one with an id wins).
-    wanted = {(spans.keys[track[i]][0], spans.parent[i]) for i in range(len(ts)) if spans.parent[i] > 0}
-    by_id: dict[tuple[Any, int], int] = {}
-    if wanted:
-        for i in range(len(ts)):
-            key = (spans.keys[track[i]][0], spans.id[i])
-            if spans.id[i] != none and key in wanted:
-                by_id[key] = i
-    # By track, start, longest first, then line (the order spans were added in):
-    # stable sorts on one key each hold no tuple per span.
-    order = list(range(len(ts)))
-    order.sort(key=end.__getitem__, reverse=True)
-    order.sort(key=ts.__getitem__)
-    order.sort(key=track.__getitem__)
-    stack: list[int] = []
-    current = -1
-    for i in order:
-        if track[i] != current:
-            current, stack = track[i], []
-        # Touching spans (one ends where the next starts) are disjoint.
-        while stack and end[stack[-1]] <= ts[i] and not end[stack[-1]] == ts[i] == end[i]:
-            stack.pop()
-        if stack and end[i] > end[stack[-1]]:
-            pid, tid = spans.keys[current]
-            found.append(Violation(line[i], "nesting", f"overlaps the span at line {line[stack[-1]]} on pid "
-                                                      f"{pid} tid {tid} without nesting in it"))
-            continue
-        stack.append(i)
-    for i in order:
-        found.extend(_check_parent(spans, i, by_id))
-    return found
+class _Violations:
+    """The violations of one file, at most :data:`MAX_VIOLATIONS` kept (those of the
+    lowest lines), all counted: a file broken on every line needs no more memory."""
 
+    def __init__(self) -> None:
+        self.kept: list[Violation] = []
+        self.count = 0
 
-def _check_parent(spans: _Spans, i: int, by_id: dict[tuple[Any, int], int]) -> list[Violation]:
-    none = _Spans.NONE
-    parent_id, level, line = spans.parent[i], spans.level[i], spans.line[i]
-    if parent_id == none:
-        return []
-    if parent_id <= 0:  # 0 (dftrace) or -1 (DFTracer 1.x): a root span
-        if level != none and parent_id == 0 and level != 1:
-            return [Violation(line, "level", f"a span without parent has level {level}, expected 1")]
-        return []
-    pid, tid = spans.keys[spans.track[i]]
-    parent = by_id.get((pid, parent_id))
-    if parent is None:
-        return []  # the parent was dropped or lives in another part file
-    parent_tid = spans.keys[spans.track[parent]][1]
-    if parent_tid != tid:
-        return [Violation(line, "parent", f"p_idx {parent_id} is a span on tid {parent_tid}, not on tid {tid}")]
-    if not (spans.ts[parent] <= spans.ts[i] and spans.end[i] <= spans.end[parent]):
-        return [Violation(line, "parent", f"p_idx {parent_id} (line {spans.line[parent]}) does not enclose "
-                                          "this span")]
-    parent_level = spans.level[parent]
-    if level != none and parent_level != none and level != parent_level + 1:
-        return [Violation(line, "level", f"level {level} inside a level-{parent_level} parent "
-                                         f"(line {spans.line[parent]})")]
-    return []
+    def add(self, found: Violation) -> None:
+        self.count += 1
+        self.kept.append(found)
+        if len(self.kept) >= 2 * MAX_VIOLATIONS:
+            self.kept.sort(key=lambda v: v.line)
+            del self.kept[MAX_VIOLATIONS:]
+
+    def extend(self, found: Iterable[Violation]) -> None:
+        for v in found:
+            self.add(v)
+
+    def result(self) -> list[Violation]:
+        self.kept.sort(key=lambda v: v.line)
+        del self.kept[MAX_VIOLATIONS:]
+        if self.count > len(self.kept):
+            self.kept.append(Violation(0, "more", f"{self.count - len(self.kept)} more violations not listed "
+                                                  f"(the first {MAX_VIOLATIONS} by line are)"))
+        return self.kept

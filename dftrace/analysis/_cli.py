@@ -199,41 +199,38 @@ def _run_report(args: argparse.Namespace) -> int:
 
 @_command(*ANALYSIS)
 def _run_convert(args: argparse.Namespace) -> int:
-    from ._export import output_format, write_trace
-    from ._trace import load_traces
+    from ._export import output_format
+    from ._streamed import convert
 
     output_format(args.output)  # fail on an unknown suffix before reading anything
     with _Run(args) as options:
-        trace = load_traces(args.paths, **options)
-    write_trace(trace, args.output)
-    print(f"wrote {args.output}: {_events_of(trace)}")
+        written = convert(args.paths, args.output, **options)
+    print(f"wrote {args.output}: {_events_of(written)}")
     return 0
 
 
 @_command(*ANALYSIS)
 def _run_merge(args: argparse.Namespace) -> int:
-    from ._export import MergeFilter, merge, output_format, write_trace
-    from ._trace import load_traces
+    from ._export import MergeFilter, output_format
+    from ._streamed import merge_files
 
     output_format(args.output)
     keep = MergeFilter(
         categories=args.cat, start_s=args.start, end_s=args.end, steps=_step_range(args.steps), epoch=args.epoch
     )
     with _Run(args) as options:
-        trace = load_traces(args.paths, **options)
-    merged = merge(trace, keep, align_clocks=not args.no_align)
-    write_trace(merged, args.output)
-    print(f"wrote {args.output}: {_events_of(merged)}")
+        written = merge_files(args.paths, args.output, keep, align_clocks=not args.no_align, **options)
+    print(f"wrote {args.output}: {_events_of(written)}")
     return 0
 
 
-def _events_of(trace: Any) -> str:
+def _events_of(written: Any) -> str:
     from ._render_text import count_of
 
-    broken = sum(f.broken_count for f in trace.files)
+    broken = sum(f.broken_count for f in written.trace.files)
     skipped = f" ({count_of(broken, 'broken line')} left out; dftrace summary lists them)" if broken else ""
-    return (f"{count_of(trace.events.height, 'event')} of "
-            f"{count_of(trace.processes.height, 'process', 'processes')}{skipped}")
+    return (f"{count_of(written.events, 'event')} of "
+            f"{count_of(written.trace.processes.height, 'process', 'processes')}{skipped}")
 
 
 def _step_range(text: str | None) -> tuple[int, int] | None:
@@ -351,16 +348,22 @@ def _register_diff_and_watch(subparsers: Any) -> None:
 
 @_command(*ANALYSIS)
 def _run_diff(args: argparse.Namespace) -> int:
-    from ._diff import compare_summaries, parse_percent, render_diff
+    from ._diff import compare_summaries, step_times, parse_percent, render_diff
     from ._sources import runs_in
     from ._summary import summarize
 
     threshold = parse_percent(args.threshold)
     limit = parse_percent(args.fail_on_regression) if args.fail_on_regression is not None else None
+    runs = ([run for path in [args.base, *args.more_base] for run in runs_in(path)],
+            [run for path in [args.new, *args.more_new] for run in runs_in(path)])
+    steps = None
     with _Run(args) as options:
-        base = [summarize([run], **options) for path in [args.base, *args.more_base] for run in runs_in(path)]
-        new = [summarize([run], **options) for path in [args.new, *args.more_new] for run in runs_in(path)]
-    diff = compare_summaries(base, new, threshold=threshold)
+        base = [summarize([run], **options) for run in runs[0]]
+        new = [summarize([run], **options) for run in runs[1]]
+        if len(base) == len(new) == 1:
+            steps = (step_times([runs[0][0]], partition_bytes=options["partition_bytes"]),
+                     step_times([runs[1][0]], partition_bytes=options["partition_bytes"]))
+    diff = compare_summaries(base, new, threshold=threshold, steps=steps)
     failure = diff.regression(args.metric, limit) if limit is not None else None
     if args.json:
         data = diff.to_dict()

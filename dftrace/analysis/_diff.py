@@ -19,6 +19,16 @@ consecutive steps (all ranks together), the figure computed per block; a name's
 mean gets one from the spread of its durations. A row is
 flagged, and a regression fails, only when its change beyond the machine's speed
 is beyond the threshold and its interval excludes the machine's part.
+
+Names that moved. With one run per side and each run's time per name and step at
+hand (:func:`step_times`; :func:`compare_runs` and ``dftrace diff`` read them), each
+name's time in a step is compared with the rest of the same step (the other names'
+time, slowed alike by the machine's load at that moment): the change of that ratio
+between the runs is the Hodges-Lehmann estimate with its distribution-free 95 %
+interval (Mann-Whitney ranks). A name moved when the interval excludes no change and
+the move changes the step by more than the threshold; the moved names' part of the
+step then judges the step figures (``noise`` "names"), where the names hold at least
+half of both runs' steps (:func:`_step_shifts`).
 """
 
 from __future__ import annotations
@@ -28,10 +38,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 
 from .. import format as fmt
 from ._summary import Summary
+
 
 #: Changes smaller than this (relative) are noise unless the threshold is set.
 DEFAULT_THRESHOLD = 0.05
@@ -72,7 +84,8 @@ class DiffRow:
     high: float | None = None
     #: Where the interval's noise comes from: "runs" (several per side), "steps"
     #: (blocks of steps of each run), "spans" (the spread of a name's durations, for
-    #: its mean), or "" (none).
+    #: its mean), "names" (the names' moves against the rest of their steps, for a
+    #: moved name's mean and the step figures), or "" (none).
     noise: str = ""
     #: The part of ``change`` the machine's speed explains (one run per side; see
     #: :func:`machine_speed`): in the change's direction and at most all of it, 0 when
@@ -93,6 +106,9 @@ class RunDiff:
     #: How much slower NEW's machine ran than BASE's, from the names whose time changed
     #: alike (None: several runs per side, or too few names to tell).
     speed: float | None = None
+    #: One run per side: the names whose time per step moved against the rest of their
+    #: steps beyond the noise, with the relative change of the step each move makes.
+    moved: dict[str, float] = field(default_factory=dict)
 
     @property
     def flagged(self) -> list[DiffRow]:
@@ -120,6 +136,12 @@ class RunDiff:
             return None
         change = f"{_value(row.unit, row.base)} -> {_value(row.unit, row.new)}"
         within = "" if row.low is None else f", interval {_interval(row)}"
+        if row.noise == "names":
+            low, high = row.low - row.machine, row.high - row.machine  # type: ignore[operator]
+            return (f"{metric} got worse by {excess * 100:.1f}% from names that took longer against the rest "
+                    f"of their steps ({row.note}), more than {limit * 100:g}% ({change}, "
+                    f"{row.relative * 100:+.1f}% in all; their part {_signed(row.unit, low)} .. "  # type: ignore[operator]
+                    f"{_signed(row.unit, high)}, outside the noise)")
         if row.machine:
             speed = 1 + row.machine / row.base  # type: ignore[operator]
             return (f"{metric} got worse by {excess * 100:.1f}% beyond the machine's speed, more than "
@@ -132,7 +154,7 @@ class RunDiff:
         """The comparison as a JSON-ready dict (``flagged``: metric keys in impact order)."""
         return {
             "base": self.base, "new": self.new, "threshold": self.threshold, "runs": list(self.runs),
-            "speed": self.speed,
+            "speed": self.speed, "moved": self.moved,
             "flagged": [r.metric for r in self.flagged],
             "rows": [asdict(r) for r in self.rows],
         }
@@ -146,9 +168,12 @@ SECTIONS = ("steps", "epochs", "categories", "breakdown", "dataloader", "straggl
 
 
 def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence[Summary], *,
-                      threshold: float = DEFAULT_THRESHOLD) -> RunDiff:
+                      threshold: float = DEFAULT_THRESHOLD,
+                      steps: tuple[StepTimes, StepTimes] | None = None) -> RunDiff:
     """Compare the answers of two runs (BASE first), or of several runs per side: one
-    :class:`DiffRow` per figure, with the mean over each side's runs."""
+    :class:`DiffRow` per figure, with the mean over each side's runs. ``steps``: the
+    two runs' time per name and step (:func:`step_times`), for judging a single pair
+    by its names' moves against the rest of their steps."""
     if threshold < 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
     bases = [base] if isinstance(base, Summary) else list(base)
@@ -165,6 +190,14 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     blocks = (_step_blocks(first_b), _step_blocks(first_n)) if single else None
     # With one run per side, the machine's speed stands in for the run-to-run noise.
     diff.speed = machine_speed(first_b, first_n) if single else None
+    shifts = (_step_shifts(*steps, threshold, first_b.step_stats.get("mean_us"))
+              if single and steps is not None else {})
+    diff.moved = {f"{cat}.{name}": round(v.step, 4) for (cat, name), v in shifts.items()}
+    # Where the judged names hold most of the steps' time, they alone judge the step
+    # figures: the load of a shared machine moves a step's own figures far more than
+    # the blocks of one run can tell, and moves the names alike.
+    names_judge = (single and steps is not None
+                   and min(_covered(first_b, steps[0]), _covered(first_n, steps[1])) >= _COVERED)
     for figure in _figures(first_b, first_n):
         samples = ([v.get(figure.metric) for v in values_b], [v.get(figure.metric) for v in values_n])
         interval, machine, noise = None, 0.0, ""
@@ -186,8 +219,203 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
                 half = _half_width(*figure.spread)
                 if half is not None:
                     interval, noise = (change - half, change + half), "spans"
+            judged = _by_steps(figure, shifts)
+            if judged is None and names_judge and figure.metric in _STEP_FIGURES:
+                machine = change  # no name moved: the machine and the noise explain all of it
+            if judged is not None:
+                (interval, machine), noise = judged, "names"
+                if figure.metric in _STEP_FIGURES:
+                    figure.note = "moved: " + ", ".join(f"{name} {step * 100:+.1f}% of the step"
+                                                        for name, step in diff.moved.items())
         diff.rows.append(_row(figure, per_step, threshold, interval, noise, machine))
     return diff
+
+
+@dataclass(frozen=True)
+class _Shift:
+    """How a name's time per step moved against the rest of the step in NEW, as the
+    logarithm of a ratio (estimate and 95 % interval), and the step's relative change
+    that move makes (``step``, with ``step_low``/``step_high``)."""
+
+    estimate: float
+    low: float
+    high: float
+    step: float
+    step_low: float
+    step_high: float
+
+
+@dataclass
+class StepTimes:
+    """Each name's time in each step of one run (:func:`step_times`): ``times[k, i]`` is
+    the µs that name ``names[i]`` took in step ``k`` (all its spans carrying that step
+    number, per process)."""
+
+    names: list[tuple[str, str]]
+    times: np.ndarray
+
+
+#: Steps kept per run for the comparison; a run with more is represented by this many
+#: evenly spaced quantiles of each name's share of its steps.
+STEPS_KEPT = 1000
+#: The normal quantile of the intervals of the names' moves.
+_Z = 1.96
+
+
+def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
+    """Each name's time per step in one run (paths, directories, globs, or a loaded
+    :class:`TraceTable`), from the spans that carry a step number (enclosing spans
+    left out: pipeline spans and loop bodies). Files are read a
+    piece at a time: memory is bounded by the steps times the names."""
+    import polars as pl
+
+    from ._decode import iter_partition_pieces
+    from ._schema import HOST_KEY
+    from ._sources import DEFAULT_PARTITION_BYTES, expand_paths, plan_partitions
+    from ._trace import TraceTable, as_path_list
+
+    keys = ["host", "pid", "epoch", "step", "cat", "name"]
+
+    def per_step(events: pl.DataFrame) -> pl.DataFrame:
+        if "host" not in events.columns:
+            events = events.rename({HOST_KEY: "host"})
+        spans = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("dur").is_not_null()
+                              & pl.col("step").is_not_null() & pl.col("name").is_not_null())
+        return spans.group_by(keys).agg(pl.col("dur").sum())
+
+    if isinstance(source, TraceTable):
+        table = per_step(source.events)
+    else:
+        table = None
+        plan = plan_partitions(expand_paths(as_path_list(source)), partition_bytes or DEFAULT_PARTITION_BYTES)
+        for partition in plan:
+            for piece in iter_partition_pieces(partition, ["pid", "cat", "name", "ph", "dur", "epoch", "step"]):
+                part = per_step(piece.events)
+                table = part if table is None else pl.concat([table, part]).group_by(keys).agg(pl.col("dur").sum())
+    if table is None or not table.height:
+        return StepTimes([], np.zeros((0, 0)))
+    table = table.with_columns(pl.col("cat").fill_null(""), pl.col("host").fill_null(""))
+    # Item waits (``.iter``) are the step's own time too; enclosing spans are not.
+    table = table.filter([c != fmt.CAT_PIPELINE and not n.endswith(fmt.BLOCK_SUFFIX)
+                          for c, n in zip(table["cat"], table["name"])])
+    names = sorted(set(zip(table["cat"].to_list(), table["name"].to_list())))
+    column = {name: i for i, name in enumerate(names)}
+    steps = table.select("host", "pid", "epoch", "step").unique().with_row_index("k")
+    rows = table.join(steps, on=["host", "pid", "epoch", "step"], how="left", nulls_equal=True)
+    times = np.zeros((steps.height, len(names)))
+    index = [column[n] for n in zip(rows["cat"].to_list(), rows["name"].to_list())]
+    times[rows["k"].to_numpy(), index] = rows["dur"].to_numpy()
+    return StepTimes(names, times)
+
+
+def _log_shift(base: np.ndarray, new: np.ndarray) -> tuple[float, float, float]:
+    """Hodges-Lehmann estimate of new - base (the median of the differences of every
+    pair, one value from each) with its 95 % interval from the Mann-Whitney ranks:
+    distribution-free, no assumption on the values' shape."""
+    base, new = _kept(base), _kept(new)
+    pairs = np.sort(np.subtract.outer(new, base).ravel())
+    m, k = len(base), len(new)
+    cut = max(0, math.floor(m * k / 2 - _Z * math.sqrt(m * k * (m + k + 1) / 12)))
+    return float(np.median(pairs)), float(pairs[cut]), float(pairs[m * k - 1 - cut])
+
+
+def _kept(values: np.ndarray) -> np.ndarray:
+    if len(values) <= STEPS_KEPT:
+        return values
+    return np.quantile(values, (np.arange(STEPS_KEPT) + 0.5) / STEPS_KEPT)
+
+
+def _step_shifts(base: StepTimes, new: StepTimes, threshold: float,
+                 step_us: float | None = None) -> dict[tuple[str, str], _Shift]:
+    """The names whose time per step moved against the rest of the step (the other
+    names' time in the same step: the machine's speed and its load at that moment,
+    seen by the rest of the work) enough to change the step by more than the
+    threshold (its time per step in BASE times its move, over ``step_us``, BASE's mean
+    step; the names' time per step without it), with 95 % intervals that exclude no move.
+
+    One name at a time: the one that moved most is taken out of the rest before the
+    others are judged again (a name that grew makes every other look smaller against
+    it). Names with spans in fewer than eight steps of a run, or under 1 % of the
+    time, are not judged."""
+    shared = [name for name in base.names if name in new.names]
+    if len(shared) < 2:
+        return {}
+    columns = (np.array([base.names.index(n) for n in shared]), np.array([new.names.index(n) for n in shared]))
+    times = (base.times[:, columns[0]], new.times[:, columns[1]])
+    total = times[0].sum() or 1.0
+    judged = [i for i in range(len(shared))
+              if min((times[0][:, i] > 0).sum(), (times[1][:, i] > 0).sum()) >= _SPEED_MIN_COUNT
+              and times[0][:, i].sum() >= _SPEED_MIN_SHARE * total]
+    rest_of = [t.sum(axis=1) for t in times]
+    shifts: dict[tuple[str, str], _Shift] = {}
+    while True:
+        best = None
+        for i in judged:
+            if shared[i] in shifts:
+                continue
+            logs = []
+            for t, rest in zip(times, rest_of):
+                x, others = t[:, i], rest - t[:, i]
+                ok = (x > 0) & (others > 0)
+                logs.append(np.log(x[ok] / others[ok]))
+            if min(len(logs[0]), len(logs[1])) < _SPEED_MIN_COUNT:
+                continue
+            estimate, low, high = _log_shift(*logs)
+            if low <= 0 <= high:
+                continue
+            # The name's time per step in BASE turns its move into the step's.
+            share = times[0][:, i].sum() / len(times[0]) / (step_us or rest_of[0].mean() or 1.0)
+
+            def step(log: float, share: float = share) -> float:
+                return share * math.expm1(log)
+
+            shift = _Shift(estimate, low, high, step(estimate), step(low), step(high))
+            if abs(shift.step) > threshold and (best is None or abs(shift.step) > abs(best[1].step)):
+                best = (i, shift)
+        if best is None:
+            return shifts
+        i, shift = best
+        shifts[shared[i]] = shift
+        rest_of = [rest - t[:, i] for t, rest in zip(times, rest_of)]
+
+
+#: The share of the steps' time the names must hold for their moves alone to judge the
+#: step figures (else time outside the names' spans may have changed unseen).
+_COVERED = 0.5
+
+
+def _covered(run: Summary, steps: StepTimes) -> float:
+    """The share of a run's rank-step time that its names' spans with a step number hold
+    (nested names counted once each, so this may pass 1)."""
+    total = (run.step_stats.get("mean_us") or 0) * (run.step_stats.get("count") or 0)
+    return float(steps.times.sum()) / total if total else 0.0
+
+
+#: Step figures the names' moves judge.
+_STEP_FIGURES = ("step.p50", "step.p95", "step.mean")
+
+
+def _by_steps(figure: _Figure, shifts: dict[tuple[str, str], _Shift]) -> tuple[tuple[float, float], float] | None:
+    """(interval of the change, the part the machine and the noise explain) of a figure
+    judged by the names' moves against the rest of their steps: a step figure by the
+    moved names' part of it, a moved name's mean by its own move; None for other
+    figures, or when no name moved (the blocks of steps judge a step figure then: time
+    outside the names' spans may have changed)."""
+    if figure.base is None or figure.new is None or not figure.base or not shifts:
+        return None
+    change = figure.new - figure.base
+    if figure.metric in _STEP_FIGURES:
+        steps = [sum(getattr(v, key) for v in shifts.values()) for key in ("step", "step_low", "step_high")]
+        rest = change - steps[0] * figure.base
+        return (rest + steps[1] * figure.base, rest + steps[2] * figure.base), rest
+    if figure.section != "categories" or not figure.metric.endswith(".mean"):
+        return None
+    cat, _, name = figure.metric[: -len(".mean")].partition(".")
+    shift = shifts.get((cat, name))
+    if shift is None:
+        return None
+    rest = change - figure.base * math.expm1(shift.estimate)
+    return (rest + figure.base * math.expm1(shift.low), rest + figure.base * math.expm1(shift.high)), rest
 
 
 #: Sections whose time figures scale with the machine's speed.
@@ -258,7 +486,12 @@ def compare_runs(base: Any, new: Any, *, threshold: float = DEFAULT_THRESHOLD, *
     def runs(side: Any) -> list[Summary]:
         return [summarize(r, **options) for r in side] if isinstance(side, list) else [summarize(side, **options)]
 
-    return compare_summaries(runs(base), runs(new), threshold=threshold)
+    bases, news = runs(base), runs(new)
+    steps = None
+    if len(bases) == len(news) == 1:
+        one = (base[0] if isinstance(base, list) else base, new[0] if isinstance(new, list) else new)
+        steps = (step_times(one[0]), step_times(one[1]))
+    return compare_summaries(bases, news, threshold=threshold, steps=steps)
 
 
 #: Blocks of consecutive steps a single run is cut into to estimate step-level noise
@@ -624,6 +857,10 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
         if diff.speed is not None:
             lines.append(f"  machine speed: the names took {diff.speed:.3f}x as long in new (median over "
                          "names, weighed by time); time figures are judged by their change beyond that")
+        if diff.moved:
+            moved = ", ".join(f"{name} ({step * 100:+.1f}% of the step)" for name, step in diff.moved.items())
+            lines.append(f"  moved against the rest of their steps, outside the noise: {moved}; "
+                         "step figures are judged by that part")
     lines.append("")
     flagged = diff.flagged
     threshold = f"{diff.threshold * 100:g}%"

@@ -7,9 +7,10 @@ turn any TraceTable into a file.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
@@ -60,38 +61,49 @@ def write_trace(trace: TraceTable, path: str | os.PathLike[str]) -> None:
     if kind == "parquet":
         write_parquet(trace, path)
         return
+    with _open_lines(path, kind) as write:
+        write(_meta_lines(trace, _first_times(trace.events)))
+        write(_event_lines(trace.events))
+
+
+@contextlib.contextmanager
+def _open_lines(path: str | os.PathLike[str], kind: str) -> Iterator[Callable[[Iterable[bytes]], None]]:
+    """A function that writes lines to ``path`` (``.gz``/``.zst`` compressed by its
+    name) between the opening ``[`` and the closing ``]``, in batches."""
     name = os.fspath(path)
-    if name.endswith(".zst"):
-        import zstandard
+    separator = b",\n" if kind == "chrome" else b"\n"
+    with contextlib.ExitStack() as stack:
+        if name.endswith(".zst"):
+            import zstandard
 
-        with open(path, "wb") as raw, zstandard.ZstdCompressor().stream_writer(raw) as fh:
-            _write_lines(fh, _trace_lines(trace), separator=b"\n")
-        return
-    opener = gzip.open if name.endswith(".gz") else open
-    with opener(path, "wb") as fh:
-        _write_lines(fh, _trace_lines(trace), separator=b",\n" if kind == "chrome" else b"\n")
+            raw = stack.enter_context(open(path, "wb"))
+            fh: IO[bytes] = stack.enter_context(zstandard.ZstdCompressor().stream_writer(raw))
+        else:
+            fh = stack.enter_context((gzip.open if name.endswith(".gz") else open)(path, "wb"))
+        fh.write(b"[\n")
+        written = [False]
+
+        def write(lines: Iterable[bytes]) -> None:
+            batch: list[bytes] = []
+            for line in lines:
+                batch.append(line)
+                if len(batch) == _BATCH:
+                    fh.write((separator if written[0] else b"") + separator.join(batch))
+                    batch, written[0] = [], True
+            if batch:
+                fh.write((separator if written[0] else b"") + separator.join(batch))
+                written[0] = True
+
+        yield write
+        fh.write(b"\n]\n")
 
 
-def _write_lines(fh: IO[bytes], lines: Iterator[bytes], separator: bytes) -> None:
-    fh.write(b"[\n")
-    batch: list[bytes] = []
-    written = False
-    for line in lines:
-        batch.append(line)
-        if len(batch) == _BATCH:
-            fh.write((separator if written else b"") + separator.join(batch))
-            batch, written = [], True
-    if batch:
-        fh.write((separator if written else b"") + separator.join(batch))
-    fh.write(b"\n]\n")
+def _meta_lines(trace: TraceTable, first_ts: dict[int, int]) -> Iterator[bytes]:
+    """Metadata first (Perfetto recognises JSON by a leading object).
 
-
-def _trace_lines(trace: TraceTable) -> Iterator[bytes]:
-    """Metadata first (Perfetto recognises JSON by a leading object), then events.
-
-    Every event has a ``ts``: metadata takes its process's first event time (the
-    trace's first, for a process without events), as strict readers expect."""
-    first_ts = _first_times(trace.events)
+    Every record has a ``ts``: metadata takes its process's first event time
+    (``first_ts``, by pid; the trace's first, for a process without events), as
+    strict readers expect."""
     default_ts = min(first_ts.values(), default=0)
     for row in trace.meta.iter_rows(named=True):
         event: dict[str, Any] = {"name": row["name"]}
@@ -104,7 +116,6 @@ def _trace_lines(trace: TraceTable) -> Iterator[bytes]:
     for pid, args in _identity_records(trace):
         yield orjson.dumps({"name": fmt.META_PROCESS_INFO, "cat": fmt.CAT_TRACER, "pid": pid, "tid": pid,
                             "ts": first_ts.get(pid, default_ts), "ph": "M", "args": args})
-    yield from _event_lines(trace.events)
 
 
 def _first_times(events: pl.DataFrame) -> dict[int, int]:

@@ -21,12 +21,18 @@ _PARQUET_VERSION = 1
 def write_parquet(trace: Any, path: str | os.PathLike[str]) -> None:
     """Write the events as Parquet, with processes, threads and metadata records
     stored in the file's key-value metadata so :func:`load_traces` reads it back."""
+    trace.events.write_parquet(path, metadata=parquet_document(trace))
+
+
+def parquet_document(trace: Any) -> dict[str, str]:
+    """The key-value metadata of a Parquet file of ``trace``'s events: its processes
+    and metadata records, which :func:`load_traces` reads back."""
     document = {
         "version": _PARQUET_VERSION,
         "processes": trace.processes.select("host", "pid", "rank").to_dicts(),
         "meta": trace.meta.to_dicts(),
     }
-    trace.events.write_parquet(path, metadata={_PARQUET_KEY: orjson.dumps(document).decode()})
+    return {_PARQUET_KEY: orjson.dumps(document).decode()}
 
 
 def read_parquet_parts(path: str, wanted: Sequence[str]) -> tuple[pl.DataFrame, list[dict[str, Any]]]:

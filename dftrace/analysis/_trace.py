@@ -182,21 +182,11 @@ def assemble(
     require_content(parts)
     keys = [partition_keys(p) for p in parts]
     resolution = resolve_parts(parts, keys)
-    procs = resolution.processes
     frames = []
     for part, part_keys in zip(parts, keys):
         if not part.events.height:
             continue
-        path = part.partition.path
-        mapping = pl.DataFrame(
-            {
-                "pid": [pid for pid, _ in part_keys],
-                HOST_KEY: [key for _, key in part_keys],
-                "host": [procs[resolution.process_of(path, pid, key)].host for pid, key in part_keys],
-                "rank": [procs[resolution.process_of(path, pid, key)].rank for pid, key in part_keys],
-            },
-            schema={"pid": pl.Int64, HOST_KEY: pl.String, "host": pl.String, "rank": pl.Int32},
-        )
+        mapping = process_mapping(part.partition.path, part_keys, resolution).drop("_order")
         events = part.events.with_columns(pl.col("pid").fill_null(0))
         frames.append(
             events.join(mapping, on=["pid", HOST_KEY], how="left", maintain_order="left").drop(HOST_KEY)
@@ -218,6 +208,23 @@ def assemble(
         meta=meta_frame(resolution),
         files=file_reports(parts, [p.events.height for p in parts]),
         activity=_activity(parts, resolution),
+    )
+
+
+def process_mapping(path: str, keys: Sequence[tuple[int, str]], resolution: Resolution) -> pl.DataFrame:
+    """pid, host_key -> host, rank and ``_order`` (the process's index in
+    ``resolution.processes``) for the events of one partition of ``path``."""
+    index = [resolution.process_of(path, pid, key) for pid, key in keys]
+    procs = resolution.processes
+    return pl.DataFrame(
+        {
+            "pid": [pid for pid, _ in keys],
+            HOST_KEY: [key for _, key in keys],
+            "host": [procs[i].host for i in index],
+            "rank": [procs[i].rank for i in index],
+            "_order": index,
+        },
+        schema={"pid": pl.Int64, HOST_KEY: pl.String, "host": pl.String, "rank": pl.Int32, "_order": pl.Int64},
     )
 
 

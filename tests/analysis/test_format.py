@@ -216,3 +216,31 @@ def test_format_module_imports_no_analysis_stack():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_nesting_checked_through_sorted_runs_on_disk(tmp_path, monkeypatch):
+    """With a few spans per sorted run on disk, the nesting and parent rules find what
+    they find in memory (children written before their parents, as dftrace writes
+    them; parents found on the stack or, on another thread, by id), and the runs are
+    removed afterwards."""
+    from dftrace import _nesting
+
+    lines = [b"[", _meta()]
+    for step in range(20):  # valid: each parent written after its two children
+        base, parent = 100 * step + 1000, 3 * step + 100
+        lines += [_span(base + 1, 2, id=parent + 1, p_idx=parent, level=2),
+                  _span(base + 4, 2, id=parent + 2, p_idx=parent, level=2), _span(base, 10, id=parent)]
+    lines += [_span(10, 10, id=1, pid=8, tid=8), _span(15, 10, id=2, pid=8, tid=8),  # overlap
+              _span(10, 5, id=2, p_idx=1, level=2, pid=9, tid=9), _span(20, 5, id=1, pid=9, tid=9),  # not enclosing
+              _span(11, 2, id=2, p_idx=1, level=3, pid=10, tid=10), _span(10, 5, id=1, pid=10, tid=10),  # level
+              _span(11, 2, id=2, p_idx=1, level=2, pid=11, tid=12), _span(10, 5, id=1, pid=11, tid=11)]  # thread
+    path = _write(tmp_path, lines)
+    first = 2 + 60
+    expected = [(first + 2, "nesting"), (first + 3, "parent"), (first + 5, "level"), (first + 7, "parent")]
+    assert _rules(path) == expected
+    monkeypatch.setattr(_nesting, "RUN_SPANS", 4)
+    runs = tmp_path / "tmp"
+    runs.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(runs))
+    assert _rules(path) == expected
+    assert list(runs.iterdir()) == []
