@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,9 @@ import _requirements  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The summary's index of files already read goes to a directory of the run's own,
+    # never the user's cache (commands the tests start inherit it).
+    os.environ["DFTRACE_INDEX_DIR"] = tempfile.mkdtemp(prefix="dftrace-index-")
     config.addinivalue_line(
         "markers", "needs(capability): the test skips without this capability; "
         "DFTRACE_TEST_REQUIRE=capability,... makes that skip a failure")
