@@ -115,7 +115,8 @@ def load_partials(path: str, partition_bytes: int) -> list[Partial] | None:
         return None
 
 
-def store_partials(path: str, identity: dict[str, Any] | None, partition_bytes: int, partials: Sequence[Partial]) -> bool:
+def store_partials(path: str, identity: dict[str, Any] | None, partition_bytes: int,
+                   partials: Sequence[Partial]) -> bool:
     """Write the entry of ``path`` when the file still is as ``identity`` (taken before
     it was read) says; True when written."""
     if identity is None or not partials or identity != file_identity(path):
