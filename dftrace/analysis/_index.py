@@ -106,12 +106,8 @@ def load_partials(path: str, partition_bytes: int) -> list[Partial] | None:
         return None
     try:
         with open(entry, "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    try:
-        return _decoded(data, path, partition_bytes)
-    except Exception:  # a damaged entry is no entry
+            return _decoded(fh, path, partition_bytes)
+    except Exception:  # no entry, or a damaged one: the same as none
         return None
 
 
@@ -123,10 +119,6 @@ def store_partials(path: str, identity: dict[str, Any] | None, partition_bytes: 
         return False
     if any(p.source.activity is not None for p in partials):
         return False  # profiler traces hold their events: not worth an entry
-    try:
-        data = _encoded(path, identity, partition_bytes, partials)
-    except Exception:  # metadata JSON cannot hold (an int beyond 64 bits): no entry
-        return False
     directory = index_dir()
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -135,26 +127,30 @@ def store_partials(path: str, identity: dict[str, Any] | None, partition_bytes: 
         fd, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                _write_entry(fh, path, identity, partition_bytes, partials)
             os.replace(temporary, _entry_path(path))
         except BaseException:
             os.unlink(temporary)
             raise
-    except OSError:
+    except Exception:  # no room, no rights, metadata JSON cannot hold (an int beyond 64 bits): no entry
         return False
     return True
 
 
-def _encoded(path: str, identity: dict[str, Any], partition_bytes: int, partials: Sequence[Partial]) -> bytes:
-    frames: list[bytes] = []
+def _write_entry(fh: Any, path: str, identity: dict[str, Any], partition_bytes: int,
+                 partials: Sequence[Partial]) -> None:
+    """The tables one after the other (Arrow IPC), then the JSON header saying where
+    each one is, then the header's length: written as made, never held whole."""
+    fh.write(_MAGIC)
+    spans: list[tuple[int, int]] = []
 
     def table(frame: pl.DataFrame | None) -> int | None:
         if frame is None:
             return None
-        buffer = io.BytesIO()
-        frame.write_ipc(buffer, compression="uncompressed")
-        frames.append(buffer.getvalue())
-        return len(frames) - 1
+        start = fh.tell()
+        frame.write_ipc(fh, compression="uncompressed")
+        spans.append((start, fh.tell()))
+        return len(spans) - 1
 
     described = []
     for p in partials:
@@ -168,32 +164,32 @@ def _encoded(path: str, identity: dict[str, Any], partition_bytes: int, partials
         })
     header = orjson.dumps({
         "fingerprint": _analysis_fingerprint(), "path": os.path.realpath(path), "identity": identity,
-        "partition_bytes": partition_bytes, "partials": described, "sizes": [len(f) for f in frames],
+        "partition_bytes": partition_bytes, "partials": described, "spans": spans,
     })
-    return b"".join([_MAGIC, struct.pack("<Q", len(header)), header, *frames])
+    fh.write(header)
+    fh.write(struct.pack("<Q", len(header)))
 
 
-def _decoded(data: bytes, path: str, partition_bytes: int) -> list[Partial] | None:
-    if not data.startswith(_MAGIC):
+def _decoded(fh: Any, path: str, partition_bytes: int) -> list[Partial] | None:
+    """The partials of the entry open as ``fh``, a table read at a time."""
+    if fh.read(len(_MAGIC)) != _MAGIC:
         return None
-    (length,) = struct.unpack_from("<Q", data, len(_MAGIC))
-    start = len(_MAGIC) + 8
-    header = orjson.loads(data[start:start + length])
+    size = fh.seek(0, os.SEEK_END)
+    fh.seek(size - 8)
+    (length,) = struct.unpack("<Q", fh.read(8))
+    fh.seek(size - 8 - length)
+    header = orjson.loads(fh.read(length))
     if (header["fingerprint"] != _analysis_fingerprint() or header["path"] != os.path.realpath(path)
             or header["partition_bytes"] != partition_bytes or header["identity"] != file_identity(path)):
         return None
-    view = memoryview(data)
-    offsets = []
-    position = start + length
-    for size in header["sizes"]:
-        offsets.append((position, position + size))
-        position += size
+    spans = header["spans"]
 
     def table(i: int | None) -> pl.DataFrame | None:
         if i is None:
             return None
-        begin, end = offsets[i]
-        return pl.read_ipc(io.BytesIO(view[begin:end]))
+        begin, end = spans[i]
+        fh.seek(begin)
+        return pl.read_ipc(io.BytesIO(fh.read(end - begin)))
 
     partials = []
     for d in header["partials"]:
