@@ -42,7 +42,7 @@ def main() -> None:
     for path in args.paths:
         size = os.path.getsize(path) / 1e6
         ours = best_of(args.repeat, lambda: load_traces(path, progress=False))
-        summary = best_of(args.repeat, lambda: summarize(path, progress=False))
+        summary = best_of(args.repeat, lambda: summarize(path, progress=False, index=False))
         hta = best_of(args.repeat, lambda: parse_trace_dataframe(path, ParserConfig.get_default_cfg()))
         print(f"{path} ({size:.2f} MB): dftrace load_traces {ours:.3f} s, summarize {summary:.3f} s; "
               f"HTA parse_trace_dataframe {hta:.3f} s")

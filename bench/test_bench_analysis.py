@@ -6,8 +6,9 @@ and ``dftrace summary`` side by side with dftracer-utils' ``dftracer_stats``.
 The side-by-side cases run whole processes one after the other and record each
 one's CPU time (user + system) and peak resident memory from the kernel's
 accounting of the finished process: ``dftracer_stats --report detailed --group-by
-name`` once building its index and once reading it, and ``dftrace summary`` (twice:
-the second run is what a repeated question costs). They need dftracer-utils
+name`` once building its index and once reading it, and ``dftrace summary`` once
+reading every file (and writing its index) and once reading its index: what a
+repeated question costs. They need dftracer-utils
 (``pip install 'dftrace[bench]'``) and are skipped without it; dftracer_stats reads
 gzip and plain files, so they compare on gzip traces (8 files of 4M events, 16
 files of 10M events).
@@ -253,7 +254,7 @@ def _run(benchmark, fn, events: int, size: int, rounds: int, **info) -> None:
 @pytest.mark.benchmark(group="analysis-10M")
 def test_summary_embedded_10m(benchmark, bench_root):
     directory, size = _trace(bench_root, 10_000_000)
-    _run(benchmark, lambda: summarize(directory, progress=False), 10_000_000, size, rounds=2)
+    _run(benchmark, lambda: summarize(directory, progress=False, index=False), 10_000_000, size, rounds=2)
 
 
 @skip_big
@@ -261,20 +262,20 @@ def test_summary_embedded_10m(benchmark, bench_root):
 @pytest.mark.benchmark(group="analysis-10M")
 def test_summary_dask2_10m(benchmark, bench_root, dask2):
     directory, size = _trace(bench_root, 10_000_000)
-    _run(benchmark, lambda: summarize(directory, executor=dask2, progress=False), 10_000_000, size,
+    _run(benchmark, lambda: summarize(directory, executor=dask2, progress=False, index=False), 10_000_000, size,
          rounds=2, dask_startup_s=round(dask2.startup_s, 2))
 
 
 @pytest.mark.benchmark(group="analysis-1M")
 def test_summary_embedded_1m(benchmark, bench_root):
     directory, size = _trace(bench_root, 1_000_000)
-    _run(benchmark, lambda: summarize(directory, progress=False), 1_000_000, size, rounds=3)
+    _run(benchmark, lambda: summarize(directory, progress=False, index=False), 1_000_000, size, rounds=3)
 
 
 @pytest.mark.benchmark(group="analysis-1M")
 def test_summary_dask2_1m(benchmark, bench_root, dask2):
     directory, size = _trace(bench_root, 1_000_000)
-    _run(benchmark, lambda: summarize(directory, executor=dask2, progress=False), 1_000_000, size,
+    _run(benchmark, lambda: summarize(directory, executor=dask2, progress=False, index=False), 1_000_000, size,
          rounds=3, dask_startup_s=round(dask2.startup_s, 2))
 
 
@@ -293,10 +294,11 @@ _STATS = shutil.which("dftracer_stats") or shutil.which("dftracer_stats", path=o
 needs_stats = pytest.mark.skipif(_STATS is None, reason="dftracer-utils is not installed: pip install 'dftrace[bench]'")
 
 
-def _whole_process(command: list[str], log: Path) -> dict[str, float]:
+def _whole_process(command: list[str], log: Path, env: dict[str, str] | None = None) -> dict[str, float]:
     """CPU seconds (user + system) and peak RSS (MB) of one finished process."""
     with open(log, "wb") as err:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
+                                env=None if env is None else {**os.environ, **env})
         _, status, usage = os.wait4(proc.pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, log.read_text()[-2000:]
     return {"cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024)}
@@ -311,9 +313,12 @@ def _side_by_side(benchmark, bench_root: Path, tmp_path: Path, events: int, rank
         "dftracer_stats_first": _whole_process(stats, tmp_path / "stats1.log"),
         "dftracer_stats_indexed": _whole_process(stats, tmp_path / "stats2.log"),
     }
+    # The first run reads every file and writes the index, the second reads the index.
+    index = {"DFTRACE_INDEX_DIR": str(tmp_path / "dftrace-index")}
     runs = []
-    benchmark.pedantic(lambda: runs.append(_whole_process(ours, tmp_path / "summary.log")), rounds=2, iterations=1)
-    figures["dftrace_summary"], figures["dftrace_summary_again"] = runs
+    benchmark.pedantic(lambda: runs.append(_whole_process(ours, tmp_path / "summary.log", index)), rounds=2,
+                       iterations=1)
+    figures["dftrace_summary"], figures["dftrace_summary_indexed"] = runs
     benchmark.extra_info.update(events=events, files=ranks, uncompressed_mb=round(size / 2**20),
                                 load_1min=round(os.getloadavg()[0], 2), **figures)
 
@@ -340,7 +345,7 @@ def test_summary_process_10m_zstd(benchmark, bench_root, tmp_path):
     """The 10M-event trace in 16 zstd files (which dftracer_stats does not read): the
     whole ``dftrace summary`` process."""
     directory, size = _trace(bench_root, 10_000_000)
-    ours = [sys.executable, "-m", "dftrace", "summary", str(directory), "--json", "--no-progress"]
+    ours = [sys.executable, "-m", "dftrace", "summary", str(directory), "--json", "--no-progress", "--no-index"]
     runs = []
     benchmark.pedantic(lambda: runs.append(_whole_process(ours, tmp_path / "summary.log")), rounds=2, iterations=1)
     benchmark.extra_info.update(events=10_000_000, files=RANKS, uncompressed_mb=round(size / 2**20),

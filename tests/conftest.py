@@ -9,8 +9,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,11 +27,18 @@ import _requirements  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The summary's index of files already read goes to a directory of the run's own,
+    # never the user's cache (commands the tests start inherit it).
+    config._dftrace_index_dir = os.environ["DFTRACE_INDEX_DIR"] = tempfile.mkdtemp(prefix="dftrace-index-")
     config.addinivalue_line(
         "markers", "needs(capability): the test skips without this capability; "
         "DFTRACE_TEST_REQUIRE=capability,... makes that skip a failure")
     config.pluginmanager.register(_process_groups.ProcessGroups(config), "dftrace-process-groups")
     config.pluginmanager.register(_requirements.Requirements(), "dftrace-requirements")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(getattr(config, "_dftrace_index_dir", ""), ignore_errors=True)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -147,7 +147,7 @@ _FOLD = 8
 #: while it is read, whatever its size.
 SUMMARY_PIECE_BYTES = 16 << 20
 
-_TABLES = ("durations", "steps", "containers", "collectives", "epochs", "epoch_spans", "intervals",
+PARTIAL_TABLES = ("durations", "steps", "containers", "collectives", "epochs", "epoch_spans", "intervals",
            "self_times", "orphans", "openers", "extents", "overlap")
 
 
@@ -155,7 +155,7 @@ def compacted(partial: Partial) -> Partial:
     """``partial`` with each table in one chunk of exactly its size: the partials of
     every partition are held until they are combined, so the spare capacity and
     chunk lists the reduction left behind would be held with them."""
-    for kind in _TABLES:
+    for kind in PARTIAL_TABLES:
         setattr(partial, kind, getattr(partial, kind).rechunk().shrink_to_fit())
     if partial.modelled is not None:
         partial.modelled = partial.modelled.rechunk().shrink_to_fit()
@@ -189,7 +189,7 @@ def aggregate(data: PartitionData) -> Partial:
     pieces = [_aggregate_process(frame, key) for key, frame in _by_process(spans)]
     tables = {
         kind: pl.concat([p[kind] for p in pieces], how="vertical") if pieces else _EMPTY[kind]
-        for kind in _TABLES
+        for kind in PARTIAL_TABLES
     }
     return Partial(source, partition_keys(data), phases=phases, **tables)
 

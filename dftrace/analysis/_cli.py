@@ -37,6 +37,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--top", type=int, default=20, metavar="N", help="rows of the longest tables (default 20)")
     _execution(p)
+    _index_option(p)
     p.set_defaults(func=_run_summary)
 
     p = subparsers.add_parser(
@@ -49,6 +50,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
     p.add_argument("--title", default="dftrace report", help="page title")
     _execution(p)
+    _index_option(p)
     p.set_defaults(func=_run_report)
 
     p = subparsers.add_parser(
@@ -121,6 +123,12 @@ def _execution(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-progress", action="store_true", help="never show a progress bar")
 
 
+def _index_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-index", action="store_true",
+                        help="read every file, and keep nothing in the index of files already read "
+                        "($DFTRACE_INDEX_DIR, else $XDG_CACHE_HOME/dftrace/index)")
+
+
 def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
     """A command that needs the modules ``needs`` (checked before anything imports them)
     and turns expected failures (no such or unreadable file, bad option, missing extra) into a message."""
@@ -178,7 +186,7 @@ def _run_summary(args: argparse.Namespace) -> int:
     from ._summary import summarize
 
     with _Run(args) as options:
-        summary = summarize(args.paths, **options)
+        summary = summarize(args.paths, **options, index=not args.no_index)
     sys.stdout.write(summary.to_json() if args.json else _printable(render_text(summary, top=args.top)))
     if args.json:
         sys.stdout.write("\n")
@@ -191,7 +199,7 @@ def _run_report(args: argparse.Namespace) -> int:
     from ._summary import summarize
 
     with _Run(args) as options:
-        summary = summarize(args.paths, **options)
+        summary = summarize(args.paths, **options, index=not args.no_index)
     write_html(summary, args.output, title=args.title)
     print(f"wrote {args.output} ({os.path.getsize(args.output) / 1e6:.1f} MB)")
     return 0

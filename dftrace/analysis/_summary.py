@@ -25,6 +25,7 @@ from .. import format as fmt
 from ._aggregate import GROUPS, Combined, Partial, aggregate, combine, aggregate_partition
 from ._decode import PartitionData
 from ._executor import default_executor
+from ._index import file_identity, load_partials, store_partials
 from ._gpu import dftrace_files_with_gpu, gpu_answers, gpu_by_span, gpu_steps, without_profiler_steps
 from ._kineto import activity_schema
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
@@ -122,13 +123,15 @@ def summarize(
     executor: Any = None,
     partition_bytes: int = DEFAULT_PARTITION_BYTES,
     progress: bool | None = None,
+    index: bool = True,
 ) -> Summary:
     """Summarise trace files (or an already loaded :class:`TraceTable`).
 
     Files are cut into partitions; each is parsed and reduced to partial aggregates
     where it is read (a thread here, or a Dask worker with a :class:`DaskExecutor`),
     and the partials are combined exactly here. Only the columns the summary needs
-    are decoded.
+    are decoded. With ``index``, the partials of each file are kept in the index
+    (see ``_index``) and taken from there while the file is unchanged.
     """
     if isinstance(source, TraceTable):
         combined = combine([_partial_of_trace(source)])
@@ -139,10 +142,7 @@ def summarize(
                                             combined.activity, combined.resolution)
         return summary
     skipped: list[str] = []
-    plan = plan_partitions(expand_paths(as_path_list(source), skipped), partition_bytes)
-    partials = default_executor(executor).map(
-        aggregate_partition, plan, progress=progress, desc="summarising"
-    )
+    partials = _partials(expand_paths(as_path_list(source), skipped), executor, partition_bytes, progress, index)
     require_content([p.source for p in partials], sum(int(p.phases.get_column("n").sum()) for p in partials))
     combined = combine(partials)
     del partials  # the per-partition tables are merged: free them before the answers are built
@@ -159,6 +159,22 @@ def summarize(
 
 
 _SPAN_COLUMNS = ["pid", "tid", "cat", "name", "ph", "ts", "dur"]
+
+
+def _partials(files: list[str], executor: Any, partition_bytes: int, progress: bool | None,
+              index: bool) -> list[Partial]:
+    """The partials of ``files``, in file order: from the index where it holds those of
+    an unchanged file, else read (and then kept in the index)."""
+    known = {path: load_partials(path, partition_bytes) for path in files} if index else {}
+    unread = [path for path in files if known.get(path) is None]
+    identities = {path: file_identity(path) for path in unread} if index else {}
+    plan = plan_partitions(unread, partition_bytes)
+    read: dict[str, list[Partial]] = {}
+    for partial in default_executor(executor).map(aggregate_partition, plan, progress=progress, desc="summarising"):
+        read.setdefault(partial.source.partition.path, []).append(partial)
+    for path, partials in read.items() if index else ():
+        store_partials(path, identities[path], partition_bytes, partials)
+    return [p for path in files for p in (known.get(path) or read.get(path, []))]
 
 
 def _partial_of_trace(trace: TraceTable) -> Partial:
@@ -760,7 +776,7 @@ def _distributions(durations: pl.DataFrame) -> list[dict[str, Any]]:
     totals = (
         durations.group_by("cat", "name")
         .agg(pl.col("total").sum())
-        .sort("total", descending=True)
+        .sort(["total", "cat", "name"], descending=[True, False, False])
         .head(DISTRIBUTIONS)
     )
     out = []

@@ -207,11 +207,12 @@ def test_processes_are_the_units_when_no_rank_is_known(samples):
 
 
 def test_progress_bar_when_asked(run_dir, capsys, monkeypatch):
-    """progress=True draws a tqdm bar on stderr (on a terminal this is the default)."""
+    """progress=True draws a tqdm bar on stderr (on a terminal this is the default)
+    while files are read (not when the index holds them all)."""
     from dftrace.analysis import _executor
 
     monkeypatch.setattr(_executor, "_PROGRESS_DELAY_S", 0)
-    summarize(run_dir, progress=True)
+    summarize(run_dir, progress=True, index=False)
     assert "summarising" in capsys.readouterr().err
 
 
