@@ -1,7 +1,7 @@
 """The documented CI line against a busy machine: same-code (A/A) pairs and pairs with a
 planted forward, each pair one run per side.
 
-    python bench/diff_noise.py [--same 20] [--planted 3] [--extra 24] [--busy 3] [--out DIR]
+    python bench/diff_noise.py [--same 20] [--planted 3] [--extra 24] [--steps 48] [--busy 3] [--out DIR]
 
 Starts ``--busy`` processes spinning on the CPU, then runs pairs of the timed loop of
 tests/analysis/_timed_job.py (48 steps of 240 work units; ``--extra`` units added to
@@ -25,8 +25,8 @@ JOB = Path(__file__).resolve().parents[1] / "tests" / "analysis" / "_timed_job.p
 STEPS = 48
 
 
-def _job(out: Path, extra: int) -> Path:
-    subprocess.run([sys.executable, str(JOB), str(out), str(STEPS), str(extra)], check=True, timeout=600)
+def _job(out: Path, extra: int, steps: int = STEPS) -> Path:
+    subprocess.run([sys.executable, str(JOB), str(out), str(steps), str(extra)], check=True, timeout=600)
     return out
 
 
@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--same", type=int, default=20, help="A/A pairs (default 20)")
     parser.add_argument("--planted", type=int, default=3, help="planted pairs (default 3)")
     parser.add_argument("--extra", type=int, default=24, help="work units added to each forward (default 24)")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per run (default {STEPS})")
     parser.add_argument("--busy", type=int, default=3, help="spinning processes (default 3)")
     parser.add_argument("--out", help="keep the runs here (default: a temporary directory)")
     args = parser.parse_args()
@@ -55,8 +56,8 @@ def main() -> None:
             root = Path(args.out or tmp)
             kinds = ["planted"] * args.planted + ["same"] * args.same
             for i, kind in enumerate(kinds):
-                base = _job(root / f"{kind}{i}" / "base", 0)
-                new = _job(root / f"{kind}{i}" / "new", args.extra if kind == "planted" else 0)
+                base = _job(root / f"{kind}{i}" / "base", 0, args.steps)
+                new = _job(root / f"{kind}{i}" / "new", args.extra if kind == "planted" else 0, args.steps)
                 code, data = _judge(base, new)
                 step = next(r for r in data["rows"] if r["metric"] == "step.p50")
                 reason = data["regression"]["reason"] if code else "passed"

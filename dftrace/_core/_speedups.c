@@ -1582,25 +1582,33 @@ static struct {
     void *by_level[13];
 } gz;
 
+/* The system's libdeflate, opened once (NULL without it). */
+static void *libdeflate(void) {
+    static int tried = 0;
+    static void *handle = NULL;
+    if (tried)
+        return handle;
+    tried = 1;
+    static const char *names[] = {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so",
+                                  "libdeflate.dylib"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !handle; i++)
+        handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    return handle;
+}
+
 static int load_gzip(void) {
     if (gz.tried)
         return gz.gzip != NULL;
     gz.tried = 1;
-    static const char *names[] = {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so",
-                                  "libdeflate.dylib"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!h)
-            continue;
-        gz.alloc = (deflate_alloc_fn)dlsym(h, "libdeflate_alloc_compressor");
-        gz.gzip = (deflate_gzip_fn)dlsym(h, "libdeflate_gzip_compress");
-        gz.bound = (deflate_bound_fn)dlsym(h, "libdeflate_gzip_compress_bound");
-        if (gz.alloc && gz.gzip && gz.bound)
-            return 1;
-        gz.gzip = NULL;
-        dlclose(h); /* an incomplete library: not used */
-    }
-    return 0;
+    void *h = libdeflate();
+    if (!h)
+        return 0;
+    gz.alloc = (deflate_alloc_fn)dlsym(h, "libdeflate_alloc_compressor");
+    gz.gzip = (deflate_gzip_fn)dlsym(h, "libdeflate_gzip_compress");
+    gz.bound = (deflate_bound_fn)dlsym(h, "libdeflate_gzip_compress_bound");
+    if (!(gz.alloc && gz.gzip && gz.bound))
+        gz.gzip = NULL; /* an incomplete library: not used */
+    return gz.gzip != NULL;
 }
 
 /* gzip decoding from the same library (libdeflate_gzip_decompress_ex decodes one
@@ -1619,21 +1627,15 @@ static int load_gunzip(void) {
     if (gunz.tried)
         return gunz.gunzip != NULL;
     gunz.tried = 1;
-    static const char *names[] = {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so",
-                                  "libdeflate.dylib"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!h)
-            continue;
-        gunz.alloc = (inflate_alloc_fn)dlsym(h, "libdeflate_alloc_decompressor");
-        gunz.release = (inflate_free_fn)dlsym(h, "libdeflate_free_decompressor");
-        gunz.gunzip = (gunzip_ex_fn)dlsym(h, "libdeflate_gzip_decompress_ex");
-        if (gunz.alloc && gunz.release && gunz.gunzip)
-            return 1;
+    void *h = libdeflate();
+    if (!h)
+        return 0;
+    gunz.alloc = (inflate_alloc_fn)dlsym(h, "libdeflate_alloc_decompressor");
+    gunz.release = (inflate_free_fn)dlsym(h, "libdeflate_free_decompressor");
+    gunz.gunzip = (gunzip_ex_fn)dlsym(h, "libdeflate_gzip_decompress_ex");
+    if (!(gunz.alloc && gunz.release && gunz.gunzip))
         gunz.gunzip = NULL;
-        dlclose(h);
-    }
-    return 0;
+    return gunz.gunzip != NULL;
 }
 #else
 static int load_zstd(void) { return 0; }
