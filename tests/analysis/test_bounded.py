@@ -11,12 +11,13 @@ import subprocess
 import sys
 import zlib
 
-import numpy as np
 import orjson
 import pytest
 import tracegen
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+import numpy as np  # noqa: E402 (the analysis extra brings it)
 
 from dftrace.analysis import summarize  # noqa: E402
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 import tracegen
+from _peak_memory import PEAK_MB
 import zstandard
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
@@ -54,7 +55,7 @@ def _trace(folder: Path, steps: int) -> Path:
 def _run(*argv: str) -> tuple[int, float]:
     """Exit code and peak memory (MB) of ``dftrace argv`` in a fresh interpreter that
     decodes pieces of PIECE bytes."""
-    code = textwrap.dedent(f"""
+    code = PEAK_MB + textwrap.dedent(f"""
         import contextlib, io, resource
         from dftrace import format as fmt
         whole = fmt.iter_line_pieces
@@ -65,7 +66,7 @@ def _run(*argv: str) -> tuple[int, float]:
         from dftrace.cli import main
         with contextlib.redirect_stdout(io.StringIO()):
             rc = main({list(argv)!r})
-        print(rc, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        print(rc, peak_mb())
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 import tracegen
+from _peak_memory import PEAK_MB
 import zstandard
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
@@ -167,13 +168,13 @@ def test_empty_or_garbage_input_is_an_error(tmp_path, capsys, content):
 
 def _peak_rss_mb(*argv: str) -> tuple[int, float, str]:
     """Exit code, peak memory (MB) and output of ``dftrace argv`` in a fresh interpreter."""
-    code = textwrap.dedent(f"""
+    code = PEAK_MB + textwrap.dedent(f"""
         import contextlib, io, resource, sys
         from dftrace.cli import main
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             rc = main({list(argv)!r})
-        print(rc, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        print(rc, peak_mb())
         print(out.getvalue())
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
