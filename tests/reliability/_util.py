@@ -165,3 +165,15 @@ def fuse_mount(helper: str, mnt: Any, *args: str,
         daemon.kill()
         daemon.wait()
         _unmount(mnt)
+
+
+def wait_for_end(out, timeout: float = 30.0) -> str:
+    """The drainer completes the file of a process gone without finalize (killed, or
+    exited without it): wait until the file in ``out`` ends with ']'."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = files(out)
+        if found and last_line(found[0]) == b"]":
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no complete file in {out}: {files(out)}")

@@ -13,20 +13,9 @@ from dftrace import testing
 from dftrace._core import signals as _signals
 
 from ._ends import N
-from ._util import HERE, assert_valid, drainer_writes, files, last_line, meta, run, spans, start
+from ._util import HERE, assert_valid, drainer_writes, files, last_line, meta, run, spans, start, wait_for_end
 
 ENDS = os.path.join(HERE, "_ends.py")
-
-
-def _wait_for_end(out, timeout: float = 30.0) -> str:
-    """The drainer completes the file of a process gone without finalize: wait for it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = files(out)
-        if found and last_line(found[0]) == b"]":
-            return found[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no complete file in {out}: {files(out)}")
 
 
 def _events(out) -> list[dict]:
@@ -111,7 +100,7 @@ def test_os_exit_keeps_everything_flushed_before_it(tmp_path):
     out = run([ENDS, "os-exit", str(tmp_path)])
     assert out.returncode == 5, out.stderr
     if drainer_writes():
-        path = _wait_for_end(tmp_path)
+        path = wait_for_end(tmp_path)
         assert_valid([path])
         events = testing.read_events(path)
         assert len(spans(events, "backward")) == 5

@@ -22,7 +22,7 @@ from dftrace import ai, testing
 from dftrace._core import engine as _rec
 
 from ._util import HERE, assert_valid, clean_env, events_by_pid, files, fuse_mount, \
-    fuse_unusable, last_line, meta, run, spans, start, write_script
+    fuse_unusable, last_line, meta, run, spans, start, wait_for_end, write_script
 
 pytestmark = [
     *needs_marks("native", native_engine_missing()),
@@ -148,17 +148,6 @@ def _kernel() -> tuple[int, ...]:
     return tuple(int(p) for p in release[:2] if p.isdigit())
 
 
-def _wait_for_end(path_dir, timeout: float = 20.0) -> str:
-    """The drainer completes a killed process's file: wait until it ends with ']'."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        paths = files(path_dir)
-        if paths and last_line(paths[0]) == b"]":
-            return paths[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no complete file in {path_dir}: {files(path_dir)}")
-
-
 @pytest.mark.parametrize("run_no", range(2))
 @pytest.mark.parametrize("writer", ["process", ""])
 def test_kill9_loses_nothing_committed(tmp_path, run_no, writer):
@@ -195,7 +184,7 @@ def test_kill9_loses_nothing_committed(tmp_path, run_no, writer):
     emitted = ended()
     if reap_first:
         proc.wait()  # reaped before the drainer looks: its pidfd still tells the signal
-    path = _wait_for_end(out)
+    path = wait_for_end(out)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert_valid([path])
@@ -231,7 +220,7 @@ def test_exit_without_finalize_is_said_in_the_file(tmp_path):
     assert proc.stdout.readline().strip() == "done"
     proc.stdin.write("\n")
     proc.stdin.flush()
-    path = _wait_for_end(tmp_path)
+    path = wait_for_end(tmp_path)
     assert proc.wait() == 3
     events = testing.read_events(path)
     assert len(spans(events, "forward")) == 10
@@ -585,7 +574,7 @@ def test_drops_under_a_full_ring_and_a_stopped_drainer_are_counted_exactly(tmp_p
     script = write_script(tmp_path, STOPPED_DRAINER)
     out = run([script, str(tmp_path / "t"), on_full, str(n)], timeout=600)
     assert out.returncode == 0, out.stderr
-    path = _wait_for_end(tmp_path)
+    path = wait_for_end(tmp_path)
     assert_valid([path])
     events = testing.read_events(path)
     written = len(spans(events, "forward"))
