@@ -409,28 +409,46 @@ MAX_SLEW_PPM = 500
 ANCHOR_READ_US = 2
 
 
-def clock_bound_us(anchor_wall_ns: int | None, profiler_start_ns: int) -> float | None:
-    """How far apart dftrace's and the profiler's times of one instant can be.
+def clock_bound_us(anchors: list[tuple[int, int]], at_ns: int) -> float | None:
+    """How far apart dftrace's and the profiler's times of one instant (``at_ns``)
+    can be, given the process's clock anchors ((wall_ns, mono_ns), the first one
+    dftrace's own).
 
     Both are wall-clock times of a monotonic clock: dftrace adds the wall-minus-monotonic
-    offset read when it initialised (its clock anchor); the profiler calibrates its clock
-    against the wall clock when it starts. They differ by how much the wall clock moved
-    against the monotonic clock between the two calibrations (NTP slews it by at most
-    MAX_SLEW_PPM) plus the reading of each pair. None without a dftrace anchor (the
-    process has no dftrace trace). A step of the wall clock in between (``date -s``, an
-    NTP step) is beyond this bound.
+    offset read at its first anchor; the profiler calibrates its clock against the wall
+    clock when it starts. They differ by how far the wall clock moved against the
+    monotonic clock between the two calibrations. An anchor read when the profiler
+    started (``profile_steps`` writes one per window) measures that move (its drift
+    from the first anchor); from the last anchor before ``at_ns`` on, NTP can slew the
+    wall clock by at most MAX_SLEW_PPM; plus the reading of the pairs. None without an
+    anchor (the process has no dftrace trace). A step of the wall clock after the last
+    anchor (``date -s``, an NTP step) is beyond this bound.
     """
-    if anchor_wall_ns is None:
+    if not anchors:
         return None
-    return round(ANCHOR_READ_US + MAX_SLEW_PPM * 1e-6 * abs(profiler_start_ns - anchor_wall_ns) / 1000, 1)
+    first_wall, first_mono = anchors[0]
+    wall, mono = anchors[0]
+    for a_wall, a_mono in anchors[1:]:
+        if a_wall <= at_ns:
+            wall, mono = a_wall, a_mono
+    drift_us = abs((wall - mono) - (first_wall - first_mono)) / 1000
+    return round(ANCHOR_READ_US + drift_us + MAX_SLEW_PPM * 1e-6 * abs(at_ns - wall) / 1000, 1)
+
+
+#: A step the profiler recorded less of than this share (a sliver at a window's edge:
+#: the profiler starts and stops inside the optimizer's step) has no GPU row.
+MIN_PROFILED_SHARE = 0.1
 
 
 def gpu_steps(activity: pl.DataFrame | None, process_steps: pl.DataFrame, resolution: Resolution) -> list[dict[str, Any]]:
-    """Per step of each process with steps and GPU activity: the shares of the step
-    in which some kernel (``gpu_busy_pct``) and some computation kernel
-    (``gpu_compute_pct``) ran, the kernels launched in the step and their GPU time,
-    and the host time spent waiting for the GPU in it (see docs/analysis.md, "GPU
-    traces"). Stream syncs are not GPU work here.
+    """Per step of each process with steps and GPU activity, for the steps the
+    profiler recorded (in part or whole; ``profiled_pct``: how much of the step it
+    recorded, its ``ProfilerStep#N`` spans, else the span of its activity; at least
+    ``MIN_PROFILED_SHARE``): the
+    shares of the recorded part in which some kernel (``gpu_busy_pct``) and some
+    computation kernel (``gpu_compute_pct``) ran, the kernels launched in the step
+    and their GPU time, and the host time spent waiting for the GPU in it (see
+    docs/analysis.md, "GPU traces"). Stream syncs are not GPU work here.
 
     Steps are integer µs since the epoch (dftrace's clock), activity ns since the epoch
     (the profiler's): both are wall-clock times, compared as they are."""
@@ -442,6 +460,9 @@ def gpu_steps(activity: pl.DataFrame | None, process_steps: pl.DataFrame, resolu
     launched = device.join(launches.select(*LAUNCH_KEY, pl.col("start_ns").alias("launch_ns")),
                            on=LAUNCH_KEY, how="inner")
     waits = sync_waits(activity)
+    # what the profiler recorded: its ProfilerStep#N spans, else all its activity
+    marked = activity.filter(pl.col("step").is_not_null())
+    recorded = activity.group_by("proc").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
     rows = []
     for (proc,), steps in process_steps.filter(pl.col("proc").is_in(device.get_column("proc").unique().implode())
                                                ).partition_by("proc", as_dict=True).items():
@@ -457,20 +478,27 @@ def gpu_steps(activity: pl.DataFrame | None, process_steps: pl.DataFrame, resolu
         durations = np.concatenate([[0], np.cumsum((kernels.get_column("end_ns") - kernels.get_column("start_ns")).to_numpy())])
         first, last = np.searchsorted(at, lo, side="left"), np.searchsorted(at, hi, side="left")
         process = resolution.processes[proc]
-        bound = clock_bound_us(process.wall_ns, int(activity.filter(pl.col("proc") == proc)
-                                                    .get_column("start_ns").min()))
+        windows = marked.filter(pl.col("proc") == proc)
+        if not windows.height:
+            windows = recorded.filter(pl.col("proc") == proc)
+        profiled = _covered(windows, lo, hi)
         for i, step in enumerate(steps.iter_rows(named=True)):
             span_ns = hi[i] - lo[i]
+            if profiled[i] <= 0 or profiled[i] < MIN_PROFILED_SHARE * span_ns:
+                continue  # not recorded, or a window's edge: too little to judge the step by
+
             rows.append({
                 "rank": process.rank, "host": process.host, "pid": process.pid, "epoch": step["epoch"],
                 "step": step["step"], "start_us": step["start"], "dur_us": step["end"] - step["start"],
-                "gpu_busy_pct": round(100 * busy[i] / span_ns, 2) if span_ns else None,
-                "gpu_compute_pct": round(100 * compute[i] / span_ns, 2) if span_ns else None,
+                "profiled_pct": round(100 * profiled[i] / span_ns, 2) if span_ns else None,
+                "gpu_busy_pct": round(100 * busy[i] / profiled[i], 2),
+                "gpu_compute_pct": round(100 * compute[i] / profiled[i], 2),
                 "kernels_launched": int(last[i] - first[i]),
                 "kernel_us_launched": round((durations[last[i]] - durations[first[i]]) / 1000, 3),
                 "sync_wait_us": round(waited[i] / 1000, 3),
-                "clock_bound_us": bound,
+                "clock_bound_us": clock_bound_us(process.anchors, int(lo[i])),
             })
+    rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["host"], r["pid"], r["start_us"]))
     return rows
 
 

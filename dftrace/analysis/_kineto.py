@@ -16,8 +16,10 @@ What becomes of it:
   (older traces: since the Unix epoch, with no base); the events table has them as
   integer microseconds since the epoch like every other trace;
 - ``ProfilerStep#N`` spans carry ``step`` N;
-- the rank is ``distributedInfo.rank``; the host is ``host_name``, else the file
-  name's stem (so ranks of one job never merge into one process);
+- the rank is ``distributedInfo.rank``; the host is ``host_name`` (which
+  ``profile_steps`` writes), else the host in the name of the dftrace file the
+  document was written beside, else the file name's stem (so ranks of one job
+  never merge into one process);
 - the GPU activity table (:func:`activity_schema`) keeps, at nanosecond resolution,
   what the GPU answers need: device-side activity, the runtime/driver calls that
   launched it (joined by ``correlation``) and the ``ProfilerStep#N`` spans.
@@ -117,9 +119,9 @@ class KinetoDocument:
         self.base_ns = base or 0
         info = doc.get("distributedInfo")
         self.rank = _int(info.get("rank")) if isinstance(info, dict) else None
-        host = doc.get("host_name")
-        self.host = host if isinstance(host, str) and host else _stem(path)
         self.host_pid = self._host_pid()
+        host = doc.get("host_name")
+        self.host = host if isinstance(host, str) and host else _host_from_name(path, self.host_pid)
 
     def _host_pid(self) -> int:
         """The profiled process: the pid labelled CPU, else the one most CPU-side events have."""
@@ -153,8 +155,22 @@ def us_to_ns(us: float | int) -> int:
     return int(whole) * 1000 + round((us - whole) * 1000)
 
 
-def _stem(path: str) -> str:
-    return os.path.basename(path).split(".", 1)[0] or "unknown"
+#: ``profile_steps``' file names: the dftrace file's name, then the profiled steps.
+_WINDOW_NAME = re.compile(r"^(?P<stem>.+)\.steps-\d+-\d+\.pt\.trace\.json(\.gz|\.zst)?$")
+
+
+def _host_from_name(path: str, pid: int) -> str:
+    """The host of a document that does not name it: the host in the name of the
+    dftrace file it was written beside (``profile_steps``' naming, when that file's
+    pid is the profiled one), else the file name's first component (so ranks of one
+    job never merge into one process)."""
+    base = os.path.basename(path)
+    window = _WINDOW_NAME.match(base)
+    if window is not None:
+        parsed = fmt.parse_trace_filename(window["stem"] + ".pfw")
+        if parsed is not None and parsed.pid == pid:
+            return parsed.host
+    return base.split(".", 1)[0] or "unknown"
 
 
 #: Columns of the GPU activity table, at nanosecond resolution. ``stream`` is set for

@@ -31,6 +31,10 @@ class Process:
     #: Clock anchor: wall and monotonic clocks (ns) read at one instant at start-up.
     wall_ns: int | None = None
     mono_ns: int | None = None
+    #: Every clock anchor of the process, (wall_ns, mono_ns), the first one above
+    #: included: later ones (``profile_steps`` writes one per profiler window) say how
+    #: far the wall clock had moved against dftrace's clock by then.
+    anchors: list[tuple[int, int]] = field(default_factory=list)
     #: Events the writer reported as dropped.
     dropped: int = 0
     #: How the process ended when the trace says (``process_end``: "killed by signal 9").
@@ -209,9 +213,12 @@ def _apply(proc: Process, record: dict[str, Any]) -> None:
         rank = _as_int(args.get("rank"))
         if rank is not None:
             proc.rank = rank
-    elif name == fmt.META_CLOCK_ANCHOR and proc.wall_ns is None:
-        proc.wall_ns = _as_int(args.get("wall_ns"))
-        proc.mono_ns = _as_int(args.get("mono_ns"))
+    elif name == fmt.META_CLOCK_ANCHOR:
+        wall, mono = _as_int(args.get("wall_ns")), _as_int(args.get("mono_ns"))
+        if proc.wall_ns is None:
+            proc.wall_ns, proc.mono_ns = wall, mono
+        if wall is not None and mono is not None and (wall, mono) not in proc.anchors:
+            proc.anchors.append((wall, mono))
     elif name == fmt.META_DROPPED:
         proc.dropped += _as_int(args.get("count")) or 0
     elif name == fmt.META_PROCESS_END and isinstance(args.get("how"), str):

@@ -331,14 +331,16 @@ def _gpu(summary: Summary, top: int) -> list[str]:
                         [(_short(k["name"]), k["type"], k["count"], format_us(k["total_us"]), format_us(k["mean_us"]))
                          for k in first["top_kernels"][:5]], (False, False, True, True, True))
     if summary.gpu_steps:
-        lines.append("  per step (kernels launched in the step, GPU time of those kernels; sync wait: host time in "
-                     "calls waiting for the GPU):")
+        lines.append("  per step the profiler recorded (recorded: its share of the step; GPU busy and compute: "
+                     "of the recorded part; kernels launched in the step, GPU time of those kernels; sync wait: "
+                     "host time in calls waiting for the GPU):")
         rows = [("-" if s["rank"] is None else s["rank"], "-" if s["epoch"] is None else s["epoch"], s["step"],
-                 format_us(s["dur_us"]), _share(s["gpu_busy_pct"]), _share(s["gpu_compute_pct"]),
-                 s["kernels_launched"], format_us(s["kernel_us_launched"]), format_us(s["sync_wait_us"]))
+                 format_us(s["dur_us"]), _share(s["profiled_pct"]), _share(s["gpu_busy_pct"]),
+                 _share(s["gpu_compute_pct"]), s["kernels_launched"], format_us(s["kernel_us_launched"]),
+                 format_us(s["sync_wait_us"]))
                 for s in summary.gpu_steps[:top]]
-        lines += _table(("rank", "epoch", "step", "step time", "GPU busy", "GPU compute", "kernels", "GPU time",
-                         "sync wait"), rows, (True,) * 9)
+        lines += _table(("rank", "epoch", "step", "step time", "recorded", "GPU busy", "GPU compute", "kernels",
+                         "GPU time", "sync wait"), rows, (True,) * 10)
         if len(summary.gpu_steps) > top:
             lines.append(f"  ... {len(summary.gpu_steps) - top} more steps (--top, or --json)")
     if summary.gpu_spans:

@@ -389,7 +389,8 @@ def _categories(durations: pl.DataFrame, self_times: pl.DataFrame) -> list[dict[
     # The spread of the durations (sample standard deviation), for diff's intervals.
     spread = merged.group_by("cat", "name").agg(std_expr().alias("std_us"))
     stats = stats.join(spread, on=["cat", "name"], how="left")
-    rows = stats.sort("total_us", descending=True).to_dicts()
+    # ties in total broken by name, so the order is the same however the files were read
+    rows = stats.sort(["total_us", "name"], descending=[True, False]).to_dicts()
     rows.sort(key=lambda r: _category_order(r["cat"]))
     return [_round(r) for r in rows]
 

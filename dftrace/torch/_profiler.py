@@ -16,7 +16,9 @@ profiler exists: a step costs one hook call, a counter and a comparison.
 from __future__ import annotations
 
 import os
+import platform
 import re
+import time
 from typing import Any
 
 import torch
@@ -36,6 +38,27 @@ def _stem() -> str:
     if path:
         return _TRACE_SUFFIX.sub("", path)
     return os.path.join(os.getcwd(), f"profile-{os.getpid()}")
+
+
+def _hostname() -> str:
+    from .._core.session import session
+
+    s = session()
+    return getattr(s, "hostname", None) or platform.node()
+
+
+def _clock_anchor() -> None:
+    """Wall and monotonic clocks read now, into the dftrace trace: the profiler has
+    just calibrated its clock against the wall clock, so the analysis learns how far
+    the wall clock had moved against dftrace's clock since ``initialize`` and bounds
+    the two traces' difference by that, not by the time since then."""
+    from .. import format as fmt
+    from .._core import engine
+    from .._core.session import session
+
+    if session() is not None:
+        engine.record_special(engine.META, {"name": fmt.META_CLOCK_ANCHOR, "args": {
+            "wall_ns": time.time_ns(), "mono_ns": time.perf_counter_ns(), "clock": "perf_counter_ns"}})
 
 
 def _positive(name: str, value: Any, minimum: int) -> int:
@@ -120,6 +143,10 @@ class StepProfiler:
         profiler.step_num = start
         profiler.current_action = profiler.schedule(start)
         profiler.start()
+        # The host as dftrace's own metadata names it: the analysis joins the two
+        # files of one process by host and pid (the profiler does not write its host).
+        profiler.add_metadata("host_name", _hostname())
+        _clock_anchor()
         self._profiler = profiler
 
     def _end_window(self) -> None:

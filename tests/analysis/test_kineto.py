@@ -275,6 +275,11 @@ def hta_figures(directory: Path) -> dict[Any, dict[str, Any]]:
 ])
 def test_gpu_figures_match_hta(tmp_path: Path, options: dict[str, Any]) -> None:
     kinetogen.write_job(tmp_path, **options)
+    assert_figures_match_hta(tmp_path)
+
+
+def assert_figures_match_hta(tmp_path: Path) -> None:
+    """Every rank's GPU figures from ``summarize`` equal HTA's for the traces there."""
     reference = hta_figures(tmp_path)
     gpu = summarize(tmp_path).gpu
     by_type = reference.pop("kernel_type_us")
@@ -532,6 +537,7 @@ def test_real_profiler_and_dftrace_share_one_clock(tmp_path: Path) -> None:
     trace = load_traces(tmp_path / "traces")
     assert trace.processes.height == 1
     anchor = trace.processes.get_column("wall_ns")[0]
+    mono = trace.processes.get_column("mono_ns")[0]
     events = trace.events
     spans = {s: r for r in events.filter(events["name"] == "forward").iter_rows(named=True) for s in [r["step"]]}
     annotations = events.filter(events["name"].str.starts_with("fwd"))
@@ -540,7 +546,7 @@ def test_real_profiler_and_dftrace_share_one_clock(tmp_path: Path) -> None:
 
     for row in annotations.iter_rows(named=True):
         outer = spans[int(row["name"][3:])]
-        bound = clock_bound_us(anchor, row["ts"] * 1000)
+        bound = clock_bound_us([(anchor, mono)], row["ts"] * 1000)
         assert outer["ts"] - bound <= row["ts"]
         assert row["ts"] + row["dur"] <= outer["ts"] + outer["dur"] + bound
         assert row["tid"] == outer["tid"]
@@ -675,3 +681,90 @@ def test_real_tensorboard_handler_gzip_files(tmp_path: Path) -> None:
     steps = sorted(int(e["name"].split("#")[1]) for doc in docs for e in host_events(doc)
                    if e["name"].startswith("ProfilerStep#"))
     assert sorted({s["step"] for s in summary.steps}) == steps
+
+
+# --- real GPU traces: a two-rank DDP job on an NVIDIA H200 ------------------------------
+# tests/data/gpu-h200, written by bench/gpu_job.py (2 ranks, gloo on one GPU, an MLP
+# under DistributedDataParallel, profile_steps every 10 steps, 2 active): each rank's
+# dftrace file, its DataLoader workers' files and three profiler windows.
+
+GPU_JOB = Path(__file__).resolve().parents[1] / "data" / "gpu-h200"
+WINDOWS = ("steps-8-9", "steps-18-19", "steps-28-29")
+
+
+@pytest.mark.filterwarnings("ignore")  # HTA's pandas deprecations and its 0/0 without communication
+@pytest.mark.parametrize("window", WINDOWS)
+def test_real_gpu_traces_match_hta(tmp_path: Path, window: str) -> None:
+    """On real kernels, copies and sets of an H200, each window's figures are HTA's."""
+    windows = sorted(GPU_JOB.glob(f"*.{window}.pt.trace.json.gz"))
+    assert len(windows) == 2
+    for path in windows:
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    assert_figures_match_hta(tmp_path)
+
+
+def _document(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rb") as fh:
+        return orjson.loads(fh.read())
+
+
+def test_real_gpu_job_joined_to_dftrace_steps() -> None:
+    """dftrace's files and the profiler's windows of one rank are one process; each
+    dftrace step the profiler recorded (a tenth of it or more) has a row whose kernel
+    count and GPU time are those of the kernels launched in it, counted here from the
+    profiler's own JSON, and the clock bound comes from the anchor of its window."""
+    summary = summarize(GPU_JOB, index=False)
+    assert summary.overview["ranks"] == 2
+    assert summary.overview["processes"] == 10  # 2 ranks and their 8 loader workers
+    rows = {(r["rank"], r["epoch"], r["step"]): r for r in summary.gpu_steps}
+    expected_rows = set()
+    for rank in (0, 1):
+        docs = [_document(p) for p in sorted(GPU_JOB.glob(f"train-rank{rank}-*.pt.trace.json.gz"))]
+        assert len(docs) == 3
+        kernels, recorded = [], []
+        for doc in docs:
+            base, events = doc["baseTimeNanoseconds"], doc["traceEvents"]
+            launch = {e["args"]["correlation"]: base + round(e["ts"] * 1000) for e in events
+                      if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+            kernels += [(launch[e["args"]["correlation"]], e["dur"]) for e in events
+                        if e.get("cat") in GPU_CATS and e["args"].get("correlation") in launch]
+            recorded += [(base + round(e["ts"] * 1000), base + round((e["ts"] + e["dur"]) * 1000))
+                         for e in events if e.get("cat") == "user_annotation" and str(e.get("name")).startswith("ProfilerStep#")]
+        assert len(kernels) > 300
+        mine = [step for step in summary.rank_steps if step["rank"] == f"rank {rank}"]
+        assert len(mine) == 32  # 2 epochs of 16 steps
+        # rank_steps' times are relative to the run's start: one row gives the origin
+        some = next(r for r in rows.values() if r["rank"] == rank)
+        origin = some["start_us"] - next(s["start_us"] for s in mine if (s["epoch"], s["step"]) ==
+                                         (some["epoch"], some["step"]))
+        for step in mine:
+            lo = (origin + step["start_us"]) * 1000
+            hi = lo + step["dur_us"] * 1000
+            seen = sum(max(0, min(hi, b) - max(lo, a)) for a, b in recorded)
+            if seen == 0 or seen < 0.1 * (hi - lo):
+                continue
+            key = (rank, step["epoch"], step["step"])
+            expected_rows.add(key)
+            row = rows[key]
+            assert row["start_us"] * 1000 == lo and row["dur_us"] == step["dur_us"]
+            inside = [dur for at, dur in kernels if lo <= at < hi]
+            assert row["kernels_launched"] == len(inside)
+            assert row["kernel_us_launched"] == pytest.approx(sum(inside), abs=0.01)
+            assert row["profiled_pct"] == pytest.approx(100 * seen / (hi - lo), abs=0.1)
+            assert 0 < row["clock_bound_us"] < 100
+    assert set(rows) == expected_rows
+    assert len(rows) == 12  # two steps of each of three windows, per rank
+
+
+def test_window_without_host_name_joins_by_its_file_name(tmp_path: Path) -> None:
+    """A profiler window that does not name its host (written by an older dftrace)
+    still joins the dftrace file it is named after: the host comes from that name."""
+    for path in GPU_JOB.glob("train-rank0-vm-495.*"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    window = tmp_path / "train-rank0-vm-495.steps-8-9.pt.trace.json.gz"
+    doc = _document(window)
+    del doc["host_name"]
+    window.write_bytes(gzip.compress(orjson.dumps(doc)))
+    summary = summarize(tmp_path, index=False)
+    assert summary.overview["processes"] == 1
+    assert {(r["epoch"], r["step"]) for r in summary.gpu_steps} >= {(0, 8), (0, 9)}

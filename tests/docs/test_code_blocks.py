@@ -7,7 +7,7 @@ The convention (CONTRIBUTING.md says the same):
   run with ``bash -euo pipefail``. Both run in a new directory holding ``traces/`` (a
   four-rank run of the toy pipeline), DFTracer's sample directories
   (``dftracer-2.0.3/``, ...), ``ddp-run/`` (two DDP ranks, tests/data/ddp-run),
-  ``ddp-buckets/`` and ``diff-runs/`` (tests/data), and ``gpu-job/`` (PyTorch
+  ``ddp-buckets/`` and ``diff-runs/`` (tests/data), ``gpu-h200/`` (a real GPU job), and ``gpu-job/`` (PyTorch
   profiler traces of two GPU ranks, tests/data/gpu-job), and must exit with status 0.
 - ``console`` blocks are shell sessions: each ``$ `` line is a command that runs the
   same way and must not fail (status 0, or 1 for ``dftrace validate``, which reports
@@ -248,7 +248,7 @@ def prepared(tmp_path_factory) -> Path:
     for sample in SAMPLES.iterdir():
         if sample.is_dir():
             shutil.copytree(sample, where / sample.name)
-    for name in ("ddp-run", "ddp-buckets", "diff-runs", "gpu-job"):
+    for name in ("ddp-run", "ddp-buckets", "diff-runs", "gpu-job", "gpu-h200"):
         shutil.copytree(ROOT / "tests" / "data" / name, where / name)
     return where
 

@@ -57,6 +57,35 @@ def test_windows_of_steps_are_written_beside_the_dftrace_file(tmp_path):
     assert len(steps) == 12
 
 
+def test_windows_name_their_host_and_anchor_the_clock(tmp_path):
+    """Each window's file names the host as dftrace's metadata does (the analysis joins
+    the two files of one process by host and pid), and dftrace's trace gets a clock
+    anchor read as each window's profiler started, after the one of initialize()."""
+    s = dftrace.initialize(log_file=str(tmp_path / "run"))
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dft.profile_steps(opt, every=5, active=2) as prof:
+        _train(opt, model, 12)
+    dftrace.finalize()
+    hosts = set()
+    for path in prof.paths:
+        with gzip.open(path, "rt") as fh:
+            hosts.add(json.load(fh)["host_name"])
+    events = testing.read_events(s.path)
+    (host,) = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "HH"}
+    assert hosts == {host}
+    anchors = [e["args"] for e in events if e.get("ph") == "M" and e["name"] == "clock_anchor"]
+    # three windows began: steps 3-4, 8-9, and one at step 12, stopped in its warm-up
+    assert len(prof.paths) == 2 and len(anchors) == 1 + 3
+    assert all(a["wall_ns"] > 0 and a["mono_ns"] > 0 for a in anchors)
+    assert [a["mono_ns"] for a in anchors] == sorted(a["mono_ns"] for a in anchors)
+    pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+    from dftrace.analysis import load_traces
+
+    trace = load_traces(tmp_path)
+    assert trace.processes.height == 1  # dftrace's file and the windows are one process
+
+
 def test_a_window_cut_short_by_stop_is_written(tmp_path):
     """stop() during an active window writes what was recorded; no optimizer: .step()."""
     dftrace.initialize(log_file=str(tmp_path / "run"))
