@@ -540,7 +540,8 @@ def iter_line_pieces(path: str | os.PathLike[str], start: int = 0, end: int | No
             _split_tail(chunks, tail)
             size -= tail
             tail = 0
-            long_lines.append(sum(c.count(b"\n") for c in chunks) + 1)
+            long_lines.append(sum(bytes(c).count(b"\n") if isinstance(c, memoryview) else c.count(b"\n")
+                                  for c in chunks) + 1)
             skipping = True
         if size >= piece_bytes and size > tail:
             rest = _split_tail(chunks, tail)

@@ -210,10 +210,14 @@ def bombs(tmp_path_factory):
     return line_bomb, event_bomb
 
 
-@pytest.mark.parametrize("command", [["summary"], ["validate"], ["watch", "--once"]])
-def test_a_line_bomb_is_one_broken_line_in_bounded_memory(bombs, command):
+@pytest.mark.parametrize("command", [
+    ["summary"], ["validate"], ["watch", "--once"], ["report", "-o", "{out}.html"],
+    ["convert", "-o", "{out}.pfw", "--no-progress"], ["merge", "-o", "{out}.pfw", "--no-progress"],
+    ["sql", "SELECT count(*) AS n FROM events"], ["diff", "{bomb}"]])
+def test_a_line_bomb_is_one_broken_line_in_bounded_memory(bombs, command, tmp_path):
     """A 33 kB file that expands to a 1 GiB line: one broken line (longer than the
-    cap), read in well under 1 GB of memory."""
+    cap) in every command, read in well under 1 GB of memory."""
+    command = [c.format(out=tmp_path / "out", bomb=bombs[0]) for c in command]
     rc, peak, out = _peak_rss_mb(*command, str(bombs[0]))
     assert peak < 1000, peak
     if command == ["summary"]:
