@@ -827,6 +827,8 @@ def _signed(unit: str, value: float | None) -> str:
 def _change(row: DiffRow) -> tuple[str, str, str]:
     """(change, relative change, interval) as printed."""
     if row.change is None:
+        if row.base is None and row.new is None:
+            return "", "", ""  # in neither run (no communication, say)
         return ("only in base" if row.new is None else "only in new"), "", ""
     relative = f"{row.relative * 100:+.1f}%" if row.relative is not None else ""
     return _signed(row.unit, row.change), relative, _interval(row) if row.low is not None else ""
