@@ -187,8 +187,11 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
 
     # decorator / options ------------------------------------------------
     def _call_py(self, fn: Any = None, /, **options: Any) -> Any:
-        if fn is not None and not options and not isinstance(fn, dict):
-            return self.decorate(fn)
+        if fn is not None and not isinstance(fn, dict):
+            if not options:
+                return self.decorate(fn)
+            # ``node(fn, args=...)``: fn decorated by the use those options make.
+            return self._call_py(**options).decorate(fn)
         if _off_for_good:
             return OFF_USE
         if isinstance(fn, dict):
@@ -543,7 +546,7 @@ class _OffUse(Use):
         self._forced = False
 
     def __call__(self, fn: Any = None, /, **options: Any) -> Any:
-        return fn if fn is not None and not options and not isinstance(fn, dict) else self
+        return fn if fn is not None and not isinstance(fn, dict) else self
 
     def update(self, args: dict[str, Any] | None = None, /, **kwargs: Any) -> None:
         pass
