@@ -356,7 +356,9 @@ def _register_diff_and_watch(subparsers: Any) -> None:
 
 @_command(*ANALYSIS)
 def _run_diff(args: argparse.Namespace) -> int:
-    from ._diff import compare_summaries, step_times, parse_percent, render_diff
+    from ._diff import compare_summaries
+    from ._render_diff import parse_percent, render_diff
+    from ._step_shifts import step_times
     from ._sources import runs_in
     from ._summary import summarize
 
