@@ -69,7 +69,7 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
         lines += _table(("metric", "base", "new", "change", "%", "95% interval", "impact"), rows,
                         (False, True, True, True, True, True, True))
         if len(flagged) > top:
-            lines.append(f"  ... {len(flagged) - top} more (--top, or --json)")
+            lines.append(f"  ... {len(flagged) - top} more (--rows, or --json)")
     else:
         lines.append(f"Nothing changed beyond {threshold} outside the noise.")
     shown_names = _busiest_names(diff, top)
@@ -86,7 +86,7 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
         lines += _table(("metric", "base", "new", "change", "%", "95% interval", "flag", "note"), table,
                         (False, True, True, True, True, True, False, False))
         if section == "categories" and hidden:
-            lines.append(f"  ... {hidden} more names (--top, or --json)")
+            lines.append(f"  ... {hidden} more names (--rows, or --json)")
     return "\n".join(lines) + "\n"
 
 
