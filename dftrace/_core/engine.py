@@ -39,7 +39,7 @@ from . import state as _state
 from .buffer import BUFFER, SPECIALS, discard_buffered, room as _room, wait_for_room, wake_consumer
 from .nvtx_ranges import close_range as nvtx_close, open_range as nvtx_open
 from .records import INCOMPLETE, META, Extra, use_native
-from .state import STATE
+from .state import STATE  # also read as engine.STATE where tree.py registers with the C engine
 
 __all__ = ["LOCAL", "Stack", "VTID_BASE", "current_stack", "new_id", "record", "record_special",
            "sticky_of"]

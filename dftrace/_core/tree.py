@@ -584,7 +584,7 @@ def refresh_all() -> None:
 
 if _rec.speedups is not None:
     _rec.speedups.set_update_slow(Node._update_py)
-    _rec.speedups.configure_hooks(STATE, Span, _NO_SPAN, _Traceable._start_py,
+    _rec.speedups.configure_hooks(_rec.STATE, Span, _NO_SPAN, _Traceable._start_py,
                                   _Traceable._stop_py, Use, _Traceable._call_py, Span._stop_py,
                                   GATE)
 
