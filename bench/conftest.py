@@ -7,7 +7,7 @@ import pytest
 
 import dftrace
 from dftrace import testing
-from dftrace._core import engine as _recorder
+from dftrace._core import buffer as _buffer
 
 
 @pytest.fixture(autouse=True)
@@ -22,5 +22,5 @@ def tracing(tmp_path):
     dftrace.initialize(log_file=str(tmp_path / "b"), flush_interval=3600, batch_size=10**9,
                        buffer_limit=10**8, inherit=False)
     yield
-    _recorder.discard_buffered()
+    _buffer.discard_buffered()
     dftrace.finalize()

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from dftrace import ai
-from dftrace._core import engine as _recorder
+from dftrace._core import buffer as _buffer
 
 LOOP = 10_000
 
@@ -33,7 +33,7 @@ def work(x, y=1):
 
 
 def _clear():
-    _recorder.discard_buffered()
+    _buffer.discard_buffered()
 
 
 def _run(benchmark, loop_fn):

@@ -30,7 +30,7 @@ import pytest
 import dftrace
 from dftrace import ai, testing
 from dftrace._core import tree as _nodes
-from dftrace._core import engine as _recorder
+from dftrace._core import buffer as _buffer
 
 LOOP = 10_000
 LOOP_E2E = 200_000
@@ -92,7 +92,7 @@ def hand_iter(it):
 
 def _clear():
     _hand_buf.clear()
-    _recorder.discard_buffered()
+    _buffer.discard_buffered()
 
 
 def _run(benchmark, loop_fn):

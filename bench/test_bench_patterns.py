@@ -113,8 +113,9 @@ _MEMORY = """
 import gc, os, sys, psutil, dftrace
 from dftrace import ai
 from dftrace._core import engine as _recorder
+from dftrace._core.state import STATE
 dftrace.initialize(log_file=sys.argv[1], buffer_limit=10**8, batch_size=10**9, flush_interval=3600)
-_recorder.STATE.consumer = None  # nothing drains: every record stays buffered
+STATE.consumer = None  # nothing drains: every record stays buffered
 @ai.compute.forward
 def f():
     pass

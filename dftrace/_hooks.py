@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
-from ._core import engine as _rec
+from ._core.state import STATE
 from ._core.tree import Node, Span
 
 __all__ = ["OpenSpans", "call_in_span", "error_args", "guarded", "warn_once"]
@@ -25,7 +25,7 @@ R = TypeVar("R")
 
 def warn_once(key: str, message: str) -> None:
     """A ``RuntimeWarning`` the first time ``key`` is seen in this process."""
-    _rec.STATE.warn_once(key, message)
+    STATE.warn_once(key, message)
 
 
 def guarded(fn: F) -> F:

@@ -26,10 +26,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._core import tree as _nodes
-from ._inspect import browse, memory
-from ._core import engine as _rec
 from ._core import session as _runtime
+from ._core.state import STATE
+from ._inspect import browse, memory
 
 __all__ = [
     "TraceResult",
@@ -284,29 +283,4 @@ def clean_state() -> Iterator[None]:
 def reset() -> None:
     """Finalize any session and restore all global state to its import-time values."""
     _runtime.finalize()
-    s = _runtime.session()
-    if s is not None:  # a session inherited through fork
-        _runtime._session = None
-    _rec.STATE.captures = 0
-    _rec.use_nvtx(False)
-    _rec.STATE.open_refused = 0
-    _rec.STATE.max_open_spans = 100_000
-    _rec.STATE.open_spans.clear()
-    _rec.STATE._warned.clear()
-    _rec.STATE.consumer = None
-    _rec.STATE.special_to_ring = None
-    if _rec.speedups is not None:
-        _rec.speedups.shm_detach()
-    _rec.install_stack(None)
-    _rec.LOCAL.thread_stk = None
-    _rec.TASK_STACK.set(None)
-    _rec.discard_buffered()
-    _rec.STATE.dropped = 0
-    _nodes.set_off_for_good(False)
-    _nodes.set_max_arg_length(1024)
-    for root in list(_nodes._roots):
-        for n in root._walk():
-            n._enabled = True
-        root.reset_args()
-    memory.reset_state()
-    _runtime._set_gate()
+    STATE.reset()

@@ -10,9 +10,10 @@ engine and the slow paths of both.
 
 A span carries the sticky args in force when it *started* (:func:`sticky_of`,
 refreshed once per ``update()``) and its own args, encoded when given
-(:class:`~.records.Extra`). The buffer limit is checked where a record is appended:
-block mode waits for the consumer there (a KeyboardInterrupt raised meanwhile
-propagates), drop mode counts.
+(:class:`~.records.Extra`). Records go to the buffer (:mod:`.buffer`, which also
+says who takes them out); its limit is checked where a record is appended: block
+mode waits for the consumer there (a KeyboardInterrupt raised meanwhile
+propagates), drop mode counts. The iterator styles live in :mod:`.iterators`.
 
 Nesting lives on a :class:`Stack` (a list of the ids of the open spans) that belongs
 to one thread, or to one asyncio task. Plain threads find theirs in a
@@ -28,25 +29,20 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-import warnings
 import weakref
 import sys
 from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any
 
+from . import state as _state
+from .buffer import BUFFER, SPECIALS, discard_buffered, room as _room, wait_for_room, wake_consumer
 from .nvtx_ranges import close_range as nvtx_close, open_range as nvtx_open
 from .records import INCOMPLETE, META, Extra, use_native
+from .state import STATE  # also read as engine.STATE where tree.py registers with the C engine
 
-__all__ = ["BUFFER", "SPECIALS", "STATE", "LOCAL", "Stack", "current_stack", "record",
-           "record_special", "new_id", "drain", "buffered", "sticky_of", "VTID_BASE"]
-
-#: The pure-Python engine's span records (tuples, see ``_events``); the C engine keeps
-#: them in native memory instead. Never rebound.
-BUFFER: list[tuple] = []
-#: Metadata, counter and instant records ``(kind, t_ns, id, tid, payload)``: rare, so
-#: they stay Python objects in both engines and are encoded by the writer.
-SPECIALS: list[tuple] = []
+__all__ = ["LOCAL", "Stack", "VTID_BASE", "current_stack", "new_id", "record", "record_special",
+           "sticky_of"]
 
 clock = perf_counter_ns
 new_id = itertools.count(1).__next__
@@ -91,87 +87,6 @@ class _ThreadLocal(threading.local):
 LOCAL = _ThreadLocal()
 TASK_STACK: ContextVar[Stack | None] = ContextVar("dftrace_task_stack", default=None)
 
-
-class _State:
-    """Process-wide recorder state; one instance, ``STATE``."""
-
-    def __init__(self) -> None:
-        self.consumer: Any = None  # object with wake(), wait_drained(limit, timeout)
-        #: With writer="process": puts a special record's line in the shared ring.
-        self.special_to_ring: Any = None
-        self._batch_size = 16384
-        self._buffer_limit = 1_048_576
-        self._drop_when_full = False
-        self._dropped = 0
-        self.woken = False  # the consumer was told a batch is ready (pure-Python engine)
-        self.captures = 0  # in-memory captures running (they open the gate too)
-        self.pid = os.getpid()
-        self.open_spans: dict[int, Stack] = {}  # id of a start() span -> its stack
-        self.max_open_spans = 100_000  # past it start() records nothing ...
-        self.open_refused = 0  # ... and counts here
-        self._sgen = 1
-        self._warned: set[str] = set()
-
-    @property
-    def sgen(self) -> int:
-        """Generation of the sticky args: update() bumps it, nodes refresh lazily."""
-        return speedups.sticky_gen() if speedups is not None else self._sgen
-
-    @property
-    def dropped(self) -> int:
-        """Records dropped (buffer full, out of memory) and counted so far."""
-        return speedups.dropped() if speedups is not None else self._dropped
-
-    @dropped.setter
-    def dropped(self, n: int) -> None:
-        if speedups is not None:
-            speedups.set_dropped(n)
-        self._dropped = n
-
-    def set_limits(self, batch_size: int, buffer_limit: int, drop_when_full: bool) -> None:
-        """Wake the consumer at ``batch_size`` records; at ``buffer_limit`` wait for it
-        (or drop and count, with ``drop_when_full``)."""
-        self._batch_size = batch_size
-        self._buffer_limit = buffer_limit
-        self._drop_when_full = bool(drop_when_full)
-        if speedups is not None:
-            speedups.set_limits(batch_size, buffer_limit, bool(drop_when_full))
-
-    batch_size = property(lambda self: self._batch_size,
-                          lambda self, v: self.set_limits(v, self._buffer_limit, self._drop_when_full))
-    buffer_limit = property(lambda self: self._buffer_limit,
-                            lambda self, v: self.set_limits(self._batch_size, v, self._drop_when_full))
-    drop_when_full = property(lambda self: self._drop_when_full,
-                              lambda self, v: self.set_limits(self._batch_size, self._buffer_limit, v))
-
-    def warn_once(self, key: str, message: str) -> None:
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        try:
-            warnings.warn(f"dftrace: {message}", RuntimeWarning, stacklevel=3)
-        except Exception:
-            pass
-
-    def reset_after_fork(self) -> None:
-        # Only the forking thread lives on in the child: give it a fresh stack so no
-        # span of the parent is anyone's parent here.
-        install_stack(None)
-        LOCAL.thread_stk = None
-        TASK_STACK.set(None)
-        self.open_spans = {}
-        self.pid = os.getpid()
-        if speedups is not None:
-            speedups.after_fork()
-            speedups.shm_detach()  # the parent's shared-memory ring is never written here
-        self.special_to_ring = None
-        discard_buffered()
-        self.dropped = 0
-        self.open_refused = 0
-        STACKS.clear()
-
-
-STATE = _State()
 
 #: NVTX ranges are on (``nvtx=True``): each span also opens and closes one (see
 #: ``nvtx_ranges``). Off, every span pays one test of this flag.
@@ -223,138 +138,6 @@ def record(kid: int, t0: int, t1: int, i: int, p: int, lvl: int, tid: int,
     n = len(BUFFER)
     if n >= STATE.batch_size and (not STATE.woken or not n & 0xFFF):
         wake_consumer()  # once per batch, then every 4096 records (see the C twin)
-
-
-def _room() -> bool:
-    """At the buffer limit: True once the consumer made room (block mode)."""
-    if STATE.drop_when_full:
-        return False
-    try:
-        wait_for_room()
-    except Exception:
-        return False
-    return len(BUFFER) < STATE.buffer_limit
-
-
-def wait_for_room() -> None:
-    """Block until the consumer drained the buffer to half its limit (or gave up).
-    Signals are not swallowed: their exceptions propagate to the recording call."""
-    c = STATE.consumer
-    if c is not None:
-        c.wait_drained(STATE.buffer_limit // 2, 10.0)
-
-
-def wake_consumer() -> None:
-    STATE.woken = True
-    c = STATE.consumer
-    if c is not None:
-        try:
-            c.wake()
-        except Exception:
-            pass
-
-
-def buffered() -> int:
-    """Span records waiting for the consumer."""
-    return speedups.buffered() if speedups is not None else len(BUFFER)
-
-
-def discard_buffered() -> None:
-    """Forget every buffered record (a forked child's copy of its parent's)."""
-    del BUFFER[:]
-    del SPECIALS[:]
-    STATE.woken = False
-    if speedups is not None:
-        speedups.reset()
-
-
-def _take_specials(encoder: Any) -> tuple[bytes, int]:
-    """The lines of every special record buffered (taken), and how many."""
-    if not SPECIALS:
-        return b"", 0
-    specials = SPECIALS[:]
-    del SPECIALS[:len(specials)]
-    return b"".join(encoder.special_line(r) for r in specials), len(specials)
-
-
-def drain(encoder: Any, max_records: int) -> tuple[bytes, int]:
-    """Take up to ``max_records`` span records (and every special record) and return
-    their lines. With the C engine the encoding runs with the GIL released."""
-    out, taken = _take_specials(encoder)
-    if speedups is not None:
-        data, n = speedups.drain(max_records, encoder.pid_piece, encoder.hh_piece,
-                                 encoder.offset_ns, encoder.min_id)
-    else:
-        n = min(len(BUFFER), max_records)
-        batch = BUFFER[:n]
-        del BUFFER[:n]
-        STATE.woken = False
-        data = encoder.encode_spans(batch)
-    return out + data if out else data, n + taken
-
-
-def native_compressions() -> tuple[str, ...]:
-    """The compressions :func:`drain_to_file` can write ("none", "zstd", "gzip"), or
-    none (the pure-Python engine; zstd needs the system's libzstd, gzip its
-    libdeflate)."""
-    return tuple(speedups.native_write()) if speedups is not None else ()
-
-
-def drain_to_file(encoder: Any, frame_records: int, max_records: int, fd: int,
-                  level: int) -> tuple[int, int, int, int, int]:
-    """Like :func:`drain`, but the C engine also compresses (``level`` < 0: none;
-    0..22: zstd at that level; 100 + n: gzip at level n) and appends to ``fd``, as frames of at most
-    ``frame_records`` records, all with the GIL released once. Returns (records
-    taken, records written, bytes written, errno or 0, the file's link count or
-    -1); on an error, written records and bytes count whole frames only."""
-    prefix, taken = _take_specials(encoder)
-    n, done, nbytes, err, nlink = speedups.drain_write(
-        fd, level, frame_records, max_records, encoder.pid_piece, encoder.hh_piece,
-        encoder.offset_ns, encoder.min_id, prefix)
-    # the specials went into the first frame: written unless that one failed
-    return n + taken, done + (taken if done or not err else 0), nbytes, err, nlink
-
-
-def write_loop(encoder: Any, frame_records: int, seconds: float, max_bytes: int, fd: int,
-               level: int) -> tuple[int, int, int, int, int] | None:
-    """The writer thread's wait with the C engine: for ``seconds`` (or until
-    :func:`kick`), write every full batch of records to ``fd`` as frames, without
-    the GIL (records still in the chunk being filled, and metadata records, are left
-    for :func:`drain_to_file`). Returns (records taken, records written, bytes
-    written, errno or 0, link count or -1), or None where the engine has no such loop (the caller waits and
-    drains instead)."""
-    loop = getattr(speedups, "write_loop", None)
-    if loop is None:
-        return None
-    return loop(fd, level, frame_records, seconds, max_bytes, encoder.pid_piece,
-                encoder.hh_piece, encoder.offset_ns, encoder.min_id)
-
-
-def kick() -> None:
-    """Make a :func:`write_loop` under way return now."""
-    k = getattr(speedups, "kick", None)
-    if k is not None:
-        k()
-
-
-def writing_since() -> float:
-    """``time.monotonic()`` when the write a :func:`write_loop` is doing began (0.0:
-    none)."""
-    w = getattr(speedups, "writing_since", None)
-    return w() if w is not None else 0.0
-
-
-def frames_written() -> int:
-    """Frames the C engine has written whole in this process (0 without it): it moves
-    frame by frame inside one long write of many frames."""
-    f = getattr(speedups, "frames_written", None)
-    return f() if f is not None else 0
-
-
-def in_flight() -> int:
-    """Records taken by a :func:`drain_to_file` that has not returned (a write
-    stuck on storage)."""
-    return speedups.in_flight() if speedups is not None else 0
 
 
 def to_extra(x: Any) -> Extra:
@@ -854,161 +637,6 @@ def close_all_open() -> int:
     return n
 
 
-# ---------------------------------------------------------------------------
-# Iterators
-# ---------------------------------------------------------------------------
-
-def iterate(obj: Any, gate: Any, iterable: Any, cap: Any = None) -> Any:
-    """``.iter()``: per item, a ``<leaf>.iter`` span (getting it) and a ``<leaf>.block``
-    span (the loop body holding it), both with ``count``. Closes on break/close/error.
-    With ``cap``, each ``.iter`` span also carries the summary of its item."""
-    if speedups is not None and cap is None:
-        return speedups.SpanIter(obj._node, gate, obj._extra, iterable)
-    return _iterate(obj, gate, iterable, cap)
-
-
-def _iterate(obj: Any, gate: Any, iterable: Any, cap: Any) -> Any:
-    node = obj._node
-    extra = obj._extra
-    ikid, bkid = node._ikid, node._bkid
-    it = iter(iterable)
-    count = 0
-    while True:
-        if not gate._on:
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            count += 1
-            yield item
-            continue
-        stk = LOCAL.stk
-        if stk is None or _get_running_loop() is not None:
-            stk = resolve()
-        sticky = _sticky(node)
-        i = new_id()
-        p = stk[-1]
-        lvl = len(stk)
-        stk.append(i)
-        if NVTX_ON:
-            nvtx_open(ikid, i, stk, True)
-        t0 = clock()
-        try:
-            item = next(it)
-        except StopIteration:
-            _unwind(stk, i)
-            if NVTX_ON:
-                nvtx_close(i)
-            return
-        except BaseException as e:
-            t1 = clock()
-            _unwind(stk, i)
-            record(ikid, t0, t1, i, p, lvl, stk.tid, sticky, with_error(extra, e))
-            raise
-        t1 = clock()
-        if stk.pop() is not i:
-            _unwind(stk, i)
-        count += 1
-        record(ikid, t0, t1, i, p, lvl, stk.tid, sticky,
-               extra if cap is None else cap.item_extra(extra, count, item), count)
-        j = new_id()
-        stk.append(j)
-        if NVTX_ON:
-            nvtx_open(bkid, j, stk, True)
-        block = _Block(bkid, t1, j, p, lvl, stk, sticky, extra, count)
-        _OPEN_BLOCKS[j] = block
-        try:
-            yield item
-        finally:
-            block.close(clock())
-
-
-class _Block:
-    """The open loop-body span of a pure-Python ``.iter()`` (see ``_OPEN_BLOCKS``)."""
-
-    __slots__ = ("kid", "t0", "i", "p", "lvl", "stk", "sticky", "extra", "count")
-
-    def __init__(self, kid: int, t0: int, i: int, p: int, lvl: int, stk: Stack,
-                 sticky: Any, extra: Any, count: int):
-        self.kid, self.t0, self.i, self.p, self.lvl = kid, t0, i, p, lvl
-        self.stk, self.sticky, self.extra, self.count = stk, sticky, extra, count
-
-    def close(self, t2: int) -> None:
-        if _OPEN_BLOCKS.pop(self.i, None) is None:
-            return  # already ended by an iterator below it
-        stk = self.stk
-        # Blocks of other iterators still open above this one (zip of two .iter()s)
-        # end here first, so both nest.
-        while stk and stk[-1] != self.i:
-            other = _OPEN_BLOCKS.get(stk[-1])
-            if other is None:
-                break
-            other.close(t2)
-        if stk and stk[-1] == self.i:
-            stk.pop()
-        else:
-            _unwind(stk, self.i)
-        record(self.kid, self.t0, t2, self.i, self.p, self.lvl, stk.tid, self.sticky,
-               self.extra, self.count)
-
-
-#: Loop-body spans open now, by id (pure-Python engine; the C engine keeps a list).
-_OPEN_BLOCKS: dict[int, _Block] = {}
-
-
-async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
-    """``.aiter()``: the ``async for`` twin of :func:`iterate`."""
-    node = obj._node
-    extra = obj._extra
-    ikid, bkid = node._ikid, node._bkid
-    it = aiterable.__aiter__()
-    count = 0
-    while True:
-        if not gate._on:
-            try:
-                item = await it.__anext__()
-            except StopAsyncIteration:
-                return
-            count += 1
-            yield item
-            continue
-        stk = resolve()
-        sticky = _sticky(node)
-        i = new_id()
-        p = stk[-1]
-        lvl = len(stk)
-        stk.append(i)
-        if NVTX_ON:
-            nvtx_open(ikid, i, stk, False)
-        t0 = clock()
-        try:
-            item = await it.__anext__()
-        except StopAsyncIteration:
-            _unwind(stk, i)
-            if NVTX_ON:
-                nvtx_close(i)
-            return
-        except BaseException as e:
-            t1 = clock()
-            _unwind(stk, i)
-            record(ikid, t0, t1, i, p, lvl, stk.tid, sticky, with_error(extra, e))
-            raise
-        t1 = clock()
-        _unwind(stk, i)
-        count += 1
-        record(ikid, t0, t1, i, p, lvl, stk.tid, sticky, extra, count)
-        j = new_id()
-        stk.append(j)
-        if NVTX_ON:
-            nvtx_open(bkid, j, stk, False)
-        try:
-            yield item
-        finally:
-            t2 = clock()
-            _unwind(stk, j)
-            record(bkid, t1, t2, j, p, lvl, stk.tid, sticky, extra, count)
-
-
 def record_cm(name: str) -> None:
     """Metadata mode: a ``CM`` event ``<name>`` whose value is the current time (µs)."""
     stk = current_stack()
@@ -1095,3 +723,31 @@ if speedups is not None:
     record = speedups.record  # noqa: F811 - the C twin of the function above
     new_id = speedups.new_id  # noqa: F811 - one id counter for both engines' paths
     bump_sticky = speedups.bump_sticky_gen  # noqa: F811
+_state.bind_native(speedups)
+
+
+def _forget_parent() -> None:
+    # Only the forking thread lives on in the child: give it a fresh stack so no
+    # span of the parent is anyone's parent here.
+    install_stack(None)
+    LOCAL.thread_stk = None
+    TASK_STACK.set(None)
+    if speedups is not None:
+        speedups.after_fork()
+        speedups.shm_detach()  # the parent's shared-memory ring is never written here
+    discard_buffered()
+    STACKS.clear()
+
+
+def _reset() -> None:
+    use_nvtx(False)
+    if speedups is not None:
+        speedups.shm_detach()
+    install_stack(None)
+    LOCAL.thread_stk = None
+    TASK_STACK.set(None)
+    discard_buffered()
+
+
+STATE.on_fork(_forget_parent)
+STATE.on_reset(_reset)

@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from . import engine as _rec
+from .state import STATE
 from .records import COUNTER
 
 __all__ = ["Sampler", "start", "CATEGORY"]
@@ -82,7 +83,7 @@ class Sampler:
             while not self._stop.wait(self.interval):
                 self.sample()
         except Exception as exc:
-            _rec.STATE.warn_once("sampler", f"resource sampling stopped: {exc!r}")
+            STATE.warn_once("sampler", f"resource sampling stopped: {exc!r}")
 
     def stop(self) -> None:
         """Stop sampling after one last sample, so the run's end is covered."""
@@ -104,5 +105,5 @@ def start(interval: float) -> Sampler | None:
     try:
         return Sampler(interval)
     except Exception as exc:
-        _rec.STATE.warn_once("sampler", f"resource sampling is off: {exc!r}")
+        STATE.warn_once("sampler", f"resource sampling is off: {exc!r}")
         return None

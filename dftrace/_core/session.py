@@ -22,8 +22,10 @@ import time
 from typing import Any
 
 from . import tree as _nodes
-from . import engine as _rec
+from . import buffer as _buffer, engine as _rec
+from .state import STATE
 from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
+from .registration import DrainerUnavailable
 from .config import RANK_MAX, Config, ConfigError, env_enable
 from .records import Encoder
 from .._version import __version__
@@ -149,11 +151,11 @@ class Session:
         if self.config.writer == "process":
             try:
                 return _shm.ProcessWriter(self)
-            except _shm.DrainerUnavailable as exc:
+            except DrainerUnavailable as exc:
                 # The default says nothing where the platform has no shared ring (not
                 # Linux, no C engine): the thread writer is the writer there.
                 if self.writer_asked or not exc.platform:
-                    _rec.STATE.warn_once(
+                    STATE.warn_once(
                         "writer-process", f"writer='process' (env DFTRACE_WRITER) is not "
                         f"available here: {exc}; this process writes its trace itself "
                         "(writer='thread')")
@@ -176,7 +178,7 @@ class Session:
         d = os.path.dirname(prefix)
         problem = _check_dir(d)
         if problem is _NO_ANSWER:
-            _rec.STATE.warn_once(
+            STATE.warn_once(
                 "dir-check", f"the trace directory {_clean(d)!r} did not answer within "
                 f"{DIR_CHECK_S:g} s (storage hung?); tracing goes on and the file is "
                 "written when the storage answers")
@@ -355,7 +357,7 @@ def session() -> Session | None:
 
 
 def _set_gate() -> None:
-    _nodes.GATE._on = _session is not None or _rec.STATE.captures > 0
+    _nodes.GATE._on = _session is not None or STATE.memory_traces > 0
     _nodes.refresh_all()
 
 
@@ -389,13 +391,13 @@ def initialize(**options: Any) -> Session | None:
             s.sink.header()
             _nodes.set_off_for_good(False)
             _nodes.set_max_arg_length(config.max_arg_length)
-            _rec.STATE.set_limits(config.batch_size, config.buffer_limit, config.on_full == "drop")
-            _rec.STATE.max_open_spans = config.max_open_spans
-            if not _rec.STATE.captures:  # a running capture's events are still in the buffer
-                _rec.discard_buffered()  # leftovers of an earlier session (late events) are not ours
-            _rec.STATE.dropped = 0
-            _rec.STATE.open_refused = 0
-            _rec.STATE.consumer = s.writer
+            STATE.set_limits(config.batch_size, config.buffer_limit, config.on_full == "drop")
+            STATE.max_open_spans = config.max_open_spans
+            if not STATE.memory_traces:  # a running capture's events are still in the buffer
+                _buffer.discard_buffered()  # leftovers of an earlier session (late events) are not ours
+            STATE.dropped = 0
+            STATE.open_refused = 0
+            _buffer.attach(s.writer)
             _session = s
             if config.inherit:
                 s.export_env()
@@ -426,7 +428,7 @@ def _nvtx_ready(config: Config, asked: bool) -> bool:
                    f"({_clean(str(exc))}): {_nvtx.INSTALL}")
     if asked:
         raise ConfigError(problem)
-    _rec.STATE.warn_once("nvtx", problem + "; tracing goes on without NVTX ranges")
+    STATE.warn_once("nvtx", problem + "; tracing goes on without NVTX ranges")
     return False
 
 
@@ -478,11 +480,11 @@ def finalize(target: Session | None = None) -> None:
                 buffer dropped only with ``count_buffer_full``: a drainer counts
                 them itself, from the ring) and the closing bracket."""
                 out = b""
-                if count_buffer_full and _rec.STATE.dropped:
-                    out += s._meta("dropped", {"count": _rec.STATE.dropped,
+                if count_buffer_full and STATE.dropped:
+                    out += s._meta("dropped", {"count": STATE.dropped,
                                                "reason": "buffer full"})
-                if _rec.STATE.open_refused:
-                    out += s._meta("dropped", {"count": _rec.STATE.open_refused,
+                if STATE.open_refused:
+                    out += s._meta("dropped", {"count": STATE.open_refused,
                                                "reason": "open spans"})
                 if late:
                     out += s._meta("dropped", {"count": late, "reason": "late"})
@@ -509,28 +511,28 @@ def finalize(target: Session | None = None) -> None:
                 why = (f"no progress for shutdown_timeout={s.config.shutdown_timeout:g} s "
                        "(storage stalled)")
             if not done and isinstance(s.writer, _shm.ProcessWriter) and s.writer.fallback is None:
-                _rec.STATE.warn_once(
+                STATE.warn_once(
                     "shutdown-drainer",
                     f"the trace drainer (pid {s.writer.drainer_pid}) has not finished writing "
                     f"{s.path}: {why}; it writes the rest when it can")
             elif not done:
-                lost += _rec.buffered()
-                _rec.STATE.warn_once(
+                lost += _buffer.buffered()
+                STATE.warn_once(
                     "shutdown-stalled",
                     f"writing {s.path} did not finish: {why}; the file is "
                     f"abandoned and {lost} events were not written")
             elif lost and not s.sink.failed:  # a failed sink has warned already
-                _rec.STATE.warn_once(
+                STATE.warn_once(
                     "events-lost", f"{lost} events could not be written to {s.path}")
             s.events_lost = lost
         except BaseException as exc:
             if isinstance(exc, Exception):
-                _rec.STATE.warn_once("finalize", f"finalize failed: {exc!r}")
+                STATE.warn_once("finalize", f"finalize failed: {exc!r}")
             else:
                 interrupted = interrupted or exc
         finally:
             s.finalized = True
-            _rec.STATE.consumer = None
+            _buffer.detach(s.writer)
             s.restore_env()
             _signals.uninstall()
             _busy -= 1
@@ -648,7 +650,7 @@ def _after_fork_child() -> None:
     _lock = threading.RLock()
     _busy = 0
     parent = _session
-    _rec.STATE.reset_after_fork()
+    STATE.after_fork()
     _signals.after_fork()
     if parent is None:
         return
@@ -660,12 +662,12 @@ def _after_fork_child() -> None:
     try:
         first_id = _rec.new_id()
         s = Session(parent.config, first_id, parent.prefix, parent.writer_asked)
-        _rec.STATE.consumer = s.writer
+        _buffer.attach(s.writer)
         _session = s
         _register_mp_finalizer()
         s.sampler = _sampler.start(s.config.sample_interval)
     except Exception as exc:
-        _rec.STATE.warn_once("fork", f"tracing could not restart in the child: {exc!r}")
+        STATE.warn_once("fork", f"tracing could not restart in the child: {exc!r}")
     _set_gate()
 
 
@@ -741,5 +743,14 @@ def autostart() -> None:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         _nodes.set_off_for_good(True)
-        _rec.STATE.warn_once(
+        STATE.warn_once(
             "autostart", f"tracing is off in this process (pid {os.getpid()}): {_clean(str(exc))}")
+
+
+def _reset() -> None:
+    global _session
+    _session = None  # a session inherited through fork (finalize ends only its own)
+    _set_gate()
+
+
+STATE.on_reset(_reset, order=10)

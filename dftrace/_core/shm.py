@@ -16,12 +16,14 @@ abstract name any local user could bind, so the kernel's credentials of the peer
 this process started, or the one recorded in ``DFTRACE_DRAINER`` as ``NAME:PID``).
 The memfd's size is sealed before it is handed over, and every answer is checked:
 anything unexpected makes this process write its trace itself (one warning).
+Finding the drainer and registering with it is :mod:`.registration`'s part.
 
 ``buffer_limit`` bounds the spans in the ring's slots that the drainer has not freed
 yet, exactly as it bounds the spans waiting in memory with the writer thread (the
 ring has two slots more than the limit needs; a slot also holds at most 256 KiB of
-args). While a ``dftrace.capture()`` runs, records go to process memory: this
-process encodes them, hands the lines to the captures and relays them to the ring.
+args). While the buffer has a tap (a ``dftrace.capture()`` runs, see
+:mod:`.buffer`), records go to process memory: this process encodes them, hands
+the lines to the tap and relays them to the ring.
 
 Protocol on the Unix socket (this process -> drainer): one registration message
 (4-byte length, JSON, the memfd as ancillary data), then ``w`` a write's worth of
@@ -39,59 +41,27 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import secrets
 import select
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
-from . import engine as _rec
-from .writer import LISTENERS, Consumer, Patience, to_listeners
+from . import buffer as _buffer, state as _state
+from .buffer import Consumer, tapped, to_tap
+from .state import STATE
+from .registration import (ENV_VAR, MAX_ANSWER, DrainerUnavailable, _ProtocolError,
+                           _Rejected, reap, register)
+from .writer import Patience
 
-__all__ = ["ENV_VAR", "DrainerUnavailable", "ProcessWriter"]
+__all__ = ["ProcessWriter"]
 
-#: The drainer's socket name and pid (``NAME:PID``), inherited by child processes.
-ENV_VAR = "DFTRACE_DRAINER"
-#: How long initialize waits for a drainer it started to accept the ring.
-START_TIMEOUT_S = 5.0
-#: How long a running drainer (the job's, or the one recorded in DFTRACE_DRAINER)
-#: has to accept the ring; one that does not (held by storage that hangs) is
-#: passed over for a drainer of this process's own.
-REGISTER_TIMEOUT_S = 2.0
 #: A drainer that frees no slot for this long has stalled: a full ring stops
 #: waiting for it (in block mode too), whatever the drainer says it is doing.
 STALL_S = 1.0
-#: The largest answer accepted from the drainer.
-MAX_ANSWER = 1 << 20
 
-_started: list[subprocess.Popen] = []  # drainers this process started (reaped when done)
-
-
-class DrainerUnavailable(Exception):
-    """Shared memory or a drainer process cannot be had here (``platform``: this
-    platform or build has no shared ring at all)."""
-
-    def __init__(self, message: str, platform: bool = False):
-        # platform: this platform, build or process cannot have a shared ring at all
-        # (the default writer then falls back without a word).
-        super().__init__(message)
-        self.platform = platform
-
-
-class _Impostor(ConnectionError):
-    """The process answering at the drainer's name is not this user's drainer."""
-
-
-class _ProtocolError(Exception):
-    """The drainer answered something that is not an answer of the protocol."""
-
-
-class _Rejected(_ProtocolError):
-    """The drainer stopped serving this process (its ring was found inconsistent)."""
 
 
 def _ring(buffer_limit: int) -> tuple[int, mmap.mmap]:
@@ -99,7 +69,7 @@ def _ring(buffer_limit: int) -> tuple[int, mmap.mmap]:
     its mapping, by anyone, would kill it with SIGBUS), and this process's mapping."""
     import fcntl
 
-    sp = _rec.speedups
+    sp = _state.native
     if sp is None:
         raise DrainerUnavailable("the C engine is off (DFTRACE_NO_SPEEDUPS or not built)",
                                  platform=True)
@@ -123,197 +93,6 @@ def _ring(buffer_limit: int) -> tuple[int, mmap.mmap]:
         os.close(fd)
         # A limit of this process (RLIMIT_FSIZE, memory): no ring here.
         raise DrainerUnavailable(f"shared memory of {size} bytes: {exc}", platform=True) from None
-
-
-def _connect(name: str, pid: int | None) -> tuple[socket.socket, int]:
-    """Connect to the drainer named ``name`` and check who answers: a process of
-    this user (and process ``pid`` when given). Returns the socket and its pid."""
-    from .drainer import peer_of
-
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect("\0" + name)
-        peer_pid, peer_uid = peer_of(sock)
-        if peer_uid != os.geteuid():
-            raise _Impostor(f"the socket {name!r} is held by uid {peer_uid}")
-        if pid is not None and peer_pid != pid:
-            raise _Impostor(f"the socket {name!r} is held by pid {peer_pid}, not {pid}")
-    except OSError:
-        sock.close()
-        raise
-    return sock, peer_pid
-
-
-#: Variables naming the job a process belongs to: processes of one job that are not
-#: each other's children (torchrun ranks, srun tasks) share a drainer through them.
-_JOB_VARS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
-
-
-def _job_name() -> str:
-    """The drainer name of this job on this host ("" when no launcher names the job)."""
-    import hashlib
-
-    for var in _JOB_VARS:
-        job = os.environ.get(var, "").strip()
-        if job:
-            digest = hashlib.blake2b(f"{var}={job}".encode(), digest_size=8).hexdigest()
-            return f"dftrace-drainer-{os.geteuid()}-{digest}"
-    return ""
-
-
-#: Runs a module of the dftrace this process imported, whatever the working directory
-#: holds: ``python -m`` would put the working directory first on ``sys.path``, so a
-#: directory holding a ``dftrace`` folder (a clone) would run that one instead.
-_RUN_INSTALLED = (
-    "import os, runpy, sys\n"
-    "if sys.path and sys.path[0] in ('', os.getcwd()): del sys.path[0]\n"
-    "sys.path.insert(0, sys.argv.pop(1))\n"
-    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n")
-
-
-def installed_module_argv(module: str, *args: str) -> list[str]:
-    """The command that runs ``module`` of this very dftrace installation with ``args``."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return [sys.executable, "-c", _RUN_INSTALLED, root, module, *args]
-
-
-def _recorded() -> tuple[str, int] | None:
-    """The drainer recorded in the environment (``NAME:PID``), None when none is
-    (a value of another form is removed)."""
-    value = os.environ.get(ENV_VAR, "")
-    name, _, pid = value.rpartition(":")
-    if (name.startswith("dftrace-drainer-") and len(name) < 100 and pid.isascii()
-            and pid.isdigit() and 0 < int(pid) < 1 << 31
-            and all(c.isascii() and (c.isalnum() or c == "-") for c in name)):
-        return name, int(pid)
-    os.environ.pop(ENV_VAR, None)
-    return None
-
-
-def _start_drainer(name: str) -> subprocess.Popen:
-    """Start a drainer in a session of its own (a Ctrl-C or a SIGTERM sent to the
-    job's process group does not end it before it has written its producers' files).
-    When another process of the job started one of the same name first, this one
-    exits at once and the other answers."""
-    env = dict(os.environ)
-    env["DFTRACE_ENABLE"] = "0"  # the drainer itself is never traced
-    env.pop(ENV_VAR, None)
-    try:
-        proc = subprocess.Popen(
-            installed_module_argv("dftrace._core.drainer", name, str(os.getpid())),
-            # No standard stream of the job: a launcher reading the job's output must
-            # not wait for the drainer (which may be held by hung storage). Failures
-            # reach the producer in the answer to its finalize.
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        raise DrainerUnavailable(f"cannot start the drainer: {exc}") from None
-    _started.append(proc)
-    return proc
-
-
-def _reap() -> None:
-    for proc in list(_started):
-        if proc.poll() is not None:
-            _started.remove(proc)
-
-
-def _own_umask() -> int:
-    """This process's umask (read without changing it where /proc tells it)."""
-    try:
-        with open("/proc/self/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8) & 0o777
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask & 0o777
-
-
-def _handshake(sock: socket.socket, peer_pid: int, payload: bytes, fd: int,
-               deadline: float) -> None:
-    """Hand the ring over and check the answer: exactly ``k`` + the drainer's pid."""
-    expected = b"k" + str(peer_pid).encode()
-    sock.settimeout(max(0.1, deadline - time.monotonic()))
-    socket.send_fds(sock, [payload], [fd])
-    reply = b""
-    while len(reply) < len(expected):
-        more = sock.recv(len(expected) - len(reply))
-        if not more:
-            break
-        reply += more
-    if reply != expected:
-        raise _ProtocolError(f"the drainer answered {reply[:32]!r} to the registration")
-    sock.settimeout(None)
-
-
-def _register(session: Any, fd: int) -> tuple[socket.socket, int]:
-    """Connect to the job's drainer (starting one when there is none) and hand it
-    the ring. Returns the socket and the drainer's pid."""
-    enc = session.encoder
-    cfg = session.config
-    msg = json.dumps({
-        "pid": session.pid, "base": session.base, "compression": cfg.compression,
-        "level": cfg.compression_level, "max_size": cfg.max_file_size,
-        "flush_interval": cfg.flush_interval, "batch_size": cfg.batch_size,
-        "pid_piece": enc.pid_piece.decode("latin-1"),
-        "hh_piece": enc.hh_piece.decode("latin-1"), "offset_ns": enc.offset_ns,
-        "min_id": enc.min_id, "hhash": session.hhash, "umask": _own_umask(),
-        "header": session.sink.header().decode("latin-1"),
-    }).encode()
-    payload = struct.pack("<I", len(msg)) + msg
-    problems: list[str] = []
-
-    def attempt(name: str, pid: int | None, deadline: float) -> tuple[socket.socket, int] | bool:
-        """The registered socket and the drainer's pid; False when nobody listens
-        at ``name``; True when something answered that is not our drainer (another
-        user, another pid, an answer of another protocol)."""
-        try:
-            sock, peer_pid = _connect(name, pid)
-        except (ConnectionRefusedError, FileNotFoundError) as exc:
-            problems.append(str(exc))
-            return False
-        except OSError as exc:
-            problems.append(str(exc))
-            return True
-        try:
-            _handshake(sock, peer_pid, payload, fd, deadline)
-        except (OSError, _ProtocolError) as exc:
-            problems.append(str(exc) or type(exc).__name__)
-            sock.close()
-            return True
-        os.environ[ENV_VAR] = f"{name}:{peer_pid}"
-        return sock, peer_pid
-
-    recorded = _recorded()
-    if recorded is not None:
-        got = attempt(*recorded, time.monotonic() + REGISTER_TIMEOUT_S)
-        if not isinstance(got, bool):
-            return got
-        os.environ.pop(ENV_VAR, None)  # gone, or not ours: children must not use it
-    job = _job_name()
-    got = attempt(job, None, time.monotonic() + REGISTER_TIMEOUT_S) if job else False
-    if not isinstance(got, bool):
-        return got
-    # Start one: under the job's name when nobody holds it (another rank may win the
-    # race to bind it: any process of this user answering there is the job's
-    # drainer); a private one when there is no job, or something that is not this
-    # user's drainer holds the job's name.
-    private = not job or got is True
-    name = f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}" if private else job
-    proc = _start_drainer(name)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        # A private drainer must be the very process started.
-        got = attempt(name, proc.pid if private else None, deadline)
-        if not isinstance(got, bool):
-            return got
-        if got or (private and proc.poll() is not None):
-            break
-        time.sleep(0.01)
-    raise DrainerUnavailable(f"no drainer answered ({problems[-1] if problems else 'timeout'})")
 
 
 def _cut_back(path: str, size: int) -> None:
@@ -343,7 +122,7 @@ _RELAY_BYTES = 192 * 1024
 
 class ProcessWriter(Consumer):
     """The session's writer when a drainer process writes the file (the
-    :class:`~._core.writer.Consumer` protocol, and stalled, sync, stop). When the
+    :class:`~._core.buffer.Consumer` protocol, and stalled, sync, stop). When the
     drainer is gone, or answers anything unexpected, an in-process Writer takes over
     the ring from the drainer's last commit (into a file of the next free name, the
     drainer's file cut back to that commit)."""
@@ -363,21 +142,21 @@ class ProcessWriter(Consumer):
         # Slots sealed since the drainer was last woken: it is woken once per write's
         # worth (as the writer thread at batch_size), at most half the ring.
         self._sealed = 0
-        nslots = max(1, (len(self._mm) - _rec.speedups.SHM_FIXED_BYTES)
-                     // _rec.speedups.SHM_SLOT_BYTES)
+        nslots = max(1, (len(self._mm) - _state.native.SHM_FIXED_BYTES)
+                     // _state.native.SHM_SLOT_BYTES)
         self._seals_per_wake = max(1, min(min(session.config.batch_size, 1 << 20)
-                                          // _rec.speedups.SHM_SLOT_RECORDS, nslots // 2))
-        previous = _rec.STATE.consumer
-        if LISTENERS and previous is not None:
+                                          // _state.native.SHM_SLOT_RECORDS, nslots // 2))
+        previous = STATE.consumer
+        if tapped() and previous is not None:
             previous.flush()  # the captures' records so far (attaching drops the buffer)
         try:
             enc = session.encoder
-            _rec.speedups.shm_attach(self._mm, session.pid, enc.pid_piece, enc.hh_piece,
+            _state.native.shm_attach(self._mm, session.pid, enc.pid_piece, enc.hh_piece,
                                      enc.offset_ns, enc.min_id)
             try:
-                self._sock, self.drainer_pid = _register(session, self._fd)
+                self._sock, self.drainer_pid = register(session, self._fd)
             except BaseException:
-                _rec.speedups.shm_detach()
+                _state.native.shm_detach()
                 raise
         except DrainerUnavailable:
             self._release_ring()
@@ -387,7 +166,7 @@ class ProcessWriter(Consumer):
             raise DrainerUnavailable(f"registration failed: {exc!r}") from None
         os.close(self._fd)  # the drainer holds its own; the mapping stays
         self._fd = -1
-        encoder, append = session.encoder, _rec.speedups.shm_append_line
+        encoder, append = session.encoder, _state.native.shm_append_line
 
         def special_to_ring(rec: tuple) -> None:
             line = encoder.special_line(rec)
@@ -395,8 +174,8 @@ class ProcessWriter(Consumer):
                 append(line)
 
         self._special_to_ring = special_to_ring
-        _rec.STATE.special_to_ring = special_to_ring
-        self.listeners_changed()  # a capture running already
+        STATE.special_to_ring = special_to_ring
+        self.tap_changed()  # an in-memory trace running already
 
     def _release_ring(self) -> None:
         self._mm.close()
@@ -418,16 +197,16 @@ class ProcessWriter(Consumer):
                 s = self.session
                 if why == "ended":
                     why = self._last_word() or why
-                _rec.STATE.warn_once(
+                STATE.warn_once(
                     "drainer-lost",
                     f"the trace drainer (pid {self.drainer_pid}) {why}; this process writes "
                     "its trace itself from now on")
                 os.environ.pop(ENV_VAR, None)  # children must not look for it either
                 try:
-                    reader = _rec.speedups.ShmReader(self._mm, True)
+                    reader = _state.native.ShmReader(self._mm, True)
                 except Exception as exc:  # its header was written over
                     reader = None
-                    _rec.STATE.warn_once("ring-unreadable", f"the trace ring is unreadable "
+                    STATE.warn_once("ring-unreadable", f"the trace ring is unreadable "
                                          f"({exc}); its records are lost")
                 committed = reader.committed if reader is not None else None
                 # The file the drainer was writing, cut back to its last commit.
@@ -444,8 +223,8 @@ class ProcessWriter(Consumer):
                     try:
                         data, n = reader.drain(max_records, enc.pid_piece, enc.hh_piece,
                                                enc.offset_ns, enc.min_id, True)
-                    except _rec.speedups.RingError as exc:  # written over meanwhile
-                        _rec.STATE.warn_once("ring-unreadable", f"the trace ring is "
+                    except _state.native.RingError as exc:  # written over meanwhile
+                        STATE.warn_once("ring-unreadable", f"the trace ring is "
                                              f"unreadable ({exc}); its records are lost")
                         return b"", 0
                     reader.commit(0, 0, -1)  # no successor after this one: free at once
@@ -493,19 +272,19 @@ class ProcessWriter(Consumer):
             return False
 
     # -- captures ------------------------------------------------------------------
-    def listeners_changed(self) -> None:
+    def tap_changed(self) -> None:
         """Captures started (records go to process memory, and _relay hands them to
         the captures and to the ring) or all ended (records go to the ring again)."""
         if not self._here():
             return
-        want = bool(LISTENERS)
+        want = tapped()
         with self._relaying:
             if want == self._local:
                 return
             self._local = want
-            _rec.speedups.shm_local(want)
+            _state.native.shm_local(want)
             # Metadata lines too: in the buffer (for the captures), or into the ring.
-            _rec.STATE.special_to_ring = None if want else self._special_to_ring
+            STATE.special_to_ring = None if want else self._special_to_ring
             if not want:
                 self._relay(force=True)  # what the last capture left in memory
 
@@ -517,12 +296,12 @@ class ProcessWriter(Consumer):
             return 0
         total = 0
         with self._relaying:
-            target = _rec.buffered()
+            target = _buffer.buffered()
             while True:
-                data, n = _rec.drain(self.session.encoder, 16384)
+                data, n = _buffer.drain(self.session.encoder, 16384)
                 total += n
                 if data:
-                    to_listeners(data)
+                    to_tap(data)
                     self._to_ring(data)
                 if n == 0 or total >= target:
                     break
@@ -534,7 +313,7 @@ class ProcessWriter(Consumer):
     def _to_ring(data: bytes) -> None:
         """Append encoded lines to the ring, as records of at most _RELAY_BYTES cut
         at line ends (a longer line goes whole: the engine splits it over slots)."""
-        append = _rec.speedups.shm_append_line
+        append = _state.native.shm_append_line
         start = 0
         while start < len(data):
             end = len(data)
@@ -542,7 +321,7 @@ class ProcessWriter(Consumer):
                 cut = data.rfind(b"\n", start, start + _RELAY_BYTES)
                 end = cut + 1 if cut >= 0 else data.find(b"\n", start + _RELAY_BYTES) + 1 or end
             if not append(data[start:end]):  # the ring stayed full: dropped (counted once)
-                _rec.STATE.dropped += max(0, data.count(b"\n", start, end) - 1)
+                STATE.dropped += max(0, data.count(b"\n", start, end) - 1)
             start = end
 
     # -- consumer protocol ---------------------------------------------------------
@@ -567,7 +346,7 @@ class ProcessWriter(Consumer):
         """The drainer committed nothing (wrote nothing, freed no slot) for STALL_S
         since _watch(), whatever it says it is doing (a stopped drainer says
         nothing)."""
-        st = _rec.speedups.shm_state()
+        st = _state.native.shm_state()
         if st is None:
             return False
         now = time.monotonic()
@@ -579,7 +358,7 @@ class ProcessWriter(Consumer):
         """The drainer's write under way is older than STALL_S: its storage stalled."""
         if self.fallback is not None:
             return bool(self.fallback.stalled())
-        st = _rec.speedups.shm_state()
+        st = _state.native.shm_state()
         busy = st[2] if st else 0
         return bool(busy) and time.monotonic_ns() - busy > STALL_S * 1e9
 
@@ -597,21 +376,21 @@ class ProcessWriter(Consumer):
             self._relay()
             return True
         deadline = time.monotonic() + timeout
-        st = _rec.speedups.shm_state()
+        st = _state.native.shm_state()
         if st is not None and st[3] == self._gave_up_at:
             return False  # still stalled: nothing committed since the last give-up
         self._gave_up_at = -1
         self._watch()
         # The slot being filled is sealed, so that the drainer writes and frees it whole.
-        _rec.speedups.shm_seal_now()
+        _state.native.shm_seal_now()
         if self.fallback is not None:
             self.fallback.wake()
         else:
             self._send(b"n")
         while True:
-            st = _rec.speedups.shm_state()
+            st = _state.native.shm_state()
             if st is None or (st[0] >= max(1, st[1] // 2)
-                              and (relaying or _rec.buffered() <= below)):
+                              and (relaying or _buffer.buffered() <= below)):
                 return True
             if time.monotonic() >= deadline or self.stalled() or self._no_progress():
                 self._gave_up_at = st[3]
@@ -633,7 +412,7 @@ class ProcessWriter(Consumer):
             def time_left() -> float:
                 if patience is None:
                     return deadline - time.monotonic()
-                st = _rec.speedups.shm_state()
+                st = _state.native.shm_state()
                 return patience.left(st[3] if st is not None else None)
 
             if self.fallback is not None:
@@ -743,11 +522,11 @@ class ProcessWriter(Consumer):
         if self._local:
             self._relay()
             self._local = False
-            _rec.speedups.shm_local(False)
+            _state.native.shm_local(False)
         body = trailer(False) if trailer is not None else b"]\n"
         lines = body[:-2] if body.endswith(b"]\n") else body
         if self.fallback is None:
-            _rec.speedups.shm_finish()
+            _state.native.shm_finish()
             patience = patience or Patience(timeout)
             got = self._ask(b"f" + struct.pack("<I", len(lines)) + lines, b"d", timeout, patience)
             if got is None:
@@ -785,18 +564,18 @@ class ProcessWriter(Consumer):
         s.sink.failed = failed
         self.events_written = written
         if failed == "deleted":  # as the in-process sink says it
-            _rec.STATE.warn_once(
+            STATE.warn_once(
                 "sink-deleted", f"{s.path} was deleted while the run went on: {lost} events "
                 "written to it are lost; tracing stopped there, the run went on.")
         elif failed:
-            _rec.STATE.warn_once(
+            STATE.warn_once(
                 "sink-failed", f"the trace drainer could not write {s.path} "
                 f"({failed}); {lost} events were not written")
 
     def _close(self) -> None:
-        _rec.STATE.special_to_ring = None
-        if _rec.speedups is not None:
-            _rec.speedups.shm_detach()
+        STATE.special_to_ring = None
+        if _state.native is not None:
+            _state.native.shm_detach()
         try:
             self._sock.close()
         except OSError:
@@ -805,7 +584,7 @@ class ProcessWriter(Consumer):
             self._mm.close()
         except (BufferError, ValueError):
             pass
-        _reap()
+        reap()
 
     def forget(self) -> None:
         """In a forked child: let go of the parent's ring and connection without a

@@ -18,6 +18,8 @@ from typing import Any, Callable, TypeVar
 
 from . import records as _events
 from . import engine as _rec
+from .state import STATE
+from . import iterators as _iterators
 from .records import Extra, kind_id
 
 __all__ = ["Node", "Use", "Span", "AITree", "GATE", "CATEGORIES", "ai", "set_off_for_good"]
@@ -185,8 +187,11 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
 
     # decorator / options ------------------------------------------------
     def _call_py(self, fn: Any = None, /, **options: Any) -> Any:
-        if fn is not None and not options and not isinstance(fn, dict):
-            return self.decorate(fn)
+        if fn is not None and not isinstance(fn, dict):
+            if not options:
+                return self.decorate(fn)
+            # ``node(fn, args=...)``: fn decorated by the use those options make.
+            return self._call_py(**options).decorate(fn)
         if _off_for_good:
             return OFF_USE
         if isinstance(fn, dict):
@@ -230,7 +235,7 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         gate = self._gate()
         if _off_for_good or gate is None or not gate._on:
             return iterable
-        return _rec.iterate(self, gate, iterable)
+        return _iterators.iterate(self, gate, iterable)
 
     def aiter(self, aiterable: Any) -> Any:
         """``async for`` version of :meth:`iter`."""
@@ -239,7 +244,7 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         gate = self._gate()
         if _off_for_good or gate is None or not gate._on:
             return aiterable
-        return _rec.aiterate(self, gate, aiterable)
+        return _iterators.aiterate(self, gate, aiterable)
 
     # hooks ------------------------------------------------------------------
     def _start_py(self, metadata: bool = False) -> Span:
@@ -268,7 +273,7 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
                 span.stop()
                 return
             if not _rec.stop(self) and self._on:
-                _rec.STATE.warn_once(
+                STATE.warn_once(
                     "stop:" + self._node.path,
                     f"{self._node.path}.stop() without a matching start(); ignored")
         except Exception:
@@ -541,7 +546,7 @@ class _OffUse(Use):
         self._forced = False
 
     def __call__(self, fn: Any = None, /, **options: Any) -> Any:
-        return fn if fn is not None and not options and not isinstance(fn, dict) else self
+        return fn if fn is not None and not isinstance(fn, dict) else self
 
     def update(self, args: dict[str, Any] | None = None, /, **kwargs: Any) -> None:
         pass
@@ -582,3 +587,15 @@ if _rec.speedups is not None:
     _rec.speedups.configure_hooks(_rec.STATE, Span, _NO_SPAN, _Traceable._start_py,
                                   _Traceable._stop_py, Use, _Traceable._call_py, Span._stop_py,
                                   GATE)
+
+
+def _reset() -> None:
+    set_off_for_good(False)
+    set_max_arg_length(1024)
+    for root in list(_roots):
+        for n in root._walk():
+            n._enabled = True
+        root.reset_args()
+
+
+STATE.on_reset(_reset)

@@ -19,10 +19,12 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from . import engine as _rec
+from . import buffer as _buffer
+from .buffer import Consumer, tapped, to_tap
+from .state import STATE
 from .records import Encoder
 
-__all__ = ["Consumer", "FileSink", "Patience", "Writer", "SUFFIXES", "LISTENERS", "to_listeners"]
+__all__ = ["FileSink", "Patience", "Writer", "SUFFIXES"]
 
 SUFFIXES = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}
 
@@ -95,52 +97,10 @@ class Patience:
 def _native() -> set[str]:
     global _NATIVE
     if _NATIVE is None:
-        _NATIVE = set(_rec.native_compressions())
+        _NATIVE = set(_buffer.native_compressions())
     return _NATIVE
 
-#: Records per chunk of the C engine (its writer loop takes whole chunks).
-_CHUNK_RECORDS: int = getattr(_rec.speedups, "CHUNK_RECORDS", 1)
-
 _WRITER_THREAD = "dftrace-writer"
-
-#: Called with each encoded batch before it is written: in-memory captures
-#: (``dftrace.capture()``) running beside a file session. Empty otherwise.
-LISTENERS: list[Any] = []
-
-
-def to_listeners(data: bytes) -> None:
-    """Hand an encoded batch to every listener (a failing one is skipped)."""
-    for listener in LISTENERS:
-        try:
-            listener(data)
-        except Exception:
-            pass
-
-
-class Consumer:
-    """What takes the engine's records (``engine.STATE.consumer``): the writer thread
-    (:class:`Writer`), the drainer's client (``shm.ProcessWriter``) and captures
-    running without a file session (``_inspect.memory``). The engine calls ``wake``
-    and ``wait_drained``; captures call ``flush`` and ``listeners_changed``. Every
-    consumer hands each encoded batch to :data:`LISTENERS` (:func:`to_listeners`)
-    before it goes anywhere else."""
-
-    def wake(self) -> None:
-        """A batch is ready (``batch_size`` records, or a slot of the ring is full)."""
-
-    def wait_drained(self, below: int, timeout: float) -> bool:
-        """The buffer is at ``buffer_limit`` (block mode): return once at most
-        ``below`` records wait; False when it gave up (the record is then dropped
-        and counted)."""
-        return False
-
-    def flush(self, timeout: float = -1) -> int:
-        """Hand everything recorded so far on now (to the listeners too); the number
-        of records."""
-        return 0
-
-    def listeners_changed(self) -> None:
-        """A capture started or ended (:data:`LISTENERS` changed)."""
 
 
 class FileSink:
@@ -330,7 +290,7 @@ class FileSink:
         """The file (or its directory) was removed: what it held is gone."""
         self.events_lost += self._events_in_file
         self.failed = "deleted"
-        _rec.STATE.warn_once(
+        STATE.warn_once(
             "sink-deleted",
             f"{self.path} was deleted while the run went on: {self._events_in_file} events "
             "written to it are lost; tracing stops, the run goes on.")
@@ -345,7 +305,7 @@ class FileSink:
     def _fail(self, exc: BaseException) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
         empty = self._fd is not None and not self._fifo and self.bytes_written == 0
-        _rec.STATE.warn_once(
+        STATE.warn_once(
             "sink-failed",
             f"writing {self.path} failed ({self.failed}); tracing stops, the run goes on. "
             + ("No file was written." if empty or not self.paths
@@ -421,13 +381,13 @@ class Writer(Consumer):
     """Background consumer of the record buffer for one process."""
 
     def __init__(self, encoder: Encoder, sink: FileSink, flush_interval: float,
-                 source: Callable[[Encoder, int], tuple[bytes, int]] = _rec.drain,
+                 source: Callable[[Encoder, int], tuple[bytes, int]] = _buffer.drain,
                  deliver: bool = True):
         self.encoder = encoder
         #: Where the records come from: the engine's buffer, or a shared-memory ring
         #: whose drainer process is gone (see ``_core.shm``).
         self.source = source
-        #: Hand batches to LISTENERS (not when another consumer did already: the
+        #: Hand batches to the tap (not when another consumer did already: the
         #: ring of a process writer whose drainer is gone).
         self.deliver = deliver
         self.sink = sink
@@ -450,14 +410,14 @@ class Writer(Consumer):
     #: Most records the C engine takes in one go (written as frames of max_batch).
     NATIVE_TAKE = 262_144
 
-    # consumer protocol used by _recorder.pressure -----------------------------
+    # the consumer protocol (see buffer.Consumer) ---------------------------------
     #: One flush taking longer than this (or two flush intervals) means the storage
     #: stalled (a hung mount, a FIFO nobody reads): producers stop waiting for it.
     STALL_S = 1.0
 
     def _busy(self) -> float:
         """``time.monotonic()`` when the write under way began (0.0: none)."""
-        return self._busy_since or _rec.writing_since()
+        return self._busy_since or _buffer.writing_since()
 
     def stalled(self) -> bool:
         since = self._busy()
@@ -470,10 +430,10 @@ class Writer(Consumer):
         a kill -9 loses about one flush interval of events, not a full buffer. A
         stalled writer is not waited for."""
         self._wake.set()
-        if _rec.STATE.batch_size < _CHUNK_RECORDS:
-            _rec.kick()  # the engine's loop takes whole chunks only: a smaller batch is ours
+        if STATE.batch_size < _buffer.chunk_records():
+            _buffer.kick()  # the engine's loop takes whole chunks only: a smaller batch is ours
         since = self._busy()
-        if (since and not _rec.STATE.drop_when_full
+        if (since and not STATE.drop_when_full
                 and time.monotonic() - since > self.flush_interval
                 and threading.current_thread() is not self._thread):
             # Poll without holding a lock: a signal handler may run in this thread.
@@ -486,10 +446,10 @@ class Writer(Consumer):
         if threading.current_thread() is self._thread or not self._thread.is_alive():
             return False
         self._wake.set()
-        _rec.kick()
+        _buffer.kick()
         deadline = time.monotonic() + timeout
         with self._drained:
-            while _rec.buffered() > below:
+            while _buffer.buffered() > below:
                 left = deadline - time.monotonic()
                 if left <= 0 or self.stalled():
                     return False
@@ -508,7 +468,7 @@ class Writer(Consumer):
             try:
                 self.flush()
             except Exception as exc:  # never let the thread die silently
-                _rec.STATE.warn_once("writer", f"writer error: {exc!r}")
+                STATE.warn_once("writer", f"writer error: {exc!r}")
             self._completed += 1
         self._finish()
 
@@ -520,15 +480,15 @@ class Writer(Consumer):
             if trailer is not None:
                 self.sink.close(trailer())
         except Exception as exc:
-            _rec.STATE.warn_once("writer", f"writer error: {exc!r}")
+            STATE.warn_once("writer", f"writer error: {exc!r}")
 
     def _native_level(self) -> int | None:
         """The level for the engine's own writing (see FileSink.native_level), or None:
-        captures listen, the records come from elsewhere (a shared ring), or the
+        an in-memory trace taps the batches, the records come from elsewhere (a shared ring), or the
         sink can't take it."""
-        if (LISTENERS and self.deliver) or self.source is not _rec.drain:
+        if (tapped() and self.deliver) or self.source is not _buffer.drain:
             return None
-        if not self.sink.opened and self.sink.compression in _native() and _rec.buffered():
+        if not self.sink.opened and self.sink.compression in _native() and _buffer.buffered():
             self.sink.open_now()  # the header in Python, then every frame from the engine
         return self.sink.native_level()
 
@@ -541,7 +501,7 @@ class Writer(Consumer):
             return False
         try:
             room = (self.sink.max_size - self.sink.bytes_written) if self.sink.max_size else 0
-            result = _rec.write_loop(self.encoder, self.max_batch, self.flush_interval,
+            result = _buffer.write_loop(self.encoder, self.max_batch, self.flush_interval,
                                      max(room, 1) if self.sink.max_size else 0,
                                      self.sink.fd, level)  # type: ignore[arg-type]
             if result is None:
@@ -563,7 +523,7 @@ class Writer(Consumer):
             return False
         target = self._started + 1
         self._wake.set()
-        _rec.kick()
+        _buffer.kick()
         deadline = time.monotonic() + timeout
         while self._completed < target:
             if time.monotonic() >= deadline or not self._thread.is_alive():
@@ -576,7 +536,7 @@ class Writer(Consumer):
         With a ``timeout`` (seconds), give up when another flush holds the writer
         that long (a signal handler must not wait forever)."""
         if threading.current_thread() is not self._thread:
-            _rec.kick()  # the thread's loop holds the lock until it returns
+            _buffer.kick()  # the thread's loop holds the lock until it returns
         if not self._flush_lock.acquire(timeout=timeout):
             return 0
         self._busy_since = time.monotonic()
@@ -589,30 +549,30 @@ class Writer(Consumer):
     def _flush(self) -> int:
         # Everything buffered when the flush began, and no more: under a steady
         # load a flush still ends.
-        target = _rec.buffered()
+        target = _buffer.buffered()
         total = 0
         while True:
             n = self._flush_batch()
             total += n
             if n == 0:
                 return total
-            if self.source is _rec.drain:
-                if total >= target or not _rec.buffered():
+            if self.source is _buffer.drain:
+                if total >= target or not _buffer.buffered():
                     return total
             elif n < self.max_batch:  # another source (a shared ring): until a short batch
                 return total
 
     def _flush_batch(self) -> int:
         """One frame: at most ``max_batch`` records from the front of the buffer."""
-        if self.sink.failed and not (LISTENERS and self.deliver):
+        if self.sink.failed and not (tapped() and self.deliver):
             _, n = self.source(self.encoder, self.max_batch)  # nowhere to go: counted
-            _rec.STATE.dropped += n
+            STATE.dropped += n
             return n
         level = self._native_level()
         if level is not None:
             # Everything buffered (up to NATIVE_TAKE) as frames of max_batch, the
             # GIL taken once for all of them.
-            taken, written, nbytes, err, nlink = _rec.drain_to_file(
+            taken, written, nbytes, err, nlink = _buffer.drain_to_file(
                 self.encoder, self.max_batch, self.NATIVE_TAKE, self.sink.fd, level)
             if taken:
                 self.sink.wrote_natively(taken, written, nbytes, err, nlink)
@@ -624,7 +584,7 @@ class Writer(Consumer):
         if not data:
             return n
         if self.deliver:
-            to_listeners(data)
+            to_tap(data)
         self.sink.write(data, n)
         self.events_written += n
         return n
@@ -649,7 +609,7 @@ class Writer(Consumer):
         self._trailer = trailer
         self._stop = True
         self._wake.set()
-        _rec.kick()
+        _buffer.kick()
         if threading.current_thread() is self._thread:
             return False
         if not self._thread.is_alive():
@@ -660,12 +620,12 @@ class Writer(Consumer):
         patience = patience or Patience(timeout)
         while True:
             left = patience.left((self.sink.bytes_written, self.events_written,
-                                  _rec.buffered(), _rec.frames_written()))
+                                  _buffer.buffered(), _buffer.frames_written()))
             if left <= 0:
                 break
             self._thread.join(timeout=min(left, 0.05))
             if not self._thread.is_alive():
                 self._finished = True
                 return True
-        self.sink.abandon(close=True, writing=_rec.in_flight())
+        self.sink.abandon(close=True, writing=_buffer.in_flight())
         return False

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import tree as _nodes
 from .._core import engine as _rec
+from .._core import iterators as _iterators
 from .._core.tree import Use
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ class CapturingUse(Use):
         gate = self._gate()
         if _nodes._off_for_good or gate is None or not gate._on:
             return iterable
-        return _rec.iterate(self, gate, iterable, self._capture.for_items())
+        return _iterators.iterate(self, gate, iterable, self._capture.for_items())
 
     def __repr__(self) -> str:
         extra = self._extra.args if self._extra else {}

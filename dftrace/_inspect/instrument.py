@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._core import tree as _nodes
-from .._core import engine as _rec
+from .._core.state import STATE
 
 __all__ = ["Instrumentation", "instrument"]
 
@@ -113,7 +113,7 @@ class Instrumentation:
                 else:
                     setattr(owner, name, previous)
             except Exception as exc:
-                _rec.STATE.warn_once(f"instrument-restore:{name}",
+                STATE.warn_once(f"instrument-restore:{name}",
                                      f"could not restore {name!r} on {owner!r}: {exc!r}")
         self._active = False
 

@@ -16,8 +16,9 @@ from typing import Any
 import orjson
 
 from .._core import tree as _nodes
-from .._core import engine as _rec
-from .._core import session as _runtime, writer as _writer
+from .._core import buffer as _buffer, engine as _rec
+from .._core.state import STATE
+from .._core import session as _runtime
 from .._core.records import Encoder
 from .browse import Trace
 
@@ -55,7 +56,7 @@ def _encoder() -> Encoder:
 
 
 def _deliver(data: bytes) -> None:
-    """Hand an encoded batch to every running capture (also the writer's listener)."""
+    """Hand an encoded batch to every running capture (the buffer's tap)."""
     for c in list(_active):
         c._chunks.append(data)
 
@@ -64,18 +65,18 @@ def _drain() -> None:
     """Take everything buffered and deliver it (when no file session consumes it)."""
     with _lock:
         enc = _encoder()
-        target = _rec.buffered()  # what is buffered now, and no more (a steady load)
+        target = _buffer.buffered()  # what is buffered now, and no more (a steady load)
         total = 0
         while True:
-            data, n = _rec.drain(enc, 65536)
+            data, n = _buffer.drain(enc, 65536)
             if data:
                 _deliver(data)
             total += n
-            if n == 0 or total >= target or not _rec.buffered():
+            if n == 0 or total >= target or not _buffer.buffered():
                 return
 
 
-class _MemoryConsumer(_writer.Consumer):
+class _MemoryConsumer(_buffer.Consumer):
     """Drains the record buffer into running captures while no file session does."""
 
     def wake(self) -> None:
@@ -86,7 +87,7 @@ class _MemoryConsumer(_writer.Consumer):
         return True
 
     def flush(self, timeout: float = -1) -> int:
-        before = _rec.buffered()
+        before = _buffer.buffered()
         _drain()
         return before
 
@@ -96,19 +97,23 @@ _CONSUMER = _MemoryConsumer()
 
 def _collect() -> None:
     """Bring every record buffered so far to the running captures (a session's
-    writer hands them to its listeners, _deliver among them)."""
-    (_rec.STATE.consumer or _CONSUMER).flush()
+    writer hands them to the tap, _deliver)."""
+    (STATE.consumer or _CONSUMER).flush()
 
 
-def _tell_consumer() -> None:
-    """The listeners changed: the session's writer may record elsewhere now."""
-    consumer = _rec.STATE.consumer
-    if consumer is not None and consumer is not _CONSUMER:
-        try:
-            consumer.listeners_changed()
-        except Exception as exc:
-            _rec.STATE.warn_once("capture-writer", f"the writer could not follow the "
-                                 f"capture: {exc!r}")
+def _start_tap() -> None:
+    """The first capture started: batches go to _deliver too, and while no session
+    consumes the buffer, captures consume it themselves."""
+    if STATE.consumer is None:
+        _buffer.attach(_CONSUMER)
+    _buffer.set_tap(_deliver)
+
+
+def _stop_tap() -> None:
+    """The last capture ended (or they are forgotten)."""
+    _buffer.detach(_CONSUMER)
+    if STATE.tap is _deliver:
+        _buffer.set_tap(None)
 
 
 def _apply_max_items() -> None:
@@ -124,12 +129,8 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()
     _active.clear()
     _encoders.clear()
-    if _deliver in _writer.LISTENERS:
-        _writer.LISTENERS.remove(_deliver)
-    if _rec.STATE.consumer is _CONSUMER:
-        _rec.STATE.consumer = None
-    _tell_consumer()  # the child's session writes to its file only
-    _rec.STATE.captures = 0
+    _stop_tap()  # the child's session writes to its file only
+    STATE.memory_traces = 0
     _nodes.set_max_items(None)
     _runtime._set_gate()
 
@@ -177,13 +178,9 @@ class Capture:
             self._first_id = _rec.new_id()  # spans opened before this are not ours
             self._running = True
             _active.append(self)
-            if _deliver not in _writer.LISTENERS:
-                _writer.LISTENERS.append(_deliver)
-            if _rec.STATE.consumer is None:
-                _rec.STATE.consumer = _CONSUMER
-            _rec.STATE.captures += 1
+            STATE.memory_traces += 1
             _apply_max_items()
-            _tell_consumer()
+            _start_tap()
         _runtime._set_gate()
         return self.trace
 
@@ -197,20 +194,16 @@ class Capture:
                 with _lock:
                     if self in _active:
                         _active.remove(self)
-                        _rec.STATE.captures = max(0, _rec.STATE.captures - 1)
+                        STATE.memory_traces = max(0, STATE.memory_traces - 1)
                     if not _active:
-                        if _deliver in _writer.LISTENERS:
-                            _writer.LISTENERS.remove(_deliver)
-                        if _rec.STATE.consumer is _CONSUMER:
-                            _rec.STATE.consumer = None
-                        _tell_consumer()
+                        _stop_tap()
                     _apply_max_items()
                     self._running = False
                 _runtime._set_gate()
             if trace is not None:
                 trace._fill(self._events(), error=None if ev is None else _describe(ev))
         except Exception as exc:  # never let the capture hide the block's own outcome
-            _rec.STATE.warn_once("capture", f"capture could not build its trace: {exc!r}")
+            STATE.warn_once("capture", f"capture could not build its trace: {exc!r}")
         finally:
             self._chunks = []
         _last = trace
@@ -270,12 +263,10 @@ def reset_state() -> None:
         for c in _active:
             c._running = False
         _active.clear()
-        if _deliver in _writer.LISTENERS:
-            _writer.LISTENERS.remove(_deliver)
-        if _rec.STATE.consumer is _CONSUMER:
-            _rec.STATE.consumer = None
-        _tell_consumer()
+        _stop_tap()
         _encoders.clear()
         _last = None
         _nodes.set_max_items(None)
 
+
+STATE.on_reset(reset_state, order=1)

@@ -24,6 +24,23 @@ scheduler (workers must see the same paths).
 """
 
 
+class _DeprecatedRows(argparse.Action):
+    """An old name of ``--rows`` (hidden): it still works, with a note on stderr."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"dftrace: {option_string} is deprecated; use --rows", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _rows_option(p: argparse.ArgumentParser, default: int, help: str, *old: str) -> None:
+    """``--rows N``, the one name of every command's row limit; ``old`` are the names
+    it had before (hidden, deprecated, still accepted)."""
+    p.add_argument("--rows", type=int, default=default, metavar="N", help=help)
+    for name in old:
+        p.add_argument(name, dest="rows", type=int, action=_DeprecatedRows, help=argparse.SUPPRESS)
+
+
 def register(subparsers: Any) -> None:
     """Add the analysis subcommands to ``subparsers`` (from ``add_subparsers()``)."""
     p = subparsers.add_parser(
@@ -35,7 +52,7 @@ def register(subparsers: Any) -> None:
     )
     _inputs(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--top", type=int, default=20, metavar="N", help="rows of the longest tables (default 20)")
+    _rows_option(p, 20, "rows of the longest tables (default 20)", "--top")
     _execution(p)
     _index_option(p)
     p.set_defaults(func=_run_summary)
@@ -96,7 +113,7 @@ def register(subparsers: Any) -> None:
         "analysis extra). Exit code 1 if any file breaks a rule, 2 if a file cannot be read.",
     )
     p.add_argument("paths", nargs="+", help="trace files, directories or glob patterns")
-    p.add_argument("--max", type=int, default=50, metavar="N", help="violations to print per file (default 50)")
+    _rows_option(p, 50, "violations to print per file (default 50)", "--max")
     p.add_argument("--json", action="store_true", help="print violations as JSON")
     p.add_argument("--strict", action="store_true",
                    help="count a last frame cut off mid-write (a killed process) as a violation")
@@ -187,7 +204,7 @@ def _run_summary(args: argparse.Namespace) -> int:
 
     with _Run(args) as options:
         summary = summarize(args.paths, **options, index=not args.no_index)
-    sys.stdout.write(summary.to_json() if args.json else _printable(render_text(summary, top=args.top)))
+    sys.stdout.write(summary.to_json() if args.json else _printable(render_text(summary, top=args.rows)))
     if args.json:
         sys.stdout.write("\n")
     return 0
@@ -280,10 +297,10 @@ def _run_validate(args: argparse.Namespace) -> int:
             print(f"{path}: OK" + (f" ({torn[0]})" if torn else ""))
             continue
         print(f"{path}: {len(violations)} violation{'s' if len(violations) > 1 else ''}")
-        for v in violations[: args.max]:
+        for v in violations[: args.rows]:
             print(f"  {_printable(str(v))}")
-        if len(violations) > args.max:
-            print(f"  ... {len(violations) - args.max} more")
+        if len(violations) > args.rows:
+            print(f"  ... {len(violations) - args.rows} more")
     if args.json:
         sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif failed:
@@ -326,8 +343,7 @@ def _register_diff_and_watch(subparsers: Any) -> None:
                    help="the figure --fail-on-regression guards (default step.p50; any metric key of "
                    "the output, such as step.p95, epoch.time or compute.forward.mean)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    p.add_argument("--top", type=int, default=20, metavar="N",
-                   help="flagged rows, and names per category table, to print (default 20)")
+    _rows_option(p, 20, "flagged rows, and names per category table, to print (default 20)", "--top")
     _execution(p)
     p.set_defaults(func=_run_diff)
 
@@ -356,7 +372,9 @@ def _register_diff_and_watch(subparsers: Any) -> None:
 
 @_command(*ANALYSIS)
 def _run_diff(args: argparse.Namespace) -> int:
-    from ._diff import compare_summaries, step_times, parse_percent, render_diff
+    from ._diff import compare_summaries
+    from ._render_diff import parse_percent, render_diff
+    from ._step_shifts import step_times
     from ._sources import runs_in
     from ._summary import summarize
 
@@ -380,7 +398,7 @@ def _run_diff(args: argparse.Namespace) -> int:
                                   "reason": failure}
         sys.stdout.write(_json_text(data) + "\n")
     else:
-        sys.stdout.write(_printable(render_diff(diff, args.base, args.new, top=args.top)))
+        sys.stdout.write(_printable(render_diff(diff, args.base, args.new, top=args.rows)))
     if failure is not None:
         print(f"dftrace diff: regression: {_printable(failure)}", file=sys.stderr)
         return 1
@@ -456,8 +474,7 @@ def _register_sql(subparsers: Any) -> None:
     out.add_argument("--csv", action="store_true", help="print the result as CSV")
     out.add_argument("--json", action="store_true", help="print the result as a JSON array of rows")
     out.add_argument("-o", "--output", metavar="FILE", help="write the result to FILE (.parquet, .csv or .json)")
-    p.add_argument("--max-rows", type=int, default=100, metavar="N",
-                   help="rows of the terminal table (default 100; -1 for all)")
+    _rows_option(p, 100, "rows of the terminal table (default 100; -1 for all)", "--max-rows")
     p.add_argument("--allow-file-functions", action="store_true",
                    help="let the query call polars' table functions that read files (read_csv(...), ...); "
                    "without it a query reads only the traces given")
@@ -495,7 +512,7 @@ def _run_sql(args: argparse.Namespace) -> int:
     elif args.json:
         sys.stdout.buffer.write(result_json(result))
     else:
-        sys.stdout.write(_printable(result_table(result, args.max_rows)))
+        sys.stdout.write(_printable(result_table(result, args.rows)))
     return 0
 
 

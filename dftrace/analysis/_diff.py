@@ -38,10 +38,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import orjson
 
 from .. import format as fmt
+from ._step_shifts import (_COVERED, SPEED_MIN_COUNT, SPEED_MIN_SHARE, StepTimes, _covered,
+                           _Shift, _step_shifts, step_times)
 from ._summary import Summary
 
 
@@ -231,166 +232,6 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     return diff
 
 
-@dataclass(frozen=True)
-class _Shift:
-    """How a name's time per step moved against the rest of the step in NEW, as the
-    logarithm of a ratio (estimate and 95 % interval), and the step's relative change
-    that move makes (``step``, with ``step_low``/``step_high``)."""
-
-    estimate: float
-    low: float
-    high: float
-    step: float
-    step_low: float
-    step_high: float
-
-
-@dataclass
-class StepTimes:
-    """Each name's time in each step of one run (:func:`step_times`): ``times[k, i]`` is
-    the µs that name ``names[i]`` took in step ``k`` (all its spans carrying that step
-    number, per process)."""
-
-    names: list[tuple[str, str]]
-    times: np.ndarray
-
-
-#: Steps kept per run for the comparison; a run with more is represented by this many
-#: evenly spaced quantiles of each name's share of its steps.
-STEPS_KEPT = 1000
-#: The normal quantile of the intervals of the names' moves.
-_Z = 1.96
-
-
-def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
-    """Each name's time per step in one run (paths, directories, globs, or a loaded
-    :class:`TraceTable`), from the spans that carry a step number (enclosing spans
-    left out: pipeline spans and loop bodies). Files are read a
-    piece at a time: memory is bounded by the steps times the names."""
-    import polars as pl
-
-    from ._decode import iter_partition_pieces
-    from ._schema import HOST_KEY
-    from ._sources import DEFAULT_PARTITION_BYTES, expand_paths, plan_partitions
-    from ._trace import TraceTable, as_path_list
-
-    keys = ["host", "pid", "epoch", "step", "cat", "name"]
-
-    def per_step(events: pl.DataFrame) -> pl.DataFrame:
-        if "host" not in events.columns:
-            events = events.rename({HOST_KEY: "host"})
-        spans = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("dur").is_not_null()
-                              & pl.col("step").is_not_null() & pl.col("name").is_not_null())
-        return spans.group_by(keys).agg(pl.col("dur").sum())
-
-    if isinstance(source, TraceTable):
-        table = per_step(source.events)
-    else:
-        table = None
-        plan = plan_partitions(expand_paths(as_path_list(source)), partition_bytes or DEFAULT_PARTITION_BYTES)
-        for partition in plan:
-            for piece in iter_partition_pieces(partition, ["pid", "cat", "name", "ph", "dur", "epoch", "step"]):
-                part = per_step(piece.events)
-                table = part if table is None else pl.concat([table, part]).group_by(keys).agg(pl.col("dur").sum())
-    if table is None or not table.height:
-        return StepTimes([], np.zeros((0, 0)))
-    table = table.with_columns(pl.col("cat").fill_null(""), pl.col("host").fill_null(""))
-    # Item waits (``.iter``) are the step's own time too; enclosing spans are not.
-    table = table.filter([c != fmt.CAT_PIPELINE and not n.endswith(fmt.BLOCK_SUFFIX)
-                          for c, n in zip(table["cat"], table["name"])])
-    names = sorted(set(zip(table["cat"].to_list(), table["name"].to_list())))
-    column = {name: i for i, name in enumerate(names)}
-    steps = table.select("host", "pid", "epoch", "step").unique().with_row_index("k")
-    rows = table.join(steps, on=["host", "pid", "epoch", "step"], how="left", nulls_equal=True)
-    times = np.zeros((steps.height, len(names)))
-    index = [column[n] for n in zip(rows["cat"].to_list(), rows["name"].to_list())]
-    times[rows["k"].to_numpy(), index] = rows["dur"].to_numpy()
-    return StepTimes(names, times)
-
-
-def _log_shift(base: np.ndarray, new: np.ndarray) -> tuple[float, float, float]:
-    """Hodges-Lehmann estimate of new - base (the median of the differences of every
-    pair, one value from each) with its 95 % interval from the Mann-Whitney ranks:
-    distribution-free, no assumption on the values' shape."""
-    base, new = _kept(base), _kept(new)
-    pairs = np.sort(np.subtract.outer(new, base).ravel())
-    m, k = len(base), len(new)
-    cut = max(0, math.floor(m * k / 2 - _Z * math.sqrt(m * k * (m + k + 1) / 12)))
-    return float(np.median(pairs)), float(pairs[cut]), float(pairs[m * k - 1 - cut])
-
-
-def _kept(values: np.ndarray) -> np.ndarray:
-    if len(values) <= STEPS_KEPT:
-        return values
-    return np.quantile(values, (np.arange(STEPS_KEPT) + 0.5) / STEPS_KEPT)
-
-
-def _step_shifts(base: StepTimes, new: StepTimes, threshold: float,
-                 step_us: float | None = None) -> dict[tuple[str, str], _Shift]:
-    """The names whose time per step moved against the rest of the step (the other
-    names' time in the same step: the machine's speed and its load at that moment,
-    seen by the rest of the work) enough to change the step by more than the
-    threshold (its time per step in BASE times its move, over ``step_us``, BASE's mean
-    step; the names' time per step without it), with 95 % intervals that exclude no move.
-
-    One name at a time: the one that moved most is taken out of the rest before the
-    others are judged again (a name that grew makes every other look smaller against
-    it). Names with spans in fewer than eight steps of a run, or under 1 % of the
-    time, are not judged."""
-    shared = [name for name in base.names if name in new.names]
-    if len(shared) < 2:
-        return {}
-    columns = (np.array([base.names.index(n) for n in shared]), np.array([new.names.index(n) for n in shared]))
-    times = (base.times[:, columns[0]], new.times[:, columns[1]])
-    total = times[0].sum() or 1.0
-    judged = [i for i in range(len(shared))
-              if min((times[0][:, i] > 0).sum(), (times[1][:, i] > 0).sum()) >= _SPEED_MIN_COUNT
-              and times[0][:, i].sum() >= _SPEED_MIN_SHARE * total]
-    rest_of = [t.sum(axis=1) for t in times]
-    shifts: dict[tuple[str, str], _Shift] = {}
-    while True:
-        best = None
-        for i in judged:
-            if shared[i] in shifts:
-                continue
-            logs = []
-            for t, rest in zip(times, rest_of):
-                x, others = t[:, i], rest - t[:, i]
-                ok = (x > 0) & (others > 0)
-                logs.append(np.log(x[ok] / others[ok]))
-            if min(len(logs[0]), len(logs[1])) < _SPEED_MIN_COUNT:
-                continue
-            estimate, low, high = _log_shift(*logs)
-            if low <= 0 <= high:
-                continue
-            # The name's time per step in BASE turns its move into the step's.
-            share = times[0][:, i].sum() / len(times[0]) / (step_us or rest_of[0].mean() or 1.0)
-
-            def step(log: float, share: float = share) -> float:
-                return share * math.expm1(log)
-
-            shift = _Shift(estimate, low, high, step(estimate), step(low), step(high))
-            if abs(shift.step) > threshold and (best is None or abs(shift.step) > abs(best[1].step)):
-                best = (i, shift)
-        if best is None:
-            return shifts
-        i, shift = best
-        shifts[shared[i]] = shift
-        rest_of = [rest - t[:, i] for t, rest in zip(times, rest_of)]
-
-
-#: The share of the steps' time the names must hold for their moves alone to judge the
-#: step figures (else time outside the names' spans may have changed unseen).
-_COVERED = 0.5
-
-
-def _covered(run: Summary, steps: StepTimes) -> float:
-    """The share of a run's rank-step time that its names' spans with a step number hold
-    (nested names counted once each, so this may pass 1)."""
-    total = (run.step_stats.get("mean_us") or 0) * (run.step_stats.get("count") or 0)
-    return float(steps.times.sum()) / total if total else 0.0
-
-
 #: Step figures the names' moves judge.
 _STEP_FIGURES = ("step.p50", "step.p95", "step.mean")
 
@@ -420,9 +261,6 @@ def _by_steps(figure: _Figure, shifts: dict[tuple[str, str], _Shift]) -> tuple[t
 
 #: Sections whose time figures scale with the machine's speed.
 _TIMED_SECTIONS = ("steps", "epochs", "categories")
-#: Names that take part in the machine-speed estimate: at least this many spans in
-#: each run, and this share of the runs' time.
-_SPEED_MIN_COUNT, _SPEED_MIN_SHARE = 8, 0.01
 
 
 def machine_speed(base: Summary, new: Summary) -> float | None:
@@ -441,8 +279,8 @@ def machine_speed(base: Summary, new: Summary) -> float | None:
     for r in new.categories:
         key = (r["cat"], r["name"])
         b = rows_b.get(key)
-        if (b is None or not _leaf(*key) or min(b["count"], r["count"]) < _SPEED_MIN_COUNT
-                or (b.get("total_us") or 0) < _SPEED_MIN_SHARE * total or not b.get("mean_us")):
+        if (b is None or not _leaf(*key) or min(b["count"], r["count"]) < SPEED_MIN_COUNT
+                or (b.get("total_us") or 0) < SPEED_MIN_SHARE * total or not b.get("mean_us")):
             continue
         ratios.append((r["mean_us"] / b["mean_us"], b["total_us"]))
     if len(ratios) < 3:
@@ -780,20 +618,7 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
     return round(value, digits) if isinstance(value, float) else value
 
 
-# --- rendering ---------------------------------------------------------------------------
-
-
-def parse_percent(text: str) -> float:
-    """``5%`` or ``5`` (both 5 %) as the fraction 0.05."""
-    raw = text.strip()
-    try:
-        value = float(raw[:-1] if raw.endswith("%") else raw)
-    except ValueError:
-        raise ValueError(f"expected a percentage such as 5%, got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"expected a percentage >= 0, got {text!r}")
-    return value / 100
-
+# --- values as text (the rows' notes and the rendering) ---------------------------------
 
 def _value(unit: str, value: float | None) -> str:
     from ._render_text import format_us
@@ -822,111 +647,3 @@ def _signed(unit: str, value: float | None) -> str:
     if unit == RATIO:
         return f"{value:+.2f}"
     return f"{value:+,.0f}"
-
-
-def _change(row: DiffRow) -> tuple[str, str, str]:
-    """(change, relative change, interval) as printed."""
-    if row.change is None:
-        if row.base is None and row.new is None:
-            return "", "", ""  # in neither run (no communication, say)
-        return ("only in base" if row.new is None else "only in new"), "", ""
-    relative = f"{row.relative * 100:+.1f}%" if row.relative is not None else ""
-    return _signed(row.unit, row.change), relative, _interval(row) if row.low is not None else ""
-
-
-def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *, top: int = 20) -> str:
-    """The comparison as terminal tables: what changed beyond noise (the ``top`` rows
-    with the largest effect on step time), then every section side by side (per name:
-    the ``top`` names with the most time)."""
-    from ._render_text import _table, count_of
-
-    def describe(run: dict[str, Any]) -> str:
-        ranks = count_of(run["ranks"], "rank") if run["ranks"] else count_of(run["processes"], "process", "processes")
-        broken = f", {count_of(run['broken_lines'], 'broken line')}" if run.get("broken_lines") else ""
-        return f"{ranks}, {count_of(run['rank_steps'], 'rank-step')}, {count_of(run['events'], 'event')}{broken}"
-
-    runs_b, runs_n = diff.runs
-    lines = [f"dftrace diff: base {base_name} ({_runs_of(runs_b)}{describe(diff.base)})",
-             f"              new  {new_name} ({_runs_of(runs_n)}{describe(diff.new)})"]
-    if runs_b + runs_n > 2:
-        lines.append(f"  noise: the spread of each figure over the runs; intervals are 95 % "
-                     f"(Welch's t), means over {runs_b} and {runs_n} runs")
-    else:
-        lines.append(f"  noise: step figures from the spread over blocks of consecutive steps "
-                     f"(up to {STEP_BLOCKS} per run), a name's mean from the spread of its durations; "
-                     "other figures have no interval with one run per side: several runs per side give "
-                     "a sharper answer")
-        if diff.speed is not None:
-            lines.append(f"  machine speed: the names took {diff.speed:.3f}x as long in new (median over "
-                         "names, weighed by time); time figures are judged by their change beyond that")
-        if diff.moved:
-            moved = ", ".join(f"{name} ({step * 100:+.1f}% of the step)" for name, step in diff.moved.items())
-            lines.append(f"  moved against the rest of their steps, outside the noise: {moved}; "
-                         "step figures are judged by that part")
-    lines.append("")
-    flagged = diff.flagged
-    threshold = f"{diff.threshold * 100:g}%"
-    if flagged:
-        lines.append(f"Changed beyond {threshold} and outside the noise (largest effect on step time first; "
-                     "impact: change in the figure's time per rank-step)")
-        rows = [(r.metric, _value(r.unit, r.base), _value(r.unit, r.new), *_change(r), _impact(r))
-                for r in flagged[:top]]
-        lines += _table(("metric", "base", "new", "change", "%", "95% interval", "impact"), rows,
-                        (False, True, True, True, True, True, True))
-        if len(flagged) > top:
-            lines.append(f"  ... {len(flagged) - top} more (--top, or --json)")
-    else:
-        lines.append(f"Nothing changed beyond {threshold} outside the noise.")
-    shown_names = _busiest_names(diff, top)
-    for section in SECTIONS:
-        rows = [r for r in diff.rows if r.section == section]
-        if section == "categories":
-            hidden = len({_name_of(r) for r in rows} - shown_names)
-            rows = [r for r in rows if _name_of(r) in shown_names]
-        if not rows:
-            continue
-        lines += ["", _SECTION_TITLES[section]]
-        table = [(r.metric, _value(r.unit, r.base), _value(r.unit, r.new), *_change(r), "*" if r.flagged else "",
-                  r.note) for r in rows]
-        lines += _table(("metric", "base", "new", "change", "%", "95% interval", "flag", "note"), table,
-                        (False, True, True, True, True, True, False, False))
-        if section == "categories" and hidden:
-            lines.append(f"  ... {hidden} more names (--top, or --json)")
-    return "\n".join(lines) + "\n"
-
-
-def _runs_of(count: int) -> str:
-    return f"{count} runs, mean of " if count > 1 else ""
-
-
-def _name_of(row: DiffRow) -> str:
-    return row.metric.rsplit(".", 1)[0]
-
-
-def _busiest_names(diff: RunDiff, top: int) -> set[str]:
-    """The ``top`` names with the most time in either run."""
-    totals: dict[str, float] = {}
-    for row in diff.rows:
-        if row.section == "categories" and row.metric.endswith(".total"):
-            totals[_name_of(row)] = max(row.base or 0, row.new or 0)
-    return set(sorted(totals, key=lambda name: -totals[name])[:top])
-
-
-def _impact(row: DiffRow) -> str:
-    from ._render_text import format_us
-
-    if not row.impact_us:
-        return ""
-    return ("+" if row.impact_us > 0 else "") + format_us(row.impact_us) + "/step"
-
-
-_SECTION_TITLES = {
-    "steps": "Step time (all ranks and steps)",
-    "epochs": "Epochs",
-    "categories": "Per category and name",
-    "breakdown": "Time breakdown",
-    "dataloader": "Data-loader stall",
-    "stragglers": "Stragglers",
-    "gpu": "GPU (PyTorch profiler traces)",
-    "events": "Events",
-}

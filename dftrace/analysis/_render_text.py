@@ -179,7 +179,7 @@ def _categories(summary: Summary, top: int) -> list[str]:
     lines += _table(("cat", "name", "count", "total", "mean", "p50", "p95", "max"), rows,
                     (False, False, True, True, True, True, True, True))
     if more > 0:
-        lines.append(f"  ... {more} more (--top, or --json for all)")
+        lines.append(f"  ... {more} more (--rows, or --json for all)")
     return lines
 
 
@@ -275,7 +275,7 @@ def _stragglers(summary: Summary, top: int) -> list[str]:
                      "noise", "stands out", "compute per step"), rows,
                     (False, False, True, True, True, True, True, False, True))
     if len(summary.stragglers) > len(rows):
-        lines.append(f"  ... {len(summary.stragglers) - len(rows)} more ranks (--top, or --json)")
+        lines.append(f"  ... {len(summary.stragglers) - len(rows)} more ranks (--rows, or --json)")
     return lines
 
 
@@ -300,7 +300,7 @@ def _imbalance(summary: Summary, top: int) -> list[str]:
     lines += _table(("rank", "steps", "mean step", "p50", "max", "slowest in"), rows,
                     (False, True, True, True, True, True))
     if len(imb["ranks"]) > len(ranks):
-        lines.append(f"  ... {len(imb['ranks']) - len(ranks)} more ranks (--top, or --json)")
+        lines.append(f"  ... {len(imb['ranks']) - len(ranks)} more ranks (--rows, or --json)")
     return lines
 
 
@@ -323,7 +323,7 @@ def _gpu(summary: Summary, top: int) -> list[str]:
     lines += _table(("rank", "device", "kernels", "kernel time", "idle", "compute", "non-compute",
                      "comm overlap", "idle: host/kernel/other wait"), rows, (True,) * 8 + (False,))
     if len(summary.gpu) > top:
-        lines.append(f"  ... {len(summary.gpu) - top} more devices (--top, or --json)")
+        lines.append(f"  ... {len(summary.gpu) - top} more devices (--rows, or --json)")
     first = summary.gpu[0]
     if first["top_kernels"]:
         lines.append(f"  top kernels (rank {first['rank']}, device {first['device']}):")
@@ -342,7 +342,7 @@ def _gpu(summary: Summary, top: int) -> list[str]:
         lines += _table(("rank", "epoch", "step", "step time", "recorded", "GPU busy", "GPU compute", "kernels",
                          "GPU time", "sync wait"), rows, (True,) * 10)
         if len(summary.gpu_steps) > top:
-            lines.append(f"  ... {len(summary.gpu_steps) - top} more steps (--top, or --json)")
+            lines.append(f"  ... {len(summary.gpu_steps) - top} more steps (--rows, or --json)")
     if summary.gpu_spans:
         lines.append("  GPU time by span (kernels whose launch call started inside the span, on its thread):")
         lines += _table(("cat", "name", "spans", "kernels", "GPU time"),

@@ -315,6 +315,6 @@ def result_table(result: pl.DataFrame, max_rows: int) -> str:
     ):
         text = str(shown) + "\n"
     if shown.height < result.height:
-        text += f"({result.height - shown.height} more rows: --max-rows, --csv or -o FILE for all)\n"
+        text += f"({result.height - shown.height} more rows: --rows, --csv or -o FILE for all)\n"
     return text
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._core import engine as _rec
+from .._core.state import STATE
 from .._core import session as _runtime
 from .._core.config import env_enabled
 from .._core.records import META
@@ -64,7 +65,7 @@ def worker_init_fn(worker_id: int) -> None:
             args["num_workers"] = n
         _rec.record_special(META, {"name": "CM", "args": args}, pid)
     except Exception as exc:
-        _rec.STATE.warn_once("worker_init", f"worker_init_fn failed: {exc!r}")
+        STATE.warn_once("worker_init", f"worker_init_fn failed: {exc!r}")
 
 
 class WorkerInit:

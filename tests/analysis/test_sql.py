@@ -119,11 +119,25 @@ def test_every_output_format_holds_the_same_rows(run_dir, tmp_path, capsys):
 
 
 def test_long_results_are_cut_in_the_table_and_say_so(run_dir, capsys):
-    """--max-rows bounds the terminal table and says how many rows were left out."""
-    assert main(["sql", "SELECT * FROM steps", str(run_dir), "--max-rows", "5"]) == 0
+    """--rows bounds the terminal table and says how many rows were left out."""
+    assert main(["sql", "SELECT * FROM steps", str(run_dir), "--rows", "5"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 + 5 + 1
-    assert lines[-1].startswith(f"({RANKS * EPOCHS * STEPS - 5} more rows")
+    assert lines[-1].startswith(f"({RANKS * EPOCHS * STEPS - 5} more rows: --rows")
+
+
+@pytest.mark.parametrize("command, old", [
+    (["sql", "SELECT * FROM steps"], "--max-rows"),
+    (["summary"], "--top"),
+])
+def test_old_names_of_rows_still_work_and_say_they_are_deprecated(run_dir, capsys, command, old):
+    """The row limit's old names are hidden aliases of --rows: same output, a note on stderr."""
+    assert main([*command, str(run_dir), "--rows", "3"]) == 0
+    with_rows = capsys.readouterr().out
+    assert main([*command, str(run_dir), old, "3"]) == 0
+    got = capsys.readouterr()
+    assert got.out == with_rows
+    assert f"{old} is deprecated; use --rows" in got.err
 
 
 @pytest.mark.parametrize("query, says", [

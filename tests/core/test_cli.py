@@ -211,8 +211,10 @@ def test_validate_of_parquet_without_the_analysis_extra_names_it(tmp_path):
 
 
 def _documented_options(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:
+    """Every option and argument but the hidden ones (deprecated names, help SUPPRESS)."""
     return [(a.option_strings[-1] if a.option_strings else (a.metavar or a.dest), a.help)
-            for a in parser._actions if not isinstance(a, argparse._SubParsersAction)]
+            for a in parser._actions if not isinstance(a, argparse._SubParsersAction)
+            and a.help != argparse.SUPPRESS]
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:

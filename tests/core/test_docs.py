@@ -46,7 +46,7 @@ def _section_titles(page: pathlib.Path) -> list[str]:
 
 def test_every_validation_rule_is_explained_in_the_format_doc():
     """Each rule name the validators can print has a row in docs/format.md's rule tables."""
-    names = ("format.py", "_nesting.py", "analysis/_parquet.py")
+    names = ("_trace_reading.py", "_trace_rules.py", "_nesting.py", "analysis/_parquet.py")
     source = "".join((ROOT / "dftrace" / name).read_text() for name in names)
     rules = set(re.findall(r'(?:(?:Violation|Found)\(\s*[^,()]+,|broken\()\s*"([a-z0-9-]+)"', source)) | {"pid", "tid"}
     assert {"open", "json", "nesting", "parent", "level", "parquet-columns"} <= rules

@@ -18,6 +18,8 @@ from _requirements import native_engine_missing, needs
 import dftrace
 from dftrace import ai, testing
 from dftrace._core import engine as _recorder
+from dftrace._core import buffer as _buffer
+from dftrace._core.state import STATE
 
 LIMIT = 1024  # the smallest buffer_limit the configuration accepts
 
@@ -93,12 +95,12 @@ def test_buffer_limit_is_exact_for_every_style(tmp_path, style, writer):
     record = _styles()[style]
     dftrace.initialize(log_file=str(tmp_path / "t"), buffer_limit=LIMIT, on_full="drop",
                        batch_size=10**9, flush_interval=3600, writer=writer)
-    _recorder.STATE.consumer = None  # the writer stops taking records
-    before = _recorder.buffered()
+    STATE.consumer = None  # the writer stops taking records
+    before = _buffer.buffered()
     record(3 * LIMIT)
-    assert _recorder.buffered() == LIMIT
-    assert _recorder.STATE.dropped >= 3 * LIMIT - (LIMIT - before) - 2
-    dropped = _recorder.STATE.dropped
+    assert _buffer.buffered() == LIMIT
+    assert STATE.dropped >= 3 * LIMIT - (LIMIT - before) - 2
+    dropped = STATE.dropped
     dftrace.finalize()
     events = testing.read_events(tmp_path)
     lines = [e for e in events if e.get("name") == "dropped"]
@@ -120,7 +122,7 @@ def test_keyboard_interrupt_while_waiting_for_room_reaches_the_program(tmp_path)
             threading.Event().wait(timeout)  # interruptible: a signal handler runs here
             return False
 
-    _recorder.STATE.consumer = StuckWriter()
+    STATE.consumer = StuckWriter()
     main = threading.main_thread().ident
     timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
     timer.start()

@@ -128,3 +128,35 @@ def test_public_api_is_pinned():
     assert dftrace.__all__ == sorted(dftrace.__all__)
     for name in dftrace.__all__:
         assert hasattr(dftrace, name), name
+
+
+def test_a_function_given_with_options_is_decorated_with_them(tmp_path):
+    """``node(fn, args=...)`` returns ``fn`` traced as that use: each call is a span
+    carrying the args (it used to return the use and drop ``fn``)."""
+
+    def step(x):
+        return x + 1
+
+    with testing.trace_to(tmp_path) as result:
+        traced = ai.compute.forward(step, args={"layer": 3})
+        assert traced(1) == 2
+        assert traced.__name__ == "step"
+    [span] = testing.assert_span(result, "forward", cat="compute", count=1)
+    assert testing.get_arg(span, "layer") == 3
+
+
+def test_a_function_with_a_forced_off_use_is_returned_as_it_is():
+    """``node(fn, enable=False)`` records nothing: ``fn`` comes back itself."""
+
+    def step():
+        pass
+
+    assert ai.compute.forward(step, enable=False) is step
+
+
+def test_a_value_that_is_not_a_function_with_options_is_refused():
+    """``node(3, args=...)``: a TypeError says the node decorates functions."""
+    import pytest
+
+    with pytest.raises(TypeError, match="decorates functions"):
+        ai.compute.forward(3, args={"a": 1})

@@ -16,7 +16,7 @@ import zstandard
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import engine as _rec
+from dftrace._core import buffer as _buffer
 from dftrace._core import writer as writer_mod
 
 from ._util import assert_valid
@@ -129,13 +129,13 @@ def test_gzip_frames_are_compressed_and_written_by_the_engine(tmp_path):
     with ai.compute.forward:  # the first write (the header) opens the file in Python
         pass
     s.writer.flush()
-    before = _rec.frames_written()
+    before = _buffer.frames_written()
     for flush in range(3):
         for _ in range(1000):
             with ai.compute.forward:
                 pass
         s.writer.flush()
-    assert _rec.frames_written() - before == 3  # one member per flush, from the engine
+    assert _buffer.frames_written() - before == 3  # one member per flush, from the engine
     dftrace.finalize()
     with gzip.open(s.path, "rb") as fh:
         lines = fh.read().splitlines()
@@ -280,6 +280,7 @@ def test_stop_returns_on_time_when_the_storage_stalls(tmp_path):
     import threading
 
     from dftrace._core import engine as _rec
+    from dftrace._core import buffer as _buffer
 
     s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", flush_interval=60,
                            inherit=False, writer="thread")  # its sink is made to hang here
@@ -302,7 +303,7 @@ def test_stop_returns_on_time_when_the_storage_stalls(tmp_path):
     assert time.monotonic() - t0 < 2
     assert s.sink.abandoned
     # all 11 are counted as not written: in the stuck write, or still buffered
-    assert s.sink.events_lost + _rec.buffered() >= 11
+    assert s.sink.events_lost + _buffer.buffered() >= 11
     release.set()
     s.writer._thread.join(5)
     with pytest.warns(RuntimeWarning, match="events could not be written"):

@@ -10,7 +10,8 @@ import pytest
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import engine as _recorder
+from dftrace._core import buffer as _buffer
+from dftrace._core.state import STATE
 
 
 @ai.compute.forward(capture=True, capture_result=True)
@@ -45,7 +46,7 @@ def test_nodes_stop_recording_after_the_capture_ends():
         train()
     forward(1)
     assert not ai.compute.forward.enabled
-    assert _recorder.buffered() == 0
+    assert _buffer.buffered() == 0
 
 
 def test_browse_by_category_name_and_position():
@@ -353,7 +354,7 @@ def test_calls_from_other_threads_are_captured():
 
 def test_long_captures_drain_the_buffer_as_they_go():
     """Without a file session the capture drains the buffer under pressure, losing nothing."""
-    _recorder.STATE.batch_size = 1000
+    STATE.batch_size = 1000
     high_water = []
 
     @ai.compute.step
@@ -364,7 +365,7 @@ def test_long_captures_drain_the_buffer_as_they_go():
         for i in range(20_000):
             step()
             if i % 1000 == 0:
-                high_water.append(_recorder.buffered())
+                high_water.append(_buffer.buffered())
     assert len(t.compute.step) == 20_000
     assert max(high_water) < 10_000
 

@@ -8,7 +8,7 @@ import pytest
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import engine as _recorder
+from dftrace._core import buffer as _buffer
 
 
 def test_with_capture_names_records_those_variables_at_entry():
@@ -128,7 +128,7 @@ def test_scope_methods_are_harmless_when_not_recording():
         call.capture(x=1)
         call.set_result(2)
     assert dftrace.last_capture() is None
-    assert _recorder.buffered() == 0
+    assert _buffer.buffered() == 0
 
 
 def test_iter_with_capture_result_records_each_item():

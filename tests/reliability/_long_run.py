@@ -13,7 +13,7 @@ import psutil
 
 import dftrace
 from dftrace import ai
-from dftrace._core import engine as _recorder
+from dftrace._core import buffer as _buffer
 
 
 @ai.compute.forward
@@ -31,7 +31,7 @@ def main(out: str, phases: int, per_phase: int, max_file_size: str) -> None:
             with ai.pipeline.epoch(args={"step": n}):
                 forward(n)
             n += 2
-        buffered = _recorder.buffered()
+        buffered = _buffer.buffered()
         session.writer.flush()  # measure what stays once the buffer is written
         print(phase, n, proc.memory_info().rss, buffered, flush=True)
 

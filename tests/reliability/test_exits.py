@@ -245,7 +245,7 @@ def test_sigterm_during_finalize_lets_it_finish_then_dies(tmp_path):
 
         import dftrace
         from dftrace import ai
-        from dftrace._core import writer as _writer
+        from dftrace._core import buffer as _buffer
 
         # The writer thread: its last flush is where the signal arrives.
         dftrace.initialize(log_file=sys.argv[1] + "/t", compression="zstd", flush_interval=60,
@@ -260,7 +260,7 @@ def test_sigterm_during_finalize_lets_it_finish_then_dies(tmp_path):
                 armed.clear()
                 os.kill(os.getpid(), signal.SIGTERM)
 
-        _writer.LISTENERS.append(during_flush)
+        _buffer.set_tap(during_flush)
         dftrace.finalize()
         print("survived the signal")
     """)

@@ -56,6 +56,7 @@ def test_size_limit_rotates_into_complete_numbered_parts(tmp_path):
 def test_producer_faster_than_the_writer_waits_instead_of_piling_up(tmp_path):
     """When the writer is a flush interval behind, producers wait: the buffer stays short."""
     from dftrace._core import engine as _recorder
+    from dftrace._core import buffer as _buffer
 
     # zstd level 9 makes the writer far slower than this loop on any machine.
     s = dftrace.initialize(log_file=str(tmp_path / "t"), compression_level=9,
@@ -65,7 +66,7 @@ def test_producer_faster_than_the_writer_waits_instead_of_piling_up(tmp_path):
         with ai.compute.forward:
             pass
         if not i & 0x3FF:
-            most = max(most, _recorder.buffered())
+            most = max(most, _buffer.buffered())
     dftrace.finalize()
     # Without waiting, more than 250,000 would be buffered here; with it, about
     # one batch (65,536) plus one flush interval of events.

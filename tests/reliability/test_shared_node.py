@@ -145,7 +145,7 @@ VICTIM = """
 
 
 def _job_drainer_name(job: str) -> str:
-    from dftrace._core import shm
+    from dftrace._core import registration as shm
 
     saved = {v: os.environ.pop(v, None) for v in shm._JOB_VARS}
     os.environ["TORCHELASTIC_RUN_ID"] = job
