@@ -3,14 +3,17 @@ Python. ``DFTRACE_REQUIRE_SPEEDUPS=1`` at install time makes a failed C build fa
 install instead (CI sets it, so a broken engine cannot pass unnoticed)."""
 
 import os
+from glob import glob
 
 from setuptools import Extension, setup
 
 required = os.environ.get("DFTRACE_REQUIRE_SPEEDUPS", "").strip() not in ("", "0")
 
 setup(ext_modules=[
-    # The recording engine: records, span styles, encoder, writer loop, shared-memory ring.
-    Extension("dftrace._core._speedups", ["dftrace/_core/_speedups.c"], optional=not required),
+    # The recording engine, one module in units (dftrace/_core/engine_c/engine.h maps them):
+    # records, span styles, encoder, writer loop, shared-memory ring.
+    Extension("dftrace._core._speedups", sorted(glob("dftrace/_core/engine_c/*.c")),
+              depends=["dftrace/_core/engine_c/engine.h"], optional=not required),
     # The reader of trace lines for analysis; without it loading parses with polars alone.
     Extension("dftrace.analysis._scan", ["dftrace/analysis/_scan.c"], optional=not required),
 ])

@@ -711,8 +711,9 @@ def _load_speedups() -> Any:
     # Spans mix both clocks (C wrappers, Python context managers): they must agree.
     if abs(mod.clock_ns() - clock()) > 1_000_000:
         return None
-    mod.configure(LOCAL, resolve, wait_for_room, wake_consumer, _unwind, with_error,
-                  Extra.joined, to_extra, sticky_of, Extra, cm_exit)
+    mod.register(local=LOCAL, resolve=resolve, wait_room=wait_for_room, wake=wake_consumer,
+                 unwind=_unwind, with_error=with_error, merge=Extra.joined, to_extra=to_extra,
+                 sticky_of=sticky_of, extra_type=Extra, slow_exit=cm_exit)
     mod.set_limits(STATE._batch_size, STATE._buffer_limit, STATE._drop_when_full)
     use_native(mod.add_kind, mod.plain_fragment)
     return mod

@@ -583,10 +583,10 @@ def refresh_all() -> None:
 
 
 if _rec.speedups is not None:
-    _rec.speedups.set_update_slow(Node._update_py)
-    _rec.speedups.configure_hooks(_rec.STATE, Span, _NO_SPAN, _Traceable._start_py,
-                                  _Traceable._stop_py, Use, _Traceable._call_py, Span._stop_py,
-                                  GATE)
+    _rec.speedups.register(state=_rec.STATE, span_type=Span, no_span=_NO_SPAN,
+                           start_slow=_Traceable._start_py, stop_slow=_Traceable._stop_py,
+                           use_type=Use, call_slow=_Traceable._call_py,
+                           span_stop_slow=Span._stop_py, gate=GATE, update_slow=Node._update_py)
 
 
 def _reset() -> None:

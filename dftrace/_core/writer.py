@@ -37,7 +37,7 @@ _ZSTD_LEVEL = 1
 #: the CPU (measured in docs/performance.md).
 _GZIP_LEVEL = 1
 
-#: The engine's ``level`` for gzip at level n is _GZIP_LEVEL_BASE + n (see _speedups.c).
+#: The engine's ``level`` for gzip at level n is _GZIP_LEVEL_BASE + n (see dftrace/_core/engine_c/writer.c).
 _GZIP_LEVEL_BASE = 100
 
 #: What the C engine can compress and write itself, the GIL released (see

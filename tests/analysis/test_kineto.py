@@ -395,7 +395,7 @@ def test_report_and_diff_show_the_gpu(tmp_path: Path) -> None:
     assert rows["gpu.step_sync_wait"].base == pytest.approx(sum(waits) / len(waits))
     assert rows["gpu.step_busy"].new == pytest.approx(
         sum(s["gpu_busy_pct"] for s in new.gpu_steps) / len(new.gpu_steps) / 100, abs=1e-4)
-    from dftrace.analysis._diff import render_diff
+    from dftrace.analysis._render_diff import render_diff
 
     printed = render_diff(compare_runs(tmp_path / "a", tmp_path / "b"))
     (overlap,) = [line for line in printed.splitlines() if line.strip().startswith("gpu.comm_compute_overlap")]

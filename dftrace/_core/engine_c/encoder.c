@@ -1,0 +1,275 @@
+/* encoder.c: JSON in C. The args fragment of a small flat dict of plain keys and
+ * JSON scalars (encoded once, when the args are given), and the one line encoder of
+ * records, used by the in-process writer (writer.c) and the drainer (shm_consumer.c). */
+#include "engine.h"
+
+/* ------------------------------------------------------------------------- */
+/* args: the fragment of a small flat dict of plain keys and JSON scalars      */
+
+static Py_ssize_t max_arg_len = 1024;
+int dft_off_for_good = 0;
+
+PyObject *dft_set_options(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    int off;
+    if (!PyArg_ParseTuple(args, "np", &n, &off))
+        return NULL;
+    max_arg_len = n;
+    dft_off_for_good = off;
+    Py_RETURN_NONE;
+}
+
+/* An ASCII str that JSON writes as it is (no escapes), at most max_arg_len long. */
+static const char *plain_str(PyObject *o, Py_ssize_t *n) {
+    if (!PyUnicode_CheckExact(o) || !PyUnicode_IS_ASCII(o))
+        return NULL;
+    Py_ssize_t len = PyUnicode_GET_LENGTH(o);
+    if (len > max_arg_len)
+        return NULL;
+    const unsigned char *c = PyUnicode_1BYTE_DATA(o);
+    for (Py_ssize_t k = 0; k < len; k++)
+        if (c[k] < 0x20 || c[k] == '"' || c[k] == '\\')
+            return NULL;
+    *n = len;
+    return (const char *)c;
+}
+
+static int is_reserved(const char *k, Py_ssize_t n) {
+    return (n == 5 && (!memcmp(k, "hhash", 5) || !memcmp(k, "level", 5))) ||
+           (n == 5 && !memcmp(k, "p_idx", 5));
+}
+
+/* Values JSON writes as they are: None, bools, 64-bit ints, finite floats, plain
+   strings, and lists/tuples/dicts of those (at most 32 items, three levels deep:
+   what sanitize_args keeps as it is). -1: not plain (Python sanitizes it). */
+#define PLAIN_MAX_ITEMS 32
+#define PLAIN_MAX_DEPTH 3
+
+typedef struct {
+    char *o, *end;
+    int nested; /* a container was written */
+} pbuf;
+
+static int pb_room(pbuf *b, Py_ssize_t n) { return b->end - b->o >= n; }
+
+static int put_plain(pbuf *b, PyObject *v, int depth) {
+    if (!pb_room(b, 32))
+        return -1;
+    if (v == Py_None) {
+        b->o = put(b->o, LIT("null"));
+    } else if (v == Py_True) {
+        b->o = put(b->o, LIT("true"));
+    } else if (v == Py_False) {
+        b->o = put(b->o, LIT("false"));
+    } else if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow > 0) {
+            unsigned long long u = PyLong_AsUnsignedLongLong(v);
+            if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return -1;
+            }
+            b->o = put_uint(b->o, u);
+        } else if (overflow < 0 || (x == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return -1;
+        } else {
+            b->o = put_int(b->o, x);
+        }
+    } else if (PyFloat_CheckExact(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        if (x - x != 0)
+            return -1; /* NaN or infinity: sanitize writes them as strings */
+        char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+        if (!r) {
+            PyErr_Clear();
+            return -1;
+        }
+        Py_ssize_t n = (Py_ssize_t)strlen(r);
+        if (!pb_room(b, n)) {
+            PyMem_Free(r);
+            return -1;
+        }
+        b->o = put(b->o, r, n);
+        PyMem_Free(r);
+    } else if (PyUnicode_CheckExact(v)) {
+        Py_ssize_t n;
+        const char *vs = plain_str(v, &n);
+        if (!vs || !pb_room(b, n + 2))
+            return -1;
+        *b->o++ = '"';
+        b->o = put(b->o, vs, n);
+        *b->o++ = '"';
+    } else if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+        if (depth >= PLAIN_MAX_DEPTH || n > PLAIN_MAX_ITEMS)
+            return -1;
+        b->nested = 1;
+        *b->o++ = '[';
+        for (Py_ssize_t k = 0; k < n; k++) {
+            if (k)
+                *b->o++ = ',';
+            if (put_plain(b, PySequence_Fast_GET_ITEM(v, k), depth + 1) < 0 || !pb_room(b, 2))
+                return -1;
+        }
+        *b->o++ = ']';
+    } else if (PyDict_CheckExact(v)) {
+        if (depth >= PLAIN_MAX_DEPTH || PyDict_GET_SIZE(v) > PLAIN_MAX_ITEMS)
+            return -1;
+        b->nested = 1;
+        *b->o++ = '{';
+        Py_ssize_t pos = 0;
+        PyObject *k, *x;
+        int first = 1;
+        while (PyDict_Next(v, &pos, &k, &x)) {
+            Py_ssize_t nk;
+            const char *ks = plain_str(k, &nk);
+            if (!ks || !pb_room(b, nk + 8))
+                return -1;
+            if (!first)
+                *b->o++ = ',';
+            first = 0;
+            *b->o++ = '"';
+            b->o = put(b->o, ks, nk);
+            *b->o++ = '"';
+            *b->o++ = ':';
+            if (put_plain(b, x, depth + 1) < 0 || !pb_room(b, 2))
+                return -1;
+        }
+        *b->o++ = '}';
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+/* (frag, mask) for a plain dict; NULL without an error when it is not plain.
+   *nested tells whether it held containers (their copy is then not a snapshot). */
+static PyObject *plain_fragment_of(PyObject *d, unsigned long long *mask_out, int *nested) {
+    if (!PyDict_CheckExact(d) || PyDict_GET_SIZE(d) > PLAIN_MAX_ITEMS)
+        return NULL;
+    char buf[16384];
+    pbuf b = {buf, buf + sizeof(buf), 0};
+    unsigned long long mask = 0;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        Py_ssize_t nk;
+        const char *ks = plain_str(k, &nk);
+        if (!ks || is_reserved(ks, nk) || !pb_room(&b, nk + 8))
+            return NULL;
+        Py_hash_t h = PyObject_Hash(k);
+        if (h == -1) {
+            PyErr_Clear();
+            return NULL;
+        }
+        mask |= 1ULL << ((unsigned long long)h & 63);
+        *b.o++ = ',';
+        *b.o++ = '"';
+        b.o = put(b.o, ks, nk);
+        *b.o++ = '"';
+        *b.o++ = ':';
+        if (put_plain(&b, v, 0) < 0)
+            return NULL;
+    }
+    *mask_out = mask;
+    *nested = b.nested;
+    return PyBytes_FromStringAndSize(buf, b.o - buf);
+}
+
+/* An Extra for a plain dict (its copy, fragment and mask); NULL without an error
+   when the dict is not plain. */
+PyObject *dft_plain_extra(PyObject *d) {
+    unsigned long long mask = 0;
+    int nested = 0;
+    PyObject *frag = plain_fragment_of(d, &mask, &nested);
+    if (!frag)
+        return NULL;
+    PyTypeObject *t = (PyTypeObject *)dft_calls.extra_type;
+    PyObject *x = t ? t->tp_alloc(t, 0) : NULL;
+    /* a flat dict's copy is a snapshot; with containers, args are decoded from
+       the fragment when asked for (None here) */
+    PyObject *copy = x ? (nested ? Py_NewRef(Py_None) : PyDict_Copy(d)) : NULL;
+    PyObject *m = copy ? PyLong_FromUnsignedLongLong(mask) : NULL;
+    if (!m || slot_set(x, &dft_slot_args, copy) < 0 || slot_set(x, &dft_slot_frag, frag) < 0 ||
+        slot_set(x, &dft_slot_mask, m) < 0) {
+        Py_XDECREF(x);
+        x = NULL;
+    }
+    Py_XDECREF(m);
+    Py_XDECREF(copy);
+    Py_DECREF(frag);
+    return x;
+}
+
+/* plain_fragment(d) -> (frag, mask) or None */
+PyObject *dft_plain_fragment_py(PyObject *self, PyObject *d) {
+    unsigned long long mask = 0;
+    int nested = 0;
+    PyObject *frag = plain_fragment_of(d, &mask, &nested);
+    if (!frag) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(NKO)", frag, mask, nested ? Py_True : Py_False);
+}
+
+
+/* The JSON lines of records [from, to) of a chunk whose args are in `arena`; the
+   one encoder of both the in-process writer and the drainer. */
+char *dft_encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
+                         const char *arena, const kind_t *ks, Py_ssize_t nk, const char *pidp,
+                         Py_ssize_t npid, const char *hhp, Py_ssize_t nhh, long long off,
+                         long long min_id) {
+    for (uint32_t k = from; k < to; k++) {
+        const rec_t *r = &recs[k];
+        if ((r->level_flags >> LEVEL_BITS) & F_RAW) {
+            o = put(o, arena + r->aoff, r->alen);
+            continue;
+        }
+        if ((long long)r->id <= min_id)
+            continue;
+        long long ts = (r->t0 + off) / 1000;
+        long long dur = (r->t1 + off) / 1000 - ts;
+        o = put(o, LIT("{\"id\":"));
+        o = put_uint(o, r->id);
+        if (r->kind < nk)
+            o = put(o, ks[r->kind].piece, ks[r->kind].n);
+        else
+            o = put(o, LIT(",\"name\":\"?\",\"cat\":\"dftrace\""));
+        o = put(o, pidp, npid);
+        o = put_uint(o, r->tid);
+        o = put(o, LIT(",\"ts\":"));
+        o = put_int(o, ts);
+        o = put(o, LIT(",\"dur\":"));
+        o = put_int(o, dur);
+        o = put(o, hhp, nhh);
+        o = put_uint(o, r->level_flags & LEVEL_MASK);
+        o = put(o, LIT(",\"p_idx\":"));
+        o = put_uint(o, r->parent);
+        if (r->alen)
+            o = put(o, arena + r->aoff, r->alen);
+        if (r->count >= 0) {
+            o = put(o, LIT(",\"count\":"));
+            o = put_int(o, r->count);
+        }
+        if ((r->level_flags >> LEVEL_BITS) & F_INCOMPLETE)
+            o = put(o, LIT(",\"incomplete\":true"));
+        o = put(o, LIT("}}\n"));
+    }
+    return o;
+}
+
+
+/* The JSON lines of the records of the chunks from `c` on, written at `o`; returns
+   the end. Runs without the GIL: it reads only the chunks (detached, the caller's
+   own) and the kind table (never freed). */
+char *dft_encode_chunks(chunk_t *c, char *o, const kind_t *ks, Py_ssize_t nk,
+                           const char *pidp, Py_ssize_t npid, const char *hhp,
+                           Py_ssize_t nhh, long long off, long long min_id) {
+    for (; c; c = c->next)
+        o = dft_encode_recs(o, c->recs, 0, c->n, c->arena, ks, nk, pidp, npid, hhp, nhh, off, min_id);
+    return o;
+}

@@ -1,0 +1,334 @@
+/* module.c: the module dftrace._core._speedups. register(), the one point where
+ * Python hands the engine the objects it calls back into and the classes it fills;
+ * the attribute names it reads (interned once, and published as ENGINE_READS so
+ * that a test can check them against the real classes); the method table; PyInit.
+ * A new function of the module: define it (dft_ name) in the file it belongs to,
+ * declare it in engine.h, add it to the table here. */
+#include "engine.h"
+
+recstate_t dft_calls = {0};
+hookstate_t dft_hooks = {0};
+PyObject *dft_update_slow = NULL; /* Node._update_py */
+PyObject *dft_gate = NULL;        /* dft_hooks.gate (borrowed): what a use forced on follows */
+slot_t dft_slot_frag, dft_slot_mask, dft_slot_args, dft_slot_obj, dft_slot_token;
+
+/* ------------------------------------------------------------------------- */
+/* register(**objects): the one registration point                            */
+
+enum { ANY, CALLABLE, TYPE };
+typedef struct {
+    const char *name;
+    PyObject **slot;
+    int kind;
+} reg_t;
+
+/* Every object the engine holds, by the keyword register() takes it under: the
+   names, and what each one is, are those of REGISTER_DOC. */
+static const reg_t REGISTRY[] = {
+    {"local", &dft_calls.local, ANY},
+    {"resolve", &dft_calls.resolve, CALLABLE},
+    {"wait_room", &dft_calls.wait_room, CALLABLE},
+    {"wake", &dft_calls.wake, CALLABLE},
+    {"unwind", &dft_calls.unwind, CALLABLE},
+    {"with_error", &dft_calls.with_error, CALLABLE},
+    {"merge", &dft_calls.merge, CALLABLE},
+    {"to_extra", &dft_calls.to_extra, CALLABLE},
+    {"sticky_of", &dft_calls.sticky_of, CALLABLE},
+    {"extra_type", &dft_calls.extra_type, TYPE},
+    {"slow_exit", &dft_calls.slow_exit, CALLABLE},
+    {"state", &dft_hooks.state, ANY},
+    {"span_type", (PyObject **)&dft_hooks.span, TYPE},
+    {"no_span", &dft_hooks.no_span, ANY},
+    {"start_slow", &dft_hooks.start_slow, CALLABLE},
+    {"stop_slow", &dft_hooks.stop_slow, CALLABLE},
+    {"use_type", (PyObject **)&dft_hooks.use, TYPE},
+    {"call_slow", &dft_hooks.call_slow, CALLABLE},
+    {"span_stop_slow", &dft_hooks.span_stop_slow, CALLABLE},
+    {"gate", &dft_hooks.gate, ANY},
+    {"update_slow", &dft_update_slow, CALLABLE},
+};
+#define NREG ((Py_ssize_t)(sizeof(REGISTRY) / sizeof(REGISTRY[0])))
+
+#define REGISTER_DOC \
+    "register(**objects): hand the engine the Python objects it calls back into and\n" \
+    "the classes it fills, by name; any subset per call (engine.py registers the\n" \
+    "recorder's, tree.py the tree's), a name given again replaces its object. An\n" \
+    "unknown name, or a callable or class that is not one, raises TypeError and\n" \
+    "registers nothing.\n\n" \
+    "The recorder (dftrace._core.engine):\n" \
+    "  local       LOCAL, the threading.local whose .stk/.thread_stk are the stacks\n" \
+    "  resolve     resolve() -> Stack: the stack of this thread or asyncio task\n" \
+    "  wait_room   wait_for_room(): wait until the writer made room (may raise)\n" \
+    "  wake        wake_consumer(): a batch is ready\n" \
+    "  unwind      _unwind(stk, i): close what is left open above span i\n" \
+    "  with_error  with_error(extra, exc) -> Extra: args with args.error\n" \
+    "  merge       Extra.joined(base, own) -> Extra: own args win over sticky ones\n" \
+    "  to_extra    to_extra(obj) -> Extra: args given as a dict, encoded\n" \
+    "  sticky_of   sticky_of(node) -> Extra or None: refresh after update()\n" \
+    "  extra_type  Extra, the class of encoded args (its slots are read in place)\n" \
+    "  slow_exit   cm_exit(self, et, ev, tb): __exit__ for all but the common case\n" \
+    "The tree (dftrace._core.tree):\n" \
+    "  state           STATE, the recorder's state (open_spans, max_open_spans)\n" \
+    "  span_type       Span, the token start() returns (made and filled here)\n" \
+    "  no_span         the Span returned when nothing is recorded\n" \
+    "  start_slow      _Traceable._start_py: start() for all but the common case\n" \
+    "  stop_slow       _Traceable._stop_py: stop() for all but the common case\n" \
+    "  use_type        Use, made here for node(args={...})\n" \
+    "  call_slow       _Traceable._call_py: node(...) for all but node(args={...})\n" \
+    "  span_stop_slow  Span._stop_py: Span.stop() for all but the common case\n" \
+    "  gate            GATE, what a use forced on follows\n" \
+    "  update_slow     Node._update_py: update() for all but plain values"
+
+static void find_slot(slot_t *s, PyObject *type, PyObject *name) {
+    s->type = type && PyType_Check(type) ? (PyTypeObject *)type : NULL;
+    s->name = name;
+    s->off = -1;
+    PyObject *d = s->type ? PyDict_GetItemWithError(s->type->tp_dict, name) : NULL;
+    if (d && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
+            s->off = m->offset;
+    }
+    PyErr_Clear();
+}
+
+static const reg_t *reg_find(PyObject *key) {
+    for (Py_ssize_t k = 0; k < NREG; k++)
+        if (PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, REGISTRY[k].name) == 0)
+            return &REGISTRY[k];
+    return NULL;
+}
+
+static PyObject *register_objects(PyObject *self, PyObject *args, PyObject *kwargs) {
+    if (PyTuple_GET_SIZE(args)) {
+        PyErr_SetString(PyExc_TypeError, "register() takes keyword arguments only");
+        return NULL;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    /* check everything first: a call that fails registers nothing */
+    while (kwargs && PyDict_Next(kwargs, &pos, &key, &value)) {
+        const reg_t *r = reg_find(key);
+        if (!r) {
+            PyErr_Format(PyExc_TypeError, "register() got an unknown name %R", key);
+            return NULL;
+        }
+        if ((r->kind == CALLABLE && !PyCallable_Check(value)) ||
+            (r->kind == TYPE && !PyType_Check(value))) {
+            PyErr_Format(PyExc_TypeError, "register(%s=...) takes a %s, not %.100s", r->name,
+                         r->kind == TYPE ? "class" : "callable", Py_TYPE(value)->tp_name);
+            return NULL;
+        }
+    }
+    pos = 0;
+    while (kwargs && PyDict_Next(kwargs, &pos, &key, &value)) {
+        const reg_t *r = reg_find(key);
+        Py_INCREF(value);
+        Py_XSETREF(*r->slot, value);
+    }
+    if (kwargs && PyDict_GetItemString(kwargs, "local")) {
+        /* the stack cache needs LOCAL to be per thread: a real threading.local */
+        PyObject *thread = PyImport_ImportModule("_thread");
+        PyObject *local_type = thread ? PyObject_GetAttrString(thread, "_local") : NULL;
+        int real = local_type ? PyObject_IsInstance(dft_calls.local, local_type) : -1;
+        Py_XDECREF(local_type);
+        Py_XDECREF(thread);
+        if (real < 0)
+            PyErr_Clear();
+        dft_stack_cache_ok = real == 1;
+        dft_stack_epoch++;
+    }
+    find_slot(&dft_slot_frag, dft_calls.extra_type, dft_str_frag);
+    find_slot(&dft_slot_mask, dft_calls.extra_type, dft_str_mask);
+    find_slot(&dft_slot_args, dft_calls.extra_type, dft_str__args);
+    find_slot(&dft_slot_obj, (PyObject *)dft_hooks.span, dft_str__obj);
+    find_slot(&dft_slot_token, (PyObject *)dft_hooks.span, dft_str__token);
+    dft_gate = dft_hooks.gate;
+    Py_RETURN_NONE;
+}
+
+/* registered() -> {name: object or None} */
+static PyObject *registered(PyObject *self, PyObject *unused) {
+    PyObject *d = PyDict_New();
+    for (Py_ssize_t k = 0; d && k < NREG; k++) {
+        PyObject *v = *REGISTRY[k].slot ? *REGISTRY[k].slot : Py_None;
+        if (PyDict_SetItemString(d, REGISTRY[k].name, v) < 0)
+            Py_CLEAR(d);
+    }
+    return d;
+}
+
+/* ------------------------------------------------------------------------- */
+/* the names the engine reads                                                 */
+
+PyObject *dft_str_thread_stk, *dft_str_stk, *dft_str_on, *dft_str_kid, *dft_str_ikid,
+    *dft_str_bkid, *dft_str_tid, *dft_str_open, *dft_str_extra, *dft_str_node, *dft_str_frag,
+    *dft_str_mask, *dft_str_sgen, *dft_str_sticky, *dft_str__args, *dft_str__obj, *dft_str__token,
+    *dft_str_open_spans, *dft_str_max_open_spans, *dft_str_args_kw, *dft_str_args_attr,
+    *dft_str_asyncio;
+
+/* Each attribute (or keyword) the engine reads by name, with the Python object it
+   reads it from ("module:qualname"), and the variable holding it interned (NULL:
+   read with a C string). Published as ENGINE_READS {owner: (names...)}. A name read
+   from several owners is one variable, interned once. */
+typedef struct {
+    const char *owner, *name;
+    PyObject **interned;
+} read_t;
+static const read_t READS[] = {
+    {"dftrace._core.engine:LOCAL", "stk", &dft_str_stk},
+    {"dftrace._core.engine:LOCAL", "thread_stk", &dft_str_thread_stk},
+    {"dftrace._core.engine:Stack", "tid", &dft_str_tid},
+    {"dftrace._core.engine:Stack", "open", &dft_str_open},
+    {"dftrace._core.engine:STATE", "open_spans", &dft_str_open_spans},
+    {"dftrace._core.engine:STATE", "max_open_spans", &dft_str_max_open_spans},
+    {"dftrace._core.records:Extra", "frag", &dft_str_frag},
+    {"dftrace._core.records:Extra", "mask", &dft_str_mask},
+    {"dftrace._core.records:Extra", "_args", &dft_str__args},
+    {"dftrace._core.records:Extra", "args", &dft_str_args_attr},
+    {"dftrace._core.tree:Span", "_obj", &dft_str__obj},
+    {"dftrace._core.tree:Span", "_token", &dft_str__token},
+    /* a node or use that is not a TraceableBase (the C fields) is read by name */
+    {"dftrace._core.tree:Node", "_on", &dft_str_on},
+    {"dftrace._core.tree:Node", "_node", &dft_str_node},
+    {"dftrace._core.tree:Node", "_extra", &dft_str_extra},
+    {"dftrace._core.tree:Node", "_sgen", &dft_str_sgen},
+    {"dftrace._core.tree:Node", "_sticky", &dft_str_sticky},
+    {"dftrace._core.tree:Node", "_kid", &dft_str_kid},
+    {"dftrace._core.tree:Node", "_ikid", &dft_str_ikid},
+    {"dftrace._core.tree:Node", "_bkid", &dft_str_bkid},
+    {"dftrace._core.tree:Use", "_on", &dft_str_on},
+    {"dftrace._core.tree:Use", "_node", &dft_str_node},
+    {"dftrace._core.tree:Use", "_extra", &dft_str_extra},
+    {"dftrace._core.tree:GATE", "_on", &dft_str_on},
+    /* keywords parsed in C: node(args={...}) and span.stop(args=...); the Python
+       methods their other cases go to take them too */
+    {"dftrace._core.tree:_Traceable._call_py", "args", &dft_str_args_kw},
+    {"dftrace._core.tree:Span._stop_py", "args", &dft_str_args_kw},
+    {"sys:modules", "asyncio", &dft_str_asyncio},
+    {"asyncio", "_get_running_loop", NULL},
+};
+
+static int intern_names(void) {
+    for (size_t k = 0; k < sizeof(READS) / sizeof(READS[0]); k++)
+        if (READS[k].interned && !*READS[k].interned &&
+            !(*READS[k].interned = PyUnicode_InternFromString(READS[k].name)))
+            return -1;
+    return 0;
+}
+
+static PyObject *engine_reads(void) {
+    PyObject *d = PyDict_New();
+    for (size_t k = 0; d && k < sizeof(READS) / sizeof(READS[0]); k++) {
+        PyObject *names = PyDict_GetItemString(d, READS[k].owner);
+        PyObject *name = PyUnicode_FromString(READS[k].name);
+        PyObject *grown = NULL;
+        if (name) {
+            PyObject *one = PyTuple_Pack(1, name);
+            grown = one && names ? PySequence_Concat(names, one) : one;
+            if (grown != one)
+                Py_XDECREF(one);
+        }
+        if (!grown || PyDict_SetItemString(d, READS[k].owner, grown) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(grown);
+        Py_XDECREF(name);
+    }
+    return d;
+}
+
+/* ------------------------------------------------------------------------- */
+/* the module                                                                 */
+
+static PyMethodDef methods[] = {
+    {"register", (PyCFunction)(void (*)(void))register_objects, METH_VARARGS | METH_KEYWORDS,
+     REGISTER_DOC},
+    {"registered", registered, METH_NOARGS,
+     "registered() -> {name: object or None}: what register() was given so far."},
+    {"record", (PyCFunction)(void (*)(void))dft_record, METH_FASTCALL,
+     "record(kid, t0, t1, id, parent, level, tid, sticky=None, extra=None, count=-1, flags=0)"},
+    {"drain", dft_drain, METH_VARARGS,
+     "drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, records taken)"},
+#ifdef HAVE_NATIVE_WRITE
+    {"drain_write", dft_drain_write, METH_VARARGS,
+     "drain_write(fd, level, frame_records, max_records, pid_piece, hh_piece, offset_ns, min_id, "
+     "prefix) -> (taken, written, bytes, errno, st_nlink): frames encoded, compressed and written"},
+#endif
+    {"in_flight", dft_in_flight, METH_NOARGS, "Records in a drain_write() under way."},
+#ifdef HAVE_WRITE_LOOP
+    {"write_loop", dft_write_loop, METH_VARARGS,
+     "write_loop(fd, level, frame_records, seconds, max_bytes, pid_piece, hh_piece, offset_ns, "
+     "min_id) -> (taken, written, bytes, errno, st_nlink): write full batches without the GIL"},
+    {"kick", dft_kick, METH_NOARGS, "Make write_loop() return now."},
+    {"writing_since", dft_writing_since, METH_NOARGS, "When write_loop's write under way began (0.0: none)."},
+    {"frames_written", dft_frames_written, METH_NOARGS, "Frames the engine has written whole, ever."},
+#endif
+    {"native_write", dft_native_write, METH_NOARGS,
+     "The compressions drain_write() can do here."},
+    {"gunzip_members", dft_gunzip_members, METH_VARARGS,
+     "gunzip_members(data, start, limit) -> (decoded, consumed) or None: whole gzip members via libdeflate"},
+    {"add_kind", dft_add_kind, METH_O, "add_kind(piece) -> kid"},
+    {"shm_attach", dft_shm_attach, METH_VARARGS,
+     "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},
+    {"shm_detach", dft_shm_detach, METH_NOARGS, "Record into process memory again."},
+    {"shm_finish", dft_shm_finish, METH_NOARGS, "Seal the ring's last slot and mark it finalized."},
+    {"shm_local", dft_shm_set_local, METH_O, "shm_local(on) -> before: record into process memory while captures run"},
+    {"shm_seal_now", dft_shm_seal_now, METH_NOARGS, "Seal the ring's slot being filled."},
+    {"shm_state", dft_shm_state, METH_NOARGS, "(free slots, slots, drainer_busy_ns, commits), or None"},
+    {"shm_append_line", dft_shm_append_line, METH_O, "shm_append_line(line) -> recorded (bool)"},
+    {"reset", dft_reset, METH_NOARGS, "Forget every buffered record."},
+    {"after_fork", dft_after_fork, METH_NOARGS, "In a forked child: a fresh buffer and lock."},
+    {"set_limits", dft_set_limits, METH_VARARGS, "set_limits(batch_size, buffer_limit, drop_when_full)"},
+    {"set_nvtx", dft_set_nvtx, METH_VARARGS,
+     "set_nvtx(open_range, close_range): every span also calls these (None, None: off)"},
+    {"buffered", dft_buffered, METH_NOARGS, "Records buffered now."},
+    {"dropped", dft_get_dropped, METH_NOARGS, "Records dropped and counted so far."},
+    {"set_dropped", dft_set_dropped, METH_O, "Set the dropped counter."},
+    {"new_id", dft_new_id_py, METH_NOARGS, "The next span id."},
+    {"stacks_changed", dft_stacks_changed, METH_NOARGS, "A LOCAL.stk was assigned: threads read theirs again."},
+    {"bump_sticky_gen", dft_bump_sticky_gen, METH_NOARGS, "Sticky args changed: nodes refresh theirs on next use."},
+    {"sticky_gen", dft_get_sticky_gen, METH_NOARGS, "The generation of the sticky args in force."},
+    {"clock_ns", dft_clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},
+    {"set_options", dft_set_options, METH_VARARGS, "set_options(max_arg_length, off_for_good)"},
+    {"plain_fragment", dft_plain_fragment_py, METH_O,
+     "plain_fragment(d) -> (frag, mask, nested) for a dict of plain keys and JSON values, else None"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_speedups",
+                                       "dftrace's recording engine in C.", -1, methods};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+    if (intern_names() < 0)
+        return NULL;
+    if (PyType_Ready(&dft_SpanWrapperType) < 0 || PyType_Ready(&dft_TraceableBaseType) < 0 ||
+        PyType_Ready(&dft_SpanIterType) < 0 || PyType_Ready(&dft_SpanBaseType) < 0 ||
+        PyType_Ready(&dft_ShmReaderType) < 0)
+        return NULL;
+    if (!dft_RingError && !(dft_RingError = PyErr_NewException("dftrace._core._speedups.RingError",
+                                                         PyExc_ValueError, NULL)))
+        return NULL;
+    PyObject *reads = engine_reads();
+    PyObject *m = reads ? PyModule_Create(&moduledef) : NULL;
+    if (!m) {
+        Py_XDECREF(reads);
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "RingError", dft_RingError) < 0 ||
+        PyModule_AddObjectRef(m, "ENGINE_READS", reads) < 0 ||
+        PyModule_AddObjectRef(m, "SpanWrapper", (PyObject *)&dft_SpanWrapperType) < 0 ||
+        PyModule_AddObjectRef(m, "SpanIter", (PyObject *)&dft_SpanIterType) < 0 ||
+        PyModule_AddObjectRef(m, "TraceableBase", (PyObject *)&dft_TraceableBaseType) < 0 ||
+        PyModule_AddObjectRef(m, "SpanBase", (PyObject *)&dft_SpanBaseType) < 0 ||
+        PyModule_AddObjectRef(m, "ShmReader", (PyObject *)&dft_ShmReaderType) < 0 ||
+        PyModule_AddIntConstant(m, "SHM_FIXED_BYTES", (long)(SHM_HEADER_BYTES + SHM_KINDS_BYTES)) < 0 ||
+        PyModule_AddIntConstant(m, "SHM_SLOT_BYTES", (long)SHM_SLOT_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "SHM_SLOT_RECORDS", (long)CHUNK_RECS) < 0 ||
+        PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(rec_t)) < 0 ||
+        PyModule_AddIntConstant(m, "CHUNK_RECORDS", (long)CHUNK_RECS) < 0) {
+        Py_DECREF(reads);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(reads);
+    return m;
+}

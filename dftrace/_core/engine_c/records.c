@@ -1,0 +1,265 @@
+/* records.c: kinds (kid -> the `,"name":..,"cat":..` piece of its lines), the native
+ * buffer of records in chunks, and record(), the recording primitive Python calls
+ * (the span styles in C call emit_span, engine.h, directly). */
+#include "engine.h"
+
+/* Grown by copying into a larger array; an old array is never freed, because the
+   writer may be reading it without the GIL. */
+kind_t *dft_kinds = NULL;
+Py_ssize_t dft_nkinds = 0, dft_max_kind_len = 0;
+static Py_ssize_t capkinds = 0;
+
+PyObject *dft_add_kind(PyObject *self, PyObject *arg) {
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "add_kind() takes bytes");
+        return NULL;
+    }
+    if (dft_nkinds == capkinds) {
+        Py_ssize_t cap = capkinds ? capkinds * 2 : 1024;
+        kind_t *grown = PyMem_RawMalloc(sizeof(kind_t) * (size_t)cap);
+        if (!grown)
+            return PyErr_NoMemory();
+        if (dft_nkinds)
+            memcpy(grown, dft_kinds, sizeof(kind_t) * (size_t)dft_nkinds);
+        dft_kinds = grown; /* the old array stays allocated (see above) */
+        capkinds = cap;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(arg);
+    char *p = PyMem_RawMalloc((size_t)(n ? n : 1));
+    if (!p)
+        return PyErr_NoMemory();
+    memcpy(p, PyBytes_AS_STRING(arg), (size_t)n);
+    dft_kinds[dft_nkinds].piece = p;
+    dft_kinds[dft_nkinds].n = n;
+    if (n > dft_max_kind_len)
+        dft_max_kind_len = n;
+    dft_shm_add_kind(p, n);
+    return PyLong_FromSsize_t(dft_nkinds++);
+}
+
+/* The chunk list. Producers append to the tail chunk holding the GIL; the list's
+   links (head, tail, the spare list, full_recs) change under qlock, so that the
+   writer's loop (write_loop) can take full chunks without the GIL. The records
+   buffered are appended - taken: `appended` is the producers' (GIL), `taken` the
+   takers' (under qlock, read atomically). */
+chunk_t *dft_head = NULL, *dft_tail = NULL;
+unsigned long long dft_appended = 0, dft_taken = 0;
+Py_ssize_t dft_full_recs = 0; /* records in the chunks before the tail */
+
+#ifdef HAVE_WRITE_LOOP
+pthread_mutex_t dft_qlock = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t dft_qcond = PTHREAD_COND_INITIALIZER;
+int dft_loop_waiting = 0; /* write_loop() waits on qcond */
+int dft_kicked = 0;       /* write_loop() must return to Python */
+#endif
+Py_ssize_t dft_batch_size = 16384; /* wake the writer at this many */
+Py_ssize_t dft_buf_limit = 1048576;
+int dft_drop_full = 0;
+long long dft_ndropped = 0;
+/* Counted drops; with a shared-memory ring also in its header, so the drainer can
+   write them when this process dies without finalizing. */
+int dft_woken = 0;
+unsigned long long dft_next_id_val = 1;
+unsigned long long dft_sticky_gen = 1;
+
+void dft_free_chunks(chunk_t *c) {
+    while (c) {
+        chunk_t *nx = c->next;
+        PyMem_RawFree(c->arena);
+        PyMem_RawFree(c);
+        c = nx;
+    }
+}
+
+/* Drained chunks are kept for reuse (up to SPARE_MAX, 16 MiB): a new chunk's pages
+   are then already mapped, and recording takes no page faults. Under qlock. */
+chunk_t *dft_spare = NULL;
+int dft_nspare = 0;
+
+void dft_recycle_chunks(chunk_t *c) {
+    chunk_t *unused = NULL;
+    QLOCK();
+    while (c) {
+        chunk_t *nx = c->next;
+        if (dft_nspare < SPARE_MAX) {
+            c->next = dft_spare;
+            dft_spare = c;
+            dft_nspare++;
+        } else {
+            c->next = unused;
+            unused = c;
+        }
+        c = nx;
+    }
+    QUNLOCK();
+    dft_free_chunks(unused);
+}
+
+/* A chunk from the spare list or a new one; called under qlock. */
+chunk_t *dft_new_chunk(void) {
+    chunk_t *c = dft_spare;
+    if (c) {
+        dft_spare = c->next;
+        dft_nspare--;
+    } else {
+        c = PyMem_RawMalloc(sizeof(chunk_t));
+        if (!c)
+            return NULL;
+        c->acap = 0;
+        c->arena = NULL;
+    }
+    c->next = NULL;
+    c->n = 0;
+    c->alen = 0;
+    return c;
+}
+
+
+/* Called when the buffer is at its limit: in block mode wait for the writer (a
+   KeyboardInterrupt/SystemExit raised while waiting propagates: -1), else count. */
+int dft_make_room(void) {
+    if (!dft_drop_full && dft_calls.wait_room) {
+        PyObject *r = PyObject_CallNoArgs(dft_calls.wait_room);
+        if (!r) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                return -1;
+            PyErr_Clear();
+        }
+        Py_XDECREF(r);
+    }
+    return 0;
+}
+
+/* record(kid, t0, t1, id, parent, level, tid, sticky=None, extra=None, count=-1, flags=0) */
+PyObject *dft_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 7 || nargs > 11) {
+        PyErr_SetString(PyExc_TypeError, "record() takes 7 to 11 arguments");
+        return NULL;
+    }
+    long kid = PyLong_AsLong(args[0]);
+    long long t0 = PyLong_AsLongLong(args[1]), t1 = PyLong_AsLongLong(args[2]);
+    Py_ssize_t lvl = PyLong_AsSsize_t(args[5]);
+    long long count = nargs > 9 ? PyLong_AsLongLong(args[9]) : -1;
+    long flags = nargs > 10 ? PyLong_AsLong(args[10]) : 0;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        COUNT_DROP(1);
+        Py_RETURN_NONE;
+    }
+    if (emit_span((uint32_t)kid, t0, t1, args[3], args[4], lvl, args[6],
+                  nargs > 7 ? args[7] : Py_None, nargs > 8 ? args[8] : Py_None, count,
+                  (uint32_t)flags) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Detach up to maxn records (whole chunks; at least one chunk) from the front of the
+   buffer. GIL held. Returns the first chunk (NULL: nothing buffered), the records
+   taken and an upper bound of their encoded size. */
+chunk_t *dft_detach(Py_ssize_t maxn, Py_ssize_t extra_per_rec, Py_ssize_t *ntaken,
+                       size_t *upper) {
+    QLOCK();
+    chunk_t *first = dft_head, *last = NULL;
+    Py_ssize_t n = 0;
+    size_t up = 0;
+    while (dft_head && (n == 0 || n + (Py_ssize_t)dft_head->n <= maxn)) {
+        last = dft_head;
+        n += dft_head->n;
+        if (dft_head != dft_tail)
+            dft_full_recs -= dft_head->n;
+        up += (size_t)dft_head->n * (size_t)(REC_FIXED + dft_max_kind_len + extra_per_rec) + dft_head->alen;
+        dft_head = dft_head->next;
+    }
+    *ntaken = n;
+    *upper = up;
+    if (last) {
+        last->next = NULL;
+        if (!dft_head)
+            dft_tail = NULL;
+        __atomic_store_n(&dft_taken, dft_taken + (unsigned long long)n, __ATOMIC_RELAXED);
+    }
+    QUNLOCK();
+    if (!last)
+        return NULL;
+    dft_woken = 0;
+    return first;
+}
+
+
+/* Forget everything buffered. */
+PyObject *dft_reset(PyObject *self, PyObject *unused) {
+    QLOCK();
+    chunk_t *c = dft_head;
+    dft_head = dft_tail = NULL;
+    dft_full_recs = 0;
+    __atomic_store_n(&dft_taken, dft_appended, __ATOMIC_RELAXED);
+    QUNLOCK();
+    dft_free_chunks(c);
+    dft_woken = 0;
+    dft_ndropped = 0;
+    Py_RETURN_NONE;
+}
+
+/* In a forked child: the lock may have been copied held by a thread that does not
+   exist here, and the lists half changed. Start afresh; the parent's chunks are
+   left as they are (not freed: they may be inconsistent). */
+PyObject *dft_after_fork(PyObject *self, PyObject *unused) {
+#ifdef HAVE_WRITE_LOOP
+    pthread_mutex_init(&dft_qlock, NULL);
+    pthread_cond_init(&dft_qcond, NULL);
+    dft_loop_waiting = 0;
+    dft_kicked = 0;
+#endif
+    dft_spare = NULL;
+    dft_nspare = 0;
+    dft_head = dft_tail = NULL;
+    dft_full_recs = 0;
+    __atomic_store_n(&dft_taken, dft_appended, __ATOMIC_RELAXED);
+    dft_woken = 0;
+    dft_stack_epoch++;
+    Py_RETURN_NONE;
+}
+
+PyObject *dft_set_limits(PyObject *self, PyObject *args) {
+    Py_ssize_t b, l;
+    int d;
+    if (!PyArg_ParseTuple(args, "nnp", &b, &l, &d))
+        return NULL;
+    dft_batch_size = b;
+    dft_buf_limit = l;
+    dft_drop_full = d;
+    Py_RETURN_NONE;
+}
+
+/* Spans waiting to be written: in process memory, and in the ring's slots not yet
+   freed. */
+PyObject *dft_buffered(PyObject *self, PyObject *unused) {
+    return PyLong_FromSsize_t(nbuf + (dft_shm ? dft_shm_held() : 0));
+}
+
+PyObject *dft_get_dropped(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(dft_ndropped); }
+
+PyObject *dft_set_dropped(PyObject *self, PyObject *arg) {
+    long long v = PyLong_AsLongLong(arg);
+    if (v == -1 && PyErr_Occurred())
+        return NULL;
+    dft_ndropped = v;
+    if (dft_shm)
+        dft_shm->dropped = v;
+    Py_RETURN_NONE;
+}
+
+PyObject *dft_new_id_py(PyObject *self, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(dft_next_id_val++);
+}
+
+PyObject *dft_bump_sticky_gen(PyObject *self, PyObject *unused) {
+    dft_sticky_gen++;
+    Py_RETURN_NONE;
+}
+
+PyObject *dft_get_sticky_gen(PyObject *self, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(dft_sticky_gen);
+}
+
+PyObject *dft_clock_ns(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }

@@ -1,0 +1,603 @@
+/* traceable.c: the methods of nodes and uses (TraceableBase: with, start()/stop(),
+ * update(), node(args=...)) and SpanBase (Span.stop(args=None) for the token
+ * start() returned). Each has a fast path for the common case and falls back to
+ * the Python method given to register() (module.c) for every other one. */
+#include "engine.h"
+
+/* New references to a traceable's _node / _extra. */
+static PyObject *get_node(PyObject *o) {
+    if (IS_T(o) && AS_T(o)->node) {
+        Py_INCREF(AS_T(o)->node);
+        return AS_T(o)->node;
+    }
+    return PyObject_GetAttr(o, dft_str_node);
+}
+
+/* A use made while its node was off encodes its args on first use. */
+static PyObject *get_extra(PyObject *o) {
+    if (!IS_T(o))
+        return PyObject_GetAttr(o, dft_str_extra);
+    TraceableObject *t = AS_T(o);
+    if (!t->extra && t->raw) {
+        PyObject *x = PyObject_CallOneArg(dft_calls.to_extra, t->raw);
+        if (!x)
+            return NULL;
+        t->extra = x;
+        Py_CLEAR(t->raw);
+    }
+    PyObject *x = t->extra ? t->extra : Py_None;
+    Py_INCREF(x);
+    return x;
+}
+
+
+/* ------------------------------------------------------------------------- */
+/* TraceableBase: __enter__/__exit__ and start()/stop() for nodes and uses    */
+
+/* The entry a with-block or start() leaves in its stack's `open` map:
+   (t0, opener, extra, parent id, level, sticky), timed now. */
+#define ENTRY_LEN 6
+static PyObject *open_entry(PyObject *self, PyObject *extra, PyObject *stk) {
+    PyObject *node = get_node(self);
+    PyObject *sticky = node ? node_sticky(node) : NULL;
+    Py_XDECREF(node);
+    if (!sticky)
+        return NULL;
+    Py_ssize_t lvl = PyList_GET_SIZE(stk);
+    PyObject *t0 = PyLong_FromLongLong(now_ns()), *lv = PyLong_FromSsize_t(lvl);
+    PyObject *ent = (t0 && lv) ? PyTuple_New(ENTRY_LEN) : NULL;
+    if (!ent) {
+        Py_XDECREF(t0);
+        Py_XDECREF(lv);
+        Py_DECREF(sticky);
+        return NULL;
+    }
+    PyObject *par = PyList_GET_ITEM(stk, lvl - 1);
+    Py_INCREF(self); Py_INCREF(extra); Py_INCREF(par);
+    PyTuple_SET_ITEM(ent, 0, t0);
+    PyTuple_SET_ITEM(ent, 1, self);
+    PyTuple_SET_ITEM(ent, 2, extra);
+    PyTuple_SET_ITEM(ent, 3, par);
+    PyTuple_SET_ITEM(ent, 4, lv);
+    PyTuple_SET_ITEM(ent, 5, sticky);
+    return ent;
+}
+
+/* The kind id of the spans of a node or use (0xFFFFFFFF: none). */
+static uint32_t span_kid(PyObject *self) {
+    PyObject *node = get_node(self);
+    uint32_t kid = node ? dft_node_kid(node, dft_str_kid) : 0xFFFFFFFFu;
+    Py_XDECREF(node);
+    return kid;
+}
+
+/* Record the span of an `open` entry, closed at t1. -1: an exception to propagate. */
+static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self, long long t1,
+                      PyObject *x) {
+    uint32_t kid = span_kid(self);
+    PyObject *tid = stk_tid(stk);
+    long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
+    Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
+    if (!tid || kid == 0xFFFFFFFFu || PyErr_Occurred()) {
+        Py_XDECREF(tid);
+        PyErr_Clear();
+        COUNT_DROP(1);
+        return 0;
+    }
+    int rc = emit_span(kid, t0, t1, id, PyTuple_GET_ITEM(ent, 3), lvl, tid, PyTuple_GET_ITEM(ent, 5),
+                       x ? x : PyTuple_GET_ITEM(ent, 2), -1, 0);
+    Py_DECREF(tid);
+    return rc;
+}
+
+static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
+    if (is_on(self) <= 0 || dft_calls.local == NULL) {
+        PyErr_Clear();
+        Py_INCREF(self);
+        return self;
+    }
+    PyObject *stk = current_stack(), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL;
+    if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
+        goto done;
+    extra = get_extra(self);
+    open = extra ? stk_open(stk) : NULL;
+    if (!open || !PyDict_Check(open))
+        goto done;
+    ent = open_entry(self, extra, stk);
+    id = ent ? new_id() : NULL;
+    if (!id)
+        goto done;
+    if (PyDict_SetItem(open, id, ent) < 0)
+        goto done;
+    if (PyList_Append(stk, id) < 0)
+        PyDict_DelItem(open, id);
+    else
+        NVTX_OPEN(span_kid(self), id, stk, 1);
+done:
+    PyErr_Clear(); /* entering a span never fails the user's with-statement */
+    Py_XDECREF(ent);
+    Py_XDECREF(open);
+    Py_XDECREF(extra);
+    Py_XDECREF(id);
+    Py_XDECREF(stk);
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long t1 = now_ns();
+    PyObject *stk = NULL, *open = NULL, *top, *ent;
+    if (nargs != 3 || dft_calls.local == NULL)
+        goto slow;
+    if (args[1] != Py_None)
+        goto slow; /* an exception: let Python tag the span with args.error */
+    stk = local_stk();
+    if (stk == Py_None) {
+        /* A thread that never recorded has nothing to close (unless inside a loop). */
+        PyObject *own = PyObject_GetAttr(dft_calls.local, dft_str_thread_stk);
+        int never = (own == Py_None);
+        Py_XDECREF(own);
+        if (never) {
+            PyObject *loop = running_loop();
+            never = (loop == Py_None);
+            Py_XDECREF(loop);
+            if (never) {
+                Py_DECREF(stk);
+                Py_RETURN_FALSE;
+            }
+        }
+        goto slow;
+    }
+    if (!stk || !PyList_Check(stk))
+        goto slow;
+    if (PyList_GET_SIZE(stk) < 2) {
+        /* nothing open on this thread (inside an event loop LOCAL.stk is None) */
+        Py_DECREF(stk);
+        Py_RETURN_FALSE;
+    }
+    /* No event-loop check needed: a span opened inside a loop lives on its task's
+       stack (LOCAL.stk is None there), so a match on top of LOCAL.stk is ours. */
+    open = stk_open(stk);
+    if (!open || !PyDict_Check(open))
+        goto slow;
+    Py_ssize_t n = PyList_GET_SIZE(stk);
+    top = PyList_GET_ITEM(stk, n - 1);
+    ent = PyDict_GetItemWithError(open, top);
+    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN ||
+        PyTuple_GET_ITEM(ent, 1) != self)
+        goto slow;
+    Py_INCREF(ent);
+    Py_INCREF(top);
+    if (PyDict_DelItem(open, top) < 0 || drop_top(stk) < 0)
+        PyErr_Clear();
+    int rc = emit_entry(ent, top, stk, self, t1, NULL);
+    Py_DECREF(top);
+    Py_DECREF(ent);
+    Py_DECREF(open);
+    Py_DECREF(stk);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_FALSE;
+slow:
+    PyErr_Clear();
+    Py_XDECREF(open);
+    Py_XDECREF(stk);
+    if (dft_calls.slow_exit == NULL)
+        Py_RETURN_FALSE;
+    return PyObject_Vectorcall(dft_calls.slow_exit, (PyObject *const[]){self, nargs > 0 ? args[0] : Py_None,
+                                   nargs > 1 ? args[1] : Py_None, nargs > 2 ? args[2] : Py_None},
+                               4, NULL);
+}
+
+static PyObject *call_method(PyObject *fn, PyObject *self, PyObject *args, PyObject *kwargs) {
+    PyObject *full = PyTuple_New(PyTuple_GET_SIZE(args) + 1);
+    if (!full)
+        return NULL;
+    Py_INCREF(self);
+    PyTuple_SET_ITEM(full, 0, self);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(args); k++) {
+        Py_INCREF(PyTuple_GET_ITEM(args, k));
+        PyTuple_SET_ITEM(full, k + 1, PyTuple_GET_ITEM(args, k));
+    }
+    PyObject *r = PyObject_Call(fn, full, kwargs);
+    Py_DECREF(full);
+    return r;
+}
+
+/* node(args={...}) for a node that records now and plain args: the Use is made
+   here (its args encoded once, a snapshot); everything else goes to Python. */
+static PyObject *Traceable_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    if (dft_hooks.use && !dft_off_for_good && PyTuple_GET_SIZE(args) == 0 && kwargs &&
+        PyDict_GET_SIZE(kwargs) == 1) {
+        PyObject *d = PyDict_GetItemWithError(kwargs, dft_str_args_kw);
+        PyObject *node = d && PyDict_CheckExact(d) ? get_node(self) : NULL;
+        if (node == self) {
+            PyObject *x = NULL, *raw = NULL;
+            if (PyDict_GET_SIZE(d) == 0) {
+                x = Py_None;
+                Py_INCREF(x);
+            } else if (is_on(self) > 0) {
+                x = dft_plain_extra(d);
+            } else {
+                raw = d; /* nothing records now: encoded only if it is used later */
+                Py_INCREF(raw);
+            }
+            PyObject *use = (x || raw) ? dft_hooks.use->tp_alloc(dft_hooks.use, 0) : NULL;
+            if (use) {
+                TraceableObject *u = AS_T(use);
+                Py_INCREF(self);
+                u->node = self;
+                u->extra = x;
+                u->raw = raw;
+                Py_INCREF(Py_None);
+                u->forced = Py_None;
+                Py_DECREF(node);
+                return use;
+            }
+            Py_XDECREF(raw);
+            Py_XDECREF(x);
+        }
+        Py_XDECREF(node);
+        PyErr_Clear();
+    }
+    if (dft_hooks.call_slow == NULL) {
+        PyErr_SetString(PyExc_TypeError, "dftrace is not configured");
+        return NULL;
+    }
+    return call_method(dft_hooks.call_slow, self, args, kwargs);
+}
+
+static PyObject *call_slow(PyObject *fn, PyObject *self, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject **full = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n + nk + 1));
+    if (!full)
+        return PyErr_NoMemory();
+    full[0] = self;
+    for (Py_ssize_t k = 0; k < n + nk; k++)
+        full[k + 1] = args[k];
+    PyObject *r = PyObject_Vectorcall(fn, full, (size_t)(n + 1), kwnames);
+    PyMem_Free(full);
+    return r;
+}
+
+static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) || kwnames || dft_hooks.span == NULL || dft_calls.local == NULL)
+        return call_slow(dft_hooks.start_slow, self, args, nargsf, kwnames);
+    if (is_on(self) <= 0) {
+        PyErr_Clear();
+        Py_INCREF(dft_hooks.no_span);
+        return dft_hooks.no_span;
+    }
+    PyObject *stk = current_stack(), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL,
+             *spans = NULL, *token = NULL, *span = NULL;
+    if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
+        goto fail;
+    extra = get_extra(self);
+    open = extra ? stk_open(stk) : NULL;
+    spans = open ? PyObject_GetAttr(dft_hooks.state, dft_str_open_spans) : NULL;
+    if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
+        goto fail;
+    if (PyDict_GET_SIZE(spans) >= 16) { /* 16: the least max_open_spans accepts */
+        PyObject *lim = PyObject_GetAttr(dft_hooks.state, dft_str_max_open_spans);
+        Py_ssize_t limit = lim ? PyLong_AsSsize_t(lim) : -1;
+        Py_XDECREF(lim);
+        PyErr_Clear();
+        if (limit >= 0 && PyDict_GET_SIZE(spans) >= limit) { /* Python refuses and counts */
+            Py_DECREF(spans); Py_DECREF(open); Py_DECREF(extra); Py_DECREF(stk);
+            return call_slow(dft_hooks.start_slow, self, args, nargsf, kwnames);
+        }
+    }
+    ent = open_entry(self, extra, stk);
+    id = ent ? new_id() : NULL;
+    token = id ? PyTuple_Pack(2, stk, id) : NULL;
+    span = token ? dft_hooks.span->tp_alloc(dft_hooks.span, 0) : NULL;
+    if (!span || slot_set(span, &dft_slot_obj, self) < 0 || slot_set(span, &dft_slot_token, token) < 0)
+        goto fail;
+    if (PyDict_SetItem(open, id, ent) < 0)
+        goto fail;
+    if (PyList_Append(stk, id) < 0 || PyDict_SetItem(spans, id, stk) < 0) {
+        PyDict_DelItem(open, id);
+        goto fail;
+    }
+    NVTX_OPEN(span_kid(self), id, stk, 1);
+    Py_DECREF(token); Py_DECREF(ent); Py_DECREF(spans); Py_DECREF(open);
+    Py_DECREF(extra); Py_DECREF(id); Py_DECREF(stk);
+    return span;
+fail:
+    PyErr_Clear(); /* never fail the caller: nothing was recorded */
+    Py_XDECREF(span); Py_XDECREF(token); Py_XDECREF(ent); Py_XDECREF(spans);
+    Py_XDECREF(open); Py_XDECREF(extra); Py_XDECREF(id); Py_XDECREF(stk);
+    Py_INCREF(dft_hooks.no_span);
+    return dft_hooks.no_span;
+}
+
+static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames) {
+    long long t1 = now_ns();
+    PyObject *stk = NULL, *open = NULL, *spans = NULL;
+    if (PyVectorcall_NARGS(nargsf) || kwnames || dft_hooks.span == NULL || dft_calls.local == NULL)
+        goto slow;
+    spans = PyObject_GetAttr(dft_hooks.state, dft_str_open_spans);
+    if (!spans || !PyDict_Check(spans))
+        goto slow;
+    if (PyDict_GET_SIZE(spans) == 0) {
+        /* nothing open anywhere: done, unless tracing is on (then Python warns once) */
+        if (is_on(self) == 0) {
+            Py_DECREF(spans);
+            Py_RETURN_NONE;
+        }
+        goto slow;
+    }
+    /* The common case: the innermost span on this thread's stack is our start(). */
+    stk = local_stk();
+    if (!stk || stk == Py_None || !PyList_Check(stk) || PyList_GET_SIZE(stk) < 2)
+        goto slow;
+    open = stk_open(stk);
+    if (!open || !PyDict_Check(open))
+        goto slow;
+    Py_ssize_t n = PyList_GET_SIZE(stk);
+    PyObject *top = PyList_GET_ITEM(stk, n - 1);
+    PyObject *ent = PyDict_GetItemWithError(open, top);
+    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN ||
+        PyTuple_GET_ITEM(ent, 1) != self)
+        goto slow;
+    if (PyDict_Contains(spans, top) != 1)
+        goto slow;
+    Py_INCREF(ent);
+    Py_INCREF(top);
+    if (PyDict_DelItem(spans, top) < 0 || PyDict_DelItem(open, top) < 0 ||
+        drop_top(stk) < 0)
+        PyErr_Clear();
+    int rc = emit_entry(ent, top, stk, self, t1, NULL);
+    Py_DECREF(top);
+    Py_DECREF(ent);
+    Py_DECREF(spans);
+    Py_DECREF(open);
+    Py_DECREF(stk);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+slow:
+    PyErr_Clear();
+    Py_XDECREF(spans);
+    Py_XDECREF(open);
+    Py_XDECREF(stk);
+    if (dft_hooks.stop_slow == NULL)
+        Py_RETURN_NONE;
+    return call_slow(dft_hooks.stop_slow, self, args, nargsf, kwnames);
+}
+
+/* update(args=None, /, **kwargs): a node's sticky args, encoded once here (O(1));
+   anything but plain values while recording goes to Python (update_slow). A
+   vectorcall: keyword values are read from the call's own array, no dict built. */
+static int put_kwargs(PyObject *d, PyObject *given, PyObject *const *kwv, PyObject *kwnames) {
+    if (given && given != Py_None && PyDict_Update(d, given) < 0)
+        return -1;
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nk; k++)
+        if (PyDict_SetItem(d, PyTuple_GET_ITEM(kwnames, k), kwv[k]) < 0)
+            return -1;
+    return 0;
+}
+
+static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames) {
+    if (dft_off_for_good)
+        Py_RETURN_NONE;
+    TraceableObject *t = AS_T(self);
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyObject *given = n == 1 ? args[0] : NULL;
+    int simple = n <= 1 && t->node == self &&
+                 (given == NULL || given == Py_None || PyDict_CheckExact(given));
+    if (simple && t->pending && PyDict_CheckExact(t->pending) && dft_gate && is_on(dft_gate) == 0) {
+        /* nothing records: keep the values as given, encode them when something does */
+        if (put_kwargs(t->pending, given, args + n, kwnames) < 0) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        dft_sticky_gen++;
+        Py_RETURN_NONE;
+    }
+    int plain = simple && dft_update_slow &&
+                (t->pending == NULL || !PyDict_Check(t->pending) || PyDict_GET_SIZE(t->pending) == 0) &&
+                dft_gate && is_on(dft_gate) > 0;
+    if (plain) {
+        PyObject *d = (t->own && t->own != Py_None) ? PyObject_GetAttr(t->own, dft_str_args_attr) : PyDict_New();
+        if (d && t->own && t->own != Py_None) {
+            PyObject *copy = PyDict_Check(d) ? PyDict_Copy(d) : NULL;
+            Py_DECREF(d);
+            d = copy;
+        }
+        if (d && put_kwargs(d, given, args + n, kwnames) < 0)
+            Py_CLEAR(d);
+        PyObject *x = d ? dft_plain_extra(d) : NULL;
+        Py_XDECREF(d);
+        if (x) {
+            Py_XSETREF(t->own, x);
+            dft_sticky_gen++;
+            Py_RETURN_NONE;
+        }
+        PyErr_Clear();
+    }
+    if (!dft_update_slow)
+        Py_RETURN_NONE;
+    return call_slow(dft_update_slow, self, args, nargsf, kwnames);
+}
+
+static PyMethodDef Traceable_methods[] = {
+    {"update", (PyCFunction)(void (*)(void))Traceable_update, METH_FASTCALL | METH_KEYWORDS,
+     "update(args=None, /, **kwargs): sticky args on the spans of this node and its subtree "
+     "that start from now on."},
+    {"__enter__", Traceable_enter, METH_NOARGS, "Open a span of this node (nothing when off)."},
+    {"__exit__", (PyCFunction)(void (*)(void))Traceable_exit, METH_FASTCALL,
+     "Close the span opened by __enter__; exceptions propagate unchanged."},
+    {"start", (PyCFunction)(void (*)(void))Traceable_start, METH_FASTCALL | METH_KEYWORDS,
+     "start(metadata=False) -> Span: open a span closed by a later stop() (hook style). "
+     "With metadata=True write a CM event <name>.start with the time instead."},
+    {"stop", (PyCFunction)(void (*)(void))Traceable_stop, METH_FASTCALL | METH_KEYWORDS,
+     "stop(span=None, metadata=False): close the span from start() (the innermost open "
+     "one of this node on the caller's thread/task, or `span`)."},
+    {NULL, NULL, 0, NULL}};
+
+static int Traceable_traverse(TraceableObject *t, visitproc visit, void *arg) {
+    Py_VISIT(t->node);
+    Py_VISIT(t->extra);
+    Py_VISIT(t->forced);
+    Py_VISIT(t->on);
+    Py_VISIT(t->sticky);
+    Py_VISIT(t->raw);
+    Py_VISIT(t->parent);
+    Py_VISIT(t->own);
+    Py_VISIT(t->pending);
+    return 0;
+}
+
+static int Traceable_clear(TraceableObject *t) {
+    Py_CLEAR(t->node);
+    Py_CLEAR(t->extra);
+    Py_CLEAR(t->forced);
+    Py_CLEAR(t->on);
+    Py_CLEAR(t->sticky);
+    Py_CLEAR(t->raw);
+    Py_CLEAR(t->parent);
+    Py_CLEAR(t->own);
+    Py_CLEAR(t->pending);
+    return 0;
+}
+
+static void Traceable_dealloc(TraceableObject *t) {
+    PyObject_GC_UnTrack(t);
+    Traceable_clear(t);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyObject *Traceable_get_extra(PyObject *self, void *closure) { return get_extra(self); }
+
+static int Traceable_set_extra(PyObject *self, PyObject *value, void *closure) {
+    TraceableObject *t = AS_T(self);
+    Py_XINCREF(value);
+    Py_XSETREF(t->extra, value);
+    Py_CLEAR(t->raw);
+    return 0;
+}
+
+static PyGetSetDef Traceable_getset[] = {
+    {"_extra", Traceable_get_extra, Traceable_set_extra, "the use's own args (an Extra or None)", NULL},
+    {NULL}};
+
+static PyMemberDef Traceable_members[] = {
+    {"_node", T_OBJECT, offsetof(TraceableObject, node), 0, NULL},
+    {"_forced", T_OBJECT, offsetof(TraceableObject, forced), 0, NULL},
+    {"_on", T_OBJECT, offsetof(TraceableObject, on), 0, NULL},
+    {"_sticky", T_OBJECT, offsetof(TraceableObject, sticky), 0, NULL},
+    {"_sgen", T_ULONGLONG, offsetof(TraceableObject, sgen), 0, NULL},
+    {"_kid", T_UINT, offsetof(TraceableObject, kid), 0, NULL},
+    {"_ikid", T_UINT, offsetof(TraceableObject, ikid), 0, NULL},
+    {"_bkid", T_UINT, offsetof(TraceableObject, bkid), 0, NULL},
+    {"_parent", T_OBJECT, offsetof(TraceableObject, parent), 0, NULL},
+    {"_own", T_OBJECT, offsetof(TraceableObject, own), 0, NULL},
+    {"_pending", T_OBJECT, offsetof(TraceableObject, pending), 0, NULL},
+    {NULL}};
+
+PyTypeObject dft_TraceableBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._core._speedups.TraceableBase",
+    .tp_basicsize = sizeof(TraceableObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "C __call__, __enter__/__exit__ and start()/stop() for dftrace nodes and uses, "
+              "with the fields they read.",
+    .tp_new = PyType_GenericNew,
+    .tp_call = Traceable_call,
+    .tp_methods = Traceable_methods,
+    .tp_members = Traceable_members,
+    .tp_getset = Traceable_getset,
+    .tp_traverse = (traverseproc)Traceable_traverse,
+    .tp_clear = (inquiry)Traceable_clear,
+    .tp_dealloc = (destructor)Traceable_dealloc,
+};
+
+/* ------------------------------------------------------------------------- */
+/* SpanBase: Span.stop(args=None) for the token start() returned              */
+
+static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    long long t1 = now_ns();
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *a = NULL, *token = NULL, *obj = NULL, *spans = NULL, *open = NULL, *y = NULL;
+    if (n + nk > 1 || (nk == 1 && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), dft_str_args_kw) != 0))
+        goto slow;
+    if (n + nk == 1)
+        a = args[0];
+    if (a == Py_None)
+        a = NULL;
+    token = slot_get(self, &dft_slot_token);
+    if (!token)
+        goto slow;
+    if (token == Py_None) {
+        Py_DECREF(token);
+        Py_RETURN_NONE;
+    }
+    obj = slot_get(self, &dft_slot_obj);
+    spans = (obj && dft_hooks.state) ? PyObject_GetAttr(dft_hooks.state, dft_str_open_spans) : NULL;
+    if (!spans || !PyDict_Check(spans) || !PyTuple_Check(token) || PyTuple_GET_SIZE(token) != 2)
+        goto slow;
+    PyObject *stk = PyTuple_GET_ITEM(token, 0), *id = PyTuple_GET_ITEM(token, 1);
+    if (!PyList_Check(stk) || PyList_GET_SIZE(stk) < 2 || PyList_GET_ITEM(stk, PyList_GET_SIZE(stk) - 1) != id)
+        goto slow;
+    open = stk_open(stk);
+    if (!open || !PyDict_Check(open) || PyDict_Contains(spans, id) != 1)
+        goto slow;
+    PyObject *ent = PyDict_GetItemWithError(open, id);
+    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN || PyTuple_GET_ITEM(ent, 1) != obj)
+        goto slow;
+    if (a) {
+        /* args known only now: encoded here (a snapshot), after the use's own */
+        PyObject *own = PyDict_CheckExact(a) ? dft_plain_extra(a) : NULL;
+        if (!own && !PyErr_Occurred())
+            own = PyObject_CallOneArg(dft_calls.to_extra, a);
+        if (!own)
+            goto slow;
+        PyObject *base = PyTuple_GET_ITEM(ent, 2);
+        y = base == Py_None ? own : PyObject_CallFunctionObjArgs(dft_calls.merge, base, own, NULL);
+        if (y != own)
+            Py_DECREF(own);
+        if (!y)
+            goto slow;
+    }
+    Py_INCREF(ent);
+    Py_INCREF(id);
+    Py_INCREF(stk);
+    if (PyDict_DelItem(spans, id) < 0 || PyDict_DelItem(open, id) < 0 ||
+        drop_top(stk) < 0 || slot_set(self, &dft_slot_token, Py_None) < 0)
+        PyErr_Clear();
+    int rc = emit_entry(ent, id, stk, obj, t1, y);
+    Py_DECREF(ent); Py_DECREF(id); Py_DECREF(stk);
+    Py_XDECREF(y); Py_DECREF(open); Py_DECREF(spans); Py_DECREF(obj); Py_DECREF(token);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+slow:
+    PyErr_Clear();
+    Py_XDECREF(y); Py_XDECREF(open); Py_XDECREF(spans); Py_XDECREF(obj); Py_XDECREF(token);
+    if (dft_hooks.span_stop_slow == NULL)
+        Py_RETURN_NONE;
+    return call_slow(dft_hooks.span_stop_slow, self, args, nargsf, kwnames);
+}
+
+static PyMethodDef SpanBase_methods[] = {
+    {"stop", (PyCFunction)(void (*)(void))SpanBase_stop, METH_FASTCALL | METH_KEYWORDS,
+     "stop(args=None): close this span (safe to call twice). args known only at the end "
+     "(output shapes, bytes written) are added to the span's args, encoded now."},
+    {NULL, NULL, 0, NULL}};
+
+PyTypeObject dft_SpanBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._core._speedups.SpanBase",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "C stop() for the Span tokens start() returns.",
+    .tp_new = PyType_GenericNew,
+    .tp_methods = SpanBase_methods,
+};
