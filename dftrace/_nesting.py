@@ -115,20 +115,27 @@ class SpanChecker:
         # The stack of open spans of the current track: [ts, end, line, {id: level}],
         # identical spans (same start and end) sharing one entry (its latest line).
         stack: list[list[Any]] = []
+        # id -> the stack's entries holding it, bottom first: finding a parent costs
+        # one look-up however deep the stack (100,000 spans never stopped, say)
+        holding: dict[int, list[list[Any]]] = {}
         current = -1
         for track, ts, _, line, end, span_id, parent, level in self._sorted():
             if track != current:
-                current, stack = track, []
+                current, stack, holding = track, [], {}
             # Touching spans (one ends where the next starts) are disjoint.
             while stack and stack[-1][1] <= ts and not stack[-1][1] == ts == end:
-                stack.pop()
+                for gone in stack.pop()[3]:
+                    entries = holding[gone]
+                    entries.pop()
+                    if not entries:
+                        del holding[gone]
             if stack and end > stack[-1][1]:
                 pid, tid = self.keys[current]
                 yield Found(line, "nesting", f"overlaps the span at line {stack[-1][2]} on pid {pid} tid {tid} "
                                              "without nesting in it")
-                yield from self._parent(track, ts, end, line, parent, level, stack, unresolved)
+                yield from self._parent(track, line, parent, level, holding, unresolved, ts, end)
                 continue
-            yield from self._parent(track, ts, end, line, parent, level, stack, unresolved)
+            yield from self._parent(track, line, parent, level, holding, unresolved, ts, end)
             top = stack[-1] if stack else None
             if top is not None and top[0] == ts and top[1] == end:
                 top[2] = line
@@ -136,10 +143,12 @@ class SpanChecker:
                 top = [ts, end, line, {}]
                 stack.append(top)
             if span_id != NONE:
+                if span_id not in top[3]:
+                    holding.setdefault(span_id, []).append(top)
                 top[3][span_id] = level
 
-    def _parent(self, track: int, ts: float, end: float, line: int, parent: int, level: int,
-                stack: list[list[Any]], unresolved: dict[tuple[Any, int], list[tuple[int, int, float, float, int]]]
+    def _parent(self, track: int, line: int, parent: int, level: int, holding: dict[int, list[list[Any]]],
+                unresolved: dict[tuple[Any, int], list[tuple[int, int, float, float, int]]], ts: float, end: float
                 ) -> Iterator[Found]:
         if parent == NONE:
             return
@@ -147,13 +156,14 @@ class SpanChecker:
             if level != NONE and parent == 0 and level != 1:
                 yield Found(line, "level", f"a span without parent has level {level}, expected 1")
             return
-        for entry in reversed(stack):
-            if parent in entry[3]:
-                parent_level = entry[3][parent]
-                if level != NONE and parent_level != NONE and level != parent_level + 1:
-                    yield Found(line, "level", f"level {level} inside a level-{parent_level} parent "
-                                               f"(line {entry[2]})")
-                return
+        entries = holding.get(parent)
+        if entries:  # the innermost open span with that id
+            entry = entries[-1]
+            parent_level = entry[3][parent]
+            if level != NONE and parent_level != NONE and level != parent_level + 1:
+                yield Found(line, "level", f"level {level} inside a level-{parent_level} parent "
+                                           f"(line {entry[2]})")
+            return
         unresolved.setdefault((self.keys[track][0], parent), []).append((line, track, ts, end, level))
 
     def _check_unresolved(self, unresolved: dict[tuple[Any, int], list[tuple[int, int, float, float, int]]]
