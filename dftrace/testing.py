@@ -8,7 +8,7 @@
         assert result.names() == ["forward", "backward"]
 
     def test_step_sees_the_batch():
-        with testing.capture_events() as result:   # in memory: no files
+        with testing.trace_to_memory() as result:   # in memory: no files
             model_step(batch)
         testing.assert_span(result, "forward", cat="compute",
                             args={"params.x.shape": [32, 10]})
@@ -35,7 +35,6 @@ __all__ = [
     "assert_names",
     "assert_nested",
     "assert_span",
-    "capture_events",
     "clean_state",
     "get_arg",
     "read_events",
@@ -43,6 +42,7 @@ __all__ = [
     "spans",
     "trace_files",
     "trace_to",
+    "trace_to_memory",
 ]
 
 
@@ -81,7 +81,7 @@ def spans(events: list[dict[str, Any]], name: str | None = None,
 
 
 class TraceResult:
-    """What a :func:`trace_to` block wrote, or a :func:`capture_events` block
+    """What a :func:`trace_to` block wrote, or a :func:`trace_to_memory` block
     recorded (``directory`` None); filled in when the block ends."""
 
     def __init__(self, directory: str | None = None):
@@ -134,18 +134,24 @@ def trace_to(directory: str | os.PathLike[str], *, validate: bool = True,
 
 
 @contextlib.contextmanager
-def capture_events(max_items: int | None = None) -> Iterator[TraceResult]:
+def trace_to_memory(max_items: int | None = None) -> Iterator[TraceResult]:
     """Record the block in memory (no files, no ``initialize``) with
-    :func:`dftrace.capture` and fill a :class:`TraceResult` when it ends, also when
-    it raises. ``max_items`` is capture's sample mode."""
+    :func:`dftrace.trace_in_memory` and fill a :class:`TraceResult` when it ends, also
+    when it raises. ``max_items`` is its sample mode."""
     result = TraceResult(None)
     trace = None
     try:
-        with memory.capture(max_items) as trace:
+        with memory.trace_in_memory(max_items) as trace:
             yield result
     finally:
         if trace is not None:
             result.events = trace.events
+
+
+def capture_events(max_items: int | None = None) -> contextlib.AbstractContextManager[TraceResult]:
+    """Deprecated name of :func:`trace_to_memory`."""
+    STATE.warn_deprecated("dftrace.testing.capture_events()", "dftrace.testing.trace_to_memory()")
+    return trace_to_memory(max_items)
 
 
 _MISSING: Any = object()

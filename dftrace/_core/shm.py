@@ -21,7 +21,7 @@ Finding the drainer and registering with it is :mod:`.registration`'s part.
 ``buffer_limit`` bounds the spans in the ring's slots that the drainer has not freed
 yet, exactly as it bounds the spans waiting in memory with the writer thread (the
 ring has two slots more than the limit needs; a slot also holds at most 256 KiB of
-args). While the buffer has a tap (a ``dftrace.capture()`` runs, see
+args). While the buffer has a tap (a ``dftrace.trace_in_memory()`` runs, see
 :mod:`.buffer`), records go to process memory: this process encodes them, hands
 the lines to the tap and relays them to the ring.
 

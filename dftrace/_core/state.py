@@ -137,5 +137,15 @@ class ProcessState:
         except Exception:
             pass
 
+    def warn_deprecated(self, old: str, new: str) -> None:
+        """A :class:`DeprecationWarning`, once per process (again after :meth:`reset`),
+        for a caller of the old name ``old`` that now reads ``new``."""
+        key = f"deprecated:{old}"
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        warnings.warn(f"{old} is deprecated; use {new}, which does the same",
+                      DeprecationWarning, stacklevel=3)
+
 
 STATE = ProcessState()

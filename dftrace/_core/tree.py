@@ -77,7 +77,7 @@ def _tell_engine() -> None:
         _rec.speedups.set_options(_max_arg_length, _off_for_good)
 
 
-# Sample mode (``dftrace.capture(max_items=N)``): every ``.iter()`` called while it is
+# Sample mode (``dftrace.trace_in_memory(max_items=N)``): every ``.iter()`` called while it is
 # set yields at most this many items. Checked once per ``.iter()`` call, never per item.
 _max_items: int | None = None
 
