@@ -111,15 +111,15 @@ def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
             f"{obj!r} decorates functions; got {type(fn).__name__}. "
             f"To pass args use {obj._node.path}(args={{...}}).")
     # Chosen here, once: uses without capture pay nothing for it.
-    cap = obj._capture.bind(fn) if obj._capture is not None else None
+    capture = obj._capture.bind(fn) if obj._capture is not None else None
     if inspect.iscoroutinefunction(fn):
-        wrapper = _rec.wrap_async(fn, obj, gate, cap)
+        wrapper = _rec.wrap_async(fn, obj, gate, capture)
     elif inspect.isasyncgenfunction(fn):
-        wrapper = _rec.wrap_asyncgen(fn, obj, gate, cap)
+        wrapper = _rec.wrap_asyncgen(fn, obj, gate, capture)
     elif inspect.isgeneratorfunction(fn):
-        wrapper = _rec.wrap_generator(fn, obj, gate, cap)
+        wrapper = _rec.wrap_generator(fn, obj, gate, capture)
     else:
-        wrapper = _rec.wrap_sync(fn, obj, gate, cap)
+        wrapper = _rec.wrap_sync(fn, obj, gate, capture)
     try:
         functools.update_wrapper(wrapper, fn)
     except Exception:

@@ -5,8 +5,9 @@ after N items. The trace is made of the very lines a file session writes (the
 writer's encoder, parsed back), so ``trace_in_memory()`` and ``Trace.load(path)``
 agree.
 
-The names of 0.1.0 (``capture``, ``Capture``, ``last_capture``) still work and warn (:class:`DeprecationWarning`): "capture" now means only the values a
-node records (``node(capture=...)``).
+The names of 0.1.0 (``capture``, ``Capture``, ``last_capture``) still work and warn
+(:class:`DeprecationWarning`): "capture" now means only the values a node records
+(``node(capture=...)``).
 """
 
 from __future__ import annotations
@@ -162,7 +163,8 @@ class InMemoryTracing:
     def __init__(self, max_items: int | None = None):
         if max_items is not None and (isinstance(max_items, bool) or not isinstance(max_items, int)
                                       or max_items < 1):
-            raise ValueError(f"trace_in_memory(max_items=...) takes a positive int or None; got {max_items!r}")
+            raise ValueError("trace_in_memory(max_items=...) takes a positive int or None; "
+                             f"got {max_items!r}")
         self.max_items = max_items
         self.trace: Trace | None = None
         self._chunks: list[bytes] = []
