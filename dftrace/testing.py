@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._core import session as _runtime
+from ._core import session as _session
 from ._core.state import STATE
 from ._inspect import browse, memory
 
@@ -117,11 +117,11 @@ def trace_to(directory: str | os.PathLike[str], *, validate: bool = True,
     options.setdefault("log_file", os.path.join(d, "trace"))
     options.setdefault("inherit", False)
     result = TraceResult(d)
-    s = _runtime.initialize(**options)
+    s = _session.initialize(**options)
     try:
         yield result
     finally:
-        _runtime.finalize()
+        _session.finalize()
         if s is not None:
             result.paths = s.paths
             for p in s.paths:
@@ -288,5 +288,5 @@ def clean_state() -> Iterator[None]:
 
 def reset() -> None:
     """Finalize any session and restore all global state to its import-time values."""
-    _runtime.finalize()
+    _session.finalize()
     STATE.reset()

@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from .._core import tree as _nodes
-from .._core import buffer as _buffer, engine as _rec
+from .._core import tree as _tree
+from .._core import buffer as _buffer, engine as _engine
 from .._core.state import STATE
-from .._core import session as _runtime
+from .._core import session as _session
 from .._core.records import Encoder
 from .browse import Trace
 
@@ -48,13 +48,13 @@ def _encoder() -> Encoder:
     pid = os.getpid()
     enc = _encoders.get(pid)
     if enc is None:
-        s = _runtime.session()
+        s = _session.session()
         if s is not None and s.pid == pid:
             hhash, offset = s.hhash, s.offset_ns
         else:
-            hhash = _runtime.hostname_hash(socket.gethostname())
+            hhash = _session.hostname_hash(socket.gethostname())
             offset = time.time_ns() - time.perf_counter_ns()
-        enc = Encoder(pid, hhash, offset, _nodes._max_arg_length)
+        enc = Encoder(pid, hhash, offset, _tree._max_arg_length)
         _encoders.clear()
         _encoders[pid] = enc
     return enc
@@ -124,7 +124,7 @@ def _stop_tap() -> None:
 def _apply_max_items() -> None:
     limits = [c.max_items for c in _active if c.max_items is not None]
     # Nested sampling in-memory traces: the innermost one that set a limit wins.
-    _nodes.set_max_items(limits[-1] if limits else None)
+    _tree.set_max_items(limits[-1] if limits else None)
 
 
 def _after_fork_in_child() -> None:
@@ -136,8 +136,8 @@ def _after_fork_in_child() -> None:
     _encoders.clear()
     _stop_tap()  # the child's session writes to its file only
     STATE.memory_traces = 0
-    _nodes.set_max_items(None)
-    _runtime._set_gate()
+    _tree.set_max_items(None)
+    _session._set_gate()
 
 
 def _describe(exc: BaseException) -> str:
@@ -181,13 +181,13 @@ class InMemoryTracing:
                 _fork_hook = True
             self.trace = Trace(max_items=self.max_items)
             self._chunks = []
-            self._first_id = _rec.new_id()  # spans opened before this are not ours
+            self._first_id = _engine.new_id()  # spans opened before this are not ours
             self._running = True
             _active.append(self)
             STATE.memory_traces += 1
             _apply_max_items()
             _start_tap()
-        _runtime._set_gate()
+        _session._set_gate()
         return self.trace
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
@@ -205,7 +205,7 @@ class InMemoryTracing:
                         _stop_tap()
                     _apply_max_items()
                     self._running = False
-                _runtime._set_gate()
+                _session._set_gate()
             if trace is not None:
                 trace._fill(self._events(), error=None if ev is None else _describe(ev))
         except Exception as exc:  # never let the trace hide the block's own outcome
@@ -295,7 +295,7 @@ def reset_state() -> None:
         _stop_tap()
         _encoders.clear()
         _last = None
-        _nodes.set_max_items(None)
+        _tree.set_max_items(None)
 
 
 STATE.on_reset(reset_state, order=1)

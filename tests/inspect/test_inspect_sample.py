@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import dftrace  # noqa: E402
 from dftrace import ai, testing  # noqa: E402
-from dftrace._core import tree as _nodes
+from dftrace._core import tree as _tree
 from dftrace._inspect.values import content_hash  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def test_sampling_ends_with_the_in_memory_trace():
     with dftrace.trace_in_memory(max_items=1):
         pass
     assert list(ai.dataloader.fetch.iter(range(4))) == [0, 1, 2, 3]
-    assert _nodes._max_items is None
+    assert _tree._max_items is None
 
 
 def test_sampling_ends_even_when_the_block_raises():

@@ -19,7 +19,7 @@ from _requirements import native_engine_missing, needs_marks
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import engine as _rec
+from dftrace._core import engine as _engine
 
 from ._util import HERE, assert_valid, clean_env, events_by_pid, files, fuse_mount, \
     fuse_unusable, last_line, meta, run, spans, start, wait_for_end, write_script
@@ -688,7 +688,7 @@ def test_a_line_in_pieces_is_read_only_once_whole():
     """A line longer than a slot is in the ring in pieces, one slot each: a reader
     that finds its last piece not yet committed reads nothing of it (and the records
     before it), and reads the whole line once it is."""
-    sp = _rec.speedups
+    sp = _engine.speedups
     mm = mmap.mmap(-1, sp.SHM_FIXED_BYTES + 6 * sp.SHM_SLOT_BYTES)
     try:
         sp.shm_attach(mm, os.getpid(), b"", b"", 0, 0)
