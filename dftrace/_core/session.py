@@ -393,7 +393,7 @@ def initialize(**options: Any) -> Session | None:
             _tree.set_max_arg_length(config.max_arg_length)
             STATE.set_limits(config.batch_size, config.buffer_limit, config.on_full == "drop")
             STATE.max_open_spans = config.max_open_spans
-            if not STATE.memory_traces:  # a running capture's events are still in the buffer
+            if not STATE.memory_traces:  # a running in-memory trace's events are in the buffer
                 _buffer.discard_buffered()  # leftovers of an earlier session (late events) are not ours
             STATE.dropped = 0
             STATE.open_refused = 0

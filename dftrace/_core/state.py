@@ -4,7 +4,7 @@
 (:mod:`.buffer`), the buffer's limits, drop counts, the spans open from
 ``start()``, the generation of the sticky args and the warnings already given.
 Modules whose hot paths read state of their own as module globals (the engine's
-per-thread stacks, the tree's options, running captures, the session) register
+per-thread stacks, the tree's options, running in-memory traces, the session) register
 how to put it back with :meth:`ProcessState.on_reset`, and what a forked child
 must forget with :meth:`ProcessState.on_fork`; ``dftrace.testing.reset()`` calls
 ``STATE.reset()`` and nothing else writes another module's state.

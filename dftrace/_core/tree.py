@@ -40,7 +40,8 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
 
 
 class _Gate:
-    """Whether anything records at all (tracing initialised or a capture running)."""
+    """Whether anything records at all (tracing initialised or an in-memory trace
+    running)."""
 
     __slots__ = ("_on",)
 
