@@ -29,7 +29,7 @@ import pytest
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import tree as _nodes
+from dftrace._core import tree as _tree
 from dftrace._core import buffer as _buffer
 
 LOOP = 10_000
@@ -137,7 +137,7 @@ def test_decorator_disabled(benchmark, tracing):
 
 @pytest.mark.benchmark(group="decorator")
 def test_decorator_offconfig(benchmark):
-    _nodes.set_off_for_good(True)
+    _tree.set_off_for_good(True)
     _run(benchmark, _call_loop(ai.compute.forward(work)))
 
 
@@ -173,7 +173,7 @@ def test_with_disabled(benchmark, tracing):
 
 @pytest.mark.benchmark(group="with")
 def test_with_offconfig(benchmark):
-    _nodes.set_off_for_good(True)
+    _tree.set_off_for_good(True)
     _run(benchmark, _with_loop(ai.comm.all_reduce))
 
 
@@ -211,7 +211,7 @@ def test_iter_disabled(benchmark, tracing):
 
 @pytest.mark.benchmark(group="iter")
 def test_iter_offconfig(benchmark):
-    _nodes.set_off_for_good(True)
+    _tree.set_off_for_good(True)
     _run(benchmark, _iter_loop(ai.dataloader.fetch.iter))
 
 

@@ -30,7 +30,7 @@ import pytest
 
 import dftrace
 from dftrace import ai
-from dftrace._core import engine as _recorder
+from dftrace._core import engine as _engine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACERS = ("bare", "hand", "dftrace", "dftrace-off", "dftrace-offconfig", "dftracer")
@@ -112,7 +112,7 @@ def test_instructions_per_operation(benchmark, tmp_path, tracer, pattern):
 _MEMORY = """
 import gc, os, sys, psutil, dftrace
 from dftrace import ai
-from dftrace._core import engine as _recorder
+from dftrace._core import engine as _engine
 from dftrace._core.state import STATE
 dftrace.initialize(log_file=sys.argv[1], buffer_limit=10**8, batch_size=10**9, flush_interval=3600)
 STATE.consumer = None  # nothing drains: every record stays buffered
@@ -179,7 +179,7 @@ def test_writer_gil_hold_per_frame(benchmark, tmp_path):
     dftrace.finalize()
     benchmark.extra_info["gil_hold_ms_median"] = round(statistics.median(holds), 3)
     benchmark.extra_info["gil_hold_ms_max"] = round(max(holds), 3)
-    benchmark.extra_info["engine"] = "c" if _recorder.speedups is not None else "python"
+    benchmark.extra_info["engine"] = "c" if _engine.speedups is not None else "python"
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
 
 

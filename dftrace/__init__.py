@@ -20,6 +20,7 @@ __all__ = [
     "CATEGORIES",
     "Config",
     "ConfigError",
+    "InMemoryTracing",
     "Node",
     "Session",
     "Span",
@@ -27,27 +28,31 @@ __all__ = [
     "Use",
     "__version__",
     "ai",
-    "capture",
     "finalize",
     "initialize",
     "instrument",
-    "last_capture",
+    "last_in_memory_trace",
     "session",
+    "trace_in_memory",
 ]
 
 # Inspection tools load on first use, keeping ``import dftrace`` light.
-_LAZY = {"Trace": "_inspect.browse", "capture": "_inspect.memory",
-         "last_capture": "_inspect.memory", "instrument": "_inspect.instrument"}
+_LAZY = {"Trace": "_inspect.browse", "InMemoryTracing": "_inspect.memory",
+         "trace_in_memory": "_inspect.memory", "last_in_memory_trace": "_inspect.memory",
+         "instrument": "_inspect.instrument"}
+# Names of 0.1.0, still there (deprecated: they warn when called).
+_DEPRECATED = {"capture": "_inspect.memory", "last_capture": "_inspect.memory"}
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
+    module = _LAZY.get(name) or _DEPRECATED.get(name)
     if module is None:
         raise AttributeError(f"module 'dftrace' has no attribute {name!r}")
     import importlib
 
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
+    if name in _LAZY:  # the deprecated names stay out of the namespace and of dir()
+        globals()[name] = value
     return value
 
 

@@ -23,7 +23,7 @@ import inspect
 import time
 from typing import Any, Callable, Iterable, TypeVar
 
-from ._core import engine as _rec
+from ._core import engine as _engine
 from ._core.records import kind_id
 from ._core.tree import Node, ai
 from ._core.session import finalize, initialize, session
@@ -92,7 +92,7 @@ class dftracer:  # noqa: N801 - DFTracer's spelling
                     args[k] = v[1] if isinstance(v, tuple) and len(v) == 2 else v
             t0 = int(start_time) * 1000 - s.offset_ns
             t1 = t0 + int(duration) * 1000
-            _rec.record_finished(kind_id(str(name), str(cat)), t0, t1, args)
+            _engine.record_finished(kind_id(str(name), str(cat)), t0, t1, args)
         except Exception:
             pass
 
@@ -101,8 +101,8 @@ class dftracer:  # noqa: N801 - DFTracer's spelling
         if session() is None:
             return
         try:
-            stk = _rec.current_stack()
-            _rec.record_special(_rec.META, {"name": "CM", "args": {"name": str(key), "value": value}},
+            stk = _engine.current_stack()
+            _engine.record_special(_engine.META, {"name": "CM", "args": {"name": str(key), "value": value}},
                                 stk.tid)
         except Exception:
             pass
@@ -142,7 +142,7 @@ class dft_fn(Node):  # noqa: N801 - DFTracer's spelling
         new.update(kwargs)
         if new:
             Node.update(self, new)
-            _rec.restick_open(self)
+            _engine.restick_open(self)
         return self
 
     def _child(self, name: str, cls: type[Node] = Node) -> Node:

@@ -8,7 +8,7 @@
         assert result.names() == ["forward", "backward"]
 
     def test_step_sees_the_batch():
-        with testing.capture_events() as result:   # in memory: no files
+        with testing.trace_to_memory() as result:   # in memory: no files
             model_step(batch)
         testing.assert_span(result, "forward", cat="compute",
                             args={"params.x.shape": [32, 10]})
@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._core import session as _runtime
+from ._core import session as _session
 from ._core.state import STATE
 from ._inspect import browse, memory
 
@@ -35,7 +35,6 @@ __all__ = [
     "assert_names",
     "assert_nested",
     "assert_span",
-    "capture_events",
     "clean_state",
     "get_arg",
     "read_events",
@@ -43,6 +42,7 @@ __all__ = [
     "spans",
     "trace_files",
     "trace_to",
+    "trace_to_memory",
 ]
 
 
@@ -60,7 +60,7 @@ def trace_files(where: str | os.PathLike[str]) -> list[str]:
 def read_events(where: str | os.PathLike[str], *, strict: bool = True) -> list[dict[str, Any]]:
     """Every event of the trace files at ``where``, in file order. With ``strict``
     a line that is not valid JSON raises ``ValueError`` naming file and line."""
-    from .format import iter_trace_lines
+    from ._trace_reading import iter_trace_lines
 
     out: list[dict[str, Any]] = []
     for path in trace_files(where):
@@ -81,7 +81,7 @@ def spans(events: list[dict[str, Any]], name: str | None = None,
 
 
 class TraceResult:
-    """What a :func:`trace_to` block wrote, or a :func:`capture_events` block
+    """What a :func:`trace_to` block wrote, or a :func:`trace_to_memory` block
     recorded (``directory`` None); filled in when the block ends."""
 
     def __init__(self, directory: str | None = None):
@@ -117,35 +117,41 @@ def trace_to(directory: str | os.PathLike[str], *, validate: bool = True,
     options.setdefault("log_file", os.path.join(d, "trace"))
     options.setdefault("inherit", False)
     result = TraceResult(d)
-    s = _runtime.initialize(**options)
+    s = _session.initialize(**options)
     try:
         yield result
     finally:
-        _runtime.finalize()
+        _session.finalize()
         if s is not None:
             result.paths = s.paths
             for p in s.paths:
                 result.events.extend(read_events(p))
     if validate and s is not None:  # not when the block raised: that error comes first
-        from .format import validate_file
+        from ._trace_rules import validate_file
 
         problems = [f"{p}:{v.line}: {v.rule}: {v.message}" for p in s.paths for v in validate_file(p)]
         assert not problems, "trace breaks the format rules:\n" + "\n".join(problems[:20])
 
 
 @contextlib.contextmanager
-def capture_events(max_items: int | None = None) -> Iterator[TraceResult]:
+def trace_to_memory(max_items: int | None = None) -> Iterator[TraceResult]:
     """Record the block in memory (no files, no ``initialize``) with
-    :func:`dftrace.capture` and fill a :class:`TraceResult` when it ends, also when
-    it raises. ``max_items`` is capture's sample mode."""
+    :func:`dftrace.trace_in_memory` and fill a :class:`TraceResult` when it ends, also
+    when it raises. ``max_items`` is its sample mode."""
     result = TraceResult(None)
     trace = None
     try:
-        with memory.capture(max_items) as trace:
+        with memory.trace_in_memory(max_items) as trace:
             yield result
     finally:
         if trace is not None:
             result.events = trace.events
+
+
+def capture_events(max_items: int | None = None) -> contextlib.AbstractContextManager[TraceResult]:
+    """Deprecated name of :func:`trace_to_memory`."""
+    STATE.warn_deprecated("dftrace.testing.capture_events()", "dftrace.testing.trace_to_memory()")
+    return trace_to_memory(max_items)
 
 
 _MISSING: Any = object()
@@ -282,5 +288,5 @@ def clean_state() -> Iterator[None]:
 
 def reset() -> None:
     """Finalize any session and restore all global state to its import-time values."""
-    _runtime.finalize()
+    _session.finalize()
     STATE.reset()

@@ -9,7 +9,7 @@ engine calls the consumer's ``wake`` at every full batch and ``wait_drained`` at
 buffer's limit (block mode).
 
 A copy of every encoded batch can go to one *tap* (:func:`set_tap`): the running
-in-memory traces (``dftrace.capture()``). Whoever consumes the buffer hands each
+in-memory traces (``dftrace.trace_in_memory()``). Whoever consumes the buffer hands each
 batch to the tap (:func:`to_tap`) before writing it anywhere, and is told when the
 tap comes or goes (``Consumer.tap_changed``): the writer thread then encodes in
 Python instead of in the C engine, the process writer keeps records in process

@@ -45,7 +45,7 @@ class Producer:
     """One registered traced process: its ring, its file."""
 
     def __init__(self, conn: socket.socket, pid: int, info: Registration, fd: int):
-        from . import engine as _rec
+        from . import engine as _engine
         from .writer import FileSink
 
         self.conn = conn
@@ -57,7 +57,7 @@ class Producer:
         self.mm = mmap.mmap(fd, size)
         os.close(fd)
         try:
-            self.reader = _rec.speedups.ShmReader(self.mm)
+            self.reader = _engine.speedups.ShmReader(self.mm)
         except BaseException:
             self.mm.close()
             raise
@@ -403,11 +403,11 @@ class Served:
 
     def guard(self, p: Producer, fn: Any, *args: Any) -> Any:
         """Run ``fn``; an inconsistent ring drops its producer, other errors are said."""
-        from . import engine as _rec
+        from . import engine as _engine
 
         try:
             return fn(*args)
-        except _rec.speedups.RingError as exc:
+        except _engine.speedups.RingError as exc:
             self.reject(p, str(exc))
         except Exception as exc:
             print(f"dftrace drainer: {exc!r}", file=sys.stderr)
@@ -478,9 +478,9 @@ def _next_message(p: Producer) -> bytes | None:
 
 def serve(name: str, ppid: int) -> int:
     """Serve producers until the last one is gone."""
-    from . import engine as _rec
+    from . import engine as _engine
 
-    if _rec.speedups is None:
+    if _engine.speedups is None:
         return 2
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)

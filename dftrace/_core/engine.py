@@ -297,22 +297,22 @@ def _deepen(lvl: int) -> None:
 # ---------------------------------------------------------------------------
 # Decorators. ``obj`` is a Node or a Use: ``obj._node`` names the events and
 # ``obj._extra`` holds the use's own args. ``gate._on`` says whether to record now.
-# ``cap`` (a ``_values.FunctionCapture``, or None) adds captured values: its
+# ``capture`` (a ``_values.FunctionCapture``, or None) adds captured values: its
 # ``params`` summarises the arguments before the clock starts, its ``extra`` builds
 # the span's args after it stops; neither raises nor keeps a value alive.
 # ---------------------------------------------------------------------------
 
-def wrap_sync(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
+def wrap_sync(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
     node = obj._node
     extra = obj._extra
-    if speedups is not None and cap is None:
+    if speedups is not None and capture is None:
         return speedups.SpanWrapper(fn, node, gate, extra)
     kid = node._kid
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not gate._on:
             return fn(*args, **kwargs)
-        params = cap.params(args, kwargs) if cap is not None else None
+        params = capture.params(args, kwargs) if capture is not None else None
         stk = LOCAL.stk
         if stk is None:
             stk = resolve()
@@ -332,19 +332,20 @@ def wrap_sync(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
             t1 = clock()
             _unwind(stk, i)
             record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
-                   with_error(extra, e) if cap is None else cap.extra(extra, params, error=e))
+                   with_error(extra, e) if capture is None
+                   else capture.extra(extra, params, error=e))
             raise
         t1 = clock()
         if stk.pop() is not i:
             _unwind(stk, i)
         record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
-               extra if cap is None else cap.extra(extra, params, r))
+               extra if capture is None else capture.extra(extra, params, r))
         return r
 
     return wrapper
 
 
-def wrap_async(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
+def wrap_async(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
     node = obj._node
     extra = obj._extra
     kid = node._kid
@@ -352,7 +353,7 @@ def wrap_async(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not gate._on:
             return await fn(*args, **kwargs)
-        params = cap.params(args, kwargs) if cap is not None else None
+        params = capture.params(args, kwargs) if capture is not None else None
         stk = resolve()
         sticky = _sticky(node)
         i = new_id()
@@ -368,12 +369,13 @@ def wrap_async(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
             t1 = clock()
             _unwind(stk, i)
             record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
-                   with_error(extra, e) if cap is None else cap.extra(extra, params, error=e))
+                   with_error(extra, e) if capture is None
+                   else capture.extra(extra, params, error=e))
             raise
         t1 = clock()
         _unwind(stk, i)
         record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
-               extra if cap is None else cap.extra(extra, params, r))
+               extra if capture is None else capture.extra(extra, params, r))
         return r
 
     return wrapper
@@ -412,29 +414,29 @@ def _nests(stk: Stack, p: int, lvl: int) -> bool:
     return len(stk) == lvl and stk[-1] == p
 
 
-def wrap_generator(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
+def wrap_generator(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
     """A generator function: one span from its first ``next`` until it ends or closes
-    (not a parent of what the consumer does between items); with ``cap``, its
+    (not a parent of what the consumer does between items); with ``capture``, its
     arguments and its ``return`` value."""
-    return _wrap_generating(fn, obj, gate, cap, _generator_span)
+    return _wrap_generating(fn, obj, gate, capture, _generator_span)
 
 
-def wrap_asyncgen(fn: Any, obj: Any, gate: Any, cap: Any = None) -> Any:
+def wrap_asyncgen(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
     """An async generator function: one span for its whole iteration."""
-    return _wrap_generating(fn, obj, gate, cap, _asyncgen_span)
+    return _wrap_generating(fn, obj, gate, capture, _asyncgen_span)
 
 
-def _wrap_generating(fn: Any, obj: Any, gate: Any, cap: Any, span: Any) -> Any:
+def _wrap_generating(fn: Any, obj: Any, gate: Any, capture: Any, span: Any) -> Any:
     """The wrapper of a (async) generator function: ``span`` wraps what it returns."""
     node = obj._node
     extra = obj._extra
-    cap = cap or _NO_CAPTURE
+    capture = capture or _NO_CAPTURE
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         gen = fn(*args, **kwargs)
         if not gate._on:
             return gen
-        return span(gen, node, extra, cap, cap.params(args, kwargs))
+        return span(gen, node, extra, capture, capture.params(args, kwargs))
 
     return wrapper
 
@@ -449,7 +451,7 @@ def _close_detached(node: Any, stk: Stack, t0: int, i: int, p: int, lvl: int,
         record(node._kid, t0, clock(), i, 0, 1, _side_stack(stk).tid, sticky, x)
 
 
-def _generator_span(gen: Any, node: Any, extra: Any, cap: Any, params: Any) -> Any:
+def _generator_span(gen: Any, node: Any, extra: Any, capture: Any, params: Any) -> Any:
     stk = current_stack()
     p, lvl = stk[-1], len(stk)
     sticky = _sticky(node)
@@ -460,13 +462,13 @@ def _generator_span(gen: Any, node: Any, extra: Any, cap: Any, params: Any) -> A
     try:
         r = yield from gen
     except BaseException as e:
-        _close_detached(node, stk, t0, i, p, lvl, sticky, cap.extra(extra, params, error=e))
+        _close_detached(node, stk, t0, i, p, lvl, sticky, capture.extra(extra, params, error=e))
         raise
-    _close_detached(node, stk, t0, i, p, lvl, sticky, cap.extra(extra, params, r))
+    _close_detached(node, stk, t0, i, p, lvl, sticky, capture.extra(extra, params, r))
     return r
 
 
-async def _asyncgen_span(agen: Any, node: Any, extra: Any, cap: Any, params: Any) -> Any:
+async def _asyncgen_span(agen: Any, node: Any, extra: Any, capture: Any, params: Any) -> Any:
     stk = current_stack()
     p, lvl = stk[-1], len(stk)
     sticky = _sticky(node)
@@ -479,11 +481,11 @@ async def _asyncgen_span(agen: Any, node: Any, extra: Any, cap: Any, params: Any
         async for item in agen:
             yield item
     except BaseException as e:
-        x = cap.extra(extra, params, error=e)
+        x = capture.extra(extra, params, error=e)
         raise
     finally:
         if x is None:
-            x = cap.extra(extra, params)
+            x = capture.extra(extra, params)
         _close_detached(node, stk, t0, i, p, lvl, sticky, x)
 
 

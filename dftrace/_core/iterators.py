@@ -19,16 +19,16 @@ from .nvtx_ranges import close_range as nvtx_close, open_range as nvtx_open
 __all__ = ["aiterate", "iterate"]
 
 
-def iterate(obj: Any, gate: Any, iterable: Any, cap: Any = None) -> Any:
+def iterate(obj: Any, gate: Any, iterable: Any, capture: Any = None) -> Any:
     """``.iter()``: per item, a ``<leaf>.iter`` span (getting it) and a ``<leaf>.block``
     span (the loop body holding it), both with ``count``. Closes on break/close/error.
-    With ``cap``, each ``.iter`` span also carries the summary of its item."""
-    if speedups is not None and cap is None:
+    With ``capture``, each ``.iter`` span also carries the summary of its item."""
+    if speedups is not None and capture is None:
         return speedups.SpanIter(obj._node, gate, obj._extra, iterable)
-    return _iterate(obj, gate, iterable, cap)
+    return _iterate(obj, gate, iterable, capture)
 
 
-def _iterate(obj: Any, gate: Any, iterable: Any, cap: Any) -> Any:
+def _iterate(obj: Any, gate: Any, iterable: Any, capture: Any) -> Any:
     node = obj._node
     extra = obj._extra
     ikid, bkid = node._ikid, node._bkid
@@ -71,7 +71,7 @@ def _iterate(obj: Any, gate: Any, iterable: Any, cap: Any) -> Any:
             _unwind(stk, i)
         count += 1
         record(ikid, t0, t1, i, p, lvl, stk.tid, sticky,
-               extra if cap is None else cap.item_extra(extra, count, item), count)
+               extra if capture is None else capture.item_extra(extra, count, item), count)
         j = new_id()
         stk.append(j)
         if _engine.NVTX_ON:

@@ -60,7 +60,7 @@ def json_str(s: str) -> bytes:
 # -- the kind table ---------------------------------------------------------------
 _KIND_IDS: dict[tuple[str, str], int] = {}
 _KIND_PIECES: list[bytes] = []
-_native_add: Any = None  # the C engine's add_kind, set by _recorder when it loads
+_native_add: Any = None  # the C engine's add_kind, set by the engine when it loads
 
 
 def kind_id(name: Any, cat: Any) -> int:
@@ -97,7 +97,7 @@ def use_native(add_kind: Any, plain: Any) -> None:
 
 
 # -- args ---------------------------------------------------------------------------
-#: Longest string arg kept (``max_arg_length``; set through ``_nodes``).
+#: Longest string arg kept (``max_arg_length``; set through :mod:`.tree`).
 max_arg_length = 1024
 
 

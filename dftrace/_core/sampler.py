@@ -22,7 +22,7 @@ import os
 import threading
 from typing import Any
 
-from . import engine as _rec
+from . import engine as _engine
 from .state import STATE
 from .records import COUNTER
 
@@ -49,7 +49,7 @@ class Sampler:
         self._thread.start()
 
     def _record(self, name: str, args: dict[str, Any]) -> None:
-        _rec.record_special(COUNTER, {"name": name, "cat": CATEGORY, "args": args,
+        _engine.record_special(COUNTER, {"name": name, "cat": CATEGORY, "args": args,
                                       "hhash": False}, self._pid)
 
     def sample(self) -> None:

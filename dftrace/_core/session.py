@@ -21,8 +21,8 @@ import threading
 import time
 from typing import Any
 
-from . import tree as _nodes
-from . import buffer as _buffer, engine as _rec
+from . import tree as _tree
+from . import buffer as _buffer, engine as _engine
 from .state import STATE
 from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .registration import DrainerUnavailable
@@ -357,8 +357,8 @@ def session() -> Session | None:
 
 
 def _set_gate() -> None:
-    _nodes.GATE._on = _session is not None or STATE.memory_traces > 0
-    _nodes.refresh_all()
+    _tree.GATE._on = _session is not None or STATE.memory_traces > 0
+    _tree.refresh_all()
 
 
 def initialize(**options: Any) -> Session | None:
@@ -376,7 +376,7 @@ def initialize(**options: Any) -> Session | None:
         if _session is not None and _session.pid == os.getpid():
             return _session
         if config.enable is False:
-            _nodes.set_off_for_good(True)
+            _tree.set_off_for_good(True)
             return None
         nvtx = _nvtx_ready(config, asked="nvtx" in options and options["nvtx"] is not None)
         _busy += 1
@@ -389,11 +389,11 @@ def initialize(**options: Any) -> Session | None:
             # interpreter exits (an import on the writer's thread then makes a
             # KeyboardInterrupt exit with status 1 instead of dying of SIGINT).
             s.sink.header()
-            _nodes.set_off_for_good(False)
-            _nodes.set_max_arg_length(config.max_arg_length)
+            _tree.set_off_for_good(False)
+            _tree.set_max_arg_length(config.max_arg_length)
             STATE.set_limits(config.batch_size, config.buffer_limit, config.on_full == "drop")
             STATE.max_open_spans = config.max_open_spans
-            if not STATE.memory_traces:  # a running capture's events are still in the buffer
+            if not STATE.memory_traces:  # a running in-memory trace's events are in the buffer
                 _buffer.discard_buffered()  # leftovers of an earlier session (late events) are not ours
             STATE.dropped = 0
             STATE.open_refused = 0
@@ -405,7 +405,7 @@ def initialize(**options: Any) -> Session | None:
             if not _install_signals():
                 _signals.run_on_main_thread(_install_signals_if_active)
             _set_gate()
-            _rec.use_nvtx(nvtx)
+            _engine.use_nvtx(nvtx)
             s.sampler = _sampler.start(config.sample_interval)
         finally:
             _busy -= 1
@@ -467,8 +467,8 @@ def finalize(target: Session | None = None) -> None:
         _busy += 1
         deadline = time.monotonic() + s.config.shutdown_timeout
         try:
-            _rec.close_all_open()
-            _rec.use_nvtx(False)
+            _engine.close_all_open()
+            _engine.use_nvtx(False)
             _session = None
             _set_gate()
             if s.sampler is not None:
@@ -550,12 +550,12 @@ def _stacks_stuck_here() -> set[int]:
     """Stacks that cannot move while this thread is in finalize: its own, and
     those of the tasks of the event loop it runs (if any)."""
     out = set()
-    own = _rec.LOCAL.thread_stk
+    own = _engine.LOCAL.thread_stk
     if own is not None:
         out.add(id(own))
-    loop = _rec._get_running_loop()
+    loop = _engine._get_running_loop()
     if loop is not None:
-        for stk in list(_rec.STACKS.values()):
+        for stk in list(_engine.STACKS.values()):
             try:
                 if stk.owner is not None and stk.owner.get_loop() is loop:
                     out.add(id(stk))
@@ -566,7 +566,7 @@ def _stacks_stuck_here() -> set[int]:
 
 def _open_span_count(exclude: set[int] = frozenset()) -> int:  # type: ignore[assignment]
     # Every stack starts with one root link; the rest are ids of open spans.
-    return sum(len(stk) - 1 for stk in list(_rec.STACKS.values()) if id(stk) not in exclude)
+    return sum(len(stk) - 1 for stk in list(_engine.STACKS.values()) if id(stk) not in exclude)
 
 
 def _wait_for_open_spans(deadline: float) -> int:
@@ -597,14 +597,14 @@ def _finish_on_signal(signum: int) -> None:
     event loop's tasks) have open will never end, so write them as incomplete."""
     if _session is None or _session.pid != os.getpid():
         return
-    t1 = _rec.clock()
+    t1 = _engine.clock()
     stuck = _stacks_stuck_here()
-    for stk in list(_rec.STACKS.values()):
+    for stk in list(_engine.STACKS.values()):
         if id(stk) not in stuck:
             continue
         for i in reversed(list(stk)):
             if i in stk.open:
-                _rec._close(stk, i, t1, incomplete=True)
+                _engine._close(stk, i, t1, incomplete=True)
     try:
         finalize()
     except BaseException:
@@ -660,7 +660,7 @@ def _after_fork_child() -> None:
     parent.writer = None  # type: ignore[assignment]
     _session = None
     try:
-        first_id = _rec.new_id()
+        first_id = _engine.new_id()
         s = Session(parent.config, first_id, parent.prefix, parent.writer_asked)
         _buffer.attach(s.writer)
         _session = s
@@ -736,13 +736,13 @@ def autostart() -> None:
     try:
         enable = env_enable()
         if enable is False:
-            _nodes.set_off_for_good(True)
+            _tree.set_off_for_good(True)
         elif enable:
             initialize()
     except BaseException as exc:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        _nodes.set_off_for_good(True)
+        _tree.set_off_for_good(True)
         STATE.warn_once(
             "autostart", f"tracing is off in this process (pid {os.getpid()}): {_clean(str(exc))}")
 

@@ -21,7 +21,7 @@ Finding the drainer and registering with it is :mod:`.registration`'s part.
 ``buffer_limit`` bounds the spans in the ring's slots that the drainer has not freed
 yet, exactly as it bounds the spans waiting in memory with the writer thread (the
 ring has two slots more than the limit needs; a slot also holds at most 256 KiB of
-args). While the buffer has a tap (a ``dftrace.capture()`` runs, see
+args). While the buffer has a tap (a ``dftrace.trace_in_memory()`` runs, see
 :mod:`.buffer`), records go to process memory: this process encodes them, hands
 the lines to the tap and relays them to the ring.
 
@@ -136,7 +136,7 @@ class ProcessWriter(Consumer):
         self._replies = b""
         self._progress = (-1, 0.0)  # (drainer's commits, monotonic time) when last seen
         self._gave_up_at = -1  # the drainer's commits when a full ring last stopped waiting
-        self._local = False  # captures run: records in process memory, relayed (see _relay)
+        self._local = False  # in-memory traces run: records in process memory, relayed (see _relay)
         self._relaying = threading.RLock()
         self._fd, self._mm = _ring(session.config.buffer_limit)
         # Slots sealed since the drainer was last woken: it is woken once per write's
@@ -148,7 +148,7 @@ class ProcessWriter(Consumer):
                                           // _state.native.SHM_SLOT_RECORDS, nslots // 2))
         previous = STATE.consumer
         if tapped() and previous is not None:
-            previous.flush()  # the captures' records so far (attaching drops the buffer)
+            previous.flush()  # the in-memory traces' records so far (attaching drops the buffer)
         try:
             enc = session.encoder
             _state.native.shm_attach(self._mm, session.pid, enc.pid_piece, enc.hh_piece,
@@ -233,7 +233,7 @@ class ProcessWriter(Consumer):
                 sink = FileSink(s.base, s.config.compression, s.config.compression_level,
                                 s.config.max_file_size, s.sink.header())
                 s.sink = sink
-                # Captures get their lines from _relay, which goes on feeding the ring.
+                # In-memory traces get their lines from _relay, which goes on feeding the ring.
                 self.fallback = Writer(s.encoder, sink, s.config.flush_interval, source,
                                        deliver=False)
                 try:
@@ -271,10 +271,11 @@ class ProcessWriter(Consumer):
             self._lost()
             return False
 
-    # -- captures ------------------------------------------------------------------
+    # -- in-memory traces ----------------------------------------------------------
     def tap_changed(self) -> None:
-        """Captures started (records go to process memory, and _relay hands them to
-        the captures and to the ring) or all ended (records go to the ring again)."""
+        """In-memory traces started (records go to process memory, and _relay hands
+        them to the traces and to the ring) or all ended (records go to the ring
+        again)."""
         if not self._here():
             return
         want = tapped()
@@ -283,15 +284,15 @@ class ProcessWriter(Consumer):
                 return
             self._local = want
             _state.native.shm_local(want)
-            # Metadata lines too: in the buffer (for the captures), or into the ring.
+            # Metadata lines too: in the buffer (for the in-memory traces), or the ring.
             STATE.special_to_ring = None if want else self._special_to_ring
             if not want:
-                self._relay(force=True)  # what the last capture left in memory
+                self._relay(force=True)  # what the last in-memory trace left
 
     def _relay(self, force: bool = False) -> int:
-        """While captures run: encode what is buffered in process memory, hand it to
-        the captures and append the lines to the ring (for the drainer). Returns the
-        number of records."""
+        """While in-memory traces run: encode what is buffered in process memory, hand
+        it to the traces and append the lines to the ring (for the drainer). Returns
+        the number of records."""
         if not (self._local or force) or not self._here():
             return 0
         total = 0
@@ -369,7 +370,7 @@ class ProcessWriter(Consumer):
         not wait again until the drainer has committed since."""
         if not self._here():
             return False
-        # Captures run: the buffer is in process memory; a relay under way in this
+        # In-memory traces run: the buffer is in process memory; a relay under way in this
         # thread found the ring full, though, and waits for the drainer.
         relaying = self._local and self._relaying._is_owned()  # type: ignore[attr-defined]
         if self._local and not relaying:

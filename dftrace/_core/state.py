@@ -4,7 +4,7 @@
 (:mod:`.buffer`), the buffer's limits, drop counts, the spans open from
 ``start()``, the generation of the sticky args and the warnings already given.
 Modules whose hot paths read state of their own as module globals (the engine's
-per-thread stacks, the tree's options, running captures, the session) register
+per-thread stacks, the tree's options, running in-memory traces, the session) register
 how to put it back with :meth:`ProcessState.on_reset`, and what a forked child
 must forget with :meth:`ProcessState.on_fork`; ``dftrace.testing.reset()`` calls
 ``STATE.reset()`` and nothing else writes another module's state.
@@ -136,6 +136,16 @@ class ProcessState:
             warnings.warn(f"dftrace: {message}", RuntimeWarning, stacklevel=3)
         except Exception:
             pass
+
+    def warn_deprecated(self, old: str, new: str) -> None:
+        """A :class:`DeprecationWarning`, once per process (again after :meth:`reset`),
+        for a caller of the old name ``old`` that now reads ``new``."""
+        key = f"deprecated:{old}"
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        warnings.warn(f"{old} is deprecated; use {new}, which does the same",
+                      DeprecationWarning, stacklevel=3)
 
 
 STATE = ProcessState()

@@ -2,7 +2,7 @@
 
 A :class:`Node` is shared by every thread, task and call site that names it, so it
 holds no per-call state: start times live in frames on the caller's own stack (see
-``_recorder``). A node works as a decorator, a context manager, an iterator wrapper
+:mod:`.engine`). A node works as a decorator, a context manager, an iterator wrapper
 and a start/stop hook. Calling it with options (``node(args=..., enable=...)``) makes
 a :class:`Use`: the same event with args of its own, still switched by its node's
 ``enable``/``disable`` and reached by its ``update`` unless ``enable=`` was forced.
@@ -16,8 +16,8 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, Callable, TypeVar
 
-from . import records as _events
-from . import engine as _rec
+from . import records as _records
+from . import engine as _engine
 from .state import STATE
 from . import iterators as _iterators
 from .records import Extra, kind_id
@@ -40,7 +40,8 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
 
 
 class _Gate:
-    """Whether anything records at all (tracing initialised or a capture running)."""
+    """Whether anything records at all (tracing initialised or an in-memory trace
+    running)."""
 
     __slots__ = ("_on",)
 
@@ -68,16 +69,16 @@ def set_off_for_good(value: bool) -> None:
 def set_max_arg_length(n: int) -> None:
     global _max_arg_length
     _max_arg_length = n
-    _events.max_arg_length = n
+    _records.max_arg_length = n
     _tell_engine()
 
 
 def _tell_engine() -> None:
-    if _rec.speedups is not None:
-        _rec.speedups.set_options(_max_arg_length, _off_for_good)
+    if _engine.speedups is not None:
+        _engine.speedups.set_options(_max_arg_length, _off_for_good)
 
 
-# Sample mode (``dftrace.capture(max_items=N)``): every ``.iter()`` called while it is
+# Sample mode (``dftrace.trace_in_memory(max_items=N)``): every ``.iter()`` called while it is
 # set yields at most this many items. Checked once per ``.iter()`` call, never per item.
 _max_items: int | None = None
 
@@ -111,15 +112,15 @@ def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
             f"{obj!r} decorates functions; got {type(fn).__name__}. "
             f"To pass args use {obj._node.path}(args={{...}}).")
     # Chosen here, once: uses without capture pay nothing for it.
-    cap = obj._capture.bind(fn) if obj._capture is not None else None
+    capture = obj._capture.bind(fn) if obj._capture is not None else None
     if inspect.iscoroutinefunction(fn):
-        wrapper = _rec.wrap_async(fn, obj, gate, cap)
+        wrapper = _engine.wrap_async(fn, obj, gate, capture)
     elif inspect.isasyncgenfunction(fn):
-        wrapper = _rec.wrap_asyncgen(fn, obj, gate, cap)
+        wrapper = _engine.wrap_asyncgen(fn, obj, gate, capture)
     elif inspect.isgeneratorfunction(fn):
-        wrapper = _rec.wrap_generator(fn, obj, gate, cap)
+        wrapper = _engine.wrap_generator(fn, obj, gate, capture)
     else:
-        wrapper = _rec.wrap_sync(fn, obj, gate, cap)
+        wrapper = _engine.wrap_sync(fn, obj, gate, capture)
     try:
         functools.update_wrapper(wrapper, fn)
     except Exception:
@@ -130,8 +131,8 @@ def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
 
 # With the C engine, ``Span.stop`` and the nodes' ``__call__``, ``__enter__``/
 # ``__exit__`` and ``start``/``stop`` come from its base classes.
-_SpanBase: type = _rec.speedups.SpanBase if _rec.speedups is not None else object
-_CMBase: type = _rec.speedups.TraceableBase if _rec.speedups is not None else object
+_SpanBase: type = _engine.speedups.SpanBase if _engine.speedups is not None else object
+_CMBase: type = _engine.speedups.TraceableBase if _engine.speedups is not None else object
 
 
 class Span(_SpanBase):  # type: ignore[misc,valid-type]
@@ -153,7 +154,7 @@ class Span(_SpanBase):  # type: ignore[misc,valid-type]
         (output shapes, bytes written) are added to the span's args, encoded now."""
         if self._token is not None and self._obj is not None:
             try:
-                _rec.stop(self._obj, self._token, args)
+                _engine.stop(self._obj, self._token, args)
             except Exception:
                 pass
             self._token = None
@@ -216,14 +217,14 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
 
     # context manager: the C base class's methods, else the recorder's functions --------
     if _CMBase is object:
-        __enter__ = _rec.cm_enter
-        __exit__ = _rec.cm_exit
+        __enter__ = _engine.cm_enter
+        __exit__ = _engine.cm_exit
 
     async def __aenter__(self) -> Any:
-        return _rec.cm_enter(self)
+        return _engine.cm_enter(self)
 
     async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
-        return _rec.cm_exit(self, et, ev, tb)
+        return _engine.cm_exit(self, et, ev, tb)
 
     # iterators ------------------------------------------------------------
     def iter(self, iterable: Iterable[Any]) -> Any:
@@ -254,9 +255,9 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
             if not self._on:
                 return _NO_SPAN
             if metadata:
-                _rec.record_cm(self._node.name + ".start")
+                _engine.record_cm(self._node.name + ".start")
                 return _NO_SPAN
-            token = _rec.start(self)
+            token = _engine.start(self)
             return _NO_SPAN if token is None else Span(self, token)
         except Exception:
             return _NO_SPAN
@@ -267,12 +268,12 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         try:
             if metadata:
                 if self._on:
-                    _rec.record_cm(self._node.name + ".end")
+                    _engine.record_cm(self._node.name + ".end")
                 return
             if span is not None:
                 span.stop()
                 return
-            if not _rec.stop(self) and self._on:
+            if not _engine.stop(self) and self._on:
                 STATE.warn_once(
                     "stop:" + self._node.path,
                     f"{self._node.path}.stop() without a matching start(); ignored")
@@ -337,7 +338,7 @@ class Node(_Traceable):
 
     def _args(self) -> dict[str, Any]:
         """The sticky args this node's next span carries."""
-        s = _rec.sticky_of(self)
+        s = _engine.sticky_of(self)
         return dict(s.args) if s is not None else {}
 
     def _enabled_path(self) -> bool:
@@ -403,7 +404,7 @@ class Node(_Traceable):
                 self._own = Extra({**(self._own.args if self._own is not None else {}),
                                    **self._pending, **kwargs}, _max_arg_length)
                 self._pending = {}
-            _rec.bump_sticky()
+            _engine.bump_sticky()
         except Exception:
             pass
 
@@ -421,7 +422,7 @@ class Node(_Traceable):
         for n in self._walk():
             n._own = None
             n._pending = {}
-        _rec.bump_sticky()
+        _engine.bump_sticky()
 
 
 _capturing_use: type | None = None
@@ -582,11 +583,11 @@ def refresh_all() -> None:
         root._refresh()
 
 
-if _rec.speedups is not None:
-    _rec.speedups.register(state=_rec.STATE, span_type=Span, no_span=_NO_SPAN,
-                           start_slow=_Traceable._start_py, stop_slow=_Traceable._stop_py,
-                           use_type=Use, call_slow=_Traceable._call_py,
-                           span_stop_slow=Span._stop_py, gate=GATE, update_slow=Node._update_py)
+if _engine.speedups is not None:
+    _engine.speedups.register(state=_engine.STATE, span_type=Span, no_span=_NO_SPAN,
+                              start_slow=_Traceable._start_py, stop_slow=_Traceable._stop_py,
+                              use_type=Use, call_slow=_Traceable._call_py,
+                              span_stop_slow=Span._stop_py, gate=GATE, update_slow=Node._update_py)
 
 
 def _reset() -> None:

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .._core import tree as _nodes
-from .._core import engine as _rec
+from .._core import tree as _tree
+from .._core import engine as _engine
 from .._core import iterators as _iterators
 from .._core.tree import Use
 
@@ -53,7 +53,7 @@ class CallScope:
     def capture(self, **values: Any) -> None:
         """Record more parameters of this call: ``call.capture(batch=batch)``."""
         try:
-            max_len = _nodes._max_arg_length
+            max_len = _tree._max_arg_length
             params = dict(self._params or {})
             for k, v in values.items():
                 params[k] = self._use._capture.describe(v, max_len)
@@ -64,7 +64,7 @@ class CallScope:
     def set_result(self, value: Any) -> None:
         """Record ``value`` as this call's result (replaces an automatic one)."""
         try:
-            self._result = self._use._capture.describe(value, _nodes._max_arg_length)
+            self._result = self._use._capture.describe(value, _tree._max_arg_length)
         except Exception:
             pass
 
@@ -146,34 +146,34 @@ class CapturingUse(Use):
             return _NULL_SCOPE
         try:
             opts = self._capture
-            max_len = _nodes._max_arg_length
+            max_len = _tree._max_arg_length
             scope = CallScope(self, opts.frame_params(frame, max_len))
             if opts.result:
                 scope._snapshot = _snapshot(frame)
             # Plain dicts here: if the span is never closed, the core flags it
             # incomplete by re-reading these args as a dict.
             scope._extra = opts.extra(self._extra, scope._params, max_len, compact=False)
-            _rec.cm_open(scope)
+            _engine.cm_open(scope)
             return scope
         except Exception:
             return _NULL_SCOPE
 
     def _exit(self, t1: int, frame: Any, ev: Any) -> None:
         try:
-            if not self._on and _rec.LOCAL.thread_stk is None:
+            if not self._on and _engine.LOCAL.thread_stk is None:
                 return  # nothing was ever opened on this thread: do not make a stack
-            found = _rec.cm_find(_is_scope_of(self))
+            found = _engine.cm_find(_is_scope_of(self))
             if found is None:
                 return
             stk, i, scope = found
             opts = self._capture
-            max_len = _nodes._max_arg_length
+            max_len = _tree._max_arg_length
             result = scope._result
             if result is _NOTHING and scope._snapshot is not None:
                 result = _assigned(frame, scope._snapshot, opts, max_len)
             error = ev if isinstance(ev, BaseException) else None
             x = opts.extra(self._extra, scope._params, max_len, result, error, summarized=True)
-            _rec.cm_close(stk, i, t1, x)
+            _engine.cm_close(stk, i, t1, x)
         except Exception:
             pass
 
@@ -181,7 +181,7 @@ class CapturingUse(Use):
         return self._enter(sys._getframe(1))
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
-        t1 = _rec.clock()
+        t1 = _engine.clock()
         self._exit(t1, sys._getframe(1), ev)
         return False
 
@@ -189,7 +189,7 @@ class CapturingUse(Use):
         return self._enter(sys._getframe(1))
 
     async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
-        t1 = _rec.clock()
+        t1 = _engine.clock()
         self._exit(t1, sys._getframe(1), ev)
         return False
 
@@ -199,10 +199,10 @@ class CapturingUse(Use):
         the result of its ``<leaf>.iter`` span."""
         if not self._capture.result:
             return super().iter(iterable)
-        if _nodes._max_items is not None:
-            iterable = itertools.islice(iterable, _nodes._max_items)
+        if _tree._max_items is not None:
+            iterable = itertools.islice(iterable, _tree._max_items)
         gate = self._gate()
-        if _nodes._off_for_good or gate is None or not gate._on:
+        if _tree._off_for_good or gate is None or not gate._on:
             return iterable
         return _iterators.iterate(self, gate, iterable, self._capture.for_items())
 
@@ -213,4 +213,4 @@ class CapturingUse(Use):
 
 
 
-_nodes.register_capturing_use(CapturingUse)
+_tree.register_capturing_use(CapturingUse)

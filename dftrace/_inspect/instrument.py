@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from .._core import tree as _nodes
+from .._core import tree as _tree
 from .._core.state import STATE
 
 __all__ = ["Instrumentation", "instrument"]
@@ -30,7 +30,7 @@ class Instrumentation:
         for name, node in methods.items():
             if not isinstance(name, str):
                 raise TypeError(f"instrument: method names are strings; got {name!r}")
-            if not isinstance(node, _nodes._Traceable):
+            if not isinstance(node, _tree._Traceable):
                 raise TypeError(
                     f"instrument: {name!r} maps to {node!r}; give a node such as "
                     "ai.compute.forward or ai.data.item(capture=True)")

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from .._core import tree as _nodes
+from .._core import tree as _tree
 from .._core.args import _cut, _dump, key_mask
 from .._core.records import Extra
 
@@ -511,7 +511,7 @@ class _Bound:
     def extra(self, base: Extra | None, params: dict[str, Any] | None,
               result: Any = _NOTHING, error: BaseException | None = None) -> Extra | None:
         opts = self.options
-        return opts.extra(base, params, _nodes._max_arg_length,
+        return opts.extra(base, params, _tree._max_arg_length,
                           result if opts.result else _NOTHING, error)
 
 
@@ -525,7 +525,7 @@ class ItemCapture(_Bound):
         written by the engine)."""
         try:
             payload: dict[str, Any] = dict(base.args) if base is not None else {}
-            payload["result"] = self.options.describe(item, _nodes._max_arg_length)
+            payload["result"] = self.options.describe(item, _tree._max_arg_length)
             return make_extra(payload)
         except Exception:
             return base
@@ -626,7 +626,7 @@ class FunctionCapture(_Bound):
         None when nothing is captured; never raises."""
         if self.options.params is None:
             return None
-        max_len = _nodes._max_arg_length
+        max_len = _tree._max_arg_length
         try:
             describe = self.options.describe
             if self.signature is None:  # no signature: by position and keyword

@@ -272,7 +272,7 @@ def _step_range(text: str | None) -> tuple[int, int] | None:
 def _run_validate(args: argparse.Namespace) -> int:
     import orjson
 
-    from ..format import validate_file
+    from .._trace_rules import validate_file
     from ._kineto import is_document_file, validate_document
     from ._sources import PARQUET_SUFFIX, expand_paths
 

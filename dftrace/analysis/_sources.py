@@ -15,7 +15,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..format import is_trace_file, iter_decoded_chunks
+from .._trace_names import is_trace_file
+from .._trace_reading import iter_decoded_chunks
 from ._kineto import is_document_file
 
 #: Default on-disk size of one partition of a compressed file. TraceTable lines compress

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from .._core import session as _runtime
+from .._core import session as _session
 from .._core.config import env_disabled
 from .._core.tree import ai
 from .._hooks import call_in_span, error_args, warn_once
@@ -40,7 +40,7 @@ def _child_options() -> dict[str, Any] | None:
     """The running session's settings, for a worker started by pickling (spawn).
     None when not tracing, or when they cannot be read: pickling must not fail."""
     try:
-        s = _runtime.session()
+        s = _session.session()
         if s is None:
             return None
         opts = dict(s.config.as_dict())
@@ -65,7 +65,7 @@ def _start_in_worker(options: dict[str, Any]) -> None:
 
         if get_worker_info() is None or env_disabled():
             return
-        _runtime.initialize(**options)
+        _session.initialize(**options)
     except Exception as exc:
         warn_once("worker-start", f"tracing could not start in a DataLoader worker: {exc!r}")
 
@@ -109,7 +109,7 @@ class TracedDataset(_Wrapper, Dataset):
     ``args.index``. Use :func:`trace_dataset` to make one."""
 
     def __getitem__(self, index: Any) -> Any:
-        if self._dftrace_options is not None and _runtime.session() is None:
+        if self._dftrace_options is not None and _session.session() is None:
             _start_in_worker(self._dftrace_options)
         return call_in_span(_ITEM, self._dftrace_inner.__getitem__, (index,),
                             args={"index": index} if type(index) is int else None)
@@ -123,7 +123,7 @@ class TracedBatchedDataset(TracedDataset):
     ``__getitems__``: one ``data.item`` span per call with ``args.count``."""
 
     def __getitems__(self, indices: list[Any]) -> Any:
-        if self._dftrace_options is not None and _runtime.session() is None:
+        if self._dftrace_options is not None and _session.session() is None:
             _start_in_worker(self._dftrace_options)
         return call_in_span(_ITEM, self._dftrace_inner.__getitems__, (indices,),
                             args={"count": len(indices)})
@@ -135,7 +135,7 @@ class TracedIterableDataset(_Wrapper, IterableDataset):
     ``args.exhausted`` (its time is real; it is not an item)."""
 
     def __iter__(self) -> Iterator[Any]:
-        if self._dftrace_options is not None and _runtime.session() is None:
+        if self._dftrace_options is not None and _session.session() is None:
             _start_in_worker(self._dftrace_options)
         return self._items(iter(self._dftrace_inner))
 

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .._core import engine as _rec
+from .._core import engine as _engine
 from .. import format as fmt
 from .._core.tree import Node, ai
 from .._hooks import call_in_span, warn_once
@@ -166,7 +166,7 @@ class _InFlightTracks:
                 if entry[1] <= t0:
                     entry[1] = t1
                     return entry[0]
-            tid = _rec.new_track("comm in flight")
+            tid = _engine.new_track("comm in flight")
             self._ends.append([tid, t1])
         return tid
 
@@ -182,13 +182,13 @@ def record_completion(node: Node, future: Any, t0: int, args: dict[str, Any]) ->
     """When ``future`` completes, write ``<node>.done`` from ``t0`` to then."""
     done = node.derive(fmt.DONE_SUFFIX[1:])
     keep = {k: args[k] for k in ("group", "seq", "bucket") if k in args}
-    sticky = _rec.sticky_of(done)  # the sticky args in force when the work was issued
+    sticky = _engine.sticky_of(done)  # the sticky args in force when the work was issued
 
     def on_done(_: Any) -> None:
         try:
-            t1 = _rec.clock()
+            t1 = _engine.clock()
             if done.enabled:
-                _rec.record_finished(done._kid, t0, t1, keep, sticky, _tracks.track(t0, t1))
+                _engine.record_finished(done._kid, t0, t1, keep, sticky, _tracks.track(t0, t1))
         except Exception:
             pass
 
@@ -246,7 +246,7 @@ def _wrap(fn: Callable[..., Any], leaf: str, payload: str | None, params: tuple[
             finally:
                 _leave()
 
-        t0 = _rec.clock()
+        t0 = _engine.clock()
         result = call_in_span(node, call, args=args)
         if args.get("async") and result is not None:
             try:
@@ -352,27 +352,29 @@ class _BackwardWait:
     def launched(self) -> None:
         """A bucket was launched (call at the end of the hook)."""
         first = not self.pending
-        self.last = _rec.clock()
+        self.last = _engine.clock()
         if first:
             self.pending = True
             try:
                 # Queued now, before DDP queues its own callback at the last bucket;
                 # ours queues the recording behind DDP's, which waits for the buckets.
-                _engine().queue_callback(lambda: _engine().queue_callback(self._record))
+                autograd = _autograd_engine()
+                autograd.queue_callback(lambda: autograd.queue_callback(self._record))
             except Exception:
                 self.pending = False
 
     def _record(self) -> None:
         self.pending = False
         try:
-            t1 = _rec.clock()
+            t1 = _engine.clock()
             if self.node.enabled:
-                _rec.record_finished(self.node._kid, self.last, t1, None, _rec.sticky_of(self.node))
+                _engine.record_finished(self.node._kid, self.last, t1, None,
+                                        _engine.sticky_of(self.node))
         except Exception:
             pass
 
 
-def _engine() -> Any:
+def _autograd_engine() -> Any:
     return torch.autograd.Variable._execution_engine
 
 
@@ -414,7 +416,7 @@ def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any
             finally:
                 _leave()
 
-        t0 = _rec.clock()
+        t0 = _engine.clock()
         fut = call_in_span(node, call, args=args)
         record_completion(node, fut, t0, args)
         waits.launched()

@@ -26,9 +26,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .._core import engine as _rec
+from .._core import engine as _engine
 from .._core.state import STATE
-from .._core import session as _runtime
+from .._core import session as _session
 from .._core.config import env_enabled
 from .._core.records import META
 
@@ -48,22 +48,22 @@ def worker_init_fn(worker_id: int) -> None:
     """Pass as ``DataLoader(worker_init_fn=...)``: names this worker's trace
     ``dataloader worker <id>`` and makes sure the worker traces. Never raises."""
     try:
-        s = _runtime.session()
+        s = _session.session()
         if s is None and env_enabled():
-            s = _runtime.initialize()
+            s = _session.initialize()
         if s is None:
             return
         label = f"dataloader worker {worker_id}"
         if s.rank is not None:
             label = f"rank {s.rank} · {label}"
         pid = os.getpid()
-        _rec.record_special(META, {"name": "process_name", "hhash": False,
+        _engine.record_special(META, {"name": "process_name", "hhash": False,
                                    "args": {"name": f"{label} · pid {pid}"}}, pid)
         args: dict[str, Any] = {"name": "dataloader.worker", "value": str(worker_id)}
         n = _worker_count()
         if n is not None:
             args["num_workers"] = n
-        _rec.record_special(META, {"name": "CM", "args": args}, pid)
+        _engine.record_special(META, {"name": "CM", "args": args}, pid)
     except Exception as exc:
         STATE.warn_once("worker_init", f"worker_init_fn failed: {exc!r}")
 

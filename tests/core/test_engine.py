@@ -17,7 +17,7 @@ from _requirements import native_engine_missing, needs
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import engine as _recorder
+from dftrace._core import engine as _engine
 from dftrace._core import buffer as _buffer
 from dftrace._core.state import STATE
 
@@ -192,17 +192,17 @@ def test_update_is_constant_time_in_the_size_of_the_tree():
     for i in range(2000):
         ai.compute.derive(f"layer{i}")
     refreshed = []
-    real = _recorder.sticky_of
+    real = _engine.sticky_of
 
     def counting(node):
         refreshed.append(node)
         return real(node)
 
-    _recorder.sticky_of = counting
+    _engine.sticky_of = counting
     try:
         ai.update(step=1)
     finally:
-        _recorder.sticky_of = real
+        _engine.sticky_of = real
     assert refreshed == []
     assert ai.compute.derive("layer7")._args() == {"step": 1}
 
@@ -228,11 +228,11 @@ def test_switched_off_by_configuration_returns_the_plain_objects(monkeypatch):
 def test_disabled_node_use_encodes_nothing_until_it_records(tmp_path, monkeypatch):
     """node(args=) made while the node is off encodes nothing; used after recording
     starts it still writes its args."""
-    from dftrace._core import records as _events
+    from dftrace._core import records as _records
 
     encoded = []
-    real = _events.plain_fragment
-    monkeypatch.setattr(_events, "plain_fragment", lambda *a: encoded.append(a) or real(*a))
+    real = _records.plain_fragment
+    monkeypatch.setattr(_records, "plain_fragment", lambda *a: encoded.append(a) or real(*a))
     ai.comm.disable()
     use = ai.comm.all_reduce(args={"bytes": 7})
     assert encoded == []
@@ -287,7 +287,7 @@ def test_deep_recursion_works_as_deep_as_untraced(tmp_path):
 @needs("native", native_engine_missing())
 def test_records_are_native_and_small():
     """With the C engine a buffered span without args takes 64 bytes of native memory."""
-    assert _recorder.speedups.RECORD_SIZE <= 64
+    assert _engine.speedups.RECORD_SIZE <= 64
 
 
 def test_update_before_tracing_starts_reaches_the_first_spans(tmp_path):

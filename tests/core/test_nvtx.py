@@ -24,7 +24,7 @@ import pytest
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import engine as _rec
+from dftrace._core import engine as _engine
 from dftrace._core import nvtx_ranges
 from dftrace._core.config import ConfigError
 
@@ -255,7 +255,7 @@ def test_without_nvtx_no_range_is_made(tmp_path, nvtx_tool, engine):
 def test_without_a_tool_nvtx_costs_nothing(tmp_path):
     """nvtx=True outside Nsight (no tool attached): the ranges would go nowhere, so
     the engines make none, and the program is traced as usual."""
-    info, lines, events = run_program(tmp_path, "c" if _rec.speedups is not None else "python",
+    info, lines, events = run_program(tmp_path, "c" if _engine.speedups is not None else "python",
                                       True, None)
     assert info["nvtx_imported"] and not info["nvtx_on"]
     assert Counter(map(label, testing.spans(events))) == PROGRAM_SPANS
@@ -278,7 +278,7 @@ def test_missing_nvtx_package_from_the_environment_warns_and_traces(tmp_path, mo
     monkeypatch.setenv("DFTRACE_NVTX", "1")
     with pytest.warns(RuntimeWarning, match=r"DFTRACE_NVTX.*pip install 'dftrace\[nvtx\]'.*without NVTX"):
         with testing.trace_to(tmp_path) as t:
-            assert not _rec.NVTX_ON
+            assert not _engine.NVTX_ON
             with ai.compute.step:
                 pass
     testing.assert_span(t, "step", count=1)
@@ -329,7 +329,7 @@ def test_a_span_closed_by_another_thread_leaves_both_threads_nesting_whole(tmp_p
     thread, and the range ends when its own thread next opens a span, so every
     thread's ranges stay balanced and nest as the spans do."""
     with testing.trace_to(tmp_path) as t:
-        _rec.use_nvtx(True)
+        _engine.use_nvtx(True)
         with ai.pipeline.epoch:
             it = iter(ai.dataloader.fetch.iter(range(3)))
             next(it)  # its loop body's span is open now
@@ -355,7 +355,7 @@ def test_a_start_span_stopped_by_another_thread_ends_with_what_it_holds(tmp_path
     inside it (as the trace does, incomplete): their ranges end when their thread
     next opens a span, and that span is at the top, as in the trace."""
     with testing.trace_to(tmp_path) as t:
-        _rec.use_nvtx(True)
+        _engine.use_nvtx(True)
         span = ai.checkpoint.capture.start()
         with ai.pipeline.epoch:
             stopper = threading.Thread(target=span.stop)
@@ -380,7 +380,7 @@ def test_spans_left_open_are_popped_with_the_span_below(tmp_path, fake_tool):
         ai.compute.backward.__enter__()
 
     with testing.trace_to(tmp_path):
-        _rec.use_nvtx(True)
+        _engine.use_nvtx(True)
         leaky()
         with ai.compute.step:
             pass
@@ -400,7 +400,7 @@ def test_a_failing_tool_never_reaches_the_program(tmp_path, monkeypatch):
         return x + 1
 
     with testing.trace_to(tmp_path) as t:
-        _rec.use_nvtx(True)
+        _engine.use_nvtx(True)
         assert [forward(i) for i in ai.dataloader.fetch.iter(range(3))] == [1, 2, 3]
         ai.checkpoint.capture.start().stop()
     testing.assert_span(t, "forward", count=3)
@@ -410,10 +410,10 @@ def test_a_failing_tool_never_reaches_the_program(tmp_path, monkeypatch):
 def test_finalize_turns_ranges_off(tmp_path, fake_tool):
     """After finalize no span reaches NVTX."""
     with testing.trace_to(tmp_path):
-        _rec.use_nvtx(True)
+        _engine.use_nvtx(True)
         with ai.compute.step:
             pass
-    assert not _rec.NVTX_ON
+    assert not _engine.NVTX_ON
     n = len(fake_tool.lines)
     dftrace.initialize(log_file=str(tmp_path / "again"))
     with ai.compute.step:

@@ -10,7 +10,7 @@ import pytest
 from _requirements import native_engine_missing, needs
 
 import dftrace
-from dftrace._core import engine as _recorder
+from dftrace._core import engine as _engine
 
 
 @needs("native", None if os.environ.get("DFTRACE_NO_SPEEDUPS", "").strip() in ("", "0")
@@ -21,6 +21,6 @@ def test_built_accelerator_is_used():
     built = glob.glob(os.path.join(os.path.dirname(dftrace.__file__), "_core", "_speedups*"))
     if not [b for b in built if not b.endswith(".c")]:
         pytest.skip(native_engine_missing() or "no built C engine next to the package")
-    assert _recorder.speedups is not None and _recorder.record is _recorder.speedups.record
+    assert _engine.speedups is not None and _engine.record is _engine.speedups.record
 
 

@@ -279,7 +279,7 @@ def test_stop_returns_on_time_when_the_storage_stalls(tmp_path):
     the events it could not write are counted."""
     import threading
 
-    from dftrace._core import engine as _rec
+    from dftrace._core import engine as _engine
     from dftrace._core import buffer as _buffer
 
     s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", flush_interval=60,

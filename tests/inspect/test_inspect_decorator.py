@@ -10,7 +10,7 @@ import pytest
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import engine as _recorder
+from dftrace._core import engine as _engine
 
 
 def test_capture_true_records_every_parameter_by_name():
@@ -19,7 +19,7 @@ def test_capture_true_records_every_parameter_by_name():
     def f(x, y, *, scale):
         return x
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         f(1, y="b", scale=0.5)
     testing.assert_span(result, "forward", cat="compute", count=1,
                         args={"params": {"x": 1, "y": "b", "scale": 0.5}})
@@ -31,7 +31,7 @@ def test_defaults_are_recorded_for_parameters_not_passed():
     def f(x, lr=0.01):
         return x
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         f(3)
     testing.assert_span(result, "forward", args={"params.lr": 0.01, "params.x": 3})
 
@@ -42,7 +42,7 @@ def test_capture_list_records_only_the_named_parameters():
     def f(image, secret):
         return image
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         f(image="cat.png", secret="hunter2")
     [span] = testing.assert_span(result, "preprocess")
     assert span["args"]["params"] == {"image": "cat.png"}
@@ -54,7 +54,7 @@ def test_capture_a_single_name_as_a_string():
     def f(a, b):
         return a
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         f(1, 2)
     assert testing.assert_span(result, "preprocess")[0]["args"]["params"] == {"b": 2}
 
@@ -70,7 +70,7 @@ def test_var_args_and_kwargs_are_captured():
     def g(**options):
         return None
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         f(1, 2, lr=3)
         g(momentum=0.9, other=1)
     testing.assert_span(result, "step", args={"params.rest": [1, 2], "params.options": {"lr": 3}})
@@ -84,7 +84,7 @@ def test_self_is_left_out_of_capture_true():
         def forward(self, x):
             return x
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         Model().forward(5)
     assert testing.assert_span(result, "forward")[0]["args"]["params"] == {"x": 5}
 
@@ -102,7 +102,7 @@ def test_classmethods_and_staticmethods_capture_their_arguments():
         def clean(text):
             return text.strip()
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         Loader.build("/data")
         Loader.clean(" a ")
     testing.assert_span(result, "item", args={"params": {"path": "/data"}})
@@ -116,7 +116,7 @@ def test_capture_result_records_the_return_value():
     def f(n):
         return np.zeros((n, 2), dtype=np.float32)
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         f(4)
     [span] = testing.assert_span(result, "forward", args={"result.shape": [4, 2]})
     assert "params" not in span["args"]
@@ -146,7 +146,7 @@ def test_parameter_whose_repr_raises_does_not_break_the_call():
     def f(x):
         return 42
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         assert f(Hostile()) == 42
     [span] = testing.assert_span(result, "forward", args={"result": 42})
     assert "repr failed" in span["args"]["params"]["x"]
@@ -163,7 +163,7 @@ def test_values_whose_attributes_raise_do_not_break_the_call():
     def f(x):
         return "ok"
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         assert f(Lazy()) == "ok"
     testing.assert_span(result, "forward", count=1)
 
@@ -178,7 +178,7 @@ def test_no_reference_to_a_captured_value_survives_the_call():
         return Blob()
 
     arg = Blob()
-    with testing.capture_events():
+    with testing.trace_to_memory():
         out = f(arg)
     refs = [weakref.ref(arg), weakref.ref(out)]
     del arg, out
@@ -193,7 +193,7 @@ def test_an_exception_records_params_and_error_and_propagates():
     def f(x):
         raise KeyError("label")
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         with pytest.raises(KeyError):
             f(7)
     [span] = testing.assert_span(result, "forward", args={"params.x": 7, "error": "KeyError"})
@@ -208,7 +208,7 @@ def test_async_functions_capture_params_and_result():
         await asyncio.sleep(0)
         return sum(values)
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         assert asyncio.run(reduce([1, 2, 3])) == 6
     testing.assert_span(result, "all_reduce", args={"params.values": [1, 2, 3], "result": 6})
 
@@ -220,7 +220,7 @@ def test_generator_functions_capture_params_and_return_value():
         yield from range(n)
         return "done"
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         assert list(gen(3)) == [0, 1, 2]
     testing.assert_span(result, "item", args={"params.n": 3, "result": "done"})
 
@@ -231,7 +231,7 @@ def test_a_generator_closed_early_is_not_an_error():
     def gen():
         yield from range(10)
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         for i in gen():
             if i == 2:
                 break
@@ -249,7 +249,7 @@ def test_async_generators_capture_their_arguments():
     async def main():
         return [x async for x in stream(2)]
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         assert asyncio.run(main()) == [0, 1]
     testing.assert_span(result, "fetch", args={"params.n": 2})
 
@@ -260,7 +260,7 @@ def test_use_args_and_captured_values_share_the_event():
     def f(x):
         return x + 1
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         f(1)
     testing.assert_span(result, "forward", args={"model": "mlp", "params.x": 1, "result": 2})
 
@@ -273,7 +273,7 @@ def test_capture_options_survive_adding_args_to_a_use():
     def f(x):
         return x
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         f(9)
     testing.assert_span(result, "forward", args={"epoch": 1, "params.x": 9})
 
@@ -299,7 +299,7 @@ def test_disabled_capturing_node_records_nothing_and_still_returns():
         return x * 2
 
     ai.compute.forward.disable()
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         assert f(4) == 8
     assert testing.spans(result.events) == []
 
@@ -312,7 +312,7 @@ def test_without_capture_the_decorator_is_the_plain_span_wrapper():
 
     plain = ai.compute.forward(f)
     with_args = ai.compute.forward(args={"a": 1})(f)
-    reference = _recorder.wrap_sync(f, ai.compute.forward, ai.compute.forward)
+    reference = _engine.wrap_sync(f, ai.compute.forward, ai.compute.forward)
     for wrapped in (plain, with_args):
         assert type(wrapped) is type(reference)
         if hasattr(reference, "__code__"):

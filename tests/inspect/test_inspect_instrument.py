@@ -46,7 +46,7 @@ def _assert_pristine():
 def test_class_methods_of_every_kind_are_traced_then_restored():
     """Instance, static and class methods shimmed on a class record spans while the
     block runs and are the original objects afterwards."""
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         with dftrace.instrument(Pipeline, {
             "load": ai.data.item(capture=True, capture_result=True),
             "normalize": ai.data.preprocess(capture=True),
@@ -65,7 +65,7 @@ def test_class_methods_of_every_kind_are_traced_then_restored():
 
 def test_special_methods_are_shimmed_on_the_class():
     """__getitem__ on the class is traced when objects are indexed."""
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         with dftrace.instrument(Pipeline, {"__getitem__": ai.data.item(capture=True)}):
             assert Pipeline()[7] == 7
     testing.assert_span(result, "item", args={"params": {"i": 7}})
@@ -74,7 +74,7 @@ def test_special_methods_are_shimmed_on_the_class():
 
 def test_inherited_method_is_shadowed_then_removed():
     """A method inherited from a base is shimmed on the class and the shadow removed after."""
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         with dftrace.instrument(Pipeline, {"inherited": ai.compute.forward(capture=True)}):
             assert Pipeline().inherited(1) == 101
     testing.assert_span(result, "forward", args={"params": {"x": 1}})
@@ -84,7 +84,7 @@ def test_inherited_method_is_shadowed_then_removed():
 def test_instance_shim_touches_only_that_instance():
     """Instrumenting an instance traces its method, not other instances', and removes the shim."""
     target, other = Pipeline(), Pipeline()
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         with dftrace.instrument(target, {"load": ai.data.item(capture=True)}):
             target.load(1)
             other.load(2)
@@ -114,7 +114,7 @@ def test_methods_are_restored_when_the_block_raises():
 
 def test_the_same_method_instrumented_twice_ends_as_it_started():
     """Nested instrument blocks on one method unwind to the original."""
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         with dftrace.instrument(Pipeline, {"load": ai.data.item}):
             with dftrace.instrument(Pipeline, {"load": ai.data.preprocess}):
                 Pipeline().load(1)
@@ -170,7 +170,7 @@ def test_non_methods_and_non_nodes_are_refused():
 
 def test_instrument_and_capture_together_show_values_in_the_trace():
     """An instrumented method with capture= appears in the captured Trace with its values."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         with dftrace.instrument(Pipeline, {"load": ai.data.item(capture=True, capture_result=True)}):
             Pipeline().load(21)
     call = t.data.item[0]

@@ -1,4 +1,4 @@
-"""Sample mode: capture(max_items=N) pushes a handful of items through a pipeline."""
+"""Sample mode: trace_in_memory(max_items=N) pushes a handful of items through a pipeline."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import dftrace  # noqa: E402
 from dftrace import ai, testing  # noqa: E402
-from dftrace._core import tree as _nodes
+from dftrace._core import tree as _tree
 from dftrace._inspect.values import content_hash  # noqa: E402
 
 
 def test_every_iter_inside_stops_after_max_items():
     """Each .iter() called inside the block yields at most max_items items."""
     seen = []
-    with dftrace.capture(max_items=3) as t:
+    with dftrace.trace_in_memory(max_items=3) as t:
         for epoch in ai.pipeline.epoch.iter(range(10)):
             for batch in ai.dataloader.fetch.iter(range(100)):
                 seen.append((epoch, batch))
@@ -29,36 +29,36 @@ def test_every_iter_inside_stops_after_max_items():
 
 def test_shorter_iterables_are_not_padded():
     """An iterable shorter than max_items runs to its end."""
-    with dftrace.capture(max_items=5):
+    with dftrace.trace_in_memory(max_items=5):
         assert list(ai.dataloader.fetch.iter("ab")) == ["a", "b"]
 
 
-def test_sampling_ends_with_the_capture():
+def test_sampling_ends_with_the_in_memory_trace():
     """After the block, .iter() yields every item again."""
-    with dftrace.capture(max_items=1):
+    with dftrace.trace_in_memory(max_items=1):
         pass
     assert list(ai.dataloader.fetch.iter(range(4))) == [0, 1, 2, 3]
-    assert _nodes._max_items is None
+    assert _tree._max_items is None
 
 
 def test_sampling_ends_even_when_the_block_raises():
     """A failing sampled block does not leave sampling switched on."""
     with pytest.raises(ZeroDivisionError):
-        with dftrace.capture(max_items=1):
+        with dftrace.trace_in_memory(max_items=1):
             1 / 0
     assert list(ai.dataloader.fetch.iter(range(3))) == [0, 1, 2]
 
 
-def test_a_plain_capture_does_not_sample():
-    """Without max_items, .iter() inside a capture yields everything."""
-    with dftrace.capture():
+def test_a_plain_in_memory_trace_does_not_sample():
+    """Without max_items, .iter() inside an in-memory trace yields everything."""
+    with dftrace.trace_in_memory():
         assert len(list(ai.dataloader.fetch.iter(range(50)))) == 50
 
 
-def test_inner_sampling_capture_wins_and_outer_limit_returns():
-    """Nested captures: the inner limit applies inside it, the outer one after it."""
-    with dftrace.capture(max_items=4):
-        with dftrace.capture(max_items=2):
+def test_inner_sampling_trace_wins_and_outer_limit_returns():
+    """Nested in-memory traces: the inner limit applies inside it, the outer one after it."""
+    with dftrace.trace_in_memory(max_items=4):
+        with dftrace.trace_in_memory(max_items=2):
             inner = list(ai.dataloader.fetch.iter(range(10)))
         outer = list(ai.dataloader.fetch.iter(range(10)))
     assert (len(inner), len(outer)) == (2, 4)
@@ -68,7 +68,7 @@ def test_sampling_applies_to_disabled_nodes_too():
     """A disabled node's .iter() is still cut to max_items (the pipeline is sampled,
     not just its trace)."""
     ai.dataloader.disable()
-    with dftrace.capture(max_items=2) as t:
+    with dftrace.trace_in_memory(max_items=2) as t:
         items = list(ai.dataloader.fetch.iter(range(10)))
     assert items == [0, 1] and len(t) == 0
 
@@ -82,7 +82,7 @@ def test_aiter_is_sampled_as_well():
     async def main():
         return [x async for x in ai.dataloader.fetch.aiter(source())]
 
-    with dftrace.capture(max_items=3) as t:
+    with dftrace.trace_in_memory(max_items=3) as t:
         got = asyncio.run(main())
     assert got == [0, 1, 2]
     assert [c.args["count"] for c in t.dataloader.fetch.iter] == [1, 2, 3]
@@ -110,13 +110,13 @@ class TinyModel(torch.nn.Module):
 
 
 def test_torch_dataloader_pipeline_in_sample_mode():
-    """A Dataset/DataLoader/model pipeline captured with max_items=2 runs two
+    """A Dataset/DataLoader/model pipeline traced in memory with max_items=2 runs two
     batches and records what went through every stage."""
     torch.manual_seed(0)
     model = TinyModel()
     loader = DataLoader(Squares(), batch_size=4, shuffle=False)
     batches = 0
-    with dftrace.capture(max_items=2) as t:
+    with dftrace.trace_in_memory(max_items=2) as t:
         for x, y in ai.dataloader.fetch(capture_result=True).iter(loader):
             model(x)
             batches += 1
@@ -143,7 +143,7 @@ def test_torch_pipeline_helpers_assert_on_captured_shapes():
     """The testing helpers check the same pipeline from its events."""
     model = TinyModel()
     loader = DataLoader(Squares(), batch_size=2)
-    with testing.capture_events(max_items=3) as result:
+    with testing.trace_to_memory(max_items=3) as result:
         for x, _ in ai.dataloader.fetch.iter(loader):
             model(x)
     testing.assert_span(result, "forward", count=3, args={"params.batch.shape": [2, 3]})

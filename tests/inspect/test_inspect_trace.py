@@ -1,4 +1,4 @@
-"""dftrace.capture() and the Trace it yields: recording in memory, browsing, loading."""
+"""dftrace.trace_in_memory() and the Trace it yields: recording in memory, browsing, loading."""
 
 from __future__ import annotations
 
@@ -30,19 +30,19 @@ def train(n=2):
         backward(y)
 
 
-def test_capture_records_without_files_or_initialize(tmp_path, monkeypatch):
-    """A capture needs no initialize, writes no file, and leaves no session behind."""
+def test_an_in_memory_trace_records_without_files_or_initialize(tmp_path, monkeypatch):
+    """An in-memory trace needs no initialize, writes no file, and leaves no session behind."""
     monkeypatch.chdir(tmp_path)
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     assert len(t.compute.forward) == 2
     assert os.listdir(tmp_path) == []
     assert dftrace.session() is None
 
 
-def test_nodes_stop_recording_after_the_capture_ends():
+def test_nodes_stop_recording_after_the_in_memory_trace_ends():
     """After the block, nodes are off again and nothing piles up in the buffer."""
-    with dftrace.capture():
+    with dftrace.trace_in_memory():
         train()
     forward(1)
     assert not ai.compute.forward.enabled
@@ -51,7 +51,7 @@ def test_nodes_stop_recording_after_the_capture_ends():
 
 def test_browse_by_category_name_and_position():
     """t.compute.forward[0] reaches the first forward call, with params and result."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     call = t.compute.forward[1]
     assert (call.name, call.cat) == ("forward", "compute")
@@ -66,7 +66,7 @@ def test_browse_by_category_name_and_position():
 
 def test_attribute_and_item_access_are_equivalent():
     """t.a.b[i].c and t["a"]["b"][i]["c"] are the same objects at every level."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     assert t.compute.forward[0] is t["compute"]["forward"][0]
     assert t.compute.forward[0].params is t["compute"]["forward"][0]["params"]
@@ -77,7 +77,7 @@ def test_attribute_and_item_access_are_equivalent():
 
 def test_a_category_indexes_all_its_calls_in_start_order():
     """t.compute[i] is the i-th call of the category, whatever its name."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     assert [c.name for c in t.compute] == ["forward", "backward", "forward", "backward"]
     assert t.compute[1] is t.compute.backward[0]
@@ -86,7 +86,7 @@ def test_a_category_indexes_all_its_calls_in_start_order():
 
 def test_dotted_names_read_as_nested_keys():
     """fetch.iter and fetch.block are reached as t.dataloader.fetch.iter / .block."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train(3)
     assert t.dataloader.keys() == ["fetch"]
     assert sorted(t.dataloader.fetch.keys()) == ["block", "iter"]
@@ -95,7 +95,7 @@ def test_dotted_names_read_as_nested_keys():
 
 def test_children_and_parent_follow_nesting():
     """A call's children are the calls nested in it, and each child knows its parent."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     block = t.dataloader.fetch.block[0]
     assert [c.name for c in block.children] == ["forward", "backward"]
@@ -106,7 +106,7 @@ def test_children_and_parent_follow_nesting():
 
 def test_dir_lists_the_valid_keys():
     """dir() at each level offers the keys that work there (tab completion)."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     assert {"compute", "dataloader"} <= set(dir(t))
     assert {"forward", "backward"} <= set(dir(t.compute))
@@ -117,7 +117,7 @@ def test_dir_lists_the_valid_keys():
 
 def test_wrong_category_lists_the_valid_ones():
     """A wrong category raises an error (both KeyError and AttributeError) naming the valid ones."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     with pytest.raises(AttributeError, match=r"valid categories: dataloader, compute.*'compute'\?"):
         t.compte
@@ -127,7 +127,7 @@ def test_wrong_category_lists_the_valid_ones():
 
 def test_a_name_used_as_a_category_points_to_its_category():
     """t.forward explains that forward lives under t.compute."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     with pytest.raises(KeyError, match=r"use t\.compute\.forward"):
         t.forward
@@ -135,7 +135,7 @@ def test_a_name_used_as_a_category_points_to_its_category():
 
 def test_wrong_name_and_field_on_a_call_list_explain_the_fix():
     """A wrong name lists the names; a call field on a list says to index a call first."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     with pytest.raises(AttributeError, match="valid names: forward, backward"):
         t.compute.forwrd
@@ -145,7 +145,7 @@ def test_wrong_name_and_field_on_a_call_list_explain_the_fix():
 
 def test_wrong_key_on_a_call_and_on_params_lists_the_valid_ones():
     """A call and its params reject unknown keys with the keys they have."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     call = t.compute.forward[0]
     with pytest.raises(AttributeError, match="valid keys: x, scale, name"):
@@ -156,7 +156,7 @@ def test_wrong_key_on_a_call_and_on_params_lists_the_valid_ones():
 
 def test_index_out_of_range_says_how_many_calls_there_are():
     """An index past the end says how many calls the list has."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     with pytest.raises(IndexError, match="compute.forward has 2 call"):
         t.compute.forward[5]
@@ -164,7 +164,7 @@ def test_index_out_of_range_says_how_many_calls_there_are():
 
 def test_notebook_probes_get_plain_attribute_errors():
     """Jupyter's probing for _repr_*_ / _ipython_display_ finds nothing and raises nothing else."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train()
     for obj in (t, t.compute, t.compute.forward[0], t.compute.forward[0].params):
         assert getattr(obj, "_repr_png_", None) is None
@@ -179,7 +179,7 @@ def _table_rows(text: str) -> list[list[str]]:
 
 def test_print_shows_one_summary_row_per_category_and_name():
     """print(t) is a table: category, name, number of calls and what was captured."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train(3)
     text = str(t)
     assert text.startswith("dftrace trace: 12 call(s) in 2 categories")
@@ -193,7 +193,7 @@ def test_print_shows_one_summary_row_per_category_and_name():
 
 def test_print_of_a_call_list_shows_params_and_results_per_call():
     """Printing t.compute.forward lists each call with its params and result."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train(2)
     text = str(t.compute.forward)
     assert text.splitlines()[0].startswith("compute.forward: 2 call(s)")
@@ -204,7 +204,7 @@ def test_print_of_a_call_list_shows_params_and_results_per_call():
 
 def test_print_of_a_call_shows_its_fields():
     """Printing one call lists duration, each param, result and children."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train(1)
     def fields(text):
         return dict(line.split(None, 1) for line in text.splitlines())
@@ -223,7 +223,7 @@ def test_repr_html_renders_a_well_formed_escaped_table():
     def clean(text):
         return text
 
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         train(2)
         clean("<script>alert(1)</script>")
     page = t._repr_html_()
@@ -244,53 +244,53 @@ def test_repr_html_renders_a_well_formed_escaped_table():
 
 def test_exception_leaves_a_partial_trace_and_a_note():
     """If the block raises, the trace so far is in the `as` object and in
-    last_capture(), and the exception carries a note saying so."""
+    last_in_memory_trace(), and the exception carries a note saying so."""
     with pytest.raises(RuntimeError) as info:
-        with dftrace.capture() as t:
+        with dftrace.trace_in_memory() as t:
             train(2)
             raise RuntimeError("disk full")
     assert len(t.compute.forward) == 2
     assert t.partial and t.error == "RuntimeError: disk full"
-    assert dftrace.last_capture() is t
+    assert dftrace.last_in_memory_trace() is t
     notes = getattr(info.value, "__notes__", [])
-    assert len(notes) == 1 and "dftrace.last_capture()" in notes[0] and "8 call(s)" in notes[0]
+    assert len(notes) == 1 and "dftrace.last_in_memory_trace()" in notes[0] and "8 call(s)" in notes[0]
     assert "PARTIAL" in str(t)
 
 
-def test_last_capture_is_the_latest_finished_capture():
-    """last_capture() returns the trace of the most recent capture block."""
-    assert dftrace.last_capture() is None
-    with dftrace.capture() as first:
+def test_last_in_memory_trace_is_the_latest_finished_one():
+    """last_in_memory_trace() returns the trace of the most recent trace_in_memory block."""
+    assert dftrace.last_in_memory_trace() is None
+    with dftrace.trace_in_memory() as first:
         pass
-    with dftrace.capture() as second:
+    with dftrace.trace_in_memory() as second:
         train(1)
-    assert dftrace.last_capture() is second and first is not second
+    assert dftrace.last_in_memory_trace() is second and first is not second
 
 
-def test_spans_open_before_the_capture_are_not_in_it(tmp_path):
-    """A span that started before the capture (an enclosing epoch) is left out;
+def test_spans_open_before_the_in_memory_trace_are_not_in_it(tmp_path):
+    """A span that started before the in-memory trace (an enclosing epoch) is left out;
     what ran inside is in."""
     with testing.trace_to(tmp_path):
         with ai.pipeline.epoch:
-            with dftrace.capture() as t:
+            with dftrace.trace_in_memory() as t:
                 train(1)
     assert t.categories == ["dataloader", "compute"]
 
 
-def test_capture_beside_a_file_session_gives_both_the_events(tmp_path):
-    """With a file session running, the file and the capture get the same calls."""
+def test_an_in_memory_trace_beside_a_file_session_gives_both_the_events(tmp_path):
+    """With a file session running, the file and the in-memory trace get the same calls."""
     with testing.trace_to(tmp_path) as written:
-        with dftrace.capture() as t:
+        with dftrace.trace_in_memory() as t:
             train(2)
     file_spans = testing.spans(written.events)
     assert len(file_spans) == len(t) == 8
     testing.assert_span(written, "forward", count=2, args={"params.scale": 10})
 
 
-def test_trace_load_builds_the_same_structure_as_capture(tmp_path):
-    """Trace.load(dir) of a file written alongside a capture browses identically."""
+def test_trace_load_builds_the_same_structure_as_trace_in_memory(tmp_path):
+    """Trace.load(dir) of a file written alongside an in-memory trace browses identically."""
     with testing.trace_to(tmp_path):
-        with dftrace.capture() as memory:
+        with dftrace.trace_in_memory() as memory:
             train(2)
     loaded = dftrace.Trace.load(tmp_path)
 
@@ -330,20 +330,20 @@ def test_trace_from_events_without_p_idx_nests_by_containment():
     assert [c.name for c in t.roots] == ["outer", "other_thread", "after"]
 
 
-def test_nested_captures_each_get_their_own_window():
-    """An inner capture sees its block; the outer one sees everything."""
-    with dftrace.capture() as outer:
+def test_nested_in_memory_traces_each_get_their_own_window():
+    """An inner in-memory trace sees its block; the outer one sees everything."""
+    with dftrace.trace_in_memory() as outer:
         train(1)
-        with dftrace.capture() as inner:
+        with dftrace.trace_in_memory() as inner:
             forward(5)
         backward(1)
     assert [c.params.x for c in inner.compute.forward] == [5]
     assert len(outer.compute.forward) == 2 and len(outer.compute.backward) == 2
 
 
-def test_calls_from_other_threads_are_captured():
+def test_calls_from_other_threads_are_recorded():
     """Calls made on another thread during the block are in the trace, on their own tid."""
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         th = threading.Thread(target=forward, args=(3,))
         th.start()
         th.join()
@@ -352,8 +352,8 @@ def test_calls_from_other_threads_are_captured():
     assert set(tids) == {3, 4} and tids[3] != tids[4]
 
 
-def test_long_captures_drain_the_buffer_as_they_go():
-    """Without a file session the capture drains the buffer under pressure, losing nothing."""
+def test_long_in_memory_traces_drain_the_buffer_as_they_go():
+    """Without a file session the in-memory trace drains the buffer under pressure, losing nothing."""
     STATE.batch_size = 1000
     high_water = []
 
@@ -361,7 +361,7 @@ def test_long_captures_drain_the_buffer_as_they_go():
     def step():
         return None
 
-    with dftrace.capture() as t:
+    with dftrace.trace_in_memory() as t:
         for i in range(20_000):
             step()
             if i % 1000 == 0:
@@ -370,9 +370,9 @@ def test_long_captures_drain_the_buffer_as_they_go():
     assert max(high_water) < 10_000
 
 
-def test_a_capture_cannot_be_entered_twice_at_once():
-    """Re-entering a running capture object is a RuntimeError."""
-    c = dftrace.capture()
+def test_an_in_memory_trace_cannot_be_entered_twice_at_once():
+    """Re-entering a running trace_in_memory() object is a RuntimeError."""
+    c = dftrace.trace_in_memory()
     with c:
         with pytest.raises(RuntimeError, match="already running"):
             c.__enter__()
@@ -380,9 +380,9 @@ def test_a_capture_cannot_be_entered_twice_at_once():
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
 def test_max_items_must_be_a_positive_int(bad):
-    """capture(max_items=...) rejects anything but a positive int."""
+    """trace_in_memory(max_items=...) rejects anything but a positive int."""
     with pytest.raises(ValueError, match="positive int"):
-        dftrace.capture(max_items=bad)
+        dftrace.trace_in_memory(max_items=bad)
 
 
 def test_an_exception_that_cannot_be_printed_still_leaves_the_trace():
@@ -392,7 +392,7 @@ def test_an_exception_that_cannot_be_printed_still_leaves_the_trace():
             raise RuntimeError("no str")
 
     with pytest.raises(Unprintable):
-        with dftrace.capture() as t:
+        with dftrace.trace_in_memory() as t:
             forward(1)
             raise Unprintable()
     assert t.partial and t.error == "Unprintable" and len(t.compute.forward) == 1

@@ -19,7 +19,7 @@ def test_with_capture_names_records_those_variables_at_entry():
             batch = None  # rebinding inside the block does not change what was captured
         return lr
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         step(np.ones((2, 2)), 0.1)
     testing.assert_span(result, "step", args={"params.batch.shape": [2, 2], "params.lr": 0.1})
 
@@ -31,7 +31,7 @@ def test_with_capture_true_records_the_enclosing_functions_arguments():
         with ai.data.item(capture=True):
             return unrelated
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         load(object(), 5)
     [span] = testing.assert_span(result, "item")
     assert span["args"]["params"] == {"index": 5, "retries": 3}
@@ -46,7 +46,7 @@ def test_with_capture_result_records_variables_the_block_assigned():
             x = len(y)
         return kept
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         run([1, 2])
     [span] = testing.assert_span(result, "preprocess")
     assert span["args"]["result"] == {"y": [2, 4], "x": 2}
@@ -54,7 +54,7 @@ def test_with_capture_result_records_variables_the_block_assigned():
 
 def test_set_result_and_capture_on_the_scope_add_values_by_hand():
     """The `as` target records extra parameters and an explicit result."""
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         with ai.checkpoint.capture(capture=[]) as call:
             call.capture(path="/ckpt/1.pt", step=10)
             call.set_result({"bytes": 1024})
@@ -69,7 +69,7 @@ def test_with_block_that_raises_records_params_and_the_error():
         with ai.compute.forward(capture=True):
             raise ValueError("bad n")
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         with pytest.raises(ValueError):
             work(3)
     [span] = testing.assert_span(result, "forward", args={"params.n": 3, "error": "ValueError"})
@@ -86,7 +86,7 @@ def test_nested_capturing_with_blocks_nest_in_the_trace():
         with ai.compute.forward(capture=True):
             pass
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         outer(1)
     testing.assert_nested(result, "train", "forward")
     testing.assert_span(result, "train", args={"params": {"a": 1}})
@@ -102,7 +102,7 @@ def test_one_capturing_use_serves_recursive_blocks():
             if depth:
                 recurse(depth - 1)
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         recurse(2)
     outer, middle, inner = testing.assert_span(result, "forward", count=3)
     assert [s["args"]["params"]["depth"] for s in (outer, middle, inner)] == [2, 1, 0]
@@ -116,7 +116,7 @@ def test_async_with_captures_the_coroutines_arguments():
             await asyncio.sleep(0)
             call.set_result("ok")
 
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         asyncio.run(send("hello"))
     testing.assert_span(result, "send", args={"params.payload": "hello", "result": "ok"})
 
@@ -127,14 +127,14 @@ def test_scope_methods_are_harmless_when_not_recording():
     with ai.compute.forward(capture=True, capture_result=True) as call:
         call.capture(x=1)
         call.set_result(2)
-    assert dftrace.last_capture() is None
+    assert dftrace.last_in_memory_trace() is None
     assert _buffer.buffered() == 0
 
 
 def test_iter_with_capture_result_records_each_item():
     """.iter() on a use with capture_result=True records each item on its .iter span."""
     np = pytest.importorskip("numpy")
-    with testing.capture_events() as result:
+    with testing.trace_to_memory() as result:
         for _ in ai.dataloader.fetch(capture_result=True).iter([np.zeros(3), "text"]):
             pass
     first, second = testing.assert_span(result, "fetch.iter", count=2)

@@ -55,7 +55,7 @@ def test_size_limit_rotates_into_complete_numbered_parts(tmp_path):
 
 def test_producer_faster_than_the_writer_waits_instead_of_piling_up(tmp_path):
     """When the writer is a flush interval behind, producers wait: the buffer stays short."""
-    from dftrace._core import engine as _recorder
+    from dftrace._core import engine as _engine
     from dftrace._core import buffer as _buffer
 
     # zstd level 9 makes the writer far slower than this loop on any machine.

@@ -19,7 +19,7 @@ from _requirements import native_engine_missing, needs_marks
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import engine as _rec
+from dftrace._core import engine as _engine
 
 from ._util import HERE, assert_valid, clean_env, events_by_pid, files, fuse_mount, \
     fuse_unusable, last_line, meta, run, spans, start, wait_for_end, write_script
@@ -688,7 +688,7 @@ def test_a_line_in_pieces_is_read_only_once_whole():
     """A line longer than a slot is in the ring in pieces, one slot each: a reader
     that finds its last piece not yet committed reads nothing of it (and the records
     before it), and reads the whole line once it is."""
-    sp = _rec.speedups
+    sp = _engine.speedups
     mm = mmap.mmap(-1, sp.SHM_FIXED_BYTES + 6 * sp.SHM_SLOT_BYTES)
     try:
         sp.shm_attach(mm, os.getpid(), b"", b"", 0, 0)
@@ -751,8 +751,8 @@ def test_a_slow_finish_is_not_taken_for_stalled_storage(tmp_path, writer, compre
 
 
 @pytest.mark.parametrize("started", ["before", "during"])
-def test_a_capture_during_a_session_gets_what_the_drainer_writes(tmp_path, started):
-    """A dftrace.capture() running beside a process-writer session (started before
+def test_an_in_memory_trace_during_a_session_gets_what_the_drainer_writes(tmp_path, started):
+    """A dftrace.trace_in_memory() running beside a process-writer session (started before
     initialize, or during the session) gets every span of its block, metadata too, and
     the drainer still writes every span to the file, once."""
     from dftrace._core import shm as _shm
@@ -765,7 +765,7 @@ def test_a_capture_during_a_session_gets_what_the_drainer_writes(tmp_path, start
 
     with contextlib.ExitStack() as stack:
         if started == "before":
-            trace = stack.enter_context(dftrace.capture())
+            trace = stack.enter_context(dftrace.trace_in_memory())
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             s = dftrace.initialize(log_file=str(tmp_path / "t"), writer="process",
@@ -774,20 +774,20 @@ def test_a_capture_during_a_session_gets_what_the_drainer_writes(tmp_path, start
         for i in range(100):
             forward(i)
         if started == "during":
-            trace = stack.enter_context(dftrace.capture())
-        for i in range(20_000):  # many batches: handed on while the capture runs
+            trace = stack.enter_context(dftrace.trace_in_memory())
+        for i in range(20_000):  # many batches: handed on while the in-memory trace runs
             forward(i)
-        worker = threading.Thread(target=forward, args=(-1,), name="capture-worker")
+        worker = threading.Thread(target=forward, args=(-1,), name="memory-worker")
         worker.start()
         worker.join()
     for i in range(100):
         forward(i)
     dftrace.finalize()
     assert len(spans(trace.events, "forward")) == 20_001 + (100 if started == "before" else 0)
-    assert "capture-worker" in {e["args"]["name"] for e in meta(trace.events, "thread_name")}
+    assert "memory-worker" in {e["args"]["name"] for e in meta(trace.events, "thread_name")}
     events = testing.read_events(s.path)
     ids = [e["id"] for e in spans(events, "forward")]
     assert len(ids) == len(set(ids)) == 20_201
     names = {e["args"]["name"] for e in meta(events, "thread_name")}
-    assert "capture-worker" in names
+    assert "memory-worker" in names
     assert_valid([s.path])

@@ -25,7 +25,7 @@ import pytest
 from _requirements import native_engine_missing, needs_marks
 
 from dftrace import testing
-from dftrace._core import engine as _rec
+from dftrace._core import engine as _engine
 from dftrace._core.session import _safe_host
 
 from ._ring_tamper import HDR, REC0_ALEN, REC0_AOFF, SLOT_N
@@ -145,12 +145,12 @@ VICTIM = """
 
 
 def _job_drainer_name(job: str) -> str:
-    from dftrace._core import registration as shm
+    from dftrace._core import registration
 
-    saved = {v: os.environ.pop(v, None) for v in shm._JOB_VARS}
+    saved = {v: os.environ.pop(v, None) for v in registration._JOB_VARS}
     os.environ["TORCHELASTIC_RUN_ID"] = job
     try:
-        return shm._job_name()
+        return registration._job_name()
     finally:
         os.environ.pop("TORCHELASTIC_RUN_ID")
         for k, v in saved.items():
@@ -389,7 +389,7 @@ def test_the_drainer_refuses_a_ring_whose_size_is_not_sealed():
 
 
 def _attached_ring() -> mmap.mmap:
-    sp = _rec.speedups
+    sp = _engine.speedups
     mm = mmap.mmap(-1, sp.SHM_FIXED_BYTES + 4 * sp.SHM_SLOT_BYTES)
     sp.shm_attach(mm, os.getpid(), b"", b"", 0, 0)
     return mm
@@ -398,7 +398,7 @@ def _attached_ring() -> mmap.mmap:
 @needs_ring
 def test_a_reader_refuses_a_ring_whose_layout_does_not_fit():
     """Layouts pointing outside the region are refused at attach (RingError)."""
-    sp = _rec.speedups
+    sp = _engine.speedups
     for field, value in (("nslots", 0xFFFFFFFF), ("slots_off", 1 << 44), ("slot_size", 8),
                          ("kinds_cap", 1 << 40)):
         mm = _attached_ring()
@@ -417,7 +417,7 @@ def test_a_reader_refuses_records_pointing_outside_their_slot():
     """A slot claiming more records than it holds, or a record whose args lie
     outside its slot: drain raises RingError (the drainer drops the producer), and
     reads nothing out of bounds."""
-    sp = _rec.speedups
+    sp = _engine.speedups
     for offset, value in ((SLOT_N, 0xFFFFFFFF), (REC0_AOFF, 0xFFFFFF00), (REC0_ALEN, 1 << 20)):
         mm = _attached_ring()
         try:
