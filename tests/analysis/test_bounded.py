@@ -144,3 +144,32 @@ def test_a_process_in_several_files_has_the_steps_of_one(tmp_path):
     assert len(one.steps) == 18
     for field in ("steps", "step_stats", "epochs", "categories", "breakdown", "imbalance", "dataloader"):
         assert getattr(two, field) == getattr(one, field), field
+
+
+def test_polars_allocator_setting_is_for_polars_alone():
+    """The summary command loads polars with its allocator returning freed pages after
+    a second; the setting is read when polars loads and not left in the environment
+    of the programs the process starts. One a user set is kept."""
+    check = (
+        "import os, sys\n"
+        "from dftrace.analysis._cli import _POLARS_ALLOCATOR, _returning_freed_memory\n"
+        "_returning_freed_memory()\n"
+        "print('polars' in sys.modules, os.environ.get('_RJEM_MALLOC_CONF'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "None"]
+    env["_RJEM_MALLOC_CONF"] = "narenas:1"
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "narenas:1"]
+
+
+def test_summary_reads_half_the_cpus_files_at_a_time(monkeypatch):
+    from dftrace.analysis import _cli
+
+    for cpus, threads in ((None, 1), (1, 1), (2, 1), (4, 2), (16, 8), (64, 8)):
+        monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
+        assert _cli.file_threads() == threads
