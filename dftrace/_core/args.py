@@ -26,7 +26,7 @@ RESERVED = frozenset({"hhash", "level", "p_idx"})
 
 _MAX_ITEMS = 32
 _MAX_DEPTH = 3
-_I64_MIN, _U64_MAX = -(2**63), 2**64 - 1
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
 def _cut(s: str, max_len: int) -> str:
@@ -69,7 +69,14 @@ def sanitize(v: Any, max_len: int = 1024, _depth: int = 0) -> Any:
     if t is bool or v is None:
         return v
     if t is int:
-        return v
+        if _I64_MIN <= v <= _I64_MAX:
+            return v
+        # beyond 64-bit signed: the digits as a string, which every reader keeps
+        # (an int64 column would lose it, a JSON reader past 308 digits reject it)
+        try:
+            return str(v)
+        except ValueError:  # more digits than int -> str allows
+            return describe_object(v)
     if t is float:
         if math.isfinite(v):
             return v
@@ -189,7 +196,7 @@ def plain_fragment(args: Any, max_len: int = 1024) -> bytes | None:
             return None
         t = type(v)
         if t is int:
-            if not _I64_MIN <= v <= _U64_MAX:
+            if not _I64_MIN <= v <= _I64_MAX:
                 return None
         elif t is str:
             if len(v) > max_len or not v.isascii():

@@ -15,17 +15,24 @@ class Unprintable:
 
 
 def test_json_types_are_kept(tmp_path):
-    """64-bit ints, floats, bools, strings and None keep their types; ints beyond 64
-    bits (up to hundreds of digits) are written as strings of their exact digits,
-    which the validator and the analysis read."""
+    """Signed 64-bit ints, floats, bools, strings and None keep their types; ints
+    beyond them (2**63 and up, up to hundreds of digits) are written as strings of
+    their exact digits, which the validator and the analysis read (an int64 column
+    would lose them), whichever path (plain args or not) encodes them."""
     big, huge = 2**100, 10**320 + 7
     with testing.trace_to(tmp_path) as t:
-        with ai.compute.forward(args={"i": 2**40, "u": 2**64 - 1, "big": big, "neg": -(2**70), "huge": huge,
+        with ai.compute.forward(args={"i": 2**40, "top": 2**63 - 1, "u": 2**64 - 1, "low": -(2**63),
+                                      "big": big, "neg": -(2**70), "huge": huge,
                                       "f": 0.5, "b": True, "s": "x", "n": None}):
             pass
-    a = t.spans("forward")[0]["args"]
-    assert (a["i"], a["u"], a["big"], a["neg"], a["huge"], a["f"], a["b"], a["s"], a["n"]) == (
-        2**40, 2**64 - 1, str(big), str(-(2**70)), str(huge), 0.5, True, "x", None)
+        with ai.compute.forward(args={"u": 2**63}):  # plain args: the fast path
+            pass
+    first, second = (s["args"] for s in t.spans("forward"))
+    a = first
+    assert (a["i"], a["top"], a["u"], a["low"], a["big"], a["neg"], a["huge"], a["f"], a["b"], a["s"],
+            a["n"]) == (2**40, 2**63 - 1, str(2**64 - 1), -(2**63), str(big), str(-(2**70)), str(huge), 0.5,
+                        True, "x", None)
+    assert second["u"] == str(2**63)
     assert_valid(t.paths)
 
 

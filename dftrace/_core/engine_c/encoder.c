@@ -64,14 +64,8 @@ static int put_plain(pbuf *b, PyObject *v, int depth) {
     } else if (PyLong_CheckExact(v)) {
         int overflow = 0;
         long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow > 0) {
-            unsigned long long u = PyLong_AsUnsignedLongLong(v);
-            if (u == (unsigned long long)-1 && PyErr_Occurred()) {
-                PyErr_Clear();
-                return -1;
-            }
-            b->o = put_uint(b->o, u);
-        } else if (overflow < 0 || (x == -1 && PyErr_Occurred())) {
+        if (overflow || (x == -1 && PyErr_Occurred())) {
+            /* beyond int64: not plain; the Python side writes its digits as a string */
             PyErr_Clear();
             return -1;
         } else {
