@@ -586,7 +586,8 @@ if _rec.speedups is not None:
     _rec.speedups.register(state=_rec.STATE, span_type=Span, no_span=_NO_SPAN,
                            start_slow=_Traceable._start_py, stop_slow=_Traceable._stop_py,
                            use_type=Use, call_slow=_Traceable._call_py,
-                           span_stop_slow=Span._stop_py, gate=GATE, update_slow=Node._update_py)
+                           span_stop_slow=Span._stop_py, gate=GATE, update_slow=Node._update_py,
+                           off_use=OFF_USE)
 
 
 def _reset() -> None:

@@ -125,6 +125,8 @@ done:
 }
 
 static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs == 3 && NOTHING_OPENED_EVER())
+        Py_RETURN_FALSE; /* tracing never started: nothing to close */
     long long t1 = now_ns();
     PyObject *stk = NULL, *open = NULL, *top, *ent;
     if (nargs != 3 || dft_calls.local == NULL)
@@ -204,40 +206,71 @@ static PyObject *call_method(PyObject *fn, PyObject *self, PyObject *args, PyObj
     return r;
 }
 
+static PyObject *Traceable_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames);
+
+static PyObject *Traceable_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *o = PyType_GenericNew(type, args, kwds);
+    if (o)
+        AS_T(o)->vectorcall = Traceable_vectorcall;
+    return o;
+}
+
+/* Off by configuration, node(fn) is fn itself and node(...) with options or args the
+   use that does nothing (OFF_USE); NULL: not such a call (`fn` NULL: no positional). */
+static PyObject *off_call(PyObject *fn) {
+    PyObject *r = (fn != NULL && fn != Py_None && !PyDict_Check(fn)) ? fn : dft_hooks.off_use;
+    Py_INCREF(r);
+    return r;
+}
+
+/* node(args=d) for a node and a plain dict: the Use made here, its args encoded once
+   (a snapshot) while the node records, else kept as given and encoded only if the
+   use is used after recording started. NULL without an error: not this case. */
+static PyObject *make_use(PyObject *self, PyObject *d) {
+    PyObject *node = d && PyDict_CheckExact(d) ? get_node(self) : NULL;
+    if (node == self && dft_hooks.use) {
+        PyObject *x = NULL, *raw = NULL;
+        if (PyDict_GET_SIZE(d) == 0) {
+            x = Py_None;
+            Py_INCREF(x);
+        } else if (is_on(self) > 0) {
+            x = dft_plain_extra(d);
+        } else {
+            raw = d; /* nothing records now: encoded only if it is used later */
+            Py_INCREF(raw);
+        }
+        PyObject *use = (x || raw) ? dft_hooks.use->tp_alloc(dft_hooks.use, 0) : NULL;
+        if (use) {
+            TraceableObject *u = AS_T(use);
+            Py_INCREF(self);
+            u->node = self;
+            u->extra = x;
+            u->raw = raw;
+            Py_INCREF(Py_None);
+            u->forced = Py_None;
+            u->vectorcall = Traceable_vectorcall;
+            Py_DECREF(node);
+            return use;
+        }
+        Py_XDECREF(raw);
+        Py_XDECREF(x);
+    }
+    Py_XDECREF(node);
+    PyErr_Clear();
+    return NULL;
+}
+
 /* node(args={...}) for a node that records now and plain args: the Use is made
    here (its args encoded once, a snapshot); everything else goes to Python. */
 static PyObject *Traceable_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    if (dft_off_for_good && dft_hooks.off_use && PyTuple_GET_SIZE(args) <= 1)
+        return off_call(PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL);
     if (dft_hooks.use && !dft_off_for_good && PyTuple_GET_SIZE(args) == 0 && kwargs &&
         PyDict_GET_SIZE(kwargs) == 1) {
-        PyObject *d = PyDict_GetItemWithError(kwargs, dft_str_args_kw);
-        PyObject *node = d && PyDict_CheckExact(d) ? get_node(self) : NULL;
-        if (node == self) {
-            PyObject *x = NULL, *raw = NULL;
-            if (PyDict_GET_SIZE(d) == 0) {
-                x = Py_None;
-                Py_INCREF(x);
-            } else if (is_on(self) > 0) {
-                x = dft_plain_extra(d);
-            } else {
-                raw = d; /* nothing records now: encoded only if it is used later */
-                Py_INCREF(raw);
-            }
-            PyObject *use = (x || raw) ? dft_hooks.use->tp_alloc(dft_hooks.use, 0) : NULL;
-            if (use) {
-                TraceableObject *u = AS_T(use);
-                Py_INCREF(self);
-                u->node = self;
-                u->extra = x;
-                u->raw = raw;
-                Py_INCREF(Py_None);
-                u->forced = Py_None;
-                Py_DECREF(node);
-                return use;
-            }
-            Py_XDECREF(raw);
-            Py_XDECREF(x);
-        }
-        Py_XDECREF(node);
+        PyObject *use = make_use(self, PyDict_GetItemWithError(kwargs, dft_str_args_kw));
+        if (use)
+            return use;
         PyErr_Clear();
     }
     if (dft_hooks.call_slow == NULL) {
@@ -259,6 +292,28 @@ static PyObject *call_slow(PyObject *fn, PyObject *self, PyObject *const *args, 
     PyObject *r = PyObject_Vectorcall(fn, full, (size_t)(n + 1), kwnames);
     PyMem_Free(full);
     return r;
+}
+
+/* node(...) as a vectorcall (no keyword dict built): node(args={...}) and the off
+   switch here, anything else in Python (call_slow). */
+static PyObject *Traceable_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (dft_off_for_good && dft_hooks.off_use && n <= 1)
+        return off_call(n ? args[0] : NULL);
+    if (n == 0 && nk == 1 && !dft_off_for_good &&
+        (PyTuple_GET_ITEM(kwnames, 0) == dft_str_args_kw ||
+         PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), dft_str_args_kw) == 0)) {
+        PyObject *use = make_use(self, args[0]);
+        if (use)
+            return use;
+        PyErr_Clear();
+    }
+    if (dft_hooks.call_slow == NULL) {
+        PyErr_SetString(PyExc_TypeError, "dftrace is not configured");
+        return NULL;
+    }
+    return call_slow(dft_hooks.call_slow, self, args, nargsf, kwnames);
 }
 
 static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -315,6 +370,8 @@ fail:
 
 static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames) {
+    if (NOTHING_OPENED_EVER() && !PyVectorcall_NARGS(nargsf) && !kwnames && is_on(self) == 0)
+        Py_RETURN_NONE; /* tracing never started: nothing to close, nothing to warn about */
     long long t1 = now_ns();
     PyObject *stk = NULL, *open = NULL, *spans = NULL;
     if (PyVectorcall_NARGS(nargsf) || kwnames || dft_hooks.span == NULL || dft_calls.local == NULL)
@@ -430,9 +487,6 @@ static PyMethodDef Traceable_methods[] = {
     {"update", (PyCFunction)(void (*)(void))Traceable_update, METH_FASTCALL | METH_KEYWORDS,
      "update(args=None, /, **kwargs): sticky args on the spans of this node and its subtree "
      "that start from now on."},
-    {"__enter__", Traceable_enter, METH_NOARGS, "Open a span of this node (nothing when off)."},
-    {"__exit__", (PyCFunction)(void (*)(void))Traceable_exit, METH_FASTCALL,
-     "Close the span opened by __enter__; exceptions propagate unchanged."},
     {"start", (PyCFunction)(void (*)(void))Traceable_start, METH_FASTCALL | METH_KEYWORDS,
      "start(metadata=False) -> Span: open a span closed by a later stop() (hook style). "
      "With metadata=True write a CM event <name>.start with the time instead."},
@@ -440,6 +494,127 @@ static PyMethodDef Traceable_methods[] = {
      "stop(span=None, metadata=False): close the span from start() (the innermost open "
      "one of this node on the caller's thread/task, or `span`)."},
     {NULL, NULL, 0, NULL}};
+
+/* __enter__ / __exit__: descriptors that hand out the traceable's own hooks (hook_t,
+   engine.h) instead of a new bound method per lookup. */
+static PyMethodDef enter_def = {"__enter__", Traceable_enter, METH_NOARGS,
+                                "Open a span of this node (nothing when off)."};
+static PyMethodDef exit_def = {"__exit__", (PyCFunction)(void (*)(void))Traceable_exit, METH_FASTCALL,
+                               "Close the span opened by __enter__; exceptions propagate unchanged."};
+
+static PyObject *hook_enter_call(PyObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) || (kwnames && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "__enter__() takes no arguments");
+        return NULL;
+    }
+    return Traceable_enter(((hook_t *)h)->owner, NULL);
+}
+
+static PyObject *hook_exit_call(PyObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (kwnames && PyTuple_GET_SIZE(kwnames)) {
+        PyErr_SetString(PyExc_TypeError, "__exit__() takes no keyword arguments");
+        return NULL;
+    }
+    return Traceable_exit(((hook_t *)h)->owner, args, PyVectorcall_NARGS(nargsf));
+}
+
+/* The last holder let the hook go: drop the owner (the memory is the owner's). */
+static void hook_dealloc(PyObject *h) {
+    PyObject *owner = ((hook_t *)h)->owner;
+    ((hook_t *)h)->owner = NULL;
+    Py_XDECREF(owner);
+}
+
+static PyObject *hook_repr(PyObject *h) {
+    PyObject *owner = ((hook_t *)h)->owner;
+    const char *name = ((hook_t *)h)->vectorcall == hook_enter_call ? "__enter__" : "__exit__";
+    return owner ? PyUnicode_FromFormat("<bound method %s of %R>", name, owner)
+                 : PyUnicode_FromFormat("<unbound %s>", name);
+}
+
+static PyTypeObject HookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._core._speedups.BoundHook",
+    .tp_basicsize = sizeof(hook_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A node's or use's __enter__ or __exit__, bound.",
+    .tp_dealloc = hook_dealloc,
+    .tp_repr = hook_repr,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(hook_t, vectorcall),
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyMethodDef *def;
+} hookdescr_t;
+
+static PyObject *hookdescr_get(PyObject *d, PyObject *obj, PyObject *type) {
+    PyMethodDef *def = ((hookdescr_t *)d)->def;
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(d);
+        return d;
+    }
+#ifdef DFT_INLINE_HOOKS
+    if (IS_T(obj)) {
+        TraceableObject *t = AS_T(obj);
+        hook_t *h = def == &enter_def ? &t->enter_hook : &t->exit_hook;
+        if (Py_REFCNT(h) == 0) {
+            Py_SET_TYPE(h, &HookType);
+            Py_SET_REFCNT(h, 1);
+            h->vectorcall = def == &enter_def ? hook_enter_call : hook_exit_call;
+            Py_INCREF(obj);
+            h->owner = obj;
+        } else {
+            Py_INCREF(h);
+        }
+        return (PyObject *)h;
+    }
+#endif
+    return PyCFunction_NewEx(def, obj, NULL);
+}
+
+/* TraceableBase.__enter__(node) called on the class. */
+static PyObject *hookdescr_call(PyObject *d, PyObject *args, PyObject *kwargs) {
+    PyMethodDef *def = ((hookdescr_t *)d)->def;
+    if (PyTuple_GET_SIZE(args) < 1 || !IS_T(PyTuple_GET_ITEM(args, 0))) {
+        PyErr_Format(PyExc_TypeError, "%s() needs a node or use", def->ml_name);
+        return NULL;
+    }
+    PyObject *bound = PyCFunction_NewEx(def, PyTuple_GET_ITEM(args, 0), NULL);
+    PyObject *rest = bound ? PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args)) : NULL;
+    PyObject *r = rest ? PyObject_Call(bound, rest, kwargs) : NULL;
+    Py_XDECREF(rest);
+    Py_XDECREF(bound);
+    return r;
+}
+
+static PyObject *hookdescr_name(PyObject *d, void *c) {
+    return PyUnicode_FromString(((hookdescr_t *)d)->def->ml_name);
+}
+
+static PyObject *hookdescr_doc(PyObject *d, void *c) {
+    return PyUnicode_FromString(((hookdescr_t *)d)->def->ml_doc);
+}
+
+static PyGetSetDef hookdescr_getset[] = {
+    {"__name__", hookdescr_name, NULL, NULL, NULL},
+    {"__doc__", hookdescr_doc, NULL, NULL, NULL},
+    {NULL}};
+
+static PyTypeObject HookDescrType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._core._speedups.HookDescriptor",
+    .tp_basicsize = sizeof(hookdescr_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "TraceableBase.__enter__ / __exit__: hands out each traceable's own bound hook.",
+    .tp_descr_get = hookdescr_get,
+    .tp_call = hookdescr_call,
+    .tp_getset = hookdescr_getset,
+};
+
+static hookdescr_t enter_descr = {PyObject_HEAD_INIT(&HookDescrType) & enter_def};
+static hookdescr_t exit_descr = {PyObject_HEAD_INIT(&HookDescrType) & exit_def};
 
 static int Traceable_traverse(TraceableObject *t, visitproc visit, void *arg) {
     Py_VISIT(t->node);
@@ -505,11 +680,12 @@ PyTypeObject dft_TraceableBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dftrace._core._speedups.TraceableBase",
     .tp_basicsize = sizeof(TraceableObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "C __call__, __enter__/__exit__ and start()/stop() for dftrace nodes and uses, "
               "with the fields they read.",
-    .tp_new = PyType_GenericNew,
+    .tp_new = Traceable_new,
     .tp_call = Traceable_call,
+    .tp_vectorcall_offset = offsetof(TraceableObject, vectorcall),
     .tp_methods = Traceable_methods,
     .tp_members = Traceable_members,
     .tp_getset = Traceable_getset,
@@ -517,6 +693,51 @@ PyTypeObject dft_TraceableBaseType = {
     .tp_clear = (inquiry)Traceable_clear,
     .tp_dealloc = (destructor)Traceable_dealloc,
 };
+
+int dft_traceable_ready(void) {
+    if (PyType_Ready(&HookType) < 0 || PyType_Ready(&HookDescrType) < 0 ||
+        PyType_Ready(&dft_TraceableBaseType) < 0)
+        return -1;
+    if (PyDict_SetItemString(dft_TraceableBaseType.tp_dict, "__enter__", (PyObject *)&enter_descr) < 0 ||
+        PyDict_SetItemString(dft_TraceableBaseType.tp_dict, "__exit__", (PyObject *)&exit_descr) < 0)
+        return -1;
+    PyType_Modified(&dft_TraceableBaseType);
+    return 0;
+}
+
+PyTypeObject *dft_t_known[T_KNOWN];
+
+/* The subclasses of TraceableBase defined so far (the tree's, at register()): each
+   is remembered for IS_T, and one that keeps the C __call__ is called with
+   vectorcall, as Python 3.12 and later do for such classes themselves. */
+static int tag_subclasses(PyTypeObject *base) {
+    PyObject *subs = PyObject_CallMethod((PyObject *)base, "__subclasses__", NULL);
+    if (!subs)
+        return -1;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(subs); k++) {
+        PyTypeObject *tp = (PyTypeObject *)PyList_GET_ITEM(subs, k);
+        int known = 0;
+        for (int j = 0; j < T_KNOWN && dft_t_known[j]; j++)
+            known |= dft_t_known[j] == tp;
+        for (int j = 0; j < T_KNOWN && !known; j++)
+            if (!dft_t_known[j]) {
+                Py_INCREF(tp);
+                dft_t_known[j] = tp;
+                known = 1;
+            }
+        if (tp->tp_call == Traceable_call &&
+            tp->tp_vectorcall_offset == offsetof(TraceableObject, vectorcall))
+            tp->tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
+        if (tag_subclasses(tp) < 0) {
+            Py_DECREF(subs);
+            return -1;
+        }
+    }
+    Py_DECREF(subs);
+    return 0;
+}
+
+int dft_traceable_subclasses(void) { return tag_subclasses(&dft_TraceableBaseType); }
 
 /* ------------------------------------------------------------------------- */
 /* SpanBase: Span.stop(args=None) for the token start() returned              */
