@@ -177,6 +177,10 @@ _NO_SPAN = Span(None, None)
 class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
     """What nodes and uses share: decorator, context manager, iterator, hooks."""
 
+    # No __dict__ here: a use (made per ``with node(args=...)``) is its slots only;
+    # nodes have one (they are subclassed without __slots__).
+    __slots__ = ()
+
     _node: Node
     _extra: Extra | None
     #: What a capturing use records (its ``CaptureOptions``); None everywhere else.

@@ -717,6 +717,8 @@ typedef struct {
     vectorcallfunc vectorcall;
 } hook_t;
 
+#define PEND_MAX 4
+
 typedef struct {
     PyObject_HEAD
     PyObject *node;   /* _node: the tree node naming the events (itself for a node) */
@@ -730,6 +732,12 @@ typedef struct {
     PyObject *parent; /* _parent: the node above (None for a root) */
     PyObject *own;    /* _own: a node's own sticky args (update()), Extra or None */
     PyObject *pending; /* _pending: sticky args given while nothing recorded (dict) */
+    /* The last update(k=v, ...) made while nothing recorded, not yet in `pending`:
+       its keyword names (the call site's own tuple) and values. The next call from
+       the same site replaces the values; anything that reads `pending` first moves
+       them there (pending_flush). */
+    PyObject *pend_names;
+    PyObject *pend_vals[PEND_MAX];
     hook_t enter_hook, exit_hook; /* bound __enter__ / __exit__ (see hook_t) */
     vectorcallfunc vectorcall; /* node(...) without a keyword dict */
 } TraceableObject;
@@ -743,6 +751,7 @@ extern PyObject *dft_gate; /* GATE: what a use forced on follows */
 extern PyTypeObject *dft_t_known[T_KNOWN];
 
 #define AS_T(o) ((TraceableObject *)(o))
+int dft_pending_flush(TraceableObject *t); /* traceable.c; -1 with an error */
 static inline int IS_T(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     for (int k = 0; k < T_KNOWN && dft_t_known[k]; k++)
@@ -795,6 +804,8 @@ static inline PyObject *sticky_chain(TraceableObject *t) {
         Py_INCREF(st);
         return st;
     }
+    if (t->pend_names && dft_pending_flush(t) < 0)
+        return NULL;
     if (t->pending && PyDict_Check(t->pending) && PyDict_GET_SIZE(t->pending))
         return PyObject_CallOneArg(dft_calls.sticky_of, (PyObject *)t); /* encodes them first */
     PyObject *base;

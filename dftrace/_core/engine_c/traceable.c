@@ -224,6 +224,54 @@ static PyObject *off_call(PyObject *fn) {
     return r;
 }
 
+static int Traceable_clear(TraceableObject *t);
+
+/* Uses made by node(args=...) live for one with block: a few are kept for the next
+   ones (their memory, garbage-collector header included), as CPython keeps its
+   tuples. Only for Use itself (its instances have no __dict__ nor weakrefs), whose
+   tp_dealloc register() sets to use_dealloc. */
+#define USE_FREE_MAX 16
+static PyObject *use_free[USE_FREE_MAX];
+static int use_nfree = 0;
+static PyTypeObject *use_free_type = NULL; /* the class the kept memory is sized for */
+
+static void use_dealloc(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    PyObject_GC_UnTrack(o);
+    Traceable_clear(AS_T(o));
+    if (tp == use_free_type && use_nfree < USE_FREE_MAX)
+        use_free[use_nfree++] = o;
+    else
+        tp->tp_free(o);
+    Py_DECREF(tp);
+}
+
+static PyObject *use_alloc(void) {
+    PyTypeObject *tp = dft_hooks.use;
+    if (tp == use_free_type && use_nfree) {
+        PyObject *o = use_free[--use_nfree];
+        memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
+        PyObject_Init(o, tp); /* its type (held) and a reference count of 1 */
+        PyObject_GC_Track(o);
+        return o;
+    }
+    return tp->tp_alloc(tp, 0);
+}
+
+/* register(use_type=...): its instances are made and kept here. */
+static void use_type_registered(void) {
+    PyTypeObject *tp = dft_hooks.use;
+    while (use_nfree)
+        PyObject_GC_Del(use_free[--use_nfree]);
+    use_free_type = NULL;
+    if (tp && (tp->tp_flags & Py_TPFLAGS_HEAPTYPE) && tp->tp_dictoffset == 0 &&
+        tp->tp_weaklistoffset == 0 && tp->tp_basicsize == (Py_ssize_t)sizeof(TraceableObject) &&
+        (tp->tp_flags & Py_TPFLAGS_HAVE_GC) && tp->tp_finalize == NULL && tp->tp_del == NULL) {
+        tp->tp_dealloc = use_dealloc;
+        use_free_type = tp;
+    }
+}
+
 /* node(args=d) for a node and a plain dict: the Use made here, its args encoded once
    (a snapshot) while the node records, else kept as given and encoded only if the
    use is used after recording started. NULL without an error: not this case. */
@@ -240,7 +288,7 @@ static PyObject *make_use(PyObject *self, PyObject *d) {
             raw = d; /* nothing records now: encoded only if it is used later */
             Py_INCREF(raw);
         }
-        PyObject *use = (x || raw) ? dft_hooks.use->tp_alloc(dft_hooks.use, 0) : NULL;
+        PyObject *use = (x || raw) ? use_alloc() : NULL;
         if (use) {
             TraceableObject *u = AS_T(use);
             Py_INCREF(self);
@@ -433,10 +481,35 @@ static int put_kwargs(PyObject *d, PyObject *given, PyObject *const *kwv, PyObje
     if (given && given != Py_None && PyDict_Update(d, given) < 0)
         return -1;
     Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t k = 0; k < nk; k++)
-        if (PyDict_SetItem(d, PyTuple_GET_ITEM(kwnames, k), kwv[k]) < 0)
+    int fresh = PyDict_GET_SIZE(d) == 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        if (!fresh && PyDict_GetItemWithError(d, key) == kwv[k])
+            continue; /* the same value again (epoch=0 on every step) */
+        if (PyDict_SetItem(d, key, kwv[k]) < 0)
             return -1;
+    }
     return 0;
+}
+
+/* Move the last update's values (pend_names/pend_vals) into `pending`. */
+int dft_pending_flush(TraceableObject *t) {
+    PyObject *names = t->pend_names;
+    if (!names)
+        return 0;
+    t->pend_names = NULL;
+    int rc = 0;
+    Py_ssize_t nk = PyTuple_GET_SIZE(names);
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *v = t->pend_vals[k];
+        t->pend_vals[k] = NULL;
+        if (rc == 0 && t->pending && PyDict_Check(t->pending) &&
+            PyDict_SetItem(t->pending, PyTuple_GET_ITEM(names, k), v) < 0)
+            rc = -1;
+        Py_XDECREF(v);
+    }
+    Py_DECREF(names);
+    return rc;
 }
 
 static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -448,6 +521,32 @@ static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t 
     PyObject *given = n == 1 ? args[0] : NULL;
     int simple = n <= 1 && t->node == self &&
                  (given == NULL || given == Py_None || PyDict_CheckExact(given));
+    if (n == 0 && kwnames && t->pend_names == kwnames && t->node == self && dft_gate &&
+        is_on(dft_gate) == 0) {
+        /* the same call site again while nothing records: its new values replace
+           the last ones (ai.update(epoch=e, step=s) on every step) */
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
+            PyObject *old = t->pend_vals[k];
+            Py_INCREF(args[k]);
+            t->pend_vals[k] = args[k];
+            Py_XDECREF(old);
+        }
+        dft_sticky_gen++;
+        Py_RETURN_NONE;
+    }
+    if (t->pend_names && dft_pending_flush(t) < 0)
+        PyErr_Clear();
+    if (n == 0 && kwnames && PyTuple_GET_SIZE(kwnames) <= PEND_MAX && t->node == self &&
+        t->pending && PyDict_CheckExact(t->pending) && dft_gate && is_on(dft_gate) == 0) {
+        Py_INCREF(kwnames);
+        t->pend_names = kwnames;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
+            Py_INCREF(args[k]);
+            t->pend_vals[k] = args[k];
+        }
+        dft_sticky_gen++;
+        Py_RETURN_NONE;
+    }
     if (simple && t->pending && PyDict_CheckExact(t->pending) && dft_gate && is_on(dft_gate) == 0) {
         /* nothing records: keep the values as given, encode them when something does */
         if (put_kwargs(t->pending, given, args + n, kwnames) < 0) {
@@ -626,6 +725,9 @@ static int Traceable_traverse(TraceableObject *t, visitproc visit, void *arg) {
     Py_VISIT(t->parent);
     Py_VISIT(t->own);
     Py_VISIT(t->pending);
+    Py_VISIT(t->pend_names);
+    for (int k = 0; k < PEND_MAX; k++)
+        Py_VISIT(t->pend_vals[k]);
     return 0;
 }
 
@@ -639,6 +741,9 @@ static int Traceable_clear(TraceableObject *t) {
     Py_CLEAR(t->parent);
     Py_CLEAR(t->own);
     Py_CLEAR(t->pending);
+    Py_CLEAR(t->pend_names);
+    for (int k = 0; k < PEND_MAX; k++)
+        Py_CLEAR(t->pend_vals[k]);
     return 0;
 }
 
@@ -658,8 +763,30 @@ static int Traceable_set_extra(PyObject *self, PyObject *value, void *closure) {
     return 0;
 }
 
+/* _pending: read, it holds every update made while nothing recorded. */
+static PyObject *Traceable_get_pending(PyObject *self, void *closure) {
+    TraceableObject *t = AS_T(self);
+    if (t->pend_names && dft_pending_flush(t) < 0)
+        return NULL;
+    PyObject *p = t->pending ? t->pending : Py_None;
+    Py_INCREF(p);
+    return p;
+}
+
+static int Traceable_set_pending(PyObject *self, PyObject *value, void *closure) {
+    TraceableObject *t = AS_T(self);
+    Py_CLEAR(t->pend_names);
+    for (int k = 0; k < PEND_MAX; k++)
+        Py_CLEAR(t->pend_vals[k]);
+    Py_XINCREF(value);
+    Py_XSETREF(t->pending, value);
+    return 0;
+}
+
 static PyGetSetDef Traceable_getset[] = {
     {"_extra", Traceable_get_extra, Traceable_set_extra, "the use's own args (an Extra or None)", NULL},
+    {"_pending", Traceable_get_pending, Traceable_set_pending,
+     "sticky args given while nothing recorded (a dict)", NULL},
     {NULL}};
 
 static PyMemberDef Traceable_members[] = {
@@ -673,7 +800,6 @@ static PyMemberDef Traceable_members[] = {
     {"_bkid", T_UINT, offsetof(TraceableObject, bkid), 0, NULL},
     {"_parent", T_OBJECT, offsetof(TraceableObject, parent), 0, NULL},
     {"_own", T_OBJECT, offsetof(TraceableObject, own), 0, NULL},
-    {"_pending", T_OBJECT, offsetof(TraceableObject, pending), 0, NULL},
     {NULL}};
 
 PyTypeObject dft_TraceableBaseType = {
@@ -737,7 +863,11 @@ static int tag_subclasses(PyTypeObject *base) {
     return 0;
 }
 
-int dft_traceable_subclasses(void) { return tag_subclasses(&dft_TraceableBaseType); }
+int dft_traceable_subclasses(void) {
+    if (dft_hooks.use != use_free_type)
+        use_type_registered();
+    return tag_subclasses(&dft_TraceableBaseType);
+}
 
 /* ------------------------------------------------------------------------- */
 /* SpanBase: Span.stop(args=None) for the token start() returned              */
