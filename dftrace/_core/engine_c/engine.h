@@ -37,6 +37,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <stddef.h>
+#include <limits.h>
 #include <structmember.h>
 
 /* Everything declared from here on is private to the module's files. */
@@ -917,6 +918,22 @@ typedef struct {
 } hookstate_t;
 
 extern hookstate_t dft_hooks;
+
+/* STATE.open_spans, as last read: STATE replaces the dict only where it resets
+   (reset(), after a fork), and both then call the engine's reset()/after_fork(),
+   which forget it. */
+extern PyObject *dft_open_spans_cache;
+static inline PyObject *open_spans(void) {
+    PyObject *d = dft_open_spans_cache;
+    if (!d) {
+        d = dft_hooks.state ? PyObject_GetAttr(dft_hooks.state, dft_str_open_spans) : NULL;
+        if (!d || !PyDict_Check(d))
+            return d;
+        dft_open_spans_cache = d; /* the cache's reference */
+    }
+    Py_INCREF(d);
+    return d;
+}
 
 /* spans.c */
 uint32_t dft_node_kid(PyObject *node, PyObject *name);

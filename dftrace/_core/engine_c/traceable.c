@@ -76,7 +76,11 @@ static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self
                       PyObject *x) {
     uint32_t kid = span_kid(self);
     PyObject *tid = stk_tid(stk);
+#if LONG_MAX == LLONG_MAX
+    long long t0 = PyLong_AsLong(PyTuple_GET_ITEM(ent, 0)); /* no byte-array conversion */
+#else
     long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
+#endif
     Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
     if (!tid || kid == 0xFFFFFFFFu || PyErr_Occurred()) {
         Py_XDECREF(tid);
@@ -364,6 +368,8 @@ static PyObject *Traceable_vectorcall(PyObject *self, PyObject *const *args, siz
     return call_slow(dft_hooks.call_slow, self, args, nargsf, kwnames);
 }
 
+static PyObject *span_alloc(void);
+
 static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
     if (PyVectorcall_NARGS(nargsf) || kwnames || dft_hooks.span == NULL || dft_calls.local == NULL)
@@ -379,7 +385,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         goto fail;
     extra = get_extra(self);
     open = extra ? stk_open(stk) : NULL;
-    spans = open ? PyObject_GetAttr(dft_hooks.state, dft_str_open_spans) : NULL;
+    spans = open ? open_spans() : NULL;
     if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
         goto fail;
     if (PyDict_GET_SIZE(spans) >= 16) { /* 16: the least max_open_spans accepts */
@@ -395,7 +401,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
     ent = open_entry(self, extra, stk);
     id = ent ? new_id() : NULL;
     token = id ? PyTuple_Pack(2, stk, id) : NULL;
-    span = token ? dft_hooks.span->tp_alloc(dft_hooks.span, 0) : NULL;
+    span = token ? span_alloc() : NULL;
     if (!span || slot_set(span, &dft_slot_obj, self) < 0 || slot_set(span, &dft_slot_token, token) < 0)
         goto fail;
     if (PyDict_SetItem(open, id, ent) < 0)
@@ -424,7 +430,7 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
     PyObject *stk = NULL, *open = NULL, *spans = NULL;
     if (PyVectorcall_NARGS(nargsf) || kwnames || dft_hooks.span == NULL || dft_calls.local == NULL)
         goto slow;
-    spans = PyObject_GetAttr(dft_hooks.state, dft_str_open_spans);
+    spans = open_spans();
     if (!spans || !PyDict_Check(spans))
         goto slow;
     if (PyDict_GET_SIZE(spans) == 0) {
@@ -448,12 +454,11 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
     if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN ||
         PyTuple_GET_ITEM(ent, 1) != self)
         goto slow;
-    if (PyDict_Contains(spans, top) != 1)
-        goto slow;
+    if (PyDict_DelItem(spans, top) < 0)
+        goto slow; /* not a start() span (nothing changed) */
     Py_INCREF(ent);
     Py_INCREF(top);
-    if (PyDict_DelItem(spans, top) < 0 || PyDict_DelItem(open, top) < 0 ||
-        drop_top(stk) < 0)
+    if (PyDict_DelItem(open, top) < 0 || drop_top(stk) < 0)
         PyErr_Clear();
     int rc = emit_entry(ent, top, stk, self, t1, NULL);
     Py_DECREF(top);
@@ -863,7 +868,55 @@ static int tag_subclasses(PyTypeObject *base) {
     return 0;
 }
 
+/* The Span start() returns lives until its stop() (node.start() alone: at once):
+   a few are kept for the next ones, as for uses. */
+#define SPAN_FREE_MAX 16
+static PyObject *span_free[SPAN_FREE_MAX];
+static int span_nfree = 0;
+static PyTypeObject *span_free_type = NULL;
+
+static void span_dealloc(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    PyObject_GC_UnTrack(o);
+    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_obj.off));
+    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_token.off));
+    if (tp == span_free_type && span_nfree < SPAN_FREE_MAX)
+        span_free[span_nfree++] = o;
+    else
+        tp->tp_free(o);
+    Py_DECREF(tp);
+}
+
+static PyObject *span_alloc(void) {
+    PyTypeObject *tp = dft_hooks.span;
+    if (tp == span_free_type && span_nfree) {
+        PyObject *o = span_free[--span_nfree];
+        memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
+        PyObject_Init(o, tp);
+        PyObject_GC_Track(o);
+        return o;
+    }
+    return tp->tp_alloc(tp, 0);
+}
+
+static void span_type_registered(void) {
+    PyTypeObject *tp = dft_hooks.span;
+    while (span_nfree)
+        PyObject_GC_Del(span_free[--span_nfree]);
+    span_free_type = NULL;
+    if (tp && (tp->tp_flags & Py_TPFLAGS_HEAPTYPE) && (tp->tp_flags & Py_TPFLAGS_HAVE_GC) &&
+        tp->tp_dictoffset == 0 && tp->tp_weaklistoffset == 0 && tp->tp_finalize == NULL &&
+        tp->tp_del == NULL && dft_slot_obj.type == tp && dft_slot_token.type == tp &&
+        dft_slot_obj.off >= 0 && dft_slot_token.off >= 0 &&
+        tp->tp_basicsize == (Py_ssize_t)(sizeof(PyObject) + 2 * sizeof(PyObject *))) {
+        tp->tp_dealloc = span_dealloc;
+        span_free_type = tp;
+    }
+}
+
 int dft_traceable_subclasses(void) {
+    if (dft_hooks.span != span_free_type)
+        span_type_registered();
     if (dft_hooks.use != use_free_type)
         use_type_registered();
     return tag_subclasses(&dft_TraceableBaseType);
@@ -891,14 +944,14 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
         Py_RETURN_NONE;
     }
     obj = slot_get(self, &dft_slot_obj);
-    spans = (obj && dft_hooks.state) ? PyObject_GetAttr(dft_hooks.state, dft_str_open_spans) : NULL;
+    spans = obj ? open_spans() : NULL;
     if (!spans || !PyDict_Check(spans) || !PyTuple_Check(token) || PyTuple_GET_SIZE(token) != 2)
         goto slow;
     PyObject *stk = PyTuple_GET_ITEM(token, 0), *id = PyTuple_GET_ITEM(token, 1);
     if (!PyList_Check(stk) || PyList_GET_SIZE(stk) < 2 || PyList_GET_ITEM(stk, PyList_GET_SIZE(stk) - 1) != id)
         goto slow;
     open = stk_open(stk);
-    if (!open || !PyDict_Check(open) || PyDict_Contains(spans, id) != 1)
+    if (!open || !PyDict_Check(open))
         goto slow;
     PyObject *ent = PyDict_GetItemWithError(open, id);
     if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN || PyTuple_GET_ITEM(ent, 1) != obj)
@@ -917,10 +970,12 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
         if (!y)
             goto slow;
     }
+    if (PyDict_DelItem(spans, id) < 0)
+        goto slow; /* not open (nothing changed) */
     Py_INCREF(ent);
     Py_INCREF(id);
     Py_INCREF(stk);
-    if (PyDict_DelItem(spans, id) < 0 || PyDict_DelItem(open, id) < 0 ||
+    if (PyDict_DelItem(open, id) < 0 ||
         drop_top(stk) < 0 || slot_set(self, &dft_slot_token, Py_None) < 0)
         PyErr_Clear();
     int rc = emit_entry(ent, id, stk, obj, t1, y);
