@@ -7,7 +7,9 @@ rounds of N, dftrace's writer kept idle (recording only). MODE ``e2e``: ``e2e_ns
 per operation for N operations then the tracer's finalize, in a fresh process
 (recording, encoding, compression and writing together, with default settings).
 
-Tracers: ``bare`` (the same code with no tracer: plain functions, null contexts),
+Tracers: ``loop`` (the loop alone: the same functions called, every tracer call
+removed: the floor the off switch is measured against), ``bare`` (the same code
+with no tracer: plain functions, null contexts),
 ``hand`` (a minimal hand-written Python recorder with the same API: two
 ``perf_counter_ns()`` reads and a tuple appended to a list per span), ``dftrace``,
 ``dftrace-off`` (tracing not started: off at run time), ``dftrace-offconfig``
@@ -123,6 +125,8 @@ class _HandNode:
 
 def _setup(tracer: str, out: str, hot: bool = False) -> tuple[Any, Any]:
     """(the ai tree, the finalize function) of ``tracer``."""
+    if tracer == "loop":
+        return None, lambda: None
     if tracer == "bare":
         return _BareNode(), lambda: None
     if tracer == "hand":
@@ -149,8 +153,33 @@ def _setup(tracer: str, out: str, hot: bool = False) -> tuple[Any, Any]:
 
 
 # -- the patterns -----------------------------------------------------------------------
+def _loop(pattern: str) -> Any:
+    """``pattern``'s loop with every tracer call removed (the functions still called)."""
+
+    def fn() -> None:
+        return None
+
+    def calls(n: int) -> None:
+        for _ in range(n):
+            fn()
+
+    def empty(n: int) -> None:
+        for _ in range(n):
+            pass
+
+    def realistic(n: int) -> None:
+        for i, _batch in enumerate(range(n)):
+            fn()
+            fn()
+            fn()
+
+    return {"decorator": calls, "step": realistic}.get(pattern, empty)
+
+
 def _make(pattern: str, ai: Any) -> Any:
     """A function running ``n`` operations of ``pattern``."""
+    if ai is None:
+        return _loop(pattern)
 
     @ai.compute.forward
     def forward() -> None:

@@ -137,6 +137,14 @@ def instructions_table(by_name: dict) -> None:
         if hand and ours:
             added = f"{ours - bare:,}" if bare else "—"
             print(f"| {label} | {bare or 0:,} | {hand:,} | {ours:,} | {ours / hand:.2f}x | {added} |")
+    print("\nSwitched off: instructions per operation over the loop alone (every tracer call removed).\n")
+    print("| pattern | the loop alone | no tracer | off at run time | off by configuration |")
+    print("|---|---|---|---|---|")
+    for pattern, label in PATTERN_ROWS:
+        loop, bare, off, offc = (res.get((t, pattern)) for t in
+                                 ("loop", "bare", "dftrace-off", "dftrace-offconfig"))
+        if loop is not None and off is not None and offc is not None:
+            print(f"| {label} | {loop:,} | +{(bare or loop) - loop:,} | +{off - loop:,} | +{offc - loop:,} |")
 
 
 if __name__ == "__main__":

@@ -76,14 +76,15 @@ def test_pattern(benchmark, tmp_path, tracer, pattern):
 
 
 # -- instructions: a figure the machine's noise does not move ---------------------------
-#: Patterns whose instructions per operation are counted, under no tracer, the
-#: hand-written recorder and dftrace.
-COUNTED = ("decorator", "with", "with_args", "iter", "startstop", "stop_args", "step")
+#: Patterns whose instructions per operation are counted: the loop alone, no tracer,
+#: the hand-written recorder, dftrace recording, off at run time, off by configuration.
+COUNTED = ("decorator", "with", "with_args", "update", "iter", "startstop", "stop_args", "step")
 
 
 def _instructions(tracer: str, pattern: str, n: int, out: str) -> int:
     """Instructions (all threads) of ``_patterns.py`` end to end with ``n`` operations."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "DFTRACER_"))}
+    env["PYTHONHASHSEED"] = "0"  # the same dict layouts in both runs: counts repeat exactly
     proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
                            sys.executable, os.path.join(HERE, "_patterns.py"), tracer, pattern,
                            str(n), out, "e2e"], capture_output=True, text=True, env=env, timeout=900)
@@ -93,7 +94,8 @@ def _instructions(tracer: str, pattern: str, n: int, out: str) -> int:
 
 @pytest.mark.benchmark(group="instructions")
 @pytest.mark.parametrize("pattern", COUNTED)
-@pytest.mark.parametrize("tracer", ("bare", "hand", "dftrace"))
+@pytest.mark.parametrize("tracer", ("loop", "bare", "hand", "dftrace", "dftrace-off",
+                                    "dftrace-offconfig"))
 def test_instructions_per_operation(benchmark, tmp_path, tracer, pattern):
     """Instructions per operation end to end, counted by callgrind (the same count on
     every run, whatever else the machine does): the difference between 40,000 and

@@ -178,6 +178,10 @@ _NO_SPAN = Span(None, None)
 class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
     """What nodes and uses share: decorator, context manager, iterator, hooks."""
 
+    # No __dict__ here: a use (made per ``with node(args=...)``) is its slots only;
+    # nodes have one (they are subclassed without __slots__).
+    __slots__ = ()
+
     _node: Node
     _extra: Extra | None
     #: What a capturing use records (its ``CaptureOptions``); None everywhere else.
@@ -587,7 +591,8 @@ if _engine.speedups is not None:
     _engine.speedups.register(state=_engine.STATE, span_type=Span, no_span=_NO_SPAN,
                               start_slow=_Traceable._start_py, stop_slow=_Traceable._stop_py,
                               use_type=Use, call_slow=_Traceable._call_py,
-                              span_stop_slow=Span._stop_py, gate=GATE, update_slow=Node._update_py)
+                              span_stop_slow=Span._stop_py, gate=GATE, update_slow=Node._update_py,
+                              off_use=OFF_USE)
 
 
 def _reset() -> None:

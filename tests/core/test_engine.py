@@ -304,3 +304,21 @@ def test_update_before_tracing_starts_reaches_the_first_spans(tmp_path):
     assert result.spans("forward")[0]["args"]["step"] == 7
     assert result.spans("all_reduce")[0]["args"]["epoch"] == 3
     assert "step" not in result.spans("all_reduce")[0]["args"]
+
+
+def test_updates_while_off_keep_the_last_value_of_each_key(tmp_path):
+    """Repeated updates from one call site while nothing records (a training loop
+    before initialize) keep each key's last value, and updates from other sites made
+    in between keep theirs: the first spans carry what was set last."""
+    for step in range(5):
+        ai.update(epoch=0, step=step)
+        if step == 2:
+            ai.update(lr=0.1, step=-1)
+    ai.update(epoch=1, step=9)
+    assert ai._pending == {"epoch": 1, "step": 9, "lr": 0.1}
+    ai.update(phase="train")
+    with testing.trace_to(tmp_path) as result:
+        with ai.compute.forward:
+            pass
+    args = result.spans("forward")[0]["args"]
+    assert (args["epoch"], args["step"], args["lr"], args["phase"]) == (1, 9, 0.1, "train")

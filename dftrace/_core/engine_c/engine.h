@@ -37,6 +37,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <stddef.h>
+#include <limits.h>
 #include <structmember.h>
 
 /* Everything declared from here on is private to the module's files. */
@@ -702,6 +703,23 @@ done:
 /* ------------------------------------------------------------------------- */
 /* nodes and uses: the fields the hot paths read, in the object itself         */
 
+/* A node's or use's __enter__ / __exit__, bound without an allocation: each
+   traceable holds the two in its own memory, and the descriptors on TraceableBase
+   hand them out (traceable.c). Unreferenced, a hook's refcount is 0; taken, it
+   holds a reference to its owner, dropped when the last holder lets it go (its
+   tp_dealloc frees nothing). The `with` statement looks both up on every entry:
+   this saves it two bound-method objects per block. */
+#if !defined(Py_GIL_DISABLED) && !defined(Py_TRACE_REFS)
+#define DFT_INLINE_HOOKS 1
+#endif
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner;  /* the traceable it belongs to (a reference while taken) */
+    vectorcallfunc vectorcall;
+} hook_t;
+
+#define PEND_MAX 4
+
 typedef struct {
     PyObject_HEAD
     PyObject *node;   /* _node: the tree node naming the events (itself for a node) */
@@ -715,16 +733,48 @@ typedef struct {
     PyObject *parent; /* _parent: the node above (None for a root) */
     PyObject *own;    /* _own: a node's own sticky args (update()), Extra or None */
     PyObject *pending; /* _pending: sticky args given while nothing recorded (dict) */
+    /* The last update(k=v, ...) made while nothing recorded, not yet in `pending`:
+       its keyword names (the call site's own tuple) and values. The next call from
+       the same site replaces the values; anything that reads `pending` first moves
+       them there (pending_flush). */
+    PyObject *pend_names;
+    PyObject *pend_vals[PEND_MAX];
+    hook_t enter_hook, exit_hook; /* bound __enter__ / __exit__ (see hook_t) */
+    vectorcallfunc vectorcall; /* node(...) without a keyword dict */
 } TraceableObject;
 
 extern PyTypeObject dft_TraceableBaseType;
 extern PyObject *dft_gate; /* GATE: what a use forced on follows */
 
+/* The subclasses of TraceableBase known at register() (Node, Use, ...), held: a
+   type check of a node is then a comparison, not a walk of its MRO. */
+#define T_KNOWN 8
+extern PyTypeObject *dft_t_known[T_KNOWN];
+
 #define AS_T(o) ((TraceableObject *)(o))
-#define IS_T(o) PyObject_TypeCheck((o), &dft_TraceableBaseType)
+int dft_pending_flush(TraceableObject *t); /* traceable.c; -1 with an error */
+static inline int IS_T(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    for (int k = 0; k < T_KNOWN && dft_t_known[k]; k++)
+        if (tp == dft_t_known[k])
+            return 1;
+    return PyObject_TypeCheck(o, &dft_TraceableBaseType);
+}
+
+/* GATE._on, read in place (its class's slot). */
+extern slot_t dft_slot_gate_on;
+
+/* Nothing was ever given an id in this process: no span is open anywhere, so an
+   __exit__ or stop() has nothing to close (tracing never started). */
+#define NOTHING_OPENED_EVER() (dft_next_id_val == 1)
 
 /* Whether `o` (a node, a use, or the GATE) records now; -1 with an error. */
 static inline int is_on(PyObject *o) {
+    if (o == dft_gate && dft_slot_gate_on.off >= 0 && Py_TYPE(o) == dft_slot_gate_on.type) {
+        PyObject *v = *(PyObject **)((char *)o + dft_slot_gate_on.off);
+        if (v == Py_True || v == Py_False)
+            return v == Py_True;
+    }
     if (IS_T(o)) {
         TraceableObject *t = AS_T(o);
         if (t->on)
@@ -755,6 +805,8 @@ static inline PyObject *sticky_chain(TraceableObject *t) {
         Py_INCREF(st);
         return st;
     }
+    if (t->pend_names && dft_pending_flush(t) < 0)
+        return NULL;
     if (t->pending && PyDict_Check(t->pending) && PyDict_GET_SIZE(t->pending))
         return PyObject_CallOneArg(dft_calls.sticky_of, (PyObject *)t); /* encodes them first */
     PyObject *base;
@@ -862,15 +914,34 @@ typedef struct {
     PyObject *call_slow;  /* _Traceable._call_py(self, *args, **kwargs) */
     PyObject *span_stop_slow; /* Span._stop_py(self, args=None) */
     PyObject *gate;       /* GATE */
+    PyObject *off_use;    /* OFF_USE: node(...) when tracing is off by configuration */
 } hookstate_t;
 
 extern hookstate_t dft_hooks;
+
+/* STATE.open_spans, as last read: STATE replaces the dict only where it resets
+   (reset(), after a fork), and both then call the engine's reset()/after_fork(),
+   which forget it. */
+extern PyObject *dft_open_spans_cache;
+static inline PyObject *open_spans(void) {
+    PyObject *d = dft_open_spans_cache;
+    if (!d) {
+        d = dft_hooks.state ? PyObject_GetAttr(dft_hooks.state, dft_str_open_spans) : NULL;
+        if (!d || !PyDict_Check(d))
+            return d;
+        dft_open_spans_cache = d; /* the cache's reference */
+    }
+    Py_INCREF(d);
+    return d;
+}
 
 /* spans.c */
 uint32_t dft_node_kid(PyObject *node, PyObject *name);
 extern PyTypeObject dft_SpanWrapperType, dft_SpanIterType;
 /* traceable.c */
 extern PyTypeObject dft_SpanBaseType;
+int dft_traceable_ready(void); /* TraceableBase and its __enter__/__exit__ hooks */
+int dft_traceable_subclasses(void); /* at register(): the subclasses defined so far */
 /* shm_consumer.c */
 extern PyTypeObject dft_ShmReaderType;
 extern PyObject *dft_RingError;

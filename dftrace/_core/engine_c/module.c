@@ -10,7 +10,8 @@ recstate_t dft_calls = {0};
 hookstate_t dft_hooks = {0};
 PyObject *dft_update_slow = NULL; /* Node._update_py */
 PyObject *dft_gate = NULL;        /* dft_hooks.gate (borrowed): what a use forced on follows */
-slot_t dft_slot_frag, dft_slot_mask, dft_slot_args, dft_slot_obj, dft_slot_token;
+slot_t dft_slot_frag, dft_slot_mask, dft_slot_args, dft_slot_obj, dft_slot_token,
+    dft_slot_gate_on = {NULL, NULL, -1};
 
 /* ------------------------------------------------------------------------- */
 /* register(**objects): the one registration point                            */
@@ -46,6 +47,7 @@ static const reg_t REGISTRY[] = {
     {"span_stop_slow", &dft_hooks.span_stop_slow, CALLABLE},
     {"gate", &dft_hooks.gate, ANY},
     {"update_slow", &dft_update_slow, CALLABLE},
+    {"off_use", &dft_hooks.off_use, ANY},
 };
 #define NREG ((Py_ssize_t)(sizeof(REGISTRY) / sizeof(REGISTRY[0])))
 
@@ -77,7 +79,8 @@ static const reg_t REGISTRY[] = {
     "  call_slow       _Traceable._call_py: node(...) for all but node(args={...})\n" \
     "  span_stop_slow  Span._stop_py: Span.stop() for all but the common case\n" \
     "  gate            GATE, what a use forced on follows\n" \
-    "  update_slow     Node._update_py: update() for all but plain values"
+    "  update_slow     Node._update_py: update() for all but plain values\n" \
+    "  off_use         OFF_USE, what node(...) returns when off by configuration"
 
 static void find_slot(slot_t *s, PyObject *type, PyObject *name) {
     s->type = type && PyType_Check(type) ? (PyTypeObject *)type : NULL;
@@ -144,6 +147,10 @@ static PyObject *register_objects(PyObject *self, PyObject *args, PyObject *kwar
     find_slot(&dft_slot_obj, (PyObject *)dft_hooks.span, dft_str__obj);
     find_slot(&dft_slot_token, (PyObject *)dft_hooks.span, dft_str__token);
     dft_gate = dft_hooks.gate;
+    if (dft_gate)
+        find_slot(&dft_slot_gate_on, (PyObject *)Py_TYPE(dft_gate), dft_str_on);
+    if (dft_traceable_subclasses() < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -300,7 +307,7 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_speedups",
 PyMODINIT_FUNC PyInit__speedups(void) {
     if (intern_names() < 0)
         return NULL;
-    if (PyType_Ready(&dft_SpanWrapperType) < 0 || PyType_Ready(&dft_TraceableBaseType) < 0 ||
+    if (PyType_Ready(&dft_SpanWrapperType) < 0 || dft_traceable_ready() < 0 ||
         PyType_Ready(&dft_SpanIterType) < 0 || PyType_Ready(&dft_SpanBaseType) < 0 ||
         PyType_Ready(&dft_ShmReaderType) < 0)
         return NULL;

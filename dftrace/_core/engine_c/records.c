@@ -187,7 +187,10 @@ chunk_t *dft_detach(Py_ssize_t maxn, Py_ssize_t extra_per_rec, Py_ssize_t *ntake
 
 
 /* Forget everything buffered. */
+PyObject *dft_open_spans_cache = NULL;
+
 PyObject *dft_reset(PyObject *self, PyObject *unused) {
+    Py_CLEAR(dft_open_spans_cache);
     QLOCK();
     chunk_t *c = dft_head;
     dft_head = dft_tail = NULL;
@@ -204,6 +207,7 @@ PyObject *dft_reset(PyObject *self, PyObject *unused) {
    exist here, and the lists half changed. Start afresh; the parent's chunks are
    left as they are (not freed: they may be inconsistent). */
 PyObject *dft_after_fork(PyObject *self, PyObject *unused) {
+    Py_CLEAR(dft_open_spans_cache);
 #ifdef HAVE_WRITE_LOOP
     pthread_mutex_init(&dft_qlock, NULL);
     pthread_cond_init(&dft_qcond, NULL);

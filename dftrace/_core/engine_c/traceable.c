@@ -76,7 +76,11 @@ static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self
                       PyObject *x) {
     uint32_t kid = span_kid(self);
     PyObject *tid = stk_tid(stk);
+#if LONG_MAX == LLONG_MAX
+    long long t0 = PyLong_AsLong(PyTuple_GET_ITEM(ent, 0)); /* no byte-array conversion */
+#else
     long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
+#endif
     Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
     if (!tid || kid == 0xFFFFFFFFu || PyErr_Occurred()) {
         Py_XDECREF(tid);
@@ -125,6 +129,8 @@ done:
 }
 
 static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs == 3 && NOTHING_OPENED_EVER())
+        Py_RETURN_FALSE; /* tracing never started: nothing to close */
     long long t1 = now_ns();
     PyObject *stk = NULL, *open = NULL, *top, *ent;
     if (nargs != 3 || dft_calls.local == NULL)
@@ -204,40 +210,119 @@ static PyObject *call_method(PyObject *fn, PyObject *self, PyObject *args, PyObj
     return r;
 }
 
+static PyObject *Traceable_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames);
+
+static PyObject *Traceable_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *o = PyType_GenericNew(type, args, kwds);
+    if (o)
+        AS_T(o)->vectorcall = Traceable_vectorcall;
+    return o;
+}
+
+/* Off by configuration, node(fn) is fn itself and node(...) with options or args the
+   use that does nothing (OFF_USE); NULL: not such a call (`fn` NULL: no positional). */
+static PyObject *off_call(PyObject *fn) {
+    PyObject *r = (fn != NULL && fn != Py_None && !PyDict_Check(fn)) ? fn : dft_hooks.off_use;
+    Py_INCREF(r);
+    return r;
+}
+
+static int Traceable_clear(TraceableObject *t);
+
+/* Uses made by node(args=...) live for one with block: a few are kept for the next
+   ones (their memory, garbage-collector header included), as CPython keeps its
+   tuples. Only for Use itself (its instances have no __dict__ nor weakrefs), whose
+   tp_dealloc register() sets to use_dealloc. */
+#define USE_FREE_MAX 16
+static PyObject *use_free[USE_FREE_MAX];
+static int use_nfree = 0;
+static PyTypeObject *use_free_type = NULL; /* the class the kept memory is sized for */
+
+static void use_dealloc(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    PyObject_GC_UnTrack(o);
+    Traceable_clear(AS_T(o));
+    if (tp == use_free_type && use_nfree < USE_FREE_MAX)
+        use_free[use_nfree++] = o;
+    else
+        tp->tp_free(o);
+    Py_DECREF(tp);
+}
+
+static PyObject *use_alloc(void) {
+    PyTypeObject *tp = dft_hooks.use;
+    if (tp == use_free_type && use_nfree) {
+        PyObject *o = use_free[--use_nfree];
+        memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
+        PyObject_Init(o, tp); /* its type (held) and a reference count of 1 */
+        PyObject_GC_Track(o);
+        return o;
+    }
+    return tp->tp_alloc(tp, 0);
+}
+
+/* register(use_type=...): its instances are made and kept here. */
+static void use_type_registered(void) {
+    PyTypeObject *tp = dft_hooks.use;
+    while (use_nfree)
+        PyObject_GC_Del(use_free[--use_nfree]);
+    use_free_type = NULL;
+    if (tp && (tp->tp_flags & Py_TPFLAGS_HEAPTYPE) && tp->tp_dictoffset == 0 &&
+        tp->tp_weaklistoffset == 0 && tp->tp_basicsize == (Py_ssize_t)sizeof(TraceableObject) &&
+        (tp->tp_flags & Py_TPFLAGS_HAVE_GC) && tp->tp_finalize == NULL && tp->tp_del == NULL) {
+        tp->tp_dealloc = use_dealloc;
+        use_free_type = tp;
+    }
+}
+
+/* node(args=d) for a node and a plain dict: the Use made here, its args encoded once
+   (a snapshot) while the node records, else kept as given and encoded only if the
+   use is used after recording started. NULL without an error: not this case. */
+static PyObject *make_use(PyObject *self, PyObject *d) {
+    PyObject *node = d && PyDict_CheckExact(d) ? get_node(self) : NULL;
+    if (node == self && dft_hooks.use) {
+        PyObject *x = NULL, *raw = NULL;
+        if (PyDict_GET_SIZE(d) == 0) {
+            x = Py_None;
+            Py_INCREF(x);
+        } else if (is_on(self) > 0) {
+            x = dft_plain_extra(d);
+        } else {
+            raw = d; /* nothing records now: encoded only if it is used later */
+            Py_INCREF(raw);
+        }
+        PyObject *use = (x || raw) ? use_alloc() : NULL;
+        if (use) {
+            TraceableObject *u = AS_T(use);
+            Py_INCREF(self);
+            u->node = self;
+            u->extra = x;
+            u->raw = raw;
+            Py_INCREF(Py_None);
+            u->forced = Py_None;
+            u->vectorcall = Traceable_vectorcall;
+            Py_DECREF(node);
+            return use;
+        }
+        Py_XDECREF(raw);
+        Py_XDECREF(x);
+    }
+    Py_XDECREF(node);
+    PyErr_Clear();
+    return NULL;
+}
+
 /* node(args={...}) for a node that records now and plain args: the Use is made
    here (its args encoded once, a snapshot); everything else goes to Python. */
 static PyObject *Traceable_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    if (dft_off_for_good && dft_hooks.off_use && PyTuple_GET_SIZE(args) <= 1)
+        return off_call(PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL);
     if (dft_hooks.use && !dft_off_for_good && PyTuple_GET_SIZE(args) == 0 && kwargs &&
         PyDict_GET_SIZE(kwargs) == 1) {
-        PyObject *d = PyDict_GetItemWithError(kwargs, dft_str_args_kw);
-        PyObject *node = d && PyDict_CheckExact(d) ? get_node(self) : NULL;
-        if (node == self) {
-            PyObject *x = NULL, *raw = NULL;
-            if (PyDict_GET_SIZE(d) == 0) {
-                x = Py_None;
-                Py_INCREF(x);
-            } else if (is_on(self) > 0) {
-                x = dft_plain_extra(d);
-            } else {
-                raw = d; /* nothing records now: encoded only if it is used later */
-                Py_INCREF(raw);
-            }
-            PyObject *use = (x || raw) ? dft_hooks.use->tp_alloc(dft_hooks.use, 0) : NULL;
-            if (use) {
-                TraceableObject *u = AS_T(use);
-                Py_INCREF(self);
-                u->node = self;
-                u->extra = x;
-                u->raw = raw;
-                Py_INCREF(Py_None);
-                u->forced = Py_None;
-                Py_DECREF(node);
-                return use;
-            }
-            Py_XDECREF(raw);
-            Py_XDECREF(x);
-        }
-        Py_XDECREF(node);
+        PyObject *use = make_use(self, PyDict_GetItemWithError(kwargs, dft_str_args_kw));
+        if (use)
+            return use;
         PyErr_Clear();
     }
     if (dft_hooks.call_slow == NULL) {
@@ -261,6 +346,30 @@ static PyObject *call_slow(PyObject *fn, PyObject *self, PyObject *const *args, 
     return r;
 }
 
+/* node(...) as a vectorcall (no keyword dict built): node(args={...}) and the off
+   switch here, anything else in Python (call_slow). */
+static PyObject *Traceable_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (dft_off_for_good && dft_hooks.off_use && n <= 1)
+        return off_call(n ? args[0] : NULL);
+    if (n == 0 && nk == 1 && !dft_off_for_good &&
+        (PyTuple_GET_ITEM(kwnames, 0) == dft_str_args_kw ||
+         PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), dft_str_args_kw) == 0)) {
+        PyObject *use = make_use(self, args[0]);
+        if (use)
+            return use;
+        PyErr_Clear();
+    }
+    if (dft_hooks.call_slow == NULL) {
+        PyErr_SetString(PyExc_TypeError, "dftrace is not configured");
+        return NULL;
+    }
+    return call_slow(dft_hooks.call_slow, self, args, nargsf, kwnames);
+}
+
+static PyObject *span_alloc(void);
+
 static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
     if (PyVectorcall_NARGS(nargsf) || kwnames || dft_hooks.span == NULL || dft_calls.local == NULL)
@@ -276,7 +385,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         goto fail;
     extra = get_extra(self);
     open = extra ? stk_open(stk) : NULL;
-    spans = open ? PyObject_GetAttr(dft_hooks.state, dft_str_open_spans) : NULL;
+    spans = open ? open_spans() : NULL;
     if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
         goto fail;
     if (PyDict_GET_SIZE(spans) >= 16) { /* 16: the least max_open_spans accepts */
@@ -292,7 +401,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
     ent = open_entry(self, extra, stk);
     id = ent ? new_id() : NULL;
     token = id ? PyTuple_Pack(2, stk, id) : NULL;
-    span = token ? dft_hooks.span->tp_alloc(dft_hooks.span, 0) : NULL;
+    span = token ? span_alloc() : NULL;
     if (!span || slot_set(span, &dft_slot_obj, self) < 0 || slot_set(span, &dft_slot_token, token) < 0)
         goto fail;
     if (PyDict_SetItem(open, id, ent) < 0)
@@ -315,11 +424,13 @@ fail:
 
 static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames) {
+    if (NOTHING_OPENED_EVER() && !PyVectorcall_NARGS(nargsf) && !kwnames && is_on(self) == 0)
+        Py_RETURN_NONE; /* tracing never started: nothing to close, nothing to warn about */
     long long t1 = now_ns();
     PyObject *stk = NULL, *open = NULL, *spans = NULL;
     if (PyVectorcall_NARGS(nargsf) || kwnames || dft_hooks.span == NULL || dft_calls.local == NULL)
         goto slow;
-    spans = PyObject_GetAttr(dft_hooks.state, dft_str_open_spans);
+    spans = open_spans();
     if (!spans || !PyDict_Check(spans))
         goto slow;
     if (PyDict_GET_SIZE(spans) == 0) {
@@ -343,12 +454,11 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
     if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN ||
         PyTuple_GET_ITEM(ent, 1) != self)
         goto slow;
-    if (PyDict_Contains(spans, top) != 1)
-        goto slow;
+    if (PyDict_DelItem(spans, top) < 0)
+        goto slow; /* not a start() span (nothing changed) */
     Py_INCREF(ent);
     Py_INCREF(top);
-    if (PyDict_DelItem(spans, top) < 0 || PyDict_DelItem(open, top) < 0 ||
-        drop_top(stk) < 0)
+    if (PyDict_DelItem(open, top) < 0 || drop_top(stk) < 0)
         PyErr_Clear();
     int rc = emit_entry(ent, top, stk, self, t1, NULL);
     Py_DECREF(top);
@@ -376,10 +486,35 @@ static int put_kwargs(PyObject *d, PyObject *given, PyObject *const *kwv, PyObje
     if (given && given != Py_None && PyDict_Update(d, given) < 0)
         return -1;
     Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t k = 0; k < nk; k++)
-        if (PyDict_SetItem(d, PyTuple_GET_ITEM(kwnames, k), kwv[k]) < 0)
+    int fresh = PyDict_GET_SIZE(d) == 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        if (!fresh && PyDict_GetItemWithError(d, key) == kwv[k])
+            continue; /* the same value again (epoch=0 on every step) */
+        if (PyDict_SetItem(d, key, kwv[k]) < 0)
             return -1;
+    }
     return 0;
+}
+
+/* Move the last update's values (pend_names/pend_vals) into `pending`. */
+int dft_pending_flush(TraceableObject *t) {
+    PyObject *names = t->pend_names;
+    if (!names)
+        return 0;
+    t->pend_names = NULL;
+    int rc = 0;
+    Py_ssize_t nk = PyTuple_GET_SIZE(names);
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *v = t->pend_vals[k];
+        t->pend_vals[k] = NULL;
+        if (rc == 0 && t->pending && PyDict_Check(t->pending) &&
+            PyDict_SetItem(t->pending, PyTuple_GET_ITEM(names, k), v) < 0)
+            rc = -1;
+        Py_XDECREF(v);
+    }
+    Py_DECREF(names);
+    return rc;
 }
 
 static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -391,6 +526,32 @@ static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t 
     PyObject *given = n == 1 ? args[0] : NULL;
     int simple = n <= 1 && t->node == self &&
                  (given == NULL || given == Py_None || PyDict_CheckExact(given));
+    if (n == 0 && kwnames && t->pend_names == kwnames && t->node == self && dft_gate &&
+        is_on(dft_gate) == 0) {
+        /* the same call site again while nothing records: its new values replace
+           the last ones (ai.update(epoch=e, step=s) on every step) */
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
+            PyObject *old = t->pend_vals[k];
+            Py_INCREF(args[k]);
+            t->pend_vals[k] = args[k];
+            Py_XDECREF(old);
+        }
+        dft_sticky_gen++;
+        Py_RETURN_NONE;
+    }
+    if (t->pend_names && dft_pending_flush(t) < 0)
+        PyErr_Clear();
+    if (n == 0 && kwnames && PyTuple_GET_SIZE(kwnames) <= PEND_MAX && t->node == self &&
+        t->pending && PyDict_CheckExact(t->pending) && dft_gate && is_on(dft_gate) == 0) {
+        Py_INCREF(kwnames);
+        t->pend_names = kwnames;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
+            Py_INCREF(args[k]);
+            t->pend_vals[k] = args[k];
+        }
+        dft_sticky_gen++;
+        Py_RETURN_NONE;
+    }
     if (simple && t->pending && PyDict_CheckExact(t->pending) && dft_gate && is_on(dft_gate) == 0) {
         /* nothing records: keep the values as given, encode them when something does */
         if (put_kwargs(t->pending, given, args + n, kwnames) < 0) {
@@ -430,9 +591,6 @@ static PyMethodDef Traceable_methods[] = {
     {"update", (PyCFunction)(void (*)(void))Traceable_update, METH_FASTCALL | METH_KEYWORDS,
      "update(args=None, /, **kwargs): sticky args on the spans of this node and its subtree "
      "that start from now on."},
-    {"__enter__", Traceable_enter, METH_NOARGS, "Open a span of this node (nothing when off)."},
-    {"__exit__", (PyCFunction)(void (*)(void))Traceable_exit, METH_FASTCALL,
-     "Close the span opened by __enter__; exceptions propagate unchanged."},
     {"start", (PyCFunction)(void (*)(void))Traceable_start, METH_FASTCALL | METH_KEYWORDS,
      "start(metadata=False) -> Span: open a span closed by a later stop() (hook style). "
      "With metadata=True write a CM event <name>.start with the time instead."},
@@ -440,6 +598,127 @@ static PyMethodDef Traceable_methods[] = {
      "stop(span=None, metadata=False): close the span from start() (the innermost open "
      "one of this node on the caller's thread/task, or `span`)."},
     {NULL, NULL, 0, NULL}};
+
+/* __enter__ / __exit__: descriptors that hand out the traceable's own hooks (hook_t,
+   engine.h) instead of a new bound method per lookup. */
+static PyMethodDef enter_def = {"__enter__", Traceable_enter, METH_NOARGS,
+                                "Open a span of this node (nothing when off)."};
+static PyMethodDef exit_def = {"__exit__", (PyCFunction)(void (*)(void))Traceable_exit, METH_FASTCALL,
+                               "Close the span opened by __enter__; exceptions propagate unchanged."};
+
+static PyObject *hook_enter_call(PyObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) || (kwnames && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "__enter__() takes no arguments");
+        return NULL;
+    }
+    return Traceable_enter(((hook_t *)h)->owner, NULL);
+}
+
+static PyObject *hook_exit_call(PyObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (kwnames && PyTuple_GET_SIZE(kwnames)) {
+        PyErr_SetString(PyExc_TypeError, "__exit__() takes no keyword arguments");
+        return NULL;
+    }
+    return Traceable_exit(((hook_t *)h)->owner, args, PyVectorcall_NARGS(nargsf));
+}
+
+/* The last holder let the hook go: drop the owner (the memory is the owner's). */
+static void hook_dealloc(PyObject *h) {
+    PyObject *owner = ((hook_t *)h)->owner;
+    ((hook_t *)h)->owner = NULL;
+    Py_XDECREF(owner);
+}
+
+static PyObject *hook_repr(PyObject *h) {
+    PyObject *owner = ((hook_t *)h)->owner;
+    const char *name = ((hook_t *)h)->vectorcall == hook_enter_call ? "__enter__" : "__exit__";
+    return owner ? PyUnicode_FromFormat("<bound method %s of %R>", name, owner)
+                 : PyUnicode_FromFormat("<unbound %s>", name);
+}
+
+static PyTypeObject HookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._core._speedups.BoundHook",
+    .tp_basicsize = sizeof(hook_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A node's or use's __enter__ or __exit__, bound.",
+    .tp_dealloc = hook_dealloc,
+    .tp_repr = hook_repr,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(hook_t, vectorcall),
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyMethodDef *def;
+} hookdescr_t;
+
+static PyObject *hookdescr_get(PyObject *d, PyObject *obj, PyObject *type) {
+    PyMethodDef *def = ((hookdescr_t *)d)->def;
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(d);
+        return d;
+    }
+#ifdef DFT_INLINE_HOOKS
+    if (IS_T(obj)) {
+        TraceableObject *t = AS_T(obj);
+        hook_t *h = def == &enter_def ? &t->enter_hook : &t->exit_hook;
+        if (Py_REFCNT(h) == 0) {
+            Py_SET_TYPE(h, &HookType);
+            Py_SET_REFCNT(h, 1);
+            h->vectorcall = def == &enter_def ? hook_enter_call : hook_exit_call;
+            Py_INCREF(obj);
+            h->owner = obj;
+        } else {
+            Py_INCREF(h);
+        }
+        return (PyObject *)h;
+    }
+#endif
+    return PyCFunction_NewEx(def, obj, NULL);
+}
+
+/* TraceableBase.__enter__(node) called on the class. */
+static PyObject *hookdescr_call(PyObject *d, PyObject *args, PyObject *kwargs) {
+    PyMethodDef *def = ((hookdescr_t *)d)->def;
+    if (PyTuple_GET_SIZE(args) < 1 || !IS_T(PyTuple_GET_ITEM(args, 0))) {
+        PyErr_Format(PyExc_TypeError, "%s() needs a node or use", def->ml_name);
+        return NULL;
+    }
+    PyObject *bound = PyCFunction_NewEx(def, PyTuple_GET_ITEM(args, 0), NULL);
+    PyObject *rest = bound ? PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args)) : NULL;
+    PyObject *r = rest ? PyObject_Call(bound, rest, kwargs) : NULL;
+    Py_XDECREF(rest);
+    Py_XDECREF(bound);
+    return r;
+}
+
+static PyObject *hookdescr_name(PyObject *d, void *c) {
+    return PyUnicode_FromString(((hookdescr_t *)d)->def->ml_name);
+}
+
+static PyObject *hookdescr_doc(PyObject *d, void *c) {
+    return PyUnicode_FromString(((hookdescr_t *)d)->def->ml_doc);
+}
+
+static PyGetSetDef hookdescr_getset[] = {
+    {"__name__", hookdescr_name, NULL, NULL, NULL},
+    {"__doc__", hookdescr_doc, NULL, NULL, NULL},
+    {NULL}};
+
+static PyTypeObject HookDescrType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._core._speedups.HookDescriptor",
+    .tp_basicsize = sizeof(hookdescr_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "TraceableBase.__enter__ / __exit__: hands out each traceable's own bound hook.",
+    .tp_descr_get = hookdescr_get,
+    .tp_call = hookdescr_call,
+    .tp_getset = hookdescr_getset,
+};
+
+static hookdescr_t enter_descr = {PyObject_HEAD_INIT(&HookDescrType) & enter_def};
+static hookdescr_t exit_descr = {PyObject_HEAD_INIT(&HookDescrType) & exit_def};
 
 static int Traceable_traverse(TraceableObject *t, visitproc visit, void *arg) {
     Py_VISIT(t->node);
@@ -451,6 +730,9 @@ static int Traceable_traverse(TraceableObject *t, visitproc visit, void *arg) {
     Py_VISIT(t->parent);
     Py_VISIT(t->own);
     Py_VISIT(t->pending);
+    Py_VISIT(t->pend_names);
+    for (int k = 0; k < PEND_MAX; k++)
+        Py_VISIT(t->pend_vals[k]);
     return 0;
 }
 
@@ -464,6 +746,9 @@ static int Traceable_clear(TraceableObject *t) {
     Py_CLEAR(t->parent);
     Py_CLEAR(t->own);
     Py_CLEAR(t->pending);
+    Py_CLEAR(t->pend_names);
+    for (int k = 0; k < PEND_MAX; k++)
+        Py_CLEAR(t->pend_vals[k]);
     return 0;
 }
 
@@ -483,8 +768,30 @@ static int Traceable_set_extra(PyObject *self, PyObject *value, void *closure) {
     return 0;
 }
 
+/* _pending: read, it holds every update made while nothing recorded. */
+static PyObject *Traceable_get_pending(PyObject *self, void *closure) {
+    TraceableObject *t = AS_T(self);
+    if (t->pend_names && dft_pending_flush(t) < 0)
+        return NULL;
+    PyObject *p = t->pending ? t->pending : Py_None;
+    Py_INCREF(p);
+    return p;
+}
+
+static int Traceable_set_pending(PyObject *self, PyObject *value, void *closure) {
+    TraceableObject *t = AS_T(self);
+    Py_CLEAR(t->pend_names);
+    for (int k = 0; k < PEND_MAX; k++)
+        Py_CLEAR(t->pend_vals[k]);
+    Py_XINCREF(value);
+    Py_XSETREF(t->pending, value);
+    return 0;
+}
+
 static PyGetSetDef Traceable_getset[] = {
     {"_extra", Traceable_get_extra, Traceable_set_extra, "the use's own args (an Extra or None)", NULL},
+    {"_pending", Traceable_get_pending, Traceable_set_pending,
+     "sticky args given while nothing recorded (a dict)", NULL},
     {NULL}};
 
 static PyMemberDef Traceable_members[] = {
@@ -498,18 +805,18 @@ static PyMemberDef Traceable_members[] = {
     {"_bkid", T_UINT, offsetof(TraceableObject, bkid), 0, NULL},
     {"_parent", T_OBJECT, offsetof(TraceableObject, parent), 0, NULL},
     {"_own", T_OBJECT, offsetof(TraceableObject, own), 0, NULL},
-    {"_pending", T_OBJECT, offsetof(TraceableObject, pending), 0, NULL},
     {NULL}};
 
 PyTypeObject dft_TraceableBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dftrace._core._speedups.TraceableBase",
     .tp_basicsize = sizeof(TraceableObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "C __call__, __enter__/__exit__ and start()/stop() for dftrace nodes and uses, "
               "with the fields they read.",
-    .tp_new = PyType_GenericNew,
+    .tp_new = Traceable_new,
     .tp_call = Traceable_call,
+    .tp_vectorcall_offset = offsetof(TraceableObject, vectorcall),
     .tp_methods = Traceable_methods,
     .tp_members = Traceable_members,
     .tp_getset = Traceable_getset,
@@ -517,6 +824,103 @@ PyTypeObject dft_TraceableBaseType = {
     .tp_clear = (inquiry)Traceable_clear,
     .tp_dealloc = (destructor)Traceable_dealloc,
 };
+
+int dft_traceable_ready(void) {
+    if (PyType_Ready(&HookType) < 0 || PyType_Ready(&HookDescrType) < 0 ||
+        PyType_Ready(&dft_TraceableBaseType) < 0)
+        return -1;
+    if (PyDict_SetItemString(dft_TraceableBaseType.tp_dict, "__enter__", (PyObject *)&enter_descr) < 0 ||
+        PyDict_SetItemString(dft_TraceableBaseType.tp_dict, "__exit__", (PyObject *)&exit_descr) < 0)
+        return -1;
+    PyType_Modified(&dft_TraceableBaseType);
+    return 0;
+}
+
+PyTypeObject *dft_t_known[T_KNOWN];
+
+/* The subclasses of TraceableBase defined so far (the tree's, at register()): each
+   is remembered for IS_T, and one that keeps the C __call__ is called with
+   vectorcall, as Python 3.12 and later do for such classes themselves. */
+static int tag_subclasses(PyTypeObject *base) {
+    PyObject *subs = PyObject_CallMethod((PyObject *)base, "__subclasses__", NULL);
+    if (!subs)
+        return -1;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(subs); k++) {
+        PyTypeObject *tp = (PyTypeObject *)PyList_GET_ITEM(subs, k);
+        int known = 0;
+        for (int j = 0; j < T_KNOWN && dft_t_known[j]; j++)
+            known |= dft_t_known[j] == tp;
+        for (int j = 0; j < T_KNOWN && !known; j++)
+            if (!dft_t_known[j]) {
+                Py_INCREF(tp);
+                dft_t_known[j] = tp;
+                known = 1;
+            }
+        if (tp->tp_call == Traceable_call &&
+            tp->tp_vectorcall_offset == offsetof(TraceableObject, vectorcall))
+            tp->tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
+        if (tag_subclasses(tp) < 0) {
+            Py_DECREF(subs);
+            return -1;
+        }
+    }
+    Py_DECREF(subs);
+    return 0;
+}
+
+/* The Span start() returns lives until its stop() (node.start() alone: at once):
+   a few are kept for the next ones, as for uses. */
+#define SPAN_FREE_MAX 16
+static PyObject *span_free[SPAN_FREE_MAX];
+static int span_nfree = 0;
+static PyTypeObject *span_free_type = NULL;
+
+static void span_dealloc(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    PyObject_GC_UnTrack(o);
+    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_obj.off));
+    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_token.off));
+    if (tp == span_free_type && span_nfree < SPAN_FREE_MAX)
+        span_free[span_nfree++] = o;
+    else
+        tp->tp_free(o);
+    Py_DECREF(tp);
+}
+
+static PyObject *span_alloc(void) {
+    PyTypeObject *tp = dft_hooks.span;
+    if (tp == span_free_type && span_nfree) {
+        PyObject *o = span_free[--span_nfree];
+        memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
+        PyObject_Init(o, tp);
+        PyObject_GC_Track(o);
+        return o;
+    }
+    return tp->tp_alloc(tp, 0);
+}
+
+static void span_type_registered(void) {
+    PyTypeObject *tp = dft_hooks.span;
+    while (span_nfree)
+        PyObject_GC_Del(span_free[--span_nfree]);
+    span_free_type = NULL;
+    if (tp && (tp->tp_flags & Py_TPFLAGS_HEAPTYPE) && (tp->tp_flags & Py_TPFLAGS_HAVE_GC) &&
+        tp->tp_dictoffset == 0 && tp->tp_weaklistoffset == 0 && tp->tp_finalize == NULL &&
+        tp->tp_del == NULL && dft_slot_obj.type == tp && dft_slot_token.type == tp &&
+        dft_slot_obj.off >= 0 && dft_slot_token.off >= 0 &&
+        tp->tp_basicsize == (Py_ssize_t)(sizeof(PyObject) + 2 * sizeof(PyObject *))) {
+        tp->tp_dealloc = span_dealloc;
+        span_free_type = tp;
+    }
+}
+
+int dft_traceable_subclasses(void) {
+    if (dft_hooks.span != span_free_type)
+        span_type_registered();
+    if (dft_hooks.use != use_free_type)
+        use_type_registered();
+    return tag_subclasses(&dft_TraceableBaseType);
+}
 
 /* ------------------------------------------------------------------------- */
 /* SpanBase: Span.stop(args=None) for the token start() returned              */
@@ -540,14 +944,14 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
         Py_RETURN_NONE;
     }
     obj = slot_get(self, &dft_slot_obj);
-    spans = (obj && dft_hooks.state) ? PyObject_GetAttr(dft_hooks.state, dft_str_open_spans) : NULL;
+    spans = obj ? open_spans() : NULL;
     if (!spans || !PyDict_Check(spans) || !PyTuple_Check(token) || PyTuple_GET_SIZE(token) != 2)
         goto slow;
     PyObject *stk = PyTuple_GET_ITEM(token, 0), *id = PyTuple_GET_ITEM(token, 1);
     if (!PyList_Check(stk) || PyList_GET_SIZE(stk) < 2 || PyList_GET_ITEM(stk, PyList_GET_SIZE(stk) - 1) != id)
         goto slow;
     open = stk_open(stk);
-    if (!open || !PyDict_Check(open) || PyDict_Contains(spans, id) != 1)
+    if (!open || !PyDict_Check(open))
         goto slow;
     PyObject *ent = PyDict_GetItemWithError(open, id);
     if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN || PyTuple_GET_ITEM(ent, 1) != obj)
@@ -566,10 +970,12 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
         if (!y)
             goto slow;
     }
+    if (PyDict_DelItem(spans, id) < 0)
+        goto slow; /* not open (nothing changed) */
     Py_INCREF(ent);
     Py_INCREF(id);
     Py_INCREF(stk);
-    if (PyDict_DelItem(spans, id) < 0 || PyDict_DelItem(open, id) < 0 ||
+    if (PyDict_DelItem(open, id) < 0 ||
         drop_top(stk) < 0 || slot_set(self, &dft_slot_token, Py_None) < 0)
         PyErr_Clear();
     int rc = emit_entry(ent, id, stk, obj, t1, y);
