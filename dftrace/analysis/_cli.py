@@ -161,6 +161,11 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
             except ImportError as exc:
                 print(f"dftrace: error: {missing_extra_message(exc, command) or exc}", file=sys.stderr)
                 return 2
+            except BrokenPipeError:
+                # the reader of the output went away (`| head`): stop quietly, and keep
+                # the interpreter's last flush of stdout from failing again
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
             except (OSError, ValueError, argparse.ArgumentTypeError) as exc:
                 print(f"dftrace: error: {_printable(str(exc))}", file=sys.stderr)
                 return 2

@@ -278,3 +278,20 @@ def test_merge_output_is_sorted_by_rank_then_time(run_dir, tmp_path):
     frame = pl.DataFrame({"pid": [e["pid"] for e in events], "ts": [e["ts"] for e in events]})
     assert frame.get_column("pid").to_list() == sorted(frame.get_column("pid").to_list())
     assert all(group.get_column("ts").is_sorted() for group in frame.partition_by("pid"))
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """`dftrace summary --json | head` and the like: when the reader of the output
+    goes away, the command stops with exit status 0 and says nothing."""
+    from pathlib import Path
+
+    job = Path(__file__).resolve().parents[1] / "data" / "gpu-h200"
+    for argv in (["summary", "--json", "--no-index", str(job)], ["sql", "SELECT * FROM events", str(job)]):
+        proc = subprocess.Popen([sys.executable, "-m", "dftrace", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.read(16)  # what `head -c 16` takes
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=300) == 0, err
+        assert b"Broken pipe" not in err and b"Traceback" not in err, err
