@@ -84,8 +84,8 @@ def sanitize(v: Any, max_len: int = 1024, _depth: int = 0) -> Any:
     try:
         if isinstance(v, bool):
             return bool(v)
-        if isinstance(v, int):
-            return int(v)
+        if isinstance(v, int):  # an int subclass (IntEnum, ...): the same rule as an int
+            return sanitize(int(v), max_len)
         if isinstance(v, float):
             return sanitize(float(v), max_len)
         if isinstance(v, str):

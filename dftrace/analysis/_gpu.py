@@ -462,7 +462,6 @@ def gpu_steps(activity: pl.DataFrame | None, process_steps: pl.DataFrame, resolu
     waits = sync_waits(activity)
     # what the profiler recorded: its ProfilerStep#N spans, else all its activity
     marked = activity.filter(pl.col("step").is_not_null())
-    recorded = activity.group_by("proc").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
     rows = []
     for (proc,), steps in process_steps.filter(pl.col("proc").is_in(device.get_column("proc").unique().implode())
                                                ).partition_by("proc", as_dict=True).items():
@@ -479,8 +478,9 @@ def gpu_steps(activity: pl.DataFrame | None, process_steps: pl.DataFrame, resolu
         first, last = np.searchsorted(at, lo, side="left"), np.searchsorted(at, hi, side="left")
         process = resolution.processes[proc]
         windows = marked.filter(pl.col("proc") == proc)
-        if not windows.height:
-            windows = recorded.filter(pl.col("proc") == proc)
+        if not windows.height:  # no ProfilerStep spans: the span of its activity
+            windows = activity.filter(pl.col("proc") == proc).select(pl.col("start_ns").min(),
+                                                                     pl.col("end_ns").max())
         profiled = _covered(windows, lo, hi)
         for i, step in enumerate(steps.iter_rows(named=True)):
             span_ns = hi[i] - lo[i]
