@@ -404,14 +404,19 @@ def _change_interval(base: Sequence[float | None], new: Sequence[float | None]) 
         return sum((v - m) ** 2 for v in x) / (len(x) - 1)
 
     vb, vn = var(b), var(n)
-    vb = vn if vb is None else vb
-    vn = vb if vn is None else vn
+    # each variance's degrees of freedom; a borrowed one is as uncertain as its source
+    # (counting it as known made 2 runs against 1 look like 9 degrees of freedom)
+    db, dn = len(b) - 1, len(n) - 1
+    if vb is None:
+        vb, db = vn, dn
+    if vn is None:
+        vn, dn = vb, db
     a, c = vb / len(b), vn / len(n)  # type: ignore[operator]
     se = math.sqrt(a + c)
     if se == 0:
         dof = len(b) + len(n) - 2
     else:
-        parts = (a * a / (len(b) - 1) if len(b) > 1 else 0) + (c * c / (len(n) - 1) if len(n) > 1 else 0)
+        parts = a * a / db + c * c / dn
         dof = (a + c) ** 2 / parts if parts else len(b) + len(n) - 2
     t = _t975(dof)
     change = sum(n) / len(n) - sum(b) / len(b)
