@@ -290,6 +290,49 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         start = _start_py
         stop = _stop_py
 
+    # spans known after the fact -----------------------------------------------
+    def record(self, t0: int, t1: int, args: dict[str, Any] | None = None) -> None:
+        """Record a span of this event that already happened, from ``t0`` to ``t1``.
+
+        The times are ints on dftrace's clock, ``time.perf_counter_ns()`` nanoseconds
+        (read it before and after the work, or convert another clock's times to it).
+        The span nests inside the caller's innermost open span, carries the sticky
+        args in force now (those of :meth:`update`), then this use's own args, then
+        ``args`` (encoded now: later changes to the dict are not written). Nothing is
+        recorded while this node does not record; times that are not ints, or
+        ``t1 < t0``, record nothing and warn once per node."""
+        if not self._on:
+            return
+        try:
+            node = self._node
+            if (type(t0) is not int or type(t1) is not int) and not _int_times(t0, t1):
+                STATE.warn_once("record-times:" + node.path,
+                                f"{node.path}.record(t0, t1): times must be ints "
+                                f"(time.perf_counter_ns()); got {type(t0).__name__} and "
+                                f"{type(t1).__name__}; nothing recorded")
+                return
+            if not _MIN_NS <= t0 <= t1 <= _MAX_NS:
+                STATE.warn_once("record-order:" + node.path,
+                                f"{node.path}.record(t0, t1): needs t0 <= t1, both 64-bit "
+                                f"nanoseconds (got t0={t0}, t1={t1}); nothing recorded")
+                return
+            extra = self._extra
+            if args:
+                extra = Extra.joined(extra, _engine.to_extra(args))
+            _engine.record_finished(node._kid, int(t0), int(t1), extra, _engine.sticky_of(node))
+        except Exception:
+            pass
+
+
+#: The range of times a record holds (64-bit signed nanoseconds).
+_MIN_NS = -(1 << 63)
+_MAX_NS = (1 << 63) - 1
+
+
+def _int_times(t0: Any, t1: Any) -> bool:
+    """True for int subclasses (not bools): ``record`` takes them as ints."""
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in (t0, t1))
+
 
 class Node(_Traceable):
     """One event of the tree, e.g. ``ai.compute.forward``."""
