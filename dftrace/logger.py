@@ -24,13 +24,23 @@ import time
 from typing import Any, Callable, Iterable, TypeVar
 
 from ._core import engine as _engine
-from ._core.records import kind_id
 from ._core.tree import Node, ai
 from ._core.session import finalize, initialize, session
 
 __all__ = ["ai", "dftracer", "dft_fn"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+#: The events ``log_event`` writes: a node (with no sticky args) per name and category.
+_LOGGED: dict[tuple[str, str], Node] = {}
+
+
+def _logged_event(name: str, cat: str) -> Node:
+    node = _LOGGED.get((name, cat))
+    if node is None:
+        node = _LOGGED[(name, cat)] = Node(name, cat)
+    return node
 
 
 class dftracer:  # noqa: N801 - DFTracer's spelling
@@ -92,7 +102,7 @@ class dftracer:  # noqa: N801 - DFTracer's spelling
                     args[k] = v[1] if isinstance(v, tuple) and len(v) == 2 else v
             t0 = int(start_time) * 1000 - s.offset_ns
             t1 = t0 + int(duration) * 1000
-            _engine.record_finished(kind_id(str(name), str(cat)), t0, t1, args)
+            _logged_event(str(name), str(cat)).record(t0, t1, args)
         except Exception:
             pass
 

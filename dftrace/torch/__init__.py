@@ -58,7 +58,7 @@ from ._data import (TracedCollate, TracedDataLoader, TracedDataset,
                           trace_dataset)
 from ._dist import DistributedTracing, trace_ddp, trace_distributed
 from ._profiler import StepProfiler, profile_steps
-from .._hooks import call_in_span, error_args, guarded, warn_once
+from .._hooks import call_in_span, guarded, warn_once
 from ._workers import WorkerInit, worker_init_fn
 
 __all__ = [
@@ -402,18 +402,7 @@ class _ModuleSpans:
             except Exception as exc:
                 _skipped(exc)
                 extra = dict(base)
-            span = node.start()
-            try:
-                out = forward(*args, **kwargs)
-            except BaseException as exc:
-                span.stop(error_args(extra, exc))
-                raise
-            try:
-                extra["output_shapes"] = shapes(out)
-            except Exception as exc:
-                _skipped(exc)
-            span.stop(extra)
-            return out
+            return call_in_span(node, forward, args, kwargs, extra, _output_shapes)
 
         return traced_forward
 
@@ -438,6 +427,15 @@ _NO_FORWARD: Any = object()  # a module without a forward attribute of its own
 
 def _skipped(exc: BaseException) -> None:
     warn_once("trace_modules.shapes", f"trace_modules: recording shapes failed and was skipped: {exc!r}")
+
+
+def _output_shapes(out: Any) -> dict[str, Any] | None:
+    """``args.output_shapes`` of a traced forward's result (a failure warns once)."""
+    try:
+        return {"output_shapes": shapes(out)}
+    except Exception as exc:
+        _skipped(exc)
+        return None
 
 
 class ModuleTracing:

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from .._core import session as _session
 from .._core.config import env_disabled
 from .._core.tree import ai
-from .._hooks import call_in_span, error_args, warn_once
+from .._hooks import call_in_span, warn_once
 
 __all__ = ["TracedDataLoader", "TracedDataset", "TracedIterableDataset", "TracedCollate",
            "trace_dataloader", "trace_dataset", "trace_collate"]
@@ -31,6 +31,14 @@ _ITEM = ai.data.item
 _COLLATE = ai.data.preprocess.derive("collate")
 _FETCH = ai.dataloader.fetch
 _FETCH_INIT = ai.dataloader.fetch.init
+
+# What ``next`` returns for an exhausted iterator in ``TracedIterableDataset``.
+_EXHAUSTED: Any = object()
+
+
+def _exhausted_args(item: Any) -> dict[str, Any] | None:
+    return {"exhausted": True} if item is _EXHAUSTED else None
+
 
 # Set once a worker tried to start tracing, so a failure is not retried per item.
 _worker_start_tried = False
@@ -145,24 +153,11 @@ class TracedIterableDataset(_Wrapper, IterableDataset):
         # keeps items across batches, so "holding" one has no meaningful extent.
         count = 0
         while True:
-            if not _ITEM.enabled:
-                try:
-                    item = next(it)
-                except StopIteration:
-                    return
-                yield item
-                continue
-            span = _ITEM.start()
-            try:
-                item = next(it)
-            except StopIteration:
-                span.stop({"count": count + 1, "exhausted": True})
+            item = call_in_span(_ITEM, next, (it, _EXHAUSTED), args={"count": count + 1},
+                                after=_exhausted_args)
+            if item is _EXHAUSTED:
                 return
-            except BaseException as exc:
-                span.stop(error_args({"count": count + 1}, exc))
-                raise
             count += 1
-            span.stop({"count": count})
             yield item
 
     def __repr__(self) -> str:

@@ -365,13 +365,7 @@ class _BackwardWait:
 
     def _record(self) -> None:
         self.pending = False
-        try:
-            t1 = _engine.clock()
-            if self.node.enabled:
-                _engine.record_finished(self.node._kid, self.last, t1, None,
-                                        _engine.sticky_of(self.node))
-        except Exception:
-            pass
+        self.node.record(self.last, _engine.clock())
 
 
 def _autograd_engine() -> Any:
