@@ -32,8 +32,8 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
 import threading
 from typing import Any
 
-from ._hooks import guarded as _guarded
-from ._core.tree import Node, Span, ai
+from ._hooks import OpenSpans, guarded as _guarded
+from ._core.tree import Node, ai
 
 __all__ = ["TraceHook"]
 
@@ -73,20 +73,16 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
         self._read_global_step = bool(read_global_step)
         self._global_step: Any = None
         self._runs = 0
-        self._session_span: Span | None = None
-        self._run_span: tuple[Span, dict[str, Any]] | None = None
+        # "session" (begin to end) and "run" (before_run to after_run)
+        self._spans = OpenSpans()
 
     # -- spans -----------------------------------------------------------------
     def _close_run(self, **more: Any) -> None:
-        ent, self._run_span = self._run_span, None
-        if ent is not None:
-            ent[0].stop({**ent[1], **more})
+        self._spans.close("run", **more)
 
     def _close_all(self, **more: Any) -> None:
         self._close_run(**more)
-        span, self._session_span = self._session_span, None
-        if span is not None:
-            span.stop(more or None)
+        self._spans.close("session", **more)
 
     # -- SessionRunHook --------------------------------------------------------
     @_guarded
@@ -95,8 +91,7 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
         self._close_all(incomplete=True)
         self._runs = 0
         self._global_step = _global_step_read() if self._read_global_step else None
-        if self._phase.enabled:
-            self._session_span = self._phase.start()
+        self._spans.open("session", self._phase)
 
     @_guarded
     def after_create_session(self, session: Any, coord: Any) -> None:
@@ -104,25 +99,23 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
 
     @_guarded
     def before_run(self, run_context: Any) -> None:
-        if self._run_span is not None:  # the last run raised: no after_run came
-            self._close_run(incomplete=True)
-        node = ai.compute
-        if not node.enabled:
-            return None
-        self._run_span = (node.start(), {"step": self._runs})
-        if self._global_step is None:
+        # A run still open is closed first, flagged incomplete: the last run raised
+        # and no after_run came.
+        self._spans.open("run", ai.compute, step=self._runs)
+        if not self._spans.is_open("run") or self._global_step is None:
             return None
         return tf.compat.v1.train.SessionRunArgs(self._global_step)
 
     @_guarded
     def after_run(self, run_context: Any, run_values: Any) -> None:
         self._runs += 1
-        if self._run_span is not None and self._global_step is not None:
+        more: dict[str, Any] = {}
+        if self._spans.is_open("run") and self._global_step is not None:
             try:
-                self._run_span[1]["step"] = int(run_values.results)
+                more["step"] = int(run_values.results)
             except Exception:
                 pass
-        self._close_run()
+        self._close_run(**more)
 
     @_guarded
     def end(self, session: Any) -> None:
