@@ -211,12 +211,72 @@ PyObject *dft_plain_fragment_py(PyObject *self, PyObject *d) {
 }
 
 
+/* Decimal digits of u < 2^32 in 32-bit arithmetic (ids, tids, levels, counts). */
+static inline char *put_u32(char *o, uint32_t u) {
+    int n = u < 100000 ? (u < 100 ? (u < 10 ? 1 : 2) : u < 1000 ? 3 : u < 10000 ? 4 : 5)
+                       : u < 10000000 ? (u < 1000000 ? 6 : 7)
+                       : u < 100000000 ? 8 : u < 1000000000 ? 9 : 10;
+    char *end = o + n, *t = end;
+    while (u >= 100) {
+        uint32_t q = u / 100;
+        t -= 2;
+        memcpy(t, DIGIT_PAIRS + 2 * (u - q * 100), 2);
+        u = q;
+    }
+    if (u >= 10)
+        memcpy(t - 2, DIGIT_PAIRS + 2 * u, 2);
+    else
+        t[-1] = (char)('0' + u);
+    return end;
+}
+
+static inline char *put_num(char *o, unsigned long long u) {
+    return u <= 0xFFFFFFFFULL ? put_u32(o, (uint32_t)u) : put_uint(o, u);
+}
+
+/* Exactly eight digits of v < 10^8, leading zeros included. */
+static inline char *put8(char *o, uint32_t v) {
+    uint32_t a = v / 10000, b = v - a * 10000;
+    uint32_t a1 = a / 100, b1 = b / 100;
+    memcpy(o, DIGIT_PAIRS + 2 * a1, 2);
+    memcpy(o + 2, DIGIT_PAIRS + 2 * (a - a1 * 100), 2);
+    memcpy(o + 4, DIGIT_PAIRS + 2 * b1, 2);
+    memcpy(o + 6, DIGIT_PAIRS + 2 * (b - b1 * 100), 2);
+    return o + 8;
+}
+
+/* n bytes of a piece (a kind's, the pid's, the hhash's, a record's args): up to 64
+   bytes as two overlapping fixed-size copies, no call. */
+static inline char *put_piece(char *o, const char *s, Py_ssize_t n) {
+    if (n >= 16 && n <= 32) {
+        memcpy(o, s, 16);
+        memcpy(o + n - 16, s + n - 16, 16);
+        return o + n;
+    }
+    if (n > 32 && n <= 64) {
+        memcpy(o, s, 32);
+        memcpy(o + n - 32, s + n - 32, 32);
+        return o + n;
+    }
+    return put(o, s, n);
+}
+
+#define TS_LOW 100000000LL /* a timestamp's last eight digits change; the rest rarely */
+
 /* The JSON lines of records [from, to) of a chunk whose args are in `arena`; the
-   one encoder of both the in-process writer and the drainer. */
+   one encoder of both the in-process writer and the drainer. The piece from the
+   pid to the timestamp's leading digits is the same line after line (one thread,
+   the same 100 s): it is kept, and rebuilt only when the tid or those digits change. */
 char *dft_encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
                          const char *arena, const kind_t *ks, Py_ssize_t nk, const char *pidp,
                          Py_ssize_t npid, const char *hhp, Py_ssize_t nhh, long long off,
                          long long min_id) {
+    /* `,"pid":P,"tid":T,"ts":` + the leading digits of ts, for (pre_tid, pre_hi) */
+    char pre[128];
+    Py_ssize_t npre = 0;
+    unsigned long long pre_tid = 0;
+    long long pre_hi = -1;
+    int cached = npid <= (Py_ssize_t)sizeof(pre) - 48;
     for (uint32_t k = from; k < to; k++) {
         const rec_t *r = &recs[k];
         if ((r->level_flags >> LEVEL_BITS) & F_RAW) {
@@ -228,26 +288,44 @@ char *dft_encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
         long long ts = (r->t0 + off) / 1000;
         long long dur = (r->t1 + off) / 1000 - ts;
         o = put(o, LIT("{\"id\":"));
-        o = put_uint(o, r->id);
+        o = put_num(o, r->id);
         if (r->kind < nk)
-            o = put(o, ks[r->kind].piece, ks[r->kind].n);
+            o = put_piece(o, ks[r->kind].piece, ks[r->kind].n);
         else
             o = put(o, LIT(",\"name\":\"?\",\"cat\":\"dftrace\""));
-        o = put(o, pidp, npid);
-        o = put_uint(o, r->tid);
-        o = put(o, LIT(",\"ts\":"));
-        o = put_int(o, ts);
+        if (cached && ts >= TS_LOW) {
+            long long hi = ts / TS_LOW;
+            if (hi != pre_hi || r->tid != pre_tid) {
+                char *p = put(pre, pidp, npid);
+                p = put_num(p, r->tid);
+                p = put(p, LIT(",\"ts\":"));
+                p = put_uint(p, (unsigned long long)hi);
+                npre = p - pre;
+                pre_hi = hi;
+                pre_tid = r->tid;
+            }
+            o = put_piece(o, pre, npre);
+            o = put8(o, (uint32_t)(ts - hi * TS_LOW));
+        } else {
+            o = put(o, pidp, npid);
+            o = put_num(o, r->tid);
+            o = put(o, LIT(",\"ts\":"));
+            o = put_int(o, ts);
+        }
         o = put(o, LIT(",\"dur\":"));
-        o = put_int(o, dur);
-        o = put(o, hhp, nhh);
-        o = put_uint(o, r->level_flags & LEVEL_MASK);
+        if (dur >= 0)
+            o = put_num(o, (unsigned long long)dur);
+        else
+            o = put_int(o, dur);
+        o = put_piece(o, hhp, nhh);
+        o = put_u32(o, r->level_flags & LEVEL_MASK);
         o = put(o, LIT(",\"p_idx\":"));
-        o = put_uint(o, r->parent);
+        o = put_num(o, r->parent);
         if (r->alen)
-            o = put(o, arena + r->aoff, r->alen);
+            o = put_piece(o, arena + r->aoff, r->alen);
         if (r->count >= 0) {
             o = put(o, LIT(",\"count\":"));
-            o = put_int(o, r->count);
+            o = put_num(o, (unsigned long long)r->count);
         }
         if ((r->level_flags >> LEVEL_BITS) & F_INCOMPLETE)
             o = put(o, LIT(",\"incomplete\":true"));

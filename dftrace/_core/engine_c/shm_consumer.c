@@ -223,8 +223,10 @@ static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int part
             pos = cnt;
         uint32_t take = cnt - pos;
         rec_t *copy = self->recs + used;
-        memcpy(copy, &s->recs[pos], (size_t)take * sizeof(rec_t));
+        const rec_t *from = &s->recs[pos];
         for (uint32_t k = 0; k < take; k++) {
+            /* copied and checked in one pass; the copy is what is checked and encoded */
+            copy[k] = from[k];
             const rec_t *r = &copy[k];
             if ((size_t)r->aoff + r->alen > SHM_ARENA) {
                 PyErr_SetString(dft_RingError, "a record of the ring points outside its slot");
