@@ -131,3 +131,27 @@ def test_both_engines_write_the_same_recorded_spans(tmp_path, pure):
         ("item", "step", 5, json.dumps({"run": "r", "count": 1})),
         ("item", "epoch", 7, json.dumps({"run": "r", "src": "w"})),
     ])
+
+
+def test_off_by_configuration_records_nothing_and_checks_nothing(tmp_path):
+    """DFTRACE_ENABLE=0: record() returns at its first check, bad times included."""
+    program = textwrap.dedent('''
+        import sys, time, warnings
+        warnings.simplefilter("error")
+        import dftrace
+        from dftrace import ai
+        dftrace.initialize(log_file=sys.argv[1])
+        t0 = time.perf_counter_ns()
+        ai.compute.forward.record(t0, t0 + 1000, {"a": 1})
+        ai.compute.forward(args={"b": 2}).record(t0, t0 + 1000)
+        ai.compute.forward.record(t0 + 1000, t0)
+        ai.compute.forward.record("t0", None)
+        dftrace.finalize()
+    ''')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    env["DFTRACE_ENABLE"] = "0"
+    proc = subprocess.run([sys.executable, "-c", program, str(tmp_path / "t")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == []
