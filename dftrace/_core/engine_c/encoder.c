@@ -245,22 +245,6 @@ static inline char *put8(char *o, uint32_t v) {
     return o + 8;
 }
 
-/* n bytes of a piece (a kind's, the pid's, the hhash's, a record's args): up to 64
-   bytes as two overlapping fixed-size copies, no call. */
-static inline char *put_piece(char *o, const char *s, Py_ssize_t n) {
-    if (n >= 16 && n <= 32) {
-        memcpy(o, s, 16);
-        memcpy(o + n - 16, s + n - 16, 16);
-        return o + n;
-    }
-    if (n > 32 && n <= 64) {
-        memcpy(o, s, 32);
-        memcpy(o + n - 32, s + n - 32, 32);
-        return o + n;
-    }
-    return put(o, s, n);
-}
-
 #define TS_LOW 100000000LL /* a timestamp's last eight digits change; the rest rarely */
 
 /* The JSON lines of records [from, to) of a chunk whose args are in `arena`; the
@@ -290,7 +274,7 @@ char *dft_encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
         o = put(o, LIT("{\"id\":"));
         o = put_num(o, r->id);
         if (r->kind < nk)
-            o = put_piece(o, ks[r->kind].piece, ks[r->kind].n);
+            o = put(o, ks[r->kind].piece, ks[r->kind].n);
         else
             o = put(o, LIT(",\"name\":\"?\",\"cat\":\"dftrace\""));
         if (cached && ts >= TS_LOW) {
@@ -304,7 +288,7 @@ char *dft_encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
                 pre_hi = hi;
                 pre_tid = r->tid;
             }
-            o = put_piece(o, pre, npre);
+            o = put(o, pre, npre);
             o = put8(o, (uint32_t)(ts - hi * TS_LOW));
         } else {
             o = put(o, pidp, npid);
@@ -317,12 +301,12 @@ char *dft_encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
             o = put_num(o, (unsigned long long)dur);
         else
             o = put_int(o, dur);
-        o = put_piece(o, hhp, nhh);
+        o = put(o, hhp, nhh);
         o = put_u32(o, r->level_flags & LEVEL_MASK);
         o = put(o, LIT(",\"p_idx\":"));
         o = put_num(o, r->parent);
         if (r->alen)
-            o = put_piece(o, arena + r->aoff, r->alen);
+            o = put(o, arena + r->aoff, r->alen);
         if (r->count >= 0) {
             o = put(o, LIT(",\"count\":"));
             o = put_num(o, (unsigned long long)r->count);
