@@ -297,11 +297,11 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         The times are ints on dftrace's clock, ``time.perf_counter_ns()`` nanoseconds
         (read it before and after the work, or convert another clock's times to it).
         The span nests inside the caller's innermost open span (its times should lie
-        inside that span's), carries the sticky
-        args in force now (those of :meth:`update`), then this use's own args, then
-        ``args`` (encoded now: later changes to the dict are not written). Nothing is
-        recorded while this node does not record; times that are not ints, or
-        ``t1 < t0``, record nothing and warn once per node."""
+        inside that span's), carries the sticky args in force now (those of
+        :meth:`update`), then this use's own args, then ``args`` (encoded now: later
+        changes to the dict are not written). Nothing is recorded while this node does
+        not record; times that are not ints, or ``t1 < t0``, record nothing and warn
+        once per node."""
         if not self._on:
             return
         try:
