@@ -14,6 +14,7 @@ all events at once. Workers ship only these tables, never the events.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -127,7 +128,28 @@ def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
     del stack, partials  # the pieces' partials are folded: free them before the steps are modelled
     if model and partition.start == 0 and partition.end is None and not partition.is_parquet:
         partial = _settled_where_read(partial)
-    return compacted(partial)
+    partial = compacted(partial)
+    return_freed_heap()
+    return partial
+
+
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def return_freed_heap() -> None:
+    """Hand the pages the C heap holds free back to the system. glibc keeps what was
+    freed (a piece's bytes and columns, numpy's work arrays) for reuse, up to about
+    a hundred megabytes for a file; returning them once a partition is reduced keeps
+    that out of the peak, at a few milliseconds a call. Nothing elsewhere."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _settled_where_read(partial: Partial) -> Partial:

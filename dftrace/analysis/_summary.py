@@ -22,7 +22,7 @@ import polars as pl
 import polars.selectors as cs
 
 from .. import format as fmt
-from ._aggregate import GROUPS, Combined, Partial, aggregate, combine, aggregate_partition
+from ._aggregate import GROUPS, Combined, Partial, aggregate, aggregate_partition, combine, return_freed_heap
 from ._decode import PartitionData
 from ._executor import default_executor
 from ._index import file_identity, load_partials, store_partials
@@ -146,6 +146,7 @@ def summarize(
     require_content([p.source for p in partials], sum(int(p.phases.get_column("n").sum()) for p in partials))
     combined = combine(partials)
     del partials  # the per-partition tables are merged: free them before the answers are built
+    return_freed_heap()
     summary = build_summary(combined)
     summary.overview["skipped_files"] = skipped
     # Spans are not kept by the aggregates: those of processes with a profiler trace
