@@ -194,6 +194,10 @@ def _first_starts(key: np.ndarray, start: np.ndarray, use: np.ndarray, size: int
 
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Element-wise equality that treats two missing epochs as equal."""
+    if a.dtype.kind in "iu":  # no epoch missing
+        return a == b
+    if a.dtype.kind == "f":  # missing epochs are NaN
+        return (a == b) | (np.isnan(a) & np.isnan(b))
     return np.array([x == y or (x is None and y is None) or (x != x and y != y) for x, y in zip(a, b)],
                     dtype=bool)
 
