@@ -566,19 +566,15 @@ def _time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataF
     units = dict(procs.filter(pl.col("unit").is_not_null()).select("proc", "unit").iter_rows())
     by_unit = {unit: frame for (unit,), frame in steps.partition_by("unit", as_dict=True).items()} \
         if steps.height else {}
+    # Per process, its intervals sorted alone (sorting the table was the peak); a unit's processes add up.
     totals: dict[str, np.ndarray] = {}
-    # Each process's intervals are cut out and sorted alone (they usually come sorted):
-    # sorting the whole table first held a second copy of it, the summary's peak.
     for (proc,), frame in intervals.partition_by("proc", as_dict=True).items():
         unit = units.get(proc)
         if unit not in by_unit:
             continue
-        starts = frame.get_column("start").to_numpy()
-        ends = frame.get_column("end").to_numpy()
-        del frame
-        if starts.size > 1 and not (starts[1:] >= starts[:-1]).all():
-            order = np.argsort(starts, kind="stable")
-            starts, ends = starts[order], ends[order]
+        starts, ends = frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy()
+        order = np.argsort(starts, kind="stable")  # they usually come sorted: one pass
+        starts, ends = starts[order], ends[order]
         before = np.concatenate(([0], np.cumsum(ends - starts)))
 
         def time_until(t: np.ndarray) -> np.ndarray:
@@ -589,7 +585,6 @@ def _time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataF
 
         own = by_unit[unit]
         us = time_until(own.get_column("end").to_numpy()) - time_until(own.get_column("start").to_numpy())
-        # A unit's processes share its steps (one row each): their times add up.
         totals[unit] = totals[unit] + us if unit in totals else us
     if not totals:
         return pl.DataFrame(schema={"unit": pl.String, "epoch": pl.Int64, "step": pl.Int64, "us": pl.Int64})
