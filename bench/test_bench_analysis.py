@@ -341,12 +341,14 @@ def test_side_by_side_10m_gzip(benchmark, bench_root, tmp_path):
 @skip_big
 @pytest.mark.timeout(1800)
 @pytest.mark.benchmark(group="side-by-side")
-def test_summary_process_10m_zstd(benchmark, bench_root, tmp_path):
-    """The 10M-event trace in 16 zstd files (which dftracer_stats does not read): the
-    whole ``dftrace summary`` process."""
-    directory, size = _trace(bench_root, 10_000_000)
+@pytest.mark.parametrize("compression", ["zst", "gz"])
+def test_summary_process_10m(benchmark, bench_root, tmp_path, compression):
+    """The 10M-event trace in 16 files, zstd (which dftracer_stats does not read) and
+    gzip (without dftracer_stats installed, dftrace's side alone): the whole
+    ``dftrace summary`` process."""
+    directory, size = _trace(bench_root, 10_000_000, RANKS, compression)
     ours = [sys.executable, "-m", "dftrace", "summary", str(directory), "--json", "--no-progress", "--no-index"]
     runs = []
     benchmark.pedantic(lambda: runs.append(_whole_process(ours, tmp_path / "summary.log")), rounds=2, iterations=1)
-    benchmark.extra_info.update(events=10_000_000, files=RANKS, uncompressed_mb=round(size / 2**20),
-                                load_1min=round(os.getloadavg()[0], 2), runs=runs)
+    benchmark.extra_info.update(events=10_000_000, files=RANKS, compression=compression,
+                                uncompressed_mb=round(size / 2**20), load_1min=round(os.getloadavg()[0], 2), runs=runs)

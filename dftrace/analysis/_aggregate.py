@@ -14,6 +14,7 @@ all events at once. Workers ship only these tables, never the events.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,9 +107,11 @@ def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
     # Pieces are folded as they come, _FOLD of a like number of pieces at a time: a
     # few partials are held whatever the partition's size, and each piece is folded
     # about log(pieces) / log(_FOLD) times.
+    # A piece's overlap times are left out: folding finds them anew from the unioned
+    # intervals, and a partition read in one piece has them found at the end.
     stack: list[tuple[int, Partial]] = []
     for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES):
-        stack.append((1, aggregate(piece)))
+        stack.append((1, aggregate(piece, overlap=False)))
         del piece
         while len(stack) >= _FOLD and len({weight for weight, _ in stack[-_FOLD:]}) == 1:
             folded = fold_partials([p for _, p in stack[-_FOLD:]])
@@ -116,10 +119,37 @@ def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
             del stack[-_FOLD:]
             stack.append((weight, compacted(folded)))
     partials = [p for _, p in stack]
-    partial = partials[0] if len(partials) == 1 else fold_partials(partials)
+    if len(partials) > 1:
+        partial = fold_partials(partials)
+    else:
+        partial = partials[0]
+        if stack[0][0] == 1:
+            partial.overlap = _overlap_of(partial.intervals)
+    del stack, partials  # the pieces' partials are folded: free them before the steps are modelled
     if model and partition.start == 0 and partition.end is None and not partition.is_parquet:
         partial = _settled_where_read(partial)
-    return compacted(partial)
+    partial = compacted(partial)
+    return_freed_heap()
+    return partial
+
+
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def return_freed_heap() -> None:
+    """Hand the pages the C heap holds free back to the system. glibc keeps what was
+    freed (a piece's bytes and columns, numpy's work arrays) for reuse, up to about
+    a hundred megabytes for a file; returning them once a partition is reduced keeps
+    that out of the peak, at a few milliseconds a call. Nothing elsewhere."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _settled_where_read(partial: Partial) -> Partial:
@@ -163,8 +193,9 @@ def compacted(partial: Partial) -> Partial:
     return partial
 
 
-def aggregate(data: PartitionData) -> Partial:
-    """Reduce a partition's events to a :class:`Partial`."""
+def aggregate(data: PartitionData, *, overlap: bool = True) -> Partial:
+    """Reduce a partition's events to a :class:`Partial` (its ``overlap`` table empty
+    without ``overlap``: for a piece that is folded with others)."""
     events = data.events
     source = PartitionData(
         data.partition,
@@ -186,7 +217,7 @@ def aggregate(data: PartitionData) -> Partial:
     ).with_columns(pl.col("pid").fill_null(0), (pl.col("ts") + pl.col("dur")).alias("end"))
     # One process at a time: a partition rarely holds more than one, and grouping
     # by integer keys alone is several times faster than with the string host key.
-    pieces = [_aggregate_process(frame, key) for key, frame in _by_process(spans)]
+    pieces = [_aggregate_process(frame, key, overlap) for key, frame in _by_process(spans)]
     tables = {
         kind: pl.concat([p[kind] for p in pieces], how="vertical") if pieces else _EMPTY[kind]
         for kind in PARTIAL_TABLES
@@ -230,7 +261,7 @@ _EMPTY = {
 }
 
 
-def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, pl.DataFrame]:
+def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: bool) -> dict[str, pl.DataFrame]:
     pid, host_key = key
     durations = bins_of(spans, ["cat", "name"])
     steps = step_rows(spans, [])
@@ -260,7 +291,7 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...]) -> dict[str, p
     self_times = (spans.select("cat", "name").with_columns(pl.Series("us", self_us))
                   .group_by(["cat", "name"]).agg(pl.col("us").sum()))
     orphans, openers = _nesting_edges(spans)
-    masks = mask_times(intervals)
+    masks = mask_times(intervals) if with_overlap else np.zeros(1, dtype=np.int64)
     overlap = pl.DataFrame(
         {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
     )
@@ -309,7 +340,8 @@ def self_time_intervals(spans: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
     for _, thread in frame.partition_by("tid", as_dict=True).items():
         intervals, (owner, us) = _innermost(thread)
         pieces.append(intervals)
-        np.add.at(self_us, owner, us)
+        if owner.size:
+            self_us += np.bincount(owner, us.astype(np.float64), self_us.size).astype(np.int64)
     if not pieces:
         return pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64}), self_us
     return pl.concat(pieces, how="vertical"), self_us
@@ -341,15 +373,10 @@ def _innermost(thread: pl.DataFrame) -> tuple[pl.DataFrame, tuple[np.ndarray, np
     # disjoint, so painting depth by depth leaves the innermost span (and its group).
     for d in np.unique(depth):
         at = depth == d
-        cover = np.zeros(segments + 1, dtype=np.int64)
-        code = np.zeros(segments + 1, dtype=np.int64)
-        owner = np.zeros(segments + 1, dtype=np.int64)
-        np.add.at(cover, first[at], 1)
-        np.add.at(cover, last[at], -1)
-        np.add.at(code, first[at], groups[at] + 2)
-        np.add.at(code, last[at], -(groups[at] + 2))
-        np.add.at(owner, first[at], position[at])
-        np.add.at(owner, last[at], -position[at])
+        opens, closes = first[at], last[at]
+        cover = _tally(opens, closes, None, segments + 1)
+        code = _tally(opens, closes, groups[at] + 2, segments + 1)
+        owner = _tally(opens, closes, position[at], segments + 1)
         depth_cover = np.cumsum(cover)[:-1]
         covered = depth_cover > 0
         # Spans of one depth overlap only in odd files (identical events): their
@@ -368,6 +395,16 @@ def _innermost(thread: pl.DataFrame) -> tuple[pl.DataFrame, tuple[np.ndarray, np
         schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64},
     )
     return intervals, (spans[best_span[owned]], np.diff(bounds)[owned])
+
+
+def _tally(opens: np.ndarray, closes: np.ndarray, values: np.ndarray | None, size: int) -> np.ndarray:
+    """Per boundary, the sum of ``values`` (1 without) of the spans opening there less
+    that of those closing there (int64; ``np.bincount`` is many times faster than
+    ``np.add.at``, and its float sums of integers are exact far beyond these)."""
+    if values is None:
+        return np.bincount(opens, minlength=size) - np.bincount(closes, minlength=size)
+    weights = values.astype(np.float64)
+    return (np.bincount(opens, weights, size) - np.bincount(closes, weights, size)).astype(np.int64)
 
 
 def _nesting_edges(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -683,6 +720,17 @@ def _mapping(resolution: Resolution, partial: Partial) -> pl.DataFrame:
     )
 
 
+def _overlap_of(intervals: pl.DataFrame) -> pl.DataFrame:
+    """pid, host_key, mask, us: the overlap times of each process's disjoint ``intervals``."""
+    overlap = [
+        pl.DataFrame({"pid": pid, HOST_KEY: host_key, "mask": np.flatnonzero(masks), "us": masks[masks > 0]},
+                     schema=_EMPTY["overlap"].schema)
+        for (pid, host_key), frame in intervals.partition_by(_KEY, as_dict=True).items()
+        for masks in [mask_times(frame)]
+    ]
+    return pl.concat(overlap, how="vertical") if overlap else _EMPTY["overlap"]
+
+
 def fold_partials(partials: Sequence[Partial]) -> Partial:
     """One partial holding what ``partials`` hold: consecutive pieces of one file, in
     order (a file followed while it grows). Exact like :func:`combine`: counts add,
@@ -711,12 +759,6 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
 
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
     intervals = union_intervals(stacked("intervals"), _KEY)
-    overlap = [
-        pl.DataFrame({"pid": pid, HOST_KEY: host_key, "mask": np.flatnonzero(masks), "us": masks[masks > 0]},
-                     schema=_EMPTY["overlap"].schema)
-        for (pid, host_key), frame in intervals.partition_by(_KEY, as_dict=True).items()
-        for masks in [mask_times(frame)]
-    ]
     tables = {
         "durations": merged_bins(stacked("durations"), [*_KEY, "cat", "name"]),
         "self_times": stacked("self_times").group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
@@ -729,7 +771,7 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
         "epoch_spans": stacked("epoch_spans").group_by([*_KEY, "epoch"]).agg(*extent),
         "intervals": intervals,
         "extents": stacked("extents").group_by(_KEY).agg(*extent, pl.col("incomplete").sum()),
-        "overlap": pl.concat(overlap, how="vertical") if overlap else _EMPTY["overlap"],
+        "overlap": _overlap_of(intervals),
     }
     phases = stacked("phases").group_by("ph").agg(pl.col("n").sum())
     return Partial(source, keys, phases=phases,

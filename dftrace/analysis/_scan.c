@@ -34,6 +34,9 @@ typedef struct {
     int where, kind;
     const char *key;
     Py_ssize_t key_len;
+    /* The column buffers live in the bytes objects handed back (filled before any
+     * other reference to them exists), so they are never copied. */
+    PyObject *values_obj, *valid_obj;
     int64_t *ints;   /* KIND_INT, KIND_BOOL (0/1), KIND_FLOAT (the double's bits) */
     int32_t *codes;  /* KIND_STR: -1 for null or absent */
     uint8_t *valid;
@@ -261,12 +264,35 @@ static Field *find_field(Field *fields, Py_ssize_t n, int where, const char *key
     return NULL;
 }
 
+/* Writers put the keys of every event in the same order, so the key at a given place
+ * in an object is most often the one found there on the line before: each place
+ * remembers its last key (a pointer into the data) and what it matched, wanted or
+ * not, and a key that differs is looked up among the fields. */
+#define MEMO_PLACES 32
+typedef struct {
+    const char *key;
+    Py_ssize_t len;
+    Field *field;
+} Memo;
+
+static Field *lookup(Memo *memo, Py_ssize_t place, Field *fields, Py_ssize_t n, int where, const char *key,
+                     Py_ssize_t len) {
+    if (place >= MEMO_PLACES) return find_field(fields, n, where, key, len);
+    Memo *m = &memo[place];
+    if (m->key && m->len == len && memcmp(m->key, key, len) == 0) return m->field;
+    m->key = key;
+    m->len = len;
+    m->field = find_field(fields, n, where, key, len);
+    return m->field;
+}
+
 /* Walk the object at p (at '{'); returns the position after its '}' or NULL. */
-static const char *scan_object(Field *fields, Py_ssize_t n_fields, int where, Py_ssize_t row,
+static const char *scan_object(Field *fields, Py_ssize_t n_fields, Memo *memo, int where, Py_ssize_t row,
                                const char *p, const char *end, int want_args) {
     p = skip_ws(p + 1, end);
     if (p < end && *p == '}') return p + 1;
-    while (p < end) {
+    Memo *own = memo + where * MEMO_PLACES;
+    for (Py_ssize_t place = 0; p < end; place++) {
         if (*p != '"') return NULL;
         const char *key = p + 1;
         const char *q = scan_string(p, end);
@@ -276,11 +302,11 @@ static const char *scan_object(Field *fields, Py_ssize_t n_fields, int where, Py
         if (p >= end || *p != ':') return NULL;
         p = skip_ws(p + 1, end);
         if (p >= end) return NULL;
-        Field *f = find_field(fields, n_fields, where, key, key_len);
+        Field *f = lookup(own, place, fields, n_fields, where, key, key_len);
         if (f) {
             p = read_field(f, row, p, end);
         } else if (where == WHERE_TOP && want_args && *p == '{' && key_len == 4 && memcmp(key, "args", 4) == 0) {
-            p = scan_object(fields, n_fields, WHERE_ARGS, row, p, end, 0);
+            p = scan_object(fields, n_fields, memo, WHERE_ARGS, row, p, end, 0);
         } else {
             p = skip_value(p, end);
         }
@@ -299,9 +325,8 @@ static const char *scan_object(Field *fields, Py_ssize_t n_fields, int where, Py
 static void free_fields(Field *fields, Py_ssize_t n) {
     if (!fields) return;
     for (Py_ssize_t k = 0; k < n; k++) {
-        free(fields[k].ints);
-        free(fields[k].codes);
-        free(fields[k].valid);
+        Py_XDECREF(fields[k].values_obj);
+        Py_XDECREF(fields[k].valid_obj);
         free(fields[k].entries);
         free(fields[k].slots);
     }
@@ -315,8 +340,7 @@ static PyObject *scan_lines(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     Py_ssize_t n_fields = PyTuple_GET_SIZE(spec);
     Field *fields = calloc(n_fields ? n_fields : 1, sizeof(Field));
-    int64_t *starts = NULL;
-    uint8_t *status = NULL;
+    PyObject *starts_obj = NULL, *status_obj = NULL;
     if (!fields) { PyErr_NoMemory(); goto done; }
     const char *buf = data.buf, *end = buf + data.len;
     Py_ssize_t n_lines = 0;
@@ -331,16 +355,28 @@ static PyObject *scan_lines(PyObject *self, PyObject *args) {
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(spec, k), "iy#i", &f->where, &key, &f->key_len, &f->kind)) goto done;
         f->key = key;
         want_args |= f->where == WHERE_ARGS;
-        f->valid = calloc(n_lines ? n_lines : 1, 1);
-        if (f->kind == KIND_STR) f->codes = malloc(sizeof(int32_t) * (n_lines ? n_lines : 1));
-        else f->ints = calloc(n_lines ? n_lines : 1, sizeof(int64_t));
-        if (!f->valid || (!f->codes && !f->ints)) { PyErr_NoMemory(); goto done; }
-        if (f->codes) memset(f->codes, 0xff, sizeof(int32_t) * n_lines);
+        Py_ssize_t width = f->kind == KIND_STR ? (Py_ssize_t)sizeof(int32_t) : (Py_ssize_t)sizeof(int64_t);
+        f->valid_obj = PyBytes_FromStringAndSize(NULL, n_lines);
+        f->values_obj = PyBytes_FromStringAndSize(NULL, width * n_lines);
+        if (!f->valid_obj || !f->values_obj) goto done;
+        f->valid = (uint8_t *)PyBytes_AS_STRING(f->valid_obj);
+        memset(f->valid, 0, n_lines);
+        if (f->kind == KIND_STR) {
+            f->codes = (int32_t *)PyBytes_AS_STRING(f->values_obj);
+            memset(f->codes, 0xff, sizeof(int32_t) * n_lines);
+        } else {
+            f->ints = (int64_t *)PyBytes_AS_STRING(f->values_obj);
+            memset(f->ints, 0, sizeof(int64_t) * n_lines);
+        }
     }
-    starts = malloc(sizeof(int64_t) * (n_lines + 1));
-    status = malloc(n_lines ? n_lines : 1);
-    if (!starts || !status) { PyErr_NoMemory(); goto done; }
+    starts_obj = PyBytes_FromStringAndSize(NULL, sizeof(int64_t) * (n_lines + 1));
+    status_obj = PyBytes_FromStringAndSize(NULL, n_lines);
+    if (!starts_obj || !status_obj) goto done;
+    int64_t *starts = (int64_t *)PyBytes_AS_STRING(starts_obj);
+    uint8_t *status = (uint8_t *)PyBytes_AS_STRING(status_obj);
 
+    Memo memo[2 * MEMO_PLACES];
+    memset(memo, 0, sizeof(memo));
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t row = 0;
     for (const char *p = buf; p < end; row++) {
@@ -351,7 +387,7 @@ static PyObject *scan_lines(PyObject *self, PyObject *args) {
         if (q >= line_end || *q != '{') {
             status[row] = LINE_OTHER;
         } else {
-            q = scan_object(fields, n_fields, WHERE_TOP, row, q, line_end, want_args);
+            q = scan_object(fields, n_fields, memo, WHERE_TOP, row, q, line_end, want_args);
             if (q) {
                 q = skip_ws(q, line_end);
                 if (q < line_end && *q == ',') q = skip_ws(q + 1, line_end);
@@ -376,19 +412,17 @@ static PyObject *scan_lines(PyObject *self, PyObject *args) {
                 if (!raw) { Py_DECREF(distinct); Py_DECREF(columns); goto done; }
                 PyList_SET_ITEM(distinct, e, raw);
             }
-            item = Py_BuildValue("(Ny#)", distinct, (const char *)f->codes, (Py_ssize_t)(sizeof(int32_t) * n_lines));
+            item = Py_BuildValue("(NO)", distinct, f->values_obj);
         } else {
-            item = Py_BuildValue("(y#y#)", (const char *)f->ints, (Py_ssize_t)(sizeof(int64_t) * n_lines),
-                                 (const char *)f->valid, n_lines);
+            item = Py_BuildValue("(OO)", f->values_obj, f->valid_obj);
         }
         if (!item) { Py_DECREF(columns); goto done; }
         PyList_SET_ITEM(columns, k, item);
     }
-    result = Py_BuildValue("(y#y#N)", (const char *)starts, (Py_ssize_t)(sizeof(int64_t) * (n_lines + 1)),
-                           (const char *)status, n_lines, columns);
+    result = Py_BuildValue("(OON)", starts_obj, status_obj, columns);
 done:
-    free(starts);
-    free(status);
+    Py_XDECREF(starts_obj);
+    Py_XDECREF(status_obj);
     free_fields(fields, n_fields);
     PyBuffer_Release(&data);
     return result;

@@ -194,6 +194,10 @@ def _first_starts(key: np.ndarray, start: np.ndarray, use: np.ndarray, size: int
 
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Element-wise equality that treats two missing epochs as equal."""
+    if a.dtype.kind in "iu":  # no epoch missing
+        return a == b
+    if a.dtype.kind == "f":  # missing epochs are NaN
+        return (a == b) | (np.isnan(a) & np.isnan(b))
     return np.array([x == y or (x is None and y is None) or (x != x and y != y) for x, y in zip(a, b)],
                     dtype=bool)
 
@@ -206,11 +210,17 @@ def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
     """
     units = procs.filter(pl.col("unit").is_not_null()).select("proc", "unit", "unit_order")
     joined = steps.join(units, on="proc", how="inner")
-    joined = joined.filter(pl.col("work") | ~pl.col("work").any().over("unit"))
+    present = units.filter(pl.col("proc").is_in(steps.get_column("proc").unique().implode()))
+    if present.get_column("unit").is_unique().all():
+        # One process with steps per unit (the usual run): its steps are the unit's
+        # as they are, one row per (epoch, step), without regrouping them all.
+        by_unit = joined.select("unit", "unit_order", "epoch", "step", "start", "end", "n")
+    else:
+        joined = joined.filter(pl.col("work") | ~pl.col("work").any().over("unit"))
+        by_unit = (joined.group_by(["unit", "unit_order", "epoch", "step"])
+                   .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()))
     return (
-        joined.group_by(["unit", "unit_order", "epoch", "step"])
-        .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum())
-        .with_columns((pl.col("end") - pl.col("start")).alias("dur"))
+        by_unit.with_columns((pl.col("end") - pl.col("start")).alias("dur"))
         .sort(["unit_order", "start"], nulls_last=True)
     )
 

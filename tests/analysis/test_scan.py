@@ -145,3 +145,35 @@ def test_scanner_matches_the_polars_path_on_generated_events(tmp_path_factory, m
         assert scanned.files == parsed.files
 
     check()
+
+
+@needs_scanner
+def test_keys_in_a_changing_order_land_in_their_columns(tmp_path, monkeypatch):
+    """The scanner remembers which field the key at each place of the last line was;
+    lines whose keys come in another order (a wanted key where an unwanted one was,
+    keys that share a prefix) still put every value in its own column."""
+    import random
+
+    chooser = random.Random(7)
+    lines, expected = [], []
+    for i in range(400):
+        # Integers alone are shuffled, several of one key length: a value put in the
+        # wrong column is not of another type (which would send the file to the polars
+        # path) but a wrong number.
+        top = ['"pid":7', f'"tid":{i % 4}', f'"ts":{1000 + i}', f'"dur":{i % 9}', f'"t":{i}', f'"ids":{i * 3}']
+        args = [f'"level":{i % 3 + 1}', f'"step":{i // 10}', f'"steps":{-i}', f'"ste":{i * 7}', f'"epoch":{i // 100}',
+                f'"count":{i % 6}']
+        chooser.shuffle(top)
+        chooser.shuffle(args)
+        cut = chooser.randrange(len(top) + 1)
+        fields = [f'"name":"n{i % 5}"', f'"cat":"c{i % 3}"', '"ph":"X"', *top[:cut],
+                  '"args":{' + ",".join(args) + "}", *top[cut:]]
+        lines.append("{" + ",".join(fields) + "}")
+        expected.append((f"n{i % 5}", f"c{i % 3}", 7, i % 4, 1000 + i, i % 9, i % 3 + 1, i // 10, i // 100, i % 6))
+    path = tmp_path / "shuffled.pfw"
+    _write(path, ("[\n" + _META + "\n".join(lines) + "\n]\n").encode())
+    scanned, parsed = _both_ways(path, monkeypatch)
+    assert_frame_equal(scanned.events, parsed.events)
+    got = scanned.events.sort("ts").select("name", "cat", "pid", "tid", "ts", "dur", "level", "step", "epoch",
+                                           "count").rows()
+    assert got == expected

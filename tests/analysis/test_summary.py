@@ -257,3 +257,25 @@ def test_epoch_table_counts_the_steps_of_iter_numbered_epochs(tmp_path):
     summary = summarize(tmp_path)
     assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 3), (1, 3)]
     assert summary.step_stats["count"] == 6
+
+
+def test_time_in_steps_counts_each_process_interval_once_in_any_order():
+    """The time of each unit's processes' intervals inside each of its steps, against a
+    count made here, microsecond by microsecond: intervals given out of order, a unit
+    of two processes (their times add up), a process without a unit left out."""
+    import polars as pl
+
+    procs = pl.DataFrame({"proc": [0, 1, 2, 3], "unit": ["rank 0", "rank 0", "rank 1", None]},
+                         schema={"proc": pl.Int32, "unit": pl.String})
+    steps = pl.DataFrame({"unit": ["rank 0", "rank 0", "rank 1"], "epoch": [0, 0, 0], "step": [1, 2, 1],
+                          "start": [0, 50, 10], "end": [50, 120, 30]})
+    intervals = pl.DataFrame({"proc": [0, 0, 0, 1, 2, 2, 3], "start": [60, 5, 40, 45, 25, 0, 0],
+                              "end": [70, 20, 55, 100, 40, 12, 1000]},
+                             schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
+    unit_of = dict(zip(procs["proc"], procs["unit"]))
+    expected = {}
+    for unit, epoch, step, start, end in steps.iter_rows():
+        expected[(unit, epoch, step)] = sum(
+            1 for proc, s, e in intervals.iter_rows() if unit_of[proc] == unit for t in range(s, e) if start <= t < end)
+    got = summary_module._time_in_steps(intervals, procs, steps)
+    assert {(u, ep, st): us for u, ep, st, us in got.iter_rows()} == expected
