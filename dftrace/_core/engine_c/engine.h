@@ -862,6 +862,150 @@ static inline int drop_top(PyObject *stk) {
     return 0;
 }
 
+/* Remove span `id` from the top of `stk`; anything left above it is unwound. */
+static inline int stack_pop(PyObject *stk, PyObject *id) {
+    Py_ssize_t n = PyList_GET_SIZE(stk);
+    if (n > 0 && PyList_GET_ITEM(stk, n - 1) == id)
+        return drop_top(stk);
+    PyObject *r = PyObject_CallFunctionObjArgs(dft_calls.unwind, stk, id, NULL);
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* A span's lifecycle: span_open / span_close, the only place it is written    */
+/*
+ * Every C span style opens and closes its spans with this pair: the decorator
+ * (SpanWrapper), .iter()'s item and loop-body spans (SpanIter), with-enter/exit,
+ * node-level start()/stop() and Span.stop(args=). Its Python twin is engine.py's
+ * open_span / close_span. A span keeps no reference to its stack: the caller
+ * holds the stack and hands it to both.
+ */
+typedef struct {
+    PyObject *id;     /* its id, on the stack while it is open */
+    PyObject *parent; /* the id below it when it opened (0: none) */
+    PyObject *sticky; /* its node's sticky args when it opened: an Extra or None */
+    Py_ssize_t level; /* the stack's depth below it */
+    long long t0;
+    uint32_t kid;     /* its kind */
+} span_t;
+
+/* A span opened by `with` or start() waits for its end in its stack's `open` map,
+   under its id, as this object (_speedups.OpenSpan; engine.OpenSpan is its
+   pure-Python twin, with the same names): the span, who opened it and the opener's
+   own args. Either engine's close reads it; the C one in place. */
+typedef struct {
+    PyObject_HEAD
+    span_t span;
+    PyObject *opener; /* the node, use or capturing scope whose with/start() opened it */
+    PyObject *extra;  /* the opener's own args: an Extra or None */
+} OpenSpanObject;
+extern PyTypeObject dft_OpenSpanType;
+#define IS_OPEN_SPAN(o) (Py_TYPE(o) == &dft_OpenSpanType)
+#define AS_OPEN(o) ((OpenSpanObject *)(o))
+
+#define SPAN_NOW 0 /* span_open's t0: read the clock, last */
+
+/* Open span `s` of kind `kid` for `node` on `stk` (a non-empty list the caller
+   holds): a new id pushed on stk, the id below it as its parent, the depth as its
+   level, the node's sticky args now; with `entry` (an OpenSpanObject whose span
+   `s` is) it is also kept in `open` under its id. Then NVTX, then t0 (`t0`, or the
+   clock when SPAN_NOW). 0, or -1 with nothing opened and no error set: the caller
+   goes on untraced. */
+static inline int span_open(span_t *s, PyObject *stk, PyObject *node, uint32_t kid, long long t0,
+                            PyObject *open, PyObject *entry) {
+    PyObject *sticky = node_sticky(node);
+    if (!sticky) {
+        PyErr_Clear();
+        sticky = Py_None;
+        Py_INCREF(sticky);
+    }
+    PyObject *id = new_id();
+    if (!id || (entry && PyDict_SetItem(open, id, entry) < 0))
+        goto fail;
+    if (PyList_Append(stk, id) < 0) {
+        if (entry && PyDict_DelItem(open, id) < 0)
+            PyErr_Clear();
+        goto fail;
+    }
+    Py_ssize_t lvl = PyList_GET_SIZE(stk) - 1;
+    PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
+    Py_INCREF(p);
+    s->id = id;
+    s->parent = p;
+    s->sticky = sticky;
+    s->level = lvl;
+    s->kid = kid;
+    NVTX_OPEN(kid, id, stk, 1);
+    s->t0 = t0 != SPAN_NOW ? t0 : now_ns();
+    return 0;
+fail:
+    PyErr_Clear();
+    Py_XDECREF(id);
+    Py_DECREF(sticky);
+    return -1;
+}
+
+/* span_close's flags: F_INCOMPLETE (the record's flag), or this one. */
+#define SPAN_UNRECORDED (1u << 16) /* it ended without a record (an iterator's end) */
+
+/* Close span `s` at t1: pop it from `stk` (anything left above it is unwound), then
+   record it on stk's track with args `x` (borrowed: an Extra, a dict or None;
+   NULL: none), tagged `error: <type>` when `error` (an exception) is given, with
+   `count` (-1: none) and `flags`. Its references are released. 0, or -1 with an
+   exception that must reach the caller (a signal's, while waiting for room); call
+   it with no exception set (span_close_raised: the one that is set is the error). */
+static inline int span_close(span_t *s, PyObject *stk, long long t1, PyObject *x, PyObject *error,
+                             long long count, uint32_t flags) {
+    int rc = 0;
+    if (stack_pop(stk, s->id) < 0)
+        PyErr_Clear();
+    if (flags & SPAN_UNRECORDED) {
+        NVTX_CLOSE(s->id);
+    } else {
+        PyObject *tid = stk_tid(stk), *tagged = NULL;
+        if (error) {
+            tagged = PyObject_CallFunctionObjArgs(dft_calls.with_error, x ? x : Py_None, error, NULL);
+            if (tagged)
+                x = tagged;
+            else
+                PyErr_Clear();
+        }
+        if (tid && s->kid != 0xFFFFFFFFu) {
+            rc = emit_span(s->kid, s->t0, t1, s->id, s->parent, s->level, tid, s->sticky, x, count,
+                           flags);
+        } else {
+            PyErr_Clear();
+            NVTX_CLOSE(s->id);
+            COUNT_DROP(1);
+        }
+        Py_XDECREF(tagged);
+        Py_XDECREF(tid);
+    }
+    Py_CLEAR(s->id);
+    Py_CLEAR(s->parent);
+    Py_CLEAR(s->sticky);
+    return rc;
+}
+
+/* span_close for a span whose code raised: the exception set now is its error, and
+   stays set for the caller to return (unless recording raised one of its own). */
+static inline int span_close_raised(span_t *s, PyObject *stk, long long t1, PyObject *x,
+                                    long long count) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    int rc = span_close(s, stk, t1, x, ev ? ev : Py_None, count, 0);
+    if (rc < 0) {
+        Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+    } else {
+        PyErr_Restore(et, ev, tb);
+    }
+    return rc;
+}
+
 
 
 /* asyncio's running loop, or None; asyncio is never imported from here: until the
