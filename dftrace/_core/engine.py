@@ -8,6 +8,15 @@ twin (``_speedups``, used when it was built) keeps records as 64-byte structs in
 native memory and implements the hot styles itself; this module is the pure-Python
 engine and the slow paths of both.
 
+A span's lifecycle (id, parent, level, sticky args, push, NVTX, t0; t1, pop or
+unwind, ``args.error``, the incomplete flag, the record) is written once:
+:func:`open_span` / :func:`close_span`, which every style here calls (the C engine's
+twin is ``span_open`` / ``span_close`` in ``engine_c/engine.h``). A span opened by
+``with`` or ``start()`` waits in its stack's ``open`` map as an :class:`OpenSpan`
+(with the C engine, its ``_speedups.OpenSpan``: the same names), so either engine can
+close what the other opened; :func:`close_kept` ends one, and the ones left open
+inside it.
+
 A span carries the sticky args in force when it *started* (:func:`sticky_of`,
 refreshed once per ``update()``) and its own args, encoded when given
 (:class:`~.records.Extra`). Records go to the buffer (:mod:`.buffer`, which also
