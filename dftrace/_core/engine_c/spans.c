@@ -360,13 +360,15 @@ static PyObject *SpanIter_next(SpanIter *s) {
         return NULL;
     }
     s->count++;
-    if (span_close(&item_span, stk, t1, s->extra, NULL, s->count, 0) < 0) {
+    /* the item's span ends; the loop body's follows it until the next call (or
+       close/dealloc) */
+    if (span_close_open_next(&item_span, stk, t1, s->extra, s->count, s->bkid) < 0) {
         Py_DECREF(item);
         Py_DECREF(stk);
         return NULL;
     }
-    /* the loop body's span: from the item's end until the next call (or close/dealloc) */
-    if (span_open(&s->block, stk, s->node, s->bkid, t1, NULL, NULL) == 0) {
+    if (item_span.id) {
+        s->block = item_span;
         s->block_open = 1;
         s->bstk = stk;
         link_open(s);
@@ -409,6 +411,7 @@ static PyObject *SpanIter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
 static int SpanIter_traverse(SpanIter *s, visitproc visit, void *arg) {
     Py_VISIT(s->it); Py_VISIT(s->node); Py_VISIT(s->gate); Py_VISIT(s->extra);
     Py_VISIT(s->bstk); Py_VISIT(s->block.id); Py_VISIT(s->block.parent); Py_VISIT(s->block.sticky);
+    Py_VISIT(s->block.tid);
     return 0;
 }
 
@@ -418,6 +421,7 @@ static int SpanIter_clear(SpanIter *s) {
         unlink_open(s);
     s->block_open = 0;
     Py_CLEAR(s->bstk); Py_CLEAR(s->block.id); Py_CLEAR(s->block.parent); Py_CLEAR(s->block.sticky);
+    Py_CLEAR(s->block.tid);
     return 0;
 }
 

@@ -1018,6 +1018,7 @@ static int OpenSpan_traverse(OpenSpanObject *e, visitproc visit, void *arg) {
     Py_VISIT(e->span.id);
     Py_VISIT(e->span.parent);
     Py_VISIT(e->span.sticky);
+    Py_VISIT(e->span.tid);
     Py_VISIT(e->opener);
     Py_VISIT(e->extra);
     return 0;
@@ -1027,6 +1028,7 @@ static int OpenSpan_clear(OpenSpanObject *e) {
     Py_CLEAR(e->span.id);
     Py_CLEAR(e->span.parent);
     Py_CLEAR(e->span.sticky);
+    Py_CLEAR(e->span.tid);
     Py_CLEAR(e->opener);
     Py_CLEAR(e->extra);
     return 0;
