@@ -928,8 +928,6 @@ extern PyTypeObject dft_OpenSpanType;
    goes on untraced. */
 SPAN_INLINE int span_open(span_t *s, PyObject *stk, PyObject *node, uint32_t kid, long long t0,
                             PyObject *open, PyObject *entry) {
-    if (unlikely(kid == 0xFFFFFFFFu)) /* no kind: nothing can be recorded */
-        return -1;
     PyObject *sticky = node_sticky(node);
     if (!sticky) {
         PyErr_Clear();
@@ -1054,7 +1052,7 @@ SPAN_INLINE int span_close_open_next(span_t *s, PyObject *stk, long long t1, PyO
 
 /* span_close for a span whose code raised: the exception set now is its error, and
    stays set for the caller to return (unless recording raised one of its own). */
-static inline int span_close_raised(span_t *s, PyObject *stk, long long t1, PyObject *x,
+SPAN_INLINE int span_close_raised(span_t *s, PyObject *stk, long long t1, PyObject *x,
                                     long long count) {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);

@@ -66,12 +66,18 @@ static PyObject *open_kept(PyObject *self, PyObject *extra, PyObject *stk, PyObj
         PyErr_Clear();
         return NULL;
     }
+    uint32_t kid = dft_node_kid(node, dft_str_kid);
+    if (kid == 0xFFFFFFFFu) { /* not a node with a kind: its span cannot be written */
+        COUNT_DROP(1);
+        Py_DECREF(node);
+        Py_DECREF(e);
+        return NULL;
+    }
     Py_INCREF(self);
     Py_INCREF(extra);
     e->opener = self;
     e->extra = extra;
-    int rc = span_open(&e->span, stk, node, dft_node_kid(node, dft_str_kid), SPAN_NOW, open,
-                       (PyObject *)e);
+    int rc = span_open(&e->span, stk, node, kid, SPAN_NOW, open, (PyObject *)e);
     Py_DECREF(node);
     if (rc < 0) {
         Py_DECREF(e);
