@@ -35,6 +35,7 @@ by many threads, tasks and recursive calls at once.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import threading
@@ -42,7 +43,7 @@ import weakref
 import sys
 from contextvars import ContextVar
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import state as _state
 from .buffer import BUFFER, SPECIALS, discard_buffered, room as _room, wait_for_room, wake_consumer
@@ -286,19 +287,27 @@ def _sticky(node: Any) -> Extra | None:
 # C engine's twin is span_open / span_close in engine_c/engine.h).
 # ---------------------------------------------------------------------------
 
-class OpenSpan:
+class OpenSpan(NamedTuple):
     """A span from its start to its end: its id and kind, its parent and level, the
     sticky args when it started, who opened it and with which args of its own, and
     t0. The spans ``with`` and ``start()`` open wait in their stack's ``open`` map as
-    one of these; with the C engine this name is its ``_speedups.OpenSpan`` (the same
-    names, read-only), which both engines' closes read."""
+    one of these. Made by :func:`new_open` from a tuple of the fields; with the C
+    engine that makes its ``_speedups.OpenSpan`` (the same names, read-only), which
+    both engines' closes read."""
 
-    __slots__ = ("id", "kid", "parent", "level", "sticky", "opener", "extra", "t0")
+    id: int
+    kid: int
+    parent: int
+    level: int
+    sticky: Extra | None
+    opener: Any
+    extra: Any
+    t0: int
 
-    def __init__(self, id: int, kid: int, parent: int, level: int, sticky: Extra | None,
-                 opener: Any, extra: Any, t0: int):
-        self.id, self.kid, self.parent, self.level = id, kid, parent, level
-        self.sticky, self.opener, self.extra, self.t0 = sticky, opener, extra, t0
+
+#: ``new_open((id, kid, parent, level, sticky, opener, extra, t0))``: an OpenSpan
+#: (a tuple made in C, not through a Python ``__new__``).
+new_open = functools.partial(tuple.__new__, OpenSpan)
 
 
 def open_span(stk: Stack, node: Any, kid: int, opener: Any = None, extra: Any = None,
@@ -318,7 +327,7 @@ def open_span(stk: Stack, node: Any, kid: int, opener: Any = None, extra: Any = 
         stk.append(i)
     if NVTX_ON:
         nvtx_open(kid, i, stk, pairs)
-    s = OpenSpan(i, kid, p, lvl, sticky, opener, extra, clock() if t0 is None else t0)
+    s = new_open((i, kid, p, lvl, sticky, opener, extra, clock() if t0 is None else t0))
     if keep:
         stk.open[i] = s
     return s
@@ -691,8 +700,8 @@ def restick_open(node: Any) -> None:
         sticky = sticky_of(node)
         for j, s in list(stk.open.items()):
             if s.opener._node is node:
-                stk.open[j] = OpenSpan(s.id, s.kid, s.parent, s.level, sticky, s.opener, s.extra,
-                                       s.t0)
+                stk.open[j] = new_open((s.id, s.kid, s.parent, s.level, sticky, s.opener,
+                                        s.extra, s.t0))
     except Exception:
         pass
 
@@ -744,7 +753,7 @@ def _load_speedups() -> Any:
 speedups = _load_speedups()
 if speedups is not None:
     record = speedups.record  # noqa: F811 - the C twin of the function above
-    OpenSpan = speedups.OpenSpan  # type: ignore[misc]  # noqa: F811 - kept spans the C styles read in place
+    new_open = speedups.OpenSpan  # noqa: F811 - kept spans the C styles read in place
     new_id = speedups.new_id  # noqa: F811 - one id counter for both engines' paths
     bump_sticky = speedups.bump_sticky_gen  # noqa: F811
 _state.bind_native(speedups)

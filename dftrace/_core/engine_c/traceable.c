@@ -991,9 +991,9 @@ PyTypeObject dft_SpanBaseType = {
 /* ------------------------------------------------------------------------- */
 /* OpenSpan: a span kept in its stack's `open` map (engine.h)                 */
 
-/* OpenSpan(id, kid, parent, level, sticky, opener, extra, t0): made by Python's
-   open_span (engine.py) for the spans it keeps; the C styles make theirs in
-   open_kept(). */
+/* OpenSpan((id, kid, parent, level, sticky, opener, extra, t0)), one tuple: made by
+   Python's open_span (engine.py, as engine.new_open) for the spans it opens; the C
+   styles make theirs in open_kept(). */
 static PyObject *OpenSpan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *id, *parent, *sticky, *opener, *extra;
     unsigned int kid;
@@ -1003,7 +1003,8 @@ static PyObject *OpenSpan_new(PyTypeObject *type, PyObject *args, PyObject *kwds
         PyErr_SetString(PyExc_TypeError, "OpenSpan() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OIOnOOOL", &id, &kid, &parent, &level, &sticky, &opener, &extra, &t0))
+    if (!PyArg_ParseTuple(args, "(OIOnOOOL)", &id, &kid, &parent, &level, &sticky, &opener, &extra,
+                          &t0))
         return NULL;
     OpenSpanObject *e = entry_alloc();
     if (!e)
@@ -1072,8 +1073,8 @@ PyTypeObject dft_OpenSpanType = {
     .tp_name = "dftrace._core._speedups.OpenSpan",
     .tp_basicsize = sizeof(OpenSpanObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "OpenSpan(id, kid, parent, level, sticky, opener, extra, t0): a span opened by "
-              "with or start(), kept in its stack's open map until it closes.",
+    .tp_doc = "OpenSpan((id, kid, parent, level, sticky, opener, extra, t0)): a span, as "
+              "with or start() keep it in its stack's open map until it closes.",
     .tp_new = OpenSpan_new,
     .tp_dealloc = (destructor)OpenSpan_dealloc,
     .tp_traverse = (traverseproc)OpenSpan_traverse,
