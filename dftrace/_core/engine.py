@@ -8,6 +8,15 @@ twin (``_speedups``, used when it was built) keeps records as 64-byte structs in
 native memory and implements the hot styles itself; this module is the pure-Python
 engine and the slow paths of both.
 
+A span's lifecycle (id, parent, level, sticky args, push, NVTX, t0; t1, pop or
+unwind, ``args.error``, the incomplete flag, the record) is written once:
+:func:`open_span` / :func:`close_span`, which every style here calls (the C engine's
+twin is ``span_open`` / ``span_close`` in ``engine_c/engine.h``). A span opened by
+``with`` or ``start()`` waits in its stack's ``open`` map as an :class:`OpenSpan`
+(with the C engine, its ``_speedups.OpenSpan``: the same names), so either engine can
+close what the other opened; :func:`close_kept` ends one, and the ones left open
+inside it.
+
 A span carries the sticky args in force when it *started* (:func:`sticky_of`,
 refreshed once per ``update()``) and its own args, encoded when given
 (:class:`~.records.Extra`). Records go to the buffer (:mod:`.buffer`, which also
@@ -26,6 +35,7 @@ by many threads, tasks and recursive calls at once.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import threading
@@ -33,7 +43,7 @@ import weakref
 import sys
 from contextvars import ContextVar
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import state as _state
 from .buffer import BUFFER, SPECIALS, discard_buffered, room as _room, wait_for_room, wake_consumer
@@ -67,8 +77,7 @@ def _get_running_loop() -> Any:
 class Stack(list):
     """Ids of the open spans of one thread or task, above a 0 sentinel (so
     ``self[-1]`` is always the parent id and ``len(self)`` the next level). ``open``
-    maps the id of each span opened by ``with``/``start()`` to
-    ``(t0, opener, extra, parent, level, sticky)``."""
+    maps the id of each span opened by ``with``/``start()`` to its :class:`OpenSpan`."""
 
     __slots__ = ("tid", "owner", "open", "__weakref__")
 
@@ -76,7 +85,7 @@ class Stack(list):
         super().__init__((0,))
         self.tid = tid
         self.owner = owner
-        self.open: dict[int, tuple] = {}
+        self.open: dict[int, OpenSpan] = {}
 
 
 class _ThreadLocal(threading.local):
@@ -273,6 +282,85 @@ def _sticky(node: Any) -> Extra | None:
     return node._sticky if node._sgen == STATE.sgen else sticky_of(node)
 
 
+# ---------------------------------------------------------------------------
+# A span's lifecycle: open_span / close_span, the only place it is written (the
+# C engine's twin is span_open / span_close in engine_c/engine.h).
+# ---------------------------------------------------------------------------
+
+class OpenSpan(NamedTuple):
+    """A span from its start to its end: its id and kind, its parent and level, the
+    sticky args when it started, who opened it and with which args of its own, and
+    t0. The spans ``with`` and ``start()`` open wait in their stack's ``open`` map as
+    one of these. Made by :func:`new_open` from a tuple of the fields; with the C
+    engine that makes its ``_speedups.OpenSpan`` (the same names, read-only), which
+    both engines' closes read."""
+
+    id: int
+    kid: int
+    parent: int
+    level: int
+    sticky: Extra | None
+    opener: Any
+    extra: Any
+    t0: int
+
+
+#: ``new_open((id, kid, parent, level, sticky, opener, extra, t0))``: an OpenSpan
+#: (a tuple made in C, not through a Python ``__new__``).
+new_open = functools.partial(tuple.__new__, OpenSpan)
+
+
+def open_span(stk: Stack, node: Any, kid: int, opener: Any = None, extra: Any = None,
+              push: bool = True, pairs: bool = True, keep: bool = False,
+              t0: int | None = None) -> OpenSpan:
+    """Open a span of kind ``kid`` for ``node`` on ``stk``: a new id, the top of the
+    stack as its parent, the depth as its level, the node's sticky args now. ``push``:
+    it nests (spans opened meanwhile are its children; a generator's does not);
+    ``keep``: it waits in ``stk.open`` (``with``, ``start()``); ``pairs``: it closes
+    after the spans opened inside it (for NVTX). t0 is ``t0``, or the clock, read
+    last."""
+    i = new_id()
+    p = stk[-1]
+    lvl = len(stk)
+    sticky = _sticky(node)
+    if push:
+        stk.append(i)
+    if NVTX_ON:
+        nvtx_open(kid, i, stk, pairs)
+    s = new_open((i, kid, p, lvl, sticky, opener, extra, clock() if t0 is None else t0))
+    if keep:
+        stk.open[i] = s
+    return s
+
+
+def close_span(stk: Stack, s: OpenSpan, t1: int, x: Any = None,
+               error: BaseException | None = None, count: int = -1, incomplete: bool = False,
+               pushed: bool = True, recorded: bool = True) -> None:
+    """Close span ``s`` at ``t1`` and record it with args ``x`` (an Extra, a dict or
+    None), tagged ``error: <type>`` when ``error`` is given (an ``Exception``),
+    ``count`` (-1: none) and flagged ``incomplete``. ``pushed``: it is on ``stk``,
+    popped here with anything left above it; else (a generator's) it is recorded
+    where it started if it nests there, else on a track of its own. ``recorded``
+    False: it ended without a record (an iterator's end)."""
+    i = s.id
+    p = s.parent
+    lvl = s.level
+    if pushed:
+        if stk and stk[-1] == i:
+            stk.pop()
+        else:
+            _unwind(stk, i)
+    elif not _nests(stk, p, lvl):
+        stk, p, lvl = _side_stack(stk), 0, 1
+    if not recorded:
+        if NVTX_ON:
+            nvtx_close(i)
+        return
+    if error is not None:
+        x = with_error(x, error)
+    record(s.kid, s.t0, t1, i, p, lvl, stk.tid, s.sticky, x, count, INCOMPLETE if incomplete else 0)
+
+
 # Pure-Python spans add a frame per traced call; past this depth each call makes
 # sure the recursion limit leaves the program the depth it would have untraced.
 _DEEP = 128
@@ -316,30 +404,18 @@ def wrap_sync(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
         stk = LOCAL.stk
         if stk is None:
             stk = resolve()
-        sticky = _sticky(node)
-        i = new_id()
-        p = stk[-1]
-        lvl = len(stk)
-        if lvl >= _DEEP:
-            _deepen(lvl)
-        stk.append(i)
-        if NVTX_ON:
-            nvtx_open(kid, i, stk, True)
-        t0 = clock()
+        s = open_span(stk, node, kid)
+        if s.level >= _DEEP:
+            _deepen(s.level)
         try:
             r = fn(*args, **kwargs)
         except BaseException as e:
-            t1 = clock()
-            _unwind(stk, i)
-            record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
-                   with_error(extra, e) if capture is None
-                   else capture.extra(extra, params, error=e))
+            if capture is None:
+                close_span(stk, s, clock(), extra, e)
+            else:
+                close_span(stk, s, clock(), capture.extra(extra, params, error=e))
             raise
-        t1 = clock()
-        if stk.pop() is not i:
-            _unwind(stk, i)
-        record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
-               extra if capture is None else capture.extra(extra, params, r))
+        close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r))
         return r
 
     return wrapper
@@ -355,46 +431,19 @@ def wrap_async(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
             return await fn(*args, **kwargs)
         params = capture.params(args, kwargs) if capture is not None else None
         stk = resolve()
-        sticky = _sticky(node)
-        i = new_id()
-        p = stk[-1]
-        lvl = len(stk)
-        stk.append(i)
-        if NVTX_ON:
-            nvtx_open(kid, i, stk, False)
-        t0 = clock()
+        s = open_span(stk, node, kid, pairs=False)
         try:
             r = await fn(*args, **kwargs)
         except BaseException as e:
-            t1 = clock()
-            _unwind(stk, i)
-            record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
-                   with_error(extra, e) if capture is None
-                   else capture.extra(extra, params, error=e))
+            if capture is None:
+                close_span(stk, s, clock(), extra, e)
+            else:
+                close_span(stk, s, clock(), capture.extra(extra, params, error=e))
             raise
-        t1 = clock()
-        _unwind(stk, i)
-        record(kid, t0, t1, i, p, lvl, stk.tid, sticky,
-               extra if capture is None else capture.extra(extra, params, r))
+        close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r))
         return r
 
     return wrapper
-
-
-class _NoCapture:
-    """Plays the capture spec for the uncaptured generator paths, which are not hot:
-    no parameters, no result, ``args.error`` on an exception."""
-
-    @staticmethod
-    def params(args: tuple, kwargs: dict) -> None:
-        return None
-
-    @staticmethod
-    def extra(extra: Any, params: Any, result: Any = None, error: BaseException | None = None) -> Any:
-        return extra if error is None else with_error(extra, error)
-
-
-_NO_CAPTURE = _NoCapture()
 
 
 def _side_stack(stk: Stack) -> Stack:
@@ -430,89 +479,71 @@ def _wrap_generating(fn: Any, obj: Any, gate: Any, capture: Any, span: Any) -> A
     """The wrapper of a (async) generator function: ``span`` wraps what it returns."""
     node = obj._node
     extra = obj._extra
-    capture = capture or _NO_CAPTURE
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         gen = fn(*args, **kwargs)
         if not gate._on:
             return gen
-        return span(gen, node, extra, capture, capture.params(args, kwargs))
+        return span(gen, node, extra, capture,
+                    capture.params(args, kwargs) if capture is not None else None)
 
     return wrapper
 
 
-def _close_detached(node: Any, stk: Stack, t0: int, i: int, p: int, lvl: int,
-                    sticky: Any, x: Any) -> None:
-    """Record a span that was never on its stack (a generator's): where it started
-    if it nests there, else on a track of its own."""
-    if _nests(stk, p, lvl):
-        record(node._kid, t0, clock(), i, p, lvl, stk.tid, sticky, x)
-    else:
-        record(node._kid, t0, clock(), i, 0, 1, _side_stack(stk).tid, sticky, x)
-
-
 def _generator_span(gen: Any, node: Any, extra: Any, capture: Any, params: Any) -> Any:
     stk = current_stack()
-    p, lvl = stk[-1], len(stk)
-    sticky = _sticky(node)
-    i = new_id()
-    if NVTX_ON:
-        nvtx_open(node._kid, i, stk, False)
-    t0 = clock()
+    s = open_span(stk, node, node._kid, push=False, pairs=False)
     try:
         r = yield from gen
     except BaseException as e:
-        _close_detached(node, stk, t0, i, p, lvl, sticky, capture.extra(extra, params, error=e))
+        if capture is None:
+            close_span(stk, s, clock(), extra, e, pushed=False)
+        else:
+            close_span(stk, s, clock(), capture.extra(extra, params, error=e), pushed=False)
         raise
-    _close_detached(node, stk, t0, i, p, lvl, sticky, capture.extra(extra, params, r))
+    close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r),
+               pushed=False)
     return r
 
 
 async def _asyncgen_span(agen: Any, node: Any, extra: Any, capture: Any, params: Any) -> Any:
     stk = current_stack()
-    p, lvl = stk[-1], len(stk)
-    sticky = _sticky(node)
-    i = new_id()
-    if NVTX_ON:
-        nvtx_open(node._kid, i, stk, False)
-    t0 = clock()
-    x = None
+    s = open_span(stk, node, node._kid, push=False, pairs=False)
+    error = None
     try:
         async for item in agen:
             yield item
     except BaseException as e:
-        x = capture.extra(extra, params, error=e)
+        error = e
         raise
     finally:
-        if x is None:
-            x = capture.extra(extra, params)
-        _close_detached(node, stk, t0, i, p, lvl, sticky, x)
+        if capture is None:
+            close_span(stk, s, clock(), extra, error, pushed=False)
+        else:
+            close_span(stk, s, clock(), capture.extra(extra, params, error=error), pushed=False)
 
 
 # ---------------------------------------------------------------------------
-# Context managers and hooks: the start time waits in the stack's ``open`` map.
-# ``cm_enter``/``cm_exit`` are installed directly as ``__enter__``/``__exit__``.
+# Context managers and hooks: the span waits in the stack's ``open`` map, as an
+# OpenSpan under its id, until its end (``close_kept``). ``cm_enter``/``cm_exit``
+# are installed directly as ``__enter__``/``__exit__``.
 # ---------------------------------------------------------------------------
 
-def _open(stk: Stack, obj: Any) -> int:
-    sticky = _sticky(obj._node)
-    i = new_id()
-    stk.open[i] = (clock(), obj, obj._extra, stk[-1], len(stk), sticky)
-    stk.append(i)
-    if NVTX_ON:
-        nvtx_open(obj._node._kid, i, stk, True)
-    return i
+def _open(stk: Stack, obj: Any) -> OpenSpan:
+    node = obj._node
+    return open_span(stk, node, node._kid, obj, obj._extra, keep=True)
 
 
-def _close(stk: Stack, i: int, t1: int, x: Any = None, incomplete: bool = False) -> None:
-    ent = stk.open.pop(i, None)
-    if ent is None:
+def close_kept(stk: Stack, i: int, t1: int, x: Any = None, error: BaseException | None = None,
+               incomplete: bool = False) -> None:
+    """Close span ``i``, kept in ``stk.open`` (``with``, ``start()``), at ``t1`` with
+    args ``x`` (None: its opener's own). Spans opened inside it and still open (a
+    start() whose stop never came) end here too, flagged incomplete, so nesting
+    stays valid."""
+    s = stk.open.pop(i, None)
+    if s is None:
         return
-    if stk and stk[-1] == i:
-        stk.pop()
-    else:
-        # Spans opened inside this one and still open (a start() whose stop never
-        # came) end here too, flagged incomplete, so nesting stays valid.
+    if not (stk and stk[-1] == i):
         try:
             above = stk[stk.index(i) + 1:]
         except ValueError:
@@ -520,11 +551,8 @@ def _close(stk: Stack, i: int, t1: int, x: Any = None, incomplete: bool = False)
         for j in reversed(above):
             if j in stk.open:
                 STATE.open_spans.pop(j, None)
-                _close(stk, j, t1, incomplete=True)
-        _unwind(stk, i)
-    t0, obj, extra, p, lvl, sticky = ent
-    record(obj._node._kid, t0, t1, i, p, lvl, stk.tid, sticky, extra if x is None else x, -1,
-           INCOMPLETE if incomplete else 0)
+                close_kept(stk, j, t1, incomplete=True)
+    close_span(stk, s, t1, s.extra if x is None else x, error, incomplete=incomplete)
 
 
 def cm_enter(self: Any) -> Any:
@@ -550,17 +578,17 @@ def cm_exit(self: Any, et: Any, ev: Any, tb: Any) -> bool:
         if not stk.open:
             return False
         i = stk[-1]
-        ent = stk.open.get(i)
-        if ent is None or ent[1] is not self:
+        s = stk.open.get(i)
+        if s is None or s.opener is not self:
             i = 0
             for j in reversed(stk):  # not the innermost: an exit out of order
-                ent = stk.open.get(j)
-                if ent is not None and ent[1] is self:
+                s = stk.open.get(j)
+                if s is not None and s.opener is self:
                     i = j
                     break
             if not i:
                 return False
-        _close(stk, i, t1, None if ev is None else with_error(ent[2], ev))
+        close_kept(stk, i, t1, error=ev)
     except Exception:
         pass
     return False
@@ -578,7 +606,7 @@ def start(obj: Any) -> tuple[Stack, int] | None:
     stk = LOCAL.stk
     if stk is None or _get_running_loop() is not None:
         stk = resolve()
-    i = _open(stk, obj)
+    i = _open(stk, obj).id
     STATE.open_spans[i] = stk
     return stk, i
 
@@ -588,16 +616,16 @@ def _find_open(obj: Any) -> tuple[Stack, int] | None:
     opened = STATE.open_spans
     stk = current_stack()
     for j in reversed(stk):
-        ent = stk.open.get(j)
-        if ent is not None and ent[1] is obj and j in opened:
+        s = stk.open.get(j)
+        if s is not None and s.opener is obj and j in opened:
             return stk, j
     # ... else the most recent one anywhere (a hook called from another thread).
     for j in sorted(opened, reverse=True):
-        s = opened.get(j)
-        if s is not None:
-            ent = s.open.get(j)
-            if ent is not None and ent[1] is obj:
-                return s, j
+        stk = opened.get(j)
+        if stk is not None:
+            s = stk.open.get(j)
+            if s is not None and s.opener is obj:
+                return stk, j
     return None
 
 
@@ -618,12 +646,12 @@ def stop(obj: Any, token: tuple[Stack, int] | None = None,
     if i in stk:
         for j in stk[stk.index(i) + 1:][::-1]:
             if STATE.open_spans.pop(j, None) is not None:
-                _close(stk, j, t1, incomplete=True)
+                close_kept(stk, j, t1, incomplete=True)
     x = None
     if args:
-        ent = stk.open.get(i)
-        x = Extra.joined(ent[2] if ent is not None else None, to_extra(args))
-    _close(stk, i, t1, x)
+        s = stk.open.get(i)
+        x = Extra.joined(s.extra if s is not None else None, to_extra(args))
+    close_kept(stk, i, t1, x)
     return True
 
 
@@ -634,7 +662,7 @@ def close_all_open() -> int:
     for i in sorted(STATE.open_spans, reverse=True):
         stk = STATE.open_spans.pop(i, None)
         if stk is not None:
-            _close(stk, i, t1, incomplete=True)
+            close_kept(stk, i, t1, incomplete=True)
             n += 1
     return n
 
@@ -670,9 +698,10 @@ def restick_open(node: Any) -> None:
     try:
         stk = current_stack()
         sticky = sticky_of(node)
-        for j, ent in list(stk.open.items()):
-            if ent[1]._node is node:
-                stk.open[j] = ent[:5] + (sticky,)
+        for j, s in list(stk.open.items()):
+            if s.opener._node is node:
+                stk.open[j] = new_open((s.id, s.kid, s.parent, s.level, sticky, s.opener,
+                                        s.extra, s.t0))
     except Exception:
         pass
 
@@ -690,15 +719,15 @@ def cm_find(match: Any) -> tuple[Stack, int, Any] | None:
     ``match``, as ``(stack, id, opener)``; None when there is none."""
     stk = current_stack()
     for j in reversed(stk):
-        ent = stk.open.get(j)
-        if ent is not None and match(ent[1]):
-            return stk, j, ent[1]
+        s = stk.open.get(j)
+        if s is not None and match(s.opener):
+            return stk, j, s.opener
     return None
 
 
 def cm_close(stk: Stack, i: int, t1: int, x: Any) -> None:
     """Close span ``i`` (from :func:`cm_open`) at ``t1`` with args ``x``."""
-    _close(stk, i, t1, x)
+    close_kept(stk, i, t1, x)
 
 
 def _clocks_agree(native_clock: Any, tries: int = 5) -> bool:
@@ -738,6 +767,7 @@ def _load_speedups() -> Any:
 speedups = _load_speedups()
 if speedups is not None:
     record = speedups.record  # noqa: F811 - the C twin of the function above
+    new_open = speedups.OpenSpan  # noqa: F811 - kept spans the C styles read in place
     new_id = speedups.new_id  # noqa: F811 - one id counter for both engines' paths
     bump_sticky = speedups.bump_sticky_gen  # noqa: F811
 _state.bind_native(speedups)

@@ -12,9 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import engine as _engine
-from .engine import (LOCAL, Stack, _sticky, _unwind, clock, new_id, record, resolve, speedups,
-                     with_error)
-from .nvtx_ranges import close_range as nvtx_close, open_range as nvtx_open
+from .engine import LOCAL, OpenSpan, Stack, clock, close_span, open_span, resolve, speedups
 
 __all__ = ["aiterate", "iterate"]
 
@@ -46,38 +44,21 @@ def _iterate(obj: Any, gate: Any, iterable: Any, capture: Any) -> Any:
         stk = LOCAL.stk
         if stk is None or _engine._get_running_loop() is not None:
             stk = resolve()
-        sticky = _sticky(node)
-        i = new_id()
-        p = stk[-1]
-        lvl = len(stk)
-        stk.append(i)
-        if _engine.NVTX_ON:
-            nvtx_open(ikid, i, stk, True)
-        t0 = clock()
+        s = open_span(stk, node, ikid)
         try:
             item = next(it)
         except StopIteration:
-            _unwind(stk, i)
-            if _engine.NVTX_ON:
-                nvtx_close(i)
+            close_span(stk, s, 0, recorded=False)  # the end: no .iter span
             return
         except BaseException as e:
-            t1 = clock()
-            _unwind(stk, i)
-            record(ikid, t0, t1, i, p, lvl, stk.tid, sticky, with_error(extra, e))
+            close_span(stk, s, clock(), extra, e)
             raise
         t1 = clock()
-        if stk.pop() is not i:
-            _unwind(stk, i)
         count += 1
-        record(ikid, t0, t1, i, p, lvl, stk.tid, sticky,
-               extra if capture is None else capture.item_extra(extra, count, item), count)
-        j = new_id()
-        stk.append(j)
-        if _engine.NVTX_ON:
-            nvtx_open(bkid, j, stk, True)
-        block = _Block(bkid, t1, j, p, lvl, stk, sticky, extra, count)
-        _OPEN_BLOCKS[j] = block
+        close_span(stk, s, t1, extra if capture is None else capture.item_extra(extra, count, item),
+                   count=count)
+        block = _Block(open_span(stk, node, bkid, extra=extra, t0=t1), stk, count)
+        _OPEN_BLOCKS[block.span.id] = block
         try:
             yield item
         finally:
@@ -87,30 +68,24 @@ def _iterate(obj: Any, gate: Any, iterable: Any, capture: Any) -> Any:
 class _Block:
     """The open loop-body span of a pure-Python ``.iter()`` (see ``_OPEN_BLOCKS``)."""
 
-    __slots__ = ("kid", "t0", "i", "p", "lvl", "stk", "sticky", "extra", "count")
+    __slots__ = ("span", "stk", "count")
 
-    def __init__(self, kid: int, t0: int, i: int, p: int, lvl: int, stk: Stack,
-                 sticky: Any, extra: Any, count: int):
-        self.kid, self.t0, self.i, self.p, self.lvl = kid, t0, i, p, lvl
-        self.stk, self.sticky, self.extra, self.count = stk, sticky, extra, count
+    def __init__(self, span: OpenSpan, stk: Stack, count: int):
+        self.span, self.stk, self.count = span, stk, count
 
     def close(self, t2: int) -> None:
-        if _OPEN_BLOCKS.pop(self.i, None) is None:
+        s = self.span
+        if _OPEN_BLOCKS.pop(s.id, None) is None:
             return  # already ended by an iterator below it
         stk = self.stk
         # Blocks of other iterators still open above this one (zip of two .iter()s)
         # end here first, so both nest.
-        while stk and stk[-1] != self.i:
+        while stk and stk[-1] != s.id:
             other = _OPEN_BLOCKS.get(stk[-1])
             if other is None:
                 break
             other.close(t2)
-        if stk and stk[-1] == self.i:
-            stk.pop()
-        else:
-            _unwind(stk, self.i)
-        record(self.kid, self.t0, t2, self.i, self.p, self.lvl, stk.tid, self.sticky,
-               self.extra, self.count)
+        close_span(stk, s, t2, s.extra, count=self.count)
 
 
 #: Loop-body spans open now, by id (pure-Python engine; the C engine keeps a list).
@@ -134,37 +109,20 @@ async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
             yield item
             continue
         stk = resolve()
-        sticky = _sticky(node)
-        i = new_id()
-        p = stk[-1]
-        lvl = len(stk)
-        stk.append(i)
-        if _engine.NVTX_ON:
-            nvtx_open(ikid, i, stk, False)
-        t0 = clock()
+        s = open_span(stk, node, ikid, pairs=False)
         try:
             item = await it.__anext__()
         except StopAsyncIteration:
-            _unwind(stk, i)
-            if _engine.NVTX_ON:
-                nvtx_close(i)
+            close_span(stk, s, 0, recorded=False)  # the end: no .iter span
             return
         except BaseException as e:
-            t1 = clock()
-            _unwind(stk, i)
-            record(ikid, t0, t1, i, p, lvl, stk.tid, sticky, with_error(extra, e))
+            close_span(stk, s, clock(), extra, e)
             raise
         t1 = clock()
-        _unwind(stk, i)
         count += 1
-        record(ikid, t0, t1, i, p, lvl, stk.tid, sticky, extra, count)
-        j = new_id()
-        stk.append(j)
-        if _engine.NVTX_ON:
-            nvtx_open(bkid, j, stk, False)
+        close_span(stk, s, t1, extra, count=count)
+        block = open_span(stk, node, bkid, extra=extra, pairs=False, t0=t1)
         try:
             yield item
         finally:
-            t2 = clock()
-            _unwind(stk, j)
-            record(bkid, t1, t2, j, p, lvl, stk.tid, sticky, extra, count)
+            close_span(stk, block, clock(), extra, count=count)

@@ -604,7 +604,7 @@ def _finish_on_signal(signum: int) -> None:
             continue
         for i in reversed(list(stk)):
             if i in stk.open:
-                _engine._close(stk, i, t1, incomplete=True)
+                _engine.close_kept(stk, i, t1, incomplete=True)
     try:
         finalize()
     except BaseException:

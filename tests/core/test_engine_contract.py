@@ -133,6 +133,35 @@ _PROGRAM = textwrap.dedent('''
     def fails():
         raise ValueError("in a decorated call")
 
+    @ai.dataloader.fetch
+    def batches_fail():
+        yield 1
+        raise OSError("in a decorated generator")
+
+    @ai.data.init
+    async def stream(n):
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+
+    @ai.data.preprocess
+    async def prepare_fails():
+        raise RuntimeError("in a decorated coroutine")
+
+    def source_fails():
+        yield 1
+        raise LookupError("in the iterable of an .iter()")
+
+    async def in_a_loop():
+        async for i in stream(2):
+            forward(i)
+        try:
+            await prepare_fails()
+        except RuntimeError:
+            pass
+        async for i in ai.data.item.aiter(stream(2)):
+            forward(i)
+
     def step(tag):
         with ai.pipeline.epoch(args={"thread": tag}):
             forward(1)
@@ -161,6 +190,34 @@ _PROGRAM = textwrap.dedent('''
             except ValueError:
                 pass
             asyncio.run(prepare(7))
+            # a start() left open inside another: the outer stop() ends it, incomplete
+            outer = ai.pipeline.train.start()
+            ai.comm.bcast.start()
+            forward(6)
+            outer.stop()
+            ai.pipeline.evaluate.start()
+            ai.comm.bcast.start()
+            ai.pipeline.evaluate.stop()
+            # two .iter()s zipped: their loop-body spans nest
+            for a, b in zip(ai.dataloader.fetch.iter(range(2)), ai.compute.forward.iter(range(3))):
+                forward(a + b)
+            try:
+                for x in ai.dataloader.fetch.iter(source_fails()):
+                    forward(x)
+            except LookupError:
+                pass
+            try:
+                for b in batches_fail():
+                    forward(b)
+            except OSError:
+                pass
+            try:
+                s = ai.checkpoint.capture(args={"k": 1}).start()
+                with ai.compute.step(args={"own": 2}):
+                    raise IndexError("in a with block of a use")
+            except IndexError:
+                s.stop(args={"bytes": 1})
+            asyncio.run(in_a_loop())
 
     with testing.trace_to(sys.argv[1]) as t:
         ai.update(epoch=1)
@@ -215,4 +272,14 @@ def test_both_engines_write_the_same_trace_for_every_span_style(tmp_path):
     assert c_spans == py_spans
     names = {s[0] for thread in c_spans for s in thread}
     assert {"forward", "fetch", "epoch", "fetch.iter", "fetch.block", "all_reduce", "capture",
-            "step", "backward", "preprocess", "item"} <= names, names
+            "step", "backward", "preprocess", "item", "data.init", "item.iter", "item.block",
+            "forward.iter", "forward.block", "train", "evaluate", "bcast"} <= names, names
+    # an exception inside each style is the span's args.error, under both engines
+    errors = {(s[0], json.loads(s[4])["error"]) for thread in c_spans for s in thread
+              if "error" in json.loads(s[4])}
+    assert {("backward", "ValueError"), ("step", "KeyError"), ("step", "IndexError"),
+            ("fetch.iter", "LookupError"), ("fetch", "OSError"),
+            ("preprocess", "RuntimeError")} <= errors, errors
+    # the start()s left open were ended by the outer stop(), flagged incomplete
+    incomplete = [s for thread in c_spans for s in thread if "incomplete" in s[4] + s[5]]
+    assert {s[0] for s in incomplete} == {"bcast"} and len(incomplete) == 6, incomplete

@@ -1,6 +1,6 @@
 /* records.c: kinds (kid -> the `,"name":..,"cat":..` piece of its lines), the native
  * buffer of records in chunks, and record(), the recording primitive Python calls
- * (the span styles in C call emit_span, engine.h, directly). */
+ * (the span styles in C record through span_close, engine.h, which calls emit_span). */
 #include "engine.h"
 
 /* Grown by copying into a larger array; an old array is never freed, because the

@@ -1,10 +1,11 @@
 /* spans.c: the span styles that need no Python method table of their own: the
  * decorator (SpanWrapper) and .iter() (SpanIter), with what every style shares:
  * this thread's stack cache, NVTX ranges, a node's kind ids. The with/start/stop
- * styles are in traceable.c; all of them record through emit_span (engine.h).
+ * styles are in traceable.c; all of them open and close their spans with
+ * span_open / span_close (engine.h), which record through emit_span.
  *
  * A new span style: a type here (or in traceable.c when it is a node's method)
- * that opens on current_stack(), times with now_ns() and closes with emit_span();
+ * that opens on current_stack() with span_open() and closes with span_close();
  * register its type in module.c's PyInit and list the attributes it reads in
  * ENGINE_READS (module.c). */
 #include "engine.h"
@@ -102,18 +103,6 @@ uint32_t dft_node_kid(PyObject *node, PyObject *name) {
     return (uint32_t)v;
 }
 
-/* Remove span `id` from the top of `stk`; anything left above it is unwound. */
-static int stack_pop(PyObject *stk, PyObject *id) {
-    Py_ssize_t n = PyList_GET_SIZE(stk);
-    if (n > 0 && PyList_GET_ITEM(stk, n - 1) == id)
-        return drop_top(stk);
-    PyObject *r = PyObject_CallFunctionObjArgs(dft_calls.unwind, stk, id, NULL);
-    if (!r)
-        return -1;
-    Py_DECREF(r);
-    return 0;
-}
-
 /* ------------------------------------------------------------------------- */
 /* SpanWrapper: the decorator                                                 */
 
@@ -151,58 +140,17 @@ static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, 
         Py_DECREF(stk);
         return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     }
-    PyObject *sticky = node_sticky(w->node);
-    if (!sticky) {
-        PyErr_Clear();
-        sticky = Py_None;
-        Py_INCREF(sticky);
-    }
-    PyObject *id = new_id();
-    PyObject *tid = id ? stk_tid(stk) : NULL;
-    if (!tid || PyList_Append(stk, id) < 0) {
-        Py_XDECREF(tid);
-        Py_XDECREF(id);
-        Py_DECREF(sticky);
+    span_t sp;
+    if (span_open(&sp, stk, w->node, w->kid, SPAN_NOW, NULL, NULL) < 0) {
         Py_DECREF(stk);
-        PyErr_Clear();
         return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     }
-    Py_ssize_t lvl = PyList_GET_SIZE(stk) - 1;
-    PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
-    Py_INCREF(p);
-    NVTX_OPEN(w->kid, id, stk, 1);
-    long long t0 = now_ns();
     PyObject *result = PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     long long t1 = now_ns();
-    if (!result) {
-        /* record the span with args.error, then let the exception go on unchanged */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        PyErr_NormalizeException(&et, &ev, &tb);
-        PyObject *x = ev ? PyObject_CallFunctionObjArgs(dft_calls.with_error, w->extra, ev, NULL) : NULL;
-        if (!x) {
-            PyErr_Clear();
-            x = w->extra;
-            Py_INCREF(x);
-        }
-        if (stack_pop(stk, id) < 0)
-            PyErr_Clear();
-        if (emit_span(w->kid, t0, t1, id, p, lvl, tid, sticky, x, -1, 0) < 0) {
-            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
-        } else {
-            PyErr_Restore(et, ev, tb);
-        }
-        Py_DECREF(x);
-    } else {
-        if (stack_pop(stk, id) < 0)
-            PyErr_Clear();
-        if (emit_span(w->kid, t0, t1, id, p, lvl, tid, sticky, w->extra, -1, 0) < 0)
-            Py_CLEAR(result); /* a signal's exception while waiting for room */
-    }
-    Py_DECREF(sticky);
-    Py_DECREF(tid);
-    Py_DECREF(p);
-    Py_DECREF(id);
+    if (!result)
+        span_close_raised(&sp, stk, t1, w->extra, -1); /* args.error; the exception goes on */
+    else if (span_close(&sp, stk, t1, w->extra, NULL, -1, 0) < 0)
+        Py_CLEAR(result); /* a signal's exception while waiting for room */
     Py_DECREF(stk);
     return result;
 }
@@ -306,11 +254,10 @@ typedef struct SpanIter {
     PyObject *extra;   /* Extra or None */
     uint32_t ikid, bkid;
     long long count;
-    /* the open block span */
+    /* the open loop-body span, on bstk */
     int block_open;
-    PyObject *bstk, *bid, *bp, *btid, *bsticky;
-    Py_ssize_t blvl;
-    long long bt0;
+    PyObject *bstk;
+    span_t block;
 } SpanIter;
 
 /* Iterators whose loop-body span is open, so that one whose body span ends while
@@ -342,10 +289,10 @@ static int close_block(SpanIter *s, long long t2);
 static int close_blocks_above(SpanIter *s, long long t2) {
     PyObject *stk = s->bstk;
     Py_ssize_t n = PyList_GET_SIZE(stk);
-    while (n > 0 && PyList_GET_ITEM(stk, n - 1) != s->bid) {
+    while (n > 0 && PyList_GET_ITEM(stk, n - 1) != s->block.id) {
         PyObject *top = PyList_GET_ITEM(stk, n - 1);
         SpanIter *o = open_iters;
-        while (o && !(o->block_open && o->bid == top))
+        while (o && !(o->block_open && o->block.id == top))
             o = o->next_open;
         if (!o)
             return 0; /* not a block: left to stack_pop (unwound) */
@@ -367,15 +314,8 @@ static int close_block(SpanIter *s, long long t2) {
         return -1;
     s->block_open = 0;
     unlink_open(s);
-    if (stack_pop(s->bstk, s->bid) < 0)
-        PyErr_Clear();
-    int rc = emit_span(s->bkid, s->bt0, t2, s->bid, s->bp, s->blvl, s->btid, s->bsticky, s->extra,
-                       s->count, 0);
+    int rc = span_close(&s->block, s->bstk, t2, s->extra, NULL, s->count, 0);
     Py_CLEAR(s->bstk);
-    Py_CLEAR(s->bid);
-    Py_CLEAR(s->bp);
-    Py_CLEAR(s->btid);
-    Py_CLEAR(s->bsticky);
     return rc;
 }
 
@@ -403,81 +343,38 @@ static PyObject *SpanIter_next(SpanIter *s) {
         PyErr_Clear();
         return plain_next(s);
     }
-    PyObject *sticky = node_sticky(s->node);
-    if (!sticky) {
-        PyErr_Clear();
-        sticky = Py_None;
-        Py_INCREF(sticky);
-    }
-    PyObject *id = new_id();
-    PyObject *tid = id ? stk_tid(stk) : NULL;
-    if (!tid || PyList_Append(stk, id) < 0) {
-        Py_XDECREF(tid); Py_XDECREF(id); Py_DECREF(sticky); Py_DECREF(stk);
-        PyErr_Clear();
+    span_t item_span;
+    if (span_open(&item_span, stk, s->node, s->ikid, SPAN_NOW, NULL, NULL) < 0) {
+        Py_DECREF(stk);
         return plain_next(s);
     }
-    Py_ssize_t lvl = PyList_GET_SIZE(stk) - 1;
-    PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
-    Py_INCREF(p);
-    NVTX_OPEN(s->ikid, id, stk, 1);
-    long long t0 = now_ns();
     PyObject *item = PyIter_Next(s->it);
     long long t1 = now_ns();
-    if (stack_pop(stk, id) < 0)
-        PyErr_Clear();
     if (item == NULL) {
         Py_CLEAR(s->it);
-        if (PyErr_Occurred()) {
-            /* the source raised: record the .iter span with args.error, re-raise */
-            PyObject *et, *ev, *tb;
-            PyErr_Fetch(&et, &ev, &tb);
-            PyErr_NormalizeException(&et, &ev, &tb);
-            PyObject *x = PyObject_CallFunctionObjArgs(dft_calls.with_error, s->extra, ev ? ev : Py_None, NULL);
-            if (!x) {
-                PyErr_Clear();
-                x = s->extra;
-                Py_INCREF(x);
-            }
-            if (emit_span(s->ikid, t0, t1, id, p, lvl, tid, sticky, x, -1, 0) < 0) {
-                Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
-            } else {
-                PyErr_Restore(et, ev, tb);
-            }
-            Py_DECREF(x);
-        } else {
-            NVTX_CLOSE(id); /* the end: no .iter span is recorded */
-        }
-        Py_DECREF(sticky); Py_DECREF(p); Py_DECREF(tid); Py_DECREF(id); Py_DECREF(stk);
+        if (PyErr_Occurred()) /* the source raised: the .iter span with args.error */
+            span_close_raised(&item_span, stk, t1, s->extra, -1);
+        else /* the end: no .iter span is recorded */
+            span_close(&item_span, stk, t1, NULL, NULL, -1, SPAN_UNRECORDED);
+        Py_DECREF(stk);
         return NULL;
     }
     s->count++;
-    if (emit_span(s->ikid, t0, t1, id, p, lvl, tid, sticky, s->extra, s->count, 0) < 0) {
+    /* the item's span ends; the loop body's follows it until the next call (or
+       close/dealloc) */
+    if (span_close_open_next(&item_span, stk, t1, s->extra, s->count, s->bkid) < 0) {
         Py_DECREF(item);
-        Py_DECREF(sticky); Py_DECREF(p); Py_DECREF(tid); Py_DECREF(id); Py_DECREF(stk);
+        Py_DECREF(stk);
         return NULL;
     }
-    Py_DECREF(id);
-    /* the loop body's span: open until the next call (or close/dealloc) */
-    PyObject *bid = new_id();
-    if (bid && PyList_Append(stk, bid) == 0) {
-        NVTX_OPEN(s->bkid, bid, stk, 1);
+    if (item_span.id) {
+        s->block = item_span;
         s->block_open = 1;
         s->bstk = stk;
-        s->bid = bid;
-        s->bp = p;
-        s->btid = tid;
-        s->bsticky = sticky;
-        s->blvl = lvl;
-        s->bt0 = t1;
         link_open(s);
-        return item;
+    } else {
+        Py_DECREF(stk);
     }
-    PyErr_Clear();
-    Py_XDECREF(bid);
-    Py_DECREF(sticky);
-    Py_DECREF(p);
-    Py_DECREF(tid);
-    Py_DECREF(stk);
     return item;
 }
 
@@ -513,7 +410,8 @@ static PyObject *SpanIter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
 
 static int SpanIter_traverse(SpanIter *s, visitproc visit, void *arg) {
     Py_VISIT(s->it); Py_VISIT(s->node); Py_VISIT(s->gate); Py_VISIT(s->extra);
-    Py_VISIT(s->bstk); Py_VISIT(s->bid); Py_VISIT(s->bp); Py_VISIT(s->btid); Py_VISIT(s->bsticky);
+    Py_VISIT(s->bstk); Py_VISIT(s->block.id); Py_VISIT(s->block.parent); Py_VISIT(s->block.sticky);
+    Py_VISIT(s->block.tid);
     return 0;
 }
 
@@ -522,7 +420,8 @@ static int SpanIter_clear(SpanIter *s) {
     if (s->block_open)
         unlink_open(s);
     s->block_open = 0;
-    Py_CLEAR(s->bstk); Py_CLEAR(s->bid); Py_CLEAR(s->bp); Py_CLEAR(s->btid); Py_CLEAR(s->bsticky);
+    Py_CLEAR(s->bstk); Py_CLEAR(s->block.id); Py_CLEAR(s->block.parent); Py_CLEAR(s->block.sticky);
+    Py_CLEAR(s->block.tid);
     return 0;
 }
 

@@ -34,63 +34,80 @@ static PyObject *get_extra(PyObject *o) {
 /* ------------------------------------------------------------------------- */
 /* TraceableBase: __enter__/__exit__ and start()/stop() for nodes and uses    */
 
-/* The entry a with-block or start() leaves in its stack's `open` map:
-   (t0, opener, extra, parent id, level, sticky), timed now. */
-#define ENTRY_LEN 6
-static PyObject *open_entry(PyObject *self, PyObject *extra, PyObject *stk) {
+/* OpenSpan objects live from a with-block's (or start()'s) beginning to its end: a
+   few are kept for the next ones, as CPython keeps its tuples. */
+#define OPEN_FREE_MAX 16
+static PyObject *open_free[OPEN_FREE_MAX];
+static int open_nfree = 0;
+
+static OpenSpanObject *entry_alloc(void) {
+    PyObject *o;
+    if (open_nfree) {
+        o = open_free[--open_nfree];
+        PyObject_Init(o, &dft_OpenSpanType);
+    } else {
+        o = (PyObject *)PyObject_GC_New(OpenSpanObject, &dft_OpenSpanType);
+        if (!o)
+            return NULL;
+    }
+    memset((char *)o + sizeof(PyObject), 0, sizeof(OpenSpanObject) - sizeof(PyObject));
+    PyObject_GC_Track(o);
+    return AS_OPEN(o);
+}
+
+/* Open a span of `self` (a node or use, with its args `extra`) on stk, kept in the
+   stack's map `open` until its end: the OpenSpan (new reference), or NULL with no
+   error set (nothing opened). */
+static PyObject *open_kept(PyObject *self, PyObject *extra, PyObject *stk, PyObject *open) {
     PyObject *node = get_node(self);
-    PyObject *sticky = node ? node_sticky(node) : NULL;
-    Py_XDECREF(node);
-    if (!sticky)
-        return NULL;
-    Py_ssize_t lvl = PyList_GET_SIZE(stk);
-    PyObject *t0 = PyLong_FromLongLong(now_ns()), *lv = PyLong_FromSsize_t(lvl);
-    PyObject *ent = (t0 && lv) ? PyTuple_New(ENTRY_LEN) : NULL;
-    if (!ent) {
-        Py_XDECREF(t0);
-        Py_XDECREF(lv);
-        Py_DECREF(sticky);
+    OpenSpanObject *e = node ? entry_alloc() : NULL;
+    if (!e) {
+        Py_XDECREF(node);
+        PyErr_Clear();
         return NULL;
     }
-    PyObject *par = PyList_GET_ITEM(stk, lvl - 1);
-    Py_INCREF(self); Py_INCREF(extra); Py_INCREF(par);
-    PyTuple_SET_ITEM(ent, 0, t0);
-    PyTuple_SET_ITEM(ent, 1, self);
-    PyTuple_SET_ITEM(ent, 2, extra);
-    PyTuple_SET_ITEM(ent, 3, par);
-    PyTuple_SET_ITEM(ent, 4, lv);
-    PyTuple_SET_ITEM(ent, 5, sticky);
+    uint32_t kid = dft_node_kid(node, dft_str_kid);
+    if (kid == 0xFFFFFFFFu) { /* not a node with a kind: its span cannot be written */
+        COUNT_DROP(1);
+        Py_DECREF(node);
+        Py_DECREF(e);
+        return NULL;
+    }
+    Py_INCREF(self);
+    Py_INCREF(extra);
+    e->opener = self;
+    e->extra = extra;
+    int rc = span_open(&e->span, stk, node, kid, SPAN_NOW, open, (PyObject *)e);
+    Py_DECREF(node);
+    if (rc < 0) {
+        Py_DECREF(e);
+        return NULL;
+    }
+    return (PyObject *)e;
+}
+
+/* The span `id` on top of stk, when it is a kept one opened by `opener` (borrowed),
+   else NULL (no error set). */
+static PyObject *kept_on_top(PyObject *stk, PyObject *open, PyObject *opener) {
+    PyObject *top = PyList_GET_ITEM(stk, PyList_GET_SIZE(stk) - 1);
+    PyObject *ent = PyDict_GetItemWithError(open, top);
+    if (!ent || !IS_OPEN_SPAN(ent) || AS_OPEN(ent)->opener != opener) {
+        PyErr_Clear();
+        return NULL;
+    }
     return ent;
 }
 
-/* The kind id of the spans of a node or use (0xFFFFFFFF: none). */
-static uint32_t span_kid(PyObject *self) {
-    PyObject *node = get_node(self);
-    uint32_t kid = node ? dft_node_kid(node, dft_str_kid) : 0xFFFFFFFFu;
-    Py_XDECREF(node);
-    return kid;
-}
-
-/* Record the span of an `open` entry, closed at t1. -1: an exception to propagate. */
-static int emit_entry(PyObject *ent, PyObject *id, PyObject *stk, PyObject *self, long long t1,
-                      PyObject *x) {
-    uint32_t kid = span_kid(self);
-    PyObject *tid = stk_tid(stk);
-#if LONG_MAX == LLONG_MAX
-    long long t0 = PyLong_AsLong(PyTuple_GET_ITEM(ent, 0)); /* no byte-array conversion */
-#else
-    long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(ent, 0));
-#endif
-    Py_ssize_t lvl = PyLong_AsSsize_t(PyTuple_GET_ITEM(ent, 4));
-    if (!tid || kid == 0xFFFFFFFFu || PyErr_Occurred()) {
-        Py_XDECREF(tid);
+/* Close the kept span `ent` (borrowed, in `open`) at t1 with args x (NULL: the
+   opener's own) and `error`: out of the map, then span_close. */
+static int close_kept(PyObject *ent, PyObject *stk, PyObject *open, long long t1, PyObject *x,
+                      PyObject *error) {
+    OpenSpanObject *e = AS_OPEN(ent);
+    Py_INCREF(ent);
+    if (PyDict_DelItem(open, e->span.id) < 0)
         PyErr_Clear();
-        COUNT_DROP(1);
-        return 0;
-    }
-    int rc = emit_span(kid, t0, t1, id, PyTuple_GET_ITEM(ent, 3), lvl, tid, PyTuple_GET_ITEM(ent, 5),
-                       x ? x : PyTuple_GET_ITEM(ent, 2), -1, 0);
-    Py_DECREF(tid);
+    int rc = span_close(&e->span, stk, t1, x ? x : e->extra, error, -1, 0);
+    Py_DECREF(ent);
     return rc;
 }
 
@@ -100,29 +117,18 @@ static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
         Py_INCREF(self);
         return self;
     }
-    PyObject *stk = current_stack(), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL;
+    PyObject *stk = current_stack(), *extra = NULL, *open = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto done;
     extra = get_extra(self);
     open = extra ? stk_open(stk) : NULL;
     if (!open || !PyDict_Check(open))
         goto done;
-    ent = open_entry(self, extra, stk);
-    id = ent ? new_id() : NULL;
-    if (!id)
-        goto done;
-    if (PyDict_SetItem(open, id, ent) < 0)
-        goto done;
-    if (PyList_Append(stk, id) < 0)
-        PyDict_DelItem(open, id);
-    else
-        NVTX_OPEN(span_kid(self), id, stk, 1);
+    Py_XDECREF(open_kept(self, extra, stk, open));
 done:
     PyErr_Clear(); /* entering a span never fails the user's with-statement */
-    Py_XDECREF(ent);
     Py_XDECREF(open);
     Py_XDECREF(extra);
-    Py_XDECREF(id);
     Py_XDECREF(stk);
     Py_INCREF(self);
     return self;
@@ -132,11 +138,9 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
     if (nargs == 3 && NOTHING_OPENED_EVER())
         Py_RETURN_FALSE; /* tracing never started: nothing to close */
     long long t1 = now_ns();
-    PyObject *stk = NULL, *open = NULL, *top, *ent;
+    PyObject *stk = NULL, *open = NULL, *ent;
     if (nargs != 3 || dft_calls.local == NULL)
         goto slow;
-    if (args[1] != Py_None)
-        goto slow; /* an exception: let Python tag the span with args.error */
     stk = local_stk();
     if (stk == Py_None) {
         /* A thread that never recorded has nothing to close (unless inside a loop). */
@@ -164,21 +168,10 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
     /* No event-loop check needed: a span opened inside a loop lives on its task's
        stack (LOCAL.stk is None there), so a match on top of LOCAL.stk is ours. */
     open = stk_open(stk);
-    if (!open || !PyDict_Check(open))
+    if (!open || !PyDict_Check(open) || !(ent = kept_on_top(stk, open, self)))
         goto slow;
-    Py_ssize_t n = PyList_GET_SIZE(stk);
-    top = PyList_GET_ITEM(stk, n - 1);
-    ent = PyDict_GetItemWithError(open, top);
-    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN ||
-        PyTuple_GET_ITEM(ent, 1) != self)
-        goto slow;
-    Py_INCREF(ent);
-    Py_INCREF(top);
-    if (PyDict_DelItem(open, top) < 0 || drop_top(stk) < 0)
-        PyErr_Clear();
-    int rc = emit_entry(ent, top, stk, self, t1, NULL);
-    Py_DECREF(top);
-    Py_DECREF(ent);
+    /* an exception leaving the block is the span's error (args.error) */
+    int rc = close_kept(ent, stk, open, t1, NULL, args[1] == Py_None ? NULL : args[1]);
     Py_DECREF(open);
     Py_DECREF(stk);
     if (rc < 0)
@@ -379,7 +372,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         Py_INCREF(dft_hooks.no_span);
         return dft_hooks.no_span;
     }
-    PyObject *stk = current_stack(), *id = NULL, *extra = NULL, *open = NULL, *ent = NULL,
+    PyObject *stk = current_stack(), *id, *extra = NULL, *open = NULL, *ent = NULL,
              *spans = NULL, *token = NULL, *span = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto fail;
@@ -398,26 +391,27 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
             return call_slow(dft_hooks.start_slow, self, args, nargsf, kwnames);
         }
     }
-    ent = open_entry(self, extra, stk);
-    id = ent ? new_id() : NULL;
+    ent = open_kept(self, extra, stk, open);
+    id = ent ? AS_OPEN(ent)->span.id : NULL; /* borrowed */
     token = id ? PyTuple_Pack(2, stk, id) : NULL;
     span = token ? span_alloc() : NULL;
-    if (!span || slot_set(span, &dft_slot_obj, self) < 0 || slot_set(span, &dft_slot_token, token) < 0)
-        goto fail;
-    if (PyDict_SetItem(open, id, ent) < 0)
-        goto fail;
-    if (PyList_Append(stk, id) < 0 || PyDict_SetItem(spans, id, stk) < 0) {
-        PyDict_DelItem(open, id);
+    if (!span || slot_set(span, &dft_slot_obj, self) < 0 || slot_set(span, &dft_slot_token, token) < 0 ||
+        PyDict_SetItem(spans, id, stk) < 0) {
+        if (ent) { /* not opened after all: nothing is recorded */
+            PyErr_Clear();
+            if (PyDict_DelItem(open, id) < 0)
+                PyErr_Clear();
+            span_close(&AS_OPEN(ent)->span, stk, 0, NULL, NULL, -1, SPAN_UNRECORDED);
+        }
         goto fail;
     }
-    NVTX_OPEN(span_kid(self), id, stk, 1);
     Py_DECREF(token); Py_DECREF(ent); Py_DECREF(spans); Py_DECREF(open);
-    Py_DECREF(extra); Py_DECREF(id); Py_DECREF(stk);
+    Py_DECREF(extra); Py_DECREF(stk);
     return span;
 fail:
     PyErr_Clear(); /* never fail the caller: nothing was recorded */
     Py_XDECREF(span); Py_XDECREF(token); Py_XDECREF(ent); Py_XDECREF(spans);
-    Py_XDECREF(open); Py_XDECREF(extra); Py_XDECREF(id); Py_XDECREF(stk);
+    Py_XDECREF(open); Py_XDECREF(extra); Py_XDECREF(stk);
     Py_INCREF(dft_hooks.no_span);
     return dft_hooks.no_span;
 }
@@ -448,21 +442,10 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
     open = stk_open(stk);
     if (!open || !PyDict_Check(open))
         goto slow;
-    Py_ssize_t n = PyList_GET_SIZE(stk);
-    PyObject *top = PyList_GET_ITEM(stk, n - 1);
-    PyObject *ent = PyDict_GetItemWithError(open, top);
-    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN ||
-        PyTuple_GET_ITEM(ent, 1) != self)
-        goto slow;
-    if (PyDict_DelItem(spans, top) < 0)
+    PyObject *ent = kept_on_top(stk, open, self);
+    if (!ent || PyDict_DelItem(spans, AS_OPEN(ent)->span.id) < 0)
         goto slow; /* not a start() span (nothing changed) */
-    Py_INCREF(ent);
-    Py_INCREF(top);
-    if (PyDict_DelItem(open, top) < 0 || drop_top(stk) < 0)
-        PyErr_Clear();
-    int rc = emit_entry(ent, top, stk, self, t1, NULL);
-    Py_DECREF(top);
-    Py_DECREF(ent);
+    int rc = close_kept(ent, stk, open, t1, NULL, NULL);
     Py_DECREF(spans);
     Py_DECREF(open);
     Py_DECREF(stk);
@@ -953,8 +936,8 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
     open = stk_open(stk);
     if (!open || !PyDict_Check(open))
         goto slow;
-    PyObject *ent = PyDict_GetItemWithError(open, id);
-    if (!ent || !PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != ENTRY_LEN || PyTuple_GET_ITEM(ent, 1) != obj)
+    PyObject *ent = kept_on_top(stk, open, obj);
+    if (!ent)
         goto slow;
     if (a) {
         /* args known only now: encoded here (a snapshot), after the use's own */
@@ -963,7 +946,7 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
             own = PyObject_CallOneArg(dft_calls.to_extra, a);
         if (!own)
             goto slow;
-        PyObject *base = PyTuple_GET_ITEM(ent, 2);
+        PyObject *base = AS_OPEN(ent)->extra;
         y = base == Py_None ? own : PyObject_CallFunctionObjArgs(dft_calls.merge, base, own, NULL);
         if (y != own)
             Py_DECREF(own);
@@ -972,14 +955,11 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
     }
     if (PyDict_DelItem(spans, id) < 0)
         goto slow; /* not open (nothing changed) */
-    Py_INCREF(ent);
-    Py_INCREF(id);
     Py_INCREF(stk);
-    if (PyDict_DelItem(open, id) < 0 ||
-        drop_top(stk) < 0 || slot_set(self, &dft_slot_token, Py_None) < 0)
+    if (slot_set(self, &dft_slot_token, Py_None) < 0) /* the token held stk */
         PyErr_Clear();
-    int rc = emit_entry(ent, id, stk, obj, t1, y);
-    Py_DECREF(ent); Py_DECREF(id); Py_DECREF(stk);
+    int rc = close_kept(ent, stk, open, t1, y, NULL);
+    Py_DECREF(stk);
     Py_XDECREF(y); Py_DECREF(open); Py_DECREF(spans); Py_DECREF(obj); Py_DECREF(token);
     if (rc < 0)
         return NULL;
@@ -1006,4 +986,99 @@ PyTypeObject dft_SpanBaseType = {
     .tp_doc = "C stop() for the Span tokens start() returns.",
     .tp_new = PyType_GenericNew,
     .tp_methods = SpanBase_methods,
+};
+
+/* ------------------------------------------------------------------------- */
+/* OpenSpan: a span kept in its stack's `open` map (engine.h)                 */
+
+/* OpenSpan((id, kid, parent, level, sticky, opener, extra, t0)), one tuple: made by
+   Python's open_span (engine.py, as engine.new_open) for the spans it opens; the C
+   styles make theirs in open_kept(). */
+static PyObject *OpenSpan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *id, *parent, *sticky, *opener, *extra;
+    unsigned int kid;
+    Py_ssize_t level;
+    long long t0;
+    if (kwds && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "OpenSpan() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "(OIOnOOOL)", &id, &kid, &parent, &level, &sticky, &opener, &extra,
+                          &t0))
+        return NULL;
+    OpenSpanObject *e = entry_alloc();
+    if (!e)
+        return NULL;
+    Py_INCREF(id); Py_INCREF(parent); Py_INCREF(sticky); Py_INCREF(opener); Py_INCREF(extra);
+    e->span.id = id;
+    e->span.kid = kid;
+    e->span.parent = parent;
+    e->span.level = level;
+    e->span.sticky = sticky;
+    e->span.t0 = t0;
+    e->opener = opener;
+    e->extra = extra;
+    return (PyObject *)e;
+}
+
+static int OpenSpan_traverse(OpenSpanObject *e, visitproc visit, void *arg) {
+    Py_VISIT(e->span.id);
+    Py_VISIT(e->span.parent);
+    Py_VISIT(e->span.sticky);
+    Py_VISIT(e->span.tid);
+    Py_VISIT(e->opener);
+    Py_VISIT(e->extra);
+    return 0;
+}
+
+static int OpenSpan_clear(OpenSpanObject *e) {
+    Py_CLEAR(e->span.id);
+    Py_CLEAR(e->span.parent);
+    Py_CLEAR(e->span.sticky);
+    Py_CLEAR(e->span.tid);
+    Py_CLEAR(e->opener);
+    Py_CLEAR(e->extra);
+    return 0;
+}
+
+static void OpenSpan_dealloc(OpenSpanObject *e) {
+    PyObject_GC_UnTrack(e);
+    OpenSpan_clear(e);
+    if (open_nfree < OPEN_FREE_MAX)
+        open_free[open_nfree++] = (PyObject *)e;
+    else
+        PyObject_GC_Del(e);
+}
+
+static PyObject *OpenSpan_repr(OpenSpanObject *e) {
+    return PyUnicode_FromFormat("OpenSpan(id=%R, kid=%u, parent=%R, level=%zd, t0=%lld)",
+                                e->span.id ? e->span.id : Py_None, e->span.kid,
+                                e->span.parent ? e->span.parent : Py_None, e->span.level, e->span.t0);
+}
+
+#define OS_SPAN(f) offsetof(OpenSpanObject, span) + offsetof(span_t, f)
+static PyMemberDef OpenSpan_members[] = {
+    {"id", T_OBJECT, OS_SPAN(id), READONLY, "its id"},
+    {"kid", T_UINT, OS_SPAN(kid), READONLY, "its kind"},
+    {"parent", T_OBJECT, OS_SPAN(parent), READONLY, "the id below it when it opened (0: none)"},
+    {"level", T_PYSSIZET, OS_SPAN(level), READONLY, "its depth"},
+    {"sticky", T_OBJECT, OS_SPAN(sticky), READONLY, "the sticky args when it opened"},
+    {"opener", T_OBJECT, offsetof(OpenSpanObject, opener), READONLY, "what opened it (with, start())"},
+    {"extra", T_OBJECT, offsetof(OpenSpanObject, extra), READONLY, "the opener's own args"},
+    {"t0", T_LONGLONG, OS_SPAN(t0), READONLY, "when it opened (ns)"},
+    {NULL}};
+
+PyTypeObject dft_OpenSpanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._core._speedups.OpenSpan",
+    .tp_basicsize = sizeof(OpenSpanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "OpenSpan((id, kid, parent, level, sticky, opener, extra, t0)): a span, as "
+              "with or start() keep it in its stack's open map until it closes.",
+    .tp_new = OpenSpan_new,
+    .tp_dealloc = (destructor)OpenSpan_dealloc,
+    .tp_traverse = (traverseproc)OpenSpan_traverse,
+    .tp_clear = (inquiry)OpenSpan_clear,
+    .tp_repr = (reprfunc)OpenSpan_repr,
+    .tp_members = OpenSpan_members,
 };
