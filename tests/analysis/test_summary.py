@@ -197,7 +197,9 @@ def test_rank_steps_are_sampled_beyond_the_limit(run_dir, monkeypatch):
     steps = {(r["epoch"], r["step"]) for r in s.rank_steps}
     assert len(s.rank_steps) == RANKS * len(steps) <= 8
     # each kept row as the whole table has it, its wait included
+    monkeypatch.undo()
     every = summarize(run_dir).rank_steps
+    assert len(every) == RANKS * EPOCHS * STEPS
     assert s.rank_steps == [r for r in every if (r["epoch"], r["step"]) in steps]
     assert any(r["wait_us"] for r in s.rank_steps)
 
