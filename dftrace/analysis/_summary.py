@@ -22,7 +22,8 @@ import polars as pl
 import polars.selectors as cs
 
 from .. import format as fmt
-from ._aggregate import GROUPS, Combined, Partial, aggregate, aggregate_partition, combine, return_freed_heap
+from ._aggregate import (GROUPS, Combined, Partial, aggregate, aggregate_partition, combine, return_freed_heap,
+                         without_row_keys)
 from ._decode import PartitionData
 from ._executor import default_executor
 from ._index import file_identity, load_partials, store_partials
@@ -166,13 +167,14 @@ def _partials(files: list[str], executor: Any, partition_bytes: int, progress: b
               index: bool) -> list[Partial]:
     """The partials of ``files``, in file order: from the index where it holds those of
     an unchanged file, else read (and then kept in the index)."""
-    known = {path: load_partials(path, partition_bytes) for path in files} if index else {}
+    known = {path: [without_row_keys(p) for p in load_partials(path, partition_bytes) or []] or None
+             for path in files} if index else {}
     unread = [path for path in files if known.get(path) is None]
     identities = {path: file_identity(path) for path in unread} if index else {}
     plan = plan_partitions(unread, partition_bytes)
     read: dict[str, list[Partial]] = {}
     for partial in default_executor(executor).map(aggregate_partition, plan, progress=progress, desc="summarising"):
-        read.setdefault(partial.source.partition.path, []).append(partial)
+        read.setdefault(partial.source.partition.path, []).append(without_row_keys(partial))
     for path, partials in read.items() if index else ():
         store_partials(path, identities[path], partition_bytes, partials)
     return [p for path in files for p in (known.get(path) or read.get(path, []))]
