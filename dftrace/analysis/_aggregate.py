@@ -193,6 +193,18 @@ def compacted(partial: Partial) -> Partial:
     return partial
 
 
+def without_row_keys(partial: Partial) -> Partial:
+    """``partial`` as it is held until it is combined: one of a single process (the
+    usual) without the pid and host key of every row, which take more memory than
+    the rows' times (``combine`` gives its rows that process)."""
+    if len(partial.keys) == 1:
+        for kind in (*PARTIAL_TABLES, "modelled", "blocked"):
+            table = getattr(partial, kind)
+            if table is not None and HOST_KEY in table.columns:
+                setattr(partial, kind, table.drop(_KEY))
+    return partial
+
+
 def aggregate(data: PartitionData, *, overlap: bool = True) -> Partial:
     """Reduce a partition's events to a :class:`Partial` (its ``overlap`` table empty
     without ``overlap``: for a piece that is folded with others)."""
@@ -592,10 +604,11 @@ def combine(partials: Sequence[Partial]) -> Combined:
             if table is None:
                 continue
             if mapping.height == 1:
-                # The usual partition of one process: every row is that process's, and
-                # adding a column shares the others' memory where a join would copy them.
+                # The usual partition of one process: every row is that process's (held
+                # without its key: without_row_keys), and adding a column shares the
+                # others' memory where a join would copy them.
                 proc = pl.lit(mapping.item(0, "proc"), pl.Int32).alias("proc")
-                frame = table.drop(_KEY).with_columns(proc)
+                frame = table.drop(_KEY, strict=False).with_columns(proc)
             else:
                 frame = table.join(mapping, on=_KEY, how="inner").drop(_KEY)
             frames.append(frame if only is None else frame.filter(pl.col("proc").is_in(list(only))))

@@ -22,7 +22,8 @@ import polars as pl
 import polars.selectors as cs
 
 from .. import format as fmt
-from ._aggregate import GROUPS, Combined, Partial, aggregate, aggregate_partition, combine, return_freed_heap
+from ._aggregate import (GROUPS, Combined, Partial, aggregate, aggregate_partition, combine, return_freed_heap,
+                         without_row_keys)
 from ._decode import PartitionData
 from ._executor import default_executor
 from ._index import file_identity, load_partials, store_partials
@@ -31,7 +32,7 @@ from ._kineto import activity_schema
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sketch import EXACT_BELOW_US, RELATIVE_ERROR, merged_bins, std_expr, value_expr
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
-from ._steps import model_steps, unit_steps
+from ._steps import model_steps, time_in_steps, unit_steps
 from ._stragglers import analyse, match_collectives
 from ._parquet import resolved_records
 from ._trace import PathsLike, TraceTable, as_path_list, load_traces, require_content
@@ -166,13 +167,14 @@ def _partials(files: list[str], executor: Any, partition_bytes: int, progress: b
               index: bool) -> list[Partial]:
     """The partials of ``files``, in file order: from the index where it holds those of
     an unchanged file, else read (and then kept in the index)."""
-    known = {path: load_partials(path, partition_bytes) for path in files} if index else {}
+    known = {path: [without_row_keys(p) for p in load_partials(path, partition_bytes) or []] or None
+             for path in files} if index else {}
     unread = [path for path in files if known.get(path) is None]
     identities = {path: file_identity(path) for path in unread} if index else {}
     plan = plan_partitions(unread, partition_bytes)
     read: dict[str, list[Partial]] = {}
     for partial in default_executor(executor).map(aggregate_partition, plan, progress=progress, desc="summarising"):
-        read.setdefault(partial.source.partition.path, []).append(partial)
+        read.setdefault(partial.source.partition.path, []).append(without_row_keys(partial))
     for path, partials in read.items() if index else ():
         store_partials(path, identities[path], partition_bytes, partials)
     return [p for path in files for p in (known.get(path) or read.get(path, []))]
@@ -230,14 +232,14 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     steps = _steps(steps_by_unit)
     units = {unit: (rank, host) for unit, rank, host in
              procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
-    compute = dict(_time_in_steps(combined.compute, procs, steps_by_unit)
+    compute = dict(time_in_steps(combined.compute, procs, steps_by_unit)
                    .group_by("unit").agg(pl.col("us").sum()).iter_rows())
-    blocked = _time_in_steps(combined.blocked, procs, steps_by_unit)
+    blocked = time_in_steps(combined.blocked, procs, steps_by_unit)
     stragglers, collectives, waits = analyse(
         match_collectives(combined.collectives, procs), steps_by_unit, blocked, compute, units
     )
     limit = RANK_STEPS_LIMIT if rank_steps_limit is None else rank_steps_limit
-    rank_steps, sampled = _rank_steps(steps_by_unit, waits, runs, procs, limit)
+    rank_steps, sampled = _rank_steps(steps_by_unit, steps.select("epoch", "step"), waits, runs, procs, limit)
     return Summary(
         overview=_overview(combined, procs, runs),
         files=[_file_dict(f) for f in combined.files],
@@ -466,18 +468,21 @@ def _step_stats(by_unit: pl.DataFrame) -> dict[str, Any]:
     return _rows(by_unit.select(_plain_stats()))[0]
 
 
-def _rank_steps(by_unit: pl.DataFrame, waits: pl.DataFrame, runs: list[dict[str, Any]],
+def _rank_steps(by_unit: pl.DataFrame, keys: pl.DataFrame, waits: pl.DataFrame, runs: list[dict[str, Any]],
                 procs: pl.DataFrame, limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """``keys``: the (epoch, step) of ``by_unit``, each once, in order. The steps kept
+    are picked first and only their waits joined: a join against every rank-step's
+    wait would hash them all."""
     if not by_unit.height:
         return [], False
     sampled = by_unit.height > limit
     frame = by_unit
     if sampled:
-        keys = by_unit.select("epoch", "step").unique().sort(["epoch", "step"], nulls_last=True)
         per_step = max(1, by_unit.height // keys.height)
         keep = max(1, limit // per_step)
-        stride = math.ceil(keys.height / keep)
-        frame = by_unit.join(keys.gather_every(stride), on=["epoch", "step"], how="semi", nulls_equal=True)
+        kept = keys.gather_every(math.ceil(keys.height / keep))
+        frame = by_unit.join(kept, on=["epoch", "step"], how="semi", nulls_equal=True)
+        waits = waits.join(kept, on=["epoch", "step"], how="semi", nulls_equal=True)
     frame = frame.join(waits, on=["unit", "epoch", "step"], how="left", nulls_equal=True)
     origin = _run_origins(runs, procs, frame)
     rows = frame.sort(["epoch", "step", "unit_order"], nulls_last=True).select(
@@ -557,39 +562,6 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
 
 #: Files whose times are further apart than this are of separate runs.
 RUN_GAP_US = 60_000_000
-
-
-def _time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """unit, epoch, step, us: the time of disjoint per-process ``intervals`` (proc,
-    start, end) that falls within each of the unit's steps (a rank's processes
-    together)."""
-    units = dict(procs.filter(pl.col("unit").is_not_null()).select("proc", "unit").iter_rows())
-    by_unit = {unit: frame for (unit,), frame in steps.partition_by("unit", as_dict=True).items()} \
-        if steps.height else {}
-    # Per process, its intervals sorted alone (sorting the table was the peak); a unit's processes add up.
-    totals: dict[str, np.ndarray] = {}
-    for (proc,), frame in intervals.partition_by("proc", as_dict=True).items():
-        unit = units.get(proc)
-        if unit not in by_unit:
-            continue
-        starts, ends = frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy()
-        order = np.argsort(starts, kind="stable")  # they usually come sorted: one pass
-        starts, ends = starts[order], ends[order]
-        before = np.concatenate(([0], np.cumsum(ends - starts)))
-
-        def time_until(t: np.ndarray) -> np.ndarray:
-            # time before t: whole intervals before it plus the part of the one it is in
-            i = np.searchsorted(starts, t, side="right")
-            inside = np.where(i > 0, np.minimum(t, ends[np.maximum(i - 1, 0)]) - starts[np.maximum(i - 1, 0)], 0)
-            return before[np.maximum(i - 1, 0)] + np.where(i > 0, inside, 0)
-
-        own = by_unit[unit]
-        us = time_until(own.get_column("end").to_numpy()) - time_until(own.get_column("start").to_numpy())
-        totals[unit] = totals[unit] + us if unit in totals else us
-    if not totals:
-        return pl.DataFrame(schema={"unit": pl.String, "epoch": pl.Int64, "step": pl.Int64, "us": pl.Int64})
-    return pl.concat([by_unit[unit].select("unit", "epoch", "step").with_columns(pl.Series("us", us, pl.Int64))
-                      for unit, us in totals.items()], how="vertical")
 
 
 def _epoch_source(combined: Combined) -> pl.DataFrame:

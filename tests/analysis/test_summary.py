@@ -196,6 +196,12 @@ def test_rank_steps_are_sampled_beyond_the_limit(run_dir, monkeypatch):
     assert s.rank_steps_sampled
     steps = {(r["epoch"], r["step"]) for r in s.rank_steps}
     assert len(s.rank_steps) == RANKS * len(steps) <= 8
+    # each kept row as the whole table has it, its wait included
+    monkeypatch.undo()
+    every = summarize(run_dir).rank_steps
+    assert len(every) == RANKS * EPOCHS * STEPS
+    assert s.rank_steps == [r for r in every if (r["epoch"], r["step"]) in steps]
+    assert any(r["wait_us"] for r in s.rank_steps)
 
 
 def test_processes_are_the_units_when_no_rank_is_known(samples):
@@ -259,23 +265,33 @@ def test_epoch_table_counts_the_steps_of_iter_numbered_epochs(tmp_path):
     assert summary.step_stats["count"] == 6
 
 
-def test_time_in_steps_counts_each_process_interval_once_in_any_order():
+@pytest.mark.parametrize("procs_in_turn", [False, True], ids=["processes-interleaved", "processes-in-turn"])
+def test_time_in_steps_counts_each_process_interval_once_in_any_order(procs_in_turn):
     """The time of each unit's processes' intervals inside each of its steps, against a
     count made here, microsecond by microsecond: intervals given out of order, a unit
-    of two processes (their times add up), a process without a unit left out."""
+    of two processes (their times add up), a process without a unit left out, a
+    unit's steps apart in the table; the processes' rows taken in turn or interleaved.
+    A unit's rows come in the order of its steps, the units in the order their
+    processes first come among the intervals."""
     import polars as pl
+
+    from dftrace.analysis._steps import time_in_steps
 
     procs = pl.DataFrame({"proc": [0, 1, 2, 3], "unit": ["rank 0", "rank 0", "rank 1", None]},
                          schema={"proc": pl.Int32, "unit": pl.String})
-    steps = pl.DataFrame({"unit": ["rank 0", "rank 0", "rank 1"], "epoch": [0, 0, 0], "step": [1, 2, 1],
-                          "start": [0, 50, 10], "end": [50, 120, 30]})
-    intervals = pl.DataFrame({"proc": [0, 0, 0, 1, 2, 2, 3], "start": [60, 5, 40, 45, 25, 0, 0],
-                              "end": [70, 20, 55, 100, 40, 12, 1000]},
-                             schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
+    steps = pl.DataFrame({"unit": ["rank 0", "rank 1", "rank 0", "rank 1"], "epoch": [0, 0, 0, 0],
+                          "step": [1, 1, 2, 2], "start": [0, 10, 50, 30], "end": [50, 30, 120, 90]})
+    rows = [(2, 25, 40), (0, 60, 70), (3, 0, 1000), (0, 5, 20), (1, 45, 100), (2, 0, 12), (0, 40, 55),
+            (2, 70, 95)]
+    if procs_in_turn:
+        rows.sort(key=lambda row: row[0])
+    intervals = pl.DataFrame(rows, schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64}, orient="row")
     unit_of = dict(zip(procs["proc"], procs["unit"]))
-    expected = {}
-    for unit, epoch, step, start, end in steps.iter_rows():
-        expected[(unit, epoch, step)] = sum(
-            1 for proc, s, e in intervals.iter_rows() if unit_of[proc] == unit for t in range(s, e) if start <= t < end)
-    got = summary_module._time_in_steps(intervals, procs, steps)
-    assert {(u, ep, st): us for u, ep, st, us in got.iter_rows()} == expected
+    expected = []
+    for first in dict.fromkeys(unit_of[proc] for proc, _, _ in rows if unit_of[proc] is not None):
+        for unit, epoch, step, start, end in steps.iter_rows():
+            if unit == first:
+                expected.append((unit, epoch, step, sum(
+                    1 for proc, s, e in rows if unit_of[proc] == unit for t in range(s, e) if start <= t < end)))
+    got = time_in_steps(intervals, procs, steps)
+    assert list(got.iter_rows()) == expected
