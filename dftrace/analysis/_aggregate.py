@@ -158,12 +158,14 @@ def _settled_where_read(partial: Partial) -> Partial:
     answers need of them, a fraction of the rows."""
     keys = partial.extents.select(_KEY).vstack(partial.steps.select(_KEY)).unique(maintain_order=True) \
         .with_row_index("proc").with_columns(pl.col("proc").cast(pl.Int32))
-    rows = partial.steps.join(keys, on=_KEY).drop(_KEY)
+    rows = without_profiler_steps(partial.steps.join(keys, on=_KEY).drop(_KEY))
+    partial.steps = _EMPTY["steps"]  # each table is let go once it is used: they are the peak of a file
     containers = partial.containers.join(keys, on=_KEY).drop(_KEY)
-    steps = model_steps(without_profiler_steps(rows), containers)
+    steps = model_steps(rows, containers)
+    del rows, containers
     partial.modelled = steps.join(keys, on="proc").select(_EMPTY["modelled"].columns).cast(
         _EMPTY["modelled"].schema)
-    partial.steps = _EMPTY["steps"]
+    del steps
     intervals = partial.intervals.join(keys, on=_KEY).drop(_KEY)
     partial.blocked = alone_intervals(intervals, "comm").join(keys, on="proc").select(
         _EMPTY["blocked"].columns).cast(_EMPTY["blocked"].schema)
@@ -520,13 +522,24 @@ def mask_times(intervals: pl.DataFrame) -> np.ndarray:
     size = 1 << len(GROUPS)
     if not intervals.height:
         return np.zeros(size, dtype=np.int64)
-    bits = np.left_shift(1, intervals.get_column("group").to_numpy().astype(np.int64))
-    times = np.concatenate([intervals.get_column("start").to_numpy(), intervals.get_column("end").to_numpy()])
-    toggles = np.concatenate([bits, bits])
-    order = np.argsort(times, kind="stable")
-    state = np.bitwise_xor.accumulate(toggles[order])
-    spans = np.bincount(state[:-1], weights=np.diff(times[order]), minlength=size)
+    times, state = _sweep(intervals)
+    spans = np.bincount(state[:-1], weights=np.diff(times), minlength=size)
     return np.rint(spans).astype(np.int64)
+
+
+def _sweep(intervals: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted boundaries of ``intervals`` (group, start, end) and the bit mask of
+    the groups active from each one to the next. Each boundary is sorted as one
+    integer, time * 8 + group: no index array (the order of boundaries at the same
+    time only changes states that last no time)."""
+    group = intervals.get_column("group").to_numpy().astype(np.int64)
+    keys = np.concatenate([intervals.get_column("start").to_numpy() * 8 + group,
+                           intervals.get_column("end").to_numpy() * 8 + group])
+    del group
+    keys.sort()
+    state = np.bitwise_xor.accumulate(np.left_shift(np.uint8(1), (keys & 7).astype(np.uint8)))
+    keys >>= 3
+    return keys, state
 
 
 def alone_intervals(intervals: pl.DataFrame, group: str) -> pl.DataFrame:
@@ -539,11 +552,7 @@ def alone_intervals(intervals: pl.DataFrame, group: str) -> pl.DataFrame:
     bit = 1 << GROUPS.index(group)
     pieces = []
     for (proc,), frame in intervals.partition_by("proc", as_dict=True).items():
-        bits = np.left_shift(1, frame.get_column("group").to_numpy().astype(np.int64))
-        times = np.concatenate([frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy()])
-        order = np.argsort(times, kind="stable")
-        times = times[order]
-        state = np.bitwise_xor.accumulate(np.concatenate([bits, bits])[order])
+        times, state = _sweep(frame)
         alone = (state[:-1] == bit) & (times[1:] > times[:-1])
         if alone.any():
             starts, ends = _union(times[:-1][alone], times[1:][alone])
@@ -777,7 +786,9 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
         "self_times": stacked("self_times").group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
         "orphans": stacked("orphans"),
         "openers": stacked("openers"),
-        "steps": stacked("steps").group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
+        # Coded names group in less memory than strings (cast back below).
+        "steps": stacked("steps").with_columns(pl.col("cat", "name").cast(pl.Categorical))
+        .group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
         "containers": stacked("containers"),
         "collectives": stacked("collectives"),
         "epochs": stacked("epochs").group_by([*_KEY, "epoch"]).agg(*extent),
