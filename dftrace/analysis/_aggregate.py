@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from .. import format as fmt
+from ._busy import GROUPS, alone_intervals, mask_times, union_intervals
 from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces
 from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
@@ -32,9 +33,6 @@ from ._sources import Partition
 from ._steps import STEP_SCHEMA, container_rows, model_steps, step_rows
 from ._trace import FileReport, file_reports, partition_keys, resolve_parts
 
-#: Activity groups of the time breakdown, in bit order. ``.block`` spans (the loop
-#: body of ``.iter()``) are containers, not activity, and are left out.
-GROUPS = ("compute", "data", "comm", "checkpoint", "device")
 _GROUP_CATS = {
     fmt.CAT_COMPUTE: 0,
     fmt.CAT_DATA: 1,
@@ -158,12 +156,14 @@ def _settled_where_read(partial: Partial) -> Partial:
     answers need of them, a fraction of the rows."""
     keys = partial.extents.select(_KEY).vstack(partial.steps.select(_KEY)).unique(maintain_order=True) \
         .with_row_index("proc").with_columns(pl.col("proc").cast(pl.Int32))
-    rows = partial.steps.join(keys, on=_KEY).drop(_KEY)
+    rows = without_profiler_steps(partial.steps.join(keys, on=_KEY).drop(_KEY))
+    partial.steps = _EMPTY["steps"]  # each table is let go once it is used: they are the peak of a file
     containers = partial.containers.join(keys, on=_KEY).drop(_KEY)
-    steps = model_steps(without_profiler_steps(rows), containers)
+    steps = model_steps(rows, containers)
+    del rows, containers
     partial.modelled = steps.join(keys, on="proc").select(_EMPTY["modelled"].columns).cast(
         _EMPTY["modelled"].schema)
-    partial.steps = _EMPTY["steps"]
+    del steps
     intervals = partial.intervals.join(keys, on=_KEY).drop(_KEY)
     partial.blocked = alone_intervals(intervals, "comm").join(keys, on="proc").select(
         _EMPTY["blocked"].columns).cast(_EMPTY["blocked"].schema)
@@ -489,71 +489,6 @@ def _depths(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return depth
 
 
-def union_intervals(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
-    """Merge overlapping or touching [start, end] intervals within each (keys, group)."""
-    if not frame.height:
-        return frame
-    pieces = []
-    for key, part in frame.partition_by([*keys, "group"], as_dict=True, maintain_order=True).items():
-        starts, ends = _union(part.get_column("start").to_numpy(), part.get_column("end").to_numpy())
-        columns = {name: pl.repeat(value, len(starts), dtype=frame.schema[name], eager=True)
-                   for name, value in zip([*keys, "group"], key)}
-        pieces.append(pl.DataFrame({**columns, "start": starts, "end": ends}))
-    return pl.concat(pieces, how="vertical").select(frame.columns)
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    reach = np.maximum.accumulate(ends)
-    # An interval opens a new run when it starts after everything before it ended.
-    first = np.flatnonzero(np.concatenate(([True], starts[1:] > reach[:-1])))
-    return starts[first], np.maximum.reduceat(ends, first)
-
-
-def mask_times(intervals: pl.DataFrame) -> np.ndarray:
-    """Time spent in each combination of active groups (bit mask -> µs) of one process.
-
-    Each group's intervals are disjoint, so sweeping the sorted boundaries and
-    toggling the group's bit at each one gives the set of active groups.
-    """
-    size = 1 << len(GROUPS)
-    if not intervals.height:
-        return np.zeros(size, dtype=np.int64)
-    bits = np.left_shift(1, intervals.get_column("group").to_numpy().astype(np.int64))
-    times = np.concatenate([intervals.get_column("start").to_numpy(), intervals.get_column("end").to_numpy()])
-    toggles = np.concatenate([bits, bits])
-    order = np.argsort(times, kind="stable")
-    state = np.bitwise_xor.accumulate(toggles[order])
-    spans = np.bincount(state[:-1], weights=np.diff(times[order]), minlength=size)
-    return np.rint(spans).astype(np.int64)
-
-
-def alone_intervals(intervals: pl.DataFrame, group: str) -> pl.DataFrame:
-    """proc, start, end: the time each process spent with ``group`` active and no
-    other group (disjoint intervals). ``intervals`` holds proc, group, start, end,
-    disjoint within each (proc, group). For communication this is the blocked time:
-    waiting in a collective (a blocking call, DDP's wait for its buckets, the
-    completion of asynchronous work) while nothing else runs; several collectives at
-    once count once, and in-flight work that overlaps compute is not waiting."""
-    bit = 1 << GROUPS.index(group)
-    pieces = []
-    for (proc,), frame in intervals.partition_by("proc", as_dict=True).items():
-        bits = np.left_shift(1, frame.get_column("group").to_numpy().astype(np.int64))
-        times = np.concatenate([frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy()])
-        order = np.argsort(times, kind="stable")
-        times = times[order]
-        state = np.bitwise_xor.accumulate(np.concatenate([bits, bits])[order])
-        alone = (state[:-1] == bit) & (times[1:] > times[:-1])
-        if alone.any():
-            starts, ends = _union(times[:-1][alone], times[1:][alone])
-            pieces.append(pl.DataFrame({"proc": proc, "start": starts, "end": ends},
-                                       schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64}))
-    if not pieces:
-        return pl.DataFrame(schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
-    return pl.concat(pieces, how="vertical")
-
-
 @dataclass
 class Combined:
     """All partials merged, keyed by process (an index into ``resolution.processes``)."""
@@ -777,7 +712,9 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
         "self_times": stacked("self_times").group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
         "orphans": stacked("orphans"),
         "openers": stacked("openers"),
-        "steps": stacked("steps").group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
+        # Coded names group in less memory than strings (cast back below).
+        "steps": stacked("steps").with_columns(pl.col("cat", "name").cast(pl.Categorical))
+        .group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
         "containers": stacked("containers"),
         "collectives": stacked("collectives"),
         "epochs": stacked("epochs").group_by([*_KEY, "epoch"]).agg(*extent),

@@ -376,8 +376,9 @@ def without_profiler_steps(steps: pl.DataFrame) -> pl.DataFrame:
     that have dftrace's own steps (a PyTorch profiler trace joined to a dftrace trace
     of the same process): the profiler's step counter is not the training loop's."""
     profiler = pl.col("name").str.starts_with("ProfilerStep#")
-    own = steps.filter(~profiler).get_column("proc").unique()
-    return steps.filter(~(profiler & pl.col("proc").is_in(own.implode())))
+    own = steps.select(pl.col("proc").filter(~profiler).unique()).to_series()
+    kept = steps.select(~(profiler & pl.col("proc").is_in(own.implode()))).to_series()
+    return steps if kept.sum() == steps.height else steps.filter(kept)  # no copy when all are kept
 
 
 def sync_waits(activity: pl.DataFrame) -> pl.DataFrame:

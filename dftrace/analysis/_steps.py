@@ -83,7 +83,7 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     def one(proc: int) -> pl.DataFrame:
         # Each process's rows are cut out when its turn comes: a big run's rows are
         # not all copied at once.
-        frame = rows.filter(pl.col("proc") == proc)
+        frame = rows.filter(pl.col("proc") == proc) if len(procs) > 1 else rows
         return _process_steps(proc, frame, cuts.get(proc, np.empty(0, dtype=np.int64)))
 
     # Processes are independent, and numpy and polars release the GIL for most of the work.

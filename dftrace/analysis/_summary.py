@@ -22,8 +22,9 @@ import polars as pl
 import polars.selectors as cs
 
 from .. import format as fmt
-from ._aggregate import (GROUPS, Combined, Partial, aggregate, aggregate_partition, combine, return_freed_heap,
+from ._aggregate import (Combined, Partial, aggregate, aggregate_partition, combine, return_freed_heap,
                          without_row_keys)
+from ._busy import GROUPS
 from ._decode import PartitionData
 from ._executor import default_executor
 from ._index import file_identity, load_partials, store_partials
