@@ -118,7 +118,10 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
     rank_of = np.full(keys.height, -1, dtype=np.int64)
     rank_of[order] = np.arange(order.size)
     step_start = first[order].astype(np.int64)
-    target = _data_targets(rank_of[key], start, ~is_work & keep, step_start, cuts)
+    work_end = np.full(order.size, np.iinfo(np.int64).min, dtype=np.int64)
+    worked = is_work & keep & (rank_of[key] >= 0)
+    np.maximum.at(work_end, rank_of[key][worked], end[worked])
+    target = _data_targets(rank_of[key], start, ~is_work & keep, step_start, work_end, cuts)
     data = target >= 0
     if data.any():
         earliest = np.full(order.size, np.iinfo(np.int64).max, dtype=np.int64)
@@ -156,15 +159,16 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
 
 
 def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
-                  cuts: np.ndarray) -> np.ndarray:
+                  work_end: np.ndarray, cuts: np.ndarray) -> np.ndarray:
     """The step (its place in time order) each data-loading row belongs to, or -1.
 
     A step's data wait is the fetch of the batch it trains on. That fetch ran before
     ``ai.update(step=k)``, so it carries the previous step's number: a data row of
-    step ``s`` that began after ``s``'s first work fetched the batch of the step
+    step ``s`` that began once ``s``'s work had ended fetched the batch of the step
     after ``s``, and belongs to it unless a pipeline span (an evaluation) starts
-    between the two steps' work (its fetches carry ``s`` too). One that began before
-    (between the previous step's work and its own) is its own step's. Rows of no
+    between the two steps' work (its fetches carry ``s`` too). One that began while
+    ``s``'s work ran (data loading inside the step's own spans) is ``s``'s, and so is
+    one that began before (between the previous step's work and its own). Rows of no
     placed step, and earlier ones, belong to none.
     """
     size = step_start.size
@@ -174,9 +178,9 @@ def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_st
     r = np.maximum(rank, 0)
     placed = data & (rank >= 0)
     previous = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
-    own = placed & (start > previous[r]) & (start < step_start[r])
+    own = placed & (start > previous[r]) & (start < work_end[r])
     nxt = np.minimum(r + 1, size - 1)
-    ahead = placed & (start >= step_start[r]) & (r + 1 < size)
+    ahead = placed & (start >= work_end[r]) & (r + 1 < size)
     if cuts.size:
         between = np.searchsorted(cuts, step_start[nxt], side="left") - np.searchsorted(cuts, step_start[r],
                                                                                            side="right")

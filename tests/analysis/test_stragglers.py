@@ -280,3 +280,27 @@ def test_a_slow_fetch_lands_in_the_same_step_on_every_rank():
     long = {k for k, ranks in steps.items() if min(ranks.values()) > 20_000}
     assert long == slowed
     assert all(max(steps[k - 1].values()) < 20_000 for k in slowed)
+
+
+@pytest.mark.parametrize("after_work", [False, True])
+def test_data_loading_inside_a_step_stays_in_that_step(tmp_path, after_work):
+    """Data loading that runs inside the step's own work span (an item recorded inside
+    ``with ai.compute.step:``) is that step's: each step lasts what its work span
+    lasts. A fetch that begins once the step's work has ended carries that step's
+    number but fetches the next step's batch, and starts the next step."""
+    p = tracegen.Process(3100, host="node0", rank=0)
+    t = tracegen.T0_US
+    durations = [2_350, 2_110, 2_120, 2_400]
+    for step, dur in enumerate(durations):
+        p.span("step", "compute", t, dur, level=1, epoch=0, step=step)
+        p.span("item", "data", t + 1, dur - 200, level=2, epoch=0, step=step)
+        if after_work:
+            p.span("fetch", "dataloader", t + dur, 300, level=1, epoch=0, step=step)
+            t += 300
+        t += dur
+    _write(tmp_path, [p])
+    got = [r["dur_us"] for r in summarize(tmp_path).rank_steps]
+    if after_work:  # each step from its batch's fetch (the first has none); the last fetch is no step's
+        assert got == [durations[0]] + [300 + d for d in durations[1:]]
+    else:
+        assert got == durations
