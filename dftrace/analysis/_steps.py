@@ -14,8 +14,8 @@ checkpoints, and data loading. Never part of a step:
 A step's data wait is the fetch of the batch it trains on, the same on every rank:
 the fetch that ran before ``ai.update(step=k)`` was called carries the previous
 step's number (whether sticky args are taken when a span starts or when it ends),
-so a data-loading span of step k-1 that began after step k-1's work belongs to
-step k, which starts with it. The first step's fetch carries no step number, and
+so a data-loading span of step k-1 that began once step k-1's work had ended
+belongs to step k, which starts with it (one inside step k-1's own work stays there). The first step's fetch carries no step number, and
 a fetch separated from the next step by a pipeline span (an evaluation) belongs
 to no step.
 
