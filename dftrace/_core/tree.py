@@ -233,13 +233,14 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
     # iterators ------------------------------------------------------------
     def iter(self, iterable: Iterable[Any]) -> Any:
         """Wrap an iterable: per item a ``<name>.iter`` span (obtaining it) and a
-        ``<name>.block`` span (the loop body), both with ``args.count``. Returns the
-        iterable itself when tracing is off."""
+        ``<name>.block`` span (the loop body), both with ``args.count``. When tracing
+        is off, the iterable's own iterator (an iterator either way: a second loop over
+        the result is empty whether tracing is on or off)."""
         if _max_items is not None:
             iterable = itertools.islice(iterable, _max_items)
         gate = self._gate()
         if _off_for_good or gate is None or not gate._on:
-            return iterable
+            return iter(iterable)
         return _iterators.iterate(self, gate, iterable)
 
     def aiter(self, aiterable: Any) -> Any:
@@ -248,7 +249,7 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
             aiterable = _aislice(aiterable, _max_items)
         gate = self._gate()
         if _off_for_good or gate is None or not gate._on:
-            return aiterable
+            return aiter(aiterable)
         return _iterators.aiterate(self, gate, aiterable)
 
     # hooks ------------------------------------------------------------------

@@ -122,15 +122,15 @@ def test_environment_alone_starts_tracing(tmp_path):
 
 
 def test_off_by_configuration_returns_the_original_function(tmp_path):
-    """With ``DFTRACE_ENABLE=0`` decorators return the function itself, ``.iter`` its argument,
+    """With ``DFTRACE_ENABLE=0`` decorators return the function itself, ``.iter(x)`` ``iter(x)``,
     and nothing is written even if initialize() is called."""
     out = _run("""
         import dftrace
         from dftrace import ai
         def f(): return 1
         assert ai.compute.forward(f) is f
-        data = [1, 2]
-        assert ai.dataloader.fetch.iter(data) is data
+        data = (x for x in [1, 2])
+        assert ai.dataloader.fetch.iter(data) is data and list(ai.dataloader.fetch.iter([1, 2])) == [1, 2]
         assert dftrace.initialize() is None
         with ai.compute.forward:
             pass

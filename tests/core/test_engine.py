@@ -209,7 +209,7 @@ def test_update_is_constant_time_in_the_size_of_the_tree():
 
 def test_switched_off_by_configuration_returns_the_plain_objects(monkeypatch):
     """DFTRACE_ENABLE=0: decorators return the function, node(args=) a do-nothing
-    use, .iter() its argument, update() nothing."""
+    use, .iter(x) iter(x), update() nothing."""
     dftrace.initialize(enable=False)
 
     def f():
@@ -217,8 +217,9 @@ def test_switched_off_by_configuration_returns_the_plain_objects(monkeypatch):
 
     use = ai.comm.all_reduce(args={"bytes": 1})
     assert ai.compute.forward(f) is f and use(f) is f
-    items = [1, 2]
+    items = iter([1, 2])
     assert ai.dataloader.fetch.iter(items) is items and use.iter(items) is items
+    assert list(ai.dataloader.fetch.iter([1, 2])) == [1, 2]
     with use:
         pass
     ai.update(step=1)

@@ -108,10 +108,33 @@ def test_iter_closes_its_spans_early(tmp_path, how):
     check_nesting(t.events)
 
 
-def test_iter_returns_the_iterable_itself_when_tracing_is_off():
-    """Without tracing, ``.iter(x)`` is ``x``."""
+def test_iter_returns_the_iterables_own_iterator_when_tracing_is_off():
+    """Without tracing, ``.iter(x)`` is ``iter(x)``: an iterator, as when tracing is on, so
+    a second loop over it is empty either way (and a generator comes back as itself)."""
     data = [1, 2]
-    assert ai.dataloader.fetch.iter(data) is data
+    it = ai.dataloader.fetch.iter(data)
+    assert next(it) == 1 and list(it) == [2] and list(it) == []
+    gen = (x for x in data)
+    assert ai.dataloader.fetch.iter(gen) is gen
+
+
+def test_aiter_returns_the_async_iterables_own_iterator_when_tracing_is_off():
+    """Without tracing, ``.aiter(x)`` is ``aiter(x)``: ``anext`` works on it as when on."""
+    import asyncio
+
+    class Source:
+        def __aiter__(self):
+            return self._items()
+
+        async def _items(self):
+            for x in (1, 2):
+                yield x
+
+    async def main():
+        it = ai.comm.receive.aiter(Source())
+        return [await anext(it), [x async for x in it]]
+
+    assert asyncio.run(main()) == [1, [2]]
 
 
 def test_update_is_sticky_for_the_node_and_its_subtree(tmp_path):

@@ -172,9 +172,33 @@ static PyObject *plain_fragment_of(PyObject *d, unsigned long long *mask_out, in
     return PyBytes_FromStringAndSize(buf, b.o - buf);
 }
 
+/* The mask as an int (new reference). Masks repeat (one per set of keys: every
+   update(epoch=, step=) has the same), so the last few are kept and shared. */
+#define MASKS_KEPT 4
+static PyObject *mask_int(unsigned long long mask) {
+#ifndef Py_GIL_DISABLED
+    static PyObject *kept[MASKS_KEPT];
+    static unsigned long long values[MASKS_KEPT];
+    static int next;
+    for (int i = 0; i < MASKS_KEPT; i++)
+        if (kept[i] && values[i] == mask)
+            return Py_NewRef(kept[i]);
+    PyObject *m = PyLong_FromUnsignedLongLong(mask);
+    if (m) {
+        Py_XSETREF(kept[next], Py_NewRef(m));
+        values[next] = mask;
+        next = (next + 1) % MASKS_KEPT;
+    }
+    return m;
+#else
+    return PyLong_FromUnsignedLongLong(mask);
+#endif
+}
+
 /* An Extra for a plain dict (its copy, fragment and mask); NULL without an error
-   when the dict is not plain. */
-PyObject *dft_plain_extra(PyObject *d) {
+   when the dict is not plain. `fresh`: d is a dict no one else holds (made for this
+   Extra), kept as the snapshot instead of a copy. */
+PyObject *dft_plain_extra(PyObject *d, int fresh) {
     unsigned long long mask = 0;
     int nested = 0;
     PyObject *frag = plain_fragment_of(d, &mask, &nested);
@@ -184,8 +208,8 @@ PyObject *dft_plain_extra(PyObject *d) {
     PyObject *x = t ? t->tp_alloc(t, 0) : NULL;
     /* a flat dict's copy is a snapshot; with containers, args are decoded from
        the fragment when asked for (None here) */
-    PyObject *copy = x ? (nested ? Py_NewRef(Py_None) : PyDict_Copy(d)) : NULL;
-    PyObject *m = copy ? PyLong_FromUnsignedLongLong(mask) : NULL;
+    PyObject *copy = x ? (nested ? Py_NewRef(Py_None) : fresh ? Py_NewRef(d) : PyDict_Copy(d)) : NULL;
+    PyObject *m = copy ? mask_int(mask) : NULL;
     if (!m || slot_set(x, &dft_slot_args, copy) < 0 || slot_set(x, &dft_slot_frag, frag) < 0 ||
         slot_set(x, &dft_slot_mask, m) < 0) {
         Py_XDECREF(x);

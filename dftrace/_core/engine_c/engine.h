@@ -302,7 +302,7 @@ char *dft_encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to, co
 char *dft_encode_chunks(chunk_t *c, char *o, const kind_t *ks, Py_ssize_t nk, const char *pidp,
                         Py_ssize_t npid, const char *hhp, Py_ssize_t nhh, long long off,
                         long long min_id);
-PyObject *dft_plain_extra(PyObject *d);
+PyObject *dft_plain_extra(PyObject *d, int fresh);
 extern int dft_off_for_good;
 
 /* writer.c (shared with the drainer's ShmReader) */

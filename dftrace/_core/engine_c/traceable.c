@@ -280,7 +280,7 @@ static PyObject *make_use(PyObject *self, PyObject *d) {
             x = Py_None;
             Py_INCREF(x);
         } else if (is_on(self) > 0) {
-            x = dft_plain_extra(d);
+            x = dft_plain_extra(d, 0);
         } else {
             raw = d; /* nothing records now: encoded only if it is used later */
             Py_INCREF(raw);
@@ -500,6 +500,17 @@ int dft_pending_flush(TraceableObject *t) {
     return rc;
 }
 
+/* The args of an Extra as values (new reference): its snapshot, or decoded from its
+   fragment (Extra.args) when it held containers. */
+static PyObject *own_args(PyObject *x) {
+    PyObject *a = slot_get(x, &dft_slot_args);
+    if (a && a != Py_None)
+        return a;
+    Py_XDECREF(a);
+    PyErr_Clear();
+    return PyObject_GetAttr(x, dft_str_args_attr);
+}
+
 static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t nargsf,
                                   PyObject *kwnames) {
     if (dft_off_for_good)
@@ -548,7 +559,7 @@ static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t 
                 (t->pending == NULL || !PyDict_Check(t->pending) || PyDict_GET_SIZE(t->pending) == 0) &&
                 dft_gate && is_on(dft_gate) > 0;
     if (plain) {
-        PyObject *d = (t->own && t->own != Py_None) ? PyObject_GetAttr(t->own, dft_str_args_attr) : PyDict_New();
+        PyObject *d = (t->own && t->own != Py_None) ? own_args(t->own) : PyDict_New();
         if (d && t->own && t->own != Py_None) {
             PyObject *copy = PyDict_Check(d) ? PyDict_Copy(d) : NULL;
             Py_DECREF(d);
@@ -556,7 +567,7 @@ static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t 
         }
         if (d && put_kwargs(d, given, args + n, kwnames) < 0)
             Py_CLEAR(d);
-        PyObject *x = d ? dft_plain_extra(d) : NULL;
+        PyObject *x = d ? dft_plain_extra(d, 1) : NULL;
         Py_XDECREF(d);
         if (x) {
             Py_XSETREF(t->own, x);
@@ -941,7 +952,7 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
         goto slow;
     if (a) {
         /* args known only now: encoded here (a snapshot), after the use's own */
-        PyObject *own = PyDict_CheckExact(a) ? dft_plain_extra(a) : NULL;
+        PyObject *own = PyDict_CheckExact(a) ? dft_plain_extra(a, 0) : NULL;
         if (!own && !PyErr_Occurred())
             own = PyObject_CallOneArg(dft_calls.to_extra, a);
         if (!own)
