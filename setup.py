@@ -13,7 +13,7 @@ setup(ext_modules=[
     # The recording engine, one module in units (dftrace/_core/engine_c/engine.h maps them):
     # records, span styles, encoder, writer loop, shared-memory ring.
     Extension("dftrace._core._speedups", sorted(glob("dftrace/_core/engine_c/*.c")),
-              depends=["dftrace/_core/engine_c/engine.h"], optional=not required),
+              depends=sorted(glob("dftrace/_core/engine_c/*.h")), optional=not required),
     # The reader of trace lines for analysis; without it loading parses with polars alone.
     Extension("dftrace.analysis._scan", ["dftrace/analysis/_scan.c"], optional=not required),
 ])

@@ -11,7 +11,7 @@ engine and the slow paths of both.
 A span's lifecycle (id, parent, level, sticky args, push, NVTX, t0; t1, pop or
 unwind, ``args.error``, the incomplete flag, the record) is written once:
 :func:`open_span` / :func:`close_span`, which every style here calls (the C engine's
-twin is ``span_open`` / ``span_close`` in ``engine_c/engine.h``). A span opened by
+twin is ``span_open`` / ``span_close`` in ``engine_c/span_lifecycle.h``). A span opened by
 ``with`` or ``start()`` waits in its stack's ``open`` map as an :class:`OpenSpan`
 (with the C engine, its ``_speedups.OpenSpan``: the same names), so either engine can
 close what the other opened; :func:`close_kept` ends one, and the ones left open
@@ -284,7 +284,7 @@ def _sticky(node: Any) -> Extra | None:
 
 # ---------------------------------------------------------------------------
 # A span's lifecycle: open_span / close_span, the only place it is written (the
-# C engine's twin is span_open / span_close in engine_c/engine.h).
+# C engine's twin is span_open / span_close in engine_c/span_lifecycle.h).
 # ---------------------------------------------------------------------------
 
 class OpenSpan(NamedTuple):

@@ -10,11 +10,11 @@
  * The files of the one extension module dftrace._core._speedups:
  *   engine.h        the shared types (the record layout, chunks, the ring's layout),
  *                   the state shared between files (dft_ names, hidden), and the hot
- *                   path as static inline functions: a span's lifecycle, span_open /
- *                   span_close (every C style's only way to open and end a span), and
- *                   the recording path emit_span -> native_append / shm_append, so
- *                   that every span style compiles them into its own code and a span
- *                   costs no call across files
+ *                   path as static inline functions: the recording path emit_span ->
+ *                   native_append / shm_append, so that every span style compiles it
+ *                   into its own code and a span costs no call across files
+ *   span_lifecycle.h  a span's lifecycle, span_open / span_close (every C style's only
+ *                   way to open and end a span), included by engine.h at its place
  *   records.c       kinds (kid -> name/cat piece), the native buffer of chunks, record()
  *   encoder.c       args fragments (plain dicts -> JSON) and the line encoder
  *   writer.c        frames to the file: encode, compress (zstd, libdeflate) and write
@@ -41,6 +41,9 @@
 #include <stddef.h>
 #include <limits.h>
 #include <structmember.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <longintrepr.h> /* included by Python.h from 3.11 on */
+#endif
 
 /* Everything declared from here on is private to the module's files. */
 #if defined(__GNUC__) || defined(__clang__)
@@ -571,12 +574,11 @@ static inline void wake_writer(void) {
     PyErr_Restore(et, ev, tb);
 }
 
-/* The fragment bytes and key mask of an Extra (or None). Borrowed pointers into the
-   Extra's bytes: valid while the caller holds it. */
-static inline int extra_piece(PyObject *x, const char **s, Py_ssize_t *n, unsigned long long *mask) {
+/* The fragment bytes of an Extra (or None): a borrowed pointer into the
+   Extra's bytes, valid while the caller holds it. */
+static inline int extra_piece(PyObject *x, const char **s, Py_ssize_t *n) {
     *s = NULL;
     *n = 0;
-    *mask = 0;
     if (x == NULL || x == Py_None)
         return 0;
     PyObject *f = slot_get(x, &dft_slot_frag);
@@ -590,6 +592,11 @@ static inline int extra_piece(PyObject *x, const char **s, Py_ssize_t *n, unsign
     *s = PyBytes_AS_STRING(f);
     *n = PyBytes_GET_SIZE(f);
     Py_DECREF(f); /* the Extra keeps it alive */
+    return 0;
+}
+
+/* The key mask of an Extra (read only where two fragments meet). */
+static inline int extra_mask(PyObject *x, unsigned long long *mask) {
     PyObject *m = slot_get(x, &dft_slot_mask);
     if (!m)
         return -1;
@@ -601,6 +608,21 @@ static inline int extra_piece(PyObject *x, const char **s, Py_ssize_t *n, unsign
 }
 
 static inline int get_ull(PyObject *o, unsigned long long *out) {
+    /* ids, parents and tids are small ints: read in place (one 30-bit digit) */
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyLong_CheckExact(o) && PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+        Py_ssize_t c = PyUnstable_Long_CompactValue((PyLongObject *)o);
+        if (c >= 0) {
+            *out = (unsigned long long)c;
+            return 0;
+        }
+    }
+#else
+    if (PyLong_CheckExact(o) && (Py_SIZE(o) == 0 || Py_SIZE(o) == 1)) {
+        *out = Py_SIZE(o) ? (unsigned long long)((PyLongObject *)o)->ob_digit[0] : 0;
+        return 0;
+    }
+#endif
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
     if (v == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
@@ -637,8 +659,9 @@ static inline int emit_span(uint32_t kid, long long t0, long long t1, PyObject *
                      Py_ssize_t lvl, PyObject *tid, PyObject *sticky, PyObject *x,
                      long long count, uint32_t flags) {
     NVTX_CLOSE(id);
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb); /* an exception the span is closing over stays as it is */
+    PyObject *et = NULL, *ev = NULL, *tb = NULL;
+    if (unlikely(PyErr_Occurred() != NULL))
+        PyErr_Fetch(&et, &ev, &tb); /* an exception the span is closing over stays as it is */
     int rc = 0;
     PyObject *own = NULL, *merged = NULL;
     if (AT_LIMIT()) {
@@ -654,19 +677,21 @@ static inline int emit_span(uint32_t kid, long long t0, long long t1, PyObject *
     }
     const char *a, *b;
     Py_ssize_t na, nb;
-    unsigned long long ma, mb, iv, pv, tv;
+    unsigned long long ma = 0, mb = 0, iv, pv, tv;
     if (x != NULL && x != Py_None && Py_TYPE(x) != (PyTypeObject *)dft_calls.extra_type) {
         own = PyObject_CallOneArg(dft_calls.to_extra, x);
         if (!own)
             goto fail;
         x = own;
     }
-    if (extra_piece(sticky, &a, &na, &ma) < 0 || extra_piece(x, &b, &nb, &mb) < 0)
+    if (extra_piece(sticky, &a, &na) < 0 || extra_piece(x, &b, &nb) < 0)
+        goto fail;
+    if (na && nb && (extra_mask(sticky, &ma) < 0 || extra_mask(x, &mb) < 0))
         goto fail;
     if (ma & mb) {
         /* maybe a key in both: the span's own args win; let Python merge them */
         merged = PyObject_CallFunctionObjArgs(dft_calls.merge, sticky, x, NULL);
-        if (!merged || extra_piece(merged, &b, &nb, &mb) < 0)
+        if (!merged || extra_piece(merged, &b, &nb) < 0)
             goto fail;
         a = NULL;
         na = 0;
@@ -700,7 +725,8 @@ fail:
 done:
     Py_XDECREF(own);
     Py_XDECREF(merged);
-    PyErr_Restore(et, ev, tb);
+    if (et || PyErr_Occurred())
+        PyErr_Restore(et, ev, tb);
     return rc;
 }
 
@@ -757,8 +783,11 @@ extern PyTypeObject *dft_t_known[T_KNOWN];
 
 #define AS_T(o) ((TraceableObject *)(o))
 int dft_pending_flush(TraceableObject *t); /* traceable.c; -1 with an error */
+PyObject *dft_traceable_call(PyObject *self, PyObject *args, PyObject *kwargs); /* its tp_call */
 static inline int IS_T(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
+    if (tp->tp_call == dft_traceable_call) /* only TraceableBase and its subclasses have it */
+        return 1;
     for (int k = 0; k < T_KNOWN && dft_t_known[k]; k++)
         if (tp == dft_t_known[k])
             return 1;
@@ -878,195 +907,7 @@ static inline int stack_pop(PyObject *stk, PyObject *id) {
     return 0;
 }
 
-/* ------------------------------------------------------------------------- */
-/* A span's lifecycle: span_open / span_close, the only place it is written    */
-/*
- * Every C span style opens and closes its spans with this pair: the decorator
- * (SpanWrapper), .iter()'s item and loop-body spans (SpanIter), with-enter/exit,
- * node-level start()/stop() and Span.stop(args=). Its Python twin is engine.py's
- * open_span / close_span. A span keeps no reference to its stack: the caller
- * holds the stack and hands it to both.
- */
-typedef struct {
-    PyObject *id;     /* its id, on the stack while it is open */
-    PyObject *parent; /* the id below it when it opened (0: none) */
-    PyObject *sticky; /* its node's sticky args when it opened: an Extra or None */
-    PyObject *tid;    /* its stack's track (NULL: read from the stack at its close) */
-    Py_ssize_t level; /* the stack's depth below it */
-    long long t0;
-    uint32_t kid;     /* its kind */
-} span_t;
-
-/* A span opened by `with` or start() waits for its end in its stack's `open` map,
-   under its id, as this object (_speedups.OpenSpan; engine.OpenSpan is its
-   pure-Python twin, with the same names): the span, who opened it and the opener's
-   own args. Either engine's close reads it; the C one in place. */
-typedef struct {
-    PyObject_HEAD
-    span_t span;      /* its tid is NULL where Python made it (its stack's is read) */
-    PyObject *opener; /* the node, use or capturing scope whose with/start() opened it */
-    PyObject *extra;  /* the opener's own args: an Extra or None */
-} OpenSpanObject;
-extern PyTypeObject dft_OpenSpanType;
-#define IS_OPEN_SPAN(o) (Py_TYPE(o) == &dft_OpenSpanType)
-#define AS_OPEN(o) ((OpenSpanObject *)(o))
-
-/* The pair is compiled into each caller: a span pays no call for it. */
-#if defined(__GNUC__) || defined(__clang__)
-#define SPAN_INLINE static inline __attribute__((always_inline))
-#else
-#define SPAN_INLINE static __forceinline
-#endif
-
-#define SPAN_NOW 0 /* span_open's t0: read the clock, last */
-
-/* Open span `s` of kind `kid` for `node` on `stk` (a non-empty list the caller
-   holds): a new id pushed on stk, the id below it as its parent, the depth as its
-   level, the node's sticky args now; with `entry` (an OpenSpanObject whose span
-   `s` is) it is also kept in `open` under its id. Then NVTX, then t0 (`t0`, or the
-   clock when SPAN_NOW). 0, or -1 with nothing opened and no error set: the caller
-   goes on untraced. */
-SPAN_INLINE int span_open(span_t *s, PyObject *stk, PyObject *node, uint32_t kid, long long t0,
-                            PyObject *open, PyObject *entry) {
-    PyObject *sticky = node_sticky(node);
-    if (!sticky) {
-        PyErr_Clear();
-        sticky = Py_None;
-        Py_INCREF(sticky);
-    }
-    PyObject *id = new_id(), *tid = id ? stk_tid(stk) : NULL;
-    if (!tid || (entry && PyDict_SetItem(open, id, entry) < 0))
-        goto fail;
-    if (PyList_Append(stk, id) < 0) {
-        if (entry && PyDict_DelItem(open, id) < 0)
-            PyErr_Clear();
-        goto fail;
-    }
-    Py_ssize_t lvl = PyList_GET_SIZE(stk) - 1;
-    PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
-    Py_INCREF(p);
-    s->id = id;
-    s->parent = p;
-    s->sticky = sticky;
-    s->tid = tid;
-    s->level = lvl;
-    s->kid = kid;
-    NVTX_OPEN(kid, id, stk, 1);
-    s->t0 = t0 != SPAN_NOW ? t0 : now_ns();
-    return 0;
-fail:
-    PyErr_Clear();
-    Py_XDECREF(tid);
-    Py_XDECREF(id);
-    Py_DECREF(sticky);
-    return -1;
-}
-
-/* Record span `s` (still holding its references) at t1; see span_close. */
-SPAN_INLINE int span_record(span_t *s, PyObject *stk, long long t1, PyObject *x, PyObject *error,
-                            long long count, uint32_t flags) {
-    int rc = 0;
-    PyObject *tid = s->tid, *own_tid = NULL, *tagged = NULL;
-    if (unlikely(!tid))
-        tid = own_tid = stk_tid(stk);
-    if (error) {
-        tagged = PyObject_CallFunctionObjArgs(dft_calls.with_error, x ? x : Py_None, error, NULL);
-        if (tagged)
-            x = tagged;
-        else
-            PyErr_Clear();
-    }
-    if (likely(tid != NULL)) {
-        rc = emit_span(s->kid, s->t0, t1, s->id, s->parent, s->level, tid, s->sticky, x, count, flags);
-    } else {
-        PyErr_Clear();
-        NVTX_CLOSE(s->id);
-        COUNT_DROP(1);
-    }
-    Py_XDECREF(tagged);
-    Py_XDECREF(own_tid);
-    return rc;
-}
-
-static inline void span_release(span_t *s) {
-    Py_CLEAR(s->id);
-    Py_CLEAR(s->parent);
-    Py_CLEAR(s->sticky);
-    Py_CLEAR(s->tid);
-}
-
-/* span_close's flags: F_INCOMPLETE (the record's flag), or this one. */
-#define SPAN_UNRECORDED (1u << 16) /* it ended without a record (an iterator's end) */
-
-/* Close span `s` at t1: pop it from `stk` (anything left above it is unwound), then
-   record it on stk's track with args `x` (borrowed: an Extra, a dict or None;
-   NULL: none), tagged `error: <type>` when `error` (an exception) is given, with
-   `count` (-1: none) and `flags`. Its references are released. 0, or -1 with an
-   exception that must reach the caller (a signal's, while waiting for room); call
-   it with no exception set (span_close_raised: the one that is set is the error). */
-SPAN_INLINE int span_close(span_t *s, PyObject *stk, long long t1, PyObject *x, PyObject *error,
-                           long long count, uint32_t flags) {
-    int rc = 0;
-    if (stack_pop(stk, s->id) < 0)
-        PyErr_Clear();
-    if (flags & SPAN_UNRECORDED)
-        NVTX_CLOSE(s->id);
-    else
-        rc = span_record(s, stk, t1, x, error, count, flags);
-    span_release(s);
-    return rc;
-}
-
-/* span_close (no error, no flag), then a span of kind `kid` opens in its place at
-   t1: its next sibling, with its parent, level, sticky args and track (.iter(): the
-   loop body's span after its item's). -1 as span_close, with no span open. */
-SPAN_INLINE int span_close_open_next(span_t *s, PyObject *stk, long long t1, PyObject *x,
-                                     long long count, uint32_t kid) {
-    if (span_record(s, stk, t1, x, NULL, count, 0) < 0) {
-        if (stack_pop(stk, s->id) < 0)
-            PyErr_Clear();
-        span_release(s);
-        return -1;
-    }
-    PyObject *id = new_id();
-    Py_ssize_t n = PyList_GET_SIZE(stk);
-    if (id && n > 0 && PyList_GET_ITEM(stk, n - 1) == s->id) {
-        PyList_SET_ITEM(stk, n - 1, id); /* the stack's reference to the old id goes */
-        Py_INCREF(id);
-        Py_DECREF(s->id);
-    } else { /* not on top any more: unwound, then pushed */
-        if (stack_pop(stk, s->id) < 0 || !id || PyList_Append(stk, id) < 0) {
-            PyErr_Clear();
-            Py_XDECREF(id);
-            span_release(s);
-            return 0; /* recorded; no next span */
-        }
-    }
-    Py_DECREF(s->id);
-    s->id = id;
-    s->kid = kid;
-    s->t0 = t1;
-    NVTX_OPEN(kid, id, stk, 1);
-    return 0;
-}
-
-/* span_close for a span whose code raised: the exception set now is its error, and
-   stays set for the caller to return (unless recording raised one of its own). */
-SPAN_INLINE int span_close_raised(span_t *s, PyObject *stk, long long t1, PyObject *x,
-                                    long long count) {
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    PyErr_NormalizeException(&et, &ev, &tb);
-    int rc = span_close(s, stk, t1, x, ev ? ev : Py_None, count, 0);
-    if (rc < 0) {
-        Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
-    } else {
-        PyErr_Restore(et, ev, tb);
-    }
-    return rc;
-}
-
-
+#include "span_lifecycle.h" /* span_open / span_close */
 
 /* asyncio's running loop, or None; asyncio is never imported from here: until the
    program imports it, no loop can be running. */

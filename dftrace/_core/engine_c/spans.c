@@ -2,7 +2,7 @@
  * decorator (SpanWrapper) and .iter() (SpanIter), with what every style shares:
  * this thread's stack cache, NVTX ranges, a node's kind ids. The with/start/stop
  * styles are in traceable.c; all of them open and close their spans with
- * span_open / span_close (engine.h), which record through emit_span.
+ * span_open / span_close (span_lifecycle.h), which record through emit_span.
  *
  * A new span style: a type here (or in traceable.c when it is a node's method)
  * that opens on current_stack() with span_open() and closes with span_close();

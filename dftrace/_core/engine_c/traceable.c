@@ -308,7 +308,7 @@ static PyObject *make_use(PyObject *self, PyObject *d) {
 
 /* node(args={...}) for a node that records now and plain args: the Use is made
    here (its args encoded once, a snapshot); everything else goes to Python. */
-static PyObject *Traceable_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+PyObject *dft_traceable_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (dft_off_for_good && dft_hooks.off_use && PyTuple_GET_SIZE(args) <= 1)
         return off_call(PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL);
     if (dft_hooks.use && !dft_off_for_good && PyTuple_GET_SIZE(args) == 0 && kwargs &&
@@ -809,7 +809,7 @@ PyTypeObject dft_TraceableBaseType = {
     .tp_doc = "C __call__, __enter__/__exit__ and start()/stop() for dftrace nodes and uses, "
               "with the fields they read.",
     .tp_new = Traceable_new,
-    .tp_call = Traceable_call,
+    .tp_call = dft_traceable_call,
     .tp_vectorcall_offset = offsetof(TraceableObject, vectorcall),
     .tp_methods = Traceable_methods,
     .tp_members = Traceable_members,
@@ -850,7 +850,7 @@ static int tag_subclasses(PyTypeObject *base) {
                 dft_t_known[j] = tp;
                 known = 1;
             }
-        if (tp->tp_call == Traceable_call &&
+        if (tp->tp_call == dft_traceable_call &&
             tp->tp_vectorcall_offset == offsetof(TraceableObject, vectorcall))
             tp->tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
         if (tag_subclasses(tp) < 0) {
