@@ -33,7 +33,7 @@ from ._kineto import activity_schema
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sketch import EXACT_BELOW_US, RELATIVE_ERROR, merged_bins, std_expr, value_expr
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
-from ._steps import model_steps, time_in_steps, unit_steps
+from ._steps import STEP_TIME_SCHEMA, model_steps, time_in_steps, unit_steps
 from ._stragglers import analyse, match_collectives
 from ._parquet import resolved_records
 from ._trace import PathsLike, TraceTable, as_path_list, load_traces, require_content
@@ -219,7 +219,8 @@ def steps_of(combined: Combined) -> UnitSteps:
     procs = _processes_frame(combined)
     runs = find_runs(combined, procs)
     procs = _units_per_run(procs, runs)
-    process_steps = model_steps(without_profiler_steps(combined.steps), combined.containers)
+    process_steps = model_steps(without_profiler_steps(combined.steps), combined.containers).with_columns(
+        pl.lit(None, dtype).alias(name) for name, dtype in STEP_TIME_SCHEMA.items())
     if combined.modelled is not None and combined.modelled.height:  # whole files' steps, modelled as read
         process_steps = pl.concat([process_steps, combined.modelled], how="vertical")
     return UnitSteps(procs, runs, process_steps, unit_steps(process_steps, procs))
@@ -233,9 +234,17 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     steps = _steps(steps_by_unit)
     units = {unit: (rank, host) for unit, rank, host in
              procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
-    compute = dict(time_in_steps(combined.compute, procs, steps_by_unit)
-                   .group_by("unit").agg(pl.col("us").sum()).iter_rows())
-    blocked = time_in_steps(combined.blocked, procs, steps_by_unit)
+    # Each rank-step's compute and blocked time: found as its file was read where the
+    # rank's steps are one process's (``with_step_times``), plus that of the intervals kept.
+    times = steps_by_unit.select(
+        "unit", "epoch", "step",
+        pl.col("compute_us").fill_null(0) + pl.Series(time_in_steps(combined.compute, procs, steps_by_unit)),
+        (pl.col("blocked_us").fill_null(0) + pl.Series(time_in_steps(combined.blocked, procs, steps_by_unit)))
+        .alias("us"),
+    )
+    compute = dict(times.group_by("unit").agg(pl.col("compute_us").sum()).iter_rows())
+    blocked = times.drop("compute_us")
+    del times
     stragglers, collectives, waits = analyse(
         match_collectives(combined.collectives, procs), steps_by_unit, blocked, compute, units
     )
