@@ -216,14 +216,17 @@ def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
     training process), or, for a rank with none, those that only load data.
     """
     units = procs.filter(pl.col("unit").is_not_null()).select("proc", "unit", "unit_order")
-    joined = steps.join(units, on="proc", how="inner")
     present = units.filter(pl.col("proc").is_in(steps.get_column("proc").unique().implode()))
     if present.get_column("unit").is_unique().all():
         # One process with steps per unit (the usual run): its steps are the unit's
         # as they are, one row per (epoch, step), without regrouping them all.
-        by_unit = joined.select("unit", "unit_order", "epoch", "step", "start", "end", "n", *STEP_TIME_SCHEMA)
+        in_order = _steps_in_unit_order(steps, units)
+        if in_order is not None:
+            return in_order
+        by_unit = steps.join(units, on="proc", how="inner").select("unit", "unit_order", "epoch", "step", "start", "end", "n", *STEP_TIME_SCHEMA)
     else:
-        joined = joined.filter(pl.col("work") | ~pl.col("work").any().over("unit"))
+        joined = steps.join(units, on="proc", how="inner").filter(
+            pl.col("work") | ~pl.col("work").any().over("unit"))
         # A process's step times are kept only where it is the one placing its rank's
         # steps (``combine`` reads a file again otherwise): a step has one at most.
         by_unit = (joined.group_by(["unit", "unit_order", "epoch", "step"])
@@ -233,6 +236,41 @@ def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
         by_unit.with_columns((pl.col("end") - pl.col("start")).alias("dur"))
         .sort(["unit_order", "start"], nulls_last=True)
     )
+
+
+def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame | None:
+    """``unit_steps`` of one process per unit, put together from slices of ``steps`` in
+    one copy, when its rows come one process after another, each in time order: the
+    processes put in unit order are then the rows sorted (a join and a sort made two
+    copies). None otherwise."""
+    if steps.get_column("start").null_count():
+        return None
+    blocks = steps.get_column("proc").rle().struct.unnest()
+    procs = blocks.get_column("value").to_list()
+    if len(set(procs)) != len(procs):
+        return None
+    unit_of = {proc: (unit, order) for proc, unit, order in units.iter_rows()}
+    start = steps.get_column("start").to_numpy()
+    later = np.diff(start) > 0
+    kept, offset = [], 0
+    for proc, length in zip(procs, blocks.get_column("len").to_list()):
+        if proc in unit_of:
+            if not later[offset:offset + length - 1].all():
+                return None
+            kept.append((unit_of[proc], offset, length))
+        offset += length
+    orders = [order for (_, order), _, _ in kept]
+    if None in orders or len(set(orders)) != len(orders):
+        return None
+    kept.sort(key=lambda block: block[0][1])
+    columns = ["epoch", "step", "start", "end", "n", *STEP_TIME_SCHEMA]
+    pieces = [steps.slice(offset, length).select(pl.lit(unit, pl.String).alias("unit"),
+                                                 pl.lit(order, pl.Int64).alias("unit_order"), *columns)
+              for (unit, order), offset, length in kept]
+    if not pieces:
+        return None
+    return pl.concat(pieces, how="vertical", rechunk=True).with_columns(
+        (pl.col("end") - pl.col("start")).alias("dur"))
 
 
 def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
@@ -273,6 +311,8 @@ def describe_steps(events: pl.DataFrame) -> str:
 def time_within(starts: np.ndarray, ends: np.ndarray, step_start: np.ndarray, step_end: np.ndarray) -> np.ndarray:
     """The time of disjoint intervals (``starts``, ``ends``: one process's) that falls
     within each [``step_start``, ``step_end``)."""
+    if not starts.size:
+        return np.zeros(step_start.size, dtype=np.int64)
     order = np.argsort(starts, kind="stable")  # they usually come sorted: one pass
     starts, ends = starts[order], ends[order]
     before = np.concatenate(([0], np.cumsum(ends - starts)))

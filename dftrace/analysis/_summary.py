@@ -244,7 +244,10 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     )
     compute = dict(times.group_by("unit").agg(pl.col("compute_us").sum()).iter_rows())
     blocked = times.drop("compute_us")
-    del times
+    # The columns no answer below reads are let go (the rank-steps are the peak).
+    del times, found
+    steps_by_unit = steps_by_unit.drop("end", "n", *STEP_TIME_SCHEMA)
+    process_steps = process_steps.drop(*STEP_TIME_SCHEMA)
     stragglers, collectives, waits = analyse(
         match_collectives(combined.collectives, procs), steps_by_unit, blocked, compute, units
     )
