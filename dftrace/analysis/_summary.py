@@ -104,9 +104,13 @@ class Summary:
 
     def to_json(self, indent: bool = True) -> str:
         """The summary as JSON text."""
+        return self.to_json_bytes(indent).decode()
+
+    def to_json_bytes(self, indent: bool = True) -> bytes:
+        """The summary as JSON text, UTF-8 encoded."""
         option = orjson.OPT_INDENT_2 if indent else 0
         # The dataclass itself, not a deep copy of it (the answers of a long run are big).
-        return orjson.dumps(self, option=option | orjson.OPT_SERIALIZE_NUMPY).decode()
+        return orjson.dumps(self, option=option | orjson.OPT_SERIALIZE_NUMPY)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
