@@ -181,20 +181,11 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
 _POLARS_ALLOCATOR = "dirty_decay_ms:1000,muzzy_decay_ms:0"
 
 
-#: Blocks of the C heap (a piece's bytes, the scanner's columns, numpy's arrays) this
-#: large or larger get pages of their own, handed back when freed. glibc's default
-#: grows with the largest block freed (to 32 MiB), after which the pieces' bytes are
-#: carved from the heap, whose free pages stay resident between other blocks.
-_OWN_PAGES_FROM = 1 << 20
-_M_MMAP_THRESHOLD = -3
-
-
 def _returning_freed_memory() -> None:
     """Load polars with its allocator returning freed pages after a second (unless
     ``_RJEM_MALLOC_CONF`` says otherwise or polars is loaded already). The setting is
     read once, when polars loads: it is set for that alone, not for the programs this
-    process starts. The C heap (glibc) gives large blocks pages of their own."""
-    _large_blocks_own_pages()
+    process starts."""
     if "polars" in sys.modules or "_RJEM_MALLOC_CONF" in os.environ:
         return
     os.environ["_RJEM_MALLOC_CONF"] = _POLARS_ALLOCATOR
@@ -204,16 +195,6 @@ def _returning_freed_memory() -> None:
         pass
     finally:
         del os.environ["_RJEM_MALLOC_CONF"]
-
-
-def _large_blocks_own_pages() -> None:
-    """glibc's mmap threshold fixed at ``_OWN_PAGES_FROM`` (nothing elsewhere)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _OWN_PAGES_FROM)
-    except (OSError, AttributeError):
-        pass
 
 
 def file_threads() -> int:
