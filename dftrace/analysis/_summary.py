@@ -235,7 +235,6 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     ``rank_steps_limit`` rows, by default RANK_STEPS_LIMIT)."""
     found = steps_of(combined)
     procs, runs, process_steps, steps_by_unit = found.procs, found.runs, found.process_steps, found.by_unit
-    steps = _steps(steps_by_unit)
     units = {unit: (rank, host) for unit, rank, host in
              procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
     # Each rank-step's compute and blocked time: found as its file was read where the
@@ -252,6 +251,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     del times, found
     steps_by_unit = steps_by_unit.drop("end", "n", *STEP_TIME_SCHEMA)
     process_steps = process_steps.drop(*STEP_TIME_SCHEMA)
+    steps = _steps(steps_by_unit)
     stragglers, collectives, waits = analyse(
         match_collectives(combined.collectives, procs), steps_by_unit, blocked, compute, units
     )
