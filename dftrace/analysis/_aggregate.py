@@ -87,14 +87,17 @@ class Partial:
     overlap: pl.DataFrame
     #: ph, n: events of every phase (counters, instants, ...)
     phases: pl.DataFrame
-    #: pid, host_key, epoch, step, start, end, n, work: the steps of each process of a
-    #: whole file, modelled where it was read (``steps`` is then empty); None when
-    #: ``steps`` holds the rows. Valid while no other file holds events of the same
-    #: process: ``combine`` reads such a file again otherwise.
+    #: pid, host_key, epoch, step, start, end, n, work, compute_us, blocked_us: the
+    #: steps of each process of a whole file, modelled where it was read (``steps`` is
+    #: then empty), with the process's compute and blocked time in each (see
+    #: ``with_step_times``); None when ``steps`` holds the rows. Valid while no other
+    #: file holds events of the same process, and, for the times, no other process of
+    #: its rank places steps by its work: ``combine`` reads such a file again otherwise.
     modelled: pl.DataFrame | None = None
-    #: pid, host_key, start, end: with ``modelled``, each process's blocked time (see
-    #: ``alone_intervals``), found where it was read; ``intervals`` then keeps the
-    #: compute intervals alone, all the answers need of the others.
+    #: pid, host_key, start, end: with ``modelled``, the blocked time (see
+    #: ``alone_intervals``) of the processes without step times, found where it was
+    #: read; ``intervals`` then keeps their compute intervals alone, all the answers
+    #: need of the others.
     blocked: pl.DataFrame | None = None
 
 
@@ -519,10 +522,12 @@ class Combined:
     extents: pl.DataFrame
     #: proc, mask, us: time each process spent in each combination of active groups.
     overlap: pl.DataFrame
-    #: proc, start, end: disjoint compute intervals (self time) of each process.
+    #: proc, start, end: disjoint compute intervals (self time) of each process
+    #: without step times in ``modelled``.
     compute: pl.DataFrame
-    #: proc, start, end: disjoint intervals each process spent blocked in
-    #: communication with nothing else running (see ``alone_intervals``).
+    #: proc, start, end: disjoint intervals each process (without step times in
+    #: ``modelled``) spent blocked in communication with nothing else running (see
+    #: ``alone_intervals``).
     blocked: pl.DataFrame
     #: path, start, end, command: each input file's time span and the command line
     #: its process info names (to tell files of separate runs apart).
@@ -532,8 +537,8 @@ class Combined:
     #: proc plus ``_kineto.activity_schema()``: GPU activity, launches and profiler
     #: steps of PyTorch profiler traces (empty for other traces).
     activity: pl.DataFrame | None = None
-    #: proc, epoch, step, start, end, n, work: steps modelled where whole files were
-    #: read (their processes have no rows in ``steps``).
+    #: proc, epoch, step, start, end, n, work, compute_us, blocked_us: steps modelled
+    #: where whole files were read (their processes have no rows in ``steps``).
     modelled: pl.DataFrame | None = None
 
 
