@@ -316,12 +316,12 @@ def iter_line_pieces(path: str | os.PathLike[str], start: int = 0, end: int | No
             skipping = True
         if size >= piece_bytes and size > tail:
             rest = _split_tail(chunks, tail)
-            data = b"".join(chunks)
-            lines = data.count(b"\n") if long_lines else 0  # numbers of long lines only
-            yield LinePiece(data, [n for n in long_lines if n <= lines], None)
-            del data
-            long_lines = [n - lines for n in long_lines if n > lines]
+            piece = [b"".join(chunks)]
             chunks, size = rest, tail
+            lines = piece[0].count(b"\n") if long_lines else 0  # numbers of long lines only
+            kept, long_lines = [n for n in long_lines if n <= lines], [n - lines for n in long_lines if n > lines]
+            # Handed over without a reference kept here: the consumer frees the piece.
+            yield LinePiece(piece.pop(), kept, None)
     yield LinePiece(b"".join(chunks), long_lines, status[0] if status else None)
 
 

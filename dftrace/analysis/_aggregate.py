@@ -30,7 +30,8 @@ from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS
 from ._sketch import BIN_SCHEMA, bins_of, merged_bins
 from ._sources import Partition
-from ._steps import STEP_SCHEMA, container_rows, model_steps, step_rows
+from ._steps import (STEP_SCHEMA, STEP_TIME_SCHEMA, container_rows, model_steps, settled_procs, step_rows,
+                     with_step_times)
 from ._trace import FileReport, file_reports, partition_keys, resolve_parts
 
 _GROUP_CATS = {
@@ -86,14 +87,17 @@ class Partial:
     overlap: pl.DataFrame
     #: ph, n: events of every phase (counters, instants, ...)
     phases: pl.DataFrame
-    #: pid, host_key, epoch, step, start, end, n, work: the steps of each process of a
-    #: whole file, modelled where it was read (``steps`` is then empty); None when
-    #: ``steps`` holds the rows. Valid while no other file holds events of the same
-    #: process: ``combine`` reads such a file again otherwise.
+    #: pid, host_key, epoch, step, start, end, n, work, compute_us, blocked_us: the
+    #: steps of each process of a whole file, modelled where it was read (``steps`` is
+    #: then empty), with the process's compute and blocked time in each (see
+    #: ``with_step_times``); None when ``steps`` holds the rows. Valid while no other
+    #: file holds events of the same process, and, for the times, no other process of
+    #: its rank places steps by its work: ``combine`` reads such a file again otherwise.
     modelled: pl.DataFrame | None = None
-    #: pid, host_key, start, end: with ``modelled``, each process's blocked time (see
-    #: ``alone_intervals``), found where it was read; ``intervals`` then keeps the
-    #: compute intervals alone, all the answers need of the others.
+    #: pid, host_key, start, end: with ``modelled``, the blocked time (see
+    #: ``alone_intervals``) of the processes without step times, found where it was
+    #: read; ``intervals`` then keeps their compute intervals alone, all the answers
+    #: need of the others.
     blocked: pl.DataFrame | None = None
 
 
@@ -161,13 +165,23 @@ def _settled_where_read(partial: Partial) -> Partial:
     containers = partial.containers.join(keys, on=_KEY).drop(_KEY)
     steps = model_steps(rows, containers)
     del rows, containers
+    intervals = partial.intervals.join(keys, on=_KEY).drop(_KEY)
+    partial.intervals = _EMPTY["intervals"]
+    compute = intervals.filter(pl.col("group") == GROUPS.index("compute")).drop("group")
+    blocked = alone_intervals(intervals, "comm")
+    del intervals
+    # A process whose steps are placed by its work keeps the time of its intervals in
+    # each step, not the intervals (see ``with_step_times``).
+    steps = with_step_times(steps, compute, blocked)
+    settled = pl.col("proc").is_in(settled_procs(steps))
     partial.modelled = steps.join(keys, on="proc").select(_EMPTY["modelled"].columns).cast(
         _EMPTY["modelled"].schema)
     del steps
-    intervals = partial.intervals.join(keys, on=_KEY).drop(_KEY)
-    partial.blocked = alone_intervals(intervals, "comm").join(keys, on="proc").select(
+    partial.blocked = blocked.filter(~settled).join(keys, on="proc").select(
         _EMPTY["blocked"].columns).cast(_EMPTY["blocked"].schema)
-    partial.intervals = partial.intervals.filter(pl.col("group") == GROUPS.index("compute"))
+    partial.intervals = compute.filter(~settled).join(keys, on="proc").with_columns(
+        pl.lit(GROUPS.index("compute"), pl.Int8).alias("group")).select(
+        _EMPTY["intervals"].columns).cast(_EMPTY["intervals"].schema)
     return partial
 
 
@@ -268,7 +282,8 @@ _EMPTY = {
                                     "end": pl.Int64, "cat": pl.String, "name": pl.String}),
     "extents": pl.DataFrame(schema={**_KEY_SCHEMA, **_EXTENT_SCHEMA, "incomplete": pl.Int64}),
     "overlap": pl.DataFrame(schema={**_KEY_SCHEMA, "mask": pl.Int64, "us": pl.Int64}),
-    "modelled": pl.DataFrame(schema={**_KEY_SCHEMA, **{k: v for k, v in STEP_SCHEMA.items() if k != "proc"}}),
+    "modelled": pl.DataFrame(schema={**_KEY_SCHEMA, **{k: v for k, v in STEP_SCHEMA.items() if k != "proc"},
+                                     **STEP_TIME_SCHEMA}),
     "blocked": pl.DataFrame(schema={**_KEY_SCHEMA, "start": pl.Int64, "end": pl.Int64}),
 }
 
@@ -507,10 +522,12 @@ class Combined:
     extents: pl.DataFrame
     #: proc, mask, us: time each process spent in each combination of active groups.
     overlap: pl.DataFrame
-    #: proc, start, end: disjoint compute intervals (self time) of each process.
+    #: proc, start, end: disjoint compute intervals (self time) of each process
+    #: without step times in ``modelled``.
     compute: pl.DataFrame
-    #: proc, start, end: disjoint intervals each process spent blocked in
-    #: communication with nothing else running (see ``alone_intervals``).
+    #: proc, start, end: disjoint intervals each process (without step times in
+    #: ``modelled``) spent blocked in communication with nothing else running (see
+    #: ``alone_intervals``).
     blocked: pl.DataFrame
     #: path, start, end, command: each input file's time span and the command line
     #: its process info names (to tell files of separate runs apart).
@@ -520,8 +537,8 @@ class Combined:
     #: proc plus ``_kineto.activity_schema()``: GPU activity, launches and profiler
     #: steps of PyTorch profiler traces (empty for other traces).
     activity: pl.DataFrame | None = None
-    #: proc, epoch, step, start, end, n, work: steps modelled where whole files were
-    #: read (their processes have no rows in ``steps``).
+    #: proc, epoch, step, start, end, n, work, compute_us, blocked_us: steps modelled
+    #: where whole files were read (their processes have no rows in ``steps``).
     modelled: pl.DataFrame | None = None
 
 
@@ -530,7 +547,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
     sources = [p.source for p in partials]
     resolution = resolve_parts(sources, [p.keys for p in partials])
     mappings = [_mapping(resolution, p) for p in partials]
-    partials = _steps_unmodelled_where_shared(partials, mappings)
+    partials = _steps_unmodelled_where_shared(partials, mappings, resolution)
 
     def collect(kind: str, only: set[int] | None = None) -> pl.DataFrame:
         frames = []
@@ -615,22 +632,36 @@ def combine(partials: Sequence[Partial]) -> Combined:
         phases=phases,
         partitions=len(partials),
         activity=activity_by_process(sources, resolution),
-        modelled=collect("modelled").select(list(STEP_SCHEMA)).cast(STEP_SCHEMA),
+        modelled=collect("modelled").select([*STEP_SCHEMA, *STEP_TIME_SCHEMA]).cast(
+            {**STEP_SCHEMA, **STEP_TIME_SCHEMA}),
     )
 
 
-def _steps_unmodelled_where_shared(partials: Sequence[Partial], mappings: list[pl.DataFrame]) -> list[Partial]:
+def _steps_unmodelled_where_shared(partials: Sequence[Partial], mappings: list[pl.DataFrame],
+                                   resolution: Resolution) -> list[Partial]:
     """``partials``, those whose steps were modelled for a process that other partials
     also hold events of (its parts in several files, a profiler trace beside it) read
     again with their step rows: a process's steps are modelled from all of its rows."""
     holders: dict[int, int] = {}
-    for mapping in mappings:
-        for proc in set(mapping.get_column("proc").drop_nulls().to_list()):
+    # A process's step times found where it was read (``with_step_times``) are its
+    # rank's only while no other process of the rank places steps by its work.
+    placing: dict[int, set[int]] = {}
+    for partial, mapping in zip(partials, mappings):
+        procs = set(mapping.get_column("proc").drop_nulls().to_list())
+        for proc in procs:
             holders[proc] = holders.get(proc, 0) + 1
+        if partial.steps.height or (partial.modelled is not None and partial.modelled.get_column("work").any()):
+            for proc in procs:
+                placing.setdefault(resolution.processes[proc].rank, set()).add(proc)
+    placing.pop(None, None)
     out = list(partials)
     for i, (partial, mapping) in enumerate(zip(partials, mappings)):
-        if partial.modelled is not None and any(holders.get(proc, 0) > 1 for proc in
-                                                mapping.get_column("proc").drop_nulls().to_list()):
+        procs = mapping.get_column("proc").drop_nulls().to_list()
+        shared = any(holders.get(proc, 0) > 1 for proc in procs)
+        settled = partial.modelled is not None and partial.modelled.get_column("compute_us").is_not_null().any()
+        if settled:
+            shared |= any(len(placing.get(resolution.processes[proc].rank, ())) > 1 for proc in procs)
+        if partial.modelled is not None and shared:
             out[i] = aggregate_partition(partial.source.partition, model=False)
     return out
 

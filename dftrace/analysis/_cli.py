@@ -239,10 +239,27 @@ def _run_summary(args: argparse.Namespace) -> int:
 
     with _Run(args, file_threads()) as options:
         summary = summarize(args.paths, **options, index=not args.no_index)
-    sys.stdout.write(summary.to_json() if args.json else _printable(render_text(summary, top=args.rows)))
     if args.json:
-        sys.stdout.write("\n")
+        data = summary.to_json_bytes()
+        del summary  # the answers as Python objects are let go once they are text
+        _write_bytes(data, b"\n")
+    else:
+        sys.stdout.write(_printable(render_text(summary, top=args.rows)))
     return 0
+
+
+def _write_bytes(*pieces: bytes) -> None:
+    """Write UTF-8 text to stdout as bytes where it takes them (no decoded copy of a
+    long output), else as text."""
+    stream = getattr(sys.stdout, "buffer", None)
+    if stream is None:
+        for piece in pieces:
+            sys.stdout.write(piece.decode())
+        return
+    sys.stdout.flush()
+    for piece in pieces:
+        stream.write(piece)
+    stream.flush()
 
 
 @_command(*ANALYSIS, "plotly")

@@ -123,6 +123,7 @@ def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PI
         if not holder[0]:
             yield result
         elif _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted):
+            holder.clear()  # the piece's bytes are read: not held while the consumer works
             yield result
         else:
             yield _read_lines(result, holder, wanted)

@@ -63,6 +63,9 @@ def container_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 
 STEP_SCHEMA = {"proc": pl.Int32, "epoch": pl.Int64, "step": pl.Int64, "start": pl.Int64, "end": pl.Int64,
                "n": pl.Int64, "work": pl.Boolean}
+#: The time of a process's compute and blocked intervals within each of its steps
+#: (see ``with_step_times``).
+STEP_TIME_SCHEMA = {"compute_us": pl.Int64, "blocked_us": pl.Int64}
 
 
 def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
@@ -213,20 +216,61 @@ def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
     training process), or, for a rank with none, those that only load data.
     """
     units = procs.filter(pl.col("unit").is_not_null()).select("proc", "unit", "unit_order")
-    joined = steps.join(units, on="proc", how="inner")
     present = units.filter(pl.col("proc").is_in(steps.get_column("proc").unique().implode()))
     if present.get_column("unit").is_unique().all():
         # One process with steps per unit (the usual run): its steps are the unit's
         # as they are, one row per (epoch, step), without regrouping them all.
-        by_unit = joined.select("unit", "unit_order", "epoch", "step", "start", "end", "n")
+        in_order = _steps_in_unit_order(steps, units)
+        if in_order is not None:
+            return in_order
+        by_unit = steps.join(units, on="proc", how="inner").select("unit", "unit_order", "epoch", "step", "start", "end", "n", *STEP_TIME_SCHEMA)
     else:
-        joined = joined.filter(pl.col("work") | ~pl.col("work").any().over("unit"))
+        joined = steps.join(units, on="proc", how="inner").filter(
+            pl.col("work") | ~pl.col("work").any().over("unit"))
+        # A process's step times are kept only where it is the one placing its rank's
+        # steps (``combine`` reads a file again otherwise): a step has one at most.
         by_unit = (joined.group_by(["unit", "unit_order", "epoch", "step"])
-                   .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()))
+                   .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum(),
+                        *(pl.col(name).max() for name in STEP_TIME_SCHEMA)))
     return (
         by_unit.with_columns((pl.col("end") - pl.col("start")).alias("dur"))
         .sort(["unit_order", "start"], nulls_last=True)
     )
+
+
+def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame | None:
+    """``unit_steps`` of one process per unit, put together from slices of ``steps`` in
+    one copy, when its rows come one process after another, each in time order: the
+    processes put in unit order are then the rows sorted (a join and a sort made two
+    copies). None otherwise."""
+    if steps.get_column("start").null_count():
+        return None
+    blocks = steps.get_column("proc").rle().struct.unnest()
+    procs = blocks.get_column("value").to_list()
+    if len(set(procs)) != len(procs):
+        return None
+    unit_of = {proc: (unit, order) for proc, unit, order in units.iter_rows()}
+    start = steps.get_column("start").to_numpy()
+    later = np.diff(start) > 0
+    kept, offset = [], 0
+    for proc, length in zip(procs, blocks.get_column("len").to_list()):
+        if proc in unit_of:
+            if not later[offset:offset + length - 1].all():
+                return None
+            kept.append((unit_of[proc], offset, length))
+        offset += length
+    orders = [order for (_, order), _, _ in kept]
+    if None in orders or len(set(orders)) != len(orders):
+        return None
+    kept.sort(key=lambda block: block[0][1])
+    columns = ["epoch", "step", "start", "end", "n", *STEP_TIME_SCHEMA]
+    pieces = [steps.slice(offset, length).select(pl.lit(unit, pl.String).alias("unit"),
+                                                 pl.lit(order, pl.Int64).alias("unit_order"), *columns)
+              for (unit, order), offset, length in kept]
+    if not pieces:
+        return None
+    return pl.concat(pieces, how="vertical", rechunk=True).with_columns(
+        (pl.col("end") - pl.col("start")).alias("dur"))
 
 
 def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
@@ -264,16 +308,34 @@ def describe_steps(events: pl.DataFrame) -> str:
     return f"the trace has steps {steps.min()}..{steps.max()} and {where}"
 
 
-def time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """unit, epoch, step, us: the time of disjoint per-process ``intervals`` (proc,
-    start, end) that falls within each of the unit's steps (a rank's processes
-    together); units in the order their processes first come in ``intervals``.
+def time_within(starts: np.ndarray, ends: np.ndarray, step_start: np.ndarray, step_end: np.ndarray) -> np.ndarray:
+    """The time of disjoint intervals (``starts``, ``ends``: one process's) that falls
+    within each [``step_start``, ``step_end``)."""
+    if not starts.size:
+        return np.zeros(step_start.size, dtype=np.int64)
+    order = np.argsort(starts, kind="stable")  # they usually come sorted: one pass
+    starts, ends = starts[order], ends[order]
+    before = np.concatenate(([0], np.cumsum(ends - starts)))
+
+    def time_until(t: np.ndarray) -> np.ndarray:
+        # time before t: whole intervals before it plus the part of the one it is in
+        j = np.searchsorted(starts, t, side="right")
+        inside = np.where(j > 0, np.minimum(t, ends[np.maximum(j - 1, 0)]) - starts[np.maximum(j - 1, 0)], 0)
+        return before[np.maximum(j - 1, 0)] + np.where(j > 0, inside, 0)
+
+    return time_until(step_end) - time_until(step_start)
+
+
+def time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataFrame) -> np.ndarray:
+    """Per row of ``steps`` (unit, start, end), the time of disjoint per-process
+    ``intervals`` (proc, start, end) that falls within it (a unit's processes
+    together; 0 for a unit without intervals).
 
     Neither table is copied whole: each process's intervals and each unit's steps are
-    looked at through their row numbers, and only the answer is built anew."""
-    empty = pl.DataFrame(schema={"unit": pl.String, "epoch": pl.Int64, "step": pl.Int64, "us": pl.Int64})
+    looked at through their row numbers."""
+    totals = np.zeros(steps.height, dtype=np.int64)
     if not steps.height or not intervals.height:
-        return empty
+        return totals
     units = dict(procs.filter(pl.col("unit").is_not_null()).select("proc", "unit").iter_rows())
     grouped_rows = steps.select("unit").with_row_index("row").group_by("unit").agg("row")
     rows_of = {unit: rows.to_numpy() for unit, rows in
@@ -283,31 +345,42 @@ def time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataFr
     starts_all, ends_all = intervals.get_column("start").to_numpy(), intervals.get_column("end").to_numpy()
     grouped = proc.size < 2 or bool((proc[1:] >= proc[:-1]).all())
     by_proc = np.arange(proc.size) if grouped else np.argsort(proc, kind="stable")
-    procs_in_order, first = np.unique(proc, return_index=True)
+    procs_in_order = np.unique(proc)
     bounds = np.searchsorted(proc[by_proc], procs_in_order, side="left").tolist() + [proc.size]
     # Per process, its intervals sorted alone (sorting the table was the peak); a unit's processes add up.
-    totals: dict[str, np.ndarray] = {}
-    for i in np.argsort(first, kind="stable").tolist():
-        unit = units.get(int(procs_in_order[i]))
-        if unit not in rows_of:
+    for i, one in enumerate(procs_in_order.tolist()):
+        own = rows_of.get(units.get(int(one)))
+        if own is None:
             continue
         taken = by_proc[bounds[i]:bounds[i + 1]]
-        starts, ends = starts_all[taken], ends_all[taken]
-        order = np.argsort(starts, kind="stable")  # they usually come sorted: one pass
-        starts, ends = starts[order], ends[order]
-        before = np.concatenate(([0], np.cumsum(ends - starts)))
+        totals[own] += time_within(starts_all[taken], ends_all[taken], step_start[own], step_end[own])
+    return totals
 
-        def time_until(t: np.ndarray) -> np.ndarray:
-            # time before t: whole intervals before it plus the part of the one it is in
-            j = np.searchsorted(starts, t, side="right")
-            inside = np.where(j > 0, np.minimum(t, ends[np.maximum(j - 1, 0)]) - starts[np.maximum(j - 1, 0)], 0)
-            return before[np.maximum(j - 1, 0)] + np.where(j > 0, inside, 0)
 
-        own = rows_of[unit]
-        us = time_until(step_end[own]) - time_until(step_start[own])
-        totals[unit] = totals[unit] + us if unit in totals else us
-    if not totals:
-        return empty
-    rows = np.concatenate([rows_of[unit] for unit in totals])
-    return steps.select("unit", "epoch", "step")[rows].with_columns(
-        pl.Series("us", np.concatenate(list(totals.values())), pl.Int64))
+
+def with_step_times(steps: pl.DataFrame, compute: pl.DataFrame, blocked: pl.DataFrame) -> pl.DataFrame:
+    """``steps`` (see ``model_steps``) with ``compute_us`` and ``blocked_us``: the time of
+    each process's ``compute`` and ``blocked`` intervals (proc, start, end; disjoint)
+    within each of its steps, found for the processes whose steps are placed by their
+    work (null for the others). Where such a process's steps are its rank's, these are
+    what the answers need of its intervals (see ``unit_steps``)."""
+    compute_us = np.zeros(steps.height, dtype=np.int64)
+    blocked_us = np.zeros(steps.height, dtype=np.int64)
+    settled = np.zeros(steps.height, dtype=bool)
+    proc = steps.get_column("proc").to_numpy()
+    step_start, step_end = steps.get_column("start").to_numpy(), steps.get_column("end").to_numpy()
+    for one in settled_procs(steps):
+        own = np.flatnonzero(proc == one)
+        settled[own] = True
+        for intervals, out in ((compute, compute_us), (blocked, blocked_us)):
+            mine = intervals.filter(pl.col("proc") == one)
+            out[own] = time_within(mine.get_column("start").to_numpy(), mine.get_column("end").to_numpy(),
+                                   step_start[own], step_end[own])
+    mask = pl.lit(pl.Series(settled))
+    return steps.with_columns(pl.when(mask).then(pl.Series(compute_us)).alias("compute_us"),
+                              pl.when(mask).then(pl.Series(blocked_us)).alias("blocked_us"))
+
+
+def settled_procs(steps: pl.DataFrame) -> list[int]:
+    """The processes of ``steps`` whose steps are placed by their work."""
+    return steps.filter(pl.col("work")).get_column("proc").unique(maintain_order=True).to_list()

@@ -12,7 +12,6 @@ mergeable sketch (``_sketch``): exact below ``EXACT_BELOW_US``, within
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -26,14 +25,15 @@ from ._aggregate import (Combined, Partial, aggregate, aggregate_partition, comb
                          without_row_keys)
 from ._busy import GROUPS
 from ._decode import PartitionData
+from ._durations import category_rows, dataloader_rows, distribution_rows
 from ._executor import default_executor
 from ._index import file_identity, load_partials, store_partials
 from ._gpu import dftrace_files_with_gpu, gpu_answers, gpu_by_span, gpu_steps, without_profiler_steps
 from ._kineto import activity_schema
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
-from ._sketch import EXACT_BELOW_US, RELATIVE_ERROR, merged_bins, std_expr, value_expr
+from ._sketch import EXACT_BELOW_US, RELATIVE_ERROR
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
-from ._steps import model_steps, time_in_steps, unit_steps
+from ._steps import STEP_TIME_SCHEMA, model_steps, time_in_steps, unit_steps
 from ._stragglers import analyse, match_collectives
 from ._parquet import resolved_records
 from ._trace import PathsLike, TraceTable, as_path_list, load_traces, require_content
@@ -41,9 +41,6 @@ from ._trace import PathsLike, TraceTable, as_path_list, load_traces, require_co
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
 #: beyond this, evenly spaced steps are kept (all ranks of each kept step).
 RANK_STEPS_LIMIT = 20_000
-#: (category, name) pairs that get a duration histogram.
-DISTRIBUTIONS = 12
-_HISTOGRAM_BINS = 24
 
 
 @dataclass
@@ -104,9 +101,13 @@ class Summary:
 
     def to_json(self, indent: bool = True) -> str:
         """The summary as JSON text."""
+        return self.to_json_bytes(indent).decode()
+
+    def to_json_bytes(self, indent: bool = True) -> bytes:
+        """The summary as JSON text, UTF-8 encoded."""
         option = orjson.OPT_INDENT_2 if indent else 0
         # The dataclass itself, not a deep copy of it (the answers of a long run are big).
-        return orjson.dumps(self, option=option | orjson.OPT_SERIALIZE_NUMPY).decode()
+        return orjson.dumps(self, option=option | orjson.OPT_SERIALIZE_NUMPY)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
@@ -219,7 +220,8 @@ def steps_of(combined: Combined) -> UnitSteps:
     procs = _processes_frame(combined)
     runs = find_runs(combined, procs)
     procs = _units_per_run(procs, runs)
-    process_steps = model_steps(without_profiler_steps(combined.steps), combined.containers)
+    process_steps = model_steps(without_profiler_steps(combined.steps), combined.containers).with_columns(
+        pl.lit(None, dtype).alias(name) for name, dtype in STEP_TIME_SCHEMA.items())
     if combined.modelled is not None and combined.modelled.height:  # whole files' steps, modelled as read
         process_steps = pl.concat([process_steps, combined.modelled], how="vertical")
     return UnitSteps(procs, runs, process_steps, unit_steps(process_steps, procs))
@@ -230,12 +232,23 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     ``rank_steps_limit`` rows, by default RANK_STEPS_LIMIT)."""
     found = steps_of(combined)
     procs, runs, process_steps, steps_by_unit = found.procs, found.runs, found.process_steps, found.by_unit
-    steps = _steps(steps_by_unit)
     units = {unit: (rank, host) for unit, rank, host in
              procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
-    compute = dict(time_in_steps(combined.compute, procs, steps_by_unit)
-                   .group_by("unit").agg(pl.col("us").sum()).iter_rows())
-    blocked = time_in_steps(combined.blocked, procs, steps_by_unit)
+    # Each rank-step's compute and blocked time: found as its file was read where the
+    # rank's steps are one process's (``with_step_times``), plus that of the intervals kept.
+    times = steps_by_unit.select(
+        "unit", "epoch", "step",
+        pl.col("compute_us").fill_null(0) + pl.Series(time_in_steps(combined.compute, procs, steps_by_unit)),
+        (pl.col("blocked_us").fill_null(0) + pl.Series(time_in_steps(combined.blocked, procs, steps_by_unit)))
+        .alias("us"),
+    )
+    compute = dict(times.group_by("unit").agg(pl.col("compute_us").sum()).iter_rows())
+    blocked = times.drop("compute_us")
+    # The columns no answer below reads are let go (the rank-steps are the peak).
+    del times, found
+    steps_by_unit = steps_by_unit.drop("end", "n", *STEP_TIME_SCHEMA)
+    process_steps = process_steps.drop(*STEP_TIME_SCHEMA)
+    steps = _steps(steps_by_unit)
     stragglers, collectives, waits = analyse(
         match_collectives(combined.collectives, procs), steps_by_unit, blocked, compute, units
     )
@@ -245,7 +258,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
         overview=_overview(combined, procs, runs),
         files=[_file_dict(f) for f in combined.files],
         processes=_process_rows(combined, procs),
-        categories=_categories(combined.durations, combined.self_times),
+        categories=category_rows(combined.durations, combined.self_times),
         epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]),
                        _steps_in_epochs(process_steps, _epoch_source(combined))),
         stragglers=stragglers,
@@ -256,9 +269,9 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
         rank_steps=rank_steps,
         rank_steps_sampled=sampled,
         breakdown=_breakdown(combined, procs),
-        dataloader=_dataloader(combined.durations, procs),
+        dataloader=dataloader_rows(combined.durations, procs),
         imbalance=_imbalance(steps_by_unit, steps),
-        distributions=_distributions(combined.durations),
+        distributions=distribution_rows(combined.durations),
         gpu=gpu_answers(combined.activity, combined.resolution),
         gpu_steps=gpu_steps(combined.activity, process_steps, combined.resolution),
     )
@@ -347,60 +360,6 @@ def _process_rows(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any
         }
         for r in joined.iter_rows(named=True)
     ]
-
-
-def _quantile_exprs(qs: Sequence[float]) -> list[pl.Expr]:
-    """Aggregations over sketch bins (``dur``: the value a bin stands for, ``n``, ``total``,
-    ``lo``, ``hi``) sorted by ``bin`` within a group, with ``cum`` (running count) and
-    ``total_n`` columns present."""
-    exprs = [
-        pl.col("n").sum().alias("count"),
-        pl.col("total").sum().alias("total_us"),
-        pl.col("lo").min().alias("min_us"),
-        pl.col("hi").max().alias("max_us"),
-    ]
-    for q in qs:
-        threshold = (pl.col("total_n") * q - 1e-9).ceil()
-        exprs.append(pl.col("dur").filter(pl.col("cum") >= threshold).min().alias(f"p{round(q * 100)}_us"))
-    return exprs
-
-
-def _value_stats(frame: pl.DataFrame, by: list[str], qs: Sequence[float] = (0.5, 0.95)) -> pl.DataFrame:
-    """count, total, mean, min, percentiles, max of the durations of sketch bins per group."""
-    if not frame.height:
-        schema = {**{c: frame.schema[c] for c in by}, "count": pl.Int64, "total_us": pl.Int64,
-                  "min_us": pl.Int64, "max_us": pl.Int64, "mean_us": pl.Float64}
-        schema.update({f"p{round(q * 100)}_us": pl.Int64 for q in qs})
-        return pl.DataFrame(schema=schema)
-    ordered = frame.sort([*by, "bin"]).with_columns(
-        value_expr().alias("dur"), pl.col("n").cum_sum().over(by).alias("cum"),
-        pl.col("n").sum().over(by).alias("total_n"),
-    )
-    stats = ordered.group_by(by).agg(_quantile_exprs(qs))
-    return stats.with_columns((pl.col("total_us") / pl.col("count")).alias("mean_us"))
-
-
-def _category_order(cat: str) -> tuple[int, str]:
-    known = fmt.AI_CATEGORIES
-    return (known.index(cat), "") if cat in known else (len(known), cat or "")
-
-
-def _categories(durations: pl.DataFrame, self_times: pl.DataFrame) -> list[dict[str, Any]]:
-    merged = merged_bins(durations.drop("proc"), ["cat", "name"])
-    stats = _value_stats(merged, ["cat", "name"]).join(
-        self_times.rename({"us": "self_us"}), on=["cat", "name"], how="left"
-    ).with_columns(pl.col("self_us").fill_null(0))
-    # The spread of the durations (sample standard deviation), for diff's intervals.
-    spread = merged.group_by("cat", "name").agg(std_expr().alias("std_us"))
-    stats = stats.join(spread, on=["cat", "name"], how="left")
-    # ties in total broken by name, so the order is the same however the files were read
-    rows = stats.sort(["total_us", "name"], descending=[True, False]).to_dicts()
-    rows.sort(key=lambda r: _category_order(r["cat"]))
-    return [_round(r) for r in rows]
-
-
-def _round(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
 
 
 def _slowest() -> pl.Expr:
@@ -639,54 +598,6 @@ def _imbalance(by_unit: pl.DataFrame, steps: pl.DataFrame) -> dict[str, Any]:
     }
 
 
-def _dataloader(durations: pl.DataFrame, procs: pl.DataFrame) -> list[dict[str, Any]]:
-    loops = durations.filter(
-        (pl.col("cat") != fmt.CAT_PIPELINE)
-        & (pl.col("name").str.ends_with(fmt.ITER_SUFFIX) | pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX))
-    ).with_columns(
-        pl.col("name").str.ends_with(fmt.ITER_SUFFIX).alias("is_iter"),
-        pl.col("name").str.replace(r"\.(iter|block)$", "").alias("loader"),
-    )
-    if not loops.height:
-        return []
-    iters = _value_stats(merged_bins(loops.filter("is_iter").drop("proc", "name", "is_iter"), ["cat", "loader"]),
-                         ["cat", "loader"], qs=(0.95,))
-    blocks = (
-        loops.filter(~pl.col("is_iter"))
-        .group_by("cat", "loader")
-        .agg(pl.col("total").sum().alias("block_us"))
-    )
-    per_unit = (
-        loops.join(procs.select("proc", "unit", "unit_order"), on="proc")
-        .filter(pl.col("unit").is_not_null())
-        .group_by("cat", "loader", "unit", "unit_order")
-        .agg(
-            pl.col("total").filter(pl.col("is_iter")).sum().alias("iter_us"),
-            pl.col("total").filter(~pl.col("is_iter")).sum().alias("block_us"),
-        )
-        .with_columns(_stall("iter_us", "block_us"))
-        .sort(["stall", "unit_order"], descending=[True, False], nulls_last=True)
-        .drop("unit_order")
-    )
-    rows = (
-        iters.join(blocks, on=["cat", "loader"], how="left")
-        .rename({"count": "items", "total_us": "iter_us", "mean_us": "iter_mean_us", "p95_us": "iter_p95_us"})
-        .with_columns(_stall("iter_us", "block_us"))
-        .sort("iter_us", descending=True)
-        .to_dicts()
-    )
-    for row in rows:
-        worst = per_unit.filter((pl.col("cat") == row["cat"]) & (pl.col("loader") == row["loader"]))
-        row["ranks"] = [_round(r) for r in worst.drop("cat", "loader").rename({"unit": "rank"}).to_dicts()]
-        del row["min_us"], row["max_us"]
-    return [_round(r) for r in rows]
-
-
-def _stall(iter_col: str, block_col: str) -> pl.Expr:
-    total = pl.col(iter_col) + pl.col(block_col)
-    return pl.when(total > 0).then(pl.col(iter_col) / total).alias("stall")
-
-
 def _breakdown(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
     n = len(GROUPS)
     size = 1 << n
@@ -745,29 +656,3 @@ def _busy_exclusive(per_mask: np.ndarray, n: int) -> tuple[dict[str, int], dict[
     busy = {g: int(per_mask[(masks >> i) & 1 == 1].sum()) for i, g in enumerate(GROUPS)}
     exclusive = {g: int(per_mask[1 << i]) for i, g in enumerate(GROUPS)}
     return busy, exclusive
-
-
-def _distributions(durations: pl.DataFrame) -> list[dict[str, Any]]:
-    if not durations.height:
-        return []
-    totals = (
-        durations.group_by("cat", "name")
-        .agg(pl.col("total").sum())
-        .sort(["total", "cat", "name"], descending=[True, False, False])
-        .head(DISTRIBUTIONS)
-    )
-    out = []
-    for cat, name, _ in totals.iter_rows():
-        sub = merged_bins(durations.filter((pl.col("cat") == cat) & (pl.col("name") == name)).drop(
-            "proc", "cat", "name"), []).with_columns(value_expr().alias("dur"))
-        values = sub.get_column("dur").to_numpy().astype(np.float64)
-        weights = sub.get_column("n").to_numpy()
-        low = max(float(sub.get_column("lo").min()), 1.0)
-        high = max(float(sub.get_column("hi").max()), 1.0)
-        edges = np.unique(np.geomspace(low, high * 1.000001 + 1, _HISTOGRAM_BINS + 1))
-        counts, edges = np.histogram(np.maximum(values, low), bins=edges, weights=weights)
-        out.append(
-            {"cat": cat, "name": name, "edges_us": [round(float(e), 2) for e in edges],
-             "counts": [int(c) for c in counts]}
-        )
-    return out

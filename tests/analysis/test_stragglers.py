@@ -304,3 +304,34 @@ def test_data_loading_inside_a_step_stays_in_that_step(tmp_path, after_work):
         assert got == [durations[0]] + [300 + d for d in durations[1:]]
     else:
         assert got == durations
+
+
+def test_a_rank_of_two_training_processes_has_the_time_of_both(tmp_path):
+    """A rank whose steps two processes place by their work (its second half under
+    another pid counting its steps from 0 again, as after a restart): a file read
+    whole keeps its process's time in its own steps, which is its rank's only when
+    the process is the rank's one, so these files are read again with their
+    intervals. Each rank's waits and compute time equal those of the same events
+    loaded in memory (every interval kept)."""
+    from dftrace.analysis import load_traces
+
+    procs = tracegen.collective_run(3, steps=STEPS, slow_rank=1, slow_us=SLOW_US)
+    rank = procs[2]
+    cut = min(e["ts"] for e in rank.events if e["args"].get("step") == STEPS // 2)
+    later = tracegen.Process(rank.pid + 100, host=rank.host, rank=rank.rank, anchor=rank.anchor)
+    for event in rank.events:
+        if event["ts"] >= cut:
+            args = dict(event["args"])
+            if args.get("step") is not None:
+                args["step"] -= STEPS // 2
+            later.events.append({**event, "pid": later.pid, "args": args,
+                                 "tid": later.pid if event["tid"] == rank.pid else event["tid"]})
+    rank.events = [e for e in rank.events if e["ts"] < cut]
+    _write(tmp_path, [*procs, later])
+    from_files = summarize(tmp_path, progress=False, index=False)
+    in_memory = summarize(load_traces(tmp_path, progress=False))
+    assert from_files.overview["processes"] == 4
+    waits = [r["wait_us"] for r in from_files.rank_steps if r["rank"] == "rank 2"]
+    assert len(waits) == STEPS // 2 and all(w > 0 for w in waits)
+    for field in ("stragglers", "rank_steps", "steps", "collectives"):
+        assert getattr(from_files, field) == getattr(in_memory, field), field

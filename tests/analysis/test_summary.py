@@ -270,28 +270,25 @@ def test_time_in_steps_counts_each_process_interval_once_in_any_order(procs_in_t
     """The time of each unit's processes' intervals inside each of its steps, against a
     count made here, microsecond by microsecond: intervals given out of order, a unit
     of two processes (their times add up), a process without a unit left out, a
-    unit's steps apart in the table; the processes' rows taken in turn or interleaved.
-    A unit's rows come in the order of its steps, the units in the order their
-    processes first come among the intervals."""
+    unit's steps apart in the table, a unit without intervals (0); the processes' rows
+    taken in turn or interleaved. One figure per row of the steps, in their order."""
     import polars as pl
 
     from dftrace.analysis._steps import time_in_steps
 
     procs = pl.DataFrame({"proc": [0, 1, 2, 3], "unit": ["rank 0", "rank 0", "rank 1", None]},
                          schema={"proc": pl.Int32, "unit": pl.String})
-    steps = pl.DataFrame({"unit": ["rank 0", "rank 1", "rank 0", "rank 1"], "epoch": [0, 0, 0, 0],
-                          "step": [1, 1, 2, 2], "start": [0, 10, 50, 30], "end": [50, 30, 120, 90]})
+    steps = pl.DataFrame({"unit": ["rank 0", "rank 1", "rank 0", "rank 1", "rank 2"], "epoch": [0, 0, 0, 0, 0],
+                          "step": [1, 1, 2, 2, 1], "start": [0, 10, 50, 30, 0], "end": [50, 30, 120, 90, 100]})
     rows = [(2, 25, 40), (0, 60, 70), (3, 0, 1000), (0, 5, 20), (1, 45, 100), (2, 0, 12), (0, 40, 55),
             (2, 70, 95)]
     if procs_in_turn:
         rows.sort(key=lambda row: row[0])
     intervals = pl.DataFrame(rows, schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64}, orient="row")
     unit_of = dict(zip(procs["proc"], procs["unit"]))
-    expected = []
-    for first in dict.fromkeys(unit_of[proc] for proc, _, _ in rows if unit_of[proc] is not None):
-        for unit, epoch, step, start, end in steps.iter_rows():
-            if unit == first:
-                expected.append((unit, epoch, step, sum(
-                    1 for proc, s, e in rows if unit_of[proc] == unit for t in range(s, e) if start <= t < end)))
-    got = time_in_steps(intervals, procs, steps)
-    assert list(got.iter_rows()) == expected
+    expected = [
+        sum(1 for proc, s, e in rows if unit_of[proc] == unit for t in range(s, e) if start <= t < end)
+        for unit, _, _, start, end in steps.iter_rows()
+    ]
+    assert expected[-1] == 0 and min(expected[:-1]) > 0
+    assert time_in_steps(intervals, procs, steps).tolist() == expected
