@@ -357,7 +357,6 @@ def time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataFr
     return totals
 
 
-
 def with_step_times(steps: pl.DataFrame, compute: pl.DataFrame, blocked: pl.DataFrame) -> pl.DataFrame:
     """``steps`` (see ``model_steps``) with ``compute_us`` and ``blocked_us``: the time of
     each process's ``compute`` and ``blocked`` intervals (proc, start, end; disjoint)
