@@ -361,6 +361,16 @@ def close_span(stk: Stack, s: OpenSpan, t1: int, x: Any = None,
     record(s.kid, s.t0, t1, i, p, lvl, stk.tid, s.sticky, x, count, INCOMPLETE if incomplete else 0)
 
 
+def _close_ended(stk: Stack, s: OpenSpan, extra: Any, capture: Any, params: Any,
+                  error: BaseException | None, pushed: bool = True) -> None:
+    """Close the span ``s`` of a call that ended by raising ``error`` (None: without
+    one, an async generator's): ``args.error``, or what the capture spec makes of it."""
+    if capture is None:
+        close_span(stk, s, clock(), extra, error, pushed=pushed)
+    else:
+        close_span(stk, s, clock(), capture.extra(extra, params, error=error), pushed=pushed)
+
+
 # Pure-Python spans add a frame per traced call; past this depth each call makes
 # sure the recursion limit leaves the program the depth it would have untraced.
 _DEEP = 128
@@ -410,10 +420,7 @@ def wrap_sync(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
         try:
             r = fn(*args, **kwargs)
         except BaseException as e:
-            if capture is None:
-                close_span(stk, s, clock(), extra, e)
-            else:
-                close_span(stk, s, clock(), capture.extra(extra, params, error=e))
+            _close_ended(stk, s, extra, capture, params, e)
             raise
         close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r))
         return r
@@ -435,10 +442,7 @@ def wrap_async(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
         try:
             r = await fn(*args, **kwargs)
         except BaseException as e:
-            if capture is None:
-                close_span(stk, s, clock(), extra, e)
-            else:
-                close_span(stk, s, clock(), capture.extra(extra, params, error=e))
+            _close_ended(stk, s, extra, capture, params, e)
             raise
         close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r))
         return r
@@ -496,10 +500,7 @@ def _generator_span(gen: Any, node: Any, extra: Any, capture: Any, params: Any) 
     try:
         r = yield from gen
     except BaseException as e:
-        if capture is None:
-            close_span(stk, s, clock(), extra, e, pushed=False)
-        else:
-            close_span(stk, s, clock(), capture.extra(extra, params, error=e), pushed=False)
+        _close_ended(stk, s, extra, capture, params, e, pushed=False)
         raise
     close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r),
                pushed=False)
@@ -517,10 +518,7 @@ async def _asyncgen_span(agen: Any, node: Any, extra: Any, capture: Any, params:
         error = e
         raise
     finally:
-        if capture is None:
-            close_span(stk, s, clock(), extra, error, pushed=False)
-        else:
-            close_span(stk, s, clock(), capture.extra(extra, params, error=error), pushed=False)
+        _close_ended(stk, s, extra, capture, params, error, pushed=False)
 
 
 # ---------------------------------------------------------------------------

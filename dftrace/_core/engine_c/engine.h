@@ -776,22 +776,13 @@ typedef struct {
 extern PyTypeObject dft_TraceableBaseType;
 extern PyObject *dft_gate; /* GATE: what a use forced on follows */
 
-/* The subclasses of TraceableBase known at register() (Node, Use, ...), held: a
-   type check of a node is then a comparison, not a walk of its MRO. */
-#define T_KNOWN 8
-extern PyTypeObject *dft_t_known[T_KNOWN];
-
 #define AS_T(o) ((TraceableObject *)(o))
 int dft_pending_flush(TraceableObject *t); /* traceable.c; -1 with an error */
 PyObject *dft_traceable_call(PyObject *self, PyObject *args, PyObject *kwargs); /* its tp_call */
+/* A node or use: one comparison for the tree's classes (only TraceableBase and its
+   subclasses have its tp_call), a walk of the MRO for one with a __call__ of its own. */
 static inline int IS_T(PyObject *o) {
-    PyTypeObject *tp = Py_TYPE(o);
-    if (tp->tp_call == dft_traceable_call) /* only TraceableBase and its subclasses have it */
-        return 1;
-    for (int k = 0; k < T_KNOWN && dft_t_known[k]; k++)
-        if (tp == dft_t_known[k])
-            return 1;
-    return PyObject_TypeCheck(o, &dft_TraceableBaseType);
+    return Py_TYPE(o)->tp_call == dft_traceable_call || PyObject_TypeCheck(o, &dft_TraceableBaseType);
 }
 
 /* GATE._on, read in place (its class's slot). */

@@ -830,26 +830,15 @@ int dft_traceable_ready(void) {
     return 0;
 }
 
-PyTypeObject *dft_t_known[T_KNOWN];
-
-/* The subclasses of TraceableBase defined so far (the tree's, at register()): each
-   is remembered for IS_T, and one that keeps the C __call__ is called with
-   vectorcall, as Python 3.12 and later do for such classes themselves. */
+/* The subclasses of TraceableBase defined so far (the tree's, at register()): one
+   that keeps the C __call__ is called with vectorcall, as Python 3.12 and later do
+   for such classes themselves. */
 static int tag_subclasses(PyTypeObject *base) {
     PyObject *subs = PyObject_CallMethod((PyObject *)base, "__subclasses__", NULL);
     if (!subs)
         return -1;
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(subs); k++) {
         PyTypeObject *tp = (PyTypeObject *)PyList_GET_ITEM(subs, k);
-        int known = 0;
-        for (int j = 0; j < T_KNOWN && dft_t_known[j]; j++)
-            known |= dft_t_known[j] == tp;
-        for (int j = 0; j < T_KNOWN && !known; j++)
-            if (!dft_t_known[j]) {
-                Py_INCREF(tp);
-                dft_t_known[j] = tp;
-                known = 1;
-            }
         if (tp->tp_call == dft_traceable_call &&
             tp->tp_vectorcall_offset == offsetof(TraceableObject, vectorcall))
             tp->tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
