@@ -35,14 +35,11 @@ def innermost_intervals(threads: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray
 
 
 def _innermost_native(threads: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
-    def column(name: str, dtype: type, fill: int | None = None) -> np.ndarray:
-        series = threads.get_column(name)
-        return np.ascontiguousarray((series if fill is None else series.fill_null(fill)).to_numpy(), dtype=dtype)
-
-    level = threads.get_column("level")
-    columns = (column("tid", np.int64), column("ts", np.int64), column("end", np.int64),
-               column("level", np.int64, 0), np.ascontiguousarray(level.is_not_null().to_numpy(), dtype=np.uint8),
-               column("group", np.int8, -1))
+    filled = threads.select(pl.col("level").fill_null(0).cast(pl.Int64),
+                            pl.col("level").is_not_null().cast(pl.UInt8).alias("level_valid"),
+                            pl.col("group").fill_null(-1).cast(pl.Int8))
+    columns = [np.ascontiguousarray(threads.get_column(name).to_numpy(), dtype=np.int64) for name in ("tid", "ts", "end")]
+    columns += [np.ascontiguousarray(series.to_numpy()) for series in filled.iter_columns()]
     painted = _native.innermost(*columns, b"")
     if painted is None:  # spans with the same times: in the order the numpy path takes them
         frame = threads.select("tid", "ts", "end", pl.int_range(pl.len(), dtype=pl.Int64).alias("span"))
