@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import polars as pl
@@ -46,6 +46,7 @@ _GROUP_CATS = {
 TRACER_CATS = (fmt.CAT_TRACER, fmt.CAT_DFTRACER)
 
 _KEY = ["pid", HOST_KEY]
+FrameT = TypeVar("FrameT", pl.DataFrame, pl.LazyFrame)
 
 
 @dataclass
@@ -158,31 +159,48 @@ def _settled_where_read(partial: Partial) -> Partial:
     """A whole file's ``partial`` with its step rows replaced by each process's steps
     and its busy intervals by the compute intervals and the blocked time: what the
     answers need of them, a fraction of the rows."""
-    keys = partial.extents.select(_KEY).vstack(partial.steps.select(_KEY)).unique(maintain_order=True) \
-        .with_row_index("proc").with_columns(pl.col("proc").cast(pl.Int32))
-    rows = without_profiler_steps(partial.steps.join(keys, on=_KEY).drop(_KEY))
+    # Every process with step rows has spans, hence extents.
+    keys = partial.extents.select(_KEY).unique(maintain_order=True).with_row_index("proc").with_columns(
+        pl.col("proc").cast(pl.Int32))
+    rows = without_profiler_steps(_by_proc(partial.steps, keys))
     partial.steps = _EMPTY["steps"]  # each table is let go once it is used: they are the peak of a file
-    containers = partial.containers.join(keys, on=_KEY).drop(_KEY)
-    steps = model_steps(rows, containers)
-    del rows, containers
-    intervals = partial.intervals.join(keys, on=_KEY).drop(_KEY)
+    steps = model_steps(rows, _by_proc(partial.containers, keys))
+    del rows
+    intervals = _by_proc(partial.intervals, keys)
     partial.intervals = _EMPTY["intervals"]
-    compute = intervals.filter(pl.col("group") == GROUPS.index("compute")).drop("group")
+    compute_bit = GROUPS.index("compute")
+    compute = intervals.filter(pl.col("group") == compute_bit).drop("group")
     blocked = alone_intervals(intervals, "comm")
     del intervals
     # A process whose steps are placed by its work keeps the time of its intervals in
     # each step, not the intervals (see ``with_step_times``).
     steps = with_step_times(steps, compute, blocked)
-    settled = pl.col("proc").is_in(settled_procs(steps))
-    partial.modelled = steps.join(keys, on="proc").select(_EMPTY["modelled"].columns).cast(
-        _EMPTY["modelled"].schema)
+    settled = settled_procs(steps)
+    partial.modelled = _as_stored("modelled", _by_key(steps, keys))
     del steps
-    partial.blocked = blocked.filter(~settled).join(keys, on="proc").select(
-        _EMPTY["blocked"].columns).cast(_EMPTY["blocked"].schema)
-    partial.intervals = compute.filter(~settled).join(keys, on="proc").with_columns(
-        pl.lit(GROUPS.index("compute"), pl.Int8).alias("group")).select(
-        _EMPTY["intervals"].columns).cast(_EMPTY["intervals"].schema)
+    if settled:
+        unsettled = ~pl.col("proc").is_in(settled)
+        blocked, compute = blocked.filter(unsettled), compute.filter(unsettled)
+    partial.blocked = _as_stored("blocked", _by_key(blocked, keys))
+    partial.intervals = _as_stored("intervals", _by_key(compute, keys).with_columns(
+        pl.lit(compute_bit, pl.Int8).alias("group")))
     return partial
+
+
+def _by_proc(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with the proc of ``keys`` (pid, host_key, proc) in place of its key
+    columns; one process's rows take a constant column rather than a join."""
+    if keys.height == 1:
+        return frame.drop(_KEY).with_columns(pl.lit(keys.item(0, "proc"), pl.Int32).alias("proc"))
+    return frame.join(keys, on=_KEY).drop(_KEY)
+
+
+def _by_key(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with the key columns of its proc (see ``_by_proc``)."""
+    if keys.height == 1:
+        return frame.with_columns(pl.lit(keys.item(0, "pid"), pl.Int64).alias("pid"),
+                                  pl.lit(keys.item(0, HOST_KEY), pl.String).alias(HOST_KEY))
+    return frame.join(keys, on="proc")
 
 
 #: Partials of pieces folded into one at a time.
@@ -738,23 +756,31 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
 
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
     intervals = union_intervals(stacked("intervals"), _KEY)
-    tables = {
-        "durations": merged_bins(stacked("durations"), [*_KEY, "cat", "name"]),
-        "self_times": stacked("self_times").group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
-        "orphans": stacked("orphans"),
-        "openers": stacked("openers"),
-        # Coded names group in less memory than strings (cast back below).
-        "steps": stacked("steps").with_columns(pl.col("cat", "name").cast(pl.Categorical))
-        .group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
-        "containers": stacked("containers"),
-        "collectives": stacked("collectives"),
-        "epochs": stacked("epochs").group_by([*_KEY, "epoch"]).agg(*extent),
-        "epoch_spans": stacked("epoch_spans").group_by([*_KEY, "epoch"]).agg(*extent),
-        "intervals": intervals,
-        "extents": stacked("extents").group_by(_KEY).agg(*extent, pl.col("incomplete").sum()),
-        "overlap": _overlap_of(intervals),
+    # The regroupings run as one lazy query: polars' default engine for a query
+    # streams the groups, several times cheaper than a data frame's own group_by.
+    regrouped = {
+        "self_times": stacked("self_times").lazy().group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
+        "steps": stacked("steps").lazy().group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
+        "epochs": stacked("epochs").lazy().group_by([*_KEY, "epoch"]).agg(*extent),
+        "epoch_spans": stacked("epoch_spans").lazy().group_by([*_KEY, "epoch"]).agg(*extent),
+        "extents": stacked("extents").lazy().group_by(_KEY).agg(*extent, pl.col("incomplete").sum()),
     }
+    tables = dict(zip(regrouped, pl.collect_all([_as_stored(kind, frame) for kind, frame in regrouped.items()])))
+    tables.update({
+        "durations": _as_stored("durations", merged_bins(stacked("durations"), [*_KEY, "cat", "name"])),
+        "orphans": _as_stored("orphans", stacked("orphans")),
+        "openers": _as_stored("openers", stacked("openers")),
+        "containers": _as_stored("containers", stacked("containers")),
+        "collectives": _as_stored("collectives", stacked("collectives")),
+        "intervals": _as_stored("intervals", intervals),
+        "overlap": _as_stored("overlap", _overlap_of(intervals)),
+    })
     phases = stacked("phases").group_by("ph").agg(pl.col("n").sum())
-    return Partial(source, keys, phases=phases,
-                   **{kind: frame.select(_EMPTY[kind].columns).cast(_EMPTY[kind].schema)
-                      for kind, frame in tables.items()})
+    return Partial(source, keys, phases=phases, **tables)
+
+
+def _as_stored(kind: str, frame: FrameT) -> FrameT:
+    """``frame`` with the columns and types of a partial's ``kind`` table."""
+    if isinstance(frame, pl.DataFrame) and frame.schema == _EMPTY[kind].schema:
+        return frame
+    return frame.select(_EMPTY[kind].columns).cast(_EMPTY[kind].schema)

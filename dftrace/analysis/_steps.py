@@ -96,9 +96,7 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
 
 
 def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFrame:
-    keys = rows.select("epoch", "step").unique().sort(["epoch", "step"], nulls_last=False)
-    rows = rows.join(keys.with_row_index("key"), on=["epoch", "step"], nulls_equal=True)
-    key = rows.get_column("key").to_numpy().astype(np.int64)
+    keys, key = _step_keys(rows)
     start = rows.get_column("start").to_numpy().astype(np.int64)
     end = rows.get_column("end").to_numpy().astype(np.int64)
     n = rows.get_column("n").to_numpy().astype(np.int64)
@@ -159,6 +157,34 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
         },
         schema=STEP_SCHEMA,
     )
+
+
+def _step_keys(rows: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+    """(epoch, step: the distinct pairs of ``rows``, sorted, missing ones first; the
+    place of each row's pair among them), found from one integer per pair where
+    their range allows, else by sorting on both."""
+    parts = []
+    for name in ("epoch", "step"):
+        column = rows.get_column(name)
+        present = column.is_not_null().to_numpy()
+        values = column.fill_null(0).to_numpy().astype(np.int64)
+        low = int(values[present].min()) if present.any() else 0
+        high = int(values[present].max()) if present.any() else 0
+        parts.append((present, values, low, high - low + 2))  # 0 stands for missing
+    (e_present, e_values, e_low, e_span), (s_present, s_values, s_low, s_span) = parts
+    if e_span * s_span < 1 << 62:
+        code = (np.where(e_present, e_values - e_low + 1, 0) * s_span
+                + np.where(s_present, s_values - s_low + 1, 0))
+        _, first, key = np.unique(code, return_index=True, return_inverse=True)
+    else:
+        order = np.lexsort((s_values, s_present, e_values, e_present))
+        columns = (e_present, e_values, s_present, s_values)
+        new = np.ones(order.size, dtype=bool)
+        new[1:] = np.any([c[order][1:] != c[order][:-1] for c in columns], axis=0)
+        key = np.empty(order.size, dtype=np.int64)
+        key[order] = np.cumsum(new) - 1
+        first = order[new]
+    return rows.select("epoch", "step")[first], key.reshape(-1).astype(np.int64)
 
 
 def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
