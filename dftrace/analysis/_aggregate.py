@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -30,7 +30,7 @@ from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS
 from ._sketch import BIN_SCHEMA, bins_of, merged_bins
 from ._sources import Partition
-from ._steps import (STEP_SCHEMA, STEP_TIME_SCHEMA, container_rows, model_steps, settled_procs, step_rows,
+from ._steps import (STEP_SCHEMA, FrameT, STEP_TIME_SCHEMA, container_rows, model_steps, settled_procs, step_rows,
                      with_step_times)
 from ._trace import FileReport, file_reports, partition_keys, resolve_parts
 
@@ -46,7 +46,6 @@ _GROUP_CATS = {
 TRACER_CATS = (fmt.CAT_TRACER, fmt.CAT_DFTRACER)
 
 _KEY = ["pid", HOST_KEY]
-FrameT = TypeVar("FrameT", pl.DataFrame, pl.LazyFrame)
 
 
 @dataclass
@@ -308,49 +307,50 @@ _EMPTY = {
 
 def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: bool) -> dict[str, pl.DataFrame]:
     pid, host_key = key
-    durations = bins_of(spans, ["cat", "name"])
-    steps = step_rows(spans, [])
-    containers = container_rows(spans, [])
-    collectives = spans.filter(
-        (pl.col("cat") == fmt.CAT_COMM) & pl.col("seq").is_not_null()
-    ).select(
-        pl.col("name").str.strip_suffix(fmt.DONE_SUFFIX), pl.col("group").fill_null(""), "seq", "ts", "dur",
-        pl.col("name").str.ends_with(fmt.DONE_SUFFIX).alias("done"),
+    own, self_us = self_time_intervals(spans)
+    intervals = union_intervals(own, [])
+    masks = mask_times(intervals) if with_overlap else np.zeros(1, dtype=np.int64)
+    overlap = pl.DataFrame(
+        {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
     )
-    epochs = spans.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(*_extent())
+    frame = spans.lazy()
     # An epoch span numbers its epoch as .iter()'s 1-based count, else in args.epoch
     # (sticky args are those in force when a span starts: an epoch's own
     # ai.update(epoch=...) comes after its span began).
     epoch_spans = (
-        spans.filter((pl.col("cat") == fmt.CAT_PIPELINE) & pl.col("name").is_in(fmt.EPOCH_NAMES))
+        frame.filter((pl.col("cat") == fmt.CAT_PIPELINE) & pl.col("name").is_in(fmt.EPOCH_NAMES))
         .with_columns(pl.coalesce(pl.col("count") - 1, pl.col("epoch")).alias("epoch"))
         .filter(pl.col("epoch").is_not_null())
         .group_by("epoch")
         .agg(*_extent())
     )
-    extents = spans.select(
-        *_extent(), pl.col("incomplete").fill_null(False).sum().cast(pl.Int64).alias("incomplete")
-    )
-    own, self_us = self_time_intervals(spans)
-    intervals = union_intervals(own, [])
-    self_times = (spans.select("cat", "name").with_columns(pl.Series("us", self_us))
-                  .group_by(["cat", "name"]).agg(pl.col("us").sum()))
-    orphans, openers = _nesting_edges(spans)
-    masks = mask_times(intervals) if with_overlap else np.zeros(1, dtype=np.int64)
-    overlap = pl.DataFrame(
-        {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
-    )
+    orphans, openers = _nesting_edges(frame)
+    # The tables are found in one call, by the engine for data in memory (streaming
+    # costs more than it saves on a piece's few rows); the durations' variances stay
+    # with the data frame's own grouping.
+    queries = {
+        "steps": step_rows(frame, []),
+        "containers": container_rows(frame, []),
+        "collectives": frame.filter((pl.col("cat") == fmt.CAT_COMM) & pl.col("seq").is_not_null()).select(
+            pl.col("name").str.strip_suffix(fmt.DONE_SUFFIX), pl.col("group").fill_null(""), "seq", "ts",
+            "dur", pl.col("name").str.ends_with(fmt.DONE_SUFFIX).alias("done"),
+        ),
+        "epochs": frame.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(*_extent()),
+        "epoch_spans": epoch_spans,
+        "extents": frame.select(
+            *_extent(), pl.col("incomplete").fill_null(False).sum().cast(pl.Int64).alias("incomplete")),
+        "self_times": frame.select("cat", "name", pl.Series("us", self_us)).group_by(["cat", "name"])
+        .agg(pl.col("us").sum()),
+        "orphans": orphans,
+        "openers": openers,
+        "intervals": intervals.lazy(),
+        "overlap": overlap.lazy(),
+    }
     keys = [pl.lit(pid, pl.Int64).alias("pid"), pl.lit(host_key, pl.String).alias(HOST_KEY)]
-    tables = {
-        "durations": durations, "steps": steps, "containers": containers, "collectives": collectives,
-        "epochs": epochs, "epoch_spans": epoch_spans,
-        "intervals": intervals, "self_times": self_times, "orphans": orphans, "openers": openers,
-        "extents": extents, "overlap": overlap,
-    }
-    return {
-        kind: frame.select(*keys, *frame.columns).cast(_EMPTY[kind].schema)
-        for kind, frame in tables.items()
-    }
+    tables = dict(zip(queries, pl.collect_all([_as_stored(kind, query.with_columns(*keys))
+                                               for kind, query in queries.items()], engine="in-memory")))
+    tables["durations"] = _as_stored("durations", bins_of(spans, ["cat", "name"]).with_columns(*keys))
+    return tables
 
 
 def _extent() -> list[pl.Expr]:
@@ -452,7 +452,7 @@ def _tally(opens: np.ndarray, closes: np.ndarray, values: np.ndarray | None, siz
     return (np.bincount(opens, weights, size) - np.bincount(closes, weights, size)).astype(np.int64)
 
 
-def _nesting_edges(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _nesting_edges(spans: pl.LazyFrame) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """(orphans, openers) of a partition's spans, for self time across partitions:
     orphans (tid, level, start, end) are spans whose enclosing span (one level up,
     same thread) is not among ``spans``; openers (tid, level, start, end, cat, name)
@@ -462,8 +462,6 @@ def _nesting_edges(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     frame = spans.select(pl.col("tid").fill_null(0), "level", "ts", "end", "cat", "name").filter(
         pl.col("level").is_not_null().all().over("tid")
     )
-    if not frame.height:
-        return _EMPTY["orphans"].drop(_KEY), _EMPTY["openers"].drop(_KEY)
     parents = frame.select("tid", (pl.col("level") + 1).alias("level"), pl.col("ts").alias("_from"),
                            pl.col("end").alias("_to")).sort("_from")
     inner = frame.filter(pl.col("level") > 1).sort("ts")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 import polars as pl
@@ -36,8 +37,9 @@ from .. import format as fmt
 
 #: Categories whose spans place a step in time; data loading follows them.
 WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
+FrameT = TypeVar("FrameT", pl.DataFrame, pl.LazyFrame)
 
-def step_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+def step_rows(spans: FrameT, by: list[str]) -> FrameT:
     """*by, epoch, step, cat, name, start, end, n: extents of the spans that carry
     ``args.step``, per name: what :func:`model_steps` works from. ``spans`` are
     complete events with an ``end`` column."""
@@ -52,7 +54,7 @@ def step_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     )
 
 
-def container_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+def container_rows(spans: FrameT, by: list[str]) -> FrameT:
     """*by, name, start, end: the pipeline's own spans (train, epoch, evaluate, ...);
     loop bodies and item waits left out."""
     return spans.filter(
