@@ -729,7 +729,8 @@ def _overlap_of(intervals: pl.DataFrame) -> pl.DataFrame:
 def fold_partials(partials: Sequence[Partial]) -> Partial:
     """One partial holding what ``partials`` hold: consecutive pieces of one file, in
     order (a file followed while it grows). Exact like :func:`combine`: counts add,
-    extents widen, busy intervals union again and the overlap times are recomputed."""
+    extents widen, busy intervals union again and the overlap times are recomputed.
+    ``partials`` are used up: their tables are emptied as they are folded."""
     first, last = partials[0], partials[-1]
     broken: list[tuple[int, str]] = []
     lines = 0
@@ -750,31 +751,33 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
     keys = list(dict.fromkeys(k for p in partials for k in p.keys))
 
     def stacked(kind: str) -> pl.DataFrame:
-        return pl.concat([getattr(p, kind) for p in partials], how="vertical")
+        frame = pl.concat([getattr(p, kind) for p in partials], how="vertical")
+        for p in partials:  # let go of the pieces' tables as they are used (see above)
+            setattr(p, kind, _EMPTY[kind])
+        return frame
 
+    # The busy intervals first: their sweep is the peak of a file, held beside as
+    # little as can be.
+    tables = {"intervals": _as_stored("intervals", union_intervals(stacked("intervals"), _KEY))}
+    tables["overlap"] = _as_stored("overlap", _overlap_of(tables["intervals"]))
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
-    intervals = union_intervals(stacked("intervals"), _KEY)
-    # The regroupings run as one lazy query: polars' default engine for a query
-    # streams the groups, several times cheaper than a data frame's own group_by.
+    # The regroupings run as one query: polars' default engine for a query streams
+    # the groups, several times cheaper than a data frame's own group_by. Coded names
+    # group in less memory than strings (cast back as stored).
     regrouped = {
+        "steps": stacked("steps").lazy().with_columns(pl.col("cat", "name").cast(pl.Categorical))
+        .group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
         "self_times": stacked("self_times").lazy().group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
-        # Coded names group in less memory than strings (cast back as stored).
-        "steps": stacked("steps").lazy().with_columns(pl.col("cat", "name").cast(pl.Categorical)).group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
         "epochs": stacked("epochs").lazy().group_by([*_KEY, "epoch"]).agg(*extent),
         "epoch_spans": stacked("epoch_spans").lazy().group_by([*_KEY, "epoch"]).agg(*extent),
         "extents": stacked("extents").lazy().group_by(_KEY).agg(*extent, pl.col("incomplete").sum()),
     }
-    tables = dict(zip(regrouped, pl.collect_all([_as_stored(kind, frame) for kind, frame in regrouped.items()])))
-    tables.update({
-        "durations": _as_stored("durations", merged_bins(stacked("durations"), [*_KEY, "cat", "name"])),
-        "orphans": _as_stored("orphans", stacked("orphans")),
-        "openers": _as_stored("openers", stacked("openers")),
-        "containers": _as_stored("containers", stacked("containers")),
-        "collectives": _as_stored("collectives", stacked("collectives")),
-        "intervals": _as_stored("intervals", intervals),
-        "overlap": _as_stored("overlap", _overlap_of(intervals)),
-    })
-    phases = stacked("phases").group_by("ph").agg(pl.col("n").sum())
+    tables.update(zip(regrouped, pl.collect_all([_as_stored(kind, frame) for kind, frame in regrouped.items()])))
+    del regrouped
+    tables["durations"] = _as_stored("durations", merged_bins(stacked("durations"), [*_KEY, "cat", "name"]))
+    for kind in ("orphans", "openers", "containers", "collectives"):
+        tables[kind] = _as_stored(kind, stacked(kind))
+    phases = pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
     return Partial(source, keys, phases=phases, **tables)
 
 
