@@ -98,7 +98,7 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
 
 
 def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFrame:
-    keys, key = _step_keys(rows)
+    keys, key, by_key = _step_keys(rows)
     start = rows.get_column("start").to_numpy().astype(np.int64)
     end = rows.get_column("end").to_numpy().astype(np.int64)
     n = rows.get_column("n").to_numpy().astype(np.int64)
@@ -110,7 +110,11 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
     first = _first_starts(key, start, is_work & keep, keys.height)
     # Spans that hold the starts of two or more other steps enclose steps.
     known = np.sort(first[np.isfinite(first)]).astype(np.int64)
-    inside = np.searchsorted(known, end, side="left") - np.searchsorted(known, start, side="right")
+    # Searched for in the order of their steps, nearly that of time: the searches then
+    # walk ``known`` in order, several times faster than in the rows' own order.
+    inside = np.empty(key.size, dtype=np.int64)
+    inside[by_key] = (np.searchsorted(known, end[by_key], side="left")
+                      - np.searchsorted(known, start[by_key], side="right"))
     own = (first[key] > start) & (first[key] < end)
     keep &= (inside - own) < 2
     first = _first_starts(key, start, is_work & keep, keys.height)
@@ -161,10 +165,11 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
     )
 
 
-def _step_keys(rows: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+def _step_keys(rows: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, np.ndarray]:
     """(epoch, step: the distinct pairs of ``rows``, sorted, missing ones first; the
-    place of each row's pair among them), found from one integer per pair where
-    their range allows, else by sorting on both."""
+    place of each row's pair among them; the rows in the order of their pairs),
+    found from one integer per pair where their range allows, else by sorting on
+    both."""
     parts = []
     for name in ("epoch", "step"):
         column = rows.get_column(name)
@@ -177,16 +182,17 @@ def _step_keys(rows: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
     if e_span * s_span < 1 << 62:
         code = (np.where(e_present, e_values - e_low + 1, 0) * s_span
                 + np.where(s_present, s_values - s_low + 1, 0))
-        _, first, key = np.unique(code, return_index=True, return_inverse=True)
+        order = np.argsort(code, kind="stable")
+        new = np.ones(order.size, dtype=bool)
+        new[1:] = code[order][1:] != code[order][:-1]
     else:
         order = np.lexsort((s_values, s_present, e_values, e_present))
-        columns = (e_present, e_values, s_present, s_values)
         new = np.ones(order.size, dtype=bool)
-        new[1:] = np.any([c[order][1:] != c[order][:-1] for c in columns], axis=0)
-        key = np.empty(order.size, dtype=np.int64)
-        key[order] = np.cumsum(new) - 1
-        first = order[new]
-    return rows.select("epoch", "step")[first], key.reshape(-1).astype(np.int64)
+        new[1:] = np.any([c[order][1:] != c[order][:-1] for c in (e_present, e_values, s_present, s_values)],
+                         axis=0)
+    key = np.empty(order.size, dtype=np.int64)
+    key[order] = np.cumsum(new) - 1
+    return rows.select("epoch", "step")[order[new]], key, order
 
 
 def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
