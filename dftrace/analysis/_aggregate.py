@@ -27,10 +27,10 @@ from ._busy import GROUPS, alone_intervals, mask_times, union_intervals
 from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces
 from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
-from ._schema import HOST_KEY, SUMMARY_COLUMNS
+from ._schema import HOST_KEY, SUMMARY_COLUMNS, FrameT
 from ._sketch import BIN_SCHEMA, bins_of, merged_bins
 from ._sources import Partition
-from ._steps import (STEP_SCHEMA, FrameT, STEP_TIME_SCHEMA, container_rows, model_steps, settled_procs, step_rows,
+from ._steps import (STEP_SCHEMA, STEP_TIME_SCHEMA, container_rows, model_steps, settled_procs, step_rows,
                      with_step_times)
 from ._trace import FileReport, file_reports, partition_keys, resolve_parts
 
@@ -269,6 +269,8 @@ def aggregate(data: PartitionData, *, overlap: bool = True) -> Partial:
 
 
 def _by_process(spans: pl.DataFrame) -> list[tuple[tuple[Any, ...], pl.DataFrame]]:
+    """(pid, host_key), rows of each process of ``spans``: one process's (the usual)
+    as they are, not copied apart."""
     if not spans.height:
         return []
     first = (spans.item(0, "pid"), spans.item(0, HOST_KEY))
@@ -325,9 +327,9 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: 
         .agg(*_extent())
     )
     orphans, openers = _nesting_edges(frame)
-    # The tables are found in one call, by the engine for data in memory (streaming
-    # costs more than it saves on a piece's few rows); the durations' variances stay
-    # with the data frame's own grouping.
+    # The tables are found in one call, by the engine for data in memory: a data
+    # frame's own (the durations' variances are the same to the bit), and streaming
+    # costs more than it saves on a piece's few rows.
     queries = {
         "steps": step_rows(frame, []),
         "containers": container_rows(frame, []),
@@ -345,12 +347,11 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: 
         "openers": openers,
         "intervals": intervals.lazy(),
         "overlap": overlap.lazy(),
+        "durations": bins_of(frame, ["cat", "name"]),
     }
     keys = [pl.lit(pid, pl.Int64).alias("pid"), pl.lit(host_key, pl.String).alias(HOST_KEY)]
-    tables = dict(zip(queries, pl.collect_all([_as_stored(kind, query.with_columns(*keys))
-                                               for kind, query in queries.items()], engine="in-memory")))
-    tables["durations"] = _as_stored("durations", bins_of(spans, ["cat", "name"]).with_columns(*keys))
-    return tables
+    return dict(zip(queries, pl.collect_all([_as_stored(kind, query.with_columns(*keys))
+                                             for kind, query in queries.items()], engine="in-memory")))
 
 
 def _extent() -> list[pl.Expr]:
@@ -720,7 +721,7 @@ def _overlap_of(intervals: pl.DataFrame) -> pl.DataFrame:
     overlap = [
         pl.DataFrame({"pid": pid, HOST_KEY: host_key, "mask": np.flatnonzero(masks), "us": masks[masks > 0]},
                      schema=_EMPTY["overlap"].schema)
-        for (pid, host_key), frame in intervals.partition_by(_KEY, as_dict=True).items()
+        for (pid, host_key), frame in _by_process(intervals)
         for masks in [mask_times(frame)]
     ]
     return pl.concat(overlap, how="vertical") if overlap else _EMPTY["overlap"]
