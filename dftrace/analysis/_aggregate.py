@@ -759,7 +759,17 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
 
     # The busy intervals first: their sweep is the peak of a file, held beside as
     # little as can be.
-    tables = {"intervals": _as_stored("intervals", union_intervals(stacked("intervals"), _KEY))}
+    intervals = stacked("intervals")
+    processes = _by_process(intervals)
+    if len(processes) == 1:  # one process (the usual): its intervals unioned by group alone
+        (pid, host_key), _ = processes[0]
+        intervals = union_intervals(intervals.drop(_KEY), []).with_columns(
+            pl.lit(pid, pl.Int64).alias("pid"), pl.lit(host_key, pl.String).alias(HOST_KEY))
+    else:
+        intervals = union_intervals(intervals, _KEY)
+    del processes
+    tables = {"intervals": _as_stored("intervals", intervals)}
+    del intervals
     tables["overlap"] = _as_stored("overlap", _overlap_of(tables["intervals"]))
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
     # The regroupings run as one query: polars' default engine for a query streams
