@@ -27,7 +27,7 @@ from ._busy import GROUPS, alone_intervals, innermost_intervals, mask_times, uni
 from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces
 from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
-from ._schema import HOST_KEY, SUMMARY_COLUMNS
+from ._schema import HOST_KEY, SUMMARY_COLUMNS, FrameT
 from ._sketch import BIN_SCHEMA, bins_of, merged_bins
 from ._sources import Partition
 from ._steps import (STEP_SCHEMA, STEP_TIME_SCHEMA, container_rows, model_steps, settled_procs, step_rows,
@@ -158,31 +158,48 @@ def _settled_where_read(partial: Partial) -> Partial:
     """A whole file's ``partial`` with its step rows replaced by each process's steps
     and its busy intervals by the compute intervals and the blocked time: what the
     answers need of them, a fraction of the rows."""
-    keys = partial.extents.select(_KEY).vstack(partial.steps.select(_KEY)).unique(maintain_order=True) \
-        .with_row_index("proc").with_columns(pl.col("proc").cast(pl.Int32))
-    rows = without_profiler_steps(partial.steps.join(keys, on=_KEY).drop(_KEY))
+    # Every process with step rows has spans, hence extents.
+    keys = partial.extents.select(_KEY).unique(maintain_order=True).with_row_index("proc").with_columns(
+        pl.col("proc").cast(pl.Int32))
+    rows = without_profiler_steps(_by_proc(partial.steps, keys))
     partial.steps = _EMPTY["steps"]  # each table is let go once it is used: they are the peak of a file
-    containers = partial.containers.join(keys, on=_KEY).drop(_KEY)
-    steps = model_steps(rows, containers)
-    del rows, containers
-    intervals = partial.intervals.join(keys, on=_KEY).drop(_KEY)
+    steps = model_steps(rows, _by_proc(partial.containers, keys))
+    del rows
+    intervals = _by_proc(partial.intervals, keys)
     partial.intervals = _EMPTY["intervals"]
-    compute = intervals.filter(pl.col("group") == GROUPS.index("compute")).drop("group")
+    compute_bit = GROUPS.index("compute")
+    compute = intervals.filter(pl.col("group") == compute_bit).drop("group")
     blocked = alone_intervals(intervals, "comm")
     del intervals
     # A process whose steps are placed by its work keeps the time of its intervals in
     # each step, not the intervals (see ``with_step_times``).
     steps = with_step_times(steps, compute, blocked)
-    settled = pl.col("proc").is_in(settled_procs(steps))
-    partial.modelled = steps.join(keys, on="proc").select(_EMPTY["modelled"].columns).cast(
-        _EMPTY["modelled"].schema)
+    settled = settled_procs(steps)
+    partial.modelled = _as_stored("modelled", _by_key(steps, keys))
     del steps
-    partial.blocked = blocked.filter(~settled).join(keys, on="proc").select(
-        _EMPTY["blocked"].columns).cast(_EMPTY["blocked"].schema)
-    partial.intervals = compute.filter(~settled).join(keys, on="proc").with_columns(
-        pl.lit(GROUPS.index("compute"), pl.Int8).alias("group")).select(
-        _EMPTY["intervals"].columns).cast(_EMPTY["intervals"].schema)
+    if settled:
+        unsettled = ~pl.col("proc").is_in(settled)
+        blocked, compute = blocked.filter(unsettled), compute.filter(unsettled)
+    partial.blocked = _as_stored("blocked", _by_key(blocked, keys))
+    partial.intervals = _as_stored("intervals", _by_key(compute, keys).with_columns(
+        pl.lit(compute_bit, pl.Int8).alias("group")))
     return partial
+
+
+def _by_proc(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with the proc of ``keys`` (pid, host_key, proc) in place of its key
+    columns; one process's rows take a constant column rather than a join."""
+    if keys.height == 1:
+        return frame.drop(_KEY).with_columns(pl.lit(keys.item(0, "proc"), pl.Int32).alias("proc"))
+    return frame.join(keys, on=_KEY).drop(_KEY)
+
+
+def _by_key(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with the key columns of its proc (see ``_by_proc``)."""
+    if keys.height == 1:
+        return frame.with_columns(pl.lit(keys.item(0, "pid"), pl.Int64).alias("pid"),
+                                  pl.lit(keys.item(0, HOST_KEY), pl.String).alias(HOST_KEY))
+    return frame.join(keys, on="proc")
 
 
 #: Partials of pieces folded into one at a time.
@@ -252,6 +269,8 @@ def aggregate(data: PartitionData, *, overlap: bool = True) -> Partial:
 
 
 def _by_process(spans: pl.DataFrame) -> list[tuple[tuple[Any, ...], pl.DataFrame]]:
+    """(pid, host_key), rows of each process of ``spans``: one process's (the usual)
+    as they are, not copied apart."""
     if not spans.height:
         return []
     first = (spans.item(0, "pid"), spans.item(0, HOST_KEY))
@@ -290,49 +309,49 @@ _EMPTY = {
 
 def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: bool) -> dict[str, pl.DataFrame]:
     pid, host_key = key
-    durations = bins_of(spans, ["cat", "name"])
-    steps = step_rows(spans, [])
-    containers = container_rows(spans, [])
-    collectives = spans.filter(
-        (pl.col("cat") == fmt.CAT_COMM) & pl.col("seq").is_not_null()
-    ).select(
-        pl.col("name").str.strip_suffix(fmt.DONE_SUFFIX), pl.col("group").fill_null(""), "seq", "ts", "dur",
-        pl.col("name").str.ends_with(fmt.DONE_SUFFIX).alias("done"),
+    own, self_us = self_time_intervals(spans)
+    intervals = union_intervals(own, [])
+    masks = mask_times(intervals) if with_overlap else np.zeros(1, dtype=np.int64)
+    overlap = pl.DataFrame(
+        {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
     )
-    epochs = spans.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(*_extent())
+    frame = spans.lazy()
     # An epoch span numbers its epoch as .iter()'s 1-based count, else in args.epoch
     # (sticky args are those in force when a span starts: an epoch's own
     # ai.update(epoch=...) comes after its span began).
     epoch_spans = (
-        spans.filter((pl.col("cat") == fmt.CAT_PIPELINE) & pl.col("name").is_in(fmt.EPOCH_NAMES))
+        frame.filter((pl.col("cat") == fmt.CAT_PIPELINE) & pl.col("name").is_in(fmt.EPOCH_NAMES))
         .with_columns(pl.coalesce(pl.col("count") - 1, pl.col("epoch")).alias("epoch"))
         .filter(pl.col("epoch").is_not_null())
         .group_by("epoch")
         .agg(*_extent())
     )
-    extents = spans.select(
-        *_extent(), pl.col("incomplete").fill_null(False).sum().cast(pl.Int64).alias("incomplete")
-    )
-    own, self_us = self_time_intervals(spans)
-    intervals = union_intervals(own, [])
-    self_times = (spans.select("cat", "name").with_columns(pl.Series("us", self_us))
-                  .group_by(["cat", "name"]).agg(pl.col("us").sum()))
-    orphans, openers = _nesting_edges(spans)
-    masks = mask_times(intervals) if with_overlap else np.zeros(1, dtype=np.int64)
-    overlap = pl.DataFrame(
-        {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
-    )
+    orphans, openers = _nesting_edges(frame)
+    # The tables are found in one call, by the engine for data in memory: a data
+    # frame's own (the durations' variances are the same to the bit), and streaming
+    # costs more than it saves on a piece's few rows.
+    queries = {
+        "steps": step_rows(frame, []),
+        "containers": container_rows(frame, []),
+        "collectives": frame.filter((pl.col("cat") == fmt.CAT_COMM) & pl.col("seq").is_not_null()).select(
+            pl.col("name").str.strip_suffix(fmt.DONE_SUFFIX), pl.col("group").fill_null(""), "seq", "ts",
+            "dur", pl.col("name").str.ends_with(fmt.DONE_SUFFIX).alias("done"),
+        ),
+        "epochs": frame.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(*_extent()),
+        "epoch_spans": epoch_spans,
+        "extents": frame.select(
+            *_extent(), pl.col("incomplete").fill_null(False).sum().cast(pl.Int64).alias("incomplete")),
+        "self_times": frame.select("cat", "name", pl.Series("us", self_us)).group_by(["cat", "name"])
+        .agg(pl.col("us").sum()),
+        "orphans": orphans,
+        "openers": openers,
+        "intervals": intervals.lazy(),
+        "overlap": overlap.lazy(),
+        "durations": bins_of(frame, ["cat", "name"]),
+    }
     keys = [pl.lit(pid, pl.Int64).alias("pid"), pl.lit(host_key, pl.String).alias(HOST_KEY)]
-    tables = {
-        "durations": durations, "steps": steps, "containers": containers, "collectives": collectives,
-        "epochs": epochs, "epoch_spans": epoch_spans,
-        "intervals": intervals, "self_times": self_times, "orphans": orphans, "openers": openers,
-        "extents": extents, "overlap": overlap,
-    }
-    return {
-        kind: frame.select(*keys, *frame.columns).cast(_EMPTY[kind].schema)
-        for kind, frame in tables.items()
-    }
+    return dict(zip(queries, pl.collect_all([_as_stored(kind, query.with_columns(*keys))
+                                             for kind, query in queries.items()], engine="in-memory")))
 
 
 def _extent() -> list[pl.Expr]:
@@ -364,7 +383,7 @@ def self_time_intervals(spans: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
                                             _group_expr().alias("group")))
 
 
-def _nesting_edges(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _nesting_edges(spans: pl.LazyFrame) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """(orphans, openers) of a partition's spans, for self time across partitions:
     orphans (tid, level, start, end) are spans whose enclosing span (one level up,
     same thread) is not among ``spans``; openers (tid, level, start, end, cat, name)
@@ -374,8 +393,6 @@ def _nesting_edges(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     frame = spans.select(pl.col("tid").fill_null(0), "level", "ts", "end", "cat", "name").filter(
         pl.col("level").is_not_null().all().over("tid")
     )
-    if not frame.height:
-        return _EMPTY["orphans"].drop(_KEY), _EMPTY["openers"].drop(_KEY)
     parents = frame.select("tid", (pl.col("level") + 1).alias("level"), pl.col("ts").alias("_from"),
                            pl.col("end").alias("_to")).sort("_from")
     inner = frame.filter(pl.col("level") > 1).sort("ts")
@@ -614,7 +631,7 @@ def _overlap_of(intervals: pl.DataFrame) -> pl.DataFrame:
     overlap = [
         pl.DataFrame({"pid": pid, HOST_KEY: host_key, "mask": np.flatnonzero(masks), "us": masks[masks > 0]},
                      schema=_EMPTY["overlap"].schema)
-        for (pid, host_key), frame in intervals.partition_by(_KEY, as_dict=True).items()
+        for (pid, host_key), frame in _by_process(intervals)
         for masks in [mask_times(frame)]
     ]
     return pl.concat(overlap, how="vertical") if overlap else _EMPTY["overlap"]
@@ -623,7 +640,8 @@ def _overlap_of(intervals: pl.DataFrame) -> pl.DataFrame:
 def fold_partials(partials: Sequence[Partial]) -> Partial:
     """One partial holding what ``partials`` hold: consecutive pieces of one file, in
     order (a file followed while it grows). Exact like :func:`combine`: counts add,
-    extents widen, busy intervals union again and the overlap times are recomputed."""
+    extents widen, busy intervals union again and the overlap times are recomputed.
+    ``partials`` are used up: their tables are emptied as they are folded."""
     first, last = partials[0], partials[-1]
     broken: list[tuple[int, str]] = []
     lines = 0
@@ -644,27 +662,48 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
     keys = list(dict.fromkeys(k for p in partials for k in p.keys))
 
     def stacked(kind: str) -> pl.DataFrame:
-        return pl.concat([getattr(p, kind) for p in partials], how="vertical")
+        frame = pl.concat([getattr(p, kind) for p in partials], how="vertical")
+        for p in partials:  # let go of the pieces' tables as they are used (see above)
+            setattr(p, kind, _EMPTY[kind])
+        return frame
 
+    # The busy intervals first: their sweep is the peak of a file, held beside as
+    # little as can be.
+    intervals = stacked("intervals")
+    processes = _by_process(intervals)
+    if len(processes) == 1:  # one process (the usual): its intervals unioned by group alone
+        (pid, host_key), _ = processes[0]
+        intervals = union_intervals(intervals.drop(_KEY), []).with_columns(
+            pl.lit(pid, pl.Int64).alias("pid"), pl.lit(host_key, pl.String).alias(HOST_KEY))
+    else:
+        intervals = union_intervals(intervals, _KEY)
+    del processes
+    tables = {"intervals": _as_stored("intervals", intervals)}
+    del intervals
+    tables["overlap"] = _as_stored("overlap", _overlap_of(tables["intervals"]))
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
-    intervals = union_intervals(stacked("intervals"), _KEY)
-    tables = {
-        "durations": merged_bins(stacked("durations"), [*_KEY, "cat", "name"]),
-        "self_times": stacked("self_times").group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
-        "orphans": stacked("orphans"),
-        "openers": stacked("openers"),
-        # Coded names group in less memory than strings (cast back below).
-        "steps": stacked("steps").with_columns(pl.col("cat", "name").cast(pl.Categorical))
+    # The regroupings run as one query: polars' default engine for a query streams
+    # the groups, several times cheaper than a data frame's own group_by. Coded names
+    # group in less memory than strings (cast back as stored).
+    regrouped = {
+        "steps": stacked("steps").lazy().with_columns(pl.col("cat", "name").cast(pl.Categorical))
         .group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
-        "containers": stacked("containers"),
-        "collectives": stacked("collectives"),
-        "epochs": stacked("epochs").group_by([*_KEY, "epoch"]).agg(*extent),
-        "epoch_spans": stacked("epoch_spans").group_by([*_KEY, "epoch"]).agg(*extent),
-        "intervals": intervals,
-        "extents": stacked("extents").group_by(_KEY).agg(*extent, pl.col("incomplete").sum()),
-        "overlap": _overlap_of(intervals),
+        "self_times": stacked("self_times").lazy().group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
+        "epochs": stacked("epochs").lazy().group_by([*_KEY, "epoch"]).agg(*extent),
+        "epoch_spans": stacked("epoch_spans").lazy().group_by([*_KEY, "epoch"]).agg(*extent),
+        "extents": stacked("extents").lazy().group_by(_KEY).agg(*extent, pl.col("incomplete").sum()),
     }
-    phases = stacked("phases").group_by("ph").agg(pl.col("n").sum())
-    return Partial(source, keys, phases=phases,
-                   **{kind: frame.select(_EMPTY[kind].columns).cast(_EMPTY[kind].schema)
-                      for kind, frame in tables.items()})
+    tables.update(zip(regrouped, pl.collect_all([_as_stored(kind, frame) for kind, frame in regrouped.items()])))
+    del regrouped
+    tables["durations"] = _as_stored("durations", merged_bins(stacked("durations"), [*_KEY, "cat", "name"]))
+    for kind in ("orphans", "openers", "containers", "collectives"):
+        tables[kind] = _as_stored(kind, stacked(kind))
+    phases = pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
+    return Partial(source, keys, phases=phases, **tables)
+
+
+def _as_stored(kind: str, frame: FrameT) -> FrameT:
+    """``frame`` with the columns and types of a partial's ``kind`` table."""
+    if isinstance(frame, pl.DataFrame) and frame.schema == _EMPTY[kind].schema:
+        return frame
+    return frame.select(_EMPTY[kind].columns).cast(_EMPTY[kind].schema)

@@ -375,9 +375,11 @@ def without_profiler_steps(steps: pl.DataFrame) -> pl.DataFrame:
     """Step rows of the step model, leaving out ``ProfilerStep#N`` spans of processes
     that have dftrace's own steps (a PyTorch profiler trace joined to a dftrace trace
     of the same process): the profiler's step counter is not the training loop's."""
-    profiler = pl.col("name").str.starts_with("ProfilerStep#")
-    own = steps.select(pl.col("proc").filter(~profiler).unique()).to_series()
-    kept = steps.select(~(profiler & pl.col("proc").is_in(own.implode()))).to_series()
+    profiler = steps.get_column("name").str.starts_with("ProfilerStep#")
+    if not profiler.any() and not profiler.null_count():
+        return steps  # no profiler trace among them (the usual): nothing to look up
+    own = steps.get_column("proc").filter(~profiler).unique()
+    kept = ~(profiler & steps.get_column("proc").is_in(own.implode()))
     return steps if kept.sum() == steps.height else steps.filter(kept)  # no copy when all are kept
 
 

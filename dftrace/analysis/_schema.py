@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import polars as pl
 
 from .. import format as fmt
+
+#: A data frame or a query on one: functions of tables that serve either way.
+FrameT = TypeVar("FrameT", pl.DataFrame, pl.LazyFrame)
 
 #: Columns of ``TraceTable.events``, in order, with their polars types. Times are integer
 #: microseconds since the Unix epoch (fractional microseconds are truncated).

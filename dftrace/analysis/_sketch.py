@@ -19,6 +19,8 @@ import math
 
 import polars as pl
 
+from ._schema import FrameT
+
 #: Durations (µs) below this are kept exactly, one bin per value.
 EXACT_BELOW_US = 1024
 #: Half-width of a bucket relative to its values.
@@ -34,7 +36,7 @@ BIN_SCHEMA = {"bin": pl.Int64, "n": pl.Int64, "total": pl.Int64, "lo": pl.Int64,
               "m2": pl.Float64}
 
 
-def bins_of(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+def bins_of(frame: FrameT, by: list[str]) -> FrameT:
     """*by, bin, n, total, lo, hi, m2 of the ``dur`` column of ``frame``."""
     dur = pl.col("dur")
     bucket = (dur.cast(pl.Float64).log() / _LOG_GAMMA).ceil().cast(pl.Int64)

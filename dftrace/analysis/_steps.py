@@ -33,11 +33,12 @@ import numpy as np
 import polars as pl
 
 from .. import format as fmt
+from ._schema import FrameT
 
 #: Categories whose spans place a step in time; data loading follows them.
 WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
 
-def step_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+def step_rows(spans: FrameT, by: list[str]) -> FrameT:
     """*by, epoch, step, cat, name, start, end, n: extents of the spans that carry
     ``args.step``, per name: what :func:`model_steps` works from. ``spans`` are
     complete events with an ``end`` column."""
@@ -52,7 +53,7 @@ def step_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     )
 
 
-def container_rows(spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+def container_rows(spans: FrameT, by: list[str]) -> FrameT:
     """*by, name, start, end: the pipeline's own spans (train, epoch, evaluate, ...);
     loop bodies and item waits left out."""
     return spans.filter(
@@ -96,9 +97,7 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
 
 
 def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFrame:
-    keys = rows.select("epoch", "step").unique().sort(["epoch", "step"], nulls_last=False)
-    rows = rows.join(keys.with_row_index("key"), on=["epoch", "step"], nulls_equal=True)
-    key = rows.get_column("key").to_numpy().astype(np.int64)
+    keys, key, by_key = _step_keys(rows)
     start = rows.get_column("start").to_numpy().astype(np.int64)
     end = rows.get_column("end").to_numpy().astype(np.int64)
     n = rows.get_column("n").to_numpy().astype(np.int64)
@@ -110,7 +109,11 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
     first = _first_starts(key, start, is_work & keep, keys.height)
     # Spans that hold the starts of two or more other steps enclose steps.
     known = np.sort(first[np.isfinite(first)]).astype(np.int64)
-    inside = np.searchsorted(known, end, side="left") - np.searchsorted(known, start, side="right")
+    # Searched for in the order of their steps, nearly that of time: the searches then
+    # walk ``known`` in order, several times faster than in the rows' own order.
+    inside = np.empty(key.size, dtype=np.int64)
+    inside[by_key] = (np.searchsorted(known, end[by_key], side="left")
+                      - np.searchsorted(known, start[by_key], side="right"))
     own = (first[key] > start) & (first[key] < end)
     keep &= (inside - own) < 2
     first = _first_starts(key, start, is_work & keep, keys.height)
@@ -159,6 +162,36 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
         },
         schema=STEP_SCHEMA,
     )
+
+
+def _step_keys(rows: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, np.ndarray]:
+    """(epoch, step: the distinct pairs of ``rows``, sorted, missing ones first; the
+    place of each row's pair among them; the rows in the order of their pairs),
+    found from one integer per pair where their range allows, else by sorting on
+    both."""
+    parts = []
+    for name in ("epoch", "step"):
+        column = rows.get_column(name)
+        present = column.is_not_null().to_numpy()
+        values = column.fill_null(0).to_numpy().astype(np.int64)
+        low = int(values[present].min()) if present.any() else 0
+        high = int(values[present].max()) if present.any() else 0
+        parts.append((present, values, low, high - low + 2))  # 0 stands for missing
+    (e_present, e_values, e_low, e_span), (s_present, s_values, s_low, s_span) = parts
+    if e_span * s_span < 1 << 62:
+        code = (np.where(e_present, e_values - e_low + 1, 0) * s_span
+                + np.where(s_present, s_values - s_low + 1, 0))
+        order = np.argsort(code, kind="stable")
+        new = np.ones(order.size, dtype=bool)
+        new[1:] = code[order][1:] != code[order][:-1]
+    else:
+        order = np.lexsort((s_values, s_present, e_values, e_present))
+        new = np.ones(order.size, dtype=bool)
+        new[1:] = np.any([c[order][1:] != c[order][:-1] for c in (e_present, e_values, s_present, s_values)],
+                         axis=0)
+    key = np.empty(order.size, dtype=np.int64)
+    key[order] = np.cumsum(new) - 1
+    return rows.select("epoch", "step")[order[new]], key, order
 
 
 def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
