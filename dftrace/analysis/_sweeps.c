@@ -56,7 +56,7 @@
     }
 
 typedef struct { int64_t tid, ts, end, idx; } SpanKey;
-typedef struct { int64_t first, last, position; } Thread;
+typedef struct { int64_t first_span, begin, end; } Thread;  /* its least span index, keys[begin..end) */
 typedef struct { int64_t start, end; } Pair;
 typedef struct { int64_t row, key, runs; } KeyRuns;  /* a key's first row and its runs */
 
@@ -67,7 +67,7 @@ static inline int span_less(const SpanKey *a, const SpanKey *b) {
     if (a->end != b->end) return a->end > b->end;
     return a->idx < b->idx;
 }
-static inline int thread_less(const Thread *a, const Thread *b) { return a->first < b->first; }
+static inline int thread_less(const Thread *a, const Thread *b) { return a->first_span < b->first_span; }
 static inline int pair_less(const Pair *a, const Pair *b) { return a->start < b->start; }
 static inline int key_less(const int64_t *a, const int64_t *b) { return *a < *b; }
 
@@ -387,14 +387,14 @@ PyObject *sweeps_innermost(PyObject *self, PyObject *args) {
     Py_ssize_t n_threads = 0;
     for (Py_ssize_t i = 0; i < n && !tied; i++) {
         if (!i || keys[i].tid != keys[i - 1].tid) threads[n_threads++] = (Thread){keys[i].idx, i, i};
-        if (keys[i].idx < threads[n_threads - 1].first) threads[n_threads - 1].first = keys[i].idx;
-        threads[n_threads - 1].last = i + 1;
+        if (keys[i].idx < threads[n_threads - 1].first_span) threads[n_threads - 1].first_span = keys[i].idx;
+        threads[n_threads - 1].end = i + 1;
     }
     sort_threads(threads, thread_tmp, n_threads);
     for (Py_ssize_t t = 0; t < n_threads && !failed; t++) {
         const Thread *th = &threads[t];
-        failed = paint_thread(keys + th->position, th->last - th->position, level, level_valid, group, &w,
-                              &runs, self_us) < 0;
+        failed = paint_thread(keys + th->begin, th->end - th->begin, level, level_valid, group, &w, &runs,
+                              self_us) < 0;
     }
     Py_END_ALLOW_THREADS
     if (failed) { PyErr_NoMemory(); goto done; }
