@@ -14,6 +14,8 @@ setup(ext_modules=[
     # records, span styles, encoder, writer loop, shared-memory ring.
     Extension("dftrace._core._speedups", sorted(glob("dftrace/_core/engine_c/*.c")),
               depends=sorted(glob("dftrace/_core/engine_c/*.h")), optional=not required),
-    # The reader of trace lines for analysis; without it loading parses with polars alone.
-    Extension("dftrace.analysis._scan", ["dftrace/analysis/_scan.c"], optional=not required),
+    # The reader of trace lines for analysis and its interval sweeps; without it loading
+    # parses with polars alone and the sweeps run in numpy.
+    Extension("dftrace.analysis._scan", ["dftrace/analysis/_scan.c", "dftrace/analysis/_sweeps.c"],
+              optional=not required),
 ])

@@ -20,7 +20,7 @@ import pytest
 
 #: The capabilities a test can be marked with, and what each one is.
 CAPABILITIES = {
-    "native": "the C engine and the C trace scanner, built at install",
+    "native": "the C engine and the C trace scanner (with the summary's interval sweeps), built at install",
     "fuse": "FUSE mounts (fusepy with libfuse2, /dev/fuse, root) for the hung-storage tests",
     "chromium": "headless Chromium, to render `dftrace report` pages",
     "tmux": "tmux, to drive `dftrace watch` in a terminal",
@@ -104,7 +104,8 @@ def native_engine_missing() -> str | None:
 
 
 def native_scanner_missing() -> str | None:
-    """Why the C trace scanner of the analysis is not in use here, or None when it is."""
+    """Why the C trace scanner of the analysis (and its interval sweeps, in the same
+    module) is not in use here, or None when it is."""
     try:
         from dftrace.analysis import _scan  # noqa: F401
     except ImportError as exc:

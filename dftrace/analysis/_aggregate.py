@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from .. import format as fmt
-from ._busy import GROUPS, alone_intervals, mask_times, union_intervals
+from ._busy import GROUPS, alone_intervals, innermost_intervals, mask_times, union_intervals
 from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces
 from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
@@ -379,78 +379,8 @@ def self_time_intervals(spans: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
     but is its span's self time. Spans are nested per thread by ``level`` (depth on
     the track); without levels (DFTracer 2.x files) the nesting is rebuilt from the
     times."""
-    pieces = []
-    self_us = np.zeros(spans.height, dtype=np.int64)
-    frame = spans.select(pl.col("tid").fill_null(0), "ts", "end", "level", _group_expr().alias("group"),
-                         pl.int_range(pl.len(), dtype=pl.Int64).alias("span"))
-    for _, thread in frame.partition_by("tid", as_dict=True).items():
-        intervals, (owner, us) = _innermost(thread)
-        pieces.append(intervals)
-        if owner.size:
-            self_us += np.bincount(owner, us.astype(np.float64), self_us.size).astype(np.int64)
-    if not pieces:
-        return pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64}), self_us
-    return pl.concat(pieces, how="vertical"), self_us
-
-
-def _innermost(thread: pl.DataFrame) -> tuple[pl.DataFrame, tuple[np.ndarray, np.ndarray]]:
-    thread = thread.sort(["ts", "end"], descending=[False, True])
-    starts = thread.get_column("ts").to_numpy().astype(np.int64)
-    ends = thread.get_column("end").to_numpy().astype(np.int64)
-    groups = thread.get_column("group").fill_null(-1).to_numpy().astype(np.int64)
-    spans = thread.get_column("span").to_numpy().astype(np.int64)
-    levels = thread.get_column("level")
-    if levels.null_count():
-        depth = _depths(starts, ends)
-    else:
-        depth = levels.to_numpy().astype(np.int64)
-    bounds = _sorted_unique(np.concatenate([starts, ends]))
-    if bounds.size < 2:
-        return (pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64}),
-                (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)))
-    first = np.searchsorted(bounds, starts)
-    last = np.searchsorted(bounds, ends)
-    segments = bounds.size - 1
-    best_depth = np.full(segments, -1, dtype=np.int64)
-    best_group = np.full(segments, -1, dtype=np.int64)
-    best_span = np.full(segments, -1, dtype=np.int64)
-    position = np.arange(starts.size, dtype=np.int64)
-    # Deeper spans paint over shallower ones; spans of one depth on one thread are
-    # disjoint, so painting depth by depth leaves the innermost span (and its group).
-    for d in np.unique(depth):
-        at = depth == d
-        opens, closes = first[at], last[at]
-        cover = _tally(opens, closes, None, segments + 1)
-        code = _tally(opens, closes, groups[at] + 2, segments + 1)
-        owner = _tally(opens, closes, position[at], segments + 1)
-        depth_cover = np.cumsum(cover)[:-1]
-        covered = depth_cover > 0
-        # Spans of one depth overlap only in odd files (identical events): their
-        # codes add up, so divide by how many there are; never out of range.
-        count = np.maximum(depth_cover, 1)
-        value = np.clip(np.cumsum(code)[:-1] // count - 2, -1, len(GROUPS) - 1)
-        which = np.clip(np.cumsum(owner)[:-1] // count, 0, starts.size - 1)
-        take = covered & (d >= best_depth)
-        best_depth[take] = d
-        best_group[take] = value[take]
-        best_span[take] = which[take]
-    keep = best_group >= 0
-    owned = best_span >= 0
-    intervals = pl.DataFrame(
-        {"group": best_group[keep], "start": bounds[:-1][keep], "end": bounds[1:][keep]},
-        schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64},
-    )
-    return intervals, (spans[best_span[owned]], np.diff(bounds)[owned])
-
-
-def _tally(opens: np.ndarray, closes: np.ndarray, values: np.ndarray | None, size: int) -> np.ndarray:
-    """Per boundary, the sum of ``values`` (1 without) of the spans opening there less
-    that of those closing there (int64; ``np.bincount`` is many times faster than
-    ``np.add.at``, and its float sums of integers are exact far beyond these)."""
-    if values is None:
-        return np.bincount(opens, minlength=size) - np.bincount(closes, minlength=size)
-    weights = values.astype(np.float64)
-    return (np.bincount(opens, weights, size) - np.bincount(closes, weights, size)).astype(np.int64)
+    return innermost_intervals(spans.select(pl.col("tid").fill_null(0), "ts", "end", "level",
+                                            _group_expr().alias("group")))
 
 
 def _nesting_edges(spans: pl.LazyFrame) -> tuple[pl.LazyFrame, pl.LazyFrame]:
@@ -499,26 +429,6 @@ def self_times_of(self_times: pl.DataFrame, orphans: pl.DataFrame, openers: pl.D
         .with_columns(pl.max_horizontal(pl.col("us") - pl.col("_taken").fill_null(0), pl.lit(0)).alias("us"))
         .drop("_taken")
     )
-
-
-def _sorted_unique(values: np.ndarray) -> np.ndarray:
-    """``np.unique`` by sorting: several times faster than its hashing for millions of times."""
-    values = np.sort(values)
-    if values.size:
-        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
-    return values
-
-
-def _depths(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Nesting depth of each span (sorted by start, longest first) from its times."""
-    depth = np.empty(starts.size, dtype=np.int64)
-    open_ends: list[int] = []
-    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
-        while open_ends and open_ends[-1] <= s:
-            open_ends.pop()
-        depth[i] = len(open_ends) + 1
-        open_ends.append(e)
-    return depth
 
 
 @dataclass

@@ -428,12 +428,24 @@ done:
     return result;
 }
 
+/* The interval sweeps of the summary, in _sweeps.c. */
+PyObject *sweeps_innermost(PyObject *self, PyObject *args);
+PyObject *sweeps_union(PyObject *self, PyObject *args);
+PyObject *sweeps_masks(PyObject *self, PyObject *args);
+
 static PyMethodDef methods[] = {
     {"scan_lines", scan_lines, METH_VARARGS,
      "scan_lines(data, fields) -> (starts, status, columns): see dftrace.analysis._decode."},
+    {"innermost", sweeps_innermost, METH_VARARGS,
+     "innermost(tid, ts, end, level, level_valid, group, order) -> (groups, starts, ends, self_us) or None: "
+     "see _sweeps.c."},
+    {"union", sweeps_union, METH_VARARGS, "union(key, starts, ends, n_keys) -> (rows, starts, ends): see _sweeps.c."},
+    {"masks", sweeps_masks, METH_VARARGS,
+     "masks(group, start, end, size, alone_bit) -> (totals, alone_starts, alone_ends): see _sweeps.c."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dftrace.analysis._scan",
-                                    "Column extraction from trace lines.", -1, methods};
+                                    "Column extraction from trace lines, and the summary's interval sweeps.",
+                                    -1, methods};
 
 PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }

@@ -1,0 +1,580 @@
+/* Interval sweeps of the summary: the fast path of dftrace.analysis._busy, built into
+ * the _scan module (its functions are listed in _scan.c's method table).
+ *
+ * innermost(tid, ts, end, level, level_valid, group, order) paints each thread's
+ *   time with its innermost span: the (group, start, end) runs where it is in an
+ *   activity group and each span's self time. It gives what _busy's numpy painting
+ *   gives, malformed spans included: at each instant the deepest level (of -1 or more)
+ *   with more spans open than reversed ones (end before ts) wins, and where several of
+ *   that level are open their group codes and positions are averaged as the
+ *   painting's sums are. Each thread's spans are taken by start, the longest first:
+ *   sorted here when ``order`` is empty, and then None comes back if two spans of a
+ *   thread have the same start and end (their order, which decides which one is the
+ *   innermost, is polars' sort's: the caller passes it, span indices thread by thread
+ *   in the order the threads first appear).
+ * union(key, starts, ends, n_keys) merges the overlapping or touching intervals of
+ *   each key (0 to n_keys - 1; sorted by start when they are not already), keys in
+ *   the order they first appear: for each run the first row of its key, start, end.
+ * masks(group, start, end, size, alone_bit) sweeps the boundaries of a process's
+ *   intervals, each toggling its group's bit: the time in each bit mask (size masks at
+ *   least), and the runs where the mask is alone_bit alone (none when it is -1).
+ *
+ * Arrays come in as contiguous buffers (int64, level_valid uint8, innermost's group
+ * int8) and go back as bytes the caller views with numpy. The work runs without the GIL.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Groups of the time breakdown (_busy.GROUPS): an averaged group code is clipped to them. */
+#define LAST_GROUP 4
+
+/* A stable merge sort of T by LESS, skipping a merge where the halves are already in
+ * order: nearly sorted input (spans written as they end) costs little more than a pass. */
+#define DEFINE_MERGE_SORT(NAME, T, LESS)                                                  \
+    static void NAME(T *a, T *tmp, Py_ssize_t n) {                                        \
+        if (n <= 16) {                                                                    \
+            for (Py_ssize_t i = 1; i < n; i++) {                                          \
+                T x = a[i];                                                               \
+                Py_ssize_t j = i;                                                         \
+                while (j > 0 && LESS(&x, &a[j - 1])) { a[j] = a[j - 1]; j--; }            \
+                a[j] = x;                                                                 \
+            }                                                                             \
+            return;                                                                       \
+        }                                                                                 \
+        Py_ssize_t half = n / 2;                                                          \
+        NAME(a, tmp, half);                                                               \
+        NAME(a + half, tmp, n - half);                                                    \
+        if (!LESS(&a[half], &a[half - 1])) return;                                        \
+        memcpy(tmp, a, half * sizeof(T));                                                 \
+        Py_ssize_t i = 0, j = half, k = 0;                                                \
+        while (i < half && j < n) a[k++] = LESS(&a[j], &tmp[i]) ? a[j++] : tmp[i++];      \
+        while (i < half) a[k++] = tmp[i++];                                               \
+    }
+
+typedef struct { int64_t tid, ts, end, idx; } SpanKey;
+typedef struct { int64_t first_span, begin, end; } Thread;  /* its least span index, keys[begin..end) */
+typedef struct { int64_t start, end; } Pair;
+typedef struct { int64_t row, key, runs; } KeyRuns;  /* a key's first row and its runs */
+
+/* A thread's spans by start, the longest first (then in the order given). */
+static inline int span_less(const SpanKey *a, const SpanKey *b) {
+    if (a->tid != b->tid) return a->tid < b->tid;
+    if (a->ts != b->ts) return a->ts < b->ts;
+    if (a->end != b->end) return a->end > b->end;
+    return a->idx < b->idx;
+}
+static inline int thread_less(const Thread *a, const Thread *b) { return a->first_span < b->first_span; }
+static inline int pair_less(const Pair *a, const Pair *b) { return a->start < b->start; }
+static inline int key_less(const int64_t *a, const int64_t *b) { return *a < *b; }
+
+DEFINE_MERGE_SORT(sort_spans, SpanKey, span_less)
+DEFINE_MERGE_SORT(sort_threads, Thread, thread_less)
+DEFINE_MERGE_SORT(sort_pairs, Pair, pair_less)
+DEFINE_MERGE_SORT(sort_keys, int64_t, key_less)
+
+static inline int64_t floor_div(int64_t a, int64_t b) {
+    int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+static inline int64_t clip(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Growable output of (group, start, end) runs. */
+typedef struct {
+    int8_t *groups;
+    int64_t *starts, *ends;
+    Py_ssize_t n, cap;
+} Runs;
+
+static int runs_append(Runs *r, int8_t group, int64_t start, int64_t end) {
+    if (r->n == r->cap) {
+        Py_ssize_t cap = r->cap ? r->cap * 2 : 256;
+        int8_t *g = realloc(r->groups, cap);
+        if (g) r->groups = g;
+        int64_t *s = realloc(r->starts, cap * sizeof(int64_t));
+        if (s) r->starts = s;
+        int64_t *e = realloc(r->ends, cap * sizeof(int64_t));
+        if (e) r->ends = e;
+        if (!g || !s || !e) return -1;
+        r->cap = cap;
+    }
+    r->groups[r->n] = group;
+    r->starts[r->n] = start;
+    r->ends[r->n] = end;
+    r->n++;
+    return 0;
+}
+
+/* A run, joined to the last one where it is of the same group and touches it. */
+static int runs_push(Runs *r, int8_t group, int64_t start, int64_t end) {
+    if (r->n && r->groups[r->n - 1] == group && r->ends[r->n - 1] == start) {
+        r->ends[r->n - 1] = end;
+        return 0;
+    }
+    return runs_append(r, group, start, end);
+}
+
+static void runs_free(Runs *r) {
+    free(r->groups);
+    free(r->starts);
+    free(r->ends);
+}
+
+/* Binary heaps: closes by time (least first), levels by index (greatest first). */
+typedef struct { int64_t time, position; } Close;
+
+static void close_push(Close *h, Py_ssize_t *n, Close c) {
+    Py_ssize_t i = (*n)++;
+    while (i > 0) {
+        Py_ssize_t up = (i - 1) / 2;
+        if (h[up].time <= c.time) break;
+        h[i] = h[up];
+        i = up;
+    }
+    h[i] = c;
+}
+
+static void close_pop(Close *h, Py_ssize_t *n) {
+    Close last = h[--(*n)];
+    Py_ssize_t i = 0;
+    for (;;) {
+        Py_ssize_t child = 2 * i + 1;
+        if (child >= *n) break;
+        if (child + 1 < *n && h[child + 1].time < h[child].time) child++;
+        if (last.time <= h[child].time) break;
+        h[i] = h[child];
+        i = child;
+    }
+    if (*n) h[i] = last;
+}
+
+static void level_push(int64_t *h, Py_ssize_t *n, int64_t v) {
+    Py_ssize_t i = (*n)++;
+    while (i > 0) {
+        Py_ssize_t up = (i - 1) / 2;
+        if (h[up] >= v) break;
+        h[i] = h[up];
+        i = up;
+    }
+    h[i] = v;
+}
+
+static void level_pop(int64_t *h, Py_ssize_t *n) {
+    int64_t last = h[--(*n)];
+    Py_ssize_t i = 0;
+    for (;;) {
+        Py_ssize_t child = 2 * i + 1;
+        if (child >= *n) break;
+        if (child + 1 < *n && h[child + 1] > h[child]) child++;
+        if (last >= h[child]) break;
+        h[i] = h[child];
+        i = child;
+    }
+    if (*n) h[i] = last;
+}
+
+/* Work arrays of one call, sized for its largest thread (its spans at most). */
+typedef struct {
+    int64_t *depth, *slot, *stack, *levels, *count, *code, *owner;
+    Close *closes;
+    Pair *reversed, *pair_tmp;
+    Py_ssize_t n_levels_cap;
+} Work;
+
+/* Paints one thread: its spans ``s[0..k)`` in sorted order (their positions). */
+static int paint_thread(const SpanKey *s, Py_ssize_t k, const int64_t *level, const uint8_t *level_valid,
+                        const int8_t *group, Work *w, Runs *runs, int64_t *self_us) {
+    int have_levels = 1;
+    for (Py_ssize_t p = 0; p < k; p++) have_levels &= level_valid[s[p].idx] != 0;
+    if (have_levels) {
+        for (Py_ssize_t p = 0; p < k; p++) w->depth[p] = level[s[p].idx];
+    } else {  /* nesting rebuilt from the times, as _busy._depths does */
+        Py_ssize_t top = 0;
+        for (Py_ssize_t p = 0; p < k; p++) {
+            while (top > 0 && w->stack[top - 1] <= s[p].ts) top--;
+            w->depth[p] = top + 1;
+            w->stack[top++] = s[p].end;
+        }
+    }
+    /* Spans that paint: of level -1 or more, not of zero length. Their levels become
+     * slots 0.. in order (an offset where the levels are few, else a sorted table). */
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (Py_ssize_t p = 0; p < k; p++) {
+        if (w->depth[p] < -1 || s[p].ts == s[p].end) { w->slot[p] = -1; continue; }
+        if (w->depth[p] < lo) lo = w->depth[p];
+        if (w->depth[p] > hi) hi = w->depth[p];
+        w->slot[p] = 0;
+    }
+    if (lo > hi) return 0;
+    Py_ssize_t n_levels;
+    if ((uint64_t)hi - (uint64_t)lo < (uint64_t)k) {
+        n_levels = (Py_ssize_t)(hi - lo) + 1;
+        for (Py_ssize_t p = 0; p < k; p++)
+            if (w->slot[p] >= 0) w->slot[p] = w->depth[p] - lo;
+    } else {
+        n_levels = 0;
+        for (Py_ssize_t p = 0; p < k; p++)
+            if (w->slot[p] >= 0) w->levels[n_levels++] = w->depth[p];
+        sort_keys(w->levels, w->stack, n_levels);
+        Py_ssize_t distinct = 0;
+        for (Py_ssize_t i = 0; i < n_levels; i++)
+            if (!distinct || w->levels[i] != w->levels[distinct - 1]) w->levels[distinct++] = w->levels[i];
+        n_levels = distinct;
+        for (Py_ssize_t p = 0; p < k; p++) {
+            if (w->slot[p] < 0) continue;
+            Py_ssize_t a = 0, b = n_levels;
+            while (b - a > 1) {
+                Py_ssize_t mid = (a + b) / 2;
+                if (w->levels[mid] <= w->depth[p]) a = mid; else b = mid;
+            }
+            w->slot[p] = a;
+        }
+    }
+    memset(w->count, 0, n_levels * sizeof(int64_t));
+    memset(w->code, 0, n_levels * sizeof(int64_t));
+    memset(w->owner, 0, n_levels * sizeof(int64_t));
+    /* Reversed spans (end before ts) count -1 from their end to their ts; they open
+     * out of order, so in a list of their own by end. */
+    Py_ssize_t n_reversed = 0;
+    for (Py_ssize_t p = 0; p < k; p++)
+        if (w->slot[p] >= 0 && s[p].end < s[p].ts) w->reversed[n_reversed++] = (Pair){s[p].end, (int64_t)p};
+    sort_pairs(w->reversed, w->pair_tmp, n_reversed);
+
+    int64_t *open_levels = w->stack;  /* the heap of levels with spans open (may hold stale ones) */
+    Py_ssize_t n_open = 0, n_closes = 0, next = 0, next_reversed = 0;
+    int64_t previous = 0, painted_by = -1;
+    int8_t painted_group = -1;
+    for (;;) {
+        while (next < k && (w->slot[next] < 0 || s[next].end < s[next].ts)) next++;
+        int64_t t = INT64_MAX;
+        int any = 0;
+        if (next < k) { t = s[next].ts; any = 1; }
+        if (next_reversed < n_reversed && (!any || w->reversed[next_reversed].start < t)) {
+            t = w->reversed[next_reversed].start;
+            any = 1;
+        }
+        if (n_closes && (!any || w->closes[0].time < t)) { t = w->closes[0].time; any = 1; }
+        if (!any) break;
+        if (painted_by >= 0 && t > previous) {
+            self_us[painted_by] += t - previous;
+            if (painted_group >= 0 && runs_push(runs, painted_group, previous, t) < 0) return -1;
+        }
+        /* Every change at t: closes, then opens (the order does not matter, only the
+         * state between distinct times). */
+        while (n_closes && w->closes[0].time == t) {
+            Py_ssize_t p = w->closes[0].position;
+            close_pop(w->closes, &n_closes);
+            int64_t weight = s[p].end < s[p].ts ? -1 : 1, slot = w->slot[p];
+            w->count[slot] -= weight;
+            w->code[slot] -= weight * (group[s[p].idx] + 2);
+            w->owner[slot] -= weight * p;
+            if (w->count[slot] > 0 && w->count[slot] + weight <= 0) level_push(open_levels, &n_open, slot);
+        }
+        for (;;) {
+            Py_ssize_t p;
+            int64_t weight, close_at;
+            if (next < k && s[next].ts == t) {
+                p = next++;
+                weight = 1;
+                close_at = s[p].end;
+            } else if (next_reversed < n_reversed && w->reversed[next_reversed].start == t) {
+                p = w->reversed[next_reversed++].end;
+                weight = -1;
+                close_at = s[p].ts;
+            } else {
+                break;
+            }
+            if (weight > 0 && (w->slot[p] < 0 || s[p].end < s[p].ts)) continue;  /* not painting, or reversed */
+            int64_t slot = w->slot[p];
+            w->count[slot] += weight;
+            w->code[slot] += weight * (group[s[p].idx] + 2);
+            w->owner[slot] += weight * p;
+            if (w->count[slot] > 0 && w->count[slot] - weight <= 0) level_push(open_levels, &n_open, slot);
+            close_push(w->closes, &n_closes, (Close){close_at, (int64_t)p});
+        }
+        while (n_open && w->count[open_levels[0]] <= 0) level_pop(open_levels, &n_open);
+        if (n_open) {
+            int64_t slot = open_levels[0], count = w->count[slot];
+            painted_group = (int8_t)clip(floor_div(w->code[slot], count) - 2, -1, LAST_GROUP);
+            painted_by = s[clip(floor_div(w->owner[slot], count), 0, k - 1)].idx;
+        } else {
+            painted_by = -1;
+        }
+        previous = t;
+    }
+    return 0;
+}
+
+static int same_length(Py_buffer *views, int n, Py_ssize_t *length) {
+    *length = views[0].len / (Py_ssize_t)sizeof(int64_t);
+    for (int i = 0; i < n; i++) {
+        if (views[i].len != *length * (Py_ssize_t)sizeof(int64_t)) {
+            PyErr_SetString(PyExc_ValueError, "arrays of int64 of one length expected");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *bytes_of(const void *data, Py_ssize_t size) {
+    return PyBytes_FromStringAndSize(size ? data : NULL, size);
+}
+
+PyObject *sweeps_innermost(PyObject *self, PyObject *args) {
+    Py_buffer b[7];
+    memset(b, 0, sizeof(b));
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*:innermost", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6])) {
+        for (int i = 0; i < 7; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+        return NULL;
+    }
+    PyObject *result = NULL, *self_obj = NULL;
+    Runs runs = {0};
+    Work w = {0};
+    int64_t **arrays[] = {&w.depth, &w.slot, &w.stack, &w.levels, &w.count, &w.code, &w.owner};
+    SpanKey *keys = NULL, *key_tmp = NULL;
+    Thread *threads = NULL, *thread_tmp = NULL;
+    Py_ssize_t n;
+    if (!same_length(b, 4, &n)) goto done;
+    if (b[4].len != n || b[5].len != n || (b[6].len && b[6].len != n * (Py_ssize_t)sizeof(int64_t))) {
+        PyErr_SetString(PyExc_ValueError, "level_valid and group: one byte a span; order: none or every span");
+        goto done;
+    }
+    const int64_t *tid = b[0].buf, *ts = b[1].buf, *end = b[2].buf, *level = b[3].buf, *order = b[6].buf;
+    const uint8_t *level_valid = b[4].buf;
+    const int8_t *group = b[5].buf;
+    int given = b[6].len > 0;
+    for (Py_ssize_t i = 0; i < n && given; i++) {
+        if (order[i] < 0 || order[i] >= n) {
+            PyErr_SetString(PyExc_ValueError, "order: span indices");
+            goto done;
+        }
+    }
+    self_obj = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (!self_obj) goto done;
+    int64_t *self_us = (int64_t *)PyByteArray_AS_STRING(self_obj);
+    memset(self_us, 0, n * sizeof(int64_t));
+    Py_ssize_t size = n ? n : 1;
+    keys = malloc(size * sizeof(SpanKey));
+    key_tmp = malloc(size * sizeof(SpanKey));
+    threads = malloc(size * sizeof(Thread));
+    thread_tmp = malloc(size * sizeof(Thread));
+    int ok = keys && key_tmp && threads && thread_tmp;
+    /* The stack doubles as the heap of open levels: a push for each change, 2 a span. */
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++)
+        ok &= (*arrays[i] = malloc((arrays[i] == &w.stack ? 2 : 1) * size * sizeof(int64_t))) != NULL;
+    ok &= (w.closes = malloc(size * sizeof(Close))) != NULL;
+    ok &= (w.reversed = malloc(size * sizeof(Pair))) != NULL;
+    ok &= (w.pair_tmp = malloc(size * sizeof(Pair))) != NULL;
+    if (!ok) { PyErr_NoMemory(); goto done; }
+    int failed = 0, tied = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (given) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t j = order[i];
+            keys[i] = (SpanKey){tid[j], ts[j], end[j], j};
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) keys[i] = (SpanKey){tid[i], ts[i], end[i], (int64_t)i};
+        sort_spans(keys, key_tmp, n);
+        for (Py_ssize_t i = 1; i < n && !tied; i++)
+            tied = keys[i].tid == keys[i - 1].tid && keys[i].ts == keys[i - 1].ts && keys[i].end == keys[i - 1].end;
+    }
+    /* Threads in the order they first appear, as the numpy path partitions them. */
+    Py_ssize_t n_threads = 0;
+    for (Py_ssize_t i = 0; i < n && !tied; i++) {
+        if (!i || keys[i].tid != keys[i - 1].tid) threads[n_threads++] = (Thread){keys[i].idx, i, i};
+        if (keys[i].idx < threads[n_threads - 1].first_span) threads[n_threads - 1].first_span = keys[i].idx;
+        threads[n_threads - 1].end = i + 1;
+    }
+    sort_threads(threads, thread_tmp, n_threads);
+    for (Py_ssize_t t = 0; t < n_threads && !failed; t++) {
+        const Thread *th = &threads[t];
+        failed = paint_thread(keys + th->begin, th->end - th->begin, level, level_valid, group, &w, &runs,
+                              self_us) < 0;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) { PyErr_NoMemory(); goto done; }
+    if (tied) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = Py_BuildValue("(NNNO)", bytes_of(runs.groups, runs.n), bytes_of(runs.starts, runs.n * 8),
+                           bytes_of(runs.ends, runs.n * 8), self_obj);
+done:
+    Py_XDECREF(self_obj);
+    runs_free(&runs);
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) free(*arrays[i]);
+    free(w.closes);
+    free(w.reversed);
+    free(w.pair_tmp);
+    free(keys);
+    free(key_tmp);
+    free(threads);
+    free(thread_tmp);
+    for (int i = 0; i < 7; i++) PyBuffer_Release(&b[i]);
+    return result;
+}
+
+PyObject *sweeps_union(PyObject *self, PyObject *args) {
+    Py_buffer b[3];
+    memset(b, 0, sizeof(b));
+    Py_ssize_t n_keys;
+    if (!PyArg_ParseTuple(args, "y*y*y*n:union", &b[0], &b[1], &b[2], &n_keys)) {
+        for (int i = 0; i < 3; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t *at = NULL, *fill = NULL;
+    KeyRuns *order = NULL;
+    Pair *pairs = NULL, *tmp = NULL;
+    int64_t *firsts = NULL;
+    Runs runs = {0};
+    Py_ssize_t n;
+    if (!same_length(b, 3, &n)) goto done;
+    const int64_t *key = b[0].buf, *starts = b[1].buf, *ends = b[2].buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (key[i] < 0 || key[i] >= n_keys) {
+            PyErr_SetString(PyExc_ValueError, "keys: 0 to n_keys - 1");
+            goto done;
+        }
+    }
+    at = calloc(n_keys + 1, sizeof(Py_ssize_t));
+    fill = malloc((n_keys + 1) * sizeof(Py_ssize_t));
+    order = malloc((n_keys + 1) * sizeof(KeyRuns));
+    pairs = malloc((n + 1) * sizeof(Pair));
+    tmp = malloc((n + 1) * sizeof(Pair));
+    if (!at || !fill || !order || !pairs || !tmp) { PyErr_NoMemory(); goto done; }
+    int failed = 0;
+    Py_ssize_t n_order_keys = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* Each key's intervals, in the order given, keys in the order they first appear. */
+    for (Py_ssize_t i = 0; i < n; i++) at[key[i] + 1]++;
+    for (Py_ssize_t k = 0; k < n_keys; k++) at[k + 1] += at[k];
+    memcpy(fill, at, (n_keys + 1) * sizeof(Py_ssize_t));
+    n_order_keys = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (fill[key[i]] == at[key[i]]) order[n_order_keys++] = (KeyRuns){(int64_t)i, key[i], 0};
+        pairs[fill[key[i]]++] = (Pair){starts[i], ends[i]};
+    }
+    for (Py_ssize_t o = 0; o < n_order_keys && !failed; o++) {
+        Pair *p = pairs + at[order[o].key];
+        Py_ssize_t m = at[order[o].key + 1] - at[order[o].key];
+        Py_ssize_t sorted = 1;
+        for (Py_ssize_t i = 1; i < m && sorted; i++) sorted = p[i - 1].start <= p[i].start;
+        if (!sorted) sort_pairs(p, tmp, m);  /* stable, as np.argsort(kind="stable") */
+        /* A run ends where an interval starts after everything before it ended. */
+        int64_t run_start = p[0].start, run_end = p[0].end, reach = p[0].end;
+        Py_ssize_t first_run = runs.n;
+        for (Py_ssize_t i = 1; i < m && !failed; i++) {
+            if (p[i].start > reach) {
+                failed = runs_append(&runs, 0, run_start, run_end) < 0;
+                run_start = p[i].start;
+                run_end = p[i].end;
+            } else if (p[i].end > run_end) {
+                run_end = p[i].end;
+            }
+            if (p[i].end > reach) reach = p[i].end;
+        }
+        if (!failed) failed = runs_append(&runs, 0, run_start, run_end) < 0;
+        order[o].runs = runs.n - first_run;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) { PyErr_NoMemory(); goto done; }
+    /* Each run's row of its key (the first with it): the caller takes the key's values there. */
+    firsts = malloc((runs.n + 1) * sizeof(int64_t));
+    if (!firsts) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t o = 0, r = 0; o < n_order_keys; o++)
+        for (int64_t j = 0; j < order[o].runs; j++) firsts[r++] = order[o].row;
+    result = Py_BuildValue("(NNN)", bytes_of(firsts, runs.n * 8), bytes_of(runs.starts, runs.n * 8),
+                           bytes_of(runs.ends, runs.n * 8));
+done:
+    free(at);
+    free(fill);
+    free(order);
+    free(pairs);
+    free(tmp);
+    free(firsts);
+    runs_free(&runs);
+    for (int i = 0; i < 3; i++) PyBuffer_Release(&b[i]);
+    return result;
+}
+
+PyObject *sweeps_masks(PyObject *self, PyObject *args) {
+    Py_buffer b[3];
+    memset(b, 0, sizeof(b));
+    Py_ssize_t size;
+    int alone;
+    if (!PyArg_ParseTuple(args, "y*y*y*ni:masks", &b[0], &b[1], &b[2], &size, &alone)) {
+        for (int i = 0; i < 3; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int64_t *keys = NULL, *tmp = NULL;
+    int64_t totals[256] = {0};
+    Runs runs = {0};
+    Py_ssize_t n;
+    if (!same_length(b, 3, &n)) goto done;
+    if (size < 0 || size > 256) { PyErr_SetString(PyExc_ValueError, "size: 0 to 256"); goto done; }
+    const int64_t *group = b[0].buf, *starts = b[1].buf, *ends = b[2].buf;
+    Py_ssize_t m = 2 * n;
+    keys = malloc((m ? m : 1) * sizeof(int64_t));
+    tmp = malloc((m ? m : 1) * sizeof(int64_t));
+    if (!keys || !tmp) { PyErr_NoMemory(); goto done; }
+    int failed = 0, top = -1;
+    Py_BEGIN_ALLOW_THREADS
+    /* Each boundary is one integer, time * 8 + group, as the numpy sweep sorts them.
+     * A group's boundaries (the last three bits) are in order when its intervals are
+     * disjoint and sorted, as after a union: sorted lists merged, not one big sort. */
+    Py_ssize_t at[9] = {0};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        at[(((uint64_t)starts[i] * 8 + (uint64_t)group[i]) & 7) + 1]++;
+        at[(((uint64_t)ends[i] * 8 + (uint64_t)group[i]) & 7) + 1]++;
+    }
+    for (int g = 0; g < 8; g++) at[g + 1] += at[g];
+    Py_ssize_t fill[8];
+    memcpy(fill, at, sizeof(fill));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t start = (int64_t)((uint64_t)starts[i] * 8 + (uint64_t)group[i]);
+        int64_t end = (int64_t)((uint64_t)ends[i] * 8 + (uint64_t)group[i]);
+        keys[fill[start & 7]++] = start;
+        keys[fill[end & 7]++] = end;
+    }
+    for (int g = 0; g < 8; g++) {
+        int in_order = 1;
+        for (Py_ssize_t i = at[g] + 1; i < at[g + 1] && in_order; i++) in_order = keys[i - 1] <= keys[i];
+        if (!in_order) sort_keys(keys + at[g], tmp, at[g + 1] - at[g]);
+    }
+    Py_ssize_t head[8];
+    memcpy(head, at, sizeof(head));
+    unsigned state = 0;
+    int64_t previous = 0;
+    for (Py_ssize_t i = 0; i < m && !failed; i++) {
+        int best = -1;
+        for (int g = 0; g < 8; g++)
+            if (head[g] < at[g + 1] && (best < 0 || keys[head[g]] < keys[head[best]])) best = g;
+        int64_t key = keys[head[best]++], time = key >> 3;
+        if (i) {  /* the state from the previous boundary to this one */
+            totals[state] += time - previous;
+            if ((int)state > top) top = (int)state;
+            if (alone >= 0 && (int)state == alone && time > previous)
+                failed = runs_push(&runs, 0, previous, time) < 0;
+        }
+        state ^= 1u << (key & 7);
+        previous = time;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) { PyErr_NoMemory(); goto done; }
+    if (top + 1 > size) size = top + 1;
+    result = Py_BuildValue("(NNN)", bytes_of(totals, size * 8), bytes_of(runs.starts, runs.n * 8),
+                           bytes_of(runs.ends, runs.n * 8));
+done:
+    free(keys);
+    free(tmp);
+    runs_free(&runs);
+    for (int i = 0; i < 3; i++) PyBuffer_Release(&b[i]);
+    return result;
+}

@@ -1,0 +1,154 @@
+"""The C interval sweeps (``_sweeps.c``) give the numpy sweeps' answers, malformed spans included.
+
+Each test runs one sweep both ways on many random inputs (a fixed seed): with the C
+kernels, and with ``_busy._native`` set to None (what an install without a compiler
+runs), and compares the answers exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _requirements import native_scanner_missing, needs_marks
+
+pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from polars.testing import assert_frame_equal  # noqa: E402
+
+from dftrace.analysis import _busy, summarize  # noqa: E402
+
+pytestmark = needs_marks("native", native_scanner_missing())
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+#: Shapes of a thread's spans: well nested, and each way a file can be malformed.
+SHAPES = ("nested", "identical", "overlapping", "zero-length", "odd-levels", "reversed", "chaos")
+
+
+def _nested(rng: np.random.Generator, budget: int) -> list[list[int]]:
+    """Well-nested spans (start, end, level) of one thread, levels from 1."""
+    rows: list[list[int]] = []
+
+    def fill(start: int, end: int, level: int) -> None:
+        t = start
+        while t < end and len(rows) < budget:
+            s = t + int(rng.integers(0, 3))
+            if s >= end:
+                return
+            e = min(end, s + int(rng.integers(1, 40)))
+            rows.append([s, e, level])
+            if level < 6 and rng.random() < 0.5:
+                fill(s, e, level + 1)
+            t = e
+
+    fill(0, 10 * budget, 1)
+    return rows
+
+
+def _threads(rng: np.random.Generator) -> pl.DataFrame:
+    """tid, ts, end, level, group of a process's spans: a few threads, each of one shape,
+    its levels sometimes missing (all or some), in the order a file could hold them."""
+    rows: list[list] = []
+    for tid in rng.choice([0, 5, -3, 1 << 40], size=int(rng.integers(1, 4)), replace=False).tolist():
+        spans = _nested(rng, int(rng.integers(1, 40)))
+        shape = SHAPES[int(rng.integers(len(SHAPES)))]
+        far = 10 * len(spans) + 5
+        for _ in range(int(rng.integers(1, 6))):
+            s = int(rng.integers(0, far))
+            if shape == "identical" and spans:
+                spans.append(list(spans[int(rng.integers(len(spans)))]))
+            elif shape == "overlapping":
+                spans.append([s, s + int(rng.integers(1, 50)), int(rng.integers(1, 4))])
+            elif shape == "zero-length":
+                spans.append([s, s, int(rng.integers(1, 4))])
+            elif shape == "reversed":
+                spans.append([s, s - int(rng.integers(1, 30)), int(rng.integers(1, 4))])
+            elif shape == "chaos":
+                spans.append([s, s + int(rng.integers(-5, 60)), int(rng.integers(-3, 6))])
+        if shape == "odd-levels":
+            for span in spans:
+                if rng.random() < 0.3:
+                    span[2] = int(rng.integers(-3, 8))
+        missing = rng.random()
+        for span in spans:
+            if missing < 0.25 or (missing < 0.35 and rng.random() < 0.3):
+                span[2] = None
+            rows.append([tid, *span])
+    rows = [rows[i] for i in rng.permutation(len(rows))]
+    return pl.DataFrame(
+        {"tid": [r[0] for r in rows], "ts": [r[1] for r in rows], "end": [r[2] for r in rows],
+         "level": [r[3] for r in rows],
+         "group": [None if rng.random() < 0.2 else int(rng.integers(0, 5)) for _ in rows]},
+        schema={"tid": pl.Int64, "ts": pl.Int64, "end": pl.Int64, "level": pl.Int64, "group": pl.Int8},
+    )
+
+
+def _both_ways(monkeypatch, sweep, *args):
+    answer = sweep(*args)
+    with monkeypatch.context() as patch:
+        patch.setattr(_busy, "_native", None)
+        return answer, sweep(*args)
+
+
+def test_innermost_painting_matches_numpy_on_random_and_malformed_spans(monkeypatch):
+    rng = np.random.default_rng(2026)
+    tied = untied = 0
+    for _ in range(800):
+        threads = _threads(rng)
+        (c_intervals, c_self), (np_intervals, np_self) = _both_ways(monkeypatch, _busy.innermost_intervals, threads)
+        np.testing.assert_array_equal(c_self, np_self)
+        with monkeypatch.context() as patch:  # the same union of each group's time, the groups in the same order
+            patch.setattr(_busy, "_native", None)
+            assert_frame_equal(_busy.union_intervals(c_intervals, []), _busy.union_intervals(np_intervals, []))
+        if threads.select(pl.struct("tid", "ts", "end").is_duplicated().any()).item():
+            tied += 1  # spans with the same times: the kernel takes polars' order
+        else:
+            untied += 1  # the kernel sorts
+    assert tied > 50 and untied > 50
+
+
+def _intervals(rng: np.random.Generator, keys: list[str]) -> pl.DataFrame:
+    n = int(rng.integers(1, 60))
+    starts = rng.integers(0, 200, n)
+    if rng.random() < 0.3:
+        starts = np.sort(starts)  # sorted by start, as most unions are
+    frame = pl.DataFrame({
+        "pid": rng.integers(0, 3, n) if rng.random() < 0.7 else np.full(n, 7),
+        "host_key": pl.Series([("a", "b", None)[i] for i in rng.integers(0, 3, n)], dtype=pl.String),
+        "group": rng.integers(0, 5, n).astype(np.int8),
+        "start": starts,
+        "end": starts + rng.integers(-3 if rng.random() < 0.2 else 0, 30, n),
+    })
+    return frame.select(*keys, "group", "start", "end")
+
+
+@pytest.mark.parametrize("keys", [[], ["pid"], ["pid", "host_key"]])
+def test_union_matches_numpy(monkeypatch, keys):
+    rng = np.random.default_rng(len(keys))
+    for _ in range(250):
+        frame = _intervals(rng, keys)
+        native, numpy = _both_ways(monkeypatch, _busy.union_intervals, frame, keys)
+        assert_frame_equal(native, numpy)
+
+
+def test_mask_times_and_alone_intervals_match_numpy(monkeypatch):
+    rng = np.random.default_rng(5)
+    for i in range(400):
+        frame = _intervals(rng, [])
+        if i % 2:  # disjoint within each group, as after a union; else overlapping
+            frame = _busy.union_intervals(frame, [])
+        native, numpy = _both_ways(monkeypatch, _busy.mask_times, frame)
+        np.testing.assert_array_equal(native, numpy)
+        by_proc = frame.with_columns(pl.lit(1, pl.Int32).alias("proc"))
+        for group in _busy.GROUPS:
+            assert_frame_equal(*_both_ways(monkeypatch, _busy.alone_intervals, by_proc, group))
+
+
+@pytest.mark.parametrize("source", ["run", "gpu-h200", "dftracer", "ddp-buckets"])
+def test_summary_is_the_same_with_the_numpy_sweeps(monkeypatch, run_dir, source):
+    # gpu-h200 holds spans of one thread with the same times; dftracer's files have no levels.
+    path = run_dir if source == "run" else DATA / source
+    native, numpy = _both_ways(monkeypatch, lambda: summarize(path, index=False, progress=False).to_json())
+    assert native == numpy
