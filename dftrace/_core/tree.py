@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from . import records as _records
 from . import engine as _engine
+from . import generators as _generators
 from .state import STATE
 from . import iterators as _iterators
 from .records import Extra, kind_id
@@ -116,9 +117,9 @@ def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
     if inspect.iscoroutinefunction(fn):
         wrapper = _engine.wrap_async(fn, obj, gate, capture)
     elif inspect.isasyncgenfunction(fn):
-        wrapper = _engine.wrap_asyncgen(fn, obj, gate, capture)
+        wrapper = _generators.wrap_asyncgen(fn, obj, gate, capture)
     elif inspect.isgeneratorfunction(fn):
-        wrapper = _engine.wrap_generator(fn, obj, gate, capture)
+        wrapper = _generators.wrap_generator(fn, obj, gate, capture)
     else:
         wrapper = _engine.wrap_sync(fn, obj, gate, capture)
     try:

@@ -309,6 +309,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
     if (PyType_Ready(&dft_SpanWrapperType) < 0 || dft_traceable_ready() < 0 ||
         PyType_Ready(&dft_SpanIterType) < 0 || PyType_Ready(&dft_OpenSpanType) < 0 ||
+        PyType_Ready(&dft_KeptSpansType) < 0 || PyType_Ready(&dft_StartedSpansType) < 0 ||
         PyType_Ready(&dft_SpanBaseType) < 0 ||
         PyType_Ready(&dft_ShmReaderType) < 0)
         return NULL;
@@ -326,6 +327,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(m, "SpanWrapper", (PyObject *)&dft_SpanWrapperType) < 0 ||
         PyModule_AddObjectRef(m, "SpanIter", (PyObject *)&dft_SpanIterType) < 0 ||
         PyModule_AddObjectRef(m, "OpenSpan", (PyObject *)&dft_OpenSpanType) < 0 ||
+        PyModule_AddObjectRef(m, "KeptSpans", (PyObject *)&dft_KeptSpansType) < 0 ||
+        PyModule_AddObjectRef(m, "StartedSpans", (PyObject *)&dft_StartedSpansType) < 0 ||
         PyModule_AddObjectRef(m, "TraceableBase", (PyObject *)&dft_TraceableBaseType) < 0 ||
         PyModule_AddObjectRef(m, "SpanBase", (PyObject *)&dft_SpanBaseType) < 0 ||
         PyModule_AddObjectRef(m, "ShmReader", (PyObject *)&dft_ShmReaderType) < 0 ||
