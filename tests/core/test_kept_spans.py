@@ -198,3 +198,21 @@ def test_a_with_span_in_a_task_finds_the_task_after_asyncio_is_imported_late(tmp
                          text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "1"]
+
+
+def test_a_start_token_names_its_span_until_it_is_stopped(tmp_path):
+    """``Span.id`` is the span's id in the trace while it is open, None once stopped;
+    a token stopped through its node (``node.stop(span)``) or twice ends it once."""
+    node = ai.device.transfer
+    with testing.trace_to(tmp_path) as t:
+        first, second = node.start(), node.start()
+        ids = (first.id, second.id)
+        node.stop(second)
+        first.stop(args={"bytes": 1})
+        first.stop()
+        node.stop(second)
+        assert (first.id, second.id) == (None, None)
+    spans = sorted(t.spans("transfer"), key=lambda e: e["id"])
+    assert [e["id"] for e in spans] == list(ids) and ids[0] < ids[1]
+    assert spans[0]["args"]["bytes"] == 1 and spans[1]["args"]["p_idx"] == ids[0]
+    check_nesting(t.events)

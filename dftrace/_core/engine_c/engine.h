@@ -459,7 +459,7 @@ extern PyObject *dft_update_slow; /* Node._update_py */
    in ENGINE_READS under the classes it is read from). */
 extern PyObject *dft_str_thread_stk, *dft_str_stk, *dft_str_on, *dft_str_kid, *dft_str_ikid,
     *dft_str_bkid, *dft_str_tid, *dft_str_open, *dft_str_extra, *dft_str_node, *dft_str_frag,
-    *dft_str_mask, *dft_str_sgen, *dft_str_sticky, *dft_str__args, *dft_str__obj, *dft_str__token,
+    *dft_str_mask, *dft_str_sgen, *dft_str_sticky, *dft_str__args, *dft_str__obj, *dft_str__stk, *dft_str__id,
     *dft_str_open_spans, *dft_str_max_open_spans, *dft_str_args_kw, *dft_str_args_attr,
     *dft_str_asyncio;
 
@@ -472,7 +472,7 @@ typedef struct {
     PyObject *name;
     Py_ssize_t off;
 } slot_t;
-extern slot_t dft_slot_frag, dft_slot_mask, dft_slot_args, dft_slot_obj, dft_slot_token;
+extern slot_t dft_slot_frag, dft_slot_mask, dft_slot_args, dft_slot_obj, dft_slot_stk, dft_slot_id;
 
 /* New reference to o.<slot>; NULL with an error (AttributeError when unset). */
 static inline PyObject *slot_get(PyObject *o, const slot_t *s) {

@@ -65,14 +65,15 @@ static inline int kept_push(PyObject *map, span_t *s, PyObject *opener, PyObject
     return 0;
 }
 
-/* The kept span on top of `stk` (a list of at least one id), when `opener` opened
-   it: a pointer into the map, valid until the map changes; else NULL. */
+/* The kept span on top of `stk` (a list), when `opener` opened it: a pointer into
+   the map, valid until the map changes; else NULL. */
 static inline kept_t *kept_on_top(PyObject *map, PyObject *stk, PyObject *opener) {
     KeptSpansObject *m = AS_KEPT(map);
-    if (m->n == 0)
+    Py_ssize_t n = PyList_GET_SIZE(stk);
+    if (m->n == 0 || n == 0)
         return NULL;
     kept_t *k = &m->k[m->n - 1];
-    if (k->span.id != PyList_GET_ITEM(stk, PyList_GET_SIZE(stk) - 1) || k->opener != opener)
+    if (k->span.id != PyList_GET_ITEM(stk, n - 1) || k->opener != opener)
         return NULL;
     return k;
 }

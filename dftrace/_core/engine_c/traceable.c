@@ -328,7 +328,7 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         return dft_hooks.no_span;
     }
     PyObject *stk = current_stack(), *id = NULL, *extra = NULL, *open = NULL, *spans = NULL,
-             *token = NULL, *span = NULL;
+             *span = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto fail;
     extra = get_extra(self);
@@ -352,10 +352,9 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
     unsigned long long idv = kept->span.idv;
     id = kept->span.id;
     Py_INCREF(id);
-    token = PyTuple_Pack(2, stk, id);
-    span = token ? span_alloc() : NULL;
-    if (!span || slot_set(span, &dft_slot_obj, self) < 0 || slot_set(span, &dft_slot_token, token) < 0 ||
-        started_add(spans, idv, id, stk) < 0) {
+    span = span_alloc();
+    if (!span || slot_set(span, &dft_slot_obj, self) < 0 || slot_set(span, &dft_slot_stk, stk) < 0 ||
+        slot_set(span, &dft_slot_id, id) < 0 || started_add(spans, idv, id, stk) < 0) {
         /* not opened after all: nothing is recorded */
         PyErr_Clear();
         kept_t *k = kept_on_top(open, stk, self);
@@ -368,12 +367,12 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         }
         goto fail;
     }
-    Py_DECREF(id); Py_DECREF(token); Py_DECREF(spans); Py_DECREF(open);
+    Py_DECREF(id); Py_DECREF(spans); Py_DECREF(open);
     Py_DECREF(extra); Py_DECREF(stk);
     return span;
 fail:
     PyErr_Clear(); /* never fail the caller: nothing was recorded */
-    Py_XDECREF(span); Py_XDECREF(token); Py_XDECREF(id); Py_XDECREF(spans);
+    Py_XDECREF(span); Py_XDECREF(id); Py_XDECREF(spans);
     Py_XDECREF(open); Py_XDECREF(extra); Py_XDECREF(stk);
     Py_INCREF(dft_hooks.no_span);
     return dft_hooks.no_span;
@@ -826,7 +825,8 @@ static void span_dealloc(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     PyObject_GC_UnTrack(o);
     Py_CLEAR(*(PyObject **)((char *)o + dft_slot_obj.off));
-    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_token.off));
+    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_stk.off));
+    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_id.off));
     if (tp == span_free_type && span_nfree < SPAN_FREE_MAX)
         span_free[span_nfree++] = o;
     else
@@ -853,9 +853,9 @@ static void span_type_registered(void) {
     span_free_type = NULL;
     if (tp && (tp->tp_flags & Py_TPFLAGS_HEAPTYPE) && (tp->tp_flags & Py_TPFLAGS_HAVE_GC) &&
         tp->tp_dictoffset == 0 && tp->tp_weaklistoffset == 0 && tp->tp_finalize == NULL &&
-        tp->tp_del == NULL && dft_slot_obj.type == tp && dft_slot_token.type == tp &&
-        dft_slot_obj.off >= 0 && dft_slot_token.off >= 0 &&
-        tp->tp_basicsize == (Py_ssize_t)(sizeof(PyObject) + 2 * sizeof(PyObject *))) {
+        tp->tp_del == NULL && dft_slot_obj.type == tp && dft_slot_stk.type == tp &&
+        dft_slot_id.type == tp && dft_slot_obj.off >= 0 && dft_slot_stk.off >= 0 &&
+        dft_slot_id.off >= 0 && tp->tp_basicsize == (Py_ssize_t)(sizeof(PyObject) + 3 * sizeof(PyObject *))) {
         tp->tp_dealloc = span_dealloc;
         span_free_type = tp;
     }
@@ -876,25 +876,25 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
                                PyObject *kwnames) {
     long long t1 = now_ns();
     Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    PyObject *a = NULL, *token = NULL, *obj = NULL, *spans = NULL, *open = NULL, *y = NULL;
+    PyObject *a = NULL, *stk = NULL, *id = NULL, *obj = NULL, *spans = NULL, *open = NULL, *y = NULL;
     if (n + nk > 1 || (nk == 1 && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), dft_str_args_kw) != 0))
         goto slow;
     if (n + nk == 1)
         a = args[0];
     if (a == Py_None)
         a = NULL;
-    token = slot_get(self, &dft_slot_token);
-    if (!token)
+    stk = slot_get(self, &dft_slot_stk);
+    if (!stk)
         goto slow;
-    if (token == Py_None) {
-        Py_DECREF(token);
+    if (stk == Py_None) { /* stopped already, or nothing was recorded */
+        Py_DECREF(stk);
         Py_RETURN_NONE;
     }
-    obj = slot_get(self, &dft_slot_obj);
+    id = slot_get(self, &dft_slot_id);
+    obj = id ? slot_get(self, &dft_slot_obj) : NULL;
     spans = obj ? open_spans() : NULL;
-    if (!spans || !IS_STARTED_MAP(spans) || !PyTuple_Check(token) || PyTuple_GET_SIZE(token) != 2)
+    if (!spans || !IS_STARTED_MAP(spans))
         goto slow;
-    PyObject *stk = PyTuple_GET_ITEM(token, 0), *id = PyTuple_GET_ITEM(token, 1);
     if (!PyList_Check(stk) || PyList_GET_SIZE(stk) < 2 || PyList_GET_ITEM(stk, PyList_GET_SIZE(stk) - 1) != id)
         goto slow;
     open = stk_open(stk);
@@ -921,18 +921,16 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
     if (!kept_on_top(open, stk, obj) || !started_remove(spans, AS_KEPT(open)->k[AS_KEPT(open)->n - 1].span.idv))
         goto slow; /* not open (nothing changed) */
     kept_take_last(open, &k);
-    Py_INCREF(stk);
-    if (slot_set(self, &dft_slot_token, Py_None) < 0) /* the token held stk */
+    if (slot_set(self, &dft_slot_stk, Py_None) < 0) /* stopped: a second stop() does nothing */
         PyErr_Clear();
     int rc = kept_close(&k, stk, t1, y, NULL);
-    Py_DECREF(stk);
-    Py_XDECREF(y); Py_DECREF(open); Py_DECREF(spans); Py_DECREF(obj); Py_DECREF(token);
+    Py_XDECREF(y); Py_DECREF(open); Py_DECREF(spans); Py_DECREF(obj); Py_DECREF(id); Py_DECREF(stk);
     if (rc < 0)
         return NULL;
     Py_RETURN_NONE;
 slow:
     PyErr_Clear();
-    Py_XDECREF(y); Py_XDECREF(open); Py_XDECREF(spans); Py_XDECREF(obj); Py_XDECREF(token);
+    Py_XDECREF(y); Py_XDECREF(open); Py_XDECREF(spans); Py_XDECREF(obj); Py_XDECREF(id); Py_XDECREF(stk);
     if (dft_hooks.span_stop_slow == NULL)
         Py_RETURN_NONE;
     return call_slow(dft_hooks.span_stop_slow, self, args, nargsf, kwnames);
