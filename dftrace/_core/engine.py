@@ -13,8 +13,9 @@ unwind, ``args.error``, the incomplete flag, the record) is written once:
 :func:`open_span` / :func:`close_span`, which every style here calls (the C engine's
 twin is ``span_open`` / ``span_close`` in ``engine_c/span_lifecycle.h``). A span opened by
 ``with`` or ``start()`` waits in its stack's ``open`` map as an :class:`OpenSpan`
-(with the C engine, its ``_speedups.OpenSpan``: the same names), so either engine can
-close what the other opened; :func:`close_kept` ends one, and the ones left open
+(with the C engine the map is a ``_speedups.KeptSpans``, which holds the spans
+themselves in the order they opened and hands Python a ``_speedups.OpenSpan``: the
+same names), so either engine can close what the other opened; :func:`close_kept` ends one, and the ones left open
 inside it.
 
 A span carries the sticky args in force when it *started* (:func:`sticky_of`,
@@ -22,7 +23,8 @@ refreshed once per ``update()``) and its own args, encoded when given
 (:class:`~.records.Extra`). Records go to the buffer (:mod:`.buffer`, which also
 says who takes them out); its limit is checked where a record is appended: block
 mode waits for the consumer there (a KeyboardInterrupt raised meanwhile
-propagates), drop mode counts. The iterator styles live in :mod:`.iterators`.
+propagates), drop mode counts. The iterator styles live in :mod:`.iterators`, the
+generator styles in :mod:`.generators`.
 
 Nesting lives on a :class:`Stack` (a list of the ids of the open spans) that belongs
 to one thread, or to one asyncio task. Plain threads find theirs in a
@@ -77,7 +79,9 @@ def _get_running_loop() -> Any:
 class Stack(list):
     """Ids of the open spans of one thread or task, above a 0 sentinel (so
     ``self[-1]`` is always the parent id and ``len(self)`` the next level). ``open``
-    maps the id of each span opened by ``with``/``start()`` to its :class:`OpenSpan`."""
+    maps the id of each span opened by ``with``/``start()`` to its :class:`OpenSpan`
+    (a dict, or with the C engine a ``KeptSpans``: the same mapping, read in place
+    by the C styles)."""
 
     __slots__ = ("tid", "owner", "open", "__weakref__")
 
@@ -85,7 +89,7 @@ class Stack(list):
         super().__init__((0,))
         self.tid = tid
         self.owner = owner
-        self.open: dict[int, OpenSpan] = {}
+        self.open: dict[int, OpenSpan] = new_open_map()
 
 
 class _ThreadLocal(threading.local):
@@ -305,6 +309,8 @@ class OpenSpan(NamedTuple):
     t0: int
 
 
+#: A stack's ``open`` map (with the C engine, its ``_speedups.KeptSpans``).
+new_open_map = dict
 #: ``new_open((id, kid, parent, level, sticky, opener, extra, t0))``: an OpenSpan
 #: (a tuple made in C, not through a Python ``__new__``).
 new_open = functools.partial(tuple.__new__, OpenSpan)
@@ -361,7 +367,7 @@ def close_span(stk: Stack, s: OpenSpan, t1: int, x: Any = None,
     record(s.kid, s.t0, t1, i, p, lvl, stk.tid, s.sticky, x, count, INCOMPLETE if incomplete else 0)
 
 
-def _close_ended(stk: Stack, s: OpenSpan, extra: Any, capture: Any, params: Any,
+def close_ended(stk: Stack, s: OpenSpan, extra: Any, capture: Any, params: Any,
                   error: BaseException | None, pushed: bool = True) -> None:
     """Close the span ``s`` of a call that ended by raising ``error`` (None: without
     one, an async generator's): ``args.error``, or what the capture spec makes of it."""
@@ -420,7 +426,7 @@ def wrap_sync(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
         try:
             r = fn(*args, **kwargs)
         except BaseException as e:
-            _close_ended(stk, s, extra, capture, params, e)
+            close_ended(stk, s, extra, capture, params, e)
             raise
         close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r))
         return r
@@ -442,7 +448,7 @@ def wrap_async(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
         try:
             r = await fn(*args, **kwargs)
         except BaseException as e:
-            _close_ended(stk, s, extra, capture, params, e)
+            close_ended(stk, s, extra, capture, params, e)
             raise
         close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r))
         return r
@@ -465,60 +471,6 @@ def _nests(stk: Stack, p: int, lvl: int) -> bool:
     is not on it can end now without crossing another span: its parent is still open
     below it and nothing opened since is still open."""
     return len(stk) == lvl and stk[-1] == p
-
-
-def wrap_generator(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
-    """A generator function: one span from its first ``next`` until it ends or closes
-    (not a parent of what the consumer does between items); with ``capture``, its
-    arguments and its ``return`` value."""
-    return _wrap_generating(fn, obj, gate, capture, _generator_span)
-
-
-def wrap_asyncgen(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
-    """An async generator function: one span for its whole iteration."""
-    return _wrap_generating(fn, obj, gate, capture, _asyncgen_span)
-
-
-def _wrap_generating(fn: Any, obj: Any, gate: Any, capture: Any, span: Any) -> Any:
-    """The wrapper of a (async) generator function: ``span`` wraps what it returns."""
-    node = obj._node
-    extra = obj._extra
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        gen = fn(*args, **kwargs)
-        if not gate._on:
-            return gen
-        return span(gen, node, extra, capture,
-                    capture.params(args, kwargs) if capture is not None else None)
-
-    return wrapper
-
-
-def _generator_span(gen: Any, node: Any, extra: Any, capture: Any, params: Any) -> Any:
-    stk = current_stack()
-    s = open_span(stk, node, node._kid, push=False, pairs=False)
-    try:
-        r = yield from gen
-    except BaseException as e:
-        _close_ended(stk, s, extra, capture, params, e, pushed=False)
-        raise
-    close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r),
-               pushed=False)
-    return r
-
-
-async def _asyncgen_span(agen: Any, node: Any, extra: Any, capture: Any, params: Any) -> Any:
-    stk = current_stack()
-    s = open_span(stk, node, node._kid, push=False, pairs=False)
-    error = None
-    try:
-        async for item in agen:
-            yield item
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        _close_ended(stk, s, extra, capture, params, error, pushed=False)
 
 
 # ---------------------------------------------------------------------------
@@ -766,6 +718,7 @@ speedups = _load_speedups()
 if speedups is not None:
     record = speedups.record  # noqa: F811 - the C twin of the function above
     new_open = speedups.OpenSpan  # noqa: F811 - kept spans the C styles read in place
+    new_open_map = speedups.KeptSpans  # noqa: F811 - the kept spans themselves, in C
     new_id = speedups.new_id  # noqa: F811 - one id counter for both engines' paths
     bump_sticky = speedups.bump_sticky_gen  # noqa: F811
 _state.bind_native(speedups)

@@ -29,6 +29,13 @@ def bind_native(mod: Any) -> None:
     """The engine module loaded the C engine (or decided against it: None)."""
     global native
     native = mod
+    STATE.open_spans = new_open_spans()
+
+
+def new_open_spans() -> Any:
+    """An empty ``STATE.open_spans``: a dict, or the C engine's ``StartedSpans`` (the
+    same mapping, read in place by its start()/stop())."""
+    return {} if native is None else native.StartedSpans()
 
 
 class ProcessState:
@@ -61,7 +68,7 @@ class ProcessState:
         self.woken = False  # the consumer was told a batch is ready (pure-Python engine)
         self.memory_traces = 0  # in-memory traces running (they open the gate too)
         self.pid = os.getpid()
-        self.open_spans: dict[int, Any] = {}  # id of a start() span -> its stack
+        self.open_spans: Any = new_open_spans()  # id of a start() span -> its stack
         self.max_open_spans = self.MAX_OPEN_SPANS  # past it start() records nothing ...
         self.open_refused = 0  # ... and counts here
         self._warned: set[str] = set()
@@ -87,7 +94,7 @@ class ProcessState:
 
     def after_fork(self) -> None:
         """In a forked child: nothing of the parent's spans, buffer or ring is ours."""
-        self.open_spans = {}
+        self.open_spans = new_open_spans()
         self.pid = os.getpid()
         self.special_to_ring = None
         for fn in list(self._forks):

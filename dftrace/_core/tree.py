@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from . import records as _records
 from . import engine as _engine
+from . import generators as _generators
 from .state import STATE
 from . import iterators as _iterators
 from .records import Extra, kind_id
@@ -116,9 +117,9 @@ def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
     if inspect.iscoroutinefunction(fn):
         wrapper = _engine.wrap_async(fn, obj, gate, capture)
     elif inspect.isasyncgenfunction(fn):
-        wrapper = _engine.wrap_asyncgen(fn, obj, gate, capture)
+        wrapper = _generators.wrap_asyncgen(fn, obj, gate, capture)
     elif inspect.isgeneratorfunction(fn):
-        wrapper = _engine.wrap_generator(fn, obj, gate, capture)
+        wrapper = _generators.wrap_generator(fn, obj, gate, capture)
     else:
         wrapper = _engine.wrap_sync(fn, obj, gate, capture)
     try:
@@ -138,26 +139,28 @@ _CMBase: type = _engine.speedups.TraceableBase if _engine.speedups is not None e
 class Span(_SpanBase):  # type: ignore[misc,valid-type]
     """Token returned by ``start()``; ``stop()`` it (or pass it to ``node.stop``)."""
 
-    __slots__ = ("_obj", "_token")
+    # What started it, and (while it is open) its stack and id: start()'s token
+    # (stack, id), in two slots, so that the C engine's start() builds no tuple.
+    __slots__ = ("_obj", "_stk", "_id")
 
     def __init__(self, obj: Node | Use | None, token: tuple | None):
         self._obj = obj
-        self._token = token
+        self._stk, self._id = token if token is not None else (None, None)
 
     @property
     def id(self) -> int | None:
         """The span's event id in the trace (None when nothing was recorded)."""
-        return self._token[1] if self._token is not None else None
+        return self._id if self._stk is not None else None
 
     def _stop_py(self, args: dict[str, Any] | None = None) -> None:
         """Close this span (safe to call twice). ``args`` known only at the end
         (output shapes, bytes written) are added to the span's args, encoded now."""
-        if self._token is not None and self._obj is not None:
+        if self._stk is not None and self._obj is not None:
             try:
-                _engine.stop(self._obj, self._token, args)
+                _engine.stop(self._obj, (self._stk, self._id), args)
             except Exception:
                 pass
-            self._token = None
+            self._stk = None
 
     if _SpanBase is object:
         stop = _stop_py

@@ -15,6 +15,10 @@
  *                   into its own code and a span costs no call across files
  *   span_lifecycle.h  a span's lifecycle, span_open / span_close (every C style's only
  *                   way to open and end a span), included by engine.h at its place
+ *   kept_spans.h    the spans with/start() keep open, in their stack's `open` map (a
+ *                   KeptSpans): push, find on top, take; the ones start() opened, in
+ *                   STATE.open_spans (a StartedSpans): add, remove (included after
+ *                   span_lifecycle.h)
  *   records.c       kinds (kid -> name/cat piece), the native buffer of chunks, record()
  *   encoder.c       args fragments (plain dicts -> JSON) and the line encoder
  *   writer.c        frames to the file: encode, compress (zstd, libdeflate) and write
@@ -24,7 +28,10 @@
  *   spans.c         the thread-stack cache, NVTX ranges, SpanWrapper (decorator),
  *                   SpanIter (.iter())
  *   traceable.c     TraceableBase (with, start/stop, update, node(args=)),
- *                   SpanBase (Span.stop) and OpenSpan (a span kept open by with/start)
+ *                   SpanBase (Span.stop)
+ *   kept_spans.c    KeptSpans (a stack's `open` map, the kept spans in place, with the
+ *                   mapping Python reads), OpenSpan (one kept span, for Python) and
+ *                   StartedSpans (STATE.open_spans: the spans start() opened)
  *   module.c        register(): the one point where Python hands the engine its
  *                   objects; the interned names and what the engine reads
  *                   (ENGINE_READS); the method table and PyInit
@@ -452,7 +459,7 @@ extern PyObject *dft_update_slow; /* Node._update_py */
    in ENGINE_READS under the classes it is read from). */
 extern PyObject *dft_str_thread_stk, *dft_str_stk, *dft_str_on, *dft_str_kid, *dft_str_ikid,
     *dft_str_bkid, *dft_str_tid, *dft_str_open, *dft_str_extra, *dft_str_node, *dft_str_frag,
-    *dft_str_mask, *dft_str_sgen, *dft_str_sticky, *dft_str__args, *dft_str__obj, *dft_str__token,
+    *dft_str_mask, *dft_str_sgen, *dft_str_sticky, *dft_str__args, *dft_str__obj, *dft_str__stk, *dft_str__id,
     *dft_str_open_spans, *dft_str_max_open_spans, *dft_str_args_kw, *dft_str_args_attr,
     *dft_str_asyncio;
 
@@ -465,7 +472,7 @@ typedef struct {
     PyObject *name;
     Py_ssize_t off;
 } slot_t;
-extern slot_t dft_slot_frag, dft_slot_mask, dft_slot_args, dft_slot_obj, dft_slot_token;
+extern slot_t dft_slot_frag, dft_slot_mask, dft_slot_args, dft_slot_obj, dft_slot_stk, dft_slot_id;
 
 /* New reference to o.<slot>; NULL with an error (AttributeError when unset). */
 static inline PyObject *slot_get(PyObject *o, const slot_t *s) {
@@ -501,6 +508,8 @@ typedef struct {
     unsigned long long tsid, epoch;
     PyObject *stk, *tid, *open;
 } stack_cache_t;
+extern PyTypeObject dft_KeptSpansType; /* a stack's `open` map (kept_spans.h) */
+#define IS_KEPT_MAP(o) (Py_TYPE(o) == &dft_KeptSpansType)
 #ifdef _MSC_VER
 #define THREAD_LOCAL __declspec(thread)
 #else
@@ -525,7 +534,7 @@ static inline PyObject *local_stk(void) {
     if (!stk || !dft_stack_cache_ok || !PyList_Check(stk))
         return stk;
     PyObject *tid = PyObject_GetAttr(stk, dft_str_tid), *open = tid ? PyObject_GetAttr(stk, dft_str_open) : NULL;
-    if (open && PyDict_Check(open)) {
+    if (open && IS_KEPT_MAP(open)) {
         dft_stack_cache.stk = stk;
         dft_stack_cache.tid = tid;
         dft_stack_cache.open = open;
@@ -899,17 +908,27 @@ static inline int stack_pop(PyObject *stk, PyObject *id) {
 }
 
 #include "span_lifecycle.h" /* span_open / span_close */
+#include "kept_spans.h"     /* the spans with/start() keep open: the stack's `open` map */
 
 /* asyncio's running loop, or None; asyncio is never imported from here: until the
-   program imports it, no loop can be running. */
+   program imports it, no loop can be running. Until then sys.modules is searched for
+   it only when its size changed since the last search (an import adds entries). */
 extern PyObject *dft_asyncio_get_running_loop;
+extern PyObject *dft_modules_seen; /* sys.modules when asyncio was last not in it */
+extern Py_ssize_t dft_modules_seen_size;
 
 static inline PyObject *running_loop(void) {
     if (dft_asyncio_get_running_loop == NULL) {
         PyObject *mods = PyImport_GetModuleDict();
+        if (mods == dft_modules_seen && PyDict_GET_SIZE(mods) == dft_modules_seen_size)
+            Py_RETURN_NONE;
         PyObject *aio = mods ? PyDict_GetItemWithError(mods, dft_str_asyncio) : NULL;
         if (aio == NULL) {
             PyErr_Clear();
+            if (mods && PyDict_Check(mods)) {
+                dft_modules_seen = mods;
+                dft_modules_seen_size = PyDict_GET_SIZE(mods);
+            }
             Py_RETURN_NONE;
         }
         dft_asyncio_get_running_loop = PyObject_GetAttrString(aio, "_get_running_loop");
@@ -941,7 +960,7 @@ static inline PyObject *current_stack(void) {
 
 
 typedef struct {
-    PyObject *state;      /* _recorder.STATE (its open_spans dict is replaced after fork) */
+    PyObject *state;      /* _recorder.STATE (its open_spans map is replaced after fork) */
     PyTypeObject *span;   /* _nodes.Span, allocated here and filled through its slots */
     PyObject *no_span;    /* the Span returned when nothing is recorded */
     PyObject *start_slow; /* _Traceable._start_py(self, *args, **kwargs) */
@@ -955,7 +974,7 @@ typedef struct {
 
 extern hookstate_t dft_hooks;
 
-/* STATE.open_spans, as last read: STATE replaces the dict only where it resets
+/* STATE.open_spans (a StartedSpans), as last read: STATE replaces it only where it resets
    (reset(), after a fork), and both then call the engine's reset()/after_fork(),
    which forget it. */
 extern PyObject *dft_open_spans_cache;
@@ -963,7 +982,7 @@ static inline PyObject *open_spans(void) {
     PyObject *d = dft_open_spans_cache;
     if (!d) {
         d = dft_hooks.state ? PyObject_GetAttr(dft_hooks.state, dft_str_open_spans) : NULL;
-        if (!d || !PyDict_Check(d))
+        if (!d || !IS_STARTED_MAP(d))
             return d;
         dft_open_spans_cache = d; /* the cache's reference */
     }

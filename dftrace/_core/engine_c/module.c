@@ -10,7 +10,7 @@ recstate_t dft_calls = {0};
 hookstate_t dft_hooks = {0};
 PyObject *dft_update_slow = NULL; /* Node._update_py */
 PyObject *dft_gate = NULL;        /* dft_hooks.gate (borrowed): what a use forced on follows */
-slot_t dft_slot_frag, dft_slot_mask, dft_slot_args, dft_slot_obj, dft_slot_token,
+slot_t dft_slot_frag, dft_slot_mask, dft_slot_args, dft_slot_obj, dft_slot_stk, dft_slot_id,
     dft_slot_gate_on = {NULL, NULL, -1};
 
 /* ------------------------------------------------------------------------- */
@@ -145,7 +145,8 @@ static PyObject *register_objects(PyObject *self, PyObject *args, PyObject *kwar
     find_slot(&dft_slot_mask, dft_calls.extra_type, dft_str_mask);
     find_slot(&dft_slot_args, dft_calls.extra_type, dft_str__args);
     find_slot(&dft_slot_obj, (PyObject *)dft_hooks.span, dft_str__obj);
-    find_slot(&dft_slot_token, (PyObject *)dft_hooks.span, dft_str__token);
+    find_slot(&dft_slot_stk, (PyObject *)dft_hooks.span, dft_str__stk);
+    find_slot(&dft_slot_id, (PyObject *)dft_hooks.span, dft_str__id);
     dft_gate = dft_hooks.gate;
     if (dft_gate)
         find_slot(&dft_slot_gate_on, (PyObject *)Py_TYPE(dft_gate), dft_str_on);
@@ -170,7 +171,7 @@ static PyObject *registered(PyObject *self, PyObject *unused) {
 
 PyObject *dft_str_thread_stk, *dft_str_stk, *dft_str_on, *dft_str_kid, *dft_str_ikid,
     *dft_str_bkid, *dft_str_tid, *dft_str_open, *dft_str_extra, *dft_str_node, *dft_str_frag,
-    *dft_str_mask, *dft_str_sgen, *dft_str_sticky, *dft_str__args, *dft_str__obj, *dft_str__token,
+    *dft_str_mask, *dft_str_sgen, *dft_str_sticky, *dft_str__args, *dft_str__obj, *dft_str__stk, *dft_str__id,
     *dft_str_open_spans, *dft_str_max_open_spans, *dft_str_args_kw, *dft_str_args_attr,
     *dft_str_asyncio;
 
@@ -194,7 +195,8 @@ static const read_t READS[] = {
     {"dftrace._core.records:Extra", "_args", &dft_str__args},
     {"dftrace._core.records:Extra", "args", &dft_str_args_attr},
     {"dftrace._core.tree:Span", "_obj", &dft_str__obj},
-    {"dftrace._core.tree:Span", "_token", &dft_str__token},
+    {"dftrace._core.tree:Span", "_stk", &dft_str__stk},
+    {"dftrace._core.tree:Span", "_id", &dft_str__id},
     /* a node or use that is not a TraceableBase (the C fields) is read by name */
     {"dftrace._core.tree:Node", "_on", &dft_str_on},
     {"dftrace._core.tree:Node", "_node", &dft_str_node},
@@ -309,6 +311,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
     if (PyType_Ready(&dft_SpanWrapperType) < 0 || dft_traceable_ready() < 0 ||
         PyType_Ready(&dft_SpanIterType) < 0 || PyType_Ready(&dft_OpenSpanType) < 0 ||
+        PyType_Ready(&dft_KeptSpansType) < 0 || PyType_Ready(&dft_StartedSpansType) < 0 ||
         PyType_Ready(&dft_SpanBaseType) < 0 ||
         PyType_Ready(&dft_ShmReaderType) < 0)
         return NULL;
@@ -326,6 +329,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(m, "SpanWrapper", (PyObject *)&dft_SpanWrapperType) < 0 ||
         PyModule_AddObjectRef(m, "SpanIter", (PyObject *)&dft_SpanIterType) < 0 ||
         PyModule_AddObjectRef(m, "OpenSpan", (PyObject *)&dft_OpenSpanType) < 0 ||
+        PyModule_AddObjectRef(m, "KeptSpans", (PyObject *)&dft_KeptSpansType) < 0 ||
+        PyModule_AddObjectRef(m, "StartedSpans", (PyObject *)&dft_StartedSpansType) < 0 ||
         PyModule_AddObjectRef(m, "TraceableBase", (PyObject *)&dft_TraceableBaseType) < 0 ||
         PyModule_AddObjectRef(m, "SpanBase", (PyObject *)&dft_SpanBaseType) < 0 ||
         PyModule_AddObjectRef(m, "ShmReader", (PyObject *)&dft_ShmReaderType) < 0 ||

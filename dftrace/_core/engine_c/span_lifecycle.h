@@ -14,6 +14,7 @@
  */
 typedef struct {
     PyObject *id;     /* its id, on the stack while it is open */
+    unsigned long long idv; /* its value */
     PyObject *parent; /* the id below it when it opened (0: none) */
     PyObject *sticky; /* its node's sticky args when it opened: an Extra or None */
     PyObject *tid;    /* its stack's track (NULL: read from the stack at its close) */
@@ -21,20 +22,6 @@ typedef struct {
     long long t0;
     uint32_t kid;     /* its kind */
 } span_t;
-
-/* A span opened by `with` or start() waits for its end in its stack's `open` map,
-   under its id, as this object (_speedups.OpenSpan; engine.OpenSpan is its
-   pure-Python twin, with the same names): the span, who opened it and the opener's
-   own args. Either engine's close reads it; the C one in place. */
-typedef struct {
-    PyObject_HEAD
-    span_t span;      /* its tid is NULL where Python made it (its stack's is read) */
-    PyObject *opener; /* the node, use or capturing scope whose with/start() opened it */
-    PyObject *extra;  /* the opener's own args: an Extra or None */
-} OpenSpanObject;
-extern PyTypeObject dft_OpenSpanType;
-#define IS_OPEN_SPAN(o) (Py_TYPE(o) == &dft_OpenSpanType)
-#define AS_OPEN(o) ((OpenSpanObject *)(o))
 
 /* The pair is compiled into each caller: a span pays no call for it. */
 #if defined(__GNUC__) || defined(__clang__)
@@ -47,30 +34,26 @@ extern PyTypeObject dft_OpenSpanType;
 
 /* Open span `s` of kind `kid` for `node` on `stk` (a non-empty list the caller
    holds): a new id pushed on stk, the id below it as its parent, the depth as its
-   level, the node's sticky args now; with `entry` (an OpenSpanObject whose span
-   `s` is) it is also kept in `open` under its id. Then NVTX, then t0 (`t0`, or the
+   level, the node's sticky args now (a span `with` or start() keeps is then kept in
+   its stack's map: kept_push, kept_spans.h). Then NVTX, then t0 (`t0`, or the
    clock when SPAN_NOW). 0, or -1 with nothing opened and no error set: the caller
    goes on untraced. */
-SPAN_INLINE int span_open(span_t *s, PyObject *stk, PyObject *node, uint32_t kid, long long t0,
-                            PyObject *open, PyObject *entry) {
+SPAN_INLINE int span_open(span_t *s, PyObject *stk, PyObject *node, uint32_t kid, long long t0) {
     PyObject *sticky = node_sticky(node);
     if (!sticky) {
         PyErr_Clear();
         sticky = Py_None;
         Py_INCREF(sticky);
     }
+    unsigned long long idv = dft_next_id_val;
     PyObject *id = new_id(), *tid = id ? stk_tid(stk) : NULL;
-    if (!tid || (entry && PyDict_SetItem(open, id, entry) < 0))
+    if (!tid || PyList_Append(stk, id) < 0)
         goto fail;
-    if (PyList_Append(stk, id) < 0) {
-        if (entry && PyDict_DelItem(open, id) < 0)
-            PyErr_Clear();
-        goto fail;
-    }
     Py_ssize_t lvl = PyList_GET_SIZE(stk) - 1;
     PyObject *p = PyList_GET_ITEM(stk, lvl - 1);
     Py_INCREF(p);
     s->id = id;
+    s->idv = idv;
     s->parent = p;
     s->sticky = sticky;
     s->tid = tid;
@@ -153,6 +136,7 @@ SPAN_INLINE int span_close_open_next(span_t *s, PyObject *stk, long long t1, PyO
         span_release(s);
         return -1;
     }
+    unsigned long long idv = dft_next_id_val;
     PyObject *id = new_id();
     Py_ssize_t n = PyList_GET_SIZE(stk);
     if (id && n > 0 && PyList_GET_ITEM(stk, n - 1) == s->id) {
@@ -169,6 +153,7 @@ SPAN_INLINE int span_close_open_next(span_t *s, PyObject *stk, long long t1, PyO
     }
     Py_DECREF(s->id);
     s->id = id;
+    s->idv = idv;
     s->kid = kid;
     s->t0 = t1;
     NVTX_OPEN(kid, id, stk, 1);

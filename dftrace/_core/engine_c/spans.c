@@ -11,6 +11,8 @@
 #include "engine.h"
 
 PyObject *dft_asyncio_get_running_loop = NULL; /* read by running_loop (engine.h) */
+PyObject *dft_modules_seen = NULL; /* borrowed: compared, never read through */
+Py_ssize_t dft_modules_seen_size = -1;
 
 /* ------------------------------------------------------------------------- */
 /* This thread's stack without a threading.local lookup                        */
@@ -141,7 +143,7 @@ static PyObject *SpanWrapper_vectorcall(PyObject *self_, PyObject *const *args, 
         return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     }
     span_t sp;
-    if (span_open(&sp, stk, w->node, w->kid, SPAN_NOW, NULL, NULL) < 0) {
+    if (span_open(&sp, stk, w->node, w->kid, SPAN_NOW) < 0) {
         Py_DECREF(stk);
         return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     }
@@ -344,7 +346,7 @@ static PyObject *SpanIter_next(SpanIter *s) {
         return plain_next(s);
     }
     span_t item_span;
-    if (span_open(&item_span, stk, s->node, s->ikid, SPAN_NOW, NULL, NULL) < 0) {
+    if (span_open(&item_span, stk, s->node, s->ikid, SPAN_NOW) < 0) {
         Py_DECREF(stk);
         return plain_next(s);
     }

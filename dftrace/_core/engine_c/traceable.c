@@ -33,82 +33,34 @@ static PyObject *get_extra(PyObject *o) {
 
 /* ------------------------------------------------------------------------- */
 /* TraceableBase: __enter__/__exit__ and start()/stop() for nodes and uses    */
+/* Their spans wait in their stack's KeptSpans (kept_spans.h).                 */
 
-/* OpenSpan objects live from a with-block's (or start()'s) beginning to its end: a
-   few are kept for the next ones, as CPython keeps its tuples. */
-#define OPEN_FREE_MAX 16
-static PyObject *open_free[OPEN_FREE_MAX];
-static int open_nfree = 0;
-
-static OpenSpanObject *entry_alloc(void) {
-    PyObject *o;
-    if (open_nfree) {
-        o = open_free[--open_nfree];
-        PyObject_Init(o, &dft_OpenSpanType);
-    } else {
-        o = (PyObject *)PyObject_GC_New(OpenSpanObject, &dft_OpenSpanType);
-        if (!o)
-            return NULL;
-    }
-    memset((char *)o + sizeof(PyObject), 0, sizeof(OpenSpanObject) - sizeof(PyObject));
-    PyObject_GC_Track(o);
-    return AS_OPEN(o);
-}
-
-/* Open a span of `self` (a node or use, with its args `extra`) on stk, kept in the
-   stack's map `open` until its end: the OpenSpan (new reference), or NULL with no
-   error set (nothing opened). */
-static PyObject *open_kept(PyObject *self, PyObject *extra, PyObject *stk, PyObject *open) {
+/* Open a span of `self` (a node or use, with its args `extra`) on stk and keep it
+   in the stack's map `open` (a KeptSpans) until its end: 0, or -1 with no error set
+   (nothing opened). */
+static int open_kept(PyObject *self, PyObject *extra, PyObject *stk, PyObject *open) {
     PyObject *node = get_node(self);
-    OpenSpanObject *e = node ? entry_alloc() : NULL;
-    if (!e) {
-        Py_XDECREF(node);
+    if (!node) {
         PyErr_Clear();
-        return NULL;
+        return -1;
     }
     uint32_t kid = dft_node_kid(node, dft_str_kid);
     if (kid == 0xFFFFFFFFu) { /* not a node with a kind: its span cannot be written */
         COUNT_DROP(1);
         Py_DECREF(node);
-        Py_DECREF(e);
-        return NULL;
+        return -1;
     }
-    Py_INCREF(self);
-    Py_INCREF(extra);
-    e->opener = self;
-    e->extra = extra;
-    int rc = span_open(&e->span, stk, node, kid, SPAN_NOW, open, (PyObject *)e);
+    span_t sp;
+    int rc = span_open(&sp, stk, node, kid, SPAN_NOW);
     Py_DECREF(node);
-    if (rc < 0) {
-        Py_DECREF(e);
-        return NULL;
-    }
-    return (PyObject *)e;
-}
-
-/* The span `id` on top of stk, when it is a kept one opened by `opener` (borrowed),
-   else NULL (no error set). */
-static PyObject *kept_on_top(PyObject *stk, PyObject *open, PyObject *opener) {
-    PyObject *top = PyList_GET_ITEM(stk, PyList_GET_SIZE(stk) - 1);
-    PyObject *ent = PyDict_GetItemWithError(open, top);
-    if (!ent || !IS_OPEN_SPAN(ent) || AS_OPEN(ent)->opener != opener) {
+    if (rc < 0)
+        return -1;
+    if (kept_push(open, &sp, self, extra) < 0) { /* not kept after all: nothing is recorded */
         PyErr_Clear();
-        return NULL;
+        span_close(&sp, stk, 0, NULL, NULL, -1, SPAN_UNRECORDED);
+        return -1;
     }
-    return ent;
-}
-
-/* Close the kept span `ent` (borrowed, in `open`) at t1 with args x (NULL: the
-   opener's own) and `error`: out of the map, then span_close. */
-static int close_kept(PyObject *ent, PyObject *stk, PyObject *open, long long t1, PyObject *x,
-                      PyObject *error) {
-    OpenSpanObject *e = AS_OPEN(ent);
-    Py_INCREF(ent);
-    if (PyDict_DelItem(open, e->span.id) < 0)
-        PyErr_Clear();
-    int rc = span_close(&e->span, stk, t1, x ? x : e->extra, error, -1, 0);
-    Py_DECREF(ent);
-    return rc;
+    return 0;
 }
 
 static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
@@ -122,11 +74,12 @@ static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
         goto done;
     extra = get_extra(self);
     open = extra ? stk_open(stk) : NULL;
-    if (!open || !PyDict_Check(open))
+    if (!open || !IS_KEPT_MAP(open))
         goto done;
-    Py_XDECREF(open_kept(self, extra, stk, open));
+    open_kept(self, extra, stk, open);
 done:
-    PyErr_Clear(); /* entering a span never fails the user's with-statement */
+    if (unlikely(PyErr_Occurred() != NULL))
+        PyErr_Clear(); /* entering a span never fails the user's with-statement */
     Py_XDECREF(open);
     Py_XDECREF(extra);
     Py_XDECREF(stk);
@@ -138,7 +91,7 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
     if (nargs == 3 && NOTHING_OPENED_EVER())
         Py_RETURN_FALSE; /* tracing never started: nothing to close */
     long long t1 = now_ns();
-    PyObject *stk = NULL, *open = NULL, *ent;
+    PyObject *stk = NULL, *open = NULL;
     if (nargs != 3 || dft_calls.local == NULL)
         goto slow;
     stk = local_stk();
@@ -168,10 +121,12 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
     /* No event-loop check needed: a span opened inside a loop lives on its task's
        stack (LOCAL.stk is None there), so a match on top of LOCAL.stk is ours. */
     open = stk_open(stk);
-    if (!open || !PyDict_Check(open) || !(ent = kept_on_top(stk, open, self)))
+    if (!open || !IS_KEPT_MAP(open) || !kept_on_top(open, stk, self))
         goto slow;
+    kept_t k;
+    kept_take_last(open, &k);
     /* an exception leaving the block is the span's error (args.error) */
-    int rc = close_kept(ent, stk, open, t1, NULL, args[1] == Py_None ? NULL : args[1]);
+    int rc = kept_close(&k, stk, t1, NULL, args[1] == Py_None ? NULL : args[1]);
     Py_DECREF(open);
     Py_DECREF(stk);
     if (rc < 0)
@@ -372,45 +327,52 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
         Py_INCREF(dft_hooks.no_span);
         return dft_hooks.no_span;
     }
-    PyObject *stk = current_stack(), *id, *extra = NULL, *open = NULL, *ent = NULL,
-             *spans = NULL, *token = NULL, *span = NULL;
+    PyObject *stk = current_stack(), *id = NULL, *extra = NULL, *open = NULL, *spans = NULL,
+             *span = NULL;
     if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
         goto fail;
     extra = get_extra(self);
     open = extra ? stk_open(stk) : NULL;
     spans = open ? open_spans() : NULL;
-    if (!spans || !PyDict_Check(open) || !PyDict_Check(spans))
+    if (!spans || !IS_KEPT_MAP(open) || !IS_STARTED_MAP(spans))
         goto fail;
-    if (PyDict_GET_SIZE(spans) >= 16) { /* 16: the least max_open_spans accepts */
+    if (AS_STARTED(spans)->n >= 16) { /* 16: the least max_open_spans accepts */
         PyObject *lim = PyObject_GetAttr(dft_hooks.state, dft_str_max_open_spans);
         Py_ssize_t limit = lim ? PyLong_AsSsize_t(lim) : -1;
         Py_XDECREF(lim);
         PyErr_Clear();
-        if (limit >= 0 && PyDict_GET_SIZE(spans) >= limit) { /* Python refuses and counts */
+        if (limit >= 0 && AS_STARTED(spans)->n >= limit) { /* Python refuses and counts */
             Py_DECREF(spans); Py_DECREF(open); Py_DECREF(extra); Py_DECREF(stk);
             return call_slow(dft_hooks.start_slow, self, args, nargsf, kwnames);
         }
     }
-    ent = open_kept(self, extra, stk, open);
-    id = ent ? AS_OPEN(ent)->span.id : NULL; /* borrowed */
-    token = id ? PyTuple_Pack(2, stk, id) : NULL;
-    span = token ? span_alloc() : NULL;
-    if (!span || slot_set(span, &dft_slot_obj, self) < 0 || slot_set(span, &dft_slot_token, token) < 0 ||
-        PyDict_SetItem(spans, id, stk) < 0) {
-        if (ent) { /* not opened after all: nothing is recorded */
-            PyErr_Clear();
-            if (PyDict_DelItem(open, id) < 0)
-                PyErr_Clear();
-            span_close(&AS_OPEN(ent)->span, stk, 0, NULL, NULL, -1, SPAN_UNRECORDED);
+    if (open_kept(self, extra, stk, open) < 0)
+        goto fail;
+    kept_t *kept = &AS_KEPT(open)->k[AS_KEPT(open)->n - 1]; /* the span just kept */
+    unsigned long long idv = kept->span.idv;
+    id = kept->span.id;
+    Py_INCREF(id);
+    span = span_alloc();
+    if (!span || slot_set(span, &dft_slot_obj, self) < 0 || slot_set(span, &dft_slot_stk, stk) < 0 ||
+        slot_set(span, &dft_slot_id, id) < 0 || started_add(spans, idv, id, stk) < 0) {
+        /* not opened after all: nothing is recorded */
+        PyErr_Clear();
+        kept_t *k = kept_on_top(open, stk, self);
+        if (k) {
+            kept_t gone;
+            kept_take_last(open, &gone);
+            span_close(&gone.span, stk, 0, NULL, NULL, -1, SPAN_UNRECORDED);
+            Py_DECREF(gone.opener);
+            Py_DECREF(gone.extra);
         }
         goto fail;
     }
-    Py_DECREF(token); Py_DECREF(ent); Py_DECREF(spans); Py_DECREF(open);
+    Py_DECREF(id); Py_DECREF(spans); Py_DECREF(open);
     Py_DECREF(extra); Py_DECREF(stk);
     return span;
 fail:
     PyErr_Clear(); /* never fail the caller: nothing was recorded */
-    Py_XDECREF(span); Py_XDECREF(token); Py_XDECREF(ent); Py_XDECREF(spans);
+    Py_XDECREF(span); Py_XDECREF(id); Py_XDECREF(spans);
     Py_XDECREF(open); Py_XDECREF(extra); Py_XDECREF(stk);
     Py_INCREF(dft_hooks.no_span);
     return dft_hooks.no_span;
@@ -425,9 +387,9 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
     if (PyVectorcall_NARGS(nargsf) || kwnames || dft_hooks.span == NULL || dft_calls.local == NULL)
         goto slow;
     spans = open_spans();
-    if (!spans || !PyDict_Check(spans))
+    if (!spans || !IS_STARTED_MAP(spans))
         goto slow;
-    if (PyDict_GET_SIZE(spans) == 0) {
+    if (AS_STARTED(spans)->n == 0) {
         /* nothing open anywhere: done, unless tracing is on (then Python warns once) */
         if (is_on(self) == 0) {
             Py_DECREF(spans);
@@ -440,12 +402,13 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
     if (!stk || stk == Py_None || !PyList_Check(stk) || PyList_GET_SIZE(stk) < 2)
         goto slow;
     open = stk_open(stk);
-    if (!open || !PyDict_Check(open))
+    if (!open || !IS_KEPT_MAP(open))
         goto slow;
-    PyObject *ent = kept_on_top(stk, open, self);
-    if (!ent || PyDict_DelItem(spans, AS_OPEN(ent)->span.id) < 0)
+    kept_t *top = kept_on_top(open, stk, self), k;
+    if (!top || !started_remove(spans, top->span.idv))
         goto slow; /* not a start() span (nothing changed) */
-    int rc = close_kept(ent, stk, open, t1, NULL, NULL);
+    kept_take_last(open, &k);
+    int rc = kept_close(&k, stk, t1, NULL, NULL);
     Py_DECREF(spans);
     Py_DECREF(open);
     Py_DECREF(stk);
@@ -862,7 +825,8 @@ static void span_dealloc(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     PyObject_GC_UnTrack(o);
     Py_CLEAR(*(PyObject **)((char *)o + dft_slot_obj.off));
-    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_token.off));
+    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_stk.off));
+    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_id.off));
     if (tp == span_free_type && span_nfree < SPAN_FREE_MAX)
         span_free[span_nfree++] = o;
     else
@@ -889,9 +853,9 @@ static void span_type_registered(void) {
     span_free_type = NULL;
     if (tp && (tp->tp_flags & Py_TPFLAGS_HEAPTYPE) && (tp->tp_flags & Py_TPFLAGS_HAVE_GC) &&
         tp->tp_dictoffset == 0 && tp->tp_weaklistoffset == 0 && tp->tp_finalize == NULL &&
-        tp->tp_del == NULL && dft_slot_obj.type == tp && dft_slot_token.type == tp &&
-        dft_slot_obj.off >= 0 && dft_slot_token.off >= 0 &&
-        tp->tp_basicsize == (Py_ssize_t)(sizeof(PyObject) + 2 * sizeof(PyObject *))) {
+        tp->tp_del == NULL && dft_slot_obj.type == tp && dft_slot_stk.type == tp &&
+        dft_slot_id.type == tp && dft_slot_obj.off >= 0 && dft_slot_stk.off >= 0 &&
+        dft_slot_id.off >= 0 && tp->tp_basicsize == (Py_ssize_t)(sizeof(PyObject) + 3 * sizeof(PyObject *))) {
         tp->tp_dealloc = span_dealloc;
         span_free_type = tp;
     }
@@ -912,32 +876,32 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
                                PyObject *kwnames) {
     long long t1 = now_ns();
     Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    PyObject *a = NULL, *token = NULL, *obj = NULL, *spans = NULL, *open = NULL, *y = NULL;
+    PyObject *a = NULL, *stk = NULL, *id = NULL, *obj = NULL, *spans = NULL, *open = NULL, *y = NULL;
     if (n + nk > 1 || (nk == 1 && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), dft_str_args_kw) != 0))
         goto slow;
     if (n + nk == 1)
         a = args[0];
     if (a == Py_None)
         a = NULL;
-    token = slot_get(self, &dft_slot_token);
-    if (!token)
+    stk = slot_get(self, &dft_slot_stk);
+    if (!stk)
         goto slow;
-    if (token == Py_None) {
-        Py_DECREF(token);
+    if (stk == Py_None) { /* stopped already, or nothing was recorded */
+        Py_DECREF(stk);
         Py_RETURN_NONE;
     }
-    obj = slot_get(self, &dft_slot_obj);
+    id = slot_get(self, &dft_slot_id);
+    obj = id ? slot_get(self, &dft_slot_obj) : NULL;
     spans = obj ? open_spans() : NULL;
-    if (!spans || !PyDict_Check(spans) || !PyTuple_Check(token) || PyTuple_GET_SIZE(token) != 2)
+    if (!spans || !IS_STARTED_MAP(spans))
         goto slow;
-    PyObject *stk = PyTuple_GET_ITEM(token, 0), *id = PyTuple_GET_ITEM(token, 1);
     if (!PyList_Check(stk) || PyList_GET_SIZE(stk) < 2 || PyList_GET_ITEM(stk, PyList_GET_SIZE(stk) - 1) != id)
         goto slow;
     open = stk_open(stk);
-    if (!open || !PyDict_Check(open))
+    if (!open || !IS_KEPT_MAP(open))
         goto slow;
-    PyObject *ent = kept_on_top(stk, open, obj);
-    if (!ent)
+    kept_t *top = kept_on_top(open, stk, obj), k;
+    if (!top)
         goto slow;
     if (a) {
         /* args known only now: encoded here (a snapshot), after the use's own */
@@ -946,27 +910,27 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
             own = PyObject_CallOneArg(dft_calls.to_extra, a);
         if (!own)
             goto slow;
-        PyObject *base = AS_OPEN(ent)->extra;
+        PyObject *base = top->extra;
         y = base == Py_None ? own : PyObject_CallFunctionObjArgs(dft_calls.merge, base, own, NULL);
         if (y != own)
             Py_DECREF(own);
         if (!y)
             goto slow;
     }
-    if (PyDict_DelItem(spans, id) < 0)
+    /* encoding the args may have run code: the span must still be on top */
+    if (!kept_on_top(open, stk, obj) || !started_remove(spans, AS_KEPT(open)->k[AS_KEPT(open)->n - 1].span.idv))
         goto slow; /* not open (nothing changed) */
-    Py_INCREF(stk);
-    if (slot_set(self, &dft_slot_token, Py_None) < 0) /* the token held stk */
+    kept_take_last(open, &k);
+    if (slot_set(self, &dft_slot_stk, Py_None) < 0) /* stopped: a second stop() does nothing */
         PyErr_Clear();
-    int rc = close_kept(ent, stk, open, t1, y, NULL);
-    Py_DECREF(stk);
-    Py_XDECREF(y); Py_DECREF(open); Py_DECREF(spans); Py_DECREF(obj); Py_DECREF(token);
+    int rc = kept_close(&k, stk, t1, y, NULL);
+    Py_XDECREF(y); Py_DECREF(open); Py_DECREF(spans); Py_DECREF(obj); Py_DECREF(id); Py_DECREF(stk);
     if (rc < 0)
         return NULL;
     Py_RETURN_NONE;
 slow:
     PyErr_Clear();
-    Py_XDECREF(y); Py_XDECREF(open); Py_XDECREF(spans); Py_XDECREF(obj); Py_XDECREF(token);
+    Py_XDECREF(y); Py_XDECREF(open); Py_XDECREF(spans); Py_XDECREF(obj); Py_XDECREF(id); Py_XDECREF(stk);
     if (dft_hooks.span_stop_slow == NULL)
         Py_RETURN_NONE;
     return call_slow(dft_hooks.span_stop_slow, self, args, nargsf, kwnames);
@@ -986,99 +950,4 @@ PyTypeObject dft_SpanBaseType = {
     .tp_doc = "C stop() for the Span tokens start() returns.",
     .tp_new = PyType_GenericNew,
     .tp_methods = SpanBase_methods,
-};
-
-/* ------------------------------------------------------------------------- */
-/* OpenSpan: a span kept in its stack's `open` map (engine.h)                 */
-
-/* OpenSpan((id, kid, parent, level, sticky, opener, extra, t0)), one tuple: made by
-   Python's open_span (engine.py, as engine.new_open) for the spans it opens; the C
-   styles make theirs in open_kept(). */
-static PyObject *OpenSpan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *id, *parent, *sticky, *opener, *extra;
-    unsigned int kid;
-    Py_ssize_t level;
-    long long t0;
-    if (kwds && PyDict_GET_SIZE(kwds)) {
-        PyErr_SetString(PyExc_TypeError, "OpenSpan() takes no keyword arguments");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "(OIOnOOOL)", &id, &kid, &parent, &level, &sticky, &opener, &extra,
-                          &t0))
-        return NULL;
-    OpenSpanObject *e = entry_alloc();
-    if (!e)
-        return NULL;
-    Py_INCREF(id); Py_INCREF(parent); Py_INCREF(sticky); Py_INCREF(opener); Py_INCREF(extra);
-    e->span.id = id;
-    e->span.kid = kid;
-    e->span.parent = parent;
-    e->span.level = level;
-    e->span.sticky = sticky;
-    e->span.t0 = t0;
-    e->opener = opener;
-    e->extra = extra;
-    return (PyObject *)e;
-}
-
-static int OpenSpan_traverse(OpenSpanObject *e, visitproc visit, void *arg) {
-    Py_VISIT(e->span.id);
-    Py_VISIT(e->span.parent);
-    Py_VISIT(e->span.sticky);
-    Py_VISIT(e->span.tid);
-    Py_VISIT(e->opener);
-    Py_VISIT(e->extra);
-    return 0;
-}
-
-static int OpenSpan_clear(OpenSpanObject *e) {
-    Py_CLEAR(e->span.id);
-    Py_CLEAR(e->span.parent);
-    Py_CLEAR(e->span.sticky);
-    Py_CLEAR(e->span.tid);
-    Py_CLEAR(e->opener);
-    Py_CLEAR(e->extra);
-    return 0;
-}
-
-static void OpenSpan_dealloc(OpenSpanObject *e) {
-    PyObject_GC_UnTrack(e);
-    OpenSpan_clear(e);
-    if (open_nfree < OPEN_FREE_MAX)
-        open_free[open_nfree++] = (PyObject *)e;
-    else
-        PyObject_GC_Del(e);
-}
-
-static PyObject *OpenSpan_repr(OpenSpanObject *e) {
-    return PyUnicode_FromFormat("OpenSpan(id=%R, kid=%u, parent=%R, level=%zd, t0=%lld)",
-                                e->span.id ? e->span.id : Py_None, e->span.kid,
-                                e->span.parent ? e->span.parent : Py_None, e->span.level, e->span.t0);
-}
-
-#define OS_SPAN(f) offsetof(OpenSpanObject, span) + offsetof(span_t, f)
-static PyMemberDef OpenSpan_members[] = {
-    {"id", T_OBJECT, OS_SPAN(id), READONLY, "its id"},
-    {"kid", T_UINT, OS_SPAN(kid), READONLY, "its kind"},
-    {"parent", T_OBJECT, OS_SPAN(parent), READONLY, "the id below it when it opened (0: none)"},
-    {"level", T_PYSSIZET, OS_SPAN(level), READONLY, "its depth"},
-    {"sticky", T_OBJECT, OS_SPAN(sticky), READONLY, "the sticky args when it opened"},
-    {"opener", T_OBJECT, offsetof(OpenSpanObject, opener), READONLY, "what opened it (with, start())"},
-    {"extra", T_OBJECT, offsetof(OpenSpanObject, extra), READONLY, "the opener's own args"},
-    {"t0", T_LONGLONG, OS_SPAN(t0), READONLY, "when it opened (ns)"},
-    {NULL}};
-
-PyTypeObject dft_OpenSpanType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dftrace._core._speedups.OpenSpan",
-    .tp_basicsize = sizeof(OpenSpanObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "OpenSpan((id, kid, parent, level, sticky, opener, extra, t0)): a span, as "
-              "with or start() keep it in its stack's open map until it closes.",
-    .tp_new = OpenSpan_new,
-    .tp_dealloc = (destructor)OpenSpan_dealloc,
-    .tp_traverse = (traverseproc)OpenSpan_traverse,
-    .tp_clear = (inquiry)OpenSpan_clear,
-    .tp_repr = (reprfunc)OpenSpan_repr,
-    .tp_members = OpenSpan_members,
 };
