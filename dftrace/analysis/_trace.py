@@ -109,6 +109,8 @@ def require_content(parts: Sequence[PartitionData], events: int | None = None) -
     ``events`` is how many events the partitions held, when their tables are gone."""
     if any(p.meta for p in parts) or (events if events is not None else any(p.events.height for p in parts)):
         return
+    if not parts:
+        raise ValueError("no trace files given (an empty list of paths, or a pattern that matched nothing)")
     broken: dict[str, int] = {}
     for p in parts:
         broken[p.partition.path] = broken.get(p.partition.path, 0) + p.broken_count

@@ -18,7 +18,7 @@ import zstandard
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
-from dftrace.analysis import summarize  # noqa: E402
+from dftrace.analysis import load_traces, summarize  # noqa: E402
 from dftrace.analysis._cli import main  # noqa: E402
 from dftrace.format import MAX_LINE_BYTES, validate_file  # noqa: E402
 
@@ -164,6 +164,14 @@ def test_empty_or_garbage_input_is_an_error(tmp_path, capsys, content):
         assert err.startswith("dftrace: error: no trace events in 1 file (a.pfw: ") and err.count("\n") == 1, err
     if not content:
         assert [v.rule for v in validate_file(bad / "a.pfw", strict=True)] == ["empty"]
+
+
+def test_no_paths_at_all_says_so(tmp_path):
+    """An empty list of paths (a glob that matched nothing) is named as such, not as
+    "no trace events in 0 files"."""
+    for fn in (load_traces, summarize):
+        with pytest.raises(ValueError, match="^no trace files given"):
+            fn([])
 
 
 def _peak_rss_mb(*argv: str) -> tuple[int, float, str]:
