@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from _requirements import native_scanner_missing, needs_marks
 
 pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
+import numpy as np  # noqa: E402
 from polars.testing import assert_frame_equal  # noqa: E402
 
 from dftrace.analysis import _busy, summarize  # noqa: E402
