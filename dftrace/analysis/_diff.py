@@ -24,8 +24,8 @@ Names that moved. With one run per side and each run's time per name and step at
 hand (:func:`step_times`; :func:`compare_runs` and ``dftrace diff`` read them), each
 name's time in a step is compared with the rest of the same step (the other names'
 time, slowed alike by the machine's load at that moment): the change of that ratio
-between the runs is the Hodges-Lehmann estimate with its distribution-free 95 %
-interval (Mann-Whitney ranks). A name moved when the interval excludes no change and
+between the runs is the Hodges-Lehmann estimate with its distribution-free interval
+(Mann-Whitney ranks), 95 % for all the names judged together. A name moved when the interval excludes no change and
 the move changes the step by more than the threshold; the moved names' part of the
 step then judges the step figures (``noise`` "names"), where the names hold at least
 half of both runs' steps (:func:`_step_shifts`).

@@ -3,13 +3,16 @@ the same step (see :mod:`._diff`, "Names that moved").
 
 :func:`step_times` reads each name's time in each step of one run; :func:`_step_shifts`
 compares two runs' with the Hodges-Lehmann estimate of the change of that ratio and
-its distribution-free 95 % interval (Mann-Whitney ranks).
+its distribution-free interval (Mann-Whitney ranks), 95 % for all the names judged
+together (each name's at 1 - 5 % / names: one of eight names moving by chance must not
+name a regression one pair of same-code runs in three).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -51,8 +54,9 @@ class StepTimes:
 #: Steps kept per run for the comparison; a run with more is represented by this many
 #: evenly spaced quantiles of each name's share of its steps.
 STEPS_KEPT = 1000
-#: The normal quantile of the intervals of the names' moves.
-_Z = 1.96
+#: The chance that any of the names judged is said to move when none did (the
+#: intervals' family-wise error: each name's interval is at 1 - _FAMILY_ERROR / names).
+_FAMILY_ERROR = 0.05
 
 
 def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
@@ -101,14 +105,15 @@ def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
     return StepTimes(names, times)
 
 
-def _log_shift(base: np.ndarray, new: np.ndarray) -> tuple[float, float, float]:
+def _log_shift(base: np.ndarray, new: np.ndarray, z: float) -> tuple[float, float, float]:
     """Hodges-Lehmann estimate of new - base (the median of the differences of every
-    pair, one value from each) with its 95 % interval from the Mann-Whitney ranks:
-    distribution-free, no assumption on the values' shape."""
+    pair, one value from each) with its interval from the Mann-Whitney ranks (``z``:
+    the normal quantile of its confidence): distribution-free, no assumption on the
+    values' shape."""
     base, new = _kept(base), _kept(new)
     pairs = np.sort(np.subtract.outer(new, base).ravel())
     m, k = len(base), len(new)
-    cut = max(0, math.floor(m * k / 2 - _Z * math.sqrt(m * k * (m + k + 1) / 12)))
+    cut = max(0, math.floor(m * k / 2 - z * math.sqrt(m * k * (m + k + 1) / 12)))
     return float(np.median(pairs)), float(pairs[cut]), float(pairs[m * k - 1 - cut])
 
 
@@ -124,7 +129,8 @@ def _step_shifts(base: StepTimes, new: StepTimes, threshold: float,
     names' time in the same step: the machine's speed and its load at that moment,
     seen by the rest of the work) enough to change the step by more than the
     threshold (its time per step in BASE times its move, over ``step_us``, BASE's mean
-    step; the names' time per step without it), with 95 % intervals that exclude no move.
+    step; the names' time per step without it), with intervals that exclude no move (95 %
+    for the names judged together).
 
     One name at a time: the one that moved most is taken out of the rest before the
     others are judged again (a name that grew makes every other look smaller against
@@ -140,6 +146,7 @@ def _step_shifts(base: StepTimes, new: StepTimes, threshold: float,
               if min((times[0][:, i] > 0).sum(), (times[1][:, i] > 0).sum()) >= SPEED_MIN_COUNT
               and times[0][:, i].sum() >= SPEED_MIN_SHARE * total]
     rest_of = [t.sum(axis=1) for t in times]
+    z = NormalDist().inv_cdf(1 - _FAMILY_ERROR / 2 / max(1, len(judged)))
     shifts: dict[tuple[str, str], _Shift] = {}
     while True:
         best = None
@@ -153,7 +160,7 @@ def _step_shifts(base: StepTimes, new: StepTimes, threshold: float,
                 logs.append(np.log(x[ok] / others[ok]))
             if min(len(logs[0]), len(logs[1])) < SPEED_MIN_COUNT:
                 continue
-            estimate, low, high = _log_shift(*logs)
+            estimate, low, high = _log_shift(*logs, z)
             if low <= 0 <= high:
                 continue
             # The name's time per step in BASE turns its move into the step's.
