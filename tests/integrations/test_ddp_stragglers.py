@@ -9,9 +9,7 @@ machine."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 
 import pytest
 
@@ -33,7 +31,7 @@ def _job(tmp_path, world: int, buckets: int, slow_rank: int | None):
     out.mkdir()
     truth.mkdir()
     for attempt in range(2):  # gloo on a loaded loopback now and then aborts a rank at start-up
-        init_file = os.path.join(tempfile.mkdtemp(prefix="dftrace-test-"), "rendezvous")
+        init_file = str(tmp_path / f"rendezvous-{attempt}")
         try:
             mp.spawn(_ddp_straggler_worker.run,
                      args=(world, init_file, str(out), str(truth), STEPS, buckets, slow_rank, SLOW_S, SLOW_EVERY),

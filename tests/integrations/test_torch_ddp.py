@@ -4,8 +4,6 @@ in its forward, traced with trace_ddp + trace_distributed; then the summary's an
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
 
 import pytest
@@ -27,7 +25,7 @@ WORLD, EPOCHS, STEPS, SLOW_RANK, SLOW_S = 2, 2, 8, 1, 0.03
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    init_file = os.path.join(tempfile.mkdtemp(prefix="dftrace-test-"), "rendezvous")
+    init_file = str(tmp_path_factory.mktemp("rendezvous") / "rendezvous")
     mp.spawn(_ddp_worker.run, args=(WORLD, init_file, str(out), EPOCHS, STEPS, SLOW_RANK, SLOW_S),
              nprocs=WORLD, join=True)
     calls = [Counter(json.loads((out / f"calls-{r}.json").read_text())) for r in range(WORLD)]
