@@ -24,7 +24,7 @@ import polars as pl
 
 from .. import format as fmt
 from ._busy import GROUPS, alone_intervals, innermost_intervals, mask_times, union_intervals
-from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces
+from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces, read_ahead
 from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS, FrameT
@@ -112,7 +112,7 @@ def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
     # A piece's overlap times are left out: folding finds them anew from the unioned
     # intervals, and a partition read in one piece has them found at the end.
     stack: list[tuple[int, Partial]] = []
-    for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES):
+    for piece in read_ahead(iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES)):
         stack.append((1, aggregate(piece, overlap=False)))
         del piece
         while len(stack) >= _FOLD and len({weight for weight, _ in stack[-_FOLD:]}) == 1:

@@ -13,9 +13,10 @@ which reports each broken line instead of failing.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -34,6 +35,8 @@ except ImportError:  # built without a compiler: polars alone parses
 
 # Keep this many broken lines (number and reason) per partition; all are counted.
 MAX_BROKEN_KEPT = 100
+
+_T = TypeVar("_T")
 
 _PHASE_CODES = {str(code): letter for code, letter in fmt.DFTRACER_PHASES.items()}
 
@@ -105,6 +108,46 @@ def iter_partition_pieces(partition: Partition, columns: Iterable[str] | None = 
         yield _read_parquet(partition, wanted)
         return
     yield from _pieces(partition, wanted, piece_bytes)
+
+
+def read_ahead(pieces: Iterator[_T]) -> Iterator[_T]:
+    """``pieces`` with the next one decoded on a thread of its own while the caller
+    reduces this one: the inflate, the scanner and polars run without the GIL, so
+    decoding and reducing share the CPUs. Two pieces are held at a time, the one
+    handed over and the one being decoded. An error decoding a piece is raised where
+    that piece is asked for; closing this iterator waits for the piece under way,
+    drops it and closes ``pieces``."""
+
+    def decode_next(box: list[Any]) -> None:
+        try:
+            box.append((next(pieces, None), None))
+        except BaseException as error:  # handed to the caller with the piece it stood for
+            box.append((None, error))
+
+    def start() -> tuple[threading.Thread, list[Any]]:
+        box: list[Any] = []
+        thread = threading.Thread(target=decode_next, args=(box,), name="dftrace-read-ahead", daemon=True)
+        thread.start()
+        return thread, box
+
+    worker, box = start()
+    try:
+        while True:
+            worker.join()
+            piece, error = box.pop()
+            if error is not None:
+                raise error
+            if piece is None:
+                return
+            worker, box = start()
+            yield piece
+            del piece
+    finally:
+        worker.join()
+        box.clear()
+        close = getattr(pieces, "close", None)
+        if close is not None:
+            close()
 
 
 def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PIECE_BYTES) -> Iterator[PartitionData]:

@@ -1,0 +1,87 @@
+"""The summary decodes a file's next piece while it reduces the one in hand: two
+pieces at most, in order, errors raised at the piece they stood for, nothing left
+running when the reader stops early."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+
+from dftrace.analysis._decode import read_ahead  # noqa: E402
+
+WAIT_S = 30  # a bound for a broken implementation, never reached by a working one
+
+
+class _Source:
+    """Pieces 0..n-1, counting those decoded and not yet let go by the reader."""
+
+    def __init__(self, n: int, fail_at: int | None = None):
+        self.n, self.fail_at = n, fail_at
+        self.held = self.most_held = 0
+        self.started: list[threading.Event] = [threading.Event() for _ in range(n)]
+        self.threads: set[str] = set()
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def pieces(self):
+        try:
+            for i in range(self.n):
+                self.started[i].set()
+                self.threads.add(threading.current_thread().name)
+                if i == self.fail_at:
+                    raise ValueError(f"piece {i} is broken")
+                with self.lock:
+                    self.held += 1
+                    self.most_held = max(self.most_held, self.held)
+                yield i
+        finally:
+            self.closed = True
+
+    def let_go(self) -> None:
+        with self.lock:
+            self.held -= 1
+
+
+def test_pieces_come_in_order_with_the_next_decoded_meanwhile_and_two_held_at_most():
+    source = _Source(6)
+    got = []
+    for piece in read_ahead(source.pieces()):
+        if piece + 1 < source.n:
+            # The next piece is being decoded while this one is in hand.
+            assert source.started[piece + 1].wait(WAIT_S)
+        if piece + 2 < source.n:
+            assert not source.started[piece + 2].is_set()
+        got.append(piece)
+        source.let_go()
+    assert got == list(range(6))
+    assert source.most_held == 2 and source.closed
+    assert source.threads == {"dftrace-read-ahead"}
+    assert not [t for t in threading.enumerate() if t.name == "dftrace-read-ahead"]
+
+
+def test_an_error_is_raised_at_the_piece_it_stood_for():
+    source = _Source(5, fail_at=2)
+    got = []
+    with pytest.raises(ValueError, match="piece 2 is broken"):
+        for piece in read_ahead(source.pieces()):
+            got.append(piece)
+    assert got == [0, 1] and source.closed
+
+
+def test_stopping_early_closes_the_source_and_leaves_no_thread():
+    source = _Source(10)
+    reader = read_ahead(source.pieces())
+    assert next(reader) == 0
+    assert source.started[1].wait(WAIT_S)
+    reader.close()
+    assert source.closed
+    assert not source.started[2].is_set()
+    assert not [t for t in threading.enumerate() if t.name == "dftrace-read-ahead"]
+
+
+def test_an_empty_source_gives_nothing():
+    source = _Source(0)
+    assert list(read_ahead(source.pieces())) == [] and source.closed
