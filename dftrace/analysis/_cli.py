@@ -9,6 +9,7 @@ Nothing heavy is imported until a command runs, so registering costs nothing and
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import os
 import sys
@@ -156,6 +157,7 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
             command = f"dftrace {getattr(args, 'command', None) or ''}".strip()
             try:
                 check_installed(*needs, needed_by=command)
+                _one_heap_arena()
                 _returning_freed_memory()
                 return run(args)
             except ImportError as exc:
@@ -195,6 +197,23 @@ def _returning_freed_memory() -> None:
         pass
     finally:
         del os.environ["_RJEM_MALLOC_CONF"]
+
+
+#: glibc's mallopt() parameter for the most arenas its heap may have.
+_M_ARENA_MAX = -8
+
+
+def _one_heap_arena() -> None:
+    """Keep this process's C heap (glibc) in one arena. A file's next piece is decoded
+    on a thread of its own and freed by the thread that reduced it; with glibc's
+    arena per thread, each arena kept the high-water mark of the pieces it held
+    (about 60 MB more for a 4M-event summary). Set before the process starts a
+    thread (glibc fixes its arena limit then); nothing where the C library has no
+    such setting."""
+    try:
+        ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 1)
+    except (OSError, AttributeError):
+        pass
 
 
 def file_threads() -> int:
