@@ -37,6 +37,8 @@ except ImportError:  # built without a compiler: polars alone parses
 MAX_BROKEN_KEPT = 100
 
 _T = TypeVar("_T")
+#: What ``read_ahead``'s thread hands over when the pieces have ended.
+_ENDED: Any = object()
 
 _PHASE_CODES = {str(code): letter for code, letter in fmt.DFTRACER_PHASES.items()}
 
@@ -120,7 +122,7 @@ def read_ahead(pieces: Iterator[_T]) -> Iterator[_T]:
 
     def decode_next(box: list[Any]) -> None:
         try:
-            box.append((next(pieces, None), None))
+            box.append((next(pieces, _ENDED), None))
         except BaseException as error:  # handed to the caller with the piece it stood for
             box.append((None, error))
 
@@ -137,7 +139,7 @@ def read_ahead(pieces: Iterator[_T]) -> Iterator[_T]:
             piece, error = box.pop()
             if error is not None:
                 raise error
-            if piece is None:
+            if piece is _ENDED:
                 return
             worker, box = start()
             yield piece
