@@ -295,10 +295,12 @@ needs_stats = pytest.mark.skipif(_STATS is None, reason="dftracer-utils is not i
 
 
 def _whole_process(command: list[str], log: Path, env: dict[str, str] | None = None) -> dict[str, float]:
-    """CPU seconds (user + system) and peak RSS (MB) of one finished process."""
+    """CPU seconds (user + system) and peak RSS (MB) of one finished process, started
+    with the environment a shell would give it: without the allocator setting polars
+    leaves in this process's environment when it loads."""
+    shell = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
     with open(log, "wb") as err:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
-                                env=None if env is None else {**os.environ, **env})
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env={**shell, **(env or {})})
         _, status, usage = os.wait4(proc.pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, log.read_text()[-2000:]
     return {"cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024)}

@@ -12,6 +12,7 @@ import argparse
 import ctypes
 import functools
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -158,7 +159,8 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
             try:
                 check_installed(*needs, needed_by=command)
                 _one_heap_arena()
-                _returning_freed_memory()
+                if "polars" in needs:
+                    _load_polars()
                 return run(args)
             except ImportError as exc:
                 print(f"dftrace: error: {missing_extra_message(exc, command) or exc}", file=sys.stderr)
@@ -178,25 +180,46 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
 
 
 #: How long polars' allocator (jemalloc) keeps freed pages before it returns them to
-#: the system; its default is 10 s, so every piece a command has reduced stayed
-#: resident for that long.
+#: the system. polars' own setting keeps them 0.5 s, then marks them free for the
+#: kernel to take when it needs them (1 s more, resident until then); these are
+#: returned after a second, and then at once (polars adds a setting found in
+#: ``_RJEM_MALLOC_CONF`` after its own, so this one is in force).
 _POLARS_ALLOCATOR = "dirty_decay_ms:1000,muzzy_decay_ms:0"
 
 
-def _returning_freed_memory() -> None:
-    """Load polars with its allocator returning freed pages after a second (unless
-    ``_RJEM_MALLOC_CONF`` says otherwise or polars is loaded already). The setting is
-    read once, when polars loads: it is set for that alone, not for the programs this
-    process starts."""
-    if "polars" in sys.modules or "_RJEM_MALLOC_CONF" in os.environ:
-        return
-    os.environ["_RJEM_MALLOC_CONF"] = _POLARS_ALLOCATOR
+def _load_polars() -> None:
+    """Load polars for a command, with its allocator returning freed pages after a
+    second unless ``_RJEM_MALLOC_CONF`` says otherwise (the setting is read once, when
+    polars loads: it is set for that alone, not for the programs this process starts),
+    and Ctrl-C given back to Python (see ``_python_handles_ctrl_c``)."""
+    if "polars" not in sys.modules:
+        ours = "_RJEM_MALLOC_CONF" not in os.environ
+        if ours:
+            os.environ["_RJEM_MALLOC_CONF"] = _POLARS_ALLOCATOR
+        try:
+            import polars  # noqa: F401
+        except ImportError:
+            return
+        finally:
+            if ours:
+                del os.environ["_RJEM_MALLOC_CONF"]
+    _python_handles_ctrl_c()
+
+
+def _python_handles_ctrl_c() -> None:
+    """Give SIGINT back to Python's own handler (or to the disposition the process was
+    started with). polars installs a handler of its own when it loads, which raises
+    KeyboardInterrupt from within its queries, in whichever thread runs them, besides
+    Python's: a Ctrl-C during a query was raised twice, and a process started with
+    SIGINT ignored (a background job of a script) was interrupted all the same. With
+    Python's handler a Ctrl-C is raised once, in the main thread, as soon as the query
+    under way returns (a piece's queries take milliseconds)."""
     try:
-        import polars  # noqa: F401
-    except ImportError:
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: not this code's to set
         pass
-    finally:
-        del os.environ["_RJEM_MALLOC_CONF"]
 
 
 #: glibc's mallopt() parameter for the most arenas its heap may have.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -268,7 +270,10 @@ def test_validate_needs_no_analysis_stack(tmp_path):
         "import sys; from dftrace.analysis._cli import main;"
         f"rc = main(['validate', {str(path)!r}]); print(rc, 'polars' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # Without the setting polars leaves in the environment of the processes started
+    # after it loads (this one's, if it loaded polars).
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.split()[-2:] == ["0", "False"]
 
 
@@ -295,3 +300,48 @@ def test_a_reader_that_stops_early_ends_the_command_quietly():
         err = proc.stderr.read()
         assert proc.wait(timeout=300) == 0, err
         assert b"Broken pipe" not in err and b"Traceback" not in err, err
+
+
+_CTRL_C_CHECK = """
+import os, signal, sys, threading, time
+if sys.argv[1] == "command":
+    from dftrace.analysis._cli import _load_polars
+    _load_polars()
+import numpy as np
+import polars as pl
+frame = pl.DataFrame({"a": np.arange(4_000_000), "b": np.arange(4_000_000) % 100_000})
+outcomes = []
+for trial in range(8):
+    threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        frame.group_by("b").agg(pl.col("a").sort().first())  # the signal lands inside this query
+        start = time.time()
+        while time.time() - start < 1:
+            pass
+        outcomes.append("continued")
+    except KeyboardInterrupt:
+        try:
+            time.sleep(0.3)
+            outcomes.append("once")
+        except KeyboardInterrupt:
+            outcomes.append("twice")
+print(" ".join(outcomes))
+"""
+
+
+@pytest.mark.parametrize("started_with, outcome", [("the default handler", "once"), ("SIGINT ignored", "continued")])
+def test_ctrl_c_during_a_query_is_python_s_to_handle(started_with, outcome):
+    """An analysis command gives SIGINT back to Python once polars (which installs a
+    handler of its own when it loads) is loaded: a Ctrl-C that lands inside a query is
+    raised once, in the main thread, when the query returns, and a process started
+    with SIGINT ignored continues. With polars' handler it was raised twice, and raised
+    in a process that ignores SIGINT."""
+    def disposition() -> None:
+        if started_with == "SIGINT ignored":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", _CTRL_C_CHECK, "command"], capture_output=True, text=True,
+                         env=env, timeout=120, preexec_fn=disposition)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [outcome] * 8
