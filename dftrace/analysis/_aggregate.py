@@ -103,7 +103,8 @@ class Partial:
 
 def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
     """Read one partition and reduce it to a :class:`Partial` (runs on workers),
-    piece by piece: one piece of decoded lines is held at a time. A whole file's
+    piece by piece: the piece being reduced and the next one, decoded meanwhile
+    (``read_ahead``), are held at a time. A whole file's
     step rows become its processes' steps (``Partial.modelled``) unless ``model`` is
     false: a few rows per step rather than one per step and name."""
     # Pieces are folded as they come, _FOLD of a like number of pieces at a time: a
