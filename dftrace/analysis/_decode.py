@@ -14,7 +14,7 @@ which reports each broken line instead of failing.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -112,7 +112,7 @@ def iter_partition_pieces(partition: Partition, columns: Iterable[str] | None = 
     yield from _pieces(partition, wanted, piece_bytes)
 
 
-def read_ahead(pieces: Iterator[_T]) -> Iterator[_T]:
+def read_ahead(pieces: Generator[_T, None, None]) -> Iterator[_T]:
     """``pieces`` with the next one decoded on a thread of its own while the caller
     reduces this one: the inflate, the scanner and polars run without the GIL, so
     decoding and reducing share the CPUs. Two pieces are held at a time, the one
@@ -147,9 +147,7 @@ def read_ahead(pieces: Iterator[_T]) -> Iterator[_T]:
     finally:
         worker.join()
         box.clear()
-        close = getattr(pieces, "close", None)
-        if close is not None:
-            close()
+        pieces.close()
 
 
 def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PIECE_BYTES) -> Iterator[PartitionData]:

@@ -25,10 +25,10 @@ hand (:func:`step_times`; :func:`compare_runs` and ``dftrace diff`` read them), 
 name's time in a step is compared with the rest of the same step (the other names'
 time, slowed alike by the machine's load at that moment): the change of that ratio
 between the runs is the Hodges-Lehmann estimate with its distribution-free interval
-(Mann-Whitney ranks), 95 % for all the names judged together. A name moved when the interval excludes no change and
-the move changes the step by more than the threshold; the moved names' part of the
-step then judges the step figures (``noise`` "names"), where the names hold at least
-half of both runs' steps (:func:`_step_shifts`).
+(Mann-Whitney ranks), 95 % for all the names judged together. A name moved when the
+interval excludes no change and the move changes the step by more than the threshold;
+the moved names' part of the step then judges the step figures (``noise`` "names"),
+where the names hold at least half of both runs' steps (:func:`_step_shifts`).
 """
 
 from __future__ import annotations
