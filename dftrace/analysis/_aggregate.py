@@ -15,7 +15,7 @@ all events at once. Workers ship only these tables, never the events.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from .. import format as fmt
-from ._busy import GROUPS, alone_intervals, innermost_intervals, mask_times, union_intervals
+from ._busy import GROUPS, Painting, alone_intervals, innermost_intervals, mask_times, union_intervals
 from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces, read_ahead
 from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
@@ -102,18 +102,61 @@ class Partial:
 
 
 def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
-    """Read one partition and reduce it to a :class:`Partial` (runs on workers),
-    piece by piece: the piece being reduced and the next one, decoded meanwhile
-    (``read_ahead``), are held at a time. A whole file's
-    step rows become its processes' steps (``Partial.modelled``) unless ``model`` is
-    false: a few rows per step rather than one per step and name."""
+    """Read one partition and reduce it to a :class:`Partial` (see
+    ``aggregate_partitions``)."""
+    (partial,) = aggregate_partitions([partition], model=model)
+    return partial
+
+
+def aggregate_partitions(partitions: Iterable[Partition], *, model: bool = True) -> Iterator[Partial]:
+    """Read each of ``partitions`` in turn and reduce it to a :class:`Partial` (runs on
+    workers), piece by piece: the piece being reduced and the next one, decoded
+    meanwhile on a thread (``read_ahead``), are held at a time, and the next
+    partition's first piece is decoded while this one's pieces are folded. A whole
+    file's step rows become its processes' steps (``Partial.modelled``) unless
+    ``model`` is false: a few rows per step rather than one per step and name."""
+    stream = read_ahead(_each_partitions_pieces(partitions))
+    try:
+        for first in stream:  # a partition's first piece: it has one at least
+            partition = first[0]
+            pieces = _until_partition_end(first, stream)
+            del first
+            yield _reduced(partition, pieces, model)
+    finally:
+        stream.close()
+
+
+#: What follows a partition's last piece in ``_each_partitions_pieces``.
+_PARTITION_END = object()
+
+
+def _each_partitions_pieces(partitions: Iterable[Partition]) -> Generator[tuple[Partition, Any], None, None]:
+    for partition in partitions:
+        for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES):
+            yield partition, piece
+        yield partition, _PARTITION_END
+
+
+def _until_partition_end(first: tuple[Partition, Any], stream: Iterator[tuple[Partition, Any]]
+                         ) -> Iterator[PartitionData]:
+    """The pieces of one partition from ``first`` on, each let go of before the next
+    is waited for."""
+    piece = first[1]
+    del first
+    while piece is not _PARTITION_END:
+        yield piece
+        del piece
+        piece = next(stream)[1]
+
+
+def _reduced(partition: Partition, pieces: Iterator[PartitionData], model: bool) -> Partial:
     # Pieces are folded as they come, _FOLD of a like number of pieces at a time: a
     # few partials are held whatever the partition's size, and each piece is folded
     # about log(pieces) / log(_FOLD) times.
     # A piece's overlap times are left out: folding finds them anew from the unioned
     # intervals, and a partition read in one piece has them found at the end.
     stack: list[tuple[int, Partial]] = []
-    for piece in read_ahead(iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES)):
+    for piece in pieces:
         stack.append((1, aggregate(piece, overlap=False)))
         del piece
         while len(stack) >= _FOLD and len({weight for weight, _ in stack[-_FOLD:]}) == 1:
@@ -310,8 +353,8 @@ _EMPTY = {
 
 def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: bool) -> dict[str, pl.DataFrame]:
     pid, host_key = key
-    own, self_us = self_time_intervals(spans)
-    intervals = union_intervals(own, [])
+    painting = self_time_intervals(spans)
+    intervals = union_intervals(painting.intervals, [])
     masks = mask_times(intervals) if with_overlap else np.zeros(1, dtype=np.int64)
     overlap = pl.DataFrame(
         {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
@@ -327,7 +370,7 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: 
         .group_by("epoch")
         .agg(*_extent())
     )
-    orphans, openers = _nesting_edges(frame)
+    orphans, openers = nesting_edges(spans, painting)
     # The tables are found in one call, by the engine for data in memory: a data
     # frame's own (the durations' variances are the same to the bit), and streaming
     # costs more than it saves on a piece's few rows.
@@ -342,7 +385,7 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: 
         "epoch_spans": epoch_spans,
         "extents": frame.select(
             *_extent(), pl.col("incomplete").fill_null(False).sum().cast(pl.Int64).alias("incomplete")),
-        "self_times": frame.select("cat", "name", pl.Series("us", self_us)).group_by(["cat", "name"])
+        "self_times": frame.select("cat", "name", pl.Series("us", painting.self_us)).group_by(["cat", "name"])
         .agg(pl.col("us").sum()),
         "orphans": orphans,
         "openers": openers,
@@ -370,10 +413,11 @@ def _group_expr() -> pl.Expr:
     return expr.otherwise(None).cast(pl.Int8)
 
 
-def self_time_intervals(spans: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
-    """(group, start, end: the time each thread spent with its innermost open span in
-    each activity group; each span's self time, the time it was the innermost, in
-    the order of ``spans``).
+def self_time_intervals(spans: pl.DataFrame) -> Painting:
+    """The painting of ``spans`` (see ``Painting``): the time each thread spent with its
+    innermost open span in each activity group, each span's self time (the time it
+    was the innermost), and, where the C sweep finds them, its nesting edges; per
+    span in the order of ``spans``.
 
     A collective inside ``backward`` is communication, not compute. Time whose
     innermost span has no group (pipeline spans, loop bodies) belongs to no group,
@@ -384,18 +428,24 @@ def self_time_intervals(spans: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
                                             _group_expr().alias("group")))
 
 
-def _nesting_edges(spans: pl.LazyFrame) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+def nesting_edges(spans: pl.DataFrame, painting: Painting) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """(orphans, openers) of a partition's spans, for self time across partitions:
     orphans (tid, level, start, end) are spans whose enclosing span (one level up,
-    same thread) is not among ``spans``; openers (tid, level, start, end, cat, name)
-    are the spans that began before every span of their thread here ended, the only
-    ones that can enclose an orphan of an earlier partition (a span is written when
-    it ends, after everything it encloses). Threads without levels have none."""
-    frame = spans.select(pl.col("tid").fill_null(0), "level", "ts", "end", "cat", "name").filter(
-        pl.col("level").is_not_null().all().over("tid")
-    )
+    same thread: the latest to start at or before it, the longest of those starting
+    together) is not among ``spans`` or ends before them; openers (tid, level, start,
+    end, cat, name) are the spans that began before every span of their thread here
+    ended, the only ones that can enclose an orphan of an earlier partition (a span
+    is written when it ends, after everything it encloses). Threads without levels
+    have none. Taken from ``painting`` where its sweep found them, else by a query."""
+    frame = spans.lazy().select(pl.col("tid").fill_null(0), "level", "ts", "end", "cat", "name")
+    if painting.orphan is not None and painting.opener is not None:
+        return (frame.filter(pl.lit(pl.Series(painting.orphan))).select("tid", "level", pl.col("ts").alias("start"),
+                                                                      "end"),
+                frame.filter(pl.lit(pl.Series(painting.opener))).select(
+                    "tid", "level", pl.col("ts").alias("start"), "end", "cat", "name"))
+    frame = frame.filter(pl.col("level").is_not_null().all().over("tid"))
     parents = frame.select("tid", (pl.col("level") + 1).alias("level"), pl.col("ts").alias("_from"),
-                           pl.col("end").alias("_to")).sort("_from")
+                           pl.col("end").alias("_to")).sort(["_from", "_to"])
     inner = frame.filter(pl.col("level") > 1).sort("ts")
     orphans = (
         inner.join_asof(parents, left_on="ts", right_on="_from", by=["tid", "level"], check_sortedness=False)
@@ -416,7 +466,7 @@ def self_times_of(self_times: pl.DataFrame, orphans: pl.DataFrame, openers: pl.D
     if not orphans.height or not openers.height:
         return totals
     parents = openers.select(*keys, "tid", (pl.col("level") + 1).alias("level"), pl.col("start").alias("_from"),
-                             pl.col("end").alias("_to"), "cat", "name").sort("_from")
+                             pl.col("end").alias("_to"), "cat", "name").sort(["_from", "_to"])
     taken = (
         orphans.sort("start")
         .join_asof(parents, left_on="start", right_on="_from", by=[*keys, "tid", "level"], check_sortedness=False)

@@ -10,6 +10,7 @@ included (tests/analysis/test_sweeps.py holds them to it)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -24,17 +25,30 @@ except ImportError:  # built without a compiler: numpy sweeps
 GROUPS = ("compute", "data", "comm", "checkpoint", "device")
 
 
-def innermost_intervals(threads: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
-    """(group, start, end: the time each thread spent with its innermost open span in
-    each activity group; each span's self time, the time it was the innermost) of
-    ``threads``: tid, ts, end, level and group (an index into GROUPS, null for none),
-    one row a span. The intervals of a group may touch (a union merges them)."""
+class Painting(NamedTuple):
+    """What painting each thread's time with its innermost span finds."""
+
+    #: group, start, end: the time each thread spent with its innermost open span in
+    #: each activity group (the intervals of a group may touch: a union merges them)
+    intervals: pl.DataFrame
+    #: each span's self time, the time it was the innermost
+    self_us: np.ndarray
+    #: each span's nesting edges (see ``_aggregate.nesting_edges``), found by the C
+    #: sweep as it passes: whether it is an orphan, whether an opener. None from the
+    #: numpy sweep, and where a thread's levels spread wider than its spans are many.
+    orphan: np.ndarray | None = None
+    opener: np.ndarray | None = None
+
+
+def innermost_intervals(threads: pl.DataFrame) -> Painting:
+    """The painting of ``threads``: tid, ts, end, level and group (an index into
+    GROUPS, null for none), one row a span."""
     if _native is not None:
         return _innermost_native(threads)
     return _innermost_numpy(threads)
 
 
-def _innermost_native(threads: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+def _innermost_native(threads: pl.DataFrame) -> Painting:
     filled = threads.select(pl.col("level").fill_null(0).cast(pl.Int64),
                             pl.col("level").is_not_null().cast(pl.UInt8).alias("level_valid"),
                             pl.col("group").fill_null(-1).cast(pl.Int8))
@@ -46,16 +60,17 @@ def _innermost_native(threads: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
         order = np.concatenate([_by_start(thread).get_column("span").to_numpy()
                                 for thread in frame.partition_by("tid", maintain_order=True)])
         painted = _native.innermost(*columns, np.ascontiguousarray(order, dtype=np.int64))
-    groups, starts, ends, self_us = painted
+    groups, starts, ends, self_us, orphan, opener = painted
     intervals = pl.DataFrame(
         {"group": np.frombuffer(groups, np.int8), "start": np.frombuffer(starts, np.int64),
          "end": np.frombuffer(ends, np.int64)},
         schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64},
     )
-    return intervals, np.frombuffer(self_us, np.int64)
+    edges = [None if mask is None else np.frombuffer(mask, np.bool_) for mask in (orphan, opener)]
+    return Painting(intervals, np.frombuffer(self_us, np.int64), *edges)
 
 
-def _innermost_numpy(threads: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+def _innermost_numpy(threads: pl.DataFrame) -> Painting:
     pieces = []
     self_us = np.zeros(threads.height, dtype=np.int64)
     frame = threads.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("span"))
@@ -65,8 +80,8 @@ def _innermost_numpy(threads: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
         if owner.size:
             self_us += np.bincount(owner, us.astype(np.float64), self_us.size).astype(np.int64)
     if not pieces:
-        return pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64}), self_us
-    return pl.concat(pieces, how="vertical"), self_us
+        return Painting(pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64}), self_us)
+    return Painting(pl.concat(pieces, how="vertical"), self_us)
 
 
 def _innermost(thread: pl.DataFrame) -> tuple[pl.DataFrame, tuple[np.ndarray, np.ndarray]]:

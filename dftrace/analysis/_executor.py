@@ -8,10 +8,12 @@ code path, and only where its first stage runs differs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, TypeVar
 
@@ -76,6 +78,51 @@ class EmbeddedExecutor:
                 for future in as_completed(futures):
                     results[futures[future]] = future.result()
                     bar.update()
+        finally:
+            bar.close()
+        return results
+
+    def map_stream(
+        self,
+        fn: Callable[[Iterable[T]], Iterator[R]],
+        items: Sequence[T],
+        *,
+        progress: bool | None = None,
+        desc: str = "reading",
+    ) -> list[R]:
+        """Like :meth:`map` for an ``fn`` that takes the items one after another and
+        yields each one's result in turn, so that it can start on the next item
+        while it finishes one: each thread runs ``fn`` over the items it takes."""
+        results: list[Any] = [None] * len(items)
+        bar = _Progress(len(items), progress, desc)
+        untaken = iter(range(len(items)))
+        lock = threading.Lock()
+
+        def run() -> None:
+            taken: list[int] = []
+
+            def take() -> Iterator[T]:
+                while True:
+                    with lock:
+                        i = next(untaken, None)
+                    if i is None:
+                        return
+                    taken.append(i)
+                    yield items[i]
+
+            for k, result in enumerate(fn(take())):
+                results[taken[k]] = result
+                with lock:
+                    bar.update()
+
+        try:
+            threads = min(self.threads, len(items))
+            if threads <= 1:
+                run()
+            else:
+                with ThreadPoolExecutor(threads) as pool:
+                    for future in [pool.submit(run) for _ in range(threads)]:
+                        future.result()
         finally:
             bar.close()
         return results
@@ -150,6 +197,18 @@ class DaskExecutor:
             bar.close()
         return results
 
+    def map_stream(
+        self,
+        fn: Callable[[Iterable[T]], Iterator[R]],
+        items: Sequence[T],
+        *,
+        progress: bool | None = None,
+        desc: str = "reading",
+    ) -> list[R]:
+        """:meth:`map` of an ``fn`` that takes items one after another (see
+        ``EmbeddedExecutor.map_stream``): a task runs it over its one item."""
+        return self.map(functools.partial(_each, fn), items, progress=progress, desc=desc)
+
     def close(self) -> None:
         """Disconnect, and stop the local cluster if this executor started one."""
         self.client.close()
@@ -165,6 +224,12 @@ class DaskExecutor:
     def __repr__(self) -> str:
         kind = "local cluster" if self._cluster is not None else "scheduler"
         return f"DaskExecutor({kind} at {self.address})"
+
+
+def _each(fn: Callable[[Iterable[T]], Iterator[R]], item: T) -> R:
+    """``fn``'s result for one item (see ``map_stream``)."""
+    (result,) = fn([item])
+    return result
 
 
 def default_executor(executor: Any = None) -> Any:

@@ -25,7 +25,7 @@ from ._decode import read_partition
 from ._executor import default_executor
 from ._schema import EVENT_COLUMNS, RAW_FIELDS
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
-from ._aggregate import aggregate_partition, combine
+from ._aggregate import aggregate_partitions, combine
 from ._summary import steps_of
 from ._gpu import (GPU_VIEW_SCHEMA, KERNELS_SCHEMA, SPAN_GPU_SCHEMA, activity_by_process, gpu_answers, gpu_view,
                    kernels_table, span_gpu)
@@ -187,7 +187,7 @@ class TraceTables:
 
         Computed the summary's way, from per-partition aggregates: a big trace's
         events are never all in memory at once."""
-        partials = self._executor.map(aggregate_partition, self._plan, progress=self._progress, desc="steps")
+        partials = self._executor.map_stream(aggregate_partitions, self._plan, progress=self._progress, desc="steps")
         found = steps_of(combine(partials))
         ranks = found.procs.select("unit", "rank").unique("unit")
         return (

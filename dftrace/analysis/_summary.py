@@ -21,7 +21,7 @@ import polars as pl
 import polars.selectors as cs
 
 from .. import format as fmt
-from ._aggregate import (Combined, Partial, aggregate, aggregate_partition, combine, return_freed_heap,
+from ._aggregate import (Combined, Partial, aggregate, aggregate_partitions, combine, return_freed_heap,
                          without_row_keys)
 from ._busy import GROUPS
 from ._decode import PartitionData
@@ -175,7 +175,8 @@ def _partials(files: list[str], executor: Any, partition_bytes: int, progress: b
     identities = {path: file_identity(path) for path in unread} if index else {}
     plan = plan_partitions(unread, partition_bytes)
     read: dict[str, list[Partial]] = {}
-    for partial in default_executor(executor).map(aggregate_partition, plan, progress=progress, desc="summarising"):
+    for partial in default_executor(executor).map_stream(aggregate_partitions, plan, progress=progress,
+                                                           desc="summarising"):
         read.setdefault(partial.source.partition.path, []).append(without_row_keys(partial))
     for path, partials in read.items() if index else ():
         store_partials(path, identities[path], partition_bytes, partials)

@@ -11,7 +11,13 @@
  *   sorted here when ``order`` is empty, and then None comes back if two spans of a
  *   thread have the same start and end (their order, which decides which one is the
  *   innermost, is polars' sort's: the caller passes it, span indices thread by thread
- *   in the order the threads first appear).
+ *   in the order the threads first appear). It also finds each span's nesting edges
+ *   (what _aggregate's polars query finds without it), for the threads whose spans all
+ *   have a level: an orphan is a span of level 2 or more whose enclosing span (of the
+ *   level above on its thread, the latest to start at or before it, the longest of
+ *   those starting together) is missing or ends before it does; an opener is a span
+ *   that starts before every span of its thread has ended. Both come back as one byte
+ *   a span, or None where a thread's levels spread wider than its spans are many.
  * union(key, starts, ends, n_keys) merges the overlapping or touching intervals of
  *   each key (0 to n_keys - 1; sorted by start when they are not already), keys in
  *   the order they first appear: for each run the first row of its key, start, end.
@@ -185,13 +191,45 @@ typedef struct {
     Py_ssize_t n_levels_cap;
 } Work;
 
+/* The nesting edges of one thread whose spans ``s[0..k)`` (sorted by start) all have
+ * their level in ``depth``: 0, or 1 where the levels spread too wide to be looked up. */
+static int thread_edges(const SpanKey *s, Py_ssize_t k, const int64_t *depth, int64_t *last, uint8_t *orphan,
+                        uint8_t *opener) {
+    int64_t first_end = INT64_MAX, lo = INT64_MAX, hi = INT64_MIN;
+    for (Py_ssize_t p = 0; p < k; p++) {
+        if (s[p].end < first_end) first_end = s[p].end;
+        if (depth[p] < lo) lo = depth[p];
+        if (depth[p] > hi) hi = depth[p];
+    }
+    for (Py_ssize_t p = 0; p < k; p++) opener[s[p].idx] = s[p].ts < first_end;
+    if ((uint64_t)hi - (uint64_t)lo >= (uint64_t)k) return 1;
+    /* last[level - lo]: the span of that level that started last so far, the longest
+     * of those starting together: each level's latest start is taken before the spans
+     * starting with it look for their enclosing span. */
+    for (int64_t i = 0; i <= hi - lo; i++) last[i] = -1;
+    for (Py_ssize_t a = 0, b; a < k; a = b) {
+        for (b = a; b < k && s[b].ts == s[a].ts; b++) {
+            int64_t *at = &last[depth[b] - lo];
+            if (*at < 0 || s[*at].ts < s[b].ts || s[*at].end < s[b].end) *at = b;
+        }
+        for (Py_ssize_t p = a; p < b; p++) {
+            if (depth[p] <= 1) continue;
+            int64_t parent = depth[p] - 1 < lo ? -1 : last[depth[p] - 1 - lo];
+            orphan[s[p].idx] = parent < 0 || s[parent].end < s[p].end;
+        }
+    }
+    return 0;
+}
+
 /* Paints one thread: its spans ``s[0..k)`` in sorted order (their positions). */
 static int paint_thread(const SpanKey *s, Py_ssize_t k, const int64_t *level, const uint8_t *level_valid,
-                        const int8_t *group, Work *w, Runs *runs, int64_t *self_us) {
+                        const int8_t *group, Work *w, Runs *runs, int64_t *self_us, uint8_t *orphan,
+                        uint8_t *opener, int *edges_wide) {
     int have_levels = 1;
     for (Py_ssize_t p = 0; p < k; p++) have_levels &= level_valid[s[p].idx] != 0;
     if (have_levels) {
         for (Py_ssize_t p = 0; p < k; p++) w->depth[p] = level[s[p].idx];
+        *edges_wide |= thread_edges(s, k, w->depth, w->levels, orphan, opener);
     } else {  /* nesting rebuilt from the times, as _busy._depths does */
         Py_ssize_t top = 0;
         for (Py_ssize_t p = 0; p < k; p++) {
@@ -331,7 +369,7 @@ PyObject *sweeps_innermost(PyObject *self, PyObject *args) {
         for (int i = 0; i < 7; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
         return NULL;
     }
-    PyObject *result = NULL, *self_obj = NULL;
+    PyObject *result = NULL, *self_obj = NULL, *orphan_obj = NULL, *opener_obj = NULL;
     Runs runs = {0};
     Work w = {0};
     int64_t **arrays[] = {&w.depth, &w.slot, &w.stack, &w.levels, &w.count, &w.code, &w.owner};
@@ -357,6 +395,12 @@ PyObject *sweeps_innermost(PyObject *self, PyObject *args) {
     if (!self_obj) goto done;
     int64_t *self_us = (int64_t *)PyByteArray_AS_STRING(self_obj);
     memset(self_us, 0, n * sizeof(int64_t));
+    orphan_obj = PyByteArray_FromStringAndSize(NULL, n);
+    opener_obj = PyByteArray_FromStringAndSize(NULL, n);
+    if (!orphan_obj || !opener_obj) goto done;
+    uint8_t *orphan = (uint8_t *)PyByteArray_AS_STRING(orphan_obj), *opener = (uint8_t *)PyByteArray_AS_STRING(opener_obj);
+    memset(orphan, 0, n);
+    memset(opener, 0, n);
     Py_ssize_t size = n ? n : 1;
     keys = malloc(size * sizeof(SpanKey));
     key_tmp = malloc(size * sizeof(SpanKey));
@@ -370,7 +414,7 @@ PyObject *sweeps_innermost(PyObject *self, PyObject *args) {
     ok &= (w.reversed = malloc(size * sizeof(Pair))) != NULL;
     ok &= (w.pair_tmp = malloc(size * sizeof(Pair))) != NULL;
     if (!ok) { PyErr_NoMemory(); goto done; }
-    int failed = 0, tied = 0;
+    int failed = 0, tied = 0, edges_wide = 0;
     Py_BEGIN_ALLOW_THREADS
     if (given) {
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -394,7 +438,7 @@ PyObject *sweeps_innermost(PyObject *self, PyObject *args) {
     for (Py_ssize_t t = 0; t < n_threads && !failed; t++) {
         const Thread *th = &threads[t];
         failed = paint_thread(keys + th->begin, th->end - th->begin, level, level_valid, group, &w, &runs,
-                              self_us) < 0;
+                              self_us, orphan, opener, &edges_wide) < 0;
     }
     Py_END_ALLOW_THREADS
     if (failed) { PyErr_NoMemory(); goto done; }
@@ -402,10 +446,16 @@ PyObject *sweeps_innermost(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    result = Py_BuildValue("(NNNO)", bytes_of(runs.groups, runs.n), bytes_of(runs.starts, runs.n * 8),
-                           bytes_of(runs.ends, runs.n * 8), self_obj);
+    if (edges_wide) {
+        Py_SETREF(orphan_obj, Py_NewRef(Py_None));
+        Py_SETREF(opener_obj, Py_NewRef(Py_None));
+    }
+    result = Py_BuildValue("(NNNOOO)", bytes_of(runs.groups, runs.n), bytes_of(runs.starts, runs.n * 8),
+                           bytes_of(runs.ends, runs.n * 8), self_obj, orphan_obj, opener_obj);
 done:
     Py_XDECREF(self_obj);
+    Py_XDECREF(orphan_obj);
+    Py_XDECREF(opener_obj);
     runs_free(&runs);
     for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) free(*arrays[i]);
     free(w.closes);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -47,3 +48,8 @@ def test_cli_runs_on_an_existing_scheduler(run_dir, dask_executor, capsys):
 def test_executor_keeps_item_order(dask_executor):
     """Results come back in the order of the items, whatever order workers finish in."""
     assert dask_executor.map(abs, [-3, 2, -1, 0]) == [3, 2, 1, 0]
+
+
+def test_map_stream_runs_one_item_a_task_in_item_order(dask_executor):
+    """A function over a stream of items runs on the cluster one item a task."""
+    assert dask_executor.map_stream(functools.partial(map, abs), [-3, 2, -1, 0]) == [3, 2, 1, 0]

@@ -15,7 +15,7 @@ import tracegen
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace.analysis import _summary, summarize  # noqa: E402
-from dftrace.analysis._aggregate import aggregate_partition  # noqa: E402
+from dftrace.analysis._aggregate import aggregate_partitions  # noqa: E402
 
 
 @pytest.fixture
@@ -30,11 +30,15 @@ def reads(monkeypatch):
     """The paths of the partitions the summary read (not taken from the index)."""
     seen: list[str] = []
 
-    def counted(partition, **kwargs):
-        seen.append(os.path.basename(partition.path))
-        return aggregate_partition(partition, **kwargs)
+    def counted(partitions, **kwargs):
+        def noted():
+            for partition in partitions:
+                seen.append(os.path.basename(partition.path))
+                yield partition
 
-    monkeypatch.setattr(_summary, "aggregate_partition", counted)
+        return aggregate_partitions(noted(), **kwargs)
+
+    monkeypatch.setattr(_summary, "aggregate_partitions", counted)
     return seen
 
 

@@ -85,3 +85,51 @@ def test_stopping_early_closes_the_source_and_leaves_no_thread():
 def test_an_empty_source_gives_nothing():
     source = _Source(0)
     assert list(read_ahead(source.pieces())) == [] and source.closed
+
+
+def test_the_next_partitions_first_piece_is_decoded_while_this_one_is_finished(monkeypatch):
+    """aggregate_partitions reads ahead across partitions: once a partition's last
+    piece is in hand, the next partition's first piece is decoded while this one is
+    folded, and each partition gets its own pieces, in order."""
+    from dftrace.analysis import _aggregate
+    from dftrace.analysis._sources import Partition
+
+    partitions = [Partition(f"file{k}") for k in range(3)]
+    started = {p.path: threading.Event() for p in partitions}
+    pieces_of = {"file0": 3, "file1": 1, "file2": 2}
+
+    def pieces(partition, *args, **kwargs):
+        started[partition.path].set()
+        for i in range(pieces_of[partition.path]):
+            yield (partition.path, i)
+
+    def reduced(partition, pieces, model):
+        got = list(pieces)
+        following = partitions.index(partition) + 1
+        if following < len(partitions):  # its pieces are all in hand: the next partition's are under way
+            assert started[partitions[following].path].wait(WAIT_S)
+        return partition.path, got
+
+    monkeypatch.setattr(_aggregate, "iter_partition_pieces", pieces)
+    monkeypatch.setattr(_aggregate, "_reduced", reduced)
+    assert list(_aggregate.aggregate_partitions(partitions)) == [
+        (p.path, [(p.path, i) for i in range(pieces_of[p.path])]) for p in partitions]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_map_stream_takes_items_one_after_another_and_keeps_their_order(threads):
+    """Each thread runs the function over the items it takes, as it asks for them;
+    the results come back in the order of the items."""
+    from dftrace.analysis._executor import EmbeddedExecutor
+
+    asked_ahead = []
+
+    def doubled(items):
+        items = iter(items)
+        for item in items:
+            asked_ahead.append(item)
+            yield item * 2
+
+    items = list(range(20))
+    assert EmbeddedExecutor(threads).map_stream(doubled, items) == [i * 2 for i in items]
+    assert sorted(asked_ahead) == items

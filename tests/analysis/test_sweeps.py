@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 from polars.testing import assert_frame_equal  # noqa: E402
 
 from dftrace.analysis import _busy, summarize  # noqa: E402
+from dftrace.analysis._aggregate import nesting_edges, self_time_intervals  # noqa: E402
 
 pytestmark = needs_marks("native", native_scanner_missing())
 
@@ -97,7 +98,8 @@ def test_innermost_painting_matches_numpy_on_random_and_malformed_spans(monkeypa
     tied = untied = 0
     for _ in range(800):
         threads = _threads(rng)
-        (c_intervals, c_self), (np_intervals, np_self) = _both_ways(monkeypatch, _busy.innermost_intervals, threads)
+        (c_intervals, c_self, *_), (np_intervals, np_self, *_) = _both_ways(monkeypatch, _busy.innermost_intervals,
+                                                                         threads)
         np.testing.assert_array_equal(c_self, np_self)
         with monkeypatch.context() as patch:  # the same union of each group's time, the groups in the same order
             patch.setattr(_busy, "_native", None)
@@ -107,6 +109,29 @@ def test_innermost_painting_matches_numpy_on_random_and_malformed_spans(monkeypa
         else:
             untied += 1  # the kernel sorts
     assert tied > 50 and untied > 50
+
+
+def test_nesting_edges_found_by_the_sweep_match_the_query(monkeypatch):
+    """The orphans and openers the C painting finds as it passes are those the polars
+    query finds, on the same random and malformed threads (ties of start included)."""
+    rng = np.random.default_rng(7)
+    found = wide = 0
+    for i in range(600):
+        threads = _threads(rng)
+        if i % 50 == 0:  # levels spread far wider than the spans are many: left to the query
+            threads = threads.with_columns(pl.when(pl.col("level") == 2).then(1 << 40).otherwise(pl.col("level"))
+                                           .alias("level"))
+        spans = threads.with_columns(pl.lit("compute").alias("cat"), pl.format("n{}", pl.col("ts")).alias("name"))
+        painting = self_time_intervals(spans)
+        if painting.orphan is None:
+            wide += 1
+            continue
+        found += 1
+        swept = pl.collect_all(nesting_edges(spans, painting))
+        queried = pl.collect_all(nesting_edges(spans, painting._replace(orphan=None, opener=None)))
+        for mine, theirs in zip(swept, queried):
+            assert_frame_equal(mine.sort(pl.all()), theirs.sort(pl.all()))
+    assert found > 400 and wide >= 5
 
 
 def _intervals(rng: np.random.Generator, keys: list[str]) -> pl.DataFrame:
