@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,17 +112,26 @@ def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
 def aggregate_partitions(partitions: Iterable[Partition], *, model: bool = True) -> Iterator[Partial]:
     """Read each of ``partitions`` in turn and reduce it to a :class:`Partial` (runs on
     workers), piece by piece: the piece being reduced and the next one, decoded
-    meanwhile on a thread (``read_ahead``), are held at a time, and the next
-    partition's first piece is decoded while this one's pieces are folded. A whole
-    file's step rows become its processes' steps (``Partial.modelled``) unless
-    ``model`` is false: a few rows per step rather than one per step and name."""
+    meanwhile on a thread (``read_ahead``), are held at a time. A partition's pieces'
+    partials are then folded into one and its steps modelled on a thread of their
+    own (``_finished``) while the next partition's pieces are read. A whole file's
+    step rows become its processes' steps (``Partial.modelled``) unless ``model`` is
+    false: a few rows per step rather than one per step and name."""
     stream = read_ahead(_each_partitions_pieces(partitions))
+    finishing: list[Future[Partial]] = []  # the partition before, being finished
     try:
-        for first in stream:  # a partition's first piece: it has one at least
-            partition = first[0]
-            pieces = _until_partition_end(first, stream)
-            del first
-            yield _reduced(partition, pieces, model)
+        with ThreadPoolExecutor(1, thread_name_prefix="dftrace-finish") as finisher:
+            for first in stream:  # a partition's first piece: it has one at least
+                partition = first[0]
+                pieces = _until_partition_end(first, stream)
+                del first
+                stack = _pieces_folded(pieces)
+                if finishing:
+                    yield finishing.pop().result()
+                finishing.append(finisher.submit(_finished, partition, stack, model))
+                del stack
+            if finishing:
+                yield finishing.pop().result()
     finally:
         stream.close()
 
@@ -149,7 +159,8 @@ def _until_partition_end(first: tuple[Partition, Any], stream: Iterator[tuple[Pa
         piece = next(stream)[1]
 
 
-def _reduced(partition: Partition, pieces: Iterator[PartitionData], model: bool) -> Partial:
+def _pieces_folded(pieces: Iterator[PartitionData]) -> list[tuple[int, Partial]]:
+    """The partials of ``pieces``, with the number of pieces each holds."""
     # Pieces are folded as they come, _FOLD of a like number of pieces at a time: a
     # few partials are held whatever the partition's size, and each piece is folded
     # about log(pieces) / log(_FOLD) times.
@@ -164,14 +175,22 @@ def _reduced(partition: Partition, pieces: Iterator[PartitionData], model: bool)
             weight = stack[-1][0] * _FOLD
             del stack[-_FOLD:]
             stack.append((weight, compacted(folded)))
+    return stack
+
+
+def _finished(partition: Partition, stack: list[tuple[int, Partial]], model: bool) -> Partial:
+    """The partial of ``partition`` from its pieces' (``_pieces_folded``; the list is
+    emptied): folded into one, its steps modelled where the whole file was read."""
     partials = [p for _, p in stack]
+    read_in_one_piece = len(stack) == 1 and stack[0][0] == 1
+    stack.clear()
     if len(partials) > 1:
         partial = fold_partials(partials)
     else:
         partial = partials[0]
-        if stack[0][0] == 1:
+        if read_in_one_piece:
             partial.overlap = _overlap_of(partial.intervals)
-    del stack, partials  # the pieces' partials are folded: free them before the steps are modelled
+    del partials  # the pieces' partials are folded: free them before the steps are modelled
     if model and partition.start == 0 and partition.end is None and not partition.is_parquet:
         partial = _settled_where_read(partial)
     partial = compacted(partial)

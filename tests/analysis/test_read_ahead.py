@@ -87,33 +87,49 @@ def test_an_empty_source_gives_nothing():
     assert list(read_ahead(source.pieces())) == [] and source.closed
 
 
-def test_the_next_partitions_first_piece_is_decoded_while_this_one_is_finished(monkeypatch):
+def test_partitions_overlap_the_next_ones_first_piece_decoded_and_pieces_reduced(monkeypatch):
     """aggregate_partitions reads ahead across partitions: once a partition's last
-    piece is in hand, the next partition's first piece is decoded while this one is
-    folded, and each partition gets its own pieces, in order."""
+    piece is in hand, the next partition's first piece is decoded, and the partition
+    is finished (folded, its steps modelled) on a thread of its own while the next
+    one's pieces are reduced; each partition gets its own pieces, in order."""
     from dftrace.analysis import _aggregate
     from dftrace.analysis._sources import Partition
 
     partitions = [Partition(f"file{k}") for k in range(3)]
     started = {p.path: threading.Event() for p in partitions}
+    reduced = {p.path: threading.Event() for p in partitions}
     pieces_of = {"file0": 3, "file1": 1, "file2": 2}
+    finishers = set()
 
     def pieces(partition, *args, **kwargs):
         started[partition.path].set()
         for i in range(pieces_of[partition.path]):
             yield (partition.path, i)
 
-    def reduced(partition, pieces, model):
+    def following(path):
+        k = [p.path for p in partitions].index(path) + 1
+        return partitions[k].path if k < len(partitions) else None
+
+    def pieces_folded(pieces):
         got = list(pieces)
-        following = partitions.index(partition) + 1
-        if following < len(partitions):  # its pieces are all in hand: the next partition's are under way
-            assert started[partitions[following].path].wait(WAIT_S)
-        return partition.path, got
+        path = got[0][0]
+        if following(path):  # its pieces are all in hand: the next partition's are under way
+            assert started[following(path)].wait(WAIT_S)
+        reduced[path].set()
+        return got
+
+    def finished(partition, stack, model):
+        finishers.add(threading.current_thread().name)
+        if following(partition.path):  # the next partition's pieces are reduced meanwhile
+            assert reduced[following(partition.path)].wait(WAIT_S)
+        return partition.path, stack
 
     monkeypatch.setattr(_aggregate, "iter_partition_pieces", pieces)
-    monkeypatch.setattr(_aggregate, "_reduced", reduced)
+    monkeypatch.setattr(_aggregate, "_pieces_folded", pieces_folded)
+    monkeypatch.setattr(_aggregate, "_finished", finished)
     assert list(_aggregate.aggregate_partitions(partitions)) == [
         (p.path, [(p.path, i) for i in range(pieces_of[p.path])]) for p in partitions]
+    assert len(finishers) == 1 and threading.current_thread().name not in finishers
 
 
 @pytest.mark.parametrize("threads", [1, 3])
