@@ -1,7 +1,9 @@
 """Where the per-partition work runs: in this process, or on a Dask cluster.
 
-Both executors run the same module-level function on each partition and hand the
-results back in partition order; everything after that (combining, resolving
+Both executors run the same module-level function on each partition (``map``), or
+over the partitions a thread takes one after another (``map_stream``, which lets it
+start on the next partition while it finishes one), and hand the results back in
+partition order; everything after that (combining, resolving
 metadata, rendering) happens in the caller's process. So there is one analysis
 code path, and only where its first stage runs differs.
 """

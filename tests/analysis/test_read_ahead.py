@@ -149,3 +149,18 @@ def test_map_stream_takes_items_one_after_another_and_keeps_their_order(threads)
     items = list(range(20))
     assert EmbeddedExecutor(threads).map_stream(doubled, items) == [i * 2 for i in items]
     assert sorted(asked_ahead) == items
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_map_stream_raises_the_error_of_an_item(threads):
+    """An error on one item reaches the caller of map_stream, whichever thread met it."""
+    from dftrace.analysis._executor import EmbeddedExecutor
+
+    def checked(items):
+        for item in items:
+            if item == 7:
+                raise ValueError("item 7 is broken")
+            yield item
+
+    with pytest.raises(ValueError, match="item 7 is broken"):
+        EmbeddedExecutor(threads).map_stream(checked, list(range(12)))
