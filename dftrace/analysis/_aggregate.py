@@ -457,11 +457,10 @@ def nesting_edges(spans: pl.DataFrame, painting: Painting) -> tuple[pl.LazyFrame
     is written when it ends, after everything it encloses). Threads without levels
     have none. Taken from ``painting`` where its sweep found them, else by a query."""
     frame = spans.lazy().select(pl.col("tid").fill_null(0), "level", "ts", "end", "cat", "name")
+    edge = ["tid", "level", pl.col("ts").alias("start"), "end"]
     if painting.orphan is not None and painting.opener is not None:
-        return (frame.filter(pl.lit(pl.Series(painting.orphan))).select("tid", "level", pl.col("ts").alias("start"),
-                                                                      "end"),
-                frame.filter(pl.lit(pl.Series(painting.opener))).select(
-                    "tid", "level", pl.col("ts").alias("start"), "end", "cat", "name"))
+        return (frame.filter(pl.lit(pl.Series(painting.orphan))).select(edge),
+                frame.filter(pl.lit(pl.Series(painting.opener))).select(*edge, "cat", "name"))
     frame = frame.filter(pl.col("level").is_not_null().all().over("tid"))
     parents = frame.select("tid", (pl.col("level") + 1).alias("level"), pl.col("ts").alias("_from"),
                            pl.col("end").alias("_to")).sort(["_from", "_to"])
@@ -469,10 +468,9 @@ def nesting_edges(spans: pl.DataFrame, painting: Painting) -> tuple[pl.LazyFrame
     orphans = (
         inner.join_asof(parents, left_on="ts", right_on="_from", by=["tid", "level"], check_sortedness=False)
         .filter(pl.col("_to").is_null() | (pl.col("_to") < pl.col("end")))
-        .select("tid", "level", pl.col("ts").alias("start"), "end")
+        .select(edge)
     )
-    openers = frame.filter(pl.col("ts") < pl.col("end").min().over("tid")).select(
-        "tid", "level", pl.col("ts").alias("start"), "end", "cat", "name")
+    openers = frame.filter(pl.col("ts") < pl.col("end").min().over("tid")).select(*edge, "cat", "name")
     return orphans, openers
 
 

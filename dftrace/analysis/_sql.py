@@ -187,7 +187,8 @@ class TraceTables:
 
         Computed the summary's way, from per-partition aggregates: a big trace's
         events are never all in memory at once."""
-        partials = self._executor.map_stream(aggregate_partitions, self._plan, progress=self._progress, desc="steps")
+        partials = self._executor.map_stream(aggregate_partitions, self._plan, progress=self._progress,
+                                             desc="steps")
         found = steps_of(combine(partials))
         ranks = found.procs.select("unit", "rank").unique("unit")
         return (

@@ -398,7 +398,8 @@ PyObject *sweeps_innermost(PyObject *self, PyObject *args) {
     orphan_obj = PyByteArray_FromStringAndSize(NULL, n);
     opener_obj = PyByteArray_FromStringAndSize(NULL, n);
     if (!orphan_obj || !opener_obj) goto done;
-    uint8_t *orphan = (uint8_t *)PyByteArray_AS_STRING(orphan_obj), *opener = (uint8_t *)PyByteArray_AS_STRING(opener_obj);
+    uint8_t *orphan = (uint8_t *)PyByteArray_AS_STRING(orphan_obj);
+    uint8_t *opener = (uint8_t *)PyByteArray_AS_STRING(opener_obj);
     memset(orphan, 0, n);
     memset(opener, 0, n);
     Py_ssize_t size = n ? n : 1;
