@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from ._deps import require
@@ -66,23 +66,9 @@ class EmbeddedExecutor:
         progress: bool | None = None,
         desc: str = "reading",
     ) -> list[R]:
-        """Apply ``fn`` to every item and return the results in item order."""
-        results: list[Any] = [None] * len(items)
-        bar = _Progress(len(items), progress, desc)
-        try:
-            if self.threads == 1 or len(items) <= 1:
-                for i, item in enumerate(items):
-                    results[i] = fn(item)
-                    bar.update()
-                return results
-            with ThreadPoolExecutor(self.threads) as pool:
-                futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
-                for future in as_completed(futures):
-                    results[futures[future]] = future.result()
-                    bar.update()
-        finally:
-            bar.close()
-        return results
+        """Apply ``fn`` to every item and return the results in item order (each
+        thread applies it to the items it takes, see :meth:`map_stream`)."""
+        return self.map_stream(functools.partial(map, fn), items, progress=progress, desc=desc)
 
     def map_stream(
         self,
