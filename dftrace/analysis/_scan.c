@@ -432,6 +432,7 @@ done:
 PyObject *sweeps_innermost(PyObject *self, PyObject *args);
 PyObject *sweeps_union(PyObject *self, PyObject *args);
 PyObject *sweeps_masks(PyObject *self, PyObject *args);
+PyObject *sweeps_steps(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"scan_lines", scan_lines, METH_VARARGS,
@@ -442,6 +443,8 @@ static PyMethodDef methods[] = {
     {"union", sweeps_union, METH_VARARGS, "union(key, starts, ends, n_keys) -> (rows, starts, ends): see _sweeps.c."},
     {"masks", sweeps_masks, METH_VARARGS,
      "masks(group, start, end, size, alone_bit) -> (totals, alone_starts, alone_ends): see _sweeps.c."},
+    {"steps", sweeps_steps, METH_VARARGS,
+     "steps(code, start, end, n, is_work, cuts, epoch_span) -> (rows, starts, ends, counts): see _sweeps.c."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dftrace.analysis._scan",

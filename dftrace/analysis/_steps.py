@@ -35,6 +35,11 @@ import polars as pl
 from .. import format as fmt
 from ._schema import FrameT
 
+try:
+    from . import _scan as _native
+except ImportError:  # built without a compiler: the numpy step model
+    _native = None
+
 #: Categories whose spans place a step in time; data loading follows them.
 WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
 
@@ -97,14 +102,45 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
 
 
 def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFrame:
-    keys, key, by_key = _step_keys(rows)
     start = rows.get_column("start").to_numpy().astype(np.int64)
     end = rows.get_column("end").to_numpy().astype(np.int64)
     n = rows.get_column("n").to_numpy().astype(np.int64)
     is_work = rows.get_column("cat").is_in(WORK_CATS).to_numpy()
     work = bool(is_work.any())
     if not work:
-        is_work = np.ones(key.size, dtype=bool)
+        is_work = np.ones(rows.height, dtype=bool)
+    codes = _step_codes(rows)
+    if _native is not None and codes is not None:
+        code, epoch_span = codes
+        placed = _native.steps(code, start, end, n, is_work.astype(np.uint8), np.ascontiguousarray(cuts, np.int64),
+                               epoch_span)
+        at, step_start, step_end, counts = (np.frombuffer(array, np.int64) for array in placed)
+        picked = rows.select("epoch", "step")[at]
+    else:
+        picked, step_start, step_end, counts = _placed_numpy(rows, codes, start, end, n, is_work, cuts)
+    if not step_start.size:
+        return pl.DataFrame(schema=STEP_SCHEMA)
+    return pl.DataFrame(
+        {
+            "proc": np.full(step_start.size, proc, dtype=np.int32),
+            "epoch": picked.get_column("epoch"),
+            "step": picked.get_column("step"),
+            "start": step_start,
+            "end": step_end,
+            "n": counts,
+            "work": np.full(step_start.size, work),
+        },
+        schema=STEP_SCHEMA,
+    )
+
+
+def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, start: np.ndarray, end: np.ndarray,
+                  n: np.ndarray, is_work: np.ndarray, cuts: np.ndarray
+                  ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """The steps of one process's ``rows`` in time order: (epoch, step), start, end and
+    event count of each (the C kernel's work, for an install without a compiler and
+    for steps too many to number with one integer)."""
+    keys, key, by_key = _step_keys(rows, codes)
     keep = np.ones(key.size, dtype=bool)
     first = _first_starts(key, start, is_work & keep, keys.height)
     # Spans that hold the starts of two or more other steps enclose steps.
@@ -119,7 +155,8 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
     first = _first_starts(key, start, is_work & keep, keys.height)
     found = np.flatnonzero(np.isfinite(first))
     if not found.size:
-        return pl.DataFrame(schema=STEP_SCHEMA)
+        nothing = np.empty(0, dtype=np.int64)
+        return keys.clear(), nothing, nothing, nothing
     order = found[np.argsort(first[found], kind="stable")]
     rank_of = np.full(keys.height, -1, dtype=np.int64)
     rank_of[order] = np.arange(order.size)
@@ -149,26 +186,13 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
         cut = np.where(has, cuts[np.minimum(nxt, cuts.size - 1)], np.iinfo(np.int64).max)
         step_end = np.minimum(step_end, cut)
     step_end = np.maximum(step_end, step_start)
-    picked = keys[order.tolist()]
-    return pl.DataFrame(
-        {
-            "proc": np.full(order.size, proc, dtype=np.int32),
-            "epoch": picked.get_column("epoch"),
-            "step": picked.get_column("step"),
-            "start": step_start,
-            "end": step_end,
-            "n": counts,
-            "work": np.full(order.size, work),
-        },
-        schema=STEP_SCHEMA,
-    )
+    return keys[order.tolist()], step_start, step_end, counts
 
 
-def _step_keys(rows: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, np.ndarray]:
-    """(epoch, step: the distinct pairs of ``rows``, sorted, missing ones first; the
-    place of each row's pair among them; the rows in the order of their pairs),
-    found from one integer per pair where their range allows, else by sorting on
-    both."""
+def _step_codes(rows: pl.DataFrame) -> tuple[np.ndarray, int] | None:
+    """One integer a row numbering its (epoch, step) in their order, missing ones first,
+    and the span of the step numbers (the code divided by it is the epoch's); None
+    where their range is too wide for one integer."""
     parts = []
     for name in ("epoch", "step"):
         column = rows.get_column(name)
@@ -178,17 +202,31 @@ def _step_keys(rows: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, np.ndarray
         high = int(values[present].max()) if present.any() else 0
         parts.append((present, values, low, high - low + 2))  # 0 stands for missing
     (e_present, e_values, e_low, e_span), (s_present, s_values, s_low, s_span) = parts
-    if e_span * s_span < 1 << 62:
-        code = (np.where(e_present, e_values - e_low + 1, 0) * s_span
-                + np.where(s_present, s_values - s_low + 1, 0))
+    if e_span * s_span >= 1 << 62:
+        return None
+    code = (np.where(e_present, e_values - e_low + 1, 0) * s_span + np.where(s_present, s_values - s_low + 1, 0))
+    return code, s_span
+
+
+def _step_keys(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None
+               ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray]:
+    """(epoch, step: the distinct pairs of ``rows``, sorted, missing ones first; the
+    place of each row's pair among them; the rows in the order of their pairs), found
+    from their ``codes`` where there are, else by sorting on both."""
+    if codes is not None:
+        code = codes[0]
         order = np.argsort(code, kind="stable")
         new = np.ones(order.size, dtype=bool)
         new[1:] = code[order][1:] != code[order][:-1]
     else:
+        columns = []
+        for name in ("epoch", "step"):
+            column = rows.get_column(name)
+            columns += [column.is_not_null().to_numpy(), column.fill_null(0).to_numpy().astype(np.int64)]
+        e_present, e_values, s_present, s_values = columns
         order = np.lexsort((s_values, s_present, e_values, e_present))
         new = np.ones(order.size, dtype=bool)
-        new[1:] = np.any([c[order][1:] != c[order][:-1] for c in (e_present, e_values, s_present, s_values)],
-                         axis=0)
+        new[1:] = np.any([c[order][1:] != c[order][:-1] for c in columns], axis=0)
     key = np.empty(order.size, dtype=np.int64)
     key[order] = np.cumsum(new) - 1
     return rows.select("epoch", "step")[order[new]], key, order

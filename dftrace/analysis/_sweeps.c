@@ -629,3 +629,207 @@ done:
     for (int i = 0; i < 3; i++) PyBuffer_Release(&b[i]);
     return result;
 }
+
+/* A stable LSD radix sort of n (key, idx) pairs by key, 11 bits a pass over the bits
+ * the largest key has: ties keep the order given. */
+typedef struct { uint64_t key; int64_t idx; } Keyed;
+
+static void radix_sort(Keyed *a, Keyed *tmp, Py_ssize_t n) {
+    uint64_t top = 0;
+    for (Py_ssize_t i = 0; i < n; i++) top |= a[i].key;
+    Py_ssize_t count[2049];
+    for (int shift = 0; shift < 64 && (top >> shift); shift += 11) {
+        memset(count, 0, sizeof(count));
+        for (Py_ssize_t i = 0; i < n; i++) count[((a[i].key >> shift) & 2047) + 1]++;
+        for (int d = 0; d < 2048; d++) count[d + 1] += count[d];
+        for (Py_ssize_t i = 0; i < n; i++) tmp[count[(a[i].key >> shift) & 2047]++] = a[i];
+        memcpy(a, tmp, n * sizeof(Keyed));
+    }
+}
+
+/* Sorts ``values`` (each with its idx) by value, ties in the order given. */
+static void sort_by_value(Keyed *a, Keyed *tmp, const int64_t *values, Py_ssize_t n) {
+    int64_t low = n ? values[a[0].idx] : 0;
+    for (Py_ssize_t i = 1; i < n; i++) if (values[a[i].idx] < low) low = values[a[i].idx];
+    for (Py_ssize_t i = 0; i < n; i++) a[i].key = (uint64_t)values[a[i].idx] - (uint64_t)low;
+    radix_sort(a, tmp, n);
+}
+
+/* How many of the m sorted ``values`` are below x (or at most x when ``or_equal``). */
+static Py_ssize_t count_below(const int64_t *values, Py_ssize_t m, int64_t x, int or_equal) {
+    Py_ssize_t lo = 0, hi = m;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (values[mid] < x || (or_equal && values[mid] == x)) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+/* The same, searched from ``hint`` (an earlier answer) outwards: a few steps where
+ * the values searched for come nearly in order. */
+static Py_ssize_t count_below_near(const int64_t *values, Py_ssize_t m, int64_t x, int or_equal, Py_ssize_t hint) {
+#define BELOW(j) (values[j] < x || (or_equal && values[j] == x))
+    Py_ssize_t lo, hi, step = 1;
+    if (hint > m) hint = m;
+    if (hint < m && BELOW(hint)) {
+        lo = hint + 1;
+        while (lo + step - 1 < m && BELOW(lo + step - 1)) { lo += step; step *= 2; }
+        hi = lo + step - 1 < m ? lo + step - 1 : m;
+    } else {
+        hi = hint;
+        while (hi - step >= 0 && !BELOW(hi - step)) { hi -= step; step *= 2; }
+        lo = hi - step >= 0 ? hi - step + 1 : 0;
+    }
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (BELOW(mid)) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+#undef BELOW
+}
+
+/* steps(code, start, end, n, is_work, cuts, epoch_span): one process's steps, as
+ * _steps._placed_numpy places them from its rows (one a step and name): ``code``
+ * numbers each row's (epoch, step), in their order, with the epoch's place in
+ * code / epoch_span; ``is_work`` one byte a row; ``cuts`` the sorted starts of the
+ * pipeline spans. The rows are taken in the order of their codes (nearly that of
+ * time), so each pass runs through memory in order. The steps come back in time
+ * order: a row of each (its epoch and step), its start and end, its event count. */
+PyObject *sweeps_steps(PyObject *self, PyObject *args) {
+    Py_buffer b[6];
+    memset(b, 0, sizeof(b));
+    int64_t epoch_span;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*L:steps", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &epoch_span)) {
+        for (int i = 0; i < 6; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Keyed *pairs = NULL, *tmp = NULL;
+    /* Rows in key order: start, end, count, key, step; then by key or by step. */
+    int64_t *st = NULL, *en = NULL, *cnt = NULL, *key = NULL, *target = NULL, *first = NULL, *known = NULL,
+            *rank_of = NULL, *row_of = NULL, *step_start = NULL, *work_end = NULL, *earliest = NULL,
+            *last_end = NULL, *counts = NULL, *step_end = NULL, *step_row = NULL;
+    int64_t **arrays[] = {&st, &en, &cnt, &key, &target, &first, &known, &rank_of, &row_of, &step_start,
+                          &work_end, &earliest, &last_end, &counts, &step_end, &step_row};
+    uint8_t *work = NULL, *keep = NULL, *has = NULL;
+    Py_ssize_t n, n_cuts = b[5].len / (Py_ssize_t)sizeof(int64_t);
+    if (!same_length(b, 4, &n)) goto done;
+    if (b[4].len != n || b[5].len != n_cuts * (Py_ssize_t)sizeof(int64_t) || epoch_span < 1) {
+        PyErr_SetString(PyExc_ValueError, "is_work: one byte a row; cuts: int64; epoch_span: 1 or more");
+        goto done;
+    }
+    const int64_t *code = b[0].buf, *start = b[1].buf, *end = b[2].buf, *count = b[3].buf, *cuts = b[5].buf;
+    const uint8_t *is_work = b[4].buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (code[i] < 0) { PyErr_SetString(PyExc_ValueError, "code: 0 or more"); goto done; }
+    }
+    Py_ssize_t size = n ? n : 1;
+    pairs = malloc(size * sizeof(Keyed));
+    tmp = malloc(size * sizeof(Keyed));
+    int ok = pairs && tmp;
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++)
+        ok &= (*arrays[i] = malloc(size * sizeof(int64_t))) != NULL;
+    ok &= (work = malloc(size)) != NULL;
+    ok &= (keep = malloc(size)) != NULL;
+    ok &= (has = malloc(size)) != NULL;
+    if (!ok) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t n_keys = 0, n_steps = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* Each row's key, the place of its code among the distinct ones; row_of holds the
+     * first row of each key (its epoch and step). */
+    for (Py_ssize_t i = 0; i < n; i++) pairs[i] = (Keyed){(uint64_t)code[i], (int64_t)i};
+    radix_sort(pairs, tmp, n);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t i = pairs[j].idx;
+        if (!j || pairs[j].key != pairs[j - 1].key) row_of[n_keys++] = i;
+        key[j] = n_keys - 1;
+        st[j] = start[i];
+        en[j] = end[i];
+        cnt[j] = count[i];
+        work[j] = is_work[i] != 0;
+    }
+    /* Each key's first start of work; then the spans that hold the starts of two or
+     * more other steps are left out, and again. */
+    memset(keep, 1, n);
+    for (int pass = 0; pass < 2; pass++) {
+        memset(has, 0, n_keys);
+        for (Py_ssize_t j = 0; j < n; j++) {
+            int64_t k = key[j];
+            if (!work[j] || !keep[j]) continue;
+            if (!has[k] || st[j] < first[k]) first[k] = st[j];
+            has[k] = 1;
+        }
+        if (pass) break;
+        Py_ssize_t m = 0;
+        for (Py_ssize_t k = 0; k < n_keys; k++) if (has[k]) pairs[m++] = (Keyed){0, k};
+        sort_by_value(pairs, tmp, first, m);
+        for (Py_ssize_t j = 0; j < m; j++) known[j] = first[pairs[j].idx];
+        Py_ssize_t below_end = 0, below_start = 0;  /* each search starts where the last ended */
+        for (Py_ssize_t j = 0; j < n; j++) {
+            int64_t k = key[j];
+            below_end = count_below_near(known, m, en[j], 0, below_end);
+            below_start = count_below_near(known, m, st[j], 1, below_start);
+            int own = has[k] && first[k] > st[j] && first[k] < en[j];
+            keep[j] = below_end - below_start - own < 2;
+        }
+    }
+    /* The steps found, by their first start (ties by key). */
+    for (Py_ssize_t k = 0; k < n_keys; k++) if (has[k]) pairs[n_steps++] = (Keyed){0, k};
+    sort_by_value(pairs, tmp, first, n_steps);
+    for (Py_ssize_t k = 0; k < n_keys; k++) rank_of[k] = -1;
+    for (Py_ssize_t s = 0; s < n_steps; s++) {
+        rank_of[pairs[s].idx] = s;
+        step_start[s] = first[pairs[s].idx];
+        step_row[s] = row_of[pairs[s].idx];
+        work_end[s] = INT64_MIN;
+        earliest[s] = INT64_MAX;
+        last_end[s] = 0;
+        counts[s] = 0;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t r = rank_of[key[j]];
+        if (work[j] && keep[j] && r >= 0 && en[j] > work_end[r]) work_end[r] = en[j];
+    }
+    /* The step each data-loading row belongs to (see _steps._data_targets). */
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t r = rank_of[key[j]];
+        target[j] = -1;
+        if (work[j] || !keep[j] || r < 0) continue;
+        if (st[j] > (r ? step_start[r - 1] : INT64_MIN) && st[j] < work_end[r]) {
+            target[j] = r;
+        } else if (st[j] >= work_end[r] && r + 1 < n_steps
+                   && count_below(cuts, n_cuts, step_start[r + 1], 0) == count_below(cuts, n_cuts, step_start[r], 1)) {
+            target[j] = r + 1;
+        }
+    }
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (target[j] >= 0 && st[j] < earliest[target[j]]) earliest[target[j]] = st[j];
+    for (Py_ssize_t s = 0; s < n_steps; s++) if (earliest[s] < step_start[s]) step_start[s] = earliest[s];
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t owner = work[j] ? rank_of[key[j]] : target[j];
+        if (!keep[j] || owner < 0) continue;
+        if (en[j] > last_end[owner]) last_end[owner] = en[j];
+        counts[owner] += cnt[j];
+    }
+    /* A step ends where the next of its epoch starts, else with its last span; a
+     * pipeline span starting inside it ends it there. */
+    for (Py_ssize_t s = 0; s < n_steps; s++) {
+        int same_epoch = s + 1 < n_steps && code[step_row[s]] / epoch_span == code[step_row[s + 1]] / epoch_span;
+        int64_t e = same_epoch ? step_start[s + 1] : last_end[s];
+        Py_ssize_t next_cut = count_below(cuts, n_cuts, step_start[s], 1);
+        if (next_cut < n_cuts && cuts[next_cut] < e) e = cuts[next_cut];
+        step_end[s] = e > step_start[s] ? e : step_start[s];
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(NNNN)", bytes_of(step_row, n_steps * 8), bytes_of(step_start, n_steps * 8),
+                           bytes_of(step_end, n_steps * 8), bytes_of(counts, n_steps * 8));
+done:
+    free(pairs);
+    free(tmp);
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) free(*arrays[i]);
+    free(work);
+    free(keep);
+    free(has);
+    for (int i = 0; i < 6; i++) PyBuffer_Release(&b[i]);
+    return result;
+}

@@ -1,8 +1,9 @@
-"""The C interval sweeps (``_sweeps.c``) give the numpy sweeps' answers, malformed spans included.
+"""The C interval sweeps and step model (``_sweeps.c``) give the numpy ones' answers,
+malformed spans included.
 
 Each test runs one sweep both ways on many random inputs (a fixed seed): with the C
-kernels, and with ``_busy._native`` set to None (what an install without a compiler
-runs), and compares the answers exactly.
+kernels, and with ``_busy._native`` and ``_steps._native`` set to None (what an
+install without a compiler runs), and compares the answers exactly.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install
 import numpy as np  # noqa: E402
 from polars.testing import assert_frame_equal  # noqa: E402
 
-from dftrace.analysis import _busy, summarize  # noqa: E402
+from dftrace.analysis import _busy, _steps, summarize  # noqa: E402
 from dftrace.analysis._aggregate import nesting_edges, self_time_intervals  # noqa: E402
 
 pytestmark = needs_marks("native", native_scanner_missing())
@@ -90,6 +91,7 @@ def _both_ways(monkeypatch, sweep, *args):
     answer = sweep(*args)
     with monkeypatch.context() as patch:
         patch.setattr(_busy, "_native", None)
+        patch.setattr(_steps, "_native", None)
         return answer, sweep(*args)
 
 
@@ -169,6 +171,45 @@ def test_mask_times_and_alone_intervals_match_numpy(monkeypatch):
         by_proc = frame.with_columns(pl.lit(1, pl.Int32).alias("proc"))
         for group in _busy.GROUPS:
             assert_frame_equal(*_both_ways(monkeypatch, _busy.alone_intervals, by_proc, group))
+
+
+def _step_rows(rng: np.random.Generator) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Step rows (proc, epoch, step, cat, name, start, end, n) of a few processes, about
+    100 µs a step: spans around several steps, reversed and zero-length spans, missing
+    epochs and steps, data loading before, inside and after its step's work, processes
+    with no work (DataLoader workers); and pipeline spans (proc, name, start, end)."""
+    size = int(rng.integers(0, 240))
+    steps = rng.integers(0, max(2, size // 4), size)
+    start = steps * 100 + rng.integers(-150, 150, size)
+    length = rng.integers(-5, 60, size)
+    enclosing = rng.random(size) < 0.04
+    length[enclosing] = rng.integers(150, 1200, int(enclosing.sum()))
+    cats = np.array(["compute", "comm", "device", "checkpoint", "data", "dataloader"])
+    proc = rng.integers(0, 3, size).astype(np.int32)
+    cat = cats[rng.integers(0, cats.size, size)]
+    cat[proc == 2] = "dataloader"  # a process of data loading alone
+    epoch = pl.Series("epoch", rng.integers(0, 3, size)).scatter(np.flatnonzero(rng.random(size) < 0.05), None)
+    step = pl.Series("step", steps).scatter(np.flatnonzero(rng.random(size) < 0.05), None)
+    rows = pl.DataFrame({"proc": proc, "epoch": epoch, "step": step, "cat": cat,
+                         "name": [f"n{i}" for i in rng.integers(0, 4, size)], "start": start, "end": start + length,
+                         "n": rng.integers(1, 5, size)})
+    n_cuts = int(rng.integers(0, 6))
+    containers = pl.DataFrame({"proc": rng.integers(0, 3, n_cuts).astype(np.int32), "name": ["evaluate"] * n_cuts,
+                               "start": rng.integers(-100, size * 25 + 100, n_cuts), "end": np.zeros(n_cuts, np.int64)})
+    return rows, containers
+
+
+def test_step_model_matches_numpy(monkeypatch):
+    rng = np.random.default_rng(11)
+    shortened = placed = 0
+    for _ in range(400):
+        rows, containers = _step_rows(rng)
+        native, numpy = _both_ways(monkeypatch, _steps.model_steps, rows, containers)
+        assert_frame_equal(native, numpy)
+        placed += native.height
+        # A step ended by a pipeline span, or before its work's last span by the next step.
+        shortened += native.filter(pl.col("end") < pl.col("start").shift(-1).over("proc")).height
+    assert placed > 5000 and shortened > 100
 
 
 @pytest.mark.parametrize("source", ["run", "gpu-h200", "dftracer", "ddp-buckets"])
