@@ -31,8 +31,8 @@ from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS, FrameT
 from ._sketch import BIN_SCHEMA, bins_of, merged_bins
 from ._sources import Partition
-from ._steps import (STEP_SCHEMA, STEP_TIME_SCHEMA, container_rows, model_steps, settled_procs, step_rows,
-                     with_step_times)
+from ._steps import (STEP_SCHEMA, STEP_TIME_SCHEMA, container_rows, model_steps, settled_procs, step_codes,
+                     step_rows, with_step_times)
 from ._trace import FileReport, file_reports, partition_keys, resolve_parts
 
 _GROUP_CATS = {
@@ -751,11 +751,12 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
     tables["overlap"] = _as_stored("overlap", _overlap_of(tables["intervals"]))
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
     # The regroupings run as one query: polars' default engine for a query streams
-    # the groups, several times cheaper than a data frame's own group_by. Coded names
-    # group in less memory than strings (cast back as stored).
+    # the groups, several times cheaper than a data frame's own group_by. The step
+    # rows (one a step and name: about as many as spans) are grouped again only where
+    # pieces share steps.
+    step_rows_of_each = [p.steps.height for p in partials]
     regrouped = {
-        "steps": stacked("steps").lazy().with_columns(pl.col("cat", "name").cast(pl.Categorical))
-        .group_by([*_KEY, "epoch", "step", "cat", "name"]).agg(*extent),
+        "steps": _steps_of_pieces(stacked("steps"), step_rows_of_each, extent),
         "self_times": stacked("self_times").lazy().group_by([*_KEY, "cat", "name"]).agg(pl.col("us").sum()),
         "epochs": stacked("epochs").lazy().group_by([*_KEY, "epoch"]).agg(*extent),
         "epoch_spans": stacked("epoch_spans").lazy().group_by([*_KEY, "epoch"]).agg(*extent),
@@ -768,6 +769,33 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
         tables[kind] = _as_stored(kind, stacked(kind))
     phases = pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
     return Partial(source, keys, phases=phases, **tables)
+
+
+def _steps_of_pieces(rows: pl.DataFrame, heights: list[int], extent: list[pl.Expr]) -> pl.LazyFrame:
+    """The step rows of consecutive pieces (``heights`` rows each, a row a key in
+    each) with a row a key. A step's rows are in one piece but for the steps that
+    straddle two: only the rows whose (epoch, step) falls within another piece's range
+    of them are grouped again (the shared steps and maybe a few more: exact whatever
+    the rows' order), not the whole file's rows."""
+    keys = [*_KEY, "epoch", "step", "cat", "name"]
+    codes = step_codes(rows)
+    if codes is None:  # steps too far apart to number with one integer
+        return rows.lazy().group_by(keys).agg(*extent)
+    code = codes[0]
+    ends = np.cumsum(heights)
+    pieces = [(end - height, end) for height, end in zip(heights, ends) if height]
+    ranges = [(code[a:b].min(), code[a:b].max()) for a, b in pieces]
+    shared = np.zeros(code.size, dtype=bool)
+    for i, (a, b) in enumerate(pieces):
+        for j, (low, high) in enumerate(ranges):
+            if j != i:
+                shared[a:b] |= (code[a:b] >= low) & (code[a:b] <= high)
+    if not shared.any():
+        return rows.lazy()
+    shared_rows = pl.Series(shared)
+    return pl.concat([rows.filter(~shared_rows).lazy(),
+                      rows.filter(shared_rows).lazy().group_by(keys).agg(*extent)],
+                     how="vertical")
 
 
 def _as_stored(kind: str, frame: FrameT) -> FrameT:

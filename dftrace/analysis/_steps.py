@@ -109,7 +109,7 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
     work = bool(is_work.any())
     if not work:
         is_work = np.ones(rows.height, dtype=bool)
-    codes = _step_codes(rows)
+    codes = step_codes(rows)
     if _native is not None and codes is not None:
         code, epoch_span = codes
         placed = _native.steps(code, start, end, n, is_work.astype(np.uint8), np.ascontiguousarray(cuts, np.int64),
@@ -189,7 +189,7 @@ def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, star
     return keys[order.tolist()], step_start, step_end, counts
 
 
-def _step_codes(rows: pl.DataFrame) -> tuple[np.ndarray, int] | None:
+def step_codes(rows: pl.DataFrame) -> tuple[np.ndarray, int] | None:
     """One integer a row numbering its (epoch, step) in their order, missing ones first,
     and the span of the step numbers (the code divided by it is the epoch's); None
     where their range is too wide for one integer."""

@@ -19,7 +19,8 @@ pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dft
 
 import numpy as np  # noqa: E402 (the analysis extra brings it)
 
-from dftrace.analysis import summarize  # noqa: E402
+from dftrace.analysis import _aggregate, summarize  # noqa: E402
+from dftrace.analysis._sources import expand_paths, plan_partitions  # noqa: E402
 
 
 def _nearest_rank(values: np.ndarray, q: float) -> int:
@@ -207,3 +208,31 @@ def test_summary_reads_half_the_cpus_files_at_a_time(monkeypatch):
     for cpus, threads in ((None, 1), (1, 1), (2, 1), (4, 2), (16, 8), (64, 8)):
         monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
         assert _cli.file_threads() == threads
+
+
+@pytest.mark.parametrize("piece_bytes", [None, 700, 2500])
+def test_steps_straddling_pieces_are_whole(monkeypatch, tmp_path, piece_bytes):
+    """A file read in pieces has the steps of one read at once, however its steps fall
+    across pieces: each step's data loading has two spans of one name, a prefetch
+    inside the step's work and the next batch's fetch after it (still carrying the
+    step's number). Taken as one, the step's data loading begins inside its work, so
+    the step keeps its span and the next one starts with its own work; a piece
+    boundary between the two must not make the later fetch a step of its own data."""
+    steps = 120
+    proc = tracegen.Process(4000, rank=0)
+    for step in range(steps):
+        t = tracegen.T0_US + 1000 * step
+        args = {"epoch": 0, "step": step}
+        proc.span("forward", "compute", t + 100, 300, **args)
+        proc.span("fetch", "data", t + 200, 50, **args)
+        proc.span("backward", "compute", t + 400, 300, **args)
+        proc.span("fetch", "data", t + 800, 100, **args)
+    tracegen.write_process(tmp_path, proc, lines_per_frame=3)  # a piece ends at a frame's end
+    if piece_bytes is not None:
+        monkeypatch.setattr(_aggregate, "SUMMARY_PIECE_BYTES", piece_bytes)
+        pieces = _aggregate._each_partitions_pieces(plan_partitions(expand_paths([str(tmp_path)]), 1 << 30))
+        assert sum(piece is not _aggregate._PARTITION_END for _, piece in pieces) > 20  # a few steps a piece
+    summary = summarize(tmp_path, progress=False, index=False)
+    assert summary.step_stats["count"] == steps
+    # Each step runs from its forward pass to the next one's, the last to its fetch's end.
+    assert [row["max_us"] for row in summary.steps] == [1000] * (steps - 1) + [800]
