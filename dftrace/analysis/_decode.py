@@ -279,11 +279,11 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted) -> bool:
             closed = True
     columns: dict[str, pl.Series] = {}
     for (where, key, dtype), raw in zip(sources, raw_columns):
-        series = _scanned_column(key, dtype, raw)
+        series = _scanned_column(key, dtype, raw, _PHASE_CODES if (where, key) == ("top", "ph") else None)
         if series is None:
             return False
         columns[f"{where}.{key}"] = series
-    ph = columns.pop("top.ph").replace(_PHASE_CODES)
+    ph = columns.pop("top.ph")
     name = columns["top.name"] if "name" in wanted else columns.pop("top.name")
     is_event = pl.Series(status == _LINE_EVENT)
     missing = _without_name_or_ph(result, ph, name, lambda mask: mask.arg_true().to_numpy() + 1, is_event)
@@ -310,17 +310,25 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted) -> bool:
     return True
 
 
-def _scanned_column(key: str, dtype: pl.DataType, raw: tuple[Any, bytes]) -> pl.Series | None:
-    """One scanned column as a Series (one row per line); None if a string is not UTF-8."""
+def _scanned_column(key: str, dtype: pl.DataType, raw: tuple[Any, bytes],
+                    replace: dict[str, str] | None = None) -> pl.Series | None:
+    """One scanned column as a Series (one row per line); None if a string is not UTF-8.
+    A string column comes as its distinct values and each line's place among them (-1
+    where the line has none): ``replace`` maps values, once each."""
     if dtype == pl.String:
         distinct, codes = raw
         try:
-            values = [orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode() for text in distinct]
+            values: list[str | None] = [orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode()
+                                        for text in distinct]
         except (orjson.JSONDecodeError, UnicodeDecodeError):
             return None
-        index = pl.Series(np.frombuffer(codes, dtype=np.int32))
-        index = index.to_frame("i").select(pl.when(pl.col("i") >= 0).then(pl.col("i"))).to_series()
-        return pl.Series(key, values, dtype=pl.String).gather(index).alias(key)
+        if replace:
+            values = [replace.get(value, value) for value in values]  # type: ignore[arg-type]
+        index = np.frombuffer(codes, dtype=np.int32)
+        if index.size and index.min() < 0:  # lines without the key: a null value after the others
+            index = np.where(index < 0, len(values), index)
+            values.append(None)
+        return pl.Series(key, values, dtype=pl.String).gather(index)
     values, valid = raw
     series = pl.Series(key, np.frombuffer(values, dtype=np.float64 if dtype == pl.Float64 else np.int64))
     if dtype == pl.Boolean:
