@@ -106,24 +106,26 @@ def _decode_stream(
                       f"frame/member that starts at byte {start + reader.member_start}")
 
 
-_gunzip_members: Any = False  # not looked up yet
+_whole_decoders: dict[str, Any] = {}  # looked up once each
 
 
-def _fast_gunzip() -> Any:
-    """The C engine's whole-member gzip decoder (libdeflate), or None."""
-    global _gunzip_members
-    if _gunzip_members is False:
-        _gunzip_members = None
+def _fast_whole(name: str) -> Any:
+    """The C engine's decoder of whole gzip members (``gunzip_members``, libdeflate)
+    or zstd frames (``unzstd_frames``, libzstd), which decodes without the GIL; None
+    without the engine or the library."""
+    if name not in _whole_decoders:
+        found = None
         if os.environ.get("DFTRACE_NO_SPEEDUPS", "").strip() in ("", "0"):
             try:
                 from ._core import _speedups
             except ImportError:
                 pass
             else:
-                found = getattr(_speedups, "gunzip_members", None)
-                if found is not None and found(b"", 0, 1) is not None:
-                    _gunzip_members = found
-    return _gunzip_members
+                found = getattr(_speedups, name, None)
+                if found is not None and found(b"", 0, 1) is None:
+                    found = None
+        _whole_decoders[name] = found
+    return _whole_decoders[name]
 
 
 class MemberReader:
@@ -134,7 +136,7 @@ class MemberReader:
 
     def __init__(self, magic: bytes):
         self.gzip = magic.startswith(_GZIP_MAGIC)
-        self._gunzip = _fast_gunzip() if self.gzip else None
+        self._whole = _fast_whole("gunzip_members" if self.gzip else "unzstd_frames")
         self._factory = member_decoder(magic)
         self._decoder = self._factory()
         self._blocks = _ZstdBlocks()
@@ -156,10 +158,10 @@ class MemberReader:
         data = self.held + data
         self.held = b""
         while data:
-            if self.gzip and not self._in_member and self._gunzip is not None:
-                # Whole members at once through libdeflate; one it cannot take whole
-                # (cut by the end of what was fed, damaged) goes through zlib below.
-                out, used = self._gunzip(data, 0, DECODED_PIECE)
+            if not self._in_member and self._whole is not None:
+                # Whole members or frames at once in C; one it cannot take whole (cut
+                # by the end of what was fed, damaged) goes through the decoder below.
+                out, used = self._whole(data, 0, DECODED_PIECE)
                 if used:
                     self.offset += used
                     self.member_start = self.offset

@@ -152,7 +152,7 @@ def read_ahead(pieces: Generator[_T, None, None]) -> Iterator[_T]:
 
 def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PIECE_BYTES) -> Iterator[PartitionData]:
     first = True
-    for piece in fmt.iter_line_pieces(partition.path, partition.start, partition.end, piece_bytes=piece_bytes):
+    for piece in read_ahead(fmt.iter_line_pieces(partition.path, partition.start, partition.end, piece_bytes=piece_bytes)):
         if first and _kineto.looks_like_document(piece.data[:_kineto.SNIFF_BYTES]):
             del piece
             yield _read_document(partition, wanted)  # one JSON object: read whole

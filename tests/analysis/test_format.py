@@ -244,3 +244,55 @@ def test_nesting_checked_through_sorted_runs_on_disk(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(runs))
     assert _rules(path) == expected
     assert list(runs.iterdir()) == []
+
+
+def _frames_of_every_kind() -> tuple[bytes, int, int]:
+    """zstd frames as files hold them: with their decoded size (one-shot, as dftrace
+    writes them), without it (a streaming writer), empty, one decoding to more than
+    a piece of output, a skippable frame between two; and the bytes of the one-shot
+    frames of a piece or less before the last, and of the last."""
+    import zstandard
+
+    one_shot = zstandard.ZstdCompressor(level=1)
+    lines = [b"".join(_span(10 * i + k, 5, id=k) + b"\n" for k in range(40)) for i in range(6)]
+    streamed = zstandard.ZstdCompressor(level=1, write_content_size=False).compressobj()
+    skippable = (0x184D2A50).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abc"
+    big = b"".join(_span(i, 5, id=i) + b"\n" for i in range(200_000))  # ~20 MB: more than a piece
+    small = [one_shot.compress(b"[\n" + _meta() + b"\n"), one_shot.compress(lines[0]), one_shot.compress(b""),
+             one_shot.compress(lines[2]), one_shot.compress(lines[3]), one_shot.compress(lines[4])]
+    last = one_shot.compress(lines[5])
+    frames = [*small[:2], streamed.compress(lines[1]) + streamed.flush(), *small[2:4], skippable, small[4],
+              one_shot.compress(big), small[5], last]
+    return b"".join(frames), sum(map(len, small)), len(last)
+
+
+@pytest.mark.parametrize("damage", ["none", "cut", "garbage"])
+def test_zstd_frames_decode_the_same_whole_in_c_and_streamed(tmp_path, monkeypatch, damage):
+    """The C engine decodes whole zstd frames at once without the GIL; what it cannot
+    take whole (no decoded size, skippable, bigger than a piece, cut, damaged) the
+    streaming decoder takes. Both ways give the same lines and the same report."""
+    from dftrace import _trace_reading
+
+    data, whole_bytes, last = _frames_of_every_kind()
+    data = {"none": data, "cut": data[:-40], "garbage": data[:-20] + b"\x00" * 20}[damage]
+    path = tmp_path / "t-node0-7.pfw.zst"
+    path.write_bytes(data)
+    if _trace_reading._fast_whole("unzstd_frames") is None:
+        pytest.skip("no C engine or libzstd here: the streaming decoder alone")
+    calls = []
+    whole = _trace_reading._whole_decoders["unzstd_frames"]
+
+    def counted(*args):
+        out, used = whole(*args)
+        calls.append(used)
+        return out, used
+
+    monkeypatch.setitem(_trace_reading._whole_decoders, "unzstd_frames", counted)
+    in_c = [(line.number, line.text, line.error) for line in fmt.iter_trace_lines(path)]
+    # The one-shot frames of a piece or less went through C, the last one where it is whole.
+    assert sum(calls) == whole_bytes + (last if damage == "none" else 0)
+    monkeypatch.setitem(_trace_reading._whole_decoders, "unzstd_frames", None)
+    streamed = [(line.number, line.text, line.error) for line in fmt.iter_trace_lines(path)]
+    assert in_c == streamed
+    assert len([text for _, text, error in in_c if error is None and text.startswith(b"{")]) == 1 + 5 * 40 + 200_000 + (
+        40 if damage == "none" else 0)

@@ -53,26 +53,69 @@ static struct {
     zstd_iserror_fn iserror;
 } zstd;
 
+/* zstd decoding from the same library, a whole frame at a time (frames that give
+   their decoded size, as the one-shot API writes them): the analysis's fast path. */
+typedef void *(*zstd_dcreate_fn)(void);
+typedef size_t (*zstd_dfree_fn)(void *);
+typedef size_t (*zstd_decompress_fn)(void *, void *, size_t, const void *, size_t);
+typedef size_t (*zstd_frame_size_fn)(const void *, size_t);
+typedef unsigned long long (*zstd_content_size_fn)(const void *, size_t);
+static struct {
+    int tried;
+    zstd_dcreate_fn create;
+    zstd_dfree_fn release;
+    zstd_decompress_fn decompress;
+    zstd_frame_size_fn frame_size;
+    zstd_content_size_fn content_size;
+    zstd_iserror_fn iserror;
+} unzstd;
+
 #if defined(__unix__) || defined(__APPLE__)
 #include <dlfcn.h>
+/* The system's libzstd, opened once (NULL without it). */
+static void *libzstd(void) {
+    static int tried = 0;
+    static void *handle = NULL;
+    if (tried)
+        return handle;
+    tried = 1;
+    static const char *names[] = {"libzstd.so.1", "libzstd.1.dylib", "libzstd.so", "libzstd.dylib"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !handle; i++)
+        handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    return handle;
+}
+
 int dft_load_zstd(void) {
     if (zstd.tried)
         return zstd.cctx != NULL;
     zstd.tried = 1;
-    static const char *names[] = {"libzstd.so.1", "libzstd.1.dylib", "libzstd.so", "libzstd.dylib"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!h)
-            continue;
-        zstd_create_fn create = (zstd_create_fn)dlsym(h, "ZSTD_createCCtx");
-        zstd.compress = (zstd_compress_fn)dlsym(h, "ZSTD_compressCCtx");
-        zstd.bound = (zstd_bound_fn)dlsym(h, "ZSTD_compressBound");
-        zstd.iserror = (zstd_iserror_fn)dlsym(h, "ZSTD_isError");
-        if (create && zstd.compress && zstd.bound && zstd.iserror && (zstd.cctx = create()))
-            return 1;
-        dlclose(h); /* an incomplete library: not used */
-    }
-    return 0;
+    void *h = libzstd();
+    if (!h)
+        return 0;
+    zstd_create_fn create = (zstd_create_fn)dlsym(h, "ZSTD_createCCtx");
+    zstd.compress = (zstd_compress_fn)dlsym(h, "ZSTD_compressCCtx");
+    zstd.bound = (zstd_bound_fn)dlsym(h, "ZSTD_compressBound");
+    zstd.iserror = (zstd_iserror_fn)dlsym(h, "ZSTD_isError");
+    /* an incomplete library: not used */
+    return create && zstd.compress && zstd.bound && zstd.iserror && (zstd.cctx = create());
+}
+
+static int load_unzstd(void) {
+    if (unzstd.tried)
+        return unzstd.decompress != NULL;
+    unzstd.tried = 1;
+    void *h = libzstd();
+    if (!h)
+        return 0;
+    unzstd.create = (zstd_dcreate_fn)dlsym(h, "ZSTD_createDCtx");
+    unzstd.release = (zstd_dfree_fn)dlsym(h, "ZSTD_freeDCtx");
+    unzstd.decompress = (zstd_decompress_fn)dlsym(h, "ZSTD_decompressDCtx");
+    unzstd.frame_size = (zstd_frame_size_fn)dlsym(h, "ZSTD_findFrameCompressedSize");
+    unzstd.content_size = (zstd_content_size_fn)dlsym(h, "ZSTD_getFrameContentSize");
+    unzstd.iserror = (zstd_iserror_fn)dlsym(h, "ZSTD_isError");
+    if (!(unzstd.create && unzstd.release && unzstd.frame_size && unzstd.content_size && unzstd.iserror))
+        unzstd.decompress = NULL;
+    return unzstd.decompress != NULL;
 }
 
 /* gzip members from the system's libdeflate (deflate-compatible, faster than zlib),
@@ -147,6 +190,7 @@ static int load_gunzip(void) {
 }
 #else
 int dft_load_zstd(void) { return 0; }
+static int load_unzstd(void) { return 0; }
 static int load_gzip(void) { return 0; }
 static int load_gunzip(void) { return 0; }
 #endif
@@ -190,6 +234,61 @@ PyObject *dft_gunzip_members(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     gunz.release(d);
+    PyBuffer_Release(&in);
+    if (_PyBytes_Resize(&out, (Py_ssize_t)used) < 0)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(pos - (size_t)start));
+#endif
+}
+
+/* unzstd_frames(data, start, limit) -> (decoded, consumed), or None without
+   libzstd: the whole zstd frames of data[start:] decoded one after the other,
+   without the GIL, while their decoded sizes fit in `limit` bytes. Stops early,
+   returning what it has, at a frame that does not decode whole here (cut by the end
+   of `data`, without its decoded size, larger than the room left, a skippable
+   frame, damaged): the caller's streaming decoder takes that one, and tells a cut
+   from damage. */
+PyObject *dft_unzstd_frames(PyObject *self, PyObject *args) {
+#ifndef HAVE_NATIVE_WRITE
+    Py_RETURN_NONE;
+#else
+    Py_buffer in;
+    Py_ssize_t start, limit;
+    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &limit))
+        return NULL;
+    if (!load_unzstd() || limit <= 0 || start < 0 || start > in.len) {
+        PyBuffer_Release(&in);
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, limit);
+    void *d = out ? unzstd.create() : NULL;
+    if (!d) {
+        Py_XDECREF(out);
+        PyBuffer_Release(&in);
+        return out ? PyErr_NoMemory() : NULL;
+    }
+    char *dst = PyBytes_AS_STRING(out);
+    const unsigned char *src = (const unsigned char *)in.buf;
+    size_t pos = (size_t)start, used = 0, n = (size_t)in.len, room = (size_t)limit;
+    Py_BEGIN_ALLOW_THREADS
+    while (n - pos >= 4) {
+        /* A zstd frame's magic number, little-endian: other frames are left to the caller. */
+        if (src[pos] != 0x28 || src[pos + 1] != 0xB5 || src[pos + 2] != 0x2F || src[pos + 3] != 0xFD)
+            break;
+        size_t frame = unzstd.frame_size(src + pos, n - pos);
+        if (unzstd.iserror(frame))
+            break;
+        unsigned long long size = unzstd.content_size(src + pos, frame);
+        if (size > room - used) /* also the unknown and error values, the largest numbers */
+            break;
+        size_t got = unzstd.decompress(d, dst + used, (size_t)size, src + pos, frame);
+        if (unzstd.iserror(got) || got != size)
+            break;
+        pos += frame;
+        used += got;
+    }
+    Py_END_ALLOW_THREADS
+    unzstd.release(d);
     PyBuffer_Release(&in);
     if (_PyBytes_Resize(&out, (Py_ssize_t)used) < 0)
         return NULL;
