@@ -45,6 +45,7 @@ typedef struct {
     Py_ssize_t n_entries, cap_entries;
     int32_t *slots;
     Py_ssize_t n_slots;
+    int32_t last;  /* the entry interned last, or -1 */
 } Field;
 
 static uint64_t hash_bytes(const char *p, Py_ssize_t n) {
@@ -72,14 +73,25 @@ static int grow_slots(Field *f) {
     return 0;
 }
 
+/* Whether the n bytes at a and b are the same: a loop for the short keys and values
+ * of trace lines, where a call to memcmp costs more than the comparison. */
+static inline int same_bytes(const char *a, const char *b, Py_ssize_t n) {
+    if (n > 16) return memcmp(a, b, n) == 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
+}
+
 /* The code of string ``p[0:n]`` in field ``f``, adding it when new; -1 on no memory. */
 static int32_t intern(Field *f, const char *p, Py_ssize_t n) {
+    /* The value of the line before, most often the same (a phase, a category). */
+    if (f->last >= 0 && f->entries[f->last].len == n && same_bytes(f->entries[f->last].ptr, p, n)) return f->last;
     if (f->n_entries * 2 >= f->n_slots && grow_slots(f) < 0) return -1;
     uint64_t h = hash_bytes(p, n);
     Py_ssize_t s = (Py_ssize_t)(h & (uint64_t)(f->n_slots - 1));
     while (f->slots[s] >= 0) {
         Entry *e = &f->entries[f->slots[s]];
-        if (e->hash == h && e->len == n && memcmp(e->ptr, p, n) == 0) return f->slots[s];
+        if (e->hash == h && e->len == n && same_bytes(e->ptr, p, n)) return f->last = f->slots[s];
         s = (s + 1) & (f->n_slots - 1);
     }
     if (f->n_entries == f->cap_entries) {
@@ -92,7 +104,7 @@ static int32_t intern(Field *f, const char *p, Py_ssize_t n) {
     if (f->n_entries >= INT32_MAX) return -1;
     f->entries[f->n_entries] = (Entry){p, n, h};
     f->slots[s] = (int32_t)f->n_entries;
-    return (int32_t)f->n_entries++;
+    return f->last = (int32_t)f->n_entries++;
 }
 
 static const char *skip_ws(const char *p, const char *end) {
@@ -103,6 +115,11 @@ static const char *skip_ws(const char *p, const char *end) {
 /* p at the opening quote; returns the position after the closing one, or NULL. */
 static const char *scan_string(const char *p, const char *end) {
     p++;
+    /* Most strings of a trace line are short: looked through byte by byte first. */
+    for (const char *stop = end - p > 24 ? p + 24 : end; p < stop; p++) {
+        if (*p == '\\') break;  /* escapes: counted below */
+        if (*p == '"') return p + 1;
+    }
     while (p < end) {
         const char *q = memchr(p, '"', end - p);
         if (!q) return NULL;
@@ -279,7 +296,7 @@ static Field *lookup(Memo *memo, Py_ssize_t place, Field *fields, Py_ssize_t n, 
                      Py_ssize_t len) {
     if (place >= MEMO_PLACES) return find_field(fields, n, where, key, len);
     Memo *m = &memo[place];
-    if (m->key && m->len == len && memcmp(m->key, key, len) == 0) return m->field;
+    if (m->key && m->len == len && same_bytes(m->key, key, len)) return m->field;
     m->key = key;
     m->len = len;
     m->field = find_field(fields, n, where, key, len);
@@ -354,6 +371,7 @@ static PyObject *scan_lines(PyObject *self, PyObject *args) {
         const char *key;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(spec, k), "iy#i", &f->where, &key, &f->key_len, &f->kind)) goto done;
         f->key = key;
+        f->last = -1;
         want_args |= f->where == WHERE_ARGS;
         Py_ssize_t width = f->kind == KIND_STR ? (Py_ssize_t)sizeof(int32_t) : (Py_ssize_t)sizeof(int64_t);
         f->valid_obj = PyBytes_FromStringAndSize(NULL, n_lines);
