@@ -39,6 +39,10 @@ _ODD_LINES = [
     '{"name":"counter","cat":"metric","pid":7,"tid":7,"ts":41,"ph":"C","args":{"value":3.5,"group":5}}',
     '',
     '{"name":"last","cat":"compute","pid":7,"tid":7,"ts":50,"dur":1,"ph":"X","args":{"level":1,"step":4,"epoch":1}}',
+    # Escapes past the first 24 bytes of a string, and an escaped backslash just before its end.
+    '{"name":"a name longer than the first look\\"q\\\\","cat":"compute","pid":7,"tid":7,"ts":51,"dur":1,'
+    '"ph":"X","args":{"level":1,"group":"ends in a backslash \\\\"}}',
+    '{"name":"x\\\\","cat":"compute","pid":7,"tid":7,"ts":52,"dur":1,"ph":"X","args":{"level":1}}',
 ]
 
 
