@@ -152,6 +152,7 @@ def read_ahead(pieces: Generator[_T, None, None]) -> Iterator[_T]:
 
 def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PIECE_BYTES) -> Iterator[PartitionData]:
     first = True
+    # The next piece is inflated on a thread of its own while this one is scanned.
     for piece in read_ahead(fmt.iter_line_pieces(partition.path, partition.start, partition.end, piece_bytes=piece_bytes)):
         if first and _kineto.looks_like_document(piece.data[:_kineto.SNIFF_BYTES]):
             del piece
