@@ -336,10 +336,15 @@ def _by_process(spans: pl.DataFrame) -> list[tuple[tuple[Any, ...], pl.DataFrame
     as they are, not copied apart."""
     if not spans.height:
         return []
-    first = (spans.item(0, "pid"), spans.item(0, HOST_KEY))
-    same = spans.select((pl.col("pid") == first[0]).all() & (pl.col(HOST_KEY) == first[1]).all()).item()
+    # In one query: the host key of a trace file's rows is one value, held as such
+    # until a column of it is asked for.
+    pid, host_key, same = spans.select(
+        pl.col("pid").first(), pl.col(HOST_KEY).first(),
+        ((pl.col("pid") == pl.col("pid").first()).all()
+         & (pl.col(HOST_KEY) == pl.col(HOST_KEY).first()).all()).alias("same"),
+    ).row(0)
     if same:
-        return [(first, spans)]
+        return [((pid, host_key), spans)]
     return list(spans.partition_by(_KEY, as_dict=True).items())
 
 
