@@ -153,7 +153,8 @@ def read_ahead(pieces: Generator[_T, None, None]) -> Iterator[_T]:
 def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PIECE_BYTES) -> Iterator[PartitionData]:
     first = True
     # The next piece is inflated on a thread of its own while this one is scanned.
-    for piece in read_ahead(fmt.iter_line_pieces(partition.path, partition.start, partition.end, piece_bytes=piece_bytes)):
+    lines = fmt.iter_line_pieces(partition.path, partition.start, partition.end, piece_bytes=piece_bytes)
+    for piece in read_ahead(lines):
         if first and _kineto.looks_like_document(piece.data[:_kineto.SNIFF_BYTES]):
             del piece
             yield _read_document(partition, wanted)  # one JSON object: read whole
