@@ -195,6 +195,84 @@ static int load_gzip(void) { return 0; }
 static int load_gunzip(void) { return 0; }
 #endif
 
+#ifdef HAVE_NATIVE_WRITE
+/* A decoder of whole gzip members or zstd frames, from the system's library. `run`
+   decodes the whole ones of src[*pos..n) one after the other into dst[*used..room),
+   without the GIL, advancing both; it stops at one that does not decode whole there. */
+typedef struct {
+    int (*load)(void);
+    void *(*create)(void);
+    void (*release)(void *);
+    void (*run)(void *, const unsigned char *, size_t, size_t *, char *, size_t, size_t *);
+} WholeDecoder;
+
+/* (decoded, consumed) of `w` over data[start:] into at most `limit` bytes (see
+   gunzip_members and unzstd_frames), or None without its library. */
+static PyObject *decode_whole(PyObject *args, const WholeDecoder *w) {
+    Py_buffer in;
+    Py_ssize_t start, limit;
+    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &limit))
+        return NULL;
+    if (!w->load() || limit <= 0 || start < 0 || start > in.len) {
+        PyBuffer_Release(&in);
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, limit);
+    void *d = out ? w->create() : NULL;
+    if (!d) {
+        Py_XDECREF(out);
+        PyBuffer_Release(&in);
+        return out ? PyErr_NoMemory() : NULL;
+    }
+    size_t pos = (size_t)start, used = 0;
+    Py_BEGIN_ALLOW_THREADS
+    w->run(d, (const unsigned char *)in.buf, (size_t)in.len, &pos, PyBytes_AS_STRING(out), (size_t)limit, &used);
+    Py_END_ALLOW_THREADS
+    w->release(d);
+    PyBuffer_Release(&in);
+    if (_PyBytes_Resize(&out, (Py_ssize_t)used) < 0)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(pos - (size_t)start));
+}
+
+static void *gunzip_create(void) { return gunz.alloc(); }
+static void gunzip_release(void *d) { gunz.release(d); }
+static void gunzip_run(void *d, const unsigned char *src, size_t n, size_t *pos, char *dst, size_t room,
+                       size_t *used) {
+    while (*pos < n && *used < room) {
+        size_t in_used = 0, out_used = 0;
+        /* 0: LIBDEFLATE_SUCCESS */
+        if (gunz.gunzip(d, src + *pos, n - *pos, dst + *used, room - *used, &in_used, &out_used) != 0)
+            break;
+        *pos += in_used;
+        *used += out_used;
+    }
+}
+
+static void *unzstd_create(void) { return unzstd.create(); }
+static void unzstd_release(void *d) { unzstd.release(d); }
+static void unzstd_run(void *d, const unsigned char *src, size_t n, size_t *pos, char *dst, size_t room,
+                       size_t *used) {
+    while (n - *pos >= 4) {
+        const unsigned char *at = src + *pos;
+        /* A zstd frame's magic number, little-endian: other frames are left to the caller. */
+        if (at[0] != 0x28 || at[1] != 0xB5 || at[2] != 0x2F || at[3] != 0xFD)
+            break;
+        size_t frame = unzstd.frame_size(at, n - *pos);
+        if (unzstd.iserror(frame))
+            break;
+        unsigned long long size = unzstd.content_size(at, frame);
+        if (size > room - *used) /* also the unknown and error values, the largest numbers */
+            break;
+        size_t got = unzstd.decompress(d, dst + *used, (size_t)size, at, frame);
+        if (unzstd.iserror(got) || got != size)
+            break;
+        *pos += frame;
+        *used += got;
+    }
+}
+#endif
+
 /* gunzip_members(data, start, limit) -> (decoded, consumed), or None without
    libdeflate: the whole gzip members of data[start:] decoded one after the other,
    without the GIL, until about `limit` bytes came out. Stops early, returning what
@@ -205,39 +283,8 @@ PyObject *dft_gunzip_members(PyObject *self, PyObject *args) {
 #ifndef HAVE_NATIVE_WRITE
     Py_RETURN_NONE;
 #else
-    Py_buffer in;
-    Py_ssize_t start, limit;
-    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &limit))
-        return NULL;
-    if (!load_gunzip() || limit <= 0 || start < 0 || start > in.len) {
-        PyBuffer_Release(&in);
-        Py_RETURN_NONE;
-    }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, limit);
-    void *d = out ? gunz.alloc() : NULL;
-    if (!d) {
-        Py_XDECREF(out);
-        PyBuffer_Release(&in);
-        return out ? PyErr_NoMemory() : NULL;
-    }
-    char *dst = PyBytes_AS_STRING(out);
-    const char *src = (const char *)in.buf;
-    size_t pos = (size_t)start, used = 0, n = (size_t)in.len, room = (size_t)limit;
-    Py_BEGIN_ALLOW_THREADS
-    while (pos < n && used < room) {
-        size_t in_used = 0, out_used = 0;
-        /* 0: LIBDEFLATE_SUCCESS */
-        if (gunz.gunzip(d, src + pos, n - pos, dst + used, room - used, &in_used, &out_used) != 0)
-            break;
-        pos += in_used;
-        used += out_used;
-    }
-    Py_END_ALLOW_THREADS
-    gunz.release(d);
-    PyBuffer_Release(&in);
-    if (_PyBytes_Resize(&out, (Py_ssize_t)used) < 0)
-        return NULL;
-    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(pos - (size_t)start));
+    static const WholeDecoder gunzip = {load_gunzip, gunzip_create, gunzip_release, gunzip_run};
+    return decode_whole(args, &gunzip);
 #endif
 }
 
@@ -252,47 +299,8 @@ PyObject *dft_unzstd_frames(PyObject *self, PyObject *args) {
 #ifndef HAVE_NATIVE_WRITE
     Py_RETURN_NONE;
 #else
-    Py_buffer in;
-    Py_ssize_t start, limit;
-    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &limit))
-        return NULL;
-    if (!load_unzstd() || limit <= 0 || start < 0 || start > in.len) {
-        PyBuffer_Release(&in);
-        Py_RETURN_NONE;
-    }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, limit);
-    void *d = out ? unzstd.create() : NULL;
-    if (!d) {
-        Py_XDECREF(out);
-        PyBuffer_Release(&in);
-        return out ? PyErr_NoMemory() : NULL;
-    }
-    char *dst = PyBytes_AS_STRING(out);
-    const unsigned char *src = (const unsigned char *)in.buf;
-    size_t pos = (size_t)start, used = 0, n = (size_t)in.len, room = (size_t)limit;
-    Py_BEGIN_ALLOW_THREADS
-    while (n - pos >= 4) {
-        /* A zstd frame's magic number, little-endian: other frames are left to the caller. */
-        if (src[pos] != 0x28 || src[pos + 1] != 0xB5 || src[pos + 2] != 0x2F || src[pos + 3] != 0xFD)
-            break;
-        size_t frame = unzstd.frame_size(src + pos, n - pos);
-        if (unzstd.iserror(frame))
-            break;
-        unsigned long long size = unzstd.content_size(src + pos, frame);
-        if (size > room - used) /* also the unknown and error values, the largest numbers */
-            break;
-        size_t got = unzstd.decompress(d, dst + used, (size_t)size, src + pos, frame);
-        if (unzstd.iserror(got) || got != size)
-            break;
-        pos += frame;
-        used += got;
-    }
-    Py_END_ALLOW_THREADS
-    unzstd.release(d);
-    PyBuffer_Release(&in);
-    if (_PyBytes_Resize(&out, (Py_ssize_t)used) < 0)
-        return NULL;
-    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(pos - (size_t)start));
+    static const WholeDecoder unzstd_decoder = {load_unzstd, unzstd_create, unzstd_release, unzstd_run};
+    return decode_whole(args, &unzstd_decoder);
 #endif
 }
 
