@@ -111,8 +111,9 @@ def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
 
 def aggregate_partitions(partitions: Iterable[Partition], *, model: bool = True) -> Iterator[Partial]:
     """Read each of ``partitions`` in turn and reduce it to a :class:`Partial` (runs on
-    workers), piece by piece: the piece being reduced and the next one, decoded
-    meanwhile on a thread (``read_ahead``), are held at a time. A partition's pieces'
+    workers), piece by piece: the piece being reduced, the next one, decoded
+    meanwhile on a thread (``read_ahead``), and the one after, inflated meanwhile on
+    another, are held at a time. A partition's pieces'
     partials are then folded into one and its steps modelled on a thread of their
     own (``_finished``) while the next partition's pieces are read. A whole file's
     step rows become its processes' steps (``Partial.modelled``) unless ``model`` is
