@@ -24,9 +24,11 @@
  * masks(group, start, end, size, alone_bit) sweeps the boundaries of a process's
  *   intervals, each toggling its group's bit: the time in each bit mask (size masks at
  *   least), and the runs where the mask is alone_bit alone (none when it is -1).
+ * steps(code, start, end, n, is_work, cuts, epoch_span) places one process's steps
+ *   from its step rows, as _steps' numpy model does (see its comment below).
  *
- * Arrays come in as contiguous buffers (int64, level_valid uint8, innermost's group
- * int8) and go back as bytes the caller views with numpy. The work runs without the GIL.
+ * Arrays come in as contiguous buffers (int64, level_valid and is_work uint8,
+ * innermost's group int8) and go back as bytes the caller views with numpy. The work runs without the GIL.
  */
 
 #define PY_SSIZE_T_CLEAN

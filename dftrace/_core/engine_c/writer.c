@@ -72,24 +72,32 @@ static struct {
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <dlfcn.h>
-/* The system's libzstd, opened once (NULL without it). */
-static void *libzstd(void) {
-    static int tried = 0;
-    static void *handle = NULL;
-    if (tried)
-        return handle;
-    tried = 1;
-    static const char *names[] = {"libzstd.so.1", "libzstd.1.dylib", "libzstd.so", "libzstd.dylib"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !handle; i++)
-        handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    return handle;
+/* A system library by the names it goes by, opened at first use. */
+typedef struct {
+    int tried;
+    void *handle;
+    const char *names[4];
+} Library;
+
+/* The library's handle, opened once (NULL without it). */
+static void *library(Library *lib) {
+    if (!lib->tried) {
+        lib->tried = 1;
+        for (size_t i = 0; i < sizeof(lib->names) / sizeof(lib->names[0]) && !lib->handle; i++)
+            lib->handle = dlopen(lib->names[i], RTLD_NOW | RTLD_LOCAL);
+    }
+    return lib->handle;
 }
+
+static Library zstd_library = {0, NULL, {"libzstd.so.1", "libzstd.1.dylib", "libzstd.so", "libzstd.dylib"}};
+static Library deflate_library = {0, NULL,
+                                  {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so", "libdeflate.dylib"}};
 
 int dft_load_zstd(void) {
     if (zstd.tried)
         return zstd.cctx != NULL;
     zstd.tried = 1;
-    void *h = libzstd();
+    void *h = library(&zstd_library);
     if (!h)
         return 0;
     zstd_create_fn create = (zstd_create_fn)dlsym(h, "ZSTD_createCCtx");
@@ -104,7 +112,7 @@ static int load_unzstd(void) {
     if (unzstd.tried)
         return unzstd.decompress != NULL;
     unzstd.tried = 1;
-    void *h = libzstd();
+    void *h = library(&zstd_library);
     if (!h)
         return 0;
     unzstd.create = (zstd_dcreate_fn)dlsym(h, "ZSTD_createDCtx");
@@ -133,25 +141,11 @@ static struct {
     void *by_level[13];
 } gz;
 
-/* The system's libdeflate, opened once (NULL without it). */
-static void *libdeflate(void) {
-    static int tried = 0;
-    static void *handle = NULL;
-    if (tried)
-        return handle;
-    tried = 1;
-    static const char *names[] = {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so",
-                                  "libdeflate.dylib"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !handle; i++)
-        handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    return handle;
-}
-
 static int load_gzip(void) {
     if (gz.tried)
         return gz.gzip != NULL;
     gz.tried = 1;
-    void *h = libdeflate();
+    void *h = library(&deflate_library);
     if (!h)
         return 0;
     gz.alloc = (deflate_alloc_fn)dlsym(h, "libdeflate_alloc_compressor");
@@ -178,7 +172,7 @@ static int load_gunzip(void) {
     if (gunz.tried)
         return gunz.gunzip != NULL;
     gunz.tried = 1;
-    void *h = libdeflate();
+    void *h = library(&deflate_library);
     if (!h)
         return 0;
     gunz.alloc = (inflate_alloc_fn)dlsym(h, "libdeflate_alloc_decompressor");
