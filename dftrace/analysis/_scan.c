@@ -451,6 +451,7 @@ PyObject *sweeps_innermost(PyObject *self, PyObject *args);
 PyObject *sweeps_union(PyObject *self, PyObject *args);
 PyObject *sweeps_masks(PyObject *self, PyObject *args);
 PyObject *sweeps_steps(PyObject *self, PyObject *args);
+PyObject *sweeps_across(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"scan_lines", scan_lines, METH_VARARGS,
@@ -463,6 +464,8 @@ static PyMethodDef methods[] = {
      "masks(group, start, end, size, alone_bit) -> (totals, alone_starts, alone_ends): see _sweeps.c."},
     {"steps", sweeps_steps, METH_VARARGS,
      "steps(code, start, end, n, is_work, cuts, epoch_span) -> (rows, starts, ends, counts): see _sweeps.c."},
+    {"across", sweeps_across, METH_VARARGS,
+     "across(code, start, dur, order) -> (rows, counts, starts, lows, middles, highs, slowest): see _sweeps.c."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dftrace.analysis._scan",

@@ -344,6 +344,30 @@ def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFra
         (pl.col("end") - pl.col("start")).alias("dur"))
 
 
+def step_spread(by_unit: pl.DataFrame) -> pl.DataFrame | None:
+    """epoch, step, ranks, start_us, min_us, median_us, max_us, slowest: each step's
+    ranks compared (``by_unit``: unit, unit_order, epoch, step, start, dur), as
+    ``_summary._steps``' query compares them, by the C kernel in one sort; None where
+    it cannot (an install without a compiler, a missing time or rank order, steps too
+    many to number with one integer): the query then does."""
+    if _native is None or not by_unit.height or any(
+            by_unit.get_column(name).null_count() for name in ("start", "dur", "unit_order")):
+        return None
+    codes = step_codes(by_unit)
+    if codes is None:
+        return None
+    compared = _native.across(codes[0], *(by_unit.get_column(name).to_numpy().astype(np.int64)
+                                          for name in ("start", "dur", "unit_order")))
+    row, ranks, start, low, middle, high, slowest = (np.frombuffer(array, np.int64) for array in compared)
+    return pl.DataFrame({
+        "epoch": by_unit.get_column("epoch").gather(row),
+        "step": by_unit.get_column("step").gather(row),
+        "ranks": pl.Series(ranks, dtype=pl.UInt32),
+        "start_us": start, "min_us": low, "median_us": middle, "max_us": high,
+        "slowest": by_unit.get_column("unit").gather(slowest),
+    })
+
+
 def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
                  epoch: int | None) -> pl.DataFrame:
     """_unit, _from, _to: per unit, the time of steps ``first``..``last`` (of

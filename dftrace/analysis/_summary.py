@@ -33,7 +33,7 @@ from ._kineto import activity_schema
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
 from ._sketch import EXACT_BELOW_US, RELATIVE_ERROR
 from ._sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
-from ._steps import STEP_TIME_SCHEMA, model_steps, time_in_steps, unit_steps
+from ._steps import STEP_TIME_SCHEMA, model_steps, step_spread, time_in_steps, unit_steps
 from ._stragglers import analyse, match_collectives
 from ._parquet import resolved_records
 from ._trace import PathsLike, TraceTable, as_path_list, load_traces, require_content
@@ -393,9 +393,9 @@ def _median_expr() -> pl.Expr:
 
 def _steps(by_unit: pl.DataFrame) -> pl.DataFrame:
     """Per (epoch, step): ranks, start, min/median/max time, slowest rank, max/median."""
-    return (
-        by_unit.group_by(["epoch", "step"])
-        .agg(
+    compared = step_spread(by_unit)
+    if compared is None:
+        compared = by_unit.group_by(["epoch", "step"]).agg(
             pl.len().alias("ranks"),
             pl.col("start").min().alias("start_us"),
             pl.col("dur").min().alias("min_us"),
@@ -403,7 +403,8 @@ def _steps(by_unit: pl.DataFrame) -> pl.DataFrame:
             pl.col("dur").max().alias("max_us"),
             _slowest().alias("slowest"),
         )
-        .with_columns(
+    return (
+        compared.with_columns(
             pl.when(pl.col("median_us") > 0).then(pl.col("max_us") / pl.col("median_us")).alias("imbalance")
         )
         .sort(["epoch", "step"], nulls_last=True)

@@ -26,6 +26,8 @@
  *   least), and the runs where the mask is alone_bit alone (none when it is -1).
  * steps(code, start, end, n, is_work, cuts, epoch_span) places one process's steps
  *   from its step rows, as _steps' numpy model does (see its comment below).
+ * across(code, start, dur, order) compares the ranks' times of each step, as
+ *   _summary._steps' query does.
  *
  * Arrays come in as contiguous buffers (int64, level_valid and is_work uint8,
  * innermost's group int8) and go back as bytes the caller views with numpy. The work runs without the GIL.
@@ -833,5 +835,88 @@ done:
     free(keep);
     free(has);
     for (int i = 0; i < 6; i++) PyBuffer_Release(&b[i]);
+    return result;
+}
+
+/* Sorts the n values at a (insertion for the few ranks of most steps). */
+static int compare_int64(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+static void sort_values(int64_t *a, Py_ssize_t n) {
+    if (n > 32) { qsort(a, n, sizeof(int64_t), compare_int64); return; }
+    for (Py_ssize_t i = 1; i < n; i++) {
+        int64_t x = a[i];
+        Py_ssize_t j = i;
+        while (j > 0 && x < a[j - 1]) { a[j] = a[j - 1]; j--; }
+        a[j] = x;
+    }
+}
+
+/* across(code, start, dur, order): each step's ranks compared, as _summary._steps'
+ * query compares them: ``code`` numbers each row's (epoch, step) (one row a rank and
+ * step), ``order`` is the rank's place. For each step, in the order of the codes: a
+ * row of it, its rows, the least start, the least, median (the lower middle) and
+ * greatest duration, and the row of the slowest rank (the longest; ties to the
+ * least order, then to the first row). */
+PyObject *sweeps_across(PyObject *self, PyObject *args) {
+    Py_buffer b[4];
+    memset(b, 0, sizeof(b));
+    if (!PyArg_ParseTuple(args, "y*y*y*y*:across", &b[0], &b[1], &b[2], &b[3])) {
+        for (int i = 0; i < 4; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Keyed *pairs = NULL, *tmp = NULL;
+    int64_t *row = NULL, *count = NULL, *first = NULL, *low = NULL, *middle = NULL, *high = NULL, *slowest = NULL,
+            *durs = NULL;
+    int64_t **arrays[] = {&row, &count, &first, &low, &middle, &high, &slowest, &durs};
+    Py_ssize_t n, n_steps = 0;
+    if (!same_length(b, 4, &n)) goto done;
+    const int64_t *code = b[0].buf, *start = b[1].buf, *dur = b[2].buf, *order = b[3].buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (code[i] < 0) { PyErr_SetString(PyExc_ValueError, "code: 0 or more"); goto done; }
+    }
+    Py_ssize_t size = n ? n : 1;
+    pairs = malloc(size * sizeof(Keyed));
+    tmp = malloc(size * sizeof(Keyed));
+    int ok = pairs && tmp;
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++)
+        ok &= (*arrays[i] = malloc(size * sizeof(int64_t))) != NULL;
+    if (!ok) { PyErr_NoMemory(); goto done; }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) pairs[i] = (Keyed){(uint64_t)code[i], (int64_t)i};
+    radix_sort(pairs, tmp, n);
+    for (Py_ssize_t j = 0; j < n;) {
+        Py_ssize_t end = j + 1;
+        while (end < n && pairs[end].key == pairs[j].key) end++;
+        int64_t i = pairs[j].idx, best = i, least = start[i];
+        for (Py_ssize_t k = j; k < end; k++) {
+            int64_t r = pairs[k].idx;
+            durs[k - j] = dur[r];
+            if (start[r] < least) least = start[r];
+            if (dur[r] > dur[best] || (dur[r] == dur[best] && order[r] < order[best])) best = r;
+        }
+        Py_ssize_t m = end - j;
+        sort_values(durs, m);
+        row[n_steps] = i;
+        count[n_steps] = m;
+        first[n_steps] = least;
+        low[n_steps] = durs[0];
+        middle[n_steps] = durs[(m - 1) / 2];
+        high[n_steps] = durs[m - 1];
+        slowest[n_steps] = best;
+        n_steps++;
+        j = end;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(NNNNNNN)", bytes_of(row, n_steps * 8), bytes_of(count, n_steps * 8),
+                           bytes_of(first, n_steps * 8), bytes_of(low, n_steps * 8), bytes_of(middle, n_steps * 8),
+                           bytes_of(high, n_steps * 8), bytes_of(slowest, n_steps * 8));
+done:
+    free(pairs);
+    free(tmp);
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) free(*arrays[i]);
+    for (int i = 0; i < 4; i++) PyBuffer_Release(&b[i]);
     return result;
 }

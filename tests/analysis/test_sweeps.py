@@ -18,7 +18,7 @@ pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install
 import numpy as np  # noqa: E402
 from polars.testing import assert_frame_equal  # noqa: E402
 
-from dftrace.analysis import _busy, _steps, summarize  # noqa: E402
+from dftrace.analysis import _busy, _steps, _summary, summarize  # noqa: E402
 from dftrace.analysis._aggregate import nesting_edges, self_time_intervals  # noqa: E402
 
 pytestmark = needs_marks("native", native_scanner_missing())
@@ -210,6 +210,36 @@ def test_step_model_matches_numpy(monkeypatch):
         # A step ended by a pipeline span, or before its work's last span by the next step.
         shortened += native.filter(pl.col("end") < pl.col("start").shift(-1).over("proc")).height
     assert placed > 5000 and shortened > 100
+
+
+def _rank_steps(rng: np.random.Generator) -> pl.DataFrame:
+    """unit, unit_order, epoch, step, start, dur: each rank's steps, a random subset of
+    a run's steps each (missing epochs and steps among them), durations drawn from a
+    few values so that ranks tie, up to 60 ranks a step."""
+    n_units = int(rng.integers(1, 61))
+    orders = rng.choice(np.arange(-50, 50), size=n_units, replace=False)
+    keys = [(e, s) for e in [None, 0, 3] for s in [None, *range(int(rng.integers(1, 12)))]]
+    rows = []
+    for unit, order in enumerate(orders.tolist()):
+        for epoch, step in keys:
+            if rng.random() < 0.7:
+                rows.append((f"r{unit}", order, epoch, step, int(rng.integers(-500, 500)), int(rng.integers(0, 6))))
+    return pl.DataFrame(rows, orient="row", schema={"unit": pl.String, "unit_order": pl.Int64, "epoch": pl.Int64,
+                                                     "step": pl.Int64, "start": pl.Int64, "dur": pl.Int64})
+
+
+def test_steps_compared_across_ranks_match_the_query(monkeypatch):
+    rng = np.random.default_rng(5)
+    steps = tied = wide = 0
+    for _ in range(300):
+        by_unit = _rank_steps(rng)
+        native, query = _both_ways(monkeypatch, _summary._steps, by_unit)
+        assert_frame_equal(native, query)
+        steps += native.height
+        longest = by_unit.group_by("epoch", "step").agg((pl.col("dur") == pl.col("dur").max()).sum().alias("k"))
+        tied += longest.filter(pl.col("k") > 1).height  # the slowest rank picked among ties
+        wide += native.filter(pl.col("ranks") > 32).height
+    assert steps > 3000 and tied > 1000 and wide > 100
 
 
 @pytest.mark.parametrize("source", ["run", "gpu-h200", "dftracer", "ddp-buckets"])
