@@ -232,7 +232,13 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     """Compute every answer from combined aggregates (``rank_steps`` keeps at most
     ``rank_steps_limit`` rows, by default RANK_STEPS_LIMIT)."""
     found = steps_of(combined)
-    procs, runs, process_steps, steps_by_unit = found.procs, found.runs, found.process_steps, found.by_unit
+    # The whole files' steps (the largest table) are held by the steps found alone from
+    # here, and each table below is let go once the answers that read it are built.
+    combined.modelled = None
+    procs, runs, steps_by_unit = found.procs, found.runs, found.by_unit
+    epochs = _epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]),
+                     _steps_in_epochs(found.process_steps, _epoch_source(combined)))
+    gpu_per_step = gpu_steps(combined.activity, found.process_steps, combined.resolution)
     units = {unit: (rank, host) for unit, rank, host in
              procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
     # Each rank-step's compute and blocked time: found as its file was read where the
@@ -245,36 +251,37 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     )
     compute = dict(times.group_by("unit").agg(pl.col("compute_us").sum()).iter_rows())
     blocked = times.drop("compute_us")
-    # The columns no answer below reads are let go (the rank-steps are the peak).
     del times, found
     steps_by_unit = steps_by_unit.drop("end", "n", *STEP_TIME_SCHEMA)
-    process_steps = process_steps.drop(*STEP_TIME_SCHEMA)
     steps = _steps(steps_by_unit)
     stragglers, collectives, waits = analyse(
         match_collectives(combined.collectives, procs), steps_by_unit, blocked, compute, units
     )
+    del blocked
     limit = RANK_STEPS_LIMIT if rank_steps_limit is None else rank_steps_limit
     rank_steps, sampled = _rank_steps(steps_by_unit, steps.select("epoch", "step"), waits, runs, procs, limit)
+    del waits
+    step_stats, imbalance = _step_stats(steps_by_unit), _imbalance(steps_by_unit, steps)
+    del steps_by_unit
     return Summary(
         overview=_overview(combined, procs, runs),
         files=[_file_dict(f) for f in combined.files],
         processes=_process_rows(combined, procs),
         categories=category_rows(combined.durations, combined.self_times),
-        epochs=_epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]),
-                       _steps_in_epochs(process_steps, _epoch_source(combined))),
+        epochs=epochs,
         stragglers=stragglers,
         collectives=collectives,
         runs=runs,
         steps=_rows(steps),
-        step_stats=_step_stats(steps_by_unit),
+        step_stats=step_stats,
         rank_steps=rank_steps,
         rank_steps_sampled=sampled,
         breakdown=_breakdown(combined, procs),
         dataloader=dataloader_rows(combined.durations, procs),
-        imbalance=_imbalance(steps_by_unit, steps),
+        imbalance=imbalance,
         distributions=distribution_rows(combined.durations),
         gpu=gpu_answers(combined.activity, combined.resolution),
-        gpu_steps=gpu_steps(combined.activity, process_steps, combined.resolution),
+        gpu_steps=gpu_per_step,
     )
 
 
