@@ -48,13 +48,17 @@ typedef struct {
     int32_t last;  /* the entry interned last, or -1 */
 } Field;
 
+/* A hash of the n bytes at p, eight at a time (names and categories are short). */
 static uint64_t hash_bytes(const char *p, Py_ssize_t n) {
-    uint64_t h = 1469598103934665603ULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 1099511628211ULL;
+    uint64_t h = (uint64_t)n * 0x9E3779B97F4A7C15ULL, w;
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
     }
-    return h;
+    for (w = 0; n > 0; n--) w = (w << 8) | (unsigned char)p[n - 1];
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
 }
 
 static int grow_slots(Field *f) {
@@ -80,6 +84,13 @@ static inline int same_bytes(const char *a, const char *b, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++)
         if (a[i] != b[i]) return 0;
     return 1;
+}
+
+/* Whether the string whose text starts at p is spelled as ``e`` is: the same bytes,
+ * then a quote. That quote closes it: the backslashes before it are e's own, an even
+ * number where e was read as a whole string. */
+static inline int spelled_at(const Entry *e, const char *p, const char *end) {
+    return end - p > e->len && p[e->len] == '"' && same_bytes(e->ptr, p, e->len);
 }
 
 /* The code of string ``p[0:n]`` in field ``f``, adding it when new; -1 on no memory. */
@@ -264,6 +275,12 @@ static const char *read_field(Field *f, Py_ssize_t i, const char *p, const char 
         return q;
     }
     if (*p != '"') return NULL;
+    if (f->last >= 0 && spelled_at(&f->entries[f->last], p + 1, end)) {
+        /* the value of the line before: the same bytes, then its closing quote */
+        f->codes[i] = f->last;
+        f->valid[i] = 1;
+        return p + 2 + f->entries[f->last].len;
+    }
     q = scan_string(p, end);
     if (!q) return NULL;
     code = intern(f, p + 1, q - p - 2);
@@ -284,7 +301,8 @@ static Field *find_field(Field *fields, Py_ssize_t n, int where, const char *key
 /* Writers put the keys of every event in the same order, so the key at a given place
  * in an object is most often the one found there on the line before: each place
  * remembers its last key (a pointer into the data) and what it matched, wanted or
- * not, and a key that differs is looked up among the fields. */
+ * not. A key spelled the same is taken without scanning it first; one that differs
+ * is looked up among the fields. */
 #define MEMO_PLACES 32
 typedef struct {
     const char *key;
@@ -292,15 +310,12 @@ typedef struct {
     Field *field;
 } Memo;
 
+/* The field of a key its place did not hold on the line before, remembered there. */
 static Field *lookup(Memo *memo, Py_ssize_t place, Field *fields, Py_ssize_t n, int where, const char *key,
                      Py_ssize_t len) {
-    if (place >= MEMO_PLACES) return find_field(fields, n, where, key, len);
-    Memo *m = &memo[place];
-    if (m->key && m->len == len && same_bytes(m->key, key, len)) return m->field;
-    m->key = key;
-    m->len = len;
-    m->field = find_field(fields, n, where, key, len);
-    return m->field;
+    Field *f = find_field(fields, n, where, key, len);
+    if (place < MEMO_PLACES) memo[place] = (Memo){key, len, f};
+    return f;
 }
 
 /* Walk the object at p (at '{'); returns the position after its '}' or NULL. */
@@ -311,15 +326,25 @@ static const char *scan_object(Field *fields, Py_ssize_t n_fields, Memo *memo, i
     Memo *own = memo + where * MEMO_PLACES;
     for (Py_ssize_t place = 0; p < end; place++) {
         if (*p != '"') return NULL;
-        const char *key = p + 1;
-        const char *q = scan_string(p, end);
-        if (!q) return NULL;
-        Py_ssize_t key_len = q - key - 1;
+        const char *key = p + 1, *q;
+        Py_ssize_t key_len;
+        Field *f;
+        Memo *m = place < MEMO_PLACES ? &own[place] : NULL;
+        if (m && m->key && spelled_at(&(Entry){m->key, m->len, 0}, key, end)) {
+            /* the key this place held on the line before */
+            key_len = m->len;
+            q = key + key_len + 1;
+            f = m->field;
+        } else {
+            q = scan_string(p, end);
+            if (!q) return NULL;
+            key_len = q - key - 1;
+            f = lookup(own, place, fields, n_fields, where, key, key_len);
+        }
         p = skip_ws(q, end);
         if (p >= end || *p != ':') return NULL;
         p = skip_ws(p + 1, end);
         if (p >= end) return NULL;
-        Field *f = lookup(own, place, fields, n_fields, where, key, key_len);
         if (f) {
             p = read_field(f, row, p, end);
         } else if (where == WHERE_TOP && want_args && *p == '{' && key_len == 4 && memcmp(key, "args", 4) == 0) {

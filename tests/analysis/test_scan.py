@@ -181,3 +181,29 @@ def test_keys_in_a_changing_order_land_in_their_columns(tmp_path, monkeypatch):
     got = scanned.events.sort("ts").select("name", "cat", "pid", "tid", "ts", "dur", "level", "step", "epoch",
                                            "count").rows()
     assert got == expected
+
+
+@needs_scanner
+def test_a_string_spelled_like_the_line_befores_is_read_whole(tmp_path, monkeypatch):
+    """The scanner takes a key or string value spelled as the one of the line before
+    without scanning it: a value that only starts the same (longer, an escaped quote
+    where the last one ended, an escaped backslash at its end), short and long, is
+    read whole, and a line cut right after such a value is broken, not read."""
+    import json
+
+    names = ["step", "step", "steps", 'step\\"', "step\\\\", "step\\\\", 'step\\\\\\"x', "a name past sixteen bytes",
+             "a name past sixteen bytes", "a name past sixteen bytes!", "", "", "x"]
+    lines = [f'{{"name":"{name}","cat":"{name}","pid":7,"tid":7,"ts":{i},"dur":1,"ph":"X","args":{{"level":1}}}}'
+             for i, name in enumerate(names)]
+    lines.append('{"name":"x"')  # cut after the value of the line before
+    path = tmp_path / "repeated.pfw"
+    _write(path, ("[\n" + _META + "\n".join(lines) + "\n]\n").encode())
+    with monkeypatch.context() as patch:  # every line read by the scanner itself
+        patch.setattr(_decode, "_read_lines", lambda *args: pytest.fail("the scanner gave the file up"))
+        load_traces(path, columns=SUMMARY_COLUMNS)
+    scanned, parsed = _both_ways(path, monkeypatch)
+    assert_frame_equal(scanned.events, parsed.events)
+    expected = [json.loads(f'"{name}"') for name in names]
+    assert scanned.events.sort("ts").get_column("name").to_list() == expected
+    assert scanned.events.sort("ts").get_column("cat").to_list() == expected
+    assert scanned.files[0].broken_count == 1
