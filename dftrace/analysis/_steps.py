@@ -102,9 +102,7 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
 
 
 def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFrame:
-    start = rows.get_column("start").to_numpy().astype(np.int64)
-    end = rows.get_column("end").to_numpy().astype(np.int64)
-    n = rows.get_column("n").to_numpy().astype(np.int64)
+    start, end, n = (np.ascontiguousarray(rows.get_column(name).to_numpy(), np.int64) for name in ("start", "end", "n"))
     is_work = rows.get_column("cat").is_in(WORK_CATS).to_numpy()
     work = bool(is_work.any())
     if not work:
@@ -193,19 +191,16 @@ def step_codes(rows: pl.DataFrame) -> tuple[np.ndarray, int] | None:
     """One integer a row numbering its (epoch, step) in their order, missing ones first,
     and the span of the step numbers (the code divided by it is the epoch's); None
     where their range is too wide for one integer."""
-    parts = []
+    places, spans = [], []
     for name in ("epoch", "step"):
         column = rows.get_column(name)
-        present = column.is_not_null().to_numpy()
-        values = column.fill_null(0).to_numpy().astype(np.int64)
-        low = int(values[present].min()) if present.any() else 0
-        high = int(values[present].max()) if present.any() else 0
-        parts.append((present, values, low, high - low + 2))  # 0 stands for missing
-    (e_present, e_values, e_low, e_span), (s_present, s_values, s_low, s_span) = parts
-    if e_span * s_span >= 1 << 62:
+        low, high = column.min(), column.max()  # None where every value is missing
+        low, high = (0, 0) if low is None else (int(low), int(high))
+        places.append((pl.col(name).cast(pl.Int64) - low + 1).fill_null(0))  # 0 stands for missing
+        spans.append(high - low + 2)
+    if spans[0] * spans[1] >= 1 << 62:
         return None
-    code = (np.where(e_present, e_values - e_low + 1, 0) * s_span + np.where(s_present, s_values - s_low + 1, 0))
-    return code, s_span
+    return rows.select(places[0] * spans[1] + places[1]).to_series().to_numpy(), spans[1]
 
 
 def _step_keys(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None
@@ -356,7 +351,7 @@ def step_spread(by_unit: pl.DataFrame) -> pl.DataFrame | None:
     codes = step_codes(by_unit)
     if codes is None:
         return None
-    compared = _native.across(codes[0], *(by_unit.get_column(name).to_numpy().astype(np.int64)
+    compared = _native.across(codes[0], *(np.ascontiguousarray(by_unit.get_column(name).to_numpy(), np.int64)
                                           for name in ("start", "dur", "unit_order")))
     row, ranks, start, low, middle, high, slowest = (np.frombuffer(array, np.int64) for array in compared)
     return pl.DataFrame({
