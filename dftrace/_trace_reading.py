@@ -13,6 +13,8 @@ from typing import IO, Any, NamedTuple
 
 import orjson
 
+from ._native import speedups_allowed
+
 # --- tolerant decoding ---------------------------------------------------------------
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -115,7 +117,7 @@ def _fast_whole(name: str) -> Any:
     without the engine or the library."""
     if name not in _whole_decoders:
         found = None
-        if os.environ.get("DFTRACE_NO_SPEEDUPS", "").strip() in ("", "0"):
+        if speedups_allowed():
             try:
                 from ._core import _speedups
             except ImportError:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import threading
 import weakref
 import sys
@@ -47,6 +46,7 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any, NamedTuple
 
+from .._native import speedups_allowed
 from . import state as _state
 from .buffer import BUFFER, SPECIALS, discard_buffered, room as _room, wait_for_room, wake_consumer
 from .nvtx_ranges import close_range as nvtx_close, open_range as nvtx_open
@@ -697,7 +697,7 @@ def _clocks_agree(native_clock: Any, tries: int = 5) -> bool:
 def _load_speedups() -> Any:
     """The C engine, when it was built, uses the same clock, and
     ``DFTRACE_NO_SPEEDUPS`` is not set; else None (pure Python)."""
-    if os.environ.get("DFTRACE_NO_SPEEDUPS", "").strip() not in ("", "0"):
+    if not speedups_allowed():
         return None
     try:
         from . import _speedups as mod

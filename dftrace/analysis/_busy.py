@@ -15,10 +15,10 @@ from typing import NamedTuple
 import numpy as np
 import polars as pl
 
-try:
-    from . import _scan as _native
-except ImportError:  # built without a compiler: numpy sweeps
-    _native = None
+from .._native import analysis_kernels
+
+#: The C sweeps; None without them (no compiler, or DFTRACE_NO_SPEEDUPS): numpy's.
+_native = analysis_kernels()
 
 #: Activity groups of the time breakdown, in bit order. ``.block`` spans (the loop
 #: body of ``.iter()``) are containers, not activity, and are left out.

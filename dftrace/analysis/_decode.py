@@ -23,15 +23,15 @@ import orjson
 import polars as pl
 
 from .. import format as fmt
+from .._native import analysis_kernels
 from . import _kineto
 from ._schema import EVENT_COLUMNS, HOST_KEY, RAW_FIELDS, coerce_value
 from ._parquet import read_parquet_parts
 from ._sources import Partition
 
-try:
-    from . import _scan
-except ImportError:  # built without a compiler: polars alone parses
-    _scan = None
+#: The C line scanner; None without it (no compiler, or DFTRACE_NO_SPEEDUPS): polars
+#: alone parses.
+_scan = analysis_kernels()
 
 # Keep this many broken lines (number and reason) per partition; all are counted.
 MAX_BROKEN_KEPT = 100

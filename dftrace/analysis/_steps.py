@@ -33,12 +33,11 @@ import numpy as np
 import polars as pl
 
 from .. import format as fmt
+from .._native import analysis_kernels
 from ._schema import FrameT
 
-try:
-    from . import _scan as _native
-except ImportError:  # built without a compiler: the numpy step model
-    _native = None
+#: The C step kernels; None without them (no compiler, or DFTRACE_NO_SPEEDUPS): numpy's.
+_native = analysis_kernels()
 
 #: Categories whose spans place a step in time; data loading follows them.
 WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)

@@ -20,7 +20,7 @@ pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dft
 import numpy as np  # noqa: E402 (the analysis extra brings it)
 
 from dftrace import _trace_reading  # noqa: E402
-from dftrace.analysis import _aggregate, summarize  # noqa: E402
+from dftrace.analysis import _aggregate, _decode, summarize  # noqa: E402
 from dftrace.analysis._sources import expand_paths, plan_partitions  # noqa: E402
 
 
@@ -75,6 +75,8 @@ LIMIT_MB = 800
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_DATA bounds every private mapping on Linux only")
+@pytest.mark.skipif(_decode._scan is None, reason="without the C scanner, polars' own parser reserves address "
+                    "space as its threads happen to run (1.1-1.3 GB for 320 MB resident here): no data limit holds")
 def test_memory_is_bounded_by_keys_not_events(tmp_path):
     """A 2.4 GB (decoded) trace summarised under an 800 MB data limit: one process's
     steps repeated in gzip members, so its events keep growing and its names, steps

@@ -14,6 +14,7 @@ import orjson
 import pytest
 import tracegen
 from _peak_memory import PEAK_MB
+from _requirements import native_engine_missing, needs
 import zstandard
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
@@ -268,6 +269,7 @@ def test_watch_ends_when_the_writer_is_gone(tmp_path):
     assert watch.returncode == 0 and "1 cut off" in watch.stdout
 
 
+@needs("native", native_engine_missing())  # the writer process is the C engine's
 def test_summary_says_how_a_killed_process_ended(tmp_path, capsys):
     """writer="process", then kill -9: the file records it and the summary says so."""
     script = textwrap.dedent(f"""
