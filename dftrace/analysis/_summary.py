@@ -230,7 +230,8 @@ def steps_of(combined: Combined) -> UnitSteps:
 
 def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) -> Summary:
     """Compute every answer from combined aggregates (``rank_steps`` keeps at most
-    ``rank_steps_limit`` rows, by default RANK_STEPS_LIMIT)."""
+    ``rank_steps_limit`` rows, by default RANK_STEPS_LIMIT). The whole files' steps
+    are taken over: ``combined.modelled`` is None afterwards."""
     found = steps_of(combined)
     # The whole files' steps (the largest table) are held by the steps found alone from
     # here, and each table below is let go once the answers that read it are built.

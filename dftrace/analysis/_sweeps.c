@@ -659,6 +659,22 @@ static void sort_by_value(Keyed *a, Keyed *tmp, const int64_t *values, Py_ssize_
     radix_sort(a, tmp, n);
 }
 
+/* For a kernel that takes rows by their ``code`` (0 or more, checked): the radix
+ * sort's pairs and work space, and each of ``arrays`` (n int64 each, one at least).
+ * 1 when all are had, else 0 with the Python error set (the caller frees them all). */
+static int keyed_rows(const int64_t *code, Py_ssize_t n, Keyed **pairs, Keyed **tmp, int64_t **const *arrays,
+                      size_t n_arrays) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (code[i] < 0) { PyErr_SetString(PyExc_ValueError, "code: 0 or more"); return 0; }
+    }
+    Py_ssize_t size = n ? n : 1;
+    int ok = (*pairs = malloc(size * sizeof(Keyed))) != NULL;
+    ok &= (*tmp = malloc(size * sizeof(Keyed))) != NULL;
+    for (size_t i = 0; i < n_arrays; i++) ok &= (*arrays[i] = malloc(size * sizeof(int64_t))) != NULL;
+    if (!ok) PyErr_NoMemory();
+    return ok;
+}
+
 /* How many of the m sorted ``values`` are below x (or at most x when ``or_equal``). */
 static Py_ssize_t count_below(const int64_t *values, Py_ssize_t m, int64_t x, int or_equal) {
     Py_ssize_t lo = 0, hi = m;
@@ -724,16 +740,9 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     }
     const int64_t *code = b[0].buf, *start = b[1].buf, *end = b[2].buf, *count = b[3].buf, *cuts = b[5].buf;
     const uint8_t *is_work = b[4].buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (code[i] < 0) { PyErr_SetString(PyExc_ValueError, "code: 0 or more"); goto done; }
-    }
+    if (!keyed_rows(code, n, &pairs, &tmp, arrays, sizeof(arrays) / sizeof(arrays[0]))) goto done;
     Py_ssize_t size = n ? n : 1;
-    pairs = malloc(size * sizeof(Keyed));
-    tmp = malloc(size * sizeof(Keyed));
-    int ok = pairs && tmp;
-    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++)
-        ok &= (*arrays[i] = malloc(size * sizeof(int64_t))) != NULL;
-    ok &= (work = malloc(size)) != NULL;
+    int ok = (work = malloc(size)) != NULL;
     ok &= (keep = malloc(size)) != NULL;
     ok &= (has = malloc(size)) != NULL;
     if (!ok) { PyErr_NoMemory(); goto done; }
@@ -874,16 +883,7 @@ PyObject *sweeps_across(PyObject *self, PyObject *args) {
     Py_ssize_t n, n_steps = 0;
     if (!same_length(b, 4, &n)) goto done;
     const int64_t *code = b[0].buf, *start = b[1].buf, *dur = b[2].buf, *order = b[3].buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (code[i] < 0) { PyErr_SetString(PyExc_ValueError, "code: 0 or more"); goto done; }
-    }
-    Py_ssize_t size = n ? n : 1;
-    pairs = malloc(size * sizeof(Keyed));
-    tmp = malloc(size * sizeof(Keyed));
-    int ok = pairs && tmp;
-    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++)
-        ok &= (*arrays[i] = malloc(size * sizeof(int64_t))) != NULL;
-    if (!ok) { PyErr_NoMemory(); goto done; }
+    if (!keyed_rows(code, n, &pairs, &tmp, arrays, sizeof(arrays) / sizeof(arrays[0]))) goto done;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) pairs[i] = (Keyed){(uint64_t)code[i], (int64_t)i};
     radix_sort(pairs, tmp, n);
