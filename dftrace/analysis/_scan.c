@@ -86,16 +86,17 @@ static inline int same_bytes(const char *a, const char *b, Py_ssize_t n) {
     return 1;
 }
 
-/* Whether the string whose text starts at p is spelled as ``e`` is: the same bytes,
- * then a quote. That quote closes it: the backslashes before it are e's own, an even
- * number where e was read as a whole string. */
-static inline int spelled_at(const Entry *e, const char *p, const char *end) {
-    return end - p > e->len && p[e->len] == '"' && same_bytes(e->ptr, p, e->len);
+/* Whether the string whose text starts at p is spelled as the n bytes at ``text``
+ * (a string read whole before): the same bytes, then a quote. That quote closes it:
+ * the backslashes before it are the text's own, an even number. */
+static inline int spelled_at(const char *text, Py_ssize_t n, const char *p, const char *end) {
+    return end - p > n && p[n] == '"' && same_bytes(text, p, n);
 }
 
 /* The code of string ``p[0:n]`` in field ``f``, adding it when new; -1 on no memory. */
 static int32_t intern(Field *f, const char *p, Py_ssize_t n) {
-    /* The value of the line before, most often the same (a phase, a category). */
+    /* The value of the line before, most often the same: a number where text is
+     * expected (DFTracer's integer phases; a string is matched before its scan). */
     if (f->last >= 0 && f->entries[f->last].len == n && same_bytes(f->entries[f->last].ptr, p, n)) return f->last;
     if (f->n_entries * 2 >= f->n_slots && grow_slots(f) < 0) return -1;
     uint64_t h = hash_bytes(p, n);
@@ -275,7 +276,7 @@ static const char *read_field(Field *f, Py_ssize_t i, const char *p, const char 
         return q;
     }
     if (*p != '"') return NULL;
-    if (f->last >= 0 && spelled_at(&f->entries[f->last], p + 1, end)) {
+    if (f->last >= 0 && spelled_at(f->entries[f->last].ptr, f->entries[f->last].len, p + 1, end)) {
         /* the value of the line before: the same bytes, then its closing quote */
         f->codes[i] = f->last;
         f->valid[i] = 1;
@@ -330,7 +331,7 @@ static const char *scan_object(Field *fields, Py_ssize_t n_fields, Memo *memo, i
         Py_ssize_t key_len;
         Field *f;
         Memo *m = place < MEMO_PLACES ? &own[place] : NULL;
-        if (m && m->key && spelled_at(&(Entry){m->key, m->len, 0}, key, end)) {
+        if (m && m->key && spelled_at(m->key, m->len, key, end)) {
             /* the key this place held on the line before */
             key_len = m->len;
             q = key + key_len + 1;

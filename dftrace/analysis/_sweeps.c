@@ -30,7 +30,8 @@
  *   _summary._steps' query does.
  *
  * Arrays come in as contiguous buffers (int64, level_valid and is_work uint8,
- * innermost's group int8) and go back as bytes the caller views with numpy. The work runs without the GIL.
+ * innermost's group int8) and go back as bytes the caller views with numpy. The work
+ * runs without the GIL.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -847,21 +848,6 @@ done:
     return result;
 }
 
-/* Sorts the n values at a (insertion for the few ranks of most steps). */
-static int compare_int64(const void *x, const void *y) {
-    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
-    return (a > b) - (a < b);
-}
-static void sort_values(int64_t *a, Py_ssize_t n) {
-    if (n > 32) { qsort(a, n, sizeof(int64_t), compare_int64); return; }
-    for (Py_ssize_t i = 1; i < n; i++) {
-        int64_t x = a[i];
-        Py_ssize_t j = i;
-        while (j > 0 && x < a[j - 1]) { a[j] = a[j - 1]; j--; }
-        a[j] = x;
-    }
-}
-
 /* across(code, start, dur, order): each step's ranks compared, as _summary._steps'
  * query compares them: ``code`` numbers each row's (epoch, step) (one row a rank and
  * step), ``order`` is the rank's place. For each step, in the order of the codes: a
@@ -898,7 +884,7 @@ PyObject *sweeps_across(PyObject *self, PyObject *args) {
             if (dur[r] > dur[best] || (dur[r] == dur[best] && order[r] < order[best])) best = r;
         }
         Py_ssize_t m = end - j;
-        sort_values(durs, m);
+        sort_keys(durs, (int64_t *)tmp, m);  /* tmp, the radix sort's, is free again */
         row[n_steps] = i;
         count[n_steps] = m;
         first[n_steps] = least;
