@@ -55,6 +55,14 @@ NOISE_FLOOR_US = 100
 #: A step is held back by a rank now and then when its lead exceeds this many of
 #: its noise scales.
 NOISE_MULTIPLE = 5
+#: A rank's ordinary steps are those within NOISE_MULTIPLE robust scales (1.4826
+#: times the median absolute deviation) of its median lead, found in at most this
+#: many rounds, each taking the scale of the steps the one before kept.
+NOISE_ROUNDS = 5
+#: The noise scale is this quantile of the ordinary steps' distances from their
+#: median lead, divided by NOISE_QUANTILE_Z (that of normal noise: the scale reads
+#: as a standard deviation).
+NOISE_QUANTILE, NOISE_QUANTILE_Z = 0.9, 1.645
 #: The least share of steps in which a rank's lead is taken to go beyond its noise
 #: by chance (a busy machine's hiccups).
 CHANCE_RATE = 0.02
@@ -81,9 +89,10 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
     rank with the largest lead arrived last. A rank stands out in one of two ways:
 
     - now and then (a slow batch, a hiccup): its noise scale is the step-to-step
-      spread of its lead (1.4826 times the median absolute deviation, at least
-      NOISE_FLOOR_US), and a step is held back when it was last with a lead beyond
-      NOISE_MULTIPLE noise scales; it stands out when it held the others back in
+      spread of its lead over its ordinary steps (NOISE_ROUNDS): the
+      NOISE_QUANTILE of their distances from their median lead over
+      NOISE_QUANTILE_Z, at least NOISE_FLOOR_US; a step is held back when it was
+      last with a lead beyond NOISE_MULTIPLE noise scales; it stands out when it held the others back in
       MIN_HELD_STEPS steps or more, more often than chance allows (one-sided
       binomial test over the steps, the chance being the other ranks' share of such
       steps, at least CHANCE_RATE);
@@ -189,9 +198,27 @@ def _leads(steps: pl.DataFrame, blocked: pl.DataFrame, calls: pl.DataFrame) -> p
         return pl.DataFrame(schema=schema)
     others = (pl.col("us").sum().over(step) - pl.col("us")) / (pl.col("ranks") - 1)
     frame = frame.with_columns((others - pl.col("us")).alias("lead_us"))
-    spread = 1.4826 * (pl.col("lead_us") - pl.col("lead_us").median()).abs().median()
+    # The noise is measured on the rank's ordinary steps: rounds leave out the leads
+    # beyond NOISE_MULTIPLE robust scales of the median lead (the steps the rank held
+    # back, or was held in: a quarter of slowed steps would widen the scale half as
+    # much again and hide themselves) until the steps left agree; the scale of those
+    # is then read from their tail, which scheduling hiccups make heavier than normal.
+    rank, floor = ["run", "unit"], pl.lit(float(NOISE_FLOOR_US))
+    frame = frame.with_columns(pl.col("lead_us").alias("kept"))
+    kept = frame.height
+    for _ in range(NOISE_ROUNDS):
+        typical = pl.col("kept").median().over(rank)
+        spread = pl.max_horizontal(1.4826 * (pl.col("kept") - typical).abs().median().over(rank), floor)
+        frame = frame.with_columns(
+            pl.when((pl.col("lead_us") - typical).abs() <= NOISE_MULTIPLE * spread).then(pl.col("lead_us"))
+            .alias("kept"))
+        kept, before = frame.get_column("kept").count(), kept
+        if kept == before:
+            break
+    deviation = (pl.col("kept") - pl.col("kept").median().over(rank)).abs()
     frame = frame.with_columns(
-        pl.max_horizontal(spread.over(["run", "unit"]), pl.lit(float(NOISE_FLOOR_US))).alias("noise_us"),
+        pl.max_horizontal(deviation.quantile(NOISE_QUANTILE, "linear").over(rank) / NOISE_QUANTILE_Z, floor)
+        .alias("noise_us"),
         (pl.col("unit") == pl.col("unit").sort_by(["lead_us", "unit_order"], descending=[True, False])
          .first().over(step)).alias("last"),
     )

@@ -249,6 +249,38 @@ def test_noise_names_no_straggler(tmp_path):
     assert render_text(summary).splitlines()[2].strip().startswith("no rank stands out: arrival skew within noise")
 
 
+def _noisy_jitter(steps, seed):
+    """µs added to each rank's forward: a busy machine's noise (normal, 1.5 ms), and
+    now and then a hiccup of 4-8 ms."""
+    import random
+
+    rng = random.Random(seed)
+    return {(r, s): max(0, round(6_000 + rng.gauss(0, 1_500) + (rng.uniform(4_000, 8_000) if rng.random() < 0.05 else 0)))
+            for r in range(2) for s in range(steps)}
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_slowed_steps_do_not_hide_in_the_noise_they_make(tmp_path, seed):
+    """A quarter of the steps slowed by 25 ms, the lead's noise about 2.5 ms with
+    hiccups: measured over all steps, the spread takes the slowed steps in and
+    widens by half, hiding a fifth to a third of them; measured over the ordinary
+    steps, every slowed step is held back and the wait caused is the time planted."""
+    steps, slow_us = 64, 25_000
+    slow_steps = {s for s in range(steps) if s % 4 == 1}
+    _bucketed_run(tmp_path, steps, slow_steps, slow_us, buckets=2, jitter=_noisy_jitter(steps, seed))
+    worst, other = summarize(tmp_path).stragglers
+    assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, len(slow_steps))
+    assert abs(worst["caused_wait_us"] - len(slow_steps) * slow_us) <= 0.1 * len(slow_steps) * slow_us, worst
+    assert (other["held_steps"], other["significant"]) == (0, False)
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_hiccups_name_no_straggler(tmp_path, seed):
+    """The same noise and hiccups with no rank slowed: no rank stands out."""
+    _bucketed_run(tmp_path, 64, set(), 0, buckets=2, jitter=_noisy_jitter(64, seed))
+    assert not any(s["significant"] for s in summarize(tmp_path).stragglers)
+
+
 @pytest.mark.parametrize("partition_bytes", [None, 300])
 def test_self_time_of_each_name(lockstep, partition_bytes):
     """Self time is the time a name's spans were the innermost: backward's is its own
