@@ -255,8 +255,11 @@ def _noisy_jitter(steps, seed):
     import random
 
     rng = random.Random(seed)
-    return {(r, s): max(0, round(6_000 + rng.gauss(0, 1_500) + (rng.uniform(4_000, 8_000) if rng.random() < 0.05 else 0)))
-            for r in range(2) for s in range(steps)}
+    def forward_us() -> int:
+        hiccup = rng.uniform(4_000, 8_000) if rng.random() < 0.05 else 0
+        return max(0, round(6_000 + rng.gauss(0, 1_500) + hiccup))
+
+    return {(r, s): forward_us() for r in range(2) for s in range(steps)}
 
 
 @pytest.mark.parametrize("seed", [3, 4])
