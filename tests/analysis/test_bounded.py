@@ -205,6 +205,43 @@ def test_the_command_keeps_the_c_heap_in_one_arena(setting, arenas):
     assert sum(line.startswith("Arena ") for line in out.stderr.splitlines()) == arenas
 
 
+_PIECES_CHECK = """
+import resource, sys
+from dftrace._trace_reading import LINE_PIECE_BYTES
+from dftrace.analysis import _cli
+if sys.argv[1] == "heap":
+    _cli._one_heap_arena()
+faults = []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    piece = b"".join([b"x" * (LINE_PIECE_BYTES // 2)] * 2)  # as a piece is joined
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    del piece
+print(min(faults[1:]), LINE_PIECE_BYTES // 4096)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
+@pytest.mark.parametrize("setting", ["heap", "default"])
+def test_each_piece_takes_the_place_of_the_one_before(setting):
+    """A piece (64 MiB) is above the largest block glibc takes from its heap by
+    itself: mapped on its own, each of its pages faulted in anew. The command has
+    them taken from the heap: the second piece on reuses the first's pages (a few
+    faults, where without the setting each piece faults all its pages in, and those
+    of its parts)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX"):
+        env.pop(name, None)
+    out = subprocess.run([sys.executable, "-c", _PIECES_CHECK, setting], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    faults, pages = map(int, out.stdout.split())
+    if setting == "heap":
+        assert faults < pages // 20, (faults, pages)
+    else:
+        assert faults >= pages, (faults, pages)
+
+
 def test_summary_reads_half_the_cpus_files_at_a_time(monkeypatch):
     from dftrace.analysis import _cli
 
