@@ -238,8 +238,8 @@ def _one_heap_arena() -> None:
 
     The pieces (``LINE_PIECE_BYTES``, 64 MiB) are above the largest size glibc
     takes from its heap by itself (32 MiB): each was mapped on its own, every page
-    of it faulted in anew, and unmapped when freed, a third of the summary's page
-    faults. From the heap, each piece takes the place the one before it freed."""
+    of it faulted in anew, and unmapped when freed (a quarter of the summary's
+    page faults). From the heap, each piece takes the place the one before it freed."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
         mallopt(_M_ARENA_MAX, 1)

@@ -92,10 +92,10 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
       spread of its lead over its ordinary steps (NOISE_ROUNDS): the
       NOISE_QUANTILE of their distances from their median lead over
       NOISE_QUANTILE_Z, at least NOISE_FLOOR_US; a step is held back when it was
-      last with a lead beyond NOISE_MULTIPLE noise scales; it stands out when it held the others back in
-      MIN_HELD_STEPS steps or more, more often than chance allows (one-sided
-      binomial test over the steps, the chance being the other ranks' share of such
-      steps, at least CHANCE_RATE);
+      last with a lead beyond NOISE_MULTIPLE noise scales; it stands out when it
+      held the others back in MIN_HELD_STEPS steps or more, more often than
+      chance allows (one-sided binomial test over the steps, the chance being the
+      other ranks' share of such steps, at least CHANCE_RATE);
     - in most steps (a slower rank), when it does not stand out the first way: it was
       last in more steps than chance gives it (a binomial test against 1/ranks) and its
       median lead over all steps is at least CONSISTENT_SHARE of the median step
