@@ -159,7 +159,7 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
             command = f"dftrace {getattr(args, 'command', None) or ''}".strip()
             try:
                 check_installed(*needs, needed_by=command)
-                _one_heap_arena()
+                _command_heap()
                 if "polars" in needs:
                     _load_polars()
                 return run(args)
@@ -228,7 +228,7 @@ def _python_handles_ctrl_c() -> None:
 _M_ARENA_MAX, _M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD = -8, -3, -1
 
 
-def _one_heap_arena() -> None:
+def _command_heap() -> None:
     """Keep this process's C heap (glibc) in one arena. A file's next piece is decoded
     on a thread of its own and freed by the thread that reduced it; with glibc's
     arena per thread, each arena kept the high-water mark of the pieces it held

@@ -205,15 +205,15 @@ def _leads(steps: pl.DataFrame, blocked: pl.DataFrame, calls: pl.DataFrame) -> p
     # is then read from their tail, which scheduling hiccups make heavier than normal.
     rank, floor = "rank_of_run", pl.lit(float(NOISE_FLOOR_US))  # an integer key: the windows a third cheaper
     frame = frame.with_columns(pl.col("lead_us").alias("kept"), pl.struct("run", "unit").rank("dense").alias(rank))
-    kept = frame.height
+    left = frame.height  # steps kept
     for _ in range(NOISE_ROUNDS):
         typical = pl.col("kept").median().over(rank)
         spread = pl.max_horizontal(1.4826 * (pl.col("kept") - typical).abs().median().over(rank), floor)
         frame = frame.with_columns(
             pl.when((pl.col("lead_us") - typical).abs() <= NOISE_MULTIPLE * spread).then(pl.col("lead_us"))
             .alias("kept"))
-        kept, before = frame.get_column("kept").count(), kept
-        if kept == before:
+        left, before = frame.get_column("kept").count(), left
+        if left == before:
             break
     deviation = (pl.col("kept") - pl.col("kept").median().over(rank)).abs()
     frame = frame.with_columns(

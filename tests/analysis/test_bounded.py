@@ -177,7 +177,7 @@ _ARENAS_CHECK = """
 import ctypes, sys, threading
 from dftrace.analysis import _cli
 if sys.argv[1] == "one":
-    _cli._one_heap_arena()
+    _cli._command_heap()
 held = []
 def allocate():
     held.extend(bytes(4096) for _ in range(2000))  # C heap blocks, not Python's small-object pools
@@ -210,7 +210,7 @@ import resource, sys
 from dftrace._trace_reading import LINE_PIECE_BYTES
 from dftrace.analysis import _cli
 if sys.argv[1] == "heap":
-    _cli._one_heap_arena()
+    _cli._command_heap()
 faults = []
 for _ in range(4):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -255,6 +255,7 @@ def _noisy_jitter(steps, seed):
     import random
 
     rng = random.Random(seed)
+
     def forward_us() -> int:
         hiccup = rng.uniform(4_000, 8_000) if rng.random() < 0.05 else 0
         return max(0, round(6_000 + rng.gauss(0, 1_500) + hiccup))
