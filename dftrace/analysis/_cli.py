@@ -180,12 +180,15 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
     return decorate
 
 
-#: How long polars' allocator (jemalloc) keeps freed pages before it returns them to
-#: the system. polars' own setting keeps them 0.5 s, then marks them free for the
-#: kernel to take when it needs them (1 s more, resident until then); these are
-#: returned after a second, and then at once (polars adds a setting found in
-#: ``_RJEM_MALLOC_CONF`` after its own, so this one is in force).
-_POLARS_ALLOCATOR = "dirty_decay_ms:1000,muzzy_decay_ms:0"
+#: polars' allocator (jemalloc) for a command. Freed pages: polars' own setting keeps
+#: them 0.5 s, then marks them free for the kernel to take when it needs them (1 s
+#: more, resident until then); these are returned after a second, and then at once.
+#: One arena for all threads: a piece's columns are made on the thread that decodes
+#: it and freed on the one that reduced it, and with jemalloc's arenas (four per CPU,
+#: each new thread given the least used) the pages freed in one arena were of no use to the threads of
+#: the others (a third of the summary's page faults). polars adds a setting found in
+#: ``_RJEM_MALLOC_CONF`` after its own, so this one is in force.
+_POLARS_ALLOCATOR = "dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1"
 
 
 def _load_polars() -> None:
@@ -236,10 +239,13 @@ def _command_heap() -> None:
     thread (glibc fixes its arena limit then); nothing where the C library has no
     such setting.
 
-    The pieces (``LINE_PIECE_BYTES``, 64 MiB) are above the largest size glibc
-    takes from its heap by itself (32 MiB): each was mapped on its own, every page
-    of it faulted in anew, and unmapped when freed (a quarter of the summary's
-    page faults). From the heap, each piece takes the place the one before it freed."""
+    A piece of decoded text (``LINE_PIECE_BYTES``, 64 MiB; the summary's, 16 MiB
+    joined from chunks of up to 8 MiB) is above the size from which glibc maps a
+    block on its own (raised to the largest block freed, 32 MiB at most), and glibc
+    hands back the free top of its heap beyond twice that size: a piece was mapped
+    on its own, or the heap's top returned, and every page of the next one faulted
+    in anew (a quarter of the summary's page faults). From the heap, kept, each
+    piece takes the place the one before it freed."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
         mallopt(_M_ARENA_MAX, 1)

@@ -173,6 +173,31 @@ def test_polars_allocator_setting_is_for_polars_alone():
     assert loaded == "True" and conf.endswith(",narenas:1") and "dirty_decay_ms:1000" not in conf
 
 
+def test_polars_allocator_takes_the_command_setting():
+    """jemalloc itself reports the setting in force once polars is loaded for a
+    command: freed pages returned after a second, and one arena for every thread (a
+    misspelt or overridden option would leave jemalloc's own)."""
+    check = (
+        "from dftrace.analysis import _cli\n"
+        "_cli._POLARS_ALLOCATOR += ',stats_print:true'  # jemalloc reports its options at exit\n"
+        "_cli._load_polars()\n"
+        "import polars as pl\n"
+        "pl.DataFrame({'a': list(range(1000))}).sum()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    if "jemalloc statistics" not in out.stderr:
+        pytest.skip("this polars build does not use jemalloc")
+    options = dict(line.strip().split(": ", 1) for line in out.stderr.splitlines()
+                   if line.strip().startswith("opt.") and ": " in line)
+    assert "Invalid conf" not in out.stderr
+    assert options["opt.narenas"] == "1"
+    assert options["opt.dirty_decay_ms"].split()[0] == "1000"
+    assert options["opt.muzzy_decay_ms"].split()[0] == "0"
+
+
 _ARENAS_CHECK = """
 import ctypes, sys, threading
 from dftrace.analysis import _cli
