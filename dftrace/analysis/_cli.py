@@ -184,10 +184,11 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
 #: them 0.5 s, then marks them free for the kernel to take when it needs them (1 s
 #: more, resident until then); these are returned after a second, and then at once.
 #: One arena for all threads: a piece's columns are made on the thread that decodes
-#: it and freed on the one that reduced it, and with jemalloc's arenas (four per CPU,
-#: each new thread given the least used) the pages freed in one arena were of no use to the threads of
-#: the others (a third of the summary's page faults). polars adds a setting found in
-#: ``_RJEM_MALLOC_CONF`` after its own, so this one is in force.
+#: it and freed on the one that reduced it, and with jemalloc's arenas (four per
+#: CPU, each new thread given the least used) the pages freed in one arena were of
+#: no use to the threads of the others (a third of the summary's page faults).
+#: polars adds a setting found in ``_RJEM_MALLOC_CONF`` after its own, so this one
+#: is in force.
 _POLARS_ALLOCATOR = "dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1"
 
 

@@ -150,6 +150,16 @@ def test_a_process_in_several_files_has_the_steps_of_one(tmp_path):
         assert getattr(two, field) == getattr(one, field), field
 
 
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by this Python in a process of its own, without a polars
+    allocator setting in its environment but those of ``env``; it must succeed."""
+    environ = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    environ.update(env, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 def test_polars_allocator_setting_is_for_polars_alone():
     """The summary command loads polars with its allocator returning freed pages after
     a second; the setting is read when polars loads and not left in the environment
@@ -160,15 +170,8 @@ def test_polars_allocator_setting_is_for_polars_alone():
         "_load_polars()\n"
         "print('polars' in sys.modules, os.environ.get('_RJEM_MALLOC_CONF'))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["True", "None"]
-    env["_RJEM_MALLOC_CONF"] = "narenas:1"
-    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    loaded, conf = out.stdout.split()
+    assert _python(check).stdout.split() == ["True", "None"]
+    loaded, conf = _python(check, _RJEM_MALLOC_CONF="narenas:1").stdout.split()
     # polars puts a setting of its own before the user's; ours is not added
     assert loaded == "True" and conf.endswith(",narenas:1") and "dirty_decay_ms:1000" not in conf
 
@@ -184,10 +187,7 @@ def test_polars_allocator_takes_the_command_setting():
         "import polars as pl\n"
         "pl.DataFrame({'a': list(range(1000))}).sum()\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _python(check)
     if "jemalloc statistics" not in out.stderr:
         pytest.skip("this polars build does not use jemalloc")
     options = dict(line.strip().split(": ", 1) for line in out.stderr.splitlines()
