@@ -150,12 +150,20 @@ def test_a_process_in_several_files_has_the_steps_of_one(tmp_path):
         assert getattr(two, field) == getattr(one, field), field
 
 
-def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``code`` run by this Python in a process of its own, without a polars
-    allocator setting in its environment but those of ``env``; it must succeed."""
-    environ = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+#: The allocator settings a test's own process is started without.
+_ALLOCATOR_VARIABLES = ("_RJEM_MALLOC_CONF", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+def _python(code: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run with ``args`` by this Python in a process of its own, without the
+    allocator settings of this one's environment but those of ``env``."""
+    environ = {k: v for k, v in os.environ.items() if k not in _ALLOCATOR_VARIABLES}
     environ.update(env, PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=environ,
+                          timeout=120)
+
+
+def _succeeded(out: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
     assert out.returncode == 0, out.stderr[-2000:]
     return out
 
@@ -170,8 +178,8 @@ def test_polars_allocator_setting_is_for_polars_alone():
         "_load_polars()\n"
         "print('polars' in sys.modules, os.environ.get('_RJEM_MALLOC_CONF'))\n"
     )
-    assert _python(check).stdout.split() == ["True", "None"]
-    loaded, conf = _python(check, _RJEM_MALLOC_CONF="narenas:1").stdout.split()
+    assert _succeeded(_python(check)).stdout.split() == ["True", "None"]
+    loaded, conf = _succeeded(_python(check, _RJEM_MALLOC_CONF="narenas:1")).stdout.split()
     # polars puts a setting of its own before the user's; ours is not added
     assert loaded == "True" and conf.endswith(",narenas:1") and "dirty_decay_ms:1000" not in conf
 
@@ -187,7 +195,7 @@ def test_polars_allocator_takes_the_command_setting():
         "import polars as pl\n"
         "pl.DataFrame({'a': list(range(1000))}).sum()\n"
     )
-    out = _python(check)
+    out = _succeeded(_python(check))
     if "jemalloc statistics" not in out.stderr:
         pytest.skip("this polars build does not use jemalloc")
     options = dict(line.strip().split(": ", 1) for line in out.stderr.splitlines()
@@ -220,10 +228,7 @@ def test_the_command_keeps_the_c_heap_in_one_arena(setting, arenas):
     keeps glibc's heap in one arena, so the pieces that thread decodes reuse the
     memory the others freed (an arena per thread held about 60 MB more). Without the
     setting, a thread's allocations open an arena of their own."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("MALLOC_ARENA_MAX", None)
-    out = subprocess.run([sys.executable, "-c", _ARENAS_CHECK, setting], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = _python(_ARENAS_CHECK, setting)
     if out.returncode != 0 and "malloc_stats" in out.stderr:
         pytest.skip("not glibc")
     assert out.returncode == 0, out.stderr[-2000:]
@@ -254,13 +259,7 @@ def test_each_piece_takes_the_place_of_the_one_before(setting):
     them taken from the heap: the second piece on reuses the first's pages (a few
     faults, where without the setting each piece faults all its pages in, and those
     of its parts)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX"):
-        env.pop(name, None)
-    out = subprocess.run([sys.executable, "-c", _PIECES_CHECK, setting], capture_output=True, text=True,
-                         env=env, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    faults, pages = map(int, out.stdout.split())
+    faults, pages = map(int, _succeeded(_python(_PIECES_CHECK, setting)).stdout.split())
     if setting == "heap":
         assert faults < pages // 20, (faults, pages)
     else:
