@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402 (the analysis extra brings it)
 
 from dftrace import _trace_reading  # noqa: E402
 from dftrace.analysis import _aggregate, _decode, summarize  # noqa: E402
+from dftrace.analysis._cli import _POLARS_ALLOCATOR  # noqa: E402
 from dftrace.analysis._sources import expand_paths, plan_partitions  # noqa: E402
 
 
@@ -170,7 +171,7 @@ def _succeeded(out: subprocess.CompletedProcess[str]) -> subprocess.CompletedPro
 
 def test_polars_allocator_setting_is_for_polars_alone():
     """The summary command loads polars with its allocator returning freed pages after
-    a second; the setting is read when polars loads and not left in the environment
+    0.3 s; the setting is read when polars loads and not left in the environment
     of the programs the process starts. One a user set is kept (and ours not added)."""
     check = (
         "import os, sys\n"
@@ -181,12 +182,12 @@ def test_polars_allocator_setting_is_for_polars_alone():
     assert _succeeded(_python(check)).stdout.split() == ["True", "None"]
     loaded, conf = _succeeded(_python(check, _RJEM_MALLOC_CONF="narenas:1")).stdout.split()
     # polars puts a setting of its own before the user's; ours is not added
-    assert loaded == "True" and conf.endswith(",narenas:1") and "dirty_decay_ms:1000" not in conf
+    assert loaded == "True" and conf.endswith(",narenas:1") and _POLARS_ALLOCATOR not in conf
 
 
 def test_polars_allocator_takes_the_command_setting():
     """jemalloc itself reports the setting in force once polars is loaded for a
-    command: freed pages returned after a second, and one arena for every thread (a
+    command: freed pages returned after 0.3 s, and one arena for every thread (a
     misspelt or overridden option would leave jemalloc's own)."""
     check = (
         "from dftrace.analysis import _cli\n"
@@ -202,7 +203,7 @@ def test_polars_allocator_takes_the_command_setting():
                    if line.strip().startswith("opt.") and ": " in line)
     assert "Invalid conf" not in out.stderr
     assert options["opt.narenas"] == "1"
-    assert options["opt.dirty_decay_ms"].split()[0] == "1000"
+    assert options["opt.dirty_decay_ms"].split()[0] == "300"
     assert options["opt.muzzy_decay_ms"].split()[0] == "0"
 
 
