@@ -197,22 +197,38 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
 _POLARS_ALLOCATOR = "dirty_decay_ms:300,muzzy_decay_ms:0,narenas:1"
 
 
+#: What polars puts first in ``_RJEM_MALLOC_CONF`` as it loads (any setting found there
+#: after it). A program that loaded polars hands it on to the programs it starts: in
+#: a command started from such a program it is polars' default, not a user's setting.
+_POLARS_OWN_ALLOCATOR = "dirty_decay_ms:500,muzzy_decay_ms:1000"
+
+
+def _users_allocator(inherited: str | None) -> str | None:
+    """The user's part of an inherited ``_RJEM_MALLOC_CONF``: None where it is unset or
+    only polars' own default, handed on by a program that loaded polars."""
+    if inherited is None or inherited == _POLARS_OWN_ALLOCATOR:
+        return None
+    return inherited.removeprefix(_POLARS_OWN_ALLOCATOR + ",") or None
+
+
 def _load_polars() -> None:
     """Load polars for a command, with its allocator returning freed pages after
-    0.3 s unless ``_RJEM_MALLOC_CONF`` says otherwise (the setting is read once, when
-    polars loads: it is set for that alone, not for the programs this process starts),
-    and Ctrl-C given back to Python (see ``_python_handles_ctrl_c``)."""
+    0.3 s unless the user's ``_RJEM_MALLOC_CONF`` says otherwise (the setting is read
+    once, when polars loads: it is set for that alone, and the variable is left as
+    the programs this process starts inherited it), and Ctrl-C given back to Python
+    (see ``_python_handles_ctrl_c``)."""
     if "polars" not in sys.modules:
-        ours = "_RJEM_MALLOC_CONF" not in os.environ
-        if ours:
-            os.environ["_RJEM_MALLOC_CONF"] = _POLARS_ALLOCATOR
+        inherited = os.environ.get("_RJEM_MALLOC_CONF")
+        os.environ["_RJEM_MALLOC_CONF"] = _users_allocator(inherited) or _POLARS_ALLOCATOR
         try:
             import polars  # noqa: F401
         except ImportError:
             return
         finally:
-            if ours:
-                del os.environ["_RJEM_MALLOC_CONF"]
+            if inherited is None:
+                os.environ.pop("_RJEM_MALLOC_CONF", None)
+            else:
+                os.environ["_RJEM_MALLOC_CONF"] = inherited
     _python_handles_ctrl_c()
 
 

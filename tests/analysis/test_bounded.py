@@ -21,7 +21,6 @@ import numpy as np  # noqa: E402 (the analysis extra brings it)
 
 from dftrace import _trace_reading  # noqa: E402
 from dftrace.analysis import _aggregate, _decode, summarize  # noqa: E402
-from dftrace.analysis._cli import _POLARS_ALLOCATOR  # noqa: E402
 from dftrace.analysis._sources import expand_paths, plan_partitions  # noqa: E402
 
 
@@ -191,24 +190,38 @@ def _succeeded(out: subprocess.CompletedProcess[str]) -> subprocess.CompletedPro
 
 def test_polars_allocator_setting_is_for_polars_alone():
     """The summary command loads polars with its allocator returning freed pages after
-    0.3 s; the setting is read when polars loads and not left in the environment
-    of the programs the process starts. One a user set is kept (and ours not added)."""
+    0.3 s; the setting is read when polars loads, and the environment is left as the
+    process inherited it, for the programs it starts."""
     check = (
         "import os, sys\n"
-        "from dftrace.analysis._cli import _POLARS_ALLOCATOR, _load_polars\n"
+        "from dftrace.analysis._cli import _load_polars\n"
         "_load_polars()\n"
         "print('polars' in sys.modules, os.environ.get('_RJEM_MALLOC_CONF'))\n"
     )
     assert _succeeded(_python(check)).stdout.split() == ["True", "None"]
-    loaded, conf = _succeeded(_python(check, _RJEM_MALLOC_CONF="narenas:1")).stdout.split()
-    # polars puts a setting of its own before the user's; ours is not added
-    assert loaded == "True" and conf.endswith(",narenas:1") and _POLARS_ALLOCATOR not in conf
+    assert _succeeded(_python(check, _RJEM_MALLOC_CONF="narenas:1")).stdout.split() == ["True", "narenas:1"]
 
 
-def test_polars_allocator_takes_the_command_setting():
+def _polars_own_allocator() -> str:
+    """What polars leaves in ``_RJEM_MALLOC_CONF`` of a program that loaded it (and
+    its children inherit)."""
+    code = "import os, polars\nprint(os.environ['_RJEM_MALLOC_CONF'])\n"
+    return _succeeded(_python(code)).stdout.strip()
+
+
+@pytest.mark.parametrize("inherited", ["unset", "from a program that loaded polars", "the user's"])
+def test_polars_allocator_takes_the_command_setting(inherited):
     """jemalloc itself reports the setting in force once polars is loaded for a
     command: freed pages returned after 0.3 s, and one arena for every thread (a
-    misspelt or overridden option would leave jemalloc's own)."""
+    misspelt or overridden option would leave jemalloc's own). So too in a command
+    started by a program that loaded polars, whose default it inherits (it was taken
+    for a user's setting, and the command's left out: 1.5 s of decay and an arena per
+    thread); a user's own setting takes the command's place."""
+    env = {}
+    if inherited == "from a program that loaded polars":
+        env["_RJEM_MALLOC_CONF"] = _polars_own_allocator()
+    elif inherited == "the user's":
+        env["_RJEM_MALLOC_CONF"] = "dirty_decay_ms:2000,stats_print:true"
     check = (
         "from dftrace.analysis import _cli\n"
         "_cli._POLARS_ALLOCATOR += ',stats_print:true'  # jemalloc reports its options at exit\n"
@@ -216,12 +229,17 @@ def test_polars_allocator_takes_the_command_setting():
         "import polars as pl\n"
         "pl.DataFrame({'a': list(range(1000))}).sum()\n"
     )
-    out = _succeeded(_python(check))
-    if "jemalloc statistics" not in out.stderr:
+    if "jemalloc statistics" not in _succeeded(_python("import polars", _RJEM_MALLOC_CONF="stats_print:true")).stderr:
         pytest.skip("this polars build does not use jemalloc")
+    out = _succeeded(_python(check, **env))
+    assert "jemalloc statistics" in out.stderr  # the setting with stats_print in force
     options = dict(line.strip().split(": ", 1) for line in out.stderr.splitlines()
                    if line.strip().startswith("opt.") and ": " in line)
     assert "Invalid conf" not in out.stderr
+    if inherited == "the user's":
+        assert options["opt.dirty_decay_ms"].split()[0] == "2000"
+        assert options["opt.narenas"] != "1"
+        return
     assert options["opt.narenas"] == "1"
     assert options["opt.dirty_decay_ms"].split()[0] == "300"
     assert options["opt.muzzy_decay_ms"].split()[0] == "0"
