@@ -94,6 +94,8 @@ class Partial:
     #: ``with_step_times``); None when ``steps`` holds the rows. Valid while no other
     #: file holds events of the same process, and, for the times, no other process of
     #: its rank places steps by its work: ``combine`` reads such a file again otherwise.
+    #: Held with each count and time in the narrowest integer type that holds the
+    #: file's values (see ``_held_narrow``).
     modelled: pl.DataFrame | None = None
     #: pid, host_key, start, end: with ``modelled``, the blocked time (see
     #: ``alone_intervals``) of the processes without step times, found where it was
@@ -239,7 +241,7 @@ def _settled_where_read(partial: Partial) -> Partial:
     # each step, not the intervals (see ``with_step_times``).
     steps = with_step_times(steps, compute, blocked)
     settled = settled_procs(steps)
-    partial.modelled = _as_stored("modelled", _by_key(steps, keys))
+    partial.modelled = _held_narrow(_as_stored("modelled", _by_key(steps, keys)), _NARROW_MODELLED)
     del steps
     if settled:
         unsettled = ~pl.col("proc").is_in(settled)
@@ -248,6 +250,29 @@ def _settled_where_read(partial: Partial) -> Partial:
     partial.intervals = _as_stored("intervals", _by_key(compute, keys).with_columns(
         pl.lit(compute_bit, pl.Int8).alias("group")))
     return partial
+
+
+#: The columns of ``Partial.modelled`` held narrow: a step's numbers, its event count
+#: and its times. Its start and end are times since the epoch, 64 bits wide.
+_NARROW_MODELLED = ("epoch", "step", "n", *STEP_TIME_SCHEMA)
+_NARROW_TYPES = [(pl.Int8, np.iinfo(np.int8)), (pl.Int16, np.iinfo(np.int16)), (pl.Int32, np.iinfo(np.int32))]
+
+
+def _held_narrow(frame: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
+    """``frame`` with each of its integer ``columns`` in the narrowest signed type that
+    holds its values: the rank-step tables of every file are held until the answers,
+    and their numbers and times take a byte to four where 64 bits were kept
+    (``unit_steps`` widens them again)."""
+    if not frame.height:
+        return frame
+    bounds = frame.select(*(pl.col(c).min().alias(f"{c}.min") for c in columns),
+                          *(pl.col(c).max().alias(f"{c}.max") for c in columns)).row(0, named=True)
+    narrow = {}
+    for column in columns:
+        low, high = bounds[f"{column}.min"], bounds[f"{column}.max"]
+        low, high = (0, 0) if low is None else (low, high)  # every value missing
+        narrow[column] = next((t for t, held in _NARROW_TYPES if held.min <= low and high <= held.max), pl.Int64)
+    return frame.cast(narrow)
 
 
 def _by_proc(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
@@ -539,7 +564,9 @@ class Combined:
     #: steps of PyTorch profiler traces (empty for other traces).
     activity: pl.DataFrame | None = None
     #: proc, epoch, step, start, end, n, work, compute_us, blocked_us: steps modelled
-    #: where whole files were read (their processes have no rows in ``steps``).
+    #: where whole files were read (their processes have no rows in ``steps``), each
+    #: count and time in the narrowest type that holds every file's values (see
+    #: ``_held_narrow``): ``unit_steps`` widens them as it copies them.
     modelled: pl.DataFrame | None = None
 
 
@@ -566,7 +593,9 @@ def combine(partials: Sequence[Partial]) -> Combined:
                 frame = table.join(mapping, on=_KEY, how="inner").drop(_KEY)
             frames.append(frame if only is None else frame.filter(pl.col("proc").is_in(list(only))))
         if frames:
-            return pl.concat(frames, how="vertical")
+            # Vertical, each column in the widest type of its frames: files' rank-step
+            # tables are held each in its own narrow types (see ``_held_narrow``).
+            return pl.concat(frames, how="vertical_relaxed")
         return _EMPTY[kind].drop(_KEY).with_columns(pl.lit(None, pl.Int32).alias("proc"))
 
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
@@ -633,8 +662,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
         phases=phases,
         partitions=len(partials),
         activity=activity_by_process(sources, resolution),
-        modelled=collect("modelled").select([*STEP_SCHEMA, *STEP_TIME_SCHEMA]).cast(
-            {**STEP_SCHEMA, **STEP_TIME_SCHEMA}),
+        modelled=collect("modelled").select([*STEP_SCHEMA, *STEP_TIME_SCHEMA]),
     )
 
 

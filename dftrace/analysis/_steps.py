@@ -274,6 +274,12 @@ def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
                     dtype=bool)
 
 
+#: A unit's step numbers, count and times, 64 bits wide whatever those of the
+#: processes' steps (the whole files' are held narrow: ``Combined.modelled``).
+_UNIT_STEP_TYPES = {name: dtype for name, dtype in {**STEP_SCHEMA, **STEP_TIME_SCHEMA}.items()
+                    if name not in ("proc", "work")}
+
+
 def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
     """unit, unit_order, epoch, step, start, end, dur, n: each rank's steps.
 
@@ -298,9 +304,10 @@ def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
                    .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum(),
                         *(pl.col(name).max() for name in STEP_TIME_SCHEMA)))
     return (
-        by_unit.with_columns((pl.col("end") - pl.col("start")).alias("dur"))
-        .sort(["unit_order", "start"], nulls_last=True)
+        by_unit.lazy().cast(_UNIT_STEP_TYPES).with_columns((pl.col("end") - pl.col("start")).alias("dur"))
+        .sort(["unit_order", "start"], nulls_last=True).collect()
     )
+
 
 
 def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame | None:
@@ -328,13 +335,12 @@ def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFra
     if None in orders or len(set(orders)) != len(orders):
         return None
     kept.sort(key=lambda block: block[0][1])
-    columns = ["epoch", "step", "start", "end", "n", *STEP_TIME_SCHEMA]
     pieces = [steps.slice(offset, length).select(pl.lit(unit, pl.String).alias("unit"),
-                                                 pl.lit(order, pl.Int64).alias("unit_order"), *columns)
+                                                 pl.lit(order, pl.Int64).alias("unit_order"), *_UNIT_STEP_TYPES)
               for (unit, order), offset, length in kept]
     if not pieces:
         return None
-    return pl.concat(pieces, how="vertical", rechunk=True).with_columns(
+    return pl.concat(pieces, how="vertical", rechunk=True).cast(_UNIT_STEP_TYPES).with_columns(
         (pl.col("end") - pl.col("start")).alias("dur"))
 
 

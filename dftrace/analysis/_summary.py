@@ -223,8 +223,10 @@ def steps_of(combined: Combined) -> UnitSteps:
     procs = _units_per_run(procs, runs)
     process_steps = model_steps(without_profiler_steps(combined.steps), combined.containers).with_columns(
         pl.lit(None, dtype).alias(name) for name, dtype in STEP_TIME_SCHEMA.items())
-    if combined.modelled is not None and combined.modelled.height:  # whole files' steps, modelled as read
-        process_steps = pl.concat([process_steps, combined.modelled], how="vertical")
+    modelled = combined.modelled
+    if modelled is not None and modelled.height:  # whole files' steps, modelled as read (held narrow)
+        process_steps = pl.concat([process_steps, modelled], how="vertical_relaxed") if process_steps.height \
+            else modelled
     return UnitSteps(procs, runs, process_steps, unit_steps(process_steps, procs))
 
 
@@ -240,6 +242,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     epochs = _epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]),
                      _steps_in_epochs(found.process_steps, _epoch_source(combined)))
     gpu_per_step = gpu_steps(combined.activity, found.process_steps, combined.resolution)
+    del found  # each process's steps are used: only the units' are read from here
     units = {unit: (rank, host) for unit, rank, host in
              procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
     # Each rank-step's compute and blocked time: found as its file was read where the
@@ -252,7 +255,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
     )
     compute = dict(times.group_by("unit").agg(pl.col("compute_us").sum()).iter_rows())
     blocked = times.drop("compute_us")
-    del times, found
+    del times
     steps_by_unit = steps_by_unit.drop("end", "n", *STEP_TIME_SCHEMA)
     steps = _steps(steps_by_unit)
     stragglers, collectives, waits = analyse(
@@ -554,16 +557,18 @@ def _steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
         .with_columns(pl.when(pl.col("start") < pl.col("_to")).then(pl.col("_epoch")).alias("epoch"))
         .select(steps.columns)
     )
-    return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical")
+    return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical_relaxed")
 
 
 def _epochs(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
     by_unit = by_unit.filter(pl.col("epoch").is_not_null())
     if not by_unit.height:
         return []
-    step_counts = steps.filter(pl.col("epoch").is_not_null()).group_by("epoch").agg(
+    # Lazy: only the two columns are taken from the steps (a filter of the frame
+    # copied every column of every process's steps).
+    step_counts = steps.lazy().filter(pl.col("epoch").is_not_null()).group_by(pl.col("epoch").cast(pl.Int64)).agg(
         pl.col("step").n_unique().alias("steps")
-    )
+    ).collect()
     per_epoch = (
         by_unit.group_by("epoch")
         .agg(

@@ -18,9 +18,10 @@ import tracegen
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 import numpy as np  # noqa: E402 (the analysis extra brings it)
+import polars as pl  # noqa: E402
 
 from dftrace import _trace_reading  # noqa: E402
-from dftrace.analysis import _aggregate, _decode, summarize  # noqa: E402
+from dftrace.analysis import _aggregate, _decode, load_traces, summarize  # noqa: E402
 from dftrace.analysis._sources import expand_paths, plan_partitions  # noqa: E402
 
 
@@ -168,6 +169,39 @@ def test_a_process_in_several_files_has_the_steps_of_one(tmp_path):
     assert len(one.steps) == 18
     for field in ("steps", "step_stats", "epochs", "categories", "breakdown", "imbalance", "dataloader"):
         assert getattr(two, field) == getattr(one, field), field
+
+
+def test_rank_steps_held_narrow_keep_values_beyond_32_bits(tmp_path):
+    """Each file's rank-step table is held in the narrowest integer types its values
+    fit until the answers are built; values beyond 32 bits keep theirs. A global step
+    count past 2**31 and a 40-minute step come back exact, as from the same events
+    held in memory."""
+    proc = tracegen.Process(1000, rank=0)
+    first_step, long_us, comm_us, gap_us = 3_000_000_000, 2_400_000_000, 1_000, 100
+    starts, t = [], tracegen.T0_US
+    for i in range(6):
+        compute_us = long_us if i == 2 else 5_000
+        starts.append(t)
+        proc.span("forward", "compute", t, compute_us, epoch=1, step=first_step + i)
+        proc.span("all_reduce", "comm", t + compute_us, comm_us, epoch=1, step=first_step + i, group="0",
+                  seq=i + 1)
+        t += compute_us + comm_us + gap_us
+    tracegen.write_process(tmp_path, proc)
+    # A step lasts until the next one starts; the last one until its work ends.
+    expected = {first_step + i: end - start for i, (start, end) in
+                enumerate(zip(starts, [*starts[1:], t - gap_us]))}
+
+    (partial,) = _aggregate.aggregate_partitions(plan_partitions(expand_paths([str(tmp_path)]), 1 << 30))
+    held = partial.modelled.schema
+    assert (held["epoch"], held["n"], held["blocked_us"]) == (pl.Int8, pl.Int8, pl.Int16)
+    assert (held["step"], held["compute_us"]) == (pl.Int64, pl.Int64)
+
+    read = summarize(tmp_path, progress=False, index=False)
+    assert {row["step"]: row["max_us"] for row in read.steps} == expected
+    assert sorted(row["step"] for row in read.rank_steps) == sorted(expected)
+    in_memory = summarize(load_traces(tmp_path), progress=False)
+    for field in ("steps", "step_stats", "epochs", "rank_steps", "breakdown"):
+        assert getattr(read, field) == getattr(in_memory, field), field
 
 
 #: The allocator settings a test's own process is started without.
