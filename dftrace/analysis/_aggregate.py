@@ -255,13 +255,14 @@ def _settled_where_read(partial: Partial) -> Partial:
 #: The columns of ``Partial.modelled`` held narrow: a step's numbers, its event count
 #: and its times. Its start and end are times since the epoch, 64 bits wide.
 _NARROW_MODELLED = ("epoch", "step", "n", *STEP_TIME_SCHEMA)
+#: The integer types a column is held in below 64 bits, narrowest first, with their ranges.
 _NARROW_TYPES = [(pl.Int8, np.iinfo(np.int8)), (pl.Int16, np.iinfo(np.int16)), (pl.Int32, np.iinfo(np.int32))]
 
 
 def _held_narrow(frame: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
     """``frame`` with each of its integer ``columns`` in the narrowest signed type that
     holds its values: the rank-step tables of every file are held until the answers,
-    and their numbers and times take a byte to four where 64 bits were kept
+    and their numbers and times take one to four bytes where eight were kept
     (``unit_steps`` widens them again)."""
     if not frame.height:
         return frame

@@ -309,7 +309,6 @@ def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-
 def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame | None:
     """``unit_steps`` of one process per unit, put together from slices of ``steps`` in
     one copy, when its rows come one process after another, each in time order: the

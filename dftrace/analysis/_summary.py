@@ -225,8 +225,8 @@ def steps_of(combined: Combined) -> UnitSteps:
         pl.lit(None, dtype).alias(name) for name, dtype in STEP_TIME_SCHEMA.items())
     modelled = combined.modelled
     if modelled is not None and modelled.height:  # whole files' steps, modelled as read (held narrow)
-        process_steps = pl.concat([process_steps, modelled], how="vertical_relaxed") if process_steps.height \
-            else modelled
+        process_steps = (pl.concat([process_steps, modelled], how="vertical_relaxed") if process_steps.height
+                         else modelled)
     return UnitSteps(procs, runs, process_steps, unit_steps(process_steps, procs))
 
 
