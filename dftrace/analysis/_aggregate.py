@@ -255,8 +255,6 @@ def _settled_where_read(partial: Partial) -> Partial:
 #: The columns of ``Partial.modelled`` held narrow: a step's numbers, its event count
 #: and its times. Its start and end are times since the epoch, 64 bits wide.
 _NARROW_MODELLED = ("epoch", "step", "n", *STEP_TIME_SCHEMA)
-#: The integer types a column is held in below 64 bits, narrowest first, with their ranges.
-_NARROW_TYPES = [(pl.Int8, np.iinfo(np.int8)), (pl.Int16, np.iinfo(np.int16)), (pl.Int32, np.iinfo(np.int32))]
 
 
 def _held_narrow(frame: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
@@ -266,14 +264,7 @@ def _held_narrow(frame: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
     (``unit_steps`` widens them again)."""
     if not frame.height:
         return frame
-    bounds = frame.select(*(pl.col(c).min().alias(f"{c}.min") for c in columns),
-                          *(pl.col(c).max().alias(f"{c}.max") for c in columns)).row(0, named=True)
-    narrow = {}
-    for column in columns:
-        low, high = bounds[f"{column}.min"], bounds[f"{column}.max"]
-        low, high = (0, 0) if low is None else (low, high)  # every value missing
-        narrow[column] = next((t for t, held in _NARROW_TYPES if held.min <= low and high <= held.max), pl.Int64)
-    return frame.cast(narrow)
+    return frame.with_columns(frame.get_column(column).shrink_dtype() for column in columns)
 
 
 def _by_proc(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
