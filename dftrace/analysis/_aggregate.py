@@ -113,11 +113,10 @@ def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
 
 def aggregate_partitions(partitions: Iterable[Partition], *, model: bool = True) -> Iterator[Partial]:
     """Read each of ``partitions`` in turn and reduce it to a :class:`Partial` (runs on
-    workers), piece by piece: the piece being reduced, the next one, decoded
-    meanwhile on a thread (``read_ahead``), and the one after, inflated meanwhile on
-    another, are held at a time. A partition's pieces'
-    partials are then folded into one and its steps modelled on a thread of their
-    own (``_finished``) while the next partition's pieces are read. A whole file's
+    workers), piece by piece: the piece being reduced and the next one, inflated and
+    decoded meanwhile on a thread (``read_ahead``), are held at a time. A partition's
+    pieces' partials are then folded into one and its steps modelled on a thread of
+    their own (``_finished``) while the next partition's pieces are read. A whole file's
     step rows become its processes' steps (``Partial.modelled``) unless ``model`` is
     false: a few rows per step rather than one per step and name."""
     stream = read_ahead(_each_partitions_pieces(partitions))
@@ -144,8 +143,12 @@ _PARTITION_END = object()
 
 
 def _each_partitions_pieces(partitions: Iterable[Partition]) -> Generator[tuple[Partition, Any], None, None]:
+    # Each piece is inflated on the thread that decodes it: inflating one more piece
+    # ahead on a third thread held a piece more and was slower, the reducing thread
+    # being the summary's critical path.
     for partition in partitions:
-        for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES):
+        for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES,
+                                           inflate_ahead=False):
             yield partition, piece
         yield partition, _PARTITION_END
 

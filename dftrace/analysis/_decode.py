@@ -100,16 +100,19 @@ def read_partition(
 
 
 def iter_partition_pieces(partition: Partition, columns: Iterable[str] | None = None, *,
-                          piece_bytes: int = fmt.LINE_PIECE_BYTES) -> Iterator[PartitionData]:
+                          piece_bytes: int = fmt.LINE_PIECE_BYTES, inflate_ahead: bool = True
+                          ) -> Iterator[PartitionData]:
     """``read_partition`` in pieces of whole lines (``fmt.LINE_PIECE_BYTES`` of
     decoded text each), read one after the other: a consumer that reduces each
     piece before asking for the next holds one piece at a time, whatever the
-    partition expands to. Line numbers count from each piece's start."""
+    partition expands to. Line numbers count from each piece's start. The next
+    piece is inflated on a thread of its own while this one is scanned, unless
+    ``inflate_ahead`` is false (for a consumer that decodes pieces ahead itself)."""
     wanted = _wanted(columns, None)
     if partition.is_parquet:
         yield _read_parquet(partition, wanted)
         return
-    yield from _pieces(partition, wanted, piece_bytes)
+    yield from _pieces(partition, wanted, piece_bytes, inflate_ahead)
 
 
 def read_ahead(pieces: Generator[_T, None, None]) -> Iterator[_T]:
@@ -150,11 +153,11 @@ def read_ahead(pieces: Generator[_T, None, None]) -> Iterator[_T]:
         pieces.close()
 
 
-def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PIECE_BYTES) -> Iterator[PartitionData]:
+def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PIECE_BYTES,
+            inflate_ahead: bool = True) -> Iterator[PartitionData]:
     first = True
-    # The next piece is inflated on a thread of its own while this one is scanned.
     lines = fmt.iter_line_pieces(partition.path, partition.start, partition.end, piece_bytes=piece_bytes)
-    for piece in read_ahead(lines):
+    for piece in read_ahead(lines) if inflate_ahead else lines:
         if first and _kineto.looks_like_document(piece.data[:_kineto.SNIFF_BYTES]):
             del piece
             yield _read_document(partition, wanted)  # one JSON object: read whole

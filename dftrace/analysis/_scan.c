@@ -376,6 +376,20 @@ static void free_fields(Field *fields, Py_ssize_t n) {
     free(fields);
 }
 
+/* The lines of buf[0:n]: its line breaks, and a last line without one. A loop the
+   compiler turns into vector compares, in blocks whose byte counters cannot wrap:
+   several times faster than finding each break with memchr. */
+static Py_ssize_t count_lines(const char *buf, Py_ssize_t n) {
+    Py_ssize_t breaks = 0;
+    for (Py_ssize_t at = 0; at < n; at += 255) {
+        Py_ssize_t stop = n - at < 255 ? n - at : 255;
+        uint8_t block = 0;
+        for (Py_ssize_t i = 0; i < stop; i++) block += buf[at + i] == '\n';
+        breaks += block;
+    }
+    return breaks + (n > 0 && buf[n - 1] != '\n');
+}
+
 static PyObject *scan_lines(PyObject *self, PyObject *args) {
     Py_buffer data;
     PyObject *spec;
@@ -386,11 +400,7 @@ static PyObject *scan_lines(PyObject *self, PyObject *args) {
     PyObject *starts_obj = NULL, *status_obj = NULL;
     if (!fields) { PyErr_NoMemory(); goto done; }
     const char *buf = data.buf, *end = buf + data.len;
-    Py_ssize_t n_lines = 0;
-    for (const char *p = buf; p < end; n_lines++) {
-        const char *nl = memchr(p, '\n', end - p);
-        p = nl ? nl + 1 : end;
-    }
+    Py_ssize_t n_lines = count_lines(buf, data.len);
     int want_args = 0;
     for (Py_ssize_t k = 0; k < n_fields; k++) {
         Field *f = &fields[k];
