@@ -164,3 +164,67 @@ def test_map_stream_raises_the_error_of_an_item(threads):
 
     with pytest.raises(ValueError, match="item 7 is broken"):
         EmbeddedExecutor(threads).map_stream(checked, list(range(12)))
+
+
+#: Events of the trace read in pieces: about 3 MiB of lines.
+EVENTS = 30_000
+
+
+def _threads_of_pieces(monkeypatch, read) -> list[tuple[int, int]]:
+    """(inflating thread, decoding thread) of each piece ``read()`` goes through."""
+    from dftrace.analysis import _decode
+
+    inflated: list[int] = []
+    decoded: list[int] = []
+    line_pieces = _decode.fmt.iter_line_pieces
+
+    def inflating(*args, **kwargs):
+        for piece in line_pieces(*args, **kwargs):
+            inflated.append(threading.get_ident())
+            yield piece
+
+    class Decoded(_decode.PartitionData):  # made on the thread that decodes a piece
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            decoded.append(threading.get_ident())
+
+    monkeypatch.setattr(_decode.fmt, "iter_line_pieces", inflating)
+    monkeypatch.setattr(_decode, "PartitionData", Decoded)
+    read()
+    assert len(inflated) == len(decoded)
+    return list(zip(inflated, decoded))
+
+
+def test_the_summary_inflates_each_piece_on_the_thread_that_decodes_it(tmp_path, monkeypatch):
+    """The summary decodes a piece ahead on a thread of its own, and inflates it there
+    too (a thread more inflating further ahead only held a piece more); a reader that
+    reduces each piece where it asks for it has the next one inflated meanwhile. Both
+    read the same events."""
+    import polars as pl
+
+    from dftrace.analysis import _aggregate
+    from dftrace.analysis._decode import iter_partition_pieces
+    from dftrace.analysis._sources import Partition
+
+    path = tmp_path / "rank0.pfw"  # read a MiB at a time: a piece at least each
+    lines = [f'{{"id":{i},"name":"forward","cat":"compute","pid":7,"tid":7,"ts":{10 * i},"dur":5,'
+             f'"ph":"X","args":{{"step":{i}}}}}' for i in range(EVENTS)]
+    path.write_text("[\n" + "\n".join(lines) + "\n]\n")
+    piece_bytes = 64 << 10
+    partition = Partition(str(path))
+
+    pieces: list = []
+    ahead = _threads_of_pieces(monkeypatch, lambda: pieces.extend(
+        iter_partition_pieces(partition, ["name", "ts", "dur", "step"], piece_bytes=piece_bytes)))
+    assert len(ahead) > 3 and all(inflating != decoding for inflating, decoding in ahead)
+    events = pl.concat([piece.events for piece in pieces])
+    assert events.get_column("ts").to_list() == [10 * i for i in range(EVENTS)]
+
+    monkeypatch.setattr(_aggregate, "SUMMARY_PIECE_BYTES", piece_bytes)
+    partials: list = []
+    summary = _threads_of_pieces(monkeypatch, lambda: partials.extend(
+        _aggregate.aggregate_partitions([partition])))
+    assert len(summary) == len(ahead)
+    assert all(inflating == decoding != threading.get_ident() for inflating, decoding in summary)
+    (partial,) = partials
+    assert partial.extents.get_column("n").to_list() == [EVENTS]
