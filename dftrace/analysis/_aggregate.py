@@ -143,9 +143,9 @@ _PARTITION_END = object()
 
 
 def _each_partitions_pieces(partitions: Iterable[Partition]) -> Generator[tuple[Partition, Any], None, None]:
-    # Each piece is inflated on the thread that decodes it: inflating one more piece
-    # ahead on a third thread held a piece more and was slower, the reducing thread
-    # being the summary's critical path.
+    # Each piece is inflated on the thread that decodes it: the decoding and the
+    # reducing thread keep two cores busy already, and a third inflating one piece
+    # further ahead held a piece more and was slower.
     for partition in partitions:
         for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES,
                                            inflate_ahead=False):
