@@ -24,8 +24,10 @@ import numpy as np
 import polars as pl
 
 from .. import format as fmt
-from ._busy import GROUPS, Painting, alone_intervals, innermost_intervals, mask_times, union_intervals
-from ._decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces, read_ahead
+from .._native import analysis_kernels
+from ._busy import (GROUPS, Painting, alone_intervals, innermost_intervals, mask_times, painted_spans,
+                    union_intervals)
+from ._decode import MAX_BROKEN_KEPT, PartitionData, ScannedPiece, iter_partition_pieces, read_ahead
 from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS, FrameT
@@ -47,6 +49,9 @@ _GROUP_CATS = {
 TRACER_CATS = (fmt.CAT_TRACER, fmt.CAT_DFTRACER)
 
 _KEY = ["pid", HOST_KEY]
+
+#: The C kernels; None without them (no compiler, or DFTRACE_NO_SPEEDUPS).
+_native = analysis_kernels()
 
 
 @dataclass
@@ -148,7 +153,7 @@ def _each_partitions_pieces(partitions: Iterable[Partition]) -> Generator[tuple[
     # further ahead held a piece more and was slower.
     for partition in partitions:
         for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES,
-                                           inflate_ahead=False):
+                                           inflate_ahead=False, scanned=True):
             yield partition, piece
         yield partition, _PARTITION_END
 
@@ -323,6 +328,11 @@ def without_row_keys(partial: Partial) -> Partial:
 def aggregate(data: PartitionData, *, overlap: bool = True) -> Partial:
     """Reduce a partition's events to a :class:`Partial` (its ``overlap`` table empty
     without ``overlap``: for a piece that is folded with others)."""
+    if data.scanned is not None:
+        partial = _aggregate_scanned(data, data.scanned, overlap)
+        if partial is not None:
+            return partial
+        data.events, data.scanned = data.scanned.events(), None
     events = data.events
     source = PartitionData(
         data.partition,
@@ -350,6 +360,178 @@ def aggregate(data: PartitionData, *, overlap: bool = True) -> Partial:
         for kind in PARTIAL_TABLES
     }
     return Partial(source, partition_keys(data), phases=phases, **tables)
+
+
+def _aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bool) -> Partial | None:
+    """``aggregate`` of a piece from the columns the C scanner read, without making a
+    table of its events: each text's tests are made once per distinct value, and the
+    groups are found by the C kernel. The same tables as ``aggregate``'s (held so by
+    tests/analysis/test_scanned_reduction.py); None where the piece needs the table
+    (events of several processes, spans of a thread with the same times, nesting edges
+    the sweep leaves to the query, a level beyond 32 bits)."""
+    kept = piece.kept
+    ph_values, ph_index = piece.ph
+    counts = np.bincount(ph_index[kept], minlength=len(ph_values))
+    phases = pl.DataFrame({"ph": [v for v, c in zip(ph_values, counts.tolist()) if c], "n": counts[counts > 0]},
+                          schema={"ph": pl.String, "n": pl.Int64})
+    pid_values, pid_valid = piece.numbers["pid"]
+    pids = np.where(pid_valid, pid_values, 0)[kept]
+    if pids.size and (pids != pids[0]).any():
+        return None
+    level_values, level_valid = piece.numbers["level"]
+    if (level_valid & ((level_values < -(2**31)) | (level_values >= 2**31))).any():
+        return None  # the table's Int32 cast refuses it
+    source = PartitionData(data.partition, data.events.clear(), meta=data.meta, n_lines=data.n_lines,
+                           broken=data.broken, broken_count=data.broken_count, cut_off=data.cut_off,
+                           closed=data.closed, activity=data.activity)
+    keys = [(int(pids[0]), "")] if pids.size else []
+    cat_values, cat_all = piece.texts["cat"]
+    is_x = np.array([v == fmt.PH_COMPLETE for v in ph_values], dtype=np.bool_)
+    counted_cat = np.array([v is not None and v not in TRACER_CATS for v in cat_values], dtype=np.bool_)
+    rows = np.flatnonzero(kept & is_x[ph_index] & piece.numbers["ts"][1] & piece.numbers["dur"][1]
+                          & counted_cat[cat_all])
+    if not rows.size:
+        return Partial(source, keys, phases=phases, **{kind: _EMPTY[kind] for kind in PARTIAL_TABLES})
+    span = _ScannedSpans(piece, rows)
+    tid_values, tid_ok = span.take("tid")
+    tid = np.where(tid_ok, tid_values, 0)
+    level, level_ok = span.take("level")
+    block = span.name_is(lambda v: v.endswith(fmt.BLOCK_SUFFIX))
+    group = np.where(block, -1, np.array([_GROUP_CATS.get(v, -1) for v in cat_values], dtype=np.int8)[span.cat])
+    painting = painted_spans(tid, span.ts, span.end, np.where(level_ok, level, 0), level_ok.view(np.uint8),
+                             group.astype(np.int8))
+    if painting is None or painting.orphan is None or painting.opener is None:
+        return None
+    intervals = union_intervals(painting.intervals, [])
+    masks = mask_times(intervals) if with_overlap else np.zeros(1, dtype=np.int64)
+    pipeline = span.cat_is(lambda v: v == fmt.CAT_PIPELINE)
+    epoch, epoch_ok = span.take("epoch")
+    step, step_ok = span.take("step")
+    count, count_ok = span.take("count")
+    seq, seq_ok = span.take("seq")
+    incomplete, incomplete_ok = span.take("incomplete")
+    done = span.name_is(lambda v: v.endswith(fmt.DONE_SUFFIX))
+    edge = {"tid": tid, "level": (level, level_ok), "start": span.ts, "end": span.end}
+    name_values = piece.texts["name"][0]
+    group_values, group_index = piece.texts["group"]
+    # An epoch span numbers its epoch as .iter()'s 1-based count, else in args.epoch.
+    span_epoch = np.where(count_ok, count - 1, epoch)
+    columns = {
+        "steps": span.extents([epoch_ok, np.where(epoch_ok, epoch, 0), step, span.cat, span.name],
+                              step_ok & ~pipeline & ~block & ~done,
+                              {"epoch": (epoch, epoch_ok), "step": step, "cat": span.cat, "name": span.name}),
+        "containers": span.select(pipeline & ~block & ~span.name_is(lambda v: v.endswith(fmt.ITER_SUFFIX)),
+                                  {"name": span.name, "start": span.ts, "end": span.end}),
+        "collectives": span.select(span.cat_is(lambda v: v == fmt.CAT_COMM) & seq_ok, {
+            "name": _text_of([None if v is None else v.removesuffix(fmt.DONE_SUFFIX) for v in name_values],
+                             span.name),
+            "group": _text_of(["" if v is None else v for v in group_values], group_index[rows]),
+            "seq": seq, "ts": span.ts, "dur": span.dur, "done": done}),
+        "epochs": span.extents([epoch], epoch_ok, {"epoch": epoch}),
+        "epoch_spans": span.extents([span_epoch], pipeline & span.name_is(lambda v: v in fmt.EPOCH_NAMES)
+                                    & (count_ok | epoch_ok), {"epoch": span_epoch}),
+        "extents": {"start": [int(span.ts.min())], "end": [int(span.end.max())], "n": [rows.size],
+                    "incomplete": [int((incomplete_ok & (incomplete != 0)).sum())]},
+        "self_times": span.extents([span.cat, span.name], np.ones(rows.size, dtype=np.bool_),
+                                   {"cat": span.cat, "name": span.name}, sums=("us", painting.self_us)),
+        "orphans": span.select(painting.orphan, edge),
+        "openers": span.select(painting.opener, {**edge, "cat": span.cat, "name": span.name}),
+        "intervals": {name: intervals.get_column(name) for name in intervals.columns},
+        "overlap": {"mask": np.flatnonzero(masks), "us": masks[masks > 0]},
+        "durations": span.bins(),
+    }
+    pid = keys[0][0]
+    return Partial(source, keys, phases=phases, **{kind: _stored(kind, pid, table) for kind, table in columns.items()})
+
+
+def _stored(kind: str, pid: int, columns: dict[str, Any]) -> pl.DataFrame:
+    """The ``kind`` table of one process's ``columns`` (Series, arrays or lists), in
+    the columns and types of a partial's ``kind`` table."""
+    height = len(next(iter(columns.values())))
+    series = [pl.Series("pid", np.full(height, pid, dtype=np.int64)),
+              pl.Series(HOST_KEY, [""] if height else [], dtype=pl.String).new_from_index(0, height)
+              if height else pl.Series(HOST_KEY, [], dtype=pl.String)]
+    for name, dtype in _EMPTY[kind].schema.items():
+        if name in _KEY:
+            continue
+        column = columns[name]
+        column = column.alias(name) if isinstance(column, pl.Series) else pl.Series(name, column)
+        series.append(column if column.dtype == dtype else column.cast(dtype))
+    return pl.DataFrame(series)
+
+
+class _ScannedSpans:
+    """The spans among a scanned piece's lines (``rows``), column by column; texts as
+    their indices among their distinct values (``cat``, ``name``)."""
+
+    def __init__(self, piece: ScannedPiece, rows: np.ndarray):
+        self.piece, self.rows = piece, rows
+        self.cat = piece.texts["cat"][1][rows]
+        self.name = piece.texts["name"][1][rows]
+        self.ts = piece.numbers["ts"][0][rows]
+        self.dur = piece.numbers["dur"][0][rows]
+        self.end = self.ts + self.dur
+
+    def take(self, column: str) -> tuple[np.ndarray, np.ndarray]:
+        """(values, valid) of a number column at the spans."""
+        values, valid = self.piece.numbers[column]
+        return values[self.rows], valid[self.rows]
+
+    def cat_is(self, test: Any) -> np.ndarray:
+        return self._each(test, self.piece.texts["cat"][0], self.cat)
+
+    def name_is(self, test: Any) -> np.ndarray:
+        return self._each(test, self.piece.texts["name"][0], self.name)
+
+    @staticmethod
+    def _each(test: Any, values: list[str | None], index: np.ndarray) -> np.ndarray:
+        return np.array([v is not None and bool(test(v)) for v in values], dtype=np.bool_)[index]
+
+    def select(self, taken: np.ndarray, columns: dict[str, Any]) -> dict[str, Any]:
+        """``columns`` (see ``_column``) of the spans ``taken`` marks."""
+        at = np.flatnonzero(taken)
+        return {name: self._column(name, values, at) for name, values in columns.items()}
+
+    def extents(self, keys: list[np.ndarray], taken: np.ndarray, columns: dict[str, Any],
+                sums: tuple[str, np.ndarray] | None = None) -> dict[str, Any]:
+        """``columns`` (see ``_column``) of the groups of the spans ``taken`` marks by
+        ``keys`` (int arrays), with their least start, greatest end and count (or,
+        with ``sums``, (name, values), the sum of those values instead)."""
+        stacked = np.empty((self.ts.size, len(keys)), dtype=np.int64)
+        for place, key in enumerate(keys):
+            stacked[:, place] = key
+        at, low, high, n, total = (np.frombuffer(buffer, np.int64) for buffer in _native.extents(
+            stacked, len(keys), self.ts, self.end, b"" if sums is None else sums[1],
+            np.ascontiguousarray(taken, dtype=np.uint8)))
+        found = {name: self._column(name, values, at) for name, values in columns.items()}
+        if sums is not None:
+            return {**found, sums[0]: total}
+        return {**found, "start": low, "end": high, "n": n}
+
+    def _column(self, name: str, values: Any, at: np.ndarray) -> Any:
+        """Column ``name`` at the spans ``at`` of ``values``: an array, (values, valid)
+        or a Series of every span; the ``cat`` and ``name`` indices as their texts."""
+        if name in ("cat", "name") and values is getattr(self, name):
+            return _text_of(self.piece.texts[name][0], values[at])
+        if isinstance(values, pl.Series):
+            return values.gather(at)
+        if isinstance(values, tuple):
+            data, valid = values[0][at], values[1][at]
+            return data if valid.all() else pl.Series(name, np.ma.masked_array(data, ~valid))
+        return values[at]
+
+    def bins(self) -> dict[str, Any]:
+        """The durations' sketch per name (``bins_of``), grouped by the names' indices."""
+        frame = pl.DataFrame({"cat": self.cat, "name": self.name, "dur": self.dur})
+        binned = bins_of(frame.lazy(), ["cat", "name"]).collect(engine="in-memory")
+        columns: dict[str, Any] = {name: binned.get_column(name) for name in binned.columns}
+        for name in ("cat", "name"):
+            columns[name] = _text_of(self.piece.texts[name][0], columns[name].to_numpy())
+        return columns
+
+
+def _text_of(values: list[str | None], index: np.ndarray) -> pl.Series:
+    return pl.Series("text", values, dtype=pl.String).gather(index)
 
 
 def _by_process(spans: pl.DataFrame) -> list[tuple[tuple[Any, ...], pl.DataFrame]]:

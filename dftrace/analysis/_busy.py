@@ -54,12 +54,28 @@ def _innermost_native(threads: pl.DataFrame) -> Painting:
                             pl.col("group").fill_null(-1).cast(pl.Int8))
     columns = [np.ascontiguousarray(threads.get_column(name).to_numpy(), dtype=np.int64) for name in ("tid", "ts", "end")]
     columns += [np.ascontiguousarray(series.to_numpy()) for series in filled.iter_columns()]
-    painted = _native.innermost(*columns, b"")
-    if painted is None:  # spans with the same times: in the order the numpy path takes them
+    painting = painted_spans(*columns)
+    if painting is None:  # spans with the same times: in the order the numpy path takes them
         frame = threads.select("tid", "ts", "end", pl.int_range(pl.len(), dtype=pl.Int64).alias("span"))
         order = np.concatenate([_by_start(thread).get_column("span").to_numpy()
                                 for thread in frame.partition_by("tid", maintain_order=True)])
-        painted = _native.innermost(*columns, np.ascontiguousarray(order, dtype=np.int64))
+        painting = painted_spans(*columns, order=order)
+    assert painting is not None
+    return painting
+
+
+def painted_spans(tid: np.ndarray, ts: np.ndarray, end: np.ndarray, level: np.ndarray, level_valid: np.ndarray,
+                  group: np.ndarray, *, order: np.ndarray | None = None) -> Painting | None:
+    """The painting of spans given as arrays (int64; ``level_valid`` uint8, ``group``
+    int8, -1 for none), by the C sweep; None without it, and where two spans of a
+    thread have the same times and no ``order`` (span indices, see ``_sweeps.c``)
+    says which is the innermost."""
+    if _native is None:
+        return None
+    given = b"" if order is None else np.ascontiguousarray(order, dtype=np.int64)
+    painted = _native.innermost(tid, ts, end, level, level_valid, group, given)
+    if painted is None:
+        return None
     groups, starts, ends, self_us, orphan, opener = painted
     intervals = pl.DataFrame(
         {"group": np.frombuffer(groups, np.int8), "start": np.frombuffer(starts, np.int64),

@@ -68,6 +68,9 @@ class PartitionData:
     #: nanosecond resolution (``_kineto.activity_schema()`` plus ``host_key``); None
     #: for other traces.
     activity: pl.DataFrame | None = None
+    #: The event lines as the C scanner read them, where the reader asked for them
+    #: (``iter_partition_pieces``' ``scanned``): ``events`` is then empty.
+    scanned: ScannedPiece | None = None
 
     def note_broken(self, number: int, reason: str) -> None:
         self.broken_count += 1
@@ -100,19 +103,20 @@ def read_partition(
 
 
 def iter_partition_pieces(partition: Partition, columns: Iterable[str] | None = None, *,
-                          piece_bytes: int = fmt.LINE_PIECE_BYTES, inflate_ahead: bool = True
-                          ) -> Iterator[PartitionData]:
+                          piece_bytes: int = fmt.LINE_PIECE_BYTES, inflate_ahead: bool = True,
+                          scanned: bool = False) -> Iterator[PartitionData]:
     """``read_partition`` in pieces of whole lines (``fmt.LINE_PIECE_BYTES`` of
     decoded text each), read one after the other: a consumer that reduces each
     piece before asking for the next holds one piece at a time, whatever the
     partition expands to. Line numbers count from each piece's start. The next
     piece is inflated on a thread of its own while this one is scanned, unless
-    ``inflate_ahead`` is false (for a consumer that decodes pieces ahead itself)."""
+    ``inflate_ahead`` is false (for a consumer that decodes pieces ahead itself). With
+    ``scanned``, a piece the C scanner reads comes as its columns (``PartitionData.scanned``)."""
     wanted = _wanted(columns, None)
     if partition.is_parquet:
         yield _read_parquet(partition, wanted)
         return
-    yield from _pieces(partition, wanted, piece_bytes, inflate_ahead)
+    yield from _pieces(partition, wanted, piece_bytes, inflate_ahead, scanned)
 
 
 def read_ahead(pieces: Generator[_T, None, None]) -> Iterator[_T]:
@@ -154,7 +158,7 @@ def read_ahead(pieces: Generator[_T, None, None]) -> Iterator[_T]:
 
 
 def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PIECE_BYTES,
-            inflate_ahead: bool = True) -> Iterator[PartitionData]:
+            inflate_ahead: bool = True, scanned: bool = False) -> Iterator[PartitionData]:
     first = True
     lines = fmt.iter_line_pieces(partition.path, partition.start, partition.end, piece_bytes=piece_bytes)
     for piece in read_ahead(lines) if inflate_ahead else lines:
@@ -170,7 +174,8 @@ def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PI
         del piece
         if not holder[0]:
             yield result
-        elif _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted):
+        elif _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted,
+                                                                          scanned=scanned):
             holder.clear()  # the piece's bytes are read: not held while the consumer works
             yield result
         else:
@@ -255,9 +260,11 @@ _KIND_INT, _KIND_STR, _KIND_BOOL, _KIND_FLOAT = 0, 1, 2, 3
 _LINE_EVENT, _LINE_OTHER, _LINE_UNREAD = 0, 1, 2
 
 
-def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted) -> bool:
+def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted, *, scanned: bool = False) -> bool:
     """Fill ``result`` from the C scanner's columns; False (``result`` untouched) when a
-    line holds valid JSON the scanner cannot take (a value of an unexpected type)."""
+    line holds valid JSON the scanner cannot take (a value of an unexpected type).
+    With ``scanned`` the columns are left as they were read (``result.scanned``) and
+    ``result.events`` empty: for a consumer that reduces them itself."""
     sources = list(dict.fromkeys([("top", "ph", pl.String()), ("top", "name", pl.String()),
                                   *(s for s in wanted.values() if s is not None)]))
     spec = tuple(
@@ -282,25 +289,27 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted) -> bool:
             return False  # valid JSON the scanner does not read: the polars path will
         elif parsed.text == b"]":
             closed = True
-    columns: dict[str, pl.Series] = {}
+    texts: dict[tuple[str, str], tuple[list[str | None], np.ndarray]] = {}
+    numbers: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
     for (where, key, dtype), raw in zip(sources, raw_columns):
-        series = _scanned_column(key, dtype, raw, _PHASE_CODES if (where, key) == ("top", "ph") else None)
-        if series is None:
-            return False
-        columns[f"{where}.{key}"] = series
-    ph = columns.pop("top.ph")
-    name = columns["top.name"] if "name" in wanted else columns.pop("top.name")
+        if dtype == pl.String:
+            text = _scanned_text(raw, _PHASE_CODES if (where, key) == ("top", "ph") else None)
+            if text is None:
+                return False
+            texts[where, key] = text
+        else:
+            values, valid = raw
+            numbers[where, key] = (np.frombuffer(values, dtype=np.float64 if dtype == pl.Float64 else np.int64),
+                                   np.frombuffer(valid, dtype=np.bool_))
+    ph, name = (_text_series(key, *texts["top", key]) for key in ("ph", "name"))
     is_event = pl.Series(status == _LINE_EVENT)
     missing = _without_name_or_ph(result, ph, name, lambda mask: mask.arg_true().to_numpy() + 1, is_event)
     is_meta = is_event & (ph == fmt.PH_METADATA)
-    keep = is_event & ~missing & ~is_meta
-    args = {key.removeprefix("args."): s.filter(keep) for key, s in columns.items() if key.startswith("args.")}
-    parsed_frame = pl.DataFrame(
-        {"ph": ph.filter(keep), **{key.removeprefix("top."): s.filter(keep)
-                                   for key, s in columns.items() if key.startswith("top.")}}
-    )
-    if args:
-        parsed_frame = parsed_frame.with_columns(pl.DataFrame(args).to_struct("args"))
+    del ph, name
+    piece = ScannedPiece(
+        {column: texts[source[:2]] for column, source in wanted.items() if source[2] == pl.String},
+        {column: numbers[source[:2]] for column, source in wanted.items() if source[2] != pl.String},
+        texts["top", "ph"], (is_event & ~missing & ~is_meta).to_numpy(), wanted)
     result.n_lines = len(status)
     result.closed = closed
     for number, reason in sorted(broken):
@@ -310,37 +319,78 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted) -> bool:
     meta = (_meta_record(result, index + 1, line(index).decode(errors="replace"))
             for index in is_meta.arg_true().to_list())
     result.meta = [record for record in meta if record is not None]
-    result.events = _finish(parsed_frame, wanted)
+    if scanned:
+        result.scanned = piece
+    else:
+        result.events = piece.events()
     result.broken.sort()
     return True
 
 
-def _scanned_column(key: str, dtype: pl.DataType, raw: tuple[Any, bytes],
-                    replace: dict[str, str] | None = None) -> pl.Series | None:
-    """One scanned column as a Series (one row per line); None if a string is not UTF-8.
-    A string column comes as its distinct values and each line's place among them (-1
-    where the line has none): ``replace`` maps values, once each."""
-    if dtype == pl.String:
-        distinct, codes = raw
-        try:
-            values: list[str | None] = [orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode()
-                                        for text in distinct]
-        except (orjson.JSONDecodeError, UnicodeDecodeError):
-            return None
-        if replace:
-            values = [replace.get(value, value) for value in values]  # type: ignore[arg-type]
-        index = np.frombuffer(codes, dtype=np.int32)
-        if index.size and index.min() < 0:  # lines without the key: a null value after the others
-            index = np.where(index < 0, len(values), index)
-            values.append(None)
-        return pl.Series(key, values, dtype=pl.String).gather(index)
-    values, valid = raw
-    series = pl.Series(key, np.frombuffer(values, dtype=np.float64 if dtype == pl.Float64 else np.int64))
+@dataclass
+class ScannedPiece:
+    """A piece's lines as the C scanner read them, one row a line, not yet a table:
+    each text column as its distinct values and each line's index among them (a line
+    without one indexes a last value, None; equal values share one index), each other
+    column as its values and which of them are valid. ``kept`` marks the event lines
+    (not metadata, structure or broken): the rows of ``events()``."""
+
+    texts: dict[str, tuple[list[str | None], np.ndarray]]
+    numbers: dict[str, tuple[np.ndarray, np.ndarray]]
+    #: The phase of each line, as the texts are held.
+    ph: tuple[list[str | None], np.ndarray]
+    kept: np.ndarray
+    wanted: Wanted
+
+    def events(self) -> pl.DataFrame:
+        """The event table ``read_partition`` gives for these lines."""
+        keep = pl.Series(self.kept)
+        columns = []
+        for column, source in self.wanted.items():
+            if column in self.texts:
+                series = _text_series(column, *self.texts[column])
+            else:
+                series = _number_series(column, source[2], *self.numbers[column])
+            if column == "parent_id":
+                series = series.to_frame().select(pl.when(pl.col(column) > 0).then(pl.col(column))).to_series()
+            columns.append(series.filter(keep).cast(_output_type(column, self.wanted)))
+        events = pl.DataFrame(columns, schema={c: _output_type(c, self.wanted) for c in self.wanted})
+        return events.with_columns(pl.lit("", pl.String).alias(HOST_KEY))
+
+
+def _scanned_text(raw: tuple[list[bytes], bytes], replace: dict[str, str] | None
+                  ) -> tuple[list[str | None], np.ndarray] | None:
+    """A scanned text column as (distinct values, each line's index; see
+    ``ScannedPiece``); None if a value is not UTF-8. ``replace`` maps values, once each."""
+    distinct, codes = raw
+    try:
+        values: list[str | None] = [orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode()
+                                    for text in distinct]
+    except (orjson.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if replace:
+        values = [replace.get(value, value) for value in values]  # type: ignore[arg-type]
+    index = np.frombuffer(codes, dtype=np.int32)
+    if index.size and index.min() < 0:  # lines without the key: a null value after the others
+        index = np.where(index < 0, len(values), index).astype(np.int32)
+        values.append(None)
+    first: dict[str | None, int] = {}
+    canonical = [first.setdefault(value, place) for place, value in enumerate(values)]
+    if len(first) < len(values):  # two spellings of one value (escaped, or a phase's code and letter)
+        index = np.asarray(canonical, dtype=np.int32)[index]
+    return values, index
+
+
+def _text_series(name: str, values: list[str | None], index: np.ndarray) -> pl.Series:
+    return pl.Series(name, values, dtype=pl.String).gather(index)
+
+
+def _number_series(name: str, dtype: pl.DataType, values: np.ndarray, valid: np.ndarray) -> pl.Series:
+    series = pl.Series(name, values)
     if dtype == pl.Boolean:
         series = series.cast(pl.Boolean)
-    mask = np.frombuffer(valid, dtype=np.bool_)
-    if not mask.all():
-        series = series.to_frame().select(pl.when(pl.Series(mask)).then(pl.col(key))).to_series()
+    if not valid.all():
+        series = series.to_frame().select(pl.when(pl.Series(valid)).then(pl.col(name))).to_series()
     return series
 
 

@@ -488,6 +488,7 @@ PyObject *sweeps_union(PyObject *self, PyObject *args);
 PyObject *sweeps_masks(PyObject *self, PyObject *args);
 PyObject *sweeps_steps(PyObject *self, PyObject *args);
 PyObject *sweeps_across(PyObject *self, PyObject *args);
+PyObject *sweeps_extents(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"scan_lines", scan_lines, METH_VARARGS,
@@ -502,6 +503,8 @@ static PyMethodDef methods[] = {
      "steps(code, start, end, n, is_work, cuts, epoch_span) -> (rows, starts, ends, counts): see _sweeps.c."},
     {"across", sweeps_across, METH_VARARGS,
      "across(code, start, dur, order) -> (rows, counts, starts, lows, middles, highs, slowest): see _sweeps.c."},
+    {"extents", sweeps_extents, METH_VARARGS,
+     "extents(keys, k, start, end, values, taken) -> (rows, starts, ends, counts, sums): see _sweeps.c."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dftrace.analysis._scan",

@@ -906,3 +906,92 @@ done:
     for (int i = 0; i < 4; i++) PyBuffer_Release(&b[i]);
     return result;
 }
+
+/* A hash of the k keys at p: trace keys are small integers and codes. */
+static uint64_t hash_keys(const int64_t *p, Py_ssize_t k) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        h = (h ^ (uint64_t)p[j]) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+    }
+    return h;
+}
+
+/* extents(keys, k, start, end, values, taken): the extent of each group of rows with
+ * the same k keys (``keys`` row by row, k int64 a row), of the rows ``taken`` marks
+ * (one byte a row), as a group_by of min(start), max(end), len() and sum(values) gives
+ * them (``values`` may be empty: no sums). Groups come back in the order they first
+ * appear: a row of each, its least start, greatest end, rows and sum. */
+PyObject *sweeps_extents(PyObject *self, PyObject *args) {
+    Py_buffer b[5];
+    Py_ssize_t k;
+    memset(b, 0, sizeof(b));
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*y*:extents", &b[0], &k, &b[1], &b[2], &b[3], &b[4])) {
+        for (int i = 0; i < 5; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int64_t *row = NULL, *low = NULL, *high = NULL, *count = NULL, *sum = NULL;
+    int32_t *slots = NULL;
+    Py_ssize_t n;
+    if (!same_length(b + 1, 2, &n)) goto done;
+    if (k < 1 || b[0].len != n * k * (Py_ssize_t)sizeof(int64_t) || b[4].len != n
+        || (b[3].len && b[3].len != n * (Py_ssize_t)sizeof(int64_t))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "keys: k int64 a row, one key at least; values: none or one int64 a row; taken: one byte a row");
+        goto done;
+    }
+    if (n >= INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "too many rows");
+        goto done;
+    }
+    const int64_t *keys = b[0].buf, *start = b[1].buf, *end = b[2].buf, *values = b[3].len ? b[3].buf : NULL;
+    const uint8_t *taken = b[4].buf;
+    Py_ssize_t size = n ? n : 1, n_slots = 64;
+    while (n_slots < 2 * size) n_slots *= 2;
+    row = malloc(size * sizeof(int64_t));
+    low = malloc(size * sizeof(int64_t));
+    high = malloc(size * sizeof(int64_t));
+    count = malloc(size * sizeof(int64_t));
+    sum = malloc(size * sizeof(int64_t));
+    slots = malloc(n_slots * sizeof(int32_t));
+    if (!row || !low || !high || !count || !sum || !slots) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t n_groups = 0;
+    Py_BEGIN_ALLOW_THREADS
+    memset(slots, 0xff, n_slots * sizeof(int32_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!taken[i]) continue;
+        const int64_t *key = keys + i * k;
+        Py_ssize_t s = (Py_ssize_t)(hash_keys(key, k) & (uint64_t)(n_slots - 1));
+        int32_t g;
+        while ((g = slots[s]) >= 0 && memcmp(keys + row[g] * k, key, k * sizeof(int64_t)) != 0)
+            s = (s + 1) & (n_slots - 1);
+        if (g < 0) {
+            g = (int32_t)n_groups++;
+            slots[s] = g;
+            row[g] = i;
+            low[g] = start[i];
+            high[g] = end[i];
+            count[g] = 1;
+            sum[g] = values ? values[i] : 0;
+        } else {
+            if (start[i] < low[g]) low[g] = start[i];
+            if (end[i] > high[g]) high[g] = end[i];
+            count[g]++;
+            if (values) sum[g] = (int64_t)((uint64_t)sum[g] + (uint64_t)values[i]);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(NNNNN)", bytes_of(row, n_groups * 8), bytes_of(low, n_groups * 8),
+                           bytes_of(high, n_groups * 8), bytes_of(count, n_groups * 8),
+                           bytes_of(sum, values ? n_groups * 8 : 0));
+done:
+    free(row);
+    free(low);
+    free(high);
+    free(count);
+    free(sum);
+    free(slots);
+    for (int i = 0; i < 5; i++) PyBuffer_Release(&b[i]);
+    return result;
+}
