@@ -27,7 +27,7 @@ from .. import format as fmt
 from .._native import analysis_kernels
 from ._busy import (GROUPS, Painting, alone_intervals, innermost_intervals, mask_times, painted_spans,
                     union_intervals)
-from ._decode import MAX_BROKEN_KEPT, PartitionData, ScannedPiece, iter_partition_pieces, read_ahead
+from ._decode import MAX_BROKEN_KEPT, PartitionData, ScannedPiece, iter_partition_pieces, read_ahead, text_series
 from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS, FrameT
@@ -423,9 +423,8 @@ def _aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: b
         "containers": span.select(pipeline & ~block & ~span.name_is(lambda v: v.endswith(fmt.ITER_SUFFIX)),
                                   {"name": span.name, "start": span.ts, "end": span.end}),
         "collectives": span.select(span.cat_is(lambda v: v == fmt.CAT_COMM) & seq_ok, {
-            "name": _text_of([None if v is None else v.removesuffix(fmt.DONE_SUFFIX) for v in name_values],
-                             span.name),
-            "group": _text_of(["" if v is None else v for v in group_values], group_index[rows]),
+            "name": ([None if v is None else v.removesuffix(fmt.DONE_SUFFIX) for v in name_values], span.name),
+            "group": (["" if v is None else v for v in group_values], group_index[rows]),
             "seq": seq, "ts": span.ts, "dur": span.dur, "done": done}),
         "epochs": span.extents([epoch], epoch_ok, {"epoch": epoch}),
         "epoch_spans": span.extents([span_epoch], pipeline & span.name_is(lambda v: v in fmt.EPOCH_NAMES)
@@ -509,12 +508,13 @@ class _ScannedSpans:
         return {**found, "start": low, "end": high, "n": n}
 
     def _column(self, name: str, values: Any, at: np.ndarray) -> Any:
-        """Column ``name`` at the spans ``at`` of ``values``: an array, (values, valid)
-        or a Series of every span; the ``cat`` and ``name`` indices as their texts."""
+        """Column ``name`` at the spans ``at`` of ``values``: an array of every span,
+        (values, valid) arrays, or (texts, each span's index among them); the spans'
+        ``cat`` and ``name`` indices as their texts."""
         if name in ("cat", "name") and values is getattr(self, name):
-            return _text_of(self.piece.texts[name][0], values[at])
-        if isinstance(values, pl.Series):
-            return values.gather(at)
+            return text_series(name, self.piece.texts[name][0], values[at])
+        if isinstance(values, tuple) and isinstance(values[0], list):
+            return text_series(name, values[0], values[1][at])
         if isinstance(values, tuple):
             data, valid = values[0][at], values[1][at]
             return data if valid.all() else pl.Series(name, np.ma.masked_array(data, ~valid))
@@ -526,12 +526,8 @@ class _ScannedSpans:
         binned = bins_of(frame.lazy(), ["cat", "name"]).collect(engine="in-memory")
         columns: dict[str, Any] = {name: binned.get_column(name) for name in binned.columns}
         for name in ("cat", "name"):
-            columns[name] = _text_of(self.piece.texts[name][0], columns[name].to_numpy())
+            columns[name] = text_series(name, self.piece.texts[name][0], columns[name].to_numpy())
         return columns
-
-
-def _text_of(values: list[str | None], index: np.ndarray) -> pl.Series:
-    return pl.Series("text", values, dtype=pl.String).gather(index)
 
 
 def _by_process(spans: pl.DataFrame) -> list[tuple[tuple[Any, ...], pl.DataFrame]]:

@@ -28,6 +28,8 @@
  *   from its step rows, as _steps' numpy model does (see its comment below).
  * across(code, start, dur, order) compares the ranks' times of each step, as
  *   _summary._steps' query does.
+ * extents(keys, k, start, end, values, taken) groups rows by k integer keys: each
+ *   group's least start, greatest end, rows and sum (_aggregate's scanned pieces).
  *
  * Arrays come in as contiguous buffers (int64, level_valid and is_work uint8,
  * innermost's group int8) and go back as bytes the caller views with numpy. The work
