@@ -31,7 +31,7 @@ from ._decode import MAX_BROKEN_KEPT, PartitionData, ScannedPiece, iter_partitio
 from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS, FrameT
-from ._sketch import BIN_SCHEMA, bins_of, merged_bins
+from ._sketch import BIN_SCHEMA, EXACT_BELOW_US, bins_of, merged_bins
 from ._sources import Partition
 from ._steps import (STEP_SCHEMA, STEP_TIME_SCHEMA, container_rows, model_steps, settled_procs, step_codes,
                      step_rows, with_step_times)
@@ -491,21 +491,23 @@ class _ScannedSpans:
         at = np.flatnonzero(taken)
         return {name: self._column(name, values, at) for name, values in columns.items()}
 
-    def extents(self, keys: list[np.ndarray], taken: np.ndarray, columns: dict[str, Any],
+    def extents(self, keys: list[np.ndarray], taken: np.ndarray, columns: dict[str, Any], *,
+                low: np.ndarray | None = None, high: np.ndarray | None = None,
                 sums: tuple[str, np.ndarray] | None = None) -> dict[str, Any]:
         """``columns`` (see ``_column``) of the groups of the spans ``taken`` marks by
-        ``keys`` (int arrays), with their least start, greatest end and count (or,
-        with ``sums``, (name, values), the sum of those values instead)."""
+        ``keys`` (int arrays), with their least start (or ``low``), greatest end (or
+        ``high``) and count, and with ``sums``, (name, values), the sum of those values."""
         stacked = np.empty((self.ts.size, len(keys)), dtype=np.int64)
         for place, key in enumerate(keys):
             stacked[:, place] = key
-        at, low, high, n, total = (np.frombuffer(buffer, np.int64) for buffer in _native.extents(
-            stacked, len(keys), self.ts, self.end, b"" if sums is None else sums[1],
-            np.ascontiguousarray(taken, dtype=np.uint8)))
+        at, least, most, n, total = (np.frombuffer(buffer, np.int64) for buffer in _native.extents(
+            stacked, len(keys), self.ts if low is None else low, self.end if high is None else high,
+            b"" if sums is None else sums[1], np.ascontiguousarray(taken, dtype=np.uint8)))
         found = {name: self._column(name, values, at) for name, values in columns.items()}
+        found.update(start=least, end=most, n=n)
         if sums is not None:
-            return {**found, sums[0]: total}
-        return {**found, "start": low, "end": high, "n": n}
+            found[sums[0]] = total
+        return found
 
     def _column(self, name: str, values: Any, at: np.ndarray) -> Any:
         """Column ``name`` at the spans ``at`` of ``values``: an array of every span,
@@ -521,13 +523,22 @@ class _ScannedSpans:
         return values[at]
 
     def bins(self) -> dict[str, Any]:
-        """The durations' sketch per name (``bins_of``), grouped by the names' indices."""
-        frame = pl.DataFrame({"cat": self.cat, "name": self.name, "dur": self.dur})
-        binned = bins_of(frame.lazy(), ["cat", "name"]).collect(engine="in-memory")
-        columns: dict[str, Any] = {name: binned.get_column(name) for name in binned.columns}
+        """The durations' sketch per name (``bins_of``): the exact bins (durations below
+        ``EXACT_BELOW_US``, one value each, no spread) grouped in C, the buckets of the
+        longer ones by ``bins_of`` itself."""
+        exact = self.dur < EXACT_BELOW_US
+        found = self.extents([self.cat, self.name, self.dur], exact, {"cat": self.cat, "name": self.name},
+                             low=self.dur, high=self.dur, sums=("total", self.dur))
+        columns = {"cat": found["cat"], "name": found["name"], "bin": found["start"], "n": found["n"],
+                   "total": found["total"], "lo": found["start"], "hi": found["end"],
+                   "m2": np.zeros(found["n"].size, dtype=np.float64)}
+        if exact.all():
+            return columns
+        longer = pl.DataFrame({"cat": self.cat[~exact], "name": self.name[~exact], "dur": self.dur[~exact]})
+        binned = bins_of(longer.lazy(), ["cat", "name"]).collect(engine="in-memory")
         for name in ("cat", "name"):
-            columns[name] = text_series(name, self.piece.texts[name][0], columns[name].to_numpy())
-        return columns
+            binned = binned.with_columns(text_series(name, self.piece.texts[name][0], binned.get_column(name).to_numpy()))
+        return {name: pl.concat([pl.Series(name, column), binned.get_column(name)]) for name, column in columns.items()}
 
 
 def _by_process(spans: pl.DataFrame) -> list[tuple[tuple[Any, ...], pl.DataFrame]]:

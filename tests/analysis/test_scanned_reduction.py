@@ -1,9 +1,10 @@
 """The summary reduces a piece the C scanner read straight from its columns, without a
 table of its events: every partial table is the one the table path gives, on realistic
-runs and on lines that exercise each rule (tracer and missing categories, epoch spans
-numbered by count or by epoch, loop bodies, item waits and completions, collectives
-with and without a group, two spellings of one name, integer phases, spans without a
-level); pieces it cannot reduce this way go the table path."""
+runs and on lines that exercise each rule (tracer and missing categories, the sketch's
+exact bins and its buckets, epoch spans numbered by count or by epoch, loop bodies,
+item waits and completions, collectives with and without a group, two spellings of one
+name, integer phases, spans without a level); pieces it cannot reduce this way go the
+table path."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ _RULE_LINES = [
     _span("instant", "compute", 950, None, ph='"i"', level=1),
     b'{"name":"counter","cat":"metric","pid":7,"tid":7,"ts":960,"ph":"C","args":{"value":3}}',
     _span("noise", "compute", 970, 5, ph='"X"', level=1, step=None, epoch=None),
+    _span("save", "checkpoint", 1_000, 2_000, tid=12, level=1),  # one bucket of the sketch, two values
+    _span("save", "checkpoint", 3_100, 2_010, tid=12, level=1),
+    _span("reversed", "compute", 6_000, -5, tid=12, level=1),  # ends before it starts
 ]
 
 
@@ -102,6 +106,8 @@ def test_each_rule_reduces_as_the_table_path_does(tmp_path, overlap):
     assert sorted(steps.select("step", "n").rows()) == [(1, 2), (2, 1)]
     assert table.collectives.height == 2
     assert sorted(table.epoch_spans.get_column("epoch").to_list()) == [2, 5]
+    (save,) = table.durations.filter(pl.col("name") == "save").rows(named=True)
+    assert (save["n"], save["lo"], save["hi"], save["m2"]) == (2, 2_000, 2_010, 50.0)
 
 
 def _long_runs(directory, ranks: int = 2):
