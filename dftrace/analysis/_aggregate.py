@@ -447,9 +447,9 @@ def _stored(kind: str, pid: int, columns: dict[str, Any]) -> pl.DataFrame:
     """The ``kind`` table of one process's ``columns`` (Series, arrays or lists), in
     the columns and types of a partial's ``kind`` table."""
     height = len(next(iter(columns.values())))
+    host_key = pl.Series(HOST_KEY, [""], dtype=pl.String)
     series = [pl.Series("pid", np.full(height, pid, dtype=np.int64)),
-              pl.Series(HOST_KEY, [""] if height else [], dtype=pl.String).new_from_index(0, height)
-              if height else pl.Series(HOST_KEY, [], dtype=pl.String)]
+              host_key.new_from_index(0, height) if height else host_key.clear()]
     for name, dtype in _EMPTY[kind].schema.items():
         if name in _KEY:
             continue
@@ -536,8 +536,8 @@ class _ScannedSpans:
             return columns
         longer = pl.DataFrame({"cat": self.cat[~exact], "name": self.name[~exact], "dur": self.dur[~exact]})
         binned = bins_of(longer.lazy(), ["cat", "name"]).collect(engine="in-memory")
-        for name in ("cat", "name"):
-            binned = binned.with_columns(text_series(name, self.piece.texts[name][0], binned.get_column(name).to_numpy()))
+        binned = binned.with_columns(text_series(name, self.piece.texts[name][0], binned.get_column(name).to_numpy())
+                                     for name in ("cat", "name"))
         return {name: pl.concat([pl.Series(name, column), binned.get_column(name)]) for name, column in columns.items()}
 
 
