@@ -27,7 +27,8 @@ from .. import format as fmt
 from .._native import analysis_kernels
 from ._busy import (GROUPS, Painting, alone_intervals, innermost_intervals, mask_times, painted_spans,
                     union_intervals)
-from ._decode import MAX_BROKEN_KEPT, PartitionData, ScannedPiece, iter_partition_pieces, read_ahead, text_series
+from ._decode import (MAX_BROKEN_KEPT, PartitionData, ScannedPiece, iter_partition_pieces, number_series, read_ahead,
+                      text_passes, text_series)
 from ._gpu import activity_by_process, without_profiler_steps
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS, FrameT
@@ -484,7 +485,7 @@ class _ScannedSpans:
 
     @staticmethod
     def _each(test: Any, values: list[str | None], index: np.ndarray) -> np.ndarray:
-        return np.array([v is not None and bool(test(v)) for v in values], dtype=np.bool_)[index]
+        return text_passes(values, index, lambda value: value is not None and bool(test(value)))
 
     def select(self, taken: np.ndarray, columns: dict[str, Any]) -> dict[str, Any]:
         """``columns`` (see ``_column``) of the spans ``taken`` marks."""
@@ -519,7 +520,7 @@ class _ScannedSpans:
             return text_series(name, values[0], values[1][at])
         if isinstance(values, tuple):
             data, valid = values[0][at], values[1][at]
-            return data if valid.all() else pl.Series(name, np.ma.masked_array(data, ~valid))
+            return number_series(name, data, valid)
         return values[at]
 
     def bins(self) -> dict[str, Any]:

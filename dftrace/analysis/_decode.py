@@ -303,8 +303,8 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted, *, scanned
                                    np.frombuffer(valid, dtype=np.bool_))
     ph, name = texts["top", "ph"], texts["top", "name"]
     is_event = status == _LINE_EVENT
-    is_meta = is_event & _each_text(ph, lambda value: value == fmt.PH_METADATA)
-    no_ph, no_name = (is_event & _each_text(text, lambda value: value is None) for text in (ph, name))
+    is_meta = is_event & text_passes(*ph, lambda value: value == fmt.PH_METADATA)
+    no_ph, no_name = (is_event & text_passes(*text, lambda value: value is None) for text in (ph, name))
     missing = _without_name_or_ph(result, no_ph, is_meta, no_name, lambda mask: np.flatnonzero(mask) + 1)
     piece = ScannedPiece(
         {column: texts[source[:2]] for column, source in wanted.items() if source[2] == pl.String},
@@ -350,7 +350,7 @@ class ScannedPiece:
             if column in self.texts:
                 series = text_series(column, *self.texts[column])
             else:
-                series = _number_series(column, source[2], *self.numbers[column])
+                series = number_series(column, *self.numbers[column])
             if column == "parent_id":
                 series = series.to_frame().select(pl.when(pl.col(column) > 0).then(pl.col(column))).to_series()
             columns.append(series.filter(keep).cast(_output_type(column, self.wanted)))
@@ -381,10 +381,9 @@ def _scanned_text(raw: tuple[list[bytes], bytes], replace: dict[str, str] | None
     return values, index
 
 
-def _each_text(text: tuple[list[str | None], np.ndarray], test: Any) -> np.ndarray:
-    """Whether each line's value of a scanned text column passes ``test``, tested once
-    per distinct value."""
-    values, index = text
+def text_passes(values: list[str | None], index: np.ndarray, test: Any) -> np.ndarray:
+    """Whether each row's text ``values[index]`` passes ``test`` (called with each
+    distinct value once, None included)."""
     return np.array([test(value) for value in values], dtype=np.bool_)[index]
 
 
@@ -394,13 +393,9 @@ def text_series(name: str, values: list[str | None], index: np.ndarray) -> pl.Se
     return pl.Series(name, values, dtype=pl.String)[pl.Series(index, dtype=pl.UInt32)]
 
 
-def _number_series(name: str, dtype: pl.DataType, values: np.ndarray, valid: np.ndarray) -> pl.Series:
-    series = pl.Series(name, values)
-    if dtype == pl.Boolean:
-        series = series.cast(pl.Boolean)
-    if not valid.all():
-        series = series.to_frame().select(pl.when(pl.Series(valid)).then(pl.col(name))).to_series()
-    return series
+def number_series(name: str, values: np.ndarray, valid: np.ndarray) -> pl.Series:
+    """A scanned number column's ``values`` (or some rows of them), null where not ``valid``."""
+    return pl.Series(name, values if valid.all() else np.ma.masked_array(values, ~valid))
 
 
 class _Candidates:
