@@ -68,6 +68,27 @@
         while (i < half) a[k++] = tmp[i++];                                               \
     }
 
+/* A stable LSD radix sort of n (key, idx) pairs by key, 11 bits a pass over the bits
+ * the largest key has: ties keep the order given. */
+typedef struct { uint64_t key; int64_t idx; } Keyed;
+
+static void radix_sort(Keyed *a, Keyed *tmp, Py_ssize_t n) {
+    uint64_t top = 0;
+    for (Py_ssize_t i = 0; i < n; i++) top |= a[i].key;
+    Py_ssize_t count[2049];
+    Keyed *from = a, *to = tmp;  /* each pass from one array into the other */
+    for (int shift = 0; shift < 64 && (top >> shift); shift += 11) {
+        memset(count, 0, sizeof(count));
+        for (Py_ssize_t i = 0; i < n; i++) count[((from[i].key >> shift) & 2047) + 1]++;
+        for (int d = 0; d < 2048; d++) count[d + 1] += count[d];
+        for (Py_ssize_t i = 0; i < n; i++) to[count[(from[i].key >> shift) & 2047]++] = from[i];
+        Keyed *swap = from;
+        from = to;
+        to = swap;
+    }
+    if (from != a) memcpy(a, from, n * sizeof(Keyed));
+}
+
 typedef struct { int64_t tid, ts, end, idx; } SpanKey;
 typedef struct { int64_t first_span, begin, end; } Thread;  /* its least span index, keys[begin..end) */
 typedef struct { int64_t start, end; } Pair;
@@ -88,6 +109,45 @@ DEFINE_MERGE_SORT(sort_spans, SpanKey, span_less)
 DEFINE_MERGE_SORT(sort_threads, Thread, thread_less)
 DEFINE_MERGE_SORT(sort_pairs, Pair, pair_less)
 DEFINE_MERGE_SORT(sort_keys, int64_t, key_less)
+
+/* Sorts the spans (``tid``, ``ts``, ``end``, n of each) into ``keys`` as sort_spans
+ * does (by thread, start, the longest first, then index), by a radix sort of one
+ * integer a span, its thread and start, where both fit in 64 bits: a few passes
+ * over the spans, where the merge sort moved each of them log(n) times (a span is
+ * written after the spans it encloses, so a thread's spans come in no long run of
+ * starts). 0 when they do not fit (``keys`` untouched). ``pairs`` and ``tmp``: n Keyed
+ * each; ``key_tmp``: n SpanKey. */
+static int radix_spans(const int64_t *tid, const int64_t *ts, const int64_t *end, Py_ssize_t n, SpanKey *keys,
+                       Keyed *pairs, Keyed *tmp, SpanKey *key_tmp) {
+    if (!n) return 1;
+    int64_t tid_lo = tid[0], tid_hi = tid[0], ts_lo = ts[0], ts_hi = ts[0];
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (tid[i] < tid_lo) tid_lo = tid[i];
+        if (tid[i] > tid_hi) tid_hi = tid[i];
+        if (ts[i] < ts_lo) ts_lo = ts[i];
+        if (ts[i] > ts_hi) ts_hi = ts[i];
+    }
+    uint64_t tid_range = (uint64_t)tid_hi - (uint64_t)tid_lo, ts_range = (uint64_t)ts_hi - (uint64_t)ts_lo;
+    int tid_bits = 0, ts_bits = 0;
+    while (tid_bits < 64 && (tid_range >> tid_bits)) tid_bits++;
+    while (ts_bits < 64 && (ts_range >> ts_bits)) ts_bits++;
+    if (tid_bits + ts_bits > 64) return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t thread = tid_bits ? ((uint64_t)tid[i] - (uint64_t)tid_lo) << ts_bits : 0;
+        pairs[i] = (Keyed){thread | ((uint64_t)ts[i] - (uint64_t)ts_lo), (int64_t)i};
+    }
+    radix_sort(pairs, tmp, n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t j = pairs[i].idx;
+        keys[i] = (SpanKey){tid[j], ts[j], end[j], j};
+    }
+    /* Spans of a thread starting together: the longest first, then by index. */
+    for (Py_ssize_t a = 0, b; a < n; a = b) {
+        for (b = a + 1; b < n && keys[b].tid == keys[a].tid && keys[b].ts == keys[a].ts; b++) {}
+        if (b - a > 1) sort_spans(keys + a, key_tmp, b - a);
+    }
+    return 1;
+}
 
 static inline int64_t floor_div(int64_t a, int64_t b) {
     int64_t q = a / b;
@@ -430,8 +490,11 @@ PyObject *sweeps_innermost(PyObject *self, PyObject *args) {
             keys[i] = (SpanKey){tid[j], ts[j], end[j], j};
         }
     } else {
-        for (Py_ssize_t i = 0; i < n; i++) keys[i] = (SpanKey){tid[i], ts[i], end[i], (int64_t)i};
-        sort_spans(keys, key_tmp, n);
+        /* The reversed spans' lists, not yet in use, hold the radix sort's pairs. */
+        if (!radix_spans(tid, ts, end, n, keys, (Keyed *)w.reversed, (Keyed *)w.pair_tmp, key_tmp)) {
+            for (Py_ssize_t i = 0; i < n; i++) keys[i] = (SpanKey){tid[i], ts[i], end[i], (int64_t)i};
+            sort_spans(keys, key_tmp, n);
+        }
         for (Py_ssize_t i = 1; i < n && !tied; i++)
             tied = keys[i].tid == keys[i - 1].tid && keys[i].ts == keys[i - 1].ts && keys[i].end == keys[i - 1].end;
     }
@@ -635,23 +698,6 @@ done:
     runs_free(&runs);
     for (int i = 0; i < 3; i++) PyBuffer_Release(&b[i]);
     return result;
-}
-
-/* A stable LSD radix sort of n (key, idx) pairs by key, 11 bits a pass over the bits
- * the largest key has: ties keep the order given. */
-typedef struct { uint64_t key; int64_t idx; } Keyed;
-
-static void radix_sort(Keyed *a, Keyed *tmp, Py_ssize_t n) {
-    uint64_t top = 0;
-    for (Py_ssize_t i = 0; i < n; i++) top |= a[i].key;
-    Py_ssize_t count[2049];
-    for (int shift = 0; shift < 64 && (top >> shift); shift += 11) {
-        memset(count, 0, sizeof(count));
-        for (Py_ssize_t i = 0; i < n; i++) count[((a[i].key >> shift) & 2047) + 1]++;
-        for (int d = 0; d < 2048; d++) count[d + 1] += count[d];
-        for (Py_ssize_t i = 0; i < n; i++) tmp[count[(a[i].key >> shift) & 2047]++] = a[i];
-        memcpy(a, tmp, n * sizeof(Keyed));
-    }
 }
 
 /* Sorts ``values`` (each with its idx) by value, ties in the order given. */
