@@ -25,8 +25,8 @@ import polars as pl
 
 from .. import format as fmt
 from .._native import analysis_kernels
-from ._busy import (GROUPS, Painting, alone_intervals, innermost_intervals, mask_times, painted_spans,
-                    union_intervals)
+from ._busy import (GROUPS, Painting, alone_intervals, innermost_intervals, mask_times, overlap_and_alone,
+                    painted_spans, union_intervals)
 from ._decode import (MAX_BROKEN_KEPT, PartitionData, ScannedPiece, iter_partition_pieces, number_series, read_ahead,
                       text_passes, text_series)
 from ._gpu import activity_by_process, without_profiler_steps
@@ -196,14 +196,16 @@ def _finished(partition: Partition, stack: list[tuple[int, Partial]], model: boo
     partials = [p for _, p in stack]
     read_in_one_piece = len(stack) == 1 and stack[0][0] == 1
     stack.clear()
+    # A settled file's overlap times come from the sweep that finds its blocked time.
+    settle = model and partition.start == 0 and partition.end is None and not partition.is_parquet
     if len(partials) > 1:
-        partial = fold_partials(partials)
+        partial = fold_partials(partials, overlap=not settle)
     else:
         partial = partials[0]
-        if read_in_one_piece:
+        if read_in_one_piece and not settle:
             partial.overlap = _overlap_of(partial.intervals)
     del partials  # the pieces' partials are folded: free them before the steps are modelled
-    if model and partition.start == 0 and partition.end is None and not partition.is_parquet:
+    if settle:
         partial = _settled_where_read(partial)
     return compacted(partial)
 
@@ -232,7 +234,7 @@ def return_freed_heap() -> None:
 def _settled_where_read(partial: Partial) -> Partial:
     """A whole file's ``partial`` with its step rows replaced by each process's steps
     and its busy intervals by the compute intervals and the blocked time: what the
-    answers need of them, a fraction of the rows."""
+    answers need of them, a fraction of the rows; its overlap times found anew."""
     # Every process with step rows has spans, hence extents.
     keys = partial.extents.select(_KEY).unique(maintain_order=True).with_row_index("proc").with_columns(
         pl.col("proc").cast(pl.Int32))
@@ -244,8 +246,9 @@ def _settled_where_read(partial: Partial) -> Partial:
     partial.intervals = _EMPTY["intervals"]
     compute_bit = GROUPS.index("compute")
     compute = intervals.filter(pl.col("group") == compute_bit).drop("group")
-    blocked = alone_intervals(intervals, "comm")
-    del intervals
+    overlap, blocked = overlap_and_alone(intervals, "comm")
+    partial.overlap = _as_stored("overlap", _by_key(overlap, keys))
+    del intervals, overlap
     # A process whose steps are placed by its work keeps the time of its intervals in
     # each step, not the intervals (see ``with_step_times``).
     steps = with_step_times(steps, compute, blocked)
@@ -924,10 +927,11 @@ def _overlap_of(intervals: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(overlap, how="vertical") if overlap else _EMPTY["overlap"]
 
 
-def fold_partials(partials: Sequence[Partial]) -> Partial:
+def fold_partials(partials: Sequence[Partial], *, overlap: bool = True) -> Partial:
     """One partial holding what ``partials`` hold: consecutive pieces of one file, in
     order (a file followed while it grows). Exact like :func:`combine`: counts add,
-    extents widen, busy intervals union again and the overlap times are recomputed.
+    extents widen, busy intervals union again and the overlap times are recomputed
+    (left empty without ``overlap``, for a caller that finds them itself).
     ``partials`` are used up: their tables are emptied as they are folded."""
     first, last = partials[0], partials[-1]
     broken: list[tuple[int, str]] = []
@@ -967,7 +971,7 @@ def fold_partials(partials: Sequence[Partial]) -> Partial:
     del processes
     tables = {"intervals": _as_stored("intervals", intervals)}
     del intervals
-    tables["overlap"] = _as_stored("overlap", _overlap_of(tables["intervals"]))
+    tables["overlap"] = _as_stored("overlap", _overlap_of(tables["intervals"])) if overlap else _EMPTY["overlap"]
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
     # The regroupings run as one query: polars' default engine for a query streams
     # the groups, several times cheaper than a data frame's own group_by. The step

@@ -246,16 +246,27 @@ def alone_intervals(intervals: pl.DataFrame, group: str) -> pl.DataFrame:
     waiting in a collective (a blocking call, DDP's wait for its buckets, the
     completion of asynchronous work) while nothing else runs; several collectives at
     once count once, and in-flight work that overlaps compute is not waiting."""
+    return overlap_and_alone(intervals, group)[1]
+
+
+def overlap_and_alone(intervals: pl.DataFrame, group: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(proc, mask, us: each process's time in each combination of groups, as
+    ``mask_times`` finds it; proc, start, end: ``alone_intervals``) from one sweep of
+    each process's ``intervals``."""
     bit = 1 << GROUPS.index(group)
-    pieces = []
+    overlaps, pieces = [], []
     for (proc,), frame in intervals.partition_by("proc", as_dict=True).items():
-        _, starts, ends = _masks(frame, bit)
+        totals, starts, ends = _masks(frame, bit)
+        overlaps.append(pl.DataFrame({"proc": proc, "mask": np.flatnonzero(totals > 0), "us": totals[totals > 0]},
+                                     schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}))
         if starts.size:
             pieces.append(pl.DataFrame({"proc": proc, "start": starts, "end": ends},
                                        schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64}))
+    overlap = (pl.concat(overlaps, how="vertical") if overlaps
+               else pl.DataFrame(schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}))
     if not pieces:
-        return pl.DataFrame(schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
-    return pl.concat(pieces, how="vertical")
+        return overlap, pl.DataFrame(schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
+    return overlap, pl.concat(pieces, how="vertical")
 
 
 def _masks(intervals: pl.DataFrame, alone: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
