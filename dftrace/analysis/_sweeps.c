@@ -774,12 +774,15 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     }
     PyObject *result = NULL;
     Keyed *pairs = NULL, *tmp = NULL;
-    /* Rows in key order: start, end, count, key, step; then by key or by step. */
-    int64_t *st = NULL, *en = NULL, *cnt = NULL, *key = NULL, *target = NULL, *first = NULL, *known = NULL,
-            *rank_of = NULL, *row_of = NULL, *step_start = NULL, *work_end = NULL, *earliest = NULL,
-            *last_end = NULL, *counts = NULL, *step_end = NULL, *step_row = NULL;
-    int64_t **arrays[] = {&st, &en, &cnt, &key, &target, &first, &known, &rank_of, &row_of, &step_start,
-                          &work_end, &earliest, &last_end, &counts, &step_end, &step_row};
+    /* Rows in key order: start, end, count, key, step. */
+    int64_t *st = NULL, *en = NULL, *cnt = NULL, *key = NULL, *target = NULL;
+    int64_t **arrays[] = {&st, &en, &cnt, &key, &target};
+    /* By key or by step, as many as there are keys (a few rows each): allocated once
+     * the rows are sorted and the keys counted. */
+    int64_t *first = NULL, *known = NULL, *rank_of = NULL, *row_of = NULL, *step_start = NULL, *work_end = NULL,
+            *earliest = NULL, *last_end = NULL, *counts = NULL, *step_end = NULL, *step_row = NULL;
+    int64_t **by_key[] = {&first, &known, &rank_of, &row_of, &step_start, &work_end, &earliest, &last_end,
+                          &counts, &step_end, &step_row};
     uint8_t *work = NULL, *keep = NULL, *has = NULL;
     Py_ssize_t n, n_cuts = b[5].len / (Py_ssize_t)sizeof(int64_t);
     if (!same_length(b, 4, &n)) goto done;
@@ -793,14 +796,21 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     Py_ssize_t size = n ? n : 1;
     int ok = (work = malloc(size)) != NULL;
     ok &= (keep = malloc(size)) != NULL;
-    ok &= (has = malloc(size)) != NULL;
     if (!ok) { PyErr_NoMemory(); goto done; }
     Py_ssize_t n_keys = 0, n_steps = 0;
     Py_BEGIN_ALLOW_THREADS
-    /* Each row's key, the place of its code among the distinct ones; row_of holds the
-     * first row of each key (its epoch and step). */
     for (Py_ssize_t i = 0; i < n; i++) pairs[i] = (Keyed){(uint64_t)code[i], (int64_t)i};
     radix_sort(pairs, tmp, n);
+    for (Py_ssize_t j = 0; j < n; j++) n_keys += !j || pairs[j].key != pairs[j - 1].key;
+    Py_END_ALLOW_THREADS
+    size = n_keys ? n_keys : 1;
+    ok = (has = malloc(size)) != NULL;
+    for (size_t i = 0; i < sizeof(by_key) / sizeof(by_key[0]); i++) ok &= (*by_key[i] = malloc(size * 8)) != NULL;
+    if (!ok) { PyErr_NoMemory(); goto done; }
+    n_keys = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* Each row's key, the place of its code among the distinct ones; row_of holds the
+     * first row of each key (its epoch and step). */
     for (Py_ssize_t j = 0; j < n; j++) {
         int64_t i = pairs[j].idx;
         if (!j || pairs[j].key != pairs[j - 1].key) row_of[n_keys++] = i;
@@ -889,6 +899,7 @@ done:
     free(pairs);
     free(tmp);
     for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) free(*arrays[i]);
+    for (size_t i = 0; i < sizeof(by_key) / sizeof(by_key[0]); i++) free(*by_key[i]);
     free(work);
     free(keep);
     free(has);

@@ -275,7 +275,7 @@ def test_polars_allocator_takes_the_command_setting(inherited):
         assert options["opt.narenas"] != "1"
         return
     assert options["opt.narenas"] == "1"
-    assert options["opt.dirty_decay_ms"].split()[0] == "300"
+    assert options["opt.dirty_decay_ms"].split()[0] == "30"
     assert options["opt.muzzy_decay_ms"].split()[0] == "0"
 
 
