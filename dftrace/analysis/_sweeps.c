@@ -567,8 +567,7 @@ PyObject *sweeps_union(PyObject *self, PyObject *args) {
     fill = malloc((n_keys + 1) * sizeof(Py_ssize_t));
     order = malloc((n_keys + 1) * sizeof(KeyRuns));
     pairs = malloc((n + 1) * sizeof(Pair));
-    tmp = malloc((n + 1) * sizeof(Pair));
-    if (!at || !fill || !order || !pairs || !tmp) { PyErr_NoMemory(); goto done; }
+    if (!at || !fill || !order || !pairs) { PyErr_NoMemory(); goto done; }
     int failed = 0;
     Py_ssize_t n_order_keys = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -586,7 +585,12 @@ PyObject *sweeps_union(PyObject *self, PyObject *args) {
         Py_ssize_t m = at[order[o].key + 1] - at[order[o].key];
         Py_ssize_t sorted = 1;
         for (Py_ssize_t i = 1; i < m && sorted; i++) sorted = p[i - 1].start <= p[i].start;
-        if (!sorted) sort_pairs(p, tmp, m);  /* stable, as np.argsort(kind="stable") */
+        if (!sorted) {  /* stable, as np.argsort(kind="stable"); the work space only then (intervals
+                         * unioned before, a file's pieces', come sorted) */
+            if (!tmp) failed = (tmp = malloc((n + 1) * sizeof(Pair))) == NULL;
+            if (failed) break;
+            sort_pairs(p, tmp, m);
+        }
         /* A run ends where an interval starts after everything before it ended. */
         int64_t run_start = p[0].start, run_end = p[0].end, reach = p[0].end;
         Py_ssize_t first_run = runs.n;
@@ -708,6 +712,13 @@ static void sort_by_value(Keyed *a, Keyed *tmp, const int64_t *values, Py_ssize_
     radix_sort(a, tmp, n);
 }
 
+/* ``block`` cut down to ``size`` bytes, the rest handed back to the heap (the same
+ * block where it cannot be cut). */
+static void *shrunk(void *block, size_t size) {
+    void *cut = realloc(block, size);
+    return cut ? cut : block;
+}
+
 /* For a kernel that takes rows by their ``code`` (0 or more, checked): the radix
  * sort's pairs and work space, and each of ``arrays`` (n int64 each, one at least).
  * 1 when all are had, else 0 with the Python error set (the caller frees them all). */
@@ -774,9 +785,9 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     }
     PyObject *result = NULL;
     Keyed *pairs = NULL, *tmp = NULL;
-    /* Rows in key order: start, end, count, key, step. */
-    int64_t *st = NULL, *en = NULL, *cnt = NULL, *key = NULL, *target = NULL;
-    int64_t **arrays[] = {&st, &en, &cnt, &key, &target};
+    /* Rows in key order: the row, its key and its step. */
+    int64_t *row = NULL, *key = NULL, *target = NULL;
+    int64_t **arrays[] = {&row, &key, &target};
     /* By key or by step, as many as there are keys (a few rows each): allocated once
      * the rows are sorted and the keys counted. */
     int64_t *first = NULL, *known = NULL, *rank_of = NULL, *row_of = NULL, *step_start = NULL, *work_end = NULL,
@@ -792,6 +803,8 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     }
     const int64_t *code = b[0].buf, *start = b[1].buf, *end = b[2].buf, *count = b[3].buf, *cuts = b[5].buf;
     const uint8_t *is_work = b[4].buf;
+#define ST(j) start[row[j]]
+#define EN(j) end[row[j]]
     if (!keyed_rows(code, n, &pairs, &tmp, arrays, sizeof(arrays) / sizeof(arrays[0]))) goto done;
     Py_ssize_t size = n ? n : 1;
     int ok = (work = malloc(size)) != NULL;
@@ -815,11 +828,13 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
         int64_t i = pairs[j].idx;
         if (!j || pairs[j].key != pairs[j - 1].key) row_of[n_keys++] = i;
         key[j] = n_keys - 1;
-        st[j] = start[i];
-        en[j] = end[i];
-        cnt[j] = count[i];
+        row[j] = i;
         work[j] = is_work[i] != 0;
     }
+    /* From here the pairs and their work space sort keys, not rows: the rest of
+     * them goes back to the heap while the steps are placed. */
+    pairs = shrunk(pairs, size * sizeof(Keyed));
+    tmp = shrunk(tmp, size * sizeof(Keyed));
     /* Each key's first start of work; then the spans that hold the starts of two or
      * more other steps are left out, and again. */
     memset(keep, 1, n);
@@ -828,7 +843,7 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
         for (Py_ssize_t j = 0; j < n; j++) {
             int64_t k = key[j];
             if (!work[j] || !keep[j]) continue;
-            if (!has[k] || st[j] < first[k]) first[k] = st[j];
+            if (!has[k] || ST(j) < first[k]) first[k] = ST(j);
             has[k] = 1;
         }
         if (pass) break;
@@ -839,9 +854,9 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
         Py_ssize_t below_end = 0, below_start = 0;  /* each search starts where the last ended */
         for (Py_ssize_t j = 0; j < n; j++) {
             int64_t k = key[j];
-            below_end = count_below_near(known, m, en[j], 0, below_end);
-            below_start = count_below_near(known, m, st[j], 1, below_start);
-            int own = has[k] && first[k] > st[j] && first[k] < en[j];
+            below_end = count_below_near(known, m, EN(j), 0, below_end);
+            below_start = count_below_near(known, m, ST(j), 1, below_start);
+            int own = has[k] && first[k] > ST(j) && first[k] < EN(j);
             keep[j] = below_end - below_start - own < 2;
         }
     }
@@ -860,28 +875,28 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t j = 0; j < n; j++) {
         int64_t r = rank_of[key[j]];
-        if (work[j] && keep[j] && r >= 0 && en[j] > work_end[r]) work_end[r] = en[j];
+        if (work[j] && keep[j] && r >= 0 && EN(j) > work_end[r]) work_end[r] = EN(j);
     }
     /* The step each data-loading row belongs to (see _steps._data_targets). */
     for (Py_ssize_t j = 0; j < n; j++) {
         int64_t r = rank_of[key[j]];
         target[j] = -1;
         if (work[j] || !keep[j] || r < 0) continue;
-        if (st[j] > (r ? step_start[r - 1] : INT64_MIN) && st[j] < work_end[r]) {
+        if (ST(j) > (r ? step_start[r - 1] : INT64_MIN) && ST(j) < work_end[r]) {
             target[j] = r;
-        } else if (st[j] >= work_end[r] && r + 1 < n_steps
+        } else if (ST(j) >= work_end[r] && r + 1 < n_steps
                    && count_below(cuts, n_cuts, step_start[r + 1], 0) == count_below(cuts, n_cuts, step_start[r], 1)) {
             target[j] = r + 1;
         }
     }
     for (Py_ssize_t j = 0; j < n; j++)
-        if (target[j] >= 0 && st[j] < earliest[target[j]]) earliest[target[j]] = st[j];
+        if (target[j] >= 0 && ST(j) < earliest[target[j]]) earliest[target[j]] = ST(j);
     for (Py_ssize_t s = 0; s < n_steps; s++) if (earliest[s] < step_start[s]) step_start[s] = earliest[s];
     for (Py_ssize_t j = 0; j < n; j++) {
         int64_t owner = work[j] ? rank_of[key[j]] : target[j];
         if (!keep[j] || owner < 0) continue;
-        if (en[j] > last_end[owner]) last_end[owner] = en[j];
-        counts[owner] += cnt[j];
+        if (EN(j) > last_end[owner]) last_end[owner] = EN(j);
+        counts[owner] += count[row[j]];
     }
     /* A step ends where the next of its epoch starts, else with its last span; a
      * pipeline span starting inside it ends it there. */
@@ -893,6 +908,8 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
         step_end[s] = e > step_start[s] ? e : step_start[s];
     }
     Py_END_ALLOW_THREADS
+#undef ST
+#undef EN
     result = Py_BuildValue("(NNNN)", bytes_of(step_row, n_steps * 8), bytes_of(step_start, n_steps * 8),
                            bytes_of(step_end, n_steps * 8), bytes_of(counts, n_steps * 8));
 done:
