@@ -189,7 +189,7 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
 #: the reading's on 10M events). While files are read, a file's pieces' tables are
 #: freed as it is finished, on a thread of its own, beside the next file's first
 #: pieces: kept 0.3 s, they were resident together (50 MB of the 10M summary's
-#: peak). After 30 ms the peak is 12 % lower for a third more page faults and the
+#: peak). After 30 ms the peak is 12 % lower for a quarter more page faults and the
 #: same time; 10 ms faulted more and saved no more.
 #: One arena for all threads: a piece's columns are made on the thread that decodes
 #: it and freed on the one that reduced it, and with jemalloc's arenas (four per

@@ -585,8 +585,8 @@ PyObject *sweeps_union(PyObject *self, PyObject *args) {
         Py_ssize_t m = at[order[o].key + 1] - at[order[o].key];
         Py_ssize_t sorted = 1;
         for (Py_ssize_t i = 1; i < m && sorted; i++) sorted = p[i - 1].start <= p[i].start;
-        if (!sorted) {  /* stable, as np.argsort(kind="stable"); the work space only then (intervals
-                         * unioned before, a file's pieces', come sorted) */
+        if (!sorted) {  /* stable, as np.argsort(kind="stable"); its work space is taken only
+                         * here: intervals unioned before (a file's pieces') come in order */
             if (!tmp) failed = (tmp = malloc((n + 1) * sizeof(Pair))) == NULL;
             if (failed) break;
             sort_pairs(p, tmp, m);
