@@ -25,8 +25,8 @@ import polars as pl
 
 from .. import format as fmt
 from .._native import analysis_kernels
-from ._busy import (GROUPS, Painting, alone_intervals, innermost_intervals, mask_times, overlap_and_alone,
-                    painted_spans, union_intervals)
+from ._busy import (GROUPS, Painting, innermost_intervals, mask_times, overlap_and_alone, painted_spans,
+                    union_intervals)
 from ._decode import (MAX_BROKEN_KEPT, PartitionData, ScannedPiece, iter_partition_pieces, number_series, read_ahead,
                       text_passes, text_series)
 from ._gpu import activity_by_process, without_profiler_steps
@@ -104,7 +104,7 @@ class Partial:
     #: file's values (see ``_held_narrow``).
     modelled: pl.DataFrame | None = None
     #: pid, host_key, start, end: with ``modelled``, the blocked time (see
-    #: ``alone_intervals``) of the processes without step times, found where it was
+    #: ``overlap_and_alone``) of the processes without step times, found where it was
     #: read; ``intervals`` then keeps their compute intervals alone, all the answers
     #: need of the others.
     blocked: pl.DataFrame | None = None
@@ -741,7 +741,7 @@ class Combined:
     compute: pl.DataFrame
     #: proc, start, end: disjoint intervals each process (without step times in
     #: ``modelled``) spent blocked in communication with nothing else running (see
-    #: ``alone_intervals``).
+    #: ``overlap_and_alone``).
     blocked: pl.DataFrame
     #: path, start, end, command: each input file's time span and the command line
     #: its process info names (to tell files of separate runs apart).
@@ -813,20 +813,17 @@ def combine(partials: Sequence[Partial]) -> Combined:
         is_split = pl.col("proc").is_in(list(split))
         merged = union_intervals(intervals.filter(is_split), ["proc"])
         intervals = pl.concat([intervals.filter(~is_split), merged], how="vertical")
-        rows = [
-            (proc, mask, int(us))
-            for (proc,), frame in merged.partition_by("proc", as_dict=True).items()
-            for mask, us in enumerate(mask_times(frame))
-            if us
-        ]
-        recomputed = pl.DataFrame(rows, schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}, orient="row")
-        overlap = pl.concat([overlap.select("proc", "mask", "us"), recomputed], how="vertical")
     compute_bit = GROUPS.index("compute")
     compute = intervals.filter(pl.col("group") == compute_bit).select("proc", "start", "end")
-    # Files read whole found their processes' blocked time as they were read (their
-    # intervals here are the compute ones alone).
-    blocked = pl.concat([alone_intervals(intervals, "comm"), collect("blocked").select("proc", "start", "end")],
-                        how="vertical")
+    # One sweep of each process's intervals: its blocked time, and the overlap times of
+    # a process read in pieces (the others' came with their partials). Files read
+    # whole found their processes' blocked time as they were read (their intervals
+    # here are the compute ones alone).
+    swept, alone = overlap_and_alone(intervals, "comm")
+    if split:
+        overlap = pl.concat([overlap.select("proc", "mask", "us"), swept.filter(pl.col("proc").is_in(list(split)))],
+                            how="vertical")
+    blocked = pl.concat([alone, collect("blocked").select("proc", "start", "end")], how="vertical")
     phases = (
         pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
         if partials

@@ -239,20 +239,15 @@ def mask_times(intervals: pl.DataFrame) -> np.ndarray:
     return _masks(intervals, -1)[0]
 
 
-def alone_intervals(intervals: pl.DataFrame, group: str) -> pl.DataFrame:
-    """proc, start, end: the time each process spent with ``group`` active and no
-    other group (disjoint intervals). ``intervals`` holds proc, group, start, end,
-    disjoint within each (proc, group). For communication this is the blocked time:
-    waiting in a collective (a blocking call, DDP's wait for its buckets, the
-    completion of asynchronous work) while nothing else runs; several collectives at
-    once count once, and in-flight work that overlaps compute is not waiting."""
-    return overlap_and_alone(intervals, group)[1]
-
-
 def overlap_and_alone(intervals: pl.DataFrame, group: str) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(proc, mask, us: each process's time in each combination of groups, as
-    ``mask_times`` finds it; proc, start, end: ``alone_intervals``) from one sweep of
-    each process's ``intervals``."""
+    """From one sweep of each process's ``intervals`` (proc, group, start, end,
+    disjoint within each (proc, group)): proc, mask, us, each process's time in each
+    combination of groups (as ``mask_times`` finds it); and proc, start, end, the time
+    each process spent with ``group`` active and no other group (disjoint intervals).
+    For communication the latter is the blocked time: waiting in a collective (a
+    blocking call, DDP's wait for its buckets, the completion of asynchronous work)
+    while nothing else runs; several collectives at once count once, and in-flight
+    work that overlaps compute is not waiting."""
     bit = 1 << GROUPS.index(group)
     overlaps, pieces = [], []
     for (proc,), frame in intervals.partition_by("proc", as_dict=True).items():
