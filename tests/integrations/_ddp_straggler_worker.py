@@ -2,7 +2,9 @@
 several gradient buckets, one rank sleeping in its collate function on chosen steps.
 
 Each rank writes truth-<rank>.json (beside the traces, not among them): the time it
-slept, measured on its own clock, and the steps it slept in."""
+slept, measured on its own clock, the steps it slept in, and when it launched each
+step's last gradient bucket on the host's monotonic clock, which the ranks of one
+machine share."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torch.utils.data.dataloader import default_collate
@@ -64,17 +67,26 @@ def run(rank: int, world: int, init_file: str, out: str, truth_dir: str, steps: 
         model = nn.Sequential(*layers, nn.Linear(WIDTH, 1))
         # One layer's gradients fill a bucket: `buckets` buckets (the last holds the head too).
         ddp = DistributedDataParallel(model, bucket_cap_mb=LAYER_BYTES / 1e6)
-        dft.trace_ddp(ddp)
+        launched: list[float] = []
+
+        def timed_allreduce(state, bucket):  # type: ignore[no-untyped-def]
+            launched.append(time.monotonic())
+            return default_hooks.allreduce_hook(state, bucket)
+
+        dft.trace_ddp(ddp, hook=timed_allreduce)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.001)
+        last_bucket_at: list[float] = []
         with dft.trace_distributed(), dft.trace_compute(ddp, opt), ai.pipeline.train:
             for step, (xb, yb) in enumerate(loader):
                 ai.update(epoch=0, step=step)
                 loss = nn.functional.mse_loss(ddp(xb), yb)
                 opt.zero_grad()
+                launched.clear()
                 loss.backward()
+                last_bucket_at.append(launched[-1] if launched else time.monotonic())
                 opt.step()
     finally:
         dist.destroy_process_group()
         dftrace.finalize()
     with open(os.path.join(truth_dir, f"truth-{rank}.json"), "w") as fh:
-        json.dump({"slept_s": collate.slept, "slow_steps": collate.slow_steps}, fh)
+        json.dump({"slept_s": collate.slept, "slow_steps": collate.slow_steps, "last_bucket_at": last_bucket_at}, fh)

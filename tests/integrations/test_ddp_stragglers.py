@@ -19,11 +19,15 @@ pytest.importorskip("polars")
 import torch.multiprocessing as mp  # noqa: E402
 
 from dftrace.analysis import render_text, summarize  # noqa: E402
+from dftrace.analysis._stragglers import NOISE_FLOOR_US, NOISE_MULTIPLE  # noqa: E402
 from dftrace.testing import read_events, trace_files  # noqa: E402
 
 from . import _ddp_straggler_worker  # noqa: E402
 
 STEPS, SLOW_S, SLOW_EVERY = 64, 0.025, 4
+#: The least lead a held-back step can have: NOISE_MULTIPLE noise scales of at least
+#: NOISE_FLOOR_US each.
+LEAST_LEAD_MS = NOISE_MULTIPLE * NOISE_FLOOR_US / 1e3
 
 
 def _job(tmp_path, world: int, buckets: int, slow_rank: int | None):
@@ -49,11 +53,22 @@ def _job(tmp_path, world: int, buckets: int, slow_rank: int | None):
     return out, facts, len(made)
 
 
+def _late_ms(facts: list[dict], rank: int) -> list[float]:
+    """Per step, how much later (ms) ``rank`` launched its last gradient bucket than
+    the other ranks on average, on the monotonic clock the ranks of one host share."""
+    at = [f["last_bucket_at"] for f in facts]
+    others = [r for r in range(len(at)) if r != rank]
+    return [(at[rank][k] - sum(at[r][k] for r in others) / len(others)) * 1e3 for k in range(len(at[rank]))]
+
+
 @pytest.mark.parametrize("world,buckets,slow_rank", [(2, 1, 1), (2, 2, 1), (2, 5, 0), (3, 2, 2), (3, 5, 1)])
 def test_wait_caused_is_the_time_the_slow_rank_slept(tmp_path, world, buckets, slow_rank):
     """'Wait caused' is within 0.8-1.25x of the time the slow rank slept (its own
-    clock), whatever the number of buckets; held-back steps within 25 % of the
-    slowed ones; the slow rank is the one named."""
+    clock), whatever the number of buckets; the slow rank is the one named; the
+    held-back steps are at least nine in ten of those in which it launched its last
+    gradient bucket more than half a sleep after the others, and no more than those
+    in which it launched it later by the least lead that can count (the ranks'
+    shared monotonic clock)."""
     out, facts, made = _job(tmp_path, world, buckets, slow_rank)
     assert made == buckets or (buckets > 2 and made >= 2)  # DDP may merge the smallest buckets
     slept_us = facts[slow_rank]["slept_s"] * 1e6
@@ -63,7 +78,13 @@ def test_wait_caused_is_the_time_the_slow_rank_slept(tmp_path, world, buckets, s
     worst = summary.stragglers[0]
     assert worst["rank"] == slow_rank and worst["significant"]
     assert 0.8 * slept_us <= worst["caused_wait_us"] <= 1.25 * slept_us, (worst, slept_us)
-    assert abs(worst["held_steps"] - slowed) <= 0.25 * slowed, worst
+    # Held back for certain: the slept steps, but for any whose sleep a synchronising
+    # call absorbed before the buckets (DDP's bucket rebuild in the second step).
+    # At most: every step the rank came late in, slept or not (a busy machine's hiccups).
+    late_ms = _late_ms(facts, slow_rank)
+    surely, at_most = sum(ms > SLOW_S * 1e3 / 2 for ms in late_ms), sum(ms > LEAST_LEAD_MS for ms in late_ms)
+    assert surely >= slowed - 1, late_ms
+    assert 0.9 * surely <= worst["held_steps"] <= at_most, (worst, late_ms)
     assert not any(s["significant"] for s in summary.stragglers[1:])
     # Each rank's blocked time in a step never exceeds the step.
     assert all(r["wait_us"] <= r["dur_us"] for r in summary.rank_steps)
