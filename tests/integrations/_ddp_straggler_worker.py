@@ -83,7 +83,7 @@ def run(rank: int, world: int, init_file: str, out: str, truth_dir: str, steps: 
                 opt.zero_grad()
                 launched.clear()
                 loss.backward()
-                last_bucket_at.append(launched[-1] if launched else time.monotonic())
+                last_bucket_at.append(launched[-1])  # every backward launches its buckets
                 opt.step()
     finally:
         dist.destroy_process_group()
