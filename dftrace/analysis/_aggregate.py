@@ -14,7 +14,6 @@ all events at once. Workers ship only these tables, never the events.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -208,27 +207,6 @@ def _finished(partition: Partition, stack: list[tuple[int, Partial]], model: boo
     if settle:
         partial = _settled_where_read(partial)
     return compacted(partial)
-
-
-def _malloc_trim() -> Any:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _malloc_trim()
-
-
-def return_freed_heap() -> None:
-    """Hand the pages the C heap holds free back to the system. glibc keeps what was
-    freed (a piece's bytes and columns, numpy's work arrays) for reuse, up to about
-    a hundred megabytes while files are read; returned once they all are, before
-    the answers are built. (Returned after each file, the next file took them back
-    page by page: a tenth of the summary's CPU in page faults, for no lower peak.)
-    Nothing elsewhere."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 def _settled_where_read(partial: Partial) -> Partial:

@@ -9,7 +9,6 @@ Nothing heavy is imported until a command runs, so registering costs nothing and
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import os
 import signal
@@ -17,8 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._trace_reading import LINE_PIECE_BYTES
 from ._deps import ANALYSIS, check_installed, missing_extra_message
+from ._heap import command_heap
 
 _EXECUTOR_HELP = """
 Where the work runs: by default on threads in this process. --dask-workers N starts
@@ -159,7 +158,7 @@ def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Cal
             command = f"dftrace {getattr(args, 'command', None) or ''}".strip()
             try:
                 check_installed(*needs, needed_by=command)
-                _command_heap()
+                command_heap()
                 if "polars" in needs:
                     _load_polars()
                 return run(args)
@@ -248,35 +247,6 @@ def _python_handles_ctrl_c() -> None:
         if handler is not None:
             signal.signal(signal.SIGINT, handler)
     except ValueError:  # not the main thread: not this code's to set
-        pass
-
-
-#: glibc's mallopt() parameters: the most arenas its heap may have; the size from
-#: which a block is mapped on its own; the free space at the heap's top it keeps.
-_M_ARENA_MAX, _M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD = -8, -3, -1
-
-
-def _command_heap() -> None:
-    """Keep this process's C heap (glibc) in one arena. A file's next piece is decoded
-    on a thread of its own and freed by the thread that reduced it; with glibc's
-    arena per thread, each arena kept the high-water mark of the pieces it held
-    (about 60 MB more for a 4M-event summary). Set before the process starts a
-    thread (glibc fixes its arena limit then); nothing where the C library has no
-    such setting.
-
-    A piece of decoded text (``LINE_PIECE_BYTES``, 64 MiB; the summary's, 16 MiB
-    joined from chunks of up to 8 MiB) is above the size from which glibc maps a
-    block on its own (raised to the largest block freed, 32 MiB at most), and glibc
-    hands back the free top of its heap beyond twice that size: a piece was mapped
-    on its own, or the heap's top returned, and every page of the next one faulted
-    in anew (a quarter of the summary's page faults). From the heap, kept, each
-    piece takes the place the one before it freed."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-        mallopt(_M_ARENA_MAX, 1)
-        mallopt(_M_MMAP_THRESHOLD, 4 * LINE_PIECE_BYTES)
-        mallopt(_M_TRIM_THRESHOLD, 4 * LINE_PIECE_BYTES)
-    except (OSError, AttributeError):
         pass
 
 

@@ -77,8 +77,8 @@ SIGNIFICANCE = 0.01
 
 
 def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, compute: dict[str, int],
-            units: dict[str, tuple[Any, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any], pl.DataFrame]:
-    """(stragglers worst first, collective statistics, wait per unit and step).
+            units: dict[str, tuple[Any, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(stragglers worst first, collective statistics).
 
     ``calls`` comes from :func:`match_collectives`; ``steps`` is the step model per
     unit; ``blocked`` each unit's blocked time per step (unit, epoch, step, us);
@@ -104,12 +104,11 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
     SIGNIFICANCE is shared among the ranks. The wait a rank caused is the sum of its
     leads in the steps it held back.
     """
-    waits = blocked.rename({"us": "wait_us"}).select("unit", "epoch", "step", "wait_us")
     ranks = pl.concat([steps.select("unit", "unit_order"), calls.select("unit", "unit_order")],
                       how="vertical").unique("unit").sort("unit_order", nulls_last=True)
     per_call = _per_call(calls)
     if not per_call.height:  # no collective matched across ranks: they do not wait for each other
-        return [], {}, waits
+        return [], {}
     leads = _leads(steps, blocked, calls)
     n_ranks = max(ranks.height, 2)
     level = SIGNIFICANCE / n_ranks
@@ -172,7 +171,7 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
         "max_skew_us": int(per_call.get_column("skew_us").max()),
         "worst": worst.select("group", "seq", "name", "ranks", "skew_us", "last", "caused_us").to_dicts(),
     }
-    return stragglers, stats, waits
+    return stragglers, stats
 
 
 def _leads(steps: pl.DataFrame, blocked: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:

@@ -21,12 +21,13 @@ import polars as pl
 import polars.selectors as cs
 
 from .. import format as fmt
-from ._aggregate import (Combined, Partial, aggregate, aggregate_partitions, combine, return_freed_heap,
+from ._aggregate import (Combined, Partial, aggregate, aggregate_partitions, combine,
                          without_row_keys)
 from ._busy import GROUPS
 from ._decode import PartitionData
 from ._durations import category_rows, dataloader_rows, distribution_rows
 from ._executor import default_executor
+from ._heap import keep_for_pieces, return_freed_heap
 from ._index import file_identity, load_partials, store_partials
 from ._gpu import dftrace_files_with_gpu, gpu_answers, gpu_by_span, gpu_steps, without_profiler_steps
 from ._kineto import activity_schema
@@ -145,6 +146,7 @@ def summarize(
                                             combined.activity, combined.resolution)
         return summary
     skipped: list[str] = []
+    keep_for_pieces()
     partials = _partials(expand_paths(as_path_list(source), skipped), executor, partition_bytes, progress, index)
     require_content([p.source for p in partials], sum(int(p.phases.get_column("n").sum()) for p in partials))
     combined = combine(partials)
@@ -156,6 +158,7 @@ def summarize(
     # beside their dftrace trace are read again for the per-span GPU time.
     files = dftrace_files_with_gpu(combined.activity, combined.resolution)
     if files:
+        keep_for_pieces()
         spans = load_traces(files, columns=_SPAN_COLUMNS, executor=executor, partition_bytes=partition_bytes,
                             progress=progress).events.filter(pl.col("ph") == fmt.PH_COMPLETE)
         summary.gpu_spans = gpu_by_span(spans, combined.activity, combined.resolution)
@@ -247,24 +250,21 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) ->
              procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
     # Each rank-step's compute and blocked time: found as its file was read where the
     # rank's steps are one process's (``with_step_times``), plus that of the intervals kept.
-    times = steps_by_unit.select(
-        "unit", "epoch", "step",
-        pl.col("compute_us").fill_null(0) + pl.Series(time_in_steps(combined.compute, procs, steps_by_unit)),
-        (pl.col("blocked_us").fill_null(0) + pl.Series(time_in_steps(combined.blocked, procs, steps_by_unit)))
-        .alias("us"),
-    )
-    compute = dict(times.group_by("unit").agg(pl.col("compute_us").sum()).iter_rows())
-    blocked = times.drop("compute_us")
-    del times
-    steps_by_unit = steps_by_unit.drop("end", "n", *STEP_TIME_SCHEMA)
+    compute_us = pl.col("compute_us").fill_null(0) + pl.Series(time_in_steps(combined.compute, procs, steps_by_unit))
+    compute = dict(steps_by_unit.select("unit", compute_us).group_by("unit").agg(pl.col("compute_us").sum())
+                   .iter_rows())
+    # The blocked time stays a column of the steps, row by row: the time each rank-step
+    # waited, without a join of every rank-step to put it back beside its step.
+    blocked_us = (pl.col("blocked_us").fill_null(0)
+                  + pl.Series(time_in_steps(combined.blocked, procs, steps_by_unit))).alias("blocked_us")
+    steps_by_unit = steps_by_unit.select("unit", "unit_order", "epoch", "step", "start", "dur", blocked_us)
     steps = _steps(steps_by_unit)
-    stragglers, collectives, waits = analyse(
-        match_collectives(combined.collectives, procs), steps_by_unit, blocked, compute, units
+    stragglers, collectives = analyse(
+        match_collectives(combined.collectives, procs), steps_by_unit,
+        steps_by_unit.select("unit", "epoch", "step", pl.col("blocked_us").alias("us")), compute, units
     )
-    del blocked
     limit = RANK_STEPS_LIMIT if rank_steps_limit is None else rank_steps_limit
-    rank_steps, sampled = _rank_steps(steps_by_unit, steps.select("epoch", "step"), waits, runs, procs, limit)
-    del waits
+    rank_steps, sampled = _rank_steps(steps_by_unit, steps.select("epoch", "step"), runs, procs, limit)
     step_stats, imbalance = _step_stats(steps_by_unit), _imbalance(steps_by_unit, steps)
     del steps_by_unit
     return Summary(
@@ -441,11 +441,10 @@ def _step_stats(by_unit: pl.DataFrame) -> dict[str, Any]:
     return _rows(by_unit.select(_plain_stats()))[0]
 
 
-def _rank_steps(by_unit: pl.DataFrame, keys: pl.DataFrame, waits: pl.DataFrame, runs: list[dict[str, Any]],
+def _rank_steps(by_unit: pl.DataFrame, keys: pl.DataFrame, runs: list[dict[str, Any]],
                 procs: pl.DataFrame, limit: int) -> tuple[list[dict[str, Any]], bool]:
-    """``keys``: the (epoch, step) of ``by_unit``, each once, in order. The steps kept
-    are picked first and only their waits joined: a join against every rank-step's
-    wait would hash them all."""
+    """``keys``: the (epoch, step) of ``by_unit``, each once, in order; the wait of a
+    rank-step is its ``blocked_us``."""
     if not by_unit.height:
         return [], False
     sampled = by_unit.height > limit
@@ -455,13 +454,11 @@ def _rank_steps(by_unit: pl.DataFrame, keys: pl.DataFrame, waits: pl.DataFrame, 
         keep = max(1, limit // per_step)
         kept = keys.gather_every(math.ceil(keys.height / keep))
         frame = by_unit.join(kept, on=["epoch", "step"], how="semi", nulls_equal=True)
-        waits = waits.join(kept, on=["epoch", "step"], how="semi", nulls_equal=True)
-    frame = frame.join(waits, on=["unit", "epoch", "step"], how="left", nulls_equal=True)
     origin = _run_origins(runs, procs, frame)
     rows = frame.sort(["epoch", "step", "unit_order"], nulls_last=True).select(
         pl.col("unit").alias("rank"), "epoch", "step",
         (pl.col("start") - origin).alias("start_us"), pl.col("dur").alias("dur_us"),
-        pl.col("wait_us").fill_null(0),
+        pl.col("blocked_us").fill_null(0).alias("wait_us"),
     )
     return rows.to_dicts(), sampled
 

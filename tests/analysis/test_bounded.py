@@ -281,9 +281,9 @@ def test_polars_allocator_takes_the_command_setting(inherited):
 
 _ARENAS_CHECK = """
 import ctypes, sys, threading
-from dftrace.analysis import _cli
+from dftrace.analysis import _heap
 if sys.argv[1] == "one":
-    _cli._command_heap()
+    _heap.command_heap()
 held = []
 def allocate():
     held.extend(bytes(4096) for _ in range(2000))  # C heap blocks, not Python's small-object pools
@@ -311,9 +311,9 @@ def test_the_command_keeps_the_c_heap_in_one_arena(setting, arenas):
 _PIECES_CHECK = """
 import resource, sys
 from dftrace._trace_reading import LINE_PIECE_BYTES
-from dftrace.analysis import _cli
+from dftrace.analysis import _heap
 if sys.argv[1] == "heap":
-    _cli._command_heap()
+    _heap.command_heap()
 faults = []
 for _ in range(4):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -337,6 +337,38 @@ def test_each_piece_takes_the_place_of_the_one_before(setting):
         assert faults < pages // 20, (faults, pages)
     else:
         assert faults >= pages, (faults, pages)
+
+
+_ANSWERS_HEAP_CHECK = """
+import sys
+from dftrace.analysis import _heap
+def anon():
+    return int(open("/proc/self/status").read().split("RssAnon:")[1].split()[0]) << 10
+_heap.command_heap()
+if sys.argv[1] in ("answers", "pieces again"):
+    _heap.return_freed_heap()
+if sys.argv[1] == "pieces again":  # a second summary in the process (diff's other side)
+    _heap.keep_for_pieces()
+block = bytearray(32 << 20)  # every page written, as an answer's work array
+held = anon()
+del block
+print(held - anon())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
+@pytest.mark.parametrize("stage", ["pieces", "answers", "pieces again"])
+def test_the_answers_hand_back_their_large_blocks_when_freed(stage):
+    """While files are read, the command's heap keeps a freed piece's pages for the
+    next one. Once they are read (``return_freed_heap``), glibc's own sizes are back:
+    a large block of the answers is handed back to the system as it is freed, where
+    the kept heap held the pages of the largest ones to the end of the summary. The
+    next files read keep the heap for their pieces again."""
+    returned = int(_succeeded(_python(_ANSWERS_HEAP_CHECK, stage)).stdout)
+    if stage == "answers":
+        assert returned >= 30 << 20, returned
+    else:
+        assert returned < 4 << 20, returned
 
 
 def test_summary_reads_half_the_cpus_files_at_a_time(monkeypatch):
