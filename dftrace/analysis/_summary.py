@@ -27,7 +27,7 @@ from ._busy import GROUPS
 from ._decode import PartitionData
 from ._durations import category_rows, dataloader_rows, distribution_rows
 from ._executor import default_executor
-from ._heap import keep_for_pieces, return_freed_heap
+from ._heap import heap_for_answers
 from ._index import file_identity, load_partials, store_partials
 from ._gpu import dftrace_files_with_gpu, gpu_answers, gpu_by_span, gpu_steps, without_profiler_steps
 from ._kineto import activity_schema
@@ -146,19 +146,17 @@ def summarize(
                                             combined.activity, combined.resolution)
         return summary
     skipped: list[str] = []
-    keep_for_pieces()
     partials = _partials(expand_paths(as_path_list(source), skipped), executor, partition_bytes, progress, index)
     require_content([p.source for p in partials], sum(int(p.phases.get_column("n").sum()) for p in partials))
     combined = combine(partials)
     del partials  # the per-partition tables are merged: free them before the answers are built
-    return_freed_heap()
-    summary = build_summary(combined)
+    with heap_for_answers():
+        summary = build_summary(combined)
     summary.overview["skipped_files"] = skipped
     # Spans are not kept by the aggregates: those of processes with a profiler trace
     # beside their dftrace trace are read again for the per-span GPU time.
     files = dftrace_files_with_gpu(combined.activity, combined.resolution)
     if files:
-        keep_for_pieces()
         spans = load_traces(files, columns=_SPAN_COLUMNS, executor=executor, partition_bytes=partition_bytes,
                             progress=progress).events.filter(pl.col("ph") == fmt.PH_COMPLETE)
         summary.gpu_spans = gpu_by_span(spans, combined.activity, combined.resolution)
@@ -458,7 +456,7 @@ def _rank_steps(by_unit: pl.DataFrame, keys: pl.DataFrame, runs: list[dict[str, 
     rows = frame.sort(["epoch", "step", "unit_order"], nulls_last=True).select(
         pl.col("unit").alias("rank"), "epoch", "step",
         (pl.col("start") - origin).alias("start_us"), pl.col("dur").alias("dur_us"),
-        pl.col("blocked_us").fill_null(0).alias("wait_us"),
+        pl.col("blocked_us").alias("wait_us"),
     )
     return rows.to_dicts(), sampled
 

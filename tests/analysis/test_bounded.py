@@ -344,15 +344,19 @@ import sys
 from dftrace.analysis import _heap
 def anon():
     return int(open("/proc/self/status").read().split("RssAnon:")[1].split()[0]) << 10
+def returned():
+    block = bytearray(32 << 20)  # every page written, as an answer's work array
+    held = anon()
+    del block
+    return held - anon()
 _heap.command_heap()
-if sys.argv[1] in ("answers", "pieces again"):
-    _heap.return_freed_heap()
-if sys.argv[1] == "pieces again":  # a second summary in the process (diff's other side)
-    _heap.keep_for_pieces()
-block = bytearray(32 << 20)  # every page written, as an answer's work array
-held = anon()
-del block
-print(held - anon())
+if sys.argv[1] == "pieces":
+    print(returned())
+with _heap.heap_for_answers():
+    if sys.argv[1] == "answers":
+        print(returned())
+if sys.argv[1] == "pieces again":  # files read after the answers (diff's other side)
+    print(returned())
 """
 
 
@@ -360,7 +364,7 @@ print(held - anon())
 @pytest.mark.parametrize("stage", ["pieces", "answers", "pieces again"])
 def test_the_answers_hand_back_their_large_blocks_when_freed(stage):
     """While files are read, the command's heap keeps a freed piece's pages for the
-    next one. Once they are read (``return_freed_heap``), glibc's own sizes are back:
+    next one. While the answers are built (``heap_for_answers``), glibc's own sizes are back:
     a large block of the answers is handed back to the system as it is freed, where
     the kept heap held the pages of the largest ones to the end of the summary. The
     next files read keep the heap for their pieces again."""
