@@ -33,8 +33,9 @@ from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS, FrameT
 from ._sketch import BIN_SCHEMA, EXACT_BELOW_US, bins_of, merged_bins
 from ._sources import Partition
-from ._steps import (STEP_SCHEMA, STEP_TIME_SCHEMA, container_rows, model_steps, settled_procs, step_codes,
-                     step_rows, with_step_times)
+from ._steps import (PROFILER_STEP_PREFIX, STEP_SCHEMA, STEP_TIME_SCHEMA, WORK_CATS, container_rows,
+                     merged_work_encloses, model_steps, settled_procs, step_codes, step_rows, with_step_times,
+                     work_merged)
 from ._trace import FileReport, file_reports, partition_keys, resolve_parts
 
 _GROUP_CATS = {
@@ -132,7 +133,7 @@ def aggregate_partitions(partitions: Iterable[Partition], *, model: bool = True)
                 partition = first[0]
                 pieces = _until_partition_end(first, stream)
                 del first
-                stack = _pieces_folded(pieces)
+                stack = _pieces_folded(pieces, work_per_step=_settles(partition, model))
                 if finishing:
                     yield finishing.pop().result()
                 finishing.append(finisher.submit(_finished, partition, stack, model))
@@ -152,10 +153,14 @@ def _each_partitions_pieces(partitions: Iterable[Partition]) -> Generator[tuple[
     # reducing thread keep two cores busy already, and a third inflating one piece
     # further ahead held a piece more and was slower.
     for partition in partitions:
-        for piece in iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES,
-                                           inflate_ahead=False, scanned=True):
+        for piece in _summary_pieces(partition, inflate_ahead=False):
             yield partition, piece
         yield partition, _PARTITION_END
+
+
+def _summary_pieces(partition: Partition, *, inflate_ahead: bool) -> Iterator[PartitionData]:
+    return iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES,
+                                 inflate_ahead=inflate_ahead, scanned=True)
 
 
 def _until_partition_end(first: tuple[Partition, Any], stream: Iterator[tuple[Partition, Any]]
@@ -170,8 +175,10 @@ def _until_partition_end(first: tuple[Partition, Any], stream: Iterator[tuple[Pa
         piece = next(stream)[1]
 
 
-def _pieces_folded(pieces: Iterator[PartitionData]) -> list[tuple[int, Partial]]:
-    """The partials of ``pieces``, with the number of pieces each holds."""
+def _pieces_folded(pieces: Iterator[PartitionData], *, work_per_step: bool) -> list[tuple[int, Partial]]:
+    """The partials of ``pieces``, with the number of pieces each holds; with
+    ``work_per_step``, each piece's step rows with each step's work merged into one
+    (``work_merged``: for a file whose steps are modelled where it is read)."""
     # Pieces are folded as they come, _FOLD of a like number of pieces at a time: a
     # few partials are held whatever the partition's size, and each piece is folded
     # about log(pieces) / log(_FOLD) times.
@@ -179,8 +186,10 @@ def _pieces_folded(pieces: Iterator[PartitionData]) -> list[tuple[int, Partial]]
     # intervals, and a partition read in one piece has them found at the end.
     stack: list[tuple[int, Partial]] = []
     for piece in pieces:
-        stack.append((1, aggregate(piece, overlap=False)))
+        partial = aggregate(piece, overlap=False, work_per_step=work_per_step)
         del piece
+        stack.append((1, partial))
+        del partial
         while len(stack) >= _FOLD and len({weight for weight, _ in stack[-_FOLD:]}) == 1:
             folded = fold_partials([p for _, p in stack[-_FOLD:]])
             weight = stack[-1][0] * _FOLD
@@ -189,24 +198,39 @@ def _pieces_folded(pieces: Iterator[PartitionData]) -> list[tuple[int, Partial]]
     return stack
 
 
+def _settles(partition: Partition, model: bool) -> bool:
+    """Whether ``partition``'s steps are modelled where it is read: a whole file of
+    lines (see ``Partial.modelled``)."""
+    return model and partition.start == 0 and partition.end is None and not partition.is_parquet
+
+
 def _finished(partition: Partition, stack: list[tuple[int, Partial]], model: bool) -> Partial:
     """The partial of ``partition`` from its pieces' (``_pieces_folded``; the list is
     emptied): folded into one, its steps modelled where the whole file was read."""
+    settle = _settles(partition, model)
+    partial = _folded(stack, settle)
+    if settle and merged_work_encloses(partial.steps, _KEY):
+        # A step's work merged into one row holds other steps: the file is read again
+        # with a row a name (rare: a span that carries a step and encloses others).
+        partial = _folded(_pieces_folded(_summary_pieces(partition, inflate_ahead=True), work_per_step=False),
+                          settle)
+    if settle:
+        partial = _settled_where_read(partial)
+    return compacted(partial)
+
+
+def _folded(stack: list[tuple[int, Partial]], settle: bool) -> Partial:
+    """The pieces' partials of ``stack`` (emptied) folded into one."""
     partials = [p for _, p in stack]
     read_in_one_piece = len(stack) == 1 and stack[0][0] == 1
     stack.clear()
     # A settled file's overlap times come from the sweep that finds its blocked time.
-    settle = model and partition.start == 0 and partition.end is None and not partition.is_parquet
     if len(partials) > 1:
-        partial = fold_partials(partials, overlap=not settle)
-    else:
-        partial = partials[0]
-        if read_in_one_piece and not settle:
-            partial.overlap = _overlap_of(partial.intervals)
-    del partials  # the pieces' partials are folded: free them before the steps are modelled
-    if settle:
-        partial = _settled_where_read(partial)
-    return compacted(partial)
+        return fold_partials(partials, overlap=not settle)
+    partial = partials[0]
+    if read_in_one_piece and not settle:
+        partial.overlap = _overlap_of(partial.intervals)
+    return partial
 
 
 def _settled_where_read(partial: Partial) -> Partial:
@@ -277,7 +301,7 @@ def _by_key(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
 _FOLD = 8
 #: Decoded text reduced at a time by the summary: what a partition costs in memory
 #: while it is read, whatever its size.
-SUMMARY_PIECE_BYTES = 16 << 20
+SUMMARY_PIECE_BYTES = 6 << 20
 
 PARTIAL_TABLES = ("durations", "steps", "containers", "collectives", "epochs", "epoch_spans", "intervals",
            "self_times", "orphans", "openers", "extents", "overlap")
@@ -307,11 +331,13 @@ def without_row_keys(partial: Partial) -> Partial:
     return partial
 
 
-def aggregate(data: PartitionData, *, overlap: bool = True) -> Partial:
+def aggregate(data: PartitionData, *, overlap: bool = True, work_per_step: bool = False) -> Partial:
     """Reduce a partition's events to a :class:`Partial` (its ``overlap`` table empty
-    without ``overlap``: for a piece that is folded with others)."""
+    without ``overlap``: for a piece that is folded with others); with
+    ``work_per_step``, its step rows have each step's work in one row (see
+    ``work_merged``)."""
     if data.scanned is not None:
-        partial = _aggregate_scanned(data, data.scanned, overlap)
+        partial = _aggregate_scanned(data, data.scanned, overlap, work_per_step)
         if partial is not None:
             return partial
         data.events, data.scanned = data.scanned.events(), None
@@ -341,10 +367,13 @@ def aggregate(data: PartitionData, *, overlap: bool = True) -> Partial:
         kind: pl.concat([p[kind] for p in pieces], how="vertical") if pieces else _EMPTY[kind]
         for kind in PARTIAL_TABLES
     }
+    if work_per_step:
+        tables["steps"] = work_merged(tables["steps"], _KEY)
     return Partial(source, partition_keys(data), phases=phases, **tables)
 
 
-def _aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bool) -> Partial | None:
+def _aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bool,
+                       work_per_step: bool = False) -> Partial | None:
     """``aggregate`` of a piece from the columns the C scanner read, without making a
     table of its events: each text's tests are made once per distinct value, and the
     groups are found by the C kernel. The same tables as ``aggregate``'s (held so by
@@ -398,10 +427,17 @@ def _aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: b
     group_values, group_index = piece.texts["group"]
     # An epoch span numbers its epoch as .iter()'s 1-based count, else in args.epoch.
     span_epoch = np.where(count_ok, count - 1, epoch)
+    # With work_per_step, each step's work is one row: compute, without a name (see ``work_merged``).
+    cat_texts, step_cat, name_texts, step_name = cat_values, span.cat, name_values, span.name
+    if work_per_step:
+        merged = span.cat_is(lambda v: v in WORK_CATS) & ~span.name_is(lambda v: v.startswith(PROFILER_STEP_PREFIX))
+        cat_texts, step_cat = [*cat_values, fmt.CAT_COMPUTE], np.where(merged, len(cat_values), span.cat)
+        name_texts, step_name = [*name_values, None], np.where(merged, len(name_values), span.name)
     columns = {
-        "steps": span.extents([epoch_ok, np.where(epoch_ok, epoch, 0), step, span.cat, span.name],
+        "steps": span.extents([epoch_ok, np.where(epoch_ok, epoch, 0), step, step_cat, step_name],
                               step_ok & ~pipeline & ~block & ~done,
-                              {"epoch": (epoch, epoch_ok), "step": step, "cat": span.cat, "name": span.name}),
+                              {"epoch": (epoch, epoch_ok), "step": step, "cat": (cat_texts, step_cat),
+                               "name": (name_texts, step_name)}),
         "containers": span.select(pipeline & ~block & ~span.name_is(lambda v: v.endswith(fmt.ITER_SUFFIX)),
                                   {"name": span.name, "start": span.ts, "end": span.end}),
         "collectives": span.select(span.cat_is(lambda v: v == fmt.CAT_COMM) & seq_ok, {
@@ -950,8 +986,8 @@ def fold_partials(partials: Sequence[Partial], *, overlap: bool = True) -> Parti
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
     # The regroupings run as one query: polars' default engine for a query streams
     # the groups, several times cheaper than a data frame's own group_by. The step
-    # rows (one a step and name: about as many as spans) are grouped again only where
-    # pieces share steps.
+    # rows (one a step and name, about as many as spans; a whole file's, one a step's
+    # work: ``work_merged``) are grouped again only where pieces share steps.
     step_rows_of_each = [p.steps.height for p in partials]
     regrouped = {
         "steps": _steps_of_pieces(stacked("steps"), step_rows_of_each, extent),

@@ -250,7 +250,7 @@ def overlap_and_alone(intervals: pl.DataFrame, group: str) -> tuple[pl.DataFrame
     work that overlaps compute is not waiting."""
     bit = 1 << GROUPS.index(group)
     overlaps, pieces = [], []
-    for (proc,), frame in intervals.partition_by("proc", as_dict=True).items():
+    for proc, frame in each_process(intervals):
         totals, starts, ends = _masks(frame, bit)
         overlaps.append(pl.DataFrame({"proc": proc, "mask": np.flatnonzero(totals > 0), "us": totals[totals > 0]},
                                      schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}))
@@ -262,6 +262,16 @@ def overlap_and_alone(intervals: pl.DataFrame, group: str) -> tuple[pl.DataFrame
     if not pieces:
         return overlap, pl.DataFrame(schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
     return overlap, pl.concat(pieces, how="vertical")
+
+
+def each_process(frame: pl.DataFrame) -> list[tuple[int, pl.DataFrame]]:
+    """(proc, its rows) for each process of ``frame`` (a ``proc`` column): the frame
+    itself, not a copy, where it holds one process's rows (a whole file's intervals,
+    the usual)."""
+    procs = frame.get_column("proc").unique()
+    if procs.len() == 1 and not procs.null_count():
+        return [(procs.item(), frame)]
+    return [(proc, rows) for (proc,), rows in frame.partition_by("proc", as_dict=True).items()]
 
 
 def _masks(intervals: pl.DataFrame, alone: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -46,6 +46,7 @@ import polars as pl
 from ._kineto import PROFILER_CATS, activity_schema
 from ._metadata import Resolution
 from ._schema import HOST_KEY
+from ._steps import PROFILER_STEP_PREFIX
 
 #: Gaps between kernels shorter than this (µs) count as kernel wait (HTA's default).
 CONSECUTIVE_KERNEL_DELAY_US = 30
@@ -375,8 +376,9 @@ def without_profiler_steps(steps: pl.DataFrame) -> pl.DataFrame:
     """Step rows of the step model, leaving out ``ProfilerStep#N`` spans of processes
     that have dftrace's own steps (a PyTorch profiler trace joined to a dftrace trace
     of the same process): the profiler's step counter is not the training loop's."""
-    profiler = steps.get_column("name").str.starts_with("ProfilerStep#")
-    if not profiler.any() and not profiler.null_count():
+    # A row without a name (a step's work merged into one: ``work_merged``) is not the profiler's.
+    profiler = steps.get_column("name").str.starts_with(PROFILER_STEP_PREFIX).fill_null(False)
+    if not profiler.any():
         return steps  # no profiler trace among them (the usual): nothing to look up
     own = steps.get_column("proc").filter(~profiler).unique()
     kept = ~(profiler & steps.get_column("proc").is_in(own.implode()))

@@ -47,8 +47,8 @@ def command_heap() -> None:
     mark of the pieces it held (about 60 MB more for a 4M-event summary). Set before
     the process starts a thread (glibc fixes its arena limit then).
 
-    A piece of decoded text (``LINE_PIECE_BYTES``, 64 MiB; the summary's, 16 MiB
-    joined from chunks of up to 8 MiB) is above the size from which glibc maps a
+    A piece of decoded text (``LINE_PIECE_BYTES``, 64 MiB; the summary's, 6 MiB,
+    from chunks of up to 8 MiB) is above the size from which glibc maps a
     block on its own (raised to the largest block freed, 32 MiB at most), and glibc
     hands back the free top of its heap beyond twice that size: a piece was mapped
     on its own, or the heap's top returned, and every page of the next one faulted
@@ -68,6 +68,13 @@ def _thresholds(size: int) -> None:
         _MALLOPT(_M_TRIM_THRESHOLD, size)
 
 
+def hand_back() -> None:
+    """Hand the pages the C heap holds free back to the system: those of large tables
+    made while files were read, and freed once the answers used them."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 @contextmanager
 def heap_for_answers() -> Iterator[None]:
     """Around the building of the answers, once every file is read: the pages the C
@@ -78,8 +85,7 @@ def heap_for_answers() -> Iterator[None]:
     lower peak.) In a command's process, glibc's own sizes hold meanwhile, so the
     answers' large arrays come and go once each; the heap is kept for pieces again
     after."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+    hand_back()
     _thresholds(_GLIBC_THRESHOLD)
     try:
         yield

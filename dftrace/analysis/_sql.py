@@ -192,7 +192,7 @@ class TraceTables:
         found = steps_of(combine(partials))
         ranks = found.procs.select("unit", "rank").unique("unit")
         return (
-            found.by_unit.join(ranks, on="unit", how="left")
+            found.by_unit().join(ranks, on="unit", how="left")
             .select("rank", "unit", "epoch", "step", pl.col("start").alias("ts"), "end", "dur",
                     pl.col("n").alias("n_spans"))
             .cast(_STEP_SCHEMA)

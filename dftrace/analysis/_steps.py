@@ -34,6 +34,7 @@ import polars as pl
 
 from .. import format as fmt
 from .._native import analysis_kernels
+from ._busy import each_process
 from ._schema import FrameT
 
 #: The C step kernels; None without them (no compiler, or DFTRACE_NO_SPEEDUPS): numpy's.
@@ -55,6 +56,60 @@ def step_rows(spans: FrameT, by: list[str]) -> FrameT:
         .agg(pl.col("ts").min().alias("start"), pl.col("end").max().alias("end"),
              pl.len().cast(pl.Int64).alias("n"))
     )
+
+
+#: The names of the PyTorch profiler's step spans (``ProfilerStep#N``): the step
+#: model leaves them out where a process has dftrace's own steps.
+PROFILER_STEP_PREFIX = "ProfilerStep#"
+
+
+def work_merged(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """``rows`` (see :func:`step_rows`) with the rows of each step's work (one a name)
+    merged into one, its category compute and its name null: the first start, last
+    end and count of them all. Data loading and the profiler's steps keep their rows.
+
+    The step model finds the same steps from them wherever no merged row holds the
+    starts of two or more other steps (:func:`merged_work_encloses` says): it reads a
+    step's work rows for their least start, greatest end and count, and leaves a row
+    out only where it holds such starts, and a merged row holds every start its rows
+    hold. A whole file's rows merged as each piece is read are a few rows a step
+    rather than one a step and name."""
+    if not rows.height:
+        return rows
+    merged = _is_merged_work(rows)
+    if not merged.any():
+        return rows
+    work = (rows.filter(merged).group_by([*by, "epoch", "step"])
+            .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum())
+            .with_columns(pl.lit(fmt.CAT_COMPUTE, pl.String).alias("cat"), pl.lit(None, pl.String).alias("name")))
+    return pl.concat([rows.filter(~merged), work.select(rows.columns).cast(rows.schema)], how="vertical")
+
+
+def merged_work_encloses(rows: pl.DataFrame, by: list[str]) -> bool:
+    """Whether a row of ``rows`` merged by :func:`work_merged` (a work row without a
+    name) holds, strictly within it, the starts of two or more work rows of its
+    process (``by``): the step model might leave the merged row out where it would
+    have kept some of the rows merged into it, and the steps are found from the rows
+    unmerged instead. The starts of every work row are looked at, not only each
+    step's first: a merged row that holds none of them holds no step's first start."""
+    work = rows.filter(pl.col("cat").is_in(WORK_CATS))
+    if not work.height:
+        return False
+    several = bool(by) and work.select(by).unique().height > 1
+    for frame in (work.partition_by(by) if several else [work]):
+        start, end = frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy()
+        merged = frame.get_column("name").is_null().to_numpy()
+        known = np.sort(start)
+        inside = (np.searchsorted(known, end[merged], side="left")
+                  - np.searchsorted(known, start[merged], side="right"))
+        if (inside >= 2).any():
+            return True
+    return False
+
+
+def _is_merged_work(rows: pl.DataFrame) -> pl.Series:
+    return rows.select(pl.col("cat").is_in(WORK_CATS).fill_null(False)
+                       & ~pl.col("name").str.starts_with(PROFILER_STEP_PREFIX).fill_null(False)).to_series()
 
 
 def container_rows(spans: FrameT, by: list[str]) -> FrameT:
@@ -190,16 +245,25 @@ def step_codes(rows: pl.DataFrame) -> tuple[np.ndarray, int] | None:
     """One integer a row numbering its (epoch, step) in their order, missing ones first,
     and the span of the step numbers (the code divided by it is the epoch's); None
     where their range is too wide for one integer."""
-    places, spans = [], []
+    columns, lows, spans = [], [], []
     for name in ("epoch", "step"):
         column = rows.get_column(name)
         low, high = column.min(), column.max()  # None where every value is missing
         low, high = (0, 0) if low is None else (int(low), int(high))
-        places.append((pl.col(name).cast(pl.Int64) - low + 1).fill_null(0))  # 0 stands for missing
+        if column.null_count():  # a missing value takes the place before the least: 0
+            column = column.cast(pl.Int64).fill_null(low - 1)
+        columns.append(column.to_numpy())
+        lows.append(low)
         spans.append(high - low + 2)
     if spans[0] * spans[1] >= 1 << 62:
         return None
-    return rows.select(places[0] * spans[1] + places[1]).to_series().to_numpy(), spans[1]
+    # Built in place in one array: every rank-step's codes are made at once.
+    code = columns[0].astype(np.int64)
+    code -= lows[0] - 1
+    code *= spans[1]
+    np.add(code, columns[1], out=code, casting="unsafe")  # the step numbers in their own (narrow) type
+    code -= lows[1] - 1
+    return code, spans[1]
 
 
 def _step_keys(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None
@@ -274,10 +338,11 @@ def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
                     dtype=bool)
 
 
-#: A unit's step numbers, count and times, 64 bits wide whatever those of the
-#: processes' steps (the whole files' are held narrow: ``Combined.modelled``).
-_UNIT_STEP_TYPES = {name: dtype for name, dtype in {**STEP_SCHEMA, **STEP_TIME_SCHEMA}.items()
-                    if name not in ("proc", "work")}
+#: A unit's step numbers and times, 64 bits wide whatever those of the processes'
+#: steps (the whole files' are held narrow: ``Combined.modelled``): the answers join
+#: and subtract them. Its count and its compute and blocked time keep the processes'
+#: types (1.25M rank-steps take 25 MB less): they are only summed and added to.
+_UNIT_STEP_TYPES = {name: STEP_SCHEMA[name] for name in ("epoch", "step", "start", "end")}
 
 
 def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
@@ -310,10 +375,10 @@ def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
 
 
 def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame | None:
-    """``unit_steps`` of one process per unit, put together from slices of ``steps`` in
-    one copy, when its rows come one process after another, each in time order: the
+    """``unit_steps`` of one process per unit, gathered from ``steps`` column by
+    column, when its rows come one process after another, each in time order: the
     processes put in unit order are then the rows sorted (a join and a sort made two
-    copies). None otherwise."""
+    copies; slices put together made every column twice). None otherwise."""
     if steps.get_column("start").null_count():
         return None
     blocks = steps.get_column("proc").rle().struct.unnest()
@@ -321,26 +386,43 @@ def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFra
     if len(set(procs)) != len(procs):
         return None
     unit_of = {proc: (unit, order) for proc, unit, order in units.iter_rows()}
-    start = steps.get_column("start").to_numpy()
-    later = np.diff(start) > 0
+    start = steps.get_column("start")
     kept, offset = [], 0
     for proc, length in zip(procs, blocks.get_column("len").to_list()):
         if proc in unit_of:
-            if not later[offset:offset + length - 1].all():
+            if length > 1 and not (start.slice(offset + 1, length - 1).to_numpy()
+                                   > start.slice(offset, length - 1).to_numpy()).all():
                 return None
             kept.append((unit_of[proc], offset, length))
         offset += length
     orders = [order for (_, order), _, _ in kept]
-    if None in orders or len(set(orders)) != len(orders):
+    if not kept or None in orders or len(set(orders)) != len(orders):
         return None
     kept.sort(key=lambda block: block[0][1])
-    pieces = [steps.slice(offset, length).select(pl.lit(unit, pl.String).alias("unit"),
-                                                 pl.lit(order, pl.Int64).alias("unit_order"), *_UNIT_STEP_TYPES)
-              for (unit, order), offset, length in kept]
-    if not pieces:
-        return None
-    return pl.concat(pieces, how="vertical", rechunk=True).cast(_UNIT_STEP_TYPES).with_columns(
-        (pl.col("end") - pl.col("start")).alias("dur"))
+    lengths = [length for _, _, length in kept]
+    block = np.repeat(np.arange(len(kept), dtype=np.uint32), lengths)
+    columns = {"unit": pl.Series("unit", [unit for (unit, _), _, _ in kept], pl.String).gather(block),
+               "unit_order": np.repeat(np.array([order for (_, order), _, _ in kept], dtype=np.int64), lengths)}
+    del block
+    for name in (*_UNIT_STEP_TYPES, "n", *STEP_TIME_SCHEMA):
+        column = steps.get_column(name)
+        if column.null_count():
+            columns[name] = column.gather(pl.Series(np.concatenate(
+                [np.arange(offset, offset + length) for _, offset, length in kept]))).cast(
+                _UNIT_STEP_TYPES.get(name, column.dtype))
+            continue
+        # Filled block by block into an array of numpy's (the C heap's, in the type
+        # the column takes here): handed back to the system once the answers drop it,
+        # where polars' allocator keeps freed pages until its next allocation.
+        dtype = np.int64 if name in _UNIT_STEP_TYPES else column.slice(0, 0).to_numpy().dtype
+        values, at = np.empty(sum(lengths), dtype=dtype), 0
+        for _, offset, length in kept:
+            values[at:at + length] = column.slice(offset, length).to_numpy()
+            at += length
+        columns[name] = values
+    found = pl.DataFrame(columns)
+    return found.with_columns(pl.Series("dur", columns["end"] - columns["start"]) if isinstance(
+        columns["end"], np.ndarray) else (pl.col("end") - pl.col("start")).alias("dur"))
 
 
 def step_spread(by_unit: pl.DataFrame) -> pl.DataFrame | None:
@@ -462,13 +544,15 @@ def with_step_times(steps: pl.DataFrame, compute: pl.DataFrame, blocked: pl.Data
     settled = np.zeros(steps.height, dtype=bool)
     proc = steps.get_column("proc").to_numpy()
     step_start, step_end = steps.get_column("start").to_numpy(), steps.get_column("end").to_numpy()
+    of_process = [dict(each_process(intervals)) for intervals in (compute, blocked)]
     for one in settled_procs(steps):
         own = np.flatnonzero(proc == one)
         settled[own] = True
-        for intervals, out in ((compute, compute_us), (blocked, blocked_us)):
-            mine = intervals.filter(pl.col("proc") == one)
-            out[own] = time_within(mine.get_column("start").to_numpy(), mine.get_column("end").to_numpy(),
-                                   step_start[own], step_end[own])
+        for intervals, out in zip(of_process, (compute_us, blocked_us)):
+            mine = intervals.get(one)
+            if mine is not None:
+                out[own] = time_within(mine.get_column("start").to_numpy(), mine.get_column("end").to_numpy(),
+                                       step_start[own], step_end[own])
     mask = pl.lit(pl.Series(settled))
     return steps.with_columns(pl.when(mask).then(pl.Series(compute_us)).alias("compute_us"),
                               pl.when(mask).then(pl.Series(blocked_us)).alias("blocked_us"))

@@ -938,29 +938,78 @@ PyObject *sweeps_across(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    Keyed *pairs = NULL, *tmp = NULL;
+    int64_t *order = NULL, *spare = NULL;
     int64_t *row = NULL, *count = NULL, *first = NULL, *low = NULL, *middle = NULL, *high = NULL, *slowest = NULL,
-            *durs = NULL;
-    int64_t **arrays[] = {&row, &count, &first, &low, &middle, &high, &slowest, &durs};
-    Py_ssize_t n, n_steps = 0;
+            *durs = NULL, *scratch = NULL;
+    int64_t **per_step[] = {&row, &count, &first, &low, &middle, &high, &slowest};
+    Py_ssize_t n, n_steps = 0, widest = 1;
     if (!same_length(b, 4, &n)) goto done;
-    const int64_t *code = b[0].buf, *start = b[1].buf, *dur = b[2].buf, *order = b[3].buf;
-    if (!keyed_rows(code, n, &pairs, &tmp, arrays, sizeof(arrays) / sizeof(arrays[0]))) goto done;
+    const int64_t *code = b[0].buf, *start = b[1].buf, *dur = b[2].buf, *order_of = b[3].buf;
+    int64_t top = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (code[i] < 0) { PyErr_SetString(PyExc_ValueError, "code: 0 or more"); goto done; }
+        if (code[i] > top) top = code[i];
+    }
+    /* The rows in the order of their codes, each code's in the order given: a radix
+     * sort of the rows' numbers by their codes, 16 bytes a row (pairs of code and row
+     * took 32); where the codes are fewer than the rows (a step's ranks a code, the
+     * epochs numbering their steps from 0), counted into place in one pass. */
+    Py_ssize_t size = n ? n : 1;
+    int dense = top + 2 <= (int64_t)size;
+    int ok = (order = malloc(size * sizeof(int64_t))) != NULL && (spare = malloc(size * sizeof(int64_t))) != NULL;
+    if (!ok) { PyErr_NoMemory(); goto done; }
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) pairs[i] = (Keyed){(uint64_t)code[i], (int64_t)i};
-    radix_sort(pairs, tmp, n);
+    if (dense) {
+        int64_t *ends = spare;  /* each code's place, then the end of its rows */
+        memset(ends, 0, (size_t)(top + 2) * sizeof(int64_t));
+        for (Py_ssize_t i = 0; i < n; i++) ends[code[i] + 1]++;
+        for (int64_t c = 0; c <= top; c++) ends[c + 1] += ends[c];
+        for (Py_ssize_t i = 0; i < n; i++) order[ends[code[i]]++] = i;
+    } else {
+        Py_ssize_t digits[2049];
+        int64_t *from = order, *to = spare;  /* each pass from one array into the other */
+        for (Py_ssize_t i = 0; i < n; i++) from[i] = i;
+        for (int shift = 0; shift < 64 && ((uint64_t)top >> shift); shift += 11) {
+            memset(digits, 0, sizeof(digits));
+            for (Py_ssize_t i = 0; i < n; i++) digits[(((uint64_t)code[from[i]] >> shift) & 2047) + 1]++;
+            for (int d = 0; d < 2048; d++) digits[d + 1] += digits[d];
+            for (Py_ssize_t i = 0; i < n; i++) to[digits[((uint64_t)code[from[i]] >> shift) & 2047]++] = from[i];
+            int64_t *swap = from;
+            from = to;
+            to = swap;
+        }
+        if (from != order) memcpy(order, from, n * sizeof(int64_t));
+    }
+    /* The steps and the most ranks of one: each array is sized by what it holds. */
     for (Py_ssize_t j = 0; j < n;) {
         Py_ssize_t end = j + 1;
-        while (end < n && pairs[end].key == pairs[j].key) end++;
-        int64_t i = pairs[j].idx, best = i, least = start[i];
+        while (end < n && code[order[end]] == code[order[j]]) end++;
+        if (end - j > widest) widest = end - j;
+        n_steps++;
+        j = end;
+    }
+    Py_END_ALLOW_THREADS
+    free(spare);
+    spare = NULL;
+    Py_ssize_t steps_size = n_steps ? n_steps : 1;
+    ok = (durs = malloc(widest * sizeof(int64_t))) != NULL && (scratch = malloc(widest * sizeof(int64_t))) != NULL;
+    for (size_t i = 0; i < sizeof(per_step) / sizeof(per_step[0]); i++)
+        ok &= (*per_step[i] = malloc(steps_size * sizeof(int64_t))) != NULL;
+    if (!ok) { PyErr_NoMemory(); goto done; }
+    n_steps = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < n;) {
+        Py_ssize_t end = j + 1;
+        while (end < n && code[order[end]] == code[order[j]]) end++;
+        int64_t i = order[j], best = i, least = start[i];
         for (Py_ssize_t k = j; k < end; k++) {
-            int64_t r = pairs[k].idx;
+            int64_t r = order[k];
             durs[k - j] = dur[r];
             if (start[r] < least) least = start[r];
-            if (dur[r] > dur[best] || (dur[r] == dur[best] && order[r] < order[best])) best = r;
+            if (dur[r] > dur[best] || (dur[r] == dur[best] && order_of[r] < order_of[best])) best = r;
         }
         Py_ssize_t m = end - j;
-        sort_keys(durs, (int64_t *)tmp, m);  /* tmp, the radix sort's, is free again */
+        sort_keys(durs, scratch, m);
         row[n_steps] = i;
         count[n_steps] = m;
         first[n_steps] = least;
@@ -972,13 +1021,17 @@ PyObject *sweeps_across(PyObject *self, PyObject *args) {
         j = end;
     }
     Py_END_ALLOW_THREADS
+    free(order);
+    order = NULL;
     result = Py_BuildValue("(NNNNNNN)", bytes_of(row, n_steps * 8), bytes_of(count, n_steps * 8),
                            bytes_of(first, n_steps * 8), bytes_of(low, n_steps * 8), bytes_of(middle, n_steps * 8),
                            bytes_of(high, n_steps * 8), bytes_of(slowest, n_steps * 8));
 done:
-    free(pairs);
-    free(tmp);
-    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) free(*arrays[i]);
+    free(order);
+    free(spare);
+    free(durs);
+    free(scratch);
+    for (size_t i = 0; i < sizeof(per_step) / sizeof(per_step[0]); i++) free(*per_step[i]);
     for (int i = 0; i < 4; i++) PyBuffer_Release(&b[i]);
     return result;
 }

@@ -383,6 +383,49 @@ def test_summary_reads_half_the_cpus_files_at_a_time(monkeypatch):
         assert _cli.file_threads() == threads
 
 
+def _steps_with_an_enclosing_span(tmp_path, enclosing: bool) -> int:
+    """A file of 60 steps, 1000 µs apart, each a forward, a backward and a fetch of
+    data carrying the step; with ``enclosing``, a compute span carrying step 30's
+    number runs from step 10's work to step 50's (a recorder's sticky step on a span
+    around the loop), written in the middle of the file. Returns the steps."""
+    steps = 60
+    proc = tracegen.Process(4100, rank=0)
+    for step in range(steps):
+        t = tracegen.T0_US + 1000 * step
+        args = {"epoch": 0, "step": step}
+        proc.span("forward", "compute", t + 100, 300, **args)
+        proc.span("backward", "compute", t + 400, 300, **args)
+        proc.span("fetch", "data", t + 750, 100, **args)
+        if enclosing and step == 40:
+            proc.span("loop", "compute", tracegen.T0_US + 10_050, 40_000, epoch=0, step=30)
+    tracegen.write_process(tmp_path, proc, lines_per_frame=3)
+    return steps
+
+
+@pytest.mark.parametrize("enclosing", [False, True])
+def test_a_files_steps_are_modelled_from_a_row_a_steps_work(monkeypatch, tmp_path, enclosing):
+    """A whole file's steps are modelled from each step's work merged into one row as
+    its pieces are read (its data loading keeps its own), not from a row per step and
+    name; where a merged row holds other steps (a span carrying a step around the
+    loop), the file is read again with a row a name, and the steps are the same."""
+    steps = _steps_with_an_enclosing_span(tmp_path, enclosing)
+    monkeypatch.setitem(_trace_reading._whole_decoders, "unzstd_frames", None)
+    monkeypatch.setattr(_aggregate, "SUMMARY_PIECE_BYTES", 2500)  # several steps a piece
+    modelled_from = []
+    model = _aggregate.model_steps
+    monkeypatch.setattr(_aggregate, "model_steps",
+                        lambda rows, containers: modelled_from.append(rows.height) or model(rows, containers))
+    summary = summarize(tmp_path, progress=False, index=False)
+    # A step's fetch, after its work, loads the next step's batch: each step runs from
+    # the fetch before it to the next one (the first from its forward pass, the last
+    # to its backward's end), and the loop span is left out.
+    assert summary.step_stats["count"] == steps
+    assert [row["max_us"] for row in summary.steps] == [650] + [1000] * (steps - 2) + [950]
+    # Work and data: two rows a step (and the loop's name apart from step 30's forward
+    # and backward where the file is read again).
+    assert modelled_from == [3 * steps + 1 if enclosing else 2 * steps]
+
+
 @pytest.mark.parametrize("piece_bytes", [None, 700, 2500])
 def test_steps_straddling_pieces_are_whole(monkeypatch, tmp_path, piece_bytes):
     """A file read in pieces has the steps of one read at once, however its steps fall

@@ -110,7 +110,7 @@ def test_partitions_overlap_the_next_ones_first_piece_decoded_and_pieces_reduced
         k = [p.path for p in partitions].index(path) + 1
         return partitions[k].path if k < len(partitions) else None
 
-    def pieces_folded(pieces):
+    def pieces_folded(pieces, *, work_per_step):
         got = list(pieces)
         path = got[0][0]
         if following(path):  # its pieces are all in hand: the next partition's are under way

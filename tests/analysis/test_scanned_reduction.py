@@ -70,17 +70,18 @@ def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.sort(frame.columns, nulls_last=True) if frame.height else frame
 
 
-def _assert_same_partials(piece, *, overlap: bool) -> bool:
+def _assert_same_partials(piece, *, overlap: bool, work_per_step: bool = False) -> bool:
     """Whether ``piece`` was reduced from its columns; either way, that its partial is
     the table path's."""
-    scanned = _aggregate._aggregate_scanned(piece, piece.scanned, overlap)
+    scanned = _aggregate._aggregate_scanned(piece, piece.scanned, overlap, work_per_step)
     from_columns = scanned is not None
     if scanned is None:
-        scanned = _aggregate.aggregate(piece, overlap=overlap)  # the fallback, through the table
+        # the fallback, through the table
+        scanned = _aggregate.aggregate(piece, overlap=overlap, work_per_step=work_per_step)
         assert piece.scanned is None
     else:
         piece.events, piece.scanned = piece.scanned.events(), None
-    table = _aggregate.aggregate(piece, overlap=overlap)
+    table = _aggregate.aggregate(piece, overlap=overlap, work_per_step=work_per_step)
     assert scanned.keys == table.keys
     for kind in (*_aggregate.PARTIAL_TABLES, "phases"):
         ours, theirs = getattr(scanned, kind), getattr(table, kind)
@@ -89,8 +90,9 @@ def _assert_same_partials(piece, *, overlap: bool) -> bool:
     return from_columns
 
 
+@pytest.mark.parametrize("work_per_step", [False, True])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_each_rule_reduces_as_the_table_path_does(tmp_path, overlap):
+def test_each_rule_reduces_as_the_table_path_does(tmp_path, overlap, work_per_step):
     path = tmp_path / "rules.pfw"
     path.write_bytes(b"[\n" + b"\n".join(_RULE_LINES) + b"\n]\n")
     (piece,) = _pieces(path)
@@ -100,7 +102,7 @@ def test_each_rule_reduces_as_the_table_path_does(tmp_path, overlap):
     # DFTracer's integer, spans without a level.
     assert spans.filter(pl.col("name") == "forward").height == 3
     assert spans.get_column("level").null_count() == 2
-    _assert_same_partials(piece, overlap=overlap)
+    _assert_same_partials(piece, overlap=overlap, work_per_step=work_per_step)
     table = _aggregate.aggregate(piece)
     steps = table.steps.filter(pl.col("name") == "forward")
     assert sorted(steps.select("step", "n").rows()) == [(1, 2), (2, 1)]
@@ -116,10 +118,11 @@ def _long_runs(directory, ranks: int = 2):
                           compression="none") for rank in range(ranks)]
 
 
-def test_realistic_runs_reduce_as_the_table_path_does_piece_by_piece(tmp_path):
+@pytest.mark.parametrize("work_per_step", [False, True])
+def test_realistic_runs_reduce_as_the_table_path_does_piece_by_piece(tmp_path, work_per_step):
     paths = _long_runs(tmp_path)
-    reduced = [_assert_same_partials(piece, overlap=False) for path in paths for piece in _pieces(path)
-               if piece.scanned is not None and piece.scanned.kept.any()]
+    reduced = [_assert_same_partials(piece, overlap=False, work_per_step=work_per_step)
+               for path in paths for piece in _pieces(path) if piece.scanned is not None and piece.scanned.kept.any()]
     assert len(reduced) > 2 * len(paths) and all(reduced)  # several pieces a file, each reduced both ways
 
 
@@ -149,9 +152,9 @@ def test_the_summary_reduces_each_scanned_piece_from_its_columns(tmp_path, monke
     reduced = []
     original = _aggregate._aggregate_scanned
 
-    def counted(data, piece, with_overlap):
-        partial = original(data, piece, with_overlap)
-        reduced.append(partial is not None)
+    def counted(data, piece, with_overlap, work_per_step):
+        partial = original(data, piece, with_overlap, work_per_step)
+        reduced.append(partial is not None and work_per_step)  # whole files: each step's work in one row
         return partial
 
     monkeypatch.setattr(_aggregate, "SUMMARY_PIECE_BYTES", PIECE_BYTES)

@@ -215,6 +215,28 @@ def test_step_model_matches_numpy(monkeypatch):
     assert placed > 5000 and shortened > 100
 
 
+def test_steps_from_each_steps_work_merged_are_the_same():
+    """A file's work rows merged into one a step (``work_merged``) give the steps its
+    rows a name give, wherever no merged row holds two other steps' starts; where one
+    does, ``merged_work_encloses`` says so (and the file's rows are read unmerged)."""
+    rng = np.random.default_rng(17)
+    same = enclosing = 0
+    for _ in range(900):
+        rows, containers = _step_rows(rng)
+        merged = _steps.work_merged(rows, ["proc"])
+        expected = _steps.model_steps(rows, containers)
+        if _steps.merged_work_encloses(merged, ["proc"]):
+            enclosing += 1
+            continue
+        assert merged.height <= rows.height
+        # The processes may come in another order; each one's steps are the same.
+        assert_frame_equal(_steps.model_steps(merged, containers).sort("proc", maintain_order=True),
+                           expected.sort("proc", maintain_order=True))
+        same += 1
+    # Both kinds are met (these rows' steps overlap far more than a training loop's).
+    assert same > 80 and enclosing > 80, (same, enclosing)
+
+
 def _rank_steps(rng: np.random.Generator) -> pl.DataFrame:
     """unit, unit_order, epoch, step, start, dur: each rank's steps, a random subset of
     a run's steps each (missing epochs and steps among them), durations drawn from a
@@ -231,11 +253,16 @@ def _rank_steps(rng: np.random.Generator) -> pl.DataFrame:
                                                      "step": pl.Int64, "start": pl.Int64, "dur": pl.Int64})
 
 
-def test_steps_compared_across_ranks_match_the_query(monkeypatch):
+@pytest.mark.parametrize("numbering", ["dense", "sparse"])
+def test_steps_compared_across_ranks_match_the_query(monkeypatch, numbering):
+    """The C kernel orders the rank-steps by a count of their steps' codes where the
+    step numbers are near one another, else by a radix sort (step numbers far apart)."""
     rng = np.random.default_rng(5)
     steps = tied = wide = 0
     for _ in range(300):
         by_unit = _rank_steps(rng)
+        if numbering == "sparse":
+            by_unit = by_unit.with_columns(pl.col("step") * 1_000_003)
         native, query = _both_ways(monkeypatch, _summary._steps, by_unit)
         assert_frame_equal(native, query)
         steps += native.height
@@ -243,6 +270,24 @@ def test_steps_compared_across_ranks_match_the_query(monkeypatch):
         tied += longest.filter(pl.col("k") > 1).height  # the slowest rank picked among ties
         wide += native.filter(pl.col("ranks") > 32).height
     assert steps > 3000 and tied > 1000 and wide > 100
+
+
+@pytest.mark.parametrize("rows", ["by unit", "units apart"])
+def test_each_units_statistics_from_its_slice_match_a_group_by(rows):
+    """Each rank's step statistics (``_summary._per_unit``) are found over its slice
+    of the rank-steps where a rank's rows come together, else grouped: the same
+    figures either way."""
+    rng = np.random.default_rng(3)
+    units = 0
+    for _ in range(100):
+        by_unit = _rank_steps(rng)
+        if rows == "units apart":
+            by_unit = by_unit.sample(fraction=1.0, shuffle=True, seed=int(rng.integers(1 << 30)))
+        stats = _summary._plain_stats()[:-1]
+        found = _summary._per_unit(by_unit, stats).sort("unit")
+        assert_frame_equal(found, by_unit.group_by("unit", "unit_order").agg(stats).sort("unit"))
+        units += found.height
+    assert units > 1000
 
 
 @pytest.mark.parametrize("source", ["run", "gpu-h200", "dftracer", "ddp-buckets"])
