@@ -15,6 +15,7 @@ import pytest
 import tracegen
 from _peak_memory import PEAK_MB
 from _requirements import native_engine_missing, needs
+from reliability._util import wait_for_end
 import zstandard
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
@@ -282,6 +283,9 @@ def test_summary_says_how_a_killed_process_ended(tmp_path, capsys):
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == -signal.SIGKILL
+    # The writer process outlives the job: it records how the job ended and completes
+    # the file once it has seen the job gone.
+    wait_for_end(tmp_path)
     summary = summarize(tmp_path)
     assert [p["ended"] for p in summary.processes] == ["killed by signal 9"]
     assert summary.overview["ended_abnormally"] == 1
