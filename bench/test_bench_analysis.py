@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -78,39 +79,46 @@ _STEP_US = 445
 _STEPS_PER_EPOCH = 1000
 
 
+def _rank_lines(rank: int, events: int) -> Iterator[str]:
+    """One rank's trace as its writer writes it, line by line: the opening bracket and
+    metadata (one string), then ``events`` events, without the closing bracket."""
+    pid, host = 10_000 + rank, f"node{rank % 2}"
+    hhash = f"{rank % 2:016x}"
+    yield "[\n" + _META.format(pid=pid, rank=rank, host=host, hhash=hhash, wall=T0_US * 1000)
+    event_id = 0
+    step = 0
+    while event_id < events:
+        # Ranks drift apart a little: rank r's step is r us longer every 7th step.
+        start = T0_US + step * _STEP_US + (step // 7) * rank
+        block_id = event_id + len(_STEP)
+        for name, cat, offset, dur, level, inside, extra, thread in _STEP:
+            event_id += 1
+            yield _SPAN.format(
+                id=event_id, name=name, cat=cat, pid=pid, tid=pid + thread, ts=start + offset, dur=dur,
+                hhash=hhash, level=level, parent=block_id if inside else 0,
+                epoch=step // _STEPS_PER_EPOCH, extra=extra.format(count=step + 1, step=step),
+            )
+            if event_id >= events:
+                break
+        step += 1
+
+
 def _write_rank(args: tuple[Path, int, int]) -> int:
     """Write one rank's file of ``events`` events (zstd frames, or gzip members at
     level 1 as dftrace writes by default, by the file's suffix); return its
     uncompressed size."""
     path, rank, events = args
-    pid, host = 10_000 + rank, f"node{rank % 2}"
-    hhash = f"{rank % 2:016x}"
     cctx = _Gzip() if str(path).endswith(".gz") else zstandard.ZstdCompressor(level=3)
-    head = "[\n" + _META.format(pid=pid, rank=rank, host=host, hhash=hhash, wall=T0_US * 1000)
     size = 0
-    lines: list[str] = [head]
+    lines: list[str] = []
     with open(path, "wb") as fh:
-        event_id = 0
-        step = 0
-        while event_id < events:
-            # Ranks drift apart a little: rank r's step is r us longer every 7th step.
-            start = T0_US + step * _STEP_US + (step // 7) * rank
-            block_id = event_id + len(_STEP)
-            for name, cat, offset, dur, level, inside, extra, thread in _STEP:
-                event_id += 1
-                lines.append(_SPAN.format(
-                    id=event_id, name=name, cat=cat, pid=pid, tid=pid + thread, ts=start + offset, dur=dur,
-                    hhash=hhash, level=level, parent=block_id if inside else 0,
-                    epoch=step // _STEPS_PER_EPOCH, extra=extra.format(count=step + 1, step=step),
-                ))
-                if len(lines) >= LINES_PER_FRAME:
-                    data = "".join(lines).encode()
-                    size += len(data)
-                    fh.write(cctx.compress(data))
-                    lines = []
-                if event_id >= events:
-                    break
-            step += 1
+        for line in _rank_lines(rank, events):
+            lines.append(line)
+            if len(lines) >= LINES_PER_FRAME:
+                data = "".join(lines).encode()
+                size += len(data)
+                fh.write(cctx.compress(data))
+                lines = []
         data = ("".join(lines) + "]\n").encode()
         size += len(data)
         fh.write(cctx.compress(data))
@@ -354,3 +362,52 @@ def test_summary_process_10m(benchmark, bench_root, tmp_path, compression):
     benchmark.pedantic(lambda: runs.append(_whole_process(ours, tmp_path / "summary.log")), rounds=2, iterations=1)
     benchmark.extra_info.update(events=10_000_000, files=RANKS, compression=compression,
                                 uncompressed_mb=round(size / 2**20), load_1min=round(os.getloadavg()[0], 2), runs=runs)
+
+
+#: Events appended to each file between two refreshes of the watch benchmark.
+_APPENDED = 64
+_WATCH_ROUNDS = 8
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="watch")
+@pytest.mark.parametrize("events", [100_000, pytest.param(5_000_000, marks=skip_big)], ids=["100k", "5M"])
+def test_watch_refresh(benchmark, tmp_path, events):
+    """One refresh of ``dftrace watch`` (the look and the live view's summary) of 8
+    ranks' growing zstd files after ``events`` events were read, with 64 events
+    appended to each file before each refresh: what a refresh costs should not grow
+    with what was read before it. ``extra_info`` has the first look's time (catching up
+    with the files) and the events the last refresh summarized (``held``)."""
+    from dftrace.analysis._watch import Watcher
+
+    ranks = 8
+    cctx = zstandard.ZstdCompressor(level=3)
+    paths, tails = [], []
+    for rank in range(ranks):
+        lines = list(_rank_lines(rank, events // ranks + _APPENDED * _WATCH_ROUNDS))
+        head, tail = lines[:-_APPENDED * _WATCH_ROUNDS], lines[-_APPENDED * _WATCH_ROUNDS:]
+        path = tmp_path / f"train-rank{rank}-node{rank % 2}-{10_000 + rank}.pfw.zst"
+        with open(path, "wb") as fh:
+            for at in range(0, len(head), LINES_PER_FRAME):
+                fh.write(cctx.compress("".join(head[at:at + LINES_PER_FRAME]).encode()))
+        paths.append(path)
+        tails.append([cctx.compress("".join(tail[at:at + _APPENDED]).encode())
+                      for at in range(0, len(tail), _APPENDED)])
+    watcher = Watcher([str(tmp_path)])
+    start = time.perf_counter()
+    watcher.poll()
+    catch_up_s = time.perf_counter() - start
+    looks = iter(range(_WATCH_ROUNDS))
+
+    def append():
+        look = next(looks)
+        for path, frames in zip(paths, tails):
+            with open(path, "ab") as fh:
+                fh.write(frames[look])
+
+    benchmark.pedantic(watcher.poll, setup=append, rounds=_WATCH_ROUNDS, iterations=1)
+    snapshot = watcher.snapshot()
+    assert snapshot["last_read"]["events"] == ranks * _APPENDED
+    assert snapshot["totals"]["events"] == events + ranks * _APPENDED * _WATCH_ROUNDS
+    benchmark.extra_info.update(events=events, files=ranks, catch_up_s=round(catch_up_s, 2),
+                                held_events=snapshot["held"]["events"], load_1min=round(os.getloadavg()[0], 2))

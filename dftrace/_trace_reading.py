@@ -136,8 +136,11 @@ class MemberReader:
     blocks, which regenerate at most 128 KiB each): a small file that expands to
     gigabytes is decoded piece by piece. Offsets count from the first byte fed."""
 
-    def __init__(self, magic: bytes):
+    def __init__(self, magic: bytes, *, piece: int = DECODED_PIECE):
         self.gzip = magic.startswith(_GZIP_MAGIC)
+        #: Decoded bytes of whole frames/members one step yields (about: a unit is
+        #: never split): a caller that cuts the stream at unit ends cuts it this finely.
+        self.piece = piece
         self._whole = _fast_whole("gunzip_members" if self.gzip else "unzstd_frames")
         self._factory = member_decoder(magic)
         self._decoder = self._factory()
@@ -163,7 +166,7 @@ class MemberReader:
             if not self._in_member and self._whole is not None:
                 # Whole members or frames at once in C; one it cannot take whole (cut
                 # by the end of what was fed, damaged) goes through the decoder below.
-                out, used = self._whole(data, 0, DECODED_PIECE)
+                out, used = self._whole(data, 0, self.piece)
                 if used:
                     self.offset += used
                     self.member_start = self.offset

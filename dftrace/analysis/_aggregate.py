@@ -938,6 +938,22 @@ def _overlap_of(intervals: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(overlap, how="vertical") if overlap else _EMPTY["overlap"]
 
 
+#: The tables of a partial with a row a name, process or epoch, not a step, span or
+#: busy interval: what stays bounded however long a followed file grows.
+KEYED_TABLES = ("durations", "self_times", "epochs", "epoch_spans", "extents")
+
+
+def keyed_only(partial: Partial) -> Partial:
+    """``partial`` with its tables of ``KEYED_TABLES`` alone (the others emptied):
+    its counts, durations, extents and metadata, without its steps, spans and
+    intervals. Such partials fold in a time bounded by their names and processes."""
+    for kind in PARTIAL_TABLES:
+        if kind not in KEYED_TABLES:
+            setattr(partial, kind, _EMPTY[kind])
+    partial.modelled = partial.blocked = None
+    return partial
+
+
 def fold_partials(partials: Sequence[Partial], *, overlap: bool = True) -> Partial:
     """One partial holding what ``partials`` hold: consecutive pieces of one file, in
     order (a file followed while it grows). Exact like :func:`combine`: counts add,

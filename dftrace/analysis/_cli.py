@@ -467,7 +467,7 @@ def _register_diff_and_watch(subparsers: Any) -> None:
     p.add_argument("paths", nargs="+", help="trace files, directories or globs (quote globs)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (default 1)")
     p.add_argument("--window", type=int, default=50, metavar="N",
-                   help="recent steps per rank for steps/s and p50/p95 (default 50)")
+                   help="recent steps per rank for steps/s, p50/p95 and the straggler (default 50)")
     p.add_argument("--stale", type=float, default=10.0, metavar="S",
                    help="an open file that did not grow for S seconds is shown as stalled (default 10)")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")

@@ -233,11 +233,14 @@ def steps_of(combined: Combined) -> UnitSteps:
     return UnitSteps(procs, runs, process_steps)
 
 
-def build_summary(combined: Combined, *, rank_steps_limit: int | None = None) -> Summary:
+def build_summary(combined: Combined, *, rank_steps_limit: int | None = None,
+                  steps: UnitSteps | None = None) -> Summary:
     """Compute every answer from combined aggregates (``rank_steps`` keeps at most
     ``rank_steps_limit`` rows, by default RANK_STEPS_LIMIT). The whole files' steps
-    are taken over: ``combined.modelled`` is None afterwards."""
-    found = steps_of(combined)
+    are taken over: ``combined.modelled`` is None afterwards. ``steps``: those
+    :func:`steps_of` found in ``combined``, where the caller kept only some of them
+    (the steps a live view shows); by default all of them."""
+    found = steps_of(combined) if steps is None else steps
     # The whole files' steps (the largest table) are held by the steps found alone from
     # here, and each table below is let go once the answers that read it are built.
     combined.modelled = None

@@ -19,7 +19,8 @@ pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dft
 pytest.importorskip("rich", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace.analysis import summarize  # noqa: E402
-from dftrace.analysis._watch import Watcher  # noqa: E402
+from dftrace.analysis import _watch as watching  # noqa: E402
+from dftrace.analysis._watch import FileFollower, Watcher  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
@@ -154,10 +155,12 @@ def test_cut_off_file_is_reported(tmp_path):
 
 
 @pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])
-def test_reads_only_new_bytes_and_matches_the_summary(tmp_path, compression):
+def test_reads_only_new_bytes_and_matches_the_summary(tmp_path, compression, monkeypatch):
     """A file written a few hundred bytes at a time (frames cut anywhere) is read on from
-    where the last look stopped; what the watcher then holds equals a summary of the
+    where the last look stopped; the partials read, all held, equal a summary of the
     whole file."""
+    hold_all = FileFollower.let_go
+    monkeypatch.setattr(FileFollower, "let_go", lambda self, ended_by: hold_all(self, -sys.maxsize))
     whole = tmp_path / "whole"
     whole.mkdir()
     source = tracegen.write_process(whole, tracegen.training_process(1000, rank=0, epochs=3),
@@ -188,19 +191,22 @@ def test_reads_only_new_bytes_and_matches_the_summary(tmp_path, compression):
 
 
 @pytest.mark.parametrize("epochs", [2, 20])
-def test_a_refresh_decodes_only_what_was_added(tmp_path, epochs):
+def test_a_refresh_decodes_only_what_was_added(tmp_path, epochs, monkeypatch):
     """However much a file held at the look before (800 or 8,000 events), the next look
-    after 64 events were appended decodes those 64 events and their bytes, no more."""
+    after 64 events were appended decodes those 64 events and their bytes, no more, and
+    the refresh summarizes the last steps alone: the events held whole are as few after
+    8,000 events as after 800."""
     import orjson
     import zstandard
 
+    monkeypatch.setattr(watching, "_PARTITION_DECODED", 8192)  # partitions of a few dozen steps
     proc = tracegen.training_process(1000, rank=0, epochs=epochs, steps=50)
     lines = [b"["] + [orjson.dumps(e) for e in proc.metadata() + proc.events]
     head, tail = lines[:-64], lines[-64:]
     cctx = zstandard.ZstdCompressor()
     path = tmp_path / "train-rank0-node0-1000.pfw.zst"
-    path.write_bytes(cctx.compress(b"\n".join(head) + b"\n"))
-    watcher = Watcher([str(tmp_path)])
+    path.write_bytes(b"".join(cctx.compress(b"\n".join(head[at:at + 16]) + b"\n") for at in range(0, len(head), 16)))
+    watcher = Watcher([str(tmp_path)], window=10)
     watcher.poll()
     before = len(proc.events) - 64
     assert watcher.last_refresh == {"bytes": path.stat().st_size, "events": before}
@@ -210,8 +216,68 @@ def test_a_refresh_decodes_only_what_was_added(tmp_path, epochs):
     assert watcher.poll()
     assert watcher.last_refresh == {"bytes": len(appended), "events": 64}
     assert watcher.snapshot()["last_read"] == {"bytes": len(appended), "events": 64}
-    assert watcher.snapshot()["totals"]["events"] == len(proc.events)
+    snap = watcher.snapshot()
+    assert snap["totals"]["events"] == snap["files"][0]["events"] == len(proc.events)
+    # The last 10 steps and the one running (9 events a step), the partition they begin
+    # in (8 KiB: about 40 events) and the look after it.
+    assert snap["held"]["events"] <= 11 * 9 + 2 * 40 + 64
+    (rank,) = snap["ranks"]
+    assert rank["steps"] == epochs * 50 and (rank["epoch"], rank["step"]) == (epochs - 1, 49)
     assert not watcher.poll() and watcher.last_refresh == {"bytes": 0, "events": 0}
+
+
+def _growing(directory: Path, procs: list, close: bool = True) -> list[tuple[Path, list[bytes]]]:
+    """Each process's trace as the zstd frames its writer would append (16 lines each),
+    the last one closing the file (unless not ``close``)."""
+    import orjson
+    import zstandard
+
+    cctx = zstandard.ZstdCompressor()
+    files = []
+    for proc in procs:
+        lines = [b"["] + [orjson.dumps(e) for e in proc.metadata() + proc.events] + [b"]"] * close
+        frames = [cctx.compress(b"\n".join(lines[at:at + 16]) + b"\n") for at in range(0, len(lines), 16)]
+        files.append((directory / f"train-rank{proc.rank}-{proc.host}-{proc.pid}.pfw.zst", frames))
+    return files
+
+
+def test_a_long_run_shows_its_last_steps_as_the_whole_trace_would(tmp_path):
+    """Two ranks written a few frames a look, watched with a window of 5 steps: at every
+    look, each rank's row (its step, step count and last steps' times) equals the one a
+    summary of everything written so far gives, though the watcher holds only the last
+    steps whole; the straggler is the one of those steps. Rank 1 is slower in each step
+    of epoch 0 (20 steps), rank 0 in the last 8 steps of epoch 1."""
+    slow = {**{(1, 0, s): 300 for s in range(20)}, **{(0, 1, s): 300 for s in range(12, 20)}}
+    procs = []
+    for rank in range(2):
+        mine = {(e, s): us for (r, e, s), us in slow.items() if r == rank}
+        procs.append(tracegen.training_process(1000 + rank, rank=rank, host=f"node{rank % 2}", epochs=2, steps=20,
+                                               slow=mine))
+    live = tmp_path / "live"
+    live.mkdir()
+    files = _growing(live, procs)
+    watcher = Watcher([str(live)], window=5)
+    looks = max(len(frames) for _, frames in files)
+    for look in range(0, looks, 3):
+        for path, frames in files:
+            with open(path, "ab") as fh:
+                fh.write(b"".join(frames[look:look + 3]))
+        watcher.poll()
+        snap = watcher.snapshot()
+        expected = watching._rank_rows(summarize(str(live)), 5, drop_last=look + 3 < looks, settled={})
+        assert snap["ranks"] == expected, f"look {look}"
+    held = snap["held"]["events"]
+    assert held <= snap["totals"]["events"] / 2 and all(f.history is not None for f in watcher.followers.values())
+    # Ground truth from the runs' own clocks: 40 steps each, the last is epoch 1's 20th,
+    # and the slowest rank of the steps shown (the last 5 and the one that was running,
+    # ended since) is rank 0 in each of them (of the whole run, rank 1).
+    assert [(r["rank"], r["steps"], r["epoch"], r["step"]) for r in snap["ranks"]] == [
+        ("rank 0", 40, 1, 19), ("rank 1", 40, 1, 19)]
+    straggler = snap["straggler"]
+    assert (straggler["rank"], straggler["slowest_steps"], straggler["steps"]) == ("rank 0", 6, 6)
+    assert "straggler: rank 0 was the slowest rank in 6 of the last 6 steps" in watching.render_plain(snap)
+    whole = summarize(str(live))
+    assert max(whole.imbalance["ranks"], key=lambda r: r["slowest_count"])["rank"] == "rank 1"
 
 
 def test_new_file_between_two_looks(tmp_path):
@@ -257,3 +323,40 @@ def test_terminal_view_and_ctrl_c(paused_job, tmp_path):
         assert "EXIT=0" in ended and "Traceback" not in ended
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def test_a_file_replaced_counts_its_own_steps(tmp_path):
+    """A file replaced by a shorter one (the job started again): its rank's steps are
+    those of the new file alone, not added to those counted of the old one."""
+    first = tracegen.training_process(1000, rank=0, epochs=2, steps=20)
+    ((path, frames),) = _growing(tmp_path, [first], close=False)  # killed: the new job takes its name
+    watcher = Watcher([str(tmp_path)], window=5)
+    for look in range(0, len(frames), 4):
+        with open(path, "ab") as fh:
+            fh.write(b"".join(frames[look:look + 4]))
+        watcher.poll()
+    assert [(r["steps"], r["epoch"], r["step"]) for r in watcher.snapshot()["ranks"]] == [(40, 1, 19)]
+    again = tracegen.training_process(1000, rank=0, epochs=1, steps=4, t0=tracegen.T0_US + 10_000_000)
+    ((_, frames),) = _growing(tmp_path, [again])
+    path.write_bytes(b"".join(frames))
+    assert watcher.poll()
+    assert [(r["steps"], r["epoch"], r["step"]) for r in watcher.snapshot()["ranks"]] == [(4, 0, 3)]
+
+
+def test_what_a_refresh_holds_does_not_grow_with_the_run(tmp_path):
+    """Looks far more frequent than the window's steps (a frame of 16 lines a look, 30
+    steps of 8 events shown) over 240 steps: the events a refresh summarizes stay
+    within twice those of the steps shown at every look, the end of the run as its
+    start, however often the partials held are folded."""
+    proc = tracegen.training_process(1000, rank=0, epochs=12, steps=20)
+    ((path, frames),) = _growing(tmp_path, [proc], close=False)
+    watcher = Watcher([str(tmp_path)], window=30)
+    held = []
+    for frame in frames:
+        with open(path, "ab") as fh:
+            fh.write(frame)
+        watcher.poll()
+        held.append(watcher.held["events"])
+    assert max(held) <= 2 * 31 * 8 < len(proc.events) / 3
+    (rank,) = watcher.snapshot()["ranks"]
+    assert (rank["steps"], rank["epoch"], rank["step"]) == (240, 11, 19)
