@@ -229,16 +229,7 @@ def test_a_refresh_decodes_only_what_was_added(tmp_path, epochs, monkeypatch):
 def _growing(directory: Path, procs: list, close: bool = True) -> list[tuple[Path, list[bytes]]]:
     """Each process's trace as the zstd frames its writer would append (16 lines each),
     the last one closing the file (unless not ``close``)."""
-    import orjson
-    import zstandard
-
-    cctx = zstandard.ZstdCompressor()
-    files = []
-    for proc in procs:
-        lines = [b"["] + [orjson.dumps(e) for e in proc.metadata() + proc.events] + [b"]"] * close
-        frames = [cctx.compress(b"\n".join(lines[at:at + 16]) + b"\n") for at in range(0, len(lines), 16)]
-        files.append((directory / f"train-rank{proc.rank}-{proc.host}-{proc.pid}.pfw.zst", frames))
-    return files
+    return [(tracegen.trace_path(directory, proc), tracegen.units_of(proc, finalize=close)) for proc in procs]
 
 
 def test_a_long_run_shows_its_last_steps_as_the_whole_trace_would(tmp_path):

@@ -160,21 +160,9 @@ def write_process(directory: str | os.PathLike[str], proc: Process, *, compressi
     ``finalize=False`` file has no closing ``]``. ``extra_lines`` are appended
     raw before the end (for broken-line tests).
     """
-    suffix = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}[compression]
-    rank = f"-rank{proc.rank}" if proc.rank is not None else ""
-    path = Path(directory) / f"{prefix}{rank}-{proc.host}-{proc.pid}{suffix}"
-    lines = [b"["] + [orjson.dumps(e) for e in proc.metadata() + proc.events]
-    lines += extra_lines or []
-    if finalize and cut is None:
-        lines.append(b"]")
-    frames = [b"\n".join(lines[i:i + lines_per_frame]) + b"\n" for i in range(0, len(lines), lines_per_frame)]
-    if compression == "zstd":
-        cctx = zstandard.ZstdCompressor()
-        blobs = [cctx.compress(f) for f in frames]
-    elif compression == "gzip":
-        blobs = [gzip.compress(f) for f in frames]
-    else:
-        blobs = frames
+    path = trace_path(directory, proc, compression=compression, prefix=prefix)
+    blobs = units_of(proc, compression=compression, lines_per_frame=lines_per_frame,
+                     finalize=finalize and cut is None, extra_lines=extra_lines)
     data = b"".join(blobs)
     if cut == "frame":
         data = data[: len(data) - len(blobs[-1]) // 2]
@@ -183,6 +171,32 @@ def write_process(directory: str | os.PathLike[str], proc: Process, *, compressi
         data = data.rstrip(b"\n")[:-10]
     path.write_bytes(data)
     return path
+
+
+def trace_path(directory: str | os.PathLike[str], proc: Process, *, compression: str = "zstd",
+               prefix: str = "train") -> Path:
+    """Where ``write_process`` writes ``proc``."""
+    suffix = {"zstd": ".pfw.zst", "gzip": ".pfw.gz", "none": ".pfw"}[compression]
+    rank = f"-rank{proc.rank}" if proc.rank is not None else ""
+    return Path(directory) / f"{prefix}{rank}-{proc.host}-{proc.pid}{suffix}"
+
+
+def units_of(proc: Process, *, compression: str = "zstd", lines_per_frame: int = 16, finalize: bool = True,
+             extra_lines: list[bytes] | None = None) -> list[bytes]:
+    """``proc``'s trace as the units its writer appends one after the other: zstd
+    frames, gzip members or plain lines, ``lines_per_frame`` lines each; the last
+    closes the file when ``finalize``."""
+    lines = [b"["] + [orjson.dumps(e) for e in proc.metadata() + proc.events]
+    lines += extra_lines or []
+    if finalize:
+        lines.append(b"]")
+    frames = [b"\n".join(lines[i:i + lines_per_frame]) + b"\n" for i in range(0, len(lines), lines_per_frame)]
+    if compression == "zstd":
+        cctx = zstandard.ZstdCompressor()
+        return [cctx.compress(f) for f in frames]
+    if compression == "gzip":
+        return [gzip.compress(f) for f in frames]
+    return frames
 
 
 def write_run(directory: str | os.PathLike[str], ranks: int = 2, *, compression: str = "zstd",
