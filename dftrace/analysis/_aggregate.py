@@ -109,6 +109,11 @@ class Partial:
     #: need of the others.
     blocked: pl.DataFrame | None = None
 
+    @property
+    def events(self) -> int:
+        """Events of every phase the partition held."""
+        return int(self.phases.get_column("n").sum())
+
 
 def aggregate_partition(partition: Partition, *, model: bool = True) -> Partial:
     """Read one partition and reduce it to a :class:`Partial` (see
@@ -845,7 +850,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
     )
     return Combined(
         resolution=resolution,
-        files=file_reports(sources, [int(p.phases.get_column("n").sum()) for p in partials]),
+        files=file_reports(sources, [p.events for p in partials]),
         durations=durations,
         self_times=self_times,
         steps=steps,

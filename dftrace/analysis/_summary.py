@@ -147,7 +147,7 @@ def summarize(
         return summary
     skipped: list[str] = []
     partials = _partials(expand_paths(as_path_list(source), skipped), executor, partition_bytes, progress, index)
-    require_content([p.source for p in partials], sum(int(p.phases.get_column("n").sum()) for p in partials))
+    require_content([p.source for p in partials], sum(p.events for p in partials))
     combined = combine(partials)
     del partials  # the per-partition tables are merged: free them before the answers are built
     with heap_for_answers():

@@ -121,7 +121,7 @@ class FileFollower:
             self._partitions += 1
             self.offset = end
         read = list(aggregate_partitions(partitions))
-        self.last_read = (self.offset - start, sum(_events(p) for p in read))
+        self.last_read = (self.offset - start, sum(p.events for p in read))
         self.partials += read
         self.closed = read[-1].source.closed
         return True
@@ -129,7 +129,7 @@ class FileFollower:
     @property
     def events(self) -> int:
         """Events read from the file so far."""
-        return sum(_events(p) for p in self.all_partials())
+        return sum(p.events for p in self.all_partials())
 
     def all_partials(self) -> list[Partial]:
         """What is kept of everything read: ``history`` (if any) and the partials held."""
@@ -151,7 +151,7 @@ class FileFollower:
             # The two neighbours holding the fewest events are folded: older partials
             # hold more, and each is let go once its last event ended before the steps
             # shown, where folding all into one would hold every look's events forever.
-            events = [_events(p) for p in self.partials]
+            events = [p.events for p in self.partials]
             i = min(range(len(events) - 1), key=lambda i: events[i] + events[i + 1])
             self.partials[i:i + 2] = [fold_partials(self.partials[i:i + 2])]
 
@@ -389,7 +389,7 @@ class Watcher:
     def held(self) -> dict[str, int]:
         """What a refresh summarizes: the events of the partials held whole (the steps
         shown and what came after them), beside the keyed tables of the rest."""
-        return {"events": sum(_events(p) for f in self.followers.values() for p in f.partials)}
+        return {"events": sum(p.events for f in self.followers.values() for p in f.partials)}
 
     def _file_row(self, follower: FileFollower, now: float) -> dict[str, Any]:
         events = follower.events
@@ -412,10 +412,6 @@ def partition_ends(decoded: int) -> list[int]:
     tail = max(0, decoded - _TAIL_DECODED)
     coarse = list(range(_CATCH_UP_DECODED, tail, _CATCH_UP_DECODED))
     return [*coarse, *range(tail or _PARTITION_DECODED, decoded, _PARTITION_DECODED)]
-
-
-def _events(partial: Partial) -> int:
-    return int(partial.phases.get_column("n").sum())
 
 
 def _last_end(partial: Partial) -> int:
