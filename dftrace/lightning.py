@@ -15,6 +15,8 @@ hooks                                         span
 ============================================  ======================================
 ``on_fit_start`` → ``on_fit_end``             ``pipeline.train``
 ``on_train_epoch_start`` → ``_end``           ``pipeline.epoch`` (``args.epoch``)
+previous batch end → ``on_train_batch_start``  ``dataloader.fetch`` (``epoch``, ``step``:
+                                              the wait for the batch)
 ``on_train_batch_start`` → ``_end``           ``compute`` (``epoch``, ``batch``, ``step``)
 batch start → ``on_before_zero_grad`` /       ``compute.forward`` (``training_step``;
 ``on_before_backward``                        no hook wraps only the forward pass)
@@ -30,8 +32,18 @@ checkpoint write / read (``CheckpointIO``)    ``checkpoint.capture`` / ``restart
                                               (``args.path``, ``args.bytes``)
 ============================================  ======================================
 
-``args.step`` is ``trainer.global_step`` (optimizer steps so far). ``on_exception``
-closes every open span, flagged incomplete with ``args.error``.
+``args.step`` is ``trainer.global_step`` (optimizer steps so far), on every span of
+a training batch: with gradient accumulation a step's micro-batches share it, and one
+optimizer step is one step of the summary. Checkpoints are written between steps and
+carry ``args.global_step`` instead. ``on_exception`` closes every open span, flagged
+incomplete with ``args.error``.
+
+With ``strategy="ddp"`` (or any strategy whose model is ``DistributedDataParallel``)
+the callback writes the process's global rank to the trace (Lightning's launcher sets
+``LOCAL_RANK`` and ``NODE_RANK``, not ``RANK``), and records each gradient bucket's
+all-reduce as a ``comm.all_reduce`` span (:func:`dftrace.torch.trace_ddp`), so
+``dftrace summary`` finds stragglers and blocked time. A strategy given its own
+``ddp_comm_hook`` keeps it, and its buckets are not recorded (one warning).
 """
 
 from __future__ import annotations
@@ -46,8 +58,9 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
 import os
 from typing import Any
 
+from ._core.engine import clock
 from ._core.tree import ai
-from ._hooks import OpenSpans, call_in_span, guarded
+from ._hooks import OpenSpans, call_in_span, guarded, warn_once
 
 __all__ = ["TraceCallback"]
 
@@ -82,9 +95,13 @@ class _TracedCheckpointIO:
             node = ai.checkpoint.capture
             if not node.enabled:
                 return self._save(checkpoint, path, *args, **kwargs)
-            return call_in_span(node, self._save, (checkpoint, path, *args), kwargs,
-                                args={"path": os.fspath(path), **cb._position()},
-                                after=lambda _out: _bytes_at(path))
+            try:
+                return call_in_span(node, self._save, (checkpoint, path, *args), kwargs,
+                                    args={"path": os.fspath(path), **cb._position("global_step")},
+                                    after=lambda _out: _bytes_at(path))
+            finally:
+                if cb._fetch_from is not None:  # the wait for the next batch starts now
+                    cb._fetch_from = clock()
 
         def load_checkpoint(path: Any, *args: Any, **kwargs: Any) -> Any:
             node = ai.checkpoint.restart
@@ -115,15 +132,38 @@ class TraceCallback(pl.Callback):
         self._spans = OpenSpans()
         self._io: _TracedCheckpointIO | None = None
         self._trainer: Any = None
+        #: When the wait for the next training batch began (None: not waiting).
+        self._fetch_from: int | None = None
+        self._ddp_traced: Any = None
 
-    def _position(self) -> dict[str, Any]:
+    def _position(self, step_key: str = "step") -> dict[str, Any]:
         t = self._trainer
         if t is None:
             return {}
         try:
-            return {"epoch": int(t.current_epoch), "step": int(t.global_step)}
+            return {"epoch": int(t.current_epoch), step_key: int(t.global_step)}
         except Exception:
             return {}
+
+    def _trace_ddp(self, trainer: Any) -> None:
+        """Rank and gradient buckets of a DistributedDataParallel run."""
+        if int(getattr(trainer, "world_size", 1) or 1) <= 1:
+            return
+        from .torch import note_distributed_rank, trace_ddp
+
+        note_distributed_rank(int(trainer.global_rank))
+        model = getattr(trainer.strategy, "model", None)
+        if model is None or model is self._ddp_traced or not hasattr(model, "register_comm_hook"):
+            return
+        if getattr(trainer.strategy, "_ddp_comm_hook", None) is not None:
+            warn_once("lightning-ddp-hook", "the DDP strategy has a ddp_comm_hook of its own: "
+                      "its gradient buckets are not recorded")
+            return
+        try:
+            trace_ddp(model)
+            self._ddp_traced = model
+        except Exception as exc:  # a hook registered already, a backward already run
+            warn_once("lightning-ddp", f"DDP gradient buckets are not recorded: {exc!r}")
 
     # -- setup / teardown: checkpoint I/O --------------------------------------------
     @guarded
@@ -145,32 +185,40 @@ class TraceCallback(pl.Callback):
     @guarded
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._trainer = trainer
+        self._trace_ddp(trainer)
         self._spans.open("fit", ai.pipeline.train)
 
     @guarded
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._fetch_from = None
         self._spans.close("fit")
 
     @guarded
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._spans.open("epoch", ai.pipeline.epoch, epoch=int(trainer.current_epoch))
+        self._fetch_from = clock()
 
     @guarded
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._fetch_from = None
         self._close_batch()
         self._spans.close("epoch")
 
     @guarded
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         step = int(trainer.global_step)
-        self._spans.open("batch", ai.compute, epoch=int(trainer.current_epoch),
-                         batch=int(batch_idx), step=step)
+        epoch = int(trainer.current_epoch)
+        if self._fetch_from is not None:
+            ai.dataloader.fetch.record(self._fetch_from, clock(), {"epoch": epoch, "step": step})
+            self._fetch_from = None
+        self._spans.open("batch", ai.compute, epoch=epoch, batch=int(batch_idx), step=step)
         self._spans.open("forward", ai.compute.forward, step=step)
 
     @guarded
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self._close_batch()
+        self._fetch_from = clock()
 
     def _close_batch(self) -> None:
         self._spans.close("forward")
@@ -204,12 +252,15 @@ class TraceCallback(pl.Callback):
         args: dict[str, Any] = {"epoch": int(trainer.current_epoch)}
         if trainer.sanity_checking:
             args["sanity_check"] = True
+        self._fetch_from = None  # what follows the evaluation waits for its own batch
         self._spans.open("evaluate", ai.pipeline.evaluate, **args)
 
     @guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self._spans.close("eval_batch")
         self._spans.close("evaluate")
+        if self._spans.is_open("epoch"):
+            self._fetch_from = clock()
 
     @guarded
     def on_test_start(self, trainer: Any, pl_module: Any) -> None:
@@ -268,5 +319,6 @@ class TraceCallback(pl.Callback):
     # -- errors --------------------------------------------------------------------------
     @guarded
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._fetch_from = None
         self._spans.close_all(error=type(exception).__name__)
         self._undo_io()

@@ -11,14 +11,23 @@ writes, during ``trainer.train()``:
 
 - ``pipeline.train`` from ``on_train_begin`` to ``on_train_end``;
 - ``pipeline.epoch`` per epoch (``args.epoch``);
+- a ``dataloader.fetch`` span per optimizer step for the wait before it: the
+  trainer fetches (and collates) all of a step's micro-batches before
+  ``on_step_begin``, from the end of the previous step's bookkeeping (its
+  evaluation and checkpoint included) or the epoch's start;
 - a ``compute`` span per optimizer step (``on_step_begin`` → ``on_step_end``, so
   all gradient-accumulation micro-batches) with ``args.step`` (``global_step``)
   and ``args.epoch``, containing ``compute.forward`` (hooks on the model) and
   ``compute.backward`` (``backward()`` calls) per micro-batch, and ``compute.step``
-  (``on_pre_optimizer_step`` → ``on_optimizer_step``: exactly ``optimizer.step()``);
+  (``on_pre_optimizer_step`` → ``on_optimizer_step``: exactly ``optimizer.step()``),
+  all with the same ``args.step``: one optimizer step is one step of the summary;
 - ``pipeline.evaluate`` for each evaluation the trainer runs, with the model's
-  ``compute.forward`` spans inside;
-- ``checkpoint.capture`` for each checkpoint save (``args.path``, ``args.bytes``).
+  ``compute.forward`` spans inside (no ``args.step``: evaluation is no step);
+- ``checkpoint.capture`` for each checkpoint save (``args.path``, ``args.bytes``,
+  ``args.global_step``: a save runs between steps, so it carries no ``args.step``).
+
+In a distributed run the process's rank is taken from the trainer
+(``args.process_index``) at ``on_train_begin`` and written to the trace.
 
 Callbacks only hear about evaluation and saving afterwards (``on_evaluate``,
 ``on_save``), so those spans open when the trainer's control flags announce them
@@ -47,9 +56,10 @@ try:
 except ImportError:  # pragma: no cover - older layouts
     PREFIX_CHECKPOINT_DIR = "checkpoint"
 
+from ._core.engine import clock
 from ._core.tree import ai
 from ._hooks import OpenSpans, guarded
-from .torch import ComputeTracing
+from .torch import ComputeTracing, note_distributed_rank
 
 __all__ = ["TraceCallback"]
 
@@ -74,19 +84,25 @@ class TraceCallback(transformers.TrainerCallback):
         self._spans = OpenSpans()
         self._tracing: ComputeTracing | None = None
         self._epoch = 0
+        #: When the wait for the next step's batches began (None: not waiting).
+        self._fetch_from: int | None = None
 
     # -- helpers -------------------------------------------------------------------------
     def _after_step_or_epoch(self, args: Any, state: Any, control: Any) -> None:
         # What runs next (_maybe_log_save_evaluate) is announced by control's flags.
         if control.should_evaluate:
+            if self._tracing is not None:  # the evaluation's forwards are no step's
+                self._tracing.step = None
             self._spans.open("evaluate", ai.pipeline.evaluate, epoch=self._epoch,
                              step=int(state.global_step))
         elif control.should_save:
             self._open_save(args, state)
+        else:
+            self._fetch_from = clock()
 
     def _open_save(self, args: Any, state: Any) -> None:
         self._spans.open("save", ai.checkpoint.capture, epoch=self._epoch,
-                         step=int(state.global_step))
+                         global_step=int(state.global_step))
 
     def _stop_tracing(self) -> None:
         if self._tracing is not None:
@@ -103,10 +119,13 @@ class TraceCallback(transformers.TrainerCallback):
         if self.compute:
             self._tracing = ComputeTracing(model, None, step=False)
             self._tracing.step = int(state.global_step)
+        if getattr(args, "world_size", 1) > 1:
+            note_distributed_rank(getattr(args, "process_index", None))
 
     @guarded
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._stop_tracing()
+        self._fetch_from = None
         for key in ("optimizer", "step", "evaluate", "save", "epoch"):
             self._spans.close(key)
         self._spans.close("train")
@@ -116,9 +135,11 @@ class TraceCallback(transformers.TrainerCallback):
         # state.epoch is fractional progress (1.0 after the first epoch).
         self._epoch = int(math.floor((state.epoch or 0) + 1e-6))
         self._spans.open("epoch", ai.pipeline.epoch, epoch=self._epoch)
+        self._fetch_from = clock()
 
     @guarded
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._fetch_from = None  # the epoch ended: no batch was waited for
         self._spans.close("optimizer")
         self._spans.close("step")
         self._spans.close("epoch")
@@ -130,6 +151,9 @@ class TraceCallback(transformers.TrainerCallback):
         step = int(state.global_step)
         if self._tracing is not None:
             self._tracing.step = step
+        if self._fetch_from is not None:
+            ai.dataloader.fetch.record(self._fetch_from, clock(), {"epoch": self._epoch, "step": step})
+            self._fetch_from = None
         self._spans.open("step", ai.compute, epoch=self._epoch, step=step)
 
     @guarded
@@ -154,6 +178,8 @@ class TraceCallback(transformers.TrainerCallback):
                     **kwargs: Any) -> None:
         if self._spans.close("evaluate") and control.should_save:
             self._open_save(args, state)
+        elif not self._spans.is_open("save"):
+            self._fetch_from = clock()
 
     @guarded
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -168,3 +194,4 @@ class TraceCallback(transformers.TrainerCallback):
             self._open_save(args, state)
             extra["timing"] = "end only"
         self._spans.close("save", **extra)
+        self._fetch_from = clock()

@@ -27,7 +27,7 @@ from .state import STATE
 from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .registration import DrainerUnavailable
 from .config import RANK_MAX, Config, ConfigError, env_enable
-from .records import Encoder
+from .records import META, Encoder
 from .._version import __version__
 from .writer import FileSink, Patience, Writer
 
@@ -63,8 +63,23 @@ def _env_int(names: tuple[str, ...], strict: bool = False) -> int | None:
 
 
 def detect_rank(strict: bool = False) -> tuple[int | None, int | None]:
-    """(rank, local rank) from the launcher's environment, None when unknown."""
-    return _env_int(_RANK_VARS, strict), _env_int(_LOCAL_RANK_VARS)
+    """(rank, local rank) from the launcher's environment, None when unknown.
+
+    The global rank is the first of RANK, OMPI_COMM_WORLD_RANK, PMI_RANK and
+    SLURM_PROCID that is set. Launchers that set only the local rank (Lightning's,
+    which sets LOCAL_RANK, NODE_RANK and WORLD_SIZE) give it as
+    ``NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK``, or the local rank on node 0; the
+    rank torch.distributed gives once a process group exists is recorded later
+    (:meth:`Session.set_rank`)."""
+    rank, local = _env_int(_RANK_VARS, strict), _env_int(_LOCAL_RANK_VARS)
+    if rank is None and local is not None and os.environ.get("WORLD_SIZE"):
+        node = _env_int(("NODE_RANK", "GROUP_RANK"))
+        per_node = _env_int(("LOCAL_WORLD_SIZE",))
+        if not node:
+            rank = local
+        elif per_node:
+            rank = node * per_node + local
+    return rank, local
 
 
 def _clean(value: Any) -> Any:
@@ -146,6 +161,18 @@ class Session:
         #: Events lost to the storage (write failed, file deleted, shutdown gave up).
         self.events_lost = 0
         self._saved_env: dict[str, str | None] = {}
+
+    def set_rank(self, rank: int, source: str) -> None:
+        """The process's global rank, learned after ``initialize()`` (from
+        torch.distributed once a process group exists, or from a trainer): written
+        to the trace as a process-info record, which the analysis takes over a rank
+        the file name or header gave."""
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= RANK_MAX \
+                or rank == self.rank:
+            return
+        self.rank = rank
+        _engine.record_special(META, {"name": "PR", "args": {"hhash": self.hhash, "rank": rank,
+                                                     "rank_source": _clean(str(source))}})
 
     def _start_writer(self) -> Writer | _shm.ProcessWriter:
         if self.config.writer == "process":

@@ -123,6 +123,10 @@ def _name_workers(by_key: dict[tuple[str, int], Process]) -> None:
     for proc in by_key.values():
         ppid = _as_int(proc.info.get("ppid"))
         if ppid is not None and (proc.host, ppid) in by_key and ppid != proc.pid:
+            parent = by_key[(proc.host, ppid)]
+            if proc.rank is not None and proc.rank != parent.rank \
+                    and "dataloader.worker" not in proc.custom:
+                continue  # a rank a launcher started (Lightning's ranks are its children)
             children.setdefault((proc.host, ppid), []).append(proc)
     for key, kids in children.items():
         parent = by_key[key]

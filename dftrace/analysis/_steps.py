@@ -137,6 +137,7 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     """
     if not rows.height:
         return pl.DataFrame(schema=STEP_SCHEMA)
+    rows = with_epochs_of_their_steps(rows)
     cuts = {
         proc: np.sort(frame.get_column("start").to_numpy())
         for (proc,), frame in containers.partition_by("proc", as_dict=True).items()
@@ -153,6 +154,29 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     with ThreadPoolExecutor(min(os.cpu_count() or 1, 8, len(procs))) as pool:
         out = list(pool.map(one, procs))
     return pl.concat(out, how="vertical") if out else pl.DataFrame(schema=STEP_SCHEMA)
+
+
+def with_epochs_of_their_steps(rows: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` where a row without an epoch takes the epoch of its process's other rows
+    of the same step number, where they name exactly one.
+
+    A step is one step whatever args its spans carry: an integration's or a loop's
+    step span carries ``epoch`` and ``step`` while the forward, backward and optimizer
+    spans inside it carry ``step`` alone, and they are the same step. Where a step
+    number appears under several epochs (steps numbered from 0 in each epoch), a row
+    without an epoch is left as it is."""
+    epoch = rows.get_column("epoch")
+    missing = epoch.null_count()
+    if not missing or missing == rows.height:
+        return rows
+    keys = ["proc", "step"] if "proc" in rows.columns else ["step"]
+    known = (rows.lazy().filter(pl.col("epoch").is_not_null() & pl.col("step").is_not_null())
+             .group_by(keys).agg(pl.col("epoch").min().alias("_epoch"),
+                                 (pl.col("epoch").n_unique() == 1).alias("_one"))
+             .filter(pl.col("_one")).select(*keys, "_epoch"))
+    return (rows.lazy().join(known, on=keys, how="left", maintain_order="left")
+            .with_columns(pl.coalesce("epoch", "_epoch").cast(epoch.dtype).alias("epoch"))
+            .drop("_epoch").collect())
 
 
 def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFrame:

@@ -56,7 +56,7 @@ from .._core.tree import ai
 from ._data import (TracedCollate, TracedDataLoader, TracedDataset,
                           TracedIterableDataset, trace_collate, trace_dataloader,
                           trace_dataset)
-from ._dist import DistributedTracing, trace_ddp, trace_distributed
+from ._dist import DistributedTracing, note_distributed_rank, trace_ddp, trace_distributed
 from ._profiler import StepProfiler, profile_steps
 from .._hooks import call_in_span, guarded, warn_once
 from ._workers import WorkerInit, worker_init_fn
@@ -72,6 +72,7 @@ __all__ = [
     "TracedIterableDataset",
     "WorkerInit",
     "load",
+    "note_distributed_rank",
     "profile_steps",
     "save",
     "shapes",

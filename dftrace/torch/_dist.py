@@ -372,6 +372,26 @@ def _autograd_engine() -> Any:
     return torch.autograd.Variable._execution_engine
 
 
+def note_distributed_rank(rank: int | None = None) -> None:
+    """Write this process's global rank to the trace: ``rank``, or torch.distributed's
+    once a process group exists (launchers that set no ``RANK``, such as
+    Lightning's, leave it unknown until then). Nothing without a tracing session."""
+    from .._core.session import session
+
+    s = session()
+    if s is None:
+        return
+    source = "trainer"
+    if rank is None:
+        try:
+            if not (dist.is_available() and dist.is_initialized()):
+                return
+            rank, source = int(dist.get_rank()), "torch.distributed"
+        except Exception:
+            return
+    s.set_rank(rank, source)
+
+
 def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any = None) -> None:
     """Register a DistributedDataParallel communication hook that records a
     ``comm.all_reduce`` span (``args.bucket``, ``bytes``, ``group``, ``seq``,
@@ -383,6 +403,7 @@ def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any
     call it once, before the first backward."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+    note_distributed_rank()
     inner = hook if hook is not None else default_hooks.allreduce_hook
     node = ai.comm.all_reduce
     waits = _BackwardWait(node)

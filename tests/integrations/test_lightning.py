@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import statistics
+import time
 
 import pytest
 
 pl = pytest.importorskip("lightning.pytorch")
+pytest.importorskip("polars")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -14,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from dftrace import ai, testing  # noqa: E402
 from dftrace.format import validate_file  # noqa: E402
+from dftrace.analysis import summarize  # noqa: E402
 from dftrace.lightning import TraceCallback  # noqa: E402
 
 
@@ -91,7 +95,8 @@ def test_fit_maps_onto_the_tree(tmp_path):
     assert all(c["args"]["bytes"] > 0 for c in captures)
     last = captures[-1]["args"]  # ModelCheckpoint keeps only the newest file
     assert last["bytes"] == os.path.getsize(last["path"])
-    assert (last["epoch"], last["step"]) == (1, 4)
+    assert (last["epoch"], last["global_step"]) == (1, 4)
+    assert "step" not in last  # a checkpoint is written between steps: no step's work
     assert validate_file(result.paths[0]) == []
 
 
@@ -129,3 +134,42 @@ def test_test_predict_and_restart(tmp_path):
     for stage in tests:
         assert len([e for e in result.spans("forward") if spans[e["args"]["p_idx"]] is stage]) == 2
     assert validate_file(result.paths[0]) == []
+
+
+class StepClock(pl.Callback):
+    """Lightning's own clock: when each training batch began, and its optimizer step."""
+
+    def __init__(self):
+        self.starts = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.starts.append((trainer.current_epoch, trainer.global_step, time.perf_counter_ns()))
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_summary_counts_each_optimizer_step_once(tmp_path, accumulate):
+    """With gradient accumulation, validation and checkpoints on, the summary's steps are
+    Lightning's optimizer steps, its epochs Lightning's, its step p50 Lightning's own
+    step-start-to-step-start time."""
+    clock = StepClock()
+    g = torch.Generator().manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(48, 3, generator=g), torch.randn(48, 1, generator=g)), batch_size=2)
+    t = pl.Trainer(callbacks=[TraceCallback(), clock], logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, default_root_dir=str(tmp_path / "root"), max_epochs=2,
+                   accumulate_grad_batches=accumulate, num_sanity_val_steps=1)
+    with testing.trace_to(tmp_path / "trace") as result:
+        t.fit(Regressor(), data, loader())
+    per_epoch = 24 // accumulate
+    assert t.global_step == 2 * per_epoch
+    summary = summarize(result.paths)
+    assert sorted((s["epoch"], s["step"]) for s in summary.steps) == [
+        (k // per_epoch, k) for k in range(2 * per_epoch)]
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, per_epoch), (1, per_epoch)]
+    # Lightning's own step starts: the first batch of each optimizer step.
+    firsts = {}
+    for epoch, step, ns in clock.starts:
+        firsts.setdefault((epoch, step), ns)
+    ordered = sorted(firsts.items())
+    gaps = [(b - a) / 1000 for ((ea, _), a), ((eb, _), b) in zip(ordered, ordered[1:]) if ea == eb]
+    ours = statistics.median(s["median_us"] for s in summary.steps)
+    assert ours == pytest.approx(statistics.median(gaps), rel=0.05)

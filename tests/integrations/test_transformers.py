@@ -4,6 +4,8 @@ a config (no downloads), on CPU."""
 from __future__ import annotations
 
 import os
+import statistics
+import time
 
 import pytest
 
@@ -13,6 +15,7 @@ pytest.importorskip("accelerate")  # the Trainer needs it with PyTorch
 import torch  # noqa: E402
 
 from dftrace import testing  # noqa: E402
+from dftrace.analysis import summarize  # noqa: E402
 from dftrace.format import validate_file  # noqa: E402
 from dftrace.transformers import TraceCallback  # noqa: E402
 
@@ -31,15 +34,58 @@ def dataset(n):
              "attention_mask": torch.ones(8, dtype=torch.long), "labels": i % 2} for i in range(n)]
 
 
-def run(tmp_path, callback, **kw):
+def run(tmp_path, callback, *, samples=16, more_callbacks=(), **kw):
     kw.setdefault("num_train_epochs", 2)
+    kw.setdefault("per_device_train_batch_size", 4)
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
-        per_device_eval_batch_size=8, report_to=[], use_cpu=True, disable_tqdm=True,
-        logging_strategy="no", **kw)
-    trainer = transformers.Trainer(model=tiny_model(), args=args, train_dataset=dataset(16),
-                                   eval_dataset=dataset(8), callbacks=[callback])
+        output_dir=str(tmp_path / "out"), per_device_eval_batch_size=8, report_to=[],
+        use_cpu=True, disable_tqdm=True, logging_strategy="no", **kw)
+    trainer = transformers.Trainer(model=tiny_model(), args=args, train_dataset=dataset(samples),
+                                   eval_dataset=dataset(8), callbacks=[callback, *more_callbacks])
     trainer.train()
+    return trainer
+
+
+class StepClock(transformers.TrainerCallback):
+    """The trainer's own clock: when each optimizer step began, by epoch."""
+
+    def __init__(self):
+        self.starts = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.starts.append((int(state.epoch + 1e-6), time.perf_counter_ns()))
+
+
+def start_to_start_p50_us(starts):
+    """The median time from one step's start to the next within an epoch (µs)."""
+    gaps = [(b - a) / 1000 for (ea, a), (eb, b) in zip(starts, starts[1:]) if ea == eb]
+    return statistics.median(gaps)
+
+
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_summary_counts_each_optimizer_step_once(tmp_path, accumulation):
+    """With gradient accumulation, evaluation and checkpoints on, the summary's steps are the
+    trainer's optimizer steps, its epochs the trainer's, and its step p50 the trainer's own."""
+    clock = StepClock()
+    with testing.trace_to(tmp_path / "trace") as result:
+        trainer = run(tmp_path, TraceCallback(), samples=36, per_device_train_batch_size=1,
+                      gradient_accumulation_steps=accumulation, eval_strategy="epoch",
+                      save_strategy="epoch", more_callbacks=[clock])
+    optimizer_steps = trainer.state.global_step
+    assert optimizer_steps == 2 * 36 // accumulation == len(clock.starts)
+    summary = summarize(result.paths)
+    steps = summary.steps
+    assert len(steps) == optimizer_steps
+    assert sorted((s["epoch"], s["step"]) for s in steps) == [
+        (e, k) for e, k in ((0 if k < optimizer_steps // 2 else 1, k) for k in range(optimizer_steps))]
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, optimizer_steps // 2),
+                                                                   (1, optimizer_steps // 2)]
+    ours = statistics.median(s["median_us"] for s in steps)
+    truth = start_to_start_p50_us(clock.starts)
+    assert ours == pytest.approx(truth, rel=0.05)
+    # The batches' wait is part of each step: one fetch a step, inside no step span.
+    fetches = result.spans("fetch", "dataloader")
+    assert [f["args"]["step"] for f in fetches] == list(range(optimizer_steps))
 
 
 def by_id(result):
@@ -69,6 +115,7 @@ def test_train_maps_onto_the_tree(tmp_path):
     assert [e["args"]["step"] for e in evals] == [2, 4]
     eval_forwards = [e for e in result.spans("forward") if spans[e["args"]["p_idx"]]["name"] == "evaluate"]
     assert len(eval_forwards) == 2 and not any(e["args"]["training"] for e in eval_forwards)
+    assert not any("step" in e["args"] for e in eval_forwards)  # evaluation is no step
     saves = result.spans("capture", "checkpoint")
     assert [os.path.basename(s["args"]["path"]) for s in saves] == ["checkpoint-2", "checkpoint-4"]
     assert all(s["args"]["bytes"] > 0 for s in saves)
@@ -86,7 +133,8 @@ def test_step_strategy_evaluates_inside_the_epoch(tmp_path):
     evals = result.spans("evaluate", "pipeline")
     saves = result.spans("capture", "checkpoint")
     assert [e["args"]["step"] for e in evals] == [2, 4]
-    assert [s["args"]["step"] for s in saves] == [2, 4]
+    assert [s["args"]["global_step"] for s in saves] == [2, 4]
+    assert not any("step" in s["args"] for s in saves)  # a save is no step's work
     assert {spans[e["args"]["p_idx"]]["name"] for e in evals + saves} == {"epoch"}
     assert validate_file(result.paths[0]) == []
 

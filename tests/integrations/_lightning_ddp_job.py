@@ -1,0 +1,78 @@
+"""A Lightning DDP job on CPU (2 processes, gloo) traced with dftrace's callback.
+
+    python _lightning_ddp_job.py TRACE_DIR TRUTH_DIR SLOW_RANK
+
+Lightning's launcher runs this script again for rank 1 (LOCAL_RANK=1, no RANK). The
+rank ``SLOW_RANK`` (-1: none) sleeps ``SLOW_S`` in ``training_step`` on every
+``SLOW_EVERY``-th batch; each rank writes what it slept and its own step starts
+(``on_train_batch_start``, monotonic clock) to ``TRUTH_DIR/truth-<rank>.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import dftrace
+from dftrace.lightning import TraceCallback
+
+BATCHES, EPOCHS, SLOW_S, SLOW_EVERY = 8, 2, 0.030, 4
+
+
+class Model(pl.LightningModule):
+    def __init__(self, slow_rank: int):
+        super().__init__()
+        # Three layers of some size: DDP gets more than one gradient bucket.
+        self.net = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                                 nn.Linear(512, 1))
+        self.slow_rank = slow_rank
+        self.slept_s = 0.0
+        self.slow_steps: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == self.slow_rank and batch_idx % SLOW_EVERY == 1:
+            t0 = time.perf_counter()
+            time.sleep(SLOW_S)
+            self.slept_s += time.perf_counter() - t0
+            self.slow_steps.append(int(self.trainer.global_step))
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Clock(pl.Callback):
+    def __init__(self):
+        self.starts: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.starts.append(time.monotonic_ns())
+
+
+def main() -> None:
+    out, truth, slow_rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    dftrace.initialize(log_file=os.path.join(out, "run"))
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(BATCHES * 2 * 4, 64, generator=g), torch.randn(BATCHES * 2 * 4, 1, generator=g))
+    model, clock = Model(slow_rank), Clock()
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=EPOCHS,
+                         callbacks=[TraceCallback(), clock], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False,
+                         default_root_dir=os.path.join(truth, "root"))
+    trainer.fit(model, DataLoader(data, batch_size=4))
+    with open(os.path.join(truth, f"truth-{trainer.global_rank}.json"), "w") as f:
+        json.dump({"rank": trainer.global_rank, "pid": os.getpid(), "slept_s": model.slept_s,
+                   "slow_steps": model.slow_steps, "steps": int(trainer.global_step),
+                   "starts_ns": clock.starts}, f)
+
+
+if __name__ == "__main__":
+    main()
