@@ -6,10 +6,44 @@ import os
 from glob import glob
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+#: Installed beside the package: each interpreter start of the environment runs it, so
+#: that DFTRACE_ENABLE=1 traces a program that never imports dftrace (dftrace/_startup.py).
+PTH = "dftrace-autostart.pth"
+PTH_LINE = ('import os; os.environ.get("DFTRACE_ENABLE", "").strip().lower() not in ("", "0", "false", "no", "off") '
+            'and __import__("dftrace._startup").__dict__["_startup"].start()\n')
+
+
+class BuildPyWithStartup(build_py):
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, PTH)
+        with open(target, "w") as f:
+            f.write(PTH_LINE)
+
+    def get_outputs(self, include_bytecode=True):
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
+
+
+commands = {"build_py": BuildPyWithStartup}
+try:  # pip install -e: the editable wheel gets the file too
+    from setuptools.command.editable_wheel import editable_wheel
+
+    class EditableWheelWithStartup(editable_wheel):
+        def _install_namespaces(self, installation_dir, pth_prefix):
+            super()._install_namespaces(installation_dir, pth_prefix)
+            with open(os.path.join(installation_dir, PTH), "w") as f:
+                f.write(PTH_LINE)
+
+    if hasattr(editable_wheel, "_install_namespaces"):
+        commands["editable_wheel"] = EditableWheelWithStartup
+except ImportError:
+    pass
 
 required = os.environ.get("DFTRACE_REQUIRE_SPEEDUPS", "").strip() not in ("", "0")
 
-setup(ext_modules=[
+setup(cmdclass=commands, ext_modules=[
     # The recording engine, one module in units (dftrace/_core/engine_c/engine.h maps them):
     # records, span styles, encoder, writer loop, shared-memory ring.
     Extension("dftrace._core._speedups", sorted(glob("dftrace/_core/engine_c/*.c")),

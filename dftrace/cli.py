@@ -185,8 +185,11 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     if problem is not None:
         print(f"dftrace run: {problem}", file=sys.stderr)
         return 2
+    options = _trace_kwargs(ns)
+    if "auto" not in options and not os.environ.get("DFTRACE_AUTO", "").strip():
+        options["auto"] = True  # a program without annotations gets a trace too
     try:
-        dftrace.initialize(**_trace_kwargs(ns))
+        session = dftrace.initialize(**options)
     except ConfigError as exc:
         print(f"dftrace run: {exc}", file=sys.stderr)
         return 2
@@ -214,7 +217,43 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     finally:
         sys.argv = old_argv
         dftrace.finalize()
+        if session is not None:
+            _say_where_the_trace_went(session)
     return code
+
+
+def _say_where_the_trace_went(session: Any) -> None:
+    """After ``run``: the files written and the command to read them (on stderr: the
+    program's own output stays its own), or that nothing was recorded."""
+    from ._trace_reading import iter_line_pieces
+
+    paths = [p for p in session.paths if os.path.exists(p)]
+    recorded = False
+    for p in paths:  # a span among the first lines is enough: a long run's file is not read
+        try:
+            seen = 0
+            for piece in iter_line_pieces(p):
+                if b'"ph":"X"' in piece.data:
+                    recorded = True
+                seen += len(piece.data)
+                if recorded or seen > 1 << 22:
+                    break
+        except Exception:
+            recorded = True  # unreadable now (still being written): say where it is
+        if recorded:
+            break
+    directory = os.path.dirname(session.prefix) or "."
+    relative = os.path.relpath(directory)
+    shown = directory if relative.startswith("..") else relative
+    files = ", ".join(p if relative.startswith("..") else os.path.relpath(p) for p in paths) or "(none)"
+    if not recorded:
+        print(f"dftrace run: nothing was recorded: no annotated code ran and no PyTorch work was seen "
+              f"(files: {files}); annotate your loop with ai.* (see the README) or check that the "
+              "script trains", file=sys.stderr)
+        return
+    print(f"dftrace run: trace written to {files}\n"
+          f"  next: dftrace summary {shown}   (or open the file in https://ui.perfetto.dev)",
+          file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:

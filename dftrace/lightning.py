@@ -135,6 +135,7 @@ class TraceCallback(pl.Callback):
         #: When the wait for the next training batch began (None: not waiting).
         self._fetch_from: int | None = None
         self._ddp_traced: Any = None
+        self._standing_down = False
 
     def _position(self, step_key: str = "step") -> dict[str, Any]:
         t = self._trainer
@@ -144,6 +145,15 @@ class TraceCallback(pl.Callback):
             return {"epoch": int(t.current_epoch), step_key: int(t.global_step)}
         except Exception:
             return {}
+
+    def _stand_down(self, on: bool) -> None:
+        """While a fit runs, automatic tracing (``auto=True``) records nothing: this
+        callback records the same."""
+        if on != self._standing_down:
+            from .torch import _auto
+
+            _auto.standing_down(+1 if on else -1)
+            self._standing_down = on
 
     def _trace_ddp(self, trainer: Any) -> None:
         """Rank and gradient buckets of a DistributedDataParallel run."""
@@ -185,12 +195,14 @@ class TraceCallback(pl.Callback):
     @guarded
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._trainer = trainer
+        self._stand_down(True)
         self._trace_ddp(trainer)
         self._spans.open("fit", ai.pipeline.train)
 
     @guarded
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._fetch_from = None
+        self._stand_down(False)
         self._spans.close("fit")
 
     @guarded
@@ -320,5 +332,6 @@ class TraceCallback(pl.Callback):
     @guarded
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._fetch_from = None
+        self._stand_down(False)
         self._spans.close_all(error=type(exception).__name__)
         self._undo_io()

@@ -231,6 +231,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_open_spans", "DFTRACE_MAX_OPEN_SPANS", 100_000, _int_range(16, 1 << 27),
            "Most spans opened with start() and not yet stopped; further start() calls record "
            "nothing, warn once and are counted in a dropped line (reason open spans)."),
+    Option("auto", "DFTRACE_AUTO", False, _bool,
+           "Trace what a PyTorch program does without annotations: DataLoader fetches, the "
+           "outermost module's forward, backward and optimizer steps numbered by optimizer "
+           "step, epochs, collectives, DDP's gradient buckets and the rank; Hugging Face and "
+           "Lightning trainers get their callbacks. What you annotate yourself is not "
+           "recorded twice. On by default with dftrace run and DFTRACE_ENABLE=1."),
     Option("nvtx", "DFTRACE_NVTX", False, _bool,
            "Every span also opens an NVTX range named <cat>.<name>, so Nsight Systems shows "
            "the ai tree above the CUDA kernels (needs pip install 'dftrace[nvtx]')."),

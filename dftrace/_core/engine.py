@@ -274,12 +274,27 @@ def current_stack() -> Stack:
     return stk
 
 
-def _unwind(stk: Stack, i: int) -> None:
-    """Remove span ``i`` and anything left above it (spans that never closed)."""
+def _unwind(stk: Stack, i: int, t: int | None = None) -> None:
+    """Remove span ``i`` and anything left above it (spans that never closed), as span
+    ``i`` ends at ``t``: the loop bodies of ``.iter()`` loops among them (an exception
+    or a signal left their generators suspended) are written then, incomplete
+    (:data:`UNWOUND_BLOCKS` closes them)."""
     try:
-        del stk[stk.index(i):]
+        at = stk.index(i)
     except ValueError:
-        pass
+        return
+    above = stk[at + 1:]
+    del stk[at:]
+    if above and UNWOUND_BLOCKS is not None:
+        try:
+            UNWOUND_BLOCKS(above, clock() if t is None else t)
+        except Exception:
+            pass
+
+
+#: ``(ids, t)``: close the ``.iter()`` loop bodies among span ids ``ids`` (just
+#: unwound from their stack) at ``t``, incomplete; set by the iterators module.
+UNWOUND_BLOCKS: Any = None
 
 
 def _sticky(node: Any) -> Extra | None:
@@ -355,7 +370,7 @@ def close_span(stk: Stack, s: OpenSpan, t1: int, x: Any = None,
         if stk and stk[-1] == i:
             stk.pop()
         else:
-            _unwind(stk, i)
+            _unwind(stk, i, t1)
     elif not _nests(stk, p, lvl):
         stk, p, lvl = _side_stack(stk), 0, 1
     if not recorded:

@@ -92,37 +92,26 @@ class _Block:
 _OPEN_BLOCKS: dict[int, _Block] = {}
 
 
-async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
-    """``.aiter()``: the ``async for`` twin of :func:`iterate`."""
-    node = obj._node
-    extra = obj._extra
-    ikid, bkid = node._ikid, node._bkid
-    it = aiterable.__aiter__()
-    count = 0
-    while True:
-        if not gate._on:
-            try:
-                item = await it.__anext__()
-            except StopAsyncIteration:
-                return
-            count += 1
-            yield item
-            continue
-        stk = resolve()
-        s = open_span(stk, node, ikid, pairs=False)
-        try:
-            item = await it.__anext__()
-        except StopAsyncIteration:
-            close_span(stk, s, 0, recorded=False)  # the end: no .iter span
-            return
-        except BaseException as e:
-            close_span(stk, s, clock(), extra, e)
-            raise
-        t1 = clock()
-        count += 1
-        close_span(stk, s, t1, extra, count=count)
-        block = open_span(stk, node, bkid, extra=extra, pairs=False, t0=t1)
-        try:
-            yield item
-        finally:
-            close_span(stk, block, clock(), extra, count=count)
+def close_open_blocks(t: int, ids: list[int] | None = None) -> int:
+    """Write the loop-body spans of ``.iter()`` loops still suspended (an exception or
+    a signal inside the loop leaves its generator holding them), flagged incomplete,
+    ending at ``t``, innermost first: all of them (at finalize), or those with an id
+    in ``ids`` (unwound from their stack by a span that enclosed them). How many."""
+    n = speedups.close_open_blocks(t, ids) if speedups is not None else 0
+    for i in sorted(_OPEN_BLOCKS if ids is None else (i for i in ids if i in _OPEN_BLOCKS), reverse=True):
+        block = _OPEN_BLOCKS.pop(i, None)  # ids grow: the newest is innermost
+        if block is not None:
+            close_span(block.stk, block.span, t, block.span.extra, count=block.count, incomplete=True)
+            n += 1
+    return n
+
+
+_engine.UNWOUND_BLOCKS = lambda ids, t: close_open_blocks(t, ids)
+
+
+def open_block_kinds() -> dict[int, int]:
+    """{span id: kind id} of the ``.iter()`` loop-body spans open now."""
+    kinds = dict(speedups.open_block_kinds()) if speedups is not None else {}
+    for i, block in list(_OPEN_BLOCKS.items()):
+        kinds[i] = block.span.kid
+    return kinds

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from . import tree as _tree
-from . import buffer as _buffer, engine as _engine
+from . import buffer as _buffer, engine as _engine, iterators as _iterators
 from .state import STATE
 from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .registration import DrainerUnavailable
@@ -416,6 +416,8 @@ def initialize(**options: Any) -> Session | None:
             # interpreter exits (an import on the writer's thread then makes a
             # KeyboardInterrupt exit with status 1 instead of dying of SIGINT).
             s.sink.header()
+            if config.auto:
+                _trace_automatically()
             _tree.set_off_for_good(False)
             _tree.set_max_arg_length(config.max_arg_length)
             STATE.set_limits(config.batch_size, config.buffer_limit, config.on_full == "drop")
@@ -438,6 +440,19 @@ def initialize(**options: Any) -> Session | None:
             _busy -= 1
     _signals.redeliver_pending()
     return s
+
+
+def _trace_automatically() -> None:
+    """``auto=True``: the hooks of ``dftrace.torch._auto`` once torch is imported (now,
+    if it is)."""
+    from .._after_import import when_imported
+
+    def install(_torch: Any) -> None:
+        from ..torch import _auto
+
+        _auto.install()
+
+    when_imported("torch", install)
 
 
 def _nvtx_ready(config: Config, asked: bool) -> bool:
@@ -495,6 +510,9 @@ def finalize(target: Session | None = None) -> None:
         deadline = time.monotonic() + s.config.shutdown_timeout
         try:
             _engine.close_all_open()
+            # Loops still suspended (a signal or an exit inside a for loop leaves its
+            # generator holding the loop body's span): their bodies, incomplete.
+            _iterators.close_open_blocks(_engine.clock())
             _engine.use_nvtx(False)
             _session = None
             _set_gate()
@@ -765,7 +783,9 @@ def autostart() -> None:
         if enable is False:
             _tree.set_off_for_good(True)
         elif enable:
-            initialize()
+            # Tracing switched on from outside: what a program does without
+            # annotations is traced too, unless DFTRACE_AUTO says otherwise.
+            initialize(**({} if os.environ.get("DFTRACE_AUTO", "").strip() else {"auto": True}))
     except BaseException as exc:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise

@@ -127,7 +127,19 @@ def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
     except Exception:
         pass
     wrapper.__dftrace_node__ = obj._node  # type: ignore[attr-defined]
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        DECORATED_CODE[code] = obj._node.cat
     return wrapper
+
+
+#: The iterables given to ``.iter()``: automatic tracing leaves their iteration to it.
+ITERATED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+#: The code of each function decorated with a node -> the node's category: what
+#: automatic tracing looks for among the frames of a call, so that a function you
+#: annotated is not recorded twice.
+DECORATED_CODE: dict[Any, str] = {}
 
 
 # With the C engine, ``Span.stop`` and the nodes' ``__call__``, ``__enter__``/
@@ -244,6 +256,10 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         gate = self._gate()
         if _off_for_good or gate is None or not gate._on:
             return iter(iterable)
+        try:
+            ITERATED.add(iterable)
+        except TypeError:  # no weak references to it
+            pass
         return _iterators.iterate(self, gate, iterable)
 
     def aiter(self, aiterable: Any) -> Any:

@@ -594,6 +594,10 @@ def _row(figure: _Figure, per_step: tuple[int, int], threshold: float,
          interval: tuple[float, float] | None, noise: str, machine: float) -> DiffRow:
     b, n = figure.base, figure.new
     change = (n - b) if b is not None and n is not None else None
+    if change is not None and change * (change - machine) < 0:
+        # What the machine's speed (or the names' moves) explains never turns a change
+        # into one of the other sign: a figure that fell did not get worse.
+        machine = change
     relative = change / b if change is not None and b else None
     excess = (change - machine) / b if change is not None and b else None
     if b is None or n is None:

@@ -98,8 +98,10 @@ def _overview(summary: Summary) -> list[str]:
 def findings(summary: Summary) -> list[str]:
     """The first things to know, in words: separate runs, the straggler."""
     lines = []
-    if summary.runs:
-        lines.append(f"these files are from {len(summary.runs)} separate runs, not one: "
+    lines.extend(resumed_lines(summary.runs))
+    separate = sum(not r.get("resumed") for r in summary.runs)
+    if separate > 1:
+        lines.append(f"these files are from {separate} separate runs, not one: "
                      "each run's steps are timed from its own start (see Runs)")
     lines.extend(straggler_lines(summary))
     return lines
@@ -125,7 +127,11 @@ def straggler_lines(summary: Summary) -> list[str]:
         detail = (f"last in {worst['last_steps']} of {stats['steps']} steps, median lead "
                   f"{format_us(worst['median_lead_us'])}")
     else:
-        detail = f"each beyond 5x its step-to-step noise of {format_us(worst.get('noise_us'))}"
+        noise, beyond = worst.get("noise_us"), worst.get("beyond_us")
+        if noise is None or beyond is None or beyond >= 5 * noise:
+            detail = f"each beyond 5x its step-to-step noise of {format_us(noise)}"
+        else:
+            detail = f"each beyond {format_us(beyond)}: the run's usual lead of the last rank plus 5x its spread"
     detail += f"; last to arrive in {worst['last_arrivals']} of {stats.get('matched', 0)} collectives"
     if others and worst["compute_us_per_step"] is not None:
         median = sorted(others)[(len(others) - 1) // 2]
@@ -134,18 +140,56 @@ def straggler_lines(summary: Summary) -> list[str]:
     return [line, f"  {detail}"]
 
 
+def resumed_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """"rank 0 ran twice (resumed at step 32)" for each rank a job started again."""
+    times: dict[int, int] = {}
+    for r in runs:
+        for rank in r["ranks"]:
+            times[rank] = times.get(rank, 0) + 1
+    lines = []
+    for r in runs:
+        if not r.get("resumed"):
+            continue
+        at = r.get("resumed_at") or {}
+        where = f"step {at['step']}" if at.get("step") is not None else "its start"
+        again = [rank for rank in r["ranks"] if times.get(rank, 0) > 1]
+        if not again:
+            continue
+        count = times[again[0]]
+        said = "twice" if count == 2 else f"{count} times"
+        who = f"rank {again[0]}" if len(again) == 1 else f"ranks {_span_list(again)}"
+        lines.append(f"{who} ran {said} (resumed at {where}): each step is timed in the run that ran it, "
+                     "a step run again counted each time")
+    return lines
+
+
+def _span_list(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2 \
+        else ", ".join(map(str, ranks))
+
+
 def _runs(summary: Summary) -> list[str]:
     if not summary.runs:
         return []
     rows = [
         (i + 1, len(r["procs"]), ", ".join(map(str, r["ranks"])) or "-", ", ".join(r["hosts"]) or "-",
-         format_us(r["wall_us"]), (r["commands"][0][:60] if r["commands"] else "-"))
+         format_us(r["wall_us"]), _resumed_at(r), (r["commands"][0][:60] if r["commands"] else "-"))
         for i, r in enumerate(summary.runs)
     ]
-    return ["Runs (processes far apart in time: analyse each run's files on their own)"] + _table(
-        ("run", "processes", "ranks", "hosts", "wall time", "command"), rows,
-        (True, True, False, False, True, False),
+    return ["Runs (a job started again, or processes far apart in time: analyse separate runs' files "
+            "on their own)"] + _table(
+        ("run", "processes", "ranks", "hosts", "wall time", "resumed at", "command"), rows,
+        (True, True, False, False, True, False, False),
     )
+
+
+def _resumed_at(run: dict[str, Any]) -> str:
+    if not run.get("resumed"):
+        return "-"
+    at = run.get("resumed_at") or {}
+    if at.get("step") is None:
+        return "start"
+    return f"epoch {at['epoch']} step {at['step']}" if at.get("epoch") is not None else f"step {at['step']}"
 
 
 def _broken(summary: Summary) -> list[str]:
@@ -263,7 +307,8 @@ def _stragglers(summary: Summary, top: int) -> list[str]:
         return []
     stats = summary.collectives
     lines = [f"Stragglers (blocked time per step compared across ranks: a step is held back by its last rank "
-             f"when its lead is beyond 5x its noise, or, for a rank last in most steps, beyond 2% of the "
+             f"when its lead is beyond 5x its noise (or 5 spreads past the run's usual lead of the last "
+             f"rank), or, for a rank last in most steps, beyond 2% of the "
              f"step; {stats.get('matched', 0)} collectives matched)"]
     rows = [
         (r["unit"], r["host"] or "-", r["last_arrivals"], format_us(r["caused_wait_us"]),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -265,15 +266,19 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None,
     blocked_us = (pl.col("blocked_us").fill_null(0)
                   + pl.Series(time_in_steps(combined.blocked, procs, steps_by_unit))).alias("blocked_us")
     steps_by_unit = steps_by_unit.select("unit", "unit_order", "epoch", "step", "start", "dur", blocked_us)
-    steps = _steps(steps_by_unit)
+    # Ranks are compared step by step on each rank's last run of the step: a step a
+    # resumed job ran again is one step of the job, not another rank.
+    compared = _last_run_of_each_step(steps_by_unit, procs, runs)
+    steps = _steps(compared)
     stragglers, collectives = analyse(
-        match_collectives(combined.collectives, procs), steps_by_unit,
-        steps_by_unit.select("unit", "epoch", "step", pl.col("blocked_us").alias("us")), compute, units
+        match_collectives(combined.collectives, procs), compared,
+        compared.select("unit", "epoch", "step", pl.col("blocked_us").alias("us")), compute, units
     )
     limit = RANK_STEPS_LIMIT if rank_steps_limit is None else rank_steps_limit
     rank_steps, sampled = _rank_steps(steps_by_unit, steps.select("epoch", "step"), runs, procs, limit)
-    step_stats, imbalance = _step_stats(steps_by_unit), _imbalance(steps_by_unit, steps)
-    del steps_by_unit
+    step_stats, imbalance = _step_stats(steps_by_unit), _imbalance(compared, steps)
+    _say_where_resumed(runs, procs, steps_by_unit)
+    del steps_by_unit, compared
     return Summary(
         overview=_overview(combined, procs, runs),
         files=[_file_dict(f) for f in combined.files],
@@ -331,9 +336,14 @@ def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]
     extents = combined.extents
     start = extents.get_column("start").min() if extents.height else None
     end = extents.get_column("end").max() if extents.height else None
-    if runs:  # files of separate runs: the longest run's time, never the gap between them
-        longest = max(runs, key=lambda r: r["wall_us"])
-        start, end = longest["start_us"], longest["end_us"]
+    if runs:  # files of separate runs: the longest job's time, never the gap between them
+        jobs: list[list[int]] = []
+        for run in runs:  # a resumed run goes on the job of the run before it
+            if run.get("resumed") and jobs:
+                jobs[-1] = [min(jobs[-1][0], run["start_us"]), max(jobs[-1][1], run["end_us"])]
+            else:
+                jobs.append([run["start_us"], run["end_us"]])
+        start, end = max(jobs, key=lambda job: job[1] - job[0])
     phases = dict(combined.phases.sort("ph").iter_rows())
     return {
         "files": len(combined.files),
@@ -512,22 +522,40 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     files = combined.file_extents.sort("start")
     if files.height < 2:
         return []
+    info = combined.resolution.processes
+    rank_of = _launched_ranks(info)
     groups: list[list[tuple[str, int, int, str]]] = []
+    resumed: list[list[int]] = []
     reach = None
+    #: rank -> (pid, end) of the process that ran it in the current run
+    ranks_here: dict[int, tuple[int, int]] = {}
     for path, start, end, command in files.iter_rows():
+        owner = rank_of.get(path)
         if reach is None or start > reach + RUN_GAP_US:
             groups.append([])
+            resumed.append([])
+            ranks_here = {}
             reach = end
+        elif owner is not None and owner[0] in ranks_here and ranks_here[owner[0]][0] != owner[1] \
+                and ranks_here[owner[0]][1] <= start:
+            # A rank run again by another process after the first ended: the job was
+            # started again (torchrun's restarts, a requeued job resuming).
+            groups.append([])
+            resumed.append([owner[0]])
+            ranks_here = {}
         groups[-1].append((path, start, end, command))
+        if owner is not None:
+            before = ranks_here.get(owner[0])
+            ranks_here[owner[0]] = (owner[1], max(end, before[1]) if before and before[0] == owner[1] else end)
         reach = max(reach, end)
     if len(groups) < 2:
         return []
-    info = combined.resolution.processes
     runs = []
-    for members in groups:
+    for members, again in zip(groups, resumed):
         paths = {m[0] for m in members}
         run_procs = [i for i, p in enumerate(info) if paths & set(p.files)]
         runs.append({
+            "resumed": bool(again),
             "files": sorted(paths),
             "procs": run_procs,
             "ranks": sorted({info[p].rank for p in run_procs if info[p].rank is not None}),
@@ -538,6 +566,48 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
             "wall_us": max(m[2] for m in members) - min(m[1] for m in members),
         })
     return runs
+
+
+def _last_run_of_each_step(by_unit: pl.DataFrame, procs: pl.DataFrame,
+                           runs: list[dict[str, Any]]) -> pl.DataFrame:
+    """``by_unit`` with each (rank, host, epoch, step) that the runs of one resumed job
+    ran more than once kept from the last run only (separate runs keep theirs)."""
+    if not any(r.get("resumed") for r in runs):
+        return by_unit
+    job_of, job = {}, -1
+    for i, run in enumerate(runs):
+        job += 0 if run.get("resumed") else 1
+        job_of[i] = max(job, 0)
+    units = (procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host", "run").unique("unit")
+             .with_columns(pl.col("run").replace_strict(job_of, default=0, return_dtype=pl.Int64).alias("job")))
+    return (by_unit.join(units, on="unit", how="left").sort("run", maintain_order=True)
+            .unique(["job", "rank", "host", "epoch", "step"], keep="last", maintain_order=True)
+            .sort(["unit_order", "start"], nulls_last=True).select(by_unit.columns))
+
+
+def _say_where_resumed(runs: list[dict[str, Any]], procs: pl.DataFrame, by_unit: pl.DataFrame) -> None:
+    """Each resumed run gets ``resumed_at``: the (epoch, step) its first step ran."""
+    units = procs.filter(pl.col("unit").is_not_null()).select("unit", "run").unique("unit")
+    first = (by_unit.join(units, on="unit", how="inner").filter(pl.col("step").is_not_null())
+             .sort("start").group_by("run", maintain_order=True).first())
+    at = {run: {"epoch": epoch, "step": step} for run, epoch, step in first.select("run", "epoch", "step").iter_rows()}
+    for i, run in enumerate(runs):
+        if run.get("resumed"):
+            run["resumed_at"] = at.get(i)
+
+
+def _launched_ranks(info: Sequence[Any]) -> dict[str, tuple[int, int]]:
+    """file -> (rank, pid) of the process it holds, for processes with a rank that no
+    other traced process started (not a DataLoader worker, which shares its parent's)."""
+    pids = {(p.host, p.pid) for p in info}
+    out: dict[str, tuple[int, int]] = {}
+    for p in info:
+        ppid = p.info.get("ppid")
+        if p.rank is None or (isinstance(ppid, int) and ppid != p.pid and (p.host, ppid) in pids):
+            continue
+        for path in p.files:
+            out.setdefault(path, (p.rank, p.pid))
+    return out
 
 
 #: Files whose times are further apart than this are of separate runs.

@@ -190,8 +190,10 @@ def _traced_backward(*args: Any, **kwargs: Any) -> Any:
     users = _backward_users
     if not users or not _BACKWARD.enabled:
         return _original_backward(*args, **kwargs)
-    return call_in_span(_BACKWARD, _original_backward, args, kwargs,
-                        args=users[-1]._backward_args())
+    span_args = users[-1]._backward_args()
+    if span_args is False:  # recorded already (automatic tracing inside your own span)
+        return _original_backward(*args, **kwargs)
+    return call_in_span(_BACKWARD, _original_backward, args, kwargs, args=span_args)
 
 
 def _install_backward(user: ComputeTracing) -> None:
@@ -250,6 +252,9 @@ class ComputeTracing:
         if backward:
             _install_backward(self)
             self._backward = True
+        from . import _auto
+
+        _auto.standing_down(+1)  # this model's compute is recorded here, not by auto=True
 
     def _backward_args(self) -> dict[str, Any] | None:
         s = self._own_step(_BACKWARD)
@@ -317,6 +322,9 @@ class ComputeTracing:
             _uninstall_backward(self)
         self._forward.close_all()
         self._steps.close_all()
+        from . import _auto
+
+        _auto.standing_down(-1)
 
     def __enter__(self) -> ComputeTracing:
         return self

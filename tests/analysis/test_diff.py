@@ -198,3 +198,34 @@ def test_compare_runs_from_python(runs):
     assert diff.row("compute.backward.mean").change == SLOWER_BACKWARD_US
     assert diff.regression("step.p50", 0.10) is not None
     assert diff.regression("compute.forward.mean", 0.0) is None
+
+
+def _recorded_run(directory: Path, ms: dict[str, float], steps: int = 64) -> None:
+    """One process whose steps are fetch, forward, backward and optimizer spans of
+    the given lengths (ms, with a little spread), recorded at made-up times."""
+    from dftrace import ai, testing
+
+    nodes = {"fetch": ai.dataloader.fetch, "forward": ai.compute.forward,
+             "backward": ai.compute.backward, "step": ai.compute.step}
+    with testing.trace_to(directory):
+        t = 1_000_000_000
+        for k in range(steps):
+            for name, node in nodes.items():
+                dur = int(ms[name] * 1e6 * (1 + 0.03 * ((k * 7 + len(name)) % 5 - 2) / 2))
+                node.record(t, t + dur, {"step": k})
+                t += dur + 20_000
+
+
+def test_a_faster_run_is_never_called_worse(tmp_path):
+    """NEW's step is 39% shorter (every name but forward took half as long): no step
+    figure is flagged as worse and no regression is found, though forward's share of
+    the step grew against the rest of it."""
+    base, new = tmp_path / "base", tmp_path / "new"
+    _recorded_run(base, {"fetch": 0.5, "forward": 1.0, "backward": 2.0, "step": 1.0})
+    _recorded_run(new, {"fetch": 0.25, "forward": 1.0, "backward": 1.0, "step": 0.5})
+    diff = compare_runs(str(base), str(new))
+    p50 = diff.row("step.p50")
+    assert p50.change < 0 and p50.relative < -0.3
+    for metric in ("step.p50", "step.p95", "step.mean"):
+        assert diff.regression(metric, 0.05) is None, diff.regression(metric, 0.05)
+    assert not any(r.flagged and r.section == "steps" and r.change > 0 for r in diff.rows)

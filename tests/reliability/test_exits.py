@@ -61,6 +61,36 @@ def test_fatal_signal_completes_the_file_and_still_kills(tmp_path, mode, sig):
     assert epoch["args"]["incomplete"] is True
 
 
+@pytest.mark.parametrize("mode", ["sigterm-in-loops", "raise-in-loops"])
+def test_loops_open_at_the_end_are_written_incomplete(tmp_path, mode):
+    """A SIGTERM or an exception inside two .iter() loops: the loop bodies it caught
+    open (epoch 1, batch 2) are in the file, flagged incomplete, nested in the span
+    that enclosed them and ending with it; the status is what it would be untraced."""
+    if mode == "sigterm-in-loops":
+        code, err = _signal_run(tmp_path, mode, signal.SIGTERM)
+        assert code == -signal.SIGTERM, err
+    else:
+        out = run([ENDS, mode, str(tmp_path)])
+        assert out.returncode == 1 and "RuntimeError: boom" in out.stderr, out.stderr
+    assert_valid(files(tmp_path))  # nesting included
+    events = _events(tmp_path)
+    (train,) = spans(events, "train")
+    if mode == "sigterm-in-loops":
+        assert train["args"]["incomplete"] is True
+    else:
+        assert train["args"]["error"] == "RuntimeError"
+    # The loop bodies the end caught: epoch 1 (the second) and its third batch.
+    last_epoch, last_fetch = spans(events, "epoch.block")[-1], spans(events, "fetch.block")[-1]
+    assert (last_epoch["args"]["count"], last_fetch["args"]["count"]) == (2, 3)
+    assert len(spans(events, "epoch.block")) == 2 and len(spans(events, "fetch.block")) == 4 + 3
+    end = train["ts"] + train["dur"]
+    if mode == "sigterm-in-loops":  # the loops' generators were suspended: ended with train
+        assert last_epoch["args"]["incomplete"] is True and last_fetch["args"]["incomplete"] is True
+        assert last_epoch["ts"] + last_epoch["dur"] == end == last_fetch["ts"] + last_fetch["dur"]
+    else:  # the exception left the loops, which ended their bodies then
+        assert last_fetch["ts"] + last_fetch["dur"] <= last_epoch["ts"] + last_epoch["dur"] <= end
+
+
 def test_sigint_raises_keyboard_interrupt_and_completes_the_file(tmp_path):
     """SIGINT: KeyboardInterrupt unwinds as usual, the open span ends, the file is complete."""
     code, err = _signal_run(tmp_path, "sigint", signal.SIGINT)

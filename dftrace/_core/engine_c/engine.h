@@ -896,11 +896,15 @@ static inline int drop_top(PyObject *stk) {
 }
 
 /* Remove span `id` from the top of `stk`; anything left above it is unwound. */
-static inline int stack_pop(PyObject *stk, PyObject *id) {
+static inline int stack_pop(PyObject *stk, PyObject *id, long long t) {
     Py_ssize_t n = PyList_GET_SIZE(stk);
     if (n > 0 && PyList_GET_ITEM(stk, n - 1) == id)
         return drop_top(stk);
-    PyObject *r = PyObject_CallFunctionObjArgs(dft_calls.unwind, stk, id, NULL);
+    PyObject *at = PyLong_FromLongLong(t);
+    if (!at)
+        return -1;
+    PyObject *r = PyObject_CallFunctionObjArgs(dft_calls.unwind, stk, id, at, NULL);
+    Py_DECREF(at);
     if (!r)
         return -1;
     Py_DECREF(r);
@@ -1040,6 +1044,8 @@ PyObject *dft_shm_append_line(PyObject *self, PyObject *arg);
 /* spans.c */
 PyObject *dft_set_nvtx(PyObject *self, PyObject *args);
 PyObject *dft_stacks_changed(PyObject *self, PyObject *unused);
+PyObject *dft_close_open_blocks(PyObject *self, PyObject *args);
+PyObject *dft_open_block_kinds(PyObject *self, PyObject *unused);
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC visibility pop

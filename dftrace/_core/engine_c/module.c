@@ -62,7 +62,7 @@ static const reg_t REGISTRY[] = {
     "  resolve     resolve() -> Stack: the stack of this thread or asyncio task\n" \
     "  wait_room   wait_for_room(): wait until the writer made room (may raise)\n" \
     "  wake        wake_consumer(): a batch is ready\n" \
-    "  unwind      _unwind(stk, i): close what is left open above span i\n" \
+    "  unwind      _unwind(stk, i, t): close what is left open above span i at t\n" \
     "  with_error  with_error(extra, exc) -> Extra: args with args.error\n" \
     "  merge       Extra.joined(base, own) -> Extra: own args win over sticky ones\n" \
     "  to_extra    to_extra(obj) -> Extra: args given as a dict, encoded\n" \
@@ -297,6 +297,11 @@ static PyMethodDef methods[] = {
     {"set_dropped", dft_set_dropped, METH_O, "Set the dropped counter."},
     {"new_id", dft_new_id_py, METH_NOARGS, "The next span id."},
     {"stacks_changed", dft_stacks_changed, METH_NOARGS, "A LOCAL.stk was assigned: threads read theirs again."},
+    {"open_block_kinds", dft_open_block_kinds, METH_NOARGS,
+     "open_block_kinds() -> {span id: kind} of the .iter() loop-body spans open now"},
+    {"close_open_blocks", dft_close_open_blocks, METH_VARARGS,
+     "close_open_blocks(t, ids=None) -> n: write the open .iter() loop-body spans (those with an id "
+     "in ids), incomplete, ending at t"},
     {"bump_sticky_gen", dft_bump_sticky_gen, METH_NOARGS, "Sticky args changed: nodes refresh theirs on next use."},
     {"sticky_gen", dft_get_sticky_gen, METH_NOARGS, "The generation of the sticky args in force."},
     {"clock_ns", dft_clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},

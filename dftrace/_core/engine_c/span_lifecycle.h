@@ -115,7 +115,7 @@ static inline void span_release(span_t *s) {
 SPAN_INLINE int span_close(span_t *s, PyObject *stk, long long t1, PyObject *x, PyObject *error,
                            long long count, uint32_t flags) {
     int rc = 0;
-    if (stack_pop(stk, s->id) < 0)
+    if (stack_pop(stk, s->id, t1) < 0)
         PyErr_Clear();
     if (flags & SPAN_UNRECORDED)
         NVTX_CLOSE(s->id);
@@ -131,7 +131,7 @@ SPAN_INLINE int span_close(span_t *s, PyObject *stk, long long t1, PyObject *x, 
 SPAN_INLINE int span_close_open_next(span_t *s, PyObject *stk, long long t1, PyObject *x,
                                      long long count, uint32_t kid) {
     if (span_record(s, stk, t1, x, NULL, count, 0) < 0) {
-        if (stack_pop(stk, s->id) < 0)
+        if (stack_pop(stk, s->id, t1) < 0)
             PyErr_Clear();
         span_release(s);
         return -1;
@@ -144,7 +144,7 @@ SPAN_INLINE int span_close_open_next(span_t *s, PyObject *stk, long long t1, PyO
         Py_INCREF(id);
         Py_DECREF(s->id);
     } else { /* not on top any more: unwound, then pushed */
-        if (stack_pop(stk, s->id) < 0 || !id || PyList_Append(stk, id) < 0) {
+        if (stack_pop(stk, s->id, t1) < 0 || !id || PyList_Append(stk, id) < 0) {
             PyErr_Clear();
             Py_XDECREF(id);
             span_release(s);

@@ -321,6 +321,65 @@ static int close_block(SpanIter *s, long long t2) {
     return rc;
 }
 
+/* close_open_blocks(t[, ids]): the loop-body spans of iterators still suspended
+   (an exception or a signal inside a for loop leaves its generator holding them)
+   written now, flagged incomplete, ending at t, innermost first: all of them (at
+   finalize), or those whose span id is in the list ids (just unwound from their
+   stack by a span that enclosed them). */
+PyObject *dft_close_open_blocks(PyObject *self, PyObject *args) {
+    long long t;
+    PyObject *ids = NULL;
+    if (!PyArg_ParseTuple(args, "L|O", &t, &ids))
+        return NULL;
+    if (ids == Py_None)
+        ids = NULL;
+    long n = 0;
+    SpanIter *s = open_iters; /* the newest first: it is above the older ones */
+    while (s) {
+        SpanIter *next = s->next_open;
+        int take = s->block_open;
+        if (take && ids) {
+            take = PySequence_Contains(ids, s->block.id);
+            if (take < 0) {
+                PyErr_Clear();
+                take = 0;
+            }
+        }
+        if (take) {
+            unlink_open(s);
+            s->block_open = 0;
+            if (span_close(&s->block, s->bstk, t, s->extra, NULL, s->count, F_INCOMPLETE) < 0)
+                PyErr_Clear();
+            Py_CLEAR(s->bstk);
+            n++;
+            next = open_iters; /* closing may have unlinked others: walk again */
+        } else if (!s->block_open) {
+            unlink_open(s);
+        }
+        s = next;
+    }
+    return PyLong_FromLong(n);
+}
+
+/* open_block_kinds(): {span id: kind} of the .iter() loop-body spans open now. */
+PyObject *dft_open_block_kinds(PyObject *self, PyObject *unused) {
+    PyObject *out = PyDict_New();
+    if (!out)
+        return NULL;
+    for (SpanIter *s = open_iters; s; s = s->next_open) {
+        if (!s->block_open)
+            continue;
+        PyObject *kid = PyLong_FromUnsignedLong(s->block.kid);
+        if (!kid || PyDict_SetItem(out, s->block.id, kid) < 0) {
+            Py_XDECREF(kid);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(kid);
+    }
+    return out;
+}
+
 static PyObject *plain_next(SpanIter *s) {
     PyObject *item = PyIter_Next(s->it);
     if (item)

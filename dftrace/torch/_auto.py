@@ -1,0 +1,359 @@
+"""Tracing a PyTorch program that has no annotations (``auto=True``: ``dftrace run``,
+``DFTRACE_ENABLE=1``, ``DFTRACE_AUTO=1``).
+
+Installed once torch is imported, it records, through hooks PyTorch offers for
+everyone (global module and optimizer hooks) and a few replaced methods:
+
+- ``dataloader.fetch.init`` when a DataLoader's iterator is made (worker start-up),
+  then ``dataloader.fetch`` per batch: the time the loop waited for it;
+- ``compute.forward`` per call of an outermost module (a model, not its layers),
+  ``compute.backward`` per ``backward()``, and ``compute.step`` per
+  ``optimizer.step()``, all with ``args.step``: the optimizer steps taken before
+  them, so gradient accumulation's micro-batches share their step. Forwards run
+  under ``torch.no_grad()`` or in ``eval()`` mode (evaluation) carry no step;
+- ``args.epoch``: how many times the training loader (the one iterated when the
+  first optimizer step ran; until then, the first loader iterated) was iterated
+  before, on its fetches and the steps run while it is iterated;
+- ``torch.distributed`` calls (:func:`~dftrace.torch.trace_distributed`), each
+  ``DistributedDataParallel`` model's gradient buckets
+  (:func:`~dftrace.torch.trace_ddp`, registered at its first forward, or around a
+  communication hook you register), and the rank once a process group exists;
+- Hugging Face ``Trainer`` and Lightning ``Trainer`` objects get
+  :class:`dftrace.transformers.TraceCallback` / :class:`dftrace.lightning.TraceCallback`
+  unless they have one; while they train, the hooks above stand down.
+
+What you annotate is not recorded twice: a hook records nothing while a span of its
+category is open on the calling thread (a ``with ai.compute...``, a function you
+decorated with a compute node, ``ai.dataloader.fetch.iter(loader)``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from .._core import engine as _engine
+from .._core import iterators as _iterators
+from .._core import records as _records
+from .._core import tree as _tree
+from .._core.tree import ai
+from .._hooks import guarded, warn_once
+from ._dist import note_distributed_rank, trace_ddp, trace_distributed
+
+__all__ = ["install", "standing_down"]
+
+_FETCH = ai.dataloader.fetch
+_FETCH_INIT = ai.dataloader.fetch.derive("init")
+_FORWARD = ai.compute.forward
+_BACKWARD = ai.compute.backward
+_STEP = ai.compute.step
+
+
+class _State:
+    """What the hooks count: optimizer steps taken, the training loader and its
+    iterations, the integrations training now."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.train_loader: int | None = None  # id() of the training loader
+        self.first_loader: int | None = None
+        self.iterations: dict[int, int] = {}  # id(loader) -> iterations begun
+        self.current: int | None = None  # the loader iterated last on the main thread
+        self.integrations = 0
+        self.installed = False
+        self.local = threading.local()  # depth of module calls, open forward span
+
+
+STATE = _State()
+
+
+def standing_down(delta: int) -> None:
+    """An integration began (+1) or ended (-1) a training run: the hooks record
+    nothing meanwhile (the integration records the same)."""
+    STATE.integrations = max(0, STATE.integrations + delta)
+
+
+def _epoch() -> int | None:
+    loader = STATE.train_loader if STATE.train_loader is not None else STATE.first_loader
+    if loader is None or STATE.current != loader:
+        return None
+    return STATE.iterations.get(loader, 1) - 1
+
+
+def _position(training: bool = True) -> dict[str, Any]:
+    if not training:
+        return {}
+    out: dict[str, Any] = {"step": STATE.steps}
+    epoch = _epoch()
+    if epoch is not None:
+        out["epoch"] = epoch
+    return out
+
+
+def _covered(category: str, depth: int = 12) -> bool:
+    """Whether a span of ``category`` you opened yourself is open on this thread: a
+    ``with``/``start()`` span or an ``.iter()`` loop body of that category, or a
+    function decorated with such a node among the callers' frames."""
+    try:
+        stk = _engine.LOCAL.stk or _engine.current_stack()
+        if len(stk) > 1:
+            kinds = _records.kind_names()
+            blocks = None
+            for i in stk[1:]:
+                s = stk.open.get(i) if hasattr(stk.open, "get") else None
+                if s is not None:
+                    kid = s.kid
+                else:
+                    if blocks is None:
+                        blocks = _iterators.open_block_kinds()
+                    kid = blocks.get(i)
+                if kid is not None and kinds.get(kid, ("", ""))[1] == category:
+                    return True
+        decorated = _tree.DECORATED_CODE
+        if decorated:
+            frame = sys._getframe(2)
+            while frame is not None and depth:
+                if decorated.get(frame.f_code) == category:
+                    return True
+                frame = frame.f_back
+                depth -= 1
+    except Exception:
+        return False
+    return False
+
+
+# -- data loading ---------------------------------------------------------------------
+
+class _Fetches:
+    """A DataLoader's iterator, with a ``dataloader.fetch`` span per batch waited for."""
+
+    __slots__ = ("it", "loader")
+
+    def __init__(self, it: Any, loader: int):
+        self.it = it
+        self.loader = loader
+
+    def __iter__(self) -> _Fetches:
+        return self
+
+    def __next__(self) -> Any:
+        if STATE.integrations or not _FETCH.enabled or _covered("dataloader"):
+            return next(self.it)
+        STATE.current = self.loader
+        t0 = _engine.clock()
+        try:
+            item = next(self.it)
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            _record(_FETCH, t0, {**_position(self._training()), "error": type(exc).__name__})
+            raise
+        _record(_FETCH, t0, _position(self._training()))
+        return item
+
+    def _training(self) -> bool:
+        train = STATE.train_loader if STATE.train_loader is not None else STATE.first_loader
+        return train == self.loader
+
+    def __len__(self) -> int:
+        return len(self.it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.it, name)
+
+
+def _record(node: Any, t0: int, args: dict[str, Any] | None) -> None:
+    try:
+        node.record(t0, _engine.clock(), args or None)
+    except Exception:
+        pass
+
+
+_original_iter: Any = None
+
+
+def _traced_iter(self: Any) -> Any:
+    if STATE.integrations or not _FETCH.enabled or self in _tree.ITERATED or _covered("dataloader"):
+        return _original_iter(self)
+    key = id(self)
+    if STATE.first_loader is None:
+        STATE.first_loader = key
+    STATE.iterations[key] = STATE.iterations.get(key, 0) + 1
+    STATE.current = key
+    t0 = _engine.clock()
+    it = _original_iter(self)
+    _record(_FETCH_INIT, t0, None)
+    return _Fetches(it, key)
+
+
+# -- compute --------------------------------------------------------------------------
+
+@guarded
+def _forward_pre(module: Any, args: Any) -> None:
+    local = STATE.local
+    depth = getattr(local, "depth", 0)
+    local.depth = depth + 1
+    if depth or STATE.integrations or not _FORWARD.enabled or _covered("compute"):
+        return
+    local.span = (_FORWARD.start(), module)
+
+
+@guarded
+def _forward_post(module: Any, args: Any, output: Any) -> None:
+    local = STATE.local
+    local.depth = max(0, getattr(local, "depth", 1) - 1)
+    opened = getattr(local, "span", None)
+    if local.depth or opened is None or opened[1] is not module:
+        return
+    local.span = None
+    training = bool(module.training) and torch.is_grad_enabled()
+    opened[0].stop({"module": type(module).__name__, **_position(training)})
+
+
+class _BackwardArgs:
+    """What ``dftrace.torch``'s traced ``backward()`` asks its users for."""
+
+    def _backward_args(self) -> dict[str, Any] | None | bool:
+        if STATE.integrations or _covered("compute", depth=6):
+            return False  # nothing to record: it is recorded already
+        return _position()
+
+
+@guarded
+def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if STATE.integrations or not _STEP.enabled or _covered("compute"):
+        STATE.local.step_span = None
+        return
+    if STATE.train_loader is None:
+        STATE.train_loader = STATE.current if STATE.current is not None else STATE.first_loader
+    STATE.local.step_span = _STEP.start()
+
+
+@guarded
+def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
+    span = getattr(STATE.local, "step_span", None)
+    STATE.local.step_span = None
+    if span is not None:
+        span.stop({"optimizer": type(optimizer).__name__, **_position()})
+    if not STATE.integrations:
+        STATE.steps += 1
+
+
+# -- distributed ----------------------------------------------------------------------
+
+def _patch_ddp() -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    init, register = DDP.__init__, DDP.register_comm_hook
+
+    def __init__(self: Any, *a: Any, **kw: Any) -> None:
+        init(self, *a, **kw)
+        try:
+            note_distributed_rank()
+            handle: list[Any] = []
+
+            def first_forward(module: Any, args: Any) -> None:
+                for h in handle:
+                    h.remove()
+                if not getattr(self, "_dftrace_hooked", False) and not STATE.integrations:
+                    self._dftrace_hooked = True
+                    try:
+                        trace_ddp(self)
+                    except Exception as exc:
+                        warn_once("auto-ddp", f"DDP gradient buckets are not recorded: {exc!r}")
+
+            handle.append(self.register_forward_pre_hook(first_forward))
+        except Exception:
+            pass
+
+    def register_comm_hook(self: Any, state: Any, hook: Any) -> Any:
+        if getattr(self, "_dftrace_hooked", False):
+            return register(self, state, hook)
+        self._dftrace_hooked = True  # your hook, traced: trace_ddp registers it
+        return trace_ddp(self, hook, state)
+
+    DDP.__init__ = __init__  # type: ignore[method-assign]
+    DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+
+
+def _patch_init_process_group() -> None:
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+
+    def init_process_group(*a: Any, **kw: Any) -> Any:
+        out = original(*a, **kw)
+        note_distributed_rank()
+        return out
+
+    dist.init_process_group = init_process_group
+
+
+# -- trainers -------------------------------------------------------------------------
+
+def _add_callback(trainer_type: Any, make: Any, callback_type: Any) -> None:
+    init = trainer_type.__init__
+
+    def __init__(self: Any, *a: Any, **kw: Any) -> None:
+        try:
+            callbacks = list(kw.get("callbacks") or [])
+            if not any(isinstance(c, callback_type) for c in callbacks):
+                kw["callbacks"] = [*callbacks, make()]
+        except Exception:
+            pass
+        init(self, *a, **kw)
+
+    trainer_type.__init__ = __init__
+
+
+def _trace_transformers(module: Any) -> None:
+    from ..transformers import TraceCallback
+
+    _add_callback(module.Trainer, TraceCallback, TraceCallback)
+
+
+def _trace_lightning(module: Any) -> None:
+    from ..lightning import TraceCallback
+
+    _add_callback(module.Trainer, TraceCallback, TraceCallback)
+
+
+#: The modules that define the trainers, and what to do once each is imported.
+_TRAINERS = (("transformers.trainer", _trace_transformers),
+             ("lightning.pytorch.trainer.trainer", _trace_lightning),
+             ("pytorch_lightning.trainer.trainer", _trace_lightning))
+
+
+# -- installing -----------------------------------------------------------------------
+
+def install() -> None:
+    """Install the hooks (once per process)."""
+    global _original_iter
+    if STATE.installed:
+        return
+    STATE.installed = True
+    from . import _install_backward
+    from .._after_import import when_imported
+
+    _original_iter = DataLoader.__iter__
+    DataLoader.__iter__ = _traced_iter  # type: ignore[method-assign]
+    from torch.nn.modules import module as _module
+
+    _module.register_module_forward_pre_hook(_forward_pre)
+    _module.register_module_forward_hook(_forward_post, always_call=True)
+    from torch.optim import optimizer as _optimizer
+
+    _optimizer.register_optimizer_step_pre_hook(_step_pre)
+    _optimizer.register_optimizer_step_post_hook(_step_post)
+    _install_backward(_BackwardArgs())  # type: ignore[arg-type]
+    if torch.distributed.is_available():
+        trace_distributed()
+        _patch_ddp()
+        _patch_init_process_group()
+        note_distributed_rank()
+    for name, trace in _TRAINERS:
+        when_imported(name, trace)

@@ -1,0 +1,67 @@
+"""A job killed by SIGTERM in step 37 and started again from its step-32 checkpoint
+into the same trace directory: each run's steps are its own, checked against the
+steps' starts on each process's own clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("polars")
+
+from dftrace.analysis import render_text, summarize  # noqa: E402
+
+JOB = os.path.join(os.path.dirname(__file__), "_resumed_job.py")
+
+
+def _truth(truth_dir):
+    """Per process (in start order): its steps' (epoch, step) and each step's time
+    from its start to the next step's start (the last: to the loop's end)."""
+    runs = []
+    for name in sorted(os.listdir(truth_dir)):
+        if not name.startswith("steps-"):
+            continue
+        with open(os.path.join(truth_dir, name)) as f:
+            rows = [json.loads(line) for line in f]
+        steps = [r for r in rows if "step" in r]
+        ends = [r["start_ns"] for r in steps[1:]] + [rows[-1].get("end_ns")]
+        runs.append({"first_ns": steps[0]["start_ns"],
+                     "steps": [(r["epoch"], r["step"]) for r in steps],
+                     "times_us": [(e - r["start_ns"]) / 1e3 for r, e in zip(steps, ends) if e is not None]})
+    return sorted(runs, key=lambda r: r["first_ns"])
+
+
+def test_a_resumed_rank_is_two_runs_with_true_step_times(tmp_path):
+    out, truth = tmp_path / "traces", tmp_path / "truth"
+    out.mkdir()
+    truth.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
+    env["RANK"] = "0"
+    first = subprocess.run([sys.executable, JOB, str(out), str(truth)], env=env, timeout=120)
+    assert first.returncode == -signal.SIGTERM
+    second = subprocess.run([sys.executable, JOB, str(out), str(truth)], env=env, timeout=120)
+    assert second.returncode == 0
+    killed, resumed = _truth(truth)
+    assert killed["steps"][-1] == (1, 37) and resumed["steps"][0] == (1, 32)
+
+    summary = summarize(out)
+    # Both runs are there, the second said to be the first resumed, and where.
+    assert [r["resumed"] for r in summary.runs] == [False, True]
+    assert summary.runs[1]["resumed_at"] == {"epoch": 1, "step": 32}
+    text = render_text(summary)
+    assert "rank 0 ran twice (resumed at step 32)" in text.splitlines()[2]
+    assert "files are from" not in text  # one job, not separate runs
+    # Every step is one step of the job; the ones run twice are counted each time.
+    assert len(summary.steps) == 48
+    assert len(summary.rank_steps) == 48 + (37 - 32 + 1)
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 24), (1, 24)]
+    # No step spans the restart: the longest is within 1.25x of the longest true one.
+    longest_true = max(killed["times_us"] + resumed["times_us"])
+    assert summary.step_stats["max_us"] <= 1.25 * longest_true, (summary.step_stats, longest_true)
+    # The job's time is both runs', from the first start to the last end.
+    assert summary.overview["wall_us"] >= sum(r["wall_us"] for r in summary.runs)

@@ -1,0 +1,95 @@
+"""Tracing a PyTorch program with no code change: ``dftrace run script.py`` and
+``DFTRACE_ENABLE=1 python script.py``, checked against what the script counted on
+its own clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("polars")
+
+from dftrace.analysis import summarize  # noqa: E402
+from dftrace.testing import read_events, trace_files  # noqa: E402
+
+JOB = os.path.join(os.path.dirname(__file__), "_unannotated_job.py")
+
+
+def _env(**more):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "RANK", "LOCAL_RANK"))}
+    env.update(more)
+    return env
+
+
+def _run(tmp_path, mode, how="run"):
+    out, truth = tmp_path / "traces", tmp_path / "truth.json"
+    if how == "run":
+        cmd = [sys.executable, "-m", "dftrace", "run", "--log-file", str(out / "job"), JOB, mode, str(truth)]
+        env = _env()
+    else:
+        cmd = [sys.executable, JOB, mode, str(truth)]
+        env = _env(DFTRACE_ENABLE="1", DFTRACE_LOG_FILE=str(out / "job"))
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, json.loads(truth.read_text()), done
+
+
+def _spans(out):
+    return [e for f in trace_files(out) for e in read_events(f, strict=False) if e.get("ph") == "X"]
+
+
+@pytest.mark.parametrize("how", ["run", "enable"])
+def test_an_unannotated_script_gets_steps_epochs_and_its_data_wait(tmp_path, how):
+    out, truth, done = _run(tmp_path, "plain", how)
+    summary = summarize(out)
+    assert len(summary.steps) == truth["steps"] == 16
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 8), (1, 8)]
+    spans = _spans(out)
+    fetches = [e for e in spans if e["name"] == "fetch"]
+    assert len(fetches) == truth["steps"]
+    waited_us = sum(e["dur"] for e in fetches)
+    assert waited_us == pytest.approx(truth["fetch_ns"] / 1e3, rel=0.05)
+    forwards = [e for e in spans if e["name"] == "forward"]
+    assert len(forwards) == truth["forwards"] + 1  # and the evaluation's
+    assert sum("step" not in e["args"] for e in forwards) == 1
+    assert len([e for e in spans if e["name"] == "backward"]) == truth["steps"]
+    assert [e["args"]["step"] for e in spans if e["name"] == "step"] == list(range(16))
+    # Each step runs from its batch's wait to the next step's: the loop's own step
+    # starts, within each epoch (an epoch's last step ends with its own work).
+    starts = truth["starts_ns"]
+    gaps = [(b - a) / 1e3 for k, (a, b) in enumerate(zip(starts, starts[1:])) if k % 8 != 7]
+    ours = [s["median_us"] for s in sorted(summary.steps, key=lambda s: s["step"]) if s["step"] % 8 != 7]
+    assert sum(ours) == pytest.approx(sum(gaps), rel=0.02)
+    assert statistics.median(ours) == pytest.approx(statistics.median(gaps), rel=0.05)
+    if how == "run":
+        assert "dftrace run: trace written to" in done.stderr
+        assert f"next: dftrace summary {out}" in done.stderr or "next: dftrace summary" in done.stderr
+
+
+def test_accumulated_micro_batches_are_one_step(tmp_path):
+    out, truth, _ = _run(tmp_path, "accumulate")
+    summary = summarize(out)
+    assert len(summary.steps) == truth["steps"] == 8
+    forwards = [e for e in _spans(out) if e["name"] == "forward" and "step" in e["args"]]
+    assert sorted(e["args"]["step"] for e in forwards) == sorted(list(range(8)) * 2)
+
+
+def test_what_you_annotate_is_not_recorded_twice(tmp_path):
+    out, truth, _ = _run(tmp_path, "annotated")
+    spans = _spans(out)
+    count = {name: sum(e["name"] == name for e in spans) for name in ("forward", "backward", "fetch.iter", "fetch")}
+    # Yours: one forward a step and the evaluation's; one backward a step; fetch.iter a batch.
+    assert count == {"forward": truth["forwards"] + 1, "backward": truth["steps"],
+                     "fetch.iter": truth["steps"], "fetch": 0}
+    assert len(summarize(out).steps) == truth["steps"]
+
+
+def test_run_says_when_nothing_was_recorded(tmp_path):
+    _, _, done = _run(tmp_path, "idle")
+    assert "dftrace run: nothing was recorded" in done.stderr
