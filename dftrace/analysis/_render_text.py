@@ -89,6 +89,10 @@ def _overview(summary: Summary) -> list[str]:
     if ended:
         lines.append("  not finalized: " + "; ".join(f"{p['label']} {p['ended']}" for p in ended[:4])
                      + (f"; {len(ended) - 4} more" if len(ended) > 4 else ""))
+    cpu_only = o.get("profiler_files_without_gpu")
+    if cpu_only:
+        lines.append(f"  {count_of(cpu_only, 'PyTorch profiler trace')} with no GPU activity (profiled "
+                     "without CUDA: no GPU device, or activities without CUDA): no GPU answers")
     others = {k: v for k, v in o["events_by_phase"].items() if k != "X"}
     if others:
         lines.append("  besides spans: " + ", ".join(f"{v} '{k}' events" for k, v in others.items()))

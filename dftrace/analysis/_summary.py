@@ -231,6 +231,9 @@ def steps_of(combined: Combined) -> UnitSteps:
     if modelled is not None and modelled.height:  # whole files' steps, modelled as read (held narrow)
         process_steps = (pl.concat([process_steps, modelled], how="vertical_relaxed") if process_steps.height
                          else modelled)
+    # A step that carries no epoch is in the epoch whose span it starts in (a loop
+    # numbered by ``.iter()`` alone): every table then shows the same epochs.
+    process_steps = _steps_in_epochs(process_steps, _epoch_source(combined))
     return UnitSteps(procs, runs, process_steps)
 
 
@@ -246,8 +249,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None,
     # here, and each table below is let go once the answers that read it are built.
     combined.modelled = None
     procs, runs = found.procs, found.runs
-    epochs = _epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]),
-                     _steps_in_epochs(found.process_steps, _epoch_source(combined)))
+    epochs = _epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]), found.process_steps)
     gpu_per_step = gpu_steps(combined.activity, found.process_steps, combined.resolution)
     steps_by_unit = found.by_unit()
     # Each process's steps are used: only the units' are read from here, and the
@@ -279,8 +281,13 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None,
     step_stats, imbalance = _step_stats(steps_by_unit), _imbalance(compared, steps)
     _say_where_resumed(runs, procs, steps_by_unit)
     del steps_by_unit, compared
+    gpu = gpu_answers(combined.activity, combined.resolution)
+    overview = _overview(combined, procs, runs)
+    if not gpu and combined.activity is not None and combined.activity.height:
+        # PyTorch profiler traces with no kernel in them: a CPU-only window.
+        overview["profiler_files_without_gpu"] = combined.activity.get_column("file").n_unique()
     return Summary(
-        overview=_overview(combined, procs, runs),
+        overview=overview,
         files=[_file_dict(f) for f in combined.files],
         processes=_process_rows(combined, procs),
         categories=category_rows(combined.durations, combined.self_times),
@@ -296,7 +303,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None,
         dataloader=dataloader_rows(combined.durations, procs),
         imbalance=imbalance,
         distributions=distribution_rows(combined.durations),
-        gpu=gpu_answers(combined.activity, combined.resolution),
+        gpu=gpu,
         gpu_steps=gpu_per_step,
     )
 

@@ -292,3 +292,25 @@ def test_time_in_steps_counts_each_process_interval_once_in_any_order(procs_in_t
     ]
     assert expected[-1] == 0 and min(expected[:-1]) > 0
     assert time_in_steps(intervals, procs, steps).tolist() == expected
+
+
+def test_steps_numbered_by_iter_epochs_show_their_epoch_everywhere(tmp_path):
+    """A loop whose epochs are only ``ai.pipeline.epoch.iter`` spans and whose steps
+    carry ``step`` alone: the longest-steps table shows each step's epoch, as the
+    epochs table counts them."""
+    import time
+
+    from dftrace import ai, testing
+
+    with testing.trace_to(tmp_path / "t"):
+        k = 0
+        for _epoch in ai.pipeline.epoch.iter(range(2)):
+            for _ in ai.dataloader.fetch.iter(range(5)):
+                ai.update(step=k)
+                with ai.compute.forward:
+                    time.sleep(0.0005)
+                k += 1
+    summary = summarize(tmp_path / "t")
+    assert sorted((s["epoch"], s["step"]) for s in summary.steps) == [(k // 5, k) for k in range(10)]
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 5), (1, 5)]
+    assert {(r["epoch"], r["step"]) for r in summary.rank_steps} == {(k // 5, k) for k in range(10)}

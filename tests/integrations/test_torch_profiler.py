@@ -110,3 +110,22 @@ def test_bad_schedule_is_refused_naming_the_argument(kw, name):
     """A schedule that cannot work raises ValueError naming the argument, before anything runs."""
     with pytest.raises(ValueError, match=name):
         dft.profile_steps(**kw)
+
+
+def test_a_cpu_only_window_is_said_to_hold_no_gpu_activity(tmp_path):
+    """Profiled on a machine without CUDA: the summary says its profiler traces hold no
+    GPU activity rather than leaving the GPU section out without a word."""
+    pytest.importorskip("polars")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the window holds its kernels")
+    from dftrace.analysis import render_text, summarize
+
+    dftrace.initialize(log_file=str(tmp_path / "run"), rank=0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dft.trace_compute(model, opt), dft.profile_steps(opt, every=5, active=2, warmup=1):
+        _train(opt, model, 12)
+    dftrace.finalize()
+    summary = summarize(tmp_path)
+    assert summary.gpu == [] and summary.overview["profiler_files_without_gpu"] == 2
+    assert "2 PyTorch profiler traces with no GPU activity" in render_text(summary)
