@@ -9,20 +9,24 @@ raises is reported once and the import goes on.
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
-import importlib.util
 import sys
 import threading
 from typing import Any, Callable
 
 __all__ = ["when_imported"]
 
-_callbacks: dict[str, list[Callable[[Any], None]]] = {}
+#: A callback, or ``"package.module:function"``: imported only when it is called, so
+#: a module can ask for code that imports it back without an import cycle.
+Callback = Callable[[Any], None] | str
+
+_callbacks: dict[str, list[Callback]] = {}
 _lock = threading.RLock()
 _looking = threading.local()
 
 
-def when_imported(name: str, callback: Callable[[Any], None]) -> None:
+def when_imported(name: str, callback: Callback) -> None:
     """``callback(module)`` once ``name`` is imported (now if it is already)."""
     with _lock:
         module = sys.modules.get(name)
@@ -34,8 +38,11 @@ def when_imported(name: str, callback: Callable[[Any], None]) -> None:
     _run(callback, module)
 
 
-def _run(callback: Callable[[Any], None], module: Any) -> None:
+def _run(callback: Callback, module: Any) -> None:
     try:
+        if isinstance(callback, str):
+            where, _, name = callback.partition(":")
+            callback = getattr(importlib.import_module(where), name)
         callback(module)
     except Exception as exc:
         from ._core.state import STATE

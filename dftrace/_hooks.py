@@ -17,7 +17,7 @@ from typing import Any, Callable, TypeVar
 from ._core.state import STATE
 from ._core.tree import Node, Span
 
-__all__ = ["OpenSpans", "call_in_span", "error_args", "guarded", "warn_once"]
+__all__ = ["OpenSpans", "add_callback", "call_in_span", "error_args", "guarded", "warn_once"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 R = TypeVar("R")
@@ -125,3 +125,26 @@ class OpenSpans:
 
     def __repr__(self) -> str:
         return f"<OpenSpans {list(self._spans)}>"
+
+
+def add_callback(trainer_type: Any, make: Callable[[], Any]) -> None:
+    """Make every ``trainer_type(..., callbacks=[...])`` also get ``make()``, unless
+    its callbacks already hold one of that type (``auto=True``: the framework's
+    trainers trace without the user adding the callback)."""
+    init = trainer_type.__init__
+    if getattr(init, "__dftrace_adds__", None) is not None:
+        return
+
+    def __init__(self: Any, *a: Any, **kw: Any) -> None:
+        try:
+            callbacks = list(kw.get("callbacks") or [])
+            kind = type(make_one := make())
+            if not any(isinstance(c, kind) for c in callbacks):
+                kw["callbacks"] = [*callbacks, make_one]
+        except Exception:
+            pass
+        init(self, *a, **kw)
+
+    __init__.__dftrace_adds__ = make  # type: ignore[attr-defined]
+    functools.update_wrapper(__init__, init)
+    trainer_type.__init__ = __init__

@@ -60,9 +60,9 @@ from typing import Any
 
 from ._core.engine import clock
 from ._core.tree import ai
-from ._hooks import OpenSpans, call_in_span, guarded, warn_once
+from ._hooks import OpenSpans, add_callback, call_in_span, guarded, warn_once
 
-__all__ = ["TraceCallback"]
+__all__ = ["TraceCallback", "trace_trainers"]
 
 
 def _size(path: Any) -> int | None:
@@ -335,3 +335,9 @@ class TraceCallback(pl.Callback):
         self._stand_down(False)
         self._spans.close_all(error=type(exception).__name__)
         self._undo_io()
+
+
+def trace_trainers(module: Any) -> None:
+    """``auto=True``: every ``Trainer`` of ``module`` (the framework's module that
+    defines it) gets a :class:`TraceCallback` unless it has one."""
+    add_callback(module.Trainer, TraceCallback)

@@ -58,10 +58,10 @@ except ImportError:  # pragma: no cover - older layouts
 
 from ._core.engine import clock
 from ._core.tree import ai
-from ._hooks import OpenSpans, guarded
+from ._hooks import OpenSpans, add_callback, guarded
 from .torch import ComputeTracing, note_distributed_rank
 
-__all__ = ["TraceCallback"]
+__all__ = ["TraceCallback", "trace_trainers"]
 
 
 def _dir_size(path: str) -> int | None:
@@ -195,3 +195,9 @@ class TraceCallback(transformers.TrainerCallback):
             extra["timing"] = "end only"
         self._spans.close("save", **extra)
         self._fetch_from = clock()
+
+
+def trace_trainers(module: Any) -> None:
+    """``auto=True``: every ``Trainer`` of ``module`` (the framework's module that
+    defines it) gets a :class:`TraceCallback` unless it has one."""
+    add_callback(module.Trainer, TraceCallback)

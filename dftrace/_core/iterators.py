@@ -92,6 +92,42 @@ class _Block:
 _OPEN_BLOCKS: dict[int, _Block] = {}
 
 
+async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
+    """``.aiter()``: the ``async for`` twin of :func:`iterate`."""
+    node = obj._node
+    extra = obj._extra
+    ikid, bkid = node._ikid, node._bkid
+    it = aiterable.__aiter__()
+    count = 0
+    while True:
+        if not gate._on:
+            try:
+                item = await it.__anext__()
+            except StopAsyncIteration:
+                return
+            count += 1
+            yield item
+            continue
+        stk = resolve()
+        s = open_span(stk, node, ikid, pairs=False)
+        try:
+            item = await it.__anext__()
+        except StopAsyncIteration:
+            close_span(stk, s, 0, recorded=False)  # the end: no .iter span
+            return
+        except BaseException as e:
+            close_span(stk, s, clock(), extra, e)
+            raise
+        t1 = clock()
+        count += 1
+        close_span(stk, s, t1, extra, count=count)
+        block = open_span(stk, node, bkid, extra=extra, pairs=False, t0=t1)
+        try:
+            yield item
+        finally:
+            close_span(stk, block, clock(), extra, count=count)
+
+
 def close_open_blocks(t: int, ids: list[int] | None = None) -> int:
     """Write the loop-body spans of ``.iter()`` loops still suspended (an exception or
     a signal inside the loop leaves its generator holding them), flagged incomplete,

@@ -447,12 +447,7 @@ def _trace_automatically() -> None:
     if it is)."""
     from .._after_import import when_imported
 
-    def install(_torch: Any) -> None:
-        from ..torch import _auto
-
-        _auto.install()
-
-    when_imported("torch", install)
+    when_imported("torch", "dftrace.torch._auto:install")
 
 
 def _nvtx_ready(config: Config, asked: bool) -> bool:

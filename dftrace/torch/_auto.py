@@ -295,43 +295,18 @@ def _patch_init_process_group() -> None:
 
 # -- trainers -------------------------------------------------------------------------
 
-def _add_callback(trainer_type: Any, make: Any, callback_type: Any) -> None:
-    init = trainer_type.__init__
-
-    def __init__(self: Any, *a: Any, **kw: Any) -> None:
-        try:
-            callbacks = list(kw.get("callbacks") or [])
-            if not any(isinstance(c, callback_type) for c in callbacks):
-                kw["callbacks"] = [*callbacks, make()]
-        except Exception:
-            pass
-        init(self, *a, **kw)
-
-    trainer_type.__init__ = __init__
-
-
-def _trace_transformers(module: Any) -> None:
-    from ..transformers import TraceCallback
-
-    _add_callback(module.Trainer, TraceCallback, TraceCallback)
-
-
-def _trace_lightning(module: Any) -> None:
-    from ..lightning import TraceCallback
-
-    _add_callback(module.Trainer, TraceCallback, TraceCallback)
-
-
-#: The modules that define the trainers, and what to do once each is imported.
-_TRAINERS = (("transformers.trainer", _trace_transformers),
-             ("lightning.pytorch.trainer.trainer", _trace_lightning),
-             ("pytorch_lightning.trainer.trainer", _trace_lightning))
+#: The modules that define the trainers, and the integration's function that gives a
+#: trainer class its callback once the module is imported (named, not imported here:
+#: the integrations import this module).
+_TRAINERS = (("transformers.trainer", "dftrace.transformers:trace_trainers"),
+             ("lightning.pytorch.trainer.trainer", "dftrace.lightning:trace_trainers"),
+             ("pytorch_lightning.trainer.trainer", "dftrace.lightning:trace_trainers"))
 
 
 # -- installing -----------------------------------------------------------------------
 
-def install() -> None:
-    """Install the hooks (once per process)."""
+def install(_torch: Any = None) -> None:
+    """Install the hooks (once per process; called once torch is imported)."""
     global _original_iter
     if STATE.installed:
         return

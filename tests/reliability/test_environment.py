@@ -195,6 +195,7 @@ BAD = {
     "max_open_spans": ("10", "from 16 to 134217728"),
     "writer": ("disk", "thread, process"),
     "nvtx": ("maybe", "1/0, true/false"),
+    "auto": ("sometimes", "1/0, true/false"),
 }
 
 
