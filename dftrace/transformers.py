@@ -27,7 +27,12 @@ writes, during ``trainer.train()``:
   ``args.global_step``: a save runs between steps, so it carries no ``args.step``).
 
 In a distributed run the process's rank is taken from the trainer
-(``args.process_index``) at ``on_train_begin`` and written to the trace.
+(``args.process_index``) at ``on_train_begin`` and written to the trace, and the
+``DistributedDataParallel`` model the trainer wraps its model in records a
+``comm.all_reduce`` span per gradient bucket (:func:`dftrace.torch.trace_ddp`,
+registered at its first forward) unless you register a communication hook of your
+own, which is then traced. Give the callback to the ``Trainer`` (not with
+``add_callback`` after it was made) for this.
 
 Callbacks only hear about evaluation and saving afterwards (``on_evaluate``,
 ``on_save``), so those spans open when the trainer's control flags announce them
@@ -109,7 +114,17 @@ class TraceCallback(transformers.TrainerCallback):
             self._tracing.remove()
             self._tracing = None
 
-    # -- train / epoch ------------------------------------------------------------------------
+    # -- init / train / epoch ---------------------------------------------------------------
+    @guarded
+    def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        # The trainer wraps its model in DistributedDataParallel when train() starts:
+        # that wrapper records its gradient buckets.
+        if model is not None and getattr(args, "world_size", 1) > 1:
+            from .torch._auto import trace_ddp_of
+
+            trace_ddp_of(model)
+
+
     @guarded
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:

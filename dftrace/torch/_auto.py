@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -44,7 +45,7 @@ from .._core.tree import ai
 from .._hooks import guarded, warn_once
 from ._dist import note_distributed_rank, trace_ddp, trace_distributed
 
-__all__ = ["install", "standing_down"]
+__all__ = ["install", "standing_down", "trace_ddp_of"]
 
 _FETCH = ai.dataloader.fetch
 _FETCH_INIT = ai.dataloader.fetch.derive("init")
@@ -245,22 +246,47 @@ def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 # -- distributed ----------------------------------------------------------------------
 
+#: Modules whose DistributedDataParallel wrapper is traced whether ``auto`` is on or
+#: not: an integration's model, wrapped by its trainer after the callback saw it.
+_WANTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def trace_ddp_of(module: Any) -> None:
+    """Record the gradient buckets of the DistributedDataParallel model that will
+    wrap ``module`` (made later, by a trainer): registered at its first forward."""
+    _WANTED.add(module)
+    _patch_ddp()
+
+
+def _wanted(ddp: Any) -> bool:
+    try:
+        return STATE.installed or ddp.module in _WANTED
+    except Exception:
+        return False
+
+
 def _patch_ddp() -> None:
+    """DistributedDataParallel's ``__init__`` and ``register_comm_hook``, once: a model
+    wrapped while ``auto`` is on (or whose module is wanted) gets :func:`trace_ddp` at
+    its first forward, or around the communication hook you register before it."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if getattr(DDP.__init__, "__dftrace_patched__", False):
+        return
     init, register = DDP.__init__, DDP.register_comm_hook
 
     def __init__(self: Any, *a: Any, **kw: Any) -> None:
         init(self, *a, **kw)
         try:
+            if not _wanted(self):
+                return
             note_distributed_rank()
             handle: list[Any] = []
 
             def first_forward(module: Any, args: Any) -> None:
                 for h in handle:
                     h.remove()
-                if not getattr(self, "_dftrace_hooked", False) and not STATE.integrations:
-                    self._dftrace_hooked = True
+                if not getattr(self, "_dftrace_hooked", False):
                     try:
                         trace_ddp(self)
                     except Exception as exc:
@@ -271,11 +297,11 @@ def _patch_ddp() -> None:
             pass
 
     def register_comm_hook(self: Any, state: Any, hook: Any) -> Any:
-        if getattr(self, "_dftrace_hooked", False):
+        if getattr(self, "_dftrace_hooked", False) or not _wanted(self):
             return register(self, state, hook)
-        self._dftrace_hooked = True  # your hook, traced: trace_ddp registers it
-        return trace_ddp(self, hook, state)
+        return trace_ddp(self, hook, state)  # your hook, traced (it registers it)
 
+    __init__.__dftrace_patched__ = True  # type: ignore[attr-defined]
     DDP.__init__ = __init__  # type: ignore[method-assign]
     DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
 

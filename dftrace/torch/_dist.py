@@ -398,7 +398,8 @@ def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any
     ``group_size``, ``ddp``, ``async=true``) per gradient bucket it launches, and
     a ``comm.all_reduce.done`` span from the launch to the bucket's completion.
     The time backward then waits for the buckets is a ``comm.all_reduce.wait``
-    span. ``hook``/``state`` default to DDP's own all-reduce; collectives the hook makes
+    span, and DDP's broadcast of the module's buffers before each forward a
+    ``comm.bcast`` span (``args.buffers``). ``hook``/``state`` default to DDP's own all-reduce; collectives the hook makes
     are part of the bucket's span, not spans of their own. Like any comm hook:
     call it once, before the first backward."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -437,4 +438,41 @@ def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any
         waits.launched()
         return fut
 
+    ddp_model._dftrace_hooked = True  # its buckets are recorded: once
     ddp_model.register_comm_hook(state, traced_hook)
+    _trace_buffer_sync(ddp_model)
+
+
+def _trace_buffer_sync(ddp_model: Any) -> None:
+    """DDP broadcasts the module's buffers from rank 0 before each forward
+    (``broadcast_buffers=True``, the default, for a module with buffers): a
+    collective every rank waits in for the last, recorded as ``comm.bcast`` with
+    ``args.ddp`` and ``args.buffers``."""
+    sync = getattr(ddp_model, "_sync_buffers", None)
+    if not callable(sync):
+        return
+    node = ai.comm.bcast
+
+    def traced_sync() -> Any:
+        if not node.enabled or _inside():
+            return sync()
+        args: dict[str, Any] = {"ddp": True, "buffers": True}
+        try:
+            args["group_size"] = dist.get_world_size()
+            matching_args("bcast", None, args)
+        except Exception:
+            pass
+
+        def call() -> Any:
+            _enter()
+            try:
+                return sync()
+            finally:
+                _leave()
+
+        return call_in_span(node, call, args=args)
+
+    try:
+        ddp_model._sync_buffers = traced_sync
+    except Exception:
+        pass
