@@ -98,24 +98,30 @@ def _position(training: bool = True) -> dict[str, Any]:
 def _covered(category: str, depth: int = 12) -> bool:
     """Whether a span of ``category`` you opened yourself is open on this thread: a
     ``with``/``start()`` span or an ``.iter()`` loop body of that category, or a
-    function decorated with such a node among the callers' frames."""
+    function decorated with such a node. Nothing open (an un-annotated program): no,
+    at once. The callers' frames are looked at only while a span of no known kind
+    (a decorated function's) is open."""
     try:
         stk = _engine.LOCAL.stk or _engine.current_stack()
-        if len(stk) > 1:
-            kinds = _records.kind_names()
-            blocks = None
-            for i in stk[1:]:
-                s = stk.open.get(i) if hasattr(stk.open, "get") else None
-                if s is not None:
-                    kid = s.kid
-                else:
-                    if blocks is None:
-                        blocks = _iterators.open_block_kinds()
-                    kid = blocks.get(i)
-                if kid is not None and kinds.get(kid, ("", ""))[1] == category:
-                    return True
+        if len(stk) <= 1:
+            return False
+        kinds = _records.kind_names()
+        blocks = None
+        unknown = False
+        for i in stk[1:]:
+            s = stk.open.get(i) if hasattr(stk.open, "get") else None
+            if s is not None:
+                kid = s.kid
+            else:
+                if blocks is None:
+                    blocks = _iterators.open_block_kinds()
+                kid = blocks.get(i)
+            if kid is None:
+                unknown = True
+            elif kinds.get(kid, ("", ""))[1] == category:
+                return True
         decorated = _tree.DECORATED_CODE
-        if decorated:
+        if unknown and decorated:
             frame = sys._getframe(2)
             while frame is not None and depth:
                 if decorated.get(frame.f_code) == category:
@@ -193,26 +199,84 @@ def _traced_iter(self: Any) -> Any:
 
 # -- compute --------------------------------------------------------------------------
 
-@guarded
 def _forward_pre(module: Any, args: Any) -> None:
-    local = STATE.local
-    depth = getattr(local, "depth", 0)
-    local.depth = depth + 1
-    if depth or STATE.integrations or not _FORWARD.enabled or _covered("compute"):
-        return
-    local.span = (_FORWARD.start(), module)
+    try:
+        local = STATE.local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        if depth or STATE.integrations or not _FORWARD.enabled or _covered("compute"):
+            return
+        local.span = (_FORWARD.start(), module)
+    except Exception:
+        pass
 
 
-@guarded
 def _forward_post(module: Any, args: Any, output: Any) -> None:
-    local = STATE.local
-    local.depth = max(0, getattr(local, "depth", 1) - 1)
-    opened = getattr(local, "span", None)
-    if local.depth or opened is None or opened[1] is not module:
-        return
-    local.span = None
-    training = bool(module.training) and torch.is_grad_enabled()
-    opened[0].stop({"module": type(module).__name__, **_position(training)})
+    try:
+        local = STATE.local
+        local.depth = max(0, getattr(local, "depth", 1) - 1)
+        opened = getattr(local, "span", None)
+        if local.depth or opened is None or opened[1] is not module:
+            return
+        local.span = None
+        training = bool(module.training) and torch.is_grad_enabled()
+        opened[0].stop({"module": type(module).__name__, **_position(training)})
+    except Exception:
+        pass
+
+
+class _Roots:
+    """Which modules are called at the top (models, not their layers). A hook on
+    every module makes PyTorch take its slow path for every layer of every call, so
+    the global hooks only find the roots during the first optimizer steps; each root
+    found gets hooks of its own, and the global ones go."""
+
+    #: Optimizer steps after which the global hooks are removed.
+    DISCOVERY_STEPS = 2
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        self.hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def install(self) -> None:
+        from torch.nn.modules import module as _module
+
+        self.handles = [_module.register_module_forward_pre_hook(self.global_pre),
+                        _module.register_module_forward_hook(self.global_post, always_call=True)]
+
+    @property
+    def discovering(self) -> bool:
+        return bool(self.handles)
+
+    def global_pre(self, module: Any, args: Any) -> None:
+        if not getattr(STATE.local, "depth", 0) and module not in self.hooked:
+            try:
+                self.hooked.add(module)
+                module.register_forward_pre_hook(self.own_pre)
+                module.register_forward_hook(self.own_post, always_call=True)
+            except Exception:
+                pass
+        _forward_pre(module, args)
+
+    def global_post(self, module: Any, args: Any, output: Any) -> None:
+        _forward_post(module, args, output)
+
+    def own_pre(self, module: Any, args: Any) -> None:
+        if not self.discovering:
+            _forward_pre(module, args)
+
+    def own_post(self, module: Any, args: Any, output: Any) -> None:
+        if not self.discovering:
+            _forward_post(module, args, output)
+
+    def step_taken(self) -> None:
+        if self.handles and STATE.steps >= self.DISCOVERY_STEPS and not getattr(STATE.local, "depth", 0):
+            for handle in self.handles:
+                handle.remove()
+            self.handles = []
+
+
+ROOTS = _Roots()
 
 
 class _BackwardArgs:
@@ -242,6 +306,7 @@ def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         span.stop({"optimizer": type(optimizer).__name__, **_position()})
     if not STATE.integrations:
         STATE.steps += 1
+        ROOTS.step_taken()
 
 
 # -- distributed ----------------------------------------------------------------------
@@ -342,10 +407,7 @@ def install(_torch: Any = None) -> None:
 
     _original_iter = DataLoader.__iter__
     DataLoader.__iter__ = _traced_iter  # type: ignore[method-assign]
-    from torch.nn.modules import module as _module
-
-    _module.register_module_forward_pre_hook(_forward_pre)
-    _module.register_module_forward_hook(_forward_post, always_call=True)
+    ROOTS.install()
     from torch.optim import optimizer as _optimizer
 
     _optimizer.register_optimizer_step_pre_hook(_step_pre)
