@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("polars")
 
 from dftrace.analysis import render_text, summarize  # noqa: E402
+from dftrace.analysis._cli import main  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(__file__), "_resumed_job.py")
 
@@ -36,7 +37,7 @@ def _truth(truth_dir):
     return sorted(runs, key=lambda r: r["first_ns"])
 
 
-def test_a_resumed_rank_is_two_runs_with_true_step_times(tmp_path):
+def test_a_resumed_rank_is_two_runs_with_true_step_times(tmp_path, capsys):
     out, truth = tmp_path / "traces", tmp_path / "truth"
     out.mkdir()
     truth.mkdir()
@@ -65,3 +66,14 @@ def test_a_resumed_rank_is_two_runs_with_true_step_times(tmp_path):
     assert summary.step_stats["max_us"] <= 1.25 * longest_true, (summary.step_stats, longest_true)
     # The job's time is both runs', from the first start to the last end.
     assert summary.overview["wall_us"] >= sum(r["wall_us"] for r in summary.runs)
+    # The live view and diff read the runs the same way.
+    assert main(["watch", str(out), "--once", "--json"]) == 0
+    live = json.loads(capsys.readouterr().out)
+    assert [(r["rank"], r["steps"], (r["epoch"], r["step"])) for r in live["ranks"]] == [
+        ("rank 0 · run 1", 38, (1, 37)), ("rank 0 · run 2", 16, (1, 47))]
+    assert max(r["step_p95_us"] for r in live["ranks"]) <= 1.25 * longest_true
+    assert main(["diff", str(out), str(out), "--json", "--no-progress", "--fail-on-regression", "5%"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    rows = {r["metric"]: r for r in same["rows"]}
+    assert rows["step.count"]["base"] == 48 + (37 - 32 + 1)  # each run of a step counted
+    assert rows["step.p95"]["base"] <= 1.25 * longest_true
