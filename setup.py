@@ -31,10 +31,13 @@ try:  # pip install -e: the editable wheel gets the file too
     from setuptools.command.editable_wheel import editable_wheel
 
     class EditableWheelWithStartup(editable_wheel):
-        def _install_namespaces(self, installation_dir, pth_prefix):
-            super()._install_namespaces(installation_dir, pth_prefix)
-            with open(os.path.join(installation_dir, PTH), "w") as f:
-                f.write(PTH_LINE)
+        def _install_namespaces(self, *args, **kwargs):
+            super()._install_namespaces(*args, **kwargs)
+            # Its first argument is the directory the editable wheel is made from.
+            where = args[0] if args else kwargs.get("installation_dir")
+            if where:
+                with open(os.path.join(where, PTH), "w") as f:
+                    f.write(PTH_LINE)
 
     if hasattr(editable_wheel, "_install_namespaces"):
         commands["editable_wheel"] = EditableWheelWithStartup
