@@ -14,10 +14,11 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
+from ._core.engine import clock
 from ._core.state import STATE
 from ._core.tree import Node, Span
 
-__all__ = ["OpenSpans", "add_callback", "call_in_span", "error_args", "guarded", "warn_once"]
+__all__ = ["OpenSpans", "Wait", "add_callback", "call_in_span", "error_args", "guarded", "warn_once"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 R = TypeVar("R")
@@ -127,10 +128,10 @@ class OpenSpans:
         return f"<OpenSpans {list(self._spans)}>"
 
 
-def add_callback(trainer_type: Any, make: Callable[[], Any]) -> None:
-    """Make every ``trainer_type(..., callbacks=[...])`` also get ``make()``, unless
-    its callbacks already hold one of that type (``auto=True``: the framework's
-    trainers trace without the user adding the callback)."""
+def add_callback(trainer_type: Any, callback_type: type) -> None:
+    """Make every ``trainer_type(..., callbacks=[...])`` also get a ``callback_type()``,
+    unless its callbacks already hold one (``auto=True``: the framework's trainers
+    trace without the user adding the callback)."""
     init = trainer_type.__init__
     if getattr(init, "__dftrace_adds__", None) is not None:
         return
@@ -138,13 +139,39 @@ def add_callback(trainer_type: Any, make: Callable[[], Any]) -> None:
     def __init__(self: Any, *a: Any, **kw: Any) -> None:
         try:
             callbacks = list(kw.get("callbacks") or [])
-            kind = type(make_one := make())
-            if not any(isinstance(c, kind) for c in callbacks):
-                kw["callbacks"] = [*callbacks, make_one]
+            if not any(isinstance(c, callback_type) for c in callbacks):
+                kw["callbacks"] = [*callbacks, callback_type()]
         except Exception:
             pass
         init(self, *a, **kw)
 
-    __init__.__dftrace_adds__ = make  # type: ignore[attr-defined]
+    __init__.__dftrace_adds__ = callback_type  # type: ignore[attr-defined]
     functools.update_wrapper(__init__, init)
     trainer_type.__init__ = __init__
+
+
+class Wait:
+    """A wait the framework announces by its ends only (the time between one hook and
+    another): :meth:`begin` when it may start, :meth:`end` records it as one span of
+    ``node`` with ``args``, :meth:`cancel` forgets it (nothing was waited for)."""
+
+    __slots__ = ("node", "since")
+
+    def __init__(self, node: Node):
+        self.node = node
+        self.since: int | None = None
+
+    def begin(self) -> None:
+        self.since = clock()
+
+    def cancel(self) -> None:
+        self.since = None
+
+    @property
+    def waiting(self) -> bool:
+        return self.since is not None
+
+    def end(self, **args: Any) -> None:
+        if self.since is not None:
+            self.node.record(self.since, clock(), args or None)
+            self.since = None

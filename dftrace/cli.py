@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from ._core.config import OPTIONS, ConfigError
+from ._core.config import OPTIONS, ConfigError, auto_unless_set
 
 __all__ = ["main"]
 
@@ -185,11 +185,8 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     if problem is not None:
         print(f"dftrace run: {problem}", file=sys.stderr)
         return 2
-    options = _trace_kwargs(ns)
-    if "auto" not in options and not os.environ.get("DFTRACE_AUTO", "").strip():
-        options["auto"] = True  # a program without annotations gets a trace too
     try:
-        session = dftrace.initialize(**options)
+        session = dftrace.initialize(**auto_unless_set(_trace_kwargs(ns)))
     except ConfigError as exc:
         print(f"dftrace run: {exc}", file=sys.stderr)
         return 2

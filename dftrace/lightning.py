@@ -58,9 +58,8 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
 import os
 from typing import Any
 
-from ._core.engine import clock
 from ._core.tree import ai
-from ._hooks import OpenSpans, add_callback, call_in_span, guarded, warn_once
+from ._hooks import OpenSpans, Wait, add_callback, call_in_span, guarded, warn_once
 
 __all__ = ["TraceCallback", "trace_trainers"]
 
@@ -100,8 +99,8 @@ class _TracedCheckpointIO:
                                     args={"path": os.fspath(path), **cb._position("global_step")},
                                     after=lambda _out: _bytes_at(path))
             finally:
-                if cb._fetch_from is not None:  # the wait for the next batch starts now
-                    cb._fetch_from = clock()
+                if cb._fetch.waiting:  # the wait for the next batch starts now
+                    cb._fetch.begin()
 
         def load_checkpoint(path: Any, *args: Any, **kwargs: Any) -> Any:
             node = ai.checkpoint.restart
@@ -132,8 +131,8 @@ class TraceCallback(pl.Callback):
         self._spans = OpenSpans()
         self._io: _TracedCheckpointIO | None = None
         self._trainer: Any = None
-        #: When the wait for the next training batch began (None: not waiting).
-        self._fetch_from: int | None = None
+        #: The wait for the next training batch.
+        self._fetch = Wait(ai.dataloader.fetch)
         self._ddp_traced: Any = None
         self._standing_down = False
 
@@ -201,18 +200,18 @@ class TraceCallback(pl.Callback):
 
     @guarded
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        self._fetch_from = None
+        self._fetch.cancel()
         self._stand_down(False)
         self._spans.close("fit")
 
     @guarded
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._spans.open("epoch", ai.pipeline.epoch, epoch=int(trainer.current_epoch))
-        self._fetch_from = clock()
+        self._fetch.begin()
 
     @guarded
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._fetch_from = None
+        self._fetch.cancel()
         self._close_batch()
         self._spans.close("epoch")
 
@@ -220,9 +219,7 @@ class TraceCallback(pl.Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         step = int(trainer.global_step)
         epoch = int(trainer.current_epoch)
-        if self._fetch_from is not None:
-            ai.dataloader.fetch.record(self._fetch_from, clock(), {"epoch": epoch, "step": step})
-            self._fetch_from = None
+        self._fetch.end(epoch=epoch, step=step)
         self._spans.open("batch", ai.compute, epoch=epoch, batch=int(batch_idx), step=step)
         self._spans.open("forward", ai.compute.forward, step=step)
 
@@ -230,7 +227,7 @@ class TraceCallback(pl.Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self._close_batch()
-        self._fetch_from = clock()
+        self._fetch.begin()
 
     def _close_batch(self) -> None:
         self._spans.close("forward")
@@ -264,7 +261,7 @@ class TraceCallback(pl.Callback):
         args: dict[str, Any] = {"epoch": int(trainer.current_epoch)}
         if trainer.sanity_checking:
             args["sanity_check"] = True
-        self._fetch_from = None  # what follows the evaluation waits for its own batch
+        self._fetch.cancel()  # what follows the evaluation waits for its own batch
         self._spans.open("evaluate", ai.pipeline.evaluate, **args)
 
     @guarded
@@ -272,7 +269,7 @@ class TraceCallback(pl.Callback):
         self._spans.close("eval_batch")
         self._spans.close("evaluate")
         if self._spans.is_open("epoch"):
-            self._fetch_from = clock()
+            self._fetch.begin()
 
     @guarded
     def on_test_start(self, trainer: Any, pl_module: Any) -> None:
@@ -331,7 +328,7 @@ class TraceCallback(pl.Callback):
     # -- errors --------------------------------------------------------------------------
     @guarded
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._fetch_from = None
+        self._fetch.cancel()
         self._stand_down(False)
         self._spans.close_all(error=type(exception).__name__)
         self._undo_io()

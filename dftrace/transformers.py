@@ -61,9 +61,8 @@ try:
 except ImportError:  # pragma: no cover - older layouts
     PREFIX_CHECKPOINT_DIR = "checkpoint"
 
-from ._core.engine import clock
 from ._core.tree import ai
-from ._hooks import OpenSpans, add_callback, guarded
+from ._hooks import OpenSpans, Wait, add_callback, guarded
 from .torch import ComputeTracing, note_distributed_rank
 
 __all__ = ["TraceCallback", "trace_trainers"]
@@ -89,8 +88,8 @@ class TraceCallback(transformers.TrainerCallback):
         self._spans = OpenSpans()
         self._tracing: ComputeTracing | None = None
         self._epoch = 0
-        #: When the wait for the next step's batches began (None: not waiting).
-        self._fetch_from: int | None = None
+        #: The wait for the next step's batches (the trainer fetches them all before on_step_begin).
+        self._fetch = Wait(ai.dataloader.fetch)
 
     # -- helpers -------------------------------------------------------------------------
     def _after_step_or_epoch(self, args: Any, state: Any, control: Any) -> None:
@@ -103,7 +102,7 @@ class TraceCallback(transformers.TrainerCallback):
         elif control.should_save:
             self._open_save(args, state)
         else:
-            self._fetch_from = clock()
+            self._fetch.begin()
 
     def _open_save(self, args: Any, state: Any) -> None:
         self._spans.open("save", ai.checkpoint.capture, epoch=self._epoch,
@@ -140,7 +139,7 @@ class TraceCallback(transformers.TrainerCallback):
     @guarded
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._stop_tracing()
-        self._fetch_from = None
+        self._fetch.cancel()
         for key in ("optimizer", "step", "evaluate", "save", "epoch"):
             self._spans.close(key)
         self._spans.close("train")
@@ -150,11 +149,11 @@ class TraceCallback(transformers.TrainerCallback):
         # state.epoch is fractional progress (1.0 after the first epoch).
         self._epoch = int(math.floor((state.epoch or 0) + 1e-6))
         self._spans.open("epoch", ai.pipeline.epoch, epoch=self._epoch)
-        self._fetch_from = clock()
+        self._fetch.begin()
 
     @guarded
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._fetch_from = None  # the epoch ended: no batch was waited for
+        self._fetch.cancel()  # the epoch ended: no batch was waited for
         self._spans.close("optimizer")
         self._spans.close("step")
         self._spans.close("epoch")
@@ -166,9 +165,7 @@ class TraceCallback(transformers.TrainerCallback):
         step = int(state.global_step)
         if self._tracing is not None:
             self._tracing.step = step
-        if self._fetch_from is not None:
-            ai.dataloader.fetch.record(self._fetch_from, clock(), {"epoch": self._epoch, "step": step})
-            self._fetch_from = None
+        self._fetch.end(epoch=self._epoch, step=step)
         self._spans.open("step", ai.compute, epoch=self._epoch, step=step)
 
     @guarded
@@ -194,7 +191,7 @@ class TraceCallback(transformers.TrainerCallback):
         if self._spans.close("evaluate") and control.should_save:
             self._open_save(args, state)
         elif not self._spans.is_open("save"):
-            self._fetch_from = clock()
+            self._fetch.begin()
 
     @guarded
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -209,7 +206,7 @@ class TraceCallback(transformers.TrainerCallback):
             self._open_save(args, state)
             extra["timing"] = "end only"
         self._spans.close("save", **extra)
-        self._fetch_from = clock()
+        self._fetch.begin()
 
 
 def trace_trainers(module: Any) -> None:

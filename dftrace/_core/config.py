@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Config", "ConfigError", "OPTIONS", "RANK_MAX", "env_disabled", "env_enable",
+__all__ = ["Config", "ConfigError", "OPTIONS", "RANK_MAX", "auto_unless_set", "env_disabled", "env_enable",
            "env_enabled"]
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -243,6 +243,15 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 _BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def auto_unless_set(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with ``auto=True`` unless they or ``DFTRACE_AUTO`` say otherwise:
+    tracing switched on from outside the program (``dftrace run``, ``DFTRACE_ENABLE=1``)
+    traces what it does without annotations too."""
+    if options.get("auto") is None and not os.environ.get("DFTRACE_AUTO", "").strip():
+        return {**options, "auto": True}
+    return options
 
 
 class Config:

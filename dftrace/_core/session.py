@@ -26,15 +26,13 @@ from . import buffer as _buffer, engine as _engine, iterators as _iterators
 from .state import STATE
 from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .registration import DrainerUnavailable
-from .config import RANK_MAX, Config, ConfigError, env_enable
+from .config import RANK_MAX, Config, ConfigError, auto_unless_set, env_enable
+from .ranks import detect_rank
 from .records import META, Encoder
 from .._version import __version__
 from .writer import FileSink, Patience, Writer
 
 __all__ = ["Session", "initialize", "finalize", "session", "detect_rank"]
-
-_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
-_LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
 
 _lock = threading.RLock()
 _session: Session | None = None
@@ -46,40 +44,6 @@ DIR_CHECK_S = 2.0
 CHECKED_ENV = "DFTRACE_CHECKED_PREFIX"
 _atexit_registered = False
 _fork_hook_registered = False
-
-
-def _env_int(names: tuple[str, ...], strict: bool = False) -> int | None:
-    """The first of ``names`` set to a number. With ``strict``, one set to a
-    number out of range (0 to 2**31 - 1) raises ConfigError naming it."""
-    for n in names:
-        v = os.environ.get(n, "").strip()
-        if v.isascii() and v.isdigit():
-            if len(v) <= 10 and int(v) <= RANK_MAX:
-                return int(v)
-            if strict:
-                raise ConfigError(f"{n}={_clean(v)!r} is invalid: expected an integer from 0 "
-                                  f"to {RANK_MAX}")
-    return None
-
-
-def detect_rank(strict: bool = False) -> tuple[int | None, int | None]:
-    """(rank, local rank) from the launcher's environment, None when unknown.
-
-    The global rank is the first of RANK, OMPI_COMM_WORLD_RANK, PMI_RANK and
-    SLURM_PROCID that is set. Launchers that set only the local rank (Lightning's,
-    which sets LOCAL_RANK, NODE_RANK and WORLD_SIZE) give it as
-    ``NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK``, or the local rank on node 0; the
-    rank torch.distributed gives once a process group exists is recorded later
-    (:meth:`Session.set_rank`)."""
-    rank, local = _env_int(_RANK_VARS, strict), _env_int(_LOCAL_RANK_VARS)
-    if rank is None and local is not None and os.environ.get("WORLD_SIZE"):
-        node = _env_int(("NODE_RANK", "GROUP_RANK"))
-        per_node = _env_int(("LOCAL_WORLD_SIZE",))
-        if not node:
-            rank = local
-        elif per_node:
-            rank = node * per_node + local
-    return rank, local
 
 
 def _clean(value: Any) -> Any:
@@ -780,7 +744,7 @@ def autostart() -> None:
         elif enable:
             # Tracing switched on from outside: what a program does without
             # annotations is traced too, unless DFTRACE_AUTO says otherwise.
-            initialize(**({} if os.environ.get("DFTRACE_AUTO", "").strip() else {"auto": True}))
+            initialize(**auto_unless_set({}))
     except BaseException as exc:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise

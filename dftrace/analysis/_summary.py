@@ -344,13 +344,11 @@ def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]
     start = extents.get_column("start").min() if extents.height else None
     end = extents.get_column("end").max() if extents.height else None
     if runs:  # files of separate runs: the longest job's time, never the gap between them
-        jobs: list[list[int]] = []
-        for run in runs:  # a resumed run goes on the job of the run before it
-            if run.get("resumed") and jobs:
-                jobs[-1] = [min(jobs[-1][0], run["start_us"]), max(jobs[-1][1], run["end_us"])]
-            else:
-                jobs.append([run["start_us"], run["end_us"]])
-        start, end = max(jobs, key=lambda job: job[1] - job[0])
+        jobs: dict[int, tuple[int, int]] = {}
+        for run in runs:  # a resumed run is of the job of the run before it
+            first, last = jobs.get(run["job"], (run["start_us"], run["end_us"]))
+            jobs[run["job"]] = (min(first, run["start_us"]), max(last, run["end_us"]))
+        start, end = max(jobs.values(), key=lambda extent: extent[1] - extent[0])
     phases = dict(combined.phases.sort("ph").iter_rows())
     return {
         "files": len(combined.files),
@@ -532,7 +530,7 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     info = combined.resolution.processes
     rank_of = _launched_ranks(info)
     groups: list[list[tuple[str, int, int, str]]] = []
-    resumed: list[list[int]] = []
+    resumed: list[bool] = []
     reach = None
     #: rank -> (pid, end) of the process that ran it in the current run
     ranks_here: dict[int, tuple[int, int]] = {}
@@ -540,7 +538,7 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
         owner = rank_of.get(path)
         if reach is None or start > reach + RUN_GAP_US:
             groups.append([])
-            resumed.append([])
+            resumed.append(False)
             ranks_here = {}
             reach = end
         elif owner is not None and owner[0] in ranks_here and ranks_here[owner[0]][0] != owner[1] \
@@ -548,7 +546,7 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
             # A rank run again by another process after the first ended: the job was
             # started again (torchrun's restarts, a requeued job resuming).
             groups.append([])
-            resumed.append([owner[0]])
+            resumed.append(True)
             ranks_here = {}
         groups[-1].append((path, start, end, command))
         if owner is not None:
@@ -558,11 +556,14 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     if len(groups) < 2:
         return []
     runs = []
+    job = -1
     for members, again in zip(groups, resumed):
         paths = {m[0] for m in members}
         run_procs = [i for i, p in enumerate(info) if paths & set(p.files)]
+        job += 0 if again and job >= 0 else 1
         runs.append({
-            "resumed": bool(again),
+            "resumed": again,
+            "job": job,
             "files": sorted(paths),
             "procs": run_procs,
             "ranks": sorted({info[p].rank for p in run_procs if info[p].rank is not None}),
@@ -581,10 +582,7 @@ def _last_run_of_each_step(by_unit: pl.DataFrame, procs: pl.DataFrame,
     ran more than once kept from the last run only (separate runs keep theirs)."""
     if not any(r.get("resumed") for r in runs):
         return by_unit
-    job_of, job = {}, -1
-    for i, run in enumerate(runs):
-        job += 0 if run.get("resumed") else 1
-        job_of[i] = max(job, 0)
+    job_of = {i: run["job"] for i, run in enumerate(runs)}
     units = (procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host", "run").unique("unit")
              .with_columns(pl.col("run").replace_strict(job_of, default=0, return_dtype=pl.Int64).alias("job")))
     return (by_unit.join(units, on="unit", how="left").sort("run", maintain_order=True)
@@ -604,13 +602,11 @@ def _say_where_resumed(runs: list[dict[str, Any]], procs: pl.DataFrame, by_unit:
 
 
 def _launched_ranks(info: Sequence[Any]) -> dict[str, tuple[int, int]]:
-    """file -> (rank, pid) of the process it holds, for processes with a rank that no
-    other traced process started (not a DataLoader worker, which shares its parent's)."""
-    pids = {(p.host, p.pid) for p in info}
+    """file -> (rank, pid) of the process it holds, for processes with a rank of their
+    own (not a DataLoader worker, which shares its parent's)."""
     out: dict[str, tuple[int, int]] = {}
     for p in info:
-        ppid = p.info.get("ppid")
-        if p.rank is None or (isinstance(ppid, int) and ppid != p.pid and (p.host, ppid) in pids):
+        if p.rank is None or p.role is not None:
             continue
         for path in p.files:
             out.setdefault(path, (p.rank, p.pid))

@@ -157,9 +157,9 @@ class _Fetches:
         except StopIteration:
             raise
         except BaseException as exc:
-            _record(_FETCH, t0, {**_position(self._training()), "error": type(exc).__name__})
+            _FETCH.record(t0, _engine.clock(), {**_position(self._training()), "error": type(exc).__name__})
             raise
-        _record(_FETCH, t0, _position(self._training()))
+        _FETCH.record(t0, _engine.clock(), _position(self._training()) or None)
         return item
 
     def _training(self) -> bool:
@@ -171,13 +171,6 @@ class _Fetches:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.it, name)
-
-
-def _record(node: Any, t0: int, args: dict[str, Any] | None) -> None:
-    try:
-        node.record(t0, _engine.clock(), args or None)
-    except Exception:
-        pass
 
 
 _original_iter: Any = None
@@ -193,7 +186,7 @@ def _traced_iter(self: Any) -> Any:
     STATE.current = key
     t0 = _engine.clock()
     it = _original_iter(self)
-    _record(_FETCH_INIT, t0, None)
+    _FETCH_INIT.record(t0, _engine.clock())
     return _Fetches(it, key)
 
 

@@ -235,19 +235,15 @@ def _wrap(fn: Callable[..., Any], leaf: str, payload: str | None, params: tuple[
         except Exception:
             args, data = {}, None  # a bad call: let torch raise its own error below
         def call() -> Any:
-            _enter()  # a collective this one makes is part of its span, not another
-            try:
-                result = fn(*a, **kw)
-                if _synchronize and not args.get("async"):
-                    device = _cuda_device(data)
-                    if device is not None:
-                        torch.cuda.current_stream(device).synchronize()
-                return result
-            finally:
-                _leave()
+            result = fn(*a, **kw)
+            if _synchronize and not args.get("async"):
+                device = _cuda_device(data)
+                if device is not None:
+                    torch.cuda.current_stream(device).synchronize()
+            return result
 
         t0 = _engine.clock()
-        result = call_in_span(node, call, args=args)
+        result = call_in_span(node, _alone, (call,), args=args)  # a collective it makes is part of it
         if args.get("async") and result is not None:
             try:
                 record_completion(node, result.get_future(), t0, args)
@@ -263,6 +259,16 @@ _lock = threading.Lock()
 _active: list[DistributedTracing] = []
 _originals: dict[str, Callable[..., Any]] = {}
 _synchronize = False  # any active tracing asked for synchronize=True
+
+
+def _alone(fn: Callable[..., Any], *a: Any) -> Any:
+    """``fn(*a)`` with the collectives it makes part of the caller's span, not spans of
+    their own."""
+    _enter()
+    try:
+        return fn(*a)
+    finally:
+        _leave()
 
 
 def _update_synchronize() -> None:
@@ -425,15 +431,9 @@ def trace_ddp(ddp_model: Any, hook: Callable[..., Any] | None = None, state: Any
             matching_args("all_reduce", group, args)
         except Exception:
             pass
-        def call() -> Any:
-            _enter()  # the all_reduce DDP's hook makes is this span, not another
-            try:
-                return inner(st, bucket)
-            finally:
-                _leave()
-
         t0 = _engine.clock()
-        fut = call_in_span(node, call, args=args)
+        # The all_reduce DDP's hook makes is this span, not another.
+        fut = call_in_span(node, _alone, (inner, st, bucket), args=args)
         record_completion(node, fut, t0, args)
         waits.launched()
         return fut
@@ -462,15 +462,7 @@ def _trace_buffer_sync(ddp_model: Any) -> None:
             matching_args("bcast", None, args)
         except Exception:
             pass
-
-        def call() -> Any:
-            _enter()
-            try:
-                return sync()
-            finally:
-                _leave()
-
-        return call_in_span(node, call, args=args)
+        return call_in_span(node, _alone, (sync,), args=args)
 
     try:
         ddp_model._sync_buffers = traced_sync

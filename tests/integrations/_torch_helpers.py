@@ -70,3 +70,28 @@ def distributed_rank(rank: int, world: int, init_method: str, log_dir: str) -> N
     finally:
         dist.destroy_process_group()
         dftrace.finalize()
+
+
+def run_two_rank_job(job: str, out, truth, *args: str) -> dict[int, dict]:
+    """Run ``python JOB OUT TRUTH *ARGS`` (a 2-rank job that starts its other rank
+    itself) with no launcher or dftrace variables inherited, once more if gloo aborted
+    a rank at start-up (a loaded loopback now and then does); each rank's
+    ``truth-<rank>.json``, by rank."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DFTRACE_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))}
+    for attempt in range(2):
+        for d in (out, truth):
+            d.mkdir(exist_ok=True)
+            for f in d.iterdir():
+                if f.is_file():
+                    f.unlink()
+        done = subprocess.run([sys.executable, job, str(out), str(truth), *args], env=env,
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode == 0 or attempt:
+            break
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {f["rank"]: f for f in (json.loads((truth / f"truth-{r}.json").read_text()) for r in (0, 1))}

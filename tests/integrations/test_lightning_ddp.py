@@ -5,10 +5,7 @@ time the slow rank slept."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -18,27 +15,15 @@ pytest.importorskip("polars")
 from dftrace.analysis import render_text, summarize  # noqa: E402
 from dftrace.testing import read_events, trace_files  # noqa: E402
 
+from ._torch_helpers import run_two_rank_job  # noqa: E402
+
 JOB = os.path.join(os.path.dirname(__file__), "_lightning_ddp_job.py")
 SLOW_RANK, STEPS = 1, 16
 
 
 def _run(tmp_path, slow_rank: int):
-    out, truth = tmp_path / "traces", tmp_path / "truth"
-    for attempt in range(2):  # gloo on a loaded loopback now and then aborts a rank at start-up
-        for d in (out, truth):
-            d.mkdir(exist_ok=True)
-            for f in d.iterdir():
-                if f.is_file():
-                    f.unlink()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "RANK", "LOCAL_RANK",
-                                                                           "WORLD_SIZE", "MASTER_"))}
-        done = subprocess.run([sys.executable, JOB, str(out), str(truth), str(slow_rank)], env=env,
-                              capture_output=True, text=True, timeout=300)
-        if done.returncode == 0 or attempt:
-            break
-    assert done.returncode == 0, done.stderr[-3000:]
-    facts = {f["rank"]: f for f in (json.loads((truth / f"truth-{r}.json").read_text()) for r in (0, 1))}
-    return out, facts
+    out = tmp_path / "traces"
+    return out, run_two_rank_job(JOB, out, tmp_path / "truth", str(slow_rank))
 
 
 def test_ranks_steps_buckets_and_the_slow_rank(tmp_path):

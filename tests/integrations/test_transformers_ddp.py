@@ -5,11 +5,8 @@ Checked against the trainer's own step count and the time the slow rank slept.""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -19,6 +16,8 @@ pytest.importorskip("polars")
 
 from dftrace.analysis import summarize  # noqa: E402
 from dftrace.testing import read_events, trace_files  # noqa: E402
+
+from ._torch_helpers import run_two_rank_job  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(__file__), "_hf_ddp_job.py")
 
@@ -30,21 +29,8 @@ def _free_port() -> str:
 
 
 def test_ranks_steps_buckets_and_the_slow_rank(tmp_path):
-    out, truth = tmp_path / "traces", tmp_path / "truth"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "RANK", "LOCAL_RANK",
-                                                                       "WORLD_SIZE", "MASTER_"))}
-    for attempt in range(2):  # gloo on a loaded loopback now and then aborts a rank at start-up
-        for d in (out, truth):
-            d.mkdir(exist_ok=True)
-            for f in d.iterdir():
-                if f.is_file():
-                    f.unlink()
-        done = subprocess.run([sys.executable, JOB, str(out), str(truth), _free_port()], env=env,
-                              capture_output=True, text=True, timeout=300)
-        if done.returncode == 0 or attempt:
-            break
-    assert done.returncode == 0, done.stderr[-3000:]
-    facts = {f["rank"]: f for f in (json.loads((truth / f"truth-{r}.json").read_text()) for r in (0, 1))}
+    out = tmp_path / "traces"
+    facts = run_two_rank_job(JOB, out, tmp_path / "truth", _free_port())
     assert {r: (f["steps"], f["wrapped"]) for r, f in facts.items()} == {
         0: (16, "DistributedDataParallel"), 1: (16, "DistributedDataParallel")}
     summary = summarize(out)

@@ -54,19 +54,16 @@ def main(mode: str, out: str) -> None:
         with ai.pipeline.epoch:
             print("ready", flush=True)
             time.sleep(60)
-    elif mode == "sigterm-in-loops":
+    elif mode in ("sigterm-in-loops", "raise-in-loops"):  # ends in epoch 1's third batch
         with ai.pipeline.train:
             for epoch in ai.pipeline.epoch.iter(range(3)):
                 for batch in ai.dataloader.fetch.iter(range(4)):
-                    if epoch == 1 and batch == 2:
-                        print("ready", flush=True)
-                        time.sleep(60)
-    elif mode == "raise-in-loops":
-        with ai.pipeline.train:
-            for epoch in ai.pipeline.epoch.iter(range(3)):
-                for batch in ai.dataloader.fetch.iter(range(4)):
-                    if epoch == 1 and batch == 2:
+                    if (epoch, batch) != (1, 2):
+                        continue
+                    if mode == "raise-in-loops":
                         raise RuntimeError("boom")
+                    print("ready", flush=True)
+                    time.sleep(60)
     elif mode.startswith("app-handler"):
         print("ready", flush=True)
         deadline = time.time() + 60

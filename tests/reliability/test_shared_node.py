@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 import textwrap
 import uuid
 
@@ -47,12 +48,14 @@ OTHER_USER = "dftrace-other"
 
 
 @pytest.fixture(scope="module")
-def other_user() -> tuple[int, int, str]:
+def other_user() -> Iterator[tuple[int, int, str]]:
     """(uid, gid, python) of a second user of this machine, and an interpreter it
-    can run. Created with useradd when missing (root only)."""
+    can run. Created with useradd when missing (root only), and removed again, with
+    whatever it still runs, when the module's tests are done."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the test creates a second user (useradd) to play another "
                     "user of a shared node; CI runs it as root")
+    made = False
     try:
         pw = pwd.getpwnam(OTHER_USER)
     except KeyError:
@@ -63,13 +66,23 @@ def other_user() -> tuple[int, int, str]:
                               "/usr/sbin/nologin", OTHER_USER], capture_output=True, text=True)
         if out.returncode:
             pytest.skip(f"useradd {OTHER_USER} failed: {out.stderr.strip()}")
-        pw = pwd.getpwnam(OTHER_USER)
+        pw, made = pwd.getpwnam(OTHER_USER), True
+    try:
+        yield pw.pw_uid, pw.pw_gid, _python_for(pw)
+    finally:
+        if made:
+            subprocess.run(["pkill", "-KILL", "-u", OTHER_USER], capture_output=True)
+            subprocess.run([shutil.which("userdel") or "userdel", OTHER_USER], capture_output=True)
+
+
+def _python_for(pw: pwd.struct_passwd) -> str:
+    """An interpreter the user ``pw`` may run (skips the test when there is none)."""
     for python in dict.fromkeys([sys.executable, "/usr/bin/python3", shutil.which("python3")]):
         try:
             if python and subprocess.run([python, "-I", "-c", "pass"], user=pw.pw_uid,
                                          group=pw.pw_gid, extra_groups=[], cwd="/",
                                          capture_output=True).returncode == 0:
-                return pw.pw_uid, pw.pw_gid, python
+                return python
         except OSError:  # not executable by that user
             continue
     pytest.skip(f"no Python interpreter that {OTHER_USER} may run")

@@ -353,8 +353,6 @@ PyObject *dft_close_open_blocks(PyObject *self, PyObject *args) {
             Py_CLEAR(s->bstk);
             n++;
             next = open_iters; /* closing may have unlinked others: walk again */
-        } else if (!s->block_open) {
-            unlink_open(s);
         }
         s = next;
     }
