@@ -271,6 +271,10 @@ def _zstd_header(data: bytes) -> tuple[int, bool] | None:
 
 #: Lines longer than this (decoded) are broken lines: counted, never held in memory.
 MAX_LINE_BYTES = 16 << 20
+#: A line nested deeper than this (its own object is level 1, its ``args`` 2) is
+#: broken: every reader stops there, and whatever dftrace reads it can write again
+#: (orjson writes at most 255 levels).
+MAX_DEPTH = 64
 #: The decoded bytes of a file are handed over in pieces of about this size (whole lines).
 LINE_PIECE_BYTES = 64 << 20
 
@@ -389,12 +393,30 @@ def parse_line(text: bytes, number: int = 0) -> TraceLine:
     try:
         event = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):  # the parser's limit, deeper than dftrace's
+            return TraceLine(number, text, None, f"nested deeper than {MAX_DEPTH} levels")
         event = _with_big_numbers(body) if "number" in str(exc) else None
         if event is None:
             return TraceLine(number, text, None, f"not valid JSON: {exc}")
     if not isinstance(event, dict):
         return TraceLine(number, text, None, "not a JSON object")
+    if body.count(b"{") + body.count(b"[") > MAX_DEPTH and _depth(event) > MAX_DEPTH:
+        return TraceLine(number, text, None, f"nested deeper than {MAX_DEPTH} levels")
     return TraceLine(number, text, event, None)
+
+
+def _depth(value: Any) -> int:
+    """How deep ``value`` nests (a scalar 0, an empty object or list 1), without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _with_big_numbers(body: bytes) -> Any:
@@ -433,15 +455,28 @@ def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[TraceLine]:
         for index, raw in enumerate(lines, 1):
             number += 1
             if index in long_lines:
-                yield TraceLine(number, b"", None, f"a line longer than {MAX_LINE_BYTES >> 20} MiB")
+                yield TraceLine(number, b"", None, LONG_LINE)
             else:
                 yield parse_line(raw.strip(), number)
+    yield from trace_tail_lines(pending, number, cut)
+
+
+#: Why a line longer than :data:`MAX_LINE_BYTES` is broken.
+LONG_LINE = f"a line longer than {MAX_LINE_BYTES >> 20} MiB"
+
+
+def trace_tail_lines(pending: bytes, number: int, cut: str | None) -> list[TraceLine]:
+    """The lines after line ``number`` that end a decoded stream: ``pending`` (its
+    last line, without a line break) and, for a stream cut off (``cut``: why), a
+    broken line saying so, merged into ``pending`` when that line was cut too."""
+    tail = []
     if pending.strip():
         number += 1
         line = parse_line(pending.strip(), number)
         if cut is not None and line.error is not None:
             line = line._replace(error=f"{line.error} ({cut})")
             cut = None
-        yield line
+        tail.append(line)
     if cut is not None:
-        yield TraceLine(number + 1, b"", None, cut)
+        tail.append(TraceLine(number + 1, b"", None, cut))
+    return tail

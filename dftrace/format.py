@@ -28,10 +28,11 @@ from ._trace_names import (AI_CATEGORIES, ARG_COUNT, ARG_EPOCH, ARG_HOSTNAME_HAS
                            TraceFileName, UINT32_MAX, VIRTUAL_TID_BASE, WAIT_SUFFIX,
                            is_trace_file, normalize_phase, parse_trace_filename)  # noqa: F401
 from ._trace_reading import (DECODED_PIECE, DecodedTrace, LINE_PIECE_BYTES, LinePiece,
-                             MAX_LINE_BYTES, MemberReader, TraceLine, iter_decoded_chunks,
+                             MAX_DEPTH, MAX_LINE_BYTES, MemberReader, TraceLine, iter_decoded_chunks,
                              iter_line_pieces, iter_trace_lines, member_decoder, parse_line,
                              read_trace_bytes)  # noqa: F401
-from ._trace_rules import (MAX_VIOLATIONS, TornTail, Violation, validate_file)  # noqa: F401
+from ._trace_rules import (MAX_ID, MAX_TIME_US, MAX_VIOLATIONS, TornTail, Violation,  # noqa: F401
+                           event_problems, validate_file)
 
 __all__ = [
     "AI_CATEGORIES",
@@ -58,6 +59,9 @@ __all__ = [
     "EPOCH_NAMES",
     "ITER_SUFFIX",
     "LinePiece",
+    "MAX_DEPTH",
+    "MAX_ID",
+    "MAX_TIME_US",
     "META_CLOCK_ANCHOR",
     "META_CUSTOM",
     "META_DROPPED",
@@ -76,6 +80,7 @@ __all__ = [
     "VIRTUAL_TID_BASE",
     "Violation",
     "WAIT_SUFFIX",
+    "event_problems",
     "is_trace_file",
     "iter_decoded_chunks",
     "iter_line_pieces",

@@ -30,6 +30,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # The summary's index of files already read goes to a directory of the run's own,
     # never the user's cache (commands the tests start inherit it).
     config._dftrace_index_dir = os.environ["DFTRACE_INDEX_DIR"] = tempfile.mkdtemp(prefix="dftrace-index-")
+    # So do the records of losses that a failed trace storage could not take.
+    config._dftrace_runtime_dir = os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="dftrace-runtime-")
     config.addinivalue_line(
         "markers", "needs(capability): the test skips without this capability; "
         "DFTRACE_TEST_REQUIRE=capability,... makes that skip a failure")
@@ -39,6 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(getattr(config, "_dftrace_index_dir", ""), ignore_errors=True)
+    shutil.rmtree(getattr(config, "_dftrace_runtime_dir", ""), ignore_errors=True)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

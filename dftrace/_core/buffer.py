@@ -18,6 +18,7 @@ memory and relays them to its ring.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -116,17 +117,25 @@ def room() -> bool:
     return len(BUFFER) < STATE.buffer_limit
 
 
+def _consumer() -> Consumer | None:
+    """The consumer, unless this process is the child of a fork() made from C (no
+    at-fork hook ran): the parent's consumer has no thread here, and its locks may
+    have been copied held by a thread that does not exist here."""
+    c = STATE.consumer
+    return c if c is not None and STATE.pid == os.getpid() else None
+
+
 def wait_for_room() -> None:
     """Block until the consumer drained the buffer to half its limit (or gave up).
     Signals are not swallowed: their exceptions propagate to the recording call."""
-    c = STATE.consumer
+    c = _consumer()
     if c is not None:
         c.wait_drained(STATE.buffer_limit // 2, 10.0)
 
 
 def wake_consumer() -> None:
     STATE.woken = True
-    c = STATE.consumer
+    c = _consumer()
     if c is not None:
         try:
             c.wake()

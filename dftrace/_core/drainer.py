@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import select
 import selectors
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -67,12 +69,26 @@ class Producer:
         self.min_id = info.min_id
         self.hhash = info.hhash
         self.flush_interval = info.flush_interval
+        #: Warnings said to the producer (each once).
+        self.said: set[str] = set()
         # The producer's umask, as its own writer would have had (this process's is 0).
         self.sink = FileSink(info.base, info.compression, info.level, info.max_size,
-                             info.header, mode=0o644 & ~info.umask)
+                             info.header, mode=0o644 & ~info.umask, meta=self._meta,
+                             warn=self.warn)
         self.next_flush = time.monotonic() + self.flush_interval
         self.written = 0
         self.rbuf = b""
+
+    def warn(self, key: str, message: str) -> None:
+        """Say a problem of the producer's file to the producer's user when it
+        happens (once per ``key``), on the producer's standard error: the counts
+        reach the producer again in the answer to its finalize, but a process killed
+        before that must have heard them."""
+        if key in self.said:
+            return
+        self.said.add(key)
+        tell(self.pid, self.pidfd, f"dftrace: {message} (said by the trace drainer, "
+             f"pid {os.getpid()})\n")
 
     def _commit(self, advance: bool = True) -> None:
         """Publish where the file stands (a successor cuts it back to ``size`` and
@@ -142,12 +158,15 @@ class Producer:
             trailer += self._meta("process_end", {"finalized": False,
                                                   **how_ended(self.pid, self.pidfd)})
             lines += 1
-        if trailer:  # a process that recorded nothing still gets its end and its counts
+        # A process that recorded nothing still gets its end and its counts; a file
+        # that failed takes them with its end, if at all (see FileSink.close).
+        if trailer and not self.sink.failed:
             self._open()
             self.sink.write(trailer, lines)
             self._commit()
             self.written += lines
-        self.sink.close(b"]\n")
+            trailer = b""
+        self.sink.close(trailer + b"]\n")
         return self.close()
 
     def reject(self, why: str) -> dict[str, Any]:
@@ -160,7 +179,8 @@ class Producer:
 
     def close(self) -> dict[str, Any]:
         info = {"paths": list(self.sink.paths), "lost": self.sink.events_lost,
-                "failed": self.sink.failed, "written": self.written}
+                "failed": self.sink.failed, "written": self.written,
+                "unsaved": list(self.sink.unsaved), "loss_record": self.sink.loss_record}
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
@@ -205,6 +225,46 @@ class Registration:
         self.hhash = text("hhash", 64)
         self.header = text("header").encode("latin-1")
         self.umask = get("umask", int, lambda v: 0 <= v <= 0o777)
+
+
+def tell(pid: int, pidfd: int | None, line: str) -> bool:
+    """Write ``line`` to the standard error of process ``pid``, still running (this
+    process has no stream of the job's: see registration). A pipe or a terminal is
+    opened anew through /proc for this one line, without blocking (a full pipe loses
+    the line, never the drainer's time); a file is written through the process's own
+    descriptor (``pidfd_getfd``), at its offset, so that its next lines follow ours
+    instead of overwriting them. False where it was not said."""
+    if pidfd is None or select.select([pidfd], [], [], 0)[0]:
+        return False  # it ended (or no pidfd: its pid may be another process's)
+    stream = f"/proc/{pid}/fd/2"
+    try:
+        if stat.S_ISREG(os.stat(stream).st_mode):
+            fd = _their_fd(pidfd, 2)
+        else:
+            fd = os.open(stream, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.write(fd, line.encode("utf-8", "replace")) > 0
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+#: pidfd_getfd(2)'s number, the same on every architecture (Linux 5.6 and later).
+_SYS_PIDFD_GETFD = 438
+
+
+def _their_fd(pidfd: int, fd: int) -> int:
+    """A descriptor of the open file that the process of ``pidfd`` has as ``fd``."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    got = libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
+    if got < 0:
+        raise OSError(ctypes.get_errno(), "pidfd_getfd")
+    return got
 
 
 def _sealed_size(fd: int) -> int:

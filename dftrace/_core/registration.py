@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 import struct
 import subprocess
@@ -160,20 +159,32 @@ def _own_umask() -> int:
     return mask & 0o777
 
 
+#: How long the rest of the registration's answer may take once its first byte came
+#: (a drainer sends it whole): a peer that stops half-way is no drainer.
+ANSWER_REST_S = 0.1
+
+
 def _handshake(sock: socket.socket, peer_pid: int, payload: bytes, fd: int,
                deadline: float) -> None:
-    """Hand the ring over and check the answer: exactly ``k`` + the drainer's pid."""
+    """Hand the ring over and check the answer: exactly ``k`` + the drainer's pid.
+    A wrong byte ends the wait at once: only silence (a drainer held by its storage
+    accepts nothing) waits until ``deadline``."""
     expected = b"k" + str(peer_pid).encode()
     sock.settimeout(max(0.1, deadline - time.monotonic()))
     socket.send_fds(sock, [payload], [fd])
     reply = b""
     while len(reply) < len(expected):
-        more = sock.recv(len(expected) - len(reply))
-        if not more:
-            break
+        try:
+            more = sock.recv(len(expected) - len(reply))
+        except TimeoutError:
+            if not reply:
+                raise
+            more = b""
+        if not more or not expected.startswith(reply + more):
+            reply += more
+            raise _ProtocolError(f"the drainer answered {reply[:32]!r} to the registration")
         reply += more
-    if reply != expected:
-        raise _ProtocolError(f"the drainer answered {reply[:32]!r} to the registration")
+        sock.settimeout(ANSWER_REST_S)
     sock.settimeout(None)
 
 
@@ -230,7 +241,7 @@ def register(session: Any, fd: int) -> tuple[socket.socket, int]:
     # drainer); a private one when there is no job, or something that is not this
     # user's drainer holds the job's name.
     private = not job or got is True
-    name = f"dftrace-drainer-{os.getpid()}-{secrets.token_hex(6)}" if private else job
+    name = f"dftrace-drainer-{os.getpid()}-{os.urandom(6).hex()}" if private else job
     proc = _start_drainer(name)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:

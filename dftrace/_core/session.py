@@ -23,7 +23,7 @@ from typing import Any
 
 from . import tree as _tree
 from . import buffer as _buffer, engine as _engine, iterators as _iterators
-from .state import STATE
+from .state import STATE, limit_refused
 from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .registration import DrainerUnavailable
 from .config import RANK_MAX, Config, ConfigError, auto_unless_set, env_enable
@@ -42,8 +42,34 @@ DIR_CHECK_S = 2.0
 #: ``<host>:<log_file prefix>`` whose directory a parent process checked, or gave up
 #: checking on storage that did not answer (exported with the configuration).
 CHECKED_ENV = "DFTRACE_CHECKED_PREFIX"
+#: ``<boot>:<wall_ns>:<mono_ns>``: the clock anchor of the job's first traced process,
+#: taken over by its children started on the same host since that boot (exported
+#: with the configuration).
+ANCHOR_ENV = "DFTRACE_CLOCK_ANCHOR"
 _atexit_registered = False
 _fork_hook_registered = False
+
+
+def _boot_id(host: str) -> str:
+    """This boot of this host (the monotonic clock counts from it)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return f"{host}/{fh.read().strip()}"
+    except OSError:  # not Linux: the host's name alone
+        return host
+
+
+def _inherited_anchor(host: str) -> tuple[int, int] | None:
+    """(wall_ns, mono_ns) of the parent's anchor when it is of this host's boot."""
+    boot, _, rest = os.environ.get(ANCHOR_ENV, "").rpartition(":")
+    boot, _, wall = boot.rpartition(":")
+    try:
+        anchor = (int(wall), int(rest))
+    except ValueError:
+        return None
+    if boot != _boot_id(host) or not 0 < anchor[1] <= time.perf_counter_ns():
+        return None
+    return anchor
 
 
 def _clean(value: Any) -> Any:
@@ -77,6 +103,18 @@ def _hostname() -> str:
         return socket.gethostname()
 
 
+def _in_main_interpreter() -> bool:
+    """False in a sub-interpreter (``concurrent.interpreters``, ``_interpreters``)."""
+    try:
+        import _interpreters as interpreters  # Python 3.13
+    except ImportError:
+        try:
+            import _xxsubinterpreters as interpreters  # Python 3.10 to 3.12
+        except ImportError:  # built without them: there is one interpreter
+            return True
+    return bool(interpreters.get_current() == interpreters.get_main())
+
+
 def hostname_hash(host: str) -> str:
     import hashlib  # at initialize, not at import
 
@@ -91,7 +129,7 @@ class Session:
     """One process's tracing session (what ``initialize`` returns)."""
 
     def __init__(self, config: Config, min_id: int = 0, checked_prefix: str | None = None,
-                 writer_asked: bool = True):
+                 writer_asked: bool = True, anchor: tuple[int, int] | None = None):
         self.config = config
         #: ``writer`` was set (argument or DFTRACE_WRITER), not left to its default.
         self.writer_asked = writer_asked
@@ -101,9 +139,11 @@ class Session:
         rank, local_rank = detect_rank(strict=config.rank is None)
         self.rank = config.rank if config.rank is not None else rank
         self.local_rank = local_rank
-        # One monotonic clock, anchored once to wall time.
-        self.mono_ns = time.perf_counter_ns()
-        self.wall_ns = time.time_ns()
+        # One monotonic clock, anchored once to wall time: the job's anchor (its
+        # first traced process's, from a parent on this host), else now. A wall
+        # clock stepped during the run then moves no process's times.
+        self.wall_ns, self.mono_ns = anchor or _inherited_anchor(self.hostname) or (
+            time.time_ns(), time.perf_counter_ns())
         self.offset_ns = self.wall_ns - self.mono_ns
         self.encoder = Encoder(self.pid, self.hhash, self.offset_ns, config.max_arg_length)
         #: span ids at or below this were started before a fork (the parent's)
@@ -118,7 +158,7 @@ class Session:
         self._thread = (threading.get_native_id(), threading.current_thread().name)
         self._context = _context()
         self.sink = FileSink(self.base, config.compression, config.compression_level,
-                             config.max_file_size, self._header)
+                             config.max_file_size, self._header, meta=self._meta)
         self.sampler: _sampler.Sampler | None = None
         self.writer: Writer | _shm.ProcessWriter = self._start_writer()
         self.finalized = False
@@ -139,6 +179,7 @@ class Session:
                                                      "rank_source": _clean(str(source))}})
 
     def _start_writer(self) -> Writer | _shm.ProcessWriter:
+        unavailable = None
         if self.config.writer == "process":
             try:
                 return _shm.ProcessWriter(self)
@@ -146,11 +187,15 @@ class Session:
                 # The default says nothing where the platform has no shared ring (not
                 # Linux, no C engine): the thread writer is the writer there.
                 if self.writer_asked or not exc.platform:
-                    STATE.warn_once(
-                        "writer-process", f"writer='process' (env DFTRACE_WRITER) is not "
-                        f"available here: {exc}; this process writes its trace itself "
-                        "(writer='thread')")
-        return Writer(self.encoder, self.sink, self.config.flush_interval)
+                    unavailable = exc
+        # Where no thread can be had either, initialize() says why in one warning.
+        writer = Writer(self.encoder, self.sink, self.config.flush_interval)
+        if unavailable is not None:
+            STATE.warn_once(
+                "writer-process", f"writer='process' (env DFTRACE_WRITER) is not "
+                f"available here: {unavailable}; this process writes its trace itself "
+                "(writer='thread')")
+        return writer
 
     # -- naming --------------------------------------------------------------
     def _checked_prefix(self) -> str:
@@ -229,6 +274,7 @@ class Session:
         # Children started afresh (spawn, subprocess) on this host trust this
         # check of the directory instead of making it again on the storage.
         exported[CHECKED_ENV] = f"{self.hostname}:{self.prefix}"
+        exported[ANCHOR_ENV] = f"{_boot_id(self.hostname)}:{self.wall_ns}:{self.mono_ns}"
         for k, v in exported.items():
             self._saved_env.setdefault(k, os.environ.get(k))
             os.environ[k] = v
@@ -356,7 +402,7 @@ def initialize(**options: Any) -> Session | None:
     """Start tracing in this process. Keyword arguments override ``DFTRACE_*``
     variables (see docs/configuration.md); an invalid value raises ``ConfigError``
     naming the setting. Returns the :class:`Session` (None when tracing is off by
-    configuration). Calling it again while a session runs returns that session.
+    configuration, or in a sub-interpreter: dftrace records in the main one). Calling it again while a session runs returns that session.
 
     From a thread other than the main one, the signal handlers (which only the main
     thread may install) are installed by the main thread the next time it runs
@@ -369,9 +415,19 @@ def initialize(**options: Any) -> Session | None:
         if config.enable is False:
             _tree.set_off_for_good(True)
             return None
+        if not _in_main_interpreter():
+            # A sub-interpreter shares the process but not its C engine, writer,
+            # signal handlers or fork hooks (nor, in isolated ones, subprocesses and
+            # most C extensions): the process's trace is its main interpreter's.
+            _tree.set_off_for_good(True)
+            STATE.warn_once("interpreter", "tracing is off in this sub-interpreter of process "
+                            f"{os.getpid()}: dftrace records in the main interpreter only")
+            return None
         nvtx = _nvtx_ready(config, asked="nvtx" in options and options["nvtx"] is not None)
         _busy += 1
+        s = None
         try:
+            _load_unwinder()
             asked = (options.get("writer") is not None
                      or os.environ.get("DFTRACE_WRITER", "").strip() != "")
             s = Session(config, writer_asked=asked)
@@ -400,10 +456,53 @@ def initialize(**options: Any) -> Session | None:
             _set_gate()
             _engine.use_nvtx(nvtx)
             s.sampler = _sampler.start(config.sample_interval)
+        except Exception as exc:
+            limit = limit_refused(exc)
+            if limit is None:
+                raise
+            # A limit of the system (threads, memory, processes, file descriptors),
+            # not a setting: the program runs untraced, as it would without dftrace.
+            _abandon(s)
+            STATE.warn_once("refused", f"{limit}: tracing is off in this process "
+                            f"(pid {os.getpid()}): {_clean(str(exc))}")
+            return None
         finally:
             _busy -= 1
     _signals.redeliver_pending()
     return s
+
+
+_unwinder: Any = None
+
+
+def _load_unwinder() -> None:
+    """Load glibc's unwinder (libgcc_s) now. glibc opens it the first time a thread
+    ends: where no file descriptor is left then (RLIMIT_NOFILE), it aborts the
+    process, and the threads dftrace starts end at finalize."""
+    global _unwinder
+    if _unwinder is not None or not sys.platform.startswith("linux"):
+        return
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return
+        import ctypes
+
+        _unwinder = ctypes.CDLL("libgcc_s.so.1")
+    except (OSError, ValueError, AttributeError, ImportError):
+        _unwinder = False  # not glibc's, or not to be had: nothing to do
+
+
+def _abandon(s: Session | None) -> None:
+    """Undo what initialize() did of a session it could not complete."""
+    if s is None:
+        return
+    if _session is s:
+        finalize(s)
+    elif s.writer is not None:
+        try:
+            s.writer.stop(0.0)
+        except Exception:
+            pass
 
 
 def _trace_automatically() -> None:
@@ -461,6 +560,10 @@ def finalize(target: Session | None = None) -> None:
     events not written."""
     global _session, _busy
     interrupted: BaseException | None = None
+    if _session is None or _session.pid != os.getpid():
+        # Nothing of this process's (or the parent's session, in the child of a
+        # fork() made from C, whose _lock may have been copied held).
+        return
     with _lock:
         s = _session
         if s is None or (target is not None and target is not s) or s.pid != os.getpid():
@@ -525,9 +628,13 @@ def finalize(target: Session | None = None) -> None:
                     "shutdown-stalled",
                     f"writing {s.path} did not finish: {why}; the file is "
                     f"abandoned and {lost} events were not written")
-            elif lost and not s.sink.failed:  # a failed sink has warned already
+            elif lost:  # each failure was said when it happened: these are the counts in all
+                failed = s.sink.failed
                 STATE.warn_once(
-                    "events-lost", f"{lost} events could not be written to {s.path}")
+                    "events-lost", f"{lost} events could not be written to {s.path}"
+                    + (" (it was deleted)" if failed == "deleted" else f" ({failed})" if failed else "")
+                    + (f"; the record of the loss is in {s.sink.loss_record}"
+                       if s.sink.loss_record else ""))
             s.events_lost = lost
         except BaseException as exc:
             if isinstance(exc, Exception):
@@ -665,7 +772,8 @@ def _after_fork_child() -> None:
     _session = None
     try:
         first_id = _engine.new_id()
-        s = Session(parent.config, first_id, parent.prefix, parent.writer_asked)
+        s = Session(parent.config, first_id, parent.prefix, parent.writer_asked,
+                    (parent.wall_ns, parent.mono_ns))
         _buffer.attach(s.writer)
         _session = s
         _register_mp_finalizer()

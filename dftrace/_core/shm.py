@@ -163,7 +163,9 @@ class ProcessWriter(Consumer):
             raise
         except Exception as exc:
             self._release_ring()
-            raise DrainerUnavailable(f"registration failed: {exc!r}") from None
+            limit = _state.limit_refused(exc)  # a limit of the system is named as one
+            raise DrainerUnavailable(
+                f"registration failed: {limit + ': ' if limit else ''}{exc!r}") from None
         os.close(self._fd)  # the drainer holds its own; the mapping stays
         self._fd = -1
         encoder, append = session.encoder, _state.native.shm_append_line
@@ -231,7 +233,7 @@ class ProcessWriter(Consumer):
                     return data, n
 
                 sink = FileSink(s.base, s.config.compression, s.config.compression_level,
-                                s.config.max_file_size, s.sink.header())
+                                s.config.max_file_size, s.sink.header(), meta=s._meta)
                 s.sink = sink
                 # In-memory traces get their lines from _relay, which goes on feeding the ring.
                 self.fallback = Writer(s.encoder, sink, s.config.flush_interval, source,
@@ -554,24 +556,22 @@ class ProcessWriter(Consumer):
         paths = info.get("paths") if ok else None
         lost, written, failed = ((info.get("lost"), info.get("written"), info.get("failed"))
                                  if ok else (None, None, None))
+        unsaved = info.get("unsaved", []) if ok else None
+        loss_record = info.get("loss_record") if ok else None
         if not (isinstance(paths, list) and all(isinstance(p, str) for p in paths)
+                and isinstance(unsaved, list) and all(isinstance(p, str) for p in unsaved)
                 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                         for v in (lost, written))
-                and (failed is None or isinstance(failed, str))):
+                and all(v is None or isinstance(v, str) for v in (failed, loss_record))):
             raise _ProtocolError("an account of the file with missing or wrong fields")
+        # The drainer said each failure when it happened; finalize gives the counts in all.
         s = self.session
         s.sink.paths[:] = paths
+        s.sink.unsaved[:] = unsaved
+        s.sink.loss_record = loss_record
         s.sink.events_lost = lost
         s.sink.failed = failed
         self.events_written = written
-        if failed == "deleted":  # as the in-process sink says it
-            STATE.warn_once(
-                "sink-deleted", f"{s.path} was deleted while the run went on: {lost} events "
-                "written to it are lost; tracing stopped there, the run went on.")
-        elif failed:
-            STATE.warn_once(
-                "sink-failed", f"the trace drainer could not write {s.path} "
-                f"({failed}); {lost} events were not written")
 
     def _close(self) -> None:
         STATE.special_to_ring = None

@@ -33,6 +33,9 @@ A wakeup fd set before ours (by the application) keeps receiving every byte. An
 application or library (asyncio) that sets its own wakeup fd after ours replaces
 it; then only the Python-level handlers above apply.
 
+Where no thread can be had (``RLIMIT_AS``, a pids limit), the handlers work
+without the watcher (one warning says so).
+
 The module does not import the session: :func:`install` takes the callbacks it
 needs.
 """
@@ -46,6 +49,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from .state import STATE, limit_refused
 
 __all__ = ["install", "uninstall", "installed", "redeliver_pending", "after_fork",
            "run_on_main_thread", "MAIN_GRACE_S"]
@@ -273,7 +278,18 @@ class _Watcher:
         cls.pipe, cls.chained = (r, w), old
         cls.thread = threading.Thread(target=cls._run, args=(r, w), name="dftrace-signals",
                                       daemon=True)
-        cls.thread.start()
+        try:
+            cls.thread.start()
+        except RuntimeError as exc:  # no thread to be had (RLIMIT_AS, a pids limit)
+            cls.stop()
+            cls.thread = None
+            for fd in (r, w):
+                os.close(fd)
+            # The handlers stay: the trace is finished at a signal all the same,
+            # unless the main thread is blocked in native code when it comes.
+            STATE.warn_once("signal-watcher", f"{limit_refused(exc) or exc}: tracing goes on "
+                            "without the signal watcher (a signal that arrives while the main "
+                            "thread is blocked in native code waits for it)")
 
     @classmethod
     def stop(cls) -> None:

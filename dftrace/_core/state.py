@@ -14,12 +14,13 @@ This module is at the bottom of the core's imports: it imports nothing of dftrac
 
 from __future__ import annotations
 
+import errno
 import os
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["STATE", "ProcessState", "bind_native", "native"]
+__all__ = ["STATE", "ProcessState", "bind_native", "limit_refused", "native"]
 
 #: The C engine (``_speedups``) once the engine module loaded it, else None.
 native: Any = None
@@ -36,6 +37,24 @@ def new_open_spans() -> Any:
     """An empty ``STATE.open_spans``: a dict, or the C engine's ``StartedSpans`` (the
     same mapping, read in place by its start()/stop())."""
     return {} if native is None else native.StartedSpans()
+
+
+def limit_refused(exc: BaseException) -> str | None:
+    """Which limit of the system ``exc`` says refused a resource (a thread, memory, a
+    process, a file descriptor), as the warning names it; None when ``exc`` is no such
+    refusal (a bug, or a setting, which must still be told as they are)."""
+    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+        return "could not start a thread (RLIMIT_AS / pids limit?)"
+    if isinstance(exc, MemoryError):
+        return "out of memory (RLIMIT_AS?)"
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return "out of file descriptors (RLIMIT_NOFILE?)"
+        if exc.errno == errno.EAGAIN:
+            return "could not start a process or thread (pids limit / RLIMIT_NPROC?)"
+        if exc.errno == errno.ENOMEM:
+            return "out of memory (RLIMIT_AS?)"
+    return None
 
 
 class ProcessState:

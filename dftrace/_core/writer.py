@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 import threading
 import time
 import zlib
@@ -105,7 +106,8 @@ _WRITER_THREAD = "dftrace-writer"
 
 class FileSink:
     """Appends compressed frames to ``<base>.pfw[.zst|.gz]``, rotating to part files
-    past ``max_size`` bytes. Any OS error disables the sink with one warning.
+    past ``max_size`` bytes. Any OS error disables the sink with one warning, at
+    once, that counts the events lost so far; every event after it is counted too.
 
     The file is created at the first write (a process that records nothing, or a
     forked child that execs, leaves no file), exclusively: an existing file of that
@@ -116,10 +118,21 @@ class FileSink:
     planted by another user in a shared directory gets nothing, and one nobody reads
     never blocks the writer). Files are created with ``mode`` (less the umask).
     ``header`` (bytes, or a function returning them, called at the first write)
-    opens every part file."""
+    opens every part file.
+
+    A file is finished with ``fdatasync`` and ``close``, both checked: storage that
+    takes every write and fails at the end (NFS write-back: EIO, EDQUOT) loses the
+    whole file, and its events are counted, the file is taken out of ``paths`` (into
+    ``unsaved``) and ``warn`` says so. A file cut by a failed write (a full disk)
+    ends, where the storage takes it at the end, with a ``dropped`` record
+    (``meta(name, args)`` makes it) and ``]``; where it does not, the record goes to
+    :func:`loss_record_dir` (``loss_record`` names the file), so that the trace's
+    owner finds what the file cannot say."""
 
     def __init__(self, base: str, compression: str, level: int | None, max_size: int = 0,
-                 header: bytes | Callable[[], bytes] = b"", mode: int = 0o644):
+                 header: bytes | Callable[[], bytes] = b"", mode: int = 0o644,
+                 meta: Callable[[str, dict[str, Any]], bytes] | None = None,
+                 warn: Callable[[str, str], None] | None = None):
         self.base = base
         self.mode = mode
         self.compression = compression
@@ -130,6 +143,12 @@ class FileSink:
         self.part = 0
         self.run = 0  # N of <base>.<N> when <base> was taken
         self.paths: list[str] = []
+        #: Files the storage did not keep (fdatasync or close failed): not in paths.
+        self.unsaved: list[str] = []
+        #: Where the ``dropped`` record went when the file itself could not take it.
+        self.loss_record: str | None = None
+        self._meta = meta
+        self._warn = warn or STATE.warn_once
         self.bytes_written = 0
         self.failed: str | None = None
         #: Events that reached this sink but are in no file (write failed, file
@@ -276,6 +295,9 @@ class FileSink:
                 self._open()
             elif self.max_size and self.bytes_written >= self.max_size and not self._fifo:
                 self._rotate()
+                if self.failed:  # the storage did not keep the part just finished
+                    self.events_lost += events
+                    return
             self._write_raw(data)
             self._events_in_file += events
             if not self._fifo and os.fstat(self._fd).st_nlink == 0:  # type: ignore[arg-type]
@@ -290,7 +312,7 @@ class FileSink:
         """The file (or its directory) was removed: what it held is gone."""
         self.events_lost += self._events_in_file
         self.failed = "deleted"
-        STATE.warn_once(
+        self._warn(
             "sink-deleted",
             f"{self.path} was deleted while the run went on: {self._events_in_file} events "
             "written to it are lost; tracing stops, the run goes on.")
@@ -298,31 +320,72 @@ class FileSink:
 
     def _rotate(self) -> None:
         self._write_raw(b"]\n")
-        self._close_fd()
-        self.part += 1
-        self._open()
+        if self._finish_file():
+            self.part += 1
+            self._open()
 
     def _fail(self, exc: BaseException) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
         empty = self._fd is not None and not self._fifo and self.bytes_written == 0
-        STATE.warn_once(
+        self._warn(
             "sink-failed",
-            f"writing {self.path} failed ({self.failed}); tracing stops, the run goes on. "
+            f"writing {self.path} failed ({self.failed}): {self.events_lost} events lost "
+            "so far, and every event from now on (the count at the end says how many); "
+            "tracing stops, the run goes on. "
             + ("No file was written." if empty or not self.paths
                else "The file written so far stays readable."))
-        try:
-            if self._fd is not None and not self._fifo:
-                # Drop a frame cut short by the failure (e.g. disk full); shrinking
-                # a file needs no space.
-                os.ftruncate(self._fd, self.bytes_written)
-        except OSError:
-            pass
-        self._close_fd()
+        self._cut_back()
         if empty:  # not even the header fit: leave no empty file (it was ours: O_EXCL)
+            self._close_fd()
             try:
                 os.unlink(self.paths.pop())
             except OSError:
                 pass
+        # Otherwise the file stays open: space may come back by the end of the run,
+        # and then the file itself says how many events it misses (see close).
+
+    def _cut_back(self) -> None:
+        """Drop a frame cut short by a failure (e.g. disk full): what stays on disk
+        decodes. Shrinking a file needs no space."""
+        try:
+            if self._fd is not None and not self._fifo:
+                os.ftruncate(self._fd, self.bytes_written)
+        except OSError:
+            pass
+
+    def _finish_file(self) -> bool:
+        """Have the storage keep the open file (fdatasync: storage that takes every
+        write may fail only now, NFS write-back) and close it. On failure the file is
+        lost with every event in it: counted, said, and out of ``paths``. True when
+        the storage kept it."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return True
+        step = "fdatasync"
+        try:
+            try:
+                if not self._fifo:  # a pipe keeps nothing to sync
+                    getattr(os, "fdatasync", os.fsync)(fd)
+            finally:
+                step = "close"
+                os.close(fd)
+            return True
+        except OSError as exc:
+            self._unsaved(step, exc)
+            return False
+
+    def _unsaved(self, step: str, exc: OSError) -> None:
+        path = self.paths.pop() if self.paths else self._name()
+        self.unsaved.append(path)
+        self.events_lost += self._events_in_file
+        why = f"{step} failed: {type(exc).__name__}: {exc}"
+        self.failed = self.failed or why
+        self._warn(
+            f"sink-unsaved:{path}",
+            f"the storage did not keep {path} ({why}): the {self._events_in_file} events "
+            f"written to it are lost, {self.events_lost} in all so far; tracing stops "
+            "there, the run goes on")
+        self._events_in_file = 0
 
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
@@ -333,15 +396,40 @@ class FileSink:
                 pass
 
     def close(self, trailer: bytes = b"]\n") -> None:
-        """Write ``trailer`` and close; a sink that never wrote an event leaves no file."""
-        if self._fd is None or self.abandoned:
+        """Write ``trailer`` and close; a sink that never wrote an event leaves no file.
+        After a failure, the ``dropped`` record of the events lost goes before
+        ``trailer`` where the storage takes them now (space came back), else to
+        :func:`loss_record_dir`."""
+        if self.abandoned:
             return
-        try:
-            self._write_raw(trailer)
-        except Exception as exc:
-            self._fail(exc)
-            return
-        self._close_fd()
+        if self._fd is not None:
+            try:
+                self._write_raw(self._loss_record() + trailer)
+            except Exception as exc:
+                if not self.failed:
+                    self._fail(exc)
+                self._cut_back()
+                self._finish_file()  # what the file holds may be lost too (NFS)
+            else:
+                if self._finish_file():
+                    return
+        record = self._loss_record()
+        if record:  # with the trailer's own lines (other counts of drops), not its "]"
+            self._record_elsewhere(record + trailer.removesuffix(b"]\n"))
+
+    def _loss_record(self) -> bytes:
+        """The ``dropped`` line of what a failure of the storage lost (b"" when none
+        failed, the file was deleted, or no ``meta`` was given)."""
+        if not self.failed or self.failed == "deleted" or self._meta is None:
+            return b""
+        return self._meta("dropped", {"count": self.events_lost, "reason": "storage",
+                                      "error": self.failed})
+
+    def _record_elsewhere(self, record: bytes) -> None:
+        """Save the ``dropped`` record where the trace's storage is not (the count in
+        all at the end names the place)."""
+        trace = self.paths[-1] if self.paths else self.unsaved[-1] if self.unsaved else self._name()
+        self.loss_record = save_loss_record(trace, record)
 
     def abandon(self, close: bool = False, writing: int = 0) -> None:
         """Stop using the file: a forked child's copy (forget the descriptor) or
@@ -351,6 +439,53 @@ class FileSink:
         self.events_lost += max(self._writing, writing)
         if not close:
             self._fd = None
+
+
+def loss_record_dir() -> str:
+    """Where records of losses go when the trace's storage cannot take them:
+    ``$XDG_RUNTIME_DIR`` (a directory of this user's, in memory) when it is set and
+    this user's, else the temporary directory (``$TMPDIR``, ``/tmp``)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    try:
+        st = os.stat(runtime) if runtime else None
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        return runtime
+    return tempfile.gettempdir()
+
+
+def save_loss_record(trace: str, record: bytes) -> str | None:
+    """Write ``record`` to ``dftrace-dropped-<trace's file name>.json`` (``-N`` before
+    ``.json`` when taken) in :func:`loss_record_dir`, created exclusively with mode
+    0600, never through a symbolic link. Returns its path; None when nothing could
+    be written (nothing is left behind then)."""
+    folder = loss_record_dir()
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    stem = os.path.join(folder, "dftrace-dropped-" + os.path.basename(trace))
+    for n in range(100):
+        path = f"{stem}{f'-{n}' if n else ''}.json"
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+        try:
+            view = memoryview(record)
+            while view:
+                view = view[os.write(fd, view):]
+            os.close(fd)
+            return path
+        except OSError:
+            os.close(fd)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            return None
+    return None
 
 
 def _open_own_fifo(path: str) -> int | None:
@@ -405,7 +540,14 @@ class Writer(Consumer):
         self._completed = 0
         self.events_written = 0
         self._thread = threading.Thread(target=self._run, name=_WRITER_THREAD, daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError:
+            # Python 3.12 starts no thread once the interpreter is shutting down (a
+            # writer made at exit: the drainer lost in finalize()); stop() then
+            # writes everything on the caller's thread.
+            if threading.main_thread().is_alive():
+                raise
 
     #: Most records the C engine takes in one go (written as frames of max_batch).
     NATIVE_TAKE = 262_144
@@ -566,7 +708,7 @@ class Writer(Consumer):
         """One frame: at most ``max_batch`` records from the front of the buffer."""
         if self.sink.failed and not (tapped() and self.deliver):
             _, n = self.source(self.encoder, self.max_batch)  # nowhere to go: counted
-            STATE.dropped += n
+            self.sink.events_lost += n
             return n
         level = self._native_level()
         if level is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import inspect
 import math
 import sys
@@ -251,6 +250,10 @@ def _shaped(v: Any) -> dict[str, Any] | None:
 # -- content hashes ---------------------------------------------------------------------
 
 def _digest(header: bytes, data: Any) -> str:
+    # Imported here, not with dftrace: hashlib aborts a Python 3.12.1 process at exit
+    # once a sub-interpreter imported it.
+    import hashlib
+
     h = hashlib.blake2b(header, digest_size=8)
     h.update(data)
     return h.hexdigest()

@@ -191,7 +191,7 @@ def _pieces_folded(pieces: Iterator[PartitionData], *, work_per_step: bool) -> l
     # intervals, and a partition read in one piece has them found at the end.
     stack: list[tuple[int, Partial]] = []
     for piece in pieces:
-        partial = aggregate(piece, overlap=False, work_per_step=work_per_step)
+        partial = names_capped(aggregate(piece, overlap=False, work_per_step=work_per_step))
         del piece
         stack.append((1, partial))
         del partial
@@ -221,7 +221,40 @@ def _finished(partition: Partition, stack: list[tuple[int, Partial]], model: boo
                           settle)
     if settle:
         partial = _settled_where_read(partial)
-    return compacted(partial)
+    return compacted(names_capped(partial))
+
+
+#: Names kept per process and category in a partition's durations and self times:
+#: beyond, those of the least total time are one row, ``OTHER_NAMES``, so a trace with
+#: millions of distinct names (a file path in each) is summarized in bounded memory.
+MAX_NAMES = 10_000
+#: The row that stands for the names beyond ``MAX_NAMES`` (its count and time exact).
+OTHER_NAMES = "(other names)"
+
+
+def names_capped(partial: Partial) -> Partial:
+    """``partial`` with at most ``MAX_NAMES`` names per process and category in its
+    durations and self times, the others folded into one ``OTHER_NAMES`` row. Where a
+    name is kept in one partition and folded in another, its own row holds only the
+    first part: the cap takes effect only past ``MAX_NAMES`` distinct names."""
+    keys = [c for c in (*_KEY, "cat") if c in partial.durations.columns]
+    names = partial.durations.select(*keys, "name").unique()
+    if (names.group_by(keys).len().get_column("len").max() or 0) <= MAX_NAMES:
+        return partial
+    totals = partial.durations.group_by(*keys, "name").agg(pl.col("total").sum())
+    kept = totals.filter(pl.col("total").rank("ordinal", descending=True).over(keys) <= MAX_NAMES).select(
+        *keys, "name", pl.lit(True).alias("kept"))
+
+    def folded(table: pl.DataFrame) -> pl.DataFrame:
+        flag = table.join(kept, on=[*keys, "name"], how="left").get_column("kept").fill_null(False)
+        return table.with_columns(pl.when(flag).then(pl.col("name")).otherwise(pl.lit(OTHER_NAMES)).alias("name"))
+
+    durations, self_times = partial.durations, partial.self_times
+    partial.durations = merged_bins(folded(durations), [*keys, "name"]).select(durations.columns).cast(
+        durations.schema)
+    partial.self_times = folded(self_times).group_by(*keys, "name").agg(pl.col("us").sum()).select(
+        self_times.columns).cast(self_times.schema)
+    return partial
 
 
 def _folded(stack: list[tuple[int, Partial]], settle: bool) -> Partial:

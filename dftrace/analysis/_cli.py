@@ -108,17 +108,19 @@ def register(subparsers: Any) -> None:
         help="check trace files (and Parquet files from convert) against the format's rules",
         description="Check trace files against the rules of docs/format.md (section 5, "
         "'Validation rules'): '[' first, one JSON object per line, UTF-8 without surrogate "
-        "escapes, metadata first, uint32 pid/tid, ts and dur >= 0, spans nested per thread, "
-        "p_idx/level consistent. A last frame cut off by a kill is reported ('cut off at byte N, "
-        "K events readable') and is no violation unless --strict. A .parquet file written by "
-        "'dftrace convert' is checked against the events table instead (section 6; needs the "
-        "analysis extra). Exit code 1 if any file breaks a rule, 2 if a file cannot be read.",
+        "escapes, metadata first, uint32 pid/tid, ts and dur in [0, 2**53], spans nested per "
+        "thread, p_idx/level consistent. A last frame cut off by a kill is reported ('cut off at "
+        "byte N, K events readable'), a file without its closing ']' as 'cut'; neither is a "
+        "violation unless --strict. A .parquet file written by 'dftrace convert' is checked "
+        "against the events table instead (section 6; needs the analysis extra). Exit code 1 if "
+        "any file breaks a rule, 2 if a file cannot be read.",
     )
     p.add_argument("paths", nargs="+", help="trace files, directories or glob patterns")
     _rows_option(p, 50, "violations to print per file (default 50)", "--max")
     p.add_argument("--json", action="store_true", help="print violations as JSON")
     p.add_argument("--strict", action="store_true",
-                   help="count a last frame cut off mid-write (a killed process) as a violation")
+                   help="count a cut file (a last frame cut off mid-write, or no closing ']': a killed "
+                   "process) as a violation")
     p.set_defaults(func=_run_validate)
 
     _register_diff_and_watch(subparsers)

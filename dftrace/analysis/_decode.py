@@ -173,6 +173,8 @@ def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PI
         holder = [piece.data]
         del piece
         if not holder[0]:
+            if result.cut_off is not None:  # a cut with nothing decoded before it is a broken line too
+                _note_cut_off(result, result.cut_off)
             yield result
         elif _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted,
                                                                           scanned=scanned):
@@ -247,7 +249,7 @@ def _read_lines(result: PartitionData, holder: list[bytes], wanted: Wanted) -> P
         candidates.text = candidates.text.str.strip_suffix(",")
     try:
         events, meta_lines = _decode_fast(result, candidates, wanted)
-    except pl.exceptions.PolarsError:
+    except (pl.exceptions.PolarsError, _Misread):
         events, meta_lines = _decode_slow(result, candidates, wanted)
     result.meta = [_meta_record(result, number, line) for number, line in meta_lines]
     result.meta = [record for record in result.meta if record is not None]
@@ -256,8 +258,24 @@ def _read_lines(result: PartitionData, holder: list[bytes], wanted: Wanted) -> P
     return result
 
 
-_KIND_INT, _KIND_STR, _KIND_BOOL, _KIND_FLOAT = 0, 1, 2, 3
+_KIND_INT, _KIND_STR, _KIND_BOOL, _KIND_FLOAT, _KIND_WHOLE, _KIND_PHASE = 0, 1, 2, 3, 4, 5
 _LINE_EVENT, _LINE_OTHER, _LINE_UNREAD = 0, 1, 2
+_INT64 = (-(2**63), 2**63 - 1)
+#: The top-level keys every event line is checked on (``fmt.event_problems``), read
+#: whatever the command wants: a line breaks the same rules for every command. The
+#: scanner takes the ranges of the rules and leaves a line out of them unread.
+_RULED = {"ph": (_KIND_PHASE, _INT64), "name": (_KIND_STR, _INT64), "cat": (_KIND_STR, _INT64),
+          "pid": (_KIND_WHOLE, (0, fmt.MAX_ID)), "tid": (_KIND_WHOLE, (0, fmt.MAX_ID)),
+          "ts": (_KIND_INT, (0, fmt.MAX_TIME_US)), "dur": (_KIND_INT, (0, fmt.MAX_TIME_US))}
+
+
+def _scan_kind(where: str, key: str, dtype: pl.DataType) -> tuple[int, tuple[int, int]]:
+    """How the scanner reads a field: its kind and the range of its integers."""
+    if where == "top" and key in _RULED:
+        return _RULED[key]
+    kind = (_KIND_STR if dtype == pl.String else _KIND_BOOL if dtype == pl.Boolean
+            else _KIND_FLOAT if dtype == pl.Float64 else _KIND_INT)
+    return kind, _INT64
 
 
 def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted, *, scanned: bool = False) -> bool:
@@ -265,14 +283,11 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted, *, scanned
     line holds valid JSON the scanner cannot take (a value of an unexpected type).
     With ``scanned`` the columns are left as they were read (``result.scanned``) and
     ``result.events`` empty: for a consumer that reduces them itself."""
-    sources = list(dict.fromkeys([("top", "ph", pl.String()), ("top", "name", pl.String()),
+    sources = list(dict.fromkeys([*(RAW_FIELDS[key] for key in _RULED),
                                   *(s for s in wanted.values() if s is not None)]))
-    spec = tuple(
-        (int(where == "args"), key.encode(), _KIND_STR if dtype == pl.String else
-         _KIND_BOOL if dtype == pl.Boolean else _KIND_FLOAT if dtype == pl.Float64 else _KIND_INT)
-        for where, key, dtype in sources
-    )
-    raw_starts, raw_status, raw_columns = _scan.scan_lines(data, spec)
+    spec = tuple((int(where == "args"), key.encode(), kind, *bounds)
+                 for where, key, dtype in sources for kind, bounds in [_scan_kind(where, key, dtype)])
+    raw_starts, raw_status, raw_columns = _scan.scan_lines(data, spec, fmt.MAX_DEPTH)
     starts = np.frombuffer(raw_starts, dtype=np.int64)
     status = np.frombuffer(raw_status, dtype=np.uint8)
 
@@ -283,8 +298,9 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted, *, scanned
     closed = False
     for index in np.flatnonzero(status != _LINE_EVENT).tolist():
         parsed = fmt.parse_line(line(index))
-        if parsed.error is not None:
-            broken.append((index + 1, parsed.error))
+        problems = fmt.event_problems(parsed.event) if parsed.event is not None else []
+        if parsed.error is not None or problems:
+            broken.append((index + 1, parsed.error or problems[0][1]))
         elif parsed.event is not None:
             return False  # valid JSON the scanner does not read: the polars path will
         elif parsed.text == b"]":
@@ -499,8 +515,8 @@ def _struct_dtype(wanted: Wanted) -> pl.Struct:
         if source is not None:
             where, key, dtype = source
             (args if where == "args" else top)[key] = dtype
-    top["ph"] = pl.String
-    top["name"] = pl.String  # read always: an event without one is a broken line
+    for key in _RULED:  # read always: a line that breaks a rule on them is broken
+        top[key] = RAW_FIELDS[key][2]
     ordered = {key: top[key] for key in _TOP_ORDER if key in top}
     if args:
         ordered["args"] = pl.Struct(args)
@@ -513,10 +529,12 @@ def _decode_fast(
     text = candidates.text
     # Through a frame: Series.str.json_decode runs sequentially, a select in parallel.
     parsed = text.to_frame().select(pl.col(text.name).str.json_decode(_struct_dtype(wanted))).unnest(text.name)
-    if "args" in wanted:
-        parsed = parsed.with_columns(text.str.json_path_match("$.args").alias("args_json"))
     ph = parsed.get_column("ph").replace(_PHASE_CODES)
     is_meta = (ph == fmt.PH_METADATA).fill_null(False)
+    if _misread(text, parsed, is_meta).any():
+        raise _Misread
+    if "args" in wanted:
+        parsed = parsed.with_columns(text.str.json_path_match("$.args").alias("args_json"))
     missing = _without_name_or_ph(result, ph.is_null().to_numpy(), is_meta.to_numpy(),
                                   parsed.get_column("name").is_null().to_numpy(),
                                   lambda mask: candidates.line_numbers(np.flatnonzero(mask)))
@@ -524,6 +542,36 @@ def _decode_fast(
     meta_lines = list(zip(numbers, text.filter(is_meta).to_list()))
     events = parsed.with_columns(ph).filter(~is_meta & ~pl.Series(missing))
     return _finish(events, wanted), meta_lines
+
+
+class _Misread(Exception):
+    """polars read a line otherwise than the rules do (``_misread``): the lines go the slow path."""
+
+
+# Each ruled key with a value of its type (a number for a phase: DFTracer's codes, an
+# integer for pid and tid), and args with an object: polars turns other types into
+# text or null, keeps the first of a key given twice, and reads numbers out of range
+# as null or as they are.
+_RULED_KEY = (r'"ph"\s*:\s*["0-9]|"(?:name|cat)"\s*:\s*"|"(?:pid|tid)"\s*:\s*-?[0-9]+\s*[,}]'
+              r'|"(?:ts|dur)"\s*:\s*[-0-9]|"args"\s*:\s*\{')
+_RANGES = {"pid": (0, fmt.MAX_ID), "tid": (0, fmt.MAX_ID), "ts": (0, fmt.MAX_TIME_US), "dur": (0, fmt.MAX_TIME_US)}
+
+
+def _misread(text: pl.Series, parsed: pl.DataFrame, is_meta: pl.Series) -> pl.Series:
+    """Which event lines polars may have read otherwise than :func:`fmt.parse_line`,
+    :func:`fmt.event_problems` and JSON's last-key-wins do: a ruled key spelled more
+    often (or with another type) than polars found a value for it, a number out of
+    its range, more brackets than ``fmt.MAX_DEPTH``. Such lines (and those with a
+    ruled key inside their args, or many brackets in their text, rare) are read
+    again line by line."""
+    ruled = [key for key in (*_RULED, "args") if key in parsed.columns]
+    found = pl.sum_horizontal(pl.col(key).is_not_null().cast(pl.UInt32) for key in ruled)
+    out_of_range = pl.any_horizontal(~pl.col(key).is_between(lo, hi) for key, (lo, hi) in _RANGES.items())
+    check = parsed.select(ruled).with_columns(spelled=text.str.count_matches(_RULED_KEY),
+                                              opened=text.str.count_matches(r"[\[{]"))
+    misread = check.select((pl.col("spelled") != found) | out_of_range.fill_null(False)
+                           | (pl.col("opened") > fmt.MAX_DEPTH)).to_series()
+    return misread & ~is_meta
 
 
 def _finish(parsed: pl.DataFrame, wanted: Wanted) -> pl.DataFrame:
@@ -561,14 +609,11 @@ def _decode_slow(
             continue
         event = line.event
         assert event is not None
+        problems = fmt.event_problems(event)
+        if problems:
+            result.note_broken(number, problems[0][1])
+            continue
         ph = fmt.normalize_phase(event.get("ph"))
-        if ph is None:
-            result.note_broken(number, "event without ph" if event.get("ph") is None
-                               else f"no usable ph: {event.get('ph')!r}")
-            continue
-        if ph != fmt.PH_METADATA and event.get("name") is None:
-            result.note_broken(number, "event without name")
-            continue
         if ph == fmt.PH_METADATA:
             meta_lines.append((number, text))
             continue
@@ -599,8 +644,9 @@ def _decode_slow(
 
 def _meta_record(result: PartitionData, number: int, text: str) -> dict[str, Any] | None:
     line = fmt.parse_line(text.encode())
-    if line.event is None:
-        result.note_broken(number, line.error or "not an event")
+    problems = fmt.event_problems(line.event) if line.event is not None else []
+    if line.event is None or problems:
+        result.note_broken(number, line.error or (problems[0][1] if problems else "not an event"))
         return None
     event = line.event
     args = event.get("args")

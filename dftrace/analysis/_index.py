@@ -3,8 +3,8 @@ second summary of unchanged files skips reading them.
 
 After a summary reads a file, the partials of its partitions are written to one
 entry of the index directory (``$DFTRACE_INDEX_DIR``, else
-``$XDG_CACHE_HOME/dftrace/index``, else ``~/.cache/dftrace/index``), named by a
-hash of the file's real path. An entry is used only while the file is the one it
+``$XDG_CACHE_HOME/dftrace/index``, else ``~/.cache/dftrace/index``, and for a user
+with no home ``<tmp>/dftrace-index-<uid>``), named by a hash of the file's real path. An entry is used only while the file is the one it
 was made from: same size, same modification time (ns), same hash of its first and
 last 64 KiB, read with the same partition size by the same version of the analysis.
 Anything else (a file appended to, truncated, rewritten) reads the file again and
@@ -45,8 +45,33 @@ def index_dir() -> str:
     chosen = os.environ.get("DFTRACE_INDEX_DIR")
     if chosen:
         return chosen
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    cache = os.environ.get("XDG_CACHE_HOME")
+    if not cache:
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return _homeless_dir()
+        cache = os.path.join(home, ".cache")
     return os.path.join(cache, "dftrace", "index")
+
+
+_told_homeless = False
+
+
+def _homeless_dir() -> str:
+    """The index of a user with no home (no HOME, no passwd entry: a container's
+    arbitrary uid): a directory of the temporary directory named by the uid, never
+    ``~`` in the working directory. Used only while it is this user's and no one
+    else's (see _trusted_dir); said once."""
+    global _told_homeless
+    directory = os.path.join(tempfile.gettempdir(), f"dftrace-index-{os.getuid()}")
+    if not _told_homeless:
+        _told_homeless = True
+        import warnings
+
+        warnings.warn(f"dftrace: this user has no home directory (HOME unset, no passwd "
+                      f"entry): the summary's index is kept in {directory}", RuntimeWarning,
+                      stacklevel=2)
+    return directory
 
 
 def _entry_path(path: str) -> str:
@@ -66,10 +91,13 @@ def _analysis_fingerprint() -> str:
 
         here = os.path.dirname(os.path.abspath(__file__))
         stamps = []
-        for name in sorted(os.listdir(here)):
-            if name.endswith((".py", ".so", ".pyd")):
-                stat = os.stat(os.path.join(here, name))
-                stamps.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
+        # The line reader and its rules (one level up) decide what a partial counts too.
+        sources = [os.path.join(here, name) for name in sorted(os.listdir(here))
+                   if name.endswith((".py", ".so", ".pyd"))]
+        sources += [os.path.join(here, os.pardir, name) for name in ("_trace_reading.py", "_trace_rules.py")]
+        for source in sources:
+            stat = os.stat(source)
+            stamps.append(f"{os.path.basename(source)}:{stat.st_size}:{stat.st_mtime_ns}")
         _fingerprint = hashlib.sha256(
             "|".join([__version__, str(INDEX_FORMAT), pl.__version__, *stamps]).encode()).hexdigest()
     return _fingerprint

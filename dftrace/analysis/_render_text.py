@@ -107,6 +107,10 @@ def findings(summary: Summary) -> list[str]:
     if separate > 1:
         lines.append(f"these files are from {separate} separate runs, not one: "
                      "each run's steps are timed from its own start (see Runs)")
+    for step in summary.overview.get("clock_steps", []):
+        lines.append(f"the wall clock of {step['host']} was stepped by {step['step_us'] / 1e6:+.1f} s "
+                     f"before pid {step['pid']} started: its times are that far off its parent's, "
+                     "and it is read as of its parent's run")
     lines.extend(straggler_lines(summary))
     return lines
 

@@ -8,9 +8,12 @@
  * so this never builds a Python object per line.
  *
  * It reads only the simple layout every tracer writes: one object per line, values of
- * the requested type. A line it cannot read is marked (status 2) and the caller looks
- * at it again with a real JSON parser; a line that does not start with '{' is marked
- * status 1 (array brackets, blank lines).
+ * the requested type and range, nested no deeper than the caller's limit. A line it
+ * cannot read is marked (status 2) and the caller looks at it again with a real JSON
+ * parser and the rules of dftrace/_trace_rules.py (which hands down the ranges and the
+ * depth: this file holds none of its own); a line that does not start with '{' is
+ * marked status 1 (array brackets, blank lines). A key given twice counts with its
+ * last value, as JSON parsers read it: a second ``args`` object replaces the first.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -20,7 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { KIND_INT = 0, KIND_STR = 1, KIND_BOOL = 2, KIND_FLOAT = 3 };
+/* KIND_INT: any number in [lo, hi] (a fraction is truncated); KIND_WHOLE: an integer
+ * in [lo, hi]; KIND_STR: a string; KIND_PHASE: a string, or a number kept as its
+ * spelling (DFTracer's integer phases). */
+enum { KIND_INT = 0, KIND_STR = 1, KIND_BOOL = 2, KIND_FLOAT = 3, KIND_WHOLE = 4, KIND_PHASE = 5 };
 enum { WHERE_TOP = 0, WHERE_ARGS = 1 };
 enum { LINE_EVENT = 0, LINE_OTHER = 1, LINE_UNREAD = 2 };
 
@@ -32,6 +38,7 @@ typedef struct {
 
 typedef struct {
     int where, kind;
+    long long lo, hi;  /* KIND_INT, KIND_WHOLE: the values allowed */
     const char *key;
     Py_ssize_t key_len;
     /* The column buffers live in the bytes objects handed back (filled before any
@@ -154,8 +161,9 @@ static const char *scan_literal(const char *p, const char *end, const char *word
     return p + n;
 }
 
-/* Skip any JSON value; returns the position after it, or NULL if it is not one. */
-static const char *skip_value(const char *p, const char *end) {
+/* Skip any JSON value nested at most ``depth`` levels (a scalar: 0, [] or {}: 1);
+ * returns the position after it, or NULL if it is not one or is nested deeper. */
+static const char *skip_value(const char *p, const char *end, int depth_left) {
     if (p >= end) return NULL;
     switch (*p) {
     case '"':
@@ -170,8 +178,9 @@ static const char *skip_value(const char *p, const char *end) {
                 if (!p) return NULL;
                 continue;
             }
-            if (c == '{' || c == '[') depth++;
-            else if (c == '}' || c == ']') {
+            if (c == '{' || c == '[') {
+                if (++depth > depth_left) return NULL;
+            } else if (c == '}' || c == ']') {
                 if (--depth == 0) return p + 1;
             }
             p++;
@@ -189,9 +198,10 @@ static const char *skip_value(const char *p, const char *end) {
     }
 }
 
-/* Read an integer (a fraction is truncated, as the slow path does) into *out.
- * Returns the position after it, or NULL if the value is not a number in range. */
-static const char *read_int(const char *p, const char *end, int64_t *out) {
+/* Read an integer in [lo, hi] (a fraction is truncated, as the slow path does, unless
+ * ``whole``, which takes integers only) into *out. Returns the position after it, or
+ * NULL if the value is not such a number. */
+static const char *read_int(const char *p, const char *end, int whole, long long lo, long long hi, int64_t *out) {
     const char *start = p;
     int negative = 0;
     if (p < end && *p == '-') { negative = 1; p++; }
@@ -204,6 +214,7 @@ static const char *read_int(const char *p, const char *end, int64_t *out) {
     }
     if (p == digits) return NULL;
     if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) {
+        if (whole) return NULL;
         char buf[64];
         const char *q = start;
         while (q < end && is_number_char(*q)) q++;
@@ -213,6 +224,7 @@ static const char *read_int(const char *p, const char *end, int64_t *out) {
         char *stop;
         double d = strtod(buf, &stop);
         if (stop != buf + (q - start) || !isfinite(d) || d >= 9.2e18 || d <= -9.2e18) return NULL;
+        if (d < (double)lo || d > (double)hi) return NULL;
         *out = (int64_t)d;
         return q;
     }
@@ -223,6 +235,7 @@ static const char *read_int(const char *p, const char *end, int64_t *out) {
         if (value > (uint64_t)INT64_MAX) return NULL;
         *out = (int64_t)value;
     }
+    if (*out < lo || *out > hi) return NULL;
     return p;
 }
 
@@ -233,12 +246,12 @@ static const char *read_field(Field *f, Py_ssize_t i, const char *p, const char 
         const char *q = scan_literal(p, end, "null");
         if (q) {
             f->valid[i] = 0;
-            if (f->kind == KIND_STR) f->codes[i] = -1;
+            if (f->kind == KIND_STR || f->kind == KIND_PHASE) f->codes[i] = -1;
         }
         return q;
     }
-    if (f->kind == KIND_INT) {
-        const char *q = read_int(p, end, &f->ints[i]);
+    if (f->kind == KIND_INT || f->kind == KIND_WHOLE) {
+        const char *q = read_int(p, end, f->kind == KIND_WHOLE, f->lo, f->hi, &f->ints[i]);
         if (q) f->valid[i] = 1;
         return q;
     }
@@ -265,9 +278,9 @@ static const char *read_field(Field *f, Py_ssize_t i, const char *p, const char 
     }
     const char *q;
     int32_t code;
-    if (*p == '-' || (*p >= '0' && *p <= '9')) {
-        /* a number where text is expected (DFTracer's integer phases): its spelling */
-        q = skip_value(p, end);
+    if (f->kind == KIND_PHASE && (*p == '-' || (*p >= '0' && *p <= '9'))) {
+        /* a number where a phase is expected (DFTracer's integer phases): its spelling */
+        q = skip_value(p, end, 0);
         if (!q) return NULL;
         code = intern(f, p, q - p);
         if (code < 0) return NULL;
@@ -319,9 +332,19 @@ static Field *lookup(Memo *memo, Py_ssize_t place, Field *fields, Py_ssize_t n, 
     return f;
 }
 
-/* Walk the object at p (at '{'); returns the position after its '}' or NULL. */
+/* Forget the ``args`` fields read for ``row``: a second ``args`` key replaces the first. */
+static void clear_args(Field *fields, Py_ssize_t n_fields, Py_ssize_t row) {
+    for (Py_ssize_t k = 0; k < n_fields; k++) {
+        if (fields[k].where != WHERE_ARGS) continue;
+        fields[k].valid[row] = 0;
+        if (fields[k].kind == KIND_STR || fields[k].kind == KIND_PHASE) fields[k].codes[row] = -1;
+    }
+}
+
+/* Walk the object at p (at '{'), whose values may nest ``depth_left`` levels; returns
+ * the position after its '}' or NULL. */
 static const char *scan_object(Field *fields, Py_ssize_t n_fields, Memo *memo, int where, Py_ssize_t row,
-                               const char *p, const char *end, int want_args) {
+                               const char *p, const char *end, int want_args, int depth_left) {
     p = skip_ws(p + 1, end);
     if (p < end && *p == '}') return p + 1;
     Memo *own = memo + where * MEMO_PLACES;
@@ -348,10 +371,15 @@ static const char *scan_object(Field *fields, Py_ssize_t n_fields, Memo *memo, i
         if (p >= end) return NULL;
         if (f) {
             p = read_field(f, row, p, end);
-        } else if (where == WHERE_TOP && want_args && *p == '{' && key_len == 4 && memcmp(key, "args", 4) == 0) {
-            p = scan_object(fields, n_fields, memo, WHERE_ARGS, row, p, end, 0);
+        } else if (where == WHERE_TOP && key_len == 4 && memcmp(key, "args", 4) == 0) {
+            /* args: an object (or null, as if absent); anything else breaks the line */
+            clear_args(fields, n_fields, row);
+            if (*p == '{' && want_args && depth_left >= 1)
+                p = scan_object(fields, n_fields, memo, WHERE_ARGS, row, p, end, 0, depth_left - 1);
+            else
+                p = *p == '{' || *p == 'n' ? skip_value(p, end, depth_left) : NULL;
         } else {
-            p = skip_value(p, end);
+            p = skip_value(p, end, depth_left);
         }
         if (!p) return NULL;
         p = skip_ws(p, end);
@@ -393,7 +421,8 @@ static Py_ssize_t count_lines(const char *buf, Py_ssize_t n) {
 static PyObject *scan_lines(PyObject *self, PyObject *args) {
     Py_buffer data;
     PyObject *spec;
-    if (!PyArg_ParseTuple(args, "y*O!:scan_lines", &data, &PyTuple_Type, &spec)) return NULL;
+    int max_depth;
+    if (!PyArg_ParseTuple(args, "y*O!i:scan_lines", &data, &PyTuple_Type, &spec, &max_depth)) return NULL;
     PyObject *result = NULL;
     Py_ssize_t n_fields = PyTuple_GET_SIZE(spec);
     Field *fields = calloc(n_fields ? n_fields : 1, sizeof(Field));
@@ -405,17 +434,20 @@ static PyObject *scan_lines(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; k < n_fields; k++) {
         Field *f = &fields[k];
         const char *key;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(spec, k), "iy#i", &f->where, &key, &f->key_len, &f->kind)) goto done;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(spec, k), "iy#iLL", &f->where, &key, &f->key_len, &f->kind, &f->lo,
+                              &f->hi))
+            goto done;
         f->key = key;
         f->last = -1;
         want_args |= f->where == WHERE_ARGS;
-        Py_ssize_t width = f->kind == KIND_STR ? (Py_ssize_t)sizeof(int32_t) : (Py_ssize_t)sizeof(int64_t);
+        int text = f->kind == KIND_STR || f->kind == KIND_PHASE;
+        Py_ssize_t width = text ? (Py_ssize_t)sizeof(int32_t) : (Py_ssize_t)sizeof(int64_t);
         f->valid_obj = PyBytes_FromStringAndSize(NULL, n_lines);
         f->values_obj = PyBytes_FromStringAndSize(NULL, width * n_lines);
         if (!f->valid_obj || !f->values_obj) goto done;
         f->valid = (uint8_t *)PyBytes_AS_STRING(f->valid_obj);
         memset(f->valid, 0, n_lines);
-        if (f->kind == KIND_STR) {
+        if (f->kind == KIND_STR || f->kind == KIND_PHASE) {
             f->codes = (int32_t *)PyBytes_AS_STRING(f->values_obj);
             memset(f->codes, 0xff, sizeof(int32_t) * n_lines);
         } else {
@@ -441,7 +473,8 @@ static PyObject *scan_lines(PyObject *self, PyObject *args) {
         if (q >= line_end || *q != '{') {
             status[row] = LINE_OTHER;
         } else {
-            q = scan_object(fields, n_fields, memo, WHERE_TOP, row, q, line_end, want_args);
+            /* the line's object is level 1: its values may nest max_depth - 1 more */
+            q = scan_object(fields, n_fields, memo, WHERE_TOP, row, q, line_end, want_args, max_depth - 1);
             if (q) {
                 q = skip_ws(q, line_end);
                 if (q < line_end && *q == ',') q = skip_ws(q + 1, line_end);
@@ -458,7 +491,7 @@ static PyObject *scan_lines(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; k < n_fields; k++) {
         Field *f = &fields[k];
         PyObject *item;
-        if (f->kind == KIND_STR) {
+        if (f->kind == KIND_STR || f->kind == KIND_PHASE) {
             PyObject *distinct = PyList_New(f->n_entries);
             if (!distinct) { Py_DECREF(columns); goto done; }
             for (Py_ssize_t e = 0; e < f->n_entries; e++) {
@@ -492,7 +525,7 @@ PyObject *sweeps_extents(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"scan_lines", scan_lines, METH_VARARGS,
-     "scan_lines(data, fields) -> (starts, status, columns): see dftrace.analysis._decode."},
+     "scan_lines(data, fields, max_depth) -> (starts, status, columns): see dftrace.analysis._decode."},
     {"innermost", sweeps_innermost, METH_VARARGS,
      "innermost(tid, ts, end, level, level_valid, group, order) -> (groups, starts, ends, self_us) or None: "
      "see _sweeps.c."},
@@ -507,8 +540,16 @@ static PyMethodDef methods[] = {
      "extents(keys, k, start, end, values, taken) -> (rows, starts, ends, counts, sums): see _sweeps.c."},
     {NULL, NULL, 0, NULL}};
 
+/* The module keeps no state (its functions read only their arguments), so every
+   interpreter of a process can load its own, each with its own GIL. */
+static PyModuleDef_Slot slots[] = {
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+    {0, NULL}};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dftrace.analysis._scan",
                                     "Column extraction from trace lines, and the summary's interval sweeps.",
-                                    -1, methods};
+                                    0, methods, slots};
 
-PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__scan(void) { return PyModuleDef_Init(&module); }

@@ -80,9 +80,10 @@ def coerce_value(value: Any, dtype: Any) -> Any:
         return value if -(2**63) <= value < 2**63 else None
     if isinstance(value, float):
         return int(value)
-    if isinstance(value, str):
+    if isinstance(value, str):  # digits of an integer beyond 64 bits, or text
         try:
-            return int(value)
+            number = int(value)
         except ValueError:
             return None
+        return number if -(2**63) <= number < 2**63 else None
     return None

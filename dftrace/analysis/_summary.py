@@ -369,6 +369,8 @@ def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]
         "incomplete_spans": int(extents.get_column("incomplete").sum()) if extents.height else 0,
         "dropped_events": int(procs.get_column("dropped").sum()),
         "ended_abnormally": sum(p.ended is not None for p in combined.resolution.processes),
+        "clock_steps": [{k: step[k] for k in ("host", "pid", "step_us")}
+                        for step in clock_steps(combined.resolution.processes)],
         # Span-duration percentiles come from a sketch: exact below the first figure,
         # within the relative error above it (counts, totals, means, extremes exact).
         "duration_percentiles": {"exact_below_us": EXACT_BELOW_US, "relative_error": RELATIVE_ERROR},
@@ -524,10 +526,17 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     gap between groups of files means separate runs, which usually also shows as
     other hosts and command lines.
     """
-    files = combined.file_extents.sort("start")
+    info = combined.resolution.processes
+    # Times of a process started after the wall clock was stepped, put back on its
+    # parent's clock: one job, whatever the wall clock did.
+    shift = {path: step["shift_us"] for step in clock_steps(info) for path in info[step["proc"]].files}
+    files = combined.file_extents
+    if shift:
+        shifted = pl.col("path").replace_strict(shift, default=0, return_dtype=pl.Int64)
+        files = files.with_columns(pl.col("start") + shifted, pl.col("end") + shifted)
+    files = files.sort("start")
     if files.height < 2:
         return []
-    info = combined.resolution.processes
     rank_of = _launched_ranks(info)
     groups: list[list[tuple[str, int, int, str]]] = []
     resumed: list[bool] = []
@@ -599,6 +608,42 @@ def _say_where_resumed(runs: list[dict[str, Any]], procs: pl.DataFrame, by_unit:
     for i, run in enumerate(runs):
         if run.get("resumed"):
             run["resumed_at"] = at.get(i)
+
+
+#: A process whose clock anchor is further than this from its parent's (on their host,
+#: whose monotonic clock they share) was started after the wall clock was stepped.
+CLOCK_STEP_US = 1_000_000
+
+
+def clock_steps(info: Sequence[Any]) -> list[dict[str, Any]]:
+    """Processes started after the wall clock of their host was stepped, found by their
+    clock anchor (wall and monotonic time at the start) against the one of the first
+    traced process they descend from: a parent and its child share the host's
+    monotonic clock, so their anchors differ only by a step of the wall clock. Each:
+    ``proc`` (index), ``host``, ``pid``, ``step_us`` (how far the wall clock moved)
+    and ``shift_us`` (what puts the process's times on its ancestor's clock)."""
+    by_key = {(p.host, p.pid): p for p in info}
+
+    def offset(p: Any) -> int | None:
+        return p.wall_ns - p.mono_ns if p.wall_ns is not None and p.mono_ns is not None else None
+
+    steps = []
+    for i, p in enumerate(info):
+        own = offset(p)
+        root, seen = p, {id(p)}
+        while True:  # the first traced ancestor on the host
+            parent = by_key.get((root.host, root.info.get("ppid")))
+            if parent is None or id(parent) in seen or offset(parent) is None:
+                break
+            root = parent
+            seen.add(id(root))
+        if own is None or root is p:
+            continue
+        step_us = (own - offset(root)) // 1000
+        if abs(step_us) >= CLOCK_STEP_US:
+            steps.append({"proc": i, "host": p.host, "pid": p.pid, "step_us": step_us,
+                          "shift_us": -step_us})
+    return steps
 
 
 def _launched_ranks(info: Sequence[Any]) -> dict[str, tuple[int, int]]:

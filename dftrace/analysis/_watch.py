@@ -22,6 +22,12 @@ durations and extents.
 A file is closed when its writer's closing ``]`` was read; one whose last bytes are
 an unfinished unit is cut off (a writer killed mid-flush); one that has not grown
 for ``stale_s`` seconds is stalled.
+
+Damage does not end the watch. Garbage in a plain file is broken lines, as in any
+summary. Bytes of a compressed file that do not decode (garbage, a unit left half
+written) are skipped up to the next unit's magic bytes, whenever that comes: they
+are a partition of their own, read as the summary reads them (at least one broken
+line, counted), and the units after them are followed as before.
 """
 
 from __future__ import annotations
@@ -83,8 +89,12 @@ class FileFollower:
         #: What is kept of the partials let go: their keyed tables, folded into one.
         self.history: Partial | None = None
         self.closed = False
-        #: Why the file cannot be read further (undecodable bytes), if so.
+        #: The last undecodable bytes met (see the module docstring), if any.
         self.broken: str | None = None
+        #: Where undecodable bytes start that no unit has followed yet; None when none.
+        self._damaged_at: int | None = None
+        #: Where the look for the next unit after them goes on (bytes before: searched).
+        self._search_from = 0
         self._decoder: Any = None
         self._decoder_start = 0
         self._magic = b""
@@ -102,7 +112,7 @@ class FileFollower:
     def poll(self) -> bool:
         """Read what was added since the last call; True when new events were read."""
         self.last_read = (0, 0)
-        if self.closed or self.broken:
+        if self.closed:
             return False
         try:
             size = os.path.getsize(self.path)
@@ -112,7 +122,7 @@ class FileFollower:
             self._start()
         if size == self.scanned:
             return False
-        ends = self._complete_ends(size)
+        ends = [end for end in self._complete_ends(size) if end > self.offset]
         if not ends:
             return False
         start, partitions = self.offset, []
@@ -184,11 +194,15 @@ class FileFollower:
         return [*ends, self.offset + complete] if complete else []
 
     def _compressed_ends(self, fh: Any, size: int) -> list[int]:
-        # Each unit's end, and the bytes decoded up to it.
+        # Each unit's end, and the bytes decoded up to it; the ranges of undecodable bytes.
         units: list[tuple[int, int]] = []
+        damaged: list[int] = []
         end, decoded = self.offset, 0
-        fh.seek(self.scanned)
         position = self.scanned
+        if self._damaged_at is not None:
+            position = self._resync(fh, size, damaged, units, decoded)
+            end = units[-1][0] if units else end
+        fh.seek(position)
         while position < size:
             data = fh.read(min(_READ_BYTES, size - position))
             if not data:
@@ -202,10 +216,14 @@ class FileFollower:
                     if ended:
                         end = self._decoder_start + self._decoder.offset
                         units.append((end, decoded))
-            except ValueError as exc:  # not a unit we can read
-                self.broken = f"undecodable data in the frame/member at byte {end}: {exc}"
-                position = size
-                break
+            except ValueError as exc:  # not a unit we can read: read on from the next one
+                self._damaged_at = end = self._decoder_start + self._decoder.member_start
+                self.broken = f"undecodable data at byte {end}: {exc}"
+                self._decoder = None
+                position = self._resync(fh, size, damaged, units, decoded)
+                end = units[-1][0] if units else end
+                fh.seek(position)
+                continue
             position += len(data)
         self.scanned = position
         if not units:
@@ -213,7 +231,31 @@ class FileFollower:
         decoded_at = [d for _, d in units]
         ends = [units[min(bisect.bisect_left(decoded_at, at), len(units) - 1)][0]
                 for at in partition_ends(units[-1][1])]
-        return sorted({*ends, units[-1][0]})
+        return sorted({*ends, *damaged, units[-1][0]})
+
+    def _resync(self, fh: Any, size: int, damaged: list[int], units: list[tuple[int, int]], decoded: int) -> int:
+        """Look for the next unit after the undecodable bytes at ``_damaged_at``: where
+        one starts, the damage becomes a partition of its own (its start and end go
+        into ``damaged`` and ``units``) and reading goes on there. Returns the
+        position to read on from (``size`` while no unit follows yet)."""
+        assert self._damaged_at is not None
+        magic = self._magic[:3] if self._magic.startswith(b"\x1f\x8b") else self._magic[:4]
+        at = max(self._damaged_at + 1, self._search_from)
+        fh.seek(at)
+        while at < size:
+            data = fh.read(min(_READ_BYTES, size - at))
+            found = data.find(magic)
+            if found >= 0:
+                damaged += [self._damaged_at, at + found]
+                units.append((at + found, decoded))
+                self._damaged_at = None
+                return at + found
+            if not data or at + len(data) >= size:
+                break
+            at += len(data) - len(magic) + 1  # a magic split across two reads is found
+            fh.seek(at)
+        self._search_from = max(at, size - len(magic) + 1)
+        return size
 
     @property
     def writer(self) -> tuple[Any, Any] | None:
@@ -225,10 +267,10 @@ class FileFollower:
         return None
 
     def done(self, now: float, stale_s: float) -> bool:
-        """True when the file will not grow again: closed, undecodable, its writer
-        gone, or, for a file that names no writer (garbage, another tool's), not grown
-        for ``stale_s`` seconds."""
-        if self.closed or self.broken or self.writer_gone:
+        """True when the file will not grow again: closed, its writer gone, or, for a
+        file that names no writer (garbage, another tool's), not grown for ``stale_s``
+        seconds."""
+        if self.closed or self.writer_gone:
             return True
         if self.writer is not None:
             return False
@@ -258,7 +300,7 @@ class FileFollower:
     def state(self, now: float, stale_s: float) -> str:
         if self.closed:
             return CLOSED
-        if self.broken or self.pending or self.writer_gone:
+        if self._damaged_at is not None or self.pending or self.writer_gone:
             return CUT_OFF
         try:
             age = now - os.path.getmtime(self.path)
@@ -486,7 +528,8 @@ def _totals(files: list[dict[str, Any]], summary: Summary | None, ranks: list[di
     return {
         "files": len(files), **{f"files_{k.replace(' ', '_')}": v for k, v in states.items()},
         "processes": o.get("processes", 0), "ranks": o.get("ranks", 0),
-        "events": o.get("events", 0), "dropped_events": o.get("dropped_events", 0),
+        "events": o.get("events", 0), "broken_lines": o.get("broken_lines", 0),
+        "dropped_events": o.get("dropped_events", 0),
         "wall_us": o.get("wall_us", 0),
         "steps_per_s": round(min(rates), 3) if rates else None,
     }
@@ -527,7 +570,8 @@ def _headline(snapshot: dict[str, Any]) -> str:
     return (
         f"dftrace watch: {t['files']} files ({t['files_open']} open, {t['files_stalled']} stalled, "
         f"{t['files_cut_off']} cut off, {t['files_closed']} closed) · {t['ranks']} ranks · "
-        f"{t['events']} events · {t['dropped_events']} dropped · {format_us(t['wall_us'])}"
+        f"{t['events']} events · {t['broken_lines']} broken lines · {t['dropped_events']} dropped · "
+        f"{format_us(t['wall_us'])}"
         + (f" · {t['steps_per_s']:.2f} steps/s (slowest rank)" if t["steps_per_s"] else "")
     )
 

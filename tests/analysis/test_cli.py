@@ -257,10 +257,11 @@ def test_validate_fails_with_line_numbers(tmp_path, capsys):
                                   compression="none", extra_lines=[bad])
     bad_line = path.read_bytes().split(b"\n").index(bad) + 1
     assert main(["validate", str(path)]) == 1
-    assert f"line {bad_line}: [dur] dur must be a number >= 0" in capsys.readouterr().out
+    assert f"line {bad_line}: [dur] dur must be a number in [0, 2**53], got -3" in capsys.readouterr().out
     assert main(["validate", str(path), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report[str(path)] == [{"line": bad_line, "rule": "dur", "message": "dur must be a number >= 0, got -3"}]
+    assert report[str(path)] == [{"line": bad_line, "rule": "dur",
+                                  "message": "dur must be a number in [0, 2**53], got -3"}]
 
 
 def test_validate_needs_no_analysis_stack(tmp_path):

@@ -133,6 +133,47 @@ def test_each_rule_reports_the_offending_line(tmp_path, line, rule):
     assert (4, rule) in _rules(path)
 
 
+_HOSTILE_LINES = [
+    _span(10, -1), _span(-5, 1), _span(10, 1, pid=2**32), _span(10, 1, tid=-1), _span(10, 1, ph=1),
+    _span(10, 1, ph="Q"), _span(10, 1, name=3), _span(10, 1, args=[1]), _span(10, 1) + b",",
+    b'{"name":"s","ph":"i","pid":7,"tid":7,"ts":1,"args":{"t":"\\ud83d\\ude00"}}',
+    b'{"name":"s","ph":"i","pid":7,"tid":7,"ts":1,"args":{"p":"C:\\\\ud800"}}',  # no surrogate
+    b'{"name":"s\xff","ph":"i","pid":7,"tid":7,"ts":1}', b"][", b"[]", b"", b"  ", b"5", b'"text"', b'{"name":',
+    b'{"name":"s","ph":"i","pid":7,"tid":7,"ts":1,"args":{"a":' + b"[" * 70 + b"]" * 70 + b"}}",  # too deep
+    b'{"name":"s","ph":"i","pid":7,"tid":7,"ts":1,"args":{"a":"' + b"{" * 70 + b'"}}',  # braces in a string
+    b'{"name":"s","ph":"X","pid":7,"tid":7,"ts":1,"dur":1,"id":' + str(2**70).encode() + b"}",
+    b'{"name":"s","ph":"i","tid":7,"ts":1}', b'{"name":"s","ph":"i","pid":7,"ts":1}',
+    b'{"name":"s","ph":"X","pid":7,"tid":7,"dur":1}', b'{"name":"s","ph":"X","pid":7,"tid":7,"ts":1}',
+    b'{"ph":"X","pid":7,"tid":7,"ts":1,"dur":1}', b'{"name":"s","pid":7,"tid":7}', _meta(),
+    b'  ' + _span(10, 1) + b' \r', _span(10, 1) + b"\x0c", _span(10, 1, pid=True), _span(10.5, 1e300),
+]
+
+
+def test_hostile_lines_among_many_are_reported_as_each_alone(tmp_path):
+    """Each kind of broken line, put among thousands of good event lines (alone, next
+    to another, at the ends of the blocks validate reads at once), is reported at its
+    line with exactly the violations it gets as the only event after the metadata."""
+    alone = {}
+    for line in _HOSTILE_LINES:
+        found = fmt.validate_file(_write(tmp_path, [b"[", _meta(), line]))
+        alone[line] = [(v.rule, v.message) for v in found if v.line == 3]
+        assert all(v.line == 3 for v in found)
+    good = [_span(10 * i, 5, id=i + 1, pid=8, tid=8) for i in range(4000)]  # disjoint, on their own thread
+    at = sorted({*range(3, 4000, 50), 1000, 1001, 1002, 510, 511, 512, 513, 1024, 1025, 3999})
+    lines, expected = [b"[", _meta()], []
+    for index, line in enumerate(good):
+        if index in at:
+            hostile = _HOSTILE_LINES[len(expected) % len(_HOSTILE_LINES)]
+            lines.append(hostile)
+            expected.append((len(lines), hostile))
+        lines.append(line)
+    lines.append(b"]")
+    path = _write(tmp_path, lines)
+    assert len(expected) > 2 * len(_HOSTILE_LINES)
+    assert [(v.line, v.rule, v.message) for v in fmt.validate_file(path)] == [
+        (number, rule, message) for number, line in expected for rule, message in alone[line]]
+
+
 def test_escaped_backslash_before_u_is_not_a_surrogate(tmp_path):
     """`\\\\ud800` is a backslash followed by text, not an escaped surrogate."""
     line = b'{"name":"s","ph":"i","pid":7,"tid":7,"ts":1,"args":{"p":"C:\\\\ud800"}}'

@@ -118,12 +118,16 @@ def test_indented_event_lines_load(tmp_path):
 
 
 def test_values_of_odd_types_take_the_slow_path(tmp_path):
-    """An event whose pid is a string still loads (as null) instead of failing the file."""
+    """An event whose step is a string still loads (step null) instead of failing the
+    file; one whose pid is a string breaks a rule of every reader: one broken line."""
     proc = tracegen.training_process(1000, epochs=1, steps=1)
-    odd = orjson.dumps({"name": "odd", "cat": "compute", "pid": "x", "tid": 1, "ts": 5, "dur": 1, "ph": "X"})
-    trace = load_traces(tracegen.write_process(tmp_path, proc, extra_lines=[odd]))
+    odd = orjson.dumps({"name": "odd", "cat": "compute", "pid": 1, "tid": 1, "ts": 5, "dur": 1, "ph": "X",
+                        "args": {"step": "x"}})
+    bad = orjson.dumps({"name": "bad", "cat": "compute", "pid": "x", "tid": 1, "ts": 5, "dur": 1, "ph": "X"})
+    trace = load_traces(tracegen.write_process(tmp_path, proc, extra_lines=[odd, bad]))
     assert trace.events.height == len(proc.events) + 1
-    assert trace.files[0].broken_count == 0
+    assert trace.events.filter(pl.col("name") == "odd").get_column("step").to_list() == [None]
+    assert [reason for _, reason in trace.files[0].broken] == ["pid must be an integer in [0, 2**32), got 'x'"]
 
 
 def test_big_files_split_into_partitions_load_the_same(tmp_path):

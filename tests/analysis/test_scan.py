@@ -83,14 +83,14 @@ def test_scanner_matches_the_polars_path_on_odd_lines(tmp_path, monkeypatch, suf
 
 @needs_scanner
 def test_a_value_of_another_type_falls_back_to_the_polars_path(tmp_path, monkeypatch):
-    """A time written as a string is valid JSON the scanner does not take: the result is
+    """A step written as a string is valid JSON the scanner does not take: the result is
     still that of the line-by-line path (the string read as a number)."""
     path = tmp_path / "typed.pfw"
-    line = '{"name":"s","cat":"compute","pid":7,"tid":7,"ts":"12","dur":3,"ph":"X","args":{"level":1}}'
+    line = '{"name":"s","cat":"compute","pid":7,"tid":7,"ts":12,"dur":3,"ph":"X","args":{"level":1,"step":"12"}}'
     _write(path, ("[\n" + _META + line + "\n" + _ODD_LINES[0] + "\n]\n").encode())
     scanned, parsed = _both_ways(path, monkeypatch)
     assert_frame_equal(scanned.events, parsed.events)
-    assert scanned.events.filter(pl.col("name") == "s").get_column("ts").to_list() == [12]
+    assert scanned.events.filter(pl.col("name") == "s").get_column("step").to_list() == [12]
 
 
 @needs_scanner

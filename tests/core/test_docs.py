@@ -107,6 +107,24 @@ def test_extras_state_ranges():
     assert "==" not in user_extras and '"torch>=' in user_extras
 
 
+def test_ci_tests_every_python_the_package_claims():
+    """.ci/run takes the Pythons to test from pyproject.toml's classifiers (its look-up
+    finds exactly those, oldest first, the oldest the one requires-python names), runs
+    the suite on the oldest and the core and reliability tests on every other one, and
+    tox lists an env for each."""
+    project = (ROOT / "pyproject.toml").read_text()
+    versions = re.findall(r'"Programming Language :: Python :: (3\.\d+)"', project)
+    ci = (ROOT / ".ci" / "run").read_text()
+    (lookup,) = re.findall(r"^claimed=\$\((.*)\)$", ci, re.M)
+    found = subprocess.run(["bash", "-c", lookup], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert found.stdout.split() == sorted(versions, key=lambda v: tuple(map(int, v.split("."))))
+    assert f'requires-python = ">={found.stdout.split()[0]}"' in project
+    assert 'minimal_python=$(python_of "$oldest")' in ci
+    assert "for version in $claimed; do" in ci and '-m pytest tests/core tests/reliability' in ci
+    envlist = re.search(r"^envlist = (.*)$", (ROOT / "tox.ini").read_text(), re.M).group(1)
+    assert {f"py{v.replace('.', '')}" for v in versions} <= {e.strip() for e in envlist.split(",")}
+
+
 def test_ci_and_tox_run_the_suite_on_a_minimal_install():
     """A second CI run and a tox env install only the test extra."""
     ci = (ROOT / ".ci" / "run").read_text()

@@ -14,6 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from dftrace import testing
 from dftrace.format import iter_trace_lines, parse_trace_filename, validate_file
 
@@ -165,6 +167,41 @@ def fuse_mount(helper: str, mnt: Any, *args: str,
         daemon.kill()
         daemon.wait()
         _unmount(mnt)
+
+
+@contextlib.contextmanager
+def fuse_dir(tmp_path: Any, helper: str, *args: str,
+             **kw: Any) -> Iterator[tuple[Any, subprocess.Popen]]:
+    """``tmp_path/mnt`` mounted with the FUSE daemon ``helper`` (see :func:`fuse_mount`):
+    yields (mount point, daemon). The test skips where FUSE cannot mount here."""
+    why = fuse_unusable()
+    if why:
+        pytest.skip(why)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        with fuse_mount(helper, mnt, *args, **kw) as daemon:
+            yield mnt, daemon
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+@contextlib.contextmanager
+def tmpfs_dir(tmp_path: Any, size: str) -> Iterator[Any]:
+    """``tmp_path/small``, a tmpfs of ``size`` (mount's notation: ``64k``) for a full
+    disk, unmounted whatever happens. The test skips where it cannot be mounted."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                       capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def wait_for_end(out, timeout: float = 30.0) -> str:

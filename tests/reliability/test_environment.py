@@ -159,17 +159,23 @@ DISK_FULL = """
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 def test_disk_full_mid_run_warns_once_and_keeps_the_file_readable(tmp_path, compression):
-    """Writes failing mid-run: one warning, the run finishes, the file holds whole events only."""
+    """Writes failing mid-run: a warning then, the count in all at the end, the run
+    finishes, the file holds whole events only."""
     script = write_script(tmp_path, DISK_FULL)
     out = run([script, str(tmp_path / "traces"), compression])
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["done", str(sum(i * i for i in range(1000))), "True"]
-    assert out.stderr.count("dftrace:") == 1, out.stderr
+    assert out.stderr.count("dftrace:") == 2, out.stderr
     assert "tracing stops, the run goes on" in out.stderr
     (path,) = files(tmp_path / "traces")
     assert os.path.getsize(path) <= 64 * 1024
     assert_valid([path], complete=False)  # no half-written line or frame
-    assert last_line(path) != b"]"
+    lost = int(out.stderr.split(" events could not be written")[0].rsplit(" ", 1)[-1])
+    if last_line(path) == b"]":  # its end fitted: the file says what it misses
+        (record,) = [e for e in testing.read_events(path) if e.get("name") == "dropped"]
+        assert record["args"]["count"] == lost
+    else:
+        assert "the record of the loss is in" in out.stderr
     steps = [e["args"]["step"] for e in spans(testing.read_events(path), "step")]
     assert steps and steps == list(range(len(steps)))  # a prefix, nothing garbled
 

@@ -21,8 +21,8 @@ import dftrace
 from dftrace import ai, testing
 from dftrace._core import engine as _engine
 
-from ._util import HERE, assert_valid, clean_env, events_by_pid, files, fuse_mount, \
-    fuse_unusable, last_line, meta, run, spans, start, wait_for_end, write_script
+from ._util import HERE, assert_valid, clean_env, events_by_pid, files, fuse_dir, \
+    meta, run, spans, start, wait_for_end, write_script
 
 pytestmark = [
     *needs_marks("native", native_engine_missing()),
@@ -317,33 +317,18 @@ def test_killed_drainer_is_replaced_by_writing_in_process(tmp_path):
 @pytest.fixture
 def hung_mount(tmp_path):
     """A mounted filesystem whose writes never return; unmounted whatever happens."""
-    why = fuse_unusable()
-    if why:
-        pytest.skip(why)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    try:
-        with fuse_mount("_hung_fs.py", mnt):
-            yield mnt
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    with fuse_dir(tmp_path, "_hung_fs.py") as (mnt, _):
+        yield mnt
 
 
 @contextlib.contextmanager
 def slow_storage(tmp_path, **kw):
     """A FUSE mount over ``tmp_path/backing`` whose every write takes 0.2 s: yields
     (backing, mount point, the daemon); the test skips where FUSE cannot mount."""
-    why = fuse_unusable()
-    if why:
-        pytest.skip(why)
-    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing = tmp_path / "backing"
     backing.mkdir()
-    mnt.mkdir()
-    try:
-        with fuse_mount("_slow_fs.py", mnt, str(backing), "{mnt}", "0.2", **kw) as fs:
-            yield backing, mnt, fs
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    with fuse_dir(tmp_path, "_slow_fs.py", str(backing), "{mnt}", "0.2", **kw) as (mnt, fs):
+        yield backing, mnt, fs
 
 
 HUNG = """
@@ -523,22 +508,14 @@ def test_hung_storage_never_holds_initialize_or_forked_and_spawned_workers(tmp_p
     deadline, forked workers start without touching the mount, spawned workers
     take the parent's check and start, work and end, and the program ends with its
     own status."""
-    why = fuse_unusable()
-    if why:
-        pytest.skip(why)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    try:
-        with fuse_mount("_hung_fs.py", mnt, "all"):
-            script = write_script(tmp_path, WORKERS)
-            proc = start([script, str(mnt / "sub" / "t")])
-            try:
-                out, err = proc.communicate(timeout=120)  # a hang never ends: the test fails
-            except subprocess.TimeoutExpired:
-                proc.kill()  # its stuck children may hold its pipes: not read
-                pytest.fail("the program hung on the storage")
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    with fuse_dir(tmp_path, "_hung_fs.py", "all") as (mnt, _):
+        script = write_script(tmp_path, WORKERS)
+        proc = start([script, str(mnt / "sub" / "t")])
+        try:
+            out, err = proc.communicate(timeout=120)  # a hang never ends: the test fails
+        except subprocess.TimeoutExpired:
+            proc.kill()  # its stuck children may hold its pipes: not read
+            pytest.fail("the program hung on the storage")
     assert proc.returncode == 0, err
     assert out.split("\n")[:2] == ["initialized", "workers fork0 fork1 spawn0 spawn1"], (out, err)
     # only initialize() waited for the directory: the workers took its answer

@@ -198,6 +198,8 @@ extern unsigned long long dft_sticky_gen;
 
 void dft_free_chunks(chunk_t *c);
 void dft_recycle_chunks(chunk_t *c);
+/* Keeps qlock usable in the child of a fork() made from C (pthread_atfork, once). */
+void dft_qlock_fork_safe(void);
 chunk_t *dft_new_chunk(void);
 chunk_t *dft_detach(Py_ssize_t maxn, Py_ssize_t extra_per_rec, Py_ssize_t *ntaken, size_t *upper);
 int dft_make_room(void);

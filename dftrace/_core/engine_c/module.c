@@ -310,27 +310,35 @@ static PyMethodDef methods[] = {
      "plain_fragment(d) -> (frag, mask, nested) for a dict of plain keys and JSON values, else None"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_speedups",
-                                       "dftrace's recording engine in C.", -1, methods};
-
-PyMODINIT_FUNC PyInit__speedups(void) {
+/* The engine's state (what register() was given, the buffer, the static types) is
+   one per process, held by the interpreter that loaded it: another interpreter of
+   the process cannot share it, so the module loads in the main interpreter only and
+   a sub-interpreter's import raises ImportError (dftrace there runs the pure-Python
+   engine). Python 3.12 and later refuse such an import before anything is made, by
+   the slot; older ones reach this check first thing. */
+static int speedups_exec(PyObject *m) {
+#ifndef Py_mod_multiple_interpreters
+    if (PyInterpreterState_Get() != PyInterpreterState_Main()) {
+        PyErr_SetString(PyExc_ImportError,
+                        "dftrace._core._speedups loads in the main interpreter only");
+        return -1;
+    }
+#endif
     if (intern_names() < 0)
-        return NULL;
+        return -1;
+    dft_qlock_fork_safe();
     if (PyType_Ready(&dft_SpanWrapperType) < 0 || dft_traceable_ready() < 0 ||
         PyType_Ready(&dft_SpanIterType) < 0 || PyType_Ready(&dft_OpenSpanType) < 0 ||
         PyType_Ready(&dft_KeptSpansType) < 0 || PyType_Ready(&dft_StartedSpansType) < 0 ||
         PyType_Ready(&dft_SpanBaseType) < 0 ||
         PyType_Ready(&dft_ShmReaderType) < 0)
-        return NULL;
+        return -1;
     if (!dft_RingError && !(dft_RingError = PyErr_NewException("dftrace._core._speedups.RingError",
                                                          PyExc_ValueError, NULL)))
-        return NULL;
+        return -1;
     PyObject *reads = engine_reads();
-    PyObject *m = reads ? PyModule_Create(&moduledef) : NULL;
-    if (!m) {
-        Py_XDECREF(reads);
-        return NULL;
-    }
+    if (!reads)
+        return -1;
     if (PyModule_AddObjectRef(m, "RingError", dft_RingError) < 0 ||
         PyModule_AddObjectRef(m, "ENGINE_READS", reads) < 0 ||
         PyModule_AddObjectRef(m, "SpanWrapper", (PyObject *)&dft_SpanWrapperType) < 0 ||
@@ -347,9 +355,20 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(rec_t)) < 0 ||
         PyModule_AddIntConstant(m, "CHUNK_RECORDS", (long)CHUNK_RECS) < 0) {
         Py_DECREF(reads);
-        Py_DECREF(m);
-        return NULL;
+        return -1;
     }
     Py_DECREF(reads);
-    return m;
+    return 0;
 }
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, speedups_exec},
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+    {0, NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_speedups",
+                                       "dftrace's recording engine in C.", 0, methods, slots};
+
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModuleDef_Init(&moduledef); }

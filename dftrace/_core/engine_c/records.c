@@ -51,7 +51,31 @@ pthread_mutex_t dft_qlock = PTHREAD_MUTEX_INITIALIZER;
 pthread_cond_t dft_qcond = PTHREAD_COND_INITIALIZER;
 int dft_loop_waiting = 0; /* write_loop() waits on qcond */
 int dft_kicked = 0;       /* write_loop() must return to Python */
+
+/* A fork() made from C (an extension, a library's worker pool) runs no Python
+   at-fork hook, and the writer's thread may hold qlock at that moment (it takes it
+   without the GIL): the child would wait for it forever at its first full chunk.
+   So every fork waits for qlock (never held for long, and never by a thread
+   waiting for the GIL) and the child gets a lock and a condition of its own, with
+   the lists whole. */
+static void qlock_before_fork(void) { QLOCK(); }
+static void qlock_after_fork_parent(void) { QUNLOCK(); }
+static void qlock_after_fork_child(void) {
+    pthread_mutex_init(&dft_qlock, NULL);
+    pthread_cond_init(&dft_qcond, NULL);
+    dft_loop_waiting = 0;
+    dft_kicked = 0;
+}
 #endif
+
+void dft_qlock_fork_safe(void) {
+#ifdef HAVE_WRITE_LOOP
+    static int registered = 0;
+    if (!registered && pthread_atfork(qlock_before_fork, qlock_after_fork_parent,
+                                      qlock_after_fork_child) == 0)
+        registered = 1;
+#endif
+}
 Py_ssize_t dft_batch_size = 16384; /* wake the writer at this many */
 Py_ssize_t dft_buf_limit = 1048576;
 int dft_drop_full = 0;

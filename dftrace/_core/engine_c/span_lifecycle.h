@@ -79,6 +79,14 @@ SPAN_INLINE int span_record(span_t *s, PyObject *stk, long long t1, PyObject *x,
         tid = own_tid = stk_tid(stk);
     if (error) {
         tagged = PyObject_CallFunctionObjArgs(dft_calls.with_error, x ? x : Py_None, error, NULL);
+        if (!tagged && PyErr_ExceptionMatches(PyExc_RecursionError)) {
+            /* a recursion that ran into the limit ends here too: with_error() gets
+               the few frames it needs, so that the span still says how it ended */
+            PyErr_Clear();
+            Py_SetRecursionLimit(Py_GetRecursionLimit() + 64);
+            tagged = PyObject_CallFunctionObjArgs(dft_calls.with_error, x ? x : Py_None, error, NULL);
+            Py_SetRecursionLimit(Py_GetRecursionLimit() - 64);
+        }
         if (tagged)
             x = tagged;
         else
