@@ -58,7 +58,7 @@ def call_in_span(node: Node, fn: Callable[..., R], a: tuple = (), kw: dict[str, 
     """``fn(*a, **kw)`` as one span of ``node``: ``args`` known before the call, plus
     ``after(result)`` computed once it returned; an exception is tagged by
     :func:`error_args`. The call's result or exception reaches the caller unchanged."""
-    if not node.enabled:
+    if not node._on:
         return fn(*a, **(kw or {}))
     span = node.start()
     try:

@@ -41,6 +41,7 @@ from .._core import engine as _engine
 from .._core import iterators as _iterators
 from .._core import records as _records
 from .._core import tree as _tree
+from .._core.records import Extra
 from .._core.tree import ai
 from .._hooks import guarded, warn_once
 from ._dist import note_distributed_rank, trace_ddp, trace_distributed
@@ -66,7 +67,33 @@ class _State:
         self.current: int | None = None  # the loader iterated last on the main thread
         self.integrations = 0
         self.installed = False
-        self.local = threading.local()  # depth of module calls, open forward span
+        self.local = _Local()
+        #: The args of the spans of this step (``step``, ``epoch``), made once per
+        #: step by :meth:`moved`, not per span: the hooks run between PyTorch's
+        #: own work, where each line of Python they run costs the most.
+        self.position: dict[str, Any] = {"step": 0}
+        #: The same, encoded, for the training loader's fetches (made at the first).
+        self.fetch_extra: Extra | None = None
+
+    def moved(self) -> None:
+        """The step or the epoch may have changed: the position is made anew.
+        ``epoch``: how many times the training loader (until the first step, the
+        first loader iterated) was iterated before, while it is the one iterated."""
+        position: dict[str, Any] = {"step": self.steps}
+        loader = self.train_loader if self.train_loader is not None else self.first_loader
+        if loader is not None and self.current == loader:
+            position["epoch"] = self.iterations.get(loader, 1) - 1
+        self.position = position
+        self.fetch_extra = None
+
+
+class _Local(threading.local):
+    """Per thread: the hooks' open forward and step spans, and how deep in module
+    calls it is (class defaults: each thread starts with them, no lookup fails)."""
+
+    depth = 0  # module calls open on this thread
+    span: Any = None  # (the open forward's span, its module)
+    step_span: Any = None
 
 
 STATE = _State()
@@ -78,29 +105,13 @@ def standing_down(delta: int) -> None:
     STATE.integrations = max(0, STATE.integrations + delta)
 
 
-def _epoch() -> int | None:
-    loader = STATE.train_loader if STATE.train_loader is not None else STATE.first_loader
-    if loader is None or STATE.current != loader:
-        return None
-    return STATE.iterations.get(loader, 1) - 1
-
-
-def _position(training: bool = True) -> dict[str, Any]:
-    if not training:
-        return {}
-    out: dict[str, Any] = {"step": STATE.steps}
-    epoch = _epoch()
-    if epoch is not None:
-        out["epoch"] = epoch
-    return out
-
-
 def _covered(category: str, depth: int = 12) -> bool:
     """Whether a span of ``category`` you opened yourself is open on this thread: a
     ``with``/``start()`` span or an ``.iter()`` loop body of that category, or a
     function decorated with such a node. Nothing open (an un-annotated program): no,
-    at once. The callers' frames are looked at only while a span of no known kind
-    (a decorated function's) is open."""
+    at once (the hooks test that first themselves, a call less per hook). The
+    callers' frames are looked at only while a span of no known kind (a decorated
+    function's) is open."""
     try:
         stk = _engine.LOCAL.stk or _engine.current_stack()
         if len(stk) <= 1:
@@ -148,18 +159,33 @@ class _Fetches:
         return self
 
     def __next__(self) -> Any:
-        if STATE.integrations or not _FETCH.enabled or _covered("dataloader"):
+        stk = _engine.LOCAL.stk
+        if (STATE.integrations or not _FETCH._on
+                or ((stk is None or len(stk) > 1) and _covered("dataloader"))):
             return next(self.it)
-        STATE.current = self.loader
+        if STATE.current != self.loader:
+            STATE.current = self.loader
+            STATE.moved()
         t0 = _engine.clock()
         try:
             item = next(self.it)
         except StopIteration:
             raise
         except BaseException as exc:
-            _FETCH.record(t0, _engine.clock(), {**_position(self._training()), "error": type(exc).__name__})
+            position = STATE.position if self._training() else {}
+            _FETCH.record(t0, _engine.clock(), {**position, "error": type(exc).__name__})
             raise
-        _FETCH.record(t0, _engine.clock(), _position(self._training()) or None)
+        t1 = _engine.clock()
+        try:
+            # _FETCH.record(t0, t1, args), with the args encoded once per step.
+            extra = None
+            if self._training():
+                extra = STATE.fetch_extra
+                if extra is None:
+                    extra = STATE.fetch_extra = Extra(STATE.position)
+            _engine.record_finished(_FETCH._kid, t0, t1, extra, _engine.sticky_of(_FETCH))
+        except Exception:
+            pass
         return item
 
     def _training(self) -> bool:
@@ -184,6 +210,7 @@ def _traced_iter(self: Any) -> Any:
         STATE.first_loader = key
     STATE.iterations[key] = STATE.iterations.get(key, 0) + 1
     STATE.current = key
+    STATE.moved()
     t0 = _engine.clock()
     it = _original_iter(self)
     _FETCH_INIT.record(t0, _engine.clock())
@@ -195,9 +222,12 @@ def _traced_iter(self: Any) -> Any:
 def _forward_pre(module: Any, args: Any) -> None:
     try:
         local = STATE.local
-        depth = getattr(local, "depth", 0)
+        depth = local.depth
         local.depth = depth + 1
-        if depth or STATE.integrations or not _FORWARD.enabled or _covered("compute"):
+        if depth or STATE.integrations or not _FORWARD._on:
+            return
+        stk = _engine.LOCAL.stk
+        if (stk is None or len(stk) > 1) and _covered("compute"):
             return
         local.span = (_FORWARD.start(), module)
     except Exception:
@@ -207,13 +237,15 @@ def _forward_pre(module: Any, args: Any) -> None:
 def _forward_post(module: Any, args: Any, output: Any) -> None:
     try:
         local = STATE.local
-        local.depth = max(0, getattr(local, "depth", 1) - 1)
-        opened = getattr(local, "span", None)
-        if local.depth or opened is None or opened[1] is not module:
+        depth = local.depth = max(0, local.depth - 1)
+        opened = local.span
+        if depth or opened is None or opened[1] is not module:
             return
         local.span = None
-        training = bool(module.training) and torch.is_grad_enabled()
-        opened[0].stop({"module": type(module).__name__, **_position(training)})
+        if module.training and torch.is_grad_enabled():
+            opened[0].stop({"module": type(module).__name__, **STATE.position})
+        else:
+            opened[0].stop({"module": type(module).__name__})
     except Exception:
         pass
 
@@ -221,52 +253,42 @@ def _forward_post(module: Any, args: Any, output: Any) -> None:
 class _Roots:
     """Which modules are called at the top (models, not their layers). A hook on
     every module makes PyTorch take its slow path for every layer of every call, so
-    the global hooks only find the roots during the first optimizer steps; each root
-    found gets hooks of its own, and the global ones go."""
+    the global hooks only find the roots during the first optimizer steps; then each
+    root found gets the same hooks of its own, and the global ones go."""
 
     #: Optimizer steps after which the global hooks are removed.
     DISCOVERY_STEPS = 2
 
     def __init__(self) -> None:
         self.handles: list[Any] = []
-        self.hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.found: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def install(self) -> None:
         from torch.nn.modules import module as _module
 
         self.handles = [_module.register_module_forward_pre_hook(self.global_pre),
-                        _module.register_module_forward_hook(self.global_post, always_call=True)]
-
-    @property
-    def discovering(self) -> bool:
-        return bool(self.handles)
+                        _module.register_module_forward_hook(_forward_post, always_call=True)]
 
     def global_pre(self, module: Any, args: Any) -> None:
-        if not getattr(STATE.local, "depth", 0) and module not in self.hooked:
+        if not STATE.local.depth:
             try:
-                self.hooked.add(module)
-                module.register_forward_pre_hook(self.own_pre)
-                module.register_forward_hook(self.own_post, always_call=True)
+                self.found.add(module)
             except Exception:
                 pass
         _forward_pre(module, args)
 
-    def global_post(self, module: Any, args: Any, output: Any) -> None:
-        _forward_post(module, args, output)
-
-    def own_pre(self, module: Any, args: Any) -> None:
-        if not self.discovering:
-            _forward_pre(module, args)
-
-    def own_post(self, module: Any, args: Any, output: Any) -> None:
-        if not self.discovering:
-            _forward_post(module, args, output)
-
     def step_taken(self) -> None:
-        if self.handles and STATE.steps >= self.DISCOVERY_STEPS and not getattr(STATE.local, "depth", 0):
+        if self.handles and STATE.steps >= self.DISCOVERY_STEPS and not STATE.local.depth:
             for handle in self.handles:
                 handle.remove()
             self.handles = []
+            for module in list(self.found):
+                try:
+                    module.register_forward_pre_hook(_forward_pre)
+                    module.register_forward_hook(_forward_post, always_call=True)
+                except Exception:
+                    pass
+            self.found = weakref.WeakSet()
 
 
 ROOTS = _Roots()
@@ -276,30 +298,37 @@ class _BackwardArgs:
     """What ``dftrace.torch``'s traced ``backward()`` asks its users for."""
 
     def _backward_args(self) -> dict[str, Any] | None | bool:
-        if STATE.integrations or _covered("compute", depth=6):
+        stk = _engine.LOCAL.stk
+        if STATE.integrations or ((stk is None or len(stk) > 1) and _covered("compute", depth=6)):
             return False  # nothing to record: it is recorded already
-        return _position()
+        return STATE.position  # encoded by the span's stop(): shared safely
 
 
 @guarded
 def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if STATE.integrations or not _STEP.enabled or _covered("compute"):
+    stk = _engine.LOCAL.stk
+    if (STATE.integrations or not _STEP._on
+            or ((stk is None or len(stk) > 1) and _covered("compute"))):
         STATE.local.step_span = None
         return
     if STATE.train_loader is None:
         STATE.train_loader = STATE.current if STATE.current is not None else STATE.first_loader
+        STATE.moved()
     STATE.local.step_span = _STEP.start()
 
 
 @guarded
 def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
-    span = getattr(STATE.local, "step_span", None)
-    STATE.local.step_span = None
+    local = STATE.local
+    span = local.step_span
+    local.step_span = None
     if span is not None:
-        span.stop({"optimizer": type(optimizer).__name__, **_position()})
+        span.stop({"optimizer": type(optimizer).__name__, **STATE.position})
     if not STATE.integrations:
         STATE.steps += 1
-        ROOTS.step_taken()
+        STATE.moved()
+        if ROOTS.handles:
+            ROOTS.step_taken()
 
 
 # -- distributed ----------------------------------------------------------------------
