@@ -4,7 +4,7 @@ It listens on the abstract Unix socket ``NAME``; each traced process of this use
 (the kernel's credentials of the peer say so; the pid it gives is the one the
 kernel names) that registers hands it a memfd holding its shared-memory ring (see
 :mod:`._core.shm`), its size sealed. For each one it writes exactly the file the
-in-process writer would: the same :class:`~._core.writer.FileSink` (names, header,
+in-process writer would: the same :class:`~._core.sink.FileSink` (names, header,
 rotation, compression, failure handling) with the producer's umask, fed by the same
 C encoder (``_speedups.ShmReader``). After each write it commits (frees the slots
 written and publishes where the file stands, for a successor). When a producer's
@@ -48,7 +48,7 @@ class Producer:
 
     def __init__(self, conn: socket.socket, pid: int, info: Registration, fd: int):
         from . import engine as _engine
-        from .writer import FileSink
+        from .sink import FileSink
 
         self.conn = conn
         self.pid = pid
@@ -196,7 +196,7 @@ class Registration:
     """A producer's registration, checked field by field (anything else: refused)."""
 
     def __init__(self, info: Any):
-        from .writer import SUFFIXES
+        from .sink import SUFFIXES
 
         if not isinstance(info, dict):
             raise ValueError("not an object")

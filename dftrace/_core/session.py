@@ -26,11 +26,13 @@ from . import buffer as _buffer, engine as _engine, iterators as _iterators
 from .state import STATE, limit_refused
 from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .registration import DrainerUnavailable
+from .clock_anchor import ANCHOR_ENV, anchor_value, job_anchor
 from .config import RANK_MAX, Config, ConfigError, auto_unless_set, env_enable
 from .ranks import detect_rank
 from .records import META, Encoder
 from .._version import __version__
-from .writer import FileSink, Patience, Writer
+from .sink import FileSink
+from .writer import Patience, Writer
 
 __all__ = ["Session", "initialize", "finalize", "session", "detect_rank"]
 
@@ -42,51 +44,8 @@ DIR_CHECK_S = 2.0
 #: ``<host>:<log_file prefix>`` whose directory a parent process checked, or gave up
 #: checking on storage that did not answer (exported with the configuration).
 CHECKED_ENV = "DFTRACE_CHECKED_PREFIX"
-#: ``<boot>:<wall_ns>:<mono_ns>``: the clock anchor of the job's first traced process,
-#: taken over by its children started on the same host since that boot (exported
-#: with the configuration).
-ANCHOR_ENV = "DFTRACE_CLOCK_ANCHOR"
 _atexit_registered = False
 _fork_hook_registered = False
-
-
-def _boot_id(host: str) -> str:
-    """This boot of this host (the monotonic clock counts from it)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return f"{host}/{fh.read().strip()}"
-    except OSError:  # not Linux: the host's name alone
-        return host
-
-
-def _read_anchor() -> tuple[int, int]:
-    """(wall_ns, mono_ns) of one moment: the wall clock read between two readings of
-    the monotonic one, the closest pair of a few tries. A process preempted between
-    two plain readings (a busy node) would put all its spans off the other processes'
-    by as long as it waited, and the ranks' waits for each other with them."""
-    best = (0, 0, 0)
-    for _ in range(8):
-        m0 = time.perf_counter_ns()
-        wall = time.time_ns()
-        m1 = time.perf_counter_ns()
-        if not best[0] or m1 - m0 < best[0]:
-            best = (max(1, m1 - m0), wall, (m0 + m1) // 2)
-        if m1 - m0 < 10_000:
-            break
-    return best[1], best[2]
-
-
-def _inherited_anchor(host: str) -> tuple[int, int] | None:
-    """(wall_ns, mono_ns) of the parent's anchor when it is of this host's boot."""
-    boot, _, rest = os.environ.get(ANCHOR_ENV, "").rpartition(":")
-    boot, _, wall = boot.rpartition(":")
-    try:
-        anchor = (int(wall), int(rest))
-    except ValueError:
-        return None
-    if boot != _boot_id(host) or not 0 < anchor[1] <= time.perf_counter_ns():
-        return None
-    return anchor
 
 
 def _clean(value: Any) -> Any:
@@ -159,7 +118,7 @@ class Session:
         # One monotonic clock, anchored once to wall time: the job's anchor (its
         # first traced process's, from a parent on this host), else now. A wall
         # clock stepped during the run then moves no process's times.
-        self.wall_ns, self.mono_ns = anchor or _inherited_anchor(self.hostname) or _read_anchor()
+        self.wall_ns, self.mono_ns = anchor or job_anchor(self.hostname)
         self.offset_ns = self.wall_ns - self.mono_ns
         self.encoder = Encoder(self.pid, self.hhash, self.offset_ns, config.max_arg_length)
         #: span ids at or below this were started before a fork (the parent's)
@@ -290,7 +249,7 @@ class Session:
         # Children started afresh (spawn, subprocess) on this host trust this
         # check of the directory instead of making it again on the storage.
         exported[CHECKED_ENV] = f"{self.hostname}:{self.prefix}"
-        exported[ANCHOR_ENV] = f"{_boot_id(self.hostname)}:{self.wall_ns}:{self.mono_ns}"
+        exported[ANCHOR_ENV] = anchor_value(self.hostname, self.wall_ns, self.mono_ns)
         for k, v in exported.items():
             self._saved_env.setdefault(k, os.environ.get(k))
             os.environ[k] = v

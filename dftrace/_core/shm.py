@@ -194,7 +194,8 @@ class ProcessWriter(Consumer):
         last commit."""
         with self._lock:
             if self.fallback is None:
-                from .writer import FileSink, Writer
+                from .sink import FileSink
+                from .writer import Writer
 
                 s = self.session
                 if why == "ended":

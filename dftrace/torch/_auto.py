@@ -109,9 +109,8 @@ def _covered(category: str, depth: int = 12) -> bool:
     """Whether a span of ``category`` you opened yourself is open on this thread: a
     ``with``/``start()`` span or an ``.iter()`` loop body of that category, or a
     function decorated with such a node. Nothing open (an un-annotated program): no,
-    at once (the hooks test that first themselves, a call less per hook). The
-    callers' frames are looked at only while a span of no known kind (a decorated
-    function's) is open."""
+    at once. The callers' frames are looked at only while a span of no known kind (a
+    decorated function's) is open."""
     try:
         stk = _engine.LOCAL.stk or _engine.current_stack()
         if len(stk) <= 1:
@@ -159,9 +158,7 @@ class _Fetches:
         return self
 
     def __next__(self) -> Any:
-        stk = _engine.LOCAL.stk
-        if (STATE.integrations or not _FETCH._on
-                or ((stk is None or len(stk) > 1) and _covered("dataloader"))):
+        if STATE.integrations or not _FETCH._on or _covered("dataloader"):
             return next(self.it)
         if STATE.current != self.loader:
             STATE.current = self.loader
@@ -224,10 +221,7 @@ def _forward_pre(module: Any, args: Any) -> None:
         local = STATE.local
         depth = local.depth
         local.depth = depth + 1
-        if depth or STATE.integrations or not _FORWARD._on:
-            return
-        stk = _engine.LOCAL.stk
-        if (stk is None or len(stk) > 1) and _covered("compute"):
+        if depth or STATE.integrations or not _FORWARD._on or _covered("compute"):
             return
         local.span = (_FORWARD.start(), module)
     except Exception:
@@ -298,17 +292,14 @@ class _BackwardArgs:
     """What ``dftrace.torch``'s traced ``backward()`` asks its users for."""
 
     def _backward_args(self) -> dict[str, Any] | None | bool:
-        stk = _engine.LOCAL.stk
-        if STATE.integrations or ((stk is None or len(stk) > 1) and _covered("compute", depth=6)):
+        if STATE.integrations or _covered("compute", depth=6):
             return False  # nothing to record: it is recorded already
         return STATE.position  # encoded by the span's stop(): shared safely
 
 
 @guarded
 def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-    stk = _engine.LOCAL.stk
-    if (STATE.integrations or not _STEP._on
-            or ((stk is None or len(stk) > 1) and _covered("compute"))):
+    if STATE.integrations or not _STEP._on or _covered("compute"):
         STATE.local.step_span = None
         return
     if STATE.train_loader is None:

@@ -17,6 +17,7 @@ import zstandard
 import dftrace
 from dftrace import ai, testing
 from dftrace._core import buffer as _buffer
+from dftrace._core import sink as sink_mod
 from dftrace._core import writer as writer_mod
 
 from ._util import assert_valid
@@ -90,7 +91,7 @@ def test_engine_written_frames_match_the_python_path(tmp_path, monkeypatch, comp
     """Frames the C engine compresses and writes itself decode to the same events as
     frames compressed and written in Python."""
     native = _program_events(tmp_path, "native", compression)
-    monkeypatch.setattr(writer_mod, "_NATIVE", set())
+    monkeypatch.setattr(sink_mod, "_NATIVE", set())
     python = _program_events(tmp_path, "python", compression)
     assert len(native) == 12  # per item: fetch.iter, fetch.block, forward, all_reduce
     assert [(e["name"], e["args"].get("i"), e["args"].get("bytes"), e["args"].get("epoch"))
@@ -122,7 +123,7 @@ def test_gzip_frames_are_compressed_and_written_by_the_engine(tmp_path):
     """With the system's libdeflate, gzip goes the way zstd goes: the engine
     compresses and writes each frame as one gzip member, without the GIL; the file
     is a multi-member gzip that any reader decodes."""
-    if "gzip" not in writer_mod._native():
+    if "gzip" not in sink_mod.native_compressions():
         pytest.skip("no libdeflate on this machine: gzip is compressed in Python")
     s = dftrace.initialize(log_file=str(tmp_path / "t"), inherit=False, compression="gzip",
                            writer="thread")  # frames_written counts this process's own
@@ -258,7 +259,7 @@ def test_timestamps_come_from_one_anchored_monotonic_clock(tmp_path):
 def test_file_is_created_at_the_first_write_and_never_over_an_existing_one(tmp_path):
     """No file before the first event; a taken name gets the next free ``.N``; the
     taken file is untouched."""
-    from dftrace._core.writer import FileSink
+    from dftrace._core.sink import FileSink
 
     (tmp_path / "b.pfw").write_bytes(b"earlier")
     (tmp_path / "b.1.pfw").write_bytes(b"earlier too")
