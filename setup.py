@@ -3,6 +3,7 @@ Python. ``DFTRACE_REQUIRE_SPEEDUPS=1`` at install time makes a failed C build fa
 install instead (CI sets it, so a broken engine cannot pass unnoticed)."""
 
 import os
+import sys
 from glob import glob
 
 from setuptools import Extension, setup
@@ -51,6 +52,11 @@ setup(cmdclass=commands, ext_modules=[
     # records, span styles, encoder, writer loop, shared-memory ring.
     Extension("dftrace._core._speedups", sorted(glob("dftrace/_core/engine_c/*.c")),
               depends=sorted(glob("dftrace/_core/engine_c/*.h")), optional=not required),
+    # The file-I/O interposer (Linux, glibc): wrappers of libc's file calls bound into
+    # the GOT of the loaded objects; loaded only when file I/O tracing is asked for.
+    *([Extension("dftrace._core._io", sorted(glob("dftrace/_core/io_c/*.c")),
+                 depends=["dftrace/_core/io_c/io.h"], libraries=["dl"], optional=not required)]
+      if sys.platform.startswith("linux") else []),
     # The reader of trace lines for analysis and its interval sweeps; without it loading
     # parses with polars alone and the sweeps run in numpy.
     Extension("dftrace.analysis._scan", ["dftrace/analysis/_scan.c", "dftrace/analysis/_sweeps.c"],

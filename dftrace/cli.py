@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from ._core.config import OPTIONS, ConfigError, auto_unless_set
+from ._core.config import OPTIONS, ConfigError, _bool, auto_unless_set
 
 __all__ = ["main"]
 
@@ -25,8 +25,18 @@ def _add_trace_options(p: argparse.ArgumentParser) -> None:
     for opt in OPTIONS:
         if opt.name in ("enable", "inherit"):
             continue
-        g.add_argument("--" + opt.name.replace("_", "-"), dest=opt.name, default=None,
-                       metavar=opt.env, help=opt.doc.replace("%", "%%"))
+        flag = "--" + opt.name.replace("_", "-")
+        if opt.parse is _bool:  # --io alone is --io 1
+            g.add_argument(flag, dest=opt.name, default=None, nargs="?", const="1",
+                           metavar=opt.env, help=opt.doc.replace("%", "%%"))
+        else:
+            g.add_argument(flag, dest=opt.name, default=None, metavar=opt.env,
+                           help=opt.doc.replace("%", "%%"))
+
+
+#: What a switch's value may be (``--io 0``); anything else after ``--io`` is not its
+#: value but the next argument (``dftrace run --io train.py``).
+_SWITCH_VALUES = {"1", "0", "true", "false", "yes", "no", "on", "off"}
 
 
 def _trace_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
@@ -297,6 +307,8 @@ def _split_run(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     even tokens that look like our options; put it behind ``--`` for argparse."""
     takes_value = {a for act in parser._actions if act.option_strings and act.nargs != 0
                    for a in act.option_strings}
+    switches = {a for act in parser._actions if act.nargs == "?" for a in act.option_strings}
+    argv = list(argv)
     i = 1
     while i < len(argv):
         tok = argv[i]
@@ -304,6 +316,8 @@ def _split_run(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
             return argv
         if not tok.startswith("-") or tok == "-":
             break
+        if tok in switches and (i + 1 >= len(argv) or argv[i + 1].lower() not in _SWITCH_VALUES):
+            argv.insert(i + 1, "1")  # --io alone: --io 1
         i += 2 if tok in takes_value else 1
     return argv[:i] + ["--"] + argv[i:]
 

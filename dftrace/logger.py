@@ -20,6 +20,7 @@ recursion lose nothing.
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -57,7 +58,9 @@ class dftracer:  # noqa: N801 - DFTracer's spelling
     @staticmethod
     def initialize_log(logfile: str | None = None, data_dir: str | None = None,
                        process_id: int = -1) -> dftracer:
-        """Start tracing; ``logfile`` (``.pfw`` suffix optional) is the file prefix."""
+        """Start tracing; ``logfile`` (``.pfw`` suffix optional) is the file prefix.
+        ``data_dir`` (colon-separated prefixes, or ``all``) traces the file I/O under
+        it, as DFTracer does (``io=True``; ``DFTRACE_IO=0`` keeps it off)."""
         options: dict[str, Any] = {}
         if logfile:
             prefix = str(logfile)
@@ -67,6 +70,8 @@ class dftracer:  # noqa: N801 - DFTracer's spelling
             options["log_file"] = prefix
         if data_dir:
             options["data_dir"] = str(data_dir)
+            if not os.environ.get("DFTRACE_IO", "").strip():
+                options["io"] = True
         initialize(**options)
         return dftracer.get_instance()
 

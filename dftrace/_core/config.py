@@ -188,7 +188,18 @@ OPTIONS: tuple[Option, ...] = (
            "Path prefix of the trace files; each process writes "
            "<prefix>[-rank<R>]-<host>-<pid>.pfw[.zst|.gz]. Missing directories are created."),
     Option("data_dir", "DFTRACE_DATA_DIR", None, _opt_str,
-           "Recorded in the process metadata (accepted for DFTracer compatibility)."),
+           "With io: the files traced, as colon-separated path prefixes matched on the "
+           "absolute path (relative paths and *at calls resolved); unset or all: every "
+           "file but the built-in exclusions. Recorded in the process metadata."),
+    Option("io", "DFTRACE_IO", False, _bool,
+           "Trace the program's file I/O: libc's open, read, write, pread, close, stat, "
+           "fopen, fread ... calls, from Python, C extensions and threads, in this "
+           "process and in its Python children (DataLoader workers, pools, "
+           "subprocesses), as POSIX/STDIO events with bytes and offsets (Linux)."),
+    Option("io_max_rate", "DFTRACE_IO_MAX_RATE", 200_000, _int_range(0, 1 << 40),
+           "Most file I/O calls per second written one by one; past it, the rest of "
+           "each interval's calls are written as one aggregate per file and call "
+           "(args.calls counts them). 0: no limit."),
     Option("compression", "DFTRACE_COMPRESSION", "zstd", _choice("zstd", "gzip", "none"),
            "File compression: zstd (.pfw.zst), gzip (.pfw.gz, what DFAnalyzer reads) or none (.pfw)."),
     Option("compression_level", "DFTRACE_COMPRESSION_LEVEL", None, _opt_int(_int_range(0, 22)),

@@ -24,7 +24,8 @@ from typing import Any
 from . import tree as _tree
 from . import buffer as _buffer, engine as _engine, iterators as _iterators
 from .state import STATE, limit_refused
-from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
+from . import io_tracing as _io_tracing, nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, \
+    signals as _signals
 from .registration import DrainerUnavailable
 from .clock_anchor import ANCHOR_ENV, anchor_value, job_anchor
 from .config import RANK_MAX, Config, ConfigError, auto_unless_set, env_enable
@@ -135,6 +136,7 @@ class Session:
         self.sink = FileSink(self.base, config.compression, config.compression_level,
                              config.max_file_size, self._header, meta=self._meta)
         self.sampler: _sampler.Sampler | None = None
+        self.io: _io_tracing.IOTracer | None = None
         self.writer: Writer | _shm.ProcessWriter = self._start_writer()
         self.finalized = False
         #: Events lost to the storage (write failed, file deleted, shutdown gave up).
@@ -431,6 +433,8 @@ def initialize(**options: Any) -> Session | None:
             _set_gate()
             _engine.use_nvtx(nvtx)
             s.sampler = _sampler.start(config.sample_interval)
+            if config.io:
+                s.io = _io_tracing.start(s)
         except Exception as exc:
             limit = limit_refused(exc)
             if limit is None:
@@ -555,6 +559,8 @@ def finalize(target: Session | None = None) -> None:
             _set_gate()
             if s.sampler is not None:
                 s.sampler.stop()
+            if s.io is not None:
+                s.io.stop()
             late = _wait_for_open_spans(deadline)
 
             def trailer(count_buffer_full: bool = True) -> bytes:
@@ -753,6 +759,8 @@ def _after_fork_child() -> None:
         _session = s
         _register_mp_finalizer()
         s.sampler = _sampler.start(s.config.sample_interval)
+        if parent.io is not None:
+            s.io = parent.io.in_child(s)
     except Exception as exc:
         STATE.warn_once("fork", f"tracing could not restart in the child: {exc!r}")
     _set_gate()

@@ -325,10 +325,14 @@ char *dft_encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
             o = put_num(o, (unsigned long long)dur);
         else
             o = put_int(o, dur);
-        o = put(o, hhp, nhh);
-        o = put_u32(o, r->level_flags & LEVEL_MASK);
-        o = put(o, LIT(",\"p_idx\":"));
-        o = put_num(o, r->parent);
+        if ((r->level_flags >> LEVEL_BITS) & F_UNNESTED) {
+            o = put(o, hhp, nhh - (Py_ssize_t)(sizeof(",\"level\":") - 1));
+        } else {
+            o = put(o, hhp, nhh);
+            o = put_u32(o, r->level_flags & LEVEL_MASK);
+            o = put(o, LIT(",\"p_idx\":"));
+            o = put_num(o, r->parent);
+        }
         if (r->alen)
             o = put(o, arena + r->aoff, r->alen);
         if (r->count >= 0) {

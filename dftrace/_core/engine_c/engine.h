@@ -132,6 +132,7 @@ extern Py_ssize_t dft_nkinds, dft_max_kind_len;
 #define F_INCOMPLETE 1u
 #define F_RAW 2u /* a whole line, already encoded, in the arena (shared-memory ring only) */
 #define F_MORE 4u /* F_RAW: a piece of a line, continued by the next record (ring only) */
+#define F_UNNESTED 8u /* no level or p_idx: a file-I/O call, outside the span tree (io_lines.c) */
 #define LEVEL_BITS 24
 #define LEVEL_MASK ((1u << LEVEL_BITS) - 1)
 
@@ -1021,6 +1022,8 @@ PyObject *dft_new_id_py(PyObject *self, PyObject *unused);
 PyObject *dft_bump_sticky_gen(PyObject *self, PyObject *unused);
 PyObject *dft_get_sticky_gen(PyObject *self, PyObject *unused);
 PyObject *dft_clock_ns(PyObject *self, PyObject *unused);
+/* io_lines.c */
+PyObject *dft_io_emit(PyObject *self, PyObject *args);
 /* encoder.c */
 PyObject *dft_set_options(PyObject *self, PyObject *args);
 PyObject *dft_plain_fragment_py(PyObject *self, PyObject *d);

@@ -305,6 +305,9 @@ static PyMethodDef methods[] = {
     {"bump_sticky_gen", dft_bump_sticky_gen, METH_NOARGS, "Sticky args changed: nodes refresh theirs on next use."},
     {"sticky_gen", dft_get_sticky_gen, METH_NOARGS, "The generation of the sticky args in force."},
     {"clock_ns", dft_clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},
+    {"io_emit", dft_io_emit, METH_VARARGS,
+     "io_emit(records, kids) -> (written, dropped): the file-I/O calls drained (64-byte "
+     "records) as trace records, kids[op] the kind of each call's name"},
     {"set_options", dft_set_options, METH_VARARGS, "set_options(max_arg_length, off_for_good)"},
     {"plain_fragment", dft_plain_fragment_py, METH_O,
      "plain_fragment(d) -> (frag, mask, nested) for a dict of plain keys and JSON values, else None"},

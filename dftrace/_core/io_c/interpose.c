@@ -1,0 +1,868 @@
+/* interpose.c: the wrappers of libc's file calls, the fd table, the path filter and
+ * the ring the wrappers record into.
+ *
+ * A wrapper on an fd looks the fd up in the table (one load); an fd no traced open
+ * put there costs that lookup and the call. A traced call takes two clock readings
+ * and writes one 64-byte record into the ring (a compare-and-swap for the room,
+ * the stores, a release store of its sequence number): no allocation, no lock, no
+ * Python, errno exactly as libc left it. When the ring is full the call is counted
+ * as dropped. The path of a call that names one is matched once, at that call: it
+ * is made absolute (the working directory, or the directory fd of an *at call) and
+ * normalised ("." and ".." and repeated slashes folded), then matched against the
+ * prefixes; its hash is what the fd's later calls carry.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "io.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+io_ring_t io_ring = {NULL, 0};
+uint64_t io_head __attribute__((aligned(64))) = 0;
+uint64_t io_tail __attribute__((aligned(64))) = 0;
+uint64_t io_dropped __attribute__((aligned(64))) = 0;
+int io_active = 0;
+
+/* ------------------------------------------------------------------------- */
+/* the fd table: one entry per fd number, no aliasing: 2^20 entries (the kernel's
+   default most fds a process may have, fs.nr_open), mapped untouched, so that only
+   the pages of fds in use take memory. An fd beyond it is not traced. */
+
+#define FD_MAX (1u << 20)
+typedef struct {
+    uint64_t fhash; /* 0: not traced */
+    int64_t pos;    /* the offset the next read or write is at, as far as seen */
+} fd_entry_t;
+static fd_entry_t *fd_table = NULL;
+static int fd_top = -1; /* the highest fd ever traced: the end of a close_range's sweep */
+
+int io_fd_table_init(void) {
+    if (fd_table)
+        return 0;
+    void *p = mmap(NULL, sizeof(fd_entry_t) * FD_MAX, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    fd_table = p;
+    return 0;
+}
+
+static inline fd_entry_t *fd_traced(int fd) {
+    if ((unsigned)fd >= FD_MAX || !fd_table)
+        return NULL;
+    fd_entry_t *e = &fd_table[fd];
+    return __atomic_load_n(&e->fhash, __ATOMIC_RELAXED) ? e : NULL;
+}
+
+static inline void fd_track(int fd, uint64_t fhash, int64_t pos) {
+    if ((unsigned)fd >= FD_MAX || !fd_table)
+        return;
+    __atomic_store_n(&fd_table[fd].pos, pos, __ATOMIC_RELAXED);
+    __atomic_store_n(&fd_table[fd].fhash, fhash, __ATOMIC_RELAXED);
+    int top = __atomic_load_n(&fd_top, __ATOMIC_RELAXED);
+    while (fhash && fd > top &&
+           !__atomic_compare_exchange_n(&fd_top, &top, fd, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
+/* An fd a call returned that is not traced: whatever entry its number had (an fd
+   closed where no wrapper saw it: a direct system call) is gone. */
+static inline void fd_untrack(int fd) {
+    if ((unsigned)fd < FD_MAX && fd_table &&
+        __atomic_load_n(&fd_table[fd].fhash, __ATOMIC_RELAXED))
+        __atomic_store_n(&fd_table[fd].fhash, 0, __ATOMIC_RELAXED);
+}
+
+/* ------------------------------------------------------------------------- */
+/* the ring */
+
+int io_ring_init(uint32_t nslots) {
+    if (io_ring.slots)
+        return 0;
+    uint64_t n = 1024;
+    while (n < nslots && n < (1u << 24))
+        n <<= 1;
+    void *p = mmap(NULL, n * sizeof(io_rec_t), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    io_ring.slots = p;
+    io_ring.mask = n - 1;
+    return 0;
+}
+
+/* The thread's id, read once per thread; the pid, to tell a vfork child (which
+   shares this memory, this thread's included) from the process. */
+static __thread uint32_t my_tid __attribute__((tls_model("initial-exec"))) = 0;
+static pid_t my_pid = 0;
+
+static inline uint32_t thread_id(void) {
+    uint32_t t = my_tid;
+    if (__builtin_expect(t == 0, 0))
+        my_tid = t = (uint32_t)syscall(SYS_gettid);
+    return t;
+}
+
+void io_after_fork_child(void) {
+    my_tid = 0;
+    my_pid = (pid_t)syscall(SYS_getpid);
+    /* the parent's records are the parent's: its reader takes them; this process
+       starts after them (a slot a parent thread had taken and not filled is skipped) */
+    __atomic_store_n(&io_tail, __atomic_load_n(&io_head, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+    io_dropped = 0;
+}
+
+/* True in a vfork child: it shares the table and the ring with its parent, and must
+   change neither. Asked only where a call would change the table. */
+static inline int in_vfork_child(void) {
+    return my_pid && (pid_t)syscall(SYS_getpid) != my_pid;
+}
+
+static inline int64_t clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void record(uint8_t op, uint64_t fhash, int64_t t0, int64_t t1, int64_t ret, int err,
+                   int64_t count, int64_t offset, const char *path, size_t npath) {
+    if (npath > IO_PATH_MAX)
+        npath = IO_PATH_MAX;
+    uint64_t k = 1 + (npath + sizeof(io_rec_t) - 1) / sizeof(io_rec_t);
+    uint64_t cap = io_ring.mask + 1;
+    uint64_t h = __atomic_load_n(&io_head, __ATOMIC_RELAXED);
+    do {
+        if (h + k - __atomic_load_n(&io_tail, __ATOMIC_ACQUIRE) > cap) {
+            __atomic_add_fetch(&io_dropped, 1, __ATOMIC_RELAXED);
+            return;
+        }
+    } while (!__atomic_compare_exchange_n(&io_head, &h, h + k, 1, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_RELAXED));
+    io_rec_t *r = &io_ring.slots[h & io_ring.mask];
+    r->t0 = t0;
+    r->dur = t1 - t0;
+    r->fhash = fhash;
+    r->ret = ret;
+    r->count = count;
+    r->offset = offset;
+    r->tid = thread_id();
+    r->op = op;
+    int failed = ret < 0 || ((op == OP_FOPEN || op == OP_FDOPEN) && ret == 0); /* NULL */
+    r->err = failed ? (uint8_t)(err > 255 ? 255 : err) : 0;
+    r->npath = (uint16_t)npath;
+    for (uint64_t i = 1; i < k; i++) {
+        size_t at = (i - 1) * sizeof(io_rec_t);
+        size_t n = npath - at < sizeof(io_rec_t) ? npath - at : sizeof(io_rec_t);
+        memcpy(&io_ring.slots[(h + i) & io_ring.mask], path + at, n);
+    }
+    __atomic_store_n(&r->seq, h + 1, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------------------- */
+/* the path filter */
+
+typedef struct {
+    char s[IO_PATH_MAX];
+    size_t n;
+} prefix_t;
+static prefix_t traced_prefixes[IO_MAX_PREFIXES], excluded_prefixes[IO_MAX_PREFIXES],
+    endings[IO_MAX_PREFIXES], exact[IO_MAX_PREFIXES];
+static int ntraced = 0, nexcluded = 0, nendings = 0, nexact = 0;
+
+static int set_list(prefix_t *to, int *nto, const char *const *from, int n) {
+    if (n > IO_MAX_PREFIXES)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(from[i]);
+        if (len >= IO_PATH_MAX)
+            return -1;
+        memcpy(to[i].s, from[i], len + 1);
+        to[i].n = len;
+    }
+    *nto = n;
+    return 0;
+}
+
+int io_set_filter(const char *const *traced, int nt, const char *const *excluded, int nx,
+                  const char *const *ends, int ne, const char *const *paths, int np) {
+    my_pid = (pid_t)syscall(SYS_getpid);
+    if (set_list(traced_prefixes, &ntraced, traced, nt) < 0 ||
+        set_list(excluded_prefixes, &nexcluded, excluded, nx) < 0 ||
+        set_list(endings, &nendings, ends, ne) < 0 || set_list(exact, &nexact, paths, np) < 0)
+        return -1;
+    return 0;
+}
+
+uint64_t io_path_hash(const char *p, size_t n) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 1099511628211ULL;
+    return h ? h : 1;
+}
+
+/* Fold "//", "/./" and "/x/../" of an absolute path in place; its new length. */
+static size_t normalise(char *p, size_t n) {
+    size_t o = 0, i = 0;
+    while (i < n) {
+        while (i < n && p[i] == '/')
+            i++;
+        size_t s = i;
+        while (i < n && p[i] != '/')
+            i++;
+        size_t len = i - s;
+        if (len == 0 || (len == 1 && p[s] == '.'))
+            continue;
+        if (len == 2 && p[s] == '.' && p[s + 1] == '.') {
+            while (o > 0 && p[o - 1] != '/')
+                o--;
+            if (o > 0)
+                o--; /* the slash before the dropped name */
+            continue;
+        }
+        p[o++] = '/';
+        memmove(p + o, p + s, len);
+        o += len;
+    }
+    if (o == 0)
+        p[o++] = '/';
+    p[o] = '\0';
+    return o;
+}
+
+/* The absolute, normalised path of `path` (relative to `dirfd`) in `out`; its length,
+   or 0 when it cannot be had. */
+static size_t absolute(int dirfd, const char *path, char *out) {
+    size_t np = strnlen(path, IO_PATH_MAX);
+    size_t nb = 0;
+    if (path[0] != '/') {
+        if (dirfd == AT_FDCWD) {
+            long r = syscall(SYS_getcwd, out, IO_PATH_MAX);
+            if (r <= 0 || out[0] != '/')
+                return 0;
+            nb = strnlen(out, IO_PATH_MAX);
+        } else {
+            char link[32] = "/proc/self/fd/";
+            char digits[12];
+            int nd = 0;
+            unsigned v = (unsigned)dirfd;
+            do {
+                digits[nd++] = (char)('0' + v % 10);
+                v /= 10;
+            } while (v);
+            size_t at = 14;
+            while (nd)
+                link[at++] = digits[--nd];
+            link[at] = '\0';
+            ssize_t r = readlink(link, out, IO_PATH_MAX - 1);
+            if (r <= 0 || out[0] != '/')
+                return 0;
+            nb = (size_t)r;
+        }
+        if (nb + 1 + np >= IO_PATH_MAX)
+            return 0;
+        out[nb++] = '/';
+    }
+    if (nb + np >= IO_PATH_MAX)
+        return 0;
+    memcpy(out + nb, path, np);
+    return normalise(out, nb + np);
+}
+
+static inline int has_prefix(const char *p, size_t n, const prefix_t *x) {
+    return n >= x->n && memcmp(p, x->s, x->n) == 0;
+}
+
+/* The hash of `path` when it is traced (its absolute form left in `out`, its length
+   in `*nout`), else 0. */
+static uint64_t match(int dirfd, const char *path, char *out, size_t *nout) {
+    if (!path || !path[0])
+        return 0;
+    size_t n = absolute(dirfd, path, out);
+    if (!n)
+        return 0;
+    for (int i = 0; i < nexcluded; i++)
+        if (has_prefix(out, n, &excluded_prefixes[i]))
+            return 0;
+    for (int i = 0; i < nendings; i++)
+        if (n >= endings[i].n && memcmp(out + n - endings[i].n, endings[i].s, endings[i].n) == 0)
+            return 0;
+    for (int i = 0; i < nexact; i++)
+        if (n == exact[i].n && memcmp(out, exact[i].s, n) == 0)
+            return 0;
+    if (ntraced) {
+        int in = 0;
+        for (int i = 0; i < ntraced && !in; i++) {
+            const prefix_t *x = &traced_prefixes[i];
+            /* a directory prefix matches itself and what is under it */
+            in = has_prefix(out, n, x) &&
+                 (n == x->n || x->s[x->n - 1] == '/' || out[x->n] == '/');
+        }
+        if (!in)
+            return 0;
+    }
+    *nout = n;
+    return io_path_hash(out, n);
+}
+
+/* ------------------------------------------------------------------------- */
+/* the wrappers */
+
+#define REAL(name) real_##name
+#define DECLARE(ret, name, ...) static ret (*real_##name)(__VA_ARGS__) = NULL
+
+/* A call on an fd: untraced fds cost the lookup. */
+#define FD_CALL(op, fd, call, count, offset, update)                                   \
+    do {                                                                             \
+        fd_entry_t *e_ = io_active ? fd_traced(fd) : NULL;                           \
+        if (!e_)                                                                     \
+            return call;                                                             \
+        int64_t t0_ = clock_ns();                                                    \
+        __typeof__(call) r_ = call;                                                  \
+        int err_ = errno;                                                            \
+        int64_t t1_ = clock_ns();                                                    \
+        int64_t off_ = (offset);                                                     \
+        update;                                                                      \
+        record(op, e_->fhash, t0_, t1_, (int64_t)r_, err_, count, off_, NULL, 0);    \
+        errno = err_;                                                                \
+        return r_;                                                                   \
+    } while (0)
+
+/* The position an fd's read or write starts at, and the move after it. */
+#define POS (__atomic_load_n(&e_->pos, __ATOMIC_RELAXED))
+#define ADVANCE                                                                      \
+    do {                                                                             \
+        if ((int64_t)r_ > 0 && off_ >= 0)                                            \
+            __atomic_store_n(&e_->pos, off_ + (int64_t)r_, __ATOMIC_RELAXED);        \
+    } while (0)
+
+/* A call that names a path: matched at the call. `untraced` runs on the result of
+   a call on a path not traced (r_). */
+#define PATH_CALL_OR(op, dirfd, path, call, after, untraced)                           \
+    do {                                                                             \
+        if (!io_active)                                                              \
+            return call;                                                             \
+        char abs_[IO_PATH_MAX];                                                      \
+        size_t n_ = 0;                                                               \
+        int saved_ = errno;                                                          \
+        uint64_t h_ = match(dirfd, path, abs_, &n_);                                 \
+        errno = saved_;                                                              \
+        if (!h_) {                                                                   \
+            __typeof__(call) r_ = call;                                              \
+            untraced;                                                                \
+            return r_;                                                               \
+        }                                                                            \
+        int64_t t0_ = clock_ns();                                                    \
+        __typeof__(call) r_ = call;                                                  \
+        int err_ = errno;                                                            \
+        int64_t t1_ = clock_ns();                                                    \
+        after;                                                                       \
+        record(op, h_, t0_, t1_, (int64_t)r_, err_, -1, -1, abs_, n_);               \
+        errno = err_;                                                                \
+        return r_;                                                                   \
+    } while (0)
+#define PATH_CALL(op, dirfd, path, call, after) PATH_CALL_OR(op, dirfd, path, call, after, (void)0)
+/* An open: the fd of an untraced path has no entry */
+#define OPEN_CALL(op, dirfd, path, call, after)                                        \
+    PATH_CALL_OR(op, dirfd, path, call, after, if (r_ >= 0) fd_untrack(r_))
+
+static inline int64_t iov_bytes(const struct iovec *iov, int n) {
+    int64_t s = 0;
+    for (int i = 0; i < n && iov; i++)
+        s += (int64_t)iov[i].iov_len;
+    return s;
+}
+
+static inline int open_has_mode(int flags) {
+    return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE;
+}
+
+/* -- open family: the fd takes the path's hash -- */
+#define OPEN_AFTER(flags)                                                              \
+    do {                                                                             \
+        if (r_ >= 0)                                                                 \
+            fd_track(r_, h_, 0);                                                       \
+    } while (0)
+
+#define OPEN_WRAPPER(name, op)                                                         \
+    DECLARE(int, name, const char *, int, ...);                                        \
+    static int w_##name(const char *path, int flags, ...) {                            \
+        mode_t mode = 0;                                                               \
+        if (open_has_mode(flags)) {                                                    \
+            va_list ap;                                                                \
+            va_start(ap, flags);                                                       \
+            mode = (mode_t)va_arg(ap, int);                                            \
+            va_end(ap);                                                                \
+        }                                                                              \
+        OPEN_CALL(op, AT_FDCWD, path, REAL(name)(path, flags, mode), OPEN_AFTER(flags)); \
+    }
+OPEN_WRAPPER(open, OP_OPEN)
+OPEN_WRAPPER(open64, OP_OPEN)
+
+#define OPENAT_WRAPPER(name)                                                           \
+    DECLARE(int, name, int, const char *, int, ...);                                   \
+    static int w_##name(int dirfd, const char *path, int flags, ...) {                 \
+        mode_t mode = 0;                                                               \
+        if (open_has_mode(flags)) {                                                    \
+            va_list ap;                                                                \
+            va_start(ap, flags);                                                       \
+            mode = (mode_t)va_arg(ap, int);                                            \
+            va_end(ap);                                                                \
+        }                                                                              \
+        OPEN_CALL(OP_OPENAT, dirfd, path, REAL(name)(dirfd, path, flags, mode),        \
+                  OPEN_AFTER(flags));                                                  \
+    }
+OPENAT_WRAPPER(openat)
+OPENAT_WRAPPER(openat64)
+
+#define OPEN2_WRAPPER(name)                                                            \
+    DECLARE(int, name, const char *, int);                                             \
+    static int w_##name(const char *path, int flags) {                                 \
+        OPEN_CALL(OP_OPEN, AT_FDCWD, path, REAL(name)(path, flags), OPEN_AFTER(flags)); \
+    }
+OPEN2_WRAPPER(__open_2)
+OPEN2_WRAPPER(__open64_2)
+
+#define OPENAT2_WRAPPER(name)                                                          \
+    DECLARE(int, name, int, const char *, int);                                        \
+    static int w_##name(int dirfd, const char *path, int flags) {                      \
+        OPEN_CALL(OP_OPENAT, dirfd, path, REAL(name)(dirfd, path, flags), OPEN_AFTER(flags)); \
+    }
+OPENAT2_WRAPPER(__openat_2)
+OPENAT2_WRAPPER(__openat64_2)
+
+#define CREAT_WRAPPER(name)                                                            \
+    DECLARE(int, name, const char *, mode_t);                                          \
+    static int w_##name(const char *path, mode_t mode) {                               \
+        OPEN_CALL(OP_CREAT, AT_FDCWD, path, REAL(name)(path, mode), OPEN_AFTER(0));    \
+    }
+CREAT_WRAPPER(creat)
+CREAT_WRAPPER(creat64)
+
+/* -- close: the entry is cleared before the fd is, so that an fd number another
+   thread gets from the kernel meanwhile keeps its own entry -- */
+DECLARE(int, close, int);
+static int w_close(int fd) {
+    fd_entry_t *e = io_active ? fd_traced(fd) : NULL;
+    if (!e || in_vfork_child())
+        return REAL(close)(fd);
+    uint64_t h = e->fhash;
+    __atomic_store_n(&e->fhash, 0, __ATOMIC_RELAXED);
+    int64_t t0 = clock_ns();
+    int r = REAL(close)(fd);
+    int err = errno;
+    record(OP_CLOSE, h, t0, clock_ns(), r, err, -1, -1, NULL, 0);
+    errno = err;
+    return r;
+}
+
+/* close_range and closefrom: the entries in the range go first (none past fd_top) */
+static void untrack_range(unsigned lo, unsigned hi) {
+    int top = __atomic_load_n(&fd_top, __ATOMIC_RELAXED);
+    if (top < 0 || !fd_table || in_vfork_child())
+        return;
+    for (unsigned fd = lo; fd <= hi && fd <= (unsigned)top; fd++)
+        if (__atomic_load_n(&fd_table[fd].fhash, __ATOMIC_RELAXED))
+            __atomic_store_n(&fd_table[fd].fhash, 0, __ATOMIC_RELAXED);
+}
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+DECLARE(int, close_range, unsigned, unsigned, int);
+static int w_close_range(unsigned lo, unsigned hi, int flags) {
+    if (io_active && !(flags & CLOSE_RANGE_CLOEXEC))
+        untrack_range(lo, hi);
+    return REAL(close_range)(lo, hi, flags);
+}
+DECLARE(void, closefrom, int);
+static void w_closefrom(int lo) {
+    if (io_active && lo >= 0)
+        untrack_range((unsigned)lo, ~0u);
+    REAL(closefrom)(lo);
+}
+
+/* -- reads and writes -- */
+DECLARE(ssize_t, read, int, void *, size_t);
+static ssize_t w_read(int fd, void *buf, size_t n) {
+    FD_CALL(OP_READ, fd, REAL(read)(fd, buf, n), (int64_t)n, POS, ADVANCE);
+}
+DECLARE(ssize_t, __read_chk, int, void *, size_t, size_t);
+static ssize_t w___read_chk(int fd, void *buf, size_t n, size_t buflen) {
+    FD_CALL(OP_READ, fd, REAL(__read_chk)(fd, buf, n, buflen), (int64_t)n, POS, ADVANCE);
+}
+DECLARE(ssize_t, write, int, const void *, size_t);
+static ssize_t w_write(int fd, const void *buf, size_t n) {
+    FD_CALL(OP_WRITE, fd, REAL(write)(fd, buf, n), (int64_t)n, POS, ADVANCE);
+}
+
+#define PRW_WRAPPER(name, op, cv)                                                      \
+    DECLARE(ssize_t, name, int, cv void *, size_t, off_t);                             \
+    static ssize_t w_##name(int fd, cv void *buf, size_t n, off_t off) {               \
+        FD_CALL(op, fd, REAL(name)(fd, buf, n, off), (int64_t)n, (int64_t)off, (void)0); \
+    }
+PRW_WRAPPER(pread, OP_PREAD, )
+PRW_WRAPPER(pread64, OP_PREAD, )
+PRW_WRAPPER(pwrite, OP_PWRITE, const)
+PRW_WRAPPER(pwrite64, OP_PWRITE, const)
+
+#define PREAD_CHK_WRAPPER(name)                                                        \
+    DECLARE(ssize_t, name, int, void *, size_t, off_t, size_t);                        \
+    static ssize_t w_##name(int fd, void *buf, size_t n, off_t off, size_t buflen) {   \
+        FD_CALL(OP_PREAD, fd, REAL(name)(fd, buf, n, off, buflen), (int64_t)n,         \
+                (int64_t)off, (void)0);                                                \
+    }
+PREAD_CHK_WRAPPER(__pread_chk)
+PREAD_CHK_WRAPPER(__pread64_chk)
+
+#define RWV_WRAPPER(name, op)                                                          \
+    DECLARE(ssize_t, name, int, const struct iovec *, int);                            \
+    static ssize_t w_##name(int fd, const struct iovec *iov, int cnt) {                \
+        FD_CALL(op, fd, REAL(name)(fd, iov, cnt), iov_bytes(iov, cnt), POS, ADVANCE);  \
+    }
+RWV_WRAPPER(readv, OP_READV)
+RWV_WRAPPER(writev, OP_WRITEV)
+
+#define PRWV_WRAPPER(name, op)                                                         \
+    DECLARE(ssize_t, name, int, const struct iovec *, int, off_t);                     \
+    static ssize_t w_##name(int fd, const struct iovec *iov, int cnt, off_t off) {     \
+        FD_CALL(op, fd, REAL(name)(fd, iov, cnt, off), iov_bytes(iov, cnt), (int64_t)off, \
+                (void)0);                                                              \
+    }
+PRWV_WRAPPER(preadv, OP_PREADV)
+PRWV_WRAPPER(preadv64, OP_PREADV)
+PRWV_WRAPPER(pwritev, OP_PWRITEV)
+PRWV_WRAPPER(pwritev64, OP_PWRITEV)
+
+#define PRWV2_WRAPPER(name, op)                                                        \
+    DECLARE(ssize_t, name, int, const struct iovec *, int, off_t, int);                \
+    static ssize_t w_##name(int fd, const struct iovec *iov, int cnt, off_t off, int fl) { \
+        FD_CALL(op, fd, REAL(name)(fd, iov, cnt, off, fl), iov_bytes(iov, cnt),        \
+                off == -1 ? POS : (int64_t)off, if (off == -1) ADVANCE);               \
+    }
+PRWV2_WRAPPER(preadv2, OP_PREADV)
+PRWV2_WRAPPER(preadv64v2, OP_PREADV)
+PRWV2_WRAPPER(pwritev2, OP_PWRITEV)
+PRWV2_WRAPPER(pwritev64v2, OP_PWRITEV)
+
+/* -- on an fd: seek, sync, truncate, fstat, mmap, fcntl -- */
+#define LSEEK_WRAPPER(name)                                                            \
+    DECLARE(off_t, name, int, off_t, int);                                             \
+    static off_t w_##name(int fd, off_t off, int whence) {                             \
+        FD_CALL(OP_LSEEK, fd, REAL(name)(fd, off, whence), -1, (int64_t)off,           \
+                if ((int64_t)r_ >= 0) __atomic_store_n(&e_->pos, (int64_t)r_, __ATOMIC_RELAXED)); \
+    }
+LSEEK_WRAPPER(lseek)
+LSEEK_WRAPPER(lseek64)
+
+#define FD1_WRAPPER(name, op)                                                          \
+    DECLARE(int, name, int);                                                           \
+    static int w_##name(int fd) { FD_CALL(op, fd, REAL(name)(fd), -1, -1, (void)0); }
+FD1_WRAPPER(fsync, OP_FSYNC)
+FD1_WRAPPER(fdatasync, OP_FDATASYNC)
+
+#define FTRUNC_WRAPPER(name)                                                           \
+    DECLARE(int, name, int, off_t);                                                    \
+    static int w_##name(int fd, off_t len) {                                           \
+        FD_CALL(OP_FTRUNCATE, fd, REAL(name)(fd, len), -1, (int64_t)len, (void)0);     \
+    }
+FTRUNC_WRAPPER(ftruncate)
+FTRUNC_WRAPPER(ftruncate64)
+
+#define FSTAT_WRAPPER(name, st)                                                        \
+    DECLARE(int, name, int, struct st *);                                              \
+    static int w_##name(int fd, struct st *buf) {                                      \
+        FD_CALL(OP_FSTAT, fd, REAL(name)(fd, buf), -1, -1, (void)0);                   \
+    }
+FSTAT_WRAPPER(fstat, stat)
+FSTAT_WRAPPER(fstat64, stat64)
+
+#define FXSTAT_WRAPPER(name, st)                                                       \
+    DECLARE(int, name, int, int, struct st *);                                         \
+    static int w_##name(int ver, int fd, struct st *buf) {                             \
+        FD_CALL(OP_FSTAT, fd, REAL(name)(ver, fd, buf), -1, -1, (void)0);              \
+    }
+FXSTAT_WRAPPER(__fxstat, stat)
+FXSTAT_WRAPPER(__fxstat64, stat64)
+
+#define MMAP_WRAPPER(name)                                                             \
+    DECLARE(void *, name, void *, size_t, int, int, int, off_t);                       \
+    static void *w_##name(void *addr, size_t len, int prot, int flags, int fd, off_t off) { \
+        if (fd < 0)                                                                    \
+            return REAL(name)(addr, len, prot, flags, fd, off);                        \
+        fd_entry_t *e_ = io_active ? fd_traced(fd) : NULL;                             \
+        if (!e_)                                                                       \
+            return REAL(name)(addr, len, prot, flags, fd, off);                        \
+        int64_t t0 = clock_ns();                                                       \
+        void *r = REAL(name)(addr, len, prot, flags, fd, off);                         \
+        int err = errno;                                                               \
+        record(OP_MMAP, e_->fhash, t0, clock_ns(), r == MAP_FAILED ? -1 : 0, err,      \
+               (int64_t)len, (int64_t)off, NULL, 0);                                   \
+        errno = err;                                                                   \
+        return r;                                                                      \
+    }
+MMAP_WRAPPER(mmap)
+MMAP_WRAPPER(mmap64)
+
+/* -- dup: the new fd takes the old one's entry -- */
+#define DUP_AFTER(newfd)                                                               \
+    do {                                                                             \
+        if ((int)r_ >= 0 && !in_vfork_child())                                       \
+            fd_track((int)(newfd), e_->fhash, POS);                                    \
+    } while (0)
+DECLARE(int, dup, int);
+static int w_dup(int fd) { FD_CALL(OP_DUP, fd, REAL(dup)(fd), -1, -1, DUP_AFTER(r_)); }
+
+/* dup2/dup3 onto a traced fd closes it: its entry goes first (as in close) */
+static inline void untrack_target(int fd) {
+    fd_entry_t *t = fd_traced(fd);
+    if (t && !in_vfork_child())
+        __atomic_store_n(&t->fhash, 0, __ATOMIC_RELAXED);
+}
+DECLARE(int, dup2, int, int);
+static int w_dup2(int fd, int fd2) {
+    if (io_active && fd != fd2)
+        untrack_target(fd2);
+    FD_CALL(OP_DUP2, fd, REAL(dup2)(fd, fd2), -1, -1, if (fd != fd2) DUP_AFTER(fd2));
+}
+DECLARE(int, dup3, int, int, int);
+static int w_dup3(int fd, int fd2, int flags) {
+    if (io_active)
+        untrack_target(fd2);
+    FD_CALL(OP_DUP3, fd, REAL(dup3)(fd, fd2, flags), -1, -1, DUP_AFTER(fd2));
+}
+
+#define FCNTL_WRAPPER(name)                                                            \
+    DECLARE(int, name, int, int, ...);                                                 \
+    static int w_##name(int fd, int cmd, ...) {                                        \
+        va_list ap;                                                                    \
+        va_start(ap, cmd);                                                             \
+        void *arg = va_arg(ap, void *);                                                \
+        va_end(ap);                                                                    \
+        FD_CALL(OP_FCNTL, fd, REAL(name)(fd, cmd, arg), -1, -1,                        \
+                if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) DUP_AFTER(r_));          \
+    }
+FCNTL_WRAPPER(fcntl)
+FCNTL_WRAPPER(fcntl64)
+
+/* -- calls on a path -- */
+#define STAT_WRAPPER(name, op, st)                                                     \
+    DECLARE(int, name, const char *, struct st *);                                     \
+    static int w_##name(const char *path, struct st *buf) {                            \
+        PATH_CALL(op, AT_FDCWD, path, REAL(name)(path, buf), (void)0);                 \
+    }
+STAT_WRAPPER(stat, OP_STAT, stat)
+STAT_WRAPPER(stat64, OP_STAT, stat64)
+STAT_WRAPPER(lstat, OP_LSTAT, stat)
+STAT_WRAPPER(lstat64, OP_LSTAT, stat64)
+
+#define XSTAT_WRAPPER(name, op, st)                                                    \
+    DECLARE(int, name, int, const char *, struct st *);                                \
+    static int w_##name(int ver, const char *path, struct st *buf) {                   \
+        PATH_CALL(op, AT_FDCWD, path, REAL(name)(ver, path, buf), (void)0);            \
+    }
+XSTAT_WRAPPER(__xstat, OP_STAT, stat)
+XSTAT_WRAPPER(__xstat64, OP_STAT, stat64)
+XSTAT_WRAPPER(__lxstat, OP_LSTAT, stat)
+XSTAT_WRAPPER(__lxstat64, OP_LSTAT, stat64)
+
+/* fstatat on an fd (AT_EMPTY_PATH and "") is fstat; else a path call */
+#define FSTATAT_WRAPPER(name, st)                                                      \
+    DECLARE(int, name, int, const char *, struct st *, int);                           \
+    static int w_##name(int dirfd, const char *path, struct st *buf, int flags) {      \
+        if ((flags & AT_EMPTY_PATH) && path && !path[0])                               \
+            FD_CALL(OP_FSTAT, dirfd, REAL(name)(dirfd, path, buf, flags), -1, -1, (void)0); \
+        PATH_CALL(OP_FSTATAT, dirfd, path, REAL(name)(dirfd, path, buf, flags), (void)0); \
+    }
+FSTATAT_WRAPPER(fstatat, stat)
+FSTATAT_WRAPPER(fstatat64, stat64)
+
+#define PATH1_WRAPPER(name, op)                                                        \
+    DECLARE(int, name, const char *);                                                  \
+    static int w_##name(const char *path) {                                            \
+        PATH_CALL(op, AT_FDCWD, path, REAL(name)(path), (void)0);                      \
+    }
+PATH1_WRAPPER(unlink, OP_UNLINK)
+PATH1_WRAPPER(rmdir, OP_RMDIR)
+
+DECLARE(int, unlinkat, int, const char *, int);
+static int w_unlinkat(int dirfd, const char *path, int flags) {
+    PATH_CALL(OP_UNLINKAT, dirfd, path, REAL(unlinkat)(dirfd, path, flags), (void)0);
+}
+DECLARE(int, mkdir, const char *, mode_t);
+static int w_mkdir(const char *path, mode_t mode) {
+    PATH_CALL(OP_MKDIR, AT_FDCWD, path, REAL(mkdir)(path, mode), (void)0);
+}
+DECLARE(int, mkdirat, int, const char *, mode_t);
+static int w_mkdirat(int dirfd, const char *path, mode_t mode) {
+    PATH_CALL(OP_MKDIRAT, dirfd, path, REAL(mkdirat)(dirfd, path, mode), (void)0);
+}
+/* rename: the file is the source's */
+DECLARE(int, rename, const char *, const char *);
+static int w_rename(const char *from, const char *to) {
+    PATH_CALL(OP_RENAME, AT_FDCWD, from, REAL(rename)(from, to), (void)0);
+}
+DECLARE(int, renameat, int, const char *, int, const char *);
+static int w_renameat(int fromfd, const char *from, int tofd, const char *to) {
+    PATH_CALL(OP_RENAMEAT, fromfd, from, REAL(renameat)(fromfd, from, tofd, to), (void)0);
+}
+
+/* -- STDIO: a stream is its fd's entry -- */
+static inline int stream_fd(FILE *fp) { return fp ? fileno_unlocked(fp) : -1; }
+
+#define FOPEN_WRAPPER(name)                                                            \
+    DECLARE(FILE *, name, const char *, const char *);                                 \
+    static FILE *w_##name(const char *path, const char *mode) {                        \
+        PATH_CALL_OR(OP_FOPEN, AT_FDCWD, path, REAL(name)(path, mode),                 \
+                     if (r_) fd_track(stream_fd(r_), h_, 0),                             \
+                     if (r_) fd_untrack(stream_fd(r_)));                                 \
+    }
+FOPEN_WRAPPER(fopen)
+FOPEN_WRAPPER(fopen64)
+
+DECLARE(FILE *, fdopen, int, const char *);
+static FILE *w_fdopen(int fd, const char *mode) {
+    FD_CALL(OP_FDOPEN, fd, REAL(fdopen)(fd, mode), -1, -1, (void)0);
+}
+
+DECLARE(int, fclose, FILE *);
+static int w_fclose(FILE *fp) {
+    int fd = stream_fd(fp);
+    fd_entry_t *e = io_active ? fd_traced(fd) : NULL;
+    if (!e || in_vfork_child())
+        return REAL(fclose)(fp);
+    uint64_t h = e->fhash;
+    __atomic_store_n(&e->fhash, 0, __ATOMIC_RELAXED);
+    int64_t t0 = clock_ns();
+    int r = REAL(fclose)(fp);
+    int err = errno;
+    record(OP_FCLOSE, h, t0, clock_ns(), r, err, -1, -1, NULL, 0);
+    errno = err;
+    return r;
+}
+
+/* fread/fwrite: ret is bytes (items times size), count the bytes asked */
+#define FRW_WRAPPER(name, op, cv)                                                      \
+    DECLARE(size_t, name, cv void *, size_t, size_t, FILE *);                          \
+    static size_t w_##name(cv void *p, size_t size, size_t n, FILE *fp) {              \
+        fd_entry_t *e_ = io_active ? fd_traced(stream_fd(fp)) : NULL;                  \
+        if (!e_)                                                                       \
+            return REAL(name)(p, size, n, fp);                                         \
+        int64_t t0 = clock_ns();                                                       \
+        size_t r = REAL(name)(p, size, n, fp);                                         \
+        int err = errno;                                                               \
+        record(op, e_->fhash, t0, clock_ns(), (int64_t)(r * size), err,                \
+               (int64_t)(size * n), -1, NULL, 0);                                      \
+        errno = err;                                                                   \
+        return r;                                                                      \
+    }
+FRW_WRAPPER(fread, OP_FREAD, )
+FRW_WRAPPER(fread_unlocked, OP_FREAD, )
+FRW_WRAPPER(fwrite, OP_FWRITE, const)
+FRW_WRAPPER(fwrite_unlocked, OP_FWRITE, const)
+
+DECLARE(size_t, __fread_chk, void *, size_t, size_t, size_t, FILE *);
+static size_t w___fread_chk(void *p, size_t plen, size_t size, size_t n, FILE *fp) {
+    fd_entry_t *e_ = io_active ? fd_traced(stream_fd(fp)) : NULL;
+    if (!e_)
+        return REAL(__fread_chk)(p, plen, size, n, fp);
+    int64_t t0 = clock_ns();
+    size_t r = REAL(__fread_chk)(p, plen, size, n, fp);
+    int err = errno;
+    record(OP_FREAD, e_->fhash, t0, clock_ns(), (int64_t)(r * size), err, (int64_t)(size * n),
+           -1, NULL, 0);
+    errno = err;
+    return r;
+}
+
+#define FSEEK_WRAPPER(name, offt)                                                      \
+    DECLARE(int, name, FILE *, offt, int);                                             \
+    static int w_##name(FILE *fp, offt off, int whence) {                              \
+        FD_CALL(OP_FSEEK, stream_fd(fp), REAL(name)(fp, off, whence), -1, (int64_t)off, \
+                (void)0);                                                              \
+    }
+FSEEK_WRAPPER(fseek, long)
+FSEEK_WRAPPER(fseeko, off_t)
+FSEEK_WRAPPER(fseeko64, off_t)
+
+#define FTELL_WRAPPER(name, offt)                                                      \
+    DECLARE(offt, name, FILE *);                                                       \
+    static offt w_##name(FILE *fp) {                                                   \
+        FD_CALL(OP_FTELL, stream_fd(fp), REAL(name)(fp), -1, -1, (void)0);             \
+    }
+FTELL_WRAPPER(ftell, long)
+FTELL_WRAPPER(ftello, off_t)
+FTELL_WRAPPER(ftello64, off_t)
+
+DECLARE(char *, fgets, char *, int, FILE *);
+static char *w_fgets(char *s, int n, FILE *fp) {
+    fd_entry_t *e_ = io_active ? fd_traced(stream_fd(fp)) : NULL;
+    if (!e_)
+        return REAL(fgets)(s, n, fp);
+    int64_t t0 = clock_ns();
+    char *r = REAL(fgets)(s, n, fp);
+    int err = errno;
+    int64_t t1 = clock_ns();
+    record(OP_FGETS, e_->fhash, t0, t1, r ? (int64_t)strnlen(r, (size_t)(n > 0 ? n : 0)) : -1,
+           err, n, -1, NULL, 0);
+    errno = err;
+    return r;
+}
+DECLARE(int, fputs, const char *, FILE *);
+static int w_fputs(const char *s, FILE *fp) {
+    fd_entry_t *e_ = io_active ? fd_traced(stream_fd(fp)) : NULL;
+    if (!e_)
+        return REAL(fputs)(s, fp);
+    int64_t n = s ? (int64_t)strlen(s) : 0;
+    int64_t t0 = clock_ns();
+    int r = REAL(fputs)(s, fp);
+    int err = errno;
+    record(OP_FPUTS, e_->fhash, t0, clock_ns(), r >= 0 ? n : -1, err, n, -1, NULL, 0);
+    errno = err;
+    return r;
+}
+
+/* ------------------------------------------------------------------------- */
+/* the table got.c binds */
+
+#define HOOK(name) {#name, (void *)w_##name, (void **)&real_##name}
+io_hook_t io_hooks[] = {
+    HOOK(open), HOOK(open64), HOOK(openat), HOOK(openat64), HOOK(__open_2), HOOK(__open64_2),
+    HOOK(__openat_2), HOOK(__openat64_2), HOOK(creat), HOOK(creat64), HOOK(close),
+    HOOK(close_range), HOOK(closefrom),
+    HOOK(read), HOOK(__read_chk), HOOK(write), HOOK(pread), HOOK(pread64), HOOK(pwrite),
+    HOOK(pwrite64), HOOK(__pread_chk), HOOK(__pread64_chk), HOOK(readv), HOOK(writev),
+    HOOK(preadv), HOOK(preadv64), HOOK(pwritev), HOOK(pwritev64), HOOK(preadv2),
+    HOOK(preadv64v2), HOOK(pwritev2), HOOK(pwritev64v2), HOOK(lseek), HOOK(lseek64),
+    HOOK(fsync), HOOK(fdatasync), HOOK(ftruncate), HOOK(ftruncate64), HOOK(fstat),
+    HOOK(fstat64), HOOK(__fxstat), HOOK(__fxstat64), HOOK(mmap), HOOK(mmap64), HOOK(dup),
+    HOOK(dup2), HOOK(dup3), HOOK(fcntl), HOOK(fcntl64), HOOK(stat), HOOK(stat64), HOOK(lstat),
+    HOOK(lstat64), HOOK(__xstat), HOOK(__xstat64), HOOK(__lxstat), HOOK(__lxstat64),
+    HOOK(fstatat), HOOK(fstatat64), HOOK(unlink), HOOK(rmdir), HOOK(unlinkat), HOOK(mkdir),
+    HOOK(mkdirat), HOOK(rename), HOOK(renameat), HOOK(fopen), HOOK(fopen64), HOOK(fdopen),
+    HOOK(fclose), HOOK(fread), HOOK(fread_unlocked), HOOK(fwrite), HOOK(fwrite_unlocked),
+    HOOK(__fread_chk), HOOK(fseek), HOOK(fseeko), HOOK(fseeko64), HOOK(ftell), HOOK(ftello),
+    HOOK(ftello64), HOOK(fgets), HOOK(fputs),
+};
+const size_t io_nhooks = sizeof(io_hooks) / sizeof(io_hooks[0]);
+
+const char *const io_op_names[OP_COUNT] = {
+    "open", "openat", "creat", "close", "read", "pread", "readv", "preadv",
+    "write", "pwrite", "writev", "pwritev", "lseek", "fsync", "fdatasync",
+    "ftruncate", "stat", "lstat", "fstat", "fstatat", "mmap", "dup", "dup2",
+    "dup3", "fcntl", "unlink", "unlinkat", "rename", "renameat", "mkdir",
+    "mkdirat", "rmdir",
+    "fopen", "fdopen", "fclose", "fread", "fwrite", "fseek", "ftell", "fgets",
+    "fputs",
+};

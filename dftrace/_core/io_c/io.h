@@ -1,0 +1,91 @@
+/* io.h: the one internal header of dftrace._core._io, the file-I/O interposer.
+ *
+ * interpose.c  the wrappers of the libc calls (open ... fread), the fd table, the
+ *              path filter and the lock-free ring they record into; nothing in it
+ *              allocates, locks or touches Python, so that a wrapper may run in a
+ *              signal handler, a vfork child or a child forked from C
+ * got.c        binding: the wrappers written into the GOT of every loaded object
+ *              (and of each one dlopen() loads later), the old entries kept to undo it
+ * module.c     the Python module: install(), uninstall(), drain() (the ring read,
+ *              per-file counters kept, calls over the rate cap folded into per-file
+ *              aggregates), counters()
+ */
+#ifndef DFTRACE_IO_H
+#define DFTRACE_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One call as the wrappers record it: 64 bytes, one ring slot. A call that names a
+   path (open, stat, rename ...) is followed by the path's bytes in `npath` bytes of
+   the next slots. `seq` is written last: the slot's index + 1 once complete. */
+typedef struct {
+    uint64_t seq;
+    int64_t t0;     /* CLOCK_MONOTONIC, ns */
+    int64_t dur;    /* ns */
+    uint64_t fhash; /* the file's path hash; 0: none */
+    int64_t ret;
+    int64_t count;  /* bytes asked; -1: none */
+    int64_t offset; /* -1: unknown */
+    uint32_t tid;
+    uint8_t op;
+    uint8_t err;    /* errno when ret < 0 (255 when larger) */
+    uint16_t npath;
+} io_rec_t;
+
+typedef char io_rec_is_64_bytes[sizeof(io_rec_t) == 64 ? 1 : -1];
+
+/* The calls, by their folded name (open64, __open_2 ... are OP_OPEN). The order is
+   that of IO_OP_NAMES (module.c hands it to Python). */
+enum {
+    OP_OPEN, OP_OPENAT, OP_CREAT, OP_CLOSE, OP_READ, OP_PREAD, OP_READV, OP_PREADV,
+    OP_WRITE, OP_PWRITE, OP_WRITEV, OP_PWRITEV, OP_LSEEK, OP_FSYNC, OP_FDATASYNC,
+    OP_FTRUNCATE, OP_STAT, OP_LSTAT, OP_FSTAT, OP_FSTATAT, OP_MMAP, OP_DUP, OP_DUP2,
+    OP_DUP3, OP_FCNTL, OP_UNLINK, OP_UNLINKAT, OP_RENAME, OP_RENAMEAT, OP_MKDIR,
+    OP_MKDIRAT, OP_RMDIR,
+    OP_FOPEN, OP_FDOPEN, OP_FCLOSE, OP_FREAD, OP_FWRITE, OP_FSEEK, OP_FTELL, OP_FGETS,
+    OP_FPUTS,
+    OP_COUNT
+};
+#define OP_FIRST_STDIO OP_FOPEN
+
+extern const char *const io_op_names[OP_COUNT];
+
+/* interpose.c */
+#define IO_MAX_PREFIXES 64
+#define IO_PATH_MAX 4096
+
+typedef struct {
+    io_rec_t *slots;
+    uint64_t mask; /* slots - 1 (a power of two) */
+} io_ring_t;
+
+extern io_ring_t io_ring;
+extern uint64_t io_head, io_tail, io_dropped; /* io_tail: the reader's (module.c) */
+extern int io_active;                         /* wrappers record (else they only call) */
+
+typedef struct {
+    const char *name;
+    void *wrapper;
+    void **real; /* the function the wrapper calls, found at install */
+} io_hook_t;
+extern io_hook_t io_hooks[];
+extern const size_t io_nhooks;
+
+/* Set the filter (before binding): prefixes traced (none: all), prefixes, name
+   endings and whole paths never traced. 0, or -1 when a list is too long. */
+int io_set_filter(const char *const *traced, int ntraced, const char *const *excluded,
+                  int nexcluded, const char *const *endings, int nendings,
+                  const char *const *paths, int npaths);
+int io_ring_init(uint32_t nslots);
+int io_fd_table_init(void);
+void io_after_fork_child(void);
+uint64_t io_path_hash(const char *p, size_t n);
+
+/* got.c */
+int io_bind(void);   /* write the wrappers into every object's GOT; the count bound */
+void io_unbind(void); /* put the old entries back */
+void io_skip_object(const char *path); /* never bind this file (the engine) */
+void io_got_after_fork_child(void);    /* the binding's lock, afresh */
+
+#endif

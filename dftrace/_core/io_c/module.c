@@ -1,0 +1,497 @@
+/* module.c: dftrace._core._io, the Python side of the file-I/O interposer.
+ *
+ * install() sets the filter, maps the ring and the fd table and binds the wrappers;
+ * uninstall() unbinds them. drain() is the reader: it takes the calls recorded
+ * since the last drain, keeps each file's counters (always, whatever is written),
+ * and hands back the calls to write: one each up to `max_calls`, the rest folded
+ * into one aggregate per file and call. All of it runs holding the GIL, in the
+ * thread that drains; nothing here runs in a wrapper. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "io.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* -- per-file counters -- */
+
+#define HIST 10
+typedef struct {
+    uint64_t fhash; /* 0: an empty place */
+    char *path;
+    int64_t read_ops, read_bytes, write_ops, write_bytes, metadata_ops, sync_ops, other_ops;
+    int64_t read_ns, write_ns, metadata_ns, sync_ns;
+    int64_t seq_reads, consec_reads, seq_writes, consec_writes;
+    int64_t last_read_off, last_read_end, last_write_off, last_write_end;
+    int64_t read_hist[HIST], write_hist[HIST];
+    int64_t first_ns, last_ns;
+} file_t;
+
+static file_t *files = NULL;
+static size_t files_cap = 0, files_n = 0;
+static int forget_pending = 0; /* set in a forked child: its counters start afresh */
+static unsigned long long calls_seen = 0, calls_aggregated = 0;
+
+static void forget_files(void) {
+    for (size_t i = 0; i < files_cap; i++)
+        free(files[i].path);
+    free(files);
+    files = NULL;
+    files_cap = files_n = 0;
+    calls_seen = calls_aggregated = 0;
+}
+
+static file_t *file_of(uint64_t h) {
+    if (files_n * 2 >= files_cap) {
+        size_t cap = files_cap ? files_cap * 2 : 1024;
+        file_t *t = calloc(cap, sizeof(file_t));
+        if (!t)
+            return NULL;
+        for (size_t i = 0; i < files_cap; i++) {
+            if (!files[i].fhash)
+                continue;
+            size_t j = files[i].fhash & (cap - 1);
+            while (t[j].fhash)
+                j = (j + 1) & (cap - 1);
+            t[j] = files[i];
+        }
+        free(files);
+        files = t;
+        files_cap = cap;
+    }
+    size_t j = h & (files_cap - 1);
+    while (files[j].fhash && files[j].fhash != h)
+        j = (j + 1) & (files_cap - 1);
+    if (!files[j].fhash) {
+        memset(&files[j], 0, sizeof(file_t));
+        files[j].fhash = h;
+        files[j].last_read_off = files[j].last_write_off = -1;
+        files[j].last_read_end = files[j].last_write_end = -1;
+        files[j].first_ns = INT64_MAX;
+        files_n++;
+    }
+    return &files[j];
+}
+
+enum { K_READ, K_WRITE, K_SYNC, K_METADATA, K_OTHER };
+
+static int kind_of(int op) {
+    switch (op) {
+    case OP_READ: case OP_PREAD: case OP_READV: case OP_PREADV: case OP_FREAD: case OP_FGETS:
+        return K_READ;
+    case OP_WRITE: case OP_PWRITE: case OP_WRITEV: case OP_PWRITEV: case OP_FWRITE:
+    case OP_FPUTS:
+        return K_WRITE;
+    case OP_FSYNC: case OP_FDATASYNC:
+        return K_SYNC;
+    case OP_MMAP:
+        return K_OTHER;
+    default:
+        return K_METADATA;
+    }
+}
+
+/* Darshan's buckets: 0-100, 100-1K, 1K-10K, 10K-100K, 100K-1M, 1M-4M, 4M-10M,
+   10M-100M, 100M-1G, 1G+. */
+static int bucket(int64_t n) {
+    static const int64_t tops[HIST - 1] = {100, 1024, 10240, 102400, 1048576, 4194304,
+                                           10485760, 104857600, 1073741824};
+    int b = 0;
+    while (b < HIST - 1 && n >= tops[b])
+        b++;
+    return b;
+}
+
+static void count(file_t *f, const io_rec_t *r) {
+    int64_t end = r->t0 + r->dur;
+    if (r->t0 < f->first_ns)
+        f->first_ns = r->t0;
+    if (end > f->last_ns)
+        f->last_ns = end;
+    switch (kind_of(r->op)) {
+    case K_READ:
+        f->read_ops++;
+        f->read_ns += r->dur;
+        if (r->ret > 0) {
+            f->read_bytes += r->ret;
+            f->read_hist[bucket(r->ret)]++;
+            if (r->offset >= 0) {
+                if (f->last_read_end >= 0 && r->offset == f->last_read_end)
+                    f->consec_reads++;
+                if (f->last_read_off >= 0 && r->offset > f->last_read_off)
+                    f->seq_reads++;
+                f->last_read_off = r->offset;
+                f->last_read_end = r->offset + r->ret;
+            }
+        }
+        break;
+    case K_WRITE:
+        f->write_ops++;
+        f->write_ns += r->dur;
+        if (r->ret > 0) {
+            f->write_bytes += r->ret;
+            f->write_hist[bucket(r->ret)]++;
+            if (r->offset >= 0) {
+                if (f->last_write_end >= 0 && r->offset == f->last_write_end)
+                    f->consec_writes++;
+                if (f->last_write_off >= 0 && r->offset > f->last_write_off)
+                    f->seq_writes++;
+                f->last_write_off = r->offset;
+                f->last_write_end = r->offset + r->ret;
+            }
+        }
+        break;
+    case K_SYNC:
+        f->sync_ops++;
+        f->sync_ns += r->dur;
+        break;
+    case K_METADATA:
+        f->metadata_ops++;
+        f->metadata_ns += r->dur;
+        break;
+    default:
+        f->other_ops++;
+    }
+}
+
+/* -- aggregates of one drain, per file and call -- */
+
+typedef struct {
+    uint64_t fhash;
+    uint8_t op, used;
+    io_rec_t rec;
+} agg_t;
+
+#define AGG_CAP 4096
+static agg_t aggs[AGG_CAP];
+static int naggs_used = 0;
+
+/* Fold `r` into its aggregate; 0, or -1 when the table is full (then it is written
+   as a call of its own). */
+static int aggregate(const io_rec_t *r) {
+    size_t j = (r->fhash * 31 + r->op) & (AGG_CAP - 1);
+    for (int n = 0; n < AGG_CAP; n++, j = (j + 1) & (AGG_CAP - 1)) {
+        agg_t *a = &aggs[j];
+        if (!a->used) {
+            if (naggs_used >= AGG_CAP / 2)
+                return -1;
+            a->used = 1;
+            a->fhash = r->fhash;
+            a->op = r->op;
+            a->rec = *r;
+            a->rec.seq = 1;
+            a->rec.offset = -1;
+            a->rec.ret = r->ret > 0 ? r->ret : 0;
+            a->rec.count = r->count > 0 ? r->count : 0;
+            a->rec.err = 0;
+            naggs_used++;
+            return 0;
+        }
+        if (a->fhash == r->fhash && a->op == r->op) {
+            a->rec.seq++;
+            a->rec.dur += r->dur;
+            if (r->t0 < a->rec.t0)
+                a->rec.t0 = r->t0;
+            if (r->ret > 0)
+                a->rec.ret += r->ret;
+            if (r->count > 0)
+                a->rec.count += r->count;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* -- the output of a drain: records (seq: the calls covered; npath: 1 when an
+   aggregate), in a growing buffer -- */
+
+typedef struct {
+    io_rec_t *recs;
+    size_t n, cap;
+} out_t;
+
+static int out_add(out_t *o, const io_rec_t *r, int aggregated) {
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? o->cap * 2 : 1024;
+        io_rec_t *g = realloc(o->recs, cap * sizeof(io_rec_t));
+        if (!g)
+            return -1;
+        o->recs = g;
+        o->cap = cap;
+    }
+    io_rec_t *w = &o->recs[o->n++];
+    *w = *r;
+    if (!aggregated)
+        w->seq = 1;
+    w->npath = (uint16_t)aggregated;
+    return 0;
+}
+
+static void after_fork_child(void) {
+    io_after_fork_child();
+    io_got_after_fork_child();
+    forget_pending = 1;
+}
+
+/* -- the module's functions -- */
+
+static int installed = 0, atfork_registered = 0;
+
+static int str_list(PyObject *list, const char **out, int max) {
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) > max) {
+        PyErr_Format(PyExc_ValueError, "more than %d prefixes", max);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        out[i] = PyUnicode_AsUTF8(PyList_GET_ITEM(list, i));
+        if (!out[i])
+            return -1;
+    }
+    return (int)PyList_GET_SIZE(list);
+}
+
+static PyObject *install(PyObject *self, PyObject *args) {
+    unsigned int nslots;
+    PyObject *traced, *excluded, *ends, *paths;
+    const char *engine_path;
+    if (!PyArg_ParseTuple(args, "IO!O!O!O!s", &nslots, &PyList_Type, &traced, &PyList_Type,
+                          &excluded, &PyList_Type, &ends, &PyList_Type, &paths, &engine_path))
+        return NULL;
+    const char *t[IO_MAX_PREFIXES], *x[IO_MAX_PREFIXES], *e[IO_MAX_PREFIXES],
+        *p[IO_MAX_PREFIXES];
+    int nt = str_list(traced, t, IO_MAX_PREFIXES), nx = str_list(excluded, x, IO_MAX_PREFIXES),
+        ne = str_list(ends, e, IO_MAX_PREFIXES), np = str_list(paths, p, IO_MAX_PREFIXES);
+    if (nt < 0 || nx < 0 || ne < 0 || np < 0)
+        return NULL;
+    if (installed) {
+        PyErr_SetString(PyExc_RuntimeError, "file I/O tracing is on already");
+        return NULL;
+    }
+    if (io_set_filter(t, nt, x, nx, e, ne, p, np) < 0) {
+        PyErr_SetString(PyExc_ValueError, "a path prefix is too long");
+        return NULL;
+    }
+    if (io_ring_init(nslots) < 0 || io_fd_table_init() < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (!atfork_registered && pthread_atfork(NULL, NULL, after_fork_child) == 0)
+        atfork_registered = 1;
+    io_skip_object(engine_path);
+    __atomic_store_n(&io_active, 1, __ATOMIC_RELEASE);
+    installed = 1;
+    return PyLong_FromLong(io_bind());
+}
+
+static PyObject *bind_new(PyObject *self, PyObject *unused) {
+    return PyLong_FromLong(installed ? io_bind() : 0);
+}
+
+static PyObject *uninstall(PyObject *self, PyObject *unused) {
+    if (installed) {
+        __atomic_store_n(&io_active, 0, __ATOMIC_RELEASE);
+        io_unbind();
+        installed = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+/* drain(max_calls) -> (records: bytes, new files: [(fhash, path)], dropped, calls):
+   max_calls < 0: no cap. */
+static PyObject *drain(PyObject *self, PyObject *args) {
+    long long max_calls;
+    if (!PyArg_ParseTuple(args, "L", &max_calls))
+        return NULL;
+    if (forget_pending) {
+        forget_files();
+        forget_pending = 0;
+    }
+    PyObject *new_files = PyList_New(0);
+    if (!new_files)
+        return NULL;
+    out_t o = {NULL, 0, 0};
+    long long taken = 0;
+    char path[IO_PATH_MAX + 1];
+    if (io_ring.slots) {
+        uint64_t i = __atomic_load_n(&io_tail, __ATOMIC_RELAXED);
+        uint64_t head = __atomic_load_n(&io_head, __ATOMIC_ACQUIRE);
+        while (i < head) {
+            io_rec_t *slot = &io_ring.slots[i & io_ring.mask];
+            if (__atomic_load_n(&slot->seq, __ATOMIC_ACQUIRE) != i + 1)
+                break; /* still being written */
+            io_rec_t r = *slot;
+            size_t npath = r.npath, k = 1 + (npath + sizeof(io_rec_t) - 1) / sizeof(io_rec_t);
+            for (size_t j = 1; j < k; j++) {
+                size_t at = (j - 1) * sizeof(io_rec_t);
+                size_t n = npath - at < sizeof(io_rec_t) ? npath - at : sizeof(io_rec_t);
+                memcpy(path + at, &io_ring.slots[(i + j) & io_ring.mask], n);
+            }
+            path[npath] = '\0';
+            for (size_t j = 0; j < k; j++) /* no stale sequence number for the next lap */
+                __atomic_store_n(&io_ring.slots[(i + j) & io_ring.mask].seq, 0, __ATOMIC_RELAXED);
+            i += k;
+            __atomic_store_n(&io_tail, i, __ATOMIC_RELEASE);
+            if (r.op >= OP_COUNT || !r.fhash)
+                continue;
+            if (r.op == OP_FOPEN || r.op == OP_FDOPEN)
+                r.ret = r.ret ? 0 : -1; /* the stream, or NULL */
+            file_t *f = file_of(r.fhash);
+            if (!f)
+                continue;
+            if (npath && !f->path) {
+                f->path = malloc(npath + 1);
+                if (f->path) {
+                    memcpy(f->path, path, npath + 1);
+                    PyObject *pair = Py_BuildValue("(Ks#)", (unsigned long long)r.fhash,
+                                                   path, (Py_ssize_t)npath);
+                    if (!pair) /* not UTF-8: the bytes as Python's file names keep them */
+                        PyErr_Clear(),
+                        pair = Py_BuildValue("(KN)", (unsigned long long)r.fhash,
+                                             PyUnicode_DecodeFSDefaultAndSize(path, (Py_ssize_t)npath));
+                    if (!pair || PyList_Append(new_files, pair) < 0) {
+                        Py_XDECREF(pair);
+                        goto fail;
+                    }
+                    Py_DECREF(pair);
+                }
+            }
+            count(f, &r);
+            calls_seen++;
+            int folded = 0;
+            if (max_calls >= 0 && taken >= max_calls) {
+                folded = aggregate(&r) == 0;
+                if (folded)
+                    calls_aggregated++;
+            }
+            if (!folded) {
+                taken++;
+                if (out_add(&o, &r, 0) < 0)
+                    goto nomem;
+            }
+        }
+    }
+    if (naggs_used) {
+        for (size_t j = 0; j < AGG_CAP; j++) {
+            if (aggs[j].used && out_add(&o, &aggs[j].rec, 1) < 0)
+                goto nomem;
+            aggs[j].used = 0;
+        }
+        naggs_used = 0;
+    }
+    PyObject *recs = PyBytes_FromStringAndSize((const char *)o.recs,
+                                               (Py_ssize_t)(o.n * sizeof(io_rec_t)));
+    free(o.recs);
+    if (!recs) {
+        Py_DECREF(new_files);
+        return NULL;
+    }
+    return Py_BuildValue("(NNKK)", recs, new_files,
+                         (unsigned long long)__atomic_load_n(&io_dropped, __ATOMIC_RELAXED),
+                         calls_seen);
+nomem:
+    PyErr_NoMemory();
+fail:
+    for (size_t j = 0; j < AGG_CAP; j++)
+        aggs[j].used = 0;
+    naggs_used = 0;
+    free(o.recs);
+    Py_DECREF(new_files);
+    return NULL;
+}
+
+static PyObject *hist_list(const int64_t *h) {
+    PyObject *l = PyList_New(HIST);
+    for (int i = 0; l && i < HIST; i++) {
+        PyObject *v = PyLong_FromLongLong(h[i]);
+        if (!v) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, v);
+    }
+    return l;
+}
+
+/* counters() -> [dict]: each file's counters (times in ns, CLOCK_MONOTONIC). */
+static PyObject *counters(PyObject *self, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    for (size_t i = 0; out && i < files_cap; i++) {
+        file_t *f = &files[i];
+        if (!f->fhash)
+            continue;
+        PyObject *path = f->path ? PyUnicode_DecodeFSDefault(f->path) : Py_NewRef(Py_None);
+        PyObject *d = path ? Py_BuildValue(
+            "{s:K,s:N,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:N,s:N,s:L,s:L}",
+            "fhash", (unsigned long long)f->fhash, "path", path, "read_ops", f->read_ops,
+            "read_bytes", f->read_bytes, "write_ops", f->write_ops, "write_bytes", f->write_bytes,
+            "metadata_ops", f->metadata_ops, "sync_ops", f->sync_ops, "other_ops", f->other_ops,
+            "read_ns", f->read_ns, "write_ns", f->write_ns, "metadata_ns", f->metadata_ns,
+            "sync_ns", f->sync_ns, "seq_reads", f->seq_reads, "consec_reads", f->consec_reads,
+            "seq_writes", f->seq_writes, "consec_writes", f->consec_writes,
+            "read_hist", hist_list(f->read_hist), "write_hist", hist_list(f->write_hist),
+            "first_ns", f->first_ns == INT64_MAX ? 0 : f->first_ns, "last_ns", f->last_ns)
+            : NULL;
+        if (!d || PyList_Append(out, d) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(d);
+    }
+    return out;
+}
+
+static PyObject *stats(PyObject *self, PyObject *unused) {
+    return Py_BuildValue("{s:K,s:K,s:K}", "calls", calls_seen, "aggregated_calls",
+                         calls_aggregated, "dropped",
+                         (unsigned long long)__atomic_load_n(&io_dropped, __ATOMIC_RELAXED));
+}
+
+static PyObject *forget(PyObject *self, PyObject *unused) {
+    forget_files();
+    Py_RETURN_NONE;
+}
+
+static PyObject *op_names(PyObject *self, PyObject *unused) {
+    PyObject *t = PyTuple_New(OP_COUNT);
+    for (int i = 0; t && i < OP_COUNT; i++) {
+        PyObject *s = PyUnicode_FromString(io_op_names[i]);
+        if (!s) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+static PyObject *path_hash(PyObject *self, PyObject *arg) {
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(arg, &n);
+    return s ? PyLong_FromUnsignedLongLong(io_path_hash(s, (size_t)n)) : NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"install", install, METH_VARARGS,
+     "install(ring_slots, traced_prefixes, excluded_prefixes, excluded_endings, "
+     "excluded_paths, engine_path)"
+     " -> GOT entries bound"},
+    {"bind_new", bind_new, METH_NOARGS, "bind the objects loaded since; the entries bound"},
+    {"uninstall", uninstall, METH_NOARGS, "unbind every entry; the wrappers record no more"},
+    {"drain", drain, METH_VARARGS,
+     "drain(max_calls) -> (records, [(fhash, path)], dropped, calls): the calls recorded "
+     "since, as 64-byte records"},
+    {"counters", counters, METH_NOARGS, "each file's counters, as dicts"},
+    {"stats", stats, METH_NOARGS, "calls seen, folded into aggregates, and dropped"},
+    {"forget", forget, METH_NOARGS, "forget every file's counters (a new process)"},
+    {"op_names", op_names, METH_NOARGS, "the calls' names, by op number"},
+    {"path_hash", path_hash, METH_O, "the hash of a path, as records carry it"},
+    {NULL, NULL, 0, NULL}};
+
+static PyModuleDef_Slot slots[] = {
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+    {0, NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_io",
+                                       "dftrace's file-I/O interposer.", 0, methods, slots};
+
+PyMODINIT_FUNC PyInit__io(void) { return PyModuleDef_Init(&moduledef); }

@@ -1,0 +1,65 @@
+"""A PyTorch input pipeline's file I/O: every byte its DataLoader workers read (fork
+and spawn) and its checkpoint writes, against the files' own sizes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from _io_util import NEEDS_IO, READS, WRITES, IOTrace, run_traced
+
+pytestmark = NEEDS_IO
+
+pytest.importorskip("torch", reason="needs torch: pip install 'dftrace[torch]'")
+
+JOB = """
+    import json, os, sys
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    import dftrace
+
+    class Files(Dataset):
+        def __init__(self, paths):
+            self.paths = paths
+        def __len__(self):
+            return len(self.paths)
+        def __getitem__(self, i):
+            with open(self.paths[i], "rb") as f:
+                return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).float().mean()
+
+    if __name__ == "__main__":
+        out, method = sys.argv[1], sys.argv[2]
+        data = os.path.abspath("data")
+        os.makedirs(data, exist_ok=True)
+        paths, sizes = [], {}
+        for i in range(120):
+            p = os.path.join(data, f"s{i}.bin")
+            with open(p, "wb") as f:
+                f.write(os.urandom(4096 + 97 * i))
+            paths.append(p)
+            sizes[p] = 4096 + 97 * i
+        dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
+        loader = DataLoader(Files(paths), batch_size=8, num_workers=2,
+                            multiprocessing_context=method)
+        for _ in loader:
+            pass
+        ckpt = os.path.join(data, "model.pt")
+        torch.save({"w": torch.zeros(300_000)}, ckpt)
+        dftrace.finalize()
+        print(json.dumps({"sizes": sizes, "ckpt": ckpt, "ckpt_bytes": os.path.getsize(ckpt),
+                          "pid": os.getpid()}))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_reads_and_the_checkpoint(tmp_path, monkeypatch, method):
+    monkeypatch.chdir(tmp_path)
+    truth = run_traced(tmp_path, JOB, method, timeout=400)
+    trace = IOTrace(tmp_path / "trace")
+    for path, n in truth["sizes"].items():
+        events = [e for e in trace.of(path) if e["name"] in READS]
+        assert sum(max(e["args"]["ret"], 0) for e in events) == n, path
+        assert all(e["pid"] != truth["pid"] for e in events)  # read by the workers
+    assert trace.bytes(truth["ckpt"], WRITES) == truth["ckpt_bytes"]
+    assert len({e["pid"] for e in trace.events}) == 3  # the main process and two workers
