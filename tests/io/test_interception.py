@@ -495,3 +495,38 @@ def test_without_the_c_engine_one_warning_and_spans_still_traced(tmp_path, monke
     events = testing.read_events(tmp_path / "trace")
     assert [e["name"] for e in testing.spans(events)] == ["forward"]
     assert not [e for e in events if e.get("cat") in ("POSIX", "STDIO")]
+
+
+#: Every file (no data_dir): the program's data is traced, what the interpreter,
+#: the import system and dftrace itself read and write is not.
+EVERYTHING = """
+    import json, os, sys
+    import dftrace
+    out = sys.argv[1]
+    with open("mine.py", "w") as f:
+        f.write("X = 1\\n")
+    with open("input.bin", "wb") as f:
+        f.write(b"i" * 300)
+    dftrace.initialize(log_file=out, io=True, compression="none")
+    sys.path.insert(0, os.getcwd())
+    import mine                         # the import system's look-ups and reads
+    import json as _json, email.parser  # modules of the interpreter's own
+    with open("input.bin", "rb") as f:
+        n = len(f.read())
+    with open("/proc/self/status") as f:
+        f.read()
+    print(json.dumps({"input": os.path.abspath("input.bin"), "n": n,
+                      "trace": os.path.dirname(os.path.abspath(out)), "pid": os.getpid()}))
+"""
+
+
+def test_every_file_but_the_interpreters_and_dftraces_own(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    truth = run_traced(tmp_path, EVERYTHING)
+    trace = IOTrace(tmp_path / "trace")
+    assert trace.bytes(truth["input"], READS) == truth["n"] == 300
+    paths = set(trace.paths.values())
+    assert not [p for p in paths if p.endswith((".py", ".pyc")) or "__pycache__" in p
+                or p.startswith(("/proc/", "/sys/", "/dev/", sys.prefix, sys.base_prefix,
+                                 truth["trace"]))], sorted(paths)
+    assert trace.pids == {truth["pid"]}  # a drainer, if any, traces nothing of its own
