@@ -183,6 +183,9 @@ class Writer(Consumer):
             self.flush()
             trailer = self._trailer
             if trailer is not None:
+                # Once: stop() may find this thread gone only after it closed the file
+                # (a second close would record the losses elsewhere too).
+                self._finished = True
                 self.sink.close(trailer())
         except Exception as exc:
             STATE.warn_once("writer", f"writer error: {exc!r}")

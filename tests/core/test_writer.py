@@ -312,6 +312,35 @@ def test_stop_returns_on_time_when_the_storage_stalls(tmp_path):
     assert not os.path.exists(s.path) or os.path.getsize(s.path) == 0
 
 
+def test_a_writer_thread_that_ends_before_stop_looks_finishes_the_file_once(tmp_path):
+    """The writer's thread ends (last flush, trailer, close) before stop() looks at it,
+    as on a busy machine: stop() does not finish the file a second time (a second
+    close would, after a failed write, record the loss elsewhere as well)."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False,
+                           writer="thread")
+    with ai.compute.forward:
+        pass
+    closes = []
+    close = s.sink.close
+    s.sink.close = lambda *a: closes.append(a) or close(*a)
+    thread = s.writer._thread
+
+    class EndsBeforeLooked:
+        """The writer's thread, seen by stop() only once it has ended."""
+
+        def __getattr__(self, name):
+            return getattr(thread, name)
+
+        def is_alive(self):
+            thread.join(30)
+            return thread.is_alive()
+
+    s.writer._thread = EndsBeforeLooked()
+    dftrace.finalize()
+    assert len(closes) == 1
+    assert len(testing.spans(testing.read_events(s.path), "forward")) == 1
+
+
 def test_where_no_shared_ring_can_be_had_the_default_is_the_writer_thread(tmp_path, monkeypatch):
     """No sealable memfd (a platform other than Linux): with no writer setting the
     writer thread writes, without a word; asking for writer="process" says once that

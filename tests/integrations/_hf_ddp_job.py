@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-STEPS, SLOW_S, SLOW_EVERY, SLOW_RANK = 16, 0.060, 4, 1
+STEPS, SLOW_S, SLOW_EVERY, SLOW_RANK = 16, 0.250, 4, 1
 
 
 def run(rank: int, world: int, out: str, truth: str, port: str) -> None:

@@ -6,7 +6,13 @@ exits. See docs/reliability.md, "Processes".
 
 The fork is libc's, called through ``ctypes.PyDLL`` (the GIL held across it, as an
 extension calling ``fork()`` holds it; ``ctypes.CDLL`` releases the GIL, and a child
-forked so hangs on the GIL in any threaded program, traced or not).
+forked so hangs on the GIL in any threaded program, traced or not). Even so, CPython's
+own hand-over of the GIL would hang a child, traced or not: a thread that waited
+``sys.getswitchinterval()`` (5 ms) for the GIL asks its holder to drop it, and a child
+forked while that request is pending waits at its first bytecode for that thread,
+which is not there. A loaded machine makes such a wait before a fork likely, so these
+programs set a switch interval longer than the test, and every thread hands the GIL
+over of its own accord (a sleep, a blocking call): no request is ever pending.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ PROGRAM = """
     import dftrace
 
     FORKS = int(sys.argv[2])
+    sys.setswitchinterval(3600)  # no forced hand-over of the GIL (see above)
     dftrace.initialize(log_file=sys.argv[1], flush_interval=0.01, batch_size=64)
     stop = False
 
@@ -35,6 +42,7 @@ PROGRAM = """
         while not stop:
             with dftrace.ai.compute.forward:
                 pass
+            time.sleep(0.0001)  # hands the GIL over
 
     thread = threading.Thread(target=record, daemon=True)
     thread.start()
@@ -94,6 +102,7 @@ LOCK_HELD = """
     import ctypes, os, sys, threading, time
     import dftrace
 
+    sys.setswitchinterval(3600)  # no forced hand-over of the GIL (see above)
     session = dftrace.initialize(log_file=sys.argv[1], writer="thread", batch_size=64)
     held, release = threading.Event(), threading.Event()
 
