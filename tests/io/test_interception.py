@@ -530,3 +530,45 @@ def test_every_file_but_the_interpreters_and_dftraces_own(tmp_path, monkeypatch)
                 or p.startswith(("/proc/", "/sys/", "/dev/", sys.prefix, sys.base_prefix,
                                  truth["trace"]))], sorted(paths)
     assert trace.pids == {truth["pid"]}  # a drainer, if any, traces nothing of its own
+
+
+#: Eight threads at once, each opening, reading and closing its own files in a loop
+#: while the ring is drained: every call is counted once, on its own file.
+THREADS = """
+    import json, os, sys, threading
+    import dftrace
+    out = sys.argv[1]
+    data = os.path.abspath("data")
+    os.makedirs(data, exist_ok=True)
+    for t in range(8):
+        with open(os.path.join(data, f"t{t}.bin"), "wb") as f:
+            f.write(b"t" * (100 + t))
+    dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
+    ROUNDS, READS = 200, 10
+
+    def work(t):
+        p = os.path.join(data, f"t{t}.bin")
+        for _ in range(ROUNDS):
+            fd = os.open(p, os.O_RDONLY)
+            for _ in range(READS):
+                os.pread(fd, 4096, 0)
+            os.close(fd)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    print(json.dumps({"data": data, "rounds": ROUNDS, "reads": READS, "pid": os.getpid()}))
+"""
+
+
+def test_threads_at_once_every_call_once_on_its_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    truth = run_traced(tmp_path, THREADS)
+    trace = IOTrace(tmp_path / "trace")
+    rounds, reads = truth["rounds"], truth["reads"]
+    for t in range(8):
+        path = os.path.join(truth["data"], f"t{t}.bin")
+        calls = trace.calls(path)
+        assert (calls["open"], calls["pread"], calls["close"]) == (rounds, rounds * reads, rounds)
+        assert trace.bytes(path, READS) == rounds * reads * (100 + t)
+    assert trace.totals(truth["pid"])["dropped"] == 0
