@@ -29,6 +29,8 @@ from ._busy import (GROUPS, Painting, innermost_intervals, mask_times, overlap_a
 from ._decode import (MAX_BROKEN_KEPT, PartitionData, ScannedPiece, iter_partition_pieces, number_series, read_ahead,
                       text_passes, text_series)
 from ._gpu import activity_by_process, without_profiler_steps
+from ._io import ARG_COLUMNS as IO_ARG_COLUMNS
+from ._io import IO_CATS, SCHEMAS as IO_SCHEMAS, cover_table, io_tables, regrouped_totals
 from ._metadata import Resolution
 from ._schema import HOST_KEY, SUMMARY_COLUMNS, FrameT
 from ._sketch import BIN_SCHEMA, EXACT_BELOW_US, bins_of, merged_bins
@@ -103,6 +105,12 @@ class Partial:
     #: Held with each count and time in the narrowest integer type that holds the
     #: file's values (see ``_held_narrow``).
     modelled: pl.DataFrame | None = None
+    #: pid, host_key, tid, ts, end, kind, bytes, ops / fhash, kind, bucket, small, ops,
+    #: bytes, us, first, last / tid, group, start, end: the traced I/O calls, their
+    #: totals per file and kind, and the spans they are placed in (see ``_io``).
+    io_calls: pl.DataFrame | None = None
+    io_totals: pl.DataFrame | None = None
+    io_cover: pl.DataFrame | None = None
     #: pid, host_key, start, end: with ``modelled``, the blocked time (see
     #: ``overlap_and_alone``) of the processes without step times, found where it was
     #: read; ``intervals`` then keeps their compute intervals alone, all the answers
@@ -165,7 +173,7 @@ def _each_partitions_pieces(partitions: Iterable[Partition]) -> Generator[tuple[
 
 def _summary_pieces(partition: Partition, *, inflate_ahead: bool) -> Iterator[PartitionData]:
     return iter_partition_pieces(partition, SUMMARY_COLUMNS, piece_bytes=SUMMARY_PIECE_BYTES,
-                                 inflate_ahead=inflate_ahead, scanned=True)
+                                 inflate_ahead=inflate_ahead, scanned=True, arg_columns=IO_ARG_COLUMNS)
 
 
 def _until_partition_end(first: tuple[Partition, Any], stream: Iterator[tuple[Partition, Any]]
@@ -342,7 +350,9 @@ _FOLD = 8
 SUMMARY_PIECE_BYTES = 6 << 20
 
 PARTIAL_TABLES = ("durations", "steps", "containers", "collectives", "epochs", "epoch_spans", "intervals",
-           "self_times", "orphans", "openers", "extents", "overlap")
+           "self_times", "orphans", "openers", "extents", "overlap", "io_calls", "io_totals", "io_cover")
+#: The I/O tables among them: found apart from the spans' (see ``_io``).
+_IO_TABLES = ("io_calls", "io_totals", "io_cover")
 
 
 def compacted(partial: Partial) -> Partial:
@@ -397,14 +407,16 @@ def aggregate(data: PartitionData, *, overlap: bool = True, work_per_step: bool 
         & pl.col("dur").is_not_null()
         & pl.col("ts").is_not_null()
         & ~pl.col("cat").is_in(TRACER_CATS)
+        & ~pl.col("cat").is_in(IO_CATS)
     ).with_columns(pl.col("pid").fill_null(0), (pl.col("ts") + pl.col("dur")).alias("end"))
     # One process at a time: a partition rarely holds more than one, and grouping
     # by integer keys alone is several times faster than with the string host key.
     pieces = [_aggregate_process(frame, key, overlap) for key, frame in _by_process(spans)]
     tables = {
         kind: pl.concat([p[kind] for p in pieces], how="vertical") if pieces else _EMPTY[kind]
-        for kind in PARTIAL_TABLES
+        for kind in PARTIAL_TABLES if kind not in _IO_TABLES
     }
+    tables.update(_io_of_table(events, spans))
     if work_per_step:
         tables["steps"] = work_merged(tables["steps"], _KEY)
     return Partial(source, partition_keys(data), phases=phases, **tables)
@@ -436,11 +448,15 @@ def _aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: b
     keys = [(int(pids[0]), "")] if pids.size else []
     cat_values, cat_all = piece.texts["cat"]
     is_x = np.array([v == fmt.PH_COMPLETE for v in ph_values], dtype=np.bool_)
-    counted_cat = np.array([v is not None and v not in TRACER_CATS for v in cat_values], dtype=np.bool_)
-    rows = np.flatnonzero(kept & is_x[ph_index] & piece.numbers["ts"][1] & piece.numbers["dur"][1]
-                          & counted_cat[cat_all])
+    counted_cat = np.array([v is not None and v not in TRACER_CATS and v not in IO_CATS for v in cat_values],
+                           dtype=np.bool_)
+    timed = kept & is_x[ph_index] & piece.numbers["ts"][1] & piece.numbers["dur"][1]
+    rows = np.flatnonzero(timed & counted_cat[cat_all])
+    io_cat = np.array([v in IO_CATS for v in cat_values], dtype=np.bool_)
+    io = _io_of_scanned(piece, np.flatnonzero(timed & io_cat[cat_all]), keys)
     if not rows.size:
-        return Partial(source, keys, phases=phases, **{kind: _EMPTY[kind] for kind in PARTIAL_TABLES})
+        empty = {kind: _EMPTY[kind] for kind in PARTIAL_TABLES if kind not in _IO_TABLES}
+        return Partial(source, keys, phases=phases, **empty, **io, io_cover=_EMPTY["io_cover"])
     span = _ScannedSpans(piece, rows)
     tid_values, tid_ok = span.take("tid")
     tid = np.where(tid_ok, tid_values, 0)
@@ -496,7 +512,38 @@ def _aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: b
         "durations": span.bins(),
     }
     pid = keys[0][0]
-    return Partial(source, keys, phases=phases, **{kind: _stored(kind, pid, table) for kind, table in columns.items()})
+    cover = pl.DataFrame({"pid": np.full(rows.size, pid, dtype=np.int64), HOST_KEY: [""] * rows.size, "tid": tid,
+                          "group": group.astype(np.int8), "start": span.ts, "end": span.end})
+    return Partial(source, keys, phases=phases, **{kind: _stored(kind, pid, table) for kind, table in columns.items()},
+                   **io, io_cover=_as_stored("io_cover", cover_table(cover, _KEY)))
+
+
+def _io_of_table(events: pl.DataFrame, spans: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """The I/O tables of a partition's events (see ``_io``)."""
+    missing = [pl.lit(None, dtype).alias(column) for column, (_, dtype) in IO_ARG_COLUMNS.items()
+               if column not in events.columns]
+    calls = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("dur").is_not_null() & pl.col("ts").is_not_null()
+                          & pl.col("cat").is_in(IO_CATS)).with_columns(*missing, pl.col("pid").fill_null(0))
+    io_calls, io_totals = io_tables(calls, _KEY)
+    cover = spans.select(*_KEY, pl.col("tid").fill_null(0), _group_expr().alias("group"), pl.col("ts").alias("start"),
+                         "end")
+    return {"io_calls": _as_stored("io_calls", io_calls), "io_totals": _as_stored("io_totals", io_totals),
+            "io_cover": _as_stored("io_cover", cover_table(cover, _KEY))}
+
+
+def _io_of_scanned(piece: ScannedPiece, rows: np.ndarray, keys: list[tuple[int, str]]) -> dict[str, pl.DataFrame]:
+    """io_calls and io_totals of the I/O events at ``rows`` of a scanned piece (of one process)."""
+    if not rows.size:
+        return {"io_calls": _EMPTY["io_calls"], "io_totals": _EMPTY["io_totals"]}
+    columns = {"pid": np.full(rows.size, keys[0][0], dtype=np.int64), HOST_KEY: [""] * rows.size}
+    for name in ("tid", "ts", "dur", "io_ret", "io_calls"):
+        values, valid = piece.numbers[name]
+        columns[name] = number_series(name, values[rows], valid[rows])
+    for name in ("name", "io_fhash"):
+        values, index = piece.texts[name]
+        columns[name] = text_series(name, values, index[rows])
+    io_calls, io_totals = io_tables(pl.DataFrame(columns), _KEY)
+    return {"io_calls": _as_stored("io_calls", io_calls), "io_totals": _as_stored("io_totals", io_totals)}
 
 
 def _stored(kind: str, pid: int, columns: dict[str, Any]) -> pl.DataFrame:
@@ -638,6 +685,7 @@ _EMPTY = {
     "modelled": pl.DataFrame(schema={**_KEY_SCHEMA, **{k: v for k, v in STEP_SCHEMA.items() if k != "proc"},
                                      **STEP_TIME_SCHEMA}),
     "blocked": pl.DataFrame(schema={**_KEY_SCHEMA, "start": pl.Int64, "end": pl.Int64}),
+    **{kind: pl.DataFrame(schema={**_KEY_SCHEMA, **schema}) for kind, schema in IO_SCHEMAS.items()},
 }
 
 
@@ -808,6 +856,11 @@ class Combined:
     #: count and time in the narrowest type that holds every file's values (see
     #: ``_held_narrow``): ``unit_steps`` widens them as it copies them.
     modelled: pl.DataFrame | None = None
+    #: The partials' I/O tables (see ``Partial``) keyed by proc; io_totals a row a
+    #: (proc, file hash, kind, bucket, small) again.
+    io_calls: pl.DataFrame | None = None
+    io_totals: pl.DataFrame | None = None
+    io_cover: pl.DataFrame | None = None
 
 
 def combine(partials: Sequence[Partial]) -> Combined:
@@ -900,6 +953,9 @@ def combine(partials: Sequence[Partial]) -> Combined:
         partitions=len(partials),
         activity=activity_by_process(sources, resolution),
         modelled=collect("modelled").select([*STEP_SCHEMA, *STEP_TIME_SCHEMA]),
+        io_calls=collect("io_calls"),
+        io_totals=regrouped_totals(collect("io_totals"), ["proc"]),
+        io_cover=collect("io_cover"),
     )
 
 
@@ -978,7 +1034,7 @@ def _overlap_of(intervals: pl.DataFrame) -> pl.DataFrame:
 
 #: The tables of a partial with a row a name, process or epoch, not a step, span or
 #: busy interval: what stays bounded however long a followed file grows.
-KEYED_TABLES = ("durations", "self_times", "epochs", "epoch_spans", "extents")
+KEYED_TABLES = ("durations", "self_times", "epochs", "epoch_spans", "extents", "io_totals")
 
 
 def keyed_only(partial: Partial) -> Partial:
@@ -1053,7 +1109,8 @@ def fold_partials(partials: Sequence[Partial], *, overlap: bool = True) -> Parti
     tables.update(zip(regrouped, pl.collect_all([_as_stored(kind, frame) for kind, frame in regrouped.items()])))
     del regrouped
     tables["durations"] = _as_stored("durations", merged_bins(stacked("durations"), [*_KEY, "cat", "name"]))
-    for kind in ("orphans", "openers", "containers", "collectives"):
+    tables["io_totals"] = _as_stored("io_totals", regrouped_totals(stacked("io_totals"), _KEY))
+    for kind in ("orphans", "openers", "containers", "collectives", "io_calls", "io_cover"):
         tables[kind] = _as_stored(kind, stacked(kind))
     phases = pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
     return Partial(source, keys, phases=phases, **tables)

@@ -545,7 +545,7 @@ tables:
                epoch, step, count, incomplete, group, seq, args (all args as JSON text),
                and one column per other arg found in the first events of each file
                (bytes, size, lr, ...; named arg_<key> when the key is a column name)
-  spans        complete events (ph 'X') with end = ts + dur
+  spans        complete events (ph 'X') with end = ts + dur (file calls: see io)
   steps        one row per step per rank, by the summary's step model:
                rank, unit, epoch, step, ts, end, dur, n_spans
   collectives  communication spans: rank, host, pid, tid, name, group, seq, ts, dur,
@@ -555,6 +555,9 @@ tables:
                launch_name, launch_tid, launch_ts, queued, counted
   gpu          GPU answers per rank and device (see docs/analysis.md, GPU traces)
   span_gpu     spans with the kernels launched inside them: ..., kernels, kernel_us
+  io           traced file calls (cat POSIX, STDIO), one row each: pid, host, rank, tid,
+               ts, dur, name, cat, category (read, write, metadata, sync, other), path,
+               bytes, count, offset, calls
 
 Only the columns a query names are decoded. The SQL is polars' dialect (SELECT, WHERE,
 GROUP BY, JOIN, WITH, window functions, ...); quote names that are SQL words: "group".

@@ -104,15 +104,17 @@ def read_partition(
 
 def iter_partition_pieces(partition: Partition, columns: Iterable[str] | None = None, *,
                           piece_bytes: int = fmt.LINE_PIECE_BYTES, inflate_ahead: bool = True,
-                          scanned: bool = False) -> Iterator[PartitionData]:
+                          scanned: bool = False,
+                          arg_columns: dict[str, tuple[str, pl.DataType]] | None = None) -> Iterator[PartitionData]:
     """``read_partition`` in pieces of whole lines (``fmt.LINE_PIECE_BYTES`` of
     decoded text each), read one after the other: a consumer that reduces each
     piece before asking for the next holds one piece at a time, whatever the
     partition expands to. Line numbers count from each piece's start. The next
     piece is inflated on a thread of its own while this one is scanned, unless
     ``inflate_ahead`` is false (for a consumer that decodes pieces ahead itself). With
-    ``scanned``, a piece the C scanner reads comes as its columns (``PartitionData.scanned``)."""
-    wanted = _wanted(columns, None)
+    ``scanned``, a piece the C scanner reads comes as its columns (``PartitionData.scanned``).
+    ``arg_columns`` as for ``read_partition``."""
+    wanted = _wanted(columns, arg_columns)
     if partition.is_parquet:
         yield _read_parquet(partition, wanted)
         return

@@ -53,8 +53,9 @@ DEFAULT_METRIC = "step.p50"
 #: Shares of process time must also move by this much (absolute) to be flagged.
 _MIN_SHARE_CHANGE = 0.01
 
-# How a row's values read: microseconds, a count, a share of a whole, a plain ratio.
-US, COUNT, SHARE, RATIO = "us", "count", "share", "ratio"
+# How a row's values read: microseconds, a count, a share of a whole, a plain ratio,
+# bytes per second.
+US, COUNT, SHARE, RATIO, RATE = "us", "count", "share", "ratio", "bytes/s"
 
 
 @dataclass
@@ -165,7 +166,7 @@ class RunDiff:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2).decode()
 
 
-SECTIONS = ("steps", "epochs", "categories", "breakdown", "dataloader", "stragglers", "gpu", "events")
+SECTIONS = ("steps", "epochs", "categories", "breakdown", "dataloader", "stragglers", "gpu", "io", "events")
 
 
 def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence[Summary], *,
@@ -457,6 +458,7 @@ def _figures(base: Summary, new: Summary) -> Iterator[_Figure]:
     yield from _dataloader_figures(base, new)
     yield from _straggler_figures(base, new)
     yield from _gpu_figures(base, new)
+    yield from _io_figures(base, new)
     for key, label in (("events", "events"), ("dropped_events", "dropped")):
         values = _scaled((base.overview.get(key), new.overview.get(key)), units, per_rank)
         yield _Figure(f"events.{label}", "events", COUNT, *values, note=note)
@@ -555,6 +557,27 @@ def _gpu_figures(base: Summary, new: Summary) -> Iterator[_Figure]:
                  else None for summary in (base, new)]
         yield _Figure("gpu.step_sync_wait", "gpu", US, *waits, time=None,
                       note="host time per rank-step in calls waiting for the GPU")
+
+
+#: The I/O figures compared: key in ``Summary.io``, unit, note.
+_IO_FIGURES = (
+    ("read_bytes", COUNT, "bytes read"), ("write_bytes", COUNT, "bytes written"),
+    ("read_ops", COUNT, "read calls"), ("write_ops", COUNT, "write calls"),
+    ("metadata_ops", COUNT, "metadata calls (open, stat, close, seek ...)"),
+    ("io_time_us", US, "time in traced file calls"),
+    ("bandwidth_bytes_per_s", RATE, "bytes read and written per second of I/O time"),
+    ("metadata_share", SHARE, "share of I/O time in metadata calls"),
+    ("small_read_share", SHARE, "share of read time in reads under 64 KiB"),
+    ("not_overlapped_share", SHARE, "share of I/O time with no compute span open"),
+)
+
+
+def _io_figures(base: Summary, new: Summary) -> Iterator[_Figure]:
+    """The traced file I/O of each run (see ``_io``), where either has any."""
+    if not base.io and not new.io:
+        return
+    for key, unit, note in _IO_FIGURES:
+        yield _Figure(f"io.{key}", "io", unit, base.io.get(key), new.io.get(key), note=note)
 
 
 def _mean_share(pcts: list[float | None]) -> float | None:

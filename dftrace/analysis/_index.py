@@ -33,7 +33,7 @@ from ._decode import PartitionData
 from ._sources import Partition
 
 #: Changes whenever what an entry holds changes.
-INDEX_FORMAT = 2
+INDEX_FORMAT = 3
 _MAGIC = b"DFTRIDX1"
 #: Bytes of the head and of the tail of a file hashed to tell a rewrite apart.
 _EDGE_BYTES = 64 << 10

@@ -125,5 +125,6 @@ _SECTION_TITLES = {
     "dataloader": "Data-loader stall",
     "stragglers": "Stragglers",
     "gpu": "GPU (PyTorch profiler traces)",
+    "io": "File I/O (traced POSIX and STDIO calls)",
     "events": "Events",
 }

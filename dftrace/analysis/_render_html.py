@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import format as fmt
 from ._deps import require
+from ._io import file_label, format_bytes
 from ._render_text import GROUP_LABELS, findings, format_us
 from ._summary import Summary
 
@@ -72,6 +73,8 @@ def render_html(summary: Summary, *, title: str = "dftrace report") -> str:
         ("GPU time per rank and device", "PyTorch profiler traces, HolisticTraceAnalysis' definitions: from "
          "the first kernel's start to the last one's end, time some computation kernel ran, time only other "
          "kernels ran (communication, memory), and idle time (split by cause on hover).", _gpu_time),
+        ("File I/O over time", "Bytes read and written per second by the traced file calls (POSIX and STDIO), "
+         "each call's bytes in the stretch of time it started in.", _io_timeline),
         ("GPU streams", "When each CUDA stream was busy (kernels, copies, sets; the shortest gaps are "
          "closed beyond 200 intervals a stream), on the step timeline's clock.", _gpu_lanes),
     ]
@@ -82,7 +85,7 @@ def render_html(summary: Summary, *, title: str = "dftrace report") -> str:
             continue
         div = require("plotly.io").to_html(figure, include_plotlyjs=False, full_html=False, config=_CONFIG)
         parts.append(f"<h2>{html.escape(heading)}</h2>\n<p class='note'>{html.escape(note)}</p>\n{div}")
-    body = "\n".join([_header(summary, title), _files_table(summary), *parts])
+    body = "\n".join([_header(summary, title), _files_table(summary), *parts, _io_table(summary)])
     return (
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
         f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n"
@@ -129,6 +132,47 @@ def _files_table(summary: Summary) -> str:
         "<h2>Damaged files</h2><table><tr><th>file</th><th>broken lines</th><th>cut off</th></tr>"
         f"{rows}</table>"
     )
+
+
+def _io_table(summary: Summary) -> str:
+    """The I/O figures and findings, and the files with the most I/O time."""
+    io = summary.io
+    if not io:
+        return ""
+    figures = [("read", format_bytes(io["read_bytes"]), f"{io['read_ops']:,} calls"),
+               ("written", format_bytes(io["write_bytes"]), f"{io['write_ops']:,} calls"),
+               ("metadata", f"{io['metadata_ops']:,} calls", _share_text(io["metadata_share"]) + " of I/O time"),
+               ("I/O time", format_us(io["io_time_us"]), format_bytes(io["bandwidth_bytes_per_s"]) + "/s"),
+               ("reads under 64 KiB", _share_text(io["small_read_share"]), "of read time"),
+               ("not overlapped with compute", _share_text(io["not_overlapped_share"]), "of I/O time")]
+    rows = "".join(f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td><td>{html.escape(c)}</td></tr>"
+                   for a, b, c in figures)
+    said = "".join(f"<p class='finding'>{html.escape(line)}</p>" for line in io["findings"])
+    files = "".join(
+        f"<tr><td>{html.escape(file_label(f))}</td>"
+        f"<td>{html.escape(format_bytes(f['read_bytes']))}</td><td>{html.escape(format_bytes(f['write_bytes']))}</td>"
+        f"<td>{f['ops']:,}</td><td>{html.escape(format_us(f['io_time_us']))}</td></tr>" for f in io["files"][:20])
+    return (f"<h2>File I/O</h2>{said}<table>{rows}</table>\n<h2>Files by I/O time</h2><table><tr><th>file</th>"
+            f"<th>read</th><th>written</th><th>calls</th><th>I/O time</th></tr>{files}</table>")
+
+
+def _share_text(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.1f}%"
+
+
+def _io_timeline(summary: Summary) -> Any:
+    line = summary.io.get("timeline") if summary.io else None
+    if not line:
+        return None
+    go = _go()
+    seconds = line["bucket_us"] / 1e6
+    origin = summary.overview["start_us"] or line["start_us"]
+    at = [(line["start_us"] - origin + i * line["bucket_us"]) / 1000 for i in range(len(line["read_bytes"]))]
+    fig = go.Figure()
+    for key, name in (("read_bytes", "read"), ("write_bytes", "written")):
+        fig.add_trace(go.Scatter(name=name, x=at, y=[b / seconds / 2**20 for b in line[key]], mode="lines",
+                                 line_shape="hv"))
+    return _layout(fig, xaxis_title="time since the run's start (ms)", yaxis_title="MiB/s")
 
 
 def _unit_order(unit: str) -> tuple[int, int, str]:

@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ._io import file_label, format_bytes
 from ._summary import Summary
 from ._terminal import printable, printable_data
 
@@ -49,7 +50,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequenc
 
 
 def render_text(summary: Summary, *, top: int = 20) -> str:
-    """The summary as text: overview, categories, epochs, steps, breakdown, loaders, ranks.
+    """The summary as text: overview, categories, epochs, steps, breakdown, loaders, file
+    I/O, ranks.
 
     ``top`` limits the longest tables (names, steps, ranks) to their first rows.
     """
@@ -62,6 +64,7 @@ def render_text(summary: Summary, *, top: int = 20) -> str:
         _steps(summary, top),
         _breakdown(summary),
         _dataloader(summary),
+        io_text(summary.io, top),
         _stragglers(summary, top),
         _imbalance(summary, top),
         _gpu(summary, top),
@@ -410,3 +413,56 @@ def _share(pct: float | None) -> str:
 
 def _short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def io_text(io: dict[str, Any], top: int) -> list[str]:
+    """The summary's I/O section as lines ([] without I/O)."""
+    if not io:
+        return []
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{format_bytes(value)}/s"
+
+    lines = [
+        "I/O (traced file calls: POSIX and STDIO)",
+        f"  read {format_bytes(io['read_bytes'])} in {io['read_ops']} calls ({rate(io['read_bytes_per_s'])}), "
+        f"wrote {format_bytes(io['write_bytes'])} in {io['write_ops']} calls ({rate(io['write_bytes_per_s'])}); "
+        f"{io['metadata_ops']} metadata, {io['sync_ops']} sync calls",
+        f"  I/O time {format_us(io['io_time_us'])} ({rate(io['bandwidth_bytes_per_s'])} over all of it) · "
+        f"metadata {_pct(io['metadata_share'])} · reads under 64 KiB {_pct(io['small_read_share'])} of read time "
+        f"· not overlapped with compute {_pct(io['not_overlapped_share'])} · random access "
+        f"{_pct(io['access']['random_share'])}",
+    ]
+    for part, label in (("loader", "data loading"), ("checkpoint", "checkpoints")):
+        f = io[part]
+        if f["ops"]:
+            lines.append(f"  in {label}: read {format_bytes(f['read_bytes'])}, wrote {format_bytes(f['write_bytes'])}, "
+                         f"{f['ops']} calls, {format_us(f['io_time_us'])}")
+    lines += [f"  {line}" for line in io["findings"]]
+    sizes = io["sizes"]
+    lines.append("  calls by size:")
+    lines += _table(("", *sizes["buckets"]), [("reads", *sizes["read"]), ("writes", *sizes["write"])],
+                    (False, *[True] * len(sizes["buckets"])))
+
+    def figures(f: dict[str, Any]) -> tuple[str, ...]:
+        return (format_bytes(f["read_bytes"]), format_bytes(f["write_bytes"]), str(f["ops"]),
+                str(f["metadata_ops"]), format_us(f["io_time_us"]))
+
+    headers = ("read", "written", "calls", "metadata", "I/O time")
+    lines.append(f"  files by I/O time ({io['files_total']} files):")
+    lines += _table(("file", *headers), [(_short_path(file_label(f)), *figures(f)) for f in io["files"][:top]],
+                    (False, *[True] * 5))
+    if len(io["ranks"]) > 1:
+        lines.append("  per rank:")
+        lines += _table(("rank", *headers), [("-" if r["rank"] is None else r["rank"], *figures(r))
+                                             for r in io["ranks"][:top]], (False, *[True] * 5))
+    if io["steps"]:
+        busiest = sorted(io["steps"], key=lambda s: -s["io_time_us"])[:top]
+        lines.append(f"  steps with the most I/O time ({len(io['steps'])} steps with I/O):")
+        lines += _table(("epoch", "step", *headers), [(s["epoch"], s["step"], *figures(s)) for s in busiest],
+                        (True, True, *[True] * 5))
+    return lines
+
+
+def _short_path(path: str, width: int = 60) -> str:
+    path = printable(path).replace("\n", "\\n")
+    return path if len(path) <= width else "..." + path[-(width - 3):]

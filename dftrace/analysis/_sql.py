@@ -29,13 +29,17 @@ from ._aggregate import aggregate_partitions, combine
 from ._summary import steps_of
 from ._gpu import (GPU_VIEW_SCHEMA, KERNELS_SCHEMA, SPAN_GPU_SCHEMA, activity_by_process, gpu_answers, gpu_view,
                    kernels_table, span_gpu)
+from ._io import IO_CATS
+from ._io import SQL_ARG_COLUMNS as IO_ARG_COLUMNS
+from ._io import SQL_SCHEMA as IO_SCHEMA
+from ._io import sql_rows as io_rows
 from ._kineto import first_events, is_document_file
 from ._metadata import Resolution
 from ._trace import PathsLike, as_path_list, assemble, partition_keys, resolve_parts
 
 #: Views over ``events``, with what each row is (shown by ``dftrace sql --help``).
 VIEWS = {
-    "spans": "complete events (ph 'X') with end = ts + dur",
+    "spans": "complete events (ph 'X') with end = ts + dur, the traced file calls left out (see io)",
     "steps": "one row per step per rank, as the summary has them: rank, unit, epoch, step, ts, end, dur, n_spans",
     "collectives": "communication spans: rank, host, pid, tid, name, group, seq, ts, dur, end, bytes, epoch, step",
     "kernels": "GPU activity of PyTorch profiler traces (kernels, memcpy, memset): rank, host, pid, device, stream, "
@@ -46,6 +50,9 @@ VIEWS = {
            "idle_host_wait_us, idle_kernel_wait_us, idle_other_us (gaps between kernels by cause, summed over streams)",
     "span_gpu": "spans of processes with a PyTorch profiler trace, with the kernels launched inside them (the launch "
                 "call started in the span, on its thread): rank, host, pid, tid, cat, name, ts, dur, kernels, kernel_us",
+    "io": "traced file calls (cat POSIX and STDIO), one row each: pid, host, rank, tid, ts, dur, name, cat, category "
+          "(read, write, metadata, sync, other), path, bytes (moved by a read or write), count (bytes asked), "
+          "offset, calls (the calls an aggregated event stands for, else 1)",
 }
 
 #: Decoded from the start of each file to learn which other args exist.
@@ -54,6 +61,9 @@ _SAMPLE_BYTES = 1 << 20
 _SAMPLE_EVENTS = 1000
 #: Args every event may carry, already columns of ``events`` (``hhash`` names the host).
 _KNOWN_ARGS = {source[1] for source in RAW_FIELDS.values() if source[0] == "args"} | {fmt.ARG_HOSTNAME_HASH}
+
+#: The spans of the views: complete events but the traced file calls (the io table's).
+_user_span = (pl.col("ph") == fmt.PH_COMPLETE) & ~pl.col("cat").is_in(IO_CATS).fill_null(False)
 
 _STEP_SCHEMA = {"rank": pl.Int32, "unit": pl.String, "epoch": pl.Int64, "step": pl.Int64, "ts": pl.Int64,
                 "end": pl.Int64, "dur": pl.Int64, "n_spans": pl.Int64}
@@ -124,6 +134,7 @@ class TraceTables:
         self._lock = threading.Lock()
         self._loaded: list[pl.DataFrame] = []
         self._activity_read: tuple[pl.DataFrame, Resolution] | None = None
+        self._io_read: pl.DataFrame | None = None
         #: Broken lines of the input (known once a query read the events).
         self.broken_lines = 0
         #: The column sets decoded so far, in order (to check what a query read).
@@ -151,7 +162,7 @@ class TraceTables:
     def context(self) -> pl.SQLContext:
         """A SQL context with ``events`` and the views registered."""
         events = _scan(lambda columns: self.events(columns), self.schema, "events")
-        spans = events.filter(pl.col("ph") == fmt.PH_COMPLETE).with_columns(
+        spans = events.filter(_user_span).with_columns(
             (pl.col("ts") + pl.col("dur")).alias("end")
         )
         bytes_column = pl.col(self._arg("bytes")) if "bytes" in self.arg_columns else pl.lit(None, pl.Int64)
@@ -164,9 +175,22 @@ class TraceTables:
         gpu = _scan(lambda columns: gpu_view(gpu_answers(*self._activity())).select(columns), GPU_VIEW_SCHEMA, "gpu")
         span_gpu_view = _scan(lambda columns: span_gpu(
             self.events(["rank", "host", "pid", "tid", "cat", "name", "ph", "ts", "dur"]).filter(
-                pl.col("ph") == fmt.PH_COMPLETE), *self._activity()).select(columns), SPAN_GPU_SCHEMA, "span_gpu")
+                _user_span), *self._activity()).select(columns), SPAN_GPU_SCHEMA, "span_gpu")
+        io = _scan(lambda columns: self._io().select(columns), IO_SCHEMA, "io")
         return pl.SQLContext(frames={"events": events, "spans": spans, "steps": steps, "collectives": collectives,
-                                     "kernels": kernels, "gpu": gpu, "span_gpu": span_gpu_view})
+                                     "kernels": kernels, "gpu": gpu, "span_gpu": span_gpu_view, "io": io})
+
+    def _io(self) -> pl.DataFrame:
+        """The io view's rows (read once): the I/O events with their args and paths."""
+        with self._lock:
+            if self._io_read is None:
+                columns = ["pid", "tid", "cat", "name", "ph", "ts", "dur", "count"]
+                parts = self._executor.map(functools.partial(read_partition, columns=columns,
+                                                             arg_columns=IO_ARG_COLUMNS),
+                                           self._plan, progress=self._progress, desc="loading")
+                trace = assemble(parts, columns, IO_ARG_COLUMNS)
+                self._io_read = io_rows(trace.events, trace.meta)
+            return self._io_read
 
     def _activity(self) -> tuple[pl.DataFrame, Resolution]:
         """GPU activity of the PyTorch profiler traces among the files, with its processes

@@ -30,6 +30,8 @@ from ._durations import category_rows, dataloader_rows, distribution_rows
 from ._executor import default_executor
 from ._heap import hand_back, heap_for_answers
 from ._index import file_identity, load_partials, store_partials
+from ._io import ARG_COLUMNS as IO_ARG_COLUMNS
+from ._io import IO_CATS, io_answers
 from ._gpu import dftrace_files_with_gpu, gpu_answers, gpu_by_span, gpu_steps, without_profiler_steps
 from ._kineto import activity_schema
 from ._schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
@@ -96,6 +98,10 @@ class Summary:
     #: Per (cat, name) of dftrace's spans in processes with a profiler trace: spans, the
     #: kernels launched inside them and those kernels' GPU time, most GPU time first.
     gpu_spans: list[dict[str, Any]] = field(default_factory=list)
+    #: Traced file I/O (cat POSIX and STDIO; see ``_io``): bytes, calls and time by
+    #: kind, sizes, shares, per file, rank and step, in data loading and checkpoints,
+    #: findings; empty without I/O events.
+    io: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""
@@ -143,7 +149,7 @@ def summarize(
         combined.files = list(source.files)
         summary = build_summary(combined)
         if set(_SPAN_COLUMNS) <= set(source.events.columns):
-            summary.gpu_spans = gpu_by_span(source.events.filter(pl.col("ph") == fmt.PH_COMPLETE),
+            summary.gpu_spans = gpu_by_span(source.events.filter(_user_spans),
                                             combined.activity, combined.resolution)
         return summary
     skipped: list[str] = []
@@ -159,12 +165,14 @@ def summarize(
     files = dftrace_files_with_gpu(combined.activity, combined.resolution)
     if files:
         spans = load_traces(files, columns=_SPAN_COLUMNS, executor=executor, partition_bytes=partition_bytes,
-                            progress=progress).events.filter(pl.col("ph") == fmt.PH_COMPLETE)
+                            progress=progress).events.filter(_user_spans)
         summary.gpu_spans = gpu_by_span(spans, combined.activity, combined.resolution)
     return summary
 
 
 _SPAN_COLUMNS = ["pid", "tid", "cat", "name", "ph", "ts", "dur"]
+#: Complete events but the traced I/O calls.
+_user_spans = (pl.col("ph") == fmt.PH_COMPLETE) & ~pl.col("cat").is_in(IO_CATS).fill_null(False)
 
 
 def _partials(files: list[str], executor: Any, partition_bytes: int, progress: bool | None,
@@ -193,12 +201,22 @@ def _partial_of_trace(trace: TraceTable) -> Partial:
             for c in SUMMARY_COLUMNS
         ],
         pl.col("host").fill_null("").alias(HOST_KEY),
+        *[_arg_of(trace.events, column, key, dtype) for column, (key, dtype) in IO_ARG_COLUMNS.items()],
     )
     meta = resolved_records(trace.processes.iter_rows(named=True), trace.meta.iter_rows(named=True))
     activity = None
     if trace.activity is not None:
         activity = trace.activity.select(*activity_schema(), "file", pl.col("host").fill_null("").alias(HOST_KEY))
     return aggregate(PartitionData(Partition("<memory>"), events, meta=meta, activity=activity))
+
+
+def _arg_of(events: pl.DataFrame, column: str, key: str, dtype: pl.DataType) -> pl.Expr:
+    """Column ``column`` of a loaded trace: as loaded, else read from its args text."""
+    if column in events.columns:
+        return pl.col(column).cast(dtype, strict=False)
+    if "args" in events.columns:
+        return pl.col("args").str.json_path_match(f"$.{key}").cast(dtype, strict=False).alias(column)
+    return pl.lit(None, dtype).alias(column)
 
 
 # --- building ------------------------------------------------------------------------
@@ -251,6 +269,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None,
     procs, runs = found.procs, found.runs
     epochs = _epochs(_unit_extents(_epoch_source(combined), procs, ["epoch"]), found.process_steps)
     gpu_per_step = gpu_steps(combined.activity, found.process_steps, combined.resolution)
+    io = io_answers(combined, found.process_steps)
     steps_by_unit = found.by_unit()
     # Each process's steps are used: only the units' are read from here, and the
     # pages of the whole files' steps go back to the system.
@@ -305,6 +324,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None,
         distributions=distribution_rows(combined.durations),
         gpu=gpu,
         gpu_steps=gpu_per_step,
+        io=io,
     )
 
 

@@ -44,6 +44,7 @@ import polars as pl
 
 from .. import format as fmt
 from ._aggregate import Partial, aggregate_partitions, combine, fold_partials, keyed_only
+from ._io import format_bytes, io_rates
 from ._sources import Partition, expand_paths
 from ._summary import Summary, UnitSteps, build_summary, steps_of
 from ._terminal import printable, printable_data
@@ -416,13 +417,14 @@ class Watcher:
         summary = self._summary
         if summary is None:
             return {"files": files, "ranks": [], "totals": _totals(files, None, []), "straggler": None,
-                    "last_read": dict(self.last_refresh), "held": self.held}
+                    "io": None, "last_read": dict(self.last_refresh), "held": self.held}
         ranks = _rank_rows(summary, self.window, drop_last=live, settled=self._settled)
         return {
             "files": files,
             "ranks": ranks,
             "totals": _totals(files, summary, ranks),
             "straggler": _straggler(summary),
+            "io": io_rates(summary.io),
             "last_read": dict(self.last_refresh),
             "held": self.held,
         }
@@ -555,6 +557,8 @@ def render_plain(snapshot: dict[str, Any]) -> str:
     straggler = _straggler_line(snapshot["straggler"])
     if straggler:
         lines.append(f"  {straggler}")
+    if snapshot.get("io"):
+        lines.append(f"  {_io_line(snapshot['io'])}")
     rows = [(f["path"], f["state"], f"{f['bytes']:,}", f["events"],
              "-" if f["idle_s"] is None else f"{f['idle_s']:.0f} s", f["problem"] or "") for f in snapshot["files"]]
     shown = 6 if any(f["problem"] for f in snapshot["files"]) else 5
@@ -608,6 +612,16 @@ def _straggler_line(straggler: dict[str, Any] | None) -> str:
             f"{straggler['steps']} steps")
 
 
+def _io_line(io: dict[str, Any]) -> str:
+    """Bytes/s read and written by the traced file calls, over the time they span."""
+
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{format_bytes(value)}/s"
+
+    return (f"file I/O: {rate(io['read_bytes_per_s'])} read ({format_bytes(io['read_bytes'])}), "
+            f"{rate(io['write_bytes_per_s'])} written ({format_bytes(io['write_bytes'])})")
+
+
 def render_rich(snapshot: dict[str, Any]) -> Any:
     """The snapshot as a rich renderable (tables with the same figures as the plain text)."""
     from rich.console import Group
@@ -626,6 +640,8 @@ def render_rich(snapshot: dict[str, Any]) -> Any:
     straggler = _straggler_line(snapshot["straggler"])
     if straggler:
         parts.append(Text(straggler, style="red"))
+    if snapshot.get("io"):
+        parts.append(Text(_io_line(snapshot["io"])))
     files = Table(box=None, header_style="bold", pad_edge=False)
     for header in ("file", "state", "bytes", "events", "last write"):
         files.add_column(header, justify="left" if header in ("file", "state") else "right")

@@ -3,8 +3,6 @@ and spawn) and its checkpoint writes, against the files' own sizes."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from _io_util import NEEDS_IO, READS, WRITES, IOTrace, run_traced
