@@ -147,7 +147,7 @@ class IOTracer:
             recs, files, ring_dropped, _calls = self._mod.drain(cap)
             for fhash, path in files:
                 self._engine.record_special(META, {"name": "FH", "args": {
-                    "name": _text(path), "value": f"{fhash:016x}"}})
+                    "name": _text(path), "value": f"{fhash:016x}"}, "plain": True})
             if recs:
                 written, dropped = self._engine.speedups.io_emit(recs, self._kids)
                 self.written += written
@@ -170,19 +170,10 @@ class IOTracer:
         self._write_counters()
 
     def _write_counters(self) -> None:
-        off = self._session.offset_ns
         record = self._engine.record_special
-        for c in self._mod.counters():
-            args = {"fhash": f"{c.pop('fhash'):016x}", "path": _text(c.pop("path"))}
-            for k, v in c.items():
-                if k.endswith("_ns"):
-                    if k in ("first_ns", "last_ns"):
-                        args[k[:-3] + "_us"] = (v + off) // 1000 if v else 0
-                    else:
-                        args[k[:-3] + "_time_us"] = v // 1000
-                else:
-                    args[k] = v
-            record(META, {"name": "io_file", "args": args})
+        for args in self._mod.counters(self._session.offset_ns):
+            args["path"] = _text(args["path"])
+            record(META, {"name": "io_file", "args": args, "plain": True})
         stats = self._mod.stats()
         lost = stats["dropped"] + self.dropped
         record(META, {"name": "io", "args": {

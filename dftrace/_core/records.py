@@ -234,7 +234,10 @@ class Encoder:
             ev["ph"] = k.ph
             if k.ph == "i":
                 ev["s"] = payload.get("scope", "t")
-            args = sanitize_args(payload.get("args"), self.max_arg_length)
+            # dftrace's own records of plain values (ints, text that is UTF-8, lists
+            # of ints) are written as they are, however long (a file's path)
+            args = dict(payload["args"]) if payload.get("plain") else \
+                sanitize_args(payload.get("args"), self.max_arg_length)
             if payload.get("ts_value"):  # metadata mode: the value is the time, as text
                 args["value"] = str((t0 + self.offset_ns) // 1000)
             if payload.get("hhash", True):

@@ -12,6 +12,7 @@
 #include "io.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -412,24 +413,33 @@ static PyObject *hist_list(const int64_t *h) {
     return l;
 }
 
-/* counters() -> [dict]: each file's counters (times in ns, CLOCK_MONOTONIC). */
-static PyObject *counters(PyObject *self, PyObject *unused) {
+/* counters(offset_ns) -> [dict]: each file's counters as its io_file record's args:
+   times in us (first_us/last_us on the trace's clock: CLOCK_MONOTONIC + offset_ns). */
+static PyObject *counters(PyObject *self, PyObject *arg) {
+    long long off = PyLong_AsLongLong(arg);
+    if (off == -1 && PyErr_Occurred())
+        return NULL;
     PyObject *out = PyList_New(0);
     for (size_t i = 0; out && i < files_cap; i++) {
         file_t *f = &files[i];
         if (!f->fhash)
             continue;
+        char hex[17];
+        snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)f->fhash);
         PyObject *path = f->path ? PyUnicode_DecodeFSDefault(f->path) : Py_NewRef(Py_None);
+        long long first = f->first_ns == INT64_MAX ? 0 : (f->first_ns + off) / 1000;
+        long long last = f->last_ns ? (f->last_ns + off) / 1000 : 0;
         PyObject *d = path ? Py_BuildValue(
-            "{s:K,s:N,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:N,s:N,s:L,s:L}",
-            "fhash", (unsigned long long)f->fhash, "path", path, "read_ops", f->read_ops,
+            "{s:s,s:N,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:N,s:N,s:L,s:L}",
+            "fhash", hex, "path", path, "read_ops", f->read_ops,
             "read_bytes", f->read_bytes, "write_ops", f->write_ops, "write_bytes", f->write_bytes,
             "metadata_ops", f->metadata_ops, "sync_ops", f->sync_ops, "other_ops", f->other_ops,
-            "read_ns", f->read_ns, "write_ns", f->write_ns, "metadata_ns", f->metadata_ns,
-            "sync_ns", f->sync_ns, "seq_reads", f->seq_reads, "consec_reads", f->consec_reads,
+            "read_time_us", f->read_ns / 1000, "write_time_us", f->write_ns / 1000,
+            "metadata_time_us", f->metadata_ns / 1000, "sync_time_us", f->sync_ns / 1000,
+            "seq_reads", f->seq_reads, "consec_reads", f->consec_reads,
             "seq_writes", f->seq_writes, "consec_writes", f->consec_writes,
             "read_hist", hist_list(f->read_hist), "write_hist", hist_list(f->write_hist),
-            "first_ns", f->first_ns == INT64_MAX ? 0 : f->first_ns, "last_ns", f->last_ns)
+            "first_us", first, "last_us", last)
             : NULL;
         if (!d || PyList_Append(out, d) < 0)
             Py_CLEAR(out);
@@ -478,7 +488,8 @@ static PyMethodDef methods[] = {
     {"drain", drain, METH_VARARGS,
      "drain(max_calls) -> (records, [(fhash, path)], dropped, calls): the calls recorded "
      "since, as 64-byte records"},
-    {"counters", counters, METH_NOARGS, "each file's counters, as dicts"},
+    {"counters", counters, METH_O,
+     "counters(offset_ns): each file's counters, as its io_file record's args"},
     {"stats", stats, METH_NOARGS, "calls seen, folded into aggregates, and dropped"},
     {"forget", forget, METH_NOARGS, "forget every file's counters (a new process)"},
     {"op_names", op_names, METH_NOARGS, "the calls' names, by op number"},
