@@ -55,7 +55,8 @@ setup(cmdclass=commands, ext_modules=[
     # The file-I/O interposer (Linux, glibc): wrappers of libc's file calls bound into
     # the GOT of the loaded objects; loaded only when file I/O tracing is asked for.
     *([Extension("dftrace._core._io", sorted(glob("dftrace/_core/io_c/*.c")),
-                 depends=["dftrace/_core/io_c/io.h"], libraries=["dl"], optional=not required)]
+                 depends=["dftrace/_core/io_c/io.h"], libraries=["dl"],
+                 extra_compile_args=["-fvisibility=hidden"], optional=not required)]
       if sys.platform.startswith("linux") else []),
     # The reader of trace lines for analysis and its interval sweeps; without it loading
     # parses with polars alone and the sweeps run in numpy.

@@ -340,6 +340,18 @@ static uint64_t match(int dirfd, const char *path, char *out, size_t *nout) {
         return r_;                                                                   \
     } while (0)
 
+/* A hot call on an fd in two: the untraced case (a table look-up and a tail call of
+   libc's function, with no register saved) and, not inlined, the traced one; the
+   definition after it is the traced one's body. */
+#define SPLIT(rtype, name, PARAMS, ARGS, fdexpr)                                       \
+    static rtype t_##name PARAMS;                                                      \
+    static rtype w_##name PARAMS {                                                     \
+        if (__builtin_expect(!io_active || !fd_traced(fdexpr), 1))                     \
+            return REAL(name) ARGS;                                                    \
+        return t_##name ARGS;                                                          \
+    }                                                                                  \
+    static __attribute__((noinline)) rtype t_##name PARAMS
+
 /* The position an fd's read or write starts at, and the move after it. */
 #define POS (__atomic_load_n(&e_->pos, __ATOMIC_RELAXED))
 #define ADVANCE                                                                      \
@@ -495,21 +507,21 @@ static void w_closefrom(int lo) {
 
 /* -- reads and writes -- */
 DECLARE(ssize_t, read, int, void *, size_t);
-static ssize_t w_read(int fd, void *buf, size_t n) {
+SPLIT(ssize_t, read, (int fd, void *buf, size_t n), (fd, buf, n), fd) {
     FD_CALL(OP_READ, fd, REAL(read)(fd, buf, n), (int64_t)n, POS, ADVANCE);
 }
 DECLARE(ssize_t, __read_chk, int, void *, size_t, size_t);
-static ssize_t w___read_chk(int fd, void *buf, size_t n, size_t buflen) {
+SPLIT(ssize_t, __read_chk, (int fd, void *buf, size_t n, size_t buflen), (fd, buf, n, buflen), fd) {
     FD_CALL(OP_READ, fd, REAL(__read_chk)(fd, buf, n, buflen), (int64_t)n, POS, ADVANCE);
 }
 DECLARE(ssize_t, write, int, const void *, size_t);
-static ssize_t w_write(int fd, const void *buf, size_t n) {
+SPLIT(ssize_t, write, (int fd, const void *buf, size_t n), (fd, buf, n), fd) {
     FD_CALL(OP_WRITE, fd, REAL(write)(fd, buf, n), (int64_t)n, POS, ADVANCE);
 }
 
 #define PRW_WRAPPER(name, op, cv)                                                      \
     DECLARE(ssize_t, name, int, cv void *, size_t, off_t);                             \
-    static ssize_t w_##name(int fd, cv void *buf, size_t n, off_t off) {               \
+    SPLIT(ssize_t, name, (int fd, cv void *buf, size_t n, off_t off), (fd, buf, n, off), fd) { \
         FD_CALL(op, fd, REAL(name)(fd, buf, n, off), (int64_t)n, (int64_t)off, (void)0); \
     }
 PRW_WRAPPER(pread, OP_PREAD, )
@@ -519,7 +531,8 @@ PRW_WRAPPER(pwrite64, OP_PWRITE, const)
 
 #define PREAD_CHK_WRAPPER(name)                                                        \
     DECLARE(ssize_t, name, int, void *, size_t, off_t, size_t);                        \
-    static ssize_t w_##name(int fd, void *buf, size_t n, off_t off, size_t buflen) {   \
+    SPLIT(ssize_t, name, (int fd, void *buf, size_t n, off_t off, size_t buflen),      \
+          (fd, buf, n, off, buflen), fd) {                                             \
         FD_CALL(OP_PREAD, fd, REAL(name)(fd, buf, n, off, buflen), (int64_t)n,         \
                 (int64_t)off, (void)0);                                                \
     }
@@ -528,7 +541,7 @@ PREAD_CHK_WRAPPER(__pread64_chk)
 
 #define RWV_WRAPPER(name, op)                                                          \
     DECLARE(ssize_t, name, int, const struct iovec *, int);                            \
-    static ssize_t w_##name(int fd, const struct iovec *iov, int cnt) {                \
+    SPLIT(ssize_t, name, (int fd, const struct iovec *iov, int cnt), (fd, iov, cnt), fd) { \
         FD_CALL(op, fd, REAL(name)(fd, iov, cnt), iov_bytes(iov, cnt), POS, ADVANCE);  \
     }
 RWV_WRAPPER(readv, OP_READV)
@@ -536,7 +549,8 @@ RWV_WRAPPER(writev, OP_WRITEV)
 
 #define PRWV_WRAPPER(name, op)                                                         \
     DECLARE(ssize_t, name, int, const struct iovec *, int, off_t);                     \
-    static ssize_t w_##name(int fd, const struct iovec *iov, int cnt, off_t off) {     \
+    SPLIT(ssize_t, name, (int fd, const struct iovec *iov, int cnt, off_t off),        \
+          (fd, iov, cnt, off), fd) {                                                   \
         FD_CALL(op, fd, REAL(name)(fd, iov, cnt, off), iov_bytes(iov, cnt), (int64_t)off, \
                 (void)0);                                                              \
     }
@@ -559,7 +573,7 @@ PRWV2_WRAPPER(pwritev64v2, OP_PWRITEV)
 /* -- on an fd: seek, sync, truncate, fstat, mmap, fcntl -- */
 #define LSEEK_WRAPPER(name)                                                            \
     DECLARE(off_t, name, int, off_t, int);                                             \
-    static off_t w_##name(int fd, off_t off, int whence) {                             \
+    SPLIT(off_t, name, (int fd, off_t off, int whence), (fd, off, whence), fd) {       \
         FD_CALL(OP_LSEEK, fd, REAL(name)(fd, off, whence), -1, (int64_t)off,           \
                 if ((int64_t)r_ >= 0) __atomic_store_n(&e_->pos, (int64_t)r_, __ATOMIC_RELAXED)); \
     }
