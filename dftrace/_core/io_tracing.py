@@ -100,18 +100,6 @@ def import_dirs() -> list[str]:
     return out[:64]
 
 
-def _text(path: str | None) -> str | None:
-    """A path as JSON can carry it: bytes that are not UTF-8 (kept by Python as lone
-    surrogates) written as backslash escapes of the bytes."""
-    if path is None:
-        return None
-    try:
-        path.encode("utf-8")
-        return path
-    except UnicodeEncodeError:
-        return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
 class IOTracer:
     """The wrappers bound in this process and the thread that drains their calls."""
 
@@ -121,6 +109,10 @@ class IOTracer:
         self._engine = engine
         self._kids = kids
         self._max_rate = session.config.io_max_rate
+        head = b'{"name":"%s","cat":"dftrace","pid":%d,"tid":%d,"ph":"M","args":{"hhash":"%s",'
+        ids = (session.pid, session.pid, session.hhash.encode())
+        self._fh_head = head % (b"FH", *ids) + b'"name":'
+        self._counters_head = head % (b"io_file", *ids)
         self._last = time.monotonic()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one drain at a time (the thread's, stop's)
@@ -144,10 +136,9 @@ class IOTracer:
             cap = -1 if not self._max_rate else max(1, int(self._max_rate * (now - self._last)))
             self._last = now
             self._mod.bind_new()
-            recs, files, ring_dropped, _calls = self._mod.drain(cap)
-            for fhash, path in files:
-                self._engine.record_special(META, {"name": "FH", "args": {
-                    "name": _text(path), "value": f"{fhash:016x}"}, "plain": True})
+            recs, fh_lines, ring_dropped, _calls = self._mod.drain(cap, self._fh_head)
+            if fh_lines:
+                self._engine.record_special(META, {"lines": fh_lines})
             if recs:
                 written, dropped = self._engine.speedups.io_emit(recs, self._kids)
                 self.written += written
@@ -171,9 +162,9 @@ class IOTracer:
 
     def _write_counters(self) -> None:
         record = self._engine.record_special
-        for args in self._mod.counters(self._session.offset_ns):
-            args["path"] = _text(args["path"])
-            record(META, {"name": "io_file", "args": args, "plain": True})
+        lines = self._mod.counter_lines(self._session.offset_ns, self._counters_head)
+        if lines:
+            record(META, {"lines": lines})
         stats = self._mod.stats()
         lost = stats["dropped"] + self.dropped
         record(META, {"name": "io", "args": {

@@ -221,6 +221,8 @@ class Encoder:
         k, t0, i, tid, payload = rec
         if i <= self.min_id:
             return b""
+        if "lines" in payload:  # lines made whole already (file I/O's FH, io_file)
+            return payload["lines"]
         try:
             ev: dict[str, Any] = {
                 "id": i,
@@ -234,10 +236,7 @@ class Encoder:
             ev["ph"] = k.ph
             if k.ph == "i":
                 ev["s"] = payload.get("scope", "t")
-            # dftrace's own records of plain values (ints, text that is UTF-8, lists
-            # of ints) are written as they are, however long (a file's path)
-            args = dict(payload["args"]) if payload.get("plain") else \
-                sanitize_args(payload.get("args"), self.max_arg_length)
+            args = sanitize_args(payload.get("args"), self.max_arg_length)
             if payload.get("ts_value"):  # metadata mode: the value is the time, as text
                 args["value"] = str((t0 + self.offset_ns) // 1000)
             if payload.get("hhash", True):

@@ -236,6 +236,106 @@ static void after_fork_child(void) {
     forget_pending = 1;
 }
 
+/* -- lines of JSON made here: FH and io_file records -- */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} text_t;
+
+static int text_put(text_t *t, const char *s, size_t n) {
+    if (t->n + n > t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 4096;
+        while (cap < t->n + n)
+            cap *= 2;
+        char *g = realloc(t->p, cap);
+        if (!g)
+            return -1;
+        t->p = g;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->n, s, n);
+    t->n += n;
+    return 0;
+}
+
+static int text_int(text_t *t, long long v) {
+    char d[24];
+    int n = snprintf(d, sizeof(d), "%lld", v);
+    return text_put(t, d, (size_t)n);
+}
+
+/* The length of the valid UTF-8 sequence at s (n bytes left), 0 when it is not one. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t k = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!k || k > n)
+        return 0;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c == 0xE0) lo = 0xA0;
+    else if (c == 0xED) hi = 0x9F;
+    else if (c == 0xF0) lo = 0x90;
+    else if (c == 0xF4) hi = 0x8F;
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < k; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF)
+            return 0;
+    return k;
+}
+
+/* `s` as a JSON string: escaped as JSON needs, and each byte that is not part of
+   valid UTF-8 written as the text \xNN (as Python's "backslashreplace" writes it),
+   so that a path is never altered but where it cannot be text. */
+static int text_json(text_t *t, const char *s, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *u = (const unsigned char *)s;
+    if (text_put(t, "\"", 1) < 0)
+        return -1;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i];
+        if (c >= 0x80) {
+            size_t k = utf8_len(u + i, n - i);
+            if (k) {
+                if (text_put(t, s + i, k) < 0)
+                    return -1;
+                i += k;
+                continue;
+            }
+            char e[6] = {'\\', '\\', 'x', hex[c >> 4], hex[c & 15]};
+            if (text_put(t, e, 5) < 0)
+                return -1;
+        } else if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            if (text_put(t, e, 2) < 0)
+                return -1;
+        } else if (c < 0x20) {
+            char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+            if (text_put(t, e, 6) < 0)
+                return -1;
+        } else if (text_put(t, s + i, 1) < 0) {
+            return -1;
+        }
+        i++;
+    }
+    return text_put(t, "\"", 1);
+}
+
+static int text_hash(text_t *t, uint64_t h) {
+    char x[19];
+    snprintf(x, sizeof(x), "\"%016llx\"", (unsigned long long)h);
+    return text_put(t, x, 18);
+}
+
+/* One FH record: `head` is the line up to its args' "name" value. */
+static int fh_line(text_t *t, const char *head, size_t nhead, const char *path, size_t npath,
+                   uint64_t h) {
+    if (text_put(t, head, nhead) < 0 || text_json(t, path, npath) < 0 ||
+        text_put(t, ",\"value\":", 9) < 0 || text_hash(t, h) < 0)
+        return -1;
+    return text_put(t, "}}\n", 3);
+}
+
 /* -- the module's functions -- */
 
 static int installed = 0, atfork_registered = 0;
@@ -297,26 +397,26 @@ static PyObject *uninstall(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* drain(max_calls) -> (records: bytes, new files: [(fhash, path)], dropped, calls):
-   max_calls < 0: no cap. */
+/* drain(max_calls, fh_head) -> (records: bytes, FH lines: bytes, dropped, calls):
+   max_calls < 0: no cap; fh_head: an FH line up to its args' "name" value. */
 static PyObject *drain(PyObject *self, PyObject *args) {
     long long max_calls;
-    if (!PyArg_ParseTuple(args, "L", &max_calls))
+    const char *head;
+    Py_ssize_t nhead;
+    if (!PyArg_ParseTuple(args, "Ly#", &max_calls, &head, &nhead))
         return NULL;
     if (forget_pending) {
         forget_files();
         forget_pending = 0;
     }
-    PyObject *new_files = PyList_New(0);
-    if (!new_files)
-        return NULL;
+    text_t fh = {NULL, 0, 0};
     out_t o = {NULL, 0, 0};
     long long taken = 0;
     char path[IO_PATH_MAX + 1];
     if (io_ring.slots) {
         uint64_t i = __atomic_load_n(&io_tail, __ATOMIC_RELAXED);
-        uint64_t head = __atomic_load_n(&io_head, __ATOMIC_ACQUIRE);
-        while (i < head) {
+        uint64_t end = __atomic_load_n(&io_head, __ATOMIC_ACQUIRE);
+        while (i < end) {
             io_rec_t *slot = &io_ring.slots[i & io_ring.mask];
             if (__atomic_load_n(&slot->seq, __ATOMIC_ACQUIRE) != i + 1)
                 break; /* still being written */
@@ -343,17 +443,8 @@ static PyObject *drain(PyObject *self, PyObject *args) {
                 f->path = malloc(npath + 1);
                 if (f->path) {
                     memcpy(f->path, path, npath + 1);
-                    PyObject *pair = Py_BuildValue("(Ks#)", (unsigned long long)r.fhash,
-                                                   path, (Py_ssize_t)npath);
-                    if (!pair) /* not UTF-8: the bytes as Python's file names keep them */
-                        PyErr_Clear(),
-                        pair = Py_BuildValue("(KN)", (unsigned long long)r.fhash,
-                                             PyUnicode_DecodeFSDefaultAndSize(path, (Py_ssize_t)npath));
-                    if (!pair || PyList_Append(new_files, pair) < 0) {
-                        Py_XDECREF(pair);
-                        goto fail;
-                    }
-                    Py_DECREF(pair);
+                    if (fh_line(&fh, head, (size_t)nhead, path, npath, r.fhash) < 0)
+                        goto nomem;
                 }
             }
             count(f, &r);
@@ -382,69 +473,73 @@ static PyObject *drain(PyObject *self, PyObject *args) {
     PyObject *recs = PyBytes_FromStringAndSize((const char *)o.recs,
                                                (Py_ssize_t)(o.n * sizeof(io_rec_t)));
     free(o.recs);
-    if (!recs) {
-        Py_DECREF(new_files);
+    PyObject *lines = recs ? PyBytes_FromStringAndSize(fh.p ? fh.p : "", (Py_ssize_t)fh.n) : NULL;
+    free(fh.p);
+    if (!lines) {
+        Py_XDECREF(recs);
         return NULL;
     }
-    return Py_BuildValue("(NNKK)", recs, new_files,
+    return Py_BuildValue("(NNKK)", recs, lines,
                          (unsigned long long)__atomic_load_n(&io_dropped, __ATOMIC_RELAXED),
                          calls_seen);
 nomem:
     PyErr_NoMemory();
-fail:
     for (size_t j = 0; j < AGG_CAP; j++)
         aggs[j].used = 0;
     naggs_used = 0;
     free(o.recs);
-    Py_DECREF(new_files);
+    free(fh.p);
     return NULL;
 }
 
-static PyObject *hist_list(const int64_t *h) {
-    PyObject *l = PyList_New(HIST);
-    for (int i = 0; l && i < HIST; i++) {
-        PyObject *v = PyLong_FromLongLong(h[i]);
-        if (!v) {
-            Py_CLEAR(l);
-            break;
-        }
-        PyList_SET_ITEM(l, i, v);
-    }
-    return l;
-}
-
-/* counters(offset_ns) -> [dict]: each file's counters as its io_file record's args:
-   times in us (first_us/last_us on the trace's clock: CLOCK_MONOTONIC + offset_ns). */
-static PyObject *counters(PyObject *self, PyObject *arg) {
-    long long off = PyLong_AsLongLong(arg);
-    if (off == -1 && PyErr_Occurred())
+/* counter_lines(offset_ns, head) -> bytes: each file's io_file record, `head` the
+   line up to its args' first field; times in us (first_us/last_us on the trace's
+   clock: CLOCK_MONOTONIC + offset_ns). */
+static PyObject *counter_lines(PyObject *self, PyObject *args) {
+    long long off;
+    const char *head;
+    Py_ssize_t nhead;
+    if (!PyArg_ParseTuple(args, "Ly#", &off, &head, &nhead))
         return NULL;
-    PyObject *out = PyList_New(0);
-    for (size_t i = 0; out && i < files_cap; i++) {
+    text_t t = {NULL, 0, 0};
+    int bad = 0;
+    for (size_t i = 0; !bad && i < files_cap; i++) {
         file_t *f = &files[i];
         if (!f->fhash)
             continue;
-        char hex[17];
-        snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)f->fhash);
-        PyObject *path = f->path ? PyUnicode_DecodeFSDefault(f->path) : Py_NewRef(Py_None);
-        long long first = f->first_ns == INT64_MAX ? 0 : (f->first_ns + off) / 1000;
-        long long last = f->last_ns ? (f->last_ns + off) / 1000 : 0;
-        PyObject *d = path ? Py_BuildValue(
-            "{s:s,s:N,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:N,s:N,s:L,s:L}",
-            "fhash", hex, "path", path, "read_ops", f->read_ops,
-            "read_bytes", f->read_bytes, "write_ops", f->write_ops, "write_bytes", f->write_bytes,
-            "metadata_ops", f->metadata_ops, "sync_ops", f->sync_ops, "other_ops", f->other_ops,
-            "read_time_us", f->read_ns / 1000, "write_time_us", f->write_ns / 1000,
-            "metadata_time_us", f->metadata_ns / 1000, "sync_time_us", f->sync_ns / 1000,
-            "seq_reads", f->seq_reads, "consec_reads", f->consec_reads,
-            "seq_writes", f->seq_writes, "consec_writes", f->consec_writes,
-            "read_hist", hist_list(f->read_hist), "write_hist", hist_list(f->write_hist),
-            "first_us", first, "last_us", last)
-            : NULL;
-        if (!d || PyList_Append(out, d) < 0)
-            Py_CLEAR(out);
-        Py_XDECREF(d);
+        const struct {
+            const char *key;
+            long long v;
+        } fields[] = {
+            {"read_ops", f->read_ops}, {"read_bytes", f->read_bytes},
+            {"write_ops", f->write_ops}, {"write_bytes", f->write_bytes},
+            {"metadata_ops", f->metadata_ops}, {"sync_ops", f->sync_ops},
+            {"other_ops", f->other_ops}, {"read_time_us", f->read_ns / 1000},
+            {"write_time_us", f->write_ns / 1000}, {"metadata_time_us", f->metadata_ns / 1000},
+            {"sync_time_us", f->sync_ns / 1000}, {"seq_reads", f->seq_reads},
+            {"consec_reads", f->consec_reads}, {"seq_writes", f->seq_writes},
+            {"consec_writes", f->consec_writes},
+            {"first_us", f->first_ns == INT64_MAX ? 0 : (f->first_ns + off) / 1000},
+            {"last_us", f->last_ns ? (f->last_ns + off) / 1000 : 0},
+        };
+        bad |= text_put(&t, head, (size_t)nhead) < 0 || text_put(&t, "\"fhash\":", 8) < 0 ||
+               text_hash(&t, f->fhash) < 0 || text_put(&t, ",\"path\":", 8) < 0 ||
+               (f->path ? text_json(&t, f->path, strlen(f->path)) : text_put(&t, "null", 4)) < 0;
+        for (size_t k = 0; !bad && k < sizeof(fields) / sizeof(fields[0]); k++) {
+            bad |= text_put(&t, ",\"", 2) < 0 || text_put(&t, fields[k].key, strlen(fields[k].key)) < 0 ||
+                   text_put(&t, "\":", 2) < 0 || text_int(&t, fields[k].v) < 0;
+        }
+        for (int d = 0; !bad && d < 2; d++) {
+            const int64_t *h = d ? f->write_hist : f->read_hist;
+            bad |= text_put(&t, d ? ",\"write_hist\":[" : ",\"read_hist\":[", d ? 15 : 14) < 0;
+            for (int b = 0; !bad && b < HIST; b++)
+                bad |= (b && text_put(&t, ",", 1) < 0) || text_int(&t, h[b]) < 0;
+            bad |= text_put(&t, "]", 1) < 0;
+        }
+        bad |= text_put(&t, "}}\n", 3) < 0;
     }
+    PyObject *out = bad ? PyErr_NoMemory() : PyBytes_FromStringAndSize(t.p ? t.p : "", (Py_ssize_t)t.n);
+    free(t.p);
     return out;
 }
 
@@ -486,10 +581,11 @@ static PyMethodDef methods[] = {
     {"bind_new", bind_new, METH_NOARGS, "bind the objects loaded since; the entries bound"},
     {"uninstall", uninstall, METH_NOARGS, "unbind every entry; the wrappers record no more"},
     {"drain", drain, METH_VARARGS,
-     "drain(max_calls) -> (records, [(fhash, path)], dropped, calls): the calls recorded "
-     "since, as 64-byte records"},
-    {"counters", counters, METH_O,
-     "counters(offset_ns): each file's counters, as its io_file record's args"},
+     "drain(max_calls, fh_head) -> (records, FH lines, dropped, calls): the calls recorded "
+     "since, as 64-byte records, and the FH records of the files first seen"},
+    {"counter_lines", counter_lines, METH_VARARGS,
+     "counter_lines(offset_ns, head) -> bytes: each file's io_file record, head the line "
+     "up to its args' first field"},
     {"stats", stats, METH_NOARGS, "calls seen, folded into aggregates, and dropped"},
     {"forget", forget, METH_NOARGS, "forget every file's counters (a new process)"},
     {"op_names", op_names, METH_NOARGS, "the calls' names, by op number"},
