@@ -202,6 +202,8 @@ BAD = {
     "writer": ("disk", "thread, process"),
     "nvtx": ("maybe", "1/0, true/false"),
     "auto": ("sometimes", "1/0, true/false"),
+    "io": ("files", "1/0, true/false"),
+    "io_max_rate": ("-5", "from 0 to 1099511627776"),
 }
 
 

@@ -1,20 +1,15 @@
-/* interpose.c: the wrappers of libc's file calls, the fd table, the path filter and
- * the ring the wrappers record into.
+/* interpose.c: the wrappers of libc's file calls, and the table got.c binds.
  *
  * A wrapper on an fd looks the fd up in the table (one load); an fd no traced open
- * put there costs that lookup and the call. A traced call takes two clock readings
- * and writes one 64-byte record into the ring (a compare-and-swap for the room,
- * the stores, a release store of its sequence number): no allocation, no lock, no
- * Python, errno exactly as libc left it. When the ring is full the call is counted
- * as dropped. The path of a call that names one is matched once, at that call: it
- * is made absolute (the working directory, or the directory fd of an *at call) and
- * normalised ("." and ".." and repeated slashes folded), then matched against the
- * prefixes; its hash is what the fd's later calls carry.
+ * put there costs that look-up and the call. A traced call takes two clock readings
+ * and records one 64-byte record (io_record, ring.c): no allocation, no lock, no
+ * Python, errno exactly as libc left it. A call that names a path is matched once,
+ * at that call (io_match, filter.c).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "io.h"
+#include "wrap.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,298 +19,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
-
-io_ring_t io_ring = {NULL, 0};
-uint64_t io_head __attribute__((aligned(64))) = 0;
-uint64_t io_tail __attribute__((aligned(64))) = 0;
-uint64_t io_dropped __attribute__((aligned(64))) = 0;
-int io_active = 0;
-
-/* ------------------------------------------------------------------------- */
-/* the fd table: one entry per fd number, no aliasing: 2^20 entries (the kernel's
-   default most fds a process may have, fs.nr_open), mapped untouched, so that only
-   the pages of fds in use take memory. An fd beyond it is not traced. */
-
-#define FD_MAX (1u << 20)
-typedef struct {
-    uint64_t fhash; /* 0: not traced */
-    int64_t pos;    /* the offset the next read or write is at, as far as seen */
-} fd_entry_t;
-static fd_entry_t *fd_table = NULL;
-static int fd_top = -1; /* the highest fd ever traced: the end of a close_range's sweep */
-
-int io_fd_table_init(void) {
-    if (fd_table)
-        return 0;
-    void *p = mmap(NULL, sizeof(fd_entry_t) * FD_MAX, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-        return -1;
-    fd_table = p;
-    return 0;
-}
-
-static inline fd_entry_t *fd_traced(int fd) {
-    if ((unsigned)fd >= FD_MAX || !fd_table)
-        return NULL;
-    fd_entry_t *e = &fd_table[fd];
-    return __atomic_load_n(&e->fhash, __ATOMIC_RELAXED) ? e : NULL;
-}
-
-static inline void fd_track(int fd, uint64_t fhash, int64_t pos) {
-    if ((unsigned)fd >= FD_MAX || !fd_table)
-        return;
-    __atomic_store_n(&fd_table[fd].pos, pos, __ATOMIC_RELAXED);
-    __atomic_store_n(&fd_table[fd].fhash, fhash, __ATOMIC_RELAXED);
-    int top = __atomic_load_n(&fd_top, __ATOMIC_RELAXED);
-    while (fhash && fd > top &&
-           !__atomic_compare_exchange_n(&fd_top, &top, fd, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        ;
-}
-
-/* An fd a call returned that is not traced: whatever entry its number had (an fd
-   closed where no wrapper saw it: a direct system call) is gone. */
-static inline void fd_untrack(int fd) {
-    if ((unsigned)fd < FD_MAX && fd_table &&
-        __atomic_load_n(&fd_table[fd].fhash, __ATOMIC_RELAXED))
-        __atomic_store_n(&fd_table[fd].fhash, 0, __ATOMIC_RELAXED);
-}
-
-/* ------------------------------------------------------------------------- */
-/* the ring */
-
-int io_ring_init(uint32_t nslots) {
-    if (io_ring.slots)
-        return 0;
-    uint64_t n = 1024;
-    while (n < nslots && n < (1u << 24))
-        n <<= 1;
-    void *p = mmap(NULL, n * sizeof(io_rec_t), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return -1;
-    io_ring.slots = p;
-    io_ring.mask = n - 1;
-    return 0;
-}
-
-/* The thread's id, read once per thread; the pid, to tell a vfork child (which
-   shares this memory, this thread's included) from the process. */
-static __thread uint32_t my_tid __attribute__((tls_model("initial-exec"))) = 0;
-static pid_t my_pid = 0;
-
-static inline uint32_t thread_id(void) {
-    uint32_t t = my_tid;
-    if (__builtin_expect(t == 0, 0))
-        my_tid = t = (uint32_t)syscall(SYS_gettid);
-    return t;
-}
-
-void io_after_fork_child(void) {
-    my_tid = 0;
-    my_pid = (pid_t)syscall(SYS_getpid);
-    /* the parent's records are the parent's: its reader takes them; this process
-       starts after them (a slot a parent thread had taken and not filled is skipped) */
-    __atomic_store_n(&io_tail, __atomic_load_n(&io_head, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
-    io_dropped = 0;
-}
-
-/* True in a vfork child: it shares the table and the ring with its parent, and must
-   change neither. Asked only where a call would change the table. */
-static inline int in_vfork_child(void) {
-    return my_pid && (pid_t)syscall(SYS_getpid) != my_pid;
-}
-
-static inline int64_t clock_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void record(uint8_t op, uint64_t fhash, int64_t t0, int64_t t1, int64_t ret, int err,
-                   int64_t count, int64_t offset, const char *path, size_t npath) {
-    if (npath > IO_PATH_MAX)
-        npath = IO_PATH_MAX;
-    uint64_t k = 1 + (npath + sizeof(io_rec_t) - 1) / sizeof(io_rec_t);
-    uint64_t cap = io_ring.mask + 1;
-    uint64_t h = __atomic_load_n(&io_head, __ATOMIC_RELAXED);
-    do {
-        if (h + k - __atomic_load_n(&io_tail, __ATOMIC_ACQUIRE) > cap) {
-            __atomic_add_fetch(&io_dropped, 1, __ATOMIC_RELAXED);
-            return;
-        }
-    } while (!__atomic_compare_exchange_n(&io_head, &h, h + k, 1, __ATOMIC_ACQ_REL,
-                                          __ATOMIC_RELAXED));
-    io_rec_t *r = &io_ring.slots[h & io_ring.mask];
-    r->t0 = t0;
-    r->dur = t1 - t0;
-    r->fhash = fhash;
-    r->ret = ret;
-    r->count = count;
-    r->offset = offset;
-    r->tid = thread_id();
-    r->op = op;
-    int failed = ret < 0 || ((op == OP_FOPEN || op == OP_FDOPEN) && ret == 0); /* NULL */
-    r->err = failed ? (uint8_t)(err > 255 ? 255 : err) : 0;
-    r->npath = (uint16_t)npath;
-    for (uint64_t i = 1; i < k; i++) {
-        size_t at = (i - 1) * sizeof(io_rec_t);
-        size_t n = npath - at < sizeof(io_rec_t) ? npath - at : sizeof(io_rec_t);
-        memcpy(&io_ring.slots[(h + i) & io_ring.mask], path + at, n);
-    }
-    __atomic_store_n(&r->seq, h + 1, __ATOMIC_RELEASE);
-}
-
-/* ------------------------------------------------------------------------- */
-/* the path filter */
-
-typedef struct {
-    char s[IO_PATH_MAX];
-    size_t n;
-} prefix_t;
-static prefix_t traced_prefixes[IO_MAX_PREFIXES], excluded_prefixes[IO_MAX_PREFIXES],
-    endings[IO_MAX_PREFIXES], exact[IO_MAX_PREFIXES];
-static int ntraced = 0, nexcluded = 0, nendings = 0, nexact = 0;
-
-static int set_list(prefix_t *to, int *nto, const char *const *from, int n) {
-    if (n > IO_MAX_PREFIXES)
-        return -1;
-    for (int i = 0; i < n; i++) {
-        size_t len = strlen(from[i]);
-        if (len >= IO_PATH_MAX)
-            return -1;
-        memcpy(to[i].s, from[i], len + 1);
-        to[i].n = len;
-    }
-    *nto = n;
-    return 0;
-}
-
-int io_set_filter(const char *const *traced, int nt, const char *const *excluded, int nx,
-                  const char *const *ends, int ne, const char *const *paths, int np) {
-    my_pid = (pid_t)syscall(SYS_getpid);
-    if (set_list(traced_prefixes, &ntraced, traced, nt) < 0 ||
-        set_list(excluded_prefixes, &nexcluded, excluded, nx) < 0 ||
-        set_list(endings, &nendings, ends, ne) < 0 || set_list(exact, &nexact, paths, np) < 0)
-        return -1;
-    return 0;
-}
-
-uint64_t io_path_hash(const char *p, size_t n) {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)p[i]) * 1099511628211ULL;
-    return h ? h : 1;
-}
-
-/* Fold "//", "/./" and "/x/../" of an absolute path in place; its new length. */
-static size_t normalise(char *p, size_t n) {
-    size_t o = 0, i = 0;
-    while (i < n) {
-        while (i < n && p[i] == '/')
-            i++;
-        size_t s = i;
-        while (i < n && p[i] != '/')
-            i++;
-        size_t len = i - s;
-        if (len == 0 || (len == 1 && p[s] == '.'))
-            continue;
-        if (len == 2 && p[s] == '.' && p[s + 1] == '.') {
-            while (o > 0 && p[o - 1] != '/')
-                o--;
-            if (o > 0)
-                o--; /* the slash before the dropped name */
-            continue;
-        }
-        p[o++] = '/';
-        memmove(p + o, p + s, len);
-        o += len;
-    }
-    if (o == 0)
-        p[o++] = '/';
-    p[o] = '\0';
-    return o;
-}
-
-/* The absolute, normalised path of `path` (relative to `dirfd`) in `out`; its length,
-   or 0 when it cannot be had. */
-static size_t absolute(int dirfd, const char *path, char *out) {
-    size_t np = strnlen(path, IO_PATH_MAX);
-    size_t nb = 0;
-    if (path[0] != '/') {
-        if (dirfd == AT_FDCWD) {
-            long r = syscall(SYS_getcwd, out, IO_PATH_MAX);
-            if (r <= 0 || out[0] != '/')
-                return 0;
-            nb = strnlen(out, IO_PATH_MAX);
-        } else {
-            char link[32] = "/proc/self/fd/";
-            char digits[12];
-            int nd = 0;
-            unsigned v = (unsigned)dirfd;
-            do {
-                digits[nd++] = (char)('0' + v % 10);
-                v /= 10;
-            } while (v);
-            size_t at = 14;
-            while (nd)
-                link[at++] = digits[--nd];
-            link[at] = '\0';
-            ssize_t r = readlink(link, out, IO_PATH_MAX - 1);
-            if (r <= 0 || out[0] != '/')
-                return 0;
-            nb = (size_t)r;
-        }
-        if (nb + 1 + np >= IO_PATH_MAX)
-            return 0;
-        out[nb++] = '/';
-    }
-    if (nb + np >= IO_PATH_MAX)
-        return 0;
-    memcpy(out + nb, path, np);
-    return normalise(out, nb + np);
-}
-
-static inline int has_prefix(const char *p, size_t n, const prefix_t *x) {
-    return n >= x->n && memcmp(p, x->s, x->n) == 0;
-}
-
-/* The hash of `path` when it is traced (its absolute form left in `out`, its length
-   in `*nout`), else 0. */
-static uint64_t match(int dirfd, const char *path, char *out, size_t *nout) {
-    if (!path || !path[0])
-        return 0;
-    size_t n = absolute(dirfd, path, out);
-    if (!n)
-        return 0;
-    for (int i = 0; i < nexcluded; i++)
-        if (has_prefix(out, n, &excluded_prefixes[i]))
-            return 0;
-    for (int i = 0; i < nendings; i++)
-        if (n >= endings[i].n && memcmp(out + n - endings[i].n, endings[i].s, endings[i].n) == 0)
-            return 0;
-    for (int i = 0; i < nexact; i++)
-        if (n == exact[i].n && memcmp(out, exact[i].s, n) == 0)
-            return 0;
-    if (ntraced) {
-        int in = 0;
-        for (int i = 0; i < ntraced && !in; i++) {
-            const prefix_t *x = &traced_prefixes[i];
-            /* a directory prefix matches itself and what is under it */
-            in = has_prefix(out, n, x) &&
-                 (n == x->n || x->s[x->n - 1] == '/' || out[x->n] == '/');
-        }
-        if (!in)
-            return 0;
-    }
-    *nout = n;
-    return io_path_hash(out, n);
-}
 
 /* ------------------------------------------------------------------------- */
 /* the wrappers */
@@ -335,7 +41,7 @@ static uint64_t match(int dirfd, const char *path, char *out, size_t *nout) {
         int64_t t1_ = clock_ns();                                                    \
         int64_t off_ = (offset);                                                     \
         update;                                                                      \
-        record(op, e_->fhash, t0_, t1_, (int64_t)r_, err_, count, off_, NULL, 0);    \
+        io_record(op, e_->fhash, t0_, t1_, (int64_t)r_, err_, count, off_, NULL, 0);    \
         errno = err_;                                                                \
         return r_;                                                                   \
     } while (0)
@@ -369,7 +75,7 @@ static uint64_t match(int dirfd, const char *path, char *out, size_t *nout) {
         char abs_[IO_PATH_MAX];                                                      \
         size_t n_ = 0;                                                               \
         int saved_ = errno;                                                          \
-        uint64_t h_ = match(dirfd, path, abs_, &n_);                                 \
+        uint64_t h_ = io_match(dirfd, path, abs_, &n_);                                 \
         errno = saved_;                                                              \
         if (!h_) {                                                                   \
             __typeof__(call) r_ = call;                                              \
@@ -381,7 +87,7 @@ static uint64_t match(int dirfd, const char *path, char *out, size_t *nout) {
         int err_ = errno;                                                            \
         int64_t t1_ = clock_ns();                                                    \
         after;                                                                       \
-        record(op, h_, t0_, t1_, (int64_t)r_, err_, -1, -1, abs_, n_);               \
+        io_record(op, h_, t0_, t1_, (int64_t)r_, err_, -1, -1, abs_, n_);               \
         errno = err_;                                                                \
         return r_;                                                                   \
     } while (0)
@@ -475,19 +181,19 @@ static int w_close(int fd) {
     int64_t t0 = clock_ns();
     int r = REAL(close)(fd);
     int err = errno;
-    record(OP_CLOSE, h, t0, clock_ns(), r, err, -1, -1, NULL, 0);
+    io_record(OP_CLOSE, h, t0, clock_ns(), r, err, -1, -1, NULL, 0);
     errno = err;
     return r;
 }
 
-/* close_range and closefrom: the entries in the range go first (none past fd_top) */
+/* close_range and closefrom: the entries in the range go first (none past io_fd_top) */
 static void untrack_range(unsigned lo, unsigned hi) {
-    int top = __atomic_load_n(&fd_top, __ATOMIC_RELAXED);
-    if (top < 0 || !fd_table || in_vfork_child())
+    int top = __atomic_load_n(&io_fd_top, __ATOMIC_RELAXED);
+    if (top < 0 || !io_fd_table || in_vfork_child())
         return;
     for (unsigned fd = lo; fd <= hi && fd <= (unsigned)top; fd++)
-        if (__atomic_load_n(&fd_table[fd].fhash, __ATOMIC_RELAXED))
-            __atomic_store_n(&fd_table[fd].fhash, 0, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&io_fd_table[fd].fhash, __ATOMIC_RELAXED))
+            __atomic_store_n(&io_fd_table[fd].fhash, 0, __ATOMIC_RELAXED);
 }
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -621,7 +327,7 @@ FXSTAT_WRAPPER(__fxstat64, stat64)
         int64_t t0 = clock_ns();                                                       \
         void *r = REAL(name)(addr, len, prot, flags, fd, off);                         \
         int err = errno;                                                               \
-        record(OP_MMAP, e_->fhash, t0, clock_ns(), r == MAP_FAILED ? -1 : 0, err,      \
+        io_record(OP_MMAP, e_->fhash, t0, clock_ns(), r == MAP_FAILED ? -1 : 0, err,      \
                (int64_t)len, (int64_t)off, NULL, 0);                                   \
         errno = err;                                                                   \
         return r;                                                                      \
@@ -761,7 +467,7 @@ static int w_fclose(FILE *fp) {
     int64_t t0 = clock_ns();
     int r = REAL(fclose)(fp);
     int err = errno;
-    record(OP_FCLOSE, h, t0, clock_ns(), r, err, -1, -1, NULL, 0);
+    io_record(OP_FCLOSE, h, t0, clock_ns(), r, err, -1, -1, NULL, 0);
     errno = err;
     return r;
 }
@@ -776,7 +482,7 @@ static int w_fclose(FILE *fp) {
         int64_t t0 = clock_ns();                                                       \
         size_t r = REAL(name)(p, size, n, fp);                                         \
         int err = errno;                                                               \
-        record(op, e_->fhash, t0, clock_ns(), (int64_t)(r * size), err,                \
+        io_record(op, e_->fhash, t0, clock_ns(), (int64_t)(r * size), err,                \
                (int64_t)(size * n), -1, NULL, 0);                                      \
         errno = err;                                                                   \
         return r;                                                                      \
@@ -794,7 +500,7 @@ static size_t w___fread_chk(void *p, size_t plen, size_t size, size_t n, FILE *f
     int64_t t0 = clock_ns();
     size_t r = REAL(__fread_chk)(p, plen, size, n, fp);
     int err = errno;
-    record(OP_FREAD, e_->fhash, t0, clock_ns(), (int64_t)(r * size), err, (int64_t)(size * n),
+    io_record(OP_FREAD, e_->fhash, t0, clock_ns(), (int64_t)(r * size), err, (int64_t)(size * n),
            -1, NULL, 0);
     errno = err;
     return r;
@@ -828,7 +534,7 @@ static char *w_fgets(char *s, int n, FILE *fp) {
     char *r = REAL(fgets)(s, n, fp);
     int err = errno;
     int64_t t1 = clock_ns();
-    record(OP_FGETS, e_->fhash, t0, t1, r ? (int64_t)strnlen(r, (size_t)(n > 0 ? n : 0)) : -1,
+    io_record(OP_FGETS, e_->fhash, t0, t1, r ? (int64_t)strnlen(r, (size_t)(n > 0 ? n : 0)) : -1,
            err, n, -1, NULL, 0);
     errno = err;
     return r;
@@ -842,7 +548,7 @@ static int w_fputs(const char *s, FILE *fp) {
     int64_t t0 = clock_ns();
     int r = REAL(fputs)(s, fp);
     int err = errno;
-    record(OP_FPUTS, e_->fhash, t0, clock_ns(), r >= 0 ? n : -1, err, n, -1, NULL, 0);
+    io_record(OP_FPUTS, e_->fhash, t0, clock_ns(), r >= 0 ? n : -1, err, n, -1, NULL, 0);
     errno = err;
     return r;
 }
