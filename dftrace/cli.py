@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from ._core.config import OPTIONS, ConfigError, _bool, auto_unless_set
+from ._core.config import _FALSE, _TRUE, OPTIONS, ConfigError, _bool, auto_unless_set
 
 __all__ = ["main"]
 
@@ -36,7 +36,7 @@ def _add_trace_options(p: argparse.ArgumentParser) -> None:
 
 #: What a switch's value may be (``--io 0``); anything else after ``--io`` is not its
 #: value but the next argument (``dftrace run --io train.py``).
-_SWITCH_VALUES = {"1", "0", "true", "false", "yes", "no", "on", "off"}
+_SWITCH_VALUES = _TRUE | _FALSE
 
 
 def _trace_kwargs(ns: argparse.Namespace) -> dict[str, Any]:

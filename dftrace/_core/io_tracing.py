@@ -136,14 +136,13 @@ class IOTracer:
             cap = -1 if not self._max_rate else max(1, int(self._max_rate * (now - self._last)))
             self._last = now
             self._mod.bind_new()
-            recs, fh_lines, ring_dropped, _calls = self._mod.drain(cap, self._fh_head)
+            recs, fh_lines, _dropped, _calls = self._mod.drain(cap, self._fh_head)
             if fh_lines:
                 self._engine.record_special(META, {"lines": fh_lines})
             if recs:
                 written, dropped = self._engine.speedups.io_emit(recs, self._kids)
                 self.written += written
                 self.dropped += dropped
-            self._ring_dropped = ring_dropped
 
     def stop(self) -> None:
         """Unbind the wrappers, drain what is left and write the counters."""
@@ -153,7 +152,6 @@ class IOTracer:
         self._mod.uninstall()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
-        self._ring_dropped = 0
         try:
             self.drain()
         except Exception as exc:
@@ -176,8 +174,7 @@ class IOTracer:
 
     def in_child(self, session: Any) -> IOTracer:
         """The tracer of a forked child (the wrappers stay bound; the ring is the
-        child's from the fork on)."""
-        self._mod.forget()
+        child's from the fork on, its counters afresh: the C at-fork handler's)."""
         return IOTracer(session, self._mod, self._engine, self._kids)
 
 

@@ -19,13 +19,12 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import tree as _tree
 from . import buffer as _buffer, engine as _engine, iterators as _iterators
 from .state import STATE, limit_refused
-from . import io_tracing as _io_tracing, nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, \
-    signals as _signals
+from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .registration import DrainerUnavailable
 from .clock_anchor import ANCHOR_ENV, anchor_value, job_anchor
 from .config import RANK_MAX, Config, ConfigError, auto_unless_set, env_enable
@@ -34,6 +33,9 @@ from .records import META, Encoder
 from .._version import __version__
 from .sink import FileSink
 from .writer import Patience, Writer
+
+if TYPE_CHECKING:
+    from .io_tracing import IOTracer
 
 __all__ = ["Session", "initialize", "finalize", "session", "detect_rank"]
 
@@ -136,7 +138,7 @@ class Session:
         self.sink = FileSink(self.base, config.compression, config.compression_level,
                              config.max_file_size, self._header, meta=self._meta)
         self.sampler: _sampler.Sampler | None = None
-        self.io: _io_tracing.IOTracer | None = None
+        self.io: IOTracer | None = None  # file I/O tracing (io=True)
         self.writer: Writer | _shm.ProcessWriter = self._start_writer()
         self.finalized = False
         #: Events lost to the storage (write failed, file deleted, shutdown gave up).
@@ -434,7 +436,9 @@ def initialize(**options: Any) -> Session | None:
             _engine.use_nvtx(nvtx)
             s.sampler = _sampler.start(config.sample_interval)
             if config.io:
-                s.io = _io_tracing.start(s)
+                from .io_tracing import start as start_io  # only where file I/O is traced
+
+                s.io = start_io(s)
         except Exception as exc:
             limit = limit_refused(exc)
             if limit is None:

@@ -169,22 +169,25 @@ OPENAT2_WRAPPER(__openat64_2)
 CREAT_WRAPPER(creat)
 CREAT_WRAPPER(creat64)
 
-/* -- close: the entry is cleared before the fd is, so that an fd number another
-   thread gets from the kernel meanwhile keeps its own entry -- */
+/* -- close (and fclose): the entry is cleared before the fd is, so that an fd number
+   another thread gets from the kernel meanwhile keeps its own entry -- */
+#define CLOSE_CALL(op, fd, call)                                                       \
+    do {                                                                             \
+        fd_entry_t *e_ = io_active ? fd_traced(fd) : NULL;                           \
+        if (!e_ || in_vfork_child())                                                 \
+            return call;                                                             \
+        uint64_t h_ = e_->fhash;                                                     \
+        __atomic_store_n(&e_->fhash, 0, __ATOMIC_RELAXED);                           \
+        int64_t t0_ = clock_ns();                                                    \
+        int r_ = call;                                                               \
+        int err_ = errno;                                                            \
+        io_record(op, h_, t0_, clock_ns(), r_, err_, -1, -1, NULL, 0);               \
+        errno = err_;                                                                \
+        return r_;                                                                   \
+    } while (0)
+
 DECLARE(int, close, int);
-static int w_close(int fd) {
-    fd_entry_t *e = io_active ? fd_traced(fd) : NULL;
-    if (!e || in_vfork_child())
-        return REAL(close)(fd);
-    uint64_t h = e->fhash;
-    __atomic_store_n(&e->fhash, 0, __ATOMIC_RELAXED);
-    int64_t t0 = clock_ns();
-    int r = REAL(close)(fd);
-    int err = errno;
-    io_record(OP_CLOSE, h, t0, clock_ns(), r, err, -1, -1, NULL, 0);
-    errno = err;
-    return r;
-}
+static int w_close(int fd) { CLOSE_CALL(OP_CLOSE, fd, REAL(close)(fd)); }
 
 /* close_range and closefrom: the entries in the range go first (none past io_fd_top) */
 static void untrack_range(unsigned lo, unsigned hi) {
@@ -457,20 +460,7 @@ static FILE *w_fdopen(int fd, const char *mode) {
 }
 
 DECLARE(int, fclose, FILE *);
-static int w_fclose(FILE *fp) {
-    int fd = stream_fd(fp);
-    fd_entry_t *e = io_active ? fd_traced(fd) : NULL;
-    if (!e || in_vfork_child())
-        return REAL(fclose)(fp);
-    uint64_t h = e->fhash;
-    __atomic_store_n(&e->fhash, 0, __ATOMIC_RELAXED);
-    int64_t t0 = clock_ns();
-    int r = REAL(fclose)(fp);
-    int err = errno;
-    io_record(OP_FCLOSE, h, t0, clock_ns(), r, err, -1, -1, NULL, 0);
-    errno = err;
-    return r;
-}
+static int w_fclose(FILE *fp) { CLOSE_CALL(OP_FCLOSE, stream_fd(fp), REAL(fclose)(fp)); }
 
 /* fread/fwrite: ret is bytes (items times size), count the bytes asked */
 #define FRW_WRAPPER(name, op, cv)                                                      \

@@ -19,14 +19,18 @@
 /* -- per-file counters -- */
 
 #define HIST 10
+/* One direction's counters (reads, or writes). */
+typedef struct {
+    int64_t ops, bytes, ns, seq, consec;
+    int64_t last_off, last_end; /* of the last call that moved bytes; -1: none yet */
+    int64_t hist[HIST];
+} flow_t;
+
 typedef struct {
     uint64_t fhash; /* 0: an empty place */
     char *path;
-    int64_t read_ops, read_bytes, write_ops, write_bytes, metadata_ops, sync_ops, other_ops;
-    int64_t read_ns, write_ns, metadata_ns, sync_ns;
-    int64_t seq_reads, consec_reads, seq_writes, consec_writes;
-    int64_t last_read_off, last_read_end, last_write_off, last_write_end;
-    int64_t read_hist[HIST], write_hist[HIST];
+    flow_t read, write;
+    int64_t metadata_ops, sync_ops, other_ops, metadata_ns, sync_ns;
     int64_t first_ns, last_ns;
 } file_t;
 
@@ -68,8 +72,8 @@ static file_t *file_of(uint64_t h) {
     if (!files[j].fhash) {
         memset(&files[j], 0, sizeof(file_t));
         files[j].fhash = h;
-        files[j].last_read_off = files[j].last_write_off = -1;
-        files[j].last_read_end = files[j].last_write_end = -1;
+        files[j].read.last_off = files[j].write.last_off = -1;
+        files[j].read.last_end = files[j].write.last_end = -1;
         files[j].first_ns = INT64_MAX;
         files_n++;
     }
@@ -105,6 +109,25 @@ static int bucket(int64_t n) {
     return b;
 }
 
+/* A read or a write: its ops, time, bytes and size bucket, and whether it starts
+   where the last one ended (consecutive) or after where it started (sequential). */
+static void count_flow(flow_t *d, const io_rec_t *r) {
+    d->ops++;
+    d->ns += r->dur;
+    if (r->ret <= 0)
+        return;
+    d->bytes += r->ret;
+    d->hist[bucket(r->ret)]++;
+    if (r->offset < 0)
+        return;
+    if (d->last_end >= 0 && r->offset == d->last_end)
+        d->consec++;
+    if (d->last_off >= 0 && r->offset > d->last_off)
+        d->seq++;
+    d->last_off = r->offset;
+    d->last_end = r->offset + r->ret;
+}
+
 static void count(file_t *f, const io_rec_t *r) {
     int64_t end = r->t0 + r->dur;
     if (r->t0 < f->first_ns)
@@ -113,36 +136,10 @@ static void count(file_t *f, const io_rec_t *r) {
         f->last_ns = end;
     switch (kind_of(r->op)) {
     case K_READ:
-        f->read_ops++;
-        f->read_ns += r->dur;
-        if (r->ret > 0) {
-            f->read_bytes += r->ret;
-            f->read_hist[bucket(r->ret)]++;
-            if (r->offset >= 0) {
-                if (f->last_read_end >= 0 && r->offset == f->last_read_end)
-                    f->consec_reads++;
-                if (f->last_read_off >= 0 && r->offset > f->last_read_off)
-                    f->seq_reads++;
-                f->last_read_off = r->offset;
-                f->last_read_end = r->offset + r->ret;
-            }
-        }
+        count_flow(&f->read, r);
         break;
     case K_WRITE:
-        f->write_ops++;
-        f->write_ns += r->dur;
-        if (r->ret > 0) {
-            f->write_bytes += r->ret;
-            f->write_hist[bucket(r->ret)]++;
-            if (r->offset >= 0) {
-                if (f->last_write_end >= 0 && r->offset == f->last_write_end)
-                    f->consec_writes++;
-                if (f->last_write_off >= 0 && r->offset > f->last_write_off)
-                    f->seq_writes++;
-                f->last_write_off = r->offset;
-                f->last_write_end = r->offset + r->ret;
-            }
-        }
+        count_flow(&f->write, r);
         break;
     case K_SYNC:
         f->sync_ops++;
@@ -511,14 +508,14 @@ static PyObject *counter_lines(PyObject *self, PyObject *args) {
             const char *key;
             long long v;
         } fields[] = {
-            {"read_ops", f->read_ops}, {"read_bytes", f->read_bytes},
-            {"write_ops", f->write_ops}, {"write_bytes", f->write_bytes},
+            {"read_ops", f->read.ops}, {"read_bytes", f->read.bytes},
+            {"write_ops", f->write.ops}, {"write_bytes", f->write.bytes},
             {"metadata_ops", f->metadata_ops}, {"sync_ops", f->sync_ops},
-            {"other_ops", f->other_ops}, {"read_time_us", f->read_ns / 1000},
-            {"write_time_us", f->write_ns / 1000}, {"metadata_time_us", f->metadata_ns / 1000},
-            {"sync_time_us", f->sync_ns / 1000}, {"seq_reads", f->seq_reads},
-            {"consec_reads", f->consec_reads}, {"seq_writes", f->seq_writes},
-            {"consec_writes", f->consec_writes},
+            {"other_ops", f->other_ops}, {"read_time_us", f->read.ns / 1000},
+            {"write_time_us", f->write.ns / 1000}, {"metadata_time_us", f->metadata_ns / 1000},
+            {"sync_time_us", f->sync_ns / 1000}, {"seq_reads", f->read.seq},
+            {"consec_reads", f->read.consec}, {"seq_writes", f->write.seq},
+            {"consec_writes", f->write.consec},
             {"first_us", f->first_ns == INT64_MAX ? 0 : (f->first_ns + off) / 1000},
             {"last_us", f->last_ns ? (f->last_ns + off) / 1000 : 0},
         };
@@ -530,7 +527,7 @@ static PyObject *counter_lines(PyObject *self, PyObject *args) {
                    text_put(&t, "\":", 2) < 0 || text_int(&t, fields[k].v) < 0;
         }
         for (int d = 0; !bad && d < 2; d++) {
-            const int64_t *h = d ? f->write_hist : f->read_hist;
+            const int64_t *h = d ? f->write.hist : f->read.hist;
             bad |= text_put(&t, d ? ",\"write_hist\":[" : ",\"read_hist\":[", d ? 15 : 14) < 0;
             for (int b = 0; !bad && b < HIST; b++)
                 bad |= (b && text_put(&t, ",", 1) < 0) || text_int(&t, h[b]) < 0;
@@ -549,11 +546,6 @@ static PyObject *stats(PyObject *self, PyObject *unused) {
                          (unsigned long long)__atomic_load_n(&io_dropped, __ATOMIC_RELAXED));
 }
 
-static PyObject *forget(PyObject *self, PyObject *unused) {
-    forget_files();
-    Py_RETURN_NONE;
-}
-
 static PyObject *op_names(PyObject *self, PyObject *unused) {
     PyObject *t = PyTuple_New(OP_COUNT);
     for (int i = 0; t && i < OP_COUNT; i++) {
@@ -565,12 +557,6 @@ static PyObject *op_names(PyObject *self, PyObject *unused) {
         PyTuple_SET_ITEM(t, i, s);
     }
     return t;
-}
-
-static PyObject *path_hash(PyObject *self, PyObject *arg) {
-    Py_ssize_t n;
-    const char *s = PyUnicode_AsUTF8AndSize(arg, &n);
-    return s ? PyLong_FromUnsignedLongLong(io_path_hash(s, (size_t)n)) : NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -587,9 +573,7 @@ static PyMethodDef methods[] = {
      "counter_lines(offset_ns, head) -> bytes: each file's io_file record, head the line "
      "up to its args' first field"},
     {"stats", stats, METH_NOARGS, "calls seen, folded into aggregates, and dropped"},
-    {"forget", forget, METH_NOARGS, "forget every file's counters (a new process)"},
     {"op_names", op_names, METH_NOARGS, "the calls' names, by op number"},
-    {"path_hash", path_hash, METH_O, "the hash of a path, as records carry it"},
     {NULL, NULL, 0, NULL}};
 
 static PyModuleDef_Slot slots[] = {
