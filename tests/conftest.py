@@ -4,7 +4,9 @@
 * test files that load a framework which crashes beside another one in a single
   interpreter run in a pytest process of their own (see ``_process_groups.py``);
 * ``DFTRACE_TEST_REQUIRE`` turns the skips of named capabilities into failures, so CI
-  cannot pass with a broken C engine or without the FUSE or browser tests.
+  cannot pass with a broken C engine or without the FUSE or browser tests;
+* marks say which tests CI runs again with the other writer, the pure-Python engine
+  or another Python (see ``_reruns.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _process_groups  # noqa: E402
 import _requirements  # noqa: E402
+import _reruns  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,8 +38,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "needs(capability): the test skips without this capability; "
         "DFTRACE_TEST_REQUIRE=capability,... makes that skip a failure")
+    _reruns.register(config)
     config.pluginmanager.register(_process_groups.ProcessGroups(config), "dftrace-process-groups")
     config.pluginmanager.register(_requirements.Requirements(), "dftrace-requirements")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    _reruns.mark(items)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

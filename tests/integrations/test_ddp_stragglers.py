@@ -1,7 +1,8 @@
 """Straggler figures on real DDP jobs (gloo on loopback, several gradient buckets),
-checked against the time the slow rank slept, measured on its own clock.
+checked against when each rank launched its last gradient bucket, on the monotonic
+clock the ranks of one host share, and the time the slow rank slept.
 
-One rank sleeps 25 ms in its collate function on every 4th step: the others wait
+One rank sleeps 80 ms in its collate function on every 4th step: the others wait
 for it in their gradient all-reduces, with two or more buckets in flight at once.
 Control jobs have no slow rank, and run while three busy processes share the
 machine."""
@@ -24,7 +25,7 @@ from dftrace.testing import read_events, trace_files  # noqa: E402
 
 from . import _ddp_straggler_worker  # noqa: E402
 
-STEPS, SLOW_S, SLOW_EVERY = 64, 0.025, 4
+STEPS, SLOW_S, SLOW_EVERY = 64, 0.08, 4
 #: The least lead a held-back step can have: NOISE_MULTIPLE noise scales of at least
 #: NOISE_FLOOR_US each.
 LEAST_LEAD_MS = NOISE_MULTIPLE * NOISE_FLOOR_US / 1e3
@@ -62,29 +63,31 @@ def _late_ms(facts: list[dict], rank: int) -> list[float]:
 
 
 @pytest.mark.parametrize("world,buckets,slow_rank", [(2, 1, 1), (2, 2, 1), (2, 5, 0), (3, 2, 2), (3, 5, 1)])
-def test_wait_caused_is_the_time_the_slow_rank_slept(tmp_path, world, buckets, slow_rank):
-    """'Wait caused' is within 0.8-1.25x of the time the slow rank slept (its own
-    clock), whatever the number of buckets; the slow rank is the one named; the
-    held-back steps are at least nine in ten of those in which it launched its last
-    gradient bucket more than half a sleep after the others, and no more than those
-    in which it launched it later by the least lead that can count (the ranks'
-    shared monotonic clock)."""
+def test_wait_caused_is_how_late_the_slow_rank_came(tmp_path, world, buckets, slow_rank):
+    """'Wait caused' is within 0.8-1.25x of how much later the slow rank launched its
+    last gradient bucket than the others in the steps it held back, on the ranks'
+    shared monotonic clock (the time it slept, less what a busy machine's turns took
+    from the others too), whatever the number of buckets; the slow rank is the one
+    named; the held-back steps are at least nine in ten of those in which it launched
+    its last gradient bucket more than half a sleep after the others, and no more than
+    those in which it launched it later by the least lead that can count."""
     out, facts, made = _job(tmp_path, world, buckets, slow_rank)
     assert made == buckets or (buckets > 2 and made >= 2)  # DDP may merge the smallest buckets
-    slept_us = facts[slow_rank]["slept_s"] * 1e6
+    assert facts[slow_rank]["slept_s"] > 0
     slowed = len(facts[slow_rank]["slow_steps"])
     assert slowed == STEPS // SLOW_EVERY
     summary = summarize(out)
     worst = summary.stragglers[0]
     assert worst["rank"] == slow_rank and worst["significant"]
-    assert 0.8 * slept_us <= worst["caused_wait_us"] <= 1.25 * slept_us, (worst, slept_us)
     # Held back for certain: the slept steps, but for any whose sleep a synchronising
     # call absorbed before the buckets (DDP's bucket rebuild in the second step).
     # At most: every step the rank came late in, slept or not (a busy machine's hiccups).
     late_ms = _late_ms(facts, slow_rank)
-    surely, at_most = sum(ms > SLOW_S * 1e3 / 2 for ms in late_ms), sum(ms > LEAST_LEAD_MS for ms in late_ms)
-    assert surely >= slowed - 1, late_ms
-    assert 0.9 * surely <= worst["held_steps"] <= at_most, (worst, late_ms)
+    surely = [ms for ms in late_ms if ms > SLOW_S * 1e3 / 2]
+    at_most = [ms for ms in late_ms if ms > LEAST_LEAD_MS]
+    assert len(surely) >= slowed - 1, late_ms
+    assert 0.9 * len(surely) <= worst["held_steps"] <= len(at_most), (worst, late_ms)
+    assert 0.8 * sum(surely) * 1e3 <= worst["caused_wait_us"] <= 1.25 * sum(at_most) * 1e3, (worst, late_ms)
     assert not any(s["significant"] for s in summary.stragglers[1:])
     # Each rank's blocked time in a step never exceeds the step.
     assert all(r["wait_us"] <= r["dur_us"] for r in summary.rank_steps)

@@ -10,9 +10,9 @@ import json
 import pytest
 
 from _io_util import NEEDS_IO, run_traced
+from _requirements import needs_marks
 from reliability._util import run, write_script
 
-pytestmark = NEEDS_IO
 
 #: Writes 50 files of known sizes in 16 KiB writes under data/, reads the even ones
 #: back in 4 KiB reads and the odd ones in 64 KiB preads (each to its 0-byte end),
@@ -82,10 +82,12 @@ def _dfanalyzer_installed() -> bool:
         return False
 
 
+pytestmark = [*NEEDS_IO, *needs_marks("dfanalyzer", None if _dfanalyzer_installed() else
+                                      "needs DFAnalyzer (pip install dftracer-analyzer)")]
+
+
 @pytest.mark.timeout(900)
 def test_dfanalyzer_posix_totals_are_the_programs(tmp_path, monkeypatch):
-    if not _dfanalyzer_installed():
-        pytest.skip("needs DFAnalyzer (pip install dftracer-analyzer)")
     monkeypatch.chdir(tmp_path)
     truth = run_traced(tmp_path, WORKLOAD)
     truth.pop("_stderr")

@@ -64,6 +64,11 @@ def kill_after(out: str, seconds: float, flush_interval: float, rate: float,
     from dftrace import testing
     from dftrace.format import iter_trace_lines
 
+    if __package__:
+        from ._util import last_line
+    else:  # run as a script
+        from _util import last_line
+
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "count"), "wb") as fh:
         fh.write(b"\0" * 8)
@@ -82,7 +87,7 @@ def kill_after(out: str, seconds: float, flush_interval: float, rate: float,
     deadline = time.monotonic() + 30
     while drainer and time.monotonic() < deadline:  # it writes what the ring holds, then the end
         found = testing.trace_files(os.path.join(out, "t"))
-        if found and _ended(found[0]):
+        if found and last_line(found[0]) == b"]":
             break
         time.sleep(0.05)
     (path,) = testing.trace_files(os.path.join(out, "t"))
@@ -111,17 +116,6 @@ def _has_drainer() -> bool:
     from dftrace._core import engine
 
     return sys.platform.startswith("linux") and engine.speedups is not None
-
-
-def _ended(path: str) -> bool:
-    """The file ends with its closing ``]`` line."""
-    from dftrace.format import iter_trace_lines
-
-    last = b""
-    for line in iter_trace_lines(path):
-        if line.text:
-            last = line.text
-    return last == b"]"
 
 
 def main(runs: int) -> None:

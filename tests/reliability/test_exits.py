@@ -234,7 +234,7 @@ def test_sigkill_loses_at_most_about_one_flush_interval(tmp_path, rate):
     from ._kill9 import kill_after
 
     interval = 0.2
-    res = kill_after(str(tmp_path), 1.0, interval, rate, writer="thread")
+    res = kill_after(str(tmp_path), 0.6, interval, rate, writer="thread")
     assert res["returncode"] == -signal.SIGKILL
     _assert_cut_only(res)
     assert res["kept"] > 0
@@ -252,7 +252,7 @@ def test_sigkill_with_the_default_writer_loses_nothing_that_ended(tmp_path, rate
     completes; its end says the process was killed."""
     from ._kill9 import kill_after
 
-    res = kill_after(str(tmp_path), 1.0, 0.2, rate)
+    res = kill_after(str(tmp_path), 0.25, 0.2, rate)
     assert res["drainer"]
     assert res["returncode"] == -signal.SIGKILL
     assert not res["problems"]

@@ -179,7 +179,7 @@ def test_kill9_loses_nothing_committed(tmp_path, run_no, writer):
         proc.kill()
         pytest.fail(f"no span ended within 60 s of 'ready'; the victim's stacks:\n"
                     f"{proc.communicate()[1]}")
-    time.sleep(random.uniform(0.2, 1.2))
+    time.sleep(random.uniform(0.05, 0.3))  # some hundred thousand spans
     proc.send_signal(signal.SIGKILL)
     emitted = ended()
     if reap_first:
