@@ -27,6 +27,7 @@ from .state import STATE, limit_refused
 from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .registration import DrainerUnavailable
 from .clock_anchor import ANCHOR_ENV, anchor_value, job_anchor
+from .own_command import is_own_command
 from .config import RANK_MAX, Config, ConfigError, auto_unless_set, env_enable
 from .ranks import detect_rank
 from .records import META, Encoder
@@ -828,11 +829,14 @@ def _register_atexit() -> None:
 
 def autostart() -> None:
     """At import: honour ``DFTRACE_ENABLE`` (1 starts a session, 0 switches off for
-    good). Never raises: an unusable environment (a bad setting, bytes that are not
-    UTF-8, a log directory that cannot be created) leaves this process untraced
-    with one warning naming the cause."""
+    good), but in the ``dftrace`` command's own commands (all but ``run``), which
+    never trace themselves. Never raises: an unusable environment (a bad setting,
+    bytes that are not UTF-8, a log directory that cannot be created) leaves this
+    process untraced with one warning naming the cause."""
     _register_atexit()
     try:
+        if is_own_command():
+            return
         enable = env_enable()
         if enable is False:
             _tree.set_off_for_good(True)

@@ -260,3 +260,44 @@ def test_analysis_api_names_the_extra_whatever_is_missing(missing):
     assert out.returncode == 0, out.stderr
     assert out.stdout.endswith("which is not installed: pip install 'dftrace[analysis]'\n")
     assert f"needs '{_first_missing(missing)}'" in out.stdout
+
+
+@pytest.mark.parametrize("how", ["python -m dftrace", "the dftrace script"])
+def test_an_inherited_dftrace_enable_starts_no_tracing_in_the_commands(demo_trace, tmp_path, how):
+    """DFTRACE_ENABLE=1 exported for a job starts no session in `dftrace validate` of
+    its traces (whichever way the command is started): the log directory it names is
+    never made, while a program importing dftrace beside it is traced."""
+    env = {**os.environ, "DFTRACE_ENABLE": "1", "DFTRACE_LOG_FILE": str(tmp_path / "auto" / "t")}
+    if how == "python -m dftrace":
+        command = [sys.executable, "-m", "dftrace"]
+    else:
+        script = os.path.join(os.path.dirname(sys.executable), "dftrace")
+        if not os.path.exists(script):
+            pytest.skip("no dftrace script beside this interpreter (not installed with pip)")
+        command = [sys.executable, script]
+    done = subprocess.run([*command, "validate", str(demo_trace)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "auto").exists(), os.listdir(tmp_path / "auto")
+    traced = subprocess.run([sys.executable, "-c", "import dftrace\nfrom dftrace import ai\n"
+                             "with ai.compute.forward: pass"], capture_output=True, text=True, env=env)
+    assert traced.returncode == 0, traced.stderr
+    assert len(testing.trace_files(tmp_path / "auto")) == 1
+
+
+@pytest.mark.parametrize("orig_argv,own", [
+    (["python", "-m", "dftrace", "summary", "traces"], True),
+    (["python", "-X", "dev", "-m", "dftrace.cli", "validate", "t"], True),
+    (["python", "/venv/bin/dftrace", "watch", "traces"], True),
+    (["python", "/venv/bin/dftrace"], True),
+    (["python", "-m", "dftrace", "run", "train.py"], False),
+    (["python", "/venv/bin/dftrace", "run", "-m", "pkg"], False),
+    (["python", "train.py", "-m", "dftrace", "summary"], False),
+    (["python", "-c", "import dftrace", "dftrace"], False),
+    (["python", "-m", "pytest", "dftrace"], False),
+    (["python"], False),
+])
+def test_the_commands_own_process_is_told_from_a_program(monkeypatch, orig_argv, own):
+    from dftrace._core.own_command import is_own_command
+
+    monkeypatch.setattr(sys, "orig_argv", orig_argv, raising=False)
+    assert is_own_command() is own
