@@ -43,7 +43,7 @@ import orjson
 from .. import format as fmt
 from ._step_shifts import (_COVERED, SPEED_MIN_COUNT, SPEED_MIN_SHARE, StepTimes, _covered,
                            _Shift, _step_shifts, step_times)
-from ._summary import Summary
+from ._summary import Summary, nearest_rank
 
 
 #: Changes smaller than this (relative) are noise unless the threshold is set.
@@ -356,14 +356,10 @@ def _step_blocks(summary: Summary) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"step.p50": [], "step.p95": [], "step.mean": []}
     for values in durations:
         values.sort()
-        out["step.p50"].append(_nearest_rank(values, 0.5))
-        out["step.p95"].append(_nearest_rank(values, 0.95))
+        out["step.p50"].append(nearest_rank(values, 0.5))
+        out["step.p95"].append(nearest_rank(values, 0.95))
         out["step.mean"].append(sum(values) / len(values))
     return out
-
-
-def _nearest_rank(ordered: Sequence[float], q: float) -> float:
-    return ordered[max(0, math.ceil(q * len(ordered) - 1e-9) - 1)]
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -41,6 +41,8 @@ from ._steps import STEP_TIME_SCHEMA, model_steps, step_spread, time_in_steps, u
 from ._stragglers import analyse, match_collectives
 from ._parquet import resolved_records
 from ._trace import PathsLike, TraceTable, as_path_list, load_traces, require_content
+
+T = TypeVar("T")
 
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
 #: beyond this, evenly spaced steps are kept (all ranks of each kept step).
@@ -432,6 +434,15 @@ def _unit_extents(frame: pl.DataFrame, procs: pl.DataFrame, by: list[str]) -> pl
         .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum())
         .with_columns((pl.col("end") - pl.col("start")).alias("dur"))
     )
+
+
+def nearest_rank(ordered: Sequence[T], q: float) -> T | None:
+    """The q-quantile of sorted values by the nearest-rank method, as the summary's
+    percentiles are: the smallest value with at least q of them at or below it; None
+    for no values. :func:`_nearest_rank` is the same within a group of a frame."""
+    if not ordered:
+        return None
+    return ordered[max(1, math.ceil(len(ordered) * q - 1e-9)) - 1]
 
 
 def _nearest_rank(q: float) -> pl.Expr:

@@ -46,7 +46,7 @@ from .. import format as fmt
 from ._aggregate import Partial, aggregate_partitions, combine, fold_partials, keyed_only
 from ._io import format_bytes, io_rates
 from ._sources import Partition, expand_paths
-from ._summary import Summary, UnitSteps, build_summary, steps_of
+from ._summary import Summary, UnitSteps, build_summary, nearest_rank, steps_of
 from ._terminal import printable, printable_data
 
 #: Bytes read from a file per system call while catching up.
@@ -486,20 +486,12 @@ def _rank_rows(summary: Summary, window: int, drop_last: bool, settled: dict[str
             "step": current["step"],
             "steps": settled.get(rank, 0) + len(rows),
             "steps_per_s": round(len(recent) / (span_us / 1e6), 3) if span_us > 0 else None,
-            "step_p50_us": _nearest_rank(durations, 0.5),
-            "step_p95_us": _nearest_rank(durations, 0.95),
+            "step_p50_us": nearest_rank(durations, 0.5),
+            "step_p95_us": nearest_rank(durations, 0.95),
             "comm_wait_us_per_step": round(sum(r["wait_us"] for r in recent) / len(recent), 1) if recent else None,
             "stall": stall_of.get(rank),
         })
     return out
-
-
-def _nearest_rank(ordered: list[int], q: float) -> int | None:
-    """The q-quantile by the nearest-rank method (as the summary computes them)."""
-    if not ordered:
-        return None
-    index = max(1, -int(-(len(ordered) * q - 1e-9) // 1)) - 1
-    return ordered[index]
 
 
 def _stalls(summary: Summary) -> dict[str, float | None]:
