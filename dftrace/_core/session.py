@@ -828,19 +828,17 @@ def _register_atexit() -> None:
 
 
 def autostart() -> None:
-    """At import: honour ``DFTRACE_ENABLE`` (1 starts a session, 0 switches off for
-    good), but in the ``dftrace`` command's own commands (all but ``run``), which
-    never trace themselves. Never raises: an unusable environment (a bad setting,
+    """At import: honour ``DFTRACE_ENABLE`` (1 starts a session, but in the ``dftrace``
+    command's own commands, all but ``run``, which never trace themselves; 0
+    switches off for good). Never raises: an unusable environment (a bad setting,
     bytes that are not UTF-8, a log directory that cannot be created) leaves this
     process untraced with one warning naming the cause."""
     _register_atexit()
     try:
-        if is_own_command():
-            return
         enable = env_enable()
         if enable is False:
             _tree.set_off_for_good(True)
-        elif enable:
+        elif enable and not is_own_command():
             # Tracing switched on from outside: what a program does without
             # annotations is traced too, unless DFTRACE_AUTO says otherwise.
             initialize(**auto_unless_set({}))
