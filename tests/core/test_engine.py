@@ -123,9 +123,6 @@ def test_keyboard_interrupt_while_waiting_for_room_reaches_the_program(tmp_path)
             return False
 
     STATE.consumer = StuckWriter()
-    # Python's own Ctrl-C handler, also where the suite was started with SIGINT
-    # ignored (a background job of a script): the signal would be dropped there.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     main = threading.main_thread().ident
     timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
     timer.start()
@@ -135,14 +132,11 @@ def test_keyboard_interrupt_while_waiting_for_room_reaches_the_program(tmp_path)
         return 1
 
     calls = 0
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            for _ in range(100 * LIMIT):
-                step()
-                calls += 1
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(100 * LIMIT):
+            step()
+            calls += 1
+    timer.cancel()
     assert LIMIT <= calls < 100 * LIMIT
 
 
