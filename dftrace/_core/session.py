@@ -27,7 +27,6 @@ from .state import STATE, limit_refused
 from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .registration import DrainerUnavailable
 from .clock_anchor import ANCHOR_ENV, anchor_value, job_anchor
-from .own_command import is_own_command
 from .config import RANK_MAX, Config, ConfigError, auto_unless_set, env_enable
 from .ranks import detect_rank
 from .records import META, Encoder
@@ -838,10 +837,13 @@ def autostart() -> None:
         enable = env_enable()
         if enable is False:
             _tree.set_off_for_good(True)
-        elif enable and not is_own_command():
+        elif enable:
+            from .own_command import is_own_command  # read only where DFTRACE_ENABLE=1
+
             # Tracing switched on from outside: what a program does without
             # annotations is traced too, unless DFTRACE_AUTO says otherwise.
-            initialize(**auto_unless_set({}))
+            if not is_own_command():
+                initialize(**auto_unless_set({}))
     except BaseException as exc:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
