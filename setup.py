@@ -60,6 +60,6 @@ setup(cmdclass=commands, ext_modules=[
       if sys.platform.startswith("linux") else []),
     # The reader of trace lines for analysis and its interval sweeps; without it loading
     # parses with polars alone and the sweeps run in numpy.
-    Extension("dftrace.analysis._scan", ["dftrace/analysis/_scan.c", "dftrace/analysis/_sweeps.c"],
+    Extension("dftrace.analysis.runtime._kernels", ["dftrace/analysis/runtime/scan.c", "dftrace/analysis/runtime/sweeps.c"],
               optional=not required),
 ])

@@ -31,7 +31,7 @@ def _job(out: Path, extra: int, steps: int = STEPS) -> Path:
 
 
 def _judge(base: Path, new: Path) -> tuple[int, dict]:
-    from dftrace.analysis._cli import main
+    from dftrace.analysis.commands import main
 
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):

@@ -378,7 +378,7 @@ def test_watch_refresh(benchmark, tmp_path, events):
     appended to each file before each refresh: what a refresh costs should not grow
     with what was read before it. ``extra_info`` has the first look's time (catching up
     with the files) and the events the last refresh summarized (``held``)."""
-    from dftrace.analysis._watch import Watcher
+    from dftrace.analysis.render.watch import Watcher
 
     ranks = 8
     cctx = zstandard.ZstdCompressor(level=3)

@@ -2,7 +2,7 @@
 
 Core subcommands live here (``demo``, ``run``); the analysis package adds its own
 (``summary``, ``report``, ``convert``, ``merge``, ``validate``) through
-``dftrace.analysis._cli.register`` without importing any heavy library until one
+``dftrace.analysis.commands.register`` without importing any heavy library until one
 of them runs.
 """
 
@@ -132,7 +132,7 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
     target = _shown(out) if out is not None else " ".join(_shown(p) for p in s.paths)
     more = f"dftrace summary {target}"
     try:
-        from .analysis._deps import ANALYSIS, check_installed
+        from .analysis.runtime.deps import ANALYSIS, check_installed
 
         check_installed(*ANALYSIS)
     except ImportError:
@@ -232,7 +232,7 @@ def _cmd_run(ns: argparse.Namespace) -> int:
 def _say_where_the_trace_went(session: Any) -> None:
     """After ``run``: the files written and the command to read them (on stderr: the
     program's own output stays its own), or that nothing was recorded."""
-    from ._trace_reading import iter_line_pieces
+    from .format.reading import iter_line_pieces
 
     paths = [p for p in session.paths if os.path.exists(p)]
     recorded = False
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_run)
 
     try:
-        from .analysis import _cli as analysis_cli
+        from .analysis import commands as analysis_cli
     except ImportError:
         analysis_cli = None
     if analysis_cli is not None:

@@ -60,7 +60,7 @@ def trace_files(where: str | os.PathLike[str]) -> list[str]:
 def read_events(where: str | os.PathLike[str], *, strict: bool = True) -> list[dict[str, Any]]:
     """Every event of the trace files at ``where``, in file order. With ``strict``
     a line that is not valid JSON raises ``ValueError`` naming file and line."""
-    from ._trace_reading import iter_trace_lines
+    from .format.reading import iter_trace_lines
 
     out: list[dict[str, Any]] = []
     for path in trace_files(where):
@@ -127,7 +127,7 @@ def trace_to(directory: str | os.PathLike[str], *, validate: bool = True,
             for p in s.paths:
                 result.events.extend(read_events(p))
     if validate and s is not None:  # not when the block raised: that error comes first
-        from ._trace_rules import validate_file
+        from .format.rules import validate_file
 
         problems = [f"{p}:{v.line}: {v.rule}: {v.message}" for p in s.paths for v in validate_file(p)]
         assert not problems, "trace breaks the format rules:\n" + "\n".join(problems[:20])

@@ -109,12 +109,12 @@ def native_engine_missing() -> str | None:
 def native_scanner_missing() -> str | None:
     """Why the C trace scanner of the analysis (and its interval sweeps, in the same
     module) is not in use here, or None when it is."""
-    from dftrace._native import speedups_allowed
+    from dftrace._c_parts import speedups_allowed
 
     if not speedups_allowed():
         return "the C trace scanner is switched off (DFTRACE_NO_SPEEDUPS)"
     try:
-        from dftrace.analysis import _scan  # noqa: F401
+        from dftrace.analysis.runtime import _kernels as _scan  # noqa: F401
     except ImportError as exc:
         return f"the C trace scanner was not built or does not load ({exc})"
     return None

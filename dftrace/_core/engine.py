@@ -46,7 +46,7 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any, NamedTuple
 
-from .._native import speedups_allowed
+from .._c_parts import speedups_allowed
 from . import state as _state
 from .buffer import BUFFER, SPECIALS, discard_buffered, room as _room, wait_for_room, wake_consumer
 from .nvtx_ranges import close_range as nvtx_close, open_range as nvtx_open

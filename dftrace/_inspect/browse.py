@@ -384,7 +384,7 @@ class Trace(_Browsable):
         """The trace in a file, a directory of files (recursively) or a glob:
         dftrace's files and DFTracer's (nesting is rebuilt from timing when the
         file has no ``p_idx``). Broken lines are skipped."""
-        from .._trace_reading import iter_trace_lines
+        from ..format.reading import iter_trace_lines
 
         files = _trace_files(path)
         if not files:
@@ -501,7 +501,7 @@ def _build_calls(events: list[dict[str, Any]]) -> list[Call]:
     """Calls from the complete events, in start order, linked to their parents: by
     ``p_idx`` (span ids are unique per process), else by time containment on each
     (pid, tid) track (DFTracer files have no ``p_idx``)."""
-    from .._trace_names import normalize_phase
+    from ..format.names import normalize_phase
 
     calls = [Call(e) for e in events
              if isinstance(e, dict) and normalize_phase(e.get("ph")) == "X"]
@@ -540,7 +540,7 @@ def _build_calls(events: list[dict[str, Any]]) -> list[Call]:
 
 
 def _trace_files(where: str | os.PathLike[str]) -> list[str]:
-    from .._trace_names import is_trace_file
+    from ..format.names import is_trace_file
 
     p = os.fspath(where)
     if os.path.isfile(p):

@@ -1,9 +1,23 @@
 """Analysis of dftrace (and DFTracer) traces: load, summarise, compare, report, convert, merge, query.
 
-The pipeline is load -> one table (:class:`TraceTable`) or partial aggregates ->
-:class:`Summary` -> a renderer (terminal, JSON, HTML, Chrome JSON, pfw, Parquet).
-It runs embedded (polars on threads, the default) or on a Dask cluster
-(:class:`DaskExecutor`); the code is the same, only where it runs differs::
+The package is a pipeline in stages, each a folder whose modules import only from
+the stages below it:
+
+- ``read/``: finding trace files, cutting them into partitions and decoding them
+  (dftrace and DFTracer lines, PyTorch profiler documents, Parquet), with what the
+  metadata says of each process;
+- ``reduce/``: the per-partition tables (:class:`reduce.aggregate.Partial`) and how
+  they combine, the step model and the interval sweeps;
+- ``answers/``: one module per question (steps, stragglers, data loader, GPU, file
+  I/O, diff, SQL), gathered by :func:`summarize` into a :class:`Summary`;
+- ``render/``: the terminal text, the HTML report, the diff and the live watch;
+- ``export/``: traces written back out (Chrome JSON, pfw, Parquet; merge, convert);
+- ``runtime/``: where the work runs (executors), the optional dependencies, the heap
+  policy and the C kernels.
+
+``commands`` holds the command-line subcommands. It runs embedded (polars on
+threads, the default) or on a Dask cluster (:class:`DaskExecutor`); the code is the
+same, only where it runs differs::
 
     from dftrace.analysis import load_traces, summarize, render_text
     print(render_text(summarize("traces/")))
@@ -18,28 +32,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._deps import ANALYSIS, check_installed
+from .runtime.deps import ANALYSIS, check_installed
 
 # public name -> module that defines it
 _EXPORTS = {
-    "DaskExecutor": "._executor",
-    "EVENT_COLUMNS": "._schema",
-    "EmbeddedExecutor": "._executor",
-    "FileReport": "._trace",
-    "MergeFilter": "._export",
-    "RunDiff": "._diff",
-    "Summary": "._summary",
-    "TraceTable": "._trace",
-    "compare_runs": "._diff",
-    "compare_summaries": "._diff",
-    "load_traces": "._trace",
-    "merge": "._export",
-    "render_html": "._render_html",
-    "render_text": "._render_text",
-    "run_sql": "._sql",
-    "summarize": "._summary",
-    "write_html": "._render_html",
-    "write_trace": "._export",
+    "DaskExecutor": ".runtime.executor",
+    "EVENT_COLUMNS": ".read.schema",
+    "EmbeddedExecutor": ".runtime.executor",
+    "FileReport": ".read.trace",
+    "MergeFilter": ".export.tables",
+    "RunDiff": ".answers.diff",
+    "Summary": ".answers.summary",
+    "TraceTable": ".read.trace",
+    "compare_runs": ".answers.diff",
+    "compare_summaries": ".answers.diff",
+    "load_traces": ".read.trace",
+    "merge": ".export.tables",
+    "render_html": ".render.html",
+    "render_text": ".render.text",
+    "run_sql": ".answers.sql",
+    "summarize": ".answers.summary",
+    "write_html": ".render.html",
+    "write_trace": ".export.tables",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -60,12 +74,12 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the names as type checkers and IDEs should see them
-    from ._diff import RunDiff, compare_runs, compare_summaries  # noqa: F401
-    from ._executor import DaskExecutor, EmbeddedExecutor  # noqa: F401
-    from ._export import MergeFilter, merge, write_trace  # noqa: F401
-    from ._render_html import render_html, write_html  # noqa: F401
-    from ._render_text import render_text  # noqa: F401
-    from ._sql import run_sql  # noqa: F401
-    from ._schema import EVENT_COLUMNS  # noqa: F401
-    from ._summary import Summary, summarize  # noqa: F401
-    from ._trace import FileReport, TraceTable, load_traces  # noqa: F401
+    from .answers.diff import RunDiff, compare_runs, compare_summaries  # noqa: F401
+    from .runtime.executor import DaskExecutor, EmbeddedExecutor  # noqa: F401
+    from .export.tables import MergeFilter, merge, write_trace  # noqa: F401
+    from .render.html import render_html, write_html  # noqa: F401
+    from .render.text import render_text  # noqa: F401
+    from .answers.sql import run_sql  # noqa: F401
+    from .read.schema import EVENT_COLUMNS  # noqa: F401
+    from .answers.summary import Summary, summarize  # noqa: F401
+    from .read.trace import FileReport, TraceTable, load_traces  # noqa: F401

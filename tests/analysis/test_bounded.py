@@ -20,9 +20,11 @@ pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dft
 import numpy as np  # noqa: E402 (the analysis extra brings it)
 import polars as pl  # noqa: E402
 
-from dftrace import _trace_reading  # noqa: E402
-from dftrace.analysis import _aggregate, _decode, load_traces, summarize  # noqa: E402
-from dftrace.analysis._sources import expand_paths, plan_partitions  # noqa: E402
+from dftrace.format import reading as _trace_reading  # noqa: E402
+from dftrace.analysis import load_traces, summarize  # noqa: E402
+from dftrace.analysis.read import decode as _decode  # noqa: E402
+from dftrace.analysis.reduce import aggregate as _aggregate  # noqa: E402
+from dftrace.analysis.read.sources import expand_paths, plan_partitions  # noqa: E402
 
 
 def _nearest_rank(values: np.ndarray, q: float) -> int:
@@ -228,7 +230,7 @@ def test_polars_allocator_setting_is_for_polars_alone():
     process inherited it, for the programs it starts."""
     check = (
         "import os, sys\n"
-        "from dftrace.analysis._cli import _load_polars\n"
+        "from dftrace.analysis.commands import _load_polars\n"
         "_load_polars()\n"
         "print('polars' in sys.modules, os.environ.get('_RJEM_MALLOC_CONF'))\n"
     )
@@ -257,7 +259,7 @@ def test_polars_allocator_takes_the_command_setting(inherited):
     elif inherited == "the user's":
         env["_RJEM_MALLOC_CONF"] = "dirty_decay_ms:2000,stats_print:true"
     check = (
-        "from dftrace.analysis import _cli\n"
+        "from dftrace.analysis import commands as _cli\n"
         "_cli._POLARS_ALLOCATOR += ',stats_print:true'  # jemalloc reports its options at exit\n"
         "_cli._load_polars()\n"
         "import polars as pl\n"
@@ -281,7 +283,7 @@ def test_polars_allocator_takes_the_command_setting(inherited):
 
 _ARENAS_CHECK = """
 import ctypes, sys, threading
-from dftrace.analysis import _heap
+from dftrace.analysis.runtime import heap as _heap
 if sys.argv[1] == "one":
     _heap.command_heap()
 held = []
@@ -310,8 +312,8 @@ def test_the_command_keeps_the_c_heap_in_one_arena(setting, arenas):
 
 _PIECES_CHECK = """
 import resource, sys
-from dftrace._trace_reading import LINE_PIECE_BYTES
-from dftrace.analysis import _heap
+from dftrace.format.reading import LINE_PIECE_BYTES
+from dftrace.analysis.runtime import heap as _heap
 if sys.argv[1] == "heap":
     _heap.command_heap()
 faults = []
@@ -341,7 +343,7 @@ def test_each_piece_takes_the_place_of_the_one_before(setting):
 
 _ANSWERS_HEAP_CHECK = """
 import sys
-from dftrace.analysis import _heap
+from dftrace.analysis.runtime import heap as _heap
 def anon():
     return int(open("/proc/self/status").read().split("RssAnon:")[1].split()[0]) << 10
 def returned():
@@ -376,7 +378,7 @@ def test_the_answers_hand_back_their_large_blocks_when_freed(stage):
 
 
 def test_summary_reads_half_the_cpus_files_at_a_time(monkeypatch):
-    from dftrace.analysis import _cli
+    from dftrace.analysis import commands as _cli
 
     for cpus, threads in ((None, 1), (1, 1), (2, 1), (4, 2), (16, 8), (64, 8)):
         monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)

@@ -17,7 +17,7 @@ pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install
 
 from dftrace import format as fmt  # noqa: E402
 from dftrace.analysis import load_traces, write_trace  # noqa: E402
-from dftrace.analysis._cli import main  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
 
 
 def test_summary_prints_every_section(run_dir, capsys):
@@ -268,7 +268,7 @@ def test_validate_needs_no_analysis_stack(tmp_path):
     """validate runs without importing polars."""
     path = tracegen.write_process(tmp_path, tracegen.training_process(1, epochs=1, steps=1))
     code = (
-        "import sys; from dftrace.analysis._cli import main;"
+        "import sys; from dftrace.analysis.commands import main;"
         f"rc = main(['validate', {str(path)!r}]); print(rc, 'polars' in sys.modules)"
     )
     # Without the setting polars leaves in the environment of the processes started
@@ -306,7 +306,7 @@ def test_a_reader_that_stops_early_ends_the_command_quietly():
 _CTRL_C_CHECK = """
 import os, signal, sys, threading, time
 if sys.argv[1] == "command":
-    from dftrace.analysis._cli import _load_polars
+    from dftrace.analysis.commands import _load_polars
     _load_polars()
 import numpy as np
 import polars as pl

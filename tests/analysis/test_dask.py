@@ -12,7 +12,7 @@ pytest.importorskip("distributed", reason="needs the dask extra: pip install 'df
 from polars.testing import assert_frame_equal  # noqa: E402
 
 from dftrace.analysis import load_traces, summarize  # noqa: E402
-from dftrace.analysis._cli import main  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
 
 
 def test_summary_on_dask_equals_embedded(run_dir, dask_executor):

@@ -15,8 +15,8 @@ import tracegen
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
-from dftrace.analysis._cli import main  # noqa: E402
-from dftrace.analysis._diff import compare_runs  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
+from dftrace.analysis.answers.diff import compare_runs  # noqa: E402
 
 #: µs added to every backward pass of the NEW run.
 SLOWER_BACKWARD_US = 300

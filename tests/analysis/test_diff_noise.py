@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
-from dftrace.analysis._cli import main  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
 
 JOB = Path(__file__).with_name("_timed_job.py")
 STEPS = 48
@@ -126,7 +126,7 @@ def test_names_moving_by_chance_are_bounded_for_all_names_together():
     twenty each (that named a move in 30 % of such pairs)."""
     import numpy as np
 
-    from dftrace.analysis._step_shifts import StepTimes, _step_shifts
+    from dftrace.analysis.answers.step_shifts import StepTimes, _step_shifts
 
     rng = np.random.default_rng(7)
     names = [("compute", f"n{i}") for i in range(8)]

@@ -252,7 +252,7 @@ def test_normalize_phase_maps_dftracer_codes():
 def test_format_module_imports_no_analysis_stack():
     """dftrace.format (and dftrace) load without polars, dask or pandas."""
     code = (
-        "import sys, dftrace, dftrace.format, dftrace.analysis, dftrace.analysis._cli;"
+        "import sys, dftrace, dftrace.format, dftrace.analysis, dftrace.analysis.commands;"
         "print(sorted(m for m in ('polars', 'dask', 'pandas', 'distributed', 'plotly') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -264,7 +264,7 @@ def test_nesting_checked_through_sorted_runs_on_disk(tmp_path, monkeypatch):
     they find in memory (children written before their parents, as dftrace writes
     them; parents found on the stack or, on another thread, by id), and the runs are
     removed afterwards."""
-    from dftrace import _nesting
+    from dftrace.format import nesting as _nesting
 
     lines = [b"[", _meta()]
     for step in range(20):  # valid: each parent written after its two children
@@ -312,7 +312,7 @@ def test_zstd_frames_decode_the_same_whole_in_c_and_streamed(tmp_path, monkeypat
     """The C engine decodes whole zstd frames at once without the GIL; what it cannot
     take whole (no decoded size, skippable, bigger than a piece, cut, damaged) the
     streaming decoder takes. Both ways give the same lines and the same report."""
-    from dftrace import _trace_reading
+    from dftrace.format import reading as _trace_reading
 
     data, whole_bytes, last = _frames_of_every_kind()
     data = {"none": data, "cut": data[:-40], "garbage": data[:-20] + b"\x00" * 20}[damage]

@@ -21,7 +21,7 @@ import zstandard
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace.analysis import load_traces, summarize  # noqa: E402
-from dftrace.analysis._cli import main  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
 from dftrace.format import MAX_LINE_BYTES, validate_file  # noqa: E402
 
 STEPS = 8

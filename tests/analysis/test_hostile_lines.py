@@ -19,10 +19,11 @@ import zstandard
 pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace import format as fmt  # noqa: E402
-from dftrace.analysis import _decode, summarize  # noqa: E402
-from dftrace.analysis._cli import main  # noqa: E402
-from dftrace.analysis._sources import Partition  # noqa: E402
-from dftrace.analysis._watch import Watcher  # noqa: E402
+from dftrace.analysis import summarize  # noqa: E402
+from dftrace.analysis.read import decode as _decode  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
+from dftrace.analysis.read.sources import Partition  # noqa: E402
+from dftrace.analysis.render.watch import Watcher  # noqa: E402
 
 
 @pytest.fixture(params=["scanner", "polars"])
@@ -227,7 +228,7 @@ def test_names_past_the_cap_are_one_counted_row(tmp_path, monkeypatch, reader):
     """More distinct names than ``MAX_NAMES`` in one process and category: the names
     of the most time keep their rows, the rest are one ``(other names)`` row, and
     counts and time add up to every span."""
-    from dftrace.analysis import _aggregate
+    from dftrace.analysis.reduce import aggregate as _aggregate
 
     monkeypatch.setattr(_aggregate, "MAX_NAMES", 50)
     lines = [orjson.dumps(_span(f"name{i:03d}", cat="files", ts=tracegen.T0_US + 10**7 + i * 1000, dur=10 + i))

@@ -14,8 +14,9 @@ import tracegen
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
-from dftrace.analysis import _summary, summarize  # noqa: E402
-from dftrace.analysis._aggregate import aggregate_partitions  # noqa: E402
+from dftrace.analysis import summarize  # noqa: E402
+from dftrace.analysis.answers import summary as _summary  # noqa: E402
+from dftrace.analysis.reduce.aggregate import aggregate_partitions  # noqa: E402
 
 
 @pytest.fixture

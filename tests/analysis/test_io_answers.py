@@ -15,9 +15,9 @@ import tracegen
 pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace.analysis import load_traces, summarize  # noqa: E402
-from dftrace.analysis._cli import main  # noqa: E402
-from dftrace.analysis._diff import compare_summaries  # noqa: E402
-from dftrace.analysis._sql import run_sql  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
+from dftrace.analysis.answers.diff import compare_summaries  # noqa: E402
+from dftrace.analysis.answers.sql import run_sql  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 FILE_A = "/data/train (1).bin"
@@ -388,9 +388,9 @@ def test_diff_compares_io(traced, tmp_path, summary, capsys):
 
 def test_report_and_watch_show_io(traced, summary, tmp_path):
     pytest.importorskip("plotly")
-    from dftrace.analysis._io import format_bytes
-    from dftrace.analysis._render_html import render_html
-    from dftrace.analysis._watch import Watcher, render_plain
+    from dftrace.analysis.answers.units import format_bytes
+    from dftrace.analysis.render.html import render_html
+    from dftrace.analysis.render.watch import Watcher, render_plain
 
     page = render_html(summary)
     assert "File I/O over time" in page and "Files by I/O time" in page
@@ -420,9 +420,9 @@ def test_hostile_numbers_are_damage_not_counts(tmp_path):
 
 def test_totals_outlive_the_calls_a_live_view_lets_go(traced, summary):
     """A watcher keeps each let-go partial's keyed tables: the I/O totals stay whole."""
-    from dftrace.analysis._aggregate import aggregate_partitions, combine, keyed_only
-    from dftrace.analysis._sources import expand_paths, plan_partitions
-    from dftrace.analysis._summary import build_summary
+    from dftrace.analysis.reduce.aggregate import aggregate_partitions, combine, keyed_only
+    from dftrace.analysis.read.sources import expand_paths, plan_partitions
+    from dftrace.analysis.answers.summary import build_summary
 
     plan = plan_partitions(expand_paths([str(traced[0])]), 1 << 20)
     io = build_summary(combine([keyed_only(p) for p in aggregate_partitions(plan)])).io

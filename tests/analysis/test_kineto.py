@@ -219,7 +219,7 @@ def test_no_communication_means_no_overlap(tmp_path: Path) -> None:
 def test_kernel_types() -> None:
     import polars as pl
 
-    from dftrace.analysis._gpu import kernel_type
+    from dftrace.analysis.answers.gpu import kernel_type
 
     names = {
         "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)": "communication",
@@ -340,7 +340,7 @@ def test_real_torch_profiler_cpu_trace(tmp_path: Path) -> None:
 
 
 def test_gzip_document_is_one_partition(tmp_path: Path) -> None:
-    from dftrace.analysis._sources import plan_partitions
+    from dftrace.analysis.read.sources import plan_partitions
 
     path = kinetogen.write_document(kinetogen.rank_document(0, steps=30), tmp_path / "big.json.gz")
     assert len(plan_partitions([str(path)], partition_bytes=1024)) == 1
@@ -395,7 +395,7 @@ def test_report_and_diff_show_the_gpu(tmp_path: Path) -> None:
     assert rows["gpu.step_sync_wait"].base == pytest.approx(sum(waits) / len(waits))
     assert rows["gpu.step_busy"].new == pytest.approx(
         sum(s["gpu_busy_pct"] for s in new.gpu_steps) / len(new.gpu_steps) / 100, abs=1e-4)
-    from dftrace.analysis._render_diff import render_diff
+    from dftrace.analysis.render.diff import render_diff
 
     printed = render_diff(compare_runs(tmp_path / "a", tmp_path / "b"))
     (overlap,) = [line for line in printed.splitlines() if line.strip().startswith("gpu.comm_compute_overlap")]
@@ -550,7 +550,7 @@ def test_real_profiler_and_dftrace_share_one_clock(tmp_path: Path) -> None:
     spans = {s: r for r in events.filter(events["name"] == "forward").iter_rows(named=True) for s in [r["step"]]}
     annotations = events.filter(events["name"].str.starts_with("fwd"))
     assert annotations.height == 4
-    from dftrace.analysis._gpu import clock_bound_us
+    from dftrace.analysis.answers.gpu import clock_bound_us
 
     for row in annotations.iter_rows(named=True):
         outer = spans[int(row["name"][3:])]
@@ -593,7 +593,7 @@ def test_hostile_documents_are_reported_not_raised(tmp_path: Path) -> None:
 def test_stream_lanes(tmp_path: Path) -> None:
     import polars as pl
 
-    from dftrace.analysis._gpu import stream_lanes
+    from dftrace.analysis.answers.gpu import stream_lanes
 
     kinetogen.write_job(tmp_path, ranks=1, seed=15)
     gpu = summarize(tmp_path).gpu[0]

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
-from dftrace.analysis._decode import read_ahead  # noqa: E402
+from dftrace.analysis.read.decode import read_ahead  # noqa: E402
 
 WAIT_S = 30  # a bound for a broken implementation, never reached by a working one
 
@@ -92,8 +92,8 @@ def test_partitions_overlap_the_next_ones_first_piece_decoded_and_pieces_reduced
     piece is in hand, the next partition's first piece is decoded, and the partition
     is finished (folded, its steps modelled) on a thread of its own while the next
     one's pieces are reduced; each partition gets its own pieces, in order."""
-    from dftrace.analysis import _aggregate
-    from dftrace.analysis._sources import Partition
+    from dftrace.analysis.reduce import aggregate as _aggregate
+    from dftrace.analysis.read.sources import Partition
 
     partitions = [Partition(f"file{k}") for k in range(3)]
     started = {p.path: threading.Event() for p in partitions}
@@ -136,7 +136,7 @@ def test_partitions_overlap_the_next_ones_first_piece_decoded_and_pieces_reduced
 def test_map_stream_takes_items_one_after_another_and_keeps_their_order(threads):
     """Each thread runs the function over the items it takes, as it asks for them;
     the results come back in the order of the items."""
-    from dftrace.analysis._executor import EmbeddedExecutor
+    from dftrace.analysis.runtime.executor import EmbeddedExecutor
 
     asked_ahead = []
 
@@ -154,7 +154,7 @@ def test_map_stream_takes_items_one_after_another_and_keeps_their_order(threads)
 @pytest.mark.parametrize("threads", [1, 3])
 def test_map_stream_raises_the_error_of_an_item(threads):
     """An error on one item reaches the caller of map_stream, whichever thread met it."""
-    from dftrace.analysis._executor import EmbeddedExecutor
+    from dftrace.analysis.runtime.executor import EmbeddedExecutor
 
     def checked(items):
         for item in items:
@@ -172,7 +172,7 @@ EVENTS = 30_000
 
 def _threads_of_pieces(monkeypatch, read) -> list[tuple[int, int]]:
     """(inflating thread, decoding thread) of each piece ``read()`` goes through."""
-    from dftrace.analysis import _decode
+    from dftrace.analysis.read import decode as _decode
 
     inflated: list[int] = []
     decoded: list[int] = []
@@ -202,9 +202,9 @@ def test_the_summary_inflates_each_piece_on_the_thread_that_decodes_it(tmp_path,
     read the same events."""
     import polars as pl
 
-    from dftrace.analysis import _aggregate
-    from dftrace.analysis._decode import iter_partition_pieces
-    from dftrace.analysis._sources import Partition
+    from dftrace.analysis.reduce import aggregate as _aggregate
+    from dftrace.analysis.read.decode import iter_partition_pieces
+    from dftrace.analysis.read.sources import Partition
 
     path = tmp_path / "rank0.pfw"  # read a MiB at a time: a piece at least each
     lines = [f'{{"id":{i},"name":"forward","cat":"compute","pid":7,"tid":7,"ts":{10 * i},"dur":5,'

@@ -17,7 +17,7 @@ from _requirements import needs
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace.analysis import load_traces, render_html, summarize  # noqa: E402
-from dftrace.analysis._cli import main  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = needs(

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("polars")
 
 from dftrace.analysis import render_text, summarize  # noqa: E402
-from dftrace.analysis._cli import main  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(__file__), "_resumed_job.py")
 

@@ -12,8 +12,9 @@ pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install
 
 from polars.testing import assert_frame_equal  # noqa: E402
 
-from dftrace.analysis import _decode, load_traces  # noqa: E402
-from dftrace.analysis._schema import SUMMARY_COLUMNS  # noqa: E402
+from dftrace.analysis import load_traces  # noqa: E402
+from dftrace.analysis.read import decode as _decode  # noqa: E402
+from dftrace.analysis.read.schema import SUMMARY_COLUMNS  # noqa: E402
 
 needs_scanner = needs("native", native_scanner_missing())
 

@@ -15,10 +15,10 @@ from tracegen import collective_run, training_process, write_process
 
 pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
-from dftrace.analysis import _aggregate  # noqa: E402
-from dftrace.analysis._decode import iter_partition_pieces  # noqa: E402
-from dftrace.analysis._schema import SUMMARY_COLUMNS  # noqa: E402
-from dftrace.analysis._sources import plan_partitions  # noqa: E402
+from dftrace.analysis.reduce import aggregate as _aggregate  # noqa: E402
+from dftrace.analysis.read.decode import iter_partition_pieces  # noqa: E402
+from dftrace.analysis.read.schema import SUMMARY_COLUMNS  # noqa: E402
+from dftrace.analysis.read.sources import plan_partitions  # noqa: E402
 
 pytestmark = needs_marks("native", native_scanner_missing())
 

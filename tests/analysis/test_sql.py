@@ -17,9 +17,9 @@ pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install
 from polars.testing import assert_frame_equal  # noqa: E402
 
 from dftrace.analysis import load_traces, run_sql  # noqa: E402
-from dftrace.analysis._cli import main  # noqa: E402
-from dftrace.analysis._schema import EVENT_COLUMNS  # noqa: E402
-from dftrace.analysis._sql import VIEWS, TraceTables  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
+from dftrace.analysis.read.schema import EVENT_COLUMNS  # noqa: E402
+from dftrace.analysis.answers.sql import VIEWS, TraceTables  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"

@@ -17,7 +17,7 @@ from tracegen import (  # noqa: E402
 )
 
 from dftrace.analysis import render_text, summarize  # noqa: E402
-from dftrace.analysis._cli import main  # noqa: E402
+from dftrace.analysis.commands import main  # noqa: E402
 
 STEPS, SLOW_US = 8, 3_000
 #: One step of the lockstep run: everyone waits for the slow rank's forward.

@@ -20,7 +20,7 @@ from tracegen import (  # noqa: E402
 )
 
 from dftrace.analysis import Summary, load_traces, summarize  # noqa: E402
-from dftrace.analysis import _summary as summary_module  # noqa: E402
+from dftrace.analysis.answers import summary as summary_module  # noqa: E402
 
 RANKS, EPOCHS, STEPS = 4, 2, 4
 # The step model: a step runs from its first work (transfer) to the next step's; the
@@ -215,7 +215,7 @@ def test_processes_are_the_units_when_no_rank_is_known(samples):
 def test_progress_bar_when_asked(run_dir, capsys, monkeypatch):
     """progress=True draws a tqdm bar on stderr (on a terminal this is the default)
     while files are read (not when the index holds them all)."""
-    from dftrace.analysis import _executor
+    from dftrace.analysis.runtime import executor as _executor
 
     monkeypatch.setattr(_executor, "_PROGRESS_DELAY_S", 0)
     summarize(run_dir, progress=True, index=False)
@@ -274,7 +274,7 @@ def test_time_in_steps_counts_each_process_interval_once_in_any_order(procs_in_t
     taken in turn or interleaved. One figure per row of the steps, in their order."""
     import polars as pl
 
-    from dftrace.analysis._steps import time_in_steps
+    from dftrace.analysis.reduce.steps import time_in_steps
 
     procs = pl.DataFrame({"proc": [0, 1, 2, 3], "unit": ["rank 0", "rank 0", "rank 1", None]},
                          schema={"proc": pl.Int32, "unit": pl.String})

@@ -18,8 +18,10 @@ pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install
 import numpy as np  # noqa: E402
 from polars.testing import assert_frame_equal  # noqa: E402
 
-from dftrace.analysis import _busy, _steps, _summary, summarize  # noqa: E402
-from dftrace.analysis._aggregate import nesting_edges, self_time_intervals  # noqa: E402
+from dftrace.analysis import summarize  # noqa: E402
+from dftrace.analysis.answers import summary as _summary  # noqa: E402
+from dftrace.analysis.reduce import busy as _busy, steps as _steps  # noqa: E402
+from dftrace.analysis.reduce.aggregate import nesting_edges, self_time_intervals  # noqa: E402
 
 pytestmark = needs_marks("native", native_scanner_missing())
 

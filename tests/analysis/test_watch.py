@@ -19,8 +19,8 @@ pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dft
 pytest.importorskip("rich", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace.analysis import summarize  # noqa: E402
-from dftrace.analysis import _watch as watching  # noqa: E402
-from dftrace.analysis._watch import FileFollower, Watcher  # noqa: E402
+from dftrace.analysis.render import watch as watching  # noqa: E402
+from dftrace.analysis.render.watch import FileFollower, Watcher  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 

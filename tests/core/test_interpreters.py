@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from dftrace import testing
-from dftrace._native import analysis_kernels
+from dftrace.analysis.runtime.kernels import analysis_kernels
 
 #: The module that runs code in a sub-interpreter: ``_interpreters`` from Python 3.13,
 #: ``_xxsubinterpreters`` before.
@@ -33,7 +33,7 @@ def step():
 print("sub engine:", "C" if engine.speedups is not None else "Python")
 print("sub session:", session)
 print("sub decorator returns the function:", ai.compute.forward(step) is step)
-from dftrace._native import analysis_kernels
+from dftrace.analysis.runtime.kernels import analysis_kernels
 print("sub scanner:", "C" if analysis_kernels() is not None else "Python")
 """
 

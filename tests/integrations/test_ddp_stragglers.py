@@ -20,7 +20,7 @@ pytest.importorskip("polars")
 import torch.multiprocessing as mp  # noqa: E402
 
 from dftrace.analysis import render_text, summarize  # noqa: E402
-from dftrace.analysis._stragglers import NOISE_FLOOR_US, NOISE_MULTIPLE  # noqa: E402
+from dftrace.analysis.answers.stragglers import NOISE_FLOOR_US, NOISE_MULTIPLE  # noqa: E402
 from dftrace.testing import read_events, trace_files  # noqa: E402
 
 from . import _ddp_straggler_worker  # noqa: E402

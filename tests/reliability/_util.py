@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dftrace import testing
-from dftrace._trace_reading import iter_line_pieces
+from dftrace.format.reading import iter_line_pieces
 from dftrace.format import parse_trace_filename, validate_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,0 +1,346 @@
+"""SQL over trace files: the ``events`` table and the ``spans``, ``steps`` and
+``collectives`` views, run by polars' SQL engine.
+
+Each table is a lazy scan: polars tells the scan which columns the query uses (and
+its row filter), and only those columns are decoded from the files, through the
+same per-partition reader (:func:`read_partition`) the summary runs on threads or
+on Dask. Args other than the documented ones become columns of their own; which
+exist is learnt from the first events of each file.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import orjson
+import polars as pl
+from polars.io.plugins import register_io_source
+
+from ... import format as fmt
+from ..read.decode import read_partition
+from ..runtime.executor import default_executor
+from ..read.schema import EVENT_COLUMNS, RAW_FIELDS
+from ..read.sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
+from ..reduce.aggregate import aggregate_partitions, combine
+from .summary import steps_of
+from ..read.activity import activity_by_process
+from .gpu import (GPU_VIEW_SCHEMA, KERNELS_SCHEMA, SPAN_GPU_SCHEMA, gpu_answers, gpu_view,
+                   kernels_table, span_gpu)
+from ..reduce.io_tables import IO_CATS
+from ..reduce.io_tables import SQL_ARG_COLUMNS as IO_ARG_COLUMNS
+from ..reduce.io_tables import SQL_SCHEMA as IO_SCHEMA
+from ..reduce.io_tables import sql_rows as io_rows
+from ..read.kineto import first_events, is_document_file
+from ..read.metadata import Resolution
+from ..read.trace import PathsLike, as_path_list, assemble, partition_keys, resolve_parts
+
+#: Views over ``events``, with what each row is (shown by ``dftrace sql --help``).
+VIEWS = {
+    "spans": "complete events (ph 'X') with end = ts + dur, the traced file calls left out (see io)",
+    "steps": "one row per step per rank, as the summary has them: rank, unit, epoch, step, ts, end, dur, n_spans",
+    "collectives": "communication spans: rank, host, pid, tid, name, group, seq, ts, dur, end, bytes, epoch, step",
+    "kernels": "GPU activity of PyTorch profiler traces (kernels, memcpy, memset): rank, host, pid, device, stream, "
+               "cat, name, type, ts, end, dur (µs, ns resolution), correlation, launch_name, launch_tid, launch_ts, "
+               "queued, counted (by the gpu answers)",
+    "gpu": "the summary's GPU answers, one row per rank and device: kernel_us, busy_us, idle_us, compute_us, "
+           "non_compute_us, idle_pct, compute_pct, non_compute_pct, comm_compute_overlap_pct, "
+           "idle_host_wait_us, idle_kernel_wait_us, idle_other_us (gaps between kernels by cause, summed over streams)",
+    "span_gpu": "spans of processes with a PyTorch profiler trace, with the kernels launched inside them (the launch "
+                "call started in the span, on its thread): rank, host, pid, tid, cat, name, ts, dur, kernels, kernel_us",
+    "io": "traced file calls (cat POSIX and STDIO), one row each: pid, host, rank, tid, ts, dur, name, cat, category "
+          "(read, write, metadata, sync, other), path, bytes (moved by a read or write), count (bytes asked), "
+          "offset, calls (the calls an aggregated event stands for, else 1)",
+}
+
+#: Decoded from the start of each file to learn which other args exist.
+_SAMPLE_BYTES = 1 << 20
+# Events of a PyTorch profiler trace looked at for their args.
+_SAMPLE_EVENTS = 1000
+#: Args every event may carry, already columns of ``events`` (``hhash`` names the host).
+_KNOWN_ARGS = {source[1] for source in RAW_FIELDS.values() if source[0] == "args"} | {fmt.ARG_HOSTNAME_HASH}
+
+#: The spans of the views: complete events but the traced file calls (the io table's).
+_user_span = (pl.col("ph") == fmt.PH_COMPLETE) & ~pl.col("cat").is_in(IO_CATS).fill_null(False)
+
+_STEP_SCHEMA = {"rank": pl.Int32, "unit": pl.String, "epoch": pl.Int64, "step": pl.Int64, "ts": pl.Int64,
+                "end": pl.Int64, "dur": pl.Int64, "n_spans": pl.Int64}
+
+
+def run_sql(
+    query: str,
+    paths: PathsLike,
+    *,
+    executor: Any = None,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    progress: bool | None = None,
+    allow_file_functions: bool = False,
+    broken: list[int] | None = None,
+) -> pl.DataFrame:
+    """Run one SQL ``query`` over the traces at ``paths`` and return its result.
+
+    The tables are ``events`` (the columns of ``EVENT_COLUMNS`` plus one per other
+    arg) and the views in :data:`VIEWS`. A query reads only those: polars' table
+    functions that read files (``read_csv(...)`` and the like) raise ValueError
+    unless ``allow_file_functions``, so a query from someone else cannot print a
+    file of this machine. The number of broken lines of the input is appended to
+    ``broken`` when given. Raises ``polars.exceptions.PolarsError`` for a query
+    polars cannot run.
+    """
+    if not allow_file_functions:
+        reject_file_functions(query)
+    tables = TraceTables(paths, executor=executor, partition_bytes=partition_bytes, progress=progress)
+    result = tables.context().execute(query, eager=False).collect()
+    if broken is not None:
+        broken.append(tables.broken_lines)
+    return result
+
+
+#: polars' SQL table functions, which read files named in the query.
+_FILE_FUNCTION = re.compile(r"\b(read_(csv|parquet|json|ndjson|ipc|delta|excel|database)|scan_\w+)\s*\(",
+                            re.IGNORECASE)
+_SQL_LITERAL = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
+
+
+def reject_file_functions(query: str) -> None:
+    """Raise ValueError when ``query`` calls a table function that reads files."""
+    found = _FILE_FUNCTION.search(_SQL_LITERAL.sub("''", query))
+    if found:
+        raise ValueError(f"the query calls {found.group(1)}(), which reads files: dftrace sql reads only the "
+                         "traces it was given (--allow-file-functions allows it)")
+
+
+class TraceTables:
+    """The lazy tables of one set of trace files; loads what queries ask for, once."""
+
+    def __init__(
+        self,
+        paths: PathsLike,
+        *,
+        executor: Any = None,
+        partition_bytes: int = DEFAULT_PARTITION_BYTES,
+        progress: bool | None = None,
+    ):
+        self._plan = plan_partitions(expand_paths(as_path_list(paths)), partition_bytes)
+        self._executor = default_executor(executor)
+        self._progress = progress
+        #: Other args as columns: column name -> (key in args, type).
+        self.arg_columns = discover_arg_columns(self._plan)
+        self.schema: dict[str, pl.DataType] = {
+            **EVENT_COLUMNS, **{column: dtype for column, (_, dtype) in self.arg_columns.items()}
+        }
+        self._lock = threading.Lock()
+        self._loaded: list[pl.DataFrame] = []
+        self._activity_read: tuple[pl.DataFrame, Resolution] | None = None
+        self._io_read: pl.DataFrame | None = None
+        #: Broken lines of the input (known once a query read the events).
+        self.broken_lines = 0
+        #: The column sets decoded so far, in order (to check what a query read).
+        self.loads: list[tuple[str, ...]] = []
+
+    def events(self, columns: Sequence[str]) -> pl.DataFrame:
+        """The events table with ``columns``, decoding them unless a wider load has them."""
+        wanted = set(columns)
+        with self._lock:
+            for frame in self._loaded:
+                if wanted <= set(frame.columns):
+                    return frame.select(c for c in self.schema if c in wanted)
+            event_columns = [c for c in EVENT_COLUMNS if c in wanted]
+            arg_columns = {c: source for c, source in self.arg_columns.items() if c in wanted}
+            reader = functools.partial(read_partition, columns=["pid", *event_columns], arg_columns=arg_columns)
+            parts = self._executor.map(reader, self._plan, progress=self._progress, desc="loading")
+            trace = assemble(parts, ["pid", *event_columns], arg_columns)
+            frame = trace.events
+            if not self._loaded:  # every load reads the same lines: count them once
+                self.broken_lines = sum(f.broken_count for f in trace.files)
+            self._loaded.append(frame)
+            self.loads.append(tuple(c for c in self.schema if c in set(frame.columns)))
+            return frame.select(c for c in self.schema if c in wanted)
+
+    def context(self) -> pl.SQLContext:
+        """A SQL context with ``events`` and the views registered."""
+        events = _scan(lambda columns: self.events(columns), self.schema, "events")
+        spans = events.filter(_user_span).with_columns(
+            (pl.col("ts") + pl.col("dur")).alias("end")
+        )
+        bytes_column = pl.col(self._arg("bytes")) if "bytes" in self.arg_columns else pl.lit(None, pl.Int64)
+        collectives = spans.filter(pl.col("cat") == fmt.CAT_COMM).select(
+            "rank", "host", "pid", "tid", "name", "group", "seq", "ts", "dur", "end",
+            bytes_column.cast(pl.Int64, strict=False).alias("bytes"), "epoch", "step",
+        )
+        steps = _scan(lambda columns: self._steps().select(columns), _STEP_SCHEMA, "steps")
+        kernels = _scan(lambda columns: kernels_table(*self._activity()).select(columns), KERNELS_SCHEMA, "kernels")
+        gpu = _scan(lambda columns: gpu_view(gpu_answers(*self._activity())).select(columns), GPU_VIEW_SCHEMA, "gpu")
+        span_gpu_view = _scan(lambda columns: span_gpu(
+            self.events(["rank", "host", "pid", "tid", "cat", "name", "ph", "ts", "dur"]).filter(
+                _user_span), *self._activity()).select(columns), SPAN_GPU_SCHEMA, "span_gpu")
+        io = _scan(lambda columns: self._io().select(columns), IO_SCHEMA, "io")
+        return pl.SQLContext(frames={"events": events, "spans": spans, "steps": steps, "collectives": collectives,
+                                     "kernels": kernels, "gpu": gpu, "span_gpu": span_gpu_view, "io": io})
+
+    def _io(self) -> pl.DataFrame:
+        """The io view's rows (read once): the I/O events with their args and paths."""
+        with self._lock:
+            if self._io_read is None:
+                columns = ["pid", "tid", "cat", "name", "ph", "ts", "dur", "count"]
+                parts = self._executor.map(functools.partial(read_partition, columns=columns,
+                                                             arg_columns=IO_ARG_COLUMNS),
+                                           self._plan, progress=self._progress, desc="loading")
+                trace = assemble(parts, columns, IO_ARG_COLUMNS)
+                self._io_read = io_rows(trace.events, trace.meta)
+            return self._io_read
+
+    def _activity(self) -> tuple[pl.DataFrame, Resolution]:
+        """GPU activity of the PyTorch profiler traces among the files, with its processes
+        (read once, for whichever of kernels, gpu and span_gpu a query uses first)."""
+        with self._lock:
+            if self._activity_read is None:
+                parts = self._executor.map(functools.partial(read_partition, columns=["pid"]), self._plan,
+                                           progress=self._progress, desc="loading")
+                resolution = resolve_parts(parts, [partition_keys(p) for p in parts])
+                self._activity_read = (activity_by_process(parts, resolution), resolution)
+            return self._activity_read
+
+    def _arg(self, key: str) -> str:
+        return next(column for column, (k, _) in self.arg_columns.items() if k == key)
+
+    def _steps(self) -> pl.DataFrame:
+        """One row per step per rank (or per process without ranks), as the summary has them.
+
+        Computed the summary's way, from per-partition aggregates: a big trace's
+        events are never all in memory at once."""
+        partials = self._executor.map_stream(aggregate_partitions, self._plan, progress=self._progress,
+                                             desc="steps")
+        found = steps_of(combine(partials))
+        ranks = found.procs.select("unit", "rank").unique("unit")
+        return (
+            found.by_unit().join(ranks, on="unit", how="left")
+            .select("rank", "unit", "epoch", "step", pl.col("start").alias("ts"), "end", "dur",
+                    pl.col("n").alias("n_spans"))
+            .cast(_STEP_SCHEMA)
+        )
+
+
+def _scan(load: Any, schema: dict[str, pl.DataType], name: str) -> pl.LazyFrame:
+    """A lazy table whose rows come from ``load(columns)``, told the columns a query uses."""
+
+    def source(
+        with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, _batch: int | None
+    ) -> Iterator[pl.DataFrame]:
+        # A query that names no column (count(*)) still needs the rows: read one.
+        frame = load(with_columns or list(schema)[:1] if with_columns is not None else list(schema))
+        if predicate is not None:
+            frame = frame.filter(predicate)
+        if n_rows is not None:
+            frame = frame.head(n_rows)
+        yield frame
+
+    return register_io_source(source, schema=schema, explain_name=name)
+
+
+def discover_arg_columns(plan: Sequence[Partition]) -> dict[str, tuple[str, pl.DataType]]:
+    """Other args seen in the first events of each file: column -> (key, type).
+
+    A key seen with integers only is Int64, with numbers Float64, with booleans only
+    Boolean, anything else String (JSON text for lists and objects). A key that is
+    also an event column's name (or ``end``, which ``spans`` adds) becomes ``arg_<key>``.
+    """
+    seen: dict[str, set[type]] = {}
+    firsts = {p.path: p for p in plan if not p.is_parquet and p.index == 0}
+    for partition in firsts.values():
+        for event in _first_events(partition):
+            args = event.get("args")
+            if not isinstance(args, dict) or fmt.normalize_phase(event.get("ph")) == fmt.PH_METADATA:
+                continue
+            for key, value in args.items():
+                if key not in _KNOWN_ARGS and value is not None:
+                    seen.setdefault(key, set()).add(type(value))
+    for partition in plan:
+        if partition.is_parquet:
+            for key, kinds in _parquet_arg_types(partition.path).items():
+                seen.setdefault(key, set()).update(kinds)
+    columns: dict[str, tuple[str, pl.DataType]] = {}
+    for key in sorted(seen):
+        kinds = seen[key]
+        if kinds == {int}:
+            dtype: pl.DataType = pl.Int64()
+        elif kinds <= {int, float}:
+            dtype = pl.Float64()
+        elif kinds == {bool}:
+            dtype = pl.Boolean()
+        else:
+            dtype = pl.String()
+        columns[f"arg_{key}" if key in EVENT_COLUMNS or key == "end" else key] = (key, dtype)
+    return columns
+
+
+def _first_events(partition: Partition) -> Iterator[dict[str, Any]]:
+    if is_document_file(partition.path):
+        yield from first_events(partition.path, _SAMPLE_EVENTS)
+        return
+    data = b""
+    for chunk in fmt.iter_decoded_chunks(partition.path, partition.start, partition.end):
+        data += chunk
+        if len(data) >= _SAMPLE_BYTES:
+            break
+    for line in data.split(b"\n")[:-1] if len(data) >= _SAMPLE_BYTES else data.split(b"\n"):
+        parsed = fmt.parse_line(line.strip())
+        if parsed.event is not None:
+            yield parsed.event
+
+
+def _parquet_arg_types(path: str) -> dict[str, set[type]]:
+    args = pl.read_parquet(path, columns=["args"], n_rows=10_000).get_column("args").drop_nulls()
+    seen: dict[str, set[type]] = {}
+    for text in args.to_list():
+        for key, value in orjson.loads(text).items():
+            if key not in _KNOWN_ARGS and value is not None:
+                seen.setdefault(key, set()).add(type(value))
+    return seen
+
+
+# --- output ------------------------------------------------------------------------
+
+#: Output formats of ``-o FILE`` by suffix.
+OUTPUT_SUFFIXES = (".parquet", ".csv", ".json")
+
+
+def check_output(path: str) -> None:
+    """Raise ValueError for an output file whose suffix names no format."""
+    if not path.endswith(OUTPUT_SUFFIXES):
+        raise ValueError(f"-o {path!r}: the suffix picks the format, one of {', '.join(OUTPUT_SUFFIXES)}")
+
+
+def write_result(result: pl.DataFrame, path: str) -> None:
+    """Write a query's result to ``path`` as Parquet, CSV or JSON (by suffix)."""
+    check_output(path)
+    if path.endswith(".parquet"):
+        result.write_parquet(path)
+    elif path.endswith(".csv"):
+        result.write_csv(path)
+    else:
+        with open(path, "wb") as fh:
+            fh.write(result_json(result))
+
+
+def result_json(result: pl.DataFrame) -> bytes:
+    """The rows as a JSON array of objects."""
+    return orjson.dumps(result.to_dicts(), option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def result_table(result: pl.DataFrame, max_rows: int) -> str:
+    """The rows as a Markdown-style table for a terminal, at most ``max_rows`` of them."""
+    shown = result.head(max_rows) if max_rows >= 0 else result
+    with pl.Config(
+        tbl_rows=-1, tbl_cols=-1, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
+        tbl_formatting="ASCII_MARKDOWN", tbl_width_chars=1000, fmt_str_lengths=80, tbl_cell_numeric_alignment="RIGHT",
+        thousands_separator=False,
+    ):
+        text = str(shown) + "\n"
+    if shown.height < result.height:
+        text += f"({result.height - shown.height} more rows: --rows, --csv or -o FILE for all)\n"
+    return text
+

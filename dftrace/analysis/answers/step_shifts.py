@@ -1,0 +1,191 @@
+"""Names that moved between two runs: each name's time per step against the rest of
+the same step (see :mod:`._diff`, "Names that moved").
+
+:func:`step_times` reads each name's time in each step of one run; :func:`_step_shifts`
+compares two runs' with the Hodges-Lehmann estimate of the change of that ratio and
+its distribution-free interval (Mann-Whitney ranks), 95 % for all the names judged
+together (each name's at 1 - 5 % / names: one of eight names moving by chance must not
+name a regression one pair of same-code runs in three).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from ... import format as fmt
+from .summary import Summary
+
+__all__ = ["STEPS_KEPT", "StepTimes", "step_times"]
+
+#: Names that take part in the judging of moves (and in the machine-speed estimate):
+#: at least this many spans in each run, and this share of the runs' time.
+SPEED_MIN_COUNT, SPEED_MIN_SHARE = 8, 0.01
+
+
+@dataclass(frozen=True)
+class _Shift:
+    """How a name's time per step moved against the rest of the step in NEW, as the
+    logarithm of a ratio (estimate and 95 % interval), and the step's relative change
+    that move makes (``step``, with ``step_low``/``step_high``)."""
+
+    estimate: float
+    low: float
+    high: float
+    step: float
+    step_low: float
+    step_high: float
+
+
+@dataclass
+class StepTimes:
+    """Each name's time in each step of one run (:func:`step_times`): ``times[k, i]`` is
+    the µs that name ``names[i]`` took in step ``k`` (all its spans carrying that step
+    number, per process)."""
+
+    names: list[tuple[str, str]]
+    times: np.ndarray
+
+
+#: Steps kept per run for the comparison; a run with more is represented by this many
+#: evenly spaced quantiles of each name's share of its steps.
+STEPS_KEPT = 1000
+#: The chance that any of the names judged is said to move when none did (the
+#: intervals' family-wise error: each name's interval is at 1 - _FAMILY_ERROR / names).
+_FAMILY_ERROR = 0.05
+
+
+def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
+    """Each name's time per step in one run (paths, directories, globs, or a loaded
+    :class:`TraceTable`), from the spans that carry a step number (enclosing spans
+    left out: pipeline spans and loop bodies). Files are read a
+    piece at a time: memory is bounded by the steps times the names."""
+    import polars as pl
+
+    from ..read.decode import iter_partition_pieces
+    from ..read.schema import HOST_KEY
+    from ..read.sources import DEFAULT_PARTITION_BYTES, expand_paths, plan_partitions
+    from ..read.trace import TraceTable, as_path_list
+
+    keys = ["host", "pid", "epoch", "step", "cat", "name"]
+
+    def per_step(events: pl.DataFrame) -> pl.DataFrame:
+        if "host" not in events.columns:
+            events = events.rename({HOST_KEY: "host"})
+        spans = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("dur").is_not_null()
+                              & pl.col("step").is_not_null() & pl.col("name").is_not_null())
+        return spans.group_by(keys).agg(pl.col("dur").sum())
+
+    if isinstance(source, TraceTable):
+        table = per_step(source.events)
+    else:
+        table = None
+        plan = plan_partitions(expand_paths(as_path_list(source)), partition_bytes or DEFAULT_PARTITION_BYTES)
+        for partition in plan:
+            for piece in iter_partition_pieces(partition, ["pid", "cat", "name", "ph", "dur", "epoch", "step"]):
+                part = per_step(piece.events)
+                table = part if table is None else pl.concat([table, part]).group_by(keys).agg(pl.col("dur").sum())
+    if table is None or not table.height:
+        return StepTimes([], np.zeros((0, 0)))
+    table = table.with_columns(pl.col("cat").fill_null(""), pl.col("host").fill_null(""))
+    # Item waits (``.iter``) are the step's own time too; enclosing spans are not.
+    table = table.filter([c != fmt.CAT_PIPELINE and not n.endswith(fmt.BLOCK_SUFFIX)
+                          for c, n in zip(table["cat"], table["name"])])
+    names = sorted(set(zip(table["cat"].to_list(), table["name"].to_list())))
+    column = {name: i for i, name in enumerate(names)}
+    steps = table.select("host", "pid", "epoch", "step").unique().with_row_index("k")
+    rows = table.join(steps, on=["host", "pid", "epoch", "step"], how="left", nulls_equal=True)
+    times = np.zeros((steps.height, len(names)))
+    index = [column[n] for n in zip(rows["cat"].to_list(), rows["name"].to_list())]
+    times[rows["k"].to_numpy(), index] = rows["dur"].to_numpy()
+    return StepTimes(names, times)
+
+
+def _log_shift(base: np.ndarray, new: np.ndarray, z: float) -> tuple[float, float, float]:
+    """Hodges-Lehmann estimate of new - base (the median of the differences of every
+    pair, one value from each) with its interval from the Mann-Whitney ranks (``z``:
+    the normal quantile of its confidence): distribution-free, no assumption on the
+    values' shape."""
+    base, new = _kept(base), _kept(new)
+    pairs = np.sort(np.subtract.outer(new, base).ravel())
+    m, k = len(base), len(new)
+    cut = max(0, math.floor(m * k / 2 - z * math.sqrt(m * k * (m + k + 1) / 12)))
+    return float(np.median(pairs)), float(pairs[cut]), float(pairs[m * k - 1 - cut])
+
+
+def _kept(values: np.ndarray) -> np.ndarray:
+    if len(values) <= STEPS_KEPT:
+        return values
+    return np.quantile(values, (np.arange(STEPS_KEPT) + 0.5) / STEPS_KEPT)
+
+
+def _step_shifts(base: StepTimes, new: StepTimes, threshold: float,
+                 step_us: float | None = None) -> dict[tuple[str, str], _Shift]:
+    """The names whose time per step moved against the rest of the step (the other
+    names' time in the same step: the machine's speed and its load at that moment,
+    seen by the rest of the work) enough to change the step by more than the
+    threshold (its time per step in BASE times its move, over ``step_us``, BASE's mean
+    step; the names' time per step without it), with intervals that exclude no move (95 %
+    for the names judged together).
+
+    One name at a time: the one that moved most is taken out of the rest before the
+    others are judged again (a name that grew makes every other look smaller against
+    it). Names with spans in fewer than eight steps of a run, or under 1 % of the
+    time, are not judged."""
+    shared = [name for name in base.names if name in new.names]
+    if len(shared) < 2:
+        return {}
+    columns = (np.array([base.names.index(n) for n in shared]), np.array([new.names.index(n) for n in shared]))
+    times = (base.times[:, columns[0]], new.times[:, columns[1]])
+    total = times[0].sum() or 1.0
+    judged = [i for i in range(len(shared))
+              if min((times[0][:, i] > 0).sum(), (times[1][:, i] > 0).sum()) >= SPEED_MIN_COUNT
+              and times[0][:, i].sum() >= SPEED_MIN_SHARE * total]
+    rest_of = [t.sum(axis=1) for t in times]
+    z = NormalDist().inv_cdf(1 - _FAMILY_ERROR / 2 / max(1, len(judged)))
+    shifts: dict[tuple[str, str], _Shift] = {}
+    while True:
+        best = None
+        for i in judged:
+            if shared[i] in shifts:
+                continue
+            logs = []
+            for t, rest in zip(times, rest_of):
+                x, others = t[:, i], rest - t[:, i]
+                ok = (x > 0) & (others > 0)
+                logs.append(np.log(x[ok] / others[ok]))
+            if min(len(logs[0]), len(logs[1])) < SPEED_MIN_COUNT:
+                continue
+            estimate, low, high = _log_shift(*logs, z)
+            if low <= 0 <= high:
+                continue
+            # The name's time per step in BASE turns its move into the step's.
+            share = times[0][:, i].sum() / len(times[0]) / (step_us or rest_of[0].mean() or 1.0)
+
+            def step(log: float, share: float = share) -> float:
+                return share * math.expm1(log)
+
+            shift = _Shift(estimate, low, high, step(estimate), step(low), step(high))
+            if abs(shift.step) > threshold and (best is None or abs(shift.step) > abs(best[1].step)):
+                best = (i, shift)
+        if best is None:
+            return shifts
+        i, shift = best
+        shifts[shared[i]] = shift
+        rest_of = [rest - t[:, i] for t, rest in zip(times, rest_of)]
+
+
+#: The share of the steps' time the names must hold for their moves alone to judge the
+#: step figures (else time outside the names' spans may have changed unseen).
+_COVERED = 0.5
+
+
+def _covered(run: Summary, steps: StepTimes) -> float:
+    """The share of a run's rank-step time that its names' spans with a step number hold
+    (nested names counted once each, so this may pass 1)."""
+    total = (run.step_stats.get("mean_us") or 0) * (run.step_stats.get("count") or 0)
+    return float(steps.times.sum()) / total if total else 0.0

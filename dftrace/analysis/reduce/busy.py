@@ -1,0 +1,302 @@
+"""Busy intervals: each thread's time painted with its innermost span, the union of a
+process's intervals of each group, and the sweep of their boundaries that gives the
+time spent in each combination of active groups.
+
+Each sweep has two ways, chosen in one place (the function named after it): the C
+kernels of the ``_scan`` extension (``_sweeps.c``, built with the package) and numpy,
+for an install without a compiler. They give the same answers, malformed spans
+included (tests/analysis/test_sweeps.py holds them to it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import polars as pl
+
+from ..runtime.kernels import analysis_kernels
+
+#: The C sweeps; None without them (no compiler, or DFTRACE_NO_SPEEDUPS): numpy's.
+_native = analysis_kernels()
+
+#: Activity groups of the time breakdown, in bit order. ``.block`` spans (the loop
+#: body of ``.iter()``) are containers, not activity, and are left out.
+GROUPS = ("compute", "data", "comm", "checkpoint", "device")
+
+
+class Painting(NamedTuple):
+    """What painting each thread's time with its innermost span finds."""
+
+    #: group, start, end: the time each thread spent with its innermost open span in
+    #: each activity group (the intervals of a group may touch: a union merges them)
+    intervals: pl.DataFrame
+    #: each span's self time, the time it was the innermost
+    self_us: np.ndarray
+    #: each span's nesting edges (see ``_aggregate.nesting_edges``), found by the C
+    #: sweep as it passes: whether it is an orphan, whether an opener. None from the
+    #: numpy sweep, and where a thread's levels spread wider than its spans are many.
+    orphan: np.ndarray | None = None
+    opener: np.ndarray | None = None
+
+
+def innermost_intervals(threads: pl.DataFrame) -> Painting:
+    """The painting of ``threads``: tid, ts, end, level and group (an index into
+    GROUPS, null for none), one row a span."""
+    if _native is not None:
+        return _innermost_native(threads)
+    return _innermost_numpy(threads)
+
+
+def _innermost_native(threads: pl.DataFrame) -> Painting:
+    filled = threads.select(pl.col("level").fill_null(0).cast(pl.Int64),
+                            pl.col("level").is_not_null().cast(pl.UInt8).alias("level_valid"),
+                            pl.col("group").fill_null(-1).cast(pl.Int8))
+    columns = [np.ascontiguousarray(threads.get_column(name).to_numpy(), dtype=np.int64) for name in ("tid", "ts", "end")]
+    columns += [np.ascontiguousarray(series.to_numpy()) for series in filled.iter_columns()]
+    painting = painted_spans(*columns)
+    if painting is None:  # spans with the same times: in the order the numpy path takes them
+        frame = threads.select("tid", "ts", "end", pl.int_range(pl.len(), dtype=pl.Int64).alias("span"))
+        order = np.concatenate([_by_start(thread).get_column("span").to_numpy()
+                                for thread in frame.partition_by("tid", maintain_order=True)])
+        painting = painted_spans(*columns, order=order)
+    assert painting is not None
+    return painting
+
+
+def painted_spans(tid: np.ndarray, ts: np.ndarray, end: np.ndarray, level: np.ndarray, level_valid: np.ndarray,
+                  group: np.ndarray, *, order: np.ndarray | None = None) -> Painting | None:
+    """The painting of spans given as arrays (int64; ``level_valid`` uint8, ``group``
+    int8, -1 for none), by the C sweep; None without it, and where two spans of a
+    thread have the same times and no ``order`` (span indices, see ``_sweeps.c``)
+    says which is the innermost."""
+    if _native is None:
+        return None
+    given = b"" if order is None else np.ascontiguousarray(order, dtype=np.int64)
+    painted = _native.innermost(tid, ts, end, level, level_valid, group, given)
+    if painted is None:
+        return None
+    groups, starts, ends, self_us, orphan, opener = painted
+    intervals = pl.DataFrame(
+        {"group": np.frombuffer(groups, np.int8), "start": np.frombuffer(starts, np.int64),
+         "end": np.frombuffer(ends, np.int64)},
+        schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64},
+    )
+    edges = [None if mask is None else np.frombuffer(mask, np.bool_) for mask in (orphan, opener)]
+    return Painting(intervals, np.frombuffer(self_us, np.int64), *edges)
+
+
+def _innermost_numpy(threads: pl.DataFrame) -> Painting:
+    pieces = []
+    self_us = np.zeros(threads.height, dtype=np.int64)
+    frame = threads.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("span"))
+    for _, thread in frame.partition_by("tid", as_dict=True).items():
+        intervals, (owner, us) = _innermost(thread)
+        pieces.append(intervals)
+        if owner.size:
+            self_us += np.bincount(owner, us.astype(np.float64), self_us.size).astype(np.int64)
+    if not pieces:
+        return Painting(pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64}), self_us)
+    return Painting(pl.concat(pieces, how="vertical"), self_us)
+
+
+def _innermost(thread: pl.DataFrame) -> tuple[pl.DataFrame, tuple[np.ndarray, np.ndarray]]:
+    thread = _by_start(thread)
+    starts = thread.get_column("ts").to_numpy().astype(np.int64)
+    ends = thread.get_column("end").to_numpy().astype(np.int64)
+    groups = thread.get_column("group").fill_null(-1).to_numpy().astype(np.int64)
+    spans = thread.get_column("span").to_numpy().astype(np.int64)
+    levels = thread.get_column("level")
+    if levels.null_count():
+        depth = _depths(starts, ends)
+    else:
+        depth = levels.to_numpy().astype(np.int64)
+    bounds = _sorted_unique(np.concatenate([starts, ends]))
+    if bounds.size < 2:
+        return (pl.DataFrame(schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64}),
+                (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)))
+    first = np.searchsorted(bounds, starts)
+    last = np.searchsorted(bounds, ends)
+    segments = bounds.size - 1
+    best_depth = np.full(segments, -1, dtype=np.int64)
+    best_group = np.full(segments, -1, dtype=np.int64)
+    best_span = np.full(segments, -1, dtype=np.int64)
+    position = np.arange(starts.size, dtype=np.int64)
+    # Deeper spans paint over shallower ones; spans of one depth on one thread are
+    # disjoint, so painting depth by depth leaves the innermost span (and its group).
+    for d in np.unique(depth):
+        at = depth == d
+        opens, closes = first[at], last[at]
+        cover = _tally(opens, closes, None, segments + 1)
+        code = _tally(opens, closes, groups[at] + 2, segments + 1)
+        owner = _tally(opens, closes, position[at], segments + 1)
+        depth_cover = np.cumsum(cover)[:-1]
+        covered = depth_cover > 0
+        # Spans of one depth overlap only in odd files (identical events): their
+        # codes add up, so divide by how many there are; never out of range.
+        count = np.maximum(depth_cover, 1)
+        value = np.clip(np.cumsum(code)[:-1] // count - 2, -1, len(GROUPS) - 1)
+        which = np.clip(np.cumsum(owner)[:-1] // count, 0, starts.size - 1)
+        take = covered & (d >= best_depth)
+        best_depth[take] = d
+        best_group[take] = value[take]
+        best_span[take] = which[take]
+    keep = best_group >= 0
+    owned = best_span >= 0
+    intervals = pl.DataFrame(
+        {"group": best_group[keep], "start": bounds[:-1][keep], "end": bounds[1:][keep]},
+        schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64},
+    )
+    return intervals, (spans[best_span[owned]], np.diff(bounds)[owned])
+
+
+def _by_start(thread: pl.DataFrame) -> pl.DataFrame:
+    """A thread's spans by start, the longest first. Spans with the same times are in
+    the order polars' sort leaves them (not stable): which of them is the innermost."""
+    return thread.sort(["ts", "end"], descending=[False, True])
+
+
+def _tally(opens: np.ndarray, closes: np.ndarray, values: np.ndarray | None, size: int) -> np.ndarray:
+    """Per boundary, the sum of ``values`` (1 without) of the spans opening there less
+    that of those closing there (int64; ``np.bincount`` is many times faster than
+    ``np.add.at``, and its float sums of integers are exact far beyond these)."""
+    if values is None:
+        return np.bincount(opens, minlength=size) - np.bincount(closes, minlength=size)
+    weights = values.astype(np.float64)
+    return (np.bincount(opens, weights, size) - np.bincount(closes, weights, size)).astype(np.int64)
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` by sorting: several times faster than its hashing for millions of times."""
+    values = np.sort(values)
+    if values.size:
+        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
+    return values
+
+
+def _depths(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Nesting depth of each span (sorted by start, longest first) from its times."""
+    depth = np.empty(starts.size, dtype=np.int64)
+    open_ends: list[int] = []
+    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        while open_ends and open_ends[-1] <= s:
+            open_ends.pop()
+        depth[i] = len(open_ends) + 1
+        open_ends.append(e)
+    return depth
+
+
+def union_intervals(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
+    """Merge overlapping or touching [start, end] intervals within each (keys, group),
+    in the order each (keys, group) first appears, each one's intervals by start."""
+    if not frame.height:
+        return frame
+    if _native is not None:
+        return _union_native(frame, keys)
+    pieces = []
+    for key, part in frame.partition_by([*keys, "group"], as_dict=True, maintain_order=True).items():
+        starts, ends = _union(part.get_column("start").to_numpy(), part.get_column("end").to_numpy())
+        columns = {name: pl.repeat(value, len(starts), dtype=frame.schema[name], eager=True)
+                   for name, value in zip([*keys, "group"], key)}
+        pieces.append(pl.DataFrame({**columns, "start": starts, "end": ends}))
+    return pl.concat(pieces, how="vertical").select(frame.columns)
+
+
+def _union_native(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
+    group = frame.get_column("group")
+    constant = not keys or all(frame.select(pl.col(key).eq_missing(pl.col(key).first()).all() for key in keys).row(0))
+    if constant and group.dtype == pl.Int8 and not group.null_count():
+        ids, n_ids = group.to_numpy().astype(np.int64) + 128, 256  # the group alone tells them apart
+    else:
+        ids = frame.select(pl.struct(*keys, "group").rank("dense")).to_series().to_numpy().astype(np.int64) - 1
+        n_ids = int(ids.max()) + 1
+    rows, starts, ends = _native.union(
+        ids, *(np.ascontiguousarray(frame.get_column(name).to_numpy(), dtype=np.int64) for name in ("start", "end")),
+        n_ids)
+    picked = pl.Series(np.frombuffer(rows, np.int64), dtype=pl.UInt32)  # polars' index type: a quick gather
+    return pl.DataFrame([*(frame.get_column(key)[picked] for key in (*keys, "group")),
+                         pl.Series("start", np.frombuffer(starts, np.int64)),
+                         pl.Series("end", np.frombuffer(ends, np.int64))]).select(frame.columns)
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    # An interval opens a new run when it starts after everything before it ended.
+    first = np.flatnonzero(np.concatenate(([True], starts[1:] > reach[:-1])))
+    return starts[first], np.maximum.reduceat(ends, first)
+
+
+def mask_times(intervals: pl.DataFrame) -> np.ndarray:
+    """Time spent in each combination of active groups (bit mask -> µs) of one process.
+
+    Each group's intervals are disjoint, so sweeping the sorted boundaries and
+    toggling the group's bit at each one gives the set of active groups.
+    """
+    if not intervals.height:
+        return np.zeros(1 << len(GROUPS), dtype=np.int64)
+    return _masks(intervals, -1)[0]
+
+
+def overlap_and_alone(intervals: pl.DataFrame, group: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """From one sweep of each process's ``intervals`` (proc, group, start, end,
+    disjoint within each (proc, group)): proc, mask, us, each process's time in each
+    combination of groups (as ``mask_times`` finds it); and proc, start, end, the time
+    each process spent with ``group`` active and no other group (disjoint intervals).
+    For communication the latter is the blocked time: waiting in a collective (a
+    blocking call, DDP's wait for its buckets, the completion of asynchronous work)
+    while nothing else runs; several collectives at once count once, and in-flight
+    work that overlaps compute is not waiting."""
+    bit = 1 << GROUPS.index(group)
+    overlaps, pieces = [], []
+    for proc, frame in each_process(intervals):
+        totals, starts, ends = _masks(frame, bit)
+        overlaps.append(pl.DataFrame({"proc": proc, "mask": np.flatnonzero(totals > 0), "us": totals[totals > 0]},
+                                     schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}))
+        if starts.size:
+            pieces.append(pl.DataFrame({"proc": proc, "start": starts, "end": ends},
+                                       schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64}))
+    overlap = (pl.concat(overlaps, how="vertical") if overlaps
+               else pl.DataFrame(schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}))
+    if not pieces:
+        return overlap, pl.DataFrame(schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
+    return overlap, pl.concat(pieces, how="vertical")
+
+
+def each_process(frame: pl.DataFrame) -> list[tuple[int, pl.DataFrame]]:
+    """(proc, its rows) for each process of ``frame`` (a ``proc`` column): the frame
+    itself, not a copy, where it holds one process's rows (a whole file's intervals,
+    the usual)."""
+    procs = frame.get_column("proc").unique()
+    if procs.len() == 1 and not procs.null_count():
+        return [(procs.item(), frame)]
+    return [(proc, rows) for (proc,), rows in frame.partition_by("proc", as_dict=True).items()]
+
+
+def _masks(intervals: pl.DataFrame, alone: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(µs in each bit mask, from 0 to 2**len(GROUPS) - 1 at least; starts and ends of the
+    runs where the mask is ``alone``, none for -1) of ``intervals`` (group, start, end)."""
+    group, starts, ends = (np.ascontiguousarray(intervals.get_column(name).to_numpy(), dtype=np.int64)
+                           for name in ("group", "start", "end"))
+    if _native is not None:
+        totals, alone_starts, alone_ends = _native.masks(group, starts, ends, 1 << len(GROUPS), alone)
+        return (np.frombuffer(totals, np.int64), np.frombuffer(alone_starts, np.int64),
+                np.frombuffer(alone_ends, np.int64))
+    return _masks_numpy(group, starts, ends, alone)
+
+
+def _masks_numpy(group: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                 alone: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # Each boundary is sorted as one integer, time * 8 + group: no index array (the
+    # order of boundaries at the same time only changes states that last no time).
+    keys = np.concatenate([starts * 8 + group, ends * 8 + group])
+    keys.sort()
+    state = np.bitwise_xor.accumulate(np.left_shift(np.uint8(1), (keys & 7).astype(np.uint8)))
+    times = keys >> 3
+    del keys
+    totals = np.rint(np.bincount(state[:-1], weights=np.diff(times), minlength=1 << len(GROUPS))).astype(np.int64)
+    run = (state[:-1] == alone) & (times[1:] > times[:-1]) if alone >= 0 else None
+    if run is None or not run.any():
+        return totals, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    return (totals, *_union(times[:-1][run], times[1:][run]))

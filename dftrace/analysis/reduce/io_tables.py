@@ -1,0 +1,130 @@
+"""File-I/O events reduced to the partial tables the I/O answers are computed from.
+
+I/O events are a layer of their own: they never enter the span tables (steps,
+categories, nesting, breakdown). Each partition reduces them to three tables that
+combine exactly (see ``aggregate``): ``io_calls``, one row per I/O event (its
+thread, times, kind, bytes, calls), for the answers that place calls in time;
+``io_totals``, per (file hash, kind, size bucket), what whole-trace figures are
+summed from; ``io_cover``, the union of each thread's compute, data-loading and
+checkpoint spans, which the calls are placed in.
+
+Rules. A call's ops are ``args.calls`` for an aggregated event, else 1; its bytes are
+``args.ret`` where positive, for read and write calls only. A call's size is its bytes
+per op; the size buckets are Darshan's (lower bounds inclusive: 100 bytes is in
+100-1K), of the calls that moved bytes.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ... import format as fmt
+from .busy import GROUPS, union_intervals
+
+#: The categories of the interposer's events.
+IO_CATS = ("POSIX", "STDIO")
+READ, WRITE, METADATA, SYNC, OTHER = range(5)
+KINDS = ("read", "write", "metadata", "sync", "other")
+_KIND_OF = {
+    **dict.fromkeys(("read", "pread", "readv", "preadv", "fread", "fgets"), READ),
+    **dict.fromkeys(("write", "pwrite", "writev", "pwritev", "fwrite", "fputs"), WRITE),
+    **dict.fromkeys(("fsync", "fdatasync"), SYNC),
+    "mmap": OTHER,
+}  # any other call is metadata (open, stat, close, seek, ...)
+#: Lower bounds (inclusive) of the size buckets but the first: Darshan's, as the
+#: tracer's per-file histograms have them.
+SIZE_EDGES = (100, 1 << 10, 10 << 10, 100 << 10, 1 << 20, 4 << 20, 10 << 20, 100 << 20, 1 << 30)
+SIZE_BUCKETS = ("0-100", "100-1K", "1K-10K", "10K-100K", "100K-1M", "1M-4M", "4M-10M", "10M-100M",
+                "100M-1G", "1G+")
+#: Reads (and writes) under this many bytes a call are small.
+SMALL_BYTES = 64 << 10
+#: Values beyond these are damage, not counts: such a call counts 1 op, 0 bytes.
+MAX_CALLS = 1 << 40
+MAX_BYTES = 1 << 50
+#: The args the summary reads from I/O events, as event columns.
+ARG_COLUMNS = {"io_fhash": ("fhash", pl.String()), "io_ret": ("ret", pl.Int64()), "io_calls": ("calls", pl.Int64())}
+#: Span groups that I/O is placed in: compute, data loading, checkpoint.
+COMPUTE, LOADER, CHECKPOINT = (GROUPS.index(g) for g in ("compute", "data", "checkpoint"))
+#: Schemas of the partial tables (without the process key columns).
+SCHEMAS = {
+    "io_calls": {"tid": pl.Int64, "ts": pl.Int64, "end": pl.Int64, "kind": pl.Int8, "bytes": pl.Int64,
+                 "ops": pl.Int64},
+    "io_totals": {"fhash": pl.String, "kind": pl.Int8, "bucket": pl.Int8, "small": pl.Boolean, "ops": pl.Int64,
+                  "bytes": pl.Int64, "us": pl.Int64, "first": pl.Int64, "last": pl.Int64},
+    "io_cover": {"tid": pl.Int64, "group": pl.Int8, "start": pl.Int64, "end": pl.Int64},
+}
+#: The key of an ``io_totals`` row beside the process's.
+TOTALS_KEY = ("fhash", "kind", "bucket", "small")
+
+
+def _kind() -> pl.Expr:
+    """A call's kind (``KINDS``) by its name."""
+    return pl.col("name").replace_strict(_KIND_OF, default=METADATA, return_dtype=pl.Int8).alias("kind")
+
+
+def _ops() -> pl.Expr:
+    """A call's ops: ``args.calls`` of an aggregated event, else 1."""
+    calls = pl.col("io_calls")
+    return pl.when(calls.is_between(1, MAX_CALLS)).then(calls).otherwise(1).cast(pl.Int64).alias("ops")
+
+
+def _bytes() -> pl.Expr:
+    """A call's bytes: ``args.ret`` where positive, of read and write calls (after ``kind``)."""
+    ret = pl.col("io_ret")
+    moved = pl.col("kind").is_in([READ, WRITE]) & ret.is_between(1, MAX_BYTES)
+    return pl.when(moved).then(ret).otherwise(0).cast(pl.Int64).alias("bytes")
+
+
+def io_tables(events: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(io_calls, io_totals) of I/O events: ``keys`` plus tid, ts, dur, name and the
+    ``ARG_COLUMNS`` (complete events with times only)."""
+    moved = pl.col("kind").is_in([READ, WRITE])
+    size = pl.col("bytes") // pl.col("ops")
+    bucket = pl.sum_horizontal((size >= edge).cast(pl.Int8) for edge in SIZE_EDGES)
+    frame = events.select(*keys, pl.col("tid").fill_null(0), "ts", (pl.col("ts") + pl.col("dur")).alias("end"),
+                          pl.col("io_fhash").alias("fhash"), _kind(), "io_calls", "io_ret"
+                          ).with_columns(_ops(), _bytes()).with_columns(
+        pl.when(moved & (pl.col("bytes") > 0)).then(bucket).otherwise(-1).cast(pl.Int8).alias("bucket"),
+        (moved & (size < SMALL_BYTES)).alias("small"))
+    io_calls = frame.select(*keys, *SCHEMAS["io_calls"])
+    io_totals = frame.group_by(*keys, *TOTALS_KEY).agg(
+        pl.col("ops").sum(), pl.col("bytes").sum(), (pl.col("end") - pl.col("ts")).sum().alias("us"),
+        pl.col("ts").min().alias("first"), pl.col("end").max().alias("last"))
+    return io_calls, io_totals
+
+
+#: The args ``dftrace sql``'s io table reads, as event columns.
+SQL_ARG_COLUMNS = {**ARG_COLUMNS, "io_offset": ("offset", pl.Int64())}
+#: Columns of ``dftrace sql``'s io table.
+SQL_SCHEMA = {"pid": pl.Int64, "host": pl.String, "rank": pl.Int32, "tid": pl.Int64, "ts": pl.Int64,
+              "dur": pl.Int64, "name": pl.String, "cat": pl.String, "category": pl.String, "path": pl.String,
+              "bytes": pl.Int64, "count": pl.Int64, "offset": pl.Int64, "calls": pl.Int64}
+
+
+def sql_rows(events: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
+    """``dftrace sql``'s io table: one row per I/O event of ``events`` (a loaded trace's,
+    with ``SQL_ARG_COLUMNS``), its file's path from the ``FH`` records of ``meta``."""
+    paths = (meta.filter(pl.col("name") == "FH")
+             .select("host", "pid", pl.col("args").str.json_path_match("$.value").alias("io_fhash"),
+                     pl.col("args").str.json_path_match("$.name").alias("path"))
+             .drop_nulls().unique(["host", "pid", "io_fhash"], keep="first"))
+    calls = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("cat").is_in(IO_CATS))
+    return (calls.join(paths, on=["host", "pid", "io_fhash"], how="left", nulls_equal=False)
+            .with_columns(_kind(), _ops().alias("calls"))
+            .with_columns(_bytes(), pl.col("kind").replace_strict(dict(enumerate(KINDS)), return_dtype=pl.String)
+                          .alias("category"), pl.col("io_offset").alias("offset"))
+            .select(*SQL_SCHEMA).cast(SQL_SCHEMA))
+
+
+def cover_table(spans: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """io_cover of spans (``keys``, tid, group, start, end): each thread's compute,
+    data-loading and checkpoint time as disjoint intervals."""
+    spans = spans.filter(pl.col("group").is_in([COMPUTE, LOADER, CHECKPOINT]))
+    return union_intervals(spans.select(*keys, "tid", "group", "start", "end"), [*keys, "tid"])
+
+
+def regrouped_totals(totals: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """``io_totals`` rows of several partitions with one row a key again."""
+    return totals.group_by(*keys, *TOTALS_KEY).agg(
+        pl.col("ops").sum(), pl.col("bytes").sum(), pl.col("us").sum(), pl.col("first").min(),
+        pl.col("last").max())

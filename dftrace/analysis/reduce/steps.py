@@ -1,0 +1,600 @@
+"""The step model: which stretch of each rank's time is which training step.
+
+A step runs, on each process, from the first start of the step's own work (the
+earliest span carrying its ``args.step``) to the first start of the next step's
+work. Work means leaf activity: compute, communication, device transfers,
+checkpoints, and data loading. Never part of a step:
+
+- pipeline spans (train, epoch, evaluate, test, ``pipeline.*``) and loop bodies
+  (``.block``), which enclose steps;
+- any span that contains the starts of two or more other steps (a span around the
+  whole loop that carries some step's number);
+- data-loading spans that began before the previous step's work.
+
+A step's data wait is the fetch of the batch it trains on, the same on every rank:
+the fetch that ran before ``ai.update(step=k)`` was called carries the previous
+step's number (whether sticky args are taken when a span starts or when it ends),
+so a data-loading span of step k-1 that began once step k-1's work had ended
+belongs to step k, which starts with it (one inside step k-1's own work stays there). The first step's fetch carries no step number, and
+a fetch separated from the next step by a pipeline span (an evaluation) belongs
+to no step.
+
+The last step of an epoch (or of the run) ends with the last of its own spans, and
+a pipeline span that starts inside a step (an evaluation, the next epoch) ends it
+there: evaluation after the last training step is not part of that step.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import polars as pl
+
+from ... import format as fmt
+from ..runtime.kernels import analysis_kernels
+from .busy import each_process
+from ..read.schema import FrameT
+
+#: The C step kernels; None without them (no compiler, or DFTRACE_NO_SPEEDUPS): numpy's.
+_native = analysis_kernels()
+
+#: Categories whose spans place a step in time; data loading follows them.
+WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
+
+def step_rows(spans: FrameT, by: list[str]) -> FrameT:
+    """*by, epoch, step, cat, name, start, end, n: extents of the spans that carry
+    ``args.step``, per name: what :func:`model_steps` works from. ``spans`` are
+    complete events with an ``end`` column."""
+    return (
+        spans.filter(
+            pl.col("step").is_not_null() & (pl.col("cat") != fmt.CAT_PIPELINE)
+            & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX) & ~pl.col("name").str.ends_with(fmt.DONE_SUFFIX)
+        )
+        .group_by([*by, "epoch", "step", "cat", "name"])
+        .agg(pl.col("ts").min().alias("start"), pl.col("end").max().alias("end"),
+             pl.len().cast(pl.Int64).alias("n"))
+    )
+
+
+#: The names of the PyTorch profiler's step spans (``ProfilerStep#N``): the step
+#: model leaves them out where a process has dftrace's own steps.
+PROFILER_STEP_PREFIX = "ProfilerStep#"
+
+
+def work_merged(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """``rows`` (see :func:`step_rows`) with the rows of each step's work (one a name)
+    merged into one, its category compute and its name null: the first start, last
+    end and count of them all. Data loading and the profiler's steps keep their rows.
+
+    The step model finds the same steps from them wherever no merged row holds the
+    starts of two or more other steps (:func:`merged_work_encloses` says): it reads a
+    step's work rows for their least start, greatest end and count, and leaves a row
+    out only where it holds such starts, and a merged row holds every start its rows
+    hold. A whole file's rows merged as each piece is read are a few rows a step
+    rather than one a step and name."""
+    if not rows.height:
+        return rows
+    merged = _is_merged_work(rows)
+    if not merged.any():
+        return rows
+    work = (rows.filter(merged).group_by([*by, "epoch", "step"])
+            .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum())
+            .with_columns(pl.lit(fmt.CAT_COMPUTE, pl.String).alias("cat"), pl.lit(None, pl.String).alias("name")))
+    return pl.concat([rows.filter(~merged), work.select(rows.columns).cast(rows.schema)], how="vertical")
+
+
+def merged_work_encloses(rows: pl.DataFrame, by: list[str]) -> bool:
+    """Whether a row of ``rows`` merged by :func:`work_merged` (a work row without a
+    name) holds, strictly within it, the starts of two or more work rows of its
+    process (``by``): the step model might leave the merged row out where it would
+    have kept some of the rows merged into it, and the steps are found from the rows
+    unmerged instead. The starts of every work row are looked at, not only each
+    step's first: a merged row that holds none of them holds no step's first start."""
+    work = rows.filter(pl.col("cat").is_in(WORK_CATS))
+    if not work.height:
+        return False
+    several = bool(by) and work.select(by).unique().height > 1
+    for frame in (work.partition_by(by) if several else [work]):
+        start, end = frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy()
+        merged = frame.get_column("name").is_null().to_numpy()
+        known = np.sort(start)
+        inside = (np.searchsorted(known, end[merged], side="left")
+                  - np.searchsorted(known, start[merged], side="right"))
+        if (inside >= 2).any():
+            return True
+    return False
+
+
+def _is_merged_work(rows: pl.DataFrame) -> pl.Series:
+    return rows.select(pl.col("cat").is_in(WORK_CATS).fill_null(False)
+                       & ~pl.col("name").str.starts_with(PROFILER_STEP_PREFIX).fill_null(False)).to_series()
+
+
+def container_rows(spans: FrameT, by: list[str]) -> FrameT:
+    """*by, name, start, end: the pipeline's own spans (train, epoch, evaluate, ...);
+    loop bodies and item waits left out."""
+    return spans.filter(
+        (pl.col("cat") == fmt.CAT_PIPELINE) & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX)
+        & ~pl.col("name").str.ends_with(fmt.ITER_SUFFIX)
+    ).select(*by, "name", pl.col("ts").alias("start"), "end")
+
+
+STEP_SCHEMA = {"proc": pl.Int32, "epoch": pl.Int64, "step": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+               "n": pl.Int64, "work": pl.Boolean}
+#: The time of a process's compute and blocked intervals within each of its steps
+#: (see ``with_step_times``).
+STEP_TIME_SCHEMA = {"compute_us": pl.Int64, "blocked_us": pl.Int64}
+
+
+def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
+    """proc, epoch, step, start, end, n, work: each process's steps.
+
+    ``rows`` has the extents of each (proc, epoch, step, cat, name); ``containers``
+    the pipeline spans (proc, name, start, end). ``work`` is false for processes
+    whose steps are found from data loading alone (DataLoader workers).
+    """
+    if not rows.height:
+        return pl.DataFrame(schema=STEP_SCHEMA)
+    rows = with_epochs_of_their_steps(rows)
+    cuts = {
+        proc: np.sort(frame.get_column("start").to_numpy())
+        for (proc,), frame in containers.partition_by("proc", as_dict=True).items()
+    }
+    procs = rows.get_column("proc").unique(maintain_order=True).to_list()
+
+    def one(proc: int) -> pl.DataFrame:
+        # Each process's rows are cut out when its turn comes: a big run's rows are
+        # not all copied at once.
+        frame = rows.filter(pl.col("proc") == proc) if len(procs) > 1 else rows
+        return _process_steps(proc, frame, cuts.get(proc, np.empty(0, dtype=np.int64)))
+
+    # Processes are independent, and numpy and polars release the GIL for most of the work.
+    with ThreadPoolExecutor(min(os.cpu_count() or 1, 8, len(procs))) as pool:
+        out = list(pool.map(one, procs))
+    return pl.concat(out, how="vertical") if out else pl.DataFrame(schema=STEP_SCHEMA)
+
+
+def with_epochs_of_their_steps(rows: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` where a row without an epoch takes the epoch of its process's other rows
+    of the same step number, where they name exactly one.
+
+    A step is one step whatever args its spans carry: an integration's or a loop's
+    step span carries ``epoch`` and ``step`` while the forward, backward and optimizer
+    spans inside it carry ``step`` alone, and they are the same step. Where a step
+    number appears under several epochs (steps numbered from 0 in each epoch), a row
+    without an epoch is left as it is."""
+    epoch = rows.get_column("epoch")
+    missing = epoch.null_count()
+    if not missing or missing == rows.height:
+        return rows
+    keys = ["proc", "step"] if "proc" in rows.columns else ["step"]
+    known = (rows.lazy().filter(pl.col("epoch").is_not_null() & pl.col("step").is_not_null())
+             .group_by(keys).agg(pl.col("epoch").min().alias("_epoch"),
+                                 (pl.col("epoch").n_unique() == 1).alias("_one"))
+             .filter(pl.col("_one")).select(*keys, "_epoch"))
+    return (rows.lazy().join(known, on=keys, how="left", maintain_order="left")
+            .with_columns(pl.coalesce("epoch", "_epoch").cast(epoch.dtype).alias("epoch"))
+            .drop("_epoch").collect())
+
+
+def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFrame:
+    start, end, n = (np.ascontiguousarray(rows.get_column(name).to_numpy(), np.int64) for name in ("start", "end", "n"))
+    is_work = rows.get_column("cat").is_in(WORK_CATS).to_numpy()
+    work = bool(is_work.any())
+    if not work:
+        is_work = np.ones(rows.height, dtype=bool)
+    codes = step_codes(rows)
+    if _native is not None and codes is not None:
+        code, epoch_span = codes
+        placed = _native.steps(code, start, end, n, is_work.astype(np.uint8), np.ascontiguousarray(cuts, np.int64),
+                               epoch_span)
+        at, step_start, step_end, counts = (np.frombuffer(array, np.int64) for array in placed)
+        picked = rows.select("epoch", "step")[at]
+    else:
+        picked, step_start, step_end, counts = _placed_numpy(rows, codes, start, end, n, is_work, cuts)
+    if not step_start.size:
+        return pl.DataFrame(schema=STEP_SCHEMA)
+    return pl.DataFrame(
+        {
+            "proc": np.full(step_start.size, proc, dtype=np.int32),
+            "epoch": picked.get_column("epoch"),
+            "step": picked.get_column("step"),
+            "start": step_start,
+            "end": step_end,
+            "n": counts,
+            "work": np.full(step_start.size, work),
+        },
+        schema=STEP_SCHEMA,
+    )
+
+
+def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, start: np.ndarray, end: np.ndarray,
+                  n: np.ndarray, is_work: np.ndarray, cuts: np.ndarray
+                  ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """The steps of one process's ``rows`` in time order: (epoch, step), start, end and
+    event count of each (the C kernel's work, for an install without a compiler and
+    for steps too many to number with one integer)."""
+    keys, key, by_key = _step_keys(rows, codes)
+    keep = np.ones(key.size, dtype=bool)
+    first = _first_starts(key, start, is_work & keep, keys.height)
+    # Spans that hold the starts of two or more other steps enclose steps.
+    known = np.sort(first[np.isfinite(first)]).astype(np.int64)
+    # Searched for in the order of their steps, nearly that of time: the searches then
+    # walk ``known`` in order, several times faster than in the rows' own order.
+    inside = np.empty(key.size, dtype=np.int64)
+    inside[by_key] = (np.searchsorted(known, end[by_key], side="left")
+                      - np.searchsorted(known, start[by_key], side="right"))
+    own = (first[key] > start) & (first[key] < end)
+    keep &= (inside - own) < 2
+    first = _first_starts(key, start, is_work & keep, keys.height)
+    found = np.flatnonzero(np.isfinite(first))
+    if not found.size:
+        nothing = np.empty(0, dtype=np.int64)
+        return keys.clear(), nothing, nothing, nothing
+    order = found[np.argsort(first[found], kind="stable")]
+    rank_of = np.full(keys.height, -1, dtype=np.int64)
+    rank_of[order] = np.arange(order.size)
+    step_start = first[order].astype(np.int64)
+    work_end = np.full(order.size, np.iinfo(np.int64).min, dtype=np.int64)
+    worked = is_work & keep & (rank_of[key] >= 0)
+    np.maximum.at(work_end, rank_of[key][worked], end[worked])
+    target = _data_targets(rank_of[key], start, ~is_work & keep, step_start, work_end, cuts)
+    data = target >= 0
+    if data.any():
+        earliest = np.full(order.size, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(earliest, target[data], start[data])
+        step_start = np.minimum(step_start, earliest)
+    last_end = np.zeros(order.size, dtype=np.int64)
+    counts = np.zeros(order.size, dtype=np.int64)
+    owner = np.where(is_work, rank_of[key], target)
+    placed = keep & (owner >= 0)
+    np.maximum.at(last_end, owner[placed], end[placed])
+    np.add.at(counts, owner[placed], n[placed])
+    epochs = keys.get_column("epoch").to_numpy()[order] if keys.height else np.empty(0)
+    same_epoch = np.concatenate((_same(epochs[1:], epochs[:-1]), [False]))
+    step_end = np.where(same_epoch, np.concatenate((step_start[1:], [0])), last_end)
+    # A pipeline span starting inside a step (evaluation, the next epoch) ends it.
+    if cuts.size:
+        nxt = np.searchsorted(cuts, step_start, side="right")
+        has = nxt < cuts.size
+        cut = np.where(has, cuts[np.minimum(nxt, cuts.size - 1)], np.iinfo(np.int64).max)
+        step_end = np.minimum(step_end, cut)
+    step_end = np.maximum(step_end, step_start)
+    return keys[order.tolist()], step_start, step_end, counts
+
+
+def step_codes(rows: pl.DataFrame) -> tuple[np.ndarray, int] | None:
+    """One integer a row numbering its (epoch, step) in their order, missing ones first,
+    and the span of the step numbers (the code divided by it is the epoch's); None
+    where their range is too wide for one integer."""
+    columns, lows, spans = [], [], []
+    for name in ("epoch", "step"):
+        column = rows.get_column(name)
+        low, high = column.min(), column.max()  # None where every value is missing
+        low, high = (0, 0) if low is None else (int(low), int(high))
+        if column.null_count():  # a missing value takes the place before the least: 0
+            column = column.cast(pl.Int64).fill_null(low - 1)
+        columns.append(column.to_numpy())
+        lows.append(low)
+        spans.append(high - low + 2)
+    if spans[0] * spans[1] >= 1 << 62:
+        return None
+    # Built in place in one array: every rank-step's codes are made at once.
+    code = columns[0].astype(np.int64)
+    code -= lows[0] - 1
+    code *= spans[1]
+    np.add(code, columns[1], out=code, casting="unsafe")  # the step numbers in their own (narrow) type
+    code -= lows[1] - 1
+    return code, spans[1]
+
+
+def _step_keys(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None
+               ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray]:
+    """(epoch, step: the distinct pairs of ``rows``, sorted, missing ones first; the
+    place of each row's pair among them; the rows in the order of their pairs), found
+    from their ``codes`` where there are, else by sorting on both."""
+    if codes is not None:
+        code = codes[0]
+        order = np.argsort(code, kind="stable")
+        new = np.ones(order.size, dtype=bool)
+        new[1:] = code[order][1:] != code[order][:-1]
+    else:
+        columns = []
+        for name in ("epoch", "step"):
+            column = rows.get_column(name)
+            columns += [column.is_not_null().to_numpy(), column.fill_null(0).to_numpy().astype(np.int64)]
+        e_present, e_values, s_present, s_values = columns
+        order = np.lexsort((s_values, s_present, e_values, e_present))
+        new = np.ones(order.size, dtype=bool)
+        new[1:] = np.any([c[order][1:] != c[order][:-1] for c in columns], axis=0)
+    key = np.empty(order.size, dtype=np.int64)
+    key[order] = np.cumsum(new) - 1
+    return rows.select("epoch", "step")[order[new]], key, order
+
+
+def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
+                  work_end: np.ndarray, cuts: np.ndarray) -> np.ndarray:
+    """The step (its place in time order) each data-loading row belongs to, or -1.
+
+    A step's data wait is the fetch of the batch it trains on. That fetch ran before
+    ``ai.update(step=k)``, so it carries the previous step's number: a data row of
+    step ``s`` that began once ``s``'s work had ended fetched the batch of the step
+    after ``s``, and belongs to it unless a pipeline span (an evaluation) starts
+    between the two steps' work (its fetches carry ``s`` too). One that began while
+    ``s``'s work ran (data loading inside the step's own spans) is ``s``'s, and so is
+    one that began before (between the previous step's work and its own). Rows of no
+    placed step, and earlier ones, belong to none.
+    """
+    size = step_start.size
+    target = np.full(rank.size, -1, dtype=np.int64)
+    if not size:
+        return target
+    r = np.maximum(rank, 0)
+    placed = data & (rank >= 0)
+    previous = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
+    own = placed & (start > previous[r]) & (start < work_end[r])
+    nxt = np.minimum(r + 1, size - 1)
+    ahead = placed & (start >= work_end[r]) & (r + 1 < size)
+    if cuts.size:
+        between = np.searchsorted(cuts, step_start[nxt], side="left") - np.searchsorted(cuts, step_start[r],
+                                                                                           side="right")
+        ahead &= between == 0
+    target[own] = r[own]
+    target[ahead] = nxt[ahead]
+    return target
+
+
+def _first_starts(key: np.ndarray, start: np.ndarray, use: np.ndarray, size: int) -> np.ndarray:
+    first = np.full(size, np.inf)
+    np.minimum.at(first, key[use], start[use].astype(np.float64))
+    return first
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise equality that treats two missing epochs as equal."""
+    if a.dtype.kind in "iu":  # no epoch missing
+        return a == b
+    if a.dtype.kind == "f":  # missing epochs are NaN
+        return (a == b) | (np.isnan(a) & np.isnan(b))
+    return np.array([x == y or (x is None and y is None) or (x != x and y != y) for x, y in zip(a, b)],
+                    dtype=bool)
+
+
+#: A unit's step numbers and times, 64 bits wide whatever those of the processes'
+#: steps (the whole files' are held narrow: ``Combined.modelled``): the answers join
+#: and subtract them. Its count and its compute and blocked time keep the processes'
+#: types (1.25M rank-steps take 25 MB less): they are only summed and added to.
+_UNIT_STEP_TYPES = {name: STEP_SCHEMA[name] for name in ("epoch", "step", "start", "end")}
+
+
+def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
+    """unit, unit_order, epoch, step, start, end, dur, n: each rank's steps.
+
+    A rank's processes together: those that place steps by their work (the
+    training process), or, for a rank with none, those that only load data.
+    """
+    units = procs.filter(pl.col("unit").is_not_null()).select("proc", "unit", "unit_order")
+    present = units.filter(pl.col("proc").is_in(steps.get_column("proc").unique().implode()))
+    if present.get_column("unit").is_unique().all():
+        # One process with steps per unit (the usual run): its steps are the unit's
+        # as they are, one row per (epoch, step), without regrouping them all.
+        in_order = _steps_in_unit_order(steps, units)
+        if in_order is not None:
+            return in_order
+        by_unit = steps.join(units, on="proc", how="inner").select("unit", "unit_order", "epoch", "step", "start", "end", "n", *STEP_TIME_SCHEMA)
+    else:
+        joined = steps.join(units, on="proc", how="inner").filter(
+            pl.col("work") | ~pl.col("work").any().over("unit"))
+        # A process's step times are kept only where it is the one placing its rank's
+        # steps (``combine`` reads a file again otherwise): a step has one at most.
+        by_unit = (joined.group_by(["unit", "unit_order", "epoch", "step"])
+                   .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum(),
+                        *(pl.col(name).max() for name in STEP_TIME_SCHEMA)))
+    return (
+        by_unit.lazy().cast(_UNIT_STEP_TYPES).with_columns((pl.col("end") - pl.col("start")).alias("dur"))
+        .sort(["unit_order", "start"], nulls_last=True).collect()
+    )
+
+
+def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame | None:
+    """``unit_steps`` of one process per unit, gathered from ``steps`` column by
+    column, when its rows come one process after another, each in time order: the
+    processes put in unit order are then the rows sorted (a join and a sort made two
+    copies; slices put together made every column twice). None otherwise."""
+    if steps.get_column("start").null_count():
+        return None
+    blocks = steps.get_column("proc").rle().struct.unnest()
+    procs = blocks.get_column("value").to_list()
+    if len(set(procs)) != len(procs):
+        return None
+    unit_of = {proc: (unit, order) for proc, unit, order in units.iter_rows()}
+    start = steps.get_column("start")
+    kept, offset = [], 0
+    for proc, length in zip(procs, blocks.get_column("len").to_list()):
+        if proc in unit_of:
+            if length > 1 and not (start.slice(offset + 1, length - 1).to_numpy()
+                                   > start.slice(offset, length - 1).to_numpy()).all():
+                return None
+            kept.append((unit_of[proc], offset, length))
+        offset += length
+    orders = [order for (_, order), _, _ in kept]
+    if not kept or None in orders or len(set(orders)) != len(orders):
+        return None
+    kept.sort(key=lambda block: block[0][1])
+    lengths = [length for _, _, length in kept]
+    block = np.repeat(np.arange(len(kept), dtype=np.uint32), lengths)
+    columns = {"unit": pl.Series("unit", [unit for (unit, _), _, _ in kept], pl.String).gather(block),
+               "unit_order": np.repeat(np.array([order for (_, order), _, _ in kept], dtype=np.int64), lengths)}
+    del block
+    for name in (*_UNIT_STEP_TYPES, "n", *STEP_TIME_SCHEMA):
+        column = steps.get_column(name)
+        if column.null_count():
+            columns[name] = column.gather(pl.Series(np.concatenate(
+                [np.arange(offset, offset + length) for _, offset, length in kept]))).cast(
+                _UNIT_STEP_TYPES.get(name, column.dtype))
+            continue
+        # Filled block by block into an array of numpy's (the C heap's, in the type
+        # the column takes here): handed back to the system once the answers drop it,
+        # where polars' allocator keeps freed pages until its next allocation.
+        dtype = np.int64 if name in _UNIT_STEP_TYPES else column.slice(0, 0).to_numpy().dtype
+        values, at = np.empty(sum(lengths), dtype=dtype), 0
+        for _, offset, length in kept:
+            values[at:at + length] = column.slice(offset, length).to_numpy()
+            at += length
+        columns[name] = values
+    found = pl.DataFrame(columns)
+    return found.with_columns(pl.Series("dur", columns["end"] - columns["start"]) if isinstance(
+        columns["end"], np.ndarray) else (pl.col("end") - pl.col("start")).alias("dur"))
+
+
+def step_spread(by_unit: pl.DataFrame) -> pl.DataFrame | None:
+    """epoch, step, ranks, start_us, min_us, median_us, max_us, slowest: each step's
+    ranks compared (``by_unit``: unit, unit_order, epoch, step, start, dur), as
+    ``_summary._steps``' query compares them, by the C kernel in one sort; None where
+    it cannot (an install without a compiler, a missing time or rank order, steps too
+    many to number with one integer): the query then does."""
+    if _native is None or not by_unit.height or any(
+            by_unit.get_column(name).null_count() for name in ("start", "dur", "unit_order")):
+        return None
+    codes = step_codes(by_unit)
+    if codes is None:
+        return None
+    compared = _native.across(codes[0], *(np.ascontiguousarray(by_unit.get_column(name).to_numpy(), np.int64)
+                                          for name in ("start", "dur", "unit_order")))
+    row, ranks, start, low, middle, high, slowest = (np.frombuffer(array, np.int64) for array in compared)
+    return pl.DataFrame({
+        "epoch": by_unit.get_column("epoch").gather(row),
+        "step": by_unit.get_column("step").gather(row),
+        "ranks": pl.Series(ranks, dtype=pl.UInt32),
+        "start_us": start, "min_us": low, "median_us": middle, "max_us": high,
+        "slowest": by_unit.get_column("unit").gather(slowest),
+    })
+
+
+def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
+                 epoch: int | None) -> pl.DataFrame:
+    """_unit, _from, _to: per unit, the time of steps ``first``..``last`` (of
+    ``epoch``, or of any epoch) by the step model. ``events`` is a loaded trace's
+    events table; ``unit`` names the rank (or process) of each event."""
+    spans = events.filter(
+        (pl.col("ph") == fmt.PH_COMPLETE) & pl.col("ts").is_not_null() & pl.col("dur").is_not_null()
+    ).with_columns(
+        (pl.col("ts") + pl.col("dur")).alias("end"),
+        pl.struct("host", "pid").rank("dense").cast(pl.Int32).alias("proc"),
+        unit.alias("_unit"),
+    )
+    units = spans.select("proc", "_unit").unique("proc")
+    steps = model_steps(step_rows(spans, ["proc"]), container_rows(spans, ["proc"]))
+    selected = steps.filter(pl.col("step").is_between(first, last))
+    if epoch is not None:
+        selected = selected.filter(pl.col("epoch") == epoch)
+    return (
+        selected.join(units, on="proc")
+        .group_by("_unit")
+        .agg(pl.col("start").min().alias("_from"), pl.col("end").max().alias("_to"))
+    )
+
+
+def describe_steps(events: pl.DataFrame) -> str:
+    """What steps and epochs the events carry, for a message about a filter."""
+    spans = events.filter(pl.col("step").is_not_null())
+    if not spans.height:
+        return "the trace has no step numbers"
+    steps = spans.get_column("step")
+    epochs = sorted(spans.get_column("epoch").drop_nulls().unique().to_list())
+    where = f"epochs {epochs[0]}..{epochs[-1]}" if epochs else "no epoch numbers"
+    return f"the trace has steps {steps.min()}..{steps.max()} and {where}"
+
+
+def time_within(starts: np.ndarray, ends: np.ndarray, step_start: np.ndarray, step_end: np.ndarray) -> np.ndarray:
+    """The time of disjoint intervals (``starts``, ``ends``: one process's) that falls
+    within each [``step_start``, ``step_end``)."""
+    if not starts.size:
+        return np.zeros(step_start.size, dtype=np.int64)
+    order = np.argsort(starts, kind="stable")  # they usually come sorted: one pass
+    starts, ends = starts[order], ends[order]
+    before = np.concatenate(([0], np.cumsum(ends - starts)))
+
+    def time_until(t: np.ndarray) -> np.ndarray:
+        # time before t: whole intervals before it plus the part of the one it is in
+        j = np.searchsorted(starts, t, side="right")
+        inside = np.where(j > 0, np.minimum(t, ends[np.maximum(j - 1, 0)]) - starts[np.maximum(j - 1, 0)], 0)
+        return before[np.maximum(j - 1, 0)] + np.where(j > 0, inside, 0)
+
+    return time_until(step_end) - time_until(step_start)
+
+
+def time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataFrame) -> np.ndarray:
+    """Per row of ``steps`` (unit, start, end), the time of disjoint per-process
+    ``intervals`` (proc, start, end) that falls within it (a unit's processes
+    together; 0 for a unit without intervals).
+
+    Neither table is copied whole: each process's intervals and each unit's steps are
+    looked at through their row numbers."""
+    totals = np.zeros(steps.height, dtype=np.int64)
+    if not steps.height or not intervals.height:
+        return totals
+    units = dict(procs.filter(pl.col("unit").is_not_null()).select("proc", "unit").iter_rows())
+    grouped_rows = steps.select("unit").with_row_index("row").group_by("unit").agg("row")
+    rows_of = {unit: rows.to_numpy() for unit, rows in
+               zip(grouped_rows.get_column("unit").to_list(), grouped_rows.get_column("row"))}
+    step_start, step_end = steps.get_column("start").to_numpy(), steps.get_column("end").to_numpy()
+    proc = intervals.get_column("proc").to_numpy()
+    starts_all, ends_all = intervals.get_column("start").to_numpy(), intervals.get_column("end").to_numpy()
+    grouped = proc.size < 2 or bool((proc[1:] >= proc[:-1]).all())
+    by_proc = np.arange(proc.size) if grouped else np.argsort(proc, kind="stable")
+    procs_in_order = np.unique(proc)
+    bounds = np.searchsorted(proc[by_proc], procs_in_order, side="left").tolist() + [proc.size]
+    # Per process, its intervals sorted alone (sorting the table was the peak); a unit's processes add up.
+    for i, one in enumerate(procs_in_order.tolist()):
+        own = rows_of.get(units.get(int(one)))
+        if own is None:
+            continue
+        taken = by_proc[bounds[i]:bounds[i + 1]]
+        totals[own] += time_within(starts_all[taken], ends_all[taken], step_start[own], step_end[own])
+    return totals
+
+
+def with_step_times(steps: pl.DataFrame, compute: pl.DataFrame, blocked: pl.DataFrame) -> pl.DataFrame:
+    """``steps`` (see ``model_steps``) with ``compute_us`` and ``blocked_us``: the time of
+    each process's ``compute`` and ``blocked`` intervals (proc, start, end; disjoint)
+    within each of its steps, found for the processes whose steps are placed by their
+    work (null for the others). Where such a process's steps are its rank's, these are
+    what the answers need of its intervals (see ``unit_steps``)."""
+    compute_us = np.zeros(steps.height, dtype=np.int64)
+    blocked_us = np.zeros(steps.height, dtype=np.int64)
+    settled = np.zeros(steps.height, dtype=bool)
+    proc = steps.get_column("proc").to_numpy()
+    step_start, step_end = steps.get_column("start").to_numpy(), steps.get_column("end").to_numpy()
+    of_process = [dict(each_process(intervals)) for intervals in (compute, blocked)]
+    for one in settled_procs(steps):
+        own = np.flatnonzero(proc == one)
+        settled[own] = True
+        for intervals, out in zip(of_process, (compute_us, blocked_us)):
+            mine = intervals.get(one)
+            if mine is not None:
+                out[own] = time_within(mine.get_column("start").to_numpy(), mine.get_column("end").to_numpy(),
+                                       step_start[own], step_end[own])
+    mask = pl.lit(pl.Series(settled))
+    return steps.with_columns(pl.when(mask).then(pl.Series(compute_us)).alias("compute_us"),
+                              pl.when(mask).then(pl.Series(blocked_us)).alias("blocked_us"))
+
+
+def settled_procs(steps: pl.DataFrame) -> list[int]:
+    """The processes of ``steps`` whose steps are placed by their work."""
+    return steps.filter(pl.col("work")).get_column("proc").unique(maintain_order=True).to_list()
+
+
+def without_profiler_steps(steps: pl.DataFrame) -> pl.DataFrame:
+    """Step rows of the step model, leaving out ``ProfilerStep#N`` spans of processes
+    that have dftrace's own steps (a PyTorch profiler trace joined to a dftrace trace
+    of the same process): the profiler's step counter is not the training loop's."""
+    # A row without a name (a step's work merged into one: ``work_merged``) is not the profiler's.
+    profiler = steps.get_column("name").str.starts_with(PROFILER_STEP_PREFIX).fill_null(False)
+    if not profiler.any():
+        return steps  # no profiler trace among them (the usual): nothing to look up
+    own = steps.get_column("proc").filter(~profiler).unique()
+    kept = ~(profiler & steps.get_column("proc").is_in(own.implode()))
+    return steps if kept.sum() == steps.height else steps.filter(kept)  # no copy when all are kept

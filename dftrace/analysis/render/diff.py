@@ -1,0 +1,129 @@
+"""``dftrace diff`` as text: a :class:`~._diff.RunDiff` rendered for the terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..answers.diff import SECTIONS, STEP_BLOCKS, DiffRow, RunDiff, _interval, _signed, _value
+from ..answers.units import format_us
+
+__all__ = ["parse_percent", "render_diff"]
+
+
+def parse_percent(text: str) -> float:
+    """``5%`` or ``5`` (both 5 %) as the fraction 0.05."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1] if raw.endswith("%") else raw)
+    except ValueError:
+        raise ValueError(f"expected a percentage such as 5%, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"expected a percentage >= 0, got {text!r}")
+    return value / 100
+
+
+def _change(row: DiffRow) -> tuple[str, str, str]:
+    """(change, relative change, interval) as printed."""
+    if row.change is None:
+        if row.base is None and row.new is None:
+            return "", "", ""  # in neither run (no communication, say)
+        return ("only in base" if row.new is None else "only in new"), "", ""
+    relative = f"{row.relative * 100:+.1f}%" if row.relative is not None else ""
+    return _signed(row.unit, row.change), relative, _interval(row) if row.low is not None else ""
+
+
+def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *, top: int = 20) -> str:
+    """The comparison as terminal tables: what changed beyond noise (the ``top`` rows
+    with the largest effect on step time), then every section side by side (per name:
+    the ``top`` names with the most time)."""
+    from .text import _table, count_of
+
+    def describe(run: dict[str, Any]) -> str:
+        ranks = count_of(run["ranks"], "rank") if run["ranks"] else count_of(run["processes"], "process", "processes")
+        broken = f", {count_of(run['broken_lines'], 'broken line')}" if run.get("broken_lines") else ""
+        return f"{ranks}, {count_of(run['rank_steps'], 'rank-step')}, {count_of(run['events'], 'event')}{broken}"
+
+    runs_b, runs_n = diff.runs
+    lines = [f"dftrace diff: base {base_name} ({_runs_of(runs_b)}{describe(diff.base)})",
+             f"              new  {new_name} ({_runs_of(runs_n)}{describe(diff.new)})"]
+    if runs_b + runs_n > 2:
+        lines.append(f"  noise: the spread of each figure over the runs; intervals are 95 % "
+                     f"(Welch's t), means over {runs_b} and {runs_n} runs")
+    else:
+        lines.append(f"  noise: step figures from the spread over blocks of consecutive steps "
+                     f"(up to {STEP_BLOCKS} per run), a name's mean from the spread of its durations; "
+                     "other figures have no interval with one run per side: several runs per side give "
+                     "a sharper answer")
+        if diff.speed is not None:
+            lines.append(f"  machine speed: the names took {diff.speed:.3f}x as long in new (median over "
+                         "names, weighed by time); time figures are judged by their change beyond that")
+        if diff.moved:
+            moved = ", ".join(f"{name} ({step * 100:+.1f}% of the step)" for name, step in diff.moved.items())
+            lines.append(f"  moved against the rest of their steps, outside the noise: {moved}; "
+                         "step figures are judged by that part")
+    lines.append("")
+    flagged = diff.flagged
+    threshold = f"{diff.threshold * 100:g}%"
+    if flagged:
+        lines.append(f"Changed beyond {threshold} and outside the noise (largest effect on step time first; "
+                     "impact: change in the figure's time per rank-step)")
+        rows = [(r.metric, _value(r.unit, r.base), _value(r.unit, r.new), *_change(r), _impact(r))
+                for r in flagged[:top]]
+        lines += _table(("metric", "base", "new", "change", "%", "95% interval", "impact"), rows,
+                        (False, True, True, True, True, True, True))
+        if len(flagged) > top:
+            lines.append(f"  ... {len(flagged) - top} more (--rows, or --json)")
+    else:
+        lines.append(f"Nothing changed beyond {threshold} outside the noise.")
+    shown_names = _busiest_names(diff, top)
+    for section in SECTIONS:
+        rows = [r for r in diff.rows if r.section == section]
+        if section == "categories":
+            hidden = len({_name_of(r) for r in rows} - shown_names)
+            rows = [r for r in rows if _name_of(r) in shown_names]
+        if not rows:
+            continue
+        lines += ["", _SECTION_TITLES[section]]
+        table = [(r.metric, _value(r.unit, r.base), _value(r.unit, r.new), *_change(r), "*" if r.flagged else "",
+                  r.note) for r in rows]
+        lines += _table(("metric", "base", "new", "change", "%", "95% interval", "flag", "note"), table,
+                        (False, True, True, True, True, True, False, False))
+        if section == "categories" and hidden:
+            lines.append(f"  ... {hidden} more names (--rows, or --json)")
+    return "\n".join(lines) + "\n"
+
+
+def _runs_of(count: int) -> str:
+    return f"{count} runs, mean of " if count > 1 else ""
+
+
+def _name_of(row: DiffRow) -> str:
+    return row.metric.rsplit(".", 1)[0]
+
+
+def _busiest_names(diff: RunDiff, top: int) -> set[str]:
+    """The ``top`` names with the most time in either run."""
+    totals: dict[str, float] = {}
+    for row in diff.rows:
+        if row.section == "categories" and row.metric.endswith(".total"):
+            totals[_name_of(row)] = max(row.base or 0, row.new or 0)
+    return set(sorted(totals, key=lambda name: -totals[name])[:top])
+
+
+def _impact(row: DiffRow) -> str:
+    if not row.impact_us:
+        return ""
+    return ("+" if row.impact_us > 0 else "") + format_us(row.impact_us) + "/step"
+
+
+_SECTION_TITLES = {
+    "steps": "Step time (all ranks and steps)",
+    "epochs": "Epochs",
+    "categories": "Per category and name",
+    "breakdown": "Time breakdown",
+    "dataloader": "Data-loader stall",
+    "stragglers": "Stragglers",
+    "gpu": "GPU (PyTorch profiler traces)",
+    "io": "File I/O (traced POSIX and STDIO calls)",
+    "events": "Events",
+}

@@ -1,0 +1,225 @@
+"""Where the per-partition work runs: in this process, or on a Dask cluster.
+
+Both executors run the same module-level function on each partition (``map``), or
+over the partitions a thread takes one after another (``map_stream``, which lets it
+start on the next partition while it finishes one), and hand the results back in
+partition order; everything after that (combining, resolving
+metadata, rendering) happens in the caller's process. So there is one analysis
+code path, and only where its first stage runs differs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from .deps import require
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# A progress bar appears only on a terminal, and only for loads longer than this.
+_PROGRESS_DELAY_S = 0.5
+
+
+class _Progress:
+    """A tqdm bar on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self, total: int, enabled: bool | None, desc: str):
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        self._bar = None
+        if enabled and total > 0:
+            tqdm = require("tqdm").tqdm
+            self._bar = tqdm(total=total, desc=desc, unit="part", delay=_PROGRESS_DELAY_S, leave=False)
+
+    def update(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+class EmbeddedExecutor:
+    """Runs partitions on a thread pool in this process (the default).
+
+    polars releases the GIL while parsing and aggregating, so a few threads keep
+    every core busy; ``threads`` defaults to the number of CPUs, at most 8.
+    """
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads or min(os.cpu_count() or 1, 8)
+
+    def map(
+        self,
+        fn: Callable[[T], R],
+        items: Sequence[T],
+        *,
+        progress: bool | None = None,
+        desc: str = "reading",
+    ) -> list[R]:
+        """Apply ``fn`` to every item and return the results in item order (each
+        thread applies it to the items it takes, see :meth:`map_stream`)."""
+        return self.map_stream(functools.partial(map, fn), items, progress=progress, desc=desc)
+
+    def map_stream(
+        self,
+        fn: Callable[[Iterable[T]], Iterator[R]],
+        items: Sequence[T],
+        *,
+        progress: bool | None = None,
+        desc: str = "reading",
+    ) -> list[R]:
+        """Like :meth:`map` for an ``fn`` that takes the items one after another and
+        yields each one's result in turn, so that it can start on the next item
+        while it finishes one: each thread runs ``fn`` over the items it takes."""
+        results: list[Any] = [None] * len(items)
+        bar = _Progress(len(items), progress, desc)
+        untaken = iter(range(len(items)))
+        lock = threading.Lock()
+
+        def run() -> None:
+            taken: list[int] = []
+
+            def take() -> Iterator[T]:
+                while True:
+                    with lock:
+                        i = next(untaken, None)
+                    if i is None:
+                        return
+                    taken.append(i)
+                    yield items[i]
+
+            for k, result in enumerate(fn(take())):
+                results[taken[k]] = result
+                with lock:
+                    bar.update()
+
+        try:
+            threads = min(self.threads, len(items))
+            if threads <= 1:
+                run()
+            else:
+                with ThreadPoolExecutor(threads) as pool:
+                    for future in [pool.submit(run) for _ in range(threads)]:
+                        future.result()
+        finally:
+            bar.close()
+        return results
+
+    def close(self) -> None:
+        """Nothing to release; present so both executors can be used alike."""
+
+    def __enter__(self) -> EmbeddedExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"EmbeddedExecutor(threads={self.threads})"
+
+
+class DaskExecutor:
+    """Runs partitions on a Dask cluster: an existing scheduler, or a local one.
+
+    ``DaskExecutor("tcp://host:8786")`` connects to a running scheduler (workers
+    must see the same file paths, e.g. on a shared file system);
+    ``DaskExecutor(workers=4)`` starts a ``LocalCluster`` of four single-threaded
+    worker processes on loopback and stops it on :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        workers: int = 2,
+        threads_per_worker: int = 1,
+        processes: bool = True,
+    ):
+        distributed = require("distributed")
+        self._cluster = None
+        if address is None:
+            self._cluster = distributed.LocalCluster(
+                n_workers=workers,
+                threads_per_worker=threads_per_worker,
+                processes=processes,
+                host="127.0.0.1",
+                dashboard_address=None,
+                silence_logs=logging.ERROR,
+            )
+            self.client = distributed.Client(self._cluster)
+        else:
+            self.client = distributed.Client(address)
+        #: The scheduler's address (also of the local cluster this executor started).
+        self.address: str = self.client.scheduler.address
+        self._as_completed = distributed.as_completed
+
+    def map(
+        self,
+        fn: Callable[[T], R],
+        items: Sequence[T],
+        *,
+        progress: bool | None = None,
+        desc: str = "reading",
+    ) -> list[R]:
+        """Apply ``fn`` to every item on the cluster and return results in item order."""
+        futures = self.client.map(fn, list(items), pure=False)
+        position = {f.key: i for i, f in enumerate(futures)}
+        results: list[Any] = [None] * len(futures)
+        bar = _Progress(len(futures), progress, desc)
+        try:
+            for future in self._as_completed(futures):
+                results[position[future.key]] = future.result()
+                future.release()
+                bar.update()
+        finally:
+            bar.close()
+        return results
+
+    def map_stream(
+        self,
+        fn: Callable[[Iterable[T]], Iterator[R]],
+        items: Sequence[T],
+        *,
+        progress: bool | None = None,
+        desc: str = "reading",
+    ) -> list[R]:
+        """:meth:`map` of an ``fn`` that takes items one after another (see
+        ``EmbeddedExecutor.map_stream``): a task runs it over its one item."""
+        return self.map(functools.partial(_each, fn), items, progress=progress, desc=desc)
+
+    def close(self) -> None:
+        """Disconnect, and stop the local cluster if this executor started one."""
+        self.client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+
+    def __enter__(self) -> DaskExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        kind = "local cluster" if self._cluster is not None else "scheduler"
+        return f"DaskExecutor({kind} at {self.address})"
+
+
+def _each(fn: Callable[[Iterable[T]], Iterator[R]], item: T) -> R:
+    """``fn``'s result for one item (see ``map_stream``)."""
+    (result,) = fn([item])
+    return result
+
+
+def default_executor(executor: Any = None) -> Any:
+    """Return ``executor``, or a fresh :class:`EmbeddedExecutor` when it is None."""
+    return EmbeddedExecutor() if executor is None else executor
