@@ -58,6 +58,10 @@ setup(cmdclass=commands, ext_modules=[
                  depends=["dftrace/_core/io_c/io.h"], libraries=["dl"],
                  extra_compile_args=["-fvisibility=hidden"], optional=not required)]
       if sys.platform.startswith("linux") else []),
+    # The trace readers' decoders of whole gzip members and zstd frames (the system's
+    # libdeflate and libzstd, opened at first use); without them the readers stream.
+    Extension("dftrace.format._members", ["dftrace/format/members.c"],
+              libraries=["dl"] if sys.platform.startswith("linux") else [], optional=not required),
     # The reader of trace lines for analysis and its interval sweeps; without it loading
     # parses with polars alone and the sweeps run in numpy.
     Extension("dftrace.analysis.runtime._kernels", ["dftrace/analysis/runtime/scan.c", "dftrace/analysis/runtime/sweeps.c"],

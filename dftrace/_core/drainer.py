@@ -31,6 +31,8 @@ import sys
 import time
 from typing import Any
 
+from ..format import names as fmt
+
 #: Records per frame (as the in-process writer's ``max_batch``).
 MAX_BATCH = 16384
 #: With no producer left, wait this long for another before exiting.
@@ -132,8 +134,8 @@ class Producer:
                 return
 
     def _meta(self, name: str, args: dict[str, Any]) -> bytes:
-        return json.dumps({"name": name, "cat": "dftrace", "pid": self.pid, "tid": self.pid,
-                           "ph": "M", "args": {"hhash": self.hhash, **args}},
+        return json.dumps({"name": name, "cat": fmt.CAT_TRACER, "pid": self.pid, "tid": self.pid,
+                           "ph": fmt.PH_METADATA, "args": {fmt.ARG_HOSTNAME_HASH: self.hhash, **args}},
                           separators=(",", ":")).encode() + b"\n"
 
     def finish(self, trailer_lines: bytes | None) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from time import perf_counter_ns
 from typing import Any, NamedTuple
 
 from .._c_parts import speedups_allowed
+from ..format import names as fmt
 from . import state as _state
 from .buffer import BUFFER, SPECIALS, discard_buffered, room as _room, wait_for_room, wake_consumer
 from .nvtx_ranges import close_range as nvtx_close, open_range as nvtx_open
@@ -215,7 +216,7 @@ def _thread_stack() -> Stack:
             name = threading.current_thread().name
         except Exception:
             name = str(tid)
-        record_special(META, {"name": "thread_name", "args": {"name": name}}, tid)
+        record_special(META, {"name": fmt.META_THREAD_NAME, "args": {"name": name}}, tid)
     return stk
 
 
@@ -260,7 +261,7 @@ def resolve() -> Stack:
         tname = task.get_name()
     except Exception:
         tname = "task"
-    record_special(META, {"name": "thread_name",
+    record_special(META, {"name": fmt.META_THREAD_NAME,
                           "args": {"name": f"{tname} (asyncio, thread {thread_stk.tid})"}}, vtid)
     TASK_STACK.set(stk)
     return stk
@@ -476,7 +477,7 @@ def _side_stack(stk: Stack) -> Stack:
     generator finishing inside a block opened after it started)."""
     vtid = next(_vtids)
     side = Stack(vtid, None)
-    record_special(META, {"name": "thread_name",
+    record_special(META, {"name": fmt.META_THREAD_NAME,
                           "args": {"name": f"generators (thread {stk.tid})"}}, vtid)
     return side
 
@@ -653,7 +654,7 @@ def record_finished(kid: int, t0: int, t1: int, args: Any = None, sticky: Any = 
 def new_track(name: str) -> int:
     """A virtual tid for spans that run beside the threads (a track of its own)."""
     tid = next(_vtids)
-    record_special(META, {"name": "thread_name", "args": {"name": name}}, tid)
+    record_special(META, {"name": fmt.META_THREAD_NAME, "args": {"name": name}}, tid)
     return tid
 
 

@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from ..format import names as fmt
 from .records import META, kind_id
 from .state import STATE
 
@@ -109,9 +110,10 @@ class IOTracer:
         self._engine = engine
         self._kids = kids
         self._max_rate = session.config.io_max_rate
-        head = b'{"name":"%s","cat":"dftrace","pid":%d,"tid":%d,"ph":"M","args":{"hhash":"%s",'
+        head = b'{"name":"%%s","cat":"%s","pid":%%d,"tid":%%d,"ph":"%s","args":{"%s":"%%s",' % (
+            fmt.CAT_TRACER.encode(), fmt.PH_METADATA.encode(), fmt.ARG_HOSTNAME_HASH.encode())
         ids = (session.pid, session.pid, session.hhash.encode())
-        self._fh_head = head % (b"FH", *ids) + b'"name":'
+        self._fh_head = head % (fmt.META_FILE_HASH.encode(), *ids) + b'"name":'
         self._counters_head = head % (b"io_file", *ids)
         self._last = time.monotonic()
         self._stop = threading.Event()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..format import names as fmt
 from .args import _cut, encode_fragment, key_mask, plain_fragment, sanitize_args
 
 __all__ = ["Extra", "Encoder", "SpecialKind", "META", "COUNTER", "INSTANT", "INCOMPLETE",
@@ -172,9 +173,9 @@ class SpecialKind:
         self.ph = ph
 
 
-META = SpecialKind("M")
-COUNTER = SpecialKind("C")
-INSTANT = SpecialKind("i")
+META = SpecialKind(fmt.PH_METADATA)
+COUNTER = SpecialKind(fmt.PH_COUNTER)
+INSTANT = SpecialKind(fmt.PH_INSTANT)
 
 
 class Encoder:
@@ -191,7 +192,8 @@ class Encoder:
         self.min_id = 0
         hh = json_str(hhash)
         self.pid_piece = b',"pid":' + str(pid).encode() + b',"tid":'
-        self.hh_piece = b',"ph":"X","args":{"hhash":' + hh + b',"level":'
+        self.hh_piece = b',"ph":"%s","args":{"%s":%s,"%s":' % (
+            fmt.PH_COMPLETE.encode(), fmt.ARG_HOSTNAME_HASH.encode(), hh, fmt.ARG_LEVEL.encode())
 
     def encode_spans(self, batch: list[tuple]) -> bytes:
         """Encode tuple records (the pure-Python engine's)."""
@@ -227,14 +229,14 @@ class Encoder:
             ev: dict[str, Any] = {
                 "id": i,
                 "name": payload.get("name", "?"),
-                "cat": payload.get("cat", "dftrace"),
+                "cat": payload.get("cat", fmt.CAT_TRACER),
                 "pid": self.pid,
                 "tid": tid,
             }
-            if k.ph != "M":
+            if k.ph != fmt.PH_METADATA:
                 ev["ts"] = (t0 + self.offset_ns) // 1000
             ev["ph"] = k.ph
-            if k.ph == "i":
+            if k.ph == fmt.PH_INSTANT:
                 ev["s"] = payload.get("scope", "t")
             args = sanitize_args(payload.get("args"), self.max_arg_length)
             if payload.get("ts_value"):  # metadata mode: the value is the time, as text

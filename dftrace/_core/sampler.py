@@ -22,6 +22,7 @@ import os
 import threading
 from typing import Any
 
+from ..format import names as fmt
 from . import engine as _engine
 from .state import STATE
 from .records import COUNTER
@@ -29,7 +30,7 @@ from .records import COUNTER
 __all__ = ["Sampler", "start", "CATEGORY"]
 
 #: The category of resource counters (the one DFAnalyzer reads system metrics from).
-CATEGORY = "sys"
+CATEGORY = fmt.CAT_SYSTEM
 
 
 class Sampler:

@@ -31,6 +31,7 @@ from .config import RANK_MAX, Config, ConfigError, auto_unless_set, env_enable
 from .ranks import detect_rank
 from .records import META, Encoder
 from .._version import __version__
+from ..format import names as fmt
 from .sink import FileSink
 from .writer import Patience, Writer
 
@@ -220,8 +221,8 @@ class Session:
 
     # -- header --------------------------------------------------------------
     def _meta(self, name: str, args: dict[str, Any], tid: int | None = None) -> bytes:
-        ev = {"name": name, "cat": "dftrace", "pid": self.pid,
-              "tid": self.pid if tid is None else tid, "ph": "M", "args": args}
+        ev = {"name": name, "cat": fmt.CAT_TRACER, "pid": self.pid,
+              "tid": self.pid if tid is None else tid, "ph": fmt.PH_METADATA, "args": args}
         import orjson
 
         try:
@@ -234,11 +235,11 @@ class Session:
         sort_index = self.rank if self.rank is not None else self.pid
         lines = [
             b"[\n",
-            self._meta("process_name", {"name": self.process_name}),
-            self._meta("process_sort_index", {"sort_index": sort_index}),
-            self._meta("thread_name", {"name": _clean(thread_name)}, tid),
-            self._meta("HH", {"hhash": self.hhash, "name": self.hostname, "value": self.hhash}),
-            self._meta("clock_anchor", {"hhash": self.hhash, "wall_ns": self.wall_ns,
+            self._meta(fmt.META_PROCESS_NAME, {"name": self.process_name}),
+            self._meta(fmt.META_PROCESS_SORT_INDEX, {"sort_index": sort_index}),
+            self._meta(fmt.META_THREAD_NAME, {"name": _clean(thread_name)}, tid),
+            self._meta(fmt.META_HOSTNAME_HASH, {"hhash": self.hhash, "name": self.hostname, "value": self.hhash}),
+            self._meta(fmt.META_CLOCK_ANCHOR, {"hhash": self.hhash, "wall_ns": self.wall_ns,
                                         "mono_ns": self.mono_ns, "clock": "perf_counter_ns",
                                         "time_metric": "us"}),
             self._meta("PR", {"hhash": self.hhash, **process_info(self)}),

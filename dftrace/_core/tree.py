@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, Callable, TypeVar
 
+from ..format import names as fmt
 from . import records as _records
 from . import engine as _engine
 from . import generators as _generators
@@ -29,14 +30,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: The categories and their children, exactly as DFTracer's AI/DL logging names them.
 CATEGORIES: dict[str, tuple[str, ...]] = {
-    "compute": ("forward", "backward", "step"),
-    "data": ("preprocess", "item"),
-    "dataloader": ("fetch",),
-    "comm": ("send", "receive", "barrier", "bcast", "reduce", "all_reduce", "gather",
+    fmt.CAT_COMPUTE: ("forward", "backward", "step"),
+    fmt.CAT_DATA: ("preprocess", "item"),
+    fmt.CAT_DATALOADER: ("fetch",),
+    fmt.CAT_COMM: ("send", "receive", "barrier", "bcast", "reduce", "all_reduce", "gather",
              "all_gather", "scatter", "reduce_scatter", "all_to_all"),
-    "device": ("transfer",),
-    "checkpoint": ("capture", "restart"),
-    "pipeline": ("epoch", "train", "evaluate", "test"),
+    fmt.CAT_DEVICE: ("transfer",),
+    fmt.CAT_CHECKPOINT: ("capture", "restart"),
+    fmt.CAT_PIPELINE: ("epoch", "train", "evaluate", "test"),
 }
 
 

@@ -112,18 +112,19 @@ _whole_decoders: dict[str, Any] = {}  # looked up once each
 
 
 def _fast_whole(name: str) -> Any:
-    """The C engine's decoder of whole gzip members (``gunzip_members``, libdeflate)
-    or zstd frames (``unzstd_frames``, libzstd), which decodes without the GIL; None
-    without the engine or the library."""
+    """The decoder of whole gzip members (``gunzip_members``, libdeflate) or zstd
+    frames (``unzstd_frames``, libzstd) of the C module built with the package
+    (``members.c``), which decodes without the GIL; None without the module or the
+    library."""
     if name not in _whole_decoders:
         found = None
         if speedups_allowed():
             try:
-                from .._core import _speedups
+                from . import _members
             except ImportError:
                 pass
             else:
-                found = getattr(_speedups, name, None)
+                found = getattr(_members, name, None)
                 if found is not None and found(b"", 0, 1) is None:
                     found = None
         _whole_decoders[name] = found

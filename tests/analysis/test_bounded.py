@@ -230,8 +230,8 @@ def test_polars_allocator_setting_is_for_polars_alone():
     process inherited it, for the programs it starts."""
     check = (
         "import os, sys\n"
-        "from dftrace.analysis.commands import _load_polars\n"
-        "_load_polars()\n"
+        "from dftrace.analysis.runtime.polars_loading import load_polars\n"
+        "load_polars()\n"
         "print('polars' in sys.modules, os.environ.get('_RJEM_MALLOC_CONF'))\n"
     )
     assert _succeeded(_python(check)).stdout.split() == ["True", "None"]
@@ -259,9 +259,9 @@ def test_polars_allocator_takes_the_command_setting(inherited):
     elif inherited == "the user's":
         env["_RJEM_MALLOC_CONF"] = "dirty_decay_ms:2000,stats_print:true"
     check = (
-        "from dftrace.analysis import commands as _cli\n"
-        "_cli._POLARS_ALLOCATOR += ',stats_print:true'  # jemalloc reports its options at exit\n"
-        "_cli._load_polars()\n"
+        "from dftrace.analysis.runtime import polars_loading\n"
+        "polars_loading.POLARS_ALLOCATOR += ',stats_print:true'  # jemalloc reports its options at exit\n"
+        "polars_loading.load_polars()\n"
         "import polars as pl\n"
         "pl.DataFrame({'a': list(range(1000))}).sum()\n"
     )

@@ -306,8 +306,8 @@ def test_a_reader_that_stops_early_ends_the_command_quietly():
 _CTRL_C_CHECK = """
 import os, signal, sys, threading, time
 if sys.argv[1] == "command":
-    from dftrace.analysis.commands import _load_polars
-    _load_polars()
+    from dftrace.analysis.runtime.polars_loading import load_polars
+    load_polars()
 import numpy as np
 import polars as pl
 frame = pl.DataFrame({"a": np.arange(4_000_000), "b": np.arange(4_000_000) % 100_000})

@@ -420,7 +420,9 @@ def test_hostile_numbers_are_damage_not_counts(tmp_path):
 
 def test_totals_outlive_the_calls_a_live_view_lets_go(traced, summary):
     """A watcher keeps each let-go partial's keyed tables: the I/O totals stay whole."""
-    from dftrace.analysis.reduce.aggregate import aggregate_partitions, combine, keyed_only
+    from dftrace.analysis.reduce.aggregate import aggregate_partitions
+    from dftrace.analysis.reduce.combine import combine
+    from dftrace.analysis.reduce.partial import keyed_only
     from dftrace.analysis.read.sources import expand_paths, plan_partitions
     from dftrace.analysis.answers.summary import build_summary
 

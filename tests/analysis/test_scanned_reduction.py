@@ -16,6 +16,8 @@ from tracegen import collective_run, training_process, write_process
 pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace.analysis.reduce import aggregate as _aggregate  # noqa: E402
+from dftrace.analysis.reduce import scanned as scanned_path  # noqa: E402
+from dftrace.analysis.reduce.partial import PARTIAL_TABLES  # noqa: E402
 from dftrace.analysis.read.decode import iter_partition_pieces  # noqa: E402
 from dftrace.analysis.read.schema import SUMMARY_COLUMNS  # noqa: E402
 from dftrace.analysis.read.sources import plan_partitions  # noqa: E402
@@ -73,7 +75,7 @@ def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
 def _assert_same_partials(piece, *, overlap: bool, work_per_step: bool = False) -> bool:
     """Whether ``piece`` was reduced from its columns; either way, that its partial is
     the table path's."""
-    scanned = _aggregate._aggregate_scanned(piece, piece.scanned, overlap, work_per_step)
+    scanned = scanned_path.aggregate_scanned(piece, piece.scanned, overlap, work_per_step)
     from_columns = scanned is not None
     if scanned is None:
         # the fallback, through the table
@@ -83,7 +85,7 @@ def _assert_same_partials(piece, *, overlap: bool, work_per_step: bool = False) 
         piece.events, piece.scanned = piece.scanned.events(), None
     table = _aggregate.aggregate(piece, overlap=overlap, work_per_step=work_per_step)
     assert scanned.keys == table.keys
-    for kind in (*_aggregate.PARTIAL_TABLES, "phases"):
+    for kind in (*PARTIAL_TABLES, "phases"):
         ours, theirs = getattr(scanned, kind), getattr(table, kind)
         assert ours.schema == theirs.schema, kind
         assert _sorted(ours).equals(_sorted(theirs)), kind
@@ -96,7 +98,7 @@ def test_each_rule_reduces_as_the_table_path_does(tmp_path, overlap, work_per_st
     path = tmp_path / "rules.pfw"
     path.write_bytes(b"[\n" + b"\n".join(_RULE_LINES) + b"\n]\n")
     (piece,) = _pieces(path)
-    assert _aggregate._aggregate_scanned(piece, piece.scanned, overlap) is not None
+    assert scanned_path.aggregate_scanned(piece, piece.scanned, overlap) is not None
     spans = piece.scanned.events().filter(pl.col("ph") == "X")
     # The file holds what the rules are about: two spellings of "forward", a phase as
     # DFTracer's integer, spans without a level.
@@ -141,7 +143,7 @@ def test_a_piece_of_several_processes_goes_the_table_path(tmp_path):
              _span("forward", "compute", 20, 5, pid=8, level=1, step=1)]
     path.write_bytes(b"\n".join(lines) + b"\n")
     (piece,) = _pieces(path)
-    assert _aggregate._aggregate_scanned(piece, piece.scanned, True) is None
+    assert scanned_path.aggregate_scanned(piece, piece.scanned, True) is None
     partial = _aggregate.aggregate(piece)
     assert sorted(partial.keys) == [(7, ""), (8, "")]
     assert sorted(partial.steps.select("pid", "n").rows()) == [(7, 1), (8, 1)]
@@ -150,7 +152,7 @@ def test_a_piece_of_several_processes_goes_the_table_path(tmp_path):
 def test_the_summary_reduces_each_scanned_piece_from_its_columns(tmp_path, monkeypatch):
     paths = _long_runs(tmp_path)
     reduced = []
-    original = _aggregate._aggregate_scanned
+    original = scanned_path.aggregate_scanned
 
     def counted(data, piece, with_overlap, work_per_step):
         partial = original(data, piece, with_overlap, work_per_step)
@@ -158,11 +160,11 @@ def test_the_summary_reduces_each_scanned_piece_from_its_columns(tmp_path, monke
         return partial
 
     monkeypatch.setattr(_aggregate, "SUMMARY_PIECE_BYTES", PIECE_BYTES)
-    monkeypatch.setattr(_aggregate, "_aggregate_scanned", counted)
+    monkeypatch.setattr(_aggregate, "aggregate_scanned", counted)
     partitions = plan_partitions([str(p) for p in paths], 1 << 40)
     partials = list(_aggregate.aggregate_partitions(partitions))
     assert len(reduced) > 2 * len(paths) and all(reduced)
-    monkeypatch.setattr(_aggregate, "_aggregate_scanned", lambda *args: None)
+    monkeypatch.setattr(_aggregate, "aggregate_scanned", lambda *args: None)
     tables = list(_aggregate.aggregate_partitions(partitions))
     for ours, theirs in zip(partials, tables):
         for kind in ("durations", "self_times", "extents", "collectives", "epochs"):

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from polars.testing import assert_frame_equal  # noqa: E402
 
 from dftrace.analysis import summarize  # noqa: E402
-from dftrace.analysis.answers import summary as _summary  # noqa: E402
+from dftrace.analysis.answers import steps as step_answers  # noqa: E402
 from dftrace.analysis.reduce import busy as _busy, steps as _steps  # noqa: E402
 from dftrace.analysis.reduce.aggregate import nesting_edges, self_time_intervals  # noqa: E402
 
@@ -265,7 +265,7 @@ def test_steps_compared_across_ranks_match_the_query(monkeypatch, numbering):
         by_unit = _rank_steps(rng)
         if numbering == "sparse":
             by_unit = by_unit.with_columns(pl.col("step") * 1_000_003)
-        native, query = _both_ways(monkeypatch, _summary._steps, by_unit)
+        native, query = _both_ways(monkeypatch, step_answers.steps_across_units, by_unit)
         assert_frame_equal(native, query)
         steps += native.height
         longest = by_unit.group_by("epoch", "step").agg((pl.col("dur") == pl.col("dur").max()).sum().alias("k"))
@@ -276,7 +276,7 @@ def test_steps_compared_across_ranks_match_the_query(monkeypatch, numbering):
 
 @pytest.mark.parametrize("rows", ["by unit", "units apart"])
 def test_each_units_statistics_from_its_slice_match_a_group_by(rows):
-    """Each rank's step statistics (``_summary._per_unit``) are found over its slice
+    """Each rank's step statistics (``step_answers._per_unit``) are found over its slice
     of the rank-steps where a rank's rows come together, else grouped: the same
     figures either way."""
     rng = np.random.default_rng(3)
@@ -285,8 +285,8 @@ def test_each_units_statistics_from_its_slice_match_a_group_by(rows):
         by_unit = _rank_steps(rng)
         if rows == "units apart":
             by_unit = by_unit.sample(fraction=1.0, shuffle=True, seed=int(rng.integers(1 << 30)))
-        stats = _summary._plain_stats()[:-1]
-        found = _summary._per_unit(by_unit, stats).sort("unit")
+        stats = step_answers._plain_stats()[:-1]
+        found = step_answers._per_unit(by_unit, stats).sort("unit")
         assert_frame_equal(found, by_unit.group_by("unit", "unit_order").agg(stats).sort("unit"))
         units += found.height
     assert units > 1000

@@ -1036,8 +1036,6 @@ PyObject *dft_kick(PyObject *self, PyObject *unused);
 PyObject *dft_writing_since(PyObject *self, PyObject *unused);
 PyObject *dft_frames_written(PyObject *self, PyObject *unused);
 PyObject *dft_native_write(PyObject *self, PyObject *unused);
-PyObject *dft_gunzip_members(PyObject *self, PyObject *args);
-PyObject *dft_unzstd_frames(PyObject *self, PyObject *args);
 /* shm_producer.c */
 PyObject *dft_shm_attach(PyObject *self, PyObject *args);
 PyObject *dft_shm_detach(PyObject *self, PyObject *unused);

@@ -274,10 +274,6 @@ static PyMethodDef methods[] = {
 #endif
     {"native_write", dft_native_write, METH_NOARGS,
      "The compressions drain_write() can do here."},
-    {"gunzip_members", dft_gunzip_members, METH_VARARGS,
-     "gunzip_members(data, start, limit) -> (decoded, consumed) or None: whole gzip members via libdeflate"},
-    {"unzstd_frames", dft_unzstd_frames, METH_VARARGS,
-     "unzstd_frames(data, start, limit) -> (decoded, consumed) or None: whole zstd frames via libzstd"},
     {"add_kind", dft_add_kind, METH_O, "add_kind(piece) -> kid"},
     {"shm_attach", dft_shm_attach, METH_VARARGS,
      "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},

@@ -53,23 +53,6 @@ static struct {
     zstd_iserror_fn iserror;
 } zstd;
 
-/* zstd decoding from the same library, a whole frame at a time (frames that give
-   their decoded size, as the one-shot API writes them): the analysis's fast path. */
-typedef void *(*zstd_dcreate_fn)(void);
-typedef size_t (*zstd_dfree_fn)(void *);
-typedef size_t (*zstd_decompress_fn)(void *, void *, size_t, const void *, size_t);
-typedef size_t (*zstd_frame_size_fn)(const void *, size_t);
-typedef unsigned long long (*zstd_content_size_fn)(const void *, size_t);
-static struct {
-    int tried;
-    zstd_dcreate_fn create;
-    zstd_dfree_fn release;
-    zstd_decompress_fn decompress;
-    zstd_frame_size_fn frame_size;
-    zstd_content_size_fn content_size;
-    zstd_iserror_fn iserror;
-} unzstd;
-
 #if defined(__unix__) || defined(__APPLE__)
 #include <dlfcn.h>
 /* A system library by the names it goes by, opened at first use. */
@@ -108,24 +91,6 @@ int dft_load_zstd(void) {
     return create && zstd.compress && zstd.bound && zstd.iserror && (zstd.cctx = create());
 }
 
-static int load_unzstd(void) {
-    if (unzstd.tried)
-        return unzstd.decompress != NULL;
-    unzstd.tried = 1;
-    void *h = library(&zstd_library);
-    if (!h)
-        return 0;
-    unzstd.create = (zstd_dcreate_fn)dlsym(h, "ZSTD_createDCtx");
-    unzstd.release = (zstd_dfree_fn)dlsym(h, "ZSTD_freeDCtx");
-    unzstd.decompress = (zstd_decompress_fn)dlsym(h, "ZSTD_decompressDCtx");
-    unzstd.frame_size = (zstd_frame_size_fn)dlsym(h, "ZSTD_findFrameCompressedSize");
-    unzstd.content_size = (zstd_content_size_fn)dlsym(h, "ZSTD_getFrameContentSize");
-    unzstd.iserror = (zstd_iserror_fn)dlsym(h, "ZSTD_isError");
-    if (!(unzstd.create && unzstd.release && unzstd.frame_size && unzstd.content_size && unzstd.iserror))
-        unzstd.decompress = NULL;
-    return unzstd.decompress != NULL;
-}
-
 /* gzip members from the system's libdeflate (deflate-compatible, faster than zlib),
    loaded at first use; without it the writer compresses gzip in Python. A `level`
    of GZIP_LEVEL_BASE + n asks for gzip at libdeflate's level n (1..12). */
@@ -156,147 +121,10 @@ static int load_gzip(void) {
     return gz.gzip != NULL;
 }
 
-/* gzip decoding from the same library (libdeflate_gzip_decompress_ex decodes one
-   whole member into a buffer large enough for it): the analysis's fast inflate. */
-typedef void *(*inflate_alloc_fn)(void);
-typedef void (*inflate_free_fn)(void *);
-typedef int (*gunzip_ex_fn)(void *, const void *, size_t, void *, size_t, size_t *, size_t *);
-static struct {
-    int tried;
-    inflate_alloc_fn alloc;
-    inflate_free_fn release;
-    gunzip_ex_fn gunzip;
-} gunz;
-
-static int load_gunzip(void) {
-    if (gunz.tried)
-        return gunz.gunzip != NULL;
-    gunz.tried = 1;
-    void *h = library(&deflate_library);
-    if (!h)
-        return 0;
-    gunz.alloc = (inflate_alloc_fn)dlsym(h, "libdeflate_alloc_decompressor");
-    gunz.release = (inflate_free_fn)dlsym(h, "libdeflate_free_decompressor");
-    gunz.gunzip = (gunzip_ex_fn)dlsym(h, "libdeflate_gzip_decompress_ex");
-    if (!(gunz.alloc && gunz.release && gunz.gunzip))
-        gunz.gunzip = NULL;
-    return gunz.gunzip != NULL;
-}
 #else
 int dft_load_zstd(void) { return 0; }
-static int load_unzstd(void) { return 0; }
 static int load_gzip(void) { return 0; }
-static int load_gunzip(void) { return 0; }
 #endif
-
-#ifdef HAVE_NATIVE_WRITE
-/* A decoder of whole gzip members or zstd frames, from the system's library. `run`
-   decodes the whole ones of src[*pos..n) one after the other into dst[*used..room),
-   without the GIL, advancing both; it stops at one that does not decode whole there. */
-typedef struct {
-    int (*load)(void);
-    void *(*create)(void);
-    void (*release)(void *);
-    void (*run)(void *, const unsigned char *, size_t, size_t *, char *, size_t, size_t *);
-} WholeDecoder;
-
-/* (decoded, consumed) of `w` over data[start:] into at most `limit` bytes (see
-   gunzip_members and unzstd_frames), or None without its library. */
-static PyObject *decode_whole(PyObject *args, const WholeDecoder *w) {
-    Py_buffer in;
-    Py_ssize_t start, limit;
-    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &limit))
-        return NULL;
-    if (!w->load() || limit <= 0 || start < 0 || start > in.len) {
-        PyBuffer_Release(&in);
-        Py_RETURN_NONE;
-    }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, limit);
-    void *d = out ? w->create() : NULL;
-    if (!d) {
-        Py_XDECREF(out);
-        PyBuffer_Release(&in);
-        return out ? PyErr_NoMemory() : NULL;
-    }
-    size_t pos = (size_t)start, used = 0;
-    Py_BEGIN_ALLOW_THREADS
-    w->run(d, (const unsigned char *)in.buf, (size_t)in.len, &pos, PyBytes_AS_STRING(out), (size_t)limit, &used);
-    Py_END_ALLOW_THREADS
-    w->release(d);
-    PyBuffer_Release(&in);
-    if (_PyBytes_Resize(&out, (Py_ssize_t)used) < 0)
-        return NULL;
-    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(pos - (size_t)start));
-}
-
-static void *gunzip_create(void) { return gunz.alloc(); }
-static void gunzip_release(void *d) { gunz.release(d); }
-static void gunzip_run(void *d, const unsigned char *src, size_t n, size_t *pos, char *dst, size_t room,
-                       size_t *used) {
-    while (*pos < n && *used < room) {
-        size_t in_used = 0, out_used = 0;
-        /* 0: LIBDEFLATE_SUCCESS */
-        if (gunz.gunzip(d, src + *pos, n - *pos, dst + *used, room - *used, &in_used, &out_used) != 0)
-            break;
-        *pos += in_used;
-        *used += out_used;
-    }
-}
-
-static void *unzstd_create(void) { return unzstd.create(); }
-static void unzstd_release(void *d) { unzstd.release(d); }
-static void unzstd_run(void *d, const unsigned char *src, size_t n, size_t *pos, char *dst, size_t room,
-                       size_t *used) {
-    while (n - *pos >= 4) {
-        const unsigned char *at = src + *pos;
-        /* A zstd frame's magic number, little-endian: other frames are left to the caller. */
-        if (at[0] != 0x28 || at[1] != 0xB5 || at[2] != 0x2F || at[3] != 0xFD)
-            break;
-        size_t frame = unzstd.frame_size(at, n - *pos);
-        if (unzstd.iserror(frame))
-            break;
-        unsigned long long size = unzstd.content_size(at, frame);
-        if (size > room - *used) /* also the unknown and error values, the largest numbers */
-            break;
-        size_t got = unzstd.decompress(d, dst + *used, (size_t)size, at, frame);
-        if (unzstd.iserror(got) || got != size)
-            break;
-        *pos += frame;
-        *used += got;
-    }
-}
-#endif
-
-/* gunzip_members(data, start, limit) -> (decoded, consumed), or None without
-   libdeflate: the whole gzip members of data[start:] decoded one after the other,
-   without the GIL, until about `limit` bytes came out. Stops early, returning what
-   it has, at a member that does not decode whole here (cut by the end of `data`,
-   longer than the room left, damaged): the caller's streaming decoder takes that
-   one, and tells a cut from damage. */
-PyObject *dft_gunzip_members(PyObject *self, PyObject *args) {
-#ifndef HAVE_NATIVE_WRITE
-    Py_RETURN_NONE;
-#else
-    static const WholeDecoder gunzip = {load_gunzip, gunzip_create, gunzip_release, gunzip_run};
-    return decode_whole(args, &gunzip);
-#endif
-}
-
-/* unzstd_frames(data, start, limit) -> (decoded, consumed), or None without
-   libzstd: the whole zstd frames of data[start:] decoded one after the other,
-   without the GIL, while their decoded sizes fit in `limit` bytes. Stops early,
-   returning what it has, at a frame that does not decode whole here (cut by the end
-   of `data`, without its decoded size, larger than the room left, a skippable
-   frame, damaged): the caller's streaming decoder takes that one, and tells a cut
-   from damage. */
-PyObject *dft_unzstd_frames(PyObject *self, PyObject *args) {
-#ifndef HAVE_NATIVE_WRITE
-    Py_RETURN_NONE;
-#else
-    static const WholeDecoder unzstd_decoder = {load_unzstd, unzstd_create, unzstd_release, unzstd_run};
-    return decode_whole(args, &unzstd_decoder);
-#endif
-}
 
 /* native_write() -> the compressions drain_write() can do ("none", "zstd", "gzip") */
 PyObject *dft_native_write(PyObject *self, PyObject *unused) {

@@ -43,7 +43,8 @@ import orjson
 from ... import format as fmt
 from .step_shifts import (_COVERED, SPEED_MIN_COUNT, SPEED_MIN_SHARE, StepTimes, _covered,
                            _Shift, _step_shifts, step_times)
-from .summary import Summary, nearest_rank
+from .steps import nearest_rank
+from .summary import Summary
 from .units import format_us
 
 

@@ -45,8 +45,6 @@ import polars as pl
 from ..read.activity import with_processes
 from ..read.kineto import PROFILER_CATS
 from ..read.metadata import Resolution
-from ..read.schema import HOST_KEY
-from ..reduce.steps import PROFILER_STEP_PREFIX
 
 #: Gaps between kernels shorter than this (µs) count as kernel wait (HTA's default).
 CONSECUTIVE_KERNEL_DELAY_US = 30

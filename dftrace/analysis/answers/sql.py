@@ -25,8 +25,9 @@ from ..read.decode import read_partition
 from ..runtime.executor import default_executor
 from ..read.schema import EVENT_COLUMNS, RAW_FIELDS
 from ..read.sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
-from ..reduce.aggregate import aggregate_partitions, combine
-from .summary import steps_of
+from ..reduce.aggregate import aggregate_partitions
+from ..reduce.combine import combine
+from .steps import steps_of
 from ..read.activity import activity_by_process
 from .gpu import (GPU_VIEW_SCHEMA, KERNELS_SCHEMA, SPAN_GPU_SCHEMA, gpu_answers, gpu_view,
                    kernels_table, span_gpu)

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-from .aggregate import PARTIAL_TABLES, Partial
+from .partial import PARTIAL_TABLES, Partial
 from ..read.decode import PartitionData
 from ..read.sources import Partition
 

@@ -452,7 +452,7 @@ def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFra
 def step_spread(by_unit: pl.DataFrame) -> pl.DataFrame | None:
     """epoch, step, ranks, start_us, min_us, median_us, max_us, slowest: each step's
     ranks compared (``by_unit``: unit, unit_order, epoch, step, start, dur), as
-    ``_summary._steps``' query compares them, by the C kernel in one sort; None where
+    ``answers.steps.steps_across_units``' query compares them, by the C kernel in one sort; None where
     it cannot (an install without a compiler, a missing time or rank order, steps too
     many to number with one integer): the query then does."""
     if _native is None or not by_unit.height or any(

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..answers.summary import Summary
 from ..answers.units import file_label, format_bytes, format_us
-from .terminal import printable, printable_data
+from .terminal import printable
 
 #: How the breakdown names its activity groups.
 GROUP_LABELS = {

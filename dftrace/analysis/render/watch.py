@@ -43,11 +43,14 @@ from typing import Any
 import polars as pl
 
 from ... import format as fmt
-from ..reduce.aggregate import Partial, aggregate_partitions, combine, fold_partials, keyed_only
+from ..reduce.aggregate import aggregate_partitions, fold_partials
+from ..reduce.combine import combine
+from ..reduce.partial import Partial, keyed_only
 from ..answers.io import io_rates
 from ..answers.units import format_bytes, format_us
 from ..read.sources import Partition, expand_paths
-from ..answers.summary import Summary, UnitSteps, build_summary, nearest_rank, steps_of
+from ..answers.steps import UnitSteps, nearest_rank, steps_of
+from ..answers.summary import Summary, build_summary
 from .terminal import printable, printable_data
 
 #: Bytes read from a file per system call while catching up.

@@ -27,7 +27,7 @@
  * steps(code, start, end, n, is_work, cuts, epoch_span) places one process's steps
  *   from its step rows, as _steps' numpy model does (see its comment below).
  * across(code, start, dur, order) compares the ranks' times of each step, as
- *   _summary._steps' query does.
+ *   answers.steps.steps_across_units' query does.
  * extents(keys, k, start, end, values, taken) groups rows by k integer keys: each
  *   group's least start, greatest end, rows and sum (_aggregate's scanned pieces).
  *
@@ -924,7 +924,7 @@ done:
     return result;
 }
 
-/* across(code, start, dur, order): each step's ranks compared, as _summary._steps'
+/* across(code, start, dur, order): each step's ranks compared, as answers.steps.steps_across_units'
  * query compares them: ``code`` numbers each row's (epoch, step) (one row a rank and
  * step), ``order`` is the rank's place. For each step, in the order of the codes: a
  * row of it, its rows, the least start, the least, median (the lower middle) and

@@ -1,0 +1,210 @@
+"""The runs of a trace: which processes belong to which run (a job restarted into the
+same directory, a rank resumed from a checkpoint), each process's unit (its rank in
+its run), and where a resumed run picked up its steps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import polars as pl
+
+from ..reduce.combine import Combined
+
+
+def processes_frame(combined: Combined) -> pl.DataFrame:
+    """proc -> label, rank, host, pid, and the unit steps are compared by.
+
+    Ranks are the units when any process has one (processes without a rank, such
+    as helpers, are then left out of step comparisons); otherwise each process is.
+    """
+    processes = combined.resolution.processes
+    any_rank = any(p.rank is not None for p in processes)
+    rows = []
+    for i, p in enumerate(processes):
+        if any_rank:
+            unit = f"rank {p.rank}" if p.rank is not None else None
+            order = p.rank if p.rank is not None else None
+        else:
+            unit, order = p.label, i
+        rows.append(
+            {"proc": i, "label": p.label, "rank": p.rank, "host": p.host, "pid": p.pid,
+             "dropped": p.dropped, "unit": unit, "unit_order": order}
+        )
+    return pl.DataFrame(
+        rows,
+        schema={"proc": pl.Int32, "label": pl.String, "rank": pl.Int32, "host": pl.String,
+                "pid": pl.Int64, "dropped": pl.Int64, "unit": pl.String, "unit_order": pl.Int64},
+    )
+
+
+def run_origins(runs: list[dict[str, Any]], procs: pl.DataFrame, frame: pl.DataFrame) -> pl.Expr:
+    """The start of each unit's run (of the whole trace when it is one run)."""
+    if not runs:
+        return pl.lit(frame.get_column("start").min() if frame.height else 0)
+    start_of = {}
+    for run in runs:
+        for proc in run["procs"]:
+            start_of[proc] = run["start_us"]
+    units = procs.filter(pl.col("unit").is_not_null()).select("unit", "proc")
+    mapping = {unit: start_of.get(proc, 0) for unit, proc in units.iter_rows()}
+    return pl.col("unit").replace_strict(mapping, default=0, return_dtype=pl.Int64)
+
+
+def units_per_run(procs: pl.DataFrame, runs: list[dict[str, Any]]) -> pl.DataFrame:
+    """procs with a ``run`` column; a unit found in several runs (rank 0 of each) is
+    split into one per run ("rank 0 · run 2"), so steps and collectives never mix runs."""
+    if not runs:
+        return procs.with_columns(pl.lit(0, pl.Int32).alias("run"))
+    run_of = {proc: i for i, run in enumerate(runs) for proc in run["procs"]}
+    procs = procs.with_columns(pl.col("proc").replace_strict(run_of, default=0, return_dtype=pl.Int32).alias("run"))
+    shared = pl.col("run").n_unique().over("unit") > 1
+    return procs.with_columns(
+        pl.when(shared).then(pl.col("unit") + pl.lit(" · run ") + (pl.col("run") + 1).cast(pl.String))
+        .otherwise(pl.col("unit")).alias("unit"),
+        pl.when(shared).then(pl.col("unit_order") + pl.col("run").cast(pl.Int64) * 1_000_000)
+        .otherwise(pl.col("unit_order")).alias("unit_order"),
+    )
+
+
+def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
+    """Separate runs among the files, or [] when they are one run.
+
+    Files belong to one run when their times overlap (with a minute of slack); a
+    gap between groups of files means separate runs, which usually also shows as
+    other hosts and command lines.
+    """
+    info = combined.resolution.processes
+    # Times of a process started after the wall clock was stepped, put back on its
+    # parent's clock: one job, whatever the wall clock did.
+    shift = {path: step["shift_us"] for step in clock_steps(info) for path in info[step["proc"]].files}
+    files = combined.file_extents
+    if shift:
+        shifted = pl.col("path").replace_strict(shift, default=0, return_dtype=pl.Int64)
+        files = files.with_columns(pl.col("start") + shifted, pl.col("end") + shifted)
+    files = files.sort("start")
+    if files.height < 2:
+        return []
+    rank_of = _launched_ranks(info)
+    groups: list[list[tuple[str, int, int, str]]] = []
+    resumed: list[bool] = []
+    reach = None
+    #: rank -> (pid, end) of the process that ran it in the current run
+    ranks_here: dict[int, tuple[int, int]] = {}
+    for path, start, end, command in files.iter_rows():
+        owner = rank_of.get(path)
+        if reach is None or start > reach + RUN_GAP_US:
+            groups.append([])
+            resumed.append(False)
+            ranks_here = {}
+            reach = end
+        elif owner is not None and owner[0] in ranks_here and ranks_here[owner[0]][0] != owner[1] \
+                and ranks_here[owner[0]][1] <= start:
+            # A rank run again by another process after the first ended: the job was
+            # started again (torchrun's restarts, a requeued job resuming).
+            groups.append([])
+            resumed.append(True)
+            ranks_here = {}
+        groups[-1].append((path, start, end, command))
+        if owner is not None:
+            before = ranks_here.get(owner[0])
+            ranks_here[owner[0]] = (owner[1], max(end, before[1]) if before and before[0] == owner[1] else end)
+        reach = max(reach, end)
+    if len(groups) < 2:
+        return []
+    runs = []
+    job = -1
+    for members, again in zip(groups, resumed):
+        paths = {m[0] for m in members}
+        run_procs = [i for i, p in enumerate(info) if paths & set(p.files)]
+        job += 0 if again and job >= 0 else 1
+        runs.append({
+            "resumed": again,
+            "job": job,
+            "files": sorted(paths),
+            "procs": run_procs,
+            "ranks": sorted({info[p].rank for p in run_procs if info[p].rank is not None}),
+            "hosts": sorted({info[p].host for p in run_procs if info[p].host}),
+            "commands": sorted({m[3] for m in members} - {""}),
+            "start_us": min(m[1] for m in members),
+            "end_us": max(m[2] for m in members),
+            "wall_us": max(m[2] for m in members) - min(m[1] for m in members),
+        })
+    return runs
+
+
+def last_run_of_each_step(by_unit: pl.DataFrame, procs: pl.DataFrame,
+                           runs: list[dict[str, Any]]) -> pl.DataFrame:
+    """``by_unit`` with each (rank, host, epoch, step) that the runs of one resumed job
+    ran more than once kept from the last run only (separate runs keep theirs)."""
+    if not any(r.get("resumed") for r in runs):
+        return by_unit
+    job_of = {i: run["job"] for i, run in enumerate(runs)}
+    units = (procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host", "run").unique("unit")
+             .with_columns(pl.col("run").replace_strict(job_of, default=0, return_dtype=pl.Int64).alias("job")))
+    return (by_unit.join(units, on="unit", how="left").sort("run", maintain_order=True)
+            .unique(["job", "rank", "host", "epoch", "step"], keep="last", maintain_order=True)
+            .sort(["unit_order", "start"], nulls_last=True).select(by_unit.columns))
+
+
+def say_where_resumed(runs: list[dict[str, Any]], procs: pl.DataFrame, by_unit: pl.DataFrame) -> None:
+    """Each resumed run gets ``resumed_at``: the (epoch, step) its first step ran."""
+    units = procs.filter(pl.col("unit").is_not_null()).select("unit", "run").unique("unit")
+    first = (by_unit.join(units, on="unit", how="inner").filter(pl.col("step").is_not_null())
+             .sort("start").group_by("run", maintain_order=True).first())
+    at = {run: {"epoch": epoch, "step": step} for run, epoch, step in first.select("run", "epoch", "step").iter_rows()}
+    for i, run in enumerate(runs):
+        if run.get("resumed"):
+            run["resumed_at"] = at.get(i)
+
+
+#: A process whose clock anchor is further than this from its parent's (on their host,
+#: whose monotonic clock they share) was started after the wall clock was stepped.
+CLOCK_STEP_US = 1_000_000
+
+
+def clock_steps(info: Sequence[Any]) -> list[dict[str, Any]]:
+    """Processes started after the wall clock of their host was stepped, found by their
+    clock anchor (wall and monotonic time at the start) against the one of the first
+    traced process they descend from: a parent and its child share the host's
+    monotonic clock, so their anchors differ only by a step of the wall clock. Each:
+    ``proc`` (index), ``host``, ``pid``, ``step_us`` (how far the wall clock moved)
+    and ``shift_us`` (what puts the process's times on its ancestor's clock)."""
+    by_key = {(p.host, p.pid): p for p in info}
+
+    def offset(p: Any) -> int | None:
+        return p.wall_ns - p.mono_ns if p.wall_ns is not None and p.mono_ns is not None else None
+
+    steps = []
+    for i, p in enumerate(info):
+        own = offset(p)
+        root, seen = p, {id(p)}
+        while True:  # the first traced ancestor on the host
+            parent = by_key.get((root.host, root.info.get("ppid")))
+            if parent is None or id(parent) in seen or offset(parent) is None:
+                break
+            root = parent
+            seen.add(id(root))
+        if own is None or root is p:
+            continue
+        step_us = (own - offset(root)) // 1000
+        if abs(step_us) >= CLOCK_STEP_US:
+            steps.append({"proc": i, "host": p.host, "pid": p.pid, "step_us": step_us,
+                          "shift_us": -step_us})
+    return steps
+
+
+def _launched_ranks(info: Sequence[Any]) -> dict[str, tuple[int, int]]:
+    """file -> (rank, pid) of the process it holds, for processes with a rank of their
+    own (not a DataLoader worker, which shares its parent's)."""
+    out: dict[str, tuple[int, int]] = {}
+    for p in info:
+        if p.rank is None or p.role is not None:
+            continue
+        for path in p.files:
+            out.setdefault(path, (p.rank, p.pid))
+    return out
+
+
+#: Files whose times are further apart than this are of separate runs.
+RUN_GAP_US = 60_000_000

@@ -1,0 +1,256 @@
+"""The step answers: the units' steps (one row per unit and step), their statistics
+over all units and per rank, the epochs, the imbalance between ranks, and the
+nearest-rank percentile every answer uses."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import polars as pl
+import polars.selectors as cs
+
+from ..reduce.combine import Combined
+from ..reduce.steps import STEP_TIME_SCHEMA, model_steps, step_spread, unit_steps, without_profiler_steps
+from .runs import find_runs, processes_frame, run_origins, units_per_run
+
+
+T = TypeVar("T")
+
+
+#: How many (unit, step) rows the summary keeps for the per-rank step timeline;
+#: beyond this, evenly spaced steps are kept (all ranks of each kept step).
+RANK_STEPS_LIMIT = 20_000
+
+
+@dataclass
+class UnitSteps:
+    """The processes with the unit (rank) each belongs to, the runs, and the steps."""
+
+    #: proc, label, rank, host, pid, dropped, unit, unit_order, run
+    procs: pl.DataFrame
+    runs: list[dict[str, Any]]
+    #: Each process's steps (see ``model_steps``).
+    process_steps: pl.DataFrame
+
+    def by_unit(self) -> pl.DataFrame:
+        """Each unit's steps (see ``unit_steps``): what the answers and ``dftrace sql``'s
+        steps view are built on."""
+        return unit_steps(self.process_steps, self.procs)
+
+
+def steps_of(combined: Combined) -> UnitSteps:
+    """Units, runs and steps of combined aggregates."""
+    procs = processes_frame(combined)
+    runs = find_runs(combined, procs)
+    procs = units_per_run(procs, runs)
+    process_steps = model_steps(without_profiler_steps(combined.steps), combined.containers).with_columns(
+        pl.lit(None, dtype).alias(name) for name, dtype in STEP_TIME_SCHEMA.items())
+    modelled = combined.modelled
+    if modelled is not None and modelled.height:  # whole files' steps, modelled as read (held narrow)
+        process_steps = (pl.concat([process_steps, modelled], how="vertical_relaxed") if process_steps.height
+                         else modelled)
+    # A step that carries no epoch is in the epoch whose span it starts in (a loop
+    # numbered by ``.iter()`` alone): every table then shows the same epochs.
+    process_steps = steps_in_epochs(process_steps, epoch_source(combined))
+    return UnitSteps(procs, runs, process_steps)
+
+
+def _slowest() -> pl.Expr:
+    # The unit with the longest time; ties go to the lowest rank.
+    return pl.col("unit").sort_by(["dur", "unit_order"], descending=[True, False]).first()
+
+
+def unit_extents(frame: pl.DataFrame, procs: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Extents per (unit, *by): a rank's processes together, start to end."""
+    units = procs.filter(pl.col("unit").is_not_null()).select("proc", "unit", "unit_order")
+    joined = frame.join(units, on="proc", how="inner")
+    return (
+        joined.group_by(["unit", "unit_order", *by])
+        .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum())
+        .with_columns((pl.col("end") - pl.col("start")).alias("dur"))
+    )
+
+
+def nearest_rank(ordered: Sequence[T], q: float) -> T | None:
+    """The q-quantile of sorted values by the nearest-rank method, as the summary's
+    percentiles are: the smallest value with at least q of them at or below it; None
+    for no values. :func:`_nearest_rank` is the same within a group of a frame."""
+    if not ordered:
+        return None
+    return ordered[max(1, math.ceil(len(ordered) * q - 1e-9)) - 1]
+
+
+def _nearest_rank(q: float) -> pl.Expr:
+    """The q-quantile of ``dur`` within a group, by the nearest-rank method."""
+    # The small epsilon keeps q * n from rounding up past an exact integer.
+    rank = (pl.len() * q - 1e-9).ceil().cast(pl.Int64).clip(lower_bound=1) - 1
+    return pl.col("dur").sort().gather(rank).first()
+
+
+def _median_expr() -> pl.Expr:
+    # Nearest-rank median (the lower middle value), like the percentiles.
+    return _nearest_rank(0.5)
+
+
+def steps_across_units(by_unit: pl.DataFrame) -> pl.DataFrame:
+    """Per (epoch, step): ranks, start, min/median/max time, slowest rank, max/median."""
+    compared = step_spread(by_unit)
+    if compared is None:
+        compared = by_unit.group_by(["epoch", "step"]).agg(
+            pl.len().alias("ranks"),
+            pl.col("start").min().alias("start_us"),
+            pl.col("dur").min().alias("min_us"),
+            _median_expr().alias("median_us"),
+            pl.col("dur").max().alias("max_us"),
+            _slowest().alias("slowest"),
+        )
+    return (
+        compared.with_columns(
+            pl.when(pl.col("median_us") > 0).then(pl.col("max_us") / pl.col("median_us")).alias("imbalance")
+        )
+        .sort(["epoch", "step"], nulls_last=True)
+    )
+
+
+def _plain_stats() -> list[pl.Expr]:
+    """count, total, min, max, mean, p50, p95 of ``dur`` (one value per row)."""
+    return [
+        pl.len().alias("count"),
+        pl.col("dur").sum().alias("total_us"),
+        pl.col("dur").min().alias("min_us"),
+        pl.col("dur").max().alias("max_us"),
+        pl.col("dur").mean().alias("mean_us"),
+        _nearest_rank(0.5).alias("p50_us"),
+        _nearest_rank(0.95).alias("p95_us"),
+    ]
+
+
+def step_statistics(by_unit: pl.DataFrame) -> dict[str, Any]:
+    if not by_unit.height:
+        return {}
+    return rounded_rows(by_unit.select(_plain_stats()))[0]
+
+
+def rank_step_rows(by_unit: pl.DataFrame, keys: pl.DataFrame, runs: list[dict[str, Any]],
+                procs: pl.DataFrame, limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """``keys``: the (epoch, step) of ``by_unit``, each once, in order; the wait of a
+    rank-step is its ``blocked_us``."""
+    if not by_unit.height:
+        return [], False
+    sampled = by_unit.height > limit
+    frame = by_unit
+    if sampled:
+        per_step = max(1, by_unit.height // keys.height)
+        keep = max(1, limit // per_step)
+        kept = keys.gather_every(math.ceil(keys.height / keep))
+        # The rank-steps of the kept step numbers first (a mask, where a join of every
+        # rank-step held 60 MB more for 1.25M of them), then those of their epochs.
+        frame = by_unit.filter(pl.col("step").is_in(kept.get_column("step").implode(), nulls_equal=True)).join(
+            kept, on=["epoch", "step"], how="semi", nulls_equal=True)
+    origin = run_origins(runs, procs, frame)
+    rows = frame.sort(["epoch", "step", "unit_order"], nulls_last=True).select(
+        pl.col("unit").alias("rank"), "epoch", "step",
+        (pl.col("start") - origin).alias("start_us"), pl.col("dur").alias("dur_us"),
+        pl.col("blocked_us").alias("wait_us"),
+    )
+    return rows.to_dicts(), sampled
+
+
+def epoch_source(combined: Combined) -> pl.DataFrame:
+    """The pipeline's epoch spans when the trace has them, else the extents of the
+    events that carry ``args.epoch``."""
+    return combined.epoch_spans if combined.epoch_spans.height else combined.epochs
+
+
+def steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
+    """``steps`` (proc, epoch, step, start, ...) with the epoch of a step that carries
+    none taken from the epoch span (proc, epoch, start, end) it starts in: a loop
+    numbered by ``.iter()`` alone has epoch spans but no ``args.epoch``."""
+    missing = steps.filter(pl.col("epoch").is_null())
+    if not missing.height or not epochs.height:
+        return steps
+    spans = epochs.select("proc", pl.col("epoch").alias("_epoch"), pl.col("start").alias("_from"),
+                          pl.col("end").alias("_to")).sort("_from")
+    placed = (
+        missing.sort("start").join_asof(spans, left_on="start", right_on="_from", by="proc", check_sortedness=False)
+        .with_columns(pl.when(pl.col("start") < pl.col("_to")).then(pl.col("_epoch")).alias("epoch"))
+        .select(steps.columns)
+    )
+    return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical_relaxed")
+
+
+def epoch_rows(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
+    by_unit = by_unit.filter(pl.col("epoch").is_not_null())
+    if not by_unit.height:
+        return []
+    # Lazy: only the two columns are taken from the steps (a filter of the frame
+    # copied every column of every process's steps).
+    step_counts = steps.lazy().filter(pl.col("epoch").is_not_null()).group_by(pl.col("epoch").cast(pl.Int64)).agg(
+        pl.col("step").n_unique().alias("steps")
+    ).collect()
+    per_epoch = (
+        by_unit.group_by("epoch")
+        .agg(
+            pl.len().alias("ranks"),
+            pl.col("start").min().alias("start_us"),
+            pl.col("n").sum().alias("spans"),
+            _median_expr().alias("median_us"),
+            pl.col("dur").max().alias("max_us"),
+            _slowest().alias("slowest"),
+        )
+        .join(step_counts, on="epoch", how="left")
+        .with_columns(pl.col("steps").fill_null(0))
+        .sort("epoch")
+    )
+    return per_epoch.to_dicts()
+
+
+def rank_imbalance(by_unit: pl.DataFrame, steps: pl.DataFrame) -> dict[str, Any]:
+    if by_unit.get_column("unit").n_unique() < 2:  # nothing to compare a single rank with
+        return {"steps_compared": 0, "mean_ratio": None, "max_ratio": None, "worst": [], "ranks": []}
+    compared = steps.filter((pl.col("ranks") > 1) & pl.col("imbalance").is_not_null())
+    # Only steps where someone was slower than the median make a straggler.
+    uneven = compared.filter(pl.col("imbalance") > 1)
+    worst = uneven.sort(["imbalance", "epoch", "step"], descending=[True, False, False], nulls_last=True).head(10)
+    slowest = uneven.group_by("slowest").agg(pl.len().alias("slowest_count")).rename({"slowest": "unit"})
+    per_unit = (
+        _per_unit(by_unit, _plain_stats()[:-1])
+        .join(slowest, on="unit", how="left")
+        .with_columns(pl.col("slowest_count").fill_null(0).cast(pl.Int64))
+        .sort("unit_order", nulls_last=True)
+        .drop("unit_order")
+        .rename({"unit": "rank", "count": "steps"})
+    )
+    ratios = compared.get_column("imbalance")
+    return {
+        "steps_compared": compared.height,
+        "mean_ratio": round(ratios.mean(), 3) if compared.height else None,
+        "max_ratio": round(ratios.max(), 3) if compared.height else None,
+        "worst": rounded_rows(worst),
+        "ranks": rounded_rows(per_unit),
+    }
+
+
+def _per_unit(by_unit: pl.DataFrame, stats: list[pl.Expr]) -> pl.DataFrame:
+    """unit, unit_order and ``stats`` of each unit's rank-steps. Each unit's rows come
+    together (``unit_steps`` sorts them by unit), and its statistics are found over
+    its slice alone: a group_by of every rank-step at once sorted and gathered them
+    all (60 MB more for 1.25M). Units whose rows are apart (no order among them) are
+    grouped."""
+    runs = by_unit.get_column("unit").rle().struct.unnest()
+    if not runs.height or runs.height != runs.get_column("value").n_unique():
+        return by_unit.group_by("unit", "unit_order").agg(stats)
+    frames, offset = [], 0
+    for length in runs.get_column("len").to_list():
+        rows = by_unit.slice(offset, length)
+        frames.append(rows.head(1).select("unit", "unit_order").hstack(rows.select(stats)))
+        offset += length
+    return pl.concat(frames, how="vertical")
+
+
+def rounded_rows(frame: pl.DataFrame) -> list[dict[str, Any]]:
+    """Rows as dicts, floats rounded to 3 decimals for readable JSON."""
+    return frame.with_columns(cs.float().round(3)).to_dicts()

@@ -1,0 +1,228 @@
+"""Partials of a whole run combined exactly: each file's process keys mapped to the
+run's processes, and every table merged by its rule (CONTRIBUTING.md, "Partials and
+how they combine"), steps settled where a file was read re-read where another file
+holds the same process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from ... import format as fmt
+from .busy import GROUPS, overlap_and_alone, union_intervals
+from ..read.activity import activity_by_process
+from .io_tables import regrouped_totals
+from ..read.metadata import Resolution
+from ..read.schema import HOST_KEY
+from .sketch import merged_bins
+from .steps import STEP_SCHEMA, STEP_TIME_SCHEMA
+from ..read.trace import FileReport, file_reports, resolve_parts
+
+from .aggregate import aggregate_partition, self_times_of
+from .partial import EMPTY_TABLES, ROW_KEY, Partial
+
+
+@dataclass
+class Combined:
+    """All partials merged, keyed by process (an index into ``resolution.processes``)."""
+
+    resolution: Resolution
+    files: list[FileReport]
+    durations: pl.DataFrame
+    #: cat, name, us: each name's self time (the time its spans were the innermost
+    #: on their thread), all processes together.
+    self_times: pl.DataFrame
+    steps: pl.DataFrame
+    containers: pl.DataFrame
+    collectives: pl.DataFrame
+    epochs: pl.DataFrame
+    epoch_spans: pl.DataFrame
+    extents: pl.DataFrame
+    #: proc, mask, us: time each process spent in each combination of active groups.
+    overlap: pl.DataFrame
+    #: proc, start, end: disjoint compute intervals (self time) of each process
+    #: without step times in ``modelled``.
+    compute: pl.DataFrame
+    #: proc, start, end: disjoint intervals each process (without step times in
+    #: ``modelled``) spent blocked in communication with nothing else running (see
+    #: ``overlap_and_alone``).
+    blocked: pl.DataFrame
+    #: path, start, end, command: each input file's time span and the command line
+    #: its process info names (to tell files of separate runs apart).
+    file_extents: pl.DataFrame
+    phases: pl.DataFrame
+    partitions: int = 0
+    #: proc plus ``_kineto.activity_schema()``: GPU activity, launches and profiler
+    #: steps of PyTorch profiler traces (empty for other traces).
+    activity: pl.DataFrame | None = None
+    #: proc, epoch, step, start, end, n, work, compute_us, blocked_us: steps modelled
+    #: where whole files were read (their processes have no rows in ``steps``), each
+    #: count and time in the narrowest type that holds every file's values (see
+    #: ``_held_narrow``): ``unit_steps`` widens them as it copies them.
+    modelled: pl.DataFrame | None = None
+    #: The partials' I/O tables (see ``Partial``) keyed by proc; io_totals a row a
+    #: (proc, file hash, kind, bucket, small) again.
+    io_calls: pl.DataFrame | None = None
+    io_totals: pl.DataFrame | None = None
+    io_cover: pl.DataFrame | None = None
+
+
+def combine(partials: Sequence[Partial]) -> Combined:
+    """Merge partials exactly, mapping (pid, hhash) of each file to its process."""
+    sources = [p.source for p in partials]
+    resolution = resolve_parts(sources, [p.keys for p in partials])
+    mappings = [_mapping(resolution, p) for p in partials]
+    partials = _steps_unmodelled_where_shared(partials, mappings, resolution)
+
+    def collect(kind: str, only: set[int] | None = None) -> pl.DataFrame:
+        frames = []
+        for partial, mapping in zip(partials, mappings):
+            table = getattr(partial, kind)
+            if table is None:
+                continue
+            if mapping.height == 1:
+                # The usual partition of one process: every row is that process's (held
+                # without its key: without_row_keys), and adding a column shares the
+                # others' memory where a join would copy them.
+                proc = pl.lit(mapping.item(0, "proc"), pl.Int32).alias("proc")
+                frame = table.drop(ROW_KEY, strict=False).with_columns(proc)
+            else:
+                frame = table.join(mapping, on=ROW_KEY, how="inner").drop(ROW_KEY)
+            frames.append(frame if only is None else frame.filter(pl.col("proc").is_in(list(only))))
+        if frames:
+            # Vertical, each column in the widest type of its frames: files' rank-step
+            # tables are held each in its own narrow types (see ``_held_narrow``).
+            return pl.concat(frames, how="vertical_relaxed")
+        return EMPTY_TABLES[kind].drop(ROW_KEY).with_columns(pl.lit(None, pl.Int32).alias("proc"))
+
+    extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
+    durations = merged_bins(collect("durations"), ["proc", "cat", "name"])
+    self_times = self_times_of(collect("self_times"), collect("orphans"), collect("openers"), ["proc"]).group_by(
+        ["cat", "name"]).agg(pl.col("us").sum())
+    epochs = collect("epochs").group_by(["proc", "epoch"]).agg(*extent)
+    epoch_spans = collect("epoch_spans").group_by(["proc", "epoch"]).agg(*extent)
+    pieces = collect("extents")
+    extents = pieces.group_by("proc").agg(*extent, pl.col("incomplete").sum())
+    # A process read in one piece already has its overlap times; one spread over
+    # several partitions (part files, frame ranges) needs its intervals unioned anew.
+    counts = pieces.group_by("proc").len()
+    split = set(counts.filter(pl.col("len") > 1).get_column("proc").to_list())
+    # The steps table has a row per step and name: regroup only processes read in pieces.
+    steps = collect("steps")
+    if split:
+        is_split = pl.col("proc").is_in(list(split))
+        steps = pl.concat([
+            steps.filter(~is_split),
+            steps.filter(is_split).group_by(["proc", "epoch", "step", "cat", "name"]).agg(*extent)
+            .select(steps.columns),
+        ], how="vertical")
+    overlap = collect("overlap").filter(~pl.col("proc").is_in(list(split)))
+    intervals = collect("intervals")
+    if split:  # a process read in pieces has each group's intervals in several partials
+        is_split = pl.col("proc").is_in(list(split))
+        merged = union_intervals(intervals.filter(is_split), ["proc"])
+        intervals = pl.concat([intervals.filter(~is_split), merged], how="vertical")
+    compute_bit = GROUPS.index("compute")
+    compute = intervals.filter(pl.col("group") == compute_bit).select("proc", "start", "end")
+    # One sweep of each process's intervals: its blocked time, and the overlap times of
+    # a process read in pieces (the others' came with their partials). Files read
+    # whole found their processes' blocked time as they were read (their intervals
+    # here are the compute ones alone).
+    swept, alone = overlap_and_alone(intervals, "comm")
+    if split:
+        overlap = pl.concat([overlap.select("proc", "mask", "us"), swept.filter(pl.col("proc").is_in(list(split)))],
+                            how="vertical")
+    blocked = pl.concat([alone, collect("blocked").select("proc", "start", "end")], how="vertical")
+    phases = (
+        pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
+        if partials
+        else pl.DataFrame(schema={"ph": pl.String, "n": pl.Int64})
+    )
+    return Combined(
+        resolution=resolution,
+        files=file_reports(sources, [p.events for p in partials]),
+        durations=durations,
+        self_times=self_times,
+        steps=steps,
+        containers=collect("containers"),
+        collectives=collect("collectives"),
+        epochs=epochs,
+        epoch_spans=epoch_spans,
+        extents=extents,
+        overlap=overlap.select("proc", "mask", "us"),
+        compute=compute,
+        blocked=blocked,
+        file_extents=_file_extents(partials),
+        phases=phases,
+        partitions=len(partials),
+        activity=activity_by_process(sources, resolution),
+        modelled=collect("modelled").select([*STEP_SCHEMA, *STEP_TIME_SCHEMA]),
+        io_calls=collect("io_calls"),
+        io_totals=regrouped_totals(collect("io_totals"), ["proc"]),
+        io_cover=collect("io_cover"),
+    )
+
+
+def _steps_unmodelled_where_shared(partials: Sequence[Partial], mappings: list[pl.DataFrame],
+                                   resolution: Resolution) -> list[Partial]:
+    """``partials``, those whose steps were modelled for a process that other partials
+    also hold events of (its parts in several files, a profiler trace beside it) read
+    again with their step rows: a process's steps are modelled from all of its rows."""
+    holders: dict[int, int] = {}
+    # A process's step times found where it was read (``with_step_times``) are its
+    # rank's only while no other process of the rank places steps by its work.
+    placing: dict[int, set[int]] = {}
+    for partial, mapping in zip(partials, mappings):
+        procs = set(mapping.get_column("proc").drop_nulls().to_list())
+        for proc in procs:
+            holders[proc] = holders.get(proc, 0) + 1
+        if partial.steps.height or (partial.modelled is not None and partial.modelled.get_column("work").any()):
+            for proc in procs:
+                placing.setdefault(resolution.processes[proc].rank, set()).add(proc)
+    placing.pop(None, None)
+    out = list(partials)
+    for i, (partial, mapping) in enumerate(zip(partials, mappings)):
+        procs = mapping.get_column("proc").drop_nulls().to_list()
+        shared = any(holders.get(proc, 0) > 1 for proc in procs)
+        settled = partial.modelled is not None and partial.modelled.get_column("compute_us").is_not_null().any()
+        if settled:
+            shared |= any(len(placing.get(resolution.processes[proc].rank, ())) > 1 for proc in procs)
+        if partial.modelled is not None and shared:
+            out[i] = aggregate_partition(partial.source.partition, model=False)
+    return out
+
+
+def _file_extents(partials: Sequence[Partial]) -> pl.DataFrame:
+    rows: dict[str, list[Any]] = {}
+    for p in partials:
+        path = p.source.partition.path
+        row = rows.setdefault(path, [path, None, None, ""])
+        if p.extents.height:
+            start, end = p.extents.get_column("start").min(), p.extents.get_column("end").max()
+            row[1] = start if row[1] is None else min(row[1], start)
+            row[2] = end if row[2] is None else max(row[2], end)
+        for record in p.source.meta:
+            if record.get("name") == fmt.META_PROCESS_INFO and isinstance(record.get("args"), dict):
+                cmd = record["args"].get("cmdline")
+                if cmd and not row[3]:
+                    row[3] = " ".join(map(str, cmd)) if isinstance(cmd, list) else str(cmd)
+    return pl.DataFrame(
+        [r for r in rows.values() if r[1] is not None],
+        schema={"path": pl.String, "start": pl.Int64, "end": pl.Int64, "command": pl.String}, orient="row",
+    )
+
+
+def _mapping(resolution: Resolution, partial: Partial) -> pl.DataFrame:
+    """(pid, host_key) of one partial -> process index."""
+    path = partial.source.partition.path
+    return pl.DataFrame(
+        {
+            "pid": [pid for pid, _ in partial.keys],
+            HOST_KEY: [key for _, key in partial.keys],
+            "proc": [resolution.process_of(path, pid, key) for pid, key in partial.keys],
+        },
+        schema={"pid": pl.Int64, HOST_KEY: pl.String, "proc": pl.Int32},
+    )
