@@ -23,7 +23,7 @@ from dftrace.analysis import summarize  # noqa: E402
 from dftrace.analysis.read import decode as _decode  # noqa: E402
 from dftrace.analysis.commands import main  # noqa: E402
 from dftrace.analysis.read.sources import Partition  # noqa: E402
-from dftrace.analysis.render.watch import Watcher  # noqa: E402
+from dftrace.analysis.render.following import Watcher  # noqa: E402
 
 
 @pytest.fixture(params=["scanner", "polars"])

@@ -390,7 +390,8 @@ def test_report_and_watch_show_io(traced, summary, tmp_path):
     pytest.importorskip("plotly")
     from dftrace.analysis.answers.units import format_bytes
     from dftrace.analysis.render.html import render_html
-    from dftrace.analysis.render.watch import Watcher, render_plain
+    from dftrace.analysis.render.following import Watcher
+    from dftrace.analysis.render.watch import render_plain
 
     page = render_html(summary)
     assert "File I/O over time" in page and "Files by I/O time" in page

@@ -20,7 +20,8 @@ pytest.importorskip("rich", reason="needs the analysis extra: pip install 'dftra
 
 from dftrace.analysis import summarize  # noqa: E402
 from dftrace.analysis.render import watch as watching  # noqa: E402
-from dftrace.analysis.render.watch import FileFollower, Watcher  # noqa: E402
+from dftrace.analysis.render import following  # noqa: E402
+from dftrace.analysis.render.following import FileFollower, Watcher  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
@@ -199,7 +200,7 @@ def test_a_refresh_decodes_only_what_was_added(tmp_path, epochs, monkeypatch):
     import orjson
     import zstandard
 
-    monkeypatch.setattr(watching, "_PARTITION_DECODED", 8192)  # partitions of a few dozen steps
+    monkeypatch.setattr(following, "_PARTITION_DECODED", 8192)  # partitions of a few dozen steps
     proc = tracegen.training_process(1000, rank=0, epochs=epochs, steps=50)
     lines = [b"["] + [orjson.dumps(e) for e in proc.metadata() + proc.events]
     head, tail = lines[:-64], lines[-64:]
@@ -255,7 +256,7 @@ def test_a_long_run_shows_its_last_steps_as_the_whole_trace_would(tmp_path):
                 fh.write(b"".join(frames[look:look + 3]))
         watcher.poll()
         snap = watcher.snapshot()
-        expected = watching._rank_rows(summarize(str(live)), 5, drop_last=look + 3 < looks, settled={})
+        expected = following.rank_rows(summarize(str(live)), 5, drop_last=look + 3 < looks, settled={})
         assert snap["ranks"] == expected, f"look {look}"
     held = snap["held"]["events"]
     assert held <= snap["totals"]["events"] / 2 and all(f.history is not None for f in watcher.followers.values())

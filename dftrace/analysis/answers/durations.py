@@ -1,5 +1,5 @@
 """The answers about span durations: each name's statistics (from the mergeable
-sketch, see ``_sketch``), the data loaders' waits for items, and the duration
+sketch, see ``reduce.sketch``), the data loaders' waits for items, and the duration
 histograms of the names with the most time."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ wrote and cost, per file, rank, step, data loader and checkpoint.
 
 I/O events are a layer of their own: they never enter the span tables (steps,
 categories, nesting, breakdown). Each partition reduces them to three tables that
-combine exactly (see ``_aggregate``): ``io_calls``, one row per I/O event (its
+combine exactly (see ``reduce.aggregate``): ``io_calls``, one row per I/O event (its
 thread, times, kind, bytes, calls), for the answers that place calls in time;
 ``io_totals``, per (file hash, kind, size bucket), what whole-trace figures are
 summed from; ``io_cover``, the union of each thread's compute, data-loading and

@@ -5,7 +5,7 @@ the terminal table, ``--json`` and the HTML report all render from it. Times are
 integer microseconds. Percentiles use the nearest-rank method: p95 is the smallest
 value with at least 95 % of the observations at or below it. Those of steps are
 exact; those of span durations (categories, data-loader waits) come from a
-mergeable sketch (``_sketch``): exact below ``EXACT_BELOW_US``, within
+mergeable sketch (``reduce.sketch``): exact below ``EXACT_BELOW_US``, within
 ``RELATIVE_ERROR`` above, as the overview states.
 """
 
@@ -94,7 +94,7 @@ class Summary:
     #: Per (cat, name) of dftrace's spans in processes with a profiler trace: spans, the
     #: kernels launched inside them and those kernels' GPU time, most GPU time first.
     gpu_spans: list[dict[str, Any]] = field(default_factory=list)
-    #: Traced file I/O (cat POSIX and STDIO; see ``_io``): bytes, calls and time by
+    #: Traced file I/O (cat POSIX and STDIO; see ``answers.io``): bytes, calls and time by
     #: kind, sizes, shares, per file, rank and step, in data loading and checkpoints,
     #: findings; empty without I/O events.
     io: dict[str, Any] = field(default_factory=dict)
@@ -138,7 +138,7 @@ def summarize(
     where it is read (a thread here, or a Dask worker with a :class:`DaskExecutor`),
     and the partials are combined exactly here. Only the columns the summary needs
     are decoded. With ``index``, the partials of each file are kept in the index
-    (see ``_index``) and taken from there while the file is unchanged.
+    (see ``reduce.index``) and taken from there while the file is unchanged.
     """
     if isinstance(source, TraceTable):
         combined = combine([_partial_of_trace(source)])

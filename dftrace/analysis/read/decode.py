@@ -1,7 +1,7 @@
 """Reading one partition into a table of events plus the metadata records it holds.
 
 This is the function every executor runs on its workers. The fastest path hands the
-decoded bytes to the C scanner (``_scan.c``, built with the package), which pulls the
+decoded bytes to the C scanner (``runtime/scan.c``, built with the package), which pulls the
 requested fields of every line into column buffers without the GIL; lines it cannot
 read are looked at again with orjson (a broken line is reported, anything else sends
 the partition down the next path). Without the scanner, or when the full ``args``

@@ -2,7 +2,7 @@
 
 A partition's events are reduced to small tables: a sketch of the durations per
 (process, category, name) (counts, totals, extremes exact; percentiles within a
-stated relative error, see ``_sketch``), the extents of
+stated relative error, see ``reduce.sketch``), the extents of
 each (step, name) the step model works from, the pipeline's own spans, one row
 per traced collective (to match calls across ranks), epoch extents, the union of
 busy intervals per activity group (self time: each thread's time goes to its
@@ -309,7 +309,7 @@ def aggregate(data: PartitionData, *, overlap: bool = True, work_per_step: bool 
 
 
 def _io_of_table(events: pl.DataFrame, spans: pl.DataFrame) -> dict[str, pl.DataFrame]:
-    """The I/O tables of a partition's events (see ``_io``)."""
+    """The I/O tables of a partition's events (see ``reduce.io_tables``)."""
     missing = [pl.lit(None, dtype).alias(column) for column, (_, dtype) in IO_ARG_COLUMNS.items()
                if column not in events.columns]
     calls = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("dur").is_not_null() & pl.col("ts").is_not_null()

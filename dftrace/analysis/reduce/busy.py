@@ -3,8 +3,8 @@ process's intervals of each group, and the sweep of their boundaries that gives 
 time spent in each combination of active groups.
 
 Each sweep has two ways, chosen in one place (the function named after it): the C
-kernels of the ``_scan`` extension (``_sweeps.c``, built with the package) and numpy,
-for an install without a compiler. They give the same answers, malformed spans
+kernels of the ``runtime._kernels`` extension (``runtime/sweeps.c``, built with the
+package) and numpy, for an install without a compiler. They give the same answers, malformed spans
 included (tests/analysis/test_sweeps.py holds them to it)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Painting(NamedTuple):
     intervals: pl.DataFrame
     #: each span's self time, the time it was the innermost
     self_us: np.ndarray
-    #: each span's nesting edges (see ``_aggregate.nesting_edges``), found by the C
+    #: each span's nesting edges (see ``reduce.aggregate.nesting_edges``), found by the C
     #: sweep as it passes: whether it is an orphan, whether an opener. None from the
     #: numpy sweep, and where a thread's levels spread wider than its spans are many.
     orphan: np.ndarray | None = None
@@ -68,7 +68,7 @@ def painted_spans(tid: np.ndarray, ts: np.ndarray, end: np.ndarray, level: np.nd
                   group: np.ndarray, *, order: np.ndarray | None = None) -> Painting | None:
     """The painting of spans given as arrays (int64; ``level_valid`` uint8, ``group``
     int8, -1 for none), by the C sweep; None without it, and where two spans of a
-    thread have the same times and no ``order`` (span indices, see ``_sweeps.c``)
+    thread have the same times and no ``order`` (span indices, see ``runtime/sweeps.c``)
     says which is the innermost."""
     if _native is None:
         return None

@@ -44,7 +44,7 @@ class Partial:
     source: PartitionData
     keys: list[tuple[int, str]]
     #: pid, host_key, cat, name, bin, n, total, lo, hi, m2: the durations of the
-    #: complete events of each name as a mergeable sketch (see ``_sketch``).
+    #: complete events of each name as a mergeable sketch (see ``reduce.sketch``).
     durations: pl.DataFrame
     #: pid, host_key, epoch, step, cat, name, start, end, n: extents of the spans
     #: carrying args.step, per name (pipeline spans and loop bodies left out)
@@ -86,7 +86,7 @@ class Partial:
     modelled: pl.DataFrame | None = None
     #: pid, host_key, tid, ts, end, kind, bytes, ops / fhash, kind, bucket, small, ops,
     #: bytes, us, first, last / tid, group, start, end: the traced I/O calls, their
-    #: totals per file and kind, and the spans they are placed in (see ``_io``).
+    #: totals per file and kind, and the spans they are placed in (see ``reduce.io_tables``).
     io_calls: pl.DataFrame | None = None
     io_totals: pl.DataFrame | None = None
     io_cover: pl.DataFrame | None = None
@@ -106,7 +106,7 @@ PARTIAL_TABLES = ("durations", "steps", "containers", "collectives", "epochs", "
            "self_times", "orphans", "openers", "extents", "overlap", "io_calls", "io_totals", "io_cover")
 
 
-#: The I/O tables among them: found apart from the spans' (see ``_io``).
+#: The I/O tables among them: found apart from the spans' (see ``reduce.io_tables``).
 IO_TABLES = ("io_calls", "io_totals", "io_cover")
 
 

@@ -1,4 +1,4 @@
-"""``dftrace diff`` as text: a :class:`~._diff.RunDiff` rendered for the terminal."""
+"""``dftrace diff`` as text: a :class:`~dftrace.analysis.answers.diff.RunDiff` rendered for the terminal."""
 
 from __future__ import annotations
 

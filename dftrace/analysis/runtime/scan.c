@@ -515,7 +515,7 @@ done:
     return result;
 }
 
-/* The interval sweeps of the summary, in _sweeps.c. */
+/* The interval sweeps of the summary, in sweeps.c. */
 PyObject *sweeps_innermost(PyObject *self, PyObject *args);
 PyObject *sweeps_union(PyObject *self, PyObject *args);
 PyObject *sweeps_masks(PyObject *self, PyObject *args);
@@ -528,16 +528,16 @@ static PyMethodDef methods[] = {
      "scan_lines(data, fields, max_depth) -> (starts, status, columns): see dftrace.analysis.read.decode."},
     {"innermost", sweeps_innermost, METH_VARARGS,
      "innermost(tid, ts, end, level, level_valid, group, order) -> (groups, starts, ends, self_us) or None: "
-     "see _sweeps.c."},
-    {"union", sweeps_union, METH_VARARGS, "union(key, starts, ends, n_keys) -> (rows, starts, ends): see _sweeps.c."},
+     "see sweeps.c."},
+    {"union", sweeps_union, METH_VARARGS, "union(key, starts, ends, n_keys) -> (rows, starts, ends): see sweeps.c."},
     {"masks", sweeps_masks, METH_VARARGS,
-     "masks(group, start, end, size, alone_bit) -> (totals, alone_starts, alone_ends): see _sweeps.c."},
+     "masks(group, start, end, size, alone_bit) -> (totals, alone_starts, alone_ends): see sweeps.c."},
     {"steps", sweeps_steps, METH_VARARGS,
-     "steps(code, start, end, n, is_work, cuts, epoch_span) -> (rows, starts, ends, counts): see _sweeps.c."},
+     "steps(code, start, end, n, is_work, cuts, epoch_span) -> (rows, starts, ends, counts): see sweeps.c."},
     {"across", sweeps_across, METH_VARARGS,
-     "across(code, start, dur, order) -> (rows, counts, starts, lows, middles, highs, slowest): see _sweeps.c."},
+     "across(code, start, dur, order) -> (rows, counts, starts, lows, middles, highs, slowest): see sweeps.c."},
     {"extents", sweeps_extents, METH_VARARGS,
-     "extents(keys, k, start, end, values, taken) -> (rows, starts, ends, counts, sums): see _sweeps.c."},
+     "extents(keys, k, start, end, values, taken) -> (rows, starts, ends, counts, sums): see sweeps.c."},
     {NULL, NULL, 0, NULL}};
 
 /* The module keeps no state (its functions read only their arguments), so every
