@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -291,6 +293,26 @@ def test_watch_json_needs_once(tmp_path):
     assert result.returncode == 2 and "--json needs --once" in result.stderr
     result = _watch(str(tmp_path), "--once")
     assert result.returncode == 2 and "no trace files found" in result.stderr
+
+
+def test_a_watch_with_nothing_to_follow_yet_says_what_it_waits_for(tmp_path):
+    """Started before the job writes anything, the watch names each path it waits on
+    and whether it is there, then takes the files that appear; Ctrl-C ends it with 0."""
+    missing, empty = tmp_path / "traces", tmp_path / "empty"
+    empty.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "dftrace", "watch", str(missing), str(empty), "--interval", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        ready, _, _ = select.select([proc.stderr], [], [], 60)
+        line = proc.stderr.readline() if ready else "(nothing said in 60 s)"
+        assert line.startswith("dftrace watch: waiting for trace files at "), line
+        assert f"{str(missing)!r} (does not exist yet)" in line
+        assert f"{str(empty)!r} (a directory with no trace files yet)" in line
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
 
 
 @needs("tmux", None if shutil.which("tmux") else "tmux is not installed (Debian: apt-get install tmux)")

@@ -46,7 +46,7 @@ def _section_titles(page: pathlib.Path) -> list[str]:
 
 def test_every_validation_rule_is_explained_in_the_format_doc():
     """Each rule name the validators can print has a row in docs/format.md's rule tables."""
-    names = ("_trace_reading.py", "_trace_rules.py", "_nesting.py", "analysis/_parquet.py")
+    names = ("format/reading.py", "format/rules.py", "format/nesting.py", "analysis/read/parquet.py")
     source = "".join((ROOT / "dftrace" / name).read_text() for name in names)
     rules = set(re.findall(r'(?:(?:Violation|Found)\(\s*[^,()]+,|broken\()\s*"([a-z0-9-]+)"', source)) | {"pid", "tid"}
     assert {"open", "json", "nesting", "parent", "level", "parquet-columns"} <= rules
@@ -60,7 +60,7 @@ def test_the_sections_the_product_names_exist():
     """Messages and help that send the user to docs/format.md name sections that are there."""
     titles = _section_titles(ROOT / "docs" / "format.md")
     assert "5. Validation rules" in titles and "6. Parquet tables" in titles
-    cli = (ROOT / "dftrace" / "analysis" / "_cli.py").read_text()
+    cli = (ROOT / "dftrace" / "analysis" / "commands.py").read_text()
     assert "section 5 'Validation rules'" in cli and "(section 6" in cli
 
 

@@ -4,6 +4,7 @@ refresh."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -144,6 +145,9 @@ def watch(paths: Sequence[str], *, interval: float = 1.0, window: int = 50, stal
             sys.stdout.write(printable(render_plain(snapshot)))
         return 0
     try:
+        if not watcher.followers:
+            sys.stderr.write(printable(_waiting_for(paths)))
+            sys.stderr.flush()
         if sys.stdout.isatty():
             _live(watcher, interval)
         else:
@@ -151,6 +155,19 @@ def watch(paths: Sequence[str], *, interval: float = 1.0, window: int = 50, stal
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _waiting_for(paths: Sequence[str]) -> str:
+    """What a watch with no trace file yet waits for: each path, and whether it exists."""
+    said = []
+    for path in paths:
+        if os.path.isdir(path):
+            said.append(f"{path!r} (a directory with no trace files yet)")
+        elif os.path.exists(path):
+            said.append(f"{path!r} (not a trace file)")
+        else:
+            said.append(f"{path!r} (does not exist yet)")
+    return f"dftrace watch: waiting for trace files at {', '.join(said)}; Ctrl-C stops\n"
 
 
 def _live(watcher: Watcher, interval: float) -> None:
