@@ -12,7 +12,8 @@ from typing import Any
 from ._core.config import Config, ConfigError
 from ._inspect import capturing as _capturing  # registers node(capture=...) uses
 from ._core.tree import CATEGORIES, AITree, Node, Span, Use, ai
-from ._core.session import Session, finalize, initialize, session
+from ._core.lifecycle import finalize, initialize, session
+from ._core.session import Session
 from ._version import __version__
 
 __all__ = [
@@ -60,7 +61,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-from ._core.session import autostart as _autostart  # noqa: E402
+from ._core.lifecycle import autostart as _autostart  # noqa: E402
 
 _autostart()
 del _autostart

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from ._core import engine as _engine
 from ._core.tree import Node, ai
-from ._core.session import finalize, initialize, session
+from ._core.lifecycle import finalize, initialize, session
 
 __all__ = ["ai", "dftracer", "dft_fn"]
 

@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._core import session as _session
+from ._core import lifecycle as _lifecycle
 from ._core.state import STATE
 from ._inspect import browse, memory
 
@@ -117,11 +117,11 @@ def trace_to(directory: str | os.PathLike[str], *, validate: bool = True,
     options.setdefault("log_file", os.path.join(d, "trace"))
     options.setdefault("inherit", False)
     result = TraceResult(d)
-    s = _session.initialize(**options)
+    s = _lifecycle.initialize(**options)
     try:
         yield result
     finally:
-        _session.finalize()
+        _lifecycle.finalize()
         if s is not None:
             result.paths = s.paths
             for p in s.paths:
@@ -288,5 +288,5 @@ def clean_state() -> Iterator[None]:
 
 def reset() -> None:
     """Finalize any session and restore all global state to its import-time values."""
-    _session.finalize()
+    _lifecycle.finalize()
     STATE.reset()

@@ -23,7 +23,8 @@ import orjson
 from .._core import tree as _tree
 from .._core import buffer as _buffer, engine as _engine
 from .._core.state import STATE
-from .._core import session as _session
+from .._core import lifecycle as _lifecycle
+from .._core.session import hostname_hash
 from .._core.records import Encoder
 from .browse import Trace
 
@@ -48,11 +49,11 @@ def _encoder() -> Encoder:
     pid = os.getpid()
     enc = _encoders.get(pid)
     if enc is None:
-        s = _session.session()
+        s = _lifecycle.session()
         if s is not None and s.pid == pid:
             hhash, offset = s.hhash, s.offset_ns
         else:
-            hhash = _session.hostname_hash(socket.gethostname())
+            hhash = hostname_hash(socket.gethostname())
             offset = time.time_ns() - time.perf_counter_ns()
         enc = Encoder(pid, hhash, offset, _tree._max_arg_length)
         _encoders.clear()
@@ -137,7 +138,7 @@ def _after_fork_in_child() -> None:
     _stop_tap()  # the child's session writes to its file only
     STATE.memory_traces = 0
     _tree.set_max_items(None)
-    _session._set_gate()
+    _lifecycle._set_gate()
 
 
 def _describe(exc: BaseException) -> str:
@@ -187,7 +188,7 @@ class InMemoryTracing:
             STATE.memory_traces += 1
             _apply_max_items()
             _start_tap()
-        _session._set_gate()
+        _lifecycle._set_gate()
         return self.trace
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
@@ -205,7 +206,7 @@ class InMemoryTracing:
                         _stop_tap()
                     _apply_max_items()
                     self._running = False
-                _session._set_gate()
+                _lifecycle._set_gate()
             if trace is not None:
                 trace._fill(self._events(), error=None if ev is None else _describe(ev))
         except Exception as exc:  # never let the trace hide the block's own outcome

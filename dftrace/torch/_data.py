@@ -19,7 +19,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from .._core import session as _session
+from .._core import lifecycle as _lifecycle
 from .._core.config import env_disabled
 from .._core.tree import ai
 from .._hooks import call_in_span, warn_once
@@ -48,7 +48,7 @@ def _child_options() -> dict[str, Any] | None:
     """The running session's settings, for a worker started by pickling (spawn).
     None when not tracing, or when they cannot be read: pickling must not fail."""
     try:
-        s = _session.session()
+        s = _lifecycle.session()
         if s is None:
             return None
         opts = dict(s.config.as_dict())
@@ -73,7 +73,7 @@ def _start_in_worker(options: dict[str, Any]) -> None:
 
         if get_worker_info() is None or env_disabled():
             return
-        _session.initialize(**options)
+        _lifecycle.initialize(**options)
     except Exception as exc:
         warn_once("worker-start", f"tracing could not start in a DataLoader worker: {exc!r}")
 
@@ -117,7 +117,7 @@ class TracedDataset(_Wrapper, Dataset):
     ``args.index``. Use :func:`trace_dataset` to make one."""
 
     def __getitem__(self, index: Any) -> Any:
-        if self._dftrace_options is not None and _session.session() is None:
+        if self._dftrace_options is not None and _lifecycle.session() is None:
             _start_in_worker(self._dftrace_options)
         return call_in_span(_ITEM, self._dftrace_inner.__getitem__, (index,),
                             args={"index": index} if type(index) is int else None)
@@ -131,7 +131,7 @@ class TracedBatchedDataset(TracedDataset):
     ``__getitems__``: one ``data.item`` span per call with ``args.count``."""
 
     def __getitems__(self, indices: list[Any]) -> Any:
-        if self._dftrace_options is not None and _session.session() is None:
+        if self._dftrace_options is not None and _lifecycle.session() is None:
             _start_in_worker(self._dftrace_options)
         return call_in_span(_ITEM, self._dftrace_inner.__getitems__, (indices,),
                             args={"count": len(indices)})
@@ -143,7 +143,7 @@ class TracedIterableDataset(_Wrapper, IterableDataset):
     ``args.exhausted`` (its time is real; it is not an item)."""
 
     def __iter__(self) -> Iterator[Any]:
-        if self._dftrace_options is not None and _session.session() is None:
+        if self._dftrace_options is not None and _lifecycle.session() is None:
             _start_in_worker(self._dftrace_options)
         return self._items(iter(self._dftrace_inner))
 

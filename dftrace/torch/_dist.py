@@ -382,7 +382,7 @@ def note_distributed_rank(rank: int | None = None) -> None:
     """Write this process's global rank to the trace: ``rank``, or torch.distributed's
     once a process group exists (launchers that set no ``RANK``, such as
     Lightning's, leave it unknown until then). Nothing without a tracing session."""
-    from .._core.session import session
+    from .._core.lifecycle import session
 
     s = session()
     if s is None:

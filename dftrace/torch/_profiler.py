@@ -31,7 +31,7 @@ _TRACE_SUFFIX = re.compile(r"\.pfw(\.zst|\.gz)?$")
 def _stem() -> str:
     """The current dftrace file's name without its suffix (rank, host and pid in it),
     or ``profile-<pid>`` in the working directory when no session writes a file."""
-    from .._core.session import session
+    from .._core.lifecycle import session
 
     s = session()
     path = getattr(s, "path", None) if s is not None else None
@@ -41,7 +41,7 @@ def _stem() -> str:
 
 
 def _hostname() -> str:
-    from .._core.session import session
+    from .._core.lifecycle import session
 
     s = session()
     return getattr(s, "hostname", None) or platform.node()
@@ -54,7 +54,7 @@ def _clock_anchor() -> None:
     the two traces' difference by that, not by the time since then."""
     from .. import format as fmt
     from .._core import engine
-    from .._core.session import session
+    from .._core.lifecycle import session
 
     if session() is not None:
         engine.record_special(engine.META, {"name": fmt.META_CLOCK_ANCHOR, "args": {

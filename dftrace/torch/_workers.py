@@ -28,7 +28,7 @@ from typing import Any
 
 from .._core import engine as _engine
 from .._core.state import STATE
-from .._core import session as _session
+from .._core import lifecycle as _lifecycle
 from .._core.config import env_enabled
 from .._core.records import META
 
@@ -48,9 +48,9 @@ def worker_init_fn(worker_id: int) -> None:
     """Pass as ``DataLoader(worker_init_fn=...)``: names this worker's trace
     ``dataloader worker <id>`` and makes sure the worker traces. Never raises."""
     try:
-        s = _session.session()
+        s = _lifecycle.session()
         if s is None and env_enabled():
-            s = _session.initialize()
+            s = _lifecycle.initialize()
         if s is None:
             return
         label = f"dataloader worker {worker_id}"

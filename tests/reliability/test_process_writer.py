@@ -107,8 +107,8 @@ def test_drainer_runs_the_installed_dftrace_whatever_the_working_directory(tmp_p
     """From a directory holding another ``dftrace`` folder (a clone, say), the drainer
     still runs the dftrace the program imported: no fallback, the file is whole."""
     script = write_script(tmp_path, DETERMINISTIC + """
-    import dftrace._core.session as _session
-    print(type(_session.session().writer).__name__ if _session.session() else "none")
+    import dftrace._core.lifecycle as _lifecycle
+    print(type(_lifecycle.session().writer).__name__ if _lifecycle.session() else "none")
     """)
     clone = tmp_path / "clone"
     (clone / "dftrace").mkdir(parents=True)
