@@ -415,7 +415,7 @@ def install(_torch: Any = None) -> None:
     if STATE.installed:
         return
     STATE.installed = True
-    from . import _install_backward
+    from ._hooking import install_backward
     from .._after_import import when_imported
 
     _original_iter = DataLoader.__iter__
@@ -425,7 +425,7 @@ def install(_torch: Any = None) -> None:
 
     _optimizer.register_optimizer_step_pre_hook(_step_pre)
     _optimizer.register_optimizer_step_post_hook(_step_post)
-    _install_backward(_BackwardArgs())  # type: ignore[arg-type]
+    install_backward(_BackwardArgs())  # type: ignore[arg-type]
     if torch.distributed.is_available():
         trace_distributed()
         _patch_ddp()

@@ -350,7 +350,7 @@ def test_hook_failure_never_reaches_the_model(tmp_path, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("shape helper broke")
 
-    monkeypatch.setattr(dft, "shapes", broken)
+    monkeypatch.setattr(dft._modules, "shapes", broken)  # the output shapes of a module's forward
     with testing.trace_to(tmp_path):
         with dft.trace_modules(model), pytest.warns(RuntimeWarning, match="shape helper broke"):
             out = model(x)

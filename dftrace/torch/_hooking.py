@@ -1,0 +1,149 @@
+"""What the model hooks share: tensor shapes as args, each thread's open spans of
+a hooked module, hooks removed without raising, and the one patch of
+``torch.autograd.backward`` that every user of backward() spans shares."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._core.tree import ai
+from .._hooks import call_in_span, warn_once
+
+
+get_ident = threading.get_ident
+
+
+def remove_handles(handles: list[Any]) -> None:
+    """Remove torch hook handles, each even if another fails; empties the list."""
+    for h in handles:
+        try:
+            h.remove()
+        except Exception:
+            pass
+    handles.clear()
+
+
+def shapes(obj: Any, limit: int = 8) -> list[list[int]]:
+    """Shapes of the tensors in ``obj`` (a tensor, or lists/tuples/dicts of them,
+    three levels deep), at most ``limit`` of them. Only shapes are kept: no
+    reference to a tensor outlives the call."""
+    if type(obj) is Tensor or isinstance(obj, Tensor):  # the common case of a module output
+        return [list(obj.shape)]
+    out: list[list[int]] = []
+    _visit(obj, 0, out, limit)
+    return out
+
+
+def _visit(o: Any, depth: int, out: list[list[int]], limit: int) -> None:
+    if len(out) >= limit:
+        return
+    if isinstance(o, Tensor):
+        out.append(list(o.shape))
+    elif depth < 3:
+        if isinstance(o, (list, tuple)):
+            for x in o:
+                _visit(x, depth + 1, out, limit)
+        elif isinstance(o, Mapping):
+            for x in o.values():
+                _visit(x, depth + 1, out, limit)
+
+
+def input_shapes(args: tuple, kwargs: dict, limit: int = 8) -> list[list[int]]:
+    # Most modules get one tensor, or a few, and no kwargs: no recursion then.
+    if not kwargs and len(args) == 1 and type(args[0]) is Tensor:
+        return [list(args[0].shape)]
+    out = []
+    for a in args:
+        if isinstance(a, Tensor):
+            out.append(list(a.shape))
+        else:
+            _visit(a, 1, out, limit)
+    if kwargs:
+        _visit(kwargs, 0, out, limit)
+    return out[:limit]
+
+
+class ThreadSpans:
+    """Open spans of one hook pair, per thread (a module may run in several threads,
+    and recursively), matched last-in first-out."""
+
+    __slots__ = ("_by_thread",)
+
+    def __init__(self) -> None:
+        self._by_thread: dict[int, list[Any]] = {}
+
+    def push(self, entry: Any) -> None:
+        self._by_thread.setdefault(get_ident(), []).append(entry)
+
+    def pop(self) -> Any:
+        lst = self._by_thread.get(get_ident())
+        if not lst:
+            return None
+        return lst.pop()
+
+    def close_all(self) -> None:
+        for lst in list(self._by_thread.values()):
+            while lst:
+                entry = lst.pop()
+                span = entry[0] if isinstance(entry, tuple) else entry
+                span.stop({"incomplete": True})
+        self._by_thread.clear()
+
+
+def forward_failed(output: Any) -> str | None:
+    """Inside an ``always_call`` forward hook: the exception's type name when the
+    forward raised (torch calls the hook from its ``except`` block with no output)."""
+    if output is not None:
+        return None
+    exc = sys.exc_info()[1]
+    return type(exc).__name__ if exc is not None else None
+
+
+# -- backward() calls, one patch for every user --------------------------------------
+
+#: Who asked for backward() spans (``ComputeTracing``, automatic tracing), last first.
+_backward_users: list[Any] = []
+_original_backward: Any = None
+_backward_lock = threading.Lock()
+BACKWARD = ai.compute.backward
+
+
+def _traced_backward(*args: Any, **kwargs: Any) -> Any:
+    users = _backward_users
+    if not users or not BACKWARD.enabled:
+        return _original_backward(*args, **kwargs)
+    span_args = users[-1]._backward_args()
+    if span_args is False:  # recorded already (automatic tracing inside your own span)
+        return _original_backward(*args, **kwargs)
+    return call_in_span(BACKWARD, _original_backward, args, kwargs, args=span_args)
+
+
+def install_backward(user: Any) -> None:
+    global _original_backward
+    with _backward_lock:
+        if not _backward_users:
+            _original_backward = torch.autograd.backward
+            # Tensor.backward() calls torch.autograd.backward by attribute at call
+            # time, so this one replacement covers loss.backward() too.
+            torch.autograd.backward = _traced_backward
+        _backward_users.append(user)
+
+
+def uninstall_backward(user: Any) -> None:
+    global _original_backward
+    with _backward_lock:
+        if user in _backward_users:
+            _backward_users.remove(user)
+        if not _backward_users and _original_backward is not None:
+            if torch.autograd.backward is _traced_backward:
+                torch.autograd.backward = _original_backward
+            else:
+                warn_once("backward-restore", "torch.autograd.backward was replaced after "
+                          "trace_compute(); left as it is")
+            _original_backward = None
