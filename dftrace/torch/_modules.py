@@ -9,13 +9,11 @@ from typing import Any
 
 import torch
 
-_NO_FORWARD: Any = object()  # a module without a forward attribute of its own
-
-
-
 from .._core.tree import ai
 from .._hooks import call_in_span, guarded, warn_once
 from ._hooking import ThreadSpans, input_shapes, remove_handles, shapes
+
+_NO_FORWARD: Any = object()  # a module without a forward attribute of its own
 
 
 # Derived names that already mean something for every node.
