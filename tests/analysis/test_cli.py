@@ -41,9 +41,21 @@ def test_summary_json_is_the_summary(run_dir, capsys):
 
 
 def test_missing_input_is_a_clear_error(tmp_path, capsys):
-    """A path that matches nothing exits 2 with a message, not a traceback."""
+    """A path that gives no trace exits 2 with a message that says why, not a traceback:
+    a pattern that matches nothing, a path that does not exist, a directory without
+    traces, and a Parquet file that is not one."""
     assert main(["summary", str(tmp_path / "none*.pfw")]) == 2
-    assert "no trace files found" in capsys.readouterr().err
+    assert f"no trace files found at {str(tmp_path / 'none*.pfw')!r}: no file matches the pattern" in capsys.readouterr().err
+    assert main(["summary", str(tmp_path / "traces")]) == 2
+    assert f"{str(tmp_path / 'traces')!r}: it does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    assert main(["summary", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert "the directory holds no trace files" in err and "1 files there are not traces" in err
+    (tmp_path / "empty" / "x.parquet").write_bytes(b"not parquet at all")
+    assert main(["summary", str(tmp_path / "empty")]) == 2
+    assert "x.parquet is not a readable Parquet file" in capsys.readouterr().err
 
 
 def test_convert_to_chrome_json_is_strict_json(run_dir, tmp_path, capsys):

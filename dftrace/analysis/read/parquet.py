@@ -42,7 +42,10 @@ def read_parquet_parts(path: str, wanted: Sequence[str]) -> tuple[pl.DataFrame, 
     records restore each process's rank, so resolution reproduces the processes
     that were written.
     """
-    kv = pl.read_parquet_metadata(path)
+    try:
+        kv = pl.read_parquet_metadata(path)
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise ValueError(f"{path} is not a readable Parquet file: {exc}") from None
     if _PARQUET_KEY not in kv:
         raise ValueError(f"{path} was not written by dftrace (no {_PARQUET_KEY!r} metadata)")
     document = orjson.loads(kv[_PARQUET_KEY])

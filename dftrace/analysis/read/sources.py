@@ -71,8 +71,7 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]], skipped: list[str] | N
             left_out += [c for c in candidates if not holds_events(c)]
             candidates = [c for c in candidates if c not in left_out]
         if not candidates:
-            also = f" ({len(left_out)} files that are not traces)" if left_out else ""
-            raise FileNotFoundError(f"no trace files found at {path!r}{also}")
+            raise FileNotFoundError(f"no trace files found at {path!r}: {_why_nothing(path, len(left_out))}")
         for candidate in candidates:
             found[os.path.normpath(candidate)] = None
     if skipped is not None:
@@ -123,6 +122,19 @@ def runs_in(path: str | os.PathLike[str]) -> list[str]:
 
 def _is_input(path: str) -> bool:
     return is_trace_file(path) or path.endswith(PARQUET_SUFFIX)
+
+
+def _why_nothing(path: str, not_traces: int) -> str:
+    """Why ``path`` gave no trace file, said the way the next step follows from it."""
+    also = f"; {not_traces} files there are not traces" if not_traces else ""
+    if os.path.isdir(path):
+        return f"the directory holds no trace files (.pfw, .pfw.gz, .pfw.zst, .json, .parquet){also}"
+    if glob.has_magic(path):
+        return f"no file matches the pattern{also}" if not not_traces else f"the files that match are not traces{also}"
+    if os.path.exists(path):
+        return "it is not a regular file or directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    return "it does not exist" + ("" if os.path.isdir(parent) else f" (nor does {parent!r})")
 
 
 def _walk(directory: str) -> list[str]:
