@@ -20,18 +20,40 @@ from ._core.config import _FALSE, _TRUE, OPTIONS, ConfigError, _bool, auto_unles
 __all__ = ["main"]
 
 
+#: What the value of an option that takes text is, in ``--help``.
+_TEXT_VALUES = {"log_file": "PREFIX", "data_dir": "DIRS", "process_name": "NAME"}
+
+
+def _value_name(opt: Any) -> str:
+    """What an option's value is, as ``--help`` shows it: its choices, a kind of number,
+    or what the text names."""
+    choices = getattr(opt.parse, "choices", None)
+    if choices:
+        return "{" + ",".join(choices) + "}"
+    if opt.parse is _bool:
+        return "0|1"
+    described = getattr(opt.parse, "range", "")
+    if described.startswith("a number of seconds"):
+        return "SECONDS"
+    if described.startswith("a size"):
+        return "SIZE"
+    if described.startswith("an integer"):
+        return "N"
+    return _TEXT_VALUES.get(opt.name, "TEXT")
+
+
 def _add_trace_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("tracing options (default: the DFTRACE_* variables)")
+    g = p.add_argument_group("tracing options (each defaults to its DFTRACE_* variable)")
     for opt in OPTIONS:
         if opt.name in ("enable", "inherit"):
             continue
         flag = "--" + opt.name.replace("_", "-")
+        doc = f"{opt.doc} (variable {opt.env})".replace("%", "%%")
         if opt.parse is _bool:  # --io alone is --io 1
             g.add_argument(flag, dest=opt.name, default=None, nargs="?", const="1",
-                           metavar=opt.env, help=opt.doc.replace("%", "%%"))
+                           metavar=_value_name(opt), help=doc)
         else:
-            g.add_argument(flag, dest=opt.name, default=None, metavar=opt.env,
-                           help=opt.doc.replace("%", "%%"))
+            g.add_argument(flag, dest=opt.name, default=None, metavar=_value_name(opt), help=doc)
 
 
 #: What a switch's value may be (``--io 0``); anything else after ``--io`` is not its

@@ -45,6 +45,7 @@ def _choice(*choices: str) -> Callable[[Any], str]:
             raise ValueError("expected one of " + ", ".join(choices))
         return s
 
+    parse.choices = choices  # type: ignore[attr-defined]
     return parse
 
 

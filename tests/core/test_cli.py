@@ -301,3 +301,22 @@ def test_the_commands_own_process_is_told_from_a_program(monkeypatch, orig_argv,
 
     monkeypatch.setattr(sys, "orig_argv", orig_argv, raising=False)
     assert is_own_command() is own
+
+
+@pytest.mark.parametrize("command", ["run", "demo"])
+def test_tracing_options_say_what_their_values_are(command):
+    """Each tracing option shows what its value is (choices, a number, seconds, a size,
+    a prefix), not the name of a variable, and its help names the variable it
+    defaults to."""
+    from dftrace._core.config import OPTIONS
+
+    parser = _commands()[command]
+    shown = {a.option_strings[-1]: a for a in parser._actions if a.option_strings}
+    for opt in OPTIONS:
+        if opt.name in ("enable", "inherit"):
+            continue
+        action = shown["--" + opt.name.replace("_", "-")]
+        assert not action.metavar.startswith("DFTRACE_"), (opt.name, action.metavar)
+        assert f"(variable {opt.env})" in action.help
+    assert shown["--compression"].metavar == "{zstd,gzip,none}"
+    assert shown["--flush-interval"].metavar == "SECONDS" and shown["--log-file"].metavar == "PREFIX"
