@@ -344,13 +344,31 @@ def _split_run(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     return argv[:i] + ["--"] + argv[i:]
 
 
+def _did_you_mean(word: str, known: list[str]) -> str:
+    """ " (did you mean X?)" for the nearest of ``known`` to a mistyped ``word``."""
+    import difflib
+
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":
         run_parser = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
         argv = _split_run(argv, run_parser)
-    ns = parser.parse_args(argv)
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:
+        parser.error(f"unknown command {argv[0]!r}{_did_you_mean(argv[0], list(commands))}; "
+                     f"the commands: {', '.join(commands)}")
+    ns, extras = parser.parse_known_args(argv)
+    if extras:
+        # The command's own usage, with the options it has that the typo was closest to.
+        command = commands.get(getattr(ns, "command", None) or "", parser)
+        typo = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), extras[0])
+        command.error(f"unrecognized arguments: {' '.join(extras)}"
+                      f"{_did_you_mean(typo, [s for a in command._actions for s in a.option_strings])}")
     if not getattr(ns, "func", None):
         parser.print_help()
         return 2

@@ -320,3 +320,15 @@ def test_tracing_options_say_what_their_values_are(command):
         assert f"(variable {opt.env})" in action.help
     assert shown["--compression"].metavar == "{zstd,gzip,none}"
     assert shown["--flush-interval"].metavar == "SECONDS" and shown["--log-file"].metavar == "PREFIX"
+
+
+def test_a_typo_gets_the_commands_usage_and_the_nearest_name():
+    """A mistyped option is reported with its command's usage and the option it was
+    closest to; a mistyped command with the nearest command and the list."""
+    out = _dftrace("summary", "traces", "--jsno")
+    assert out.returncode == 2
+    assert out.stderr.startswith("usage: dftrace summary ")
+    assert "unrecognized arguments: --jsno (did you mean --json?)" in out.stderr
+    out = _dftrace("sumary", "traces")
+    assert out.returncode == 2
+    assert "unknown command 'sumary' (did you mean summary?); the commands: demo, run, summary" in out.stderr
