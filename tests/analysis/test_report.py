@@ -156,3 +156,19 @@ def test_where_the_time_goes_leaves_out_containers_and_shows_in_flight_time_apar
     assert '"self time in the call"' in where
     distributions = _section(page, "Duration distributions")
     assert '"margin":{"l":60,"r":20,"t":80,"b":50}' in distributions.replace(" ", "")
+
+
+def test_a_single_process_without_ranks_has_no_ranks_tile(tmp_path):
+    """The header's tiles say what the trace holds: a process with no rank gives no
+    "0 ranks" tile; a ranked run shows its ranks."""
+    (tmp_path / "solo").mkdir()
+    tracegen.write_process(tmp_path / "solo", tracegen.training_process(1000, rank=None))
+    tiles = re.findall(r"<div class='card'><b>([^<]*)</b><span>([^<]*)</span></div>",
+                       render_html(summarize(tmp_path / "solo")))
+    assert ("1", "processes") in tiles and not any(name == "ranks" for _, name in tiles)
+    (tmp_path / "ranked").mkdir()
+    tracegen.write_process(tmp_path / "ranked", tracegen.training_process(1000, rank=0))
+    tracegen.write_process(tmp_path / "ranked", tracegen.training_process(1001, rank=1))
+    tiles = re.findall(r"<div class='card'><b>([^<]*)</b><span>([^<]*)</span></div>",
+                       render_html(summarize(tmp_path / "ranked")))
+    assert ("2", "ranks") in tiles

@@ -104,7 +104,7 @@ def _header(summary: Summary, title: str) -> str:
     cards = [
         ("wall time", format_us(o["wall_us"])),
         ("processes", o["processes"]),
-        ("ranks", o["ranks"]),
+        *([("ranks", o["ranks"])] if o["ranks"] else []),  # a job without ranks has no such tile
         ("hosts", o["hosts"]),
         ("events", f"{o['events']:,}"),
         ("files", o["files"]),
