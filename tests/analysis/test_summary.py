@@ -314,3 +314,18 @@ def test_steps_numbered_by_iter_epochs_show_their_epoch_everywhere(tmp_path):
     assert sorted((s["epoch"], s["step"]) for s in summary.steps) == [(k // 5, k) for k in range(10)]
     assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 5), (1, 5)]
     assert {(r["epoch"], r["step"]) for r in summary.rank_steps} == {(k // 5, k) for k in range(10)}
+
+
+def test_a_summary_prints_as_a_line_and_shows_as_tables_in_a_notebook():
+    """repr is one short line with what was read, the steps and the straggler; the
+    notebook form holds that line and the steps, time and straggler tables."""
+    from pathlib import Path
+
+    summary = summarize(Path(__file__).resolve().parents[1] / "data" / "ddp-run")
+    line = repr(summary)
+    assert "\n" not in line and len(line) < 300
+    assert line.startswith("<Summary: 2 processes (2 ranks, 1 host), 5,910 events over ")
+    assert "128 steps, median " in line and "rank 1 holds the others back" in line
+    page = summary._repr_html_()
+    assert page.count("<table>") == 3 and "<td>128</td>" in page and "<td>rank 1</td>" in page
+    assert repr(type(summary).from_dict(summary.to_dict())) == line

@@ -11,6 +11,7 @@ mergeable sketch (``reduce.sketch``): exact below ``EXACT_BELOW_US``, within
 
 from __future__ import annotations
 
+import html
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -39,6 +40,7 @@ from ..read.parquet import resolved_records
 from ..read.trace import PathsLike, TraceTable, as_path_list, load_traces, require_content
 from .breakdown import time_breakdown
 from .runs import clock_steps, last_run_of_each_step, say_where_resumed
+from .units import format_us
 from .steps import (RANK_STEPS_LIMIT, UnitSteps, epoch_rows, epoch_source, rank_imbalance, rank_step_rows, rounded_rows,
                     step_statistics, steps_across_units, steps_of, unit_extents)
 
@@ -102,6 +104,15 @@ class Summary:
     def to_dict(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""
         return asdict(self)
+
+    def __repr__(self) -> str:
+        """One line: what was read, the steps, and the straggler if one stands out
+        (the whole answer is ``to_dict()``; in a notebook the tables show)."""
+        return f"<Summary: {'; '.join(_headline(self))}>"
+
+    def _repr_html_(self) -> str:
+        """The headline and the main tables, for Jupyter."""
+        return _summary_html(self)
 
     def to_json(self, indent: bool = True) -> str:
         """The summary as JSON text."""
@@ -349,4 +360,51 @@ def _process_rows(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any
         for r in joined.iter_rows(named=True)
     ]
 
+
+# --- as a notebook shows it ------------------------------------------------------------
+
+def _headline(s: Summary) -> list[str]:
+    o = s.overview
+
+    def count(n: int, noun: str) -> str:
+        return f"{n:,} {noun}" + ("" if n == 1 else ("es" if noun.endswith("s") else "s"))
+
+    ranks = f"{count(o['ranks'], 'rank')}, " if o.get("ranks") else ""
+    parts = [f"{count(o.get('processes', 0), 'process')} ({ranks}{count(o.get('hosts', 0), 'host')}), "
+             f"{count(o.get('events', 0), 'event')} over {format_us(o.get('wall_us'))}"]
+    if s.step_stats:
+        parts.append(f"{s.step_stats['count']} steps, median {format_us(s.step_stats['p50_us'])}")
+    held = [r for r in s.stragglers if r.get("significant")]
+    if held:
+        parts.append(f"{held[0]['unit']} holds the others back "
+                     f"({format_us(held[0]['caused_wait_us_per_step'])} per step)")
+    return parts
+
+
+def _html_table(title: str, headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<h4>{html.escape(title)}</h4><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _summary_html(s: Summary) -> str:
+    parts = [f"<p><b>{html.escape('; '.join(_headline(s)))}</b></p>"]
+    if s.step_stats:
+        st = s.step_stats
+        parts.append(_html_table("Steps", ["steps", "p50", "p95", "mean", "max"], [[
+            st["count"], format_us(st["p50_us"]), format_us(st["p95_us"]), format_us(st["mean_us"]),
+            format_us(st["max_us"])]]))
+    top = sorted(s.categories, key=lambda c: -c["total_us"])[:10]
+    if top:
+        parts.append(_html_table("Where the time went (top 10 by total time)",
+                                 ["category", "name", "count", "total", "p50", "p95", "self"],
+                                 [[c["cat"], c["name"], c["count"], format_us(c["total_us"]), format_us(c["p50_us"]),
+                                   format_us(c["p95_us"]), format_us(c.get("self_us"))] for c in top]))
+    if s.stragglers:
+        parts.append(_html_table("Ranks that held the others back", ["rank", "held steps", "wait caused / step",
+                                                                     "significant"],
+                                 [[r["unit"], f"{r['held_steps']} of {r['steps']}",
+                                   format_us(r["caused_wait_us_per_step"]), "yes" if r["significant"] else "no"]
+                                  for r in s.stragglers[:8]]))
+    return "<div class='dftrace-summary'>" + "".join(parts) + "</div>"
 
