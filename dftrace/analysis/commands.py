@@ -106,16 +106,18 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "validate",
         help="check trace files (and Parquet files from convert) against the format's rules",
-        description="Check trace files against the rules of docs/format.md (section 5, "
-        "'Validation rules'): '[' first, one JSON object per line, UTF-8 without surrogate "
+        description="Check trace files against the trace format's rules ('dftrace validate --explain' "
+        "lists them): '[' first, one JSON object per line, UTF-8 without surrogate "
         "escapes, metadata first, uint32 pid/tid, ts and dur in [0, 2**53], spans nested per "
         "thread, p_idx/level consistent. A last frame cut off by a kill is reported ('cut off at "
         "byte N, K events readable'), a file without its closing ']' as 'cut'; neither is a "
         "violation unless --strict. A .parquet file written by 'dftrace convert' is checked "
-        "against the events table instead (section 6; needs the analysis extra). Exit code 1 if "
+        "against the events table instead (needs the analysis extra). Exit code 1 if "
         "any file breaks a rule, 2 if a file cannot be read.",
     )
-    p.add_argument("paths", nargs="+", help="trace files, directories or glob patterns")
+    p.add_argument("paths", nargs="*", help="trace files, directories or glob patterns")
+    p.add_argument("--explain", nargs="?", const="", metavar="RULE",
+                   help="say what RULE (the name validate prints in brackets) checks, or every rule")
     _rows_option(p, 50, "violations to print per file (default 50)", "--max")
     p.add_argument("--json", action="store_true", help="print violations as JSON")
     p.add_argument("--strict", action="store_true",
@@ -304,6 +306,22 @@ def _step_range(text: str | None) -> tuple[int, int] | None:
         raise argparse.ArgumentTypeError(f"--steps wants A or A:B, got {text!r}") from None
 
 
+def _explain_rules(rule: str) -> int:
+    """Print what ``rule`` checks (every rule when it is empty)."""
+    import difflib
+
+    from ..format.rules import RULES
+
+    if rule and rule not in RULES:
+        close = difflib.get_close_matches(rule, list(RULES), n=1)
+        raise ValueError(f"no rule named {rule!r}" + (f" (did you mean {close[0]}?)" if close else "")
+                         + f"; the rules: {', '.join(RULES)}")
+    for name, what in RULES.items():
+        if not rule or name == rule:
+            print(f"[{name}] {what}")
+    return 0
+
+
 @_command()
 def _run_validate(args: argparse.Namespace) -> int:
     import orjson
@@ -312,6 +330,10 @@ def _run_validate(args: argparse.Namespace) -> int:
     from .read.kineto import is_document_file, validate_document
     from .read.sources import PARQUET_SUFFIX, expand_paths
 
+    if args.explain is not None:
+        return _explain_rules(args.explain)
+    if not args.paths:
+        raise ValueError("validate needs the trace files, directories or patterns to check (or --explain)")
     failed = 0
     report: dict[str, list[dict[str, Any]]] = {}
     for path in expand_paths(args.paths):
@@ -340,7 +362,7 @@ def _run_validate(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif failed:
-        print("each [rule] is explained in docs/format.md, section 5 'Validation rules'")
+        print("each [rule] is explained by: dftrace validate --explain RULE")
     return 1 if failed else 0
 
 

@@ -1,4 +1,4 @@
-"""Checking trace files against the rules of docs/format.md (section 5):
+"""Checking trace files against the format's rules (``RULES``; docs/format.md, section 5):
 :func:`validate_file`. Public as :mod:`dftrace.format`."""
 
 from __future__ import annotations
@@ -21,6 +21,40 @@ MAX_VIOLATIONS = 100_000
 
 
 # --- validation ----------------------------------------------------------------------
+
+
+#: Every rule ``validate`` can print, by the name it prints, and what it checks (docs/format.md
+#: shows the same table): ``dftrace validate --explain RULE`` prints it.
+RULES: dict[str, str] = {
+    "open": "the file starts with a `[` line",
+    "empty": "with `--strict`: the file holds something (a 0-byte file does not)",
+    "brackets": "no stray `[` or `]` lines",
+    "after-close": "nothing follows the closing `]`",
+    "json": "each line is one JSON object, nested at most 64 levels (the line's object is level 1, its `args` 2)",
+    "comma": "no separating commas (`.json` files, Chrome's array layout, may have them)",
+    "utf8": "the line is valid UTF-8",
+    "surrogate": "no escaped surrogates (`\\ud800`–`\\udfff`)",
+    "metadata-first": "the first event is a metadata event",
+    "ph": "`ph` is a Chrome phase letter",
+    "name": "`name` is a string",
+    "cat": "`cat`, where present, is a string",
+    "pid": "present, integers in `[0, 2**32)`",
+    "tid": "present, integers in `[0, 2**32)`",
+    "ts": "numbers in `[0, 2**53]` microseconds (`ts` on complete, counter and instant events, `dur` on complete "
+          "ones)",
+    "dur": "numbers in `[0, 2**53]` microseconds (`ts` on complete, counter and instant events, `dur` on complete "
+           "ones)",
+    "args": "`args` is a JSON object",
+    "nesting": "spans on one thread are nested or disjoint, never partly overlapping",
+    "parent": "`p_idx` names an enclosing span on the same thread",
+    "level": "`level` is one more than the parent's (1 without a parent)",
+    "parquet": "the file is a readable Parquet file",
+    "parquet-metadata": "the `dftrace` document is there, of a known version, with `processes` and `meta` lists",
+    "parquet-columns": "every column of `EVENT_COLUMNS` is there with its type",
+    "cut": "with `--strict`: the file ends with its closing `]` line",
+    "more": "not a rule: a file breaks rules more than 100,000 times; the first 100,000 by line are listed and "
+            "the rest counted",
+}
 
 
 class Violation(NamedTuple):

@@ -332,3 +332,25 @@ def test_a_typo_gets_the_commands_usage_and_the_nearest_name():
     out = _dftrace("sumary", "traces")
     assert out.returncode == 2
     assert "unknown command 'sumary' (did you mean summary?); the commands: demo, run, summary" in out.stderr
+
+
+def test_validate_explains_its_rules_without_the_docs(tmp_path):
+    """``validate --explain RULE`` says what the rule checks, from the package itself;
+    alone it lists them all; a misspelt rule gets the nearest name. A failed validation
+    names the command."""
+    from dftrace.format.rules import RULES
+
+    broken = tmp_path / "t.pfw"
+    broken.write_text("[\nnot json\n")
+    out = _dftrace("validate", str(broken))
+    assert out.returncode == 1 and "[json]" in out.stdout
+    assert out.stdout.endswith("each [rule] is explained by: dftrace validate --explain RULE\n")
+
+    out = _dftrace("validate", "--explain", "nesting")
+    assert (out.returncode, out.stdout) == (0, f"[nesting] {RULES['nesting']}\n")
+    out = _dftrace("validate", "--explain")
+    assert out.returncode == 0 and out.stdout.count("\n") == len(RULES)
+    out = _dftrace("validate", "--explain", "nestng")
+    assert out.returncode == 2 and "no rule named 'nestng' (did you mean nesting?)" in out.stderr
+    out = _dftrace("validate")
+    assert out.returncode == 2 and "validate needs the trace files" in out.stderr
