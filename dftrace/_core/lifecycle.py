@@ -169,7 +169,7 @@ def _abandon(s: Session | None) -> None:
 def _trace_automatically() -> None:
     """``auto=True``: the hooks of ``dftrace.torch._auto`` once torch is imported (now,
     if it is)."""
-    from .._after_import import when_imported
+    from .after_import import when_imported
 
     when_imported("torch", "dftrace.torch._auto:install")
 

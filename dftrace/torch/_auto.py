@@ -416,7 +416,7 @@ def install(_torch: Any = None) -> None:
         return
     STATE.installed = True
     from ._hooking import install_backward
-    from .._after_import import when_imported
+    from .._core.after_import import when_imported
 
     _original_iter = DataLoader.__iter__
     DataLoader.__iter__ = _traced_iter  # type: ignore[method-assign]

@@ -45,7 +45,7 @@ def _run(callback: Callback, module: Any) -> None:
             callback = getattr(importlib.import_module(where), name)
         callback(module)
     except Exception as exc:
-        from ._core.state import STATE
+        from .state import STATE
 
         STATE.warn_once(f"after-import:{module.__name__}",
                         f"tracing {module.__name__} failed and was skipped: {exc!r}")
