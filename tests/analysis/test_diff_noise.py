@@ -17,7 +17,10 @@ pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dft
 from dftrace.analysis.commands import main  # noqa: E402
 
 JOB = Path(__file__).with_name("_timed_job.py")
-STEPS = 48
+#: Steps per run: a tenth of the step moved, one run per side, stands out of a loaded
+#: machine's noise with a hundred steps or more (docs/analysis.md, "Noise"); 48 did
+#: not, under three busy processes.
+STEPS = 128
 #: Work units added to every forward: 10 % of a step (240 units), 30 % of the forward.
 PLANTED = 24
 
