@@ -288,7 +288,7 @@ def _run_merge(args: argparse.Namespace) -> int:
 
 
 def _events_of(written: Any) -> str:
-    from .render.text import count_of
+    from .answers.units import count_of
 
     broken = sum(f.broken_count for f in written.trace.files)
     skipped = f" ({count_of(broken, 'broken line')} left out; dftrace summary lists them)" if broken else ""

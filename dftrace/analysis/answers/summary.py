@@ -40,7 +40,7 @@ from ..read.parquet import resolved_records
 from ..read.trace import PathsLike, TraceTable, as_path_list, load_traces, require_content
 from .breakdown import time_breakdown
 from .runs import clock_steps, last_run_of_each_step, say_where_resumed
-from .units import format_us
+from .units import count_of, format_us
 from .steps import (RANK_STEPS_LIMIT, UnitSteps, epoch_rows, epoch_source, rank_imbalance, rank_step_rows, rounded_rows,
                     step_statistics, steps_across_units, steps_of, unit_extents)
 
@@ -365,13 +365,11 @@ def _process_rows(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any
 
 def _headline(s: Summary) -> list[str]:
     o = s.overview
-
-    def count(n: int, noun: str) -> str:
-        return f"{n:,} {noun}" + ("" if n == 1 else ("es" if noun.endswith("s") else "s"))
-
-    ranks = f"{count(o['ranks'], 'rank')}, " if o.get("ranks") else ""
-    parts = [f"{count(o.get('processes', 0), 'process')} ({ranks}{count(o.get('hosts', 0), 'host')}), "
-             f"{count(o.get('events', 0), 'event')} over {format_us(o.get('wall_us'))}"]
+    events = o.get("events", 0)
+    ranks = f"{count_of(o['ranks'], 'rank')}, " if o.get("ranks") else ""
+    processes = count_of(o.get("processes", 0), "process", "processes")
+    parts = [f"{processes} ({ranks}{count_of(o.get('hosts', 0), 'host')}), "
+             f"{events:,} event{'' if events == 1 else 's'} over {format_us(o.get('wall_us'))}"]
     if s.step_stats:
         parts.append(f"{s.step_stats['count']} steps, median {format_us(s.step_stats['p50_us'])}")
     held = [r for r in s.stragglers if r.get("significant")]

@@ -1,9 +1,14 @@
-"""Quantities as text, the same in every answer's notes and every rendering: durations,
-byte counts, file labels."""
+"""Quantities as text, the same in every answer's notes and every rendering: counts,
+durations, byte counts, file labels."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def count_of(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 file`` / ``2 files``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 def format_us(us: float | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..answers.diff import SECTIONS, STEP_BLOCKS, DiffRow, RunDiff, _interval, _signed, _value
-from ..answers.units import format_us
+from ..answers.units import count_of, format_us
 
 __all__ = ["parse_percent", "render_diff"]
 
@@ -36,7 +36,7 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
     """The comparison as terminal tables: what changed beyond noise (the ``top`` rows
     with the largest effect on step time), then every section side by side (per name:
     the ``top`` names with the most time)."""
-    from .text import _table, count_of
+    from .text import _table
 
     def describe(run: dict[str, Any]) -> str:
         ranks = count_of(run["ranks"], "rank") if run["ranks"] else count_of(run["processes"], "process", "processes")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..answers.summary import Summary
-from ..answers.units import file_label, format_bytes, format_us
+from ..answers.units import count_of, file_label, format_bytes, format_us
 from .terminal import printable
 
 #: How the breakdown names its activity groups.
@@ -57,11 +57,6 @@ def render_text(summary: Summary, *, top: int = 20) -> str:
         _gpu(summary, top),
     ]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
-
-
-def count_of(n: int, noun: str, plural: str | None = None) -> str:
-    """``1 file`` / ``2 files``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 def _overview(summary: Summary) -> list[str]:
