@@ -66,8 +66,14 @@ def test_text_lists_flagged_rows_before_the_sections(runs, capsys):
     assert main(["diff", str(runs[0]), str(runs[1]), "--no-progress"]) == 0
     out = capsys.readouterr().out
     flagged = out[out.index("Changed beyond 5%"):out.index("Step time (all ranks and steps)")]
-    first = flagged.splitlines()[3]
+    first = flagged.splitlines()[4]
     assert first.split()[0].startswith(("compute.backward", "step.")) and "+300 us/step" in first
+    # A name is one line: the slower backward's mean leads, its other figures are "also".
+    names = [line.split()[0] for line in flagged.splitlines()[4:] if line.startswith("  ") and "." in line.split()[0]]
+    backward = [name for name in names if name.startswith("compute.backward.")]
+    assert backward == ["compute.backward.mean"], names
+    line = next(line for line in flagged.splitlines() if line.split()[:1] == ["compute.backward.mean"])
+    assert "total +150.0%" in line
     for title in ("Step time", "Epochs", "Per category and name", "Time breakdown", "Data-loader stall",
                   "Stragglers", "Events"):
         assert f"\n{title}" in out

@@ -62,15 +62,18 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
             lines.append(f"  moved against the rest of their steps, outside the noise: {moved}; "
                          "step figures are judged by that part")
     lines.append("")
-    flagged = diff.flagged
+    flagged = _by_subject(diff.flagged)
     threshold = f"{diff.threshold * 100:g}%"
     if flagged:
-        lines.append(f"Changed beyond {threshold} and outside the noise (largest effect on step time first; "
-                     "impact: change in the figure's time per rank-step)")
-        rows = [(r.metric, _value(r.unit, r.base), _value(r.unit, r.new), *_change(r), _impact(r))
-                for r in flagged[:top]]
-        lines += _table(("metric", "base", "new", "change", "%", "95% interval", "impact"), rows,
-                        (False, True, True, True, True, True, True))
+        where = ("outside the noise" if runs_b + runs_n > 2
+                 else "outside the noise where it is estimated (the rows with an interval)")
+        lines.append(f"Changed beyond {threshold}, {where}; largest effect on step time first")
+        lines.append("  per step: how much the row's name (or figure) moved the time of a rank-step; "
+                     "also: its other figures that changed")
+        rows = [(lead.metric, _value(lead.unit, lead.base), _value(lead.unit, lead.new), *_change(lead),
+                 _per_step(lead), _also(lead, others)) for lead, others in flagged[:top]]
+        lines += _table(("metric", "base", "new", "change", "%", "95% interval", "per step", "also"), rows,
+                        (False, True, True, True, True, True, True, False))
         if len(flagged) > top:
             lines.append(f"  ... {len(flagged) - top} more (--rows, or --json)")
     else:
@@ -110,7 +113,36 @@ def _busiest_names(diff: RunDiff, top: int) -> set[str]:
     return set(sorted(totals, key=lambda name: -totals[name])[:top])
 
 
-def _impact(row: DiffRow) -> str:
+def _by_subject(flagged: list[DiffRow]) -> list[tuple[DiffRow, list[DiffRow]]]:
+    """The flagged rows, one line per name (a name's count, total, mean and p95 are one
+    line; other figures each their own), in the order of their first row: (the row
+    shown, the name's other flagged rows). The row shown is the one whose change has the
+    sign of its effect on the step (a count that rose while the name's time per step
+    fell does not lead), preferring the mean, then the total."""
+    subjects: dict[str, list[DiffRow]] = {}
+    for row in flagged:
+        subjects.setdefault(_name_of(row) if row.section == "categories" else row.metric, []).append(row)
+    lines = []
+    for rows in subjects.values():
+        lead = min(rows, key=lambda r: (not _agrees(r), _LEAD_ORDER.get(r.metric.rsplit(".", 1)[-1], 0)))
+        lines.append((lead, [r for r in rows if r is not lead]))
+    return lines
+
+
+#: Which of a name's figures its line shows first, when several changed alike.
+_LEAD_ORDER = {"mean": 0, "total": 1, "p95": 2, "count": 3}
+
+
+def _agrees(row: DiffRow) -> bool:
+    """The row's change and its effect on the step have the same sign (or one is none)."""
+    return not row.impact_us or not row.change or (row.change > 0) == (row.impact_us > 0)
+
+
+def _also(lead: DiffRow, others: list[DiffRow]) -> str:
+    return ", ".join(f"{r.metric.rsplit('.', 1)[-1]} {_change(r)[1] or _change(r)[0]}" for r in others)
+
+
+def _per_step(row: DiffRow) -> str:
     if not row.impact_us:
         return ""
     return ("+" if row.impact_us > 0 else "") + format_us(row.impact_us) + "/step"
