@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+from ._install_hint import pip_install
 from ._core.config import _FALSE, _TRUE, OPTIONS, ConfigError, _bool, auto_unless_set
 
 __all__ = ["main"]
@@ -90,7 +91,7 @@ def _cmd_demo_ddp(ns: argparse.Namespace) -> int:
     try:
         from .examples import ddp_training
     except ImportError:
-        print("dftrace demo --ddp needs PyTorch: pip install 'dftrace[torch]'", file=sys.stderr)
+        print(f"dftrace demo --ddp needs PyTorch: {pip_install('torch')}", file=sys.stderr)
         return 2
 
     try:
@@ -158,7 +159,7 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 
         check_installed(*ANALYSIS)
     except ImportError:
-        more = f"pip install 'dftrace[analysis]' && {more}"
+        more = f"{pip_install('analysis')} && {more}"
     print(f"\nopen it in https://ui.perfetto.dev, or: {more}")
     return 0
 

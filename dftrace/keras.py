@@ -21,12 +21,14 @@ one ``compute`` span covers N batches.
 
 from __future__ import annotations
 
+from ._install_hint import pip_install
+
 try:
     import keras
 except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "dftrace.keras needs Keras 3, which is not installed; "
-        "install it with: pip install 'dftrace[keras]'") from _exc
+        "install it with: " + pip_install("keras")) from _exc
 
 from typing import Any
 

@@ -48,12 +48,14 @@ all-reduce as a ``comm.all_reduce`` span (:func:`dftrace.torch.trace_ddp`), so
 
 from __future__ import annotations
 
+from ._install_hint import pip_install
+
 try:
     import lightning.pytorch as pl
 except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "dftrace.lightning needs Lightning, which is not installed; "
-        "install it with: pip install 'dftrace[lightning]'") from _exc
+        "install it with: " + pip_install("lightning")) from _exc
 
 import os
 from typing import Any

@@ -22,12 +22,14 @@ closes. Either way no span is left open.
 
 from __future__ import annotations
 
+from ._install_hint import pip_install
+
 try:
     import tensorflow as tf
 except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "dftrace.tensorflow needs TensorFlow, which is not installed; "
-        "install it with: pip install 'dftrace[tensorflow]'") from _exc
+        "install it with: " + pip_install("tensorflow")) from _exc
 
 import threading
 from typing import Any

@@ -35,6 +35,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config._dftrace_index_dir = os.environ["DFTRACE_INDEX_DIR"] = tempfile.mkdtemp(prefix="dftrace-index-")
     # So do the records of losses that a failed trace storage could not take.
     config._dftrace_runtime_dir = os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="dftrace-runtime-")
+    # The commands the tests start run as from the suite's activated environment: its
+    # interpreter's directory first on PATH (what `pip install` hints assume; the
+    # hint for an environment that is not active has a test of its own).
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     config.addinivalue_line(
         "markers", "needs(capability): the test skips without this capability; "
         "DFTRACE_TEST_REQUIRE=capability,... makes that skip a failure")

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from .._install_hint import pip_install
 from . import tree as _tree
 from . import buffer as _buffer, engine as _engine, iterators as _iterators
 from .state import STATE, limit_refused
@@ -186,7 +187,7 @@ def _nvtx_ready(config: Config, asked: bool) -> bool:
     except Exception as exc:
         setting = "nvtx=True (env DFTRACE_NVTX)" if asked else "DFTRACE_NVTX=1"
         problem = (f"{setting} needs NVIDIA's nvtx package, which does not load here "
-                   f"({_clean(str(exc))}): {_nvtx.INSTALL}")
+                   f"({_clean(str(exc))}): {pip_install('nvtx')}")
     if asked:
         raise ConfigError(problem)
     STATE.warn_once("nvtx", problem + "; tracing goes on without NVTX ranges")

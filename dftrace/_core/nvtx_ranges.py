@@ -28,10 +28,7 @@ from typing import Any
 
 from .records import kind_names
 
-__all__ = ["INSTALL", "load", "open_range", "close_range"]
-
-#: How to get the NVTX client.
-INSTALL = "pip install 'dftrace[nvtx]'"
+__all__ = ["load", "open_range", "close_range"]
 
 
 class _Pushed(threading.local):

@@ -36,12 +36,14 @@ and never reaches your training loop.
 
 from __future__ import annotations
 
+from .._install_hint import pip_install
+
 try:
     import torch
 except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "dftrace.torch needs PyTorch, which is not installed; "
-        "install it with: pip install 'dftrace[torch]'") from _exc
+        "install it with: " + pip_install("torch")) from _exc
 
 import os
 from collections.abc import Mapping

@@ -171,6 +171,26 @@ def test_analysis_commands_name_the_extra_to_install(demo_trace, tmp_path, missi
     assert list(tmp_path.iterdir()) == []
 
 
+def test_install_hint_names_the_interpreter_when_its_pip_is_not_first(demo_trace, tmp_path):
+    """Run from an environment that is not activated (``.venv/bin/dftrace`` from another
+    shell), the hint installs into that environment: ``<its python> -m pip install``."""
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", _WITHOUT, "numpy", "summary", str(demo_trace)],
+                         capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 2
+    assert out.stderr.endswith(f"which is not installed: {sys.executable} -m pip install 'dftrace[analysis]'\n")
+
+
+def test_install_hint_resolves_without_the_package_index():
+    """The hinted requirement names the installed dftrace: pip resolves ``dftrace[analysis]``
+    from the installed metadata, with no package index (dftrace is not on one)."""
+    for module in ("polars", "numpy", "plotly"):
+        pytest.importorskip(module, reason="the analysis extra is installed here, so nothing needs fetching")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "-q",
+                           "dftrace[analysis]"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 def test_report_without_plotly_names_the_extra(demo_trace, tmp_path):
     """``report`` needs plotly too, and says so before reading anything."""
     for module in ("polars", "numpy"):

@@ -6,6 +6,8 @@ import importlib
 import importlib.util
 from types import ModuleType
 
+from ..._install_hint import pip_install
+
 # top-level module -> the extra that installs it
 _EXTRAS = {
     "numpy": "analysis",
@@ -27,7 +29,7 @@ class MissingExtraError(ImportError):
 
 def _message(module: str, needed_by: str) -> str:
     extra = _EXTRAS.get(module.split(".")[0], "analysis")
-    return f"{needed_by} needs {module!r}, which is not installed: pip install 'dftrace[{extra}]'"
+    return f"{needed_by} needs {module!r}, which is not installed: {pip_install(extra)}"
 
 
 def _installed(module: str) -> bool:
