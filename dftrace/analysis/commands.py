@@ -149,7 +149,8 @@ def _execution(parser: argparse.ArgumentParser) -> None:
 def _index_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-index", action="store_true",
                         help="read every file, and keep nothing in the index of files already read "
-                        "($DFTRACE_INDEX_DIR, else $XDG_CACHE_HOME/dftrace/index)")
+                        "($DFTRACE_INDEX_DIR, else $XDG_CACHE_HOME/dftrace/index, at most "
+                        "$DFTRACE_INDEX_MAX_SIZE bytes, 256M unless set)")
 
 
 def _command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:

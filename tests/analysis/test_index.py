@@ -127,3 +127,68 @@ def test_cli_no_index_writes_nothing(tmp_path, index_dir):
     subprocess.run([sys.executable, "-m", "dftrace", "summary", "--json", str(traces)], capture_output=True,
                    check=True)
     assert len(list(index_dir.glob("*.idx"))) == 1
+
+
+def _long_process(directory, steps: int, compression: str = "zstd"):
+    """One process of 2 x ``steps`` steps: rows of steps and intervals a-plenty."""
+    directory.mkdir()
+    return tracegen.write_process(directory, tracegen.training_process(1000, epochs=2, steps=steps),
+                                  compression=compression)
+
+
+def test_an_entry_holds_a_small_share_of_its_file(tmp_path, index_dir, reads):
+    """Times and step numbers are kept as gaps, compressed: the entry of a long
+    process is a tenth of its compressed trace at most, and answers the same."""
+    path = _long_process(tmp_path / "traces", steps=5_000)
+    first = summarize(path, progress=False)
+    (entry,) = index_dir.glob("*.idx")
+    assert entry.stat().st_size <= 0.1 * path.stat().st_size, (entry.stat().st_size, path.stat().st_size)
+    reads.clear()
+    again = summarize(path, progress=False)
+    assert reads == [] and _answers(again) == _answers(first)
+    assert again.step_stats["count"] == 2 * 5_000
+
+
+def test_a_file_read_in_pieces_keeps_no_rows_in_the_index(tmp_path, index_dir, reads):
+    """Read in several partitions, a file's steps are rows until combined: an entry
+    that would hold them (over a fifth of the file) is not written, and the file is
+    read again, with the same answers."""
+    path = _long_process(tmp_path / "traces", steps=5_000)
+    first = summarize(path, progress=False, partition_bytes=64 << 10)
+    assert len(set(reads)) == 1 and len(reads) > 2, reads  # several partitions of the one file
+    assert list(index_dir.glob("*.idx")) == []
+    reads.clear()
+    assert _answers(summarize(path, progress=False, partition_bytes=64 << 10)) == _answers(first)
+    assert reads
+
+
+def test_the_index_is_held_under_its_size_least_recently_used_out_first(tmp_path, index_dir, reads, monkeypatch):
+    """``DFTRACE_INDEX_MAX_SIZE`` bounds the whole index: writing an entry removes
+    those used least recently; ``0`` writes none."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    paths = tracegen.write_run(traces, ranks=3, compression="zstd")
+    for path in paths:
+        summarize(path, progress=False)
+    entries = sorted(index_dir.glob("*.idx"), key=lambda e: e.stat().st_mtime_ns)
+    assert len(entries) == 3
+    sizes = [e.stat().st_size for e in entries]
+    # Room for two: reading the first file again marks its entry used, so writing a
+    # fourth removes the second file's, then the third's.
+    os.utime(entries[0], ns=(1, 1))
+    os.utime(entries[1], ns=(2, 2))
+    os.utime(entries[2], ns=(3, 3))
+    reads.clear()
+    summarize(paths[0], progress=False)
+    assert reads == []
+    monkeypatch.setenv("DFTRACE_INDEX_MAX_SIZE", str(max(sizes) * 2 + max(sizes) // 2))
+    fourth = tracegen.write_process(tmp_path / "traces", tracegen.training_process(2000), compression="zstd")
+    summarize(fourth, progress=False)
+    left = {e.name for e in index_dir.glob("*.idx")}
+    assert entries[0].name in left and entries[1].name not in left and entries[2].name not in left
+    assert len(left) == 2
+    monkeypatch.setenv("DFTRACE_INDEX_MAX_SIZE", "0")
+    for entry in index_dir.glob("*.idx"):
+        entry.unlink()
+    summarize(traces, progress=False)
+    assert list(index_dir.glob("*.idx")) == []

@@ -13,6 +13,13 @@ was read. The index is a cache: a directory that cannot be written, an entry tha
 cannot be read, is the same as no index, never an error. Entries hold tables
 (Arrow IPC) and JSON, never code, and are read only from a directory of this user's
 that no one else can write to.
+
+Entries are small: the tables are zstd-compressed, their times and step numbers
+stored as the gaps between rows (``start``, ``ts``, ``step``) and as durations
+(``end``), which compress to a few bytes a row. An entry larger than a fifth of its file (and 64 KiB) is not kept: such
+a file is read again. The whole index is held under ``$DFTRACE_INDEX_MAX_SIZE``
+(256 MiB unless set; ``0``: no index is written), the entries used least recently
+removed first (an entry read is marked used).
 """
 
 from __future__ import annotations
@@ -33,11 +40,35 @@ from ..read.decode import PartitionData
 from ..read.sources import Partition
 
 #: Changes whenever what an entry holds changes.
-INDEX_FORMAT = 3
+INDEX_FORMAT = 4
 _MAGIC = b"DFTRIDX1"
 #: Bytes of the head and of the tail of a file hashed to tell a rewrite apart.
 _EDGE_BYTES = 64 << 10
 _OPTIONAL_TABLES = ("modelled", "blocked")
+#: An entry is kept while it is no larger than this share of its file (or than
+#: _SMALL_ENTRY): what is kept per file is aggregates, not rows.
+_MAX_SHARE = 0.2
+_SMALL_ENTRY = 64 << 10
+#: The whole index's size unless DFTRACE_INDEX_MAX_SIZE says otherwise.
+DEFAULT_MAX_SIZE = 256 << 20
+#: Columns stored as the gaps between rows (times, step numbers); ``end`` is stored as a
+#: duration.
+_GAP_COLUMNS = ("start", "ts", "step")
+#: Integers of time beyond this are stored as they are (their gaps could overflow).
+_GAP_LIMIT = 1 << 61
+
+
+def max_size() -> int:
+    """The most bytes the index may hold (``DFTRACE_INDEX_MAX_SIZE``: bytes, or with a
+    K, M or G suffix); a value that cannot be read is the default."""
+    text = os.environ.get("DFTRACE_INDEX_MAX_SIZE", "").strip().upper().removesuffix("B").removesuffix("I")
+    if not text:
+        return DEFAULT_MAX_SIZE
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    try:
+        return max(0, int(float(text.rstrip("KMG")) * scale))
+    except ValueError:
+        return DEFAULT_MAX_SIZE
 
 
 def index_dir() -> str:
@@ -137,7 +168,10 @@ def load_partials(path: str, partition_bytes: int) -> list[Partial] | None:
         return None
     try:
         with open(entry, "rb") as fh:
-            return _decoded(fh, path, partition_bytes)
+            partials = _decoded(fh, path, partition_bytes)
+        if partials is not None:
+            os.utime(entry)  # used: the last to be evicted
+        return partials
     except Exception:  # no entry, or a damaged one: the same as none
         return None
 
@@ -150,7 +184,9 @@ def store_partials(path: str, identity: dict[str, Any] | None, partition_bytes: 
         return False
     if any(p.source.activity is not None for p in partials):
         return False  # profiler traces hold their events: not worth an entry
-    directory = index_dir()
+    directory, limit = index_dir(), max_size()
+    if not limit:
+        return False
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         if not _trusted_dir(directory):
@@ -159,13 +195,41 @@ def store_partials(path: str, identity: dict[str, Any] | None, partition_bytes: 
         try:
             with os.fdopen(fd, "wb") as fh:
                 _write_entry(fh, path, identity, partition_bytes, partials)
+                size = fh.tell()
+            if size > max(_SMALL_ENTRY, _MAX_SHARE * identity["size"]) or size > limit:
+                os.unlink(temporary)  # rows, not aggregates: reading the file again is cheaper
+                return False
             os.replace(temporary, _entry_path(path))
         except BaseException:
-            os.unlink(temporary)
+            if os.path.exists(temporary):
+                os.unlink(temporary)
             raise
+        _evict(directory, limit)
     except Exception:  # no room, no rights, metadata JSON cannot hold (an int beyond 64 bits): no entry
         return False
     return True
+
+
+def _evict(directory: str, limit: int) -> None:
+    """Remove the entries used least recently until the index holds at most ``limit`` bytes."""
+    entries = []
+    with os.scandir(directory) as found:
+        for item in found:
+            if item.name.endswith(".idx"):
+                try:
+                    stat = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                entries.append((stat.st_mtime_ns, stat.st_size, item.path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= limit:
+            break
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        total -= size
 
 
 def _write_entry(fh: Any, path: str, identity: dict[str, Any], partition_bytes: int,
@@ -179,8 +243,9 @@ def _write_entry(fh: Any, path: str, identity: dict[str, Any], partition_bytes: 
         if frame is None:
             return None
         start = fh.tell()
-        frame.write_ipc(fh, compression="uncompressed")
-        spans.append((start, fh.tell()))
+        packed, gaps = _packed(frame)
+        packed.write_ipc(fh, compression="zstd")
+        spans.append((start, fh.tell(), gaps))
         return len(spans) - 1
 
     described = []
@@ -218,9 +283,9 @@ def _decoded(fh: Any, path: str, partition_bytes: int) -> list[Partial] | None:
     def table(i: int | None) -> pl.DataFrame | None:
         if i is None:
             return None
-        begin, end = spans[i]
+        begin, end, gaps = spans[i]
         fh.seek(begin)
-        return pl.read_ipc(io.BytesIO(fh.read(end - begin)))
+        return _unpacked(pl.read_ipc(io.BytesIO(fh.read(end - begin))), gaps)
 
     partials = []
     for d in header["partials"]:
@@ -233,3 +298,33 @@ def _decoded(fh: Any, path: str, partition_bytes: int) -> list[Partial] | None:
         partials.append(Partial(source, [(pid, key) for pid, key in d["keys"]], phases=table(d["phases"]),
                                 **{kind: table(i) for kind, i in d["tables"].items()}))
     return partials
+
+
+def _packed(frame: pl.DataFrame) -> tuple[pl.DataFrame, list[list[str]]]:
+    """``frame`` with its times and step numbers as gaps and durations (see the
+    module's docstring), and the columns so stored with their types: only integers
+    without nulls whose values stay far from overflowing."""
+    def fits(column: str) -> bool:
+        series = frame.get_column(column)
+        return (series.dtype.is_integer() and series.dtype != pl.UInt64 and not series.null_count()
+                and (series.is_empty() or -_GAP_LIMIT < series.min() and series.max() < _GAP_LIMIT))  # type: ignore[operator]
+
+    gaps = [c for c in _GAP_COLUMNS if c in frame.columns and fits(c)]
+    durations = "end" in frame.columns and "start" in gaps and fits("end")
+    changed = [pl.col(c).cast(pl.Int64).diff().fill_null(pl.col(c).first()) for c in gaps]
+    if durations:
+        changed.append(pl.col("end").cast(pl.Int64) - pl.col("start"))
+        gaps.append("end")
+    stored = [[c, str(frame.schema[c])] for c in gaps]
+    return (frame.with_columns(changed) if changed else frame), stored
+
+
+def _unpacked(frame: pl.DataFrame, gaps: list[list[str]]) -> pl.DataFrame:
+    """The table :func:`_packed` stored, as it was."""
+    types = {column: getattr(pl, dtype) for column, dtype in gaps}
+    sums = [pl.col(c).cum_sum() for c in types if c != "end"]
+    if sums:
+        frame = frame.with_columns(sums)
+    if "end" in types:
+        frame = frame.with_columns(pl.col("end") + pl.col("start"))
+    return frame.with_columns(pl.col(c).cast(t) for c, t in types.items()) if types else frame
