@@ -40,7 +40,7 @@ def _compiler() -> str | None:
 def _tool_missing() -> str | None:
     """Why the NVTX tool cannot be used here (the true cause), or None."""
     if importlib.util.find_spec("nvtx") is None:
-        return f"NVIDIA's nvtx package is not installed (pip install 'dftrace[nvtx]')"
+        return "NVIDIA's nvtx package is not installed (pip install 'dftrace[nvtx]')"
     if _compiler() is None:
         return "no C compiler (cc or gcc) to build the NVTX tool"
     return None

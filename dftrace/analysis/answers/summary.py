@@ -22,7 +22,7 @@ from ... import format as fmt
 from ..reduce.aggregate import aggregate, aggregate_partitions
 from ..reduce.combine import Combined, combine
 from ..reduce.partial import Partial, without_row_keys
-from ..read.decode import PartitionData
+from ..read.partition_data import PartitionData
 from .durations import category_rows, dataloader_rows, distribution_rows
 from ..runtime.executor import default_executor
 from ..runtime.heap import hand_back, heap_for_answers

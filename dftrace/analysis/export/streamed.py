@@ -24,7 +24,8 @@ from typing import Any
 import polars as pl
 
 from ... import format as fmt
-from ..read.decode import PartitionData, iter_partition_pieces, joined_pieces
+from ..read.decode import iter_partition_pieces, joined_pieces
+from ..read.partition_data import PartitionData
 from .tables import (
     MergeFilter,
     _assign_pids,

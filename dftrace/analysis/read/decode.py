@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -27,59 +26,18 @@ from ..runtime.kernels import analysis_kernels
 from . import kineto as _kineto
 from .schema import EVENT_COLUMNS, HOST_KEY, RAW_FIELDS, coerce_value
 from .parquet import read_parquet_parts
+from .partition_data import (MAX_BROKEN_KEPT, PHASE_CODES, PartitionData, ScannedPiece, Wanted, meta_record,
+                             note_cut_off, output_type, text_passes, without_name_or_ph)
 from .sources import Partition
 
 #: The C line scanner; None without it (no compiler, or DFTRACE_NO_SPEEDUPS): polars
 #: alone parses.
 _scan = analysis_kernels()
 
-# Keep this many broken lines (number and reason) per partition; all are counted.
-MAX_BROKEN_KEPT = 100
 
 _T = TypeVar("_T")
 #: What ``read_ahead``'s thread hands over when the pieces have ended.
 _ENDED: Any = object()
-
-_PHASE_CODES = {str(code): letter for code, letter in fmt.DFTRACER_PHASES.items()}
-
-
-@dataclass
-class PartitionData:
-    """What one partition holds: events, metadata records and how reading went."""
-
-    partition: Partition
-    #: The requested event columns plus ``host_key``: empty for trace files, whose
-    #: hosts are resolved per (file, pid) from the metadata; the host itself for
-    #: tables that already carry one (Parquet). ``host`` and ``rank`` are filled in
-    #: once all partitions' metadata is known.
-    events: pl.DataFrame
-    #: Metadata events as ``{"pid", "tid", "name", "cat", "args"}`` dicts, in file order.
-    meta: list[dict[str, Any]] = field(default_factory=list)
-    #: Lines in this partition (to number broken lines across partitions).
-    n_lines: int = 0
-    #: ``(line number within the partition, reason)`` of the first broken lines.
-    broken: list[tuple[int, str]] = field(default_factory=list)
-    broken_count: int = 0
-    #: Why decoding stopped before the end of the partition, if it did.
-    cut_off: str | None = None
-    #: Whether the closing ``]`` of a finalized file was seen.
-    closed: bool = False
-    #: GPU activity, launches and profiler steps of a PyTorch profiler trace, at
-    #: nanosecond resolution (``_kineto.activity_schema()`` plus ``host_key``); None
-    #: for other traces.
-    activity: pl.DataFrame | None = None
-    #: The event lines as the C scanner read them, where the reader asked for them
-    #: (``iter_partition_pieces``' ``scanned``): ``events`` is then empty.
-    scanned: ScannedPiece | None = None
-
-    def note_broken(self, number: int, reason: str) -> None:
-        self.broken_count += 1
-        if len(self.broken) < MAX_BROKEN_KEPT:
-            self.broken.append((number, reason))
-
-
-#: What to decode: column -> (``"top"`` | ``"args"``, JSON key, type); ``args`` -> None.
-Wanted = dict[str, "tuple[str, str, pl.DataType] | None"]
 
 
 def read_partition(
@@ -176,7 +134,7 @@ def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PI
         del piece
         if not holder[0]:
             if result.cut_off is not None:  # a cut with nothing decoded before it is a broken line too
-                _note_cut_off(result, result.cut_off)
+                note_cut_off(result, result.cut_off)
             yield result
         elif _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted,
                                                                           scanned=scanned):
@@ -246,14 +204,14 @@ def _read_lines(result: PartitionData, holder: list[bytes], wanted: Wanted) -> P
             result.note_broken(result.n_lines, line.error)
             candidates.text = candidates.text.head(-1)
     if result.cut_off is not None:
-        _note_cut_off(result, result.cut_off)
+        note_cut_off(result, result.cut_off)
     if candidates.text.str.ends_with(",").any():
         candidates.text = candidates.text.str.strip_suffix(",")
     try:
         events, meta_lines = _decode_fast(result, candidates, wanted)
     except (pl.exceptions.PolarsError, _Misread):
         events, meta_lines = _decode_slow(result, candidates, wanted)
-    result.meta = [_meta_record(result, number, line) for number, line in meta_lines]
+    result.meta = [meta_record(result, number, line) for number, line in meta_lines]
     result.meta = [record for record in result.meta if record is not None]
     result.events = events
     result.broken.sort()
@@ -311,7 +269,7 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted, *, scanned
     numbers: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
     for (where, key, dtype), raw in zip(sources, raw_columns):
         if dtype == pl.String:
-            text = _scanned_text(raw, _PHASE_CODES if (where, key) == ("top", "ph") else None)
+            text = _scanned_text(raw, PHASE_CODES if (where, key) == ("top", "ph") else None)
             if text is None:
                 return False
             texts[where, key] = text
@@ -323,7 +281,7 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted, *, scanned
     is_event = status == _LINE_EVENT
     is_meta = is_event & text_passes(*ph, lambda value: value == fmt.PH_METADATA)
     no_ph, no_name = (is_event & text_passes(*text, lambda value: value is None) for text in (ph, name))
-    missing = _without_name_or_ph(result, no_ph, is_meta, no_name, lambda mask: np.flatnonzero(mask) + 1)
+    missing = without_name_or_ph(result, no_ph, is_meta, no_name, lambda mask: np.flatnonzero(mask) + 1)
     piece = ScannedPiece(
         {column: texts[source[:2]] for column, source in wanted.items() if source[2] == pl.String},
         {column: numbers[source[:2]] for column, source in wanted.items() if source[2] != pl.String},
@@ -333,8 +291,8 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted, *, scanned
     for number, reason in sorted(broken):
         result.note_broken(number, reason)
     if result.cut_off is not None:
-        _note_cut_off(result, result.cut_off)
-    meta = (_meta_record(result, index + 1, line(index).decode(errors="replace"))
+        note_cut_off(result, result.cut_off)
+    meta = (meta_record(result, index + 1, line(index).decode(errors="replace"))
             for index in np.flatnonzero(is_meta).tolist())
     result.meta = [record for record in meta if record is not None]
     if scanned:
@@ -343,37 +301,6 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted, *, scanned
         result.events = piece.events()
     result.broken.sort()
     return True
-
-
-@dataclass
-class ScannedPiece:
-    """A piece's lines as the C scanner read them, one row a line, not yet a table:
-    each text column as its distinct values and each line's index among them (a line
-    without one indexes a last value, None; equal values share one index), each other
-    column as its values and which of them are valid. ``kept`` marks the event lines
-    (not metadata, structure or broken): the rows of ``events()``."""
-
-    texts: dict[str, tuple[list[str | None], np.ndarray]]
-    numbers: dict[str, tuple[np.ndarray, np.ndarray]]
-    #: The phase of each line, as the texts are held.
-    ph: tuple[list[str | None], np.ndarray]
-    kept: np.ndarray
-    wanted: Wanted
-
-    def events(self) -> pl.DataFrame:
-        """The event table ``read_partition`` gives for these lines."""
-        keep = pl.Series(self.kept)
-        columns = []
-        for column, source in self.wanted.items():
-            if column in self.texts:
-                series = text_series(column, *self.texts[column])
-            else:
-                series = number_series(column, *self.numbers[column])
-            if column == "parent_id":
-                series = series.to_frame().select(pl.when(pl.col(column) > 0).then(pl.col(column))).to_series()
-            columns.append(series.filter(keep).cast(_output_type(column, self.wanted)))
-        events = pl.DataFrame(columns, schema={c: _output_type(c, self.wanted) for c in self.wanted})
-        return events.with_columns(pl.lit("", pl.String).alias(HOST_KEY))
 
 
 def _scanned_text(raw: tuple[list[bytes], bytes], replace: dict[str, str] | None
@@ -397,23 +324,6 @@ def _scanned_text(raw: tuple[list[bytes], bytes], replace: dict[str, str] | None
     if len(first) < len(values):  # two spellings of one value (escaped, or a phase's code and letter)
         index = np.asarray(canonical, dtype=np.int32)[index]
     return values, index
-
-
-def text_passes(values: list[str | None], index: np.ndarray, test: Any) -> np.ndarray:
-    """Whether each row's text ``values[index]`` passes ``test`` (called with each
-    distinct value once, None included)."""
-    return np.array([test(value) for value in values], dtype=np.bool_)[index]
-
-
-def text_series(name: str, values: list[str | None], index: np.ndarray) -> pl.Series:
-    """The texts ``values[index]``: a scanned text column's, or some rows of it."""
-    # Indexed by a Series of polars' own index type: several times quicker than gather().
-    return pl.Series(name, values, dtype=pl.String)[pl.Series(index, dtype=pl.UInt32)]
-
-
-def number_series(name: str, values: np.ndarray, valid: np.ndarray) -> pl.Series:
-    """A scanned number column's ``values`` (or some rows of them), null where not ``valid``."""
-    return pl.Series(name, values if valid.all() else np.ma.masked_array(values, ~valid))
 
 
 class _Candidates:
@@ -446,24 +356,10 @@ def _wanted(columns: Iterable[str] | None, arg_columns: dict[str, tuple[str, pl.
     return wanted
 
 
-def _output_type(column: str, wanted: Wanted) -> pl.DataType:
-    source = wanted[column]
-    return EVENT_COLUMNS[column] if column in EVENT_COLUMNS or source is None else source[2]
-
-
 def _empty(wanted: Wanted) -> pl.DataFrame:
-    schema = {c: _output_type(c, wanted) for c in wanted}
+    schema = {c: output_type(c, wanted) for c in wanted}
     schema[HOST_KEY] = pl.String
     return pl.DataFrame(schema=schema)
-
-
-def _note_cut_off(result: PartitionData, reason: str) -> None:
-    """Count a cut-off stream once: on its last, cut line if that was broken."""
-    if result.broken and result.broken[-1][0] == result.n_lines:
-        number, error = result.broken[-1]
-        result.broken[-1] = (number, f"{error} ({reason})")
-    else:
-        result.note_broken(result.n_lines + 1, reason)
 
 
 def _utf8_lines(result: PartitionData, data: bytes) -> bytes:
@@ -477,20 +373,6 @@ def _utf8_lines(result: PartitionData, data: bytes) -> bytes:
             result.note_broken(index + 1, f"not UTF-8 text: byte {line[exc.start]:#04x} at column {exc.start + 1}")
             lines[index] = b""
     return b"\n".join(lines)
-
-
-def _without_name_or_ph(result: PartitionData, no_ph: np.ndarray, is_meta: np.ndarray, no_name: np.ndarray,
-                        numbers: Any) -> np.ndarray:
-    """Note the events without a ``ph``, and those (other than metadata) without a
-    ``name``, as broken lines; return which rows they are. The masks say which rows
-    have no ph, are metadata and have no name; ``numbers(mask)`` gives the line
-    numbers of the rows of a mask."""
-    no_name = ~no_ph & ~is_meta & no_name
-    for mask, reason in ((no_ph, "event without ph"), (no_name, "event without name")):
-        if mask.any():
-            for number in numbers(mask):
-                result.note_broken(int(number), reason)
-    return no_ph | no_name
 
 
 def _classify_other(result: PartitionData, number: int, text: str) -> bool:
@@ -531,13 +413,13 @@ def _decode_fast(
     text = candidates.text
     # Through a frame: Series.str.json_decode runs sequentially, a select in parallel.
     parsed = text.to_frame().select(pl.col(text.name).str.json_decode(_struct_dtype(wanted))).unnest(text.name)
-    ph = parsed.get_column("ph").replace(_PHASE_CODES)
+    ph = parsed.get_column("ph").replace(PHASE_CODES)
     is_meta = (ph == fmt.PH_METADATA).fill_null(False)
     if _misread(text, parsed, is_meta).any():
         raise _Misread
     if "args" in wanted:
         parsed = parsed.with_columns(text.str.json_path_match("$.args").alias("args_json"))
-    missing = _without_name_or_ph(result, ph.is_null().to_numpy(), is_meta.to_numpy(),
+    missing = without_name_or_ph(result, ph.is_null().to_numpy(), is_meta.to_numpy(),
                                   parsed.get_column("name").is_null().to_numpy(),
                                   lambda mask: candidates.line_numbers(np.flatnonzero(mask)))
     numbers = candidates.line_numbers(is_meta.arg_true().to_numpy()).tolist()
@@ -588,7 +470,7 @@ def _finish(parsed: pl.DataFrame, wanted: Wanted) -> pl.DataFrame:
         expr = args.struct.field(key) if where == "args" else pl.col(key)
         if column == "parent_id":
             expr = pl.when(expr > 0).then(expr)
-        exprs.append(expr.cast(_output_type(column, wanted)).alias(column))
+        exprs.append(expr.cast(output_type(column, wanted)).alias(column))
     # Hosts of trace files are resolved per (file, pid) from the metadata.
     exprs.append(pl.lit("", pl.String).alias(HOST_KEY))
     return parsed.select(exprs)
@@ -644,23 +526,6 @@ def _decode_slow(
     return _finish(pl.DataFrame(columns), wanted), meta_lines
 
 
-def _meta_record(result: PartitionData, number: int, text: str) -> dict[str, Any] | None:
-    line = fmt.parse_line(text.encode())
-    problems = fmt.event_problems(line.event) if line.event is not None else []
-    if line.event is None or problems:
-        result.note_broken(number, line.error or (problems[0][1] if problems else "not an event"))
-        return None
-    event = line.event
-    args = event.get("args")
-    return {
-        "pid": event.get("pid"),
-        "tid": event.get("tid"),
-        "name": event.get("name"),
-        "cat": event.get("cat"),
-        "args": args if isinstance(args, dict) else {},
-    }
-
-
 def _read_parquet(partition: Partition, wanted: Wanted) -> PartitionData:
     events, meta = read_parquet_parts(partition.path, [c for c in wanted if c in EVENT_COLUMNS])
     extra = [c for c in wanted if c not in EVENT_COLUMNS]
@@ -668,7 +533,7 @@ def _read_parquet(partition: Partition, wanted: Wanted) -> PartitionData:
         # A Parquet file keeps the other args as JSON text in its args column.
         args = pl.read_parquet(partition.path, columns=["args"]).get_column("args")
         events = events.with_columns(
-            args.str.json_path_match(f"$.{wanted[c][1]}").cast(_output_type(c, wanted), strict=False).alias(c)
+            args.str.json_path_match(f"$.{wanted[c][1]}").cast(output_type(c, wanted), strict=False).alias(c)
             for c in extra
         )
     # A Parquet file is written whole (no rotated parts, no crash-cut tail): it is finished.

@@ -11,7 +11,8 @@ from typing import Any
 import orjson
 import polars as pl
 
-from .decode import PartitionData, read_partition
+from .decode import read_partition
+from .partition_data import PartitionData
 from ..runtime.executor import default_executor
 from .activity import activity_by_process, with_processes
 from .metadata import FileMetadata, Resolution, resolve

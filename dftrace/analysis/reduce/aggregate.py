@@ -23,7 +23,8 @@ import polars as pl
 
 from ... import format as fmt
 from .busy import GROUPS, Painting, innermost_intervals, mask_times, overlap_and_alone, union_intervals
-from ..read.decode import MAX_BROKEN_KEPT, PartitionData, iter_partition_pieces, read_ahead
+from ..read.decode import iter_partition_pieces, read_ahead
+from ..read.partition_data import MAX_BROKEN_KEPT, PartitionData
 from .io_tables import ARG_COLUMNS as IO_ARG_COLUMNS
 from .io_tables import IO_CATS, cover_table, io_tables, regrouped_totals
 from ..read.schema import HOST_KEY, SUMMARY_COLUMNS

@@ -36,7 +36,7 @@ import orjson
 import polars as pl
 
 from .partial import PARTIAL_TABLES, Partial
-from ..read.decode import PartitionData
+from ..read.partition_data import PartitionData
 from ..read.sources import Partition
 
 #: Changes whenever what an entry holds changes.

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from ... import format as fmt
-from ..read.decode import PartitionData
+from ..read.partition_data import PartitionData
 from .io_tables import SCHEMAS as IO_SCHEMAS
 from ..read.schema import HOST_KEY, FrameT
 from .sketch import BIN_SCHEMA

@@ -13,7 +13,7 @@ import polars as pl
 from ... import format as fmt
 from ..runtime.kernels import analysis_kernels
 from .busy import mask_times, painted_spans, union_intervals
-from ..read.decode import PartitionData, ScannedPiece, number_series, text_passes, text_series
+from ..read.partition_data import PartitionData, ScannedPiece, number_series, text_passes, text_series
 from .io_tables import IO_CATS, cover_table, io_tables
 from ..read.schema import HOST_KEY
 from .sketch import EXACT_BELOW_US, bins_of
