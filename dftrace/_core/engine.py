@@ -417,7 +417,7 @@ def _deepen(lvl: int) -> None:
 # ---------------------------------------------------------------------------
 # Decorators. ``obj`` is a Node or a Use: ``obj._node`` names the events and
 # ``obj._extra`` holds the use's own args. ``gate._on`` says whether to record now.
-# ``capture`` (a ``_values.FunctionCapture``, or None) adds captured values: its
+# ``capture`` (a ``_inspect.binding.FunctionCapture``, or None) adds captured values: its
 # ``params`` summarises the arguments before the clock starts, its ``extra`` builds
 # the span's args after it stops; neither raises nor keeps a value alive.
 # ---------------------------------------------------------------------------

@@ -21,19 +21,19 @@ from .._core import iterators as _iterators
 from .._core.tree import Use
 
 if TYPE_CHECKING:
-    from .values import CaptureOptions
+    from .binding import CaptureOptions
 
 __all__ = ["CallScope", "CapturingUse"]
 
-_NOTHING: Any = None  # values._NOTHING, once loaded
+_NOTHING: Any = None  # binding._NOTHING, once loaded
 
 
-def _values() -> Any:
+def _binding() -> Any:
     global _NOTHING
-    from . import values
+    from . import binding
 
-    _NOTHING = values._NOTHING
-    return values
+    _NOTHING = binding._NOTHING
+    return binding
 
 
 class CallScope:
@@ -135,7 +135,7 @@ class CapturingUse(Use):
                  enable: bool | None = None, capture: Any = None,
                  capture_result: bool = False, capture_hash: bool = False, **unknown: Any):
         super().__init__(node, args, enable, **unknown)
-        self._capture = _values().CaptureOptions(capture, capture_result, capture_hash)
+        self._capture = _binding().CaptureOptions(capture, capture_result, capture_hash)
 
     def _merge_options(self, options: dict[str, Any]) -> dict[str, Any]:
         return {**self._capture.as_options(), **super()._merge_options(options)}

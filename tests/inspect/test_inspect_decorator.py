@@ -357,7 +357,8 @@ def test_arguments_bind_exactly_as_python_binds_them(fn, call):
     shape, and nothing is captured for a call the signature rejects."""
     import inspect
 
-    from dftrace._inspect.values import CaptureOptions, describe_value
+    from dftrace._inspect.binding import CaptureOptions
+    from dftrace._inspect.values import describe_value
 
     args, kwargs = call
     captured = CaptureOptions(True).bind(fn).params(args, kwargs)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 np = pytest.importorskip("numpy", reason="array summaries are tested on numpy arrays")
 torch = pytest.importorskip("torch", reason="tensor summaries are tested on torch tensors: pip install 'dftrace[torch]'")
 
-from dftrace._inspect.values import content_hash, make_extra, render, describe_value  # noqa: E402
+from dftrace._inspect.binding import make_extra  # noqa: E402
+from dftrace._inspect.values import content_hash, describe_value, render  # noqa: E402
 
 
 def test_numbers_none_and_bools_are_kept_as_they_are():
