@@ -266,7 +266,7 @@ def _breakdown(summary: Summary) -> list[str]:
     ]
     rows.append(("idle / other", format_us(b["idle_us"]), _pct(b["idle_share"]), "", "", ""))
     lines = [f"Time breakdown (each thread's time to its innermost span, threads swept together; "
-             f"{n} processes, {format_us(b['wall_us'])} of process time)"]
+             f"{count_of(n, 'process', 'processes')}, {format_us(b['wall_us'])} of process time)"]
     lines += _table(("activity", "busy", "% of time", "exclusive", "overlapped", "overlap %"), rows,
                     (False, True, True, True, True, True))
     pairs = [
