@@ -212,14 +212,37 @@ def test_processes_are_the_units_when_no_rank_is_known(samples):
     assert _row(s.categories, cat="comm", name="send")["count"] == 3
 
 
-def test_progress_bar_when_asked(run_dir, capsys, monkeypatch):
-    """progress=True draws a tqdm bar on stderr (on a terminal this is the default)
-    while files are read (not when the index holds them all)."""
-    from dftrace.analysis.runtime import executor as _executor
+def test_progress_names_every_phase_when_asked(run_dir, capsys, monkeypatch):
+    """progress=True (on a terminal, the default) draws a line on stderr for each
+    phase that lasts: reading the files (parts done of all), combining the parts,
+    building the answers; each is gone when its phase ends."""
+    from dftrace.analysis.runtime import progress as _progress
 
-    monkeypatch.setattr(_executor, "_PROGRESS_DELAY_S", 0)
+    monkeypatch.setattr(_progress, "DELAY_S", 0)
+    files = len(list(run_dir.iterdir()))
     summarize(run_dir, progress=True, index=False)
-    assert "summarising" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"reading {files} files: " in err and f"/{files} parts" in err
+    assert "combining the parts [" in err and "building the answers [" in err
+    assert err.index("reading") < err.index("combining") < err.index("building")
+
+
+def test_a_phase_that_counts_nothing_still_ticks(capsys, monkeypatch):
+    """A phase without anything to count is redrawn while it lasts, its elapsed time
+    moving: a long step model is never a blank screen."""
+    import time
+
+    from dftrace.analysis.runtime import progress as _progress
+
+    monkeypatch.setattr(_progress, "DELAY_S", 0)
+    monkeypatch.setattr(_progress, "_TICK_S", 0.05)
+    drawn = []
+    with _progress.phase("modelling", True):
+        deadline = time.monotonic() + 30
+        while len(drawn) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            drawn = [line for line in capsys.readouterr().err.split("\r") if "modelling [" in line] + drawn
+    assert len(drawn) >= 3
 
 
 def test_no_progress_output_off_a_terminal(run_dir, capsys):

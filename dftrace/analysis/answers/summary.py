@@ -26,6 +26,7 @@ from ..read.partition_data import PartitionData
 from .durations import category_rows, dataloader_rows, distribution_rows
 from ..runtime.executor import default_executor
 from ..runtime.heap import hand_back, heap_for_answers
+from ..runtime.progress import phase
 from ..reduce.index import file_identity, load_partials, store_partials
 from ..reduce.io_tables import ARG_COLUMNS as IO_ARG_COLUMNS, IO_CATS
 from .io import io_answers
@@ -162,9 +163,10 @@ def summarize(
     skipped: list[str] = []
     partials = _partials(expand_paths(as_path_list(source), skipped), executor, partition_bytes, progress, index)
     require_content([p.source for p in partials], sum(p.events for p in partials))
-    combined = combine(partials)
+    with phase("combining the parts", progress):
+        combined = combine(partials)
     del partials  # the per-partition tables are merged: free them before the answers are built
-    with heap_for_answers():
+    with phase("building the answers", progress), heap_for_answers():
         summary = build_summary(combined)
     summary.overview["skipped_files"] = skipped
     # Spans are not kept by the aggregates: those of processes with a profiler trace
@@ -193,7 +195,7 @@ def _partials(files: list[str], executor: Any, partition_bytes: int, progress: b
     plan = plan_partitions(unread, partition_bytes)
     read: dict[str, list[Partial]] = {}
     for partial in default_executor(executor).map_stream(aggregate_partitions, plan, progress=progress,
-                                                           desc="summarising"):
+                                                           desc=f"reading {count_of(len(unread), 'file')}"):
         read.setdefault(partial.source.partition.path, []).append(without_row_keys(partial))
     for path, partials in read.items() if index else ():
         store_partials(path, identities[path], partition_bytes, partials)

@@ -13,40 +13,16 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from .deps import require
+from .progress import Progress
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-# A progress bar appears only on a terminal, and only for loads longer than this.
-_PROGRESS_DELAY_S = 0.5
-
-
-class _Progress:
-    """A tqdm bar on stderr when it is a terminal; silent otherwise."""
-
-    def __init__(self, total: int, enabled: bool | None, desc: str):
-        if enabled is None:
-            enabled = sys.stderr.isatty()
-        self._bar = None
-        if enabled and total > 0:
-            tqdm = require("tqdm").tqdm
-            self._bar = tqdm(total=total, desc=desc, unit="part", delay=_PROGRESS_DELAY_S, leave=False)
-
-    def update(self) -> None:
-        if self._bar is not None:
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
 
 class EmbeddedExecutor:
     """Runs partitions on a thread pool in this process (the default).
@@ -82,7 +58,7 @@ class EmbeddedExecutor:
         yields each one's result in turn, so that it can start on the next item
         while it finishes one: each thread runs ``fn`` over the items it takes."""
         results: list[Any] = [None] * len(items)
-        bar = _Progress(len(items), progress, desc)
+        bar = Progress(desc, progress, len(items))
         untaken = iter(range(len(items)))
         lock = threading.Lock()
 
@@ -175,7 +151,7 @@ class DaskExecutor:
         futures = self.client.map(fn, list(items), pure=False)
         position = {f.key: i for i, f in enumerate(futures)}
         results: list[Any] = [None] * len(futures)
-        bar = _Progress(len(futures), progress, desc)
+        bar = Progress(desc, progress, len(futures))
         try:
             for future in self._as_completed(futures):
                 results[position[future.key]] = future.result()
