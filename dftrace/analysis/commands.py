@@ -1,4 +1,4 @@
-"""The analysis subcommands: summary, report, convert, merge, validate, diff, watch, sql.
+"""The analysis subcommands: summary, report, convert, merge, validate, diff, watch, sql, mcp.
 
 ``register(subparsers)`` adds them to an argparse subparsers object; each sets
 ``func`` to a callable taking the parsed arguments and returning the exit code.
@@ -127,6 +127,7 @@ def register(subparsers: Any) -> None:
 
     _register_diff_and_watch(subparsers)
     _register_sql(subparsers)
+    _register_mcp(subparsers)
 
 
 def _inputs(parser: argparse.ArgumentParser) -> None:
@@ -327,9 +328,8 @@ def _explain_rules(rule: str) -> int:
 def _run_validate(args: argparse.Namespace) -> int:
     import orjson
 
-    from ..format.rules import validate_file
-    from .read.kineto import is_document_file, validate_document
-    from .read.sources import PARQUET_SUFFIX, expand_paths
+    from .read.checks import violations_of
+    from .read.sources import expand_paths
 
     if args.explain is not None:
         return _explain_rules(args.explain)
@@ -339,15 +339,7 @@ def _run_validate(args: argparse.Namespace) -> int:
     report: dict[str, list[dict[str, Any]]] = {}
     for path in expand_paths(args.paths):
         torn: list[Any] = []
-        if path.endswith(PARQUET_SUFFIX):
-            check_installed(*ANALYSIS, needed_by="dftrace validate of a Parquet file")
-            from .read.parquet import validate_parquet
-
-            violations = validate_parquet(path)
-        elif is_document_file(path):
-            violations = validate_document(path)
-        else:
-            violations = validate_file(path, strict=args.strict, torn=torn)
+        violations = violations_of(path, strict=args.strict, torn=torn)
         failed += bool(violations)
         report[path] = [v._asdict() for v in violations]
         if args.json:
@@ -576,6 +568,31 @@ def _run_sql(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(_printable(result_table(result, args.rows)))
     return 0
+
+
+# --- dftrace mcp ------------------------------------------------------------------
+
+
+def _register_mcp(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "mcp",
+        help="answer LLM agents: a Model Context Protocol server over stdio",
+        description="Serve the analysis's answers to an LLM agent as a Model Context Protocol server on "
+        "stdin/stdout (an MCP client starts it): tools list_runs, summary, steps, stragglers, "
+        "dataloader, gpu, io, breakdown, diff, sql and validate, each answering as JSON. Only "
+        "traces under the roots are read. Needs the mcp extra; docs/agents.md shows the set-up.",
+    )
+    p.add_argument("--root", action="append", metavar="DIR",
+                   help="a directory whose traces the tools may read (repeatable; default: the current "
+                   "directory); a relative path in a call is taken from the first")
+    p.set_defaults(func=_run_mcp)
+
+
+@_command(*ANALYSIS, "mcp")
+def _run_mcp(args: argparse.Namespace) -> int:
+    from .agent_server import serve
+
+    return serve(args.root or [os.getcwd()])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

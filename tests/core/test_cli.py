@@ -249,12 +249,14 @@ def test_help_lists_every_command_with_its_summary():
     text = " ".join(out.stdout.split())
     (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     expected = {choice.dest: " ".join(choice.help.split()) for choice in sub._choices_actions}
-    assert set(expected) == {"demo", "run", "summary", "report", "convert", "merge", "validate", "diff", "watch", "sql"}
+    assert set(expected) == {"demo", "run", "summary", "report", "convert", "merge", "validate", "diff", "watch", "sql",
+                             "mcp"}
     for command, summary in expected.items():
         assert f" {command} {summary}" in text, command
 
 
-@pytest.mark.parametrize("command", ["demo", "run", "summary", "report", "convert", "merge", "validate", "diff", "watch", "sql"])
+@pytest.mark.parametrize("command", ["demo", "run", "summary", "report", "convert", "merge", "validate", "diff", "watch", "sql",
+                                     "mcp"])
 def test_every_option_of_every_command_is_documented_in_its_help(command):
     """``dftrace <command> --help`` shows each option and argument, each with a help text."""
     out = _dftrace(command, "--help")

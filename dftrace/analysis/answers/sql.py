@@ -100,18 +100,31 @@ def run_sql(
     return result
 
 
-#: polars' SQL table functions, which read files named in the query.
-_FILE_FUNCTION = re.compile(r"\b(read_(csv|parquet|json|ndjson|ipc|delta|excel|database)|scan_\w+)\s*\(",
-                            re.IGNORECASE)
-_SQL_LITERAL = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
+#: polars' SQL table functions, which read files named in the query: any name of the
+#: family, called or not (polars also calls ``"read_csv"(...)`` and ``read_csv /* */ (...)``).
+_FILE_FUNCTION = re.compile(r"\b((?:read|scan)_[a-z0-9_]+)\b", re.IGNORECASE)
+#: What a query says that is not a name: string literals, then comments.
+_NOT_NAMES = re.compile(r"'(?:[^']|'')*'|--[^\n]*|/\*[\s\S]*?(?:\*/|\Z)")
+
+
+class FileFunctionError(ValueError):
+    """A query names a table function that reads files (``name``)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"the query names {name}(), which reads files: dftrace sql reads only the traces it "
+                         "was given (--allow-file-functions allows it)")
+        self.name = name
 
 
 def reject_file_functions(query: str) -> None:
-    """Raise ValueError when ``query`` calls a table function that reads files."""
-    found = _FILE_FUNCTION.search(_SQL_LITERAL.sub("''", query))
+    """Raise :class:`FileFunctionError` when ``query`` names a table function that reads files,
+    anywhere outside its string literals and comments: quoted (``"read_csv"``,
+    `` `read_csv` ``) or not, called or not. A string that names one
+    (``WHERE name = 'read_csv'``) is data, and passes."""
+    names = _NOT_NAMES.sub(lambda m: "''" if m.group(0).startswith("'") else " ", query)
+    found = _FILE_FUNCTION.search(names)
     if found:
-        raise ValueError(f"the query calls {found.group(1)}(), which reads files: dftrace sql reads only the "
-                         "traces it was given (--allow-file-functions allows it)")
+        raise FileFunctionError(found.group(1))
 
 
 class TraceTables:

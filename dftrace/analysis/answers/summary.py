@@ -109,7 +109,7 @@ class Summary:
     def __repr__(self) -> str:
         """One line: what was read, the steps, and the straggler if one stands out
         (the whole answer is ``to_dict()``; in a notebook the tables show)."""
-        return f"<Summary: {'; '.join(_headline(self))}>"
+        return f"<Summary: {'; '.join(headline(self))}>"
 
     def _repr_html_(self) -> str:
         """The headline and the main tables, for Jupyter."""
@@ -365,7 +365,9 @@ def _process_rows(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any
 
 # --- as a notebook shows it ------------------------------------------------------------
 
-def _headline(s: Summary) -> list[str]:
+def headline(s: Summary) -> list[str]:
+    """The summary in a few phrases: what was read, the steps, the straggler if one
+    stands out (``Summary``'s one-line form and the MCP server's headline)."""
     o = s.overview
     events = o.get("events", 0)
     ranks = f"{count_of(o['ranks'], 'rank')}, " if o.get("ranks") else ""
@@ -388,7 +390,7 @@ def _html_table(title: str, headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def _summary_html(s: Summary) -> str:
-    parts = [f"<p><b>{html.escape('; '.join(_headline(s)))}</b></p>"]
+    parts = [f"<p><b>{html.escape('; '.join(headline(s)))}</b></p>"]
     if s.step_stats:
         st = s.step_stats
         parts.append(_html_table("Steps", ["steps", "p50", "p95", "mean", "max"], [[

@@ -17,6 +17,7 @@ _EXTRAS = {
     "rich": "analysis",
     "dask": "dask",
     "distributed": "dask",
+    "mcp": "mcp",
 }
 
 #: What every analysis of trace files imports (loading, summaries, conversions).
