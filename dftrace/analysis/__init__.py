@@ -10,7 +10,8 @@ the stages below it:
   they combine, the step model and the interval sweeps;
 - ``answers/``: one module per question (steps, stragglers, data loader, GPU, file
   I/O, diff, SQL), gathered by :func:`summarize` into a :class:`Summary`;
-- ``render/``: the terminal text, the HTML report, the diff and the live watch;
+- ``render/``: the terminal text, the HTML report, the diff and the live watch; the
+  answers as DataFrames (``frames``) and plotly figures (``figures``), for notebooks;
 - ``export/``: traces written back out (Chrome JSON, pfw, Parquet; merge, convert);
 - ``runtime/``: where the work runs (executors), the optional dependencies, the heap
   policy and the C kernels.
@@ -56,15 +57,22 @@ _EXPORTS = {
     "write_trace": ".export.tables",
 }
 
-__all__ = sorted(_EXPORTS)
+# public name -> module that is it: the answers as DataFrames and as plotly figures
+_MODULES = {
+    "figures": ".render.figures",
+    "frames": ".render.frames",
+}
+
+__all__ = sorted([*_EXPORTS, *_MODULES])
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    module = _EXPORTS.get(name) or _MODULES.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     check_installed(*ANALYSIS)
-    value = getattr(importlib.import_module(module, __name__), name)
+    imported = importlib.import_module(module, __name__)
+    value = imported if name in _MODULES else getattr(imported, name)
     globals()[name] = value
     return value
 
@@ -78,6 +86,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs should see them
     from .runtime.executor import DaskExecutor, EmbeddedExecutor  # noqa: F401
     from .export.tables import MergeFilter, merge, write_trace  # noqa: F401
     from .render.html import render_html, write_html  # noqa: F401
+    from .render import figures, frames  # noqa: F401
     from .render.text import render_text  # noqa: F401
     from .answers.sql import run_sql  # noqa: F401
     from .read.schema import EVENT_COLUMNS  # noqa: F401
