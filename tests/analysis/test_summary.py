@@ -190,12 +190,22 @@ def test_json_round_trip(summary):
 
 
 def test_rank_steps_are_sampled_beyond_the_limit(run_dir, monkeypatch):
-    """Past RANK_STEPS_LIMIT the per-rank step rows keep every rank of evenly spaced steps."""
+    """Past RANK_STEPS_LIMIT the per-rank step rows keep every rank of evenly spaced
+    steps and of the slowest step, and say so; the step charts' axes say it too."""
     monkeypatch.setattr(summary_module, "RANK_STEPS_LIMIT", 8)
     s = summarize(run_dir)
     assert s.rank_steps_sampled
     steps = {(r["epoch"], r["step"]) for r in s.rank_steps}
-    assert len(s.rank_steps) == RANKS * len(steps) <= 8
+    assert len(s.rank_steps) == RANKS * len(steps) <= 8 + RANKS
+    thinned = s.rank_steps_thinned
+    assert thinned["steps"] == EPOCHS * STEPS and thinned["slowest"] == 1
+    assert len(steps) <= -(-EPOCHS * STEPS // thinned["every"]) + 1
+    slowest = max(s.steps, key=lambda r: r["max_us"])
+    assert (slowest["epoch"], slowest["step"]) in steps
+    from dftrace.analysis import figures
+
+    axis = figures.step_times(s).layout.xaxis.title.text
+    assert f"(every {thinned['every']}" in axis and f"of {EPOCHS * STEPS} steps, and the slowest 1)" in axis
     # each kept row as the whole table has it, its wait included
     monkeypatch.undo()
     every = summarize(run_dir).rank_steps

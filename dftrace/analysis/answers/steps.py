@@ -134,18 +134,30 @@ def step_statistics(by_unit: pl.DataFrame) -> dict[str, Any]:
     return rounded_rows(by_unit.select(_plain_stats()))[0]
 
 
+#: Of the steps of a run too long to keep every rank-step, the slowest share is always kept.
+SLOWEST_KEPT = 0.01
+
+
 def rank_step_rows(by_unit: pl.DataFrame, keys: pl.DataFrame, runs: list[dict[str, Any]],
-                procs: pl.DataFrame, limit: int) -> tuple[list[dict[str, Any]], bool]:
-    """``keys``: the (epoch, step) of ``by_unit``, each once, in order; the wait of a
-    rank-step is its ``blocked_us``."""
+                   procs: pl.DataFrame, limit: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The rows of every rank-step, or, past ``limit`` rows, those of every Nth step
+    and of the slowest steps (``SLOWEST_KEPT`` of them, by their slowest rank), and
+    how they were thinned (``every``: N, ``steps``: all steps, ``slowest``: the slowest
+    steps kept; empty when every row is kept). ``keys``: the (epoch, step) of
+    ``by_unit``, each once, in order; the wait of a rank-step is its ``blocked_us``."""
     if not by_unit.height:
-        return [], False
-    sampled = by_unit.height > limit
+        return [], {}
+    thinned: dict[str, int] = {}
     frame = by_unit
-    if sampled:
+    if by_unit.height > limit:
         per_step = max(1, by_unit.height // keys.height)
-        keep = max(1, limit // per_step)
-        kept = keys.gather_every(math.ceil(keys.height / keep))
+        slowest = min(math.ceil(keys.height * SLOWEST_KEPT), max(1, limit // per_step // 2))
+        every = math.ceil(keys.height / max(1, limit // per_step - slowest))
+        worst = (by_unit.group_by(["epoch", "step"]).agg(pl.col("dur").max())
+                 .sort(["dur", "epoch", "step"], descending=[True, False, False], nulls_last=True)
+                 .head(slowest).select("epoch", "step"))
+        kept = pl.concat([keys.gather_every(every), worst]).unique(maintain_order=True)
+        thinned = {"every": every, "steps": keys.height, "slowest": slowest}
         # The rank-steps of the kept step numbers first (a mask, where a join of every
         # rank-step held 60 MB more for 1.25M of them), then those of their epochs.
         frame = by_unit.filter(pl.col("step").is_in(kept.get_column("step").implode(), nulls_equal=True)).join(
@@ -156,7 +168,7 @@ def rank_step_rows(by_unit: pl.DataFrame, keys: pl.DataFrame, runs: list[dict[st
         (pl.col("start") - origin).alias("start_us"), pl.col("dur").alias("dur_us"),
         pl.col("blocked_us").alias("wait_us"),
     )
-    return rows.to_dicts(), sampled
+    return rows.to_dicts(), thinned
 
 
 def epoch_source(combined: Combined) -> pl.DataFrame:

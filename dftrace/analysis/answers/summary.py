@@ -77,7 +77,8 @@ class Summary:
     step_stats: dict[str, Any]
     #: Per (rank, epoch, step): start (from its run's start), duration, wait in collectives.
     rank_steps: list[dict[str, Any]]
-    #: True when ``rank_steps`` keeps a subset of the steps (RANK_STEPS_LIMIT).
+    #: True when ``rank_steps`` keeps a subset of the steps (RANK_STEPS_LIMIT; how, in
+    #: ``rank_steps_thinned``).
     rank_steps_sampled: bool
     #: Busy, exclusive and overlapped time per activity group, overall and per process.
     breakdown: dict[str, Any]
@@ -101,6 +102,10 @@ class Summary:
     #: kind, sizes, shares, per file, rank and step, in data loading and checkpoints,
     #: findings; empty without I/O events.
     io: dict[str, Any] = field(default_factory=dict)
+    #: How ``rank_steps`` was thinned when it keeps a subset: every Nth step (``every``)
+    #: of all ``steps``, and the ``slowest`` steps (by their slowest rank) besides;
+    #: empty when it keeps every rank-step.
+    rank_steps_thinned: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""
@@ -272,7 +277,7 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None,
         compared.select("unit", "epoch", "step", pl.col("blocked_us").alias("us")), compute, units
     )
     limit = RANK_STEPS_LIMIT if rank_steps_limit is None else rank_steps_limit
-    rank_steps, sampled = rank_step_rows(steps_by_unit, steps.select("epoch", "step"), runs, procs, limit)
+    rank_steps, thinned = rank_step_rows(steps_by_unit, steps.select("epoch", "step"), runs, procs, limit)
     step_stats, imbalance = step_statistics(steps_by_unit), rank_imbalance(compared, steps)
     say_where_resumed(runs, procs, steps_by_unit)
     del steps_by_unit, compared
@@ -293,7 +298,8 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None,
         steps=rounded_rows(steps),
         step_stats=step_stats,
         rank_steps=rank_steps,
-        rank_steps_sampled=sampled,
+        rank_steps_sampled=bool(thinned),
+        rank_steps_thinned=thinned,
         breakdown=time_breakdown(combined, procs),
         dataloader=dataloader_rows(combined.durations, procs),
         imbalance=imbalance,

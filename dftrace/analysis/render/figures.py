@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import format as fmt
 from ..answers.summary import Summary
-from ..answers.units import format_us
+from ..answers.units import count_of, format_us
 from ..runtime.deps import require
 from .text import GROUP_LABELS
 
@@ -82,7 +82,7 @@ def step_timeline(summary: Summary) -> Figure | None:
         return None
     ranks = list(dict.fromkeys(r["rank"] for r in rows))
     if len(ranks) > TIMELINE_RANKS or len(rows) > TIMELINE_BARS:
-        return _heatmap(rows, "dur_us", "step (ms)", "Viridis")
+        return _heatmap(rows, "dur_us", "step (ms)", "Viridis", thinned_note(summary))
     go = _go()
     fig = go.Figure()
     for epoch in sorted({r["epoch"] for r in rows}, key=lambda e: (e is None, e)):
@@ -98,7 +98,7 @@ def step_timeline(summary: Summary) -> Figure | None:
                 marker_line_width=0.5, marker_line_color="white",
             )
         )
-    note = " (sampled steps)" if summary.rank_steps_sampled else ""
+    note = thinned_note(summary)
     return _layout(fig, height=max(260, 28 * len(ranks) + 120), barmode="overlay",
                    xaxis_title=f"time since the run's start (ms){note}",
                    yaxis={"categoryorder": "array", "categoryarray": ranks[::-1]})
@@ -111,7 +111,7 @@ def collective_waits(summary: Summary) -> Figure | None:
     rows = summary.rank_steps
     if not summary.stragglers or not any(r.get("wait_us") for r in rows):
         return None
-    return _heatmap(rows, "wait_us", "wait (ms)", "Reds")
+    return _heatmap(rows, "wait_us", "wait (ms)", "Reds", thinned_note(summary))
 
 
 def step_times(summary: Summary) -> Figure | None:
@@ -132,7 +132,8 @@ def step_times(summary: Summary) -> Figure | None:
                 hovertemplate=f"{rank} epoch %{{customdata[0]}} step %{{customdata[1]}}: %{{y:.3f}} ms<extra></extra>",
             )
         )
-    return _layout(fig, xaxis_title="step (in order over all epochs)", yaxis_title="step time (ms)")
+    return _layout(fig, xaxis_title=f"step (in order over all epochs){thinned_note(summary)}",
+                   yaxis_title="step time (ms)")
 
 
 # --- where the time goes ----------------------------------------------------------------
@@ -323,7 +324,7 @@ def _step_order(rows: list[dict[str, Any]]) -> dict[tuple[Any, Any], int]:
     return {key: i for i, key in enumerate(keys)}
 
 
-def _heatmap(rows: list[dict[str, Any]], value: str, title: str, colorscale: str) -> Any:
+def _heatmap(rows: list[dict[str, Any]], value: str, title: str, colorscale: str, note: str = "") -> Any:
     """Ranks by steps (in order), coloured by ``value`` in ms."""
     go = _go()
     order = _step_order(rows)
@@ -336,5 +337,17 @@ def _heatmap(rows: list[dict[str, Any]], value: str, title: str, colorscale: str
     fig = go.Figure(go.Heatmap(z=z, y=ranks, x=list(range(len(order))), colorscale=colorscale,
                                customdata=[labels] * len(ranks), colorbar={"title": title},
                                hovertemplate="%{y} %{customdata}: %{z:.3f} ms<extra></extra>"))
-    return _layout(fig, height=max(260, min(900, 14 * len(ranks) + 140)), xaxis_title="step (in order)",
+    return _layout(fig, height=max(260, min(900, 14 * len(ranks) + 140)), xaxis_title=f"step (in order){note}",
                    yaxis={"autorange": "reversed"})
+
+
+def thinned_note(summary: Summary) -> str:
+    """What the step charts leave out of a long run, as their axis says it (`` (every
+    20th of 400,000 steps, and the slowest 4,000)``); empty when they show every step."""
+    thinned = summary.rank_steps_thinned
+    if not thinned:
+        return " (sampled steps)" if summary.rank_steps_sampled else ""
+    nth = thinned["every"]
+    suffix = "th" if 10 <= nth % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(nth % 10, "th")
+    return (f" (every {nth:,}{suffix} of {count_of(thinned['steps'], 'step')}, "
+            f"and the slowest {thinned['slowest']:,})")
