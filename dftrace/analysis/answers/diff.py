@@ -135,14 +135,14 @@ class RunDiff:
         excess = _excess(row)
         if excess is None or excess <= limit or (row.low is not None and row.low - row.machine <= 0):
             return None
-        change = f"{_value(row.unit, row.base)} -> {_value(row.unit, row.new)}"
-        within = "" if row.low is None else f", interval {_interval(row)}"
+        change = f"{value_text(row.unit, row.base)} -> {value_text(row.unit, row.new)}"
+        within = "" if row.low is None else f", interval {interval_text(row)}"
         if row.noise == "names":
             low, high = row.low - row.machine, row.high - row.machine  # type: ignore[operator]
             return (f"{metric} got worse by {excess * 100:.1f}% from names that took longer against the rest "
                     f"of their steps ({row.note}), more than {limit * 100:g}% ({change}, "
-                    f"{row.relative * 100:+.1f}% in all; their part {_signed(row.unit, low)} .. "  # type: ignore[operator]
-                    f"{_signed(row.unit, high)}, outside the noise)")
+                    f"{row.relative * 100:+.1f}% in all; their part {signed_text(row.unit, low)} .. "  # type: ignore[operator]
+                    f"{signed_text(row.unit, high)}, outside the noise)")
         if row.machine:
             speed = 1 + row.machine / row.base  # type: ignore[operator]
             return (f"{metric} got worse by {excess * 100:.1f}% beyond the machine's speed, more than "
@@ -366,8 +366,9 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return round(sum(present) / len(present), 6) if present else None
 
 
-def _interval(row: DiffRow) -> str:
-    return f"{_signed(row.unit, row.low)} .. {_signed(row.unit, row.high)}"
+def interval_text(row: DiffRow) -> str:
+    """A row's 95 % interval of the change, in its unit."""
+    return f"{signed_text(row.unit, row.low)} .. {signed_text(row.unit, row.high)}"
 
 
 def _t975(dof: float) -> float:
@@ -465,7 +466,8 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
 
 # --- values as text (the rows' notes and the rendering) ---------------------------------
 
-def _value(unit: str, value: float | None) -> str:
+def value_text(unit: str, value: float | None) -> str:
+    """A figure's value, in its unit."""
     if value is None:
         return "-"
     if unit == US:
@@ -477,7 +479,7 @@ def _value(unit: str, value: float | None) -> str:
     return f"{value:,.0f}"
 
 
-def _signed(unit: str, value: float | None) -> str:
+def signed_text(unit: str, value: float | None) -> str:
     """A change (or an interval's end) with its sign, in the row's unit."""
     if value is None:
         return "-"

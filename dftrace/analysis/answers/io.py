@@ -42,8 +42,9 @@ SMALL_FINDING, METADATA_FINDING, NOT_OVERLAPPED_FINDING, RANDOM_FINDING = 0.5, 0
 
 # --- the answers -----------------------------------------------------------------------------
 
-#: The figures of a set of calls (any table with kind, ops, bytes and us).
-_FIGURES = {
+#: The figures of a set of calls (any table with kind, ops, bytes and us): name -> (column
+#: summed, kind of call or None for all); each per-file, per-rank and per-step row has them.
+CALL_FIGURES = {
     "read_bytes": ("bytes", READ), "write_bytes": ("bytes", WRITE), "read_ops": ("ops", READ),
     "write_ops": ("ops", WRITE), "metadata_ops": ("ops", METADATA), "sync_ops": ("ops", SYNC),
     "other_ops": ("ops", OTHER), "ops": ("ops", None), "io_time_us": ("us", None),
@@ -54,7 +55,7 @@ _FIGURES = {
 
 def _figure_exprs() -> list[pl.Expr]:
     return [(pl.col(column) if kind is None else pl.col(column).filter(pl.col("kind") == kind)).sum()
-            .cast(pl.Int64).alias(name) for name, (column, kind) in _FIGURES.items()]
+            .cast(pl.Int64).alias(name) for name, (column, kind) in CALL_FIGURES.items()]
 
 
 def _figures(frame: pl.DataFrame) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..answers.diff import SECTIONS, STEP_BLOCKS, DiffRow, RunDiff, _interval, _signed, _value
+from ..answers.diff import SECTIONS, STEP_BLOCKS, DiffRow, RunDiff, interval_text, signed_text, value_text
 from ..answers.units import count_of, format_us
 
 __all__ = ["parse_percent", "render_diff"]
@@ -29,7 +29,7 @@ def _change(row: DiffRow) -> tuple[str, str, str]:
             return "", "", ""  # in neither run (no communication, say)
         return ("only in base" if row.new is None else "only in new"), "", ""
     relative = f"{row.relative * 100:+.1f}%" if row.relative is not None else ""
-    return _signed(row.unit, row.change), relative, _interval(row) if row.low is not None else ""
+    return signed_text(row.unit, row.change), relative, interval_text(row) if row.low is not None else ""
 
 
 def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *, top: int = 20) -> str:
@@ -70,7 +70,7 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
         lines.append(f"Changed beyond {threshold}, {where}; largest effect on step time first")
         lines.append("  per step: how much the row's name (or figure) moved the time of a rank-step; "
                      "also: its other figures that changed")
-        rows = [(lead.metric, _value(lead.unit, lead.base), _value(lead.unit, lead.new), *_change(lead),
+        rows = [(lead.metric, value_text(lead.unit, lead.base), value_text(lead.unit, lead.new), *_change(lead),
                  _per_step(lead), _also(lead, others)) for lead, others in flagged[:top]]
         lines += _table(("metric", "base", "new", "change", "%", "95% interval", "per step", "also"), rows,
                         (False, True, True, True, True, True, True, False))
@@ -87,7 +87,7 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
         if not rows:
             continue
         lines += ["", _SECTION_TITLES[section]]
-        table = [(r.metric, _value(r.unit, r.base), _value(r.unit, r.new), *_change(r), "*" if r.flagged else "",
+        table = [(r.metric, value_text(r.unit, r.base), value_text(r.unit, r.new), *_change(r), "*" if r.flagged else "",
                   r.note) for r in rows]
         lines += _table(("metric", "base", "new", "change", "%", "95% interval", "flag", "note"), table,
                         (False, True, True, True, True, True, False, False))

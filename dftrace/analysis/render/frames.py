@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 import polars.selectors as cs
 
-from ..answers.io import _FIGURES as IO_FIGURES
+from ..answers.io import CALL_FIGURES
 from ..answers.summary import Summary, summarize
 from ..read.trace import PathsLike, TraceTable
 from ..reduce.busy import GROUPS
@@ -40,7 +40,7 @@ Source = Summary | PathsLike | TraceTable
 
 _INT, _FLOAT, _TEXT, _BOOL = pl.Int64, pl.Float64, pl.String, pl.Boolean
 #: The figures of a set of file calls, as the I/O answers name them (all integers).
-_IO_COLUMNS = {name: _INT for name in IO_FIGURES}
+_IO_COLUMNS = {name: _INT for name in CALL_FIGURES}
 
 
 # --- steps -------------------------------------------------------------------------------
