@@ -144,7 +144,8 @@ def _execution(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS")
     group.add_argument("--partition-mb", type=float, default=16, metavar="MB",
                        help="split compressed files into pieces of about MB on disk (default 16)")
-    group.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    group.add_argument("--no-progress", action="store_true",
+                       help="never show progress (on a terminal, a line for each phase that lasts over a second)")
 
 
 def _index_option(parser: argparse.ArgumentParser) -> None:
