@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import format as fmt
 from ..answers.summary import Summary
-from ..answers.units import count_of, format_us
+from ..answers.units import format_us
 from ..runtime.deps import require
 from .text import GROUP_LABELS
 
@@ -349,5 +349,5 @@ def thinned_note(summary: Summary) -> str:
         return " (sampled steps)" if summary.rank_steps_sampled else ""
     nth = thinned["every"]
     suffix = "th" if 10 <= nth % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(nth % 10, "th")
-    return (f" (every {nth:,}{suffix} of {count_of(thinned['steps'], 'step')}, "
+    return (f" (every {nth:,}{suffix} of {thinned['steps']:,} steps, "
             f"and the slowest {thinned['slowest']:,})")
