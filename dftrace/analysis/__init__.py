@@ -54,6 +54,7 @@ _EXPORTS = {
     "run_sql": ".answers.sql",
     "summarize": ".answers.summary",
     "write_html": ".render.html",
+    "write_perfetto": ".export.perfetto",
     "write_trace": ".export.tables",
 }
 
@@ -85,6 +86,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs should see them
     from .answers.diff import RunDiff, compare_runs, compare_summaries  # noqa: F401
     from .runtime.executor import DaskExecutor, EmbeddedExecutor  # noqa: F401
     from .export.tables import MergeFilter, merge, write_trace  # noqa: F401
+    from .export.perfetto import write_perfetto  # noqa: F401
     from .render.html import render_html, write_html  # noqa: F401
     from .render import figures, frames  # noqa: F401
     from .render.text import render_text  # noqa: F401

@@ -1,4 +1,4 @@
-"""The analysis subcommands: summary, report, convert, merge, validate, diff, watch, sql, mcp.
+"""The analysis subcommands: summary, report, convert, merge, validate, diff, watch, sql, mcp, view.
 
 ``register(subparsers)`` adds them to an argparse subparsers object; each sets
 ``func`` to a callable taking the parsed arguments and returning the exit code.
@@ -74,14 +74,18 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser(
         "convert",
-        help="to Chrome JSON (.json, .json.gz), dftrace's pfw (.pfw, .pfw.gz, .pfw.zst) or Parquet",
+        help="to Chrome JSON (.json, .json.gz), dftrace's pfw (.pfw, .pfw.gz, .pfw.zst), Parquet "
+        "or Perfetto's own format (.pftrace)",
         description="Convert traces (all inputs into one output). The output suffix picks the "
         "format: .json/.json.gz strict Chrome JSON for chrome://tracing and Perfetto, "
         ".pfw/.pfw.gz/.pfw.zst dftrace's own format (DFAnalyzer reads it too), .parquet for "
-        "the events table." + _EXECUTOR_HELP,
+        "the events table, .pftrace/.perfetto-trace Perfetto's own protobuf format (a quarter "
+        "of the JSON's size, which Perfetto opens where the JSON is too big; with flows between "
+        "the calls of a collective; 'dftrace view' opens it)." + _EXECUTOR_HELP,
     )
     _inputs(p)
     p.add_argument("-o", "--output", required=True, help="output file")
+    _to_option(p)
     _execution(p)
     p.set_defaults(func=_run_convert)
 
@@ -93,7 +97,9 @@ def register(subparsers: Any) -> None:
         "from their recorded anchors. Filters keep big runs openable." + _EXECUTOR_HELP,
     )
     _inputs(p)
-    p.add_argument("-o", "--output", default="merged.json.gz", help="output file (default merged.json.gz)")
+    p.add_argument("-o", "--output", default="merged.json.gz",
+                   help="output file (default merged.json.gz; a .pftrace name writes Perfetto's own format)")
+    _to_option(p)
     p.add_argument("--cat", action="append", metavar="CAT", help="keep only this category (repeatable)")
     p.add_argument("--start", type=float, metavar="S", help="keep events after S seconds from the start")
     p.add_argument("--end", type=float, metavar="S", help="keep events before S seconds from the start")
@@ -128,6 +134,7 @@ def register(subparsers: Any) -> None:
     _register_diff_and_watch(subparsers)
     _register_sql(subparsers)
     _register_mcp(subparsers)
+    _register_view(subparsers)
 
 
 def _inputs(parser: argparse.ArgumentParser) -> None:
@@ -135,6 +142,11 @@ def _inputs(parser: argparse.ArgumentParser) -> None:
         "paths", nargs="+",
         help="trace files (.pfw, .pfw.gz, .pfw.zst, DFTracer's, .json[.gz], .parquet), directories or globs",
     )
+
+
+def _to_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--to", metavar="FORMAT",
+                        help="the output format whatever the suffix: chrome, pfw, parquet or perfetto")
 
 
 def _execution(parser: argparse.ArgumentParser) -> None:
@@ -265,27 +277,28 @@ def _run_report(args: argparse.Namespace) -> int:
 
 @_command(*ANALYSIS)
 def _run_convert(args: argparse.Namespace) -> int:
-    from .export.tables import output_format
+    from .export.perfetto import output_kind
     from .export.streamed import convert
 
-    output_format(args.output)  # fail on an unknown suffix before reading anything
+    output_kind(args.output, args.to)  # fail on an unknown suffix before reading anything
     with _Run(args) as options:
-        written = convert(args.paths, args.output, **options)
+        written = convert(args.paths, args.output, to=args.to, **options)
     print(f"wrote {args.output}: {_events_of(written)}")
     return 0
 
 
 @_command(*ANALYSIS)
 def _run_merge(args: argparse.Namespace) -> int:
-    from .export.tables import MergeFilter, output_format
+    from .export.perfetto import output_kind
+    from .export.tables import MergeFilter
     from .export.streamed import merge_files
 
-    output_format(args.output)
+    output_kind(args.output, args.to)
     keep = MergeFilter(
         categories=args.cat, start_s=args.start, end_s=args.end, steps=_step_range(args.steps), epoch=args.epoch
     )
     with _Run(args) as options:
-        written = merge_files(args.paths, args.output, keep, align_clocks=not args.no_align, **options)
+        written = merge_files(args.paths, args.output, keep, align_clocks=not args.no_align, to=args.to, **options)
     print(f"wrote {args.output}: {_events_of(written)}")
     return 0
 
@@ -295,6 +308,9 @@ def _events_of(written: Any) -> str:
 
     broken = sum(f.broken_count for f in written.trace.files)
     skipped = f" ({count_of(broken, 'broken line')} left out; dftrace summary lists them)" if broken else ""
+    if written.left_out:
+        phases = ", ".join(f"{n} of phase {ph!r}" for ph, n in sorted(written.left_out.items()))
+        skipped += f" (events the format has no place for left out: {phases})"
     return (f"{count_of(written.events, 'event')} of "
             f"{count_of(written.trace.processes.height, 'process', 'processes')}{skipped}")
 
@@ -594,6 +610,42 @@ def _run_mcp(args: argparse.Namespace) -> int:
     from .agent_server import serve
 
     return serve(args.root or [os.getcwd()])
+
+
+# --- dftrace view ---------------------------------------------------------------------
+
+
+def _register_view(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "view",
+        help="open a trace in Perfetto's UI: served from this machine, nothing uploaded",
+        description="Open traces in Perfetto's UI in one command. A .pftrace, or one Chrome JSON or "
+        "pfw file Perfetto reads (up to 64 MB), is served as it is; a directory, several files or "
+        "a bigger file are merged into a .pftrace first (ranks in order, clocks aligned), in a "
+        "temporary folder removed at the end (or kept with -o). The file is served on "
+        "127.0.0.1:PORT to the UI, which the browser opens at UI/#!/?url=http://127.0.0.1:PORT/NAME; "
+        "on a remote machine forward the port (the command prints the ssh -L line). Serves until "
+        "Ctrl-C (exit code 0), or with --once until the UI has fetched the trace." + _EXECUTOR_HELP,
+    )
+    _inputs(p)
+    p.add_argument("--port", type=int, default=9001,
+                   help="the port on 127.0.0.1 to serve the trace from (default 9001, where the UI looks)")
+    p.add_argument("--no-browser", action="store_true", help="print the URL only; open no browser")
+    p.add_argument("--ui", default="https://ui.perfetto.dev", metavar="URL",
+                   help="a Perfetto UI of your own instead of https://ui.perfetto.dev")
+    p.add_argument("--once", action="store_true", help="exit once the UI has fetched the trace")
+    p.add_argument("-o", "--output", metavar="FILE.pftrace", help="keep the converted trace at FILE.pftrace")
+    _execution(p)
+    p.set_defaults(func=_run_view)
+
+
+@_command(*ANALYSIS)
+def _run_view(args: argparse.Namespace) -> int:
+    from .export.viewer import view
+
+    with _Run(args) as options:
+        return view(args.paths, port=args.port, ui=args.ui, browser=not args.no_browser, once=args.once,
+                    output=args.output, **options)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -199,7 +199,7 @@ def merge(trace: TraceTable, keep: MergeFilter | None = None, *, align_clocks: b
     """
     keep = keep or MergeFilter()
     procs = trace.processes
-    new_pid = _assign_pids(procs)
+    new_pid = assign_pids(procs)
     offset_us = _clock_offsets(procs) if align_clocks else {}
     mapping = pl.DataFrame(
         {
@@ -232,7 +232,7 @@ def merge(trace: TraceTable, keep: MergeFilter | None = None, *, align_clocks: b
     )
 
 
-def _assign_pids(procs: pl.DataFrame) -> dict[tuple[str, int], int]:
+def assign_pids(procs: pl.DataFrame) -> dict[tuple[str, int], int]:
     """(host, pid) -> a pid no other process has (its own when it can)."""
     used: set[int] = set()
     out = {}
