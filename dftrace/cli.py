@@ -153,14 +153,14 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
     print(f"\ntrace written to {', '.join(_shown(p) for p in s.paths)}")
     print(_demo_table(s.paths))
     target = _shown(out) if out is not None else " ".join(_shown(p) for p in s.paths)
-    more = f"dftrace summary {target}"
+    more = f"dftrace summary {target}, or in Perfetto: dftrace view {target}"
     try:
         from .analysis.runtime.deps import ANALYSIS, check_installed
 
         check_installed(*ANALYSIS)
     except ImportError:
-        more = f"{pip_install('analysis')} && {more}"
-    print(f"\nopen it in https://ui.perfetto.dev, or: {more}")
+        more = f"{pip_install('analysis')}, then {more}"
+    print(f"\nnext: {more}")
     return 0
 
 
@@ -282,7 +282,7 @@ def _say_where_the_trace_went(session: Any) -> None:
               "script trains", file=sys.stderr)
         return
     print(f"dftrace run: trace written to {files}\n"
-          f"  next: dftrace summary {shown}   (or open the file in https://ui.perfetto.dev)",
+          f"  next: dftrace summary {shown}   (or in Perfetto: dftrace view {shown})",
           file=sys.stderr)
 
 

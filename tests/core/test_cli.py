@@ -72,7 +72,8 @@ def test_demo_runs_twice_in_one_directory_without_mixing(tmp_path, capsys, monke
     for run in runs:
         (file,) = testing.trace_files(tmp_path / "dftrace-demo" / run)
         assert len({e["pid"] for e in testing.read_events(file)}) == 1
-        assert f"dftrace summary {os.path.join('dftrace-demo', run)}\n" in out
+        target = os.path.join("dftrace-demo", run)
+        assert f"dftrace summary {target}, or in Perfetto: dftrace view {target}\n" in out
 
 
 def test_demo_into_an_unusable_directory_says_so_in_one_line(tmp_path, capsys):
@@ -250,13 +251,13 @@ def test_help_lists_every_command_with_its_summary():
     (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     expected = {choice.dest: " ".join(choice.help.split()) for choice in sub._choices_actions}
     assert set(expected) == {"demo", "run", "summary", "report", "convert", "merge", "validate", "diff", "watch", "sql",
-                             "mcp"}
+                             "mcp", "view"}
     for command, summary in expected.items():
         assert f" {command} {summary}" in text, command
 
 
 @pytest.mark.parametrize("command", ["demo", "run", "summary", "report", "convert", "merge", "validate", "diff", "watch", "sql",
-                                     "mcp"])
+                                     "mcp", "view"])
 def test_every_option_of_every_command_is_documented_in_its_help(command):
     """``dftrace <command> --help`` shows each option and argument, each with a help text."""
     out = _dftrace(command, "--help")
