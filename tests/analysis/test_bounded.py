@@ -378,7 +378,7 @@ def test_the_answers_hand_back_their_large_blocks_when_freed(stage):
 
 
 def test_summary_reads_half_the_cpus_files_at_a_time(monkeypatch):
-    from dftrace.analysis import commands as _cli
+    from dftrace.analysis import command_parts as _cli
 
     for cpus, threads in ((None, 1), (1, 1), (2, 1), (4, 2), (16, 8), (64, 8)):
         monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)

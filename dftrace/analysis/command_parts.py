@@ -1,0 +1,162 @@
+"""What every analysis subcommand is made of: the shared arguments (inputs, execution,
+rows, index, output format), the wrapper that checks extras and turns expected
+failures into one line (:func:`command`), where the work runs (:class:`Run`) and how
+output is written."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .runtime.deps import check_installed, missing_extra_message
+from .runtime.heap import command_heap
+from .runtime.polars_loading import load_polars
+
+EXECUTOR_HELP = """
+Where the work runs: by default on threads in this process. --dask-workers N starts
+a local Dask cluster of N worker processes; --scheduler ADDRESS uses a running Dask
+scheduler (workers must see the same paths).
+"""
+
+
+class _DeprecatedRows(argparse.Action):
+    """An old name of ``--rows`` (hidden): it still works, with a note on stderr."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"dftrace: {option_string} is deprecated; use --rows", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def rows_option(p: argparse.ArgumentParser, default: int, help: str, *old: str) -> None:
+    """``--rows N``, the one name of every command's row limit; ``old`` are the names
+    it had before (hidden, deprecated, still accepted)."""
+    p.add_argument("--rows", type=int, default=default, metavar="N", help=help)
+    for name in old:
+        p.add_argument(name, dest="rows", type=int, action=_DeprecatedRows, help=argparse.SUPPRESS)
+
+
+def inputs_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths", nargs="+",
+        help="trace files (.pfw, .pfw.gz, .pfw.zst, DFTracer's, .json[.gz], .parquet), directories or globs",
+    )
+
+
+def to_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--to", metavar="FORMAT",
+                        help="the output format whatever the suffix: chrome, pfw, parquet or perfetto")
+
+
+def execution_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("execution")
+    where = group.add_mutually_exclusive_group()
+    where.add_argument("--dask-workers", type=int, metavar="N", help="run on a local Dask cluster of N workers")
+    where.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS")
+    group.add_argument("--partition-mb", type=float, default=16, metavar="MB",
+                       help="split compressed files into pieces of about MB on disk (default 16)")
+    group.add_argument("--no-progress", action="store_true",
+                       help="never show progress (on a terminal, a line for each phase that lasts over a second)")
+
+
+def index_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-index", action="store_true",
+                        help="read every file, and keep nothing in the index of files already read "
+                        "($DFTRACE_INDEX_DIR, else $XDG_CACHE_HOME/dftrace/index, at most "
+                        "$DFTRACE_INDEX_MAX_SIZE bytes, 256M unless set)")
+
+
+def command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """A command that needs the modules ``needs`` (checked before anything imports them)
+    and turns expected failures (no such or unreadable file, bad option, missing extra) into a message."""
+
+    def decorate(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        @functools.wraps(run)
+        def wrapper(args: argparse.Namespace) -> int:
+            invoked = f"dftrace {getattr(args, 'command', None) or ''}".strip()
+            try:
+                check_installed(*needs, needed_by=invoked)
+                command_heap()
+                if "polars" in needs:
+                    load_polars()
+                return run(args)
+            except ImportError as exc:
+                print(f"dftrace: error: {missing_extra_message(exc, invoked) or exc}", file=sys.stderr)
+                return 2
+            except BrokenPipeError:
+                # the reader of the output went away (`| head`): stop quietly, and keep
+                # the interpreter's last flush of stdout from failing again
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
+            except (OSError, ValueError, argparse.ArgumentTypeError) as exc:
+                print(f"dftrace: error: {printable_text(str(exc))}", file=sys.stderr)
+                return 2
+
+        return wrapper
+
+    return decorate
+
+
+def file_threads() -> int:
+    """Files (partitions) the summary reads at a time in this process: half the
+    CPUs, at least one. polars spreads each piece's work over every CPU already, so
+    more files at once add little speed and a piece's working memory each."""
+    return max(1, min(os.cpu_count() or 1, 16) // 2)
+
+
+class Run:
+    """The executor and options of one command, closed when the command ends."""
+
+    def __init__(self, args: argparse.Namespace, threads: int | None = None):
+        if args.scheduler or args.dask_workers:
+            option = "--scheduler" if args.scheduler else "--dask-workers"
+            check_installed("dask", "distributed", needed_by=option)
+        from .runtime.executor import DaskExecutor, EmbeddedExecutor
+
+        if args.scheduler:
+            self.executor: Any = DaskExecutor(args.scheduler)
+        elif args.dask_workers:
+            self.executor = DaskExecutor(workers=args.dask_workers)
+        else:
+            self.executor = EmbeddedExecutor(threads)
+        self.options = {
+            "executor": self.executor,
+            "partition_bytes": int(args.partition_mb * (1 << 20)),
+            "progress": False if args.no_progress else None,
+        }
+
+    def __enter__(self) -> dict[str, Any]:
+        return self.options
+
+    def __exit__(self, *exc: object) -> None:
+        self.executor.close()
+
+
+def write_bytes(*pieces: bytes) -> None:
+    """Write UTF-8 text to stdout as bytes where it takes them (no decoded copy of a
+    long output), else as text."""
+    stream = getattr(sys.stdout, "buffer", None)
+    if stream is None:
+        for piece in pieces:
+            sys.stdout.write(piece.decode())
+        return
+    sys.stdout.flush()
+    for piece in pieces:
+        stream.write(piece)
+    stream.flush()
+
+
+def printable_text(text: str) -> str:
+    from .render.terminal import printable
+
+    return printable(text)
+
+
+def json_text(data: Any) -> str:
+    import orjson
+
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
