@@ -12,8 +12,6 @@ works whether dftrace came from the package index or from a clone.
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
 import sys
 
 __all__ = ["pip_install"]
@@ -21,6 +19,9 @@ __all__ = ["pip_install"]
 
 def pip_install(extra: str) -> str:
     """The command that installs ``dftrace[extra]`` into the running interpreter's environment."""
+    import shlex  # a message being made: not at ``import dftrace``
+    import shutil
+
     spec = f"'dftrace[{extra}]'"
     try:
         pip = shutil.which("pip")
