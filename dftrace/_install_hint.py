@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-__all__ = ["pip_install"]
+__all__ = ["import_framework", "pip_install"]
 
 
 def pip_install(extra: str) -> str:
@@ -31,3 +32,15 @@ def pip_install(extra: str) -> str:
     except (OSError, ValueError):  # an unreadable PATH entry: the plain form
         pass
     return f"pip install {spec}"
+
+
+def import_framework(module: str, integration: str, framework: str) -> Any:
+    """``module`` imported for ``dftrace.<integration>``; when it is missing, an
+    ImportError naming ``framework`` and the command that installs the extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"dftrace.{integration} needs {framework}, which is not installed; "
+                          f"install it with: {pip_install(integration)}") from exc

@@ -21,22 +21,15 @@ one ``compute`` span covers N batches.
 
 from __future__ import annotations
 
-from ._install_hint import pip_install
-
-try:
-    import keras
-except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "dftrace.keras needs Keras 3, which is not installed; "
-        "install it with: " + pip_install("keras")) from _exc
-
 from typing import Any
 
-from ._hooks import OpenSpans
-from ._hooks import guarded as _guarded
 from ._core.tree import Node, ai
+from ._hooks import OpenSpans, guarded as _guarded
+from ._install_hint import import_framework
 
 __all__ = ["TraceCallback"]
+
+keras = import_framework("keras", "keras", "Keras 3")
 
 
 class TraceCallback(keras.callbacks.Callback):
@@ -98,42 +91,40 @@ class TraceCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self._stop("batch")
 
-    # -- evaluate (also validation inside fit) --------------------------------------
+    # -- evaluate (also validation inside fit) and predict ------------------------------
+    def _pass_begin(self, key: str, node: Node, **args: Any) -> None:
+        if not self._open.is_open("train"):  # a standalone evaluate()/predict(): leftovers are stale
+            self._stop_all()
+        self._start(key, node, **args)
+
+    def _pass_end(self, key: str) -> None:
+        self._stop("eval_batch")
+        self._stop(key)
+
     @_guarded
     def on_test_begin(self, logs: Any = None) -> None:
-        if not self._open.is_open("train"):  # a standalone evaluate(): leftovers are stale
-            self._stop_all()
-        self._start("evaluate", ai.pipeline.evaluate, **self._epoch_args())
+        self._pass_begin("evaluate", ai.pipeline.evaluate, **self._epoch_args())
 
     @_guarded
     def on_test_end(self, logs: Any = None) -> None:
-        self._stop("eval_batch")
-        self._stop("evaluate")
+        self._pass_end("evaluate")
 
-    @_guarded
-    def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
-        self._start("eval_batch", ai.compute.forward, batch=int(batch))
-
-    @_guarded
-    def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
-        self._stop("eval_batch")
-
-    # -- predict -------------------------------------------------------------------
     @_guarded
     def on_predict_begin(self, logs: Any = None) -> None:
-        if not self._open.is_open("train"):
-            self._stop_all()
-        self._start("predict", ai.pipeline.test)
+        self._pass_begin("predict", ai.pipeline.test)
 
     @_guarded
     def on_predict_end(self, logs: Any = None) -> None:
-        self._stop("predict_batch")
-        self._stop("predict")
+        self._pass_end("predict")
+
+    # Evaluate and predict batches alike: a ``compute.forward`` span with ``args.batch``.
+    @_guarded
+    def _eval_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._start("eval_batch", ai.compute.forward, batch=int(batch))
 
     @_guarded
-    def on_predict_batch_begin(self, batch: int, logs: Any = None) -> None:
-        self._start("predict_batch", ai.compute.forward, batch=int(batch))
+    def _eval_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._stop("eval_batch")
 
-    @_guarded
-    def on_predict_batch_end(self, batch: int, logs: Any = None) -> None:
-        self._stop("predict_batch")
+    on_test_batch_begin = on_predict_batch_begin = _eval_batch_begin
+    on_test_batch_end = on_predict_batch_end = _eval_batch_end

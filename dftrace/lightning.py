@@ -48,22 +48,16 @@ all-reduce as a ``comm.all_reduce`` span (:func:`dftrace.torch.trace_ddp`), so
 
 from __future__ import annotations
 
-from ._install_hint import pip_install
-
-try:
-    import lightning.pytorch as pl
-except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "dftrace.lightning needs Lightning, which is not installed; "
-        "install it with: " + pip_install("lightning")) from _exc
-
 import os
 from typing import Any
 
 from ._core.tree import ai
 from ._hooks import OpenSpans, Wait, add_callback, call_in_span, guarded, warn_once
+from ._install_hint import import_framework
 
 __all__ = ["TraceCallback", "trace_trainers"]
+
+pl = import_framework("lightning.pytorch", "lightning", "Lightning")
 
 
 def _size(path: Any) -> int | None:
@@ -291,41 +285,23 @@ class TraceCallback(pl.Callback):
         self._spans.close("eval_batch")
         self._spans.close("predict")
 
-    def _eval_batch_start(self, batch_idx: int, dataloader_idx: int) -> None:
+    # Validation, test and predict batches alike: a ``compute.forward`` span with
+    # ``args.batch`` (and ``args.dataloader`` past the first loader).
+    @guarded
+    def _eval_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
         args: dict[str, Any] = {"batch": int(batch_idx)}
         if dataloader_idx:
             args["dataloader"] = int(dataloader_idx)
         self._spans.open("eval_batch", ai.compute.forward, **args)
 
     @guarded
-    def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
-                                  dataloader_idx: int = 0) -> None:
-        self._eval_batch_start(batch_idx, dataloader_idx)
-
-    @guarded
-    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                                batch_idx: int, dataloader_idx: int = 0) -> None:
+    def _eval_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                        batch_idx: int, dataloader_idx: int = 0) -> None:
         self._spans.close("eval_batch")
 
-    @guarded
-    def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
-                            dataloader_idx: int = 0) -> None:
-        self._eval_batch_start(batch_idx, dataloader_idx)
-
-    @guarded
-    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                          batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._spans.close("eval_batch")
-
-    @guarded
-    def on_predict_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
-                               dataloader_idx: int = 0) -> None:
-        self._eval_batch_start(batch_idx, dataloader_idx)
-
-    @guarded
-    def on_predict_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                             batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._spans.close("eval_batch")
+    on_validation_batch_start = on_test_batch_start = on_predict_batch_start = _eval_batch_start
+    on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _eval_batch_end
 
     # -- errors --------------------------------------------------------------------------
     @guarded

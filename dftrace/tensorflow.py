@@ -22,22 +22,16 @@ closes. Either way no span is left open.
 
 from __future__ import annotations
 
-from ._install_hint import pip_install
-
-try:
-    import tensorflow as tf
-except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "dftrace.tensorflow needs TensorFlow, which is not installed; "
-        "install it with: " + pip_install("tensorflow")) from _exc
-
 import threading
 from typing import Any
 
-from ._hooks import OpenSpans, guarded as _guarded
 from ._core.tree import Node, ai
+from ._hooks import OpenSpans, guarded as _guarded
+from ._install_hint import import_framework
 
 __all__ = ["TraceHook"]
+
+tf = import_framework("tensorflow", "tensorflow", "TensorFlow")
 
 
 _PHASES = {"train": ai.pipeline.train, "epoch": ai.pipeline.epoch}

@@ -78,19 +78,30 @@ def _seconds(lo: float, hi: float, zero_off: bool = False) -> Callable[[Any], fl
     return parse
 
 
+def _whole(raw: Any, desc: str, from_text: Callable[[str], int]) -> int:
+    """``raw`` as an int: an int as given (not a bool), else ``from_text`` of its
+    stripped text; ValueError("expected <desc>") when it is neither."""
+    if isinstance(raw, bool):
+        raise ValueError("expected " + desc)
+    if isinstance(raw, int):
+        return raw
+    try:
+        return from_text(str(raw).strip())
+    except (ValueError, OverflowError):
+        raise ValueError("expected " + desc) from None
+
+
+def _digits(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 30:
+        raise ValueError
+    return int(text)
+
+
 def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
     desc = f"an integer from {lo} to {hi}"
 
     def parse(raw: Any) -> int:
-        if isinstance(raw, bool):
-            raise ValueError("expected " + desc)
-        if isinstance(raw, int):
-            v = raw
-        else:
-            text = str(raw).strip()
-            if not (text.isascii() and text.isdigit()) or len(text) > 30:
-                raise ValueError("expected " + desc)
-            v = int(text)
+        v = _whole(raw, desc, _digits)
         if not lo <= v <= hi:
             raise ValueError("expected " + desc)
         return v
@@ -106,23 +117,19 @@ _SIZE_DESC = "a size in bytes like 500M or 1G, from 4K to 1P (0 = no limit)"
 
 def _size(raw: Any) -> int:
     """Bytes, with an optional K/M/G/T/P suffix (powers of 1024); 0 means no limit."""
-    if isinstance(raw, bool):
-        raise ValueError("expected " + _SIZE_DESC)
-    if isinstance(raw, int):
-        v = raw
-    else:
-        s = str(raw).strip().upper().removesuffix("B")
-        mult = 1
-        if s and s[-1] in "KMGTP":
-            mult = 1024 ** ("KMGTP".index(s[-1]) + 1)
-            s = s[:-1]
-        try:
-            v = int(_number(s) * mult)
-        except (ValueError, OverflowError):
-            raise ValueError("expected " + _SIZE_DESC) from None
+    v = _whole(raw, _SIZE_DESC, _bytes)
     if v != 0 and not _SIZE_MIN <= v <= _SIZE_MAX:
         raise ValueError("expected " + _SIZE_DESC)
     return v
+
+
+def _bytes(text: str) -> int:
+    s = text.upper().removesuffix("B")
+    mult = 1
+    if s and s[-1] in "KMGTP":
+        mult = 1024 ** ("KMGTP".index(s[-1]) + 1)
+        s = s[:-1]
+    return int(_number(s) * mult)
 
 
 _size.range = _SIZE_DESC  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ engine and the slow paths of both.
 
 A span's lifecycle (id, parent, level, sticky args, push, NVTX, t0; t1, pop or
 unwind, ``args.error``, the incomplete flag, the record) is written once:
-:func:`open_span` / :func:`close_span`, which every style here calls (the C engine's
+:func:`open_span` / :func:`close_span`, which every style calls (the C engine's
 twin is ``span_open`` / ``span_close`` in ``engine_c/span_lifecycle.h``). A span opened by
 ``with`` or ``start()`` waits in its stack's ``open`` map as an :class:`OpenSpan`
 (with the C engine the map is a ``_speedups.KeptSpans``, which holds the spans
@@ -23,8 +23,9 @@ refreshed once per ``update()``) and its own args, encoded when given
 (:class:`~.records.Extra`). Records go to the buffer (:mod:`.buffer`, which also
 says who takes them out); its limit is checked where a record is appended: block
 mode waits for the consumer there (a KeyboardInterrupt raised meanwhile
-propagates), drop mode counts. The iterator styles live in :mod:`.iterators`, the
-generator styles in :mod:`.generators`.
+propagates), drop mode counts. The styles live above this module: decorated
+functions in :mod:`.functions`, generators in :mod:`.generators`, ``.iter``/``.aiter``
+in :mod:`.iterators`, ``with`` and start/stop in :mod:`.kept_styles`.
 
 Nesting lives on a :class:`Stack` (a list of the ids of the open spans) that belongs
 to one thread, or to one asyncio task. Plain threads find theirs in a
@@ -393,83 +394,12 @@ def close_ended(stk: Stack, s: OpenSpan, extra: Any, capture: Any, params: Any,
         close_span(stk, s, clock(), capture.extra(extra, params, error=error), pushed=pushed)
 
 
-# Pure-Python spans add a frame per traced call; past this depth each call makes
-# sure the recursion limit leaves the program the depth it would have untraced.
-_DEEP = 128
-_limit_set = 0
-_limit_user = 0
-
-
-def _deepen(lvl: int) -> None:
-    global _limit_set, _limit_user
-    try:
-        cur = sys.getrecursionlimit()
-        if cur != _limit_set:  # first time, or the program set its own limit
-            _limit_user = cur
-        want = _limit_user + lvl + _DEEP
-        if want > cur:
-            sys.setrecursionlimit(want)
-            _limit_set = want
-    except Exception:
-        pass
-
-
-# ---------------------------------------------------------------------------
-# Decorators. ``obj`` is a Node or a Use: ``obj._node`` names the events and
-# ``obj._extra`` holds the use's own args. ``gate._on`` says whether to record now.
-# ``capture`` (a ``_inspect.binding.FunctionCapture``, or None) adds captured values: its
-# ``params`` summarises the arguments before the clock starts, its ``extra`` builds
-# the span's args after it stops; neither raises nor keeps a value alive.
-# ---------------------------------------------------------------------------
-
-def wrap_sync(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
-    node = obj._node
-    extra = obj._extra
-    if speedups is not None and capture is None:
-        return speedups.SpanWrapper(fn, node, gate, extra)
-    kid = node._kid
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not gate._on:
-            return fn(*args, **kwargs)
-        params = capture.params(args, kwargs) if capture is not None else None
-        stk = LOCAL.stk
-        if stk is None:
-            stk = resolve()
-        s = open_span(stk, node, kid)
-        if s.level >= _DEEP:
-            _deepen(s.level)
-        try:
-            r = fn(*args, **kwargs)
-        except BaseException as e:
-            close_ended(stk, s, extra, capture, params, e)
-            raise
-        close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r))
-        return r
-
-    return wrapper
-
-
-def wrap_async(fn: Any, obj: Any, gate: Any, capture: Any = None) -> Any:
-    node = obj._node
-    extra = obj._extra
-    kid = node._kid
-
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not gate._on:
-            return await fn(*args, **kwargs)
-        params = capture.params(args, kwargs) if capture is not None else None
-        stk = resolve()
-        s = open_span(stk, node, kid, pairs=False)
-        try:
-            r = await fn(*args, **kwargs)
-        except BaseException as e:
-            close_ended(stk, s, extra, capture, params, e)
-            raise
-        close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r))
-        return r
-
-    return wrapper
+def close_returned(stk: Stack, s: OpenSpan, extra: Any, capture: Any, params: Any,
+                   result: Any, pushed: bool = True) -> None:
+    """Close the span ``s`` of a call that returned ``result``: the use's args, or
+    what the capture spec makes of them, the arguments and the result."""
+    close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, result),
+               pushed=pushed)
 
 
 def _side_stack(stk: Stack) -> Stack:
@@ -490,12 +420,13 @@ def _nests(stk: Stack, p: int, lvl: int) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Context managers and hooks: the span waits in the stack's ``open`` map, as an
-# OpenSpan under its id, until its end (``close_kept``). ``cm_enter``/``cm_exit``
-# are installed directly as ``__enter__``/``__exit__``.
+# Kept spans (``with``, ``start()``; their styles are in kept_styles): the span
+# waits in the stack's ``open`` map, as an OpenSpan under its id, until its end
+# (``close_kept``).
 # ---------------------------------------------------------------------------
 
-def _open(stk: Stack, obj: Any) -> OpenSpan:
+def open_kept(stk: Stack, obj: Any) -> OpenSpan:
+    """Open a span of ``obj`` (a node or a use) on ``stk``, kept in ``stk.open``."""
     node = obj._node
     return open_span(stk, node, node._kid, obj, obj._extra, keep=True)
 
@@ -519,124 +450,6 @@ def close_kept(stk: Stack, i: int, t1: int, x: Any = None, error: BaseException 
                 STATE.open_spans.pop(j, None)
                 close_kept(stk, j, t1, incomplete=True)
     close_span(stk, s, t1, s.extra if x is None else x, error, incomplete=incomplete)
-
-
-def cm_enter(self: Any) -> Any:
-    if self._on:
-        try:
-            stk = LOCAL.stk
-            if stk is None or _get_running_loop() is not None:
-                stk = resolve()
-            _open(stk, self)
-        except Exception:
-            pass
-    return self
-
-
-def cm_exit(self: Any, et: Any, ev: Any, tb: Any) -> bool:
-    t1 = clock()
-    try:
-        stk = LOCAL.stk
-        if stk is None or _get_running_loop() is not None:
-            if not self._on and not STATE.open_spans and LOCAL.thread_stk is None:
-                return False
-            stk = resolve()
-        if not stk.open:
-            return False
-        i = stk[-1]
-        s = stk.open.get(i)
-        if s is None or s.opener is not self:
-            i = 0
-            for j in reversed(stk):  # not the innermost: an exit out of order
-                s = stk.open.get(j)
-                if s is not None and s.opener is self:
-                    i = j
-                    break
-            if not i:
-                return False
-        close_kept(stk, i, t1, error=ev)
-    except Exception:
-        pass
-    return False
-
-
-def start(obj: Any) -> tuple[Stack, int] | None:
-    """Hook style: open a span that stays open until ``stop`` (any later call).
-    None (nothing recorded, counted) past ``STATE.max_open_spans`` open spans."""
-    if len(STATE.open_spans) >= STATE.max_open_spans:
-        STATE.open_refused += 1
-        STATE.warn_once("open-spans", f"{STATE.max_open_spans} spans started with start() "
-                        "are still open; further start() calls record nothing (counted in "
-                        "the trace as dropped, reason 'open spans')")
-        return None
-    stk = LOCAL.stk
-    if stk is None or _get_running_loop() is not None:
-        stk = resolve()
-    i = _open(stk, obj).id
-    STATE.open_spans[i] = stk
-    return stk, i
-
-
-def _find_open(obj: Any) -> tuple[Stack, int] | None:
-    # Prefer the innermost open span of obj on the caller's own stack ...
-    opened = STATE.open_spans
-    stk = current_stack()
-    for j in reversed(stk):
-        s = stk.open.get(j)
-        if s is not None and s.opener is obj and j in opened:
-            return stk, j
-    # ... else the most recent one anywhere (a hook called from another thread).
-    for j in sorted(opened, reverse=True):
-        stk = opened.get(j)
-        if stk is not None:
-            s = stk.open.get(j)
-            if s is not None and s.opener is obj:
-                return stk, j
-    return None
-
-
-def stop(obj: Any, token: tuple[Stack, int] | None = None,
-         args: dict[str, Any] | None = None) -> bool:
-    """Close a span opened by ``start``. Spans started inside it with ``start`` and
-    still open are closed too, flagged ``incomplete``. ``args`` (known only now) join
-    the span's own; they are encoded here, so later changes to them are not written.
-    False when nothing was open."""
-    t1 = clock()
-    if token is None:
-        token = _find_open(obj)
-        if token is None:
-            return False
-    stk, i = token
-    if STATE.open_spans.pop(i, None) is None:
-        return False
-    if i in stk:
-        for j in stk[stk.index(i) + 1:][::-1]:
-            if STATE.open_spans.pop(j, None) is not None:
-                close_kept(stk, j, t1, incomplete=True)
-    x = None
-    if args:
-        s = stk.open.get(i)
-        x = Extra.joined(s.extra if s is not None else None, to_extra(args))
-    close_kept(stk, i, t1, x)
-    return True
-
-
-def close_all_open() -> int:
-    """At finalize: close every span still open from ``start`` as incomplete."""
-    t1 = clock()
-    n = 0
-    for i in sorted(STATE.open_spans, reverse=True):
-        stk = STATE.open_spans.pop(i, None)
-        if stk is not None:
-            close_kept(stk, i, t1, incomplete=True)
-            n += 1
-    return n
-
-
-def record_cm(name: str) -> None:
-    """Metadata mode: a ``CM`` event ``<name>`` whose value is the current time (µs)."""
-    stk = current_stack()
-    record_special(META, {"name": "CM", "args": {"name": name}, "ts_value": True}, stk.tid)
 
 
 def record_finished(kid: int, t0: int, t1: int, args: Any = None, sticky: Any = None,
@@ -676,7 +489,7 @@ def cm_open(opener: Any) -> Stack:
     """Open a ``with`` span on the caller's stack whose opener is ``opener``
     (anything with ``_node`` and ``_extra``: a capturing use's per-call scope)."""
     stk = current_stack()
-    _open(stk, opener)
+    open_kept(stk, opener)
     return stk
 
 
@@ -727,7 +540,7 @@ def _load_speedups() -> Any:
         return None
     mod.register(local=LOCAL, resolve=resolve, wait_room=wait_for_room, wake=wake_consumer,
                  unwind=_unwind, with_error=with_error, merge=Extra.joined, to_extra=to_extra,
-                 sticky_of=sticky_of, extra_type=Extra, slow_exit=cm_exit)
+                 sticky_of=sticky_of, extra_type=Extra)
     mod.set_limits(STATE._batch_size, STATE._buffer_limit, STATE._drop_when_full)
     use_native(mod.add_kind, mod.plain_fragment)
     return mod

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engine import close_ended, clock, close_span, current_stack, open_span
+from .engine import close_ended, close_returned, current_stack, open_span
 
 __all__ = ["wrap_asyncgen", "wrap_generator"]
 
@@ -50,8 +50,7 @@ def _generator_span(gen: Any, node: Any, extra: Any, capture: Any, params: Any) 
     except BaseException as e:
         close_ended(stk, s, extra, capture, params, e, pushed=False)
         raise
-    close_span(stk, s, clock(), extra if capture is None else capture.extra(extra, params, r),
-               pushed=False)
+    close_returned(stk, s, extra, capture, params, r, pushed=False)
     return r
 
 

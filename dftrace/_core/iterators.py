@@ -14,7 +14,7 @@ from typing import Any
 from . import engine as _engine
 from .engine import LOCAL, OpenSpan, Stack, clock, close_span, open_span, resolve, speedups
 
-__all__ = ["aiterate", "iterate"]
+__all__ = ["aiterate", "aislice", "iterate"]
 
 
 def iterate(obj: Any, gate: Any, iterable: Any, capture: Any = None) -> Any:
@@ -126,6 +126,19 @@ async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
             yield item
         finally:
             close_span(stk, block, clock(), extra, count=count)
+
+
+async def aislice(aiterable: Any, n: int) -> Any:
+    """The first ``n`` items of an async iterable (``itertools.islice`` for
+    ``async for``: sample mode's limit on ``.aiter()``)."""
+    if n <= 0:
+        return
+    count = 0
+    async for item in aiterable:
+        yield item
+        count += 1
+        if count >= n:
+            return
 
 
 def close_open_blocks(t: int, ids: list[int] | None = None) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 
 from .._install_hint import pip_install
 from . import tree as _tree
-from . import buffer as _buffer, engine as _engine, iterators as _iterators
+from . import buffer as _buffer, engine as _engine, iterators as _iterators, kept_styles as _kept
 from .state import STATE, limit_refused
 from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
 from .config import Config, ConfigError, auto_unless_set, env_enable
@@ -233,7 +233,7 @@ def finalize(target: Session | None = None) -> None:
         _busy += 1
         deadline = time.monotonic() + s.config.shutdown_timeout
         try:
-            _engine.close_all_open()
+            _kept.close_all_open()
             # Loops still suspended (a signal or an exit inside a for loop leaves its
             # generator holding the loop body's span): their bodies, incomplete.
             _iterators.close_open_blocks(_engine.clock())

@@ -10,7 +10,6 @@ a :class:`Use`: the same event with args of its own, still switched by its node'
 
 from __future__ import annotations
 
-import functools
 import itertools
 import weakref
 from collections.abc import Iterable
@@ -19,12 +18,16 @@ from typing import Any, Callable, TypeVar
 from ..format import names as fmt
 from . import records as _records
 from . import engine as _engine
-from . import generators as _generators
-from .state import STATE
 from . import iterators as _iterators
+from . import kept_styles as _kept
+from .functions import DECORATED_CODE, decorate
+from .kept_styles import NO_SPAN, Span
 from .records import Extra, kind_id
+from .state import STATE
 
-__all__ = ["Node", "Use", "Span", "AITree", "GATE", "CATEGORIES", "ai", "set_off_for_good"]
+# DECORATED_CODE and ITERATED: what automatic tracing reads of the tree.
+__all__ = ["Node", "Use", "Span", "AITree", "GATE", "CATEGORIES", "DECORATED_CODE", "ITERATED", "ai",
+           "set_off_for_good"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -90,105 +93,13 @@ def set_max_items(n: int | None) -> None:
     _max_items = n
 
 
-async def _aislice(aiterable: Any, n: int) -> Any:
-    if n <= 0:
-        return
-    count = 0
-    async for item in aiterable:
-        yield item
-        count += 1
-        if count >= n:
-            return
-
-
-def _decorate(obj: Node | Use, fn: Any, gate: Any) -> Any:
-    """Wrap ``fn`` so each call is a span of ``obj``'s node."""
-    import inspect  # at the first decoration, not at ``import dftrace``
-    if isinstance(fn, (staticmethod, classmethod)):
-        return type(fn)(_decorate(obj, fn.__func__, gate))
-    if inspect.isclass(fn):
-        fn.__init__ = _decorate(obj, fn.__init__, gate)  # type: ignore[misc]
-        return fn
-    if not callable(fn):
-        raise TypeError(
-            f"{obj!r} decorates functions; got {type(fn).__name__}. "
-            f"To pass args use {obj._node.path}(args={{...}}).")
-    # Chosen here, once: uses without capture pay nothing for it.
-    capture = obj._capture.bind(fn) if obj._capture is not None else None
-    if inspect.iscoroutinefunction(fn):
-        wrapper = _engine.wrap_async(fn, obj, gate, capture)
-    elif inspect.isasyncgenfunction(fn):
-        wrapper = _generators.wrap_asyncgen(fn, obj, gate, capture)
-    elif inspect.isgeneratorfunction(fn):
-        wrapper = _generators.wrap_generator(fn, obj, gate, capture)
-    else:
-        wrapper = _engine.wrap_sync(fn, obj, gate, capture)
-    try:
-        functools.update_wrapper(wrapper, fn)
-    except Exception:
-        pass
-    wrapper.__dftrace_node__ = obj._node  # type: ignore[attr-defined]
-    code = getattr(fn, "__code__", None)
-    if code is not None:
-        DECORATED_CODE[code] = obj._node.cat
-    return wrapper
-
-
 #: The iterables given to ``.iter()``: automatic tracing leaves their iteration to it.
 ITERATED: weakref.WeakSet[Any] = weakref.WeakSet()
 
-#: The code of each function decorated with a node -> the node's category: what
-#: automatic tracing looks for among the frames of a call, so that a function you
-#: annotated is not recorded twice.
-DECORATED_CODE: dict[Any, str] = {}
 
-
-# With the C engine, ``Span.stop`` and the nodes' ``__call__``, ``__enter__``/
-# ``__exit__`` and ``start``/``stop`` come from its base classes.
-_SpanBase: type = _engine.speedups.SpanBase if _engine.speedups is not None else object
+# With the C engine, the nodes' ``__call__``, ``__enter__``/``__exit__`` and
+# ``start``/``stop`` come from its base class.
 _CMBase: type = _engine.speedups.TraceableBase if _engine.speedups is not None else object
-
-
-class Span(_SpanBase):  # type: ignore[misc,valid-type]
-    """Token returned by ``start()``; ``stop()`` it (or pass it to ``node.stop``)."""
-
-    # What started it, and (while it is open) its stack and id: start()'s token
-    # (stack, id), in two slots, so that the C engine's start() builds no tuple.
-    __slots__ = ("_obj", "_stk", "_id")
-
-    def __init__(self, obj: Node | Use | None, token: tuple | None):
-        self._obj = obj
-        self._stk, self._id = token if token is not None else (None, None)
-
-    @property
-    def id(self) -> int | None:
-        """The span's event id in the trace (None when nothing was recorded)."""
-        return self._id if self._stk is not None else None
-
-    def _stop_py(self, args: dict[str, Any] | None = None) -> None:
-        """Close this span (safe to call twice). ``args`` known only at the end
-        (output shapes, bytes written) are added to the span's args, encoded now."""
-        if self._stk is not None and self._obj is not None:
-            try:
-                _engine.stop(self._obj, (self._stk, self._id), args)
-            except Exception:
-                pass
-            self._stk = None
-
-    if _SpanBase is object:
-        stop = _stop_py
-
-    def __enter__(self) -> Span:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"<dftrace.Span id={self.id}>"
-
-
-_NO_SPAN = Span(None, None)
 
 
 class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
@@ -233,18 +144,18 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         gate = self._gate()
         if _off_for_good or gate is None:
             return fn
-        return _decorate(self, fn, gate)
+        return decorate(self, fn, gate)
 
     # context manager: the C base class's methods, else the recorder's functions --------
     if _CMBase is object:
-        __enter__ = _engine.cm_enter
-        __exit__ = _engine.cm_exit
+        __enter__ = _kept.cm_enter
+        __exit__ = _kept.cm_exit
 
     async def __aenter__(self) -> Any:
-        return _engine.cm_enter(self)
+        return _kept.cm_enter(self)
 
     async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
-        return _engine.cm_exit(self, et, ev, tb)
+        return _kept.cm_exit(self, et, ev, tb)
 
     # iterators ------------------------------------------------------------
     def iter(self, iterable: Iterable[Any]) -> Any:
@@ -266,7 +177,7 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
     def aiter(self, aiterable: Any) -> Any:
         """``async for`` version of :meth:`iter`."""
         if _max_items is not None:
-            aiterable = _aislice(aiterable, _max_items)
+            aiterable = _iterators.aislice(aiterable, _max_items)
         gate = self._gate()
         if _off_for_good or gate is None or not gate._on:
             return aiter(aiterable)
@@ -278,14 +189,14 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         ``metadata=True`` write a ``CM`` event ``<name>.start`` with the time instead."""
         try:
             if not self._on:
-                return _NO_SPAN
+                return NO_SPAN
             if metadata:
-                _engine.record_cm(self._node.name + ".start")
-                return _NO_SPAN
-            token = _engine.start(self)
-            return _NO_SPAN if token is None else Span(self, token)
+                _kept.record_cm(self._node.name + ".start")
+                return NO_SPAN
+            token = _kept.start(self)
+            return NO_SPAN if token is None else Span(self, token)
         except Exception:
-            return _NO_SPAN
+            return NO_SPAN
 
     def _stop_py(self, span: Span | None = None, metadata: bool = False) -> None:
         """Close the span from :meth:`start` (the innermost open one of this node on
@@ -293,12 +204,12 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         try:
             if metadata:
                 if self._on:
-                    _engine.record_cm(self._node.name + ".end")
+                    _kept.record_cm(self._node.name + ".end")
                 return
             if span is not None:
                 span.stop()
                 return
-            if not _engine.stop(self) and self._on:
+            if not _kept.stop(self) and self._on:
                 STATE.warn_once(
                     "stop:" + self._node.path,
                     f"{self._node.path}.stop() without a matching start(); ignored")
@@ -653,7 +564,7 @@ def refresh_all() -> None:
 
 
 if _engine.speedups is not None:
-    _engine.speedups.register(state=_engine.STATE, span_type=Span, no_span=_NO_SPAN,
+    _engine.speedups.register(state=_engine.STATE, span_type=Span, no_span=NO_SPAN,
                               start_slow=_Traceable._start_py, stop_slow=_Traceable._stop_py,
                               use_type=Use, call_slow=_Traceable._call_py,
                               span_stop_slow=Span._stop_py, gate=GATE, update_slow=Node._update_py,

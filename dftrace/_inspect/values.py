@@ -176,35 +176,35 @@ def _torch_dtype_name(dtype: Any) -> str:
 
 def _tensor(v: Any, hash_values: bool) -> dict[str, Any]:
     device = v.device
-    out: dict[str, Any] = {
-        "type": _name_of(type(v), _type_name_of),
-        "shape": list(v.shape),
-        "dtype": _name_of(v.dtype, _torch_dtype_name),
-        "device": _name_of(device, str),
-    }
-    if v.requires_grad:
-        out["requires_grad"] = True
-    if v.dim() == 0 and device.type == "cpu":
-        # A loss or a metric: the number is the point (no device sync on CPU).
-        out["value"] = describe_value(v.item())
-    if hash_values:
-        h = _torch_hash(v)
-        if h is not None:
-            out["hash"] = h
-    return out
+    # A 0-d tensor on the CPU is a loss or a metric: the number is the point (read
+    # without a device sync).
+    return _array(v, _name_of(v.dtype, _torch_dtype_name), _name_of(device, str),
+                  v.dim() == 0 and device.type == "cpu", _torch_hash if hash_values else None,
+                  requires_grad=bool(v.requires_grad))
 
 
 def _ndarray(v: Any, hash_values: bool) -> dict[str, Any]:
+    return _array(v, _name_of(v.dtype, _numpy_dtype_name), "cpu",
+                  v.ndim == 0 and v.dtype.kind in "biuf", _numpy_hash if hash_values else None)
+
+
+def _array(v: Any, dtype: str, device: str, scalar: bool, hasher: Any,
+           requires_grad: bool = False) -> dict[str, Any]:
+    """What a tensor's and an array's summaries share: type, shape, dtype, device (and
+    ``requires_grad`` when set); the value itself when ``scalar``; the content hash
+    from ``hasher`` (None: no hash; a hasher's None: none could be made)."""
     out: dict[str, Any] = {
         "type": _name_of(type(v), _type_name_of),
         "shape": list(v.shape),
-        "dtype": _name_of(v.dtype, _numpy_dtype_name),
-        "device": "cpu",
+        "dtype": dtype,
+        "device": device,
     }
-    if v.ndim == 0 and v.dtype.kind in "biuf":
+    if requires_grad:
+        out["requires_grad"] = True
+    if scalar:
         out["value"] = describe_value(v.item())
-    if hash_values:
-        h = _numpy_hash(v)
+    if hasher is not None:
+        h = hasher(v)
         if h is not None:
             out["hash"] = h
     return out

@@ -19,7 +19,7 @@ from _requirements import needs
 
 import dftrace
 from dftrace import ai
-from dftrace._core import engine, tree
+from dftrace._core import engine, kept_styles, tree
 
 try:
     from dftrace._core import _speedups
@@ -47,7 +47,7 @@ def _instance_of(owner: str, obj: Any) -> Any:
     made = {
         engine.Stack: lambda: engine.Stack(1, None),
         engine.Extra: lambda: engine.to_extra({"a": 1}),
-        tree.Span: lambda: tree._NO_SPAN,
+        tree.Span: lambda: kept_styles.NO_SPAN,
         tree.Node: lambda: ai.compute.forward,
         tree.Use: lambda: ai.compute.forward(args={"a": 1}),
     }

@@ -15,7 +15,7 @@ from _requirements import needs
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import engine
+from dftrace._core import engine, kept_styles
 
 from ._util import check_nesting
 
@@ -115,9 +115,9 @@ def test_a_with_span_opened_by_one_engine_ends_in_the_other(tmp_path):
     outer, inner = ai.pipeline.epoch, ai.compute.forward
     with testing.trace_to(tmp_path) as t:
         outer.__enter__()
-        engine.cm_enter(inner)
+        kept_styles.cm_enter(inner)
         inner.__exit__(None, None, None)
-        engine.cm_exit(outer, None, None, None)
+        kept_styles.cm_exit(outer, None, None, None)
         with ai.comm.barrier:  # nothing left open: a root span again
             pass
     epoch, = t.spans("epoch")

@@ -10,7 +10,7 @@ import pytest
 
 import dftrace
 from dftrace import ai, testing
-from dftrace._core import engine as _engine
+from dftrace._core import functions as _functions
 
 
 def test_capture_true_records_every_parameter_by_name():
@@ -312,7 +312,7 @@ def test_without_capture_the_decorator_is_the_plain_span_wrapper():
 
     plain = ai.compute.forward(f)
     with_args = ai.compute.forward(args={"a": 1})(f)
-    reference = _engine.wrap_sync(f, ai.compute.forward, ai.compute.forward)
+    reference = _functions.wrap_sync(f, ai.compute.forward, ai.compute.forward)
     for wrapped in (plain, with_args):
         assert type(wrapped) is type(reference)
         if hasattr(reference, "__code__"):
