@@ -248,8 +248,12 @@ def _record(benchmark, usages: list[_Usage], events: int, size: int, **info) -> 
     )
 
 
-def _run(benchmark, fn, events: int, size: int, rounds: int, **info) -> None:
-    summary, usages = _measured(benchmark, fn, rounds)
+def _summary(benchmark, bench_root: Path, events: int, rounds: int, dask=None) -> None:
+    """``summarize`` of the trace of ``events`` events, in this process or on ``dask``."""
+    directory, size = _trace(bench_root, events)
+    info = {} if dask is None else {"dask_startup_s": round(dask.startup_s, 2)}
+    summary, usages = _measured(
+        benchmark, lambda: summarize(directory, executor=dask, progress=False, index=False), rounds)
     assert summary.overview["events"] == events
     _record(benchmark, usages, events, size, **info)
 
@@ -261,30 +265,24 @@ def _run(benchmark, fn, events: int, size: int, rounds: int, **info) -> None:
 @pytest.mark.timeout(1800)
 @pytest.mark.benchmark(group="analysis-10M")
 def test_summary_embedded_10m(benchmark, bench_root):
-    directory, size = _trace(bench_root, 10_000_000)
-    _run(benchmark, lambda: summarize(directory, progress=False, index=False), 10_000_000, size, rounds=2)
+    _summary(benchmark, bench_root, 10_000_000, rounds=2)
 
 
 @skip_big
 @pytest.mark.timeout(1800)
 @pytest.mark.benchmark(group="analysis-10M")
 def test_summary_dask2_10m(benchmark, bench_root, dask2):
-    directory, size = _trace(bench_root, 10_000_000)
-    _run(benchmark, lambda: summarize(directory, executor=dask2, progress=False, index=False), 10_000_000, size,
-         rounds=2, dask_startup_s=round(dask2.startup_s, 2))
+    _summary(benchmark, bench_root, 10_000_000, rounds=2, dask=dask2)
 
 
 @pytest.mark.benchmark(group="analysis-1M")
 def test_summary_embedded_1m(benchmark, bench_root):
-    directory, size = _trace(bench_root, 1_000_000)
-    _run(benchmark, lambda: summarize(directory, progress=False, index=False), 1_000_000, size, rounds=3)
+    _summary(benchmark, bench_root, 1_000_000, rounds=3)
 
 
 @pytest.mark.benchmark(group="analysis-1M")
 def test_summary_dask2_1m(benchmark, bench_root, dask2):
-    directory, size = _trace(bench_root, 1_000_000)
-    _run(benchmark, lambda: summarize(directory, executor=dask2, progress=False, index=False), 1_000_000, size,
-         rounds=3, dask_startup_s=round(dask2.startup_s, 2))
+    _summary(benchmark, bench_root, 1_000_000, rounds=3, dask=dask2)
 
 
 @pytest.mark.benchmark(group="analysis-1M")

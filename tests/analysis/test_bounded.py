@@ -385,21 +385,28 @@ def test_summary_reads_half_the_cpus_files_at_a_time(monkeypatch):
         assert _cli.file_threads() == threads
 
 
+def _add_steps(proc: tracegen.Process, steps: range, spans) -> None:
+    """Add ``steps`` to ``proc``, 1000 µs apart, each of ``spans`` (name, category,
+    start within the step and duration in µs), each span carrying its step."""
+    for step in steps:
+        t = tracegen.T0_US + 1000 * step
+        for name, cat, start, dur in spans:
+            proc.span(name, cat, t + start, dur, epoch=0, step=step)
+
+
 def _steps_with_an_enclosing_span(tmp_path, enclosing: bool) -> int:
     """A file of 60 steps, 1000 µs apart, each a forward, a backward and a fetch of
     data carrying the step; with ``enclosing``, a compute span carrying step 30's
     number runs from step 10's work to step 50's (a recorder's sticky step on a span
-    around the loop), written in the middle of the file. Returns the steps."""
+    around the loop), written in the middle of the file (after step 40's spans).
+    Returns the steps."""
     steps = 60
+    spans = (("forward", "compute", 100, 300), ("backward", "compute", 400, 300), ("fetch", "data", 750, 100))
     proc = tracegen.Process(4100, rank=0)
-    for step in range(steps):
-        t = tracegen.T0_US + 1000 * step
-        args = {"epoch": 0, "step": step}
-        proc.span("forward", "compute", t + 100, 300, **args)
-        proc.span("backward", "compute", t + 400, 300, **args)
-        proc.span("fetch", "data", t + 750, 100, **args)
-        if enclosing and step == 40:
-            proc.span("loop", "compute", tracegen.T0_US + 10_050, 40_000, epoch=0, step=30)
+    _add_steps(proc, range(41), spans)
+    if enclosing:
+        proc.span("loop", "compute", tracegen.T0_US + 10_050, 40_000, epoch=0, step=30)
+    _add_steps(proc, range(41, steps), spans)
     tracegen.write_process(tmp_path, proc, lines_per_frame=3)
     return steps
 
@@ -438,13 +445,8 @@ def test_steps_straddling_pieces_are_whole(monkeypatch, tmp_path, piece_bytes):
     boundary between the two must not make the later fetch a step of its own data."""
     steps = 120
     proc = tracegen.Process(4000, rank=0)
-    for step in range(steps):
-        t = tracegen.T0_US + 1000 * step
-        args = {"epoch": 0, "step": step}
-        proc.span("forward", "compute", t + 100, 300, **args)
-        proc.span("fetch", "data", t + 200, 50, **args)
-        proc.span("backward", "compute", t + 400, 300, **args)
-        proc.span("fetch", "data", t + 800, 100, **args)
+    _add_steps(proc, range(steps), (("forward", "compute", 100, 300), ("fetch", "data", 200, 50),
+                                    ("backward", "compute", 400, 300), ("fetch", "data", 800, 100)))
     tracegen.write_process(tmp_path, proc, lines_per_frame=3)
     if piece_bytes is not None:
         # Frames decoded one at a time (not many at once in C): a piece ends at a frame's end.

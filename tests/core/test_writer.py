@@ -181,6 +181,20 @@ def test_events_reach_disk_within_the_flush_interval(tmp_path):
     assert b'"forward"' in open(s.path, "rb").read()
 
 
+def _forward_calls_then_finalize(s, calls: int) -> list[dict]:
+    """Call a function decorated with ``ai.compute.forward`` ``calls`` times, finalize,
+    and return the events of session ``s``'s file."""
+
+    @ai.compute.forward
+    def f():
+        pass
+
+    for _ in range(calls):
+        f()
+    dftrace.finalize()
+    return testing.read_events(s.path)
+
+
 def test_drop_mode_counts_dropped_events_in_the_trace(tmp_path):
     """With ``on_full="drop"`` and a full buffer, drops are counted and the count is written."""
     s = dftrace.initialize(log_file=str(tmp_path / "t"), buffer_limit=1024, on_full="drop",
@@ -189,15 +203,7 @@ def test_drop_mode_counts_dropped_events_in_the_trace(tmp_path):
     s.writer._stop = True  # a writer that cannot keep up: it never flushes until finalize
     s.writer.wake()
     s.writer._thread.join()
-
-    @ai.compute.forward
-    def f():
-        pass
-
-    for _ in range(20_000):
-        f()
-    dftrace.finalize()
-    events = testing.read_events(s.path)
+    events = _forward_calls_then_finalize(s, 20_000)
     (dropped,) = [e for e in events if e.get("name") == "dropped"]
     written = len(testing.spans(events, "forward"))
     assert dropped["args"]["count"] > 0
@@ -210,15 +216,7 @@ def test_block_mode_loses_nothing_with_a_small_buffer(tmp_path, writer):
     written, with either writer."""
     s = dftrace.initialize(log_file=str(tmp_path / "t"), buffer_limit=1024, batch_size=512,
                            inherit=False, writer=writer)
-
-    @ai.compute.forward
-    def f():
-        pass
-
-    for _ in range(30_000):
-        f()
-    dftrace.finalize()
-    events = testing.read_events(s.path)
+    events = _forward_calls_then_finalize(s, 30_000)
     assert len(testing.spans(events, "forward")) == 30_000
     assert not [e for e in events if e.get("name") == "dropped"]
     assert_valid([s.path])
@@ -280,7 +278,6 @@ def test_stop_returns_on_time_when_the_storage_stalls(tmp_path):
     the events it could not write are counted."""
     import threading
 
-    from dftrace._core import engine as _engine
     from dftrace._core import buffer as _buffer
 
     s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", flush_interval=60,

@@ -43,6 +43,17 @@ def train(hooks, n=12, batch=4, fail_at_step=None, first_step=0):
                 sess.run(train_op)
 
 
+def four_runs_inside(result, session_span: str) -> list[dict]:
+    """Assert that ``train``'s four runs (12 points in batches of 4, then the run that
+    finds the input exhausted) are compute spans of global steps 0 to 3, inside the
+    one pipeline span ``session_span``; return them."""
+    [session] = result.spans(session_span, "pipeline")
+    runs = result.spans("compute", "compute")
+    assert [e["args"]["step"] for e in runs] == [0, 1, 2, 3]
+    assert all(e["args"]["p_idx"] == session["id"] for e in runs)
+    return runs
+
+
 @pytest.mark.parametrize("session_class", ["MonitoredSession", "SingularMonitoredSession"])
 def test_hook_traces_any_monitored_session(tmp_path, session_class):
     """TraceHook goes wherever session hooks go: each run of a plain MonitoredSession (or
@@ -65,10 +76,7 @@ def test_session_writes_train_and_a_compute_span_per_run(tmp_path):
     """begin..end is pipeline.train; each run is a compute span with the global step, inside it."""
     with testing.trace_to(tmp_path) as result:
         train([TraceHook()])
-    [session] = result.spans("train", "pipeline")
-    runs = result.spans("compute", "compute")
-    assert [e["args"]["step"] for e in runs] == [0, 1, 2, 3]
-    assert all(e["args"]["p_idx"] == session["id"] for e in runs)
+    runs = four_runs_inside(result, "train")
     # the 4th run found the input exhausted: closed by end(), not left open
     assert runs[-1]["args"]["end_of_input"] is True
     assert not any(e["args"].get("incomplete") for e in result.spans())
@@ -149,10 +157,7 @@ def test_seed_hook_example_works_as_written(tmp_path):
 
     with testing.trace_to(tmp_path) as result:
         train([DFTracerProfilingHook()])
-    [epoch] = result.spans("epoch", "pipeline")
-    runs = result.spans("compute", "compute")
-    assert [e["args"]["step"] for e in runs] == [0, 1, 2, 3]
-    assert all(e["args"]["p_idx"] == epoch["id"] for e in runs)
+    runs = four_runs_inside(result, "epoch")
     # the run that hit OutOfRangeError got no after_run: epoch.stop() closed it
     assert runs[-1]["args"]["incomplete"] is True
     assert validate_file(result.paths[0]) == []

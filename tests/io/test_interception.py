@@ -14,13 +14,27 @@ from _io_util import NEEDS_IO, READS, WRITES, IOTrace, run_traced
 
 pytestmark = NEEDS_IO
 
+#: How most programs below start: the trace's log file from the command line
+#: (``out``), the traced directory (``data``) made under the current one, and a
+#: function that writes a file there.
+START = """
+    import json, os, sys
+    import dftrace
+    out = sys.argv[1]
+    data = os.path.abspath("data")
+    os.makedirs(data, exist_ok=True)
+
+    def data_file(name, content):
+        path = os.path.join(data, name)
+        with open(path, "wb") as f:
+            f.write(content)
+        return path
+"""
+
 #: Writes files of known sizes under data/, reads them back every way Python and C
 #: extensions do, from this thread and four others, and prints what it did.
-EVERY_WAY = """
-    import json, os, sys, threading
-    import dftrace
-    out, data = sys.argv[1], os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
+EVERY_WAY = START + """
+    import threading
     dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
     sizes = {"whole.bin": 10000, "pread.bin": 4096 * 7 + 5, "into.bin": 3000,
              "np.bin": 12345, "t0.bin": 777, "t1.bin": 778, "t2.bin": 779, "t3.bin": 780}
@@ -147,20 +161,15 @@ def test_every_worker_start_method_is_traced(tmp_path, method, monkeypatch):
 
 #: 2000 files open at once (fds past 1024), each of its own size, read in an order
 #: unrelated to their fds.
-MANY_FILES = """
-    import json, os, random, resource, sys
-    import dftrace
-    out = sys.argv[1]
-    data = os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
+MANY_FILES = START + """
+    import random, resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 2200:
         print(json.dumps({"skip": f"RLIMIT_NOFILE hard limit {hard} < 2200"}))
         sys.exit(0)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2200), hard))
     for i in range(2000):
-        with open(os.path.join(data, f"f{i}"), "wb") as f:
-            f.write(b"a" * (i + 1))
+        data_file(f"f{i}", b"a" * (i + 1))
     dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
     fds = [os.open(os.path.join(data, f"f{i}"), os.O_RDONLY) for i in range(2000)]
     order = list(range(2000))
@@ -221,12 +230,8 @@ def test_paths_are_absolute_and_exact(tmp_path, monkeypatch):
 
 
 #: Failing calls: the program sees libc's errno; the trace has the failure.
-ERRNO = """
-    import errno, json, os, sys
-    import dftrace
-    out = sys.argv[1]
-    data = os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
+ERRNO = START + """
+    import errno
     dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
     seen = {}
     try:
@@ -262,15 +267,9 @@ def test_errno_is_what_libc_set(tmp_path, monkeypatch):
 
 #: Children: a program that is not Python (cat) runs untouched, a vfork child's
 #: closing of fds leaves the parent's tracing as it was, a Python child traces itself.
-CHILDREN = """
-    import json, os, subprocess, sys
-    import dftrace
-    out = sys.argv[1]
-    data = os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
-    p = os.path.join(data, "shared.bin")
-    with open(p, "wb") as f:
-        f.write(b"0123456789" * 100)
+CHILDREN = START + """
+    import subprocess
+    p = data_file("shared.bin", b"0123456789" * 100)
     dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
     fd = os.open(p, os.O_RDONLY)
     cat = subprocess.run(["cat", p], capture_output=True, close_fds=True).stdout
@@ -299,15 +298,8 @@ def test_children_python_traced_others_untouched(tmp_path, monkeypatch):
 
 #: More calls than io_max_rate allows: the rest are folded into aggregates that
 #: count them.
-RATE = """
-    import json, os, sys
-    import dftrace
-    out = sys.argv[1]
-    data = os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
-    p = os.path.join(data, "hot.bin")
-    with open(p, "wb") as f:
-        f.write(b"h" * 512)
+RATE = START + """
+    p = data_file("hot.bin", b"h" * 512)
     dftrace.initialize(log_file=out, io=True, data_dir=data, io_max_rate=2000,
                        compression="none")
     fd = os.open(p, os.O_RDONLY)
@@ -336,18 +328,11 @@ def test_calls_over_the_rate_are_aggregated_and_counted(tmp_path, monkeypatch):
 
 #: A ring too small for the calls between two drains: the calls it could not take
 #: are counted, none lost without a count.
-OVERFLOW = """
-    import json, os, sys
-    import dftrace
+OVERFLOW = START + """
     from dftrace._core import io_tracing
     io_tracing.RING_SLOTS = 1024      # the smallest ring
     io_tracing.DRAIN_INTERVAL = 3600  # no drain until the end
-    out = sys.argv[1]
-    data = os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
-    p = os.path.join(data, "x.bin")
-    with open(p, "wb") as f:
-        f.write(b"h" * 64)
+    p = data_file("x.bin", b"h" * 64)
     # No rate cap: every call the ring took is an event of its own, however fast the loop.
     dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none", io_max_rate=0)
     fd = os.open(p, os.O_RDONLY)
@@ -370,12 +355,7 @@ def test_a_full_ring_counts_what_it_could_not_take(tmp_path, monkeypatch):
 
 
 #: After finalize the wrappers are unbound: I/O works and is not recorded.
-AFTER_FINALIZE = """
-    import json, os, sys
-    import dftrace
-    out = sys.argv[1]
-    data = os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
+AFTER_FINALIZE = START + """
     p = os.path.join(data, "x.bin")
     dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
     with open(p, "wb") as f:
@@ -436,15 +416,8 @@ def test_dftrace_run_io_switch(tmp_path, monkeypatch):
 
 #: An fd closed where no close() wrapper sees it (os.closerange), its number then
 #: given to a pipe: the pipe's reads are not the file's.
-REUSED_FD = """
-    import json, os, sys
-    import dftrace
-    out = sys.argv[1]
-    data = os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
-    p = os.path.join(data, "x.bin")
-    with open(p, "wb") as f:
-        f.write(b"1" * 10)
+REUSED_FD = START + """
+    p = data_file("x.bin", b"1" * 10)
     dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
     fd = os.open(p, os.O_RDONLY)
     os.read(fd, 4)
@@ -466,12 +439,7 @@ def test_a_reused_fd_number_is_not_the_old_file(tmp_path, monkeypatch):
 
 
 #: A file name that is not UTF-8, and io=True where the C engine is off.
-ODD = """
-    import json, os, sys
-    import dftrace
-    out = sys.argv[1]
-    data = os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
+ODD = START + """
     dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
     with dftrace.ai.compute.forward:
         with open(os.path.join(data.encode(), b"caf\\xe9.bin"), "wb") as f:
@@ -535,15 +503,10 @@ def test_every_file_but_the_interpreters_and_dftraces_own(tmp_path, monkeypatch)
 
 #: Eight threads at once, each opening, reading and closing its own files in a loop
 #: while the ring is drained: every call is counted once, on its own file.
-THREADS = """
-    import json, os, sys, threading
-    import dftrace
-    out = sys.argv[1]
-    data = os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
+THREADS = START + """
+    import threading
     for t in range(8):
-        with open(os.path.join(data, f"t{t}.bin"), "wb") as f:
-            f.write(b"t" * (100 + t))
+        data_file(f"t{t}.bin", b"t" * (100 + t))
     dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
     ROUNDS, READS = 200, 10
 

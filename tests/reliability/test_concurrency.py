@@ -121,8 +121,9 @@ def test_finalize_while_threads_emit_leaves_a_clean_file(tmp_path):
         assert len(seen) < done[k]  # the thread went on after tracing stopped
 
 
-def test_span_still_open_on_another_thread_is_counted_late(tmp_path):
-    """A span that outlives finalize() on another thread is counted in a 'dropped' line, reason late."""
+def _capture_held_open() -> tuple[threading.Thread, threading.Event]:
+    """Start a thread that opens ``ai.checkpoint.capture`` and keeps it open until the
+    event returned is set; return once the span is open."""
     entered, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -130,12 +131,18 @@ def test_span_still_open_on_another_thread_is_counted_late(tmp_path):
             entered.set()
             release.wait(30)
 
-    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False)
-    with ai.compute.step:
-        pass
     th = threading.Thread(target=hold)
     th.start()
     entered.wait(30)
+    return th, release
+
+
+def test_span_still_open_on_another_thread_is_counted_late(tmp_path):
+    """A span that outlives finalize() on another thread is counted in a 'dropped' line, reason late."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False)
+    with ai.compute.step:
+        pass
+    th, release = _capture_held_open()
     dftrace.finalize()
     release.set()
     th.join()
@@ -148,17 +155,8 @@ def test_span_still_open_on_another_thread_is_counted_late(tmp_path):
 
 def test_span_ending_soon_after_finalize_is_still_written(tmp_path):
     """A span on another thread that ends within the grace period is written, not dropped."""
-    entered, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with ai.checkpoint.capture:
-            entered.set()
-            release.wait(30)
-
     s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False)
-    th = threading.Thread(target=hold)
-    th.start()
-    entered.wait(30)
+    th, release = _capture_held_open()
     threading.Timer(0.02, release.set).start()
     dftrace.finalize()
     th.join()

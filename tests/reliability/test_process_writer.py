@@ -373,26 +373,41 @@ def test_hung_storage_never_holds_the_traced_process(tmp_path, hung_mount, end, 
     assert "storage stalled" in proc.stderr.read()
 
 
+#: A process of a job: with the umask given (octal) if one is, it records a span with
+#: the process writer into the folder given, prints its drainer's pid and ends at a line.
+JOB_PROCESS = """
+    import os, sys
+    if len(sys.argv) > 2:
+        os.umask(int(sys.argv[2], 8))
+    import dftrace
+    from dftrace import ai
+    s = dftrace.initialize(log_file=sys.argv[1] + "/t", writer="process")
+    with ai.compute.forward:
+        pass
+    print(s.writer.drainer_pid, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _drainers_of_one_job(tmp_path, args: list[list[str]]) -> set[int]:
+    """Run a process of one job (the launcher's job id in its environment, siblings
+    not each other's children) per item of ``args`` (:data:`JOB_PROCESS`'s arguments),
+    all at once; once each has ended well, return their drainers' pids."""
+    script = write_script(tmp_path, JOB_PROCESS)
+    env = clean_env(TORCHELASTIC_RUN_ID=f"job-{os.getpid()}-{time.time_ns()}")
+    procs = [subprocess.Popen([sys.executable, script, *a], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) for a in args]
+    drainers = {int(p.stdout.readline()) for p in procs}
+    for p in procs:
+        p.communicate("\n", timeout=60)
+        assert p.returncode == 0
+    return drainers
+
+
 def test_processes_of_one_job_share_one_drainer(tmp_path):
     """Siblings of one job (torchrun ranks, srun tasks: not each other's children)
     find the job's drainer through the launcher's job id."""
-    script = write_script(tmp_path, """
-        import sys
-        import dftrace
-        from dftrace import ai
-        s = dftrace.initialize(log_file=sys.argv[1] + "/t", writer="process")
-        with ai.compute.forward:
-            pass
-        print(s.writer.drainer_pid, flush=True)
-        sys.stdin.readline()
-    """)
-    env = clean_env(TORCHELASTIC_RUN_ID=f"job-{os.getpid()}-{time.time_ns()}")
-    ranks = [subprocess.Popen([sys.executable, script, str(tmp_path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(3)]
-    drainers = {int(r.stdout.readline()) for r in ranks}
-    for r in ranks:
-        r.communicate("\n")
-        assert r.returncode == 0
+    drainers = _drainers_of_one_job(tmp_path, [[str(tmp_path)]] * 3)
     assert len(drainers) == 1
     assert len(files(tmp_path)) == 3
     assert_valid(files(tmp_path))
@@ -599,28 +614,10 @@ def test_a_child_forked_from_c_never_writes_into_the_parents_ring(tmp_path):
 def test_each_file_has_its_producers_umask(tmp_path):
     """Two processes of one job share a drainer, started by the first: each file is
     created with its own process's umask, not the drainer's."""
-    script = write_script(tmp_path, """
-        import os, sys
-        os.umask(int(sys.argv[2], 8))
-        import dftrace
-        from dftrace import ai
-        s = dftrace.initialize(log_file=sys.argv[1] + "/t", writer="process")
-        with ai.compute.forward:
-            pass
-        print(s.writer.drainer_pid, flush=True)
-        sys.stdin.readline()
-    """)
-    env = clean_env(TORCHELASTIC_RUN_ID=f"job-{os.getpid()}-{time.time_ns()}")
-    procs = []
-    for mask, sub in (("022", "open"), ("077", "private")):
+    for sub in ("open", "private"):
         os.makedirs(tmp_path / sub)
-        procs.append(subprocess.Popen([sys.executable, script, str(tmp_path / sub), mask],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                      env=env))
-    drainers = {int(p.stdout.readline()) for p in procs}
-    for p in procs:
-        p.communicate("\n", timeout=60)
-        assert p.returncode == 0
+    drainers = _drainers_of_one_job(tmp_path, [[str(tmp_path / "open"), "022"],
+                                               [str(tmp_path / "private"), "077"]])
     assert len(drainers) == 1
     (open_file,) = files(tmp_path / "open")
     (private_file,) = files(tmp_path / "private")

@@ -106,15 +106,21 @@ def shared_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-#: Another user's process holding a drainer's socket name: it answers as a drainer
-#: would and reports what reached it when its stdin closes.
-SQUATTER = """
-    import json, select, socket, struct, sys
-    name, pid = sys.argv[1], sys.argv[2]
+#: How a program holding a drainer's socket name starts: it listens on that name
+#: (``sys.argv[1]``), then says it is ready.
+HOLD_NAME = """
+    import json, os, select, socket, struct, sys
+    name = sys.argv[1]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\\0" + name)
     listener.listen(16)
     print("ready", flush=True)
+"""
+
+#: Another user's process holding a drainer's socket name: it answers as a drainer
+#: would (as process ``sys.argv[2]``) and reports what reached it when its stdin closes.
+SQUATTER = HOLD_NAME + """
+    pid = sys.argv[2]
     got = {"connections": 0, "bytes": 0, "fds": 0}
     conns = []
     while True:
@@ -210,13 +216,8 @@ def test_another_user_holding_the_drainer_name_gets_nothing(tmp_path, other_user
 
 #: A process of this user holding the job's drainer name (so that it passes the
 #: credential checks), answering ``sys.argv[2]``'s way; it never reads the ring.
-FAKE_DRAINER = """
-    import json, os, select, socket, struct, sys
-    name, mode = sys.argv[1], sys.argv[2]
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind("\\0" + name)
-    listener.listen(4)
-    print("ready", flush=True)
+FAKE_DRAINER = HOLD_NAME + """
+    mode = sys.argv[2]
     conn, _ = listener.accept()
     msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
     if mode == "registration":

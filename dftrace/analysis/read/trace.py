@@ -237,40 +237,20 @@ def _activity(parts: Sequence[PartitionData], resolution: Resolution) -> pl.Data
     return with_processes(activity_by_process(parts, resolution), resolution).drop("proc")
 
 
+#: Columns of ``TraceTable.processes``: a resolved process's attributes of those
+#: names, its ``info`` and ``custom`` dicts as JSON text.
+_PROCESS_SCHEMA = {"host": pl.String, "pid": pl.Int64, "rank": pl.Int32, "name": pl.String, "label": pl.String,
+                   "wall_ns": pl.Int64, "mono_ns": pl.Int64, "dropped": pl.Int64, "files": pl.List(pl.String),
+                   "info": pl.String, "custom": pl.String}
+
+
 def processes_frame(resolution: Resolution) -> pl.DataFrame:
     """One row per process, in rank order."""
-    rows = [
-        {
-            "host": p.host,
-            "pid": p.pid,
-            "rank": p.rank,
-            "name": p.name,
-            "label": p.label,
-            "wall_ns": p.wall_ns,
-            "mono_ns": p.mono_ns,
-            "dropped": p.dropped,
-            "files": p.files,
-            "info": orjson.dumps(p.info).decode(),
-            "custom": orjson.dumps(p.custom).decode(),
-        }
-        for p in resolution.processes
-    ]
+    rows = []
+    for p in resolution.processes:
+        row = {column: getattr(p, column) for column in _PROCESS_SCHEMA}
+        rows.append({**row, "info": orjson.dumps(p.info).decode(), "custom": orjson.dumps(p.custom).decode()})
     return pl.DataFrame(rows, schema=_PROCESS_SCHEMA)
-
-
-_PROCESS_SCHEMA = {
-    "host": pl.String,
-    "pid": pl.Int64,
-    "rank": pl.Int32,
-    "name": pl.String,
-    "label": pl.String,
-    "wall_ns": pl.Int64,
-    "mono_ns": pl.Int64,
-    "dropped": pl.Int64,
-    "files": pl.List(pl.String),
-    "info": pl.String,
-    "custom": pl.String,
-}
 
 
 def threads_frame(resolution: Resolution) -> pl.DataFrame:
@@ -299,13 +279,7 @@ def meta_frame(resolution: Resolution) -> pl.DataFrame:
 
 
 #: Columns of ``TraceTable.meta``: every metadata record, args as JSON text.
-META_SCHEMA = {
-    "host": pl.String,
-    "pid": pl.Int64,
-    "tid": pl.Int64,
-    "name": pl.String,
-    "cat": pl.String,
-    "args": pl.String,
-}
+META_SCHEMA = {"host": pl.String, "pid": pl.Int64, "tid": pl.Int64, "name": pl.String, "cat": pl.String,
+               "args": pl.String}
 
 

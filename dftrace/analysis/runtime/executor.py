@@ -34,26 +34,14 @@ class EmbeddedExecutor:
     def __init__(self, threads: int | None = None):
         self.threads = threads or min(os.cpu_count() or 1, 8)
 
-    def map(
-        self,
-        fn: Callable[[T], R],
-        items: Sequence[T],
-        *,
-        progress: bool | None = None,
-        desc: str = "reading",
-    ) -> list[R]:
+    def map(self, fn: Callable[[T], R], items: Sequence[T], *, progress: bool | None = None,
+            desc: str = "reading") -> list[R]:
         """Apply ``fn`` to every item and return the results in item order (each
         thread applies it to the items it takes, see :meth:`map_stream`)."""
         return self.map_stream(functools.partial(map, fn), items, progress=progress, desc=desc)
 
-    def map_stream(
-        self,
-        fn: Callable[[Iterable[T]], Iterator[R]],
-        items: Sequence[T],
-        *,
-        progress: bool | None = None,
-        desc: str = "reading",
-    ) -> list[R]:
+    def map_stream(self, fn: Callable[[Iterable[T]], Iterator[R]], items: Sequence[T], *,
+                   progress: bool | None = None, desc: str = "reading") -> list[R]:
         """Like :meth:`map` for an ``fn`` that takes the items one after another and
         yields each one's result in turn, so that it can start on the next item
         while it finishes one: each thread runs ``fn`` over the items it takes."""
@@ -139,14 +127,8 @@ class DaskExecutor:
         self.address: str = self.client.scheduler.address
         self._as_completed = distributed.as_completed
 
-    def map(
-        self,
-        fn: Callable[[T], R],
-        items: Sequence[T],
-        *,
-        progress: bool | None = None,
-        desc: str = "reading",
-    ) -> list[R]:
+    def map(self, fn: Callable[[T], R], items: Sequence[T], *, progress: bool | None = None,
+            desc: str = "reading") -> list[R]:
         """Apply ``fn`` to every item on the cluster and return results in item order."""
         futures = self.client.map(fn, list(items), pure=False)
         position = {f.key: i for i, f in enumerate(futures)}
@@ -161,14 +143,8 @@ class DaskExecutor:
             bar.close()
         return results
 
-    def map_stream(
-        self,
-        fn: Callable[[Iterable[T]], Iterator[R]],
-        items: Sequence[T],
-        *,
-        progress: bool | None = None,
-        desc: str = "reading",
-    ) -> list[R]:
+    def map_stream(self, fn: Callable[[Iterable[T]], Iterator[R]], items: Sequence[T], *,
+                   progress: bool | None = None, desc: str = "reading") -> list[R]:
         """:meth:`map` of an ``fn`` that takes items one after another (see
         ``EmbeddedExecutor.map_stream``): a task runs it over its one item."""
         return self.map(functools.partial(_each, fn), items, progress=progress, desc=desc)
