@@ -125,7 +125,27 @@ def _shown(path: str) -> str:
     return path if rel.startswith(os.pardir) else rel
 
 
+def _cmd_write_samples(ns: argparse.Namespace) -> int:
+    from .examples.sample_runs import SAMPLES, write_samples
+
+    try:
+        write_samples(ns.write_samples)
+    except FileExistsError as exc:
+        print(f"dftrace demo: {exc}: write the samples into a directory without them", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"dftrace demo: cannot write into {ns.write_samples!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    width = max(map(len, SAMPLES))
+    print(f"wrote the sample runs into {_shown(os.path.abspath(ns.write_samples))}:")
+    for name, what in SAMPLES.items():
+        print(f"  {name:<{width}}  {what}")
+    return 0
+
+
 def _cmd_demo(ns: argparse.Namespace) -> int:
+    if ns.write_samples is not None:
+        return _cmd_write_samples(ns)
     if ns.ddp:
         return _cmd_demo_ddp(ns)
     import dftrace
@@ -304,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--ddp", action="store_true",
                    help="run 2 DistributedDataParallel ranks instead (CPU, gloo, loopback; rank 1 made "
                         "slow on purpose); needs PyTorch")
+    d.add_argument("--write-samples", nargs="?", const=".", metavar="DIR",
+                   help="instead of a run, write the sample runs the documentation reads (traces/, "
+                        "ddp-run/, ddp-buckets/, diff-runs/, gpu-job/, gpu-h200/, DFTracer's files) "
+                        "into DIR (default: the current directory), then exit")
     _add_trace_options(d)
     d.set_defaults(func=_cmd_demo)
 

@@ -1,14 +1,14 @@
-"""Every fenced code block in README.md, CONTRIBUTING.md and docs/ runs here, or is marked as not code.
+"""Every fenced code block in README.md, CONTRIBUTING.md and docs/ runs here as a reader
+would paste it, or is marked as not code.
 
 The convention (CONTRIBUTING.md says the same):
 
 - Every block names its language after the opening fence.
+- A page's blocks run top to bottom in a new, empty directory of the page's own: what
+  a block reads was written by an earlier block of the page (the analysis pages start
+  with ``dftrace demo --write-samples``, which writes the sample runs they read).
 - ``python`` blocks run as a script in a fresh interpreter; ``bash`` and ``sh`` blocks
-  run with ``bash -euo pipefail``. Both run in a new directory holding ``traces/`` (a
-  four-rank run of the toy pipeline), DFTracer's sample directories
-  (``dftracer-2.0.3/``, ...), ``ddp-run/`` (two DDP ranks, tests/data/ddp-run),
-  ``ddp-buckets/`` and ``diff-runs/`` (tests/data), ``gpu-h200/`` (a real GPU job), and ``gpu-job/`` (PyTorch
-  profiler traces of two GPU ranks, tests/data/gpu-job), and must exit with status 0.
+  run with ``bash -euo pipefail``; both must exit with status 0.
 - ``console`` blocks are shell sessions: each ``$ `` line is a command that runs the
   same way and must not fail (status 0, or 1 for ``dftrace validate``, which reports
   broken rules that way) nor print a traceback; the lines after it are its output,
@@ -19,14 +19,17 @@ The convention (CONTRIBUTING.md says the same):
 - ``text``, ``json`` and ``pycon`` blocks are output, data or interactive transcripts:
   not run.
 - Markers, as HTML comments on the lines right around a block (blank lines allowed):
-  ``<!-- fragment -->`` before it: a piece of a larger program, not run;
-  ``<!-- continues -->`` before it: runs as the continuation of the page's previous
-  block of the same language (one script);
-  ``<!-- setup: ... -->`` before it: the comment's code runs first;
+  ``<!-- fragment -->`` before it: a piece of a larger program, not run; its first
+  line is a comment the reader sees, saying what it needs (a clone, your own model);
+  ``<!-- continues -->`` before a python, bash or sh block: it goes on from the page's
+  previous block of the same language, and the two (or more) run once, as one script,
+  at the place of the last;
+  ``<!-- setup: ... -->`` before it: the comment's code runs first (rare: only for
+  what a reader obviously has, such as a model of their own);
   ``<!-- then: ... -->`` after it: the comment's code runs after it;
   ``<!-- output varies: ... -->`` before a console block: its output is not compared.
 - A block that needs a package that is not installed (a framework, an extra) is
-  skipped, with the package named.
+  skipped, with the package named; the page's later blocks still run.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import importlib.util
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -47,13 +49,14 @@ from pathlib import Path
 import pytest
 
 from dftrace import testing
+from dftrace.examples.sample_runs import DATA as SAMPLE_DATA
 from dftrace.format import validate_file
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
-SAMPLES = ROOT / "tests" / "data" / "dftracer"
 
 RUN = {"python", "bash", "sh", "console"}
+CONTINUED = {"python", "bash", "sh"}  # console blocks need no `continues`: each command runs on its own
 NOT_RUN = {"text", "json", "pycon"}
 
 #: What an import (or a command) needs installed, beyond the module itself.
@@ -96,6 +99,9 @@ SPANS = {
                                           ("checkpoint", "capture"): 2},
 }
 
+#: The sample runs `dftrace demo --write-samples` copies as they are (not written by dftrace).
+SHIPPED = tuple("/" + p.relative_to(SAMPLE_DATA).as_posix() for p in SAMPLE_DATA.rglob("*") if p.is_file())
+
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _COMMENT = re.compile(r"<!--(.*?)-->", re.S)
 
@@ -108,8 +114,6 @@ class Block:
     code: str
     markers: list[str]  # the HTML comments right before the block
     then: str  # code of a `then:` comment right after the block
-    body: str = ""  # the continued blocks, the setup and the block: what `continues` goes on from
-    script: str = ""  # what runs: the body, then the `then:` code
 
     @property
     def id(self) -> str:
@@ -118,6 +122,31 @@ class Block:
     @property
     def fragment(self) -> bool:
         return "fragment" in self.markers
+
+    @property
+    def runs(self) -> bool:
+        return self.language in RUN and not self.fragment
+
+
+@dataclass
+class Unit:
+    """What runs at one place of a page: a block, or a block and those it continues."""
+
+    blocks: list[Block]
+
+    @property
+    def last(self) -> Block:
+        return self.blocks[-1]
+
+    @property
+    def id(self) -> str:
+        return "+".join([self.blocks[0].id, *(str(b.line) for b in self.blocks[1:])])
+
+    @property
+    def script(self) -> str:
+        """Each block's setup, code and then-code, in page order."""
+        parts = [p for b in self.blocks for p in (_setup(b.markers), b.code, b.then) if p]
+        return "\n".join(parts) + "\n"
 
 
 def _comments_before(lines: list[str], index: int) -> list[str]:
@@ -168,7 +197,6 @@ def read_blocks() -> list[Block]:
     for path in PAGES:
         page = path.relative_to(ROOT).as_posix()
         lines = path.read_text().splitlines()
-        previous: dict[str, Block] = {}
         i = 0
         while i < len(lines):
             match = _FENCE.match(lines[i])
@@ -179,41 +207,59 @@ def read_blocks() -> list[Block]:
             while end < len(lines) and lines[end].rstrip() != "```":
                 end += 1
             then = _comment_after(lines, end)
-            block = Block(page, i + 1, match.group(1), "\n".join(lines[i + 1:end]) + "\n",
-                          _comments_before(lines, i), _code(then) if then.startswith("then:") else "")
-            if block.language in RUN and not block.fragment:
-                before = previous[block.language].body if "continues" in block.markers else ""
-                block.body = "\n".join(p for p in (before, _setup(block.markers), block.code) if p)
-                block.script = "\n".join(p for p in (block.body, block.then) if p) + "\n"
-                previous[block.language] = block
-            blocks.append(block)
+            blocks.append(Block(page, i + 1, match.group(1), "\n".join(lines[i + 1:end]) + "\n",
+                                _comments_before(lines, i), _code(then) if then.startswith("then:") else ""))
             i = end + 1
     return blocks
 
 
+def read_units(blocks: list[Block]) -> list[Unit]:
+    """The runnable blocks as they run: a block another one continues runs with it."""
+    units: list[Unit] = []
+    open_unit: dict[tuple[str, str], Unit] = {}  # (page, language) -> its latest unit
+    for block in (b for b in blocks if b.runs):
+        key = (block.page, block.language)
+        if "continues" in block.markers and block.language in CONTINUED and key in open_unit:
+            unit = open_unit[key]
+            units.remove(unit)
+            unit.blocks.append(block)
+        else:
+            unit = Unit([block])
+        units.append(unit)
+        open_unit[key] = unit
+    return units
+
+
 BLOCKS = read_blocks()
+UNITS = read_units(BLOCKS)
 
 
 def test_every_block_says_what_it_is():
-    """Each block names a language this test runs or knows not to run; fragments are code."""
+    """Each block names a language this test runs or knows not to run; fragments are code
+    whose first line tells the reader what it needs."""
     unknown = [f"{b.id} ```{b.language}" for b in BLOCKS if b.language not in RUN | NOT_RUN]
     assert unknown == [], "name the block's language (see this module's docstring)"
     misplaced = [b.id for b in BLOCKS if b.fragment and b.language not in RUN]
     assert misplaced == [], "only runnable blocks can be fragments"
-    assert len([b for b in BLOCKS if b.language in RUN and not b.fragment]) >= 30
+    unsaid = [b.id for b in BLOCKS if b.fragment and not b.code.startswith("# ")]
+    assert unsaid == [], "a fragment's first line is a `# ` comment saying what it needs (see the docstring)"
+    assert len([b for b in BLOCKS if b.runs]) >= 30
 
 
 def test_markers_are_the_known_ones():
-    """Every HTML comment next to a block is one of the markers this test understands."""
+    """Every HTML comment next to a block is one of the markers this test understands,
+    and a `continues` goes on from a block of its own language on the page."""
     bad = [(b.id, m) for b in BLOCKS for m in b.markers
            if m not in ("fragment", "continues") and not m.startswith(("setup:", "output varies:"))]
     assert bad == []
+    dangling = [u.last.id for u in UNITS if "continues" in u.blocks[0].markers]
+    assert dangling == [], "`continues` only on a python, bash or sh block after one of its language"
 
 
-def _needs(block: Block) -> list[str]:
+def _needs(unit: Unit) -> list[str]:
     wanted: set[str] = set()
-    text = block.script
-    if block.language == "python":
+    text = unit.script
+    if unit.last.language == "python":
         try:
             tree = ast.parse(text)
         except SyntaxError:
@@ -231,26 +277,6 @@ def _needs(block: Block) -> list[str]:
     for module in re.findall(r"python -m (\S+)", text):
         wanted.update(NEEDS.get(module, ()))
     return sorted(m for m in wanted if importlib.util.find_spec(m) is None)
-
-
-@pytest.fixture(scope="session")
-def prepared(tmp_path_factory) -> Path:
-    """A directory with traces/ (four ranks of the toy pipeline) and DFTracer's samples."""
-    where = tmp_path_factory.mktemp("docs")
-    for rank in range(4):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
-        env["RANK"] = str(rank)
-        done = subprocess.run(
-            [sys.executable, "-m", "dftrace", "run", "--log-file", "traces/train", "-m",
-             "dftrace.examples.toy_training", "--epochs", "2", "--samples", "160"],
-            cwd=where, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-    for sample in SAMPLES.iterdir():
-        if sample.is_dir():
-            shutil.copytree(sample, where / sample.name)
-    for name in ("ddp-run", "ddp-buckets", "diff-runs", "gpu-job", "gpu-h200"):
-        shutil.copytree(ROOT / "tests" / "data" / name, where / name)
-    return where
 
 
 def _environment() -> dict[str, str]:
@@ -279,51 +305,51 @@ def _lines(text: str) -> list[str]:
 
 
 def _run_console(block: Block, cwd: Path) -> None:
-    steps = _session(block.script)  # the blocks it continues first
-    own = len(_session(block.code))
-    assert own, f"{block.id}: a console block shows at least one `$ ` command"
+    steps = _session(block.code)
+    assert steps, f"{block.id}: a console block shows at least one `$ ` command"
     varies = any(m.startswith("output varies:") for m in block.markers)
-    for k, (command, shown) in enumerate(steps):
-        compared = not varies and k >= len(steps) - own
+    for command, shown in steps:
         # What a terminal shows: standard output and error as they come.
         done = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=cwd, env=_environment(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
         allowed = (0, 1) if shlex.split(command)[:2] == ["dftrace", "validate"] else (0,)
         assert done.returncode in allowed and "Traceback" not in done.stdout, (
             f"{block.id}: `{command}` exited {done.returncode}\n{done.stdout[-3000:]}")
-        if compared:
+        if not varies:
             assert _lines(done.stdout) == _lines("\n".join(shown)), (
                 f"{block.id}: `{command}` printed other output than the page shows "
                 "(mark the block `<!-- output varies: why -->` if it cannot be the same twice)")
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.language in RUN and not b.fragment],
-                         ids=lambda b: b.id)
-def test_block_runs_as_written(block, prepared, tmp_path):
-    """The block runs in a fresh process, in a directory with prepared traces, and succeeds."""
-    missing = _needs(block)
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} (not installed)")
-    cwd = tmp_path / "work"
-    shutil.copytree(prepared, cwd)
-    before = set(testing.trace_files(cwd))
-    if block.language == "console":
-        _run_console(block, cwd)
-        return
-    if block.language == "python":
-        script = cwd / "block.py"
+def _run_script(unit: Unit, cwd: Path) -> None:
+    if unit.last.language == "python":
+        script = cwd / ".docs-block.py"
         command = [sys.executable, str(script)]
     else:
-        script = cwd / "block.sh"
+        script = cwd / ".docs-block.sh"
         command = ["bash", "-euo", "pipefail", str(script)]
-    script.write_text(block.script)
-    done = subprocess.run(command, cwd=cwd, env=_environment(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{block.id}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    script.write_text(unit.script)
+    try:
+        done = subprocess.run(command, cwd=cwd, env=_environment(), capture_output=True, text=True, timeout=600)
+    finally:
+        script.unlink()
+    assert done.returncode == 0, f"{unit.id}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+
+
+def _run(unit: Unit, cwd: Path) -> None:
+    """Run ``unit`` in its page's directory; the trace files it writes must be valid, and
+    the page's first Python example must write the spans its text promises."""
+    before = set(testing.trace_files(cwd))
+    if unit.last.language == "console":
+        _run_console(unit.last, cwd)
+    else:
+        _run_script(unit, cwd)
     new_files = sorted(set(testing.trace_files(cwd)) - before)
     for path in new_files:
-        assert validate_file(path) == [], path
-    first_python = next((b for b in BLOCKS if b.page == block.page and b.language == "python"), None)
-    expected = SPANS.get(block.page) if block is first_python else None
+        if not Path(path).as_posix().endswith(SHIPPED):  # DFTracer's samples break rules on purpose
+            assert validate_file(path) == [], path
+    first_python = next((b for b in BLOCKS if b.page == unit.last.page and b.language == "python" and b.runs), None)
+    expected = SPANS.get(unit.last.page) if first_python in unit.blocks else None
     if expected:
         seen: Counter[tuple[str, str]] = Counter()
         for path in new_files:
@@ -331,7 +357,57 @@ def test_block_runs_as_written(block, prepared, tmp_path):
         assert {k: seen[k] for k in expected} == expected
 
 
+class PageRun:
+    """A page's units run in order, once each, in the page's own directory (empty at
+    first): a unit's test runs the units before it that have not run yet."""
+
+    def __init__(self, where: Path, units: list[Unit]):
+        self.where = where
+        self.units = units
+        self.outcomes: dict[str, tuple[str, str]] = {}  # unit id -> ("passed" | "skipped" | "failed", why)
+
+    def run_through(self, unit: Unit) -> tuple[str, str]:
+        for earlier in self.units[:self.units.index(unit) + 1]:
+            if earlier.id in self.outcomes:
+                continue
+            missing = _needs(earlier)
+            if missing:
+                self.outcomes[earlier.id] = ("skipped", f"needs {', '.join(missing)} (not installed)")
+                continue
+            try:
+                _run(earlier, self.where)
+                self.outcomes[earlier.id] = ("passed", "")
+            except AssertionError as exc:
+                self.outcomes[earlier.id] = ("failed", str(exc))
+            except subprocess.TimeoutExpired as exc:
+                self.outcomes[earlier.id] = ("failed", f"{earlier.id}: timed out: {exc}")
+        return self.outcomes[unit.id]
+
+    def failed_before(self, unit: Unit) -> list[str]:
+        return [u.id for u in self.units[:self.units.index(unit)] if self.outcomes.get(u.id, ("",))[0] == "failed"]
+
+
+@pytest.fixture(scope="session")
+def page_runs(tmp_path_factory) -> dict[str, PageRun]:
+    pages = sorted({u.last.page for u in UNITS})
+    return {page: PageRun(tmp_path_factory.mktemp(re.sub(r"\W", "-", page)),
+                          [u for u in UNITS if u.last.page == page]) for page in pages}
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda u: u.id)
+def test_block_runs_as_written(unit, page_runs):
+    """The block runs in a fresh process, in its page's directory after the page's
+    earlier blocks, and succeeds."""
+    run = page_runs[unit.last.page]
+    outcome, why = run.run_through(unit)
+    if outcome == "skipped":
+        pytest.skip(why)
+    earlier = run.failed_before(unit)
+    assert outcome == "passed", why + (f"\n(earlier blocks of the page failed: {', '.join(earlier)})"
+                                       if earlier else "")
+
+
 def test_every_page_with_promised_spans_has_a_python_block():
     """The pages whose spans are checked still open with the example that writes them."""
-    pages_with_python = {b.page for b in BLOCKS if b.language == "python" and not b.fragment}
+    pages_with_python = {b.page for b in BLOCKS if b.language == "python" and b.runs}
     assert set(SPANS) <= pages_with_python
