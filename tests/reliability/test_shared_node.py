@@ -44,35 +44,45 @@ def needs_ring(test):
         test = mark(test)
     return test
 
-OTHER_USER = "dftrace-other"
+#: The second user this run makes (and removes): one name a run, so that runs side by
+#: side (CI's stages, two checkouts) never share or delete each other's user.
+OTHER_USER = f"dftrace-other-{os.getpid()}"
+
+
+def _remove_user(name: str) -> None:
+    subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+    subprocess.run([shutil.which("userdel") or "userdel", name], capture_output=True)
+
+
+def _remove_users_of_ended_runs() -> None:
+    """Removes the second users of earlier runs that were killed before they could."""
+    for pw in pwd.getpwall():
+        prefix, _, pid = pw.pw_name.rpartition("-")
+        if prefix == "dftrace-other" and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _remove_user(pw.pw_name)
 
 
 @pytest.fixture(scope="module")
 def other_user() -> Iterator[tuple[int, int, str]]:
     """(uid, gid, python) of a second user of this machine, and an interpreter it
-    can run. Created with useradd when missing (root only), and removed again, with
-    whatever it still runs, when the module's tests are done."""
+    can run. Created with useradd (root only), and removed again, with whatever it
+    still runs, when the module's tests are done."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the test creates a second user (useradd) to play another "
                     "user of a shared node; CI runs it as root")
-    made = False
+    useradd = shutil.which("useradd")
+    if useradd is None:
+        pytest.skip("no useradd to create a second user")
+    _remove_users_of_ended_runs()
+    out = subprocess.run([useradd, "--system", "--no-create-home", "--shell",
+                          "/usr/sbin/nologin", OTHER_USER], capture_output=True, text=True)
+    if out.returncode:
+        pytest.skip(f"useradd {OTHER_USER} failed: {out.stderr.strip()}")
     try:
         pw = pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        useradd = shutil.which("useradd")
-        if useradd is None:
-            pytest.skip("no useradd to create a second user")
-        out = subprocess.run([useradd, "--system", "--no-create-home", "--shell",
-                              "/usr/sbin/nologin", OTHER_USER], capture_output=True, text=True)
-        if out.returncode:
-            pytest.skip(f"useradd {OTHER_USER} failed: {out.stderr.strip()}")
-        pw, made = pwd.getpwnam(OTHER_USER), True
-    try:
         yield pw.pw_uid, pw.pw_gid, _python_for(pw)
     finally:
-        if made:
-            subprocess.run(["pkill", "-KILL", "-u", OTHER_USER], capture_output=True)
-            subprocess.run([shutil.which("userdel") or "userdel", OTHER_USER], capture_output=True)
+        _remove_user(OTHER_USER)
 
 
 def _python_for(pw: pwd.struct_passwd) -> str:
