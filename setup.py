@@ -48,7 +48,7 @@ except ImportError:
 required = os.environ.get("DFTRACE_REQUIRE_SPEEDUPS", "").strip() not in ("", "0")
 
 setup(cmdclass=commands, ext_modules=[
-    # The recording engine, one module in units (dftrace/_core/engine_c/engine.h maps them):
+    # The recording engine, one module in units, each with its header (CONTRIBUTING.md maps them):
     # records, span styles, encoder, writer loop, shared-memory ring.
     Extension("dftrace._core._speedups", sorted(glob("dftrace/_core/engine_c/*.c")),
               depends=sorted(glob("dftrace/_core/engine_c/*.h")), optional=not required),

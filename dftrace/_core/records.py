@@ -10,7 +10,7 @@ A span record is ``(kid, t0_ns, t1_ns, id, parent_id, level, tid, args, count, f
   :data:`INCOMPLETE` for a span that never ended.
 
 With the C engine records are 64-byte structs in native memory (see
-``engine_c/engine.h``); without it, tuples in a list. Either way the line written is::
+``engine_c/common.h``); without it, tuples in a list. Either way the line written is::
 
     {"id":I,"name":..,"cat":..,"pid":P,"tid":T,"ts":S,"dur":D,"ph":"X",
      "args":{"hhash":H,"level":L,"p_idx":P<args>[,"count":C][,"incomplete":true]}}

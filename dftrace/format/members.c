@@ -6,79 +6,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#if defined(__unix__) || defined(__APPLE__)
-#define HAVE_DLOPEN 1
-#include <dlfcn.h>
-
-/* The first of `names` that opens (NULL for none), looked for once per library. */
-static void *open_library(int *tried, void **handle, const char *const names[4]) {
-    if (!*tried) {
-        *tried = 1;
-        for (int i = 0; i < 4 && !*handle; i++)
-            *handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    }
-    return *handle;
-}
-
-/* zstd, a whole frame at a time (frames that give their decoded size, as the
-   recorder and zstd's one-shot API write them). */
-static struct {
-    int tried, opened;
-    void *handle;
-    void *(*create)(void);
-    size_t (*release)(void *);
-    size_t (*decompress)(void *, void *, size_t, const void *, size_t);
-    size_t (*frame_size)(const void *, size_t);
-    unsigned long long (*content_size)(const void *, size_t);
-    unsigned (*iserror)(size_t);
-} unzstd;
-
-static int load_unzstd(void) {
-    static const char *const names[4] = {"libzstd.so.1", "libzstd.1.dylib", "libzstd.so", "libzstd.dylib"};
-    if (unzstd.tried)
-        return unzstd.decompress != NULL;
-    void *h = open_library(&unzstd.opened, &unzstd.handle, names);
-    unzstd.tried = 1;
-    if (!h)
-        return 0;
-    *(void **)&unzstd.create = dlsym(h, "ZSTD_createDCtx");
-    *(void **)&unzstd.release = dlsym(h, "ZSTD_freeDCtx");
-    *(void **)&unzstd.decompress = dlsym(h, "ZSTD_decompressDCtx");
-    *(void **)&unzstd.frame_size = dlsym(h, "ZSTD_findFrameCompressedSize");
-    *(void **)&unzstd.content_size = dlsym(h, "ZSTD_getFrameContentSize");
-    *(void **)&unzstd.iserror = dlsym(h, "ZSTD_isError");
-    if (!(unzstd.create && unzstd.release && unzstd.frame_size && unzstd.content_size && unzstd.iserror))
-        unzstd.decompress = NULL; /* an incomplete library: not used */
-    return unzstd.decompress != NULL;
-}
-
-/* gzip: libdeflate_gzip_decompress_ex decodes one whole member into a buffer large
-   enough for it. */
-static struct {
-    int tried, opened;
-    void *handle;
-    void *(*alloc)(void);
-    void (*release)(void *);
-    int (*gunzip)(void *, const void *, size_t, void *, size_t, size_t *, size_t *);
-} gunz;
-
-static int load_gunzip(void) {
-    static const char *const names[4] = {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so",
-                                         "libdeflate.dylib"};
-    if (gunz.tried)
-        return gunz.gunzip != NULL;
-    void *h = open_library(&gunz.opened, &gunz.handle, names);
-    gunz.tried = 1;
-    if (!h)
-        return 0;
-    *(void **)&gunz.alloc = dlsym(h, "libdeflate_alloc_decompressor");
-    *(void **)&gunz.release = dlsym(h, "libdeflate_free_decompressor");
-    *(void **)&gunz.gunzip = dlsym(h, "libdeflate_gzip_decompress_ex");
-    if (!(gunz.alloc && gunz.release && gunz.gunzip))
-        gunz.gunzip = NULL;
-    return gunz.gunzip != NULL;
-}
-
 /* A decoder of whole members or frames. `run` decodes the whole ones of
    src[*pos..n) one after the other into dst[*used..room), without the GIL,
    advancing both; it stops at one that does not decode whole there. */
@@ -89,33 +16,70 @@ typedef struct {
     void (*run)(void *, const unsigned char *, size_t, size_t *, char *, size_t, size_t *);
 } WholeDecoder;
 
-/* (decoded, consumed) of `w` over data[start:] into at most `limit` bytes, or None
-   without its library. */
-static PyObject *decode_whole(PyObject *args, const WholeDecoder *w) {
-    Py_buffer in;
-    Py_ssize_t start, limit;
-    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &limit))
+#if defined(__unix__) || defined(__APPLE__)
+#include <dlfcn.h>
+
+/* The first of `names` that opens (NULL for none) at the first call (`*tried` 0),
+   NULL at the later ones: a library's symbols are looked up once. */
+static void *open_library_once(int *tried, const char *const names[4]) {
+    void *handle = NULL;
+    if (*tried)
         return NULL;
-    if (!w->load() || limit <= 0 || start < 0 || start > in.len) {
-        PyBuffer_Release(&in);
-        Py_RETURN_NONE;
+    *tried = 1;
+    for (int i = 0; i < 4 && !handle; i++)
+        handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    return handle;
+}
+
+/* zstd, a whole frame at a time (frames that give their decoded size, as the
+   recorder and zstd's one-shot API write them). */
+static struct {
+    int tried;
+    void *(*create)(void);
+    size_t (*release)(void *);
+    size_t (*decompress)(void *, void *, size_t, const void *, size_t);
+    size_t (*frame_size)(const void *, size_t);
+    unsigned long long (*content_size)(const void *, size_t);
+    unsigned (*iserror)(size_t);
+} unzstd;
+
+static int load_unzstd(void) {
+    static const char *const names[4] = {"libzstd.so.1", "libzstd.1.dylib", "libzstd.so", "libzstd.dylib"};
+    void *h = open_library_once(&unzstd.tried, names);
+    if (h) {
+        *(void **)&unzstd.create = dlsym(h, "ZSTD_createDCtx");
+        *(void **)&unzstd.release = dlsym(h, "ZSTD_freeDCtx");
+        *(void **)&unzstd.decompress = dlsym(h, "ZSTD_decompressDCtx");
+        *(void **)&unzstd.frame_size = dlsym(h, "ZSTD_findFrameCompressedSize");
+        *(void **)&unzstd.content_size = dlsym(h, "ZSTD_getFrameContentSize");
+        *(void **)&unzstd.iserror = dlsym(h, "ZSTD_isError");
+        if (!(unzstd.create && unzstd.release && unzstd.frame_size && unzstd.content_size && unzstd.iserror))
+            unzstd.decompress = NULL; /* an incomplete library: not used */
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, limit);
-    void *d = out ? w->create() : NULL;
-    if (!d) {
-        Py_XDECREF(out);
-        PyBuffer_Release(&in);
-        return out ? PyErr_NoMemory() : NULL;
+    return unzstd.decompress != NULL;
+}
+
+/* gzip: libdeflate_gzip_decompress_ex decodes one whole member into a buffer large
+   enough for it. */
+static struct {
+    int tried;
+    void *(*alloc)(void);
+    void (*release)(void *);
+    int (*gunzip)(void *, const void *, size_t, void *, size_t, size_t *, size_t *);
+} gunz;
+
+static int load_gunzip(void) {
+    static const char *const names[4] = {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so",
+                                         "libdeflate.dylib"};
+    void *h = open_library_once(&gunz.tried, names);
+    if (h) {
+        *(void **)&gunz.alloc = dlsym(h, "libdeflate_alloc_decompressor");
+        *(void **)&gunz.release = dlsym(h, "libdeflate_free_decompressor");
+        *(void **)&gunz.gunzip = dlsym(h, "libdeflate_gzip_decompress_ex");
+        if (!(gunz.alloc && gunz.release && gunz.gunzip))
+            gunz.gunzip = NULL; /* an incomplete library: not used */
     }
-    size_t pos = (size_t)start, used = 0;
-    Py_BEGIN_ALLOW_THREADS
-    w->run(d, (const unsigned char *)in.buf, (size_t)in.len, &pos, PyBytes_AS_STRING(out), (size_t)limit, &used);
-    Py_END_ALLOW_THREADS
-    w->release(d);
-    PyBuffer_Release(&in);
-    if (_PyBytes_Resize(&out, (Py_ssize_t)used) < 0)
-        return NULL;
-    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(pos - (size_t)start));
+    return gunz.gunzip != NULL;
 }
 
 static void *gunzip_create(void) { return gunz.alloc(); }
@@ -154,7 +118,46 @@ static void unzstd_run(void *d, const unsigned char *src, size_t n, size_t *pos,
         *used += got;
     }
 }
+
+static const WholeDecoder gunzip_decoder = {load_gunzip, gunzip_create, gunzip_release, gunzip_run};
+static const WholeDecoder unzstd_decoder = {load_unzstd, unzstd_create, unzstd_release, unzstd_run};
+#define GUNZIP (&gunzip_decoder)
+#define UNZSTD (&unzstd_decoder)
+#else /* no library opens: each function returns None */
+#define GUNZIP NULL
+#define UNZSTD NULL
 #endif
+
+/* (decoded, consumed) of `w` over data[start:] into at most `limit` bytes, or None
+   without its library (`w` NULL: no library can open here). */
+static PyObject *decode_whole(PyObject *args, const WholeDecoder *w) {
+    if (w == NULL)
+        Py_RETURN_NONE;
+    Py_buffer in;
+    Py_ssize_t start, limit;
+    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &limit))
+        return NULL;
+    if (!w->load() || limit <= 0 || start < 0 || start > in.len) {
+        PyBuffer_Release(&in);
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, limit);
+    void *d = out ? w->create() : NULL;
+    if (!d) {
+        Py_XDECREF(out);
+        PyBuffer_Release(&in);
+        return out ? PyErr_NoMemory() : NULL;
+    }
+    size_t pos = (size_t)start, used = 0;
+    Py_BEGIN_ALLOW_THREADS
+    w->run(d, (const unsigned char *)in.buf, (size_t)in.len, &pos, PyBytes_AS_STRING(out), (size_t)limit, &used);
+    Py_END_ALLOW_THREADS
+    w->release(d);
+    PyBuffer_Release(&in);
+    if (_PyBytes_Resize(&out, (Py_ssize_t)used) < 0)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(pos - (size_t)start));
+}
 
 /* gunzip_members(data, start, limit) -> (decoded, consumed), or None without
    libdeflate: the whole gzip members of data[start:] decoded one after the other,
@@ -162,14 +165,7 @@ static void unzstd_run(void *d, const unsigned char *src, size_t n, size_t *pos,
    it has, at a member that does not decode whole here (cut by the end of `data`,
    longer than the room left, damaged): the caller's streaming decoder takes that
    one, and tells a cut from damage. */
-static PyObject *gunzip_members(PyObject *self, PyObject *args) {
-#ifndef HAVE_DLOPEN
-    Py_RETURN_NONE;
-#else
-    static const WholeDecoder gunzip = {load_gunzip, gunzip_create, gunzip_release, gunzip_run};
-    return decode_whole(args, &gunzip);
-#endif
-}
+static PyObject *gunzip_members(PyObject *self, PyObject *args) { return decode_whole(args, GUNZIP); }
 
 /* unzstd_frames(data, start, limit) -> (decoded, consumed), or None without
    libzstd: the whole zstd frames of data[start:] decoded one after the other,
@@ -178,14 +174,7 @@ static PyObject *gunzip_members(PyObject *self, PyObject *args) {
    of `data`, without its decoded size, larger than the room left, a skippable
    frame, damaged): the caller's streaming decoder takes that one, and tells a cut
    from damage. */
-static PyObject *unzstd_frames(PyObject *self, PyObject *args) {
-#ifndef HAVE_DLOPEN
-    Py_RETURN_NONE;
-#else
-    static const WholeDecoder unzstd_decoder = {load_unzstd, unzstd_create, unzstd_release, unzstd_run};
-    return decode_whole(args, &unzstd_decoder);
-#endif
-}
+static PyObject *unzstd_frames(PyObject *self, PyObject *args) { return decode_whole(args, UNZSTD); }
 
 static PyMethodDef methods[] = {
     {"gunzip_members", gunzip_members, METH_VARARGS,

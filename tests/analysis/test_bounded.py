@@ -22,7 +22,7 @@ import polars as pl  # noqa: E402
 
 from dftrace.format import reading as _trace_reading  # noqa: E402
 from dftrace.analysis import load_traces, summarize  # noqa: E402
-from dftrace.analysis.read import decode as _decode  # noqa: E402
+from dftrace.analysis.runtime import kernels  # noqa: E402
 from dftrace.analysis.reduce import aggregate as _aggregate  # noqa: E402
 from dftrace.analysis.read.sources import expand_paths, plan_partitions  # noqa: E402
 
@@ -132,7 +132,7 @@ def test_memory_is_bounded_by_keys_not_events(tmp_path):
     peak = tmp_path / "peak-kb"
     result = subprocess.run(
         [sys.executable, "-c", _WITH_PEAK_RESIDENT, str(peak), "summary", str(path), "--json", "--no-progress"],
-        capture_output=True, text=True, preexec_fn=limit if _decode._scan is not None else None, timeout=240,
+        capture_output=True, text=True, preexec_fn=limit if kernels.C is not None else None, timeout=240,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert result.returncode == 0, result.stderr[-2000:]

@@ -24,16 +24,17 @@ from dftrace.analysis.read import decode as _decode  # noqa: E402
 from dftrace.analysis.commands import main  # noqa: E402
 from dftrace.analysis.read.sources import Partition  # noqa: E402
 from dftrace.analysis.render.following import Watcher  # noqa: E402
+from dftrace.analysis.runtime import kernels  # noqa: E402
 
 
 @pytest.fixture(params=["scanner", "polars"])
 def reader(request, monkeypatch):
     """Each test runs on the C scanner's path (where built) and on the polars one."""
     if request.param == "scanner":
-        if _decode._scan is None:
+        if kernels.C is None:
             pytest.skip("the C trace scanner is not built or is switched off")
     else:
-        monkeypatch.setattr(_decode, "_scan", None)
+        monkeypatch.setattr(kernels, "C", None)
     return request.param
 
 

@@ -15,6 +15,7 @@ from polars.testing import assert_frame_equal  # noqa: E402
 from dftrace.analysis import load_traces  # noqa: E402
 from dftrace.analysis.read import decode as _decode  # noqa: E402
 from dftrace.analysis.read.schema import SUMMARY_COLUMNS  # noqa: E402
+from dftrace.analysis.runtime import kernels  # noqa: E402
 
 needs_scanner = needs("native", native_scanner_missing())
 
@@ -59,7 +60,7 @@ def _write(path, text: bytes) -> None:
 def _both_ways(path, monkeypatch, columns=SUMMARY_COLUMNS):
     scanned = load_traces(path, columns=columns)
     with monkeypatch.context() as patch:
-        patch.setattr(_decode, "_scan", None)
+        patch.setattr(kernels, "C", None)
         parsed = load_traces(path, columns=columns)
     return scanned, parsed
 

@@ -2,7 +2,7 @@
 malformed spans included.
 
 Each test runs one sweep both ways on many random inputs (a fixed seed): with the C
-kernels, and with ``_busy._native`` and ``_steps._native`` set to None (what an
+kernels, and with ``kernels.C`` set to None (what an
 install without a compiler runs), and compares the answers exactly.
 """
 
@@ -22,6 +22,7 @@ from dftrace.analysis import summarize  # noqa: E402
 from dftrace.analysis.answers import steps as step_answers  # noqa: E402
 from dftrace.analysis.reduce import busy as _busy, steps as _steps  # noqa: E402
 from dftrace.analysis.reduce.aggregate import nesting_edges, self_time_intervals  # noqa: E402
+from dftrace.analysis.runtime import kernels  # noqa: E402
 
 pytestmark = needs_marks("native", native_scanner_missing())
 
@@ -92,8 +93,7 @@ def _threads(rng: np.random.Generator) -> pl.DataFrame:
 def _both_ways(monkeypatch, sweep, *args):
     answer = sweep(*args)
     with monkeypatch.context() as patch:
-        patch.setattr(_busy, "_native", None)
-        patch.setattr(_steps, "_native", None)
+        patch.setattr(kernels, "C", None)
         return answer, sweep(*args)
 
 
@@ -108,7 +108,7 @@ def test_innermost_painting_matches_numpy_on_random_and_malformed_spans(monkeypa
                                                                          threads)
         np.testing.assert_array_equal(c_self, np_self)
         with monkeypatch.context() as patch:  # the same union of each group's time, the groups in the same order
-            patch.setattr(_busy, "_native", None)
+            patch.setattr(kernels, "C", None)
             assert_frame_equal(_busy.union_intervals(c_intervals, []), _busy.union_intervals(np_intervals, []))
         if threads.select(pl.struct("tid", "ts", "end").is_duplicated().any()).item():
             tied += 1  # spans with the same times: the kernel takes polars' order

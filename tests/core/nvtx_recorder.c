@@ -91,9 +91,21 @@ static uint64_t domain_start(void *d, const attributes_t *a) { return start_ex(a
 static void domain_end(void *d, uint64_t r) { end(r); }
 static const void *domain_register(void *d, const char *s) { return strdup(s ? s : "?"); }
 
-static void put(fn_t **table, unsigned int size, unsigned int id, fn_t f) {
-    if (id <= size && table[id])
-        *table[id] = f;
+/* A recorder for each range function of a module, by its callback id. */
+typedef struct {
+    unsigned int id;
+    fn_t f;
+} slot_t;
+
+/* The module's table entries of `slots` replaced (an id past the table: not there). */
+static void put_all(unsigned int module, const slot_t *slots, size_t n, const callbacks_t *cb) {
+    fn_t **table;
+    unsigned int size;
+    if (!cb->GetModuleFunctionTable(module, &table, &size))
+        return;
+    for (size_t k = 0; k < n; k++)
+        if (slots[k].id <= size && table[slots[k].id])
+            *table[slots[k].id] = slots[k].f;
 }
 
 /* Called once by every library that carries an NVTX client (each has its own tables). */
@@ -107,22 +119,16 @@ int InitializeInjectionNvtx2(const void *(*get_export_table)(uint32_t)) {
         out = path ? fopen(path, "a") : NULL;
     }
     pthread_mutex_unlock(&lock);
-    fn_t **t;
-    unsigned int n;
-    if (cb->GetModuleFunctionTable(MODULE_CORE, &t, &n)) {
-        put(t, n, CORE_RangePushA, (fn_t)push_a);
-        put(t, n, CORE_RangePushEx, (fn_t)push_ex);
-        put(t, n, CORE_RangePop, (fn_t)pop);
-        put(t, n, CORE_RangeStartA, (fn_t)start_a);
-        put(t, n, CORE_RangeStartEx, (fn_t)start_ex);
-        put(t, n, CORE_RangeEnd, (fn_t)end);
-    }
-    if (cb->GetModuleFunctionTable(MODULE_CORE2, &t, &n)) {
-        put(t, n, CORE2_DomainRangePushEx, (fn_t)domain_push);
-        put(t, n, CORE2_DomainRangePop, (fn_t)domain_pop);
-        put(t, n, CORE2_DomainRangeStartEx, (fn_t)domain_start);
-        put(t, n, CORE2_DomainRangeEnd, (fn_t)domain_end);
-        put(t, n, CORE2_DomainRegisterStringA, (fn_t)domain_register);
-    }
+    const slot_t core[] = {
+        {CORE_RangePushA, (fn_t)push_a}, {CORE_RangePushEx, (fn_t)push_ex}, {CORE_RangePop, (fn_t)pop},
+        {CORE_RangeStartA, (fn_t)start_a}, {CORE_RangeStartEx, (fn_t)start_ex}, {CORE_RangeEnd, (fn_t)end},
+    };
+    const slot_t core2[] = {
+        {CORE2_DomainRangePushEx, (fn_t)domain_push}, {CORE2_DomainRangePop, (fn_t)domain_pop},
+        {CORE2_DomainRangeStartEx, (fn_t)domain_start}, {CORE2_DomainRangeEnd, (fn_t)domain_end},
+        {CORE2_DomainRegisterStringA, (fn_t)domain_register},
+    };
+    put_all(MODULE_CORE, core, sizeof(core) / sizeof(core[0]), cb);
+    put_all(MODULE_CORE2, core2, sizeof(core2) / sizeof(core2[0]), cb);
     return 1;
 }

@@ -1,5 +1,5 @@
 """What a hostile process holding a shared-memory ring writes into it (the layout of
-shm_hdr_t, shm_slot_t and rec_t in dftrace/_core/engine_c/engine.h)."""
+shm_hdr_t, shm_slot_t and rec_t in dftrace/_core/engine_c/common.h)."""
 
 from __future__ import annotations
 

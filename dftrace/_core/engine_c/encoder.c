@@ -1,7 +1,61 @@
 /* encoder.c: JSON in C. The args fragment of a small flat dict of plain keys and
  * JSON scalars (encoded once, when the args are given), and the one line encoder of
  * records, used by the in-process writer (writer.c) and the drainer (shm_consumer.c). */
-#include "engine.h"
+#include "encoder.h"
+#include "module.h"
+
+/* ------------------------------------------------------------------------- */
+/* writing numbers and bytes                                                  */
+
+static inline char *put(char *o, const char *s, Py_ssize_t n) {
+    memcpy(o, s, (size_t)n);
+    return o + n;
+}
+
+static const char DIGIT_PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+/* The number of decimal digits of u. */
+static inline int ndigits(unsigned long long u) {
+    int n = 1;
+    for (;;) {
+        if (u < 10) return n;
+        if (u < 100) return n + 1;
+        if (u < 1000) return n + 2;
+        if (u < 10000) return n + 3;
+        u /= 10000;
+        n += 4;
+    }
+}
+
+/* Decimal digits of u, two at a time, written in place from the end (the encoder
+   writes seven numbers a line). */
+static inline char *put_uint(char *o, unsigned long long u) {
+    char *end = o + ndigits(u), *t = end;
+    while (u >= 100) {
+        unsigned r = (unsigned)(u % 100);
+        u /= 100;
+        t -= 2;
+        memcpy(t, DIGIT_PAIRS + 2 * r, 2);
+    }
+    if (u >= 10)
+        memcpy(t - 2, DIGIT_PAIRS + 2 * u, 2);
+    else
+        t[-1] = (char)('0' + u);
+    return end;
+}
+
+static inline char *put_int(char *o, long long v) {
+    if (v < 0) {
+        *o++ = '-';
+        return put_uint(o, (unsigned long long)(-(v + 1)) + 1);
+    }
+    return put_uint(o, (unsigned long long)v);
+}
+
+#define LIT(s) (s), (Py_ssize_t)(sizeof(s) - 1)
 
 /* ------------------------------------------------------------------------- */
 /* args: the fragment of a small flat dict of plain keys and JSON scalars      */
@@ -9,7 +63,7 @@
 static Py_ssize_t max_arg_len = 1024;
 int dft_off_for_good = 0;
 
-PyObject *dft_set_options(PyObject *self, PyObject *args) {
+static PyObject *set_options(PyObject *self, PyObject *args) {
     Py_ssize_t n;
     int off;
     if (!PyArg_ParseTuple(args, "np", &n, &off))
@@ -222,7 +276,7 @@ PyObject *dft_plain_extra(PyObject *d, int fresh) {
 }
 
 /* plain_fragment(d) -> (frag, mask) or None */
-PyObject *dft_plain_fragment_py(PyObject *self, PyObject *d) {
+static PyObject *plain_fragment_py(PyObject *self, PyObject *d) {
     unsigned long long mask = 0;
     int nested = 0;
     PyObject *frag = plain_fragment_of(d, &mask, &nested);
@@ -357,3 +411,10 @@ char *dft_encode_chunks(chunk_t *c, char *o, const kind_t *ks, Py_ssize_t nk,
         o = dft_encode_recs(o, c->recs, 0, c->n, c->arena, ks, nk, pidp, npid, hhp, nhh, off, min_id);
     return o;
 }
+
+/* The module's functions of this file (module.c adds them). */
+PyMethodDef dft_encoder_methods[] = {
+    {"set_options", set_options, METH_VARARGS, "set_options(max_arg_length, off_for_good)"},
+    {"plain_fragment", plain_fragment_py, METH_O,
+     "plain_fragment(d) -> (frag, mask, nested) for a dict of plain keys and JSON values, else None"},
+    {NULL, NULL, 0, NULL}};

@@ -2,7 +2,8 @@
  * records of the trace, one per call or aggregate, with the kinds Python registered
  * for the calls' names. The args are made here, in the thread that drains: the
  * calling thread wrote only a binary record. */
-#include "engine.h"
+#include "io_lines.h"
+#include "records.h"
 
 /* The drain's record (dftrace/_core/io_c/io.h, io_rec_t), read field by field. */
 typedef struct {
@@ -40,7 +41,7 @@ static char *put_lit(char *o, const char *s) {
 
 /* io_emit(records, kids) -> (written, dropped): kids[op] the kind of each call's
    name. */
-PyObject *dft_io_emit(PyObject *self, PyObject *args) {
+static PyObject *io_emit(PyObject *self, PyObject *args) {
     Py_buffer buf;
     PyObject *kids;
     if (!PyArg_ParseTuple(args, "y*O!", &buf, &PyTuple_Type, &kids))
@@ -109,3 +110,10 @@ PyObject *dft_io_emit(PyObject *self, PyObject *args) {
     }
     return Py_BuildValue("(LL)", written, dropped);
 }
+
+/* The module's functions of this file (module.c adds them). */
+PyMethodDef dft_io_lines_methods[] = {
+    {"io_emit", io_emit, METH_VARARGS,
+     "io_emit(records, kids) -> (written, dropped): the file-I/O calls drained (64-byte "
+     "records) as trace records, kids[op] the kind of each call's name"},
+    {NULL, NULL, 0, NULL}};

@@ -1,31 +1,23 @@
 /* kept_spans.c: the spans `with` and start() keep open. KeptSpans, a stack's `open`
  * map (the entries themselves, in the order they opened: kept_spans.h has the hot
  * path, push and take the last), here with the mapping Python's paths read it as;
- * and OpenSpan, one kept span as an object, made for Python from an entry. */
-#include "engine.h"
+ * OpenSpan, one kept span as an object, made for Python from an entry; and
+ * StartedSpans (STATE.open_spans), the spans start() opened, kept the same way. */
+#include "kept_spans.h"
 
 /* ------------------------------------------------------------------------- */
 /* OpenSpan: a kept span as Python reads it                                    */
 
 /* OpenSpan objects live while Python holds one (a close in Python, restick_open):
-   a few are kept for the next ones, as CPython keeps its tuples. */
-#define OPEN_FREE_MAX 16
-static PyObject *open_free[OPEN_FREE_MAX];
-static int open_nfree = 0;
+   a few are kept for the next ones. */
+static freelist_t open_free = {.type = &dft_OpenSpanType};
 
-static OpenSpanObject *open_alloc(void) {
-    PyObject *o;
-    if (open_nfree) {
-        o = open_free[--open_nfree];
-        PyObject_Init(o, &dft_OpenSpanType);
-    } else {
-        o = (PyObject *)PyObject_GC_New(OpenSpanObject, &dft_OpenSpanType);
-        if (!o)
-            return NULL;
-    }
-    memset((char *)o + sizeof(PyObject), 0, sizeof(OpenSpanObject) - sizeof(PyObject));
-    PyObject_GC_Track(o);
-    return AS_OPEN(o);
+/* tp_traverse of an entry, and its release (visit NULL): its references cleared. */
+static int kept_refs(void *e, visitproc visit, void *arg) {
+    kept_t *k = e;
+    PyObject **const refs[] = {&k->span.id, &k->span.parent, &k->span.sticky, &k->span.tid,
+                               &k->opener, &k->extra};
+    return visit_refs(refs, NREFS(refs), visit, arg);
 }
 
 static void kept_incref(const kept_t *k) {
@@ -37,22 +29,14 @@ static void kept_incref(const kept_t *k) {
     Py_INCREF(k->extra);
 }
 
-static void kept_release(kept_t *k) {
-    span_release(&k->span);
-    Py_CLEAR(k->opener);
-    Py_CLEAR(k->extra);
-}
-
 /* An OpenSpan of entry `k`: with new references (`move` 0), or taking the entry's. */
-static PyObject *open_of(const kept_t *k, int move) {
-    OpenSpanObject *e = open_alloc();
+static PyObject *open_of(void *k, int move) {
+    OpenSpanObject *e = AS_OPEN(freelist_alloc(&open_free, &dft_OpenSpanType));
     if (!e)
         return NULL;
     if (!move)
         kept_incref(k);
-    e->span = k->span;
-    e->opener = k->opener;
-    e->extra = k->extra;
+    e->k = *(kept_t *)k;
     return (PyObject *)e;
 }
 
@@ -73,63 +57,39 @@ static PyObject *OpenSpan_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     unsigned long long idv = PyLong_AsUnsignedLongLong(id);
     if (idv == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    OpenSpanObject *e = open_alloc();
-    if (!e)
-        return NULL;
-    Py_INCREF(id); Py_INCREF(parent); Py_INCREF(sticky); Py_INCREF(opener); Py_INCREF(extra);
-    e->span.id = id;
-    e->span.idv = idv;
-    e->span.kid = kid;
-    e->span.parent = parent;
-    e->span.level = level;
-    e->span.sticky = sticky;
-    e->span.t0 = t0;
-    e->opener = opener;
-    e->extra = extra;
-    return (PyObject *)e;
+    kept_t k = {{.id = id, .idv = idv, .parent = parent, .sticky = sticky, .level = level, .t0 = t0,
+                 .kid = kid},
+                opener, extra};
+    return open_of(&k, 0);
 }
 
-static int OpenSpan_traverse(OpenSpanObject *e, visitproc visit, void *arg) {
-    Py_VISIT(e->span.id);
-    Py_VISIT(e->span.parent);
-    Py_VISIT(e->span.sticky);
-    Py_VISIT(e->span.tid);
-    Py_VISIT(e->opener);
-    Py_VISIT(e->extra);
-    return 0;
-}
+static int OpenSpan_traverse(OpenSpanObject *e, visitproc visit, void *arg) { return kept_refs(&e->k, visit, arg); }
 
-static int OpenSpan_clear(OpenSpanObject *e) {
-    span_release(&e->span);
-    Py_CLEAR(e->opener);
-    Py_CLEAR(e->extra);
-    return 0;
-}
+static int OpenSpan_clear(OpenSpanObject *e) { return kept_refs(&e->k, NULL, NULL); }
 
 static void OpenSpan_dealloc(OpenSpanObject *e) {
     PyObject_GC_UnTrack(e);
     OpenSpan_clear(e);
-    if (open_nfree < OPEN_FREE_MAX)
-        open_free[open_nfree++] = (PyObject *)e;
-    else
-        PyObject_GC_Del(e);
+    freelist_free(&open_free, (PyObject *)e);
 }
 
 static PyObject *OpenSpan_repr(OpenSpanObject *e) {
+    const span_t *s = &e->k.span;
     return PyUnicode_FromFormat("OpenSpan(id=%R, kid=%u, parent=%R, level=%zd, t0=%lld)",
-                                e->span.id ? e->span.id : Py_None, e->span.kid,
-                                e->span.parent ? e->span.parent : Py_None, e->span.level, e->span.t0);
+                                s->id ? s->id : Py_None, s->kid, s->parent ? s->parent : Py_None, s->level,
+                                s->t0);
 }
 
-#define OS_SPAN(f) offsetof(OpenSpanObject, span) + offsetof(span_t, f)
+#define OS_KEPT(f) offsetof(OpenSpanObject, k) + offsetof(kept_t, f)
+#define OS_SPAN(f) OS_KEPT(span) + offsetof(span_t, f)
 static PyMemberDef OpenSpan_members[] = {
     {"id", T_OBJECT, OS_SPAN(id), READONLY, "its id"},
     {"kid", T_UINT, OS_SPAN(kid), READONLY, "its kind"},
     {"parent", T_OBJECT, OS_SPAN(parent), READONLY, "the id below it when it opened (0: none)"},
     {"level", T_PYSSIZET, OS_SPAN(level), READONLY, "its depth"},
     {"sticky", T_OBJECT, OS_SPAN(sticky), READONLY, "the sticky args when it opened"},
-    {"opener", T_OBJECT, offsetof(OpenSpanObject, opener), READONLY, "what opened it (with, start())"},
-    {"extra", T_OBJECT, offsetof(OpenSpanObject, extra), READONLY, "the opener's own args"},
+    {"opener", T_OBJECT, OS_KEPT(opener), READONLY, "what opened it (with, start())"},
+    {"extra", T_OBJECT, OS_KEPT(extra), READONLY, "the opener's own args"},
     {"t0", T_LONGLONG, OS_SPAN(t0), READONLY, "when it opened (ns)"},
     {NULL}};
 
@@ -148,407 +108,27 @@ PyTypeObject dft_OpenSpanType = {
     .tp_members = OpenSpan_members,
 };
 
-/* ------------------------------------------------------------------------- */
-/* KeptSpans: a stack's `open` map                                             */
-
-/* Where id `v` is, or would go (the first entry with an id not below it). */
-static Py_ssize_t kept_find(const KeptSpansObject *m, unsigned long long v) {
-    Py_ssize_t lo = 0, hi = m->n;
-    if (hi && m->k[hi - 1].span.idv == v) /* the common case: the newest */
-        return hi - 1;
-    while (lo < hi) {
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (m->k[mid].span.idv < v)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-/* The entry of key `key` (an int), or NULL (no error set: not one of ours). */
-static kept_t *kept_get(KeptSpansObject *m, PyObject *key, Py_ssize_t *at) {
-    if (!PyLong_Check(key))
-        return NULL;
-    unsigned long long v = PyLong_AsUnsignedLongLong(key);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return NULL;
-    }
-    Py_ssize_t i = kept_find(m, v);
-    if (i >= m->n || m->k[i].span.idv != v)
-        return NULL;
-    if (at)
-        *at = i;
-    return &m->k[i];
-}
-
-static int kept_grow(KeptSpansObject *m) {
-    Py_ssize_t cap = m->cap ? m->cap * 2 : 8;
-    if ((size_t)cap > PY_SSIZE_T_MAX / sizeof(kept_t)) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    kept_t *k = PyMem_Realloc(m->k, (size_t)cap * sizeof(kept_t));
-    if (!k) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    m->k = k;
-    m->cap = cap;
-    return 0;
-}
-
-int dft_kept_put(KeptSpansObject *m, const kept_t *k) {
-    Py_ssize_t i = kept_find(m, k->span.idv);
-    if (i < m->n && m->k[i].span.idv == k->span.idv) { /* a new version of a kept span */
-        kept_t old = m->k[i];
-        m->k[i] = *k;
-        kept_release(&old); /* may run code: the entry is in place already */
-        return 0;
-    }
-    if (m->n == m->cap && kept_grow(m) < 0)
-        return -1;
-    memmove(&m->k[i + 1], &m->k[i], (size_t)(m->n - i) * sizeof(kept_t));
-    m->k[i] = *k;
-    m->n++;
-    return 0;
-}
-
-/* Take entry i out (its references go to *out). */
-static void kept_remove(KeptSpansObject *m, Py_ssize_t i, kept_t *out) {
-    *out = m->k[i];
-    memmove(&m->k[i], &m->k[i + 1], (size_t)(m->n - i - 1) * sizeof(kept_t));
-    m->n--;
-}
-
-static PyObject *Kept_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
-        PyErr_SetString(PyExc_TypeError, "KeptSpans() takes no arguments");
-        return NULL;
-    }
-    return type->tp_alloc(type, 0);
-}
-
-static int Kept_traverse(KeptSpansObject *m, visitproc visit, void *arg) {
-    for (Py_ssize_t i = 0; i < m->n; i++) {
-        kept_t *k = &m->k[i];
-        Py_VISIT(k->span.id);
-        Py_VISIT(k->span.parent);
-        Py_VISIT(k->span.sticky);
-        Py_VISIT(k->span.tid);
-        Py_VISIT(k->opener);
-        Py_VISIT(k->extra);
-    }
-    return 0;
-}
-
-static int Kept_clear(KeptSpansObject *m) {
-    while (m->n) {
-        kept_t k;
-        kept_remove(m, m->n - 1, &k);
-        kept_release(&k);
-    }
-    return 0;
-}
-
-static void Kept_dealloc(KeptSpansObject *m) {
-    PyObject_GC_UnTrack(m);
-    Kept_clear(m);
-    PyMem_Free(m->k);
-    Py_TYPE(m)->tp_free((PyObject *)m);
-}
-
-static Py_ssize_t Kept_len(KeptSpansObject *m) { return m->n; }
-
-static PyObject *Kept_subscript(KeptSpansObject *m, PyObject *key) {
-    kept_t *k = kept_get(m, key, NULL);
-    if (!k) {
-        PyErr_SetObject(PyExc_KeyError, key);
-        return NULL;
-    }
-    return open_of(k, 0);
-}
-
-/* open[i] = OpenSpan (Python's open_span, restick_open); del open[i]. */
-static int Kept_ass_subscript(KeptSpansObject *m, PyObject *key, PyObject *v) {
-    if (v == NULL) {
-        Py_ssize_t i;
-        if (!kept_get(m, key, &i)) {
-            PyErr_SetObject(PyExc_KeyError, key);
-            return -1;
-        }
-        kept_t k;
-        kept_remove(m, i, &k);
-        kept_release(&k);
-        return 0;
-    }
+/* open[i] = OpenSpan (Python's open_span, restick_open): its entry. */
+static int kept_entry_of(PyObject *key, PyObject *v, void *out) {
     if (!IS_OPEN_SPAN(v)) {
         PyErr_SetString(PyExc_TypeError, "a kept span is an OpenSpan");
         return -1;
     }
-    if (!PyLong_Check(key) || PyObject_RichCompareBool(key, AS_OPEN(v)->span.id, Py_EQ) != 1) {
+    if (!PyLong_Check(key) || PyObject_RichCompareBool(key, AS_OPEN(v)->k.span.id, Py_EQ) != 1) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_KeyError, "an OpenSpan is kept under its own id");
         return -1;
     }
-    OpenSpanObject *e = AS_OPEN(v);
-    kept_t k = {e->span, e->opener, e->extra};
-    kept_incref(&k);
-    if (dft_kept_put(m, &k) < 0) {
-        kept_release(&k);
-        return -1;
-    }
+    kept_incref(&AS_OPEN(v)->k);
+    *(kept_t *)out = AS_OPEN(v)->k;
     return 0;
 }
-
-static int Kept_contains(KeptSpansObject *m, PyObject *key) { return kept_get(m, key, NULL) != NULL; }
-
-static PyObject *Kept_get(KeptSpansObject *m, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "get(key, default=None)");
-        return NULL;
-    }
-    kept_t *k = kept_get(m, args[0], NULL);
-    if (k)
-        return open_of(k, 0);
-    PyObject *d = nargs == 2 ? args[1] : Py_None;
-    Py_INCREF(d);
-    return d;
-}
-
-static PyObject *Kept_pop(KeptSpansObject *m, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "pop(key[, default])");
-        return NULL;
-    }
-    Py_ssize_t i;
-    if (!kept_get(m, args[0], &i)) {
-        if (nargs == 2) {
-            Py_INCREF(args[1]);
-            return args[1];
-        }
-        PyErr_SetObject(PyExc_KeyError, args[0]);
-        return NULL;
-    }
-    kept_t k;
-    kept_remove(m, i, &k);
-    PyObject *e = open_of(&k, 1);
-    if (!e)
-        kept_release(&k); /* out of memory: the span is gone, unrecorded */
-    return e;
-}
-
-/* [(id, OpenSpan)] in the order they opened (a list: a snapshot). */
-static PyObject *Kept_items(KeptSpansObject *m, PyObject *unused) {
-    PyObject *out = PyList_New(0);
-    for (Py_ssize_t i = 0; out && i < m->n; i++) {
-        PyObject *e = open_of(&m->k[i], 0);
-        PyObject *pair = e ? PyTuple_Pack(2, m->k[i].span.id, e) : NULL;
-        Py_XDECREF(e);
-        if (!pair || PyList_Append(out, pair) < 0)
-            Py_CLEAR(out);
-        Py_XDECREF(pair);
-    }
-    return out;
-}
-
-static PyObject *Kept_keys(KeptSpansObject *m, PyObject *unused) {
-    PyObject *out = PyList_New(m->n);
-    for (Py_ssize_t i = 0; out && i < m->n; i++) {
-        Py_INCREF(m->k[i].span.id);
-        PyList_SET_ITEM(out, i, m->k[i].span.id);
-    }
-    return out;
-}
-
-static PyObject *Kept_iter(KeptSpansObject *m) {
-    PyObject *keys = Kept_keys(m, NULL);
-    PyObject *it = keys ? PyObject_GetIter(keys) : NULL;
-    Py_XDECREF(keys);
-    return it;
-}
-
-static PyObject *Kept_repr(KeptSpansObject *m) {
-    PyObject *keys = Kept_keys(m, NULL);
-    PyObject *r = keys ? PyUnicode_FromFormat("<KeptSpans %R>", keys) : NULL;
-    Py_XDECREF(keys);
-    return r;
-}
-
-static PyMethodDef Kept_methods[] = {
-    {"get", (PyCFunction)(void (*)(void))Kept_get, METH_FASTCALL, "get(id, default=None) -> OpenSpan"},
-    {"pop", (PyCFunction)(void (*)(void))Kept_pop, METH_FASTCALL,
-     "pop(id[, default]) -> OpenSpan: take the span out (it is no longer kept)"},
-    {"items", (PyCFunction)Kept_items, METH_NOARGS, "[(id, OpenSpan)], oldest first"},
-    {"keys", (PyCFunction)Kept_keys, METH_NOARGS, "[id], oldest first"},
-    {NULL, NULL, 0, NULL}};
-
-static PyMappingMethods Kept_as_mapping = {
-    .mp_length = (lenfunc)Kept_len,
-    .mp_subscript = (binaryfunc)Kept_subscript,
-    .mp_ass_subscript = (objobjargproc)Kept_ass_subscript,
-};
-
-static PySequenceMethods Kept_as_sequence = {
-    .sq_contains = (objobjproc)Kept_contains,
-};
-
-PyTypeObject dft_KeptSpansType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dftrace._core._speedups.KeptSpans",
-    .tp_basicsize = sizeof(KeptSpansObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A stack's open map: span id -> OpenSpan for the spans with and start() keep "
-              "open on it, held in place, in the order they opened.",
-    .tp_new = Kept_new,
-    .tp_dealloc = (destructor)Kept_dealloc,
-    .tp_traverse = (traverseproc)Kept_traverse,
-    .tp_clear = (inquiry)Kept_clear,
-    .tp_repr = (reprfunc)Kept_repr,
-    .tp_iter = (getiterfunc)Kept_iter,
-    .tp_as_mapping = &Kept_as_mapping,
-    .tp_as_sequence = &Kept_as_sequence,
-    .tp_methods = Kept_methods,
-};
 
 /* ------------------------------------------------------------------------- */
-/* StartedSpans: STATE.open_spans (kept_spans.h)                               */
+/* StartedSpans' entries                                                       */
 
-static Py_ssize_t started_find(const StartedSpansObject *m, unsigned long long v) {
-    Py_ssize_t lo = 0, hi = m->n;
-    if (hi && m->s[hi - 1].idv == v)
-        return hi - 1;
-    while (lo < hi) {
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (m->s[mid].idv < v)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-/* The index of key `key` (an int), or -1 (no error set: not one of ours). */
-static Py_ssize_t started_index(StartedSpansObject *m, PyObject *key) {
-    if (!PyLong_Check(key))
-        return -1;
-    unsigned long long v = PyLong_AsUnsignedLongLong(key);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return -1;
-    }
-    Py_ssize_t i = started_find(m, v);
-    return i < m->n && m->s[i].idv == v ? i : -1;
-}
-
-int dft_started_put(StartedSpansObject *m, unsigned long long idv, PyObject *id, PyObject *stk) {
-    Py_ssize_t i = started_find(m, idv);
-    Py_INCREF(id);
-    Py_INCREF(stk);
-    if (i < m->n && m->s[i].idv == idv) { /* started again under the same id: its new stack */
-        started_t old = m->s[i];
-        m->s[i] = (started_t){idv, id, stk};
-        Py_DECREF(old.id);
-        Py_DECREF(old.stk);
-        return 0;
-    }
-    if (m->n == m->cap) {
-        Py_ssize_t cap = m->cap ? m->cap * 2 : 16;
-        started_t *s = (size_t)cap <= PY_SSIZE_T_MAX / sizeof(started_t)
-                           ? PyMem_Realloc(m->s, (size_t)cap * sizeof(started_t)) : NULL;
-        if (!s) {
-            Py_DECREF(id);
-            Py_DECREF(stk);
-            PyErr_NoMemory();
-            return -1;
-        }
-        m->s = s;
-        m->cap = cap;
-    }
-    memmove(&m->s[i + 1], &m->s[i], (size_t)(m->n - i) * sizeof(started_t));
-    m->s[i] = (started_t){idv, id, stk};
-    m->n++;
-    return 0;
-}
-
-/* Take entry i out: its references go to *out. */
-static void started_take(StartedSpansObject *m, Py_ssize_t i, started_t *out) {
-    *out = m->s[i];
-    memmove(&m->s[i], &m->s[i + 1], (size_t)(m->n - i - 1) * sizeof(started_t));
-    m->n--;
-}
-
-int dft_started_remove(StartedSpansObject *m, unsigned long long idv) {
-    Py_ssize_t i = started_find(m, idv);
-    if (i >= m->n || m->s[i].idv != idv)
-        return 0;
-    started_t e;
-    started_take(m, i, &e);
-    Py_DECREF(e.id);
-    Py_DECREF(e.stk);
-    return 1;
-}
-
-static PyObject *Started_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
-        PyErr_SetString(PyExc_TypeError, "StartedSpans() takes no arguments");
-        return NULL;
-    }
-    return type->tp_alloc(type, 0);
-}
-
-static int Started_traverse(StartedSpansObject *m, visitproc visit, void *arg) {
-    for (Py_ssize_t i = 0; i < m->n; i++) {
-        Py_VISIT(m->s[i].id);
-        Py_VISIT(m->s[i].stk);
-    }
-    return 0;
-}
-
-static int Started_clear(StartedSpansObject *m) {
-    while (m->n) {
-        started_t e;
-        started_take(m, m->n - 1, &e);
-        Py_DECREF(e.id);
-        Py_DECREF(e.stk);
-    }
-    return 0;
-}
-
-static void Started_dealloc(StartedSpansObject *m) {
-    PyObject_GC_UnTrack(m);
-    Started_clear(m);
-    PyMem_Free(m->s);
-    Py_TYPE(m)->tp_free((PyObject *)m);
-}
-
-static Py_ssize_t Started_len(StartedSpansObject *m) { return m->n; }
-
-static PyObject *Started_subscript(StartedSpansObject *m, PyObject *key) {
-    Py_ssize_t i = started_index(m, key);
-    if (i < 0) {
-        PyErr_SetObject(PyExc_KeyError, key);
-        return NULL;
-    }
-    Py_INCREF(m->s[i].stk);
-    return m->s[i].stk;
-}
-
-/* open_spans[i] = stack (Python's start()); del open_spans[i]. */
-static int Started_ass_subscript(StartedSpansObject *m, PyObject *key, PyObject *v) {
-    if (v == NULL) {
-        Py_ssize_t i = started_index(m, key);
-        if (i < 0) {
-            PyErr_SetObject(PyExc_KeyError, key);
-            return -1;
-        }
-        started_t e;
-        started_take(m, i, &e);
-        Py_DECREF(e.id);
-        Py_DECREF(e.stk);
-        return 0;
-    }
+/* open_spans[i] = stack (Python's start()): its entry. */
+static int started_entry_of(PyObject *key, PyObject *v, void *out) {
     if (!PyLong_Check(key)) {
         PyErr_SetString(PyExc_TypeError, "a started span's key is its id (an int)");
         return -1;
@@ -556,28 +136,234 @@ static int Started_ass_subscript(StartedSpansObject *m, PyObject *key, PyObject 
     unsigned long long idv = PyLong_AsUnsignedLongLong(key);
     if (idv == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
-    return dft_started_put(m, idv, key, v);
+    Py_INCREF(key);
+    Py_INCREF(v);
+    *(started_t *)out = (started_t){idv, key, v};
+    return 0;
 }
 
-static int Started_contains(StartedSpansObject *m, PyObject *key) { return started_index(m, key) >= 0; }
+static int started_refs(void *e, visitproc visit, void *arg) {
+    started_t *s = e;
+    PyObject **const refs[] = {&s->id, &s->stk};
+    return visit_refs(refs, NREFS(refs), visit, arg);
+}
 
-static PyObject *Started_get(StartedSpansObject *m, PyObject *const *args, Py_ssize_t nargs) {
+/* What Python reads for an entry: its stack (`move`: the entry's reference). */
+static PyObject *stack_of(void *e, int move) {
+    started_t *s = e;
+    if (move)
+        Py_DECREF(s->id);
+    else
+        Py_INCREF(s->stk);
+    return s->stk;
+}
+
+/* ------------------------------------------------------------------------- */
+/* The two maps: KeptSpans (a stack's `open` map) and StartedSpans             */
+
+/* What sets one map apart from the other: its entries and what Python reads. */
+typedef struct {
+    const char *name;
+    size_t size, idv_at, id_at; /* an entry's bytes; where its id's value and its id are */
+    Py_ssize_t first_cap;
+    PyObject *(*value)(void *e, int move); /* new reference (`move`: the entry's references taken) */
+    int (*refs)(void *e, visitproc visit, void *arg); /* as kept_refs */
+    /* map[key] = v from Python: the entry (new references), or -1 with an error */
+    int (*entry_of)(PyObject *key, PyObject *v, void *out);
+} map_kind_t;
+
+static const map_kind_t KEPT = {"KeptSpans", sizeof(kept_t), offsetof(kept_t, span.idv),
+                                offsetof(kept_t, span.id), 8, open_of, kept_refs, kept_entry_of};
+static const map_kind_t STARTED = {"StartedSpans", sizeof(started_t), offsetof(started_t, idv),
+                                   offsetof(started_t, id), 16, stack_of, started_refs,
+                                   started_entry_of};
+
+typedef union {
+    kept_t kept;
+    started_t started;
+} any_entry_t; /* room for an entry of either map */
+
+static const map_kind_t *kind_of(const IdMapObject *m) {
+    return Py_TYPE(m) == &dft_KeptSpansType ? &KEPT : &STARTED;
+}
+
+static char *entry_at(const IdMapObject *m, const map_kind_t *t, Py_ssize_t i) {
+    return (char *)m->e + (size_t)i * t->size;
+}
+
+static unsigned long long idv_at(const IdMapObject *m, const map_kind_t *t, Py_ssize_t i) {
+    return *(const unsigned long long *)(entry_at(m, t, i) + t->idv_at);
+}
+
+/* Where id `v` is, or would go (the first entry with an id not below it). */
+static Py_ssize_t map_find(const IdMapObject *m, unsigned long long v) {
+    const map_kind_t *t = kind_of(m);
+    Py_ssize_t lo = 0, hi = m->n;
+    if (hi && idv_at(m, t, hi - 1) == v) /* the common case: the newest */
+        return hi - 1;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (idv_at(m, t, mid) < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The index of the entry of id `v`, or -1. */
+static Py_ssize_t map_index_of(const IdMapObject *m, unsigned long long v) {
+    Py_ssize_t i = map_find(m, v);
+    return i < m->n && idv_at(m, kind_of(m), i) == v ? i : -1;
+}
+
+/* The index of key `key` (an int), or -1 (no error set: not one of ours). */
+static Py_ssize_t map_index(const IdMapObject *m, PyObject *key) {
+    if (!PyLong_Check(key))
+        return -1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(key);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return map_index_of(m, v);
+}
+
+int dft_map_put(IdMapObject *m, const void *e) {
+    const map_kind_t *t = kind_of(m);
+    unsigned long long v = *(const unsigned long long *)((const char *)e + t->idv_at);
+    Py_ssize_t i = map_find(m, v);
+    if (i < m->n && idv_at(m, t, i) == v) { /* a new version of an entry */
+        any_entry_t old;
+        memcpy(&old, entry_at(m, t, i), t->size);
+        memcpy(entry_at(m, t, i), e, t->size);
+        t->refs(&old, NULL, NULL); /* may run code: the entry is in place already */
+        return 0;
+    }
+    if (m->n == m->cap) {
+        Py_ssize_t cap = m->cap ? m->cap * 2 : t->first_cap;
+        void *grown = (size_t)cap <= PY_SSIZE_T_MAX / t->size ? PyMem_Realloc(m->e, (size_t)cap * t->size) : NULL;
+        if (!grown) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        m->e = grown;
+        m->cap = cap;
+    }
+    memmove(entry_at(m, t, i + 1), entry_at(m, t, i), (size_t)(m->n - i) * t->size);
+    memcpy(entry_at(m, t, i), e, t->size);
+    m->n++;
+    return 0;
+}
+
+/* Take entry i out (its references go to *out). */
+static void map_take(IdMapObject *m, Py_ssize_t i, any_entry_t *out) {
+    const map_kind_t *t = kind_of(m);
+    memcpy(out, entry_at(m, t, i), t->size);
+    memmove(entry_at(m, t, i), entry_at(m, t, i + 1), (size_t)(m->n - i - 1) * t->size);
+    m->n--;
+}
+
+/* Take entry i out and let its references go. */
+static void map_drop(IdMapObject *m, Py_ssize_t i) {
+    any_entry_t e;
+    map_take(m, i, &e);
+    kind_of(m)->refs(&e, NULL, NULL);
+}
+
+int dft_map_remove(IdMapObject *m, unsigned long long idv) {
+    Py_ssize_t i = map_index_of(m, idv);
+    if (i < 0)
+        return 0;
+    map_drop(m, i);
+    return 1;
+}
+
+static PyObject *Map_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_Format(PyExc_TypeError, "%s() takes no arguments", type == &dft_KeptSpansType ? KEPT.name : STARTED.name);
+        return NULL;
+    }
+    return type->tp_alloc(type, 0);
+}
+
+static int Map_traverse(IdMapObject *m, visitproc visit, void *arg) {
+    const map_kind_t *t = kind_of(m);
+    for (Py_ssize_t i = 0; i < m->n; i++) {
+        int r = t->refs(entry_at(m, t, i), visit, arg);
+        if (r)
+            return r;
+    }
+    return 0;
+}
+
+static int Map_clear(IdMapObject *m) {
+    while (m->n)
+        map_drop(m, m->n - 1);
+    return 0;
+}
+
+static void Map_dealloc(IdMapObject *m) {
+    PyObject_GC_UnTrack(m);
+    Map_clear(m);
+    PyMem_Free(m->e);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static Py_ssize_t Map_len(IdMapObject *m) { return m->n; }
+
+static int Map_contains(IdMapObject *m, PyObject *key) { return map_index(m, key) >= 0; }
+
+static PyObject *Map_subscript(IdMapObject *m, PyObject *key) {
+    Py_ssize_t i = map_index(m, key);
+    if (i < 0) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    return kind_of(m)->value(entry_at(m, kind_of(m), i), 0);
+}
+
+/* map[key] = v; del map[key] */
+static int Map_ass_subscript(IdMapObject *m, PyObject *key, PyObject *v) {
+    const map_kind_t *t = kind_of(m);
+    any_entry_t e;
+    if (v == NULL) {
+        Py_ssize_t i = map_index(m, key);
+        if (i < 0) {
+            PyErr_SetObject(PyExc_KeyError, key);
+            return -1;
+        }
+        map_drop(m, i);
+        return 0;
+    }
+    if (t->entry_of(key, v, &e) < 0)
+        return -1;
+    if (dft_map_put(m, &e) < 0) {
+        t->refs(&e, NULL, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Map_get(IdMapObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 2) {
         PyErr_SetString(PyExc_TypeError, "get(key, default=None)");
         return NULL;
     }
-    Py_ssize_t i = started_index(m, args[0]);
-    PyObject *r = i >= 0 ? m->s[i].stk : nargs == 2 ? args[1] : Py_None;
-    Py_INCREF(r);
-    return r;
+    Py_ssize_t i = map_index(m, args[0]);
+    if (i >= 0)
+        return kind_of(m)->value(entry_at(m, kind_of(m), i), 0);
+    PyObject *d = nargs == 2 ? args[1] : Py_None;
+    Py_INCREF(d);
+    return d;
 }
 
-static PyObject *Started_pop(StartedSpansObject *m, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Map_pop(IdMapObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 2) {
         PyErr_SetString(PyExc_TypeError, "pop(key[, default])");
         return NULL;
     }
-    Py_ssize_t i = started_index(m, args[0]);
+    Py_ssize_t i = map_index(m, args[0]);
     if (i < 0) {
         if (nargs == 2) {
             Py_INCREF(args[1]);
@@ -586,66 +372,119 @@ static PyObject *Started_pop(StartedSpansObject *m, PyObject *const *args, Py_ss
         PyErr_SetObject(PyExc_KeyError, args[0]);
         return NULL;
     }
-    started_t e;
-    started_take(m, i, &e);
-    Py_DECREF(e.id);
-    return e.stk; /* the entry's reference */
+    any_entry_t e;
+    map_take(m, i, &e);
+    PyObject *v = kind_of(m)->value(&e, 1);
+    if (!v) /* out of memory: the span is gone, unrecorded */
+        kind_of(m)->refs(&e, NULL, NULL);
+    return v;
 }
 
-static PyObject *Started_keys(StartedSpansObject *m, PyObject *unused) {
+static PyObject *Map_keys(IdMapObject *m, PyObject *unused) {
+    const map_kind_t *t = kind_of(m);
     PyObject *out = PyList_New(m->n);
     for (Py_ssize_t i = 0; out && i < m->n; i++) {
-        Py_INCREF(m->s[i].id);
-        PyList_SET_ITEM(out, i, m->s[i].id);
+        PyObject *id = *(PyObject **)(entry_at(m, t, i) + t->id_at);
+        Py_INCREF(id);
+        PyList_SET_ITEM(out, i, id);
     }
     return out;
 }
 
-static PyObject *Started_iter(StartedSpansObject *m) {
-    PyObject *keys = Started_keys(m, NULL);
+/* [(id, OpenSpan)] in the order they opened (a list: a snapshot). */
+static PyObject *Map_items(IdMapObject *m, PyObject *unused) {
+    const map_kind_t *t = kind_of(m);
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out && i < m->n; i++) {
+        char *e = entry_at(m, t, i);
+        PyObject *v = t->value(e, 0);
+        PyObject *pair = v ? PyTuple_Pack(2, *(PyObject **)(e + t->id_at), v) : NULL;
+        Py_XDECREF(v);
+        if (!pair || PyList_Append(out, pair) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(pair);
+    }
+    return out;
+}
+
+static PyObject *Map_iter(IdMapObject *m) {
+    PyObject *keys = Map_keys(m, NULL);
     PyObject *it = keys ? PyObject_GetIter(keys) : NULL;
     Py_XDECREF(keys);
     return it;
 }
 
-static PyObject *Started_repr(StartedSpansObject *m) {
-    PyObject *keys = Started_keys(m, NULL);
-    PyObject *r = keys ? PyUnicode_FromFormat("<StartedSpans %R>", keys) : NULL;
+static PyObject *Map_repr(IdMapObject *m) {
+    PyObject *keys = Map_keys(m, NULL);
+    PyObject *r = keys ? PyUnicode_FromFormat("<%s %R>", kind_of(m)->name, keys) : NULL;
     Py_XDECREF(keys);
     return r;
 }
 
-static PyMethodDef Started_methods[] = {
-    {"get", (PyCFunction)(void (*)(void))Started_get, METH_FASTCALL, "get(id, default=None) -> its stack"},
-    {"pop", (PyCFunction)(void (*)(void))Started_pop, METH_FASTCALL,
-     "pop(id[, default]) -> its stack: it is no longer started"},
-    {"keys", (PyCFunction)Started_keys, METH_NOARGS, "[id], oldest first"},
+static PyMethodDef Kept_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))Map_get, METH_FASTCALL, "get(id, default=None) -> OpenSpan"},
+    {"pop", (PyCFunction)(void (*)(void))Map_pop, METH_FASTCALL,
+     "pop(id[, default]) -> OpenSpan: take the span out (it is no longer kept)"},
+    {"items", (PyCFunction)Map_items, METH_NOARGS, "[(id, OpenSpan)], oldest first"},
+    {"keys", (PyCFunction)Map_keys, METH_NOARGS, "[id], oldest first"},
     {NULL, NULL, 0, NULL}};
 
-static PyMappingMethods Started_as_mapping = {
-    .mp_length = (lenfunc)Started_len,
-    .mp_subscript = (binaryfunc)Started_subscript,
-    .mp_ass_subscript = (objobjargproc)Started_ass_subscript,
+static PyMethodDef Started_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))Map_get, METH_FASTCALL, "get(id, default=None) -> its stack"},
+    {"pop", (PyCFunction)(void (*)(void))Map_pop, METH_FASTCALL,
+     "pop(id[, default]) -> its stack: it is no longer started"},
+    {"keys", (PyCFunction)Map_keys, METH_NOARGS, "[id], oldest first"},
+    {NULL, NULL, 0, NULL}};
+
+static PyMappingMethods Map_as_mapping = {
+    .mp_length = (lenfunc)Map_len,
+    .mp_subscript = (binaryfunc)Map_subscript,
+    .mp_ass_subscript = (objobjargproc)Map_ass_subscript,
 };
 
-static PySequenceMethods Started_as_sequence = {
-    .sq_contains = (objobjproc)Started_contains,
+static PySequenceMethods Map_as_sequence = {
+    .sq_contains = (objobjproc)Map_contains,
 };
 
-PyTypeObject dft_StartedSpansType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dftrace._core._speedups.StartedSpans",
-    .tp_basicsize = sizeof(StartedSpansObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "STATE.open_spans: span id -> its stack for the spans start() opened and no "
-              "stop() ended yet, in the order they started.",
-    .tp_new = Started_new,
-    .tp_dealloc = (destructor)Started_dealloc,
-    .tp_traverse = (traverseproc)Started_traverse,
-    .tp_clear = (inquiry)Started_clear,
-    .tp_repr = (reprfunc)Started_repr,
-    .tp_iter = (getiterfunc)Started_iter,
-    .tp_as_mapping = &Started_as_mapping,
-    .tp_as_sequence = &Started_as_sequence,
-    .tp_methods = Started_methods,
-};
+/* Filled by map_type_ready. */
+PyTypeObject dft_KeptSpansType = {PyVarObject_HEAD_INIT(NULL, 0)};
+PyTypeObject dft_StartedSpansType = {PyVarObject_HEAD_INIT(NULL, 0)};
+
+/* One of the two map classes: the slots they share, and what sets it apart. */
+static int map_type_ready(PyTypeObject *t, const char *name, const char *doc, PyMethodDef *methods) {
+    t->tp_name = name;
+    t->tp_doc = doc;
+    t->tp_methods = methods;
+    t->tp_as_mapping = &Map_as_mapping;
+    t->tp_basicsize = sizeof(IdMapObject);
+    t->tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+    t->tp_new = Map_new;
+    t->tp_dealloc = (destructor)Map_dealloc;
+    t->tp_traverse = (traverseproc)Map_traverse;
+    t->tp_clear = (inquiry)Map_clear;
+    t->tp_repr = (reprfunc)Map_repr;
+    t->tp_iter = (getiterfunc)Map_iter;
+    t->tp_as_sequence = &Map_as_sequence;
+    return PyType_Ready(t);
+}
+
+int dft_kept_spans_ready(void) {
+    if (PyType_Ready(&dft_OpenSpanType) < 0)
+        return -1;
+    if (map_type_ready(&dft_KeptSpansType, "dftrace._core._speedups.KeptSpans",
+                       "A stack's open map: span id -> OpenSpan for the spans with and start() keep "
+                       "open on it, held in place, in the order they opened.",
+                       Kept_methods) < 0)
+        return -1;
+    return map_type_ready(&dft_StartedSpansType, "dftrace._core._speedups.StartedSpans",
+                          "STATE.open_spans: span id -> its stack for the spans start() opened and no "
+                          "stop() ended yet, in the order they started.",
+                          Started_methods);
+}
+
+/* ------------------------------------------------------------------------- */
+/* STATE.open_spans, as last read (open_spans)                                 */
+
+PyObject *dft_open_spans_cache = NULL;
+
+void dft_open_spans_forget(void) { Py_CLEAR(dft_open_spans_cache); }

@@ -1,8 +1,14 @@
-/* kept_spans.h: the spans `with` and start() keep open, in their stack's `open` map,
-   and the ones start() opened, process-wide, in STATE.open_spans.
-   Part of engine.h, included at its place there (after span_lifecycle.h). */
+/* kept_spans.h: kept_spans.c's side, the spans `with` and start() keep open, in their
+   stack's `open` map, and the ones start() opened, process-wide, in STATE.open_spans
+   (push, find on top, take; add, remove: inline, on the hot path). */
 #ifndef DFTRACE_KEPT_SPANS_H
 #define DFTRACE_KEPT_SPANS_H
+
+#include "common.h"
+#include "module.h"
+#include "span_lifecycle.h"
+
+DFT_HIDDEN_BEGIN
 
 /* ------------------------------------------------------------------------- */
 /* Kept spans: the stack's `open` map, in C                                    */
@@ -18,47 +24,59 @@
  * mapping it also is (get, pop, in, items, [i] = OpenSpan): an OpenSpan is made
  * for them from the entry, so a span opened by either engine ends in either.
  */
-/* A kept span as Python reads it (_speedups.OpenSpan; engine.OpenSpan is its
-   pure-Python twin, with the same names): made from a map's entry when Python asks
-   for one, and given back to a map by Python's open_span and restick_open. */
-typedef struct {
-    PyObject_HEAD
-    span_t span;      /* its tid is NULL where Python made it (its stack's is read) */
-    PyObject *opener;
-    PyObject *extra;
-} OpenSpanObject;
-extern PyTypeObject dft_OpenSpanType;
-#define IS_OPEN_SPAN(o) (Py_TYPE(o) == &dft_OpenSpanType)
-#define AS_OPEN(o) ((OpenSpanObject *)(o))
-
 typedef struct {
     span_t span;      /* its id's value (span.idv) is the map's key */
     PyObject *opener; /* the node, use or capturing scope whose with/start() opened it */
     PyObject *extra;  /* the opener's own args: an Extra or None */
 } kept_t;
 
+/* A kept span as Python reads it (_speedups.OpenSpan; engine.OpenSpan is its
+   pure-Python twin, with the same names): made from a map's entry when Python asks
+   for one, and given back to a map by Python's open_span and restick_open. Its
+   span's tid is NULL where Python made it (its stack's is read). */
 typedef struct {
     PyObject_HEAD
-    kept_t *k;        /* n entries, ids ascending */
+    kept_t k;
+} OpenSpanObject;
+extern PyTypeObject dft_OpenSpanType;
+#define IS_OPEN_SPAN(o) (Py_TYPE(o) == &dft_OpenSpanType)
+#define AS_OPEN(o) ((OpenSpanObject *)(o))
+
+/* A KeptSpans or a StartedSpans (below): the two maps keep their entries alike, in
+   one array, ids ascending. */
+typedef struct {
+    PyObject_HEAD
+    void *e;          /* n entries: kept_t in a KeptSpans, started_t in a StartedSpans */
     Py_ssize_t n, cap;
-} KeptSpansObject;
+} IdMapObject;
 
-#define AS_KEPT(o) ((KeptSpansObject *)(o))
+#define AS_MAP(o) ((IdMapObject *)(o))
+#define KEPT_OF(o) ((kept_t *)AS_MAP(o)->e)
+extern PyTypeObject dft_KeptSpansType; /* a stack's `open` map */
+#define IS_KEPT_MAP(o) (Py_TYPE(o) == &dft_KeptSpansType)
 
-/* Put entry `k` (its references move in) in its place by id; -1 with an error. */
-int dft_kept_put(KeptSpansObject *m, const kept_t *k);
+/* OpenSpan, KeptSpans and StartedSpans ready (PyType_Ready): 0, or -1 with an error. */
+int dft_kept_spans_ready(void);
+
+/* The last entry of a KeptSpans (one there is). */
+static inline kept_t *kept_last(PyObject *map) { return &KEPT_OF(map)[AS_MAP(map)->n - 1]; }
+
+/* Entries in their place by id (kept_spans.c), from any place: `e` (a kept_t or a
+   started_t; its references move in) replaces the entry of its id, or is inserted.
+   0, or -1 with an error and `e` not taken. */
+int dft_map_put(IdMapObject *m, const void *e);
 
 /* Keep span `s` (its references move into the map) with its opener and the
    opener's args (borrowed; the map takes references): last, as the newest span of
    its stack. 0, or -1 with an error set and `s` left as it was. */
 static inline int kept_push(PyObject *map, span_t *s, PyObject *opener, PyObject *extra) {
-    KeptSpansObject *m = AS_KEPT(map);
+    IdMapObject *m = AS_MAP(map);
     kept_t k = {*s, opener, extra};
-    if (unlikely(m->n == m->cap || (m->n && m->k[m->n - 1].span.idv >= s->idv))) {
-        if (dft_kept_put(m, &k) < 0)
+    if (unlikely(m->n == m->cap || (m->n && KEPT_OF(m)[m->n - 1].span.idv >= s->idv))) {
+        if (dft_map_put(m, &k) < 0)
             return -1;
     } else {
-        m->k[m->n++] = k;
+        KEPT_OF(m)[m->n++] = k;
     }
     Py_INCREF(opener);
     Py_INCREF(extra);
@@ -68,11 +86,11 @@ static inline int kept_push(PyObject *map, span_t *s, PyObject *opener, PyObject
 /* The kept span on top of `stk` (a list), when `opener` opened it: a pointer into
    the map, valid until the map changes; else NULL. */
 static inline kept_t *kept_on_top(PyObject *map, PyObject *stk, PyObject *opener) {
-    KeptSpansObject *m = AS_KEPT(map);
+    IdMapObject *m = AS_MAP(map);
     Py_ssize_t n = PyList_GET_SIZE(stk);
     if (m->n == 0 || n == 0)
         return NULL;
-    kept_t *k = &m->k[m->n - 1];
+    kept_t *k = &KEPT_OF(m)[m->n - 1];
     if (k->span.id != PyList_GET_ITEM(stk, n - 1) || k->opener != opener)
         return NULL;
     return k;
@@ -80,8 +98,8 @@ static inline kept_t *kept_on_top(PyObject *map, PyObject *stk, PyObject *opener
 
 /* Take the last entry (kept_on_top's) out of the map, its references with it. */
 static inline void kept_take_last(PyObject *map, kept_t *out) {
-    KeptSpansObject *m = AS_KEPT(map);
-    *out = m->k[--m->n];
+    IdMapObject *m = AS_MAP(map);
+    *out = KEPT_OF(m)[--m->n];
 }
 
 /* Close kept span `k` (taken out of its map) at t1 on `stk` with args x (NULL: the
@@ -108,42 +126,60 @@ typedef struct {
     PyObject *id, *stk;
 } started_t;
 
-typedef struct {
-    PyObject_HEAD
-    started_t *s;     /* n entries, ids ascending */
-    Py_ssize_t n, cap;
-} StartedSpansObject;
-
 extern PyTypeObject dft_StartedSpansType;
 #define IS_STARTED_MAP(o) (Py_TYPE(o) == &dft_StartedSpansType)
-#define AS_STARTED(o) ((StartedSpansObject *)(o))
+#define STARTED_OF(o) ((started_t *)AS_MAP(o)->e)
 
-/* Add / remove in any place (kept_spans.c): 0 / 1 removed, 0 absent; -1 with an error. */
-int dft_started_put(StartedSpansObject *m, unsigned long long idv, PyObject *id, PyObject *stk);
-int dft_started_remove(StartedSpansObject *m, unsigned long long idv);
+/* Remove the entry of idv from any place (kept_spans.c): 1 removed, 0 absent. */
+int dft_map_remove(IdMapObject *m, unsigned long long idv);
 
 /* Span `id` (value idv) was started on `stk` (both borrowed): 0, or -1 with an error. */
 static inline int started_add(PyObject *map, unsigned long long idv, PyObject *id, PyObject *stk) {
-    StartedSpansObject *m = AS_STARTED(map);
-    if (unlikely(m->n == m->cap || (m->n && m->s[m->n - 1].idv >= idv)))
-        return dft_started_put(m, idv, id, stk);
+    IdMapObject *m = AS_MAP(map);
+    started_t e = {idv, id, stk};
     Py_INCREF(id);
     Py_INCREF(stk);
-    m->s[m->n++] = (started_t){idv, id, stk};
+    if (unlikely(m->n == m->cap || (m->n && STARTED_OF(m)[m->n - 1].idv >= idv))) {
+        if (dft_map_put(m, &e) < 0) {
+            Py_DECREF(id);
+            Py_DECREF(stk);
+            return -1;
+        }
+    } else {
+        STARTED_OF(m)[m->n++] = e;
+    }
     return 0;
 }
 
 /* Span idv is no longer started (its stop came): 1, or 0 when it was not. The caller
    holds its stack. */
 static inline int started_remove(PyObject *map, unsigned long long idv) {
-    StartedSpansObject *m = AS_STARTED(map);
-    if (m->n && m->s[m->n - 1].idv == idv) {
-        started_t e = m->s[--m->n];
+    IdMapObject *m = AS_MAP(map);
+    if (m->n && STARTED_OF(m)[m->n - 1].idv == idv) {
+        started_t e = STARTED_OF(m)[--m->n];
         Py_DECREF(e.id);
         Py_DECREF(e.stk);
         return 1;
     }
-    return dft_started_remove(m, idv);
+    return dft_map_remove(m, idv);
 }
 
+/* STATE.open_spans (a StartedSpans), as last read: STATE replaces it only where it resets
+   (reset(), after a fork), and both then call the engine's reset()/after_fork(),
+   which forget it (dft_open_spans_forget). */
+extern PyObject *dft_open_spans_cache;
+static inline PyObject *open_spans(void) {
+    PyObject *d = dft_open_spans_cache;
+    if (!d) {
+        d = dft_hooks.state ? PyObject_GetAttr(dft_hooks.state, dft_str_open_spans) : NULL;
+        if (!d || !IS_STARTED_MAP(d))
+            return d;
+        dft_open_spans_cache = d; /* the cache's reference */
+    }
+    Py_INCREF(d);
+    return d;
+}
+void dft_open_spans_forget(void);
+
+DFT_HIDDEN_END
 #endif /* DFTRACE_KEPT_SPANS_H */

@@ -1,10 +1,20 @@
 /* module.c: the module dftrace._core._speedups. register(), the one point where
  * Python hands the engine the objects it calls back into and the classes it fills;
  * the attribute names it reads (interned once, and published as ENGINE_READS so
- * that a test can check them against the real classes); the method table; PyInit.
- * A new function of the module: define it (dft_ name) in the file it belongs to,
- * declare it in engine.h, add it to the table here. */
-#include "engine.h"
+ * that a test can check them against the real classes); PyInit, which adds each
+ * unit's functions and types. A new function of the module: static in the unit it
+ * belongs to, listed in that unit's method table (dft_<unit>_methods, declared in the
+ * unit's header and added here with the others). */
+#include "module.h"
+#include "encoder.h"
+#include "io_lines.h"
+#include "kept_spans.h"
+#include "records.h"
+#include "shm_consumer.h"
+#include "shm_ring.h"
+#include "spans.h"
+#include "traceable.h"
+#include "writer.h"
 
 recstate_t dft_calls = {0};
 hookstate_t dft_hooks = {0};
@@ -138,8 +148,7 @@ static PyObject *register_objects(PyObject *self, PyObject *args, PyObject *kwar
         Py_XDECREF(thread);
         if (real < 0)
             PyErr_Clear();
-        dft_stack_cache_ok = real == 1;
-        dft_stack_epoch++;
+        dft_stack_cache_allow(real == 1);
     }
     find_slot(&dft_slot_frag, dft_calls.extra_type, dft_str_frag);
     find_slot(&dft_slot_mask, dft_calls.extra_type, dft_str_mask);
@@ -254,60 +263,11 @@ static PyMethodDef methods[] = {
      REGISTER_DOC},
     {"registered", registered, METH_NOARGS,
      "registered() -> {name: object or None}: what register() was given so far."},
-    {"record", (PyCFunction)(void (*)(void))dft_record, METH_FASTCALL,
-     "record(kid, t0, t1, id, parent, level, tid, sticky=None, extra=None, count=-1, flags=0)"},
-    {"drain", dft_drain, METH_VARARGS,
-     "drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, records taken)"},
-#ifdef HAVE_NATIVE_WRITE
-    {"drain_write", dft_drain_write, METH_VARARGS,
-     "drain_write(fd, level, frame_records, max_records, pid_piece, hh_piece, offset_ns, min_id, "
-     "prefix) -> (taken, written, bytes, errno, st_nlink): frames encoded, compressed and written"},
-#endif
-    {"in_flight", dft_in_flight, METH_NOARGS, "Records in a drain_write() under way."},
-#ifdef HAVE_WRITE_LOOP
-    {"write_loop", dft_write_loop, METH_VARARGS,
-     "write_loop(fd, level, frame_records, seconds, max_bytes, pid_piece, hh_piece, offset_ns, "
-     "min_id) -> (taken, written, bytes, errno, st_nlink): write full batches without the GIL"},
-    {"kick", dft_kick, METH_NOARGS, "Make write_loop() return now."},
-    {"writing_since", dft_writing_since, METH_NOARGS, "When write_loop's write under way began (0.0: none)."},
-    {"frames_written", dft_frames_written, METH_NOARGS, "Frames the engine has written whole, ever."},
-#endif
-    {"native_write", dft_native_write, METH_NOARGS,
-     "The compressions drain_write() can do here."},
-    {"add_kind", dft_add_kind, METH_O, "add_kind(piece) -> kid"},
-    {"shm_attach", dft_shm_attach, METH_VARARGS,
-     "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},
-    {"shm_detach", dft_shm_detach, METH_NOARGS, "Record into process memory again."},
-    {"shm_finish", dft_shm_finish, METH_NOARGS, "Seal the ring's last slot and mark it finalized."},
-    {"shm_local", dft_shm_set_local, METH_O, "shm_local(on) -> before: record into process memory while captures run"},
-    {"shm_seal_now", dft_shm_seal_now, METH_NOARGS, "Seal the ring's slot being filled."},
-    {"shm_state", dft_shm_state, METH_NOARGS, "(free slots, slots, drainer_busy_ns, commits), or None"},
-    {"shm_append_line", dft_shm_append_line, METH_O, "shm_append_line(line) -> recorded (bool)"},
-    {"reset", dft_reset, METH_NOARGS, "Forget every buffered record."},
-    {"after_fork", dft_after_fork, METH_NOARGS, "In a forked child: a fresh buffer and lock."},
-    {"set_limits", dft_set_limits, METH_VARARGS, "set_limits(batch_size, buffer_limit, drop_when_full)"},
-    {"set_nvtx", dft_set_nvtx, METH_VARARGS,
-     "set_nvtx(open_range, close_range): every span also calls these (None, None: off)"},
-    {"buffered", dft_buffered, METH_NOARGS, "Records buffered now."},
-    {"dropped", dft_get_dropped, METH_NOARGS, "Records dropped and counted so far."},
-    {"set_dropped", dft_set_dropped, METH_O, "Set the dropped counter."},
-    {"new_id", dft_new_id_py, METH_NOARGS, "The next span id."},
-    {"stacks_changed", dft_stacks_changed, METH_NOARGS, "A LOCAL.stk was assigned: threads read theirs again."},
-    {"open_block_kinds", dft_open_block_kinds, METH_NOARGS,
-     "open_block_kinds() -> {span id: kind} of the .iter() loop-body spans open now"},
-    {"close_open_blocks", dft_close_open_blocks, METH_VARARGS,
-     "close_open_blocks(t, ids=None) -> n: write the open .iter() loop-body spans (those with an id "
-     "in ids), incomplete, ending at t"},
-    {"bump_sticky_gen", dft_bump_sticky_gen, METH_NOARGS, "Sticky args changed: nodes refresh theirs on next use."},
-    {"sticky_gen", dft_get_sticky_gen, METH_NOARGS, "The generation of the sticky args in force."},
-    {"clock_ns", dft_clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},
-    {"io_emit", dft_io_emit, METH_VARARGS,
-     "io_emit(records, kids) -> (written, dropped): the file-I/O calls drained (64-byte "
-     "records) as trace records, kids[op] the kind of each call's name"},
-    {"set_options", dft_set_options, METH_VARARGS, "set_options(max_arg_length, off_for_good)"},
-    {"plain_fragment", dft_plain_fragment_py, METH_O,
-     "plain_fragment(d) -> (frag, mask, nested) for a dict of plain keys and JSON values, else None"},
     {NULL, NULL, 0, NULL}};
+
+/* The rest of the module's functions, each unit's table (its header declares it). */
+static PyMethodDef *const UNIT_METHODS[] = {dft_records_methods, dft_io_lines_methods, dft_encoder_methods,
+                                            dft_writer_methods, dft_shm_producer_methods, dft_spans_methods};
 
 /* The engine's state (what register() was given, the buffer, the static types) is
    one per process, held by the interpreter that loaded it: another interpreter of
@@ -326,20 +286,17 @@ static int speedups_exec(PyObject *m) {
     if (intern_names() < 0)
         return -1;
     dft_qlock_fork_safe();
+    for (size_t k = 0; k < sizeof(UNIT_METHODS) / sizeof(UNIT_METHODS[0]); k++)
+        if (PyModule_AddFunctions(m, UNIT_METHODS[k]) < 0)
+            return -1;
     if (PyType_Ready(&dft_SpanWrapperType) < 0 || dft_traceable_ready() < 0 ||
-        PyType_Ready(&dft_SpanIterType) < 0 || PyType_Ready(&dft_OpenSpanType) < 0 ||
-        PyType_Ready(&dft_KeptSpansType) < 0 || PyType_Ready(&dft_StartedSpansType) < 0 ||
-        PyType_Ready(&dft_SpanBaseType) < 0 ||
-        PyType_Ready(&dft_ShmReaderType) < 0)
-        return -1;
-    if (!dft_RingError && !(dft_RingError = PyErr_NewException("dftrace._core._speedups.RingError",
-                                                         PyExc_ValueError, NULL)))
+        PyType_Ready(&dft_SpanIterType) < 0 || dft_kept_spans_ready() < 0 ||
+        PyType_Ready(&dft_SpanBaseType) < 0 || dft_shm_consumer_add(m) < 0)
         return -1;
     PyObject *reads = engine_reads();
     if (!reads)
         return -1;
-    if (PyModule_AddObjectRef(m, "RingError", dft_RingError) < 0 ||
-        PyModule_AddObjectRef(m, "ENGINE_READS", reads) < 0 ||
+    if (PyModule_AddObjectRef(m, "ENGINE_READS", reads) < 0 ||
         PyModule_AddObjectRef(m, "SpanWrapper", (PyObject *)&dft_SpanWrapperType) < 0 ||
         PyModule_AddObjectRef(m, "SpanIter", (PyObject *)&dft_SpanIterType) < 0 ||
         PyModule_AddObjectRef(m, "OpenSpan", (PyObject *)&dft_OpenSpanType) < 0 ||
@@ -347,7 +304,6 @@ static int speedups_exec(PyObject *m) {
         PyModule_AddObjectRef(m, "StartedSpans", (PyObject *)&dft_StartedSpansType) < 0 ||
         PyModule_AddObjectRef(m, "TraceableBase", (PyObject *)&dft_TraceableBaseType) < 0 ||
         PyModule_AddObjectRef(m, "SpanBase", (PyObject *)&dft_SpanBaseType) < 0 ||
-        PyModule_AddObjectRef(m, "ShmReader", (PyObject *)&dft_ShmReaderType) < 0 ||
         PyModule_AddIntConstant(m, "SHM_FIXED_BYTES", (long)(SHM_HEADER_BYTES + SHM_KINDS_BYTES)) < 0 ||
         PyModule_AddIntConstant(m, "SHM_SLOT_BYTES", (long)SHM_SLOT_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "SHM_SLOT_RECORDS", (long)CHUNK_RECS) < 0 ||

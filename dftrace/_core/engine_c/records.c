@@ -1,7 +1,11 @@
 /* records.c: kinds (kid -> the `,"name":..,"cat":..` piece of its lines), the native
  * buffer of records in chunks, and record(), the recording primitive Python calls
- * (the span styles in C record through span_close, engine.h, which calls emit_span). */
-#include "engine.h"
+ * (the span styles in C record through span_close, span_lifecycle.h, which calls
+ * emit_span, records.h). */
+#include "records.h"
+#include "encoder.h"
+#include "kept_spans.h"
+#include "spans.h"
 
 /* Grown by copying into a larger array; an old array is never freed, because the
    writer may be reading it without the GIL. */
@@ -9,7 +13,7 @@ kind_t *dft_kinds = NULL;
 Py_ssize_t dft_nkinds = 0, dft_max_kind_len = 0;
 static Py_ssize_t capkinds = 0;
 
-PyObject *dft_add_kind(PyObject *self, PyObject *arg) {
+static PyObject *add_kind(PyObject *self, PyObject *arg) {
     if (!PyBytes_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "add_kind() takes bytes");
         return NULL;
@@ -78,7 +82,7 @@ void dft_qlock_fork_safe(void) {
 }
 Py_ssize_t dft_batch_size = 16384; /* wake the writer at this many */
 Py_ssize_t dft_buf_limit = 1048576;
-int dft_drop_full = 0;
+static int drop_full = 0;
 long long dft_ndropped = 0;
 /* Counted drops; with a shared-memory ring also in its header, so the drainer can
    write them when this process dies without finalizing. */
@@ -97,18 +101,21 @@ void dft_free_chunks(chunk_t *c) {
 
 /* Drained chunks are kept for reuse (up to SPARE_MAX, 16 MiB): a new chunk's pages
    are then already mapped, and recording takes no page faults. Under qlock. */
-chunk_t *dft_spare = NULL;
-int dft_nspare = 0;
+#define SPARE_MAX 64
+static chunk_t *spare = NULL;
+static int nspare = 0;
+
+int dft_spare_room(void) { return SPARE_MAX - nspare; }
 
 void dft_recycle_chunks(chunk_t *c) {
     chunk_t *unused = NULL;
     QLOCK();
     while (c) {
         chunk_t *nx = c->next;
-        if (dft_nspare < SPARE_MAX) {
-            c->next = dft_spare;
-            dft_spare = c;
-            dft_nspare++;
+        if (nspare < SPARE_MAX) {
+            c->next = spare;
+            spare = c;
+            nspare++;
         } else {
             c->next = unused;
             unused = c;
@@ -121,10 +128,10 @@ void dft_recycle_chunks(chunk_t *c) {
 
 /* A chunk from the spare list or a new one; called under qlock. */
 chunk_t *dft_new_chunk(void) {
-    chunk_t *c = dft_spare;
+    chunk_t *c = spare;
     if (c) {
-        dft_spare = c->next;
-        dft_nspare--;
+        spare = c->next;
+        nspare--;
     } else {
         c = PyMem_RawMalloc(sizeof(chunk_t));
         if (!c)
@@ -142,7 +149,7 @@ chunk_t *dft_new_chunk(void) {
 /* Called when the buffer is at its limit: in block mode wait for the writer (a
    KeyboardInterrupt/SystemExit raised while waiting propagates: -1), else count. */
 int dft_make_room(void) {
-    if (!dft_drop_full && dft_calls.wait_room) {
+    if (!drop_full && dft_calls.wait_room) {
         PyObject *r = PyObject_CallNoArgs(dft_calls.wait_room);
         if (!r) {
             if (!PyErr_ExceptionMatches(PyExc_Exception))
@@ -155,7 +162,7 @@ int dft_make_room(void) {
 }
 
 /* record(kid, t0, t1, id, parent, level, tid, sticky=None, extra=None, count=-1, flags=0) */
-PyObject *dft_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 7 || nargs > 11) {
         PyErr_SetString(PyExc_TypeError, "record() takes 7 to 11 arguments");
         return NULL;
@@ -210,11 +217,7 @@ chunk_t *dft_detach(Py_ssize_t maxn, Py_ssize_t extra_per_rec, Py_ssize_t *ntake
 }
 
 
-/* Forget everything buffered. */
-PyObject *dft_open_spans_cache = NULL;
-
-PyObject *dft_reset(PyObject *self, PyObject *unused) {
-    Py_CLEAR(dft_open_spans_cache);
+void dft_discard_buffered(void) {
     QLOCK();
     chunk_t *c = dft_head;
     dft_head = dft_tail = NULL;
@@ -222,6 +225,12 @@ PyObject *dft_reset(PyObject *self, PyObject *unused) {
     __atomic_store_n(&dft_taken, dft_appended, __ATOMIC_RELAXED);
     QUNLOCK();
     dft_free_chunks(c);
+}
+
+/* Forget everything buffered. */
+static PyObject *reset(PyObject *self, PyObject *unused) {
+    dft_open_spans_forget();
+    dft_discard_buffered();
     dft_woken = 0;
     dft_ndropped = 0;
     Py_RETURN_NONE;
@@ -230,44 +239,44 @@ PyObject *dft_reset(PyObject *self, PyObject *unused) {
 /* In a forked child: the lock may have been copied held by a thread that does not
    exist here, and the lists half changed. Start afresh; the parent's chunks are
    left as they are (not freed: they may be inconsistent). */
-PyObject *dft_after_fork(PyObject *self, PyObject *unused) {
-    Py_CLEAR(dft_open_spans_cache);
+static PyObject *after_fork(PyObject *self, PyObject *unused) {
+    dft_open_spans_forget();
 #ifdef HAVE_WRITE_LOOP
     pthread_mutex_init(&dft_qlock, NULL);
     pthread_cond_init(&dft_qcond, NULL);
     dft_loop_waiting = 0;
     dft_kicked = 0;
 #endif
-    dft_spare = NULL;
-    dft_nspare = 0;
+    spare = NULL;
+    nspare = 0;
     dft_head = dft_tail = NULL;
     dft_full_recs = 0;
     __atomic_store_n(&dft_taken, dft_appended, __ATOMIC_RELAXED);
     dft_woken = 0;
-    dft_stack_epoch++;
+    dft_stacks_forget();
     Py_RETURN_NONE;
 }
 
-PyObject *dft_set_limits(PyObject *self, PyObject *args) {
+static PyObject *set_limits(PyObject *self, PyObject *args) {
     Py_ssize_t b, l;
     int d;
     if (!PyArg_ParseTuple(args, "nnp", &b, &l, &d))
         return NULL;
     dft_batch_size = b;
     dft_buf_limit = l;
-    dft_drop_full = d;
+    drop_full = d;
     Py_RETURN_NONE;
 }
 
 /* Spans waiting to be written: in process memory, and in the ring's slots not yet
    freed. */
-PyObject *dft_buffered(PyObject *self, PyObject *unused) {
+static PyObject *buffered(PyObject *self, PyObject *unused) {
     return PyLong_FromSsize_t(nbuf + (dft_shm ? dft_shm_held() : 0));
 }
 
-PyObject *dft_get_dropped(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(dft_ndropped); }
+static PyObject *get_dropped(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(dft_ndropped); }
 
-PyObject *dft_set_dropped(PyObject *self, PyObject *arg) {
+static PyObject *set_dropped(PyObject *self, PyObject *arg) {
     long long v = PyLong_AsLongLong(arg);
     if (v == -1 && PyErr_Occurred())
         return NULL;
@@ -277,17 +286,34 @@ PyObject *dft_set_dropped(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-PyObject *dft_new_id_py(PyObject *self, PyObject *unused) {
+static PyObject *new_id_py(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(dft_next_id_val++);
 }
 
-PyObject *dft_bump_sticky_gen(PyObject *self, PyObject *unused) {
+static PyObject *bump_sticky_gen(PyObject *self, PyObject *unused) {
     dft_sticky_gen++;
     Py_RETURN_NONE;
 }
 
-PyObject *dft_get_sticky_gen(PyObject *self, PyObject *unused) {
+static PyObject *get_sticky_gen(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(dft_sticky_gen);
 }
 
-PyObject *dft_clock_ns(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }
+static PyObject *clock_ns(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }
+
+/* The module's functions of this file (module.c adds them). */
+PyMethodDef dft_records_methods[] = {
+    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL,
+     "record(kid, t0, t1, id, parent, level, tid, sticky=None, extra=None, count=-1, flags=0)"},
+    {"add_kind", add_kind, METH_O, "add_kind(piece) -> kid"},
+    {"reset", reset, METH_NOARGS, "Forget every buffered record."},
+    {"after_fork", after_fork, METH_NOARGS, "In a forked child: a fresh buffer and lock."},
+    {"set_limits", set_limits, METH_VARARGS, "set_limits(batch_size, buffer_limit, drop_when_full)"},
+    {"buffered", buffered, METH_NOARGS, "Records buffered now."},
+    {"dropped", get_dropped, METH_NOARGS, "Records dropped and counted so far."},
+    {"set_dropped", set_dropped, METH_O, "Set the dropped counter."},
+    {"new_id", new_id_py, METH_NOARGS, "The next span id."},
+    {"bump_sticky_gen", bump_sticky_gen, METH_NOARGS, "Sticky args changed: nodes refresh theirs on next use."},
+    {"sticky_gen", get_sticky_gen, METH_NOARGS, "The generation of the sticky args in force."},
+    {"clock_ns", clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns)"},
+    {NULL, NULL, 0, NULL}};

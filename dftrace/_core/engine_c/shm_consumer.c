@@ -1,4 +1,6 @@
-#include "engine.h"
+#include "shm_consumer.h"
+#include "encoder.h"
+#include "writer.h"
 
 /* ------------------------------------------------------------------------- */
 /* ShmReader: the drainer's side of one producer's ring                      */
@@ -10,7 +12,7 @@
  * found inconsistent raises RingError: the drainer drops that producer.
  */
 
-PyObject *dft_RingError = NULL;
+static PyObject *RingError = NULL;
 
 typedef struct {
     PyObject_HEAD
@@ -88,7 +90,7 @@ static int ShmReader_init(ShmReader *self, PyObject *args, PyObject *kw) {
     if (len < SHM_HEADER_BYTES || __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC ||
         h->version != SHM_VERSION) {
         ShmReader_release(self);
-        PyErr_SetString(dft_RingError, "not a dftrace ring (or another version)");
+        PyErr_SetString(RingError, "not a dftrace ring (or another version)");
         return -1;
     }
     /* One read of each field: the checks and the use see the same values. */
@@ -99,7 +101,7 @@ static int ShmReader_init(ShmReader *self, PyObject *args, PyObject *kw) {
         kinds_off + kinds_cap > slots_off || slots_off > len || nslots == 0 ||
         nslots > (len - slots_off) / slot_size) {
         ShmReader_release(self);
-        PyErr_SetString(dft_RingError, "the ring's layout does not fit its region");
+        PyErr_SetString(RingError, "the ring's layout does not fit its region");
         return -1;
     }
     self->h = h;
@@ -167,13 +169,25 @@ typedef struct {
     uint32_t from, to;
 } range_t;
 
+/* What one drain takes: its ranges, their records, an upper bound of their encoded
+   size, and where the reader stands after them. */
+typedef struct {
+    range_t rg[READ_RANGES];
+    int nr;
+    Py_ssize_t n;
+    size_t upper;
+    uint64_t seq;
+    uint32_t pos;
+} take_t;
+
 /* The ranges of records to encode next, in sequence order: the sealed slots (and,
    with `partial`, the records committed so far in the slot being filled), at most
-   about maxn records, copied into the reader's memory and checked; their count
-   and an upper bound of their encoded size. -1 with RingError (or MemoryError). */
-static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int partial,
-                          range_t *rg, Py_ssize_t *n_out, size_t *upper_out, uint64_t *seq_out,
-                          uint32_t *pos_out) {
+   about maxn records, copied into the reader's memory and checked; `npieces` the
+   bytes of the pid and hostname pieces each line gets. 0, or -1 with RingError (or
+   MemoryError). */
+static int collect_ranges(ShmReader *self, Py_ssize_t maxn, Py_ssize_t npieces, int partial, take_t *t) {
+    size_t per = (size_t)(REC_FIXED + self->maxk + npieces);
+    range_t *rg = t->rg;
     int nr = 0;
     Py_ssize_t n = 0;
     size_t upper = 0;
@@ -214,7 +228,7 @@ static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int part
         int full = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SLOT_FULL;
         uint32_t cnt = __atomic_load_n(&s->n, __ATOMIC_ACQUIRE);
         if (cnt > CHUNK_RECS) {
-            PyErr_SetString(dft_RingError, "a slot of the ring claims more records than it holds");
+            PyErr_SetString(RingError, "a slot of the ring claims more records than it holds");
             return -1;
         }
         if (!full && !partial)
@@ -229,7 +243,7 @@ static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int part
             copy[k] = from[k];
             const rec_t *r = &copy[k];
             if ((size_t)r->aoff + r->alen > SHM_ARENA) {
-                PyErr_SetString(dft_RingError, "a record of the ring points outside its slot");
+                PyErr_SetString(RingError, "a record of the ring points outside its slot");
                 return -1;
             }
             if ((r->level_flags >> LEVEL_BITS) & F_MORE) {
@@ -263,20 +277,23 @@ static int collect_ranges(ShmReader *self, Py_ssize_t maxn, size_t per, int part
         seq = g.seq;
         pos = g.pos;
     }
-    *n_out = n;
-    *upper_out = upper;
-    *seq_out = seq;
-    *pos_out = pos;
-    return nr;
+    t->nr = nr;
+    t->n = n;
+    t->upper = upper;
+    t->seq = seq;
+    t->pos = pos;
+    return 0;
 }
 
 /* Encode the ranges at o (no GIL). */
-static char *encode_ranges(char *o, range_t *rg, int nr, const kind_t *ks, Py_ssize_t nk,
+static char *encode_ranges(char *o, const take_t *t, const kind_t *ks, Py_ssize_t nk,
                            const char *pidp, Py_ssize_t npid, const char *hhp, Py_ssize_t nhh,
                            long long off, long long min_id) {
-    for (int k = 0; k < nr; k++)
-        o = dft_encode_recs(o, rg[k].recs, 0, rg[k].to - rg[k].from, rg[k].s->arena, ks, nk, pidp,
-                        npid, hhp, nhh, off, min_id);
+    for (int k = 0; k < t->nr; k++) {
+        const range_t *r = &t->rg[k];
+        o = dft_encode_recs(o, r->recs, 0, r->to - r->from, r->s->arena, ks, nk, pidp, npid, hhp, nhh,
+                            off, min_id);
+    }
     return o;
 }
 
@@ -289,10 +306,10 @@ static int reader_ready(ShmReader *self) {
     return reader_kinds(self);
 }
 
-/* The ranges up to (seq, pos) were encoded; they are freed at the next commit. */
-static void reader_advance(ShmReader *self, uint64_t seq, uint32_t pos) {
-    self->next_seq = seq;
-    self->pos = pos;
+/* The ranges taken were encoded; they are freed at the next commit. */
+static void reader_advance(ShmReader *self, const take_t *t) {
+    self->next_seq = t->seq;
+    self->pos = t->pos;
 }
 
 static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
@@ -303,30 +320,22 @@ static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "ny#y#LLp", &maxn, &pidp, &npid, &hhp, &nhh, &off, &min_id,
                           &partial))
         return NULL;
-    if (reader_ready(self) < 0)
+    take_t t;
+    if (reader_ready(self) < 0 || collect_ranges(self, maxn, npid + nhh, partial, &t) < 0)
         return NULL;
-    range_t rg[READ_RANGES];
-    Py_ssize_t n;
-    size_t upper;
-    uint64_t seq;
-    uint32_t pos;
-    int nr = collect_ranges(self, maxn, (size_t)(REC_FIXED + self->maxk + npid + nhh), partial,
-                            rg, &n, &upper, &seq, &pos);
-    if (nr < 0)
-        return NULL;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)upper);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)t.upper);
     if (!out)
         return NULL;
     char *o0 = PyBytes_AS_STRING(out), *o = o0;
     kind_t *ks = self->ks;
     Py_ssize_t nk = self->nk;
     Py_BEGIN_ALLOW_THREADS
-    o = encode_ranges(o0, rg, nr, ks, nk, pidp, npid, hhp, nhh, off, min_id);
+    o = encode_ranges(o0, &t, ks, nk, pidp, npid, hhp, nhh, off, min_id);
     Py_END_ALLOW_THREADS
-    reader_advance(self, seq, pos);
+    reader_advance(self, &t);
     if (_PyBytes_Resize(&out, (Py_ssize_t)(o - o0)) < 0)
         return NULL;
-    return Py_BuildValue("(Nn)", out, n);
+    return Py_BuildValue("(Nn)", out, t.n);
 }
 
 #ifdef HAVE_NATIVE_WRITE
@@ -348,16 +357,10 @@ static PyObject *ShmReader_drain_write(ShmReader *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "zstd is not available to the C engine");
         return NULL;
     }
-    range_t rg[READ_RANGES];
-    Py_ssize_t n;
-    size_t upper;
-    uint64_t seq;
-    uint32_t pos;
-    int nr = collect_ranges(self, maxn, (size_t)(REC_FIXED + self->maxk + npid + nhh), partial,
-                            rg, &n, &upper, &seq, &pos);
-    if (nr < 0)
+    take_t t;
+    if (collect_ranges(self, maxn, npid + nhh, partial, &t) < 0)
         return NULL;
-    if (dft_ensure(&self->buf, &self->cap, upper + 1) < 0)
+    if (dft_ensure(&self->buf, &self->cap, t.upper + 1) < 0)
         return PyErr_NoMemory();
     kind_t *ks = self->ks;
     Py_ssize_t nk = self->nk;
@@ -365,7 +368,7 @@ static PyObject *ShmReader_drain_write(ShmReader *self, PyObject *args) {
     int err = 0;
     long nlink = -1;
     Py_BEGIN_ALLOW_THREADS
-    char *o = encode_ranges(self->buf, rg, nr, ks, nk, pidp, npid, hhp, nhh, off, min_id);
+    char *o = encode_ranges(self->buf, &t, ks, nk, pidp, npid, hhp, nhh, off, min_id);
     err = dft_compress_write(fd, level, self->buf, (size_t)(o - self->buf), &self->zb, &self->zcap,
                          &written);
     if (!err && written) {
@@ -374,8 +377,8 @@ static PyObject *ShmReader_drain_write(ShmReader *self, PyObject *args) {
             nlink = (long)st.st_nlink;
     }
     Py_END_ALLOW_THREADS
-    reader_advance(self, seq, pos);
-    return Py_BuildValue("(nnil)", n, (Py_ssize_t)written, err, nlink);
+    reader_advance(self, &t);
+    return Py_BuildValue("(nnil)", t.n, (Py_ssize_t)written, err, nlink);
 }
 #endif
 
@@ -471,7 +474,7 @@ static PyGetSetDef ShmReader_getset[] = {
      "(run, part, size) of the latest commit, or None", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-PyTypeObject dft_ShmReaderType = {
+static PyTypeObject ShmReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dftrace._core._speedups.ShmReader",
     .tp_basicsize = sizeof(ShmReader),
     .tp_dealloc = (destructor)ShmReader_dealloc,
@@ -484,3 +487,15 @@ PyTypeObject dft_ShmReaderType = {
     .tp_init = (initproc)ShmReader_init,
     .tp_new = PyType_GenericNew,
 };
+
+int dft_shm_consumer_add(PyObject *m) {
+    if (PyType_Ready(&ShmReaderType) < 0)
+        return -1;
+    if (!RingError &&
+        !(RingError = PyErr_NewException("dftrace._core._speedups.RingError", PyExc_ValueError, NULL)))
+        return -1;
+    if (PyModule_AddObjectRef(m, "RingError", RingError) < 0 ||
+        PyModule_AddObjectRef(m, "ShmReader", (PyObject *)&ShmReaderType) < 0)
+        return -1;
+    return 0;
+}

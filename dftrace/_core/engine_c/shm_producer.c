@@ -1,10 +1,12 @@
 /* shm_producer.c: the shared-memory ring this process records into (writer="process").
- * The ring's layout is in engine.h, shared with the drainer's side (shm_consumer.c);
- * appending one record (shm_append) is on the hot path, so it is there too. */
-#include "engine.h"
+ * The ring's layout is in common.h, shared with the drainer's side (shm_consumer.c);
+ * appending one record (shm_append) is on the hot path, so it is in shm_ring.h. */
+#include "shm_ring.h"
+#include "encoder.h"
+#include "records.h"
 
 shm_hdr_t *dft_shm = NULL;    /* attached: records go to the ring */
-char *dft_shm_base = NULL;
+static char *shm_base = NULL;
 shm_slot_t *dft_shm_cur = NULL; /* the FILLING slot */
 static int shm_kinds_full = 0;
 int dft_shm_sealed = 0;        /* a slot was sealed since the last wake */
@@ -18,7 +20,8 @@ static Py_buffer shm_view;
 static int shm_has_view = 0;
 /* This process's own copy of the ring's layout and positions (the region's copy is
    for the drainer and is never read back). */
-uint32_t dft_shm_nslots = 0;
+static uint32_t shm_nslots = 0;
+#define OWN_SLOT(i) slot_in(shm_base, SHM_HEADER_BYTES + SHM_KINDS_BYTES, SHM_SLOT_BYTES, (i))
 static uint64_t shm_next_seq = 0, shm_kinds_len = 0;
 static uint32_t shm_nkinds = 0;
 uint32_t dft_shm_cur_n = 0, dft_shm_cur_alen = 0; /* records and arena bytes of shm_cur */
@@ -37,7 +40,7 @@ void dft_shm_add_kind(const char *p, Py_ssize_t n) {
         shm_kinds_full = 1; /* later kinds are written with name "?" */
         return;
     }
-    char *e = dft_shm_base + SHM_HEADER_BYTES + shm_kinds_len;
+    char *e = shm_base + SHM_HEADER_BYTES + shm_kinds_len;
     uint32_t len = (uint32_t)n;
     memcpy(e, &len, 4);
     memcpy(e + 4, p, (size_t)n);
@@ -70,7 +73,7 @@ static void shm_forget_ring(void) {
    memory until their slot is free): what buffer_limit bounds with a ring. */
 Py_ssize_t dft_shm_held(void) {
     Py_ssize_t h = 0;
-    for (uint32_t i = 0; i < dft_shm_nslots; i++) {
+    for (uint32_t i = 0; i < shm_nslots; i++) {
         shm_slot_t *s = OWN_SLOT(i);
         if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SLOT_FREE)
             h += (Py_ssize_t)__atomic_load_n(&s->n, __ATOMIC_ACQUIRE) - (Py_ssize_t)SLOT_RAW(s);
@@ -98,7 +101,7 @@ shm_slot_t *dft_shm_take(void) {
         shm_forget_ring();
         return NULL;
     }
-    for (uint32_t i = 0; i < dft_shm_nslots; i++) {
+    for (uint32_t i = 0; i < shm_nslots; i++) {
         shm_slot_t *s = OWN_SLOT(i);
         if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SLOT_FREE) {
             __atomic_store_n(&s->n, 0, __ATOMIC_RELAXED);
@@ -123,11 +126,11 @@ shm_slot_t *dft_shm_take(void) {
    its last piece's slot. */
 static int shm_append_pieces(const char *line, size_t len, int span) {
     size_t k = (len + SHM_ARENA - 1) / SHM_ARENA;
-    if (k > SHM_LONG_SLOTS || k + 1 > dft_shm_nslots)
+    if (k > SHM_LONG_SLOTS || k + 1 > shm_nslots)
         return -1;
     dft_shm_seal();
     size_t nfree = 0;
-    for (uint32_t i = 0; i < dft_shm_nslots; i++)
+    for (uint32_t i = 0; i < shm_nslots; i++)
         nfree += __atomic_load_n(&OWN_SLOT(i)->state, __ATOMIC_ACQUIRE) == SLOT_FREE;
     if (nfree < k)
         return -2;
@@ -185,8 +188,8 @@ int dft_shm_append_long(uint32_t kid, long long t0, long long t1, unsigned long 
 
 static void shm_release(void) {
     shm_forget_ring();
-    dft_shm_base = NULL;
-    dft_shm_nslots = 0;
+    shm_base = NULL;
+    shm_nslots = 0;
     if (shm_has_view) {
         shm_has_view = 0;
         PyBuffer_Release(&shm_view);
@@ -211,7 +214,7 @@ static int keep_piece(char **dst, Py_ssize_t *ndst, const char *src, Py_ssize_t 
 /* shm_attach(buffer, pid, pid_piece, hh_piece, offset_ns, min_id): record into this
    writable region from now on (the pieces and numbers are the encoder's, for lines
    too long for one slot). */
-PyObject *dft_shm_attach(PyObject *self, PyObject *args) {
+static PyObject *shm_attach(PyObject *self, PyObject *args) {
     PyObject *obj;
     long long pid, off, min_id;
     const char *pidp, *hhp;
@@ -242,41 +245,30 @@ PyObject *dft_shm_attach(PyObject *self, PyObject *args) {
     shm_release();
     shm_view = v;
     shm_has_view = 1;
-    dft_shm_base = (char *)v.buf;
-    shm_hdr_t *h = (shm_hdr_t *)dft_shm_base;
-    memset(h, 0, sizeof(*h));
-    dft_shm_nslots = (uint32_t)(((size_t)v.len - fixed) / SHM_SLOT_BYTES);
+    shm_base = (char *)v.buf;
+    shm_hdr_t *h = (shm_hdr_t *)shm_base;
+    shm_nslots = (uint32_t)(((size_t)v.len - fixed) / SHM_SLOT_BYTES);
     shm_next_seq = 0;
     shm_kinds_len = 0;
     shm_nkinds = 0;
     shm_owner = pid;
-    h->version = SHM_VERSION;
-    h->kinds_off = SHM_HEADER_BYTES;
-    h->kinds_cap = SHM_KINDS_BYTES;
-    h->slots_off = fixed;
-    h->slot_size = SHM_SLOT_BYTES;
-    h->nslots = dft_shm_nslots;
-    h->producer_pid = pid;
-    h->dropped = dft_ndropped;
+    /* all else 0; the magic last, once the rest is written (below) */
+    *h = (shm_hdr_t){.version = SHM_VERSION, .nslots = shm_nslots, .slot_size = SHM_SLOT_BYTES,
+                     .slots_off = fixed, .kinds_off = SHM_HEADER_BYTES, .kinds_cap = SHM_KINDS_BYTES,
+                     .dropped = dft_ndropped, .producer_pid = pid};
     shm_kinds_full = 0;
     dft_shm = h;
     for (Py_ssize_t k = 0; k < dft_nkinds; k++)
         dft_shm_add_kind(dft_kinds[k].piece, dft_kinds[k].n);
     /* what the in-process buffer held is not this session's */
-    QLOCK();
-    chunk_t *old = dft_head;
-    dft_head = dft_tail = NULL;
-    dft_full_recs = 0;
-    __atomic_store_n(&dft_taken, dft_appended, __ATOMIC_RELAXED);
-    QUNLOCK();
-    dft_free_chunks(old);
+    dft_discard_buffered();
     __atomic_store_n(&h->magic, SHM_MAGIC, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 }
 
 /* shm_detach(): record into process memory again (a forked child's copy of the
    region belongs to its parent and is never written). */
-PyObject *dft_shm_detach(PyObject *self, PyObject *unused) {
+static PyObject *shm_detach(PyObject *self, PyObject *unused) {
     shm_release();
     Py_RETURN_NONE;
 }
@@ -284,7 +276,7 @@ PyObject *dft_shm_detach(PyObject *self, PyObject *unused) {
 /* shm_local(on) -> before: with `on`, record into process memory while the ring stays
    attached (captures run: the writer hands the lines to them and relays them to the
    ring with shm_append_line); without, into the ring again. */
-PyObject *dft_shm_set_local(PyObject *self, PyObject *arg) {
+static PyObject *shm_set_local(PyObject *self, PyObject *arg) {
     int on = PyObject_IsTrue(arg);
     if (on < 0)
         return NULL;
@@ -295,14 +287,14 @@ PyObject *dft_shm_set_local(PyObject *self, PyObject *arg) {
 
 /* shm_seal_now(): seal the slot being filled, so the drainer can write it whole and
    free it (a producer waiting for room). */
-PyObject *dft_shm_seal_now(PyObject *self, PyObject *unused) {
+static PyObject *shm_seal_now(PyObject *self, PyObject *unused) {
     if (dft_shm)
         dft_shm_seal();
     Py_RETURN_NONE;
 }
 
 /* shm_finish(): seal the slot being filled and mark the ring finalized. */
-PyObject *dft_shm_finish(PyObject *self, PyObject *unused) {
+static PyObject *shm_finish(PyObject *self, PyObject *unused) {
     if (dft_shm) {
         dft_shm_seal();
         __atomic_store_n(&dft_shm->finalized, 1u, __ATOMIC_RELEASE);
@@ -312,20 +304,20 @@ PyObject *dft_shm_finish(PyObject *self, PyObject *unused) {
 
 /* shm_state() -> (free slots, slots, drainer_busy_ns, commits) or None when not
    attached; commits counts the drainer's commits (its progress). */
-PyObject *dft_shm_state(PyObject *self, PyObject *unused) {
+static PyObject *shm_state(PyObject *self, PyObject *unused) {
     if (!dft_shm)
         Py_RETURN_NONE;
     uint32_t nfree = 0;
-    for (uint32_t i = 0; i < dft_shm_nslots; i++)
+    for (uint32_t i = 0; i < shm_nslots; i++)
         nfree += __atomic_load_n(&OWN_SLOT(i)->state, __ATOMIC_ACQUIRE) == SLOT_FREE;
-    return Py_BuildValue("(IILK)", nfree, dft_shm_nslots,
+    return Py_BuildValue("(IILK)", nfree, shm_nslots,
                          (long long)__atomic_load_n(&dft_shm->drainer_busy_ns, __ATOMIC_ACQUIRE),
                          (unsigned long long)__atomic_load_n(&dft_shm->commit_gen, __ATOMIC_ACQUIRE));
 }
 
 /* shm_append_line(line): one line encoded already (metadata, counters, instants,
    the trailer's lines), in order with the spans. False when it was dropped. */
-PyObject *dft_shm_append_line(PyObject *self, PyObject *arg) {
+static PyObject *shm_append_line(PyObject *self, PyObject *arg) {
     if (!PyBytes_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "shm_append_line() takes bytes");
         return NULL;
@@ -346,3 +338,21 @@ PyObject *dft_shm_append_line(PyObject *self, PyObject *arg) {
     }
     Py_RETURN_TRUE;
 }
+
+/* The module's functions of this file (module.c adds them). */
+PyMethodDef dft_shm_producer_methods[] = {
+    {"shm_attach", shm_attach, METH_VARARGS,
+     "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},
+    {"shm_detach", shm_detach, METH_NOARGS,
+     "Record into process memory again."},
+    {"shm_finish", shm_finish, METH_NOARGS,
+     "Seal the ring's last slot and mark it finalized."},
+    {"shm_local", shm_set_local, METH_O,
+     "shm_local(on) -> before: record into process memory while captures run"},
+    {"shm_seal_now", shm_seal_now, METH_NOARGS,
+     "Seal the ring's slot being filled."},
+    {"shm_state", shm_state, METH_NOARGS,
+     "(free slots, slots, drainer_busy_ns, commits), or None"},
+    {"shm_append_line", shm_append_line, METH_O,
+     "shm_append_line(line) -> recorded (bool)"},
+    {NULL, NULL, 0, NULL}};

@@ -1,7 +1,14 @@
-/* span_lifecycle.h: a span's lifecycle, span_open / span_close. Part of engine.h,
-   included at its place there (it uses the buffer, the stack and the nodes above it). */
+/* span_lifecycle.h: a span's lifecycle, span_open / span_close, inline in every C
+   span style (spans.c, traceable.c): it uses the records, the stack and the nodes. */
 #ifndef DFTRACE_SPAN_LIFECYCLE_H
 #define DFTRACE_SPAN_LIFECYCLE_H
+
+#include "common.h"
+#include "records.h"
+#include "spans.h"
+#include "traceable.h"
+
+DFT_HIDDEN_BEGIN
 
 /* ------------------------------------------------------------------------- */
 /* A span's lifecycle: span_open / span_close, the only place it is written    */
@@ -184,4 +191,5 @@ SPAN_INLINE int span_close_raised(span_t *s, PyObject *stk, long long t1, PyObje
     return rc;
 }
 
+DFT_HIDDEN_END
 #endif /* DFTRACE_SPAN_LIFECYCLE_H */

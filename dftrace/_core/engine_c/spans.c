@@ -8,23 +8,51 @@
  * that opens on current_stack() with span_open() and closes with span_close();
  * register its type in module.c's PyInit and list the attributes it reads in
  * ENGINE_READS (module.c). */
-#include "engine.h"
+#include "spans.h"
+#include "span_lifecycle.h"
+#include "kept_spans.h"
+#include "traceable.h"
 
-PyObject *dft_asyncio_get_running_loop = NULL; /* read by running_loop (engine.h) */
+PyObject *dft_asyncio_get_running_loop = NULL; /* read by running_loop (spans.h) */
 PyObject *dft_modules_seen = NULL; /* borrowed: compared, never read through */
 Py_ssize_t dft_modules_seen_size = -1;
 
 /* ------------------------------------------------------------------------- */
 /* This thread's stack without a threading.local lookup                        */
 
-/* The cache itself (its type and readers are in engine.h). */
+/* The cache itself (its type and readers are in spans.h). */
 THREAD_LOCAL stack_cache_t dft_stack_cache;
 unsigned long long dft_stack_epoch = 1;
-int dft_stack_cache_ok = 0;
+static int stack_cache_ok = 0; /* LOCAL is a real threading.local */
+
+void dft_stacks_forget(void) { dft_stack_epoch++; }
+
+void dft_stack_cache_allow(int usable) {
+    stack_cache_ok = usable;
+    dft_stacks_forget();
+}
+
+PyObject *dft_local_stk_read(void) {
+    PyObject *stk = PyObject_GetAttr(dft_calls.local, dft_str_stk);
+    if (!stk || !stack_cache_ok || !PyList_Check(stk))
+        return stk;
+    PyObject *tid = PyObject_GetAttr(stk, dft_str_tid), *open = tid ? PyObject_GetAttr(stk, dft_str_open) : NULL;
+    if (open && IS_KEPT_MAP(open)) {
+        dft_stack_cache.stk = stk;
+        dft_stack_cache.tid = tid;
+        dft_stack_cache.open = open;
+        dft_stack_cache.epoch = dft_stack_epoch;
+        dft_stack_cache.tsid = PyThreadState_GetID(PyThreadState_Get());
+    }
+    PyErr_Clear();
+    Py_XDECREF(tid);
+    Py_XDECREF(open);
+    return stk;
+}
 
 /* stacks_changed(): a LOCAL.stk was assigned (or LOCAL replaced). */
-PyObject *dft_stacks_changed(PyObject *self, PyObject *unused) {
-    dft_stack_epoch++;
+static PyObject *stacks_changed(PyObject *self, PyObject *unused) {
+    dft_stacks_forget();
     Py_RETURN_NONE;
 }
 
@@ -67,7 +95,7 @@ void dft_nvtx_open(uint32_t kid, PyObject *id, PyObject *stk, int pairs) {
 void dft_nvtx_close(PyObject *id) { nvtx_call(nvtx_close_fn, &id, 1); }
 
 /* set_nvtx(open_range, close_range), or set_nvtx(None, None) to stop. */
-PyObject *dft_set_nvtx(PyObject *self, PyObject *args) {
+static PyObject *set_nvtx(PyObject *self, PyObject *args) {
     PyObject *o, *c;
     if (!PyArg_ParseTuple(args, "OO", &o, &c))
         return NULL;
@@ -199,35 +227,22 @@ static PyObject *SpanWrapper_new(PyTypeObject *type, PyObject *args, PyObject *k
     SpanWrapper *w = (SpanWrapper *)type->tp_alloc(type, 0);
     if (!w)
         return NULL;
-    Py_INCREF(fn); Py_INCREF(node); Py_INCREF(gate); Py_INCREF(extra);
-    w->fn = fn;
-    w->node = node;
-    w->gate = gate;
-    w->extra = extra;
-    w->dict = NULL;
-    w->weakreflist = NULL;
+    w->fn = Py_NewRef(fn);
+    w->node = Py_NewRef(node);
+    w->gate = Py_NewRef(gate);
+    w->extra = Py_NewRef(extra);
     w->vectorcall = SpanWrapper_vectorcall;
     w->kid = kid;
     return (PyObject *)w;
 }
 
-static int SpanWrapper_traverse(SpanWrapper *w, visitproc visit, void *arg) {
-    Py_VISIT(w->fn);
-    Py_VISIT(w->node);
-    Py_VISIT(w->gate);
-    Py_VISIT(w->extra);
-    Py_VISIT(w->dict);
-    return 0;
+/* tp_traverse, and tp_clear (visit NULL) */
+static int SpanWrapper_refs(SpanWrapper *w, visitproc visit, void *arg) {
+    PyObject **const refs[] = {&w->fn, &w->node, &w->gate, &w->extra, &w->dict};
+    return visit_refs(refs, NREFS(refs), visit, arg);
 }
 
-static int SpanWrapper_clear(SpanWrapper *w) {
-    Py_CLEAR(w->fn);
-    Py_CLEAR(w->node);
-    Py_CLEAR(w->gate);
-    Py_CLEAR(w->extra);
-    Py_CLEAR(w->dict);
-    return 0;
-}
+static int SpanWrapper_clear(SpanWrapper *w) { return SpanWrapper_refs(w, NULL, NULL); }
 
 static void SpanWrapper_dealloc(SpanWrapper *w) {
     PyObject_GC_UnTrack(w);
@@ -267,7 +282,7 @@ PyTypeObject dft_SpanWrapperType = {
     .tp_doc = "A traced function: each call is one span of its node.",
     .tp_new = SpanWrapper_new,
     .tp_dealloc = (destructor)SpanWrapper_dealloc,
-    .tp_traverse = (traverseproc)SpanWrapper_traverse,
+    .tp_traverse = (traverseproc)SpanWrapper_refs,
     .tp_clear = (inquiry)SpanWrapper_clear,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(SpanWrapper, vectorcall),
@@ -360,7 +375,7 @@ static int close_block(SpanIter *s, long long t2) {
    written now, flagged incomplete, ending at t, innermost first: all of them (at
    finalize), or those whose span id is in the list ids (just unwound from their
    stack by a span that enclosed them). */
-PyObject *dft_close_open_blocks(PyObject *self, PyObject *args) {
+static PyObject *close_open_blocks(PyObject *self, PyObject *args) {
     long long t;
     PyObject *ids = NULL;
     if (!PyArg_ParseTuple(args, "L|O", &t, &ids))
@@ -394,7 +409,7 @@ PyObject *dft_close_open_blocks(PyObject *self, PyObject *args) {
 }
 
 /* open_block_kinds(): {span id: kind} of the .iter() loop-body spans open now. */
-PyObject *dft_open_block_kinds(PyObject *self, PyObject *unused) {
+static PyObject *open_block_kinds(PyObject *self, PyObject *unused) {
     PyObject *out = PyDict_New();
     if (!out)
         return NULL;
@@ -501,21 +516,18 @@ static PyObject *SpanIter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     return (PyObject *)s;
 }
 
-static int SpanIter_traverse(SpanIter *s, visitproc visit, void *arg) {
-    Py_VISIT(s->it); Py_VISIT(s->node); Py_VISIT(s->gate); Py_VISIT(s->extra);
-    Py_VISIT(s->bstk); Py_VISIT(s->block.id); Py_VISIT(s->block.parent); Py_VISIT(s->block.sticky);
-    Py_VISIT(s->block.tid);
-    return 0;
+/* tp_traverse, and tp_clear (visit NULL) */
+static int SpanIter_refs(SpanIter *s, visitproc visit, void *arg) {
+    PyObject **const refs[] = {&s->it, &s->node, &s->gate, &s->extra, &s->bstk, &s->block.id,
+                               &s->block.parent, &s->block.sticky, &s->block.tid};
+    return visit_refs(refs, NREFS(refs), visit, arg);
 }
 
 static int SpanIter_clear(SpanIter *s) {
-    Py_CLEAR(s->it); Py_CLEAR(s->node); Py_CLEAR(s->gate); Py_CLEAR(s->extra);
     if (s->block_open)
         unlink_open(s);
     s->block_open = 0;
-    Py_CLEAR(s->bstk); Py_CLEAR(s->block.id); Py_CLEAR(s->block.parent); Py_CLEAR(s->block.sticky);
-    Py_CLEAR(s->block.tid);
-    return 0;
+    return SpanIter_refs(s, NULL, NULL);
 }
 
 static void SpanIter_dealloc(SpanIter *s) {
@@ -544,9 +556,21 @@ PyTypeObject dft_SpanIterType = {
     .tp_doc = "An iterable wrapped by node.iter(): .iter and .block spans per item.",
     .tp_new = SpanIter_new,
     .tp_dealloc = (destructor)SpanIter_dealloc,
-    .tp_traverse = (traverseproc)SpanIter_traverse,
+    .tp_traverse = (traverseproc)SpanIter_refs,
     .tp_clear = (inquiry)SpanIter_clear,
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)SpanIter_next,
     .tp_methods = SpanIter_methods,
 };
+
+/* The module's functions of this file (module.c adds them). */
+PyMethodDef dft_spans_methods[] = {
+    {"set_nvtx", set_nvtx, METH_VARARGS,
+     "set_nvtx(open_range, close_range): every span also calls these (None, None: off)"},
+    {"stacks_changed", stacks_changed, METH_NOARGS, "A LOCAL.stk was assigned: threads read theirs again."},
+    {"open_block_kinds", open_block_kinds, METH_NOARGS,
+     "open_block_kinds() -> {span id: kind} of the .iter() loop-body spans open now"},
+    {"close_open_blocks", close_open_blocks, METH_VARARGS,
+     "close_open_blocks(t, ids=None) -> n: write the open .iter() loop-body spans (those with an id "
+     "in ids), incomplete, ending at t"},
+    {NULL, NULL, 0, NULL}};

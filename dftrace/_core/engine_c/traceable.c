@@ -2,7 +2,10 @@
  * update(), node(args=...)) and SpanBase (Span.stop(args=None) for the token
  * start() returned). Each has a fast path for the common case and falls back to
  * the Python method given to register() (module.c) for every other one. */
-#include "engine.h"
+#include "traceable.h"
+#include "encoder.h"
+#include "kept_spans.h"
+#include "span_lifecycle.h"
 
 /* New references to a traceable's _node / _extra. */
 static PyObject *get_node(PyObject *o) {
@@ -179,49 +182,16 @@ static PyObject *off_call(PyObject *fn) {
 static int Traceable_clear(TraceableObject *t);
 
 /* Uses made by node(args=...) live for one with block: a few are kept for the next
-   ones (their memory, garbage-collector header included), as CPython keeps its
-   tuples. Only for Use itself (its instances have no __dict__ nor weakrefs), whose
+   ones. Only for Use itself (its instances have no __dict__ nor weakrefs), whose
    tp_dealloc register() sets to use_dealloc. */
-#define USE_FREE_MAX 16
-static PyObject *use_free[USE_FREE_MAX];
-static int use_nfree = 0;
-static PyTypeObject *use_free_type = NULL; /* the class the kept memory is sized for */
+static freelist_t use_free;
 
 static void use_dealloc(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     PyObject_GC_UnTrack(o);
     Traceable_clear(AS_T(o));
-    if (tp == use_free_type && use_nfree < USE_FREE_MAX)
-        use_free[use_nfree++] = o;
-    else
-        tp->tp_free(o);
+    freelist_free(&use_free, o);
     Py_DECREF(tp);
-}
-
-static PyObject *use_alloc(void) {
-    PyTypeObject *tp = dft_hooks.use;
-    if (tp == use_free_type && use_nfree) {
-        PyObject *o = use_free[--use_nfree];
-        memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
-        PyObject_Init(o, tp); /* its type (held) and a reference count of 1 */
-        PyObject_GC_Track(o);
-        return o;
-    }
-    return tp->tp_alloc(tp, 0);
-}
-
-/* register(use_type=...): its instances are made and kept here. */
-static void use_type_registered(void) {
-    PyTypeObject *tp = dft_hooks.use;
-    while (use_nfree)
-        PyObject_GC_Del(use_free[--use_nfree]);
-    use_free_type = NULL;
-    if (tp && (tp->tp_flags & Py_TPFLAGS_HEAPTYPE) && tp->tp_dictoffset == 0 &&
-        tp->tp_weaklistoffset == 0 && tp->tp_basicsize == (Py_ssize_t)sizeof(TraceableObject) &&
-        (tp->tp_flags & Py_TPFLAGS_HAVE_GC) && tp->tp_finalize == NULL && tp->tp_del == NULL) {
-        tp->tp_dealloc = use_dealloc;
-        use_free_type = tp;
-    }
 }
 
 /* node(args=d) for a node and a plain dict: the Use made here, its args encoded once
@@ -240,7 +210,7 @@ static PyObject *make_use(PyObject *self, PyObject *d) {
             raw = d; /* nothing records now: encoded only if it is used later */
             Py_INCREF(raw);
         }
-        PyObject *use = (x || raw) ? use_alloc() : NULL;
+        PyObject *use = (x || raw) ? freelist_alloc(&use_free, dft_hooks.use) : NULL;
         if (use) {
             TraceableObject *u = AS_T(use);
             Py_INCREF(self);
@@ -261,22 +231,26 @@ static PyObject *make_use(PyObject *self, PyObject *d) {
     return NULL;
 }
 
+/* Whether register() was given the tree's objects; 0 with a TypeError. */
+static int configured(void) {
+    if (dft_hooks.call_slow == NULL) {
+        PyErr_SetString(PyExc_TypeError, "dftrace is not configured");
+        return 0;
+    }
+    return 1;
+}
+
 /* node(args={...}) for a node that records now and plain args: the Use is made
    here (its args encoded once, a snapshot); everything else goes to Python. */
 PyObject *dft_traceable_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (dft_off_for_good && dft_hooks.off_use && PyTuple_GET_SIZE(args) <= 1)
         return off_call(PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL);
+    PyObject *use = NULL;
     if (dft_hooks.use && !dft_off_for_good && PyTuple_GET_SIZE(args) == 0 && kwargs &&
-        PyDict_GET_SIZE(kwargs) == 1) {
-        PyObject *use = make_use(self, PyDict_GetItemWithError(kwargs, dft_str_args_kw));
-        if (use)
-            return use;
-        PyErr_Clear();
-    }
-    if (dft_hooks.call_slow == NULL) {
-        PyErr_SetString(PyExc_TypeError, "dftrace is not configured");
-        return NULL;
-    }
+        PyDict_GET_SIZE(kwargs) == 1)
+        use = make_use(self, PyDict_GetItemWithError(kwargs, dft_str_args_kw));
+    if (use || !configured())
+        return use;
     return call_method(dft_hooks.call_slow, self, args, kwargs);
 }
 
@@ -301,22 +275,17 @@ static PyObject *Traceable_vectorcall(PyObject *self, PyObject *const *args, siz
     Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (dft_off_for_good && dft_hooks.off_use && n <= 1)
         return off_call(n ? args[0] : NULL);
+    PyObject *use = NULL;
     if (n == 0 && nk == 1 && !dft_off_for_good &&
         (PyTuple_GET_ITEM(kwnames, 0) == dft_str_args_kw ||
-         PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), dft_str_args_kw) == 0)) {
-        PyObject *use = make_use(self, args[0]);
-        if (use)
-            return use;
-        PyErr_Clear();
-    }
-    if (dft_hooks.call_slow == NULL) {
-        PyErr_SetString(PyExc_TypeError, "dftrace is not configured");
-        return NULL;
-    }
+         PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), dft_str_args_kw) == 0))
+        use = make_use(self, args[0]);
+    if (use || !configured())
+        return use;
     return call_slow(dft_hooks.call_slow, self, args, nargsf, kwnames);
 }
 
-static PyObject *span_alloc(void);
+static freelist_t span_free; /* the Spans start() returns (see span_dealloc) */
 
 static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
@@ -336,23 +305,23 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
     spans = open ? open_spans() : NULL;
     if (!spans || !IS_KEPT_MAP(open) || !IS_STARTED_MAP(spans))
         goto fail;
-    if (AS_STARTED(spans)->n >= 16) { /* 16: the least max_open_spans accepts */
+    if (AS_MAP(spans)->n >= 16) { /* 16: the least max_open_spans accepts */
         PyObject *lim = PyObject_GetAttr(dft_hooks.state, dft_str_max_open_spans);
         Py_ssize_t limit = lim ? PyLong_AsSsize_t(lim) : -1;
         Py_XDECREF(lim);
         PyErr_Clear();
-        if (limit >= 0 && AS_STARTED(spans)->n >= limit) { /* Python refuses and counts */
+        if (limit >= 0 && AS_MAP(spans)->n >= limit) { /* Python refuses and counts */
             Py_DECREF(spans); Py_DECREF(open); Py_DECREF(extra); Py_DECREF(stk);
             return call_slow(dft_hooks.start_slow, self, args, nargsf, kwnames);
         }
     }
     if (open_kept(self, extra, stk, open) < 0)
         goto fail;
-    kept_t *kept = &AS_KEPT(open)->k[AS_KEPT(open)->n - 1]; /* the span just kept */
+    kept_t *kept = kept_last(open); /* the span just kept */
     unsigned long long idv = kept->span.idv;
     id = kept->span.id;
     Py_INCREF(id);
-    span = span_alloc();
+    span = freelist_alloc(&span_free, dft_hooks.span);
     if (!span || slot_set(span, &dft_slot_obj, self) < 0 || slot_set(span, &dft_slot_stk, stk) < 0 ||
         slot_set(span, &dft_slot_id, id) < 0 || started_add(spans, idv, id, stk) < 0) {
         /* not opened after all: nothing is recorded */
@@ -389,7 +358,7 @@ static PyObject *Traceable_stop(PyObject *self, PyObject *const *args, size_t na
     spans = open_spans();
     if (!spans || !IS_STARTED_MAP(spans))
         goto slow;
-    if (AS_STARTED(spans)->n == 0) {
+    if (AS_MAP(spans)->n == 0) {
         /* nothing open anywhere: done, unless tracing is on (then Python warns once) */
         if (is_on(self) == 0) {
             Py_DECREF(spans);
@@ -557,7 +526,7 @@ static PyMethodDef Traceable_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 /* __enter__ / __exit__: descriptors that hand out the traceable's own hooks (hook_t,
-   engine.h) instead of a new bound method per lookup. */
+   traceable.h) instead of a new bound method per lookup. */
 static PyMethodDef enter_def = {"__enter__", Traceable_enter, METH_NOARGS,
                                 "Open a span of this node (nothing when off)."};
 static PyMethodDef exit_def = {"__exit__", (PyCFunction)(void (*)(void))Traceable_exit, METH_FASTCALL,
@@ -677,37 +646,16 @@ static PyTypeObject HookDescrType = {
 static hookdescr_t enter_descr = {PyObject_HEAD_INIT(&HookDescrType) & enter_def};
 static hookdescr_t exit_descr = {PyObject_HEAD_INIT(&HookDescrType) & exit_def};
 
-static int Traceable_traverse(TraceableObject *t, visitproc visit, void *arg) {
-    Py_VISIT(t->node);
-    Py_VISIT(t->extra);
-    Py_VISIT(t->forced);
-    Py_VISIT(t->on);
-    Py_VISIT(t->sticky);
-    Py_VISIT(t->raw);
-    Py_VISIT(t->parent);
-    Py_VISIT(t->own);
-    Py_VISIT(t->pending);
-    Py_VISIT(t->pend_names);
+/* tp_traverse, and tp_clear (visit NULL) */
+static int Traceable_refs(TraceableObject *t, visitproc visit, void *arg) {
+    PyObject **refs[10 + PEND_MAX] = {&t->node, &t->extra, &t->forced, &t->on, &t->sticky, &t->raw,
+                                      &t->parent, &t->own, &t->pending, &t->pend_names};
     for (int k = 0; k < PEND_MAX; k++)
-        Py_VISIT(t->pend_vals[k]);
-    return 0;
+        refs[10 + k] = &t->pend_vals[k];
+    return visit_refs(refs, NREFS(refs), visit, arg);
 }
 
-static int Traceable_clear(TraceableObject *t) {
-    Py_CLEAR(t->node);
-    Py_CLEAR(t->extra);
-    Py_CLEAR(t->forced);
-    Py_CLEAR(t->on);
-    Py_CLEAR(t->sticky);
-    Py_CLEAR(t->raw);
-    Py_CLEAR(t->parent);
-    Py_CLEAR(t->own);
-    Py_CLEAR(t->pending);
-    Py_CLEAR(t->pend_names);
-    for (int k = 0; k < PEND_MAX; k++)
-        Py_CLEAR(t->pend_vals[k]);
-    return 0;
-}
+static int Traceable_clear(TraceableObject *t) { return Traceable_refs(t, NULL, NULL); }
 
 static void Traceable_dealloc(TraceableObject *t) {
     PyObject_GC_UnTrack(t);
@@ -777,7 +725,7 @@ PyTypeObject dft_TraceableBaseType = {
     .tp_methods = Traceable_methods,
     .tp_members = Traceable_members,
     .tp_getset = Traceable_getset,
-    .tp_traverse = (traverseproc)Traceable_traverse,
+    .tp_traverse = (traverseproc)Traceable_refs,
     .tp_clear = (inquiry)Traceable_clear,
     .tp_dealloc = (destructor)Traceable_dealloc,
 };
@@ -816,56 +764,27 @@ static int tag_subclasses(PyTypeObject *base) {
 
 /* The Span start() returns lives until its stop() (node.start() alone: at once):
    a few are kept for the next ones, as for uses. */
-#define SPAN_FREE_MAX 16
-static PyObject *span_free[SPAN_FREE_MAX];
-static int span_nfree = 0;
-static PyTypeObject *span_free_type = NULL;
-
 static void span_dealloc(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     PyObject_GC_UnTrack(o);
     Py_CLEAR(*(PyObject **)((char *)o + dft_slot_obj.off));
     Py_CLEAR(*(PyObject **)((char *)o + dft_slot_stk.off));
     Py_CLEAR(*(PyObject **)((char *)o + dft_slot_id.off));
-    if (tp == span_free_type && span_nfree < SPAN_FREE_MAX)
-        span_free[span_nfree++] = o;
-    else
-        tp->tp_free(o);
+    freelist_free(&span_free, o);
     Py_DECREF(tp);
 }
 
-static PyObject *span_alloc(void) {
-    PyTypeObject *tp = dft_hooks.span;
-    if (tp == span_free_type && span_nfree) {
-        PyObject *o = span_free[--span_nfree];
-        memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
-        PyObject_Init(o, tp);
-        PyObject_GC_Track(o);
-        return o;
-    }
-    return tp->tp_alloc(tp, 0);
-}
-
-static void span_type_registered(void) {
-    PyTypeObject *tp = dft_hooks.span;
-    while (span_nfree)
-        PyObject_GC_Del(span_free[--span_nfree]);
-    span_free_type = NULL;
-    if (tp && (tp->tp_flags & Py_TPFLAGS_HEAPTYPE) && (tp->tp_flags & Py_TPFLAGS_HAVE_GC) &&
-        tp->tp_dictoffset == 0 && tp->tp_weaklistoffset == 0 && tp->tp_finalize == NULL &&
-        tp->tp_del == NULL && dft_slot_obj.type == tp && dft_slot_stk.type == tp &&
-        dft_slot_id.type == tp && dft_slot_obj.off >= 0 && dft_slot_stk.off >= 0 &&
-        dft_slot_id.off >= 0 && tp->tp_basicsize == (Py_ssize_t)(sizeof(PyObject) + 3 * sizeof(PyObject *))) {
-        tp->tp_dealloc = span_dealloc;
-        span_free_type = tp;
-    }
-}
-
 int dft_traceable_subclasses(void) {
-    if (dft_hooks.span != span_free_type)
-        span_type_registered();
-    if (dft_hooks.use != use_free_type)
-        use_type_registered();
+    if (dft_hooks.span != span_free.type) {
+        /* a Span is filled in place: its three slots found */
+        PyTypeObject *tp = dft_hooks.span;
+        int slots = dft_slot_obj.type == tp && dft_slot_stk.type == tp && dft_slot_id.type == tp &&
+                    dft_slot_obj.off >= 0 && dft_slot_stk.off >= 0 && dft_slot_id.off >= 0;
+        freelist_serve(&span_free, slots ? tp : NULL, (Py_ssize_t)(sizeof(PyObject) + 3 * sizeof(PyObject *)),
+                       span_dealloc);
+    }
+    if (dft_hooks.use != use_free.type)
+        freelist_serve(&use_free, dft_hooks.use, (Py_ssize_t)sizeof(TraceableObject), use_dealloc);
     return tag_subclasses(&dft_TraceableBaseType);
 }
 
@@ -918,7 +837,7 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
             goto slow;
     }
     /* encoding the args may have run code: the span must still be on top */
-    if (!kept_on_top(open, stk, obj) || !started_remove(spans, AS_KEPT(open)->k[AS_KEPT(open)->n - 1].span.idv))
+    if (!(top = kept_on_top(open, stk, obj)) || !started_remove(spans, top->span.idv))
         goto slow; /* not open (nothing changed) */
     kept_take_last(open, &k);
     if (slot_set(self, &dft_slot_stk, Py_None) < 0) /* stopped: a second stop() does nothing */

@@ -2,10 +2,12 @@
  * drain_write() and write_loop() (the writer thread's wait) the engine itself takes
  * the full chunks, encodes, compresses and writes them as frames with the GIL
  * released once. zstd and libdeflate are the system's, dlopen'd at first use. */
-#include "engine.h"
+#include "writer.h"
+#include "encoder.h"
+#include "records.h"
 
 /* drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, n) */
-PyObject *dft_drain(PyObject *self, PyObject *args) {
+static PyObject *drain(PyObject *self, PyObject *args) {
     Py_ssize_t maxn, npid, nhh;
     const char *pidp, *hhp;
     long long off, min_id;
@@ -46,7 +48,6 @@ typedef size_t (*zstd_bound_fn)(size_t);
 typedef unsigned (*zstd_iserror_fn)(size_t);
 typedef void *(*zstd_create_fn)(void);
 static struct {
-    int tried;
     void *cctx;
     zstd_compress_fn compress;
     zstd_bound_fn bound;
@@ -62,13 +63,14 @@ typedef struct {
     const char *names[4];
 } Library;
 
-/* The library's handle, opened once (NULL without it). */
-static void *library(Library *lib) {
-    if (!lib->tried) {
-        lib->tried = 1;
-        for (size_t i = 0; i < sizeof(lib->names) / sizeof(lib->names[0]) && !lib->handle; i++)
-            lib->handle = dlopen(lib->names[i], RTLD_NOW | RTLD_LOCAL);
-    }
+/* The library's handle at the first call (NULL without it), NULL at the later ones:
+   its symbols are looked up once. */
+static void *library_once(Library *lib) {
+    if (lib->tried)
+        return NULL;
+    lib->tried = 1;
+    for (size_t i = 0; i < sizeof(lib->names) / sizeof(lib->names[0]) && !lib->handle; i++)
+        lib->handle = dlopen(lib->names[i], RTLD_NOW | RTLD_LOCAL);
     return lib->handle;
 }
 
@@ -77,18 +79,16 @@ static Library deflate_library = {0, NULL,
                                   {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so", "libdeflate.dylib"}};
 
 int dft_load_zstd(void) {
-    if (zstd.tried)
-        return zstd.cctx != NULL;
-    zstd.tried = 1;
-    void *h = library(&zstd_library);
-    if (!h)
-        return 0;
-    zstd_create_fn create = (zstd_create_fn)dlsym(h, "ZSTD_createCCtx");
-    zstd.compress = (zstd_compress_fn)dlsym(h, "ZSTD_compressCCtx");
-    zstd.bound = (zstd_bound_fn)dlsym(h, "ZSTD_compressBound");
-    zstd.iserror = (zstd_iserror_fn)dlsym(h, "ZSTD_isError");
-    /* an incomplete library: not used */
-    return create && zstd.compress && zstd.bound && zstd.iserror && (zstd.cctx = create());
+    void *h = library_once(&zstd_library);
+    if (h) {
+        zstd_create_fn create = (zstd_create_fn)dlsym(h, "ZSTD_createCCtx");
+        zstd.compress = (zstd_compress_fn)dlsym(h, "ZSTD_compressCCtx");
+        zstd.bound = (zstd_bound_fn)dlsym(h, "ZSTD_compressBound");
+        zstd.iserror = (zstd_iserror_fn)dlsym(h, "ZSTD_isError");
+        if (create && zstd.compress && zstd.bound && zstd.iserror) /* else incomplete: not used */
+            zstd.cctx = create();
+    }
+    return zstd.cctx != NULL;
 }
 
 /* gzip members from the system's libdeflate (deflate-compatible, faster than zlib),
@@ -99,7 +99,6 @@ typedef void *(*deflate_alloc_fn)(int);
 typedef size_t (*deflate_gzip_fn)(void *, const void *, size_t, void *, size_t);
 typedef size_t (*deflate_bound_fn)(void *, size_t);
 static struct {
-    int tried;
     deflate_alloc_fn alloc;
     deflate_gzip_fn gzip;
     deflate_bound_fn bound;
@@ -107,17 +106,14 @@ static struct {
 } gz;
 
 static int load_gzip(void) {
-    if (gz.tried)
-        return gz.gzip != NULL;
-    gz.tried = 1;
-    void *h = library(&deflate_library);
-    if (!h)
-        return 0;
-    gz.alloc = (deflate_alloc_fn)dlsym(h, "libdeflate_alloc_compressor");
-    gz.gzip = (deflate_gzip_fn)dlsym(h, "libdeflate_gzip_compress");
-    gz.bound = (deflate_bound_fn)dlsym(h, "libdeflate_gzip_compress_bound");
-    if (!(gz.alloc && gz.gzip && gz.bound))
-        gz.gzip = NULL; /* an incomplete library: not used */
+    void *h = library_once(&deflate_library);
+    if (h) {
+        gz.alloc = (deflate_alloc_fn)dlsym(h, "libdeflate_alloc_compressor");
+        gz.gzip = (deflate_gzip_fn)dlsym(h, "libdeflate_gzip_compress");
+        gz.bound = (deflate_bound_fn)dlsym(h, "libdeflate_gzip_compress_bound");
+        if (!(gz.alloc && gz.gzip && gz.bound))
+            gz.gzip = NULL; /* an incomplete library: not used */
+    }
     return gz.gzip != NULL;
 }
 
@@ -127,7 +123,7 @@ static int load_gzip(void) { return 0; }
 #endif
 
 /* native_write() -> the compressions drain_write() can do ("none", "zstd", "gzip") */
-PyObject *dft_native_write(PyObject *self, PyObject *unused) {
+static PyObject *native_write(PyObject *self, PyObject *unused) {
 #ifdef HAVE_NATIVE_WRITE
     return Py_BuildValue("(sss)", "none", dft_load_zstd() ? "zstd" : "none",
                          load_gzip() ? "gzip" : "none");
@@ -266,7 +262,7 @@ static int write_frames(int fd, int level, chunk_t *c, Py_ssize_t frame, const c
    encoded: metadata records) first. On a failed write it stops: the records and
    bytes written count only whole frames (the caller cuts the file back to them;
    the rest of what was taken is lost and counted by the caller). */
-PyObject *dft_drain_write(PyObject *self, PyObject *args) {
+static PyObject *drain_write(PyObject *self, PyObject *args) {
     int fd, level;
     Py_ssize_t frame, maxn, npid, nhh, npre;
     const char *pidp, *hhp, *pre;
@@ -288,7 +284,7 @@ PyObject *dft_drain_write(PyObject *self, PyObject *args) {
     int err = 0;
     long nlink = -1;
     Py_ssize_t done = 0, bytes = 0;
-    int room = SPARE_MAX - dft_nspare; /* chunks the spare list can take back */
+    int room = dft_spare_room(); /* chunks the spare list can take back */
     inflight = n;
     chunk_t *keep = NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -347,7 +343,7 @@ static chunk_t *take_full(Py_ssize_t *n) {
    frames; return after `seconds`, when kick() is called, when the file has
    max_bytes more (0: no limit; rotation is the caller's), or on an error. The GIL
    is taken again only to return: once per flush interval, not per frame. */
-PyObject *dft_write_loop(PyObject *self, PyObject *args) {
+static PyObject *write_loop(PyObject *self, PyObject *args) {
     int fd, level;
     Py_ssize_t frame, npid, nhh, max_bytes;
     double seconds;
@@ -417,7 +413,7 @@ PyObject *dft_write_loop(PyObject *self, PyObject *args) {
 }
 
 /* kick(): make write_loop() return now (a flush, a sync or the end is asked for). */
-PyObject *dft_kick(PyObject *self, PyObject *unused) {
+static PyObject *kick(PyObject *self, PyObject *unused) {
     Py_BEGIN_ALLOW_THREADS
     QLOCK();
     dft_kicked = 1;
@@ -428,13 +424,13 @@ PyObject *dft_kick(PyObject *self, PyObject *unused) {
 }
 
 /* frames_written() -> frames the engine has written whole in this process, ever. */
-PyObject *dft_frames_written(PyObject *self, PyObject *unused) {
+static PyObject *frames_written(PyObject *self, PyObject *unused) {
     return PyLong_FromLongLong(__atomic_load_n(&frames_written_total, __ATOMIC_RELAXED));
 }
 
 /* writing_since() -> CLOCK_MONOTONIC seconds when write_loop's write under way
    began, 0.0 when none (storage that hangs shows here) */
-PyObject *dft_writing_since(PyObject *self, PyObject *unused) {
+static PyObject *writing_since(PyObject *self, PyObject *unused) {
     long long t = __atomic_load_n(&writing_since_ns, __ATOMIC_RELAXED);
     return PyFloat_FromDouble(t ? (double)t / 1e9 : 0.0);
 }
@@ -442,10 +438,32 @@ PyObject *dft_writing_since(PyObject *self, PyObject *unused) {
 
 /* in_flight() -> records taken by a drain_write() that has not returned (a write
    stuck on storage) */
-PyObject *dft_in_flight(PyObject *self, PyObject *unused) {
+static PyObject *in_flight(PyObject *self, PyObject *unused) {
 #ifdef HAVE_NATIVE_WRITE
     return PyLong_FromSsize_t(inflight);
 #else
     return PyLong_FromLong(0);
 #endif
 }
+
+/* The module's functions of this file (module.c adds them). */
+PyMethodDef dft_writer_methods[] = {
+    {"drain", drain, METH_VARARGS,
+     "drain(max_records, pid_piece, hh_piece, offset_ns, min_id) -> (bytes, records taken)"},
+#ifdef HAVE_NATIVE_WRITE
+    {"drain_write", drain_write, METH_VARARGS,
+     "drain_write(fd, level, frame_records, max_records, pid_piece, hh_piece, offset_ns, min_id, "
+     "prefix) -> (taken, written, bytes, errno, st_nlink): frames encoded, compressed and written"},
+#endif
+    {"in_flight", in_flight, METH_NOARGS, "Records in a drain_write() under way."},
+#ifdef HAVE_WRITE_LOOP
+    {"write_loop", write_loop, METH_VARARGS,
+     "write_loop(fd, level, frame_records, seconds, max_bytes, pid_piece, hh_piece, offset_ns, "
+     "min_id) -> (taken, written, bytes, errno, st_nlink): write full batches without the GIL"},
+    {"kick", kick, METH_NOARGS, "Make write_loop() return now."},
+    {"writing_since", writing_since, METH_NOARGS, "When write_loop's write under way began (0.0: none)."},
+    {"frames_written", frames_written, METH_NOARGS, "Frames the engine has written whole, ever."},
+#endif
+    {"native_write", native_write, METH_NOARGS,
+     "The compressions drain_write() can do here."},
+    {NULL, NULL, 0, NULL}};

@@ -114,16 +114,21 @@ static inline int open_has_mode(int flags) {
             fd_track(r_, h_, 0);                                                       \
     } while (0)
 
+/* `mode`: the variadic mode argument of an open call whose flags say it has one, else
+   0 (a macro: va_start runs in the wrapper itself). */
+#define OPEN_MODE(mode, flags)                                                         \
+    mode_t mode = 0;                                                                   \
+    if (open_has_mode(flags)) {                                                        \
+        va_list ap;                                                                    \
+        va_start(ap, flags);                                                           \
+        mode = (mode_t)va_arg(ap, int);                                                \
+        va_end(ap);                                                                    \
+    }
+
 #define OPEN_WRAPPER(name, op)                                                         \
     DECLARE(int, name, const char *, int, ...);                                        \
     static int w_##name(const char *path, int flags, ...) {                            \
-        mode_t mode = 0;                                                               \
-        if (open_has_mode(flags)) {                                                    \
-            va_list ap;                                                                \
-            va_start(ap, flags);                                                       \
-            mode = (mode_t)va_arg(ap, int);                                            \
-            va_end(ap);                                                                \
-        }                                                                              \
+        OPEN_MODE(mode, flags);                                                        \
         OPEN_CALL(op, AT_FDCWD, path, REAL(name)(path, flags, mode), OPEN_AFTER(flags)); \
     }
 OPEN_WRAPPER(open, OP_OPEN)
@@ -132,13 +137,7 @@ OPEN_WRAPPER(open64, OP_OPEN)
 #define OPENAT_WRAPPER(name)                                                           \
     DECLARE(int, name, int, const char *, int, ...);                                   \
     static int w_##name(int dirfd, const char *path, int flags, ...) {                 \
-        mode_t mode = 0;                                                               \
-        if (open_has_mode(flags)) {                                                    \
-            va_list ap;                                                                \
-            va_start(ap, flags);                                                       \
-            mode = (mode_t)va_arg(ap, int);                                            \
-            va_end(ap);                                                                \
-        }                                                                              \
+        OPEN_MODE(mode, flags);                                                        \
         OPEN_CALL(OP_OPENAT, dirfd, path, REAL(name)(dirfd, path, flags, mode),        \
                   OPEN_AFTER(flags));                                                  \
     }

@@ -22,7 +22,7 @@ import orjson
 import polars as pl
 
 from ... import format as fmt
-from ..runtime.kernels import analysis_kernels
+from ..runtime import kernels
 from . import kineto as _kineto
 from .schema import EVENT_COLUMNS, HOST_KEY, RAW_FIELDS, coerce_value
 from .parquet import read_parquet_parts
@@ -30,9 +30,6 @@ from .partition_data import (MAX_BROKEN_KEPT, PHASE_CODES, PartitionData, Scanne
                              note_cut_off, output_type, text_passes, without_name_or_ph)
 from .sources import Partition
 
-#: The C line scanner; None without it (no compiler, or DFTRACE_NO_SPEEDUPS): polars
-#: alone parses.
-_scan = analysis_kernels()
 
 
 _T = TypeVar("_T")
@@ -136,7 +133,7 @@ def _pieces(partition: Partition, wanted: Wanted, piece_bytes: int = fmt.LINE_PI
             if result.cut_off is not None:  # a cut with nothing decoded before it is a broken line too
                 note_cut_off(result, result.cut_off)
             yield result
-        elif _scan is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted,
+        elif kernels.C is not None and "args" not in wanted and _read_scanned(result, holder[0], wanted,
                                                                           scanned=scanned):
             holder.clear()  # the piece's bytes are read: not held while the consumer works
             yield result
@@ -247,7 +244,7 @@ def _read_scanned(result: PartitionData, data: bytes, wanted: Wanted, *, scanned
                                   *(s for s in wanted.values() if s is not None)]))
     spec = tuple((int(where == "args"), key.encode(), kind, *bounds)
                  for where, key, dtype in sources for kind, bounds in [_scan_kind(where, key, dtype)])
-    raw_starts, raw_status, raw_columns = _scan.scan_lines(data, spec, fmt.MAX_DEPTH)
+    raw_starts, raw_status, raw_columns = kernels.C.scan_lines(data, spec, fmt.MAX_DEPTH)
     starts = np.frombuffer(raw_starts, dtype=np.int64)
     status = np.frombuffer(raw_status, dtype=np.uint8)
 

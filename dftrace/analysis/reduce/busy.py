@@ -15,10 +15,8 @@ from typing import NamedTuple
 import numpy as np
 import polars as pl
 
-from ..runtime.kernels import analysis_kernels
+from ..runtime import kernels
 
-#: The C sweeps; None without them (no compiler, or DFTRACE_NO_SPEEDUPS): numpy's.
-_native = analysis_kernels()
 
 #: Activity groups of the time breakdown, in bit order. ``.block`` spans (the loop
 #: body of ``.iter()``) are containers, not activity, and are left out.
@@ -43,7 +41,7 @@ class Painting(NamedTuple):
 def innermost_intervals(threads: pl.DataFrame) -> Painting:
     """The painting of ``threads``: tid, ts, end, level and group (an index into
     GROUPS, null for none), one row a span."""
-    if _native is not None:
+    if kernels.C is not None:
         return _innermost_native(threads)
     return _innermost_numpy(threads)
 
@@ -70,10 +68,10 @@ def painted_spans(tid: np.ndarray, ts: np.ndarray, end: np.ndarray, level: np.nd
     int8, -1 for none), by the C sweep; None without it, and where two spans of a
     thread have the same times and no ``order`` (span indices, see ``runtime/sweeps.c``)
     says which is the innermost."""
-    if _native is None:
+    if kernels.C is None:
         return None
     given = b"" if order is None else np.ascontiguousarray(order, dtype=np.int64)
-    painted = _native.innermost(tid, ts, end, level, level_valid, group, given)
+    painted = kernels.C.innermost(tid, ts, end, level, level_valid, group, given)
     if painted is None:
         return None
     groups, starts, ends, self_us, orphan, opener = painted
@@ -191,7 +189,7 @@ def union_intervals(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
     in the order each (keys, group) first appears, each one's intervals by start."""
     if not frame.height:
         return frame
-    if _native is not None:
+    if kernels.C is not None:
         return _union_native(frame, keys)
     pieces = []
     for key, part in frame.partition_by([*keys, "group"], as_dict=True, maintain_order=True).items():
@@ -210,7 +208,7 @@ def _union_native(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
     else:
         ids = frame.select(pl.struct(*keys, "group").rank("dense")).to_series().to_numpy().astype(np.int64) - 1
         n_ids = int(ids.max()) + 1
-    rows, starts, ends = _native.union(
+    rows, starts, ends = kernels.C.union(
         ids, *(np.ascontiguousarray(frame.get_column(name).to_numpy(), dtype=np.int64) for name in ("start", "end")),
         n_ids)
     picked = pl.Series(np.frombuffer(rows, np.int64), dtype=pl.UInt32)  # polars' index type: a quick gather
@@ -279,8 +277,8 @@ def _masks(intervals: pl.DataFrame, alone: int) -> tuple[np.ndarray, np.ndarray,
     runs where the mask is ``alone``, none for -1) of ``intervals`` (group, start, end)."""
     group, starts, ends = (np.ascontiguousarray(intervals.get_column(name).to_numpy(), dtype=np.int64)
                            for name in ("group", "start", "end"))
-    if _native is not None:
-        totals, alone_starts, alone_ends = _native.masks(group, starts, ends, 1 << len(GROUPS), alone)
+    if kernels.C is not None:
+        totals, alone_starts, alone_ends = kernels.C.masks(group, starts, ends, 1 << len(GROUPS), alone)
         return (np.frombuffer(totals, np.int64), np.frombuffer(alone_starts, np.int64),
                 np.frombuffer(alone_ends, np.int64))
     return _masks_numpy(group, starts, ends, alone)

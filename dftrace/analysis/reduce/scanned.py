@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from ... import format as fmt
-from ..runtime.kernels import analysis_kernels
+from ..runtime import kernels
 from .busy import mask_times, painted_spans, union_intervals
 from ..read.partition_data import PartitionData, ScannedPiece, number_series, text_passes, text_series
 from .io_tables import IO_CATS, cover_table, io_tables
@@ -19,8 +19,6 @@ from ..read.schema import HOST_KEY
 from .sketch import EXACT_BELOW_US, bins_of
 from .steps import PROFILER_STEP_PREFIX, WORK_CATS
 
-#: The C kernels; None without them (no compiler, or DFTRACE_NO_SPEEDUPS).
-_native = analysis_kernels()
 from .partial import (EMPTY_TABLES, GROUP_CATS, IO_TABLES, PARTIAL_TABLES, ROW_KEY, TRACER_CATS, Partial, as_stored,
                       stored_table)
 
@@ -177,7 +175,7 @@ class _ScannedSpans:
         stacked = np.empty((self.ts.size, len(keys)), dtype=np.int64)
         for place, key in enumerate(keys):
             stacked[:, place] = key
-        at, least, most, n, total = (np.frombuffer(buffer, np.int64) for buffer in _native.extents(
+        at, least, most, n, total = (np.frombuffer(buffer, np.int64) for buffer in kernels.C.extents(
             stacked, len(keys), self.ts if low is None else low, self.end if high is None else high,
             b"" if sums is None else sums[1], np.ascontiguousarray(taken, dtype=np.uint8)))
         found = {name: self._column(name, values, at) for name, values in columns.items()}

@@ -33,12 +33,10 @@ import numpy as np
 import polars as pl
 
 from ... import format as fmt
-from ..runtime.kernels import analysis_kernels
+from ..runtime import kernels
 from .busy import each_process
 from ..read.schema import FrameT
 
-#: The C step kernels; None without them (no compiler, or DFTRACE_NO_SPEEDUPS): numpy's.
-_native = analysis_kernels()
 
 #: Categories whose spans place a step in time; data loading follows them.
 WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
@@ -186,9 +184,9 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
     if not work:
         is_work = np.ones(rows.height, dtype=bool)
     codes = step_codes(rows)
-    if _native is not None and codes is not None:
+    if kernels.C is not None and codes is not None:
         code, epoch_span = codes
-        placed = _native.steps(code, start, end, n, is_work.astype(np.uint8), np.ascontiguousarray(cuts, np.int64),
+        placed = kernels.C.steps(code, start, end, n, is_work.astype(np.uint8), np.ascontiguousarray(cuts, np.int64),
                                epoch_span)
         at, step_start, step_end, counts = (np.frombuffer(array, np.int64) for array in placed)
         picked = rows.select("epoch", "step")[at]
@@ -455,13 +453,13 @@ def step_spread(by_unit: pl.DataFrame) -> pl.DataFrame | None:
     ``answers.steps.steps_across_units``' query compares them, by the C kernel in one sort; None where
     it cannot (an install without a compiler, a missing time or rank order, steps too
     many to number with one integer): the query then does."""
-    if _native is None or not by_unit.height or any(
+    if kernels.C is None or not by_unit.height or any(
             by_unit.get_column(name).null_count() for name in ("start", "dur", "unit_order")):
         return None
     codes = step_codes(by_unit)
     if codes is None:
         return None
-    compared = _native.across(codes[0], *(np.ascontiguousarray(by_unit.get_column(name).to_numpy(), np.int64)
+    compared = kernels.C.across(codes[0], *(np.ascontiguousarray(by_unit.get_column(name).to_numpy(), np.int64)
                                           for name in ("start", "dur", "unit_order")))
     row, ranks, start, low, middle, high, slowest = (np.frombuffer(array, np.int64) for array in compared)
     return pl.DataFrame({

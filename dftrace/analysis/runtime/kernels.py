@@ -1,7 +1,10 @@
 """The analysis's C kernels (``_kernels``: the line scanner of ``scan.c`` and the
-interval and step sweeps of ``sweeps.c``), or None where they were not built, do not
-load, or speedups are switched off (``DFTRACE_NO_SPEEDUPS=1``); the callers then run
-their numpy and polars paths."""
+interval and step sweeps of ``sweeps.c``): one choice for the whole analysis, made here.
+
+:data:`C` is the kernels module, or None where they were not built, do not load, or
+speedups are switched off (``DFTRACE_NO_SPEEDUPS=1``); the readers and sweeps then run
+their polars and numpy paths. Every caller reads ``kernels.C`` as it runs, so this is
+the one place the choice is held (a test that compares both paths sets it to None)."""
 
 from __future__ import annotations
 
@@ -19,3 +22,12 @@ def analysis_kernels() -> ModuleType | None:
     except ImportError:
         return None
     return _kernels
+
+
+#: The kernels the analysis runs: the C module, or None for the polars and numpy paths.
+C: ModuleType | None = analysis_kernels()
+
+
+def name() -> str:
+    """``"C"`` or ``"numpy"``: which kernels the analysis runs."""
+    return "C" if C is not None else "numpy"

@@ -1,0 +1,24 @@
+/* encoder.h: encoder.c's side, records to JSON lines (without the GIL), and args
+ * (plain dicts) to JSON fragments. */
+#ifndef DFTRACE_ENCODER_H
+#define DFTRACE_ENCODER_H
+
+#include "common.h"
+
+DFT_HIDDEN_BEGIN
+
+char *dft_encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to, const char *arena,
+                      const kind_t *ks, Py_ssize_t nk, const char *pidp, Py_ssize_t npid,
+                      const char *hhp, Py_ssize_t nhh, long long off, long long min_id);
+char *dft_encode_chunks(chunk_t *c, char *o, const kind_t *ks, Py_ssize_t nk, const char *pidp,
+                        Py_ssize_t npid, const char *hhp, Py_ssize_t nhh, long long off,
+                        long long min_id);
+PyObject *dft_plain_extra(PyObject *d, int fresh);
+extern int dft_off_for_good;
+#define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
+
+/* The module's functions of the encoder (set_options, plain_fragment). */
+extern PyMethodDef dft_encoder_methods[];
+
+DFT_HIDDEN_END
+#endif /* DFTRACE_ENCODER_H */

@@ -1,0 +1,14 @@
+/* io_lines.h: io_lines.c's side, the file-I/O calls the interposer drained, recorded
+ * as trace records. */
+#ifndef DFTRACE_IO_LINES_H
+#define DFTRACE_IO_LINES_H
+
+#include "common.h"
+
+DFT_HIDDEN_BEGIN
+
+/* The module's functions of io_lines.c (io_emit). */
+extern PyMethodDef dft_io_lines_methods[];
+
+DFT_HIDDEN_END
+#endif /* DFTRACE_IO_LINES_H */

@@ -1,0 +1,68 @@
+/* shm_ring.h: shm_producer.c's side, the shared-memory ring this process records
+ * into (writer="process"): shm_append, the ring's append on the hot path (inline:
+ * a span pays no call across files), and the state it reads. */
+#ifndef DFTRACE_SHM_RING_H
+#define DFTRACE_SHM_RING_H
+
+#include "common.h"
+
+DFT_HIDDEN_BEGIN
+
+/* The ring's layout is in common.h; here the producer's side (shm_producer.c):
+   the state the inline append reads, and the functions behind it. */
+extern shm_hdr_t *dft_shm;        /* attached: records go to the ring */
+extern shm_slot_t *dft_shm_cur;   /* the FILLING slot */
+extern int dft_shm_sealed;        /* a slot was sealed since the last wake */
+/* 1 while captures run beside the ring: records go to process memory, and the
+   writer relays their lines to the ring (shm_append_line) as it hands them on. */
+extern int dft_shm_local;
+/* Spans in the ring not yet freed by the drainer, as last counted, plus those
+   appended since: buffer_limit bounds the exact count (shm_held). */
+extern Py_ssize_t dft_shm_est;
+extern uint32_t dft_shm_cur_n, dft_shm_cur_alen; /* records and arena bytes of shm_cur */
+
+void dft_shm_add_kind(const char *p, Py_ssize_t n);
+void dft_shm_seal(void);
+shm_slot_t *dft_shm_take(void);
+int dft_shm_append_long(uint32_t kid, long long t0, long long t1, unsigned long long id,
+                        unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
+                        uint32_t flags, long long count, const char *a, Py_ssize_t na,
+                        const char *b, Py_ssize_t nb);
+int dft_shm_at_limit(void);
+Py_ssize_t dft_shm_held(void);
+
+
+/* Append to the ring: 0, -1 (too long for the ring: dropped), -2 (ring full, or
+   no longer this process's ring). */
+static inline int shm_append(uint32_t kid, long long t0, long long t1, unsigned long long id,
+                      unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
+                      uint32_t flags, long long count, const char *a, Py_ssize_t na,
+                      const char *b, Py_ssize_t nb) {
+    size_t need = (size_t)(na + nb);
+    if (need > SHM_ARENA)
+        return dft_shm_append_long(kid, t0, t1, id, p, lvl, tid, flags, count, a, na, b, nb);
+    if (dft_shm_cur && (dft_shm_cur_n == CHUNK_RECS || dft_shm_cur_alen + need > SHM_ARENA))
+        dft_shm_seal();
+    if (!dft_shm_cur && !(dft_shm_cur = dft_shm_take()))
+        return -2;
+    shm_slot_t *c = dft_shm_cur;
+    rec_t *r = &c->recs[dft_shm_cur_n];
+    r->aoff = dft_shm_cur_alen;
+    r->alen = (uint32_t)need;
+    put_args(c->arena + dft_shm_cur_alen, a, na, b, nb);
+    dft_shm_cur_alen += (uint32_t)need;
+    c->alen = dft_shm_cur_alen;
+    rec_fill(r, kid, t0, t1, id, p, lvl, tid, flags, count);
+    if (flags & F_RAW)
+        SLOT_RAW(c)++;
+    else
+        dft_shm_est++;
+    __atomic_store_n(&c->n, ++dft_shm_cur_n, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* The module's functions of the producer's side (shm_attach, ...). */
+extern PyMethodDef dft_shm_producer_methods[];
+
+DFT_HIDDEN_END
+#endif /* DFTRACE_SHM_RING_H */
