@@ -10,8 +10,11 @@ choice (``pytest -m MARK``, see ``.ci/run``):
   ended, by exits, signals, kills, forks, full or failing storage and long runs;
 * ``pure_engine``: with ``DFTRACE_NO_SPEEDUPS=1``, the pure-Python engine and the
   analysis's own parser and numpy paths (an install without a compiler): the tests of
-  recording and of reading and answering, less those that compare both paths in one
-  run or whose subject is not the path (rendering in a browser, the diff's noise);
+  recording, and of the analysis what one process cannot switch (Dask workers, a
+  child's memory) and hostile input. The analysis's answers themselves are compared
+  both ways inside the ordinary run (``analysis/test_kernel_paths.py``: every command
+  on every recorded and generated run, byte for byte; ``test_scan``, ``test_sweeps``,
+  ``test_hostile_lines``), not by running their folder again;
 * ``each_python``: on every other Python the package claims (a minimal install): the
   core, and the reliability tests of what changes between interpreters (shutdown,
   signals, fork and spawn, threads, recursion and memory limits, sampling frames, the
@@ -58,28 +61,11 @@ RERUNS: dict[str, tuple[str, ...]] = {
         "reliability/test_limits.py",
         "reliability/test_processes.py",
         "reliability/test_sampler.py",
-        "analysis/test_bounded.py",
         "analysis/test_bounded_memory.py",
-        "analysis/test_cli.py",
-        "analysis/test_core_files.py",
         "analysis/test_dask.py",
-        "analysis/test_demo_answers.py",
-        "analysis/test_diff.py",
-        "analysis/test_docs_outputs.py",
         "analysis/test_format.py",
         "analysis/test_hostile_inputs.py",
-        "analysis/test_hostile_lines.py",
-        "analysis/test_index.py",
-        "analysis/test_io_answers.py",
-        "analysis/test_kineto.py",
         "analysis/test_load.py",
-        "analysis/test_read_ahead.py",
-        "analysis/test_resumed.py",
-        "analysis/test_scan.py",
-        "analysis/test_sql.py",
-        "analysis/test_stragglers.py",
-        "analysis/test_summary.py",
-        "analysis/test_watch.py",
     ),
     "each_python": (
         "core",

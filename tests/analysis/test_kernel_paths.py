@@ -6,11 +6,12 @@ Each test here runs one command both ways in the same process, on every recorded
 the suite holds and on generated runs shaped like users' (several ranks with a slow
 one, collectives, GPU profiler traces, lines cut short and files of DFTracer's), and
 compares what is printed or written byte for byte: the summary as JSON and as text,
-``convert``, ``merge`` of a step range, and ``sql``.
+``convert``, ``merge`` of a step range, ``sql``, and ``watch``'s snapshot.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -41,7 +42,16 @@ COMMANDS = {
     "merge-steps": (["merge", "{run}", "-o", "{out}", "--steps", "1:2"], "merged.json"),
     "sql": (["sql", "select cat, name, count(*) as n, sum(dur) as total, min(ts) as first "
              "from events group by cat, name order by cat, name", "{run}"], None),
+    "watch-once": (["watch", "{run}", "--once", "--json"], None),
 }
+
+
+def _without_clock(printed: str) -> str:
+    """``watch``'s snapshot less what the wall clock moves (how long each file has been idle)."""
+    snapshot = json.loads(printed)
+    for entry in snapshot.get("files", []):
+        entry.pop("idle_s", None)
+    return json.dumps(snapshot, sort_keys=True)
 
 
 def _generated(root: Path) -> dict[str, Path]:
@@ -60,6 +70,17 @@ def _generated(root: Path) -> dict[str, Path]:
     return runs
 
 
+class _Counting:
+    """The C kernels, counting which of them are called (the C side must be taken)."""
+
+    def __init__(self, module):
+        self.module, self.used = module, set()
+
+    def __getattr__(self, name):
+        self.used.add(name)
+        return getattr(self.module, name)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("kernel-paths")
@@ -74,6 +95,8 @@ def _run(argv: list[str], capsys, out: Path | None) -> tuple[int, str, bytes | N
     printed = capsys.readouterr().out
     if out is not None:
         printed = printed.replace(str(out), "OUT")
+    if argv[0] == "watch" and code == 0:
+        printed = _without_clock(printed)
     return code, printed, out.read_bytes() if out is not None and out.exists() else None
 
 
@@ -82,18 +105,18 @@ def test_c_kernels_and_numpy_paths_give_the_same_output(runs, command, tmp_path,
     """Every run: the command's exit status, what it prints and what it writes are the
     same with the C kernels and with the polars and numpy paths."""
     template, written = COMMANDS[command]
-    compared = 0
+    compared, c_kernels = 0, _Counting(kernels.C)
     for name, run in sorted(runs.items()):
         results = []
         for path in ("C", "numpy"):
             out = tmp_path / f"{name}-{path}-{written}" if written else None
             argv = [part.format(run=run, out=out) for part in template]
             with monkeypatch.context() as patch:
-                if path == "numpy":
-                    patch.setattr(kernels, "C", None)
+                patch.setattr(kernels, "C", c_kernels if path == "C" else None)
                 results.append(_run(argv, capsys, out))
         assert results[0] == results[1], f"{command} of {name}: the C kernels and numpy differ"
         code, printed, data = results[0]
         compared += code == 0 and bool(printed or data)
     # Most runs give an answer (a step range some runs lack leaves merge nothing to say).
     assert compared >= len(runs) - 3, compared
+    assert "scan_lines" in c_kernels.used, c_kernels.used  # the C side read with the scanner
