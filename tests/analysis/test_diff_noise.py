@@ -26,9 +26,20 @@ STEPS = 256
 PLANTED = 24
 
 
-def _job(out: Path, extra: int = 0) -> Path:
-    subprocess.run([sys.executable, str(JOB), str(out), str(STEPS), str(extra)], check=True, timeout=300)
-    return out
+def _jobs(*runs: tuple[Path, int]) -> list[Path]:
+    """Runs the jobs ``(out, extra work units)`` side by side, so that what else the
+    machine does at that time weighs on each alike (runs to compare are taken under
+    like conditions), and returns their folders."""
+    started = [subprocess.Popen([sys.executable, str(JOB), str(out), str(STEPS), str(extra)])
+               for out, extra in runs]
+    try:
+        for job in started:
+            assert job.wait(timeout=600) == 0, job.args
+    finally:
+        for job in started:
+            job.kill()
+            job.wait()
+    return [out for out, _ in runs]
 
 
 def _mean_forward(run: Path) -> float:
@@ -44,13 +55,15 @@ def _diff(capsys, *args: str) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def quiet(tmp_path_factory):
-    """Three runs of the same code, and three with the planted forward, interleaved
-    (as runs to compare should be taken: under like conditions)."""
+    """Three runs of the same code, and three with the planted forward, each with the
+    same code's run beside it (as runs to compare should be taken: under like
+    conditions)."""
     root = tmp_path_factory.mktemp("quiet")
     same, planted = [], []
     for i in range(3):
-        same.append(_job(root / "same" / f"run{i}"))
-        planted.append(_job(root / "planted" / f"run{i}", PLANTED))
+        run, with_planted = _jobs((root / "same" / f"run{i}", 0), (root / "planted" / f"run{i}", PLANTED))
+        same.append(run)
+        planted.append(with_planted)
     return same, planted
 
 
@@ -115,10 +128,11 @@ def test_several_runs_per_side(quiet, capsys, tmp_path):
 
 
 def test_same_code_passes_on_a_busy_machine(tmp_path, busy_machine, capsys):
-    """Three busy processes share the machine: same-code pairs pass the CI line, the
-    step time's change judged against the machine's speed and the steps' spread."""
+    """Three busy processes share the machine: same-code pairs, each pair's runs side
+    by side, pass the CI line, the step time's change judged against the machine's
+    speed and the steps' spread."""
     for i in range(3):
-        base, new = _job(tmp_path / f"a{i}"), _job(tmp_path / f"b{i}")
+        base, new = _jobs((tmp_path / f"a{i}", 0), (tmp_path / f"b{i}", 0))
         code, data = _diff(capsys, str(base), str(new))
         assert code == 0, data["regression"]
 
