@@ -387,8 +387,9 @@ def test_longest_flush_pause(benchmark, tmp_path):
         f = ai.compute.forward(_native_work)
         windows: list[tuple[int, int]] = []
         if traced:
+            # The writer thread's flushes run in this process (the drainer's, in its own).
             s = dftrace.initialize(log_file=str(tmp_path / f"p-{time.perf_counter_ns()}"),
-                                   inherit=False)
+                                   inherit=False, writer="thread")
             original = s.writer._flush_batch
 
             def timed():
