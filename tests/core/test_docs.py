@@ -129,7 +129,8 @@ def test_ci_tests_every_python_the_package_claims():
     found = subprocess.run(["bash", "-c", lookup], cwd=ROOT, capture_output=True, text=True, check=True)
     assert found.stdout.split() == sorted(versions, key=lambda v: tuple(map(int, v.split("."))))
     assert f'requires-python = ">={found.stdout.split()[0]}"' in project
-    assert 'minimal_python=$(python_of "$oldest")' in ci
+    # Each other Python's minimal install: .venv-minimal for the oldest, .venv-X.Y else.
+    assert '[ "$version" = "$oldest" ] && venv=.venv-minimal' in ci and 'python=$(python_of "$version")' in ci
     assert "for version in $claimed; do" in ci and '-m pytest -m each_python tests/core tests/reliability' in ci
     envlist = re.search(r"^envlist = (.*)$", (ROOT / "tox.ini").read_text(), re.M).group(1)
     assert {f"py{v.replace('.', '')}" for v in versions} <= {e.strip() for e in envlist.split(",")}
@@ -138,7 +139,7 @@ def test_ci_tests_every_python_the_package_claims():
 def test_ci_and_tox_run_the_suite_on_a_minimal_install():
     """A second CI run and a tox env install only the test extra."""
     ci = (ROOT / ".ci" / "run").read_text()
-    assert '.venv-minimal/bin/pip install -q -e ".[test]"' in ci and ".venv-minimal/bin/python -m pytest" in ci
+    assert '"$venv/bin/pip" install -q -e ".[test]"' in ci and ".venv-minimal/bin/python -m pytest" in ci
     tox = (ROOT / "tox.ini").read_text()
     minimal = tox.split("[testenv:minimal]", 1)[1].split("\n[", 1)[0]
     assert "extras = test" in minimal and "python -m pytest" in minimal
