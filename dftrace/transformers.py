@@ -45,14 +45,9 @@ you are not inside ``train()``: wrap them in ``with ai.pipeline.evaluate:`` /
 
 from __future__ import annotations
 
-from ._install_hint import pip_install
+from ._install_hint import import_framework
 
-try:
-    import transformers
-except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "dftrace.transformers needs Hugging Face transformers, which is not installed; "
-        "install it with: " + pip_install("transformers")) from _exc
+transformers = import_framework("transformers", "transformers", "Hugging Face transformers")
 
 import math
 import os

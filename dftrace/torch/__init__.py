@@ -36,14 +36,9 @@ and never reaches your training loop.
 
 from __future__ import annotations
 
-from .._install_hint import pip_install
+from .._install_hint import import_framework
 
-try:
-    import torch
-except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "dftrace.torch needs PyTorch, which is not installed; "
-        "install it with: " + pip_install("torch")) from _exc
+torch = import_framework("torch", "torch", "PyTorch")
 
 import os
 from collections.abc import Mapping
