@@ -26,4 +26,3 @@ def analysis_kernels() -> ModuleType | None:
 
 #: The kernels the analysis runs: the C module, or None for the polars and numpy paths.
 C: ModuleType | None = analysis_kernels()
-
