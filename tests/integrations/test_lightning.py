@@ -145,8 +145,8 @@ class StepClock(pl.Callback):
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_summary_counts_each_optimizer_step_once(tmp_path, accumulate):
     """With gradient accumulation, validation and checkpoints on, the summary's steps are
-    Lightning's optimizer steps, its epochs Lightning's, its step p50 Lightning's own
-    step-start-to-step-start time."""
+    Lightning's optimizer steps, its epochs Lightning's, its step times Lightning's own
+    step-start-to-step-start times."""
     clock = StepClock()
     g = torch.Generator().manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(48, 3, generator=g), torch.randn(48, 1, generator=g)), batch_size=2)
@@ -166,6 +166,11 @@ def test_summary_counts_each_optimizer_step_once(tmp_path, accumulate):
     for epoch, step, ns in clock.starts:
         firsts.setdefault((epoch, step), ns)
     ordered = sorted(firsts.items())
-    gaps = [(b - a) / 1000 for ((ea, _), a), ((eb, _), b) in zip(ordered, ordered[1:]) if ea == eb]
-    ours = statistics.median(s["median_us"] for s in summary.steps)
-    assert ours == pytest.approx(statistics.median(gaps), rel=0.05)
+    gaps = {step: (b - a) / 1000 for ((ea, step), a), ((eb, _), b) in zip(ordered, ordered[1:]) if ea == eb}
+    ours = {s["step"]: s["median_us"] for s in summary.steps}
+    # A step is read from its batch's fetch to the next step's fetch, Lightning's clock from
+    # its batch-start hook, after the fetch. A step differs from Lightning's only where the
+    # machine paused the process between the two (in this step's fetch or the next's), so
+    # the typical step agrees: the median of the differences is near 0, whatever the load.
+    differences = [ours[step] - gaps[step] for step in gaps]
+    assert abs(statistics.median(differences)) < 0.05 * statistics.median(gaps.values())
