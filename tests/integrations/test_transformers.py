@@ -56,14 +56,14 @@ class StepClock(transformers.TrainerCallback):
         self.starts.append((int(state.epoch + 1e-6), time.perf_counter_ns()))
 
 
-def start_to_start_p50_us(starts):
-    """The median time from one step's start to the next within an epoch (µs)."""
-    gaps = [(b - a) / 1000 for (ea, a), (eb, b) in zip(starts, starts[1:]) if ea == eb]
-    return statistics.median(gaps)
+def start_to_start_us(starts):
+    """Each step's time from its start to the next's, for the steps followed by another
+    in their epoch: {step: µs}."""
+    return {k: (b - a) / 1000 for k, ((ea, a), (eb, b)) in enumerate(zip(starts, starts[1:])) if ea == eb}
 
 
-#: Samples an epoch: with 4 micro-batches a step, 18 optimizer steps an epoch, enough for
-#: the step p50 to hold within 5 % of the trainer's own on a busy machine (9 were not).
+#: Samples an epoch: with 4 micro-batches a step, 18 optimizer steps an epoch, so that a
+#: few steps paused by a busy machine do not move the median difference.
 SAMPLES = 72
 
 
@@ -85,9 +85,13 @@ def test_summary_counts_each_optimizer_step_once(tmp_path, accumulation):
         (e, k) for e, k in ((0 if k < optimizer_steps // 2 else 1, k) for k in range(optimizer_steps))]
     assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, optimizer_steps // 2),
                                                                    (1, optimizer_steps // 2)]
-    ours = statistics.median(s["median_us"] for s in steps)
-    truth = start_to_start_p50_us(clock.starts)
-    assert ours == pytest.approx(truth, rel=0.05)
+    # A step may differ from the trainer's where the machine paused the process between the
+    # trainer's step hook and the step's first span (in this step or the next): the typical
+    # step agrees, the median of the differences near 0 whatever the load.
+    ours = {s["step"]: s["median_us"] for s in steps}
+    truth = start_to_start_us(clock.starts)
+    differences = [ours[k] - truth[k] for k in truth]
+    assert abs(statistics.median(differences)) < 0.05 * statistics.median(truth.values())
     # The batches' wait is part of each step: one fetch a step, inside no step span.
     fetches = result.spans("fetch", "dataloader")
     assert [f["args"]["step"] for f in fetches] == list(range(optimizer_steps))
