@@ -24,6 +24,7 @@ from ..reduce.combine import Combined, combine
 from ..reduce.partial import Partial, without_row_keys
 from ..read.partition_data import PartitionData
 from .durations import category_rows, dataloader_rows, distribution_rows
+from ..runtime import kernels
 from ..runtime.executor import default_executor
 from ..runtime.heap import hand_back, heap_for_answers
 from ..runtime.progress import phase
@@ -324,6 +325,7 @@ def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]
     return {
         "files": len(combined.files),
         "partitions": combined.partitions,
+        "kernels": "C" if kernels.C is not None else "numpy",
         "processes": procs.height,
         "ranks": procs.get_column("rank").drop_nulls().n_unique(),
         "hosts": procs.get_column("host").n_unique(),
