@@ -31,8 +31,8 @@ In a distributed run the process's rank is taken from the trainer
 ``DistributedDataParallel`` model the trainer wraps its model in records a
 ``comm.all_reduce`` span per gradient bucket (:func:`dftrace.torch.trace_ddp`,
 registered at its first forward) unless you register a communication hook of your
-own, which is then traced. Give the callback to the ``Trainer`` (not with
-``add_callback`` after it was made) for this.
+own, which is then traced; the callback may be given to the ``Trainer`` or added with
+``add_callback`` before ``train()``.
 
 Callbacks only hear about evaluation and saving afterwards (``on_evaluate``,
 ``on_save``), so those spans open when the trainer's control flags announce them
@@ -87,6 +87,15 @@ class TraceCallback(transformers.TrainerCallback):
         self._epoch = 0
         #: The wait for the next step's batches (the trainer fetches them all before on_step_begin).
         self._fetch = Wait(ai.dataloader.fetch)
+        # The trainer wraps its model in DistributedDataParallel when train() starts,
+        # after this callback was given to it or added: the wrappers made from now on
+        # record their gradient buckets once on_train_begin names the model.
+        try:
+            from .torch._auto import watch_ddp
+
+            watch_ddp()
+        except Exception:  # no torch.distributed here: no wrapper to watch
+            pass
 
     # -- helpers -------------------------------------------------------------------------
     def _after_step_or_epoch(self, args: Any, state: Any, control: Any) -> None:
@@ -112,16 +121,6 @@ class TraceCallback(transformers.TrainerCallback):
 
     # -- init / train / epoch ---------------------------------------------------------------
     @guarded
-    def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        # The trainer wraps its model in DistributedDataParallel when train() starts:
-        # that wrapper records its gradient buckets.
-        if model is not None and getattr(args, "world_size", 1) > 1:
-            from .torch._auto import trace_ddp_of
-
-            trace_ddp_of(model)
-
-
-    @guarded
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
         self._spans.close_all()
@@ -132,6 +131,10 @@ class TraceCallback(transformers.TrainerCallback):
             self._tracing.step = int(state.global_step)
         if getattr(args, "world_size", 1) > 1:
             note_distributed_rank(getattr(args, "process_index", None))
+            if model is not None:  # its DistributedDataParallel wrapper records its buckets
+                from .torch._auto import trace_ddp_of
+
+                trace_ddp_of(model)
 
     @guarded
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

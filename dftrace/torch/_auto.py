@@ -46,7 +46,7 @@ from .._core.tree import ai
 from .._hooks import guarded, warn_once
 from ._dist import note_distributed_rank, trace_ddp, trace_distributed
 
-__all__ = ["install", "standing_down", "trace_ddp_of"]
+__all__ = ["install", "standing_down", "trace_ddp_of", "watch_ddp"]
 
 _FETCH = ai.dataloader.fetch
 _FETCH_INIT = ai.dataloader.fetch.derive("init")
@@ -333,7 +333,7 @@ def trace_ddp_of(module: Any) -> None:
     """Record the gradient buckets of the DistributedDataParallel model that will
     wrap ``module`` (made later, by a trainer): registered at its first forward."""
     _WANTED.add(module)
-    _patch_ddp()
+    watch_ddp()
 
 
 def _wanted(ddp: Any) -> bool:
@@ -343,10 +343,12 @@ def _wanted(ddp: Any) -> bool:
         return False
 
 
-def _patch_ddp() -> None:
+def watch_ddp() -> None:
     """DistributedDataParallel's ``__init__`` and ``register_comm_hook``, once: a model
-    wrapped while ``auto`` is on (or whose module is wanted) gets :func:`trace_ddp` at
-    its first forward, or around the communication hook you register before it."""
+    wrapped while ``auto`` is on (or whose module is wanted by then, or by its first
+    forward: a callback given to a trainer that had wrapped it already) gets
+    :func:`trace_ddp` at its first forward, or around the communication hook you
+    register before it."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if getattr(DDP.__init__, "__dftrace_patched__", False):
@@ -356,15 +358,13 @@ def _patch_ddp() -> None:
     def __init__(self: Any, *a: Any, **kw: Any) -> None:
         init(self, *a, **kw)
         try:
-            if not _wanted(self):
-                return
             note_distributed_rank()
             handle: list[Any] = []
 
             def first_forward(module: Any, args: Any) -> None:
                 for h in handle:
                     h.remove()
-                if not getattr(self, "_dftrace_hooked", False):
+                if _wanted(self) and not getattr(self, "_dftrace_hooked", False):
                     try:
                         trace_ddp(self)
                     except Exception as exc:
@@ -428,7 +428,7 @@ def install(_torch: Any = None) -> None:
     install_backward(_BackwardArgs())  # type: ignore[arg-type]
     if torch.distributed.is_available():
         trace_distributed()
-        _patch_ddp()
+        watch_ddp()
         _patch_init_process_group()
         note_distributed_rank()
     for name, trace in _TRAINERS:

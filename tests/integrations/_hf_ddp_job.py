@@ -1,5 +1,6 @@
 """A Hugging Face Trainer DDP job on CPU: 2 ranks (gloo) of a tiny BERT built from a
-config, ``TraceCallback`` given to the trainer, rank 1 sleeping ``SLOW_S`` at the
+config, ``TraceCallback`` given to the trainer on rank 0 and added to it with
+``add_callback`` on rank 1, rank 1 sleeping ``SLOW_S`` at the
 start of every 4th step: ``python _hf_ddp_job.py TRACE_DIR TRUTH_DIR PORT``. Each rank
 writes what it slept and its optimizer steps to ``TRUTH_DIR/truth-<rank>.json``."""
 
@@ -43,8 +44,12 @@ def run(rank: int, world: int, out: str, truth: str, port: str) -> None:
         output_dir=os.path.join(truth, f"out-{rank}"), per_device_train_batch_size=2, report_to=[],
         use_cpu=True, disable_tqdm=True, logging_strategy="no", num_train_epochs=1, save_strategy="no",
         ddp_backend="gloo")
+    # Rank 0 gives the callback to the trainer, rank 1 adds it to the trainer made without it.
+    given = [TraceCallback()] if rank == 0 else []
     trainer = transformers.Trainer(model=transformers.BertForSequenceClassification(config), args=args,
-                                   train_dataset=data, callbacks=[TraceCallback(), Slow()])
+                                   train_dataset=data, callbacks=[*given, Slow()])
+    if not given:
+        trainer.add_callback(TraceCallback())
     trainer.train()
     dftrace.finalize()
     with open(os.path.join(truth, f"truth-{rank}.json"), "w") as f:
