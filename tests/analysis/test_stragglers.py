@@ -318,6 +318,28 @@ def test_a_slow_fetch_lands_in_the_same_step_on_every_rank():
     assert all(max(steps[k - 1].values()) < 20_000 for k in slowed)
 
 
+def test_three_ranks_one_held_back_in_a_quarter_of_sixteen_steps():
+    """A real DDP job of 3 ranks and 16 steps (tests/data/ddp-buckets/three-ranks) whose
+    rank 2 sleeps 25 ms in its collate on steps 1, 5, 9 and 13: with a significance
+    level shared by three ranks, three held steps of sixteen must still name it. The
+    wait it caused is how much later it launched its last gradient bucket than the
+    others' mean in the steps it came late by more than half a sleep (step 1's sleep is
+    absorbed by DDP's bucket rebuild), on the ranks' shared monotonic clock."""
+    import json
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parents[1] / "data" / "ddp-buckets" / "three-ranks"
+    truth = json.loads((run / "truth.json").read_text())
+    at = [truth[str(r)]["last_bucket_at"] for r in range(3)]
+    late_ms = [(at[2][k] - (at[0][k] + at[1][k]) / 2) * 1e3 for k in range(16)]
+    surely = [ms for ms in late_ms if ms > 12.5]
+    assert len(surely) == 3 and truth["2"]["slow_steps"] == [1, 5, 9, 13]
+    worst, *others = summarize(run).stragglers
+    assert (worst["rank"], worst["significant"], worst["held_steps"]) == (2, True, len(surely))
+    assert 0.8 * sum(surely) * 1e3 <= worst["caused_wait_us"] <= 1.25 * sum(surely) * 1e3, (worst, late_ms)
+    assert not any(s["significant"] for s in others)
+
+
 @pytest.mark.parametrize("after_work", [False, True])
 def test_data_loading_inside_a_step_stays_in_that_step(tmp_path, after_work):
     """Data loading that runs inside the step's own work span (an item recorded inside
