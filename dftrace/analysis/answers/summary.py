@@ -325,7 +325,7 @@ def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]
     return {
         "files": len(combined.files),
         "partitions": combined.partitions,
-        "kernels": "C" if kernels.C is not None else "numpy",
+        "kernels": kernels.name(),
         "processes": procs.height,
         "ranks": procs.get_column("rank").drop_nulls().n_unique(),
         "hosts": procs.get_column("host").n_unique(),

@@ -26,3 +26,8 @@ def analysis_kernels() -> ModuleType | None:
 
 #: The kernels the analysis runs: the C module, or None for the polars and numpy paths.
 C: ModuleType | None = analysis_kernels()
+
+
+def name() -> str:
+    """``"C"`` or ``"numpy"``: which kernels the analysis runs (``summary --json`` says)."""
+    return "C" if C is not None else "numpy"
