@@ -22,6 +22,29 @@ def per_event_ns(bench: dict) -> float:
     return bench["stats"]["min"] * 1e9 / n
 
 
+def _pause(info: dict, mode: str) -> str:
+    worst, count = info[f"{mode}_max_ms"], info.get(f"{mode}_gaps_over_1ms", 0)
+    return f"{worst} ms ({count} gaps over 1 ms in 3 s)" if worst else "no gap over 1 ms"
+
+
+#: The single figures a benchmark's extra_info may hold: (key present, its table rows).
+_FIGURE_ROWS = (
+    ("bytes_per_buffered_event", lambda name, i: f"| memory per buffered event without args, {i['engine']} engine "
+                                                 f"| {i['bytes_per_buffered_event']} B |"),
+    ("gil_hold_ms_median", lambda name, i: "| writer: longest GIL hold while writing one 16,384-record frame "
+                                           f"(median / max of 20) | {i['gil_hold_ms_median']} / {i['gil_hold_ms_max']} ms |"),
+    ("bytes_per_event", lambda name, i: f"| bytes per event on disk, {name.split('[')[-1].rstrip(']')} "
+                                        f"| {i['bytes_per_event']} |"),
+    ("during_flush_max_ms", lambda name, i: "\n".join((
+        f"| longest pause of a traced thread overlapping a flush | {i['during_flush_max_ms']} ms |",
+        f"| longest pause of that thread overall (traced) | {_pause(i, 'traced')} |",
+        f"| longest pause of the same loop untraced (machine noise) | {_pause(i, 'untraced')} |"))),
+    ("during_gc_max_ms", lambda name, i: "| longest pause overlapping a garbage collection (any thread) "
+                                         f"| {i['during_gc_max_ms']} ms |"),
+    ("import_ms", lambda name, i: f"| `import dftrace` | {i['import_ms']} ms |"),
+)
+
+
 def main(path: str) -> None:
     data = json.load(open(path))
     by_name = {b["name"]: b for b in data["benchmarks"]}
@@ -53,26 +76,9 @@ def main(path: str) -> None:
     print("|---|---|")
     for name, b in sorted(by_name.items()):
         info = b.get("extra_info", {})
-        if "bytes_per_buffered_event" in info:
-            print(f"| memory per buffered event without args, {info['engine']} engine | "
-                  f"{info['bytes_per_buffered_event']} B |")
-        if "gil_hold_ms_median" in info:
-            print(f"| writer: longest GIL hold while writing one 16,384-record frame "
-                  f"(median / max of 20) | {info['gil_hold_ms_median']} / {info['gil_hold_ms_max']} ms |")
-        if "bytes_per_event" in info:
-            print(f"| bytes per event on disk, {name.split('[')[-1].rstrip(']')} | {info['bytes_per_event']} |")
-        if "during_flush_max_ms" in info:
-            def pause(mode: str) -> str:
-                worst, count = info[f"{mode}_max_ms"], info.get(f"{mode}_gaps_over_1ms", 0)
-                return f"{worst} ms ({count} gaps over 1 ms in 3 s)" if worst else "no gap over 1 ms"
-            print(f"| longest pause of a traced thread overlapping a flush | {info['during_flush_max_ms']} ms |")
-            print(f"| longest pause of that thread overall (traced) | {pause('traced')} |")
-            print(f"| longest pause of the same loop untraced (machine noise) | {pause('untraced')} |")
-            if "during_gc_max_ms" in info:
-                print(f"| longest pause overlapping a garbage collection (any thread) | "
-                      f"{info['during_gc_max_ms']} ms |")
-        if "import_ms" in info:
-            print(f"| `import dftrace` | {info['import_ms']} ms |")
+        for key, row in _FIGURE_ROWS:
+            if key in info:
+                print(row(name, info))
     if "test_threads_do_not_block_each_other" in by_name:
         b = by_name["test_threads_do_not_block_each_other"]
         print(f"| 4 threads recording at once, per event | {per_event_ns(b):.0f} ns |")

@@ -332,18 +332,12 @@ def _side_by_side(benchmark, bench_root: Path, tmp_path: Path, events: int, rank
 
 
 @needs_stats
-@pytest.mark.timeout(1800)
-@pytest.mark.benchmark(group="side-by-side")
-def test_side_by_side_4m_gzip(benchmark, bench_root, tmp_path):
-    _side_by_side(benchmark, bench_root, tmp_path, 4_000_000, 8)
-
-
-@needs_stats
-@skip_big
 @pytest.mark.timeout(3600)
 @pytest.mark.benchmark(group="side-by-side")
-def test_side_by_side_10m_gzip(benchmark, bench_root, tmp_path):
-    _side_by_side(benchmark, bench_root, tmp_path, 10_000_000, 16)
+@pytest.mark.parametrize("events, files", [pytest.param(4_000_000, 8, id="4m"),
+                                           pytest.param(10_000_000, 16, id="10m", marks=skip_big)])
+def test_side_by_side_gzip(benchmark, bench_root, tmp_path, events, files):
+    _side_by_side(benchmark, bench_root, tmp_path, events, files)
 
 
 @skip_big

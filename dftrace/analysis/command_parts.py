@@ -32,6 +32,16 @@ class _DeprecatedRows(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def subcommand(subparsers: Any, name: str, run: Callable[[argparse.Namespace], int], *, help: str,
+               description: str, **options: Any) -> argparse.ArgumentParser:
+    """Add the subcommand ``name`` to ``subparsers`` (from ``add_subparsers()``), with
+    ``add_parser``'s ``options``: ``run`` carries it out, given the parsed arguments,
+    and returns the exit code."""
+    parser = subparsers.add_parser(name, help=help, description=description, **options)
+    parser.set_defaults(func=run)
+    return parser
+
+
 def rows_option(p: argparse.ArgumentParser, default: int, help: str, *old: str) -> None:
     """``--rows N``, the one name of every command's row limit; ``old`` are the names
     it had before (hidden, deprecated, still accepted)."""

@@ -16,15 +16,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from .command_parts import (EXECUTOR_HELP, Run, command, execution_options, file_threads, index_option,
-                            inputs_argument, json_text, printable_text, rows_option, to_option, write_bytes)
+                            inputs_argument, json_text, printable_text, rows_option, subcommand, to_option,
+                            write_bytes)
 from .runtime.deps import ANALYSIS
 from .tool_commands import register_mcp, register_sql, register_view
 
 
 def register(subparsers: Any) -> None:
     """Add the analysis subcommands to ``subparsers`` (from ``add_subparsers()``)."""
-    p = subparsers.add_parser(
-        "summary",
+    p = subcommand(
+        subparsers, "summary", _run_summary,
         help="tables of where the time goes: categories, epochs, steps, overlap, stalls, stragglers",
         description="Summarise trace files: time per category and name (count, total, mean, "
         "p50/p95/max), epochs and steps, a time breakdown with overlap, data-loader stall and "
@@ -35,10 +36,9 @@ def register(subparsers: Any) -> None:
     rows_option(p, 20, "rows of the longest tables (default 20)", "--top")
     execution_options(p)
     index_option(p)
-    p.set_defaults(func=_run_summary)
 
-    p = subparsers.add_parser(
-        "report",
+    p = subcommand(
+        subparsers, "report", _run_report,
         help="one self-contained HTML file with plots",
         description="Write an HTML report (plotly, works offline): step timeline per rank, "
         "time breakdown, duration distributions, stragglers, data-loader stall." + EXECUTOR_HELP,
@@ -48,10 +48,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--title", default="dftrace report", help="page title")
     execution_options(p)
     index_option(p)
-    p.set_defaults(func=_run_report)
 
-    p = subparsers.add_parser(
-        "convert",
+    p = subcommand(
+        subparsers, "convert", _run_convert,
         help="to Chrome JSON (.json, .json.gz), dftrace's pfw (.pfw, .pfw.gz, .pfw.zst), Parquet "
         "or Perfetto's own format (.pftrace)",
         description="Convert traces (all inputs into one output). The output suffix picks the "
@@ -65,10 +64,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", required=True, help="output file")
     to_option(p)
     execution_options(p)
-    p.set_defaults(func=_run_convert)
 
-    p = subparsers.add_parser(
-        "merge",
+    p = subcommand(
+        subparsers, "merge", _run_merge,
         help="many processes and ranks into one Perfetto-loadable file",
         description="Merge processes and ranks into one file with unique pids, processes named "
         "'rank R · host · pid' in rank order, and the clocks of each host's processes aligned "
@@ -85,10 +83,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--epoch", type=int, help="with --steps: the epoch the steps are in")
     p.add_argument("--no-align", action="store_true", help="leave timestamps as recorded")
     execution_options(p)
-    p.set_defaults(func=_run_merge)
 
-    p = subparsers.add_parser(
-        "validate",
+    p = subcommand(
+        subparsers, "validate", _run_validate,
         help="check trace files (and Parquet files from convert) against the format's rules",
         description="Check trace files against the trace format's rules ('dftrace validate --explain' "
         "lists them): '[' first, one JSON object per line, UTF-8 without surrogate "
@@ -107,7 +104,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--strict", action="store_true",
                    help="count a cut file (a last frame cut off mid-write, or no closing ']': a killed "
                    "process) as a violation")
-    p.set_defaults(func=_run_validate)
 
     _register_diff_and_watch(subparsers)
     register_sql(subparsers)
@@ -248,8 +244,8 @@ def _run_validate(args: argparse.Namespace) -> int:
 
 
 def _register_diff_and_watch(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "diff",
+    p = subcommand(
+        subparsers, "diff", _run_diff,
         help="compare two runs: step time, names, breakdown, stalls, stragglers; guard CI",
         description="Compare two runs side by side (BASE first): step time p50/p95, epoch time, "
         "per category and name count/total/mean/p95, the time breakdown, data-loader stall, "
@@ -281,10 +277,9 @@ def _register_diff_and_watch(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     rows_option(p, 20, "flagged rows, and names per category table, to print (default 20)", "--top")
     execution_options(p)
-    p.set_defaults(func=_run_diff)
 
-    p = subparsers.add_parser(
-        "watch",
+    p = subcommand(
+        subparsers, "watch", _run_watch,
         help="live view of a running job from its trace files",
         description="Follow trace files while they are written: per rank the current epoch and "
         "step, steps per second, step time p50/p95 over the recent steps, data-loader stall, "
@@ -303,7 +298,6 @@ def _register_diff_and_watch(subparsers: Any) -> None:
                    help="an open file that did not grow for S seconds is shown as stalled (default 10)")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
-    p.set_defaults(func=_run_watch)
 
 
 @command(*ANALYSIS)

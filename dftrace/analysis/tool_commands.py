@@ -8,7 +8,8 @@ import os
 import sys
 from typing import Any
 
-from .command_parts import EXECUTOR_HELP, Run, command, execution_options, inputs_argument, printable_text, rows_option
+from .command_parts import (EXECUTOR_HELP, Run, command, execution_options, inputs_argument, printable_text, rows_option,
+                            subcommand)
 from .runtime.deps import ANALYSIS
 
 # --- dftrace sql ------------------------------------------------------------------
@@ -45,8 +46,8 @@ examples:
 
 
 def register_sql(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "sql",
+    p = subcommand(
+        subparsers, "sql", _run_sql,
         help="answer a question with one SQL query over the events table and its views",
         description="Run one SQL query over trace files and print its result (a table on the\n"
         "terminal, --csv, --json) or write it (-o FILE.parquet|.csv|.json)." + EXECUTOR_HELP,
@@ -64,7 +65,6 @@ def register_sql(subparsers: Any) -> None:
                    help="let the query call polars' table functions that read files (read_csv(...), ...); "
                    "without it a query reads only the traces given")
     execution_options(p)
-    p.set_defaults(func=_run_sql)
 
 
 @command(*ANALYSIS)
@@ -105,8 +105,8 @@ def _run_sql(args: argparse.Namespace) -> int:
 
 
 def register_mcp(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "mcp",
+    p = subcommand(
+        subparsers, "mcp", _run_mcp,
         help="answer LLM agents: a Model Context Protocol server over stdio",
         description="Serve the analysis's answers to an LLM agent as a Model Context Protocol server on "
         "stdin/stdout (an MCP client starts it): tools list_runs, summary, steps, stragglers, "
@@ -116,7 +116,6 @@ def register_mcp(subparsers: Any) -> None:
     p.add_argument("--root", action="append", metavar="DIR",
                    help="a directory whose traces the tools may read (repeatable; default: the current "
                    "directory); a relative path in a call is taken from the first")
-    p.set_defaults(func=_run_mcp)
 
 
 @command(*ANALYSIS, "mcp")
@@ -130,8 +129,8 @@ def _run_mcp(args: argparse.Namespace) -> int:
 
 
 def register_view(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "view",
+    p = subcommand(
+        subparsers, "view", _run_view,
         help="open a trace in Perfetto's UI: served from this machine, nothing uploaded",
         description="Open traces in Perfetto's UI in one command. A .pftrace, or one Chrome JSON or "
         "pfw file Perfetto reads (up to 64 MB), is served as it is; a directory, several files or "
@@ -150,7 +149,6 @@ def register_view(subparsers: Any) -> None:
     p.add_argument("--once", action="store_true", help="exit once the UI has fetched the trace")
     p.add_argument("-o", "--output", metavar="FILE.pftrace", help="keep the converted trace at FILE.pftrace")
     execution_options(p)
-    p.set_defaults(func=_run_view)
 
 
 @command(*ANALYSIS)

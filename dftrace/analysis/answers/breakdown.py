@@ -11,6 +11,7 @@ import polars as pl
 
 from ..reduce.combine import Combined
 from ..reduce.busy import GROUPS
+from .context import Context
 
 
 def time_breakdown(combined: Combined, procs: pl.DataFrame) -> dict[str, Any]:
@@ -71,3 +72,8 @@ def _busy_exclusive(per_mask: np.ndarray, n: int) -> tuple[dict[str, int], dict[
     busy = {g: int(per_mask[(masks >> i) & 1 == 1].sum()) for i, g in enumerate(GROUPS)}
     exclusive = {g: int(per_mask[1 << i]) for i, g in enumerate(GROUPS)}
     return busy, exclusive
+
+
+def answer(context: Context) -> dict[str, Any]:
+    """Stage 3: busy, exclusive and overlapped time per activity group."""
+    return {"breakdown": time_breakdown(context.combined, context.procs)}

@@ -12,6 +12,7 @@ import polars as pl
 
 from ... import format as fmt
 from ..reduce.sketch import merged_bins, std_expr, value_expr
+from .context import Context
 
 #: (category, name) pairs that get a duration histogram.
 DISTRIBUTIONS = 12
@@ -144,3 +145,13 @@ def distribution_rows(durations: pl.DataFrame) -> list[dict[str, Any]]:
              "counts": [int(c) for c in counts]}
         )
     return out
+
+
+def answer(context: Context) -> dict[str, Any]:
+    """Stage 3: time per category and name, the data-loader's waits, the duration histograms."""
+    durations = context.combined.durations
+    return {
+        "categories": category_rows(durations, context.combined.self_times),
+        "dataloader": dataloader_rows(durations, context.procs),
+        "distributions": distribution_rows(durations),
+    }

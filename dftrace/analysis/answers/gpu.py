@@ -42,9 +42,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ..read.activity import with_processes
+from ... import format as fmt
+from ..read.trace import TraceTable, load_traces, with_processes
+from ..reduce.io_tables import IO_CATS
 from ..read.kineto import PROFILER_CATS
 from ..read.metadata import Resolution
+from .context import Context
 
 #: Gaps between kernels shorter than this (µs) count as kernel wait (HTA's default).
 CONSECUTIVE_KERNEL_DELAY_US = 30
@@ -132,6 +135,22 @@ def _intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndar
 
 def _pct(part: float, whole: float) -> float | None:
     return round(100 * part / whole, 2) if whole else None
+
+
+def steps_answer(context: Context) -> dict[str, Any]:
+    """Stage 1: per step of each process with a profiler trace, its GPU figures."""
+    combined = context.combined
+    return {"gpu_steps": gpu_steps(combined.activity, context.process_steps, combined.resolution)}
+
+
+def answer(context: Context) -> dict[str, Any]:
+    """Stage 3: per (rank, device), the GPU figures; the overview counts the profiler
+    traces with no kernel in them (a CPU-only window)."""
+    activity = context.combined.activity
+    gpu = gpu_answers(activity, context.combined.resolution)
+    if gpu or activity is None or not activity.height:
+        return {"gpu": gpu}
+    return {"gpu": gpu, "overview": {"profiler_files_without_gpu": activity.get_column("file").n_unique()}}
 
 
 def gpu_answers(activity: pl.DataFrame | None, resolution: Resolution) -> list[dict[str, Any]]:
@@ -525,6 +544,27 @@ def gpu_by_span(spans: pl.DataFrame, activity: pl.DataFrame | None, resolution: 
         .head(limit)
         .to_dicts()
     )
+
+
+#: The columns of the spans read again for their GPU time.
+SPAN_COLUMNS = ["pid", "tid", "cat", "name", "ph", "ts", "dur"]
+#: dftrace's spans: complete events but the traced I/O calls.
+USER_SPANS = (pl.col("ph") == fmt.PH_COMPLETE) & ~pl.col("cat").is_in(IO_CATS).fill_null(False)
+
+
+def spans_answer(source: Any, combined: Any, **options: Any) -> list[dict[str, Any]]:
+    """The Summary's ``gpu_spans``: per span name, the GPU time of the kernels launched
+    inside its spans. Spans are not kept by the aggregates: those of the processes
+    with a profiler trace beside their dftrace trace are read again from ``source``
+    (with ``options``, as :func:`load_traces` takes them); a loaded trace has them."""
+    if isinstance(source, TraceTable):
+        spans = source.events if set(SPAN_COLUMNS) <= set(source.events.columns) else None
+    else:
+        files = dftrace_files_with_gpu(combined.activity, combined.resolution)
+        spans = load_traces(files, columns=SPAN_COLUMNS, **options).events if files else None
+    if spans is None:
+        return []
+    return gpu_by_span(spans.filter(USER_SPANS), combined.activity, combined.resolution)
 
 
 def dftrace_files_with_gpu(activity: pl.DataFrame | None, resolution: Resolution) -> list[str]:

@@ -31,6 +31,7 @@ import polars as pl
 from ..reduce.busy import union_intervals
 from ..reduce.io_tables import (CHECKPOINT, COMPUTE, KINDS, LOADER, MAX_BYTES, METADATA, OTHER, READ, SIZE_BUCKETS,
                                 SYNC, WRITE)
+from .context import Context
 
 #: The per-file rows kept in the summary, most I/O time first.
 MAX_FILES = 1000
@@ -61,6 +62,11 @@ def _figure_exprs() -> list[pl.Expr]:
 def _figures(frame: pl.DataFrame) -> dict[str, Any]:
     """The figures of all of ``frame``'s calls."""
     return frame.select(_figure_exprs()).to_dicts()[0]
+
+
+def answer(context: Context) -> dict[str, Any]:
+    """Stage 1: the traced file I/O (read per process step)."""
+    return {"io": io_answers(context.combined, context.process_steps)}
 
 
 def io_answers(combined: Any, process_steps: pl.DataFrame) -> dict[str, Any]:

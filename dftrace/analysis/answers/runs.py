@@ -10,6 +10,7 @@ from typing import Any
 import polars as pl
 
 from ..reduce.combine import Combined
+from .context import Context
 
 
 def processes_frame(combined: Combined) -> pl.DataFrame:
@@ -208,3 +209,9 @@ def _launched_ranks(info: Sequence[Any]) -> dict[str, tuple[int, int]]:
 
 #: Files whose times are further apart than this are of separate runs.
 RUN_GAP_US = 60_000_000
+
+
+def answer(context: Context) -> dict[str, Any]:
+    """Stage 2: the separate runs found among the files, each resumed one saying where it resumed."""
+    say_where_resumed(context.runs, context.procs, context.units.by_unit)
+    return {"runs": context.runs}

@@ -24,20 +24,18 @@ from ... import format as fmt
 from ..read.decode import read_partition
 from ..runtime.executor import default_executor
 from ..read.schema import EVENT_COLUMNS, RAW_FIELDS
-from ..read.sources import DEFAULT_PARTITION_BYTES, Partition, expand_paths, plan_partitions
+from ..read.sources import DEFAULT_PARTITION_BYTES, Partition, PathsLike, plan_paths
 from ..reduce.aggregate import aggregate_partitions
 from ..reduce.combine import combine
 from .steps import steps_of
-from ..read.activity import activity_by_process
-from .gpu import (GPU_VIEW_SCHEMA, KERNELS_SCHEMA, SPAN_GPU_SCHEMA, gpu_answers, gpu_view,
+from .gpu import (GPU_VIEW_SCHEMA, KERNELS_SCHEMA, SPAN_GPU_SCHEMA, USER_SPANS, gpu_answers, gpu_view,
                    kernels_table, span_gpu)
-from ..reduce.io_tables import IO_CATS
 from ..reduce.io_tables import SQL_ARG_COLUMNS as IO_ARG_COLUMNS
 from ..reduce.io_tables import SQL_SCHEMA as IO_SCHEMA
 from ..reduce.io_tables import sql_rows as io_rows
 from ..read.kineto import first_events, is_document_file
 from ..read.metadata import Resolution
-from ..read.trace import PathsLike, as_path_list, assemble, partition_keys, resolve_parts
+from ..read.trace import assemble, partition_keys, run_sources
 
 #: Views over ``events``, with what each row is (shown by ``dftrace sql --help``).
 VIEWS = {
@@ -65,7 +63,6 @@ _SAMPLE_EVENTS = 1000
 _KNOWN_ARGS = {source[1] for source in RAW_FIELDS.values() if source[0] == "args"} | {fmt.ARG_HOSTNAME_HASH}
 
 #: The spans of the views: complete events but the traced file calls (the io table's).
-_user_span = (pl.col("ph") == fmt.PH_COMPLETE) & ~pl.col("cat").is_in(IO_CATS).fill_null(False)
 
 _STEP_SCHEMA = {"rank": pl.Int32, "unit": pl.String, "epoch": pl.Int64, "step": pl.Int64, "ts": pl.Int64,
                 "end": pl.Int64, "dur": pl.Int64, "n_spans": pl.Int64}
@@ -138,7 +135,7 @@ class TraceTables:
         partition_bytes: int = DEFAULT_PARTITION_BYTES,
         progress: bool | None = None,
     ):
-        self._plan = plan_partitions(expand_paths(as_path_list(paths)), partition_bytes)
+        self._plan = plan_paths(paths, partition_bytes)
         self._executor = default_executor(executor)
         self._progress = progress
         #: Other args as columns: column name -> (key in args, type).
@@ -177,7 +174,7 @@ class TraceTables:
     def context(self) -> pl.SQLContext:
         """A SQL context with ``events`` and the views registered."""
         events = _scan(lambda columns: self.events(columns), self.schema, "events")
-        spans = events.filter(_user_span).with_columns(
+        spans = events.filter(USER_SPANS).with_columns(
             (pl.col("ts") + pl.col("dur")).alias("end")
         )
         bytes_column = pl.col(self._arg("bytes")) if "bytes" in self.arg_columns else pl.lit(None, pl.Int64)
@@ -190,7 +187,7 @@ class TraceTables:
         gpu = _scan(lambda columns: gpu_view(gpu_answers(*self._activity())).select(columns), GPU_VIEW_SCHEMA, "gpu")
         span_gpu_view = _scan(lambda columns: span_gpu(
             self.events(["rank", "host", "pid", "tid", "cat", "name", "ph", "ts", "dur"]).filter(
-                _user_span), *self._activity()).select(columns), SPAN_GPU_SCHEMA, "span_gpu")
+                USER_SPANS), *self._activity()).select(columns), SPAN_GPU_SCHEMA, "span_gpu")
         io = _scan(lambda columns: self._io().select(columns), IO_SCHEMA, "io")
         return pl.SQLContext(frames={"events": events, "spans": spans, "steps": steps, "collectives": collectives,
                                      "kernels": kernels, "gpu": gpu, "span_gpu": span_gpu_view, "io": io})
@@ -214,8 +211,8 @@ class TraceTables:
             if self._activity_read is None:
                 parts = self._executor.map(functools.partial(read_partition, columns=["pid"]), self._plan,
                                            progress=self._progress, desc="loading")
-                resolution = resolve_parts(parts, [partition_keys(p) for p in parts])
-                self._activity_read = (activity_by_process(parts, resolution), resolution)
+                run = run_sources(parts, [partition_keys(p) for p in parts], [p.events.height for p in parts])
+                self._activity_read = (run.activity, run.resolution)
             return self._activity_read
 
     def _arg(self, key: str) -> str:

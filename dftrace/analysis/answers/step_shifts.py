@@ -68,8 +68,8 @@ def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
 
     from ..read.decode import iter_partition_pieces
     from ..read.schema import HOST_KEY
-    from ..read.sources import DEFAULT_PARTITION_BYTES, expand_paths, plan_partitions
-    from ..read.trace import TraceTable, as_path_list
+    from ..read.sources import DEFAULT_PARTITION_BYTES, plan_paths
+    from ..read.trace import TraceTable
 
     keys = ["host", "pid", "epoch", "step", "cat", "name"]
 
@@ -84,7 +84,7 @@ def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
         table = per_step(source.events)
     else:
         table = None
-        plan = plan_partitions(expand_paths(as_path_list(source)), partition_bytes or DEFAULT_PARTITION_BYTES)
+        plan = plan_paths(source, partition_bytes or DEFAULT_PARTITION_BYTES)
         for partition in plan:
             for piece in iter_partition_pieces(partition, ["pid", "cat", "name", "ph", "dur", "epoch", "step"]):
                 part = per_step(piece.events)

@@ -13,8 +13,9 @@ import polars as pl
 import polars.selectors as cs
 
 from ..reduce.combine import Combined
-from ..reduce.steps import STEP_TIME_SCHEMA, model_steps, step_spread, unit_steps, without_profiler_steps
-from .runs import find_runs, processes_frame, run_origins, units_per_run
+from ..reduce.steps import each_process_steps, step_spread, time_in_steps, unit_steps
+from .context import Context, UnitTables
+from .runs import find_runs, last_run_of_each_step, processes_frame, run_origins, units_per_run
 
 
 T = TypeVar("T")
@@ -43,18 +44,11 @@ class UnitSteps:
 
 def steps_of(combined: Combined) -> UnitSteps:
     """Units, runs and steps of combined aggregates."""
+    epochs = epoch_source(combined)
     procs = processes_frame(combined)
     runs = find_runs(combined, procs)
     procs = units_per_run(procs, runs)
-    process_steps = model_steps(without_profiler_steps(combined.steps), combined.containers).with_columns(
-        pl.lit(None, dtype).alias(name) for name, dtype in STEP_TIME_SCHEMA.items())
-    modelled = combined.modelled
-    if modelled is not None and modelled.height:  # whole files' steps, modelled as read (held narrow)
-        process_steps = (pl.concat([process_steps, modelled], how="vertical_relaxed") if process_steps.height
-                         else modelled)
-    # A step that carries no epoch is in the epoch whose span it starts in (a loop
-    # numbered by ``.iter()`` alone): every table then shows the same epochs.
-    process_steps = steps_in_epochs(process_steps, epoch_source(combined))
+    process_steps = each_process_steps(combined.steps, combined.containers, combined.modelled, epochs)
     return UnitSteps(procs, runs, process_steps)
 
 
@@ -177,23 +171,6 @@ def epoch_source(combined: Combined) -> pl.DataFrame:
     return combined.epoch_spans if combined.epoch_spans.height else combined.epochs
 
 
-def steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
-    """``steps`` (proc, epoch, step, start, ...) with the epoch of a step that carries
-    none taken from the epoch span (proc, epoch, start, end) it starts in: a loop
-    numbered by ``.iter()`` alone has epoch spans but no ``args.epoch``."""
-    missing = steps.filter(pl.col("epoch").is_null())
-    if not missing.height or not epochs.height:
-        return steps
-    spans = epochs.select("proc", pl.col("epoch").alias("_epoch"), pl.col("start").alias("_from"),
-                          pl.col("end").alias("_to")).sort("_from")
-    placed = (
-        missing.sort("start").join_asof(spans, left_on="start", right_on="_from", by="proc", check_sortedness=False)
-        .with_columns(pl.when(pl.col("start") < pl.col("_to")).then(pl.col("_epoch")).alias("epoch"))
-        .select(steps.columns)
-    )
-    return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical_relaxed")
-
-
 def epoch_rows(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
     by_unit = by_unit.filter(pl.col("epoch").is_not_null())
     if not by_unit.height:
@@ -266,3 +243,61 @@ def _per_unit(by_unit: pl.DataFrame, stats: list[pl.Expr]) -> pl.DataFrame:
 def rounded_rows(frame: pl.DataFrame) -> list[dict[str, Any]]:
     """Rows as dicts, floats rounded to 3 decimals for readable JSON."""
     return frame.with_columns(cs.float().round(3)).to_dicts()
+
+
+# --- the step answers, as the summary's stages run them (see ``context``) -----------------
+
+
+def epochs(context: Context) -> dict[str, Any]:
+    """Stage 1: per epoch, ranks, steps, slowest rank and its time, median rank time."""
+    combined = context.combined
+    by_unit = unit_extents(epoch_source(combined), context.procs, ["epoch"])
+    return {"epochs": epoch_rows(by_unit, context.process_steps)}
+
+
+def from_process_steps(context: Context) -> None:
+    """The first stage's entry: its table, each process's steps, is the context's from
+    the start."""
+
+
+def from_unit_steps(context: Context) -> None:
+    """The second stage's entry: each unit's steps and what is found from them, each
+    process's steps let go."""
+    by_unit = unit_steps(context.process_steps, context.procs)
+    context.process_steps = None
+    context.units = _unit_tables(context, by_unit)
+
+
+def _unit_tables(context: Context, by_unit: pl.DataFrame) -> UnitTables:
+    combined, procs = context.combined, context.procs
+    rank_host = {unit: (rank, host) for unit, rank, host in
+                 procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host").unique("unit").iter_rows()}
+    # Each rank-step's compute and blocked time: found as its file was read where the
+    # rank's steps are one process's (``with_step_times``), plus that of the intervals kept.
+    compute_us = pl.col("compute_us").fill_null(0) + pl.Series(time_in_steps(combined.compute, procs, by_unit))
+    compute = dict(by_unit.select("unit", compute_us).group_by("unit").agg(pl.col("compute_us").sum()).iter_rows())
+    # The blocked time stays a column of the steps, row by row: the time each rank-step
+    # waited, without a join of every rank-step to put it back beside its step.
+    blocked_us = (pl.col("blocked_us").fill_null(0)
+                  + pl.Series(time_in_steps(combined.blocked, procs, by_unit))).alias("blocked_us")
+    by_unit = by_unit.select("unit", "unit_order", "epoch", "step", "start", "dur", blocked_us)
+    # Ranks are compared step by step on each rank's last run of the step: a step a
+    # resumed job ran again is one step of the job, not another rank.
+    compared = last_run_of_each_step(by_unit, procs, context.runs)
+    return UnitTables(by_unit, compared, steps_across_units(compared), compute, rank_host)
+
+
+def step_answers(context: Context) -> dict[str, Any]:
+    """Stage 2: the steps across ranks, their statistics, the imbalance, and every
+    rank-step (thinned past ``rank_steps_limit``)."""
+    units = context.units
+    rank_steps, thinned = rank_step_rows(units.by_unit, units.steps.select("epoch", "step"), context.runs,
+                                         context.procs, context.rank_steps_limit)
+    return {
+        "steps": rounded_rows(units.steps),
+        "step_stats": step_statistics(units.by_unit),
+        "imbalance": rank_imbalance(units.compared, units.steps),
+        "rank_steps": rank_steps,
+        "rank_steps_sampled": bool(thinned),
+        "rank_steps_thinned": thinned,
+    }

@@ -26,6 +26,8 @@ from typing import Any
 
 import polars as pl
 
+from .context import Context
+
 #: How many of the collectives with the largest skew the summary lists.
 WORST_COLLECTIVES = 10
 
@@ -270,3 +272,12 @@ def _binomial_tail(k: int, n: int, p: float) -> float:
     if k <= 0:
         return 1.0
     return min(1.0, sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1)))
+
+
+def answer(context: Context) -> dict[str, Any]:
+    """Stage 2: the ranks the others waited for, and the collectives matched across ranks."""
+    units = context.units
+    calls = match_collectives(context.combined.collectives, context.procs)
+    waits = units.compared.select("unit", "epoch", "step", pl.col("blocked_us").alias("us"))
+    stragglers, collectives = analyse(calls, units.compared, waits, units.compute_us, units.rank_host)
+    return {"stragglers": stragglers, "collectives": collectives}

@@ -40,12 +40,10 @@ from .tables import (
 from .perfetto import PERFETTO, output_kind, write_perfetto
 from ..read.parquet import parquet_document
 from ..read.schema import EVENT_COLUMNS, HOST_KEY
-from ..read.sources import DEFAULT_PARTITION_BYTES, expand_paths, plan_partitions
+from ..read.sources import DEFAULT_PARTITION_BYTES, PathsLike, plan_paths
 from ..reduce.steps import container_rows, model_steps, step_rows
 from ..read.trace import (
-    PathsLike,
     TraceTable,
-    as_path_list,
     file_reports,
     meta_frame,
     process_mapping,
@@ -113,7 +111,7 @@ class _Inputs:
 
         from ..runtime.executor import default_executor
 
-        plan = plan_partitions(expand_paths(as_path_list(paths)), partition_bytes)
+        plan = plan_paths(paths, partition_bytes)
         self.scans: list[_Scanned] = default_executor(executor).map(
             partial(_scan, with_steps=with_steps), plan, progress=progress, desc="reading")
         parts = [s.part for s in self.scans]

@@ -18,7 +18,7 @@ import orjson
 import polars as pl
 
 from ... import format as fmt
-from ..reduce.steps import describe_steps, step_windows
+from ..reduce.steps import container_rows, model_steps, step_rows
 from ..read.parquet import write_parquet
 from ..read.trace import TraceTable
 
@@ -327,3 +327,38 @@ def _merged_meta(
 
 def _meta_row(host: str, pid: int, name: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"host": host, "pid": pid, "tid": pid, "name": name, "cat": None, "args": orjson.dumps(args).decode()}
+
+
+def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
+                 epoch: int | None) -> pl.DataFrame:
+    """_unit, _from, _to: per unit, the time of steps ``first``..``last`` (of
+    ``epoch``, or of any epoch) by the step model. ``events`` is a loaded trace's
+    events table; ``unit`` names the rank (or process) of each event."""
+    spans = events.filter(
+        (pl.col("ph") == fmt.PH_COMPLETE) & pl.col("ts").is_not_null() & pl.col("dur").is_not_null()
+    ).with_columns(
+        (pl.col("ts") + pl.col("dur")).alias("end"),
+        pl.struct("host", "pid").rank("dense").cast(pl.Int32).alias("proc"),
+        unit.alias("_unit"),
+    )
+    units = spans.select("proc", "_unit").unique("proc")
+    steps = model_steps(step_rows(spans, ["proc"]), container_rows(spans, ["proc"]))
+    selected = steps.filter(pl.col("step").is_between(first, last))
+    if epoch is not None:
+        selected = selected.filter(pl.col("epoch") == epoch)
+    return (
+        selected.join(units, on="proc")
+        .group_by("_unit")
+        .agg(pl.col("start").min().alias("_from"), pl.col("end").max().alias("_to"))
+    )
+
+
+def describe_steps(events: pl.DataFrame) -> str:
+    """What steps and epochs the events carry, for a message about a filter."""
+    spans = events.filter(pl.col("step").is_not_null())
+    if not spans.height:
+        return "the trace has no step numbers"
+    steps = spans.get_column("step")
+    epochs = sorted(spans.get_column("epoch").drop_nulls().unique().to_list())
+    where = f"epochs {epochs[0]}..{epochs[-1]}" if epochs else "no epoch numbers"
+    return f"the trace has steps {steps.min()}..{steps.max()} and {where}"

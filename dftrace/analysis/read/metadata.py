@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from ... import format as fmt
 
 _RANK_IN_NAME = re.compile(r"\brank\s*(\d+)\b")
@@ -248,3 +250,22 @@ def synthetic_records(pid: int, host: str, rank: int | None) -> list[dict[str, A
         {"pid": pid, "tid": None, "name": fmt.META_PROCESS_INFO, "cat": None,
          "args": {"rank": rank}, "host_key": host, "synthetic": True}
     ]
+
+
+def resolved_records(
+    processes: Iterable[dict[str, Any]], meta: Iterable[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Metadata records for data whose hosts and ranks are already resolved.
+
+    ``processes`` rows have host, pid and rank; ``meta`` rows are ``TraceTable.meta``
+    rows. Each record is keyed by its host, and synthetic records restore ranks.
+    """
+    records: list[dict[str, Any]] = []
+    for proc in processes:
+        records.extend(synthetic_records(proc["pid"], proc["host"], proc["rank"]))
+    for row in meta:
+        records.append(
+            {"pid": row["pid"], "tid": row["tid"], "name": row["name"], "cat": row["cat"],
+             "args": orjson.loads(row["args"]), "host_key": row["host"]}
+        )
+    return records

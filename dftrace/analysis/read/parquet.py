@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import polars as pl
 
 from ... import format as fmt
-from .metadata import synthetic_records
+from .metadata import resolved_records
 from .schema import EVENT_COLUMNS, HOST_KEY
 
 _PARQUET_KEY = "dftrace"
@@ -113,22 +113,3 @@ def validate_parquet(path: str | os.PathLike[str]) -> list[fmt.Violation]:
             row, value = rows.row(0)
             broken(rule, f"{rows.height} rows with a bad {rule}, first row {row}: {value!r}")
     return found
-
-
-def resolved_records(
-    processes: Iterable[dict[str, Any]], meta: Iterable[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Metadata records for data whose hosts and ranks are already resolved.
-
-    ``processes`` rows have host, pid and rank; ``meta`` rows are ``TraceTable.meta``
-    rows. Each record is keyed by its host, and synthetic records restore ranks.
-    """
-    records: list[dict[str, Any]] = []
-    for proc in processes:
-        records.extend(synthetic_records(proc["pid"], proc["host"], proc["rank"]))
-    for row in meta:
-        records.append(
-            {"pid": row["pid"], "tid": row["tid"], "name": row["name"], "cat": row["cat"],
-             "args": orjson.loads(row["args"]), "host_key": row["host"]}
-        )
-    return records

@@ -45,7 +45,11 @@ class Partition:
         return self.path.endswith(PARQUET_SUFFIX)
 
 
-def expand_paths(paths: Iterable[str | os.PathLike[str]], skipped: list[str] | None = None) -> list[str]:
+#: What the analysis takes as input: a file, directory or glob pattern, or several.
+PathsLike = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+
+def expand_paths(paths: PathsLike, skipped: list[str] | None = None) -> list[str]:
     """Turn files, directories (searched recursively) and glob patterns into files.
 
     Files with a generic JSON name found in a directory or by a glob (``config.json``,
@@ -56,7 +60,7 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]], skipped: list[str] | N
     """
     found: dict[str, None] = {}
     left_out: list[str] = []
-    for raw in paths:
+    for raw in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
         path = os.fspath(raw)
         if os.path.isdir(path):
             candidates = _walk(path)
@@ -143,6 +147,11 @@ def _walk(directory: str) -> list[str]:
         dirs.sort()
         out.extend(os.path.join(root, f) for f in sorted(files) if _is_input(f))
     return out
+
+
+def plan_paths(paths: PathsLike, partition_bytes: int = DEFAULT_PARTITION_BYTES) -> list[Partition]:
+    """The partitions of the files ``paths`` names (see :func:`expand_paths`)."""
+    return plan_partitions(expand_paths(paths), partition_bytes)
 
 
 def plan_partitions(

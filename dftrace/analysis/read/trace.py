@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,12 +14,11 @@ import polars as pl
 from .decode import read_partition
 from .partition_data import PartitionData
 from ..runtime.executor import default_executor
-from .activity import activity_by_process, with_processes
-from .metadata import FileMetadata, Resolution, resolve
-from .schema import EVENT_COLUMNS, HOST_KEY
-from .sources import DEFAULT_PARTITION_BYTES, expand_paths, plan_partitions
+from .kineto import activity_schema
+from .metadata import FileMetadata, Resolution, resolve, resolved_records
+from .schema import EVENT_COLUMNS, HOST_KEY, SUMMARY_COLUMNS
+from .sources import DEFAULT_PARTITION_BYTES, Partition, PathsLike, plan_paths
 
-PathsLike = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 # Key of the JSON document stored in a Parquet file's key-value metadata.
 
@@ -68,11 +67,35 @@ class TraceTable:
         """Lines of all files that could not be read as events."""
         return sum(f.broken_count for f in self.files)
 
+    def partition_data(self, arg_columns: dict[str, tuple[str, pl.DataType]]) -> PartitionData:
+        """The trace as one partition, the columns a file's reading gives the reduction:
+        ``arg_columns`` maps a column to the args key it is read from and its type."""
+        events = self.events.select(
+            *[pl.col(c) if c in self.events.columns else pl.lit(None, EVENT_COLUMNS[c]).alias(c)
+              for c in SUMMARY_COLUMNS],
+            pl.col("host").fill_null("").alias(HOST_KEY),
+            *[_arg_of(self.events, column, key, dtype) for column, (key, dtype) in arg_columns.items()],
+        )
+        meta = resolved_records(self.processes.iter_rows(named=True), self.meta.iter_rows(named=True))
+        activity = None
+        if self.activity is not None:
+            activity = self.activity.select(*activity_schema(), "file", pl.col("host").fill_null("").alias(HOST_KEY))
+        return PartitionData(Partition("<memory>"), events, meta=meta, activity=activity)
+
     def __repr__(self) -> str:
         return (
             f"TraceTable({self.events.height} events, {self.processes.height} processes, "
             f"{len(self.files)} files, {self.broken_lines} broken lines)"
         )
+
+
+def _arg_of(events: pl.DataFrame, column: str, key: str, dtype: pl.DataType) -> pl.Expr:
+    """Column ``column`` of a loaded trace: as loaded, else read from its args text."""
+    if column in events.columns:
+        return pl.col(column).cast(dtype, strict=False)
+    if "args" in events.columns:
+        return pl.col("args").str.json_path_match(f"$.{key}").cast(dtype, strict=False).alias(column)
+    return pl.lit(None, dtype).alias(column)
 
 
 def load_traces(
@@ -96,7 +119,7 @@ def load_traces(
     columns from other args: column name -> (key in ``args``, polars type).
     """
     wanted = _with_pid(columns)
-    plan = plan_partitions(expand_paths(as_path_list(paths)), partition_bytes)
+    plan = plan_paths(paths, partition_bytes)
     parts = default_executor(executor).map(
         functools.partial(read_partition, columns=wanted, arg_columns=arg_columns), plan,
         progress=progress, desc="loading",
@@ -121,12 +144,6 @@ def require_content(parts: Sequence[PartitionData], events: int | None = None) -
     raise ValueError(f"no trace events in {len(broken)} file{'s' if len(broken) != 1 else ''} ({detail}{more})")
 
 
-def as_path_list(paths: PathsLike) -> list[str | os.PathLike[str]]:
-    if isinstance(paths, (str, os.PathLike)):
-        return [paths]
-    return list(paths)
-
-
 def _with_pid(columns: Sequence[str] | None) -> list[str] | None:
     if columns is None:
         return None
@@ -149,10 +166,60 @@ def partition_keys(part: PartitionData) -> list[tuple[int, str]]:
 
 
 def resolve_parts(parts: Sequence[PartitionData], keys: Sequence[list[tuple[int, str]]]) -> Resolution:
-    """Resolve the metadata of all partitions together."""
-    return resolve(
-        FileMetadata(p.partition.path, p.meta, k) for p, k in zip(parts, keys)
+    """Resolve the metadata of all partitions together; ``keys``: each partition's
+    (pid, host key) pairs."""
+    return resolve(FileMetadata(p.partition.path, p.meta, k) for p, k in zip(parts, keys))
+
+
+def activity_by_process(sources: Sequence[Any], resolution: Resolution) -> pl.DataFrame:
+    """The activity tables of all partitions, each row given its process index ``proc``
+    and the ``file`` it came from (one profiling window)."""
+    frames = []
+    for source in sources:
+        activity = getattr(source, "activity", None)
+        if activity is None or not activity.height:
+            continue
+        keys = activity.select("pid", HOST_KEY).unique()
+        mapping = pl.DataFrame(
+            {"pid": keys.get_column("pid"), HOST_KEY: keys.get_column(HOST_KEY),
+             "proc": [resolution.process_of(source.partition.path, pid, key) for pid, key in keys.iter_rows()]},
+            schema={"pid": pl.Int64, HOST_KEY: pl.String, "proc": pl.Int32},
+        )
+        if "file" not in activity.columns:
+            activity = activity.with_columns(pl.lit(source.partition.path, pl.String).alias("file"))
+        frames.append(activity.join(mapping, on=["pid", HOST_KEY], how="left").drop(HOST_KEY))
+    if not frames:
+        return pl.DataFrame(schema={**activity_schema(), "file": pl.String, "proc": pl.Int32})
+    return pl.concat(frames, how="vertical")
+
+
+def with_processes(activity: pl.DataFrame, resolution: Resolution) -> pl.DataFrame:
+    """Activity by process index (``proc``) with each process's ``host`` and ``rank``."""
+    procs = pl.DataFrame(
+        {"proc": range(len(resolution.processes)), "host": [p.host for p in resolution.processes],
+         "rank": [p.rank for p in resolution.processes]},
+        schema={"proc": pl.Int32, "host": pl.String, "rank": pl.Int32},
     )
+    return activity.join(procs, on="proc", how="left")
+
+
+@dataclass
+class RunSources:
+    """A run's partitions read together: whose process each (file, pid, host key) is,
+    what each file held, and the profilers' GPU activity by process index."""
+
+    resolution: Resolution
+    files: list[FileReport]
+    #: ``activity_by_process``: empty when no partition is a profiler trace.
+    activity: pl.DataFrame
+
+
+def run_sources(parts: Sequence[PartitionData], keys: Sequence[list[tuple[int, str]]],
+                events: Sequence[int]) -> RunSources:
+    """The metadata of all partitions resolved together, and what follows from it;
+    ``keys``: each partition's (pid, host key) pairs, ``events``: its event count."""
+    resolution = resolve_parts(parts, keys)
+    return RunSources(resolution, file_reports(parts, events), activity_by_process(parts, resolution))
 
 
 def file_reports(parts: Sequence[PartitionData], events: Sequence[int]) -> list[FileReport]:
@@ -184,7 +251,8 @@ def assemble(
     """Combine partitions into a :class:`TraceTable`, resolving hosts and ranks."""
     require_content(parts)
     keys = [partition_keys(p) for p in parts]
-    resolution = resolve_parts(parts, keys)
+    run = run_sources(parts, keys, [p.events.height for p in parts])
+    resolution = run.resolution
     frames = []
     for part, part_keys in zip(parts, keys):
         if not part.events.height:
@@ -209,8 +277,8 @@ def assemble(
         processes=processes_frame(resolution),
         threads=threads_frame(resolution),
         meta=meta_frame(resolution),
-        files=file_reports(parts, [p.events.height for p in parts]),
-        activity=_activity(parts, resolution),
+        files=run.files,
+        activity=None if all(p.activity is None for p in parts) else with_processes(run.activity, resolution).drop("proc"),
     )
 
 
@@ -229,12 +297,6 @@ def process_mapping(path: str, keys: Sequence[tuple[int, str]], resolution: Reso
         },
         schema={"pid": pl.Int64, HOST_KEY: pl.String, "host": pl.String, "rank": pl.Int32, "_order": pl.Int64},
     )
-
-
-def _activity(parts: Sequence[PartitionData], resolution: Resolution) -> pl.DataFrame | None:
-    if all(p.activity is None for p in parts):
-        return None
-    return with_processes(activity_by_process(parts, resolution), resolution).drop("proc")
 
 
 #: Columns of ``TraceTable.processes``: a resolved process's attributes of those

@@ -32,7 +32,7 @@ from .sketch import bins_of, merged_bins
 from ..read.sources import Partition
 from .steps import (STEP_TIME_SCHEMA, container_rows, merged_work_encloses, model_steps, settled_procs, step_codes,
                     step_rows, with_step_times, without_profiler_steps, work_merged)
-from ..read.trace import partition_keys
+from ..read.trace import TraceTable, partition_keys
 from .partial import (EMPTY_TABLES, GROUP_CATS, IO_TABLES, PARTIAL_TABLES, ROW_KEY, TRACER_CATS, Partial, as_stored,
                       compacted)
 from .scanned import aggregate_scanned
@@ -264,6 +264,11 @@ _FOLD = 8
 #: Decoded text reduced at a time by the summary: what a partition costs in memory
 #: while it is read, whatever its size.
 SUMMARY_PIECE_BYTES = 6 << 20
+
+
+def aggregate_loaded(trace: TraceTable) -> Partial:
+    """A loaded trace reduced as one partition, with the columns a file's reading gives."""
+    return aggregate(trace.partition_data(IO_ARG_COLUMNS))
 
 
 def aggregate(data: PartitionData, *, overlap: bool = True, work_per_step: bool = False) -> Partial:

@@ -13,13 +13,12 @@ import polars as pl
 
 from ... import format as fmt
 from .busy import GROUPS, overlap_and_alone, union_intervals
-from ..read.activity import activity_by_process
 from .io_tables import regrouped_totals
 from ..read.metadata import Resolution
 from ..read.schema import HOST_KEY
 from .sketch import merged_bins
 from .steps import STEP_SCHEMA, STEP_TIME_SCHEMA
-from ..read.trace import FileReport, file_reports, resolve_parts
+from ..read.trace import FileReport, run_sources
 
 from .aggregate import aggregate_partition, self_times_of
 from .partial import EMPTY_TABLES, ROW_KEY, Partial
@@ -72,8 +71,8 @@ class Combined:
 
 def combine(partials: Sequence[Partial]) -> Combined:
     """Merge partials exactly, mapping (pid, hhash) of each file to its process."""
-    sources = [p.source for p in partials]
-    resolution = resolve_parts(sources, [p.keys for p in partials])
+    run = run_sources([p.source for p in partials], [p.keys for p in partials], [p.events for p in partials])
+    resolution = run.resolution
     mappings = [_mapping(resolution, p) for p in partials]
     partials = _steps_unmodelled_where_shared(partials, mappings, resolution)
 
@@ -143,7 +142,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
     )
     return Combined(
         resolution=resolution,
-        files=file_reports(sources, [p.events for p in partials]),
+        files=run.files,
         durations=durations,
         self_times=self_times,
         steps=steps,
@@ -158,7 +157,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
         file_extents=_file_extents(partials),
         phases=phases,
         partitions=len(partials),
-        activity=activity_by_process(sources, resolution),
+        activity=run.activity,
         modelled=collect("modelled").select([*STEP_SCHEMA, *STEP_TIME_SCHEMA]),
         io_calls=collect("io_calls"),
         io_totals=regrouped_totals(collect("io_totals"), ["proc"]),

@@ -35,9 +35,12 @@ from typing import Any
 import orjson
 import polars as pl
 
-from .partial import PARTIAL_TABLES, Partial
 from ..read.partition_data import PartitionData
-from ..read.sources import Partition
+from ..read.sources import Partition, PathsLike, expand_paths, plan_partitions
+from ..read.trace import require_content
+from ..runtime.executor import default_executor
+from .aggregate import aggregate_partitions
+from .partial import PARTIAL_TABLES, Partial, without_row_keys
 
 #: Changes whenever what an entry holds changes.
 INDEX_FORMAT = 4
@@ -56,6 +59,29 @@ DEFAULT_MAX_SIZE = 256 << 20
 _GAP_COLUMNS = ("start", "ts", "step")
 #: Integers of time beyond this are stored as they are (their gaps could overflow).
 _GAP_LIMIT = 1 << 61
+
+
+def partials_of(paths: PathsLike, skipped: list[str], executor: Any, partition_bytes: int, progress: bool | None,
+                use_index: bool) -> list[Partial]:
+    """The partials of the files ``paths`` names (those left out appended to
+    ``skipped``, see ``expand_paths``), in file order: with ``use_index``, from the
+    index where it holds those of an unchanged file, else read (and then kept in it).
+    Raises ValueError when no file holds an event (``require_content``)."""
+    files = expand_paths(paths, skipped)
+    known = {path: [without_row_keys(p) for p in load_partials(path, partition_bytes) or []] or None
+             for path in files} if use_index else {}
+    unread = [path for path in files if known.get(path) is None]
+    identities = {path: file_identity(path) for path in unread} if use_index else {}
+    read: dict[str, list[Partial]] = {}
+    desc = f"reading {len(unread)} file" + ("" if len(unread) == 1 else "s")
+    for partial in default_executor(executor).map_stream(aggregate_partitions, plan_partitions(unread, partition_bytes),
+                                                           progress=progress, desc=desc):
+        read.setdefault(partial.source.partition.path, []).append(without_row_keys(partial))
+    for path, partials in read.items() if use_index else ():
+        store_partials(path, identities[path], partition_bytes, partials)
+    partials = [p for path in files for p in (known.get(path) or read.get(path, []))]
+    require_content([p.source for p in partials], sum(p.events for p in partials))
+    return partials
 
 
 def max_size() -> int:

@@ -154,6 +154,36 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(out, how="vertical") if out else pl.DataFrame(schema=STEP_SCHEMA)
 
 
+def each_process_steps(rows: pl.DataFrame, containers: pl.DataFrame, modelled: pl.DataFrame | None,
+                       epochs: pl.DataFrame) -> pl.DataFrame:
+    """Each process's steps (``model_steps``, with STEP_TIME_SCHEMA's columns) from the
+    step rows and containers of combined partials, and those ``modelled`` where whole
+    files were read; a step that carries no epoch is in the epoch whose span it
+    starts in (``epochs``: proc, epoch, start, end), so every table shows the same epochs."""
+    steps = model_steps(without_profiler_steps(rows), containers).with_columns(
+        pl.lit(None, dtype).alias(name) for name, dtype in STEP_TIME_SCHEMA.items())
+    if modelled is not None and modelled.height:  # whole files' steps, modelled as read (held narrow)
+        steps = pl.concat([steps, modelled], how="vertical_relaxed") if steps.height else modelled
+    return _steps_in_epochs(steps, epochs)
+
+
+def _steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
+    """``steps`` (proc, epoch, step, start, ...) with the epoch of a step that carries
+    none taken from the epoch span (proc, epoch, start, end) it starts in: a loop
+    numbered by ``.iter()`` alone has epoch spans but no ``args.epoch``."""
+    missing = steps.filter(pl.col("epoch").is_null())
+    if not missing.height or not epochs.height:
+        return steps
+    spans = epochs.select("proc", pl.col("epoch").alias("_epoch"), pl.col("start").alias("_from"),
+                          pl.col("end").alias("_to")).sort("_from")
+    placed = (
+        missing.sort("start").join_asof(spans, left_on="start", right_on="_from", by="proc", check_sortedness=False)
+        .with_columns(pl.when(pl.col("start") < pl.col("_to")).then(pl.col("_epoch")).alias("epoch"))
+        .select(steps.columns)
+    )
+    return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical_relaxed")
+
+
 def with_epochs_of_their_steps(rows: pl.DataFrame) -> pl.DataFrame:
     """``rows`` where a row without an epoch takes the epoch of its process's other rows
     of the same step number, where they name exactly one.
@@ -469,41 +499,6 @@ def step_spread(by_unit: pl.DataFrame) -> pl.DataFrame | None:
         "start_us": start, "min_us": low, "median_us": middle, "max_us": high,
         "slowest": by_unit.get_column("unit").gather(slowest),
     })
-
-
-def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
-                 epoch: int | None) -> pl.DataFrame:
-    """_unit, _from, _to: per unit, the time of steps ``first``..``last`` (of
-    ``epoch``, or of any epoch) by the step model. ``events`` is a loaded trace's
-    events table; ``unit`` names the rank (or process) of each event."""
-    spans = events.filter(
-        (pl.col("ph") == fmt.PH_COMPLETE) & pl.col("ts").is_not_null() & pl.col("dur").is_not_null()
-    ).with_columns(
-        (pl.col("ts") + pl.col("dur")).alias("end"),
-        pl.struct("host", "pid").rank("dense").cast(pl.Int32).alias("proc"),
-        unit.alias("_unit"),
-    )
-    units = spans.select("proc", "_unit").unique("proc")
-    steps = model_steps(step_rows(spans, ["proc"]), container_rows(spans, ["proc"]))
-    selected = steps.filter(pl.col("step").is_between(first, last))
-    if epoch is not None:
-        selected = selected.filter(pl.col("epoch") == epoch)
-    return (
-        selected.join(units, on="proc")
-        .group_by("_unit")
-        .agg(pl.col("start").min().alias("_from"), pl.col("end").max().alias("_to"))
-    )
-
-
-def describe_steps(events: pl.DataFrame) -> str:
-    """What steps and epochs the events carry, for a message about a filter."""
-    spans = events.filter(pl.col("step").is_not_null())
-    if not spans.height:
-        return "the trace has no step numbers"
-    steps = spans.get_column("step")
-    epochs = sorted(spans.get_column("epoch").drop_nulls().unique().to_list())
-    where = f"epochs {epochs[0]}..{epochs[-1]}" if epochs else "no epoch numbers"
-    return f"the trace has steps {steps.min()}..{steps.max()} and {where}"
 
 
 def time_within(starts: np.ndarray, ends: np.ndarray, step_start: np.ndarray, step_end: np.ndarray) -> np.ndarray:

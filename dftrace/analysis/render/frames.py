@@ -27,7 +27,8 @@ import polars.selectors as cs
 
 from ..answers.io import CALL_FIGURES
 from ..answers.summary import Summary, summarize
-from ..read.trace import PathsLike, TraceTable
+from ..read.sources import PathsLike
+from ..read.trace import TraceTable
 from ..reduce.busy import GROUPS
 
 __all__ = [
