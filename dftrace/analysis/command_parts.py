@@ -62,7 +62,9 @@ def to_option(parser: argparse.ArgumentParser) -> None:
                         help="the output format whatever the suffix: chrome, pfw, parquet or perfetto")
 
 
-def execution_options(parser: argparse.ArgumentParser) -> None:
+def execution_options(parser: argparse.ArgumentParser, *, index: bool = False) -> None:
+    """Where a command runs (here or on Dask), its pieces, its progress; with ``index``,
+    ``--no-index`` (see ``reduce/index.py``)."""
     group = parser.add_argument_group("execution")
     where = group.add_mutually_exclusive_group()
     where.add_argument("--dask-workers", type=int, metavar="N", help="run on a local Dask cluster of N workers")
@@ -71,13 +73,11 @@ def execution_options(parser: argparse.ArgumentParser) -> None:
                        help="split compressed files into pieces of about MB on disk (default 16)")
     group.add_argument("--no-progress", action="store_true",
                        help="never show progress (on a terminal, a line for each phase that lasts over a second)")
-
-
-def index_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-index", action="store_true",
-                        help="read every file, and keep nothing in the index of files already read "
-                        "($DFTRACE_INDEX_DIR, else $XDG_CACHE_HOME/dftrace/index, at most "
-                        "$DFTRACE_INDEX_MAX_SIZE bytes, 256M unless set)")
+    if index:
+        parser.add_argument("--no-index", action="store_true",
+                            help="read every file, and keep nothing in the index of files already read "
+                            "($DFTRACE_INDEX_DIR, else $XDG_CACHE_HOME/dftrace/index, at most "
+                            "$DFTRACE_INDEX_MAX_SIZE bytes, 256M unless set)")
 
 
 def command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:

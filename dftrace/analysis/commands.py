@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .command_parts import (EXECUTOR_HELP, Run, command, execution_options, file_threads, index_option,
+from .command_parts import (EXECUTOR_HELP, Run, command, execution_options, file_threads,
                             inputs_argument, json_text, printable_text, rows_option, subcommand, to_option,
                             write_bytes)
 from .runtime.deps import ANALYSIS
@@ -27,38 +27,39 @@ def register(subparsers: Any) -> None:
     p = subcommand(
         subparsers, "summary", _run_summary,
         help="tables of where the time goes: categories, epochs, steps, overlap, stalls, stragglers",
-        description="Summarise trace files: time per category and name (count, total, mean, "
-        "p50/p95/max), epochs and steps, a time breakdown with overlap, data-loader stall and "
-        "per-rank imbalance." + EXECUTOR_HELP,
+        description="""\
+            Summarise trace files: time per category and name (count, total, mean, p50/p95/max),
+            epochs and steps, a time breakdown with overlap, data-loader stall and per-rank
+            imbalance.""" + EXECUTOR_HELP,
     )
     inputs_argument(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     rows_option(p, 20, "rows of the longest tables (default 20)", "--top")
-    execution_options(p)
-    index_option(p)
+    execution_options(p, index=True)
 
     p = subcommand(
         subparsers, "report", _run_report,
         help="one self-contained HTML file with plots",
-        description="Write an HTML report (plotly, works offline): step timeline per rank, "
-        "time breakdown, duration distributions, stragglers, data-loader stall." + EXECUTOR_HELP,
+        description="""\
+            Write an HTML report (plotly, works offline): step timeline per rank, time breakdown,
+            duration distributions, stragglers, data-loader stall.""" + EXECUTOR_HELP,
     )
     inputs_argument(p)
     p.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
     p.add_argument("--title", default="dftrace report", help="page title")
-    execution_options(p)
-    index_option(p)
+    execution_options(p, index=True)
 
     p = subcommand(
         subparsers, "convert", _run_convert,
         help="to Chrome JSON (.json, .json.gz), dftrace's pfw (.pfw, .pfw.gz, .pfw.zst), Parquet "
         "or Perfetto's own format (.pftrace)",
-        description="Convert traces (all inputs into one output). The output suffix picks the "
-        "format: .json/.json.gz strict Chrome JSON for chrome://tracing and Perfetto, "
-        ".pfw/.pfw.gz/.pfw.zst dftrace's own format (DFAnalyzer reads it too), .parquet for "
-        "the events table, .pftrace/.perfetto-trace Perfetto's own protobuf format (a quarter "
-        "of the JSON's size, which Perfetto opens where the JSON is too big; with flows between "
-        "the calls of a collective; 'dftrace view' opens it)." + EXECUTOR_HELP,
+        description="""\
+            Convert traces (all inputs into one output). The output suffix picks the format:
+            .json/.json.gz strict Chrome JSON for chrome://tracing and Perfetto,
+            .pfw/.pfw.gz/.pfw.zst dftrace's own format (DFAnalyzer reads it too), .parquet for the
+            events table, .pftrace/.perfetto-trace Perfetto's own protobuf format (a quarter of the
+            JSON's size, which Perfetto opens where the JSON is too big; with flows between the
+            calls of a collective; 'dftrace view' opens it).""" + EXECUTOR_HELP,
     )
     inputs_argument(p)
     p.add_argument("-o", "--output", required=True, help="output file")
@@ -68,9 +69,10 @@ def register(subparsers: Any) -> None:
     p = subcommand(
         subparsers, "merge", _run_merge,
         help="many processes and ranks into one Perfetto-loadable file",
-        description="Merge processes and ranks into one file with unique pids, processes named "
-        "'rank R · host · pid' in rank order, and the clocks of each host's processes aligned "
-        "from their recorded anchors. Filters keep big runs openable." + EXECUTOR_HELP,
+        description="""\
+            Merge processes and ranks into one file with unique pids, processes named 'rank R · host
+            · pid' in rank order, and the clocks of each host's processes aligned from their
+            recorded anchors. Filters keep big runs openable.""" + EXECUTOR_HELP,
     )
     inputs_argument(p)
     p.add_argument("-o", "--output", default="merged.json.gz",
@@ -87,14 +89,15 @@ def register(subparsers: Any) -> None:
     p = subcommand(
         subparsers, "validate", _run_validate,
         help="check trace files (and Parquet files from convert) against the format's rules",
-        description="Check trace files against the trace format's rules ('dftrace validate --explain' "
-        "lists them): '[' first, one JSON object per line, UTF-8 without surrogate "
-        "escapes, metadata first, uint32 pid/tid, ts and dur in [0, 2**53], spans nested per "
-        "thread, p_idx/level consistent. A last frame cut off by a kill is reported ('cut off at "
-        "byte N, K events readable'), a file without its closing ']' as 'cut'; neither is a "
-        "violation unless --strict. A .parquet file written by 'dftrace convert' is checked "
-        "against the events table instead (needs the analysis extra). Exit code 1 if "
-        "any file breaks a rule, 2 if a file cannot be read.",
+        description="""\
+            Check trace files against the trace format's rules ('dftrace validate --explain' lists
+            them): '[' first, one JSON object per line, UTF-8 without surrogate escapes, metadata
+            first, uint32 pid/tid, ts and dur in [0, 2**53], spans nested per thread, p_idx/level
+            consistent. A last frame cut off by a kill is reported ('cut off at byte N, K events
+            readable'), a file without its closing ']' as 'cut'; neither is a violation unless
+            --strict. A .parquet file written by 'dftrace convert' is checked against the events
+            table instead (needs the analysis extra). Exit code 1 if any file breaks a rule, 2 if a
+            file cannot be read.""",
     )
     p.add_argument("paths", nargs="*", help="trace files, directories or glob patterns")
     p.add_argument("--explain", nargs="?", const="", metavar="RULE",
@@ -247,16 +250,17 @@ def _register_diff_and_watch(subparsers: Any) -> None:
     p = subcommand(
         subparsers, "diff", _run_diff,
         help="compare two runs: step time, names, breakdown, stalls, stragglers; guard CI",
-        description="Compare two runs side by side (BASE first): step time p50/p95, epoch time, "
-        "per category and name count/total/mean/p95, the time breakdown, data-loader stall, "
-        "the straggler, events and dropped events, each with its absolute and relative change. "
-        "Figures that moved beyond --threshold (and names whose count changed) are flagged "
-        "and listed first, largest effect on step time first. Runs may have different numbers "
-        "of ranks and be written by dftrace or DFTracer. Each change comes with a 95 % interval "
-        "from the noise: the spread over several runs per side (--base/--new repeated, or a "
-        "directory of runs), else, for step figures, the spread over blocks of steps. Exit code 1 "
-        "when --fail-on-regression is given and the --metric got worse by more than it and "
-        "outside the noise, 2 when a run cannot be read."
+        description="""\
+            Compare two runs side by side (BASE first): step time p50/p95, epoch time, per category
+            and name count/total/mean/p95, the time breakdown, data-loader stall, the straggler,
+            events and dropped events, each with its absolute and relative change. Figures that
+            moved beyond --threshold (and names whose count changed) are flagged and listed first,
+            largest effect on step time first. Runs may have different numbers of ranks and be
+            written by dftrace or DFTracer. Each change comes with a 95 % interval from the noise:
+            the spread over several runs per side (--base/--new repeated, or a directory of runs),
+            else, for step figures, the spread over blocks of steps. Exit code 1 when
+            --fail-on-regression is given and the --metric got worse by more than it and outside the
+            noise, 2 when a run cannot be read."""
         + EXECUTOR_HELP,
     )
     p.add_argument("base", help="the reference run: trace files, a directory or a glob; a directory "
@@ -281,14 +285,15 @@ def _register_diff_and_watch(subparsers: Any) -> None:
     p = subcommand(
         subparsers, "watch", _run_watch,
         help="live view of a running job from its trace files",
-        description="Follow trace files while they are written: per rank the current epoch and "
-        "step, steps per second, step time p50/p95 over the recent steps, data-loader stall, "
-        "communication wait and the straggler; totals; files that stopped growing or were cut off. "
-        "Reads only the bytes added since the last look, picks up new files (a directory or glob "
-        "is searched again), and exits by itself when no file will grow again: each closed, cut "
-        "off with its writer gone (a process of this host that no longer runs), or naming no "
-        "writer and not grown for --stale seconds; or on Ctrl-C (exit code 0). "
-        "Without a terminal it prints plain snapshots.",
+        description="""\
+            Follow trace files while they are written: per rank the current epoch and step, steps
+            per second, step time p50/p95 over the recent steps, data-loader stall, communication
+            wait and the straggler; totals; files that stopped growing or were cut off. Reads only
+            the bytes added since the last look, picks up new files (a directory or glob is searched
+            again), and exits by itself when no file will grow again: each closed, cut off with its
+            writer gone (a process of this host that no longer runs), or naming no writer and not
+            grown for --stale seconds; or on Ctrl-C (exit code 0). Without a terminal it prints
+            plain snapshots.""",
     )
     p.add_argument("paths", nargs="+", help="trace files, directories or globs (quote globs)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (default 1)")

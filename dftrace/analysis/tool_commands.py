@@ -108,10 +108,11 @@ def register_mcp(subparsers: Any) -> None:
     p = subcommand(
         subparsers, "mcp", _run_mcp,
         help="answer LLM agents: a Model Context Protocol server over stdio",
-        description="Serve the analysis's answers to an LLM agent as a Model Context Protocol server on "
-        "stdin/stdout (an MCP client starts it): tools list_runs, summary, steps, stragglers, "
-        "dataloader, gpu, io, breakdown, diff, sql and validate, each answering as JSON. Only "
-        "traces under the roots are read. Needs the mcp extra; docs/agents.md shows the set-up.",
+        description="""\
+            Serve the analysis's answers to an LLM agent as a Model Context Protocol server on
+            stdin/stdout (an MCP client starts it): tools list_runs, summary, steps, stragglers,
+            dataloader, gpu, io, breakdown, diff, sql and validate, each answering as JSON. Only
+            traces under the roots are read. Needs the mcp extra; docs/agents.md shows the set-up.""",
     )
     p.add_argument("--root", action="append", metavar="DIR",
                    help="a directory whose traces the tools may read (repeatable; default: the current "
@@ -132,13 +133,14 @@ def register_view(subparsers: Any) -> None:
     p = subcommand(
         subparsers, "view", _run_view,
         help="open a trace in Perfetto's UI: served from this machine, nothing uploaded",
-        description="Open traces in Perfetto's UI in one command. A .pftrace, or one Chrome JSON or "
-        "pfw file Perfetto reads (up to 64 MB), is served as it is; a directory, several files or "
-        "a bigger file are merged into a .pftrace first (ranks in order, clocks aligned), in a "
-        "temporary folder removed at the end (or kept with -o). The file is served on "
-        "127.0.0.1:PORT to the UI, which the browser opens at UI/#!/?url=http://127.0.0.1:PORT/NAME; "
-        "on a remote machine forward the port (the command prints the ssh -L line). Serves until "
-        "Ctrl-C (exit code 0), or with --once until the UI has fetched the trace." + EXECUTOR_HELP,
+        description="""\
+            Open traces in Perfetto's UI in one command. A .pftrace, or one Chrome JSON or pfw file
+            Perfetto reads (up to 64 MB), is served as it is; a directory, several files or a bigger
+            file are merged into a .pftrace first (ranks in order, clocks aligned), in a temporary
+            folder removed at the end (or kept with -o). The file is served on 127.0.0.1:PORT to the
+            UI, which the browser opens at UI/#!/?url=http://127.0.0.1:PORT/NAME; on a remote
+            machine forward the port (the command prints the ssh -L line). Serves until Ctrl-C (exit
+            code 0), or with --once until the UI has fetched the trace.""" + EXECUTOR_HELP,
     )
     inputs_argument(p)
     p.add_argument("--port", type=int, default=9001,
