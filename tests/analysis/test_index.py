@@ -15,7 +15,7 @@ import tracegen
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace.analysis import summarize  # noqa: E402
-from dftrace.analysis.answers import summary as _summary  # noqa: E402
+from dftrace.analysis.reduce import index as _index  # noqa: E402
 from dftrace.analysis.reduce.aggregate import aggregate_partitions  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def reads(monkeypatch):
 
         return aggregate_partitions(noted(), **kwargs)
 
-    monkeypatch.setattr(_summary, "aggregate_partitions", counted)
+    monkeypatch.setattr(_index, "aggregate_partitions", counted)
     return seen
 
 

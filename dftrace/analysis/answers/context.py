@@ -7,9 +7,10 @@ of the context returning some of the Summary's fields. The stages follow the ste
 tables, the largest the answers read:
 
 1. ``process_steps``: each process's steps, as modelled from the files;
-2. ``units``: each unit's (rank's) steps, found from them, and what is found from
-   those (the step compared across ranks, compute and wait per rank-step); the
-   process steps are let go before it;
+2. ``units``: each unit's (rank's) steps, found from them (a stage of its own with
+   no answers, so that the process steps are let go and their pages handed back
+   before the units' tables are built), and what is found from those (the step
+   compared across ranks, compute and wait per rank-step);
 3. no steps: the answers that read the aggregates alone, the unit steps let go.
 
 A field is None outside its stage, so an answer listed in the wrong stage fails at
@@ -55,6 +56,8 @@ class Context:
     rank_steps_limit: int
     #: Each process's steps: stage 1 only.
     process_steps: pl.DataFrame | None = None
+    #: Each unit's steps (see ``unit_steps``), between stages 1 and 2.
+    by_unit: pl.DataFrame | None = None
     #: The units' steps: stage 2 only.
     units: UnitTables | None = None
 

@@ -150,6 +150,8 @@ def last_run_of_each_step(by_unit: pl.DataFrame, procs: pl.DataFrame,
 
 def say_where_resumed(runs: list[dict[str, Any]], procs: pl.DataFrame, by_unit: pl.DataFrame) -> None:
     """Each resumed run gets ``resumed_at``: the (epoch, step) its first step ran."""
+    if not any(run.get("resumed") for run in runs):
+        return  # nothing to say: no rank-step is sorted for it
     units = procs.filter(pl.col("unit").is_not_null()).select("unit", "run").unique("unit")
     first = (by_unit.join(units, on="unit", how="inner").filter(pl.col("step").is_not_null())
              .sort("start").group_by("run", maintain_order=True).first())

@@ -260,11 +260,16 @@ def from_process_steps(context: Context) -> None:
     the start."""
 
 
-def from_unit_steps(context: Context) -> None:
-    """The second stage's entry: each unit's steps and what is found from them, each
-    process's steps let go."""
-    by_unit = unit_steps(context.process_steps, context.procs)
+def to_unit_steps(context: Context) -> None:
+    """Between the first two stages: each unit's steps found, each process's let go
+    (their pages handed back before the units' tables are built)."""
+    context.by_unit = unit_steps(context.process_steps, context.procs)
     context.process_steps = None
+
+
+def from_unit_steps(context: Context) -> None:
+    """The second stage's entry: what is found from each unit's steps."""
+    by_unit, context.by_unit = context.by_unit, None
     context.units = _unit_tables(context, by_unit)
 
 

@@ -191,15 +191,18 @@ def build_summary(combined: Combined, *, rank_steps_limit: int | None = None,
                     fields[name].update(value)
                 else:
                     fields[name] = value
+    del context
+    hand_back()
     return Summary(**fields)
 
 
 #: The summary's stages (see ``context``): the answers that read each process's steps,
-#: then those that read each unit's, then those that read the aggregates alone. Each
-#: answer returns some of the Summary's fields; what one returns as ``overview`` is
-#: added to it.
+#: then (each unit's steps found) those that read each unit's, then those that read
+#: the aggregates alone. Each answer returns some of the Summary's fields; what one
+#: returns as ``overview`` is added to it.
 STAGES = (
     Stage(steps.from_process_steps, (steps.epochs, gpu.steps_answer, io.answer)),
+    Stage(steps.to_unit_steps, ()),
     Stage(steps.from_unit_steps, (stragglers.answer, steps.step_answers, runs.answer)),
     Stage(from_aggregates, (overview.answer, gpu.answer, durations.answer, breakdown.answer)),
 )
