@@ -356,6 +356,26 @@ def test_summary_process_10m(benchmark, bench_root, tmp_path, compression):
                                 uncompressed_mb=round(size / 2**20), load_1min=round(os.getloadavg()[0], 2), runs=runs)
 
 
+@skip_big
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="side-by-side")
+def test_summary_one_long_process(benchmark, bench_root, tmp_path):
+    """One process of 5M events (625,000 steps) in one zstd file, beside the 16-file set's
+    figures (``test_summary_process_10m``): the whole ``dftrace summary`` process, the
+    file read in its default parts and read whole."""
+    directory, size = _trace(bench_root, 5_000_000, 1, "zst")
+    ours = [sys.executable, "-m", "dftrace", "summary", str(directory), "--json", "--no-progress", "--no-index"]
+    runs: dict[str, list[dict[str, float]]] = {"parts": [], "whole": []}
+
+    def once() -> None:
+        runs["parts"].append(_whole_process(ours, tmp_path / "summary.log"))
+        runs["whole"].append(_whole_process([*ours, "--partition-mb", "1024"], tmp_path / "summary.log"))
+
+    benchmark.pedantic(once, rounds=2, iterations=1)
+    benchmark.extra_info.update(events=5_000_000, files=1, uncompressed_mb=round(size / 2**20),
+                                load_1min=round(os.getloadavg()[0], 2), **runs)
+
+
 #: Events appended to each file between two refreshes of the watch benchmark.
 _APPENDED = 64
 _WATCH_ROUNDS = 8

@@ -188,7 +188,7 @@ class TraceAnswers:
         that was slowest, and the epochs."""
         real, data = self._summary(path)
         slowest = sorted(data["steps"], key=lambda s: s["max_us"], reverse=True)
-        return capped({"path": real, "step_stats": data["step_stats"], "steps": len(data["steps"]),
+        return capped({"path": real, "step_stats": data["step_stats"], "steps": Summary.from_dict(data).step_count(),
                        "slowest_steps": slowest, "epochs": data["epochs"]}, limit)
 
     def stragglers(self, path: TracePath, limit: Rows = DEFAULT_ROWS) -> dict[str, Any]:

@@ -435,6 +435,30 @@ def test_a_files_steps_are_modelled_from_a_row_a_steps_work(monkeypatch, tmp_pat
     assert modelled_from == [3 * steps + 1 if enclosing else 2 * steps]
 
 
+@pytest.mark.parametrize("enclosing", [False, True])
+def test_a_file_read_in_parts_has_the_steps_of_the_file_read_whole(monkeypatch, tmp_path, enclosing):
+    """The parts of a file have each step's work merged into one row as well; where
+    such a row, with the rows of the other parts, holds other steps (a span carrying
+    a step around the loop, written parts after the steps it holds), the parts are
+    read again with a row a name, and the steps are those of the file read whole."""
+    from dftrace.analysis.reduce import combine as _combine
+
+    _steps_with_an_enclosing_span(tmp_path, enclosing)
+    monkeypatch.setitem(_trace_reading._whole_decoders, "unzstd_frames", None)
+    whole = summarize(tmp_path, progress=False, index=False)
+    part_bytes = 1500
+    parts = len(plan_partitions(expand_paths([str(tmp_path)]), part_bytes))
+    assert parts > 4
+    read_again = []
+    read = _combine.aggregate_partition
+    monkeypatch.setattr(_combine, "aggregate_partition",
+                        lambda partition, model: read_again.append(partition) or read(partition, model=model))
+    in_parts = summarize(tmp_path, progress=False, index=False, partition_bytes=part_bytes)
+    assert in_parts.steps == whole.steps and in_parts.step_stats == whole.step_stats
+    assert in_parts.rank_steps == whole.rank_steps
+    assert len(read_again) == (parts if enclosing else 0)
+
+
 @pytest.mark.parametrize("piece_bytes", [None, 700, 2500])
 def test_steps_straddling_pieces_are_whole(monkeypatch, tmp_path, piece_bytes):
     """A file read in pieces has the steps of one read at once, however its steps fall

@@ -214,6 +214,27 @@ def test_rank_steps_are_sampled_beyond_the_limit(run_dir, monkeypatch):
     assert any(r["wait_us"] for r in s.rank_steps)
 
 
+def test_steps_are_thinned_beyond_the_limit(run_dir, monkeypatch):
+    """Past STEPS_LIMIT the per-step table keeps every Nth step and the slowest, each
+    as the whole table has it, and says so; the step count and the statistics are
+    those of every step."""
+    from dftrace.analysis import render_text
+    from dftrace.analysis.answers import steps as steps_module
+
+    every = summarize(run_dir, index=False)
+    monkeypatch.setattr(steps_module, "STEPS_LIMIT", 6)
+    s = summarize(run_dir, index=False)
+    thinned = s.steps_thinned
+    assert thinned["steps"] == EPOCHS * STEPS == s.step_count() and thinned["slowest"] == 1
+    assert every.steps_thinned == {} and every.step_count() == EPOCHS * STEPS
+    kept = [r for i, r in enumerate(every.steps) if i % thinned["every"] == 0]
+    slowest = max(every.steps, key=lambda r: r["max_us"])
+    assert s.steps == [r for r in every.steps if r in kept or r is slowest]
+    assert s.step_stats == every.step_stats and s.rank_steps == every.rank_steps
+    assert f"Steps: {EPOCHS * STEPS} steps, " in render_text(s)
+    assert Summary.from_dict(orjson.loads(s.to_json())).step_count() == EPOCHS * STEPS
+
+
 def test_processes_are_the_units_when_no_rank_is_known(samples):
     """Without ranks (DFTracer), each process is compared as its own unit."""
     s = summarize([samples / "dftracer-2.0.3" / "toy.pfw.gz", str(samples / "dftracer-2.2.0_meta" / "*.pfw.gz")])

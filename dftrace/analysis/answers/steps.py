@@ -24,6 +24,9 @@ T = TypeVar("T")
 #: How many (unit, step) rows the summary keeps for the per-rank step timeline;
 #: beyond this, evenly spaced steps are kept (all ranks of each kept step).
 RANK_STEPS_LIMIT = 20_000
+#: How many steps the summary's per-step table keeps; beyond this, every Nth step and
+#: the slowest ones (a million steps as rows of Python objects took 0.5 GB).
+STEPS_LIMIT = 20_000
 
 
 @dataclass
@@ -132,26 +135,34 @@ def step_statistics(by_unit: pl.DataFrame) -> dict[str, Any]:
 SLOWEST_KEPT = 0.01
 
 
+def thinned_steps(slowest_of: pl.DataFrame, keys: pl.DataFrame, rows_per_step: int, limit: int
+                  ) -> tuple[pl.DataFrame, dict[str, int]]:
+    """The (epoch, step) kept of ``keys`` (each step once, in order) where ``limit``
+    rows of ``rows_per_step`` each cannot hold them all: every Nth step and the
+    slowest ones (``SLOWEST_KEPT`` of them, by ``slowest_of``'s ``dur``: epoch, step,
+    dur), and how they were thinned (``every``: N, ``steps``: all steps, ``slowest``:
+    the slowest steps kept)."""
+    slowest = min(math.ceil(keys.height * SLOWEST_KEPT), max(1, limit // rows_per_step // 2))
+    every = math.ceil(keys.height / max(1, limit // rows_per_step - slowest))
+    worst = (slowest_of.sort(["dur", "epoch", "step"], descending=[True, False, False], nulls_last=True)
+             .head(slowest).select("epoch", "step"))
+    kept = pl.concat([keys.gather_every(every), worst]).unique(maintain_order=True)
+    return kept, {"every": every, "steps": keys.height, "slowest": slowest}
+
+
 def rank_step_rows(by_unit: pl.DataFrame, keys: pl.DataFrame, runs: list[dict[str, Any]],
                    procs: pl.DataFrame, limit: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The rows of every rank-step, or, past ``limit`` rows, those of every Nth step
-    and of the slowest steps (``SLOWEST_KEPT`` of them, by their slowest rank), and
-    how they were thinned (``every``: N, ``steps``: all steps, ``slowest``: the slowest
-    steps kept; empty when every row is kept). ``keys``: the (epoch, step) of
-    ``by_unit``, each once, in order; the wait of a rank-step is its ``blocked_us``."""
+    """The rows of every rank-step, or, past ``limit`` rows, those of the steps
+    :func:`thinned_steps` keeps (by their slowest rank), and how they were thinned
+    (empty when every row is kept). ``keys``: the (epoch, step) of ``by_unit``, each
+    once, in order; the wait of a rank-step is its ``blocked_us``."""
     if not by_unit.height:
         return [], {}
     thinned: dict[str, int] = {}
     frame = by_unit
     if by_unit.height > limit:
-        per_step = max(1, by_unit.height // keys.height)
-        slowest = min(math.ceil(keys.height * SLOWEST_KEPT), max(1, limit // per_step // 2))
-        every = math.ceil(keys.height / max(1, limit // per_step - slowest))
-        worst = (by_unit.group_by(["epoch", "step"]).agg(pl.col("dur").max())
-                 .sort(["dur", "epoch", "step"], descending=[True, False, False], nulls_last=True)
-                 .head(slowest).select("epoch", "step"))
-        kept = pl.concat([keys.gather_every(every), worst]).unique(maintain_order=True)
-        thinned = {"every": every, "steps": keys.height, "slowest": slowest}
+        kept, thinned = thinned_steps(by_unit.group_by(["epoch", "step"]).agg(pl.col("dur").max()), keys,
+                                      max(1, by_unit.height // keys.height), limit)
         # The rank-steps of the kept step numbers first (a mask, where a join of every
         # rank-step held 60 MB more for 1.25M of them), then those of their epochs.
         frame = by_unit.filter(pl.col("step").is_in(kept.get_column("step").implode(), nulls_equal=True)).join(
@@ -163,6 +174,18 @@ def rank_step_rows(by_unit: pl.DataFrame, keys: pl.DataFrame, runs: list[dict[st
         pl.col("blocked_us").alias("wait_us"),
     )
     return rows.to_dicts(), thinned
+
+
+def thinned_step_rows(steps: pl.DataFrame) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The rows of ``steps`` (see :func:`steps_across_units`), or, past ``STEPS_LIMIT``,
+    those of the steps :func:`thinned_steps` keeps (by their slowest rank), and how
+    they were thinned (empty when every step is kept)."""
+    if steps.height <= STEPS_LIMIT:
+        return rounded_rows(steps), {}
+    kept, thinned = thinned_steps(steps.select("epoch", "step", pl.col("max_us").alias("dur")),
+                                  steps.select("epoch", "step"), 1, STEPS_LIMIT)
+    return rounded_rows(steps.join(kept, on=["epoch", "step"], how="semi", nulls_equal=True,
+                                   maintain_order="left")), thinned
 
 
 def epoch_source(combined: Combined) -> pl.DataFrame:
@@ -298,8 +321,10 @@ def step_answers(context: Context) -> dict[str, Any]:
     units = context.units
     rank_steps, thinned = rank_step_rows(units.by_unit, units.steps.select("epoch", "step"), context.runs,
                                          context.procs, context.rank_steps_limit)
+    steps, steps_thinned = thinned_step_rows(units.steps)
     return {
-        "steps": rounded_rows(units.steps),
+        "steps": steps,
+        "steps_thinned": steps_thinned,
         "step_stats": step_statistics(units.by_unit),
         "imbalance": rank_imbalance(units.compared, units.steps),
         "rank_steps": rank_steps,

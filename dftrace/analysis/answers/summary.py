@@ -56,7 +56,8 @@ class Summary:
     #: Separate runs found among the files (clock anchors far apart, other hosts and
     #: command lines); empty when the files are of one run.
     runs: list[dict[str, Any]]
-    #: Per (epoch, step): ranks, min/median/max step time, slowest rank, max/median.
+    #: Per (epoch, step): ranks, min/median/max step time, slowest rank, max/median;
+    #: past STEPS_LIMIT steps, every Nth step and the slowest ones (``steps_thinned``).
     steps: list[dict[str, Any]]
     #: Step times over all ranks and steps: count, mean, p50, p95, max.
     step_stats: dict[str, Any]
@@ -91,6 +92,13 @@ class Summary:
     #: of all ``steps``, and the ``slowest`` steps (by their slowest rank) besides;
     #: empty when it keeps every rank-step.
     rank_steps_thinned: dict[str, int] = field(default_factory=dict)
+    #: How ``steps`` was thinned when it keeps a subset (as ``rank_steps_thinned`` says
+    #: of ``rank_steps``); empty when it keeps every step.
+    steps_thinned: dict[str, int] = field(default_factory=dict)
+
+    def step_count(self) -> int:
+        """The number of steps, also where ``steps`` keeps a subset of them."""
+        return self.steps_thinned.get("steps", len(self.steps))
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""

@@ -30,8 +30,8 @@ from .io_tables import IO_CATS, cover_table, io_tables, regrouped_totals
 from ..read.schema import HOST_KEY, SUMMARY_COLUMNS
 from .sketch import bins_of, merged_bins
 from ..read.sources import Partition
-from .steps import (STEP_TIME_SCHEMA, container_rows, merged_work_encloses, model_steps, settled_procs, step_codes,
-                    step_rows, with_step_times, without_profiler_steps, work_merged)
+from .steps import (STEP_TIME_SCHEMA, container_rows, merged_work_encloses, model_steps, regrouped_step_rows,
+                    settled_procs, step_rows, with_step_times, without_profiler_steps, work_merged)
 from ..read.trace import TraceTable, partition_keys
 from .partial import (EMPTY_TABLES, GROUP_CATS, IO_TABLES, PARTIAL_TABLES, ROW_KEY, TRACER_CATS, Partial, as_stored,
                       compacted)
@@ -52,7 +52,8 @@ def aggregate_partitions(partitions: Iterable[Partition], *, model: bool = True)
     decoded meanwhile on a thread (``read_ahead``), are held at a time. A partition's
     pieces' partials are then folded into one and its steps modelled on a thread of
     their own (``_finished``) while the next partition's pieces are read. A whole file's
-    step rows become its processes' steps (``Partial.modelled``) unless ``model`` is
+    step rows become its processes' steps (``Partial.modelled``), and those of a part of
+    a file have each step's work in one row (``_merges_work``), unless ``model`` is
     false: a few rows per step rather than one per step and name."""
     stream = read_ahead(_each_partitions_pieces(partitions))
     finishing: list[Future[Partial]] = []  # the partition before, being finished
@@ -62,7 +63,7 @@ def aggregate_partitions(partitions: Iterable[Partition], *, model: bool = True)
                 partition = first[0]
                 pieces = _until_partition_end(first, stream)
                 del first
-                stack = _pieces_folded(pieces, work_per_step=_settles(partition, model))
+                stack = _pieces_folded(pieces, work_per_step=_merges_work(partition, model))
                 if finishing:
                     yield finishing.pop().result()
                 finishing.append(finisher.submit(_finished, partition, stack, model))
@@ -125,6 +126,15 @@ def _pieces_folded(pieces: Iterator[PartitionData], *, work_per_step: bool) -> l
             del stack[-_FOLD:]
             stack.append((weight, compacted(folded)))
     return stack
+
+
+def _merges_work(partition: Partition, model: bool) -> bool:
+    """Whether the step rows of ``partition``'s pieces have each step's work merged into
+    one row (``work_merged``): those of every file of lines unless ``model`` is false.
+    Where the file is whole, its steps are modelled where it is read (``_finished``
+    reads it again if a merged row encloses other steps); where it is a part of one,
+    ``combine`` looks at the rows of all of its parts."""
+    return model and not partition.is_parquet
 
 
 def _settles(partition: Partition, model: bool) -> bool:
@@ -222,6 +232,10 @@ def _settled_where_read(partial: Partial) -> Partial:
     if settled:
         unsettled = ~pl.col("proc").is_in(settled)
         blocked, compute = blocked.filter(unsettled), compute.filter(unsettled)
+    if partial.io_calls is None or not partial.io_calls.height:
+        # No file calls in the whole file: its threads' busy time places none (a
+        # process with events in another file is read again: ``combine``).
+        partial.io_cover = EMPTY_TABLES["io_cover"]
     partial.blocked = as_stored("blocked", _by_key(blocked, keys))
     partial.intervals = as_stored("intervals", _by_key(compute, keys).with_columns(
         pl.lit(compute_bit, pl.Int8).alias("group")))
@@ -536,7 +550,7 @@ def fold_partials(partials: Sequence[Partial], *, overlap: bool = True) -> Parti
     # work: ``work_merged``) are grouped again only where pieces share steps.
     step_rows_of_each = [p.steps.height for p in partials]
     regrouped = {
-        "steps": _steps_of_pieces(stacked("steps"), step_rows_of_each, extent),
+        "steps": regrouped_step_rows(stacked("steps"), step_rows_of_each, ROW_KEY),
         "self_times": stacked("self_times").lazy().group_by([*ROW_KEY, "cat", "name"]).agg(pl.col("us").sum()),
         "epochs": stacked("epochs").lazy().group_by([*ROW_KEY, "epoch"]).agg(*extent),
         "epoch_spans": stacked("epoch_spans").lazy().group_by([*ROW_KEY, "epoch"]).agg(*extent),
@@ -550,32 +564,5 @@ def fold_partials(partials: Sequence[Partial], *, overlap: bool = True) -> Parti
         tables[kind] = as_stored(kind, stacked(kind))
     phases = pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
     return Partial(source, keys, phases=phases, **tables)
-
-
-def _steps_of_pieces(rows: pl.DataFrame, heights: list[int], extent: list[pl.Expr]) -> pl.LazyFrame:
-    """The step rows of consecutive pieces (``heights`` rows each, a row a key in
-    each) with a row a key. A step's rows are in one piece but for the steps that
-    straddle two: only the rows whose (epoch, step) falls within another piece's range
-    of them are grouped again (the shared steps and maybe a few more: exact whatever
-    the rows' order), not the whole file's rows."""
-    keys = [*ROW_KEY, "epoch", "step", "cat", "name"]
-    codes = step_codes(rows)
-    if codes is None:  # steps too far apart to number with one integer
-        return rows.lazy().group_by(keys).agg(*extent)
-    code = codes[0]
-    ends = np.cumsum(heights)
-    pieces = [(end - height, end) for height, end in zip(heights, ends) if height]
-    ranges = [(code[a:b].min(), code[a:b].max()) for a, b in pieces]
-    shared = np.zeros(code.size, dtype=bool)
-    for i, (a, b) in enumerate(pieces):
-        for j, (low, high) in enumerate(ranges):
-            if j != i:
-                shared[a:b] |= (code[a:b] >= low) & (code[a:b] <= high)
-    if not shared.any():
-        return rows.lazy()
-    shared_rows = pl.Series(shared)
-    return pl.concat([rows.filter(~shared_rows).lazy(),
-                      rows.filter(shared_rows).lazy().group_by(keys).agg(*extent)],
-                     how="vertical")
 
 

@@ -17,7 +17,7 @@ from .io_tables import regrouped_totals
 from ..read.metadata import Resolution
 from ..read.schema import HOST_KEY
 from .sketch import merged_bins
-from .steps import STEP_SCHEMA, STEP_TIME_SCHEMA
+from .steps import STEP_SCHEMA, STEP_TIME_SCHEMA, processes_enclosed_by_merged_work, regrouped_step_rows
 from ..read.trace import FileReport, run_sources
 
 from .aggregate import aggregate_partition, self_times_of
@@ -76,21 +76,13 @@ def combine(partials: Sequence[Partial]) -> Combined:
     mappings = [_mapping(resolution, p) for p in partials]
     partials = _steps_unmodelled_where_shared(partials, mappings, resolution)
 
-    def collect(kind: str, only: set[int] | None = None) -> pl.DataFrame:
-        frames = []
-        for partial, mapping in zip(partials, mappings):
-            table = getattr(partial, kind)
-            if table is None:
-                continue
-            if mapping.height == 1:
-                # The usual partition of one process: every row is that process's (held
-                # without its key: without_row_keys), and adding a column shares the
-                # others' memory where a join would copy them.
-                proc = pl.lit(mapping.item(0, "proc"), pl.Int32).alias("proc")
-                frame = table.drop(ROW_KEY, strict=False).with_columns(proc)
-            else:
-                frame = table.join(mapping, on=ROW_KEY, how="inner").drop(ROW_KEY)
-            frames.append(frame if only is None else frame.filter(pl.col("proc").is_in(list(only))))
+    def each(kind: str) -> list[pl.DataFrame]:
+        """Each partial's ``kind`` table keyed by proc."""
+        return [_by_proc(getattr(partial, kind), mapping) for partial, mapping in zip(partials, mappings)
+                if getattr(partial, kind) is not None]
+
+    def collect(kind: str, frames: list[pl.DataFrame] | None = None) -> pl.DataFrame:
+        frames = each(kind) if frames is None else frames
         if frames:
             # Vertical, each column in the widest type of its frames: files' rank-step
             # tables are held each in its own narrow types (see ``_held_narrow``).
@@ -109,15 +101,18 @@ def combine(partials: Sequence[Partial]) -> Combined:
     # several partitions (part files, frame ranges) needs its intervals unioned anew.
     counts = pieces.group_by("proc").len()
     split = set(counts.filter(pl.col("len") > 1).get_column("proc").to_list())
-    # The steps table has a row per step and name: regroup only processes read in pieces.
-    steps = collect("steps")
-    if split:
-        is_split = pl.col("proc").is_in(list(split))
-        steps = pl.concat([
-            steps.filter(~is_split),
-            steps.filter(is_split).group_by(["proc", "epoch", "step", "cat", "name"]).agg(*extent)
-            .select(steps.columns),
-        ], how="vertical")
+    # The steps table has a row per step and name (a step's work one row, in the parts
+    # of a file): regroup only processes read in pieces.
+    step_frames = each("steps")
+    steps = collect("steps", step_frames)
+    if split:  # only the steps whose rows are in several partials are grouped again
+        steps = regrouped_step_rows(steps, [frame.height for frame in step_frames], ["proc"]).collect()
+    del step_frames
+    enclosed = {key[0] for key in processes_enclosed_by_merged_work(steps, ["proc"])}
+    if enclosed:
+        # Rare: a span that carries a step encloses others, in a file read in parts.
+        del steps
+        return combine(_steps_unmerged(partials, mappings, enclosed))
     overlap = collect("overlap").filter(~pl.col("proc").is_in(list(split)))
     intervals = collect("intervals")
     if split:  # a process read in pieces has each group's intervals in several partials
@@ -190,6 +185,31 @@ def _steps_unmodelled_where_shared(partials: Sequence[Partial], mappings: list[p
         if settled:
             shared |= any(len(placing.get(resolution.processes[proc].rank, ())) > 1 for proc in procs)
         if partial.modelled is not None and shared:
+            out[i] = aggregate_partition(partial.source.partition, model=False)
+    return out
+
+
+def _by_proc(table: pl.DataFrame, mapping: pl.DataFrame) -> pl.DataFrame:
+    """A partial's ``table`` with the proc of ``mapping`` (see ``_mapping``) in place of
+    its key columns."""
+    if mapping.height == 1:
+        # The usual partition of one process: every row is that process's (held without
+        # its key: without_row_keys), and adding a column shares the others' memory
+        # where a join would copy them.
+        return table.drop(ROW_KEY, strict=False).with_columns(pl.lit(mapping.item(0, "proc"), pl.Int32).alias("proc"))
+    return table.join(mapping, on=ROW_KEY, how="inner").drop(ROW_KEY)
+
+
+def _steps_unmerged(partials: Sequence[Partial], mappings: list[pl.DataFrame], procs: set[int]) -> list[Partial]:
+    """``partials``, those whose step rows have a step's work merged into one row
+    (``work_merged``: the parts of a file) for one of ``procs`` read again with a row a
+    name: there such a row, with the rows of the process's other parts, holds the
+    starts of two or more work rows (``merged_work_encloses``). A whole file was looked
+    at where it was read."""
+    out = list(partials)
+    for i, (partial, mapping) in enumerate(zip(partials, mappings)):
+        if (partial.steps.height and partial.steps.get_column("name").null_count()
+                and procs & set(mapping.get_column("proc").drop_nulls().to_list())):
             out[i] = aggregate_partition(partial.source.partition, model=False)
     return out
 

@@ -83,6 +83,34 @@ def work_merged(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     return pl.concat([rows.filter(~merged), work.select(rows.columns).cast(rows.schema)], how="vertical")
 
 
+def regrouped_step_rows(rows: pl.DataFrame, heights: list[int], by: list[str]) -> pl.LazyFrame:
+    """The step rows of consecutive pieces (``heights`` rows each, a row a key in
+    each; ``by`` and the step and name the key) with a row a key. A step's rows are in
+    one piece but for the steps that straddle two: only the rows whose (epoch, step)
+    falls within another piece's range of them are grouped again (the shared steps and
+    maybe a few more: exact whatever the rows' order), not every row."""
+    keys = [*by, "epoch", "step", "cat", "name"]
+    extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
+    codes = step_codes(rows)
+    if codes is None:  # steps too far apart to number with one integer
+        return rows.lazy().group_by(keys).agg(*extent)
+    code = codes[0]
+    ends = np.cumsum(heights)
+    pieces = [(end - height, end) for height, end in zip(heights, ends) if height]
+    ranges = [(code[a:b].min(), code[a:b].max()) for a, b in pieces]
+    shared = np.zeros(code.size, dtype=bool)
+    for i, (a, b) in enumerate(pieces):
+        for j, (low, high) in enumerate(ranges):
+            if j != i:
+                shared[a:b] |= (code[a:b] >= low) & (code[a:b] <= high)
+    if not shared.any():
+        return rows.lazy()
+    shared_rows = pl.Series(shared)
+    return pl.concat([rows.filter(~shared_rows).lazy(),
+                      rows.filter(shared_rows).lazy().group_by(keys).agg(*extent).select(rows.columns)],
+                     how="vertical")
+
+
 def merged_work_encloses(rows: pl.DataFrame, by: list[str]) -> bool:
     """Whether a row of ``rows`` merged by :func:`work_merged` (a work row without a
     name) holds, strictly within it, the starts of two or more work rows of its
@@ -90,19 +118,25 @@ def merged_work_encloses(rows: pl.DataFrame, by: list[str]) -> bool:
     have kept some of the rows merged into it, and the steps are found from the rows
     unmerged instead. The starts of every work row are looked at, not only each
     step's first: a merged row that holds none of them holds no step's first start."""
+    return bool(processes_enclosed_by_merged_work(rows, by))
+
+
+def processes_enclosed_by_merged_work(rows: pl.DataFrame, by: list[str]) -> list[tuple]:
+    """The processes (their ``by`` values) where :func:`merged_work_encloses` holds."""
     work = rows.filter(pl.col("cat").is_in(WORK_CATS))
-    if not work.height:
-        return False
+    if not work.height or not work.get_column("name").null_count():
+        return []
     several = bool(by) and work.select(by).unique().height > 1
-    for frame in (work.partition_by(by) if several else [work]):
+    found = []
+    for key, frame in (work.partition_by(by, as_dict=True).items() if several else [(work.select(by).row(0), work)]):
         start, end = frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy()
         merged = frame.get_column("name").is_null().to_numpy()
         known = np.sort(start)
         inside = (np.searchsorted(known, end[merged], side="left")
                   - np.searchsorted(known, start[merged], side="right"))
         if (inside >= 2).any():
-            return True
-    return False
+            found.append(key)
+    return found
 
 
 def _is_merged_work(rows: pl.DataFrame) -> pl.Series:

@@ -144,7 +144,9 @@ class FileFollower:
             partitions.append(Partition(self.path, self._partitions, self.offset, end))
             self._partitions += 1
             self.offset = end
-        read = list(aggregate_partitions(partitions))
+        # Step rows a name each: a followed file's partials are folded as it grows, and
+        # a step's work merged into one row could not be read again (``_merges_work``).
+        read = list(aggregate_partitions(partitions, model=False))
         self.last_read = (self.offset - start, sum(p.events for p in read))
         self.partials += read
         self.closed = read[-1].source.closed
@@ -519,13 +521,13 @@ def _straggler(summary: Summary) -> dict[str, Any] | None:
     if summary.stragglers and summary.stragglers[0].get("significant"):
         worst = summary.stragglers[0]
         return {"rank": worst["unit"], "caused_wait_us_per_step": worst["caused_wait_us_per_step"],
-                "held_steps": worst["held_steps"], "steps": len(summary.steps)}
+                "held_steps": worst["held_steps"], "steps": summary.step_count()}
     ranks = summary.imbalance.get("ranks") or []
     slowest = max(ranks, key=lambda r: (r["slowest_count"], r["mean_us"]), default=None)
     if slowest is None or not slowest["slowest_count"]:
         return None
     return {"rank": slowest["rank"], "slowest_steps": slowest["slowest_count"], "mean_step_us": slowest["mean_us"],
-            "steps": len(summary.steps)}
+            "steps": summary.step_count()}
 
 
 def _totals(files: list[dict[str, Any]], summary: Summary | None, ranks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -238,7 +238,7 @@ def _steps(summary: Summary, top: int) -> list[str]:
     if not stats:
         return []
     lines = [
-        f"Steps: {len(summary.steps)} steps, {stats['count']} rank-steps",
+        f"Steps: {summary.step_count()} steps, {stats['count']} rank-steps",
         f"  step time: mean {format_us(stats['mean_us'])} · p50 {format_us(stats['p50_us'])} · "
         f"p95 {format_us(stats['p95_us'])} · max {format_us(stats['max_us'])}",
     ]
