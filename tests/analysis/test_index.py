@@ -162,6 +162,32 @@ def test_a_file_read_in_pieces_keeps_no_rows_in_the_index(tmp_path, index_dir, r
     assert reads
 
 
+def test_step_rows_are_stored_in_time_order_name_by_name(tmp_path):
+    """The step rows of a file read in parts come from a grouping, in no order: an
+    entry stores them name by name in time order, where their times' gaps are small,
+    so the rows shuffled make the same entry, to the byte; they load back whole."""
+    import io
+
+    from dftrace.analysis.read.sources import plan_partitions
+
+    path = _long_process(tmp_path / "traces", steps=2_000)
+    (partial, *_) = aggregate_partitions(plan_partitions([str(path)], 256 << 10))
+    assert partial.steps.height > 1_000
+    identity = _index.file_identity(str(path))
+
+    def entry(steps):
+        partial.steps = steps
+        out = io.BytesIO()
+        _index._write_entry(out, str(path), identity, 256 << 10, [partial])
+        return out.getvalue()
+
+    steps = partial.steps
+    stored = entry(steps.sample(fraction=1.0, shuffle=True, seed=1))
+    assert stored == entry(steps.sample(fraction=1.0, shuffle=True, seed=2)) == entry(steps.reverse())
+    loaded = _index._decoded(io.BytesIO(stored), str(path), 256 << 10)[0].steps
+    assert loaded.sort(loaded.columns).equals(steps.sort(steps.columns))
+
+
 def test_the_index_is_held_under_its_size_least_recently_used_out_first(tmp_path, index_dir, reads, monkeypatch):
     """``DFTRACE_INDEX_MAX_SIZE`` bounds the whole index: writing an entry removes
     those used least recently; ``0`` writes none."""

@@ -328,7 +328,7 @@ def test_time_in_steps_counts_each_process_interval_once_in_any_order(procs_in_t
     taken in turn or interleaved. One figure per row of the steps, in their order."""
     import polars as pl
 
-    from dftrace.analysis.reduce.steps import time_in_steps
+    from dftrace.analysis.reduce.busy import time_in_steps
 
     procs = pl.DataFrame({"proc": [0, 1, 2, 3], "unit": ["rank 0", "rank 0", "rank 1", None]},
                          schema={"proc": pl.Int32, "unit": pl.String})

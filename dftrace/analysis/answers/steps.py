@@ -13,7 +13,8 @@ import polars as pl
 import polars.selectors as cs
 
 from ..reduce.combine import Combined
-from ..reduce.steps import each_process_steps, step_spread, time_in_steps, unit_steps
+from ..reduce.busy import time_in_steps
+from ..reduce.steps import each_process_steps, step_spread, unit_steps
 from .context import Context, UnitTables
 from .runs import find_runs, last_run_of_each_step, processes_frame, run_origins, units_per_run
 

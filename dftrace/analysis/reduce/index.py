@@ -15,8 +15,9 @@ cannot be read, is the same as no index, never an error. Entries hold tables
 that no one else can write to.
 
 Entries are small: the tables are zstd-compressed, their times and step numbers
-stored as the gaps between rows (``start``, ``ts``, ``step``) and as durations
-(``end``), which compress to a few bytes a row. An entry larger than a fifth of its file (and 64 KiB) is not kept: such
+stored as the gaps between rows (``start``, ``ts``, ``step``; the step rows put in
+time order name by name first) and as durations (``end``), which compress to a few
+bytes a row. An entry larger than a fifth of its file (and 64 KiB) is not kept: such
 a file is read again. The whole index is held under ``$DFTRACE_INDEX_MAX_SIZE``
 (256 MiB unless set; ``0``: no index is written), the entries used least recently
 removed first (an entry read is marked used).
@@ -57,6 +58,10 @@ DEFAULT_MAX_SIZE = 256 << 20
 #: Columns stored as the gaps between rows (times, step numbers); ``end`` is stored as a
 #: duration.
 _GAP_COLUMNS = ("start", "ts", "step")
+#: The order the rows of a table are stored in where theirs is no order of time: the
+#: rows of each name together, in time order, so that their gaps are small (a
+#: million-step file's step rows, as a grouping left them, took 8 times the bytes).
+_STORED_ORDER = {"steps": ["cat", "name", "start"]}
 #: Integers of time beyond this are stored as they are (their gaps could overflow).
 _GAP_LIMIT = 1 << 61
 
@@ -265,10 +270,13 @@ def _write_entry(fh: Any, path: str, identity: dict[str, Any], partition_bytes: 
     fh.write(_MAGIC)
     spans: list[tuple[int, int]] = []
 
-    def table(frame: pl.DataFrame | None) -> int | None:
+    def table(frame: pl.DataFrame | None, kind: str = "") -> int | None:
         if frame is None:
             return None
         start = fh.tell()
+        if kind in _STORED_ORDER:  # then by every column: the same rows are stored the same
+            first = _STORED_ORDER[kind]
+            frame = frame.sort([*first, *(c for c in frame.columns if c not in first)], nulls_last=True)
         packed, gaps = _packed(frame)
         packed.write_ipc(fh, compression="zstd")
         spans.append((start, fh.tell(), gaps))
@@ -282,7 +290,7 @@ def _write_entry(fh: Any, path: str, identity: dict[str, Any], partition_bytes: 
             "meta": s.meta, "n_lines": s.n_lines, "broken": s.broken, "broken_count": s.broken_count,
             "cut_off": s.cut_off, "closed": s.closed, "keys": p.keys,
             "events": table(s.events), "phases": table(p.phases),
-            "tables": {kind: table(getattr(p, kind)) for kind in (*PARTIAL_TABLES, *_OPTIONAL_TABLES)},
+            "tables": {kind: table(getattr(p, kind), kind) for kind in (*PARTIAL_TABLES, *_OPTIONAL_TABLES)},
         })
     header = orjson.dumps({
         "fingerprint": _analysis_fingerprint(), "path": os.path.realpath(path), "identity": identity,

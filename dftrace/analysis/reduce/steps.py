@@ -34,7 +34,7 @@ import polars as pl
 
 from ... import format as fmt
 from ..runtime import kernels
-from .busy import each_process
+from .busy import each_process, time_within
 from ..read.schema import FrameT
 
 
@@ -533,55 +533,6 @@ def step_spread(by_unit: pl.DataFrame) -> pl.DataFrame | None:
         "start_us": start, "min_us": low, "median_us": middle, "max_us": high,
         "slowest": by_unit.get_column("unit").gather(slowest),
     })
-
-
-def time_within(starts: np.ndarray, ends: np.ndarray, step_start: np.ndarray, step_end: np.ndarray) -> np.ndarray:
-    """The time of disjoint intervals (``starts``, ``ends``: one process's) that falls
-    within each [``step_start``, ``step_end``)."""
-    if not starts.size:
-        return np.zeros(step_start.size, dtype=np.int64)
-    order = np.argsort(starts, kind="stable")  # they usually come sorted: one pass
-    starts, ends = starts[order], ends[order]
-    before = np.concatenate(([0], np.cumsum(ends - starts)))
-
-    def time_until(t: np.ndarray) -> np.ndarray:
-        # time before t: whole intervals before it plus the part of the one it is in
-        j = np.searchsorted(starts, t, side="right")
-        inside = np.where(j > 0, np.minimum(t, ends[np.maximum(j - 1, 0)]) - starts[np.maximum(j - 1, 0)], 0)
-        return before[np.maximum(j - 1, 0)] + np.where(j > 0, inside, 0)
-
-    return time_until(step_end) - time_until(step_start)
-
-
-def time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataFrame) -> np.ndarray:
-    """Per row of ``steps`` (unit, start, end), the time of disjoint per-process
-    ``intervals`` (proc, start, end) that falls within it (a unit's processes
-    together; 0 for a unit without intervals).
-
-    Neither table is copied whole: each process's intervals and each unit's steps are
-    looked at through their row numbers."""
-    totals = np.zeros(steps.height, dtype=np.int64)
-    if not steps.height or not intervals.height:
-        return totals
-    units = dict(procs.filter(pl.col("unit").is_not_null()).select("proc", "unit").iter_rows())
-    grouped_rows = steps.select("unit").with_row_index("row").group_by("unit").agg("row")
-    rows_of = {unit: rows.to_numpy() for unit, rows in
-               zip(grouped_rows.get_column("unit").to_list(), grouped_rows.get_column("row"))}
-    step_start, step_end = steps.get_column("start").to_numpy(), steps.get_column("end").to_numpy()
-    proc = intervals.get_column("proc").to_numpy()
-    starts_all, ends_all = intervals.get_column("start").to_numpy(), intervals.get_column("end").to_numpy()
-    grouped = proc.size < 2 or bool((proc[1:] >= proc[:-1]).all())
-    by_proc = np.arange(proc.size) if grouped else np.argsort(proc, kind="stable")
-    procs_in_order = np.unique(proc)
-    bounds = np.searchsorted(proc[by_proc], procs_in_order, side="left").tolist() + [proc.size]
-    # Per process, its intervals sorted alone (sorting the table was the peak); a unit's processes add up.
-    for i, one in enumerate(procs_in_order.tolist()):
-        own = rows_of.get(units.get(int(one)))
-        if own is None:
-            continue
-        taken = by_proc[bounds[i]:bounds[i + 1]]
-        totals[own] += time_within(starts_all[taken], ends_all[taken], step_start[own], step_end[own])
-    return totals
 
 
 def with_step_times(steps: pl.DataFrame, compute: pl.DataFrame, blocked: pl.DataFrame) -> pl.DataFrame:
