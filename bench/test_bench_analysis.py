@@ -27,6 +27,7 @@ The 10M-event cases take a few minutes with data generation; set
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -374,6 +375,61 @@ def test_summary_one_long_process(benchmark, bench_root, tmp_path):
     benchmark.pedantic(once, rounds=2, iterations=1)
     benchmark.extra_info.update(events=5_000_000, files=1, uncompressed_mb=round(size / 2**20),
                                 load_1min=round(os.getloadavg()[0], 2), **runs)
+
+
+#: Every line of the files named on the command line inflated (zstandard) and parsed by
+#: the fastest JSON parser there is (simdjson's, else orjson): the least a reader of
+#: the text must do.
+_DECODE_AND_PARSE = """
+import sys, zstandard
+try:
+    import simdjson
+except ImportError:
+    import orjson
+    parse, parser = orjson.loads, "orjson"
+else:
+    parse, parser = simdjson.Parser().parse, "simdjson"
+lines = 0
+for path in sys.argv[1:]:
+    with open(path, "rb") as fh, zstandard.ZstdDecompressor().stream_reader(fh, read_size=1 << 20) as raw:
+        rest = b""
+        while chunk := raw.read(8 << 20):
+            *whole, rest = (rest + chunk).split(b"\\n")
+            for line in whole:
+                line = line.rstrip(b",")
+                if line.startswith(b"{"):
+                    parse(line)
+                    lines += 1
+print(parser, lines)
+"""
+
+
+@skip_big
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="side-by-side")
+def test_summary_beside_the_floor(benchmark, bench_root, tmp_path):
+    """The 10M-event zstd set: ``dftrace summary``'s CPU beside what reading the text
+    costs at least, each a whole process: inflating it (``zstd -dc``, where installed),
+    and inflating it and parsing every line with the fastest parser installed
+    (``pip install pysimdjson``; orjson otherwise), which the summary must also do."""
+    directory, size = _trace(bench_root, 10_000_000, RANKS, "zst")
+    files = sorted(str(p) for p in directory.glob("*.pfw.zst"))
+    ours = [sys.executable, "-m", "dftrace", "summary", str(directory), "--json", "--no-progress", "--no-index"]
+    figures: dict[str, list[dict[str, float]]] = {"summary": [], "inflate_and_parse": [], "zstd_dc": []}
+
+    def once() -> None:
+        figures["summary"].append(_whole_process(ours, tmp_path / "summary.log"))
+        figures["inflate_and_parse"].append(
+            _whole_process([sys.executable, "-c", _DECODE_AND_PARSE, *files], tmp_path / "parse.log"))
+        if shutil.which("zstd"):
+            figures["zstd_dc"].append(_whole_process(["zstd", "-dcq", *files], tmp_path / "zstd.log"))
+
+    benchmark.pedantic(once, rounds=2, iterations=1)
+    floor = min(run["cpu_s"] for run in figures["inflate_and_parse"])
+    parser = "simdjson" if importlib.util.find_spec("simdjson") else "orjson"
+    benchmark.extra_info.update(events=10_000_000, files=RANKS, uncompressed_mb=round(size / 2**20), parser=parser,
+                                load_1min=round(os.getloadavg()[0], 2), **figures,
+                                summary_over_floor=round(min(run["cpu_s"] for run in figures["summary"]) / floor, 2))
 
 
 #: Events appended to each file between two refreshes of the watch benchmark.
