@@ -317,6 +317,32 @@ def test_same_answers_whatever_the_partitions_and_paths(traced, summary, tmp_pat
     assert summarize(converted, index=False).io == expected
 
 
+def test_a_call_is_placed_in_busy_time_read_in_another_partition(tmp_path, monkeypatch):
+    """A part of a file without file calls leaves its threads' busy time out; where a
+    call written in another part falls in it, that part is read again: the call is
+    inside compute, as when the file is read whole."""
+    from dftrace.analysis.reduce import combine as _combine
+
+    proc = tracegen.Process(1, "node0", 0)
+    t0 = tracegen.T0_US
+    calls: list[Call] = []
+    _names(proc, FILE_A)
+    proc.span("forward", "compute", t0, 100_000)
+    for k in range(200):  # parts of spans without calls between the forward and the call
+        proc.span("preprocess", "data", t0 + 200_000 + 10 * k, 5)
+    _add(proc, calls, "read", t0 + 50_000, 10, inside={"compute"}, fhash=HASHES[FILE_A], ret=MIB)
+    _add(proc, calls, "read", t0 + 150_000, 10, fhash=HASHES[FILE_A], ret=MIB)
+    tracegen.write_process(tmp_path, proc, lines_per_frame=3)
+    whole = summarize(tmp_path, index=False).io
+    assert whole["not_overlapped_share"] == 0.5
+    read_again = []
+    read = _combine.aggregate_partition
+    monkeypatch.setattr(_combine, "aggregate_partition",
+                        lambda partition, model: read_again.append(partition.index) or read(partition, model=model))
+    assert summarize(tmp_path, partition_bytes=1024, index=False).io == whole
+    assert read_again and 0 in read_again
+
+
 def test_dask_gives_the_same_answers(traced, summary, dask_executor):
     assert summarize(traced[0], executor=dask_executor, partition_bytes=4096, index=False).io == summary.io
 

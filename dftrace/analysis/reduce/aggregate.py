@@ -145,7 +145,8 @@ def _settles(partition: Partition, model: bool) -> bool:
 
 def _finished(partition: Partition, stack: list[tuple[int, Partial]], model: bool) -> Partial:
     """The partial of ``partition`` from its pieces' (``_pieces_folded``; the list is
-    emptied): folded into one, its steps modelled where the whole file was read."""
+    emptied): folded into one, its steps modelled where the whole file was read, and,
+    with ``model``, without an I/O cover where it holds no file calls."""
     settle = _settles(partition, model)
     partial = _folded(stack, settle)
     if settle and merged_work_encloses(partial.steps, ROW_KEY):
@@ -155,6 +156,11 @@ def _finished(partition: Partition, stack: list[tuple[int, Partial]], model: boo
                           settle)
     if settle:
         partial = _settled_where_read(partial)
+    if model and (partial.io_calls is None or not partial.io_calls.height):
+        # No file calls: the busy time of its threads, which calls are placed in, is
+        # left out (``combine`` reads it again where other partitions hold calls of its
+        # processes). A trace without I/O held it for every thread and piece.
+        partial.io_cover = None
     return compacted(names_capped(partial))
 
 
@@ -232,10 +238,6 @@ def _settled_where_read(partial: Partial) -> Partial:
     if settled:
         unsettled = ~pl.col("proc").is_in(settled)
         blocked, compute = blocked.filter(unsettled), compute.filter(unsettled)
-    if partial.io_calls is None or not partial.io_calls.height:
-        # No file calls in the whole file: its threads' busy time places none (a
-        # process with events in another file is read again: ``combine``).
-        partial.io_cover = EMPTY_TABLES["io_cover"]
     partial.blocked = as_stored("blocked", _by_key(blocked, keys))
     partial.intervals = as_stored("intervals", _by_key(compute, keys).with_columns(
         pl.lit(compute_bit, pl.Int8).alias("group")))

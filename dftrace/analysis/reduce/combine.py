@@ -75,6 +75,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
     resolution = run.resolution
     mappings = [_mapping(resolution, p) for p in partials]
     partials = _steps_unmodelled_where_shared(partials, mappings, resolution)
+    partials = _io_cover_read_where_placed(partials, mappings)
 
     def each(kind: str) -> list[pl.DataFrame]:
         """Each partial's ``kind`` table keyed by proc."""
@@ -198,6 +199,22 @@ def _by_proc(table: pl.DataFrame, mapping: pl.DataFrame) -> pl.DataFrame:
         # where a join would copy them.
         return table.drop(ROW_KEY, strict=False).with_columns(pl.lit(mapping.item(0, "proc"), pl.Int32).alias("proc"))
     return table.join(mapping, on=ROW_KEY, how="inner").drop(ROW_KEY)
+
+
+def _io_cover_read_where_placed(partials: Sequence[Partial], mappings: list[pl.DataFrame]) -> list[Partial]:
+    """``partials``, those that left their I/O cover out (no file calls in them) read
+    again with it where other partials hold file calls of the same processes: a call
+    is placed in the busy time of its thread, which may be in another partition."""
+    calling: set[int] = set()
+    for partial, mapping in zip(partials, mappings):
+        if partial.io_calls is not None and partial.io_calls.height:
+            calling.update(_by_proc(partial.io_calls, mapping).get_column("proc").unique().to_list())
+    out = list(partials)
+    if calling:
+        for i, (partial, mapping) in enumerate(zip(partials, mappings)):
+            if partial.io_cover is None and calling & set(mapping.get_column("proc").drop_nulls().to_list()):
+                out[i] = aggregate_partition(partial.source.partition, model=False)
+    return out
 
 
 def _steps_unmerged(partials: Sequence[Partial], mappings: list[pl.DataFrame], procs: set[int]) -> list[Partial]:

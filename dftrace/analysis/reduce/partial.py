@@ -87,6 +87,8 @@ class Partial:
     #: pid, host_key, tid, ts, end, kind, bytes, ops / fhash, kind, bucket, small, ops,
     #: bytes, us, first, last / tid, group, start, end: the traced I/O calls, their
     #: totals per file and kind, and the spans they are placed in (see ``reduce.io_tables``).
+    #: ``io_cover`` is None where a partition without calls left it out (``combine``
+    #: reads it again where another partial holds calls of its processes).
     io_calls: pl.DataFrame | None = None
     io_totals: pl.DataFrame | None = None
     io_cover: pl.DataFrame | None = None
@@ -115,7 +117,8 @@ def compacted(partial: Partial) -> Partial:
     every partition are held until they are combined, so the spare capacity and
     chunk lists the reduction left behind would be held with them."""
     for kind in PARTIAL_TABLES:
-        setattr(partial, kind, getattr(partial, kind).rechunk().shrink_to_fit())
+        if getattr(partial, kind) is not None:
+            setattr(partial, kind, getattr(partial, kind).rechunk().shrink_to_fit())
     if partial.modelled is not None:
         partial.modelled = partial.modelled.rechunk().shrink_to_fit()
         partial.blocked = partial.blocked.rechunk().shrink_to_fit()
