@@ -1,7 +1,9 @@
 """dftrace.transformers on a real Hugging Face Trainer DDP job: 2 CPU ranks (gloo on
 loopback), the callback given to the trainer on rank 0 and added with add_callback on
-rank 1 (both record DDP's gradient buckets), rank 1 slowed 60 ms on 4 of 16 steps
-(a step of this job varies by tens of milliseconds on two cores).
+rank 1 (both record DDP's gradient buckets), rank 1 slowed 1 s on 4 of 16 steps
+(with an install running beside it, the ranks' leads in this job's ordinary steps
+spread by a hundred milliseconds and more on two cores: 250 ms slowed steps were
+inside that noise).
 Checked against the trainer's own step count and the time the slow rank slept."""
 
 from __future__ import annotations
