@@ -33,7 +33,7 @@ from ..read.sources import Partition
 from .steps import (STEP_TIME_SCHEMA, container_rows, merged_work_encloses, model_steps, regrouped_step_rows,
                     settled_procs, step_rows, with_step_times, without_profiler_steps, work_merged)
 from ..read.trace import TraceTable, partition_keys
-from .partial import (EMPTY_TABLES, GROUP_CATS, IO_TABLES, PARTIAL_TABLES, ROW_KEY, TRACER_CATS, Partial, as_stored,
+from .partial import (EMPTY_TABLES, GROUP_CATS, IO_TABLES, PARTIAL_TABLES, ROW_KEY, TRACER_CATS, Partial, as_stored, by_proc,
                       compacted)
 from .scanned import aggregate_scanned
 
@@ -218,11 +218,11 @@ def _settled_where_read(partial: Partial) -> Partial:
     # Every process with step rows has spans, hence extents.
     keys = partial.extents.select(ROW_KEY).unique(maintain_order=True).with_row_index("proc").with_columns(
         pl.col("proc").cast(pl.Int32))
-    rows = without_profiler_steps(_by_proc(partial.steps, keys))
+    rows = without_profiler_steps(by_proc(partial.steps, keys))
     partial.steps = EMPTY_TABLES["steps"]  # each table is let go once it is used: they are the peak of a file
-    steps = model_steps(rows, _by_proc(partial.containers, keys))
+    steps = model_steps(rows, by_proc(partial.containers, keys))
     del rows
-    intervals = _by_proc(partial.intervals, keys)
+    intervals = by_proc(partial.intervals, keys)
     partial.intervals = EMPTY_TABLES["intervals"]
     compute_bit = GROUPS.index("compute")
     compute = intervals.filter(pl.col("group") == compute_bit).drop("group")
@@ -259,16 +259,8 @@ def _held_narrow(frame: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
     return frame.with_columns(frame.get_column(column).shrink_dtype() for column in columns)
 
 
-def _by_proc(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
-    """``frame`` with the proc of ``keys`` (pid, host_key, proc) in place of its key
-    columns; one process's rows take a constant column rather than a join."""
-    if keys.height == 1:
-        return frame.drop(ROW_KEY).with_columns(pl.lit(keys.item(0, "proc"), pl.Int32).alias("proc"))
-    return frame.join(keys, on=ROW_KEY).drop(ROW_KEY)
-
-
 def _by_key(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
-    """``frame`` with the key columns of its proc (see ``_by_proc``)."""
+    """``frame`` with the key columns of its proc (see ``by_proc``)."""
     if keys.height == 1:
         return frame.with_columns(pl.lit(keys.item(0, "pid"), pl.Int64).alias("pid"),
                                   pl.lit(keys.item(0, HOST_KEY), pl.String).alias(HOST_KEY))

@@ -5,7 +5,7 @@ holds the same process."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from .steps import STEP_SCHEMA, STEP_TIME_SCHEMA, processes_enclosed_by_merged_w
 from ..read.trace import FileReport, run_sources
 
 from .aggregate import aggregate_partition, self_times_of
-from .partial import EMPTY_TABLES, ROW_KEY, Partial
+from .partial import EMPTY_TABLES, ROW_KEY, Partial, by_proc
 
 
 @dataclass
@@ -79,7 +79,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
 
     def each(kind: str) -> list[pl.DataFrame]:
         """Each partial's ``kind`` table keyed by proc."""
-        return [_by_proc(getattr(partial, kind), mapping) for partial, mapping in zip(partials, mappings)
+        return [by_proc(getattr(partial, kind), mapping) for partial, mapping in zip(partials, mappings)
                 if getattr(partial, kind) is not None]
 
     def collect(kind: str, frames: list[pl.DataFrame] | None = None) -> pl.DataFrame:
@@ -171,34 +171,35 @@ def _steps_unmodelled_where_shared(partials: Sequence[Partial], mappings: list[p
     # rank's only while no other process of the rank places steps by its work.
     placing: dict[int, set[int]] = {}
     for partial, mapping in zip(partials, mappings):
-        procs = set(mapping.get_column("proc").drop_nulls().to_list())
+        procs = _procs(mapping)
         for proc in procs:
             holders[proc] = holders.get(proc, 0) + 1
         if partial.steps.height or (partial.modelled is not None and partial.modelled.get_column("work").any()):
             for proc in procs:
                 placing.setdefault(resolution.processes[proc].rank, set()).add(proc)
     placing.pop(None, None)
-    out = list(partials)
-    for i, (partial, mapping) in enumerate(zip(partials, mappings)):
-        procs = mapping.get_column("proc").drop_nulls().to_list()
-        shared = any(holders.get(proc, 0) > 1 for proc in procs)
-        settled = partial.modelled is not None and partial.modelled.get_column("compute_us").is_not_null().any()
-        if settled:
-            shared |= any(len(placing.get(resolution.processes[proc].rank, ())) > 1 for proc in procs)
-        if partial.modelled is not None and shared:
-            out[i] = aggregate_partition(partial.source.partition, model=False)
-    return out
+
+    def shared(partial: Partial, procs: set[int]) -> bool:
+        if partial.modelled is None:
+            return False
+        settled = partial.modelled.get_column("compute_us").is_not_null().any()
+        return any(holders.get(proc, 0) > 1 or (settled and len(placing.get(resolution.processes[proc].rank, ())) > 1)
+                   for proc in procs)
+
+    return _read_again(partials, mappings, shared)
 
 
-def _by_proc(table: pl.DataFrame, mapping: pl.DataFrame) -> pl.DataFrame:
-    """A partial's ``table`` with the proc of ``mapping`` (see ``_mapping``) in place of
-    its key columns."""
-    if mapping.height == 1:
-        # The usual partition of one process: every row is that process's (held without
-        # its key: without_row_keys), and adding a column shares the others' memory
-        # where a join would copy them.
-        return table.drop(ROW_KEY, strict=False).with_columns(pl.lit(mapping.item(0, "proc"), pl.Int32).alias("proc"))
-    return table.join(mapping, on=ROW_KEY, how="inner").drop(ROW_KEY)
+def _procs(mapping: pl.DataFrame) -> set[int]:
+    """The processes of a partial's ``mapping`` (see ``_mapping``)."""
+    return set(mapping.get_column("proc").drop_nulls().to_list())
+
+
+def _read_again(partials: Sequence[Partial], mappings: list[pl.DataFrame],
+                needed: Callable[[Partial, set[int]], bool]) -> list[Partial]:
+    """``partials``, each that ``needed`` says of (given the partial and its processes)
+    read again with its raw step rows and every table (``model=False``)."""
+    return [aggregate_partition(partial.source.partition, model=False) if needed(partial, _procs(mapping))
+            else partial for partial, mapping in zip(partials, mappings)]
 
 
 def _io_cover_read_where_placed(partials: Sequence[Partial], mappings: list[pl.DataFrame]) -> list[Partial]:
@@ -208,13 +209,8 @@ def _io_cover_read_where_placed(partials: Sequence[Partial], mappings: list[pl.D
     calling: set[int] = set()
     for partial, mapping in zip(partials, mappings):
         if partial.io_calls is not None and partial.io_calls.height:
-            calling.update(_by_proc(partial.io_calls, mapping).get_column("proc").unique().to_list())
-    out = list(partials)
-    if calling:
-        for i, (partial, mapping) in enumerate(zip(partials, mappings)):
-            if partial.io_cover is None and calling & set(mapping.get_column("proc").drop_nulls().to_list()):
-                out[i] = aggregate_partition(partial.source.partition, model=False)
-    return out
+            calling.update(by_proc(partial.io_calls, mapping).get_column("proc").unique().to_list())
+    return _read_again(partials, mappings, lambda partial, procs: partial.io_cover is None and bool(calling & procs))
 
 
 def _steps_unmerged(partials: Sequence[Partial], mappings: list[pl.DataFrame], procs: set[int]) -> list[Partial]:
@@ -223,12 +219,8 @@ def _steps_unmerged(partials: Sequence[Partial], mappings: list[pl.DataFrame], p
     name: there such a row, with the rows of the process's other parts, holds the
     starts of two or more work rows (``merged_work_encloses``). A whole file was looked
     at where it was read."""
-    out = list(partials)
-    for i, (partial, mapping) in enumerate(zip(partials, mappings)):
-        if (partial.steps.height and partial.steps.get_column("name").null_count()
-                and procs & set(mapping.get_column("proc").drop_nulls().to_list())):
-            out[i] = aggregate_partition(partial.source.partition, model=False)
-    return out
+    return _read_again(partials, mappings, lambda partial, own: bool(
+        partial.steps.height and partial.steps.get_column("name").null_count() and procs & own))
 
 
 def _file_extents(partials: Sequence[Partial]) -> pl.DataFrame:

@@ -137,6 +137,15 @@ def without_row_keys(partial: Partial) -> Partial:
     return partial
 
 
+def by_proc(table: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
+    """``table`` with the proc of ``keys`` (pid, host_key, proc) in place of its key
+    columns, which it may have let go (``without_row_keys``). One process's rows take a
+    constant column, which shares the others' memory where a join would copy them."""
+    if keys.height == 1:
+        return table.drop(ROW_KEY, strict=False).with_columns(pl.lit(keys.item(0, "proc"), pl.Int32).alias("proc"))
+    return table.join(keys, on=ROW_KEY, how="inner").drop(ROW_KEY)
+
+
 def stored_table(kind: str, pid: int, columns: dict[str, Any]) -> pl.DataFrame:
     """The ``kind`` table of one process's ``columns`` (Series, arrays or lists), in
     the columns and types of a partial's ``kind`` table."""
