@@ -142,13 +142,19 @@ class Producer:
         """Write the rest and end the file: the producer's drops as counted in its
         ring (drops of its last lines included), then its trailer lines
         (``trailer_lines``, sent with ``f``), or, for a process that ended without
-        finalizing (None), how it ended."""
+        finalizing (None), the spans it had open (ending now, incomplete) and how it
+        ended."""
         self.write(True)
-        if (trailer_lines is None and not self.sink.opened and not self.written
-                and not self.reader.dropped):
-            return self.close()  # recorded nothing (a forked child that exec'd): no file
         trailer = b""
         lines = 0
+        not_kept = 0
+        if trailer_lines is None:  # killed: the spans it had open end now, incomplete
+            trailer, _, not_kept = self.reader.open_spans(self.pid_piece, self.hh_piece,
+                                                          self.offset_ns, self.min_id,
+                                                          time.monotonic_ns())
+            lines = trailer.count(b"\n")
+            if not (self.sink.opened or self.written or self.reader.dropped or trailer):
+                return self.close()  # recorded nothing (a forked child that exec'd): no file
         if self.reader.dropped:
             trailer += self._meta("dropped", {"count": self.reader.dropped,
                                               "reason": "buffer full"})
@@ -157,8 +163,10 @@ class Producer:
             trailer += trailer_lines
             lines += trailer_lines.count(b"\n")
         else:
-            trailer += self._meta("process_end", {"finalized": False,
-                                                  **how_ended(self.pid, self.pidfd)})
+            end = {"finalized": False, **how_ended(self.pid, self.pidfd)}
+            if not_kept:
+                end["open_spans_not_kept"] = not_kept
+            trailer += self._meta("process_end", end)
             lines += 1
         # A process that recorded nothing still gets its end and its counts; a file
         # that failed takes them with its end, if at all (see FileSink.close).

@@ -7,7 +7,8 @@ maps the same memfd, encodes the records with the same encoder and writes the fi
 with the same :class:`FileSink`. No thread of this process ever writes the trace
 file: storage that hangs holds the drainer, never this process, and a process
 killed with SIGKILL loses nothing it committed to the ring (the drainer notices
-the end of its connection, writes what the ring holds, says how the process
+the end of its connection, writes what the ring holds and the spans the process
+had open, from the ring's open-span table, as incomplete, says how the process
 ended and closes the file).
 
 Who answers is checked before anything is sent: the drainer's socket is an

@@ -14,6 +14,7 @@ import sys
 import time
 
 N = 200
+OPEN = 5000  # start()s never stopped, for sigkill-many-open
 
 
 def main(mode: str, out: str) -> None:
@@ -71,6 +72,34 @@ def main(mode: str, out: str) -> None:
             time.sleep(0.01)
         with ai.compute.step:  # the run goes on after the application's handler
             pass
+    elif mode == "sigkill-open":  # killed in train > epoch 1 > batch 2 > forward; a start() on a thread
+        import threading
+
+        started = threading.Event()
+
+        def load():
+            ai.data.item.start()  # never stopped
+            started.set()
+            time.sleep(60)
+
+        threading.Thread(target=load, daemon=True).start()
+        started.wait(30)
+
+        @ai.compute.forward
+        def forward_waits():
+            print("ready", flush=True)
+            time.sleep(60)
+
+        with ai.pipeline.train:
+            for epoch in ai.pipeline.epoch.iter(range(3)):
+                for batch in ai.dataloader.fetch.iter(range(4)):
+                    if (epoch, batch) == (1, 2):
+                        forward_waits()
+    elif mode == "sigkill-many-open":  # more spans open than the drainer is told of
+        for _ in range(OPEN):
+            ai.data.item.start()
+        print("ready", flush=True)
+        time.sleep(60)
     elif mode in ("os-exit", "sigkill"):
         from dftrace import testing
 

@@ -7,7 +7,7 @@ import struct
 
 #: Offsets of the ring header's fields.
 HDR = {"nslots": 12, "slot_size": 16, "slots_off": 24, "kinds_off": 32, "kinds_cap": 40,
-       "next_seq": 72}
+       "next_seq": 72, "open_off": 168, "open_cap": 176}
 #: Offsets in a slot: its record count; the first record's args offset and length.
 SLOT_N, REC0_AOFF, REC0_ALEN = 4, 64 + 56, 64 + 60
 

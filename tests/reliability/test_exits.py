@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 from _requirements import native_engine_missing, needs
@@ -11,8 +14,8 @@ from _requirements import native_engine_missing, needs
 from dftrace import testing
 from dftrace._core import signals as _signals
 
-from ._ends import N
-from ._util import HERE, assert_valid, drainer_writes, files, last_line, meta, run, spans, start, wait_for_end
+from ._ends import N, OPEN
+from ._util import HERE, assert_valid, clean_env, drainer_writes, files, last_line, meta, run, spans, start, wait_for_end
 
 ENDS = os.path.join(HERE, "_ends.py")
 
@@ -225,6 +228,61 @@ def _assert_cut_only(res: dict) -> None:
     assert all("cut off" in p for p in res["problems"]), res["problems"]
     assert len(res["problems"]) <= 1
     assert res["contiguous"], "the spans kept are not the first ones recorded"
+
+
+@needs("native", native_engine_missing())
+def test_spans_open_at_sigkill_are_written_incomplete(tmp_path):
+    """kill -9 inside train > epoch 1 > batch 2 > a decorated call, with a start() open
+    on another thread: the drainer writes the five spans open at the kill, flagged
+    incomplete, nested as they were, ending together; the loop bodies keep their
+    counts; every span that ended is there once; the summary counts them."""
+    proc = start([ENDS, "sigkill-open", str(tmp_path)], DFTRACE_WRITER="process")
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    path = wait_for_end(tmp_path)
+    assert_valid([path])  # ids unique, parents open around their children
+    events = testing.read_events(path)
+    open_at_kill = [e for e in testing.spans(events) if e["args"].get("incomplete")]
+    assert sorted(e["name"] for e in open_at_kill) == [
+        "epoch.block", "fetch.block", "forward", "item", "train"]
+    by_name = {e["name"]: e for e in open_at_kill}
+    train, epoch, fetch, forward, item = (by_name[n] for n in (
+        "train", "epoch.block", "fetch.block", "forward", "item"))
+    assert (epoch["args"]["count"], fetch["args"]["count"]) == (2, 3)
+    assert forward["args"]["p_idx"] == fetch["id"]
+    assert fetch["args"]["p_idx"] == epoch["id"] and epoch["args"]["p_idx"] == train["id"]
+    assert item["tid"] != train["tid"]
+    assert len({e["ts"] + e["dur"] for e in open_at_kill}) == 1  # they end together
+    # each span once: N + 1 forwards, 4 + 3 batches fetched and their bodies, 2 epochs
+    assert len(spans(events, "forward")) == N + 1
+    assert len(spans(events, "fetch.iter")) == 4 + 3 == len(spans(events, "fetch.block"))
+    assert len(spans(events, "epoch.iter")) == 2 == len(spans(events, "epoch.block"))
+    (end,) = meta(events, "process_end")
+    assert end["args"]["how"] == "killed by signal 9"
+    assert "open_spans_not_kept" not in end["args"]
+    out = subprocess.run([sys.executable, "-m", "dftrace", "summary", "--json", "--no-index", path],
+                         capture_output=True, text=True, timeout=120, env=clean_env())
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["overview"]["incomplete_spans"] == 5
+
+
+@needs("native", native_engine_missing())
+def test_spans_open_at_sigkill_beyond_the_table_are_counted(tmp_path):
+    """kill -9 with 5,000 start()s open, more than the open-span table holds: those it
+    held are written incomplete, the rest counted in process_end, together all 5,000."""
+    proc = start([ENDS, "sigkill-many-open", str(tmp_path)], DFTRACE_WRITER="process")
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    proc.kill()
+    proc.communicate(timeout=60)
+    path = wait_for_end(tmp_path)
+    events = testing.read_events(path)
+    written = spans(events, "item")
+    assert all(e["args"]["incomplete"] for e in written)
+    (end,) = meta(events, "process_end")
+    assert 0 < len(written) < OPEN
+    assert len(written) + end["args"]["open_spans_not_kept"] == OPEN
 
 
 @pytest.mark.parametrize("rate", [10_000, 0])

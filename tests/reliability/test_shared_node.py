@@ -424,7 +424,7 @@ def test_a_reader_refuses_a_ring_whose_layout_does_not_fit():
     """Layouts pointing outside the region are refused at attach (RingError)."""
     sp = _engine.speedups
     for field, value in (("nslots", 0xFFFFFFFF), ("slots_off", 1 << 44), ("slot_size", 8),
-                         ("kinds_cap", 1 << 40)):
+                         ("kinds_cap", 1 << 40), ("open_off", 1 << 44), ("open_cap", 1 << 40)):
         mm = _attached_ring()
         try:
             sp.shm_detach()
@@ -455,6 +455,32 @@ def test_a_reader_refuses_records_pointing_outside_their_slot():
             reader.close()
         finally:
             mm.close()
+
+
+@needs_ring
+def test_a_reader_writes_a_rewritten_open_span_table_as_lines_only():
+    """A producer that fills its open-span table with random bytes before it dies:
+    the drainer's reader writes at most one JSON line per slot, each one that parses,
+    with no args but `incomplete`, and reads nothing out of bounds."""
+    import orjson
+
+    sp = _engine.speedups
+    mm = _attached_ring()
+    try:
+        sp.shm_detach()
+        reader = sp.ShmReader(mm)
+        off = struct.unpack_from("<Q", mm, HDR["open_off"])[0]
+        cap = struct.unpack_from("<Q", mm, HDR["open_cap"])[0]
+        mm[off:off + cap * 64] = os.urandom(cap * 64)
+        lines, n, _ = reader.open_spans(b',"pid":1,"tid":', b',"args":{"level":', 0, 0, 1 << 62)
+        assert 0 < n <= cap
+        for line in lines.splitlines():
+            event = orjson.loads(line)
+            assert set(event["args"]) <= {"level", "p_idx", "count", "incomplete"}
+            assert event["args"]["incomplete"] is True
+        reader.close()
+    finally:
+        mm.close()
 
 
 # -- trace files ------------------------------------------------------------------------

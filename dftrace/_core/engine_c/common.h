@@ -131,7 +131,8 @@ typedef struct chunk {
 /* the shared-memory ring (writer="process")                                  */
 /*
  * The region (a memfd the drainer process maps too):
- *   header (4096 bytes) | kind table (SHM_KINDS_BYTES) | nslots chunk slots
+ *   header (4096 bytes) | kind table (SHM_KINDS_BYTES) | open spans (SHM_OPEN_BYTES)
+ *   | nslots chunk slots
  * A slot is FREE, FILLING (this process appends to it) or FULL (sealed). Slots are
  * taken in sequence order (seq). A record becomes visible by the store-release of
  * the slot's n after its fields and args bytes were written, so a reader that
@@ -142,14 +143,25 @@ typedef struct chunk {
  * finds every record not yet written. Kind pieces are appended the same way
  * (bytes, then the committed count).
  *
+ * The open-span table holds a record (t1 unset, flagged incomplete) for each span
+ * open now, at slot (id + k) % SHM_OPEN_SLOTS for the first k < OPEN_PROBES free:
+ * the id is stored last (release) and zeroed when the span ends. A drainer whose
+ * producer died without finalizing (SIGKILL, os._exit) writes those left, ending
+ * then, so spans open at the kill are in the file as incomplete; `open_not_kept`
+ * counts the open spans the table had no room for.
+ *
  * Neither side trusts the region: the other side can write it. Each keeps the
  * geometry (slot count, offsets, sizes) and its own positions in its own memory,
  * and bounds every count and length it reads from the region.
  */
 #define SHM_MAGIC 0x3253484d54464444ULL /* "DDFTMHS2" */
-#define SHM_VERSION 2
+#define SHM_VERSION 3
 #define SHM_HEADER_BYTES 4096
 #define SHM_KINDS_BYTES (1u << 20)
+#define SHM_OPEN_SLOTS 4096u /* a power of two */
+#define SHM_OPEN_BYTES (SHM_OPEN_SLOTS * sizeof(rec_t))
+#define OPEN_PROBES 4
+#define SHM_SLOTS_OFF (SHM_HEADER_BYTES + SHM_KINDS_BYTES + SHM_OPEN_BYTES)
 #define SHM_ARENA (256u * 1024u)
 #define SLOT_FREE 0u
 #define SLOT_FILLING 1u
@@ -178,6 +190,8 @@ typedef struct {
     int64_t producer_pid;
     uint64_t commit_gen; /* commit[commit_gen & 1] is the latest (release) */
     shm_commit_t commit[2];
+    uint64_t open_off, open_cap; /* the open-span table: where, and how many records */
+    int64_t open_not_kept;       /* spans open now that the table had no room for */
 } shm_hdr_t;
 
 typedef struct {

@@ -304,7 +304,7 @@ static int speedups_exec(PyObject *m) {
         PyModule_AddObjectRef(m, "StartedSpans", (PyObject *)&dft_StartedSpansType) < 0 ||
         PyModule_AddObjectRef(m, "TraceableBase", (PyObject *)&dft_TraceableBaseType) < 0 ||
         PyModule_AddObjectRef(m, "SpanBase", (PyObject *)&dft_SpanBaseType) < 0 ||
-        PyModule_AddIntConstant(m, "SHM_FIXED_BYTES", (long)(SHM_HEADER_BYTES + SHM_KINDS_BYTES)) < 0 ||
+        PyModule_AddIntConstant(m, "SHM_FIXED_BYTES", (long)SHM_SLOTS_OFF) < 0 ||
         PyModule_AddIntConstant(m, "SHM_SLOT_BYTES", (long)SHM_SLOT_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "SHM_SLOT_RECORDS", (long)CHUNK_RECS) < 0 ||
         PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(rec_t)) < 0 ||

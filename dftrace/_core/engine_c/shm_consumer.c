@@ -23,6 +23,7 @@ typedef struct {
     /* the layout, read and checked once */
     uint32_t nslots;
     size_t slots_off, slot_size, kinds_off, kinds_cap;
+    size_t open_off, open_cap; /* the open-span table */
     uint64_t next_seq; /* the slot to encode next ... */
     uint32_t pos;      /* ... from this record on */
     uint64_t done_seq; /* the position of the last commit */
@@ -96,10 +97,13 @@ static int ShmReader_init(ShmReader *self, PyObject *args, PyObject *kw) {
     /* One read of each field: the checks and the use see the same values. */
     uint64_t nslots = h->nslots, slot_size = h->slot_size, slots_off = h->slots_off;
     uint64_t kinds_off = h->kinds_off, kinds_cap = h->kinds_cap;
+    uint64_t open_off = h->open_off, open_cap = h->open_cap;
     if (slot_size < sizeof(shm_slot_t) || slot_size % 8 || slots_off % 8 || kinds_off % 4 ||
         kinds_off < sizeof(shm_hdr_t) || kinds_cap > len || kinds_off > len - kinds_cap ||
         kinds_off + kinds_cap > slots_off || slots_off > len || nslots == 0 ||
-        nslots > (len - slots_off) / slot_size) {
+        nslots > (len - slots_off) / slot_size || open_off % 8 || open_cap > (1u << 20) ||
+        open_off < kinds_off + kinds_cap || open_off > slots_off ||
+        open_cap > (slots_off - open_off) / sizeof(rec_t)) {
         ShmReader_release(self);
         PyErr_SetString(RingError, "the ring's layout does not fit its region");
         return -1;
@@ -111,6 +115,8 @@ static int ShmReader_init(ShmReader *self, PyObject *args, PyObject *kw) {
     self->slots_off = (size_t)slots_off;
     self->kinds_off = (size_t)kinds_off;
     self->kinds_cap = (size_t)kinds_cap;
+    self->open_off = (size_t)open_off;
+    self->open_cap = (size_t)open_cap;
     self->next_seq = 0;
     self->pos = 0;
     if (resume) { /* go on from the last commit: what was written before it stays */
@@ -338,6 +344,59 @@ static PyObject *ShmReader_drain(ShmReader *self, PyObject *args) {
     return Py_BuildValue("(Nn)", out, t.n);
 }
 
+/* open_spans(pid_piece, hh_piece, offset_ns, min_id, t_end) -> (lines, records,
+   not_kept): the spans the producer had open, from its open-span table, as lines
+   flagged incomplete that end at t_end (a producer that died: call it after the
+   last drain), oldest first; and how many open spans the table had no room for. */
+static int by_id(const void *a, const void *b) {
+    uint64_t x = ((const rec_t *)a)->id, y = ((const rec_t *)b)->id;
+    return x < y ? -1 : x > y;
+}
+
+static PyObject *ShmReader_open_spans(ShmReader *self, PyObject *args) {
+    Py_ssize_t npid, nhh;
+    const char *pidp, *hhp;
+    long long off, min_id, t_end;
+    if (!PyArg_ParseTuple(args, "y#y#LLL", &pidp, &npid, &hhp, &nhh, &off, &min_id, &t_end))
+        return NULL;
+    if (reader_ready(self) < 0)
+        return NULL;
+    size_t cap = self->open_cap ? self->open_cap : 1;
+    rec_t *recs = PyMem_RawMalloc(cap * sizeof(rec_t));
+    if (!recs)
+        return PyErr_NoMemory();
+    const rec_t *tab = (const rec_t *)(self->base + self->open_off);
+    size_t n = 0;
+    for (size_t i = 0; i < self->open_cap; i++) {
+        if (!__atomic_load_n(&tab[i].id, __ATOMIC_ACQUIRE))
+            continue;
+        rec_t r = tab[i]; /* the copy is what is checked and encoded */
+        if (!r.id)
+            continue;
+        r.aoff = r.alen = 0;
+        r.level_flags = (r.level_flags & LEVEL_MASK) | (F_INCOMPLETE << LEVEL_BITS);
+        r.t1 = t_end > r.t0 ? t_end : r.t0;
+        if (r.count < -1)
+            r.count = -1;
+        recs[n++] = r;
+    }
+    qsort(recs, n, sizeof(rec_t), by_id);
+    size_t per = (size_t)(REC_FIXED + self->maxk + npid + nhh);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n * per));
+    if (!out) {
+        PyMem_RawFree(recs);
+        return NULL;
+    }
+    char *o0 = PyBytes_AS_STRING(out);
+    char *o = dft_encode_recs(o0, recs, 0, (uint32_t)n, "", self->ks, self->nk, pidp, npid, hhp, nhh,
+                              off, min_id);
+    PyMem_RawFree(recs);
+    if (_PyBytes_Resize(&out, (Py_ssize_t)(o - o0)) < 0)
+        return NULL;
+    long long missed = __atomic_load_n(&self->h->open_not_kept, __ATOMIC_ACQUIRE);
+    return Py_BuildValue("(NnL)", out, (Py_ssize_t)n, missed > 0 ? missed : 0LL);
+}
+
 #ifdef HAVE_NATIVE_WRITE
 /* drain_write(fd, level, max_records, pid_piece, hh_piece, offset_ns, min_id, partial)
    -> (records, bytes written, errno, st_nlink): as drain(), then the lines are
@@ -454,6 +513,9 @@ static PyObject *ShmReader_get_pid(ShmReader *self, void *c) {
 static PyMethodDef ShmReader_methods[] = {
     {"drain", (PyCFunction)ShmReader_drain, METH_VARARGS,
      "drain(max_records, pid_piece, hh_piece, offset_ns, min_id, partial) -> (bytes, n)"},
+    {"open_spans", (PyCFunction)ShmReader_open_spans, METH_VARARGS,
+     "open_spans(pid_piece, hh_piece, offset_ns, min_id, t_end) -> (bytes, n, not_kept): the "
+     "spans open in the producer, ending at t_end, flagged incomplete"},
 #ifdef HAVE_NATIVE_WRITE
     {"drain_write", (PyCFunction)ShmReader_drain_write, METH_VARARGS,
      "drain_write(fd, level, max_records, pid_piece, hh_piece, offset_ns, min_id, partial) "

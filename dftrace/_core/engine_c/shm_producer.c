@@ -21,7 +21,9 @@ static int shm_has_view = 0;
 /* This process's own copy of the ring's layout and positions (the region's copy is
    for the drainer and is never read back). */
 static uint32_t shm_nslots = 0;
-#define OWN_SLOT(i) slot_in(shm_base, SHM_HEADER_BYTES + SHM_KINDS_BYTES, SHM_SLOT_BYTES, (i))
+#define OWN_SLOT(i) slot_in(shm_base, SHM_SLOTS_OFF, SHM_SLOT_BYTES, (i))
+/* The ring's open-span table (common.h), NULL when no ring is attached. */
+rec_t *dft_shm_open = NULL;
 static uint64_t shm_next_seq = 0, shm_kinds_len = 0;
 static uint32_t shm_nkinds = 0;
 uint32_t dft_shm_cur_n = 0, dft_shm_cur_alen = 0; /* records and arena bytes of shm_cur */
@@ -62,6 +64,7 @@ void dft_shm_seal(void) {
    released later, by shm_detach, where the GIL is held. */
 static void shm_forget_ring(void) {
     dft_shm = NULL;
+    dft_shm_open = NULL;
     dft_shm_cur = NULL;
     dft_shm_sealed = 0;
     dft_shm_local = 0;
@@ -229,7 +232,7 @@ static PyObject *shm_attach(PyObject *self, PyObject *args) {
     Py_buffer v;
     if (PyObject_GetBuffer(obj, &v, PyBUF_WRITABLE) < 0)
         return NULL;
-    size_t fixed = SHM_HEADER_BYTES + SHM_KINDS_BYTES;
+    size_t fixed = SHM_SLOTS_OFF;
     if ((size_t)v.len < fixed + 2 * SHM_SLOT_BYTES ||
         ((size_t)v.len - fixed) / SHM_SLOT_BYTES > UINT32_MAX) {
         PyBuffer_Release(&v);
@@ -255,9 +258,12 @@ static PyObject *shm_attach(PyObject *self, PyObject *args) {
     /* all else 0; the magic last, once the rest is written (below) */
     *h = (shm_hdr_t){.version = SHM_VERSION, .nslots = shm_nslots, .slot_size = SHM_SLOT_BYTES,
                      .slots_off = fixed, .kinds_off = SHM_HEADER_BYTES, .kinds_cap = SHM_KINDS_BYTES,
-                     .dropped = dft_ndropped, .producer_pid = pid};
+                     .dropped = dft_ndropped, .producer_pid = pid,
+                     .open_off = SHM_HEADER_BYTES + SHM_KINDS_BYTES, .open_cap = SHM_OPEN_SLOTS};
+    memset(shm_base + SHM_HEADER_BYTES + SHM_KINDS_BYTES, 0, SHM_OPEN_BYTES);
     shm_kinds_full = 0;
     dft_shm = h;
+    dft_shm_open = (rec_t *)(shm_base + SHM_HEADER_BYTES + SHM_KINDS_BYTES);
     for (Py_ssize_t k = 0; k < dft_nkinds; k++)
         dft_shm_add_kind(dft_kinds[k].piece, dft_kinds[k].n);
     /* what the in-process buffer held is not this session's */

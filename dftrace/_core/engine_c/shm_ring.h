@@ -61,6 +61,63 @@ static inline int shm_append(uint32_t kid, long long t0, long long t1, unsigned 
     return 0;
 }
 
+/* The open-span table (common.h): a span open now is kept there so that the drainer
+   writes it, incomplete, if this process dies before it ends. NULL: no ring. */
+extern rec_t *dft_shm_open;
+
+/* The slot of the table span `idv` can take (its fields then filled by the caller,
+   its id stored last with shm_open_publish), or NULL: no ring, or no room (counted
+   in the header: the caller marks the span OPEN_NOT_KEPT and gives it back with
+   shm_open_end). */
+#define OPEN_NOT_KEPT UINT32_MAX
+static inline rec_t *shm_open_slot(unsigned long long idv, uint32_t *where) {
+    rec_t *tab = dft_shm_open;
+    *where = 0;
+    if (!tab)
+        return NULL;
+    for (uint32_t k = 0; k < OPEN_PROBES; k++) {
+        uint32_t i = (uint32_t)(idv + k) & (SHM_OPEN_SLOTS - 1);
+        if (tab[i].id == 0) {
+            *where = i + 1;
+            return &tab[i];
+        }
+    }
+    dft_shm->open_not_kept++;
+    *where = OPEN_NOT_KEPT;
+    return NULL;
+}
+
+static inline void shm_open_publish(rec_t *e, unsigned long long idv) {
+    __atomic_store_n(&e->id, (uint64_t)idv, __ATOMIC_RELEASE);
+}
+
+/* Span idv, kept at `where` (shm_open_slot's), ended: its slot is free again. */
+static inline void shm_open_end(unsigned long long idv, uint32_t where) {
+    rec_t *tab = dft_shm_open;
+    if (!where || !tab)
+        return;
+    if (where == OPEN_NOT_KEPT) {
+        if (dft_shm->open_not_kept > 0)
+            dft_shm->open_not_kept--;
+    } else if (tab[where - 1].id == idv) {
+        __atomic_store_n(&tab[where - 1].id, 0, __ATOMIC_RELEASE);
+    }
+}
+
+/* Span idv ended where its slot is not known (recorded from Python): found and freed. */
+static inline void shm_open_end_any(unsigned long long idv) {
+    rec_t *tab = dft_shm_open;
+    if (!tab)
+        return;
+    for (uint32_t k = 0; k < OPEN_PROBES; k++) {
+        uint32_t i = (uint32_t)(idv + k) & (SHM_OPEN_SLOTS - 1);
+        if (tab[i].id == idv) {
+            __atomic_store_n(&tab[i].id, 0, __ATOMIC_RELEASE);
+            return;
+        }
+    }
+}
+
 /* The module's functions of the producer's side (shm_attach, ...). */
 extern PyMethodDef dft_shm_producer_methods[];
 

@@ -28,6 +28,7 @@ typedef struct {
     Py_ssize_t level; /* the stack's depth below it */
     long long t0;
     uint32_t kid;     /* its kind */
+    uint32_t oslot;   /* its place in the ring's open-span table + 1 (0: none; shm_ring.h) */
 } span_t;
 
 /* The pair is compiled into each caller: a span pays no call for it. */
@@ -39,12 +40,30 @@ typedef struct {
 
 #define SPAN_NOW 0 /* span_open's t0: read the clock, last */
 
+/* Span `s` (id, parent, level, track and kind set), open now with `count` (-1:
+   none), into the ring's open-span table, all but its t0 and id: the slot, or NULL
+   (no ring, no room; s->oslot says which). */
+SPAN_INLINE rec_t *span_keep_open(span_t *s, long long count) {
+    rec_t *e = s->tid ? shm_open_slot(s->idv, &s->oslot) : (s->oslot = 0, NULL);
+    if (e) {
+        unsigned long long pv, tv;
+        if (get_ull(s->parent, &pv) < 0 || get_ull(s->tid, &tv) < 0) {
+            PyErr_Clear();
+            s->oslot = 0;
+            return NULL;
+        }
+        rec_fill(e, s->kid, 0, 0, 0, pv, s->level, tv, F_INCOMPLETE, count);
+        e->aoff = e->alen = 0;
+    }
+    return e;
+}
+
 /* Open span `s` of kind `kid` for `node` on `stk` (a non-empty list the caller
    holds): a new id pushed on stk, the id below it as its parent, the depth as its
    level, the node's sticky args now (a span `with` or start() keeps is then kept in
-   its stack's map: kept_push, kept_spans.h). Then NVTX, then t0 (`t0`, or the
-   clock when SPAN_NOW). 0, or -1 with nothing opened and no error set: the caller
-   goes on untraced. */
+   its stack's map: kept_push, kept_spans.h), its place in the ring's open-span
+   table. Then NVTX, then t0 (`t0`, or the clock when SPAN_NOW). 0, or -1 with
+   nothing opened and no error set: the caller goes on untraced. */
 SPAN_INLINE int span_open(span_t *s, PyObject *stk, PyObject *node, uint32_t kid, long long t0) {
     PyObject *sticky = node_sticky(node);
     if (!sticky) {
@@ -66,8 +85,13 @@ SPAN_INLINE int span_open(span_t *s, PyObject *stk, PyObject *node, uint32_t kid
     s->tid = tid;
     s->level = lvl;
     s->kid = kid;
+    rec_t *e = span_keep_open(s, -1);
     NVTX_OPEN(kid, id, stk, 1);
     s->t0 = t0 != SPAN_NOW ? t0 : now_ns();
+    if (e) {
+        e->t0 = s->t0;
+        shm_open_publish(e, idv);
+    }
     return 0;
 fail:
     PyErr_Clear();
@@ -130,6 +154,8 @@ static inline void span_release(span_t *s) {
 SPAN_INLINE int span_close(span_t *s, PyObject *stk, long long t1, PyObject *x, PyObject *error,
                            long long count, uint32_t flags) {
     int rc = 0;
+    shm_open_end(s->idv, s->oslot);
+    s->oslot = 0;
     if (stack_pop(stk, s->id, t1) < 0)
         PyErr_Clear();
     if (flags & SPAN_UNRECORDED)
@@ -145,6 +171,8 @@ SPAN_INLINE int span_close(span_t *s, PyObject *stk, long long t1, PyObject *x, 
    loop body's span after its item's). -1 as span_close, with no span open. */
 SPAN_INLINE int span_close_open_next(span_t *s, PyObject *stk, long long t1, PyObject *x,
                                      long long count, uint32_t kid) {
+    shm_open_end(s->idv, s->oslot);
+    s->oslot = 0;
     if (span_record(s, stk, t1, x, NULL, count, 0) < 0) {
         if (stack_pop(stk, s->id, t1) < 0)
             PyErr_Clear();
@@ -171,6 +199,11 @@ SPAN_INLINE int span_close_open_next(span_t *s, PyObject *stk, long long t1, PyO
     s->idv = idv;
     s->kid = kid;
     s->t0 = t1;
+    rec_t *e = span_keep_open(s, count);
+    if (e) {
+        e->t0 = t1;
+        shm_open_publish(e, idv);
+    }
     NVTX_OPEN(kid, id, stk, 1);
     return 0;
 }
