@@ -25,7 +25,8 @@ from .._install_hint import pip_install
 from . import tree as _tree
 from . import buffer as _buffer, engine as _engine, iterators as _iterators, kept_styles as _kept
 from .state import STATE, limit_refused
-from . import nvtx_ranges as _nvtx, sampler as _sampler, shm as _shm, signals as _signals
+from . import nvtx_ranges as _nvtx, sampler as _sampler, signals as _signals
+from .drain import process_writer as _process_writer
 from .config import Config, ConfigError, auto_unless_set, env_enable
 from .writer import Patience
 
@@ -281,7 +282,7 @@ def finalize(target: Session | None = None) -> None:
             else:
                 why = (f"no progress for shutdown_timeout={s.config.shutdown_timeout:g} s "
                        "(storage stalled)")
-            if not done and isinstance(s.writer, _shm.ProcessWriter) and s.writer.fallback is None:
+            if not done and isinstance(s.writer, _process_writer.ProcessWriter) and s.writer.fallback is None:
                 STATE.warn_once(
                     "shutdown-drainer",
                     f"the trace drainer (pid {s.writer.drainer_pid}) has not finished writing "
@@ -430,7 +431,7 @@ def _after_fork_child() -> None:
     if parent is None:
         return
     parent.sink.abandon()
-    if isinstance(parent.writer, _shm.ProcessWriter):
+    if isinstance(parent.writer, _process_writer.ProcessWriter):
         parent.writer.forget()
     parent.writer = None  # type: ignore[assignment]
     _session = None

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import engine as _engine
 from .state import STATE
-from . import sampler as _sampler, shm as _shm
-from .registration import DrainerUnavailable
+from . import sampler as _sampler
+from .drain import process_writer as _process_writer
+from .drain.registration import DrainerUnavailable
 from .clock_anchor import ANCHOR_ENV, anchor_value, job_anchor
 from .config import RANK_MAX, Config, ConfigError
 from .ranks import detect_rank
@@ -128,7 +129,7 @@ class Session:
                              config.max_file_size, self._header, meta=self._meta)
         self.sampler: _sampler.Sampler | None = None
         self.io: IOTracer | None = None  # file I/O tracing (io=True)
-        self.writer: Writer | _shm.ProcessWriter = self._start_writer()
+        self.writer: Writer | _process_writer.ProcessWriter = self._start_writer()
         self.finalized = False
         #: Events lost to the storage (write failed, file deleted, shutdown gave up).
         self.events_lost = 0
@@ -146,11 +147,11 @@ class Session:
         _engine.record_special(META, {"name": "PR", "args": {"hhash": self.hhash, "rank": rank,
                                                      "rank_source": _clean(str(source))}})
 
-    def _start_writer(self) -> Writer | _shm.ProcessWriter:
+    def _start_writer(self) -> Writer | _process_writer.ProcessWriter:
         unavailable = None
         if self.config.writer == "process":
             try:
-                return _shm.ProcessWriter(self)
+                return _process_writer.ProcessWriter(self)
             except DrainerUnavailable as exc:
                 # The default says nothing where the platform has no shared ring (not
                 # Linux, no C engine): the thread writer is the writer there.

@@ -83,7 +83,7 @@ class Writer(Consumer):
                  deliver: bool = True):
         self.encoder = encoder
         #: Where the records come from: the engine's buffer, or a shared-memory ring
-        #: whose drainer process is gone (see ``_core.shm``).
+        #: whose drainer process is gone (see ``_core.drain.process_writer``).
         self.source = source
         #: Hand batches to the tap (not when another consumer did already: the
         #: ring of a process writer whose drainer is gone).

@@ -54,7 +54,7 @@ def test_a_peer_answering_wrongly_is_passed_over_at_once(tmp_path, answer):
         script = write_script(tmp_path, """
             import sys
             import dftrace
-            from dftrace._core import registration
+            from dftrace._core.drain import registration
             registration.REGISTER_TIMEOUT_S = 600.0
             s = dftrace.initialize(log_file=sys.argv[1], writer="process")
             print(s.writer.drainer_pid)

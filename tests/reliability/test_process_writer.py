@@ -729,7 +729,7 @@ def test_an_in_memory_trace_during_a_session_gets_what_the_drainer_writes(tmp_pa
     """A dftrace.trace_in_memory() running beside a process-writer session (started before
     initialize, or during the session) gets every span of its block, metadata too, and
     the drainer still writes every span to the file, once."""
-    from dftrace._core import shm as _shm
+    from dftrace._core.drain import process_writer as _shm
 
     @ai.compute.forward
     def forward(i):

@@ -174,7 +174,7 @@ VICTIM = """
 
 
 def _job_drainer_name(job: str) -> str:
-    from dftrace._core import registration
+    from dftrace._core.drain import registration
 
     saved = {v: os.environ.pop(v, None) for v in registration._JOB_VARS}
     os.environ["TORCHELASTIC_RUN_ID"] = job
@@ -396,7 +396,7 @@ def test_the_drainer_refuses_a_ring_whose_size_is_not_sealed():
     is refused; a sealed one is taken."""
     import fcntl
 
-    from dftrace._core.drainer import _sealed_size
+    from dftrace._core.drain.drainer import _sealed_size
 
     fd = os.memfd_create("t", os.MFD_ALLOW_SEALING)
     try:

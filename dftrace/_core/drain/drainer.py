@@ -1,9 +1,9 @@
-"""The drainer process of ``writer="process"``: ``python -m dftrace._core.drainer NAME PPID``.
+"""The drainer process of ``writer="process"``: ``python -m dftrace._core.drain.drainer NAME PPID``.
 
 It listens on the abstract Unix socket ``NAME``; each traced process of this user
 (the kernel's credentials of the peer say so; the pid it gives is the one the
 kernel names) that registers hands it a memfd holding its shared-memory ring (see
-:mod:`._core.shm`), its size sealed. For each one it writes exactly the file the
+:mod:`.process_writer`), its size sealed. For each one it writes exactly the file the
 in-process writer would: the same :class:`~._core.sink.FileSink` (names, header,
 rotation, compression, failure handling) with the producer's umask, fed by the same
 C encoder (``_speedups.ShmReader``). After each write it commits (frees the slots
@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from ..format import names as fmt
+from ...format import names as fmt
 
 #: Records per frame (as the in-process writer's ``max_batch``).
 MAX_BATCH = 16384
@@ -49,8 +49,8 @@ class Producer:
     """One registered traced process: its ring, its file."""
 
     def __init__(self, conn: socket.socket, pid: int, info: Registration, fd: int):
-        from . import engine as _engine
-        from .sink import FileSink
+        from .. import engine as _engine
+        from ..sink import FileSink
 
         self.conn = conn
         self.pid = pid
@@ -206,7 +206,7 @@ class Registration:
     """A producer's registration, checked field by field (anything else: refused)."""
 
     def __init__(self, info: Any):
-        from .sink import SUFFIXES
+        from ..sink import SUFFIXES
 
         if not isinstance(info, dict):
             raise ValueError("not an object")
@@ -473,7 +473,7 @@ class Served:
 
     def guard(self, p: Producer, fn: Any, *args: Any) -> Any:
         """Run ``fn``; an inconsistent ring drops its producer, other errors are said."""
-        from . import engine as _engine
+        from .. import engine as _engine
 
         try:
             return fn(*args)
@@ -548,7 +548,7 @@ def _next_message(p: Producer) -> bytes | None:
 
 def serve(name: str, ppid: int) -> int:
     """Serve producers until the last one is gone."""
-    from . import engine as _engine
+    from .. import engine as _engine
 
     if _engine.speedups is None:
         return 2
@@ -598,7 +598,7 @@ def serve(name: str, ppid: int) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m dftrace._core.drainer NAME PARENT_PID", file=sys.stderr)
+        print("usage: python -m dftrace._core.drain.drainer NAME PARENT_PID", file=sys.stderr)
         return 2
     return serve(argv[0], int(argv[1]))
 

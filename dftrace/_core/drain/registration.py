@@ -100,7 +100,8 @@ _RUN_INSTALLED = (
 
 def installed_module_argv(module: str, *args: str) -> list[str]:
     """The command that runs ``module`` of this very dftrace installation with ``args``."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.abspath(__file__)  # <root>/dftrace/_core/drain/registration.py
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))
     return [sys.executable, "-c", _RUN_INSTALLED, root, module, *args]
 
 
@@ -127,7 +128,7 @@ def _start_drainer(name: str) -> subprocess.Popen:
     env.pop(ENV_VAR, None)
     try:
         proc = subprocess.Popen(
-            installed_module_argv("dftrace._core.drainer", name, str(os.getpid())),
+            installed_module_argv("dftrace._core.drain.drainer", name, str(os.getpid())),
             # No standard stream of the job: a launcher reading the job's output must
             # not wait for the drainer (which may be held by hung storage). Failures
             # reach the producer in the answer to its finalize.

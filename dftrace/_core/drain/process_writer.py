@@ -2,7 +2,7 @@
 
 The C engine appends this process's records to a ring of chunk slots in a memfd
 (``_speedups.shm_attach``) instead of process memory. A drainer process
-(:mod:`._core.drainer`, one per job and host, found through ``DFTRACE_DRAINER``)
+(:mod:`.drainer`, one per job and host, found through ``DFTRACE_DRAINER``)
 maps the same memfd, encodes the records with the same encoder and writes the file
 with the same :class:`FileSink`. No thread of this process ever writes the trace
 file: storage that hangs holds the drainer, never this process, and a process
@@ -50,12 +50,12 @@ import threading
 import time
 from typing import Any
 
-from . import buffer as _buffer, state as _state
-from .buffer import Consumer, tapped, to_tap
-from .state import STATE
+from .. import buffer as _buffer, state as _state
+from ..buffer import Consumer, tapped, to_tap
+from ..state import STATE
 from .registration import (ENV_VAR, MAX_ANSWER, DrainerUnavailable, _ProtocolError,
                            _Rejected, reap, register)
-from .writer import Patience
+from ..writer import Patience
 
 __all__ = ["ProcessWriter"]
 
@@ -195,8 +195,8 @@ class ProcessWriter(Consumer):
         last commit."""
         with self._lock:
             if self.fallback is None:
-                from .sink import FileSink
-                from .writer import Writer
+                from ..sink import FileSink
+                from ..writer import Writer
 
                 s = self.session
                 if why == "ended":
