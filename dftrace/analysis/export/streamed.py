@@ -13,7 +13,6 @@ the number of pieces, whatever the number of events.
 
 from __future__ import annotations
 
-import heapq
 import os
 import shutil
 import tempfile
@@ -21,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from ... import format as fmt
@@ -57,6 +57,8 @@ from ..read.trace import (
 _BATCH = 50_000
 #: Rows the k-way merge of a process's pieces holds, over all its pieces together.
 _MERGE_ROWS = 100_000
+#: The merge's time of an event without one: before every other, as polars sorts.
+_NO_TIME = np.iinfo(np.int64).min
 #: Decoded text read at a time: each reading thread holds a piece's events with their
 #: args text (several times the piece) while the next piece is inflated. 4 MiB keeps a
 #: 10M-event convert to Perfetto's format at 270 MB (64 MiB pieces: 950 MB) at the
@@ -180,9 +182,9 @@ def _write(header: TraceTable, output: str | os.PathLike[str], kind: str, first_
     if kind == "parquet":
         _write_parquet(header, output, frames)
         return {}
-    with _open_lines(output, kind) as write:
+    with _open_lines(output, kind) as (write, separator):
         write(_meta_lines(header, first_ts))
-        write(line for frame in frames for line in _event_lines(frame))
+        write(lines for frame in frames for lines in _event_lines(frame, separator))
     return {}
 
 
@@ -241,7 +243,7 @@ def merge_files(paths: PathsLike, output: str | os.PathLike[str], keep: MergeFil
                     "_order", as_dict=True, include_key=False).items():
                 files = pieces.setdefault(index, [])
                 files.append(os.path.join(folder, f"{index}-{len(files)}.parquet"))
-                part.write_parquet(files[-1])
+                part.write_parquet(files[-1], row_group_size=8192)
                 ts = part.get_column("ts").min()
                 pid = new_pid[keys[index]]
                 if ts is not None:
@@ -325,26 +327,61 @@ def _step_numbers(inputs: _Inputs) -> str:
     return f"the trace has steps {steps.min()}..{steps.max()} and {where}"
 
 
+class _Piece:
+    """One process's piece (sorted by time) read a block at a time: the rows read and
+    not handed on yet, and their times as the merge orders them (no time: first, as
+    polars sorts)."""
+
+    def __init__(self, path: str, block: int):
+        self.blocks = _batches(path, block)
+        self.rows = pl.DataFrame()
+        self.keys = np.empty(0, np.int64)
+        self.done = False
+        self._fill()
+
+    def _fill(self) -> None:
+        while not self.done and not len(self.keys):
+            rows = next(self.blocks, None)
+            if rows is None:
+                self.done = True
+                return
+            self.rows = rows
+            self.keys = rows.get_column("ts").fill_null(_NO_TIME).to_numpy()
+
+    def take_before(self, t: int, at: bool = False) -> pl.DataFrame:
+        """Hand on the rows waiting before time ``t`` (``at``: at it too)."""
+        n = int(np.searchsorted(self.keys, t, "right" if at else "left"))
+        head = self.rows.slice(0, n)
+        self.rows = self.rows.slice(n)
+        self.keys = self.keys[n:]
+        self._fill()
+        return head
+
+
 def _in_time_order(files: Sequence[str]) -> Iterator[pl.DataFrame]:
     """One process's pieces (each sorted by time) as frames in time order: a k-way
-    merge holding one batch of each piece; equal times keep the pieces' order."""
+    merge a block at a time, holding one block of each piece. Rows before the least of
+    the blocks' last times are all read: they go together, sorted. Equal times keep
+    the pieces' order (a piece's rows at one time all go before the next piece's)."""
     if len(files) == 1:
         yield from _batches(files[0])
         return
-    schema = pl.read_parquet_schema(files[0])
-    at = list(schema).index("ts")
-    block = max(1, _MERGE_ROWS // len(files))
-    # Events without a time first, as polars sorts them.
-    rows = heapq.merge(*(_rows(f, block) for f in files),
-                       key=lambda row: (row[at] is not None, row[at] if row[at] is not None else 0))
-    batch: list[tuple[Any, ...]] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) == _BATCH:
-            yield pl.DataFrame(batch, schema=schema, orient="row")
-            batch = []
-    if batch:
-        yield pl.DataFrame(batch, schema=schema, orient="row")
+    pieces = [_Piece(f, max(1, _MERGE_ROWS // len(files))) for f in files]
+    while True:
+        live = [p for p in pieces if len(p.keys)]
+        if not live:
+            return
+        horizon = int(min(p.keys[-1] for p in live))
+        taken = [rows for rows in (p.take_before(horizon) for p in live) if rows.height]
+        if taken:
+            yield (pl.concat(taken).sort(pl.col("ts").fill_null(_NO_TIME), maintain_order=True)
+                   if len(taken) > 1 else taken[0])
+            continue
+        # Every piece waits at the horizon or later: the rows at it, piece after piece,
+        # each piece's all (block after block).
+        for p in live:
+            while len(p.keys) and p.keys[0] == horizon:
+                yield p.take_before(horizon, at=True)
 
 
 def _batches(path: str, rows: int = _BATCH) -> Iterator[pl.DataFrame]:
@@ -354,7 +391,4 @@ def _batches(path: str, rows: int = _BATCH) -> Iterator[pl.DataFrame]:
         yield lazy.slice(offset, rows).collect()
 
 
-def _rows(path: str, block: int) -> Iterator[tuple[Any, ...]]:
-    for batch in _batches(path, block):
-        yield from batch.iter_rows()
 

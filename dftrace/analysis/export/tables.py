@@ -24,6 +24,8 @@ from ..read.trace import TraceTable
 
 # Events encoded per batch: bounds memory while writing big traces.
 _BATCH = 50_000
+# Bytes of lines written at a time, at most about.
+_WRITE_BYTES = 4 << 20
 # Output columns in the order Chrome-trace readers expect them.
 _EVENT_KEYS = ("id", "name", "cat", "pid", "tid", "ts", "dur", "ph")
 # Args rebuilt from columns when the trace was loaded without the ``args`` column.
@@ -61,15 +63,17 @@ def write_trace(trace: TraceTable, path: str | os.PathLike[str]) -> None:
     if kind == "parquet":
         write_parquet(trace, path)
         return
-    with _open_lines(path, kind) as write:
+    with _open_lines(path, kind) as (write, separator):
         write(_meta_lines(trace, _first_times(trace.events)))
-        write(_event_lines(trace.events))
+        write(_event_lines(trace.events, separator))
 
 
 @contextlib.contextmanager
-def _open_lines(path: str | os.PathLike[str], kind: str) -> Iterator[Callable[[Iterable[bytes]], None]]:
+def _open_lines(path: str | os.PathLike[str],
+                kind: str) -> Iterator[tuple[Callable[[Iterable[bytes]], None], bytes]]:
     """A function that writes lines to ``path`` (``.gz``/``.zst`` compressed by its
-    name) between the opening ``[`` and the closing ``]``, in batches."""
+    name) between the opening ``[`` and the closing ``]``, in batches (an item may be
+    several lines joined already), and the separator of its lines."""
     name = os.fspath(path)
     separator = b",\n" if kind == "chrome" else b"\n"
     with contextlib.ExitStack() as stack:
@@ -85,16 +89,18 @@ def _open_lines(path: str | os.PathLike[str], kind: str) -> Iterator[Callable[[I
 
         def write(lines: Iterable[bytes]) -> None:
             batch: list[bytes] = []
+            size = 0
             for line in lines:
                 batch.append(line)
-                if len(batch) == _BATCH:
+                size += len(line)
+                if len(batch) == _BATCH or size >= _WRITE_BYTES:
                     fh.write((separator if written[0] else b"") + separator.join(batch))
-                    batch, written[0] = [], True
+                    batch, size, written[0] = [], 0, True
             if batch:
                 fh.write((separator if written[0] else b"") + separator.join(batch))
                 written[0] = True
 
-        yield write
+        yield write, separator
         fh.write(b"\n]\n")
 
 
@@ -149,22 +155,45 @@ def _identity_records(trace: TraceTable) -> list[tuple[int, dict[str, Any]]]:
     return records
 
 
-def _event_lines(events: pl.DataFrame) -> Iterator[bytes]:
+def _event_lines(events: pl.DataFrame, separator: bytes) -> Iterator[bytes]:
+    """The events' lines, a batch at a time, joined by ``separator``: the fields of
+    :data:`_EVENT_KEYS` it has (none that is null), then ``args`` (the text as read,
+    or rebuilt from the columns of :data:`_ARG_COLUMNS`). Encoded by polars' JSON
+    writer, as orjson writes them one by one."""
     keys = [k for k in _EVENT_KEYS if k in events.columns]
     arg_columns = [c for c in _ARG_COLUMNS if c in events.columns]
-    has_args = "args" in events.columns
     for batch in events.iter_slices(_BATCH):
-        columns = keys + (["args"] if has_args else arg_columns)
-        for row in batch.select(columns).iter_rows():
-            event = {k: v for k, v in zip(keys, row) if v is not None}
-            if has_args:
-                if row[-1] is not None:
-                    event["args"] = orjson.Fragment(row[-1])
-            else:
-                args = {_ARG_COLUMNS[c]: v for c, v in zip(arg_columns, row[len(keys):]) if v is not None}
-                if args:
-                    event["args"] = args
-            yield orjson.dumps(event)
+        nulls = batch.null_count().row(0, named=True)
+        head = _json_objects(batch, {k: k for k in keys}, nulls)
+        if "args" in batch.columns:
+            args = pl.col("args")
+        elif arg_columns:
+            args = _json_objects(batch, {c: _ARG_COLUMNS[c] for c in arg_columns}, nulls)
+            args = pl.when(args != "{}").then(args)
+        else:
+            args = pl.lit(None, pl.String)
+        line = (pl.when(args.is_null()).then(head)
+                .when(head == "{}").then(pl.concat_str(pl.lit('{"args":'), args, pl.lit("}")))
+                .otherwise(pl.concat_str(head.str.head(-1), pl.lit(',"args":'), args, pl.lit("}"))))
+        yield batch.select(line.str.join(separator.decode())).item().encode()
+
+
+def _json_objects(batch: pl.DataFrame, fields: dict[str, str], nulls: dict[str, int]) -> pl.Expr:
+    """JSON objects of the columns ``fields`` (column: key, in order), the null ones
+    left out. A field's ``"key":null`` text is found only where a field is, never in
+    a string."""
+    if not fields:
+        return pl.lit("{}")
+    encoded = pl.struct([pl.col(c).alias(k) for c, k in fields.items()]).struct.json_encode()
+    columns = list(fields)
+    for c in columns[1:]:
+        if nulls[c]:
+            encoded = encoded.str.replace_all(f',"{fields[c]}":null', "", literal=True)
+    if nulls[columns[0]]:
+        first = f'"{fields[columns[0]]}":null'
+        encoded = encoded.str.replace("{" + first + ",", "{", literal=True).str.replace(
+            "{" + first + "}", "{}", literal=True)
+    return encoded
 
 
 # --- merge ---------------------------------------------------------------------------
