@@ -44,14 +44,18 @@ typedef struct {
    none), into the ring's open-span table, all but its t0 and id: the slot, or NULL
    (no ring, no room; s->oslot says which). */
 SPAN_INLINE rec_t *span_keep_open(span_t *s, long long count) {
-    rec_t *e = s->tid ? shm_open_slot(s->idv, &s->oslot) : (s->oslot = 0, NULL);
+    unsigned long long pv, tv;
+    s->oslot = 0;
+    if (!dft_shm_open || !s->tid)
+        return NULL;
+    if (get_ull(s->parent, &pv) < 0 || get_ull(s->tid, &tv) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    /* no Python runs from here to the id's store (the caller reads the clock only):
+       no other thread can take the slot meanwhile */
+    rec_t *e = shm_open_slot(s->idv, &s->oslot);
     if (e) {
-        unsigned long long pv, tv;
-        if (get_ull(s->parent, &pv) < 0 || get_ull(s->tid, &tv) < 0) {
-            PyErr_Clear();
-            s->oslot = 0;
-            return NULL;
-        }
         rec_fill(e, s->kid, 0, 0, 0, pv, s->level, tv, F_INCOMPLETE, count);
         e->aoff = e->alen = 0;
     }
@@ -61,8 +65,8 @@ SPAN_INLINE rec_t *span_keep_open(span_t *s, long long count) {
 /* Open span `s` of kind `kid` for `node` on `stk` (a non-empty list the caller
    holds): a new id pushed on stk, the id below it as its parent, the depth as its
    level, the node's sticky args now (a span `with` or start() keeps is then kept in
-   its stack's map: kept_push, kept_spans.h), its place in the ring's open-span
-   table. Then NVTX, then t0 (`t0`, or the clock when SPAN_NOW). 0, or -1 with
+   its stack's map: kept_push, kept_spans.h). Then NVTX, its place in the ring's
+   open-span table, then t0 (`t0`, or the clock when SPAN_NOW). 0, or -1 with
    nothing opened and no error set: the caller goes on untraced. */
 SPAN_INLINE int span_open(span_t *s, PyObject *stk, PyObject *node, uint32_t kid, long long t0) {
     PyObject *sticky = node_sticky(node);
@@ -85,8 +89,8 @@ SPAN_INLINE int span_open(span_t *s, PyObject *stk, PyObject *node, uint32_t kid
     s->tid = tid;
     s->level = lvl;
     s->kid = kid;
-    rec_t *e = span_keep_open(s, -1);
     NVTX_OPEN(kid, id, stk, 1);
+    rec_t *e = span_keep_open(s, -1);
     s->t0 = t0 != SPAN_NOW ? t0 : now_ns();
     if (e) {
         e->t0 = s->t0;
