@@ -230,18 +230,24 @@ def _assert_cut_only(res: dict) -> None:
     assert res["contiguous"], "the spans kept are not the first ones recorded"
 
 
+def _killed_with_spans_open(out) -> str:
+    """The file of a run killed (SIGKILL) inside train > epoch 1 > batch 2 > a
+    decorated call, with a start() open on another thread, once the drainer ended it."""
+    proc = start([ENDS, "sigkill-open", str(out)], DFTRACE_WRITER="process")
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    return wait_for_end(out)
+
+
 @needs("native", native_engine_missing())
 def test_spans_open_at_sigkill_are_written_incomplete(tmp_path):
     """kill -9 inside train > epoch 1 > batch 2 > a decorated call, with a start() open
     on another thread: the drainer writes the five spans open at the kill, flagged
     incomplete, nested as they were, ending together; the loop bodies keep their
-    counts; every span that ended is there once; the summary counts them."""
-    proc = start([ENDS, "sigkill-open", str(tmp_path)], DFTRACE_WRITER="process")
-    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-    proc.kill()
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
-    path = wait_for_end(tmp_path)
+    counts; every span that ended is there once."""
+    path = _killed_with_spans_open(tmp_path)
     assert_valid([path])  # ids unique, parents open around their children
     events = testing.read_events(path)
     open_at_kill = [e for e in testing.spans(events) if e["args"].get("incomplete")]
@@ -262,6 +268,13 @@ def test_spans_open_at_sigkill_are_written_incomplete(tmp_path):
     (end,) = meta(events, "process_end")
     assert end["args"]["how"] == "killed by signal 9"
     assert "open_spans_not_kept" not in end["args"]
+
+
+@needs("native", native_engine_missing())
+def test_the_summary_counts_the_spans_open_at_sigkill(tmp_path):
+    """The summary of a run killed with five spans open says so."""
+    pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+    path = _killed_with_spans_open(tmp_path)
     out = subprocess.run([sys.executable, "-m", "dftrace", "summary", "--json", "--no-index", path],
                          capture_output=True, text=True, timeout=120, env=clean_env())
     assert out.returncode == 0, out.stderr
