@@ -125,9 +125,10 @@ def stop(obj: Any, token: tuple[Stack, int] | None = None,
     return True
 
 
-def close_all_open() -> int:
-    """At finalize: close every span still open from ``start`` as incomplete."""
-    t1 = clock()
+def close_all_open(t1: int | None = None) -> int:
+    """At finalize: close every span still open from ``start`` as incomplete, at
+    ``t1`` (None: now)."""
+    t1 = clock() if t1 is None else t1
     n = 0
     for i in sorted(STATE.open_spans, reverse=True):
         stk = STATE.open_spans.pop(i, None)

@@ -7,8 +7,9 @@ write. ``finalize`` (also run at interpreter exit, when a ``multiprocessing`` ch
 ends and when a signal ends the process, see ``_signals``) closes open spans, has
 the writer write everything and the closing ``]``, and returns within
 ``shutdown_timeout`` whatever the storage does; spans still open on other threads
-get a short grace period, and those that outlive it are counted in a ``dropped``
-line (reason ``late``).
+get a short grace period, and those that outlive it are written as incomplete where
+the ring's open-span table holds them (the default writer), else counted in a
+``dropped`` line (reason ``late``).
 """
 
 from __future__ import annotations
@@ -234,10 +235,14 @@ def finalize(target: Session | None = None) -> None:
         _busy += 1
         deadline = time.monotonic() + s.config.shutdown_timeout
         try:
-            _kept.close_all_open()
+            # What finalize ends on this thread ends at one time: a signal's, or now.
+            t_here = _signalled_at if _signalled_at is not None else _engine.clock()
+            here = {stk.tid for stk in list(_engine.STACKS.values())
+                    if id(stk) in _stacks_stuck_here()}
+            _kept.close_all_open(t_here)
             # Loops still suspended (a signal or an exit inside a for loop leaves its
             # generator holding the loop body's span): their bodies, incomplete.
-            _iterators.close_open_blocks(_engine.clock())
+            _iterators.close_open_blocks(t_here)
             _engine.use_nvtx(False)
             _session = None
             _set_gate()
@@ -246,6 +251,8 @@ def finalize(target: Session | None = None) -> None:
             if s.io is not None:
                 s.io.stop()
             late = _wait_for_open_spans(deadline)
+            if late and isinstance(s.writer, _process_writer.ProcessWriter):
+                late = _end_open_spans(s.writer, here, t_here)
 
             def trailer(count_buffer_full: bool = True) -> bytes:
                 """The last lines: the counts of what was dropped (those the
@@ -355,6 +362,15 @@ def _wait_for_open_spans(deadline: float) -> int:
     return _open_span_count()
 
 
+def _end_open_spans(writer: _process_writer.ProcessWriter, here: set[int], t_here: int) -> int:
+    """Write the spans still open anywhere (those the C engine opened, kept in the
+    ring's open-span table) as incomplete, ending now (those of this thread's tracks
+    ``here`` at ``t_here``, when the others of its tracks ended); return how many are
+    still open and not written (they will end too late)."""
+    written = writer.end_open_spans(_engine.clock(), here, t_here)
+    return sum(1 for stk in list(_engine.STACKS.values()) for i in stk[1:] if i not in written)
+
+
 def busy_here() -> bool:
     """True when the calling thread is inside initialize() or finalize()."""
     return _lock._is_owned()  # type: ignore[attr-defined]
@@ -368,9 +384,14 @@ def flush_now(timeout: float = 1.0) -> None:
         s.writer.sync(min(timeout, s.config.shutdown_timeout))
 
 
+#: When a signal's finalize began (its thread's spans end then), else None.
+_signalled_at: int | None = None
+
+
 def _finish_on_signal(signum: int) -> None:
     """Finalize before a signal ends the process: the spans this thread (and its
     event loop's tasks) have open will never end, so write them as incomplete."""
+    global _signalled_at
     if _session is None or _session.pid != os.getpid():
         return
     t1 = _engine.clock()
@@ -381,10 +402,13 @@ def _finish_on_signal(signum: int) -> None:
         for i in reversed(list(stk)):
             if i in stk.open:
                 _engine.close_kept(stk, i, t1, incomplete=True)
+    _signalled_at = t1
     try:
         finalize()
     except BaseException:
         pass
+    finally:
+        _signalled_at = None
 
 
 def _finalize_at_exit() -> None:

@@ -95,6 +95,26 @@ def main(mode: str, out: str) -> None:
                 for batch in ai.dataloader.fetch.iter(range(4)):
                     if (epoch, batch) == (1, 2):
                         forward_waits()
+    elif mode == "sigterm-in-calls":  # in train > a decorated call, another on a thread
+        import threading
+
+        started = threading.Event()
+
+        @ai.data.preprocess
+        def load():
+            started.set()
+            time.sleep(60)
+
+        threading.Thread(target=load, daemon=True).start()
+        started.wait(30)
+
+        @ai.compute.forward
+        def forward_waits():
+            print("ready", flush=True)
+            time.sleep(60)
+
+        with ai.pipeline.train:
+            forward_waits()
     elif mode == "sigkill-many-open":  # more spans open than the drainer is told of
         for _ in range(OPEN):
             ai.data.item.start()

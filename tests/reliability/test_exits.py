@@ -93,6 +93,33 @@ def test_loops_open_at_the_end_are_written_incomplete(tmp_path, mode):
         assert last_fetch["ts"] + last_fetch["dur"] <= last_epoch["ts"] + last_epoch["dur"] <= end
 
 
+def test_calls_running_at_sigterm_are_written_incomplete(tmp_path):
+    """SIGTERM inside train > a decorated call, with another decorated call running on
+    a thread: with the default writer all three are in the file, incomplete (the ring's
+    open-span table keeps every span the C engine opens), the signalled thread's two
+    ending together; with the writer thread, the thread's call is counted late (the
+    signalled thread's is unwound with train)."""
+    code, err = _signal_run(tmp_path, "sigterm-in-calls", signal.SIGTERM)
+    assert code == -signal.SIGTERM, err
+    assert_valid(files(tmp_path))  # nesting included
+    events = _events(tmp_path)
+    (train,) = spans(events, "train")
+    assert train["args"]["incomplete"] is True
+    running = [e for e in spans(events, "forward") + spans(events, "preprocess")
+               if e["args"].get("incomplete")]
+    late = [e["args"]["count"] for e in meta(events, "dropped") if e["args"]["reason"] == "late"]
+    if drainer_writes():
+        forward, preprocess = running
+        assert (forward["name"], preprocess["name"]) == ("forward", "preprocess")
+        assert forward["args"]["p_idx"] == train["id"] and preprocess["tid"] != train["tid"]
+        assert forward["ts"] + forward["dur"] == train["ts"] + train["dur"]
+        assert late == []
+        assert len(spans(events, "forward")) == N + 1
+    else:
+        assert running == [] and late == [1]
+        assert len(spans(events, "forward")) == N
+
+
 def test_sigint_raises_keyboard_interrupt_and_completes_the_file(tmp_path):
     """SIGINT: KeyboardInterrupt unwinds as usual, the open span ends, the file is complete."""
     code, err = _signal_run(tmp_path, "sigint", signal.SIGINT)

@@ -180,6 +180,16 @@ class ProcessWriter(Consumer):
         STATE.special_to_ring = special_to_ring
         self.tap_changed()  # an in-memory trace running already
 
+    def end_open_spans(self, t1: int, tracks: set[int], t_tracks: int) -> set[int]:
+        """Record the spans open now (every one the C engine opened, on any thread,
+        as the ring's open-span table holds them) as incomplete, ending at ``t1``
+        (those on ``tracks`` at ``t_tracks``); their ends, if they come, record
+        nothing. Their ids."""
+        try:
+            return set(_state.native.shm_end_open_spans(t1, tracks, t_tracks))
+        except Exception:
+            return set()
+
     def _release_ring(self) -> None:
         self._mm.close()
         os.close(self._fd)

@@ -79,6 +79,7 @@ typedef struct {
 #define F_RAW 2u /* a whole line, already encoded, in the arena (shared-memory ring only) */
 #define F_MORE 4u /* F_RAW: a piece of a line, continued by the next record (ring only) */
 #define F_UNNESTED 8u /* no level or p_idx: a file-I/O call, outside the span tree (io_lines.c) */
+#define F_OPEN_WRITTEN 16u /* an open-span table entry written already, incomplete (never a record's) */
 #define LEVEL_BITS 24
 #define LEVEL_MASK ((1u << LEVEL_BITS) - 1)
 
@@ -148,7 +149,8 @@ typedef struct chunk {
  * the id is stored last (release) and zeroed when the span ends. A drainer whose
  * producer died without finalizing (SIGKILL, os._exit) writes those left, ending
  * then, so spans open at the kill are in the file as incomplete; `open_not_kept`
- * counts the open spans the table had no room for.
+ * counts the open spans the table had no room for. A finalize writes those left
+ * itself, flagged F_OPEN_WRITTEN: their ends, if they come, record nothing.
  *
  * Neither side trusts the region: the other side can write it. Each keeps the
  * geometry (slot count, offsets, sizes) and its own positions in its own memory,

@@ -178,10 +178,12 @@ static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     unsigned long long idv;
-    if (get_ull(args[3], &idv) == 0) /* a span opened in C, ended from Python */
-        shm_open_end_any(idv);
-    else
+    if (get_ull(args[3], &idv) == 0) { /* a span opened in C, ended from Python */
+        if (shm_open_end_any(idv))
+            Py_RETURN_NONE; /* written at a finalize, incomplete */
+    } else {
         PyErr_Clear();
+    }
     if (emit_span((uint32_t)kid, t0, t1, args[3], args[4], lvl, args[6],
                   nargs > 7 ? args[7] : Py_None, nargs > 8 ? args[8] : Py_None, count,
                   (uint32_t)flags) < 0)

@@ -371,8 +371,8 @@ static PyObject *ShmReader_open_spans(ShmReader *self, PyObject *args) {
         if (!__atomic_load_n(&tab[i].id, __ATOMIC_ACQUIRE))
             continue;
         rec_t r = tab[i]; /* the copy is what is checked and encoded */
-        if (!r.id)
-            continue;
+        if (!r.id || ((r.level_flags >> LEVEL_BITS) & F_OPEN_WRITTEN))
+            continue; /* written already, by a finalize */
         r.aoff = r.alen = 0;
         r.level_flags = (r.level_flags & LEVEL_MASK) | (F_INCOMPLETE << LEVEL_BITS);
         r.t1 = t_end > r.t0 ? t_end : r.t0;

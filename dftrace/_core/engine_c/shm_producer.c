@@ -346,7 +346,50 @@ static PyObject *shm_append_line(PyObject *self, PyObject *arg) {
 }
 
 /* The module's functions of this file (module.c adds them). */
+/* shm_end_open_spans(t1, tracks, t_tracks) -> [ids]: the spans open now in the
+   open-span table (on any thread, of any C style), recorded as ending at t1 (those
+   of the tracks in the set `tracks` at t_tracks: the finalizing thread's, whose
+   other spans ended then), flagged incomplete, and marked written there: their
+   ends, if they come, record nothing (a finalize: they would end too late). Those
+   the ring had no room for are left (counted late). */
+static PyObject *shm_end_open_spans(PyObject *self, PyObject *args) {
+    long long t1, t_tracks;
+    PyObject *tracks;
+    if (!PyArg_ParseTuple(args, "LO!L", &t1, &PySet_Type, &tracks, &t_tracks))
+        return NULL;
+    PyObject *ids = PyList_New(0);
+    rec_t *tab = dft_shm_open;
+    for (uint32_t i = 0; ids && tab && i < SHM_OPEN_SLOTS; i++) {
+        rec_t *e = &tab[i];
+        if (!e->id || ((e->level_flags >> LEVEL_BITS) & F_OPEN_WRITTEN))
+            continue;
+        long long end = t1;
+        if (PySet_GET_SIZE(tracks)) {
+            PyObject *tid = PyLong_FromUnsignedLongLong(e->tid);
+            int here = tid ? PySet_Contains(tracks, tid) : -1;
+            Py_XDECREF(tid);
+            if (here < 0)
+                PyErr_Clear();
+            else if (here)
+                end = t_tracks;
+        }
+        if (native_append(e->kind, e->t0, end > e->t0 ? end : e->t0, e->id, e->parent,
+                          (Py_ssize_t)(e->level_flags & LEVEL_MASK), e->tid, F_INCOMPLETE,
+                          e->count, NULL, 0, NULL, 0) < 0)
+            continue;
+        e->level_flags |= F_OPEN_WRITTEN << LEVEL_BITS;
+        PyObject *id = PyLong_FromUnsignedLongLong(e->id);
+        if (!id || PyList_Append(ids, id) < 0)
+            Py_CLEAR(ids);
+        Py_XDECREF(id);
+    }
+    return ids;
+}
+
 PyMethodDef dft_shm_producer_methods[] = {
+    {"shm_end_open_spans", shm_end_open_spans, METH_VARARGS,
+     "shm_end_open_spans(t1, tracks, t_tracks) -> [ids]: the spans open now, recorded "
+     "incomplete, ending at t1 (those of the tracks in the set tracks at t_tracks)"},
     {"shm_attach", shm_attach, METH_VARARGS,
      "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},
     {"shm_detach", shm_detach, METH_NOARGS,

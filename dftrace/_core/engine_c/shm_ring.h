@@ -91,31 +91,41 @@ static inline void shm_open_publish(rec_t *e, unsigned long long idv) {
     __atomic_store_n(&e->id, (uint64_t)idv, __ATOMIC_RELEASE);
 }
 
-/* Span idv, kept at `where` (shm_open_slot's), ended: its slot is free again. */
-static inline void shm_open_end(unsigned long long idv, uint32_t where) {
+/* Free slot `e` of span idv: 1 when a finalize wrote the span already (its end
+   records nothing), else 0. */
+static inline int shm_open_free(rec_t *e) {
+    int written = ((e->level_flags >> LEVEL_BITS) & F_OPEN_WRITTEN) != 0;
+    __atomic_store_n(&e->id, 0, __ATOMIC_RELEASE);
+    return written;
+}
+
+/* Span idv, kept at `where` (shm_open_slot's), ended: its slot is free again. 1 when
+   it was written already, incomplete, by a finalize (not to be recorded again). */
+static inline int shm_open_end(unsigned long long idv, uint32_t where) {
     rec_t *tab = dft_shm_open;
     if (!where || !tab)
-        return;
+        return 0;
     if (where == OPEN_NOT_KEPT) {
         if (dft_shm->open_not_kept > 0)
             dft_shm->open_not_kept--;
     } else if (tab[where - 1].id == idv) {
-        __atomic_store_n(&tab[where - 1].id, 0, __ATOMIC_RELEASE);
+        return shm_open_free(&tab[where - 1]);
     }
+    return 0;
 }
 
-/* Span idv ended where its slot is not known (recorded from Python): found and freed. */
-static inline void shm_open_end_any(unsigned long long idv) {
+/* Span idv ended where its slot is not known (recorded from Python): found and
+   freed, as shm_open_end. */
+static inline int shm_open_end_any(unsigned long long idv) {
     rec_t *tab = dft_shm_open;
     if (!tab)
-        return;
+        return 0;
     for (uint32_t k = 0; k < OPEN_PROBES; k++) {
         uint32_t i = (uint32_t)(idv + k) & (SHM_OPEN_SLOTS - 1);
-        if (tab[i].id == idv) {
-            __atomic_store_n(&tab[i].id, 0, __ATOMIC_RELEASE);
-            return;
-        }
+        if (tab[i].id == idv)
+            return shm_open_free(&tab[i]);
     }
+    return 0;
 }
 
 /* The module's functions of the producer's side (shm_attach, ...). */

@@ -158,7 +158,8 @@ static inline void span_release(span_t *s) {
 SPAN_INLINE int span_close(span_t *s, PyObject *stk, long long t1, PyObject *x, PyObject *error,
                            long long count, uint32_t flags) {
     int rc = 0;
-    shm_open_end(s->idv, s->oslot);
+    if (shm_open_end(s->idv, s->oslot))
+        flags |= SPAN_UNRECORDED; /* written at a finalize, incomplete */
     s->oslot = 0;
     if (stack_pop(stk, s->id, t1) < 0)
         PyErr_Clear();
@@ -175,9 +176,9 @@ SPAN_INLINE int span_close(span_t *s, PyObject *stk, long long t1, PyObject *x, 
    loop body's span after its item's). -1 as span_close, with no span open. */
 SPAN_INLINE int span_close_open_next(span_t *s, PyObject *stk, long long t1, PyObject *x,
                                      long long count, uint32_t kid) {
-    shm_open_end(s->idv, s->oslot);
+    int written = shm_open_end(s->idv, s->oslot); /* at a finalize, incomplete */
     s->oslot = 0;
-    if (span_record(s, stk, t1, x, NULL, count, 0) < 0) {
+    if (!written && span_record(s, stk, t1, x, NULL, count, 0) < 0) {
         if (stack_pop(stk, s->id, t1) < 0)
             PyErr_Clear();
         span_release(s);
