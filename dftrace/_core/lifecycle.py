@@ -237,8 +237,8 @@ def finalize(target: Session | None = None) -> None:
         try:
             # What finalize ends on this thread ends at one time: a signal's, or now.
             t_here = _signalled_at if _signalled_at is not None else _engine.clock()
-            here = {stk.tid for stk in list(_engine.STACKS.values())
-                    if id(stk) in _stacks_stuck_here()}
+            stuck = _stacks_stuck_here()
+            here = {stk.tid for stk in list(_engine.STACKS.values()) if id(stk) in stuck}
             _kept.close_all_open(t_here)
             # Loops still suspended (a signal or an exit inside a for loop leaves its
             # generator holding the loop body's span): their bodies, incomplete.
@@ -289,7 +289,8 @@ def finalize(target: Session | None = None) -> None:
             else:
                 why = (f"no progress for shutdown_timeout={s.config.shutdown_timeout:g} s "
                        "(storage stalled)")
-            if not done and isinstance(s.writer, _process_writer.ProcessWriter) and s.writer.fallback is None:
+            if (not done and isinstance(s.writer, _process_writer.ProcessWriter)
+                    and s.writer.fallback is None):
                 STATE.warn_once(
                     "shutdown-drainer",
                     f"the trace drainer (pid {s.writer.drainer_pid}) has not finished writing "
