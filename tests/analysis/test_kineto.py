@@ -519,6 +519,10 @@ def test_sql_span_gpu_attributes_kernels_to_the_spans_that_launched_them(tmp_pat
         assert set(by_name) == set(launching)
 
 
+#: How far torch.profiler's calibration of its clock may be off on a loaded machine (µs).
+PROFILER_CALIBRATION_US = 8_000
+
+
 @pytest.mark.filterwarnings("ignore:.*Profiler clears events")
 def test_real_profiler_and_dftrace_share_one_clock(tmp_path: Path) -> None:
     """A process traced by dftrace and by torch.profiler at once: its two files are one
@@ -536,7 +540,7 @@ def test_real_profiler_and_dftrace_share_one_clock(tmp_path: Path) -> None:
         "        with ai.compute.forward(args={'step': step}):\n"
         "            with record_function(f'fwd{step}'):\n"
         "                x = torch.randn(200, 200); (x @ x).sum()\n"
-        "        time.sleep(0.002)\n"
+        "        time.sleep(0.02)\n"
         "prof.export_chrome_trace(f'traces/{os.uname().nodename}_{os.getpid()}.pt.trace.json')\n"
         "dftrace.finalize()\n"
     )
@@ -554,7 +558,11 @@ def test_real_profiler_and_dftrace_share_one_clock(tmp_path: Path) -> None:
 
     for row in annotations.iter_rows(named=True):
         outer = spans[int(row["name"][3:])]
-        bound = clock_bound_us([(anchor, mono)], row["ts"] * 1000)
+        # The join's bound, plus the profiler's own calibration of its clock against
+        # the wall clock, which a busy machine can interrupt (it read 6 ms off once
+        # while the suite shared 2 cores with installs): a join off by a step (the
+        # steps are 20 ms apart) or by the clocks' offset (seconds) still fails.
+        bound = clock_bound_us([(anchor, mono)], row["ts"] * 1000) + PROFILER_CALIBRATION_US
         assert outer["ts"] - bound <= row["ts"]
         assert row["ts"] + row["dur"] <= outer["ts"] + outer["dur"] + bound
         assert row["tid"] == outer["tid"]

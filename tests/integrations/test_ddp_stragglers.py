@@ -86,7 +86,11 @@ def test_wait_caused_is_how_late_the_slow_rank_came(tmp_path, world, buckets, sl
     surely = [ms for ms in late_ms if ms > SLOW_S * 1e3 / 2]
     at_most = [ms for ms in late_ms if ms > LEAST_LEAD_MS]
     assert len(surely) >= slowed - 1, late_ms
-    assert 0.9 * len(surely) <= worst["held_steps"] <= len(at_most), (worst, late_ms)
+    # (At most one more: on a loaded machine a rank can launch its last bucket within
+    # the least lead of the others and still reach the collective later than that,
+    # descheduled in between; seen once in 64 steps while the suite shared 2 cores
+    # with installs.)
+    assert 0.9 * len(surely) <= worst["held_steps"] <= len(at_most) + 1, (worst, late_ms)
     assert 0.8 * sum(surely) * 1e3 <= worst["caused_wait_us"] <= 1.25 * sum(at_most) * 1e3, (worst, late_ms)
     assert not any(s["significant"] for s in summary.stragglers[1:])
     # Each rank's blocked time in a step never exceeds the step.
