@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 import tracegen
+from _requirements import native_engine_missing, needs
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
@@ -383,3 +384,20 @@ def test_a_summary_prints_as_a_line_and_shows_as_tables_in_a_notebook():
     page = summary._repr_html_()
     assert page.count("<table>") == 3 and "<td>128</td>" in page and "<td>rank 1</td>" in page
     assert repr(type(summary).from_dict(summary.to_dict())) == line
+
+
+@needs("native", native_engine_missing())
+def test_the_summary_counts_the_spans_open_at_sigkill(tmp_path):
+    """The summary of a run killed (SIGKILL) with five spans open says so."""
+    import json
+    import subprocess
+    import sys
+
+    from reliability._util import clean_env
+    from reliability.test_exits import killed_with_spans_open
+
+    path = killed_with_spans_open(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "dftrace", "summary", "--json", "--no-index", path],
+                         capture_output=True, text=True, timeout=120, env=clean_env())
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["overview"]["incomplete_spans"] == 5
