@@ -348,9 +348,14 @@ def _stacks_stuck_here() -> set[int]:
     return out
 
 
-def _open_span_count(exclude: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+def _open_span_count(exclude: set[int] = frozenset(),  # type: ignore[assignment]
+                     written: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+    """Spans open on the stacks but those ``exclude`` names, less those ``written``."""
     # Every stack starts with one root link; the rest are ids of open spans.
-    return sum(len(stk) - 1 for stk in list(_engine.STACKS.values()) if id(stk) not in exclude)
+    stacks = [stk for stk in list(_engine.STACKS.values()) if id(stk) not in exclude]
+    if written:
+        return sum(1 for stk in stacks for i in stk[1:] if i not in written)
+    return sum(len(stk) - 1 for stk in stacks)
 
 
 def _wait_for_open_spans(deadline: float) -> int:
@@ -368,8 +373,7 @@ def _end_open_spans(writer: _process_writer.ProcessWriter, here: set[int], t_her
     ring's open-span table) as incomplete, ending now (those of this thread's tracks
     ``here`` at ``t_here``, when the others of its tracks ended); return how many are
     still open and not written (they will end too late)."""
-    written = writer.end_open_spans(_engine.clock(), here, t_here)
-    return sum(1 for stk in list(_engine.STACKS.values()) for i in stk[1:] if i not in written)
+    return _open_span_count(written=writer.end_open_spans(_engine.clock(), here, t_here))
 
 
 def busy_here() -> bool:

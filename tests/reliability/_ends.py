@@ -17,6 +17,33 @@ N = 200
 OPEN = 5000  # start()s never stopped, for sigkill-many-open
 
 
+def _held_on_a_thread(hold) -> None:
+    """Run ``hold(opened)`` on a thread of its own: it opens a span, sets the event
+    ``opened`` and waits with the span open. Returns once the span is open."""
+    import threading
+
+    opened = threading.Event()
+    threading.Thread(target=hold, args=(opened,), daemon=True).start()
+    opened.wait(30)
+
+
+def _wait(opened) -> None:
+    opened.set()
+    time.sleep(60)
+
+
+def _forward_waits() -> None:
+    """A decorated call (``compute.forward``) that says ``ready`` and waits."""
+    from dftrace import ai
+
+    @ai.compute.forward
+    def forward_waits():
+        print("ready", flush=True)
+        time.sleep(60)
+
+    forward_waits()
+
+
 def main(mode: str, out: str) -> None:
     import dftrace
     from dftrace import ai
@@ -73,48 +100,16 @@ def main(mode: str, out: str) -> None:
         with ai.compute.step:  # the run goes on after the application's handler
             pass
     elif mode == "sigkill-open":  # killed in train > epoch 1 > batch 2 > forward; a start() on a thread
-        import threading
-
-        started = threading.Event()
-
-        def load():
-            ai.data.item.start()  # never stopped
-            started.set()
-            time.sleep(60)
-
-        threading.Thread(target=load, daemon=True).start()
-        started.wait(30)
-
-        @ai.compute.forward
-        def forward_waits():
-            print("ready", flush=True)
-            time.sleep(60)
-
+        _held_on_a_thread(lambda opened: (ai.data.item.start(), _wait(opened)))  # never stopped
         with ai.pipeline.train:
             for epoch in ai.pipeline.epoch.iter(range(3)):
                 for batch in ai.dataloader.fetch.iter(range(4)):
                     if (epoch, batch) == (1, 2):
-                        forward_waits()
+                        _forward_waits()
     elif mode == "sigterm-in-calls":  # in train > a decorated call, another on a thread
-        import threading
-
-        started = threading.Event()
-
-        @ai.data.preprocess
-        def load():
-            started.set()
-            time.sleep(60)
-
-        threading.Thread(target=load, daemon=True).start()
-        started.wait(30)
-
-        @ai.compute.forward
-        def forward_waits():
-            print("ready", flush=True)
-            time.sleep(60)
-
+        _held_on_a_thread(ai.data.preprocess(_wait))  # a decorated call, running
         with ai.pipeline.train:
-            forward_waits()
+            _forward_waits()
     elif mode == "sigkill-many-open":  # more spans open than the drainer is told of
         for _ in range(OPEN):
             ai.data.item.start()

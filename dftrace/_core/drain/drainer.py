@@ -9,9 +9,10 @@ rotation, compression, failure handling) with the producer's umask, fed by the s
 C encoder (``_speedups.ShmReader``). After each write it commits (frees the slots
 written and publishes where the file stands, for a successor). When a producer's
 connection ends without ``f`` (killed, ``os._exit``), it writes everything the ring
-holds, the drops the ring counts, a ``process_end`` metadata line saying how the
-process ended, and the end of the file. Anything a producer sends or writes in its
-ring that does not fit the protocol drops that producer, never the drainer. It
+holds, the spans its open-span table still holds (incomplete), the drops the ring
+counts, a ``process_end`` line saying how the process ended, and the end of the file.
+Anything a producer sends or writes in its ring that does not fit the protocol drops
+that producer, never the drainer. It
 exits once its last producer is gone, and it started in a session of its own, so
 the job's Ctrl-C does not end it before that.
 """
@@ -139,35 +140,27 @@ class Producer:
                           separators=(",", ":")).encode() + b"\n"
 
     def finish(self, trailer_lines: bytes | None) -> dict[str, Any]:
-        """Write the rest and end the file: the producer's drops as counted in its
-        ring (drops of its last lines included), then its trailer lines
-        (``trailer_lines``, sent with ``f``), or, for a process that ended without
-        finalizing (None), the spans it had open (ending now, incomplete) and how it
-        ended."""
+        """Write the rest and end the file: for a process that ended without
+        finalizing (``trailer_lines`` None), the spans it had open (ending now,
+        incomplete); the drops its ring counts; its trailer lines (sent with ``f``),
+        or how it ended."""
         self.write(True)
-        trailer = b""
-        lines = 0
-        not_kept = 0
+        trailer, not_kept = b"", 0
         if trailer_lines is None:  # killed: the spans it had open end now, incomplete
             trailer, _, not_kept = self.reader.open_spans(self.pid_piece, self.hh_piece,
                                                           self.offset_ns, self.min_id,
                                                           time.monotonic_ns())
-            lines = trailer.count(b"\n")
             if not (self.sink.opened or self.written or self.reader.dropped or trailer):
                 return self.close()  # recorded nothing (a forked child that exec'd): no file
         if self.reader.dropped:
             trailer += self._meta("dropped", {"count": self.reader.dropped,
                                               "reason": "buffer full"})
-            lines += 1
-        if trailer_lines is not None:
-            trailer += trailer_lines
-            lines += trailer_lines.count(b"\n")
-        else:
+        if trailer_lines is None:
             end = {"finalized": False, **how_ended(self.pid, self.pidfd)}
-            if not_kept:
-                end["open_spans_not_kept"] = not_kept
-            trailer += self._meta("process_end", end)
-            lines += 1
+            trailer += self._meta("process_end", {**end, "open_spans_not_kept": not_kept} if not_kept else end)
+        else:
+            trailer += trailer_lines
+        lines = trailer.count(b"\n")
         # A process that recorded nothing still gets its end and its counts; a file
         # that failed takes them with its end, if at all (see FileSink.close).
         if trailer and not self.sink.failed:

@@ -2,14 +2,13 @@
 
 The C engine appends this process's records to a ring of chunk slots in a memfd
 (``_speedups.shm_attach``) instead of process memory. A drainer process
-(:mod:`.drainer`, one per job and host, found through ``DFTRACE_DRAINER``)
-maps the same memfd, encodes the records with the same encoder and writes the file
-with the same :class:`FileSink`. No thread of this process ever writes the trace
-file: storage that hangs holds the drainer, never this process, and a process
-killed with SIGKILL loses nothing it committed to the ring (the drainer notices
-the end of its connection, writes what the ring holds and the spans the process
-had open, from the ring's open-span table, as incomplete, says how the process
-ended and closes the file).
+(:mod:`.drainer`, one per job and host, found through ``DFTRACE_DRAINER``) maps the
+same memfd, encodes the records with the same encoder and writes the file with the
+same :class:`FileSink`. No thread of this process ever writes the trace file: storage
+that hangs holds the drainer, never this process, and a process killed with SIGKILL
+loses nothing it committed to the ring (the drainer writes what the ring holds and
+the spans its open-span table holds, incomplete, says how the process ended and
+closes the file).
 
 Who answers is checked before anything is sent: the drainer's socket is an
 abstract name any local user could bind, so the kernel's credentials of the peer
@@ -28,12 +27,11 @@ the lines to the tap and relays them to the ring.
 
 Protocol on the Unix socket (this process -> drainer): one registration message
 (4-byte length, JSON, the memfd as ancillary data), then ``w`` a write's worth of
-slots is full,
-``n`` write everything now (a full ring waits for room; no answer), ``s`` write
-everything now (answered ``y`` + 8-byte count of events written), ``f``
-+ 4-byte length + the trailer's lines: finalized, write everything, those lines and
-the end of the file (answered ``d`` + 4-byte length + JSON: paths, events lost,
-error, events written). The drainer answers the registration with ``k`` + its pid,
+slots is full, ``n`` write everything now (a full ring waits for room; no answer),
+``s`` write everything now (answered ``y`` + 8-byte count of events written), ``f`` +
+4-byte length + the trailer's lines: finalized, write everything, those lines and the
+end of the file (answered ``d`` + 4-byte length + JSON: paths, events lost, error,
+events written). The drainer answers the registration with ``k`` + its pid,
 and says ``x`` + 4-byte length + the reason when it stops serving this process.
 """
 
@@ -181,10 +179,7 @@ class ProcessWriter(Consumer):
         self.tap_changed()  # an in-memory trace running already
 
     def end_open_spans(self, t1: int, tracks: set[int], t_tracks: int) -> set[int]:
-        """Record the spans open now (every one the C engine opened, on any thread,
-        as the ring's open-span table holds them) as incomplete, ending at ``t1``
-        (those on ``tracks`` at ``t_tracks``); their ends, if they come, record
-        nothing. Their ids."""
+        """Ids of the spans open now, written incomplete (``shm_end_open_spans``)."""
         try:
             return set(_state.native.shm_end_open_spans(t1, tracks, t_tracks))
         except Exception:

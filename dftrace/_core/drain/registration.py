@@ -6,7 +6,7 @@ per job and host), and else started by this process. Who answers is checked befo
 anything is sent: the socket's abstract name could be bound by any local user, so
 the peer's kernel credentials (``SO_PEERCRED``) must name this user and, when
 known, the drainer's pid. The registration message carries the memfd of the ring
-(see :mod:`.shm`) as ancillary data; the drainer answers ``k`` + its pid.
+(see :mod:`.process_writer`) as ancillary data; the drainer answers ``k`` + its pid.
 """
 
 from __future__ import annotations
