@@ -239,6 +239,9 @@ def finalize(target: Session | None = None) -> None:
             t_here = _signalled_at if _signalled_at is not None else _engine.clock()
             stuck = _stacks_stuck_here()
             here = {stk.tid for stk in list(_engine.STACKS.values()) if id(stk) in stuck}
+            unwound = _signal_unwound | _calls_unwound(
+                [(stk, i) for i in list(STATE.open_spans)
+                 if id(stk := STATE.open_spans.get(i)) in stuck])
             _kept.close_all_open(t_here)
             # Loops still suspended (a signal or an exit inside a for loop leaves its
             # generator holding the loop body's span): their bodies, incomplete.
@@ -251,8 +254,12 @@ def finalize(target: Session | None = None) -> None:
             if s.io is not None:
                 s.io.stop()
             late = _wait_for_open_spans(deadline)
-            if late and isinstance(s.writer, _process_writer.ProcessWriter):
-                late = _end_open_spans(s.writer, here, t_here)
+            if not (late or unwound):
+                pass
+            elif isinstance(s.writer, _process_writer.ProcessWriter):
+                late = _end_open_spans(s.writer, here, t_here, unwound)
+            else:
+                late += len(unwound)
 
             def trailer(count_buffer_full: bool = True) -> bytes:
                 """The last lines: the counts of what was dropped (those the
@@ -368,12 +375,36 @@ def _wait_for_open_spans(deadline: float) -> int:
     return _open_span_count()
 
 
-def _end_open_spans(writer: _process_writer.ProcessWriter, here: set[int], t_here: int) -> int:
+def _end_open_spans(writer: _process_writer.ProcessWriter, here: set[int], t_here: int,
+                    unwound: set[int]) -> int:
     """Write the spans still open anywhere (those the C engine opened, kept in the
     ring's open-span table) as incomplete, ending now (those of this thread's tracks
-    ``here`` at ``t_here``, when the others of its tracks ended); return how many are
-    still open and not written (they will end too late)."""
-    return _open_span_count(written=writer.end_open_spans(_engine.clock(), here, t_here))
+    ``here`` at ``t_here``, when the others of its tracks ended), the ``unwound``
+    calls among them; return how many are still open and not written (they will end
+    too late, or never)."""
+    written = writer.end_open_spans(_engine.clock(), here, t_here)
+    return _open_span_count(written=written) + len(unwound - written)
+
+
+def _calls_unwound(closing: list[tuple[_engine.Stack, int]]) -> set[int]:
+    """The spans that closing each ``(stack, id)`` takes off its stack unwritten:
+    calls of decorated functions running inside it (a closed ``with`` or ``start()``
+    span unwinds what is above it; loop bodies among them are written). On the
+    stacks finalize stands on they never end: each is written from the ring's
+    table, or counted."""
+    if not closing:
+        return set()
+    by_stack: dict[int, tuple[_engine.Stack, set[int]]] = {}
+    for stk, i in closing:
+        by_stack.setdefault(id(stk), (stk, set()))[1].add(i)
+    blocks = _iterators.open_block_kinds()
+    out: set[int] = set()
+    for stk, closed in by_stack.values():
+        ids = list(stk)
+        at = next((k for k, i in enumerate(ids) if i in closed), None)
+        if at is not None:  # the lowest span closed: all above it leave the stack
+            out.update(i for i in ids[at + 1:] if i not in stk.open and i not in blocks)
+    return out
 
 
 def busy_here() -> bool:
@@ -391,22 +422,23 @@ def flush_now(timeout: float = 1.0) -> None:
 
 #: When a signal's finalize began (its thread's spans end then), else None.
 _signalled_at: int | None = None
+#: The calls a signal's closing of its thread's spans unwound (see _calls_unwound).
+_signal_unwound: set[int] = set()
 
 
 def _finish_on_signal(signum: int) -> None:
     """Finalize before a signal ends the process: the spans this thread (and its
     event loop's tasks) have open will never end, so write them as incomplete."""
-    global _signalled_at
+    global _signalled_at, _signal_unwound
     if _session is None or _session.pid != os.getpid():
         return
     t1 = _engine.clock()
     stuck = _stacks_stuck_here()
-    for stk in list(_engine.STACKS.values()):
-        if id(stk) not in stuck:
-            continue
-        for i in reversed(list(stk)):
-            if i in stk.open:
-                _engine.close_kept(stk, i, t1, incomplete=True)
+    closing = [(stk, i) for stk in list(_engine.STACKS.values()) if id(stk) in stuck
+               for i in list(stk) if i in stk.open]
+    _signal_unwound = _calls_unwound(closing)
+    for stk, i in reversed(closing):
+        _engine.close_kept(stk, i, t1, incomplete=True)
     _signalled_at = t1
     try:
         finalize()
@@ -414,6 +446,7 @@ def _finish_on_signal(signum: int) -> None:
         pass
     finally:
         _signalled_at = None
+        _signal_unwound = set()
 
 
 def _finalize_at_exit() -> None:

@@ -106,8 +106,9 @@ def main(mode: str, out: str) -> None:
                 for batch in ai.dataloader.fetch.iter(range(4)):
                     if (epoch, batch) == (1, 2):
                         _forward_waits()
-    elif mode == "sigterm-in-calls":  # in train > a decorated call, another on a thread
-        _held_on_a_thread(ai.data.preprocess(_wait))  # a decorated call, running
+    elif mode in ("sigterm-in-calls", "sigterm-in-a-call"):  # in train > a decorated call
+        if mode == "sigterm-in-calls":  # and another, running on a thread
+            _held_on_a_thread(ai.data.preprocess(_wait))
         with ai.pipeline.train:
             _forward_waits()
     elif mode == "sigkill-many-open":  # more spans open than the drainer is told of

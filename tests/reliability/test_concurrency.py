@@ -162,6 +162,36 @@ def test_span_still_open_on_another_thread_is_written_incomplete_or_counted_late
         assert late["args"]["count"] == 1 and late["args"]["reason"] == "late"
 
 
+def test_call_running_when_finalize_closes_its_enclosing_span_is_kept_or_counted(tmp_path):
+    """finalize() from inside a decorated call inside a start() span: closing the
+    start() span unwinds the call, which can never end in the file. The default writer
+    writes it incomplete, nested in the span, ending with it; the other writers count
+    it late. Before, it was neither written nor counted."""
+    s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False)
+    keeps_open_spans = hasattr(s.writer, "end_open_spans")
+    ai.pipeline.train.start()
+
+    @ai.compute.forward
+    def forward():
+        dftrace.finalize()
+
+    forward()
+    assert_valid(s.paths)
+    events = testing.read_events(s.path)
+    if keeps_open_spans:
+        train, call = spans(events)
+        assert (train["name"], call["name"]) == ("train", "forward")
+        assert train["args"]["incomplete"] is True and call["args"]["incomplete"] is True
+        assert call["args"]["p_idx"] == train["id"]
+        assert call["ts"] + call["dur"] == train["ts"] + train["dur"]
+        assert meta(events, "dropped") == []
+    else:
+        (train,) = spans(events)
+        assert train["name"] == "train" and train["args"]["incomplete"] is True
+        (late,) = meta(events, "dropped")
+        assert (late["args"]["count"], late["args"]["reason"]) == (1, "late")
+
+
 def test_span_ending_soon_after_finalize_is_still_written(tmp_path):
     """A span on another thread that ends within the grace period is written, not dropped."""
     s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False)

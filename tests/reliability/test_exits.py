@@ -94,8 +94,7 @@ def test_calls_running_at_sigterm_are_written_incomplete(tmp_path):
     """SIGTERM inside train > a decorated call, with another decorated call running on
     a thread: with the default writer all three are in the file, incomplete (the ring's
     open-span table keeps every span the C engine opens), the signalled thread's two
-    ending together; with the writer thread, the thread's call is counted late (the
-    signalled thread's is unwound with train)."""
+    ending together; with the writer thread, both calls are counted late."""
     code, err = _signal_run(tmp_path, "sigterm-in-calls", signal.SIGTERM)
     assert code == -signal.SIGTERM, err
     assert_valid(files(tmp_path))  # nesting included
@@ -113,8 +112,31 @@ def test_calls_running_at_sigterm_are_written_incomplete(tmp_path):
         assert late == []
         assert len(spans(events, "forward")) == N + 1
     else:
-        assert running == [] and late == [1]
+        assert running == [] and late == [2]
         assert len(spans(events, "forward")) == N
+
+
+def test_call_running_alone_at_sigterm_is_written_or_counted(tmp_path):
+    """SIGTERM inside train > a decorated call, no other thread: the call is written
+    incomplete, ending with train (default writer), or counted late. Before, both
+    writers lost it without a word (the default one wrote its open spans only when
+    another thread had one open too)."""
+    code, err = _signal_run(tmp_path, "sigterm-in-a-call", signal.SIGTERM)
+    assert code == -signal.SIGTERM, err
+    assert_valid(files(tmp_path))
+    events = _events(tmp_path)
+    (train,) = spans(events, "train")
+    assert train["args"]["incomplete"] is True
+    running = [e for e in spans(events, "forward") if e["args"].get("incomplete")]
+    late = [e["args"]["count"] for e in meta(events, "dropped") if e["args"]["reason"] == "late"]
+    if drainer_writes():
+        (forward,) = running
+        assert forward["args"]["p_idx"] == train["id"]
+        assert forward["ts"] + forward["dur"] == train["ts"] + train["dur"]
+        assert late == []
+    else:
+        assert running == [] and late == [1]
+    assert len(spans(events, "forward")) == N + len(running)
 
 
 def test_sigint_raises_keyboard_interrupt_and_completes_the_file(tmp_path):
