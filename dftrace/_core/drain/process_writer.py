@@ -23,7 +23,8 @@ yet, exactly as it bounds the spans waiting in memory with the writer thread (th
 ring has two slots more than the limit needs; a slot also holds at most 256 KiB of
 args). While the buffer has a tap (a ``dftrace.trace_in_memory()`` runs, see
 :mod:`.buffer`), records go to process memory: this process encodes them, hands
-the lines to the tap and relays them to the ring.
+the lines to the tap and relays them to the ring (:mod:`.relay`). When the drainer
+is gone, this process writes the ring itself (:mod:`.fallback`).
 
 Protocol on the Unix socket (this process -> drainer): one registration message
 (4-byte length, JSON, the memfd as ancillary data), then ``w`` a write's worth of
@@ -49,8 +50,10 @@ import time
 from typing import Any
 
 from .. import buffer as _buffer, state as _state
-from ..buffer import Consumer, tapped, to_tap
+from ..buffer import Consumer, tapped
 from ..state import STATE
+from .fallback import take_over
+from .relay import Relay
 from .registration import (ENV_VAR, MAX_ANSWER, DrainerUnavailable, _ProtocolError,
                            _Rejected, reap, register)
 from ..writer import Patience
@@ -94,37 +97,13 @@ def _ring(buffer_limit: int) -> tuple[int, mmap.mmap]:
         raise DrainerUnavailable(f"shared memory of {size} bytes: {exc}", platform=True) from None
 
 
-def _cut_back(path: str, size: int) -> None:
-    """Cut the file a dead drainer was writing back to ``size`` bytes, its last
-    commit: a frame written after it (whole or in part) is written again by the
-    successor, so nothing is in two files. Only a regular file of this user's."""
-    flags = os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
-    try:
-        import stat
-
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size > size:
-            os.ftruncate(fd, size)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-#: Most bytes of lines relayed to the ring as one record (a slot's args hold 256 KiB).
-_RELAY_BYTES = 192 * 1024
-
-
 class ProcessWriter(Consumer):
     """The session's writer when a drainer process writes the file (the
-    :class:`~._core.buffer.Consumer` protocol, and stalled, sync, stop). When the
-    drainer is gone, or answers anything unexpected, an in-process Writer takes over
-    the ring from the drainer's last commit (into a file of the next free name, the
-    drainer's file cut back to that commit)."""
+    :class:`~._core.buffer.Consumer` protocol, and stalled, sync, stop): when to
+    drain. While in-memory traces run, ``relay`` moves the records to the ring; when
+    the drainer is gone, or answers anything unexpected, ``fallback`` (an in-process
+    Writer, :func:`.fallback.take_over`) writes the ring from the drainer's last
+    commit."""
 
     def __init__(self, session: Any):
         self.session = session
@@ -135,8 +114,6 @@ class ProcessWriter(Consumer):
         self._replies = b""
         self._progress = (-1, 0.0)  # (drainer's commits, monotonic time) when last seen
         self._gave_up_at = -1  # the drainer's commits when a full ring last stopped waiting
-        self._local = False  # in-memory traces run: records in process memory, relayed (see _relay)
-        self._relaying = threading.RLock()
         self._fd, self._mm = _ring(session.config.buffer_limit)
         # Slots sealed since the drainer was last woken: it is woken once per write's
         # worth (as the writer thread at batch_size), at most half the ring.
@@ -174,8 +151,8 @@ class ProcessWriter(Consumer):
             if line:
                 append(line)
 
-        self._special_to_ring = special_to_ring
         STATE.special_to_ring = special_to_ring
+        self.relay = Relay(session, special_to_ring, self._relayed)
         self.tap_changed()  # an in-memory trace running already
 
     def end_open_spans(self, t1: int, tracks: set[int], t_tracks: int) -> set[int]:
@@ -197,13 +174,9 @@ class ProcessWriter(Consumer):
     # -- the drainer is gone ---------------------------------------------------------
     def _lost(self, why: str = "ended") -> Any:
         """Write the ring from this process from now on (once), from the drainer's
-        last commit."""
+        last commit (:mod:`.fallback`)."""
         with self._lock:
             if self.fallback is None:
-                from ..sink import FileSink
-                from ..writer import Writer
-
-                s = self.session
                 if why == "ended":
                     why = self._last_word() or why
                 STATE.warn_once(
@@ -211,40 +184,7 @@ class ProcessWriter(Consumer):
                     f"the trace drainer (pid {self.drainer_pid}) {why}; this process writes "
                     "its trace itself from now on")
                 os.environ.pop(ENV_VAR, None)  # children must not look for it either
-                try:
-                    reader = _state.native.ShmReader(self._mm, True)
-                except Exception as exc:  # its header was written over
-                    reader = None
-                    STATE.warn_once("ring-unreadable", f"the trace ring is unreadable "
-                                         f"({exc}); its records are lost")
-                committed = reader.committed if reader is not None else None
-                # The file the drainer was writing, cut back to its last commit.
-                dead_file = s.sink.name_of(committed[0], committed[1]) if committed else ""
-                first = [True]
-
-                def source(enc: Any, max_records: int) -> tuple[bytes, int]:
-                    if reader is None:
-                        return b"", 0
-                    if first[0]:  # on the writer's thread: storage never holds the program
-                        first[0] = False
-                        if committed is not None:
-                            _cut_back(dead_file, committed[2])
-                    try:
-                        data, n = reader.drain(max_records, enc.pid_piece, enc.hh_piece,
-                                               enc.offset_ns, enc.min_id, True)
-                    except _state.native.RingError as exc:  # written over meanwhile
-                        STATE.warn_once("ring-unreadable", f"the trace ring is "
-                                             f"unreadable ({exc}); its records are lost")
-                        return b"", 0
-                    reader.commit(0, 0, -1)  # no successor after this one: free at once
-                    return data, n
-
-                sink = FileSink(s.base, s.config.compression, s.config.compression_level,
-                                s.config.max_file_size, s.sink.header(), meta=s._meta)
-                s.sink = sink
-                # In-memory traces get their lines from _relay, which goes on feeding the ring.
-                self.fallback = Writer(s.encoder, sink, s.config.flush_interval, source,
-                                       deliver=False)
+                self.fallback = take_over(self.session, self._mm)
                 try:
                     self._sock.close()
                 except OSError:
@@ -280,66 +220,22 @@ class ProcessWriter(Consumer):
             self._lost()
             return False
 
-    # -- in-memory traces ----------------------------------------------------------
+    # -- in-memory traces (:mod:`.relay`) ----------------------------------------
     def tap_changed(self) -> None:
-        """In-memory traces started (records go to process memory, and _relay hands
-        them to the traces and to the ring) or all ended (records go to the ring
-        again)."""
-        if not self._here():
-            return
-        want = tapped()
-        with self._relaying:
-            if want == self._local:
-                return
-            self._local = want
-            _state.native.shm_local(want)
-            # Metadata lines too: in the buffer (for the in-memory traces), or the ring.
-            STATE.special_to_ring = None if want else self._special_to_ring
-            if not want:
-                self._relay(force=True)  # what the last in-memory trace left
+        if self._here():
+            self.relay.follow_tap()
 
-    def _relay(self, force: bool = False) -> int:
-        """While in-memory traces run: encode what is buffered in process memory, hand
-        it to the traces and append the lines to the ring (for the drainer). Returns
-        the number of records."""
-        if not (self._local or force) or not self._here():
-            return 0
-        total = 0
-        with self._relaying:
-            target = _buffer.buffered()
-            while True:
-                data, n = _buffer.drain(self.session.encoder, 16384)
-                total += n
-                if data:
-                    to_tap(data)
-                    self._to_ring(data)
-                if n == 0 or total >= target:
-                    break
-        if total and self.fallback is None:
+    def _relayed(self) -> None:
+        """Lines were relayed to the ring: the drainer is woken for them."""
+        if self.fallback is None:
             self._send(b"w")
-        return total
-
-    @staticmethod
-    def _to_ring(data: bytes) -> None:
-        """Append encoded lines to the ring, as records of at most _RELAY_BYTES cut
-        at line ends (a longer line goes whole: the engine splits it over slots)."""
-        append = _state.native.shm_append_line
-        start = 0
-        while start < len(data):
-            end = len(data)
-            if end - start > _RELAY_BYTES:
-                cut = data.rfind(b"\n", start, start + _RELAY_BYTES)
-                end = cut + 1 if cut >= 0 else data.find(b"\n", start + _RELAY_BYTES) + 1 or end
-            if not append(data[start:end]):  # the ring stayed full: dropped (counted once)
-                STATE.dropped += max(0, data.count(b"\n", start, end) - 1)
-            start = end
 
     # -- consumer protocol ---------------------------------------------------------
     def wake(self) -> None:
         if not self._here():
             return
-        if self._local:
-            self._relay()
+        if self.relay.local:
+            self.relay.relay()
         elif self.fallback is not None:
             self.fallback.wake()
         else:  # a slot was sealed
@@ -381,9 +277,9 @@ class ProcessWriter(Consumer):
             return False
         # In-memory traces run: the buffer is in process memory; a relay under way in this
         # thread found the ring full, though, and waits for the drainer.
-        relaying = self._local and self._relaying._is_owned()  # type: ignore[attr-defined]
-        if self._local and not relaying:
-            self._relay()
+        relaying = self.relay.under_way_here()
+        if self.relay.local and not relaying:
+            self.relay.relay()
             return True
         deadline = time.monotonic() + timeout
         st = _state.native.shm_state()
@@ -505,7 +401,7 @@ class ProcessWriter(Consumer):
         """Have the drainer write everything recorded so far, and wait for it."""
         if not self._here():
             return 0
-        self._relay()
+        self.relay.relay()
         if self.fallback is None:
             got = self._ask(b"s", b"y", 30.0 if timeout < 0 else timeout)
             if got:
@@ -529,10 +425,7 @@ class ProcessWriter(Consumer):
         seconds, and not at all once the drainer's storage stalled (the drainer
         still writes what the ring holds when it can). True when the file is
         complete."""
-        if self._local:
-            self._relay()
-            self._local = False
-            _state.native.shm_local(False)
+        self.relay.end(relay_first=self._here())
         body = trailer(False) if trailer is not None else b"]\n"
         lines = body[:-2] if body.endswith(b"]\n") else body
         if self.fallback is None:
