@@ -285,6 +285,25 @@ def test_hiccups_name_no_straggler(tmp_path, seed):
     assert not any(s["significant"] for s in summarize(tmp_path).stragglers)
 
 
+def test_steps_held_back_by_seconds_are_not_judged_against_hiccups(tmp_path):
+    """16 steps, rank 1 slowed 1 s in 4 of them, and a busy machine's hiccups (2-3 ms)
+    on both ranks now and then: rank 1 held the others back in 6 steps, 4 of them by a
+    second. Judged at its least held lead alone, the other rank's hiccups made the 6
+    look like chance (p 0.01, seen on a real Hugging Face DDP job under load); judged
+    at each of its leads, the 4 seconds name it, and the hiccups alone name no one."""
+    steps, slow_steps = 16, {2, 6, 10, 14}
+    hiccups = {(0, 4): 3_000, (0, 12): 2_500, (1, 8): 2_000, (1, 11): 2_200, (0, 7): 1_800}
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "control").mkdir()
+    _bucketed_run(tmp_path / "slow", steps, slow_steps, 1_000_000, buckets=2, jitter=hiccups)
+    worst, other = summarize(tmp_path / "slow").stragglers
+    assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, 6), worst
+    assert abs(worst["caused_wait_us"] - 4_000_000 - 4_200) <= 0.01 * 4_000_000, worst
+    assert not other["significant"]
+    _bucketed_run(tmp_path / "control", steps, set(), 0, buckets=2, jitter=hiccups)
+    assert not any(s["significant"] for s in summarize(tmp_path / "control").stragglers)
+
+
 @pytest.mark.parametrize("partition_bytes", [None, 300])
 def test_self_time_of_each_name(lockstep, partition_bytes):
     """Self time is the time a name's spans were the innermost: backward's is its own

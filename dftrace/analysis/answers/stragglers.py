@@ -21,6 +21,7 @@ arrival skew.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -133,11 +134,9 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
         # ranks were last by as much (a busy machine's hiccups of a few ms make
         # hiccups common, not leads of tens of ms), never taken below CHANCE_RATE
         # (noise has heavy tails).
-        others = outliers.filter(pl.col("unit") != unit)
-        if held.height:
-            others = others.filter(pl.col("lead_us") >= held.get_column("lead_us").min())
-        chance = max(CHANCE_RATE, others.height / max(n_steps * (n_ranks - 1), 1))
-        p_value = _binomial_tail(held.height, n_steps, chance)
+        others = outliers.filter(pl.col("unit") != unit).get_column("lead_us").to_list()
+        p_value = _held_p_value(held.get_column("lead_us").to_list(), others, n_steps,
+                                max(n_steps * (n_ranks - 1), 1))
         consistent = False
         if not (held.height >= MIN_HELD_STEPS and p_value <= level):
             consistent_p = _binomial_tail(last.height, n_steps, 1 / n_ranks)
@@ -265,6 +264,27 @@ def _per_call(calls: pl.DataFrame) -> pl.DataFrame:
         ((pl.col("sum_wait") - pl.col("last_wait")) / (pl.col("ranks") - 1) - pl.col("last_wait"))
         .round(0).cast(pl.Int64).alias("caused_us"),
     ).drop("last_wait", "max_wait", "sum_wait")
+
+
+def _held_p_value(leads: list[float], others: list[float], n_steps: int, slots: int) -> float:
+    """How likely a rank's held-back steps (``leads``) are by chance. Each of its k-th
+    largest leads, from the MIN_HELD_STEPS-th to the least, is taken as a threshold;
+    the chance at it is the share of the other ranks' ``slots`` (steps times other
+    ranks) in which one was last by as much (``others``: their leads in the steps
+    they held back), never below CHANCE_RATE. For each chance met, the binomial tail
+    of the most steps led by that much: the least tail, times the chances met
+    (Bonferroni; one, the floor, leaves the test at the least lead as it was). At
+    the least lead alone, a few steps held back by seconds would be judged against a
+    busy machine's many hiccups of a millisecond or two."""
+    leads = sorted(leads, reverse=True)
+    others = sorted(others)
+    most: dict[float, int] = {}  # chance -> the most steps led by as much at that chance
+    for k in range(min(MIN_HELD_STEPS, len(leads)), len(leads) + 1):
+        as_much = len(others) - bisect.bisect_left(others, leads[k - 1]) if k else len(others)
+        chance = max(CHANCE_RATE, as_much / slots)
+        most[chance] = max(k, most.get(chance, 0))
+    best = min(_binomial_tail(k, n_steps, chance) for chance, k in most.items())
+    return min(1.0, best * len(most))
 
 
 def _binomial_tail(k: int, n: int, p: float) -> float:
