@@ -324,12 +324,23 @@ import numpy as np
 import polars as pl
 frame = pl.DataFrame({"a": np.arange(4_000_000), "b": np.arange(4_000_000) % 100_000})
 outcomes = []
+def send_when(go):
+    go.wait()
+    time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGINT)
+
 for trial in range(8):
-    threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
+    # The signal is sent 10 ms after the query starts, by a thread started before (on
+    # a busy machine a timer's start could take longer than its delay, and the signal
+    # land outside the try).
+    go = threading.Event()
+    sender = threading.Thread(target=send_when, args=(go,), daemon=True)
+    sender.start()
     try:
+        go.set()
         frame.group_by("b").agg(pl.col("a").sort().first())  # the signal lands inside this query
         start = time.time()
-        while time.time() - start < 1:
+        while sender.is_alive() or time.time() - start < 1:  # sent, and a second more
             pass
         outcomes.append("continued")
     except KeyboardInterrupt:
@@ -338,6 +349,7 @@ for trial in range(8):
             outcomes.append("once")
         except KeyboardInterrupt:
             outcomes.append("twice")
+    sender.join()
 print(" ".join(outcomes))
 """
 
