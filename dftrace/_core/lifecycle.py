@@ -26,7 +26,7 @@ from .._install_hint import pip_install
 from . import tree as _tree
 from . import buffer as _buffer, engine as _engine, iterators as _iterators, kept_styles as _kept
 from .state import STATE, limit_refused
-from . import nvtx_ranges as _nvtx, sampler as _sampler, signals as _signals
+from . import nvtx_ranges as _nvtx, sampler as _sampler, signals as _signals, spans_at_end as _at_end
 from .drain import process_writer as _process_writer
 from .config import Config, ConfigError, auto_unless_set, env_enable
 from .writer import Patience
@@ -237,9 +237,9 @@ def finalize(target: Session | None = None) -> None:
         try:
             # What finalize ends on this thread ends at one time: a signal's, or now.
             t_here = _signalled_at if _signalled_at is not None else _engine.clock()
-            stuck = _stacks_stuck_here()
+            stuck = _at_end.stacks_stuck_here()
             here = {stk.tid for stk in list(_engine.STACKS.values()) if id(stk) in stuck}
-            unwound = _signal_unwound | _calls_unwound(
+            unwound = _signal_unwound | _at_end.calls_unwound(
                 [(stk, i) for i in list(STATE.open_spans)
                  if id(stk := STATE.open_spans.get(i)) in stuck])
             _kept.close_all_open(t_here)
@@ -253,13 +253,7 @@ def finalize(target: Session | None = None) -> None:
                 s.sampler.stop()
             if s.io is not None:
                 s.io.stop()
-            late = _wait_for_open_spans(deadline)
-            if not (late or unwound):
-                pass
-            elif isinstance(s.writer, _process_writer.ProcessWriter):
-                late = _end_open_spans(s.writer, here, t_here, unwound)
-            else:
-                late += len(unwound)
+            late = _at_end.late_spans(s.writer, deadline, here, t_here, unwound)
 
             def trailer(count_buffer_full: bool = True) -> bytes:
                 """The last lines: the counts of what was dropped (those the
@@ -332,81 +326,6 @@ def finalize(target: Session | None = None) -> None:
         raise interrupted
 
 
-#: How long finalize waits for spans still open on other threads: those that end
-#: in time are written, the rest are counted in a ``dropped`` line (reason "late").
-LATE_GRACE_S = 0.2
-
-
-def _stacks_stuck_here() -> set[int]:
-    """Stacks that cannot move while this thread is in finalize: its own, and
-    those of the tasks of the event loop it runs (if any)."""
-    out = set()
-    own = _engine.LOCAL.thread_stk
-    if own is not None:
-        out.add(id(own))
-    loop = _engine._get_running_loop()
-    if loop is not None:
-        for stk in list(_engine.STACKS.values()):
-            try:
-                if stk.owner is not None and stk.owner.get_loop() is loop:
-                    out.add(id(stk))
-            except Exception:
-                pass
-    return out
-
-
-def _open_span_count(exclude: set[int] = frozenset(),  # type: ignore[assignment]
-                     written: set[int] = frozenset()) -> int:  # type: ignore[assignment]
-    """Spans open on the stacks but those ``exclude`` names, less those ``written``."""
-    # Every stack starts with one root link; the rest are ids of open spans.
-    stacks = [stk for stk in list(_engine.STACKS.values()) if id(stk) not in exclude]
-    if written:
-        return sum(1 for stk in stacks for i in stk[1:] if i not in written)
-    return sum(len(stk) - 1 for stk in stacks)
-
-
-def _wait_for_open_spans(deadline: float) -> int:
-    """Give spans still open on other threads a moment to end (the writer writes
-    them); return how many spans are still open anywhere (they will end too late)."""
-    stuck = _stacks_stuck_here()
-    until = min(deadline, time.monotonic() + LATE_GRACE_S)
-    while _open_span_count(stuck) and time.monotonic() < until:
-        time.sleep(0.005)
-    return _open_span_count()
-
-
-def _end_open_spans(writer: _process_writer.ProcessWriter, here: set[int], t_here: int,
-                    unwound: set[int]) -> int:
-    """Write the spans still open anywhere (those the C engine opened, kept in the
-    ring's open-span table) as incomplete, ending now (those of this thread's tracks
-    ``here`` at ``t_here``, when the others of its tracks ended), the ``unwound``
-    calls among them; return how many are still open and not written (they will end
-    too late, or never)."""
-    written = writer.end_open_spans(_engine.clock(), here, t_here)
-    return _open_span_count(written=written) + len(unwound - written)
-
-
-def _calls_unwound(closing: list[tuple[_engine.Stack, int]]) -> set[int]:
-    """The spans that closing each ``(stack, id)`` takes off its stack unwritten:
-    calls of decorated functions running inside it (a closed ``with`` or ``start()``
-    span unwinds what is above it; loop bodies among them are written). On the
-    stacks finalize stands on they never end: each is written from the ring's
-    table, or counted."""
-    if not closing:
-        return set()
-    by_stack: dict[int, tuple[_engine.Stack, set[int]]] = {}
-    for stk, i in closing:
-        by_stack.setdefault(id(stk), (stk, set()))[1].add(i)
-    blocks = _iterators.open_block_kinds()
-    out: set[int] = set()
-    for stk, closed in by_stack.values():
-        ids = list(stk)
-        at = next((k for k, i in enumerate(ids) if i in closed), None)
-        if at is not None:  # the lowest span closed: all above it leave the stack
-            out.update(i for i in ids[at + 1:] if i not in stk.open and i not in blocks)
-    return out
-
-
 def busy_here() -> bool:
     """True when the calling thread is inside initialize() or finalize()."""
     return _lock._is_owned()  # type: ignore[attr-defined]
@@ -422,7 +341,7 @@ def flush_now(timeout: float = 1.0) -> None:
 
 #: When a signal's finalize began (its thread's spans end then), else None.
 _signalled_at: int | None = None
-#: The calls a signal's closing of its thread's spans unwound (see _calls_unwound).
+#: The calls a signal's closing of its thread's spans unwound (see ``calls_unwound``).
 _signal_unwound: set[int] = set()
 
 
@@ -433,10 +352,10 @@ def _finish_on_signal(signum: int) -> None:
     if _session is None or _session.pid != os.getpid():
         return
     t1 = _engine.clock()
-    stuck = _stacks_stuck_here()
+    stuck = _at_end.stacks_stuck_here()
     closing = [(stk, i) for stk in list(_engine.STACKS.values()) if id(stk) in stuck
                for i in list(stk) if i in stk.open]
-    _signal_unwound = _calls_unwound(closing)
+    _signal_unwound = _at_end.calls_unwound(closing)
     for stk, i in reversed(closing):
         _engine.close_kept(stk, i, t1, incomplete=True)
     _signalled_at = t1
