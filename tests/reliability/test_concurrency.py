@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 from collections import Counter, defaultdict
 
 import pytest
@@ -108,7 +109,12 @@ def test_finalize_while_threads_emit_leaves_a_clean_file(tmp_path):
     while min(done) < 1000 and not errors:
         stop.wait(0.01)
     dftrace.finalize()  # while the threads run on
-    stop.wait(0.05)
+    # Each thread ends two more items (the second begun after finalize returned) before
+    # they stop: on a busy machine 50 ms may pass without a thread's turn.
+    after = list(done)
+    deadline = time.monotonic() + 60
+    while min(d - a for d, a in zip(done, after)) < 2 and time.monotonic() < deadline and not errors:
+        stop.wait(0.01)
     stop.set()
     for th in threads:
         th.join()
