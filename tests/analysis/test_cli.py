@@ -12,6 +12,7 @@ import sys
 import orjson
 import pytest
 import tracegen
+from _signals import default_signals
 
 pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
@@ -362,6 +363,7 @@ def test_ctrl_c_during_a_query_is_python_s_to_handle(started_with, outcome):
     with SIGINT ignored continues. With polars' handler it was raised twice, and raised
     in a process that ignores SIGINT."""
     def disposition() -> None:
+        default_signals()  # a suite started from a background job has SIGINT ignored
         if started_with == "SIGINT ignored":
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 

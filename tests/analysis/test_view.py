@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import tracegen
+from _signals import default_signals
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
@@ -49,7 +50,7 @@ class _View:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dftrace", "view", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            preexec_fn=default_signals)
         self.lines: queue.Queue[str] = queue.Queue()
         self.said: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import tracegen
 from _requirements import needs
+from _signals import default_signals
 
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 pytest.importorskip("rich", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
@@ -302,7 +303,7 @@ def test_a_watch_with_nothing_to_follow_yet_says_what_it_waits_for(tmp_path):
     empty.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "dftrace", "watch", str(missing), str(empty), "--interval", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, preexec_fn=default_signals)
     try:
         ready, _, _ = select.select([proc.stderr], [], [], 60)
         line = proc.stderr.readline() if ready else "(nothing said in 60 s)"

@@ -124,6 +124,8 @@ def test_keyboard_interrupt_while_waiting_for_room_reaches_the_program(tmp_path)
 
     STATE.consumer = StuckWriter()
     main = threading.main_thread().ident
+    # Python's Ctrl-C handler, whatever this run inherited (a background job ignores SIGINT).
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
     timer.start()
 
@@ -132,11 +134,14 @@ def test_keyboard_interrupt_while_waiting_for_room_reaches_the_program(tmp_path)
         return 1
 
     calls = 0
-    with pytest.raises(KeyboardInterrupt):
-        for _ in range(100 * LIMIT):
-            step()
-            calls += 1
-    timer.cancel()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(100 * LIMIT):
+                step()
+                calls += 1
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, inherited)
     assert LIMIT <= calls < 100 * LIMIT
 
 

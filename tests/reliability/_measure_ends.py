@@ -20,6 +20,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.dirname(HERE))  # the suite's helpers
 
 from dftrace import testing  # noqa: E402
 from dftrace.format import iter_trace_lines  # noqa: E402

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from _signals import default_signals  # noqa: F401  (the reliability tests' helpers)
 from dftrace import testing
 from dftrace.format.reading import iter_line_pieces
 from dftrace.format import parse_trace_filename, validate_file
@@ -56,20 +56,6 @@ def write_script(tmp_path: Any, body: str, name: str = "prog.py") -> str:
     with open(path, "w") as fh:
         fh.write(textwrap.dedent(body))
     return path
-
-
-#: Signals a program started from a terminal has at their default action.
-_DEFAULT_SIGNALS = ("SIGINT", "SIGHUP", "SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
-
-
-def default_signals() -> None:
-    """In a child before exec: the signal dispositions of a program started from a
-    terminal. A test runner started under ``nohup`` (SIGHUP ignored) or in the
-    background (SIGINT ignored) passes those on to its children, and the signal tests
-    need the default actions."""
-    for name in _DEFAULT_SIGNALS:
-        signal.signal(getattr(signal, name), signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def run(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
