@@ -12,7 +12,8 @@ removed: the floor the off switch is measured against), ``bare`` (the same code
 with no tracer: plain functions, null contexts),
 ``hand`` (a minimal hand-written Python recorder with the same API: two
 ``perf_counter_ns()`` reads and a tuple appended to a list per span), ``dftrace``,
-``dftrace-off`` (tracing not started: off at run time), ``dftrace-offconfig``
+``dftrace-off`` (tracing not started: off at run time), ``dftrace-disabled``
+(started, then ``ai.disable()``), ``dftrace-offconfig``
 (``DFTRACE_ENABLE=0``), ``dftracer`` (LLNL DFTracer 2.2.0, ``pydftracer``'s AI API;
 ``pip install 'dftrace[bench]'``).
 
@@ -136,9 +137,11 @@ def _setup(tracer: str, out: str, hot: bool = False) -> tuple[Any, Any]:
             os.environ["DFTRACE_ENABLE"] = "0"
         import dftrace
 
-        if tracer == "dftrace":
+        if tracer in ("dftrace", "dftrace-disabled"):
             idle = {"flush_interval": 3600, "batch_size": 10**9, "buffer_limit": 10**8} if hot else {}
             dftrace.initialize(log_file=os.path.join(out, "t"), inherit=False, **idle)
+        if tracer == "dftrace-disabled":
+            dftrace.ai.disable()
         return dftrace.ai, dftrace.finalize
     if tracer == "dftracer":
         os.environ["DFTRACER_ENABLE"] = "1"

@@ -95,7 +95,7 @@ def _instructions(tracer: str, pattern: str, n: int, out: str) -> int:
 @pytest.mark.benchmark(group="instructions")
 @pytest.mark.parametrize("pattern", COUNTED)
 @pytest.mark.parametrize("tracer", ("loop", "bare", "hand", "dftrace", "dftrace-off",
-                                    "dftrace-offconfig"))
+                                    "dftrace-disabled", "dftrace-offconfig"))
 def test_instructions_per_operation(benchmark, tmp_path, tracer, pattern):
     """Instructions per operation end to end, counted by callgrind (the same count on
     every run, whatever else the machine does): the difference between 40,000 and

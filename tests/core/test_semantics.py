@@ -193,6 +193,33 @@ def test_disable_and_enable(tmp_path):
     assert t.names() == ["send", "forward"]
 
 
+def test_updates_made_while_switched_off_reach_the_spans_after(tmp_path):
+    """``update()`` while its node (or the whole tree) is switched off keeps the last
+    values of each key: the spans recorded once it is on again carry them, as do
+    spans forced on meanwhile; the values of a key given twice are the later ones."""
+    with testing.trace_to(tmp_path) as t:
+        ai.update(run="a")
+        ai.disable()
+        for step in range(3):
+            ai.update(epoch=1, step=step)  # one call site: its values replace the last ones
+        ai.compute.update(phase="off")
+        with ai.compute.forward(enable=True):  # forced on: it reads the updates made so far
+            pass
+        ai.update(step=7)
+        ai.enable()
+        with ai.compute.backward:
+            pass
+        ai.compute.disable()
+        ai.compute.update(phase="on")
+        ai.compute.enable()
+        with ai.compute.step:
+            pass
+    forward, backward, step = (t.spans(name)[0]["args"] for name in ("forward", "backward", "step"))
+    assert (forward["run"], forward["epoch"], forward["step"], forward["phase"]) == ("a", 1, 2, "off")
+    assert (backward["run"], backward["epoch"], backward["step"], backward["phase"]) == ("a", 1, 7, "off")
+    assert (step["step"], step["phase"]) == (7, "on")
+
+
 def test_forced_enable_overrides_the_node_switch(tmp_path):
     """``enable=True`` records while its category is disabled; ``enable=False`` never records."""
 

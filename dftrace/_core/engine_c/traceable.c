@@ -67,8 +67,10 @@ static int open_kept(PyObject *self, PyObject *extra, PyObject *stk, PyObject *o
 }
 
 static PyObject *Traceable_enter(PyObject *self, PyObject *unused) {
-    if (is_on(self) <= 0 || dft_calls.local == NULL) {
-        PyErr_Clear();
+    int on = is_on(self);
+    if (on <= 0 || dft_calls.local == NULL) {
+        if (unlikely(on < 0))
+            PyErr_Clear();
         Py_INCREF(self);
         return self;
     }
@@ -291,8 +293,10 @@ static PyObject *Traceable_start(PyObject *self, PyObject *const *args, size_t n
                                  PyObject *kwnames) {
     if (PyVectorcall_NARGS(nargsf) || kwnames || dft_hooks.span == NULL || dft_calls.local == NULL)
         return call_slow(dft_hooks.start_slow, self, args, nargsf, kwnames);
-    if (is_on(self) <= 0) {
-        PyErr_Clear();
+    int on = is_on(self);
+    if (on <= 0) {
+        if (unlikely(on < 0))
+            PyErr_Clear();
         Py_INCREF(dft_hooks.no_span);
         return dft_hooks.no_span;
     }
@@ -443,6 +447,18 @@ static PyObject *own_args(PyObject *x) {
     return PyObject_GetAttr(x, dft_str_args_attr);
 }
 
+/* Whether nothing records the spans an update of `t` reaches: tracing not started,
+   or the node switched off (and with it its subtree; a use forced on reads the
+   values, encoding them, when it opens a span). */
+static int records_nothing(PyObject *t) {
+    if (dft_gate && is_on(dft_gate) == 0)
+        return 1;
+    int on = is_on(t);
+    if (on < 0)
+        PyErr_Clear();
+    return on == 0;
+}
+
 static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t nargsf,
                                   PyObject *kwnames) {
     if (dft_off_for_good)
@@ -452,8 +468,7 @@ static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t 
     PyObject *given = n == 1 ? args[0] : NULL;
     int simple = n <= 1 && t->node == self &&
                  (given == NULL || given == Py_None || PyDict_CheckExact(given));
-    if (n == 0 && kwnames && t->pend_names == kwnames && t->node == self && dft_gate &&
-        is_on(dft_gate) == 0) {
+    if (n == 0 && kwnames && t->pend_names == kwnames && t->node == self && records_nothing(self)) {
         /* the same call site again while nothing records: its new values replace
            the last ones (ai.update(epoch=e, step=s) on every step) */
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
@@ -468,7 +483,7 @@ static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t 
     if (t->pend_names && dft_pending_flush(t) < 0)
         PyErr_Clear();
     if (n == 0 && kwnames && PyTuple_GET_SIZE(kwnames) <= PEND_MAX && t->node == self &&
-        t->pending && PyDict_CheckExact(t->pending) && dft_gate && is_on(dft_gate) == 0) {
+        t->pending && PyDict_CheckExact(t->pending) && records_nothing(self)) {
         Py_INCREF(kwnames);
         t->pend_names = kwnames;
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
@@ -478,7 +493,7 @@ static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t 
         dft_sticky_gen++;
         Py_RETURN_NONE;
     }
-    if (simple && t->pending && PyDict_CheckExact(t->pending) && dft_gate && is_on(dft_gate) == 0) {
+    if (simple && t->pending && PyDict_CheckExact(t->pending) && records_nothing(self)) {
         /* nothing records: keep the values as given, encode them when something does */
         if (put_kwargs(t->pending, given, args + n, kwnames) < 0) {
             PyErr_Clear();
@@ -793,8 +808,10 @@ int dft_traceable_subclasses(void) {
 
 static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
-    long long t1 = now_ns();
     Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (self == dft_hooks.no_span && n + nk == 0)
+        Py_RETURN_NONE; /* what start() gives while off: nothing to close */
+    long long t1 = now_ns();
     PyObject *a = NULL, *stk = NULL, *id = NULL, *obj = NULL, *spans = NULL, *open = NULL, *y = NULL;
     if (n + nk > 1 || (nk == 1 && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), dft_str_args_kw) != 0))
         goto slow;
