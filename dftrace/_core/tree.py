@@ -376,7 +376,7 @@ class Node(_Traceable):
         try:
             if args:
                 kwargs = {**args, **kwargs}
-            if not (GATE._on and self._on):  # nothing records: keep the values, encode them later
+            if not self._on:  # nothing records (tracing not started, or switched off): encode later
                 self._pending.update(kwargs)
             elif self._own is None and not self._pending:
                 self._own = Extra(kwargs, _max_arg_length)

@@ -25,8 +25,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # the suite's helpers
 from dftrace import testing  # noqa: E402
 from dftrace.format import iter_trace_lines  # noqa: E402
 
-sys.path.insert(0, HERE)
-from _util import default_signals  # noqa: E402
+from _signals import default_signals  # noqa: E402
 
 HOSTILE = os.path.join(HERE, "_hostile.py")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from _signals import default_signals  # noqa: F401  (the reliability tests' helpers)
+from _signals import default_signals
 from dftrace import testing
 from dftrace.format.reading import iter_line_pieces
 from dftrace.format import parse_trace_filename, validate_file

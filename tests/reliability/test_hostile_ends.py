@@ -15,8 +15,9 @@ import pytest
 
 from dftrace import testing
 
-from ._util import HERE, assert_valid, clean_env, default_signals, drainer_writes, files, \
-    last_line, spans
+from _signals import default_signals
+
+from ._util import HERE, assert_valid, clean_env, drainer_writes, files, last_line, spans
 
 HOSTILE = os.path.join(HERE, "_hostile.py")
 N = 20_000

@@ -16,8 +16,9 @@ import pytest
 
 from dftrace import testing
 
-from ._util import WRITERS, clean_env, default_signals, fuse_dir, last_line, tmpfs_dir, \
-    meta, spans, write_script
+from _signals import default_signals
+
+from ._util import WRITERS, clean_env, fuse_dir, last_line, meta, spans, tmpfs_dir, write_script
 
 # The child records `rounds` rounds of 100 spans, one round per flush, prints how
 # many, and waits for a line on stdin before it ends (the test reads its stderr

@@ -447,18 +447,6 @@ static PyObject *own_args(PyObject *x) {
     return PyObject_GetAttr(x, dft_str_args_attr);
 }
 
-/* Whether nothing records the spans an update of `t` reaches: tracing not started,
-   or the node switched off (and with it its subtree; a use forced on reads the
-   values, encoding them, when it opens a span). */
-static int records_nothing(PyObject *t) {
-    if (dft_gate && is_on(dft_gate) == 0)
-        return 1;
-    int on = is_on(t);
-    if (on < 0)
-        PyErr_Clear();
-    return on == 0;
-}
-
 static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t nargsf,
                                   PyObject *kwnames) {
     if (dft_off_for_good)
@@ -468,7 +456,14 @@ static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t 
     PyObject *given = n == 1 ? args[0] : NULL;
     int simple = n <= 1 && t->node == self &&
                  (given == NULL || given == Py_None || PyDict_CheckExact(given));
-    if (n == 0 && kwnames && t->pend_names == kwnames && t->node == self && records_nothing(self)) {
+    /* Nothing records the spans this update reaches: tracing not started (every node
+       is off then) or this node switched off, and its subtree with it; a use forced
+       on reads the values, encoding them, when it opens a span. */
+    int idle = is_on(self);
+    if (unlikely(idle < 0))
+        PyErr_Clear();
+    idle = idle == 0;
+    if (n == 0 && kwnames && t->pend_names == kwnames && t->node == self && idle) {
         /* the same call site again while nothing records: its new values replace
            the last ones (ai.update(epoch=e, step=s) on every step) */
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
@@ -483,7 +478,7 @@ static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t 
     if (t->pend_names && dft_pending_flush(t) < 0)
         PyErr_Clear();
     if (n == 0 && kwnames && PyTuple_GET_SIZE(kwnames) <= PEND_MAX && t->node == self &&
-        t->pending && PyDict_CheckExact(t->pending) && records_nothing(self)) {
+        t->pending && PyDict_CheckExact(t->pending) && idle) {
         Py_INCREF(kwnames);
         t->pend_names = kwnames;
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
@@ -493,7 +488,7 @@ static PyObject *Traceable_update(PyObject *self, PyObject *const *args, size_t 
         dft_sticky_gen++;
         Py_RETURN_NONE;
     }
-    if (simple && t->pending && PyDict_CheckExact(t->pending) && records_nothing(self)) {
+    if (simple && t->pending && PyDict_CheckExact(t->pending) && idle) {
         /* nothing records: keep the values as given, encode them when something does */
         if (put_kwargs(t->pending, given, args + n, kwnames) < 0) {
             PyErr_Clear();
@@ -809,9 +804,7 @@ int dft_traceable_subclasses(void) {
 static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
     Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (self == dft_hooks.no_span && n + nk == 0)
-        Py_RETURN_NONE; /* what start() gives while off: nothing to close */
-    long long t1 = now_ns();
+    long long t1 = 0;
     PyObject *a = NULL, *stk = NULL, *id = NULL, *obj = NULL, *spans = NULL, *open = NULL, *y = NULL;
     if (n + nk > 1 || (nk == 1 && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), dft_str_args_kw) != 0))
         goto slow;
@@ -822,10 +815,11 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
     stk = slot_get(self, &dft_slot_stk);
     if (!stk)
         goto slow;
-    if (stk == Py_None) { /* stopped already, or nothing was recorded */
+    if (stk == Py_None) { /* stopped already, or nothing was recorded (start() while off) */
         Py_DECREF(stk);
         Py_RETURN_NONE;
     }
+    t1 = now_ns();
     id = slot_get(self, &dft_slot_id);
     obj = id ? slot_get(self, &dft_slot_obj) : NULL;
     spans = obj ? open_spans() : NULL;
