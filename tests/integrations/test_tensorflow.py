@@ -46,10 +46,13 @@ def train(hooks, n=12, batch=4, fail_at_step=None, first_step=0):
 def four_runs_inside(result, session_span: str) -> list[dict]:
     """Assert that ``train``'s four runs (12 points in batches of 4, then the run that
     finds the input exhausted) are compute spans of global steps 0 to 3, inside the
-    one pipeline span ``session_span``; return them."""
+    one pipeline span ``session_span``; return them. Each run's global step is as read
+    during the run: before or after its own increment (TensorFlow does not order the
+    two; seen once in CI: 0, 2, 2, 3)."""
     [session] = result.spans(session_span, "pipeline")
     runs = result.spans("compute", "compute")
-    assert [e["args"]["step"] for e in runs] == [0, 1, 2, 3]
+    steps = [e["args"]["step"] for e in runs]
+    assert len(steps) == 4 and all(step in (i, i + 1) for i, step in enumerate(steps)), steps
     assert all(e["args"]["p_idx"] == session["id"] for e in runs)
     return runs
 
