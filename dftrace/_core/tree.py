@@ -223,7 +223,7 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
         stop = _stop_py
 
     # spans known after the fact -----------------------------------------------
-    def record(self, t0: int, t1: int, args: dict[str, Any] | None = None) -> None:
+    def _record_py(self, t0: int, t1: int, args: dict[str, Any] | None = None) -> None:
         """Record a span of this event that already happened, from ``t0`` to ``t1``.
 
         The times are ints on dftrace's clock, ``time.perf_counter_ns()`` nanoseconds
@@ -255,6 +255,11 @@ class _Traceable(_CMBase):  # type: ignore[misc,valid-type]
             _engine.record_finished(node._kid, int(t0), int(t1), extra, _engine.sticky_of(node))
         except Exception:
             pass
+
+    # record(): the C base class's method (which calls the one above for all but the
+    # common case), else the Python one.
+    if _CMBase is object:
+        record = _record_py
 
 
 #: The range of times a record holds (64-bit signed nanoseconds).
@@ -568,6 +573,7 @@ if _engine.speedups is not None:
                               start_slow=_Traceable._start_py, stop_slow=_Traceable._stop_py,
                               use_type=Use, call_slow=_Traceable._call_py,
                               span_stop_slow=Span._stop_py, gate=GATE, update_slow=Node._update_py,
+                              record_slow=_Traceable._record_py,
                               off_use=OFF_USE)
 
 

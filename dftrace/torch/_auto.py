@@ -41,14 +41,15 @@ from .._core import engine as _engine
 from .._core import iterators as _iterators
 from .._core import records as _records
 from .._core import tree as _tree
-from .._core.records import Extra
 from .._core.tree import ai
-from .._hooks import guarded, warn_once
+from .._hooks import warn_once
 from ._dist import note_distributed_rank, trace_ddp, trace_distributed
 
 __all__ = ["install", "standing_down", "trace_ddp_of", "watch_ddp"]
 
 _FETCH = ai.dataloader.fetch
+_clock = _engine.clock
+_grad_enabled = torch.is_grad_enabled
 _FETCH_INIT = ai.dataloader.fetch.derive("init")
 _FORWARD = ai.compute.forward
 _BACKWARD = ai.compute.backward
@@ -63,6 +64,8 @@ class _State:
         self.steps = 0
         self.train_loader: int | None = None  # id() of the training loader
         self.first_loader: int | None = None
+        #: The training loader's id(); until the first step, the first loader's.
+        self.training: int | None = None
         self.iterations: dict[int, int] = {}  # id(loader) -> iterations begun
         self.current: int | None = None  # the loader iterated last on the main thread
         self.integrations = 0
@@ -72,19 +75,16 @@ class _State:
         #: step by :meth:`moved`, not per span: the hooks run between PyTorch's
         #: own work, where each line of Python they run costs the most.
         self.position: dict[str, Any] = {"step": 0}
-        #: The same, encoded, for the training loader's fetches (made at the first).
-        self.fetch_extra: Extra | None = None
 
     def moved(self) -> None:
         """The step or the epoch may have changed: the position is made anew.
         ``epoch``: how many times the training loader (until the first step, the
         first loader iterated) was iterated before, while it is the one iterated."""
         position: dict[str, Any] = {"step": self.steps}
-        loader = self.train_loader if self.train_loader is not None else self.first_loader
+        loader = self.training = self.train_loader if self.train_loader is not None else self.first_loader
         if loader is not None and self.current == loader:
             position["epoch"] = self.iterations.get(loader, 1) - 1
         self.position = position
-        self.fetch_extra = None
 
 
 class _Local(threading.local):
@@ -92,7 +92,8 @@ class _Local(threading.local):
     calls it is (class defaults: each thread starts with them, no lookup fails)."""
 
     depth = 0  # module calls open on this thread
-    span: Any = None  # (the open forward's span, its module)
+    span: Any = None  # the open forward's span
+    module: Any = None  # its module
     step_span: Any = None
 
 
@@ -103,6 +104,12 @@ def standing_down(delta: int) -> None:
     """An integration began (+1) or ended (-1) a training run: the hooks record
     nothing meanwhile (the integration records the same)."""
     STATE.integrations = max(0, STATE.integrations + delta)
+
+
+#: Each thread's stack of open spans (``.stk``). The hooks ask :func:`_covered` only
+#: when it may hold a span (it is not known yet, or holds more than its base): in an
+#: un-annotated program, never.
+_STACKS = _engine.LOCAL
 
 
 def _covered(category: str, depth: int = 12) -> bool:
@@ -158,36 +165,24 @@ class _Fetches:
         return self
 
     def __next__(self) -> Any:
-        if STATE.integrations or not _FETCH._on or _covered("dataloader"):
+        stk = _STACKS.stk
+        if (STATE.integrations or not _FETCH._on
+                or ((stk is None or len(stk) > 1) and _covered("dataloader"))):
             return next(self.it)
         if STATE.current != self.loader:
             STATE.current = self.loader
             STATE.moved()
-        t0 = _engine.clock()
+        t0 = _clock()
         try:
             item = next(self.it)
         except StopIteration:
             raise
         except BaseException as exc:
-            position = STATE.position if self._training() else {}
-            _FETCH.record(t0, _engine.clock(), {**position, "error": type(exc).__name__})
+            position = STATE.position if STATE.training == self.loader else {}
+            _FETCH.record(t0, _clock(), {**position, "error": type(exc).__name__})
             raise
-        t1 = _engine.clock()
-        try:
-            # _FETCH.record(t0, t1, args), with the args encoded once per step.
-            extra = None
-            if self._training():
-                extra = STATE.fetch_extra
-                if extra is None:
-                    extra = STATE.fetch_extra = Extra(STATE.position)
-            _engine.record_finished(_FETCH._kid, t0, t1, extra, _engine.sticky_of(_FETCH))
-        except Exception:
-            pass
+        _FETCH.record(t0, _clock(), STATE.position if STATE.training == self.loader else None)
         return item
-
-    def _training(self) -> bool:
-        train = STATE.train_loader if STATE.train_loader is not None else STATE.first_loader
-        return train == self.loader
 
     def __len__(self) -> int:
         return len(self.it)
@@ -219,11 +214,16 @@ def _traced_iter(self: Any) -> Any:
 def _forward_pre(module: Any, args: Any) -> None:
     try:
         local = STATE.local
-        depth = local.depth
-        local.depth = depth + 1
-        if depth or STATE.integrations or not _FORWARD._on or _covered("compute"):
+        if local.depth:  # a module inside the outermost one
+            local.depth += 1
             return
-        local.span = (_FORWARD.start(), module)
+        local.depth = 1
+        stk = _STACKS.stk
+        if (STATE.integrations or not _FORWARD._on
+                or ((stk is None or len(stk) > 1) and _covered("compute"))):
+            return
+        local.span = _FORWARD.start()
+        local.module = module
     except Exception:
         pass
 
@@ -231,15 +231,19 @@ def _forward_pre(module: Any, args: Any) -> None:
 def _forward_post(module: Any, args: Any, output: Any) -> None:
     try:
         local = STATE.local
-        depth = local.depth = max(0, local.depth - 1)
-        opened = local.span
-        if depth or opened is None or opened[1] is not module:
+        depth = local.depth
+        if depth > 1:
+            local.depth = depth - 1
             return
-        local.span = None
-        if module.training and torch.is_grad_enabled():
-            opened[0].stop({"module": type(module).__name__, **STATE.position})
+        local.depth = 0
+        span = local.span
+        if span is None or local.module is not module:
+            return
+        local.span = local.module = None
+        if module.training and _grad_enabled():
+            span.stop({"module": type(module).__name__, **STATE.position})
         else:
-            opened[0].stop({"module": type(module).__name__})
+            span.stop({"module": type(module).__name__})
     except Exception:
         pass
 
@@ -292,34 +296,42 @@ class _BackwardArgs:
     """What ``dftrace.torch``'s traced ``backward()`` asks its users for."""
 
     def _backward_args(self) -> dict[str, Any] | None | bool:
-        if STATE.integrations or _covered("compute", depth=6):
+        stk = _STACKS.stk
+        if STATE.integrations or ((stk is None or len(stk) > 1) and _covered("compute", depth=6)):
             return False  # nothing to record: it is recorded already
         return STATE.position  # encoded by the span's stop(): shared safely
 
 
-@guarded
 def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if STATE.integrations or not _STEP._on or _covered("compute"):
-        STATE.local.step_span = None
-        return
-    if STATE.train_loader is None:
-        STATE.train_loader = STATE.current if STATE.current is not None else STATE.first_loader
-        STATE.moved()
-    STATE.local.step_span = _STEP.start()
-
-
-@guarded
-def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
     local = STATE.local
-    span = local.step_span
     local.step_span = None
-    if span is not None:
-        span.stop({"optimizer": type(optimizer).__name__, **STATE.position})
-    if not STATE.integrations:
-        STATE.steps += 1
-        STATE.moved()
-        if ROOTS.handles:
-            ROOTS.step_taken()
+    try:
+        stk = _STACKS.stk
+        if (STATE.integrations or not _STEP._on
+                or ((stk is None or len(stk) > 1) and _covered("compute"))):
+            return
+        if STATE.train_loader is None:
+            STATE.train_loader = STATE.current if STATE.current is not None else STATE.first_loader
+            STATE.moved()
+        local.step_span = _STEP.start()
+    except Exception as exc:
+        warn_once("auto-step", f"optimizer step not recorded: {exc!r}")
+
+
+def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
+    try:
+        local = STATE.local
+        span = local.step_span
+        if span is not None:
+            local.step_span = None
+            span.stop({"optimizer": type(optimizer).__name__, **STATE.position})
+        if not STATE.integrations:
+            STATE.steps += 1
+            STATE.moved()
+            if ROOTS.handles:
+                ROOTS.step_taken()
+    except Exception as exc:
+        warn_once("auto-step", f"optimizer step not recorded: {exc!r}")
 
 
 # -- distributed ----------------------------------------------------------------------

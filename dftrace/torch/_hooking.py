@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .._core.tree import ai
-from .._hooks import call_in_span, warn_once
+from .._hooks import error_args, warn_once
 
 
 get_ident = threading.get_ident
@@ -116,12 +116,20 @@ BACKWARD = ai.compute.backward
 
 def _traced_backward(*args: Any, **kwargs: Any) -> Any:
     users = _backward_users
-    if not users or not BACKWARD.enabled:
+    if not users or not BACKWARD._on:
         return _original_backward(*args, **kwargs)
     span_args = users[-1]._backward_args()
     if span_args is False:  # recorded already (automatic tracing inside your own span)
         return _original_backward(*args, **kwargs)
-    return call_in_span(BACKWARD, _original_backward, args, kwargs, args=span_args)
+    # call_in_span(BACKWARD, ...) written out: it runs once per training step
+    span = BACKWARD.start()
+    try:
+        out = _original_backward(*args, **kwargs)
+    except BaseException as exc:
+        span.stop(error_args(span_args, exc))
+        raise
+    span.stop(span_args)
+    return out
 
 
 def install_backward(user: Any) -> None:

@@ -55,6 +55,7 @@ static const reg_t REGISTRY[] = {
     {"use_type", (PyObject **)&dft_hooks.use, TYPE},
     {"call_slow", &dft_hooks.call_slow, CALLABLE},
     {"span_stop_slow", &dft_hooks.span_stop_slow, CALLABLE},
+    {"record_slow", &dft_hooks.record_slow, CALLABLE},
     {"gate", &dft_hooks.gate, ANY},
     {"update_slow", &dft_update_slow, CALLABLE},
     {"off_use", &dft_hooks.off_use, ANY},
@@ -88,6 +89,7 @@ static const reg_t REGISTRY[] = {
     "  use_type        Use, made here for node(args={...})\n" \
     "  call_slow       _Traceable._call_py: node(...) for all but node(args={...})\n" \
     "  span_stop_slow  Span._stop_py: Span.stop() for all but the common case\n" \
+    "  record_slow     _Traceable._record_py: record() for all but the common case\n" \
     "  gate            GATE, what a use forced on follows\n" \
     "  update_slow     Node._update_py: update() for all but plain values\n" \
     "  off_use         OFF_USE, what node(...) returns when off by configuration"

@@ -80,6 +80,7 @@ typedef struct {
     PyTypeObject *use;    /* _nodes.Use, allocated here for node(args={...}) */
     PyObject *call_slow;  /* _Traceable._call_py(self, *args, **kwargs) */
     PyObject *span_stop_slow; /* Span._stop_py(self, args=None) */
+    PyObject *record_slow; /* _Traceable._record_py(self, t0, t1, args=None) */
     PyObject *gate;       /* GATE */
     PyObject *off_use;    /* OFF_USE: node(...) when tracing is off by configuration */
 } hookstate_t;

@@ -398,6 +398,94 @@ slow:
     return call_slow(dft_hooks.stop_slow, self, args, nargsf, kwnames);
 }
 
+/* record(t0, t1, args=None): a span that already happened, inside the caller's
+   innermost open span. Here: int times in order and args None or a plain dict;
+   anything else in Python (record_slow, which also warns about bad times). */
+static PyObject *Traceable_record(PyObject *self, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kwnames || n < 2 || n > 3 || dft_calls.local == NULL)
+        goto slow;
+    int on = is_on(self);
+    if (on <= 0) {
+        if (unlikely(on < 0))
+            PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (!PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1]))
+        goto slow;
+    int o0 = 0, o1 = 0;
+    long long t0 = PyLong_AsLongLongAndOverflow(args[0], &o0);
+    long long t1 = PyLong_AsLongLongAndOverflow(args[1], &o1);
+    if (o0 || o1 || t0 > t1 || PyErr_Occurred()) {
+        PyErr_Clear();
+        goto slow;
+    }
+    PyObject *a = n == 3 ? args[2] : NULL;
+    if (a == Py_None || (a && PyDict_CheckExact(a) && PyDict_GET_SIZE(a) == 0))
+        a = NULL;
+    if (a && !PyDict_CheckExact(a))
+        goto slow;
+    PyObject *node = NULL, *x = NULL, *stk = NULL, *sticky = NULL, *id = NULL, *tid = NULL, *own;
+    uint32_t kid;
+    Py_ssize_t lvl;
+    int rc;
+    if (a) {
+        x = dft_plain_extra(a, 0);
+        if (!x) {
+            if (PyErr_Occurred())
+                goto fail;
+            goto slow; /* not plain: Python sanitizes it */
+        }
+    }
+    own = get_extra(self); /* a use's own args, then these */
+    if (!own)
+        goto fail;
+    if (own != Py_None) {
+        PyObject *y = x ? PyObject_CallFunctionObjArgs(dft_calls.merge, own, x, NULL) : own;
+        if (y == own)
+            Py_INCREF(y);
+        Py_DECREF(own);
+        Py_XSETREF(x, y);
+        if (!x)
+            goto fail;
+    } else {
+        Py_DECREF(own);
+    }
+    node = get_node(self);
+    kid = node ? dft_node_kid(node, dft_str_kid) : 0xFFFFFFFFu;
+    if (kid == 0xFFFFFFFFu)
+        goto fail;
+    stk = current_stack();
+    if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0)
+        goto fail;
+    sticky = node_sticky(node);
+    if (!sticky) {
+        PyErr_Clear();
+        sticky = Py_None;
+        Py_INCREF(sticky);
+    }
+    id = new_id();
+    tid = id ? stk_tid(stk) : NULL;
+    if (!tid)
+        goto fail;
+    lvl = PyList_GET_SIZE(stk);
+    rc = emit_span(kid, t0, t1, id, PyList_GET_ITEM(stk, lvl - 1), lvl, tid, sticky,
+                       x ? x : Py_None, -1, 0);
+    Py_DECREF(tid); Py_DECREF(id); Py_DECREF(sticky); Py_DECREF(stk); Py_DECREF(node); Py_XDECREF(x);
+    if (rc < 0)
+        return NULL; /* an exception that must reach the caller (see emit_span) */
+    Py_RETURN_NONE;
+fail:
+    PyErr_Clear(); /* never fail the caller: nothing was recorded */
+    Py_XDECREF(tid); Py_XDECREF(id); Py_XDECREF(sticky); Py_XDECREF(stk); Py_XDECREF(node); Py_XDECREF(x);
+    Py_RETURN_NONE;
+slow:
+    if (dft_hooks.record_slow == NULL)
+        Py_RETURN_NONE;
+    return call_slow(dft_hooks.record_slow, self, args, nargsf, kwnames);
+}
+
 /* update(args=None, /, **kwargs): a node's sticky args, encoded once here (O(1));
    anything but plain values while recording goes to Python (update_slow). A
    vectorcall: keyword values are read from the call's own array, no dict built. */
@@ -533,6 +621,9 @@ static PyMethodDef Traceable_methods[] = {
     {"stop", (PyCFunction)(void (*)(void))Traceable_stop, METH_FASTCALL | METH_KEYWORDS,
      "stop(span=None, metadata=False): close the span from start() (the innermost open "
      "one of this node on the caller's thread/task, or `span`)."},
+    {"record", (PyCFunction)(void (*)(void))Traceable_record, METH_FASTCALL | METH_KEYWORDS,
+     "record(t0, t1, args=None): record a span of this event that already happened, from "
+     "t0 to t1 (ints on dftrace's clock), inside the caller's innermost open span."},
     {NULL, NULL, 0, NULL}};
 
 /* __enter__ / __exit__: descriptors that hand out the traceable's own hooks (hook_t,
