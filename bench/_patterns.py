@@ -30,10 +30,11 @@ import time
 from time import perf_counter_ns
 from typing import Any
 
-PATTERNS = ("decorator", "with", "with_args", "update", "iter", "startstop", "stop_args", "step")
+PATTERNS = ("decorator", "with", "with_args", "update", "iter", "startstop", "stop_args", "step",
+            "step_args")
 #: Spans each pattern records per operation (update records none).
 SPANS = {"decorator": 1, "with": 1, "with_args": 1, "update": 0, "iter": 2, "startstop": 1,
-         "stop_args": 1, "step": 8}
+         "stop_args": 1, "step": 8, "step_args": 8}
 
 
 # -- the tracers ----------------------------------------------------------------------
@@ -176,7 +177,7 @@ def _loop(pattern: str) -> Any:
             fn()
             fn()
 
-    return {"decorator": calls, "step": realistic}.get(pattern, empty)
+    return {"decorator": calls, "step": realistic, "step_args": realistic}.get(pattern, empty)
 
 
 def _make(pattern: str, ai: Any) -> Any:
@@ -236,21 +237,26 @@ def _make(pattern: str, ai: Any) -> Any:
             else:
                 span.stop(args={"bytes": i})
 
-    def realistic(n: int) -> None:
+    def realistic(n: int, varying: bool = False) -> None:
         # update + one fetch.iter item (2 spans) + 3 decorators + a with with args
-        # + a start/stop pair: 8 spans per step
+        # + a start/stop pair: 8 spans per step; `varying`: the with's args change
+        # every step, as a size read from the batch would
         for i, _batch in enumerate(fetch.iter(range(n))):
             ai.update(epoch=0, step=i)
             forward()
             backward()
             step()
-            with comm(args={"bytes": 4096}):
+            with comm(args={"bytes": 4096 + i if varying else 4096}):
                 pass
             span = transfer.start()
             transfer.stop() if span is None else span.stop()
 
+    def realistic_args(n: int) -> None:
+        realistic(n, varying=True)
+
     return {"decorator": decorator, "with": with_, "with_args": with_args, "update": update,
-            "iter": iter_, "startstop": startstop, "stop_args": stop_args, "step": realistic}[pattern]
+            "iter": iter_, "startstop": startstop, "stop_args": stop_args, "step": realistic,
+            "step_args": realistic_args}[pattern]
 
 
 def measure(tracer: str, pattern: str, n: int, out: str, mode: str) -> dict[str, Any]:

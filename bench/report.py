@@ -86,6 +86,7 @@ def main(path: str) -> None:
 
 PATTERN_ROWS = (
     ("step", "realistic step: update + fetch.iter item + 3 decorators + with(args=) + start/stop"),
+    ("step_args", "the same step, the with's args changing every step"),
     ("decorator", "decorator"),
     ("with", "`with node:`"),
     ("with_args", "`with node(args={...}):`"),

@@ -34,9 +34,10 @@ from dftrace._core import engine as _engine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACERS = ("bare", "hand", "dftrace", "dftrace-off", "dftrace-offconfig", "dftracer")
-PATTERNS = ("decorator", "with", "with_args", "update", "iter", "startstop", "stop_args", "step")
-N = {"step": 20_000, "update": 20_000}
-N_DFTRACER = {"step": 2_000, "update": 2_000}  # its update() walks every node: slow
+PATTERNS = ("decorator", "with", "with_args", "update", "iter", "startstop", "stop_args", "step",
+            "step_args")
+N = {"step": 20_000, "step_args": 20_000, "update": 20_000}
+N_DFTRACER = {"step": 2_000, "step_args": 2_000, "update": 2_000}  # its update() walks every node: slow
 
 
 #: End-to-end rounds per tracer and pattern, each a fresh process: the fastest (as
@@ -78,7 +79,8 @@ def test_pattern(benchmark, tmp_path, tracer, pattern):
 # -- instructions: a figure the machine's noise does not move ---------------------------
 #: Patterns whose instructions per operation are counted: the loop alone, no tracer,
 #: the hand-written recorder, dftrace recording, off at run time, off by configuration.
-COUNTED = ("decorator", "with", "with_args", "update", "iter", "startstop", "stop_args", "step")
+COUNTED = ("decorator", "with", "with_args", "update", "iter", "startstop", "stop_args", "step",
+           "step_args")
 
 
 def _instructions(tracer: str, pattern: str, n: int, out: str) -> int:

@@ -56,11 +56,9 @@ def test_size_limit_rotates_into_complete_numbered_parts(tmp_path):
     assert steps == list(range(6000))
 
 
-
 def test_producer_faster_than_the_writer_waits_instead_of_piling_up(tmp_path):
     """A producer faster than the writer waits at buffer_limit: the buffer never holds
     more, and every span is written."""
-    from dftrace._core import engine as _engine
     from dftrace._core import buffer as _buffer
 
     # zstd level 9 makes the writer far slower than this loop on any machine: the
