@@ -303,9 +303,9 @@ class _BackwardArgs:
 
 
 def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-    local = STATE.local
-    local.step_span = None
     try:
+        local = STATE.local
+        local.step_span = None
         stk = _STACKS.stk
         if (STATE.integrations or not _STEP._on
                 or ((stk is None or len(stk) > 1) and _covered("compute"))):
