@@ -203,9 +203,9 @@ def _traced_iter(self: Any) -> Any:
     STATE.iterations[key] = STATE.iterations.get(key, 0) + 1
     STATE.current = key
     STATE.moved()
-    t0 = _engine.clock()
+    t0 = _clock()
     it = _original_iter(self)
-    _FETCH_INIT.record(t0, _engine.clock())
+    _FETCH_INIT.record(t0, _clock())
     return _Fetches(it, key)
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .._core.tree import ai
-from .._hooks import error_args, warn_once
+from .._hooks import call_in_span, warn_once
 
 
 get_ident = threading.get_ident
@@ -121,15 +121,7 @@ def _traced_backward(*args: Any, **kwargs: Any) -> Any:
     span_args = users[-1]._backward_args()
     if span_args is False:  # recorded already (automatic tracing inside your own span)
         return _original_backward(*args, **kwargs)
-    # call_in_span(BACKWARD, ...) written out: it runs once per training step
-    span = BACKWARD.start()
-    try:
-        out = _original_backward(*args, **kwargs)
-    except BaseException as exc:
-        span.stop(error_args(span_args, exc))
-        raise
-    span.stop(span_args)
-    return out
+    return call_in_span(BACKWARD, _original_backward, args, kwargs, args=span_args)
 
 
 def install_backward(user: Any) -> None:

@@ -7,7 +7,6 @@
 
 #include "common.h"
 #include "module.h"
-#include "encoder.h"
 #include "shm_ring.h"
 #include "spans.h"
 
@@ -228,10 +227,7 @@ static inline int emit_span(uint32_t kid, long long t0, long long t1, PyObject *
     Py_ssize_t na, nb;
     unsigned long long ma = 0, mb = 0, iv, pv, tv;
     if (x != NULL && x != Py_None && Py_TYPE(x) != (PyTypeObject *)dft_calls.extra_type) {
-        /* a dict of plain values is encoded here; anything else by Python */
-        own = PyDict_CheckExact(x) ? dft_plain_extra(x, 0) : NULL;
-        if (!own && !PyErr_Occurred())
-            own = PyObject_CallOneArg(dft_calls.to_extra, x);
+        own = PyObject_CallOneArg(dft_calls.to_extra, x);
         if (!own)
             goto fail;
         x = own;
