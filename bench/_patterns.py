@@ -6,6 +6,9 @@ prints one JSON object. MODE ``hot``: ``hot_ns``, per operation, the fastest of 
 rounds of N, dftrace's writer kept idle (recording only). MODE ``e2e``: ``e2e_ns``,
 per operation for N operations then the tracer's finalize, in a fresh process
 (recording, encoding, compression and writing together, with default settings).
+MODE ``alloc``: ``allocs_per_op``, the allocations CPython's allocators made on the
+calling thread per operation, N operations after a warm-up, default settings (the
+loop's own included: ``loop`` counts those alone).
 
 Tracers: ``loop`` (the loop alone: the same functions called, every tracer call
 removed: the floor the off switch is measured against), ``bare`` (the same code
@@ -272,6 +275,12 @@ def measure(tracer: str, pattern: str, n: int, out: str, mode: str) -> dict[str,
             run(n)
             rounds.append((perf_counter_ns() - t0) / n)
         result["hot_ns"] = round(min(rounds), 1)
+    elif mode == "alloc":
+        from dftrace._core._speedups import allocations
+
+        run(min(n, 2000))  # warm up: first uses fill what is kept for the next ones
+        result["allocs_per_op"] = round(allocations(lambda: run(n))[1] / n, 3)
+        finalize()
     else:
         run(min(n, 2000))  # warm up (first-use costs), as for the hot path
         t0 = perf_counter_ns()

@@ -72,6 +72,7 @@ def main(path: str) -> None:
             print(f"| {name[len('test_e2e_'):]} | {per_event_ns(b):.0f} ns |")
     patterns_table(by_name)
     instructions_table(by_name)
+    allocations_table(by_name)
     print("\n| figure | value |")
     print("|---|---|")
     for name, b in sorted(by_name.items()):
@@ -152,6 +153,25 @@ def instructions_table(by_name: dict) -> None:
                                  ("loop", "bare", "dftrace-off", "dftrace-offconfig"))
         if loop is not None and off is not None and offc is not None:
             print(f"| {label} | {loop:,} | +{(bare or loop) - loop:,} | +{off - loop:,} | +{offc - loop:,} |")
+
+
+def allocations_table(by_name: dict) -> None:
+    """Allocations per operation once warm, over the loop's own."""
+    res = {(i["tracer"], i["pattern"]): i["allocs_per_op"] for i in
+           (b.get("extra_info", {}) for b in by_name.values()) if "allocs_per_op" in i}
+    if not res:
+        return
+    print("\nAllocations per operation once warm, over the loop's own (CPython's allocators,"
+          " the calling thread).\n")
+    print("| pattern | the loop alone | hand-written | dftrace | DFTracer |")
+    print("|---|---|---|---|---|")
+    for pattern, label in PATTERN_ROWS:
+        loop = res.get(("loop", pattern))
+        if loop is None:
+            continue
+        cells = [f"+{res[(t, pattern)] - loop:.2f}" if (t, pattern) in res else "—"
+                 for t in ("hand", "dftrace", "dftracer")]
+        print(f"| {label} | {loop:.2f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -112,6 +112,23 @@ def test_instructions_per_operation(benchmark, tmp_path, tracer, pattern):
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
 
 
+@pytest.mark.benchmark(group="allocations")
+@pytest.mark.parametrize("pattern", COUNTED)
+@pytest.mark.parametrize("tracer", ("loop", "hand", "dftrace", "dftracer"))
+def test_allocations_per_operation(benchmark, tmp_path, tracer, pattern):
+    """Allocations per operation once warm (CPython's allocators, the calling thread),
+    the loop's own included: dftrace's are its count minus the loop's."""
+    if tracer == "dftracer" and importlib.util.find_spec("dftracer") is None:
+        pytest.skip("DFTracer is not installed: pip install 'dftrace[bench]'")
+    if _engine.speedups is None:
+        pytest.skip("the C engine is not built: its allocation counter is part of it")
+    n = (N_DFTRACER if tracer == "dftracer" else N).get(pattern, 20_000)
+    result = _pattern_process(tracer, pattern, n, str(tmp_path), "alloc")
+    benchmark.extra_info.update(result)
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    assert result["allocs_per_op"] >= 0
+
+
 # -- memory and the writer ----------------------------------------------------------------
 _MEMORY = """
 import gc, os, sys, psutil, dftrace

@@ -172,7 +172,7 @@ class Span(_SpanBase):  # type: ignore[misc,valid-type]
                 stop(self._obj, (self._stk, self._id), args)  # the module's stop()
             except Exception:
                 pass
-            self._stk = None
+            self._stk = self._id = None
 
     if _SpanBase is object:
         stop = _stop_py

@@ -106,6 +106,51 @@ typedef struct {
 
 static int pb_room(pbuf *b, Py_ssize_t n) { return b->end - b->o >= n; }
 
+/* A float's repr (CPython's, which allocates its string): the last few are kept, so
+   that args that repeat (a ratio, a learning rate) cost no allocation. */
+#define FLOATS_KEPT 4
+typedef struct {
+    uint64_t bits;
+    uint8_t n;
+    char s[31];
+} kept_float_t;
+
+static int put_float(pbuf *b, double x) {
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+#if !defined(Py_GIL_DISABLED)
+    static kept_float_t kept[FLOATS_KEPT];
+    static int next;
+    for (int i = 0; i < FLOATS_KEPT; i++)
+        if (kept[i].n && kept[i].bits == bits) {
+            b->o = put(b->o, kept[i].s, kept[i].n); /* put_plain made room for 32 */
+            return 0;
+        }
+#endif
+    char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (!r) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t n = (Py_ssize_t)strlen(r);
+    if (!pb_room(b, n)) {
+        PyMem_Free(r);
+        return -1;
+    }
+    b->o = put(b->o, r, n);
+#if !defined(Py_GIL_DISABLED)
+    if (n <= (Py_ssize_t)sizeof(kept[0].s)) {
+        kept_float_t *k = &kept[next];
+        next = (next + 1) % FLOATS_KEPT;
+        k->bits = bits;
+        k->n = (uint8_t)n;
+        memcpy(k->s, r, (size_t)n);
+    }
+#endif
+    PyMem_Free(r);
+    return 0;
+}
+
 static int put_plain(pbuf *b, PyObject *v, int depth) {
     if (!pb_room(b, 32))
         return -1;
@@ -129,18 +174,8 @@ static int put_plain(pbuf *b, PyObject *v, int depth) {
         double x = PyFloat_AS_DOUBLE(v);
         if (x - x != 0)
             return -1; /* NaN or infinity: sanitize writes them as strings */
-        char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-        if (!r) {
-            PyErr_Clear();
+        if (put_float(b, x) < 0)
             return -1;
-        }
-        Py_ssize_t n = (Py_ssize_t)strlen(r);
-        if (!pb_room(b, n)) {
-            PyMem_Free(r);
-            return -1;
-        }
-        b->o = put(b->o, r, n);
-        PyMem_Free(r);
     } else if (PyUnicode_CheckExact(v)) {
         Py_ssize_t n;
         const char *vs = plain_str(v, &n);
@@ -192,6 +227,73 @@ static int put_plain(pbuf *b, PyObject *v, int depth) {
     return 0;
 }
 
+/* Extras are made per use of node(args=...), per Span.stop(args=) and per update():
+   a few are kept for the next ones (extra_free, as uses and Spans are), and so are
+   the fragments (bytes) of those no one else held, each rewritten in place by the
+   next fragment of its length (args that change every step mostly keep theirs). */
+static freelist_t extra_free;
+#if !defined(Py_GIL_DISABLED)
+#define SPARE_FRAGS 8
+static PyObject *spare_frags[SPARE_FRAGS];
+static int nspare_frags;
+#endif
+
+#define EXTRA_SLOT(o, s) (*(PyObject **)((char *)(o) + (s).off))
+
+static void extra_dealloc(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    PyObject_GC_UnTrack(o);
+    PyObject *f = EXTRA_SLOT(o, dft_slot_frag);
+    EXTRA_SLOT(o, dft_slot_frag) = NULL;
+#if !defined(Py_GIL_DISABLED)
+    if (f && PyBytes_CheckExact(f) && Py_REFCNT(f) == 1 && PyBytes_GET_SIZE(f) > 1 &&
+        nspare_frags < SPARE_FRAGS) {
+        spare_frags[nspare_frags++] = f;
+        f = NULL;
+    }
+#endif
+    Py_XDECREF(f);
+    Py_CLEAR(EXTRA_SLOT(o, dft_slot_mask));
+    Py_CLEAR(EXTRA_SLOT(o, dft_slot_args));
+    freelist_free(&extra_free, o);
+    Py_DECREF(tp);
+}
+
+/* Serve the registered Extra class from the freelist (its three slots found). */
+void dft_extra_serve(void) {
+    PyTypeObject *tp = (PyTypeObject *)dft_calls.extra_type;
+    if (tp == extra_free.type)
+        return;
+    int slots = tp && dft_slot_frag.type == tp && dft_slot_mask.type == tp && dft_slot_args.type == tp &&
+                dft_slot_frag.off >= 0 && dft_slot_mask.off >= 0 && dft_slot_args.off >= 0;
+    freelist_serve(&extra_free, slots ? tp : NULL, (Py_ssize_t)(sizeof(PyObject) + 3 * sizeof(PyObject *)),
+                   extra_dealloc);
+}
+
+/* Bytes holding s[:n]: a spare fragment of that length rewritten (nobody holds it),
+   else new. */
+static PyObject *frag_bytes(const char *s, Py_ssize_t n) {
+#if !defined(Py_GIL_DISABLED)
+    for (int i = nspare_frags - 1; i >= 0; i--) {
+        PyObject *b = spare_frags[i];
+        if (PyBytes_GET_SIZE(b) == n) {
+            spare_frags[i] = spare_frags[--nspare_frags];
+            memcpy(PyBytes_AS_STRING(b), s, (size_t)n);
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+            ((PyBytesObject *)b)->ob_shash = -1; /* its hash is not known any more */
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+            return b;
+        }
+    }
+#endif
+    return PyBytes_FromStringAndSize(s, n);
+}
+
 /* (frag, mask) for a plain dict; NULL without an error when it is not plain.
    *nested tells whether it held containers (their copy is then not a snapshot). */
 static PyObject *plain_fragment_of(PyObject *d, unsigned long long *mask_out, int *nested) {
@@ -223,7 +325,7 @@ static PyObject *plain_fragment_of(PyObject *d, unsigned long long *mask_out, in
     }
     *mask_out = mask;
     *nested = b.nested;
-    return PyBytes_FromStringAndSize(buf, b.o - buf);
+    return frag_bytes(buf, b.o - buf);
 }
 
 /* The mask as an int (new reference). Masks repeat (one per set of keys: every
@@ -249,9 +351,10 @@ static PyObject *mask_int(unsigned long long mask) {
 #endif
 }
 
-/* An Extra for a plain dict (its copy, fragment and mask); NULL without an error
-   when the dict is not plain. `fresh`: d is a dict no one else holds (made for this
-   Extra), kept as the snapshot instead of a copy. */
+/* An Extra for a plain dict (its fragment and mask, and d itself as its snapshot
+   when `fresh`: a dict no one else holds, made for this Extra); NULL without an
+   error when the dict is not plain. Without a snapshot its args are decoded from
+   the fragment when asked for (Extra.args), the values they were when encoded. */
 PyObject *dft_plain_extra(PyObject *d, int fresh) {
     unsigned long long mask = 0;
     int nested = 0;
@@ -259,10 +362,9 @@ PyObject *dft_plain_extra(PyObject *d, int fresh) {
     if (!frag)
         return NULL;
     PyTypeObject *t = (PyTypeObject *)dft_calls.extra_type;
-    PyObject *x = t ? t->tp_alloc(t, 0) : NULL;
-    /* a flat dict's copy is a snapshot; with containers, args are decoded from
-       the fragment when asked for (None here) */
-    PyObject *copy = x ? (nested ? Py_NewRef(Py_None) : fresh ? Py_NewRef(d) : PyDict_Copy(d)) : NULL;
+    PyObject *x = t ? freelist_alloc(&extra_free, t) : NULL;
+    /* with containers, a dict would share them: no snapshot */
+    PyObject *copy = x ? Py_NewRef(fresh && !nested ? d : Py_None) : NULL;
     PyObject *m = copy ? mask_int(mask) : NULL;
     if (!m || slot_set(x, &dft_slot_args, copy) < 0 || slot_set(x, &dft_slot_frag, frag) < 0 ||
         slot_set(x, &dft_slot_mask, m) < 0) {

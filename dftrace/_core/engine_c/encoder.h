@@ -14,6 +14,8 @@ char *dft_encode_chunks(chunk_t *c, char *o, const kind_t *ks, Py_ssize_t nk, co
                         Py_ssize_t npid, const char *hhp, Py_ssize_t nhh, long long off,
                         long long min_id);
 PyObject *dft_plain_extra(PyObject *d, int fresh);
+/* Serve the registered Extra class from a freelist (register() calls it). */
+void dft_extra_serve(void);
 extern int dft_off_for_good;
 #define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
 

@@ -161,6 +161,7 @@ static PyObject *register_objects(PyObject *self, PyObject *args, PyObject *kwar
     dft_gate = dft_hooks.gate;
     if (dft_gate)
         find_slot(&dft_slot_gate_on, (PyObject *)Py_TYPE(dft_gate), dft_str_on);
+    dft_extra_serve();
     if (dft_traceable_subclasses() < 0)
         return NULL;
     Py_RETURN_NONE;

@@ -88,6 +88,10 @@ long long dft_ndropped = 0;
    write them when this process dies without finalizing. */
 int dft_woken = 0;
 unsigned long long dft_next_id_val = 1;
+#if !defined(Py_GIL_DISABLED)
+PyObject *dft_spare_ids[SPARE_IDS];
+int dft_nspare_ids = 0;
+#endif
 unsigned long long dft_sticky_gen = 1;
 
 void dft_free_chunks(chunk_t *c) {
@@ -308,8 +312,68 @@ static PyObject *get_sticky_gen(PyObject *self, PyObject *unused) {
 
 static PyObject *clock_ns(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }
 
+/* allocations(fn): what the per-span paths are held to, no allocation per call,
+   counted. Every allocator domain (raw, mem, object) is wrapped while fn runs; a
+   call from the calling thread counts. The wrappers take no context of their own
+   (their context is the wrapped one's, the wrapped functions are in statics), so a
+   thread that reads the allocator while it is being swapped still calls a matching
+   pair. */
+static PyMemAllocatorEx alloc_wrapped[3];
+static unsigned long alloc_thread;
+static unsigned long long alloc_count;
+static const PyMemAllocatorDomain ALLOC_DOMAINS[3] = {PYMEM_DOMAIN_RAW, PYMEM_DOMAIN_MEM,
+                                                       PYMEM_DOMAIN_OBJ};
+#define ALLOC_COUNT() do { if (PyThread_get_thread_ident() == alloc_thread) alloc_count++; } while (0)
+#define ALLOC_WRAPPERS(i)                                                                    \
+    static void *alloc_malloc##i(void *ctx, size_t n) {                                     \
+        ALLOC_COUNT();                                                                      \
+        return alloc_wrapped[i].malloc(alloc_wrapped[i].ctx, n);                            \
+    }                                                                                       \
+    static void *alloc_calloc##i(void *ctx, size_t k, size_t n) {                           \
+        ALLOC_COUNT();                                                                      \
+        return alloc_wrapped[i].calloc(alloc_wrapped[i].ctx, k, n);                         \
+    }                                                                                       \
+    static void *alloc_realloc##i(void *ctx, void *p, size_t n) {                           \
+        ALLOC_COUNT();                                                                      \
+        return alloc_wrapped[i].realloc(alloc_wrapped[i].ctx, p, n);                        \
+    }                                                                                       \
+    static void alloc_free##i(void *ctx, void *p) { alloc_wrapped[i].free(alloc_wrapped[i].ctx, p); }
+ALLOC_WRAPPERS(0)
+ALLOC_WRAPPERS(1)
+ALLOC_WRAPPERS(2)
+
+static PyObject *allocations(PyObject *self, PyObject *fn) {
+    if (alloc_thread) {
+        PyErr_SetString(PyExc_RuntimeError, "allocations() is already counting");
+        return NULL;
+    }
+    PyMemAllocatorEx mine[3] = {
+        {NULL, alloc_malloc0, alloc_calloc0, alloc_realloc0, alloc_free0},
+        {NULL, alloc_malloc1, alloc_calloc1, alloc_realloc1, alloc_free1},
+        {NULL, alloc_malloc2, alloc_calloc2, alloc_realloc2, alloc_free2}};
+    for (int i = 0; i < 3; i++) {
+        PyMem_GetAllocator(ALLOC_DOMAINS[i], &alloc_wrapped[i]);
+        mine[i].ctx = alloc_wrapped[i].ctx;
+    }
+    alloc_count = 0;
+    alloc_thread = PyThread_get_thread_ident();
+    for (int i = 0; i < 3; i++)
+        PyMem_SetAllocator(ALLOC_DOMAINS[i], &mine[i]);
+    PyObject *r = PyObject_CallNoArgs(fn);
+    unsigned long long n = alloc_count;
+    for (int i = 0; i < 3; i++)
+        PyMem_SetAllocator(ALLOC_DOMAINS[i], &alloc_wrapped[i]);
+    alloc_thread = 0;
+    if (!r)
+        return NULL;
+    return Py_BuildValue("(NK)", r, n);
+}
+
 /* The module's functions of this file (module.c adds them). */
 PyMethodDef dft_records_methods[] = {
+    {"allocations", allocations, METH_O,
+     "allocations(fn) -> (fn(), n): n, the allocations this thread made while fn ran "
+     "(every CPython allocator domain: raw, mem, object)."},
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL,
      "record(kid, t0, t1, id, parent, level, tid, sticky=None, extra=None, count=-1, flags=0)"},
     {"add_kind", add_kind, METH_O, "add_kind(piece) -> kid"},

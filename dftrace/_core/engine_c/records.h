@@ -66,8 +66,58 @@ int dft_make_room(void);
 /* How many chunks the spare list can take back now. */
 int dft_spare_room(void);
 
-/* A new span id (new reference). */
+/* Span ids without an allocation per span. An id is a Python int (stacks are
+   lists that Python reads too), made by new_id() and given back by release_id()
+   when its span ends. An id no one else holds then (refcount 1: only the span's
+   own reference; the stack and the maps let go first) is nobody's to read any
+   more: up to SPARE_IDS of them are kept and new_id() sets the next value into
+   one in place, where it fits an int's single digit (ids < 2^30; small ints are
+   shared and never kept). Anything else is an ordinary int. Not with the GIL
+   disabled. */
+#if !defined(Py_GIL_DISABLED)
+#define SPARE_IDS 8
+extern PyObject *dft_spare_ids[SPARE_IDS];
+extern int dft_nspare_ids;
+
+/* The value of a positive int of one digit (the only kind a spare id is), else 0. */
+static inline unsigned long long one_digit_value(PyObject *o) {
+    if (!PyLong_CheckExact(o))
+        return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)o))
+        return 0;
+    Py_ssize_t v = PyUnstable_Long_CompactValue((PyLongObject *)o);
+    return v > 0 ? (unsigned long long)v : 0;
+#else
+    return Py_SIZE(o) == 1 ? ((PyLongObject *)o)->ob_digit[0] : 0;
+#endif
+}
+
+static inline PyObject *new_id(void) {
+    unsigned long long v = dft_next_id_val++;
+    if (dft_nspare_ids && v > 256 && v < (1ULL << PyLong_SHIFT)) {
+        PyObject *o = dft_spare_ids[--dft_nspare_ids];
+#if PY_VERSION_HEX >= 0x030C0000
+        ((PyLongObject *)o)->long_value.ob_digit[0] = (digit)v;
+#else
+        ((PyLongObject *)o)->ob_digit[0] = (digit)v;
+#endif
+        return o;
+    }
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* Let id go (the caller's reference): kept for new_id() when no one else holds it. */
+static inline void release_id(PyObject *id) {
+    if (Py_REFCNT(id) == 1 && dft_nspare_ids < SPARE_IDS && one_digit_value(id) > 256)
+        dft_spare_ids[dft_nspare_ids++] = id;
+    else
+        Py_DECREF(id);
+}
+#else
 static inline PyObject *new_id(void) { return PyLong_FromUnsignedLongLong(dft_next_id_val++); }
+static inline void release_id(PyObject *id) { Py_DECREF(id); }
+#endif
 
 /* Append one record; -1 when memory ran out (the caller counts it as dropped). */
 static inline int native_append(uint32_t kid, long long t0, long long t1, unsigned long long id,

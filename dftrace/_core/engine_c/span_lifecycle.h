@@ -140,7 +140,10 @@ SPAN_INLINE int span_record(span_t *s, PyObject *stk, long long t1, PyObject *x,
 }
 
 static inline void span_release(span_t *s) {
-    Py_CLEAR(s->id);
+    if (s->id) {
+        release_id(s->id);
+        s->id = NULL;
+    }
     Py_CLEAR(s->parent);
     Py_CLEAR(s->sticky);
     Py_CLEAR(s->tid);
@@ -199,7 +202,7 @@ SPAN_INLINE int span_close_open_next(span_t *s, PyObject *stk, long long t1, PyO
             return 0; /* recorded; no next span */
         }
     }
-    Py_DECREF(s->id);
+    release_id(s->id);
     s->id = id;
     s->idv = idv;
     s->kid = kid;

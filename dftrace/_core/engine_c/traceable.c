@@ -942,10 +942,13 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
     if (!(top = kept_on_top(open, stk, obj)) || !started_remove(spans, top->span.idv))
         goto slow; /* not open (nothing changed) */
     kept_take_last(open, &k);
-    if (slot_set(self, &dft_slot_stk, Py_None) < 0) /* stopped: a second stop() does nothing */
+    /* stopped: a second stop() does nothing, and the token lets its id go (its .id
+       reads None now), so that the id is free for the next span (release_id) */
+    if (slot_set(self, &dft_slot_stk, Py_None) < 0 || slot_set(self, &dft_slot_id, Py_None) < 0)
         PyErr_Clear();
+    Py_DECREF(id);
     int rc = kept_close(&k, stk, t1, y, NULL);
-    Py_XDECREF(y); Py_DECREF(open); Py_DECREF(spans); Py_DECREF(obj); Py_DECREF(id); Py_DECREF(stk);
+    Py_XDECREF(y); Py_DECREF(open); Py_DECREF(spans); Py_DECREF(obj); Py_DECREF(stk);
     if (rc < 0)
         return NULL;
     Py_RETURN_NONE;
