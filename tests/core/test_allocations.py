@@ -40,6 +40,18 @@ def _with_args(n: int) -> None:
             pass
 
 
+#: Args that change every call (built beforehand: the loop allocates nothing), and for
+#: the warm-up args of many other lengths, so that what it leaves kept fits none.
+_CHANGING = [{"bytes": 10_000 + i} for i in range(CALLS)]
+_WARMING = [{"bytes": i, "tag": "x" * (i % 24)} for i in range(3000)]
+
+
+def _with_changing_args(n: int) -> None:
+    for args in _CHANGING[:n] if n == CALLS else _WARMING[:n]:
+        with ai.comm.all_reduce(args=args):
+            pass
+
+
 def _node_start_stop(n: int) -> None:
     for _ in itertools.repeat(None, n):
         ai.device.transfer.start()
@@ -64,6 +76,7 @@ def _iter(n: int) -> None:
 #: style -> (its loop, the spans it records per call)
 STYLES = {"decorator": (_decorator, {"forward": 1}), "with": (_with, {"all_reduce": 1}),
           "with args": (_with_args, {"all_reduce": 1}),
+          "with args changing every call": (_with_changing_args, {"all_reduce": 1}),
           "node start/stop": (_node_start_stop, {"transfer": 1}),
           "Span.stop()": (_span_stop, {"transfer": 1}),
           "Span.stop(args=)": (_span_stop_args, {"transfer": 1}),
@@ -92,7 +105,9 @@ def test_a_warm_span_style_allocates_nothing_per_call(tmp_path, writer, style):
     assert made < CALLS // 100, f"{style}: {made} allocations over {CALLS} calls"
     for name, per_call in spans.items():
         assert len(t.spans(name)) == per_call * (3000 + CALLS)
-    if "args" in style:
+    if style == "with args changing every call":
+        assert [s["args"]["bytes"] for s in t.spans("all_reduce")] == [*range(3000), *range(10_000, 10_000 + CALLS)]
+    elif "args" in style:
         assert all(s["args"]["bytes"] == 4096 and s["args"]["kind"] == "grad" and s["args"]["ratio"] == 0.5
                    for s in t.spans(next(iter(spans))))
 

@@ -38,6 +38,14 @@
 #define THREAD_LOCAL _Thread_local
 #endif
 
+/* Compiled into each caller whatever its size: the recording path's pieces, so that
+   a span pays no call between them. */
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE static __forceinline
+#endif
+
 /* What a unit declares is private to the module's files (DFT_HIDDEN_BEGIN ...
    DFT_HIDDEN_END around each header's declarations). */
 #if defined(__GNUC__) || defined(__clang__)

@@ -73,6 +73,11 @@ static PyObject *set_options(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The ASCII characters JSON escapes in a string: controls, '"' and '\\'. */
+static const unsigned char ESCAPED[128] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    ['"'] = 1, ['\\'] = 1};
+
 /* An ASCII str that JSON writes as it is (no escapes), at most max_arg_len long. */
 static const char *plain_str(PyObject *o, Py_ssize_t *n) {
     if (!PyUnicode_CheckExact(o) || !PyUnicode_IS_ASCII(o))
@@ -82,7 +87,7 @@ static const char *plain_str(PyObject *o, Py_ssize_t *n) {
         return NULL;
     const unsigned char *c = PyUnicode_1BYTE_DATA(o);
     for (Py_ssize_t k = 0; k < len; k++)
-        if (c[k] < 0x20 || c[k] == '"' || c[k] == '\\')
+        if (ESCAPED[c[k]])
             return NULL;
     *n = len;
     return (const char *)c;
@@ -246,8 +251,10 @@ static void extra_dealloc(PyObject *o) {
     PyObject *f = EXTRA_SLOT(o, dft_slot_frag);
     EXTRA_SLOT(o, dft_slot_frag) = NULL;
 #if !defined(Py_GIL_DISABLED)
-    if (f && PyBytes_CheckExact(f) && Py_REFCNT(f) == 1 && PyBytes_GET_SIZE(f) > 1 &&
-        nspare_frags < SPARE_FRAGS) {
+    if (f && PyBytes_CheckExact(f) && Py_REFCNT(f) == 1 && PyBytes_GET_SIZE(f) > 1) {
+        /* full: the last one kept makes room (those of lengths no longer made go) */
+        if (nspare_frags == SPARE_FRAGS)
+            Py_DECREF(spare_frags[--nspare_frags]);
         spare_frags[nspare_frags++] = f;
         f = NULL;
     }

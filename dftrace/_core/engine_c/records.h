@@ -120,7 +120,7 @@ static inline void release_id(PyObject *id) { Py_DECREF(id); }
 #endif
 
 /* Append one record; -1 when memory ran out (the caller counts it as dropped). */
-static inline int native_append(uint32_t kid, long long t0, long long t1, unsigned long long id,
+ALWAYS_INLINE int native_append(uint32_t kid, long long t0, long long t1, unsigned long long id,
                          unsigned long long p, Py_ssize_t lvl, unsigned long long tid,
                          uint32_t flags, long long count, const char *a, Py_ssize_t na,
                          const char *b, Py_ssize_t nb) {
@@ -253,7 +253,7 @@ static inline int get_ull(PyObject *o, unsigned long long *out) {
 /* The recording primitive. Returns 0 (recorded, or dropped and counted) or -1 with
    an exception that must reach the caller (a signal's exception during back-pressure).
    Any other failure is swallowed and counted: recording never breaks the program. */
-static inline int emit_span(uint32_t kid, long long t0, long long t1, PyObject *id, PyObject *p,
+ALWAYS_INLINE int emit_span(uint32_t kid, long long t0, long long t1, PyObject *id, PyObject *p,
                      Py_ssize_t lvl, PyObject *tid, PyObject *sticky, PyObject *x,
                      long long count, uint32_t flags) {
     NVTX_CLOSE(id);

@@ -32,11 +32,7 @@ typedef struct {
 } span_t;
 
 /* The pair is compiled into each caller: a span pays no call for it. */
-#if defined(__GNUC__) || defined(__clang__)
-#define SPAN_INLINE static inline __attribute__((always_inline))
-#else
-#define SPAN_INLINE static __forceinline
-#endif
+#define SPAN_INLINE ALWAYS_INLINE
 
 #define SPAN_NOW 0 /* span_open's t0: read the clock, last */
 

@@ -42,7 +42,7 @@ PyObject *dft_local_stk_read(void) {
         dft_stack_cache.tid = tid;
         dft_stack_cache.open = open;
         dft_stack_cache.epoch = dft_stack_epoch;
-        dft_stack_cache.tsid = PyThreadState_GetID(PyThreadState_Get());
+        dft_stack_cache.tsid = PyThreadState_Get()->id;
     }
     PyErr_Clear();
     Py_XDECREF(tid);

@@ -35,7 +35,7 @@ PyObject *dft_local_stk_read(void);
 
 static inline int cache_valid(void) {
     return dft_stack_cache.stk && dft_stack_cache.epoch == dft_stack_epoch &&
-           dft_stack_cache.tsid == PyThreadState_GetID(PyThreadState_Get());
+           dft_stack_cache.tsid == PyThreadState_Get()->id;
 }
 
 /* New reference to LOCAL.stk (None: ask resolve()); NULL with an error. */
