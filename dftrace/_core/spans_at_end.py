@@ -10,6 +10,7 @@ from typing import Any
 
 from . import engine as _engine, iterators as _iterators
 from .drain.process_writer import ProcessWriter
+from .records import Extra
 
 __all__ = ["LATE_GRACE_S", "calls_unwound", "late_spans", "stacks_stuck_here"]
 
@@ -64,8 +65,25 @@ def late_spans(writer: Any, deadline: float, here: set[int], t_here: int,
         return 0
     if not isinstance(writer, ProcessWriter):
         return late + len(unwound)
-    written = writer.end_open_spans(_engine.clock(), here, t_here)
+    written = writer.end_open_spans(_engine.clock(), here, t_here, _kept_args())
     return _open_span_count(written=written) + len(unwound - written)
+
+
+def _kept_args() -> dict[int, bytes]:
+    """The args of each span a ``with`` or ``start()`` keeps open, by id, as its end
+    would write them: its sticky args, then its own (the open-span table has no room
+    for args; a decorated call's span is written without them)."""
+    out: dict[int, bytes] = {}
+    for stk in list(_engine.STACKS.values()):
+        try:
+            for i, s in stk.open.items():
+                own = s.extra if s.extra is None or isinstance(s.extra, Extra) else _engine.to_extra(s.extra)
+                x = Extra.joined(s.sticky, own)
+                if x is not None and x.frag:
+                    out[i] = x.frag
+        except Exception:
+            continue
+    return out
 
 
 def calls_unwound(closing: list[tuple[_engine.Stack, int]]) -> set[int]:

@@ -128,12 +128,12 @@ def test_finalize_while_threads_emit_leaves_a_clean_file(tmp_path):
 
 
 def _capture_held_open() -> tuple[threading.Thread, threading.Event]:
-    """Start a thread that opens ``ai.checkpoint.capture`` and keeps it open until the
-    event returned is set; return once the span is open."""
+    """Start a thread that opens ``ai.checkpoint.capture`` (args ``path``) and keeps it
+    open until the event returned is set; return once the span is open."""
     entered, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with ai.checkpoint.capture:
+        with ai.checkpoint.capture(args={"path": "ckpt-7"}):
             entered.set()
             release.wait(30)
 
@@ -145,11 +145,12 @@ def _capture_held_open() -> tuple[threading.Thread, threading.Event]:
 
 def test_span_still_open_on_another_thread_is_written_incomplete_or_counted_late(tmp_path):
     """A span that outlives finalize() on another thread: the default writer writes it
-    incomplete, ending at the finalize, and its end records nothing (the ring's table
-    of open spans keeps it); the writer thread counts it in a 'dropped' line, reason
-    late."""
+    incomplete, ending at the finalize, with its args (sticky and its own), and its end
+    records nothing (the ring's table of open spans keeps it); the writer thread counts
+    it in a 'dropped' line, reason late."""
     s = dftrace.initialize(log_file=str(tmp_path / "t"), compression="none", inherit=False)
     keeps_open_spans = hasattr(s.writer, "end_open_spans")  # the default writer, a drainer
+    ai.update(epoch=3)
     with ai.compute.step:
         pass
     th, release = _capture_held_open()
@@ -161,6 +162,7 @@ def test_span_still_open_on_another_thread_is_written_incomplete_or_counted_late
     if keeps_open_spans:
         step, capture = spans(events)
         assert (step["name"], capture["name"], capture["args"]["incomplete"]) == ("step", "capture", True)
+        assert (capture["args"]["epoch"], capture["args"]["path"]) == (3, "ckpt-7")
         assert meta(events, "dropped") == []
     else:
         assert [e["name"] for e in spans(events)] == ["step"]

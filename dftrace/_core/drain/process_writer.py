@@ -155,10 +155,12 @@ class ProcessWriter(Consumer):
         self.relay = Relay(session, special_to_ring, self._relayed)
         self.tap_changed()  # an in-memory trace running already
 
-    def end_open_spans(self, t1: int, tracks: set[int], t_tracks: int) -> set[int]:
-        """Ids of the spans open now, written incomplete (``shm_end_open_spans``)."""
+    def end_open_spans(self, t1: int, tracks: set[int], t_tracks: int,
+                       args: dict[int, bytes]) -> set[int]:
+        """Ids of the spans open now, written incomplete (``shm_end_open_spans``), with
+        the args fragments ``args`` gives by id."""
         try:
-            return set(_state.native.shm_end_open_spans(t1, tracks, t_tracks))
+            return set(_state.native.shm_end_open_spans(t1, tracks, t_tracks, args))
         except Exception:
             return set()
 

@@ -2,60 +2,8 @@
  * JSON scalars (encoded once, when the args are given), and the one line encoder of
  * records, used by the in-process writer (writer.c) and the drainer (shm_consumer.c). */
 #include "encoder.h"
+#include "digits.h"
 #include "module.h"
-
-/* ------------------------------------------------------------------------- */
-/* writing numbers and bytes                                                  */
-
-static inline char *put(char *o, const char *s, Py_ssize_t n) {
-    memcpy(o, s, (size_t)n);
-    return o + n;
-}
-
-static const char DIGIT_PAIRS[201] =
-    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-    "8081828384858687888990919293949596979899";
-
-/* The number of decimal digits of u. */
-static inline int ndigits(unsigned long long u) {
-    int n = 1;
-    for (;;) {
-        if (u < 10) return n;
-        if (u < 100) return n + 1;
-        if (u < 1000) return n + 2;
-        if (u < 10000) return n + 3;
-        u /= 10000;
-        n += 4;
-    }
-}
-
-/* Decimal digits of u, two at a time, written in place from the end (the encoder
-   writes seven numbers a line). */
-static inline char *put_uint(char *o, unsigned long long u) {
-    char *end = o + ndigits(u), *t = end;
-    while (u >= 100) {
-        unsigned r = (unsigned)(u % 100);
-        u /= 100;
-        t -= 2;
-        memcpy(t, DIGIT_PAIRS + 2 * r, 2);
-    }
-    if (u >= 10)
-        memcpy(t - 2, DIGIT_PAIRS + 2 * u, 2);
-    else
-        t[-1] = (char)('0' + u);
-    return end;
-}
-
-static inline char *put_int(char *o, long long v) {
-    if (v < 0) {
-        *o++ = '-';
-        return put_uint(o, (unsigned long long)(-(v + 1)) + 1);
-    }
-    return put_uint(o, (unsigned long long)v);
-}
-
-#define LIT(s) (s), (Py_ssize_t)(sizeof(s) - 1)
 
 /* ------------------------------------------------------------------------- */
 /* args: the fragment of a small flat dict of plain keys and JSON scalars      */

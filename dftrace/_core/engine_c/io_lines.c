@@ -3,6 +3,7 @@
  * for the calls' names. The args are made here, in the thread that drains: the
  * calling thread wrote only a binary record. */
 #include "io_lines.h"
+#include "digits.h"
 #include "records.h"
 
 /* The drain's record (dftrace/_core/io_c/io.h, io_rec_t), read field by field. */
@@ -17,27 +18,6 @@ typedef struct {
 } io_line_rec_t;
 
 typedef char io_line_rec_is_64_bytes[sizeof(io_line_rec_t) == 64 ? 1 : -1];
-
-static char *put_i64(char *o, int64_t v) {
-    char d[24];
-    int n = 0;
-    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do {
-        d[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        *o++ = '-';
-    while (n)
-        *o++ = d[--n];
-    return o;
-}
-
-static char *put_lit(char *o, const char *s) {
-    size_t n = strlen(s);
-    memcpy(o, s, n);
-    return o + n;
-}
 
 /* io_emit(records, kids) -> (written, dropped): kids[op] the kind of each call's
    name. */
@@ -69,25 +49,22 @@ static PyObject *io_emit(PyObject *self, PyObject *args) {
             dropped++;
             continue;
         }
-        char *o = a;
-        static const char hex[] = "0123456789abcdef";
-        o = put_lit(o, ",\"fhash\":\"");
-        for (int s = 60; s >= 0; s -= 4)
-            *o++ = hex[(r->fhash >> s) & 0xF];
-        o = put_lit(o, "\",\"ret\":");
-        o = put_i64(o, r->ret);
+        char *o = put(a, LIT(",\"fhash\":\""));
+        o = put_hex16(o, r->fhash);
+        o = put(o, LIT("\",\"ret\":"));
+        o = put_int(o, r->ret);
         if (r->offset >= 0) {
-            o = put_lit(o, ",\"offset\":");
-            o = put_i64(o, r->offset);
+            o = put(o, LIT(",\"offset\":"));
+            o = put_int(o, r->offset);
         }
         if (r->ret < 0 && r->err) {
-            o = put_lit(o, ",\"errno\":");
-            o = put_i64(o, r->err);
+            o = put(o, LIT(",\"errno\":"));
+            o = put_int(o, r->err);
         }
         if (r->aggregated) {
-            o = put_lit(o, ",\"calls\":");
-            o = put_i64(o, (int64_t)r->calls);
-            o = put_lit(o, ",\"aggregated\":true");
+            o = put(o, LIT(",\"calls\":"));
+            o = put_uint(o, r->calls);
+            o = put(o, LIT(",\"aggregated\":true"));
         }
         int rc = native_append(kid, r->t0, r->t0 + r->dur, dft_next_id_val, 0, 0, r->tid, F_UNNESTED,
                                r->count >= 0 ? r->count : -1, a, o - a, NULL, 0);

@@ -346,16 +346,17 @@ static PyObject *shm_append_line(PyObject *self, PyObject *arg) {
 }
 
 /* The module's functions of this file (module.c adds them). */
-/* shm_end_open_spans(t1, tracks, t_tracks) -> [ids]: the spans open now in the
+/* shm_end_open_spans(t1, tracks, t_tracks, args) -> [ids]: the spans open now in the
    open-span table (on any thread, of any C style), recorded as ending at t1 (those
    of the tracks in the set `tracks` at t_tracks: the finalizing thread's, whose
-   other spans ended then), flagged incomplete, and marked written there: their
-   ends, if they come, record nothing (a finalize: they would end too late). Those
-   the ring had no room for are left (counted late). */
+   other spans ended then), flagged incomplete, with the args fragment `args` (a
+   dict) gives by id, and marked written there: their ends, if they come, record
+   nothing (a finalize: they would end too late). Those the ring had no room for are
+   left (counted late). */
 static PyObject *shm_end_open_spans(PyObject *self, PyObject *args) {
     long long t1, t_tracks;
-    PyObject *tracks;
-    if (!PyArg_ParseTuple(args, "LO!L", &t1, &PySet_Type, &tracks, &t_tracks))
+    PyObject *tracks, *frags;
+    if (!PyArg_ParseTuple(args, "LO!LO!", &t1, &PySet_Type, &tracks, &t_tracks, &PyDict_Type, &frags))
         return NULL;
     PyObject *ids = PyList_New(0);
     rec_t *tab = dft_shm_open;
@@ -363,6 +364,16 @@ static PyObject *shm_end_open_spans(PyObject *self, PyObject *args) {
         rec_t *e = &tab[i];
         if (!e->id || ((e->level_flags >> LEVEL_BITS) & F_OPEN_WRITTEN))
             continue;
+        PyObject *id = PyLong_FromUnsignedLongLong(e->id);
+        if (!id) {
+            Py_CLEAR(ids);
+            break;
+        }
+        PyObject *frag = PyDict_GetItemWithError(frags, id); /* borrowed */
+        if (!frag)
+            PyErr_Clear();
+        const char *a = frag && PyBytes_Check(frag) ? PyBytes_AS_STRING(frag) : NULL;
+        Py_ssize_t na = a ? PyBytes_GET_SIZE(frag) : 0;
         long long end = t1;
         if (PySet_GET_SIZE(tracks)) {
             PyObject *tid = PyLong_FromUnsignedLongLong(e->tid);
@@ -375,21 +386,23 @@ static PyObject *shm_end_open_spans(PyObject *self, PyObject *args) {
         }
         if (native_append(e->kind, e->t0, end > e->t0 ? end : e->t0, e->id, e->parent,
                           (Py_ssize_t)(e->level_flags & LEVEL_MASK), e->tid, F_INCOMPLETE,
-                          e->count, NULL, 0, NULL, 0) < 0)
+                          e->count, a, na, NULL, 0) < 0) {
+            Py_DECREF(id);
             continue;
+        }
         e->level_flags |= F_OPEN_WRITTEN << LEVEL_BITS;
-        PyObject *id = PyLong_FromUnsignedLongLong(e->id);
-        if (!id || PyList_Append(ids, id) < 0)
+        if (PyList_Append(ids, id) < 0)
             Py_CLEAR(ids);
-        Py_XDECREF(id);
+        Py_DECREF(id);
     }
     return ids;
 }
 
 PyMethodDef dft_shm_producer_methods[] = {
     {"shm_end_open_spans", shm_end_open_spans, METH_VARARGS,
-     "shm_end_open_spans(t1, tracks, t_tracks) -> [ids]: the spans open now, recorded "
-     "incomplete, ending at t1 (those of the tracks in the set tracks at t_tracks)"},
+     "shm_end_open_spans(t1, tracks, t_tracks, args) -> [ids]: the spans open now, recorded "
+     "incomplete, ending at t1 (those of the tracks in the set tracks at t_tracks), with "
+     "the args fragments the dict args gives by id"},
     {"shm_attach", shm_attach, METH_VARARGS,
      "shm_attach(region, pid, pid_piece, hh_piece, offset_ns, min_id): record into a shared-memory ring"},
     {"shm_detach", shm_detach, METH_NOARGS,

@@ -203,22 +203,26 @@ static int aggregate(const io_rec_t *r) {
 }
 
 /* -- the output of a drain: records (seq: the calls covered; npath: 1 when an
-   aggregate), in a growing buffer -- */
+   aggregate), written straight into the bytes object drain() returns, made for the
+   most records the drain can hand on (no copy, no growth) -- */
 
 typedef struct {
+    PyObject *bytes;
     io_rec_t *recs;
     size_t n, cap;
 } out_t;
 
+static int out_open(out_t *o, size_t cap) {
+    o->bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(cap * sizeof(io_rec_t)));
+    o->recs = o->bytes ? (io_rec_t *)PyBytes_AS_STRING(o->bytes) : NULL;
+    o->n = 0;
+    o->cap = o->bytes ? cap : 0;
+    return o->bytes ? 0 : -1;
+}
+
 static int out_add(out_t *o, const io_rec_t *r, int aggregated) {
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 1024;
-        io_rec_t *g = realloc(o->recs, cap * sizeof(io_rec_t));
-        if (!g)
-            return -1;
-        o->recs = g;
-        o->cap = cap;
-    }
+    if (o->n == o->cap)
+        return -1; /* not reached: cap counts every slot and aggregate */
     io_rec_t *w = &o->recs[o->n++];
     *w = *r;
     if (!aggregated)
@@ -407,12 +411,14 @@ static PyObject *drain(PyObject *self, PyObject *args) {
         forget_pending = 0;
     }
     text_t fh = {NULL, 0, 0};
-    out_t o = {NULL, 0, 0};
+    out_t o = {NULL, NULL, 0, 0};
     long long taken = 0;
     char path[IO_PATH_MAX + 1];
+    uint64_t i = io_ring.slots ? __atomic_load_n(&io_tail, __ATOMIC_RELAXED) : 0;
+    uint64_t end = io_ring.slots ? __atomic_load_n(&io_head, __ATOMIC_ACQUIRE) : 0;
+    if (out_open(&o, (size_t)(end - i) + naggs_used) < 0)
+        return NULL;
     if (io_ring.slots) {
-        uint64_t i = __atomic_load_n(&io_tail, __ATOMIC_RELAXED);
-        uint64_t end = __atomic_load_n(&io_head, __ATOMIC_ACQUIRE);
         while (i < end) {
             io_rec_t *slot = &io_ring.slots[i & io_ring.mask];
             if (__atomic_load_n(&slot->seq, __ATOMIC_ACQUIRE) != i + 1)
@@ -467,9 +473,9 @@ static PyObject *drain(PyObject *self, PyObject *args) {
         }
         naggs_used = 0;
     }
-    PyObject *recs = PyBytes_FromStringAndSize((const char *)o.recs,
-                                               (Py_ssize_t)(o.n * sizeof(io_rec_t)));
-    free(o.recs);
+    PyObject *recs = o.bytes;
+    if (o.n < o.cap && _PyBytes_Resize(&recs, (Py_ssize_t)(o.n * sizeof(io_rec_t))) < 0)
+        recs = NULL; /* _PyBytes_Resize let it go */
     PyObject *lines = recs ? PyBytes_FromStringAndSize(fh.p ? fh.p : "", (Py_ssize_t)fh.n) : NULL;
     free(fh.p);
     if (!lines) {
@@ -484,7 +490,7 @@ nomem:
     for (size_t j = 0; j < AGG_CAP; j++)
         aggs[j].used = 0;
     naggs_used = 0;
-    free(o.recs);
+    Py_XDECREF(o.bytes);
     free(fh.p);
     return NULL;
 }
