@@ -104,6 +104,22 @@ static int put_float(pbuf *b, double x) {
     return 0;
 }
 
+/* An int of at most one digit, read in place (most args: steps, sizes, counts). */
+static inline int small_int(PyObject *v, long long *x) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)v))
+        return 0;
+    *x = (long long)PyUnstable_Long_CompactValue((PyLongObject *)v);
+    return 1;
+#else
+    Py_ssize_t n = Py_SIZE(v);
+    if (n < -1 || n > 1)
+        return 0;
+    *x = n ? n * (long long)((PyLongObject *)v)->ob_digit[0] : 0;
+    return 1;
+#endif
+}
+
 static int put_plain(pbuf *b, PyObject *v, int depth) {
     if (!pb_room(b, 32))
         return -1;
@@ -115,7 +131,12 @@ static int put_plain(pbuf *b, PyObject *v, int depth) {
         b->o = put(b->o, LIT("false"));
     } else if (PyLong_CheckExact(v)) {
         int overflow = 0;
-        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        long long x;
+        if (small_int(v, &x)) {
+            b->o = put_int(b->o, x);
+            return 0;
+        }
+        x = PyLong_AsLongLongAndOverflow(v, &overflow);
         if (overflow || (x == -1 && PyErr_Occurred())) {
             /* beyond int64: not plain; the Python side writes its digits as a string */
             PyErr_Clear();
@@ -264,7 +285,9 @@ static PyObject *plain_fragment_of(PyObject *d, unsigned long long *mask_out, in
         const char *ks = plain_str(k, &nk);
         if (!ks || is_reserved(ks, nk) || !pb_room(&b, nk + 8))
             return NULL;
-        Py_hash_t h = PyObject_Hash(k);
+        Py_hash_t h = ((PyASCIIObject *)k)->hash; /* a str's, kept once computed */
+        if (h == -1)
+            h = PyObject_Hash(k);
         if (h == -1) {
             PyErr_Clear();
             return NULL;
