@@ -46,6 +46,29 @@
 #define ALWAYS_INLINE static __forceinline
 #endif
 
+/* An exact int of at most one digit (below 2^30 in size), read in place: 1 and its
+   value, else 0 (ids, steps, sizes and counts are; PyLong's conversions are slower). */
+static inline int small_int(PyObject *v, long long *x) {
+    if (!PyLong_CheckExact(v))
+        return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)v))
+        return 0;
+    *x = (long long)PyUnstable_Long_CompactValue((PyLongObject *)v);
+#else
+    Py_ssize_t n = Py_SIZE(v);
+    if (n == 1)
+        *x = (long long)((PyLongObject *)v)->ob_digit[0];
+    else if (n == 0)
+        *x = 0;
+    else if (n == -1)
+        *x = -(long long)((PyLongObject *)v)->ob_digit[0];
+    else
+        return 0;
+#endif
+    return 1;
+}
+
 /* What a unit declares is private to the module's files (DFT_HIDDEN_BEGIN ...
    DFT_HIDDEN_END around each header's declarations). */
 #if defined(__GNUC__) || defined(__clang__)

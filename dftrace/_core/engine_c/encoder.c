@@ -104,22 +104,6 @@ static int put_float(pbuf *b, double x) {
     return 0;
 }
 
-/* An int of at most one digit, read in place (most args: steps, sizes, counts). */
-static inline int small_int(PyObject *v, long long *x) {
-#if PY_VERSION_HEX >= 0x030C0000
-    if (!PyUnstable_Long_IsCompact((PyLongObject *)v))
-        return 0;
-    *x = (long long)PyUnstable_Long_CompactValue((PyLongObject *)v);
-    return 1;
-#else
-    Py_ssize_t n = Py_SIZE(v);
-    if (n < -1 || n > 1)
-        return 0;
-    *x = n ? n * (long long)((PyLongObject *)v)->ob_digit[0] : 0;
-    return 1;
-#endif
-}
-
 static int put_plain(pbuf *b, PyObject *v, int depth) {
     if (!pb_room(b, 32))
         return -1;
@@ -212,13 +196,11 @@ static PyObject *spare_frags[SPARE_FRAGS];
 static int nspare_frags;
 #endif
 
-#define EXTRA_SLOT(o, s) (*(PyObject **)((char *)(o) + (s).off))
-
 static void extra_dealloc(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     PyObject_GC_UnTrack(o);
-    PyObject *f = EXTRA_SLOT(o, dft_slot_frag);
-    EXTRA_SLOT(o, dft_slot_frag) = NULL;
+    PyObject *f = SLOT_REF(o, dft_slot_frag);
+    SLOT_REF(o, dft_slot_frag) = NULL;
 #if !defined(Py_GIL_DISABLED)
     if (f && PyBytes_CheckExact(f) && Py_REFCNT(f) == 1 && PyBytes_GET_SIZE(f) > 1) {
         /* full: the last one kept makes room (those of lengths no longer made go) */
@@ -229,8 +211,8 @@ static void extra_dealloc(PyObject *o) {
     }
 #endif
     Py_XDECREF(f);
-    Py_CLEAR(EXTRA_SLOT(o, dft_slot_mask));
-    Py_CLEAR(EXTRA_SLOT(o, dft_slot_args));
+    Py_CLEAR(SLOT_REF(o, dft_slot_mask));
+    Py_CLEAR(SLOT_REF(o, dft_slot_args));
     freelist_free(&extra_free, o);
     Py_DECREF(tp);
 }

@@ -50,10 +50,13 @@ typedef struct {
 extern slot_t dft_slot_frag, dft_slot_mask, dft_slot_args, dft_slot_obj, dft_slot_stk, dft_slot_id;
 extern slot_t dft_slot_gate_on; /* GATE._on, read in place (its class's slot) */
 
+/* o's field for slot s (s found on o's class): read or cleared in place. */
+#define SLOT_REF(o, s) (*(PyObject **)((char *)(o) + (s).off))
+
 /* New reference to o.<slot>; NULL with an error (AttributeError when unset). */
 static inline PyObject *slot_get(PyObject *o, const slot_t *s) {
     if (s->off >= 0 && Py_TYPE(o) == s->type) {
-        PyObject *v = *(PyObject **)((char *)o + s->off);
+        PyObject *v = SLOT_REF(o, *s);
         if (v) {
             Py_INCREF(v);
             return v;
@@ -65,7 +68,7 @@ static inline PyObject *slot_get(PyObject *o, const slot_t *s) {
 static inline int slot_set(PyObject *o, const slot_t *s, PyObject *v) {
     if (s->off >= 0 && Py_TYPE(o) == s->type) {
         Py_INCREF(v);
-        Py_XSETREF(*(PyObject **)((char *)o + s->off), v);
+        Py_XSETREF(SLOT_REF(o, *s), v);
         return 0;
     }
     return PyObject_SetAttr(o, s->name, v);

@@ -79,20 +79,6 @@ int dft_spare_room(void);
 extern PyObject *dft_spare_ids[SPARE_IDS];
 extern int dft_nspare_ids;
 
-/* The value of a positive int of one digit (the only kind a spare id is), else 0. */
-static inline unsigned long long one_digit_value(PyObject *o) {
-    if (!PyLong_CheckExact(o))
-        return 0;
-#if PY_VERSION_HEX >= 0x030C0000
-    if (!PyUnstable_Long_IsCompact((PyLongObject *)o))
-        return 0;
-    Py_ssize_t v = PyUnstable_Long_CompactValue((PyLongObject *)o);
-    return v > 0 ? (unsigned long long)v : 0;
-#else
-    return Py_SIZE(o) == 1 ? ((PyLongObject *)o)->ob_digit[0] : 0;
-#endif
-}
-
 static inline PyObject *new_id(void) {
     unsigned long long v = dft_next_id_val++;
     if (dft_nspare_ids && v > 256 && v < (1ULL << PyLong_SHIFT)) {
@@ -109,7 +95,8 @@ static inline PyObject *new_id(void) {
 
 /* Let id go (the caller's reference): kept for new_id() when no one else holds it. */
 static inline void release_id(PyObject *id) {
-    if (Py_REFCNT(id) == 1 && dft_nspare_ids < SPARE_IDS && one_digit_value(id) > 256)
+    long long v; /* a spare id is a positive int of one digit, past the shared ones */
+    if (Py_REFCNT(id) == 1 && dft_nspare_ids < SPARE_IDS && small_int(id, &v) && v > 256)
         dft_spare_ids[dft_nspare_ids++] = id;
     else
         Py_DECREF(id);
@@ -227,21 +214,11 @@ static inline int extra_mask(PyObject *x, unsigned long long *mask) {
 }
 
 static inline int get_ull(PyObject *o, unsigned long long *out) {
-    /* ids, parents and tids are small ints: read in place (one 30-bit digit) */
-#if PY_VERSION_HEX >= 0x030C0000
-    if (PyLong_CheckExact(o) && PyUnstable_Long_IsCompact((PyLongObject *)o)) {
-        Py_ssize_t c = PyUnstable_Long_CompactValue((PyLongObject *)o);
-        if (c >= 0) {
-            *out = (unsigned long long)c;
-            return 0;
-        }
-    }
-#else
-    if (PyLong_CheckExact(o) && (Py_SIZE(o) == 0 || Py_SIZE(o) == 1)) {
-        *out = Py_SIZE(o) ? (unsigned long long)((PyLongObject *)o)->ob_digit[0] : 0;
+    long long c; /* ids, parents and tids are small ints: read in place */
+    if (small_int(o, &c) && c >= 0) {
+        *out = (unsigned long long)c;
         return 0;
     }
-#endif
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
     if (v == (unsigned long long)-1 && PyErr_Occurred())
         return -1;

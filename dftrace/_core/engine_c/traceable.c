@@ -868,9 +868,9 @@ static int tag_subclasses(PyTypeObject *base) {
 static void span_dealloc(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     PyObject_GC_UnTrack(o);
-    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_obj.off));
-    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_stk.off));
-    Py_CLEAR(*(PyObject **)((char *)o + dft_slot_id.off));
+    Py_CLEAR(SLOT_REF(o, dft_slot_obj));
+    Py_CLEAR(SLOT_REF(o, dft_slot_stk));
+    Py_CLEAR(SLOT_REF(o, dft_slot_id));
     freelist_free(&span_free, o);
     Py_DECREF(tp);
 }

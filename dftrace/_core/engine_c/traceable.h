@@ -71,7 +71,7 @@ static inline int IS_T(PyObject *o) {
 /* Whether `o` (a node, a use, or the GATE) records now; -1 with an error. */
 static inline int is_on(PyObject *o) {
     if (o == dft_gate && dft_slot_gate_on.off >= 0 && Py_TYPE(o) == dft_slot_gate_on.type) {
-        PyObject *v = *(PyObject **)((char *)o + dft_slot_gate_on.off);
+        PyObject *v = SLOT_REF(o, dft_slot_gate_on);
         if (v == Py_True || v == Py_False)
             return v == Py_True;
     }
