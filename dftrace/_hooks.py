@@ -12,6 +12,7 @@ raise into the framework that called it. Nothing here imports torch.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any, Callable, TypeVar
 
 from ._core.engine import clock
@@ -128,24 +129,28 @@ class OpenSpans:
         return f"<OpenSpans {list(self._spans)}>"
 
 
-def add_callback(trainer_type: Any, callback_type: type) -> None:
-    """Make every ``trainer_type(..., callbacks=[...])`` also get a ``callback_type()``,
-    unless its callbacks already hold one (``auto=True``: the framework's trainers
-    trace without the user adding the callback)."""
+def add_callback(trainer_type: Any, callback: str) -> None:
+    """Make every ``trainer_type(..., callbacks=[...])`` also get the callback whose
+    class is at ``callback`` (``"module:name"``), unless its callbacks already hold one
+    (``auto=True``: the framework's trainers trace without the user adding the
+    callback). The class is imported when a trainer is made, not now: this runs as
+    the framework's trainer module is imported, while its package is not whole yet."""
     init = trainer_type.__init__
     if getattr(init, "__dftrace_adds__", None) is not None:
         return
+    where, _, name = callback.partition(":")
 
     def __init__(self: Any, *a: Any, **kw: Any) -> None:
         try:
+            callback_type = getattr(importlib.import_module(where), name)
             callbacks = list(kw.get("callbacks") or [])
             if not any(isinstance(c, callback_type) for c in callbacks):
                 kw["callbacks"] = [*callbacks, callback_type()]
-        except Exception:
-            pass
+        except Exception as exc:
+            warn_once(f"callback:{callback}", f"{callback} was not added to {trainer_type.__name__}: {exc!r}")
         init(self, *a, **kw)
 
-    __init__.__dftrace_adds__ = callback_type  # type: ignore[attr-defined]
+    __init__.__dftrace_adds__ = callback  # type: ignore[attr-defined]
     functools.update_wrapper(__init__, init)
     trainer_type.__init__ = __init__
 

@@ -52,10 +52,10 @@ import os
 from typing import Any
 
 from ._core.tree import ai
-from ._hooks import OpenSpans, Wait, add_callback, call_in_span, guarded, warn_once
+from ._hooks import OpenSpans, Wait, call_in_span, guarded, warn_once
 from ._install_hint import import_framework
 
-__all__ = ["TraceCallback", "trace_trainers"]
+__all__ = ["TraceCallback"]
 
 pl = import_framework("lightning.pytorch", "lightning", "Lightning")
 
@@ -310,9 +310,3 @@ class TraceCallback(pl.Callback):
         self._stand_down(False)
         self._spans.close_all(error=type(exception).__name__)
         self._undo_io()
-
-
-def trace_trainers(module: Any) -> None:
-    """``auto=True``: every ``Trainer`` of ``module`` (the framework's module that
-    defines it) gets a :class:`TraceCallback` unless it has one."""
-    add_callback(module.Trainer, TraceCallback)

@@ -59,10 +59,10 @@ except ImportError:  # pragma: no cover - older layouts
     PREFIX_CHECKPOINT_DIR = "checkpoint"
 
 from ._core.tree import ai
-from ._hooks import OpenSpans, Wait, add_callback, guarded
+from ._hooks import OpenSpans, Wait, guarded
 from .torch import ComputeTracing, note_distributed_rank
 
-__all__ = ["TraceCallback", "trace_trainers"]
+__all__ = ["TraceCallback"]
 
 
 def _dir_size(path: str) -> int | None:
@@ -207,9 +207,3 @@ class TraceCallback(transformers.TrainerCallback):
             extra["timing"] = "end only"
         self._spans.close("save", **extra)
         self._fetch.begin()
-
-
-def trace_trainers(module: Any) -> None:
-    """``auto=True``: every ``Trainer`` of ``module`` (the framework's module that
-    defines it) gets a :class:`TraceCallback` unless it has one."""
-    add_callback(module.Trainer, TraceCallback)

@@ -156,7 +156,10 @@ def record(kid: int, t0: int, t1: int, i: int, p: int, lvl: int, tid: int,
 
 
 def to_extra(x: Any) -> Extra:
-    """Args given as a mapping (or a bare value) as an :class:`Extra`."""
+    """Args given as a mapping (or a bare value) as an :class:`Extra` (one given
+    already encoded, as automatic tracing does, as it is)."""
+    if type(x) is Extra:
+        return x
     return Extra(x if isinstance(x, dict) else {"value": x})
 
 

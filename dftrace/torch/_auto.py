@@ -29,8 +29,11 @@ decorated with a compute node, ``ai.dataloader.fetch.iter(loader)``).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 import threading
+import types
 import weakref
 from typing import Any
 
@@ -42,8 +45,9 @@ from .._core import iterators as _iterators
 from .._core import records as _records
 from .._core import tree as _tree
 from .._core.tree import ai
-from .._hooks import warn_once
+from .._hooks import add_callback, warn_once
 from ._dist import note_distributed_rank, trace_ddp, trace_distributed
+from ._hooking import forward_failed
 
 __all__ = ["install", "standing_down", "trace_ddp_of", "watch_ddp"]
 
@@ -57,53 +61,106 @@ _STEP = ai.compute.step
 
 
 class _State:
-    """What the hooks count: optimizer steps taken, the training loader and its
-    iterations, the integrations training now."""
+    """What the hooks count: optimizer steps taken, the training loader, this step's
+    args. The pure-Python engine's twin of the C engine's ``AutoState``, which runs
+    the same per step without a line of Python (the hooks run between PyTorch's own
+    work, where each line of Python costs the most)."""
 
     def __init__(self) -> None:
         self.steps = 0
-        self.train_loader: int | None = None  # id() of the training loader
-        self.first_loader: int | None = None
-        #: The training loader's id(); until the first step, the first loader's.
-        self.training: int | None = None
-        self.iterations: dict[int, int] = {}  # id(loader) -> iterations begun
-        self.current: int | None = None  # the loader iterated last on the main thread
-        self.integrations = 0
-        self.installed = False
-        self.local = _Local()
-        #: The args of the spans of this step (``step``, ``epoch``), made once per
-        #: step by :meth:`moved`, not per span: the hooks run between PyTorch's
-        #: own work, where each line of Python they run costs the most.
+        self.down = 0  # integrations training now (they record the same)
+        self.current = 0  # id() of the loader iterated last (0: none)
+        #: id() of the training loader (the one iterated at the first optimizer
+        #: step); until then, the first loader iterated.
+        self.training = 0
+        self.fixed = False  # the training loader is known
+        self.epoch = 0  # how many times ``current`` was iterated before
+        #: called after each optimizer step while set (the roots' discovery)
+        self.step_taken: Any = None
         self.position: dict[str, Any] = {"step": 0}
 
     def moved(self) -> None:
-        """The step or the epoch may have changed: the position is made anew.
-        ``epoch``: how many times the training loader (until the first step, the
-        first loader iterated) was iterated before, while it is the one iterated."""
+        """The step or the loader changed: this step's args, made anew (``epoch``
+        while the training loader is the one iterated)."""
         position: dict[str, Any] = {"step": self.steps}
-        loader = self.training = self.train_loader if self.train_loader is not None else self.first_loader
-        if loader is not None and self.current == loader:
-            position["epoch"] = self.iterations.get(loader, 1) - 1
+        if self.training and self.current == self.training:
+            position["epoch"] = self.epoch
         self.position = position
+
+    def begin(self, key: int, epoch: int) -> None:
+        """Loader ``key``'s iteration ``epoch`` (from 0) begins."""
+        if not self.training:
+            self.training = key
+        self.current, self.epoch = key, epoch
+        self.moved()
+
+    def fetches(self, it: Any, key: int, epoch: int) -> _Fetches:
+        return _Fetches(it, key, epoch)
+
+    def step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            _end_step_left()
+            stk = _STACKS.stk
+            if (self.down or not _STEP._on
+                    or ((stk is None or len(stk) > 1) and _covered("compute"))):
+                return
+            if not self.fixed:
+                self.fixed = True
+                if self.current:
+                    self.training = self.current
+                self.moved()
+            _LOCAL.step_span = (_STEP.start(), optimizer)
+        except Exception as exc:
+            warn_once("auto-step", f"optimizer step not recorded: {exc!r}")
+
+    def step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            held = _LOCAL.step_span
+            if held is not None and held[1] is optimizer:
+                _LOCAL.step_span = None
+                held[0].stop({"optimizer": type(optimizer).__name__, **self.position})
+            self.steps += 1  # an integration's steps too: what follows it numbers on
+            self.moved()
+            if not self.down and self.step_taken is not None:
+                self.step_taken()
+        except Exception as exc:
+            warn_once("auto-step", f"optimizer step not recorded: {exc!r}")
+
+
+def _end_step_left() -> None:
+    """The step span left open by a step that raised (torch calls no post-hook then)
+    ends, incomplete, at the next step or batch fetched on its thread, so that what
+    follows does not nest in it. (A forward or backward may: a closure's.)"""
+    held = _LOCAL.step_span
+    if held is not None:
+        _LOCAL.step_span = None
+        held[0].stop({"incomplete": True})
 
 
 class _Local(threading.local):
-    """Per thread: the hooks' open forward and step spans, and how deep in module
-    calls it is (class defaults: each thread starts with them, no lookup fails)."""
+    """Per thread: how deep in module calls the forward hooks are, their open forward
+    span and its module, the open optimizer step span (class defaults: each thread
+    starts with them, no lookup fails)."""
 
     depth = 0  # module calls open on this thread
     span: Any = None  # the open forward's span
     module: Any = None  # its module
-    step_span: Any = None
+    step_span: Any = None  # (span, optimizer)
 
 
-STATE = _State()
+_LOCAL = _Local()
+_speedups = _engine.speedups
+STATE: Any = _State()
+_installed = False
+#: id(loader) -> how many times it was iterated
+_ITERATIONS: dict[int, int] = {}
 
 
 def standing_down(delta: int) -> None:
     """An integration began (+1) or ended (-1) a training run: the hooks record
     nothing meanwhile (the integration records the same)."""
-    STATE.integrations = max(0, STATE.integrations + delta)
+    STATE.down = max(0, STATE.down + delta)
+    ROOTS.pause(STATE.down > 0)
 
 
 #: Each thread's stack of open spans (``.stk``). The hooks ask :func:`_covered` only
@@ -153,24 +210,28 @@ def _covered(category: str, depth: int = 12) -> bool:
 # -- data loading ---------------------------------------------------------------------
 
 class _Fetches:
-    """A DataLoader's iterator, with a ``dataloader.fetch`` span per batch waited for."""
+    """A DataLoader's iterator, with a ``dataloader.fetch`` span per batch waited for
+    (the pure-Python engine's twin of ``AutoState.fetches()``)."""
 
-    __slots__ = ("it", "loader")
+    __slots__ = ("it", "loader", "epoch")
 
-    def __init__(self, it: Any, loader: int):
+    def __init__(self, it: Any, loader: int, epoch: int):
         self.it = it
         self.loader = loader
+        self.epoch = epoch
 
     def __iter__(self) -> _Fetches:
         return self
 
     def __next__(self) -> Any:
+        if _LOCAL.step_span is not None:
+            _end_step_left()
         stk = _STACKS.stk
-        if (STATE.integrations or not _FETCH._on
+        if (STATE.down or not _FETCH._on
                 or ((stk is None or len(stk) > 1) and _covered("dataloader"))):
             return next(self.it)
         if STATE.current != self.loader:
-            STATE.current = self.loader
+            STATE.current, STATE.epoch = self.loader, self.epoch
             STATE.moved()
         t0 = _clock()
         try:
@@ -195,31 +256,29 @@ _original_iter: Any = None
 
 
 def _traced_iter(self: Any) -> Any:
-    if STATE.integrations or not _FETCH.enabled or self in _tree.ITERATED or _covered("dataloader"):
+    if STATE.down or not _FETCH.enabled or self in _tree.ITERATED or _covered("dataloader"):
         return _original_iter(self)
     key = id(self)
-    if STATE.first_loader is None:
-        STATE.first_loader = key
-    STATE.iterations[key] = STATE.iterations.get(key, 0) + 1
-    STATE.current = key
-    STATE.moved()
+    epoch = _ITERATIONS.get(key, 0)
+    _ITERATIONS[key] = epoch + 1
+    STATE.begin(key, epoch)
     t0 = _clock()
     it = _original_iter(self)
     _FETCH_INIT.record(t0, _clock())
-    return _Fetches(it, key)
+    return STATE.fetches(it, key, epoch)
 
 
 # -- compute --------------------------------------------------------------------------
 
 def _forward_pre(module: Any, args: Any) -> None:
     try:
-        local = STATE.local
+        local = _LOCAL
         if local.depth:  # a module inside the outermost one
             local.depth += 1
             return
         local.depth = 1
         stk = _STACKS.stk
-        if (STATE.integrations or not _FORWARD._on
+        if (STATE.down or not _FORWARD._on
                 or ((stk is None or len(stk) > 1) and _covered("compute"))):
             return
         local.span = _FORWARD.start()
@@ -230,7 +289,7 @@ def _forward_pre(module: Any, args: Any) -> None:
 
 def _forward_post(module: Any, args: Any, output: Any) -> None:
     try:
-        local = STATE.local
+        local = _LOCAL
         depth = local.depth
         if depth > 1:
             local.depth = depth - 1
@@ -240,19 +299,154 @@ def _forward_post(module: Any, args: Any, output: Any) -> None:
         if span is None or local.module is not module:
             return
         local.span = local.module = None
+        args = {"module": type(module).__name__}
         if module.training and _grad_enabled():
-            span.stop({"module": type(module).__name__, **STATE.position})
-        else:
-            span.stop({"module": type(module).__name__})
+            args.update(STATE.position)
+        error = forward_failed(output)
+        if error is not None:
+            args["error"] = error
+        span.stop(args)
     except Exception:
         pass
+
+
+#: The roots recorded through hooks of their own (those :func:`_front_forward` cannot
+#: take). The hooks are module-level functions: a model pickled with them pickles.
+_HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+# A copy of a root (copy.deepcopy, pickle) has its hooks too: it is not recorded.
+def _root_pre(module: Any, args: Any) -> None:
+    if module in _HOOKED:
+        _forward_pre(module, args)
+
+
+def _root_post(module: Any, args: Any, output: Any) -> None:
+    if module in _HOOKED:
+        _forward_post(module, args, output)
+
+
+class _ForwardCall:
+    """The pure-Python engine's twin of the C engine's ``AutoCall`` for a forward: a
+    ``compute.forward`` span per call of a root added to it (not one inside another),
+    the original ``fn`` called for every other instance."""
+
+    def __init__(self, fn: Any, name: str):
+        self.fn = fn
+        self.name = name
+        self.roots: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def add_root(self, module: Any) -> bool:
+        self.roots.add(module)
+        return True
+
+    def drop_root(self, address: int) -> None:
+        pass  # a WeakSet forgets its own
+
+    def __call__(self, module: Any, *args: Any, **kwargs: Any) -> Any:
+        stk = _STACKS.stk
+        if (module not in self.roots or _LOCAL.span is not None or STATE.down or not _FORWARD._on
+                or ((stk is None or len(stk) > 1) and _covered("compute"))):
+            return self.fn(module, *args, **kwargs)
+        span = _LOCAL.span = _FORWARD.start()
+        try:
+            out = self.fn(module, *args, **kwargs)
+        except BaseException as exc:
+            _LOCAL.span = None
+            span.stop(self._args(module, type(exc).__name__ if isinstance(exc, Exception) else None))
+            raise
+        _LOCAL.span = None
+        span.stop(self._args(module, None))
+        return out
+
+    def _args(self, module: Any, error: str | None) -> dict[str, Any]:
+        args = {"module": self.name}
+        if module.training and _grad_enabled():
+            args.update(STATE.position)
+        if error is not None:
+            args["error"] = error
+        return args
+
+
+def _front_forward(module: Any) -> bool:
+    """``module``'s calls recorded by its class's ``forward``, replaced by a function
+    that calls an ``AutoCall`` (C; :class:`_ForwardCall`, its twin): it records the
+    calls of the roots added to it and calls the original for every other instance.
+    PyTorch's call path for a module with hooks costs more than the span itself, and
+    hooks stop ``torch.jit.script``. False where it cannot (a ``forward`` of the
+    instance's own, one that is not a function): hooks then."""
+    if "forward" in vars(module):
+        return False
+    cls = type(module)
+    front = cls.__dict__.get("forward")
+    call = getattr(front, "__dftrace_call__", None)
+    if call is None:
+        fn = getattr(cls, "forward", None)
+        if not inspect.isfunction(fn):
+            return False
+        if _speedups is not None:
+            call = _speedups.AutoCall(STATE, _FORWARD, fn, module=cls.__name__)
+        else:
+            call = _ForwardCall(fn, cls.__name__)
+        front = _front_function(fn, call)
+        cls.forward = front
+    if not call.add_root(module):
+        return False
+    weakref.finalize(module, call.drop_root, id(module))
+    return True
+
+
+def _front_function(fn: Any, call: Any) -> Any:
+    """``fn`` (a class's ``forward``) calling through ``call``: a plain function, with
+    ``fn``'s name, signature (``__wrapped__``), defaults and globals, so that what
+    reads a module's ``forward`` reads what it would untraced: ``torch.jit.script``
+    compiles ``fn``'s source, ``torch.fx`` traces through it, and under
+    ``torch.compile`` it calls ``fn`` itself (no graph break). Its parameters are
+    ``fn``'s own where they are plain (no ``*args``, ``**kwargs`` or keyword-only
+    ones): the call passes them on as they are, with no tuple or dict made."""
+    code = fn.__code__
+    names = code.co_varnames[:code.co_argcount]
+    plain = (not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+             and not code.co_kwonlyargcount and not code.co_posonlyargcount
+             and names and not any(n.startswith("_dft_") for n in names))
+    params = ", ".join(names) if plain else "self, *args, **kwargs"
+    made: dict[str, Any] = {}
+    exec(f"def make(_dft_compiling, _dft_fn, _dft_call):\n"  # a text of our own: the names above
+         f"    def forward({params}):\n"
+         f"        if _dft_compiling():\n"
+         f"            return _dft_fn({params})\n"
+         f"        return _dft_call({params})\n"
+         f"    return forward\n", made)
+    forward = made["make"](_compiling(), fn, call)
+    front = types.FunctionType(forward.__code__, fn.__globals__, fn.__name__,
+                               fn.__defaults__ if plain else None, forward.__closure__)
+    functools.update_wrapper(front, fn)
+    front.__dftrace_call__ = call  # type: ignore[attr-defined]
+    return front
+
+
+def _compiling() -> Any:
+    """A function that returns False, and True while ``torch.compile`` traces the
+    code that calls it (``torch.compiler.is_dynamo_compiling``: one call that
+    returns a constant; in older torch, the nearest one it has)."""
+    compiler = getattr(torch, "compiler", None)
+    for name in ("is_dynamo_compiling", "is_compiling"):
+        found = getattr(compiler, name, None)
+        if found is not None:
+            return found
+    try:
+        from torch._dynamo import is_compiling
+    except Exception:
+        return lambda: False
+    return is_compiling
 
 
 class _Roots:
     """Which modules are called at the top (models, not their layers). A hook on
     every module makes PyTorch take its slow path for every layer of every call, so
     the global hooks only find the roots during the first optimizer steps; then each
-    root found gets the same hooks of its own, and the global ones go."""
+    root found is recorded by its class's ``forward`` (:func:`_front_forward`), or
+    gets the same hooks of its own, and the global ones go."""
 
     #: Optimizer steps after which the global hooks are removed.
     DISCOVERY_STEPS = 2
@@ -260,15 +454,32 @@ class _Roots:
     def __init__(self) -> None:
         self.handles: list[Any] = []
         self.found: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.searching = False  # the global hooks look for the roots (when not paused)
 
     def install(self) -> None:
-        from torch.nn.modules import module as _module
+        self.searching = True
+        self.pause(STATE.down > 0)
 
-        self.handles = [_module.register_module_forward_pre_hook(self.global_pre),
-                        _module.register_module_forward_hook(_forward_post, always_call=True)]
+    def pause(self, paused: bool) -> None:
+        """While an integration trains (it records the forwards), the global hooks
+        are removed, or each layer of its model would take PyTorch's slow path; the
+        search goes on when it ends."""
+        if paused and self.handles:
+            for handle in self.handles:
+                handle.remove()
+            self.handles = []
+            STATE.step_taken = None
+        elif not paused and self.searching and not self.handles:
+            from torch.nn.modules import module as _module
+
+            _LOCAL.depth, _LOCAL.span, _LOCAL.module = 0, None, None
+
+            self.handles = [_module.register_module_forward_pre_hook(self.global_pre),
+                            _module.register_module_forward_hook(_forward_post, always_call=True)]
+            STATE.step_taken = self.step_taken
 
     def global_pre(self, module: Any, args: Any) -> None:
-        if not STATE.local.depth:
+        if not _LOCAL.depth:
             try:
                 self.found.add(module)
             except Exception:
@@ -276,14 +487,15 @@ class _Roots:
         _forward_pre(module, args)
 
     def step_taken(self) -> None:
-        if self.handles and STATE.steps >= self.DISCOVERY_STEPS and not STATE.local.depth:
-            for handle in self.handles:
-                handle.remove()
-            self.handles = []
+        if self.handles and STATE.steps >= self.DISCOVERY_STEPS and not _LOCAL.depth:
+            self.searching = False
+            self.pause(True)
             for module in list(self.found):
                 try:
-                    module.register_forward_pre_hook(_forward_pre)
-                    module.register_forward_hook(_forward_post, always_call=True)
+                    if not _front_forward(module):
+                        _HOOKED.add(module)
+                        module.register_forward_pre_hook(_root_pre)
+                        module.register_forward_hook(_root_post, always_call=True)
                 except Exception:
                     pass
             self.found = weakref.WeakSet()
@@ -297,41 +509,9 @@ class _BackwardArgs:
 
     def _backward_args(self) -> dict[str, Any] | None | bool:
         stk = _STACKS.stk
-        if STATE.integrations or ((stk is None or len(stk) > 1) and _covered("compute", depth=6)):
+        if STATE.down or ((stk is None or len(stk) > 1) and _covered("compute", depth=6)):
             return False  # nothing to record: it is recorded already
         return STATE.position  # encoded by the span's stop(): shared safely
-
-
-def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-    try:
-        local = STATE.local
-        local.step_span = None
-        stk = _STACKS.stk
-        if (STATE.integrations or not _STEP._on
-                or ((stk is None or len(stk) > 1) and _covered("compute"))):
-            return
-        if STATE.train_loader is None:
-            STATE.train_loader = STATE.current if STATE.current is not None else STATE.first_loader
-            STATE.moved()
-        local.step_span = _STEP.start()
-    except Exception as exc:
-        warn_once("auto-step", f"optimizer step not recorded: {exc!r}")
-
-
-def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
-    try:
-        local = STATE.local
-        span = local.step_span
-        if span is not None:
-            local.step_span = None
-            span.stop({"optimizer": type(optimizer).__name__, **STATE.position})
-        if not STATE.integrations:
-            STATE.steps += 1
-            STATE.moved()
-            if ROOTS.handles:
-                ROOTS.step_taken()
-    except Exception as exc:
-        warn_once("auto-step", f"optimizer step not recorded: {exc!r}")
 
 
 # -- distributed ----------------------------------------------------------------------
@@ -350,7 +530,7 @@ def trace_ddp_of(module: Any) -> None:
 
 def _wanted(ddp: Any) -> bool:
     try:
-        return STATE.installed or ddp.module in _WANTED
+        return _installed or ddp.module in _WANTED
     except Exception:
         return False
 
@@ -411,37 +591,52 @@ def _patch_init_process_group() -> None:
 
 # -- trainers -------------------------------------------------------------------------
 
-#: The modules that define the trainers, and the integration's function that gives a
-#: trainer class its callback once the module is imported (named, not imported here:
-#: the integrations import this module).
-_TRAINERS = (("transformers.trainer", "dftrace.transformers:trace_trainers"),
-             ("lightning.pytorch.trainer.trainer", "dftrace.lightning:trace_trainers"),
-             ("pytorch_lightning.trainer.trainer", "dftrace.lightning:trace_trainers"))
+#: The modules that define the trainers, and where the callback each trainer made
+#: gets is (named, not imported here: the integrations import this module).
+_TRAINERS = (("transformers.trainer", "dftrace.transformers:TraceCallback"),
+             ("lightning.pytorch.trainer.trainer", "dftrace.lightning:TraceCallback"),
+             ("pytorch_lightning.trainer.trainer", "dftrace.lightning:TraceCallback"))
+
+
+def _give_callback(callback: str, module: Any) -> None:
+    add_callback(module.Trainer, callback)
 
 
 # -- installing -----------------------------------------------------------------------
 
 def install(_torch: Any = None) -> None:
     """Install the hooks (once per process; called once torch is imported)."""
-    global _original_iter
-    if STATE.installed:
+    global _original_iter, _installed, STATE
+    if _installed:
         return
-    STATE.installed = True
-    from ._hooking import install_backward
+    _installed = True
+    from . import _hooking
     from .._core.after_import import when_imported
 
+    if _speedups is not None:  # the same, counted and recorded in C
+        state = _speedups.AutoState(fetch=_FETCH, step=_STEP, covered=_covered,
+                                    grad_enabled=_grad_enabled)
+        state.down = STATE.down  # integrations that began before
+        STATE = state
     _original_iter = DataLoader.__iter__
     DataLoader.__iter__ = _traced_iter  # type: ignore[method-assign]
     ROOTS.install()
     from torch.optim import optimizer as _optimizer
 
-    _optimizer.register_optimizer_step_pre_hook(_step_pre)
-    _optimizer.register_optimizer_step_post_hook(_step_post)
-    install_backward(_BackwardArgs())  # type: ignore[arg-type]
+    _optimizer.register_optimizer_step_pre_hook(STATE.step_pre)
+    _optimizer.register_optimizer_step_post_hook(STATE.step_post)
+    _hooking.install_backward(_BackwardArgs())  # type: ignore[arg-type]
+    if _speedups is not None and torch.autograd.backward is _hooking._traced_backward:
+        # backward() recorded in C; the shared patch's users are asked only while an
+        # integration or trace_compute() stands auto down
+        front = _speedups.AutoCall(STATE, _BACKWARD, _hooking._original_backward,
+                                   slow=_hooking._traced_backward)
+        functools.update_wrapper(front, _hooking._original_backward)
+        torch.autograd.backward = front
     if torch.distributed.is_available():
         trace_distributed()
         watch_ddp()
         _patch_init_process_group()
         note_distributed_rank()
-    for name, trace in _TRAINERS:
-        when_imported(name, trace)
+    for name, callback in _TRAINERS:
+        when_imported(name, functools.partial(_give_callback, callback))

@@ -8,7 +8,14 @@
 - ``annotated``: the same loop annotated by hand (``fetch.iter``, a decorated
   forward, ``with ai.compute.backward``, ``update``);
 - ``accumulate``: ``plain`` with two micro-batches per optimizer step;
-- ``idle``: no PyTorch work at all.
+- ``idle``: no PyTorch work at all;
+- ``edges``: what a program does with a model once its calls are recorded (after
+  the first optimizer steps): a deep copy called, pickling and ``torch.save``,
+  ``torch.compile(fullgraph=True)``, ``torch.jit.script``, ``torch.fx``, its
+  ``forward``'s signature, a model called inside another one, a forward and an
+  optimizer step that raise;
+- ``lightning``: a Lightning ``Trainer.fit`` with no callback of dftrace's given (it
+  gets one), then a plain loop over the same model.
 
 Writes what the loop counted on its own clock to TRUTH.json: steps, epochs, the
 time spent waiting in ``next()`` on the loader, each step's start.
@@ -17,6 +24,7 @@ time spent waiting in ``next()`` on the loader, each step's start.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -30,6 +38,11 @@ def main(mode: str, truth_path: str) -> None:
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
+
+    if mode == "edges":
+        return edges(truth_path)
+    if mode == "lightning":
+        return lightning(truth_path)
 
     class Data(Dataset):
         def __len__(self) -> int:
@@ -89,6 +102,150 @@ def main(mode: str, truth_path: str) -> None:
             truth["epochs"] += 1
     with torch.no_grad():  # an evaluation: no step's
         model(torch.randn(4, 16))
+    with open(truth_path, "w") as f:
+        json.dump(truth, f)
+
+
+def _edge_models():
+    """The models of ``edges``, defined at the module's level (pickled by name)."""
+    global Net, Outer
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 1))
+            self.fail = False
+
+        def forward(self, x):
+            if self.fail:
+                raise ValueError("planted")
+            return self.body(x)
+
+    class Outer(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x, scale=2.0, *, shift=0.0):
+            return self.inner(x) * scale + shift
+
+    return Net, Outer
+
+
+def edges(truth_path: str) -> None:
+    import copy
+    import inspect
+    import io
+    import pickle
+
+    import torch
+
+    Net, Outer = _edge_models()
+
+    torch.manual_seed(0)
+    model = Net()
+    outer = Outer(model)
+    signature = [str(inspect.signature(m.forward)) for m in (model, outer)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    truth = {"forwards": 0, "outer": 0, "steps": 0, "errors": 0}
+
+    def step(net) -> None:
+        loss = net(torch.randn(4, 16)).pow(2).mean()
+        truth["forwards" if net is model else "outer"] += 1
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        truth["steps"] += 1
+
+    for k in range(6):  # both models are called at the top while the roots are found
+        step(model if k % 2 else outer)
+    ema = copy.deepcopy(model)  # a copy is not one of the models found
+    for _ in range(3):
+        ema(torch.randn(4, 16))
+    again = pickle.loads(pickle.dumps(model))
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    # what reads forward() reads what it would untraced: compiled, scripted, fx-traced
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    scripted = torch.jit.script(model)
+    graphed = torch.fx.symbolic_trace(model)
+    truth["forwards"] += 1  # fx traces the graph by calling forward() once
+    copies = (again, loaded, ema, compiled, scripted, graphed)
+    same = [bool(torch.allclose(m(torch.ones(1, 16)), model(torch.ones(1, 16)))) for m in copies]
+    truth["forwards"] += len(copies)  # model's own calls just above (those of the copies are not)
+    for _ in range(4):
+        step(outer)  # model inside outer: one forward, outer's
+    model.fail = True
+    try:
+        model(torch.randn(4, 16))
+    except ValueError:
+        truth["errors"] += 1
+        truth["forwards"] += 1
+    model.fail = False
+
+    def closure():
+        raise RuntimeError("planted")
+
+    try:
+        opt.step(closure)
+    except RuntimeError:
+        truth["errors"] += 1
+    # the loop goes on (the failed step's span ends at the next batch)
+    from torch.utils.data import DataLoader, TensorDataset
+
+    for (x,) in DataLoader(TensorDataset(torch.randn(8, 16)), batch_size=4):
+        loss = model(x).pow(2).mean()
+        truth["forwards"] += 1
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        truth["steps"] += 1
+    truth.update(same=same, signature=signature, signature_after=[str(inspect.signature(m.forward)) for m in (model, outer)])
+    with open(truth_path, "w") as f:
+        json.dump(truth, f)
+
+
+def lightning(truth_path: str) -> None:
+    import lightning.pytorch as pl
+    import torch
+    from torch import nn
+    from torch.nn.modules import module as torch_module
+    from torch.utils.data import DataLoader, TensorDataset
+
+    truth = {"batches": 0, "global_hooks_in_fit": [], "loop_steps": 0}
+
+    class Regressor(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            truth["batches"] += 1
+            # the search for the roots is paused: each layer keeps PyTorch's fast path
+            truth["global_hooks_in_fit"].append(len(torch_module._global_forward_hooks))
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(32, 3, generator=g), torch.randn(32, 1, generator=g))
+    model = Regressor()
+    pl.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+               enable_checkpointing=False, default_root_dir=os.path.dirname(truth_path)).fit(
+        model, DataLoader(data, batch_size=8))
+    truth["callbacks"] = sorted({type(c).__module__ for c in pl.Trainer().callbacks} & {"dftrace.lightning"})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # then a loop of your own: recorded again
+    for x, y in DataLoader(data, batch_size=8):
+        loss = nn.functional.mse_loss(model.net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        truth["loop_steps"] += 1
     with open(truth_path, "w") as f:
         json.dump(truth, f)
 

@@ -93,3 +93,49 @@ def test_what_you_annotate_is_not_recorded_twice(tmp_path):
 def test_run_says_when_nothing_was_recorded(tmp_path):
     _, _, done = _run(tmp_path, "idle")
     assert "dftrace run: nothing was recorded" in done.stderr
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_recorded_model_behaves_as_before(tmp_path, engine):
+    """Once the models are found, what a program does with them works as untraced (a
+    deep copy, pickling, torch.save, torch.compile with fullgraph=True, torch.jit.script,
+    torch.fx, inspect.signature), and the spans stay right: a copy is not recorded, a model called inside another is one forward, a forward that
+    raises says so, a step that raised leaves nothing nested in it."""
+    out, truth = tmp_path / "traces", tmp_path / "truth.json"
+    env = _env(DFTRACE_ENABLE="1", DFTRACE_LOG_FILE=str(out / "job"))
+    if engine == "python":
+        env["DFTRACE_NO_SPEEDUPS"] = "1"
+    done = subprocess.run([sys.executable, JOB, "edges", str(truth)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    truth = json.loads(truth.read_text())
+    assert truth["same"] == [True] * 6
+    assert truth["signature"] == truth["signature_after"] == ["(x)", "(x, scale=2.0, *, shift=0.0)"]
+    spans = _spans(out)
+    forwards = [e for e in spans if e["name"] == "forward"]
+    assert sum(e["args"]["module"] == "Net" for e in forwards) == truth["forwards"]
+    assert sum(e["args"]["module"] == "Outer" for e in forwards) == truth["outer"]
+    assert [e["args"]["module"] for e in forwards if "error" in e["args"]] == ["Net"]
+    assert [e["args"]["error"] for e in forwards if "error" in e["args"]] == ["ValueError"]
+    steps = [e for e in spans if e["name"] == "step"]
+    assert [e["args"]["step"] for e in steps if not e["args"].get("incomplete")] == list(range(truth["steps"]))
+    assert sum(bool(e["args"].get("incomplete")) for e in steps) == 1  # the step that raised
+    assert len([e for e in spans if e["name"] == "backward"]) == truth["steps"]
+    assert all(e["args"]["level"] == 1 for e in spans if e["name"] in ("forward", "backward", "step"))
+
+
+def test_a_lightning_trainer_gets_its_callback_and_the_hooks_stand_down(tmp_path):
+    """``dftrace run`` on a Lightning script that never names dftrace: its Trainer gets
+    the callback (Lightning's trainer module is imported while its package is not whole
+    yet), no global module hook slows its layers while it trains, and a loop of your
+    own after it is recorded again, its steps numbered on."""
+    pytest.importorskip("lightning.pytorch")
+    out, truth, _ = _run(tmp_path, "lightning")
+    assert truth["callbacks"] == ["dftrace.lightning"]
+    assert truth["global_hooks_in_fit"] == [0] * truth["batches"]
+    spans = _spans(out)
+    count = {name: sum(e["name"] == name for e in spans) for name in ("train", "epoch", "compute")}
+    assert count == {"train": 1, "epoch": 2, "compute": truth["batches"]}
+    steps = [e["args"]["step"] for e in spans if e["name"] == "step"]
+    fit, loop = truth["batches"], truth["loop_steps"]
+    assert sorted(steps) == list(range(fit + loop))

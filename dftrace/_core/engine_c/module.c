@@ -6,6 +6,7 @@
  * belongs to, listed in that unit's method table (dft_<unit>_methods, declared in the
  * unit's header and added here with the others). */
 #include "module.h"
+#include "auto_hooks.h"
 #include "encoder.h"
 #include "io_lines.h"
 #include "kept_spans.h"
@@ -294,7 +295,8 @@ static int speedups_exec(PyObject *m) {
             return -1;
     if (PyType_Ready(&dft_SpanWrapperType) < 0 || dft_traceable_ready() < 0 ||
         PyType_Ready(&dft_SpanIterType) < 0 || dft_kept_spans_ready() < 0 ||
-        PyType_Ready(&dft_SpanBaseType) < 0 || dft_shm_consumer_add(m) < 0)
+        PyType_Ready(&dft_SpanBaseType) < 0 || dft_shm_consumer_add(m) < 0 ||
+        dft_auto_hooks_add(m) < 0)
         return -1;
     PyObject *reads = engine_reads();
     if (!reads)

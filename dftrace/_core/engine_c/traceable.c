@@ -926,7 +926,8 @@ static PyObject *SpanBase_stop(PyObject *self, PyObject *const *args, size_t nar
         goto slow;
     if (a) {
         /* args known only now: encoded here (a snapshot), after the use's own */
-        PyObject *own = PyDict_CheckExact(a) ? dft_plain_extra(a, 0) : NULL;
+        PyObject *own = PyDict_CheckExact(a) ? dft_plain_extra(a, 0)
+                        : (PyObject *)Py_TYPE(a) == dft_calls.extra_type ? Py_NewRef(a) : NULL;
         if (!own && !PyErr_Occurred())
             own = PyObject_CallOneArg(dft_calls.to_extra, a);
         if (!own)

@@ -1,0 +1,663 @@
+/* auto_hooks.c: what automatic tracing of an un-annotated PyTorch program
+ * (dftrace/torch/_auto.py, auto=True) runs per training step, in C:
+ *
+ * - AutoState: the optimizer steps taken, the loader being iterated and the
+ *   training loader, this step's args ({"step": n[, "epoch": e]}); its step_pre /
+ *   step_post methods are the optimizer step hooks (a compute.step span per step);
+ * - AutoCall: a call of a model's forward() or of torch.autograd.backward recorded
+ *   as a compute.forward / compute.backward span;
+ * - AutoFetches: a DataLoader's iterator, a dataloader.fetch span per batch.
+ *
+ * Each one records nothing while an integration stands down (`down`), while its
+ * node is off, or while you recorded it yourself: a span of its category open on
+ * the calling thread (asked of _auto.py's covered() only when the stack holds more
+ * than its base; an un-annotated program never asks). Their Python twins are
+ * _auto.py's, run by the pure-Python engine. */
+#include "auto_hooks.h"
+#include "span_lifecycle.h"
+#include "encoder.h"
+#include <structmember.h>
+
+DFT_HIDDEN_BEGIN
+
+#define MAX_ROOTS 8
+
+typedef struct {
+    PyObject_HEAD
+    long long steps;     /* optimizer steps taken */
+    long long down;      /* integrations training now (they record the same) */
+    long long current;   /* id() of the loader iterated last (0: none) */
+    long long training;  /* id() of the training loader, or until then the first one's */
+    int fixed;           /* training is the loader iterated at the first optimizer step */
+    long long epoch;     /* how many times `current` was iterated before */
+    PyObject *pos;       /* this step's args: a dict {"step": n[, "epoch": e]} */
+    PyObject *pos_x;     /* ... encoded (an Extra) */
+    PyObject *covered;   /* covered(category) -> bool: you recorded it yourself */
+    PyObject *grad_enabled; /* torch.is_grad_enabled */
+    PyObject *fetch, *step; /* the nodes */
+    uint32_t fetch_kid;
+    PyObject *cat_data, *cat_compute; /* "dataloader", "compute" */
+    PyObject *step_taken; /* called after each optimizer step while set (root discovery) */
+    uint32_t step_kid;
+    /* the open compute.step span, on step_stk, its optimizer and thread */
+    int step_open;
+    span_t step_sp;
+    PyObject *step_stk;
+    PyObject *step_opt;   /* borrowed: compared only */
+    uint64_t step_ts;
+    /* the step span's own args ({"optimizer": name}) for an optimizer type */
+    PyObject *sargs_type, *sargs;
+    /* an open forward on this thread: nested calls of a root are not spans */
+    uint64_t fwd_ts;
+    long fwd_depth;
+} AutoState;
+
+static PyTypeObject AutoStateType;
+
+/* ------------------------------------------------------------------------- */
+/* the position: this step's args                                              */
+
+static PyObject *str_step, *str_epoch, *str_module, *str_optimizer, *str_training, *str_name;
+
+/* The args of this step, made anew (the step or the loader changed). */
+static int moved(AutoState *st) {
+    PyObject *d = PyDict_New(), *v = NULL;
+    if (!d)
+        return -1;
+    v = PyLong_FromLongLong(st->steps);
+    if (!v || PyDict_SetItem(d, str_step, v) < 0)
+        goto fail;
+    Py_CLEAR(v);
+    if (st->training && st->current == st->training) {
+        v = PyLong_FromLongLong(st->epoch);
+        if (!v || PyDict_SetItem(d, str_epoch, v) < 0)
+            goto fail;
+        Py_CLEAR(v);
+    }
+    PyObject *x = dft_plain_extra(d, 1);
+    if (!x) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "step args not encoded");
+        goto fail;
+    }
+    Py_XSETREF(st->pos, d);
+    Py_XSETREF(st->pos_x, x);
+    return 0;
+fail:
+    Py_XDECREF(v);
+    Py_DECREF(d);
+    return -1;
+}
+
+/* {key: value}, encoded. */
+static PyObject *one_arg(PyObject *key, PyObject *value) {
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    PyObject *x = PyDict_SetItem(d, key, value) < 0 ? NULL : dft_plain_extra(d, 1);
+    Py_DECREF(d);
+    if (!x && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "args not encoded");
+    return x;
+}
+
+/* The span carries this step's args: they join the sticky args it opened with (a
+   span's sticky args are written before its own). */
+static void give_position(AutoState *st, span_t *sp) {
+    if (!st->pos_x)
+        return;
+    if (sp->sticky == Py_None) {
+        Py_SETREF(sp->sticky, Py_NewRef(st->pos_x));
+        return;
+    }
+    PyObject *j = PyObject_CallFunctionObjArgs(dft_calls.merge, sp->sticky, st->pos_x, NULL);
+    if (j)
+        Py_SETREF(sp->sticky, j);
+    else
+        PyErr_Clear();
+}
+
+static inline uint64_t thread_id(void) { return (uint64_t)PyThreadState_Get()->id; }
+
+/* Whether to record on this thread now: 1 with *stk_out (a new reference), 0 not
+   (nothing held), never an error (one is cleared: the caller goes on untraced). */
+static int may_record(AutoState *st, PyObject *node, PyObject *category, PyObject **stk_out) {
+    *stk_out = NULL;
+    if (st->down || dft_calls.local == NULL)
+        return 0;
+    int on = is_on(node);
+    if (on <= 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *stk = current_stack();
+    if (!stk || !PyList_Check(stk) || PyList_GET_SIZE(stk) == 0) {
+        PyErr_Clear();
+        Py_XDECREF(stk);
+        return 0;
+    }
+    if (PyList_GET_SIZE(stk) > 1 && st->covered) { /* something of yours is open */
+        PyObject *r = PyObject_CallOneArg(st->covered, category);
+        int yes = r ? PyObject_IsTrue(r) : 1;
+        Py_XDECREF(r);
+        if (yes) {
+            PyErr_Clear();
+            Py_DECREF(stk);
+            return 0;
+        }
+    }
+    *stk_out = stk;
+    return 1;
+}
+
+/* ------------------------------------------------------------------------- */
+/* AutoState                                                                  */
+
+static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"fetch", "step", "covered", "grad_enabled", NULL};
+    PyObject *fetch, *step, *covered, *grad;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO", kw, &fetch, &step, &covered, &grad))
+        return NULL;
+    AutoState *st = (AutoState *)type->tp_alloc(type, 0);
+    if (!st)
+        return NULL;
+    st->fetch = Py_NewRef(fetch);
+    st->step = Py_NewRef(step);
+    st->covered = Py_NewRef(covered);
+    st->grad_enabled = Py_NewRef(grad);
+    st->fetch_kid = dft_node_kid(fetch, dft_str_kid);
+    st->step_kid = dft_node_kid(step, dft_str_kid);
+    st->cat_data = PyUnicode_InternFromString("dataloader");
+    st->cat_compute = PyUnicode_InternFromString("compute");
+    if (!st->cat_data || !st->cat_compute || moved(st) < 0) {
+        Py_DECREF(st);
+        return NULL;
+    }
+    return (PyObject *)st;
+}
+
+static int AutoState_refs(AutoState *st, visitproc visit, void *arg) {
+    PyObject **const refs[] = {&st->pos, &st->pos_x, &st->covered, &st->grad_enabled, &st->fetch,
+                               &st->step, &st->cat_data, &st->cat_compute, &st->step_taken,
+                               &st->step_stk, &st->sargs_type, &st->sargs};
+    return visit_refs(refs, NREFS(refs), visit, arg);
+}
+
+static int AutoState_clear(AutoState *st) { return AutoState_refs(st, NULL, NULL); }
+
+static void AutoState_dealloc(AutoState *st) {
+    PyObject_GC_UnTrack(st);
+    AutoState_clear(st);
+    Py_TYPE(st)->tp_free((PyObject *)st);
+}
+
+/* begin(loader_id, epoch): a loader's iteration begins; it is the current one. */
+static PyObject *AutoState_begin(PyObject *self, PyObject *args) {
+    AutoState *st = (AutoState *)self;
+    long long key, epoch;
+    if (!PyArg_ParseTuple(args, "LL", &key, &epoch))
+        return NULL;
+    if (!st->training)
+        st->training = key; /* the first loader, until the first optimizer step */
+    st->current = key;
+    st->epoch = epoch;
+    if (moved(st) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The step span left open by a step that raised (torch calls no post-hook then):
+   it ends, incomplete, at the next step or batch fetched on its thread, so that
+   what follows does not nest in it. (A forward or backward may: a closure's.) */
+static void end_step_left(AutoState *st) {
+    if (!st->step_open)
+        return;
+    st->step_open = 0;
+    if (span_close(&st->step_sp, st->step_stk, now_ns(), NULL, NULL, -1, F_INCOMPLETE) < 0)
+        PyErr_Clear();
+    Py_CLEAR(st->step_stk);
+}
+
+/* step_pre(optimizer, args, kwargs): the optimizer step's pre-hook. */
+static PyObject *AutoState_step_pre(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    AutoState *st = (AutoState *)self;
+    uint64_t ts = thread_id();
+    if (st->step_open && st->step_ts == ts)
+        end_step_left(st);
+    PyObject *stk;
+    if (st->step_open || !may_record(st, st->step, st->cat_compute, &stk))
+        Py_RETURN_NONE; /* (another thread's step is open: this one is not recorded) */
+    if (!st->fixed) { /* the loader iterated now trains (or, none yet, the first one) */
+        st->fixed = 1;
+        if (st->current)
+            st->training = st->current;
+        if (moved(st) < 0)
+            PyErr_Clear();
+    }
+    if (span_open(&st->step_sp, stk, st->step, st->step_kid, SPAN_NOW) < 0) {
+        Py_DECREF(stk);
+        Py_RETURN_NONE;
+    }
+    st->step_open = 1;
+    st->step_stk = stk;
+    st->step_opt = nargs > 0 ? args[0] : NULL;
+    st->step_ts = ts;
+    Py_RETURN_NONE;
+}
+
+/* step_post(optimizer, args, kwargs): the optimizer step's post-hook: its span ends
+   with this step's args and the optimizer's class; then the step is counted. */
+static PyObject *AutoState_step_post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    AutoState *st = (AutoState *)self;
+    PyObject *opt = nargs > 0 ? args[0] : NULL;
+    if (st->step_open && st->step_opt == opt && st->step_ts == thread_id()) {
+        long long t1 = now_ns();
+        PyObject *type = opt ? (PyObject *)Py_TYPE(opt) : Py_None;
+        st->step_open = 0;
+        if (st->sargs == NULL || st->sargs_type != type) {
+            PyObject *name = PyObject_GetAttr(type, str_name);
+            PyObject *x = name ? one_arg(str_optimizer, name) : NULL;
+            Py_XDECREF(name);
+            if (x) {
+                Py_XSETREF(st->sargs, x);
+                Py_XSETREF(st->sargs_type, Py_NewRef(type));
+            } else {
+                PyErr_Clear();
+            }
+        }
+        give_position(st, &st->step_sp);
+        PyObject *stk = st->step_stk;
+        st->step_stk = NULL;
+        int rc = span_close(&st->step_sp, stk, t1, st->sargs_type == type ? st->sargs : NULL, NULL,
+                            -1, 0);
+        Py_DECREF(stk);
+        if (rc < 0)
+            return NULL; /* a signal's exception while waiting for room */
+    }
+    st->steps++; /* an integration's steps too: what follows it numbers on */
+    if (moved(st) < 0)
+        PyErr_Clear();
+    if (!st->down && st->step_taken) {
+        PyObject *r = PyObject_CallNoArgs(st->step_taken);
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *AutoState_get_position(PyObject *self, void *c) {
+    AutoState *st = (AutoState *)self;
+    return st->pos ? PyDict_Copy(st->pos) : PyDict_New();
+}
+
+static PyObject *AutoState_get_step_taken(PyObject *self, void *c) {
+    PyObject *v = ((AutoState *)self)->step_taken;
+    return Py_NewRef(v ? v : Py_None);
+}
+
+static int AutoState_set_step_taken(PyObject *self, PyObject *v, void *c) {
+    Py_XSETREF(((AutoState *)self)->step_taken, v && v != Py_None ? Py_NewRef(v) : NULL);
+    return 0;
+}
+
+static PyMemberDef AutoState_members[] = {
+    {"steps", T_LONGLONG, offsetof(AutoState, steps), 0, "optimizer steps taken"},
+    {"down", T_LONGLONG, offsetof(AutoState, down), 0, "integrations training now"},
+    {NULL}};
+
+static PyGetSetDef AutoState_getset[] = {
+    {"position", AutoState_get_position, NULL, "this step's args (a copy)", NULL},
+    {"step_taken", AutoState_get_step_taken, AutoState_set_step_taken,
+     "called after each optimizer step while set", NULL},
+    {NULL}};
+
+static PyObject *AutoState_fetches(PyObject *self, PyObject *args);
+
+static PyMethodDef AutoState_methods[] = {
+    {"begin", AutoState_begin, METH_VARARGS, "begin(loader_id, epoch): a loader's iteration begins"},
+    {"step_pre", (PyCFunction)(void (*)(void))AutoState_step_pre, METH_FASTCALL,
+     "step_pre(optimizer, args, kwargs): the optimizer step pre-hook"},
+    {"step_post", (PyCFunction)(void (*)(void))AutoState_step_post, METH_FASTCALL,
+     "step_post(optimizer, args, kwargs): the optimizer step post-hook"},
+    {"fetches", AutoState_fetches, METH_VARARGS,
+     "fetches(iterator, loader_id, epoch): the iterator, a dataloader.fetch span per batch"},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject AutoStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._core._speedups.AutoState",
+    .tp_basicsize = sizeof(AutoState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "AutoState(fetch, step, covered, grad_enabled): what automatic tracing counts.",
+    .tp_new = AutoState_new,
+    .tp_dealloc = (destructor)AutoState_dealloc,
+    .tp_traverse = (traverseproc)AutoState_refs,
+    .tp_clear = (inquiry)AutoState_clear,
+    .tp_members = AutoState_members,
+    .tp_getset = AutoState_getset,
+    .tp_methods = AutoState_methods,
+};
+
+/* ------------------------------------------------------------------------- */
+/* AutoFetches: a DataLoader's iterator                                       */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *it;
+    AutoState *st;
+    long long key, epoch;
+} AutoFetches;
+
+static PyTypeObject AutoFetchesType;
+
+static PyObject *AutoState_fetches(PyObject *self, PyObject *args) {
+    PyObject *it;
+    long long key, epoch;
+    if (!PyArg_ParseTuple(args, "OLL", &it, &key, &epoch))
+        return NULL;
+    AutoFetches *f = PyObject_GC_New(AutoFetches, &AutoFetchesType);
+    if (!f)
+        return NULL;
+    f->it = Py_NewRef(it);
+    f->st = (AutoState *)Py_NewRef(self);
+    f->key = key;
+    f->epoch = epoch;
+    PyObject_GC_Track(f);
+    return (PyObject *)f;
+}
+
+static PyObject *AutoFetches_next(AutoFetches *f) {
+    AutoState *st = f->st;
+    PyObject *stk;
+    if (st->step_open && st->step_ts == thread_id()) /* no batch is fetched in a step */
+        end_step_left(st);
+    if (!may_record(st, st->fetch, st->cat_data, &stk))
+        return PyIter_Next(f->it);
+    if (st->current != f->key) {
+        st->current = f->key;
+        st->epoch = f->epoch;
+        if (moved(st) < 0)
+            PyErr_Clear();
+    }
+    span_t sp;
+    if (span_open(&sp, stk, st->fetch, st->fetch_kid, SPAN_NOW) < 0) {
+        Py_DECREF(stk);
+        return PyIter_Next(f->it);
+    }
+    PyObject *item = PyIter_Next(f->it);
+    long long t1 = now_ns();
+    PyObject *x = st->training == f->key ? st->pos_x : NULL;
+    Py_XINCREF(x);
+    if (item == NULL) {
+        if (PyErr_Occurred()) /* the loader raised: the span says so */
+            span_close_raised(&sp, stk, t1, x, -1);
+        else /* the end: not a fetch */
+            span_close(&sp, stk, t1, NULL, NULL, -1, SPAN_UNRECORDED);
+    } else if (span_close(&sp, stk, t1, x, NULL, -1, 0) < 0) {
+        Py_CLEAR(item); /* a signal's exception while waiting for room */
+    }
+    Py_XDECREF(x);
+    Py_DECREF(stk);
+    return item;
+}
+
+static PyObject *AutoFetches_getattro(PyObject *self, PyObject *name) {
+    PyObject *v = PyObject_GenericGetAttr(self, name);
+    if (v || !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return v;
+    PyErr_Clear();
+    return PyObject_GetAttr(((AutoFetches *)self)->it, name); /* the loader's iterator's */
+}
+
+static Py_ssize_t AutoFetches_len(PyObject *self) { return PyObject_Size(((AutoFetches *)self)->it); }
+
+static int AutoFetches_traverse(AutoFetches *f, visitproc visit, void *arg) {
+    Py_VISIT(f->it);
+    Py_VISIT(f->st);
+    return 0;
+}
+
+static int AutoFetches_clear(AutoFetches *f) {
+    Py_CLEAR(f->it);
+    Py_CLEAR(f->st);
+    return 0;
+}
+
+static void AutoFetches_dealloc(AutoFetches *f) {
+    PyObject_GC_UnTrack(f);
+    AutoFetches_clear(f);
+    PyObject_GC_Del(f);
+}
+
+static PySequenceMethods AutoFetches_seq = {.sq_length = AutoFetches_len};
+
+static PyTypeObject AutoFetchesType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._core._speedups.AutoFetches",
+    .tp_basicsize = sizeof(AutoFetches),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A DataLoader's iterator: a dataloader.fetch span per batch waited for.",
+    .tp_dealloc = (destructor)AutoFetches_dealloc,
+    .tp_traverse = (traverseproc)AutoFetches_traverse,
+    .tp_clear = (inquiry)AutoFetches_clear,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)AutoFetches_next,
+    .tp_getattro = AutoFetches_getattro,
+    .tp_as_sequence = &AutoFetches_seq,
+};
+
+/* ------------------------------------------------------------------------- */
+/* AutoCall: forward() of the roots, torch.autograd.backward                   */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn;     /* what is called */
+    PyObject *slow;   /* called instead while an integration stands down (NULL: fn) */
+    AutoState *st;
+    PyObject *node;
+    PyObject *dict, *weakreflist;
+    vectorcallfunc vectorcall;
+    uint32_t kid;
+    /* forward(): the modules (roots) whose calls are spans, compared by address
+       (each one's weakref drops it: drop_root), and the span's args */
+    int forward, nroots;
+    uintptr_t roots[MAX_ROOTS];
+    PyObject *name_x;           /* {"module": name}, its span's own args */
+} AutoCall;
+
+static inline int is_root(AutoCall *c, PyObject *self) {
+    for (int i = 0; i < c->nroots; i++)
+        if (c->roots[i] == (uintptr_t)self)
+            return 1;
+    return 0;
+}
+
+/* Whether `module` trains now (in train() mode, with gradients on): its forward
+   carries the step's args (an evaluation's does not). */
+static int trains(AutoState *st, PyObject *module) {
+    PyObject *tr = PyObject_GetAttr(module, str_training);
+    int yes = tr ? PyObject_IsTrue(tr) : 0;
+    Py_XDECREF(tr);
+    if (yes > 0) {
+        PyObject *g = PyObject_CallNoArgs(st->grad_enabled);
+        yes = g ? PyObject_IsTrue(g) : 0;
+        Py_XDECREF(g);
+    }
+    PyErr_Clear();
+    return yes > 0;
+}
+
+static PyObject *AutoCall_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames) {
+    AutoCall *c = (AutoCall *)self;
+    AutoState *st = c->st;
+    PyObject *module = NULL;
+    if (c->forward) {
+        module = PyVectorcall_NARGS(nargsf) ? args[0] : NULL;
+        if (!module || !is_root(c, module))
+            return PyObject_Vectorcall(c->fn, args, nargsf, kwnames);
+        if (st->fwd_depth && st->fwd_ts == thread_id()) /* a root inside a root */
+            return PyObject_Vectorcall(c->fn, args, nargsf, kwnames);
+    }
+    if (st->down && c->slow)
+        return PyObject_Vectorcall(c->slow, args, nargsf, kwnames);
+    PyObject *stk;
+    if (!may_record(st, c->node, st->cat_compute, &stk))
+        return PyObject_Vectorcall(c->fn, args, nargsf, kwnames);
+    span_t sp;
+    if (span_open(&sp, stk, c->node, c->kid, SPAN_NOW) < 0) {
+        Py_DECREF(stk);
+        return PyObject_Vectorcall(c->fn, args, nargsf, kwnames);
+    }
+    uint64_t ts = 0;
+    if (module) {
+        ts = thread_id();
+        if (st->fwd_depth == 0)
+            st->fwd_ts = ts;
+        st->fwd_depth++;
+    }
+    PyObject *result = PyObject_Vectorcall(c->fn, args, nargsf, kwnames);
+    long long t1 = now_ns();
+    if (module) {
+        if (st->fwd_ts == ts && st->fwd_depth > 0)
+            st->fwd_depth--;
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb); /* trains() reads attributes: the error waits */
+        if (trains(st, module))
+            give_position(st, &sp);
+        PyErr_Restore(et, ev, tb);
+    } else {
+        give_position(st, &sp);
+    }
+    if (!result)
+        span_close_raised(&sp, stk, t1, c->name_x, -1);
+    else if (span_close(&sp, stk, t1, c->name_x, NULL, -1, 0) < 0)
+        Py_CLEAR(result);
+    Py_DECREF(stk);
+    return result;
+}
+
+/* AutoCall(state, node, fn, slow=None, module=None): `module` (a class name) makes
+   it a forward(), recorded for the roots added to it. */
+static PyObject *AutoCall_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"state", "node", "fn", "slow", "module", NULL};
+    PyObject *state, *node, *fn, *slow = Py_None, *module = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO|OO", kw, &AutoStateType, &state, &node, &fn,
+                                     &slow, &module))
+        return NULL;
+    AutoCall *c = (AutoCall *)type->tp_alloc(type, 0);
+    if (!c)
+        return NULL;
+    c->st = (AutoState *)Py_NewRef(state);
+    c->node = Py_NewRef(node);
+    c->fn = Py_NewRef(fn);
+    c->slow = slow == Py_None ? NULL : Py_NewRef(slow);
+    c->kid = dft_node_kid(node, dft_str_kid);
+    c->vectorcall = AutoCall_vectorcall;
+    if (module != Py_None) {
+        c->forward = 1;
+        if (!(c->name_x = one_arg(str_module, module))) {
+            Py_DECREF(c);
+            return NULL;
+        }
+    }
+    return (PyObject *)c;
+}
+
+/* add_root(module) -> bool: its calls are spans (False: no room; use hooks). */
+static PyObject *AutoCall_add_root(PyObject *self, PyObject *module) {
+    AutoCall *c = (AutoCall *)self;
+    if (is_root(c, module))
+        Py_RETURN_TRUE;
+    if (c->nroots >= MAX_ROOTS)
+        Py_RETURN_FALSE;
+    c->roots[c->nroots++] = (uintptr_t)module;
+    Py_RETURN_TRUE;
+}
+
+/* drop_root(address): the module at id() `address` is gone. */
+static PyObject *AutoCall_drop_root(PyObject *self, PyObject *address) {
+    AutoCall *c = (AutoCall *)self;
+    uintptr_t a = (uintptr_t)PyLong_AsVoidPtr(address);
+    if (PyErr_Occurred())
+        return NULL;
+    for (int i = 0; i < c->nroots; i++)
+        if (c->roots[i] == a) {
+            c->roots[i] = c->roots[--c->nroots];
+            break;
+        }
+    Py_RETURN_NONE;
+}
+
+static int AutoCall_refs(AutoCall *c, visitproc visit, void *arg) {
+    PyObject *st = (PyObject *)c->st;
+    PyObject **const refs[] = {&c->fn, &c->slow, &st, &c->node, &c->dict, &c->name_x};
+    int rc = visit_refs(refs, NREFS(refs), visit, arg);
+    c->st = (AutoState *)st;
+    return rc;
+}
+
+static int AutoCall_clear(AutoCall *c) { return AutoCall_refs(c, NULL, NULL); }
+
+static void AutoCall_dealloc(AutoCall *c) {
+    PyObject_GC_UnTrack(c);
+    if (c->weakreflist)
+        PyObject_ClearWeakRefs((PyObject *)c);
+    AutoCall_clear(c);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+/* Pickled by reference, as a function is: the name its class holds it under. */
+static PyObject *AutoCall_reduce(PyObject *self, PyObject *unused) {
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyMethodDef AutoCall_methods[] = {
+    {"__reduce__", AutoCall_reduce, METH_NOARGS, NULL},
+    {"add_root", AutoCall_add_root, METH_O, "add_root(module) -> bool: its calls are spans"},
+    {"drop_root", AutoCall_drop_root, METH_O, "drop_root(address): that module is gone"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef AutoCall_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL}};
+
+static PyTypeObject AutoCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dftrace._core._speedups.AutoCall",
+    .tp_basicsize = sizeof(AutoCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "AutoCall(state, node, fn, slow=None, module=None): a call of fn as a span "
+              "of node, unless you recorded it yourself.",
+    .tp_new = AutoCall_new,
+    .tp_dealloc = (destructor)AutoCall_dealloc,
+    .tp_traverse = (traverseproc)AutoCall_refs,
+    .tp_clear = (inquiry)AutoCall_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(AutoCall, vectorcall),
+    .tp_dictoffset = offsetof(AutoCall, dict),
+    .tp_weaklistoffset = offsetof(AutoCall, weakreflist),
+    .tp_getset = AutoCall_getset,
+    .tp_methods = AutoCall_methods,
+};
+
+/* ------------------------------------------------------------------------- */
+
+int dft_auto_hooks_add(PyObject *m) {
+    if (!(str_step = PyUnicode_InternFromString("step")) ||
+        !(str_epoch = PyUnicode_InternFromString("epoch")) ||
+        !(str_module = PyUnicode_InternFromString("module")) ||
+        !(str_optimizer = PyUnicode_InternFromString("optimizer")) ||
+        !(str_training = PyUnicode_InternFromString("training")) ||
+        !(str_name = PyUnicode_InternFromString("__name__")))
+        return -1;
+    if (PyType_Ready(&AutoStateType) < 0 || PyType_Ready(&AutoFetchesType) < 0 ||
+        PyType_Ready(&AutoCallType) < 0)
+        return -1;
+    if (PyModule_AddObjectRef(m, "AutoState", (PyObject *)&AutoStateType) < 0 ||
+        PyModule_AddObjectRef(m, "AutoCall", (PyObject *)&AutoCallType) < 0)
+        return -1;
+    return 0;
+}
+
+DFT_HIDDEN_END
