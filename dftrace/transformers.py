@@ -91,7 +91,7 @@ class TraceCallback(transformers.TrainerCallback):
         # after this callback was given to it or added: the wrappers made from now on
         # record their gradient buckets once on_train_begin names the model.
         try:
-            from .torch._auto import watch_ddp
+            from .torch._dist import watch_ddp
 
             watch_ddp()
         except Exception:  # no torch.distributed here: no wrapper to watch
@@ -132,7 +132,7 @@ class TraceCallback(transformers.TrainerCallback):
         if getattr(args, "world_size", 1) > 1:
             note_distributed_rank(getattr(args, "process_index", None))
             if model is not None:  # its DistributedDataParallel wrapper records its buckets
-                from .torch._auto import trace_ddp_of
+                from .torch._dist import trace_ddp_of
 
                 trace_ddp_of(model)
 

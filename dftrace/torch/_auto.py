@@ -46,10 +46,10 @@ from .._core import records as _records
 from .._core import tree as _tree
 from .._core.tree import ai
 from .._hooks import add_callback, warn_once
-from ._dist import note_distributed_rank, trace_ddp, trace_distributed
+from ._dist import note_distributed_rank, patch_init_process_group, trace_distributed, watch_ddp
 from ._hooking import forward_failed
 
-__all__ = ["install", "standing_down", "trace_ddp_of", "watch_ddp"]
+__all__ = ["install", "standing_down"]
 
 _FETCH = ai.dataloader.fetch
 _clock = _engine.clock
@@ -514,88 +514,14 @@ class _BackwardArgs:
         return STATE.position  # encoded by the span's stop(): shared safely
 
 
-# -- distributed ----------------------------------------------------------------------
-
-#: Modules whose DistributedDataParallel wrapper is traced whether ``auto`` is on or
-#: not: an integration's model, wrapped by its trainer after the callback saw it.
-_WANTED: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def trace_ddp_of(module: Any) -> None:
-    """Record the gradient buckets of the DistributedDataParallel model that will
-    wrap ``module`` (made later, by a trainer): registered at its first forward."""
-    _WANTED.add(module)
-    watch_ddp()
-
-
-def _wanted(ddp: Any) -> bool:
-    try:
-        return _installed or ddp.module in _WANTED
-    except Exception:
-        return False
-
-
-def watch_ddp() -> None:
-    """DistributedDataParallel's ``__init__`` and ``register_comm_hook``, once: a model
-    wrapped while ``auto`` is on (or whose module is wanted by then, or by its first
-    forward: a callback given to a trainer that had wrapped it already) gets
-    :func:`trace_ddp` at its first forward, or around the communication hook you
-    register before it."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    if getattr(DDP.__init__, "__dftrace_patched__", False):
-        return
-    init, register = DDP.__init__, DDP.register_comm_hook
-
-    def __init__(self: Any, *a: Any, **kw: Any) -> None:
-        init(self, *a, **kw)
-        try:
-            note_distributed_rank()
-            handle: list[Any] = []
-
-            def first_forward(module: Any, args: Any) -> None:
-                for h in handle:
-                    h.remove()
-                if _wanted(self) and not getattr(self, "_dftrace_hooked", False):
-                    try:
-                        trace_ddp(self)
-                    except Exception as exc:
-                        warn_once("auto-ddp", f"DDP gradient buckets are not recorded: {exc!r}")
-
-            handle.append(self.register_forward_pre_hook(first_forward))
-        except Exception:
-            pass
-
-    def register_comm_hook(self: Any, state: Any, hook: Any) -> Any:
-        if getattr(self, "_dftrace_hooked", False) or not _wanted(self):
-            return register(self, state, hook)
-        return trace_ddp(self, hook, state)  # your hook, traced (it registers it)
-
-    __init__.__dftrace_patched__ = True  # type: ignore[attr-defined]
-    DDP.__init__ = __init__  # type: ignore[method-assign]
-    DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
-
-
-def _patch_init_process_group() -> None:
-    import torch.distributed as dist
-
-    original = dist.init_process_group
-
-    def init_process_group(*a: Any, **kw: Any) -> Any:
-        out = original(*a, **kw)
-        note_distributed_rank()
-        return out
-
-    dist.init_process_group = init_process_group
-
-
 # -- trainers -------------------------------------------------------------------------
 
 #: The modules that define the trainers, and where the callback each trainer made
-#: gets is (named, not imported here: the integrations import this module).
+#: gets is (named, not imported here: the integrations import this module). The
+#: older ``pytorch_lightning`` package is not one: dftrace.lightning's callback is a
+#: ``lightning.pytorch`` one, a class of another package to its trainers.
 _TRAINERS = (("transformers.trainer", "dftrace.transformers:TraceCallback"),
-             ("lightning.pytorch.trainer.trainer", "dftrace.lightning:TraceCallback"),
-             ("pytorch_lightning.trainer.trainer", "dftrace.lightning:TraceCallback"))
+             ("lightning.pytorch.trainer.trainer", "dftrace.lightning:TraceCallback"))
 
 
 def _give_callback(callback: str, module: Any) -> None:
@@ -635,8 +561,8 @@ def install(_torch: Any = None) -> None:
         torch.autograd.backward = front
     if torch.distributed.is_available():
         trace_distributed()
-        watch_ddp()
-        _patch_init_process_group()
+        watch_ddp(every=True)
+        patch_init_process_group()
         note_distributed_rank()
     for name, callback in _TRAINERS:
         when_imported(name, functools.partial(_give_callback, callback))

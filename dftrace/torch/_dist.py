@@ -23,6 +23,9 @@ Around an asynchronous backend (NCCL, or any call with ``async_op=True``) the sp
 measures the launch, not the transfer: the call returns once the work is queued.
 ``synchronize=True`` waits for the current CUDA stream before closing the span of a
 synchronous CUDA collective, which gives the transfer time at the cost of a sync.
+
+A DDP model made later (by a trainer, or by a program traced with ``auto=True``) gets
+``trace_ddp`` at its first forward: :func:`watch_ddp`, :func:`trace_ddp_of`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import functools
 import inspect
 import itertools
 import threading
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -468,3 +472,82 @@ def _trace_buffer_sync(ddp_model: Any) -> None:
         ddp_model._sync_buffers = traced_sync
     except Exception:
         pass
+
+
+# -- DistributedDataParallel models made later (auto=True, the integrations) -----------
+
+#: Modules whose DistributedDataParallel wrapper is traced whether ``auto`` is on or
+#: not: an integration's model, wrapped by its trainer after the callback saw it.
+_WANTED: weakref.WeakSet[Any] = weakref.WeakSet()
+_EVERY_DDP = False  # auto=True: every DistributedDataParallel model is traced
+
+
+def trace_ddp_of(module: Any) -> None:
+    """Record the gradient buckets of the DistributedDataParallel model that will
+    wrap ``module`` (made later, by a trainer): registered at its first forward."""
+    _WANTED.add(module)
+    watch_ddp()
+
+
+def _wanted(ddp: Any) -> bool:
+    try:
+        return _EVERY_DDP or ddp.module in _WANTED
+    except Exception:
+        return False
+
+
+def watch_ddp(every: bool = False) -> None:
+    """DistributedDataParallel's ``__init__`` and ``register_comm_hook``, once: a model
+    wrapped while ``auto`` is on (``every``), or whose module is wanted by then, or by
+    its first forward (a callback given to a trainer that had wrapped it already), gets
+    :func:`trace_ddp` at its first forward, or around the communication hook you
+    register before it."""
+    global _EVERY_DDP
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    _EVERY_DDP = _EVERY_DDP or every
+    if getattr(DDP.__init__, "__dftrace_patched__", False):
+        return
+    init, register = DDP.__init__, DDP.register_comm_hook
+
+    def __init__(self: Any, *a: Any, **kw: Any) -> None:
+        init(self, *a, **kw)
+        try:
+            note_distributed_rank()
+            handle: list[Any] = []
+
+            def first_forward(module: Any, args: Any) -> None:
+                for h in handle:
+                    h.remove()
+                if _wanted(self) and not getattr(self, "_dftrace_hooked", False):
+                    try:
+                        trace_ddp(self)
+                    except Exception as exc:
+                        warn_once("auto-ddp", f"DDP gradient buckets are not recorded: {exc!r}")
+
+            handle.append(self.register_forward_pre_hook(first_forward))
+        except Exception:
+            pass
+
+    def register_comm_hook(self: Any, state: Any, hook: Any) -> Any:
+        if getattr(self, "_dftrace_hooked", False) or not _wanted(self):
+            return register(self, state, hook)
+        return trace_ddp(self, hook, state)  # your hook, traced (it registers it)
+
+    __init__.__dftrace_patched__ = True  # type: ignore[attr-defined]
+    DDP.__init__ = __init__  # type: ignore[method-assign]
+    DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+
+
+def patch_init_process_group() -> None:
+    """``init_process_group`` notes the rank once the group exists (``auto=True``)."""
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+
+    def init_process_group(*a: Any, **kw: Any) -> Any:
+        out = original(*a, **kw)
+        note_distributed_rank()
+        return out
+
+    dist.init_process_group = init_process_group
