@@ -56,7 +56,6 @@ _clock = _engine.clock
 _grad_enabled = torch.is_grad_enabled
 _FETCH_INIT = ai.dataloader.fetch.derive("init")
 _FORWARD = ai.compute.forward
-_BACKWARD = ai.compute.backward
 _STEP = ai.compute.step
 
 
@@ -100,9 +99,7 @@ class _State:
     def step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             _end_step_left()
-            stk = _STACKS.stk
-            if (self.down or not _STEP._on
-                    or ((stk is None or len(stk) > 1) and _covered("compute"))):
+            if _stands_aside(_STEP, "compute"):
                 return
             if not self.fixed:
                 self.fixed = True
@@ -207,6 +204,16 @@ def _covered(category: str, depth: int = 12) -> bool:
     return False
 
 
+def _stands_aside(node: Any, category: str) -> bool:
+    """Whether a hook records nothing now: an integration stands ``auto`` down, the
+    node is off, or you record it yourself (a span of ``category`` of yours is open;
+    asked only when the stack may hold one). The Python twin of the C engine's
+    ``may_record()`` (auto_hooks.c)."""
+    stk = _STACKS.stk
+    return bool(STATE.down or not node._on
+                or ((stk is None or len(stk) > 1) and _covered(category)))
+
+
 # -- data loading ---------------------------------------------------------------------
 
 class _Fetches:
@@ -226,9 +233,7 @@ class _Fetches:
     def __next__(self) -> Any:
         if _LOCAL.step_span is not None:
             _end_step_left()
-        stk = _STACKS.stk
-        if (STATE.down or not _FETCH._on
-                or ((stk is None or len(stk) > 1) and _covered("dataloader"))):
+        if _stands_aside(_FETCH, "dataloader"):
             return next(self.it)
         if STATE.current != self.loader:
             STATE.current, STATE.epoch = self.loader, self.epoch
@@ -277,9 +282,7 @@ def _forward_pre(module: Any, args: Any) -> None:
             local.depth += 1
             return
         local.depth = 1
-        stk = _STACKS.stk
-        if (STATE.down or not _FORWARD._on
-                or ((stk is None or len(stk) > 1) and _covered("compute"))):
+        if _stands_aside(_FORWARD, "compute"):
             return
         local.span = _FORWARD.start()
         local.module = module
@@ -344,9 +347,7 @@ class _ForwardCall:
         pass  # a WeakSet forgets its own
 
     def __call__(self, module: Any, *args: Any, **kwargs: Any) -> Any:
-        stk = _STACKS.stk
-        if (module not in self.roots or _LOCAL.span is not None or STATE.down or not _FORWARD._on
-                or ((stk is None or len(stk) > 1) and _covered("compute"))):
+        if module not in self.roots or _LOCAL.span is not None or _stands_aside(_FORWARD, "compute"):
             return self.fn(module, *args, **kwargs)
         span = _LOCAL.span = _FORWARD.start()
         try:
@@ -555,7 +556,7 @@ def install(_torch: Any = None) -> None:
     if _speedups is not None and torch.autograd.backward is _hooking._traced_backward:
         # backward() recorded in C; the shared patch's users are asked only while an
         # integration or trace_compute() stands auto down
-        front = _speedups.AutoCall(STATE, _BACKWARD, _hooking._original_backward,
+        front = _speedups.AutoCall(STATE, _hooking.BACKWARD, _hooking._original_backward,
                                    slow=_hooking._traced_backward)
         functools.update_wrapper(front, _hooking._original_backward)
         torch.autograd.backward = front
