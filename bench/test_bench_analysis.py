@@ -377,6 +377,64 @@ def test_summary_one_long_process(benchmark, bench_root, tmp_path):
                                 load_1min=round(os.getloadavg()[0], 2), **runs)
 
 
+#: A million steps of five spans, written by dftrace's own writer (zstd) in one process:
+#: a fetch, three decorated calls and an all-reduce, each step numbered by ``update``.
+_MILLION_STEPS = """
+import sys
+import dftrace
+from dftrace import ai
+
+dftrace.initialize(log_file=sys.argv[1], compression="zstd")
+
+@ai.compute.forward
+def forward():
+    pass
+
+@ai.compute.backward
+def backward():
+    pass
+
+@ai.compute.step
+def step():
+    pass
+
+for i in range(1_000_000):
+    ai.update(epoch=i // 10_000, step=i)
+    with ai.dataloader.fetch:
+        pass
+    forward()
+    backward()
+    step()
+    with ai.comm.all_reduce:
+        pass
+dftrace.finalize()
+"""
+
+
+def _million_steps(root: Path) -> Path:
+    """The cached directory of one process's trace of ``_MILLION_STEPS``."""
+    directory = root / "1M-steps-dftrace"
+    if not any(directory.glob("*.pfw.zst")):
+        directory.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-c", _MILLION_STEPS, str(directory / "long")], check=True)
+    return directory
+
+
+@skip_big
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="side-by-side")
+def test_summary_million_steps_written_by_dftrace(benchmark, bench_root, tmp_path):
+    """One process's million steps (5M events) as dftrace's writer leaves them: steps
+    a few µs long, two rows a step for the step model (its work and its fetch), in
+    one zstd file that compresses about 45-fold and is read in parts cut by its text."""
+    directory = _million_steps(bench_root)
+    ours = [sys.executable, "-m", "dftrace", "summary", str(directory), "--json", "--no-progress", "--no-index"]
+    runs: list[dict[str, float]] = []
+    benchmark.pedantic(lambda: runs.append(_whole_process(ours, tmp_path / "summary.log")), rounds=2, iterations=1)
+    benchmark.extra_info.update(events=5_000_000, steps=1_000_000, files=1,
+                                load_1min=round(os.getloadavg()[0], 2), runs=runs)
+
+
 #: Every line of the files named on the command line inflated (zstandard) and parsed by
 #: the fastest JSON parser there is (simdjson's, else orjson): the least a reader of
 #: the text must do.

@@ -70,7 +70,8 @@ def execution_options(parser: argparse.ArgumentParser, *, index: bool = False) -
     where.add_argument("--dask-workers", type=int, metavar="N", help="run on a local Dask cluster of N workers")
     where.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS")
     group.add_argument("--partition-mb", type=float, default=16, metavar="MB",
-                       help="split compressed files into pieces of about MB on disk (default 16)")
+                       help="split big files into pieces of about MB on disk (default 16); a piece of a "
+                            "zstd file ends sooner once it holds 8 times MB of text")
     group.add_argument("--no-progress", action="store_true",
                        help="never show progress (on a terminal, a line for each phase that lasts over a second)")
     if index:

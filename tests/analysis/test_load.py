@@ -13,6 +13,7 @@ pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install
 from polars.testing import assert_frame_equal  # noqa: E402
 
 from dftrace.analysis import EVENT_COLUMNS, load_traces, write_trace  # noqa: E402
+from dftrace.analysis.read.sources import plan_partitions  # noqa: E402
 
 
 def test_events_table_has_the_documented_schema(run_dir):
@@ -141,6 +142,22 @@ def test_big_files_split_into_partitions_load_the_same(tmp_path):
         split = load_traces(path, partition_bytes=512)
         assert split.files[0].partitions > 5
         assert_frame_equal(whole.events, split.events)
+
+
+def test_a_file_that_compresses_far_better_than_most_is_cut_by_its_text(tmp_path):
+    """zstd frames record how much text they hold: a file is cut where a partition's
+    text reaches eight times the partition size, though its bytes on disk are fewer
+    than one partition's, and reads the same as whole."""
+    import zstandard
+
+    proc = tracegen.training_process(1000, epochs=3, steps=400)
+    path = tracegen.write_process(tmp_path, proc, lines_per_frame=1000)
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        text = len(zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True).read())
+    split = load_traces(path, partition_bytes=size + 1)
+    assert split.files[0].partitions == len(plan_partitions([str(path)], size + 1)) >= text // (8 * (size + 1)) >= 2
+    assert_frame_equal(load_traces(path, partition_bytes=1 << 30).events, split.events)
 
 
 def test_broken_line_numbers_are_absolute_across_partitions(tmp_path):

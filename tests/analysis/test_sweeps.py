@@ -178,6 +178,38 @@ def test_mask_times_and_alone_intervals_match_numpy(monkeypatch):
             assert_frame_equal(native[1], numpy[1])
 
 
+def test_pieces_swept_together_match_their_union_swept(monkeypatch):
+    """A process read in parts: its pieces' intervals (each piece's unioned per group,
+    or not), swept together as they are, give the overlap times, the blocked runs and
+    the compute runs that their union swept gives (the numpy sweep)."""
+    rng = np.random.default_rng(11)
+    swept = 0
+    for i in range(300):
+        pieces = [_intervals(rng, []).filter(pl.col("end") >= pl.col("start")) for _ in range(int(rng.integers(1, 5)))]
+        if i % 3:  # as a file's parts hold them; else overlapping and out of order within a piece
+            pieces = [_busy.union_intervals(piece, []) for piece in pieces]
+        found = _busy.swept_pieces(pieces, "comm", "compute")
+        everything = pl.concat(pieces, how="vertical").with_columns(pl.lit(1, pl.Int32).alias("proc"))
+        monkeypatch.setattr(kernels, "C", None)
+        union = _busy.union_intervals(everything, ["proc"])
+        overlap, alone = _busy.overlap_and_alone(union, "comm")
+        # Zero-length intervals hold no time: the sweep leaves them out.
+        compute = union.filter((pl.col("group") == _busy.GROUPS.index("compute")) & (pl.col("end") > pl.col("start")))
+        monkeypatch.undo()
+        totals, alone_starts, alone_ends, compute_starts, compute_ends = found
+        assert_frame_equal(_busy.mask_rows(1, totals), overlap)
+        assert (alone_starts.tolist(), alone_ends.tolist()) == (alone.get_column("start").to_list(),
+                                                               alone.get_column("end").to_list())
+        assert (compute_starts.tolist(), compute_ends.tolist()) == (compute.get_column("start").to_list(),
+                                                                   compute.get_column("end").to_list())
+        swept += everything.height
+    assert swept > 10_000
+    # An interval that ends before it starts: left to the union (None).
+    reversed_piece = pl.DataFrame({"group": [0], "start": [5], "end": [4]},
+                                  schema={"group": pl.Int8, "start": pl.Int64, "end": pl.Int64})
+    assert _busy.swept_pieces([reversed_piece], "comm", "compute") is None
+
+
 def _step_rows(rng: np.random.Generator) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Step rows (proc, epoch, step, cat, name, start, end, n) of a few processes, about
     100 µs a step: spans around several steps, reversed and zero-length spans, missing

@@ -162,8 +162,11 @@ def rank_step_rows(by_unit: pl.DataFrame, keys: pl.DataFrame, runs: list[dict[st
     thinned: dict[str, int] = {}
     frame = by_unit
     if by_unit.height > limit:
-        kept, thinned = thinned_steps(by_unit.group_by(["epoch", "step"]).agg(pl.col("dur").max()), keys,
-                                      max(1, by_unit.height // keys.height), limit)
+        # A step's slowest rank: its one row where every step has one (one rank).
+        slowest_of = (by_unit.select("epoch", "step", "dur") if by_unit.height == keys.height
+                      else by_unit.group_by(["epoch", "step"]).agg(pl.col("dur").max()))
+        kept, thinned = thinned_steps(slowest_of, keys, max(1, by_unit.height // keys.height), limit)
+        del slowest_of
         # The rank-steps of the kept step numbers first (a mask, where a join of every
         # rank-step held 60 MB more for 1.25M of them), then those of their epochs.
         frame = by_unit.filter(pl.col("step").is_in(kept.get_column("step").implode(), nulls_equal=True)).join(

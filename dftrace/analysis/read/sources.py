@@ -22,7 +22,9 @@ from .kineto import is_document_file
 #: Default on-disk size of one partition of a compressed file. TraceTable lines compress
 #: about tenfold, so a partition decodes to roughly 150-250 MB of JSON.
 DEFAULT_PARTITION_BYTES = 16 << 20
-# Uncompressed files are cut into partitions this many times larger.
+# Uncompressed files are cut into partitions this many times larger, and so are the
+# JSON text of a zstd file's partitions where its frames say how much they hold: a
+# trace that compresses far better than most is cut by its text.
 _PLAIN_FACTOR = 8
 
 PARQUET_SUFFIX = ".parquet"
@@ -157,7 +159,8 @@ def plan_paths(paths: PathsLike, partition_bytes: int = DEFAULT_PARTITION_BYTES)
 def plan_partitions(
     files: Sequence[str], partition_bytes: int = DEFAULT_PARTITION_BYTES
 ) -> list[Partition]:
-    """Cut each file into partitions of about ``partition_bytes`` on disk."""
+    """Cut each file into partitions of about ``partition_bytes`` on disk (see ``_group``
+    for zstd files, which may be cut by their text)."""
     plan: list[Partition] = []
     for path in files:
         size = os.path.getsize(path)
@@ -167,7 +170,7 @@ def plan_partitions(
             with open(path, "rb") as fh:
                 magic = fh.read(4)
                 if int.from_bytes(magic.ljust(4, b"\0"), "little") == _ZSTD_MAGIC:
-                    cuts = _group(_zstd_frame_starts(fh, size), partition_bytes)
+                    cuts = _group(_zstd_frames(fh, size), partition_bytes)
                 elif magic.startswith(_GZIP_MEMBER):
                     cuts = _gzip_cuts(fh, size, partition_bytes)
                 else:
@@ -179,22 +182,27 @@ def plan_partitions(
     return plan
 
 
-def _group(starts: list[int], target: int) -> list[int]:
-    """Pick cut points among frame starts so each partition spans about ``target`` bytes."""
-    cuts = [0]
-    for start in starts[1:]:
-        if start - cuts[-1] >= target:
+def _group(frames: list[tuple[int, int]], target: int) -> list[int]:
+    """Pick cut points among frame starts so each partition spans about ``target``
+    bytes on disk, or ``target * _PLAIN_FACTOR`` bytes of text where the frames
+    (start, content size: 0 where unknown) say what they hold, whichever comes first."""
+    cuts, text = [0], 0
+    for (start, _), (_, held) in zip(frames[1:], frames):
+        text += held
+        if start - cuts[-1] >= target or text >= target * _PLAIN_FACTOR:
             cuts.append(start)
+            text = 0
     return cuts
 
 
-def _zstd_frame_starts(fh, size: int) -> list[int]:
-    """Offsets of the zstd frames in a file, found by walking frame and block headers.
+def _zstd_frames(fh, size: int) -> list[tuple[int, int]]:
+    """(offset, content size, 0 where the frame does not record it) of the zstd
+    frames in a file, found by walking frame and block headers.
 
     Stops at the first thing that is not a whole frame (a cut-off last frame or
     garbage); the last partition then runs to the end and the decoder reports it.
     """
-    starts = []
+    starts: list[tuple[int, int]] = []
     pos = 0
     while pos < size:
         fh.seek(pos)
@@ -209,13 +217,15 @@ def _zstd_frame_starts(fh, size: int) -> list[int]:
             continue
         if magic != _ZSTD_MAGIC:
             break
-        starts.append(pos)
         descriptor = head[4]
         single_segment = (descriptor >> 5) & 1
         header = 5 + (0 if single_segment else 1)
         header += (0, 1, 2, 4)[descriptor & 3]  # dictionary id
-        header += (single_segment, 2, 4, 8)[descriptor >> 6]  # content size
-        pos += header
+        width = (single_segment, 2, 4, 8)[descriptor >> 6]  # content size
+        fh.seek(pos + header)
+        held = int.from_bytes(fh.read(width), "little") + (256 if width == 2 else 0) if width else 0
+        starts.append((pos, held))
+        pos += header + width
         while True:
             fh.seek(pos)
             block = fh.read(3)

@@ -251,16 +251,46 @@ def overlap_and_alone(intervals: pl.DataFrame, group: str) -> tuple[pl.DataFrame
     overlaps, pieces = [], []
     for proc, frame in each_process(intervals):
         totals, starts, ends = _masks(frame, bit)
-        overlaps.append(pl.DataFrame({"proc": proc, "mask": np.flatnonzero(totals > 0), "us": totals[totals > 0]},
-                                     schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}))
+        overlaps.append(mask_rows(proc, totals))
         if starts.size:
-            pieces.append(pl.DataFrame({"proc": proc, "start": starts, "end": ends},
-                                       schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64}))
+            pieces.append(proc_intervals(proc, starts, ends))
     overlap = (pl.concat(overlaps, how="vertical") if overlaps
                else pl.DataFrame(schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64}))
     if not pieces:
-        return overlap, pl.DataFrame(schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
+        return overlap, proc_intervals(0, np.empty(0, np.int64), np.empty(0, np.int64))
     return overlap, pl.concat(pieces, how="vertical")
+
+
+def mask_rows(proc: int, totals: np.ndarray) -> pl.DataFrame:
+    """proc, mask, us: a process's time in each combination of groups (``totals``: µs
+    by bit mask), the combinations it spent time in."""
+    return pl.DataFrame({"proc": proc, "mask": np.flatnonzero(totals > 0), "us": totals[totals > 0]},
+                        schema={"proc": pl.Int32, "mask": pl.Int64, "us": pl.Int64})
+
+
+def proc_intervals(proc: int, starts: np.ndarray, ends: np.ndarray) -> pl.DataFrame:
+    """proc, start, end: one process's intervals."""
+    return pl.DataFrame({"proc": proc, "start": starts, "end": ends},
+                        schema={"proc": pl.Int32, "start": pl.Int64, "end": pl.Int64})
+
+
+def swept_pieces(pieces: Sequence[pl.DataFrame], alone: str, emit: str
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """One sweep of one process's intervals held in ``pieces`` (group, start, end; each
+    piece's disjoint within each group, as a part of a file leaves them, the pieces
+    overlapping each other anywhere), without a union of them all: µs in each bit mask
+    (as ``mask_times``), the starts and ends of the runs where ``alone`` is the only
+    group active (as ``overlap_and_alone``), and those of the union of ``emit``'s
+    intervals (those of no length left out: they hold no time). Nothing is copied where a piece's columns are in one chunk each. None
+    without the C kernels, or where a piece's intervals are not in order."""
+    if kernels.C is None:
+        return None
+    arrays = [(np.ascontiguousarray(piece.get_column("group").to_numpy(), np.int8),
+               *(np.ascontiguousarray(piece.get_column(name).to_numpy(), np.int64) for name in ("start", "end")))
+              for piece in pieces if piece.height]
+    found = kernels.C.cover(arrays, 1 << len(GROUPS), 1 << GROUPS.index(alone), 1 << GROUPS.index(emit))
+    del arrays
+    return None if found is None else tuple(np.frombuffer(array, np.int64) for array in found)
 
 
 def each_process(frame: pl.DataFrame) -> list[tuple[int, pl.DataFrame]]:

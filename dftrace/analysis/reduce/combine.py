@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from ... import format as fmt
-from .busy import GROUPS, overlap_and_alone, union_intervals
+from .busy import GROUPS, mask_rows, overlap_and_alone, proc_intervals, swept_pieces, union_intervals
 from .io_tables import regrouped_totals
 from ..read.metadata import Resolution
 from ..read.schema import HOST_KEY
@@ -114,23 +114,43 @@ def combine(partials: Sequence[Partial]) -> Combined:
         # Rare: a span that carries a step encloses others, in a file read in parts.
         del steps
         return combine(_steps_unmerged(partials, mappings, enclosed))
-    overlap = collect("overlap").filter(~pl.col("proc").is_in(list(split)))
-    intervals = collect("intervals")
-    if split:  # a process read in pieces has each group's intervals in several partials
+    overlap = collect("overlap").filter(~pl.col("proc").is_in(list(split))).select("proc", "mask", "us")
+    # A process read in pieces has each group's intervals in several partials: swept
+    # from them as they are (its overlap times, blocked time and compute intervals),
+    # without a table of them all and its union.
+    interval_frames = each("intervals")
+    from_pieces: list[tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]] = []
+    swept_procs: set[int] = set()
+    for proc in sorted(split):
+        found = swept_pieces([_rows_of(frame, {proc}) for frame in interval_frames], "comm", "compute")
+        if found is not None:
+            totals, alone_starts, alone_ends, compute_starts, compute_ends = found
+            from_pieces.append((mask_rows(proc, totals), proc_intervals(proc, alone_starts, alone_ends),
+                                proc_intervals(proc, compute_starts, compute_ends)))
+            swept_procs.add(proc)
+    if swept_procs:
+        split -= swept_procs
+        interval_frames = [_rows_of(frame, swept_procs, keep=False) for frame in interval_frames]
+    intervals = collect("intervals", interval_frames)
+    del interval_frames
+    if split:  # pieces not in order for the sweep above: their union first
         is_split = pl.col("proc").is_in(list(split))
         merged = union_intervals(intervals.filter(is_split), ["proc"])
         intervals = pl.concat([intervals.filter(~is_split), merged], how="vertical")
     compute_bit = GROUPS.index("compute")
-    compute = intervals.filter(pl.col("group") == compute_bit).select("proc", "start", "end")
+    compute = pl.concat([intervals.filter(pl.col("group") == compute_bit).select("proc", "start", "end"),
+                         *(rows for _, _, rows in from_pieces)], how="vertical")
     # One sweep of each process's intervals: its blocked time, and the overlap times of
     # a process read in pieces (the others' came with their partials). Files read
     # whole found their processes' blocked time as they were read (their intervals
     # here are the compute ones alone).
     swept, alone = overlap_and_alone(intervals, "comm")
-    if split:
-        overlap = pl.concat([overlap.select("proc", "mask", "us"), swept.filter(pl.col("proc").is_in(list(split)))],
-                            how="vertical")
-    blocked = pl.concat([alone, collect("blocked").select("proc", "start", "end")], how="vertical")
+    del intervals
+    overlap = pl.concat([overlap, swept.filter(pl.col("proc").is_in(list(split))),
+                         *(rows for rows, _, _ in from_pieces)], how="vertical")
+    blocked = pl.concat([alone, *(rows for _, rows, _ in from_pieces), collect("blocked").select("proc", "start", "end")],
+                        how="vertical")
+    del from_pieces
     phases = (
         pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
         if partials
@@ -147,7 +167,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
         epochs=epochs,
         epoch_spans=epoch_spans,
         extents=extents,
-        overlap=overlap.select("proc", "mask", "us"),
+        overlap=overlap,
         compute=compute,
         blocked=blocked,
         file_extents=_file_extents(partials),
@@ -159,6 +179,15 @@ def combine(partials: Sequence[Partial]) -> Combined:
         io_totals=regrouped_totals(collect("io_totals"), ["proc"]),
         io_cover=collect("io_cover"),
     )
+
+
+def _rows_of(frame: pl.DataFrame, procs: set[int], keep: bool = True) -> pl.DataFrame:
+    """The rows of ``frame`` (a ``proc`` column) of ``procs`` (with ``keep``, else those
+    of the other processes): the frame itself, not a copy, where it holds one process's."""
+    column = frame.get_column("proc")
+    if frame.height and not column.null_count() and column.min() == column.max():
+        return frame if (column[0] in procs) == keep else frame.clear()
+    return frame.filter(pl.col("proc").is_in(list(procs)) == keep)
 
 
 def _steps_unmodelled_where_shared(partials: Sequence[Partial], mappings: list[pl.DataFrame],

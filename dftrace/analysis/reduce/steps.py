@@ -122,18 +122,30 @@ def merged_work_encloses(rows: pl.DataFrame, by: list[str]) -> bool:
 
 
 def processes_enclosed_by_merged_work(rows: pl.DataFrame, by: list[str]) -> list[tuple]:
-    """The processes (their ``by`` values) where :func:`merged_work_encloses` holds."""
-    work = rows.filter(pl.col("cat").is_in(WORK_CATS))
-    if not work.height or not work.get_column("name").null_count():
+    """The processes (their ``by`` values) where :func:`merged_work_encloses` holds.
+    The rows are looked at through masks and row numbers, not copied (a million-step
+    process has two million of them)."""
+    if not rows.height or not rows.get_column("name").null_count():
         return []
-    several = bool(by) and work.select(by).unique().height > 1
+    work = rows.get_column("cat").is_in(WORK_CATS).fill_null(False).to_numpy()
+    merged = work & rows.get_column("name").is_null().to_numpy()
+    if not merged.any():
+        return []
+    start, end = rows.get_column("start").to_numpy(), rows.get_column("end").to_numpy()
+    if bool(by) and rows.select(by).unique().height > 1:
+        grouped = rows.select(by).with_row_index("_row").group_by(by, maintain_order=True).agg("_row")
+        places = [(key, at.to_numpy()) for key, at in zip(grouped.select(by).rows(), grouped.get_column("_row"))]
+    else:
+        places = [(rows.select(by).row(0), None)]
     found = []
-    for key, frame in (work.partition_by(by, as_dict=True).items() if several else [(work.select(by).row(0), work)]):
-        start, end = frame.get_column("start").to_numpy(), frame.get_column("end").to_numpy()
-        merged = frame.get_column("name").is_null().to_numpy()
-        known = np.sort(start)
-        inside = (np.searchsorted(known, end[merged], side="left")
-                  - np.searchsorted(known, start[merged], side="right"))
+    for key, at in places:
+        own_work, own_merged, own_start, own_end = (
+            (work, merged, start, end) if at is None else (work[at], merged[at], start[at], end[at]))
+        if not own_merged.any():
+            continue
+        known = np.sort(own_start[own_work])
+        inside = (np.searchsorted(known, own_end[own_merged], side="left")
+                  - np.searchsorted(known, own_start[own_merged], side="right"))
         if (inside >= 2).any():
             found.append(key)
     return found
@@ -462,9 +474,10 @@ def unit_steps(steps: pl.DataFrame, procs: pl.DataFrame) -> pl.DataFrame:
 
 def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame | None:
     """``unit_steps`` of one process per unit, gathered from ``steps`` column by
-    column, when its rows come one process after another, each in time order: the
-    processes put in unit order are then the rows sorted (a join and a sort made two
-    copies; slices put together made every column twice). None otherwise."""
+    column, when its rows come one process after another, each in time order (steps
+    that start together in the order the model placed them): the processes put in unit
+    order are then the rows sorted (a join and a sort made two copies; slices put
+    together made every column twice). None otherwise."""
     if steps.get_column("start").null_count():
         return None
     blocks = steps.get_column("proc").rle().struct.unnest()
@@ -477,7 +490,7 @@ def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFra
     for proc, length in zip(procs, blocks.get_column("len").to_list()):
         if proc in unit_of:
             if length > 1 and not (start.slice(offset + 1, length - 1).to_numpy()
-                                   > start.slice(offset, length - 1).to_numpy()).all():
+                                   >= start.slice(offset, length - 1).to_numpy()).all():
                 return None
             kept.append((unit_of[proc], offset, length))
         offset += length

@@ -519,6 +519,7 @@ done:
 PyObject *sweeps_innermost(PyObject *self, PyObject *args);
 PyObject *sweeps_union(PyObject *self, PyObject *args);
 PyObject *sweeps_masks(PyObject *self, PyObject *args);
+PyObject *sweeps_cover(PyObject *self, PyObject *args);
 PyObject *sweeps_steps(PyObject *self, PyObject *args);
 PyObject *sweeps_across(PyObject *self, PyObject *args);
 PyObject *sweeps_extents(PyObject *self, PyObject *args);
@@ -532,6 +533,9 @@ static PyMethodDef methods[] = {
     {"union", sweeps_union, METH_VARARGS, "union(key, starts, ends, n_keys) -> (rows, starts, ends): see sweeps.c."},
     {"masks", sweeps_masks, METH_VARARGS,
      "masks(group, start, end, size, alone_bit) -> (totals, alone_starts, alone_ends): see sweeps.c."},
+    {"cover", sweeps_cover, METH_VARARGS,
+     "cover(pieces, size, alone_bit, emit_bit) -> (totals, alone_starts, alone_ends, emit_starts, emit_ends) "
+     "or None: see sweeps.c."},
     {"steps", sweeps_steps, METH_VARARGS,
      "steps(code, start, end, n, is_work, cuts, epoch_span) -> (rows, starts, ends, counts): see sweeps.c."},
     {"across", sweeps_across, METH_VARARGS,

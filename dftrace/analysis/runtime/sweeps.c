@@ -24,6 +24,14 @@
  * masks(group, start, end, size, alone_bit) sweeps the boundaries of a process's
  *   intervals, each toggling its group's bit: the time in each bit mask (size masks at
  *   least), and the runs where the mask is alone_bit alone (none when it is -1).
+ * cover(pieces, size, alone_bit, emit_bit) sweeps one process's intervals as masks
+ *   does, from pieces (group int8, start, end) that need not be disjoint between
+ *   them: a file's parts, each part's intervals unioned per group. A group is active
+ *   while any of its intervals is open. Each piece is walked as the runs it is made of
+ *   (one group, by start, each interval after the last one's end), merged by time
+ *   without a copy of the intervals or a sort: the time in each bit mask, the runs
+ *   where the mask is alone_bit alone, and the runs where emit_bit is in it (the
+ *   union of that group's intervals). None where the pieces are not a few such runs.
  * steps(code, start, end, n, is_work, cuts, epoch_span) places one process's steps
  *   from its step rows, as _steps' numpy model does (see its comment below).
  * across(code, start, dur, order) compares the ranks' times of each step, as
@@ -701,6 +709,123 @@ done:
     free(tmp);
     runs_free(&runs);
     for (int i = 0; i < 3; i++) PyBuffer_Release(&b[i]);
+    return result;
+}
+
+/* One run of a piece given to cover(): intervals of one group, by start, each
+ * starting at or after the last one's end; its boundaries come in time order. */
+typedef struct {
+    const int64_t *starts, *ends;
+    Py_ssize_t at, n;  /* the interval whose boundary is next, of n */
+    int closing;       /* that boundary is its end */
+    int group;
+} Cursor;
+
+static inline int64_t cursor_time(const Cursor *c) { return c->closing ? c->ends[c->at] : c->starts[c->at]; }
+
+/* A heap of cursors by the time of their next boundary, least first. */
+static void cursor_sift(Cursor *h, Py_ssize_t n, Py_ssize_t i) {
+    Cursor x = h[i];
+    int64_t t = cursor_time(&x);
+    for (;;) {
+        Py_ssize_t child = 2 * i + 1;
+        if (child >= n) break;
+        if (child + 1 < n && cursor_time(&h[child + 1]) < cursor_time(&h[child])) child++;
+        if (t <= cursor_time(&h[child])) break;
+        h[i] = h[child];
+        i = child;
+    }
+    h[i] = x;
+}
+
+/* The most runs cover() merges; pieces made of more are swept after a union. */
+#define MAX_CURSORS 65536
+
+PyObject *sweeps_cover(PyObject *self, PyObject *args) {
+    PyObject *pieces_obj;
+    Py_ssize_t size;
+    int alone, emit;
+    if (!PyArg_ParseTuple(args, "Onii:cover", &pieces_obj, &size, &alone, &emit)) return NULL;
+    if (size < 0 || size > 256) { PyErr_SetString(PyExc_ValueError, "size: 0 to 256"); return NULL; }
+    PyObject *pieces = PySequence_Fast(pieces_obj, "cover: a sequence of (group, start, end) expected");
+    if (!pieces) return NULL;
+    Py_ssize_t n_pieces = PySequence_Fast_GET_SIZE(pieces), n_views = 0;
+    PyObject *result = NULL;
+    Py_buffer *views = calloc(3 * (size_t)n_pieces + 1, sizeof(Py_buffer));
+    Cursor *heap = NULL;
+    Runs alone_runs = {0}, emit_runs = {0};
+    int64_t totals[256] = {0};
+    if (!views) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t p = 0; p < n_pieces; p++) {
+        Py_buffer *v = views + 3 * p;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(pieces, p), "y*y*y*:cover", &v[0], &v[1], &v[2])) {
+            for (int i = 0; i < 3; i++) if (v[i].obj) PyBuffer_Release(&v[i]);
+            goto done;
+        }
+        n_views = 3 * (p + 1);
+        Py_ssize_t n = v[0].len;
+        if (v[1].len != n * 8 || v[2].len != n * 8) {
+            PyErr_SetString(PyExc_ValueError, "cover: group (int8), start and end (int64) of one length expected");
+            goto done;
+        }
+    }
+    /* The runs of every piece, or None where there are too many or an interval ends
+     * before it starts. */
+    Py_ssize_t n_cursors = 0;
+    heap = malloc(sizeof(Cursor) * (MAX_CURSORS + 1));
+    if (!heap) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t p = 0; p < n_pieces; p++) {
+        const int8_t *g = views[3 * p].buf;
+        const int64_t *s = views[3 * p + 1].buf, *e = views[3 * p + 2].buf;
+        Py_ssize_t n = views[3 * p].len;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (e[i] < s[i] || g[i] < 0 || g[i] > 7) { result = Py_NewRef(Py_None); goto done; }
+            if (i && g[i] == g[i - 1] && s[i] >= e[i - 1]) { heap[n_cursors - 1].n++; continue; }
+            if (n_cursors == MAX_CURSORS) { result = Py_NewRef(Py_None); goto done; }
+            heap[n_cursors++] = (Cursor){s + i, e + i, 0, 1, 0, g[i]};
+        }
+    }
+    int failed = 0, top = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = n_cursors / 2; i-- > 0;) cursor_sift(heap, n_cursors, i);
+    int64_t open[8] = {0}, previous = 0;
+    unsigned state = 0;
+    int first = 1;
+    while (n_cursors && !failed) {
+        Cursor *c = &heap[0];
+        int64_t time = cursor_time(c);
+        if (!first && time > previous) {  /* the state from the previous boundary to this one */
+            totals[state] += time - previous;
+            if ((int)state > top) top = (int)state;
+            if (alone >= 0 && (int)state == alone) failed |= runs_push(&alone_runs, 0, previous, time) < 0;
+            if (emit >= 0 && (state & (unsigned)emit)) failed |= runs_push(&emit_runs, 0, previous, time) < 0;
+        }
+        first = 0;
+        if (c->closing) {
+            if (--open[c->group] == 0) state &= ~(1u << c->group);
+            c->closing = 0;
+            c->at++;
+        } else {
+            if (open[c->group]++ == 0) state |= 1u << c->group;
+            c->closing = 1;
+        }
+        previous = time;
+        if (c->at == c->n) heap[0] = heap[--n_cursors];
+        if (n_cursors) cursor_sift(heap, n_cursors, 0);
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) { PyErr_NoMemory(); goto done; }
+    if (top + 1 > size) size = top + 1;
+    result = Py_BuildValue("(NNNNN)", bytes_of(totals, size * 8), bytes_of(alone_runs.starts, alone_runs.n * 8),
+                           bytes_of(alone_runs.ends, alone_runs.n * 8), bytes_of(emit_runs.starts, emit_runs.n * 8),
+                           bytes_of(emit_runs.ends, emit_runs.n * 8));
+done:
+    for (Py_ssize_t i = 0; i < n_views; i++) PyBuffer_Release(&views[i]);
+    free(views);
+    free(heap);
+    runs_free(&alone_runs);
+    runs_free(&emit_runs);
+    Py_DECREF(pieces);
     return result;
 }
 
