@@ -6,6 +6,7 @@ runs' spread. The runs are real traced loops of fixed CPU work (_timed_job.py)."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +28,13 @@ PLANTED = 24
 
 
 def _jobs(*runs: tuple[Path, int]) -> list[Path]:
-    """Runs the jobs ``(out, extra work units)`` side by side, so that what else the
-    machine does at that time weighs on each alike (runs to compare are taken under
-    like conditions), and returns their folders."""
-    started = [subprocess.Popen([sys.executable, str(JOB), str(out), str(STEPS), str(extra)])
+    """Runs the jobs ``(out, extra work units)`` side by side on one core, so that what
+    else the machine does at that time weighs on each alike (runs to compare are taken
+    under like conditions: two cores of a shared machine can differ in speed by more
+    than the planted change), and returns their folders."""
+    core = min(os.sched_getaffinity(0))
+    started = [subprocess.Popen([sys.executable, str(JOB), str(out), str(STEPS), str(extra)],
+                                preexec_fn=lambda: os.sched_setaffinity(0, {core}))
                for out, extra in runs]
     try:
         for job in started:

@@ -202,13 +202,7 @@ def union_intervals(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
 
 
 def _union_native(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
-    group = frame.get_column("group")
-    constant = not keys or all(frame.select(pl.col(key).eq_missing(pl.col(key).first()).all() for key in keys).row(0))
-    if constant and group.dtype == pl.Int8 and not group.null_count():
-        ids, n_ids = group.to_numpy().astype(np.int64) + 128, 256  # the group alone tells them apart
-    else:
-        ids = frame.select(pl.struct(*keys, "group").rank("dense")).to_series().to_numpy().astype(np.int64) - 1
-        n_ids = int(ids.max()) + 1
+    ids, n_ids = _key_ids(frame, keys)
     rows, starts, ends = kernels.C.union(
         ids, *(np.ascontiguousarray(frame.get_column(name).to_numpy(), dtype=np.int64) for name in ("start", "end")),
         n_ids)
@@ -216,6 +210,29 @@ def _union_native(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
     return pl.DataFrame([*(frame.get_column(key)[picked] for key in (*keys, "group")),
                          pl.Series("start", np.frombuffer(starts, np.int64)),
                          pl.Series("end", np.frombuffer(ends, np.int64))]).select(frame.columns)
+
+
+def _key_ids(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray, int]:
+    """A number from 0 for each distinct (``keys``, group) of ``frame``'s rows, and how
+    many: from the group alone where the keys are the same on every row, from one
+    integer key and the group packed into one integer where only that key varies (a
+    piece's threads), else from polars' ranking of them all (several times slower)."""
+    group = frame.get_column("group")
+    varying = [key for key, same in zip(keys, frame.select(
+        pl.col(key).eq_missing(pl.col(key).first()).all() for key in keys).row(0) if keys else ()) if not same]
+    if group.dtype == pl.Int8 and not group.null_count():
+        codes = group.to_numpy().astype(np.int64) + 128
+        if not varying:
+            return codes, 256  # the group alone tells them apart
+        key = frame.get_column(varying[0])
+        if len(varying) == 1 and key.dtype.is_integer() and not key.null_count():
+            values = key.to_numpy().astype(np.int64)
+            if values.size and -(1 << 54) < values.min() and values.max() < 1 << 54:
+                codes += values << 8
+                _, ids = np.unique(codes, return_inverse=True)
+                return ids.astype(np.int64).reshape(-1), int(ids.max()) + 1
+    ids = frame.select(pl.struct(*keys, "group").rank("dense")).to_series().to_numpy().astype(np.int64) - 1
+    return ids, int(ids.max()) + 1
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

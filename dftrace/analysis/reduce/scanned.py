@@ -14,7 +14,7 @@ from ... import format as fmt
 from ..runtime import kernels
 from .busy import mask_times, painted_spans, union_intervals
 from ..read.partition_data import PartitionData, ScannedPiece, number_series, text_passes, text_series
-from .io_tables import IO_CATS, cover_table, io_tables
+from .io_tables import IO_CATS, io_tables, thread_cover
 from ..read.schema import HOST_KEY
 from .sketch import EXACT_BELOW_US, bins_of
 from .steps import PROFILER_STEP_PREFIX, WORK_CATS
@@ -112,11 +112,12 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
         "overlap": {"mask": np.flatnonzero(masks), "us": masks[masks > 0]},
         "durations": span.bins(),
     }
+    # The piece is one process's: its threads' busy time is unioned by thread, and
+    # takes the process's key after.
+    columns["io_cover"] = thread_cover(tid, group.astype(np.int8), span.ts, span.end)
     pid = keys[0][0]
-    cover = pl.DataFrame({"pid": np.full(rows.size, pid, dtype=np.int64), HOST_KEY: [""] * rows.size, "tid": tid,
-                          "group": group.astype(np.int8), "start": span.ts, "end": span.end})
     return Partial(source, keys, phases=phases, **{kind: stored_table(kind, pid, table) for kind, table in columns.items()},
-                   **io, io_cover=as_stored("io_cover", cover_table(cover, ROW_KEY)))
+                   **io)
 
 
 def _io_of_scanned(piece: ScannedPiece, rows: np.ndarray, keys: list[tuple[int, str]]) -> dict[str, pl.DataFrame]:
