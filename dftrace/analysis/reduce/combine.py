@@ -115,31 +115,21 @@ def combine(partials: Sequence[Partial]) -> Combined:
         del steps
         return combine(_steps_unmerged(partials, mappings, enclosed))
     overlap = collect("overlap").filter(~pl.col("proc").is_in(list(split))).select("proc", "mask", "us")
-    # A process read in pieces has each group's intervals in several partials: swept
-    # from them as they are (its overlap times, blocked time and compute intervals),
-    # without a table of them all and its union.
     interval_frames = each("intervals")
-    from_pieces: list[tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]] = []
-    swept_procs: set[int] = set()
-    for proc in sorted(split):
-        found = swept_pieces([_rows_of(frame, {proc}) for frame in interval_frames], "comm", "compute")
-        if found is not None:
-            totals, alone_starts, alone_ends, compute_starts, compute_ends = found
-            from_pieces.append((mask_rows(proc, totals), proc_intervals(proc, alone_starts, alone_ends),
-                                proc_intervals(proc, compute_starts, compute_ends)))
-            swept_procs.add(proc)
-    if swept_procs:
+    from_pieces = _swept_from_pieces(interval_frames, split)
+    if from_pieces:
+        swept_procs = set(from_pieces)
         split -= swept_procs
         interval_frames = [_rows_of(frame, swept_procs, keep=False) for frame in interval_frames]
     intervals = collect("intervals", interval_frames)
     del interval_frames
-    if split:  # pieces not in order for the sweep above: their union first
+    if split:  # those left by the sweep from pieces (no C kernels, too many runs): a union first
         is_split = pl.col("proc").is_in(list(split))
         merged = union_intervals(intervals.filter(is_split), ["proc"])
         intervals = pl.concat([intervals.filter(~is_split), merged], how="vertical")
     compute_bit = GROUPS.index("compute")
     compute = pl.concat([intervals.filter(pl.col("group") == compute_bit).select("proc", "start", "end"),
-                         *(rows for _, _, rows in from_pieces)], how="vertical")
+                         *(rows for _, _, rows in from_pieces.values())], how="vertical")
     # One sweep of each process's intervals: its blocked time, and the overlap times of
     # a process read in pieces (the others' came with their partials). Files read
     # whole found their processes' blocked time as they were read (their intervals
@@ -147,9 +137,9 @@ def combine(partials: Sequence[Partial]) -> Combined:
     swept, alone = overlap_and_alone(intervals, "comm")
     del intervals
     overlap = pl.concat([overlap, swept.filter(pl.col("proc").is_in(list(split))),
-                         *(rows for rows, _, _ in from_pieces)], how="vertical")
-    blocked = pl.concat([alone, *(rows for _, rows, _ in from_pieces), collect("blocked").select("proc", "start", "end")],
-                        how="vertical")
+                         *(rows for rows, _, _ in from_pieces.values())], how="vertical")
+    blocked = pl.concat([alone, *(rows for _, rows, _ in from_pieces.values()),
+                         collect("blocked").select("proc", "start", "end")], how="vertical")
     del from_pieces
     phases = (
         pl.concat([p.phases for p in partials], how="vertical").group_by("ph").agg(pl.col("n").sum())
@@ -179,6 +169,23 @@ def combine(partials: Sequence[Partial]) -> Combined:
         io_totals=regrouped_totals(collect("io_totals"), ["proc"]),
         io_cover=collect("io_cover"),
     )
+
+
+def _swept_from_pieces(frames: list[pl.DataFrame], procs: set[int]
+                       ) -> dict[int, tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]]:
+    """For each of ``procs`` (processes read in pieces: each group's intervals in
+    several of the partials' ``frames``), its overlap times (proc, mask, us), blocked
+    time and compute intervals (proc, start, end), swept from the pieces' intervals
+    as they are (``swept_pieces``), without a table of them all and its union; a
+    process the sweep leaves is not in the result."""
+    found = {}
+    for proc in sorted(procs):
+        swept = swept_pieces([_rows_of(frame, {proc}) for frame in frames], "comm", "compute")
+        if swept is not None:
+            totals, alone_starts, alone_ends, compute_starts, compute_ends = swept
+            found[proc] = (mask_rows(proc, totals), proc_intervals(proc, alone_starts, alone_ends),
+                           proc_intervals(proc, compute_starts, compute_ends))
+    return found
 
 
 def _rows_of(frame: pl.DataFrame, procs: set[int], keep: bool = True) -> pl.DataFrame:
