@@ -132,11 +132,11 @@ def processes_enclosed_by_merged_work(rows: pl.DataFrame, by: list[str]) -> list
     if not merged.any():
         return []
     start, end = rows.get_column("start").to_numpy(), rows.get_column("end").to_numpy()
-    if bool(by) and rows.select(by).unique().height > 1:
+    if bool(by) and any(rows.get_column(key).n_unique() > 1 for key in by):
         grouped = rows.select(by).with_row_index("_row").group_by(by, maintain_order=True).agg("_row")
         places = [(key, at.to_numpy()) for key, at in zip(grouped.select(by).rows(), grouped.get_column("_row"))]
     else:
-        places = [(rows.select(by).row(0), None)]
+        places = [(tuple(rows.get_column(key)[0] for key in by), None)]  # a select copied every column
     found = []
     for key, at in places:
         own_work, own_merged, own_start, own_end = (
