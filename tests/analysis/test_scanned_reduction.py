@@ -128,13 +128,16 @@ def test_realistic_runs_reduce_as_the_table_path_does_piece_by_piece(tmp_path, w
     assert len(reduced) > 2 * len(paths) and all(reduced)  # several pieces a file, each reduced both ways
 
 
-def test_spans_with_the_same_times_go_the_table_path(tmp_path):
-    # The collective run's ranks start several spans together: which is the innermost
-    # is the table's sort's to say.
+def test_spans_with_the_same_times_are_taken_in_the_tables_order(tmp_path, monkeypatch):
+    # The collective run's ranks start and end several spans together: which is the
+    # innermost is the table's sort's to say, and the columns' reduction asks it.
     paths = [write_process(tmp_path, proc, prefix="coll") for proc in collective_run(ranks=2)]
+    asked = []
+    original = scanned_path.tied_order
+    monkeypatch.setattr(scanned_path, "tied_order", lambda *a: asked.append(1) or original(*a))
     reduced = [_assert_same_partials(piece, overlap=True) for path in paths for piece in _pieces(path)
                if piece.scanned is not None and piece.scanned.kept.any()]
-    assert reduced and not all(reduced)
+    assert reduced and all(reduced) and asked
 
 
 def test_a_piece_of_several_processes_goes_the_table_path(tmp_path):

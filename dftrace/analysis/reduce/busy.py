@@ -55,12 +55,19 @@ def _innermost_native(threads: pl.DataFrame) -> Painting:
     columns += [np.ascontiguousarray(series.to_numpy()) for series in filled.iter_columns()]
     painting = painted_spans(*columns)
     if painting is None:  # spans with the same times: in the order the numpy path takes them
-        frame = threads.select("tid", "ts", "end", pl.int_range(pl.len(), dtype=pl.Int64).alias("span"))
-        order = np.concatenate([_by_start(thread).get_column("span").to_numpy()
-                                for thread in frame.partition_by("tid", maintain_order=True)])
-        painting = painted_spans(*columns, order=order)
+        painting = painted_spans(*columns, order=tied_order(*columns[:3]))
     assert painting is not None
     return painting
+
+
+def tied_order(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Span indices, thread by thread in the order the threads first appear, each
+    thread's spans by start, the longest first (``_by_start``): the ``order`` that
+    tells ``painted_spans`` which of a thread's spans with the same times is the
+    innermost."""
+    frame = pl.DataFrame({"tid": tid, "ts": ts, "end": end, "span": np.arange(tid.size, dtype=np.int64)})
+    return np.concatenate([_by_start(thread).get_column("span").to_numpy()
+                           for thread in frame.partition_by("tid", maintain_order=True)])
 
 
 def painted_spans(tid: np.ndarray, ts: np.ndarray, end: np.ndarray, level: np.ndarray, level_valid: np.ndarray,

@@ -12,7 +12,7 @@ import polars as pl
 
 from ... import format as fmt
 from ..runtime import kernels
-from .busy import mask_times, painted_spans, union_intervals
+from .busy import mask_times, painted_spans, tied_order, union_intervals
 from ..read.partition_data import PartitionData, ScannedPiece, number_series, text_passes, text_series
 from .io_tables import IO_CATS, io_tables, thread_cover
 from ..read.schema import HOST_KEY
@@ -29,8 +29,9 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
     table of its events: each text's tests are made once per distinct value, and the
     groups are found by the C kernel. The same tables as ``aggregate``'s (held so by
     tests/analysis/test_scanned_reduction.py); None where the piece needs the table
-    (events of several processes, spans of a thread with the same times, nesting edges
-    the sweep leaves to the query, a level beyond 32 bits)."""
+    (events of several processes, nesting edges the sweep leaves to the query, a level
+    beyond 32 bits). Spans of a thread with the same times are taken in the order the
+    table's path sorts them (``tied_order``)."""
     kept = piece.kept
     ph_values, ph_index = piece.ph
     counts = np.bincount(ph_index[kept], minlength=len(ph_values))
@@ -64,8 +65,10 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
     level, level_ok = span.take("level")
     block = span.name_is(lambda v: v.endswith(fmt.BLOCK_SUFFIX))
     group = np.where(block, -1, np.array([GROUP_CATS.get(v, -1) for v in cat_values], dtype=np.int8)[span.cat])
-    painting = painted_spans(tid, span.ts, span.end, np.where(level_ok, level, 0), level_ok.view(np.uint8),
-                             group.astype(np.int8))
+    columns = (tid, span.ts, span.end, np.where(level_ok, level, 0), level_ok.view(np.uint8), group.astype(np.int8))
+    painting = painted_spans(*columns)
+    if painting is None:  # spans of a thread with the same times: in the order the table's path takes them
+        painting = painted_spans(*columns, order=tied_order(tid, span.ts, span.end))
     if painting is None or painting.orphan is None or painting.opener is None:
         return None
     intervals = union_intervals(painting.intervals, [])
