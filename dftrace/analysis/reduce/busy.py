@@ -228,18 +228,25 @@ def _key_ids(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray, int]
     varying = [key for key, same in zip(keys, frame.select(
         pl.col(key).eq_missing(pl.col(key).first()).all() for key in keys).row(0) if keys else ()) if not same]
     if group.dtype == pl.Int8 and not group.null_count():
-        codes = group.to_numpy().astype(np.int64) + 128
         if not varying:
-            return codes, 256  # the group alone tells them apart
+            return group.to_numpy().astype(np.int64) + 128, 256  # the group alone tells them apart
         key = frame.get_column(varying[0])
         if len(varying) == 1 and key.dtype.is_integer() and not key.null_count():
-            values = key.to_numpy().astype(np.int64)
-            if values.size and -(1 << 54) < values.min() and values.max() < 1 << 54:
-                codes += values << 8
-                _, ids = np.unique(codes, return_inverse=True)
-                return ids.astype(np.int64).reshape(-1), int(ids.max()) + 1
+            found = key_and_group_ids(key.to_numpy(), group.to_numpy())
+            if found is not None:
+                return found
     ids = frame.select(pl.struct(*keys, "group").rank("dense")).to_series().to_numpy().astype(np.int64) - 1
     return ids, int(ids.max()) + 1
+
+
+def key_and_group_ids(key: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """A number from 0 for each distinct (``key``, ``group``) of the rows (an integer
+    key, an int8 group), and how many, found from the two packed into one integer;
+    None where a key is too wide to pack."""
+    if key.size and not (-(1 << 54) < key.min() and key.max() < 1 << 54):
+        return None
+    _, ids = np.unique((key.astype(np.int64) << 8) + group.astype(np.int64) + 128, return_inverse=True)
+    return np.ascontiguousarray(ids.reshape(-1), np.int64), int(ids.max()) + 1 if ids.size else 0
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -305,8 +312,10 @@ def swept_pieces(pieces: Sequence[pl.DataFrame], alone: str, emit: str
     overlapping each other anywhere), without a union of them all: µs in each bit mask
     (as ``mask_times``), the starts and ends of the runs where ``alone`` is the only
     group active (as ``overlap_and_alone``), and those of the union of ``emit``'s
-    intervals (those of no length left out: they hold no time). Nothing is copied where a piece's columns are in one chunk each. None
-    without the C kernels, or where a piece's intervals are not in order."""
+    intervals (those of no length left out: they hold no time). Nothing is copied
+    where a piece's columns are in one chunk each. None without the C kernels, where
+    an interval ends before it starts, or where the pieces are more than 65,536
+    ordered runs (see ``runtime/sweeps.c``)."""
     if kernels.C is None:
         return None
     arrays = [(np.ascontiguousarray(piece.get_column("group").to_numpy(), np.int8),

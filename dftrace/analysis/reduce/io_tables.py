@@ -23,7 +23,7 @@ import polars as pl
 
 from ... import format as fmt
 from ..runtime import kernels
-from .busy import GROUPS, union_intervals
+from .busy import GROUPS, key_and_group_ids, union_intervals
 
 #: The categories of the interposer's events.
 IO_CATS = ("POSIX", "STDIO")
@@ -131,15 +131,14 @@ def thread_cover(tid: np.ndarray, group: np.ndarray, start: np.ndarray, end: np.
     """tid, group, start, end: ``cover_table`` of one process's spans given as arrays
     (tid int64, group int8), the same rows, without a frame of them (half the time of
     a piece's cover, which a trace without file calls makes for every piece)."""
-    if kernels.C is None or not tid.size or not (-(1 << 54) < tid.min() and tid.max() < 1 << 54):
+    kept = np.flatnonzero((group == COMPUTE) | (group == LOADER) | (group == CHECKPOINT))
+    found = key_and_group_ids(tid[kept], group[kept]) if kernels.C is not None else None
+    if found is None:
         table = cover_table(pl.DataFrame({"tid": tid, "group": group, "start": start, "end": end}), [])
         return {name: table.get_column(name) for name in table.columns}
-    kept = np.flatnonzero((group == COMPUTE) | (group == LOADER) | (group == CHECKPOINT))
-    # Each (thread, group) numbered from one integer, as union_intervals' keys.
-    _, ids = np.unique((tid[kept] << 8) + group[kept].astype(np.int64) + 128, return_inverse=True)
-    ids = np.ascontiguousarray(ids.reshape(-1), np.int64)
+    ids, n_ids = found
     rows, starts, ends = kernels.C.union(ids, np.ascontiguousarray(start[kept], np.int64),
-                                         np.ascontiguousarray(end[kept], np.int64), int(ids.max()) + 1 if ids.size else 0)
+                                         np.ascontiguousarray(end[kept], np.int64), n_ids)
     first = kept[np.frombuffer(rows, np.int64)]
     return {"tid": tid[first], "group": group[first], "start": np.frombuffer(starts, np.int64),
             "end": np.frombuffer(ends, np.int64)}
