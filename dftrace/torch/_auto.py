@@ -47,7 +47,7 @@ from .._core import tree as _tree
 from .._core.tree import ai
 from .._hooks import add_callback, warn_once
 from ._dist import note_distributed_rank, patch_init_process_group, trace_distributed, watch_ddp
-from ._hooking import forward_failed
+from ._hooking import BACKWARD, forward_failed
 
 __all__ = ["install", "standing_down"]
 
@@ -531,6 +531,15 @@ def _give_callback(callback: str, module: Any) -> None:
 
 # -- installing -----------------------------------------------------------------------
 
+
+def _backward_front(original: Any, patch: Any) -> Any:
+    """The C front that records backward() in the place of the shared patch
+    (``_hooking.install_backward``), calling ``patch`` where it cannot record alone."""
+    front = _speedups.AutoCall(STATE, BACKWARD, original, slow=patch)
+    functools.update_wrapper(front, original)
+    return front
+
+
 def install(_torch: Any = None) -> None:
     """Install the hooks (once per process; called once torch is imported)."""
     global _original_iter, _installed, STATE
@@ -552,14 +561,10 @@ def install(_torch: Any = None) -> None:
 
     _optimizer.register_optimizer_step_pre_hook(STATE.step_pre)
     _optimizer.register_optimizer_step_post_hook(STATE.step_post)
-    _hooking.install_backward(_BackwardArgs())  # type: ignore[arg-type]
-    if _speedups is not None and torch.autograd.backward is _hooking._traced_backward:
-        # backward() recorded in C; the shared patch's users are asked only while an
-        # integration or trace_compute() stands auto down
-        front = _speedups.AutoCall(STATE, _hooking.BACKWARD, _hooking._original_backward,
-                                   slow=_hooking._traced_backward)
-        functools.update_wrapper(front, _hooking._original_backward)
-        torch.autograd.backward = front
+    # backward() recorded in C; the shared patch's users are asked only while an
+    # integration or trace_compute() stands auto down
+    _hooking.install_backward(_BackwardArgs(),  # type: ignore[arg-type]
+                              front=None if _speedups is None else _backward_front)
     if torch.distributed.is_available():
         trace_distributed()
         watch_ddp(every=True)

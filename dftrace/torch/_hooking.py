@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -110,6 +110,9 @@ def forward_failed(output: Any) -> str | None:
 #: Who asked for backward() spans (``ComputeTracing``, automatic tracing), last first.
 _backward_users: list[Any] = []
 _original_backward: Any = None
+#: What ``torch.autograd.backward`` is while there are users: ``_traced_backward``, or
+#: the faster front a user asked for in its place (``install_backward``).
+_installed_backward: Any = None
 _backward_lock = threading.Lock()
 BACKWARD = ai.compute.backward
 
@@ -124,26 +127,32 @@ def _traced_backward(*args: Any, **kwargs: Any) -> Any:
     return call_in_span(BACKWARD, _original_backward, args, kwargs, args=span_args)
 
 
-def install_backward(user: Any) -> None:
-    global _original_backward
+def install_backward(user: Any, front: Callable[[Any, Any], Any] | None = None) -> None:
+    """Add ``user`` to those asking for backward() spans. ``front(original, patch)``
+    makes a faster callable to stand in the patch's place (automatic tracing's, in
+    C), given the original backward and the patch it calls where it cannot record
+    alone; it is put in place where the patch is still what torch calls."""
+    global _original_backward, _installed_backward
     with _backward_lock:
         if not _backward_users:
             _original_backward = torch.autograd.backward
             # Tensor.backward() calls torch.autograd.backward by attribute at call
             # time, so this one replacement covers loss.backward() too.
-            torch.autograd.backward = _traced_backward
+            torch.autograd.backward = _installed_backward = _traced_backward
+        if front is not None and torch.autograd.backward is _traced_backward:
+            torch.autograd.backward = _installed_backward = front(_original_backward, _traced_backward)
         _backward_users.append(user)
 
 
 def uninstall_backward(user: Any) -> None:
-    global _original_backward
+    global _original_backward, _installed_backward
     with _backward_lock:
         if user in _backward_users:
             _backward_users.remove(user)
         if not _backward_users and _original_backward is not None:
-            if torch.autograd.backward is _traced_backward:
+            if torch.autograd.backward is _installed_backward:
                 torch.autograd.backward = _original_backward
             else:
                 warn_once("backward-restore", "torch.autograd.backward was replaced after "
                           "trace_compute(); left as it is")
-            _original_backward = None
+            _original_backward = _installed_backward = None
