@@ -6,9 +6,9 @@ family, mmap, dup, fcntl, unlink, rename, mkdir, and STDIO's fopen ... fclose) i
 the GOT of every loaded object: the interpreter, C extensions, libraries loaded
 later. A call on a traced file writes a 64-byte binary record into a ring; this
 module's thread drains the ring every ``DRAIN_INTERVAL`` seconds and hands the calls
-to the engine as trace records (``cat`` POSIX or STDIO, the call's name, args
-``fhash``, ``ret``, ``count``, ``offset``), with one ``FH`` metadata record per file
-naming its path. Each file's counters are kept whatever is written, and written
+to the engine as trace records with their values raw, which the writer makes lines
+(``cat`` POSIX or STDIO, the call's name, args ``fhash``, ``ret``, ``count``,
+``offset``), with one ``FH`` metadata record per file naming its path. Each file's counters are kept whatever is written, and written
 at the end as ``io_file`` metadata records, with one ``io`` record of the totals.
 
 Which files: ``data_dir`` (colon-separated prefixes, matched on the absolute,
@@ -109,6 +109,7 @@ class IOTracer:
         self._mod = mod
         self._engine = engine
         self._kids = kids
+        self._sink = engine.speedups.io_sink()
         self._max_rate = session.config.io_max_rate
         head = b'{"name":"%%s","cat":"%s","pid":%%d,"tid":%%d,"ph":"%s","args":{"%s":"%%s",' % (
             fmt.CAT_TRACER.encode(), fmt.PH_METADATA.encode(), fmt.ARG_HOSTNAME_HASH.encode())
@@ -138,13 +139,12 @@ class IOTracer:
             cap = -1 if not self._max_rate else max(1, int(self._max_rate * (now - self._last)))
             self._last = now
             self._mod.bind_new()
-            recs, fh_lines, _dropped, _calls = self._mod.drain(cap, self._fh_head)
+            fh_lines, _dropped, _calls, written, dropped = self._mod.drain(
+                cap, self._fh_head, self._sink, self._kids)
+            self.written += written
+            self.dropped += dropped
             if fh_lines:
                 self._engine.record_special(META, {"lines": fh_lines})
-            if recs:
-                written, dropped = self._engine.speedups.io_emit(recs, self._kids)
-                self.written += written
-                self.dropped += dropped
 
     def stop(self) -> None:
         """Unbind the wrappers, drain what is left and write the counters."""

@@ -10,6 +10,9 @@ HDR = {"nslots": 12, "slot_size": 16, "slots_off": 24, "kinds_off": 32, "kinds_c
        "next_seq": 72, "open_off": 168, "open_cap": 176}
 #: Offsets in a slot: its record count; the first record's args offset and length.
 SLOT_N, REC0_AOFF, REC0_ALEN = 4, 64 + 56, 64 + 60
+#: The first record of a slot: its offset, its fields' layout (t0, t1, id, parent,
+#: kind, level_flags, tid, count, aoff, alen), and the flag of a file-I/O call.
+REC0, REC_LAYOUT, F_IO = 64, "<qqQQIIQqII", 8
 
 
 def rewrite_header(mm) -> None:

@@ -29,7 +29,7 @@ from dftrace import testing
 from dftrace._core import engine as _engine
 from dftrace._core.session import _safe_host
 
-from ._ring_tamper import HDR, REC0_ALEN, REC0_AOFF, SLOT_N
+from ._ring_tamper import F_IO, HDR, REC0, REC0_ALEN, REC0_AOFF, REC_LAYOUT, SLOT_N
 from ._util import assert_valid, clean_env, files, spans, write_script
 
 #: The tests of the shared-memory ring and its drainer.
@@ -478,6 +478,36 @@ def test_a_reader_writes_a_rewritten_open_span_table_as_lines_only():
             event = orjson.loads(line)
             assert set(event["args"]) <= {"level", "p_idx", "count", "incomplete"}
             assert event["args"]["incomplete"] is True
+        reader.close()
+    finally:
+        mm.close()
+
+
+@needs_ring
+@pytest.mark.parametrize("alen", [0, 8, 24])
+def test_a_reader_writes_a_forged_file_io_record_as_one_line(alen):
+    """A record a producer marks as a file-I/O call, whose raw values are missing or
+    shorter than a call's and whose errno bits are out of range: the reader writes
+    one line that parses, with the call's values only where they were all there, and
+    reads nothing out of bounds."""
+    import orjson
+
+    sp = _engine.speedups
+    mm = _attached_ring()
+    try:
+        assert sp.shm_append_line(b'{"x":1}\n')  # a record with 8 bytes of args
+        sp.shm_finish()
+        sp.shm_detach()
+        reader = sp.ShmReader(mm)
+        struct.pack_into(REC_LAYOUT, mm, sp.SHM_FIXED_BYTES + REC0, 1_000, 3_000, 7, 0xDEADBEEF,
+                         0, (F_IO << 24) | 0xFFFFFF, 42, 4096, 0, alen)
+        data, n = reader.drain(100, b',"pid":1,"tid":', b',"ph":"X","args":{"hhash":"h","level":',
+                               0, 0, True)
+        (line,) = data.splitlines()
+        event = orjson.loads(line)
+        assert (n, event["id"], event["tid"], event["args"]["fhash"]) == (1, 7, 42, "00000000deadbeef")
+        assert ("ret" in event["args"]) == (alen == 24)
+        assert "level" not in event["args"] and "p_idx" not in event["args"]
         reader.close()
     finally:
         mm.close()

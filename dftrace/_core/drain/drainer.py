@@ -222,7 +222,9 @@ class Registration:
                                         lambda v: 0.001 <= v <= 86400))
         self.batch_size = get("batch_size", int, lambda v: v > 0)
         self.pid_piece = text("pid_piece", 4096).encode("latin-1")
-        self.hh_piece = text("hh_piece", 4096).encode("latin-1")
+        # a file-I/O call's line leaves out the piece's last key (its records have no level)
+        self.hh_piece = get("hh_piece", str, lambda v: len(v) <= 4096
+                            and v.endswith(',"level":')).encode("latin-1")
         self.offset_ns = get("offset_ns", int, lambda v: abs(v) < 1 << 63)
         self.min_id = get("min_id", int, lambda v: 0 <= v < 1 << 63)
         self.hhash = text("hhash", 64)

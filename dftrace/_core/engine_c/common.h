@@ -109,7 +109,9 @@ typedef struct {
 #define F_INCOMPLETE 1u
 #define F_RAW 2u /* a whole line, already encoded, in the arena (shared-memory ring only) */
 #define F_MORE 4u /* F_RAW: a piece of a line, continued by the next record (ring only) */
-#define F_UNNESTED 8u /* no level or p_idx: a file-I/O call, outside the span tree (io_lines.c) */
+#define F_IO 8u /* a file-I/O call (io_lines.c), outside the span tree (no level or p_idx): its
+                  file's hash in `parent`, errno in the level bits, its values raw in the
+                  args (dft_io_args_t, io_sink.h) */
 #define F_OPEN_WRITTEN 16u /* an open-span table entry written already, incomplete (never a record's) */
 #define LEVEL_BITS 24
 #define LEVEL_MASK ((1u << LEVEL_BITS) - 1)

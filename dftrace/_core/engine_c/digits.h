@@ -1,5 +1,5 @@
 /* digits.h: writing numbers and bytes into a line, inline (the encoder's lines and
- * args, and the file-I/O calls' args in io_lines.c). */
+ * args, file-I/O calls' args included). */
 #ifndef DFTRACE_DIGITS_H
 #define DFTRACE_DIGITS_H
 

@@ -3,6 +3,7 @@
  * records, used by the in-process writer (writer.c) and the drainer (shm_consumer.c). */
 #include "encoder.h"
 #include "digits.h"
+#include "io_sink.h"
 #include "module.h"
 
 /* ------------------------------------------------------------------------- */
@@ -385,6 +386,40 @@ static inline char *put8(char *o, uint32_t v) {
     return o + 8;
 }
 
+/* A file-I/O call's args (F_IO): the file's hash, the bytes done, the offset, errno
+   where it failed, and the calls an aggregate covers. A record whose raw values are
+   short (read from another process's ring) gets the hash alone. */
+static inline char *put_io_args(char *o, const rec_t *r, const char *arena) {
+    o = put(o, LIT(",\"fhash\":\""));
+    o = put_hex16(o, r->parent);
+    *o++ = '"';
+    dft_io_args_t a;
+    if (r->alen < sizeof(a))
+        return o;
+    memcpy(&a, arena + r->aoff, sizeof(a));
+    o = put(o, LIT(",\"ret\":"));
+    o = put_int(o, a.ret);
+    if (a.offset >= 0) {
+        o = put(o, LIT(",\"offset\":"));
+        o = put_int(o, a.offset);
+    }
+    uint32_t err = r->level_flags & 0xFF; /* errno, 0-255 */
+    if (a.ret < 0 && err) {
+        o = put(o, LIT(",\"errno\":"));
+        o = put_u32(o, err);
+    }
+    if (a.calls) {
+        o = put(o, LIT(",\"calls\":"));
+        o = put_num(o, a.calls);
+        o = put(o, LIT(",\"aggregated\":true"));
+    }
+    return o;
+}
+
+/* The longest file-I/O line: `{"id":`, `,"ts":`, `,"dur":`, `,"count":`, `}}\n` and
+   five numbers of 20 digits (id, tid, ts, dur, count) beside its args' text. */
+typedef char io_line_fits[131 + IO_ARGS_TEXT_MAX <= REC_FIXED + sizeof(dft_io_args_t) ? 1 : -1];
+
 #define TS_LOW 100000000LL /* a timestamp's last eight digits change; the rest rarely */
 
 /* The JSON lines of records [from, to) of a chunk whose args are in `arena`; the
@@ -441,16 +476,17 @@ char *dft_encode_recs(char *o, const rec_t *recs, uint32_t from, uint32_t to,
             o = put_num(o, (unsigned long long)dur);
         else
             o = put_int(o, dur);
-        if ((r->level_flags >> LEVEL_BITS) & F_UNNESTED) {
+        if ((r->level_flags >> LEVEL_BITS) & F_IO) {
             o = put(o, hhp, nhh - (Py_ssize_t)(sizeof(",\"level\":") - 1));
+            o = put_io_args(o, r, arena);
         } else {
             o = put(o, hhp, nhh);
             o = put_u32(o, r->level_flags & LEVEL_MASK);
             o = put(o, LIT(",\"p_idx\":"));
             o = put_num(o, r->parent);
+            if (r->alen)
+                o = put(o, arena + r->aoff, r->alen);
         }
-        if (r->alen)
-            o = put(o, arena + r->aoff, r->alen);
         if (r->count >= 0) {
             o = put(o, LIT(",\"count\":"));
             o = put_num(o, (unsigned long long)r->count);

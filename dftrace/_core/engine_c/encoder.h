@@ -17,7 +17,11 @@ PyObject *dft_plain_extra(PyObject *d, int fresh);
 /* Serve the registered Extra class from a freelist (register() calls it). */
 void dft_extra_serve(void);
 extern int dft_off_for_good;
-#define REC_FIXED 240 /* literals and seven numbers of at most 20 digits, per line */
+/* The most a line takes beyond its kind's piece, the pid and hostname pieces and its
+   args' bytes: literals and seven numbers of at most 20 digits, or a file-I/O call's
+   line (its 24 raw bytes of args become at most IO_ARGS_TEXT_MAX bytes of text). */
+#define REC_FIXED 256
+#define IO_ARGS_TEXT_MAX 142
 
 /* The module's functions of the encoder (set_options, plain_fragment). */
 extern PyMethodDef dft_encoder_methods[];

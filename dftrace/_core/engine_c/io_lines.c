@@ -1,96 +1,67 @@
-/* io_lines.c: the file-I/O interposer's calls (dftrace._core._io's drain()) made
- * records of the trace, one per call or aggregate, with the kinds Python registered
- * for the calls' names. The args are made here, in the thread that drains: the
- * calling thread wrote only a binary record. */
+/* io_lines.c: the engine's side of a file-I/O drain (io_sink.h). Each call the
+ * interposer recorded becomes a record of the trace, outside the span tree (F_IO):
+ * the file's hash in its parent field, errno in its level bits, the rest of the
+ * call's values raw in its args. Nothing is formatted here: the writer makes the line
+ * (encoder.c), in the drainer process by default. */
 #include "io_lines.h"
-#include "digits.h"
+#include "io_sink.h"
 #include "records.h"
 
-/* The drain's record (dftrace/_core/io_c/io.h, io_rec_t), read field by field. */
-typedef struct {
-    uint64_t calls; /* the calls it covers */
-    int64_t t0, dur;
-    uint64_t fhash;
-    int64_t ret, count, offset;
-    uint32_t tid;
-    uint8_t op, err;
-    uint16_t aggregated;
-} io_line_rec_t;
-
-typedef char io_line_rec_is_64_bytes[sizeof(io_line_rec_t) == 64 ? 1 : -1];
-
-/* io_emit(records, kids) -> (written, dropped): kids[op] the kind of each call's
-   name. */
-static PyObject *io_emit(PyObject *self, PyObject *args) {
-    Py_buffer buf;
-    PyObject *kids;
-    if (!PyArg_ParseTuple(args, "y*O!", &buf, &PyTuple_Type, &kids))
-        return NULL;
-    Py_ssize_t nkids = PyTuple_GET_SIZE(kids);
-    uint32_t kid_of[256];
-    for (Py_ssize_t i = 0; i < 256; i++)
-        kid_of[i] = UINT32_MAX;
-    for (Py_ssize_t i = 0; i < nkids && i < 256; i++) {
-        long k = PyLong_AsLong(PyTuple_GET_ITEM(kids, i));
-        if (k == -1 && PyErr_Occurred()) {
-            PyBuffer_Release(&buf);
-            return NULL;
-        }
-        kid_of[i] = (uint32_t)k;
-    }
-    const io_line_rec_t *recs = buf.buf;
-    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(io_line_rec_t);
-    long long written = 0, dropped = 0;
-    char a[256];
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const io_line_rec_t *r = &recs[i];
-        uint32_t kid = kid_of[r->op];
-        if (kid == UINT32_MAX || AT_LIMIT()) {
-            dropped++;
+/* The calls as records: into the shared-memory ring (`ring`), or process memory. */
+ALWAYS_INLINE size_t record_calls(int ring, const uint32_t kid_of[256],
+                                  const dft_io_call_t *const *calls, const uint64_t *ncalls,
+                                  size_t n) {
+    size_t kept = 0;
+    int ask = !ROOM_FOR(n);
+    for (size_t k = 0; k < n; k++) {
+        const dft_io_call_t *c = calls[k];
+        uint32_t kid = kid_of[c->op];
+        if (kid == UINT32_MAX || (ask && AT_LIMIT()))
             continue;
-        }
-        char *o = put(a, LIT(",\"fhash\":\""));
-        o = put_hex16(o, r->fhash);
-        o = put(o, LIT("\",\"ret\":"));
-        o = put_int(o, r->ret);
-        if (r->offset >= 0) {
-            o = put(o, LIT(",\"offset\":"));
-            o = put_int(o, r->offset);
-        }
-        if (r->ret < 0 && r->err) {
-            o = put(o, LIT(",\"errno\":"));
-            o = put_int(o, r->err);
-        }
-        if (r->aggregated) {
-            o = put(o, LIT(",\"calls\":"));
-            o = put_uint(o, r->calls);
-            o = put(o, LIT(",\"aggregated\":true"));
-        }
-        int rc = native_append(kid, r->t0, r->t0 + r->dur, dft_next_id_val, 0, 0, r->tid, F_UNNESTED,
-                               r->count >= 0 ? r->count : -1, a, o - a, NULL, 0);
-        if (rc < 0) {
-            dropped++;
+        dft_io_args_t a = {c->ret, c->offset, ncalls ? ncalls[k] : 0};
+        int rc = ring ? shm_append(kid, c->t0, c->t0 + c->dur, dft_next_id_val, c->fhash,
+                                   (Py_ssize_t)c->err, c->tid, F_IO, c->count, (const char *)&a,
+                                   (Py_ssize_t)sizeof(a), NULL, 0)
+                      : native_append(kid, c->t0, c->t0 + c->dur, dft_next_id_val, c->fhash,
+                                      (Py_ssize_t)c->err, c->tid, F_IO, c->count, (const char *)&a,
+                                      (Py_ssize_t)sizeof(a), NULL, 0);
+        if (rc < 0)
             continue;
-        }
         dft_next_id_val++;
-        written++;
+        kept++;
     }
-    PyBuffer_Release(&buf);
+    return kept;
+}
+
+static size_t io_record_calls(const uint32_t kid_of[256], const dft_io_call_t *const *calls,
+                              const uint64_t *ncalls, size_t n) {
+    if (ncalls) /* aggregates: a few per drain */
+        return record_calls(dft_shm && !dft_shm_local, kid_of, calls, ncalls, n);
+    return dft_shm && !dft_shm_local ? record_calls(1, kid_of, calls, NULL, n)
+                                     : record_calls(0, kid_of, calls, NULL, n);
+}
+
+static void io_drained(long long kept, long long dropped) {
     if (dropped)
         COUNT_DROP(dropped);
-    if (written) {
+    if (kept) {
         if (dft_shm_sealed) {
             dft_shm_sealed = 0;
             dft_woken = 0;
         }
         wake_writer();
     }
-    return Py_BuildValue("(LL)", written, dropped);
+}
+
+static const dft_io_sink_t sink = {io_record_calls, io_drained};
+
+static PyObject *io_sink(PyObject *self, PyObject *unused) {
+    return PyCapsule_New((void *)&sink, DFT_IO_SINK_CAPSULE, NULL);
 }
 
 /* The module's functions of this file (module.c adds them). */
 PyMethodDef dft_io_lines_methods[] = {
-    {"io_emit", io_emit, METH_VARARGS,
-     "io_emit(records, kids) -> (written, dropped): the file-I/O calls drained (64-byte "
-     "records) as trace records, kids[op] the kind of each call's name"},
+    {"io_sink", io_sink, METH_NOARGS,
+     "io_sink() -> capsule: where dftrace._core._io's drain() hands the file-I/O calls it "
+     "reads (io_sink.h)"},
     {NULL, NULL, 0, NULL}};

@@ -1,5 +1,4 @@
-/* io_lines.h: io_lines.c's side, the file-I/O calls the interposer drained, recorded
- * as trace records. */
+/* io_lines.h: io_lines.c's side, the engine's end of a file-I/O drain (io_sink.h). */
 #ifndef DFTRACE_IO_LINES_H
 #define DFTRACE_IO_LINES_H
 
@@ -7,7 +6,7 @@
 
 DFT_HIDDEN_BEGIN
 
-/* The module's functions of io_lines.c (io_emit). */
+/* The module's functions of io_lines.c (io_sink). */
 extern PyMethodDef dft_io_lines_methods[];
 
 DFT_HIDDEN_END

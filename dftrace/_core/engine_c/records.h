@@ -164,6 +164,9 @@ ALWAYS_INLINE int native_append(uint32_t kid, long long t0, long long t1, unsign
 
 /* buffer_limit spans wait: in process memory, or in the ring (see shm_held). */
 #define AT_LIMIT() (dft_shm && !dft_shm_local ? dft_shm_at_limit() : nbuf >= dft_buf_limit)
+/* `n` more records stay under buffer_limit for certain (AT_LIMIT need not be asked
+   for each): the ring's estimate counts high, never low. */
+#define ROOM_FOR(n) ((dft_shm && !dft_shm_local ? dft_shm_est : nbuf) + (Py_ssize_t)(n) < dft_buf_limit)
 
 /* A batch is ready: wake the writer once per batch, and again every 4096 records
    while it has not drained (its wake() makes a producer wait when the writer has

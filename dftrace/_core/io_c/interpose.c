@@ -2,7 +2,7 @@
  *
  * A wrapper on an fd looks the fd up in the table (one load); an fd no traced open
  * put there costs that look-up and the call. A traced call takes two clock readings
- * and records one 64-byte record (io_record, ring.c): no allocation, no lock, no
+ * and records one 64-byte record (io_record_fd, wrap.h): no allocation, no lock, no
  * Python, errno exactly as libc left it. A call that names a path is matched once,
  * at that call (io_match, filter.c).
  */
@@ -29,34 +29,43 @@
 #define REAL(name) real_##name
 #define DECLARE(ret, name, ...) static ret (*real_##name)(__VA_ARGS__) = NULL
 
+/* The traced part of a call on an fd, its entry e_. */
+#define FD_TRACED(op, call, count, offset, update)                                     \
+    do {                                                                               \
+        int64_t t0_ = clock_ns();                                                      \
+        __typeof__(call) r_ = call;                                                    \
+        int err_ = errno;                                                              \
+        int64_t t1_ = clock_ns();                                                      \
+        int64_t off_ = (offset);                                                       \
+        update;                                                                        \
+        io_record_fd(op, e_->fhash, t0_, t1_, (int64_t)r_, err_, count, off_);         \
+        errno = err_;                                                                  \
+        return r_;                                                                     \
+    } while (0)
+
 /* A call on an fd: untraced fds cost the lookup. */
 #define FD_CALL(op, fd, call, count, offset, update)                                   \
-    do {                                                                             \
-        fd_entry_t *e_ = io_active ? fd_traced(fd) : NULL;                           \
-        if (!e_)                                                                     \
-            return call;                                                             \
-        int64_t t0_ = clock_ns();                                                    \
-        __typeof__(call) r_ = call;                                                  \
-        int err_ = errno;                                                            \
-        int64_t t1_ = clock_ns();                                                    \
-        int64_t off_ = (offset);                                                     \
-        update;                                                                      \
-        io_record(op, e_->fhash, t0_, t1_, (int64_t)r_, err_, count, off_, NULL, 0);    \
-        errno = err_;                                                                \
-        return r_;                                                                   \
+    do {                                                                               \
+        fd_entry_t *e_ = io_active ? fd_traced(fd) : NULL;                             \
+        if (!e_)                                                                       \
+            return call;                                                               \
+        FD_TRACED(op, call, count, offset, update);                                    \
     } while (0)
 
 /* A hot call on an fd in two: the untraced case (a table look-up and a tail call of
-   libc's function, with no register saved) and, not inlined, the traced one; the
-   definition after it is the traced one's body. */
+   libc's function, with no register saved) and, not inlined, the traced one, handed
+   the fd's entry (e_); the definition after it is the traced one's body. */
+#define WITH_ENTRY(...) (fd_entry_t *e_, __VA_ARGS__)
+#define ENTRY_AND(...) (e, __VA_ARGS__)
 #define SPLIT(rtype, name, PARAMS, ARGS, fdexpr)                                       \
-    static rtype t_##name PARAMS;                                                      \
+    static rtype t_##name WITH_ENTRY PARAMS;                                           \
     static rtype w_##name PARAMS {                                                     \
-        if (__builtin_expect(!io_active || !fd_traced(fdexpr), 1))                     \
+        fd_entry_t *e = io_active ? fd_traced(fdexpr) : NULL;                          \
+        if (__builtin_expect(!e, 1))                                                   \
             return REAL(name) ARGS;                                                    \
-        return t_##name ARGS;                                                          \
+        return t_##name ENTRY_AND ARGS;                                                \
     }                                                                                  \
-    static __attribute__((noinline)) rtype t_##name PARAMS
+    static __attribute__((noinline)) rtype t_##name WITH_ENTRY PARAMS
 
 /* The position an fd's read or write starts at, and the move after it. */
 #define POS (__atomic_load_n(&e_->pos, __ATOMIC_RELAXED))
@@ -87,7 +96,7 @@
         int err_ = errno;                                                            \
         int64_t t1_ = clock_ns();                                                    \
         after;                                                                       \
-        io_record(op, h_, t0_, t1_, (int64_t)r_, err_, -1, -1, abs_, n_);               \
+        io_record_path(op, h_, t0_, t1_, (int64_t)r_, err_, abs_, n_);                  \
         errno = err_;                                                                \
         return r_;                                                                   \
     } while (0)
@@ -180,7 +189,7 @@ CREAT_WRAPPER(creat64)
         int64_t t0_ = clock_ns();                                                    \
         int r_ = call;                                                               \
         int err_ = errno;                                                            \
-        io_record(op, h_, t0_, clock_ns(), r_, err_, -1, -1, NULL, 0);               \
+        io_record_fd(op, h_, t0_, clock_ns(), r_, err_, -1, -1);                     \
         errno = err_;                                                                \
         return r_;                                                                   \
     } while (0)
@@ -216,21 +225,21 @@ static void w_closefrom(int lo) {
 /* -- reads and writes -- */
 DECLARE(ssize_t, read, int, void *, size_t);
 SPLIT(ssize_t, read, (int fd, void *buf, size_t n), (fd, buf, n), fd) {
-    FD_CALL(OP_READ, fd, REAL(read)(fd, buf, n), (int64_t)n, POS, ADVANCE);
+    FD_TRACED(OP_READ, REAL(read)(fd, buf, n), (int64_t)n, POS, ADVANCE);
 }
 DECLARE(ssize_t, __read_chk, int, void *, size_t, size_t);
 SPLIT(ssize_t, __read_chk, (int fd, void *buf, size_t n, size_t buflen), (fd, buf, n, buflen), fd) {
-    FD_CALL(OP_READ, fd, REAL(__read_chk)(fd, buf, n, buflen), (int64_t)n, POS, ADVANCE);
+    FD_TRACED(OP_READ, REAL(__read_chk)(fd, buf, n, buflen), (int64_t)n, POS, ADVANCE);
 }
 DECLARE(ssize_t, write, int, const void *, size_t);
 SPLIT(ssize_t, write, (int fd, const void *buf, size_t n), (fd, buf, n), fd) {
-    FD_CALL(OP_WRITE, fd, REAL(write)(fd, buf, n), (int64_t)n, POS, ADVANCE);
+    FD_TRACED(OP_WRITE, REAL(write)(fd, buf, n), (int64_t)n, POS, ADVANCE);
 }
 
 #define PRW_WRAPPER(name, op, cv)                                                      \
     DECLARE(ssize_t, name, int, cv void *, size_t, off_t);                             \
     SPLIT(ssize_t, name, (int fd, cv void *buf, size_t n, off_t off), (fd, buf, n, off), fd) { \
-        FD_CALL(op, fd, REAL(name)(fd, buf, n, off), (int64_t)n, (int64_t)off, (void)0); \
+        FD_TRACED(op, REAL(name)(fd, buf, n, off), (int64_t)n, (int64_t)off, (void)0);   \
     }
 PRW_WRAPPER(pread, OP_PREAD, )
 PRW_WRAPPER(pread64, OP_PREAD, )
@@ -241,7 +250,7 @@ PRW_WRAPPER(pwrite64, OP_PWRITE, const)
     DECLARE(ssize_t, name, int, void *, size_t, off_t, size_t);                        \
     SPLIT(ssize_t, name, (int fd, void *buf, size_t n, off_t off, size_t buflen),      \
           (fd, buf, n, off, buflen), fd) {                                             \
-        FD_CALL(OP_PREAD, fd, REAL(name)(fd, buf, n, off, buflen), (int64_t)n,         \
+        FD_TRACED(OP_PREAD, REAL(name)(fd, buf, n, off, buflen), (int64_t)n,           \
                 (int64_t)off, (void)0);                                                \
     }
 PREAD_CHK_WRAPPER(__pread_chk)
@@ -250,7 +259,7 @@ PREAD_CHK_WRAPPER(__pread64_chk)
 #define RWV_WRAPPER(name, op)                                                          \
     DECLARE(ssize_t, name, int, const struct iovec *, int);                            \
     SPLIT(ssize_t, name, (int fd, const struct iovec *iov, int cnt), (fd, iov, cnt), fd) { \
-        FD_CALL(op, fd, REAL(name)(fd, iov, cnt), iov_bytes(iov, cnt), POS, ADVANCE);  \
+        FD_TRACED(op, REAL(name)(fd, iov, cnt), iov_bytes(iov, cnt), POS, ADVANCE);    \
     }
 RWV_WRAPPER(readv, OP_READV)
 RWV_WRAPPER(writev, OP_WRITEV)
@@ -259,7 +268,7 @@ RWV_WRAPPER(writev, OP_WRITEV)
     DECLARE(ssize_t, name, int, const struct iovec *, int, off_t);                     \
     SPLIT(ssize_t, name, (int fd, const struct iovec *iov, int cnt, off_t off),        \
           (fd, iov, cnt, off), fd) {                                                   \
-        FD_CALL(op, fd, REAL(name)(fd, iov, cnt, off), iov_bytes(iov, cnt), (int64_t)off, \
+        FD_TRACED(op, REAL(name)(fd, iov, cnt, off), iov_bytes(iov, cnt), (int64_t)off,   \
                 (void)0);                                                              \
     }
 PRWV_WRAPPER(preadv, OP_PREADV)
@@ -282,7 +291,7 @@ PRWV2_WRAPPER(pwritev64v2, OP_PWRITEV)
 #define LSEEK_WRAPPER(name)                                                            \
     DECLARE(off_t, name, int, off_t, int);                                             \
     SPLIT(off_t, name, (int fd, off_t off, int whence), (fd, off, whence), fd) {       \
-        FD_CALL(OP_LSEEK, fd, REAL(name)(fd, off, whence), -1, (int64_t)off,           \
+        FD_TRACED(OP_LSEEK, REAL(name)(fd, off, whence), -1, (int64_t)off,             \
                 if ((int64_t)r_ >= 0) __atomic_store_n(&e_->pos, (int64_t)r_, __ATOMIC_RELAXED)); \
     }
 LSEEK_WRAPPER(lseek)
@@ -329,8 +338,8 @@ FXSTAT_WRAPPER(__fxstat64, stat64)
         int64_t t0 = clock_ns();                                                       \
         void *r = REAL(name)(addr, len, prot, flags, fd, off);                         \
         int err = errno;                                                               \
-        io_record(OP_MMAP, e_->fhash, t0, clock_ns(), r == MAP_FAILED ? -1 : 0, err,      \
-               (int64_t)len, (int64_t)off, NULL, 0);                                   \
+        io_record_fd(OP_MMAP, e_->fhash, t0, clock_ns(), r == MAP_FAILED ? -1 : 0, err,   \
+               (int64_t)len, (int64_t)off);                                            \
         errno = err;                                                                   \
         return r;                                                                      \
     }
@@ -471,8 +480,8 @@ static int w_fclose(FILE *fp) { CLOSE_CALL(OP_FCLOSE, stream_fd(fp), REAL(fclose
         int64_t t0 = clock_ns();                                                       \
         size_t r = REAL(name)(p, size, n, fp);                                         \
         int err = errno;                                                               \
-        io_record(op, e_->fhash, t0, clock_ns(), (int64_t)(r * size), err,                \
-               (int64_t)(size * n), -1, NULL, 0);                                      \
+        io_record_fd(op, e_->fhash, t0, clock_ns(), (int64_t)(r * size), err,             \
+               (int64_t)(size * n), -1);                                               \
         errno = err;                                                                   \
         return r;                                                                      \
     }
@@ -489,8 +498,8 @@ static size_t w___fread_chk(void *p, size_t plen, size_t size, size_t n, FILE *f
     int64_t t0 = clock_ns();
     size_t r = REAL(__fread_chk)(p, plen, size, n, fp);
     int err = errno;
-    io_record(OP_FREAD, e_->fhash, t0, clock_ns(), (int64_t)(r * size), err, (int64_t)(size * n),
-           -1, NULL, 0);
+    io_record_fd(OP_FREAD, e_->fhash, t0, clock_ns(), (int64_t)(r * size), err, (int64_t)(size * n),
+           -1);
     errno = err;
     return r;
 }
@@ -523,8 +532,8 @@ static char *w_fgets(char *s, int n, FILE *fp) {
     char *r = REAL(fgets)(s, n, fp);
     int err = errno;
     int64_t t1 = clock_ns();
-    io_record(OP_FGETS, e_->fhash, t0, t1, r ? (int64_t)strnlen(r, (size_t)(n > 0 ? n : 0)) : -1,
-           err, n, -1, NULL, 0);
+    io_record_fd(OP_FGETS, e_->fhash, t0, t1, r ? (int64_t)strnlen(r, (size_t)(n > 0 ? n : 0)) : -1,
+           err, n, -1);
     errno = err;
     return r;
 }
@@ -537,7 +546,7 @@ static int w_fputs(const char *s, FILE *fp) {
     int64_t t0 = clock_ns();
     int r = REAL(fputs)(s, fp);
     int err = errno;
-    io_record(OP_FPUTS, e_->fhash, t0, clock_ns(), r >= 0 ? n : -1, err, n, -1, NULL, 0);
+    io_record_fd(OP_FPUTS, e_->fhash, t0, clock_ns(), r >= 0 ? n : -1, err, n, -1);
     errno = err;
     return r;
 }

@@ -16,24 +16,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* One call as the wrappers record it: 64 bytes, one ring slot. A call that names a
-   path (open, stat, rename ...) is followed by the path's bytes in `npath` bytes of
-   the next slots. `seq` is written last: the slot's index + 1 once complete. */
-typedef struct {
-    uint64_t seq;
-    int64_t t0;     /* CLOCK_MONOTONIC, ns */
-    int64_t dur;    /* ns */
-    uint64_t fhash; /* the file's path hash; 0: none */
-    int64_t ret;
-    int64_t count;  /* bytes asked; -1: none */
-    int64_t offset; /* -1: unknown */
-    uint32_t tid;
-    uint8_t op;
-    uint8_t err;    /* errno when ret < 0 (255 when larger) */
-    uint16_t npath;
-} io_rec_t;
+#include "../engine_c/io_sink.h"
 
-typedef char io_rec_is_64_bytes[sizeof(io_rec_t) == 64 ? 1 : -1];
+/* One call as the wrappers record it: 64 bytes, one ring slot (io_sink.h: the
+   engine reads it too). */
+typedef dft_io_call_t io_rec_t;
 
 /* The calls, by their folded name (open64, __open_2 ... are OP_OPEN). The order is
    that of IO_OP_NAMES (module.c hands it to Python). */

@@ -3,14 +3,15 @@
  * install() sets the filter, maps the ring and the fd table and binds the wrappers;
  * uninstall() unbinds them. drain() is the reader: it takes the calls recorded
  * since the last drain, keeps each file's counters (always, whatever is written),
- * and hands back the calls to write: one each up to `max_calls`, the rest folded
- * into one aggregate per file and call. All of it runs holding the GIL, in the
- * thread that drains; nothing here runs in a wrapper. */
+ * and hands the calls to write to the engine (io_sink.h): one each up to
+ * `max_calls`, the rest folded into one aggregate per file and call. All of it runs
+ * holding the GIL, in the thread that drains; nothing here runs in a wrapper. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include "io.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +23,8 @@
 /* One direction's counters (reads, or writes). */
 typedef struct {
     int64_t ops, bytes, ns, seq, consec;
-    int64_t last_off, last_end; /* of the last call that moved bytes; -1: none yet */
+    /* of the last call that moved bytes; none yet: values no offset passes or meets */
+    int64_t last_off, last_end;
     int64_t hist[HIST];
 } flow_t;
 
@@ -36,6 +38,7 @@ typedef struct {
 
 static file_t *files = NULL;
 static size_t files_cap = 0, files_n = 0;
+static file_t *last_file = NULL; /* the file of the last call: the next one's, often */
 static int forget_pending = 0; /* set in a forked child: its counters start afresh */
 static unsigned long long calls_seen = 0, calls_aggregated = 0;
 
@@ -44,11 +47,14 @@ static void forget_files(void) {
         free(files[i].path);
     free(files);
     files = NULL;
+    last_file = NULL;
     files_cap = files_n = 0;
     calls_seen = calls_aggregated = 0;
 }
 
 static file_t *file_of(uint64_t h) {
+    if (last_file && last_file->fhash == h)
+        return last_file;
     if (files_n * 2 >= files_cap) {
         size_t cap = files_cap ? files_cap * 2 : 1024;
         file_t *t = calloc(cap, sizeof(file_t));
@@ -72,46 +78,50 @@ static file_t *file_of(uint64_t h) {
     if (!files[j].fhash) {
         memset(&files[j], 0, sizeof(file_t));
         files[j].fhash = h;
-        files[j].read.last_off = files[j].write.last_off = -1;
+        files[j].read.last_off = files[j].write.last_off = INT64_MAX;
         files[j].read.last_end = files[j].write.last_end = -1;
         files[j].first_ns = INT64_MAX;
         files_n++;
     }
-    return &files[j];
+    return last_file = &files[j];
 }
 
-enum { K_READ, K_WRITE, K_SYNC, K_METADATA, K_OTHER };
-
-static int kind_of(int op) {
-    switch (op) {
-    case OP_READ: case OP_PREAD: case OP_READV: case OP_PREADV: case OP_FREAD: case OP_FGETS:
-        return K_READ;
-    case OP_WRITE: case OP_PWRITE: case OP_WRITEV: case OP_PWRITEV: case OP_FWRITE:
-    case OP_FPUTS:
-        return K_WRITE;
-    case OP_FSYNC: case OP_FDATASYNC:
-        return K_SYNC;
-    case OP_MMAP:
-        return K_OTHER;
-    default:
-        return K_METADATA;
-    }
-}
+/* What each call counts as (a table: one load per call); metadata unless named. */
+enum { K_METADATA, K_READ, K_WRITE, K_SYNC, K_OTHER };
+static const uint8_t KIND_OF[OP_COUNT] = {
+    [OP_READ] = K_READ, [OP_PREAD] = K_READ, [OP_READV] = K_READ, [OP_PREADV] = K_READ,
+    [OP_FREAD] = K_READ, [OP_FGETS] = K_READ,
+    [OP_WRITE] = K_WRITE, [OP_PWRITE] = K_WRITE, [OP_WRITEV] = K_WRITE,
+    [OP_PWRITEV] = K_WRITE, [OP_FWRITE] = K_WRITE, [OP_FPUTS] = K_WRITE,
+    [OP_FSYNC] = K_SYNC, [OP_FDATASYNC] = K_SYNC,
+    [OP_MMAP] = K_OTHER,
+};
 
 /* Darshan's buckets: 0-100, 100-1K, 1K-10K, 10K-100K, 100K-1M, 1M-4M, 4M-10M,
    10M-100M, 100M-1G, 1G+. */
-static int bucket(int64_t n) {
-    static const int64_t tops[HIST - 1] = {100, 1024, 10240, 102400, 1048576, 4194304,
-                                           10485760, 104857600, 1073741824};
-    int b = 0;
-    while (b < HIST - 1 && n >= tops[b])
-        b++;
-    return b;
+static const int64_t bucket_tops[HIST] = {100, 1024, 10240, 102400, 1048576, 4194304,
+                                          10485760, 104857600, 1073741824, INT64_MAX};
+/* The bucket of 2^l, by l: a size n in [2^l, 2^(l+1)) is in it or the next (no two
+   tops are within a factor of two). */
+static uint8_t bucket_of_log2[64];
+
+static void buckets_init(void) {
+    for (int l = 0; l < 64; l++) {
+        int b = 0;
+        while (b < HIST - 1 && (l >= 62 || (int64_t)1 << l >= bucket_tops[b]))
+            b++;
+        bucket_of_log2[l] = (uint8_t)b;
+    }
+}
+
+static inline int bucket(int64_t n) { /* n > 0 */
+    int b = bucket_of_log2[63 - __builtin_clzll((unsigned long long)n)];
+    return b + (n >= bucket_tops[b]); /* the last top: none is past it */
 }
 
 /* A read or a write: its ops, time, bytes and size bucket, and whether it starts
    where the last one ended (consecutive) or after where it started (sequential). */
-static void count_flow(flow_t *d, const io_rec_t *r) {
+static inline void count_flow(flow_t *d, const io_rec_t *r) {
     d->ops++;
     d->ns += r->dur;
     if (r->ret <= 0)
@@ -120,10 +130,8 @@ static void count_flow(flow_t *d, const io_rec_t *r) {
     d->hist[bucket(r->ret)]++;
     if (r->offset < 0)
         return;
-    if (d->last_end >= 0 && r->offset == d->last_end)
-        d->consec++;
-    if (d->last_off >= 0 && r->offset > d->last_off)
-        d->seq++;
+    d->consec += r->offset == d->last_end;
+    d->seq += r->offset > d->last_off;
     d->last_off = r->offset;
     d->last_end = r->offset + r->ret;
 }
@@ -134,22 +142,18 @@ static void count(file_t *f, const io_rec_t *r) {
         f->first_ns = r->t0;
     if (end > f->last_ns)
         f->last_ns = end;
-    switch (kind_of(r->op)) {
-    case K_READ:
+    int kind = KIND_OF[r->op];
+    if (kind == K_READ) { /* the most frequent first */
         count_flow(&f->read, r);
-        break;
-    case K_WRITE:
+    } else if (kind == K_WRITE) {
         count_flow(&f->write, r);
-        break;
-    case K_SYNC:
-        f->sync_ops++;
-        f->sync_ns += r->dur;
-        break;
-    case K_METADATA:
+    } else if (kind == K_METADATA) {
         f->metadata_ops++;
         f->metadata_ns += r->dur;
-        break;
-    default:
+    } else if (kind == K_SYNC) {
+        f->sync_ops++;
+        f->sync_ns += r->dur;
+    } else {
         f->other_ops++;
     }
 }
@@ -202,33 +206,41 @@ static int aggregate(const io_rec_t *r) {
     return -1;
 }
 
-/* -- the output of a drain: records (seq: the calls covered; npath: 1 when an
-   aggregate), written straight into the bytes object drain() returns, made for the
-   most records the drain can hand on (no copy, no growth) -- */
+/* -- the engine a drain hands its calls to -- */
+
+/* Slots a drain reads before it hands them back to the wrappers (moves the tail). */
+#define TAIL_STEP 1024
+
+#define BATCH 256 /* calls handed to the engine at once */
 
 typedef struct {
-    PyObject *bytes;
-    io_rec_t *recs;
-    size_t n, cap;
-} out_t;
+    const dft_io_sink_t *sink;
+    uint32_t kid_of[256]; /* the kind of each call's name; UINT32_MAX: none */
+    const io_rec_t *batch[BATCH];
+    size_t n;
+    long long kept, dropped;
+} emit_t;
 
-static int out_open(out_t *o, size_t cap) {
-    o->bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(cap * sizeof(io_rec_t)));
-    o->recs = o->bytes ? (io_rec_t *)PyBytes_AS_STRING(o->bytes) : NULL;
-    o->n = 0;
-    o->cap = o->bytes ? cap : 0;
-    return o->bytes ? 0 : -1;
+/* Hand the calls gathered to the engine. */
+static void flush(emit_t *e) {
+    size_t kept = e->n ? e->sink->record(e->kid_of, e->batch, NULL, e->n) : 0;
+    e->kept += (long long)kept;
+    e->dropped += (long long)(e->n - kept);
+    e->n = 0;
 }
 
-static int out_add(out_t *o, const io_rec_t *r, int aggregated) {
-    if (o->n == o->cap)
-        return -1; /* not reached: cap counts every slot and aggregate */
-    io_rec_t *w = &o->recs[o->n++];
-    *w = *r;
-    if (!aggregated)
-        w->seq = 1;
-    w->npath = (uint16_t)aggregated;
-    return 0;
+/* Gather one call (read in place: handed on before its slot is given back). */
+static inline void emit(emit_t *e, const io_rec_t *r) {
+    e->batch[e->n++] = r;
+    if (e->n == BATCH)
+        flush(e);
+}
+
+/* Hand one aggregate of `calls` calls to the engine. */
+static void emit_aggregate(emit_t *e, const io_rec_t *r, uint64_t calls) {
+    size_t kept = e->sink->record(e->kid_of, &r, &calls, 1);
+    e->kept += (long long)kept;
+    e->dropped += 1 - (long long)kept;
 }
 
 static void after_fork_child(void) {
@@ -377,6 +389,7 @@ static PyObject *install(PyObject *self, PyObject *args) {
     }
     if (io_ring_init(nslots) < 0 || io_fd_table_init() < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
+    buckets_init();
     if (!atfork_registered && pthread_atfork(NULL, NULL, after_fork_child) == 0)
         atfork_registered = 1;
     io_skip_object(engine_path);
@@ -398,99 +411,111 @@ static PyObject *uninstall(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* drain(max_calls, fh_head) -> (records: bytes, FH lines: bytes, dropped, calls):
-   max_calls < 0: no cap; fh_head: an FH line up to its args' "name" value. */
+/* drain(max_calls, fh_head, sink, kids) -> (FH lines: bytes, dropped, calls, kept,
+   not kept): max_calls < 0: no cap; fh_head: an FH line up to its args' "name" value;
+   sink: _speedups.io_sink(); kids[op]: the kind of each call's name. */
 static PyObject *drain(PyObject *self, PyObject *args) {
     long long max_calls;
     const char *head;
     Py_ssize_t nhead;
-    if (!PyArg_ParseTuple(args, "Ly#", &max_calls, &head, &nhead))
+    PyObject *capsule, *kids;
+    if (!PyArg_ParseTuple(args, "Ly#OO!", &max_calls, &head, &nhead, &capsule, &PyTuple_Type, &kids))
         return NULL;
+    static emit_t e; /* the GIL's: one drain at a time */
+    e.sink = PyCapsule_GetPointer(capsule, DFT_IO_SINK_CAPSULE);
+    e.n = 0;
+    e.kept = e.dropped = 0;
+    if (!e.sink)
+        return NULL;
+    for (Py_ssize_t k = 0; k < 256; k++) {
+        long v = k < OP_COUNT && k < PyTuple_GET_SIZE(kids) ? PyLong_AsLong(PyTuple_GET_ITEM(kids, k)) : -1;
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        e.kid_of[k] = v < 0 ? UINT32_MAX : (uint32_t)v;
+    }
     if (forget_pending) {
         forget_files();
         forget_pending = 0;
     }
     text_t fh = {NULL, 0, 0};
-    out_t o = {NULL, NULL, 0, 0};
-    long long taken = 0;
+    long long taken = 0, cap = max_calls < 0 ? LLONG_MAX : max_calls;
     char path[IO_PATH_MAX + 1];
     uint64_t i = io_ring.slots ? __atomic_load_n(&io_tail, __ATOMIC_RELAXED) : 0;
     uint64_t end = io_ring.slots ? __atomic_load_n(&io_head, __ATOMIC_ACQUIRE) : 0;
-    if (out_open(&o, (size_t)(end - i) + naggs_used) < 0)
-        return NULL;
-    if (io_ring.slots) {
-        while (i < end) {
-            io_rec_t *slot = &io_ring.slots[i & io_ring.mask];
-            if (__atomic_load_n(&slot->seq, __ATOMIC_ACQUIRE) != i + 1)
-                break; /* still being written */
-            io_rec_t r = *slot;
-            size_t npath = r.npath, k = 1 + (npath + sizeof(io_rec_t) - 1) / sizeof(io_rec_t);
+    uint64_t release_at = i + TAIL_STEP;
+    while (i < end) {
+        /* read in place: the slots are this drain's until the tail passes them, which
+           it does every TAIL_STEP slots and at the end */
+        io_rec_t *r = &io_ring.slots[i & io_ring.mask];
+        if (__atomic_load_n(&r->seq, __ATOMIC_ACQUIRE) != i + 1)
+            break; /* still being written */
+        size_t npath = r->npath, k = 1;
+        r->seq = 0; /* no stale number for the next lap */
+        if (npath) {
+            k += (npath + sizeof(io_rec_t) - 1) / sizeof(io_rec_t);
             for (size_t j = 1; j < k; j++) {
+                io_rec_t *more = &io_ring.slots[(i + j) & io_ring.mask];
                 size_t at = (j - 1) * sizeof(io_rec_t);
                 size_t n = npath - at < sizeof(io_rec_t) ? npath - at : sizeof(io_rec_t);
-                memcpy(path + at, &io_ring.slots[(i + j) & io_ring.mask], n);
+                memcpy(path + at, more, n);
+                more->seq = 0;
             }
             path[npath] = '\0';
-            for (size_t j = 0; j < k; j++) /* no stale sequence number for the next lap */
-                __atomic_store_n(&io_ring.slots[(i + j) & io_ring.mask].seq, 0, __ATOMIC_RELAXED);
-            i += k;
-            __atomic_store_n(&io_tail, i, __ATOMIC_RELEASE);
-            if (r.op >= OP_COUNT || !r.fhash)
-                continue;
-            if (r.op == OP_FOPEN || r.op == OP_FDOPEN)
-                r.ret = r.ret ? 0 : -1; /* the stream, or NULL */
-            file_t *f = file_of(r.fhash);
-            if (!f)
-                continue;
-            if (npath && !f->path) {
-                f->path = malloc(npath + 1);
-                if (f->path) {
-                    memcpy(f->path, path, npath + 1);
-                    if (fh_line(&fh, head, (size_t)nhead, path, npath, r.fhash) < 0)
-                        goto nomem;
-                }
-            }
-            count(f, &r);
-            calls_seen++;
-            int folded = 0;
-            if (max_calls >= 0 && taken >= max_calls) {
-                folded = aggregate(&r) == 0;
-                if (folded)
-                    calls_aggregated++;
-            }
-            if (!folded) {
-                taken++;
-                if (out_add(&o, &r, 0) < 0)
+        }
+        i += k;
+        if (i >= release_at) { /* the calls gathered first: they are read in place */
+            flush(&e);
+            __atomic_store_n(&io_tail, i - k, __ATOMIC_RELEASE);
+            release_at = i + TAIL_STEP;
+        }
+        if (r->op >= OP_COUNT || !r->fhash)
+            continue;
+        file_t *f = file_of(r->fhash);
+        if (!f)
+            continue;
+        if (npath && !f->path) {
+            f->path = malloc(npath + 1);
+            if (f->path) {
+                memcpy(f->path, path, npath + 1);
+                if (fh_line(&fh, head, (size_t)nhead, path, npath, r->fhash) < 0)
                     goto nomem;
             }
         }
+        count(f, r);
+        calls_seen++;
+        if (taken >= cap && aggregate(r) == 0) {
+            calls_aggregated++;
+            continue;
+        }
+        taken++;
+        emit(&e, r);
     }
+    flush(&e);
+    __atomic_store_n(&io_tail, i, __ATOMIC_RELEASE);
     if (naggs_used) {
         for (size_t j = 0; j < AGG_CAP; j++) {
-            if (aggs[j].used && out_add(&o, &aggs[j].rec, 1) < 0)
-                goto nomem;
+            if (aggs[j].used)
+                emit_aggregate(&e, &aggs[j].rec, aggs[j].rec.seq);
             aggs[j].used = 0;
         }
         naggs_used = 0;
     }
-    PyObject *recs = o.bytes;
-    if (o.n < o.cap && _PyBytes_Resize(&recs, (Py_ssize_t)(o.n * sizeof(io_rec_t))) < 0)
-        recs = NULL; /* _PyBytes_Resize let it go */
-    PyObject *lines = recs ? PyBytes_FromStringAndSize(fh.p ? fh.p : "", (Py_ssize_t)fh.n) : NULL;
+    e.sink->drained(e.kept, e.dropped);
+    PyObject *lines = PyBytes_FromStringAndSize(fh.p ? fh.p : "", (Py_ssize_t)fh.n);
     free(fh.p);
-    if (!lines) {
-        Py_XDECREF(recs);
+    if (!lines)
         return NULL;
-    }
-    return Py_BuildValue("(NNKK)", recs, lines,
+    return Py_BuildValue("(NKKLL)", lines,
                          (unsigned long long)__atomic_load_n(&io_dropped, __ATOMIC_RELAXED),
-                         calls_seen);
+                         calls_seen, e.kept, e.dropped);
 nomem:
+    flush(&e);
+    __atomic_store_n(&io_tail, i, __ATOMIC_RELEASE);
+    e.sink->drained(e.kept, e.dropped);
     PyErr_NoMemory();
     for (size_t j = 0; j < AGG_CAP; j++)
         aggs[j].used = 0;
     naggs_used = 0;
-    Py_XDECREF(o.bytes);
     free(fh.p);
     return NULL;
 }
@@ -573,8 +598,9 @@ static PyMethodDef methods[] = {
     {"bind_new", bind_new, METH_NOARGS, "bind the objects loaded since; the entries bound"},
     {"uninstall", uninstall, METH_NOARGS, "unbind every entry; the wrappers record no more"},
     {"drain", drain, METH_VARARGS,
-     "drain(max_calls, fh_head) -> (records, FH lines, dropped, calls): the calls recorded "
-     "since, as 64-byte records, and the FH records of the files first seen"},
+     "drain(max_calls, fh_head, sink, kids) -> (FH lines, dropped, calls, kept, not kept): "
+     "the calls recorded since handed to the engine's sink, and the FH records of the "
+     "files first seen"},
     {"counter_lines", counter_lines, METH_VARARGS,
      "counter_lines(offset_ns, head) -> bytes: each file's io_file record, head the line "
      "up to its args' first field"},

@@ -52,18 +52,10 @@ int io_ring_init(uint32_t nslots) {
     return 0;
 }
 
-/* The thread's id, read once per thread. */
-static __thread uint32_t my_tid __attribute__((tls_model("initial-exec"))) = 0;
-
-static inline uint32_t thread_id(void) {
-    uint32_t t = my_tid;
-    if (__builtin_expect(t == 0, 0))
-        my_tid = t = (uint32_t)syscall(SYS_gettid);
-    return t;
-}
+__thread uint32_t io_tid __attribute__((tls_model("initial-exec"))) = 0;
 
 void io_after_fork_child(void) {
-    my_tid = 0;
+    io_tid = 0;
     io_pid = (pid_t)syscall(SYS_getpid);
     /* the parent's records are the parent's: its reader takes them; this process
        starts after them (a slot a parent thread had taken and not filled is skipped) */
@@ -71,36 +63,18 @@ void io_after_fork_child(void) {
     io_dropped = 0;
 }
 
-void io_record(uint8_t op, uint64_t fhash, int64_t t0, int64_t t1, int64_t ret, int err,
-               int64_t count, int64_t offset, const char *path, size_t npath) {
+void io_record_path(uint8_t op, uint64_t fhash, int64_t t0, int64_t t1, int64_t ret, int err,
+                    const char *path, size_t npath) {
     if (npath > IO_PATH_MAX)
         npath = IO_PATH_MAX;
     uint64_t k = 1 + (npath + sizeof(io_rec_t) - 1) / sizeof(io_rec_t);
-    uint64_t cap = io_ring.mask + 1;
-    uint64_t h = __atomic_load_n(&io_head, __ATOMIC_RELAXED);
-    do {
-        if (h + k - __atomic_load_n(&io_tail, __ATOMIC_ACQUIRE) > cap) {
-            __atomic_add_fetch(&io_dropped, 1, __ATOMIC_RELAXED);
-            return;
-        }
-    } while (!__atomic_compare_exchange_n(&io_head, &h, h + k, 1, __ATOMIC_ACQ_REL,
-                                          __ATOMIC_RELAXED));
-    io_rec_t *r = &io_ring.slots[h & io_ring.mask];
-    r->t0 = t0;
-    r->dur = t1 - t0;
-    r->fhash = fhash;
-    r->ret = ret;
-    r->count = count;
-    r->offset = offset;
-    r->tid = thread_id();
-    r->op = op;
-    int failed = ret < 0 || ((op == OP_FOPEN || op == OP_FDOPEN) && ret == 0); /* NULL */
-    r->err = failed ? (uint8_t)(err > 255 ? 255 : err) : 0;
-    r->npath = (uint16_t)npath;
+    uint64_t h;
+    if (!io_take(k, &h))
+        return;
     for (uint64_t i = 1; i < k; i++) {
         size_t at = (i - 1) * sizeof(io_rec_t);
         size_t n = npath - at < sizeof(io_rec_t) ? npath - at : sizeof(io_rec_t);
         memcpy(&io_ring.slots[(h + i) & io_ring.mask], path + at, n);
     }
-    __atomic_store_n(&r->seq, h + 1, __ATOMIC_RELEASE);
+    io_publish(h, op, fhash, t0, t1, ret, err, -1, -1, npath);
 }

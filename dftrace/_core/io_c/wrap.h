@@ -65,9 +65,67 @@ static inline int64_t clock_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* Record one call (ring.c): into the ring, or counted as dropped when it is full. */
-void io_record(uint8_t op, uint64_t fhash, int64_t t0, int64_t t1, int64_t ret, int err,
-               int64_t count, int64_t offset, const char *path, size_t npath);
+/* -- the record of a call (the ring's side: ring.c) -- */
+
+/* The calling thread's id, read once per thread (0: not yet; a forked child's first
+   thread starts again). */
+extern __thread uint32_t io_tid __attribute__((tls_model("initial-exec")));
+
+static inline uint32_t io_thread_id(void) {
+    uint32_t t = io_tid;
+    if (__builtin_expect(t == 0, 0))
+        io_tid = t = (uint32_t)syscall(SYS_gettid);
+    return t;
+}
+
+/* Take `k` slots of the ring (a compare-and-swap for the room): 1 and the first
+   one's number in *h, or 0 when the ring is full (the call counted as dropped). */
+static inline int io_take(uint64_t k, uint64_t *h) {
+    uint64_t cap = io_ring.mask + 1;
+    uint64_t at = __atomic_load_n(&io_head, __ATOMIC_RELAXED);
+    do {
+        if (at + k - __atomic_load_n(&io_tail, __ATOMIC_ACQUIRE) > cap) {
+            __atomic_add_fetch(&io_dropped, 1, __ATOMIC_RELAXED);
+            return 0;
+        }
+    } while (!__atomic_compare_exchange_n(&io_head, &at, at + k, 1, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_RELAXED));
+    *h = at;
+    return 1;
+}
+
+/* Fill the record of slot `h` (its path's `npath` bytes already in the slots after
+   it) and publish it: its sequence number, stored last, is h + 1. */
+static inline void io_publish(uint64_t h, uint8_t op, uint64_t fhash, int64_t t0, int64_t t1,
+                              int64_t ret, int err, int64_t count, int64_t offset, size_t npath) {
+    io_rec_t *r = &io_ring.slots[h & io_ring.mask];
+    r->t0 = t0;
+    r->dur = t1 - t0;
+    r->fhash = fhash;
+    if (op == OP_FOPEN || op == OP_FDOPEN)
+        ret = ret ? 0 : -1; /* the stream, or NULL */
+    r->ret = ret;
+    r->count = count;
+    r->offset = offset;
+    r->tid = io_thread_id();
+    r->op = op;
+    r->err = ret < 0 ? (uint8_t)(err > 255 ? 255 : err) : 0;
+    r->npath = (uint16_t)npath;
+    __atomic_store_n(&r->seq, h + 1, __ATOMIC_RELEASE);
+}
+
+/* Record a call that names no path: one slot, inline in the wrapper. */
+static inline void io_record_fd(uint8_t op, uint64_t fhash, int64_t t0, int64_t t1, int64_t ret,
+                                int err, int64_t count, int64_t offset) {
+    uint64_t h;
+    if (io_take(1, &h))
+        io_publish(h, op, fhash, t0, t1, ret, err, count, offset, 0);
+}
+
+/* Record a call that names a path (ring.c): the record and the path's bytes in the
+   slots after it. */
+void io_record_path(uint8_t op, uint64_t fhash, int64_t t0, int64_t t1, int64_t ret, int err,
+                    const char *path, size_t npath);
 
 /* The hash of `path` (relative to `dirfd`) when it is traced, its absolute form left
    in `out` (IO_PATH_MAX bytes) and its length in `*nout`; else 0 (filter.c). */
