@@ -272,10 +272,18 @@ static int text_put(text_t *t, const char *s, size_t n) {
     return 0;
 }
 
+/* `v` in decimal, its digits written from the end (no printf: a file's record has
+   forty numbers, and a process may read many thousands of files). */
 static int text_int(text_t *t, long long v) {
-    char d[24];
-    int n = snprintf(d, sizeof(d), "%lld", v);
-    return text_put(t, d, (size_t)n);
+    char d[24], *e = d + sizeof(d), *o = e;
+    unsigned long long u = v < 0 ? (unsigned long long)(-(v + 1)) + 1 : (unsigned long long)v;
+    do {
+        *--o = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *--o = '-';
+    return text_put(t, o, (size_t)(e - o));
 }
 
 /* The length of the valid UTF-8 sequence at s (n bytes left), 0 when it is not one. */
@@ -335,8 +343,11 @@ static int text_json(text_t *t, const char *s, size_t n) {
 }
 
 static int text_hash(text_t *t, uint64_t h) {
-    char x[19];
-    snprintf(x, sizeof(x), "\"%016llx\"", (unsigned long long)h);
+    static const char hex[] = "0123456789abcdef";
+    char x[18];
+    x[0] = x[17] = '"';
+    for (int i = 0; i < 16; i++)
+        x[16 - i] = hex[(h >> (4 * i)) & 15];
     return text_put(t, x, 18);
 }
 
