@@ -207,7 +207,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("io_max_rate", "DFTRACE_IO_MAX_RATE", 200_000, _int_range(0, 1 << 40),
            "Most file I/O calls per second written one by one; past it, the rest of "
            "each interval's calls are written as one aggregate per file and call "
-           "(args.calls counts them). 0: no limit."),
+           "(args.calls counts them); each drain writes at least 50 ms' worth one by "
+           "one. 0: no limit."),
     Option("compression", "DFTRACE_COMPRESSION", "zstd", _choice("zstd", "gzip", "none"),
            "File compression: zstd (.pfw.zst), gzip (.pfw.gz, what DFAnalyzer reads) or none (.pfw)."),
     Option("compression_level", "DFTRACE_COMPRESSION_LEVEL", None, _opt_int(_int_range(0, 22)),

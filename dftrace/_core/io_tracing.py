@@ -136,7 +136,10 @@ class IOTracer:
         """Hand the calls recorded since the last drain to the engine."""
         with self._lock:
             now = time.monotonic()
-            cap = -1 if not self._max_rate else max(1, int(self._max_rate * (now - self._last)))
+            # at least one interval's worth: a drain sooner than the thread's (the
+            # last one, at stop) does not fold a short program's burst
+            window = max(now - self._last, DRAIN_INTERVAL)
+            cap = -1 if not self._max_rate else max(1, int(self._max_rate * window))
             self._last = now
             self._mod.bind_new()
             fh_lines, _dropped, _calls, written, dropped = self._mod.drain(

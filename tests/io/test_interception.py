@@ -326,6 +326,34 @@ def test_calls_over_the_rate_are_aggregated_and_counted(tmp_path, monkeypatch):
     assert io["dropped"] == 0
 
 
+#: A short program's calls, fewer than io_max_rate allows in one drain interval
+#: (2000 a second: 100 in 50 ms), made in a burst just before it finalizes.
+BURST = START + """
+    p = data_file("burst.bin", b"b" * 512)
+    dftrace.initialize(log_file=out, io=True, data_dir=data, io_max_rate=2000,
+                       compression="none")
+    fd = os.open(p, os.O_RDONLY)
+    n = 90
+    for _ in range(n):
+        os.pread(fd, 512, 0)
+    os.close(fd)
+    print(json.dumps({"preads": n, "path": p, "pid": os.getpid()}))
+"""
+
+
+def test_a_short_burst_under_the_rate_is_written_call_by_call(tmp_path, monkeypatch):
+    """The last drain, at finalize, comes sooner than the thread's: it still writes
+    one interval's worth of calls one by one, so a burst the rate allows is not
+    folded into aggregates (which tools that count events, DFAnalyzer's, miscount)."""
+    monkeypatch.chdir(tmp_path)
+    truth = run_traced(tmp_path, BURST)
+    trace = IOTrace(tmp_path / "trace")
+    preads = [e for e in trace.of(truth["path"]) if e["name"] == "pread"]
+    assert len(preads) == truth["preads"]
+    assert not any(e["args"].get("aggregated") for e in preads)
+    assert trace.totals(truth["pid"])["aggregated_calls"] == 0
+
+
 #: A ring too small for the calls between two drains: the calls it could not take
 #: are counted, none lost without a count.
 OVERFLOW = START + """
