@@ -296,14 +296,14 @@ def test_children_python_traced_others_untouched(tmp_path, monkeypatch):
     assert len(trace.pids) == 2
 
 
-#: More calls than io_max_rate allows: the rest are folded into aggregates that
-#: count them.
-RATE = START + """
+#: N preads (argv[2]) of one file under io_max_rate=2000 (100 calls in a 50 ms drain
+#: interval), made at once, then finalize.
+PREADS = START + """
     p = data_file("hot.bin", b"h" * 512)
     dftrace.initialize(log_file=out, io=True, data_dir=data, io_max_rate=2000,
                        compression="none")
     fd = os.open(p, os.O_RDONLY)
-    n = 30000
+    n = int(sys.argv[2])
     for _ in range(n):
         os.pread(fd, 512, 0)
     os.close(fd)
@@ -312,8 +312,10 @@ RATE = START + """
 
 
 def test_calls_over_the_rate_are_aggregated_and_counted(tmp_path, monkeypatch):
+    """More calls than io_max_rate allows: the rest are folded into aggregates that
+    count them."""
     monkeypatch.chdir(tmp_path)
-    truth = run_traced(tmp_path, RATE)
+    truth = run_traced(tmp_path, PREADS, "30000")
     trace = IOTrace(tmp_path / "trace")
     preads = [e for e in trace.of(truth["path"]) if e["name"] == "pread"]
     assert sum(e["args"].get("calls", 1) for e in preads) == truth["preads"]
@@ -326,27 +328,12 @@ def test_calls_over_the_rate_are_aggregated_and_counted(tmp_path, monkeypatch):
     assert io["dropped"] == 0
 
 
-#: A short program's calls, fewer than io_max_rate allows in one drain interval
-#: (2000 a second: 100 in 50 ms), made in a burst just before it finalizes.
-BURST = START + """
-    p = data_file("burst.bin", b"b" * 512)
-    dftrace.initialize(log_file=out, io=True, data_dir=data, io_max_rate=2000,
-                       compression="none")
-    fd = os.open(p, os.O_RDONLY)
-    n = 90
-    for _ in range(n):
-        os.pread(fd, 512, 0)
-    os.close(fd)
-    print(json.dumps({"preads": n, "path": p, "pid": os.getpid()}))
-"""
-
-
 def test_a_short_burst_under_the_rate_is_written_call_by_call(tmp_path, monkeypatch):
     """The last drain, at finalize, comes sooner than the thread's: it still writes
     one interval's worth of calls one by one, so a burst the rate allows is not
     folded into aggregates (which tools that count events, DFAnalyzer's, miscount)."""
     monkeypatch.chdir(tmp_path)
-    truth = run_traced(tmp_path, BURST)
+    truth = run_traced(tmp_path, PREADS, "90")
     trace = IOTrace(tmp_path / "trace")
     preads = [e for e in trace.of(truth["path"]) if e["name"] == "pread"]
     assert len(preads) == truth["preads"]
