@@ -551,3 +551,53 @@ def test_threads_at_once_every_call_once_on_its_file(tmp_path, monkeypatch):
         assert (calls["open"], calls["pread"], calls["close"]) == (rounds, rounds * reads, rounds)
         assert trace.bytes(path, READS) == rounds * reads * (100 + t)
     assert trace.totals(truth["pid"])["dropped"] == 0
+
+
+#: Two files: one read whole in 4 KiB reads, opened again and read whole again, then
+#: through STDIO (freads carry no offset); the other read in 4 KiB preads from its
+#: end back to its start, each at an offset before the one before.
+ACCESS = START + """
+    in_order = data_file("in_order.bin", b"o" * 65536)
+    backwards = data_file("backwards.bin", b"b" * 65536)
+    dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
+    for _ in range(2):
+        fd = os.open(in_order, os.O_RDONLY)
+        while os.read(fd, 4096):
+            pass
+        os.close(fd)
+    with open(in_order, "rb", buffering=0) as f:
+        f.read(100)
+    fd = os.open(backwards, os.O_RDONLY)
+    for block in range(15, -1, -1):
+        os.pread(fd, 4096, block * 4096)
+    os.close(fd)
+    print(json.dumps({"pid": os.getpid(), "in_order": in_order, "backwards": backwards,
+                      "placed_in_order": 2 * 15, "placed_backwards": 15}))
+"""
+
+
+def test_the_access_pattern_counts_each_pass_from_its_open(tmp_path, monkeypatch):
+    """A file read again from its start after it is opened again is read in order;
+    the summary calls random only what starts before the access before it since the
+    open (here every pread of the file read backwards)."""
+    from dftrace.analysis import summarize
+
+    monkeypatch.chdir(tmp_path)
+    truth = run_traced(tmp_path, ACCESS)
+    trace = IOTrace(tmp_path / "trace")
+    counters = {m["args"]["path"]: m["args"] for m in trace.meta[truth["pid"]] if m["name"] == "io_file"}
+    in_order, backwards = counters[truth["in_order"]], counters[truth["backwards"]]
+    # 16 reads that move bytes per pass: each pass's first is no one's successor
+    assert (in_order["placed_reads"], in_order["seq_reads"], in_order["consec_reads"]) == (
+        truth["placed_in_order"], truth["placed_in_order"], truth["placed_in_order"])
+    assert (backwards["placed_reads"], backwards["seq_reads"], backwards["consec_reads"]) == (
+        truth["placed_backwards"], 0, 0)
+    summary = summarize(tmp_path / "trace", index=False)
+    access = summary.io["access"]
+    placed = truth["placed_in_order"] + truth["placed_backwards"]
+    assert access["after_first"] == placed
+    assert access["random_share"] == round(truth["placed_backwards"] / placed, 4)
+    # no span in this run: its time is its file calls'
+    calls = [e for path in (truth["in_order"], truth["backwards"]) for e in trace.of(path)]
+    first, last = min(e["ts"] for e in calls), max(e["ts"] + e["dur"] for e in calls)
+    assert summary.overview["wall_us"] == last - first > 0

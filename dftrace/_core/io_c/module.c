@@ -20,11 +20,13 @@
 /* -- per-file counters -- */
 
 #define HIST 10
-/* One direction's counters (reads, or writes). */
+/* One direction's counters (reads, or writes). `placed`: the calls that moved bytes
+   at a known offset after another such call since the file was last opened (the
+   ones an access pattern is about), of which `seq` started past that call's offset
+   and `consec` right at its end. */
 typedef struct {
-    int64_t ops, bytes, ns, seq, consec;
-    /* of the last call that moved bytes; none yet: values no offset passes or meets */
-    int64_t last_off, last_end;
+    int64_t ops, bytes, ns, placed, seq, consec;
+    int64_t last_off, last_end; /* of that call; -1: none since the open */
     int64_t hist[HIST];
 } flow_t;
 
@@ -78,7 +80,7 @@ static file_t *file_of(uint64_t h) {
     if (!files[j].fhash) {
         memset(&files[j], 0, sizeof(file_t));
         files[j].fhash = h;
-        files[j].read.last_off = files[j].write.last_off = INT64_MAX;
+        files[j].read.last_off = files[j].write.last_off = -1;
         files[j].read.last_end = files[j].write.last_end = -1;
         files[j].first_ns = INT64_MAX;
         files_n++;
@@ -130,8 +132,11 @@ static inline void count_flow(flow_t *d, const io_rec_t *r) {
     d->hist[bucket(r->ret)]++;
     if (r->offset < 0)
         return;
-    d->consec += r->offset == d->last_end;
-    d->seq += r->offset > d->last_off;
+    if (d->last_end >= 0) {
+        d->placed++;
+        d->consec += r->offset == d->last_end;
+        d->seq += r->offset > d->last_off;
+    }
     d->last_off = r->offset;
     d->last_end = r->offset + r->ret;
 }
@@ -150,6 +155,8 @@ static void count(file_t *f, const io_rec_t *r) {
     } else if (kind == K_METADATA) {
         f->metadata_ops++;
         f->metadata_ns += r->dur;
+        if (r->op == OP_OPEN || r->op == OP_OPENAT || r->op == OP_CREAT || r->op == OP_FOPEN)
+            f->read.last_off = f->read.last_end = f->write.last_off = f->write.last_end = -1;
     } else if (kind == K_SYNC) {
         f->sync_ops++;
         f->sync_ns += r->dur;
@@ -555,8 +562,9 @@ static PyObject *counter_lines(PyObject *self, PyObject *args) {
             {"metadata_ops", f->metadata_ops}, {"sync_ops", f->sync_ops},
             {"other_ops", f->other_ops}, {"read_time_us", f->read.ns / 1000},
             {"write_time_us", f->write.ns / 1000}, {"metadata_time_us", f->metadata_ns / 1000},
-            {"sync_time_us", f->sync_ns / 1000}, {"seq_reads", f->read.seq},
-            {"consec_reads", f->read.consec}, {"seq_writes", f->write.seq},
+            {"sync_time_us", f->sync_ns / 1000}, {"placed_reads", f->read.placed},
+            {"seq_reads", f->read.seq}, {"consec_reads", f->read.consec},
+            {"placed_writes", f->write.placed}, {"seq_writes", f->write.seq},
             {"consec_writes", f->write.consec},
             {"first_us", f->first_ns == INT64_MAX ? 0 : (f->first_ns + off) / 1000},
             {"last_us", f->last_ns ? (f->last_ns + off) / 1000 : 0},

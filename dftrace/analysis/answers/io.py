@@ -186,10 +186,12 @@ def _summed(records: list[tuple[int, dict[str, Any]]], name: str, keys: tuple[st
 
 def _access(records: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     """The access pattern from the per-file counters (``io_file`` records), as the
-    tracer counts it: of the reads (writes) that moved bytes, those after the first of
-    their file (``after_first``) are sequential when they start past the previous one's
-    offset (``seq_*``), consecutive when right at its end (``consec_*``); the others
-    are random."""
+    tracer counts it: of the reads (writes) that moved bytes at a known offset after
+    another such call since their file was opened (``after_first``: the tracer's
+    ``placed_*``), those that start past the previous one's offset are sequential
+    (``seq_*``), right at its end consecutive (``consec_*``); the others are random.
+    Counters without ``placed_*`` (older traces) take every call that moved bytes
+    but the first of its file."""
     sums = _summed(records, "io_file", ("read_ops", "write_ops", "seq_reads", "seq_writes", "consec_reads",
                                         "consec_writes"))
     after_first = sequential = 0
@@ -197,10 +199,13 @@ def _access(records: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         if record.get("name") == "io_file":
             args = record["args"]
             for kind in ("read", "write"):
-                hist = args.get(f"{kind}_hist")
-                moved = sum(_integer(n) or 0 for n in hist) if isinstance(hist, list) else 0
-                after_first += max(moved - 1, 0)
-                sequential += min(_integer(args.get(f"seq_{kind}s")) or 0, max(moved - 1, 0))
+                placed = _integer(args.get(f"placed_{kind}s"))
+                if placed is None:
+                    hist = args.get(f"{kind}_hist")
+                    moved = sum(_integer(n) or 0 for n in hist) if isinstance(hist, list) else 0
+                    placed = max(moved - 1, 0)
+                after_first += placed
+                sequential += min(_integer(args.get(f"seq_{kind}s")) or 0, placed)
     return {**sums, "after_first": after_first, "random_share": _share(after_first - sequential, after_first)}
 
 

@@ -29,6 +29,9 @@ def _overview(combined: Combined, procs: pl.DataFrame, runs: list[dict[str, Any]
     extents = combined.extents
     start = extents.get_column("start").min() if extents.height else None
     end = extents.get_column("end").max() if extents.height else None
+    io = combined.io_totals
+    if start is None and io is not None and io.height:  # no span: the traced file calls' time
+        start, end = io.get_column("first").min(), io.get_column("last").max()
     if runs:  # files of separate runs: the longest job's time, never the gap between them
         jobs: dict[int, tuple[int, int]] = {}
         for run in runs:  # a resumed run is of the job of the run before it
