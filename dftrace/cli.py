@@ -238,6 +238,8 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     if problem is not None:
         print(f"dftrace run: {problem}", file=sys.stderr)
         return 2
+    if not ns.module:  # as python puts it, before tracing starts (io: a directory imports look up)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
     try:
         session = dftrace.initialize(**auto_unless_set(_trace_kwargs(ns)))
     except ConfigError as exc:
@@ -258,7 +260,6 @@ def _cmd_run(ns: argparse.Namespace) -> int:
                 code = 2
         else:
             sys.argv = [target, *rest]
-            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

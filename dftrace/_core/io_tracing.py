@@ -14,8 +14,8 @@ at the end as ``io_file`` metadata records, with one ``io`` record of the totals
 Which files: ``data_dir`` (colon-separated prefixes, matched on the absolute,
 normalised path; ``all`` or unset: every file) minus the built-in exclusions: the
 kernel's (``/proc``, ``/sys``, ``/dev``), the interpreter's and its packages',
-Python sources and caches, the directories of ``sys.path`` themselves (the import
-system's look-ups), and the trace files.
+Python sources and caches, the directories of ``sys.path`` and those above the
+interpreter's themselves (the import system's look-ups), and the trace files.
 
 Children: a forked child keeps the wrappers and drains into its own file; a
 spawned Python child (spawn, forkserver, subprocess) starts them from the
@@ -88,8 +88,11 @@ def excluded_prefixes(trace_prefix: str) -> list[str]:
     return out
 
 
-def import_dirs() -> list[str]:
-    """The directories of ``sys.path`` themselves: the import system looks them up."""
+def import_dirs(excluded: list[str]) -> list[str]:
+    """Directories never traced themselves (their files may be): those of
+    ``sys.path``, which the import system looks up, and each directory above an
+    excluded prefix (the interpreter's, its packages'), which resolving a module's
+    real path looks up, component by component."""
     out: list[str] = []
     for p in sys.path:
         try:
@@ -98,6 +101,14 @@ def import_dirs() -> list[str]:
             continue
         if a not in out:
             out.append(a)
+    for prefix in excluded:
+        if prefix in KERNEL_PREFIXES or not prefix.endswith("/"):  # the trace files'
+            continue
+        d = prefix.rstrip("/")
+        while d and d != "/":
+            if d not in out:
+                out.append(d)
+            d = os.path.dirname(d)
     return out[:64]
 
 
@@ -202,9 +213,9 @@ def start(session: Any) -> IOTracer | None:
     first_stdio = names.index("fopen")
     kids = tuple(kind_id(n, "STDIO" if i >= first_stdio else "POSIX") for i, n in enumerate(names))
     try:
-        _io.install(RING_SLOTS, traced_prefixes(config.data_dir)[:64],
-                    excluded_prefixes(session.prefix)[:64], EXCLUDED_ENDINGS,
-                    import_dirs(), _engine.speedups.__file__)
+        excluded = excluded_prefixes(session.prefix)[:64]
+        _io.install(RING_SLOTS, traced_prefixes(config.data_dir)[:64], excluded,
+                    EXCLUDED_ENDINGS, import_dirs(excluded), _engine.speedups.__file__)
     except (OSError, ValueError, RuntimeError) as exc:
         STATE.warn_once("io", f"file I/O is not traced in this process: {exc}")
         return None

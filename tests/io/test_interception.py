@@ -495,6 +495,8 @@ EVERYTHING = """
     sys.path.insert(0, os.getcwd())
     import mine                         # the import system's look-ups and reads
     import json as _json, email.parser  # modules of the interpreter's own
+    # a package finding its own files (torch does): each directory above them looked up
+    os.path.realpath(email.parser.__file__), os.path.realpath(dftrace.__file__)
     with open("input.bin", "rb") as f:
         n = len(f.read())
     with open("/proc/self/status") as f:
@@ -513,6 +515,14 @@ def test_every_file_but_the_interpreters_and_dftraces_own(tmp_path, monkeypatch)
     assert not [p for p in paths if p.endswith((".py", ".pyc")) or "__pycache__" in p
                 or p.startswith(("/proc/", "/sys/", "/dev/", sys.prefix, sys.base_prefix,
                                  truth["trace"]))], sorted(paths)
+    import dftrace
+
+    above = set()  # the interpreter's directories, dftrace's, and every one above them
+    for d in (sys.prefix, sys.base_prefix, os.path.dirname(dftrace.__file__)):
+        while d != os.path.dirname(d):
+            above.add(d)
+            d = os.path.dirname(d)
+    assert not paths & above, sorted(paths & above)
     assert trace.pids == {truth["pid"]}  # a drainer, if any, traces nothing of its own
 
 
