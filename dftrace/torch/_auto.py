@@ -13,7 +13,10 @@ everyone (global module and optimizer hooks) and a few replaced methods:
   under ``torch.no_grad()`` or in ``eval()`` mode (evaluation) carry no step;
 - ``args.epoch``: how many times the training loader (the one iterated when the
   first optimizer step ran; until then, the first loader iterated) was iterated
-  before, on its fetches and the steps run while it is iterated;
+  before, on its fetches and the steps run while it is iterated. A loader made anew
+  for each epoch continues the count: one iterated when an optimizer step runs, after
+  the training loader's iteration ran to its end, trains from then on, with the next
+  epoch;
 - ``torch.distributed`` calls (:func:`~dftrace.torch.trace_distributed`), each
   ``DistributedDataParallel`` model's gradient buckets
   (:func:`~dftrace.torch.trace_ddp`, registered at its first forward, or around a
@@ -74,6 +77,12 @@ class _State:
         self.training = 0
         self.fixed = False  # the training loader is known
         self.epoch = 0  # how many times ``current`` was iterated before
+        #: the training loader's epochs: the first of its own is ``shift`` (a loader
+        #: made anew for each epoch continues its predecessor's count), its latest
+        #: ``train_epoch``; ``ended``: that iteration ran to its end
+        self.shift = 0
+        self.train_epoch = 0
+        self.ended = False
         #: called after each optimizer step while set (the roots' discovery)
         self.step_taken: Any = None
         self.position: dict[str, Any] = {"step": 0}
@@ -83,14 +92,29 @@ class _State:
         while the training loader is the one iterated)."""
         position: dict[str, Any] = {"step": self.steps}
         if self.training and self.current == self.training:
-            position["epoch"] = self.epoch
+            position["epoch"] = self.epoch + self.shift
         self.position = position
 
     def begin(self, key: int, epoch: int) -> None:
         """Loader ``key``'s iteration ``epoch`` (from 0) begins."""
         if not self.training:
             self.training = key
+        if key == self.training:
+            self.train_epoch, self.ended = epoch + self.shift, False
         self.current, self.epoch = key, epoch
+        self.moved()
+
+    def end(self, key: int) -> None:
+        """Loader ``key``'s iteration ran to its end."""
+        if key == self.training:
+            self.ended = True
+
+    def _adopt(self) -> None:
+        """An optimizer step while another loader is iterated, after the training
+        loader's iteration ended: that loader trains now (one made anew for each
+        epoch), its epoch the next one."""
+        self.shift = self.train_epoch + 1 - self.epoch
+        self.training, self.train_epoch, self.ended = self.current, self.train_epoch + 1, False
         self.moved()
 
     def fetches(self, it: Any, key: int, epoch: int) -> _Fetches:
@@ -104,8 +128,12 @@ class _State:
             if not self.fixed:
                 self.fixed = True
                 if self.current:
+                    if self.current != self.training:
+                        self.train_epoch, self.ended = self.epoch, False
                     self.training = self.current
                 self.moved()
+            elif self.ended and self.current and self.current != self.training:
+                self._adopt()
             _LOCAL.step_span = (_STEP.start(), optimizer)
         except Exception as exc:
             warn_once("auto-step", f"optimizer step not recorded: {exc!r}")
@@ -242,6 +270,7 @@ class _Fetches:
         try:
             item = next(self.it)
         except StopIteration:
+            STATE.end(self.loader)
             raise
         except BaseException as exc:
             position = STATE.position if STATE.training == self.loader else {}

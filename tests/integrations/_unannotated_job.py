@@ -8,6 +8,8 @@
 - ``annotated``: the same loop annotated by hand (``fetch.iter``, a decorated
   forward, ``with ai.compute.backward``, ``update``);
 - ``accumulate``: ``plain`` with two micro-batches per optimizer step;
+- ``fresh``: ``plain`` with a DataLoader made anew for each epoch, and after each
+  epoch an evaluation loader iterated under ``torch.no_grad()``;
 - ``idle``: no PyTorch work at all;
 - ``edges``: what a program does with a model once its calls are recorded (after
   the first optimizer steps): a deep copy called, pickling and ``torch.save``,
@@ -80,6 +82,8 @@ def main(mode: str, truth_path: str) -> None:
             truth["epochs"] += 1
     else:
         for epoch in range(EPOCHS):
+            if mode == "fresh":
+                loader = DataLoader(Data(), batch_size=8, num_workers=2)
             it = iter(loader)
             k = 0
             while True:
@@ -100,6 +104,10 @@ def main(mode: str, truth_path: str) -> None:
                     truth["steps"] += 1
                 k += 1
             truth["epochs"] += 1
+            if mode == "fresh":
+                with torch.no_grad():
+                    for x, _ in DataLoader(Data(), batch_size=32):
+                        model(x)
     with torch.no_grad():  # an evaluation: no step's
         model(torch.randn(4, 16))
     with open(truth_path, "w") as f:

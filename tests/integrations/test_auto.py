@@ -72,6 +72,27 @@ def test_an_unannotated_script_gets_steps_epochs_and_its_data_wait(tmp_path, how
         assert f"next: dftrace summary {out}" in done.stderr or "next: dftrace summary" in done.stderr
 
 
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_loader_made_anew_each_epoch_numbers_the_epochs_on(tmp_path, engine):
+    """A DataLoader made anew for each epoch trains from the first optimizer step of
+    its iteration, with the next epoch; an evaluation loader iterated between
+    epochs, with no step, does not."""
+    out, truth = tmp_path / "traces", tmp_path / "truth.json"
+    env = _env(DFTRACE_ENABLE="1", DFTRACE_LOG_FILE=str(out / "job"))
+    if engine == "python":
+        env["DFTRACE_NO_SPEEDUPS"] = "1"
+    done = subprocess.run([sys.executable, JOB, "fresh", str(truth)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    truth = json.loads(truth.read_text())
+    summary = summarize(out)
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 8), (1, 8)]
+    assert truth["steps"] == 16
+    steps = [e for e in _spans(out) if e["name"] == "step"]
+    assert [(e["args"]["step"], e["args"].get("epoch")) for e in steps] == [
+        (k, k // 8) for k in range(16)]
+
+
 def test_accumulated_micro_batches_are_one_step(tmp_path):
     out, truth, _ = _run(tmp_path, "accumulate")
     summary = summarize(out)

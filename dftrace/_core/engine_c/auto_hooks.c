@@ -30,6 +30,11 @@ typedef struct {
     long long training;  /* id() of the training loader, or until then the first one's */
     int fixed;           /* training is the loader iterated at the first optimizer step */
     long long epoch;     /* how many times `current` was iterated before */
+    /* the training loader's epochs: the first of its own is `shift` (a loader made
+       anew for each epoch continues its predecessor's count), its latest
+       `train_epoch`; `ended`: that iteration ran to its end */
+    long long shift, train_epoch;
+    int ended;
     PyObject *pos;       /* this step's args: a dict {"step": n[, "epoch": e]} */
     PyObject *pos_x;     /* ... encoded (an Extra) */
     PyObject *covered;   /* covered(category) -> bool: you recorded it yourself */
@@ -69,7 +74,7 @@ static int moved(AutoState *st) {
         goto fail;
     Py_CLEAR(v);
     if (st->training && st->current == st->training) {
-        v = PyLong_FromLongLong(st->epoch);
+        v = PyLong_FromLongLong(st->epoch + st->shift);
         if (!v || PyDict_SetItem(d, str_epoch, v) < 0)
             goto fail;
         Py_CLEAR(v);
@@ -199,6 +204,10 @@ static PyObject *AutoState_begin(PyObject *self, PyObject *args) {
         return NULL;
     if (!st->training)
         st->training = key; /* the first loader, until the first optimizer step */
+    if (key == st->training) {
+        st->train_epoch = epoch + st->shift;
+        st->ended = 0;
+    }
     st->current = key;
     st->epoch = epoch;
     if (moved(st) < 0)
@@ -229,8 +238,22 @@ static PyObject *AutoState_step_pre(PyObject *self, PyObject *const *args, Py_ss
         Py_RETURN_NONE; /* (another thread's step is open: this one is not recorded) */
     if (!st->fixed) { /* the loader iterated now trains (or, none yet, the first one) */
         st->fixed = 1;
-        if (st->current)
+        if (st->current) {
+            if (st->current != st->training) {
+                st->train_epoch = st->epoch;
+                st->ended = 0;
+            }
             st->training = st->current;
+        }
+        if (moved(st) < 0)
+            PyErr_Clear();
+    } else if (st->ended && st->current && st->current != st->training) {
+        /* another loader iterated after the training loader's iteration ended: it
+           trains now (one made anew for each epoch), its epoch the next one */
+        st->shift = st->train_epoch + 1 - st->epoch;
+        st->training = st->current;
+        st->train_epoch++;
+        st->ended = 0;
         if (moved(st) < 0)
             PyErr_Clear();
     }
@@ -391,8 +414,11 @@ static PyObject *AutoFetches_next(AutoFetches *f) {
     if (item == NULL) {
         if (PyErr_Occurred()) /* the loader raised: the span says so */
             span_close_raised(&sp, stk, t1, x, -1);
-        else /* the end: not a fetch */
+        else { /* the end: not a fetch */
             span_close(&sp, stk, t1, NULL, NULL, -1, SPAN_UNRECORDED);
+            if (f->key == st->training)
+                st->ended = 1;
+        }
     } else if (span_close(&sp, stk, t1, x, NULL, -1, 0) < 0) {
         Py_CLEAR(item); /* a signal's exception while waiting for room */
     }
