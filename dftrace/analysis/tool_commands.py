@@ -54,7 +54,8 @@ def register_sql(subparsers: Any) -> None:
         epilog=_SQL_TABLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("query", help="the SQL query (tables: events, spans, steps, collectives)")
+    p.add_argument("query", help="the SQL query (tables: events, spans, steps, collectives, kernels, "
+                   "gpu, span_gpu, io; their columns below)")
     inputs_argument(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--csv", action="store_true", help="print the result as CSV")
@@ -75,6 +76,10 @@ def _run_sql(args: argparse.Namespace) -> int:
 
     if args.output:
         check_output(args.output)
+    if os.path.exists(args.query) and any(not os.path.exists(p) and " " in p for p in args.paths):
+        print("dftrace sql: the query comes first, then the traces: dftrace sql QUERY PATHS...",
+              file=sys.stderr)
+        return 2
     try:
         with Run(args) as options:
             broken: list[int] = []

@@ -97,6 +97,14 @@ def test_views_and_columns_are_listed_in_help(capsys):
 QUERY = "SELECT rank, count(*) AS n, sum(dur) AS us FROM spans WHERE cat = 'compute' GROUP BY rank ORDER BY rank"
 
 
+def test_the_traces_before_the_query_are_named_as_such(run_dir, capsys):
+    """The traces given first and the query after: the command says which comes first,
+    instead of that no trace file is found at the query."""
+    assert main(["sql", str(run_dir), QUERY]) == 2
+    err = capsys.readouterr().err
+    assert "the query comes first" in err and "no trace files" not in err
+
+
 def test_every_output_format_holds_the_same_rows(run_dir, tmp_path, capsys):
     """Table, --csv, --json and -o .parquet/.csv/.json all hold the query's result."""
     expected = run_sql(QUERY, run_dir)
