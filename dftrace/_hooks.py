@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from typing import Any, Callable, TypeVar
 
 from ._core.engine import clock
@@ -153,6 +154,45 @@ def add_callback(trainer_type: Any, callback: str) -> None:
     __init__.__dftrace_adds__ = callback  # type: ignore[attr-defined]
     functools.update_wrapper(__init__, init)
     trainer_type.__init__ = __init__
+
+
+def add_call_callback(owner: Any, method: str, callback: str) -> None:
+    """Make every call ``obj.method(..., callbacks=[...])`` of ``owner``'s instances
+    (Keras' ``fit``, ``evaluate``, ``predict``) also get a new callback of the class at
+    ``callback`` (``"module:name"``), unless its callbacks already hold one (``auto=True``).
+    The class is imported at the call: this runs while the framework is imported.
+    Callbacks given as anything but a list or tuple (a ``CallbackList``) are left as given."""
+    original = getattr(owner, method)
+    if getattr(original, "__dftrace_adds__", None) is not None:
+        return
+    where, _, name = callback.partition(":")
+    signature = inspect.signature(original)
+
+    def call(self: Any, *a: Any, **kw: Any) -> Any:
+        try:
+            callback_type = getattr(importlib.import_module(where), name)
+            bound = signature.bind_partial(self, *a, **kw)
+            given = bound.arguments.get("callbacks")
+            if (given is None or isinstance(given, (list, tuple))) and not any(
+                    isinstance(c, callback_type) for c in given or ()):
+                bound.arguments["callbacks"] = [*(given or ()), callback_type()]
+                a, kw = bound.args[1:], bound.kwargs
+        except Exception as exc:
+            warn_once(f"callback:{callback}:{method}",
+                      f"{callback} was not added to {owner.__name__}.{method}: {exc!r}")
+        return original(self, *a, **kw)
+
+    call.__dftrace_adds__ = callback  # type: ignore[attr-defined]
+    functools.update_wrapper(call, original)
+    setattr(owner, method, call)
+
+
+def give_keras_callbacks(models: Any) -> None:
+    """``auto=True``: every Keras ``fit``, ``evaluate`` and ``predict`` gets a
+    :class:`dftrace.keras.TraceCallback` unless given one (``models``:
+    ``keras.src.models.model``, as it is imported)."""
+    for method in ("fit", "evaluate", "predict"):
+        add_call_callback(models.Model, method, "dftrace.keras:TraceCallback")
 
 
 class Wait:

@@ -298,7 +298,7 @@ def _say_where_the_trace_went(session: Any) -> None:
     shown = directory if relative.startswith("..") else relative
     files = ", ".join(p if relative.startswith("..") else os.path.relpath(p) for p in paths) or "(none)"
     if not recorded:
-        print(f"dftrace run: nothing was recorded: no annotated code ran and no PyTorch work was seen "
+        print(f"dftrace run: nothing was recorded: no annotated code ran and no PyTorch or Keras work was seen "
               f"(files: {files}); annotate your loop with ai.* (see the README) or check that the "
               "script trains", file=sys.stderr)
         return

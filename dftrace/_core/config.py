@@ -255,8 +255,9 @@ OPTIONS: tuple[Option, ...] = (
            "Trace what a PyTorch program does without annotations: DataLoader fetches, the "
            "outermost module's forward, backward and optimizer steps numbered by optimizer "
            "step, epochs, collectives, DDP's gradient buckets and the rank; Hugging Face and "
-           "Lightning trainers get their callbacks. What you annotate yourself is not "
-           "recorded twice. On by default with dftrace run and DFTRACE_ENABLE=1."),
+           "Lightning trainers get their callbacks, and Keras' fit, evaluate and predict "
+           "theirs. What you annotate yourself is not recorded twice. On by default with "
+           "dftrace run and DFTRACE_ENABLE=1."),
     Option("nvtx", "DFTRACE_NVTX", False, _bool,
            "Every span also opens an NVTX range named <cat>.<name>, so Nsight Systems shows "
            "the ai tree above the CUDA kernels (needs pip install 'dftrace[nvtx]')."),

@@ -171,10 +171,12 @@ def _abandon(s: Session | None) -> None:
 
 def _trace_automatically() -> None:
     """``auto=True``: the hooks of ``dftrace.torch._auto`` once torch is imported (now,
-    if it is)."""
+    if it is), and Keras' ``fit``/``evaluate``/``predict`` given the Keras callback
+    once Keras' models are."""
     from .after_import import when_imported
 
     when_imported("torch", "dftrace.torch._auto:install")
+    when_imported("keras.src.models.model", "dftrace._hooks:give_keras_callbacks")
 
 
 def _nvtx_ready(config: Config, asked: bool) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -104,3 +106,38 @@ def test_failed_fit_spans_close_when_fit_runs_again(tmp_path, data):
     first_end = trains[0]["ts"] + trains[0]["dur"]
     assert first_end <= trains[1]["ts"]
     assert validate_file(result.paths[0]) == []
+
+
+AUTO_JOB = """
+import numpy as np, keras
+from dftrace.keras import TraceCallback
+
+keras.utils.set_random_seed(0)
+x = np.random.rand(40, 3).astype("float32"); y = np.random.rand(40, 1).astype("float32")
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+model.fit(x, y, 10, 2, 0)                        # callbacks not given (positional args)
+model.fit(x, y, epochs=1, batch_size=20, verbose=0, callbacks=[TraceCallback()])  # your own
+model.evaluate(x, y, batch_size=20, verbose=0)
+model.predict(x, batch_size=40, verbose=0)
+print("done")
+"""
+
+
+def test_dftrace_run_gives_fit_evaluate_and_predict_the_callback_once(tmp_path):
+    """``dftrace run`` on a Keras script that never names dftrace's callback: each fit,
+    evaluate and predict gets one (a fit given yours keeps it alone), so its epochs and
+    batches are recorded."""
+    script = tmp_path / "job.py"
+    script.write_text(AUTO_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
+    done = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "job"),
+                           str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = [e for path in testing.trace_files(tmp_path / "t") for e in testing.read_events(path)]
+    spans = [e for e in events if e.get("ph") == "X"]
+    names = [e["name"] for e in spans]
+    assert names.count("train") == 2 and names.count("epoch") == 2 + 1
+    assert names.count("compute") == 2 * 4 + 1 * 2  # 40 samples in batches of 10, then 20
+    assert names.count("evaluate") == 1 and names.count("test") == 1
+    assert names.count("forward") == 2 + 1  # evaluate's batches of 20, predict's of 40
