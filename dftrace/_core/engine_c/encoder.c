@@ -398,10 +398,10 @@ static inline char *put_io_args(char *o, const rec_t *r, const char *arena) {
         return o;
     memcpy(&a, arena + r->aoff, sizeof(a));
     o = put(o, LIT(",\"ret\":"));
-    o = put_int(o, a.ret);
+    o = a.ret >= 0 ? put_num(o, (unsigned long long)a.ret) : put_int(o, a.ret);
     if (a.offset >= 0) {
         o = put(o, LIT(",\"offset\":"));
-        o = put_int(o, a.offset);
+        o = put_num(o, (unsigned long long)a.offset);
     }
     uint32_t err = r->level_flags & 0xFF; /* errno, 0-255 */
     if (a.ret < 0 && err) {
