@@ -40,6 +40,18 @@ def _run(tmp_path, mode, how="run"):
     return out, json.loads(truth.read_text()), done
 
 
+def _run_engine(tmp_path, mode, engine):
+    """``DFTRACE_ENABLE=1 python JOB MODE`` with the C engine or the pure-Python one."""
+    out, truth = tmp_path / "traces", tmp_path / "truth.json"
+    env = _env(DFTRACE_ENABLE="1", DFTRACE_LOG_FILE=str(out / "job"))
+    if engine == "python":
+        env["DFTRACE_NO_SPEEDUPS"] = "1"
+    done = subprocess.run([sys.executable, JOB, mode, str(truth)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, json.loads(truth.read_text())
+
+
 def _spans(out):
     return [e for f in trace_files(out) for e in read_events(f, strict=False) if e.get("ph") == "X"]
 
@@ -77,14 +89,7 @@ def test_a_loader_made_anew_each_epoch_numbers_the_epochs_on(tmp_path, engine):
     """A DataLoader made anew for each epoch trains from the first optimizer step of
     its iteration, with the next epoch; an evaluation loader iterated between
     epochs, with no step, does not."""
-    out, truth = tmp_path / "traces", tmp_path / "truth.json"
-    env = _env(DFTRACE_ENABLE="1", DFTRACE_LOG_FILE=str(out / "job"))
-    if engine == "python":
-        env["DFTRACE_NO_SPEEDUPS"] = "1"
-    done = subprocess.run([sys.executable, JOB, "fresh", str(truth)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    truth = json.loads(truth.read_text())
+    out, truth = _run_engine(tmp_path, "fresh", engine)
     summary = summarize(out)
     assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 8), (1, 8)]
     assert truth["steps"] == 16
@@ -122,14 +127,7 @@ def test_a_recorded_model_behaves_as_before(tmp_path, engine):
     deep copy, pickling, torch.save, torch.compile with fullgraph=True, torch.jit.script,
     torch.fx, inspect.signature), and the spans stay right: a copy is not recorded, a model called inside another is one forward, a forward that
     raises says so, a step that raised leaves nothing nested in it."""
-    out, truth = tmp_path / "traces", tmp_path / "truth.json"
-    env = _env(DFTRACE_ENABLE="1", DFTRACE_LOG_FILE=str(out / "job"))
-    if engine == "python":
-        env["DFTRACE_NO_SPEEDUPS"] = "1"
-    done = subprocess.run([sys.executable, JOB, "edges", str(truth)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    truth = json.loads(truth.read_text())
+    out, truth = _run_engine(tmp_path, "edges", engine)
     assert truth["same"] == [True] * 6
     assert truth["signature"] == truth["signature_after"] == ["(x)", "(x, scale=2.0, *, shift=0.0)"]
     spans = _spans(out)
