@@ -586,15 +586,17 @@ ACCESS = START + """
 """
 
 
-def test_the_access_pattern_counts_each_pass_from_its_open(tmp_path, monkeypatch):
-    """A file read again from its start after it is opened again is read in order;
-    the summary calls random only what starts before the access before it since the
-    open (here every pread of the file read backwards)."""
-    from dftrace.analysis import summarize
-
+def _access_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     truth = run_traced(tmp_path, ACCESS)
-    trace = IOTrace(tmp_path / "trace")
+    return truth, IOTrace(tmp_path / "trace")
+
+
+def test_the_access_pattern_counts_each_pass_from_its_open(tmp_path, monkeypatch):
+    """A file read again from its start after it is opened again is read in order:
+    the counters count an access pattern from each open, over the calls with an
+    offset (here every pread of the file read backwards starts before the one before)."""
+    truth, trace = _access_run(tmp_path, monkeypatch)
     counters = {m["args"]["path"]: m["args"] for m in trace.meta[truth["pid"]] if m["name"] == "io_file"}
     in_order, backwards = counters[truth["in_order"]], counters[truth["backwards"]]
     # 16 reads that move bytes per pass: each pass's first is no one's successor
@@ -602,6 +604,15 @@ def test_the_access_pattern_counts_each_pass_from_its_open(tmp_path, monkeypatch
         truth["placed_in_order"], truth["placed_in_order"], truth["placed_in_order"])
     assert (backwards["placed_reads"], backwards["seq_reads"], backwards["consec_reads"]) == (
         truth["placed_backwards"], 0, 0)
+
+
+def test_the_summary_calls_random_only_what_went_back(tmp_path, monkeypatch):
+    """The summary's random share is of the accesses the counters placed; a run with
+    no span takes its time from its file calls."""
+    pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+    from dftrace.analysis import summarize
+
+    truth, trace = _access_run(tmp_path, monkeypatch)
     summary = summarize(tmp_path / "trace", index=False)
     access = summary.io["access"]
     placed = truth["placed_in_order"] + truth["placed_backwards"]
