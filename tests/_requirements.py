@@ -26,6 +26,8 @@ CAPABILITIES = {
     "tmux": "tmux, to drive `dftrace watch` in a terminal",
     "second-user": "root, to create a second user (useradd) who attacks the process writer",
     "dfanalyzer": "DFAnalyzer (pip install dftracer-analyzer), to read dftrace's file I/O with its posix preset",
+    "analysis": "the analysis extra (pip install 'dftrace[analysis]'), for a test that summarises a traced run "
+                "among tests that need only the recording side",
     "nvtx": "NVIDIA's nvtx package (pip install 'dftrace[nvtx]') and a C compiler, to test "
             "NVTX ranges through an NVTX tool built by the test",
 }

@@ -16,9 +16,10 @@ choice (``pytest -m MARK``, see ``.ci/run``):
   on every recorded and generated run, byte for byte; ``test_scan``, ``test_sweeps``,
   ``test_hostile_lines``), not by running their folder again;
 * ``each_python``: on every other Python the package claims (a minimal install): the
-  core, and the reliability tests of what changes between interpreters (shutdown,
+  core, the reliability tests of what changes between interpreters (shutdown,
   signals, fork and spawn, threads, recursion and memory limits, sampling frames, the
-  drainer's C module).
+  drainer's C module), and the file-I/O interposer's (which libc calls each
+  interpreter makes).
 
 A file is named relative to ``tests/``; a folder stands for every file in it.
 """
@@ -78,6 +79,7 @@ RERUNS: dict[str, tuple[str, ...]] = {
         "reliability/test_process_writer.py",
         "reliability/test_processes.py",
         "reliability/test_sampler.py",
+        "io/test_interception.py",
     ),
 }
 

@@ -5,12 +5,14 @@ untouched; children that are not Python untouched; nothing lost without a count.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
 import pytest
 
 from _io_util import NEEDS_IO, READS, WRITES, IOTrace, run_traced
+from _requirements import needs
 
 pytestmark = NEEDS_IO
 
@@ -606,10 +608,11 @@ def test_the_access_pattern_counts_each_pass_from_its_open(tmp_path, monkeypatch
         truth["placed_backwards"], 0, 0)
 
 
+@needs("analysis", None if importlib.util.find_spec("polars") else
+       "needs the analysis extra: pip install 'dftrace[analysis]'")
 def test_the_summary_calls_random_only_what_went_back(tmp_path, monkeypatch):
     """The summary's random share is of the accesses the counters placed; a run with
     no span takes its time from its file calls."""
-    pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
     from dftrace.analysis import summarize
 
     truth, trace = _access_run(tmp_path, monkeypatch)
