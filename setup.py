@@ -56,7 +56,8 @@ setup(cmdclass=commands, ext_modules=[
     # the GOT of the loaded objects; loaded only when file I/O tracing is asked for.
     *([Extension("dftrace._core._io", sorted(glob("dftrace/_core/io_c/*.c")),
                  depends=["dftrace/_core/io_c/io.h", "dftrace/_core/io_c/wrap.h",
-                          "dftrace/_core/engine_c/io_sink.h"], libraries=["dl"],
+                          "dftrace/_core/engine_c/io_sink.h", "dftrace/_core/engine_c/digits.h"],
+                 libraries=["dl"],
                  extra_compile_args=["-fvisibility=hidden"], optional=not required)]
       if sys.platform.startswith("linux") else []),
     # The trace readers' decoders of whole gzip members and zstd frames (the system's

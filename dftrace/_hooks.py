@@ -130,38 +130,14 @@ class OpenSpans:
         return f"<OpenSpans {list(self._spans)}>"
 
 
-def add_callback(trainer_type: Any, callback: str) -> None:
-    """Make every ``trainer_type(..., callbacks=[...])`` also get the callback whose
-    class is at ``callback`` (``"module:name"``), unless its callbacks already hold one
-    (``auto=True``: the framework's trainers trace without the user adding the
-    callback). The class is imported when a trainer is made, not now: this runs as
-    the framework's trainer module is imported, while its package is not whole yet."""
-    init = trainer_type.__init__
-    if getattr(init, "__dftrace_adds__", None) is not None:
-        return
-    where, _, name = callback.partition(":")
-
-    def __init__(self: Any, *a: Any, **kw: Any) -> None:
-        try:
-            callback_type = getattr(importlib.import_module(where), name)
-            callbacks = list(kw.get("callbacks") or [])
-            if not any(isinstance(c, callback_type) for c in callbacks):
-                kw["callbacks"] = [*callbacks, callback_type()]
-        except Exception as exc:
-            warn_once(f"callback:{callback}", f"{callback} was not added to {trainer_type.__name__}: {exc!r}")
-        init(self, *a, **kw)
-
-    __init__.__dftrace_adds__ = callback  # type: ignore[attr-defined]
-    functools.update_wrapper(__init__, init)
-    trainer_type.__init__ = __init__
-
-
-def add_call_callback(owner: Any, method: str, callback: str) -> None:
-    """Make every call ``obj.method(..., callbacks=[...])`` of ``owner``'s instances
-    (Keras' ``fit``, ``evaluate``, ``predict``) also get a new callback of the class at
-    ``callback`` (``"module:name"``), unless its callbacks already hold one (``auto=True``).
-    The class is imported at the call: this runs while the framework is imported.
-    Callbacks given as anything but a list or tuple (a ``CallbackList``) are left as given."""
+def add_callback(owner: Any, method: str, callback: str) -> None:
+    """Make every call of ``owner``'s ``method`` that takes ``callbacks`` (a trainer's
+    ``__init__``, Keras' ``fit``, ``evaluate``, ``predict``) also get a new callback of
+    the class at ``callback`` (``"module:name"``), unless its callbacks already hold
+    one (``auto=True``: the framework traces without the user adding the callback).
+    The class is imported at the call, not now: this runs while the framework is
+    imported, its package not whole yet. Callbacks given as anything but a list or a
+    tuple (one callback, Keras' ``CallbackList``) are left as given."""
     original = getattr(owner, method)
     if getattr(original, "__dftrace_adds__", None) is not None:
         return
@@ -192,7 +168,7 @@ def give_keras_callbacks(models: Any) -> None:
     :class:`dftrace.keras.TraceCallback` unless given one (``models``:
     ``keras.src.models.model``, as it is imported)."""
     for method in ("fit", "evaluate", "predict"):
-        add_call_callback(models.Model, method, "dftrace.keras:TraceCallback")
+        add_callback(models.Model, method, "dftrace.keras:TraceCallback")
 
 
 class Wait:

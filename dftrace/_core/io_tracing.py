@@ -153,8 +153,7 @@ class IOTracer:
             cap = -1 if not self._max_rate else max(1, int(self._max_rate * window))
             self._last = now
             self._mod.bind_new()
-            fh_lines, _dropped, _calls, written, dropped = self._mod.drain(
-                cap, self._fh_head, self._sink, self._kids)
+            fh_lines, written, dropped = self._mod.drain(cap, self._fh_head, self._sink, self._kids)
             self.written += written
             self.dropped += dropped
             if fh_lines:

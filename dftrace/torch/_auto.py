@@ -104,11 +104,6 @@ class _State:
         self.current, self.epoch = key, epoch
         self.moved()
 
-    def end(self, key: int) -> None:
-        """Loader ``key``'s iteration ran to its end."""
-        if key == self.training:
-            self.ended = True
-
     def _adopt(self) -> None:
         """An optimizer step while another loader is iterated, after the training
         loader's iteration ended: that loader trains now (one made anew for each
@@ -270,7 +265,8 @@ class _Fetches:
         try:
             item = next(self.it)
         except StopIteration:
-            STATE.end(self.loader)
+            if STATE.training == self.loader:  # its iteration ran to its end
+                STATE.ended = True
             raise
         except BaseException as exc:
             position = STATE.position if STATE.training == self.loader else {}
@@ -555,7 +551,7 @@ _TRAINERS = (("transformers.trainer", "dftrace.transformers:TraceCallback"),
 
 
 def _give_callback(callback: str, module: Any) -> None:
-    add_callback(module.Trainer, callback)
+    add_callback(module.Trainer, "__init__", callback)
 
 
 # -- installing -----------------------------------------------------------------------

@@ -1,11 +1,12 @@
-/* digits.h: writing numbers and bytes into a line, inline (the encoder's lines and
- * args, file-I/O calls' args included). */
+/* digits.h: writing numbers and bytes into a line, inline: the encoder's lines and
+ * args, and the file-I/O module's FH and io_file records. Plain C beside Python.h (no
+ * engine header): both extension modules include it. */
 #ifndef DFTRACE_DIGITS_H
 #define DFTRACE_DIGITS_H
 
-#include "common.h"
-
-DFT_HIDDEN_BEGIN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
 
 static inline char *put(char *o, const char *s, Py_ssize_t n) {
     memcpy(o, s, (size_t)n);
@@ -73,5 +74,4 @@ static inline char *put_hex16(char *o, uint64_t h) {
     return o;
 }
 
-DFT_HIDDEN_END
 #endif /* DFTRACE_DIGITS_H */

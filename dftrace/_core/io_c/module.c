@@ -10,6 +10,7 @@
 #include <Python.h>
 
 #include "io.h"
+#include "../engine_c/digits.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -279,18 +280,9 @@ static int text_put(text_t *t, const char *s, size_t n) {
     return 0;
 }
 
-/* `v` in decimal, its digits written from the end (no printf: a file's record has
-   forty numbers, and a process may read many thousands of files). */
 static int text_int(text_t *t, long long v) {
-    char d[24], *e = d + sizeof(d), *o = e;
-    unsigned long long u = v < 0 ? (unsigned long long)(-(v + 1)) + 1 : (unsigned long long)v;
-    do {
-        *--o = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        *--o = '-';
-    return text_put(t, o, (size_t)(e - o));
+    char d[24];
+    return text_put(t, d, (size_t)(put_int(d, v) - d));
 }
 
 /* The length of the valid UTF-8 sequence at s (n bytes left), 0 when it is not one. */
@@ -349,12 +341,10 @@ static int text_json(text_t *t, const char *s, size_t n) {
     return text_put(t, "\"", 1);
 }
 
-static int text_hash(text_t *t, uint64_t h) {
-    static const char hex[] = "0123456789abcdef";
+static int text_hash(text_t *t, uint64_t h) { /* as a JSON string */
     char x[18];
     x[0] = x[17] = '"';
-    for (int i = 0; i < 16; i++)
-        x[16 - i] = hex[(h >> (4 * i)) & 15];
+    put_hex16(x + 1, h);
     return text_put(t, x, 18);
 }
 
@@ -429,8 +419,8 @@ static PyObject *uninstall(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* drain(max_calls, fh_head, sink, kids) -> (FH lines: bytes, dropped, calls, kept,
-   not kept): max_calls < 0: no cap; fh_head: an FH line up to its args' "name" value;
+/* drain(max_calls, fh_head, sink, kids) -> (FH lines: bytes, kept, not kept) (the
+   ring's drops and the calls seen: stats()): max_calls < 0: no cap; fh_head: an FH line up to its args' "name" value;
    sink: _speedups.io_sink(); kids[op]: the kind of each call's name. */
 static PyObject *drain(PyObject *self, PyObject *args) {
     long long max_calls;
@@ -523,9 +513,7 @@ static PyObject *drain(PyObject *self, PyObject *args) {
     free(fh.p);
     if (!lines)
         return NULL;
-    return Py_BuildValue("(NKKLL)", lines,
-                         (unsigned long long)__atomic_load_n(&io_dropped, __ATOMIC_RELAXED),
-                         calls_seen, e.kept, e.dropped);
+    return Py_BuildValue("(NLL)", lines, e.kept, e.dropped);
 nomem:
     flush(&e);
     __atomic_store_n(&io_tail, i, __ATOMIC_RELEASE);
@@ -617,7 +605,7 @@ static PyMethodDef methods[] = {
     {"bind_new", bind_new, METH_NOARGS, "bind the objects loaded since; the entries bound"},
     {"uninstall", uninstall, METH_NOARGS, "unbind every entry; the wrappers record no more"},
     {"drain", drain, METH_VARARGS,
-     "drain(max_calls, fh_head, sink, kids) -> (FH lines, dropped, calls, kept, not kept): "
+     "drain(max_calls, fh_head, sink, kids) -> (FH lines, kept, not kept): "
      "the calls recorded since handed to the engine's sink, and the FH records of the "
      "files first seen"},
     {"counter_lines", counter_lines, METH_VARARGS,
