@@ -55,7 +55,7 @@ setup(cmdclass=commands, ext_modules=[
     # The file-I/O interposer (Linux, glibc): wrappers of libc's file calls bound into
     # the GOT of the loaded objects; loaded only when file I/O tracing is asked for.
     *([Extension("dftrace._core._io", sorted(glob("dftrace/_core/io_c/*.c")),
-                 depends=["dftrace/_core/io_c/io.h", "dftrace/_core/io_c/wrap.h",
+                 depends=[*sorted(glob("dftrace/_core/io_c/*.h")),
                           "dftrace/_core/engine_c/io_sink.h", "dftrace/_core/engine_c/digits.h"],
                  libraries=["dl"],
                  extra_compile_args=["-fvisibility=hidden"], optional=not required)]

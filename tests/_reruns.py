@@ -40,6 +40,7 @@ RERUNS: dict[str, tuple[str, ...]] = {
         "reliability/test_long_run.py",
         "reliability/test_processes.py",
         "reliability/test_storage_errors.py",
+        "io/test_counters.py",
         "io/test_interception.py",
     ),
     "pure_engine": (
@@ -79,6 +80,7 @@ RERUNS: dict[str, tuple[str, ...]] = {
         "reliability/test_process_writer.py",
         "reliability/test_processes.py",
         "reliability/test_sampler.py",
+        "io/test_counters.py",
         "io/test_interception.py",
     ),
 }

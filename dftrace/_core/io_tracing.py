@@ -153,11 +153,12 @@ class IOTracer:
             cap = -1 if not self._max_rate else max(1, int(self._max_rate * window))
             self._last = now
             self._mod.bind_new()
-            fh_lines, written, dropped = self._mod.drain(cap, self._fh_head, self._sink, self._kids)
+            lines, written, dropped = self._mod.drain(cap, self._fh_head, self._counters_head,
+                                                      self._session.offset_ns, self._sink, self._kids)
             self.written += written
             self.dropped += dropped
-            if fh_lines:
-                self._engine.record_special(META, {"lines": fh_lines})
+            if lines:
+                self._engine.record_special(META, {"lines": lines})
 
     def stop(self) -> None:
         """Unbind the wrappers, drain what is left and write the counters."""
@@ -182,7 +183,8 @@ class IOTracer:
         lost = stats["dropped"] + self.dropped
         record(META, {"name": "io", "args": {
             "calls": stats["calls"], "events": self.written,
-            "aggregated_calls": stats["aggregated_calls"], "dropped": lost}})
+            "aggregated_calls": stats["aggregated_calls"], "dropped": lost,
+            "counter_cuts": stats["counter_cuts"]}})
         if lost:
             STATE.warn_once("io-dropped", f"file I/O tracing: {lost} calls were not recorded "
                             "(the ring or the buffer was full); the trace's io record counts them")

@@ -24,6 +24,23 @@ MISSING = (None if importlib.util.find_spec("dftrace._core._io") is not None
 #: The marks of a test that traces file I/O.
 NEEDS_IO = needs_marks("native", MISSING)
 
+#: How most test programs start: the trace's log file from the command line
+#: (``out``), the traced directory (``data``) made under the current one, and a
+#: function that writes a file there.
+START = """
+    import json, os, sys
+    import dftrace
+    out = sys.argv[1]
+    data = os.path.abspath("data")
+    os.makedirs(data, exist_ok=True)
+
+    def data_file(name, content):
+        path = os.path.join(data, name)
+        with open(path, "wb") as f:
+            f.write(content)
+        return path
+"""
+
 READS = {"read", "pread", "readv", "preadv", "fread", "fgets"}
 WRITES = {"write", "pwrite", "writev", "pwritev", "fwrite", "fputs"}
 

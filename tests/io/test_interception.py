@@ -5,33 +5,14 @@ untouched; children that are not Python untouched; nothing lost without a count.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
 import pytest
 
-from _io_util import NEEDS_IO, READS, WRITES, IOTrace, run_traced
-from _requirements import needs
+from _io_util import NEEDS_IO, READS, START, WRITES, IOTrace, run_traced
 
 pytestmark = NEEDS_IO
-
-#: How most programs below start: the trace's log file from the command line
-#: (``out``), the traced directory (``data``) made under the current one, and a
-#: function that writes a file there.
-START = """
-    import json, os, sys
-    import dftrace
-    out = sys.argv[1]
-    data = os.path.abspath("data")
-    os.makedirs(data, exist_ok=True)
-
-    def data_file(name, content):
-        path = os.path.join(data, name)
-        with open(path, "wb") as f:
-            f.write(content)
-        return path
-"""
 
 #: Writes files of known sizes under data/, reads them back every way Python and C
 #: extensions do, from this thread and four others, and prints what it did.
@@ -563,65 +544,3 @@ def test_threads_at_once_every_call_once_on_its_file(tmp_path, monkeypatch):
         assert (calls["open"], calls["pread"], calls["close"]) == (rounds, rounds * reads, rounds)
         assert trace.bytes(path, READS) == rounds * reads * (100 + t)
     assert trace.totals(truth["pid"])["dropped"] == 0
-
-
-#: Two files: one read whole in 4 KiB reads, opened again and read whole again, then
-#: through STDIO (freads carry no offset); the other read in 4 KiB preads from its
-#: end back to its start, each at an offset before the one before.
-ACCESS = START + """
-    in_order = data_file("in_order.bin", b"o" * 65536)
-    backwards = data_file("backwards.bin", b"b" * 65536)
-    dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
-    for _ in range(2):
-        fd = os.open(in_order, os.O_RDONLY)
-        while os.read(fd, 4096):
-            pass
-        os.close(fd)
-    with open(in_order, "rb", buffering=0) as f:
-        f.read(100)
-    fd = os.open(backwards, os.O_RDONLY)
-    for block in range(15, -1, -1):
-        os.pread(fd, 4096, block * 4096)
-    os.close(fd)
-    print(json.dumps({"pid": os.getpid(), "in_order": in_order, "backwards": backwards,
-                      "placed_in_order": 2 * 15, "placed_backwards": 15}))
-"""
-
-
-def _access_run(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    truth = run_traced(tmp_path, ACCESS)
-    return truth, IOTrace(tmp_path / "trace")
-
-
-def test_the_access_pattern_counts_each_pass_from_its_open(tmp_path, monkeypatch):
-    """A file read again from its start after it is opened again is read in order:
-    the counters count an access pattern from each open, over the calls with an
-    offset (here every pread of the file read backwards starts before the one before)."""
-    truth, trace = _access_run(tmp_path, monkeypatch)
-    counters = {m["args"]["path"]: m["args"] for m in trace.meta[truth["pid"]] if m["name"] == "io_file"}
-    in_order, backwards = counters[truth["in_order"]], counters[truth["backwards"]]
-    # 16 reads that move bytes per pass: each pass's first is no one's successor
-    assert (in_order["placed_reads"], in_order["seq_reads"], in_order["consec_reads"]) == (
-        truth["placed_in_order"], truth["placed_in_order"], truth["placed_in_order"])
-    assert (backwards["placed_reads"], backwards["seq_reads"], backwards["consec_reads"]) == (
-        truth["placed_backwards"], 0, 0)
-
-
-@needs("analysis", None if importlib.util.find_spec("polars") else
-       "needs the analysis extra: pip install 'dftrace[analysis]'")
-def test_the_summary_calls_random_only_what_went_back(tmp_path, monkeypatch):
-    """The summary's random share is of the accesses the counters placed; a run with
-    no span takes its time from its file calls."""
-    from dftrace.analysis import summarize
-
-    truth, trace = _access_run(tmp_path, monkeypatch)
-    summary = summarize(tmp_path / "trace", index=False)
-    access = summary.io["access"]
-    placed = truth["placed_in_order"] + truth["placed_backwards"]
-    assert access["after_first"] == placed
-    assert access["random_share"] == round(truth["placed_backwards"] / placed, 4)
-    # no span in this run: its time is its file calls'
-    calls = [e for path in (truth["in_order"], truth["backwards"]) for e in trace.of(path)]
-    first, last = min(e["ts"] for e in calls), max(e["ts"] + e["dur"] for e in calls)
-    assert summary.overview["wall_us"] == last - first > 0

@@ -6,9 +6,11 @@
  *              signal handler, a vfork child or a child forked from C
  * got.c        binding: the wrappers written into the GOT of every loaded object
  *              (and of each one dlopen() loads later), the old entries kept to undo it
+ * counters.c   each file's counters, a bounded table (counters.h)
+ * text.c       the lines of JSON made here (FH and io_file records)
  * module.c     the Python module: install(), uninstall(), drain() (the ring read,
  *              per-file counters kept, calls over the rate cap folded into per-file
- *              aggregates), counters()
+ *              aggregates), counter_lines()
  */
 #ifndef DFTRACE_IO_H
 #define DFTRACE_IO_H
@@ -68,6 +70,17 @@ int io_ring_init(uint32_t nslots);
 int io_fd_table_init(void);
 void io_after_fork_child(void);
 uint64_t io_path_hash(const char *p, size_t n);
+
+/* text.c: a growing buffer of text; each function returns 0, or -1 when memory ran
+   out. */
+typedef struct {
+    char *p;
+    size_t n, cap;
+} text_t;
+int text_put(text_t *t, const char *s, size_t n);
+int text_int(text_t *t, long long v);
+int text_json(text_t *t, const char *s, size_t n); /* as a JSON string, never altered */
+int text_hash(text_t *t, uint64_t h);              /* as a JSON string of 16 hex digits */
 
 /* got.c */
 int io_bind(void);   /* write the wrappers into every object's GOT; the count bound */

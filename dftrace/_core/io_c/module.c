@@ -9,7 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "io.h"
+#include "counters.h"
 #include "../engine_c/digits.h"
 
 #include <limits.h>
@@ -18,153 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* -- per-file counters -- */
-
-#define HIST 10
-/* One direction's counters (reads, or writes). `placed`: the calls that moved bytes
-   at a known offset after another such call since the file was last opened (the
-   ones an access pattern is about), of which `seq` started past that call's offset
-   and `consec` right at its end. */
-typedef struct {
-    int64_t ops, bytes, ns, placed, seq, consec;
-    int64_t last_off, last_end; /* of that call; -1: none since the open */
-    int64_t hist[HIST];
-} flow_t;
-
-typedef struct {
-    uint64_t fhash; /* 0: an empty place */
-    char *path;
-    flow_t read, write;
-    int64_t metadata_ops, sync_ops, other_ops, metadata_ns, sync_ns;
-    int64_t first_ns, last_ns;
-} file_t;
-
-static file_t *files = NULL;
-static size_t files_cap = 0, files_n = 0;
-static file_t *last_file = NULL; /* the file of the last call: the next one's, often */
 static int forget_pending = 0; /* set in a forked child: its counters start afresh */
-static unsigned long long calls_seen = 0, calls_aggregated = 0;
-
-static void forget_files(void) {
-    for (size_t i = 0; i < files_cap; i++)
-        free(files[i].path);
-    free(files);
-    files = NULL;
-    last_file = NULL;
-    files_cap = files_n = 0;
-    calls_seen = calls_aggregated = 0;
-}
-
-static file_t *file_of(uint64_t h) {
-    if (last_file && last_file->fhash == h)
-        return last_file;
-    if (files_n * 2 >= files_cap) {
-        size_t cap = files_cap ? files_cap * 2 : 1024;
-        file_t *t = calloc(cap, sizeof(file_t));
-        if (!t)
-            return NULL;
-        for (size_t i = 0; i < files_cap; i++) {
-            if (!files[i].fhash)
-                continue;
-            size_t j = files[i].fhash & (cap - 1);
-            while (t[j].fhash)
-                j = (j + 1) & (cap - 1);
-            t[j] = files[i];
-        }
-        free(files);
-        files = t;
-        files_cap = cap;
-    }
-    size_t j = h & (files_cap - 1);
-    while (files[j].fhash && files[j].fhash != h)
-        j = (j + 1) & (files_cap - 1);
-    if (!files[j].fhash) {
-        memset(&files[j], 0, sizeof(file_t));
-        files[j].fhash = h;
-        files[j].read.last_off = files[j].write.last_off = -1;
-        files[j].read.last_end = files[j].write.last_end = -1;
-        files[j].first_ns = INT64_MAX;
-        files_n++;
-    }
-    return last_file = &files[j];
-}
-
-/* What each call counts as (a table: one load per call); metadata unless named. */
-enum { K_METADATA, K_READ, K_WRITE, K_SYNC, K_OTHER };
-static const uint8_t KIND_OF[OP_COUNT] = {
-    [OP_READ] = K_READ, [OP_PREAD] = K_READ, [OP_READV] = K_READ, [OP_PREADV] = K_READ,
-    [OP_FREAD] = K_READ, [OP_FGETS] = K_READ,
-    [OP_WRITE] = K_WRITE, [OP_PWRITE] = K_WRITE, [OP_WRITEV] = K_WRITE,
-    [OP_PWRITEV] = K_WRITE, [OP_FWRITE] = K_WRITE, [OP_FPUTS] = K_WRITE,
-    [OP_FSYNC] = K_SYNC, [OP_FDATASYNC] = K_SYNC,
-    [OP_MMAP] = K_OTHER,
-};
-
-/* Darshan's buckets: 0-100, 100-1K, 1K-10K, 10K-100K, 100K-1M, 1M-4M, 4M-10M,
-   10M-100M, 100M-1G, 1G+. */
-static const int64_t bucket_tops[HIST] = {100, 1024, 10240, 102400, 1048576, 4194304,
-                                          10485760, 104857600, 1073741824, INT64_MAX};
-/* The bucket of 2^l, by l: a size n in [2^l, 2^(l+1)) is in it or the next (no two
-   tops are within a factor of two). */
-static uint8_t bucket_of_log2[64];
-
-static void buckets_init(void) {
-    for (int l = 0; l < 64; l++) {
-        int b = 0;
-        while (b < HIST - 1 && (l >= 62 || (int64_t)1 << l >= bucket_tops[b]))
-            b++;
-        bucket_of_log2[l] = (uint8_t)b;
-    }
-}
-
-static inline int bucket(int64_t n) { /* n > 0 */
-    int b = bucket_of_log2[63 - __builtin_clzll((unsigned long long)n)];
-    return b + (n >= bucket_tops[b]); /* the last top: none is past it */
-}
-
-/* A read or a write: its ops, time, bytes and size bucket, and whether it starts
-   where the last one ended (consecutive) or after where it started (sequential). */
-static inline void count_flow(flow_t *d, const io_rec_t *r) {
-    d->ops++;
-    d->ns += r->dur;
-    if (r->ret <= 0)
-        return;
-    d->bytes += r->ret;
-    d->hist[bucket(r->ret)]++;
-    if (r->offset < 0)
-        return;
-    if (d->last_end >= 0) {
-        d->placed++;
-        d->consec += r->offset == d->last_end;
-        d->seq += r->offset > d->last_off;
-    }
-    d->last_off = r->offset;
-    d->last_end = r->offset + r->ret;
-}
-
-static void count(file_t *f, const io_rec_t *r) {
-    int64_t end = r->t0 + r->dur;
-    if (r->t0 < f->first_ns)
-        f->first_ns = r->t0;
-    if (end > f->last_ns)
-        f->last_ns = end;
-    int kind = KIND_OF[r->op];
-    if (kind == K_READ) { /* the most frequent first */
-        count_flow(&f->read, r);
-    } else if (kind == K_WRITE) {
-        count_flow(&f->write, r);
-    } else if (kind == K_METADATA) {
-        f->metadata_ops++;
-        f->metadata_ns += r->dur;
-        if (r->op == OP_OPEN || r->op == OP_OPENAT || r->op == OP_CREAT || r->op == OP_FOPEN)
-            f->read.last_off = f->read.last_end = f->write.last_off = f->write.last_end = -1;
-    } else if (kind == K_SYNC) {
-        f->sync_ops++;
-        f->sync_ns += r->dur;
-    } else {
-        f->other_ops++;
-    }
-}
+static unsigned long long calls_seen = 0, calls_aggregated = 0, counter_cuts = 0;
 
 /* -- aggregates of one drain, per file and call -- */
 
@@ -257,96 +112,8 @@ static void after_fork_child(void) {
     forget_pending = 1;
 }
 
-/* -- lines of JSON made here: FH and io_file records -- */
+/* -- lines of JSON made here: FH records (text.c) -- */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-} text_t;
-
-static int text_put(text_t *t, const char *s, size_t n) {
-    if (t->n + n > t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 4096;
-        while (cap < t->n + n)
-            cap *= 2;
-        char *g = realloc(t->p, cap);
-        if (!g)
-            return -1;
-        t->p = g;
-        t->cap = cap;
-    }
-    memcpy(t->p + t->n, s, n);
-    t->n += n;
-    return 0;
-}
-
-static int text_int(text_t *t, long long v) {
-    char d[24];
-    return text_put(t, d, (size_t)(put_int(d, v) - d));
-}
-
-/* The length of the valid UTF-8 sequence at s (n bytes left), 0 when it is not one. */
-static size_t utf8_len(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    size_t k = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (!k || k > n)
-        return 0;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c == 0xE0) lo = 0xA0;
-    else if (c == 0xED) hi = 0x9F;
-    else if (c == 0xF0) lo = 0x90;
-    else if (c == 0xF4) hi = 0x8F;
-    if (s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < k; i++)
-        if (s[i] < 0x80 || s[i] > 0xBF)
-            return 0;
-    return k;
-}
-
-/* `s` as a JSON string: escaped as JSON needs, and each byte that is not part of
-   valid UTF-8 written as the text \xNN (as Python's "backslashreplace" writes it),
-   so that a path is never altered but where it cannot be text. */
-static int text_json(text_t *t, const char *s, size_t n) {
-    static const char hex[] = "0123456789abcdef";
-    const unsigned char *u = (const unsigned char *)s;
-    if (text_put(t, "\"", 1) < 0)
-        return -1;
-    for (size_t i = 0; i < n;) {
-        unsigned c = u[i];
-        if (c >= 0x80) {
-            size_t k = utf8_len(u + i, n - i);
-            if (k) {
-                if (text_put(t, s + i, k) < 0)
-                    return -1;
-                i += k;
-                continue;
-            }
-            char e[6] = {'\\', '\\', 'x', hex[c >> 4], hex[c & 15]};
-            if (text_put(t, e, 5) < 0)
-                return -1;
-        } else if (c == '"' || c == '\\') {
-            char e[2] = {'\\', (char)c};
-            if (text_put(t, e, 2) < 0)
-                return -1;
-        } else if (c < 0x20) {
-            char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-            if (text_put(t, e, 6) < 0)
-                return -1;
-        } else if (text_put(t, s + i, 1) < 0) {
-            return -1;
-        }
-        i++;
-    }
-    return text_put(t, "\"", 1);
-}
-
-static int text_hash(text_t *t, uint64_t h) { /* as a JSON string */
-    char x[18];
-    x[0] = x[17] = '"';
-    put_hex16(x + 1, h);
-    return text_put(t, x, 18);
-}
 
 /* One FH record: `head` is the line up to its args' "name" value. */
 static int fh_line(text_t *t, const char *head, size_t nhead, const char *path, size_t npath,
@@ -397,7 +164,7 @@ static PyObject *install(PyObject *self, PyObject *args) {
     }
     if (io_ring_init(nslots) < 0 || io_fd_table_init() < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
-    buckets_init();
+    io_counters_init();
     if (!atfork_registered && pthread_atfork(NULL, NULL, after_fork_child) == 0)
         atfork_registered = 1;
     io_skip_object(engine_path);
@@ -419,15 +186,19 @@ static PyObject *uninstall(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* drain(max_calls, fh_head, sink, kids) -> (FH lines: bytes, kept, not kept) (the
-   ring's drops and the calls seen: stats()): max_calls < 0: no cap; fh_head: an FH line up to its args' "name" value;
-   sink: _speedups.io_sink(); kids[op]: the kind of each call's name. */
+/* drain(max_calls, fh_head, counters_head, offset_ns, sink, kids) -> (lines: bytes,
+   kept, not kept) (the ring's drops and the calls seen: stats()): max_calls < 0: no
+   cap; fh_head: an FH line up to its args' "name" value; counters_head, offset_ns:
+   counter_lines()'s, for the io_file records of a full table of counters (written
+   with the FH records of the files first seen); sink: _speedups.io_sink();
+   kids[op]: the kind of each call's name. */
 static PyObject *drain(PyObject *self, PyObject *args) {
-    long long max_calls;
-    const char *head;
-    Py_ssize_t nhead;
+    long long max_calls, off;
+    const char *head, *chead;
+    Py_ssize_t nhead, nchead;
     PyObject *capsule, *kids;
-    if (!PyArg_ParseTuple(args, "Ly#OO!", &max_calls, &head, &nhead, &capsule, &PyTuple_Type, &kids))
+    if (!PyArg_ParseTuple(args, "Ly#y#LOO!", &max_calls, &head, &nhead, &chead, &nchead, &off, &capsule,
+                          &PyTuple_Type, &kids))
         return NULL;
     static emit_t e; /* the GIL's: one drain at a time */
     e.sink = PyCapsule_GetPointer(capsule, DFT_IO_SINK_CAPSULE);
@@ -442,7 +213,8 @@ static PyObject *drain(PyObject *self, PyObject *args) {
         e.kid_of[k] = v < 0 ? UINT32_MAX : (uint32_t)v;
     }
     if (forget_pending) {
-        forget_files();
+        io_counters_forget();
+        calls_seen = calls_aggregated = counter_cuts = 0;
         forget_pending = 0;
     }
     text_t fh = {NULL, 0, 0};
@@ -478,7 +250,14 @@ static PyObject *drain(PyObject *self, PyObject *args) {
         }
         if (r->op >= OP_COUNT || !r->fhash)
             continue;
-        file_t *f = file_of(r->fhash);
+        file_t *f = io_counters_file(r->fhash);
+        if (!f && io_counters_full()) { /* its counters written, the table counts afresh */
+            if (io_counters_lines(&fh, off, chead, (size_t)nchead) < 0)
+                goto nomem;
+            io_counters_forget();
+            counter_cuts++;
+            f = io_counters_file(r->fhash);
+        }
         if (!f)
             continue;
         if (npath && !f->path) {
@@ -489,7 +268,7 @@ static PyObject *drain(PyObject *self, PyObject *args) {
                     goto nomem;
             }
         }
-        count(f, r);
+        io_count(f, r);
         calls_seen++;
         if (taken >= cap && aggregate(r) == 0) {
             calls_aggregated++;
@@ -536,51 +315,15 @@ static PyObject *counter_lines(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Ly#", &off, &head, &nhead))
         return NULL;
     text_t t = {NULL, 0, 0};
-    int bad = 0;
-    for (size_t i = 0; !bad && i < files_cap; i++) {
-        file_t *f = &files[i];
-        if (!f->fhash)
-            continue;
-        const struct {
-            const char *key;
-            long long v;
-        } fields[] = {
-            {"read_ops", f->read.ops}, {"read_bytes", f->read.bytes},
-            {"write_ops", f->write.ops}, {"write_bytes", f->write.bytes},
-            {"metadata_ops", f->metadata_ops}, {"sync_ops", f->sync_ops},
-            {"other_ops", f->other_ops}, {"read_time_us", f->read.ns / 1000},
-            {"write_time_us", f->write.ns / 1000}, {"metadata_time_us", f->metadata_ns / 1000},
-            {"sync_time_us", f->sync_ns / 1000}, {"placed_reads", f->read.placed},
-            {"seq_reads", f->read.seq}, {"consec_reads", f->read.consec},
-            {"placed_writes", f->write.placed}, {"seq_writes", f->write.seq},
-            {"consec_writes", f->write.consec},
-            {"first_us", f->first_ns == INT64_MAX ? 0 : (f->first_ns + off) / 1000},
-            {"last_us", f->last_ns ? (f->last_ns + off) / 1000 : 0},
-        };
-        bad |= text_put(&t, head, (size_t)nhead) < 0 || text_put(&t, "\"fhash\":", 8) < 0 ||
-               text_hash(&t, f->fhash) < 0 || text_put(&t, ",\"path\":", 8) < 0 ||
-               (f->path ? text_json(&t, f->path, strlen(f->path)) : text_put(&t, "null", 4)) < 0;
-        for (size_t k = 0; !bad && k < sizeof(fields) / sizeof(fields[0]); k++) {
-            bad |= text_put(&t, ",\"", 2) < 0 || text_put(&t, fields[k].key, strlen(fields[k].key)) < 0 ||
-                   text_put(&t, "\":", 2) < 0 || text_int(&t, fields[k].v) < 0;
-        }
-        for (int d = 0; !bad && d < 2; d++) {
-            const int64_t *h = d ? f->write.hist : f->read.hist;
-            bad |= text_put(&t, d ? ",\"write_hist\":[" : ",\"read_hist\":[", d ? 15 : 14) < 0;
-            for (int b = 0; !bad && b < HIST; b++)
-                bad |= (b && text_put(&t, ",", 1) < 0) || text_int(&t, h[b]) < 0;
-            bad |= text_put(&t, "]", 1) < 0;
-        }
-        bad |= text_put(&t, "}}\n", 3) < 0;
-    }
+    int bad = io_counters_lines(&t, off, head, (size_t)nhead) < 0;
     PyObject *out = bad ? PyErr_NoMemory() : PyBytes_FromStringAndSize(t.p ? t.p : "", (Py_ssize_t)t.n);
     free(t.p);
     return out;
 }
 
 static PyObject *stats(PyObject *self, PyObject *unused) {
-    return Py_BuildValue("{s:K,s:K,s:K}", "calls", calls_seen, "aggregated_calls",
-                         calls_aggregated, "dropped",
+    return Py_BuildValue("{s:K,s:K,s:K,s:K}", "calls", calls_seen, "aggregated_calls",
+                         calls_aggregated, "counter_cuts", counter_cuts, "dropped",
                          (unsigned long long)__atomic_load_n(&io_dropped, __ATOMIC_RELAXED));
 }
 
@@ -605,13 +348,14 @@ static PyMethodDef methods[] = {
     {"bind_new", bind_new, METH_NOARGS, "bind the objects loaded since; the entries bound"},
     {"uninstall", uninstall, METH_NOARGS, "unbind every entry; the wrappers record no more"},
     {"drain", drain, METH_VARARGS,
-     "drain(max_calls, fh_head, sink, kids) -> (FH lines, kept, not kept): "
-     "the calls recorded since handed to the engine's sink, and the FH records of the "
-     "files first seen"},
+     "drain(max_calls, fh_head, counters_head, offset_ns, sink, kids) -> (lines, kept, not kept): "
+     "the calls recorded since handed to the engine's sink; the FH records of the files "
+     "first seen, and the io_file records of a full table of counters"},
     {"counter_lines", counter_lines, METH_VARARGS,
      "counter_lines(offset_ns, head) -> bytes: each file's io_file record, head the line "
      "up to its args' first field"},
-    {"stats", stats, METH_NOARGS, "calls seen, folded into aggregates, and dropped"},
+    {"stats", stats, METH_NOARGS,
+     "calls seen, folded into aggregates and dropped; times the counters' table was full"},
     {"op_names", op_names, METH_NOARGS, "the calls' names, by op number"},
     {NULL, NULL, 0, NULL}};
 
