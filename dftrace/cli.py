@@ -370,10 +370,18 @@ def _split_run(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     return argv[:i] + ["--"] + argv[i:]
 
 
+#: Other tracers' spellings of an option (viztracer's and py-spy's ``-o``), where the
+#: command has an option of that meaning.
+_OTHER_SPELLINGS = {"-o": "--log-file", "--output": "--log-file", "--output-file": "--log-file",
+                    "--output_file": "--log-file", "--log_file": "--log-file"}
+
+
 def _did_you_mean(word: str, known: list[str]) -> str:
     """ " (did you mean X?)" for the nearest of ``known`` to a mistyped ``word``."""
     import difflib
 
+    if _OTHER_SPELLINGS.get(word) in known:
+        return f" (did you mean {_OTHER_SPELLINGS[word]}?)"
     close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 

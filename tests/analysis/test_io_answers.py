@@ -303,6 +303,49 @@ def test_findings_say_what_the_figures_show(summary, tmp_path):
     ]
 
 
+def test_small_files_read_whole_are_said_to_be_small_files(tmp_path):
+    """Small reads that are each their file's first since its open (files read whole,
+    one read each) are small files, not reads to batch; the same reads spread over a
+    big file are reads to make larger."""
+    proc = tracegen.Process(1, "node0", 0)
+    t0 = tracegen.T0_US
+    proc.span("forward", "compute", t0, 10)
+    calls: list[Call] = []
+    for i, path in enumerate(HASHES):  # five files of 4 KiB, each read whole twice
+        _names(proc, path)
+        for n in range(2):
+            at = t0 + 100 + 100 * (2 * i + n)
+            _add(proc, calls, "open", at, 2, fhash=HASHES[path], ret=3)
+            _add(proc, calls, "read", at + 10, 9, fhash=HASHES[path], ret=4 * KIB, count=4 * KIB + 1, offset=0)
+            _add(proc, calls, "read", at + 20, 1, fhash=HASHES[path], ret=0, count=1, offset=4 * KIB)
+            _add(proc, calls, "close", at + 30, 1, fhash=HASHES[path], ret=0)
+        _meta(proc, "io_file", {"fhash": HASHES[path], "path": path, "read_ops": 4, "placed_reads": 0,
+                                "seq_reads": 0, "read_hist": [0, 0, 2, 0, 0, 0, 0, 0, 0, 0]})
+    (tmp_path / "files").mkdir()
+    tracegen.write_process(tmp_path / "files", proc)
+    io = summarize(tmp_path / "files", index=False).io
+    assert io["access"]["first_read_share"] == 1.0
+    assert io["findings"][0] == (
+        "100 % of read time is in reads under 64 KiB, and 100 % of reads are the first of their file since "
+        "its open (files read whole): the files are small; pack them into larger ones (tar shards, "
+        "WebDataset, HDF5, Arrow) read in large blocks")
+    # One big file read in 4 KiB reads after one open: reads to make larger.
+    proc = tracegen.Process(1, "node0", 0)
+    proc.span("forward", "compute", t0, 10)
+    _names(proc, FILE_A)
+    _add(proc, calls, "open", t0 + 100, 2, fhash=HASHES[FILE_A], ret=3)
+    for n in range(10):
+        _add(proc, calls, "read", t0 + 200 + 20 * n, 9, fhash=HASHES[FILE_A], ret=4 * KIB, count=4 * KIB,
+             offset=4 * KIB * n)
+    _meta(proc, "io_file", {"fhash": HASHES[FILE_A], "path": FILE_A, "read_ops": 10, "placed_reads": 9,
+                            "seq_reads": 9, "read_hist": [0, 0, 10, 0, 0, 0, 0, 0, 0, 0]})
+    (tmp_path / "big").mkdir()
+    tracegen.write_process(tmp_path / "big", proc)
+    io = summarize(tmp_path / "big", index=False).io
+    assert io["access"]["first_read_share"] == 0.1
+    assert io["findings"][0] == "100 % of read time is in reads under 64 KiB: batch them or read larger blocks"
+
+
 def test_same_answers_whatever_the_partitions_and_paths(traced, summary, tmp_path, monkeypatch):
     """Small partitions, the index, a loaded table, Parquet: the same figures."""
     directory = traced[0]

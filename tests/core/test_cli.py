@@ -355,6 +355,10 @@ def test_a_typo_gets_the_commands_usage_and_the_nearest_name():
     out = _dftrace("sumary", "traces")
     assert out.returncode == 2
     assert "unknown command 'sumary' (did you mean summary?); the commands: demo, run, summary" in out.stderr
+    # another tracer's spelling gets ours, not the option that looks alike (-o: --io)
+    out = _dftrace("run", "-o", "out/t", "train.py")
+    assert out.returncode == 2
+    assert "unrecognized arguments: -o (did you mean --log-file?)" in out.stderr
 
 
 def test_validate_explains_its_rules_without_the_docs(tmp_path):

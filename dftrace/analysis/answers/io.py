@@ -39,6 +39,9 @@ MAX_FILES = 1000
 TIMELINE_BUCKETS = 200
 #: Shares beyond which a finding is said.
 SMALL_FINDING, METADATA_FINDING, NOT_OVERLAPPED_FINDING, RANDOM_FINDING = 0.5, 0.3, 0.5, 0.5
+#: The share of reads that are their file's first since its open beyond which small
+#: reads are said to be small files.
+SMALL_FILES_FINDING = 0.5
 
 
 # --- the answers -----------------------------------------------------------------------------
@@ -191,22 +194,28 @@ def _access(records: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     ``placed_*``), those that start past the previous one's offset are sequential
     (``seq_*``), right at its end consecutive (``consec_*``); the others are random.
     Counters without ``placed_*`` (older traces) take every call that moved bytes
-    but the first of its file."""
+    but the first of its file. ``first_read_share``: of the reads that moved bytes,
+    those that are no one's successor (a file's first since its open: a file read
+    whole in one call has nothing else)."""
     sums = _summed(records, "io_file", ("read_ops", "write_ops", "seq_reads", "seq_writes", "consec_reads",
                                         "consec_writes"))
-    after_first = sequential = 0
+    after_first = sequential = reads = first_reads = 0
     for _, record in records:
         if record.get("name") == "io_file":
             args = record["args"]
             for kind in ("read", "write"):
+                hist = args.get(f"{kind}_hist")
+                moved = sum(_integer(n) or 0 for n in hist) if isinstance(hist, list) else 0
                 placed = _integer(args.get(f"placed_{kind}s"))
                 if placed is None:
-                    hist = args.get(f"{kind}_hist")
-                    moved = sum(_integer(n) or 0 for n in hist) if isinstance(hist, list) else 0
                     placed = max(moved - 1, 0)
                 after_first += placed
                 sequential += min(_integer(args.get(f"seq_{kind}s")) or 0, placed)
-    return {**sums, "after_first": after_first, "random_share": _share(after_first - sequential, after_first)}
+                if kind == "read":
+                    reads += moved
+                    first_reads += max(moved - placed, 0)
+    return {**sums, "after_first": after_first, "random_share": _share(after_first - sequential, after_first),
+            "first_read_share": _share(first_reads, reads)}
 
 
 def _recorded(records: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
@@ -294,8 +303,15 @@ def io_findings(io: dict[str, Any], *, has_compute: bool) -> list[str]:
         return f"{share * 100:.0f} %"
 
     if (io["small_read_share"] or 0) > SMALL_FINDING:
-        lines.append(f"{pct(io['small_read_share'])} of read time is in reads under 64 KiB: batch them or "
-                     "read larger blocks")
+        first = io["access"].get("first_read_share") or 0
+        if first > SMALL_FILES_FINDING:  # one read a file: the files are small, not the reads
+            lines.append(f"{pct(io['small_read_share'])} of read time is in reads under 64 KiB, and "
+                         f"{pct(first)} of reads are the first of their file since its open (files read whole): "
+                         "the files are small; pack them into larger ones (tar shards, WebDataset, HDF5, "
+                         "Arrow) read in large blocks")
+        else:
+            lines.append(f"{pct(io['small_read_share'])} of read time is in reads under 64 KiB: batch them "
+                         "or read larger blocks")
     if (io["metadata_share"] or 0) > METADATA_FINDING:
         lines.append(f"metadata is {pct(io['metadata_share'])} of I/O time (open, stat, close, seek ...): "
                      "open files once, keep listings")
