@@ -452,7 +452,7 @@ def test_diff_compares_io(traced, tmp_path, summary, capsys):
     assert main(["diff", str(traced[0]), str(more), "--rows", "50"]) == 0
     out = capsys.readouterr().out
     assert "File I/O (traced POSIX and STDIO calls)" in out
-    assert "+3,145,728" in next(line for line in out.splitlines() if "io.read_bytes" in line)
+    assert "+3.0 MiB" in next(line for line in out.splitlines() if "io.read_bytes" in line)
 
 
 def test_report_and_watch_show_io(traced, summary, tmp_path):

@@ -45,8 +45,8 @@ from .step_shifts import (_COVERED, SPEED_MIN_COUNT, SPEED_MIN_SHARE, StepTimes,
                            _Shift, _step_shifts, step_times)
 from .steps import nearest_rank
 from .summary import Summary
-from .units import format_us
-from .diff_figures import COUNT, RATIO, SHARE, US, Figure, figures_of, per_rank_step
+from .units import format_bytes, format_us
+from .diff_figures import BYTES, COUNT, RATE, RATIO, SHARE, US, Figure, figures_of, per_rank_step
 
 
 #: Changes smaller than this (relative) are noise unless the threshold is set.
@@ -439,7 +439,7 @@ def _row(figure: Figure, per_step: tuple[int, int], threshold: float,
     excess = (change - machine) / b if change is not None and b else None
     if b is None or n is None:
         flagged = b is not None or n is not None  # a figure only one run has
-    elif figure.unit == COUNT:
+    elif figure.unit in (COUNT, BYTES):  # exact counts
         flagged = change != 0 and (interval is None or not interval[0] <= 0 <= interval[1])
     elif not b:
         flagged = bool(n)
@@ -476,6 +476,8 @@ def value_text(unit: str, value: float | None) -> str:
         return f"{value * 100:.1f}%"
     if unit == RATIO:
         return f"{value:.2f}"
+    if unit in (BYTES, RATE):
+        return format_bytes(value) + ("/s" if unit == RATE else "")
     return f"{value:,.0f}"
 
 
@@ -489,4 +491,6 @@ def signed_text(unit: str, value: float | None) -> str:
         return f"{value * 100:+.1f} pt"
     if unit == RATIO:
         return f"{value:+.2f}"
+    if unit in (BYTES, RATE):
+        return ("+" if value > 0 else "") + format_bytes(value) + ("/s" if unit == RATE else "")
     return f"{value:+,.0f}"

@@ -14,7 +14,7 @@ from .summary import Summary
 
 # How a row's values read: microseconds, a count, a share of a whole, a plain ratio,
 # bytes per second.
-US, COUNT, SHARE, RATIO, RATE = "us", "count", "share", "ratio", "bytes/s"
+US, COUNT, BYTES, SHARE, RATIO, RATE = "us", "count", "bytes", "share", "ratio", "bytes/s"
 
 
 @dataclass
@@ -154,7 +154,7 @@ def _gpu_figures(base: Summary, new: Summary) -> Iterator[Figure]:
 
 #: The I/O figures compared: key in ``Summary.io``, unit, note.
 _IO_FIGURES = (
-    ("read_bytes", COUNT, "bytes read"), ("write_bytes", COUNT, "bytes written"),
+    ("read_bytes", BYTES, "bytes read"), ("write_bytes", BYTES, "bytes written"),
     ("read_ops", COUNT, "read calls"), ("write_ops", COUNT, "write calls"),
     ("metadata_ops", COUNT, "metadata calls (open, stat, close, seek ...)"),
     ("io_time_us", US, "time in traced file calls"),
