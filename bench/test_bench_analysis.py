@@ -377,6 +377,23 @@ def test_summary_one_long_process(benchmark, bench_root, tmp_path):
                                 load_1min=round(os.getloadavg()[0], 2), **runs)
 
 
+@skip_big
+@pytest.mark.timeout(1800)
+@pytest.mark.benchmark(group="sql")
+@pytest.mark.parametrize("events, files", [(10_000_000, RANKS), (40_000_000, 1)])
+def test_sql_group_by_name(benchmark, bench_root, tmp_path, events, files):
+    """``dftrace sql`` summing the events by name: the whole process's CPU and peak
+    memory, on the 16-file 10M set and on 40M events in one file (the events reach the
+    query a few partitions at a time)."""
+    directory, size = _trace(bench_root, events, files, "zst")
+    query = "SELECT name, count(*) AS n, sum(dur) AS us FROM events GROUP BY name ORDER BY name"
+    command = [sys.executable, "-m", "dftrace", "sql", query, str(directory), "--no-progress"]
+    runs = []
+    benchmark.pedantic(lambda: runs.append(_whole_process(command, tmp_path / "sql.log")), rounds=2, iterations=1)
+    benchmark.extra_info.update(events=events, files=files, uncompressed_mb=round(size / 2**20),
+                                load_1min=round(os.getloadavg()[0], 2), runs=runs)
+
+
 #: A million steps of five spans, written by dftrace's own writer (zstd) in one process:
 #: a fetch, three decorated calls and an all-reduce, each step numbered by ``update``.
 _MILLION_STEPS = """

@@ -12,6 +12,7 @@ import argparse
 import os
 import runpy
 import sys
+import time
 from collections import Counter
 from typing import Any
 
@@ -240,6 +241,7 @@ def _cmd_run(ns: argparse.Namespace) -> int:
         return 2
     if not ns.module:  # as python puts it, before tracing starts (io: a directory imports look up)
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+    started_ns = time.time_ns()
     try:
         session = dftrace.initialize(**auto_unless_set(_trace_kwargs(ns)))
     except ConfigError as exc:
@@ -269,18 +271,37 @@ def _cmd_run(ns: argparse.Namespace) -> int:
         sys.argv = old_argv
         dftrace.finalize()
         if session is not None:
-            _say_where_the_trace_went(session)
+            _say_where_the_trace_went(session, started_ns)
     return code
 
 
-def _say_where_the_trace_went(session: Any) -> None:
-    """After ``run``: the files written and the command to read them (on stderr: the
-    program's own output stays its own), or that nothing was recorded."""
+def _children_files(session: Any, paths: list[str], started_ns: int) -> list[str]:
+    """The trace files of the run's child processes (DataLoader workers, pools,
+    subprocesses): those of the session's prefix written since the run started."""
+    import glob
+
+    from .format.names import is_trace_file
+
+    found = []
+    for p in glob.glob(glob.escape(session.prefix) + "-*"):
+        try:
+            if p not in paths and is_trace_file(p) and os.stat(p).st_mtime_ns >= started_ns:
+                found.append(p)
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def _say_where_the_trace_went(session: Any, started_ns: int) -> None:
+    """After ``run``: the files written (the program's, and how many its children
+    wrote) and the command to read them (on stderr: the program's own output stays its
+    own), or that nothing was recorded."""
     from .format.reading import iter_line_pieces
 
     paths = [p for p in session.paths if os.path.exists(p)]
+    children = _children_files(session, paths, started_ns)
     recorded = False
-    for p in paths:  # a span among the first lines is enough: a long run's file is not read
+    for p in paths + children:  # a span among the first lines is enough: a long run's file is not read
         try:
             seen = 0
             for piece in iter_line_pieces(p):
@@ -297,6 +318,8 @@ def _say_where_the_trace_went(session: Any) -> None:
     relative = os.path.relpath(directory)
     shown = directory if relative.startswith("..") else relative
     files = ", ".join(p if relative.startswith("..") else os.path.relpath(p) for p in paths) or "(none)"
+    if children:
+        files += f" and {len(children)} file{'s' if len(children) != 1 else ''} of its child processes"
     if not recorded:
         print(f"dftrace run: nothing was recorded: no annotated code ran and no PyTorch or Keras work was seen "
               f"(files: {files}); annotate your loop with ai.* (see the README) or check that the "

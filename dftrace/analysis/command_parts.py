@@ -62,16 +62,16 @@ def to_option(parser: argparse.ArgumentParser) -> None:
                         help="the output format whatever the suffix: chrome, pfw, parquet or perfetto")
 
 
-def execution_options(parser: argparse.ArgumentParser, *, index: bool = False) -> None:
-    """Where a command runs (here or on Dask), its pieces, its progress; with ``index``,
-    ``--no-index`` (see ``reduce/index.py``)."""
+def execution_options(parser: argparse.ArgumentParser, *, index: bool = False, partition_mb: float = 16) -> None:
+    """Where a command runs (here or on Dask), its pieces (about ``partition_mb`` on disk
+    by default), its progress; with ``index``, ``--no-index`` (see ``reduce/index.py``)."""
     group = parser.add_argument_group("execution")
     where = group.add_mutually_exclusive_group()
     where.add_argument("--dask-workers", type=int, metavar="N", help="run on a local Dask cluster of N workers")
     where.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS")
-    group.add_argument("--partition-mb", type=float, default=16, metavar="MB",
-                       help="split big files into pieces of about MB on disk (default 16); a piece of a "
-                            "zstd file ends sooner once it holds 8 times MB of text")
+    group.add_argument("--partition-mb", type=float, default=partition_mb, metavar="MB",
+                       help=f"split big files into pieces of about MB on disk (default {partition_mb:g}); a "
+                            "piece of a zstd file ends sooner once it holds 8 times MB of text")
     group.add_argument("--no-progress", action="store_true",
                        help="never show progress (on a terminal, a line for each phase that lasts over a second)")
     if index:

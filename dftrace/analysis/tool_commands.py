@@ -10,6 +10,7 @@ from typing import Any
 
 from .command_parts import (EXECUTOR_HELP, Run, command, execution_options, inputs_argument, printable_text, rows_option,
                             subcommand)
+from .read.sources import SQL_PARTITION_BYTES
 from .runtime.deps import ANALYSIS
 
 # --- dftrace sql ------------------------------------------------------------------
@@ -35,7 +36,9 @@ tables:
                ts, dur, name, cat, category (read, write, metadata, sync, other), path,
                bytes, count, offset, calls
 
-Only the columns a query names are decoded. The SQL is polars' dialect (SELECT, WHERE,
+Only the columns a query names are decoded; events reach the query a few pieces of the
+files at a time, so a query that reduces them holds about those pieces and its result.
+The SQL is polars' dialect (SELECT, WHERE,
 GROUP BY, JOIN, WITH, window functions, ...); quote names that are SQL words: "group".
 
 examples:
@@ -65,7 +68,7 @@ def register_sql(subparsers: Any) -> None:
     p.add_argument("--allow-file-functions", action="store_true",
                    help="let the query call polars' table functions that read files (read_csv(...), ...); "
                    "without it a query reads only the traces given")
-    execution_options(p)
+    execution_options(p, partition_mb=SQL_PARTITION_BYTES / (1 << 20))
 
 
 @command(*ANALYSIS)

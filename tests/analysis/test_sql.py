@@ -82,7 +82,7 @@ def test_only_the_columns_a_query_names_are_decoded(run_dir):
     """polars tells the scan which columns the query uses: the load decodes those alone."""
     tables = TraceTables(run_dir)
     tables.context().execute("SELECT name, sum(dur) FROM events GROUP BY name", eager=False).collect()
-    assert tables.loads == [("pid", "rank", "host", "name", "dur")]
+    assert tables.loads == [("pid", "name", "dur")]
 
 
 def test_views_and_columns_are_listed_in_help(capsys):
@@ -186,8 +186,50 @@ def test_dftracer_traces_answer_like_the_loaded_table():
 
 def test_queries_run_on_dask_as_embedded(run_dir, dask_executor):
     """The loading runs through the same per-partition reader on Dask workers."""
-    query = "SELECT rank, epoch, step, dur FROM steps ORDER BY rank, epoch, step"
-    assert_frame_equal(run_sql(query, run_dir, executor=dask_executor), run_sql(query, run_dir))
+    for query in ("SELECT rank, epoch, step, dur FROM steps ORDER BY rank, epoch, step", QUERY):
+        assert_frame_equal(run_sql(query, run_dir, executor=dask_executor, partition_bytes=2048),
+                           run_sql(query, run_dir))
+
+
+def test_a_rank_recorded_after_the_first_events_is_every_rows(tmp_path):
+    """The events reach the query a partition at a time; a rank the metadata gives only
+    after a process's first partitions (set once the job's ranks are known) is still
+    every row's, as when the whole trace is loaded: the query is run again with it."""
+    proc = tracegen.Process(4000, rank=None)
+    for i in range(2000):
+        proc.span("forward", "compute", tracegen.T0_US + i * 100, 50)
+    late = {"name": "PR", "cat": "dftrace", "pid": 4000, "tid": 4000, "ph": "M",
+            "args": {"hostname": proc.host, "rank": 3}}
+    tracegen.write_process(tmp_path, proc, compression="none", extra_lines=[json.dumps(late).encode()])
+    loaded = load_traces(tmp_path).events
+    assert loaded.get_column("rank").unique().to_list() == [3]
+    query = "SELECT rank, count(*) AS n FROM events GROUP BY rank ORDER BY rank"
+    tables = TraceTables(tmp_path, partition_bytes=4096)
+    assert len(tables._plan) > 2
+    first = tables.context().execute(query, eager=False).collect(engine="streaming")
+    assert None in first.get_column("rank").to_list() and tables.stale  # the first read could not know
+    assert run_sql(query, tmp_path, partition_bytes=4096).rows() == [(3, loaded.height)]
+    assert run_sql("SELECT count(*) FROM events WHERE rank = 3", tmp_path, partition_bytes=4096).item() \
+        == loaded.height
+
+
+def test_partitions_are_read_a_few_ahead_of_the_query():
+    """``imap`` hands results over in order with at most threads + 1 items started ahead
+    of the one the consumer takes: what a streamed query holds is bounded by those."""
+    from dftrace.analysis.runtime.executor import EmbeddedExecutor
+
+    started: list[int] = []
+    consumed: list[int] = []
+
+    def work(i: int) -> int:
+        started.append(i)
+        return i * i
+
+    for i, result in enumerate(EmbeddedExecutor(2).imap(work, list(range(40)), progress=False)):
+        assert result == i * i
+        assert len(started) <= i + 1 + 3, (i, started)  # this one and three ahead at most
+        consumed.append(i)
+    assert consumed == list(range(40)) and sorted(started) == list(range(40))
 
 
 def _documented_queries() -> list[tuple[str, str]]:

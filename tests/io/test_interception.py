@@ -396,7 +396,9 @@ def test_dftracer_spelling_traces_io_under_data_dir(tmp_path, monkeypatch):
 
 
 def test_dftrace_run_io_switch(tmp_path, monkeypatch):
-    """``dftrace run --io script.py``: the switch alone, the script after it."""
+    """``dftrace run --io script.py``: the switch alone, the script after it; the files
+    of the script's children (two forked processes that write) are counted in what
+    ``run`` says it wrote."""
     import subprocess
 
     from reliability._util import clean_env
@@ -404,12 +406,24 @@ def test_dftrace_run_io_switch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     script = tmp_path / "job.py"
-    script.write_text("open('data/x.bin', 'wb').write(b'1' * 21)\n")
+    script.write_text("import multiprocessing as mp\n"
+                      "def write(i):\n"
+                      "    open(f'data/c{i}.bin', 'wb').write(b'2' * 5)\n"
+                      "if __name__ == '__main__':\n"
+                      "    open('data/x.bin', 'wb').write(b'1' * 21)\n"
+                      "    for i in range(2):\n"
+                      "        p = mp.get_context('fork').Process(target=write, args=(i,))\n"
+                      "        p.start()\n"
+                      "        p.join()\n")
     done = subprocess.run([sys.executable, "-m", "dftrace", "run", "--io", "--log-file",
                            str(tmp_path / "trace" / "t"), str(script)],
                           capture_output=True, text=True, env=clean_env(), timeout=120)
     assert done.returncode == 0, done.stderr
-    assert IOTrace(tmp_path / "trace").bytes(str(tmp_path / "data" / "x.bin"), WRITES) == 21
+    trace = IOTrace(tmp_path / "trace")
+    assert trace.bytes(str(tmp_path / "data" / "x.bin"), WRITES) == 21
+    assert [trace.bytes(str(tmp_path / "data" / f"c{i}.bin"), WRITES) for i in range(2)] == [5, 5]
+    assert len(trace.pids) == 3
+    assert " and 2 files of its child processes\n" in done.stderr, done.stderr
 
 
 #: An fd closed where no close() wrapper sees it (os.closerange), its number then

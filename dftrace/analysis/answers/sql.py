@@ -4,8 +4,11 @@
 Each table is a lazy scan: polars tells the scan which columns the query uses (and
 its row filter), and only those columns are decoded from the files, through the
 same per-partition reader (:func:`read_partition`) the summary runs on threads or
-on Dask. Args other than the documented ones become columns of their own; which
-exist is learnt from the first events of each file.
+on Dask. ``events`` (and the views over it) hands polars' streaming engine one
+partition after another, a few read ahead, so that a query that reduces the rows
+(a count, a sum by name, a top ten) holds about what those partitions and its result
+need, whatever the size of the trace. Args other than the documented ones become
+columns of their own; which exist is learnt from the first events of each file.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ... import format as fmt
 from ..read.decode import read_partition
 from ..runtime.executor import default_executor
 from ..read.schema import EVENT_COLUMNS, RAW_FIELDS
-from ..read.sources import DEFAULT_PARTITION_BYTES, Partition, PathsLike, plan_paths
+from ..read.sources import SQL_PARTITION_BYTES, Partition, PathsLike, plan_paths
 from ..reduce.aggregate import aggregate_partitions
 from ..reduce.combine import combine
 from .steps import steps_of
@@ -34,8 +37,10 @@ from ..reduce.io_tables import SQL_ARG_COLUMNS as IO_ARG_COLUMNS
 from ..reduce.io_tables import SQL_SCHEMA as IO_SCHEMA
 from ..reduce.io_tables import sql_rows as io_rows
 from ..read.kineto import first_events, is_document_file
-from ..read.metadata import Resolution
-from ..read.trace import assemble, partition_keys, run_sources
+from ..read.metadata import FileMetadata, Resolution, resolve
+from ..read.schema import HOST_KEY
+from ..read.partition_data import PartitionData
+from ..read.trace import assemble, partition_keys, process_mapping, require_content, run_sources
 
 #: Views over ``events``, with what each row is (shown by ``dftrace sql --help``).
 VIEWS = {
@@ -73,7 +78,7 @@ def run_sql(
     paths: PathsLike,
     *,
     executor: Any = None,
-    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    partition_bytes: int = SQL_PARTITION_BYTES,
     progress: bool | None = None,
     allow_file_functions: bool = False,
     broken: list[int] | None = None,
@@ -91,7 +96,10 @@ def run_sql(
     if not allow_file_functions:
         reject_file_functions(query)
     tables = TraceTables(paths, executor=executor, partition_bytes=partition_bytes, progress=progress)
-    result = tables.context().execute(query, eager=False).collect()
+    plan = tables.context().execute(query, eager=False)
+    result = plan.collect(engine="streaming")
+    if tables.stale:  # a host or rank became known after events it names: read again, all known
+        result = plan.collect(engine="streaming")
     if broken is not None:
         broken.append(tables.broken_lines)
     return result
@@ -132,7 +140,7 @@ class TraceTables:
         paths: PathsLike,
         *,
         executor: Any = None,
-        partition_bytes: int = DEFAULT_PARTITION_BYTES,
+        partition_bytes: int = SQL_PARTITION_BYTES,
         progress: bool | None = None,
     ):
         self._plan = plan_paths(paths, partition_bytes)
@@ -144,36 +152,74 @@ class TraceTables:
             **EVENT_COLUMNS, **{column: dtype for column, (_, dtype) in self.arg_columns.items()}
         }
         self._lock = threading.Lock()
-        self._loaded: list[pl.DataFrame] = []
         self._activity_read: tuple[pl.DataFrame, Resolution] | None = None
         self._io_read: pl.DataFrame | None = None
+        #: Every file's metadata resolved, once a read of the events reached the end.
+        self._resolution: Resolution | None = None
         #: Broken lines of the input (known once a query read the events).
         self.broken_lines = 0
-        #: The column sets decoded so far, in order (to check what a query read).
+        #: The columns decoded by each read of the events so far, in order (to check
+        #: what a query read).
         self.loads: list[tuple[str, ...]] = []
+        #: Set when a read of the events gave rows a host or rank that metadata read
+        #: after them changed: the query must run again (see :meth:`events`).
+        self.stale = False
 
-    def events(self, columns: Sequence[str]) -> pl.DataFrame:
-        """The events table with ``columns``, decoding them unless a wider load has them."""
-        wanted = set(columns)
+    def events(self, columns: Sequence[str], predicate: pl.Expr | None = None) -> Iterator[pl.DataFrame]:
+        """The events table's rows with ``columns`` (those matching ``predicate``), one
+        partition after another in file order, as the executor reads them a few
+        ahead (``imap``): what is held at once is bounded by those partitions.
+
+        ``host`` and ``rank`` come from the processes' metadata: on the first read,
+        from what was read up to the partition (where metadata read later changes
+        them, a rank recorded after a process's first events, :attr:`stale` is set
+        and the caller runs the query again); afterwards, from every file's. A read
+        that stops early (a ``LIMIT`` met) keeps what was read up to there."""
+        wanted = set(columns) | (set(predicate.meta.root_names()) if predicate is not None else set())
+        out = [c for c in self.schema if c in wanted]
+        decoded = [c for c in EVENT_COLUMNS if c in wanted and c not in ("host", "rank")]
+        arg_columns = {c: source for c, source in self.arg_columns.items() if c in wanted}
+        processes = "host" in wanted or "rank" in wanted
         with self._lock:
-            for frame in self._loaded:
-                if wanted <= set(frame.columns):
-                    return frame.select(c for c in self.schema if c in wanted)
-            event_columns = [c for c in EVENT_COLUMNS if c in wanted]
-            arg_columns = {c: source for c, source in self.arg_columns.items() if c in wanted}
-            reader = functools.partial(read_partition, columns=["pid", *event_columns], arg_columns=arg_columns)
-            parts = self._executor.map(reader, self._plan, progress=self._progress, desc="loading")
-            trace = assemble(parts, ["pid", *event_columns], arg_columns)
-            frame = trace.events
-            if not self._loaded:  # every load reads the same lines: count them once
-                self.broken_lines = sum(f.broken_count for f in trace.files)
-            self._loaded.append(frame)
-            self.loads.append(tuple(c for c in self.schema if c in set(frame.columns)))
-            return frame.select(c for c in self.schema if c in wanted)
+            self.loads.append(("pid", *decoded, *arg_columns))
+            final = self._resolution
+        reader = functools.partial(read_partition, columns=["pid", *decoded], arg_columns=arg_columns)
+        files: list[FileMetadata] = []
+        read: list[PartitionData] = []  # what each partition held, its events let go
+        known, seen = final, set()
+        given: dict[tuple[str, int, str], tuple[Any, Any]] = {}  # the host and rank each process got
+        rows = 0
+        for part in self._executor.imap(reader, self._plan, progress=self._progress, desc="loading"):
+            path, keys = part.partition.path, partition_keys(part)
+            files.append(FileMetadata(path, part.meta, keys))
+            read.append(PartitionData(part.partition, part.events.clear(), part.meta,
+                                      broken_count=part.broken_count))
+            rows += part.events.height
+            if not part.events.height:
+                continue
+            frame = part.events.with_columns(pl.col("pid").fill_null(0))
+            if processes:
+                new = {(path, *key) for key in keys} - seen
+                if final is None and (part.meta or new):
+                    known = resolve(files)
+                seen |= new
+                mapping = process_mapping(path, keys, known).drop("_order")
+                for pid, key, host, rank in mapping.iter_rows():
+                    given.setdefault((path, pid, key), (host, rank))
+                frame = frame.join(mapping, on=["pid", HOST_KEY], how="left", maintain_order="left")
+            frame = frame.select(out)
+            yield frame.filter(predicate) if predicate is not None else frame
+        if final is None:  # the first read to reach the end: every file's metadata is known
+            require_content(read, rows)
+            final = resolve(files)
+            with self._lock:
+                self._resolution, self.broken_lines = final, sum(p.broken_count for p in read)
+                self.stale = self.stale or any(
+                    got != _host_and_rank(final, *process) for process, got in given.items())
 
     def context(self) -> pl.SQLContext:
         """A SQL context with ``events`` and the views registered."""
-        events = _scan(lambda columns: self.events(columns), self.schema, "events")
+        events = _streamed(self.events, self.schema, "events")
         spans = events.filter(USER_SPANS).with_columns(
             (pl.col("ts") + pl.col("dur")).alias("end")
         )
@@ -186,8 +232,8 @@ class TraceTables:
         kernels = _scan(lambda columns: kernels_table(*self._activity()).select(columns), KERNELS_SCHEMA, "kernels")
         gpu = _scan(lambda columns: gpu_view(gpu_answers(*self._activity())).select(columns), GPU_VIEW_SCHEMA, "gpu")
         span_gpu_view = _scan(lambda columns: span_gpu(
-            self.events(["rank", "host", "pid", "tid", "cat", "name", "ph", "ts", "dur"]).filter(
-                USER_SPANS), *self._activity()).select(columns), SPAN_GPU_SCHEMA, "span_gpu")
+            pl.concat(self.events(["rank", "host", "pid", "tid", "cat", "name", "ph", "ts", "dur"], USER_SPANS),
+                      how="vertical"), *self._activity()).select(columns), SPAN_GPU_SCHEMA, "span_gpu")
         io = _scan(lambda columns: self._io().select(columns), IO_SCHEMA, "io")
         return pl.SQLContext(frames={"events": events, "spans": spans, "steps": steps, "collectives": collectives,
                                      "kernels": kernels, "gpu": gpu, "span_gpu": span_gpu_view, "io": io})
@@ -233,6 +279,32 @@ class TraceTables:
                     pl.col("n").alias("n_spans"))
             .cast(_STEP_SCHEMA)
         )
+
+
+def _host_and_rank(resolution: Resolution, path: str, pid: int, key: str) -> tuple[Any, Any]:
+    process = resolution.processes[resolution.process_of(path, pid, key)]
+    return process.host, process.rank
+
+
+def _streamed(load: Any, schema: dict[str, pl.DataType], name: str) -> pl.LazyFrame:
+    """A lazy table whose rows come from ``load(columns, predicate)``, an iterator of
+    frames, told the columns a query uses and its row filter."""
+
+    def source(
+        with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, _batch: int | None
+    ) -> Iterator[pl.DataFrame]:
+        # A query that names no column (count(*)) still needs the rows: read one.
+        columns = (with_columns or list(schema)[:1]) if with_columns is not None else list(schema)
+        left = n_rows
+        for frame in load(columns, predicate):
+            if left is not None:
+                frame = frame.head(left)
+                left -= frame.height
+            yield frame
+            if left == 0:
+                return
+
+    return register_io_source(source, schema=schema, explain_name=name)
 
 
 def _scan(load: Any, schema: dict[str, pl.DataType], name: str) -> pl.LazyFrame:

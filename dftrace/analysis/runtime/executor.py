@@ -3,13 +3,15 @@
 Both executors run the same module-level function on each partition (``map``), or
 over the partitions a thread takes one after another (``map_stream``, which lets it
 start on the next partition while it finishes one), and hand the results back in
-partition order; everything after that (combining, resolving
+partition order, all at once or (``imap``) one after another, a few partitions
+ahead, so that what is held is bounded by those few; everything after that (combining, resolving
 metadata, rendering) happens in the caller's process. So there is one analysis
 code path, and only where its first stage runs differs.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
@@ -23,6 +25,8 @@ from .progress import Progress
 
 T = TypeVar("T")
 R = TypeVar("R")
+#: No item left (``imap``).
+_NONE = object()
 
 class EmbeddedExecutor:
     """Runs partitions on a thread pool in this process (the default).
@@ -78,6 +82,33 @@ class EmbeddedExecutor:
         finally:
             bar.close()
         return results
+
+    def imap(self, fn: Callable[[T], R], items: Sequence[T], *, progress: bool | None = None,
+             desc: str = "reading") -> Iterator[R]:
+        """Yield ``fn`` of each item in item order as it is done, with at most
+        ``threads + 1`` items being worked on or waiting to be taken: what is held at
+        once is bounded by those, whatever the number of items."""
+        bar = Progress(desc, progress, len(items))
+        pool = ThreadPoolExecutor(max(1, min(self.threads, len(items))))
+        ahead: collections.deque[Any] = collections.deque()
+        untaken = iter(items)
+        try:
+            for item in untaken:
+                ahead.append(pool.submit(fn, item))
+                if len(ahead) > self.threads:
+                    break
+            while ahead:
+                result = ahead.popleft().result()
+                item = next(untaken, _NONE)
+                if item is not _NONE:
+                    ahead.append(pool.submit(fn, item))
+                bar.update()
+                yield result
+        finally:  # also when the consumer stops early: what was not started never is
+            for future in ahead:
+                future.cancel()
+            pool.shutdown(wait=True)
+            bar.close()
 
     def close(self) -> None:
         """Nothing to release; present so both executors can be used alike."""
@@ -148,6 +179,34 @@ class DaskExecutor:
         """:meth:`map` of an ``fn`` that takes items one after another (see
         ``EmbeddedExecutor.map_stream``): a task runs it over its one item."""
         return self.map(functools.partial(_each, fn), items, progress=progress, desc=desc)
+
+    def imap(self, fn: Callable[[T], R], items: Sequence[T], *, progress: bool | None = None,
+             desc: str = "reading") -> Iterator[R]:
+        """Yield ``fn`` of each item in item order as it is done (see
+        ``EmbeddedExecutor.imap``), with at most twice as many items submitted at once
+        as the cluster has worker threads."""
+        window = max(2, 2 * sum(self.client.nthreads().values()))
+        bar = Progress(desc, progress, len(items))
+        ahead: collections.deque[Any] = collections.deque()
+        untaken = iter(items)
+        try:
+            for item in untaken:
+                ahead.append(self.client.submit(fn, item, pure=False))
+                if len(ahead) >= window:
+                    break
+            while ahead:
+                future = ahead.popleft()
+                result = future.result()
+                future.release()
+                item = next(untaken, _NONE)
+                if item is not _NONE:
+                    ahead.append(self.client.submit(fn, item, pure=False))
+                bar.update()
+                yield result
+        finally:
+            for future in ahead:
+                future.cancel()
+            bar.close()
 
     def close(self) -> None:
         """Disconnect, and stop the local cluster if this executor started one."""
