@@ -346,6 +346,30 @@ def test_small_files_read_whole_are_said_to_be_small_files(tmp_path):
     assert io["findings"][0] == "100 % of read time is in reads under 64 KiB: batch them or read larger blocks"
 
 
+def test_io_outside_compute_in_dataloader_workers_is_said_to_be_theirs(tmp_path):
+    """Reads outside compute made by DataLoader workers are where they should be: the
+    finding says how much of it is theirs and what to do, not to move it there."""
+    trainer = tracegen.Process(1000, "node0", 0)
+    worker = tracegen.Process(1100, "node0", 0, ppid=1000)
+    t0 = tracegen.T0_US
+    calls: list[Call] = []
+    trainer.span("forward", "compute", t0, 100)
+    _names(worker, FILE_E)
+    for k in range(4):  # the worker reads while the trainer computes nothing
+        _add(worker, calls, "read", t0 + 200 + 100 * k, 50, fhash=HASHES[FILE_E], ret=64 * KIB, count=64 * KIB)
+    _add(worker, calls, "read", t0 + 10, 10, fhash=HASHES[FILE_E], ret=64 * KIB, count=64 * KIB)  # inside
+    _add(trainer, calls, "read", t0 + 900, 20, fhash=HASHES[FILE_E], ret=64 * KIB, count=64 * KIB)
+    _names(trainer, FILE_E)
+    tracegen.write_process(tmp_path, trainer)
+    tracegen.write_process(tmp_path, worker, prefix="worker")
+    io = summarize(tmp_path, index=False).io
+    assert (io["not_overlapped_us"], io["not_overlapped_in_workers_us"]) == (220, 200)
+    assert io["findings"][-1] == (
+        "I/O not overlapped with compute is 96 % of I/O time, 91 % of it in DataLoader workers: the training "
+        "process computes nothing while they read; if its steps wait for data, use more workers, a larger "
+        "prefetch_factor or faster storage")
+
+
 def test_same_answers_whatever_the_partitions_and_paths(traced, summary, tmp_path, monkeypatch):
     """Small partitions, the index, a loaded table, Parquet: the same figures."""
     directory = traced[0]

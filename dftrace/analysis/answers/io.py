@@ -89,6 +89,8 @@ def io_answers(combined: Any, process_steps: pl.DataFrame) -> dict[str, Any]:
     not_overlapped = int(calls.filter(~in_compute).get_column("us").sum())
     out["not_overlapped_us"] = not_overlapped
     out["not_overlapped_share"] = _share(not_overlapped, out["io_time_us"])
+    out["not_overlapped_in_workers_us"] = int(
+        calls.filter(~in_compute & calls.get_column("proc").is_in(workers)).get_column("us").sum())
     thread_cover = union_intervals(combined.io_cover, ["proc", "tid"])
     loader = _inside(calls, thread_cover.filter(pl.col("group") == LOADER), ["proc", "tid"])
     loader = loader | calls.get_column("proc").is_in(workers)
@@ -316,8 +318,15 @@ def io_findings(io: dict[str, Any], *, has_compute: bool) -> list[str]:
         lines.append(f"metadata is {pct(io['metadata_share'])} of I/O time (open, stat, close, seek ...): "
                      "open files once, keep listings")
     if has_compute and (io["not_overlapped_share"] or 0) > NOT_OVERLAPPED_FINDING:
-        lines.append(f"I/O not overlapped with compute is {pct(io['not_overlapped_share'])} of I/O time: "
-                     "prefetch, or read in DataLoader workers")
+        in_workers = _share(io.get("not_overlapped_in_workers_us") or 0, io["not_overlapped_us"]) or 0
+        if in_workers > NOT_OVERLAPPED_FINDING:  # read where it should be: the reading is what waits
+            lines.append(f"I/O not overlapped with compute is {pct(io['not_overlapped_share'])} of I/O time, "
+                         f"{pct(in_workers)} of it in DataLoader workers: the training process computes "
+                         "nothing while they read; if its steps wait for data, use more workers, a larger "
+                         "prefetch_factor or faster storage")
+        else:
+            lines.append(f"I/O not overlapped with compute is {pct(io['not_overlapped_share'])} of I/O time: "
+                         "prefetch, or read in DataLoader workers")
     if (io["access"]["random_share"] or 0) > RANDOM_FINDING:
         lines.append(f"{pct(io['access']['random_share'])} of reads and writes are random (not at or after the "
                      "end of the one before): read in order, or larger blocks")
