@@ -280,7 +280,7 @@ def _register_diff_and_watch(subparsers: Any) -> None:
                    "the output, such as step.p95, epoch.time or compute.forward.mean)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     rows_option(p, 20, "flagged rows, and names per category table, to print (default 20)", "--top")
-    execution_options(p)
+    execution_options(p, index=True)
 
     p = subcommand(
         subparsers, "watch", _run_watch,
@@ -319,11 +319,11 @@ def _run_diff(args: argparse.Namespace) -> int:
             [run for path in [args.new, *args.more_new] for run in runs_in(path)])
     steps = None
     with Run(args) as options:
-        base = [summarize([run], **options) for run in runs[0]]
-        new = [summarize([run], **options) for run in runs[1]]
+        base = [summarize([run], **options, index=not args.no_index) for run in runs[0]]
+        new = [summarize([run], **options, index=not args.no_index) for run in runs[1]]
         if len(base) == len(new) == 1:
-            steps = (step_times([runs[0][0]], partition_bytes=options["partition_bytes"]),
-                     step_times([runs[1][0]], partition_bytes=options["partition_bytes"]))
+            steps = tuple(step_times([side[0]], partition_bytes=options["partition_bytes"],
+                                     executor=options["executor"]) for side in runs)
     diff = compare_summaries(base, new, threshold=threshold, steps=steps)
     failure = diff.regression(args.metric, limit) if limit is not None else None
     if args.json:

@@ -59,50 +59,79 @@ STEPS_KEPT = 1000
 _FAMILY_ERROR = 0.05
 
 
-def step_times(source: Any, *, partition_bytes: int | None = None) -> StepTimes:
-    """Each name's time per step in one run (paths, directories, globs, or a loaded
-    :class:`TraceTable`), from the spans that carry a step number (enclosing spans
-    left out: pipeline spans and loop bodies). Files are read a
-    piece at a time: memory is bounded by the steps times the names."""
+#: The columns step_times decodes; a step's keys; what joins a name's category and name
+#: in the name of its column.
+_COLUMNS = ["pid", "cat", "name", "ph", "dur", "epoch", "step"]
+_STEP = ["host", "pid", "epoch", "step"]
+_JOIN = "\x1f"
+
+
+def _per_step(events: Any) -> Any:
+    """One row per (process, epoch, step) of ``events``: its keys, then each name's time
+    in it (a column ``cat<_JOIN>name`` per name, 0 where the step has none). Enclosing
+    spans are left out (pipeline spans, loop bodies); item waits (``.iter``) are the
+    step's own time too."""
+    import polars as pl
+
+    from ..read.schema import HOST_KEY
+
+    if "host" not in events.columns:
+        events = events.rename({HOST_KEY: "host"})
+    spans = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("dur").is_not_null()
+                          & pl.col("step").is_not_null() & pl.col("name").is_not_null()
+                          & (pl.col("cat").fill_null("") != fmt.CAT_PIPELINE)
+                          & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX))
+    named = spans.select(pl.col("host").fill_null(""), "pid", "epoch", "step", pl.col("dur").cast(pl.Float64),
+                         pl.concat_str(pl.col("cat").fill_null(""), pl.lit(_JOIN), "name").alias("_name"))
+    if not named.height:
+        return None
+    return named.pivot("_name", index=_STEP, values="dur", aggregate_function="sum").fill_null(0.0)
+
+
+def _partition_step_times(partition: Any) -> Any:
+    """:func:`_per_step` of one partition, read a piece at a time (None: nothing in it)."""
     import polars as pl
 
     from ..read.decode import iter_partition_pieces
-    from ..read.schema import HOST_KEY
-    from ..read.sources import DEFAULT_PARTITION_BYTES, plan_paths
+
+    parts = [p for piece in iter_partition_pieces(partition, _COLUMNS) if (p := _per_step(piece.events)) is not None]
+    return _summed(pl.concat(parts, how="diagonal_relaxed")) if parts else None
+
+
+def _summed(steps: Any) -> Any:
+    """``steps`` with the rows of one step (read in two pieces or partitions) summed."""
+    import polars as pl
+
+    steps = steps.fill_null(0.0)
+    if not steps.select(pl.struct(_STEP).is_duplicated().any()).item():
+        return steps
+    return steps.group_by(_STEP, maintain_order=True).agg(pl.exclude(_STEP).sum())
+
+
+def step_times(source: Any, *, partition_bytes: int | None = None, executor: Any = None) -> StepTimes:
+    """Each name's time per step in one run (paths, directories, globs, or a loaded
+    :class:`TraceTable`), from the spans that carry a step number (enclosing spans
+    left out: pipeline spans and loop bodies). Each partition is reduced to one row a
+    step where it is read (on ``executor``'s threads or workers), a piece at a time:
+    memory is bounded by the steps times the names."""
+    import polars as pl
+
+    from ..read.sources import SQL_PARTITION_BYTES, plan_paths
     from ..read.trace import TraceTable
-
-    keys = ["host", "pid", "epoch", "step", "cat", "name"]
-
-    def per_step(events: pl.DataFrame) -> pl.DataFrame:
-        if "host" not in events.columns:
-            events = events.rename({HOST_KEY: "host"})
-        spans = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("dur").is_not_null()
-                              & pl.col("step").is_not_null() & pl.col("name").is_not_null())
-        return spans.group_by(keys).agg(pl.col("dur").sum())
+    from ..runtime.executor import default_executor
 
     if isinstance(source, TraceTable):
-        table = per_step(source.events)
+        table = _per_step(source.events)
     else:
-        table = None
-        plan = plan_paths(source, partition_bytes or DEFAULT_PARTITION_BYTES)
-        for partition in plan:
-            for piece in iter_partition_pieces(partition, ["pid", "cat", "name", "ph", "dur", "epoch", "step"]):
-                part = per_step(piece.events)
-                table = part if table is None else pl.concat([table, part]).group_by(keys).agg(pl.col("dur").sum())
+        plan = plan_paths(source, partition_bytes or SQL_PARTITION_BYTES)
+        parts = [p for p in default_executor(executor).map(_partition_step_times, plan, progress=False,
+                                                            desc="step times") if p is not None]
+        table = _summed(pl.concat(parts, how="diagonal_relaxed")) if parts else None
     if table is None or not table.height:
         return StepTimes([], np.zeros((0, 0)))
-    table = table.with_columns(pl.col("cat").fill_null(""), pl.col("host").fill_null(""))
-    # Item waits (``.iter``) are the step's own time too; enclosing spans are not.
-    table = table.filter([c != fmt.CAT_PIPELINE and not n.endswith(fmt.BLOCK_SUFFIX)
-                          for c, n in zip(table["cat"], table["name"])])
-    names = sorted(set(zip(table["cat"].to_list(), table["name"].to_list())))
-    column = {name: i for i, name in enumerate(names)}
-    steps = table.select("host", "pid", "epoch", "step").unique().with_row_index("k")
-    rows = table.join(steps, on=["host", "pid", "epoch", "step"], how="left", nulls_equal=True)
-    times = np.zeros((steps.height, len(names)))
-    index = [column[n] for n in zip(rows["cat"].to_list(), rows["name"].to_list())]
-    times[rows["k"].to_numpy(), index] = rows["dur"].to_numpy()
-    return StepTimes(names, times)
+    columns = sorted((c for c in table.columns if c not in _STEP), key=lambda c: tuple(c.split(_JOIN, 1)))
+    times = table.select(columns).to_numpy().astype(np.float64)
+    return StepTimes([tuple(c.split(_JOIN, 1)) for c in columns], times)  # type: ignore[misc]
 
 
 def _log_shift(base: np.ndarray, new: np.ndarray, z: float) -> tuple[float, float, float]:
