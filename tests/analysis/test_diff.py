@@ -235,3 +235,28 @@ def test_a_faster_run_is_never_called_worse(tmp_path):
     for metric in ("step.p50", "step.p95", "step.mean"):
         assert diff.regression(metric, 0.05) is None, diff.regression(metric, 0.05)
     assert not any(r.flagged and r.section == "steps" and r.change > 0 for r in diff.rows)
+
+
+def test_step_times_are_the_same_whatever_the_pieces(runs, tmp_path, capsys):
+    """Each name's time per step, read a partition at a time (steps that straddle two
+    partitions summed), is the loaded table's; ``--no-index`` is taken as summary
+    takes it."""
+    import numpy as np
+
+    from dftrace.analysis import load_traces
+    from dftrace.analysis.answers.step_shifts import step_times
+
+    proc = tracegen.training_process(1000, rank=0, epochs=2, steps=300)
+    tracegen.write_process(tmp_path, proc)
+    whole = step_times(load_traces(tmp_path))
+    assert whole.names == [("comm", "all_reduce"), ("compute", "backward"), ("compute", "forward"),
+                           ("compute", "step"), ("device", "transfer")]
+    assert whole.times.shape == (600, 5)
+    assert whole.times[:, 1].sum() == sum(e["dur"] for e in proc.events if e["name"] == "backward")
+    for partition_bytes in (2048, 16384, 16 << 20):  # 59, 8 and 1 partitions
+        pieces = step_times([tmp_path], partition_bytes=partition_bytes)
+        assert pieces.names == whole.names
+        order = lambda t: t.times[np.lexsort(t.times.T[::-1])]  # noqa: E731 (rows in any order)
+        assert np.array_equal(order(pieces), order(whole)), partition_bytes
+    code, _ = _diff_json(capsys, str(runs[0]), str(runs[1]), "--no-index")
+    assert code == 0
