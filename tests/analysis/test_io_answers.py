@@ -303,6 +303,13 @@ def test_findings_say_what_the_figures_show(summary, tmp_path):
     ]
 
 
+def _io_of(directory: Path, proc: tracegen.Process) -> dict[str, Any]:
+    """The I/O answers of ``proc`` alone, written under ``directory``."""
+    directory.mkdir()
+    tracegen.write_process(directory, proc)
+    return summarize(directory, index=False).io
+
+
 def test_small_files_read_whole_are_said_to_be_small_files(tmp_path):
     """Small reads that are each their file's first since its open (files read whole,
     one read each) are small files, not reads to batch; the same reads spread over a
@@ -321,9 +328,7 @@ def test_small_files_read_whole_are_said_to_be_small_files(tmp_path):
             _add(proc, calls, "close", at + 30, 1, fhash=HASHES[path], ret=0)
         _meta(proc, "io_file", {"fhash": HASHES[path], "path": path, "read_ops": 4, "placed_reads": 0,
                                 "seq_reads": 0, "read_hist": [0, 0, 2, 0, 0, 0, 0, 0, 0, 0]})
-    (tmp_path / "files").mkdir()
-    tracegen.write_process(tmp_path / "files", proc)
-    io = summarize(tmp_path / "files", index=False).io
+    io = _io_of(tmp_path / "files", proc)
     assert io["access"]["first_read_share"] == 1.0
     assert io["findings"][0] == (
         "100 % of read time is in reads under 64 KiB, and 100 % of reads are the first of their file since "
@@ -339,9 +344,7 @@ def test_small_files_read_whole_are_said_to_be_small_files(tmp_path):
              offset=4 * KIB * n)
     _meta(proc, "io_file", {"fhash": HASHES[FILE_A], "path": FILE_A, "read_ops": 10, "placed_reads": 9,
                             "seq_reads": 9, "read_hist": [0, 0, 10, 0, 0, 0, 0, 0, 0, 0]})
-    (tmp_path / "big").mkdir()
-    tracegen.write_process(tmp_path / "big", proc)
-    io = summarize(tmp_path / "big", index=False).io
+    io = _io_of(tmp_path / "big", proc)
     assert io["access"]["first_read_share"] == 0.1
     assert io["findings"][0] == "100 % of read time is in reads under 64 KiB: batch them or read larger blocks"
 
