@@ -200,7 +200,7 @@ class TraceTables:
             frame = part.events.with_columns(pl.col("pid").fill_null(0))
             if processes:
                 new = {(path, *key) for key in keys} - seen
-                if final is None and (part.meta or new):
+                if final is None and (new or any(r.get("name") in _NAMES_A_PROCESS for r in part.meta)):
                     known = resolve(files)
                 seen |= new
                 mapping = process_mapping(path, keys, known).drop("_order")
@@ -279,6 +279,12 @@ class TraceTables:
                     pl.col("n").alias("n_spans"))
             .cast(_STEP_SCHEMA)
         )
+
+
+#: The metadata records that can give a process its host or rank (what the other
+#: records say, the files' names for one, does not change them): a partition with one
+#: has the metadata read so far resolved again.
+_NAMES_A_PROCESS = {fmt.META_PROCESS_NAME, fmt.META_HOSTNAME_HASH, fmt.META_PROCESS_INFO}
 
 
 def _host_and_rank(resolution: Resolution, path: str, pid: int, key: str) -> tuple[Any, Any]:
