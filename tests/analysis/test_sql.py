@@ -213,6 +213,27 @@ def test_a_rank_recorded_after_the_first_events_is_every_rows(tmp_path):
         == loaded.height
 
 
+def test_a_limit_over_a_filter_ends_every_read(tmp_path):
+    """A LIMIT polars cannot hand to the scan (one over a filtered view) stops the query
+    before the files end: its reads end with it, no thread is left reading, and the
+    process exits as it should (the streaming engine unwound a Python scan it stopped,
+    and the interpreter aborted at exit)."""
+    import subprocess
+    import sys
+
+    proc = tracegen.training_process(1000, rank=0, epochs=4, steps=500)
+    tracegen.write_process(tmp_path, proc)
+    program = ("import sys, threading\n"
+               "from dftrace.analysis import run_sql\n"
+               "r = run_sql(sys.argv[2], sys.argv[1], partition_bytes=16384, progress=False)\n"
+               "print(r.height, [t.name for t in threading.enumerate() if t.name.startswith('ThreadPool')])\n")
+    for query in ("SELECT rank, name FROM spans WHERE dur > 0 LIMIT 3", "SELECT name FROM events LIMIT 4"):
+        done = subprocess.run([sys.executable, "-c", program, str(tmp_path), query], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split("\n")[0] in ("3 []", "4 []"), done.stdout
+
+
 def test_partitions_are_read_a_few_ahead_of_the_query():
     """``imap`` hands results over in order with at most threads + 1 items started ahead
     of the one the consumer takes: what a streamed query holds is bounded by those."""

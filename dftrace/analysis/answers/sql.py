@@ -13,6 +13,7 @@ columns of their own; which exist is learnt from the first events of each file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import threading
@@ -97,12 +98,26 @@ def run_sql(
         reject_file_functions(query)
     tables = TraceTables(paths, executor=executor, partition_bytes=partition_bytes, progress=progress)
     plan = tables.context().execute(query, eager=False)
-    result = plan.collect(engine="streaming")
-    if tables.stale:  # a host or rank became known after events it names: read again, all known
-        result = plan.collect(engine="streaming")
+    engine = "in-memory" if _stops_early(plan) else "streaming"
+    try:
+        result = plan.collect(engine=engine)
+        if tables.stale:  # a host or rank became known after events it names: read again, all known
+            tables.close_reads()
+            result = plan.collect(engine=engine)
+    finally:
+        tables.close_reads()
     if broken is not None:
         broken.append(tables.broken_lines)
     return result
+
+
+def _stops_early(plan: pl.LazyFrame) -> bool:
+    """Whether the query may stop taking rows before the scans end: a LIMIT polars
+    cannot give the scan itself (one over a filter). The streaming engine then ends a
+    scan by unwinding the thread that reads it, which a Python scan does not survive
+    (the process aborts at exit): such a query runs on the in-memory engine, which
+    reads the scans to their end (holding the rows they give, after the filter)."""
+    return any(re.match(r"\s*SLICE\[", line) for line in plan.explain().splitlines())
 
 
 #: polars' SQL table functions, which read files named in the query: any name of the
@@ -164,8 +179,11 @@ class TraceTables:
         #: Set when a read of the events gave rows a host or rank that metadata read
         #: after them changed: the query must run again (see :meth:`events`).
         self.stale = False
+        #: The reads of the events a query started (closed by :meth:`close_reads`).
+        self.reads: list[Any] = []
 
-    def events(self, columns: Sequence[str], predicate: pl.Expr | None = None) -> Iterator[pl.DataFrame]:
+    def events(self, columns: Sequence[str], predicate: pl.Expr | None = None,
+               read: _Read | None = None) -> Iterator[pl.DataFrame]:
         """The events table's rows with ``columns`` (those matching ``predicate``), one
         partition after another in file order, as the executor reads them a few
         ahead (``imap``): what is held at once is bounded by those partitions.
@@ -174,7 +192,15 @@ class TraceTables:
         from what was read up to the partition (where metadata read later changes
         them, a rank recorded after a process's first events, :attr:`stale` is set
         and the caller runs the query again); afterwards, from every file's. A read
-        that stops early (a ``LIMIT`` met) keeps what was read up to there."""
+        that stops early (a ``LIMIT`` the scan was given) keeps what was read up to
+        there; one whose ``read`` is stopped ends at the next partition."""
+        try:
+            yield from self._events(columns, predicate, read or _Read())
+        finally:
+            if read is not None:
+                read.done.set()
+
+    def _events(self, columns: Sequence[str], predicate: pl.Expr | None, read: _Read) -> Iterator[pl.DataFrame]:
         wanted = set(columns) | (set(predicate.meta.root_names()) if predicate is not None else set())
         out = [c for c in self.schema if c in wanted]
         decoded = [c for c in EVENT_COLUMNS if c in wanted and c not in ("host", "rank")]
@@ -185,41 +211,61 @@ class TraceTables:
             final = self._resolution
         reader = functools.partial(read_partition, columns=["pid", *decoded], arg_columns=arg_columns)
         files: list[FileMetadata] = []
-        read: list[PartitionData] = []  # what each partition held, its events let go
+        held: list[PartitionData] = []  # what each partition held, its events let go
         known, seen = final, set()
         given: dict[tuple[str, int, str], tuple[Any, Any]] = {}  # the host and rank each process got
         rows = 0
-        for part in self._executor.imap(reader, self._plan, progress=self._progress, desc="loading"):
-            path, keys = part.partition.path, partition_keys(part)
-            files.append(FileMetadata(path, part.meta, keys))
-            read.append(PartitionData(part.partition, part.events.clear(), part.meta,
-                                      broken_count=part.broken_count))
-            rows += part.events.height
-            if not part.events.height:
-                continue
-            frame = part.events.with_columns(pl.col("pid").fill_null(0))
-            if processes:
-                new = {(path, *key) for key in keys} - seen
-                if final is None and (new or any(r.get("name") in _NAMES_A_PROCESS for r in part.meta)):
-                    known = resolve(files)
-                seen |= new
-                mapping = process_mapping(path, keys, known).drop("_order")
-                for pid, key, host, rank in mapping.iter_rows():
-                    given.setdefault((path, pid, key), (host, rank))
-                frame = frame.join(mapping, on=["pid", HOST_KEY], how="left", maintain_order="left")
-            frame = frame.select(out)
-            yield frame.filter(predicate) if predicate is not None else frame
+        # closed here, whoever holds this read: the executor's threads end with it
+        with contextlib.closing(self._executor.imap(reader, self._plan, progress=self._progress,
+                                                    desc="loading")) as parts:
+            for part in parts:
+                if read.stopped:
+                    return
+                path, keys = part.partition.path, partition_keys(part)
+                files.append(FileMetadata(path, part.meta, keys))
+                held.append(PartitionData(part.partition, part.events.clear(), part.meta,
+                                          broken_count=part.broken_count))
+                rows += part.events.height
+                if not part.events.height:
+                    continue
+                frame = part.events.with_columns(pl.col("pid").fill_null(0))
+                if processes:
+                    new = {(path, *key) for key in keys} - seen
+                    if final is None and (new or any(r.get("name") in _NAMES_A_PROCESS for r in part.meta)):
+                        known = resolve(files)
+                    seen |= new
+                    mapping = process_mapping(path, keys, known).drop("_order")
+                    for pid, key, host, rank in mapping.iter_rows():
+                        given.setdefault((path, pid, key), (host, rank))
+                    frame = frame.join(mapping, on=["pid", HOST_KEY], how="left", maintain_order="left")
+                frame = frame.select(out)
+                yield frame.filter(predicate) if predicate is not None else frame
         if final is None:  # the first read to reach the end: every file's metadata is known
-            require_content(read, rows)
+            require_content(held, rows)
             final = resolve(files)
             with self._lock:
-                self._resolution, self.broken_lines = final, sum(p.broken_count for p in read)
+                self._resolution, self.broken_lines = final, sum(p.broken_count for p in held)
                 self.stale = self.stale or any(
                     got != _host_and_rank(final, *process) for process, got in given.items())
 
+    def close_reads(self) -> None:
+        """End the reads of the events the queries started, and wait for them: polars
+        hands back a result while a read it stopped taking from (a ``LIMIT`` met) may
+        still be running in its thread; such a read stops at its next partition."""
+        reads, self.reads = self.reads, []
+        for read in reads:
+            read.stopped = True
+        for read in reads:
+            try:
+                if read.frames is not None:
+                    read.frames.close()  # waiting to be taken from: ends here
+            except ValueError:
+                pass  # being run by the query's thread: it sees ``stopped``
+            read.done.wait(_READ_END_S)
+
     def context(self) -> pl.SQLContext:
         """A SQL context with ``events`` and the views registered."""
-        events = _streamed(self.events, self.schema, "events")
+        events = _streamed(self.events, self.schema, "events", self.reads)
         spans = events.filter(USER_SPANS).with_columns(
             (pl.col("ts") + pl.col("dur")).alias("end")
         )
@@ -287,14 +333,30 @@ class TraceTables:
 _NAMES_A_PROCESS = {fmt.META_PROCESS_NAME, fmt.META_HOSTNAME_HASH, fmt.META_PROCESS_INFO}
 
 
+#: How long the end of a query waits for a read it stopped (at most one partition's
+#: decoding is left of it).
+_READ_END_S = 10.0
+
+
+class _Read:
+    """One read of the events a query started (see :meth:`TraceTables.close_reads`)."""
+
+    def __init__(self) -> None:
+        self.frames: Any = None
+        self.stopped = False
+        self.done = threading.Event()
+
+
 def _host_and_rank(resolution: Resolution, path: str, pid: int, key: str) -> tuple[Any, Any]:
     process = resolution.processes[resolution.process_of(path, pid, key)]
     return process.host, process.rank
 
 
-def _streamed(load: Any, schema: dict[str, pl.DataType], name: str) -> pl.LazyFrame:
+def _streamed(load: Any, schema: dict[str, pl.DataType], name: str, reads: list[Any]) -> pl.LazyFrame:
     """A lazy table whose rows come from ``load(columns, predicate)``, an iterator of
-    frames, told the columns a query uses and its row filter."""
+    frames, told the columns a query uses and its row filter. Each iterator is added to
+    ``reads``, to be closed once the query is done: one it stopped taking from (a
+    ``LIMIT`` met) stops reading then, not when the interpreter ends."""
 
     def source(
         with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, _batch: int | None
@@ -302,7 +364,10 @@ def _streamed(load: Any, schema: dict[str, pl.DataType], name: str) -> pl.LazyFr
         # A query that names no column (count(*)) still needs the rows: read one.
         columns = (with_columns or list(schema)[:1]) if with_columns is not None else list(schema)
         left = n_rows
-        for frame in load(columns, predicate):
+        read = _Read()
+        reads.append(read)
+        read.frames = frames = load(columns, predicate, read)
+        for frame in frames:
             if left is not None:
                 frame = frame.head(left)
                 left -= frame.height

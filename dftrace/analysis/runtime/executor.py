@@ -90,24 +90,30 @@ class EmbeddedExecutor:
         once is bounded by those, whatever the number of items."""
         bar = Progress(desc, progress, len(items))
         pool = ThreadPoolExecutor(max(1, min(self.threads, len(items))))
+        workers: set[int] = set()
+
+        def work(item: T) -> R:
+            workers.add(threading.get_ident())
+            return fn(item)
+
         ahead: collections.deque[Any] = collections.deque()
         untaken = iter(items)
         try:
             for item in untaken:
-                ahead.append(pool.submit(fn, item))
+                ahead.append(pool.submit(work, item))
                 if len(ahead) > self.threads:
                     break
             while ahead:
                 result = ahead.popleft().result()
                 item = next(untaken, _NONE)
                 if item is not _NONE:
-                    ahead.append(pool.submit(fn, item))
+                    ahead.append(pool.submit(work, item))
                 bar.update()
                 yield result
         finally:  # also when the consumer stops early: what was not started never is
-            for future in ahead:
-                future.cancel()
-            pool.shutdown(wait=True)
+            # (ended by the garbage collector in one of the pool's threads, it cannot wait
+            # for itself: the others end on their own)
+            pool.shutdown(wait=threading.get_ident() not in workers, cancel_futures=True)
             bar.close()
 
     def close(self) -> None:
