@@ -40,7 +40,7 @@ void io_counters_init(void) {
 static file_t *files = NULL;   /* files_n of files_cap used, in the order they came */
 static uint32_t *places = NULL; /* nplaces (a power of two, 2 x files_cap): 1 + a file's position, 0: none */
 static size_t files_n = 0, files_cap = 0, nplaces = 0;
-static file_t *last_file = NULL; /* the file of the last call: the next one's, often */
+file_t *io_last_file = NULL; /* the file of the last call: the next one's, often */
 
 static void place(size_t i) {
     size_t j = files[i].fhash & (nplaces - 1);
@@ -67,20 +67,18 @@ static int grow(void) {
     nplaces = cap * 2;
     for (size_t i = 0; i < files_n; i++)
         place(i);
-    last_file = NULL;
+    io_last_file = NULL;
     return 0;
 }
 
 int io_counters_full(void) { return files_n >= IO_FILES_MAX; }
 
-file_t *io_counters_file(uint64_t h) {
-    if (last_file && last_file->fhash == h)
-        return last_file;
+file_t *io_counters_find(uint64_t h) {
     if (nplaces) {
         size_t j = h & (nplaces - 1);
         for (uint32_t at; (at = places[j]); j = (j + 1) & (nplaces - 1))
             if (files[at - 1].fhash == h)
-                return last_file = &files[at - 1];
+                return io_last_file = &files[at - 1];
     }
     if (files_n == files_cap && (files_cap == IO_FILES_MAX || grow() < 0))
         return NULL;
@@ -91,7 +89,7 @@ file_t *io_counters_file(uint64_t h) {
     f->read.last_end = f->write.last_end = -1;
     f->first_ns = INT64_MAX;
     place(files_n++);
-    return last_file = f;
+    return io_last_file = f;
 }
 
 void io_counters_forget(void) {
@@ -100,7 +98,7 @@ void io_counters_forget(void) {
     files_n = 0;
     if (places)
         memset(places, 0, nplaces * sizeof(uint32_t));
-    last_file = NULL;
+    io_last_file = NULL;
 }
 
 int io_counters_lines(text_t *t, long long off, const char *head, size_t nhead) {

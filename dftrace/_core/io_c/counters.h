@@ -34,8 +34,13 @@ typedef struct {
 
 void io_counters_init(void);
 /* The counters of the file `fhash`, made when it has none; NULL when IO_FILES_MAX
-   files are counted already (io_counters_full()) or memory ran out. */
-file_t *io_counters_file(uint64_t fhash);
+   files are counted already (io_counters_full()) or memory ran out. The file of the
+   last call (the next one's, often) is found here, inline; the others in the table. */
+extern file_t *io_last_file;
+file_t *io_counters_find(uint64_t fhash);
+static inline file_t *io_counters_file(uint64_t fhash) {
+    return io_last_file && io_last_file->fhash == fhash ? io_last_file : io_counters_find(fhash);
+}
 int io_counters_full(void);
 /* Each counted file's io_file record appended to `t`: `head` the line up to its
    args' first field, times in us on the trace's clock (CLOCK_MONOTONIC + off). 0, or

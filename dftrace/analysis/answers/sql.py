@@ -180,7 +180,7 @@ class TraceTables:
         #: after them changed: the query must run again (see :meth:`events`).
         self.stale = False
         #: The reads of the events a query started (closed by :meth:`close_reads`).
-        self.reads: list[Any] = []
+        self.reads: list[_Read] = []
 
     def events(self, columns: Sequence[str], predicate: pl.Expr | None = None,
                read: _Read | None = None) -> Iterator[pl.DataFrame]:
