@@ -234,6 +234,31 @@ def test_a_limit_over_a_filter_ends_every_read(tmp_path):
         assert done.stdout.split("\n")[0] in ("3 []", "4 []"), done.stdout
 
 
+def test_a_limit_over_a_filter_stops_reading_once_it_has_its_rows(tmp_path, monkeypatch):
+    """A LIMIT right over a filtered view (``spans``) is given to the scan: it stops once
+    it gave offset + length rows that pass the filter, and the rows are those of the
+    whole trace's in file order."""
+    import dftrace.analysis.answers.sql as sql
+
+    proc = tracegen.training_process(1000, rank=0, epochs=4, steps=500)
+    tracegen.write_process(tmp_path, proc)
+    spans = load_traces(tmp_path).events.filter((pl.col("ph") == "X") & ~pl.col("cat").is_in(["POSIX", "STDIO"]))
+    read = []
+    real = sql.read_partition
+    monkeypatch.setattr(sql, "read_partition", lambda p, **kw: read.append(p) or real(p, **kw))
+    plan = sql.plan_paths(tmp_path, 16384)
+    for query, expected in [
+        ("SELECT name, dur FROM spans WHERE dur > 100 LIMIT 3", spans.filter(pl.col("dur") > 100).head(3)),
+        ("SELECT name, dur FROM spans LIMIT 2 OFFSET 5", spans.slice(5, 2)),
+        ("SELECT name, dur * 2 AS dur FROM spans WHERE name = 'forward' LIMIT 3",
+         spans.filter(pl.col("name") == "forward").head(3).with_columns(pl.col("dur") * 2)),
+    ]:
+        read.clear()
+        result = run_sql(query, tmp_path, partition_bytes=16384)
+        assert result.rows() == expected.select("name", "dur").rows(), query
+        assert len(read) <= 6 < len(plan), query  # the first partitions, and a few read ahead
+
+
 def test_partitions_are_read_a_few_ahead_of_the_query():
     """``imap`` hands results over in order with at most threads + 1 items started ahead
     of the one the consumer takes: what a streamed query holds is bounded by those."""

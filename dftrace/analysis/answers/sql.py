@@ -99,6 +99,7 @@ def run_sql(
     tables = TraceTables(paths, executor=executor, partition_bytes=partition_bytes, progress=progress)
     plan = tables.context().execute(query, eager=False)
     engine = "in-memory" if _stops_early(plan) else "streaming"
+    tables.rows_wanted = _rows_of_the_scan(plan)
     try:
         result = plan.collect(engine=engine)
         if tables.stale:  # a host or rank became known after events it names: read again, all known
@@ -118,6 +119,27 @@ def _stops_early(plan: pl.LazyFrame) -> bool:
     (the process aborts at exit): such a query runs on the in-memory engine, which
     reads the scans to their end (holding the rows they give, after the filter)."""
     return any(re.match(r"\s*SLICE\[", line) for line in plan.explain().splitlines())
+
+
+#: What a plan may hold above its one scan of the events without changing which of
+#: the scan's rows it needs (projections, computed columns, the scan's own lines).
+_ROW_KEEPING = re.compile(r"\s*(simple π|SELECT \[|WITH_COLUMNS:|\[|PROJECT |SELECTION:|ESTIMATED ROWS)")
+
+
+def _rows_of_the_scan(plan: pl.LazyFrame) -> int | None:
+    """The rows of the events scan a plan needs at most, where it is a LIMIT right over
+    that scan (the scan's filter and projections aside), which polars does not hand to
+    the scan when there is a filter (``SELECT ... FROM spans LIMIT 5``): the offset and
+    the length of the slice. None otherwise."""
+    lines = plan.explain().splitlines()
+    at = [i for i, line in enumerate(lines) if re.match(r"\s*SLICE\[", line)]
+    scans = [i for i, line in enumerate(lines) if "SCAN" in line]
+    if len(at) != 1 or scans != [at[0] + 1] or not lines[scans[0]].strip().startswith("PYTHON[events]"):
+        return None
+    if not all(_ROW_KEEPING.match(line) for i, line in enumerate(lines) if i not in (at[0], scans[0])):
+        return None
+    found = re.search(r"offset: (\d+), len: (\d+)", lines[at[0]])
+    return int(found.group(1)) + int(found.group(2)) if found else None
 
 
 #: polars' SQL table functions, which read files named in the query: any name of the
@@ -181,6 +203,9 @@ class TraceTables:
         self.stale = False
         #: The reads of the events a query started (closed by :meth:`close_reads`).
         self.reads: list[_Read] = []
+        #: The rows of the events a query needs at most, where its plan says so (a
+        #: LIMIT over the filtered scan): a read stops once it gave them.
+        self.rows_wanted: int | None = None
 
     def events(self, columns: Sequence[str], predicate: pl.Expr | None = None,
                read: _Read | None = None) -> Iterator[pl.DataFrame]:
@@ -265,7 +290,7 @@ class TraceTables:
 
     def context(self) -> pl.SQLContext:
         """A SQL context with ``events`` and the views registered."""
-        events = _streamed(self.events, self.schema, "events", self.reads)
+        events = _streamed(self.events, self.schema, "events", self.reads, lambda: self.rows_wanted)
         spans = events.filter(USER_SPANS).with_columns(
             (pl.col("ts") + pl.col("dur")).alias("end")
         )
@@ -352,9 +377,11 @@ def _host_and_rank(resolution: Resolution, path: str, pid: int, key: str) -> tup
     return process.host, process.rank
 
 
-def _streamed(load: Any, schema: dict[str, pl.DataType], name: str, reads: list[Any]) -> pl.LazyFrame:
+def _streamed(load: Any, schema: dict[str, pl.DataType], name: str, reads: list[Any],
+              rows_wanted: Any) -> pl.LazyFrame:
     """A lazy table whose rows come from ``load(columns, predicate)``, an iterator of
-    frames, told the columns a query uses and its row filter. Each iterator is added to
+    frames, told the columns a query uses and its row filter; it stops once it gave
+    the rows polars or ``rows_wanted()`` asks for at most. Each iterator is added to
     ``reads``, to be closed once the query is done: one it stopped taking from (a
     ``LIMIT`` met) stops reading then, not when the interpreter ends."""
 
@@ -363,7 +390,7 @@ def _streamed(load: Any, schema: dict[str, pl.DataType], name: str, reads: list[
     ) -> Iterator[pl.DataFrame]:
         # A query that names no column (count(*)) still needs the rows: read one.
         columns = (with_columns or list(schema)[:1]) if with_columns is not None else list(schema)
-        left = n_rows
+        left = min((n for n in (n_rows, rows_wanted()) if n is not None), default=None)
         read = _Read()
         reads.append(read)
         read.frames = frames = load(columns, predicate, read)
