@@ -84,16 +84,16 @@ def io_answers(combined: Any, process_steps: pl.DataFrame) -> dict[str, Any]:
     out.update(_rates(out), sizes=_sizes(totals, resolution.records), **_shares(totals, out))
     out["span_us"] = int(totals.get_column("last").max() - totals.get_column("first").min())
     workers = [i for i, p in enumerate(resolution.processes) if p.role is not None]
+    in_workers = calls.get_column("proc").is_in(workers)  # a DataLoader worker's call
     compute = _compute_cover(combined.io_cover, resolution)
     in_compute = _inside(calls, compute, ["proc"])
     not_overlapped = int(calls.filter(~in_compute).get_column("us").sum())
     out["not_overlapped_us"] = not_overlapped
     out["not_overlapped_share"] = _share(not_overlapped, out["io_time_us"])
-    out["not_overlapped_in_workers_us"] = int(
-        calls.filter(~in_compute & calls.get_column("proc").is_in(workers)).get_column("us").sum())
+    out["not_overlapped_in_workers_us"] = int(calls.filter(~in_compute & in_workers).get_column("us").sum())
     thread_cover = union_intervals(combined.io_cover, ["proc", "tid"])
     loader = _inside(calls, thread_cover.filter(pl.col("group") == LOADER), ["proc", "tid"])
-    loader = loader | calls.get_column("proc").is_in(workers)
+    loader = loader | in_workers
     checkpoint = _inside(calls, thread_cover.filter(pl.col("group") == CHECKPOINT), ["proc", "tid"])
     out["loader"] = _figures(calls.filter(loader))
     out["checkpoint"] = _figures(calls.filter(checkpoint))

@@ -98,8 +98,8 @@ def run_sql(
         reject_file_functions(query)
     tables = TraceTables(paths, executor=executor, partition_bytes=partition_bytes, progress=progress)
     plan = tables.context().execute(query, eager=False)
-    engine = "in-memory" if _stops_early(plan) else "streaming"
-    tables.rows_wanted = _rows_of_the_scan(plan)
+    stops_early, tables.rows_wanted = _limits(plan)
+    engine = "in-memory" if stops_early else "streaming"
     try:
         result = plan.collect(engine=engine)
         if tables.stale:  # a host or rank became known after events it names: read again, all known
@@ -112,34 +112,30 @@ def run_sql(
     return result
 
 
-def _stops_early(plan: pl.LazyFrame) -> bool:
-    """Whether the query may stop taking rows before the scans end: a LIMIT polars
-    cannot give the scan itself (one over a filter). The streaming engine then ends a
-    scan by unwinding the thread that reads it, which a Python scan does not survive
-    (the process aborts at exit): such a query runs on the in-memory engine, which
-    reads the scans to their end (holding the rows they give, after the filter)."""
-    return any(re.match(r"\s*SLICE\[", line) for line in plan.explain().splitlines())
-
-
 #: What a plan may hold above its one scan of the events without changing which of
 #: the scan's rows it needs (projections, computed columns, the scan's own lines).
 _ROW_KEEPING = re.compile(r"\s*(simple π|SELECT \[|WITH_COLUMNS:|\[|PROJECT |SELECTION:|ESTIMATED ROWS)")
 
 
-def _rows_of_the_scan(plan: pl.LazyFrame) -> int | None:
-    """The rows of the events scan a plan needs at most, where it is a LIMIT right over
-    that scan (the scan's filter and projections aside), which polars does not hand to
-    the scan when there is a filter (``SELECT ... FROM spans LIMIT 5``): the offset and
-    the length of the slice. None otherwise."""
+def _limits(plan: pl.LazyFrame) -> tuple[bool, int | None]:
+    """What the query's LIMITs ask of the scans: whether it may stop taking rows before
+    they end, and the rows of the events scan it needs at most (None: all).
+
+    A LIMIT polars does not give the scan itself (one over a filter) stops the query
+    early. The streaming engine ends a scan then by unwinding the thread that reads it,
+    which a Python scan does not survive (the process aborts at exit): such a query
+    runs on the in-memory engine, which reads the scans to their end. Where the LIMIT
+    is right over the events scan (its filter and projections aside: ``SELECT ... FROM
+    spans LIMIT 5``), the scan is given offset + length as the rows it needs, and
+    stops there itself."""
     lines = plan.explain().splitlines()
     at = [i for i, line in enumerate(lines) if re.match(r"\s*SLICE\[", line)]
     scans = [i for i, line in enumerate(lines) if "SCAN" in line]
-    if len(at) != 1 or scans != [at[0] + 1] or not lines[scans[0]].strip().startswith("PYTHON[events]"):
-        return None
-    if not all(_ROW_KEEPING.match(line) for i, line in enumerate(lines) if i not in (at[0], scans[0])):
-        return None
-    found = re.search(r"offset: (\d+), len: (\d+)", lines[at[0]])
-    return int(found.group(1)) + int(found.group(2)) if found else None
+    found = re.search(r"offset: (\d+), len: (\d+)", lines[at[0]]) if len(at) == 1 else None
+    right_over = (found is not None and scans == [at[0] + 1]
+                  and lines[scans[0]].strip().startswith("PYTHON[events]")
+                  and all(_ROW_KEEPING.match(line) for i, line in enumerate(lines) if i not in (at[0], scans[0])))
+    return bool(at), int(found.group(1)) + int(found.group(2)) if right_over and found else None
 
 
 #: polars' SQL table functions, which read files named in the query: any name of the

@@ -88,7 +88,6 @@ class EmbeddedExecutor:
         """Yield ``fn`` of each item in item order as it is done, with at most
         ``threads + 1`` items being worked on or waiting to be taken: what is held at
         once is bounded by those, whatever the number of items."""
-        bar = Progress(desc, progress, len(items))
         pool = ThreadPoolExecutor(max(1, min(self.threads, len(items))))
         workers: set[int] = set()
 
@@ -96,25 +95,13 @@ class EmbeddedExecutor:
             workers.add(threading.get_ident())
             return fn(item)
 
-        ahead: collections.deque[Any] = collections.deque()
-        untaken = iter(items)
         try:
-            for item in untaken:
-                ahead.append(pool.submit(work, item))
-                if len(ahead) > self.threads:
-                    break
-            while ahead:
-                result = ahead.popleft().result()
-                item = next(untaken, _NONE)
-                if item is not _NONE:
-                    ahead.append(pool.submit(work, item))
-                bar.update()
-                yield result
-        finally:  # also when the consumer stops early: what was not started never is
+            yield from _in_order(lambda item: pool.submit(work, item), lambda future: future.result(), items,
+                                 self.threads + 1, Progress(desc, progress, len(items)))
+        finally:
             # (ended by the garbage collector in one of the pool's threads, it cannot wait
             # for itself: the others end on their own)
             pool.shutdown(wait=threading.get_ident() not in workers, cancel_futures=True)
-            bar.close()
 
     def close(self) -> None:
         """Nothing to release; present so both executors can be used alike."""
@@ -191,28 +178,15 @@ class DaskExecutor:
         """Yield ``fn`` of each item in item order as it is done (see
         ``EmbeddedExecutor.imap``), with at most twice as many items submitted at once
         as the cluster has worker threads."""
+
+        def take(future: Any) -> R:
+            result = future.result()
+            future.release()
+            return result
+
         window = max(2, 2 * sum(self.client.nthreads().values()))
-        bar = Progress(desc, progress, len(items))
-        ahead: collections.deque[Any] = collections.deque()
-        untaken = iter(items)
-        try:
-            for item in untaken:
-                ahead.append(self.client.submit(fn, item, pure=False))
-                if len(ahead) >= window:
-                    break
-            while ahead:
-                future = ahead.popleft()
-                result = future.result()
-                future.release()
-                item = next(untaken, _NONE)
-                if item is not _NONE:
-                    ahead.append(self.client.submit(fn, item, pure=False))
-                bar.update()
-                yield result
-        finally:
-            for future in ahead:
-                future.cancel()
-            bar.close()
+        yield from _in_order(lambda item: self.client.submit(fn, item, pure=False), take, items, window,
+                             Progress(desc, progress, len(items)))
 
     def close(self) -> None:
         """Disconnect, and stop the local cluster if this executor started one."""
@@ -229,6 +203,31 @@ class DaskExecutor:
     def __repr__(self) -> str:
         kind = "local cluster" if self._cluster is not None else "scheduler"
         return f"DaskExecutor({kind} at {self.address})"
+
+
+def _in_order(submit: Callable[[T], Any], take: Callable[[Any], R], items: Sequence[T], window: int,
+              bar: Progress) -> Iterator[R]:
+    """``imap``'s loop: each item submitted (``submit`` returns its future), at most
+    ``window`` at once, their results taken (``take``) and yielded in item order; what
+    was not started when the consumer stops is cancelled."""
+    ahead: collections.deque[Any] = collections.deque()
+    untaken = iter(items)
+    try:
+        for item in untaken:
+            ahead.append(submit(item))
+            if len(ahead) >= window:
+                break
+        while ahead:
+            result = take(ahead.popleft())
+            item = next(untaken, _NONE)
+            if item is not _NONE:
+                ahead.append(submit(item))
+            bar.update()
+            yield result
+    finally:
+        for future in ahead:
+            future.cancel()
+        bar.close()
 
 
 def _each(fn: Callable[[Iterable[T]], Iterator[R]], item: T) -> R:
