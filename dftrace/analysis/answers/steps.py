@@ -96,6 +96,9 @@ def _median_expr() -> pl.Expr:
 def steps_across_units(by_unit: pl.DataFrame) -> pl.DataFrame:
     """Per (epoch, step): ranks, start, min/median/max time, slowest rank, max/median."""
     compared = step_spread(by_unit)
+    # The kernel's rows come in (epoch, step) order, missing numbers first: put in
+    # order again (a copy of every column) only where a number is missing.
+    in_order = compared is not None and not any(compared.get_column(name).null_count() for name in ("epoch", "step"))
     if compared is None:
         compared = by_unit.group_by(["epoch", "step"]).agg(
             pl.len().alias("ranks"),
@@ -105,12 +108,9 @@ def steps_across_units(by_unit: pl.DataFrame) -> pl.DataFrame:
             pl.col("dur").max().alias("max_us"),
             _slowest().alias("slowest"),
         )
-    return (
-        compared.with_columns(
-            pl.when(pl.col("median_us") > 0).then(pl.col("max_us") / pl.col("median_us")).alias("imbalance")
-        )
-        .sort(["epoch", "step"], nulls_last=True)
-    )
+    compared = compared.with_columns(
+        pl.when(pl.col("median_us") > 0).then(pl.col("max_us") / pl.col("median_us")).alias("imbalance"))
+    return compared if in_order else compared.sort(["epoch", "step"], nulls_last=True)
 
 
 def _plain_stats() -> list[pl.Expr]:

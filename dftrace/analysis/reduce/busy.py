@@ -366,18 +366,34 @@ def _masks_numpy(group: np.ndarray, starts: np.ndarray, ends: np.ndarray,
 
 def time_within(starts: np.ndarray, ends: np.ndarray, step_start: np.ndarray, step_end: np.ndarray) -> np.ndarray:
     """The time of disjoint intervals (``starts``, ``ends``: one process's) that falls
-    within each [``step_start``, ``step_end``)."""
+    within each [``step_start``, ``step_end``).
+
+    Besides the result, one array a step and one an interval are made: the intervals
+    are read where they are when they come sorted (they usually do), and the time
+    before each is summed in place."""
     if not starts.size:
         return np.zeros(step_start.size, dtype=np.int64)
-    order = np.argsort(starts, kind="stable")  # they usually come sorted: one pass
-    starts, ends = starts[order], ends[order]
-    before = np.concatenate(([0], np.cumsum(ends - starts)))
+    if starts.size > 1 and not (starts[1:] >= starts[:-1]).all():
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+        del order
+    # before[k]: the time of the intervals before the k-th.
+    before = np.empty(starts.size + 1, dtype=np.int64)
+    before[0] = 0
+    np.subtract(ends, starts, out=before[1:])
+    np.cumsum(before[1:], out=before[1:])
 
     def time_until(t: np.ndarray) -> np.ndarray:
         # time before t: whole intervals before it plus the part of the one it is in
-        j = np.searchsorted(starts, t, side="right")
-        inside = np.where(j > 0, np.minimum(t, ends[np.maximum(j - 1, 0)]) - starts[np.maximum(j - 1, 0)], 0)
-        return before[np.maximum(j - 1, 0)] + np.where(j > 0, inside, 0)
+        last = np.searchsorted(starts, t, side="right")
+        inside = last > 0
+        last -= 1
+        last[~inside] = 0
+        part = np.minimum(t, ends[last])
+        part -= starts[last]
+        part[~inside] = 0
+        part += before[last]
+        return part
 
     return time_until(step_end) - time_until(step_start)
 
@@ -400,14 +416,16 @@ def time_in_steps(intervals: pl.DataFrame, procs: pl.DataFrame, steps: pl.DataFr
     proc = intervals.get_column("proc").to_numpy()
     starts_all, ends_all = intervals.get_column("start").to_numpy(), intervals.get_column("end").to_numpy()
     grouped = proc.size < 2 or bool((proc[1:] >= proc[:-1]).all())
-    by_proc = np.arange(proc.size) if grouped else np.argsort(proc, kind="stable")
+    by_proc = None if grouped else np.argsort(proc, kind="stable")
     procs_in_order = np.unique(proc)
-    bounds = np.searchsorted(proc[by_proc], procs_in_order, side="left").tolist() + [proc.size]
-    # Per process, its intervals sorted alone (sorting the table was the peak); a unit's processes add up.
+    bounds = np.searchsorted(proc if grouped else proc[by_proc], procs_in_order, side="left").tolist() + [proc.size]
+    # Per process, its intervals sorted alone (sorting the table was the peak); a unit's
+    # processes add up. Where the table comes grouped by process (as combined), each
+    # process's intervals are read in place.
     for i, one in enumerate(procs_in_order.tolist()):
         own = rows_of.get(units.get(int(one)))
         if own is None:
             continue
-        taken = by_proc[bounds[i]:bounds[i + 1]]
+        taken = slice(bounds[i], bounds[i + 1]) if by_proc is None else by_proc[bounds[i]:bounds[i + 1]]
         totals[own] += time_within(starts_all[taken], ends_all[taken], step_start[own], step_end[own])
     return totals
