@@ -249,6 +249,24 @@ def test_step_model_matches_numpy(monkeypatch):
     assert placed > 5000 and shortened > 100
 
 
+@pytest.mark.parametrize("numbers, steps", [
+    # Numbered on across epochs: the step that epoch 0's end cut in two is epoch 1's.
+    ([(0, 0), (0, 1), (0, 2), (1, 2), (1, 3)], [(0, 0), (0, 1), (1, 2), (1, 3)]),
+    ([(0, 0), (0, 1), (0, 2), (1, 2), (1, 3), (1, 4), (2, 4)], [(0, 0), (0, 1), (1, 2), (1, 3), (2, 4)]),
+    # Numbered from 0 in each epoch, one step or more an epoch: nothing is joined.
+    ([(0, 0), (1, 0), (2, 0)], [(0, 0), (1, 0), (2, 0)]),
+    ([(0, 0), (0, 1), (1, 0), (1, 1)], [(0, 0), (0, 1), (1, 0), (1, 1)]),
+])
+def test_a_step_that_an_epoch_end_cuts_in_two_is_one_step(numbers, steps):
+    rows = pl.DataFrame([(0, epoch, step, "compute", "forward", 100 * i, 100 * i + 50, 1)
+                         for i, (epoch, step) in enumerate(numbers)], orient="row",
+                        schema={"proc": pl.Int32, "epoch": pl.Int64, "step": pl.Int64, "cat": pl.String,
+                                "name": pl.String, "start": pl.Int64, "end": pl.Int64, "n": pl.Int64})
+    containers = pl.DataFrame(schema={"proc": pl.Int32, "name": pl.String, "start": pl.Int64, "end": pl.Int64})
+    modelled = _steps.model_steps(rows, containers)
+    assert list(modelled.select("epoch", "step").iter_rows()) == steps
+
+
 def test_steps_from_each_steps_work_merged_are_the_same():
     """A file's work rows merged into one a step (``work_merged``) give the steps its
     rows a name give, wherever no merged row holds two other steps' starts; where one

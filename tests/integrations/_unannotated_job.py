@@ -8,6 +8,8 @@
 - ``annotated``: the same loop annotated by hand (``fetch.iter``, a decorated
   forward, ``with ai.compute.backward``, ``update``);
 - ``accumulate``: ``plain`` with two micro-batches per optimizer step;
+- ``accumulate_across``: ``plain`` with three: the last two micro-batches of an
+  epoch are stepped in the next one, and the last two of the run never are;
 - ``fresh``: ``plain`` with a DataLoader made anew for each epoch, and after each
   epoch an evaluation loader iterated under ``torch.no_grad()``;
 - ``idle``: no PyTorch work at all;
@@ -59,7 +61,7 @@ def main(mode: str, truth_path: str) -> None:
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(Data(), batch_size=8, num_workers=2)
-    every = 2 if mode == "accumulate" else 1
+    every = {"accumulate": 2, "accumulate_across": 3}.get(mode, 1)
 
     if mode == "annotated":
         from dftrace import ai

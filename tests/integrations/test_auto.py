@@ -106,6 +106,18 @@ def test_accumulated_micro_batches_are_one_step(tmp_path):
     assert sorted(e["args"]["step"] for e in forwards) == sorted(list(range(8)) * 2)
 
 
+def test_a_step_that_an_epoch_end_cuts_in_two_is_one_step(tmp_path):
+    # Three micro-batches a step, eight an epoch: the optimizer steps the last two of
+    # epoch 0 with the first of epoch 1, and never steps the last two of epoch 1.
+    out, truth, _ = _run(tmp_path, "accumulate_across")
+    summary = summarize(out)
+    assert truth["steps"] == 4
+    numbers = [(row["epoch"], row["step"]) for row in summary.rank_steps]
+    assert len({step for _, step in numbers}) == len(numbers), numbers  # no step in two epochs
+    assert len(numbers) == truth["steps"] + 1  # and the unfinished step at the end
+    assert [(row["epoch"], row["steps"]) for row in summary.epochs] == [(0, 2), (1, 3)]
+
+
 def test_what_you_annotate_is_not_recorded_twice(tmp_path):
     out, truth, _ = _run(tmp_path, "annotated")
     spans = _spans(out)

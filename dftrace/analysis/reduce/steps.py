@@ -35,6 +35,7 @@ import polars as pl
 from ... import format as fmt
 from ..runtime import kernels
 from .busy import each_process, time_within
+from .step_numbers import with_numbers_settled
 from ..read.schema import FrameT
 
 
@@ -181,7 +182,7 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     """
     if not rows.height:
         return pl.DataFrame(schema=STEP_SCHEMA)
-    rows = with_epochs_of_their_steps(rows)
+    rows = with_numbers_settled(rows)
     cuts = {
         proc: np.sort(frame.get_column("start").to_numpy())
         for (proc,), frame in containers.partition_by("proc", as_dict=True).items()
@@ -228,29 +229,6 @@ def _steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
         .select(steps.columns)
     )
     return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical_relaxed")
-
-
-def with_epochs_of_their_steps(rows: pl.DataFrame) -> pl.DataFrame:
-    """``rows`` where a row without an epoch takes the epoch of its process's other rows
-    of the same step number, where they name exactly one.
-
-    A step is one step whatever args its spans carry: an integration's or a loop's
-    step span carries ``epoch`` and ``step`` while the forward, backward and optimizer
-    spans inside it carry ``step`` alone, and they are the same step. Where a step
-    number appears under several epochs (steps numbered from 0 in each epoch), a row
-    without an epoch is left as it is."""
-    epoch = rows.get_column("epoch")
-    missing = epoch.null_count()
-    if not missing or missing == rows.height:
-        return rows
-    keys = ["proc", "step"] if "proc" in rows.columns else ["step"]
-    known = (rows.lazy().filter(pl.col("epoch").is_not_null() & pl.col("step").is_not_null())
-             .group_by(keys).agg(pl.col("epoch").min().alias("_epoch"),
-                                 (pl.col("epoch").n_unique() == 1).alias("_one"))
-             .filter(pl.col("_one")).select(*keys, "_epoch"))
-    return (rows.lazy().join(known, on=keys, how="left", maintain_order="left")
-            .with_columns(pl.coalesce("epoch", "_epoch").cast(epoch.dtype).alias("epoch"))
-            .drop("_epoch").collect())
 
 
 def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFrame:
@@ -526,7 +504,8 @@ def _steps_in_unit_order(steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFra
 
 def step_spread(by_unit: pl.DataFrame) -> pl.DataFrame | None:
     """epoch, step, ranks, start_us, min_us, median_us, max_us, slowest: each step's
-    ranks compared (``by_unit``: unit, unit_order, epoch, step, start, dur), as
+    ranks compared (``by_unit``: unit, unit_order, epoch, step, start, dur), in (epoch,
+    step) order, missing numbers first, as
     ``answers.steps.steps_across_units``' query compares them, by the C kernel in one sort; None where
     it cannot (an install without a compiler, a missing time or rank order, steps too
     many to number with one integer): the query then does."""

@@ -1,0 +1,66 @@
+"""A process's step rows with their numbers settled before its steps are modelled
+(``steps.model_steps``): a row without an epoch given its step's, and a step that an
+epoch's end cut in two made one again."""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def with_numbers_settled(rows: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` (the extents of each [proc,] epoch, step, cat, name) with
+    ``with_epochs_of_their_steps`` and ``with_split_steps_joined`` applied."""
+    return with_split_steps_joined(with_epochs_of_their_steps(rows))
+
+
+def with_epochs_of_their_steps(rows: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` where a row without an epoch takes the epoch of its process's other rows
+    of the same step number, where they name exactly one.
+
+    A step is one step whatever args its spans carry: an integration's or a loop's
+    step span carries ``epoch`` and ``step`` while the forward, backward and optimizer
+    spans inside it carry ``step`` alone, and they are the same step. Where a step
+    number appears under several epochs (steps numbered from 0 in each epoch), a row
+    without an epoch is left as it is."""
+    epoch = rows.get_column("epoch")
+    missing = epoch.null_count()
+    if not missing or missing == rows.height:
+        return rows
+    keys = ["proc", "step"] if "proc" in rows.columns else ["step"]
+    known = (rows.lazy().filter(pl.col("epoch").is_not_null() & pl.col("step").is_not_null())
+             .group_by(keys).agg(pl.col("epoch").min().alias("_epoch"),
+                                 (pl.col("epoch").n_unique() == 1).alias("_one"))
+             .filter(pl.col("_one")).select(*keys, "_epoch"))
+    return (rows.lazy().join(known, on=keys, how="left", maintain_order="left")
+            .with_columns(pl.coalesce("epoch", "_epoch").cast(epoch.dtype).alias("epoch"))
+            .drop("_epoch").collect())
+
+
+def with_split_steps_joined(rows: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` where a step that an epoch's end cut in two is in the later epoch alone.
+
+    Where steps are numbered on across epochs, the last step number of an epoch is
+    also the first of the next when the step began before the epoch ended and ended
+    after: micro-batches accumulated at an epoch's end and stepped by the optimizer
+    in the next epoch. It is one step, and it ends in the later epoch. Numbers that
+    start again in each epoch never meet this way, unless an epoch has a single step
+    on both sides (then nothing is joined)."""
+    epoch = rows.get_column("epoch")
+    if epoch.drop_nulls().n_unique() < 2:
+        return rows
+    keys = ["proc"] if "proc" in rows.columns else []
+    over = keys or None
+    ranges = (rows.lazy().filter(pl.col("epoch").is_not_null() & pl.col("step").is_not_null())
+              .group_by(*keys, "epoch").agg(pl.col("step").min().alias("_lo"), pl.col("step").max().alias("_hi"))
+              .sort(*keys, "epoch"))
+    following = [pl.col(name).shift(-1).over(over) if over else pl.col(name).shift(-1)
+                 for name in ("epoch", "_lo", "_hi")]
+    split = (ranges.with_columns(following[0].alias("_later"), following[1].alias("_next_lo"),
+                                 following[2].alias("_next_hi"))
+             .filter((pl.col("_hi") == pl.col("_next_lo"))
+                     & ((pl.col("_lo") < pl.col("_hi")) | (pl.col("_next_lo") < pl.col("_next_hi"))))
+             .select(*keys, "epoch", pl.col("_hi").alias("step"), "_later").collect())
+    if not split.height:
+        return rows
+    return (rows.join(split, on=[*keys, "epoch", "step"], how="left", maintain_order="left")
+            .with_columns(pl.coalesce("_later", "epoch").cast(epoch.dtype).alias("epoch")).drop("_later"))
