@@ -351,7 +351,10 @@ class Config:
                 v = int(v)
             out[opt.env] = str(v)
         out["DFTRACE_ENABLE"] = "1"
+        # Paths as this process names them now: a child may start in another directory.
         out["DFTRACE_LOG_FILE"] = os.path.abspath(self.log_file)
+        if self.data_dir and self.data_dir.strip().lower() != "all":
+            out["DFTRACE_DATA_DIR"] = ":".join(os.path.abspath(p) for p in self.data_dir.split(":") if p.strip())
         return out
 
 

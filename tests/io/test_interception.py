@@ -279,6 +279,30 @@ def test_children_python_traced_others_untouched(tmp_path, monkeypatch):
     assert len(trace.pids) == 2
 
 
+#: A relative data_dir, then the program changes directory and starts a Python child.
+RELATIVE_DATA_DIR = START + """
+    import subprocess
+    p = data_file("shared.bin", b"0123456789" * 100)
+    dftrace.initialize(log_file=out, io=True, data_dir="data", compression="none")
+    os.makedirs("elsewhere", exist_ok=True)
+    os.chdir("elsewhere")
+    child = subprocess.run([sys.executable, "-c", "print(len(open('../data/shared.bin', 'rb').read()))"],
+                           capture_output=True, text=True)
+    print(json.dumps({"child": int(child.stdout), "path": p, "pid": os.getpid()}))
+"""
+
+
+def test_a_child_started_in_another_directory_traces_the_same_files(tmp_path, monkeypatch):
+    """``data_dir`` names its directories as the program saw them when tracing
+    started: a child started after a ``chdir`` traces those, not others."""
+    monkeypatch.chdir(tmp_path)
+    truth = run_traced(tmp_path, RELATIVE_DATA_DIR)
+    assert truth["child"] == 1000
+    trace = IOTrace(tmp_path / "trace")
+    child = [e for e in trace.of(truth["path"]) if e["name"] in READS and e["pid"] != truth["pid"]]
+    assert sum(max(e["args"]["ret"], 0) for e in child) == 1000
+
+
 #: N preads (argv[2]) of one file under io_max_rate=2000 (100 calls in a 50 ms drain
 #: interval), made at once, then finalize.
 PREADS = START + """
