@@ -198,6 +198,48 @@ def test_extra_data_loader_stall_in_a_real_run(tmp_path, capsys):
     assert data["flagged"].index("dataloader.fetch.iter.total") < data["flagged"].index("breakdown.compute")
 
 
+WORKERS = textwrap.dedent("""
+    import multiprocessing, sys
+    import dftrace
+    from dftrace import ai
+
+    def load(i):
+        with ai.data.item(args={"i": i}):
+            pass
+
+    if __name__ == "__main__":
+        dftrace.initialize(log_file=sys.argv[1])
+        workers = [multiprocessing.get_context("fork").Process(target=load, args=(i,))
+                   for i in range(int(sys.argv[2]))]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        for step in ai.dataloader.fetch.iter(range(20)):
+            ai.update(epoch=0, step=step)
+            with ai.compute.forward:
+                pass
+        dftrace.finalize()
+""")
+
+
+def test_more_workers_do_not_make_a_run_of_more_ranks(tmp_path, capsys):
+    """The same one-process job with 2 and then 4 worker processes of its own (as
+    DataLoader workers): the job's counts compare as they are, not divided among its
+    processes, and none of them is flagged."""
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for name, workers in (("base", "2"), ("new", "4")):
+        subprocess.run([sys.executable, str(script), str(tmp_path / name / "run"), workers], check=True, env=env)
+    code, data = _diff_json(capsys, str(tmp_path / "base"), str(tmp_path / "new"))
+    assert (data["base"]["processes"], data["new"]["processes"]) == (3, 5)
+    rows = {r["metric"]: r for r in data["rows"]}
+    assert rows["compute.forward.count"]["base"] == rows["compute.forward.count"]["new"] == 20
+    assert rows["compute.forward.count"]["note"] == ""
+    assert "compute.forward.count" not in data["flagged"]
+
+
 def test_compare_runs_from_python(runs):
     """The Python API gives the same rows as the command."""
     diff = compare_runs(runs[0], runs[1], threshold=0.05)

@@ -83,8 +83,11 @@ def _category_figures(base: Summary, new: Summary) -> Iterator[Figure]:
 
 
 def _units(summary: Summary) -> int:
-    """What figures are per rank of: ranks, else processes."""
-    return summary.overview.get("ranks") or summary.overview.get("processes") or 1
+    """What figures are per rank of: ranks, else the processes that are not another's
+    workers (the DataLoader workers of one process and multiprocessing's helpers do not
+    make a run of one process a run of several)."""
+    return (summary.overview.get("ranks") or sum(not p.get("worker") for p in summary.processes)
+            or summary.overview.get("processes") or 1)
 
 
 def _scaled(values: Sequence[float | None], units: tuple[int, int], per_rank: bool) -> list[float | None]:

@@ -76,13 +76,16 @@ def _file_dict(report: Any) -> dict[str, Any]:
 def _process_rows(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     joined = procs.join(combined.extents, on="proc", how="left").sort("proc")
     ended = [p.ended for p in combined.resolution.processes]
+    # A traced child of a traced process (a DataLoader worker, multiprocessing's
+    # helpers) is a worker of it, not a process of the job's own.
+    workers = [p.role is not None for p in combined.resolution.processes]
     return [
         {
             "label": r["label"], "rank": r["rank"], "host": r["host"], "pid": r["pid"],
             "start_us": r["start"], "end_us": r["end"],
             "wall_us": (r["end"] - r["start"]) if r["start"] is not None else 0,
             "spans": r["n"] or 0, "incomplete": r["incomplete"] or 0, "dropped": r["dropped"],
-            "ended": ended[r["proc"]],
+            "ended": ended[r["proc"]], "worker": workers[r["proc"]],
         }
         for r in joined.iter_rows(named=True)
     ]
