@@ -20,6 +20,10 @@ interpreter's themselves (the import system's look-ups), and the trace files.
 Children: a forked child keeps the wrappers and drains into its own file; a
 spawned Python child (spawn, forkserver, subprocess) starts them from the
 environment (``DFTRACE_IO=1``). A program that is not Python runs untouched.
+
+A program that ends with ``os._exit`` skips ``atexit``: ``os._exit`` is wrapped so
+that the calls recorded since the last drain, and the counters, are handed on first
+(``_exit_after_the_last_drain``).
 """
 
 from __future__ import annotations
@@ -112,11 +116,40 @@ def import_dirs(excluded: list[str]) -> list[str]:
     return out[:64]
 
 
+#: The tracer of this process, for ``os._exit`` (see ``_exit_after_the_last_drain``).
+_tracer: IOTracer | None = None
+#: ``os._exit`` as the interpreter gave it.
+_os_exit = os._exit
+
+
+def _exit_after_the_last_drain(*args: Any, **kwargs: Any) -> Any:
+    """``os._exit``, once this process's tracer has drained its last calls and written
+    its counters, and the writer has them (a process that ends this way skips
+    ``atexit``; the writer thread's file then has no closing ``]``). Where the tracer is
+    another process's (a child forked from C, which no Python at-fork hook reached),
+    or stopped already, ``os._exit`` alone."""
+    tracer = _tracer
+    if tracer is not None and tracer.pid == os.getpid():
+        try:
+            tracer.stop()
+            session = tracer._session
+            if session.writer is not None:  # the writer thread's file too (bounded)
+                session.writer.sync(min(1.0, session.config.shutdown_timeout))
+        except BaseException:
+            pass
+    return _os_exit(*args, **kwargs)
+
+
+_exit_after_the_last_drain.__wrapped__ = _os_exit  # type: ignore[attr-defined]
+
+
 class IOTracer:
     """The wrappers bound in this process and the thread that drains their calls."""
 
     def __init__(self, session: Any, mod: Any, engine: Any, kids: tuple[int, ...]):
+        global _tracer
         self._session = session
+        self.pid = session.pid
         self._mod = mod
         self._engine = engine
         self._kids = kids
@@ -134,6 +167,9 @@ class IOTracer:
         self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="dftrace-io", daemon=True)
         self._thread.start()
+        _tracer = self
+        if os._exit is _os_exit:
+            os._exit = _exit_after_the_last_drain
 
     def _run(self) -> None:
         while not self._stop.wait(DRAIN_INTERVAL):

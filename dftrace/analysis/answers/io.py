@@ -99,6 +99,7 @@ def io_answers(combined: Any, process_steps: pl.DataFrame) -> dict[str, Any]:
     out["checkpoint"] = _figures(calls.filter(checkpoint))
     out["access"] = _access(resolution.records)
     out["recorded"] = _recorded(resolution.records)
+    out["recorded"]["cut_short"] = _cut_short(totals, resolution)
     out["files"], out["files_total"] = _files(totals, resolution.records)
     out["ranks"] = _ranks(totals, resolution)
     out["steps"] = _steps(calls, process_steps)
@@ -226,6 +227,16 @@ def _recorded(records: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
     return _summed(records, "io", ("calls", "events", "aggregated_calls", "dropped"))
 
 
+def _cut_short(totals: pl.DataFrame, resolution: Any) -> int:
+    """Processes with traced calls that ended without their last drain (killed): their
+    last interval's calls (50 ms) and their counters never reached the trace. Such a
+    process has no ``io`` record, and the trace says how it ended (DFTracer's, with no
+    ``io`` record either, does not)."""
+    counted = {proc for proc, record in resolution.records if record.get("name") == "io"}
+    calling = set(totals.get_column("proc").unique().to_list())
+    return sum(1 for proc in calling - counted if resolution.processes[proc].ended is not None)
+
+
 def _files(totals: pl.DataFrame, records: list[tuple[int, dict[str, Any]]]) -> tuple[list[dict[str, Any]], int]:
     """Per file (by path; by hash where no ``FH`` record names it), most I/O time first."""
     named: dict[tuple[int, str], str] = {}
@@ -330,6 +341,14 @@ def io_findings(io: dict[str, Any], *, has_compute: bool) -> list[str]:
     if (io["access"]["random_share"] or 0) > RANDOM_FINDING:
         lines.append(f"{pct(io['access']['random_share'])} of reads and writes are random (not at or after the "
                      "end of the one before): read in order, or larger blocks")
+    cut_short = io["recorded"].get("cut_short")
+    if cut_short == 1:
+        lines.append("1 process ended (killed) before the last drain of its I/O calls: its calls of its last "
+                     "50 ms and its per-file counters are not in the trace, so the figures count less than was done")
+    elif cut_short:
+        lines.append(f"{cut_short} processes ended (killed) before the last drain of their I/O calls: the calls "
+                     "of each one's last 50 ms and its per-file counters are not in the trace, so the figures "
+                     "count less than was done")
     if io["recorded"]["dropped"]:
         lines.append(f"{io['recorded']['dropped']} I/O calls were dropped by the tracer: the figures count less "
                      "than was done")
