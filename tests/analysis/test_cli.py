@@ -19,6 +19,7 @@ pl = pytest.importorskip("polars", reason="needs the analysis extra: pip install
 from dftrace import format as fmt  # noqa: E402
 from dftrace.analysis import load_traces, write_trace  # noqa: E402
 from dftrace.analysis.commands import main  # noqa: E402
+from dftrace.testing import read_events  # noqa: E402
 
 
 def test_summary_prints_every_section(run_dir, capsys):
@@ -172,6 +173,34 @@ def test_convert_rejects_an_unknown_suffix(run_dir, tmp_path, capsys):
     """An output suffix that names no format fails before reading anything."""
     assert main(["convert", str(run_dir), "-o", str(tmp_path / "out.txt")]) == 2
     assert "output format" in capsys.readouterr().err
+
+
+def test_convert_refuses_to_write_over_its_input(run_dir, tmp_path, capsys):
+    """An output that is also an input would be destroyed as it is read: refused, the
+    file left as it was."""
+    source = sorted(run_dir.iterdir())[0]
+    copy = tmp_path / source.name
+    copy.write_bytes(source.read_bytes())
+    for command in ("convert", "merge"):
+        assert main([command, str(copy), "-o", str(copy)]) == 2
+        assert "both an input and the output" in capsys.readouterr().err
+        assert copy.read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize("command", ["convert", "merge"])
+def test_an_output_in_a_folder_read_is_not_read_back(run_dir, tmp_path, command):
+    """Writing into the folder that is read, twice: the second run does not read the
+    first one's output as a trace (it counted every event twice)."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for path in run_dir.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    out = folder / "all.pfw.gz"
+    counts = []
+    for _ in range(2):
+        assert main([command, str(folder), "-o", str(out)]) == 0
+        counts.append(sum(1 for e in read_events(str(out)) if e.get("ph") == "X"))
+    assert counts[0] == counts[1] > 0
 
 
 def _merged(tmp_path, *args):

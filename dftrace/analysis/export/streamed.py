@@ -40,7 +40,7 @@ from .tables import (
 from .perfetto import PERFETTO, output_kind, write_perfetto
 from ..read.parquet import parquet_document
 from ..read.schema import EVENT_COLUMNS, HOST_KEY
-from ..read.sources import DEFAULT_PARTITION_BYTES, PathsLike, plan_paths
+from ..read.sources import DEFAULT_PARTITION_BYTES, PathsLike, expand_paths, plan_partitions
 from ..reduce.steps import container_rows, model_steps, step_rows
 from ..read.trace import (
     TraceTable,
@@ -107,13 +107,14 @@ def _scan(partition: Any, with_steps: bool) -> _Scanned:
 class _Inputs:
     """The input files after the first pass: their resolved processes and metadata."""
 
-    def __init__(self, paths: PathsLike, *, executor: Any = None, partition_bytes: int = DEFAULT_PARTITION_BYTES,
-                 progress: bool | None = None, with_steps: bool = False):
+    def __init__(self, paths: PathsLike, output: str | os.PathLike[str], *, executor: Any = None,
+                 partition_bytes: int = DEFAULT_PARTITION_BYTES, progress: bool | None = None,
+                 with_steps: bool = False):
         from functools import partial
 
         from ..runtime.executor import default_executor
 
-        plan = plan_paths(paths, partition_bytes)
+        plan = plan_partitions(_inputs_but(paths, output), partition_bytes)
         self.scans: list[_Scanned] = default_executor(executor).map(
             partial(_scan, with_steps=with_steps), plan, progress=progress, desc="reading")
         parts = [s.part for s in self.scans]
@@ -144,6 +145,20 @@ class _Inputs:
                                       maintain_order="left").drop(HOST_KEY).select(order)
 
 
+def _inputs_but(paths: PathsLike, output: str | os.PathLike[str]) -> list[str]:
+    """The files ``paths`` names, but ``output``: a file the command writes in a folder
+    it reads (a second run would read the first one's output as a trace). Raises
+    ValueError where ``output`` is named as an input: writing it would destroy it."""
+    target = os.path.realpath(output)
+    named = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if any(os.path.realpath(path) == target for path in named):
+        raise ValueError(f"{os.fspath(output)} is both an input and the output: write to another file")
+    files = [path for path in expand_paths(named) if os.path.realpath(path) != target]
+    if not files:
+        raise FileNotFoundError(f"no trace files found at {', '.join(map(os.fspath, named))} but the output")
+    return files
+
+
 # --- convert ---------------------------------------------------------------------------
 
 
@@ -152,7 +167,7 @@ def convert(paths: PathsLike, output: str | os.PathLike[str], *, to: str | None 
     as :func:`write_trace`; ``.pftrace``: Perfetto's) piece by piece, in input order
     (Perfetto's format: in time order, as it wants)."""
     kind = output_kind(output, to)
-    inputs = _Inputs(paths, **options)
+    inputs = _Inputs(paths, output, **options)
     first: dict[int, int] = {}
     for scan in inputs.scans:
         for (pid, _), ts in scan.first_ts.items():
@@ -215,7 +230,7 @@ def merge_files(paths: PathsLike, output: str | os.PathLike[str], keep: MergeFil
     time order. Raises ValueError when a filter keeps no event."""
     keep = keep or MergeFilter()
     kind = output_kind(output, to)
-    inputs = _Inputs(paths, with_steps=keep.steps is not None, **options)
+    inputs = _Inputs(paths, output, with_steps=keep.steps is not None, **options)
     procs = inputs.header.processes
     new_pid = assign_pids(procs)
     offsets = _clock_offsets(procs) if align_clocks else {}
