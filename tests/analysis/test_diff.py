@@ -240,6 +240,21 @@ def test_more_workers_do_not_make_a_run_of_more_ranks(tmp_path, capsys):
     assert "compute.forward.count" not in data["flagged"]
 
 
+def test_one_rank_slower_fails_the_guard(tmp_path, capsys):
+    """Rank 1 of 3 takes 2 ms more in every step's backward pass, the other ranks
+    nothing more: no machine slows one rank alone, so the step's mean fails the guard
+    (the names' median speed, the slower backward's, explained it away)."""
+    for name, slow in (("base", {}), ("new", {(1, e, s): 2_000 for e in range(2) for s in range(4)})):
+        (tmp_path / name).mkdir()
+        tracegen.write_run(tmp_path / name, ranks=3, slow=slow)
+    code, data = _diff_json(capsys, str(tmp_path / "base"), str(tmp_path / "new"), "--fail-on-regression", "5%",
+                            "--metric", "step.mean")
+    assert code == 1
+    least, most = data["ranks_apart"]
+    assert least == 1.0 and most > 1.5
+    assert data["speed"] <= least
+
+
 def test_compare_runs_from_python(runs):
     """The Python API gives the same rows as the command."""
     diff = compare_runs(runs[0], runs[1], threshold=0.05)

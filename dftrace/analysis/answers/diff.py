@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 
 from ... import format as fmt
-from .step_shifts import (_COVERED, SPEED_MIN_COUNT, SPEED_MIN_SHARE, StepTimes, _covered,
+from .step_shifts import (_COVERED, SPEED_MIN_COUNT, SPEED_MIN_SHARE, StepTimes, _covered, ranks_apart,
                            _Shift, _step_shifts, step_times)
 from .steps import nearest_rank
 from .summary import Summary
@@ -107,6 +107,10 @@ class RunDiff:
     #: How much slower NEW's machine ran than BASE's, from the names whose time changed
     #: alike (None: several runs per side, or too few names to tell).
     speed: float | None = None
+    #: One run per side, where the ranks' steps changed unevenly (which no machine's
+    #: speed does): how many times as long the least and the most changed rank's steps
+    #: took; ``speed`` is then at most the least's (see ``step_shifts.ranks_apart``).
+    ranks_apart: tuple[float, float] | None = None
     #: One run per side: the names whose time per step moved against the rest of their
     #: steps beyond the noise, with the relative change of the step each move makes.
     moved: dict[str, float] = field(default_factory=dict)
@@ -155,7 +159,7 @@ class RunDiff:
         """The comparison as a JSON-ready dict (``flagged``: metric keys in impact order)."""
         return {
             "base": self.base, "new": self.new, "threshold": self.threshold, "runs": list(self.runs),
-            "speed": self.speed, "moved": self.moved,
+            "speed": self.speed, "ranks_apart": self.ranks_apart, "moved": self.moved,
             "flagged": [r.metric for r in self.flagged],
             "rows": [asdict(r) for r in self.rows],
         }
@@ -191,13 +195,20 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     blocks = (_step_blocks(first_b), _step_blocks(first_n)) if single else None
     # With one run per side, the machine's speed stands in for the run-to-run noise.
     diff.speed = machine_speed(first_b, first_n) if single else None
+    # A machine's speed slows every rank; where the ranks' steps changed unevenly, it
+    # explains at most what the least changed rank's did.
+    uneven = diff.ranks_apart = ranks_apart(first_b.rank_steps, first_n.rank_steps, threshold) if single else None
+    if uneven is not None and diff.speed is not None:
+        diff.speed = (min(diff.speed, max(uneven[0], 1.0)) if diff.speed > 1
+                      else max(diff.speed, min(uneven[1], 1.0)))
     shifts = (_step_shifts(*steps, threshold, first_b.step_stats.get("mean_us"))
               if single and steps is not None else {})
     diff.moved = {f"{cat}.{name}": round(v.step, 4) for (cat, name), v in shifts.items()}
     # Where the judged names hold most of the steps' time, they alone judge the step
     # figures: the load of a shared machine moves a step's own figures far more than
-    # the blocks of one run can tell, and moves the names alike.
-    names_judge = (single and steps is not None
+    # the blocks of one run can tell, and moves the names alike. Not where ranks moved
+    # apart: a name that moved on one rank of several does not move over all steps.
+    names_judge = (single and steps is not None and uneven is None
                    and min(_covered(first_b, steps[0]), _covered(first_n, steps[1])) >= _COVERED)
     for figure in figures_of(first_b, first_n):
         samples = ([v.get(figure.metric) for v in values_b], [v.get(figure.metric) for v in values_n])

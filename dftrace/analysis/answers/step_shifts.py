@@ -218,3 +218,32 @@ def _covered(run: Summary, steps: StepTimes) -> float:
     (nested names counted once each, so this may pass 1)."""
     total = (run.step_stats.get("mean_us") or 0) * (run.step_stats.get("count") or 0)
     return float(steps.times.sum()) / total if total else 0.0
+
+
+def ranks_apart(base: list[dict[str, Any]], new: list[dict[str, Any]], threshold: float
+                ) -> tuple[float, float] | None:
+    """Where the ranks' steps changed unevenly between two runs (one rank slower, say),
+    which no machine's speed does: (least, greatest) over the ranks of how many times
+    as long a step took (the Hodges-Lehmann estimate of each rank's shift in log step
+    time), where the most changed rank's interval lies beyond the least changed one's
+    by more than ``threshold`` (95 % for the ranks together). ``base``, ``new``: the
+    runs' rank-steps (``rank``, ``dur_us``). None with fewer than two ranks of
+    SPEED_MIN_COUNT steps in both runs, or where the ranks changed alike."""
+    def logs(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+        durations: dict[str, list[int]] = {}
+        for row in rows:
+            if isinstance(row.get("dur_us"), int) and row["dur_us"] > 0 and row.get("rank") is not None:
+                durations.setdefault(str(row["rank"]), []).append(row["dur_us"])
+        return {rank: np.log(np.array(values, dtype=float)) for rank, values in durations.items()
+                if len(values) >= SPEED_MIN_COUNT}
+
+    base_logs, new_logs = logs(base), logs(new)
+    ranks = sorted(base_logs.keys() & new_logs.keys())
+    if len(ranks) < 2:
+        return None
+    z = NormalDist().inv_cdf(1 - _FAMILY_ERROR / 2 / len(ranks))
+    shifts = sorted(_log_shift(base_logs[rank], new_logs[rank], z) for rank in ranks)
+    (least, _, least_high), (most, most_low, _) = shifts[0], shifts[-1]
+    if most_low - least_high <= math.log1p(threshold):
+        return None
+    return round(math.exp(least), 4), round(math.exp(most), 4)

@@ -54,7 +54,12 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
                      f"(up to {STEP_BLOCKS} per run), a name's mean from the spread of its durations; "
                      "other figures have no interval with one run per side: several runs per side give "
                      "a sharper answer")
-        if diff.speed is not None:
+        if diff.speed is not None and diff.ranks_apart is not None:
+            least, most = diff.ranks_apart
+            lines.append(f"  machine speed: at most {diff.speed:.3f}x, as the least changed rank's steps "
+                         f"(the ranks' steps changed unevenly, {least:.3f}x to {most:.3f}x as long, which no "
+                         "machine's speed does); time figures are judged by their change beyond that")
+        elif diff.speed is not None:
             lines.append(f"  machine speed: the names took {diff.speed:.3f}x as long in new (median over "
                          "names, weighed by time); time figures are judged by their change beyond that")
         if diff.moved:
