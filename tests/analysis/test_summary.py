@@ -380,9 +380,10 @@ def test_a_summary_prints_as_a_line_and_shows_as_tables_in_a_notebook():
     line = repr(summary)
     assert "\n" not in line and len(line) < 300
     assert line.startswith("<Summary: 2 processes (2 ranks, 1 host), 5,910 events over ")
-    assert "128 steps, median " in line and "rank 1 holds the others back" in line
+    # 64 steps of 2 ranks each (the line said "128 steps": the rank-steps)
+    assert "; 64 steps (128 rank-steps), median " in line and "rank 1 holds the others back" in line
     page = summary._repr_html_()
-    assert page.count("<table>") == 3 and "<td>128</td>" in page and "<td>rank 1</td>" in page
+    assert page.count("<table>") == 3 and "<td>64</td><td>128</td>" in page and "<td>rank 1</td>" in page
     assert repr(type(summary).from_dict(summary.to_dict())) == line
 
 

@@ -228,7 +228,9 @@ def headline(s: Summary) -> list[str]:
     parts = [f"{processes} ({ranks}{count_of(o.get('hosts', 0), 'host')}), "
              f"{events:,} event{'' if events == 1 else 's'} over {format_us(o.get('wall_us'))}"]
     if s.step_stats:
-        parts.append(f"{s.step_stats['count']} steps, median {format_us(s.step_stats['p50_us'])}")
+        steps, rank_steps = s.step_count(), s.step_stats["count"]
+        ranks = f" ({rank_steps} rank-steps)" if rank_steps != steps else ""
+        parts.append(f"{steps} steps{ranks}, median {format_us(s.step_stats['p50_us'])}")
     held = [r for r in s.stragglers if r.get("significant")]
     if held:
         parts.append(f"{held[0]['unit']} holds the others back "
@@ -246,8 +248,9 @@ def _summary_html(s: Summary) -> str:
     parts = [f"<p><b>{html.escape('; '.join(headline(s)))}</b></p>"]
     if s.step_stats:
         st = s.step_stats
-        parts.append(_html_table("Steps", ["steps", "p50", "p95", "mean", "max"], [[
-            st["count"], format_us(st["p50_us"]), format_us(st["p95_us"]), format_us(st["mean_us"]),
+        counts = [s.step_count()] + ([st["count"]] if st["count"] != s.step_count() else [])
+        parts.append(_html_table("Steps", ["steps", "rank-steps"][:len(counts)] + ["p50", "p95", "mean", "max"], [[
+            *counts, format_us(st["p50_us"]), format_us(st["p95_us"]), format_us(st["mean_us"]),
             format_us(st["max_us"])]]))
     top = sorted(s.categories, key=lambda c: -c["total_us"])[:10]
     if top:
