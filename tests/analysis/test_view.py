@@ -117,6 +117,22 @@ def test_view_converts_a_directory_serves_it_with_cors_and_stops_on_ctrl_c(trace
     assert out == "stopped" and not os.path.exists(converted.group(1))
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_view_ended_by_a_signal_removes_its_folder_and_dies_of_it(traces, signum):
+    """SIGTERM (a job's end, ``kill``) and SIGHUP (a closed terminal) end the command as
+    they would, its temporary folder removed first."""
+    view = _View(str(traces), "--no-browser", "--port", str(_free_port()))
+    try:
+        lines = view.lines_until("Ctrl-C stops")
+        converted = re.match(r"converting to (\S+) \(removed when this command ends\)$", lines[0])
+        assert converted and os.path.exists(converted.group(1))
+        view.proc.send_signal(signum)
+    finally:
+        code, _, err = view.end(interrupt=False)
+    assert code == -signum and "Traceback" not in err, err
+    assert not os.path.exists(os.path.dirname(converted.group(1)))
+
+
 def test_view_once_serves_a_pftrace_as_it_is_and_exits_after_the_fetch(traces, tmp_path):
     """A .pftrace is served as it is (nothing converted), to the origin of a UI of one's
     own (--ui); with --once the command ends by itself once the file was fetched."""

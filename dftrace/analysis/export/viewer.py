@@ -19,6 +19,7 @@ import contextlib
 import http.server
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -186,9 +187,43 @@ def view(paths: Sequence[str], *, port: int = DEFAULT_PORT, ui: str = DEFAULT_UI
     """``dftrace view``: ``paths`` made viewable (:func:`viewable`) and served
     (:func:`serve`). Ctrl-C ends it, with exit code 0."""
     _origin(ui)  # a wrong --ui fails before any work
+    ended = None
     try:
-        with viewable(paths, output, **options) as path:
-            return serve(path, port=port, ui=ui, browser=browser, once=once)
+        with _ended_by_signals():
+            with viewable(paths, output, **options) as path:
+                return serve(path, port=port, ui=ui, browser=browser, once=once)
     except KeyboardInterrupt:
         print("stopped", flush=True)
         return 0
+    except _Ended as exc:  # the temporary folder is gone: end as the signal would have
+        ended = exc.signum
+    signal.signal(ended, signal.SIG_DFL)
+    os.kill(os.getpid(), ended)
+    return 128 + ended
+
+
+class _Ended(Exception):
+    """SIGTERM or SIGHUP, raised where the command is, so that its files are removed."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _ended_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``_Ended`` meanwhile (their default would end the
+    process without removing the temporary folder); on the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_ended(signum: int, frame: Any) -> None:
+        raise _Ended(signum)
+
+    before = {signum: signal.signal(signum, raise_ended) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
