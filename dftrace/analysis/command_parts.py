@@ -91,6 +91,9 @@ def command(*needs: str) -> Callable[[Callable[[argparse.Namespace], int]], Call
             invoked = f"dftrace {getattr(args, 'command', None) or ''}".strip()
             try:
                 check_installed(*needs, needed_by=invoked)
+                output = getattr(args, "output", None)
+                if output:  # its folder made as --log-file's is
+                    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
                 command_heap()
                 if "polars" in needs:
                     load_polars()

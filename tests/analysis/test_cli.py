@@ -169,6 +169,15 @@ def test_convert_dftracer_2_2_to_pfw_for_dfanalyzer(samples, tmp_path):
     assert fmt.validate_file(out) == []
 
 
+@pytest.mark.parametrize("command, name", [("convert", "x.pfw.zst"), ("merge", "m.json.gz"),
+                                           ("report", "r.html")])
+def test_an_output_s_missing_folder_is_made(run_dir, tmp_path, command, name):
+    """As --log-file's: ``-o new/folder/FILE`` makes the folders."""
+    out = tmp_path / "new" / "folder" / name
+    assert main([command, str(run_dir), "-o", str(out)]) == 0
+    assert out.stat().st_size > 0
+
+
 def test_convert_rejects_an_unknown_suffix(run_dir, tmp_path, capsys):
     """An output suffix that names no format fails before reading anything."""
     assert main(["convert", str(run_dir), "-o", str(tmp_path / "out.txt")]) == 2
