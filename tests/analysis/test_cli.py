@@ -178,6 +178,17 @@ def test_an_output_s_missing_folder_is_made(run_dir, tmp_path, command, name):
     assert out.stat().st_size > 0
 
 
+@pytest.mark.parametrize("command", ["summary", "validate", "convert"])
+def test_perfetto_s_format_is_not_read_as_lines(run_dir, tmp_path, capsys, command):
+    """A .pftrace dftrace wrote is said to be Perfetto's format, not read as broken lines."""
+    pftrace = tmp_path / "t.pftrace"
+    assert main(["convert", str(run_dir), "-o", str(pftrace)]) == 0
+    capsys.readouterr()
+    args = ["-o", str(tmp_path / "back.pfw.zst")] if command == "convert" else []
+    assert main([command, str(pftrace), *args]) == 2
+    assert "Perfetto's own format" in capsys.readouterr().err
+
+
 def test_convert_rejects_an_unknown_suffix(run_dir, tmp_path, capsys):
     """An output suffix that names no format fails before reading anything."""
     assert main(["convert", str(run_dir), "-o", str(tmp_path / "out.txt")]) == 2

@@ -52,6 +52,7 @@ import polars as pl
 
 from ... import format as fmt
 from ..read.schema import EVENT_COLUMNS
+from ..read.sources import PERFETTO_SUFFIXES
 from ..read.trace import TraceTable
 from .protobuf import (FIXED64, LEN, VARINT, Bytes, Const, Field, Fixed64, Message, Rows, Varint, int_field, layout,
                        message, tag, text_rows)
@@ -60,7 +61,7 @@ from .tables import FORMATS, assign_pids, output_format
 
 #: The format's name (``--to perfetto``) and the file suffixes that ask for it.
 PERFETTO = "perfetto"
-SUFFIXES = (".pftrace", ".perfetto-trace")
+SUFFIXES = PERFETTO_SUFFIXES
 #: Every output format by name: Perfetto's and those of :data:`tables.FORMATS`.
 FORMAT_NAMES = (*sorted(set(FORMATS.values())), PERFETTO)
 

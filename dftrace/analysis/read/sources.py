@@ -71,6 +71,9 @@ def expand_paths(paths: PathsLike, skipped: list[str] | None = None) -> list[str
         if os.path.isdir(path):
             candidates = _walk(path)
         elif os.path.isfile(path):
+            if path.endswith(PERFETTO_SUFFIXES):
+                raise ValueError(f"{path} is in Perfetto's own format, which dftrace writes for the UI and does "
+                                 "not read: give the trace files it was made from")
             candidates = [path]
         else:
             candidates = []
@@ -89,6 +92,8 @@ def expand_paths(paths: PathsLike, skipped: list[str] | None = None) -> list[str
     return list(found)
 
 
+#: Perfetto's own format's names: written (``export.perfetto``), never read.
+PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
 #: Names that say nothing of the content: such files are looked into.
 _GENERIC_SUFFIXES = (".json", ".json.gz", ".jsonl")
 #: How much of a file's decoded start is looked at for an event.
