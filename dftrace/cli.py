@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import shlex
 import sys
 import time
 from collections import Counter
@@ -173,7 +174,7 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
         return 0
     print(f"\ntrace written to {', '.join(_shown(p) for p in s.paths)}")
     print(_demo_table(s.paths))
-    target = _shown(out) if out is not None else " ".join(_shown(p) for p in s.paths)
+    target = shlex.quote(_shown(out)) if out is not None else " ".join(shlex.quote(_shown(p)) for p in s.paths)
     more = f"dftrace summary {target}, or in Perfetto: dftrace view {target}"
     try:
         from .analysis.runtime.deps import ANALYSIS, check_installed
@@ -316,7 +317,7 @@ def _say_where_the_trace_went(session: Any, started_ns: int) -> None:
             break
     directory = os.path.dirname(session.prefix) or "."
     relative = os.path.relpath(directory)
-    shown = directory if relative.startswith("..") else relative
+    shown = shlex.quote(directory if relative.startswith("..") else relative)  # a command to paste
     files = ", ".join(p if relative.startswith("..") else os.path.relpath(p) for p in paths) or "(none)"
     if children:
         files += f" and {len(children)} file{'s' if len(children) != 1 else ''} of its child processes"

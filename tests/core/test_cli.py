@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,19 @@ def test_run_traces_a_script_and_keeps_its_exit_code(tmp_path):
     assert out.returncode == 3, out.stderr
     (train,) = testing.spans(testing.read_events(tmp_path), "train")
     assert train["args"]["argv"] == ["a", "--b"]
+
+
+def test_run_s_next_command_pastes_as_it_is(tmp_path):
+    """The command ``dftrace run`` suggests names the trace's folder, quoted where it
+    has a space: pasted into a shell, it reads that folder."""
+    script = tmp_path / "job.py"
+    script.write_text("from dftrace import ai\nwith ai.compute.forward:\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
+    out = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", "trace dir/t", str(script)],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    command = out.stderr.split("next: ", 1)[1].split("   (")[0]
+    assert shlex.split(command) == ["dftrace", "summary", "trace dir"]
 
 
 def test_run_rejects_bad_options_with_the_setting_named(tmp_path):
