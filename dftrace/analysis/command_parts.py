@@ -42,12 +42,25 @@ def subcommand(subparsers: Any, name: str, run: Callable[[argparse.Namespace], i
     return parser
 
 
-def rows_option(p: argparse.ArgumentParser, default: int, help: str, *old: str) -> None:
-    """``--rows N``, the one name of every command's row limit; ``old`` are the names
-    it had before (hidden, deprecated, still accepted)."""
-    p.add_argument("--rows", type=int, default=default, metavar="N", help=help)
+def rows_option(p: argparse.ArgumentParser, default: int, help: str, *old: str, all_rows: bool = False) -> None:
+    """``--rows N``, the one name of every command's row limit: 1 or more, or with
+    ``all_rows`` -1 for all; ``old`` are the names it had before (hidden, deprecated,
+    still accepted)."""
+    count = functools.partial(_row_count, all_rows=all_rows)
+    p.add_argument("--rows", type=count, default=default, metavar="N", help=help)
     for name in old:
-        p.add_argument(name, dest="rows", type=int, action=_DeprecatedRows, help=argparse.SUPPRESS)
+        p.add_argument(name, dest="rows", type=count, action=_DeprecatedRows, help=argparse.SUPPRESS)
+
+
+def _row_count(text: str, *, all_rows: bool) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value >= 1 or (all_rows and value == -1):
+        return value
+    raise argparse.ArgumentTypeError(f"wants a number of rows, 1 or more{' (or -1 for all)' if all_rows else ''}, "
+                                     f"got {text!r}")
 
 
 def inputs_argument(parser: argparse.ArgumentParser) -> None:

@@ -64,7 +64,7 @@ def register_sql(subparsers: Any) -> None:
     out.add_argument("--csv", action="store_true", help="print the result as CSV")
     out.add_argument("--json", action="store_true", help="print the result as a JSON array of rows")
     out.add_argument("-o", "--output", metavar="FILE", help="write the result to FILE (.parquet, .csv or .json)")
-    rows_option(p, 100, "rows of the terminal table (default 100; -1 for all)", "--max-rows")
+    rows_option(p, 100, "rows of the terminal table (default 100; -1 for all)", "--max-rows", all_rows=True)
     p.add_argument("--allow-file-functions", action="store_true",
                    help="let the query call polars' table functions that read files (read_csv(...), ...); "
                    "without it a query reads only the traces given")

@@ -189,6 +189,17 @@ def test_perfetto_s_format_is_not_read_as_lines(run_dir, tmp_path, capsys, comma
     assert "Perfetto's own format" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["summary", "validate", "diff"])
+@pytest.mark.parametrize("rows", ["0", "-1", "x"])
+def test_rows_below_one_are_refused(run_dir, capsys, command, rows):
+    """--rows is a number of rows, 1 or more (0 and -1 printed one row); sql's -1 is all rows."""
+    paths = [str(run_dir)] * (2 if command == "diff" else 1)
+    with pytest.raises(SystemExit) as refused:
+        main([command, *paths, "--rows", rows])
+    assert refused.value.code == 2
+    assert "wants a number of rows, 1 or more" in capsys.readouterr().err
+
+
 def test_convert_rejects_an_unknown_suffix(run_dir, tmp_path, capsys):
     """An output suffix that names no format fails before reading anything."""
     assert main(["convert", str(run_dir), "-o", str(tmp_path / "out.txt")]) == 2
