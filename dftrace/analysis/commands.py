@@ -161,6 +161,10 @@ def _run_merge(args: argparse.Namespace) -> int:
     from .export.streamed import merge_files
 
     output_kind(args.output, args.to)
+    if args.epoch is not None and args.steps is None:
+        raise ValueError("--epoch chooses the epoch of --steps: give --steps A[:B] too")
+    if args.start is not None and args.end is not None and args.start > args.end:
+        raise ValueError(f"--start {args.start:g} is after --end {args.end:g}")
     keep = MergeFilter(
         categories=args.cat, start_s=args.start, end_s=args.end, steps=_step_range(args.steps), epoch=args.epoch
     )
@@ -187,9 +191,12 @@ def _step_range(text: str | None) -> tuple[int, int] | None:
         return None
     first, _, last = text.partition(":")
     try:
-        return int(first), int(last or first)
+        steps = int(first), int(last or first)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--steps wants A or A:B, got {text!r}") from None
+    if steps[0] > steps[1]:
+        raise argparse.ArgumentTypeError(f"--steps {text}: the first step is after the last")
+    return steps
 
 
 def _explain_rules(rule: str) -> int:

@@ -240,6 +240,19 @@ def _merged(tmp_path, *args):
     return json.loads(gzip.decompress(out.read_bytes()))
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--epoch", "1"], "give --steps A[:B] too"),
+    (["--start", "0.5", "--end", "0.2"], "--start 0.5 is after --end 0.2"),
+    (["--steps", "5:2"], "the first step is after the last"),
+])
+def test_merge_refuses_a_filter_that_says_nothing(run_dir, tmp_path, capsys, args, message):
+    """An --epoch without --steps was ignored (every event written); a reversed range
+    matched nothing, said as "no events match"."""
+    assert main(["merge", str(run_dir), "-o", str(tmp_path / "m.json.gz"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "m.json.gz").exists()
+
+
 def test_merge_names_and_orders_processes_by_rank(run_dir, tmp_path):
     """Merged processes are named 'rank R · host · pid P' and sorted by rank."""
     events = _merged(tmp_path, str(run_dir))

@@ -316,7 +316,7 @@ def _describe(keep: MergeFilter) -> str:
     if keep.categories is not None:
         parts.append("categories " + ", ".join(keep.categories))
     if keep.start_s is not None or keep.end_s is not None:
-        parts.append(f"time {keep.start_s or 0}s..{'' if keep.end_s is None else keep.end_s}s")
+        parts.append(f"time from {keep.start_s or 0:g} s" + ("" if keep.end_s is None else f" to {keep.end_s:g} s"))
     if keep.steps is not None:
         first, last = keep.steps
         parts.append(f"steps {first}..{last}" + (f" of epoch {keep.epoch}" if keep.epoch is not None else ""))
