@@ -7,6 +7,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -141,7 +142,7 @@ def test_finished_trace_exits_at_once(run_dir):
     """A finished run (every file closed): watch shows it and exits by itself."""
     result = _watch(str(run_dir))
     assert result.returncode == 0, result.stderr
-    assert "4 files (0 open, 0 stalled, 0 cut off, 4 closed) · 4 ranks" in result.stdout
+    assert "4 files (0 open, 0 stalled, 0 cut off, 0 unfinished, 4 closed) · 4 ranks" in result.stdout
     for rank in range(4):
         row = next(line for line in result.stdout.splitlines() if line.strip().startswith(f"rank {rank} "))
         assert row.split()[2:5] == ["1", "3", "8"]  # epoch 1, step 3, 8 steps
@@ -156,6 +157,19 @@ def test_cut_off_file_is_reported(tmp_path):
     (file,) = snap["files"]
     assert file["state"] == "cut off" and file["pending_bytes"] > 0 and file["events"] > 0
     assert snap["totals"]["files_cut_off"] == 1
+
+
+def test_a_file_its_killed_writer_left_whole_is_unfinished_not_cut_off(tmp_path):
+    """A writer killed between two flushes leaves whole frames without the closing ']':
+    unfinished, and not called cut off (which is a frame cut in the middle)."""
+    dead = subprocess.Popen(["true"])  # a pid that no longer runs
+    dead.wait()
+    proc = tracegen.training_process(dead.pid, rank=0, host=socket.gethostname())
+    tracegen.write_process(tmp_path, proc, finalize=False)
+    snap = _snapshot(tmp_path)
+    (file,) = snap["files"]
+    assert file["state"] == "unfinished" and file["pending_bytes"] == 0 and file["events"] > 0
+    assert snap["totals"]["files_unfinished"] == 1 and snap["totals"]["files_cut_off"] == 0
 
 
 @pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])

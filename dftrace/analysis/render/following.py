@@ -20,8 +20,9 @@ The partials held combine into an ordinary :class:`Summary` of the steps shown
 durations and extents.
 
 A file is closed when its writer's closing ``]`` was read; one whose last bytes are
-an unfinished unit is cut off (a writer killed mid-flush); one that has not grown
-for ``stale_s`` seconds is stalled.
+an unfinished unit is cut off (a writer killed mid-flush); one whose writer is gone
+and whose units are whole, without the ``]``, is unfinished (a writer killed between
+flushes); one that has not grown for ``stale_s`` seconds is stalled.
 
 Damage does not end the watch. Garbage in a plain file is broken lines, as in any
 summary. Bytes of a compressed file that do not decode (garbage, a unit left half
@@ -52,7 +53,7 @@ from ..answers.steps import UnitSteps, nearest_rank, steps_of
 from ..answers.summary import Summary, build_summary
 
 
-OPEN, STALLED, CUT_OFF, CLOSED = "open", "stalled", "cut off", "closed"
+OPEN, STALLED, CUT_OFF, UNFINISHED, CLOSED = "open", "stalled", "cut off", "unfinished", "closed"
 
 #: Bytes read from a file per system call while catching up.
 _READ_BYTES = 1 << 20
@@ -316,8 +317,10 @@ class FileFollower:
     def state(self, now: float, stale_s: float) -> str:
         if self.closed:
             return CLOSED
-        if self._damaged_at is not None or self.pending or self.writer_gone:
+        if self._damaged_at is not None or self.pending:
             return CUT_OFF
+        if self.writer_gone:
+            return UNFINISHED
         try:
             age = now - os.path.getmtime(self.path)
         except OSError:
@@ -531,7 +534,8 @@ def _straggler(summary: Summary) -> dict[str, Any] | None:
 
 
 def _totals(files: list[dict[str, Any]], summary: Summary | None, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    states = {state: sum(1 for f in files if f["state"] == state) for state in (OPEN, STALLED, CUT_OFF, CLOSED)}
+    states = {state: sum(1 for f in files if f["state"] == state)
+              for state in (OPEN, STALLED, CUT_OFF, UNFINISHED, CLOSED)}
     rates = [r["steps_per_s"] for r in ranks if r["steps_per_s"]]
     o = summary.overview if summary is not None else {}
     return {

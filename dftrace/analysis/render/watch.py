@@ -12,7 +12,7 @@ from typing import Any
 
 from ..answers.units import format_bytes, format_us
 from .terminal import printable, printable_data
-from .following import CLOSED, CUT_OFF, OPEN, STALLED, Watcher
+from .following import CLOSED, CUT_OFF, OPEN, STALLED, UNFINISHED, Watcher
 
 
 
@@ -51,7 +51,8 @@ def _headline(snapshot: dict[str, Any]) -> str:
     t = snapshot["totals"]
     return (
         f"dftrace watch: {t['files']} files ({t['files_open']} open, {t['files_stalled']} stalled, "
-        f"{t['files_cut_off']} cut off, {t['files_closed']} closed) · {t['ranks']} ranks · "
+        f"{t['files_cut_off']} cut off, {t['files_unfinished']} unfinished, {t['files_closed']} closed) · "
+        f"{t['ranks']} ranks · "
         f"{t['events']} events · {t['broken_lines']} broken lines · {t['dropped_events']} dropped · "
         f"{format_us(t['wall_us'])}"
         + (f" · {t['steps_per_s']:.2f} steps/s (slowest rank)" if t["steps_per_s"] else "")
@@ -119,7 +120,7 @@ def render_rich(snapshot: dict[str, Any]) -> Any:
     files = Table(box=None, header_style="bold", pad_edge=False)
     for header in ("file", "state", "bytes", "events", "last write"):
         files.add_column(header, justify="left" if header in ("file", "state") else "right")
-    colours = {OPEN: "green", STALLED: "yellow", CUT_OFF: "red", CLOSED: "dim"}
+    colours = {OPEN: "green", STALLED: "yellow", CUT_OFF: "red", UNFINISHED: "red", CLOSED: "dim"}
     for f in snapshot["files"]:
         files.add_row(f["path"], Text(f["state"], style=colours[f["state"]]), f"{f['bytes']:,}", str(f["events"]),
                       "-" if f["idle_s"] is None else f"{f['idle_s']:.0f} s")
