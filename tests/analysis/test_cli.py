@@ -200,6 +200,14 @@ def test_rows_below_one_are_refused(run_dir, capsys, command, rows):
     assert "wants a number of rows, 1 or more" in capsys.readouterr().err
 
 
+def test_a_cut_file_is_said_to_be_cut_once(tmp_path, capsys):
+    """The damaged files' list gives the cut of a file once (it came as its broken line
+    and again as the file's cut)."""
+    tracegen.write_process(tmp_path, tracegen.training_process(1000), cut="frame")
+    assert main(["summary", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("compressed stream cut off at byte") == 1
+
+
 def test_convert_rejects_an_unknown_suffix(run_dir, tmp_path, capsys):
     """An output suffix that names no format fails before reading anything."""
     assert main(["convert", str(run_dir), "-o", str(tmp_path / "out.txt")]) == 2

@@ -197,8 +197,9 @@ def _broken(summary: Summary) -> list[str]:
     lines.append("Damaged files")
     for f in damaged:
         lines.append(f"  {os.path.basename(f['path'])}: {count_of(f['broken_count'], 'broken line')}")
-        lines.extend(f"    line {b['line']}: {b['reason']}" for b in f["broken"][:3])
-        if f["cut_off"]:
+        shown = f["broken"][:3]
+        lines.extend(f"    line {b['line']}: {b['reason']}" for b in shown)
+        if f["cut_off"] and all(b["reason"] != f["cut_off"] for b in shown):  # said once
             lines.append(f"    {f['cut_off']}")
     return lines
 
