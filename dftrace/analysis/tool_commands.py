@@ -39,7 +39,7 @@ tables:
 Only the columns a query names are decoded; events reach the query a few pieces of the
 files at a time, so a query that reduces them holds about those pieces and its result.
 The SQL is polars' dialect (SELECT, WHERE,
-GROUP BY, JOIN, WITH, window functions, ...); quote names that are SQL words: "group".
+GROUP BY, JOIN, WITH, window functions, ...); quote names that are SQL words: "group", "offset".
 
 examples:
   dftrace sql "SELECT name, count(*) AS n, sum(dur) AS total_us FROM spans

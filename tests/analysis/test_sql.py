@@ -162,6 +162,14 @@ def test_a_bad_query_is_one_line_and_exit_status_2(run_dir, capsys, query, says)
     assert len(lines) == 1 and lines[0].startswith("dftrace: error: in the query: ") and says in lines[0]
 
 
+@pytest.mark.parametrize("query", ["DROP TABLE spans", "  -- a comment\n create table t as select 1"])
+def test_a_statement_that_changes_tables_is_refused(run_dir, capsys, query):
+    """``DROP TABLE`` printed an empty table and exited 0, as if it answered."""
+    assert main(["sql", query, str(run_dir)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "changes tables rather than asks for rows" in captured.err
+
+
 def test_an_unknown_output_suffix_fails_before_loading(run_dir, tmp_path, capsys):
     """-o with a suffix that names no format is an error naming the known ones."""
     assert main(["sql", "SELECT 1", str(run_dir), "-o", str(tmp_path / "out.txt")]) == 2

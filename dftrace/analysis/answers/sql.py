@@ -96,6 +96,7 @@ def run_sql(
     """
     if not allow_file_functions:
         reject_file_functions(query)
+    reject_statements(query)
     tables = TraceTables(paths, executor=executor, partition_bytes=partition_bytes, progress=progress)
     plan = tables.context().execute(query, eager=False)
     stops_early, tables.rows_wanted = _limits(plan)
@@ -163,6 +164,20 @@ def reject_file_functions(query: str) -> None:
     found = _FILE_FUNCTION.search(names)
     if found:
         raise FileFunctionError(found.group(1))
+
+
+def reject_statements(query: str) -> None:
+    """Raise ValueError where ``query`` changes tables (``DROP TABLE``, ``CREATE``,
+    ``INSERT`` ...) rather than asks for rows: polars runs some of them, and an empty
+    result was printed as if they answered."""
+    words = _NOT_NAMES.sub(" ", query).lstrip(" \t\r\n(").split(None, 1)
+    if words and words[0].upper() in _CHANGES:
+        raise ValueError(f"dftrace sql answers one query (SELECT ..., WITH ... SELECT ..., SHOW TABLES): "
+                         f"{words[0]!r} changes tables rather than asks for rows")
+
+
+#: Statements that change tables.
+_CHANGES = ("DROP", "CREATE", "INSERT", "UPDATE", "DELETE", "ALTER", "TRUNCATE", "REPLACE", "MERGE")
 
 
 class TraceTables:
