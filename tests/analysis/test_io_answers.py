@@ -226,7 +226,7 @@ def test_totals_equal_the_calls_written(traced, summary):
     assert io["small_read_share"] == round(small / io["read_time_us"], 4)
     assert io["access"]["after_first"] == 6  # A: 5 reads, B: 3, C: 1 write; the first of each left out
     assert io["access"]["random_share"] == round(3 / 6, 4)  # A: 1 of 4 sequential, B: 2 of 2
-    assert io["recorded"] == {"calls": 40, "events": 31, "aggregated_calls": 30, "dropped": 2}
+    assert io["recorded"] == {"calls": 40, "events": 31, "aggregated_calls": 30, "dropped": 2, "cut_short": 0}
 
 
 def test_placed_in_spans_and_workers(traced, summary):
@@ -277,8 +277,9 @@ def test_findings_say_what_the_figures_show(summary, tmp_path):
     said = summary.io["findings"]
     assert said[0] == f"{summary.io['small_read_share'] * 100:.0f} % of read time is in reads under 64 KiB: " \
                       "batch them or read larger blocks"
-    assert said[1].startswith("2 I/O calls were dropped")
-    assert len(said) == 2  # metadata 2 %, not overlapped 18 %, random 50 %: not beyond the thresholds
+    assert said[1].startswith("50 % of reads and writes go back")  # half go back: as uniformly random access
+    assert said[2].startswith("2 I/O calls were dropped")
+    assert len(said) == 3  # metadata 2 %, not overlapped 18 %: not beyond the thresholds
     # Metadata-bound, outside compute, random: every finding.
     proc = tracegen.Process(1, "node0", 0)
     t0 = tracegen.T0_US
@@ -298,8 +299,8 @@ def test_findings_say_what_the_figures_show(summary, tmp_path):
     assert io["findings"] == [
         "metadata is 77 % of I/O time (open, stat, close, seek ...): open files once, keep listings",
         "I/O not overlapped with compute is 85 % of I/O time: prefetch, or read in DataLoader workers",
-        "100 % of reads and writes are random (not at or after the end of the one before): read in order, "
-        "or larger blocks",
+        "100 % of reads and writes go back (start before the end of the one before): the access is random "
+        "(uniformly random access goes back about half the time); read in order, or larger blocks",
     ]
 
 

@@ -38,7 +38,10 @@ MAX_FILES = 1000
 #: Buckets of the I/O timeline.
 TIMELINE_BUCKETS = 200
 #: Shares beyond which a finding is said.
-SMALL_FINDING, METADATA_FINDING, NOT_OVERLAPPED_FINDING, RANDOM_FINDING = 0.5, 0.3, 0.5, 0.5
+SMALL_FINDING, METADATA_FINDING, NOT_OVERLAPPED_FINDING = 0.5, 0.3, 0.5
+#: The share of accesses that go back beyond which access is said to be random:
+#: uniformly random access goes back about half the time (the rest jump forward).
+RANDOM_FINDING = 0.25
 #: The share of reads that are their file's first since its open beyond which small
 #: reads are said to be small files.
 SMALL_FILES_FINDING = 0.5
@@ -339,8 +342,9 @@ def io_findings(io: dict[str, Any], *, has_compute: bool) -> list[str]:
             lines.append(f"I/O not overlapped with compute is {pct(io['not_overlapped_share'])} of I/O time: "
                          "prefetch, or read in DataLoader workers")
     if (io["access"]["random_share"] or 0) > RANDOM_FINDING:
-        lines.append(f"{pct(io['access']['random_share'])} of reads and writes are random (not at or after the "
-                     "end of the one before): read in order, or larger blocks")
+        lines.append(f"{pct(io['access']['random_share'])} of reads and writes go back (start before the end of "
+                     "the one before): the access is random (uniformly random access goes back about half the "
+                     "time); read in order, or larger blocks")
     cut_short = io["recorded"].get("cut_short")
     if cut_short == 1:
         lines.append("1 process ended (killed) before the last drain of its I/O calls: its calls of its last "
