@@ -422,7 +422,7 @@ def io_text(io: dict[str, Any], top: int) -> list[str]:
                          f"{f['ops']} calls, {format_us(f['io_time_us'])}")
     lines += [f"  {line}" for line in io["findings"]]
     sizes = io["sizes"]
-    lines.append("  calls by size:")
+    lines.append("  calls that moved bytes, by size (end-of-file reads and failed calls left out):")
     lines += _table(("", *sizes["buckets"]), [("reads", *sizes["read"]), ("writes", *sizes["write"])],
                     (False, *[True] * len(sizes["buckets"])))
 
