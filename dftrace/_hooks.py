@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 from typing import Any, Callable, TypeVar
 
 from ._core.engine import clock
@@ -130,14 +131,16 @@ class OpenSpans:
         return f"<OpenSpans {list(self._spans)}>"
 
 
-def add_callback(owner: Any, method: str, callback: str) -> None:
+def add_callback(owner: Any, method: str, callback: str, *, hooks_stand_down: bool = False) -> None:
     """Make every call of ``owner``'s ``method`` that takes ``callbacks`` (a trainer's
     ``__init__``, Keras' ``fit``, ``evaluate``, ``predict``) also get a new callback of
     the class at ``callback`` (``"module:name"``), unless its callbacks already hold
     one (``auto=True``: the framework traces without the user adding the callback).
     The class is imported at the call, not now: this runs while the framework is
     imported, its package not whole yet. Callbacks given as anything but a list or a
-    tuple (one callback, Keras' ``CallbackList``) are left as given."""
+    tuple (one callback, Keras' ``CallbackList``) are left as given. With
+    ``hooks_stand_down``, PyTorch's automatic hooks record nothing during the call (the
+    callback records the same: Keras on its torch backend)."""
     original = getattr(owner, method)
     if getattr(original, "__dftrace_adds__", None) is not None:
         return
@@ -156,7 +159,14 @@ def add_callback(owner: Any, method: str, callback: str) -> None:
         except Exception as exc:
             warn_once(f"callback:{callback}:{method}",
                       f"{callback} was not added to {owner.__name__}.{method}: {exc!r}")
-        return original(self, *a, **kw)
+        auto = sys.modules.get("dftrace.torch._auto") if hooks_stand_down else None
+        if auto is None:
+            return original(self, *a, **kw)
+        auto.standing_down(+1)
+        try:
+            return original(self, *a, **kw)
+        finally:
+            auto.standing_down(-1)
 
     call.__dftrace_adds__ = callback  # type: ignore[attr-defined]
     functools.update_wrapper(call, original)
@@ -168,7 +178,7 @@ def give_keras_callbacks(models: Any) -> None:
     :class:`dftrace.keras.TraceCallback` unless given one (``models``:
     ``keras.src.models.model``, as it is imported)."""
     for method in ("fit", "evaluate", "predict"):
-        add_callback(models.Model, method, "dftrace.keras:TraceCallback")
+        add_callback(models.Model, method, "dftrace.keras:TraceCallback", hooks_stand_down=True)
 
 
 class Wait:
