@@ -80,6 +80,16 @@ def test_summary_names_the_straggler_first(lockstep, capsys):
     assert set(data["stragglers"][0]) >= {"rank", "host", "last_arrivals", "caused_wait_us", "compute_us_per_step"}
 
 
+def test_the_straggler_s_steps_are_its_own(lockstep):
+    """The line counts the straggler's own steps: a resumed job's second run of a rank
+    ran only some of the job's steps (it said "8 of 20" for a run of 10)."""
+    summary = summarize(lockstep)
+    summary.stragglers[0]["steps"] = STEPS // 2  # as the run that resumed halfway
+    summary.stragglers[0]["held_steps"] = STEPS // 2
+    line = render_text(summary).splitlines()[2].strip()
+    assert line.startswith(f"rank 1 held the others back in {STEPS // 2} of {STEPS // 2} steps")
+
+
 def test_collective_wait_inside_backward_is_communication(lockstep):
     """The all-reduce nested in backward is communication (self time), not compute
     overlapped with communication."""

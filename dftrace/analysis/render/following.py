@@ -524,7 +524,7 @@ def _straggler(summary: Summary) -> dict[str, Any] | None:
     if summary.stragglers and summary.stragglers[0].get("significant"):
         worst = summary.stragglers[0]
         return {"rank": worst["unit"], "caused_wait_us_per_step": worst["caused_wait_us_per_step"],
-                "held_steps": worst["held_steps"], "steps": summary.step_count()}
+                "held_steps": worst["held_steps"], "steps": worst.get("steps") or summary.step_count()}
     ranks = summary.imbalance.get("ranks") or []
     slowest = max(ranks, key=lambda r: (r["slowest_count"], r["mean_us"]), default=None)
     if slowest is None or not slowest["slowest_count"]:

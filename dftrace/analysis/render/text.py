@@ -113,11 +113,13 @@ def straggler_lines(summary: Summary) -> list[str]:
                 + (f" ({stats['held_steps']} of {stats['steps']} steps above noise, spread among the ranks)"
                    if stats.get("held_steps") else "")]
     per_step = worst["caused_wait_us_per_step"]
-    line = (f"{worst['unit']} held the others back in {worst['held_steps']} of {stats['steps']} steps, "
+    # The unit's own steps: a resumed job's run holds only those it ran.
+    steps = worst.get("steps") or stats["steps"]
+    line = (f"{worst['unit']} held the others back in {worst['held_steps']} of {steps} steps, "
             f"{format_us(per_step)} per step")
     others = [r["compute_us_per_step"] for r in summary.stragglers[1:] if r["compute_us_per_step"] is not None]
     if worst.get("pattern") == "most steps":
-        detail = (f"last in {worst['last_steps']} of {stats['steps']} steps, median lead "
+        detail = (f"last in {worst['last_steps']} of {steps} steps, median lead "
                   f"{format_us(worst['median_lead_us'])}")
     else:
         noise, beyond = worst.get("noise_us"), worst.get("beyond_us")
