@@ -318,9 +318,11 @@ def _say_where_the_trace_went(session: Any, started_ns: int) -> None:
     directory = os.path.dirname(session.prefix) or "."
     relative = os.path.relpath(directory)
     shown = shlex.quote(directory if relative.startswith("..") else relative)  # a command to paste
-    files = ", ".join(p if relative.startswith("..") else os.path.relpath(p) for p in paths) or "(none)"
-    if children:
-        files += f" and {len(children)} file{'s' if len(children) != 1 else ''} of its child processes"
+    files = ", ".join(p if relative.startswith("..") else os.path.relpath(p) for p in paths)
+    if children:  # a launcher (torchrun) records nothing itself: its ranks do
+        kids = f"{len(children)} file{'s' if len(children) != 1 else ''} of its child processes"
+        files = f"{files} and {kids}" if files else kids
+    files = files or "(none)"
     if not recorded:
         print(f"dftrace run: nothing was recorded: no annotated code ran and no PyTorch or Keras work was seen "
               f"(files: {files}); annotate your loop with ai.* (see the README) or check that the "

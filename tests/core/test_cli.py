@@ -66,6 +66,23 @@ def test_run_s_next_command_pastes_as_it_is(tmp_path):
     assert shlex.split(command) == ["dftrace", "summary", "trace dir"]
 
 
+def test_run_of_a_launcher_names_its_children_s_files(tmp_path):
+    """A launcher (torchrun) records nothing; its child does: the files are the
+    child's (it said "trace written to (none) and 1 file of its child processes")."""
+    script = tmp_path / "launch.py"
+    script.write_text(textwrap.dedent("""
+        import subprocess, sys
+        subprocess.run([sys.executable, "-c", "from dftrace import ai\\nwith ai.compute.forward:\\n    pass"],
+                       check=True)
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
+    out = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "job"),
+                          str(script)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "trace written to 1 file of its child processes" in out.stderr, out.stderr
+    assert len(testing.trace_files(tmp_path / "t")) == 1
+
+
 def test_run_rejects_bad_options_with_the_setting_named(tmp_path):
     """A bad tracing option stops ``dftrace run`` before the script starts."""
     (tmp_path / "x.py").write_text("open('started', 'w').close()\n")
