@@ -122,6 +122,20 @@ def test_breakdown_measures_busy_exclusive_and_overlap(summary):
     assert summary.breakdown["pairs"] == [{"a": "compute", "b": "data", "overlap_us": overlap}]
 
 
+def test_the_vocabulary_in_capitals_is_its_group(tmp_path):
+    """A DFTracer program's categories in capitals (``dft_fn("COMPUTE")``) are the
+    vocabulary's groups: they read as idle time before."""
+    proc = tracegen.Process(1, "node0", 0)
+    t0 = tracegen.T0_US
+    proc.span("step", "COMPUTE", t0, 300)
+    proc.span("save", "CHECKPOINT", t0 + 400, 200)
+    proc.span("mine", "IO", t0 + 700, 100)  # a category of its own: not a group
+    tracegen.write_process(tmp_path, proc)
+    groups = {g["group"]: g["busy_us"] for g in summarize(tmp_path, index=False).breakdown["groups"]}
+    assert groups["compute"] == 300 and groups["checkpoint"] == 200
+    assert sum(groups.values()) == 500
+
+
 def test_breakdown_adds_up_to_process_time(summary):
     """Per process, exclusive + overlapped + idle time equals the process's wall time."""
     for proc in summary.breakdown["processes"]:

@@ -19,13 +19,13 @@ from .sketch import BIN_SCHEMA
 from .steps import STEP_SCHEMA, STEP_TIME_SCHEMA
 
 
+#: The breakdown's group of each category of the vocabulary, in its spelling and in
+#: capitals (DFTracer programs name theirs so: ``dft_fn("COMPUTE")``).
 GROUP_CATS = {
-    fmt.CAT_COMPUTE: 0,
-    fmt.CAT_DATA: 1,
-    fmt.CAT_DATALOADER: 1,
-    fmt.CAT_COMM: 2,
-    fmt.CAT_CHECKPOINT: 3,
-    fmt.CAT_DEVICE: 4,
+    spelling: group
+    for cat, group in ((fmt.CAT_COMPUTE, 0), (fmt.CAT_DATA, 1), (fmt.CAT_DATALOADER, 1), (fmt.CAT_COMM, 2),
+                       (fmt.CAT_CHECKPOINT, 3), (fmt.CAT_DEVICE, 4))
+    for spelling in (cat, cat.upper())
 }
 
 
