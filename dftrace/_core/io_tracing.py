@@ -217,6 +217,8 @@ class IOTracer:
             record(META, {"lines": lines})
         stats = self._mod.stats()
         lost = stats["dropped"] + self.dropped
+        if not (stats["calls"] or lost or lines):  # no file call traced: a process that recorded
+            return                                 # nothing writes no file (multiprocessing's helpers)
         record(META, {"name": "io", "args": {
             "calls": stats["calls"], "events": self.written,
             "aggregated_calls": stats["aggregated_calls"], "dropped": lost,

@@ -305,6 +305,28 @@ def test_a_child_started_in_another_directory_traces_the_same_files(tmp_path, mo
     assert sum(max(e["args"]["ret"], 0) for e in child) == 1000
 
 
+#: A Python child that touches no file (as multiprocessing's resource tracker).
+IDLE_CHILD = START + """
+    import subprocess
+    p = data_file("one.bin", b"1" * 100)
+    dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    n = len(open(p, "rb").read())
+    print(json.dumps({"read": n, "pid": os.getpid()}))
+"""
+
+
+def test_a_child_that_touches_no_file_writes_no_file(tmp_path, monkeypatch):
+    """With file I/O traced, a Python child that records nothing and calls no traced
+    file writes no trace file, as without ``io``: an empty file of multiprocessing's
+    resource tracker came late, after ``dftrace run`` had listed the files, and made a
+    one-process run two in ``dftrace diff``."""
+    monkeypatch.chdir(tmp_path)
+    truth = run_traced(tmp_path, IDLE_CHILD)
+    assert truth["read"] == 100
+    assert IOTrace(tmp_path / "trace").pids == {truth["pid"]}
+
+
 #: Reads, then os._exit at once: no atexit, no finalize.
 EXIT_AT_ONCE = START + """
     p = data_file("last.bin", b"x" * 3000)
