@@ -42,6 +42,7 @@ RERUNS: dict[str, tuple[str, ...]] = {
         "reliability/test_storage_errors.py",
         "io/test_counters.py",
         "io/test_interception.py",
+        "io/test_children_and_ends.py",
     ),
     "pure_engine": (
         "core/test_args.py",
@@ -82,6 +83,7 @@ RERUNS: dict[str, tuple[str, ...]] = {
         "reliability/test_sampler.py",
         "io/test_counters.py",
         "io/test_interception.py",
+        "io/test_children_and_ends.py",
     ),
 }
 

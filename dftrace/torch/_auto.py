@@ -23,10 +23,8 @@ everyone (global module and optimizer hooks) and a few replaced methods:
   communication hook you register), and the rank once a process group exists;
 - Hugging Face ``Trainer`` and Lightning ``Trainer`` objects get
   :class:`dftrace.transformers.TraceCallback` / :class:`dftrace.lightning.TraceCallback`
-  unless they have one; while they train, the hooks above stand down. So do they
-  while a Keras ``fit``, ``evaluate`` or ``predict`` runs (Keras on its torch
-  backend: :class:`dftrace.keras.TraceCallback` records it), and Keras layers and
-  models are never recorded as modules.
+  unless they have one; while they train, the hooks above stand down, as during a
+  Keras ``fit``/``evaluate``/``predict`` (Keras' callback records its layers).
 
 What you annotate is not recorded twice: a hook records nothing while a span of its
 category is open on the calling thread (a ``with ai.compute...``, a function you
@@ -53,7 +51,7 @@ from .._core import tree as _tree
 from .._core.tree import ai
 from .._hooks import add_callback, warn_once
 from ._dist import note_distributed_rank, patch_init_process_group, trace_distributed, watch_ddp
-from ._hooking import BACKWARD, forward_failed
+from ._hooking import BACKWARD, forward_failed, is_keras
 
 __all__ = ["install", "standing_down"]
 
@@ -310,18 +308,12 @@ def _forward_pre(module: Any, args: Any) -> None:
             local.depth += 1
             return
         local.depth = 1
-        if _stands_aside(_FORWARD, "compute") or _is_keras(module):
+        if _stands_aside(_FORWARD, "compute") or is_keras(module):
             return
         local.span = _FORWARD.start()
         local.module = module
     except Exception:
         pass
-
-
-def _is_keras(module: Any) -> bool:
-    """Whether ``module`` is a Keras layer or model (Keras on its torch backend): Keras'
-    callback records its work (a layer built when the model is made is no step's)."""
-    return type(module).__module__.startswith("keras.")
 
 
 def _forward_post(module: Any, args: Any, output: Any) -> None:
@@ -514,7 +506,7 @@ class _Roots:
             STATE.step_taken = self.step_taken
 
     def global_pre(self, module: Any, args: Any) -> None:
-        if not _LOCAL.depth and not _is_keras(module):
+        if not _LOCAL.depth and not is_keras(module):
             try:
                 self.found.add(module)
             except Exception:

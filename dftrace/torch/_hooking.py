@@ -96,6 +96,12 @@ class ThreadSpans:
         self._by_thread.clear()
 
 
+def is_keras(module: Any) -> bool:
+    """Whether ``module`` is a Keras layer or model (Keras on its torch backend), whose
+    work Keras' callback records."""
+    return type(module).__module__.startswith("keras.")
+
+
 def forward_failed(output: Any) -> str | None:
     """Inside an ``always_call`` forward hook: the exception's type name when the
     forward raised (torch calls the hook from its ``except`` block with no output)."""

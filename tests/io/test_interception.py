@@ -5,14 +5,12 @@ untouched; children that are not Python untouched; nothing lost without a count.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import pytest
 
 from _io_util import NEEDS_IO, READS, START, WRITES, IOTrace, run_traced
-from reliability._util import drainer_writes, run, wait_for_end, write_script
 
 pytestmark = NEEDS_IO
 
@@ -279,111 +277,6 @@ def test_children_python_traced_others_untouched(tmp_path, monkeypatch):
     assert by_pid.pop(truth["pid"]) == 50  # the parent's pread after the subprocess
     assert list(by_pid.values()) == [1000]  # the Python child's own file; cat has none
     assert len(trace.pids) == 2
-
-
-#: A relative data_dir, then the program changes directory and starts a Python child.
-RELATIVE_DATA_DIR = START + """
-    import subprocess
-    p = data_file("shared.bin", b"0123456789" * 100)
-    dftrace.initialize(log_file=out, io=True, data_dir="data", compression="none")
-    os.makedirs("elsewhere", exist_ok=True)
-    os.chdir("elsewhere")
-    child = subprocess.run([sys.executable, "-c", "print(len(open('../data/shared.bin', 'rb').read()))"],
-                           capture_output=True, text=True)
-    print(json.dumps({"child": int(child.stdout), "path": p, "pid": os.getpid()}))
-"""
-
-
-def test_a_child_started_in_another_directory_traces_the_same_files(tmp_path, monkeypatch):
-    """``data_dir`` names its directories as the program saw them when tracing
-    started: a child started after a ``chdir`` traces those, not others."""
-    monkeypatch.chdir(tmp_path)
-    truth = run_traced(tmp_path, RELATIVE_DATA_DIR)
-    assert truth["child"] == 1000
-    trace = IOTrace(tmp_path / "trace")
-    child = [e for e in trace.of(truth["path"]) if e["name"] in READS and e["pid"] != truth["pid"]]
-    assert sum(max(e["args"]["ret"], 0) for e in child) == 1000
-
-
-#: A Python child that touches no file (as multiprocessing's resource tracker).
-IDLE_CHILD = START + """
-    import subprocess
-    p = data_file("one.bin", b"1" * 100)
-    dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
-    subprocess.run([sys.executable, "-c", "pass"], check=True)
-    n = len(open(p, "rb").read())
-    print(json.dumps({"read": n, "pid": os.getpid()}))
-"""
-
-
-def test_a_child_that_touches_no_file_writes_no_file(tmp_path, monkeypatch):
-    """With file I/O traced, a Python child that records nothing and calls no traced
-    file writes no trace file, as without ``io``: an empty file of multiprocessing's
-    resource tracker came late, after ``dftrace run`` had listed the files, and made a
-    one-process run two in ``dftrace diff``."""
-    monkeypatch.chdir(tmp_path)
-    truth = run_traced(tmp_path, IDLE_CHILD)
-    assert truth["read"] == 100
-    assert IOTrace(tmp_path / "trace").pids == {truth["pid"]}
-
-
-#: Reads, then os._exit at once: no atexit, no finalize.
-EXIT_AT_ONCE = START + """
-    p = data_file("last.bin", b"x" * 3000)
-    dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
-    with open(p, "rb") as f:
-        n = len(f.read(1000)) + len(f.read())
-    print(json.dumps({"read": n, "path": p, "pid": os.getpid()}), flush=True)
-    os._exit(3)
-"""
-
-
-def test_os_exit_right_after_the_calls_keeps_them(tmp_path, monkeypatch):
-    """A program that ends with ``os._exit`` straight after its calls: its exit status
-    is its own, and its calls and counters are in the trace."""
-    monkeypatch.chdir(tmp_path)
-    prog = write_script(tmp_path, EXIT_AT_ONCE)
-    done = run([prog, str(tmp_path / "trace" / "t")], timeout=120)
-    assert done.returncode == 3, done.stderr
-    truth = json.loads(done.stdout.strip().splitlines()[-1])
-    if drainer_writes():  # the drainer ends the file after the process (the writer thread wrote it before)
-        wait_for_end(tmp_path / "trace")
-    trace = IOTrace(tmp_path / "trace")
-    reads = [e for e in trace.of(truth["path"]) if e["name"] in READS]
-    assert sum(max(e["args"]["ret"], 0) for e in reads) == truth["read"] == 3000
-    assert trace.totals(truth["pid"])["calls"] >= 4  # open, two reads, close
-
-
-#: Reads for a while, then SIGKILL: the calls since the last drain die with it.
-KILLED = START + """
-    import signal, time
-    p = data_file("hot.bin", b"k" * 4096)
-    dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
-    fd = os.open(p, os.O_RDONLY)
-    n, t0 = 0, time.monotonic()
-    while time.monotonic() - t0 < 0.3:
-        n += len(os.pread(fd, 4096, 0))
-    print(json.dumps({"read": n, "path": p, "pid": os.getpid()}), flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
-@pytest.mark.skipif(not drainer_writes(), reason="a killed process's end is told by the drainer")
-def test_a_killed_process_is_said_to_have_lost_its_last_calls(tmp_path, monkeypatch, capsys):
-    """SIGKILL between two drains: the calls since the last one and the counters are
-    lost with the process, and the summary says so (never a silent shortfall)."""
-    from dftrace.analysis import summarize
-
-    monkeypatch.chdir(tmp_path)
-    prog = write_script(tmp_path, KILLED)
-    done = run([prog, str(tmp_path / "trace" / "t")], timeout=120)
-    assert done.returncode == -9, done.stderr
-    truth = json.loads(done.stdout.strip().splitlines()[-1])
-    wait_for_end(tmp_path / "trace")
-    io = summarize(str(tmp_path / "trace")).io
-    assert 0 < io["read_bytes"] <= truth["read"]
-    assert io["recorded"]["cut_short"] == 1
-    assert any("ended (killed) before the last drain" in line for line in io["findings"])
 
 
 #: N preads (argv[2]) of one file under io_max_rate=2000 (100 calls in a 50 ms drain
