@@ -143,11 +143,12 @@ def dataloader(source: Source, *, per_rank: bool = False) -> pl.DataFrame:
 
 def processes(source: Source) -> pl.DataFrame:
     """Per process, in rank order: label, rank, host, pid, first and last event, spans,
-    spans left open, events dropped, and how it ended when the trace says so (null
-    when it finished)."""
+    spans left open, events dropped, how it ended when the trace says so (null when it
+    finished), and whether it is another's worker (a DataLoader worker)."""
     return _frame(_summary(source).processes, {
         "label": _TEXT, "rank": _INT, "host": _TEXT, "pid": _INT, "start_us": _INT, "end_us": _INT,
-        "wall_us": _INT, "spans": _INT, "incomplete": _INT, "dropped": _INT, "ended": _TEXT})
+        "wall_us": _INT, "spans": _INT, "incomplete": _INT, "dropped": _INT, "ended": _TEXT,
+        "worker": _BOOL})
 
 
 # --- GPU --------------------------------------------------------------------------------
