@@ -209,3 +209,41 @@ def test_an_application_wakeup_fd_keeps_receiving_signals(tmp_path):
         signal.signal(signal.SIGUSR2, old_handler)
         os.close(r)
         os.close(w)
+
+
+#: Decorated calls in a tight loop until Ctrl-C (for 5 s at most, then exit status 7).
+DECORATED_LOOP = """
+import sys, time
+import dftrace
+from dftrace import ai
+dftrace.initialize(log_file=sys.argv[1])
+
+@ai.compute.forward
+def forward():
+    pass
+
+print("ready", flush=True)
+end = time.monotonic() + 5
+while time.monotonic() < end:
+    forward()
+sys.exit(7)
+"""
+
+
+def test_ctrl_c_in_a_loop_of_decorated_calls_always_interrupts_it(tmp_path):
+    """Ctrl-C in a tight loop of decorated calls ends the program by KeyboardInterrupt,
+    every time. With the default writer, the handler's KeyboardInterrupt raised while
+    a span woke the writer (Python called from C) was swallowed, and the loop ran on to
+    its end (4 of 16 runs)."""
+    statuses = []
+    for k in range(8):
+        proc = subprocess.Popen([sys.executable, "-c", DECORATED_LOOP, str(tmp_path / str(k) / "t")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                                preexec_fn=default_signals)
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", proc.stderr.read()
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        statuses.append(proc.returncode)
+    assert statuses == [-signal.SIGINT] * 8

@@ -49,7 +49,12 @@ static void io_drained(long long kept, long long dropped) {
             dft_shm_sealed = 0;
             dft_woken = 0;
         }
-        wake_writer();
+        if (wake_writer() < 0) { /* Ctrl-C while wake() ran: raised again in the main thread */
+            int interrupted = PyErr_ExceptionMatches(PyExc_KeyboardInterrupt);
+            PyErr_Clear();
+            if (interrupted)
+                PyErr_SetInterrupt();
+        }
     }
 }
 

@@ -170,17 +170,26 @@ ALWAYS_INLINE int native_append(uint32_t kid, long long t0, long long t1, unsign
 
 /* A batch is ready: wake the writer once per batch, and again every 4096 records
    while it has not drained (its wake() makes a producer wait when the writer has
-   fallen a flush interval behind). */
-static inline void wake_writer(void) {
+   fallen a flush interval behind). Returns -1 with the exception set where a signal's
+   handler raised one while wake() ran Python (Ctrl-C's KeyboardInterrupt): it must
+   reach the program, as it would have untraced; any other failure is swallowed. */
+static inline int wake_writer(void) {
     if (!dft_calls.wake || (dft_woken && (nbuf & 0xFFF)))
-        return;
+        return 0;
     dft_woken = 1;
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     PyObject *r = PyObject_CallNoArgs(dft_calls.wake);
+    if (!r && !PyErr_ExceptionMatches(PyExc_Exception)) {
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(tb);
+        return -1;
+    }
     Py_XDECREF(r);
     PyErr_Clear();
     PyErr_Restore(et, ev, tb);
+    return 0;
 }
 
 /* The fragment bytes of an Extra (or None): a borrowed pointer into the
@@ -293,19 +302,30 @@ ALWAYS_INLINE int emit_span(uint32_t kid, long long t0, long long t1, PyObject *
     if (dft_shm_sealed) { /* a slot of the ring is full: tell the drainer */
         dft_shm_sealed = 0;
         dft_woken = 0;
-        wake_writer();
-    } else if (nbuf >= dft_batch_size)
-        wake_writer();
+        if (wake_writer() < 0)
+            goto signalled;
+    } else if (nbuf >= dft_batch_size && wake_writer() < 0) {
+        goto signalled;
+    }
     goto done;
 fail:
-    PyErr_Clear();
     COUNT_DROP(1);
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
+        goto signalled; /* a signal's exception raised in Python the span called: the program's */
+    PyErr_Clear();
 done:
     Py_XDECREF(own);
     Py_XDECREF(merged);
     if (et || PyErr_Occurred())
         PyErr_Restore(et, ev, tb);
     return rc;
+signalled:
+    Py_XDECREF(own);
+    Py_XDECREF(merged);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    return -1;
 }
 
 /* The module's functions of records.c (record, add_kind, reset, ...). */
