@@ -136,6 +136,15 @@ _size.range = _SIZE_DESC  # type: ignore[attr-defined]
 
 
 def _text(raw: Any) -> str:
+    """``raw`` as text: a path object or bytes (a file name) as the file system names
+    it; a collection is refused (it was written as its repr: a log_file of
+    ``b'/runs/t'`` made a folder of that name)."""
+    if isinstance(raw, os.PathLike):
+        raw = os.fspath(raw)
+    if isinstance(raw, bytes):
+        raw = os.fsdecode(raw)
+    if isinstance(raw, (list, tuple, set, frozenset, dict)):
+        raise ValueError(f"expected a string, got a {type(raw).__name__}")
     s = str(raw)
     if "\0" in s:
         raise ValueError("contains a NUL character")

@@ -52,6 +52,16 @@ def test_invalid_keyword_names_the_keyword():
         dftrace.initialize(logfile="x")
 
 
+def test_paths_given_as_bytes_or_objects_are_paths_and_collections_are_refused(tmp_path):
+    """A path as bytes or a path object is that path (bytes made a folder named
+    ``b'...'`` under the working directory); a list where a string goes is refused,
+    naming the option."""
+    for given in (str(tmp_path / "run").encode(), tmp_path / "run"):
+        assert Config.resolve({"log_file": given}, environ={}).log_file == str(tmp_path / "run")
+    with pytest.raises(ConfigError, match="data_dir=.*expected a string, got a list"):
+        Config.resolve({"data_dir": ["/a"]}, environ={})
+
+
 def test_compression_level_is_checked_against_the_codec():
     """zstd accepts 1-22, gzip 1-9."""
     assert Config.resolve({"compression": "zstd", "compression_level": 19}).compression_level == 19
