@@ -221,7 +221,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("compression", "DFTRACE_COMPRESSION", "zstd", _choice("zstd", "gzip", "none"),
            "File compression: zstd (.pfw.zst), gzip (.pfw.gz, what DFAnalyzer reads) or none (.pfw)."),
     Option("compression_level", "DFTRACE_COMPRESSION_LEVEL", None, _opt_int(_int_range(0, 22)),
-           "Compression level (zstd 1-22, default 1; gzip 1-9, default 6)."),
+           "Compression level (zstd 1-22, default 1; gzip 1-9, default 1)."),
     Option("flush_interval", "DFTRACE_FLUSH_INTERVAL", 1.0, _seconds(0.01, 3600),
            "Seconds between flushes; a killed process loses at most this much."),
     Option("batch_size", "DFTRACE_BATCH_SIZE", 16384, _int_range(1, 1 << 30),
