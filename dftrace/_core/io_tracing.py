@@ -128,13 +128,9 @@ def _exit_after_the_last_drain(*args: Any, **kwargs: Any) -> Any:
     ``atexit``; the writer thread's file then has no closing ``]``). Where the tracer is
     another process's (a child forked from C, which no Python at-fork hook reached),
     or stopped already, ``os._exit`` alone."""
-    tracer = _tracer
-    if tracer is not None and tracer.pid == os.getpid():
+    if _tracer is not None:
         try:
-            tracer.stop()
-            session = tracer._session
-            if session.writer is not None:  # the writer thread's file too (bounded)
-                session.writer.sync(min(1.0, session.config.shutdown_timeout))
+            _tracer.end_before_exit()
         except BaseException:
             pass
     return _os_exit(*args, **kwargs)
@@ -149,7 +145,6 @@ class IOTracer:
     def __init__(self, session: Any, mod: Any, engine: Any, kids: tuple[int, ...]):
         global _tracer
         self._session = session
-        self.pid = session.pid
         self._mod = mod
         self._engine = engine
         self._kids = kids
@@ -209,6 +204,16 @@ class IOTracer:
         except Exception as exc:
             STATE.warn_once("io-drain", f"file I/O tracing: the last calls were lost: {exc!r}")
         self._write_counters()
+
+    def end_before_exit(self) -> None:
+        """Before ``os._exit``, in this tracer's own process: :meth:`stop`, and the
+        writer given what it recorded (bounded)."""
+        session = self._session
+        if session.pid != os.getpid():
+            return
+        self.stop()
+        if session.writer is not None:  # the writer thread's file too
+            session.writer.sync(min(1.0, session.config.shutdown_timeout))
 
     def _write_counters(self) -> None:
         record = self._engine.record_special

@@ -21,10 +21,9 @@ everyone (global module and optimizer hooks) and a few replaced methods:
   ``DistributedDataParallel`` model's gradient buckets
   (:func:`~dftrace.torch.trace_ddp`, registered at its first forward, or around a
   communication hook you register), and the rank once a process group exists;
-- Hugging Face ``Trainer`` and Lightning ``Trainer`` objects get
-  :class:`dftrace.transformers.TraceCallback` / :class:`dftrace.lightning.TraceCallback`
-  unless they have one; while they train, the hooks above stand down, as during a
-  Keras ``fit``/``evaluate``/``predict`` (Keras' callback records its layers).
+- Hugging Face and Lightning ``Trainer`` objects get the ``TraceCallback`` of
+  :mod:`dftrace.transformers` / :mod:`dftrace.lightning` unless they have one; while
+  they train, and during a Keras ``fit``/``evaluate``/``predict``, the hooks stand down.
 
 What you annotate is not recorded twice: a hook records nothing while a span of its
 category is open on the calling thread (a ``with ai.compute...``, a function you
@@ -33,6 +32,7 @@ decorated with a compute node, ``ai.dataloader.fetch.iter(loader)``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -308,7 +308,7 @@ def _forward_pre(module: Any, args: Any) -> None:
             local.depth += 1
             return
         local.depth = 1
-        if _stands_aside(_FORWARD, "compute") or is_keras(module):
+        if _stands_aside(_FORWARD, "compute"):
             return
         local.span = _FORWARD.start()
         local.module = module
@@ -506,11 +506,12 @@ class _Roots:
             STATE.step_taken = self.step_taken
 
     def global_pre(self, module: Any, args: Any) -> None:
-        if not _LOCAL.depth and not is_keras(module):
-            try:
+        if not _LOCAL.depth:
+            if is_keras(module):  # Keras' callback records it: never a root, counted in depth alone
+                _LOCAL.depth = 1
+                return
+            with contextlib.suppress(Exception):
                 self.found.add(module)
-            except Exception:
-                pass
         _forward_pre(module, args)
 
     def step_taken(self) -> None:
@@ -587,8 +588,7 @@ def install(_torch: Any = None) -> None:
 
     _optimizer.register_optimizer_step_pre_hook(STATE.step_pre)
     _optimizer.register_optimizer_step_post_hook(STATE.step_post)
-    # backward() recorded in C; the shared patch's users are asked only while an
-    # integration or trace_compute() stands auto down
+    # backward() recorded in C; the patch's users are asked only while auto stands down
     _hooking.install_backward(_BackwardArgs(),  # type: ignore[arg-type]
                               front=None if _speedups is None else _backward_front)
     if torch.distributed.is_available():

@@ -32,6 +32,7 @@ from ..reduce.busy import union_intervals
 from ..reduce.io_tables import (CHECKPOINT, COMPUTE, KINDS, LOADER, MAX_BYTES, METADATA, OTHER, READ, SIZE_BUCKETS,
                                 SYNC, WRITE)
 from .context import Context
+from .units import count_of
 
 #: The per-file rows kept in the summary, most I/O time first.
 MAX_FILES = 1000
@@ -346,13 +347,10 @@ def io_findings(io: dict[str, Any], *, has_compute: bool) -> list[str]:
                      "the one before): the access is random (uniformly random access goes back about half the "
                      "time); read in order, or larger blocks")
     cut_short = io["recorded"].get("cut_short")
-    if cut_short == 1:
-        lines.append("1 process ended (killed) before the last drain of its I/O calls: its calls of its last "
-                     "50 ms and its per-file counters are not in the trace, so the figures count less than was done")
-    elif cut_short:
-        lines.append(f"{cut_short} processes ended (killed) before the last drain of their I/O calls: the calls "
-                     "of each one's last 50 ms and its per-file counters are not in the trace, so the figures "
-                     "count less than was done")
+    if cut_short:
+        lines.append(f"{count_of(cut_short, 'process', 'processes')} ended (killed) before the last drain of "
+                     "the I/O calls: up to 50 ms of calls each, and the per-file counters, are not in the trace, "
+                     "so the figures count less than was done")
     if io["recorded"]["dropped"]:
         lines.append(f"{io['recorded']['dropped']} I/O calls were dropped by the tracer: the figures count less "
                      "than was done")

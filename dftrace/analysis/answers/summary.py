@@ -228,14 +228,20 @@ def headline(s: Summary) -> list[str]:
     parts = [f"{processes} ({ranks}{count_of(o.get('hosts', 0), 'host')}), "
              f"{events:,} event{'' if events == 1 else 's'} over {format_us(o.get('wall_us'))}"]
     if s.step_stats:
-        steps, rank_steps = s.step_count(), s.step_stats["count"]
-        ranks = f" ({rank_steps} rank-steps)" if rank_steps != steps else ""
-        parts.append(f"{steps} steps{ranks}, median {format_us(s.step_stats['p50_us'])}")
+        counts = _step_counts(s)
+        ranks = f" ({counts[1]} rank-steps)" if len(counts) > 1 else ""
+        parts.append(f"{counts[0]} steps{ranks}, median {format_us(s.step_stats['p50_us'])}")
     held = [r for r in s.stragglers if r.get("significant")]
     if held:
         parts.append(f"{held[0]['unit']} holds the others back "
                      f"({format_us(held[0]['caused_wait_us_per_step'])} per step)")
     return parts
+
+
+def _step_counts(s: Summary) -> list[int]:
+    """[steps], or [steps, rank-steps] where ranks make them differ."""
+    steps, rank_steps = s.step_count(), s.step_stats["count"]
+    return [steps] if rank_steps == steps else [steps, rank_steps]
 
 
 def _html_table(title: str, headers: list[str], rows: list[list[Any]]) -> str:
@@ -248,7 +254,7 @@ def _summary_html(s: Summary) -> str:
     parts = [f"<p><b>{html.escape('; '.join(headline(s)))}</b></p>"]
     if s.step_stats:
         st = s.step_stats
-        counts = [s.step_count()] + ([st["count"]] if st["count"] != s.step_count() else [])
+        counts = _step_counts(s)
         parts.append(_html_table("Steps", ["steps", "rank-steps"][:len(counts)] + ["p50", "p95", "mean", "max"], [[
             *counts, format_us(st["p50_us"]), format_us(st["p95_us"]), format_us(st["mean_us"]),
             format_us(st["max_us"])]]))

@@ -187,7 +187,6 @@ def view(paths: Sequence[str], *, port: int = DEFAULT_PORT, ui: str = DEFAULT_UI
     """``dftrace view``: ``paths`` made viewable (:func:`viewable`) and served
     (:func:`serve`). Ctrl-C ends it, with exit code 0."""
     _origin(ui)  # a wrong --ui fails before any work
-    ended = None
     try:
         with _ended_by_signals():
             with viewable(paths, output, **options) as path:
@@ -196,10 +195,9 @@ def view(paths: Sequence[str], *, port: int = DEFAULT_PORT, ui: str = DEFAULT_UI
         print("stopped", flush=True)
         return 0
     except _Ended as exc:  # the temporary folder is gone: end as the signal would have
-        ended = exc.signum
-    signal.signal(ended, signal.SIG_DFL)
-    os.kill(os.getpid(), ended)
-    return 128 + ended
+        signal.signal(exc.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), exc.signum)
+        return 128 + exc.signum
 
 
 class _Ended(Exception):

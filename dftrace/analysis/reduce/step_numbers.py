@@ -49,14 +49,16 @@ def with_split_steps_joined(rows: pl.DataFrame) -> pl.DataFrame:
     if epoch.drop_nulls().n_unique() < 2:
         return rows
     keys = ["proc"] if "proc" in rows.columns else []
-    over = keys or None
+
+    def following(name: str, alias: str) -> pl.Expr:  # the value of the process's next epoch
+        value = pl.col(name).shift(-1)
+        return (value.over(keys) if keys else value).alias(alias)
+
     ranges = (rows.lazy().filter(pl.col("epoch").is_not_null() & pl.col("step").is_not_null())
               .group_by(*keys, "epoch").agg(pl.col("step").min().alias("_lo"), pl.col("step").max().alias("_hi"))
               .sort(*keys, "epoch"))
-    following = [pl.col(name).shift(-1).over(over) if over else pl.col(name).shift(-1)
-                 for name in ("epoch", "_lo", "_hi")]
-    split = (ranges.with_columns(following[0].alias("_later"), following[1].alias("_next_lo"),
-                                 following[2].alias("_next_hi"))
+    split = (ranges.with_columns(following("epoch", "_later"), following("_lo", "_next_lo"),
+                                 following("_hi", "_next_hi"))
              .filter((pl.col("_hi") == pl.col("_next_lo"))
                      & ((pl.col("_lo") < pl.col("_hi")) | (pl.col("_next_lo") < pl.col("_next_hi"))))
              .select(*keys, "epoch", pl.col("_hi").alias("step"), "_later").collect())
