@@ -61,8 +61,13 @@ def test_a_resumed_rank_is_two_runs_with_true_step_times(tmp_path, capsys):
     assert len(summary.steps) == 48
     assert len(summary.rank_steps) == 48 + (37 - 32 + 1)
     assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 24), (1, 24)]
-    # No step spans the restart: the longest is within 1.25x of the longest true one.
+    # One rank in each epoch; its time in epoch 1 is what both runs spent there.
+    assert [(e["ranks"], e["slowest"]) for e in summary.epochs] == [(1, "rank 0"), (1, "rank 0")]
+    in_epoch_1 = sum(t for run in (killed, resumed) for (epoch, _), t in zip(run["steps"], run["times_us"])
+                     if epoch == 1)  # all but the killed step, cut short by the signal
     longest_true = max(killed["times_us"] + resumed["times_us"])
+    assert 0.95 * in_epoch_1 <= summary.epochs[1]["max_us"] <= in_epoch_1 + 2 * longest_true, summary.epochs
+    # No step spans the restart: the longest is within 1.25x of the longest true one.
     assert summary.step_stats["max_us"] <= 1.25 * longest_true, (summary.step_stats, longest_true)
     # The job's time is both runs', from the first start to the last end.
     assert summary.overview["wall_us"] >= sum(r["wall_us"] for r in summary.runs)

@@ -148,6 +148,28 @@ def last_run_of_each_step(by_unit: pl.DataFrame, procs: pl.DataFrame,
             .sort(["unit_order", "start"], nulls_last=True).select(by_unit.columns))
 
 
+def each_rank_across_runs(extents: pl.DataFrame, procs: pl.DataFrame, runs: list[dict[str, Any]],
+                          by: list[str]) -> pl.DataFrame:
+    """``extents`` (see ``steps.unit_extents``) with the runs of one rank in one resumed
+    job made one row per ``by``: its time there the sum of its runs' (each ran part of
+    it, a step run again counted each time), its unit the rank's own name. Separate
+    runs keep theirs."""
+    if not any(r.get("resumed") for r in runs):
+        return extents
+    job_of = {i: run["job"] for i, run in enumerate(runs)}
+    units = (procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host", "run").unique("unit")
+             .with_columns(pl.col("run").replace_strict(job_of, default=0, return_dtype=pl.Int64).alias("job")))
+    joined = extents.join(units, on="unit", how="left")
+    # A resumed rank's units are "rank 0 · run 2" (``units_per_run``): one job's are one rank.
+    runs_of_one = pl.col("rank").is_not_null() & (pl.col("unit").n_unique().over("job", "rank", "host") > 1)
+    joined = joined.with_columns(
+        pl.when(runs_of_one).then(pl.col("unit").str.replace(r" · run \d+$", "")).otherwise(pl.col("unit")),
+        pl.when(runs_of_one).then(pl.col("unit_order") % 1_000_000).otherwise(pl.col("unit_order")))
+    return (joined.group_by(["job", "host", "unit", "unit_order", *by])
+            .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum(), pl.col("dur").sum())
+            .select(extents.columns))
+
+
 def say_where_resumed(runs: list[dict[str, Any]], procs: pl.DataFrame, by_unit: pl.DataFrame) -> None:
     """Each resumed run gets ``resumed_at``: the (epoch, step) its first step ran."""
     if not any(run.get("resumed") for run in runs):

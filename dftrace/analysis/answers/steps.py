@@ -16,7 +16,7 @@ from ..reduce.combine import Combined
 from ..reduce.busy import time_in_steps
 from ..reduce.steps import each_process_steps, step_spread, unit_steps
 from .context import Context, UnitTables
-from .runs import find_runs, last_run_of_each_step, processes_frame, run_origins, units_per_run
+from .runs import each_rank_across_runs, find_runs, last_run_of_each_step, processes_frame, run_origins, units_per_run
 
 
 T = TypeVar("T")
@@ -278,7 +278,8 @@ def rounded_rows(frame: pl.DataFrame) -> list[dict[str, Any]]:
 def epochs(context: Context) -> dict[str, Any]:
     """Stage 1: per epoch, ranks, steps, slowest rank and its time, median rank time."""
     combined = context.combined
-    by_unit = unit_extents(epoch_source(combined), context.procs, ["epoch"])
+    by_unit = each_rank_across_runs(unit_extents(epoch_source(combined), context.procs, ["epoch"]),
+                                    context.procs, context.runs, ["epoch"])
     return {"epochs": epoch_rows(by_unit, context.process_steps)}
 
 
