@@ -5,7 +5,7 @@ Installed once torch is imported, it records, through hooks PyTorch offers for
 everyone (global module and optimizer hooks) and a few replaced methods:
 
 - ``dataloader.fetch.init`` when a DataLoader's iterator is made (worker start-up),
-  then ``dataloader.fetch`` per batch: the time the loop waited for it;
+  ``dataloader.fetch`` per batch (the time the loop waited for it), ``.end`` at its end;
 - ``compute.forward`` per call of an outermost module (a model, not its layers),
   ``compute.backward`` per ``backward()``, and ``compute.step`` per
   ``optimizer.step()``, all with ``args.step``: the optimizer steps taken before
@@ -32,12 +32,12 @@ decorated with a compute node, ``ai.dataloader.fetch.iter(loader)``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import inspect
 import sys
 import threading
-import types
 import weakref
 from typing import Any
 
@@ -51,7 +51,7 @@ from .._core import tree as _tree
 from .._core.tree import ai
 from .._hooks import add_callback, warn_once
 from ._dist import note_distributed_rank, patch_init_process_group, trace_distributed, watch_ddp
-from ._hooking import BACKWARD, forward_failed, is_keras
+from ._hooking import BACKWARD, forward_failed, front_function, is_keras
 
 __all__ = ["install", "standing_down"]
 
@@ -59,6 +59,7 @@ _FETCH = ai.dataloader.fetch
 _clock = _engine.clock
 _grad_enabled = torch.is_grad_enabled
 _FETCH_INIT = ai.dataloader.fetch.derive("init")
+_FETCH_END = ai.dataloader.fetch.derive("end")
 _FORWARD = ai.compute.forward
 _STEP = ai.compute.step
 
@@ -265,9 +266,10 @@ class _Fetches:
         t0 = _clock()
         try:
             item = next(self.it)
-        except StopIteration:
+        except StopIteration:  # the wait for the end (its workers shut down): no batch
             if STATE.training == self.loader:  # its iteration ran to its end
                 STATE.ended = True
+            _FETCH_END.record(t0, _clock(), _epoch_now())
             raise
         except BaseException as exc:
             position = STATE.position if STATE.training == self.loader else {}
@@ -286,17 +288,52 @@ class _Fetches:
 _original_iter: Any = None
 
 
+def _epoch_now() -> dict[str, Any] | None:
+    """The args of the start and end of the loader iterated now: the epoch where it is
+    the training loader (no step: they are none)."""
+    epoch = STATE.position.get("epoch")
+    return None if epoch is None else {"epoch": epoch}
+
+
+#: The start (loader id, t0, t1) of a loader made while another trains: held until it
+#: is known whether it trains (a loader made anew for each epoch) or not (evaluation).
+_HELD: tuple[int, int, int] | None = None
+
+
+def _settle_start(*_: Any) -> None:
+    """The held start recorded, with the epoch where its loader trains: after the next
+    optimizer step's hooks (they adopt a loader made anew), when another loader
+    starts, or at exit."""
+    global _HELD
+    held, _HELD = _HELD, None
+    if held is not None:
+        key, t0, t1 = held
+        _FETCH_INIT.record(t0, t1, _epoch_now() if STATE.training == key == STATE.current else None)
+
+
 def _traced_iter(self: Any) -> Any:
-    if STATE.down or not _FETCH.enabled or self in _tree.ITERATED or _covered("dataloader"):
-        return _original_iter(self)
-    key = id(self)
-    epoch = _ITERATIONS.get(key, 0)
-    _ITERATIONS[key] = epoch + 1
-    STATE.begin(key, epoch)
+    global _HELD
+    try:
+        key = 0 if STATE.down or not _FETCH.enabled or self in _tree.ITERATED or _covered("dataloader") else id(self)
+        if key:
+            _settle_start()
+            epoch = _ITERATIONS.get(key, 0)
+            _ITERATIONS[key] = epoch + 1
+            STATE.begin(key, epoch)
+    except Exception:
+        key = 0
     t0 = _clock()
     it = _original_iter(self)
-    _FETCH_INIT.record(t0, _clock())
-    return STATE.fetches(it, key, epoch)
+    try:
+        if key:
+            if STATE.training == key:
+                _FETCH_INIT.record(t0, _clock(), _epoch_now())
+            else:
+                _HELD = (key, t0, _clock())
+            return STATE.fetches(it, key, epoch)
+    except Exception as exc:
+        warn_once("auto-fetch", f"DataLoader not traced: {exc!r}")
+    return it
 
 
 # -- compute --------------------------------------------------------------------------
@@ -415,57 +452,12 @@ def _front_forward(module: Any) -> bool:
             call = _speedups.AutoCall(STATE, _FORWARD, fn, module=cls.__name__)
         else:
             call = _ForwardCall(fn, cls.__name__)
-        front = _front_function(fn, call)
+        front = front_function(fn, call)
         cls.forward = front
     if not call.add_root(module):
         return False
     weakref.finalize(module, call.drop_root, id(module))
     return True
-
-
-def _front_function(fn: Any, call: Any) -> Any:
-    """``fn`` (a class's ``forward``) calling through ``call``: a plain function, with
-    ``fn``'s name, signature (``__wrapped__``), defaults and globals, so that what
-    reads a module's ``forward`` reads what it would untraced: ``torch.jit.script``
-    compiles ``fn``'s source, ``torch.fx`` traces through it, and under
-    ``torch.compile`` it calls ``fn`` itself (no graph break). Its parameters are
-    ``fn``'s own where they are plain (no ``*args``, ``**kwargs`` or keyword-only
-    ones): the call passes them on as they are, with no tuple or dict made."""
-    code = fn.__code__
-    names = code.co_varnames[:code.co_argcount]
-    plain = (not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-             and not code.co_kwonlyargcount and not code.co_posonlyargcount
-             and names and not any(n.startswith("_dft_") for n in names))
-    params = ", ".join(names) if plain else "self, *args, **kwargs"
-    made: dict[str, Any] = {}
-    exec(f"def make(_dft_compiling, _dft_fn, _dft_call):\n"  # a text of our own: the names above
-         f"    def forward({params}):\n"
-         f"        if _dft_compiling():\n"
-         f"            return _dft_fn({params})\n"
-         f"        return _dft_call({params})\n"
-         f"    return forward\n", made)
-    forward = made["make"](_compiling(), fn, call)
-    front = types.FunctionType(forward.__code__, fn.__globals__, fn.__name__,
-                               fn.__defaults__ if plain else None, forward.__closure__)
-    functools.update_wrapper(front, fn)
-    front.__dftrace_call__ = call  # type: ignore[attr-defined]
-    return front
-
-
-def _compiling() -> Any:
-    """A function that returns False, and True while ``torch.compile`` traces the
-    code that calls it (``torch.compiler.is_dynamo_compiling``: one call that
-    returns a constant; in older torch, the nearest one it has)."""
-    compiler = getattr(torch, "compiler", None)
-    for name in ("is_dynamo_compiling", "is_compiling"):
-        found = getattr(compiler, name, None)
-        if found is not None:
-            return found
-    try:
-        from torch._dynamo import is_compiling
-    except Exception:
-        return lambda: False
-    return is_compiling
 
 
 class _Roots:
@@ -578,7 +570,7 @@ def install(_torch: Any = None) -> None:
 
     if _speedups is not None:  # the same, counted and recorded in C
         state = _speedups.AutoState(fetch=_FETCH, step=_STEP, covered=_covered,
-                                    grad_enabled=_grad_enabled)
+                                    grad_enabled=_grad_enabled, fetch_end=_FETCH_END)
         state.down = STATE.down  # integrations that began before
         STATE = state
     _original_iter = DataLoader.__iter__
@@ -588,6 +580,8 @@ def install(_torch: Any = None) -> None:
 
     _optimizer.register_optimizer_step_pre_hook(STATE.step_pre)
     _optimizer.register_optimizer_step_post_hook(STATE.step_post)
+    _optimizer.register_optimizer_step_post_hook(_settle_start)  # after step_post: it adopts
+    atexit.register(_settle_start)  # before the trace's end (atexit runs the last registered first)
     # backward() recorded in C; the patch's users are asked only while auto stands down
     _hooking.install_backward(_BackwardArgs(),  # type: ignore[arg-type]
                               front=None if _speedups is None else _backward_front)

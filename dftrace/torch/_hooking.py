@@ -4,8 +4,11 @@ a hooked module, hooks removed without raising, and the one patch of
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 import threading
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -162,3 +165,48 @@ def uninstall_backward(user: Any) -> None:
                 warn_once("backward-restore", "torch.autograd.backward was replaced after "
                           "trace_compute(); left as it is")
             _original_backward = _installed_backward = None
+
+
+def front_function(fn: Any, call: Any) -> Any:
+    """``fn`` (a class's ``forward``) calling through ``call``: a plain function, with
+    ``fn``'s name, signature (``__wrapped__``), defaults and globals, so that what
+    reads a module's ``forward`` reads what it would untraced: ``torch.jit.script``
+    compiles ``fn``'s source, ``torch.fx`` traces through it, and under
+    ``torch.compile`` it calls ``fn`` itself (no graph break). Its parameters are
+    ``fn``'s own where they are plain (no ``*args``, ``**kwargs`` or keyword-only
+    ones): the call passes them on as they are, with no tuple or dict made."""
+    code = fn.__code__
+    names = code.co_varnames[:code.co_argcount]
+    plain = (not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+             and not code.co_kwonlyargcount and not code.co_posonlyargcount
+             and names and not any(n.startswith("_dft_") for n in names))
+    params = ", ".join(names) if plain else "self, *args, **kwargs"
+    made: dict[str, Any] = {}
+    exec(f"def make(_dft_compiling, _dft_fn, _dft_call):\n"  # a text of our own: the names above
+         f"    def forward({params}):\n"
+         f"        if _dft_compiling():\n"
+         f"            return _dft_fn({params})\n"
+         f"        return _dft_call({params})\n"
+         f"    return forward\n", made)
+    forward = made["make"](compiling(), fn, call)
+    front = types.FunctionType(forward.__code__, fn.__globals__, fn.__name__,
+                               fn.__defaults__ if plain else None, forward.__closure__)
+    functools.update_wrapper(front, fn)
+    front.__dftrace_call__ = call  # type: ignore[attr-defined]
+    return front
+
+
+def compiling() -> Any:
+    """A function that returns False, and True while ``torch.compile`` traces the
+    code that calls it (``torch.compiler.is_dynamo_compiling``: one call that
+    returns a constant; in older torch, the nearest one it has)."""
+    compiler = getattr(torch, "compiler", None)
+    for name in ("is_dynamo_compiling", "is_compiling"):
+        found = getattr(compiler, name, None)
+        if found is not None:
+            return found
+    try:
+        from torch._dynamo import is_compiling
+    except Exception:
+        return lambda: False
+    return is_compiling

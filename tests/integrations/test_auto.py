@@ -62,6 +62,7 @@ def test_an_unannotated_script_gets_steps_epochs_and_its_data_wait(tmp_path, how
     summary = summarize(out)
     assert len(summary.steps) == truth["steps"] == 16
     assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 8), (1, 8)]
+    _assert_epoch_times(summary, truth)
     spans = _spans(out)
     fetches = [e for e in spans if e["name"] == "fetch"]
     assert len(fetches) == truth["steps"]
@@ -92,10 +93,24 @@ def test_a_loader_made_anew_each_epoch_numbers_the_epochs_on(tmp_path, engine):
     out, truth = _run_engine(tmp_path, "fresh", engine)
     summary = summarize(out)
     assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 8), (1, 8)]
+    _assert_epoch_times(summary, truth)
+    # The evaluation loaders' start and end carry no epoch; the training ones' do.
+    ends = sorted((e for e in _spans(out) if e["name"] in ("fetch.init", "fetch.end")), key=lambda e: e["ts"])
+    assert [(e["name"], e["args"].get("epoch")) for e in ends] == [
+        ("fetch.init", 0), ("fetch.end", 0), ("fetch.init", None), ("fetch.end", None),
+        ("fetch.init", 1), ("fetch.end", 1), ("fetch.init", None), ("fetch.end", None)]
     assert truth["steps"] == 16
     steps = [e for e in _spans(out) if e["name"] == "step"]
     assert [(e["args"]["step"], e["args"].get("epoch")) for e in steps] == [
         (k, k // 8) for k in range(16)]
+
+
+def _assert_epoch_times(summary, truth):
+    """Each epoch's time is the loop's: from making its iterator (the workers' start)
+    to the end of its iteration (their shut-down), which hold most of it here."""
+    ours = [e["max_us"] for e in summary.epochs]
+    for mine, true_ns in zip(ours, truth["epochs_ns"], strict=True):
+        assert mine == pytest.approx(true_ns / 1e3, rel=0.02, abs=500), (ours, truth["epochs_ns"])
 
 
 def test_accumulated_micro_batches_are_one_step(tmp_path):

@@ -41,6 +41,8 @@ typedef struct {
     PyObject *grad_enabled; /* torch.is_grad_enabled */
     PyObject *fetch, *step; /* the nodes */
     uint32_t fetch_kid;
+    PyObject *fetch_end;  /* the node of the wait for a loader's end (NULL: not recorded) */
+    uint32_t fetch_end_kid;
     PyObject *cat_data, *cat_compute; /* "dataloader", "compute" */
     PyObject *step_taken; /* called after each optimizer step while set (root discovery) */
     uint32_t step_kid;
@@ -159,9 +161,9 @@ static int may_record(AutoState *st, PyObject *node, PyObject *category, PyObjec
 /* AutoState                                                                  */
 
 static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"fetch", "step", "covered", "grad_enabled", NULL};
-    PyObject *fetch, *step, *covered, *grad;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO", kw, &fetch, &step, &covered, &grad))
+    static char *kw[] = {"fetch", "step", "covered", "grad_enabled", "fetch_end", NULL};
+    PyObject *fetch, *step, *covered, *grad, *fetch_end = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|O", kw, &fetch, &step, &covered, &grad, &fetch_end))
         return NULL;
     AutoState *st = (AutoState *)type->tp_alloc(type, 0);
     if (!st)
@@ -171,6 +173,10 @@ static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     st->covered = Py_NewRef(covered);
     st->grad_enabled = Py_NewRef(grad);
     st->fetch_kid = dft_node_kid(fetch, dft_str_kid);
+    if (fetch_end && fetch_end != Py_None) {
+        st->fetch_end = Py_NewRef(fetch_end);
+        st->fetch_end_kid = dft_node_kid(fetch_end, dft_str_kid);
+    }
     st->step_kid = dft_node_kid(step, dft_str_kid);
     st->cat_data = PyUnicode_InternFromString("dataloader");
     st->cat_compute = PyUnicode_InternFromString("compute");
@@ -183,7 +189,7 @@ static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwd
 
 static int AutoState_refs(AutoState *st, visitproc visit, void *arg) {
     PyObject **const refs[] = {&st->pos, &st->pos_x, &st->covered, &st->grad_enabled, &st->fetch,
-                               &st->step, &st->cat_data, &st->cat_compute, &st->step_taken,
+                               &st->fetch_end, &st->step, &st->cat_data, &st->cat_compute, &st->step_taken,
                                &st->step_stk, &st->sargs_type, &st->sargs};
     return visit_refs(refs, NREFS(refs), visit, arg);
 }
@@ -326,6 +332,8 @@ static int AutoState_set_step_taken(PyObject *self, PyObject *v, void *c) {
 static PyMemberDef AutoState_members[] = {
     {"steps", T_LONGLONG, offsetof(AutoState, steps), 0, "optimizer steps taken"},
     {"down", T_LONGLONG, offsetof(AutoState, down), 0, "integrations training now"},
+    {"current", T_LONGLONG, offsetof(AutoState, current), READONLY, "id() of the loader iterated last"},
+    {"training", T_LONGLONG, offsetof(AutoState, training), READONLY, "id() of the training loader"},
     {NULL}};
 
 static PyGetSetDef AutoState_getset[] = {
@@ -389,6 +397,24 @@ static PyObject *AutoState_fetches(PyObject *self, PyObject *args) {
     return (PyObject *)f;
 }
 
+/* A loader's iteration ended: the wait for its end (its workers shut down) is a
+   `fetch.end` span with the training loader's epoch (no step: it is none). */
+static int end_of_iteration(AutoState *st, AutoFetches *f, span_t *sp, PyObject *stk, long long t1) {
+    PyObject *x = NULL;
+    if (f->key == st->training) {
+        st->ended = 1;
+        PyObject *e = PyLong_FromLongLong(st->epoch + st->shift);
+        x = e ? one_arg(str_epoch, e) : NULL;
+        Py_XDECREF(e);
+        if (!x)
+            PyErr_Clear();
+    }
+    sp->kid = st->fetch_end_kid;
+    int rc = span_close(sp, stk, t1, x, NULL, -1, 0); /* -1: a signal's exception, raised */
+    Py_XDECREF(x);
+    return rc;
+}
+
 static PyObject *AutoFetches_next(AutoFetches *f) {
     AutoState *st = f->st;
     PyObject *stk;
@@ -414,7 +440,9 @@ static PyObject *AutoFetches_next(AutoFetches *f) {
     if (item == NULL) {
         if (PyErr_Occurred()) /* the loader raised: the span says so */
             span_close_raised(&sp, stk, t1, x, -1);
-        else { /* the end: not a fetch */
+        else if (st->fetch_end) { /* the end: the wait for it (workers shut down), not a batch */
+            end_of_iteration(st, f, &sp, stk, t1); /* NULL returned: the end, or what it raised */
+        } else {
             span_close(&sp, stk, t1, NULL, NULL, -1, SPAN_UNRECORDED);
             if (f->key == st->training)
                 st->ended = 1;
