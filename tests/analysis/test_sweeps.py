@@ -230,15 +230,18 @@ def _step_rows(rng: np.random.Generator) -> tuple[pl.DataFrame, pl.DataFrame]:
     rows = pl.DataFrame({"proc": proc, "epoch": epoch, "step": step, "cat": cat,
                          "name": [f"n{i}" for i in rng.integers(0, 4, size)], "start": start, "end": start + length,
                          "n": rng.integers(1, 5, size)})
-    n_cuts = int(rng.integers(0, 6))
-    containers = pl.DataFrame({"proc": rng.integers(0, 3, n_cuts).astype(np.int32), "name": ["evaluate"] * n_cuts,
-                               "start": rng.integers(-100, size * 25 + 100, n_cuts), "end": np.zeros(n_cuts, np.int64)})
+    n_cuts = int(rng.integers(0, 10))
+    between = rng.random(n_cuts) < 0.5  # checkpoints between steps, the others evaluations
+    containers = pl.DataFrame({"proc": rng.integers(0, 3, n_cuts).astype(np.int32),
+                               "name": np.where(between, "capture", "evaluate"),
+                               "start": rng.integers(-100, size * 25 + 100, n_cuts), "end": np.zeros(n_cuts, np.int64),
+                               "after_work": between})
     return rows, containers
 
 
 def test_step_model_matches_numpy(monkeypatch):
     rng = np.random.default_rng(11)
-    shortened = placed = 0
+    shortened = placed = by_checkpoints = 0
     for _ in range(400):
         rows, containers = _step_rows(rng)
         native, numpy = _both_ways(monkeypatch, _steps.model_steps, rows, containers)
@@ -246,7 +249,10 @@ def test_step_model_matches_numpy(monkeypatch):
         placed += native.height
         # A step ended by a pipeline span, or before its work's last span by the next step.
         shortened += native.filter(pl.col("end") < pl.col("start").shift(-1).over("proc")).height
-    assert placed > 5000 and shortened > 100
+        checkpoints = containers.filter("after_work").get_column("start")
+        by_checkpoints += native.filter(pl.col("end").is_in(checkpoints.implode())
+                                        & (pl.col("end") < pl.col("start").shift(-1).over("proc"))).height
+    assert placed > 5000 and shortened > 100 and by_checkpoints > 20, (placed, shortened, by_checkpoints)
 
 
 @pytest.mark.parametrize("numbers, steps", [
@@ -262,7 +268,8 @@ def test_a_step_that_an_epoch_end_cuts_in_two_is_one_step(numbers, steps):
                          for i, (epoch, step) in enumerate(numbers)], orient="row",
                         schema={"proc": pl.Int32, "epoch": pl.Int64, "step": pl.Int64, "cat": pl.String,
                                 "name": pl.String, "start": pl.Int64, "end": pl.Int64, "n": pl.Int64})
-    containers = pl.DataFrame(schema={"proc": pl.Int32, "name": pl.String, "start": pl.Int64, "end": pl.Int64})
+    containers = pl.DataFrame(schema={"proc": pl.Int32, "name": pl.String, "start": pl.Int64, "end": pl.Int64,
+                                      "after_work": pl.Boolean})
     modelled = _steps.model_steps(rows, containers)
     assert list(modelled.select("epoch", "step").iter_rows()) == steps
 

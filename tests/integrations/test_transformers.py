@@ -97,6 +97,49 @@ def test_summary_counts_each_optimizer_step_once(tmp_path, accumulation):
     assert [f["args"]["step"] for f in fetches] == list(range(optimizer_steps))
 
 
+class StepSpans(transformers.TrainerCallback):
+    """The trainer's own clock: each optimizer step's time, from its begin hook to its end hook."""
+
+    def __init__(self):
+        self.us = {}
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.began = time.perf_counter_ns()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.us[state.global_step - 1] = (time.perf_counter_ns() - self.began) / 1000
+
+
+def test_a_checkpoint_between_steps_is_no_steps_time(tmp_path):
+    """Checkpoints saved every 2 steps, each made 60 ms slower: the step before each is
+    its own time (the trainer's, from its begin hook to its end), not the save's."""
+    slow_us = 60_000
+    clock = StepSpans()
+    with testing.trace_to(tmp_path / "trace") as result:
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, disable_tqdm=True,
+            logging_strategy="no", max_steps=12, per_device_train_batch_size=4, save_strategy="steps", save_steps=2)
+        trainer = transformers.Trainer(model=tiny_model(), args=args, train_dataset=dataset(64),
+                                       callbacks=[TraceCallback(), clock])
+        save = trainer._save_checkpoint
+
+        def slow_save(*a, **kw):
+            time.sleep(slow_us / 1e6)
+            return save(*a, **kw)
+
+        trainer._save_checkpoint = slow_save
+        trainer.train()
+    saves = result.spans("capture", "checkpoint")
+    assert len(saves) == 6 and all(s["dur"] >= slow_us for s in saves)
+    ours = {s["step"]: s["median_us"] for s in summarize(result.paths).steps}
+    assert sorted(ours) == list(range(12))
+    # Each save follows steps 1, 3, ..., 11; the last is the run's end. The others' steps
+    # are within a fraction of the save of the trainer's own time (a batch's wait added).
+    saved_before = [k for k in range(1, 11, 2)]
+    over = [ours[k] - clock.us[k] for k in saved_before]
+    assert statistics.median(over) < slow_us / 3, (over, clock.us, ours)
+
+
 def by_id(result):
     return {e["id"]: e for e in result.spans()}
 

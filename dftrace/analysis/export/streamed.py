@@ -316,8 +316,8 @@ def _step_windows(inputs: _Inputs, keep: MergeFilter, shift: list[int]) -> pl.Da
                   .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()))
     container_table = (pl.concat(containers, how="diagonal_relaxed") if containers
                        else pl.DataFrame(schema={"proc": pl.Int32, "name": pl.String, "start": pl.Int64,
-                                                 "end": pl.Int64}))
-    steps = model_steps(step_table, container_table.select("proc", "name", "start", "end"))
+                                                 "end": pl.Int64, "after_work": pl.Boolean}))
+    steps = model_steps(step_table, container_table.select("proc", "name", "start", "end", "after_work"))
     selected = steps.filter(pl.col("step").is_between(first, last))
     if keep.epoch is not None:
         selected = selected.filter(pl.col("epoch") == keep.epoch)

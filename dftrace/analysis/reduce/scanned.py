@@ -80,6 +80,7 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
     seq, seq_ok = span.take("seq")
     incomplete, incomplete_ok = span.take("incomplete")
     done = span.name_is(lambda v: v.endswith(fmt.DONE_SUFFIX))
+    between_steps = span.cat_is(lambda v: v == fmt.CAT_CHECKPOINT) & ~step_ok  # see ``steps.container_rows``
     edge = {"tid": tid, "level": (level, level_ok), "start": span.ts, "end": span.end}
     name_values = piece.texts["name"][0]
     group_values, group_index = piece.texts["group"]
@@ -96,8 +97,9 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
                               step_ok & ~pipeline & ~block & ~done,
                               {"epoch": (epoch, epoch_ok), "step": step, "cat": (cat_texts, step_cat),
                                "name": (name_texts, step_name)}),
-        "containers": span.select(pipeline & ~block & ~span.name_is(lambda v: v.endswith(fmt.ITER_SUFFIX)),
-                                  {"name": span.name, "start": span.ts, "end": span.end}),
+        "containers": span.select((pipeline & ~block & ~span.name_is(lambda v: v.endswith(fmt.ITER_SUFFIX)))
+                                  | between_steps,
+                                  {"name": span.name, "start": span.ts, "end": span.end, "after_work": between_steps}),
         "collectives": span.select(span.cat_is(lambda v: v == fmt.CAT_COMM) & seq_ok, {
             "name": ([None if v is None else v.removesuffix(fmt.DONE_SUFFIX) for v in name_values], span.name),
             "group": (["" if v is None else v for v in group_values], group_index[rows]),

@@ -21,7 +21,9 @@ to no step.
 
 The last step of an epoch (or of the run) ends with the last of its own spans, and
 a pipeline span that starts inside a step (an evaluation, the next epoch) ends it
-there: evaluation after the last training step is not part of that step.
+there: evaluation after the last training step is not part of that step. A
+checkpoint span that carries no step (saved between steps, as the integrations'
+are) ends the step whose work ended before it starts.
 """
 
 from __future__ import annotations
@@ -158,12 +160,14 @@ def _is_merged_work(rows: pl.DataFrame) -> pl.Series:
 
 
 def container_rows(spans: FrameT, by: list[str]) -> FrameT:
-    """*by, name, start, end: the pipeline's own spans (train, epoch, evaluate, ...);
-    loop bodies and item waits left out."""
+    """*by, name, start, end, after_work: the spans that end a step: the pipeline's own
+    (train, epoch, evaluate, ...; loop bodies and item waits left out), and, once the
+    step's work has ended (``after_work``), checkpoints that carry no step."""
+    between = (pl.col("cat") == fmt.CAT_CHECKPOINT) & pl.col("step").is_null()
     return spans.filter(
-        (pl.col("cat") == fmt.CAT_PIPELINE) & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX)
-        & ~pl.col("name").str.ends_with(fmt.ITER_SUFFIX)
-    ).select(*by, "name", pl.col("ts").alias("start"), "end")
+        ((pl.col("cat") == fmt.CAT_PIPELINE) & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX)
+         & ~pl.col("name").str.ends_with(fmt.ITER_SUFFIX)) | between
+    ).select(*by, "name", pl.col("ts").alias("start"), "end", between.alias("after_work"))
 
 
 STEP_SCHEMA = {"proc": pl.Int32, "epoch": pl.Int64, "step": pl.Int64, "start": pl.Int64, "end": pl.Int64,
@@ -184,16 +188,19 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=STEP_SCHEMA)
     rows = with_numbers_settled(rows)
     cuts = {
-        proc: np.sort(frame.get_column("start").to_numpy())
-        for (proc,), frame in containers.partition_by("proc", as_dict=True).items()
+        proc: tuple(np.sort(frame.filter(pl.col("after_work") == after).get_column("start").to_numpy())
+                    for after in (False, True))
+        for (proc,), frame in containers.with_columns(pl.col("after_work").fill_null(False))
+        .partition_by("proc", as_dict=True).items()
     }
+    none = np.empty(0, dtype=np.int64)
     procs = rows.get_column("proc").unique(maintain_order=True).to_list()
 
     def one(proc: int) -> pl.DataFrame:
         # Each process's rows are cut out when its turn comes: a big run's rows are
         # not all copied at once.
         frame = rows.filter(pl.col("proc") == proc) if len(procs) > 1 else rows
-        return _process_steps(proc, frame, cuts.get(proc, np.empty(0, dtype=np.int64)))
+        return _process_steps(proc, frame, *cuts.get(proc, (none, none)))
 
     # Processes are independent, and numpy and polars release the GIL for most of the work.
     with ThreadPoolExecutor(min(os.cpu_count() or 1, 8, len(procs))) as pool:
@@ -231,7 +238,7 @@ def _steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical_relaxed")
 
 
-def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFrame:
+def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray, after_work: np.ndarray) -> pl.DataFrame:
     start, end, n = (np.ascontiguousarray(rows.get_column(name).to_numpy(), np.int64) for name in ("start", "end", "n"))
     is_work = rows.get_column("cat").is_in(WORK_CATS).to_numpy()
     work = bool(is_work.any())
@@ -241,11 +248,11 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
     if kernels.C is not None and codes is not None:
         code, epoch_span = codes
         placed = kernels.C.steps(code, start, end, n, is_work.astype(np.uint8), np.ascontiguousarray(cuts, np.int64),
-                               epoch_span)
+                                 epoch_span, np.ascontiguousarray(after_work, np.int64))
         at, step_start, step_end, counts = (np.frombuffer(array, np.int64) for array in placed)
         picked = rows.select("epoch", "step")[at]
     else:
-        picked, step_start, step_end, counts = _placed_numpy(rows, codes, start, end, n, is_work, cuts)
+        picked, step_start, step_end, counts = _placed_numpy(rows, codes, start, end, n, is_work, cuts, after_work)
     if not step_start.size:
         return pl.DataFrame(schema=STEP_SCHEMA)
     return pl.DataFrame(
@@ -263,7 +270,7 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray) -> pl.DataFr
 
 
 def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, start: np.ndarray, end: np.ndarray,
-                  n: np.ndarray, is_work: np.ndarray, cuts: np.ndarray
+                  n: np.ndarray, is_work: np.ndarray, cuts: np.ndarray, after_work: np.ndarray
                   ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
     """The steps of one process's ``rows`` in time order: (epoch, step), start, end and
     event count of each (the C kernel's work, for an install without a compiler and
@@ -312,6 +319,11 @@ def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, star
         nxt = np.searchsorted(cuts, step_start, side="right")
         has = nxt < cuts.size
         cut = np.where(has, cuts[np.minimum(nxt, cuts.size - 1)], np.iinfo(np.int64).max)
+        step_end = np.minimum(step_end, cut)
+    # A checkpoint between steps ends the step whose work ended before it.
+    if after_work.size:
+        nxt = np.searchsorted(after_work, np.maximum(work_end, step_start), side="left")
+        cut = np.where(nxt < after_work.size, after_work[np.minimum(nxt, after_work.size - 1)], np.iinfo(np.int64).max)
         step_end = np.minimum(step_end, cut)
     step_end = np.maximum(step_end, step_start)
     return keys[order.tolist()], step_start, step_end, counts

@@ -32,8 +32,8 @@
  *   without a copy of the intervals or a sort: the time in each bit mask, the runs
  *   where the mask is alone_bit alone, and the runs where emit_bit is in it (the
  *   union of that group's intervals). None where the pieces are not a few such runs.
- * steps(code, start, end, n, is_work, cuts, epoch_span) places one process's steps
- *   from its step rows, as _steps' numpy model does (see its comment below).
+ * steps(code, start, end, n, is_work, cuts, epoch_span[, after_work]) places one
+ *   process's steps from its step rows, as _steps' numpy model does (see its comment below).
  * across(code, start, dur, order) compares the ranks' times of each step, as
  *   answers.steps.steps_across_units' query does.
  * extents(keys, k, start, end, values, taken) groups rows by k integer keys: each
@@ -893,19 +893,21 @@ static Py_ssize_t count_below_near(const int64_t *values, Py_ssize_t m, int64_t 
 #undef BELOW
 }
 
-/* steps(code, start, end, n, is_work, cuts, epoch_span): one process's steps, as
- * _steps._placed_numpy places them from its rows (one a step and name): ``code``
- * numbers each row's (epoch, step), in their order, with the epoch's place in
+/* steps(code, start, end, n, is_work, cuts, epoch_span[, after_work]): one process's
+ * steps, as _steps._placed_numpy places them from its rows (one a step and name):
+ * ``code`` numbers each row's (epoch, step), in their order, with the epoch's place in
  * code / epoch_span; ``is_work`` one byte a row; ``cuts`` the sorted starts of the
- * pipeline spans. The rows are taken in the order of their codes (nearly that of
+ * pipeline spans; ``after_work`` those of the spans that end a step only once its work
+ * has ended (a checkpoint saved between steps). The rows are taken in the order of their codes (nearly that of
  * time), so each pass runs through memory in order. The steps come back in time
  * order: a row of each (its epoch and step), its start and end, its event count. */
 PyObject *sweeps_steps(PyObject *self, PyObject *args) {
-    Py_buffer b[6];
+    Py_buffer b[7];
     memset(b, 0, sizeof(b));
     int64_t epoch_span;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*L:steps", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &epoch_span)) {
-        for (int i = 0; i < 6; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*L|y*:steps", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &epoch_span,
+                          &b[6])) {
+        for (int i = 0; i < 7; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
         return NULL;
     }
     PyObject *result = NULL;
@@ -920,13 +922,15 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     int64_t **by_key[] = {&first, &known, &rank_of, &row_of, &step_start, &work_end, &earliest, &last_end,
                           &counts, &step_end, &step_row};
     uint8_t *work = NULL, *keep = NULL, *has = NULL;
-    Py_ssize_t n, n_cuts = b[5].len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t n, n_cuts = b[5].len / (Py_ssize_t)sizeof(int64_t), n_after = b[6].len / (Py_ssize_t)sizeof(int64_t);
     if (!same_length(b, 4, &n)) goto done;
-    if (b[4].len != n || b[5].len != n_cuts * (Py_ssize_t)sizeof(int64_t) || epoch_span < 1) {
-        PyErr_SetString(PyExc_ValueError, "is_work: one byte a row; cuts: int64; epoch_span: 1 or more");
+    if (b[4].len != n || b[5].len != n_cuts * (Py_ssize_t)sizeof(int64_t)
+        || b[6].len != n_after * (Py_ssize_t)sizeof(int64_t) || epoch_span < 1) {
+        PyErr_SetString(PyExc_ValueError, "is_work: one byte a row; cuts, after_work: int64; epoch_span: 1 or more");
         goto done;
     }
     const int64_t *code = b[0].buf, *start = b[1].buf, *end = b[2].buf, *count = b[3].buf, *cuts = b[5].buf;
+    const int64_t *after_work = b[6].buf;
     const uint8_t *is_work = b[4].buf;
 #define ST(j) start[row[j]]
 #define EN(j) end[row[j]]
@@ -1024,12 +1028,16 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
         counts[owner] += count[row[j]];
     }
     /* A step ends where the next of its epoch starts, else with its last span; a
-     * pipeline span starting inside it ends it there. */
+     * pipeline span starting inside it ends it there, and one of after_work starting
+     * once its work has ended. */
     for (Py_ssize_t s = 0; s < n_steps; s++) {
         int same_epoch = s + 1 < n_steps && code[step_row[s]] / epoch_span == code[step_row[s + 1]] / epoch_span;
         int64_t e = same_epoch ? step_start[s + 1] : last_end[s];
         Py_ssize_t next_cut = count_below(cuts, n_cuts, step_start[s], 1);
         if (next_cut < n_cuts && cuts[next_cut] < e) e = cuts[next_cut];
+        int64_t worked = work_end[s] > step_start[s] ? work_end[s] : step_start[s];
+        Py_ssize_t next_after = count_below(after_work, n_after, worked, 0);
+        if (next_after < n_after && after_work[next_after] < e) e = after_work[next_after];
         step_end[s] = e > step_start[s] ? e : step_start[s];
     }
     Py_END_ALLOW_THREADS
@@ -1045,7 +1053,7 @@ done:
     free(work);
     free(keep);
     free(has);
-    for (int i = 0; i < 6; i++) PyBuffer_Release(&b[i]);
+    for (int i = 0; i < 7; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
     return result;
 }
 
