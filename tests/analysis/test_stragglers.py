@@ -232,6 +232,17 @@ def _bucketed_run(directory, steps, slow_steps, slow_us, buckets=3, jitter=None)
     return directory
 
 
+def test_a_long_run_s_straggler_is_judged_too(tmp_path):
+    """1,200 steps, rank 1 slowed in every fourth: the chance of as many held steps is
+    summed past a float's range of binomial coefficients (it raised past ~1,030 steps)."""
+    steps = 1_200
+    slow_steps = set(range(1, steps, 4))
+    _bucketed_run(tmp_path, steps, slow_steps, SLOW_US, buckets=1)
+    worst = summarize(tmp_path).stragglers[0]
+    assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, len(slow_steps))
+    assert worst["caused_wait_us"] == len(slow_steps) * SLOW_US
+
+
 @pytest.mark.parametrize("buckets", [1, 2, 4])
 def test_overlapping_buckets_count_once(tmp_path, buckets):
     """Several buckets in flight at once, all waiting for the late rank: the wait it

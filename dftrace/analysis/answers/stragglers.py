@@ -25,6 +25,7 @@ import bisect
 import math
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from .context import Context
@@ -288,10 +289,18 @@ def _held_p_value(leads: list[float], others: list[float], n_steps: int, slots: 
 
 
 def _binomial_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
-    if k <= 0:
+    """P(X >= k) for X ~ Binomial(n, p), summed in logarithms: a run's thousands of
+    steps make binomial coefficients past a float's range."""
+    if k <= 0 or p >= 1:
         return 1.0
-    return min(1.0, sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1)))
+    if k > n or p <= 0:
+        return 0.0
+    log_factorial = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))))
+    i = np.arange(k, n + 1)
+    log_terms = (log_factorial[n] - log_factorial[i] - log_factorial[n - i]
+                 + i * math.log(p) + (n - i) * math.log1p(-p))
+    top = float(log_terms.max())
+    return min(1.0, math.exp(top) * float(np.exp(log_terms - top).sum()))
 
 
 def answer(context: Context) -> dict[str, Any]:
