@@ -36,7 +36,6 @@ import atexit
 import contextlib
 import functools
 import inspect
-import sys
 import threading
 import weakref
 from typing import Any
@@ -45,13 +44,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from .._core import engine as _engine
-from .._core import iterators as _iterators
-from .._core import records as _records
 from .._core import tree as _tree
 from .._core.tree import ai
 from .._hooks import add_callback, warn_once
 from ._dist import note_distributed_rank, patch_init_process_group, trace_distributed, watch_ddp
-from ._hooking import BACKWARD, forward_failed, front_function, is_keras
+from ._hooking import BACKWARD, covered, forward_failed, front_function, is_keras
 
 __all__ = ["install", "standing_down"]
 
@@ -85,6 +82,11 @@ class _State:
         self.shift = 0
         self.train_epoch = 0
         self.ended = False
+        #: an optimizer stepped while a loader is iterated: the step is counted at the
+        #: next batch fetched (a second optimizer stepping meanwhile, a GAN's, is the
+        #: same step), or when ``stepped`` steps again first
+        self.pending = False
+        self.stepped: Any = None
         #: called after each optimizer step while set (the roots' discovery)
         self.step_taken: Any = None
         self.position: dict[str, Any] = {"step": 0}
@@ -96,6 +98,12 @@ class _State:
         if self.training and self.current == self.training:
             position["epoch"] = self.epoch + self.shift
         self.position = position
+
+    def counted(self) -> None:
+        """The step counted: what follows numbers on."""
+        self.steps += 1
+        self.pending, self.stepped = False, None
+        self.moved()
 
     def begin(self, key: int, epoch: int) -> None:
         """Loader ``key``'s iteration ``epoch`` (from 0) begins."""
@@ -119,6 +127,8 @@ class _State:
 
     def step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
+            if self.pending and optimizer is self.stepped:
+                self.counted()  # the same optimizer again with no batch between: a new step
             _end_step_left()
             if _stands_aside(_STEP, "compute"):
                 return
@@ -141,8 +151,11 @@ class _State:
             if held is not None and held[1] is optimizer:
                 _LOCAL.step_span = None
                 held[0].stop({"optimizer": type(optimizer).__name__, **self.position})
-            self.steps += 1  # an integration's steps too: what follows it numbers on
-            self.moved()
+            if not self.down and self.training and self.current == self.training:
+                if not self.pending:  # counted at the next batch (see ``pending``)
+                    self.pending, self.stepped = True, optimizer
+            else:
+                self.counted()  # no loader (or an integration's step): what follows numbers on
             if not self.down and self.step_taken is not None:
                 self.step_taken()
         except Exception as exc:
@@ -185,48 +198,10 @@ def standing_down(delta: int) -> None:
     ROOTS.pause(STATE.down > 0)
 
 
-#: Each thread's stack of open spans (``.stk``). The hooks ask :func:`_covered` only
+#: Each thread's stack of open spans (``.stk``). The hooks ask :func:`~._hooking.covered` only
 #: when it may hold a span (it is not known yet, or holds more than its base): in an
 #: un-annotated program, never.
 _STACKS = _engine.LOCAL
-
-
-def _covered(category: str, depth: int = 12) -> bool:
-    """Whether a span of ``category`` you opened yourself is open on this thread: a
-    ``with``/``start()`` span or an ``.iter()`` loop body of that category, or a
-    function decorated with such a node. Nothing open (an un-annotated program): no,
-    at once. The callers' frames are looked at only while a span of no known kind (a
-    decorated function's) is open."""
-    try:
-        stk = _engine.LOCAL.stk or _engine.current_stack()
-        if len(stk) <= 1:
-            return False
-        kinds = _records.kind_names()
-        blocks = None
-        unknown = False
-        for i in stk[1:]:
-            s = stk.open.get(i) if hasattr(stk.open, "get") else None
-            if s is not None:
-                kid = s.kid
-            else:
-                if blocks is None:
-                    blocks = _iterators.open_block_kinds()
-                kid = blocks.get(i)
-            if kid is None:
-                unknown = True
-            elif kinds.get(kid, ("", ""))[1] == category:
-                return True
-        decorated = _tree.DECORATED_CODE
-        if unknown and decorated:
-            frame = sys._getframe(2)
-            while frame is not None and depth:
-                if decorated.get(frame.f_code) == category:
-                    return True
-                frame = frame.f_back
-                depth -= 1
-    except Exception:
-        return False
-    return False
 
 
 def _stands_aside(node: Any, category: str) -> bool:
@@ -236,7 +211,7 @@ def _stands_aside(node: Any, category: str) -> bool:
     ``may_record()`` (auto_hooks.c)."""
     stk = _STACKS.stk
     return bool(STATE.down or not node._on
-                or ((stk is None or len(stk) > 1) and _covered(category)))
+                or ((stk is None or len(stk) > 1) and covered(category)))
 
 
 # -- data loading ---------------------------------------------------------------------
@@ -256,6 +231,8 @@ class _Fetches:
         return self
 
     def __next__(self) -> Any:
+        if STATE.pending:  # the batch after an optimizer step: the next step's
+            STATE.counted()
         if _LOCAL.step_span is not None:
             _end_step_left()
         if _stands_aside(_FETCH, "dataloader"):
@@ -314,7 +291,7 @@ def _settle_start(*_: Any) -> None:
 def _traced_iter(self: Any) -> Any:
     global _HELD
     try:
-        key = 0 if STATE.down or not _FETCH.enabled or self in _tree.ITERATED or _covered("dataloader") else id(self)
+        key = 0 if STATE.down or not _FETCH.enabled or self in _tree.ITERATED or covered("dataloader") else id(self)
         if key:
             _settle_start()
             epoch = _ITERATIONS.get(key, 0)
@@ -529,7 +506,7 @@ class _BackwardArgs:
 
     def _backward_args(self) -> dict[str, Any] | None | bool:
         stk = _STACKS.stk
-        if STATE.down or ((stk is None or len(stk) > 1) and _covered("compute", depth=6)):
+        if STATE.down or ((stk is None or len(stk) > 1) and covered("compute", depth=6)):
             return False  # nothing to record: it is recorded already
         return STATE.position  # encoded by the span's stop(): shared safely
 
@@ -569,7 +546,7 @@ def install(_torch: Any = None) -> None:
     from .._core.after_import import when_imported
 
     if _speedups is not None:  # the same, counted and recorded in C
-        state = _speedups.AutoState(fetch=_FETCH, step=_STEP, covered=_covered,
+        state = _speedups.AutoState(fetch=_FETCH, step=_STEP, covered=covered,
                                     grad_enabled=_grad_enabled, fetch_end=_FETCH_END)
         state.down = STATE.down  # integrations that began before
         STATE = state

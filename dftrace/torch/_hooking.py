@@ -1,6 +1,7 @@
 """What the model hooks share: tensor shapes as args, each thread's open spans of
-a hooked module, hooks removed without raising, and the one patch of
-``torch.autograd.backward`` that every user of backward() spans shares."""
+a hooked module, hooks removed without raising, the one patch of
+``torch.autograd.backward`` that every user of backward() spans shares, whether you
+record a category yourself now, and the ``forward`` that records a model's calls."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._core import engine as _engine
+from .._core import iterators as _iterators
+from .._core import records as _records
+from .._core import tree as _tree
 from .._core.tree import ai
 from .._hooks import call_in_span, warn_once
 
@@ -210,3 +215,41 @@ def compiling() -> Any:
     except Exception:
         return lambda: False
     return is_compiling
+
+
+def covered(category: str, depth: int = 12) -> bool:
+    """Whether a span of ``category`` you opened yourself is open on this thread: a
+    ``with``/``start()`` span or an ``.iter()`` loop body of that category, or a
+    function decorated with such a node. Nothing open (an un-annotated program): no,
+    at once. The callers' frames are looked at only while a span of no known kind (a
+    decorated function's) is open."""
+    try:
+        stk = _engine.LOCAL.stk or _engine.current_stack()
+        if len(stk) <= 1:
+            return False
+        kinds = _records.kind_names()
+        blocks = None
+        unknown = False
+        for i in stk[1:]:
+            s = stk.open.get(i) if hasattr(stk.open, "get") else None
+            if s is not None:
+                kid = s.kid
+            else:
+                if blocks is None:
+                    blocks = _iterators.open_block_kinds()
+                kid = blocks.get(i)
+            if kid is None:
+                unknown = True
+            elif kinds.get(kid, ("", ""))[1] == category:
+                return True
+        decorated = _tree.DECORATED_CODE
+        if unknown and decorated:
+            frame = sys._getframe(2)
+            while frame is not None and depth:
+                if decorated.get(frame.f_code) == category:
+                    return True
+                frame = frame.f_back
+                depth -= 1
+    except Exception:
+        return False
+    return False

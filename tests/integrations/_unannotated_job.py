@@ -12,6 +12,8 @@
   epoch are stepped in the next one, and the last two of the run never are;
 - ``fresh``: ``plain`` with a DataLoader made anew for each epoch, and after each
   epoch an evaluation loader iterated under ``torch.no_grad()``;
+- ``gan``: ``plain`` with two models each stepped by its own optimizer per batch (a
+  discriminator's step, then a generator's);
 - ``idle``: no PyTorch work at all;
 - ``edges``: what a program does with a model once its calls are recorded (after
   the first optimizer steps): a deep copy called, pickling and ``torch.save``,
@@ -61,6 +63,8 @@ def main(mode: str, truth_path: str) -> None:
     truth = {"fetch_ns": 0, "steps": 0, "epochs": 0, "forwards": 0, "starts_ns": [], "epochs_ns": []}
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = nn.Linear(16, 16)
+    opt_g = torch.optim.SGD(generator.parameters(), lr=0.01)
     loader = DataLoader(Data(), batch_size=8, num_workers=2)
     every = {"accumulate": 2, "accumulate_across": 3}.get(mode, 1)
 
@@ -107,6 +111,12 @@ def main(mode: str, truth_path: str) -> None:
                     opt.step()
                     opt.zero_grad()
                     truth["steps"] += 1
+                if mode == "gan":  # the generator's turn, in the same step
+                    fake = model(generator(x))
+                    truth["forwards"] += 2
+                    (-fake.mean()).backward()
+                    opt_g.step()
+                    opt_g.zero_grad()
                 k += 1
             truth["epochs"] += 1
             if mode == "fresh":

@@ -113,6 +113,26 @@ def _assert_epoch_times(summary, truth):
         assert mine == pytest.approx(true_ns / 1e3, rel=0.02, abs=500), (ours, truth["epochs_ns"])
 
 
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_two_optimizers_stepping_each_batch_are_one_step(tmp_path, engine):
+    """A GAN's loop: a discriminator's optimizer step, then a generator's, each batch:
+    one step a batch, the generator's work in the step of its batch."""
+    out, truth = _run_engine(tmp_path, "gan", engine)
+    summary = summarize(out)
+    assert truth["steps"] == 16
+    assert len(summary.steps) == 16
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 8), (1, 8)]
+    spans = sorted(_spans(out), key=lambda e: e["ts"])
+    steps = [e for e in spans if e["name"] == "step"]
+    assert [e["args"]["step"] for e in steps] == [k // 2 for k in range(32)]
+    # The batch's fetch, the three forwards (the discriminator's, then the generator's
+    # and the discriminator's on its output) and both backwards carry the batch's step.
+    for name, per_step in (("fetch", 1), ("forward", 3), ("backward", 2)):
+        numbers = [e["args"]["step"] for e in spans if e["name"] == name and "step" in e["args"]]
+        assert numbers == [k // per_step for k in range(16 * per_step)], (name, numbers)
+    _assert_epoch_times(summary, truth)
+
+
 def test_accumulated_micro_batches_are_one_step(tmp_path):
     out, truth, _ = _run(tmp_path, "accumulate")
     summary = summarize(out)

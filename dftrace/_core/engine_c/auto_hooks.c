@@ -35,6 +35,11 @@ typedef struct {
        `train_epoch`; `ended`: that iteration ran to its end */
     long long shift, train_epoch;
     int ended;
+    /* an optimizer stepped while a loader is iterated: the step is counted at the next
+       batch fetched (a second optimizer stepping meanwhile, a GAN's, is the same
+       step), or when `stepped` (compared only) steps again first */
+    int pending;
+    PyObject *stepped;
     PyObject *pos;       /* this step's args: a dict {"step": n[, "epoch": e]} */
     PyObject *pos_x;     /* ... encoded (an Extra) */
     PyObject *covered;   /* covered(category) -> bool: you recorded it yourself */
@@ -233,10 +238,21 @@ static void end_step_left(AutoState *st) {
     Py_CLEAR(st->step_stk);
 }
 
+/* The step counted: what follows numbers on. */
+static void step_counted(AutoState *st) {
+    st->steps++;
+    st->pending = 0;
+    st->stepped = NULL;
+    if (moved(st) < 0)
+        PyErr_Clear();
+}
+
 /* step_pre(optimizer, args, kwargs): the optimizer step's pre-hook. */
 static PyObject *AutoState_step_pre(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     AutoState *st = (AutoState *)self;
     uint64_t ts = thread_id();
+    if (st->pending && nargs > 0 && args[0] == st->stepped)
+        step_counted(st); /* the same optimizer again with no batch between: a new step */
     if (st->step_open && st->step_ts == ts)
         end_step_left(st);
     PyObject *stk;
@@ -303,9 +319,14 @@ static PyObject *AutoState_step_post(PyObject *self, PyObject *const *args, Py_s
         if (rc < 0)
             return NULL; /* a signal's exception while waiting for room */
     }
-    st->steps++; /* an integration's steps too: what follows it numbers on */
-    if (moved(st) < 0)
-        PyErr_Clear();
+    if (!st->down && st->training && st->current == st->training) {
+        if (!st->pending) { /* counted at the next batch (see `pending`) */
+            st->pending = 1;
+            st->stepped = opt;
+        }
+    } else {
+        step_counted(st); /* no loader (or an integration's step): what follows numbers on */
+    }
     if (!st->down && st->step_taken) {
         PyObject *r = PyObject_CallNoArgs(st->step_taken);
         Py_XDECREF(r);
@@ -418,6 +439,8 @@ static int end_of_iteration(AutoState *st, AutoFetches *f, span_t *sp, PyObject 
 static PyObject *AutoFetches_next(AutoFetches *f) {
     AutoState *st = f->st;
     PyObject *stk;
+    if (st->pending) /* the batch after an optimizer step: the next step's */
+        step_counted(st);
     if (st->step_open && st->step_ts == thread_id()) /* no batch is fetched in a step */
         end_step_left(st);
     if (!may_record(st, st->fetch, st->cat_data, &stk))
