@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import unicodedata
 from pathlib import Path
 
 import orjson
@@ -105,6 +106,34 @@ def test_control_characters_are_escaped_on_the_terminal(tmp_path, capsys):
         assert "\\x1b]52;c;aGVsbG8=\\x07evil\\x1b[2J\\u202e" in text, command
     assert evil in {c["name"] for c in orjson.loads(outputs["summary --json"][1])["categories"]}
     assert not any("\x1b" in out for command, (_, out, _) in outputs.items() if command != "summary --json")
+
+
+def test_names_with_line_breaks_tabs_and_wide_characters_keep_the_tables_aligned(tmp_path, capsys):
+    """A name with a line break, one with a tab and one of wide characters: each is
+    one row of the summary's table, every row as wide as its header's rule."""
+    names = ["line1\nline2", "tab\there", "日本語🚀"]
+    run = _run(tmp_path / "run", {0: [_line(orjson.dumps(n)[1:-1]) for n in names]})
+    assert main(["summary", str(run), "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index("Time per category and name") + 1:]
+    table = table[:table.index("")]
+    rule = table[1]
+    for shown in ("line1\\nline2", "tab\\x09here", "日本語🚀"):
+        [row] = [line for line in table if shown in line]
+        # Its last column ends where the rule does (wide characters two columns each).
+        width = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in row)
+        assert width == len(rule), (row, rule)
+
+
+def test_a_name_is_text_in_the_report_s_charts(tmp_path):
+    """Plotly reads markup in its labels (``<b>``, ``<a href>``) and fields in its
+    hover templates: a span's and a host's name are shown as their own characters."""
+    from dftrace.analysis import render_html
+
+    run = _run(tmp_path / "run", {0: [_line(b"<a href='https://example.com'>click</a><b>x</b>%{y}")]})
+    page = render_html(summarize(run))  # (its JSON writes "/" as \u002f)
+    assert "<b>x<" not in page and "<a href='https:" not in page
+    assert "&lt;b&gt;x&lt;" in page and "%&#123;y}" in page
 
 
 def test_numbers_beyond_64_bits_in_an_older_file_are_read(tmp_path, capsys):

@@ -14,6 +14,7 @@ behind them are in ``render.frames``. plotly is imported at the first figure.
 
 from __future__ import annotations
 
+import html
 from typing import TYPE_CHECKING, Any
 
 from ... import format as fmt
@@ -60,7 +61,7 @@ def stragglers(summary: Summary) -> Figure | None:
     subplots = require("plotly.subplots")
     fig = subplots.make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5],
                                  subplot_titles=["wait caused per step (ms)", "compute per step (ms)"])
-    labels = [r["unit"] for r in ranks]
+    labels = [shown(r["unit"]) for r in ranks]
     fig.add_trace(go.Bar(x=labels, y=[(r["caused_wait_us_per_step"] or 0) / 1000 for r in ranks],
                          customdata=[[r["held_steps"], r["last_arrivals"]] for r in ranks], showlegend=False,
                          hovertemplate="%{x}: %{y:.3f} ms per step, held the others back in "
@@ -90,7 +91,7 @@ def step_timeline(summary: Summary) -> Figure | None:
         fig.add_trace(
             go.Bar(
                 name=f"epoch {epoch}" if epoch is not None else "steps", orientation="h",
-                y=[r["rank"] for r in sub],
+                y=[shown(r["rank"]) for r in sub],
                 x=[r["dur_us"] / 1000 for r in sub], base=[r["start_us"] / 1000 for r in sub],
                 customdata=[[r["step"], format_us(r["dur_us"]), format_us(r.get("wait_us"))] for r in sub],
                 hovertemplate="%{y} step %{customdata[0]}: %{customdata[1]}, waiting "
@@ -126,10 +127,11 @@ def step_times(summary: Summary) -> Figure | None:
         sub = sorted((r for r in rows if r["rank"] == rank), key=lambda r: order[(r["epoch"], r["step"])])
         fig.add_trace(
             go.Scatter(
-                name=rank, mode="lines+markers" if len(sub) < 200 else "lines",
+                name=shown(rank), mode="lines+markers" if len(sub) < 200 else "lines",
                 x=[order[(r["epoch"], r["step"])] for r in sub], y=[r["dur_us"] / 1000 for r in sub],
                 customdata=[[r["epoch"], r["step"]] for r in sub],
-                hovertemplate=f"{rank} epoch %{{customdata[0]}} step %{{customdata[1]}}: %{{y:.3f}} ms<extra></extra>",
+                hovertemplate=f"{shown(rank)} epoch %{{customdata[0]}} step %{{customdata[1]}}: %{{y:.3f}} ms"
+                              "<extra></extra>",
             )
         )
     return _layout(fig, xaxis_title=f"step (in order over all epochs){thinned_note(summary)}",
@@ -146,7 +148,7 @@ def time_breakdown(summary: Summary) -> Figure | None:
     if not processes:
         return None
     go = _go()
-    labels = [p["label"] for p in processes]
+    labels = [shown(p["label"]) for p in processes]
     fig = go.Figure()
     for group, label in GROUP_LABELS.items():
         values = [p["exclusive_us"][group] / 1000 for p in processes]
@@ -183,7 +185,7 @@ def self_time_by_name(summary: Summary) -> Figure | None:
     for part, name, key, color in series:
         if part:
             fig.add_trace(go.Bar(
-                y=[f"{r['cat']}/{r['name']}" for r in part], x=[r.get(key, r["total_us"]) / 1000 for r in part],
+                y=[shown(f"{r['cat']}/{r['name']}") for r in part], x=[r.get(key, r["total_us"]) / 1000 for r in part],
                 name=name, orientation="h", marker_color=color,
                 customdata=[[r["count"], format_us(r["total_us"])] for r in part],
                 hovertemplate="%{y}: %{x:.3f} ms in %{customdata[0]} calls (%{customdata[1]} with what runs "
@@ -203,7 +205,7 @@ def duration_distributions(summary: Summary) -> Figure | None:
     subplots = require("plotly.subplots")
     cols = 3
     rows = (len(dists) + cols - 1) // cols
-    fig = subplots.make_subplots(rows=rows, cols=cols, subplot_titles=[f"{d['cat']}/{d['name']}" for d in dists])
+    fig = subplots.make_subplots(rows=rows, cols=cols, subplot_titles=[shown(f"{d['cat']}/{d['name']}") for d in dists])
     for i, d in enumerate(dists):
         fig.add_trace(
             go.Scatter(x=d["edges_us"], y=d["counts"] + d["counts"][-1:], line_shape="hv", fill="tozeroy",
@@ -225,7 +227,7 @@ def data_loader_stall(summary: Summary) -> Figure | None:
     fig = go.Figure()
     for d in loaders:
         ranks = sorted(d["ranks"], key=lambda r: _unit_order(r["rank"]))
-        fig.add_trace(go.Bar(name=f"{d['cat']}/{d['loader']}", x=[r["rank"] for r in ranks],
+        fig.add_trace(go.Bar(name=shown(f"{d['cat']}/{d['loader']}"), x=[shown(r["rank"]) for r in ranks],
                              y=[(r["stall"] or 0) * 100 for r in ranks]))
     return _layout(fig, yaxis_title="stall (% of loop time)", barmode="group")
 
@@ -313,6 +315,13 @@ def _layout(fig: Any, height: int = 420, **kwargs: Any) -> Any:
     return fig
 
 
+def shown(text: Any) -> str:
+    """A name from the trace (a span's, a host's, a process's) as a chart shows it: its
+    own characters, never markup (plotly reads ``<b>``, ``<a href>`` and the like in
+    any label) nor a hover template's ``%{...}`` field."""
+    return html.escape(str(text), quote=False).replace("%{", "%&#123;")
+
+
 def _unit_order(unit: str) -> tuple[int, int, str]:
     """Sort "rank 2" before "rank 10"; process labels after ranks."""
     number = unit.removeprefix("rank ")
@@ -334,7 +343,7 @@ def _heatmap(rows: list[dict[str, Any]], value: str, title: str, colorscale: str
     for r in rows:
         z[index[r["rank"]]][order[(r["epoch"], r["step"])]] = r[value] / 1000
     labels = [f"epoch {e} step {s}" if e is not None else f"step {s}" for e, s in order]
-    fig = go.Figure(go.Heatmap(z=z, y=ranks, x=list(range(len(order))), colorscale=colorscale,
+    fig = go.Figure(go.Heatmap(z=z, y=[shown(rank) for rank in ranks], x=list(range(len(order))), colorscale=colorscale,
                                customdata=[labels] * len(ranks), colorbar={"title": title},
                                hovertemplate="%{y} %{customdata}: %{z:.3f} ms<extra></extra>"))
     return _layout(fig, height=max(260, min(900, 14 * len(ranks) + 140)), xaxis_title=f"step (in order){note}",

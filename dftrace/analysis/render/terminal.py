@@ -5,6 +5,7 @@ commands that work without the analysis extra (``validate``) can use it."""
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
 #: Characters a terminal acts on instead of showing: C0 and C1 controls (escape
@@ -18,6 +19,18 @@ def printable(text: str) -> str:
     clear the screen or write the clipboard."""
     return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
                             else f"\\u{ord(m.group()):04x}", text)
+
+
+def one_line(text: str) -> str:
+    """``text`` :func:`printable`, its line breaks escaped too: a table's cell."""
+    return printable(text).replace("\n", "\\n")
+
+
+def columns(text: str) -> int:
+    """How many terminal columns ``text`` takes: wide characters (CJK, most emoji) two."""
+    if text.isascii():
+        return len(text)
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 0 if unicodedata.combining(c) else 1 for c in text)
 
 
 def printable_data(value: Any) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..answers.summary import Summary
 from ..answers.units import count_of, file_label, format_bytes, format_us
-from .terminal import printable
+from .terminal import columns, one_line
 
 #: How the breakdown names its activity groups.
 GROUP_LABELS = {
@@ -25,11 +25,13 @@ def _pct(share: float | None) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[bool]) -> list[str]:
-    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    # Each cell on one line and escaped before it is measured: a name's tab or line
+    # break neither breaks the row nor its width.
+    cells = [[str(c) for c in headers]] + [[one_line(str(c)) for c in row] for row in rows]
+    widths = [max(columns(r[i]) for r in cells) for i in range(len(headers))]
     out = []
     for n, row in enumerate(cells):
-        parts = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right)]
+        parts = [" " * (w - columns(c)) + c if r else c + " " * (w - columns(c)) for c, w, r in zip(row, widths, right)]
         out.append("  " + "  ".join(parts).rstrip())
         if n == 0:
             out.append("  " + "  ".join("-" * w for w in widths))
@@ -449,5 +451,5 @@ def io_text(io: dict[str, Any], top: int) -> list[str]:
 
 
 def _short_path(path: str, width: int = 60) -> str:
-    path = printable(path).replace("\n", "\\n")
+    path = one_line(path)
     return path if len(path) <= width else "..." + path[-(width - 3):]
