@@ -138,6 +138,36 @@ def test_live_watch_exits_when_the_job_finishes(paused_job):
     assert "1 closed" in last and row.split()[2:5] == ["1", str(STEPS - 1), str(2 * STEPS)]
 
 
+class _EndingJob:
+    """A watcher of a job that ends right after the first read: each read sees more
+    (its count), and the job is finished from then on."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def poll(self):
+        self.reads += 1
+        return True
+
+    @property
+    def finished(self):
+        return self.reads >= 1
+
+    def snapshot(self):
+        return {"reads": self.reads}
+
+
+@pytest.mark.parametrize("loop", ["_lines", "_live"])
+def test_the_last_view_is_read_after_the_job_ended(loop, monkeypatch, capsys):
+    """A job that ends while the view is drawn (between a read and the check whether it
+    finished): watch reads once more before it exits, so the last view is the whole trace."""
+    shown = []
+    monkeypatch.setattr(watching, "render_plain", lambda snapshot: shown.append(snapshot["reads"]) or "")
+    monkeypatch.setattr(watching, "render_rich", lambda snapshot: shown.append(snapshot["reads"]) or "")
+    getattr(watching, loop)(_EndingJob(), 0.0)
+    assert shown[-1] == 2, shown
+
+
 def test_finished_trace_exits_at_once(run_dir):
     """A finished run (every file closed): watch shows it and exits by itself."""
     result = _watch(str(run_dir))

@@ -177,8 +177,10 @@ def _live(watcher: Watcher, interval: float) -> None:
 
     with Live(render_rich(printable_data(watcher.snapshot())), console=Console(), auto_refresh=False,
               transient=False) as live:
-        while not watcher.finished:
+        ended = False
+        while not ended:
             time.sleep(interval)
+            ended = watcher.finished  # asked before the read: what ended is read to its end
             watcher.poll()
             live.update(render_rich(printable_data(watcher.snapshot())), refresh=True)
 
@@ -187,8 +189,10 @@ def _lines(watcher: Watcher, interval: float) -> None:
     """Without a terminal: a plain snapshot whenever something new was read."""
     sys.stdout.write(printable(render_plain(watcher.snapshot())))
     sys.stdout.flush()
-    while not watcher.finished:
+    ended = False
+    while not ended:
         time.sleep(interval)
+        ended = watcher.finished  # asked before the read: what ended is read to its end
         if watcher.poll():
             sys.stdout.write("\n" + printable(render_plain(watcher.snapshot())))
             sys.stdout.flush()
