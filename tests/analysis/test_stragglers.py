@@ -47,8 +47,11 @@ def test_steps_are_the_loops_steps(lockstep):
     assert [(s["epoch"], s["step"], s["ranks"]) for s in summary.steps] == [(None, k, 2) for k in range(STEPS)]
     assert summary.step_stats["count"] == 2 * STEPS
     assert [s["max_us"] for s in summary.steps] == [LAST] + [PERIOD] * (STEPS - 1)
-    # No epoch arg anywhere: no "epoch None" row.
+    # No epoch arg anywhere: no "epoch None" row, and the longest steps' epoch is "-".
     assert summary.epochs == []
+    text = render_text(summary).splitlines()
+    longest = text[text.index("  longest steps:") + 3]
+    assert longest.split()[0] == "-" and "None" not in longest, longest
 
 
 def test_straggler_is_the_rank_that_arrives_last(lockstep):

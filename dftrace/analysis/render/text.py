@@ -249,7 +249,8 @@ def _steps(summary: Summary, top: int) -> list[str]:
     ]
     slowest = sorted(summary.steps, key=lambda s: s["max_us"], reverse=True)[: min(top, 5)]
     rows = [
-        (s["epoch"], s["step"], s["ranks"], format_us(s["median_us"]), format_us(s["max_us"]), s["slowest"])
+        ("-" if s["epoch"] is None else s["epoch"], s["step"], s["ranks"], format_us(s["median_us"]),
+         format_us(s["max_us"]), s["slowest"])
         for s in slowest
     ]
     lines.append("  longest steps:")
