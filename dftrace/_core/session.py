@@ -201,11 +201,13 @@ class Session:
 
     @property
     def path(self) -> str:
-        """The file being written (the latest part when rotating)."""
+        """The file being written (the latest part when rotating). With the process
+        writer, the first file's name until the session ends (the drainer names them)."""
         return self.sink.path
 
     @property
     def paths(self) -> list[str]:
+        """Every file of the session; with the process writer, known when it ends."""
         return list(self.sink.paths)
 
     # -- header --------------------------------------------------------------
