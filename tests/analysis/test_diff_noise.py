@@ -52,6 +52,14 @@ def _mean_forward(run: Path) -> float:
     return next(c["mean_us"] for c in summarize(run).categories if c["name"] == "forward")
 
 
+def _forward_per_step(run: Path) -> float:
+    from dftrace.analysis import summarize
+
+    summary = summarize(run)
+    total = next(c["total_us"] for c in summary.categories if c["name"] == "forward")
+    return total / summary.step_stats["count"]
+
+
 def _diff(capsys, *args: str) -> tuple[int, dict]:
     code = main(["diff", *args, "--fail-on-regression", "5%", "--json", "--no-progress"])
     return code, json.loads(capsys.readouterr().out)
@@ -114,6 +122,9 @@ def test_several_runs_per_side(quiet, capsys, tmp_path):
     assert forward["new"] == pytest.approx(sum(_mean_forward(r) for r in planted) / 3, rel=1e-6)
     assert forward["low"] < forward["change"] < forward["high"]
     assert code == (1 if forward["relative"] > 0.05 and forward["low"] > 0 else 0)
+    # Its time per step: each side's mean over its runs (not the first run's alone).
+    assert forward["impact_us"] == pytest.approx(
+        sum(map(_forward_per_step, planted)) / 3 - sum(map(_forward_per_step, same)) / 3, abs=0.01)
     code_dirs, directories = _diff(capsys, str(same[0].parent), str(planted[0].parent), "--metric",
                                    "compute.forward.mean")
     assert code_dirs == code and directories["rows"] == repeated["rows"]

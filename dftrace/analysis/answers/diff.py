@@ -188,9 +188,13 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     first_b, first_n = bases[0], news[0]
     per_step = (per_rank_step(first_b), per_rank_step(first_n))
     diff = RunDiff(_describe(first_b), _describe(first_n), threshold, runs=(len(bases), len(news)))
-    # Each run's value of each figure, lined up against the other side's first run.
-    values_b = [{f.metric: f.base for f in figures_of(b, first_n)} for b in bases]
-    values_n = [{f.metric: f.new for f in figures_of(first_b, n)} for n in news]
+    # Each run's figures, lined up against the other side's first run: their values,
+    # and their time per rank-step of that run (what the impact is the mean of).
+    figures_b = [{f.metric: f for f in figures_of(b, first_n)} for b in bases]
+    figures_n = [{f.metric: f for f in figures_of(first_b, n)} for n in news]
+    values_b = [{m: f.base for m, f in each.items()} for each in figures_b]
+    values_n = [{m: f.new for m, f in each.items()} for each in figures_n]
+    per_step_b, per_step_n = [per_rank_step(b) for b in bases], [per_rank_step(n) for n in news]
     single = len(bases) == len(news) == 1
     blocks = (_step_blocks(first_b), _step_blocks(first_n)) if single else None
     # With one run per side, the machine's speed stands in for the run-to-run noise.
@@ -213,10 +217,15 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     for figure in figures_of(first_b, first_n):
         samples = ([v.get(figure.metric) for v in values_b], [v.get(figure.metric) for v in values_n])
         interval, machine, noise = None, 0.0, ""
+        row_per_step = per_step
         if not single:
             figure.base, figure.new = _mean(samples[0]), _mean(samples[1])
             interval = _change_interval(*samples)
             noise = "runs" if interval is not None else ""
+            if figure.time is not None:  # each side's mean of its runs' time per rank-step
+                figure.time = (_time_per_step(figures_b, per_step_b, figure.metric, 0),
+                               _time_per_step(figures_n, per_step_n, figure.metric, 1))
+                row_per_step = (1, 1)
         elif figure.base is not None and figure.new is not None:
             change = figure.new - figure.base
             if diff.speed is not None and figure.unit == US and figure.section in _TIMED_SECTIONS:
@@ -239,8 +248,15 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
                 if figure.metric in _STEP_FIGURES:
                     figure.note = "moved: " + ", ".join(f"{name} {step * 100:+.1f}% of the step"
                                                         for name, step in diff.moved.items())
-        diff.rows.append(_row(figure, per_step, threshold, interval, noise, machine))
+        diff.rows.append(_row(figure, row_per_step, threshold, interval, noise, machine))
     return diff
+
+
+def _time_per_step(runs: list[dict[str, Figure]], per_step: list[int], metric: str, side: int) -> float | None:
+    """The mean over a side's runs of a figure's time per rank-step (``side``: which of
+    the figure's two times is that run's)."""
+    times = [(each[metric].time or (None, None))[side] for each in runs if metric in each]
+    return _mean([t / steps if t is not None else None for t, steps in zip(times, per_step)])
 
 
 #: Step figures the names' moves judge.
