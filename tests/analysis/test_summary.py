@@ -68,6 +68,32 @@ def test_percentiles_use_the_nearest_rank(tmp_path):
     assert (stats["min_us"], stats["p50_us"], stats["p95_us"], stats["max_us"]) == (1, 50, 95, 100)
 
 
+def test_duration_histograms_count_each_span_in_its_bar(tmp_path):
+    """Durations clustered finer than the sketch keeps them (2,000-2,004 µs), spread
+    over a wide range, and exact below a millisecond: every span is counted in the bar
+    its duration falls in (the bars' edges as the answer gives them)."""
+    import bisect
+    import random
+
+    rng = random.Random(5)
+    narrow = [2000] * 77 + [2001] * 40 + [2002] * 2 + [2004]
+    wide = [rng.randrange(1, 900) for _ in range(300)] + [rng.randrange(1100, 400_000) for _ in range(300)]
+    proc = tracegen.Process(1, rank=0)
+    t = tracegen.T0_US
+    for name, durations in (("narrow", narrow), ("wide", wide)):
+        for dur in durations:
+            proc.span(name, "compute", t, dur)
+            t += 500_000
+    histograms = {d["name"]: d for d in summarize(tracegen.write_process(tmp_path, proc), index=False).distributions}
+    for name, durations in (("narrow", narrow), ("wide", wide)):
+        edges = histograms[name]["edges_us"]
+        truth = [0] * (len(edges) - 1)
+        for dur in durations:
+            truth[bisect.bisect_right(edges, dur) - 1] += 1
+        assert histograms[name]["counts"] == truth, name
+    assert 12 <= len(histograms["wide"]["counts"]) <= 24  # log-spaced bars over the range
+
+
 def test_epoch_table_names_the_slowest_rank(summary):
     """Each epoch: ranks, steps, slowest rank's time and the median rank's."""
     epoch_us = STEPS * (FETCH_ITER_US + tracegen.step_us()) + CHECKPOINT_US
