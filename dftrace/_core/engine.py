@@ -365,8 +365,10 @@ def close_span(stk: Stack, s: OpenSpan, t1: int, x: Any = None,
     """Close span ``s`` at ``t1`` and record it with args ``x`` (an Extra, a dict or
     None), tagged ``error: <type>`` when ``error`` is given (an ``Exception``),
     ``count`` (-1: none) and flagged ``incomplete``. ``pushed``: it is on ``stk``,
-    popped here with anything left above it; else (a generator's) it is recorded
-    where it started if it nests there, else on a track of its own. ``recorded``
+    popped here with anything left above it (one that outlived its parent, a
+    ``start()`` stopped after the block it started in ended, is not, and is recorded
+    on a track of its own); else (a generator's) it is recorded where it started if it
+    nests there, else on a track of its own. ``recorded``
     False: it ended without a record (an iterator's end)."""
     i = s.id
     p = s.parent
@@ -374,10 +376,12 @@ def close_span(stk: Stack, s: OpenSpan, t1: int, x: Any = None,
     if pushed:
         if stk and stk[-1] == i:
             stk.pop()
-        else:
+        elif i in stk:
             _unwind(stk, i, t1)
+        else:  # unwound when a span below it ended: it outlived its parent
+            stk, p, lvl = side_stack(stk), 0, 1
     elif not _nests(stk, p, lvl):
-        stk, p, lvl = _side_stack(stk), 0, 1
+        stk, p, lvl = side_stack(stk), 0, 1
     if not recorded:
         if NVTX_ON:
             nvtx_close(i)
@@ -405,13 +409,14 @@ def close_returned(stk: Stack, s: OpenSpan, extra: Any, capture: Any, params: An
                pushed=pushed)
 
 
-def _side_stack(stk: Stack) -> Stack:
-    """A track of its own for a span that does not nest where it started (a
-    generator finishing inside a block opened after it started)."""
+def side_stack(stk: Stack) -> Stack:
+    """A track of its own for a span that does not nest where it ends: a generator
+    finishing inside a block opened after it started, a ``start()`` stopped after the
+    span it started in ended."""
     vtid = next(_vtids)
     side = Stack(vtid, None)
     record_special(META, {"name": fmt.META_THREAD_NAME,
-                          "args": {"name": f"generators (thread {stk.tid})"}}, vtid)
+                          "args": {"name": f"spans that end outside their parent (thread {stk.tid})"}}, vtid)
     return side
 
 
@@ -542,7 +547,7 @@ def _load_speedups() -> Any:
     if not _clocks_agree(mod.clock_ns):
         return None
     mod.register(local=LOCAL, resolve=resolve, wait_room=wait_for_room, wake=wake_consumer,
-                 unwind=_unwind, with_error=with_error, merge=Extra.joined, to_extra=to_extra,
+                 unwind=_unwind, side_stack=side_stack, with_error=with_error, merge=Extra.joined, to_extra=to_extra,
                  sticky_of=sticky_of, extra_type=Extra)
     mod.set_limits(STATE._batch_size, STATE._buffer_limit, STATE._drop_when_full)
     use_native(mod.add_kind, mod.plain_fragment)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import warnings
 
 import pytest
@@ -289,6 +290,32 @@ def test_stopping_a_parent_closes_children_left_open(tmp_path):
     epoch, = t.spans("epoch")
     assert comp["args"]["incomplete"] is True and "incomplete" not in epoch["args"]
     check_nesting(t.events)
+
+
+def test_a_start_that_outlives_its_loop_body_gets_a_track_of_its_own(tmp_path):
+    """A ``start()`` in one ``.iter()`` body, stopped in the next epoch's: its parent
+    ended first, so it is written whole on a track of its own, where no span crosses
+    another (it crossed the loop bodies' and epochs' ends before), and the file is valid."""
+    waited_us = []
+    with testing.trace_to(tmp_path) as t:
+        started = None
+        for _ in ai.pipeline.epoch.iter(range(3)):
+            for step in ai.dataloader.fetch.iter(range(2)):
+                if started is not None:
+                    before, span = started
+                    span.stop()
+                    waited_us.append((time.perf_counter_ns() - before) / 1000)
+                    started = None
+                if step == 1:
+                    started = (time.perf_counter_ns(), ai.data.item.start())
+        started[1].stop()
+    items = sorted(t.spans("item"), key=lambda e: e["ts"])
+    fetch_tids = {e["tid"] for e in t.spans("fetch.block")}
+    assert len(items) == 3 and not any(e["args"].get("incomplete") for e in items)
+    assert all(e["args"]["level"] == 1 and e["args"]["p_idx"] == 0 and e["tid"] not in fetch_tids for e in items)
+    assert all(e["dur"] <= waited + 1 for e, waited in zip(items, waited_us))
+    check_nesting(t.events)
+    assert_valid(t.paths)
 
 
 def test_metadata_mode_writes_cm_events(tmp_path):
