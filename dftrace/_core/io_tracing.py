@@ -209,7 +209,7 @@ class IOTracer:
         """Before ``os._exit``, in this tracer's own process: :meth:`stop`, and the
         writer given what it recorded (bounded)."""
         session = self._session
-        if session.pid != os.getpid():
+        if session.pid != os.getpid() or session.finalized:  # (a multiprocessing child's ended first)
             return
         self.stop()
         if session.writer is not None:  # the writer thread's file too

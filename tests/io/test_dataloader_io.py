@@ -61,3 +61,45 @@ def test_workers_reads_and_the_checkpoint(tmp_path, monkeypatch, method):
         assert all(e["pid"] != truth["pid"] for e in events)  # read by the workers
     assert trace.bytes(truth["ckpt"], WRITES) == truth["ckpt_bytes"]
     assert len({e["pid"] for e in trace.events}) == 3  # the main process and two workers
+    assert "dftrace" not in truth["_stderr"]  # no warning: the workers' ends lost nothing
+
+
+SHARD_JOB = """
+    import json, os, sys
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    import dftrace
+
+    class Shard(Dataset):
+        def __init__(self, path):
+            self.fd = os.open(path, os.O_RDONLY)  # opened once, here: read in the workers
+        def __len__(self):
+            return 32
+        def __getitem__(self, i):
+            return torch.frombuffer(bytearray(os.pread(self.fd, 4096, i * 4096)), dtype=torch.uint8).sum()
+
+    if __name__ == "__main__":
+        out = sys.argv[1]
+        shard = os.path.abspath("shard.bin")
+        with open(shard, "wb") as f:
+            f.write(os.urandom(32 * 4096))
+        dftrace.initialize(log_file=out, io=True, data_dir=os.path.dirname(shard), compression="none")
+        for _ in DataLoader(Shard(shard), batch_size=4, num_workers=2, multiprocessing_context="fork"):
+            pass
+        dftrace.finalize()
+        print(json.dumps({"shard": shard, "bytes": 32 * 4096}))
+"""
+
+
+def test_a_file_opened_before_the_workers_fork_is_named_in_their_reads(tmp_path, monkeypatch):
+    """The shard a Dataset opens in the main process and its forked workers read: the
+    workers' reads are that file's (by the path the main process opened), not a hash's."""
+    pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+    from dftrace.analysis import run_sql, summarize
+
+    monkeypatch.chdir(tmp_path)
+    truth = run_traced(tmp_path, SHARD_JOB)
+    files = summarize(tmp_path / "trace", index=False).io["files"]
+    assert [(f["path"], f["read_bytes"], f["read_ops"]) for f in files] == [(truth["shard"], truth["bytes"], 32)]
+    reads = run_sql("SELECT path, sum(bytes) AS n FROM io WHERE name = 'pread' GROUP BY path", tmp_path / "trace")
+    assert reads.rows() == [(truth["shard"], truth["bytes"])]

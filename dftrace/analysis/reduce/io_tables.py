@@ -113,7 +113,13 @@ def sql_rows(events: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
                      pl.col("args").str.json_path_match("$.name").alias("path"))
              .drop_nulls().unique(["host", "pid", "io_fhash"], keep="first"))
     calls = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("cat").is_in(IO_CATS))
+    # A file a process uses but never opened (a forked child reading what its parent
+    # opened) is named by the process that did: a hash is its path's, in any process.
+    anywhere = paths.unique("io_fhash", keep="first", maintain_order=True).select("io_fhash",
+                                                                                pl.col("path").alias("_any"))
     return (calls.join(paths, on=["host", "pid", "io_fhash"], how="left", nulls_equal=False)
+            .join(anywhere, on="io_fhash", how="left", nulls_equal=False)
+            .with_columns(pl.coalesce("path", "_any").alias("path")).drop("_any")
             .with_columns(_kind(), _ops().alias("calls"))
             .with_columns(_bytes(), pl.col("kind").replace_strict(dict(enumerate(KINDS)), return_dtype=pl.String)
                           .alias("category"), pl.col("io_offset").alias("offset"))
