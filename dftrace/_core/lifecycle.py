@@ -237,6 +237,7 @@ def finalize(target: Session | None = None) -> None:
         _busy += 1
         deadline = time.monotonic() + s.config.shutdown_timeout
         try:
+            s.say_dataloader_worker()  # a worker with no worker_init_fn of ours says so too
             # What finalize ends on this thread ends at one time: a signal's, or now.
             t_here = _signalled_at if _signalled_at is not None else _engine.clock()
             stuck = _at_end.stacks_stuck_here()

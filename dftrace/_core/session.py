@@ -91,6 +91,25 @@ def _safe_host(host: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in "_.") else "_" for c in host) or "host"
 
 
+def _dataloader_worker() -> tuple[Any, Any]:
+    """(worker id, number of workers) where this process is a PyTorch DataLoader
+    worker, else (None, None): torch's worker info while its loop runs, and after it
+    (torch clears that at its end) the arguments its process was started with."""
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    if info is not None:
+        return info.id, info.num_workers
+    mp = sys.modules.get("multiprocessing")
+    process = mp.current_process() if mp is not None else None
+    target = getattr(process, "_target", None)
+    if getattr(target, "__module__", None) != "torch.utils.data._utils.worker":
+        return None, None
+    import inspect
+
+    given = inspect.signature(target).bind_partial(*process._args, **process._kwargs).arguments  # type: ignore
+    return given.get("worker_id"), given.get("num_workers")
+
+
 class Session:
     """One process's tracing session (what ``initialize`` returns)."""
 
@@ -131,6 +150,7 @@ class Session:
         self.io: IOTracer | None = None  # file I/O tracing (io=True)
         self.writer: Writer | _process_writer.ProcessWriter = self._start_writer()
         self.finalized = False
+        self._worker_said = False  # say_dataloader_worker() wrote its record
         #: Events lost to the storage (write failed, file deleted, shutdown gave up).
         self.events_lost = 0
         self._saved_env: dict[str, str | None] = {}
@@ -146,6 +166,26 @@ class Session:
         self.rank = rank
         _engine.record_special(META, {"name": "PR", "args": {"hhash": self.hhash, "rank": rank,
                                                      "rank_source": _clean(str(source))}})
+
+    def say_dataloader_worker(self, worker_id: Any = None, num_workers: Any = None) -> None:
+        """This process is a PyTorch DataLoader worker: its file says so once, in a
+        ``CM`` record ``dataloader.worker`` (the analysis counts its file I/O as data
+        loading). Without ``worker_id``, asked of torch: nothing where this process is
+        no worker (or torch was never imported)."""
+        if self._worker_said:
+            return
+        if worker_id is None:
+            try:
+                worker_id, num_workers = _dataloader_worker()
+            except Exception:
+                return
+            if worker_id is None:
+                return
+        self._worker_said = True
+        args: dict[str, Any] = {"name": "dataloader.worker", "value": str(worker_id)}
+        if num_workers is not None:
+            args["num_workers"] = int(num_workers)
+        _engine.record_special(META, {"name": "CM", "args": args}, self.pid)
 
     def _start_writer(self) -> Writer | _process_writer.ProcessWriter:
         unavailable = None

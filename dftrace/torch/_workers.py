@@ -59,11 +59,7 @@ def worker_init_fn(worker_id: int) -> None:
         pid = os.getpid()
         _engine.record_special(META, {"name": "process_name", "hhash": False,
                                    "args": {"name": f"{label} · pid {pid}"}}, pid)
-        args: dict[str, Any] = {"name": "dataloader.worker", "value": str(worker_id)}
-        n = _worker_count()
-        if n is not None:
-            args["num_workers"] = n
-        _engine.record_special(META, {"name": "CM", "args": args}, pid)
+        s.say_dataloader_worker(worker_id, _worker_count())
     except Exception as exc:
         STATE.warn_once("worker_init", f"worker_init_fn failed: {exc!r}")
 

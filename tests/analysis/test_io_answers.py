@@ -102,12 +102,21 @@ def _names(proc: tracegen.Process, *paths: str) -> None:
         _meta(proc, "FH", {"name": path, "value": HASHES[path]})
 
 
+def _dataloader_worker(pid: int, ppid: int) -> tracegen.Process:
+    """A child of ``ppid`` that says it is a DataLoader worker, as every worker's file does."""
+    worker = tracegen.Process(pid, "node0", 0, ppid=ppid)
+    _meta(worker, "CM", {"name": "dataloader.worker", "value": "0", "num_workers": 1})
+    return worker
+
+
 def build(directory: Path, *, with_io: bool = True, extra_read: int = 0) -> list[Call]:
-    """Two ranks and a DataLoader worker of rank 0; returns the I/O calls written."""
+    """Two ranks, a DataLoader worker of rank 0 and another child of it (a pool's
+    helper, whose I/O is no data loading); returns the I/O calls written."""
     calls: list[Call] = []
     rank0 = tracegen.training_process(1000, rank=0, epochs=1, steps=3)
     rank1 = tracegen.training_process(1001, rank=1, host="node1", epochs=1, steps=3)
-    worker = tracegen.Process(1100, "node0", 0, ppid=1000)
+    worker = _dataloader_worker(1100, 1000)
+    helper = tracegen.Process(1200, "node0", 0, ppid=1000)
     if with_io:
         t0 = tracegen.T0_US
         _names(rank0, FILE_A, FILE_B, FILE_C, FILE_D)
@@ -165,9 +174,12 @@ def build(directory: Path, *, with_io: bool = True, extra_read: int = 0) -> list
              fhash=HASHES[FILE_E], ret=64 * KIB, count=64 * KIB)
         _add(worker, calls, "read", t0 - 500, 20, inside={"loader"}, fhash=HASHES[FILE_E], ret=32 * KIB,
              count=32 * KIB)
+        _names(helper, FILE_D)
+        _add(helper, calls, "write", end + 200, 8, fhash=HASHES[FILE_D], ret=3 * KIB, count=3 * KIB)
     for proc in (rank0, rank1):
         tracegen.write_process(directory, proc)
     tracegen.write_process(directory, worker, prefix="worker")
+    tracegen.write_process(directory, helper, prefix="helper")
     return calls
 
 
@@ -354,7 +366,7 @@ def test_io_outside_compute_in_dataloader_workers_is_said_to_be_theirs(tmp_path)
     """Reads outside compute made by DataLoader workers are where they should be: the
     finding says how much of it is theirs and what to do, not to move it there."""
     trainer = tracegen.Process(1000, "node0", 0)
-    worker = tracegen.Process(1100, "node0", 0, ppid=1000)
+    worker = _dataloader_worker(1100, 1000)
     t0 = tracegen.T0_US
     calls: list[Call] = []
     trainer.span("forward", "compute", t0, 100)

@@ -3,6 +3,8 @@ and spawn) and its checkpoint writes, against the files' own sizes."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from _io_util import NEEDS_IO, READS, WRITES, IOTrace, run_traced
@@ -62,6 +64,12 @@ def test_workers_reads_and_the_checkpoint(tmp_path, monkeypatch, method):
     assert trace.bytes(truth["ckpt"], WRITES) == truth["ckpt_bytes"]
     assert len({e["pid"] for e in trace.events}) == 3  # the main process and two workers
     assert "dftrace" not in truth["_stderr"]  # no warning: the workers' ends lost nothing
+    if importlib.util.find_spec("polars") is not None:
+        from dftrace.analysis import summarize
+
+        # The workers say they are (no worker_init_fn of ours given): their reads are data loading.
+        loader = summarize(tmp_path / "trace", index=False).io["loader"]
+        assert loader["read_bytes"] == sum(truth["sizes"].values())
 
 
 SHARD_JOB = """

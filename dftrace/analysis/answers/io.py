@@ -87,8 +87,8 @@ def io_answers(combined: Any, process_steps: pl.DataFrame) -> dict[str, Any]:
     out = _figures(totals)
     out.update(_rates(out), sizes=_sizes(totals, resolution.records), **_shares(totals, out))
     out["span_us"] = int(totals.get_column("last").max() - totals.get_column("first").min())
-    workers = [i for i, p in enumerate(resolution.processes) if p.role is not None]
-    in_workers = calls.get_column("proc").is_in(workers)  # a DataLoader worker's call
+    workers = [i for i, p in enumerate(resolution.processes) if p.dataloader_worker]
+    in_workers = calls.get_column("proc").is_in(workers)  # a DataLoader worker's call (not another child's)
     compute = _compute_cover(combined.io_cover, resolution)
     in_compute = _inside(calls, compute, ["proc"])
     not_overlapped = int(calls.filter(~in_compute).get_column("us").sum())

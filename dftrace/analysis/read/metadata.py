@@ -47,8 +47,13 @@ class Process:
     #: ``CM`` custom metadata, name -> value.
     custom: dict[str, Any] = field(default_factory=dict)
 
-    #: For a helper process (a DataLoader worker): "worker 0 of rank 1".
+    #: For a helper process (a traced child: a DataLoader worker, a pool's): "worker 0 of rank 1".
     role: str | None = None
+
+    @property
+    def dataloader_worker(self) -> bool:
+        """A PyTorch DataLoader worker: its file says so (``CM dataloader.worker``)."""
+        return "dataloader.worker" in self.custom
 
     @property
     def label(self) -> str:
