@@ -461,15 +461,16 @@ def close_kept(stk: Stack, i: int, t1: int, x: Any = None, error: BaseException 
 
 
 def record_finished(kid: int, t0: int, t1: int, args: Any = None, sticky: Any = None,
-                    tid: int | None = None) -> None:
+                    tid: int | None = None, incomplete: bool = False) -> None:
     """A span that already ended, given by its times: inside the caller's open span,
     or at the top of track ``tid`` (DFTracer's ``log_event``, completions of
-    asynchronous work)."""
+    asynchronous work); ``incomplete``: it had not ended when it was written."""
+    flags = INCOMPLETE if incomplete else 0
     if tid is None:
         stk = current_stack()
-        record(kid, t0, t1, new_id(), stk[-1], len(stk), stk.tid, sticky, args or None)
+        record(kid, t0, t1, new_id(), stk[-1], len(stk), stk.tid, sticky, args or None, -1, flags)
     else:
-        record(kid, t0, t1, new_id(), 0, 1, tid, sticky, args or None)
+        record(kid, t0, t1, new_id(), 0, 1, tid, sticky, args or None, -1, flags)
 
 
 def new_track(name: str) -> int:

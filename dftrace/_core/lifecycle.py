@@ -218,6 +218,17 @@ def _shutdown_timeout() -> float:
 _busy = 0
 
 
+#: Called at the start of each finalize (each with nothing, never raising out): what
+#: an integration holds that is not a span yet (asynchronous work still in flight).
+_AT_END: list[Any] = []
+
+
+def at_end(fn: Any) -> None:
+    """Have ``fn()`` called when a session ends, before the writer stops (once each)."""
+    if fn not in _AT_END:
+        _AT_END.append(fn)
+
+
 def finalize(target: Session | None = None) -> None:
     """Stop tracing: close spans left open by ``start()`` (``args.incomplete``),
     flush every buffered event and write the closing ``]``. Idempotent; also runs
@@ -238,6 +249,11 @@ def finalize(target: Session | None = None) -> None:
         deadline = time.monotonic() + s.config.shutdown_timeout
         try:
             s.say_dataloader_worker()  # a worker with no worker_init_fn of ours says so too
+            for fn in list(_AT_END):
+                try:
+                    fn()
+                except Exception as exc:
+                    STATE.warn_once("at-end", f"finalize: {exc!r}")
             # What finalize ends on this thread ends at one time: a signal's, or now.
             t_here = _signalled_at if _signalled_at is not None else _engine.clock()
             stuck = _at_end.stacks_stuck_here()

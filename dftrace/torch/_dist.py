@@ -44,6 +44,7 @@ from .._core import engine as _engine
 from .. import format as fmt
 from .._core.tree import Node, ai
 from .._hooks import call_in_span, warn_once
+from ._in_flight import in_flight_tracks, record_completion
 
 __all__ = ["DistributedTracing", "trace_distributed", "trace_ddp", "COLLECTIVES"]
 
@@ -154,52 +155,6 @@ def matching_args(leaf: str, group: Any, out: dict[str, Any]) -> None:
         out["seq"] = next_seq((name, "p2p", *pair))
     else:
         out["seq"] = next_seq(name)
-
-
-class _InFlightTracks:
-    """Virtual threads on which ``<leaf>.done`` spans are written, so spans that
-    overlap in time never share a track."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ends: list[list[int]] = []  # [tid, end of its last span]
-
-    def track(self, t0: int, t1: int) -> int:
-        with self._lock:
-            for entry in self._ends:
-                if entry[1] <= t0:
-                    entry[1] = t1
-                    return entry[0]
-            tid = _engine.new_track("comm in flight")
-            self._ends.append([tid, t1])
-        return tid
-
-    def clear(self) -> None:
-        with self._lock:
-            self._ends.clear()
-
-
-_tracks = _InFlightTracks()
-
-
-def record_completion(node: Node, future: Any, t0: int, args: dict[str, Any]) -> None:
-    """When ``future`` completes, write ``<node>.done`` from ``t0`` to then."""
-    done = node.derive(fmt.DONE_SUFFIX[1:])
-    keep = {k: args[k] for k in ("group", "seq", "bucket") if k in args}
-    sticky = _engine.sticky_of(done)  # the sticky args in force when the work was issued
-
-    def on_done(_: Any) -> None:
-        try:
-            t1 = _engine.clock()
-            if done.enabled:
-                _engine.record_finished(done._kid, t0, t1, keep, sticky, _tracks.track(t0, t1))
-        except Exception:
-            pass
-
-    try:
-        future.add_done_callback(on_done)
-    except Exception:
-        pass
 
 
 def _wrap(fn: Callable[..., Any], leaf: str, payload: str | None, params: tuple[str, ...],
@@ -322,7 +277,7 @@ class DistributedTracing:
                               f"torch.distributed.{name} was replaced after trace_distributed(); "
                               "left as it is")
             _originals.clear()
-            _tracks.clear()
+            in_flight_tracks.clear()
 
     def __enter__(self) -> DistributedTracing:
         return self

@@ -478,3 +478,26 @@ def test_combined_example_shows_every_category(tmp_path):
     }
     assert expected <= set(seen), expected - set(seen)
     assert "trace written to" in proc.stdout
+
+
+def test_work_still_in_flight_at_the_end_is_written_incomplete(tmp_path):
+    """Asynchronous work whose future completes just after the session's end began is
+    written whole; one that never completes is written ending then, incomplete (it
+    was lost before when its completion came after the end)."""
+    import threading
+    import time
+
+    from dftrace._core import engine
+    from dftrace.torch._in_flight import record_completion
+
+    late, never = torch.futures.Future(), torch.futures.Future()
+    with testing.trace_to(tmp_path) as t:
+        t0 = engine.clock()
+        record_completion(ai.comm.all_reduce, late, t0, {"seq": 1, "bucket": 0})
+        record_completion(ai.comm.all_reduce, never, t0, {"seq": 2, "bucket": 1})
+        threading.Timer(0.1, late.set_result, (None,)).start()  # completes during the end's wait
+        time.sleep(0.01)
+    done = {e["args"]["seq"]: e for e in t.spans("all_reduce.done")}
+    assert sorted(done) == [1, 2]
+    assert "incomplete" not in done[1]["args"] and done[1]["dur"] >= 100_000 - 1000
+    assert done[2]["args"]["incomplete"] is True and done[2]["dur"] >= done[1]["dur"]

@@ -211,8 +211,10 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     # Where the judged names hold most of the steps' time, they alone judge the step
     # figures: the load of a shared machine moves a step's own figures far more than
     # the blocks of one run can tell, and moves the names alike. Not where ranks moved
-    # apart: a name that moved on one rank of several does not move over all steps.
-    names_judge = (single and steps is not None and uneven is None
+    # apart: a name that moved on one rank of several does not move over all steps; nor
+    # where the time no name judges moved (a straggler's idle time, the others' waits).
+    unjudged = single and _unjudged_time_moved(first_b, first_n, threshold, diff.speed or 1.0)
+    names_judge = (single and steps is not None and uneven is None and not unjudged
                    and min(_covered(first_b, steps[0]), _covered(first_n, steps[1])) >= _COVERED)
     for figure in figures_of(first_b, first_n):
         samples = ([v.get(figure.metric) for v in values_b], [v.get(figure.metric) for v in values_n])
@@ -240,7 +242,9 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
                 half = _half_width(*figure.spread)
                 if half is not None:
                     interval, noise = (change - half, change + half), "spans"
-            judged = _by_steps(figure, shifts)
+            # Names that moved judge a step figure by their part of it, unless the time
+            # they do not hold moved too (then the rest is no machine's).
+            judged = None if unjudged and figure.metric in _STEP_FIGURES else _by_steps(figure, shifts)
             if judged is None and names_judge and figure.metric in _STEP_FIGURES:
                 machine = change  # no name moved: the machine and the noise explain all of it
             if judged is not None:
@@ -301,15 +305,15 @@ def machine_speed(base: Summary, new: Summary) -> float | None:
     name alike cannot be told from a slower machine with one run per side. None with
     fewer than three such names."""
     rows_b = {(r["cat"], r["name"]): r for r in base.categories}
-    total = sum(r.get("total_us") or 0 for r in base.categories if _leaf(r["cat"], r["name"])) or 1
+    total = sum(_own_us(r) for r in base.categories if _timed(r["cat"], r["name"])) or 1
     ratios = []
     for r in new.categories:
         key = (r["cat"], r["name"])
         b = rows_b.get(key)
-        if (b is None or not _leaf(*key) or min(b["count"], r["count"]) < SPEED_MIN_COUNT
-                or (b.get("total_us") or 0) < SPEED_MIN_SHARE * total or not b.get("mean_us")):
+        if (b is None or not _timed(*key) or min(b["count"], r["count"]) < SPEED_MIN_COUNT
+                or _own_us(b) < SPEED_MIN_SHARE * total or not _own_us(r)):
             continue
-        ratios.append((r["mean_us"] / b["mean_us"], b["total_us"]))
+        ratios.append(((_own_us(r) / r["count"]) / (_own_us(b) / b["count"]), _own_us(b)))
     if len(ratios) < 3:
         return None
     ratios.sort()
@@ -322,8 +326,39 @@ def machine_speed(base: Summary, new: Summary) -> float | None:
     return round(ratios[-1][0], 4)
 
 
+def _unjudged_time_moved(base: Summary, new: Summary, threshold: float, speed: float) -> bool:
+    """Whether a rank-step's time that the names' moves do not judge changed beyond
+    the machine's ``speed`` by more than ``threshold`` of BASE's step: its process's
+    idle time (no span open: code that is not annotated, a rank sleeping) and its
+    wait in collectives (a straggler makes the others wait while their names' own
+    time stays)."""
+    def per_step(run: Summary) -> float | None:
+        count, rows = run.step_stats.get("count") or 0, run.rank_steps
+        if not count:
+            return None
+        waits = [r["wait_us"] for r in rows if isinstance(r.get("wait_us"), (int, float))]
+        wait = sum(waits) / len(waits) if waits else 0.0
+        return (run.breakdown.get("idle_us") or 0) / count + wait
+
+    b, n, step = per_step(base), per_step(new), base.step_stats.get("mean_us")
+    return b is not None and n is not None and bool(step) and abs(n - b * speed) > threshold * step
+
+
 def _leaf(cat: str, name: str) -> bool:
     return cat != fmt.CAT_PIPELINE and not name.endswith((fmt.BLOCK_SUFFIX, fmt.ITER_SUFFIX))
+
+
+def _timed(cat: str, name: str) -> bool:
+    """A name that times the machine: a leaf, and no collective (its time is also the
+    wait for the other ranks, which a slower machine does not make: a straggler does)."""
+    return _leaf(cat, name) and cat != fmt.CAT_COMM
+
+
+def _own_us(row: dict[str, Any]) -> float:
+    """A name's own time: its self time (a backward without the collectives' waits
+    inside it), else its total."""
+    own = row.get("self_us")
+    return float(own if own is not None else row.get("total_us") or 0)
 
 
 def _explained(change: float, machine: float) -> float:
