@@ -25,6 +25,7 @@ from typing import Any
 from .._install_hint import pip_install
 from . import tree as _tree
 from . import buffer as _buffer, engine as _engine, iterators as _iterators, kept_styles as _kept
+from .records import META
 from .state import STATE, limit_refused
 from . import nvtx_ranges as _nvtx, sampler as _sampler, signals as _signals, spans_at_end as _at_end
 from .drain import process_writer as _process_writer
@@ -387,11 +388,30 @@ def _finish_on_signal(signum: int) -> None:
         _signal_unwound = set()
 
 
+def say_it_raised(exc: BaseException) -> None:
+    """The program ends by ``exc``, which nothing caught: its trace says so
+    (``process_end``, as a killed process's does), so that its end is not read as a
+    normal one (a rank that crashed while the others waited)."""
+    s = _session
+    if s is None or s.pid != os.getpid() or isinstance(exc, SystemExit):
+        return
+    try:
+        said = str(exc).strip().splitlines()
+        how = f"raised {type(exc).__name__}" + (f": {said[0][:200]}" if said else "")
+        _engine.record_special(META, {"name": "process_end", "args": {"how": how}}, s.pid)
+    except Exception:
+        pass
+
+
 def _finalize_at_exit() -> None:
     """The atexit hook: finalize, undisturbed by a Ctrl-C pressed meanwhile (which
-    is sent again once the file is complete, as the program would have seen it)."""
+    is sent again once the file is complete, as the program would have seen it).
+    A program ending by an exception it did not catch says so first."""
     if _session is None:
         return
+    uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if isinstance(uncaught, BaseException):
+        say_it_raised(uncaught)
     swapped = None
     on_main = threading.current_thread() is threading.main_thread()
     got: list[int] = []

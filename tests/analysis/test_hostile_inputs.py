@@ -326,7 +326,7 @@ def test_summary_says_how_a_killed_process_ended(tmp_path, capsys):
     assert [p["ended"] for p in summary.processes] == ["killed by signal 9"]
     assert summary.overview["ended_abnormally"] == 1
     assert main(["summary", str(tmp_path), "--no-progress"]) == 0
-    assert "not finalized: " in capsys.readouterr().out
+    assert "  ended abnormally: " in capsys.readouterr().out
 
 
 def test_watch_ends_on_files_that_name_no_writer(tmp_path):

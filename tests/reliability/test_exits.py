@@ -35,6 +35,21 @@ def test_exit_without_finalize_writes_every_event(tmp_path, mode, code, stderr):
     assert "dftrace:" not in out.stderr  # no warning of ours
     assert_valid(files(tmp_path))
     assert [e["args"]["level"] for e in spans(_events(tmp_path), "forward")] == [1] * N
+    # How it ended, where it did not end well: the exception nothing caught.
+    ends = [e["args"]["how"] for e in _events(tmp_path) if e.get("name") == "process_end"]
+    assert ends == (["raised RuntimeError: boom"] if mode == "raise" else [])
+
+
+def test_run_says_the_program_raised(tmp_path):
+    """``dftrace run`` of a script that raises: its status and traceback as untraced,
+    and its trace says it raised (the summary's "ended abnormally")."""
+    script = tmp_path / "crash.py"
+    script.write_text("from dftrace import ai\nwith ai.compute.forward:\n    pass\n"
+                      "raise ValueError('bad batch in step 5')\n")
+    out = run(["-m", "dftrace", "run", "--log-file", str(tmp_path / "trace" / "run"), str(script)])
+    assert out.returncode == 1 and "ValueError: bad batch in step 5" in out.stderr
+    ends = [e["args"]["how"] for e in _events(tmp_path / "trace") if e.get("name") == "process_end"]
+    assert ends == ["raised ValueError: bad batch in step 5"]
 
 
 def _signal_run(tmp_path, mode: str, sig: int):

@@ -72,10 +72,6 @@ def _overview(summary: Summary) -> list[str]:
         f"files {o['unfinished_files']} · incomplete spans {o['incomplete_spans']} · dropped "
         f"events {o['dropped_events']}",
     ]
-    ended = [p for p in summary.processes if p.get("ended")]
-    if ended:
-        lines.append("  not finalized: " + "; ".join(f"{p['label']} {p['ended']}" for p in ended[:4])
-                     + (f"; {len(ended) - 4} more" if len(ended) > 4 else ""))
     cpu_only = o.get("profiler_files_without_gpu")
     if cpu_only:
         lines.append(f"  {count_of(cpu_only, 'PyTorch profiler trace')} with no GPU activity (profiled "
@@ -87,8 +83,13 @@ def _overview(summary: Summary) -> list[str]:
 
 
 def findings(summary: Summary) -> list[str]:
-    """The first things to know, in words: separate runs, the straggler."""
+    """The first things to know, in words: processes that ended abnormally, separate
+    runs, the straggler."""
     lines = []
+    ended = [p for p in summary.processes if p.get("ended")]
+    if ended:
+        lines.append("ended abnormally: " + "; ".join(f"{p['label']} {p['ended']}" for p in ended[:4])
+                     + (f"; {len(ended) - 4} more" if len(ended) > 4 else ""))
     lines.extend(resumed_lines(summary.runs))
     separate = sum(not r.get("resumed") for r in summary.runs)
     if separate > 1:
