@@ -283,19 +283,48 @@ def _cmd_run(ns: argparse.Namespace) -> int:
 
 def _children_files(session: Any, paths: list[str], started_ns: int) -> list[str]:
     """The trace files of the run's child processes (DataLoader workers, pools,
-    subprocesses): those of the session's prefix written since the run started."""
+    subprocesses, a launcher's ranks) and theirs: those of the session's prefix
+    written since the run started whose process descends from this one (the other
+    ranks of a job, each run by its own ``dftrace run``, are not its)."""
     import glob
 
     from .format.names import is_trace_file
 
-    found = []
+    found: dict[str, tuple[int, int] | None] = {}
     for p in glob.glob(glob.escape(session.prefix) + "-*"):
         try:
             if p not in paths and is_trace_file(p) and os.stat(p).st_mtime_ns >= started_ns:
-                found.append(p)
+                found[p] = _pid_and_parent(p)
         except OSError:
             continue
-    return sorted(found)
+    ours, kids = {os.getpid()}, []
+    while True:
+        more = [p for p, ids in found.items() if ids is not None and ids[1] in ours and p not in kids]
+        if not more:
+            return sorted(kids)
+        kids += more
+        ours |= {found[p][0] for p in more}  # type: ignore[index]
+
+
+def _pid_and_parent(path: str) -> tuple[int, int] | None:
+    """(pid, parent pid) from a trace file's process record among its first lines."""
+    import orjson
+
+    from .format.reading import iter_line_pieces
+
+    seen = 0
+    for piece in iter_line_pieces(path):
+        for line in piece.data.splitlines():
+            if b'"name":"PR"' in line:
+                try:
+                    event = orjson.loads(line.rstrip(b","))
+                    return int(event["pid"]), int(event["args"]["ppid"])
+                except (ValueError, KeyError, TypeError):
+                    return None
+        seen += len(piece.data)
+        if seen > 1 << 20:
+            return None
+    return None
 
 
 def _say_where_the_trace_went(session: Any, started_ns: int) -> None:

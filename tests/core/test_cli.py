@@ -83,6 +83,22 @@ def test_run_of_a_launcher_names_its_children_s_files(tmp_path):
     assert len(testing.trace_files(tmp_path / "t")) == 1
 
 
+def test_run_of_one_rank_counts_no_other_rank_s_file(tmp_path):
+    """Two ranks side by side, each under its own ``dftrace run`` with the same prefix
+    (``torchrun ... dftrace run``): each names its own file, not the other's as a child's."""
+    script = tmp_path / "rank.py"
+    script.write_text("import time\nfrom dftrace import ai\nwith ai.compute.forward:\n    time.sleep(1.0)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
+    ranks = [subprocess.Popen([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "job"),
+                               str(script)], stderr=subprocess.PIPE, text=True, env={**env, "RANK": str(r)})
+             for r in range(2)]
+    said = [rank.communicate(timeout=120)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], said
+    assert len(testing.trace_files(tmp_path / "t")) == 2
+    for r, err in enumerate(said):
+        assert f"-rank{r}-" in err and "child processes" not in err, err
+
+
 def test_run_rejects_bad_options_with_the_setting_named(tmp_path):
     """A bad tracing option stops ``dftrace run`` before the script starts."""
     (tmp_path / "x.py").write_text("open('started', 'w').close()\n")
