@@ -351,6 +351,9 @@ def io_findings(io: dict[str, Any], *, has_compute: bool) -> list[str]:
         lines.append(f"{pct(io['access']['random_share'])} of reads and writes go back (start before the end of "
                      "the one before): the access is random (uniformly random access goes back about half the "
                      "time); read in order, or larger blocks")
+    if io.get("other_ops"):
+        lines.append(f"{count_of(io['other_ops'], 'mmap call')} mapped files into memory: what is read or "
+                     "written through a mapping is page faults, which no call shows, and is not in these figures")
     cut_short = io["recorded"].get("cut_short")
     if cut_short:
         lines.append(f"{count_of(cut_short, 'process', 'processes')} ended (killed) before the last drain of "

@@ -89,7 +89,9 @@ def io_tables(events: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, pl.D
                           pl.col("io_fhash").alias("fhash"), _kind(), "io_calls", "io_ret"
                           ).with_columns(_ops(), _bytes()).with_columns(
         pl.when(moved & (pl.col("bytes") > 0)).then(bucket).otherwise(-1).cast(pl.Int8).alias("bucket"),
-        (moved & (size < SMALL_BYTES)).alias("small"))
+        # Small: moved bytes, fewer than SMALL_BYTES a call (an end-of-file read, or a
+        # failed one, moved none: left out, as the size histogram leaves it).
+        (moved & (pl.col("bytes") > 0) & (size < SMALL_BYTES)).alias("small"))
     io_calls = frame.select(*keys, *SCHEMAS["io_calls"])
     io_totals = frame.group_by(*keys, *TOTALS_KEY).agg(
         pl.col("ops").sum(), pl.col("bytes").sum(), (pl.col("end") - pl.col("ts")).sum().alias("us"),

@@ -415,7 +415,8 @@ def io_text(io: dict[str, Any], top: int) -> list[str]:
         "I/O (traced file calls: POSIX and STDIO)",
         f"  read {format_bytes(io['read_bytes'])} in {io['read_ops']} calls ({rate(io['read_bytes_per_s'])}), "
         f"wrote {format_bytes(io['write_bytes'])} in {io['write_ops']} calls ({rate(io['write_bytes_per_s'])}); "
-        f"{io['metadata_ops']} metadata, {io['sync_ops']} sync calls",
+        f"{io['metadata_ops']} metadata, {io['sync_ops']} sync"
+        + (f", {io['other_ops']} mmap" if io.get("other_ops") else "") + " calls",
         f"  I/O time {format_us(io['io_time_us'])} ({rate(io['bandwidth_bytes_per_s'])} over all of it) · "
         f"metadata {_pct(io['metadata_share'])} · reads under 64 KiB {_pct(io['small_read_share'])} of read time "
         f"· not overlapped with compute {_pct(io['not_overlapped_share'])} · random access "
