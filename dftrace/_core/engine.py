@@ -281,13 +281,24 @@ def current_stack() -> Stack:
 
 def _unwind(stk: Stack, i: int, t: int | None = None) -> None:
     """Remove span ``i`` and anything left above it (spans that never closed), as span
-    ``i`` ends at ``t``: the loop bodies of ``.iter()`` loops among them (an exception
-    or a signal left their generators suspended) are written then, incomplete
-    (:data:`UNWOUND_BLOCKS` closes them)."""
+    ``i`` ends at ``t``: the ``start()`` spans among them end then, incomplete (as in a
+    ``with`` block: a loop body or a decorated call ending leaves none open to outlive
+    it), and so do the loop bodies of ``.iter()`` loops (an exception or a signal left
+    their generators suspended; :data:`UNWOUND_BLOCKS` closes them)."""
     try:
         at = stk.index(i)
     except ValueError:
         return
+    kept = [j for j in stk[at + 1:] if j in stk.open]
+    if kept:
+        t = clock() if t is None else t
+        for j in reversed(kept):
+            STATE.open_spans.pop(j, None)
+            close_kept(stk, j, t, incomplete=True)
+        try:
+            at = stk.index(i)
+        except ValueError:
+            return
     above = stk[at + 1:]
     del stk[at:]
     if above and UNWOUND_BLOCKS is not None:
@@ -365,10 +376,8 @@ def close_span(stk: Stack, s: OpenSpan, t1: int, x: Any = None,
     """Close span ``s`` at ``t1`` and record it with args ``x`` (an Extra, a dict or
     None), tagged ``error: <type>`` when ``error`` is given (an ``Exception``),
     ``count`` (-1: none) and flagged ``incomplete``. ``pushed``: it is on ``stk``,
-    popped here with anything left above it (one that outlived its parent, a
-    ``start()`` stopped after the block it started in ended, is not, and is recorded
-    on a track of its own); else (a generator's) it is recorded where it started if it
-    nests there, else on a track of its own. ``recorded``
+    popped here with anything left above it; else (a generator's) it is recorded
+    where it started if it nests there, else on a track of its own. ``recorded``
     False: it ended without a record (an iterator's end)."""
     i = s.id
     p = s.parent
@@ -376,12 +385,10 @@ def close_span(stk: Stack, s: OpenSpan, t1: int, x: Any = None,
     if pushed:
         if stk and stk[-1] == i:
             stk.pop()
-        elif i in stk:
+        else:
             _unwind(stk, i, t1)
-        else:  # unwound when a span below it ended: it outlived its parent
-            stk, p, lvl = side_stack(stk), 0, 1
     elif not _nests(stk, p, lvl):
-        stk, p, lvl = side_stack(stk), 0, 1
+        stk, p, lvl = _side_stack(stk), 0, 1
     if not recorded:
         if NVTX_ON:
             nvtx_close(i)
@@ -409,14 +416,13 @@ def close_returned(stk: Stack, s: OpenSpan, extra: Any, capture: Any, params: An
                pushed=pushed)
 
 
-def side_stack(stk: Stack) -> Stack:
-    """A track of its own for a span that does not nest where it ends: a generator
-    finishing inside a block opened after it started, a ``start()`` stopped after the
-    span it started in ended."""
+def _side_stack(stk: Stack) -> Stack:
+    """A track of its own for a span that does not nest where it started (a
+    generator finishing inside a block opened after it started)."""
     vtid = next(_vtids)
     side = Stack(vtid, None)
     record_special(META, {"name": fmt.META_THREAD_NAME,
-                          "args": {"name": f"spans that end outside their parent (thread {stk.tid})"}}, vtid)
+                          "args": {"name": f"generators (thread {stk.tid})"}}, vtid)
     return side
 
 
@@ -548,7 +554,7 @@ def _load_speedups() -> Any:
     if not _clocks_agree(mod.clock_ns):
         return None
     mod.register(local=LOCAL, resolve=resolve, wait_room=wait_for_room, wake=wake_consumer,
-                 unwind=_unwind, side_stack=side_stack, with_error=with_error, merge=Extra.joined, to_extra=to_extra,
+                 unwind=_unwind, with_error=with_error, merge=Extra.joined, to_extra=to_extra,
                  sticky_of=sticky_of, extra_type=Extra)
     mod.set_limits(STATE._batch_size, STATE._buffer_limit, STATE._drop_when_full)
     use_native(mod.add_kind, mod.plain_fragment)

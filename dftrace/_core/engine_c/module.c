@@ -42,7 +42,6 @@ static const reg_t REGISTRY[] = {
     {"wait_room", &dft_calls.wait_room, CALLABLE},
     {"wake", &dft_calls.wake, CALLABLE},
     {"unwind", &dft_calls.unwind, CALLABLE},
-    {"side_stack", &dft_calls.side_stack, CALLABLE},
     {"with_error", &dft_calls.with_error, CALLABLE},
     {"merge", &dft_calls.merge, CALLABLE},
     {"to_extra", &dft_calls.to_extra, CALLABLE},
@@ -76,8 +75,6 @@ static const reg_t REGISTRY[] = {
     "  wait_room   wait_for_room(): wait until the writer made room (may raise)\n" \
     "  wake        wake_consumer(): a batch is ready\n" \
     "  unwind      _unwind(stk, i, t): close what is left open above span i at t\n" \
-    "  side_stack  side_stack(stk) -> Stack: a track of its own, for a span that\n" \
-    "              ends outside its parent\n" \
     "  with_error  with_error(extra, exc) -> Extra: args with args.error\n" \
     "  merge       Extra.joined(base, own) -> Extra: own args win over sticky ones\n" \
     "  to_extra    to_extra(obj) -> Extra: args given as a dict, encoded\n" \

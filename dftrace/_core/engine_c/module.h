@@ -18,7 +18,6 @@ typedef struct {
     PyObject *wait_room;  /* callable(): wait until the writer made room (may raise) */
     PyObject *wake;       /* callable(): a batch is ready */
     PyObject *unwind;     /* callable(stk, i) */
-    PyObject *side_stack; /* callable(stk) -> Stack: a track of its own */
     PyObject *with_error; /* callable(extra, exc) -> Extra */
     PyObject *merge;      /* callable(sticky, extra) -> Extra (a key in both) */
     PyObject *to_extra;   /* callable(obj) -> Extra (args given as a dict) */

@@ -135,24 +135,6 @@ SPAN_INLINE int span_record(span_t *s, PyObject *stk, long long t1, PyObject *x,
     return rc;
 }
 
-/* Span `s`, not on `stk` when it ends, was unwound when a span below it ended (a
-   start() stopped after the block it started in): it is recorded on a track of its
-   own (dft_calls.side_stack), at its top, so that no span crosses another. */
-static void outlived_parent(span_t *s, PyObject *stk) {
-    PyObject *side = PyObject_CallOneArg(dft_calls.side_stack, stk);
-    PyObject *tid = side ? stk_tid(side) : NULL;
-    PyObject *top = tid ? PyLong_FromLong(0) : NULL;
-    if (top) {
-        Py_XSETREF(s->tid, tid);
-        Py_XSETREF(s->parent, top);
-        s->level = 1;
-    } else {
-        Py_XDECREF(tid);
-        PyErr_Clear(); /* recorded where it started */
-    }
-    Py_XDECREF(side);
-}
-
 static inline void span_release(span_t *s) {
     if (s->id) {
         release_id(s->id);
@@ -178,14 +160,8 @@ SPAN_INLINE int span_close(span_t *s, PyObject *stk, long long t1, PyObject *x, 
     if (shm_open_end(s->idv, s->oslot))
         flags |= SPAN_UNRECORDED; /* written at a finalize, incomplete */
     s->oslot = 0;
-    Py_ssize_t n = PyList_GET_SIZE(stk);
-    int on_top = n > 0 && PyList_GET_ITEM(stk, n - 1) == s->id;
-    int below = on_top ? 1 : PySequence_Contains(stk, s->id);
-    if (unlikely(below == 0) && !(flags & SPAN_UNRECORDED)) {
-        outlived_parent(s, stk);
-    } else if (below < 0 || stack_pop(stk, s->id, t1) < 0) {
+    if (stack_pop(stk, s->id, t1) < 0)
         PyErr_Clear();
-    }
     if (flags & SPAN_UNRECORDED)
         NVTX_CLOSE(s->id);
     else
