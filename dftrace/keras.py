@@ -10,8 +10,11 @@ writes, with any Keras backend:
 
 - ``fit``: ``pipeline.train``; per epoch ``pipeline.epoch`` (``args.epoch``); per
   training batch a ``compute`` span with ``args.epoch``, ``args.batch`` (index in the
-  epoch) and ``args.step`` (batches since ``fit`` began). Validation inside ``fit``
-  is a ``pipeline.evaluate`` inside its epoch.
+  epoch) and ``args.step`` (batches trained in this session so far). Validation
+  inside ``fit`` is a ``pipeline.evaluate`` inside its epoch. A later ``fit`` in the
+  session numbers on: its steps after the earlier ones', and its epochs too where it
+  starts below them (a second ``fit`` of 2 epochs from epoch 0 after one of 2 is
+  epochs 2 and 3), so that no two fits share a step or an epoch.
 - ``evaluate``: ``pipeline.evaluate``, a ``compute.forward`` span per batch.
 - ``predict``: ``pipeline.test``, a ``compute.forward`` span per batch.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._core import lifecycle as _lifecycle
 from ._core.tree import Node, ai
 from ._hooks import OpenSpans, guarded as _guarded
 from ._install_hint import import_framework
@@ -30,6 +34,22 @@ from ._install_hint import import_framework
 __all__ = ["TraceCallback"]
 
 keras = import_framework("keras", "keras", "Keras 3")
+
+
+class _Trained:
+    """What this session (its trace) trained so far, over every callback and ``fit``:
+    batches, and the epoch after the last one begun."""
+
+    steps = 0
+    next_epoch = 0
+    session: Any = None
+
+    @classmethod
+    def in_this_session(cls) -> None:
+        """Count from 0 again in a new session."""
+        now = _lifecycle.session()
+        if now is not cls.session:
+            cls.session, cls.steps, cls.next_epoch = now, 0, 0
 
 
 class TraceCallback(keras.callbacks.Callback):
@@ -42,7 +62,7 @@ class TraceCallback(keras.callbacks.Callback):
         super().__init__()
         self._open = OpenSpans()
         self._epoch: int | None = None
-        self._step = 0
+        self._shift: int | None = None  # added to this fit's epochs (see the module docstring)
 
     # -- bookkeeping -------------------------------------------------------------
     def _start(self, key: str, node: Node, **args: Any) -> None:
@@ -61,8 +81,8 @@ class TraceCallback(keras.callbacks.Callback):
     @_guarded
     def on_train_begin(self, logs: Any = None) -> None:
         self._stop_all()
-        self._epoch = None
-        self._step = 0
+        self._epoch = self._shift = None
+        _Trained.in_this_session()
         self._start("train", ai.pipeline.train)
 
     @_guarded
@@ -74,7 +94,10 @@ class TraceCallback(keras.callbacks.Callback):
 
     @_guarded
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self._epoch = int(epoch)
+        if self._shift is None:  # this fit's first epoch: on from the earlier fits'
+            self._shift = max(0, _Trained.next_epoch - int(epoch))
+        self._epoch = int(epoch) + self._shift
+        _Trained.next_epoch = self._epoch + 1
         self._start("epoch", ai.pipeline.epoch, epoch=self._epoch)
 
     @_guarded
@@ -84,8 +107,8 @@ class TraceCallback(keras.callbacks.Callback):
 
     @_guarded
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        self._start("batch", ai.compute, **self._epoch_args(), batch=int(batch), step=self._step)
-        self._step += 1
+        self._start("batch", ai.compute, **self._epoch_args(), batch=int(batch), step=_Trained.steps)
+        _Trained.steps += 1
 
     @_guarded
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:

@@ -86,6 +86,36 @@ def test_evaluate_and_predict(tmp_path, data):
     assert validate_file(result.paths[0]) == []
 
 
+def test_a_second_fit_numbers_its_steps_and_epochs_on(tmp_path, data):
+    """fit, then fit again from epoch 0 (fine-tuning after unfreezing): one step each
+    batch and one epoch each epoch of both, timed by the epoch's own clock (the two
+    fits' epochs 0 and 1 were one epoch each, their steps shared)."""
+    import time
+
+    from dftrace.analysis import summarize
+
+    x, y = data
+
+    class EpochClock(keras.callbacks.Callback):
+        times: list[float] = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.began = time.perf_counter_ns()
+
+        def on_epoch_end(self, epoch, logs=None):
+            EpochClock.times.append((time.perf_counter_ns() - self.began) / 1000)
+
+    model = make_model()
+    with testing.trace_to(tmp_path) as result:
+        model.fit(x, y, epochs=2, batch_size=10, callbacks=[TraceCallback(), EpochClock()], verbose=0)
+        model.fit(x, y, epochs=2, batch_size=20, callbacks=[TraceCallback(), EpochClock()], verbose=0)
+    summary = summarize(result.paths, index=False)
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 4), (1, 4), (2, 2), (3, 2)]
+    assert len(summary.steps) == 12
+    for mine, truth in zip([e["max_us"] for e in summary.epochs], EpochClock.times, strict=True):
+        assert truth * 0.9 - 500 <= mine <= truth + 500, (summary.epochs, EpochClock.times)
+
+
 def test_failed_fit_spans_close_when_fit_runs_again(tmp_path, data):
     """Spans a failing fit left open are closed, flagged incomplete, when the callback's next fit begins."""
     x, y = data
