@@ -268,6 +268,10 @@ def _cmd_run(ns: argparse.Namespace) -> int:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
+        if code:
+            from ._core.lifecycle import say_how_it_ended
+
+            say_how_it_ended(f"exited with status {code}")
     except BaseException as exc:  # the program's own end: its trace says so, then it goes on
         from ._core.lifecycle import say_it_raised
 

@@ -378,6 +378,7 @@ def _finish_on_signal(signum: int) -> None:
     _signal_unwound = _at_end.calls_unwound(closing)
     for stk, i in reversed(closing):
         _engine.close_kept(stk, i, t1, incomplete=True)
+    say_how_it_ended(f"killed by signal {signum}")  # what it dies of once the trace is whole
     _signalled_at = t1
     try:
         finalize()
@@ -388,19 +389,25 @@ def _finish_on_signal(signum: int) -> None:
         _signal_unwound = set()
 
 
-def say_it_raised(exc: BaseException) -> None:
-    """The program ends by ``exc``, which nothing caught: its trace says so
-    (``process_end``, as a killed process's does), so that its end is not read as a
-    normal one (a rank that crashed while the others waited)."""
+def say_how_it_ended(how: str) -> None:
+    """The program ends otherwise than by returning: its trace says how (``process_end``,
+    as the drainer writes for a killed process), once, so that its end is not read as
+    a normal one (a rank that crashed while the others waited)."""
     s = _session
-    if s is None or s.pid != os.getpid() or isinstance(exc, SystemExit):
+    if s is None or s.pid != os.getpid() or s.end_said:
         return
+    s.end_said = True
     try:
-        said = str(exc).strip().splitlines()
-        how = f"raised {type(exc).__name__}" + (f": {said[0][:200]}" if said else "")
         _engine.record_special(META, {"name": "process_end", "args": {"how": how}}, s.pid)
     except Exception:
         pass
+
+
+def say_it_raised(exc: BaseException) -> None:
+    """The program ends by ``exc``, which nothing caught (a ``SystemExit`` is an exit)."""
+    if not isinstance(exc, SystemExit):
+        said = str(exc).strip().splitlines()
+        say_how_it_ended(f"raised {type(exc).__name__}" + (f": {said[0][:200]}" if said else ""))
 
 
 def _finalize_at_exit() -> None:

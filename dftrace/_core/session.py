@@ -151,6 +151,7 @@ class Session:
         self.writer: Writer | _process_writer.ProcessWriter = self._start_writer()
         self.finalized = False
         self._worker_said = False  # say_dataloader_worker() wrote its record
+        self.end_said = False  # lifecycle.say_how_it_ended() wrote its record
         #: Events lost to the storage (write failed, file deleted, shutdown gave up).
         self.events_lost = 0
         self._saved_env: dict[str, str | None] = {}

@@ -55,7 +55,9 @@ def test_a_resumed_rank_is_two_runs_with_true_step_times(tmp_path, capsys):
     assert [r["resumed"] for r in summary.runs] == [False, True]
     assert summary.runs[1]["resumed_at"] == {"epoch": 1, "step": 32}
     text = render_text(summary)
-    assert "rank 0 ran twice (resumed at step 32)" in text.splitlines()[2]
+    assert "rank 0 ran twice (resumed at step 32)" in text.splitlines()[3]
+    # The first run's end, by SIGTERM, is said before.
+    assert text.splitlines()[2].startswith("  ended abnormally: rank 0 · ") and "killed by signal 15" in text
     assert "files are from" not in text  # one job, not separate runs
     # Every step is one step of the job; the ones run twice are counted each time.
     assert len(summary.steps) == 48

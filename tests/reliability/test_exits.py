@@ -50,6 +50,12 @@ def test_run_says_the_program_raised(tmp_path):
     assert out.returncode == 1 and "ValueError: bad batch in step 5" in out.stderr
     ends = [e["args"]["how"] for e in _events(tmp_path / "trace") if e.get("name") == "process_end"]
     assert ends == ["raised ValueError: bad batch in step 5"]
+    # And one that exits with a status of its own says that.
+    script.write_text("import sys\nfrom dftrace import ai\nwith ai.compute.forward:\n    pass\nsys.exit(3)\n")
+    out = run(["-m", "dftrace", "run", "--log-file", str(tmp_path / "exit" / "run"), str(script)])
+    assert out.returncode == 3
+    ends = [e["args"]["how"] for e in _events(tmp_path / "exit") if e.get("name") == "process_end"]
+    assert ends == ["exited with status 3"]
 
 
 def _signal_run(tmp_path, mode: str, sig: int):
@@ -70,6 +76,7 @@ def test_fatal_signal_completes_the_file_and_still_kills(tmp_path, mode, sig):
     assert code == -sig, err
     assert_valid(files(tmp_path))
     events = _events(tmp_path)
+    assert [e["args"]["how"] for e in events if e.get("name") == "process_end"] == [f"killed by signal {sig}"]
     assert len(spans(events, "forward")) == N
     (epoch,) = spans(events, "epoch")
     assert epoch["args"]["incomplete"] is True
