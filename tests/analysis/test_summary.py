@@ -94,6 +94,38 @@ def test_duration_histograms_count_each_span_in_its_bar(tmp_path):
     assert 12 <= len(histograms["wide"]["counts"]) <= 24  # log-spaced bars over the range
 
 
+@pytest.mark.parametrize("style", ["iter", "with"])
+def test_epochs_are_numbered_as_the_loop_numbers_them(tmp_path, style):
+    """A loop resumed at epoch 5 (``ai.pipeline.epoch.iter(range(5, 8))``, or a ``with``
+    epoch span per epoch) that calls ``ai.update(epoch=..., step=...)``: the epochs are
+    5, 6 and 7 with their steps and their times, not the spans' own count (0 to 2, with
+    no steps) or their sticky epoch (the one before)."""
+    import time
+
+    from dftrace import ai, testing
+
+    truth_us = []
+    with testing.trace_to(tmp_path / "trace") as result:
+        def epoch_body(epoch):
+            for step in ai.dataloader.fetch.iter(range(4)):
+                ai.update(epoch=epoch, step=step)
+                with ai.compute.forward:
+                    time.sleep(0.002 * (epoch - 4))
+
+        for epoch in (ai.pipeline.epoch.iter(range(5, 8)) if style == "iter" else range(5, 8)):
+            began = time.perf_counter_ns()
+            if style == "iter":
+                epoch_body(epoch)
+            else:
+                with ai.pipeline.epoch:
+                    epoch_body(epoch)
+            truth_us.append((time.perf_counter_ns() - began) / 1000)
+    summary = summarize(result.paths, index=False)
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(5, 4), (6, 4), (7, 4)]
+    for mine, truth in zip([e["max_us"] for e in summary.epochs], truth_us, strict=True):
+        assert 0.9 * truth - 200 <= mine <= truth + 200, (summary.epochs, truth_us)
+
+
 def test_epoch_table_names_the_slowest_rank(summary):
     """Each epoch: ranks, steps, slowest rank's time and the median rank's."""
     epoch_us = STEPS * (FETCH_ITER_US + tracegen.step_us()) + CHECKPOINT_US

@@ -361,13 +361,12 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: 
         {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
     )
     frame = spans.lazy()
-    # An epoch span numbers its epoch as .iter()'s 1-based count, else in args.epoch
-    # (sticky args are those in force when a span starts: an epoch's own
-    # ai.update(epoch=...) comes after its span began).
+    # An epoch span numbers its epoch as .iter()'s 1-based count, else in args.epoch,
+    # else (none: a with span opened before the first update) by minus its start; the
+    # events inside renumber them (``combine.numbered_as_their_events``).
     epoch_spans = (
         frame.filter((pl.col("cat") == fmt.CAT_PIPELINE) & pl.col("name").is_in(fmt.EPOCH_NAMES))
-        .with_columns(pl.coalesce(pl.col("count") - 1, pl.col("epoch")).alias("epoch"))
-        .filter(pl.col("epoch").is_not_null())
+        .with_columns(pl.coalesce(pl.col("count") - 1, pl.col("epoch"), -pl.col("ts")).alias("epoch"))
         .group_by("epoch")
         .agg(*_extent())
     )

@@ -69,6 +69,30 @@ class Combined:
     io_cover: pl.DataFrame | None = None
 
 
+def numbered_as_their_events(spans: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
+    """Epoch spans (proc, epoch, start, end, n) numbered as the events inside them carry
+    ``args.epoch`` (``events``: their extents per epoch): each span by the epoch whose
+    first event is the first to begin inside it. A loop over ``range(5, 8)`` holds
+    epochs 5 to 7, not ``.iter()``'s count 0 to 2, and a ``with`` epoch span's own
+    sticky epoch is the one before (so are its first fetch's: an epoch's first event
+    is never early). Spans in which no epoch begins keep their number; those with none
+    (numbered by minus their start as they were read) are left out."""
+    if not spans.height or not events.height:
+        return spans.filter(pl.col("epoch") >= 0)
+    numbered = spans.with_row_index("_span")
+    best = (numbered.join(events.select("proc", pl.col("epoch").alias("_epoch"), pl.col("start").alias("_from")),
+                          on="proc", how="inner")
+            .filter((pl.col("_from") >= pl.col("start")) & (pl.col("_from") < pl.col("end")))
+            .sort(["_span", "_from"]).unique("_span", keep="first")
+            .select("_span", "_epoch"))
+    if not best.height:
+        return spans.filter(pl.col("epoch") >= 0)
+    return (numbered.join(best, on="_span", how="left").with_columns(pl.coalesce("_epoch", "epoch").alias("epoch"))
+            .filter(pl.col("epoch") >= 0)
+            .group_by(["proc", "epoch"]).agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum())
+            .select(spans.columns).cast(spans.schema))
+
+
 def combine(partials: Sequence[Partial]) -> Combined:
     """Merge partials exactly, mapping (pid, hhash) of each file to its process."""
     run = run_sources([p.source for p in partials], [p.keys for p in partials], [p.events for p in partials])
@@ -95,7 +119,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
     self_times = self_times_of(collect("self_times"), collect("orphans"), collect("openers"), ["proc"]).group_by(
         ["cat", "name"]).agg(pl.col("us").sum())
     epochs = collect("epochs").group_by(["proc", "epoch"]).agg(*extent)
-    epoch_spans = collect("epoch_spans").group_by(["proc", "epoch"]).agg(*extent)
+    epoch_spans = numbered_as_their_events(collect("epoch_spans").group_by(["proc", "epoch"]).agg(*extent), epochs)
     pieces = collect("extents")
     extents = pieces.group_by("proc").agg(*extent, pl.col("incomplete").sum())
     # A process read in one piece already has its overlap times; one spread over
