@@ -5,18 +5,16 @@ Installed once torch is imported, it records, through hooks PyTorch offers for
 everyone (global module and optimizer hooks) and a few replaced methods:
 
 - ``dataloader.fetch.init`` when a DataLoader's iterator is made (worker start-up),
-  ``dataloader.fetch`` per batch (the time the loop waited for it), ``.end`` at its end;
+  ``dataloader.fetch`` per batch (the time the loop waited for it), ``.end`` at its
+  end; a ``pipeline.evaluate`` for an evaluation loader's pass (see ``_BEGUN``);
 - ``compute.forward`` per call of an outermost module (a model, not its layers),
-  ``compute.backward`` per ``backward()``, and ``compute.step`` per
-  ``optimizer.step()``, all with ``args.step``: the optimizer steps taken before
-  them, so gradient accumulation's micro-batches share their step. Forwards run
-  under ``torch.no_grad()`` or in ``eval()`` mode (evaluation) carry no step;
+  ``compute.backward`` per ``backward()``, ``compute.step`` per ``optimizer.step()``,
+  all with ``args.step`` (micro-batches accumulated share theirs; forwards under
+  ``torch.no_grad()`` or in ``eval()`` mode are evaluation, with no step);
 - ``args.epoch``: how many times the training loader (the one iterated when the
-  first optimizer step ran; until then, the first loader iterated) was iterated
-  before, on its fetches and the steps run while it is iterated. A loader made anew
-  for each epoch continues the count: one iterated when an optimizer step runs, after
-  the training loader's iteration ran to its end, trains from then on, with the next
-  epoch;
+  first optimizer step ran) was iterated before. A loader made anew for each epoch
+  continues the count (one iterated at an optimizer step after the training loader's
+  iteration ended trains from then on, with the next epoch);
 - ``torch.distributed`` calls (:func:`~dftrace.torch.trace_distributed`), each
   ``DistributedDataParallel`` model's gradient buckets
   (:func:`~dftrace.torch.trace_ddp`, registered at its first forward, or around a
@@ -35,6 +33,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import os
 import inspect
 import threading
 import weakref
@@ -57,6 +56,7 @@ _clock = _engine.clock
 _grad_enabled = torch.is_grad_enabled
 _FETCH_INIT = ai.dataloader.fetch.derive("init")
 _FETCH_END = ai.dataloader.fetch.derive("end")
+_EVALUATE = ai.pipeline.evaluate
 _FORWARD = ai.compute.forward
 _STEP = ai.compute.step
 
@@ -189,6 +189,7 @@ STATE: Any = _State()
 _installed = False
 #: id(loader) -> how many times it was iterated
 _ITERATIONS: dict[int, int] = {}
+_original_iter: Any = None
 
 
 def standing_down(delta: int) -> None:
@@ -246,7 +247,9 @@ class _Fetches:
         except StopIteration:  # the wait for the end (its workers shut down): no batch
             if STATE.training == self.loader:  # its iteration ran to its end
                 STATE.ended = True
-            _FETCH_END.record(t0, _clock(), _epoch_now())
+            t1 = _clock()
+            _FETCH_END.record(t0, t1, _epoch_now())
+            _iteration_ended(self.loader, t1)
             raise
         except BaseException as exc:
             position = STATE.position if STATE.training == self.loader else {}
@@ -262,14 +265,9 @@ class _Fetches:
         return getattr(self.it, name)
 
 
-_original_iter: Any = None
-
-
 def _epoch_now() -> dict[str, Any] | None:
-    """The args of the start and end of the loader iterated now: the epoch where it is
-    the training loader (no step: they are none)."""
-    epoch = STATE.position.get("epoch")
-    return None if epoch is None else {"epoch": epoch}
+    """The args of the start and end of the loader iterated now: the training loader's epoch."""
+    return None if (epoch := STATE.position.get("epoch")) is None else {"epoch": epoch}
 
 
 #: The start (loader id, t0, t1) of a loader made while another trains: held until it
@@ -288,6 +286,34 @@ def _settle_start(*_: Any) -> None:
         _FETCH_INIT.record(t0, t1, _epoch_now() if STATE.training == key == STATE.current else None)
 
 
+#: Each loader's iteration under way: its start and the optimizer steps by then. One not
+#: the training loader's that ends with no optimizer step is an evaluation: a
+#: ``pipeline.evaluate`` span on a track of its own (the step it interrupts ends there).
+_BEGUN: dict[int, tuple[int, int]] = {}
+_STEPS_SEEN = [0]
+_EVALUATION_TRACK: list[int] = []  # [pid, tid] of this process's track
+
+
+def _optimizer_stepped(*_: Any) -> None:
+    """After each optimizer step's hooks: counted, and a held start settled."""
+    _STEPS_SEEN[0] += 1
+    _settle_start()
+
+
+def _iteration_ended(key: int, t1: int) -> None:
+    """Loader ``key``'s iteration ran to its end at ``t1`` (see ``_BEGUN``)."""
+    try:
+        begun = _BEGUN.pop(key, None)
+        if begun is None or key == STATE.training or begun[1] != _STEPS_SEEN[0] or not _EVALUATE.enabled:
+            return
+        if not _EVALUATION_TRACK or _EVALUATION_TRACK[0] != os.getpid():
+            _EVALUATION_TRACK[:] = [os.getpid(), _engine.new_track("evaluation")]
+        _engine.record_finished(_EVALUATE._kid, begun[0], t1, None, _engine.sticky_of(_EVALUATE),
+                                tid=_EVALUATION_TRACK[1])
+    except Exception as exc:
+        warn_once("auto-evaluate", f"an evaluation pass not recorded: {exc!r}")
+
+
 def _traced_iter(self: Any) -> Any:
     global _HELD
     try:
@@ -303,6 +329,7 @@ def _traced_iter(self: Any) -> Any:
     it = _original_iter(self)
     try:
         if key:
+            _BEGUN[key] = (t0, _STEPS_SEEN[0])
             if STATE.training == key:
                 _FETCH_INIT.record(t0, _clock(), _epoch_now())
             else:
@@ -547,7 +574,8 @@ def install(_torch: Any = None) -> None:
 
     if _speedups is not None:  # the same, counted and recorded in C
         state = _speedups.AutoState(fetch=_FETCH, step=_STEP, covered=covered,
-                                    grad_enabled=_grad_enabled, fetch_end=_FETCH_END)
+                                    grad_enabled=_grad_enabled, fetch_end=_FETCH_END,
+                                    iteration_ended=_iteration_ended)
         state.down = STATE.down  # integrations that began before
         STATE = state
     _original_iter = DataLoader.__iter__
@@ -557,7 +585,7 @@ def install(_torch: Any = None) -> None:
 
     _optimizer.register_optimizer_step_pre_hook(STATE.step_pre)
     _optimizer.register_optimizer_step_post_hook(STATE.step_post)
-    _optimizer.register_optimizer_step_post_hook(_settle_start)  # after step_post: it adopts
+    _optimizer.register_optimizer_step_post_hook(_optimizer_stepped)  # after step_post: it adopts
     atexit.register(_settle_start)  # before the trace's end (atexit runs the last registered first)
     # backward() recorded in C; the patch's users are asked only while auto stands down
     _hooking.install_backward(_BackwardArgs(),  # type: ignore[arg-type]

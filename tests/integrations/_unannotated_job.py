@@ -12,6 +12,8 @@
   epoch are stepped in the next one, and the last two of the run never are;
 - ``fresh``: ``plain`` with a DataLoader made anew for each epoch, and after each
   epoch an evaluation loader iterated under ``torch.no_grad()``;
+- ``valmid``: ``plain`` with an evaluation loader iterated under ``torch.no_grad()``
+  in the middle of each epoch, after its fourth step;
 - ``gan``: ``plain`` with two models each stepped by its own optimizer per batch (a
   discriminator's step, then a generator's);
 - ``idle``: no PyTorch work at all;
@@ -111,6 +113,12 @@ def main(mode: str, truth_path: str) -> None:
                     opt.step()
                     opt.zero_grad()
                     truth["steps"] += 1
+                if mode == "valmid" and k == 3:  # an evaluation inside the epoch
+                    began = time.perf_counter_ns()
+                    with torch.no_grad():
+                        for x, _ in DataLoader(Data(), batch_size=32):
+                            model(x)
+                    truth.setdefault("evaluations_ns", []).append((began, time.perf_counter_ns()))
                 if mode == "gan":  # the generator's turn, in the same step
                     fake = model(generator(x))
                     truth["forwards"] += 2

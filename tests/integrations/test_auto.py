@@ -52,8 +52,9 @@ def _run_engine(tmp_path, mode, engine):
     return out, json.loads(truth.read_text())
 
 
-def _spans(out):
-    return [e for f in trace_files(out) for e in read_events(f, strict=False) if e.get("ph") == "X"]
+def _spans(out, name=None):
+    return [e for f in trace_files(out) for e in read_events(f, strict=False)
+            if e.get("ph") == "X" and name in (None, e.get("name"))]
 
 
 @pytest.mark.parametrize("how", ["run", "enable"])
@@ -131,6 +132,27 @@ def test_two_optimizers_stepping_each_batch_are_one_step(tmp_path, engine):
         numbers = [e["args"]["step"] for e in spans if e["name"] == name and "step" in e["args"]]
         assert numbers == [k // per_step for k in range(16 * per_step)], (name, numbers)
     _assert_epoch_times(summary, truth)
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_an_evaluation_inside_the_epoch_is_no_step_s_time(tmp_path, engine):
+    """An evaluation loader iterated after the fourth step of each epoch: each pass is a
+    pipeline.evaluate span (on a track of its own), and the step it follows is its
+    own time (it took the evaluation's too: several times its neighbours')."""
+    out, truth = _run_engine(tmp_path, "valmid", engine)
+    summary = summarize(out)
+    assert len(summary.steps) == truth["steps"] == 16
+    evaluations = _spans(out, "evaluate")
+    assert len(evaluations) == 2 and {e["args"]["level"] for e in evaluations} == {1}
+    assert len({e["tid"] for e in evaluations} & {e["tid"] for e in _spans(out, "forward")}) == 0
+    for (began, ended), span in zip(truth["evaluations_ns"], sorted(evaluations, key=lambda e: e["ts"])):
+        assert span["dur"] >= 0.9 * (ended - began) / 1e3
+    starts = truth["starts_ns"]
+    ours = {(s["epoch"], s["step"]): s["median_us"] for s in summary.steps}
+    for epoch, (began, ended) in enumerate(truth["evaluations_ns"]):
+        k = 8 * epoch + 3  # the step the evaluation follows: to the next one's start, less the evaluation
+        own_us = (starts[k + 1] - starts[k] - (ended - began)) / 1e3
+        assert ours[(epoch, k)] <= own_us + 0.5 * (ended - began) / 1e3, (ours[(epoch, k)], own_us)
 
 
 def test_accumulated_micro_batches_are_one_step(tmp_path):

@@ -47,6 +47,7 @@ typedef struct {
     PyObject *fetch, *step; /* the nodes */
     uint32_t fetch_kid;
     PyObject *fetch_end;  /* the node of the wait for a loader's end (NULL: not recorded) */
+    PyObject *ended_cb;   /* ended_cb(loader_id, t1): a loader's iteration ran to its end (NULL: none) */
     uint32_t fetch_end_kid;
     PyObject *cat_data, *cat_compute; /* "dataloader", "compute" */
     PyObject *step_taken; /* called after each optimizer step while set (root discovery) */
@@ -166,9 +167,10 @@ static int may_record(AutoState *st, PyObject *node, PyObject *category, PyObjec
 /* AutoState                                                                  */
 
 static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"fetch", "step", "covered", "grad_enabled", "fetch_end", NULL};
-    PyObject *fetch, *step, *covered, *grad, *fetch_end = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|O", kw, &fetch, &step, &covered, &grad, &fetch_end))
+    static char *kw[] = {"fetch", "step", "covered", "grad_enabled", "fetch_end", "iteration_ended", NULL};
+    PyObject *fetch, *step, *covered, *grad, *fetch_end = NULL, *ended = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|OO", kw, &fetch, &step, &covered, &grad, &fetch_end,
+                                     &ended))
         return NULL;
     AutoState *st = (AutoState *)type->tp_alloc(type, 0);
     if (!st)
@@ -178,6 +180,8 @@ static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     st->covered = Py_NewRef(covered);
     st->grad_enabled = Py_NewRef(grad);
     st->fetch_kid = dft_node_kid(fetch, dft_str_kid);
+    if (ended && ended != Py_None)
+        st->ended_cb = Py_NewRef(ended);
     if (fetch_end && fetch_end != Py_None) {
         st->fetch_end = Py_NewRef(fetch_end);
         st->fetch_end_kid = dft_node_kid(fetch_end, dft_str_kid);
@@ -194,7 +198,7 @@ static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwd
 
 static int AutoState_refs(AutoState *st, visitproc visit, void *arg) {
     PyObject **const refs[] = {&st->pos, &st->pos_x, &st->covered, &st->grad_enabled, &st->fetch,
-                               &st->fetch_end, &st->step, &st->cat_data, &st->cat_compute, &st->step_taken,
+                               &st->fetch_end, &st->ended_cb, &st->step, &st->cat_data, &st->cat_compute, &st->step_taken,
                                &st->step_stk, &st->sargs_type, &st->sargs};
     return visit_refs(refs, NREFS(refs), visit, arg);
 }
@@ -380,7 +384,8 @@ static PyTypeObject AutoStateType = {
     .tp_name = "dftrace._core._speedups.AutoState",
     .tp_basicsize = sizeof(AutoState),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "AutoState(fetch, step, covered, grad_enabled): what automatic tracing counts.",
+    .tp_doc = "AutoState(fetch, step, covered, grad_enabled, fetch_end=None, iteration_ended=None): what "
+              "automatic tracing counts.",
     .tp_new = AutoState_new,
     .tp_dealloc = (destructor)AutoState_dealloc,
     .tp_traverse = (traverseproc)AutoState_refs,
@@ -433,6 +438,15 @@ static int end_of_iteration(AutoState *st, AutoFetches *f, span_t *sp, PyObject 
     sp->kid = st->fetch_end_kid;
     int rc = span_close(sp, stk, t1, x, NULL, -1, 0); /* -1: a signal's exception, raised */
     Py_XDECREF(x);
+    if (rc == 0 && st->ended_cb) { /* (an evaluation's loader, say) */
+        PyObject *r = PyObject_CallFunction(st->ended_cb, "LL", f->key, t1);
+        if (r)
+            Py_DECREF(r);
+        else if (PyErr_ExceptionMatches(PyExc_Exception))
+            PyErr_Clear();
+        else
+            rc = -1; /* a signal's exception: the program's */
+    }
     return rc;
 }
 
