@@ -87,8 +87,10 @@ class _State:
         #: same step), or when ``stepped`` steps again first
         self.pending = False
         self.stepped: Any = None
-        #: called after each optimizer step while set (the roots' discovery)
+        #: called after each optimizer step while set (the roots' discovery; a held start)
         self.step_taken: Any = None
+        self.after_step: Any = None
+        self.optimizer_steps = 0  # every optimizer step taken
         self.position: dict[str, Any] = {"step": 0}
 
     def moved(self) -> None:
@@ -156,8 +158,11 @@ class _State:
                     self.pending, self.stepped = True, optimizer
             else:
                 self.counted()  # no loader (or an integration's step): what follows numbers on
+            self.optimizer_steps += 1
             if not self.down and self.step_taken is not None:
                 self.step_taken()
+            if self.after_step is not None:
+                self.after_step()
         except Exception as exc:
             warn_once("auto-step", f"optimizer step not recorded: {exc!r}")
 
@@ -281,6 +286,7 @@ def _settle_start(*_: Any) -> None:
     starts, or at exit."""
     global _HELD
     held, _HELD = _HELD, None
+    STATE.after_step = None
     if held is not None:
         key, t0, t1 = held
         _FETCH_INIT.record(t0, t1, _epoch_now() if STATE.training == key == STATE.current else None)
@@ -290,21 +296,14 @@ def _settle_start(*_: Any) -> None:
 #: the training loader's that ends with no optimizer step is an evaluation: a
 #: ``pipeline.evaluate`` span on a track of its own (the step it interrupts ends there).
 _BEGUN: dict[int, tuple[int, int]] = {}
-_STEPS_SEEN = [0]
 _EVALUATION_TRACK: list[int] = []  # [pid, tid] of this process's track
-
-
-def _optimizer_stepped(*_: Any) -> None:
-    """After each optimizer step's hooks: counted, and a held start settled."""
-    _STEPS_SEEN[0] += 1
-    _settle_start()
 
 
 def _iteration_ended(key: int, t1: int) -> None:
     """Loader ``key``'s iteration ran to its end at ``t1`` (see ``_BEGUN``)."""
     try:
         begun = _BEGUN.pop(key, None)
-        if begun is None or key == STATE.training or begun[1] != _STEPS_SEEN[0] or not _EVALUATE.enabled:
+        if begun is None or key == STATE.training or begun[1] != STATE.optimizer_steps or not _EVALUATE.enabled:
             return
         if not _EVALUATION_TRACK or _EVALUATION_TRACK[0] != os.getpid():
             _EVALUATION_TRACK[:] = [os.getpid(), _engine.new_track("evaluation")]
@@ -329,11 +328,12 @@ def _traced_iter(self: Any) -> Any:
     it = _original_iter(self)
     try:
         if key:
-            _BEGUN[key] = (t0, _STEPS_SEEN[0])
+            _BEGUN[key] = (t0, STATE.optimizer_steps)
             if STATE.training == key:
                 _FETCH_INIT.record(t0, _clock(), _epoch_now())
             else:
                 _HELD = (key, t0, _clock())
+                STATE.after_step = _settle_start
             return STATE.fetches(it, key, epoch)
     except Exception as exc:
         warn_once("auto-fetch", f"DataLoader not traced: {exc!r}")
@@ -585,7 +585,6 @@ def install(_torch: Any = None) -> None:
 
     _optimizer.register_optimizer_step_pre_hook(STATE.step_pre)
     _optimizer.register_optimizer_step_post_hook(STATE.step_post)
-    _optimizer.register_optimizer_step_post_hook(_optimizer_stepped)  # after step_post: it adopts
     atexit.register(_settle_start)  # before the trace's end (atexit runs the last registered first)
     # backward() recorded in C; the patch's users are asked only while auto stands down
     _hooking.install_backward(_BackwardArgs(),  # type: ignore[arg-type]

@@ -51,6 +51,8 @@ typedef struct {
     uint32_t fetch_end_kid;
     PyObject *cat_data, *cat_compute; /* "dataloader", "compute" */
     PyObject *step_taken; /* called after each optimizer step while set (root discovery) */
+    PyObject *after_step; /* called after each optimizer step while set (a loader's start held) */
+    long long optimizer_steps; /* every optimizer step taken (the hooks' own or not) */
     uint32_t step_kid;
     /* the open compute.step span, on step_stk, its optimizer and thread */
     int step_open;
@@ -198,7 +200,7 @@ static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwd
 
 static int AutoState_refs(AutoState *st, visitproc visit, void *arg) {
     PyObject **const refs[] = {&st->pos, &st->pos_x, &st->covered, &st->grad_enabled, &st->fetch,
-                               &st->fetch_end, &st->ended_cb, &st->step, &st->cat_data, &st->cat_compute, &st->step_taken,
+                               &st->fetch_end, &st->ended_cb, &st->step, &st->cat_data, &st->cat_compute, &st->step_taken, &st->after_step,
                                &st->step_stk, &st->sargs_type, &st->sargs};
     return visit_refs(refs, NREFS(refs), visit, arg);
 }
@@ -331,8 +333,14 @@ static PyObject *AutoState_step_post(PyObject *self, PyObject *const *args, Py_s
     } else {
         step_counted(st); /* no loader (or an integration's step): what follows numbers on */
     }
+    st->optimizer_steps++;
     if (!st->down && st->step_taken) {
         PyObject *r = PyObject_CallNoArgs(st->step_taken);
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    if (st->after_step) {
+        PyObject *r = PyObject_CallNoArgs(st->after_step);
         Py_XDECREF(r);
         PyErr_Clear();
     }
@@ -354,17 +362,30 @@ static int AutoState_set_step_taken(PyObject *self, PyObject *v, void *c) {
     return 0;
 }
 
+static PyObject *AutoState_get_after_step(PyObject *self, void *c) {
+    PyObject *v = ((AutoState *)self)->after_step;
+    return Py_NewRef(v ? v : Py_None);
+}
+
+static int AutoState_set_after_step(PyObject *self, PyObject *v, void *c) {
+    Py_XSETREF(((AutoState *)self)->after_step, v && v != Py_None ? Py_NewRef(v) : NULL);
+    return 0;
+}
+
 static PyMemberDef AutoState_members[] = {
     {"steps", T_LONGLONG, offsetof(AutoState, steps), 0, "optimizer steps taken"},
     {"down", T_LONGLONG, offsetof(AutoState, down), 0, "integrations training now"},
     {"current", T_LONGLONG, offsetof(AutoState, current), READONLY, "id() of the loader iterated last"},
     {"training", T_LONGLONG, offsetof(AutoState, training), READONLY, "id() of the training loader"},
+    {"optimizer_steps", T_LONGLONG, offsetof(AutoState, optimizer_steps), READONLY, "every optimizer step taken"},
     {NULL}};
 
 static PyGetSetDef AutoState_getset[] = {
     {"position", AutoState_get_position, NULL, "this step's args (a copy)", NULL},
     {"step_taken", AutoState_get_step_taken, AutoState_set_step_taken,
      "called after each optimizer step while set", NULL},
+    {"after_step", AutoState_get_after_step, AutoState_set_after_step,
+     "called after each optimizer step while set (after step_taken)", NULL},
     {NULL}};
 
 static PyObject *AutoState_fetches(PyObject *self, PyObject *args);
