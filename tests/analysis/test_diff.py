@@ -319,37 +319,6 @@ def test_step_times_are_the_same_whatever_the_pieces(runs, tmp_path, capsys):
     assert code == 0
 
 
-def _lockstep_run(directory: Path, steps: int, idle_steps: set[int], idle_us: int) -> Path:
-    """Two ranks in lockstep: a fetch, a forward and a backward each step, the backward
-    waiting in its all-reduce for the later rank. In ``idle_steps`` rank 1 idles
-    ``idle_us`` before its forward, in no span (un-annotated code, a sleep): no name's
-    own time changes; rank 0's all-reduce waits for it."""
-    import random
-
-    rng = random.Random(3)
-    directory.mkdir()
-    procs = [tracegen.Process(3100 + r, host="node0", rank=r) for r in range(2)]
-    clock = [tracegen.T0_US] * 2
-    for step in range(steps):
-        ready = []
-        for r, p in enumerate(procs):
-            t = clock[r]
-            p.span("fetch", "dataloader", t, 30, **({"step": step - 1} if step else {}))
-            t += 30 + (idle_us if r == 1 and step in idle_steps else 0)
-            forward = 1_000 + rng.randrange(0, 40)
-            p.span("forward", "compute", t, forward, step=step)
-            ready.append(t + forward + 500)
-        done = max(ready)
-        for r, p in enumerate(procs):
-            start = ready[r] - 500
-            p.span("all_reduce.wait", "comm", ready[r], done - ready[r] + 20, level=2, step=step)
-            p.span("backward", "compute", start, done + 20 - start, step=step)
-            clock[r] = done + 20
-    for p in procs:
-        tracegen.write_process(directory, p)
-    return directory
-
-
 @pytest.mark.parametrize("every", [1, 3])
 def test_a_straggler_s_idle_time_is_no_machine_s(tmp_path, capsys, every):
     """Rank 1 idles 20 ms outside any span in every step, or every third: no name's own
@@ -359,8 +328,10 @@ def test_a_straggler_s_idle_time_is_no_machine_s(tmp_path, capsys, every):
     the names' moves, which saw none, judged the step, and it passed)."""
     steps, idle_us = 48, 20_000
     idle_steps = set(range(0, steps, every))
-    base = _lockstep_run(tmp_path / "base", steps, set(), idle_us)
-    new = _lockstep_run(tmp_path / "new", steps, idle_steps, idle_us)
+    base, new = tmp_path / "base", tmp_path / "new"
+    base.mkdir(), new.mkdir()
+    tracegen.bucketed_run(base, steps, set(), 0, buckets=1)
+    tracegen.bucketed_run(new, steps, set(), 0, buckets=1, idle={(1, step): idle_us for step in idle_steps})
     code, data = _diff_json(capsys, str(base), str(new), "--fail-on-regression", "10%", "--metric", "step.mean")
     mean = next(r for r in data["rows"] if r["metric"] == "step.mean")
     assert mean["change"] == pytest.approx(len(idle_steps) * idle_us / steps, rel=0.05)

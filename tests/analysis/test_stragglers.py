@@ -196,51 +196,12 @@ def test_summary_json_of_an_older_version_loads(lockstep):
     assert (old.stragglers, old.collectives, old.runs) == ([], {}, [])
 
 
-def _bucketed_run(directory, steps, slow_steps, slow_us, buckets=3, jitter=None):
-    """Two ranks training like DDP with ``buckets`` gradient buckets: each bucket's
-    all-reduce is launched during backward (a short call) and completes (``.done``,
-    on a track of its own) when both ranks have launched it; backward then waits for
-    the buckets (``all_reduce.wait``). Rank 1's forward is ``slow_us`` longer in
-    ``slow_steps``; ``jitter[(rank, step)]`` adds µs to a rank's forward."""
-    jitter = jitter or {}
-    procs = [tracegen.Process(2100 + r, host="node0", rank=r) for r in range(2)]
-    clock = [tracegen.T0_US] * 2
-    for step in range(steps):
-        launches = []
-        for r, p in enumerate(procs):
-            t = clock[r]
-            p.span("fetch.iter", "dataloader", t, 30, level=2, **({"step": step - 1} if step else {}))
-            t += 30
-            forward = 100 + (slow_us if r == 1 and step in slow_steps else 0) + jitter.get((r, step), 0)
-            p.span("forward", "compute", t, forward, level=2, step=step)
-            t += forward
-            launches.append([t + 50 * (b + 1) for b in range(buckets)])
-            clock[r] = t
-        done = [max(launches[0][b], launches[1][b]) + 40 for b in range(buckets)]
-        for r, p in enumerate(procs):
-            t = clock[r]
-            backward_end = max(done[-1], launches[r][-1] + 10)
-            for b in range(buckets):
-                p.span("all_reduce", "comm", launches[r][b], 5, level=3, step=step, group="0",
-                       seq=step * buckets + b + 1, bucket=b, ddp=True)
-                p.span("all_reduce.done", "comm", launches[r][b], done[b] - launches[r][b], level=1,
-                       tid=1 << 30, step=step, group="0", seq=step * buckets + b + 1)
-            p.span("all_reduce.wait", "comm", launches[r][-1] + 5, backward_end - launches[r][-1] - 5, level=3,
-                   step=step)
-            p.span("backward", "compute", t, backward_end - t, level=2, step=step)
-            p.span("step", "compute", backward_end, 20, level=2, step=step)
-            clock[r] = backward_end + 20
-    for p in procs:
-        tracegen.write_process(directory, p)
-    return directory
-
-
 def test_a_long_run_s_straggler_is_judged_too(tmp_path):
     """1,200 steps, rank 1 slowed in every fourth: the chance of as many held steps is
     summed past a float's range of binomial coefficients (it raised past ~1,030 steps)."""
     steps = 1_200
     slow_steps = set(range(1, steps, 4))
-    _bucketed_run(tmp_path, steps, slow_steps, SLOW_US, buckets=1)
+    tracegen.bucketed_run(tmp_path, steps, slow_steps, SLOW_US, buckets=1)
     worst = summarize(tmp_path).stragglers[0]
     assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, len(slow_steps))
     assert worst["caused_wait_us"] == len(slow_steps) * SLOW_US
@@ -252,7 +213,7 @@ def test_overlapping_buckets_count_once(tmp_path, buckets):
     caused is the time it was late, whatever the number of buckets, and only the
     slowed steps are held back."""
     slow_steps = {3, 7, 11, 15, 19}
-    _bucketed_run(tmp_path, 24, slow_steps, SLOW_US, buckets=buckets)
+    tracegen.bucketed_run(tmp_path, 24, slow_steps, SLOW_US, buckets=buckets)
     worst = summarize(tmp_path).stragglers[0]
     assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, len(slow_steps))
     assert worst["caused_wait_us"] == len(slow_steps) * SLOW_US
@@ -267,7 +228,7 @@ def test_noise_names_no_straggler(tmp_path):
 
     rng = random.Random(7)
     jitter = {(r, s): rng.randrange(0, 300) for r in range(2) for s in range(48)}
-    _bucketed_run(tmp_path, 48, set(), 0, buckets=2, jitter=jitter)
+    tracegen.bucketed_run(tmp_path, 48, set(), 0, buckets=2, jitter=jitter)
     summary = summarize(tmp_path)
     assert not any(s["significant"] for s in summary.stragglers)
     assert render_text(summary).splitlines()[2].strip().startswith("no rank stands out: arrival skew within noise")
@@ -295,7 +256,7 @@ def test_slowed_steps_do_not_hide_in_the_noise_they_make(tmp_path, seed):
     steps, every slowed step is held back and the wait caused is the time planted."""
     steps, slow_us = 64, 25_000
     slow_steps = {s for s in range(steps) if s % 4 == 1}
-    _bucketed_run(tmp_path, steps, slow_steps, slow_us, buckets=2, jitter=_noisy_jitter(steps, seed))
+    tracegen.bucketed_run(tmp_path, steps, slow_steps, slow_us, buckets=2, jitter=_noisy_jitter(steps, seed))
     worst, other = summarize(tmp_path).stragglers
     assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, len(slow_steps))
     assert abs(worst["caused_wait_us"] - len(slow_steps) * slow_us) <= 0.1 * len(slow_steps) * slow_us, worst
@@ -305,7 +266,7 @@ def test_slowed_steps_do_not_hide_in_the_noise_they_make(tmp_path, seed):
 @pytest.mark.parametrize("seed", [3, 4, 5])
 def test_hiccups_name_no_straggler(tmp_path, seed):
     """The same noise and hiccups with no rank slowed: no rank stands out."""
-    _bucketed_run(tmp_path, 64, set(), 0, buckets=2, jitter=_noisy_jitter(64, seed))
+    tracegen.bucketed_run(tmp_path, 64, set(), 0, buckets=2, jitter=_noisy_jitter(64, seed))
     assert not any(s["significant"] for s in summarize(tmp_path).stragglers)
 
 
@@ -319,12 +280,12 @@ def test_steps_held_back_by_seconds_are_not_judged_against_hiccups(tmp_path):
     hiccups = {(0, 4): 3_000, (0, 12): 2_500, (1, 8): 2_000, (1, 11): 2_200, (0, 7): 1_800}
     (tmp_path / "slow").mkdir()
     (tmp_path / "control").mkdir()
-    _bucketed_run(tmp_path / "slow", steps, slow_steps, 1_000_000, buckets=2, jitter=hiccups)
+    tracegen.bucketed_run(tmp_path / "slow", steps, slow_steps, 1_000_000, buckets=2, jitter=hiccups)
     worst, other = summarize(tmp_path / "slow").stragglers
     assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, 6), worst
     assert abs(worst["caused_wait_us"] - 4_000_000 - 4_200) <= 0.01 * 4_000_000, worst
     assert not other["significant"]
-    _bucketed_run(tmp_path / "control", steps, set(), 0, buckets=2, jitter=hiccups)
+    tracegen.bucketed_run(tmp_path / "control", steps, set(), 0, buckets=2, jitter=hiccups)
     assert not any(s["significant"] for s in summarize(tmp_path / "control").stragglers)
 
 

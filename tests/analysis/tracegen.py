@@ -287,3 +287,43 @@ def collective_run(ranks: int = 2, *, steps: int = 8, slow_rank: int | None = 1,
                 for e in p.events:
                     e["ts"] += host_offset_us
     return procs
+
+
+def bucketed_run(directory, steps, slow_steps, slow_us, buckets=3, jitter=None, idle=None):
+    """Two ranks training like DDP with ``buckets`` gradient buckets: each bucket's
+    all-reduce is launched during backward (a short call) and completes (``.done``,
+    on a track of its own) when both ranks have launched it; backward then waits for
+    the buckets (``all_reduce.wait``). Rank 1's forward is ``slow_us`` longer in
+    ``slow_steps``; ``jitter[(rank, step)]`` adds µs to a rank's forward, and
+    ``idle[(rank, step)]`` µs before it in no span (un-annotated code, a sleep)."""
+    jitter, idle = jitter or {}, idle or {}
+    procs = [Process(2100 + r, host="node0", rank=r) for r in range(2)]
+    clock = [T0_US] * 2
+    for step in range(steps):
+        launches = []
+        for r, p in enumerate(procs):
+            t = clock[r]
+            p.span("fetch.iter", "dataloader", t, 30, level=2, **({"step": step - 1} if step else {}))
+            t += 30 + idle.get((r, step), 0)
+            forward = 100 + (slow_us if r == 1 and step in slow_steps else 0) + jitter.get((r, step), 0)
+            p.span("forward", "compute", t, forward, level=2, step=step)
+            t += forward
+            launches.append([t + 50 * (b + 1) for b in range(buckets)])
+            clock[r] = t
+        done = [max(launches[0][b], launches[1][b]) + 40 for b in range(buckets)]
+        for r, p in enumerate(procs):
+            t = clock[r]
+            backward_end = max(done[-1], launches[r][-1] + 10)
+            for b in range(buckets):
+                p.span("all_reduce", "comm", launches[r][b], 5, level=3, step=step, group="0",
+                       seq=step * buckets + b + 1, bucket=b, ddp=True)
+                p.span("all_reduce.done", "comm", launches[r][b], done[b] - launches[r][b], level=1,
+                       tid=1 << 30, step=step, group="0", seq=step * buckets + b + 1)
+            p.span("all_reduce.wait", "comm", launches[r][-1] + 5, backward_end - launches[r][-1] - 5, level=3,
+                   step=step)
+            p.span("backward", "compute", t, backward_end - t, level=2, step=step)
+            p.span("step", "compute", backward_end, 20, level=2, step=step)
+            clock[r] = backward_end + 20
+    for p in procs:
+        write_process(directory, p)
+    return directory
