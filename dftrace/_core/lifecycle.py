@@ -410,6 +410,15 @@ def say_it_raised(exc: BaseException) -> None:
         say_how_it_ended(f"raised {type(exc).__name__}" + (f": {said[0][:200]}" if said else ""))
 
 
+def _ended_the_program(exc: BaseException) -> bool:
+    """Whether ``exc`` (``sys.last_value``) is what ended the program: raised through
+    its main module's top level, outside an interactive session (a notebook or a
+    prompt keeps the last error of a cell or line, which ended nothing)."""
+    tb = exc.__traceback__
+    return (tb is not None and not hasattr(sys, "ps1") and "IPython" not in sys.modules
+            and tb.tb_frame.f_code.co_name == "<module>" and tb.tb_frame.f_globals.get("__name__") == "__main__")
+
+
 def _finalize_at_exit() -> None:
     """The atexit hook: finalize, undisturbed by a Ctrl-C pressed meanwhile (which
     is sent again once the file is complete, as the program would have seen it).
@@ -417,7 +426,7 @@ def _finalize_at_exit() -> None:
     if _session is None:
         return
     uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    if isinstance(uncaught, BaseException):
+    if isinstance(uncaught, BaseException) and _ended_the_program(uncaught):
         say_it_raised(uncaught)
     swapped = None
     on_main = threading.current_thread() is threading.main_thread()

@@ -33,8 +33,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import os
 import inspect
+import os
 import threading
 import weakref
 from typing import Any
