@@ -38,6 +38,9 @@ def test_counts_and_sums_match_the_written_events(run_dir):
     ]
     total = run_sql("SELECT count(*) AS n FROM events", run_dir).item()
     assert total == RANKS * len(tracegen.training_process(1000).events)
+    # An unnamed count(*) is named so, as SQL engines name it (polars says "len").
+    unnamed = run_sql("SELECT name, count(*) FROM spans WHERE name = 'backward' GROUP BY name", run_dir)
+    assert unnamed.columns == ["name", "count(*)"] and unnamed.rows() == [("backward", RANKS * EPOCHS * STEPS)]
 
 
 def test_steps_view_has_one_row_per_step_per_rank_with_the_slow_ones(run_dir):

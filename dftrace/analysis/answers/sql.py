@@ -110,6 +110,19 @@ def run_sql(
         tables.close_reads()
     if broken is not None:
         broken.append(tables.broken_lines)
+    return _count_named(query, result)
+
+
+#: ``count(*)`` in a query (polars names its column ``len``).
+_COUNT_STAR = re.compile(r"\bcount\s*\(\s*\*\s*\)", re.IGNORECASE)
+
+
+def _count_named(query: str, result: pl.DataFrame) -> pl.DataFrame:
+    """The column of an unnamed ``count(*)`` is named ``count(*)``, as SQL engines name
+    it (polars says ``len``), unless the query names a ``len`` itself."""
+    if "len" in result.columns and "count(*)" not in result.columns and _COUNT_STAR.search(query) \
+            and not re.search(r"\blen\b", query, re.IGNORECASE):
+        return result.rename({"len": "count(*)"})
     return result
 
 
