@@ -1,27 +1,12 @@
 """Tracing a PyTorch program that has no annotations (``auto=True``: ``dftrace run``,
-``DFTRACE_ENABLE=1``, ``DFTRACE_AUTO=1``).
-
-Installed once torch is imported, it records, through hooks PyTorch offers for
-everyone (global module and optimizer hooks) and a few replaced methods:
-
-- ``dataloader.fetch.init`` when a DataLoader's iterator is made (worker start-up),
-  ``dataloader.fetch`` per batch (the time the loop waited for it), ``.end`` at its
-  end; a ``pipeline.evaluate`` for an evaluation loader's pass (see ``_BEGUN``);
-- ``compute.forward`` per call of an outermost module (a model, not its layers),
-  ``compute.backward`` per ``backward()``, ``compute.step`` per ``optimizer.step()``,
-  all with ``args.step`` (micro-batches accumulated share theirs; forwards under
-  ``torch.no_grad()`` or in ``eval()`` mode are evaluation, with no step);
-- ``args.epoch``: how many times the training loader (the one iterated when the
-  first optimizer step ran) was iterated before. A loader made anew for each epoch
-  continues the count (one iterated at an optimizer step after the training loader's
-  iteration ended trains from then on, with the next epoch);
-- ``torch.distributed`` calls (:func:`~dftrace.torch.trace_distributed`), each
-  ``DistributedDataParallel`` model's gradient buckets
-  (:func:`~dftrace.torch.trace_ddp`, registered at its first forward, or around a
-  communication hook you register), and the rank once a process group exists;
-- Hugging Face and Lightning ``Trainer`` objects get the ``TraceCallback`` of
-  :mod:`dftrace.transformers` / :mod:`dftrace.lightning` unless they have one; while
-  they train, and during a Keras ``fit``/``evaluate``/``predict``, the hooks stand down.
+``DFTRACE_ENABLE=1``, ``DFTRACE_AUTO=1``), once torch is imported, through hooks
+PyTorch offers for everyone and a few replaced methods: a DataLoader's iterator
+(``dataloader.fetch.init``, ``fetch`` per batch, ``fetch.end``; an evaluation
+loader's pass as ``pipeline.evaluate``), the outermost modules' forwards,
+``backward()`` and the optimizer steps, with ``args.step`` and ``args.epoch`` (how
+they are counted: docs/integrations/pytorch.md, and ``_State``); ``torch.distributed``
+and DDP's buckets; the Hugging Face and Lightning trainers' callbacks (the hooks
+stand down while they train, and during a Keras ``fit``/``evaluate``/``predict``).
 
 What you annotate is not recorded twice: a hook records nothing while a span of its
 category is open on the calling thread (a ``with ai.compute...``, a function you
@@ -35,6 +20,7 @@ import contextlib
 import functools
 import inspect
 import os
+import sys
 import threading
 import weakref
 from typing import Any
@@ -82,11 +68,9 @@ class _State:
         self.shift = 0
         self.train_epoch = 0
         self.ended = False
-        #: an optimizer stepped while a loader is iterated: the step is counted at the
-        #: next batch fetched (a second optimizer stepping meanwhile, a GAN's, is the
-        #: same step), or when ``stepped`` steps again first
-        self.pending = False
-        self.stepped: Any = None
+        #: an optimizer stepped while a loader is iterated: counted at the next batch
+        #: (a GAN's second optimizer is the same step), or when ``stepped`` steps again
+        self.pending, self.stepped = False, None
         #: called after each optimizer step while set (the roots' discovery; a held start)
         self.step_taken: Any = None
         self.after_step: Any = None
@@ -226,12 +210,23 @@ class _Fetches:
     """A DataLoader's iterator, with a ``dataloader.fetch`` span per batch waited for
     (the pure-Python engine's twin of ``AutoState.fetches()``)."""
 
-    __slots__ = ("it", "loader", "epoch")
+    __slots__ = ("it", "loader", "epoch", "done")
 
     def __init__(self, it: Any, loader: int, epoch: int):
         self.it = it
         self.loader = loader
         self.epoch = epoch
+        self.done = False  # its iteration ended
+
+    def __del__(self) -> None:
+        """A training loader's iteration left early (a break): its workers' shut-down is its ``fetch.end``."""
+        try:
+            if not self.done and STATE.training == self.loader and sys.getrefcount(self.it) == 2:
+                STATE.ended, t0 = True, _clock()
+                self.it = None
+                _FETCH_END.record(t0, _clock(), _epoch_now())
+        except Exception:
+            pass
 
     def __iter__(self) -> _Fetches:
         return self
@@ -242,13 +237,13 @@ class _Fetches:
         if _LOCAL.step_span is not None:
             _end_step_left()
         if _stands_aside(_FETCH, "dataloader"):
-            return next(self.it)
+            return self._next()
         if STATE.current != self.loader:
             STATE.current, STATE.epoch = self.loader, self.epoch
             STATE.moved()
         t0 = _clock()
         try:
-            item = next(self.it)
+            item = self._next()
         except StopIteration:  # the wait for the end (its workers shut down): no batch
             if STATE.training == self.loader:  # its iteration ran to its end
                 STATE.ended = True
@@ -262,6 +257,13 @@ class _Fetches:
             raise
         _FETCH.record(t0, _clock(), STATE.position if STATE.training == self.loader else None)
         return item
+
+    def _next(self) -> Any:
+        try:
+            return next(self.it)
+        except BaseException:
+            self.done = True
+            raise
 
     def __len__(self) -> int:
         return len(self.it)

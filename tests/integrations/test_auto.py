@@ -135,6 +135,18 @@ def test_two_optimizers_stepping_each_batch_are_one_step(tmp_path, engine):
 
 
 @pytest.mark.parametrize("engine", ["c", "python"])
+def test_an_epoch_left_early_ends_when_its_workers_are_shut_down(tmp_path, engine):
+    """A loop left after 4 of 8 batches (a break): its epoch ends when its iterator,
+    let go, has shut its workers down (that wait is its fetch.end), as the loop's
+    clock says; the next epoch is the next one."""
+    out, truth = _run_engine(tmp_path, "break", engine)
+    summary = summarize(out)
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 4), (1, 4)]
+    assert len(_spans(out, "fetch.end")) == 2
+    _assert_epoch_times(summary, truth)
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
 def test_an_evaluation_inside_the_epoch_is_no_step_s_time(tmp_path, engine):
     """An evaluation loader iterated after the fourth step of each epoch: each pass is a
     pipeline.evaluate span (on a track of its own), and the step it follows is its

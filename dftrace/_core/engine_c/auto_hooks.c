@@ -424,6 +424,7 @@ typedef struct {
     PyObject *it;
     AutoState *st;
     long long key, epoch;
+    int done; /* its iteration ended (its last next() returned nothing) */
 } AutoFetches;
 
 static PyTypeObject AutoFetchesType;
@@ -440,6 +441,7 @@ static PyObject *AutoState_fetches(PyObject *self, PyObject *args) {
     f->st = (AutoState *)Py_NewRef(self);
     f->key = key;
     f->epoch = epoch;
+    f->done = 0;
     PyObject_GC_Track(f);
     return (PyObject *)f;
 }
@@ -471,6 +473,14 @@ static int end_of_iteration(AutoState *st, AutoFetches *f, span_t *sp, PyObject 
     return rc;
 }
 
+/* The loader iterator's next item (NULL: its end, or what it raised: it is done). */
+static PyObject *next_of(AutoFetches *f) {
+    PyObject *item = PyIter_Next(f->it);
+    if (item == NULL)
+        f->done = 1;
+    return item;
+}
+
 static PyObject *AutoFetches_next(AutoFetches *f) {
     AutoState *st = f->st;
     PyObject *stk;
@@ -479,7 +489,7 @@ static PyObject *AutoFetches_next(AutoFetches *f) {
     if (st->step_open && st->step_ts == thread_id()) /* no batch is fetched in a step */
         end_step_left(st);
     if (!may_record(st, st->fetch, st->cat_data, &stk))
-        return PyIter_Next(f->it);
+        return next_of(f);
     if (st->current != f->key) {
         st->current = f->key;
         st->epoch = f->epoch;
@@ -489,9 +499,9 @@ static PyObject *AutoFetches_next(AutoFetches *f) {
     span_t sp;
     if (span_open(&sp, stk, st->fetch, st->fetch_kid, SPAN_NOW) < 0) {
         Py_DECREF(stk);
-        return PyIter_Next(f->it);
+        return next_of(f);
     }
-    PyObject *item = PyIter_Next(f->it);
+    PyObject *item = next_of(f);
     long long t1 = now_ns();
     PyObject *x = st->training == f->key ? st->pos_x : NULL;
     Py_XINCREF(x);
@@ -535,8 +545,31 @@ static int AutoFetches_clear(AutoFetches *f) {
     return 0;
 }
 
+/* The training loader's iteration left before its end (a break, islice): its
+   iterator, let go here, shuts its workers down now; that wait is its `fetch.end`,
+   as at an end, and the iteration has ended. What was raised meanwhile stays. */
+static void let_go_early(AutoFetches *f) {
+    AutoState *st = f->st;
+    PyObject *et, *ev, *tb, *stk;
+    PyErr_Fetch(&et, &ev, &tb);
+    st->ended = 1;
+    if (may_record(st, st->fetch, st->cat_data, &stk)) {
+        span_t sp;
+        if (span_open(&sp, stk, st->fetch, st->fetch_kid, SPAN_NOW) == 0) {
+            Py_CLEAR(f->it);
+            if (end_of_iteration(st, f, &sp, stk, now_ns()) < 0)
+                PyErr_Clear();
+        }
+        Py_DECREF(stk);
+    }
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+}
+
 static void AutoFetches_dealloc(AutoFetches *f) {
     PyObject_GC_UnTrack(f);
+    if (!f->done && f->it && f->st && f->st->fetch_end && f->key == f->st->training && Py_REFCNT(f->it) == 1)
+        let_go_early(f);
     AutoFetches_clear(f);
     PyObject_GC_Del(f);
 }
