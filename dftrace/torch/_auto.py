@@ -69,8 +69,9 @@ class _State:
         self.train_epoch = 0
         self.ended = False
         #: an optimizer stepped while a loader is iterated: counted at the next batch
-        #: (a GAN's second optimizer is the same step), or when ``stepped`` steps again
-        self.pending, self.stepped = False, None
+        #: (a GAN's second optimizer is the same step), or when ``stepped`` steps again;
+        #: with no loader, the steps of ``counting`` alone count (see auto_hooks.c)
+        self.pending, self.stepped, self.counting, self.last_opt = False, None, None, None
         #: called after each optimizer step while set (the roots' discovery; a held start)
         self.step_taken: Any = None
         self.after_step: Any = None
@@ -86,8 +87,7 @@ class _State:
         self.position = position
 
     def counted(self) -> None:
-        """The step counted: what follows numbers on."""
-        self.steps += 1
+        self.steps += 1  # the step counted: what follows numbers on
         self.pending, self.stepped = False, None
         self.moved()
 
@@ -140,9 +140,10 @@ class _State:
             if not self.down and self.training and self.current == self.training:
                 if not self.pending:  # counted at the next batch (see ``pending``)
                     self.pending, self.stepped = True, optimizer
-            else:
+            elif self.down or id(optimizer) in (self.counting or id(optimizer), self.last_opt):
+                self.counting = id(optimizer)  # ids: an optimizer is not kept alive
                 self.counted()  # no loader (or an integration's step): what follows numbers on
-            self.optimizer_steps += 1
+            self.last_opt, self.optimizer_steps = id(optimizer), self.optimizer_steps + 1
             if not self.down and self.step_taken is not None:
                 self.step_taken()
             if self.after_step is not None:
@@ -153,8 +154,8 @@ class _State:
 
 def _end_step_left() -> None:
     """The step span left open by a step that raised (torch calls no post-hook then)
-    ends, incomplete, at the next step or batch fetched on its thread, so that what
-    follows does not nest in it. (A forward or backward may: a closure's.)"""
+    ends, incomplete, at the next step or batch fetched on its thread (a forward or
+    backward may nest in it: a closure's)."""
     held = _LOCAL.step_span
     if held is not None:
         _LOCAL.step_span = None
@@ -277,8 +278,7 @@ def _epoch_now() -> dict[str, Any] | None:
     return None if (epoch := STATE.position.get("epoch")) is None else {"epoch": epoch}
 
 
-#: The start (loader id, t0, t1) of a loader made while another trains: held until it
-#: is known whether it trains (a loader made anew for each epoch) or not (evaluation).
+#: The start (loader id, t0, t1) of a loader made while another trains: held until it is known whether it trains.
 _HELD: tuple[int, int, int] | None = None
 
 

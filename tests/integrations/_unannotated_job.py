@@ -12,6 +12,8 @@
   epoch are stepped in the next one, and the last two of the run never are;
 - ``fresh``: ``plain`` with a DataLoader made anew for each epoch, and after each
   epoch an evaluation loader iterated under ``torch.no_grad()``;
+- ``gan_tensors``: ``gan`` with no DataLoader (tensors made in the loop), 12
+  iterations, then 6 steps of a third optimizer alone (a new phase);
 - ``break``: ``plain`` leaving each epoch's loop after 4 of its 8 batches;
 - ``valmid``: ``plain`` with an evaluation loader iterated under ``torch.no_grad()``
   in the middle of each epoch, after its fourth step;
@@ -70,6 +72,8 @@ def main(mode: str, truth_path: str) -> None:
     opt_g = torch.optim.SGD(generator.parameters(), lr=0.01)
     loader = DataLoader(Data(), batch_size=8, num_workers=2)
     every = {"accumulate": 2, "accumulate_across": 3}.get(mode, 1)
+    if mode == "gan_tensors":
+        return gan_tensors(model, opt, truth, truth_path)
 
     if mode == "annotated":
         from dftrace import ai
@@ -138,6 +142,35 @@ def main(mode: str, truth_path: str) -> None:
                         model(x)
     with torch.no_grad():  # an evaluation: no step's
         model(torch.randn(4, 16))
+    with open(truth_path, "w") as f:
+        json.dump(truth, f)
+
+
+def gan_tensors(model, opt, truth, truth_path) -> None:
+    """A discriminator's and a generator's optimizer step per iteration, no DataLoader;
+    then another optimizer alone. Each iteration's start on the loop's clock."""
+    import torch
+    from torch import nn
+
+    generator = nn.Linear(16, 16)
+    opt_g = torch.optim.SGD(generator.parameters(), lr=0.01)
+    for _ in range(12):
+        truth["starts_ns"].append(time.perf_counter_ns())
+        x = torch.randn(8, 16)
+        nn.functional.mse_loss(model(x), torch.ones(8, 1)).backward()
+        opt.step()
+        opt.zero_grad()
+        (-model(generator(x)).mean()).backward()
+        opt_g.step()
+        opt_g.zero_grad()
+        truth["steps"] += 1
+    tuned = torch.optim.SGD(model.parameters(), lr=0.001)  # a new phase: another optimizer alone
+    for _ in range(6):
+        truth["starts_ns"].append(time.perf_counter_ns())
+        nn.functional.mse_loss(model(torch.randn(8, 16)), torch.ones(8, 1)).backward()
+        tuned.step()
+        tuned.zero_grad()
+        truth["steps"] += 1
     with open(truth_path, "w") as f:
         json.dump(truth, f)
 

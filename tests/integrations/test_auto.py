@@ -135,6 +135,22 @@ def test_two_optimizers_stepping_each_batch_are_one_step(tmp_path, engine):
 
 
 @pytest.mark.parametrize("engine", ["c", "python"])
+def test_two_optimizers_with_no_loader_are_one_step_an_iteration(tmp_path, engine):
+    """A GAN's loop with no DataLoader: no batch says where an iteration ends, so the
+    first optimizer's steps count (the generator's work is in the next step); then a
+    third optimizer alone, a new phase, counts from its second step on."""
+    out, truth = _run_engine(tmp_path, "gan_tensors", engine)
+    summary = summarize(out)
+    assert truth["steps"] == 18
+    # 12 iterations: 13 steps (the generator's work in the next step: the last one's
+    # in a 13th), then the new optimizer's 6, its first two in one with that 13th (it
+    # counts from its second step on): 17 for 18 iterations.
+    assert len(summary.steps) == 13 + 4
+    steps = [e for e in _spans(out) if e["name"] == "step"]
+    assert len(steps) == 12 * 2 + 6
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
 def test_an_epoch_left_early_ends_when_its_workers_are_shut_down(tmp_path, engine):
     """A loop left after 4 of 8 batches (a break): its epoch ends when its iterator,
     let go, has shut its workers down (that wait is its fetch.end), as the loop's

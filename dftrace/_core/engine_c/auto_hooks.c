@@ -40,6 +40,10 @@ typedef struct {
        step), or when `stepped` (compared only) steps again first */
     int pending;
     PyObject *stepped;
+    /* with no loader: the optimizer whose steps count (the first; another that steps
+       twice in a row, the optimizer of a new phase, takes over), and the one before
+       (both compared only) */
+    PyObject *counting, *last_opt;
     PyObject *pos;       /* this step's args: a dict {"step": n[, "epoch": e]} */
     PyObject *pos_x;     /* ... encoded (an Extra) */
     PyObject *covered;   /* covered(category) -> bool: you recorded it yourself */
@@ -330,9 +334,13 @@ static PyObject *AutoState_step_post(PyObject *self, PyObject *const *args, Py_s
             st->pending = 1;
             st->stepped = opt;
         }
-    } else {
-        step_counted(st); /* no loader (or an integration's step): what follows numbers on */
+    } else if (st->down || !st->counting || opt == st->counting || opt == st->last_opt) {
+        /* no loader (or an integration's step): what follows numbers on; with several
+           optimizers (a GAN's), at the counting one's steps alone */
+        st->counting = opt;
+        step_counted(st);
     }
+    st->last_opt = opt;
     st->optimizer_steps++;
     if (!st->down && st->step_taken) {
         PyObject *r = PyObject_CallNoArgs(st->step_taken);
