@@ -17,6 +17,7 @@ import inspect
 import sys
 from typing import Any, Callable, TypeVar
 
+from ._core import lifecycle as _lifecycle
 from ._core.engine import clock
 from ._core.state import STATE
 from ._core.tree import Node, Span
@@ -84,7 +85,9 @@ class OpenSpans:
     """The spans one callback/hook object has open, by key, in opening order.
 
     Args given to :meth:`open` are written when the span closes, together with any
-    given to :meth:`close`, so no per-call ``Use`` has to be built.
+    given to :meth:`close`, so no per-call ``Use`` has to be built. Those still open
+    when the session ends (an exception ended ``fit``) are closed then, incomplete,
+    with their args (the session's end would close them without).
     """
 
     __slots__ = ("_spans",)
@@ -100,6 +103,8 @@ class OpenSpans:
             prev[0].stop({**prev[1], "incomplete": True})
         if node.enabled:
             self._spans[key] = (node.start(), args)
+            _HOLDING[id(self)] = self  # (its callback may be let go with spans still open)
+            _lifecycle.at_end(_close_every_open)
 
     def close(self, key: str, **more: Any) -> bool:
         """Close the span under ``key`` with its args plus ``more``; False when
@@ -110,6 +115,8 @@ class OpenSpans:
         span, args = ent
         if more:
             args = {**args, **more}
+        if not self._spans:
+            _HOLDING.pop(id(self), None)
         span.stop(args or None)
         return True
 
@@ -126,6 +133,16 @@ class OpenSpans:
 
     def __len__(self) -> int:
         return len(self._spans)
+
+
+#: The OpenSpans that hold open spans (they hold spans and args, not their callbacks).
+_HOLDING: dict[int, OpenSpans] = {}
+
+
+def _close_every_open() -> None:
+    """At a session's end: the spans every OpenSpans still holds, incomplete, with their args."""
+    for spans in list(_HOLDING.values()):
+        spans.close_all()
 
     def __repr__(self) -> str:
         return f"<OpenSpans {list(self._spans)}>"

@@ -116,6 +116,27 @@ def test_a_second_fit_numbers_its_steps_and_epochs_on(tmp_path, data):
         assert truth * 0.9 - 500 <= mine <= truth + 500, (summary.epochs, EpochClock.times)
 
 
+def test_spans_a_failed_fit_left_open_keep_their_args_at_the_end(tmp_path, data):
+    """A fit that raised in its second batch, and no fit after it: at the session's end
+    its spans are closed, incomplete, with their args (the epoch's epoch, the batch's
+    epoch, batch and step), as the next fit would close them."""
+    x, y = data
+
+    class Boom(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                raise RuntimeError("boom")
+
+    with testing.trace_to(tmp_path) as result:
+        with pytest.raises(RuntimeError, match="boom"):
+            make_model().fit(x, y, epochs=1, batch_size=10, callbacks=[Boom(), TraceCallback()], verbose=0)
+    (epoch,) = result.spans("epoch", "pipeline")
+    assert epoch["args"]["incomplete"] is True and epoch["args"]["epoch"] == 0
+    open_batch = [b for b in result.spans("compute", "compute") if b["args"].get("incomplete")]
+    assert [(b["args"]["epoch"], b["args"]["batch"], b["args"]["step"]) for b in open_batch] == [(0, 1, 1)]
+    assert validate_file(result.paths[0]) == []
+
+
 def test_failed_fit_spans_close_when_fit_runs_again(tmp_path, data):
     """Spans a failing fit left open are closed, flagged incomplete, when the callback's next fit begins."""
     x, y = data
