@@ -103,7 +103,7 @@ class OpenSpans:
             prev[0].stop({**prev[1], "incomplete": True})
         if node.enabled:
             self._spans[key] = (node.start(), args)
-            _HOLDING[id(self)] = self  # (its callback may be let go with spans still open)
+            _HOLDING.add(self)  # (its callback may be let go with spans still open)
             _lifecycle.at_end(_close_every_open)
 
     def close(self, key: str, **more: Any) -> bool:
@@ -116,7 +116,7 @@ class OpenSpans:
         if more:
             args = {**args, **more}
         if not self._spans:
-            _HOLDING.pop(id(self), None)
+            _HOLDING.discard(self)
         span.stop(args or None)
         return True
 
@@ -136,12 +136,12 @@ class OpenSpans:
 
 
 #: The OpenSpans that hold open spans (they hold spans and args, not their callbacks).
-_HOLDING: dict[int, OpenSpans] = {}
+_HOLDING: set[OpenSpans] = set()
 
 
 def _close_every_open() -> None:
     """At a session's end: the spans every OpenSpans still holds, incomplete, with their args."""
-    for spans in list(_HOLDING.values()):
+    for spans in list(_HOLDING):
         spans.close_all()
 
     def __repr__(self) -> str:

@@ -311,22 +311,18 @@ def _children_files(session: Any, paths: list[str], started_ns: int) -> list[str
 
 
 def _pid_and_parent(path: str) -> tuple[int, int] | None:
-    """(pid, parent pid) from a trace file's process record among its first lines."""
-    import orjson
+    """(pid, parent pid) from a trace file's process record, among its first lines."""
+    from .format import META_PROCESS_INFO
+    from .format.reading import iter_trace_lines
 
-    from .format.reading import iter_line_pieces
-
-    seen = 0
-    for piece in iter_line_pieces(path):
-        for line in piece.data.splitlines():
-            if b'"name":"PR"' in line:
-                try:
-                    event = orjson.loads(line.rstrip(b","))
-                    return int(event["pid"]), int(event["args"]["ppid"])
-                except (ValueError, KeyError, TypeError):
-                    return None
-        seen += len(piece.data)
-        if seen > 1 << 20:
+    for number, line in enumerate(iter_trace_lines(path)):
+        event = line.event
+        if event is not None and event.get("name") == META_PROCESS_INFO:
+            try:
+                return int(event["pid"]), int(event["args"]["ppid"])
+            except (KeyError, TypeError, ValueError):
+                return None
+        if number > 100:  # the header's records come first
             return None
     return None
 

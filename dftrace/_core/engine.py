@@ -450,19 +450,10 @@ def close_kept(stk: Stack, i: int, t1: int, x: Any = None, error: BaseException 
     """Close span ``i``, kept in ``stk.open`` (``with``, ``start()``), at ``t1`` with
     args ``x`` (None: its opener's own). Spans opened inside it and still open (a
     start() whose stop never came) end here too, flagged incomplete, so nesting
-    stays valid."""
+    stays valid (:func:`_unwind`)."""
     s = stk.open.pop(i, None)
     if s is None:
         return
-    if not (stk and stk[-1] == i):
-        try:
-            above = stk[stk.index(i) + 1:]
-        except ValueError:
-            above = []
-        for j in reversed(above):
-            if j in stk.open:
-                STATE.open_spans.pop(j, None)
-                close_kept(stk, j, t1, incomplete=True)
     close_span(stk, s, t1, s.extra if x is None else x, error, incomplete=incomplete)
 
 

@@ -113,10 +113,6 @@ def stop(obj: Any, token: tuple[Stack, int] | None = None,
     stk, i = token
     if STATE.open_spans.pop(i, None) is None:
         return False
-    if i in stk:
-        for j in stk[stk.index(i) + 1:][::-1]:
-            if STATE.open_spans.pop(j, None) is not None:
-                close_kept(stk, j, t1, incomplete=True)
     x = None
     if args:
         s = stk.open.get(i)

@@ -168,20 +168,20 @@ class Session:
         _engine.record_special(META, {"name": "PR", "args": {"hhash": self.hhash, "rank": rank,
                                                      "rank_source": _clean(str(source))}})
 
-    def say_dataloader_worker(self, worker_id: Any = None, num_workers: Any = None) -> None:
+    def say_dataloader_worker(self, worker_id: Any = None) -> None:
         """This process is a PyTorch DataLoader worker: its file says so once, in a
         ``CM`` record ``dataloader.worker`` (the analysis counts its file I/O as data
         loading). Without ``worker_id``, asked of torch: nothing where this process is
         no worker (or torch was never imported)."""
         if self._worker_said:
             return
+        try:
+            found, num_workers = _dataloader_worker()
+        except Exception:
+            found = num_workers = None
+        worker_id = found if worker_id is None else worker_id
         if worker_id is None:
-            try:
-                worker_id, num_workers = _dataloader_worker()
-            except Exception:
-                return
-            if worker_id is None:
-                return
+            return
         self._worker_said = True
         args: dict[str, Any] = {"name": "dataloader.worker", "value": str(worker_id)}
         if num_workers is not None:

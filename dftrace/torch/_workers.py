@@ -22,7 +22,6 @@ Neither imports torch.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -33,15 +32,6 @@ from .._core.config import env_enabled
 from .._core.records import META
 
 __all__ = ["worker_init_fn", "WorkerInit"]
-
-
-def _worker_count() -> int | None:
-    data = sys.modules.get("torch.utils.data")
-    try:
-        info = data.get_worker_info() if data is not None else None
-        return int(info.num_workers) if info is not None else None
-    except Exception:
-        return None
 
 
 def worker_init_fn(worker_id: int) -> None:
@@ -59,7 +49,7 @@ def worker_init_fn(worker_id: int) -> None:
         pid = os.getpid()
         _engine.record_special(META, {"name": "process_name", "hhash": False,
                                    "args": {"name": f"{label} · pid {pid}"}}, pid)
-        s.say_dataloader_worker(worker_id, _worker_count())
+        s.say_dataloader_worker(worker_id)
     except Exception as exc:
         STATE.warn_once("worker_init", f"worker_init_fn failed: {exc!r}")
 

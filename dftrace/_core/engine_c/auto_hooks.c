@@ -360,23 +360,14 @@ static PyObject *AutoState_get_position(PyObject *self, void *c) {
     return st->pos ? PyDict_Copy(st->pos) : PyDict_New();
 }
 
-static PyObject *AutoState_get_step_taken(PyObject *self, void *c) {
-    PyObject *v = ((AutoState *)self)->step_taken;
+/* A callable slot of the state (`c`: its offset), None where it is not set. */
+static PyObject *AutoState_get_callable(PyObject *self, void *c) {
+    PyObject *v = *(PyObject **)((char *)self + (size_t)c);
     return Py_NewRef(v ? v : Py_None);
 }
 
-static int AutoState_set_step_taken(PyObject *self, PyObject *v, void *c) {
-    Py_XSETREF(((AutoState *)self)->step_taken, v && v != Py_None ? Py_NewRef(v) : NULL);
-    return 0;
-}
-
-static PyObject *AutoState_get_after_step(PyObject *self, void *c) {
-    PyObject *v = ((AutoState *)self)->after_step;
-    return Py_NewRef(v ? v : Py_None);
-}
-
-static int AutoState_set_after_step(PyObject *self, PyObject *v, void *c) {
-    Py_XSETREF(((AutoState *)self)->after_step, v && v != Py_None ? Py_NewRef(v) : NULL);
+static int AutoState_set_callable(PyObject *self, PyObject *v, void *c) {
+    Py_XSETREF(*(PyObject **)((char *)self + (size_t)c), v && v != Py_None ? Py_NewRef(v) : NULL);
     return 0;
 }
 
@@ -390,10 +381,10 @@ static PyMemberDef AutoState_members[] = {
 
 static PyGetSetDef AutoState_getset[] = {
     {"position", AutoState_get_position, NULL, "this step's args (a copy)", NULL},
-    {"step_taken", AutoState_get_step_taken, AutoState_set_step_taken,
-     "called after each optimizer step while set", NULL},
-    {"after_step", AutoState_get_after_step, AutoState_set_after_step,
-     "called after each optimizer step while set (after step_taken)", NULL},
+    {"step_taken", AutoState_get_callable, AutoState_set_callable,
+     "called after each optimizer step while set", (void *)offsetof(AutoState, step_taken)},
+    {"after_step", AutoState_get_callable, AutoState_set_callable,
+     "called after each optimizer step while set (after step_taken)", (void *)offsetof(AutoState, after_step)},
     {NULL}};
 
 static PyObject *AutoState_fetches(PyObject *self, PyObject *args);

@@ -30,7 +30,7 @@ import polars as pl
 
 from ..reduce.busy import union_intervals
 from ..reduce.io_tables import (CHECKPOINT, COMPUTE, KINDS, LOADER, MAX_BYTES, METADATA, OTHER, READ, SIZE_BUCKETS,
-                                SYNC, WRITE)
+                                SYNC, WRITE, named_by_any_process)
 from .context import Context
 from .units import count_of
 
@@ -256,12 +256,7 @@ def _files(totals: pl.DataFrame, records: list[tuple[int, dict[str, Any]]]) -> t
             named.setdefault((proc, args["fhash"]), args["path"])
     paths = pl.DataFrame([(proc, fhash, path) for (proc, fhash), path in named.items()], orient="row",
                          schema={"proc": pl.Int32, "fhash": pl.String, "path": pl.String})
-    # A file a process uses but never opened (a forked child reading what its parent
-    # opened) is named by the process that did: a hash is its path's, in any process.
-    anywhere = paths.unique("fhash", keep="first", maintain_order=True).select("fhash", pl.col("path").alias("_any"))
-    rows = (totals.join(paths, on=["proc", "fhash"], how="left")
-            .join(anywhere, on="fhash", how="left")
-            .with_columns(pl.coalesce("path", "_any").alias("path")).drop("_any")
+    rows = (named_by_any_process(totals.join(paths, on=["proc", "fhash"], how="left"), paths, "fhash")
             .with_columns(pl.when(pl.col("path").is_null()).then(pl.col("fhash")).alias("fhash"))
             .group_by("path", "fhash").agg(_figure_exprs())
             .sort(["io_time_us", "path", "fhash"], descending=[True, False, False], nulls_last=True))

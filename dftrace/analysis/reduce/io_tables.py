@@ -107,6 +107,15 @@ SQL_SCHEMA = {"pid": pl.Int64, "host": pl.String, "rank": pl.Int32, "tid": pl.In
               "bytes": pl.Int64, "count": pl.Int64, "offset": pl.Int64, "calls": pl.Int64}
 
 
+def named_by_any_process(rows: pl.DataFrame, paths: pl.DataFrame, key: str) -> pl.DataFrame:
+    """``rows`` (joined to their own process's ``paths``: ``key``, ``path``) with the
+    path of a hash their process never opened (a forked child reading what its parent
+    opened) taken from any process that did: a hash is its path's, in any process."""
+    anywhere = paths.unique(key, keep="first", maintain_order=True).select(key, pl.col("path").alias("_any"))
+    return (rows.join(anywhere, on=key, how="left", nulls_equal=False)
+            .with_columns(pl.coalesce("path", "_any").alias("path")).drop("_any"))
+
+
 def sql_rows(events: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
     """``dftrace sql``'s io table: one row per I/O event of ``events`` (a loaded trace's,
     with ``SQL_ARG_COLUMNS``), its file's path from the ``FH`` records of ``meta``."""
@@ -115,13 +124,8 @@ def sql_rows(events: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
                      pl.col("args").str.json_path_match("$.name").alias("path"))
              .drop_nulls().unique(["host", "pid", "io_fhash"], keep="first"))
     calls = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("cat").is_in(IO_CATS))
-    # A file a process uses but never opened (a forked child reading what its parent
-    # opened) is named by the process that did: a hash is its path's, in any process.
-    anywhere = paths.unique("io_fhash", keep="first", maintain_order=True).select("io_fhash",
-                                                                                pl.col("path").alias("_any"))
-    return (calls.join(paths, on=["host", "pid", "io_fhash"], how="left", nulls_equal=False)
-            .join(anywhere, on="io_fhash", how="left", nulls_equal=False)
-            .with_columns(pl.coalesce("path", "_any").alias("path")).drop("_any")
+    return (named_by_any_process(calls.join(paths, on=["host", "pid", "io_fhash"], how="left", nulls_equal=False),
+                                 paths, "io_fhash")
             .with_columns(_kind(), _ops().alias("calls"))
             .with_columns(_bytes(), pl.col("kind").replace_strict(dict(enumerate(KINDS)), return_dtype=pl.String)
                           .alias("category"), pl.col("io_offset").alias("offset"))
