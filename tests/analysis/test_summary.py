@@ -126,6 +126,23 @@ def test_epochs_are_numbered_as_the_loop_numbers_them(tmp_path, style):
         assert 0.9 * truth - 200 <= mine <= truth + 200, (summary.epochs, truth_us)
 
 
+def test_an_epoch_span_is_numbered_by_its_events_when_its_own_number_begins_with_them():
+    """An epoch span whose own ``args.epoch`` (2) is not its events' (1), its first event
+    beginning in the same microsecond: both epochs' first events begin together, and
+    the one its 33 events carry numbers it, every time (a tie once went either way)."""
+    import polars as pl
+
+    from dftrace.analysis.reduce.combine import numbered_as_their_events
+
+    columns = {"proc": pl.Int32, "epoch": pl.Int64, "start": pl.Int64, "end": pl.Int64, "n": pl.UInt32}
+    spans = pl.DataFrame([(0, 0, 0, 2080, 1), (0, 2, 2085, 4165, 1)], schema=columns, orient="row")
+    events = pl.DataFrame([(0, 2, 2085, 4165, 1), (0, 0, 0, 2080, 34), (0, 1, 2085, 4165, 33)],
+                          schema=columns, orient="row")
+    for _ in range(40):
+        numbered = numbered_as_their_events(spans, events).sort("epoch")
+        assert numbered.select("epoch", "start").rows() == [(0, 0), (1, 2085)]
+
+
 def test_epoch_table_names_the_slowest_rank(summary):
     """Each epoch: ranks, steps, slowest rank's time and the median rank's."""
     epoch_us = STEPS * (FETCH_ITER_US + tracegen.step_us()) + CHECKPOINT_US

@@ -72,18 +72,20 @@ class Combined:
 def numbered_as_their_events(spans: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
     """Epoch spans (proc, epoch, start, end, n) numbered as the events inside them carry
     ``args.epoch`` (``events``: their extents per epoch): each span by the epoch whose
-    first event is the first to begin inside it. A loop over ``range(5, 8)`` holds
-    epochs 5 to 7, not ``.iter()``'s count 0 to 2, and a ``with`` epoch span's own
-    sticky epoch is the one before (so are its first fetch's: an epoch's first event
-    is never early). Spans in which no epoch begins keep their number; those with none
+    first event is the first to begin inside it (of epochs whose first events begin
+    together, the one most events carry: the span's own number is one of them). A
+    loop over ``range(5, 8)`` holds epochs 5 to 7, not ``.iter()``'s count 0 to 2, and
+    a ``with`` epoch span's own sticky epoch is the one before (so are its first
+    fetch's: an epoch's first event is never early). Spans in which no epoch begins keep their number; those with none
     (numbered by minus their start as they were read) are left out."""
     if not spans.height or not events.height:
         return spans.filter(pl.col("epoch") >= 0)
     numbered = spans.with_row_index("_span")
-    best = (numbered.join(events.select("proc", pl.col("epoch").alias("_epoch"), pl.col("start").alias("_from")),
-                          on="proc", how="inner")
+    best = (numbered.join(events.select("proc", pl.col("epoch").alias("_epoch"), pl.col("start").alias("_from"),
+                                        pl.col("n").alias("_n")), on="proc", how="inner")
             .filter((pl.col("_from") >= pl.col("start")) & (pl.col("_from") < pl.col("end")))
-            .sort(["_span", "_from"]).unique("_span", keep="first")
+            .sort(["_span", "_from", "_n", "_epoch"], descending=[False, False, True, False])
+            .unique("_span", keep="first", maintain_order=True)
             .select("_span", "_epoch"))
     if not best.height:
         return spans.filter(pl.col("epoch") >= 0)
