@@ -81,8 +81,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cat", action="append", metavar="CAT", help="keep only this category (repeatable)")
     p.add_argument("--start", type=float, metavar="S", help="keep events after S seconds from the start")
     p.add_argument("--end", type=float, metavar="S", help="keep events before S seconds from the start")
-    p.add_argument("--steps", metavar="A[:B]", help="keep each rank's time of steps A to B (inclusive)")
-    p.add_argument("--epoch", type=int, help="with --steps: the epoch the steps are in")
+    p.add_argument("--steps", metavar="A[:B]", help="keep each rank's time of steps A to B (inclusive) of each epoch")
+    p.add_argument("--epoch", type=int, help="with --steps: only that epoch's steps")
     p.add_argument("--no-align", action="store_true", help="leave timestamps as recorded")
     execution_options(p)
 

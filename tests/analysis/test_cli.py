@@ -323,6 +323,21 @@ def test_merge_keeps_the_time_of_selected_steps(run_dir, tmp_path):
     assert {"epoch", "preprocess", "fetch.block", "forward"} <= names and "save" not in names
 
 
+def test_merge_keeps_the_selected_steps_of_every_epoch(run_dir, tmp_path):
+    """--steps 1:2 without --epoch keeps steps 1 and 2 of each epoch, not all that lies
+    between epoch 0's step 1 and the last epoch's step 2; the command (streamed) and
+    ``merge`` on a loaded trace alike."""
+    from dftrace.analysis import MergeFilter, merge
+
+    wanted = {(e, s) for e in range(2) for s in (1, 2)}
+    events = [e for e in _merged(tmp_path, str(run_dir), "--steps", "1:2") if e["ph"] == "X"]
+    assert {(e["args"]["epoch"], e["args"]["step"]) for e in events if e["cat"] == "compute"} == wanted
+    loaded = merge(load_traces(run_dir), MergeFilter(steps=(1, 2))).events
+    compute = loaded.filter(pl.col("cat") == "compute").select("epoch", "step").unique().rows()
+    assert set(compute) == wanted
+    assert loaded.height == len(events)
+
+
 def test_merge_time_window(run_dir, tmp_path):
     """--start/--end keep events overlapping the window (seconds from the start)."""
     events = [e for e in _merged(tmp_path, str(run_dir), "--start", "0.001", "--end", "0.0015") if e["ph"] == "X"]

@@ -36,6 +36,8 @@ from .tables import (
     _meta_lines,
     _open_lines,
     _remap,
+    in_windows,
+    kept_step_windows,
 )
 from .perfetto import PERFETTO, output_kind, write_perfetto
 from ..read.parquet import parquet_document
@@ -289,14 +291,13 @@ def _filtered(frame: pl.DataFrame, keep: MergeFilter, origin: int, windows: pl.D
     if keep.end_s is not None:
         frame = frame.filter(pl.col("ts") <= origin + round(keep.end_s * 1e6))
     if windows is not None:
-        frame = (frame.join(windows, on="_order", how="inner", maintain_order="left")
-                 .filter((end > pl.col("_from")) & (pl.col("ts") < pl.col("_to"))).drop("_from", "_to"))
+        frame = in_windows(frame, windows, "_order", end)
     return frame
 
 
 def _step_windows(inputs: _Inputs, keep: MergeFilter, shift: list[int]) -> pl.DataFrame:
-    """_order, _from, _to: per process, the time of the kept steps of its rank (or of
-    the process, without a rank), by the step model, on the aligned clocks."""
+    """_order, _from, _to: per process and epoch, the time of the kept steps of its rank
+    (or of the process, without a rank), by the step model, on the aligned clocks."""
     first, last = keep.steps  # type: ignore[misc]
     rows, containers = [], []
     for scan in inputs.scans:
@@ -318,15 +319,11 @@ def _step_windows(inputs: _Inputs, keep: MergeFilter, shift: list[int]) -> pl.Da
                        else pl.DataFrame(schema={"proc": pl.Int32, "name": pl.String, "start": pl.Int64,
                                                  "end": pl.Int64, "after_work": pl.Boolean}))
     steps = model_steps(step_table, container_table.select("proc", "name", "start", "end", "after_work"))
-    selected = steps.filter(pl.col("step").is_between(first, last))
-    if keep.epoch is not None:
-        selected = selected.filter(pl.col("epoch") == keep.epoch)
     procs = inputs.header.processes
     units = [str(r) if r is not None else f"{h}:{p}" for h, p, r in procs.select("host", "pid", "rank").iter_rows()]
     unit_of = pl.DataFrame({"proc": list(range(len(units))), "_unit": units},
                            schema={"proc": pl.Int32, "_unit": pl.String})
-    per_unit = (selected.join(unit_of, on="proc").group_by("_unit")
-                .agg(pl.col("start").min().alias("_from"), pl.col("end").max().alias("_to")))
+    per_unit = kept_step_windows(steps, unit_of, first, last, keep.epoch)
     return (unit_of.join(per_unit, on="_unit").select(pl.col("proc").cast(pl.Int64).alias("_order"), "_from", "_to"))
 
 

@@ -301,13 +301,28 @@ def _filter(events: pl.DataFrame, keep: MergeFilter) -> pl.DataFrame:
         first, last = keep.steps
         unit = pl.coalesce(pl.col("rank").cast(pl.String), pl.col("host") + pl.lit(":") + pl.col("pid").cast(pl.String))
         windows = step_windows(events, unit, first, last, keep.epoch)
-        events = (
-            events.with_columns(unit.alias("_unit"))
-            .join(windows, on="_unit", how="inner", maintain_order="left")
-            .filter((end > pl.col("_from")) & (pl.col("ts") < pl.col("_to")))
-            .drop("_unit", "_from", "_to")
-        )
+        events = in_windows(events.with_columns(unit.alias("_unit")), windows, "_unit", end).drop("_unit")
     return events
+
+
+def in_windows(frame: pl.DataFrame, windows: pl.DataFrame, on: str, end: pl.Expr) -> pl.DataFrame:
+    """The rows of ``frame`` that overlap one of their ``on`` value's windows
+    (``windows``: on, _from, _to; a window an epoch's kept steps), each once."""
+    return (frame.with_row_index("_row").join(windows, on=on, how="inner", maintain_order="left")
+            .filter((end > pl.col("_from")) & (pl.col("ts") < pl.col("_to")))
+            .unique("_row", keep="first", maintain_order=True).drop("_row", "_from", "_to"))
+
+
+def kept_step_windows(steps: pl.DataFrame, unit_of: pl.DataFrame, first: int, last: int,
+                      epoch: int | None) -> pl.DataFrame:
+    """_unit, _from, _to: the time of each unit's steps ``first``..``last`` (``steps``
+    as ``model_steps`` gives them; ``unit_of``: proc, _unit), one window an epoch:
+    steps 5 to 6 of every epoch are not all that lies between epoch 0's and the last's."""
+    selected = steps.filter(pl.col("step").is_between(first, last))
+    if epoch is not None:
+        selected = selected.filter(pl.col("epoch") == epoch)
+    return (selected.join(unit_of, on="proc").group_by("_unit", "epoch")
+            .agg(pl.col("start").min().alias("_from"), pl.col("end").max().alias("_to")).drop("epoch"))
 
 
 def _describe(keep: MergeFilter) -> str:
@@ -360,8 +375,8 @@ def _meta_row(host: str, pid: int, name: str, args: dict[str, Any]) -> dict[str,
 
 def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
                  epoch: int | None) -> pl.DataFrame:
-    """_unit, _from, _to: per unit, the time of steps ``first``..``last`` (of
-    ``epoch``, or of any epoch) by the step model. ``events`` is a loaded trace's
+    """_unit, _from, _to: per unit and epoch, the time of steps ``first``..``last``
+    (of ``epoch``, or of any epoch) by the step model. ``events`` is a loaded trace's
     events table; ``unit`` names the rank (or process) of each event."""
     spans = events.filter(
         (pl.col("ph") == fmt.PH_COMPLETE) & pl.col("ts").is_not_null() & pl.col("dur").is_not_null()
@@ -372,14 +387,7 @@ def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
     )
     units = spans.select("proc", "_unit").unique("proc")
     steps = model_steps(step_rows(spans, ["proc"]), container_rows(spans, ["proc"]))
-    selected = steps.filter(pl.col("step").is_between(first, last))
-    if epoch is not None:
-        selected = selected.filter(pl.col("epoch") == epoch)
-    return (
-        selected.join(units, on="proc")
-        .group_by("_unit")
-        .agg(pl.col("start").min().alias("_from"), pl.col("end").max().alias("_to"))
-    )
+    return kept_step_windows(steps, units, first, last, epoch)
 
 
 def describe_steps(events: pl.DataFrame) -> str:
