@@ -171,6 +171,25 @@ def test_sql_reads_only_the_traces_given(tmp_path, capsys):
     assert "hunter2" in capsys.readouterr().out
 
 
+def test_a_trace_reached_twice_counts_once(tmp_path, capsys):
+    """A link to the run's folder beside it, and the run converted into its own folder
+    (``dftrace convert run -o run/copy.pfw.gz``): each event is counted once, and the
+    summary says which file it left out. Counted before: 2x the spans."""
+    run = _run(tmp_path / "run")
+    once = summarize(run).to_dict()
+    (tmp_path / "link").symlink_to(run, target_is_directory=True)
+    assert main(["convert", str(run), "-o", str(run / "copy.pfw.gz")]) == 0
+    capsys.readouterr()
+    for paths in ([run], [run, tmp_path / "link"], [tmp_path / "link", run / "copy.pfw.gz"]):
+        summary = summarize(paths)
+        assert summary.overview["events"] == once["overview"]["events"], paths
+        assert summary.categories == once["categories"], paths
+        assert [os.path.basename(c["path"]) for c in summary.overview["duplicate_files"]] == ["copy.pfw.gz"], paths
+    assert main(["summary", str(run), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "Left out 1 file holding the same events as another: copy.pfw.gz (as " in out
+
+
 def test_files_that_are_not_traces_are_skipped(tmp_path, capsys):
     """config.json and metrics.json beside the traces are listed as skipped, never as
     damaged; the run reads as clean, and watch of the finished run ends."""

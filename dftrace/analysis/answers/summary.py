@@ -151,11 +151,12 @@ def summarize(
     (see ``reduce.index``) and taken from there while the file is unchanged.
     """
     skipped: list[str] = []
+    duplicates: list[dict[str, str]] = []
     if isinstance(source, TraceTable):
         # One partition, reduced where the files' partitions are.
         partials = default_executor(executor).map(aggregate_loaded, [source])
     else:
-        partials = partials_of(source, skipped, executor, partition_bytes, progress, index)
+        partials = partials_of(source, skipped, executor, partition_bytes, progress, index, duplicates)
     with phase("combining the parts", progress):
         combined = combine(partials)
     del partials  # the per-partition tables are merged: free them before the answers are built
@@ -164,6 +165,7 @@ def summarize(
     with phase("building the answers", progress), heap_for_answers():
         summary = build_summary(combined)
     summary.overview["skipped_files"] = skipped
+    summary.overview["duplicate_files"] = duplicates
     summary.gpu_spans = gpu.spans_answer(source, combined, executor=executor, partition_bytes=partition_bytes,
                                          progress=progress)
     return summary

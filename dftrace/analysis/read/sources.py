@@ -61,10 +61,11 @@ def expand_paths(paths: PathsLike, skipped: list[str] | None = None) -> list[str
     Files with a generic JSON name found in a directory or by a glob (``config.json``,
     ``metrics.json`` beside the traces) are traces only when their content says so
     (:func:`holds_events`); the others are left out and appended to ``skipped``.
-    Raises FileNotFoundError for an argument that names nothing, so a typo is not
-    silently an empty analysis.
+    A file reached by several paths (a symbolic link to it or to a folder above it)
+    is given once, by the first. Raises FileNotFoundError for an argument that names
+    nothing, so a typo is not silently an empty analysis.
     """
-    found: dict[str, None] = {}
+    found: dict[str, str] = {}
     left_out: list[str] = []
     for raw in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
         path = os.fspath(raw)
@@ -85,11 +86,11 @@ def expand_paths(paths: PathsLike, skipped: list[str] | None = None) -> list[str
             candidates = [c for c in candidates if c not in left_out]
         if not candidates:
             raise FileNotFoundError(f"no trace files found at {path!r}: {_why_nothing(path, len(left_out))}")
-        for candidate in candidates:
-            found[os.path.normpath(candidate)] = None
+        for candidate in candidates:  # a file reached twice (a link to it, or to its folder) is read once
+            found.setdefault(os.path.realpath(candidate), os.path.normpath(candidate))
     if skipped is not None:
         skipped.extend(os.path.normpath(p) for p in dict.fromkeys(left_out))
-    return list(found)
+    return list(found.values())
 
 
 #: Perfetto's own format's names: written (``export.perfetto``), never read.

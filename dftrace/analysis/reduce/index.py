@@ -41,7 +41,7 @@ from ..read.sources import Partition, PathsLike, expand_paths, plan_partitions
 from ..read.trace import require_content
 from ..runtime.executor import default_executor
 from .aggregate import aggregate_partitions
-from .partial import PARTIAL_TABLES, Partial, without_row_keys
+from .partial import PARTIAL_TABLES, ROW_KEY, Partial, without_row_keys
 
 #: Changes whenever what an entry holds changes.
 INDEX_FORMAT = 4
@@ -67,11 +67,13 @@ _GAP_LIMIT = 1 << 61
 
 
 def partials_of(paths: PathsLike, skipped: list[str], executor: Any, partition_bytes: int, progress: bool | None,
-                use_index: bool) -> list[Partial]:
+                use_index: bool, duplicates: list[dict[str, str]] | None = None) -> list[Partial]:
     """The partials of the files ``paths`` names (those left out appended to
     ``skipped``, see ``expand_paths``), in file order: with ``use_index``, from the
     index where it holds those of an unchanged file, else read (and then kept in it).
-    Raises ValueError when no file holds an event (``require_content``)."""
+    A file whose events are another's is left out (``copies_of_others``) and appended
+    to ``duplicates``. Raises ValueError when no file holds an event
+    (``require_content``)."""
     files = expand_paths(paths, skipped)
     known = {path: [without_row_keys(p) for p in load_partials(path, partition_bytes) or []] or None
              for path in files} if use_index else {}
@@ -84,9 +86,46 @@ def partials_of(paths: PathsLike, skipped: list[str], executor: Any, partition_b
         read.setdefault(partial.source.partition.path, []).append(without_row_keys(partial))
     for path, partials in read.items() if use_index else ():
         store_partials(path, identities[path], partition_bytes, partials)
-    partials = [p for path in files for p in (known.get(path) or read.get(path, []))]
+    each_file = {path: known.get(path) or read.get(path, []) for path in files}
+    for path, same_as in copies_of_others(each_file).items():
+        del each_file[path]
+        if duplicates is not None:
+            duplicates.append({"path": path, "same_as": same_as})
+    partials = [p for file_partials in each_file.values() for p in file_partials]
     require_content([p.source for p in partials], sum(p.events for p in partials))
     return partials
+
+
+def copies_of_others(each_file: dict[str, list[Partial]]) -> dict[str, str]:
+    """The files (path: a file that holds the same) whose processes all have their events
+    in other files: the same first start, last end and count of events (a copy, a trace
+    converted or merged beside its files). Read twice they would count twice. Of files
+    that hold the same, those with more processes (a merged one) go first, then the later."""
+    held: dict[str, set[tuple]] = {}
+    for path, partials in each_file.items():
+        extents: dict[tuple, list[int]] = {}
+        for partial in partials:
+            table = partial.extents
+            keyed = table.columns[:2] == ROW_KEY
+            for row in table.select(*(ROW_KEY if keyed else []), "start", "end", "n").iter_rows():
+                key, (start, end, n) = (row[:2], row[2:]) if keyed else (partial.keys[0], row)
+                seen = extents.setdefault(tuple(key), [start, end, 0])
+                seen[0], seen[1], seen[2] = min(seen[0], start), max(seen[1], end), seen[2] + n
+        if extents:
+            held[path] = {(*key, *value) for key, value in extents.items()}
+    holders: dict[tuple, list[str]] = {}
+    for path, processes in held.items():
+        for process in processes:
+            holders.setdefault(process, []).append(path)
+    order = {path: place for place, path in enumerate(held)}
+    copies: dict[str, str] = {}
+    candidates = [path for path, processes in held.items() if all(len(holders[p]) > 1 for p in processes)]
+    for path in sorted(candidates, key=lambda p: (-len(held[p]), -order[p])):
+        if all(len(holders[process]) > 1 for process in held[path]):
+            for process in held[path]:
+                holders[process].remove(path)
+            copies[path] = holders[min(held[path])][0]
+    return copies
 
 
 def max_size() -> int:

@@ -197,6 +197,11 @@ def _broken(summary: Summary) -> list[str]:
     if skipped:
         names = ", ".join(os.path.basename(p) for p in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
         lines = [f"Skipped {count_of(len(skipped), 'file')} that hold no trace events: {names}"]
+    copies = summary.overview.get("duplicate_files") or []
+    if copies:
+        names = ", ".join(f"{os.path.basename(c['path'])} (as {os.path.basename(c['same_as'])})" for c in copies[:5])
+        lines.append(f"Left out {count_of(len(copies), 'file')} holding the same events as another: {names}"
+                     + (" ..." if len(copies) > 5 else ""))
     if not damaged:
         return lines
     lines.append("Damaged files")
