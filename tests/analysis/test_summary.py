@@ -24,10 +24,11 @@ from dftrace.analysis import Summary, load_traces, summarize  # noqa: E402
 from dftrace.analysis.answers import summary as summary_module  # noqa: E402
 
 RANKS, EPOCHS, STEPS = 4, 2, 4
-# The step model: a step runs from its first work (transfer) to the next step's; the
-# last step of an epoch ends with its own last span (the optimizer step).
+# The step model: a step runs from the fetch of its batch (which carries no step) to
+# the next step's; the last step of an epoch ends with its own last span (the
+# optimizer step).
 STEP_PERIOD = FETCH_ITER_US + tracegen.step_us()
-LAST_STEP = tracegen.step_us() - tracegen.GAP_US
+LAST_STEP = FETCH_ITER_US + tracegen.step_us() - tracegen.GAP_US
 SLOW = {(1, 0, 2): 500, (3, 1, 1): 900}
 
 
@@ -124,6 +125,66 @@ def test_epochs_are_numbered_as_the_loop_numbers_them(tmp_path, style):
     assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(5, 4), (6, 4), (7, 4)]
     for mine, truth in zip([e["max_us"] for e in summary.epochs], truth_us, strict=True):
         assert 0.9 * truth - 200 <= mine <= truth + 200, (summary.epochs, truth_us)
+
+
+def test_the_first_batch_wait_is_in_the_first_step(tmp_path):
+    """DFTracer's loop (``fetch.iter(enumerate(loader))``, then ``update(epoch=, step=)``):
+    the run's first fetch comes before any step number, yet it is the first step's wait
+    (a DataLoader's workers starting: the longest of all). Each step, by the loop's own
+    clock, from one fetch to the next."""
+    import time
+
+    from dftrace import ai, testing
+
+    def loader():
+        for i in range(6):
+            time.sleep(0.04 if i == 0 else 0.001)
+            yield i
+
+    truth_us = []
+    with testing.trace_to(tmp_path / "trace") as result:
+        for epoch in ai.pipeline.epoch.iter(range(2)):
+            began = time.perf_counter_ns()
+            for step, _ in ai.dataloader.fetch.iter(enumerate(loader())):
+                ai.update(epoch=epoch, step=step)
+                with ai.compute.forward:
+                    time.sleep(0.002)
+                now = time.perf_counter_ns()
+                truth_us.append((now - began) / 1000)
+                began = now
+    summary = summarize(result.paths, index=False)
+    assert [(s["epoch"], s["step"]) for s in summary.steps] == [(e, k) for e in range(2) for k in range(6)]
+    mine = [s["max_us"] for s in summary.steps]
+    # A step's edges are a few µs from the loop's clock readings (a busy machine moves
+    # time between neighbours, never out of the epoch).
+    for epoch in range(2):
+        ours, theirs = sum(mine[epoch * 6:][:6]), sum(truth_us[epoch * 6:][:6])
+        assert 0.98 * theirs - 500 <= ours <= theirs + 100, (summary.steps, truth_us)
+    assert mine[0] > 40_000 and mine[0] >= 0.9 * truth_us[0], (mine, truth_us)
+
+
+def test_steps_untraced_while_switched_off_are_in_no_step(tmp_path):
+    """``ai.disable()`` after step 5 and ``ai.enable()`` at step 8's end: steps 6 to 8
+    are untraced, and neither step 5 nor step 9 holds their time (step 5 ran up to
+    step 9's start, 4x its time). Each traced step is about the others' time."""
+    import time
+
+    from dftrace import ai, testing
+
+    with testing.trace_to(tmp_path / "trace") as result:
+        for step in ai.dataloader.fetch.iter(range(12)):
+            ai.update(epoch=0, step=step)
+            with ai.compute.forward:
+                time.sleep(0.004)
+            if step == 5:
+                ai.disable()
+            if step == 8:
+                ai.enable()
+    summary = summarize(result.paths, index=False)
+    mine = {s["step"]: s["max_us"] for s in summary.steps}
+    assert sorted(mine) == [0, 1, 2, 3, 4, 5, 9, 10, 11]
+    typical = sorted(mine.values())[4]
+    assert all(us < 2 * typical for us in mine.values()), mine
 
 
 def test_an_epoch_span_is_numbered_by_its_events_when_its_own_number_begins_with_them():

@@ -182,6 +182,55 @@ def test_compute_spans_nest_in_the_loop_with_step_args(tmp_path):
     assert_valid(result.paths)
 
 
+class _SlowBatch(torch.utils.data.Dataset):
+    """48 items in batches of 8; the items of batch 3 (the fourth) take 30 ms to load."""
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        if i == 3 * 8:
+            import time
+
+            time.sleep(0.03)
+        return torch.randn(4), torch.randn(1)
+
+
+def test_a_batch_slow_to_load_is_its_own_steps_wait(tmp_path):
+    """``trace_dataloader`` + ``trace_compute`` (the quick start): the fetches carry no
+    step, the compute spans the optimizer's count. Each fetch is the wait of the step
+    it feeds: batch 3 slow to load makes step 3 the slowest, not step 2; each step is
+    the loop's own from one fetch to the next."""
+    import time
+
+    from dftrace.analysis import summarize
+
+    pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    starts = []
+    with testing.trace_to(tmp_path / "trace") as result:
+        loader = dft.trace_dataloader(DataLoader(_SlowBatch(), batch_size=8))
+        with dft.trace_compute(model, opt):
+            it = iter(loader)
+            while True:
+                starts.append(time.perf_counter_ns())
+                try:
+                    x, y = next(it)
+                except StopIteration:
+                    break
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+    summary = summarize(result.paths, index=False)
+    mine = {s["step"]: s["max_us"] for s in summary.steps}
+    truth = [(b - a) / 1e3 for a, b in zip(starts, starts[1:])]
+    assert sorted(mine) == list(range(6))
+    assert max(mine, key=mine.get) == 3 and mine[3] > 30_000, (mine, truth)
+    # Steps 0 to 4 end where the next fetch begins; the last ends with its own work.
+    assert sum(mine[k] for k in range(5)) == pytest.approx(sum(truth[:5]), rel=0.02, abs=500), (mine, truth)
+
+
 def test_compute_tracing_removes_every_hook():
     """Leaving trace_compute removes the module and optimizer hooks and restores torch.autograd.backward."""
     model, opt, _ = _model_and_data()

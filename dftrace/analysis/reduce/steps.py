@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -44,18 +45,34 @@ from ..read.schema import FrameT
 #: Categories whose spans place a step in time; data loading follows them.
 WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
 
+#: The names of a batch's fetch (``dataloader`` spans): one that carries no step (the
+#: run's first batch, fetched before the first ``ai.update(step=...)``; every batch
+#: where only the integrations number steps) leads into the step after it.
+FETCH_NAMES = ("fetch", "fetch" + fmt.ITER_SUFFIX)
+
+
+def is_lead(cat: Any, name: Any, step_missing: Any) -> Any:
+    """Whether a span is a batch's fetch that carries no step (see FETCH_NAMES): works on
+    polars expressions and numpy masks alike (``cat`` and ``name`` as predicates there)."""
+    return step_missing & cat(fmt.CAT_DATALOADER) & name(FETCH_NAMES)
+
+
 def step_rows(spans: FrameT, by: list[str]) -> FrameT:
     """*by, epoch, step, cat, name, start, end, n: extents of the spans that carry
-    ``args.step``, per name: what :func:`model_steps` works from. ``spans`` are
-    complete events with an ``end`` column."""
+    ``args.step``, per name, and each fetch that carries none (``is_lead``): what
+    :func:`model_steps` works from. ``spans`` are complete events with an ``end``
+    column."""
+    lead = is_lead(lambda cat: pl.col("cat") == cat, lambda names: pl.col("name").is_in(names),
+                   pl.col("step").is_null())
     return (
         spans.filter(
-            pl.col("step").is_not_null() & (pl.col("cat") != fmt.CAT_PIPELINE)
+            (pl.col("step").is_not_null() | lead) & (pl.col("cat") != fmt.CAT_PIPELINE)
             & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX) & ~pl.col("name").str.ends_with(fmt.DONE_SUFFIX)
         )
-        .group_by([*by, "epoch", "step", "cat", "name"])
+        .group_by([*by, "epoch", "step", "cat", "name", pl.when(lead).then(pl.col("ts")).alias("_lead")])
         .agg(pl.col("ts").min().alias("start"), pl.col("end").max().alias("end"),
              pl.len().cast(pl.Int64).alias("n"))
+        .drop("_lead")
     )
 
 
@@ -106,6 +123,7 @@ def regrouped_step_rows(rows: pl.DataFrame, heights: list[int], by: list[str]) -
         for j, (low, high) in enumerate(ranges):
             if j != i:
                 shared[a:b] |= (code[a:b] >= low) & (code[a:b] <= high)
+    shared &= rows.get_column("step").is_not_null().to_numpy()  # a fetch without a step is a row of its own
     if not shared.any():
         return rows.lazy()
     shared_rows = pl.Series(shared)
@@ -188,8 +206,9 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=STEP_SCHEMA)
     rows = with_numbers_settled(rows)
     cuts = {
-        proc: tuple(np.sort(frame.filter(pl.col("after_work") == after).get_column("start").to_numpy())
-                    for after in (False, True))
+        proc: (*(np.sort(frame.filter(pl.col("after_work") == after).get_column("start").to_numpy())
+                 for after in (False, True)),
+               frame.filter(~pl.col("after_work")).select("start", "end").to_numpy())
         for (proc,), frame in containers.with_columns(pl.col("after_work").fill_null(False))
         .partition_by("proc", as_dict=True).items()
     }
@@ -200,7 +219,7 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
         # Each process's rows are cut out when its turn comes: a big run's rows are
         # not all copied at once.
         frame = rows.filter(pl.col("proc") == proc) if len(procs) > 1 else rows
-        return _process_steps(proc, frame, *cuts.get(proc, (none, none)))
+        return _process_steps(proc, frame, *cuts.get(proc, (none, none, np.empty((0, 2), dtype=np.int64))))
 
     # Processes are independent, and numpy and polars release the GIL for most of the work.
     with ThreadPoolExecutor(min(os.cpu_count() or 1, 8, len(procs))) as pool:
@@ -238,7 +257,13 @@ def _steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical_relaxed")
 
 
-def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray, after_work: np.ndarray) -> pl.DataFrame:
+def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray, after_work: np.ndarray,
+                   containers: np.ndarray) -> pl.DataFrame:
+    leads = None
+    if rows.get_column("step").null_count():  # fetches that carry no step: see _with_leading_data
+        unnumbered = rows.select(is_lead(lambda cat: pl.col("cat") == cat, lambda names: pl.col("name").is_in(names),
+                                         pl.col("step").is_null())).to_series().fill_null(False)
+        leads, rows = rows.filter(unnumbered), rows.filter(~unnumbered)
     start, end, n = (np.ascontiguousarray(rows.get_column(name).to_numpy(), np.int64) for name in ("start", "end", "n"))
     is_work = rows.get_column("cat").is_in(WORK_CATS).to_numpy()
     work = bool(is_work.any())
@@ -255,6 +280,15 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray, after_work: 
         picked, step_start, step_end, counts = _placed_numpy(rows, codes, start, end, n, is_work, cuts, after_work)
     if not step_start.size:
         return pl.DataFrame(schema=STEP_SCHEMA)
+    if work:
+        # A fetch numbered with a step that has no work (tracing was off for it) leads too.
+        orphaned = rows.filter(is_lead(lambda cat: pl.col("cat") == cat, lambda names: pl.col("name").is_in(names),
+                                       True)).join(picked.unique(), on=["epoch", "step"], how="anti", nulls_equal=True)
+        if orphaned.height:
+            leads = orphaned if leads is None else pl.concat([leads, orphaned], how="vertical_relaxed")
+    if leads is not None and work and leads.height:
+        step_start, step_end, counts = _with_leading_data(leads, picked.get_column("epoch"), step_start, step_end,
+                                                          counts, np.concatenate((cuts, after_work)), containers)
     return pl.DataFrame(
         {
             "proc": np.full(step_start.size, proc, dtype=np.int32),
@@ -299,7 +333,11 @@ def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, star
     work_end = np.full(order.size, np.iinfo(np.int64).min, dtype=np.int64)
     worked = is_work & keep & (rank_of[key] >= 0)
     np.maximum.at(work_end, rank_of[key][worked], end[worked])
-    target = _data_targets(rank_of[key], start, ~is_work & keep, step_start, work_end, cuts)
+    epochs = keys.get_column("epoch").to_numpy()[order] if keys.height else np.empty(0)
+    same_epoch = np.concatenate((_same(epochs[1:], epochs[:-1]), [False]))
+    follows = same_epoch & ~_skipped(_numbers_of(keys, key, codes)[order], same_epoch)
+    target = _data_targets(rank_of[key], start, ~is_work & keep, step_start, work_end, cuts,
+                           follows | ~same_epoch)
     data = target >= 0
     if data.any():
         earliest = np.full(order.size, np.iinfo(np.int64).max, dtype=np.int64)
@@ -311,9 +349,7 @@ def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, star
     placed = keep & (owner >= 0)
     np.maximum.at(last_end, owner[placed], end[placed])
     np.add.at(counts, owner[placed], n[placed])
-    epochs = keys.get_column("epoch").to_numpy()[order] if keys.height else np.empty(0)
-    same_epoch = np.concatenate((_same(epochs[1:], epochs[:-1]), [False]))
-    step_end = np.where(same_epoch, np.concatenate((step_start[1:], [0])), last_end)
+    step_end = np.where(follows, np.concatenate((step_start[1:], [0])), last_end)
     # A pipeline span starting inside a step (evaluation, the next epoch) ends it.
     if cuts.size:
         nxt = np.searchsorted(cuts, step_start, side="right")
@@ -378,18 +414,45 @@ def _step_keys(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None
     return rows.select("epoch", "step")[order[new]], key, order
 
 
+def _numbers_of(keys: pl.DataFrame, key: np.ndarray, codes: tuple[np.ndarray, int] | None) -> np.ndarray:
+    """Each key's step number as the C kernel compares them: its code (a missing step
+    before the least), or the number itself (missing: one before the least)."""
+    if codes is not None:
+        numbers = np.empty(keys.height, dtype=np.int64)
+        numbers[key] = codes[0]
+        return numbers
+    step = keys.get_column("step")
+    return step.fill_null((step.min() or 0) - 1).cast(pl.Int64).to_numpy()
+
+
+def _skipped(steps: np.ndarray, same_epoch: np.ndarray) -> np.ndarray:
+    """For each step in time order (``steps``: their numbers; ``same_epoch``: whether
+    the next is of the same epoch), whether the next one's number skips some: it is
+    further on than the least step forward the process takes (steps untraced between
+    them: tracing switched off, steps sampled). Such a step ends with its own work."""
+    skipped = np.zeros(steps.size, dtype=bool)
+    if steps.size < 2:
+        return skipped
+    ahead = np.concatenate((steps[1:].astype(np.int64) - steps[:-1].astype(np.int64), [0]))
+    forward = same_epoch & (ahead > 0)
+    if forward.any():
+        skipped = forward & (ahead > ahead[forward].min())
+    return skipped
+
+
 def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
-                  work_end: np.ndarray, cuts: np.ndarray) -> np.ndarray:
+                  work_end: np.ndarray, cuts: np.ndarray, leads_on: np.ndarray) -> np.ndarray:
     """The step (its place in time order) each data-loading row belongs to, or -1.
 
     A step's data wait is the fetch of the batch it trains on. That fetch ran before
     ``ai.update(step=k)``, so it carries the previous step's number: a data row of
     step ``s`` that began once ``s``'s work had ended fetched the batch of the step
     after ``s``, and belongs to it unless a pipeline span (an evaluation) starts
-    between the two steps' work (its fetches carry ``s`` too). One that began while
-    ``s``'s work ran (data loading inside the step's own spans) is ``s``'s, and so is
-    one that began before (between the previous step's work and its own). Rows of no
-    placed step, and earlier ones, belong to none.
+    between the two steps' work (its fetches carry ``s`` too), or the step after ``s``
+    in time is not the next (``leads_on`` false: steps untraced between them). One
+    that began while ``s``'s work ran (data loading inside the step's own spans) is
+    ``s``'s, and so is one that began before (between the previous step's work and its
+    own). Rows of no placed step, and earlier ones, belong to none.
     """
     size = step_start.size
     target = np.full(rank.size, -1, dtype=np.int64)
@@ -400,7 +463,7 @@ def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_st
     previous = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
     own = placed & (start > previous[r]) & (start < work_end[r])
     nxt = np.minimum(r + 1, size - 1)
-    ahead = placed & (start >= work_end[r]) & (r + 1 < size)
+    ahead = placed & (start >= work_end[r]) & (r + 1 < size) & leads_on[r]
     if cuts.size:
         between = np.searchsorted(cuts, step_start[nxt], side="left") - np.searchsorted(cuts, step_start[r],
                                                                                            side="right")
@@ -408,6 +471,49 @@ def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_st
     target[own] = r[own]
     target[ahead] = nxt[ahead]
     return target
+
+
+def _with_leading_data(leads: pl.DataFrame, epochs: pl.Series, step_start: np.ndarray, step_end: np.ndarray,
+                       counts: np.ndarray, cuts: np.ndarray, containers: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``step_start``, ``step_end`` and ``counts`` with each fetch that carries no step
+    (``leads``) in the step that begins next: its batch's wait (the run's first batch,
+    fetched before the first ``ai.update(step=...)``, or every batch where only the
+    integrations number steps), the step before ending where it begins. A fetch is
+    left out where a step begins inside it, where it carries another epoch than the
+    step's (``epochs``: each step's), where a pipeline span (``cuts``: their starts)
+    begins between it and the step, or where it lies in one (``containers``: start,
+    end) that ended before the step (an evaluation's fetches)."""
+    size = step_start.size
+    order = np.argsort(step_start, kind="stable")
+    starts = step_start[order]
+    lead_start, lead_end, n = (leads.get_column(name).to_numpy().astype(np.int64) for name in ("start", "end", "n"))
+    at = np.searchsorted(starts, lead_end, side="left")  # the first step beginning once the fetch ended
+    ok = at < size
+    target = order[np.minimum(at, size - 1)]
+    ok &= (at == 0) | (starts[np.maximum(at - 1, 0)] <= lead_start)
+    lead_epoch = leads.get_column("epoch")
+    if lead_epoch.null_count() < leads.height:
+        step_epoch = pl.Series(epochs.to_numpy()[target] if epochs.null_count() == 0 else epochs.gather(target))
+        ok &= (lead_epoch.is_null() | (lead_epoch == step_epoch).fill_null(False)).to_numpy()
+    cuts = np.sort(cuts)
+    ok &= np.searchsorted(cuts, step_start[target], side="left") == np.searchsorted(cuts, lead_start, side="right")
+    if containers.size:
+        by_start = containers[np.argsort(containers[:, 0], kind="stable")]
+        inner = np.searchsorted(by_start[:, 0], lead_start, side="right") - 1
+        ends = by_start[np.maximum(inner, 0), 1]
+        ok &= ~((inner >= 0) & (ends >= lead_end) & (ends <= step_start[target]))
+    if not ok.any():
+        return step_start, step_end, counts
+    new_start, counts = step_start.copy(), counts.copy()
+    np.minimum.at(new_start, target[ok], lead_start[ok])
+    np.add.at(counts, target[ok], n[ok])
+    # The step before one that now begins earlier ends there.
+    moved = new_start[order[1:]] < step_start[order[1:]]
+    before = order[:-1][moved]
+    step_end = step_end.copy()
+    step_end[before] = np.maximum(step_start[before], np.minimum(step_end[before], new_start[order[1:]][moved]))
+    return new_start, step_end, counts
 
 
 def _first_starts(key: np.ndarray, start: np.ndarray, use: np.ndarray, size: int) -> np.ndarray:

@@ -1006,6 +1006,15 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
         int64_t r = rank_of[key[j]];
         if (work[j] && keep[j] && r >= 0 && EN(j) > work_end[r]) work_end[r] = EN(j);
     }
+    /* The least step forward from one step to the next of its epoch: a step further on
+     * than that skips untraced ones (see _steps._skipped). */
+    int64_t least_forward = INT64_MAX;
+    for (Py_ssize_t s = 0; s + 1 < n_steps; s++) {
+        int64_t a = code[step_row[s]], c = code[step_row[s + 1]];
+        if (a / epoch_span == c / epoch_span && c > a && c - a < least_forward) least_forward = c - a;
+    }
+#define SAME_EPOCH(s) ((s) + 1 < n_steps && code[step_row[s]] / epoch_span == code[step_row[(s) + 1]] / epoch_span)
+#define SKIPS(s) (SAME_EPOCH(s) && code[step_row[(s) + 1]] - code[step_row[s]] > least_forward)
     /* The step each data-loading row belongs to (see _steps._data_targets). */
     for (Py_ssize_t j = 0; j < n; j++) {
         int64_t r = rank_of[key[j]];
@@ -1013,7 +1022,7 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
         if (work[j] || !keep[j] || r < 0) continue;
         if (ST(j) > (r ? step_start[r - 1] : INT64_MIN) && ST(j) < work_end[r]) {
             target[j] = r;
-        } else if (ST(j) >= work_end[r] && r + 1 < n_steps
+        } else if (ST(j) >= work_end[r] && r + 1 < n_steps && !SKIPS(r)
                    && count_below(cuts, n_cuts, step_start[r + 1], 0) == count_below(cuts, n_cuts, step_start[r], 1)) {
             target[j] = r + 1;
         }
@@ -1027,12 +1036,11 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
         if (EN(j) > last_end[owner]) last_end[owner] = EN(j);
         counts[owner] += count[row[j]];
     }
-    /* A step ends where the next of its epoch starts, else with its last span; a
-     * pipeline span starting inside it ends it there, and one of after_work starting
-     * once its work has ended. */
+    /* A step ends where the next of its epoch starts (unless that one skips untraced
+     * steps), else with its last span; a pipeline span starting inside it ends it
+     * there, and one of after_work starting once its work has ended. */
     for (Py_ssize_t s = 0; s < n_steps; s++) {
-        int same_epoch = s + 1 < n_steps && code[step_row[s]] / epoch_span == code[step_row[s + 1]] / epoch_span;
-        int64_t e = same_epoch ? step_start[s + 1] : last_end[s];
+        int64_t e = SAME_EPOCH(s) && !SKIPS(s) ? step_start[s + 1] : last_end[s];
         Py_ssize_t next_cut = count_below(cuts, n_cuts, step_start[s], 1);
         if (next_cut < n_cuts && cuts[next_cut] < e) e = cuts[next_cut];
         int64_t worked = work_end[s] > step_start[s] ? work_end[s] : step_start[s];
@@ -1043,6 +1051,8 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
 #undef ST
 #undef EN
+#undef SAME_EPOCH
+#undef SKIPS
     result = Py_BuildValue("(NNNN)", bytes_of(step_row, n_steps * 8), bytes_of(step_start, n_steps * 8),
                            bytes_of(step_end, n_steps * 8), bytes_of(counts, n_steps * 8));
 done:
