@@ -30,11 +30,13 @@ def _iterate(obj: Any, gate: Any, iterable: Any, capture: Any) -> Any:
     node = obj._node
     extra = obj._extra
     ikid, bkid = node._ikid, node._bkid
-    it = iter(iterable)
+    it = None  # made when the first item is asked for, inside its span (a DataLoader's workers start)
     count = 0
     while True:
         if not gate._on:
             try:
+                if it is None:
+                    it = iter(iterable)
                 item = next(it)
             except StopIteration:
                 return
@@ -46,6 +48,8 @@ def _iterate(obj: Any, gate: Any, iterable: Any, capture: Any) -> Any:
             stk = resolve()
         s = open_span(stk, node, ikid)
         try:
+            if it is None:
+                it = iter(iterable)
             item = next(it)
         except StopIteration:
             close_span(stk, s, 0, recorded=False)  # the end: no .iter span

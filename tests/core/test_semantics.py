@@ -84,6 +84,35 @@ def test_iter_writes_iter_and_block_spans_with_count(tmp_path):
     assert_valid(t.paths)
 
 
+def test_iter_counts_making_the_iterator_in_the_first_items_wait(tmp_path):
+    """A loader's iterator is made when the loop asks for the first item (a DataLoader
+    starts its workers then): that time is in the first ``.iter`` span, not in none;
+    an iterable whose ``__iter__`` raises raises at the loop, recorded."""
+    import time
+
+    class Slow:
+        def __iter__(self):
+            time.sleep(0.05)
+            return iter(range(3))
+
+    class Broken:
+        def __iter__(self):
+            raise OSError("no workers")
+
+    with testing.trace_to(tmp_path) as t:
+        wrapped = ai.dataloader.fetch.iter(Slow())
+        began = time.perf_counter_ns()
+        assert list(wrapped) == [0, 1, 2]
+        waited_us = (time.perf_counter_ns() - began) / 1e3
+        with pytest.raises(OSError, match="no workers"):
+            for _ in ai.dataloader.fetch.iter(Broken()):
+                pass
+    first, *rest = t.spans("fetch.iter")
+    assert 50_000 <= first["dur"] <= waited_us and len(rest) == 3
+    assert rest[-1]["args"].get("error") == "OSError"
+    assert_valid(t.paths)
+
+
 @pytest.mark.parametrize("how", ["break", "exception", "close"])
 def test_iter_closes_its_spans_early(tmp_path, how):
     """Leaving a ``.iter`` loop by break, an exception or ``close()`` still closes the block span."""

@@ -299,7 +299,9 @@ PyTypeObject dft_SpanWrapperType = {
 typedef struct SpanIter {
     PyObject_HEAD
     struct SpanIter *prev_open, *next_open; /* the list of iterators with an open block */
-    PyObject *it;      /* the source iterator (NULL once exhausted/closed) */
+    PyObject *it;      /* the source iterator (NULL once exhausted/closed); the iterable
+                          itself until the first item is asked for (fresh) */
+    int fresh;
     PyObject *node;
     PyObject *gate;
     PyObject *extra;   /* Extra or None */
@@ -427,7 +429,18 @@ static PyObject *open_block_kinds(PyObject *self, PyObject *unused) {
     return out;
 }
 
+/* The source's iterator, made when the first item is asked for (inside the first item's
+   span: a DataLoader starts its workers there). -1 with the error set. */
+static int take_iter(SpanIter *s) {
+    s->fresh = 0;
+    PyObject *it = PyObject_GetIter(s->it);
+    Py_SETREF(s->it, it);
+    return it ? 0 : -1;
+}
+
 static PyObject *plain_next(SpanIter *s) {
+    if (s->fresh && take_iter(s) < 0)
+        return NULL;
     PyObject *item = PyIter_Next(s->it);
     if (item)
         s->count++;
@@ -456,7 +469,7 @@ static PyObject *SpanIter_next(SpanIter *s) {
         Py_DECREF(stk);
         return plain_next(s);
     }
-    PyObject *item = PyIter_Next(s->it);
+    PyObject *item = s->fresh && take_iter(s) < 0 ? NULL : PyIter_Next(s->it);
     long long t1 = now_ns();
     if (item == NULL) {
         Py_CLEAR(s->it);
@@ -498,15 +511,12 @@ static PyObject *SpanIter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     PyObject *node, *gate, *extra, *iterable;
     if (!PyArg_ParseTuple(args, "OOOO", &node, &gate, &extra, &iterable))
         return NULL;
-    PyObject *it = PyObject_GetIter(iterable);
-    if (!it)
-        return NULL;
     SpanIter *s = (SpanIter *)type->tp_alloc(type, 0);
-    if (!s) {
-        Py_DECREF(it);
+    if (!s)
         return NULL;
-    }
-    s->it = it;
+    Py_INCREF(iterable);
+    s->it = iterable;
+    s->fresh = 1;
     Py_INCREF(node); Py_INCREF(gate); Py_INCREF(extra);
     s->node = node;
     s->gate = gate;
