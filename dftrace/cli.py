@@ -367,6 +367,17 @@ def _say_where_the_trace_went(session: Any, started_ns: int) -> None:
           file=sys.stderr)
 
 
+def _at_least_one(text: str) -> int:
+    """A count given on the command line: a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number is needed, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"1 or more is needed, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dftrace", description="Trace AI/DL pipelines and read the traces.")
     from ._version import __version__
@@ -379,8 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="dftrace-demo",
                    help="directory for the traces; each demo writes a new run-N directory in it "
                         "(default: %(default)s)")
-    d.add_argument("--epochs", type=int, default=3, help="epochs to train (default: %(default)s)")
-    d.add_argument("--samples", type=int, default=256,
+    d.add_argument("--epochs", type=_at_least_one, default=3, help="epochs to train (default: %(default)s)")
+    d.add_argument("--samples", type=_at_least_one, default=256,
                    help="samples in the toy dataset (default: %(default)s)")
     d.add_argument("--ddp", action="store_true",
                    help="run 2 DistributedDataParallel ranks instead (CPU, gloo, loopback; rank 1 made "

@@ -131,6 +131,17 @@ def test_demo_into_an_unusable_directory_says_so_in_one_line(tmp_path, capsys):
     assert err.startswith(f"dftrace demo: cannot write into --out '{tmp_path / 'file'}': ") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("option, value", [("--epochs", "0"), ("--epochs", "-1"), ("--samples", "0")])
+def test_demo_refuses_counts_below_one(tmp_path, capsys, option, value):
+    """``--epochs 0`` or ``--samples 0`` is a usage error naming the option (exit 2),
+    not a traceback from the toy training."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--out", str(tmp_path / "out"), option, value])
+    assert exit_.value.code == 2
+    assert f"argument {option}: 1 or more is needed, got {value}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_demo_leaves_no_temporary_directory(tmp_path, monkeypatch, capsys):
     """The demo's checkpoint directory is removed when the demo ends."""
     scratch = tmp_path / "tmp"
