@@ -378,7 +378,8 @@ def _finish_on_signal(signum: int) -> None:
     _signal_unwound = _at_end.calls_unwound(closing)
     for stk, i in reversed(closing):
         _engine.close_kept(stk, i, t1, incomplete=True)
-    say_how_it_ended(f"killed by signal {signum}")  # what it dies of once the trace is whole
+    if not _ended_by_its_pool(signum):
+        say_how_it_ended(f"killed by signal {signum}")  # what it dies of once the trace is whole
     _signalled_at = t1
     try:
         finalize()
@@ -387,6 +388,22 @@ def _finish_on_signal(signum: int) -> None:
     finally:
         _signalled_at = None
         _signal_unwound = set()
+
+
+#: The names multiprocessing gives its pools' worker processes.
+_POOL_WORKERS = ("ForkPoolWorker", "SpawnPoolWorker", "ForkServerPoolWorker")
+
+
+def _ended_by_its_pool(signum: int) -> bool:
+    """Whether ``signum`` is how a multiprocessing pool ends this worker: ``with Pool()``
+    leaves by ``terminate()``, a SIGTERM to each worker. That is the pool's normal end,
+    not a process killed."""
+    process = sys.modules.get("multiprocessing.process")
+    try:
+        return signum == signal.SIGTERM and process is not None and \
+            process.current_process().name.startswith(_POOL_WORKERS)
+    except Exception:
+        return False
 
 
 def say_how_it_ended(how: str) -> None:

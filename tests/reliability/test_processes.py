@@ -74,6 +74,44 @@ def test_multiprocessing_children_write_complete_files_of_their_own(tmp_path, me
     assert len(keys) == len(set(keys))
 
 
+POOL_SCRIPT = """
+    import multiprocessing as mp
+    import os
+    import sys
+
+    import dftrace
+    from dftrace import ai
+
+
+    def work(i):
+        with ai.data.preprocess(args={"i": i}):
+            return os.getpid()
+
+
+    if __name__ == "__main__":
+        dftrace.initialize(log_file=sys.argv[1] + "/p")
+        context = mp.get_context(sys.argv[2])
+        with context.Pool(2) as pool:  # leaves by terminate(): SIGTERM to each worker
+            workers = set(pool.map(work, range(20)))
+        print(" ".join(map(str, workers)))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_pool_ending_its_workers_is_not_a_kill(tmp_path, method):
+    """``with Pool()`` ends its workers with SIGTERM (``terminate()``): their traces are
+    whole and say no "killed by signal 15" (the summary called them ended abnormally).
+    Any SIGTERM a pool's worker takes is read as its pool's end."""
+    script = write_script(tmp_path, POOL_SCRIPT)
+    out = run([script, str(tmp_path / "traces"), method], DFTRACE_WRITER="process")
+    assert out.returncode == 0, out.stderr
+    workers = {int(p) for p in out.stdout.split()}
+    by_pid = events_by_pid(tmp_path / "traces")
+    assert sum(e["name"] == "preprocess" for pid in workers for e in spans(by_pid.get(pid, []))) == 20
+    for pid in workers:
+        assert meta(by_pid[pid], "process_end") == [], pid
+
+
 FORK_SCRIPT = """
     import os
     import sys
