@@ -163,6 +163,46 @@ def test_the_first_batch_wait_is_in_the_first_step(tmp_path):
     assert mine[0] > 40_000 and mine[0] >= 0.9 * truth_us[0], (mine, truth_us)
 
 
+@pytest.mark.parametrize("evaluation_fetches", [False, True])
+def test_the_fetch_after_an_evaluation_is_the_next_steps_wait(tmp_path, evaluation_fetches):
+    """An evaluation every 3 steps (``pipeline.evaluate``, with or without fetches of its
+    own, through a node of its own): the batch fetched after it (carrying the last
+    step's number) is the next step's wait, every step about 15 ms (10 ms to load, 5 to
+    train); the evaluation's own fetches are no step's. (Was 5 ms, its fetch in no step.)"""
+    import time
+
+    from dftrace import ai, testing
+
+    fetched, evaluated = [], {}  # the loop's own clock: each training fetch's start, each evaluation's
+
+    def loader(n, seconds, marks):
+        for i in range(n):
+            marks.append(time.perf_counter_ns())
+            time.sleep(seconds)
+            yield i
+
+    evaluation = ai.dataloader.fetch.derive("evaluation")
+    with testing.trace_to(tmp_path / "trace") as result:
+        for step in ai.dataloader.fetch.iter(loader(8, 0.010, fetched)):
+            ai.update(epoch=0, step=step)
+            with ai.compute.forward:
+                time.sleep(0.005)
+            if step % 3 == 2:
+                evaluated[step] = time.perf_counter_ns()
+                with ai.pipeline.evaluate:
+                    for _ in (evaluation.iter(loader(3, 0.004, [])) if evaluation_fetches else ()):
+                        pass
+                    time.sleep(0.002)
+    summary = summarize(result.paths, index=False)
+    mine = {s["step"]: s["max_us"] for s in summary.steps}
+    assert sorted(mine) == list(range(8))
+    # Steps 0 to 6 run from their fetch to the next one's, or to the evaluation after
+    # them; the last ends with its own work.
+    for k in range(7):
+        truth = (evaluated.get(k, fetched[k + 1]) - fetched[k]) / 1e3
+        assert abs(mine[k] - truth) <= 0.1 * truth + 1_000, (k, mine, truth)
+
+
 def test_steps_untraced_while_switched_off_are_in_no_step(tmp_path):
     """``ai.disable()`` after step 5 and ``ai.enable()`` at step 8's end: steps 6 to 8
     are untraced, and neither step 5 nor step 9 holds their time (step 5 ran up to

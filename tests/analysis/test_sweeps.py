@@ -232,9 +232,10 @@ def _step_rows(rng: np.random.Generator) -> tuple[pl.DataFrame, pl.DataFrame]:
                          "n": rng.integers(1, 5, size)})
     n_cuts = int(rng.integers(0, 10))
     between = rng.random(n_cuts) < 0.5  # checkpoints between steps, the others evaluations
+    cut_start = rng.integers(-100, size * 25 + 100, n_cuts)
     containers = pl.DataFrame({"proc": rng.integers(0, 3, n_cuts).astype(np.int32),
                                "name": np.where(between, "capture", "evaluate"),
-                               "start": rng.integers(-100, size * 25 + 100, n_cuts), "end": np.zeros(n_cuts, np.int64),
+                               "start": cut_start, "end": cut_start + rng.integers(0, 400, n_cuts),
                                "after_work": between})
     return rows, containers
 

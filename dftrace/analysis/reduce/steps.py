@@ -205,21 +205,20 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     if not rows.height:
         return pl.DataFrame(schema=STEP_SCHEMA)
     rows = with_numbers_settled(rows)
-    cuts = {
-        proc: (*(np.sort(frame.filter(pl.col("after_work") == after).get_column("start").to_numpy())
-                 for after in (False, True)),
-               frame.filter(~pl.col("after_work")).select("start", "end").to_numpy())
+    cuts = {  # per process: the pipeline spans' (start, end) by start, and the after_work ones' starts
+        proc: (frame.filter(~pl.col("after_work")).sort("start").select("start", "end").to_numpy().astype(np.int64),
+               np.sort(frame.filter(pl.col("after_work")).get_column("start").to_numpy()))
         for (proc,), frame in containers.with_columns(pl.col("after_work").fill_null(False))
         .partition_by("proc", as_dict=True).items()
     }
-    none = np.empty(0, dtype=np.int64)
+    none = (np.empty((0, 2), dtype=np.int64), np.empty(0, dtype=np.int64))
     procs = rows.get_column("proc").unique(maintain_order=True).to_list()
 
     def one(proc: int) -> pl.DataFrame:
         # Each process's rows are cut out when its turn comes: a big run's rows are
         # not all copied at once.
         frame = rows.filter(pl.col("proc") == proc) if len(procs) > 1 else rows
-        return _process_steps(proc, frame, *cuts.get(proc, (none, none, np.empty((0, 2), dtype=np.int64))))
+        return _process_steps(proc, frame, *cuts.get(proc, none))
 
     # Processes are independent, and numpy and polars release the GIL for most of the work.
     with ThreadPoolExecutor(min(os.cpu_count() or 1, 8, len(procs))) as pool:
@@ -257,8 +256,10 @@ def _steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical_relaxed")
 
 
-def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray, after_work: np.ndarray,
-                   containers: np.ndarray) -> pl.DataFrame:
+def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_work: np.ndarray) -> pl.DataFrame:
+    """One process's steps; ``containers``: its pipeline spans' (start, end), by start;
+    ``after_work``: the starts of the spans that end a step once its work has."""
+    cuts, cut_ends = np.ascontiguousarray(containers[:, 0]), np.ascontiguousarray(containers[:, 1])
     leads = None
     if rows.get_column("step").null_count():  # fetches that carry no step: see _with_leading_data
         unnumbered = rows.select(is_lead(lambda cat: pl.col("cat") == cat, lambda names: pl.col("name").is_in(names),
@@ -272,12 +273,13 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray, after_work: 
     codes = step_codes(rows)
     if kernels.C is not None and codes is not None:
         code, epoch_span = codes
-        placed = kernels.C.steps(code, start, end, n, is_work.astype(np.uint8), np.ascontiguousarray(cuts, np.int64),
-                                 epoch_span, np.ascontiguousarray(after_work, np.int64))
+        placed = kernels.C.steps(code, start, end, n, is_work.astype(np.uint8), cuts, epoch_span,
+                                 np.ascontiguousarray(after_work, np.int64), cut_ends)
         at, step_start, step_end, counts = (np.frombuffer(array, np.int64) for array in placed)
         picked = rows.select("epoch", "step")[at]
     else:
-        picked, step_start, step_end, counts = _placed_numpy(rows, codes, start, end, n, is_work, cuts, after_work)
+        picked, step_start, step_end, counts = _placed_numpy(rows, codes, start, end, n, is_work, cuts, after_work,
+                                                             cut_ends)
     if not step_start.size:
         return pl.DataFrame(schema=STEP_SCHEMA)
     if work:
@@ -304,8 +306,8 @@ def _process_steps(proc: int, rows: pl.DataFrame, cuts: np.ndarray, after_work: 
 
 
 def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, start: np.ndarray, end: np.ndarray,
-                  n: np.ndarray, is_work: np.ndarray, cuts: np.ndarray, after_work: np.ndarray
-                  ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+                  n: np.ndarray, is_work: np.ndarray, cuts: np.ndarray, after_work: np.ndarray,
+                  cut_ends: np.ndarray | None = None) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
     """The steps of one process's ``rows`` in time order: (epoch, step), start, end and
     event count of each (the C kernel's work, for an install without a compiler and
     for steps too many to number with one integer)."""
@@ -337,7 +339,7 @@ def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, star
     same_epoch = np.concatenate((_same(epochs[1:], epochs[:-1]), [False]))
     follows = same_epoch & ~_skipped(_numbers_of(keys, key, codes)[order], same_epoch)
     target = _data_targets(rank_of[key], start, ~is_work & keep, step_start, work_end, cuts,
-                           follows | ~same_epoch)
+                           follows | ~same_epoch, cut_ends)
     data = target >= 0
     if data.any():
         earliest = np.full(order.size, np.iinfo(np.int64).max, dtype=np.int64)
@@ -441,15 +443,17 @@ def _skipped(steps: np.ndarray, same_epoch: np.ndarray) -> np.ndarray:
 
 
 def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
-                  work_end: np.ndarray, cuts: np.ndarray, leads_on: np.ndarray) -> np.ndarray:
+                  work_end: np.ndarray, cuts: np.ndarray, leads_on: np.ndarray,
+                  cut_ends: np.ndarray | None = None) -> np.ndarray:
     """The step (its place in time order) each data-loading row belongs to, or -1.
 
     A step's data wait is the fetch of the batch it trains on. That fetch ran before
     ``ai.update(step=k)``, so it carries the previous step's number: a data row of
     step ``s`` that began once ``s``'s work had ended fetched the batch of the step
-    after ``s``, and belongs to it unless a pipeline span (an evaluation) starts
-    between the two steps' work (its fetches carry ``s`` too), or the step after ``s``
-    in time is not the next (``leads_on`` false: steps untraced between them). One
+    after ``s``, and belongs to it unless a pipeline span (``cuts``: their starts;
+    ``cut_ends``) starts between it and that step, or it lies in one that ended by then
+    (an evaluation's fetches, which carry ``s`` too), or the step after ``s`` in time is
+    not the next (``leads_on`` false: steps untraced between them). One
     that began while ``s``'s work ran (data loading inside the step's own spans) is
     ``s``'s, and so is one that began before (between the previous step's work and its
     own). Rows of no placed step, and earlier ones, belong to none.
@@ -465,12 +469,21 @@ def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_st
     nxt = np.minimum(r + 1, size - 1)
     ahead = placed & (start >= work_end[r]) & (r + 1 < size) & leads_on[r]
     if cuts.size:
-        between = np.searchsorted(cuts, step_start[nxt], side="left") - np.searchsorted(cuts, step_start[r],
-                                                                                           side="right")
-        ahead &= between == 0
+        ahead &= np.searchsorted(cuts, step_start[nxt], side="left") == np.searchsorted(cuts, start, side="right")
+        if cut_ends is not None:
+            ahead &= ~_inside_ended(cuts, cut_ends, start, step_start[nxt])
     target[own] = r[own]
     target[ahead] = nxt[ahead]
     return target
+
+
+def _inside_ended(cuts: np.ndarray, cut_ends: np.ndarray, at: np.ndarray, until: np.ndarray) -> np.ndarray:
+    """Whether each ``at`` lies in the pipeline span that began last at or before it
+    (``cuts``: their sorted starts; ``cut_ends``) and that span ended by ``until``: an
+    evaluation's fetch, which is not the next step's."""
+    last = np.searchsorted(cuts, at, side="right") - 1
+    ends = cut_ends[np.maximum(last, 0)]
+    return (last >= 0) & (ends > at) & (ends <= until)
 
 
 def _with_leading_data(leads: pl.DataFrame, epochs: pl.Series, step_start: np.ndarray, step_end: np.ndarray,
@@ -499,10 +512,7 @@ def _with_leading_data(leads: pl.DataFrame, epochs: pl.Series, step_start: np.nd
     cuts = np.sort(cuts)
     ok &= np.searchsorted(cuts, step_start[target], side="left") == np.searchsorted(cuts, lead_start, side="right")
     if containers.size:
-        by_start = containers[np.argsort(containers[:, 0], kind="stable")]
-        inner = np.searchsorted(by_start[:, 0], lead_start, side="right") - 1
-        ends = by_start[np.maximum(inner, 0), 1]
-        ok &= ~((inner >= 0) & (ends >= lead_end) & (ends <= step_start[target]))
+        ok &= ~_inside_ended(containers[:, 0], containers[:, 1], lead_start, step_start[target])
     if not ok.any():
         return step_start, step_end, counts
     new_start, counts = step_start.copy(), counts.copy()

@@ -537,7 +537,8 @@ static PyMethodDef methods[] = {
      "cover(pieces, size, alone_bit, emit_bit) -> (totals, alone_starts, alone_ends, emit_starts, emit_ends) "
      "or None: see sweeps.c."},
     {"steps", sweeps_steps, METH_VARARGS,
-     "steps(code, start, end, n, is_work, cuts, epoch_span) -> (rows, starts, ends, counts): see sweeps.c."},
+     "steps(code, start, end, n, is_work, cuts, epoch_span[, after_work[, cut_ends]]) -> (rows, starts, ends, "
+     "counts): see sweeps.c."},
     {"across", sweeps_across, METH_VARARGS,
      "across(code, start, dur, order) -> (rows, counts, starts, lows, middles, highs, slowest): see sweeps.c."},
     {"extents", sweeps_extents, METH_VARARGS,

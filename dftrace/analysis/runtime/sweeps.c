@@ -893,21 +893,31 @@ static Py_ssize_t count_below_near(const int64_t *values, Py_ssize_t m, int64_t 
 #undef BELOW
 }
 
-/* steps(code, start, end, n, is_work, cuts, epoch_span[, after_work]): one process's
+/* Whether ``at`` lies in the pipeline span that began last at or before it (``cuts``:
+ * their sorted starts, ``cut_ends`` their ends, or NULL) and that span ended by
+ * ``until``: an evaluation's fetch, which is not the next step's. */
+static int inside_ended(const int64_t *cuts, const int64_t *cut_ends, Py_ssize_t n_cuts, int64_t at, int64_t until) {
+    if (!cut_ends) return 0;
+    Py_ssize_t last = count_below(cuts, n_cuts, at, 1) - 1;
+    return last >= 0 && cut_ends[last] > at && cut_ends[last] <= until;
+}
+
+/* steps(code, start, end, n, is_work, cuts, epoch_span[, after_work[, cut_ends]]): one process's
  * steps, as _steps._placed_numpy places them from its rows (one a step and name):
  * ``code`` numbers each row's (epoch, step), in their order, with the epoch's place in
  * code / epoch_span; ``is_work`` one byte a row; ``cuts`` the sorted starts of the
- * pipeline spans; ``after_work`` those of the spans that end a step only once its work
- * has ended (a checkpoint saved between steps). The rows are taken in the order of their codes (nearly that of
- * time), so each pass runs through memory in order. The steps come back in time
- * order: a row of each (its epoch and step), its start and end, its event count. */
+ * pipeline spans (``cut_ends`` their ends); ``after_work`` those of the spans that
+ * end a step only once its work has ended (a checkpoint saved between steps). The
+ * rows are taken in the order of their codes (nearly that of time), so each pass runs
+ * through memory in order. The steps come back in time order: a row of each (its
+ * epoch and step), its start and end, its event count. */
 PyObject *sweeps_steps(PyObject *self, PyObject *args) {
-    Py_buffer b[7];
+    Py_buffer b[8];
     memset(b, 0, sizeof(b));
     int64_t epoch_span;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*L|y*:steps", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &epoch_span,
-                          &b[6])) {
-        for (int i = 0; i < 7; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*L|y*y*:steps", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &epoch_span,
+                          &b[6], &b[7])) {
+        for (int i = 0; i < 8; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
         return NULL;
     }
     PyObject *result = NULL;
@@ -925,11 +935,14 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     Py_ssize_t n, n_cuts = b[5].len / (Py_ssize_t)sizeof(int64_t), n_after = b[6].len / (Py_ssize_t)sizeof(int64_t);
     if (!same_length(b, 4, &n)) goto done;
     if (b[4].len != n || b[5].len != n_cuts * (Py_ssize_t)sizeof(int64_t)
-        || b[6].len != n_after * (Py_ssize_t)sizeof(int64_t) || epoch_span < 1) {
-        PyErr_SetString(PyExc_ValueError, "is_work: one byte a row; cuts, after_work: int64; epoch_span: 1 or more");
+        || b[6].len != n_after * (Py_ssize_t)sizeof(int64_t) || epoch_span < 1
+        || (b[7].obj && b[7].len != b[5].len)) {
+        PyErr_SetString(PyExc_ValueError, "is_work: one byte a row; cuts, after_work: int64; epoch_span: 1 or more; "
+                                          "cut_ends: one a cut");
         goto done;
     }
     const int64_t *code = b[0].buf, *start = b[1].buf, *end = b[2].buf, *count = b[3].buf, *cuts = b[5].buf;
+    const int64_t *cut_ends = b[7].obj ? b[7].buf : NULL;
     const int64_t *after_work = b[6].buf;
     const uint8_t *is_work = b[4].buf;
 #define ST(j) start[row[j]]
@@ -1023,7 +1036,8 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
         if (ST(j) > (r ? step_start[r - 1] : INT64_MIN) && ST(j) < work_end[r]) {
             target[j] = r;
         } else if (ST(j) >= work_end[r] && r + 1 < n_steps && !SKIPS(r)
-                   && count_below(cuts, n_cuts, step_start[r + 1], 0) == count_below(cuts, n_cuts, step_start[r], 1)) {
+                   && count_below(cuts, n_cuts, step_start[r + 1], 0) == count_below(cuts, n_cuts, ST(j), 1)
+                   && !inside_ended(cuts, cut_ends, n_cuts, ST(j), step_start[r + 1])) {
             target[j] = r + 1;
         }
     }
@@ -1063,7 +1077,7 @@ done:
     free(work);
     free(keep);
     free(has);
-    for (int i = 0; i < 7; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+    for (int i = 0; i < 8; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
     return result;
 }
 
