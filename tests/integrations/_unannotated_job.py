@@ -113,8 +113,8 @@ def main(mode: str, truth_path: str) -> None:
                     truth["epochs_ns"].append(time.perf_counter_ns() - began)
                     break
                 truth["fetch_ns"] += time.perf_counter_ns() - t0
-                if k % every == 0:
-                    truth["starts_ns"].append(t0)
+                if k % every == 0:  # an epoch's first step waits for its loader to start, too
+                    truth["starts_ns"].append(began if k == 0 else t0)
                 loss = nn.functional.mse_loss(model(x), y)
                 truth["forwards"] += 1
                 loss.backward()

@@ -17,7 +17,9 @@ def processes_frame(combined: Combined) -> pl.DataFrame:
     """proc -> label, rank, host, pid, and the unit steps are compared by.
 
     Ranks are the units when any process has one (processes without a rank, such
-    as helpers, are then left out of step comparisons); otherwise each process is.
+    as helpers, are then left out of step comparisons); otherwise each process is,
+    but a DataLoader worker: the steps its spans carry are those its parent had
+    numbered when it forked, never steps of its own.
     """
     processes = combined.resolution.processes
     any_rank = any(p.rank is not None for p in processes)
@@ -26,6 +28,8 @@ def processes_frame(combined: Combined) -> pl.DataFrame:
         if any_rank:
             unit = f"rank {p.rank}" if p.rank is not None else None
             order = p.rank if p.rank is not None else None
+        elif p.dataloader_worker:
+            unit = order = None
         else:
             unit, order = p.label, i
         rows.append(

@@ -101,8 +101,8 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
                               (step_ok | lead) & ~pipeline & ~block & ~done,
                               {"epoch": (epoch, epoch_ok), "step": (step, step_ok), "cat": (cat_texts, step_cat),
                                "name": (name_texts, step_name)}),
-        "containers": span.select((pipeline & ~block & ~span.name_is(lambda v: v.endswith(fmt.ITER_SUFFIX)))
-                                  | between_steps,
+        "containers": span.select((pipeline & ((~block & ~span.name_is(lambda v: v.endswith(fmt.ITER_SUFFIX)))
+                                               | span.name_is(lambda v: v in fmt.EPOCH_NAMES))) | between_steps,
                                   {"name": span.name, "start": span.ts, "end": span.end, "after_work": between_steps}),
         "collectives": span.select(span.cat_is(lambda v: v == fmt.CAT_COMM) & seq_ok, {
             "name": ([None if v is None else v.removesuffix(fmt.DONE_SUFFIX) for v in name_values], span.name),

@@ -45,10 +45,11 @@ from ..read.schema import FrameT
 #: Categories whose spans place a step in time; data loading follows them.
 WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
 
-#: The names of a batch's fetch (``dataloader`` spans): one that carries no step (the
-#: run's first batch, fetched before the first ``ai.update(step=...)``; every batch
-#: where only the integrations number steps) leads into the step after it.
-FETCH_NAMES = ("fetch", "fetch" + fmt.ITER_SUFFIX)
+#: The names of a batch's fetch (``dataloader`` spans), and of a loader's start (its
+#: iterator made, its workers started): one that carries no step (the run's first
+#: batch, fetched before the first ``ai.update(step=...)``; every batch where only the
+#: integrations number steps) leads into the step after it.
+FETCH_NAMES = ("fetch", "fetch" + fmt.ITER_SUFFIX, "fetch" + fmt.INIT_SUFFIX)
 
 
 def is_lead(cat: Any, name: Any, step_missing: Any) -> Any:
@@ -179,12 +180,14 @@ def _is_merged_work(rows: pl.DataFrame) -> pl.Series:
 
 def container_rows(spans: FrameT, by: list[str]) -> FrameT:
     """*by, name, start, end, after_work: the spans that end a step: the pipeline's own
-    (train, epoch, evaluate, ...; loop bodies and item waits left out), and, once the
-    step's work has ended (``after_work``), checkpoints that carry no step."""
+    (train, epoch, evaluate, ...; loop bodies and item waits left out, but an epoch
+    loop's body, ``epoch.block``: the next epoch), and, once the step's work has ended
+    (``after_work``), checkpoints that carry no step."""
     between = (pl.col("cat") == fmt.CAT_CHECKPOINT) & pl.col("step").is_null()
     return spans.filter(
-        ((pl.col("cat") == fmt.CAT_PIPELINE) & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX)
-         & ~pl.col("name").str.ends_with(fmt.ITER_SUFFIX)) | between
+        ((pl.col("cat") == fmt.CAT_PIPELINE) & ((~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX)
+                                                 & ~pl.col("name").str.ends_with(fmt.ITER_SUFFIX))
+                                                | pl.col("name").is_in(fmt.EPOCH_NAMES))) | between
     ).select(*by, "name", pl.col("ts").alias("start"), "end", between.alias("after_work"))
 
 
