@@ -231,6 +231,30 @@ def test_a_batch_slow_to_load_is_its_own_steps_wait(tmp_path):
     assert sum(mine[k] for k in range(5)) == pytest.approx(sum(truth[:5]), rel=0.02, abs=500), (mine, truth)
 
 
+def test_workers_carrying_their_parents_step_are_not_ranks(tmp_path):
+    """Forked DataLoader workers start with the step their parent had numbered: their
+    item spans carry it. They are no ranks of their own: the steps are the main
+    process's alone (they made extra rank-steps, a worker's the slowest step)."""
+    from dftrace.analysis import summarize
+
+    pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+    with testing.trace_to(tmp_path / "trace"):
+        loader = dft.trace_dataloader(DataLoader(Squares(16), batch_size=4, num_workers=2,
+                                                 multiprocessing_context="fork"))
+        for epoch in range(2):
+            for k, _ in enumerate(loader):
+                ai.update(epoch=epoch, step=epoch * 4 + k)
+                with ai.compute.forward:
+                    pass
+    paths = testing.trace_files(tmp_path / "trace")  # the workers' files too
+    items = [e for path in paths for e in testing.read_events(path) if e.get("name") == "item"]
+    assert len(items) == 32 and len(paths) == 5
+    assert [e for e in items if e["args"].get("step") is not None]  # the second epoch's workers
+    summary = summarize(paths, index=False)
+    assert summary.step_stats["count"] == len(summary.steps) == 8
+    assert all("worker" not in s["slowest"] for s in summary.steps), summary.steps
+
+
 def test_compute_tracing_removes_every_hook():
     """Leaving trace_compute removes the module and optimizer hooks and restores torch.autograd.backward."""
     model, opt, _ = _model_and_data()
