@@ -367,6 +367,24 @@ def test_small_files_read_whole_are_said_to_be_small_files(tmp_path):
     assert io["findings"][0] == "100 % of read time is in reads under 64 KiB: batch them or read larger blocks"
 
 
+def test_dftracer_fread_counts_items_of_its_size(tmp_path):
+    """DFTracer's ``fread``/``fwrite`` carry ``size`` (an item's bytes) and ``ret`` (the
+    items moved): 100 items of 4 bytes are 400 bytes (counted 100), in the summary and
+    in sql; dftrace's own (``ret`` in bytes, no ``size``) are as they were."""
+    proc = tracegen.Process(1, "node0", 0)
+    t0 = tracegen.T0_US
+    proc.span("forward", "compute", t0, 10)
+    _names(proc, FILE_A, FILE_B)
+    calls: list[Call] = []
+    _add(proc, calls, "fread", t0 + 100, 5, cat="STDIO", fhash=HASHES[FILE_A], size=4, count=100, ret=100)
+    _add(proc, calls, "fwrite", t0 + 200, 5, cat="STDIO", fhash=HASHES[FILE_A], size=8, count=10, ret=10)
+    _add(proc, calls, "fread", t0 + 300, 5, cat="STDIO", fhash=HASHES[FILE_B], count=4096, ret=4096)
+    io = _io_of(tmp_path / "run", proc)
+    assert (io["read_bytes"], io["write_bytes"], io["read_ops"], io["write_ops"]) == (400 + 4096, 80, 2, 1)
+    rows = run_sql("SELECT name, bytes FROM io ORDER BY ts", tmp_path / "run").rows()
+    assert rows == [("fread", 400), ("fwrite", 80), ("fread", 4096)]
+
+
 def test_io_outside_compute_in_dataloader_workers_is_said_to_be_theirs(tmp_path):
     """Reads outside compute made by DataLoader workers are where they should be: the
     finding says how much of it is theirs and what to do, not to move it there."""

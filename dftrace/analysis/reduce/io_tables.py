@@ -9,7 +9,8 @@ summed from; ``io_cover``, the union of each thread's compute, data-loading and
 checkpoint spans, which the calls are placed in.
 
 Rules. A call's ops are ``args.calls`` for an aggregated event, else 1; its bytes are
-``args.ret`` where positive, for read and write calls only. A call's size is its bytes
+``args.ret`` where positive, for read and write calls only (times ``args.size`` for
+DFTracer's ``fread``/``fwrite``, whose ``ret`` counts items of that size). A call's size is its bytes
 per op; the size buckets are Darshan's (lower bounds inclusive: 100 bytes is in
 100-1K), of the calls that moved bytes.
 """
@@ -46,7 +47,11 @@ SMALL_BYTES = 64 << 10
 MAX_CALLS = 1 << 40
 MAX_BYTES = 1 << 50
 #: The args the summary reads from I/O events, as event columns.
-ARG_COLUMNS = {"io_fhash": ("fhash", pl.String()), "io_ret": ("ret", pl.Int64()), "io_calls": ("calls", pl.Int64())}
+ARG_COLUMNS = {"io_fhash": ("fhash", pl.String()), "io_ret": ("ret", pl.Int64()), "io_calls": ("calls", pl.Int64()),
+               "io_size": ("size", pl.Int64())}
+#: The calls whose ``args.ret`` counts items of ``args.size`` bytes where the event has
+#: a size (DFTracer's ``fread``/``fwrite``); dftrace's own carry bytes in ``ret``.
+_ITEM_CALLS = ("fread", "fwrite")
 #: Span groups that I/O is placed in: compute, data loading, checkpoint.
 COMPUTE, LOADER, CHECKPOINT = (GROUPS.index(g) for g in ("compute", "data", "checkpoint"))
 #: Schemas of the partial tables (without the process key columns).
@@ -73,8 +78,10 @@ def _ops() -> pl.Expr:
 
 
 def _bytes() -> pl.Expr:
-    """A call's bytes: ``args.ret`` where positive, of read and write calls (after ``kind``)."""
-    ret = pl.col("io_ret")
+    """A call's bytes: ``args.ret`` where positive, of read and write calls (after
+    ``kind``), times ``args.size`` for a call that counts items of that size."""
+    items = pl.col("name").is_in(_ITEM_CALLS) & pl.col("io_size").is_between(1, MAX_BYTES)
+    ret = pl.when(items).then(pl.col("io_ret") * pl.col("io_size")).otherwise(pl.col("io_ret"))
     moved = pl.col("kind").is_in([READ, WRITE]) & ret.is_between(1, MAX_BYTES)
     return pl.when(moved).then(ret).otherwise(0).cast(pl.Int64).alias("bytes")
 
@@ -86,7 +93,7 @@ def io_tables(events: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, pl.D
     size = pl.col("bytes") // pl.col("ops")
     bucket = pl.sum_horizontal((size >= edge).cast(pl.Int8) for edge in SIZE_EDGES)
     frame = events.select(*keys, pl.col("tid").fill_null(0), "ts", (pl.col("ts") + pl.col("dur")).alias("end"),
-                          pl.col("io_fhash").alias("fhash"), _kind(), "io_calls", "io_ret"
+                          pl.col("io_fhash").alias("fhash"), _kind(), "io_calls", "io_ret", "io_size", "name"
                           ).with_columns(_ops(), _bytes()).with_columns(
         pl.when(moved & (pl.col("bytes") > 0)).then(bucket).otherwise(-1).cast(pl.Int8).alias("bucket"),
         # Small: moved bytes, fewer than SMALL_BYTES a call (an end-of-file read, or a

@@ -134,7 +134,7 @@ def _io_of_scanned(piece: ScannedPiece, rows: np.ndarray, keys: list[tuple[int, 
     if not rows.size:
         return {"io_calls": EMPTY_TABLES["io_calls"], "io_totals": EMPTY_TABLES["io_totals"]}
     columns = {"pid": np.full(rows.size, keys[0][0], dtype=np.int64), HOST_KEY: [""] * rows.size}
-    for name in ("tid", "ts", "dur", "io_ret", "io_calls"):
+    for name in ("tid", "ts", "dur", "io_ret", "io_calls", "io_size"):
         values, valid = piece.numbers[name]
         columns[name] = number_series(name, values[rows], valid[rows])
     for name in ("name", "io_fhash"):
