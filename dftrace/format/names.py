@@ -38,6 +38,9 @@ CAT_DFTRACER = "dftracer"
 #: (time the loop body held it); ``.init`` writes ``<leaf>.init``.
 ITER_SUFFIX = ".iter"
 BLOCK_SUFFIX = ".block"
+#: A loop body's span is ``<leaf>.block``, or ``<name>.yield`` in DFTracer's own
+#: ``dft_fn.iter`` (and dftrace's spelling of it, ``dftrace.logger``).
+LOOP_BODY_SUFFIXES = (BLOCK_SUFFIX, ".yield")
 INIT_SUFFIX = ".init"
 #: A collective's span from an asynchronous call to its completion is ``<leaf>.done``;
 #: the time DDP's backward waits for its gradient buckets is ``all_reduce.wait``.

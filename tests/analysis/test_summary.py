@@ -203,6 +203,28 @@ def test_the_fetch_after_an_evaluation_is_the_next_steps_wait(tmp_path, evaluati
         assert abs(mine[k] - truth) <= 0.1 * truth + 1_000, (k, mine, truth)
 
 
+@pytest.mark.parametrize("body", ["block", "yield"])
+def test_a_loop_bodys_span_is_a_container_by_either_name(tmp_path, body):
+    """A loop's item waits (``fetch.iter``) and bodies: ``fetch.block`` from ``.iter()``,
+    ``fetch.yield`` from DFTracer's ``dft_fn.iter``. Either way the body is the loop's
+    use of the item: the stall is waits / (waits + bodies), and the body is no data
+    loading in the breakdown (a .yield body read as 100 % stall and all data loading)."""
+    proc = tracegen.Process(1, "node0", 0)
+    t = tracegen.T0_US
+    for count in range(1, 6):
+        proc.span("fetch.iter", "dataloader", t, 1_000, count=count)
+        proc.span(f"fetch.{body}", "dataloader", t + 1_000, 10_000, count=count)
+        proc.span("forward", "compute", t + 1_500, 9_000, level=2)
+        t += 11_000
+    tracegen.write_process(tmp_path, proc)
+    summary = summarize(tmp_path, index=False)
+    (loop,) = summary.dataloader
+    assert (loop["loader"], loop["iter_us"], loop["block_us"]) == ("fetch", 5_000, 50_000)
+    assert loop["stall"] == pytest.approx(5_000 / 55_000, abs=1e-3)
+    groups = {g["group"]: g["busy_us"] for g in summary.breakdown["groups"]}
+    assert (groups["data"], groups["compute"]) == (5_000, 45_000)
+
+
 def test_steps_untraced_while_switched_off_are_in_no_step(tmp_path):
     """``ai.disable()`` after step 5 and ``ai.enable()`` at step 8's end: steps 6 to 8
     are untraced, and neither step 5 nor step 9 holds their time (step 5 ran up to

@@ -345,7 +345,7 @@ def _unjudged_time_moved(base: Summary, new: Summary, threshold: float, speed: f
 
 
 def _leaf(cat: str, name: str) -> bool:
-    return cat != fmt.CAT_PIPELINE and not name.endswith((fmt.BLOCK_SUFFIX, fmt.ITER_SUFFIX))
+    return cat != fmt.CAT_PIPELINE and not name.endswith((*fmt.LOOP_BODY_SUFFIXES, fmt.ITER_SUFFIX))
 
 
 def _timed(cat: str, name: str) -> bool:

@@ -68,7 +68,7 @@ def _category_figures(base: Summary, new: Summary) -> Iterator[Figure]:
     for key in [*rows_b, *(k for k in rows_n if k not in rows_b)]:
         rb, rn = rows_b.get(key, {}), rows_n.get(key, {})
         # Containers (pipeline spans, loop bodies) hold the others' time: no impact of their own.
-        container = key[0] == fmt.CAT_PIPELINE or key[1].endswith(fmt.BLOCK_SUFFIX)
+        container = key[0] == fmt.CAT_PIPELINE or key[1].endswith(fmt.LOOP_BODY_SUFFIXES)
         time = (0, 0) if container else (rb.get("total_us", 0), rn.get("total_us", 0))
         name = f"{key[0]}.{key[1]}"
         count = [rb.get("count", 0), rn.get("count", 0)]

@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from ... import format as fmt
+from ..read.schema import loop_body
 from ..reduce.sketch import merged_bins, std_expr, value_expr
 from .context import Context
 
@@ -76,10 +77,10 @@ def _round(row: dict[str, Any]) -> dict[str, Any]:
 def dataloader_rows(durations: pl.DataFrame, procs: pl.DataFrame) -> list[dict[str, Any]]:
     loops = durations.filter(
         (pl.col("cat") != fmt.CAT_PIPELINE)
-        & (pl.col("name").str.ends_with(fmt.ITER_SUFFIX) | pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX))
+        & (pl.col("name").str.ends_with(fmt.ITER_SUFFIX) | loop_body(pl.col("name")))
     ).with_columns(
         pl.col("name").str.ends_with(fmt.ITER_SUFFIX).alias("is_iter"),
-        pl.col("name").str.replace(r"\.(iter|block)$", "").alias("loader"),
+        pl.col("name").str.replace(r"\.(iter|block|yield)$", "").alias("loader"),
     )
     if not loops.height:
         return []

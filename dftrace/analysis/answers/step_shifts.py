@@ -73,14 +73,14 @@ def _per_step(events: Any) -> Any:
     step's own time too."""
     import polars as pl
 
-    from ..read.schema import HOST_KEY
+    from ..read.schema import HOST_KEY, loop_body
 
     if "host" not in events.columns:
         events = events.rename({HOST_KEY: "host"})
     spans = events.filter((pl.col("ph") == fmt.PH_COMPLETE) & pl.col("dur").is_not_null()
                           & pl.col("step").is_not_null() & pl.col("name").is_not_null()
                           & (pl.col("cat").fill_null("") != fmt.CAT_PIPELINE)
-                          & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX))
+                          & ~loop_body(pl.col("name")))
     named = spans.select(pl.col("host").fill_null(""), "pid", "epoch", "step", pl.col("dur").cast(pl.Float64),
                          pl.concat_str(pl.col("cat").fill_null(""), pl.lit(_JOIN), "name").alias("_name"))
     if not named.height:

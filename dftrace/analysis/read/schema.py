@@ -87,3 +87,9 @@ def coerce_value(value: Any, dtype: Any) -> Any:
             return None
         return number if -(2**63) <= number < 2**63 else None
     return None
+
+
+def loop_body(name: pl.Expr) -> pl.Expr:
+    """Whether a span's ``name`` is a loop body's (``fmt.LOOP_BODY_SUFFIXES``): a
+    container of the loop's work, never work itself."""
+    return pl.any_horizontal(name.str.ends_with(suffix) for suffix in fmt.LOOP_BODY_SUFFIXES)

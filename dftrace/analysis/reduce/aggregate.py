@@ -27,7 +27,7 @@ from ..read.decode import iter_partition_pieces, read_ahead
 from ..read.partition_data import MAX_BROKEN_KEPT, PartitionData
 from .io_tables import ARG_COLUMNS as IO_ARG_COLUMNS
 from .io_tables import IO_CATS, cover_table, io_tables, regrouped_totals
-from ..read.schema import HOST_KEY, SUMMARY_COLUMNS
+from ..read.schema import HOST_KEY, SUMMARY_COLUMNS, loop_body
 from .sketch import bins_of, merged_bins
 from ..read.sources import Partition
 from .steps import (STEP_TIME_SCHEMA, container_rows, merged_work_encloses, model_steps, regrouped_step_rows,
@@ -407,7 +407,7 @@ def _extent() -> list[pl.Expr]:
 
 
 def _group_expr() -> pl.Expr:
-    expr = pl.when(pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX)).then(None)
+    expr = pl.when(loop_body(pl.col("name"))).then(None)
     for cat, bit in GROUP_CATS.items():
         expr = expr.when(pl.col("cat") == cat).then(pl.lit(bit))
     return expr.otherwise(None).cast(pl.Int8)

@@ -63,7 +63,7 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
     tid_values, tid_ok = span.take("tid")
     tid = np.where(tid_ok, tid_values, 0)
     level, level_ok = span.take("level")
-    block = span.name_is(lambda v: v.endswith(fmt.BLOCK_SUFFIX))
+    block = span.name_is(lambda v: v.endswith(fmt.LOOP_BODY_SUFFIXES))
     group = np.where(block, -1, np.array([GROUP_CATS.get(v, -1) for v in cat_values], dtype=np.int8)[span.cat])
     columns = (tid, span.ts, span.end, np.where(level_ok, level, 0), level_ok.view(np.uint8), group.astype(np.int8))
     painting = painted_spans(*columns)

@@ -39,7 +39,7 @@ from ... import format as fmt
 from ..runtime import kernels
 from .busy import each_process, time_within
 from .step_numbers import with_numbers_settled
-from ..read.schema import FrameT
+from ..read.schema import FrameT, loop_body
 
 
 #: Categories whose spans place a step in time; data loading follows them.
@@ -68,7 +68,7 @@ def step_rows(spans: FrameT, by: list[str]) -> FrameT:
     return (
         spans.filter(
             (pl.col("step").is_not_null() | lead) & (pl.col("cat") != fmt.CAT_PIPELINE)
-            & ~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX) & ~pl.col("name").str.ends_with(fmt.DONE_SUFFIX)
+            & ~loop_body(pl.col("name")) & ~pl.col("name").str.ends_with(fmt.DONE_SUFFIX)
         )
         .group_by([*by, "epoch", "step", "cat", "name", pl.when(lead).then(pl.col("ts")).alias("_lead")])
         .agg(pl.col("ts").min().alias("start"), pl.col("end").max().alias("end"),
@@ -185,7 +185,7 @@ def container_rows(spans: FrameT, by: list[str]) -> FrameT:
     (``after_work``), checkpoints that carry no step."""
     between = (pl.col("cat") == fmt.CAT_CHECKPOINT) & pl.col("step").is_null()
     return spans.filter(
-        ((pl.col("cat") == fmt.CAT_PIPELINE) & ((~pl.col("name").str.ends_with(fmt.BLOCK_SUFFIX)
+        ((pl.col("cat") == fmt.CAT_PIPELINE) & ((~loop_body(pl.col("name"))
                                                  & ~pl.col("name").str.ends_with(fmt.ITER_SUFFIX))
                                                 | pl.col("name").is_in(fmt.EPOCH_NAMES))) | between
     ).select(*by, "name", pl.col("ts").alias("start"), "end", between.alias("after_work"))

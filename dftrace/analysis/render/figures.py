@@ -171,7 +171,7 @@ def self_time_by_name(summary: Summary) -> Figure | None:
     asynchronous work was in flight (``.done``, which overlaps other work). None when
     no name is left."""
     leaves = [r for r in summary.categories
-              if r["cat"] != fmt.CAT_PIPELINE and not r["name"].endswith(fmt.BLOCK_SUFFIX)]
+              if r["cat"] != fmt.CAT_PIPELINE and not r["name"].endswith(fmt.LOOP_BODY_SUFFIXES)]
     own = [r for r in leaves if not r["name"].endswith(fmt.DONE_SUFFIX)]
     calls = sorted(own, key=lambda r: r.get("self_us", r["total_us"]), reverse=True)[:20]
     flight = sorted((r for r in leaves if r["name"].endswith(fmt.DONE_SUFFIX)),
