@@ -22,6 +22,7 @@ import zstandard
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace.analysis import load_traces, summarize  # noqa: E402
+from dftrace import testing  # noqa: E402
 from dftrace.analysis.commands import main  # noqa: E402
 from dftrace.format import MAX_LINE_BYTES, validate_file  # noqa: E402
 
@@ -188,6 +189,16 @@ def test_a_trace_reached_twice_counts_once(tmp_path, capsys):
     assert main(["summary", str(run), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "Left out 1 file holding the same events as another: copy.pfw.gz (as " in out
+    # The same pid and times on another host are another process, not a copy.
+    rank0 = next(p for p in run.glob("*rank0*"))
+    lines = testing.read_events(rank0)
+    hhash = next(e["args"]["value"] for e in lines if e.get("name") == "HH")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    text = "\n".join(orjson.dumps(e).decode() for e in lines).replace(hhash, "99" * 8)
+    (elsewhere / "train-rank0-node9.pfw").write_text("[\n" + text.replace('"name":"node0"', '"name":"node9"') + "\n")
+    summary = summarize([run / "copy.pfw.gz", elsewhere])
+    assert summary.overview["duplicate_files"] == [] and len(summary.processes) == 3
 
 
 def test_files_that_are_not_traces_are_skipped(tmp_path, capsys):

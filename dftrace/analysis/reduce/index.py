@@ -98,7 +98,7 @@ def partials_of(paths: PathsLike, skipped: list[str], executor: Any, partition_b
 
 def copies_of_others(each_file: dict[str, list[Partial]]) -> dict[str, str]:
     """The files (path: a file that holds the same) whose processes all have their events
-    in other files: the same first start, last end and count of events (a copy, a trace
+    in other files: the same pid, hosts, first start, last end and count of events (a copy, a trace
     converted or merged beside its files). Read twice they would count twice. Of files
     that hold the same, those with more processes (a merged one) go first, then the later."""
     held: dict[str, set[tuple]] = {}
@@ -112,7 +112,10 @@ def copies_of_others(each_file: dict[str, list[Partial]]) -> dict[str, str]:
                 seen = extents.setdefault(tuple(key), [start, end, 0])
                 seen[0], seen[1], seen[2] = min(seen[0], start), max(seen[1], end), seen[2] + n
         if extents:
-            held[path] = {(*key, *value) for key, value in extents.items()}
+            # The same pid and times on another host are another process.
+            host = {record.get("pid"): str(record.get("args", {}).get("name")) for partial in partials
+                    for record in partial.source.meta if record.get("name") == "HH"}
+            held[path] = {(*key, *value, host.get(key[0])) for key, value in extents.items()}
     holders: dict[tuple, list[str]] = {}
     for path, processes in held.items():
         for process in processes:
