@@ -60,7 +60,10 @@ class dftracer:  # noqa: N801 - DFTracer's spelling
                        process_id: int = -1) -> dftracer:
         """Start tracing; ``logfile`` (``.pfw`` suffix optional) is the file prefix.
         ``data_dir`` (colon-separated prefixes, or ``all``) traces the file I/O under
-        it, as DFTracer does (``io=True``; ``DFTRACE_IO=0`` keeps it off)."""
+        it, as DFTracer does (``io=True``; ``DFTRACE_IO=0`` keeps it off).
+        ``DFTRACER_ENABLE=0`` in the environment starts nothing, as in DFTracer."""
+        if os.environ.get("DFTRACER_ENABLE", "").strip() == "0":
+            return dftracer.get_instance()
         options: dict[str, Any] = {}
         if logfile:
             prefix = str(logfile)
@@ -123,6 +126,27 @@ class dftracer:  # noqa: N801 - DFTracer's spelling
             pass
 
 
+def _some_loop_spans(node: Node, iterable: Iterable[Any], include_iter: bool, include_yield: bool) -> Any:
+    """``dft_fn.iter`` writing only the ``.iter`` or only the ``.yield`` spans."""
+    count = 0
+    waits = _logged_event(node.name + ".iter", node.cat)
+    uses = _logged_event(node.name + _LoopNode.BLOCK_SUFFIX, node.cat)
+    it = iter(iterable)
+    while True:
+        t0 = _engine.clock()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        t1 = _engine.clock()
+        count += 1
+        if include_iter:
+            waits.record(t0, t1, {"count": count})
+        yield item
+        if include_yield:
+            uses.record(t1, _engine.clock(), {"count": count})
+
+
 class _LoopNode(Node):
     """``dft_fn.iter`` names its per-item spans ``<name>.iter`` and ``<name>.yield``."""
 
@@ -166,19 +190,28 @@ class dft_fn(Node):  # noqa: N801 - DFTracer's spelling
             child = self._add(name, cls(name, self.cat, self, f"{self.path}.{name}"))
         return child
 
-    def log(self, func: F) -> F:
-        """Decorate ``func``; its calls are events named ``func.__qualname__``."""
-        return self._child(getattr(func, "__qualname__", str(func))).decorate(func)
+    def log(self, f_py: Any = None, name: str | None = None) -> Any:
+        """Decorate a function, bare (``@fn.log``) or named (``@fn.log(name="x")``); its
+        calls are events named ``name``, else ``func.__qualname__``."""
+        def decorate(func: F) -> F:
+            return self._child(name or getattr(func, "__qualname__", str(func))).decorate(func)
+
+        return decorate(f_py) if callable(f_py) else decorate
 
     log_static = log
 
-    def log_init(self, init: F) -> F:
-        """Decorate a constructor; events are named ``Class.__init__``."""
-        return self.log(init)
+    def log_init(self, f_py: Any = None, name: str | None = None) -> Any:
+        """Decorate a constructor; events are named ``Class.__init__`` (or ``name``)."""
+        return self.log(f_py, name)
 
-    def iter(self, iterable: Iterable[Any], name: str = "loop", iter_name: str = "step") -> Any:  # type: ignore[override]
-        """Per item, ``<name>.iter`` and ``<name>.yield`` spans with ``args.count``."""
-        return self._child(name, _LoopNode).iter(iterable)
+    def iter(self, iterable: Iterable[Any], name: str = "loop", iter_name: str = "step",  # type: ignore[override]
+             include_yield: bool = True, include_iter: bool = True) -> Any:
+        """Per item, ``<name>.iter`` and ``<name>.yield`` spans with ``args.count``
+        (either left out by ``include_iter=False`` / ``include_yield=False``)."""
+        node = self._child(name, _LoopNode)
+        if include_yield and include_iter:
+            return node.iter(iterable)
+        return _some_loop_spans(node, iterable, include_iter, include_yield)
 
     def log_metadata(self, key: str, value: Any) -> None:
         dftracer.get_instance().log_metadata_event(key, value)

@@ -58,3 +58,50 @@ def test_log_event_and_metadata(tmp_path):
     assert (e["cat"], e["ts"], e["dur"], e["args"]["n"], e["args"]["s"]) == ("USER", t, 5, 3, "v")
     cm = [x for x in events if x.get("name") == "CM"]
     assert cm[0]["args"]["name"] == "model" and cm[0]["args"]["value"] == "resnet"
+
+
+def test_dftracers_own_options_of_log_and_iter(tmp_path):
+    """DFTracer's keyword spellings (``@fn.log(name=...)``, ``@fn.log_init(name=...)``,
+    ``@fn.log_static(name=...)``, ``fn.iter(..., include_yield=False)`` or
+    ``include_iter=False``) work as there; they raised TypeError."""
+    log = dftracer.initialize_log(logfile=str(tmp_path / "run.pfw"), data_dir=None, process_id=-1)
+    fn = dft_fn("COMPUTE")
+
+    @fn.log(name="named")
+    def work():
+        return 3
+
+    class Model:
+        @fn.log_init(name="Model.made")
+        def __init__(self):
+            self.w = 1
+
+        @staticmethod
+        @fn.log_static(name="helper")
+        def helper():
+            return 4
+
+    assert work() == 3 and Model().w == 1 and Model.helper() == 4
+    assert list(fn.iter(range(3), name="waits", include_yield=False)) == [0, 1, 2]
+    assert list(fn.iter(range(2), name="uses", include_iter=False)) == [0, 1]
+    log.finalize()
+    spans = testing.spans(testing.read_events(tmp_path))
+    names = [(e["cat"], e["name"]) for e in spans]
+    for name in ("named", "Model.made", "helper"):
+        assert names.count(("COMPUTE", name)) == 1, names
+    assert [e["args"]["count"] for e in spans if e["name"] == "waits.iter"] == [1, 2, 3]
+    assert not [e for e in spans if e["name"] in ("waits.yield", "uses.iter")]
+    assert [e["args"]["count"] for e in spans if e["name"] == "uses.yield"] == [1, 2]
+    assert_valid(testing.trace_files(tmp_path))
+
+
+def test_dftracer_enable_0_starts_nothing(tmp_path, monkeypatch):
+    """``DFTRACER_ENABLE=0``, DFTracer's switch, keeps ``initialize_log`` from tracing."""
+    import dftrace
+
+    monkeypatch.setenv("DFTRACER_ENABLE", "0")
+    log = dftracer.initialize_log(logfile=str(tmp_path / "run.pfw"), data_dir=None, process_id=-1)
+    with dft_fn("IO", name="read"):
+        pass
+    log.finalize()
+    assert dftrace.session() is None and testing.trace_files(tmp_path) == []
