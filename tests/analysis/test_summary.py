@@ -225,6 +225,74 @@ def test_a_loop_bodys_span_is_a_container_by_either_name(tmp_path, body):
     assert (groups["data"], groups["compute"]) == (5_000, 45_000)
 
 
+@pytest.mark.parametrize("numbering", ["global", "per_epoch", "accumulated"])
+def test_steps_by_the_loops_own_clock_across_epochs(tmp_path, numbering):
+    """``ai.update(epoch=e)`` before each epoch's loop and ``ai.update(step=...)`` in it,
+    steps numbered on across epochs, anew in each, or stepped every second micro-batch
+    (gradient accumulation): each step runs from its (first) batch's fetch to the next
+    step's, the last of an epoch to its own work's end, and is in its own epoch. (The
+    last step of epoch 0 was put in epoch 1, the first fetch of an epoch numbered anew
+    was in no step, and each step took the next one's first fetch.)"""
+    import time
+
+    from dftrace import ai, testing
+
+    per_step = 2 if numbering == "accumulated" else 1
+    fetched, truth = [], []  # each fetch's start; (epoch, step, start, end) by the loop's clock
+
+    def batches(n):
+        for i in range(n):
+            fetched.append(time.perf_counter_ns())
+            time.sleep(0.002 + 0.001 * i)
+            yield i
+
+    step = 0
+    with testing.trace_to(tmp_path / "trace") as result:
+        for epoch in range(2):
+            ai.update(epoch=epoch)
+            for k, _ in enumerate(ai.dataloader.fetch.iter(batches(4 * per_step))):
+                if k % per_step == 0:
+                    if truth and truth[-1][0] == epoch:
+                        truth[-1][3] = fetched[-1]
+                    number = k // per_step if numbering == "per_epoch" else step
+                    truth.append([epoch, number, fetched[-1], None])
+                    ai.update(step=number)
+                with ai.compute.forward:
+                    time.sleep(0.004)
+                if k % per_step == per_step - 1:
+                    with ai.compute.step:
+                        time.sleep(0.001)
+                    truth[-1][3] = time.perf_counter_ns()
+                    step += 1
+    summary = summarize(result.paths, index=False)
+    mine = {(s["epoch"], s["step"]): s["max_us"] for s in summary.steps}
+    assert sorted(mine) == sorted((e, s) for e, s, _, _ in truth), mine
+    for epoch, number, began, ended in truth:
+        expected = (ended - began) / 1e3
+        assert abs(mine[(epoch, number)] - expected) <= 0.1 * expected + 1_000, (epoch, number, mine, truth)
+
+
+def test_steps_numbered_without_epochs_end_with_their_epoch_loop(tmp_path):
+    """Steps numbered by the compute spans alone (``args={"step": n}``, as
+    ``trace_compute()`` numbers them), in a loop over ``ai.pipeline.epoch.iter(...)``
+    whose epochs end with a wait in no span (a DataLoader's workers shutting down):
+    the last step of an epoch ends with its own work, not at the next epoch's start
+    (it held the 30 ms wait)."""
+    import time
+
+    from dftrace import ai, testing
+
+    with testing.trace_to(tmp_path / "trace") as result:
+        for epoch in ai.pipeline.epoch.iter(range(2)):
+            for k in ai.dataloader.fetch.iter(range(3)):
+                with ai.compute.forward(args={"step": 3 * epoch + k}):
+                    time.sleep(0.003)
+            time.sleep(0.03)
+    summary = summarize(result.paths, index=False)
+    assert [(s["epoch"], s["step"]) for s in summary.steps] == [(k // 3, k) for k in range(6)]
+    assert all(s["max_us"] < 20_000 for s in summary.steps), summary.steps
+
+
 def test_steps_untraced_while_switched_off_are_in_no_step(tmp_path):
     """``ai.disable()`` after step 5 and ``ai.enable()`` at step 8's end: steps 6 to 8
     are untraced, and neither step 5 nor step 9 holds their time (step 5 ran up to

@@ -17,7 +17,8 @@ from ..read.partition_data import PartitionData, ScannedPiece, number_series, te
 from .io_tables import IO_CATS, io_tables, thread_cover
 from ..read.schema import HOST_KEY
 from .sketch import EXACT_BELOW_US, bins_of
-from .steps import PROFILER_STEP_PREFIX, WORK_CATS, is_lead
+from .step_numbers import WORK_CATS
+from .steps import PROFILER_STEP_PREFIX, is_fetch
 
 from .partial import (EMPTY_TABLES, GROUP_CATS, IO_TABLES, PARTIAL_TABLES, ROW_KEY, TRACER_CATS, Partial, as_stored,
                       stored_table)
@@ -81,8 +82,8 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
     incomplete, incomplete_ok = span.take("incomplete")
     done = span.name_is(lambda v: v.endswith(fmt.DONE_SUFFIX))
     between_steps = span.cat_is(lambda v: v == fmt.CAT_CHECKPOINT) & ~step_ok  # see ``steps.container_rows``
-    lead = is_lead(lambda cat: span.cat_is(lambda v: v == cat), lambda names: span.name_is(lambda v: v in names),
-                   ~step_ok)  # a fetch that carries no step: a row of its own
+    fetch = is_fetch(lambda cat: span.cat_is(lambda v: v == cat),
+                     lambda names: span.name_is(lambda v: v in names))  # a row of its own
     edge = {"tid": tid, "level": (level, level_ok), "start": span.ts, "end": span.end}
     name_values = piece.texts["name"][0]
     group_values, group_index = piece.texts["group"]
@@ -97,8 +98,8 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
         name_texts, step_name = [*name_values, None], np.where(merged, len(name_values), span.name)
     columns = {
         "steps": span.extents([epoch_ok, np.where(epoch_ok, epoch, 0), step_ok, np.where(step_ok, step, 0), step_cat,
-                               step_name, np.where(lead, span.ts, 0)],
-                              (step_ok | lead) & ~pipeline & ~block & ~done,
+                               step_name, np.where(fetch, span.ts, 0)],
+                              (step_ok | fetch) & ~pipeline & ~block & ~done,
                               {"epoch": (epoch, epoch_ok), "step": (step, step_ok), "cat": (cat_texts, step_cat),
                                "name": (name_texts, step_name)}),
         "containers": span.select((pipeline & ((~block & ~span.name_is(lambda v: v.endswith(fmt.ITER_SUFFIX)))

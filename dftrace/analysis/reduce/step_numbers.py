@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import polars as pl
 
+from ... import format as fmt
+
+#: Categories whose spans place a step in time; data loading follows them.
+WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
+
 
 def with_numbers_settled(rows: pl.DataFrame) -> pl.DataFrame:
     """``rows`` (the extents of each [proc,] epoch, step, cat, name) with
@@ -54,7 +59,10 @@ def with_split_steps_joined(rows: pl.DataFrame) -> pl.DataFrame:
         value = pl.col(name).shift(-1)
         return (value.over(keys) if keys else value).alias(alias)
 
-    ranges = (rows.lazy().filter(pl.col("epoch").is_not_null() & pl.col("step").is_not_null())
+    # Of the steps' work: a fetch at an epoch's start carries the new epoch with the last
+    # step's number (ai.update(epoch=e) before the loop), and cuts no step in two.
+    ranges = (rows.lazy().filter(pl.col("epoch").is_not_null() & pl.col("step").is_not_null()
+                                 & pl.col("cat").is_in(WORK_CATS))
               .group_by(*keys, "epoch").agg(pl.col("step").min().alias("_lo"), pl.col("step").max().alias("_hi"))
               .sort(*keys, "epoch"))
     split = (ranges.with_columns(following("epoch", "_later"), following("_lo", "_next_lo"),

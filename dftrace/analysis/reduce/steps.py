@@ -38,42 +38,44 @@ import polars as pl
 from ... import format as fmt
 from ..runtime import kernels
 from .busy import each_process, time_within
-from .step_numbers import with_numbers_settled
+from .step_numbers import WORK_CATS, with_numbers_settled
 from ..read.schema import FrameT, loop_body
 
 
-#: Categories whose spans place a step in time; data loading follows them.
-WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
-
 #: The names of a batch's fetch (``dataloader`` spans), and of a loader's start (its
-#: iterator made, its workers started): one that carries no step (the run's first
-#: batch, fetched before the first ``ai.update(step=...)``; every batch where only the
-#: integrations number steps) leads into the step after it.
+#: iterator made, its workers started): each is a row of its own in the step rows, as
+#: one step can hold the fetch of its own micro-batch and that of the next step's
+#: batch. One that carries no step (the run's first batch, fetched before the first
+#: ``ai.update(step=...)``; every batch where only the integrations number steps)
+#: leads into the step after it.
 FETCH_NAMES = ("fetch", "fetch" + fmt.ITER_SUFFIX, "fetch" + fmt.INIT_SUFFIX)
 
 
-def is_lead(cat: Any, name: Any, step_missing: Any) -> Any:
-    """Whether a span is a batch's fetch that carries no step (see FETCH_NAMES): works on
-    polars expressions and numpy masks alike (``cat`` and ``name`` as predicates there)."""
-    return step_missing & cat(fmt.CAT_DATALOADER) & name(FETCH_NAMES)
+def is_fetch(cat: Any, name: Any) -> Any:
+    """Whether a span is a batch's fetch (see FETCH_NAMES): works on polars expressions
+    and numpy masks alike (``cat`` and ``name`` as predicates there)."""
+    return cat(fmt.CAT_DATALOADER) & name(FETCH_NAMES)
+
+
+def _fetch_rows() -> pl.Expr:
+    return is_fetch(lambda cat: pl.col("cat") == cat, lambda names: pl.col("name").is_in(names))
 
 
 def step_rows(spans: FrameT, by: list[str]) -> FrameT:
     """*by, epoch, step, cat, name, start, end, n: extents of the spans that carry
-    ``args.step``, per name, and each fetch that carries none (``is_lead``): what
-    :func:`model_steps` works from. ``spans`` are complete events with an ``end``
-    column."""
-    lead = is_lead(lambda cat: pl.col("cat") == cat, lambda names: pl.col("name").is_in(names),
-                   pl.col("step").is_null())
+    ``args.step``, per name, and each fetch (``is_fetch``), whether it carries one or
+    not: what :func:`model_steps` works from. ``spans`` are complete events with an
+    ``end`` column."""
+    fetch = _fetch_rows()
     return (
         spans.filter(
-            (pl.col("step").is_not_null() | lead) & (pl.col("cat") != fmt.CAT_PIPELINE)
+            (pl.col("step").is_not_null() | fetch) & (pl.col("cat") != fmt.CAT_PIPELINE)
             & ~loop_body(pl.col("name")) & ~pl.col("name").str.ends_with(fmt.DONE_SUFFIX)
         )
-        .group_by([*by, "epoch", "step", "cat", "name", pl.when(lead).then(pl.col("ts")).alias("_lead")])
+        .group_by([*by, "epoch", "step", "cat", "name", pl.when(fetch).then(pl.col("ts")).alias("_fetch")])
         .agg(pl.col("ts").min().alias("start"), pl.col("end").max().alias("end"),
              pl.len().cast(pl.Int64).alias("n"))
-        .drop("_lead")
+        .drop("_fetch")
     )
 
 
@@ -112,19 +114,30 @@ def regrouped_step_rows(rows: pl.DataFrame, heights: list[int], by: list[str]) -
     maybe a few more: exact whatever the rows' order), not every row."""
     keys = [*by, "epoch", "step", "cat", "name"]
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
+    # A fetch is a row of its own (``is_fetch``): never grouped, nor counted in the
+    # pieces' ranges (one without a step has the least code of all).
+    fetch = rows.select(_fetch_rows()).to_series().fill_null(False).to_numpy()
     codes = step_codes(rows)
     if codes is None:  # steps too far apart to number with one integer
-        return rows.lazy().group_by(keys).agg(*extent)
+        if not fetch.any():
+            return rows.lazy().group_by(keys).agg(*extent)
+        fetches = pl.Series(fetch)
+        return pl.concat([rows.filter(fetches).lazy(),
+                          rows.filter(~fetches).lazy().group_by(keys).agg(*extent).select(rows.columns)],
+                         how="vertical")
     code = codes[0]
     ends = np.cumsum(heights)
     pieces = [(end - height, end) for height, end in zip(heights, ends) if height]
-    ranges = [(code[a:b].min(), code[a:b].max()) for a, b in pieces]
+    ranges = []
+    for a, b in pieces:
+        own = code[a:b][~fetch[a:b]]
+        ranges.append((own.min(), own.max()) if own.size else (1, 0))
     shared = np.zeros(code.size, dtype=bool)
     for i, (a, b) in enumerate(pieces):
         for j, (low, high) in enumerate(ranges):
             if j != i:
                 shared[a:b] |= (code[a:b] >= low) & (code[a:b] <= high)
-    shared &= rows.get_column("step").is_not_null().to_numpy()  # a fetch without a step is a row of its own
+    shared &= ~fetch
     if not shared.any():
         return rows.lazy()
     shared_rows = pl.Series(shared)
@@ -208,13 +221,14 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     if not rows.height:
         return pl.DataFrame(schema=STEP_SCHEMA)
     rows = with_numbers_settled(rows)
-    cuts = {  # per process: the pipeline spans' (start, end) by start, and the after_work ones' starts
+    cuts = {  # per process: the pipeline spans' (start, end) by start, the after_work ones' starts, the epochs'
         proc: (frame.filter(~pl.col("after_work")).sort("start").select("start", "end").to_numpy().astype(np.int64),
-               np.sort(frame.filter(pl.col("after_work")).get_column("start").to_numpy()))
+               np.sort(frame.filter(pl.col("after_work")).get_column("start").to_numpy()),
+               np.sort(frame.filter(pl.col("name").is_in(fmt.EPOCH_NAMES)).get_column("start").to_numpy()))
         for (proc,), frame in containers.with_columns(pl.col("after_work").fill_null(False))
         .partition_by("proc", as_dict=True).items()
     }
-    none = (np.empty((0, 2), dtype=np.int64), np.empty(0, dtype=np.int64))
+    none = (np.empty((0, 2), dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
     procs = rows.get_column("proc").unique(maintain_order=True).to_list()
 
     def one(proc: int) -> pl.DataFrame:
@@ -259,39 +273,59 @@ def _steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([steps.filter(pl.col("epoch").is_not_null()), placed], how="vertical_relaxed")
 
 
-def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_work: np.ndarray) -> pl.DataFrame:
+def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_work: np.ndarray,
+                   epoch_starts: np.ndarray) -> pl.DataFrame:
     """One process's steps; ``containers``: its pipeline spans' (start, end), by start;
-    ``after_work``: the starts of the spans that end a step once its work has."""
+    ``after_work``: the starts of the spans that end a step once its work has;
+    ``epoch_starts``: those of its epoch spans, sorted. The rows are read as columns,
+    never copied whole: a million-step process has millions of them."""
     cuts, cut_ends = np.ascontiguousarray(containers[:, 0]), np.ascontiguousarray(containers[:, 1])
-    leads = None
-    if rows.get_column("step").null_count():  # fetches that carry no step: see _with_leading_data
-        unnumbered = rows.select(is_lead(lambda cat: pl.col("cat") == cat, lambda names: pl.col("name").is_in(names),
-                                         pl.col("step").is_null())).to_series().fill_null(False)
-        leads, rows = rows.filter(unnumbered), rows.filter(~unnumbered)
-    start, end, n = (np.ascontiguousarray(rows.get_column(name).to_numpy(), np.int64) for name in ("start", "end", "n"))
-    is_work = rows.get_column("cat").is_in(WORK_CATS).to_numpy()
+    numbers = rows.select("epoch", "step")
+    columns = {name: np.ascontiguousarray(rows.get_column(name).to_numpy(), np.int64) for name in ("start", "end", "n")}
+    fetch = rows.select(_fetch_rows()).to_series().fill_null(False).to_numpy()
+    missing = numbers.get_column("step").is_null().to_numpy()
+    lead = fetch & missing  # fetches that carry no step: see _with_leading_data
+    placed_rows = np.flatnonzero(~lead) if lead.any() else None
+
+    def kept(values: Any) -> Any:
+        return values if placed_rows is None else values[placed_rows]
+
+    placing_numbers = numbers if placed_rows is None else numbers[placed_rows]
+    placing = _in_epoch_spans(placing_numbers, kept(columns["start"]), epoch_starts)
+    start, end, n = (np.ascontiguousarray(kept(columns[name])) for name in ("start", "end", "n"))
+    is_work = kept(rows.get_column("cat").is_in(WORK_CATS).fill_null(False).to_numpy())
     work = bool(is_work.any())
     if not work:
-        is_work = np.ones(rows.height, dtype=bool)
-    codes = step_codes(rows)
+        is_work = np.ones(start.size, dtype=bool)
+    codes = step_codes(placing)
     if kernels.C is not None and codes is not None:
         code, epoch_span = codes
         placed = kernels.C.steps(code, start, end, n, is_work.astype(np.uint8), cuts, epoch_span,
                                  np.ascontiguousarray(after_work, np.int64), cut_ends)
         at, step_start, step_end, counts = (np.frombuffer(array, np.int64) for array in placed)
-        picked = rows.select("epoch", "step")[at]
+        picked = placing_numbers[at]
     else:
-        picked, step_start, step_end, counts = _placed_numpy(rows, codes, start, end, n, is_work, cuts, after_work,
+        picked, step_start, step_end, counts = _placed_numpy(placing, codes, start, end, n, is_work, cuts, after_work,
                                                              cut_ends)
+        if placing is not placing_numbers:  # the epochs the rows carry, not those they were placed by
+            picked = picked.with_columns(pl.when(pl.col("epoch") >= 0).then(pl.col("epoch")).alias("epoch"))
     if not step_start.size:
         return pl.DataFrame(schema=STEP_SCHEMA)
     if work:
-        # A fetch numbered with a step that has no work (tracing was off for it) leads too.
-        orphaned = rows.filter(is_lead(lambda cat: pl.col("cat") == cat, lambda names: pl.col("name").is_in(names),
-                                       True)).join(picked.unique(), on=["epoch", "step"], how="anti", nulls_equal=True)
-        if orphaned.height:
-            leads = orphaned if leads is None else pl.concat([leads, orphaned], how="vertical_relaxed")
-    if leads is not None and work and leads.height:
+        # A fetch numbered with a step that has no work (tracing was off for it), or that
+        # began before the step before its own did (the first of an epoch numbered anew,
+        # carrying the last epoch's last number), leads too.
+        numbered = np.flatnonzero(fetch & ~missing)
+        if numbered.size:
+            at_step = (numbers[numbered].join(picked.with_row_index("_at"), on=["epoch", "step"], how="left",
+                                              nulls_equal=True, maintain_order="left").get_column("_at"))
+            before = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
+            stale = at_step.is_null().to_numpy() | (
+                columns["start"][numbered] <= before[at_step.fill_null(0).to_numpy().astype(np.int64)])
+            lead[numbered[stale]] = True
+    if work and lead.any():
+        leads = pl.DataFrame({"epoch": numbers.get_column("epoch").filter(pl.Series(lead)),
+                              **{name: values[lead] for name, values in columns.items()}})
         step_start, step_end, counts = _with_leading_data(leads, picked.get_column("epoch"), step_start, step_end,
                                                           counts, np.concatenate((cuts, after_work)), containers)
     return pl.DataFrame(
@@ -428,6 +462,18 @@ def _numbers_of(keys: pl.DataFrame, key: np.ndarray, codes: tuple[np.ndarray, in
         return numbers
     step = keys.get_column("step")
     return step.fill_null((step.min() or 0) - 1).cast(pl.Int64).to_numpy()
+
+
+def _in_epoch_spans(numbers: pl.DataFrame, start: np.ndarray, epoch_starts: np.ndarray) -> pl.DataFrame:
+    """``numbers`` (epoch, step of rows starting at ``start``), those that carry no epoch
+    numbered, for placing only, by the epoch span they start in (-1 before the first,
+    -2 in it, ...): the last step of an epoch of steps numbered without one, in a
+    loop over ``ai.pipeline.epoch.iter(...)``, ends with its own work (it ran on to the
+    next epoch's start)."""
+    if not epoch_starts.size or not numbers.get_column("epoch").null_count():
+        return numbers
+    span = -1 - np.searchsorted(epoch_starts, start, side="right")
+    return numbers.with_columns(pl.coalesce(pl.col("epoch"), pl.Series(span, dtype=pl.Int64)).alias("epoch"))
 
 
 def _skipped(steps: np.ndarray, same_epoch: np.ndarray) -> np.ndarray:
