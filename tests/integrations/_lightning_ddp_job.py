@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import dftrace
 from dftrace.lightning import TraceCallback
 
-BATCHES, EPOCHS, SLOW_S, SLOW_EVERY = 8, 2, 0.030, 4
+BATCHES, EPOCHS, SLOW_S, SLOW_EVERY = 8, 2, 0.080, 4
 
 
 class Model(pl.LightningModule):
