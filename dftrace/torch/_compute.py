@@ -68,8 +68,11 @@ class ComputeTracing:
         span = self._forward.pop()
         if span is None:
             return
-        extra: dict[str, Any] = {"training": bool(module.training)}
-        step = self._own_step(ai.compute.forward)
+        training = bool(module.training)
+        extra: dict[str, Any] = {"training": training}
+        # A forward in eval mode (an evaluation between steps) is no step's work: the
+        # optimizer's count then names the step to come.
+        step = self._own_step(ai.compute.forward) if training else None
         if step is not None:
             extra["step"] = step
         err = forward_failed(output)
@@ -138,7 +141,8 @@ def trace_compute(model: Any = None, optimizer: Any = None, *, forward: bool = T
       a list); a step that raised is closed, flagged incomplete, at the next step.
 
     Each span carries ``args.step``, the number of optimizer steps taken so far
-    (forward and backward of step N happen before its ``compute.step``). Use it as
+    (forward and backward of step N happen before its ``compute.step``), but a
+    forward in eval mode (``model.eval()``: an evaluation's), which is no step's. Use it as
     a context manager, or keep it and call ``remove()``.
     """
     return ComputeTracing(model, optimizer, forward=forward, backward=backward, step=step)

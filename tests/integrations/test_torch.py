@@ -231,6 +231,38 @@ def test_a_batch_slow_to_load_is_its_own_steps_wait(tmp_path):
     assert sum(mine[k] for k in range(5)) == pytest.approx(sum(truth[:5]), rel=0.02, abs=500), (mine, truth)
 
 
+def test_an_evaluation_between_steps_makes_no_step(tmp_path):
+    """The quick start with an evaluation every 2 steps (``model.eval()``, in
+    ``pipeline.evaluate``): its forwards carry no step (they carried the next step's
+    number, so that step began inside the evaluation, and the last one made a step of
+    its own): 6 steps for 6 batches, none holding an evaluation's time."""
+    import time
+
+    from dftrace.analysis import summarize
+
+    pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with testing.trace_to(tmp_path / "trace") as result:
+        loader = dft.trace_dataloader(DataLoader(_SlowBatch(), batch_size=8))
+        with dft.trace_compute(model, opt):
+            for k, (x, y) in enumerate(loader):
+                model.train()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                if k % 2 == 1:
+                    with ai.pipeline.evaluate, torch.no_grad():
+                        model.eval()
+                        model(x)
+                        time.sleep(0.05)
+    evaluated = [e for e in result.spans("forward") if e["args"]["training"] is False]
+    assert len(evaluated) == 3 and all("step" not in e["args"] for e in evaluated)
+    summary = summarize(result.paths, index=False)
+    assert [s["step"] for s in summary.steps] == list(range(6))
+    assert all(s["max_us"] < 45_000 for s in summary.steps if s["step"] != 3), summary.steps
+
+
 def test_workers_carrying_their_parents_step_are_not_ranks(tmp_path):
     """Forked DataLoader workers start with the step their parent had numbered: their
     item spans carry it. They are no ranks of their own: the steps are the main
