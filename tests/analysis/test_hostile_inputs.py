@@ -189,8 +189,18 @@ def test_a_trace_reached_twice_counts_once(tmp_path, capsys):
     assert main(["summary", str(run), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "Left out 1 file holding the same events as another: copy.pfw.gz (as " in out
-    # The same pid and times on another host are another process, not a copy.
+    # One process's file and its copy beside it: the copy is left out, whatever the
+    # names' order; a link to the file is read as the file.
+    single = tmp_path / "single"
+    single.mkdir()
     rank0 = next(p for p in run.glob("*rank0*"))
+    (single / rank0.name).write_bytes(rank0.read_bytes())
+    (single / "a-copy.pfw.zst").write_bytes(rank0.read_bytes())
+    (single / "a-link.pfw.zst").symlink_to(single / rank0.name)
+    summary = summarize(single)
+    assert [os.path.basename(c["path"]) for c in summary.overview["duplicate_files"]] == ["a-copy.pfw.zst"]
+    assert [os.path.basename(f["path"]) for f in summary.files] == [rank0.name]
+    # The same pid and times on another host are another process, not a copy.
     lines = testing.read_events(rank0)
     hhash = next(e["args"]["value"] for e in lines if e.get("name") == "HH")
     elsewhere = tmp_path / "elsewhere"

@@ -86,8 +86,10 @@ def expand_paths(paths: PathsLike, skipped: list[str] | None = None) -> list[str
             candidates = [c for c in candidates if c not in left_out]
         if not candidates:
             raise FileNotFoundError(f"no trace files found at {path!r}: {_why_nothing(path, len(left_out))}")
-        for candidate in candidates:  # a file reached twice (a link to it, or to its folder) is read once
-            found.setdefault(os.path.realpath(candidate), os.path.normpath(candidate))
+        for candidate in candidates:  # a file reached twice (a link to it, or to its folder) is read once,
+            real = os.path.realpath(candidate)  # named by its own path where that is one of them
+            if real not in found or real == os.path.abspath(candidate):
+                found[real] = os.path.normpath(candidate)
     if skipped is not None:
         skipped.extend(os.path.normpath(p) for p in dict.fromkeys(left_out))
     return list(found.values())

@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 import polars as pl
 
+from ...format import parse_trace_filename
 from ..read.partition_data import PartitionData
 from ..read.sources import Partition, PathsLike, expand_paths, plan_partitions
 from ..read.trace import require_content
@@ -100,7 +101,8 @@ def copies_of_others(each_file: dict[str, list[Partial]]) -> dict[str, str]:
     """The files (path: a file that holds the same) whose processes all have their events
     in other files: the same pid, hosts, first start, last end and count of events (a copy, a trace
     converted or merged beside its files). Read twice they would count twice. Of files
-    that hold the same, those with more processes (a merged one) go first, then the later."""
+    that hold the same, those with more processes (a merged one) go first, then those
+    not named as a process's trace file, then the later."""
     held: dict[str, set[tuple]] = {}
     for path, partials in each_file.items():
         extents: dict[tuple, list[int]] = {}
@@ -123,7 +125,8 @@ def copies_of_others(each_file: dict[str, list[Partial]]) -> dict[str, str]:
     order = {path: place for place, path in enumerate(held)}
     copies: dict[str, str] = {}
     candidates = [path for path, processes in held.items() if all(len(holders[p]) > 1 for p in processes)]
-    for path in sorted(candidates, key=lambda p: (-len(held[p]), -order[p])):
+    # A file named as one process's own trace is kept over a copy named otherwise.
+    for path in sorted(candidates, key=lambda p: (-len(held[p]), parse_trace_filename(p) is not None, -order[p])):
         if all(len(holders[process]) > 1 for process in held[path]):
             for process in held[path]:
                 holders[process].remove(path)
