@@ -18,7 +18,8 @@ from .io_tables import IO_CATS, io_tables, thread_cover
 from ..read.schema import HOST_KEY
 from .sketch import EXACT_BELOW_US, bins_of
 from .step_numbers import WORK_CATS
-from .steps import PROFILER_STEP_PREFIX, is_fetch
+from .data_waits import is_fetch
+from .steps import PROFILER_STEP_PREFIX
 
 from .partial import (EMPTY_TABLES, GROUP_CATS, IO_TABLES, PARTIAL_TABLES, ROW_KEY, TRACER_CATS, Partial, as_stored,
                       stored_table)

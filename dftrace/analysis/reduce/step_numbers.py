@@ -1,9 +1,11 @@
 """A process's step rows with their numbers settled before its steps are modelled
 (``steps.model_steps``): a row without an epoch given its step's, and a step that an
-epoch's end cut in two made one again."""
+epoch's end cut in two made one again; and the numbers the model places steps by
+(which epoch span a row without an epoch is in, which steps skip untraced ones)."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from ... import format as fmt
@@ -74,3 +76,51 @@ def with_split_steps_joined(rows: pl.DataFrame) -> pl.DataFrame:
         return rows
     return (rows.join(split, on=[*keys, "epoch", "step"], how="left", maintain_order="left")
             .with_columns(pl.coalesce("_later", "epoch").cast(epoch.dtype).alias("epoch")).drop("_later"))
+
+
+def numbers_of(keys: pl.DataFrame, key: np.ndarray, codes: tuple[np.ndarray, int] | None) -> np.ndarray:
+    """Each key's step number as the C kernel compares them: its code (a missing step
+    before the least), or the number itself (missing: one before the least)."""
+    if codes is not None:
+        numbers = np.empty(keys.height, dtype=np.int64)
+        numbers[key] = codes[0]
+        return numbers
+    step = keys.get_column("step")
+    return step.fill_null((step.min() or 0) - 1).cast(pl.Int64).to_numpy()
+
+
+def in_epoch_spans(numbers: pl.DataFrame, start: np.ndarray, epoch_starts: np.ndarray) -> pl.DataFrame:
+    """``numbers`` (epoch, step of rows starting at ``start``), those that carry no epoch
+    numbered, for placing only, by the epoch span they start in (-1 before the first,
+    -2 in it, ...): the last step of an epoch of steps numbered without one, in a
+    loop over ``ai.pipeline.epoch.iter(...)``, ends with its own work (it ran on to the
+    next epoch's start)."""
+    if not epoch_starts.size or not numbers.get_column("epoch").null_count():
+        return numbers
+    span = -1 - np.searchsorted(epoch_starts, start, side="right")
+    return numbers.with_columns(pl.coalesce(pl.col("epoch"), pl.Series(span, dtype=pl.Int64)).alias("epoch"))
+
+
+def skipped_steps(steps: np.ndarray, same_epoch: np.ndarray) -> np.ndarray:
+    """For each step in time order (``steps``: their numbers; ``same_epoch``: whether
+    the next is of the same epoch), whether the next one's number skips some: it is
+    further on than the least step forward the process takes (steps untraced between
+    them: tracing switched off, steps sampled). Such a step ends with its own work."""
+    skipped = np.zeros(steps.size, dtype=bool)
+    if steps.size < 2:
+        return skipped
+    ahead = np.concatenate((steps[1:].astype(np.int64) - steps[:-1].astype(np.int64), [0]))
+    forward = same_epoch & (ahead > 0)
+    if forward.any():
+        skipped = forward & (ahead > ahead[forward].min())
+    return skipped
+
+
+def same_numbers(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise equality that treats two missing epochs as equal."""
+    if a.dtype.kind in "iu":  # no epoch missing
+        return a == b
+    if a.dtype.kind == "f":  # missing epochs are NaN
+        return (a == b) | (np.isnan(a) & np.isnan(b))
+    return np.array([x == y or (x is None and y is None) or (x != x and y != y) for x, y in zip(a, b)],
+                    dtype=bool)

@@ -38,27 +38,10 @@ import polars as pl
 from ... import format as fmt
 from ..runtime import kernels
 from .busy import each_process, time_within
-from .step_numbers import WORK_CATS, with_numbers_settled
+from .data_waits import data_targets, fetch_rows, with_leading_data
+from .step_numbers import (WORK_CATS, in_epoch_spans, numbers_of, same_numbers, skipped_steps,
+                           with_numbers_settled)
 from ..read.schema import FrameT, loop_body
-
-
-#: The names of a batch's fetch (``dataloader`` spans), and of a loader's start (its
-#: iterator made, its workers started): each is a row of its own in the step rows, as
-#: one step can hold the fetch of its own micro-batch and that of the next step's
-#: batch. One that carries no step (the run's first batch, fetched before the first
-#: ``ai.update(step=...)``; every batch where only the integrations number steps)
-#: leads into the step after it.
-FETCH_NAMES = ("fetch", "fetch" + fmt.ITER_SUFFIX, "fetch" + fmt.INIT_SUFFIX)
-
-
-def is_fetch(cat: Any, name: Any) -> Any:
-    """Whether a span is a batch's fetch (see FETCH_NAMES): works on polars expressions
-    and numpy masks alike (``cat`` and ``name`` as predicates there)."""
-    return cat(fmt.CAT_DATALOADER) & name(FETCH_NAMES)
-
-
-def _fetch_rows() -> pl.Expr:
-    return is_fetch(lambda cat: pl.col("cat") == cat, lambda names: pl.col("name").is_in(names))
 
 
 def step_rows(spans: FrameT, by: list[str]) -> FrameT:
@@ -66,7 +49,7 @@ def step_rows(spans: FrameT, by: list[str]) -> FrameT:
     ``args.step``, per name, and each fetch (``is_fetch``), whether it carries one or
     not: what :func:`model_steps` works from. ``spans`` are complete events with an
     ``end`` column."""
-    fetch = _fetch_rows()
+    fetch = fetch_rows()
     return (
         spans.filter(
             (pl.col("step").is_not_null() | fetch) & (pl.col("cat") != fmt.CAT_PIPELINE)
@@ -116,7 +99,7 @@ def regrouped_step_rows(rows: pl.DataFrame, heights: list[int], by: list[str]) -
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
     # A fetch is a row of its own (``is_fetch``): never grouped, nor counted in the
     # pieces' ranges (one without a step has the least code of all).
-    fetch = rows.select(_fetch_rows()).to_series().fill_null(False).to_numpy()
+    fetch = rows.select(fetch_rows()).to_series().fill_null(False).to_numpy()
     codes = step_codes(rows)
     if codes is None:  # steps too far apart to number with one integer
         if not fetch.any():
@@ -282,16 +265,16 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
     cuts, cut_ends = np.ascontiguousarray(containers[:, 0]), np.ascontiguousarray(containers[:, 1])
     numbers = rows.select("epoch", "step")
     columns = {name: np.ascontiguousarray(rows.get_column(name).to_numpy(), np.int64) for name in ("start", "end", "n")}
-    fetch = rows.select(_fetch_rows()).to_series().fill_null(False).to_numpy()
+    fetch = rows.select(fetch_rows()).to_series().fill_null(False).to_numpy()
     missing = numbers.get_column("step").is_null().to_numpy()
-    lead = fetch & missing  # fetches that carry no step: see _with_leading_data
+    lead = fetch & missing  # fetches that carry no step: see ``data_waits.with_leading_data``
     placed_rows = np.flatnonzero(~lead) if lead.any() else None
 
     def kept(values: Any) -> Any:
         return values if placed_rows is None else values[placed_rows]
 
     placing_numbers = numbers if placed_rows is None else numbers[placed_rows]
-    placing = _in_epoch_spans(placing_numbers, kept(columns["start"]), epoch_starts)
+    placing = in_epoch_spans(placing_numbers, kept(columns["start"]), epoch_starts)
     start, end, n = (np.ascontiguousarray(kept(columns[name])) for name in ("start", "end", "n"))
     is_work = kept(rows.get_column("cat").is_in(WORK_CATS).fill_null(False).to_numpy())
     work = bool(is_work.any())
@@ -326,8 +309,8 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
     if work and lead.any():
         leads = pl.DataFrame({"epoch": numbers.get_column("epoch").filter(pl.Series(lead)),
                               **{name: values[lead] for name, values in columns.items()}})
-        step_start, step_end, counts = _with_leading_data(leads, picked.get_column("epoch"), step_start, step_end,
-                                                          counts, np.concatenate((cuts, after_work)), containers)
+        step_start, step_end, counts = with_leading_data(leads, picked.get_column("epoch"), step_start, step_end,
+                                                         counts, np.concatenate((cuts, after_work)), containers)
     return pl.DataFrame(
         {
             "proc": np.full(step_start.size, proc, dtype=np.int32),
@@ -373,10 +356,10 @@ def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, star
     worked = is_work & keep & (rank_of[key] >= 0)
     np.maximum.at(work_end, rank_of[key][worked], end[worked])
     epochs = keys.get_column("epoch").to_numpy()[order] if keys.height else np.empty(0)
-    same_epoch = np.concatenate((_same(epochs[1:], epochs[:-1]), [False]))
-    follows = same_epoch & ~_skipped(_numbers_of(keys, key, codes)[order], same_epoch)
-    target = _data_targets(rank_of[key], start, ~is_work & keep, step_start, work_end, cuts,
-                           follows | ~same_epoch, cut_ends)
+    same_epoch = np.concatenate((same_numbers(epochs[1:], epochs[:-1]), [False]))
+    follows = same_epoch & ~skipped_steps(numbers_of(keys, key, codes)[order], same_epoch)
+    target = data_targets(rank_of[key], start, ~is_work & keep, step_start, work_end, cuts,
+                          follows | ~same_epoch, cut_ends)
     data = target >= 0
     if data.any():
         earliest = np.full(order.size, np.iinfo(np.int64).max, dtype=np.int64)
@@ -453,142 +436,10 @@ def _step_keys(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None
     return rows.select("epoch", "step")[order[new]], key, order
 
 
-def _numbers_of(keys: pl.DataFrame, key: np.ndarray, codes: tuple[np.ndarray, int] | None) -> np.ndarray:
-    """Each key's step number as the C kernel compares them: its code (a missing step
-    before the least), or the number itself (missing: one before the least)."""
-    if codes is not None:
-        numbers = np.empty(keys.height, dtype=np.int64)
-        numbers[key] = codes[0]
-        return numbers
-    step = keys.get_column("step")
-    return step.fill_null((step.min() or 0) - 1).cast(pl.Int64).to_numpy()
-
-
-def _in_epoch_spans(numbers: pl.DataFrame, start: np.ndarray, epoch_starts: np.ndarray) -> pl.DataFrame:
-    """``numbers`` (epoch, step of rows starting at ``start``), those that carry no epoch
-    numbered, for placing only, by the epoch span they start in (-1 before the first,
-    -2 in it, ...): the last step of an epoch of steps numbered without one, in a
-    loop over ``ai.pipeline.epoch.iter(...)``, ends with its own work (it ran on to the
-    next epoch's start)."""
-    if not epoch_starts.size or not numbers.get_column("epoch").null_count():
-        return numbers
-    span = -1 - np.searchsorted(epoch_starts, start, side="right")
-    return numbers.with_columns(pl.coalesce(pl.col("epoch"), pl.Series(span, dtype=pl.Int64)).alias("epoch"))
-
-
-def _skipped(steps: np.ndarray, same_epoch: np.ndarray) -> np.ndarray:
-    """For each step in time order (``steps``: their numbers; ``same_epoch``: whether
-    the next is of the same epoch), whether the next one's number skips some: it is
-    further on than the least step forward the process takes (steps untraced between
-    them: tracing switched off, steps sampled). Such a step ends with its own work."""
-    skipped = np.zeros(steps.size, dtype=bool)
-    if steps.size < 2:
-        return skipped
-    ahead = np.concatenate((steps[1:].astype(np.int64) - steps[:-1].astype(np.int64), [0]))
-    forward = same_epoch & (ahead > 0)
-    if forward.any():
-        skipped = forward & (ahead > ahead[forward].min())
-    return skipped
-
-
-def _data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
-                  work_end: np.ndarray, cuts: np.ndarray, leads_on: np.ndarray,
-                  cut_ends: np.ndarray | None = None) -> np.ndarray:
-    """The step (its place in time order) each data-loading row belongs to, or -1.
-
-    A step's data wait is the fetch of the batch it trains on. That fetch ran before
-    ``ai.update(step=k)``, so it carries the previous step's number: a data row of
-    step ``s`` that began once ``s``'s work had ended fetched the batch of the step
-    after ``s``, and belongs to it unless a pipeline span (``cuts``: their starts;
-    ``cut_ends``) starts between it and that step, or it lies in one that ended by then
-    (an evaluation's fetches, which carry ``s`` too), or the step after ``s`` in time is
-    not the next (``leads_on`` false: steps untraced between them). One
-    that began while ``s``'s work ran (data loading inside the step's own spans) is
-    ``s``'s, and so is one that began before (between the previous step's work and its
-    own). Rows of no placed step, and earlier ones, belong to none.
-    """
-    size = step_start.size
-    target = np.full(rank.size, -1, dtype=np.int64)
-    if not size:
-        return target
-    r = np.maximum(rank, 0)
-    placed = data & (rank >= 0)
-    previous = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
-    own = placed & (start > previous[r]) & (start < work_end[r])
-    nxt = np.minimum(r + 1, size - 1)
-    ahead = placed & (start >= work_end[r]) & (r + 1 < size) & leads_on[r]
-    if cuts.size:
-        ahead &= np.searchsorted(cuts, step_start[nxt], side="left") == np.searchsorted(cuts, start, side="right")
-        if cut_ends is not None:
-            ahead &= ~_inside_ended(cuts, cut_ends, start, step_start[nxt])
-    target[own] = r[own]
-    target[ahead] = nxt[ahead]
-    return target
-
-
-def _inside_ended(cuts: np.ndarray, cut_ends: np.ndarray, at: np.ndarray, until: np.ndarray) -> np.ndarray:
-    """Whether each ``at`` lies in the pipeline span that began last at or before it
-    (``cuts``: their sorted starts; ``cut_ends``) and that span ended by ``until``: an
-    evaluation's fetch, which is not the next step's."""
-    last = np.searchsorted(cuts, at, side="right") - 1
-    ends = cut_ends[np.maximum(last, 0)]
-    return (last >= 0) & (ends > at) & (ends <= until)
-
-
-def _with_leading_data(leads: pl.DataFrame, epochs: pl.Series, step_start: np.ndarray, step_end: np.ndarray,
-                       counts: np.ndarray, cuts: np.ndarray, containers: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``step_start``, ``step_end`` and ``counts`` with each fetch that carries no step
-    (``leads``) in the step that begins next: its batch's wait (the run's first batch,
-    fetched before the first ``ai.update(step=...)``, or every batch where only the
-    integrations number steps), the step before ending where it begins. A fetch is
-    left out where a step begins inside it, where it carries another epoch than the
-    step's (``epochs``: each step's), where a pipeline span (``cuts``: their starts)
-    begins between it and the step, or where it lies in one (``containers``: start,
-    end) that ended before the step (an evaluation's fetches)."""
-    size = step_start.size
-    order = np.argsort(step_start, kind="stable")
-    starts = step_start[order]
-    lead_start, lead_end, n = (leads.get_column(name).to_numpy().astype(np.int64) for name in ("start", "end", "n"))
-    at = np.searchsorted(starts, lead_end, side="left")  # the first step beginning once the fetch ended
-    ok = at < size
-    target = order[np.minimum(at, size - 1)]
-    ok &= (at == 0) | (starts[np.maximum(at - 1, 0)] <= lead_start)
-    lead_epoch = leads.get_column("epoch")
-    if lead_epoch.null_count() < leads.height:
-        step_epoch = pl.Series(epochs.to_numpy()[target] if epochs.null_count() == 0 else epochs.gather(target))
-        ok &= (lead_epoch.is_null() | (lead_epoch == step_epoch).fill_null(False)).to_numpy()
-    cuts = np.sort(cuts)
-    ok &= np.searchsorted(cuts, step_start[target], side="left") == np.searchsorted(cuts, lead_start, side="right")
-    if containers.size:
-        ok &= ~_inside_ended(containers[:, 0], containers[:, 1], lead_start, step_start[target])
-    if not ok.any():
-        return step_start, step_end, counts
-    new_start, counts = step_start.copy(), counts.copy()
-    np.minimum.at(new_start, target[ok], lead_start[ok])
-    np.add.at(counts, target[ok], n[ok])
-    # The step before one that now begins earlier ends there.
-    moved = new_start[order[1:]] < step_start[order[1:]]
-    before = order[:-1][moved]
-    step_end = step_end.copy()
-    step_end[before] = np.maximum(step_start[before], np.minimum(step_end[before], new_start[order[1:]][moved]))
-    return new_start, step_end, counts
-
-
 def _first_starts(key: np.ndarray, start: np.ndarray, use: np.ndarray, size: int) -> np.ndarray:
     first = np.full(size, np.inf)
     np.minimum.at(first, key[use], start[use].astype(np.float64))
     return first
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Element-wise equality that treats two missing epochs as equal."""
-    if a.dtype.kind in "iu":  # no epoch missing
-        return a == b
-    if a.dtype.kind == "f":  # missing epochs are NaN
-        return (a == b) | (np.isnan(a) & np.isnan(b))
-    return np.array([x == y or (x is None and y is None) or (x != x and y != y) for x, y in zip(a, b)],
-                    dtype=bool)
 
 
 #: A unit's step numbers and times, 64 bits wide whatever those of the processes'
