@@ -45,7 +45,7 @@ from .aggregate import aggregate_partitions
 from .partial import PARTIAL_TABLES, ROW_KEY, Partial, without_row_keys
 
 #: Changes whenever what an entry holds changes.
-INDEX_FORMAT = 4
+INDEX_FORMAT = 5
 _MAGIC = b"DFTRIDX1"
 #: Bytes of the head and of the tail of a file hashed to tell a rewrite apart.
 _EDGE_BYTES = 64 << 10
