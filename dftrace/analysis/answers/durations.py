@@ -4,6 +4,7 @@ histograms of the names with the most time."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,13 +75,17 @@ def _round(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
 
 
+#: An item wait's or loop body's suffix, which its loop's name is without.
+_LOOP_SUFFIX = "(" + "|".join(re.escape(s) for s in (fmt.ITER_SUFFIX, *fmt.LOOP_BODY_SUFFIXES)) + ")$"
+
+
 def dataloader_rows(durations: pl.DataFrame, procs: pl.DataFrame) -> list[dict[str, Any]]:
     loops = durations.filter(
         (pl.col("cat") != fmt.CAT_PIPELINE)
         & (pl.col("name").str.ends_with(fmt.ITER_SUFFIX) | loop_body(pl.col("name")))
     ).with_columns(
         pl.col("name").str.ends_with(fmt.ITER_SUFFIX).alias("is_iter"),
-        pl.col("name").str.replace(r"\.(iter|block|yield)$", "").alias("loader"),
+        pl.col("name").str.replace(_LOOP_SUFFIX, "").alias("loader"),
     )
     if not loops.height:
         return []

@@ -101,26 +101,22 @@ def regrouped_step_rows(rows: pl.DataFrame, heights: list[int], by: list[str]) -
     # pieces' ranges (one without a step has the least code of all).
     fetch = rows.select(fetch_rows()).to_series().fill_null(False).to_numpy()
     codes = step_codes(rows)
-    if codes is None:  # steps too far apart to number with one integer
-        if not fetch.any():
-            return rows.lazy().group_by(keys).agg(*extent)
-        fetches = pl.Series(fetch)
-        return pl.concat([rows.filter(fetches).lazy(),
-                          rows.filter(~fetches).lazy().group_by(keys).agg(*extent).select(rows.columns)],
-                         how="vertical")
-    code = codes[0]
-    ends = np.cumsum(heights)
-    pieces = [(end - height, end) for height, end in zip(heights, ends) if height]
-    ranges = []
-    for a, b in pieces:
-        own = code[a:b][~fetch[a:b]]
-        ranges.append((own.min(), own.max()) if own.size else (1, 0))
-    shared = np.zeros(code.size, dtype=bool)
-    for i, (a, b) in enumerate(pieces):
-        for j, (low, high) in enumerate(ranges):
-            if j != i:
-                shared[a:b] |= (code[a:b] >= low) & (code[a:b] <= high)
-    shared &= ~fetch
+    if codes is None:  # steps too far apart to number with one integer: every row but the fetches
+        shared = ~fetch
+    else:
+        code = codes[0]
+        ends = np.cumsum(heights)
+        pieces = [(end - height, end) for height, end in zip(heights, ends) if height]
+        ranges = []
+        for a, b in pieces:
+            own = code[a:b][~fetch[a:b]]
+            ranges.append((own.min(), own.max()) if own.size else (1, 0))
+        shared = np.zeros(code.size, dtype=bool)
+        for i, (a, b) in enumerate(pieces):
+            for j, (low, high) in enumerate(ranges):
+                if j != i:
+                    shared[a:b] |= (code[a:b] >= low) & (code[a:b] <= high)
+        shared &= ~fetch
     if not shared.any():
         return rows.lazy()
     shared_rows = pl.Series(shared)
