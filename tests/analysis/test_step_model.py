@@ -11,6 +11,7 @@ import tracegen
 pytest.importorskip("polars", reason="needs the analysis extra: pip install 'dftrace[analysis]'")
 
 from dftrace.analysis import summarize  # noqa: E402
+from dftrace.analysis.runtime import kernels  # noqa: E402
 
 
 def test_the_first_batch_wait_is_in_the_first_step(tmp_path):
@@ -177,6 +178,41 @@ def test_steps_numbered_without_epochs_end_with_their_epoch_loop(tmp_path):
     summary = summarize(result.paths, index=False)
     assert [(s["epoch"], s["step"]) for s in summary.steps] == [(k // 3, k) for k in range(6)]
     assert all(s["max_us"] < 20_000 for s in summary.steps), summary.steps
+
+
+@pytest.mark.parametrize("epochs", ["spans", "none"])
+def test_step_numbers_that_start_again_without_an_epoch_are_each_passs_steps(tmp_path, monkeypatch, epochs):
+    """``ai.update(step=i)`` with ``i`` from 0 in each pass over the data and no epoch
+    given, in a loop over ``ai.pipeline.epoch.iter(...)`` or over nothing: every pass's
+    steps are steps of their own, each as long as by the loop's clock (the three
+    passes' step 0 used to be one row spanning the run: 2 steps for 18, one of them
+    the whole run). Without epoch spans each pass is numbered as an epoch."""
+    import time
+
+    from dftrace import ai, testing
+
+    passes, per_pass = 3, 6
+    truth_us = []
+    with testing.trace_to(tmp_path / "trace") as result:
+        for epoch in (ai.pipeline.epoch.iter(range(passes)) if epochs == "spans" else range(passes)):
+            began = time.perf_counter_ns()
+            for i in ai.dataloader.fetch.iter(range(per_pass)):
+                ai.update(step=i)
+                with ai.compute.forward:
+                    time.sleep(0.002 * (1 + (i % 3)))
+                now = time.perf_counter_ns()
+                truth_us.append((now - began) / 1000)
+                began = now
+    summary = summarize(result.paths, index=False)
+    assert [(s["epoch"], s["step"]) for s in summary.steps] == [
+        (e, k) for e in range(passes) for k in range(per_pass)], summary.steps
+    mine = [s["max_us"] for s in summary.steps]
+    for ours, theirs in zip(mine, truth_us):
+        assert 0.9 * theirs - 300 <= ours <= theirs + 300, (mine, truth_us)
+    # The same steps from the file read in small pieces, and from numpy's model.
+    assert summarize(result.paths, index=False, partition_bytes=256).steps == summary.steps
+    monkeypatch.setattr(kernels, "C", None)
+    assert summarize(result.paths, index=False).steps == summary.steps
 
 
 def test_steps_untraced_while_switched_off_are_in_no_step(tmp_path):

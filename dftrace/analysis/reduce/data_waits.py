@@ -33,6 +33,14 @@ def fetch_rows() -> pl.Expr:
     return is_fetch(lambda cat: pl.col("cat") == cat, lambda names: pl.col("name").is_in(names))
 
 
+def rows_apart() -> pl.Expr:
+    """The step rows that are each a span of their own, never grouped with others of
+    their numbers: fetches, and spans numbered with a step but no epoch (numbers that
+    may start again within a process: ``step_numbers.with_runs_numbered`` tells the
+    runs apart in time order)."""
+    return fetch_rows() | (pl.col("step").is_not_null() & pl.col("epoch").is_null())
+
+
 def data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
                  work_end: np.ndarray, cuts: np.ndarray, leads_on: np.ndarray,
                  cut_ends: np.ndarray | None = None) -> np.ndarray:

@@ -84,7 +84,8 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
     done = span.name_is(lambda v: v.endswith(fmt.DONE_SUFFIX))
     between_steps = span.cat_is(lambda v: v == fmt.CAT_CHECKPOINT) & ~step_ok  # see ``steps.container_rows``
     fetch = is_fetch(lambda cat: span.cat_is(lambda v: v == cat),
-                     lambda names: span.name_is(lambda v: v in names))  # a row of its own
+                     lambda names: span.name_is(lambda v: v in names))
+    apart = fetch | (step_ok & ~epoch_ok)  # a row of its own: see ``rows_apart``
     edge = {"tid": tid, "level": (level, level_ok), "start": span.ts, "end": span.end}
     name_values = piece.texts["name"][0]
     group_values, group_index = piece.texts["group"]
@@ -94,12 +95,13 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
     # With work_per_step, each step's work is one row: compute, without a name (see ``work_merged``).
     cat_texts, step_cat, name_texts, step_name = cat_values, span.cat, name_values, span.name
     if work_per_step:
-        merged = span.cat_is(lambda v: v in WORK_CATS) & ~span.name_is(lambda v: v.startswith(PROFILER_STEP_PREFIX))
+        merged = (span.cat_is(lambda v: v in WORK_CATS) & ~apart
+                  & ~span.name_is(lambda v: v.startswith(PROFILER_STEP_PREFIX)))
         cat_texts, step_cat = [*cat_values, fmt.CAT_COMPUTE], np.where(merged, len(cat_values), span.cat)
         name_texts, step_name = [*name_values, None], np.where(merged, len(name_values), span.name)
     columns = {
         "steps": span.extents([epoch_ok, np.where(epoch_ok, epoch, 0), step_ok, np.where(step_ok, step, 0), step_cat,
-                               step_name, np.where(fetch, span.ts, 0)],
+                               step_name, np.where(apart, span.ts, 0)],
                               (step_ok | fetch) & ~pipeline & ~block & ~done,
                               {"epoch": (epoch, epoch_ok), "step": (step, step_ok), "cat": (cat_texts, step_cat),
                                "name": (name_texts, step_name)}),

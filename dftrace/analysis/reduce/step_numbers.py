@@ -1,7 +1,8 @@
 """A process's step rows with their numbers settled before its steps are modelled
 (``steps.model_steps``): a row without an epoch given its step's, and a step that an
 epoch's end cut in two made one again; and the numbers the model places steps by
-(which epoch span a row without an epoch is in, which steps skip untraced ones)."""
+(which epoch span a row without an epoch is in, which run of numbers starting again it
+is in, which steps skip untraced ones)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,40 @@ def in_epoch_spans(numbers: pl.DataFrame, start: np.ndarray, epoch_starts: np.nd
         return numbers
     span = -1 - np.searchsorted(epoch_starts, start, side="right")
     return numbers.with_columns(pl.coalesce(pl.col("epoch"), pl.Series(span, dtype=pl.Int64)).alias("epoch"))
+
+
+def with_runs_numbered(numbers: pl.DataFrame, start: np.ndarray) -> pl.DataFrame:
+    """``numbers`` (epoch, step of one process's rows starting at ``start``) where the
+    rows numbered with a step but no epoch, in a process whose step numbers start
+    again, carry the run of numbers they are in as their epoch: 0, 1, ... in time
+    order. A run ends where a row's step falls back to its run's least number or
+    below once the run has gone past it (a loop that numbers its steps from 0 in each
+    pass over the data, with no epoch given and no epoch spans); a row of one thread
+    behind another's falls back less, and a span that encloses the first steps and
+    carries a later number (taken at its end) falls back before its run has gone on:
+    both stay in their run. Unchanged where the numbers never start again."""
+    open_rows = (numbers.get_column("epoch").is_null() & numbers.get_column("step").is_not_null()).to_numpy()
+    if not open_rows.any():
+        return numbers
+    at = np.flatnonzero(open_rows)
+    at = at[np.argsort(start[at], kind="stable")]
+    steps = numbers.get_column("step").gather(at).cast(pl.Int64).to_numpy()
+    firsts = []
+    low = top = int(steps[0])  # the run's least and greatest numbers so far
+    for k in (np.flatnonzero(steps[1:] < steps[:-1]) + 1).tolist():  # where the numbers fall back
+        top = max(top, int(steps[k - 1]))  # the numbers rise between the falls
+        if steps[k] <= low < top:
+            firsts.append(k)
+            low = top = int(steps[k])
+        else:
+            low = min(low, int(steps[k]))
+    if not firsts:
+        return numbers
+    run = np.full(open_rows.size, -1, dtype=np.int64)
+    run[at] = np.searchsorted(np.asarray(firsts), np.arange(at.size), side="right")
+    epoch = numbers.get_column("epoch")
+    return numbers.with_columns(
+        pl.when(pl.Series(run >= 0)).then(pl.Series(run)).otherwise(epoch).cast(epoch.dtype).alias("epoch"))
 
 
 def skipped_steps(steps: np.ndarray, same_epoch: np.ndarray) -> np.ndarray:

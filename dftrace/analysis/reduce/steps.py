@@ -38,27 +38,29 @@ import polars as pl
 from ... import format as fmt
 from ..runtime import kernels
 from .busy import each_process, time_within
-from .data_waits import data_targets, fetch_rows, with_leading_data
+from .data_waits import data_targets, fetch_rows, rows_apart, with_leading_data
 from .step_numbers import (WORK_CATS, in_epoch_spans, numbers_of, same_numbers, skipped_steps,
-                           with_numbers_settled)
+                           with_numbers_settled, with_runs_numbered)
 from ..read.schema import FrameT, loop_body
 
 
 def step_rows(spans: FrameT, by: list[str]) -> FrameT:
     """*by, epoch, step, cat, name, start, end, n: extents of the spans that carry
     ``args.step``, per name, and each fetch (``is_fetch``), whether it carries one or
-    not: what :func:`model_steps` works from. ``spans`` are complete events with an
+    not, and each span with a step but no epoch, as a row of its own (``rows_apart``):
+    what :func:`model_steps` works from. ``spans`` are complete events with an
     ``end`` column."""
     fetch = fetch_rows()
+    apart = rows_apart()
     return (
         spans.filter(
             (pl.col("step").is_not_null() | fetch) & (pl.col("cat") != fmt.CAT_PIPELINE)
             & ~loop_body(pl.col("name")) & ~pl.col("name").str.ends_with(fmt.DONE_SUFFIX)
         )
-        .group_by([*by, "epoch", "step", "cat", "name", pl.when(fetch).then(pl.col("ts")).alias("_fetch")])
+        .group_by([*by, "epoch", "step", "cat", "name", pl.when(apart).then(pl.col("ts")).alias("_apart")])
         .agg(pl.col("ts").min().alias("start"), pl.col("end").max().alias("end"),
              pl.len().cast(pl.Int64).alias("n"))
-        .drop("_fetch")
+        .drop("_apart")
     )
 
 
@@ -93,36 +95,60 @@ def regrouped_step_rows(rows: pl.DataFrame, heights: list[int], by: list[str]) -
     """The step rows of consecutive pieces (``heights`` rows each, a row a key in
     each; ``by`` and the step and name the key) with a row a key. A step's rows are in
     one piece but for the steps that straddle two: only the rows whose (epoch, step)
-    falls within another piece's range of them are grouped again (the shared steps and
-    maybe a few more: exact whatever the rows' order), not every row."""
+    falls within another piece's range of them for the same process are grouped again
+    (the shared steps and maybe a few more: exact whatever the rows' order), not every
+    row."""
     keys = [*by, "epoch", "step", "cat", "name"]
     extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
-    # A fetch is a row of its own (``is_fetch``): never grouped, nor counted in the
-    # pieces' ranges (one without a step has the least code of all).
-    fetch = rows.select(fetch_rows()).to_series().fill_null(False).to_numpy()
+    # A fetch, or a span with a step but no epoch, is a row of its own (``rows_apart``):
+    # never grouped, nor counted in the pieces' ranges (one without a step has the least
+    # code of all).
+    apart = rows.select(rows_apart()).to_series().fill_null(False).to_numpy()
     codes = step_codes(rows)
-    if codes is None:  # steps too far apart to number with one integer: every row but the fetches
-        shared = ~fetch
+    if codes is None:  # steps too far apart to number with one integer: every row but those apart
+        shared = ~apart
     else:
-        code = codes[0]
-        ends = np.cumsum(heights)
-        pieces = [(end - height, end) for height, end in zip(heights, ends) if height]
-        ranges = []
-        for a, b in pieces:
-            own = code[a:b][~fetch[a:b]]
-            ranges.append((own.min(), own.max()) if own.size else (1, 0))
-        shared = np.zeros(code.size, dtype=bool)
-        for i, (a, b) in enumerate(pieces):
-            for j, (low, high) in enumerate(ranges):
-                if j != i:
-                    shared[a:b] |= (code[a:b] >= low) & (code[a:b] <= high)
-        shared &= ~fetch
+        shared = _in_other_pieces(codes[0], apart, _process_ids(rows, by), heights)
     if not shared.any():
         return rows.lazy()
     shared_rows = pl.Series(shared)
     return pl.concat([rows.filter(~shared_rows).lazy(),
                       rows.filter(shared_rows).lazy().group_by(keys).agg(*extent).select(rows.columns)],
                      how="vertical")
+
+
+def _process_ids(rows: pl.DataFrame, by: list[str]) -> np.ndarray | None:
+    """A number for each row's process (its ``by`` values; equal numbers for one
+    process, rarely for two), or None where the rows are of one process."""
+    if not by or all(rows.get_column(key).n_unique() <= 1 for key in by):
+        return None
+    return rows.select(pl.struct(by).hash()).to_series().to_numpy()
+
+
+def _in_other_pieces(code: np.ndarray, apart: np.ndarray, process: np.ndarray | None,
+                     heights: list[int]) -> np.ndarray:
+    """Whether each row but those ``apart`` has its ``code`` within the range of the
+    codes of another piece's rows of its ``process`` (those apart left out of the
+    ranges)."""
+    ends = np.cumsum(heights)
+    pieces = [(end - height, end) for height, end in zip(heights, ends) if height]
+    ranges: dict[object, list[tuple[int, int, int]]] = {}  # process: (piece, least, greatest)
+    for i, (a, b) in enumerate(pieces):
+        own = ~apart[a:b]
+        for proc in ([None] if process is None else np.unique(process[a:b][own]).tolist()):
+            mine = own if proc is None else own & (process[a:b] == proc)
+            if mine.any():
+                ranges.setdefault(proc, []).append((i, int(code[a:b][mine].min()), int(code[a:b][mine].max())))
+    shared = np.zeros(code.size, dtype=bool)
+    for proc, spans in ranges.items():
+        for i, _, _ in spans:
+            a, b = pieces[i]
+            mine = slice(a, b) if proc is None else np.flatnonzero(process[a:b] == proc) + a
+            for j, low, high in spans:
+                if j != i:
+                    shared[mine] |= (code[mine] >= low) & (code[mine] <= high)
+    shared &= ~apart
+    return shared
 
 
 def merged_work_encloses(rows: pl.DataFrame, by: list[str]) -> bool:
@@ -166,7 +192,7 @@ def processes_enclosed_by_merged_work(rows: pl.DataFrame, by: list[str]) -> list
 
 
 def _is_merged_work(rows: pl.DataFrame) -> pl.Series:
-    return rows.select(pl.col("cat").is_in(WORK_CATS).fill_null(False)
+    return rows.select(pl.col("cat").is_in(WORK_CATS).fill_null(False) & ~rows_apart().fill_null(False)
                        & ~pl.col("name").str.starts_with(PROFILER_STEP_PREFIX).fill_null(False)).to_series()
 
 
@@ -259,8 +285,10 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
     ``epoch_starts``: those of its epoch spans, sorted. The rows are read as columns,
     never copied whole: a million-step process has millions of them."""
     cuts, cut_ends = np.ascontiguousarray(containers[:, 0]), np.ascontiguousarray(containers[:, 1])
-    numbers = rows.select("epoch", "step")
     columns = {name: np.ascontiguousarray(rows.get_column(name).to_numpy(), np.int64) for name in ("start", "end", "n")}
+    numbers = rows.select("epoch", "step")
+    if not epoch_starts.size:  # numbers that start again without an epoch: each run an epoch
+        numbers = with_runs_numbered(numbers, columns["start"])
     fetch = rows.select(fetch_rows()).to_series().fill_null(False).to_numpy()
     missing = numbers.get_column("step").is_null().to_numpy()
     lead = fetch & missing  # fetches that carry no step: see ``data_waits.with_leading_data``
@@ -270,7 +298,8 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
         return values if placed_rows is None else values[placed_rows]
 
     placing_numbers = numbers if placed_rows is None else numbers[placed_rows]
-    placing = in_epoch_spans(placing_numbers, kept(columns["start"]), epoch_starts)
+    placing_all = in_epoch_spans(numbers, columns["start"], epoch_starts)  # each row's numbers to place it by
+    placing = placing_all if placed_rows is None else placing_all[placed_rows]
     start, end, n = (np.ascontiguousarray(kept(columns[name])) for name in ("start", "end", "n"))
     is_work = kept(rows.get_column("cat").is_in(WORK_CATS).fill_null(False).to_numpy())
     work = bool(is_work.any())
@@ -282,10 +311,11 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
         placed = kernels.C.steps(code, start, end, n, is_work.astype(np.uint8), cuts, epoch_span,
                                  np.ascontiguousarray(after_work, np.int64), cut_ends)
         at, step_start, step_end, counts = (np.frombuffer(array, np.int64) for array in placed)
-        picked = placing_numbers[at]
+        picked, placed_by = placing_numbers[at], placing[at]
     else:
         picked, step_start, step_end, counts = _placed_numpy(placing, codes, start, end, n, is_work, cuts, after_work,
                                                              cut_ends)
+        placed_by = picked
         if placing is not placing_numbers:  # the epochs the rows carry, not those they were placed by
             picked = picked.with_columns(pl.when(pl.col("epoch") >= 0).then(pl.col("epoch")).alias("epoch"))
     if not step_start.size:
@@ -296,8 +326,8 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
         # carrying the last epoch's last number), leads too.
         numbered = np.flatnonzero(fetch & ~missing)
         if numbered.size:
-            at_step = (numbers[numbered].join(picked.with_row_index("_at"), on=["epoch", "step"], how="left",
-                                              nulls_equal=True, maintain_order="left").get_column("_at"))
+            at_step = (placing_all[numbered].join(placed_by.with_row_index("_at"), on=["epoch", "step"], how="left",
+                                                  nulls_equal=True, maintain_order="left").get_column("_at"))
             before = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
             stale = at_step.is_null().to_numpy() | (
                 columns["start"][numbered] <= before[at_step.fill_null(0).to_numpy().astype(np.int64)])
