@@ -6,6 +6,7 @@ index that cannot be written or read is no index, never an error."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -218,3 +219,15 @@ def test_the_index_is_held_under_its_size_least_recently_used_out_first(tmp_path
         entry.unlink()
     summarize(traces, progress=False)
     assert list(index_dir.glob("*.idx")) == []
+
+
+@pytest.mark.parametrize("given", ["abc", "-5M", "nan"])
+def test_a_size_that_cannot_be_read_is_said_and_the_default_holds(given, monkeypatch):
+    """``DFTRACE_INDEX_MAX_SIZE`` that is no size: a warning names the setting and the
+    value, and the default bound holds (it was taken without a word)."""
+    monkeypatch.setenv("DFTRACE_INDEX_MAX_SIZE", given)
+    monkeypatch.setattr(_index, "_told_bad_size", False)
+    with pytest.warns(RuntimeWarning, match=f"DFTRACE_INDEX_MAX_SIZE='{re.escape(given)}' is not a size"):
+        assert _index.max_size() == _index.DEFAULT_MAX_SIZE
+    monkeypatch.setenv("DFTRACE_INDEX_MAX_SIZE", "512M")
+    assert _index.max_size() == 512 << 20

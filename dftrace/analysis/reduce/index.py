@@ -136,14 +136,27 @@ def copies_of_others(each_file: dict[str, list[Partial]]) -> dict[str, str]:
 
 def max_size() -> int:
     """The most bytes the index may hold (``DFTRACE_INDEX_MAX_SIZE``: bytes, or with a
-    K, M or G suffix); a value that cannot be read is the default."""
-    text = os.environ.get("DFTRACE_INDEX_MAX_SIZE", "").strip().upper().removesuffix("B").removesuffix("I")
+    K, M or G suffix); a value that cannot be read is the default, and a warning says
+    so (once)."""
+    given = os.environ.get("DFTRACE_INDEX_MAX_SIZE", "")
+    text = given.strip().upper().removesuffix("B").removesuffix("I")
     if not text:
         return DEFAULT_MAX_SIZE
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     try:
-        return max(0, int(float(text.rstrip("KMG")) * scale))
+        size = float(text.rstrip("KMG"))
+        if size != size or size in (float("inf"), float("-inf")) or size < 0:
+            raise ValueError(given)
+        return int(size * scale)
     except ValueError:
+        global _told_bad_size
+        if not _told_bad_size:
+            _told_bad_size = True
+            import warnings
+
+            warnings.warn(f"dftrace: DFTRACE_INDEX_MAX_SIZE={given!r} is not a size (bytes, or "
+                          f"with a K, M or G suffix, such as 512M): the index holds at most "
+                          f"{DEFAULT_MAX_SIZE >> 20}M", RuntimeWarning, stacklevel=2)
         return DEFAULT_MAX_SIZE
 
 
@@ -162,6 +175,7 @@ def index_dir() -> str:
 
 
 _told_homeless = False
+_told_bad_size = False
 
 
 def _homeless_dir() -> str:
