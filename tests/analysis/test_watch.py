@@ -202,6 +202,23 @@ def test_a_file_its_killed_writer_left_whole_is_unfinished_not_cut_off(tmp_path)
     assert snap["totals"]["files_unfinished"] == 1 and snap["totals"]["files_cut_off"] == 0
 
 
+@pytest.mark.parametrize("compression", ["zstd", "gzip"])
+def test_a_file_cut_by_a_writer_that_is_gone_is_read_as_the_summary_reads_it(tmp_path, compression):
+    """The last frame of a file whose writer is gone was cut mid-flush: the watch reads
+    its whole lines as the summary does (the same events and broken lines), and still
+    calls it cut off. It read no event of that frame (a file of one frame: 0 events)."""
+    dead = subprocess.Popen(["true"])  # a pid that no longer runs
+    dead.wait()
+    proc = tracegen.training_process(dead.pid, rank=0, host=socket.gethostname())
+    path = tracegen.write_process(tmp_path, proc, compression=compression, cut="frame")
+    snap = _snapshot(tmp_path)
+    (file,) = snap["files"]
+    summary = summarize(path, index=False, progress=False)
+    assert file["state"] == "cut off"
+    assert file["events"] == summary.overview["events"] > 0
+    assert snap["totals"]["broken_lines"] == summary.overview["broken_lines"]
+
+
 @pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])
 def test_reads_only_new_bytes_and_matches_the_summary(tmp_path, compression, monkeypatch):
     """A file written a few hundred bytes at a time (frames cut anywhere) is read on from

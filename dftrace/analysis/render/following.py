@@ -104,6 +104,8 @@ class FileFollower:
         #: What is kept of the partials let go: their keyed tables, folded into one.
         self.history: Partial | None = None
         self.closed = False
+        #: Whether the unit the file ends within was read, the file not growing.
+        self.tail_cut = False
         #: The last undecodable bytes met (see the module docstring), if any.
         self.broken: str | None = None
         #: Where undecodable bytes start that no unit has followed yet; None when none.
@@ -124,8 +126,10 @@ class FileFollower:
         """Bytes after the last complete unit: a unit still being written, or cut off."""
         return self.scanned - self.offset
 
-    def poll(self) -> bool:
-        """Read what was added since the last call; True when new events were read."""
+    def poll(self, stale_s: float = 10.0) -> bool:
+        """Read what was added since the last call; True when new events were read. A
+        compressed file that ends within a unit and will not grow (``done``) has that
+        unit read as the summary reads it: its whole lines, the file cut off."""
         self.last_read = (0, 0)
         if self.closed:
             return False
@@ -135,11 +139,19 @@ class FileFollower:
             return False
         if size < self.scanned:  # replaced or truncated: follow the new file from its start
             self._start()
-        if size == self.scanned:
-            return False
-        ends = [end for end in self._complete_ends(size) if end > self.offset]
+        start = self.offset
+        if size > self.scanned:
+            self._read([end for end in self._complete_ends(size) if end > self.offset])
+        if self._tail_waits(size, stale_s):  # asked once the units before it named their writer
+            self._decoder = None
+            self.tail_cut = True
+            self._read([size])
+        return self.offset > start
+
+    def _read(self, ends: list[int]) -> None:
+        """Read the partitions from ``offset`` to each of ``ends`` in turn."""
         if not ends:
-            return False
+            return
         start, partitions = self.offset, []
         for end in ends:
             partitions.append(Partition(self.path, self._partitions, self.offset, end))
@@ -148,10 +160,15 @@ class FileFollower:
         # Step rows a name each: a followed file's partials are folded as it grows, and
         # a step's work merged into one row could not be read again (``_merges_work``).
         read = list(aggregate_partitions(partitions, model=False))
-        self.last_read = (self.offset - start, sum(p.events for p in read))
+        self.last_read = (self.last_read[0] + self.offset - start, self.last_read[1] + sum(p.events for p in read))
         self.partials += read
         self.closed = read[-1].source.closed
-        return True
+
+    def _tail_waits(self, size: int, stale_s: float) -> bool:
+        """Whether the compressed file's ``size`` bytes end within a unit not read, and
+        the file will not grow."""
+        return (self._kind == "compressed" and not self.tail_cut and self._damaged_at is None
+                and self.offset < size and self.done(time.time(), stale_s))
 
     @property
     def events(self) -> int:
@@ -317,7 +334,7 @@ class FileFollower:
     def state(self, now: float, stale_s: float) -> str:
         if self.closed:
             return CLOSED
-        if self._damaged_at is not None or self.pending:
+        if self._damaged_at is not None or self.pending or self.tail_cut:
             return CUT_OFF
         if self.writer_gone:
             return UNFINISHED
@@ -355,7 +372,7 @@ class Watcher:
                 self.followers[path] = FileFollower(path)
                 changed = True
         for follower in self.followers.values():
-            changed |= follower.poll()
+            changed |= follower.poll(self.stale_s)
         self.last_refresh = {"bytes": sum(f.last_read[0] for f in self.followers.values()),
                              "events": sum(f.last_read[1] for f in self.followers.values())}
         if changed or self._summary is None:
