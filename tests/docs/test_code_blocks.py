@@ -27,7 +27,9 @@ The convention (CONTRIBUTING.md says the same):
   ``<!-- setup: ... -->`` before it: the comment's code runs first (rare: only for
   what a reader obviously has, such as a model of their own);
   ``<!-- then: ... -->`` after it: the comment's code runs after it;
-  ``<!-- output varies: ... -->`` before a console block: its output is not compared.
+  ``<!-- output varies: ... -->`` before a console block: its output is not compared;
+  ``<!-- output -->`` before a text block right after a python block: it is what that
+  block prints, compared as a console block's output is.
 - A block that needs a package that is not installed (a framework, an extra) is
   skipped, with the package named; the page's later blocks still run.
 """
@@ -114,6 +116,7 @@ class Block:
     code: str
     markers: list[str]  # the HTML comments right before the block
     then: str  # code of a `then:` comment right after the block
+    shows: str | None = None  # a python block's printed output: the `output` text block after it
 
     @property
     def id(self) -> str:
@@ -210,6 +213,10 @@ def read_blocks() -> list[Block]:
             blocks.append(Block(page, i + 1, match.group(1), "\n".join(lines[i + 1:end]) + "\n",
                                 _comments_before(lines, i), _code(then) if then.startswith("then:") else ""))
             i = end + 1
+    for block, following in zip(blocks, blocks[1:]):
+        if (block.language, following.language, following.page) == ("python", "text", block.page) \
+                and "output" in following.markers:
+            block.shows = following.code
     return blocks
 
 
@@ -250,8 +257,11 @@ def test_markers_are_the_known_ones():
     """Every HTML comment next to a block is one of the markers this test understands,
     and a `continues` goes on from a block of its own language on the page."""
     bad = [(b.id, m) for b in BLOCKS for m in b.markers
-           if m not in ("fragment", "continues") and not m.startswith(("setup:", "output varies:"))]
+           if m not in ("fragment", "continues", "output") and not m.startswith(("setup:", "output varies:"))]
     assert bad == []
+    shown = {b.id for b in BLOCKS if b.shows is not None}
+    orphan = [b.id for prev, b in zip(BLOCKS, BLOCKS[1:]) if "output" in b.markers and prev.id not in shown]
+    assert orphan == [], "`output` marks a text block right after the python block that prints it"
     dangling = [u.last.id for u in UNITS if "continues" in u.blocks[0].markers]
     assert dangling == [], "`continues` only on a python, bash or sh block after one of its language"
 
@@ -334,6 +344,9 @@ def _run_script(unit: Unit, cwd: Path) -> None:
     finally:
         script.unlink()
     assert done.returncode == 0, f"{unit.id}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    if unit.last.shows is not None:
+        assert _lines(done.stdout) == _lines(unit.last.shows), (
+            f"{unit.last.id}: printed other output than the page shows\n{done.stdout[-3000:]}")
 
 
 def _run(unit: Unit, cwd: Path) -> None:
