@@ -311,8 +311,9 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
         placed = kernels.C.steps(code, start, end, n, is_work.astype(np.uint8), cuts, epoch_span,
                                  np.ascontiguousarray(after_work, np.int64), cut_ends)
         at, step_start, step_end, counts = (np.frombuffer(array, np.int64) for array in placed)
-        picked, placed_by = placing_numbers[at], placing[at]
+        picked, placed_by, step_code = placing_numbers[at], placing[at], code[at]
     else:
+        step_code = None
         picked, step_start, step_end, counts = _placed_numpy(placing, codes, start, end, n, is_work, cuts, after_work,
                                                              cut_ends)
         placed_by = picked
@@ -326,11 +327,15 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
         # carrying the last epoch's last number), leads too.
         numbered = np.flatnonzero(fetch & ~missing)
         if numbered.size:
-            at_step = (placing_all[numbered].join(placed_by.with_row_index("_at"), on=["epoch", "step"], how="left",
-                                                  nulls_equal=True, maintain_order="left").get_column("_at"))
+            if step_code is not None:  # each step's code, looked up (a join held every row twice)
+                placed_at = numbered if placed_rows is None else np.searchsorted(placed_rows, numbered)
+                at_step = _steps_by_code(code[placed_at], step_code)
+            else:
+                at_step = (placing_all[numbered].join(placed_by.with_row_index("_at"), on=["epoch", "step"],
+                                                      how="left", nulls_equal=True, maintain_order="left")
+                           .get_column("_at").fill_null(-1).to_numpy().astype(np.int64))
             before = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
-            stale = at_step.is_null().to_numpy() | (
-                columns["start"][numbered] <= before[at_step.fill_null(0).to_numpy().astype(np.int64)])
+            stale = (at_step < 0) | (columns["start"][numbered] <= before[np.maximum(at_step, 0)])
             lead[numbered[stale]] = True
     if work and lead.any():
         leads = pl.DataFrame({"epoch": numbers.get_column("epoch").filter(pl.Series(lead)),
@@ -349,6 +354,15 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
         },
         schema=STEP_SCHEMA,
     )
+
+
+def _steps_by_code(codes: np.ndarray, step_code: np.ndarray) -> np.ndarray:
+    """The place of the step whose code each of ``codes`` is (``step_code``: each
+    step's, distinct), or -1."""
+    order = np.argsort(step_code, kind="stable")
+    known = step_code[order]
+    at = np.minimum(np.searchsorted(known, codes), known.size - 1)
+    return np.where(known[at] == codes, order[at], -1)
 
 
 def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, start: np.ndarray, end: np.ndarray,
