@@ -27,11 +27,14 @@ _looking = threading.local()
 
 
 def when_imported(name: str, callback: Callback) -> None:
-    """``callback(module)`` once ``name`` is imported (now if it is already)."""
+    """``callback(module)`` once ``name`` is imported (now if it is already); a
+    callback already waiting for ``name`` is not added again."""
     with _lock:
         module = sys.modules.get(name)
         if module is None:
-            _callbacks.setdefault(name, []).append(callback)
+            waiting = _callbacks.setdefault(name, [])
+            if callback not in waiting:  # asked again (each initialize()): once
+                waiting.append(callback)
             if not any(isinstance(f, _Finder) for f in sys.meta_path):
                 sys.meta_path.insert(0, _Finder())
             return

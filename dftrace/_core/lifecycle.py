@@ -63,7 +63,10 @@ def initialize(**options: Any) -> Session | None:
     """Start tracing in this process. Keyword arguments override ``DFTRACE_*``
     variables (see docs/configuration.md); an invalid value raises ``ConfigError``
     naming the setting. Returns the :class:`Session` (None when tracing is off by
-    configuration, or in a sub-interpreter: dftrace records in the main one). Calling it again while a session runs returns that session.
+    configuration, or in a sub-interpreter: dftrace records in the main one). Calling it
+    again while a session runs returns that session; a ``rank=`` given then is its rank
+    from then on (a child forked from a traced parent, where the parent's session
+    carried on, learning its rank).
 
     From a thread other than the main one, the signal handlers (which only the main
     thread may install) are installed by the main thread the next time it runs
@@ -72,6 +75,8 @@ def initialize(**options: Any) -> Session | None:
     config = Config.resolve(options)
     with _lock:
         if _session is not None and _session.pid == os.getpid():
+            if options.get("rank") is not None and config.rank is not None:
+                _session.set_rank(config.rank, "initialize")
             return _session
         if config.enable is False:
             _tree.set_off_for_good(True)
@@ -200,6 +205,9 @@ def _nvtx_ready(config: Config, asked: bool) -> bool:
 
 
 def _install_signals() -> bool:
+    from .after_import import when_imported
+
+    when_imported("torch.utils.data._utils.signal_handling", "dftrace._core.signals:take_over_torch_worker_handlers")
     return _signals.install(_finish_on_signal, flush_now, busy_here, lambda: _busy > 0,
                             _shutdown_timeout)
 
@@ -398,6 +406,8 @@ def _ended_by_its_pool(signum: int) -> bool:
     """Whether ``signum`` is how a multiprocessing pool ends this worker: ``with Pool()``
     leaves by ``terminate()``, a SIGTERM to each worker. That is the pool's normal end,
     not a process killed."""
+    if _signals.sent_by_parent(signum):
+        return True  # a DataLoader worker shut down by its parent
     process = sys.modules.get("multiprocessing.process")
     try:
         return signum == signal.SIGTERM and process is not None and \

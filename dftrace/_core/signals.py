@@ -36,6 +36,15 @@ it; then only the Python-level handlers above apply.
 Where no thread can be had (``RLIMIT_AS``, a pids limit), the handlers work
 without the watcher (one warning says so).
 
+A PyTorch DataLoader worker's SIGTERM is handled in C by PyTorch, which ends the
+worker at once: with status 0 when its parent sent it (how the parent shuts down
+persistent workers, and any worker still alive at its exit), else by the signal.
+Nothing of the worker's trace would be finished (its I/O counters, the calls read
+since the last drain, its spans still open). Once PyTorch has set its handlers in a
+worker (:func:`take_over_torch_worker_handlers`), the SIGTERM is handled here as a
+default-action one, and the worker then ends as PyTorch would have ended it (the
+sender's pid kept by the C engine: ``note_signal_sender``).
+
 The module does not import the session: :func:`install` takes the callbacks it
 needs.
 """
@@ -53,7 +62,7 @@ from typing import Any
 from .state import STATE, limit_refused
 
 __all__ = ["install", "uninstall", "installed", "redeliver_pending", "after_fork",
-           "run_on_main_thread", "MAIN_GRACE_S"]
+           "run_on_main_thread", "MAIN_GRACE_S", "take_over_torch_worker_handlers", "sent_by_parent"]
 
 _NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 
@@ -63,6 +72,14 @@ MAIN_GRACE_S = 0.1
 
 #: signal number -> the handler that was there before ours
 _previous: dict[int, Any] = {}
+
+
+class _WorkerExit:
+    """The handler before ours where PyTorch's DataLoader worker handler was: leave
+    with status 0 at a signal from the parent, else die of it."""
+
+
+WORKER_EXIT = _WorkerExit()
 #: signals that arrived while this thread was inside initialize()/finalize()
 _pending: list[int] = []
 
@@ -138,11 +155,63 @@ def install(finish: Callable[[int], None], flush: Callable[[], None], busy: Call
     return True
 
 
+def take_over_torch_worker_handlers(module: Any) -> None:
+    """``module`` is ``torch.utils.data._utils.signal_handling``: its
+    ``_set_worker_signal_handlers``, which each DataLoader worker calls first thing,
+    is followed by :func:`_take_over_worker_sigterm`. Needs the C engine (which tells
+    who sent a signal); without it PyTorch's handler stays."""
+    from .engine import speedups
+
+    original = getattr(module, "_set_worker_signal_handlers", None)
+    if original is None or getattr(original, "_dftrace_follows", False) or speedups is None \
+            or not hasattr(speedups, "note_signal_sender"):
+        return
+
+    def _set_worker_signal_handlers(*args: Any, **kwargs: Any) -> Any:
+        done = original(*args, **kwargs)
+        _take_over_worker_sigterm(speedups)
+        return done
+
+    _set_worker_signal_handlers._dftrace_follows = True  # type: ignore[attr-defined]
+    _set_worker_signal_handlers.__wrapped__ = original  # type: ignore[attr-defined]
+    module._set_worker_signal_handlers = _set_worker_signal_handlers
+
+
+def _take_over_worker_sigterm(speedups: Any) -> None:
+    """In a DataLoader worker's main thread, once PyTorch's handlers are set: SIGTERM
+    finishes the trace, then ends the worker as PyTorch's handler would."""
+    try:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(signal.SIGTERM, _handler)
+        _previous[signal.SIGTERM] = WORKER_EXIT
+        speedups.note_signal_sender(int(signal.SIGTERM))
+        _Watcher.start()
+    except Exception:
+        pass
+
+
+def sent_by_parent(signum: int) -> bool:
+    """Whether ``signum`` ends a DataLoader worker as its parent's shutdown does (a
+    SIGTERM from the parent, or from a sender not known): a normal end."""
+    if _previous.get(signum) is not WORKER_EXIT:
+        return False
+    from .engine import speedups
+
+    try:
+        sender = speedups.signal_sender(signum) if speedups is not None else 0
+    except Exception:
+        sender = 0
+    return sender in (0, os.getppid())
+
+
 def uninstall() -> None:
     """Put back the handlers that were there before :func:`install`."""
     if threading.current_thread() is not threading.main_thread():
         return  # ours stay; they only chain to the previous ones without a session
     for sig, prev in list(_previous.items()):
+        if prev is WORKER_EXIT:
+            continue  # PyTorch's handler cannot be put back from Python; ours ends the worker as it did
         try:
             if signal.getsignal(sig) is _handler:
                 signal.signal(sig, prev)
@@ -175,7 +244,7 @@ def after_fork() -> None:
 
 
 def _terminating(signum: int) -> bool:
-    return signum in _previous and _previous[signum] is signal.SIG_DFL and \
+    return signum in _previous and _previous[signum] in (signal.SIG_DFL, WORKER_EXIT) and \
         signal.getsignal(signum) is _handler
 
 
@@ -193,11 +262,11 @@ def _handler(signum: int, frame: Any) -> Any:
     if CALLBACKS.busy():
         # The signal interrupted initialize()/finalize() on this thread; running
         # finalize now would see half a session. They send it again when done.
-        if prev is signal.SIG_DFL:
+        if prev in (signal.SIG_DFL, WORKER_EXIT):
             _pending.append(signum)
             return None
         return prev(signum, frame) if callable(prev) else None
-    if prev is signal.SIG_DFL:
+    if prev in (signal.SIG_DFL, WORKER_EXIT):
         _end_with(signum, on_main=True)
         return None
     _chaining = True
@@ -232,6 +301,8 @@ def _end_with(signum: int, on_main: bool) -> None:
 
 
 def _die(signum: int) -> None:
+    if sent_by_parent(signum):
+        os._exit(0)  # as PyTorch's worker handler leaves at its parent's SIGTERM
     if threading.current_thread() is threading.main_thread():
         try:
             signal.signal(signum, signal.SIG_DFL)

@@ -1,5 +1,7 @@
 """A PyTorch input pipeline's file I/O: every byte its DataLoader workers read (fork
-and spawn) and its checkpoint writes, against the files' own sizes."""
+and spawn, workers started each epoch or kept: ``persistent_workers=True``, which the
+parent ends with a SIGTERM at its exit) and its checkpoint writes, against the files'
+own sizes."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ JOB = """
                 return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).float().mean()
 
     if __name__ == "__main__":
-        out, method = sys.argv[1], sys.argv[2]
+        out, method, kept = sys.argv[1], sys.argv[2], sys.argv[3] == "kept"
         data = os.path.abspath("data")
         os.makedirs(data, exist_ok=True)
         paths, sizes = [], {}
@@ -41,7 +43,7 @@ JOB = """
             sizes[p] = 4096 + 97 * i
         dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
         loader = DataLoader(Files(paths), batch_size=8, num_workers=2,
-                            multiprocessing_context=method)
+                            multiprocessing_context=method, persistent_workers=kept)
         for _ in loader:
             pass
         ckpt = os.path.join(data, "model.pt")
@@ -52,10 +54,15 @@ JOB = """
 """
 
 
+@pytest.mark.parametrize("workers", ["started", "kept"])
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_workers_reads_and_the_checkpoint(tmp_path, monkeypatch, method):
+def test_workers_reads_and_the_checkpoint(tmp_path, monkeypatch, method, workers):
+    """Kept workers outlive the main process's ``finalize()``: their parent ends them
+    with a SIGTERM at its exit, which PyTorch's handler answers with ``_exit(0)``. Each
+    still finishes its trace first: every read, its counters and that it is a worker
+    (their reads were lost since the last drain, and the loader read 0 bytes)."""
     monkeypatch.chdir(tmp_path)
-    truth = run_traced(tmp_path, JOB, method, timeout=400)
+    truth = run_traced(tmp_path, JOB, method, workers, timeout=400)
     trace = IOTrace(tmp_path / "trace")
     for path, n in truth["sizes"].items():
         events = [e for e in trace.of(path) if e["name"] in READS]
@@ -68,8 +75,9 @@ def test_workers_reads_and_the_checkpoint(tmp_path, monkeypatch, method):
         from dftrace.analysis import summarize
 
         # The workers say they are (no worker_init_fn of ours given): their reads are data loading.
-        loader = summarize(tmp_path / "trace", index=False).io["loader"]
-        assert loader["read_bytes"] == sum(truth["sizes"].values())
+        summary = summarize(tmp_path / "trace", index=False)
+        assert summary.io["loader"]["read_bytes"] == sum(truth["sizes"].values())
+        assert summary.overview["ended_abnormally"] == 0  # a worker shut down by its parent ended normally
 
 
 SHARD_JOB = """

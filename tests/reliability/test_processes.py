@@ -233,6 +233,45 @@ def test_rank_from_launcher_environment(tmp_path, monkeypatch, env, rank, local)
     assert (pr["rank"], pr["local_rank"]) == (rank, local)
 
 
+RANKED_CHILDREN = """
+    import multiprocessing as mp
+    import sys
+
+    import dftrace
+    from dftrace import ai
+
+
+    def rank_worker(rank):
+        dftrace.initialize(rank=rank)  # the parent's session carried on here at the fork
+        with ai.compute.forward:
+            pass
+
+
+    if __name__ == "__main__":
+        dftrace.initialize(log_file=sys.argv[1] + "/r", compression="zstd")
+        ctx = mp.get_context("fork")
+        procs = [ctx.Process(target=rank_worker, args=(k,)) for k in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        print(" ".join(str(p.pid) for p in procs))
+"""
+
+
+def test_a_forked_child_takes_the_rank_its_initialize_gives(tmp_path):
+    """A child forked from a traced parent, calling ``initialize(rank=k)``: its trace
+    carries rank k (the call returned the session carried on from the parent, and the
+    rank was dropped: the run had no ranks)."""
+    script = write_script(tmp_path, RANKED_CHILDREN)
+    out = run([script, str(tmp_path / "traces")])
+    assert out.returncode == 0, out.stderr
+    children = [int(p) for p in out.stdout.split()]
+    by_pid = events_by_pid(tmp_path / "traces")
+    for rank, pid in enumerate(children):
+        assert [r["args"]["rank"] for r in meta(by_pid[pid], "PR") if "rank" in r["args"]][-1] == rank
+
+
 def test_process_without_rank_sorts_by_pid(tmp_path, monkeypatch):
     """Without a launcher the file has no rank part and the process sorts by pid."""
     for k in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):

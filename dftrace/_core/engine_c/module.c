@@ -13,6 +13,7 @@
 #include "records.h"
 #include "shm_consumer.h"
 #include "shm_ring.h"
+#include "signal_sender.h"
 #include "spans.h"
 #include "traceable.h"
 #include "writer.h"
@@ -271,7 +272,8 @@ static PyMethodDef methods[] = {
 
 /* The rest of the module's functions, each unit's table (its header declares it). */
 static PyMethodDef *const UNIT_METHODS[] = {dft_records_methods, dft_io_lines_methods, dft_encoder_methods,
-                                            dft_writer_methods, dft_shm_producer_methods, dft_spans_methods};
+                                            dft_writer_methods, dft_shm_producer_methods, dft_spans_methods,
+                                            dft_signal_sender_methods};
 
 /* The engine's state (what register() was given, the buffer, the static types) is
    one per process, held by the interpreter that loaded it: another interpreter of
