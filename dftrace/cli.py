@@ -288,43 +288,52 @@ def _cmd_run(ns: argparse.Namespace) -> int:
 def _children_files(session: Any, paths: list[str], started_ns: int) -> list[str]:
     """The trace files of the run's child processes (DataLoader workers, pools,
     subprocesses, a launcher's ranks) and theirs: those of the session's prefix
-    written since the run started whose process descends from this one (the other
-    ranks of a job, each run by its own ``dftrace run``, are not its)."""
+    written since the run started whose process descends from this one, through
+    processes that wrote a file or not (a forkserver's server writes none): each
+    carries this run's clock anchor, handed down to every traced descendant. The
+    other ranks of a job, each run by its own ``dftrace run``, are not its."""
     import glob
 
     from .format.names import is_trace_file
 
-    found: dict[str, tuple[int, int] | None] = {}
+    found: dict[str, tuple[int, int, Any] | None] = {}
     for p in glob.glob(glob.escape(session.prefix) + "-*"):
         try:
             if p not in paths and is_trace_file(p) and os.stat(p).st_mtime_ns >= started_ns:
-                found[p] = _pid_and_parent(p)
+                found[p] = _process_of(p)
         except OSError:
             continue
     ours, kids = {os.getpid()}, []
+    anchor = (session.wall_ns, session.mono_ns)
     while True:
-        more = [p for p, ids in found.items() if ids is not None and ids[1] in ours and p not in kids]
+        more = [p for p, ids in found.items()
+                if ids is not None and (ids[1] in ours or ids[2] == anchor) and p not in kids]
         if not more:
             return sorted(kids)
         kids += more
         ours |= {found[p][0] for p in more}  # type: ignore[index]
 
 
-def _pid_and_parent(path: str) -> tuple[int, int] | None:
-    """(pid, parent pid) from a trace file's process record, among its first lines."""
-    from .format import META_PROCESS_INFO
+def _process_of(path: str) -> tuple[int, int, Any] | None:
+    """(pid, parent pid, clock anchor: (wall_ns, mono_ns) or None) from a trace file's
+    first lines, or None without a process record."""
+    from .format import META_CLOCK_ANCHOR, META_PROCESS_INFO
     from .format.reading import iter_trace_lines
 
+    ids, anchor = None, None
     for number, line in enumerate(iter_trace_lines(path)):
         event = line.event
-        if event is not None and event.get("name") == META_PROCESS_INFO:
-            try:
-                return int(event["pid"]), int(event["args"]["ppid"])
-            except (KeyError, TypeError, ValueError):
-                return None
-        if number > 100:  # the header's records come first
+        name = event.get("name") if event is not None else None
+        try:
+            if name == META_PROCESS_INFO:
+                ids = int(event["pid"]), int(event["args"]["ppid"])
+            elif name == META_CLOCK_ANCHOR:
+                anchor = int(event["args"]["wall_ns"]), int(event["args"]["mono_ns"])
+        except (KeyError, TypeError, ValueError):
             return None
-    return None
+        if (ids is not None and anchor is not None) or number > 100:  # the header's records come first
+            break
+    return None if ids is None else (*ids, anchor)
 
 
 def _say_where_the_trace_went(session: Any, started_ns: int) -> None:

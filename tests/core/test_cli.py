@@ -83,6 +83,38 @@ def test_run_of_a_launcher_names_its_children_s_files(tmp_path):
     assert len(testing.trace_files(tmp_path / "t")) == 1
 
 
+def test_run_counts_the_files_of_a_forkservers_workers(tmp_path):
+    """A forkserver pool's workers descend from the run through the forkserver's
+    server, which writes no file: their files are the run's children's too (they were
+    left out of the count: "1 file" for 3)."""
+    script = tmp_path / "pool.py"
+    script.write_text(textwrap.dedent("""
+        import multiprocessing as mp
+        from dftrace import ai
+
+        def work(i):
+            with ai.compute.forward:
+                return i
+
+        if __name__ == "__main__":
+            with ai.compute.forward:
+                pass
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload([])
+            procs = [ctx.Process(target=work, args=(i,)) for i in range(3)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join()
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
+    out = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "job"),
+                          str(script)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert len(testing.trace_files(tmp_path / "t")) == 4
+    assert " and 3 files of its child processes" in out.stderr, out.stderr
+
+
 def test_run_of_one_rank_counts_no_other_rank_s_file(tmp_path):
     """Two ranks side by side, each under its own ``dftrace run`` with the same prefix
     (``torchrun ... dftrace run``): each names its own file, not the other's as a child's."""
