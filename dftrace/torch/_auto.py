@@ -220,12 +220,18 @@ class _Fetches:
         self.done = False  # its iteration ended
 
     def __del__(self) -> None:
-        """A training loader's iteration left early (a break): its workers' shut-down is its ``fetch.end``."""
+        """A loader's iteration left early (a break): its workers' shut-down is its
+        ``fetch.end``, and an evaluation's, cut short, is an evaluation all the same."""
         try:
-            if not self.done and STATE.training == self.loader and sys.getrefcount(self.it) == 2:
-                STATE.ended, t0 = True, _clock()
+            if not self.done and sys.getrefcount(self.it) == 2:
+                training = STATE.training == self.loader
+                if training:
+                    STATE.ended = True
+                t0 = _clock()
                 self.it = None
-                _FETCH_END.record(t0, _clock(), _epoch_now())
+                t1 = _clock()
+                _FETCH_END.record(t0, t1, _epoch_now() if training else None)
+                _iteration_ended(self.loader, t1)
         except Exception:
             pass
 

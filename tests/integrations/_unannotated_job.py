@@ -17,6 +17,8 @@
 - ``break``: ``plain`` leaving each epoch's loop after 4 of its 8 batches;
 - ``valmid``: ``plain`` with an evaluation loader iterated under ``torch.no_grad()``
   in the middle of each epoch, after its fourth step;
+- ``valbreak``: ``valmid`` whose evaluation leaves its loop after two batches (a
+  limit on validation batches);
 - ``gan``: ``plain`` with two models each stepped by its own optimizer per batch (a
   discriminator's step, then a generator's);
 - ``idle``: no PyTorch work at all;
@@ -122,11 +124,13 @@ def main(mode: str, truth_path: str) -> None:
                     opt.step()
                     opt.zero_grad()
                     truth["steps"] += 1
-                if mode == "valmid" and k == 3:  # an evaluation inside the epoch
+                if mode in ("valmid", "valbreak") and k == 3:  # an evaluation inside the epoch
                     began = time.perf_counter_ns()
                     with torch.no_grad():
-                        for x, _ in DataLoader(Data(), batch_size=32):
+                        for i, (x, _) in enumerate(DataLoader(Data(), batch_size=32 if mode == "valmid" else 8)):
                             model(x)
+                            if mode == "valbreak" and i == 1:
+                                break
                     truth.setdefault("evaluations_ns", []).append((began, time.perf_counter_ns()))
                 if mode == "gan":  # the generator's turn, in the same step
                     fake = model(generator(x))

@@ -162,12 +162,15 @@ def test_an_epoch_left_early_ends_when_its_workers_are_shut_down(tmp_path, engin
     _assert_epoch_times(summary, truth)
 
 
+@pytest.mark.parametrize("mode", ["valmid", "valbreak"])
 @pytest.mark.parametrize("engine", ["c", "python"])
-def test_an_evaluation_inside_the_epoch_is_no_step_s_time(tmp_path, engine):
-    """An evaluation loader iterated after the fourth step of each epoch: each pass is a
-    pipeline.evaluate span (on a track of its own), and the step it follows is its
-    own time (it took the evaluation's too: several times its neighbours')."""
-    out, truth = _run_engine(tmp_path, "valmid", engine)
+def test_an_evaluation_inside_the_epoch_is_no_step_s_time(tmp_path, engine, mode):
+    """An evaluation loader iterated after the fourth step of each epoch, to its end or
+    left after two batches: each pass is a pipeline.evaluate span (on a track of its
+    own), and the step it follows is its own time (it took the evaluation's too:
+    several times its neighbours'; a pass left early had no span and its loader's
+    start went to the next step)."""
+    out, truth = _run_engine(tmp_path, mode, engine)
     summary = summarize(out)
     assert len(summary.steps) == truth["steps"] == 16
     evaluations = _spans(out, "evaluate")
@@ -201,6 +204,13 @@ def test_a_step_that_an_epoch_end_cuts_in_two_is_one_step(tmp_path):
     assert len({step for _, step in numbers}) == len(numbers), numbers  # no step in two epochs
     assert len(numbers) == truth["steps"] + 1  # and the unfinished step at the end
     assert [(row["epoch"], row["steps"]) for row in summary.epochs] == [(0, 2), (1, 3)]
+    # The step after the one across the edge is its own three micro-batches, by the loop's
+    # clock: epoch 1's loader start, inside the step across, is that step's (the step
+    # after began there, holding the step across's last three micro-batches too).
+    starts = truth["starts_ns"]  # epoch 0's k = 0, 3, 6; epoch 1's
+    after = sorted(summary.rank_steps, key=lambda row: row["start_us"])[3]
+    own_us, before_us = (starts[5] - starts[4]) / 1e3, (starts[4] - starts[3]) / 1e3
+    assert after["dur_us"] <= own_us + before_us / 2, (after, own_us, before_us)
 
 
 def test_what_you_annotate_is_not_recorded_twice(tmp_path):

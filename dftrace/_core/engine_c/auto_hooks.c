@@ -544,14 +544,16 @@ static int AutoFetches_clear(AutoFetches *f) {
     return 0;
 }
 
-/* The training loader's iteration left before its end (a break, islice): its
-   iterator, let go here, shuts its workers down now; that wait is its `fetch.end`,
-   as at an end, and the iteration has ended. What was raised meanwhile stays. */
+/* A loader's iteration left before its end (a break, islice): its iterator, let go
+   here, shuts its workers down now; that wait is its `fetch.end`, as at an end, and
+   the iteration has ended (an evaluation's, cut short, is an evaluation all the same:
+   `ended_cb`). What was raised meanwhile stays. */
 static void let_go_early(AutoFetches *f) {
     AutoState *st = f->st;
     PyObject *et, *ev, *tb, *stk;
     PyErr_Fetch(&et, &ev, &tb);
-    st->ended = 1;
+    if (f->key == st->training)
+        st->ended = 1;
     if (may_record(st, st->fetch, st->cat_data, &stk)) {
         span_t sp;
         if (span_open(&sp, stk, st->fetch, st->fetch_kid, SPAN_NOW) == 0) {
@@ -567,7 +569,7 @@ static void let_go_early(AutoFetches *f) {
 
 static void AutoFetches_dealloc(AutoFetches *f) {
     PyObject_GC_UnTrack(f);
-    if (!f->done && f->it && f->st && f->st->fetch_end && f->key == f->st->training && Py_REFCNT(f->it) == 1)
+    if (!f->done && f->it && f->st && f->st->fetch_end && Py_REFCNT(f->it) == 1)
         let_go_early(f);
     AutoFetches_clear(f);
     PyObject_GC_Del(f);

@@ -86,7 +86,7 @@ def inside_ended(cuts: np.ndarray, cut_ends: np.ndarray, at: np.ndarray, until: 
 
 
 def with_leading_data(leads: pl.DataFrame, epochs: pl.Series, step_start: np.ndarray, step_end: np.ndarray,
-                      counts: np.ndarray, cuts: np.ndarray, containers: np.ndarray
+                      counts: np.ndarray, cuts: np.ndarray, containers: np.ndarray, work_end: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``step_start``, ``step_end`` and ``counts`` with each fetch that carries no step
     (``leads``) in the step that begins next: its batch's wait (the run's first batch,
@@ -94,8 +94,11 @@ def with_leading_data(leads: pl.DataFrame, epochs: pl.Series, step_start: np.nda
     integrations number steps), the step before ending where it begins. A fetch is
     left out where a step begins inside it, where it carries another epoch than the
     step's (``epochs``: each step's), where a pipeline span (``cuts``: their starts)
-    begins between it and the step, or where it lies in one (``containers``: start,
-    end) that ended before the step (an evaluation's fetches)."""
+    begins between it and the step, where it lies in one (``containers``: start,
+    end) that ended before the step (an evaluation's fetches), or where it began
+    before the step before had done its work (``work_end``: each step's last work
+    end): the next epoch's loader start inside a step whose micro-batches span the
+    epochs' edge is that step's time."""
     size = step_start.size
     order = np.argsort(step_start, kind="stable")
     starts = step_start[order]
@@ -104,6 +107,7 @@ def with_leading_data(leads: pl.DataFrame, epochs: pl.Series, step_start: np.nda
     ok = at < size
     target = order[np.minimum(at, size - 1)]
     ok &= (at == 0) | (starts[np.maximum(at - 1, 0)] <= lead_start)
+    ok &= (at == 0) | (work_end[order[np.maximum(at - 1, 0)]] <= lead_start)
     lead_epoch = leads.get_column("epoch")
     if lead_epoch.null_count() < leads.height:
         step_epoch = pl.Series(epochs.to_numpy()[target] if epochs.null_count() == 0 else epochs.gather(target))

@@ -325,23 +325,23 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
         # A fetch numbered with a step that has no work (tracing was off for it), or that
         # began before the step before its own did (the first of an epoch numbered anew,
         # carrying the last epoch's last number), leads too.
+        row_step = _row_steps(placing, code if step_code is not None else None, step_code, placed_by)
         numbered = np.flatnonzero(fetch & ~missing)
         if numbered.size:
-            if step_code is not None:  # each step's code, looked up (a join held every row twice)
-                placed_at = numbered if placed_rows is None else np.searchsorted(placed_rows, numbered)
-                at_step = _steps_by_code(code[placed_at], step_code)
-            else:
-                at_step = (placing_all[numbered].join(placed_by.with_row_index("_at"), on=["epoch", "step"],
-                                                      how="left", nulls_equal=True, maintain_order="left")
-                           .get_column("_at").fill_null(-1).to_numpy().astype(np.int64))
+            at_step = row_step[numbered if placed_rows is None else np.searchsorted(placed_rows, numbered)]
             before = np.concatenate(([np.iinfo(np.int64).min], step_start[:-1]))
             stale = (at_step < 0) | (columns["start"][numbered] <= before[np.maximum(at_step, 0)])
             lead[numbered[stale]] = True
     if work and lead.any():
+        # Each step's work ends with its last work row: a fetch before that is the step's own.
+        work_end = np.full(step_start.size, np.iinfo(np.int64).min, dtype=np.int64)
+        worked = is_work & (row_step >= 0)
+        np.maximum.at(work_end, row_step[worked], end[worked])
         leads = pl.DataFrame({"epoch": numbers.get_column("epoch").filter(pl.Series(lead)),
                               **{name: values[lead] for name, values in columns.items()}})
         step_start, step_end, counts = with_leading_data(leads, picked.get_column("epoch"), step_start, step_end,
-                                                         counts, np.concatenate((cuts, after_work)), containers)
+                                                         counts, np.concatenate((cuts, after_work)), containers,
+                                                         work_end)
     return pl.DataFrame(
         {
             "proc": np.full(step_start.size, proc, dtype=np.int32),
@@ -354,6 +354,17 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
         },
         schema=STEP_SCHEMA,
     )
+
+
+def _row_steps(placing: pl.DataFrame, code: np.ndarray | None, step_code: np.ndarray | None,
+               placed_by: pl.DataFrame) -> np.ndarray:
+    """The place of the step of each row (``placing``: the numbers it was placed by;
+    ``code``: their codes, with ``step_code`` each step's), or -1: by code where there
+    are codes, else by a join on the numbers (``placed_by``: each step's)."""
+    if code is not None and step_code is not None:
+        return _steps_by_code(code, step_code)
+    return (placing.join(placed_by.with_row_index("_at"), on=["epoch", "step"], how="left", nulls_equal=True,
+                         maintain_order="left").get_column("_at").fill_null(-1).to_numpy().astype(np.int64))
 
 
 def _steps_by_code(codes: np.ndarray, step_code: np.ndarray) -> np.ndarray:
