@@ -30,8 +30,9 @@ from .io_tables import IO_CATS, cover_table, io_tables, regrouped_totals
 from ..read.schema import HOST_KEY, SUMMARY_COLUMNS, loop_body
 from .sketch import bins_of, merged_bins
 from ..read.sources import Partition
-from .steps import (STEP_TIME_SCHEMA, container_rows, merged_work_encloses, model_steps, regrouped_step_rows,
-                    settled_procs, step_rows, with_step_times, without_profiler_steps, work_merged)
+from .step_numbers import regrouped_step_rows
+from .steps import (STEP_TIME_SCHEMA, container_rows, merged_work_encloses, model_steps, settled_procs, step_rows,
+                    with_step_times, without_profiler_steps, work_merged)
 from ..read.trace import TraceTable, partition_keys
 from .partial import (EMPTY_TABLES, GROUP_CATS, IO_TABLES, PARTIAL_TABLES, ROW_KEY, TRACER_CATS, Partial, as_stored, by_proc,
                       compacted)

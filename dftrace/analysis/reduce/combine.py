@@ -17,7 +17,8 @@ from .io_tables import regrouped_totals
 from ..read.metadata import Resolution
 from ..read.schema import HOST_KEY
 from .sketch import merged_bins
-from .steps import STEP_SCHEMA, STEP_TIME_SCHEMA, processes_enclosed_by_merged_work, regrouped_step_rows
+from .step_numbers import regrouped_step_rows
+from .steps import STEP_SCHEMA, STEP_TIME_SCHEMA, processes_enclosed_by_merged_work
 from ..read.trace import FileReport, run_sources
 
 from .aggregate import aggregate_partition, self_times_of

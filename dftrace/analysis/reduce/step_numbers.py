@@ -2,7 +2,9 @@
 (``steps.model_steps``): a row without an epoch given its step's, and a step that an
 epoch's end cut in two made one again; and the numbers the model places steps by
 (which epoch span a row without an epoch is in, which run of numbers starting again it
-is in, which steps skip untraced ones)."""
+is in, which steps skip untraced ones); the numbers as one code a row (``step_codes``),
+and the step rows of a file's pieces grouped again where they share steps
+(``regrouped_step_rows``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from ... import format as fmt
+from .data_waits import rows_apart
 
 #: Categories whose spans place a step in time; data loading follows them.
 WORK_CATS = (fmt.CAT_COMPUTE, fmt.CAT_COMM, fmt.CAT_DEVICE, fmt.CAT_CHECKPOINT)
@@ -159,3 +162,88 @@ def same_numbers(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (a == b) | (np.isnan(a) & np.isnan(b))
     return np.array([x == y or (x is None and y is None) or (x != x and y != y) for x, y in zip(a, b)],
                     dtype=bool)
+
+
+def step_codes(rows: pl.DataFrame) -> tuple[np.ndarray, int] | None:
+    """One integer a row numbering its (epoch, step) in their order, missing ones first,
+    and the span of the step numbers (the code divided by it is the epoch's); None
+    where their range is too wide for one integer."""
+    columns, lows, spans = [], [], []
+    for name in ("epoch", "step"):
+        column = rows.get_column(name)
+        low, high = column.min(), column.max()  # None where every value is missing
+        low, high = (0, 0) if low is None else (int(low), int(high))
+        if column.null_count():  # a missing value takes the place before the least: 0
+            column = column.cast(pl.Int64).fill_null(low - 1)
+        columns.append(column.to_numpy())
+        lows.append(low)
+        spans.append(high - low + 2)
+    if spans[0] * spans[1] >= 1 << 62:
+        return None
+    # Built in place in one array: every rank-step's codes are made at once.
+    code = columns[0].astype(np.int64)
+    code -= lows[0] - 1
+    code *= spans[1]
+    np.add(code, columns[1], out=code, casting="unsafe")  # the step numbers in their own (narrow) type
+    code -= lows[1] - 1
+    return code, spans[1]
+
+
+def regrouped_step_rows(rows: pl.DataFrame, heights: list[int], by: list[str]) -> pl.LazyFrame:
+    """The step rows of consecutive pieces (``heights`` rows each, a row a key in
+    each; ``by`` and the step and name the key) with a row a key. A step's rows are in
+    one piece but for the steps that straddle two: only the rows whose (epoch, step)
+    falls within another piece's range of them for the same process are grouped again
+    (the shared steps and maybe a few more: exact whatever the rows' order), not every
+    row."""
+    keys = [*by, "epoch", "step", "cat", "name"]
+    extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
+    # A fetch, or a span with a step but no epoch, is a row of its own (``rows_apart``):
+    # never grouped, nor counted in the pieces' ranges (one without a step has the least
+    # code of all).
+    apart = rows.select(rows_apart()).to_series().fill_null(False).to_numpy()
+    codes = step_codes(rows)
+    if codes is None:  # steps too far apart to number with one integer: every row but those apart
+        shared = ~apart
+    else:
+        shared = _in_other_pieces(codes[0], apart, _process_ids(rows, by), heights)
+    if not shared.any():
+        return rows.lazy()
+    shared_rows = pl.Series(shared)
+    return pl.concat([rows.filter(~shared_rows).lazy(),
+                      rows.filter(shared_rows).lazy().group_by(keys).agg(*extent).select(rows.columns)],
+                     how="vertical")
+
+
+def _process_ids(rows: pl.DataFrame, by: list[str]) -> np.ndarray | None:
+    """A number for each row's process (its ``by`` values; equal numbers for one
+    process, rarely for two), or None where the rows are of one process."""
+    if not by or all(rows.get_column(key).n_unique() <= 1 for key in by):
+        return None
+    return rows.select(pl.struct(by).hash()).to_series().to_numpy()
+
+
+def _in_other_pieces(code: np.ndarray, apart: np.ndarray, process: np.ndarray | None,
+                     heights: list[int]) -> np.ndarray:
+    """Whether each row but those ``apart`` has its ``code`` within the range of the
+    codes of another piece's rows of its ``process`` (those apart left out of the
+    ranges)."""
+    ends = np.cumsum(heights)
+    pieces = [(end - height, end) for height, end in zip(heights, ends) if height]
+    ranges: dict[object, list[tuple[int, int, int]]] = {}  # process: (piece, least, greatest)
+    for i, (a, b) in enumerate(pieces):
+        own = ~apart[a:b]
+        for proc in ([None] if process is None else np.unique(process[a:b][own]).tolist()):
+            mine = own if proc is None else own & (process[a:b] == proc)
+            if mine.any():
+                ranges.setdefault(proc, []).append((i, int(code[a:b][mine].min()), int(code[a:b][mine].max())))
+    shared = np.zeros(code.size, dtype=bool)
+    for proc, spans in ranges.items():
+        for i, _, _ in spans:
+            a, b = pieces[i]
+            mine = slice(a, b) if proc is None else np.flatnonzero(process[a:b] == proc) + a
+            for j, low, high in spans:
+                if j != i:
+                    shared[mine] |= (code[mine] >= low) & (code[mine] <= high)
+    shared &= ~apart
+    return shared

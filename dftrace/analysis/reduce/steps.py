@@ -39,7 +39,7 @@ from ... import format as fmt
 from ..runtime import kernels
 from .busy import each_process, time_within
 from .data_waits import data_targets, fetch_rows, rows_apart, with_leading_data
-from .step_numbers import (WORK_CATS, in_epoch_spans, numbers_of, same_numbers, skipped_steps,
+from .step_numbers import (WORK_CATS, in_epoch_spans, numbers_of, same_numbers, skipped_steps, step_codes,
                            with_numbers_settled, with_runs_numbered)
 from ..read.schema import FrameT, loop_body
 
@@ -89,66 +89,6 @@ def work_merged(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
             .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum())
             .with_columns(pl.lit(fmt.CAT_COMPUTE, pl.String).alias("cat"), pl.lit(None, pl.String).alias("name")))
     return pl.concat([rows.filter(~merged), work.select(rows.columns).cast(rows.schema)], how="vertical")
-
-
-def regrouped_step_rows(rows: pl.DataFrame, heights: list[int], by: list[str]) -> pl.LazyFrame:
-    """The step rows of consecutive pieces (``heights`` rows each, a row a key in
-    each; ``by`` and the step and name the key) with a row a key. A step's rows are in
-    one piece but for the steps that straddle two: only the rows whose (epoch, step)
-    falls within another piece's range of them for the same process are grouped again
-    (the shared steps and maybe a few more: exact whatever the rows' order), not every
-    row."""
-    keys = [*by, "epoch", "step", "cat", "name"]
-    extent = [pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()]
-    # A fetch, or a span with a step but no epoch, is a row of its own (``rows_apart``):
-    # never grouped, nor counted in the pieces' ranges (one without a step has the least
-    # code of all).
-    apart = rows.select(rows_apart()).to_series().fill_null(False).to_numpy()
-    codes = step_codes(rows)
-    if codes is None:  # steps too far apart to number with one integer: every row but those apart
-        shared = ~apart
-    else:
-        shared = _in_other_pieces(codes[0], apart, _process_ids(rows, by), heights)
-    if not shared.any():
-        return rows.lazy()
-    shared_rows = pl.Series(shared)
-    return pl.concat([rows.filter(~shared_rows).lazy(),
-                      rows.filter(shared_rows).lazy().group_by(keys).agg(*extent).select(rows.columns)],
-                     how="vertical")
-
-
-def _process_ids(rows: pl.DataFrame, by: list[str]) -> np.ndarray | None:
-    """A number for each row's process (its ``by`` values; equal numbers for one
-    process, rarely for two), or None where the rows are of one process."""
-    if not by or all(rows.get_column(key).n_unique() <= 1 for key in by):
-        return None
-    return rows.select(pl.struct(by).hash()).to_series().to_numpy()
-
-
-def _in_other_pieces(code: np.ndarray, apart: np.ndarray, process: np.ndarray | None,
-                     heights: list[int]) -> np.ndarray:
-    """Whether each row but those ``apart`` has its ``code`` within the range of the
-    codes of another piece's rows of its ``process`` (those apart left out of the
-    ranges)."""
-    ends = np.cumsum(heights)
-    pieces = [(end - height, end) for height, end in zip(heights, ends) if height]
-    ranges: dict[object, list[tuple[int, int, int]]] = {}  # process: (piece, least, greatest)
-    for i, (a, b) in enumerate(pieces):
-        own = ~apart[a:b]
-        for proc in ([None] if process is None else np.unique(process[a:b][own]).tolist()):
-            mine = own if proc is None else own & (process[a:b] == proc)
-            if mine.any():
-                ranges.setdefault(proc, []).append((i, int(code[a:b][mine].min()), int(code[a:b][mine].max())))
-    shared = np.zeros(code.size, dtype=bool)
-    for proc, spans in ranges.items():
-        for i, _, _ in spans:
-            a, b = pieces[i]
-            mine = slice(a, b) if proc is None else np.flatnonzero(process[a:b] == proc) + a
-            for j, low, high in spans:
-                if j != i:
-                    shared[mine] |= (code[mine] >= low) & (code[mine] <= high)
-    shared &= ~apart
-    return shared
 
 
 def merged_work_encloses(rows: pl.DataFrame, by: list[str]) -> bool:
@@ -436,31 +376,6 @@ def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, star
         step_end = np.minimum(step_end, cut)
     step_end = np.maximum(step_end, step_start)
     return keys[order.tolist()], step_start, step_end, counts
-
-
-def step_codes(rows: pl.DataFrame) -> tuple[np.ndarray, int] | None:
-    """One integer a row numbering its (epoch, step) in their order, missing ones first,
-    and the span of the step numbers (the code divided by it is the epoch's); None
-    where their range is too wide for one integer."""
-    columns, lows, spans = [], [], []
-    for name in ("epoch", "step"):
-        column = rows.get_column(name)
-        low, high = column.min(), column.max()  # None where every value is missing
-        low, high = (0, 0) if low is None else (int(low), int(high))
-        if column.null_count():  # a missing value takes the place before the least: 0
-            column = column.cast(pl.Int64).fill_null(low - 1)
-        columns.append(column.to_numpy())
-        lows.append(low)
-        spans.append(high - low + 2)
-    if spans[0] * spans[1] >= 1 << 62:
-        return None
-    # Built in place in one array: every rank-step's codes are made at once.
-    code = columns[0].astype(np.int64)
-    code -= lows[0] - 1
-    code *= spans[1]
-    np.add(code, columns[1], out=code, casting="unsafe")  # the step numbers in their own (narrow) type
-    code -= lows[1] - 1
-    return code, spans[1]
 
 
 def _step_keys(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None
