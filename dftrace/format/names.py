@@ -48,6 +48,9 @@ DONE_SUFFIX = ".done"
 WAIT_SUFFIX = ".wait"
 #: Epoch spans are ``cat == "pipeline"`` with one of these names.
 EPOCH_NAMES = ("epoch", "epoch.block")
+#: An evaluation's spans (validation, testing) are ``cat == "pipeline"`` with one of
+#: these names: what they hold is no training step's, whatever it is numbered.
+EVALUATION_NAMES = ("evaluate", "test")
 
 # --- phases --------------------------------------------------------------------------
 

@@ -72,6 +72,7 @@ class _State:
         #: (a GAN's second optimizer is the same step), or when ``stepped`` steps again;
         #: with no loader, the steps of ``counting`` alone count (see auto_hooks.c)
         self.pending, self.stepped, self.counting, self.last_opt = False, None, None, None
+        self.evaluating = 0  # an evaluation over tensors at hand since the last step (see _evaluated)
         #: called after each optimizer step while set (the roots' discovery; a held start)
         self.step_taken: Any = None
         self.after_step: Any = None
@@ -90,6 +91,7 @@ class _State:
         self.steps += 1  # the step counted: what follows numbers on
         self.pending, self.stepped = False, None
         self.moved()
+        _evaluation_over()
 
     def begin(self, key: int, epoch: int) -> None:
         """Loader ``key``'s iteration ``epoch`` (from 0) begins."""
@@ -170,6 +172,7 @@ class _Local(threading.local):
     depth = 0  # module calls open on this thread
     span: Any = None  # the open forward's span
     module: Any = None  # its module
+    t0 = 0  # its start
     step_span: Any = None  # (span, optimizer)
 
 
@@ -311,12 +314,51 @@ def _iteration_ended(key: int, t1: int) -> None:
     """Loader ``key``'s iteration ran to its end at ``t1`` (see ``_BEGUN``)."""
     try:
         begun = _BEGUN.pop(key, None)
-        if begun is None or key == STATE.training or begun[1] != STATE.optimizer_steps or not _EVALUATE.enabled:
+        if begun is None or key == STATE.training or begun[1] != STATE.optimizer_steps:
             return
-        if not _EVALUATION_TRACK or _EVALUATION_TRACK[0] != os.getpid():
-            _EVALUATION_TRACK[:] = [os.getpid(), _engine.new_track("evaluation")]
-        _engine.record_finished(_EVALUATE._kid, begun[0], t1, None, _engine.sticky_of(_EVALUATE),
-                                tid=_EVALUATION_TRACK[1])
+        _record_evaluation(begun[0], t1)
+    except Exception as exc:
+        warn_once("auto-evaluate", f"an evaluation pass not recorded: {exc!r}")
+
+
+def _record_evaluation(t0: int, t1: int) -> None:
+    """A ``pipeline.evaluate`` span from ``t0`` to ``t1`` on this process's evaluation track."""
+    if not _EVALUATE.enabled:
+        return
+    if not _EVALUATION_TRACK or _EVALUATION_TRACK[0] != os.getpid():
+        _EVALUATION_TRACK[:] = [os.getpid(), _engine.new_track("evaluation")]
+    _engine.record_finished(_EVALUATE._kid, t0, t1, None, _engine.sticky_of(_EVALUATE), tid=_EVALUATION_TRACK[1])
+
+
+#: The first start and last end of the eval-mode forwards of the outermost modules run
+#: between an optimizer step and the next batch, outside any loader's pass: an
+#: evaluation over tensors at hand. Recorded as one ``pipeline.evaluate`` span when
+#: the next step begins (or at exit), so that the step before does not hold its time.
+_EVALUATION_RUN: list[int] = []
+
+
+def _evaluated(t0: int, t1: int) -> None:
+    """An eval-mode forward from ``t0`` to ``t1`` after a step's work (see ``_EVALUATION_RUN``)."""
+    try:
+        if any(key != STATE.training for key in _BEGUN):
+            return  # an evaluation loader's pass: a span of its own
+        if _EVALUATION_RUN:
+            _EVALUATION_RUN[1] = t1
+        else:
+            _EVALUATION_RUN[:] = [t0, t1]
+        STATE.evaluating = 1  # the C engine's state calls _evaluation_over when the next step begins
+    except Exception:
+        pass
+
+
+def _evaluation_over() -> None:
+    """The step after an evaluation over tensors at hand begins (or the program ends)."""
+    if not _EVALUATION_RUN:
+        return
+    t0, t1 = _EVALUATION_RUN
+    _EVALUATION_RUN.clear()
+    try:
+        _record_evaluation(t0, t1)
     except Exception as exc:
         warn_once("auto-evaluate", f"an evaluation pass not recorded: {exc!r}")
 
@@ -359,6 +401,7 @@ def _forward_pre(module: Any, args: Any) -> None:
         local.depth = 1
         if _stands_aside(_FORWARD, "compute"):
             return
+        local.t0 = _clock()
         local.span = _FORWARD.start()
         local.module = module
     except Exception:
@@ -378,12 +421,15 @@ def _forward_post(module: Any, args: Any, output: Any) -> None:
             return
         local.span = local.module = None
         args = {"module": type(module).__name__}
-        if module.training and _grad_enabled():
+        trains = module.training and _grad_enabled()
+        if trains:
             args.update(STATE.position)
         error = forward_failed(output)
         if error is not None:
             args["error"] = error
         span.stop(args)
+        if STATE.pending and not trains:
+            _evaluated(local.t0, _clock())
     except Exception:
         pass
 
@@ -424,6 +470,7 @@ class _ForwardCall:
     def __call__(self, module: Any, *args: Any, **kwargs: Any) -> Any:
         if module not in self.roots or _LOCAL.span is not None or _stands_aside(_FORWARD, "compute"):
             return self.fn(module, *args, **kwargs)
+        t0 = _clock()
         span = _LOCAL.span = _FORWARD.start()
         try:
             out = self.fn(module, *args, **kwargs)
@@ -433,6 +480,8 @@ class _ForwardCall:
             raise
         _LOCAL.span = None
         span.stop(self._args(module, None))
+        if STATE.pending and not (module.training and _grad_enabled()):
+            _evaluated(t0, _clock())
         return out
 
     def _args(self, module: Any, error: str | None) -> dict[str, Any]:
@@ -583,7 +632,8 @@ def install(_torch: Any = None) -> None:
     if _speedups is not None:  # the same, counted and recorded in C
         state = _speedups.AutoState(fetch=_FETCH, step=_STEP, covered=covered,
                                     grad_enabled=_grad_enabled, fetch_end=_FETCH_END,
-                                    iteration_ended=_iteration_ended)
+                                    iteration_ended=_iteration_ended, evaluated=_evaluated,
+                                    evaluation_over=_evaluation_over)
         state.down = STATE.down  # integrations that began before
         STATE = state
     _original_iter = DataLoader.__iter__
@@ -594,6 +644,7 @@ def install(_torch: Any = None) -> None:
     _optimizer.register_optimizer_step_pre_hook(STATE.step_pre)
     _optimizer.register_optimizer_step_post_hook(STATE.step_post)
     atexit.register(_settle_start)  # before the trace's end (atexit runs the last registered first)
+    atexit.register(_evaluation_over)
     # backward() recorded in C; the patch's users are asked only while auto stands down
     _hooking.install_backward(_BackwardArgs(),  # type: ignore[arg-type]
                               front=None if _speedups is None else _backward_front)

@@ -338,6 +338,34 @@ def test_merge_keeps_the_selected_steps_of_every_epoch(run_dir, tmp_path):
     assert loaded.height == len(events)
 
 
+@pytest.mark.parametrize("epochs", ["spans", "none"])
+def test_merge_keeps_the_selected_steps_of_every_pass_numbered_without_an_epoch(tmp_path, epochs):
+    """``ai.update(step=i)`` alone, ``i`` from 0 in each of three passes (in a loop over
+    ``ai.pipeline.epoch.iter`` or over nothing): ``--steps 1:2`` keeps steps 1 and 2 of
+    each pass, the command (streamed) and ``merge`` on a loaded trace alike (it kept
+    pass 0's alone, or all between the first pass's step 1 and the last's step 2)."""
+    from dftrace import ai, testing
+    from dftrace.analysis import MergeFilter, merge
+
+    import time
+
+    with testing.trace_to(tmp_path / "trace") as result:
+        for p in (ai.pipeline.epoch.iter(range(3)) if epochs == "spans" else range(3)):
+            for i in range(4):
+                with ai.dataloader.fetch:
+                    time.sleep(0.001)
+                ai.update(step=i)
+                with ai.compute.forward(args={"pass": p}):
+                    time.sleep(0.001)
+    wanted = sorted((p, i) for p in range(3) for i in (1, 2))
+    (path,) = result.paths
+    events = [e for e in _merged(tmp_path, path, "--steps", "1:2") if e["ph"] == "X" and e["name"] == "forward"]
+    assert sorted((e["args"]["pass"], e["args"]["step"]) for e in events) == wanted
+    loaded = merge(load_traces(path), MergeFilter(steps=(1, 2))).events.filter(pl.col("name") == "forward")
+    assert sorted(zip(loaded.get_column("args").map_elements(lambda a: orjson.loads(a)["pass"], return_dtype=pl.Int64),
+                      loaded.get_column("step"))) == wanted
+
+
 def test_merge_time_window(run_dir, tmp_path):
     """--start/--end keep events overlapping the window (seconds from the start)."""
     events = [e for e in _merged(tmp_path, str(run_dir), "--start", "0.001", "--end", "0.0015") if e["ph"] == "X"]

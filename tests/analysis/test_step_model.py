@@ -215,6 +215,42 @@ def test_step_numbers_that_start_again_without_an_epoch_are_each_passs_steps(tmp
     assert summarize(result.paths, index=False).steps == summary.steps
 
 
+@pytest.mark.parametrize("epochs", ["spans", "none"])
+def test_a_validation_that_numbers_its_own_steps_makes_no_training_step(tmp_path, epochs):
+    """A validation after each pass that numbers its batches (``ai.update(step=j)``
+    inside ``ai.pipeline.evaluate``): its spans are no training step's work, and its
+    numbers start no run of their own (21 steps for 12 without epoch spans; with
+    them, each step's batch wait went to the step before). With epoch spans every
+    step is as long as by the loop's own clock."""
+    import time
+
+    from dftrace import ai, testing
+
+    passes, per_pass = 3, 4
+    truth_us = []
+    with testing.trace_to(tmp_path / "trace") as result:
+        for epoch in (ai.pipeline.epoch.iter(range(passes)) if epochs == "spans" else range(passes)):
+            for i in range(per_pass):
+                began = time.perf_counter_ns()
+                with ai.dataloader.fetch:
+                    time.sleep(0.002)
+                ai.update(step=i)
+                with ai.compute.forward:
+                    time.sleep(0.003 + 0.001 * i)
+                truth_us.append((time.perf_counter_ns() - began) / 1000)
+            with ai.pipeline.evaluate:
+                for j in range(3):
+                    ai.update(step=j)
+                    with ai.compute.forward:
+                        time.sleep(0.003)
+    summary = summarize(result.paths, index=False)
+    assert [(s["epoch"], s["step"]) for s in summary.steps] == [
+        (e, k) for e in range(passes) for k in range(per_pass)], summary.steps
+    if epochs == "spans":
+        for ours, theirs in zip((s["max_us"] for s in summary.steps), truth_us):
+            assert 0.9 * theirs - 300 <= ours <= theirs + 300, (summary.steps, truth_us)
+
+
 def test_steps_untraced_while_switched_off_are_in_no_step(tmp_path):
     """``ai.disable()`` after step 5 and ``ai.enable()`` at step 8's end: steps 6 to 8
     are untraced, and neither step 5 nor step 9 holds their time (step 5 ran up to

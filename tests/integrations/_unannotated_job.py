@@ -19,6 +19,8 @@
   in the middle of each epoch, after its fourth step;
 - ``valbreak``: ``valmid`` whose evaluation leaves its loop after two batches (a
   limit on validation batches);
+- ``valtensors``: ``valmid`` whose evaluation iterates no loader: four forwards in
+  ``eval()`` mode over tensors at hand, 5 ms apart;
 - ``gan``: ``plain`` with two models each stepped by its own optimizer per batch (a
   discriminator's step, then a generator's);
 - ``idle``: no PyTorch work at all;
@@ -132,6 +134,16 @@ def main(mode: str, truth_path: str) -> None:
                             if mode == "valbreak" and i == 1:
                                 break
                     truth.setdefault("evaluations_ns", []).append((began, time.perf_counter_ns()))
+                if mode == "valtensors" and k == 3:
+                    model.eval()
+                    with torch.no_grad():
+                        began = time.perf_counter_ns()
+                        for i in range(4):
+                            if i:
+                                time.sleep(0.005)
+                            model(x)
+                        truth.setdefault("evaluations_ns", []).append((began, time.perf_counter_ns()))
+                    model.train()
                 if mode == "gan":  # the generator's turn, in the same step
                     fake = model(generator(x))
                     truth["forwards"] += 2

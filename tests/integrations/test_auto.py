@@ -162,14 +162,14 @@ def test_an_epoch_left_early_ends_when_its_workers_are_shut_down(tmp_path, engin
     _assert_epoch_times(summary, truth)
 
 
-@pytest.mark.parametrize("mode", ["valmid", "valbreak"])
+@pytest.mark.parametrize("mode", ["valmid", "valbreak", "valtensors"])
 @pytest.mark.parametrize("engine", ["c", "python"])
 def test_an_evaluation_inside_the_epoch_is_no_step_s_time(tmp_path, engine, mode):
-    """An evaluation loader iterated after the fourth step of each epoch, to its end or
-    left after two batches: each pass is a pipeline.evaluate span (on a track of its
-    own), and the step it follows is its own time (it took the evaluation's too:
-    several times its neighbours'; a pass left early had no span and its loader's
-    start went to the next step)."""
+    """An evaluation after the fourth step of each epoch, through a loader run to its
+    end or left after two batches, or over tensors at hand (forwards in ``eval()``
+    mode, no loader): each pass is a pipeline.evaluate span (on a track of its own),
+    and the step it follows is its own time (it took the evaluation's too: several
+    times its neighbours'; a pass left early or over tensors had no span)."""
     out, truth = _run_engine(tmp_path, mode, engine)
     summary = summarize(out)
     assert len(summary.steps) == truth["steps"] == 16

@@ -60,7 +60,10 @@ def test_a_batch_slow_to_load_is_its_own_steps_wait(tmp_path):
     mine = {s["step"]: s["max_us"] for s in summary.steps}
     truth = [(b - a) / 1e3 for a, b in zip(starts, starts[1:])]
     assert sorted(mine) == list(range(6))
-    assert max(mine, key=mine.get) == 3 and mine[3] > 30_000, (mine, truth)
+    # Step 3 holds its batch's 30 ms wait, step 2 does not (a busy machine may make any
+    # step slow: each is compared with the loop's own clock, not with the others).
+    assert mine[3] > 30_000 and mine[3] == pytest.approx(truth[3], rel=0.05, abs=1000), (mine, truth)
+    assert mine[2] == pytest.approx(truth[2], rel=0.05, abs=1000), (mine, truth)
     # Steps 0 to 4 end where the next fetch begins; the last ends with its own work.
     assert sum(mine[k] for k in range(5)) == pytest.approx(sum(truth[:5]), rel=0.02, abs=500), (mine, truth)
 

@@ -52,6 +52,11 @@ typedef struct {
     uint32_t fetch_kid;
     PyObject *fetch_end;  /* the node of the wait for a loader's end (NULL: not recorded) */
     PyObject *ended_cb;   /* ended_cb(loader_id, t1): a loader's iteration ran to its end (NULL: none) */
+    /* evaluated_cb(t0, t1): a root's forward in eval mode between an optimizer step and
+       the next batch (an evaluation over tensors at hand); evaluation_over_cb(): the
+       step after such forwards begins (NULL: none) */
+    PyObject *evaluated_cb, *evaluation_over_cb;
+    int evaluating;
     uint32_t fetch_end_kid;
     PyObject *cat_data, *cat_compute; /* "dataloader", "compute" */
     PyObject *step_taken; /* called after each optimizer step while set (root discovery) */
@@ -173,10 +178,11 @@ static int may_record(AutoState *st, PyObject *node, PyObject *category, PyObjec
 /* AutoState                                                                  */
 
 static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"fetch", "step", "covered", "grad_enabled", "fetch_end", "iteration_ended", NULL};
-    PyObject *fetch, *step, *covered, *grad, *fetch_end = NULL, *ended = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|OO", kw, &fetch, &step, &covered, &grad, &fetch_end,
-                                     &ended))
+    static char *kw[] = {"fetch", "step", "covered", "grad_enabled", "fetch_end", "iteration_ended",
+                         "evaluated", "evaluation_over", NULL};
+    PyObject *fetch, *step, *covered, *grad, *fetch_end = NULL, *ended = NULL, *evaluated = NULL, *over = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|OOOO", kw, &fetch, &step, &covered, &grad, &fetch_end,
+                                     &ended, &evaluated, &over))
         return NULL;
     AutoState *st = (AutoState *)type->tp_alloc(type, 0);
     if (!st)
@@ -188,6 +194,10 @@ static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     st->fetch_kid = dft_node_kid(fetch, dft_str_kid);
     if (ended && ended != Py_None)
         st->ended_cb = Py_NewRef(ended);
+    if (evaluated && evaluated != Py_None && over && over != Py_None) {
+        st->evaluated_cb = Py_NewRef(evaluated);
+        st->evaluation_over_cb = Py_NewRef(over);
+    }
     if (fetch_end && fetch_end != Py_None) {
         st->fetch_end = Py_NewRef(fetch_end);
         st->fetch_end_kid = dft_node_kid(fetch_end, dft_str_kid);
@@ -204,7 +214,7 @@ static PyObject *AutoState_new(PyTypeObject *type, PyObject *args, PyObject *kwd
 
 static int AutoState_refs(AutoState *st, visitproc visit, void *arg) {
     PyObject **const refs[] = {&st->pos, &st->pos_x, &st->covered, &st->grad_enabled, &st->fetch,
-                               &st->fetch_end, &st->ended_cb, &st->step, &st->cat_data, &st->cat_compute, &st->step_taken, &st->after_step,
+                               &st->fetch_end, &st->ended_cb, &st->evaluated_cb, &st->evaluation_over_cb, &st->step, &st->cat_data, &st->cat_compute, &st->step_taken, &st->after_step,
                                &st->step_stk, &st->sargs_type, &st->sargs};
     return visit_refs(refs, NREFS(refs), visit, arg);
 }
@@ -248,13 +258,22 @@ static void end_step_left(AutoState *st) {
     Py_CLEAR(st->step_stk);
 }
 
-/* The step counted: what follows numbers on. */
+/* The step counted: what follows numbers on (an evaluation before it is over). */
 static void step_counted(AutoState *st) {
     st->steps++;
     st->pending = 0;
     st->stepped = NULL;
     if (moved(st) < 0)
         PyErr_Clear();
+    if (st->evaluating && st->evaluation_over_cb) {
+        st->evaluating = 0;
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *r = PyObject_CallNoArgs(st->evaluation_over_cb);
+        Py_XDECREF(r);
+        PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
 }
 
 /* step_pre(optimizer, args, kwargs): the optimizer step's pre-hook. */
@@ -377,6 +396,10 @@ static PyMemberDef AutoState_members[] = {
     {"current", T_LONGLONG, offsetof(AutoState, current), READONLY, "id() of the loader iterated last"},
     {"training", T_LONGLONG, offsetof(AutoState, training), READONLY, "id() of the training loader"},
     {"optimizer_steps", T_LONGLONG, offsetof(AutoState, optimizer_steps), READONLY, "every optimizer step taken"},
+    {"pending", T_INT, offsetof(AutoState, pending), READONLY,
+     "an optimizer stepped, the step counted at the next batch"},
+    {"evaluating", T_INT, offsetof(AutoState, evaluating), 0,
+     "an evaluation over tensors at hand ran since the last step: evaluation_over() at the next"},
     {NULL}};
 
 static PyGetSetDef AutoState_getset[] = {
@@ -669,8 +692,18 @@ static PyObject *AutoCall_vectorcall(PyObject *self, PyObject *const *args, size
             st->fwd_depth--;
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb); /* trains() reads attributes: the error waits */
-        if (trains(st, module))
+        if (trains(st, module)) {
             give_position(st, &sp);
+        } else if (st->pending && st->evaluated_cb) { /* over tensors at hand, after the step's work */
+            PyObject *times = Py_BuildValue("(LL)", sp.t0, t1);
+            if (times) {
+                st->evaluating = 1;
+                PyObject *r = PyObject_CallObject(st->evaluated_cb, times);
+                Py_XDECREF(r);
+                Py_DECREF(times);
+            }
+            PyErr_Clear();
+        }
         PyErr_Restore(et, ev, tb);
     } else {
         give_position(st, &sp);

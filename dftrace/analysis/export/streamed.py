@@ -43,6 +43,7 @@ from .perfetto import PERFETTO, output_kind, write_perfetto
 from ..read.parquet import parquet_document
 from ..read.schema import EVENT_COLUMNS, HOST_KEY
 from ..read.sources import DEFAULT_PARTITION_BYTES, PathsLike, expand_paths, plan_partitions
+from ..reduce.step_numbers import regrouped_step_rows
 from ..reduce.steps import container_rows, model_steps, step_rows
 from ..read.trace import (
     TraceTable,
@@ -313,17 +314,20 @@ def _step_windows(inputs: _Inputs, keep: MergeFilter, shift: list[int]) -> pl.Da
                                                                        return_dtype=pl.Int64)))
     if not rows:
         return pl.DataFrame(schema={"_order": pl.Int64, "_from": pl.Int64, "_to": pl.Int64})
-    step_table = (pl.concat(rows, how="diagonal_relaxed").group_by("proc", "epoch", "step", "cat", "name")
-                  .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum()))
+    # A row a key of each piece, grouped again where pieces share steps, as the summary's
+    # (fetches and steps numbered without an epoch stay rows of their own).
+    step_table = regrouped_step_rows(pl.concat(rows, how="diagonal_relaxed"), [frame.height for frame in rows],
+                                     ["proc"]).collect()
     container_table = (pl.concat(containers, how="diagonal_relaxed") if containers
                        else pl.DataFrame(schema={"proc": pl.Int32, "name": pl.String, "start": pl.Int64,
                                                  "end": pl.Int64, "after_work": pl.Boolean}))
-    steps = model_steps(step_table, container_table.select("proc", "name", "start", "end", "after_work"))
+    container_table = container_table.select("proc", "name", "start", "end", "after_work")
+    steps = model_steps(step_table, container_table)
     procs = inputs.header.processes
     units = [str(r) if r is not None else f"{h}:{p}" for h, p, r in procs.select("host", "pid", "rank").iter_rows()]
     unit_of = pl.DataFrame({"proc": list(range(len(units))), "_unit": units},
                            schema={"proc": pl.Int32, "_unit": pl.String})
-    per_unit = kept_step_windows(steps, unit_of, first, last, keep.epoch)
+    per_unit = kept_step_windows(steps, unit_of, first, last, keep.epoch, container_table)
     return (unit_of.join(per_unit, on="_unit").select(pl.col("proc").cast(pl.Int64).alias("_order"), "_from", "_to"))
 
 

@@ -314,15 +314,23 @@ def in_windows(frame: pl.DataFrame, windows: pl.DataFrame, on: str, end: pl.Expr
 
 
 def kept_step_windows(steps: pl.DataFrame, unit_of: pl.DataFrame, first: int, last: int,
-                      epoch: int | None) -> pl.DataFrame:
+                      epoch: int | None, containers: pl.DataFrame) -> pl.DataFrame:
     """_unit, _from, _to: the time of each unit's steps ``first``..``last`` (``steps``
     as ``model_steps`` gives them; ``unit_of``: proc, _unit), one window an epoch:
-    steps 5 to 6 of every epoch are not all that lies between epoch 0's and the last's."""
+    steps 5 to 6 of every epoch are not all that lies between epoch 0's and the last's.
+    Steps that carry no epoch are each in the epoch span they start in (``containers``:
+    proc, name, start, ...), a window each."""
     selected = steps.filter(pl.col("step").is_between(first, last))
     if epoch is not None:
         selected = selected.filter(pl.col("epoch") == epoch)
-    return (selected.join(unit_of, on="proc").group_by("_unit", "epoch")
-            .agg(pl.col("start").min().alias("_from"), pl.col("end").max().alias("_to")).drop("epoch"))
+    spans = (containers.filter(pl.col("name").is_in(fmt.EPOCH_NAMES)).select("proc", pl.col("start").alias("_in"))
+             .sort("_in"))
+    selected = (selected.sort("start").join_asof(spans, left_on="start", right_on="_in", by="proc",
+                                                 strategy="backward", check_sortedness=False)
+                if spans.height and selected.get_column("epoch").null_count() else selected.with_columns(
+                    pl.lit(None, pl.Int64).alias("_in")))
+    return (selected.join(unit_of, on="proc").group_by("_unit", "epoch", "_in")
+            .agg(pl.col("start").min().alias("_from"), pl.col("end").max().alias("_to")).drop("epoch", "_in"))
 
 
 def _describe(keep: MergeFilter) -> str:
@@ -386,8 +394,9 @@ def step_windows(events: pl.DataFrame, unit: pl.Expr, first: int, last: int,
         unit.alias("_unit"),
     )
     units = spans.select("proc", "_unit").unique("proc")
-    steps = model_steps(step_rows(spans, ["proc"]), container_rows(spans, ["proc"]))
-    return kept_step_windows(steps, units, first, last, epoch)
+    containers = container_rows(spans, ["proc"])
+    steps = model_steps(step_rows(spans, ["proc"]), containers)
+    return kept_step_windows(steps, units, first, last, epoch, containers)
 
 
 def describe_steps(events: pl.DataFrame) -> str:

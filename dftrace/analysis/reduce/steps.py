@@ -163,6 +163,7 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     the pipeline spans (proc, name, start, end). ``work`` is false for processes
     whose steps are found from data loading alone (DataLoader workers).
     """
+    rows = _outside_evaluations(rows, containers)
     if not rows.height:
         return pl.DataFrame(schema=STEP_SCHEMA)
     rows = with_numbers_settled(rows)
@@ -186,6 +187,25 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     with ThreadPoolExecutor(min(os.cpu_count() or 1, 8, len(procs))) as pool:
         out = list(pool.map(one, procs))
     return pl.concat(out, how="vertical") if out else pl.DataFrame(schema=STEP_SCHEMA)
+
+
+def _outside_evaluations(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` less those that start inside an evaluation's span of their process
+    (``fmt.EVALUATION_NAMES``): a validation loop that numbers its own steps
+    (``ai.update(step=j)`` inside ``ai.pipeline.evaluate``) makes no training step,
+    and adds no work to one."""
+    evaluations = containers.filter(pl.col("name").is_in(fmt.EVALUATION_NAMES))
+    if not evaluations.height or not rows.height:
+        return rows
+    keep = np.ones(rows.height, dtype=bool)
+    proc, start = rows.get_column("proc").to_numpy(), rows.get_column("start").to_numpy()
+    for (p,), frame in evaluations.partition_by("proc", as_dict=True).items():
+        spans = frame.sort("start").select("start", "end").to_numpy().astype(np.int64)
+        reach = np.maximum.accumulate(spans[:, 1])  # the furthest end of the spans begun by then
+        mine = np.flatnonzero(proc == p)
+        at = np.searchsorted(spans[:, 0], start[mine], side="right") - 1
+        keep[mine[(at >= 0) & (start[mine] < reach[np.maximum(at, 0)])]] = False
+    return rows if keep.all() else rows.filter(pl.Series(keep))
 
 
 def each_process_steps(rows: pl.DataFrame, containers: pl.DataFrame, modelled: pl.DataFrame | None,
