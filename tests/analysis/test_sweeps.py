@@ -231,10 +231,13 @@ def _step_rows(rng: np.random.Generator) -> tuple[pl.DataFrame, pl.DataFrame]:
                          "name": [f"n{i}" for i in rng.integers(0, 4, size)], "start": start, "end": start + length,
                          "n": rng.integers(1, 5, size)})
     n_cuts = int(rng.integers(0, 10))
-    between = rng.random(n_cuts) < 0.5  # checkpoints between steps, the others evaluations
+    between = rng.random(n_cuts) < 0.5  # checkpoints between steps, the others pipeline spans
     cut_start = rng.integers(-100, size * 25 + 100, n_cuts)
+    # Pipeline spans that cut steps, not evaluations (``fmt.EVALUATION_NAMES``), whose
+    # rows are no step's: tests/analysis/test_step_model.py holds those; random rows
+    # would straddle their edges, which real steps do not.
     containers = pl.DataFrame({"proc": rng.integers(0, 3, n_cuts).astype(np.int32),
-                               "name": np.where(between, "capture", "evaluate"),
+                               "name": np.where(between, "capture", "train"),
                                "start": cut_start, "end": cut_start + rng.integers(0, 400, n_cuts),
                                "after_work": between})
     return rows, containers
