@@ -205,9 +205,6 @@ def _nvtx_ready(config: Config, asked: bool) -> bool:
 
 
 def _install_signals() -> bool:
-    from .after_import import when_imported
-
-    when_imported("torch.utils.data._utils.signal_handling", "dftrace._core.signals:take_over_torch_worker_handlers")
     return _signals.install(_finish_on_signal, flush_now, busy_here, lambda: _busy > 0,
                             _shutdown_timeout)
 
@@ -386,7 +383,7 @@ def _finish_on_signal(signum: int) -> None:
     _signal_unwound = _at_end.calls_unwound(closing)
     for stk, i in reversed(closing):
         _engine.close_kept(stk, i, t1, incomplete=True)
-    if not _ended_by_its_pool(signum):
+    if not _signals.ended_by_its_parent(signum):
         say_how_it_ended(f"killed by signal {signum}")  # what it dies of once the trace is whole
     _signalled_at = t1
     try:
@@ -396,24 +393,6 @@ def _finish_on_signal(signum: int) -> None:
     finally:
         _signalled_at = None
         _signal_unwound = set()
-
-
-#: The names multiprocessing gives its pools' worker processes.
-_POOL_WORKERS = ("ForkPoolWorker", "SpawnPoolWorker", "ForkServerPoolWorker")
-
-
-def _ended_by_its_pool(signum: int) -> bool:
-    """Whether ``signum`` is how a multiprocessing pool ends this worker: ``with Pool()``
-    leaves by ``terminate()``, a SIGTERM to each worker. That is the pool's normal end,
-    not a process killed."""
-    if _signals.sent_by_parent(signum):
-        return True  # a DataLoader worker shut down by its parent
-    process = sys.modules.get("multiprocessing.process")
-    try:
-        return signum == signal.SIGTERM and process is not None and \
-            process.current_process().name.startswith(_POOL_WORKERS)
-    except Exception:
-        return False
 
 
 def say_how_it_ended(how: str) -> None:

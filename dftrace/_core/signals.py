@@ -62,7 +62,8 @@ from typing import Any
 from .state import STATE, limit_refused
 
 __all__ = ["install", "uninstall", "installed", "redeliver_pending", "after_fork",
-           "run_on_main_thread", "MAIN_GRACE_S", "take_over_torch_worker_handlers", "sent_by_parent"]
+           "run_on_main_thread", "MAIN_GRACE_S", "take_over_torch_worker_handlers", "sent_by_parent",
+           "ended_by_its_parent"]
 
 _NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 
@@ -136,6 +137,9 @@ def install(finish: Callable[[int], None], flush: Callable[[], None], busy: Call
     happens and False is returned (see :func:`run_on_main_thread`)."""
     CALLBACKS.finish, CALLBACKS.flush, CALLBACKS.busy = finish, flush, busy
     CALLBACKS.active, CALLBACKS.deadline = active, deadline
+    from .after_import import when_imported
+
+    when_imported("torch.utils.data._utils.signal_handling", take_over_torch_worker_handlers)
     if threading.current_thread() is not threading.main_thread():
         return False
     caught = _caught_signals()
@@ -189,6 +193,24 @@ def _take_over_worker_sigterm(speedups: Any) -> None:
         _Watcher.start()
     except Exception:
         pass
+
+
+#: The names multiprocessing gives its pools' worker processes.
+_POOL_WORKERS = ("ForkPoolWorker", "SpawnPoolWorker", "ForkServerPoolWorker")
+
+
+def ended_by_its_parent(signum: int) -> bool:
+    """Whether ``signum`` is how this worker's parent ends it, a normal end and not a
+    process killed: a multiprocessing pool's ``terminate()`` (``with Pool()`` leaves so:
+    a SIGTERM to each worker), or a DataLoader worker's shut-down (``sent_by_parent``)."""
+    if sent_by_parent(signum):
+        return True
+    process = sys.modules.get("multiprocessing.process")
+    try:
+        return signum == signal.SIGTERM and process is not None and \
+            process.current_process().name.startswith(_POOL_WORKERS)
+    except Exception:
+        return False
 
 
 def sent_by_parent(signum: int) -> bool:

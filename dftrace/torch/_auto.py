@@ -19,7 +19,6 @@ import atexit
 import contextlib
 import functools
 import inspect
-import os
 import sys
 import threading
 import weakref
@@ -32,6 +31,7 @@ from .._core import engine as _engine
 from .._core import tree as _tree
 from .._core.tree import ai
 from .._hooks import add_callback, warn_once
+from . import _evaluations
 from ._dist import note_distributed_rank, patch_init_process_group, trace_distributed, watch_ddp
 from ._hooking import BACKWARD, covered, forward_failed, front_function, is_keras
 
@@ -42,7 +42,6 @@ _clock = _engine.clock
 _grad_enabled = torch.is_grad_enabled
 _FETCH_INIT = ai.dataloader.fetch.derive("init")
 _FETCH_END = ai.dataloader.fetch.derive("end")
-_EVALUATE = ai.pipeline.evaluate
 _FORWARD = ai.compute.forward
 _STEP = ai.compute.step
 
@@ -72,7 +71,7 @@ class _State:
         #: (a GAN's second optimizer is the same step), or when ``stepped`` steps again;
         #: with no loader, the steps of ``counting`` alone count (see auto_hooks.c)
         self.pending, self.stepped, self.counting, self.last_opt = False, None, None, None
-        self.evaluating = 0  # an evaluation over tensors at hand since the last step (see _evaluated)
+        self.evaluating = 0  # an evaluation over tensors at hand since the last step (see _evaluations.evaluated)
         #: called after each optimizer step while set (the roots' discovery; a held start)
         self.step_taken: Any = None
         self.after_step: Any = None
@@ -91,7 +90,7 @@ class _State:
         self.steps += 1  # the step counted: what follows numbers on
         self.pending, self.stepped = False, None
         self.moved()
-        _evaluation_over()
+        _evaluations.evaluation_over()
 
     def begin(self, key: int, epoch: int) -> None:
         """Loader ``key``'s iteration ``epoch`` (from 0) begins."""
@@ -179,6 +178,7 @@ class _Local(threading.local):
 _LOCAL = _Local()
 _speedups = _engine.speedups
 STATE: Any = _State()
+_evaluations.STATE = STATE
 _installed = False
 #: id(loader) -> how many times it was iterated
 _ITERATIONS: dict[int, int] = {}
@@ -234,7 +234,7 @@ class _Fetches:
                 self.it = None
                 t1 = _clock()
                 _FETCH_END.record(t0, t1, _epoch_now() if training else None)
-                _iteration_ended(self.loader, t1)
+                _evaluations.iteration_ended(self.loader, t1)
         except Exception:
             pass
 
@@ -259,7 +259,7 @@ class _Fetches:
                 STATE.ended = True
             t1 = _clock()
             _FETCH_END.record(t0, t1, _epoch_now())
-            _iteration_ended(self.loader, t1)
+            _evaluations.iteration_ended(self.loader, t1)
             raise
         except BaseException as exc:
             position = STATE.position if STATE.training == self.loader else {}
@@ -303,66 +303,6 @@ def _settle_start(*_: Any) -> None:
         _FETCH_INIT.record(t0, t1, _epoch_now() if STATE.training == key == STATE.current else None)
 
 
-#: Each loader's iteration under way: its start and the optimizer steps by then. One not
-#: the training loader's that ends with no optimizer step is an evaluation: a
-#: ``pipeline.evaluate`` span on a track of its own (the step it interrupts ends there).
-_BEGUN: dict[int, tuple[int, int]] = {}
-_EVALUATION_TRACK: list[int] = []  # [pid, tid] of this process's track
-
-
-def _iteration_ended(key: int, t1: int) -> None:
-    """Loader ``key``'s iteration ran to its end at ``t1`` (see ``_BEGUN``)."""
-    try:
-        begun = _BEGUN.pop(key, None)
-        if begun is None or key == STATE.training or begun[1] != STATE.optimizer_steps:
-            return
-        _record_evaluation(begun[0], t1)
-    except Exception as exc:
-        warn_once("auto-evaluate", f"an evaluation pass not recorded: {exc!r}")
-
-
-def _record_evaluation(t0: int, t1: int) -> None:
-    """A ``pipeline.evaluate`` span from ``t0`` to ``t1`` on this process's evaluation track."""
-    if not _EVALUATE.enabled:
-        return
-    if not _EVALUATION_TRACK or _EVALUATION_TRACK[0] != os.getpid():
-        _EVALUATION_TRACK[:] = [os.getpid(), _engine.new_track("evaluation")]
-    _engine.record_finished(_EVALUATE._kid, t0, t1, None, _engine.sticky_of(_EVALUATE), tid=_EVALUATION_TRACK[1])
-
-
-#: The first start and last end of the eval-mode forwards of the outermost modules run
-#: between an optimizer step and the next batch, outside any loader's pass: an
-#: evaluation over tensors at hand. Recorded as one ``pipeline.evaluate`` span when
-#: the next step begins (or at exit), so that the step before does not hold its time.
-_EVALUATION_RUN: list[int] = []
-
-
-def _evaluated(t0: int, t1: int) -> None:
-    """An eval-mode forward from ``t0`` to ``t1`` after a step's work (see ``_EVALUATION_RUN``)."""
-    try:
-        if any(key != STATE.training for key in _BEGUN):
-            return  # an evaluation loader's pass: a span of its own
-        if _EVALUATION_RUN:
-            _EVALUATION_RUN[1] = t1
-        else:
-            _EVALUATION_RUN[:] = [t0, t1]
-        STATE.evaluating = 1  # the C engine's state calls _evaluation_over when the next step begins
-    except Exception:
-        pass
-
-
-def _evaluation_over() -> None:
-    """The step after an evaluation over tensors at hand begins (or the program ends)."""
-    if not _EVALUATION_RUN:
-        return
-    t0, t1 = _EVALUATION_RUN
-    _EVALUATION_RUN.clear()
-    try:
-        _record_evaluation(t0, t1)
-    except Exception as exc:
-        warn_once("auto-evaluate", f"an evaluation pass not recorded: {exc!r}")
-
-
 def _traced_iter(self: Any) -> Any:
     global _HELD
     try:
@@ -378,7 +318,7 @@ def _traced_iter(self: Any) -> Any:
     it = _original_iter(self)
     try:
         if key:
-            _BEGUN[key] = (t0, STATE.optimizer_steps)
+            _evaluations.BEGUN[key] = (t0, STATE.optimizer_steps)
             if STATE.training == key:
                 _FETCH_INIT.record(t0, _clock(), _epoch_now())
             else:
@@ -429,7 +369,7 @@ def _forward_post(module: Any, args: Any, output: Any) -> None:
             args["error"] = error
         span.stop(args)
         if STATE.pending and not trains:
-            _evaluated(local.t0, _clock())
+            _evaluations.evaluated(local.t0, _clock())
     except Exception:
         pass
 
@@ -481,7 +421,7 @@ class _ForwardCall:
         _LOCAL.span = None
         span.stop(self._args(module, None))
         if STATE.pending and not (module.training and _grad_enabled()):
-            _evaluated(t0, _clock())
+            _evaluations.evaluated(t0, _clock())
         return out
 
     def _args(self, module: Any, error: str | None) -> dict[str, Any]:
@@ -632,10 +572,10 @@ def install(_torch: Any = None) -> None:
     if _speedups is not None:  # the same, counted and recorded in C
         state = _speedups.AutoState(fetch=_FETCH, step=_STEP, covered=covered,
                                     grad_enabled=_grad_enabled, fetch_end=_FETCH_END,
-                                    iteration_ended=_iteration_ended, evaluated=_evaluated,
-                                    evaluation_over=_evaluation_over)
+                                    iteration_ended=_evaluations.iteration_ended, evaluated=_evaluations.evaluated,
+                                    evaluation_over=_evaluations.evaluation_over)
         state.down = STATE.down  # integrations that began before
-        STATE = state
+        STATE = _evaluations.STATE = state
     _original_iter = DataLoader.__iter__
     DataLoader.__iter__ = _traced_iter  # type: ignore[method-assign]
     ROOTS.install()
@@ -644,7 +584,7 @@ def install(_torch: Any = None) -> None:
     _optimizer.register_optimizer_step_pre_hook(STATE.step_pre)
     _optimizer.register_optimizer_step_post_hook(STATE.step_post)
     atexit.register(_settle_start)  # before the trace's end (atexit runs the last registered first)
-    atexit.register(_evaluation_over)
+    atexit.register(_evaluations.evaluation_over)
     # backward() recorded in C; the patch's users are asked only while auto stands down
     _hooking.install_backward(_BackwardArgs(),  # type: ignore[arg-type]
                               front=None if _speedups is None else _backward_front)

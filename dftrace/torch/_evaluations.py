@@ -1,0 +1,79 @@
+"""Evaluation passes under automatic tracing (``dftrace.torch._auto``): a loader that is
+not the training one, iterated with no optimizer step (to its end or left early), and
+the eval-mode forwards of the outermost modules run between an optimizer step and the
+next batch over tensors at hand, each pass a ``pipeline.evaluate`` span on a track of
+its own, so that the step it interrupts does not hold its time."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .._core import engine as _engine
+from .._core.tree import ai
+from .._hooks import warn_once
+
+_EVALUATE = ai.pipeline.evaluate
+
+#: The automatic hooks' state (``_auto.STATE``: the C engine's ``AutoState`` or its
+#: Python twin), handed over by ``_auto`` whenever it is made.
+STATE: Any = None
+
+#: Each loader's iteration under way: its start and the optimizer steps by then. One not
+#: the training loader's that ends with no optimizer step is an evaluation: a
+#: ``pipeline.evaluate`` span on a track of its own (the step it interrupts ends there).
+BEGUN: dict[int, tuple[int, int]] = {}
+_EVALUATION_TRACK: list[int] = []  # [pid, tid] of this process's track
+
+
+def iteration_ended(key: int, t1: int) -> None:
+    """Loader ``key``'s iteration ran to its end at ``t1`` (see ``BEGUN``)."""
+    try:
+        begun = BEGUN.pop(key, None)
+        if begun is None or key == STATE.training or begun[1] != STATE.optimizer_steps:
+            return
+        record_evaluation(begun[0], t1)
+    except Exception as exc:
+        warn_once("auto-evaluate", f"an evaluation pass not recorded: {exc!r}")
+
+
+def record_evaluation(t0: int, t1: int) -> None:
+    """A ``pipeline.evaluate`` span from ``t0`` to ``t1`` on this process's evaluation track."""
+    if not _EVALUATE.enabled:
+        return
+    if not _EVALUATION_TRACK or _EVALUATION_TRACK[0] != os.getpid():
+        _EVALUATION_TRACK[:] = [os.getpid(), _engine.new_track("evaluation")]
+    _engine.record_finished(_EVALUATE._kid, t0, t1, None, _engine.sticky_of(_EVALUATE), tid=_EVALUATION_TRACK[1])
+
+
+#: The first start and last end of the eval-mode forwards of the outermost modules run
+#: between an optimizer step and the next batch, outside any loader's pass: an
+#: evaluation over tensors at hand. Recorded as one ``pipeline.evaluate`` span when
+#: the next step begins (or at exit), so that the step before does not hold its time.
+_EVALUATION_RUN: list[int] = []
+
+
+def evaluated(t0: int, t1: int) -> None:
+    """An eval-mode forward from ``t0`` to ``t1`` after a step's work (see ``_EVALUATION_RUN``)."""
+    try:
+        if any(key != STATE.training for key in BEGUN):
+            return  # an evaluation loader's pass: a span of its own
+        if _EVALUATION_RUN:
+            _EVALUATION_RUN[1] = t1
+        else:
+            _EVALUATION_RUN[:] = [t0, t1]
+        STATE.evaluating = 1  # the C engine's state calls evaluation_over when the next step begins
+    except Exception:
+        pass
+
+
+def evaluation_over() -> None:
+    """The step after an evaluation over tensors at hand begins (or the program ends)."""
+    if not _EVALUATION_RUN:
+        return
+    t0, t1 = _EVALUATION_RUN
+    _EVALUATION_RUN.clear()
+    try:
+        record_evaluation(t0, t1)
+    except Exception as exc:
+        warn_once("auto-evaluate", f"an evaluation pass not recorded: {exc!r}")
