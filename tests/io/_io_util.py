@@ -41,8 +41,8 @@ START = """
         return path
 """
 
-READS = {"read", "pread", "readv", "preadv", "fread", "fgets"}
-WRITES = {"write", "pwrite", "writev", "pwritev", "fwrite", "fputs"}
+READS = {"read", "pread", "readv", "preadv", "fread", "fgets", "sendfile_read", "copy_file_range_read"}
+WRITES = {"write", "pwrite", "writev", "pwritev", "fwrite", "fputs", "sendfile_write", "copy_file_range_write"}
 
 
 def run_traced(tmp_path: Any, body: str, *args: str, timeout: float = 240, **env: str) -> dict:

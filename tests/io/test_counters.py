@@ -1,14 +1,15 @@
 """Each file's counters (the ``io_file`` records) against what the program did: the
-access pattern counted from each open, and a process that reads more files than the
-counters' table holds at a time (its counters written when it is full and counted
-afresh: records that add up to the truth)."""
+access pattern counted from each open, copies the kernel makes (``sendfile``,
+``copy_file_range``: no read or write call, yet bytes read and written), and a process
+that reads more files than the counters' table holds at a time (its counters written
+when it is full and counted afresh: records that add up to the truth)."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections import defaultdict
 
-from _io_util import NEEDS_IO, START, IOTrace, run_traced
+from _io_util import NEEDS_IO, READS, START, WRITES, IOTrace, run_traced
 from _requirements import needs
 
 pytestmark = NEEDS_IO
@@ -120,3 +121,88 @@ def test_more_files_than_the_table_holds_add_up_to_the_truth(tmp_path, monkeypat
     assert n < records <= 2 * n
     (io,) = [m["args"] for m in trace.meta[truth["pid"]] if m["name"] == "io"]
     assert io["counter_cuts"] == (2 * n) // FILES_AT_A_TIME
+
+
+#: Copies made by the kernel: shutil.copyfile (sendfile, in blocks), os.sendfile with
+#: an offset (the source's position stays) into a file, os.copy_file_range from the
+#: source's position (which moves), and a read after it, at the moved position.
+COPIES = START + """
+    import shutil
+    size = 300_000
+    src = data_file("src.bin", os.urandom(size))
+    copy, sent, ranged = (os.path.join(data, n) for n in ("copy.bin", "sent.bin", "ranged.bin"))
+    dftrace.initialize(log_file=out, io=True, data_dir=data, compression="none")
+    shutil.copyfile(src, copy)
+    fin = os.open(src, os.O_RDONLY)
+    fout = os.open(sent, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    offset, sendfiles = 1000, 0
+    while True:
+        n = os.sendfile(fout, fin, offset, 65536)
+        sendfiles += 1
+        if not n:
+            break
+        offset += n
+    os.close(fout)
+    fout = os.open(ranged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        ranged_bytes = os.copy_file_range(fin, fout, 100_000)
+    except OSError:  # a kernel or filesystem without it: the source's position stays
+        ranged_bytes = 0
+    os.close(fout)
+    after = len(os.read(fin, 10))
+    os.close(fin)
+    dftrace.finalize()
+    print(json.dumps({"pid": os.getpid(), "src": src, "copy": copy, "sent": sent, "ranged": ranged,
+                      "size": size, "sendfiles": sendfiles, "ranged_bytes": ranged_bytes,
+                      "after": after}))
+"""
+
+
+def _copies_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return run_traced(tmp_path, COPIES), IOTrace(tmp_path / "trace")
+
+
+def test_copies_the_kernel_makes_count_on_both_files(tmp_path, monkeypatch):
+    """sendfile and copy_file_range read one file and write another with no read or
+    write call: each traced side is an event of its own (``*_read`` on the source,
+    ``*_write`` on the destination) and its file's counters, to the byte."""
+    truth, trace = _copies_run(tmp_path, monkeypatch)
+    size, ranged = truth["size"], truth["ranged_bytes"]
+    counters = {m["args"]["path"]: m["args"] for m in trace.meta[truth["pid"]] if m["name"] == "io_file"}
+    assert counters[truth["copy"]]["write_bytes"] == size
+    assert counters[truth["sent"]]["write_bytes"] == size - 1000
+    assert counters[truth["ranged"]]["write_bytes"] == ranged
+    assert counters[truth["src"]]["read_bytes"] == size + (size - 1000) + ranged + truth["after"]
+    assert trace.bytes(truth["copy"], WRITES) == size
+    assert trace.bytes(truth["src"], READS) == counters[truth["src"]]["read_bytes"]
+    # one event a side per call: the sends the program counted, and shutil's own
+    sent = trace.calls(truth["sent"])
+    assert sent["sendfile_write"] == truth["sendfiles"]
+    shutil_calls = trace.calls(truth["copy"])["sendfile_write"]
+    assert shutil_calls >= 2
+    assert trace.calls(truth["src"])["sendfile_read"] == truth["sendfiles"] + shutil_calls
+    # offsets: the sends from 1000 on; the range copy from the source's own position
+    # (0: sendfile with an offset left it), and the read after it where that moved
+    src_events = sorted(trace.of(truth["src"]), key=lambda e: e["ts"])
+    sends = [e for e in src_events if e["name"] == "sendfile_read"][shutil_calls:]
+    assert sends[0]["args"]["offset"] == 1000
+    (read,) = [e for e in src_events if e["name"] == "read"]
+    assert read["args"]["offset"] == ranged
+    if ranged:
+        (copied,) = [e for e in src_events if e["name"] == "copy_file_range_read"]
+        assert copied["args"]["offset"] == 0 and copied["args"]["ret"] == ranged
+
+
+@needs("analysis", None if importlib.util.find_spec("polars") else
+       "needs the analysis extra: pip install 'dftrace[analysis]'")
+def test_the_summary_counts_kernel_copies_as_reads_and_writes(tmp_path, monkeypatch):
+    from dftrace.analysis import summarize
+
+    truth, _ = _copies_run(tmp_path, monkeypatch)
+    io = summarize(tmp_path / "trace", index=False).io
+    size, ranged = truth["size"], truth["ranged_bytes"]
+    files = {f["path"]: f for f in io["files"]}
+    assert files[truth["src"]]["read_bytes"] == size + (size - 1000) + ranged + truth["after"]
+    assert [files[truth[k]]["write_bytes"] for k in ("copy", "sent")] == [size, size - 1000]
+    assert io["write_bytes"] == size + (size - 1000) + ranged

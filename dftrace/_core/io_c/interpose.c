@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -286,6 +287,57 @@ PRWV2_WRAPPER(preadv2, OP_PREADV)
 PRWV2_WRAPPER(preadv64v2, OP_PREADV)
 PRWV2_WRAPPER(pwritev2, OP_PWRITEV)
 PRWV2_WRAPPER(pwritev64v2, OP_PWRITEV)
+
+/* -- copies made by the kernel: sendfile and copy_file_range move bytes from one fd
+   to another with no read or write call. Each traced side is a record of its own
+   with the call's times: the input's as a read (*_read), the output's as a write
+   (*_write). A side with an offset pointer is at *offset (its fd's position stays);
+   one without is at its fd's position, which moves by the bytes copied. -- */
+static inline int64_t copy_at(fd_entry_t *e, const int64_t *at) {
+    return at ? *at : __atomic_load_n(&e->pos, __ATOMIC_RELAXED);
+}
+static inline void copy_side(uint8_t op, fd_entry_t *e, int moves, int64_t off, int64_t t0,
+                             int64_t t1, int64_t r, int err, int64_t count) {
+    if (moves && r > 0 && off >= 0)
+        __atomic_store_n(&e->pos, off + r, __ATOMIC_RELAXED);
+    io_record_fd(op, e->fhash, t0, t1, r, err, count, off);
+}
+#define COPY_CALL(rop, wop, in_fd, in_at, out_fd, out_at, call, count)                 \
+    do {                                                                             \
+        fd_entry_t *ei_ = io_active ? fd_traced(in_fd) : NULL;                       \
+        fd_entry_t *eo_ = io_active ? fd_traced(out_fd) : NULL;                      \
+        if (!ei_ && !eo_)                                                            \
+            return call;                                                             \
+        int64_t iat_ = in_at ? (int64_t)*(in_at) : 0, oat_ = out_at ? (int64_t)*(out_at) : 0; \
+        int64_t ioff_ = ei_ ? copy_at(ei_, in_at ? &iat_ : NULL) : -1;               \
+        int64_t ooff_ = eo_ ? copy_at(eo_, out_at ? &oat_ : NULL) : -1;              \
+        int64_t t0_ = clock_ns();                                                    \
+        ssize_t r_ = call;                                                           \
+        int err_ = errno;                                                            \
+        int64_t t1_ = clock_ns();                                                    \
+        if (ei_)                                                                     \
+            copy_side(rop, ei_, !(in_at), ioff_, t0_, t1_, r_, err_, (int64_t)(count)); \
+        if (eo_)                                                                     \
+            copy_side(wop, eo_, !(out_at), ooff_, t0_, t1_, r_, err_, (int64_t)(count)); \
+        errno = err_;                                                                \
+        return r_;                                                                   \
+    } while (0)
+
+#define SENDFILE_WRAPPER(name, off_type)                                               \
+    DECLARE(ssize_t, name, int, int, off_type *, size_t);                              \
+    static ssize_t w_##name(int out_fd, int in_fd, off_type *offset, size_t count) {   \
+        COPY_CALL(OP_SENDFILE_READ, OP_SENDFILE_WRITE, in_fd, offset, out_fd,          \
+                  (off_type *)NULL, REAL(name)(out_fd, in_fd, offset, count), count);  \
+    }
+SENDFILE_WRAPPER(sendfile, off_t)
+SENDFILE_WRAPPER(sendfile64, off64_t)
+
+DECLARE(ssize_t, copy_file_range, int, loff_t *, int, loff_t *, size_t, unsigned int);
+static ssize_t w_copy_file_range(int in_fd, loff_t *in_at, int out_fd, loff_t *out_at,
+                                 size_t len, unsigned int flags) {
+    COPY_CALL(OP_COPY_RANGE_READ, OP_COPY_RANGE_WRITE, in_fd, in_at, out_fd, out_at,
+              REAL(copy_file_range)(in_fd, in_at, out_fd, out_at, len, flags), len);
+}
 
 /* -- on an fd: seek, sync, truncate, fstat, mmap, fcntl -- */
 #define LSEEK_WRAPPER(name)                                                            \
@@ -562,7 +614,8 @@ io_hook_t io_hooks[] = {
     HOOK(read), HOOK(__read_chk), HOOK(write), HOOK(pread), HOOK(pread64), HOOK(pwrite),
     HOOK(pwrite64), HOOK(__pread_chk), HOOK(__pread64_chk), HOOK(readv), HOOK(writev),
     HOOK(preadv), HOOK(preadv64), HOOK(pwritev), HOOK(pwritev64), HOOK(preadv2),
-    HOOK(preadv64v2), HOOK(pwritev2), HOOK(pwritev64v2), HOOK(lseek), HOOK(lseek64),
+    HOOK(preadv64v2), HOOK(pwritev2), HOOK(pwritev64v2), HOOK(sendfile), HOOK(sendfile64),
+    HOOK(copy_file_range), HOOK(lseek), HOOK(lseek64),
     HOOK(fsync), HOOK(fdatasync), HOOK(ftruncate), HOOK(ftruncate64), HOOK(fstat),
     HOOK(fstat64), HOOK(__fxstat), HOOK(__fxstat64), HOOK(mmap), HOOK(mmap64), HOOK(dup),
     HOOK(dup2), HOOK(dup3), HOOK(fcntl), HOOK(fcntl64), HOOK(stat), HOOK(stat64), HOOK(lstat),
@@ -580,7 +633,8 @@ const char *const io_op_names[OP_COUNT] = {
     "write", "pwrite", "writev", "pwritev", "lseek", "fsync", "fdatasync",
     "ftruncate", "stat", "lstat", "fstat", "fstatat", "mmap", "dup", "dup2",
     "dup3", "fcntl", "unlink", "unlinkat", "rename", "renameat", "mkdir",
-    "mkdirat", "rmdir",
+    "mkdirat", "rmdir", "sendfile_read", "sendfile_write", "copy_file_range_read",
+    "copy_file_range_write",
     "fopen", "fdopen", "fclose", "fread", "fwrite", "fseek", "ftell", "fgets",
     "fputs",
 };

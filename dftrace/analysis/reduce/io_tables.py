@@ -31,8 +31,10 @@ IO_CATS = ("POSIX", "STDIO")
 READ, WRITE, METADATA, SYNC, OTHER = range(5)
 KINDS = ("read", "write", "metadata", "sync", "other")
 _KIND_OF = {
-    **dict.fromkeys(("read", "pread", "readv", "preadv", "fread", "fgets"), READ),
-    **dict.fromkeys(("write", "pwrite", "writev", "pwritev", "fwrite", "fputs"), WRITE),
+    **dict.fromkeys(("read", "pread", "readv", "preadv", "fread", "fgets", "sendfile_read",
+                     "copy_file_range_read"), READ),
+    **dict.fromkeys(("write", "pwrite", "writev", "pwritev", "fwrite", "fputs", "sendfile_write",
+                     "copy_file_range_write"), WRITE),
     **dict.fromkeys(("fsync", "fdatasync"), SYNC),
     "mmap": OTHER,
 }  # any other call is metadata (open, stat, close, seek, ...)
