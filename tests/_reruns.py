@@ -84,6 +84,7 @@ RERUNS: dict[str, tuple[str, ...]] = {
         "io/test_counters.py",
         "io/test_interception.py",
         "io/test_children_and_ends.py",
+        "io/test_fd_numbers.py",
     ),
 }
 

@@ -92,13 +92,38 @@ def excluded_prefixes(trace_prefix: str) -> list[str]:
     return out
 
 
+#: The directories of the import path of the process that started tracing, handed to
+#: its children: a child started afresh (spawn, forkserver, a Python subprocess)
+#: starts tracing before the interpreter puts its own first entry on ``sys.path``,
+#: and before multiprocessing gives it its parent's path.
+IMPORT_DIRS_ENV = "DFTRACE_IMPORT_DIRS"
+
+
+def _first_path_entry() -> list[str]:
+    """What the interpreter puts first on ``sys.path`` (maybe not yet: tracing starts
+    at interpreter start for a child): the script's directory, or the current one for
+    ``-c``, ``-m`` and the prompt; none with ``-P``."""
+    if getattr(sys.flags, "safe_path", False):
+        return []
+    script = sys.argv[0] if sys.argv else ""
+    if script in ("", "-c", "-m"):
+        return [os.getcwd()]
+    return [os.path.dirname(os.path.abspath(script)), os.path.dirname(os.path.realpath(script))]
+
+
 def import_dirs(excluded: list[str]) -> list[str]:
     """Directories never traced themselves (their files may be): those of
-    ``sys.path``, which the import system looks up, and each directory above an
-    excluded prefix (the interpreter's, its packages'), which resolving a module's
-    real path looks up, component by component."""
+    ``sys.path``, which the import system looks up (with the entry the interpreter
+    puts first, and those of the parent's path: ``IMPORT_DIRS_ENV``), and each
+    directory above an excluded prefix (the interpreter's, its packages'), which
+    resolving a module's real path looks up, component by component."""
     out: list[str] = []
-    for p in sys.path:
+    try:
+        first = _first_path_entry()
+    except Exception:
+        first = []
+    inherited = [p for p in os.environ.get(IMPORT_DIRS_ENV, "").split(os.pathsep) if p]
+    for p in [*sys.path, *first, *inherited]:
         try:
             a = os.path.abspath(p or ".")
         except Exception:
@@ -263,6 +288,9 @@ def start(session: Any) -> IOTracer | None:
     except (OSError, ValueError, RuntimeError) as exc:
         STATE.warn_once("io", f"file I/O is not traced in this process: {exc}")
         return None
+    if config.inherit:
+        paths = (os.path.abspath(p or ".") for p in sys.path if isinstance(p, str))
+        session.export({IMPORT_DIRS_ENV: os.pathsep.join(p for p in paths if os.pathsep not in p)})
     try:
         return IOTracer(session, _io, _engine, kids)
     except RuntimeError as exc:  # no thread to be had

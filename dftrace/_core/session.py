@@ -287,7 +287,11 @@ class Session:
         # check of the directory instead of making it again on the storage.
         exported[CHECKED_ENV] = f"{self.hostname}:{self.prefix}"
         exported[ANCHOR_ENV] = anchor_value(self.hostname, self.wall_ns, self.mono_ns)
-        for k, v in exported.items():
+        self.export(exported)
+
+    def export(self, values: dict[str, str]) -> None:
+        """Set ``values`` in the environment children inherit, until ``restore_env``."""
+        for k, v in values.items():
             self._saved_env.setdefault(k, os.environ.get(k))
             os.environ[k] = v
 

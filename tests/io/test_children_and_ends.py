@@ -60,6 +60,44 @@ def test_a_child_that_touches_no_file_writes_no_file(tmp_path, monkeypatch):
     assert IOTrace(tmp_path / "trace").pids == {truth["pid"]}
 
 
+#: data_dir is the current directory, where the script is: a spawned child (and
+#: multiprocessing's resource tracker, a Python child too) imports modules, and the
+#: import system looks at each directory of its path, which the child's tracing
+#: starts before the interpreter and multiprocessing have put there.
+SPAWNED_IMPORTS = """
+    import json, multiprocessing as mp, os, sys
+    import dftrace
+
+    def work(path):
+        import csv, decimal, fractions, json  # noqa: F401
+        return len(open(path, "rb").read())
+
+    if __name__ == "__main__":
+        out, here = sys.argv[1], os.getcwd()
+        path = os.path.join(here, "read_by_child.bin")
+        with open(path, "wb") as f:
+            f.write(b"c" * 700)
+        dftrace.initialize(log_file=out, io=True, data_dir=here, compression="none")
+        with mp.get_context("spawn").Pool(1) as pool:
+            got = pool.apply(work, (path,))
+        print(json.dumps({"read": got, "path": path, "dirs": sorted({here, os.path.dirname(os.path.abspath(__file__))}),
+                          "pid": os.getpid()}))
+"""
+
+
+def test_a_spawned_childs_imports_are_not_its_file_io(tmp_path, monkeypatch):
+    """The import system's looks at the directories of ``sys.path`` are never traced,
+    in a spawned child either, where its path is made after tracing started: the
+    child's calls on its files are, and none is on a directory of the path."""
+    monkeypatch.chdir(tmp_path)
+    truth = run_traced(tmp_path, SPAWNED_IMPORTS)
+    trace = IOTrace(tmp_path / "trace")
+    child = [e for e in trace.of(truth["path"]) if e["pid"] != truth["pid"]]
+    assert sum(e["args"]["ret"] for e in child if e["name"] in READS) == truth["read"] == 700
+    on_dirs = [(e["name"], trace.path_of(e)) for d in truth["dirs"] for e in trace.of(d)]
+    assert on_dirs == []
+
+
 #: Reads, then os._exit at once: no atexit, no finalize.
 EXIT_AT_ONCE = START + """
     p = data_file("last.bin", b"x" * 3000)

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -117,11 +118,13 @@ static inline int open_has_mode(int flags) {
     return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE;
 }
 
-/* -- open family: the fd takes the path's hash -- */
+/* -- open family: the fd takes the path's hash, at offset 0; with O_APPEND each
+   write goes to the file's end, which is not known here: -1 (the offsets of its
+   writes unknown, until a seek says where it is) -- */
 #define OPEN_AFTER(flags)                                                              \
     do {                                                                             \
         if (r_ >= 0)                                                                 \
-            fd_track(r_, h_, 0);                                                       \
+            fd_track(r_, h_, ((flags) & O_APPEND) ? -1 : 0);                           \
     } while (0)
 
 /* `mode`: the variadic mode argument of an open call whose flags say it has one, else
@@ -398,14 +401,28 @@ FXSTAT_WRAPPER(__fxstat64, stat64)
 MMAP_WRAPPER(mmap)
 MMAP_WRAPPER(mmap64)
 
-/* -- dup: the new fd takes the old one's entry -- */
+/* -- dup: the new fd takes the old one's entry; a copy of an untraced fd has none
+   (whatever its number had: an fd closed where no wrapper saw it) -- */
 #define DUP_AFTER(newfd)                                                               \
     do {                                                                             \
         if ((int)r_ >= 0 && !in_vfork_child())                                       \
             fd_track((int)(newfd), e_->fhash, POS);                                    \
     } while (0)
+/* A call on an fd that makes another: as FD_CALL, the new fd (`made`, once r_ is
+   known) left without an entry when the fd it copies is untraced. */
+#define FD_MAKING_CALL(op, fd, call, made, after)                                      \
+    do {                                                                             \
+        fd_entry_t *e_ = io_active ? fd_traced(fd) : NULL;                             \
+        if (!e_) {                                                                     \
+            __typeof__(call) r_ = call;                                                \
+            if (io_active && (int)r_ >= 0 && !in_vfork_child())                        \
+                fd_untrack(made);                                                      \
+            return r_;                                                                 \
+        }                                                                              \
+        FD_TRACED(op, call, -1, -1, after);                                            \
+    } while (0)
 DECLARE(int, dup, int);
-static int w_dup(int fd) { FD_CALL(OP_DUP, fd, REAL(dup)(fd), -1, -1, DUP_AFTER(r_)); }
+static int w_dup(int fd) { FD_MAKING_CALL(OP_DUP, fd, REAL(dup)(fd), r_, DUP_AFTER(r_)); }
 
 /* dup2/dup3 onto a traced fd closes it: its entry goes first (as in close) */
 static inline void untrack_target(int fd) {
@@ -433,8 +450,9 @@ static int w_dup3(int fd, int fd2, int flags) {
         va_start(ap, cmd);                                                             \
         void *arg = va_arg(ap, void *);                                                \
         va_end(ap);                                                                    \
-        FD_CALL(OP_FCNTL, fd, REAL(name)(fd, cmd, arg), -1, -1,                        \
-                if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) DUP_AFTER(r_));          \
+        if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)                                  \
+            FD_MAKING_CALL(OP_FCNTL, fd, REAL(name)(fd, cmd, arg), r_, DUP_AFTER(r_)); \
+        FD_CALL(OP_FCNTL, fd, REAL(name)(fd, cmd, arg), -1, -1, (void)0);              \
     }
 FCNTL_WRAPPER(fcntl)
 FCNTL_WRAPPER(fcntl64)
@@ -500,6 +518,75 @@ DECLARE(int, renameat, int, const char *, int, const char *);
 static int w_renameat(int fromfd, const char *from, int tofd, const char *to) {
     PATH_CALL(OP_RENAMEAT, fromfd, from, REAL(renameat)(fromfd, from, tofd, to), (void)0);
 }
+
+/* -- directories: opendir's fd (opened inside libc) takes the path's entry, and
+   closedir closes it, as it does the copy os.listdir(fd) and os.scandir(fd) list
+   (fcntl(F_DUPFD_CLOEXEC), then fdopendir): an fd closed where no wrapper saw it
+   would keep its entry, and the next pipe or socket given its number would be read
+   as the directory -- */
+DECLARE(DIR *, opendir, const char *);
+static DIR *w_opendir(const char *path) {
+    PATH_CALL_OR(OP_OPENDIR, AT_FDCWD, path, REAL(opendir)(path),
+                 if (r_) fd_track(dirfd(r_), h_, 0), if (r_) fd_untrack(dirfd(r_)));
+}
+DECLARE(int, closedir, DIR *);
+static int w_closedir(DIR *d) { CLOSE_CALL(OP_CLOSEDIR, d ? dirfd(d) : -1, REAL(closedir)(d)); }
+
+/* -- fds that are never files (pipes, sockets): made without an entry, whatever
+   their number had -- */
+static inline void untrack_made(int r, const int *fds, int n) {
+    if (r >= 0 && io_active && !in_vfork_child())
+        for (int i = 0; i < n; i++)
+            fd_untrack(fds[i]);
+}
+DECLARE(int, pipe, int *);
+static int w_pipe(int fds[2]) {
+    int r = REAL(pipe)(fds);
+    int err = errno;
+    untrack_made(r, fds, 2);
+    errno = err;
+    return r;
+}
+DECLARE(int, pipe2, int *, int);
+static int w_pipe2(int fds[2], int flags) {
+    int r = REAL(pipe2)(fds, flags);
+    int err = errno;
+    untrack_made(r, fds, 2);
+    errno = err;
+    return r;
+}
+DECLARE(int, socketpair, int, int, int, int *);
+static int w_socketpair(int domain, int type, int proto, int fds[2]) {
+    int r = REAL(socketpair)(domain, type, proto, fds);
+    int err = errno;
+    untrack_made(r, fds, 2);
+    errno = err;
+    return r;
+}
+#define MAKES_FD(call)                                                                 \
+    do {                                                                             \
+        int r_ = call;                                                               \
+        int err_ = errno;                                                            \
+        untrack_made(r_, &r_, 1);                                                    \
+        errno = err_;                                                                \
+        return r_;                                                                   \
+    } while (0)
+DECLARE(int, socket, int, int, int);
+static int w_socket(int domain, int type, int proto) { MAKES_FD(REAL(socket)(domain, type, proto)); }
+DECLARE(int, accept, int, struct sockaddr *, socklen_t *);
+static int w_accept(int fd, struct sockaddr *a, socklen_t *n) { MAKES_FD(REAL(accept)(fd, a, n)); }
+DECLARE(int, accept4, int, struct sockaddr *, socklen_t *, int);
+static int w_accept4(int fd, struct sockaddr *a, socklen_t *n, int fl) {
+    MAKES_FD(REAL(accept4)(fd, a, n, fl));
+}
+
+#define TRUNCATE_WRAPPER(name)                                                         \
+    DECLARE(int, name, const char *, off_t);                                           \
+    static int w_##name(const char *path, off_t len) {                                 \
+        PATH_CALL(OP_TRUNCATE, AT_FDCWD, path, REAL(name)(path, len), (void)0);        \
+    }
+TRUNCATE_WRAPPER(truncate)
+TRUNCATE_WRAPPER(truncate64)
 
 /* -- STDIO: a stream is its fd's entry -- */
 static inline int stream_fd(FILE *fp) { return fp ? fileno_unlocked(fp) : -1; }
@@ -621,7 +708,8 @@ io_hook_t io_hooks[] = {
     HOOK(dup2), HOOK(dup3), HOOK(fcntl), HOOK(fcntl64), HOOK(stat), HOOK(stat64), HOOK(lstat),
     HOOK(lstat64), HOOK(__xstat), HOOK(__xstat64), HOOK(__lxstat), HOOK(__lxstat64),
     HOOK(fstatat), HOOK(fstatat64), HOOK(unlink), HOOK(rmdir), HOOK(unlinkat), HOOK(mkdir),
-    HOOK(mkdirat), HOOK(rename), HOOK(renameat), HOOK(fopen), HOOK(fopen64), HOOK(fdopen),
+    HOOK(mkdirat), HOOK(rename), HOOK(renameat), HOOK(opendir), HOOK(closedir), HOOK(truncate), HOOK(truncate64), HOOK(pipe),
+    HOOK(pipe2), HOOK(socketpair), HOOK(socket), HOOK(accept), HOOK(accept4), HOOK(fopen), HOOK(fopen64), HOOK(fdopen),
     HOOK(fclose), HOOK(fread), HOOK(fread_unlocked), HOOK(fwrite), HOOK(fwrite_unlocked),
     HOOK(__fread_chk), HOOK(fseek), HOOK(fseeko), HOOK(fseeko64), HOOK(ftell), HOOK(ftello),
     HOOK(ftello64), HOOK(fgets), HOOK(fputs),
@@ -633,7 +721,7 @@ const char *const io_op_names[OP_COUNT] = {
     "write", "pwrite", "writev", "pwritev", "lseek", "fsync", "fdatasync",
     "ftruncate", "stat", "lstat", "fstat", "fstatat", "mmap", "dup", "dup2",
     "dup3", "fcntl", "unlink", "unlinkat", "rename", "renameat", "mkdir",
-    "mkdirat", "rmdir", "sendfile_read", "sendfile_write", "copy_file_range_read",
+    "mkdirat", "rmdir", "opendir", "closedir", "truncate", "sendfile_read", "sendfile_write", "copy_file_range_read",
     "copy_file_range_write",
     "fopen", "fdopen", "fclose", "fread", "fwrite", "fseek", "ftell", "fgets",
     "fputs",

@@ -102,7 +102,7 @@ static inline void io_publish(uint64_t h, uint8_t op, uint64_t fhash, int64_t t0
     r->t0 = t0;
     r->dur = t1 - t0;
     r->fhash = fhash;
-    if (op == OP_FOPEN || op == OP_FDOPEN)
+    if (op == OP_FOPEN || op == OP_FDOPEN || op == OP_OPENDIR)
         ret = ret ? 0 : -1; /* the stream, or NULL */
     r->ret = ret;
     r->count = count;
