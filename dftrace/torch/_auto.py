@@ -138,7 +138,9 @@ class _State:
             if held is not None and held[1] is optimizer:
                 _LOCAL.step_span = None
                 held[0].stop({"optimizer": type(optimizer).__name__, **self.position})
-            if not self.down and self.training and self.current == self.training:
+            # (once the training loader's iteration ended, no batch comes to count it:
+            # batches kept from it, itertools.cycle's, are used with no fetch)
+            if not self.down and self.training and self.current == self.training and not self.ended:
                 if not self.pending:  # counted at the next batch (see ``pending``)
                     self.pending, self.stepped = True, optimizer
             elif self.down or id(optimizer) in (self.counting or id(optimizer), self.last_opt):

@@ -37,16 +37,22 @@ def _truth(truth_dir):
     return sorted(runs, key=lambda r: r["first_ns"])
 
 
-def test_a_resumed_rank_is_two_runs_with_true_step_times(tmp_path, capsys):
+def _run_twice(tmp_path, **env_more):
+    """The job killed in step 37, then resumed: the trace and truth directories."""
     out, truth = tmp_path / "traces", tmp_path / "truth"
     out.mkdir()
     truth.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACE_")}
-    env["RANK"] = "0"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "RANK", "LOCAL_RANK"))}
+    env.update(env_more)
     first = subprocess.run([sys.executable, JOB, str(out), str(truth)], env=env, timeout=120)
     assert first.returncode == -signal.SIGTERM
     second = subprocess.run([sys.executable, JOB, str(out), str(truth)], env=env, timeout=120)
     assert second.returncode == 0
+    return out, truth
+
+
+def test_a_resumed_rank_is_two_runs_with_true_step_times(tmp_path, capsys):
+    out, truth = _run_twice(tmp_path, RANK="0")
     killed, resumed = _truth(truth)
     assert killed["steps"][-1] == (1, 37) and resumed["steps"][0] == (1, 32)
 
@@ -84,3 +90,17 @@ def test_a_resumed_rank_is_two_runs_with_true_step_times(tmp_path, capsys):
     rows = {r["metric"]: r for r in same["rows"]}
     assert rows["step.count"]["base"] == 48 + (37 - 32 + 1)  # each run of a step counted
     assert rows["step.p95"]["base"] <= 1.25 * longest_true
+
+
+def test_a_script_with_no_rank_run_again_is_resumed_not_a_second_rank(tmp_path):
+    """The same job with no rank (a script on one machine): its second process, by the
+    same command after the first ended, is the job started again, never a second
+    rank beside the first; no rank imbalance is made up between the runs."""
+    out, truth = _run_twice(tmp_path)
+    killed, resumed = _truth(truth)
+    summary = summarize(out)
+    assert [r["resumed"] for r in summary.runs] == [False, True]
+    assert summary.runs[1]["resumed_at"] == {"epoch": 1, "step": resumed["steps"][0][1]} == {"epoch": 1, "step": 32}
+    assert summary.imbalance["steps_compared"] == 0 and summary.stragglers == []
+    assert "the script ran again (resumed at step 32)" in render_text(summary)
+    assert len(summary.rank_steps) == len(killed["steps"]) + len(resumed["steps"])

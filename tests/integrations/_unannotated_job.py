@@ -23,6 +23,8 @@
   ``eval()`` mode over tensors at hand, 5 ms apart;
 - ``gan``: ``plain`` with two models each stepped by its own optimizer per batch (a
   discriminator's step, then a generator's);
+- ``cycle``: ``plain`` with the batches drawn through ``itertools.cycle(loader)``
+  for two and a half passes: after the loader's one pass, no batch is fetched;
 - ``idle``: no PyTorch work at all;
 - ``edges``: what a program does with a model once its calls are recorded (after
   the first optimizer steps): a deep copy called, pickling and ``torch.save``,
@@ -78,6 +80,23 @@ def main(mode: str, truth_path: str) -> None:
     every = {"accumulate": 2, "accumulate_across": 3}.get(mode, 1)
     if mode == "gan_tensors":
         return gan_tensors(model, opt, truth, truth_path)
+
+    if mode == "cycle":
+        import itertools
+
+        batches = itertools.cycle(loader)
+        for _ in range(BATCHES * 5 // 2):
+            truth["starts_ns"].append(time.perf_counter_ns())
+            x, y = next(batches)
+            loss = nn.functional.mse_loss(model(x), y)
+            truth["forwards"] += 1
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            truth["steps"] += 1
+        with open(truth_path, "w") as f:
+            json.dump(truth, f)
+        return
 
     if mode == "annotated":
         from dftrace import ai

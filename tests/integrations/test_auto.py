@@ -19,6 +19,7 @@ from dftrace.analysis import summarize  # noqa: E402
 from dftrace.testing import read_events, trace_files  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(__file__), "_unannotated_job.py")
+BATCHES = 8  # a pass of the job's loader (its BATCHES)
 
 
 def _env(**more):
@@ -184,6 +185,32 @@ def test_an_evaluation_inside_the_epoch_is_no_step_s_time(tmp_path, engine, mode
         k = 8 * epoch + 3  # the step the evaluation follows: to the next one's start, less the evaluation
         own_us = (starts[k + 1] - starts[k] - (ended - began)) / 1e3
         assert ours[(epoch, k)] <= own_us + 0.5 * (ended - began) / 1e3, (ours[(epoch, k)], own_us)
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_batches_replayed_with_no_fetch_number_their_own_steps(tmp_path, engine):
+    """Once ``itertools.cycle`` replays the loader's batches, nothing is fetched: each
+    iteration's forward, backward and optimizer step still carry its own number, so
+    each step is its iteration, by the loop's clock."""
+    out, truth = _run_engine(tmp_path, "cycle", engine)
+    spans = sorted(_spans(out), key=lambda e: e["ts"])
+    for name in ("forward", "backward", "step"):
+        numbers = [e["args"]["step"] for e in spans if e["name"] == name]
+        assert numbers == list(range(truth["steps"])), (name, numbers)
+    summary = summarize(out)
+    assert len(summary.rank_steps) == truth["steps"] == 20
+    # each step from its batch's draw to the next one's, as the loop timed it (the
+    # first also waits for the loader's start; the last ends with its optimizer step),
+    # but the pass's end: its workers' shut-down, in the first replayed draw by the
+    # loop's clock, is in the step before it (the two together are the loop's)
+    starts = truth["starts_ns"]
+    own = [(b - a) / 1e3 for a, b in zip(starts, starts[1:])]
+    ours = [row["dur_us"] for row in sorted(summary.rank_steps, key=lambda r: r["start_us"])]
+    edge = BATCHES - 1
+    own[edge:edge + 2] = [own[edge] + own[edge + 1]] * 2
+    ours[edge:edge + 2] = [ours[edge] + ours[edge + 1]] * 2
+    late = [(k, ours[k], own[k]) for k in range(1, len(own)) if abs(ours[k] - own[k]) > 0.25 * own[k] + 500]
+    assert not late, late
 
 
 def test_accumulated_micro_batches_are_one_step(tmp_path):

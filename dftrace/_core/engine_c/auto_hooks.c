@@ -348,7 +348,9 @@ static PyObject *AutoState_step_post(PyObject *self, PyObject *const *args, Py_s
         if (rc < 0)
             return NULL; /* a signal's exception while waiting for room */
     }
-    if (!st->down && st->training && st->current == st->training) {
+    if (!st->down && st->training && st->current == st->training && !st->ended) {
+        /* (once the training loader's iteration ended, no batch comes to count it:
+           batches kept from it, itertools.cycle's, are used with no fetch) */
         if (!st->pending) { /* counted at the next batch (see `pending`) */
             st->pending = 1;
             st->stepped = opt;

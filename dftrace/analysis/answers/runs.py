@@ -77,7 +77,11 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
 
     Files belong to one run when their times overlap (with a minute of slack); a
     gap between groups of files means separate runs, which usually also shows as
-    other hosts and command lines.
+    other hosts and command lines. A process with no rank and no traced parent
+    (a script run on its own) that starts after every file before it ended starts a
+    run of its own, gap or none: a script run again is not a second rank of the
+    first. By the same command line within the gap, it is the job started again
+    (resumed from its checkpoint, as a rank run again is); else a separate run.
     """
     info = combined.resolution.processes
     # Times of a process started after the wall clock was stepped, put back on its
@@ -91,6 +95,7 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     if files.height < 2:
         return []
     rank_of = _launched_ranks(info)
+    alone = _rankless_roots(info)
     groups: list[list[tuple[str, int, int, str]]] = []
     resumed: list[bool] = []
     reach = None
@@ -98,9 +103,12 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     ranks_here: dict[int, tuple[int, int]] = {}
     for path, start, end, command in files.iter_rows():
         owner = rank_of.get(path)
-        if reach is None or start > reach + RUN_GAP_US:
+        if reach is None or start > reach + RUN_GAP_US or (path in alone and start > reach):
+            # A script run on its own again, by the same command: its job started again.
+            again = (reach is not None and path in alone and start <= reach + RUN_GAP_US and bool(command)
+                     and any(m[0] in alone and m[3] == command for m in groups[-1]))
             groups.append([])
-            resumed.append(False)
+            resumed.append(again)
             ranks_here = {}
             reach = end
         elif owner is not None and owner[0] in ranks_here and ranks_here[owner[0]][0] != owner[1] \
@@ -136,6 +144,19 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
             "wall_us": max(m[2] for m in members) - min(m[1] for m in members),
         })
     return runs
+
+
+def units_of_each_job(procs: pl.DataFrame, runs: list[dict[str, Any]]) -> list[list[str]]:
+    """The units of each job (the runs of a resumed job are one), in the order of the
+    jobs; [] when the trace is one run."""
+    if not runs:
+        return []
+    job_of_run = {i: run["job"] for i, run in enumerate(runs)}
+    jobs: dict[int, list[str]] = {}
+    for unit, run in procs.filter(pl.col("unit").is_not_null()).select("unit", "run").unique(
+            "unit", maintain_order=True).iter_rows():
+        jobs.setdefault(job_of_run.get(run, 0), []).append(unit)
+    return [jobs[job] for job in sorted(jobs)]
 
 
 def last_run_of_each_step(by_unit: pl.DataFrame, procs: pl.DataFrame,
@@ -221,6 +242,16 @@ def clock_steps(info: Sequence[Any]) -> list[dict[str, Any]]:
             steps.append({"proc": i, "host": p.host, "pid": p.pid, "step_us": step_us,
                           "shift_us": -step_us})
     return steps
+
+
+def _rankless_roots(info: Sequence[Any]) -> set[str]:
+    """The files of processes with no rank whose parent is known and not among the
+    traced processes of their host (neither a worker nor a child of a traced
+    process). A trace that does not name the parent (DFTracer's) has none: a forked
+    child may start after its parent's last event."""
+    traced = {(p.host, p.pid) for p in info}
+    return {path for p in info if p.rank is None and p.role is None and p.info.get("ppid") is not None
+            and (p.host, p.info.get("ppid")) not in traced for path in p.files}
 
 
 def _launched_ranks(info: Sequence[Any]) -> dict[str, tuple[int, int]]:

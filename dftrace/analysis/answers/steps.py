@@ -16,7 +16,8 @@ from ..reduce.combine import Combined
 from ..reduce.busy import time_in_steps
 from ..reduce.steps import each_process_steps, step_spread, unit_steps
 from .context import Context, UnitTables
-from .runs import each_rank_across_runs, find_runs, last_run_of_each_step, processes_frame, run_origins, units_per_run
+from .runs import (each_rank_across_runs, find_runs, last_run_of_each_step, processes_frame, run_origins,
+                   units_of_each_job, units_per_run)
 
 
 T = TypeVar("T")
@@ -224,10 +225,21 @@ def epoch_rows(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any
     return per_epoch.to_dicts()
 
 
-def rank_imbalance(by_unit: pl.DataFrame, steps: pl.DataFrame) -> dict[str, Any]:
+def rank_imbalance(by_unit: pl.DataFrame, steps: pl.DataFrame,
+                   jobs: Sequence[Sequence[str]] = ()) -> dict[str, Any]:
+    """The ranks compared step by step: within one job, where ``jobs`` (the units of
+    each, see ``runs.units_of_each_job``) has several; nothing to compare where no job
+    has two units (a script run again is not a second rank of the first run)."""
+    none = {"steps_compared": 0, "mean_ratio": None, "max_ratio": None, "worst": [], "ranks": []}
     if by_unit.get_column("unit").n_unique() < 2:  # nothing to compare a single rank with
-        return {"steps_compared": 0, "mean_ratio": None, "max_ratio": None, "worst": [], "ranks": []}
+        return none
+    if len(jobs) > 1:
+        each = [steps_across_units(by_unit.filter(pl.col("unit").is_in(list(units))))
+                for units in jobs if len(units) > 1]
+        steps = pl.concat(each, how="vertical_relaxed") if each else steps.clear()
     compared = steps.filter((pl.col("ranks") > 1) & pl.col("imbalance").is_not_null())
+    if len(jobs) > 1 and not compared.height:
+        return none
     # Only steps where someone was slower than the median make a straggler.
     uneven = compared.filter(pl.col("imbalance") > 1)
     worst = uneven.sort(["imbalance", "epoch", "step"], descending=[True, False, False], nulls_last=True).head(10)
@@ -331,7 +343,7 @@ def step_answers(context: Context) -> dict[str, Any]:
         "steps": steps,
         "steps_thinned": steps_thinned,
         "step_stats": step_statistics(units.by_unit),
-        "imbalance": rank_imbalance(units.compared, units.steps),
+        "imbalance": rank_imbalance(units.compared, units.steps, units_of_each_job(context.procs, context.runs)),
         "rank_steps": rank_steps,
         "rank_steps_sampled": bool(thinned),
         "rank_steps_thinned": thinned,

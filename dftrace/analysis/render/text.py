@@ -151,6 +151,10 @@ def resumed_lines(runs: list[dict[str, Any]]) -> list[str]:
         at = r.get("resumed_at") or {}
         where = f"step {at['step']}" if at.get("step") is not None else "its start"
         again = [rank for rank in r["ranks"] if times.get(rank, 0) > 1]
+        if not r["ranks"]:  # a script with no rank, run again by the same command
+            lines.append(f"the script ran again (resumed at {where}): each step is timed in the run that ran it, "
+                         "a step run again counted each time")
+            continue
         if not again:
             continue
         count = times[again[0]]
