@@ -33,7 +33,7 @@ from .._core.tree import ai
 from .._hooks import add_callback, warn_once
 from . import _evaluations
 from ._dist import note_distributed_rank, patch_init_process_group, trace_distributed, watch_ddp
-from ._hooking import BACKWARD, covered, forward_failed, front_function, is_keras
+from ._hooking import BACKWARD, covered, forward_failed, front_function, global_hooks_aside, is_keras, remove_handles
 
 __all__ = ["install", "standing_down"]
 
@@ -487,9 +487,8 @@ class _Roots:
         are removed, or each layer of its model would take PyTorch's slow path; the
         search goes on when it ends."""
         if paused and self.handles:
-            for handle in self.handles:
-                handle.remove()
-            self.handles = []
+            remove_handles(self.handles)
+            global_hooks_aside(self.handles)
             STATE.step_taken = None
         elif not paused and self.searching and not self.handles:
             from torch.nn.modules import module as _module
@@ -498,6 +497,7 @@ class _Roots:
 
             self.handles = [_module.register_module_forward_pre_hook(self.global_pre),
                             _module.register_module_forward_hook(_forward_post, always_call=True)]
+            global_hooks_aside(self.handles)
             STATE.step_taken = self.step_taken
 
     def global_pre(self, module: Any, args: Any) -> None:

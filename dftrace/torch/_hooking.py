@@ -37,6 +37,49 @@ def remove_handles(handles: list[Any]) -> None:
     handles.clear()
 
 
+#: torch's own ``_has_any_global_hook`` while :func:`global_hooks_aside` stands in for it.
+_HAS_ANY_GLOBAL_HOOK: Any = None
+
+
+def global_hooks_aside(handles: list[Any]) -> None:
+    """Leave the global module hooks of ``handles`` (dftrace's, finding the models
+    during the first steps) out of torch's question whether any global hook is set,
+    asked only to warn that ``torch.compile(module)`` runs such hooks once more: the
+    program's output is what it would be untraced. ``handles`` empty: torch's own
+    question again."""
+    global _HAS_ANY_GLOBAL_HOOK
+    from torch.nn.modules import module as m
+
+    if not handles:
+        if _HAS_ANY_GLOBAL_HOOK is not None and getattr(m, "_has_any_global_hook", None) is _has_other_global_hook:
+            m._has_any_global_hook = _HAS_ANY_GLOBAL_HOOK
+        _HAS_ANY_GLOBAL_HOOK = None
+        return
+    own = getattr(m, "_has_any_global_hook", None)
+    if own is None or own is _has_other_global_hook:
+        return
+    _HAS_ANY_GLOBAL_HOOK = own
+    _has_other_global_hook.ids = frozenset(getattr(h, "id", None) for h in handles)
+    m._has_any_global_hook = _has_other_global_hook
+
+
+def _has_other_global_hook() -> bool:
+    """torch's ``_has_any_global_hook``, dftrace's own hooks aside."""
+    from torch.nn.modules import module as m
+
+    ids = _has_other_global_hook.ids
+    try:
+        return any(any(k not in ids for k in getattr(m, name, ()))
+                   for name in ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
+                                "_global_forward_hooks", "_global_forward_hooks_always_called",
+                                "_global_forward_hooks_with_kwargs"))
+    except Exception:
+        return _HAS_ANY_GLOBAL_HOOK() if _HAS_ANY_GLOBAL_HOOK is not None else False
+
+
+_has_other_global_hook.ids = frozenset()
+
+
 def shapes(obj: Any, limit: int = 8) -> list[list[int]]:
     """Shapes of the tensors in ``obj`` (a tensor, or lists/tuples/dicts of them,
     three levels deep), at most ``limit`` of them. Only shapes are kept: no

@@ -25,6 +25,9 @@
   discriminator's step, then a generator's);
 - ``cycle``: ``plain`` with the batches drawn through ``itertools.cycle(loader)``
   for two and a half passes: after the loader's one pass, no batch is fetched;
+- ``compiled``: ``torch.compile(model)`` before the first step, trained four steps,
+  then called once more with a global forward hook of the program's own: the
+  warnings torch gave about global hooks, in each part;
 - ``idle``: no PyTorch work at all;
 - ``edges``: what a program does with a model once its calls are recorded (after
   the first optimizer steps): a deep copy called, pickling and ``torch.save``,
@@ -80,6 +83,30 @@ def main(mode: str, truth_path: str) -> None:
     every = {"accumulate": 2, "accumulate_across": 3}.get(mode, 1)
     if mode == "gan_tensors":
         return gan_tensors(model, opt, truth, truth_path)
+
+    if mode == "compiled":
+        import warnings
+
+        compiled = torch.compile(model, backend="eager")
+        said = {"training": 0, "own_hook": 0}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for k, (x, y) in enumerate(loader):
+                if k == 4:
+                    break
+                loss = nn.functional.mse_loss(compiled(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                truth["steps"] += 1
+            said["training"] = sum("global hooks" in str(w.message) for w in caught)
+            handle = nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
+            compiled(x)
+            handle.remove()
+            said["own_hook"] = sum("global hooks" in str(w.message) for w in caught) - said["training"]
+        with open(truth_path, "w") as f:
+            json.dump({**truth, "warned": said}, f)
+        return
 
     if mode == "cycle":
         import itertools

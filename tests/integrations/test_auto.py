@@ -213,6 +213,16 @@ def test_batches_replayed_with_no_fetch_number_their_own_steps(tmp_path, engine)
     assert not late, late
 
 
+def test_a_compiled_model_gets_no_warning_of_dftraces_hooks(tmp_path):
+    """torch.compile(model) warns of global module hooks when one is set: the ones
+    that find the models during the first steps are dftrace's, and the program's
+    output stays its own; a global hook of the program's own still gets the warning."""
+    out, truth, _ = _run(tmp_path, "compiled")
+    assert truth["warned"] == {"training": 0, "own_hook": 1}
+    steps = [e for e in _spans(out, "step")]
+    assert [e["args"]["step"] for e in steps] == list(range(truth["steps"])) == [0, 1, 2, 3]
+
+
 def test_accumulated_micro_batches_are_one_step(tmp_path):
     out, truth, _ = _run(tmp_path, "accumulate")
     summary = summarize(out)
