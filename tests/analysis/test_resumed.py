@@ -104,3 +104,19 @@ def test_a_script_with_no_rank_run_again_is_resumed_not_a_second_rank(tmp_path):
     assert summary.imbalance["steps_compared"] == 0 and summary.stragglers == []
     assert "the script ran again (resumed at step 32)" in render_text(summary)
     assert len(summary.rank_steps) == len(killed["steps"]) + len(resumed["steps"])
+
+
+def test_a_script_whose_file_was_cut_in_parts_is_one_run(tmp_path):
+    """One process's part files (``max_file_size``) follow each other in time as a
+    script run again would: they are one run of one process."""
+    script = tmp_path / "parts.py"
+    script.write_text("import dftrace\nfrom dftrace import ai\n"
+                      f"dftrace.initialize(log_file={str(tmp_path / 'traces' / 'run')!r}, max_file_size='1M')\n"
+                      "for i in range(400000):\n"
+                      "    with ai.compute.forward(args={'step': i}):\n"
+                      "        pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "RANK", "LOCAL_RANK"))}
+    subprocess.run([sys.executable, str(script)], env=env, timeout=120, check=True)
+    assert len(os.listdir(tmp_path / "traces")) >= 2
+    summary = summarize(tmp_path / "traces")
+    assert summary.runs == [] and summary.step_stats["count"] == 400000

@@ -103,7 +103,9 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     ranks_here: dict[int, tuple[int, int]] = {}
     for path, start, end, command in files.iter_rows():
         owner = rank_of.get(path)
-        if reach is None or start > reach + RUN_GAP_US or (path in alone and start > reach):
+        first_of_its_own = path in alone and not any(m[0] in alone and alone[m[0]] == alone[path]
+                                                     for m in (groups[-1] if groups else ()))
+        if reach is None or start > reach + RUN_GAP_US or (first_of_its_own and start > reach):
             # A script run on its own again, by the same command: its job started again.
             again = (reach is not None and path in alone and start <= reach + RUN_GAP_US and bool(command)
                      and any(m[0] in alone and m[3] == command for m in groups[-1]))
@@ -244,14 +246,15 @@ def clock_steps(info: Sequence[Any]) -> list[dict[str, Any]]:
     return steps
 
 
-def _rankless_roots(info: Sequence[Any]) -> set[str]:
-    """The files of processes with no rank whose parent is known and not among the
-    traced processes of their host (neither a worker nor a child of a traced
-    process). A trace that does not name the parent (DFTracer's) has none: a forked
-    child may start after its parent's last event."""
+def _rankless_roots(info: Sequence[Any]) -> dict[str, int]:
+    """file -> process (its index) of processes with no rank whose parent is known and
+    not among the traced processes of their host (neither a worker nor a child of a
+    traced process). A trace that does not name the parent (DFTracer's) has none: a
+    forked child may start after its parent's last event."""
     traced = {(p.host, p.pid) for p in info}
-    return {path for p in info if p.rank is None and p.role is None and p.info.get("ppid") is not None
-            and (p.host, p.info.get("ppid")) not in traced for path in p.files}
+    return {path: i for i, p in enumerate(info) if p.rank is None and p.role is None
+            and p.info.get("ppid") is not None and (p.host, p.info.get("ppid")) not in traced
+            for path in p.files}
 
 
 def _launched_ranks(info: Sequence[Any]) -> dict[str, tuple[int, int]]:
