@@ -526,8 +526,28 @@ static int w_renameat(int fromfd, const char *from, int tofd, const char *to) {
    as the directory -- */
 DECLARE(DIR *, opendir, const char *);
 static DIR *w_opendir(const char *path) {
-    PATH_CALL_OR(OP_OPENDIR, AT_FDCWD, path, REAL(opendir)(path),
-                 if (r_) fd_track(dirfd(r_), h_, 0), if (r_) fd_untrack(dirfd(r_)));
+    if (!io_active)
+        return REAL(opendir)(path);
+    char abs_[IO_PATH_MAX];
+    size_t n_ = 0;
+    int saved_ = errno;
+    uint64_t h_ = io_match(AT_FDCWD, path, abs_, &n_);
+    errno = saved_;
+    int64_t t0_ = h_ ? clock_ns() : 0;
+    DIR *r_ = REAL(opendir)(path);
+    if (!r_) /* no such directory: a library's probe of where it might find files
+                (torch's, on every entry of sys.path), not a listing */
+        return r_;
+    int err_ = errno;
+    if (!h_) {
+        fd_untrack(dirfd(r_));
+        return r_;
+    }
+    int64_t t1_ = clock_ns();
+    fd_track(dirfd(r_), h_, 0);
+    io_record_path(OP_OPENDIR, h_, t0_, t1_, 0, 0, abs_, n_);
+    errno = err_;
+    return r_;
 }
 DECLARE(int, closedir, DIR *);
 static int w_closedir(DIR *d) { CLOSE_CALL(OP_CLOSEDIR, d ? dirfd(d) : -1, REAL(closedir)(d)); }
