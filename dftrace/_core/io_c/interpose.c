@@ -70,7 +70,7 @@
     static __attribute__((noinline)) rtype t_##name WITH_ENTRY PARAMS
 
 /* The position an fd's read or write starts at, and the move after it. */
-#define POS (__atomic_load_n(&e_->pos, __ATOMIC_RELAXED))
+#define POS (fd_offset(e_))
 #define ADVANCE                                                                      \
     do {                                                                             \
         if ((int64_t)r_ > 0 && off_ >= 0)                                            \
@@ -118,13 +118,12 @@ static inline int open_has_mode(int flags) {
     return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE;
 }
 
-/* -- open family: the fd takes the path's hash, at offset 0; with O_APPEND each
-   write goes to the file's end, which is not known here: -1 (the offsets of its
-   writes unknown, until a seek says where it is) -- */
+/* -- open family: the fd takes the path's hash, at offset 0, or in append mode
+   (O_APPEND: its writes' offsets unknown) -- */
 #define OPEN_AFTER(flags)                                                              \
     do {                                                                             \
         if (r_ >= 0)                                                                 \
-            fd_track(r_, h_, ((flags) & O_APPEND) ? -1 : 0);                           \
+            fd_track(r_, h_, ((flags) & O_APPEND) ? POS_APPEND : 0);                   \
     } while (0)
 
 /* `mode`: the variadic mode argument of an open call whose flags say it has one, else
@@ -240,10 +239,12 @@ SPLIT(ssize_t, write, (int fd, const void *buf, size_t n), (fd, buf, n), fd) {
     FD_TRACED(OP_WRITE, REAL(write)(fd, buf, n), (int64_t)n, POS, ADVANCE);
 }
 
+/* A write at an offset on an fd in append mode goes to the file's end (Linux). */
+#define AT(op, off) (((op) == OP_PWRITE || (op) == OP_PWRITEV) && fd_appends(e_) ? -1 : (int64_t)(off))
 #define PRW_WRAPPER(name, op, cv)                                                      \
     DECLARE(ssize_t, name, int, cv void *, size_t, off_t);                             \
     SPLIT(ssize_t, name, (int fd, cv void *buf, size_t n, off_t off), (fd, buf, n, off), fd) { \
-        FD_TRACED(op, REAL(name)(fd, buf, n, off), (int64_t)n, (int64_t)off, (void)0);   \
+        FD_TRACED(op, REAL(name)(fd, buf, n, off), (int64_t)n, AT(op, off), (void)0);    \
     }
 PRW_WRAPPER(pread, OP_PREAD, )
 PRW_WRAPPER(pread64, OP_PREAD, )
@@ -272,7 +273,7 @@ RWV_WRAPPER(writev, OP_WRITEV)
     DECLARE(ssize_t, name, int, const struct iovec *, int, off_t);                     \
     SPLIT(ssize_t, name, (int fd, const struct iovec *iov, int cnt, off_t off),        \
           (fd, iov, cnt, off), fd) {                                                   \
-        FD_TRACED(op, REAL(name)(fd, iov, cnt, off), iov_bytes(iov, cnt), (int64_t)off,   \
+        FD_TRACED(op, REAL(name)(fd, iov, cnt, off), iov_bytes(iov, cnt), AT(op, off),    \
                 (void)0);                                                              \
     }
 PRWV_WRAPPER(preadv, OP_PREADV)
@@ -280,11 +281,16 @@ PRWV_WRAPPER(preadv64, OP_PREADV)
 PRWV_WRAPPER(pwritev, OP_PWRITEV)
 PRWV_WRAPPER(pwritev64, OP_PWRITEV)
 
+#ifdef RWF_APPEND
+#define RWF_APPEND_ RWF_APPEND
+#else
+#define RWF_APPEND_ 0x10 /* the kernel's, since 4.16 */
+#endif
 #define PRWV2_WRAPPER(name, op)                                                        \
     DECLARE(ssize_t, name, int, const struct iovec *, int, off_t, int);                \
     static ssize_t w_##name(int fd, const struct iovec *iov, int cnt, off_t off, int fl) { \
         FD_CALL(op, fd, REAL(name)(fd, iov, cnt, off, fl), iov_bytes(iov, cnt),        \
-                off == -1 ? POS : (int64_t)off, if (off == -1) ADVANCE);               \
+                off == -1 ? POS : (fl & RWF_APPEND_) ? -1 : AT(op, off), if (off == -1) ADVANCE); \
     }
 PRWV2_WRAPPER(preadv2, OP_PREADV)
 PRWV2_WRAPPER(preadv64v2, OP_PREADV)
@@ -297,7 +303,7 @@ PRWV2_WRAPPER(pwritev64v2, OP_PWRITEV)
    (*_write). A side with an offset pointer is at *offset (its fd's position stays);
    one without is at its fd's position, which moves by the bytes copied. -- */
 static inline int64_t copy_at(fd_entry_t *e, const int64_t *at) {
-    return at ? *at : __atomic_load_n(&e->pos, __ATOMIC_RELAXED);
+    return at ? *at : fd_offset(e);
 }
 static inline void copy_side(uint8_t op, fd_entry_t *e, int moves, int64_t off, int64_t t0,
                              int64_t t1, int64_t r, int err, int64_t count) {
@@ -347,7 +353,8 @@ static ssize_t w_copy_file_range(int in_fd, loff_t *in_at, int out_fd, loff_t *o
     DECLARE(off_t, name, int, off_t, int);                                             \
     SPLIT(off_t, name, (int fd, off_t off, int whence), (fd, off, whence), fd) {       \
         FD_TRACED(OP_LSEEK, REAL(name)(fd, off, whence), -1, (int64_t)off,             \
-                if ((int64_t)r_ >= 0) __atomic_store_n(&e_->pos, (int64_t)r_, __ATOMIC_RELAXED)); \
+                if ((int64_t)r_ >= 0 && !fd_appends(e_))                               \
+                    __atomic_store_n(&e_->pos, (int64_t)r_, __ATOMIC_RELAXED));        \
     }
 LSEEK_WRAPPER(lseek)
 LSEEK_WRAPPER(lseek64)
@@ -406,7 +413,7 @@ MMAP_WRAPPER(mmap64)
 #define DUP_AFTER(newfd)                                                               \
     do {                                                                             \
         if ((int)r_ >= 0 && !in_vfork_child())                                       \
-            fd_track((int)(newfd), e_->fhash, POS);                                    \
+            fd_track((int)(newfd), e_->fhash, __atomic_load_n(&e_->pos, __ATOMIC_RELAXED)); \
     } while (0)
 /* A call on an fd that makes another: as FD_CALL, the new fd (`made`, once r_ is
    known) left without an entry when the fd it copies is untraced. */
@@ -443,6 +450,14 @@ static int w_dup3(int fd, int fd2, int flags) {
     FD_CALL(OP_DUP3, fd, REAL(dup3)(fd, fd2, flags), -1, -1, DUP_AFTER(fd2));
 }
 
+/* F_SETFL: append mode on or off (off: the position is not known, until a seek) */
+#define SETFL_AFTER(cmd, arg)                                                          \
+    do {                                                                             \
+        if ((cmd) == F_SETFL && (int)r_ >= 0 && !in_vfork_child())                   \
+            __atomic_store_n(&e_->pos, ((long)(arg) & O_APPEND) ? POS_APPEND           \
+                             : fd_appends(e_) ? -1 : __atomic_load_n(&e_->pos, __ATOMIC_RELAXED), \
+                             __ATOMIC_RELAXED);                                      \
+    } while (0)
 #define FCNTL_WRAPPER(name)                                                            \
     DECLARE(int, name, int, int, ...);                                                 \
     static int w_##name(int fd, int cmd, ...) {                                        \
@@ -452,7 +467,7 @@ static int w_dup3(int fd, int fd2, int flags) {
         va_end(ap);                                                                    \
         if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)                                  \
             FD_MAKING_CALL(OP_FCNTL, fd, REAL(name)(fd, cmd, arg), r_, DUP_AFTER(r_)); \
-        FD_CALL(OP_FCNTL, fd, REAL(name)(fd, cmd, arg), -1, -1, (void)0);              \
+        FD_CALL(OP_FCNTL, fd, REAL(name)(fd, cmd, arg), -1, -1, SETFL_AFTER(cmd, arg)); \
     }
 FCNTL_WRAPPER(fcntl)
 FCNTL_WRAPPER(fcntl64)
@@ -615,7 +630,7 @@ static inline int stream_fd(FILE *fp) { return fp ? fileno_unlocked(fp) : -1; }
     DECLARE(FILE *, name, const char *, const char *);                                 \
     static FILE *w_##name(const char *path, const char *mode) {                        \
         PATH_CALL_OR(OP_FOPEN, AT_FDCWD, path, REAL(name)(path, mode),                 \
-                     if (r_) fd_track(stream_fd(r_), h_, 0),                             \
+                     if (r_) fd_track(stream_fd(r_), h_, mode && strchr(mode, 'a') ? POS_APPEND : 0), \
                      if (r_) fd_untrack(stream_fd(r_)));                                 \
     }
 FOPEN_WRAPPER(fopen)

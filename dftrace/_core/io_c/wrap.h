@@ -27,6 +27,20 @@ extern int io_fd_top; /* the highest fd ever traced: the end of a close_range's 
 /* The process's pid, to tell a vfork child (which shares this memory) from it. */
 extern pid_t io_pid;
 
+/* The `pos` of an fd in append mode (O_APPEND): each write goes to the file's end,
+   which is not known here, whatever a seek said. */
+#define POS_APPEND INT64_MIN
+
+/* The offset a read or write on `e` starts at: -1 when not known (append mode). */
+static inline int64_t fd_offset(fd_entry_t *e) {
+    int64_t p = __atomic_load_n(&e->pos, __ATOMIC_RELAXED);
+    return p == POS_APPEND ? -1 : p;
+}
+
+static inline int fd_appends(fd_entry_t *e) {
+    return __atomic_load_n(&e->pos, __ATOMIC_RELAXED) == POS_APPEND;
+}
+
 static inline fd_entry_t *fd_traced(int fd) {
     if ((unsigned)fd >= FD_MAX || !io_fd_table)
         return NULL;
