@@ -240,7 +240,8 @@ SPLIT(ssize_t, write, (int fd, const void *buf, size_t n), (fd, buf, n), fd) {
 }
 
 /* A write at an offset on an fd in append mode goes to the file's end (Linux). */
-#define AT(op, off) (((op) == OP_PWRITE || (op) == OP_PWRITEV) && fd_appends(e_) ? -1 : (int64_t)(off))
+#define AT(op, off)                                                                    \
+    (((op) == OP_PWRITE || (op) == OP_PWRITEV) && fd_appends(e_) ? -1 : (int64_t)(off))
 #define PRW_WRAPPER(name, op, cv)                                                      \
     DECLARE(ssize_t, name, int, cv void *, size_t, off_t);                             \
     SPLIT(ssize_t, name, (int fd, cv void *buf, size_t n, off_t off), (fd, buf, n, off), fd) { \
@@ -290,7 +291,8 @@ PRWV_WRAPPER(pwritev64, OP_PWRITEV)
     DECLARE(ssize_t, name, int, const struct iovec *, int, off_t, int);                \
     static ssize_t w_##name(int fd, const struct iovec *iov, int cnt, off_t off, int fl) { \
         FD_CALL(op, fd, REAL(name)(fd, iov, cnt, off, fl), iov_bytes(iov, cnt),        \
-                off == -1 ? POS : (fl & RWF_APPEND_) ? -1 : AT(op, off), if (off == -1) ADVANCE); \
+                off == -1 ? POS : (fl & RWF_APPEND_) ? -1 : AT(op, off),               \
+                if (off == -1) ADVANCE);                                               \
     }
 PRWV2_WRAPPER(preadv2, OP_PREADV)
 PRWV2_WRAPPER(preadv64v2, OP_PREADV)
@@ -413,7 +415,8 @@ MMAP_WRAPPER(mmap64)
 #define DUP_AFTER(newfd)                                                               \
     do {                                                                             \
         if ((int)r_ >= 0 && !in_vfork_child())                                       \
-            fd_track((int)(newfd), e_->fhash, __atomic_load_n(&e_->pos, __ATOMIC_RELAXED)); \
+            fd_track((int)(newfd), e_->fhash,                                          \
+                     __atomic_load_n(&e_->pos, __ATOMIC_RELAXED));                     \
     } while (0)
 /* A call on an fd that makes another: as FD_CALL, the new fd (`made`, once r_ is
    known) left without an entry when the fd it copies is untraced. */
@@ -455,7 +458,8 @@ static int w_dup3(int fd, int fd2, int flags) {
     do {                                                                             \
         if ((cmd) == F_SETFL && (int)r_ >= 0 && !in_vfork_child())                   \
             __atomic_store_n(&e_->pos, ((long)(arg) & O_APPEND) ? POS_APPEND           \
-                             : fd_appends(e_) ? -1 : __atomic_load_n(&e_->pos, __ATOMIC_RELAXED), \
+                             : fd_appends(e_) ? -1                                   \
+                             : __atomic_load_n(&e_->pos, __ATOMIC_RELAXED),          \
                              __ATOMIC_RELAXED);                                      \
     } while (0)
 #define FCNTL_WRAPPER(name)                                                            \
@@ -607,7 +611,9 @@ static int w_socketpair(int domain, int type, int proto, int fds[2]) {
         return r_;                                                                   \
     } while (0)
 DECLARE(int, socket, int, int, int);
-static int w_socket(int domain, int type, int proto) { MAKES_FD(REAL(socket)(domain, type, proto)); }
+static int w_socket(int domain, int type, int proto) {
+    MAKES_FD(REAL(socket)(domain, type, proto));
+}
 DECLARE(int, accept, int, struct sockaddr *, socklen_t *);
 static int w_accept(int fd, struct sockaddr *a, socklen_t *n) { MAKES_FD(REAL(accept)(fd, a, n)); }
 DECLARE(int, accept4, int, struct sockaddr *, socklen_t *, int);
@@ -626,11 +632,13 @@ TRUNCATE_WRAPPER(truncate64)
 /* -- STDIO: a stream is its fd's entry -- */
 static inline int stream_fd(FILE *fp) { return fp ? fileno_unlocked(fp) : -1; }
 
+/* A stream opened for appending ("a", "a+") is in append mode. */
+#define FOPEN_POS(mode) ((mode) && strchr((mode), 'a') ? POS_APPEND : 0)
 #define FOPEN_WRAPPER(name)                                                            \
     DECLARE(FILE *, name, const char *, const char *);                                 \
     static FILE *w_##name(const char *path, const char *mode) {                        \
         PATH_CALL_OR(OP_FOPEN, AT_FDCWD, path, REAL(name)(path, mode),                 \
-                     if (r_) fd_track(stream_fd(r_), h_, mode && strchr(mode, 'a') ? POS_APPEND : 0), \
+                     if (r_) fd_track(stream_fd(r_), h_, FOPEN_POS(mode)),                 \
                      if (r_) fd_untrack(stream_fd(r_)));                                 \
     }
 FOPEN_WRAPPER(fopen)
@@ -743,8 +751,9 @@ io_hook_t io_hooks[] = {
     HOOK(dup2), HOOK(dup3), HOOK(fcntl), HOOK(fcntl64), HOOK(stat), HOOK(stat64), HOOK(lstat),
     HOOK(lstat64), HOOK(__xstat), HOOK(__xstat64), HOOK(__lxstat), HOOK(__lxstat64),
     HOOK(fstatat), HOOK(fstatat64), HOOK(unlink), HOOK(rmdir), HOOK(unlinkat), HOOK(mkdir),
-    HOOK(mkdirat), HOOK(rename), HOOK(renameat), HOOK(opendir), HOOK(closedir), HOOK(truncate), HOOK(truncate64), HOOK(pipe),
-    HOOK(pipe2), HOOK(socketpair), HOOK(socket), HOOK(accept), HOOK(accept4), HOOK(fopen), HOOK(fopen64), HOOK(fdopen),
+    HOOK(mkdirat), HOOK(rename), HOOK(renameat), HOOK(opendir), HOOK(closedir),
+    HOOK(truncate), HOOK(truncate64), HOOK(pipe), HOOK(pipe2), HOOK(socketpair), HOOK(socket),
+    HOOK(accept), HOOK(accept4), HOOK(fopen), HOOK(fopen64), HOOK(fdopen),
     HOOK(fclose), HOOK(fread), HOOK(fread_unlocked), HOOK(fwrite), HOOK(fwrite_unlocked),
     HOOK(__fread_chk), HOOK(fseek), HOOK(fseeko), HOOK(fseeko64), HOOK(ftell), HOOK(ftello),
     HOOK(ftello64), HOOK(fgets), HOOK(fputs),
@@ -756,8 +765,8 @@ const char *const io_op_names[OP_COUNT] = {
     "write", "pwrite", "writev", "pwritev", "lseek", "fsync", "fdatasync",
     "ftruncate", "stat", "lstat", "fstat", "fstatat", "mmap", "dup", "dup2",
     "dup3", "fcntl", "unlink", "unlinkat", "rename", "renameat", "mkdir",
-    "mkdirat", "rmdir", "opendir", "closedir", "truncate", "sendfile_read", "sendfile_write", "copy_file_range_read",
-    "copy_file_range_write",
+    "mkdirat", "rmdir", "opendir", "closedir", "truncate", "sendfile_read", "sendfile_write",
+    "copy_file_range_read", "copy_file_range_write",
     "fopen", "fdopen", "fclose", "fread", "fwrite", "fseek", "ftell", "fgets",
     "fputs",
 };
