@@ -37,8 +37,10 @@ def remove_handles(handles: list[Any]) -> None:
     handles.clear()
 
 
-#: torch's own ``_has_any_global_hook`` while :func:`global_hooks_aside` stands in for it.
+#: torch's own ``_has_any_global_hook`` while :func:`global_hooks_aside` stands in for
+#: it, and the ids of the hooks it leaves out.
 _HAS_ANY_GLOBAL_HOOK: Any = None
+_OURS: frozenset = frozenset()
 
 
 def global_hooks_aside(handles: list[Any]) -> None:
@@ -47,7 +49,7 @@ def global_hooks_aside(handles: list[Any]) -> None:
     asked only to warn that ``torch.compile(module)`` runs such hooks once more: the
     program's output is what it would be untraced. ``handles`` empty: torch's own
     question again."""
-    global _HAS_ANY_GLOBAL_HOOK
+    global _HAS_ANY_GLOBAL_HOOK, _OURS
     from torch.nn.modules import module as m
 
     if not handles:
@@ -58,26 +60,24 @@ def global_hooks_aside(handles: list[Any]) -> None:
     own = getattr(m, "_has_any_global_hook", None)
     if own is None or own is _has_other_global_hook:
         return
-    _HAS_ANY_GLOBAL_HOOK = own
-    _has_other_global_hook.ids = frozenset(getattr(h, "id", None) for h in handles)
+    _HAS_ANY_GLOBAL_HOOK, _OURS = own, frozenset(getattr(h, "id", None) for h in handles)
     m._has_any_global_hook = _has_other_global_hook
+
+
+#: The tables of torch's global module hooks, by hook id.
+_GLOBAL_HOOK_TABLES = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
+                       "_global_forward_hooks", "_global_forward_hooks_always_called",
+                       "_global_forward_hooks_with_kwargs")
 
 
 def _has_other_global_hook() -> bool:
     """torch's ``_has_any_global_hook``, dftrace's own hooks aside."""
     from torch.nn.modules import module as m
 
-    ids = _has_other_global_hook.ids
     try:
-        return any(any(k not in ids for k in getattr(m, name, ()))
-                   for name in ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
-                                "_global_forward_hooks", "_global_forward_hooks_always_called",
-                                "_global_forward_hooks_with_kwargs"))
+        return any(k not in _OURS for name in _GLOBAL_HOOK_TABLES for k in getattr(m, name, ()))
     except Exception:
         return _HAS_ANY_GLOBAL_HOOK() if _HAS_ANY_GLOBAL_HOOK is not None else False
-
-
-_has_other_global_hook.ids = frozenset()
 
 
 def shapes(obj: Any, limit: int = 8) -> list[list[int]]:

@@ -77,9 +77,9 @@
             __atomic_store_n(&e_->pos, off_ + (int64_t)r_, __ATOMIC_RELAXED);        \
     } while (0)
 
-/* A call that names a path: matched at the call. `untraced` runs on the result of
-   a call on a path not traced (r_). */
-#define PATH_CALL_OR(op, dirfd, path, call, after, untraced)                           \
+/* A call that names a path: matched at the call, recorded where `kept` holds of its
+   result (r_). `untraced` runs on the result of a call on a path not traced. */
+#define PATH_CALL_IF(op, dirfd, path, call, kept, after, untraced)                     \
     do {                                                                             \
         if (!io_active)                                                              \
             return call;                                                             \
@@ -98,10 +98,13 @@
         int err_ = errno;                                                            \
         int64_t t1_ = clock_ns();                                                    \
         after;                                                                       \
-        io_record_path(op, h_, t0_, t1_, (int64_t)r_, err_, abs_, n_);                  \
+        if (kept)                                                                    \
+            io_record_path(op, h_, t0_, t1_, (int64_t)r_, err_, abs_, n_);              \
         errno = err_;                                                                \
         return r_;                                                                   \
     } while (0)
+#define PATH_CALL_OR(op, dirfd, path, call, after, untraced)                           \
+    PATH_CALL_IF(op, dirfd, path, call, 1, after, untraced)
 #define PATH_CALL(op, dirfd, path, call, after) PATH_CALL_OR(op, dirfd, path, call, after, (void)0)
 /* An open: the fd of an untraced path has no entry */
 #define OPEN_CALL(op, dirfd, path, call, after)                                        \
@@ -304,9 +307,6 @@ PRWV2_WRAPPER(pwritev64v2, OP_PWRITEV)
    with the call's times: the input's as a read (*_read), the output's as a write
    (*_write). A side with an offset pointer is at *offset (its fd's position stays);
    one without is at its fd's position, which moves by the bytes copied. -- */
-static inline int64_t copy_at(fd_entry_t *e, const int64_t *at) {
-    return at ? *at : fd_offset(e);
-}
 static inline void copy_side(uint8_t op, fd_entry_t *e, int moves, int64_t off, int64_t t0,
                              int64_t t1, int64_t r, int err, int64_t count) {
     if (moves && r > 0 && off >= 0)
@@ -319,9 +319,8 @@ static inline void copy_side(uint8_t op, fd_entry_t *e, int moves, int64_t off, 
         fd_entry_t *eo_ = io_active ? fd_traced(out_fd) : NULL;                      \
         if (!ei_ && !eo_)                                                            \
             return call;                                                             \
-        int64_t iat_ = in_at ? (int64_t)*(in_at) : 0, oat_ = out_at ? (int64_t)*(out_at) : 0; \
-        int64_t ioff_ = ei_ ? copy_at(ei_, in_at ? &iat_ : NULL) : -1;               \
-        int64_t ooff_ = eo_ ? copy_at(eo_, out_at ? &oat_ : NULL) : -1;              \
+        int64_t ioff_ = !ei_ ? -1 : (in_at) ? (int64_t)*(in_at) : fd_offset(ei_);      \
+        int64_t ooff_ = !eo_ ? -1 : (out_at) ? (int64_t)*(out_at) : fd_offset(eo_);    \
         int64_t t0_ = clock_ns();                                                    \
         ssize_t r_ = call;                                                           \
         int err_ = errno;                                                            \
@@ -456,10 +455,9 @@ static int w_dup3(int fd, int fd2, int flags) {
 /* F_SETFL: append mode on or off (off: the position is not known, until a seek) */
 #define SETFL_AFTER(cmd, arg)                                                          \
     do {                                                                             \
-        if ((cmd) == F_SETFL && (int)r_ >= 0 && !in_vfork_child())                   \
-            __atomic_store_n(&e_->pos, ((long)(arg) & O_APPEND) ? POS_APPEND           \
-                             : fd_appends(e_) ? -1                                   \
-                             : __atomic_load_n(&e_->pos, __ATOMIC_RELAXED),          \
+        if ((cmd) == F_SETFL && (int)r_ >= 0 && !in_vfork_child()                    \
+            && (((long)(arg) & O_APPEND) != 0) != fd_appends(e_))                    \
+            __atomic_store_n(&e_->pos, ((long)(arg) & O_APPEND) ? POS_APPEND : -1,     \
                              __ATOMIC_RELAXED);                                      \
     } while (0)
 #define FCNTL_WRAPPER(name)                                                            \
@@ -543,73 +541,35 @@ static int w_renameat(int fromfd, const char *from, int tofd, const char *to) {
    (fcntl(F_DUPFD_CLOEXEC), then fdopendir): an fd closed where no wrapper saw it
    would keep its entry, and the next pipe or socket given its number would be read
    as the directory -- */
+/* (An opendir that fails is not recorded: no such directory is a library's probe of
+   where it might find files, torch's on every entry of sys.path, not a listing.) */
 DECLARE(DIR *, opendir, const char *);
 static DIR *w_opendir(const char *path) {
-    if (!io_active)
-        return REAL(opendir)(path);
-    char abs_[IO_PATH_MAX];
-    size_t n_ = 0;
-    int saved_ = errno;
-    uint64_t h_ = io_match(AT_FDCWD, path, abs_, &n_);
-    errno = saved_;
-    int64_t t0_ = h_ ? clock_ns() : 0;
-    DIR *r_ = REAL(opendir)(path);
-    if (!r_) /* no such directory: a library's probe of where it might find files
-                (torch's, on every entry of sys.path), not a listing */
-        return r_;
-    int err_ = errno;
-    if (!h_) {
-        fd_untrack(dirfd(r_));
-        return r_;
-    }
-    int64_t t1_ = clock_ns();
-    fd_track(dirfd(r_), h_, 0);
-    io_record_path(OP_OPENDIR, h_, t0_, t1_, 0, 0, abs_, n_);
-    errno = err_;
-    return r_;
+    PATH_CALL_IF(OP_OPENDIR, AT_FDCWD, path, REAL(opendir)(path), r_ != NULL,
+                 if (r_) fd_track(dirfd(r_), h_, 0), if (r_) fd_untrack(dirfd(r_)));
 }
 DECLARE(int, closedir, DIR *);
 static int w_closedir(DIR *d) { CLOSE_CALL(OP_CLOSEDIR, d ? dirfd(d) : -1, REAL(closedir)(d)); }
 
 /* -- fds that are never files (pipes, sockets): made without an entry, whatever
-   their number had -- */
-static inline void untrack_made(int r, const int *fds, int n) {
-    if (r >= 0 && io_active && !in_vfork_child())
-        for (int i = 0; i < n; i++)
-            fd_untrack(fds[i]);
-}
-DECLARE(int, pipe, int *);
-static int w_pipe(int fds[2]) {
-    int r = REAL(pipe)(fds);
-    int err = errno;
-    untrack_made(r, fds, 2);
-    errno = err;
-    return r;
-}
-DECLARE(int, pipe2, int *, int);
-static int w_pipe2(int fds[2], int flags) {
-    int r = REAL(pipe2)(fds, flags);
-    int err = errno;
-    untrack_made(r, fds, 2);
-    errno = err;
-    return r;
-}
-DECLARE(int, socketpair, int, int, int, int *);
-static int w_socketpair(int domain, int type, int proto, int fds[2]) {
-    int r = REAL(socketpair)(domain, type, proto, fds);
-    int err = errno;
-    untrack_made(r, fds, 2);
-    errno = err;
-    return r;
-}
-#define MAKES_FD(call)                                                                 \
+   their number had (table stores alone: errno stays libc's) -- */
+#define MAKES_FDS(call, fds, n)                                                        \
     do {                                                                             \
         int r_ = call;                                                               \
-        int err_ = errno;                                                            \
-        untrack_made(r_, &r_, 1);                                                    \
-        errno = err_;                                                                \
+        if (r_ >= 0 && io_active && !in_vfork_child())                               \
+            for (int i_ = 0; i_ < (n); i_++)                                         \
+                fd_untrack((fds)[i_]);                                               \
         return r_;                                                                   \
     } while (0)
+#define MAKES_FD(call) MAKES_FDS(call, &r_, 1) /* the fd it returns */
+DECLARE(int, pipe, int *);
+static int w_pipe(int fds[2]) { MAKES_FDS(REAL(pipe)(fds), fds, 2); }
+DECLARE(int, pipe2, int *, int);
+static int w_pipe2(int fds[2], int flags) { MAKES_FDS(REAL(pipe2)(fds, flags), fds, 2); }
+DECLARE(int, socketpair, int, int, int, int *);
+static int w_socketpair(int domain, int type, int proto, int fds[2]) {
+    MAKES_FDS(REAL(socketpair)(domain, type, proto, fds), fds, 2);
+}
 DECLARE(int, socket, int, int, int);
 static int w_socket(int domain, int type, int proto) {
     MAKES_FD(REAL(socket)(domain, type, proto));

@@ -101,17 +101,19 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
     reach = None
     #: rank -> (pid, end) of the process that ran it in the current run
     ranks_here: dict[int, tuple[int, int]] = {}
+    #: process -> command of the scripts run on their own in the current run
+    alone_here: dict[int, str] = {}
     for path, start, end, command in files.iter_rows():
         owner = rank_of.get(path)
-        first_of_its_own = path in alone and not any(m[0] in alone and alone[m[0]] == alone[path]
-                                                     for m in (groups[-1] if groups else ()))
-        if reach is None or start > reach + RUN_GAP_US or (first_of_its_own and start > reach):
+        proc = alone.get(path)
+        if reach is None or start > reach + RUN_GAP_US or (proc is not None and proc not in alone_here
+                                                           and start > reach):
             # A script run on its own again, by the same command: its job started again.
-            again = (reach is not None and path in alone and start <= reach + RUN_GAP_US and bool(command)
-                     and any(m[0] in alone and m[3] == command for m in groups[-1]))
+            again = (reach is not None and proc is not None and start <= reach + RUN_GAP_US and bool(command)
+                     and command in alone_here.values())
             groups.append([])
             resumed.append(again)
-            ranks_here = {}
+            ranks_here, alone_here = {}, {}
             reach = end
         elif owner is not None and owner[0] in ranks_here and ranks_here[owner[0]][0] != owner[1] \
                 and ranks_here[owner[0]][1] <= start:
@@ -119,8 +121,10 @@ def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
             # started again (torchrun's restarts, a requeued job resuming).
             groups.append([])
             resumed.append(True)
-            ranks_here = {}
+            ranks_here, alone_here = {}, {}
         groups[-1].append((path, start, end, command))
+        if proc is not None:
+            alone_here[proc] = command
         if owner is not None:
             before = ranks_here.get(owner[0])
             ranks_here[owner[0]] = (owner[1], max(end, before[1]) if before and before[0] == owner[1] else end)
