@@ -28,8 +28,9 @@ batch start → ``on_before_zero_grad`` /       ``compute.forward`` (``training_
 ``on_test_start`` → ``_end``                  ``pipeline.test``
 ``on_predict_start`` → ``_end``               ``pipeline.test`` (``args.stage="predict"``)
 validation/test/predict batch                 ``compute.forward`` (``args.batch``)
-checkpoint write / read (``CheckpointIO``)    ``checkpoint.capture`` / ``restart``
-                                              (``args.path``, ``args.bytes``)
+``trainer.save_checkpoint`` (every rank:      ``checkpoint.capture`` (``args.path``,
+the state gathered, the write, the barrier)   ``args.bytes`` where this rank wrote)
+checkpoint read (``CheckpointIO``)            ``checkpoint.restart``
 ============================================  ======================================
 
 ``args.step`` is ``trainer.global_step`` (optimizer steps so far), on every span of
@@ -76,43 +77,64 @@ def _bytes_at(path: Any) -> dict[str, Any] | None:
     return {"bytes": size} if size is not None else None
 
 
-class _TracedCheckpointIO:
-    """Replaces ``save_checkpoint``/``load_checkpoint`` on one CheckpointIO object
-    (instance attributes, removed again by :meth:`undo`)."""
+class _TracedCheckpoints:
+    """A checkpoint's span on every rank: ``trainer.save_checkpoint`` (gathering the
+    state, the write where this rank writes, the ranks' barrier) is wrapped, and the
+    trainer's CheckpointIO (the write, on the ranks that write; the read). Instance
+    attributes, removed again by :meth:`undo`."""
 
-    def __init__(self, io: Any, callback: TraceCallback):
-        self.io = io
-        self._save = io.save_checkpoint
-        self._load = io.load_checkpoint
+    def __init__(self, trainer: Any, callback: TraceCallback):
+        self.trainer, self.io = trainer, trainer.strategy.checkpoint_io
+        save_all, save, load = trainer.save_checkpoint, self.io.save_checkpoint, self.io.load_checkpoint
         cb = callback
+        #: Set while the trainer's save runs; its write here, once done.
+        self.saving = self.wrote = False
 
-        def save_checkpoint(checkpoint: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
-            node = ai.checkpoint.capture
-            if not node.enabled:
-                return self._save(checkpoint, path, *args, **kwargs)
+        def capture(fn: Any, a: tuple, kw: dict[str, Any], path: Any) -> Any:
             try:
-                return call_in_span(node, self._save, (checkpoint, path, *args), kwargs,
+                return call_in_span(ai.checkpoint.capture, fn, a, kw,
                                     args={"path": os.fspath(path), **cb._position("global_step")},
-                                    after=lambda _out: _bytes_at(path))
+                                    after=lambda _out: _bytes_at(path) if self.wrote else None)
             finally:
                 if cb._fetch.waiting:  # the wait for the next batch starts now
                     cb._fetch.begin()
 
+        def trainer_save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            if not ai.checkpoint.capture.enabled or self.saving:
+                return save_all(filepath, *args, **kwargs)
+            self.saving, self.wrote = True, False
+            try:
+                return capture(save_all, (filepath, *args), kwargs, filepath)
+            finally:
+                self.saving = False
+
+        def save_checkpoint(checkpoint: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.saving:  # inside the trainer's save: its span
+                out = save(checkpoint, path, *args, **kwargs)
+                self.wrote = True
+                return out
+            if not ai.checkpoint.capture.enabled:
+                return save(checkpoint, path, *args, **kwargs)
+            self.wrote = True  # a save called on the strategy itself
+            return capture(save, (checkpoint, path, *args), kwargs, path)
+
         def load_checkpoint(path: Any, *args: Any, **kwargs: Any) -> Any:
             node = ai.checkpoint.restart
             if not node.enabled:
-                return self._load(path, *args, **kwargs)
-            return call_in_span(node, self._load, (path, *args), kwargs,
+                return load(path, *args, **kwargs)
+            return call_in_span(node, load, (path, *args), kwargs,
                                 args={"path": os.fspath(path), **(_bytes_at(path) or {})})
 
-        io.save_checkpoint = save_checkpoint
-        io.load_checkpoint = load_checkpoint
+        trainer.save_checkpoint = trainer_save_checkpoint
+        self.io.save_checkpoint = save_checkpoint
+        self.io.load_checkpoint = load_checkpoint
 
     def undo(self) -> None:
-        for name in ("save_checkpoint", "load_checkpoint"):
+        for owner, name in ((self.trainer, "save_checkpoint"), (self.io, "save_checkpoint"),
+                            (self.io, "load_checkpoint")):
             try:
-                if name in vars(self.io):
-                    delattr(self.io, name)
+                if name in vars(owner):
+                    delattr(owner, name)
             except Exception:
                 pass
 
@@ -125,7 +147,7 @@ class TraceCallback(pl.Callback):
         super().__init__()
         self.checkpoints = bool(checkpoints)
         self._spans = OpenSpans()
-        self._io: _TracedCheckpointIO | None = None
+        self._io: _TracedCheckpoints | None = None
         self._trainer: Any = None
         #: The wait for the next training batch.
         self._fetch = Wait(ai.dataloader.fetch)
@@ -175,7 +197,7 @@ class TraceCallback(pl.Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._trainer = trainer
         if self.checkpoints and self._io is None:
-            self._io = _TracedCheckpointIO(trainer.strategy.checkpoint_io, self)
+            self._io = _TracedCheckpoints(trainer, self)
 
     @guarded
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:

@@ -4,8 +4,10 @@
 
 Lightning's launcher runs this script again for rank 1 (LOCAL_RANK=1, no RANK). The
 rank ``SLOW_RANK`` (-1: none) sleeps ``SLOW_S`` in ``training_step`` on every
-``SLOW_EVERY``-th batch; each rank writes what it slept and its own step starts
-(``on_train_batch_start``, monotonic clock) to ``TRUTH_DIR/truth-<rank>.json``."""
+``SLOW_EVERY``-th batch; a checkpoint is saved every ``SAVE_EVERY`` steps, mid-epoch
+(rank 0 writes it, rank 1 waits for it). Each rank writes what it slept, its own step
+starts (``on_train_batch_start``, monotonic clock, with the epoch) and its saves
+(``trainer.save_checkpoint``, start and end) to ``TRUTH_DIR/truth-<rank>.json``."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 import time
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -22,7 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import dftrace
 from dftrace.lightning import TraceCallback
 
-BATCHES, EPOCHS, SLOW_S, SLOW_EVERY = 8, 2, 0.080, 4
+BATCHES, EPOCHS, SLOW_S, SLOW_EVERY, SAVE_EVERY = 8, 2, 0.080, 4, 3
 
 
 class Model(pl.LightningModule):
@@ -52,8 +55,21 @@ class Clock(pl.Callback):
     def __init__(self):
         self.starts: list[int] = []
 
+        self.epochs: list[int] = []
+        self.saves: list[tuple[int, int]] = []
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.starts.append(time.monotonic_ns())
+        self.epochs.append(int(trainer.current_epoch))
+
+    def timed(self, save):
+        def save_checkpoint(*args, **kwargs):
+            t0 = time.monotonic_ns()
+            try:
+                return save(*args, **kwargs)
+            finally:
+                self.saves.append((t0, time.monotonic_ns()))
+        return save_checkpoint
 
 
 def main() -> None:
@@ -63,15 +79,17 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(BATCHES * 2 * 4, 64, generator=g), torch.randn(BATCHES * 2 * 4, 1, generator=g))
     model, clock = Model(slow_rank), Clock()
+    saves = ModelCheckpoint(dirpath=os.path.join(truth, "checkpoints"), every_n_train_steps=SAVE_EVERY,
+                            save_top_k=-1)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=EPOCHS,
-                         callbacks=[TraceCallback(), clock], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False,
-                         default_root_dir=os.path.join(truth, "root"))
+                         callbacks=[TraceCallback(), clock, saves], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=os.path.join(truth, "root"))
+    trainer.save_checkpoint = clock.timed(trainer.save_checkpoint)  # inside dftrace's span
     trainer.fit(model, DataLoader(data, batch_size=4))
     with open(os.path.join(truth, f"truth-{trainer.global_rank}.json"), "w") as f:
         json.dump({"rank": trainer.global_rank, "pid": os.getpid(), "slept_s": model.slept_s,
                    "slow_steps": model.slow_steps, "steps": int(trainer.global_step),
-                   "starts_ns": clock.starts}, f)
+                   "starts_ns": clock.starts, "epochs": clock.epochs, "saves_ns": clock.saves}, f)
 
 
 if __name__ == "__main__":

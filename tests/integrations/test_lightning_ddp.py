@@ -1,8 +1,8 @@
 """dftrace.lightning on a real Lightning DDP job: two CPU processes started by
 Lightning's own launcher (which sets LOCAL_RANK, not RANK), gloo on loopback, one
 rank slowed 80 ms on 4 of 16 steps (well above a busy machine's noise: at 30 ms the
-other rank's delays could outweigh it). Checked against each rank's own clock and
-the time the slow rank slept."""
+other rank's delays could outweigh it), a checkpoint saved every 3 steps. Checked
+against each rank's own clock and the time the slow rank slept."""
 
 from __future__ import annotations
 
@@ -51,3 +51,39 @@ def test_ranks_steps_buckets_and_the_slow_rank(tmp_path):
     assert worst["rank"] == SLOW_RANK and worst["significant"], summary.stragglers
     assert 0.8 * slept_us <= worst["caused_wait_us"] <= 1.25 * slept_us, (worst, slept_us)
     assert render_text(summary).splitlines()[2].strip().startswith(f"rank {SLOW_RANK} held the others back in ")
+
+
+def test_a_checkpoint_mid_epoch_is_no_step_s_time_on_any_rank(tmp_path):
+    """Rank 0 writes each checkpoint and rank 1 waits for it inside
+    ``trainer.save_checkpoint``: on both ranks that is the checkpoint's span, and the
+    step before it ends where the save starts (by each rank's own clock: the time
+    between its step starts, less its save)."""
+    out, facts = _run(tmp_path, -1)
+    summary = summarize(out)
+    spans = {r: [] for r in facts}
+    for f in trace_files(out):
+        events = [e for e in read_events(f, strict=False) if e.get("ph") == "X"]
+        rank = next(r for r, fact in facts.items() if any(e["pid"] == fact["pid"] for e in events))
+        spans[rank] += [e for e in events if e["cat"] == "checkpoint" and e["name"] == "capture"]
+    for rank, fact in facts.items():
+        saves = fact["saves_ns"]
+        assert len(saves) == STEPS // 3 >= 4  # every 3 steps, mid-epoch
+        # A span for each save on each rank, as long as the save; only rank 0 wrote bytes.
+        assert len(spans[rank]) == len(saves), spans[rank]
+        assert all(("bytes" in e["args"]) == (rank == 0) for e in spans[rank])
+        ours = sum(e["dur"] for e in spans[rank])
+        theirs = sum(b - a for a, b in saves) / 1e3
+        assert theirs <= ours <= 1.5 * theirs, (rank, ours, theirs)
+        # Each epoch's steps but its last (which ends with its own work) run from the
+        # first one's start to the last one's on the rank's own clock, less the saves
+        # between them: the saves are no step's time.
+        starts, epochs = fact["starts_ns"], fact["epochs"]
+        steps = {(s["epoch"], s["step"]): s["dur_us"] for s in summary.rank_steps if s["rank"] == f"rank {rank}"}
+        for epoch in sorted(set(epochs)):
+            mine = [k for k, e in enumerate(epochs) if e == epoch]
+            first, last = starts[mine[0]], starts[mine[-1]]
+            saved = sum(b - a for a, b in saves if first < a < last) / 1e3
+            assert saved > 0
+            truth = (last - first) / 1e3 - saved
+            got = sum(steps[(epoch, k)] for k in mine[:-1])
+            assert abs(got - truth) <= 0.25 * saved, (rank, epoch, got, truth, saved)
