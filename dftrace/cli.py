@@ -186,6 +186,25 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _command_on_path(target: str) -> str | None:
+    """Where a command named alone (``torchrun``, ``accelerate``: no file of that name
+    here) is on PATH, else None."""
+    import shutil
+
+    return shutil.which(target) if os.sep not in target and not os.path.exists(target) else None
+
+
+def _python_script(path: str) -> str | None:
+    """``path`` when it is a Python script (its ``#!`` line names a Python: the console
+    scripts pip installs), else None."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    return path if first.startswith(b"#!") and b"python" in first else None
+
+
 def _missing_target(module: bool, target: str) -> str | None:
     """Why ``target`` cannot be run (no such script, module or ``__main__``), or None.
 
@@ -195,7 +214,12 @@ def _missing_target(module: bool, target: str) -> str | None:
     if not module:
         if os.path.isdir(target) and not os.path.exists(os.path.join(target, "__main__.py")):
             return f"{target!r} is a directory without a __main__.py"
-        return None if os.path.exists(target) else f"no such file: {target!r}"
+        if os.path.exists(target):
+            return None
+        found = _command_on_path(target)
+        if found is not None and _python_script(found) is None:
+            return f"{found!r} is not a Python script (dftrace run runs Python scripts and modules)"
+        return None if found is not None else f"no such file: {target!r}"
     import importlib.machinery
     import importlib.util
 
@@ -241,6 +265,7 @@ def _cmd_run(ns: argparse.Namespace) -> int:
         print(f"dftrace run: {problem}", file=sys.stderr)
         return 2
     if not ns.module:  # as python puts it, before tracing starts (io: a directory imports look up)
+        target = _command_on_path(target) or target  # a console script named alone: `dftrace run torchrun ...`
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
     started_ns = time.time_ns()
     try:
@@ -418,7 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-m", dest="module", action="store_true", help="run a module, like python -m")
     _add_trace_options(r)
     r.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
-                   help="the script and its arguments (with -m: the module and its arguments)")
+                   help="the script and its arguments (with -m: the module and its arguments); a "
+                        "Python command on PATH named alone is found there (dftrace run torchrun ...)")
     r.set_defaults(func=_cmd_run)
 
     try:

@@ -203,6 +203,32 @@ def test_run_of_a_missing_target_says_so_in_one_line(tmp_path, args, message):
     assert testing.trace_files(tmp_path) == []
 
 
+def test_run_finds_a_python_command_on_path(tmp_path):
+    """``dftrace run torchrun ...``: a command named alone, no file of that name here, is
+    the console script of that name on PATH (run and traced, its arguments its own);
+    one that is not Python is one line saying so."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "mytool"
+    tool.write_text(f"#!{sys.executable}\nimport sys\nfrom dftrace import ai\n"
+                    "with ai.compute.forward:\n    print('args', sys.argv[1:])\n")
+    tool.chmod(0o755)
+    native = bin_dir / "native"
+    native.write_bytes(b"\x7fELF\x02\x01")
+    native.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    out = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "run"),
+                          "mytool", "--lr", "1"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "args ['--lr', '1']" in out.stdout
+    (file,) = testing.trace_files(tmp_path / "t")
+    assert [e["name"] for e in testing.read_events(file) if e.get("ph") == "X"] == ["forward"]
+    out = subprocess.run([sys.executable, "-m", "dftrace", "run", "native"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env)
+    assert (out.returncode, out.stderr) == (
+        2, f"dftrace run: {str(native)!r} is not a Python script (dftrace run runs Python scripts and modules)\n")
+
+
 def test_run_keeps_the_traceback_of_a_module_that_fails_to_import(tmp_path):
     """An ImportError raised by the user's module is the user's: its traceback is shown."""
     (tmp_path / "job.py").write_text("import nonexistent_dependency\n")
