@@ -71,6 +71,7 @@ def test_a_resumed_rank_is_two_runs_with_true_step_times(tmp_path, capsys):
     assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 24), (1, 24)]
     # One rank in each epoch; its time in epoch 1 is what both runs spent there.
     assert [(e["ranks"], e["slowest"]) for e in summary.epochs] == [(1, "rank 0"), (1, "rank 0")]
+    assert summary.imbalance["ranks"] == [] and "Rank imbalance" not in text  # one rank, run twice
     in_epoch_1 = sum(t for run in (killed, resumed) for (epoch, _), t in zip(run["steps"], run["times_us"])
                      if epoch == 1)  # all but the killed step, cut short by the signal
     longest_true = max(killed["times_us"] + resumed["times_us"])
@@ -102,7 +103,13 @@ def test_a_script_with_no_rank_run_again_is_resumed_not_a_second_rank(tmp_path):
     assert [r["resumed"] for r in summary.runs] == [False, True]
     assert summary.runs[1]["resumed_at"] == {"epoch": 1, "step": resumed["steps"][0][1]} == {"epoch": 1, "step": 32}
     assert summary.imbalance["steps_compared"] == 0 and summary.stragglers == []
-    assert "the script ran again (resumed at step 32)" in render_text(summary)
+    text = render_text(summary)
+    assert "the script ran again (resumed at step 32)" in text
+    # Both runs are one script: one unit in each epoch, no ranks to set side by side.
+    script = f"{summary.runs[0]['hosts'][0]} · _resumed_job.py"
+    assert [(e["ranks"], e["slowest"]) for e in summary.epochs] == [(1, script), (1, script)]
+    assert summary.imbalance["ranks"] == [] and "Rank imbalance" not in text
+    assert {s["slowest"] for s in summary.steps} == {f"{script} · run 1", f"{script} · run 2"}
     assert len(summary.rank_steps) == len(killed["steps"]) + len(resumed["steps"])
 
 

@@ -4,6 +4,7 @@ its run), and where a resumed run picked up its steps."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,13 +57,23 @@ def run_origins(runs: list[dict[str, Any]], procs: pl.DataFrame, frame: pl.DataF
     return pl.col("unit").replace_strict(mapping, default=0, return_dtype=pl.Int64)
 
 
-def units_per_run(procs: pl.DataFrame, runs: list[dict[str, Any]]) -> pl.DataFrame:
-    """procs with a ``run`` column; a unit found in several runs (rank 0 of each) is
-    split into one per run ("rank 0 · run 2"), so steps and collectives never mix runs."""
+#: What ``units_per_run`` adds to the unit of each run of a job started again.
+RUN_SUFFIX = r" · run \d+$"
+
+
+def units_per_run(procs: pl.DataFrame, runs: list[dict[str, Any]], combined: Combined) -> pl.DataFrame:
+    """procs with a ``run`` column; a unit found in several runs (rank 0 of each, a
+    script with no rank run again: ``scripts_run_again``) is split into one per run
+    ("rank 0 · run 2"), so steps and collectives never mix runs."""
     if not runs:
         return procs.with_columns(pl.lit(0, pl.Int32).alias("run"))
     run_of = {proc: i for i, run in enumerate(runs) for proc in run["procs"]}
     procs = procs.with_columns(pl.col("proc").replace_strict(run_of, default=0, return_dtype=pl.Int32).alias("run"))
+    scripts = scripts_run_again(combined, runs)
+    if scripts:
+        procs = procs.with_columns(
+            pl.col("proc").replace_strict(scripts, default=None, return_dtype=pl.String).fill_null(pl.col("unit"))
+            .alias("unit")).with_columns(pl.col("unit_order").min().over("unit"))
     shared = pl.col("run").n_unique().over("unit") > 1
     return procs.with_columns(
         pl.when(shared).then(pl.col("unit") + pl.lit(" · run ") + (pl.col("run") + 1).cast(pl.String))
@@ -70,6 +81,25 @@ def units_per_run(procs: pl.DataFrame, runs: list[dict[str, Any]]) -> pl.DataFra
         pl.when(shared).then(pl.col("unit_order") + pl.col("run").cast(pl.Int64) * 1_000_000)
         .otherwise(pl.col("unit_order")).alias("unit_order"),
     )
+
+
+def scripts_run_again(combined: Combined, runs: list[dict[str, Any]]) -> dict[int, str]:
+    """process -> unit of each script with no rank (``_rankless_roots``) in a job whose
+    runs are the same script run again: one unit in all its runs, named for the script
+    on its host ("host17 · train.py"), as a rank run again is one rank."""
+    again = {run["job"] for run in runs if run["resumed"]}
+    if not again:
+        return {}
+    info = combined.resolution.processes
+    roots = set(_rankless_roots(info).values())
+    out = {}
+    for run in runs:
+        if run["job"] in again:
+            for proc in roots.intersection(run["procs"]):
+                argv = info[proc].info.get("cmdline")  # the script's sys.argv
+                first = str(argv[0]) if isinstance(argv, list) and argv else ""
+                out[proc] = f"{info[proc].host} · {os.path.basename(first) or 'script'}"
+    return out
 
 
 def find_runs(combined: Combined, procs: pl.DataFrame) -> list[dict[str, Any]]:
@@ -171,12 +201,18 @@ def last_run_of_each_step(by_unit: pl.DataFrame, procs: pl.DataFrame,
     ran more than once kept from the last run only (separate runs keep theirs)."""
     if not any(r.get("resumed") for r in runs):
         return by_unit
-    job_of = {i: run["job"] for i, run in enumerate(runs)}
-    units = (procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host", "run").unique("unit")
-             .with_columns(pl.col("run").replace_strict(job_of, default=0, return_dtype=pl.Int64).alias("job")))
-    return (by_unit.join(units, on="unit", how="left").sort("run", maintain_order=True)
-            .unique(["job", "rank", "host", "epoch", "step"], keep="last", maintain_order=True)
+    return (by_unit.join(_units_of_jobs(procs, runs), on="unit", how="left").sort("run", maintain_order=True)
+            .unique(["job", "across_runs", "host", "epoch", "step"], keep="last", maintain_order=True)
             .sort(["unit_order", "start"], nulls_last=True).select(by_unit.columns))
+
+
+def _units_of_jobs(procs: pl.DataFrame, runs: list[dict[str, Any]]) -> pl.DataFrame:
+    """unit, host, run, job and ``across_runs``: the unit's name in all the runs of its
+    job ("rank 0" for "rank 0 · run 2", see ``units_per_run``)."""
+    job_of = {i: run["job"] for i, run in enumerate(runs)}
+    return (procs.filter(pl.col("unit").is_not_null()).select("unit", "host", "run").unique("unit")
+            .with_columns(pl.col("run").replace_strict(job_of, default=0, return_dtype=pl.Int64).alias("job"),
+                          pl.col("unit").str.replace(RUN_SUFFIX, "").alias("across_runs")))
 
 
 def each_rank_across_runs(extents: pl.DataFrame, procs: pl.DataFrame, runs: list[dict[str, Any]],
@@ -187,14 +223,11 @@ def each_rank_across_runs(extents: pl.DataFrame, procs: pl.DataFrame, runs: list
     runs keep theirs."""
     if not any(r.get("resumed") for r in runs):
         return extents
-    job_of = {i: run["job"] for i, run in enumerate(runs)}
-    units = (procs.filter(pl.col("unit").is_not_null()).select("unit", "rank", "host", "run").unique("unit")
-             .with_columns(pl.col("run").replace_strict(job_of, default=0, return_dtype=pl.Int64).alias("job")))
-    joined = extents.join(units, on="unit", how="left")
+    joined = extents.join(_units_of_jobs(procs, runs), on="unit", how="left")
     # A resumed rank's units are "rank 0 · run 2" (``units_per_run``): one job's are one rank.
-    runs_of_one = pl.col("rank").is_not_null() & (pl.col("unit").n_unique().over("job", "rank", "host") > 1)
+    runs_of_one = pl.col("unit").n_unique().over("job", "across_runs", "host") > 1
     joined = joined.with_columns(
-        pl.when(runs_of_one).then(pl.col("unit").str.replace(r" · run \d+$", "")).otherwise(pl.col("unit")),
+        pl.when(runs_of_one).then(pl.col("across_runs")).otherwise(pl.col("unit")).alias("unit"),
         pl.when(runs_of_one).then(pl.col("unit_order") % 1_000_000).otherwise(pl.col("unit_order")))
     return (joined.group_by(["job", "host", "unit", "unit_order", *by])
             .agg(pl.col("start").min(), pl.col("end").max(), pl.col("n").sum(), pl.col("dur").sum())

@@ -16,8 +16,8 @@ from ..reduce.combine import Combined
 from ..reduce.busy import time_in_steps
 from ..reduce.steps import each_process_steps, step_spread, unit_steps
 from .context import Context, UnitTables
-from .runs import (each_rank_across_runs, find_runs, last_run_of_each_step, processes_frame, run_origins,
-                   units_of_each_job, units_per_run)
+from .runs import (RUN_SUFFIX, each_rank_across_runs, find_runs, last_run_of_each_step, processes_frame,
+                   run_origins, units_of_each_job, units_per_run)
 
 
 T = TypeVar("T")
@@ -52,7 +52,7 @@ def steps_of(combined: Combined) -> UnitSteps:
     epochs = epoch_source(combined)
     procs = processes_frame(combined)
     runs = find_runs(combined, procs)
-    procs = units_per_run(procs, runs)
+    procs = units_per_run(procs, runs, combined)
     process_steps = each_process_steps(combined.steps, combined.containers, combined.modelled, epochs)
     return UnitSteps(procs, runs, process_steps)
 
@@ -231,7 +231,7 @@ def rank_imbalance(by_unit: pl.DataFrame, steps: pl.DataFrame,
     each, see ``runs.units_of_each_job``) has several; nothing to compare where no job
     has two units (a script run again is not a second rank of the first run)."""
     none = {"steps_compared": 0, "mean_ratio": None, "max_ratio": None, "worst": [], "ranks": []}
-    if by_unit.get_column("unit").n_unique() < 2:  # nothing to compare a single rank with
+    if by_unit.get_column("unit").str.replace(RUN_SUFFIX, "").n_unique() < 2:  # a single rank (its runs too)
         return none
     if len(jobs) > 1:
         each = [steps_across_units(by_unit.filter(pl.col("unit").is_in(list(units))))
