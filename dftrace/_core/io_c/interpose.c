@@ -77,9 +77,10 @@
             __atomic_store_n(&e_->pos, off_ + (int64_t)r_, __ATOMIC_RELAXED);        \
     } while (0)
 
-/* A call that names a path: matched at the call, recorded where `kept` holds of its
-   result (r_). `untraced` runs on the result of a call on a path not traced. */
-#define PATH_CALL_IF(op, dirfd, path, call, kept, after, untraced)                     \
+/* A call that names a path: matched at the call, recorded (with `offset`, or -1) where
+   `kept` holds of its result (r_). `untraced` runs on the result of a call on a path
+   not traced. */
+#define PATH_CALL_IF(op, dirfd, path, call, offset, kept, after, untraced)             \
     do {                                                                             \
         if (!io_active)                                                              \
             return call;                                                             \
@@ -99,12 +100,12 @@
         int64_t t1_ = clock_ns();                                                    \
         after;                                                                       \
         if (kept)                                                                    \
-            io_record_path(op, h_, t0_, t1_, (int64_t)r_, err_, abs_, n_);              \
+            io_record_path(op, h_, t0_, t1_, (int64_t)r_, err_, offset, abs_, n_);      \
         errno = err_;                                                                \
         return r_;                                                                   \
     } while (0)
 #define PATH_CALL_OR(op, dirfd, path, call, after, untraced)                           \
-    PATH_CALL_IF(op, dirfd, path, call, 1, after, untraced)
+    PATH_CALL_IF(op, dirfd, path, call, -1, 1, after, untraced)
 #define PATH_CALL(op, dirfd, path, call, after) PATH_CALL_OR(op, dirfd, path, call, after, (void)0)
 /* An open: the fd of an untraced path has no entry */
 #define OPEN_CALL(op, dirfd, path, call, after)                                        \
@@ -545,7 +546,7 @@ static int w_renameat(int fromfd, const char *from, int tofd, const char *to) {
    where it might find files, torch's on every entry of sys.path, not a listing.) */
 DECLARE(DIR *, opendir, const char *);
 static DIR *w_opendir(const char *path) {
-    PATH_CALL_IF(OP_OPENDIR, AT_FDCWD, path, REAL(opendir)(path), r_ != NULL,
+    PATH_CALL_IF(OP_OPENDIR, AT_FDCWD, path, REAL(opendir)(path), -1, r_ != NULL,
                  if (r_) fd_track(dirfd(r_), h_, 0), if (r_) fd_untrack(dirfd(r_)));
 }
 DECLARE(int, closedir, DIR *);
@@ -581,10 +582,12 @@ static int w_accept4(int fd, struct sockaddr *a, socklen_t *n, int fl) {
     MAKES_FD(REAL(accept4)(fd, a, n, fl));
 }
 
+/* truncate: the length it sets as the offset, as ftruncate's */
 #define TRUNCATE_WRAPPER(name)                                                         \
     DECLARE(int, name, const char *, off_t);                                           \
     static int w_##name(const char *path, off_t len) {                                 \
-        PATH_CALL(OP_TRUNCATE, AT_FDCWD, path, REAL(name)(path, len), (void)0);        \
+        PATH_CALL_IF(OP_TRUNCATE, AT_FDCWD, path, REAL(name)(path, len), (int64_t)len, 1, \
+                     (void)0, (void)0);                                                \
     }
 TRUNCATE_WRAPPER(truncate)
 TRUNCATE_WRAPPER(truncate64)

@@ -64,7 +64,7 @@ void io_after_fork_child(void) {
 }
 
 void io_record_path(uint8_t op, uint64_t fhash, int64_t t0, int64_t t1, int64_t ret, int err,
-                    const char *path, size_t npath) {
+                    int64_t offset, const char *path, size_t npath) {
     if (npath > IO_PATH_MAX)
         npath = IO_PATH_MAX;
     uint64_t k = 1 + (npath + sizeof(io_rec_t) - 1) / sizeof(io_rec_t);
@@ -76,5 +76,5 @@ void io_record_path(uint8_t op, uint64_t fhash, int64_t t0, int64_t t1, int64_t 
         size_t n = npath - at < sizeof(io_rec_t) ? npath - at : sizeof(io_rec_t);
         memcpy(&io_ring.slots[(h + i) & io_ring.mask], path + at, n);
     }
-    io_publish(h, op, fhash, t0, t1, ret, err, -1, -1, npath);
+    io_publish(h, op, fhash, t0, t1, ret, err, -1, offset, npath);
 }

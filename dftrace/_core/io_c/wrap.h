@@ -136,10 +136,10 @@ static inline void io_record_fd(uint8_t op, uint64_t fhash, int64_t t0, int64_t 
         io_publish(h, op, fhash, t0, t1, ret, err, count, offset, 0);
 }
 
-/* Record a call that names a path (ring.c): the record and the path's bytes in the
-   slots after it. */
+/* Record a call that names a path (ring.c): the record (`offset`: -1 where the call has
+   none) and the path's bytes in the slots after it. */
 void io_record_path(uint8_t op, uint64_t fhash, int64_t t0, int64_t t1, int64_t ret, int err,
-                    const char *path, size_t npath);
+                    int64_t offset, const char *path, size_t npath);
 
 /* The hash of `path` (relative to `dirfd`) when it is traced, its absolute form left
    in `out` (IO_PATH_MAX bytes) and its length in `*nout`; else 0 (filter.c). */
