@@ -42,6 +42,9 @@ BLOCK_SUFFIX = ".block"
 #: ``dft_fn.iter`` (and dftrace's spelling of it, ``dftrace.logger``).
 LOOP_BODY_SUFFIXES = (BLOCK_SUFFIX, ".yield")
 INIT_SUFFIX = ".init"
+#: The call that found a loader's pass over (the ``next()`` that raised
+#: ``StopIteration``, or the pass let go early) is ``<leaf>.end``.
+END_SUFFIX = ".end"
 #: A collective's span from an asynchronous call to its completion is ``<leaf>.done``;
 #: the time DDP's backward waits for its gradient buckets is ``all_reduce.wait``.
 DONE_SUFFIX = ".done"

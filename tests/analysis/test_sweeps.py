@@ -231,13 +231,14 @@ def _step_rows(rng: np.random.Generator) -> tuple[pl.DataFrame, pl.DataFrame]:
                          "name": [f"n{i}" for i in rng.integers(0, 4, size)], "start": start, "end": start + length,
                          "n": rng.integers(1, 5, size)})
     n_cuts = int(rng.integers(0, 10))
-    between = rng.random(n_cuts) < 0.5  # checkpoints between steps, the others pipeline spans
+    kind = rng.random(n_cuts)
+    between = kind < 0.4  # checkpoints between steps, loaders' passes' ends, the others pipeline spans
     cut_start = rng.integers(-100, size * 25 + 100, n_cuts)
     # Pipeline spans that cut steps, not evaluations (``fmt.EVALUATION_NAMES``), whose
     # rows are no step's: tests/analysis/test_step_model.py holds those; random rows
     # would straddle their edges, which real steps do not.
     containers = pl.DataFrame({"proc": rng.integers(0, 3, n_cuts).astype(np.int32),
-                               "name": np.where(between, "capture", "train"),
+                               "name": np.where(between, "capture", np.where(kind < 0.7, "fetch.end", "train")),
                                "start": cut_start, "end": cut_start + rng.integers(0, 400, n_cuts),
                                "after_work": between})
     return rows, containers
@@ -245,7 +246,7 @@ def _step_rows(rng: np.random.Generator) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 def test_step_model_matches_numpy(monkeypatch):
     rng = np.random.default_rng(11)
-    shortened = placed = by_checkpoints = 0
+    shortened = placed = by_checkpoints = by_passes = 0
     for _ in range(400):
         rows, containers = _step_rows(rng)
         native, numpy = _both_ways(monkeypatch, _steps.model_steps, rows, containers)
@@ -256,7 +257,10 @@ def test_step_model_matches_numpy(monkeypatch):
         checkpoints = containers.filter("after_work").get_column("start")
         by_checkpoints += native.filter(pl.col("end").is_in(checkpoints.implode())
                                         & (pl.col("end") < pl.col("start").shift(-1).over("proc"))).height
-    assert placed > 5000 and shortened > 100 and by_checkpoints > 20, (placed, shortened, by_checkpoints)
+        by_passes += native.filter(pl.col("end").is_in(
+            containers.filter(pl.col("name") == "fetch.end").get_column("start").implode())).height
+    assert placed > 5000 and shortened > 100 and by_checkpoints > 20 and by_passes > 20, (
+        placed, shortened, by_checkpoints, by_passes)
 
 
 @pytest.mark.parametrize("numbers, steps", [

@@ -23,6 +23,8 @@
   ``eval()`` mode over tensors at hand, 5 ms apart;
 - ``gan``: ``plain`` with two models each stepped by its own optimizer per batch (a
   discriminator's step, then a generator's);
+- ``tail``: ``plain`` with 5 ms of work the tracer does not see (a logging call)
+  after each optimizer step, the epoch's last step's included;
 - ``cycle``: ``plain`` with the batches drawn through ``itertools.cycle(loader)``
   for two and a half passes: after the loader's one pass, no batch is fetched;
 - ``compiled``: ``torch.compile(model)`` before the first step, trained four steps,
@@ -39,7 +41,8 @@
 
 Writes what the loop counted on its own clock to TRUTH.json: steps, epochs, the
 time spent waiting in ``next()`` on the loader, each step's start, each epoch's time
-from ``iter(loader)`` to the end of its iteration (its workers started and shut down).
+from ``iter(loader)`` to the end of its iteration (its workers started and shut down),
+and when the ``next()`` that found each epoch's pass over was called.
 """
 
 from __future__ import annotations
@@ -161,6 +164,7 @@ def main(mode: str, truth_path: str) -> None:
                     x, y = next(it)
                 except StopIteration:
                     truth["epochs_ns"].append(time.perf_counter_ns() - began)
+                    truth.setdefault("pass_ends_ns", []).append(t0)
                     break
                 truth["fetch_ns"] += time.perf_counter_ns() - t0
                 if k % every == 0:  # an epoch's first step waits for its loader to start, too
@@ -172,6 +176,8 @@ def main(mode: str, truth_path: str) -> None:
                     opt.step()
                     opt.zero_grad()
                     truth["steps"] += 1
+                    if mode == "tail":
+                        time.sleep(0.005)
                 if mode in ("valmid", "valbreak") and k == 3:  # an evaluation inside the epoch
                     evaluation = DataLoader(Data(), batch_size=32 if mode == "valmid" else 8)
                     began = time.perf_counter_ns()  # its pass: from its iterator's making

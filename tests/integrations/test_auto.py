@@ -88,6 +88,25 @@ def test_an_unannotated_script_gets_steps_epochs_and_its_data_wait(tmp_path, how
 
 
 @pytest.mark.parametrize("engine", ["c", "python"])
+def test_an_epoch_s_last_step_ends_where_the_loop_found_its_loader_done(tmp_path, engine):
+    """What a loop does after its optimizer step (untraced: a logging call) is the
+    step's, the epoch's last step's too: that one ends where the loop's next ``next()``
+    found the pass over, not with its last span. By the loop's own clock."""
+    out, truth = _run_engine(tmp_path, "tail", engine)
+    summary = summarize(out)
+    steps = sorted(summary.steps, key=lambda s: s["step"])
+    assert len(steps) == truth["steps"] == 16
+    starts, ends = truth["starts_ns"], truth["pass_ends_ns"]
+    for epoch, end in enumerate(ends):
+        last = steps[8 * epoch + 7]
+        assert last["median_us"] == pytest.approx((end - starts[8 * epoch + 7]) / 1e3, rel=0.1, abs=1000), last
+        assert last["median_us"] > 5000  # the 5 ms after its optimizer step are in it
+    # The steps before, as before: to the next one's start.
+    gaps = [(b - a) / 1e3 for k, (a, b) in enumerate(zip(starts, starts[1:])) if k % 8 != 7]
+    assert sum(s["median_us"] for s in steps if s["step"] % 8 != 7) == pytest.approx(sum(gaps), rel=0.02)
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
 def test_a_loader_made_anew_each_epoch_numbers_the_epochs_on(tmp_path, engine):
     """A DataLoader made anew for each epoch trains from the first optimizer step of
     its iteration, with the next epoch; an evaluation loader iterated between

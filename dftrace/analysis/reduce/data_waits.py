@@ -20,6 +20,9 @@ from ... import format as fmt
 #: ``ai.update(step=...)``; every batch where only the integrations number steps)
 #: leads into the step after it.
 FETCH_NAMES = ("fetch", "fetch" + fmt.ITER_SUFFIX, "fetch" + fmt.INIT_SUFFIX)
+#: The call that found a loader's pass over (``dftrace run``'s ``next()`` that raised
+#: ``StopIteration``): where the loop's last step of the pass ended.
+PASS_END = "fetch" + fmt.END_SUFFIX
 
 
 def is_fetch(cat: Any, name: Any) -> Any:

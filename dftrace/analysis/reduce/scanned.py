@@ -18,7 +18,7 @@ from .io_tables import IO_CATS, io_tables, thread_cover
 from ..read.schema import HOST_KEY
 from .sketch import EXACT_BELOW_US, bins_of
 from .step_numbers import WORK_CATS
-from .data_waits import is_fetch
+from .data_waits import PASS_END, is_fetch
 from .steps import PROFILER_STEP_PREFIX
 
 from .partial import (EMPTY_TABLES, GROUP_CATS, IO_TABLES, PARTIAL_TABLES, ROW_KEY, TRACER_CATS, Partial, as_stored,
@@ -106,7 +106,9 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
                               {"epoch": (epoch, epoch_ok), "step": (step, step_ok), "cat": (cat_texts, step_cat),
                                "name": (name_texts, step_name)}),
         "containers": span.select((pipeline & ((~block & ~span.name_is(lambda v: v.endswith(fmt.ITER_SUFFIX)))
-                                               | span.name_is(lambda v: v in fmt.EPOCH_NAMES))) | between_steps,
+                                               | span.name_is(lambda v: v in fmt.EPOCH_NAMES))) | between_steps
+                                  | (span.cat_is(lambda v: v == fmt.CAT_DATALOADER)
+                                     & span.name_is(lambda v: v == PASS_END)),
                                   {"name": span.name, "start": span.ts, "end": span.end, "after_work": between_steps}),
         "collectives": span.select(span.cat_is(lambda v: v == fmt.CAT_COMM) & seq_ok, {
             "name": ([None if v is None else v.removesuffix(fmt.DONE_SUFFIX) for v in name_values], span.name),

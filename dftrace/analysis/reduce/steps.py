@@ -19,9 +19,12 @@ belongs to step k, which starts with it (one inside step k-1's own work stays th
 a fetch separated from the next step by a pipeline span (an evaluation) belongs
 to no step.
 
-The last step of an epoch (or of the run) ends with the last of its own spans, and
-a pipeline span that starts inside a step (an evaluation, the next epoch) ends it
-there: evaluation after the last training step is not part of that step. A
+The last step of an epoch (or of the run) ends with the last of its own spans, or
+where the loop then found its loader's pass over (``fetch.end``, before the next
+step: what the loop did after the step's last span is the step's, as it is for the
+steps before), and a pipeline span that starts inside a step (an evaluation, the
+next epoch) ends it there: evaluation after the last training step is not part of
+that step. A
 checkpoint span that carries no step (saved between steps, as the integrations'
 are) ends the step whose work ended before it starts.
 """
@@ -38,7 +41,7 @@ import polars as pl
 from ... import format as fmt
 from ..runtime import kernels
 from .busy import each_process, time_within
-from .data_waits import data_targets, fetch_rows, rows_apart, with_leading_data
+from .data_waits import PASS_END, data_targets, fetch_rows, rows_apart, with_leading_data
 from .step_numbers import (WORK_CATS, in_epoch_spans, numbers_of, same_numbers, skipped_steps, step_codes,
                            with_numbers_settled, with_runs_numbered)
 from ..read.schema import FrameT, loop_body
@@ -140,12 +143,14 @@ def container_rows(spans: FrameT, by: list[str]) -> FrameT:
     """*by, name, start, end, after_work: the spans that end a step: the pipeline's own
     (train, epoch, evaluate, ...; loop bodies and item waits left out, but an epoch
     loop's body, ``epoch.block``: the next epoch), and, once the step's work has ended
-    (``after_work``), checkpoints that carry no step."""
+    (``after_work``), checkpoints that carry no step; and the ends of loaders' passes
+    (``PASS_END``), which end an epoch's last step."""
     between = (pl.col("cat") == fmt.CAT_CHECKPOINT) & pl.col("step").is_null()
+    pass_end = (pl.col("cat") == fmt.CAT_DATALOADER) & (pl.col("name") == PASS_END)
     return spans.filter(
         ((pl.col("cat") == fmt.CAT_PIPELINE) & ((~loop_body(pl.col("name"))
                                                  & ~pl.col("name").str.ends_with(fmt.ITER_SUFFIX))
-                                                | pl.col("name").is_in(fmt.EPOCH_NAMES))) | between
+                                                | pl.col("name").is_in(fmt.EPOCH_NAMES))) | between | pass_end
     ).select(*by, "name", pl.col("ts").alias("start"), "end", between.alias("after_work"))
 
 
@@ -167,14 +172,19 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     if not rows.height:
         return pl.DataFrame(schema=STEP_SCHEMA)
     rows = with_numbers_settled(rows)
-    cuts = {  # per process: the pipeline spans' (start, end) by start, the after_work ones' starts, the epochs'
-        proc: (frame.filter(~pl.col("after_work")).sort("start").select("start", "end").to_numpy().astype(np.int64),
+    pass_end = pl.col("name") == PASS_END
+    cuts = {  # per process: the pipeline spans' (start, end) by start, the after_work ones' starts, the
+        # epochs', the passes' ends'
+        proc: (frame.filter(~pl.col("after_work") & ~pass_end).sort("start").select("start", "end").to_numpy()
+               .astype(np.int64),
                np.sort(frame.filter(pl.col("after_work")).get_column("start").to_numpy()),
-               np.sort(frame.filter(pl.col("name").is_in(fmt.EPOCH_NAMES)).get_column("start").to_numpy()))
+               np.sort(frame.filter(pl.col("name").is_in(fmt.EPOCH_NAMES)).get_column("start").to_numpy()),
+               np.sort(frame.filter(pass_end).get_column("start").to_numpy()).astype(np.int64))
         for (proc,), frame in containers.with_columns(pl.col("after_work").fill_null(False))
         .partition_by("proc", as_dict=True).items()
     }
-    none = (np.empty((0, 2), dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+    none = (np.empty((0, 2), dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
+            np.empty(0, dtype=np.int64))
     procs = rows.get_column("proc").unique(maintain_order=True).to_list()
 
     def one(proc: int) -> pl.DataFrame:
@@ -239,10 +249,11 @@ def _steps_in_epochs(steps: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
 
 
 def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_work: np.ndarray,
-                   epoch_starts: np.ndarray) -> pl.DataFrame:
+                   epoch_starts: np.ndarray, pass_ends: np.ndarray) -> pl.DataFrame:
     """One process's steps; ``containers``: its pipeline spans' (start, end), by start;
     ``after_work``: the starts of the spans that end a step once its work has;
-    ``epoch_starts``: those of its epoch spans, sorted. The rows are read as columns,
+    ``epoch_starts``: those of its epoch spans, sorted; ``pass_ends``: those of its
+    loaders' passes' ends, sorted. The rows are read as columns,
     never copied whole: a million-step process has millions of them."""
     cuts, cut_ends = np.ascontiguousarray(containers[:, 0]), np.ascontiguousarray(containers[:, 1])
     columns = {name: np.ascontiguousarray(rows.get_column(name).to_numpy(), np.int64) for name in ("start", "end", "n")}
@@ -269,13 +280,14 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
     if kernels.C is not None and codes is not None:
         code, epoch_span = codes
         placed = kernels.C.steps(code, start, end, n, is_work.astype(np.uint8), cuts, epoch_span,
-                                 np.ascontiguousarray(after_work, np.int64), cut_ends)
+                                 np.ascontiguousarray(after_work, np.int64), cut_ends,
+                                 np.ascontiguousarray(pass_ends, np.int64))
         at, step_start, step_end, counts = (np.frombuffer(array, np.int64) for array in placed)
         picked, placed_by, step_code = placing_numbers[at], placing[at], code[at]
     else:
         step_code = None
         picked, step_start, step_end, counts = _placed_numpy(placing, codes, start, end, n, is_work, cuts, after_work,
-                                                             cut_ends)
+                                                             cut_ends, pass_ends)
         placed_by = picked
         if placing is not placing_numbers:  # the epochs the rows carry, not those they were placed by
             picked = picked.with_columns(pl.when(pl.col("epoch") >= 0).then(pl.col("epoch")).alias("epoch"))
@@ -338,7 +350,8 @@ def _steps_by_code(codes: np.ndarray, step_code: np.ndarray) -> np.ndarray:
 
 def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, start: np.ndarray, end: np.ndarray,
                   n: np.ndarray, is_work: np.ndarray, cuts: np.ndarray, after_work: np.ndarray,
-                  cut_ends: np.ndarray | None = None) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+                  cut_ends: np.ndarray | None = None, pass_ends: np.ndarray | None = None
+                  ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
     """The steps of one process's ``rows`` in time order: (epoch, step), start, end and
     event count of each (the C kernel's work, for an install without a compiler and
     for steps too many to number with one integer)."""
@@ -383,6 +396,11 @@ def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, star
     np.maximum.at(last_end, owner[placed], end[placed])
     np.add.at(counts, owner[placed], n[placed])
     step_end = np.where(follows, np.concatenate((step_start[1:], [0])), last_end)
+    if pass_ends is not None and pass_ends.size:  # an epoch's last step: to its pass's end, before the next step
+        at = np.searchsorted(pass_ends, last_end, side="left")
+        found = pass_ends[np.minimum(at, pass_ends.size - 1)]
+        before_next = found < np.concatenate((step_start[1:], [np.iinfo(np.int64).max]))
+        step_end = np.where(~same_epoch & (at < pass_ends.size) & before_next, found, step_end)
     # A pipeline span starting inside a step (evaluation, the next epoch) ends it.
     if cuts.size:
         nxt = np.searchsorted(cuts, step_start, side="right")

@@ -902,22 +902,24 @@ static int inside_ended(const int64_t *cuts, const int64_t *cut_ends, Py_ssize_t
     return last >= 0 && cut_ends[last] > at && cut_ends[last] <= until;
 }
 
-/* steps(code, start, end, n, is_work, cuts, epoch_span[, after_work[, cut_ends]]): one process's
- * steps, as _steps._placed_numpy places them from its rows (one a step and name):
+/* steps(code, start, end, n, is_work, cuts, epoch_span[, after_work[, cut_ends[, pass_ends]]]): one
+ * process's steps, as _steps._placed_numpy places them from its rows (one a step and name):
  * ``code`` numbers each row's (epoch, step), in their order, with the epoch's place in
  * code / epoch_span; ``is_work`` one byte a row; ``cuts`` the sorted starts of the
  * pipeline spans (``cut_ends`` their ends); ``after_work`` those of the spans that
- * end a step only once its work has ended (a checkpoint saved between steps). The
+ * end a step only once its work has ended (a checkpoint saved between steps);
+ * ``pass_ends`` the sorted starts of the calls that found a loader's pass over (the
+ * last step of an epoch runs until the next of them, before the next step). The
  * rows are taken in the order of their codes (nearly that of time), so each pass runs
  * through memory in order. The steps come back in time order: a row of each (its
  * epoch and step), its start and end, its event count. */
 PyObject *sweeps_steps(PyObject *self, PyObject *args) {
-    Py_buffer b[8];
+    Py_buffer b[9];
     memset(b, 0, sizeof(b));
     int64_t epoch_span;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*L|y*y*:steps", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &epoch_span,
-                          &b[6], &b[7])) {
-        for (int i = 0; i < 8; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*L|y*y*y*:steps", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &epoch_span,
+                          &b[6], &b[7], &b[8])) {
+        for (int i = 0; i < 9; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
         return NULL;
     }
     PyObject *result = NULL;
@@ -933,14 +935,16 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
                           &counts, &step_end, &step_row};
     uint8_t *work = NULL, *keep = NULL, *has = NULL;
     Py_ssize_t n, n_cuts = b[5].len / (Py_ssize_t)sizeof(int64_t), n_after = b[6].len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t n_passes = b[8].len / (Py_ssize_t)sizeof(int64_t);
     if (!same_length(b, 4, &n)) goto done;
     if (b[4].len != n || b[5].len != n_cuts * (Py_ssize_t)sizeof(int64_t)
         || b[6].len != n_after * (Py_ssize_t)sizeof(int64_t) || epoch_span < 1
-        || (b[7].obj && b[7].len != b[5].len)) {
-        PyErr_SetString(PyExc_ValueError, "is_work: one byte a row; cuts, after_work: int64; epoch_span: 1 or more; "
-                                          "cut_ends: one a cut");
+        || (b[7].obj && b[7].len != b[5].len) || b[8].len != n_passes * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "is_work: one byte a row; cuts, after_work, pass_ends: int64; "
+                                          "epoch_span: 1 or more; cut_ends: one a cut");
         goto done;
     }
+    const int64_t *pass_ends = b[8].obj ? b[8].buf : NULL;
     const int64_t *code = b[0].buf, *start = b[1].buf, *end = b[2].buf, *count = b[3].buf, *cuts = b[5].buf;
     const int64_t *cut_ends = b[7].obj ? b[7].buf : NULL;
     const int64_t *after_work = b[6].buf;
@@ -1051,10 +1055,15 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
         counts[owner] += count[row[j]];
     }
     /* A step ends where the next of its epoch starts (unless that one skips untraced
-     * steps), else with its last span; a pipeline span starting inside it ends it
-     * there, and one of after_work starting once its work has ended. */
+     * steps), else with its last span, or, the last of its epoch, at the end of its
+     * loader's pass found after it (before the next step); a pipeline span starting
+     * inside it ends it there, and one of after_work starting once its work has ended. */
     for (Py_ssize_t s = 0; s < n_steps; s++) {
         int64_t e = SAME_EPOCH(s) && !SKIPS(s) ? step_start[s + 1] : last_end[s];
+        if (!SAME_EPOCH(s) && n_passes) {
+            Py_ssize_t p = count_below(pass_ends, n_passes, last_end[s], 0);
+            if (p < n_passes && (s + 1 == n_steps || pass_ends[p] < step_start[s + 1])) e = pass_ends[p];
+        }
         Py_ssize_t next_cut = count_below(cuts, n_cuts, step_start[s], 1);
         if (next_cut < n_cuts && cuts[next_cut] < e) e = cuts[next_cut];
         int64_t worked = work_end[s] > step_start[s] ? work_end[s] : step_start[s];
@@ -1077,7 +1086,7 @@ done:
     free(work);
     free(keep);
     free(has);
-    for (int i = 0; i < 8; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+    for (int i = 0; i < 9; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
     return result;
 }
 
