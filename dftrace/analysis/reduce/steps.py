@@ -172,19 +172,15 @@ def model_steps(rows: pl.DataFrame, containers: pl.DataFrame) -> pl.DataFrame:
     if not rows.height:
         return pl.DataFrame(schema=STEP_SCHEMA)
     rows = with_numbers_settled(rows)
-    pass_end = pl.col("name") == PASS_END
-    cuts = {  # per process: the pipeline spans' (start, end) by start, the after_work ones' starts, the
-        # epochs', the passes' ends'
+    pass_end, starts = pl.col("name") == PASS_END, lambda f: np.sort(f.get_column("start").to_numpy()).astype(np.int64)
+    cuts = {  # per process: the pipeline spans' (start, end) by start; the starts of after_work, epochs, passes' ends
         proc: (frame.filter(~pl.col("after_work") & ~pass_end).sort("start").select("start", "end").to_numpy()
-               .astype(np.int64),
-               np.sort(frame.filter(pl.col("after_work")).get_column("start").to_numpy()),
-               np.sort(frame.filter(pl.col("name").is_in(fmt.EPOCH_NAMES)).get_column("start").to_numpy()),
-               np.sort(frame.filter(pass_end).get_column("start").to_numpy()).astype(np.int64))
+               .astype(np.int64), starts(frame.filter("after_work")),
+               starts(frame.filter(pl.col("name").is_in(fmt.EPOCH_NAMES))), starts(frame.filter(pass_end)))
         for (proc,), frame in containers.with_columns(pl.col("after_work").fill_null(False))
         .partition_by("proc", as_dict=True).items()
     }
-    none = (np.empty((0, 2), dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
-            np.empty(0, dtype=np.int64))
+    none = (np.empty((0, 2), dtype=np.int64), *(np.empty(0, dtype=np.int64) for _ in range(3)))
     procs = rows.get_column("proc").unique(maintain_order=True).to_list()
 
     def one(proc: int) -> pl.DataFrame:
