@@ -5,6 +5,7 @@ other threads' spans, and writing (from the ring's open-span table) or counting
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -72,8 +73,9 @@ def late_spans(writer: Any, deadline: float, here: set[int], t_here: int,
 def _kept_args() -> dict[int, bytes]:
     """The args of each span a ``with`` or ``start()`` keeps open, by id, as its end
     would write them: its sticky args, then its own (the open-span table has no room
-    for args; a decorated call's span is written without them)."""
-    out: dict[int, bytes] = {}
+    for args; a decorated call's span is written without them); and automatic
+    tracing's open backward and optimizer step, this step's args."""
+    out: dict[int, bytes] = _open_in_step()
     for stk in list(_engine.STACKS.values()):
         try:
             for i, s in stk.open.items():
@@ -84,6 +86,17 @@ def _kept_args() -> dict[int, bytes]:
         except Exception:
             continue
     return out
+
+
+def _open_in_step() -> dict[int, bytes]:
+    """Automatic tracing's spans open now that end with its step's args (C engine)."""
+    state = getattr(sys.modules.get("dftrace.torch._auto"), "STATE", None)
+    try:
+        ids = getattr(state, "open_in_step", None)
+        frag = _engine.to_extra(state.position).frag if ids else None
+        return {i: frag for i in ids} if frag else {}
+    except Exception:
+        return {}
 
 
 def calls_unwound(closing: list[tuple[_engine.Stack, int]]) -> set[int]:

@@ -30,6 +30,7 @@
 - ``compiled``: ``torch.compile(model)`` before the first step, trained four steps,
   then called once more with a global forward hook of the program's own: the
   warnings torch gave about global hooks, in each part;
+- ``killed``: ``plain`` killed by SIGTERM in the sixth step's backward;
 - ``idle``: no PyTorch work at all;
 - ``edges``: what a program does with a model once its calls are recorded (after
   the first optimizer steps): a deep copy called, pickling and ``torch.save``,
@@ -86,6 +87,8 @@ def main(mode: str, truth_path: str) -> None:
     every = {"accumulate": 2, "accumulate_across": 3}.get(mode, 1)
     if mode == "gan_tensors":
         return gan_tensors(model, opt, truth, truth_path)
+    if mode == "killed":
+        return killed(model, opt, loader, truth, truth_path)
 
     if mode == "compiled":
         import warnings
@@ -213,6 +216,37 @@ def main(mode: str, truth_path: str) -> None:
         model(torch.randn(4, 16))
     with open(truth_path, "w") as f:
         json.dump(truth, f)
+
+
+def killed(model, opt, loader, truth, truth_path) -> None:
+    """SIGTERM in the sixth step's backward: the truth written first, then the signal
+    ends the process there."""
+    import signal
+
+    import torch
+    from torch import nn
+
+    class Stop(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            if truth["steps"] == 5:
+                truth["killed_ns"] = time.perf_counter_ns()
+                with open(truth_path, "w") as f:
+                    json.dump(truth, f)
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)  # the signal's handler ends the process here
+            return grad
+
+    for x, y in loader:
+        loss = nn.functional.mse_loss(Stop.apply(model(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        truth["steps"] += 1
 
 
 def gan_tensors(model, opt, truth, truth_path) -> None:

@@ -106,6 +106,23 @@ def test_an_epoch_s_last_step_ends_where_the_loop_found_its_loader_done(tmp_path
     assert sum(s["median_us"] for s in steps if s["step"] % 8 != 7) == pytest.approx(sum(gaps), rel=0.02)
 
 
+def test_a_backward_a_signal_ends_is_its_step_s(tmp_path):
+    """SIGTERM in a backward: the backward is written, incomplete, with its step's
+    args, as its end would have written it; its step holds it."""
+    import signal
+
+    out, truth = tmp_path / "traces", tmp_path / "truth.json"
+    env = _env(DFTRACE_ENABLE="1", DFTRACE_LOG_FILE=str(out / "job"))
+    done = subprocess.run([sys.executable, JOB, "killed", str(truth)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
+    assert json.loads(truth.read_text())["steps"] == 5
+    (backward,) = [e for e in _spans(out, "backward") if e["args"].get("incomplete")]
+    assert (backward["args"].get("step"), backward["args"].get("epoch")) == (5, 0), backward
+    (step,) = [s for s in summarize(out).steps if s["step"] == 5]
+    assert step["max_us"] >= backward["dur"]
+
+
 @pytest.mark.parametrize("engine", ["c", "python"])
 def test_a_loader_made_anew_each_epoch_numbers_the_epochs_on(tmp_path, engine):
     """A DataLoader made anew for each epoch trains from the first optimizer step of

@@ -74,6 +74,8 @@ typedef struct {
     /* an open forward on this thread: nested calls of a root are not spans */
     uint64_t fwd_ts;
     long fwd_depth;
+    /* the ids of the backward spans open now (a finalize writes them with this step's args) */
+    unsigned long long bwd_open[4];
 } AutoState;
 
 static PyTypeObject AutoStateType;
@@ -381,6 +383,22 @@ static PyObject *AutoState_get_position(PyObject *self, void *c) {
     return st->pos ? PyDict_Copy(st->pos) : PyDict_New();
 }
 
+/* The ids of the spans open now that carry this step's args when they end (the
+   backward, the optimizer step): a finalize writes them, incomplete, with those args. */
+static PyObject *AutoState_get_open_in_step(PyObject *self, void *c) {
+    AutoState *st = (AutoState *)self;
+    PyObject *ids = PyList_New(0);
+    for (size_t i = 0; ids && i <= sizeof(st->bwd_open) / sizeof(st->bwd_open[0]); i++) {
+        unsigned long long id = i < sizeof(st->bwd_open) / sizeof(st->bwd_open[0]) ? st->bwd_open[i]
+                                : (st->step_open ? st->step_sp.idv : 0);
+        PyObject *v = id ? PyLong_FromUnsignedLongLong(id) : NULL;
+        if (id && (!v || PyList_Append(ids, v) < 0))
+            Py_CLEAR(ids);
+        Py_XDECREF(v);
+    }
+    return ids;
+}
+
 /* A callable slot of the state (`c`: its offset), None where it is not set. */
 static PyObject *AutoState_get_callable(PyObject *self, void *c) {
     PyObject *v = *(PyObject **)((char *)self + (size_t)c);
@@ -406,6 +424,8 @@ static PyMemberDef AutoState_members[] = {
 
 static PyGetSetDef AutoState_getset[] = {
     {"position", AutoState_get_position, NULL, "this step's args (a copy)", NULL},
+    {"open_in_step", AutoState_get_open_in_step, NULL,
+     "the ids of the open spans that end with this step's args (backward, optimizer step)", NULL},
     {"step_taken", AutoState_get_callable, AutoState_set_callable,
      "called after each optimizer step while set", (void *)offsetof(AutoState, step_taken)},
     {"after_step", AutoState_get_callable, AutoState_set_callable,
@@ -681,14 +701,23 @@ static PyObject *AutoCall_vectorcall(PyObject *self, PyObject *const *args, size
         return PyObject_Vectorcall(c->fn, args, nargsf, kwnames);
     }
     uint64_t ts = 0;
+    size_t bwd = sizeof(st->bwd_open) / sizeof(st->bwd_open[0]); /* its place there, if any */
     if (module) {
         ts = thread_id();
         if (st->fwd_depth == 0)
             st->fwd_ts = ts;
         st->fwd_depth++;
+    } else {
+        for (size_t i = 0; i < sizeof(st->bwd_open) / sizeof(st->bwd_open[0]); i++)
+            if (!st->bwd_open[i]) {
+                st->bwd_open[bwd = i] = sp.idv;
+                break;
+            }
     }
     PyObject *result = PyObject_Vectorcall(c->fn, args, nargsf, kwnames);
     long long t1 = now_ns();
+    if (bwd < sizeof(st->bwd_open) / sizeof(st->bwd_open[0]))
+        st->bwd_open[bwd] = 0;
     if (module) {
         if (st->fwd_ts == ts && st->fwd_depth > 0)
             st->fwd_depth--;
