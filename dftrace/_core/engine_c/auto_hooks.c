@@ -22,6 +22,9 @@ DFT_HIDDEN_BEGIN
 
 #define MAX_ROOTS 8
 
+/* How many backward calls open at once (threads, nesting) a finalize can give their step's args. */
+#define OPEN_BACKWARDS 4
+
 typedef struct {
     PyObject_HEAD
     long long steps;     /* optimizer steps taken */
@@ -75,7 +78,7 @@ typedef struct {
     uint64_t fwd_ts;
     long fwd_depth;
     /* the ids of the backward spans open now (a finalize writes them with this step's args) */
-    unsigned long long bwd_open[4];
+    unsigned long long bwd_open[OPEN_BACKWARDS];
 } AutoState;
 
 static PyTypeObject AutoStateType;
@@ -387,16 +390,22 @@ static PyObject *AutoState_get_position(PyObject *self, void *c) {
    backward, the optimizer step): a finalize writes them, incomplete, with those args. */
 static PyObject *AutoState_get_open_in_step(PyObject *self, void *c) {
     AutoState *st = (AutoState *)self;
-    PyObject *ids = PyList_New(0);
-    for (size_t i = 0; ids && i <= sizeof(st->bwd_open) / sizeof(st->bwd_open[0]); i++) {
-        unsigned long long id = i < sizeof(st->bwd_open) / sizeof(st->bwd_open[0]) ? st->bwd_open[i]
-                                : (st->step_open ? st->step_sp.idv : 0);
-        PyObject *v = id ? PyLong_FromUnsignedLongLong(id) : NULL;
-        if (id && (!v || PyList_Append(ids, v) < 0))
-            Py_CLEAR(ids);
-        Py_XDECREF(v);
+    unsigned long long ids[OPEN_BACKWARDS + 1];
+    int n = 0;
+    for (int i = 0; i < OPEN_BACKWARDS; i++)
+        if (st->bwd_open[i])
+            ids[n++] = st->bwd_open[i];
+    if (st->step_open)
+        ids[n++] = st->step_sp.idv;
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(ids[i]);
+        if (!v)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, v);
     }
-    return ids;
+    return out;
 }
 
 /* A callable slot of the state (`c`: its offset), None where it is not set. */
@@ -701,14 +710,14 @@ static PyObject *AutoCall_vectorcall(PyObject *self, PyObject *const *args, size
         return PyObject_Vectorcall(c->fn, args, nargsf, kwnames);
     }
     uint64_t ts = 0;
-    size_t bwd = sizeof(st->bwd_open) / sizeof(st->bwd_open[0]); /* its place there, if any */
+    int bwd = OPEN_BACKWARDS; /* its place there, if any */
     if (module) {
         ts = thread_id();
         if (st->fwd_depth == 0)
             st->fwd_ts = ts;
         st->fwd_depth++;
     } else {
-        for (size_t i = 0; i < sizeof(st->bwd_open) / sizeof(st->bwd_open[0]); i++)
+        for (int i = 0; i < OPEN_BACKWARDS; i++)
             if (!st->bwd_open[i]) {
                 st->bwd_open[bwd = i] = sp.idv;
                 break;
@@ -716,7 +725,7 @@ static PyObject *AutoCall_vectorcall(PyObject *self, PyObject *const *args, size
     }
     PyObject *result = PyObject_Vectorcall(c->fn, args, nargsf, kwnames);
     long long t1 = now_ns();
-    if (bwd < sizeof(st->bwd_open) / sizeof(st->bwd_open[0]))
+    if (bwd < OPEN_BACKWARDS)
         st->bwd_open[bwd] = 0;
     if (module) {
         if (st->fwd_ts == ts && st->fwd_depth > 0)
