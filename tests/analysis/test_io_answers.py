@@ -409,6 +409,28 @@ def test_io_outside_compute_in_dataloader_workers_is_said_to_be_theirs(tmp_path)
         "prefetch_factor or faster storage")
 
 
+def test_workers_reads_are_placed_in_compute_of_a_trainer_that_reads_nothing(tmp_path):
+    """The usual DataLoader job: the workers read, the training process makes no file
+    call of its own. The workers' reads during its forward are overlapped with compute
+    (its busy time is read from its file although that file holds no I/O), the one
+    between its forwards is not."""
+    trainer = tracegen.Process(1000, "node0", 0)
+    worker = _dataloader_worker(1100, 1000)
+    t0 = tracegen.T0_US
+    calls: list[Call] = []
+    trainer.span("forward", "compute", t0, 100)
+    trainer.span("forward", "compute", t0 + 300, 100)
+    _names(worker, FILE_E)
+    _add(worker, calls, "read", t0 + 10, 10, fhash=HASHES[FILE_E], ret=64 * KIB, count=64 * KIB)  # inside
+    _add(worker, calls, "read", t0 + 150, 50, fhash=HASHES[FILE_E], ret=64 * KIB, count=64 * KIB)  # between
+    _add(worker, calls, "read", t0 + 320, 20, fhash=HASHES[FILE_E], ret=64 * KIB, count=64 * KIB)  # inside
+    tracegen.write_process(tmp_path, trainer)
+    tracegen.write_process(tmp_path, worker, prefix="worker")
+    io = summarize(tmp_path, index=False).io
+    assert (io["io_time_us"], io["not_overlapped_us"], io["not_overlapped_in_workers_us"]) == (80, 50, 50)
+    assert io["not_overlapped_share"] == round(50 / 80, 4)
+
+
 def test_same_answers_whatever_the_partitions_and_paths(traced, summary, tmp_path, monkeypatch):
     """Small partitions, the index, a loaded table, Parquet: the same figures."""
     directory = traced[0]

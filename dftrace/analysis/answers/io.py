@@ -159,12 +159,8 @@ def _compute_cover(cover: pl.DataFrame, resolution: Any) -> pl.DataFrame:
     """proc, group, start, end: each process's compute time over all its threads, a
     DataLoader worker's with that of the process it works for."""
     compute = cover.filter(pl.col("group") == COMPUTE).select("proc", "group", "start", "end")
-    by_key = {(p.host, p.pid): i for i, p in enumerate(resolution.processes)}
-    lent = []
-    for i, p in enumerate(resolution.processes):
-        parent = by_key.get((p.host, _integer(p.info.get("ppid")))) if p.role is not None else None
-        if parent is not None:
-            lent.append(compute.filter(pl.col("proc") == parent).with_columns(pl.lit(i, pl.Int32).alias("proc")))
+    lent = [compute.filter(pl.col("proc") == owner).with_columns(pl.lit(helper, pl.Int32).alias("proc"))
+            for helper, owner in resolution.owners().items()]
     return union_intervals(pl.concat([compute, *lent], how="vertical"), ["proc"])
 
 
@@ -265,12 +261,9 @@ def _files(totals: pl.DataFrame, records: list[tuple[int, dict[str, Any]]]) -> t
 
 def rank_of_each(resolution: Any) -> list[int | None]:
     """Each process's rank; a DataLoader worker's is that of the process it works for."""
-    by_key = {(p.host, p.pid): p for p in resolution.processes}
-    ranks = []
-    for p in resolution.processes:
-        parent = by_key.get((p.host, _integer(p.info.get("ppid"))))
-        ranks.append(p.rank if p.rank is not None or p.role is None or parent is None else parent.rank)
-    return ranks
+    owners = resolution.owners()
+    return [p.rank if p.rank is not None or i not in owners else resolution.processes[owners[i]].rank
+            for i, p in enumerate(resolution.processes)]
 
 
 def _ranks(totals: pl.DataFrame, resolution: Any) -> list[dict[str, Any]]:

@@ -96,6 +96,14 @@ class Resolution:
     def process_of(self, path: str, pid: int, host_key: str) -> int:
         return self.index[(path, pid, host_key)]
 
+    def owners(self) -> dict[int, int]:
+        """Each helper process (a traced child, see ``Process.role``) -> the index of
+        the process it works for: a DataLoader worker's compute is its parent's."""
+        by_key = {(p.host, p.pid): i for i, p in enumerate(self.processes)}
+        owned = {i: by_key.get((p.host, _as_int(p.info.get("ppid")))) for i, p in enumerate(self.processes)
+                 if p.role is not None}
+        return {i: owner for i, owner in owned.items() if owner is not None}
+
 
 def _host_key(record: dict[str, Any]) -> str:
     return record.get("host_key") or ""

@@ -102,7 +102,7 @@ def combine(partials: Sequence[Partial]) -> Combined:
     resolution = run.resolution
     mappings = [_mapping(resolution, p) for p in partials]
     partials = _steps_unmodelled_where_shared(partials, mappings, resolution)
-    partials = _io_cover_read_where_placed(partials, mappings)
+    partials = _io_cover_read_where_placed(partials, mappings, resolution)
 
     def each(kind: str) -> list[pl.DataFrame]:
         """Each partial's ``kind`` table keyed by proc."""
@@ -265,14 +265,19 @@ def _read_again(partials: Sequence[Partial], mappings: list[pl.DataFrame],
             else partial for partial, mapping in zip(partials, mappings)]
 
 
-def _io_cover_read_where_placed(partials: Sequence[Partial], mappings: list[pl.DataFrame]) -> list[Partial]:
+def _io_cover_read_where_placed(partials: Sequence[Partial], mappings: list[pl.DataFrame],
+                                resolution: Resolution) -> list[Partial]:
     """``partials``, those that left their I/O cover out (no file calls in them) read
-    again with it where other partials hold file calls of the same processes: a call
-    is placed in the busy time of its thread, which may be in another partition."""
+    again with it where other partials hold file calls of the same processes, or of
+    the helpers working for them: a call is placed in the busy time of its thread,
+    which may be in another partition, and a DataLoader worker's in the compute of
+    the process it works for, which may make no file call at all."""
     calling: set[int] = set()
     for partial, mapping in zip(partials, mappings):
         if partial.io_calls is not None and partial.io_calls.height:
             calling.update(by_proc(partial.io_calls, mapping).get_column("proc").unique().to_list())
+    owners = resolution.owners()
+    calling.update(owners[proc] for proc in list(calling) if proc in owners)
     return _read_again(partials, mappings, lambda partial, procs: partial.io_cover is None and bool(calling & procs))
 
 
