@@ -1,9 +1,12 @@
 /* got.c: binding the wrappers. Each loaded object calls libc through its GOT; the
  * entries of the calls interpose.c wraps are pointed at the wrappers (the old value
- * kept, so that unbinding puts it back). Objects loaded later are bound when Python
- * loads one (dlopen is wrapped in the interpreter's own objects) and at each
- * io_bind() call (the reader calls it as it drains), so a library another library
- * loads is bound within one drain. Objects never bound: the dynamic loader, libc
+ * kept, so that unbinding puts it back). Objects loaded later are bound as they load:
+ * dlopen is wrapped in the interpreter's own objects and in every object whose
+ * library search path is this module's (none, or the same: the interpreter's
+ * extension modules, ctypes, most libraries), for the wrapper calls dlopen in their
+ * stead and the loader searches the caller's path. A library loaded by an object with
+ * a search path of its own (a $ORIGIN-relative RUNPATH) is bound at the next
+ * io_bind() call (the reader calls it as it drains). Objects never bound: the dynamic loader, libc
  * (its calls to itself do not go through a GOT), the vDSO, and dftrace's own
  * modules (this one, and the engine that writes the trace). */
 #ifndef _GNU_SOURCE
@@ -15,6 +18,7 @@
 #include <elf.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -48,6 +52,10 @@ static ElfW(Addr) *seen = NULL; /* the objects bound, by their load address */
 static size_t nseen = 0, capseen = 0;
 static int reals_found = 0;
 static char own_paths[2][4096]; /* this module's file, and the engine's */
+/* This module's library search path (its DT_RPATH and DT_RUNPATH); own_search_ok: it
+   was found and holds no $ORIGIN (which would name this module's directory). */
+static char own_search[4096];
+static int own_search_ok = 0;
 
 /* -- the hook names, hashed for the look-up of each relocation -- */
 #define NAME_BUCKETS 512
@@ -65,9 +73,9 @@ static void *w_dlopen(const char *file, int mode);
 
 static const io_hook_t dlopen_hook = {"dlopen", (void *)w_dlopen, &real_dlopen_fn};
 
-static const io_hook_t *find_hook(const char *name, int interpreter) {
-    if (interpreter && strcmp(name, "dlopen") == 0)
-        return real_dlopen_fn ? &dlopen_hook : NULL;
+static const io_hook_t *find_hook(const char *name, int dlopen_too) {
+    if (strcmp(name, "dlopen") == 0)
+        return dlopen_too && real_dlopen_fn ? &dlopen_hook : NULL;
     for (uint32_t i = name_hash(name) % NAME_BUCKETS, n = 0; n < NAME_BUCKETS;
          i = (i + 1) % NAME_BUCKETS, n++) {
         short k = name_table[i];
@@ -77,6 +85,54 @@ static const io_hook_t *find_hook(const char *name, int interpreter) {
             return *io_hooks[k - 1].real ? &io_hooks[k - 1] : NULL;
     }
     return NULL;
+}
+
+/* An object's dynamic section, or NULL. */
+static const ElfW(Dyn) *dynamic_of(const struct dl_phdr_info *info) {
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
+            return (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    return NULL;
+}
+
+/* "rpath|runpath" of an object into out (empty parts where it has none); 0 when its
+   string table cannot be found. */
+static int search_of(const struct dl_phdr_info *info, char *out, size_t n) {
+    const ElfW(Dyn) *dyn = dynamic_of(info);
+    if (!dyn)
+        return 0;
+    ElfW(Addr) base = info->dlpi_addr;
+    const char *strtab = NULL;
+    long rpath = -1, runpath = -1;
+    for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; d++) {
+        if (d->d_tag == DT_STRTAB)
+            strtab = (const char *)(d->d_un.d_ptr < base ? d->d_un.d_ptr + base : d->d_un.d_ptr);
+        else if (d->d_tag == DT_RPATH)
+            rpath = (long)d->d_un.d_val;
+        else if (d->d_tag == DT_RUNPATH)
+            runpath = (long)d->d_un.d_val;
+    }
+    if (!strtab)
+        return 0;
+    snprintf(out, n, "%s|%s", rpath >= 0 ? strtab + rpath : "", runpath >= 0 ? strtab + runpath : "");
+    return 1;
+}
+
+static int own_search_of(struct dl_phdr_info *info, size_t size, void *data) {
+    if (!info->dlpi_name || strcmp(info->dlpi_name, own_paths[0]) != 0)
+        return 0;
+    own_search_ok = search_of(info, own_search, sizeof(own_search)) && !strchr(own_search, '$');
+    return 1;
+}
+
+/* Whether dlopen called by this object may be called by the wrapper in its stead: the
+   loader would search the same places for it (its search path is this module's, or
+   it has none: this module's is at most the one the interpreter was built with). */
+static int searches_as_we_do(const struct dl_phdr_info *info) {
+    char search[sizeof(own_search)];
+    if (!own_search_ok || !search_of(info, search, sizeof(search)))
+        return 0;
+    return strcmp(search, own_search) == 0 || strcmp(search, "|") == 0;
 }
 
 static void find_reals(void) {
@@ -98,6 +154,7 @@ static void find_reals(void) {
     Dl_info info;
     if (dladdr((void *)find_reals, &info) && info.dli_fname)
         strncpy(own_paths[0], info.dli_fname, sizeof(own_paths[0]) - 1);
+    dl_iterate_phdr(own_search_of, NULL);
     reals_found = 1;
 }
 
@@ -147,7 +204,7 @@ typedef struct {
 } bind_state_t;
 
 static void bind_relocs(const ElfW(Rela) *rel, size_t n, const ElfW(Sym) *symtab,
-                        const char *strtab, ElfW(Addr) base, int interpreter, uintptr_t lo,
+                        const char *strtab, ElfW(Addr) base, int dlopen_too, uintptr_t lo,
                         uintptr_t hi, bind_state_t *st) {
     for (size_t i = 0; i < n; i++) {
         unsigned long type = ELF64_R_TYPE(rel[i].r_info);
@@ -156,7 +213,7 @@ static void bind_relocs(const ElfW(Rela) *rel, size_t n, const ElfW(Sym) *symtab
         size_t s = ELF64_R_SYM(rel[i].r_info);
         if (!s || symtab[s].st_shndx != SHN_UNDEF)
             continue;
-        const io_hook_t *h = find_hook(strtab + symtab[s].st_name, interpreter);
+        const io_hook_t *h = find_hook(strtab + symtab[s].st_name, dlopen_too);
         if (!h)
             continue;
         void **slot = (void **)(base + rel[i].r_offset);
@@ -190,15 +247,14 @@ static int bind_object(struct dl_phdr_info *info, size_t size, void *data) {
     seen[nseen++] = base;
     if (skipped(name))
         return 0;
-    /* the interpreter's objects: the program itself (no name) and libpython */
-    int interpreter = name[0] == '\0' || strstr(name, "libpython") != NULL;
-    const ElfW(Dyn) *dyn = NULL;
+    /* dlopen is wrapped in the interpreter's objects (the program itself, no name, and
+       libpython) and in those that search for libraries as this module does */
+    int dlopen_too = name[0] == '\0' || strstr(name, "libpython") != NULL || searches_as_we_do(info);
+    const ElfW(Dyn) *dyn = dynamic_of(info);
     uintptr_t relro_lo = 0, relro_hi = 0, page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type == PT_DYNAMIC)
-            dyn = (const ElfW(Dyn) *)(base + ph->p_vaddr);
-        else if (ph->p_type == PT_GNU_RELRO) {
+        if (ph->p_type == PT_GNU_RELRO) {
             relro_lo = (base + ph->p_vaddr) & ~(page_size - 1);
             relro_hi = (base + ph->p_vaddr + ph->p_memsz) & ~(page_size - 1);
         }
@@ -226,9 +282,9 @@ static int bind_object(struct dl_phdr_info *info, size_t size, void *data) {
     if (!symtab || !strtab)
         return 0;
     if (jmprel && pltrel_rela)
-        bind_relocs(jmprel, njmprel, symtab, strtab, base, interpreter, relro_lo, relro_hi, st);
+        bind_relocs(jmprel, njmprel, symtab, strtab, base, dlopen_too, relro_lo, relro_hi, st);
     if (rela)
-        bind_relocs(rela, nrela, symtab, strtab, base, interpreter, relro_lo, relro_hi, st);
+        bind_relocs(rela, nrela, symtab, strtab, base, dlopen_too, relro_lo, relro_hi, st);
     return 0;
 }
 
