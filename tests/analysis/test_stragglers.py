@@ -263,6 +263,45 @@ def test_slowed_steps_do_not_hide_in_the_noise_they_make(tmp_path, seed):
     assert (other["held_steps"], other["significant"]) == (0, False)
 
 
+def _busy_jitter(steps, seed):
+    """µs added to each rank's forward on a busier machine than ``_noisy_jitter``'s:
+    normal noise of 3 ms, and in a tenth of the steps a hiccup of 4-15 ms."""
+    import random
+
+    rng = random.Random(seed)
+
+    def forward_us() -> int:
+        hiccup = rng.uniform(4_000, 15_000) if rng.random() < 0.1 else 0
+        return max(0, round(6_000 + rng.gauss(0, 3_000) + hiccup))
+
+    return {(r, s): forward_us() for r in range(2) for s in range(steps)}
+
+
+@pytest.mark.parametrize("seed", [9, 10])
+def test_a_third_of_the_steps_slowed_do_not_hide_in_a_busy_machine_s_noise(tmp_path, seed):
+    """20 steps, rank 1 slowed 40 ms in 7 of them, on a busy machine: the slowed steps
+    are a third of the rank's leads, enough to move their median and widen their spread
+    until 40 ms looked like noise (no rank named, or 1 held step of 7). The leads stray
+    far further above their median than below it: the steps above are left out of the
+    rank's ordinary steps, and every slowed step is held back."""
+    import random
+
+    steps, slow_us = 20, 40_000
+    slow_steps = set(random.Random(seed * 7 + 1).sample(range(steps), 7))
+    tracegen.bucketed_run(tmp_path, steps, slow_steps, slow_us, buckets=2, jitter=_busy_jitter(steps, seed))
+    worst, other = summarize(tmp_path).stragglers
+    assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, len(slow_steps)), worst
+    assert abs(worst["caused_wait_us"] - len(slow_steps) * slow_us) <= 0.15 * len(slow_steps) * slow_us, worst
+    assert (other["held_steps"], other["significant"]) == (0, False)
+
+
+@pytest.mark.parametrize("seed", [100, 101, 102, 103])
+def test_a_busy_machine_s_noise_names_no_straggler(tmp_path, seed):
+    """The same busy machine's noise, no rank slowed: no rank stands out."""
+    tracegen.bucketed_run(tmp_path, 20, set(), 0, buckets=2, jitter=_busy_jitter(20, seed))
+    assert not any(s["significant"] for s in summarize(tmp_path).stragglers)
+
+
 @pytest.mark.parametrize("seed", [3, 4, 5])
 def test_hiccups_name_no_straggler(tmp_path, seed):
     """The same noise and hiccups with no rank slowed: no rank stands out."""

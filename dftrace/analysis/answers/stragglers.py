@@ -63,6 +63,10 @@ NOISE_MULTIPLE = 5
 #: times the median absolute deviation) of its median lead, found in at most this
 #: many rounds, each taking the scale of the steps the one before kept.
 NOISE_ROUNDS = 5
+#: A rank's leads stray to one side of their median (the steps it held back, or was
+#: held in) when they stray this many times further on that side than on the other;
+#: its steps beyond ONE_SIDED_MULTIPLE spreads of the other side are then not ordinary.
+LOPSIDED, ONE_SIDED_MULTIPLE = 2, 4
 #: The noise scale is this quantile of the ordinary steps' distances from their
 #: median lead, divided by NOISE_QUANTILE_Z (that of normal noise: the scale reads
 #: as a standard deviation).
@@ -206,27 +210,12 @@ def _leads(steps: pl.DataFrame, blocked: pl.DataFrame, calls: pl.DataFrame) -> p
         return pl.DataFrame(schema=schema)
     others = (pl.col("us").sum().over(step) - pl.col("us")) / (pl.col("ranks") - 1)
     frame = frame.with_columns((others - pl.col("us")).alias("lead_us"))
-    # The noise is measured on the rank's ordinary steps: rounds leave out the leads
-    # beyond NOISE_MULTIPLE robust scales of the median lead (the steps the rank held
-    # back, or was held in: a quarter of slowed steps would widen the scale half as
-    # much again and hide themselves) until the steps left agree; the scale of those
-    # is then read from their tail, which scheduling hiccups make heavier than normal.
-    rank, floor = "rank_of_run", pl.lit(float(NOISE_FLOOR_US))  # an integer key: the windows a third cheaper
-    frame = frame.with_columns(pl.col("lead_us").alias("kept"), pl.struct("run", "unit").rank("dense").alias(rank))
-    left = frame.height  # steps kept
-    for _ in range(NOISE_ROUNDS):
-        typical = pl.col("kept").median().over(rank)
-        spread = pl.max_horizontal(1.4826 * (pl.col("kept") - typical).abs().median().over(rank), floor)
-        frame = frame.with_columns(
-            pl.when((pl.col("lead_us") - typical).abs() <= NOISE_MULTIPLE * spread).then(pl.col("lead_us"))
-            .alias("kept"))
-        left, before = frame.get_column("kept").count(), left
-        if left == before:
-            break
-    deviation = (pl.col("kept") - pl.col("kept").median().over(rank)).abs()
-    frame = frame.with_columns(
-        pl.max_horizontal(deviation.quantile(NOISE_QUANTILE, "linear").over(rank) / NOISE_QUANTILE_Z, floor)
-        .alias("noise_us"),
+    # Each rank's noise scale, from its ordinary steps (see :func:`_noise_scale`).
+    keys = ["run", "unit"]
+    scales = pl.DataFrame([(*key, _noise_scale(group.get_column("lead_us").to_numpy()))
+                           for key, group in frame.group_by(keys, maintain_order=True)],
+                          schema={"run": pl.Int32, "unit": pl.String, "noise_us": pl.Float64}, orient="row")
+    frame = frame.join(scales, on=keys, how="left").with_columns(
         (pl.col("unit") == pl.col("unit").sort_by(["lead_us", "unit_order"], descending=[True, False])
          .first().over(step)).alias("last"),
     )
@@ -243,9 +232,42 @@ def _leads(steps: pl.DataFrame, blocked: pl.DataFrame, calls: pl.DataFrame) -> p
     frame = frame.join(largest, on="run", how="left").with_columns(
         pl.min_horizontal(
             NOISE_MULTIPLE * pl.col("noise_us"),
-            pl.col("typical") + NOISE_MULTIPLE * pl.max_horizontal(1.4826 * pl.col("mad"), floor),
+            pl.col("typical")
+            + NOISE_MULTIPLE * pl.max_horizontal(1.4826 * pl.col("mad"), pl.lit(float(NOISE_FLOOR_US))),
         ).alias("beyond_us"))
     return frame.select(*step, "unit", "lead_us", "noise_us", "beyond_us", "last")
+
+
+def _noise_scale(leads: np.ndarray) -> float:
+    """A rank's noise scale: how far its lead strays from step to step in its ordinary
+    steps (see :func:`analyse`). The ordinary steps are found in rounds (at most
+    NOISE_ROUNDS, until they agree): those within NOISE_MULTIPLE robust spreads
+    (1.4826 times the median distance) of their median lead. Where the leads stray
+    LOPSIDED times further on one side of the median than on the other, that side
+    holds steps the rank held back (or was held in): its steps beyond
+    ONE_SIDED_MULTIPLE spreads of the other side are left out, so that a third of a
+    run slowed, which moves the median and widens the spread, cannot hide itself.
+    The scale is then the NOISE_QUANTILE of the ordinary steps' distances from their
+    median over NOISE_QUANTILE_Z (their tail: scheduling hiccups make it heavier than
+    normal), never below NOISE_FLOOR_US."""
+    floor = float(NOISE_FLOOR_US)
+    kept = np.sort(leads)
+    for _ in range(NOISE_ROUNDS):
+        centre = float(np.median(kept))
+        below = 1.4826 * float(np.median(centre - kept[kept <= centre]))
+        above = 1.4826 * float(np.median(kept[kept >= centre] - centre))
+        if above > LOPSIDED * max(below, floor):
+            fewer = kept[kept <= centre + ONE_SIDED_MULTIPLE * max(below, floor)]
+        elif below > LOPSIDED * max(above, floor):
+            fewer = kept[kept >= centre - ONE_SIDED_MULTIPLE * max(above, floor)]
+        else:
+            spread = max(1.4826 * float(np.median(np.abs(kept - centre))), floor)
+            fewer = kept[np.abs(kept - centre) <= NOISE_MULTIPLE * spread]
+        if fewer.size == kept.size:
+            break
+        kept = fewer
+    deviation = np.abs(kept - np.median(kept))
+    return max(float(np.quantile(deviation, NOISE_QUANTILE)) / NOISE_QUANTILE_Z, floor)
 
 
 def _per_call(calls: pl.DataFrame) -> pl.DataFrame:
