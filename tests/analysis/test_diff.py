@@ -294,6 +294,24 @@ def test_a_faster_run_is_never_called_worse(tmp_path):
     assert not any(r.flagged and r.section == "steps" and r.change > 0 for r in diff.rows)
 
 
+@pytest.mark.parametrize("slowed", [("forward", "backward"), ("backward",)])
+def test_a_slower_step_fails_the_guard_where_the_machine_s_speed_is_unknown(tmp_path, slowed):
+    """Two names hold the step (too few to tell the machine's speed from): every one of
+    them 1.5x as long, or all but forward. The step is 30-50% longer and fails the
+    guard; it was explained away as the machine's (every name moved alike; or forward,
+    which did not change, "moved" against the rest), though no speed was measured."""
+    base, new = tmp_path / "base", tmp_path / "new"
+    ms = {"fetch": 0.001, "forward": 5.0, "backward": 3.0, "step": 0.001}
+    _recorded_run(base, ms)
+    _recorded_run(new, {name: v * (1.5 if name in slowed else 1.0) for name, v in ms.items()})
+    diff = compare_runs(str(base), str(new))
+    assert diff.speed is None
+    p50 = diff.row("step.p50")
+    truth = 0.5 * sum(ms[name] for name in slowed) / sum(ms.values())  # the steps' own lengths, less gaps
+    assert p50.flagged and abs(p50.relative - truth) < 0.02, (p50, truth)
+    assert diff.regression("step.p50", 0.05) is not None
+
+
 def test_step_times_are_the_same_whatever_the_pieces(runs, tmp_path, capsys):
     """Each name's time per step, read a partition at a time (steps that straddle two
     partitions summed), is the loaded table's; ``--no-index`` is taken as summary

@@ -213,7 +213,10 @@ def compare_summaries(base: Summary | Sequence[Summary], new: Summary | Sequence
     # the blocks of one run can tell, and moves the names alike. Not where ranks moved
     # apart: a name that moved on one rank of several does not move over all steps; nor
     # where the time no name judges moved (a straggler's idle time, the others' waits).
-    unjudged = single and _unjudged_time_moved(first_b, first_n, threshold, diff.speed or 1.0)
+    # Nor where the machine's speed is not known (too few names to tell): the names'
+    # moves say which names moved against the rest of their steps, not that the rest
+    # is the machine's (every name 1.5x as long is then a step 1.5x as long).
+    unjudged = single and (diff.speed is None or _unjudged_time_moved(first_b, first_n, threshold, diff.speed))
     names_judge = (single and steps is not None and uneven is None and not unjudged
                    and min(_covered(first_b, steps[0]), _covered(first_n, steps[1])) >= _COVERED)
     for figure in figures_of(first_b, first_n):

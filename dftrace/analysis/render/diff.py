@@ -64,8 +64,9 @@ def render_diff(diff: RunDiff, base_name: str = "base", new_name: str = "new", *
                          "names, weighed by time); time figures are judged by their change beyond that")
         if diff.moved:
             moved = ", ".join(f"{name} ({step * 100:+.1f}% of the step)" for name, step in diff.moved.items())
-            lines.append(f"  moved against the rest of their steps, outside the noise: {moved}; "
-                         "step figures are judged by that part")
+            judged = any(r.noise == "names" for r in diff.rows if r.section == "steps")
+            lines.append(f"  moved against the rest of their steps, outside the noise: {moved}"
+                         + ("; step figures are judged by that part" if judged else ""))
     lines.append("")
     flagged = _by_subject(diff.flagged)
     threshold = f"{diff.threshold * 100:g}%"
