@@ -253,7 +253,7 @@ class TraceAnswers:
         """One SQL query (polars' dialect) over the traces' tables: events, spans, steps,
         collectives, kernels, gpu, span_gpu, io (`dftrace sql --help` lists their
         columns; durations and times are µs). Table functions that read files are refused."""
-        from .answers.sql import FileFunctionError, reject_file_functions, result_json, run_sql
+        from .answers.sql import FileFunctionError, query_error_text, reject_file_functions, result_json, run_sql
 
         try:
             reject_file_functions(query)
@@ -265,8 +265,7 @@ class TraceAnswers:
         try:
             result = run_sql(query, [real], progress=False, broken=broken)
         except pl.exceptions.PolarsError as exc:
-            # polars explains a bad query in its first line; the plan dump after it is noise.
-            raise Refused(f"in the query: {(str(exc).strip() or type(exc).__name__).splitlines()[0]}") from None
+            raise Refused(f"in the query: {query_error_text(exc)}") from None
         shown = result.head(limit)
         answer = {"path": real, "columns": result.columns, "rows": orjson.loads(result_json(shown)),
                   "broken_lines": sum(broken)}

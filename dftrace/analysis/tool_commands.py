@@ -75,7 +75,7 @@ def register_sql(subparsers: Any) -> None:
 def _run_sql(args: argparse.Namespace) -> int:
     import polars as pl
 
-    from .answers.sql import check_output, result_json, result_table, run_sql, write_result
+    from .answers.sql import check_output, query_error_text, result_json, result_table, run_sql, write_result
 
     if args.output:
         check_output(args.output)
@@ -89,9 +89,7 @@ def _run_sql(args: argparse.Namespace) -> int:
             result = run_sql(args.query, args.paths, allow_file_functions=args.allow_file_functions,
                              broken=broken, **options)
     except pl.exceptions.PolarsError as exc:
-        # polars explains a bad query in its first line; the plan dump after it is noise.
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"dftrace: error: in the query: {printable_text(message)}", file=sys.stderr)
+        print(f"dftrace: error: in the query: {printable_text(query_error_text(exc))}", file=sys.stderr)
         return 2
     if sum(broken):
         print(f"dftrace sql: {sum(broken)} broken line{'s' if sum(broken) != 1 else ''} of the input left out "

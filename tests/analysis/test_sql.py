@@ -155,6 +155,7 @@ def test_old_names_of_rows_still_work_and_say_they_are_deprecated(run_dir, capsy
     ("SELEC name FROM events", "sql parser error"),
     ("SELECT no_such_column FROM events", 'unable to find column "no_such_column"'),
     ("SELECT * FROM no_such_table", "no_such_table"),
+    ("SELECT * FROM spanz", "'spanz' was not found; the tables are events, spans, steps,"),
 ])
 def test_a_bad_query_is_one_line_and_exit_status_2(run_dir, capsys, query, says):
     """A query polars cannot run prints one error line (no traceback, no plan) and exits 2."""

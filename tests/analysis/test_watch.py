@@ -393,7 +393,7 @@ def test_terminal_view_and_ctrl_c(paused_job, tmp_path):
 
         shown = _wait_for(lambda: "rank 0" in (s := screen()) and "Ctrl-C to stop" in s and s,
                           "the live view")
-        assert "dftrace watch: 1 files (1 open" in shown
+        assert "dftrace watch: 1 file (1 open" in shown
         subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
         ended = _wait_for(lambda: "EXIT=" in (s := screen()) and s, "watch to exit")
         assert "EXIT=0" in ended and "Traceback" not in ended

@@ -113,6 +113,16 @@ def run_sql(
     return _count_named(query, result)
 
 
+def query_error_text(exc: Exception) -> str:
+    """What was wrong with a query polars could not run, in a line: polars' first
+    (the plan dump after it is noise), with the tables a query can read where it
+    named another."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if re.search(r"relation '.*' (was )?not found", message):
+        message += f"; the tables are events, {', '.join(VIEWS)}"
+    return message
+
+
 #: ``count(*)`` in a query (polars names its column ``len``).
 _COUNT_STAR = re.compile(r"\bcount\s*\(\s*\*\s*\)", re.IGNORECASE)
 

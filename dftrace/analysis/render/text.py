@@ -200,7 +200,8 @@ def _broken(summary: Summary) -> list[str]:
     lines = []
     if skipped:
         names = ", ".join(os.path.basename(p) for p in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
-        lines = [f"Skipped {count_of(len(skipped), 'file')} that hold no trace events: {names}"]
+        lines = [f"Skipped {count_of(len(skipped), 'file')} that {'holds' if len(skipped) == 1 else 'hold'} "
+                 f"no trace events: {names}"]
     copies = summary.overview.get("duplicate_files") or []
     if copies:
         names = ", ".join(f"{os.path.basename(c['path'])} (as {os.path.basename(c['same_as'])})" for c in copies[:5])

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..answers.units import format_bytes, format_us
+from ..answers.units import count_of, format_bytes, format_us
 from .terminal import printable, printable_data
 from .following import CLOSED, CUT_OFF, OPEN, STALLED, UNFINISHED, Watcher
 
@@ -50,9 +50,9 @@ def render_plain(snapshot: dict[str, Any]) -> str:
 def _headline(snapshot: dict[str, Any]) -> str:
     t = snapshot["totals"]
     return (
-        f"dftrace watch: {t['files']} files ({t['files_open']} open, {t['files_stalled']} stalled, "
+        f"dftrace watch: {count_of(t['files'], 'file')} ({t['files_open']} open, {t['files_stalled']} stalled, "
         f"{t['files_cut_off']} cut off, {t['files_unfinished']} unfinished, {t['files_closed']} closed) · "
-        f"{t['ranks']} ranks · "
+        f"{count_of(t['ranks'], 'rank')} · "
         f"{t['events']} events · {t['broken_lines']} broken lines · {t['dropped_events']} dropped · "
         f"{format_us(t['wall_us'])}"
         + (f" · {t['steps_per_s']:.2f} steps/s (slowest rank)" if t["steps_per_s"] else "")
