@@ -312,6 +312,26 @@ def test_a_slower_step_fails_the_guard_where_the_machine_s_speed_is_unknown(tmp_
     assert diff.regression("step.p50", 0.05) is not None
 
 
+def test_a_few_microseconds_are_no_change(tmp_path):
+    """A name recorded twice, 2 µs each in BASE and 1 µs in NEW (the clock's
+    resolution): its total halved on paper, and is not flagged; 100 µs more per call
+    of another name is."""
+    from dftrace import ai, testing
+
+    for side, tick_us, extra_us in (("base", 2, 0), ("new", 1, 100)):
+        _recorded_run(tmp_path / side, {"fetch": 0.5, "forward": 1.0 + extra_us / 1000, "backward": 2.0,
+                                        "step": 1.0})
+        with testing.trace_to(tmp_path / side):
+            for k in range(2):
+                t = 2_000_000_000 + k * 1_000_000
+                ai.pipeline.test.record(t, t + tick_us * 1000, {})
+    diff = compare_runs(str(tmp_path / "base"), str(tmp_path / "new"))
+    tick = diff.row("pipeline.test.total")
+    assert (tick.base, tick.new, tick.flagged) == (4, 2, False)
+    forward = diff.row("compute.forward.mean")
+    assert forward.flagged and 90 <= forward.change <= 110, forward
+
+
 def test_step_times_are_the_same_whatever_the_pieces(runs, tmp_path, capsys):
     """Each name's time per step, read a partition at a time (steps that straddle two
     partitions summed), is the loaded table's; ``--no-index`` is taken as summary

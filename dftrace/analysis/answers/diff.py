@@ -55,6 +55,9 @@ DEFAULT_THRESHOLD = 0.05
 DEFAULT_METRIC = "step.p50"
 #: Shares of process time must also move by this much (absolute) to be flagged.
 _MIN_SHARE_CHANGE = 0.01
+#: Times must also move by this many µs to be flagged: a few µs are the clock's
+#: resolution (a name's total of 2 µs that became 1 µs did not halve).
+_MIN_US_CHANGE = 10
 
 
 @dataclass
@@ -512,6 +515,8 @@ def _row(figure: Figure, per_step: tuple[int, int], threshold: float,
         flagged = abs(excess) > threshold  # type: ignore[arg-type]
         if figure.unit == SHARE:
             flagged = flagged and abs(change) >= _MIN_SHARE_CHANGE  # type: ignore[arg-type]
+        elif figure.unit == US:
+            flagged = flagged and abs(change) >= _MIN_US_CHANGE  # type: ignore[arg-type]
         if interval is not None:
             flagged = flagged and not interval[0] <= machine <= interval[1]
     if figure.time is None:
