@@ -333,17 +333,20 @@ def _run_diff(args: argparse.Namespace) -> int:
                                      executor=options["executor"]) for side in runs)
     diff = compare_summaries(base, new, threshold=threshold, steps=steps)
     failure = diff.regression(args.metric, limit) if limit is not None else None
+    explained = diff.explained(args.metric, limit) if limit is not None else None
     if args.json:
         data = diff.to_dict()
         if limit is not None:
             data["regression"] = {"metric": args.metric, "limit": limit, "failed": failure is not None,
-                                  "reason": failure}
+                                  "reason": failure, "explained": explained}
         sys.stdout.write(json_text(data) + "\n")
     else:
         sys.stdout.write(printable_text(render_diff(diff, args.base, args.new, top=args.rows)))
     if failure is not None:
         print(f"dftrace diff: regression: {printable_text(failure)}", file=sys.stderr)
         return 1
+    if explained is not None:
+        print(f"dftrace diff: no regression, but: {printable_text(explained)}", file=sys.stderr)
     return 0
 
 

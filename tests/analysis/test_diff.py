@@ -312,6 +312,23 @@ def test_a_slower_step_fails_the_guard_where_the_machine_s_speed_is_unknown(tmp_
     assert diff.regression("step.p50", 0.05) is not None
 
 
+def test_a_step_every_name_of_which_slowed_alike_passes_the_guard_saying_why(tmp_path, capsys):
+    """Every name 1.5x as long, enough names to time the machine: with one run per side
+    that is a machine 1.5x slower as much as slower code, and the guard passes; it says
+    so on stderr (and in --json) instead of passing in silence."""
+    base, new = tmp_path / "base", tmp_path / "new"
+    ms = {"fetch": 0.5, "forward": 1.0, "backward": 2.0, "step": 1.0}
+    _recorded_run(base, ms)
+    _recorded_run(new, {name: v * 1.5 for name, v in ms.items()})
+    assert main(["diff", str(base), str(new), "--fail-on-regression", "5%", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "dftrace diff: no regression, but: step.p50 grew by 4" in err
+    assert "every name took 1.5" in err and "compare several runs per side" in err
+    code, data = _diff_json(capsys, str(base), str(new), "--fail-on-regression", "5%")
+    assert code == 0 and data["regression"]["failed"] is False
+    assert data["regression"]["explained"].startswith("step.p50 grew by 4")
+
+
 def test_a_few_microseconds_are_no_change(tmp_path):
     """A name recorded twice, 2 µs each in BASE and 1 µs in NEW (the clock's
     resolution): its total halved on paper, and is not flagged; 100 µs more per call

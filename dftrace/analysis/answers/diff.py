@@ -158,6 +158,22 @@ class RunDiff:
         return (f"{metric} got worse by {row.relative * 100:.1f}% "  # type: ignore[operator]
                 f"({change}{within}{', outside the noise' if within else ''}), more than {limit * 100:g}%")
 
+    def explained(self, metric: str, limit: float) -> str | None:
+        """Why NEW does not count as a regression of ``metric`` by more than ``limit``
+        though it grew by more in all: the machine's speed (or, judged by the names'
+        moves, the machine and the noise) explains the rest; None otherwise. With one
+        run per side a change that slows every name alike looks the same: the note
+        says so."""
+        row = self.row(metric)
+        if row is None or row.change is None or not row.base or row.relative is None or row.relative <= limit \
+                or not row.machine or self.regression(metric, limit) is not None:
+            return None
+        part = "the machine's speed and the noise" if row.noise == "names" else "the machine's speed"
+        return (f"{metric} grew by {row.relative * 100:.1f}% ({value_text(row.unit, row.base)} -> "
+                f"{value_text(row.unit, row.new)}), all but {(_excess(row) or 0) * 100:.1f}% of it explained by "
+                f"{part} (every name took {self.speed or 1:.3f}x as long): with one run per side a change in the "
+                "code that slows every name alike looks the same; compare several runs per side to tell")
+
     def to_dict(self) -> dict[str, Any]:
         """The comparison as a JSON-ready dict (``flagged``: metric keys in impact order)."""
         return {
