@@ -260,6 +260,8 @@ def _cmd_run(ns: argparse.Namespace) -> int:
         print("dftrace run: give a script (or -m module) to run", file=sys.stderr)
         return 2
     target, *rest = target_argv
+    if ns.module and os.getcwd() not in sys.path[:1]:  # as `python -m` puts it (the command's own is first)
+        sys.path.insert(0, os.getcwd())
     problem = _missing_target(ns.module, target)
     if problem is not None:
         print(f"dftrace run: {problem}", file=sys.stderr)

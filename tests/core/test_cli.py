@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -235,6 +236,23 @@ def test_run_keeps_the_traceback_of_a_module_that_fails_to_import(tmp_path):
     out = _dftrace("run", "--log-file", str(tmp_path / "t"), "-m", "job", cwd=tmp_path)
     assert out.returncode == 1
     assert "Traceback" in out.stderr and "No module named 'nonexistent_dependency'" in out.stderr
+
+
+def test_run_finds_a_module_of_the_current_directory_from_the_console_script(tmp_path):
+    """``dftrace run -m trainer.main`` from the installed ``dftrace`` command finds the
+    package in the current directory, as ``python -m trainer.main`` does (the command's
+    own directory was first on the path, not the current one: "no module named
+    'trainer'"), and the module sees the arguments after it."""
+    command = Path(sys.executable).with_name("dftrace")
+    if not command.exists():
+        pytest.skip("dftrace is not installed as a command beside this interpreter")
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "main.py").write_text("import sys\nprint('ran', sys.argv[1:])\n")
+    out = subprocess.run([str(command), "run", "--log-file", str(tmp_path / "t" / "run"), "-m", "trainer.main",
+                          "--epochs", "3"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "ran ['--epochs', '3']"
 
 
 # Runs the dftrace command in a fresh interpreter where the modules named in argv[1]
