@@ -33,7 +33,8 @@ from .._core.tree import ai
 from .._hooks import add_callback, warn_once
 from . import _evaluations
 from ._dist import note_distributed_rank, patch_init_process_group, trace_distributed, watch_ddp
-from ._hooking import BACKWARD, covered, forward_failed, front_function, global_hooks_aside, is_keras, remove_handles
+from ._hooking import (BACKWARD, covered, forward_failed, front_function, global_hooks_aside, never_a_root,
+                       remove_handles)
 
 __all__ = ["install", "standing_down"]
 
@@ -502,7 +503,7 @@ class _Roots:
 
     def global_pre(self, module: Any, args: Any) -> None:
         if not _LOCAL.depth:
-            if is_keras(module):  # Keras' callback records it: never a root, counted in depth alone
+            if never_a_root(module):  # Keras' (its callback records it), a loss: counted in depth alone
                 _LOCAL.depth = 1
                 return
             with contextlib.suppress(Exception):

@@ -147,10 +147,11 @@ class ThreadSpans:
         self._by_thread.clear()
 
 
-def is_keras(module: Any) -> bool:
-    """Whether ``module`` is a Keras layer or model (Keras on its torch backend), whose
-    work Keras' callback records."""
-    return type(module).__module__.startswith("keras.")
+def never_a_root(module: Any) -> bool:
+    """Whether ``module``, called outermost, is no model's forward: a Keras layer or
+    model (Keras on its torch backend, whose work Keras' callback records), or a loss
+    (``nn.CrossEntropyLoss()`` and the like, a criterion applied to the output)."""
+    return type(module).__module__.startswith("keras.") or isinstance(module, torch.nn.modules.loss._Loss)
 
 
 def forward_failed(output: Any) -> str | None:

@@ -152,6 +152,17 @@ def _assert_epoch_times(summary, truth):
 
 
 @pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_loss_module_is_no_forward(tmp_path, engine):
+    """``nn.MSELoss()(model(x), y)``: the loss module is called outermost as the model
+    is, and is no model's forward: the forwards are the model's calls alone (they
+    were twice as many)."""
+    out, truth = _run_engine(tmp_path, "criterion", engine)
+    forwards = _spans(out, "forward")
+    assert len(forwards) == truth["forwards"] + 1  # and the evaluation's
+    assert {e["args"]["module"] for e in forwards} == {"Sequential"}
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
 def test_two_optimizers_stepping_each_batch_are_one_step(tmp_path, engine):
     """A GAN's loop: a discriminator's optimizer step, then a generator's, each batch:
     one step a batch, the generator's work in the step of its batch."""
