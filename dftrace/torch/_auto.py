@@ -15,10 +15,10 @@ decorated with a compute node, ``ai.dataloader.fetch.iter(loader)``).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import inspect
+import os
 import sys
 import threading
 import weakref
@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .._core import engine as _engine
+from .._core import lifecycle as _lifecycle
 from .._core import tree as _tree
 from .._core.tree import ai
 from .._hooks import add_callback, warn_once
@@ -195,9 +196,8 @@ def standing_down(delta: int) -> None:
     ROOTS.pause(STATE.down > 0)
 
 
-#: Each thread's stack of open spans (``.stk``). The hooks ask :func:`~._hooking.covered` only
-#: when it may hold a span (it is not known yet, or holds more than its base): in an
-#: un-annotated program, never.
+#: Each thread's stack of open spans (``.stk``). The hooks ask :func:`~._hooking.covered` only when it
+#: may hold a span (it is not known yet, or holds more than its base): in an un-annotated program, never.
 _STACKS = _engine.LOCAL
 
 
@@ -290,8 +290,9 @@ def _epoch_now() -> dict[str, Any] | None:
     return None if (epoch := STATE.position.get("epoch")) is None else {"epoch": epoch}
 
 
-#: The start (loader id, t0, t1) of a loader made while another trains: held until it is known whether it trains.
-_HELD: tuple[int, int, int] | None = None
+#: The start (loader id, t0, t1, pid) of a loader made while another trains: held until it is known whether it
+#: trains (a forked child's copy is its parent's).
+_HELD: tuple[int, int, int, int] | None = None
 
 
 def _settle_start(*_: Any) -> None:
@@ -301,8 +302,8 @@ def _settle_start(*_: Any) -> None:
     global _HELD
     held, _HELD = _HELD, None
     STATE.after_step = None
-    if held is not None:
-        key, t0, t1 = held
+    if held is not None and held[3] == os.getpid():
+        key, t0, t1, _ = held
         _FETCH_INIT.record(t0, t1, _epoch_now() if STATE.training == key == STATE.current else None)
 
 
@@ -325,7 +326,7 @@ def _traced_iter(self: Any) -> Any:
             if STATE.training == key:
                 _FETCH_INIT.record(t0, _clock(), _epoch_now())
             else:
-                _HELD = (key, t0, _clock())
+                _HELD = (key, t0, _clock(), os.getpid())
                 STATE.after_step = _settle_start
             return STATE.fetches(it, key, epoch)
     except Exception as exc:
@@ -371,7 +372,7 @@ def _forward_post(module: Any, args: Any, output: Any) -> None:
         if error is not None:
             args["error"] = error
         span.stop(args)
-        if STATE.pending and not trains:
+        if (STATE.pending or STATE.ended) and not trains:  # after a step's work, or its epoch's
             _evaluations.evaluated(local.t0, _clock())
     except Exception:
         pass
@@ -423,7 +424,7 @@ class _ForwardCall:
             raise
         _LOCAL.span = None
         span.stop(self._args(module, None))
-        if STATE.pending and not (module.training and _grad_enabled()):
+        if (STATE.pending or STATE.ended) and not (module.training and _grad_enabled()):
             _evaluations.evaluated(t0, _clock())
         return out
 
@@ -540,10 +541,9 @@ class _BackwardArgs:
 
 # -- trainers -------------------------------------------------------------------------
 
-#: The modules that define the trainers, and where the callback each trainer made
-#: gets is (named, not imported here: the integrations import this module). The
-#: older ``pytorch_lightning`` package is not one: dftrace.lightning's callback is a
-#: ``lightning.pytorch`` one, a class of another package to its trainers.
+#: The modules that define the trainers, and where the callback each trainer made gets is (named, not
+#: imported here: the integrations import this module). The older ``pytorch_lightning`` package is not
+#: one: dftrace.lightning's callback is a ``lightning.pytorch`` one, a class of another package to its trainers.
 _TRAINERS = (("transformers.trainer", "dftrace.transformers:TraceCallback"),
              ("lightning.pytorch.trainer.trainer", "dftrace.lightning:TraceCallback"))
 
@@ -586,8 +586,8 @@ def install(_torch: Any = None) -> None:
 
     _optimizer.register_optimizer_step_pre_hook(STATE.step_pre)
     _optimizer.register_optimizer_step_post_hook(STATE.step_post)
-    atexit.register(_settle_start)  # before the trace's end (atexit runs the last registered first)
-    atexit.register(_evaluations.evaluation_over)
+    _lifecycle.at_end(_settle_start)  # as the trace ends (dftrace run's finalize comes before atexit's)
+    _lifecycle.at_end(_evaluations.evaluation_over)
     # backward() recorded in C; the patch's users are asked only while auto stands down
     _hooking.install_backward(_BackwardArgs(),  # type: ignore[arg-type]
                               front=None if _speedups is None else _backward_front)

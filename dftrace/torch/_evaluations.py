@@ -51,6 +51,7 @@ def record_evaluation(t0: int, t1: int) -> None:
 #: evaluation over tensors at hand. Recorded as one ``pipeline.evaluate`` span when
 #: the next step begins (or at exit), so that the step before does not hold its time.
 _EVALUATION_RUN: list[int] = []
+os.register_at_fork(after_in_child=_EVALUATION_RUN.clear)  # a forked child's (a worker's) is its parent's
 
 
 def evaluated(t0: int, t1: int) -> None:

@@ -210,6 +210,16 @@ def main(mode: str, truth_path: str) -> None:
                     opt_g.step()
                     opt_g.zero_grad()
                 k += 1
+            if mode == "valend":  # an evaluation over tensors at hand after the epoch's last step
+                model.eval()
+                with torch.no_grad():
+                    began = time.perf_counter_ns()
+                    for i in range(4):
+                        if i:
+                            time.sleep(0.005)
+                        model(x)
+                    truth.setdefault("evaluations_ns", []).append((began, time.perf_counter_ns()))
+                model.train()
             truth["epochs"] += 1
             if mode == "fresh":
                 with torch.no_grad():

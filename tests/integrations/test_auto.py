@@ -143,6 +143,15 @@ def test_a_loader_made_anew_each_epoch_numbers_the_epochs_on(tmp_path, engine):
         (k, k // 8) for k in range(16)]
 
 
+def test_under_dftrace_run_the_last_evaluation_loader_s_start_is_written(tmp_path):
+    """Under ``dftrace run`` the trace ends before the interpreter's exit handlers run:
+    the start of the last evaluation loader, held until it is known whether it
+    trains, is written as the trace ends (it was lost: 3 starts for 4 ends)."""
+    out, truth, _ = _run(tmp_path, "fresh")
+    ends = sorted((e for e in _spans(out) if e["name"] in ("fetch.init", "fetch.end")), key=lambda e: e["ts"])
+    assert [e["name"] for e in ends] == ["fetch.init", "fetch.end"] * 4
+
+
 def _assert_epoch_times(summary, truth):
     """Each epoch's time is the loop's: from making its iterator (the workers' start)
     to the end of its iteration (their shut-down), which hold most of it here."""
@@ -222,7 +231,8 @@ def test_an_evaluation_inside_the_epoch_is_no_step_s_time(tmp_path, engine, mode
     summary = summarize(out)
     assert len(summary.steps) == truth["steps"] == 16
     evaluations = _spans(out, "evaluate")
-    assert len(evaluations) == 2 and {e["args"]["level"] for e in evaluations} == {1}
+    # and the job's last forward, with no gradient after its last epoch: an evaluation too
+    assert len(evaluations) == 3 and {e["args"]["level"] for e in evaluations} == {1}
     assert len({e["tid"] for e in evaluations} & {e["tid"] for e in _spans(out, "forward")}) == 0
     for (began, ended), span in zip(truth["evaluations_ns"], sorted(evaluations, key=lambda e: e["ts"])):
         assert span["dur"] >= 0.9 * (ended - began) / 1e3
@@ -232,6 +242,24 @@ def test_an_evaluation_inside_the_epoch_is_no_step_s_time(tmp_path, engine, mode
         k = 8 * epoch + 3  # the step the evaluation follows: to the next one's start, less the evaluation
         own_us = (starts[k + 1] - starts[k] - (ended - began)) / 1e3
         assert ours[(epoch, k)] <= own_us + 0.5 * (ended - began) / 1e3, (ours[(epoch, k)], own_us)
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_an_evaluation_after_each_epoch_is_its_own_span(tmp_path, engine):
+    """Forwards in ``eval()`` mode over tensors at hand after each epoch's last step
+    (its loader run to its end): each epoch's are a pipeline.evaluate span as long as
+    the loop timed them (there was none: the time was no one's), and the epochs and
+    steps keep their own time."""
+    out, truth = _run_engine(tmp_path, "valend", engine)
+    summary = summarize(out)
+    assert len(summary.steps) == truth["steps"] == 16
+    evaluations = sorted(_spans(out, "evaluate"), key=lambda e: e["ts"])
+    assert len(evaluations) == 2  # each epoch's (the last one's with the job's last forward: no step between)
+    (began, ended), first = truth["evaluations_ns"][0], evaluations[0]
+    assert 0.9 * (ended - began) / 1e3 <= first["dur"] <= (ended - began) / 1e3, (first, began, ended)
+    (began, ended), last = truth["evaluations_ns"][1], evaluations[1]
+    assert last["dur"] >= 0.9 * (ended - began) / 1e3, (last, began, ended)
+    _assert_epoch_times(summary, truth)
 
 
 @pytest.mark.parametrize("engine", ["c", "python"])

@@ -734,7 +734,8 @@ static PyObject *AutoCall_vectorcall(PyObject *self, PyObject *const *args, size
         PyErr_Fetch(&et, &ev, &tb); /* trains() reads attributes: the error waits */
         if (trains(st, module)) {
             give_position(st, &sp);
-        } else if (st->pending && st->evaluated_cb) { /* over tensors at hand, after the step's work */
+        } else if ((st->pending || st->ended) && st->evaluated_cb) { /* over tensors at hand, after
+                                                                           the step's work or its epoch's */
             PyObject *times = Py_BuildValue("(LL)", sp.t0, t1);
             if (times) {
                 st->evaluating = 1;
