@@ -234,16 +234,18 @@ def test_noise_names_no_straggler(tmp_path):
     assert render_text(summary).splitlines()[2].strip().startswith("no rank stands out: arrival skew within noise")
 
 
-def _noisy_jitter(steps, seed):
-    """µs added to each rank's forward: a busy machine's noise (normal, 1.5 ms), and
-    now and then a hiccup of 4-8 ms."""
+def _noisy_jitter(steps, seed, noise_us=1_500, hiccups=(0.05, 8_000)):
+    """µs added to each rank's forward: a busy machine's noise (normal, ``noise_us``),
+    and in a share of the steps a hiccup of 4 ms up to the longest (``hiccups``: the
+    share, the longest)."""
     import random
 
     rng = random.Random(seed)
+    share, longest = hiccups
 
     def forward_us() -> int:
-        hiccup = rng.uniform(4_000, 8_000) if rng.random() < 0.05 else 0
-        return max(0, round(6_000 + rng.gauss(0, 1_500) + hiccup))
+        hiccup = rng.uniform(4_000, longest) if rng.random() < share else 0
+        return max(0, round(6_000 + rng.gauss(0, noise_us) + hiccup))
 
     return {(r, s): forward_us() for r in range(2) for s in range(steps)}
 
@@ -263,18 +265,8 @@ def test_slowed_steps_do_not_hide_in_the_noise_they_make(tmp_path, seed):
     assert (other["held_steps"], other["significant"]) == (0, False)
 
 
-def _busy_jitter(steps, seed):
-    """µs added to each rank's forward on a busier machine than ``_noisy_jitter``'s:
-    normal noise of 3 ms, and in a tenth of the steps a hiccup of 4-15 ms."""
-    import random
-
-    rng = random.Random(seed)
-
-    def forward_us() -> int:
-        hiccup = rng.uniform(4_000, 15_000) if rng.random() < 0.1 else 0
-        return max(0, round(6_000 + rng.gauss(0, 3_000) + hiccup))
-
-    return {(r, s): forward_us() for r in range(2) for s in range(steps)}
+#: A busier machine: normal noise of 3 ms, and in a tenth of the steps a hiccup of 4-15 ms.
+_BUSY = {"noise_us": 3_000, "hiccups": (0.1, 15_000)}
 
 
 @pytest.mark.parametrize("seed", [9, 10])
@@ -288,7 +280,7 @@ def test_a_third_of_the_steps_slowed_do_not_hide_in_a_busy_machine_s_noise(tmp_p
 
     steps, slow_us = 20, 40_000
     slow_steps = set(random.Random(seed * 7 + 1).sample(range(steps), 7))
-    tracegen.bucketed_run(tmp_path, steps, slow_steps, slow_us, buckets=2, jitter=_busy_jitter(steps, seed))
+    tracegen.bucketed_run(tmp_path, steps, slow_steps, slow_us, buckets=2, jitter=_noisy_jitter(steps, seed, **_BUSY))
     worst, other = summarize(tmp_path).stragglers
     assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, len(slow_steps)), worst
     assert abs(worst["caused_wait_us"] - len(slow_steps) * slow_us) <= 0.15 * len(slow_steps) * slow_us, worst
@@ -298,7 +290,7 @@ def test_a_third_of_the_steps_slowed_do_not_hide_in_a_busy_machine_s_noise(tmp_p
 @pytest.mark.parametrize("seed", [100, 101, 102, 103])
 def test_a_busy_machine_s_noise_names_no_straggler(tmp_path, seed):
     """The same busy machine's noise, no rank slowed: no rank stands out."""
-    tracegen.bucketed_run(tmp_path, 20, set(), 0, buckets=2, jitter=_busy_jitter(20, seed))
+    tracegen.bucketed_run(tmp_path, 20, set(), 0, buckets=2, jitter=_noisy_jitter(20, seed, **_BUSY))
     assert not any(s["significant"] for s in summarize(tmp_path).stragglers)
 
 

@@ -194,15 +194,7 @@ def main(mode: str, truth_path: str) -> None:
                                 break
                     truth.setdefault("evaluations_ns", []).append((began, time.perf_counter_ns()))
                 if mode == "valtensors" and k == 3:
-                    model.eval()
-                    with torch.no_grad():
-                        began = time.perf_counter_ns()
-                        for i in range(4):
-                            if i:
-                                time.sleep(0.005)
-                            model(x)
-                        truth.setdefault("evaluations_ns", []).append((began, time.perf_counter_ns()))
-                    model.train()
+                    evaluate_over(model, x, truth)
                 if mode == "gan":  # the generator's turn, in the same step
                     fake = model(generator(x))
                     truth["forwards"] += 2
@@ -211,15 +203,7 @@ def main(mode: str, truth_path: str) -> None:
                     opt_g.zero_grad()
                 k += 1
             if mode == "valend":  # an evaluation over tensors at hand after the epoch's last step
-                model.eval()
-                with torch.no_grad():
-                    began = time.perf_counter_ns()
-                    for i in range(4):
-                        if i:
-                            time.sleep(0.005)
-                        model(x)
-                    truth.setdefault("evaluations_ns", []).append((began, time.perf_counter_ns()))
-                model.train()
+                evaluate_over(model, x, truth)
             truth["epochs"] += 1
             if mode == "fresh":
                 with torch.no_grad():
@@ -229,6 +213,22 @@ def main(mode: str, truth_path: str) -> None:
         model(torch.randn(4, 16))
     with open(truth_path, "w") as f:
         json.dump(truth, f)
+
+
+def evaluate_over(model, x, truth) -> None:
+    """An evaluation over tensors at hand: four forwards of ``x`` in ``eval()`` mode with
+    no gradient, 5 ms apart, timed into ``truth["evaluations_ns"]``."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        began = time.perf_counter_ns()
+        for i in range(4):
+            if i:
+                time.sleep(0.005)
+            model(x)
+        truth.setdefault("evaluations_ns", []).append((began, time.perf_counter_ns()))
+    model.train()
 
 
 def killed(model, opt, loader, truth, truth_path) -> None:
