@@ -83,6 +83,7 @@ RERUNS: dict[str, tuple[str, ...]] = {
         "reliability/test_sampler.py",
         "io/test_counters.py",
         "io/test_interception.py",
+        "io/test_loaded_libraries.py",
         "io/test_children_and_ends.py",
         "io/test_fd_numbers.py",
     ),
