@@ -290,25 +290,24 @@ def _epoch_now() -> dict[str, Any] | None:
     return None if (epoch := STATE.position.get("epoch")) is None else {"epoch": epoch}
 
 
-#: The start (loader id, t0, t1, pid) of a loader made while another trains: held until it is known whether it
-#: trains (a forked child's copy is its parent's).
-_HELD: tuple[int, int, int, int] | None = None
+#: The start [loader id, t0, t1] of a loader made while another trains: held until it is known whether it trains.
+_HELD: list[int] = []
+os.register_at_fork(after_in_child=_HELD.clear)  # a forked child's (a worker's) is its parent's
 
 
 def _settle_start(*_: Any) -> None:
     """The held start recorded, with the epoch where its loader trains: after the next
     optimizer step's hooks (they adopt a loader made anew), when another loader
     starts, or at exit."""
-    global _HELD
-    held, _HELD = _HELD, None
+    held = tuple(_HELD)
+    _HELD.clear()
     STATE.after_step = None
-    if held is not None and held[3] == os.getpid():
-        key, t0, t1, _ = held
+    if held:
+        key, t0, t1 = held
         _FETCH_INIT.record(t0, t1, _epoch_now() if STATE.training == key == STATE.current else None)
 
 
 def _traced_iter(self: Any) -> Any:
-    global _HELD
     try:
         key = 0 if STATE.down or not _FETCH.enabled or self in _tree.ITERATED or covered("dataloader") else id(self)
         if key:
@@ -326,7 +325,7 @@ def _traced_iter(self: Any) -> Any:
             if STATE.training == key:
                 _FETCH_INIT.record(t0, _clock(), _epoch_now())
             else:
-                _HELD = (key, t0, _clock(), os.getpid())
+                _HELD[:] = [key, t0, _clock()]
                 STATE.after_step = _settle_start
             return STATE.fetches(it, key, epoch)
     except Exception as exc:
