@@ -14,7 +14,9 @@ writes:
 hooks                                         span
 ============================================  ======================================
 ``on_fit_start`` → ``on_fit_end``             ``pipeline.train``
-``on_train_epoch_start`` → ``_end``           ``pipeline.epoch`` (``args.epoch``)
+``on_train_epoch_start`` → ``_end``           ``pipeline.epoch`` (``args.epoch``; a fit
+                                              resumed mid-epoch: from ``on_train_start``,
+                                              ``args.resumed``)
 previous batch end → ``on_train_batch_start``  ``dataloader.fetch`` (``epoch``, ``step``:
                                               the wait for the batch)
 ``on_train_batch_start`` → ``_end``           ``compute`` (``epoch``, ``batch``, ``step``)
@@ -42,8 +44,10 @@ incomplete with ``args.error``.
 With ``strategy="ddp"`` (or any strategy whose model is ``DistributedDataParallel``)
 the callback writes the process's global rank to the trace (Lightning's launcher sets
 ``LOCAL_RANK`` and ``NODE_RANK``, not ``RANK``), and records each gradient bucket's
-all-reduce as a ``comm.all_reduce`` span (:func:`dftrace.torch.trace_ddp`), so
-``dftrace summary`` finds stragglers and blocked time. A strategy given its own
+all-reduce as a ``comm.all_reduce`` span (:func:`dftrace.torch.trace_ddp`) and the
+ranks' check for a SIGTERM before each batch (a broadcast from rank 0, where the
+ranks ahead wait for the others) as a ``comm.bcast`` span, so ``dftrace summary``
+finds stragglers and blocked time. A strategy given its own
 ``ddp_comm_hook`` keeps it, and its buckets are not recorded (one warning).
 """
 
@@ -153,6 +157,8 @@ class TraceCallback(pl.Callback):
         self._fetch = Wait(ai.dataloader.fetch)
         self._ddp_traced: Any = None
         self._standing_down = False
+        #: (object, attribute) set on the trainer's objects, removed at the fit's end
+        self._patched: list[tuple[Any, str]] = []
 
     def _position(self, step_key: str = "step") -> dict[str, Any]:
         t = self._trainer
@@ -173,12 +179,14 @@ class TraceCallback(pl.Callback):
             self._standing_down = on
 
     def _trace_ddp(self, trainer: Any) -> None:
-        """Rank and gradient buckets of a DistributedDataParallel run."""
+        """Rank, gradient buckets and the ranks' check for a SIGTERM of a
+        DistributedDataParallel run."""
         if int(getattr(trainer, "world_size", 1) or 1) <= 1:
             return
         from .torch import note_distributed_rank, trace_ddp
 
         note_distributed_rank(int(trainer.global_rank))
+        self._trace_sigterm_broadcast(trainer)
         model = getattr(trainer.strategy, "model", None)
         if model is None or model is self._ddp_traced or not hasattr(model, "register_comm_hook"):
             return
@@ -191,6 +199,30 @@ class TraceCallback(pl.Callback):
             self._ddp_traced = model
         except Exception as exc:  # a hook registered already, a backward already run
             warn_once("lightning-ddp", f"DDP gradient buckets are not recorded: {exc!r}")
+
+    def _trace_sigterm_broadcast(self, trainer: Any) -> None:
+        """Before each training batch of a multi-process run, rank 0 broadcasts
+        whether it received a SIGTERM (``_broadcast_sigterm_tensor``): the ranks that
+        are ahead wait there for the others. That wait is a ``comm.bcast`` span of
+        the coming step, not part of the wait for its batch."""
+        loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        broadcast = getattr(loop, "_broadcast_sigterm_tensor", None)
+        if broadcast is None or "_broadcast_sigterm_tensor" in vars(loop):
+            return  # another Lightning, or traced already
+        cb = self
+
+        def traced_broadcast() -> Any:
+            if not ai.comm.bcast.enabled:
+                return broadcast()
+            waiting = cb._fetch.waiting
+            try:
+                return call_in_span(ai.comm.bcast, broadcast, args={**cb._position(), "sigterm": True})
+            finally:
+                if waiting:  # the wait for the batch starts after it
+                    cb._fetch.begin()
+
+        loop._broadcast_sigterm_tensor = traced_broadcast
+        self._patched.append((loop, "_broadcast_sigterm_tensor"))
 
     # -- setup / teardown: checkpoint I/O --------------------------------------------
     @guarded
@@ -207,6 +239,12 @@ class TraceCallback(pl.Callback):
         if self._io is not None:
             self._io.undo()
             self._io = None
+        for owner, name in self._patched:
+            try:
+                delattr(owner, name)
+            except Exception:
+                pass
+        self._patched.clear()
 
     # -- fit -----------------------------------------------------------------------
     @guarded
@@ -223,9 +261,19 @@ class TraceCallback(pl.Callback):
         self._spans.close("fit")
 
     @guarded
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self._spans.open("epoch", ai.pipeline.epoch, epoch=int(trainer.current_epoch))
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # A fit resumed from a checkpoint saved mid-epoch goes on with that epoch, and
+        # Lightning calls no on_train_epoch_start for it: its span starts here.
+        if getattr(trainer.fit_loop, "restarted_mid_epoch", False) is True:
+            self._open_epoch(trainer, resumed=True)
+
+    def _open_epoch(self, trainer: Any, **more: Any) -> None:
+        self._spans.open("epoch", ai.pipeline.epoch, epoch=int(trainer.current_epoch), **more)
         self._fetch.begin()
+
+    @guarded
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._open_epoch(trainer)
 
     @guarded
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
@@ -237,6 +285,8 @@ class TraceCallback(pl.Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         step = int(trainer.global_step)
         epoch = int(trainer.current_epoch)
+        if not self._spans.is_open("epoch") and self._spans.is_open("fit"):  # resumed mid-epoch, by a
+            self._spans.open("epoch", ai.pipeline.epoch, epoch=epoch, resumed=True)  # Lightning not saying so
         self._fetch.end(epoch=epoch, step=step)
         self._spans.open("batch", ai.compute, epoch=epoch, batch=int(batch_idx), step=step)
         self._spans.open("forward", ai.compute.forward, step=step)

@@ -1,10 +1,13 @@
 """A Lightning DDP job on CPU (2 processes, gloo) traced with dftrace's callback.
 
-    python _lightning_ddp_job.py TRACE_DIR TRUTH_DIR SLOW_RANK
+    python _lightning_ddp_job.py TRACE_DIR TRUTH_DIR SLOW_RANK [ACCUMULATE]
 
 Lightning's launcher runs this script again for rank 1 (LOCAL_RANK=1, no RANK). The
 rank ``SLOW_RANK`` (-1: none) sleeps ``SLOW_S`` in ``training_step`` on every
-``SLOW_EVERY``-th batch; a checkpoint is saved every ``SAVE_EVERY`` steps, mid-epoch
+``SLOW_EVERY``-th step (with ``ACCUMULATE`` micro-batches a step, as many times the
+batches, the steps the same, and the sleep on a micro-batch that does not synchronize
+the gradients: the other rank waits for it before the next batch, not inside a
+backward); a checkpoint is saved every ``SAVE_EVERY`` steps, mid-epoch
 (rank 0 writes it, rank 1 waits for it). Each rank writes what it slept, its own step
 starts (``on_train_batch_start``, monotonic clock, with the epoch) and its saves
 (``trainer.save_checkpoint``, start and end) to ``TRUTH_DIR/truth-<rank>.json``."""
@@ -29,8 +32,9 @@ BATCHES, EPOCHS, SLOW_S, SLOW_EVERY, SAVE_EVERY, SAVE_S = 8, 2, 0.080, 4, 3, 0.0
 
 
 class Model(pl.LightningModule):
-    def __init__(self, slow_rank: int):
+    def __init__(self, slow_rank: int, accumulate: int = 1):
         super().__init__()
+        self.slow_every, self.slow_batch = SLOW_EVERY * accumulate, 0 if accumulate > 1 else 1
         # Three layers of some size: DDP gets more than one gradient bucket.
         self.net = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                                  nn.Linear(512, 1))
@@ -39,7 +43,7 @@ class Model(pl.LightningModule):
         self.slow_steps: list[int] = []
 
     def training_step(self, batch, batch_idx):
-        if self.global_rank == self.slow_rank and batch_idx % SLOW_EVERY == 1:
+        if self.global_rank == self.slow_rank and batch_idx % self.slow_every == self.slow_batch:
             t0 = time.perf_counter()
             time.sleep(SLOW_S)
             self.slept_s += time.perf_counter() - t0
@@ -79,14 +83,17 @@ class Clock(pl.Callback):
 
 def main() -> None:
     out, truth, slow_rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    accumulate = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     dftrace.initialize(log_file=os.path.join(out, "run"))
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(BATCHES * 2 * 4, 64, generator=g), torch.randn(BATCHES * 2 * 4, 1, generator=g))
-    model, clock = Model(slow_rank), Clock()
+    n = BATCHES * 2 * 4 * accumulate
+    data = TensorDataset(torch.randn(n, 64, generator=g), torch.randn(n, 1, generator=g))
+    model, clock = Model(slow_rank, accumulate), Clock()
     saves = ModelCheckpoint(dirpath=os.path.join(truth, "checkpoints"), every_n_train_steps=SAVE_EVERY,
                             save_top_k=-1)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=EPOCHS,
+                         accumulate_grad_batches=accumulate,
                          callbacks=[TraceCallback(), clock, saves], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=os.path.join(truth, "root"))
     trainer.save_checkpoint = clock.timed(trainer.save_checkpoint)  # inside dftrace's span

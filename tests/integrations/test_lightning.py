@@ -174,3 +174,29 @@ def test_summary_counts_each_optimizer_step_once(tmp_path, accumulate):
     # the typical step agrees: the median of the differences is near 0, whatever the load.
     differences = [ours[step] - gaps[step] for step in gaps]
     assert abs(statistics.median(differences)) < 0.05 * statistics.median(gaps.values())
+
+
+def test_a_fit_resumed_mid_epoch_has_that_epoch_and_every_batch_s_wait(tmp_path):
+    """Resumed from a checkpoint saved mid-epoch, Lightning goes on with that epoch
+    without its on_train_epoch_start: the epoch is a span all the same (its steps in
+    the summary's epochs), and every training batch has its fetch."""
+    g = torch.Generator().manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(32, 3, generator=g), torch.randn(32, 1, generator=g)), batch_size=4)
+    saves = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=3, save_top_k=-1)
+    first = pl.Trainer(callbacks=[saves], logger=False, enable_progress_bar=False, enable_model_summary=False,
+                       max_steps=3, default_root_dir=str(tmp_path / "root"))
+    first.fit(Regressor(), data)
+    ckpt = str(tmp_path / "ckpt" / "epoch=0-step=3.ckpt")
+    assert os.path.isfile(ckpt)
+    clock = StepClock()
+    resumed = pl.Trainer(callbacks=[TraceCallback(), clock], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, max_epochs=2, default_root_dir=str(tmp_path / "root"))
+    with testing.trace_to(tmp_path / "trace") as result:
+        resumed.fit(Regressor(), data, ckpt_path=ckpt)
+    batches = {(epoch, step) for epoch, step, _ in clock.starts}
+    assert sorted(batches) == [(0, 3), (0, 4), (0, 5), (0, 6), (0, 7)] + [(1, k) for k in range(8, 16)]
+    epochs = result.spans("epoch", "pipeline")
+    assert [(e["args"]["epoch"], e["args"].get("resumed")) for e in epochs] == [(0, True), (1, None)]
+    assert len(result.spans("fetch", "dataloader")) == len(clock.starts) == 13
+    summary = summarize(result.paths)
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 5), (1, 8)]

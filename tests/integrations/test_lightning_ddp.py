@@ -22,9 +22,9 @@ JOB = os.path.join(os.path.dirname(__file__), "_lightning_ddp_job.py")
 SLOW_RANK, STEPS = 1, 16
 
 
-def _run(tmp_path, slow_rank: int):
+def _run(tmp_path, slow_rank: int, accumulate: int = 1):
     out = tmp_path / "traces"
-    return out, run_two_rank_job(JOB, out, tmp_path / "truth", str(slow_rank))
+    return out, run_two_rank_job(JOB, out, tmp_path / "truth", str(slow_rank), str(accumulate))
 
 
 def test_ranks_steps_buckets_and_the_slow_rank(tmp_path):
@@ -87,3 +87,29 @@ def test_a_checkpoint_mid_epoch_is_no_step_s_time_on_any_rank(tmp_path):
             truth = (last - first) / 1e3 - saved
             got = sum(steps[(epoch, k)] for k in mine[:-1])
             assert abs(got - truth) <= 0.25 * saved, (rank, epoch, got, truth, saved)
+
+
+def test_with_accumulation_the_wait_for_the_slow_rank_is_communication_not_data_loading(tmp_path):
+    """With two micro-batches a step, the slow rank sleeps on one that does not
+    synchronize the gradients: the other rank waits for it in Lightning's check for a
+    SIGTERM before the next batch (a broadcast from rank 0), which is a ``comm.bcast``
+    span of the step, not the wait for the batch."""
+    out, facts = _run(tmp_path, SLOW_RANK, accumulate=2)
+    assert {r: f["steps"] for r, f in facts.items()} == {0: STEPS, 1: STEPS}
+    slept_us = facts[SLOW_RANK]["slept_s"] * 1e6
+    assert len(facts[SLOW_RANK]["slow_steps"]) == 4
+    fetch_us, broadcasts = {}, {}
+    for f in trace_files(out):
+        events = [e for e in read_events(f, strict=False) if e.get("ph") == "X"]
+        rank = next(r for r, fact in facts.items() if any(e["pid"] == fact["pid"] for e in events))
+        fetch_us[rank] = sum(e["dur"] for e in events if (e["cat"], e["name"]) == ("dataloader", "fetch"))
+        broadcasts[rank] = [e for e in events if (e["cat"], e["name"]) == ("comm", "bcast")]
+    # The other rank's wait is no wait for data: its batches come from memory.
+    assert fetch_us[1 - SLOW_RANK] < 0.25 * slept_us, (fetch_us, slept_us)
+    summary = summarize(out)
+    worst = summary.stragglers[0]
+    assert worst["rank"] == SLOW_RANK and worst["significant"], summary.stragglers
+    assert 0.8 * slept_us <= worst["caused_wait_us"] <= 1.25 * slept_us, (worst, slept_us)
+    # One broadcast before each of the 32 batches, on each rank, in the batch's step.
+    assert {r: len(b) for r, b in broadcasts.items()} == {0: 2 * STEPS, 1: 2 * STEPS}
+    assert all(sorted(e["args"]["step"] for e in b) == sorted(2 * list(range(STEPS))) for b in broadcasts.values())
