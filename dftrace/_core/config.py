@@ -11,8 +11,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Config", "ConfigError", "OPTIONS", "RANK_MAX", "auto_unless_set", "env_disabled", "env_enable",
-           "env_enabled"]
+__all__ = ["Config", "ConfigError", "DEFAULT_STEM", "OPTIONS", "RANK_MAX", "auto_unless_set", "env_disabled",
+           "env_enable", "env_enabled"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -196,14 +196,18 @@ class Option:
         return f"Option({self.name!r}, {self.env!r}, default={self.default!r})"
 
 
+#: The file names' prefix where ``log_file`` names none (a directory, or the default).
+DEFAULT_STEM = "dftrace"
+
 OPTIONS: tuple[Option, ...] = (
     Option("enable", "DFTRACE_ENABLE", None, _bool,
            "Tracing on/off. Unset: off until initialize() is called. 1: initialize at import "
            "(and in every child process). 0: off for good — decorators return the original "
            "function and .iter() returns its argument."),
-    Option("log_file", "DFTRACE_LOG_FILE", "dftrace", _str,
+    Option("log_file", "DFTRACE_LOG_FILE", DEFAULT_STEM, _str,
            "Path prefix of the trace files; each process writes "
-           "<prefix>[-rank<R>]-<host>-<pid>.pfw[.zst|.gz]. Missing directories are created."),
+           "<prefix>[-rank<R>]-<host>-<pid>.pfw[.zst|.gz] (a path ending in / is a directory: "
+           f"<path>/{DEFAULT_STEM}-...). Missing directories are created."),
     Option("data_dir", "DFTRACE_DATA_DIR", None, _opt_str,
            "With io: the files traced, as colon-separated path prefixes matched on the "
            "absolute path (relative paths and *at calls resolved); unset or all: every "
@@ -227,8 +231,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("batch_size", "DFTRACE_BATCH_SIZE", 16384, _int_range(1, 1 << 30),
            "Buffered events that wake the writer before the flush interval ends (one frame's worth)."),
     Option("buffer_limit", "DFTRACE_BUFFER_LIMIT", 1_048_576, _int_range(1024, 1 << 30),
-           "Most spans waiting to be written: in memory (writer thread), or in ring slots "
-           "the drainer has not freed yet (writer process); past it the tracing thread waits "
+           "Most spans waiting to be written: in memory (writer thread), or in the ring "
+           "and not yet written by the drainer (writer process); past it the tracing thread waits "
            "(on_full=block) or events are dropped and counted (on_full=drop)."),
     Option("on_full", "DFTRACE_ON_FULL", "block", _choice("block", "drop"),
            "What happens when the buffer is full: block (lossless) or drop (count drops)."),
@@ -325,7 +329,7 @@ class Config:
         values: dict[str, Any] = {}
         for opt in OPTIONS:
             if opt.name in overrides and overrides[opt.name] is not None:
-                raw, where = overrides[opt.name], f"{opt.name}= (env {opt.env})"
+                raw, where = overrides[opt.name], f"{opt.name} (env {opt.env})"
             elif env.get(opt.env, "").strip() != "":
                 raw, where = env[opt.env], opt.env
             else:

@@ -24,7 +24,8 @@ from typing import Any
 
 from .._install_hint import pip_install
 from . import tree as _tree
-from . import buffer as _buffer, engine as _engine, iterators as _iterators, kept_styles as _kept
+from . import buffer as _buffer, engine as _engine, generators as _generators, iterators as _iterators, \
+    kept_styles as _kept
 from .records import META
 from .state import STATE, limit_refused
 from . import nvtx_ranges as _nvtx, sampler as _sampler, signals as _signals, spans_at_end as _at_end
@@ -271,6 +272,7 @@ def finalize(target: Session | None = None) -> None:
             # Loops still suspended (a signal or an exit inside a for loop leaves its
             # generator holding the loop body's span): their bodies, incomplete.
             _iterators.close_open_blocks(t_here)
+            _generators.close_open_generators(t_here)  # generators left suspended
             _engine.use_nvtx(False)
             _session = None
             _set_gate()

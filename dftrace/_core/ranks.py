@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from .config import RANK_MAX, ConfigError
+from .state import STATE
 
 __all__ = ["detect_rank"]
 
@@ -16,7 +17,9 @@ _LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID
 
 def _env_int(names: tuple[str, ...], strict: bool = False) -> int | None:
     """The first of ``names`` set to a number. With ``strict``, one set to a
-    number out of range (0 to 2**31 - 1) raises ConfigError naming it."""
+    number out of range (0 to 2**31 - 1) raises ConfigError naming it, and one set
+    to something else is passed over with a warning naming it (the variable may
+    be another program's)."""
     for n in names:
         v = os.environ.get(n, "").strip()
         if v.isascii() and v.isdigit():
@@ -24,6 +27,9 @@ def _env_int(names: tuple[str, ...], strict: bool = False) -> int | None:
                 return int(v)
             if strict:
                 raise ConfigError(f"{n}={v!r} is invalid: expected an integer from 0 to {RANK_MAX}")
+        elif v and strict:
+            STATE.warn_once(f"rank-var:{n}", f"{n}={v[:40]!r} is not a rank (an integer from 0 to "
+                            f"{RANK_MAX}): it is not read; rank=N sets one")
     return None
 
 

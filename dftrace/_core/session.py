@@ -17,7 +17,7 @@ from . import sampler as _sampler
 from .drain import process_writer as _process_writer
 from .drain.registration import DrainerUnavailable
 from .clock_anchor import ANCHOR_ENV, anchor_value, job_anchor
-from .config import RANK_MAX, Config, ConfigError
+from .config import DEFAULT_STEM, RANK_MAX, Config, ConfigError
 from .ranks import detect_rank
 from .records import META, Encoder
 from .._version import __version__
@@ -215,8 +215,11 @@ class Session:
         it, even at exit, so no thread of this process makes it. Storage that does
         not answer in time is left to the writer, with one warning."""
         shown = _clean(self.config.log_file)
+        log_file = self.config.log_file
+        if log_file.endswith(("/", os.sep)):  # a directory: the files go in it
+            log_file = os.path.join(log_file, DEFAULT_STEM)
         try:
-            prefix = os.path.abspath(os.path.expanduser(self.config.log_file))
+            prefix = os.path.abspath(os.path.expanduser(log_file))
         except (OSError, ValueError) as exc:  # the working directory is gone
             raise ConfigError(f"log_file (env DFTRACE_LOG_FILE)={shown!r}: {exc}") from None
         if os.environ.get(CHECKED_ENV) == f"{self.hostname}:{prefix}":

@@ -46,7 +46,7 @@ def test_invalid_environment_values_name_the_variable(monkeypatch, var, value, e
 
 def test_invalid_keyword_names_the_keyword():
     """A bad keyword value names the keyword; an unknown keyword lists the valid ones."""
-    with pytest.raises(ConfigError, match="compression=.*'zip'"):
+    with pytest.raises(ConfigError, match=r"^compression \(env DFTRACE_COMPRESSION\)='zip' is invalid"):
         dftrace.initialize(compression="zip")
     with pytest.raises(ConfigError, match="unknown option.*logfile.*valid options"):
         dftrace.initialize(logfile="x")
@@ -58,7 +58,7 @@ def test_paths_given_as_bytes_or_objects_are_paths_and_collections_are_refused(t
     naming the option."""
     for given in (str(tmp_path / "run").encode(), tmp_path / "run"):
         assert Config.resolve({"log_file": given}, environ={}).log_file == str(tmp_path / "run")
-    with pytest.raises(ConfigError, match="data_dir=.*expected a string, got a list"):
+    with pytest.raises(ConfigError, match=r"data_dir \(env DFTRACE_DATA_DIR\)=.*expected a string, got a list"):
         Config.resolve({"data_dir": ["/a"]}, environ={})
 
 
@@ -99,6 +99,28 @@ def test_missing_log_directory_is_created(tmp_path):
         with dftrace.ai.compute.step:
             pass
     assert os.path.dirname(t.paths[0]) == str(tmp_path / "a" / "b")
+
+
+def test_a_log_file_ending_in_a_slash_is_the_directory_of_the_files(tmp_path):
+    """``log_file="traces/"`` names a directory: the files go in it (named as by
+    default), not beside it as ``traces-<host>-<pid>``."""
+    with testing.trace_to(tmp_path, log_file=str(tmp_path / "traces") + "/") as t:
+        with dftrace.ai.compute.step:
+            pass
+    [path] = t.paths
+    assert os.path.dirname(path) == str(tmp_path / "traces")
+    assert os.path.basename(path).startswith("dftrace-")
+
+
+def test_a_rank_variable_that_is_no_number_is_passed_over_with_a_warning(tmp_path, monkeypatch):
+    """RANK may be another program's: set to something else than a number it is not
+    read, and one warning names it."""
+    monkeypatch.setenv("RANK", "abc")
+    with pytest.warns(RuntimeWarning, match="RANK='abc' is not a rank"):
+        with testing.trace_to(tmp_path) as t:
+            with dftrace.ai.compute.step:
+                pass
+    assert "-rank" not in os.path.basename(t.paths[0])
 
 
 def test_initialize_exports_configuration_for_children(tmp_path):

@@ -6,13 +6,14 @@ import os
 import signal
 
 import pytest
-from _requirements import native_engine_missing, needs
+from _requirements import native_engine_missing, needs, needs_marks
 
 from dftrace import testing
 from dftrace._core import signals as _signals
 
 from ._ends import N, OPEN
-from ._util import HERE, assert_valid, drainer_writes, files, last_line, meta, run, spans, start, wait_for_end
+from ._util import HERE, assert_valid, drainer_writes, files, last_line, meta, run, spans, start, wait_for_end, \
+    write_script
 
 ENDS = os.path.join(HERE, "_ends.py")
 
@@ -426,3 +427,53 @@ def test_sigterm_during_finalize_lets_it_finish_then_dies(tmp_path):
     assert "survived" not in out.stdout
     assert_valid(files(tmp_path / "traces"))
     assert len(spans(testing.read_events(files(tmp_path / "traces")[0]), "forward")) == 100
+
+
+SUSPENDED_GENERATOR = """
+    import os, signal, sys
+    import dftrace
+    from dftrace import ai
+    dftrace.initialize(log_file=sys.argv[1])
+
+    @ai.data.preprocess
+    def batches():
+        for i in range(10**9):
+            yield i
+
+    @ai.pipeline.train
+    def train():
+        for b in batches():  # never ends: the generator is suspended at the end
+            with ai.compute.forward(args={"b": b}):
+                if b == 100:
+                    if sys.argv[2] == "exit":
+                        sys.exit(3)
+                    print("ready", flush=True)
+                    os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+                    signal.pause()
+
+    held = batches()
+    next(held)  # a second one, held by the program at its exit
+    train()
+"""
+
+
+@pytest.mark.parametrize("end,writer", [
+    ("exit", "process"), ("exit", "thread"), ("SIGTERM", "process"), ("SIGTERM", "thread"),
+    pytest.param("SIGKILL", "process", marks=needs_marks("native", native_engine_missing())),
+])
+def test_a_decorated_generator_suspended_at_the_end_is_written_incomplete(tmp_path, end, writer):
+    """Decorated generators never finished: one suspended in the loop a signal ends,
+    one held by the program at its exit. Each span is written, flagged incomplete,
+    where both were lost without a count (a loop that sys.exit() leaves closes its
+    generator: that span ends then)."""
+    script = write_script(tmp_path, SUSPENDED_GENERATOR)
+    out = run([script, str(tmp_path / "t"), end], DFTRACE_WRITER=writer)
+    assert out.returncode == {"exit": 3, "SIGTERM": -signal.SIGTERM, "SIGKILL": -signal.SIGKILL}[end], out.stderr
+    events = testing.read_events(wait_for_end(tmp_path))
+    assert len(spans(events, "forward")) == 101
+    generators = spans(events, "preprocess")
+    assert len(generators) == 2, generators
+    assert len([e for e in generators if e["args"].get("incomplete")]) == (1 if end == "exit" else 2)
+    # The decorated call the signal ends is written, or (the writer thread) counted as late.
+    late = sum(e["args"]["count"] for e in meta(events, "dropped") if e["args"]["reason"] == "late")
+    assert len(spans(events, "train")) + late == 1

@@ -576,6 +576,42 @@ def test_drops_under_a_full_ring_and_a_stopped_drainer_are_counted_exactly(tmp_p
     assert written + dropped == n
 
 
+@pytest.mark.parametrize("limit", [1024, 3000])
+def test_drop_mode_under_a_limit_smaller_than_a_slot_records_again_once_written(tmp_path, limit):
+    """buffer_limit under a slot of the ring (4096 records), on_full="drop": a burst
+    reaches it and what the drainer has not written by then is dropped, counted, but
+    once the drainer wrote what was held the calls after it are recorded again (they
+    were all dropped: the slot being filled, which the drainer may not free, held the
+    limit for the rest of the run)."""
+    script = write_script(tmp_path, """
+        import sys, time
+        import dftrace
+        from dftrace import ai
+        dftrace.initialize(log_file=sys.argv[1], writer="process", on_full="drop",
+                           buffer_limit=int(sys.argv[2]))
+        for i in range(20_000):  # a burst far beyond the limit
+            with ai.compute.forward:
+                pass
+        time.sleep(1.5)  # the drainer writes at least once meanwhile
+        for i in range(100):
+            with ai.compute.backward(args={"i": i}):
+                pass
+        time.sleep(1.5)
+        train = ai.pipeline.train.start()  # open at the end: written incomplete
+    """)
+    out = run([script, str(tmp_path / "t"), str(limit)])
+    assert out.returncode == 0, out.stderr
+    path = wait_for_end(tmp_path)
+    assert_valid([path])
+    events = testing.read_events(path)
+    forwards = len(spans(events, "forward"))
+    dropped = sum(e["args"]["count"] for e in meta(events, "dropped") if e["args"]["reason"] == "buffer full")
+    assert limit <= forwards <= 20_000 and forwards + dropped == 20_000  # (a drainer keeping up drops none)
+    assert [e["args"]["i"] for e in spans(events, "backward")] == list(range(100))
+    [train] = spans(events, "train")
+    assert train["args"]["incomplete"] is True
+
+
 # -- fork() from C ----------------------------------------------------------------------
 
 def test_a_child_forked_from_c_never_writes_into_the_parents_ring(tmp_path):

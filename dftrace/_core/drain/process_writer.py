@@ -18,7 +18,7 @@ The memfd's size is sealed before it is handed over, and every answer is checked
 anything unexpected makes this process write its trace itself (one warning).
 Finding the drainer and registering with it is :mod:`.registration`'s part.
 
-``buffer_limit`` bounds the spans in the ring's slots that the drainer has not freed
+``buffer_limit`` bounds the spans in the ring's slots that the drainer has not written
 yet, exactly as it bounds the spans waiting in memory with the writer thread (the
 ring has two slots more than the limit needs; a slot also holds at most 256 KiB of
 args). While the buffer has a tap (a ``dftrace.trace_in_memory()`` runs, see
@@ -116,12 +116,14 @@ class ProcessWriter(Consumer):
         self._gave_up_at = -1  # the drainer's commits when a full ring last stopped waiting
         self._fd, self._mm = _ring(session.config.buffer_limit)
         # Slots sealed since the drainer was last woken: it is woken once per write's
-        # worth (as the writer thread at batch_size), at most half the ring.
+        # worth (as the writer thread at batch_size), at most half the ring and the
+        # slots buffer_limit fills (a limit under one slot's size: each seal).
         self._sealed = 0
         nslots = max(1, (len(self._mm) - _state.native.SHM_FIXED_BYTES)
                      // _state.native.SHM_SLOT_BYTES)
-        self._seals_per_wake = max(1, min(min(session.config.batch_size, 1 << 20)
-                                          // _state.native.SHM_SLOT_RECORDS, nslots // 2))
+        per_slot = _state.native.SHM_SLOT_RECORDS
+        self._seals_per_wake = max(1, min(min(session.config.batch_size, 1 << 20) // per_slot, nslots // 2,
+                                          session.config.buffer_limit // per_slot))
         previous = STATE.consumer
         if tapped() and previous is not None:
             previous.flush()  # the in-memory traces' records so far (attaching drops the buffer)

@@ -151,9 +151,21 @@ chunk_t *dft_new_chunk(void) {
 
 
 /* Called when the buffer is at its limit: in block mode wait for the writer (a
-   KeyboardInterrupt/SystemExit raised while waiting propagates: -1), else count. */
+   KeyboardInterrupt/SystemExit raised while waiting propagates: -1), else count.
+   Dropping with a ring, the slot being filled is sealed: the drainer frees only
+   sealed slots, so one below the limit's size would stay held, and every record
+   after it be dropped, for the rest of the run. Sealed, it is written and freed at
+   the drainer's next write (woken now), and recording goes on. */
 int dft_make_room(void) {
-    if (!drop_full && dft_calls.wait_room) {
+    if (drop_full) {
+        if (!dft_shm || dft_shm_local || !dft_shm_cur || !dft_shm_cur_n)
+            return 0;
+        dft_shm_seal();
+        dft_shm_sealed = 0;
+        dft_woken = 0;
+        return wake_writer(); /* -1: a signal's exception, the program's */
+    }
+    if (dft_calls.wait_room) {
         PyObject *r = PyObject_CallNoArgs(dft_calls.wait_room);
         if (!r) {
             if (!PyErr_ExceptionMatches(PyExc_Exception))

@@ -72,14 +72,31 @@ static void shm_forget_ring(void) {
 }
 
 
-/* The spans in slots the drainer has not freed yet (written or not: they are in
-   memory until their slot is free): what buffer_limit bounds with a ring. */
+/* The spans in the ring the drainer has not written yet: what buffer_limit bounds
+   with a ring, as it bounds those waiting in memory for the writer thread. The
+   drainer's latest commit says how far it wrote (every record before (seq, pos)):
+   the records of a slot it has not freed yet, the one being filled above all, are
+   not counted once written. Read from the region, those figures are only an
+   estimate's (each slot's count stays within its own), never an address or a size:
+   the ring's size bounds what it holds whatever they say. */
 Py_ssize_t dft_shm_held(void) {
+    uint64_t gen = __atomic_load_n(&dft_shm->commit_gen, __ATOMIC_ACQUIRE), cseq = 0;
+    uint32_t cpos = 0;
+    if (gen) {
+        const shm_commit_t *c = &dft_shm->commit[gen & 1];
+        cseq = __atomic_load_n(&c->seq, __ATOMIC_RELAXED);
+        cpos = __atomic_load_n(&c->pos, __ATOMIC_RELAXED);
+    }
     Py_ssize_t h = 0;
     for (uint32_t i = 0; i < shm_nslots; i++) {
         shm_slot_t *s = OWN_SLOT(i);
-        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SLOT_FREE)
-            h += (Py_ssize_t)__atomic_load_n(&s->n, __ATOMIC_ACQUIRE) - (Py_ssize_t)SLOT_RAW(s);
+        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SLOT_FREE)
+            continue;
+        uint32_t n = __atomic_load_n(&s->n, __ATOMIC_ACQUIRE);
+        uint64_t raw = SLOT_RAW(s), seq = s->seq;
+        uint32_t unwritten = !gen || seq > cseq ? n : seq < cseq ? 0 : n - (cpos < n ? cpos : n);
+        uint64_t spans = n > raw ? n - raw : 0;
+        h += (Py_ssize_t)(unwritten < spans ? unwritten : spans);
     }
     return h;
 }
@@ -398,7 +415,37 @@ static PyObject *shm_end_open_spans(PyObject *self, PyObject *args) {
     return ids;
 }
 
+/* shm_keep_open(kid, t0, id, parent, level, tid) -> bool: span `id`, opened from
+   Python (a generator's, which no stack holds), kept in the ring's open-span table
+   until it is recorded (record() frees its slot), so that the drainer writes it,
+   incomplete, if this process dies first. False: no ring, or no room (then it is
+   not counted as kept). */
+static PyObject *shm_keep_open(PyObject *self, PyObject *args) {
+    unsigned int kid;
+    long long t0;
+    unsigned long long idv, pv, tv;
+    Py_ssize_t lvl;
+    if (!PyArg_ParseTuple(args, "ILKKnK", &kid, &t0, &idv, &pv, &lvl, &tv))
+        return NULL;
+    if (!dft_shm_open || CURRENT_PID() != shm_owner)
+        Py_RETURN_FALSE;
+    uint32_t where;
+    rec_t *e = shm_open_slot(idv, &where);
+    if (!e) {
+        if (where == OPEN_NOT_KEPT && dft_shm->open_not_kept > 0)
+            dft_shm->open_not_kept--; /* no room: not kept, and not counted as kept */
+        Py_RETURN_FALSE;
+    }
+    rec_fill(e, kid, t0, 0, 0, pv, lvl, tv, F_INCOMPLETE, -1);
+    e->aoff = e->alen = 0;
+    shm_open_publish(e, idv);
+    Py_RETURN_TRUE;
+}
+
 PyMethodDef dft_shm_producer_methods[] = {
+    {"shm_keep_open", shm_keep_open, METH_VARARGS,
+     "shm_keep_open(kid, t0, id, parent, level, tid) -> bool: a span opened from Python, "
+     "kept in the ring's open-span table until it is recorded"},
     {"shm_end_open_spans", shm_end_open_spans, METH_VARARGS,
      "shm_end_open_spans(t1, tracks, t_tracks, args) -> [ids]: the spans open now, recorded "
      "incomplete, ending at t1 (those of the tracks in the set tracks at t_tracks), with "
