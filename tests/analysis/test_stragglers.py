@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import orjson
 import pytest
 import tracegen
@@ -285,6 +287,21 @@ def test_a_third_of_the_steps_slowed_do_not_hide_in_a_busy_machine_s_noise(tmp_p
     assert (worst["rank"], worst["significant"], worst["held_steps"]) == (1, True, len(slow_steps)), worst
     assert abs(worst["caused_wait_us"] - len(slow_steps) * slow_us) <= 0.15 * len(slow_steps) * slow_us, worst
     assert (other["held_steps"], other["significant"]) == (0, False)
+
+
+def test_a_rank_slower_in_every_step_is_held_back_in_every_step():
+    """A real job: 4 ranks on 2 cores, rank 3 sleeping 30 ms in every one of 24 steps.
+    On the busy cores a few of its steps lead by far more than the rest, and standing
+    out of its own noise they read it as holding the others back in 5 steps, a third
+    of the wait. It was last in every step: it held the others back in every step, by
+    about what it slept (720 ms planted, 750 ms by its own clock)."""
+    data = os.path.join(os.path.dirname(__file__), os.pardir, "data", "ddp-buckets", "four-ranks-slow-every-step")
+    stragglers = summarize(data).stragglers
+    worst = stragglers[0]
+    assert (worst["rank"], worst["significant"], worst["pattern"]) == (3, True, "most steps"), worst
+    assert worst["held_steps"] >= 22 and worst["last_steps"] == 24, worst
+    assert 0.8 * 720_000 <= worst["caused_wait_us"] <= 1.25 * 720_000, worst
+    assert not any(s["significant"] for s in stragglers[1:])
 
 
 @pytest.mark.parametrize("seed", [100, 101, 102, 103])

@@ -77,6 +77,10 @@ CHANCE_RATE = 0.015
 #: A rank late in most steps holds the others back by a typical lead of at least
 #: this share of the median step time (and NOISE_FLOOR_US).
 CONSISTENT_SHARE = 0.02
+#: A rank last in at least this share of the steps is read as slower in most steps
+#: (when that finds more of the wait it caused) even where some of its steps stand
+#: out of its noise: a rank slower in every step has a wide noise of its own.
+MOST_STEPS_SHARE = 0.75
 #: A rank is named a straggler only when it held the others back in at least this
 #: many steps, and more often than chance (the binomial tests below) allows.
 MIN_HELD_STEPS = 3
@@ -104,10 +108,12 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
       held the others back in MIN_HELD_STEPS steps or more, more often than
       chance allows (one-sided binomial test over the steps, the chance being the
       other ranks' share of such steps, at least CHANCE_RATE);
-    - in most steps (a slower rank), when it does not stand out the first way: it was
-      last in more steps than chance gives it (a binomial test against 1/ranks) and its
-      median lead over all steps is at least CONSISTENT_SHARE of the median step
-      time; the held-back steps are then those it was last in with a lead beyond that.
+    - in most steps (a slower rank), when it does not stand out the first way, or
+      when it was last in MOST_STEPS_SHARE of the steps and this way finds more of
+      the wait it caused: it was last in more steps than chance gives it (a binomial
+      test against 1/ranks) and its median lead over all steps is at least
+      CONSISTENT_SHARE of the median step time; the held-back steps are then those it
+      was last in with a lead beyond that.
 
     SIGNIFICANCE is shared among the ranks. The wait a rank caused is the sum of its
     leads in the steps it held back.
@@ -143,11 +149,18 @@ def analyse(calls: pl.DataFrame, steps: pl.DataFrame, blocked: pl.DataFrame, com
         p_value = _held_p_value(held.get_column("lead_us").to_list(), others, n_steps,
                                 max(n_steps * (n_ranks - 1), 1))
         consistent = False
-        if not (held.height >= MIN_HELD_STEPS and p_value <= level):
+        now_and_then = held.height >= MIN_HELD_STEPS and p_value <= level
+        if not now_and_then or last.height >= MOST_STEPS_SHARE * n_steps:
             consistent_p = _binomial_tail(last.height, n_steps, 1 / n_ranks)
             consistent = consistent_p <= level and median_lead >= step_floor
             if consistent:
-                held, p_value = last.filter(pl.col("lead_us") > step_floor), consistent_p
+                in_most = last.filter(pl.col("lead_us") > step_floor)
+                # A rank last in nearly every step is slower in every step: the few of
+                # its steps beyond its own (wide) noise are not all it held back.
+                if not now_and_then or in_most.get_column("lead_us").sum() > held.get_column("lead_us").sum():
+                    held, p_value = in_most, consistent_p
+                else:
+                    consistent = False
         caused = float(held.get_column("lead_us").sum()) if held.height else 0.0
         count = step_count.get(unit, 0)
         rank, host = units.get(unit, (None, None))
