@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 import sys
 from typing import Any, Callable, TypeVar
 
@@ -22,7 +23,7 @@ from ._core.engine import clock
 from ._core.state import STATE
 from ._core.tree import Node, Span
 
-__all__ = ["OpenSpans", "Wait", "add_callback", "call_in_span", "error_args", "guarded", "warn_once"]
+__all__ = ["OpenSpans", "Wait", "add_callback", "bytes_at", "call_in_span", "error_args", "guarded", "warn_once"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 R = TypeVar("R")
@@ -46,6 +47,18 @@ def guarded(fn: F) -> F:
             return None
 
     return wrapper  # type: ignore[return-value]
+
+
+def bytes_at(path: Any) -> dict[str, Any] | None:
+    """``{"bytes": N}``: the size of a file a checkpoint wrote, or of a directory's
+    files (sharded checkpoints); None where it cannot be read."""
+    try:
+        p = os.fspath(path)
+        if os.path.isdir(p):
+            return {"bytes": sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(p) for f in files)}
+        return {"bytes": os.path.getsize(p)}
+    except Exception:
+        return None
 
 
 def error_args(args: dict[str, Any] | None, exc: BaseException) -> dict[str, Any] | None:

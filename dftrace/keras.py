@@ -17,6 +17,10 @@ writes, with any Keras backend:
   epochs 2 and 3), so that no two fits share a step or an epoch.
 - ``evaluate``: ``pipeline.evaluate``, a ``compute.forward`` span per batch.
 - ``predict``: ``pipeline.test``, a ``compute.forward`` span per batch.
+- while a ``fit`` runs, each ``model.save`` / ``model.save_weights`` (what
+  ``ModelCheckpoint`` calls) is a ``checkpoint.capture`` span with ``args.path``,
+  ``args.epoch``, ``args.global_step`` and ``args.bytes``: a checkpoint wherever the
+  callbacks' order puts it, and no step's work.
 
 With ``compile(steps_per_execution=N)`` Keras calls batch hooks every N batches, so
 one ``compute`` span covers N batches.
@@ -24,11 +28,14 @@ one ``compute`` span covers N batches.
 
 from __future__ import annotations
 
+import functools
+import os
+import threading
 from typing import Any
 
 from ._core import lifecycle as _lifecycle
 from ._core.tree import Node, ai
-from ._hooks import OpenSpans, guarded as _guarded
+from ._hooks import OpenSpans, bytes_at, call_in_span, guarded as _guarded
 from ._install_hint import import_framework
 
 __all__ = ["TraceCallback"]
@@ -50,6 +57,42 @@ class _Trained:
         now = _lifecycle.session()
         if now is not cls.session:
             cls.session, cls.steps, cls.next_epoch = now, 0, 0
+
+
+class _Saves:
+    """``Model.save`` and ``Model.save_weights``, wrapped once: a ``checkpoint.capture``
+    span while a traced ``fit`` runs (``fits``: its callbacks) and no save is under way
+    on this thread (one save may call the other)."""
+
+    fits: list[Any] = []
+    local = threading.local()
+
+    @classmethod
+    def wrap(cls) -> None:
+        for name in ("save", "save_weights"):
+            original = getattr(keras.Model, name, None)
+            if callable(original) and not hasattr(original, "__dftrace_wraps__"):
+                setattr(keras.Model, name, cls._traced(original))
+
+    @classmethod
+    def _traced(cls, original: Any) -> Any:
+        @functools.wraps(original)
+        def save(model: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            node = ai.checkpoint.capture
+            if not cls.fits or getattr(cls.local, "saving", False) or not node.enabled:
+                return original(model, filepath, *args, **kwargs)
+            path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
+            where = {"path": path} if path is not None else {}
+            cls.local.saving = True
+            try:
+                return call_in_span(node, original, (model, filepath, *args), kwargs,
+                                    args={**where, **cls.fits[-1]._epoch_args(), "global_step": _Trained.steps},
+                                    after=lambda _out: bytes_at(path) if path is not None else None)
+            finally:
+                cls.local.saving = False
+
+        save.__dftrace_wraps__ = original  # type: ignore[attr-defined]
+        return save
 
 
 class TraceCallback(keras.callbacks.Callback):
@@ -84,6 +127,10 @@ class TraceCallback(keras.callbacks.Callback):
         self._epoch = self._shift = None
         _Trained.in_this_session()
         self._start("train", ai.pipeline.train)
+        _Saves.wrap()
+        if self in _Saves.fits:  # (its last fit raised)
+            _Saves.fits.remove(self)
+        _Saves.fits.append(self)
 
     @_guarded
     def on_train_end(self, logs: Any = None) -> None:
@@ -91,6 +138,8 @@ class TraceCallback(keras.callbacks.Callback):
         self._stop("epoch")
         self._stop("train")
         self._epoch = None
+        if self in _Saves.fits:
+            _Saves.fits.remove(self)
 
     @_guarded
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:

@@ -57,28 +57,12 @@ import os
 from typing import Any
 
 from ._core.tree import ai
-from ._hooks import OpenSpans, Wait, call_in_span, guarded, warn_once
+from ._hooks import OpenSpans, Wait, bytes_at, call_in_span, guarded, warn_once
 from ._install_hint import import_framework
 
 __all__ = ["TraceCallback"]
 
 pl = import_framework("lightning.pytorch", "lightning", "Lightning")
-
-
-def _size(path: Any) -> int | None:
-    try:
-        p = os.fspath(path)
-        if os.path.isdir(p):  # sharded checkpoints are directories
-            return sum(os.path.getsize(os.path.join(d, f))
-                       for d, _, files in os.walk(p) for f in files)
-        return os.path.getsize(p)
-    except Exception:
-        return None
-
-
-def _bytes_at(path: Any) -> dict[str, Any] | None:
-    size = _size(path)
-    return {"bytes": size} if size is not None else None
 
 
 class _TracedCheckpoints:
@@ -98,7 +82,7 @@ class _TracedCheckpoints:
             try:
                 return call_in_span(ai.checkpoint.capture, fn, a, kw,
                                     args={"path": os.fspath(path), **cb._position("global_step")},
-                                    after=lambda _out: _bytes_at(path) if self.wrote else None)
+                                    after=lambda _out: bytes_at(path) if self.wrote else None)
             finally:
                 if cb._fetch.waiting:  # the wait for the next batch starts now
                     cb._fetch.begin()
@@ -127,7 +111,7 @@ class _TracedCheckpoints:
             if not node.enabled:
                 return load(path, *args, **kwargs)
             return call_in_span(node, load, (path, *args), kwargs,
-                                args={"path": os.fspath(path), **(_bytes_at(path) or {})})
+                                args={"path": os.fspath(path), **(bytes_at(path) or {})})
 
         trainer.save_checkpoint = trainer_save_checkpoint
         self.io.save_checkpoint = save_checkpoint

@@ -37,7 +37,7 @@ def _span(name, cat, ts, dur, *, pid=7, tid=7, ph='"X"', **args):
 _RULE_LINES = [
     b'{"name":"process_name","cat":"dftrace","pid":7,"tid":7,"ph":"M","args":{"name":"rank 0"}}',
     _span("train", "pipeline", 0, 10_000, level=1),
-    _span("epoch", "pipeline", 10, 4_000, level=2, count=3, epoch=9),  # numbered by its count
+    _span("epoch", "pipeline", 10, 4_000, level=2, count=3, epoch=9),  # a count, among others: by its events
     _span("epoch", "pipeline", 4_100, 4_000, level=2, epoch=5),
     _span("epoch", "pipeline", 8_200, 100, level=2),  # no epoch number: left out
     _span("fetch.block", "dataloader", 20, 100, level=3, epoch=0, step=1, count=1),
@@ -109,8 +109,10 @@ def test_each_rule_reduces_as_the_table_path_does(tmp_path, overlap, work_per_st
     steps = table.steps.filter(pl.col("name") == "forward")
     assert sorted(steps.select("step", "n").rows()) == [(1, 2), (2, 1)]
     assert table.collectives.height == 2
-    # An epoch span with no number keeps its place (minus its start) for its events to number it.
-    assert sorted(table.epoch_spans.get_column("epoch").to_list()) == [-8200, 2, 5]
+    # An epoch span with no number keeps its place (minus its start) for its events to
+    # number it, and so does one numbered by its count among spans numbered otherwise
+    # (a loop after an integration's epochs: its count is no epoch number there).
+    assert sorted(table.epoch_spans.get_column("epoch").to_list()) == [-8200, -10, 5]
     (save,) = table.durations.filter(pl.col("name") == "save").rows(named=True)
     assert (save["n"], save["lo"], save["hi"], save["m2"]) == (2, 2_000, 2_010, 50.0)
 

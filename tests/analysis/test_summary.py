@@ -127,6 +127,31 @@ def test_epochs_are_numbered_as_the_loop_numbers_them(tmp_path, style):
         assert 0.9 * truth - 200 <= mine <= truth + 200, (summary.epochs, truth_us)
 
 
+def test_a_later_phase_s_epochs_numbered_on_are_epochs_of_their_own(tmp_path):
+    """Pre-training then fine-tuning in one process: epoch spans numbered by their args
+    (an integration's), then a loop of your own numbering its epochs on (2 and 3). The
+    loop's spans were taken for the first phase's epochs of the same count (0 and 1):
+    two epochs, each with both phases' spans. They are four, each with its own steps."""
+    from dftrace import ai, testing
+
+    def steps(epoch, first):
+        for step in ai.dataloader.fetch.iter(range(first, first + 3)):
+            ai.update(epoch=epoch, step=step)
+            with ai.compute.forward:
+                pass
+
+    with testing.trace_to(tmp_path / "trace") as result:
+        for epoch in range(2):
+            with ai.pipeline.epoch(args={"epoch": epoch}):
+                steps(epoch, 3 * epoch)
+        for epoch in ai.pipeline.epoch.iter(range(2, 4)):
+            steps(epoch, 6 + 3 * (epoch - 2))
+        for epoch in ai.pipeline.epoch.iter(range(4, 6)):  # and another loop after it
+            steps(epoch, 12 + 3 * (epoch - 4))
+    summary = summarize(result.paths, index=False)
+    assert [(e["epoch"], e["spans"], e["steps"]) for e in summary.epochs] == [(k, 1, 3) for k in range(6)]
+
+
 def test_epoch_table_names_the_slowest_rank(summary):
     """Each epoch: ranks, steps, slowest rank's time and the median rank's."""
     epoch_us = STEPS * (FETCH_ITER_US + tracegen.step_us()) + CHECKPOINT_US

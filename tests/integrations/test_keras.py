@@ -197,3 +197,23 @@ def test_dftrace_run_gives_fit_evaluate_and_predict_the_callback_once(tmp_path, 
     assert names.count("compute") == 2 * 4 + 1 * 2  # 40 samples in batches of 10, then 20
     assert names.count("evaluate") == 1 and names.count("test") == 1
     assert names.count("forward") == 2 + 1  # evaluate's batches of 20, predict's of 40
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_model_checkpoint_saves_are_checkpoint_spans_whatever_the_callbacks_order(tmp_path, data, first):
+    """ModelCheckpoint's saves (model.save / save_weights while fit runs) are
+    checkpoint.capture spans with the path written, its size, the epoch and the global
+    step: listed before or after TraceCallback, where the order puts the save outside
+    the epoch span or inside it."""
+    x, y = data
+    saves = keras.callbacks.ModelCheckpoint(str(tmp_path / "ckpt" / "e{epoch}.weights.h5"), save_weights_only=True)
+    callbacks = [TraceCallback(), saves] if first else [saves, TraceCallback()]
+    with testing.trace_to(tmp_path / "trace") as result:
+        make_model().fit(x, y, epochs=3, batch_size=10, callbacks=callbacks, verbose=0)
+    written = sorted(str(p) for p in (tmp_path / "ckpt").iterdir())
+    spans = result.spans("capture", "checkpoint")
+    assert sorted(e["args"]["path"] for e in spans) == written and len(written) == 3
+    assert [(e["args"]["epoch"], e["args"]["global_step"]) for e in spans] == [(0, 4), (1, 8), (2, 12)]
+    assert all(e["args"]["bytes"] == os.path.getsize(e["args"]["path"]) for e in spans)
+    assert "step" not in spans[0]["args"]
+    assert validate_file(result.paths[0]) == []

@@ -30,7 +30,7 @@ from .io_tables import IO_CATS, cover_table, io_tables, regrouped_totals
 from ..read.schema import HOST_KEY, SUMMARY_COLUMNS, loop_body
 from .sketch import bins_of, merged_bins
 from ..read.sources import Partition
-from .step_numbers import regrouped_step_rows
+from .step_numbers import epoch_span_keys, regrouped_step_rows
 from .steps import (STEP_TIME_SCHEMA, container_rows, merged_work_encloses, model_steps, settled_procs, step_rows,
                     with_step_times, without_profiler_steps, work_merged)
 from ..read.trace import TraceTable, partition_keys
@@ -362,15 +362,14 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: 
         {"mask": np.flatnonzero(masks), "us": masks[masks > 0]}, schema={"mask": pl.Int64, "us": pl.Int64}
     )
     frame = spans.lazy()
-    # An epoch span numbers its epoch as .iter()'s 1-based count, else in args.epoch,
-    # else (none: a with span opened before the first update) by minus its start; the
-    # events inside renumber them (``combine.numbered_as_their_events``).
-    epoch_spans = (
-        frame.filter((pl.col("cat") == fmt.CAT_PIPELINE) & pl.col("name").is_in(fmt.EPOCH_NAMES))
-        .with_columns(pl.coalesce(pl.col("count") - 1, pl.col("epoch"), -pl.col("ts")).alias("epoch"))
-        .group_by("epoch")
-        .agg(*_extent())
-    )
+    # Epoch spans numbered as read (``step_numbers.epoch_span_keys``); the events
+    # inside renumber them (``combine.numbered_as_their_events``).
+    epochs = spans.filter((pl.col("cat") == fmt.CAT_PIPELINE) & pl.col("name").is_in(fmt.EPOCH_NAMES))
+    numbers = [epochs.get_column(c) for c in ("ts", "count", "epoch")]
+    epoch_spans = epochs.lazy().with_columns(pl.Series("epoch", epoch_span_keys(
+        numbers[0].to_numpy(), numbers[1].fill_null(0).to_numpy(), numbers[1].is_not_null().to_numpy(),
+        numbers[2].fill_null(0).to_numpy(), numbers[2].is_not_null().to_numpy()), dtype=pl.Int64)).group_by(
+        "epoch").agg(*_extent())
     orphans, openers = nesting_edges(spans, painting)
     # The tables are found in one call, by the engine for data in memory: a data
     # frame's own (the durations' variances are the same to the bit), and streaming

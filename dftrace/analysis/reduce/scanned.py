@@ -17,7 +17,7 @@ from ..read.partition_data import PartitionData, ScannedPiece, number_series, te
 from .io_tables import IO_CATS, io_tables, thread_cover
 from ..read.schema import HOST_KEY
 from .sketch import EXACT_BELOW_US, bins_of
-from .step_numbers import WORK_CATS
+from .step_numbers import WORK_CATS, epoch_span_keys
 from .data_waits import PASS_END, is_fetch
 from .steps import PROFILER_STEP_PREFIX
 
@@ -89,9 +89,10 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
     edge = {"tid": tid, "level": (level, level_ok), "start": span.ts, "end": span.end}
     name_values = piece.texts["name"][0]
     group_values, group_index = piece.texts["group"]
-    # An epoch span numbers its epoch as .iter()'s 1-based count, else in args.epoch,
-    # else by minus its start (see ``aggregate``'s epoch spans).
-    span_epoch = np.where(count_ok, count - 1, np.where(epoch_ok, epoch, -span.ts))
+    is_epoch = pipeline & span.name_is(lambda v: v in fmt.EPOCH_NAMES)
+    span_epoch = np.zeros(rows.size, dtype=np.int64)
+    span_epoch[is_epoch] = epoch_span_keys(span.ts[is_epoch], count[is_epoch], count_ok[is_epoch],
+                                           epoch[is_epoch], epoch_ok[is_epoch])
     # With work_per_step, each step's work is one row: compute, without a name (see ``work_merged``).
     cat_texts, step_cat, name_texts, step_name = cat_values, span.cat, name_values, span.name
     if work_per_step:
@@ -115,8 +116,7 @@ def aggregate_scanned(data: PartitionData, piece: ScannedPiece, with_overlap: bo
             "group": (["" if v is None else v for v in group_values], group_index[rows]),
             "seq": seq, "ts": span.ts, "dur": span.dur, "done": done}),
         "epochs": span.extents([epoch], epoch_ok, {"epoch": epoch}),
-        "epoch_spans": span.extents([span_epoch], pipeline & span.name_is(lambda v: v in fmt.EPOCH_NAMES),
-                                    {"epoch": span_epoch}),
+        "epoch_spans": span.extents([span_epoch], is_epoch, {"epoch": span_epoch}),
         "extents": {"start": [int(span.ts.min())], "end": [int(span.end.max())], "n": [rows.size],
                     "incomplete": [int((incomplete_ok & (incomplete != 0)).sum())]},
         "self_times": span.extents([span.cat, span.name], np.ones(rows.size, dtype=np.bool_),

@@ -247,3 +247,21 @@ def _in_other_pieces(code: np.ndarray, apart: np.ndarray, process: np.ndarray | 
                     shared[mine] |= (code[mine] >= low) & (code[mine] <= high)
     shared &= ~apart
     return shared
+
+
+def epoch_span_keys(ts: np.ndarray, count: np.ndarray, count_ok: np.ndarray, epoch: np.ndarray,
+                    epoch_ok: np.ndarray) -> np.ndarray:
+    """Each of a process's epoch spans' number as read: ``.iter()``'s 1-based count
+    less one, else its ``args.epoch``, else minus its start; the events inside renumber
+    them (``combine.numbered_as_their_events``). Where the process has other epoch
+    spans too (a later loop, whose counts start again, or spans numbered by their args:
+    pre-training, then fine-tuning), a loop's spans are numbered by minus their starts,
+    so that they are not taken for other epochs of the same number before the events
+    inside number them."""
+    key = np.where(count_ok, count - 1, np.where(epoch_ok, epoch, -ts))
+    counted = np.flatnonzero(count_ok)
+    if counted.size:
+        c = count[counted[np.argsort(ts[counted], kind="stable")]]
+        if counted.size < count.size or (c[1:] <= c[:-1]).any():
+            key[counted] = -ts[counted]
+    return key
