@@ -193,17 +193,15 @@ class TraceCallback(pl.Callback):
         broadcast = getattr(loop, "_broadcast_sigterm_tensor", None)
         if broadcast is None or "_broadcast_sigterm_tensor" in vars(loop):
             return  # another Lightning, or traced already
-        cb = self
-
         def traced_broadcast() -> Any:
             if not ai.comm.bcast.enabled:
                 return broadcast()
-            waiting = cb._fetch.waiting
+            waiting = self._fetch.waiting
             try:
-                return call_in_span(ai.comm.bcast, broadcast, args={**cb._position(), "sigterm": True})
+                return call_in_span(ai.comm.bcast, broadcast, args={**self._position(), "sigterm": True})
             finally:
                 if waiting:  # the wait for the batch starts after it
-                    cb._fetch.begin()
+                    self._fetch.begin()
 
         loop._broadcast_sigterm_tensor = traced_broadcast
         self._patched.append((loop, "_broadcast_sigterm_tensor"))
@@ -217,9 +215,11 @@ class TraceCallback(pl.Callback):
 
     @guarded
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._undo_io()
+        self._undo_patches()
 
-    def _undo_io(self) -> None:
+    def _undo_patches(self) -> None:
+        """Give back what was set on the trainer's objects: the checkpoint I/O, the
+        SIGTERM broadcast."""
         if self._io is not None:
             self._io.undo()
             self._io = None
@@ -365,4 +365,4 @@ class TraceCallback(pl.Callback):
         self._fetch.cancel()
         self._stand_down(False)
         self._spans.close_all(error=type(exception).__name__)
-        self._undo_io()
+        self._undo_patches()

@@ -365,11 +365,11 @@ def _aggregate_process(spans: pl.DataFrame, key: tuple[Any, ...], with_overlap: 
     # Epoch spans numbered as read (``step_numbers.epoch_span_keys``); the events
     # inside renumber them (``combine.numbered_as_their_events``).
     epochs = spans.filter((pl.col("cat") == fmt.CAT_PIPELINE) & pl.col("name").is_in(fmt.EPOCH_NAMES))
-    numbers = [epochs.get_column(c) for c in ("ts", "count", "epoch")]
-    epoch_spans = epochs.lazy().with_columns(pl.Series("epoch", epoch_span_keys(
-        numbers[0].to_numpy(), numbers[1].fill_null(0).to_numpy(), numbers[1].is_not_null().to_numpy(),
-        numbers[2].fill_null(0).to_numpy(), numbers[2].is_not_null().to_numpy()), dtype=pl.Int64)).group_by(
-        "epoch").agg(*_extent())
+    count, epoch = epochs.get_column("count"), epochs.get_column("epoch")
+    keys = epoch_span_keys(epochs.get_column("ts").to_numpy(), count.fill_null(0).to_numpy(),
+                           count.is_not_null().to_numpy(), epoch.fill_null(0).to_numpy(),
+                           epoch.is_not_null().to_numpy())
+    epoch_spans = epochs.lazy().with_columns(pl.Series("epoch", keys, dtype=pl.Int64)).group_by("epoch").agg(*_extent())
     orphans, openers = nesting_edges(spans, painting)
     # The tables are found in one call, by the engine for data in memory: a data
     # frame's own (the durations' variances are the same to the bit), and streaming
