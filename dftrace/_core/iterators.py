@@ -3,7 +3,9 @@ loop body.
 
 Per item, a ``<leaf>.iter`` span covers getting it and a ``<leaf>.block`` span the
 loop body holding it, both with ``count``. Both close on ``break``, ``close()`` and
-errors. The C engine has its own ``SpanIter`` for the plain case; this module is the
+errors. The ``next()`` that finds the pass over is ``<leaf>.end`` (:func:`record_end`):
+its wait can be long (a ``tf.data`` pipeline draining, a loader's workers shutting
+down). The C engine has its own ``SpanIter`` for the plain case; this module is the
 pure-Python engine's and the one for ``.iter()`` uses that summarise their items.
 """
 
@@ -12,9 +14,34 @@ from __future__ import annotations
 from typing import Any
 
 from . import engine as _engine
-from .engine import LOCAL, OpenSpan, Stack, clock, close_span, open_span, resolve, speedups
+from .engine import LOCAL, OpenSpan, Stack, clock, close_span, current_stack, new_id, open_span, record, \
+    resolve, speedups, sticky_of
+from .records import Extra
 
-__all__ = ["aiterate", "aislice", "iterate"]
+__all__ = ["aiterate", "aislice", "iterate", "record_end"]
+
+
+def record_end(node: Any, t0: int, t1: int, extra: Any, count: int) -> None:
+    """The ``next()`` that found a ``.iter()`` pass over, from ``t0`` to ``t1``: a
+    ``<leaf>.end`` span, with the loop's own args and ``count`` the items it gave. It
+    is written on every pass that runs to its end, however short (a list's end takes
+    no time; a pipeline draining or a loader shutting its workers down can be a
+    loop's longest wait), and the sticky args in force but ``step``: it ends the
+    pass of its epoch, but is no step's (the step numbered last ended with its work)."""
+    try:
+        end = node.derive("end")
+        if end._on:
+            sticky = sticky_of(end)
+            if sticky is not None and "step" in sticky.args:
+                sticky = Extra({k: v for k, v in sticky.args.items() if k != "step"}) if len(sticky.args) > 1 else None
+            stk = current_stack()
+            record(end._kid, t0, t1, new_id(), stk[-1], len(stk), stk.tid, sticky, extra, count, 0)
+    except Exception:
+        pass
+
+
+if speedups is not None:
+    speedups.register(iter_end=record_end)
 
 
 def iterate(obj: Any, gate: Any, iterable: Any, capture: Any = None) -> Any:
@@ -52,8 +79,8 @@ def _iterate(obj: Any, gate: Any, iterable: Any, capture: Any) -> Any:
                 it = iter(iterable)
             item = next(it)
         except StopIteration:
-            close_span(stk, s, 0, recorded=False)  # the end: no .iter span
-            return
+            close_span(stk, s, 0, recorded=False)  # the end: no .iter span, but its wait
+            break
         except BaseException as e:
             close_span(stk, s, clock(), extra, e)
             raise
@@ -67,6 +94,10 @@ def _iterate(obj: Any, gate: Any, iterable: Any, capture: Any) -> Any:
             yield item
         finally:
             block.close(clock())
+    # the wait that found the pass over, and for the source's iterator to go (its
+    # workers, its threads; out of the except clause, whose traceback holds it)
+    it = iterable = None
+    record_end(node, s.t0, clock(), extra, count)
 
 
 class _Block:
@@ -117,8 +148,8 @@ async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
         try:
             item = await it.__anext__()
         except StopAsyncIteration:
-            close_span(stk, s, 0, recorded=False)  # the end: no .iter span
-            return
+            close_span(stk, s, 0, recorded=False)  # the end: no .iter span, but its wait
+            break
         except BaseException as e:
             close_span(stk, s, clock(), extra, e)
             raise
@@ -130,6 +161,8 @@ async def aiterate(obj: Any, gate: Any, aiterable: Any) -> Any:
             yield item
         finally:
             close_span(stk, block, clock(), extra, count=count)
+    it = aiterable = None  # the wait that found the pass over, and for the source's iterator to go
+    record_end(node, s.t0, clock(), extra, count)
 
 
 async def aislice(aiterable: Any, n: int) -> Any:

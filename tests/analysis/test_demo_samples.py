@@ -42,7 +42,7 @@ def test_the_toy_run_has_four_ranks_of_the_pages_run(samples):
     trace = load_traces(samples / "traces")
     assert sorted(trace.processes["rank"].to_list()) == [0, 1, 2, 3]
     spans = trace.events.filter(trace.events["ph"] == "X")
-    assert spans.height == 5660  # what the pages' convert and merge print
+    assert spans.height == 5680  # what the pages' convert and merge print
     backward = spans.filter((spans["cat"] == "compute") & (spans["name"] == "backward"))
     assert backward.group_by("rank").len().sort("rank")["len"].to_list() == [10, 10, 10, 10]
 

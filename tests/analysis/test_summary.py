@@ -127,6 +127,43 @@ def test_epochs_are_numbered_as_the_loop_numbers_them(tmp_path, style):
         assert 0.9 * truth - 200 <= mine <= truth + 200, (summary.epochs, truth_us)
 
 
+def test_epochs_numbered_only_by_update_take_in_their_loaders_start_and_end(tmp_path):
+    """No epoch spans, ``ai.update(epoch=..., step=...)`` in the loop body, and a loader
+    that starts its workers at each pass's first batch and shuts them down at its end:
+    that first fetch ran before the update, so it carries the epoch before. Each epoch
+    was the previous one's start-up plus its own body, and the last epoch lost both its
+    start-up and its end (a third of its time). Each is its own loop's time now."""
+    import time
+
+    from dftrace import ai, testing
+
+    class Loader:
+        """Per pass: 30 ms to start its workers, 4 batches of 2 ms, 20 ms to end."""
+
+        def __iter__(self):
+            time.sleep(0.03)
+            for batch in range(4):
+                time.sleep(0.002)
+                yield batch
+            time.sleep(0.02)
+
+    truth_us = []
+    with testing.trace_to(tmp_path / "trace") as result:
+        step = 0
+        for epoch in range(3):
+            began = time.perf_counter_ns()
+            for _ in ai.dataloader.fetch.iter(Loader()):
+                ai.update(epoch=epoch, step=step)
+                with ai.compute.forward:
+                    time.sleep(0.002)
+                step += 1
+            truth_us.append((time.perf_counter_ns() - began) / 1000)
+    summary = summarize(result.paths, index=False)
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 4), (1, 4), (2, 4)]
+    for mine, truth in zip([e["max_us"] for e in summary.epochs], truth_us, strict=True):
+        assert 0.85 * truth - 1000 <= mine <= truth + 200, (summary.epochs, truth_us)
+
+
 def test_a_later_phase_s_epochs_numbered_on_are_epochs_of_their_own(tmp_path):
     """Pre-training then fine-tuning in one process: epoch spans numbered by their args
     (an integration's), then a loop of your own numbering its epochs on (2 and 3). The

@@ -77,3 +77,16 @@ def test_array_like_values_are_summarised_not_dumped(tmp_path):
         with ai.device.transfer(args={"batch": Tensor()}):
             pass
     assert t.spans("transfer")[0]["args"]["batch"] == "<Tensor shape=(2, 3) dtype=float32>"
+
+
+def test_keys_that_read_alike_are_both_kept(tmp_path):
+    """Keys are written as strings: ``1`` and ``"1"`` read alike, and the later one
+    overwrote the first. Both are kept, the later under its repr, at the top level
+    and nested."""
+    with testing.trace_to(tmp_path) as t:
+        with ai.compute.forward(args={"m": {1: "int", "1": "str"}, 1: "a", "1": "b"}):
+            pass
+    (span,) = t.spans("forward")
+    assert span["args"]["m"] == {"1": "int", "'1'": "str"}
+    assert (span["args"]["1"], span["args"]["'1'"]) == ("a", "b")
+    assert_valid(t.paths)

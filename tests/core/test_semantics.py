@@ -113,6 +113,55 @@ def test_iter_counts_making_the_iterator_in_the_first_items_wait(tmp_path):
     assert_valid(t.paths)
 
 
+def test_iter_writes_the_wait_that_finds_the_pass_over_as_its_end(tmp_path):
+    """The ``next()`` that finds a pass over can be a loop's longest wait (a tf.data
+    pipeline draining, a loader's workers shutting down): it is ``<leaf>.end``, with
+    the loop's args and how many items it gave, up to the source's iterator gone, and
+    its epoch but no step; a loop that is left early has none. The data-loader stall counts
+    it as waiting."""
+    import time
+
+    class Draining:
+        """Three items, then 60 ms to find the end, and 40 ms to let its iterator go."""
+
+        def __iter__(self):
+            return self
+
+        def __init__(self):
+            self.n = 0
+
+        def __next__(self):
+            self.n += 1
+            if self.n > 3:
+                time.sleep(0.06)
+                raise StopIteration
+            return self.n
+
+        def __del__(self):
+            time.sleep(0.04)
+
+    with testing.trace_to(tmp_path) as t:
+        ai.update(epoch=0, step=7)
+        for _ in ai.dataloader.fetch(args={"loader": "train"}).iter(Draining()):
+            waited = time.perf_counter_ns()
+        ended_us = (time.perf_counter_ns() - waited) / 1e3
+        for i in ai.dataloader.fetch.iter(range(5)):
+            if i == 1:
+                break
+    [end] = t.spans("fetch.end")
+    assert end["cat"] == "dataloader" and 100_000 <= end["dur"] <= ended_us, (end, ended_us)
+    assert (end["args"]["count"], end["args"]["loader"]) == (3, "train")
+    assert "step" not in end["args"] and end["args"]["epoch"] == 0
+    assert len(t.spans("fetch.iter")) == 3 + 2
+    assert_valid(t.paths)
+    pytest.importorskip("polars")
+    from dftrace.analysis import summarize
+
+    [loop] = summarize(t.paths).dataloader
+    assert loop["iter_us"] >= sum(e["dur"] for e in t.spans("fetch.iter")) + end["dur"]
+    assert loop["items"] == 5
+
+
 @pytest.mark.parametrize("how", ["break", "exception", "close"])
 def test_iter_closes_its_spans_early(tmp_path, how):
     """Leaving a ``.iter`` loop by break, an exception or ``close()`` still closes the block span."""

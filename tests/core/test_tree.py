@@ -112,7 +112,8 @@ def test_derive_makes_a_child_event_in_the_same_category(tmp_path):
         list(collate.iter([1, 2]))
     names = [(e["name"], e["cat"]) for e in t.spans()]
     assert names == [("preprocess.collate", "data")] * 2 + [
-        ("preprocess.collate.iter", "data"), ("preprocess.collate.block", "data")] * 2
+        ("preprocess.collate.iter", "data"), ("preprocess.collate.block", "data")] * 2 + [
+        ("preprocess.collate.end", "data")]
 
 
 def test_misuse_of_decorator_gives_a_helpful_error():

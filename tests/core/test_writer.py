@@ -93,7 +93,7 @@ def test_engine_written_frames_match_the_python_path(tmp_path, monkeypatch, comp
     native = _program_events(tmp_path, "native", compression)
     monkeypatch.setattr(sink_mod, "_NATIVE", set())
     python = _program_events(tmp_path, "python", compression)
-    assert len(native) == 12  # per item: fetch.iter, fetch.block, forward, all_reduce
+    assert len(native) == 13  # per item: fetch.iter, fetch.block, forward, all_reduce; fetch.end
     assert [(e["name"], e["args"].get("i"), e["args"].get("bytes"), e["args"].get("epoch"))
             for e in native] == [(e["name"], e["args"].get("i"), e["args"].get("bytes"),
                                   e["args"].get("epoch")) for e in python]

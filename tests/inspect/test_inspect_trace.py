@@ -89,7 +89,7 @@ def test_dotted_names_read_as_nested_keys():
     with dftrace.trace_in_memory() as t:
         train(3)
     assert t.dataloader.keys() == ["fetch"]
-    assert sorted(t.dataloader.fetch.keys()) == ["block", "iter"]
+    assert sorted(t.dataloader.fetch.keys()) == ["block", "end", "iter"]
     assert [c.args["count"] for c in t.dataloader.fetch.iter] == [1, 2, 3]
 
 
@@ -101,7 +101,7 @@ def test_children_and_parent_follow_nesting():
     assert [c.name for c in block.children] == ["forward", "backward"]
     assert block.children.forward[0].parent is block
     assert t.dataloader.fetch.block[1].children.backward[0].params.grad == 10
-    assert [c.name for c in t.roots] == ["fetch.iter", "fetch.block"] * 2
+    assert [c.name for c in t.roots] == ["fetch.iter", "fetch.block"] * 2 + ["fetch.end"]
 
 
 def test_dir_lists_the_valid_keys():
@@ -182,9 +182,9 @@ def test_print_shows_one_summary_row_per_category_and_name():
     with dftrace.trace_in_memory() as t:
         train(3)
     text = str(t)
-    assert text.startswith("dftrace trace: 12 call(s) in 2 categories")
+    assert text.startswith("dftrace trace: 13 call(s) in 2 categories")
     rows = {(r[0], r[1]): r for r in _table_rows(text)}
-    assert set(rows) == {("dataloader", "fetch.iter"), ("dataloader", "fetch.block"),
+    assert set(rows) == {("dataloader", "fetch.iter"), ("dataloader", "fetch.block"), ("dataloader", "fetch.end"),
                          ("compute", "forward"), ("compute", "backward")}
     assert rows[("compute", "forward")][2] == "3"
     assert "x, scale; result" in text
@@ -229,11 +229,11 @@ def test_repr_html_renders_a_well_formed_escaped_table():
     page = t._repr_html_()
     table = ET.fromstring(page)  # well-formed: parses as XML
     assert table.tag == "table"
-    assert table.find("caption").text.startswith("dftrace trace: 9 call(s)")
+    assert table.find("caption").text.startswith("dftrace trace: 10 call(s)")
     header = [th.text for th in table.find("thead").iter("th")]
     assert header[:3] == ["category", "name", "calls"]
     body = [[td.text for td in tr] for tr in table.find("tbody")]
-    assert [r[1] for r in body] == ["fetch.iter", "fetch.block", "forward", "backward", "preprocess"]
+    assert [r[1] for r in body] == ["fetch.iter", "fetch.block", "forward", "backward", "fetch.end", "preprocess"]
     call_page = t.data.preprocess[0]._repr_html_()
     assert "<script>" not in call_page and "&lt;script&gt;" in call_page
     cells = [td.text for td in ET.fromstring(call_page).iter("td")]
@@ -253,7 +253,7 @@ def test_exception_leaves_a_partial_trace_and_a_note():
     assert t.partial and t.error == "RuntimeError: disk full"
     assert dftrace.last_in_memory_trace() is t
     notes = getattr(info.value, "__notes__", [])
-    assert len(notes) == 1 and "dftrace.last_in_memory_trace()" in notes[0] and "8 call(s)" in notes[0]
+    assert len(notes) == 1 and "dftrace.last_in_memory_trace()" in notes[0] and "9 call(s)" in notes[0]
     assert "PARTIAL" in str(t)
 
 
@@ -283,7 +283,7 @@ def test_an_in_memory_trace_beside_a_file_session_gives_both_the_events(tmp_path
         with dftrace.trace_in_memory() as t:
             train(2)
     file_spans = testing.spans(written.events)
-    assert len(file_spans) == len(t) == 8
+    assert len(file_spans) == len(t) == 9
     testing.assert_span(written, "forward", count=2, args={"params.scale": 10})
 
 

@@ -304,7 +304,7 @@ def test_thread_state_made_again_on_the_same_os_thread(tmp_path):
     assert_valid(paths)
     events = [e for p in paths for e in testing.read_events(p)]
     names = Counter(e["name"] for e in spans(events) if e["tid"] == tid1)
-    assert names == {"epoch": 6, "forward": 6, "transfer": 2, "fetch.iter": 4, "fetch.block": 4}
+    assert names == {"epoch": 6, "forward": 6, "transfer": 2, "fetch.iter": 4, "fetch.block": 4, "fetch.end": 2}
     epochs = {e["id"]: e for e in spans(events, "epoch")}
     for e in spans(events, "forward"):
         assert epochs[e["args"]["p_idx"]]["tid"] == tid1 and e["args"]["level"] == 2

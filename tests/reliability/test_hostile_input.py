@@ -131,12 +131,12 @@ def test_any_name_category_and_args_give_valid_lines(name, cat, args):
             pass
 
     spans = testing.spans(_trace(record))
-    assert len(spans) == 7  # with, decorator, 2 x (iter, block), with
+    assert len(spans) == 8  # with, decorator, 2 x (iter, block), the pass's end, with
     # What a name becomes: itself, with any lone surrogate written as "?".
     want_name = name.encode("utf-8", "replace").decode("utf-8")
     want_cat = cat.encode("utf-8", "replace").decode("utf-8")
     for e in spans:
-        assert e["name"] in (want_name, want_name + ".iter", want_name + ".block")
+        assert e["name"] in (want_name, want_name + ".iter", want_name + ".block", want_name + ".end")
         assert e["cat"] == want_cat
 
 

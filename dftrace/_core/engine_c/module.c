@@ -49,6 +49,7 @@ static const reg_t REGISTRY[] = {
     {"sticky_of", &dft_calls.sticky_of, CALLABLE},
     {"extra_type", &dft_calls.extra_type, TYPE},
     {"slow_exit", &dft_calls.slow_exit, CALLABLE},
+    {"iter_end", &dft_calls.iter_end, CALLABLE},
     {"state", &dft_hooks.state, ANY},
     {"span_type", (PyObject **)&dft_hooks.span, TYPE},
     {"no_span", &dft_hooks.no_span, ANY},
@@ -82,6 +83,9 @@ static const reg_t REGISTRY[] = {
     "  sticky_of   sticky_of(node) -> Extra or None: refresh after update()\n" \
     "  extra_type  Extra, the class of encoded args (its slots are read in place)\n" \
     "  slow_exit   cm_exit(self, et, ev, tb): __exit__ for all but the common case\n" \
+    "The iterators (dftrace._core.iterators):\n" \
+    "  iter_end    record_end(node, t0, t1, extra, count): the next() that found an\n" \
+    "              .iter() pass over, its <leaf>.end span\n" \
     "The tree (dftrace._core.tree):\n" \
     "  state           STATE, the recorder's state (open_spans, max_open_spans)\n" \
     "  span_type       Span, the token start() returns (made and filled here)\n" \

@@ -24,6 +24,7 @@ typedef struct {
     PyObject *sticky_of;  /* callable(node) -> Extra or None (refresh after update()) */
     PyObject *extra_type; /* the Extra class */
     PyObject *slow_exit;  /* the Python __exit__ for every case but the common one */
+    PyObject *iter_end;   /* callable(node, t0, t1, extra, count): an .iter() pass's end */
 } recstate_t;
 
 extern recstate_t dft_calls;

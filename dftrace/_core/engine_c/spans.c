@@ -473,10 +473,20 @@ static PyObject *SpanIter_next(SpanIter *s) {
     long long t1 = now_ns();
     if (item == NULL) {
         Py_CLEAR(s->it);
-        if (PyErr_Occurred()) /* the source raised: the .iter span with args.error */
+        if (PyErr_Occurred()) { /* the source raised: the .iter span with args.error */
             span_close_raised(&item_span, stk, t1, s->extra, -1);
-        else /* the end: no .iter span is recorded */
+        } else { /* the end: no item, so no .iter span; the wait for it, and for the
+                    source's iterator to go (its workers, its threads), is <leaf>.end */
             span_close(&item_span, stk, t1, NULL, NULL, -1, SPAN_UNRECORDED);
+            if (dft_calls.iter_end) {
+                PyObject *r = PyObject_CallFunction(dft_calls.iter_end, "OLLOL", s->node, item_span.t0, now_ns(),
+                                                    s->extra ? s->extra : Py_None, s->count);
+                if (r)
+                    Py_DECREF(r);
+                else if (PyErr_ExceptionMatches(PyExc_Exception))
+                    PyErr_Clear(); /* (else a signal's exception, raised: the program's) */
+            }
+        }
         Py_DECREF(stk);
         return NULL;
     }

@@ -75,22 +75,29 @@ def _round(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
 
 
-#: An item wait's or loop body's suffix, which its loop's name is without.
-_LOOP_SUFFIX = "(" + "|".join(re.escape(s) for s in (fmt.ITER_SUFFIX, *fmt.LOOP_BODY_SUFFIXES)) + ")$"
+#: An item wait's, loop body's or pass end's suffix, which its loop's name is without.
+_LOOP_SUFFIX = "(" + "|".join(re.escape(s) for s in (fmt.ITER_SUFFIX, fmt.END_SUFFIX, *fmt.LOOP_BODY_SUFFIXES)) + ")$"
 
 
 def dataloader_rows(durations: pl.DataFrame, procs: pl.DataFrame) -> list[dict[str, Any]]:
+    """Per loop (``.iter()``): the time waiting for items (``.iter``, and the wait that
+    found the pass over, ``.end``) against the time using them (``.block``)."""
+    name = pl.col("name")
     loops = durations.filter(
         (pl.col("cat") != fmt.CAT_PIPELINE)
-        & (pl.col("name").str.ends_with(fmt.ITER_SUFFIX) | loop_body(pl.col("name")))
+        & (name.str.ends_with(fmt.ITER_SUFFIX) | name.str.ends_with(fmt.END_SUFFIX) | loop_body(name))
     ).with_columns(
-        pl.col("name").str.ends_with(fmt.ITER_SUFFIX).alias("is_iter"),
-        pl.col("name").str.replace(_LOOP_SUFFIX, "").alias("loader"),
+        (name.str.ends_with(fmt.ITER_SUFFIX) | name.str.ends_with(fmt.END_SUFFIX)).alias("is_iter"),
+        name.str.ends_with(fmt.ITER_SUFFIX).alias("is_item"),
+        name.str.replace(_LOOP_SUFFIX, "").alias("loader"),
     )
     if not loops.height:
         return []
-    iters = _value_stats(merged_bins(loops.filter("is_iter").drop("proc", "name", "is_iter"), ["cat", "loader"]),
-                         ["cat", "loader"], qs=(0.95,))
+    # the items' waits; the passes' ends are waits too, but no item's
+    iters = _value_stats(merged_bins(loops.filter("is_item").drop("proc", "name", "is_iter", "is_item"),
+                                     ["cat", "loader"]), ["cat", "loader"], qs=(0.95,))
+    ends = (loops.filter(pl.col("is_iter") & ~pl.col("is_item")).group_by("cat", "loader")
+            .agg(pl.col("total").sum().alias("end_us")))
     blocks = (
         loops.filter(~pl.col("is_iter"))
         .group_by("cat", "loader")
@@ -109,8 +116,9 @@ def dataloader_rows(durations: pl.DataFrame, procs: pl.DataFrame) -> list[dict[s
         .drop("unit_order")
     )
     rows = (
-        iters.join(blocks, on=["cat", "loader"], how="left")
+        iters.join(blocks, on=["cat", "loader"], how="left").join(ends, on=["cat", "loader"], how="left")
         .rename({"count": "items", "total_us": "iter_us", "mean_us": "iter_mean_us", "p95_us": "iter_p95_us"})
+        .with_columns((pl.col("iter_us") + pl.col("end_us").fill_null(0)).alias("iter_us")).drop("end_us")
         .with_columns(_stall("iter_us", "block_us"))
         .sort("iter_us", descending=True)
         .to_dicts()

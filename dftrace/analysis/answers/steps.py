@@ -199,6 +199,27 @@ def epoch_source(combined: Combined) -> pl.DataFrame:
     return combined.epoch_spans if combined.epoch_spans.height else combined.epochs
 
 
+def epoch_extents(combined: Combined, process_steps: pl.DataFrame) -> pl.DataFrame:
+    """proc, epoch, start, end, n: what the epochs table measures. The pipeline's epoch
+    spans when the trace has them; else, per process, the extent of the events that
+    carry each ``args.epoch``, begun where its first step begins (that step's batch
+    was fetched before ``ai.update(epoch=...)``, so the fetch carries the epoch
+    before: a loader's workers started again for the new pass were the old epoch's
+    time) and ended where the next epoch begins."""
+    epochs = epoch_source(combined)
+    if combined.epoch_spans.height or not epochs.height or not process_steps.height:
+        return epochs
+    firsts = (process_steps.lazy().filter(pl.col("epoch").is_not_null())
+              .group_by(pl.col("proc").cast(epochs.schema["proc"]), pl.col("epoch").cast(epochs.schema["epoch"]))
+              .agg(pl.col("start").min().alias("_first")).collect())
+    begun = pl.min_horizontal("start", "_first")
+    return (epochs.join(firsts, on=["proc", "epoch"], how="left").with_columns(begun.alias("start"))
+            .sort("proc", "start")
+            .with_columns(pl.max_horizontal("start", pl.min_horizontal("end", pl.col("start").shift(-1).over("proc")))
+                          .alias("end"))
+            .select(epochs.columns))
+
+
 def epoch_rows(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
     by_unit = by_unit.filter(pl.col("epoch").is_not_null())
     if not by_unit.height:
@@ -290,7 +311,8 @@ def rounded_rows(frame: pl.DataFrame) -> list[dict[str, Any]]:
 def epochs(context: Context) -> dict[str, Any]:
     """Stage 1: per epoch, ranks, steps, slowest rank and its time, median rank time."""
     combined = context.combined
-    by_unit = each_rank_across_runs(unit_extents(epoch_source(combined), context.procs, ["epoch"]),
+    by_unit = each_rank_across_runs(unit_extents(epoch_extents(combined, context.process_steps), context.procs,
+                                                 ["epoch"]),
                                     context.procs, context.runs, ["epoch"])
     return {"epochs": epoch_rows(by_unit, context.process_steps)}
 
