@@ -100,7 +100,10 @@ def sanitize(v: Any, max_len: int = 1024, _depth: int = 0) -> Any:
         if _depth < _MAX_DEPTH:
             if isinstance(v, Mapping):
                 if len(v) <= _MAX_ITEMS:
-                    return {_key(k, max_len): sanitize(x, max_len, _depth + 1) for k, x in v.items()}
+                    out: dict[str, Any] = {}
+                    for k, x in v.items():
+                        out[distinct_key(_key(k, max_len), k, out)] = sanitize(x, max_len, _depth + 1)
+                    return out
                 return f"<{t.__name__} len={len(v)}>"
             if isinstance(v, (list, tuple, set, frozenset)):
                 if len(v) <= _MAX_ITEMS:
@@ -120,6 +123,22 @@ def _key(k: Any, max_len: int) -> str:
         return f"<{type(k).__name__}>"
 
 
+def distinct_key(key: str, k: Any, taken: Mapping[str, Any]) -> str:
+    """``key`` (what ``k`` reads as), or, where a key already in ``taken`` reads the
+    same (``1`` and ``"1"``), ``k``'s repr: both entries are kept."""
+    if key not in taken:
+        return key
+    try:
+        other = repr(k)
+    except Exception:
+        other = f"<{type(k).__name__}>"
+    n = 2
+    alt = other
+    while alt in taken:
+        alt, n = f"{other}#{n}", n + 1
+    return alt
+
+
 def sanitize_args(args: Mapping[str, Any] | None, max_len: int = 1024) -> dict[str, Any]:
     """Sanitise a mapping of args; reserved keys are renamed ``arg_<key>``."""
     if not args:
@@ -133,7 +152,7 @@ def sanitize_args(args: Mapping[str, Any] | None, max_len: int = 1024) -> dict[s
         key = _key(k, max_len)
         if key in RESERVED:
             key = "arg_" + key
-        out[key] = sanitize(v, max_len)
+        out[distinct_key(key, k, out)] = sanitize(v, max_len)
     return out
 
 

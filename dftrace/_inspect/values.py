@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._core.args import _cut
+from .._core.args import _cut, distinct_key
 
 __all__ = ["content_hash", "describe_value", "render", "type_name"]
 
@@ -135,7 +135,9 @@ def _head(items: Iterable[Any], n: int) -> list[Any]:
 
 
 def _mapping(v: Mapping[Any, Any], sub: dict[str, Any]) -> dict[str, Any]:
-    items = {_key(k): describe_value(x, **sub) for k, x in _head(v.items(), MAX_KEYS)}
+    items: dict[str, Any] = {}
+    for k, x in _head(v.items(), MAX_KEYS):
+        items[distinct_key(_key(k), k, items)] = describe_value(x, **sub)
     if len(v) <= MAX_KEYS:
         return items
     return {"type": type_name(v), "len": len(v), "head": items}

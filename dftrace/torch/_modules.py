@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import fnmatch
+import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -90,6 +91,44 @@ class _ModuleSpans:
         self._bwd.close_all()
 
 
+class _TracedForward:
+    """A hooked module's ``forward`` attribute: calls its span wrapper. It stays the
+    module's own: a copy of the model made while tracing (``copy.deepcopy`` for an
+    EMA or a best model) gets the copy's own ``forward``, not a wrapper that runs the
+    original's weights, and a model pickled meanwhile (``torch.save(model)``) is
+    pickled without it. ``__wrapped__`` keeps the forward's signature visible."""
+
+    __slots__ = ("call", "module", "own", "__wrapped__")
+
+    def __init__(self, call: Any, module: Any, own: Any):
+        self.call, self.module, self.own = call, module, own
+        self.__wrapped__ = own if own is not _NO_FORWARD else type(module).forward.__get__(module)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.call(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        copy = memo.get(id(self.module))
+        if copy is None:  # the wrapper alone: the same wrapper
+            return self
+        if self.own is not _NO_FORWARD:
+            return _copied(self.own, memo)
+        return type(copy).forward.__get__(copy)  # as the class's, bound to the copy
+
+    def __reduce__(self) -> Any:
+        # what the module had before: getattr(module, "forward") on a module being
+        # unpickled (its attributes not yet set) is its class's, bound to it
+        if self.own is _NO_FORWARD:
+            return getattr, (self.module, "forward")
+        return operator.itemgetter(0), ((self.own,),)
+
+
+def _copied(value: Any, memo: dict[int, Any]) -> Any:
+    import copy
+
+    return copy.deepcopy(value, memo)
+
+
 def _skipped(exc: BaseException) -> None:
     warn_once("trace_modules.shapes", f"trace_modules: recording shapes failed and was skipped: {exc!r}")
 
@@ -137,7 +176,7 @@ class ModuleTracing:
                 ms = _ModuleSpans(path, type(module).__name__, shapes)
                 own = module.__dict__.get("forward", _NO_FORWARD)
                 self._forwards.append((module, own))
-                module.forward = ms.wrap_forward(module.forward)
+                module.forward = _TracedForward(ms.wrap_forward(module.forward), module, own)
                 if backward:
                     self._handles.append(module.register_full_backward_pre_hook(ms.backward_pre))
                     self._handles.append(module.register_full_backward_hook(ms.backward_post))

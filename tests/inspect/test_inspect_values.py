@@ -210,3 +210,8 @@ def test_summaries_do_not_import_numpy_or_torch():
 def test_bytes_are_described_by_length(value):
     """Bytes-like values record their length, not their content."""
     assert describe_value(value)["len"] == 3
+
+
+def test_captured_keys_that_read_alike_are_both_kept():
+    """``{1: ..., "1": ...}`` keeps both entries, the later under its repr."""
+    assert describe_value({1: "int", "1": "str"}) == {"1": "int", "'1'": "str"}

@@ -315,6 +315,35 @@ def test_module_hooks_removed_after_an_exception(tmp_path):
     assert_valid(result.paths)
 
 
+@pytest.mark.parametrize("shapes", [True, False])
+def test_a_model_copied_or_saved_while_traced_is_its_own(tmp_path, shapes):
+    """A copy made inside trace_modules (an EMA model, a best model kept by
+    ``copy.deepcopy``) runs its own weights, during the block and after it, and is
+    not traced; ``torch.save(model)`` meanwhile saves a model that loads and runs as
+    the original does. The copy ran the original's weights, and the save raised."""
+    import copy
+    import io
+
+    model = _nested_model()
+    x = torch.randn(3, 4)
+    with testing.trace_to(tmp_path) as result:
+        with dft.trace_modules(model, shapes=shapes):
+            ema = copy.deepcopy(model)
+            with torch.no_grad():
+                for p in ema.parameters():
+                    p.zero_()
+            assert torch.equal(ema(x), torch.zeros(3, 2))
+            saved = io.BytesIO()
+            torch.save(model, saved)
+            expected = model(x)
+        assert torch.equal(ema(x), torch.zeros(3, 2))
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=False)
+    assert torch.equal(loaded(x), expected)
+    assert len(result.spans("forward.1.fc")) == 1  # the original's call only
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
 def test_module_tracing_keeps_no_tensor_alive():
     """After a traced forward, input and output tensors die with their last user reference."""
     model = _nested_model()
