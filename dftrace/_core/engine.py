@@ -167,9 +167,10 @@ _ERRORS: dict[str, Extra] = {}
 
 
 def with_error(extra: Extra | None, exc: BaseException) -> Extra | None:
-    """``extra`` plus ``error: <exception type>`` (only for ``Exception``s: a
-    KeyboardInterrupt or GeneratorExit is no error of the span)."""
-    if not isinstance(exc, Exception):
+    """``extra`` plus ``error: <exception type>``, for an ``Exception`` and for a
+    task's cancellation (``asyncio.CancelledError``: a request cancelled or timed
+    out did not succeed); a KeyboardInterrupt or GeneratorExit is no error of the span."""
+    if not isinstance(exc, Exception) and not any(c.__name__ == "CancelledError" for c in type(exc).__mro__):
         return extra
     name = type(exc).__name__
     err = _ERRORS.get(name)

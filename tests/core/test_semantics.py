@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import warnings
 
@@ -460,6 +461,37 @@ def test_async_function_span_covers_the_awaited_body(tmp_path):
         assert asyncio.run(fetch(0.02)) == 0.02
     (e,) = t.spans("receive")
     assert e["dur"] >= 20_000
+
+
+def test_a_cancelled_or_timed_out_task_s_span_says_so(tmp_path):
+    """A request cancelled (``task.cancel()``) or timed out (``asyncio.wait_for``) is
+    not a success: its spans carry ``error: CancelledError``, as an exception's do;
+    one that finished has none. They were written as successes."""
+
+    @ai.pipeline.derive("request")
+    async def handle(delay):
+        with ai.pipeline.derive("queue"):
+            await asyncio.sleep(delay)
+        return delay
+
+    async def main():
+        done = await handle(0)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(handle(10), 0.01)
+        task = asyncio.ensure_future(handle(10))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return done
+
+    with testing.trace_to(tmp_path) as t:
+        assert asyncio.run(main()) == 0
+    errors = sorted((e["name"], e["args"].get("error", "")) for e in t.spans()
+                    if e["name"] in ("pipeline.request", "pipeline.queue"))
+    assert errors == [("pipeline.queue", ""), *[("pipeline.queue", "CancelledError")] * 2,
+                      ("pipeline.request", ""), *[("pipeline.request", "CancelledError")] * 2], errors
+    assert_valid(t.paths)
 
 
 def test_concurrent_tasks_get_their_own_tracks(tmp_path):
