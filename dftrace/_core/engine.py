@@ -236,6 +236,17 @@ def install_stack(stk: Stack | None) -> None:
         speedups.stacks_changed()
 
 
+def _current_task(loop: Any) -> Any:
+    """asyncio's task running on ``loop``, or None. At the first call (a loop runs, so
+    asyncio is imported) this name is rebound to asyncio's C function where there is
+    one (``asyncio.current_task`` is a Python wrapper of it before 3.12)."""
+    global _current_task
+    import asyncio
+
+    _current_task = getattr(sys.modules.get("_asyncio"), "current_task", None) or asyncio.current_task
+    return _current_task(loop)
+
+
 def resolve() -> Stack:
     """The stack of the calling thread, or of the calling asyncio task (slow path).
 
@@ -248,16 +259,15 @@ def resolve() -> Stack:
         stk = _thread_stack()
         install_stack(stk)
         return stk
-    install_stack(None)
-    thread_stk = _thread_stack()
-    import asyncio  # already imported: a loop is running
-
-    task = asyncio.current_task(loop)
+    if LOCAL.stk is not None:
+        install_stack(None)
+    task = _current_task(loop)
     if task is None:  # a plain loop callback: the thread's own track
-        return thread_stk
+        return _thread_stack()
     stk = TASK_STACK.get()
     if stk is not None and stk.owner is task:
         return stk
+    thread_stk = _thread_stack()
     # A new task: its own track and its own nesting (p_idx never crosses tracks).
     vtid = next(_vtids)
     stk = Stack(vtid, task)

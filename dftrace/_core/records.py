@@ -225,6 +225,10 @@ class Encoder:
             return b""
         if "lines" in payload:  # lines made whole already (file I/O's FH, io_file)
             return payload["lines"]
+        named = _thread_named(payload, self.max_arg_length) if k.ph == fmt.PH_METADATA else None
+        if named is not None:  # a thread's or task's name: one per asyncio task, made here at once
+            return b'{"id":%d,"name":"%b","cat":"%b","pid":%d,"tid":%d,"ph":"M","args":{"hhash":%b,"name":%b}}\n' % (
+                i, _THREAD_NAME, _CAT_TRACER, self.pid, tid, orjson.dumps(self.hhash), named)
         try:
             ev: dict[str, Any] = {
                 "id": i,
@@ -247,3 +251,27 @@ class Encoder:
             return orjson.dumps(ev) + b"\n"
         except Exception:
             return b""
+
+
+_THREAD_NAME = fmt.META_THREAD_NAME.encode()
+_CAT_TRACER = fmt.CAT_TRACER.encode()
+
+
+def _thread_named(payload: dict, max_len: int) -> bytes | None:
+    """The JSON of the name a thread-name record gives (``{"name": "thread_name",
+    "args": {"name": <str>}}``, nothing else), or None for any other record or a name
+    that needs more than JSON's own escaping (cut, or a lone surrogate)."""
+    if payload.get("name") != fmt.META_THREAD_NAME or len(payload) != 2:
+        return None
+    args = payload.get("args")
+    if type(args) is not dict or len(args) != 1:
+        return None
+    name = args.get("name")
+    if type(name) is not str or len(name) > max_len:
+        return None
+    try:
+        import orjson
+
+        return orjson.dumps(name)
+    except Exception:
+        return None
