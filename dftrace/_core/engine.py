@@ -238,12 +238,17 @@ def install_stack(stk: Stack | None) -> None:
 
 def _current_task(loop: Any) -> Any:
     """asyncio's task running on ``loop``, or None. At the first call (a loop runs, so
-    asyncio is imported) this name is rebound to asyncio's C function where there is
-    one (``asyncio.current_task`` is a Python wrapper of it before 3.12)."""
+    asyncio is imported) this name is rebound to what ``asyncio.current_task`` (a
+    Python function) reads: ``_asyncio``'s C function (3.12 on), or the ``get`` of
+    the C tasks' dict of current tasks (before)."""
     global _current_task
     import asyncio
 
-    _current_task = getattr(sys.modules.get("_asyncio"), "current_task", None) or asyncio.current_task
+    current = getattr(sys.modules.get("_asyncio"), "current_task", None)
+    if current is None:
+        tasks = getattr(asyncio.tasks, "_current_tasks", None)
+        current = tasks.get if type(tasks) is dict else asyncio.current_task
+    _current_task = current
     return _current_task(loop)
 
 
