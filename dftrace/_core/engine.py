@@ -167,9 +167,8 @@ _ERRORS: dict[str, Extra] = {}
 
 
 def with_error(extra: Extra | None, exc: BaseException) -> Extra | None:
-    """``extra`` plus ``error: <exception type>``, for an ``Exception`` and for a
-    task's cancellation (``asyncio.CancelledError``: a request cancelled or timed
-    out did not succeed); a KeyboardInterrupt or GeneratorExit is no error of the span."""
+    """``extra`` plus ``error: <exception type>``, for an ``Exception`` and a task's
+    cancellation (``asyncio.CancelledError``); a KeyboardInterrupt is no span's error."""
     if not isinstance(exc, Exception) and not any(c.__name__ == "CancelledError" for c in type(exc).__mro__):
         return extra
     name = type(exc).__name__
@@ -237,18 +236,14 @@ def install_stack(stk: Stack | None) -> None:
 
 
 def _current_task(loop: Any) -> Any:
-    """asyncio's task running on ``loop``, or None. At the first call (a loop runs, so
-    asyncio is imported) this name is rebound to what ``asyncio.current_task`` (a
-    Python function) reads: ``_asyncio``'s C function (3.12 on), or the ``get`` of
-    the C tasks' dict of current tasks (before)."""
+    """asyncio's task running on ``loop``, or None; rebound at the first call to what
+    ``asyncio.current_task`` reads, in C (3.12 on: a function; before, a dict's get)."""
     global _current_task
     import asyncio
 
-    current = getattr(sys.modules.get("_asyncio"), "current_task", None)
-    if current is None:
-        tasks = getattr(asyncio.tasks, "_current_tasks", None)
-        current = tasks.get if type(tasks) is dict else asyncio.current_task
-    _current_task = current
+    tasks = getattr(asyncio.tasks, "_current_tasks", None)
+    _current_task = getattr(sys.modules.get("_asyncio"), "current_task", None) or (
+        tasks.get if type(tasks) is dict else asyncio.current_task)
     return _current_task(loop)
 
 
