@@ -557,7 +557,7 @@ def _load_speedups() -> Any:
         return None
     mod.register(local=LOCAL, resolve=resolve, wait_room=wait_for_room, wake=wake_consumer,
                  unwind=_unwind, with_error=with_error, merge=Extra.joined, to_extra=to_extra,
-                 sticky_of=sticky_of, extra_type=Extra)
+                 sticky_of=sticky_of, extra_type=Extra, task_stack=TASK_STACK)
     mod.set_limits(STATE._batch_size, STATE._buffer_limit, STATE._drop_when_full)
     use_native(mod.add_kind, mod.plain_fragment)
     return mod

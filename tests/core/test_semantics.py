@@ -463,6 +463,41 @@ def test_async_function_span_covers_the_awaited_body(tmp_path):
     assert e["dur"] >= 20_000
 
 
+def test_tasks_made_inside_a_span_have_tracks_of_their_own(tmp_path):
+    """A task made inside another task's span inherits its context (where the task's
+    stack is kept) but not its stack: each child's spans nest on a track of its own,
+    and the parent's spans opened around and after the children nest in the parent."""
+
+    async def child(i):
+        with ai.compute.forward(args={"c": i}):
+            await asyncio.sleep(0.001)
+            with ai.compute.backward:
+                pass
+
+    async def parent():
+        with ai.pipeline.derive("request"):
+            children = [asyncio.ensure_future(child(i)) for i in range(3)]
+            with ai.data.preprocess:
+                await asyncio.sleep(0.002)
+            await asyncio.gather(*children)
+            with ai.device.transfer:
+                pass
+
+    with testing.trace_to(tmp_path) as t:
+        asyncio.run(parent())
+    spans = by_id(t.events)
+    [request] = t.spans("pipeline.request")
+    for name in ("preprocess", "transfer"):
+        [e] = t.spans(name)
+        assert (e["tid"], e["args"]["p_idx"]) == (request["tid"], request["id"])
+    forwards = t.spans("forward")
+    assert len({e["tid"] for e in forwards} | {request["tid"]}) == 4
+    assert all(e["args"]["p_idx"] == 0 and e["args"]["level"] == 1 for e in forwards)
+    for e in t.spans("backward"):
+        assert spans[e["args"]["p_idx"]]["name"] == "forward" and spans[e["args"]["p_idx"]]["tid"] == e["tid"]
+    check_nesting(t.events)
+
+
 def test_a_cancelled_or_timed_out_task_s_span_says_so(tmp_path):
     """A request cancelled (``task.cancel()``) or timed out (``asyncio.wait_for``) is
     not a success: its spans carry ``error: CancelledError``, as an exception's do;

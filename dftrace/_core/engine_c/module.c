@@ -50,6 +50,7 @@ static const reg_t REGISTRY[] = {
     {"extra_type", &dft_calls.extra_type, TYPE},
     {"slow_exit", &dft_calls.slow_exit, CALLABLE},
     {"iter_end", &dft_calls.iter_end, CALLABLE},
+    {"task_stack", &dft_calls.task_stack, ANY},
     {"state", &dft_hooks.state, ANY},
     {"span_type", (PyObject **)&dft_hooks.span, TYPE},
     {"no_span", &dft_hooks.no_span, ANY},
@@ -83,6 +84,7 @@ static const reg_t REGISTRY[] = {
     "  sticky_of   sticky_of(node) -> Extra or None: refresh after update()\n" \
     "  extra_type  Extra, the class of encoded args (its slots are read in place)\n" \
     "  slow_exit   cm_exit(self, et, ev, tb): __exit__ for all but the common case\n" \
+    "  task_stack  TASK_STACK, the context variable holding an asyncio task's stack\n" \
     "The iterators (dftrace._core.iterators):\n" \
     "  iter_end    record_end(node, t0, t1, extra, count): the next() that found an\n" \
     "              .iter() pass over, its <leaf>.end span\n" \
@@ -191,7 +193,7 @@ PyObject *dft_str_thread_stk, *dft_str_stk, *dft_str_on, *dft_str_kid, *dft_str_
     *dft_str_bkid, *dft_str_tid, *dft_str_open, *dft_str_extra, *dft_str_node, *dft_str_frag,
     *dft_str_mask, *dft_str_sgen, *dft_str_sticky, *dft_str__args, *dft_str__obj, *dft_str__stk, *dft_str__id,
     *dft_str_open_spans, *dft_str_max_open_spans, *dft_str_args_kw, *dft_str_args_attr,
-    *dft_str_asyncio;
+    *dft_str_asyncio, *dft_str_owner;
 
 /* Each attribute (or keyword) the engine reads by name, with the Python object it
    reads it from ("module:qualname"), and the variable holding it interned (NULL:
@@ -206,6 +208,7 @@ static const read_t READS[] = {
     {"dftrace._core.engine:LOCAL", "thread_stk", &dft_str_thread_stk},
     {"dftrace._core.engine:Stack", "tid", &dft_str_tid},
     {"dftrace._core.engine:Stack", "open", &dft_str_open},
+    {"dftrace._core.engine:Stack", "owner", &dft_str_owner},
     {"dftrace._core.engine:STATE", "open_spans", &dft_str_open_spans},
     {"dftrace._core.engine:STATE", "max_open_spans", &dft_str_max_open_spans},
     {"dftrace._core.records:Extra", "frag", &dft_str_frag},
@@ -234,6 +237,7 @@ static const read_t READS[] = {
     {"dftrace._core.tree:Span._stop_py", "args", &dft_str_args_kw},
     {"sys:modules", "asyncio", &dft_str_asyncio},
     {"asyncio", "_get_running_loop", NULL},
+    {"asyncio.tasks", "_current_tasks", NULL}, /* before 3.12; from 3.12 _asyncio.current_task */
 };
 
 static int intern_names(void) {

@@ -25,6 +25,7 @@ typedef struct {
     PyObject *extra_type; /* the Extra class */
     PyObject *slow_exit;  /* the Python __exit__ for every case but the common one */
     PyObject *iter_end;   /* callable(node, t0, t1, extra, count): an .iter() pass's end */
+    PyObject *task_stack; /* TASK_STACK: the context variable holding an asyncio task's stack */
 } recstate_t;
 
 extern recstate_t dft_calls;
@@ -37,7 +38,7 @@ extern PyObject *dft_str_thread_stk, *dft_str_stk, *dft_str_on, *dft_str_kid, *d
     *dft_str_bkid, *dft_str_tid, *dft_str_open, *dft_str_extra, *dft_str_node, *dft_str_frag,
     *dft_str_mask, *dft_str_sgen, *dft_str_sticky, *dft_str__args, *dft_str__obj, *dft_str__stk, *dft_str__id,
     *dft_str_open_spans, *dft_str_max_open_spans, *dft_str_args_kw, *dft_str_args_attr,
-    *dft_str_asyncio;
+    *dft_str_asyncio, *dft_str_owner;
 
 /* The __slots__ of dftrace's own small Python classes (Extra, Span), read and set
    in place: each slot's offset is found once from its member descriptor. For an

@@ -50,6 +50,73 @@ PyObject *dft_local_stk_read(void) {
     return stk;
 }
 
+/* ------------------------------------------------------------------------- */
+/* An asyncio task's stack without resolve()                                    */
+
+static PyObject *current_task_fn = NULL; /* _asyncio.current_task (3.12 on) */
+static PyObject *current_tasks = NULL;   /* else asyncio.tasks._current_tasks: {loop: task} */
+
+/* The task running on `loop` as asyncio.current_task reads it (new reference, None
+   for none), or NULL with no error set where neither way is there. */
+static PyObject *task_of(PyObject *loop) {
+    if (current_task_fn == NULL && current_tasks == NULL) {
+        PyObject *mods = PyImport_GetModuleDict(); /* borrowed */
+        PyObject *c = mods ? PyDict_GetItemString(mods, "_asyncio") : NULL;
+        current_task_fn = c ? PyObject_GetAttrString(c, "current_task") : NULL;
+        if (current_task_fn == NULL) {
+            PyErr_Clear();
+            PyObject *tasks = mods ? PyDict_GetItemString(mods, "asyncio.tasks") : NULL;
+            PyObject *d = tasks ? PyObject_GetAttrString(tasks, "_current_tasks") : NULL;
+            if (d == NULL || !PyDict_CheckExact(d)) {
+                PyErr_Clear();
+                Py_XDECREF(d);
+                return NULL;
+            }
+            current_tasks = d;
+        }
+    }
+    if (current_task_fn != NULL) {
+        PyObject *task = PyObject_CallOneArg(current_task_fn, loop);
+        if (task == NULL)
+            PyErr_Clear();
+        return task;
+    }
+    PyObject *task = PyDict_GetItemWithError(current_tasks, loop); /* borrowed */
+    if (task == NULL) {
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return NULL;
+        }
+        task = Py_None;
+    }
+    Py_INCREF(task);
+    return task;
+}
+
+PyObject *dft_task_stack(PyObject *loop) {
+    PyObject *stk = NULL;
+    if (dft_calls.task_stack == NULL || PyContextVar_Get(dft_calls.task_stack, NULL, &stk) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (stk == NULL || stk == Py_None || !PyList_Check(stk)) {
+        Py_XDECREF(stk);
+        return NULL;
+    }
+    PyObject *task = task_of(loop);
+    PyObject *owner = (task != NULL && task != Py_None) ? PyObject_GetAttr(stk, dft_str_owner) : NULL;
+    if (owner == NULL)
+        PyErr_Clear();
+    int mine = owner != NULL && owner == task;
+    Py_XDECREF(owner);
+    Py_XDECREF(task);
+    if (!mine) {
+        Py_DECREF(stk);
+        return NULL;
+    }
+    return stk;
+}
+
 /* stacks_changed(): a LOCAL.stk was assigned (or LOCAL replaced). */
 static PyObject *stacks_changed(PyObject *self, PyObject *unused) {
     dft_stacks_forget();

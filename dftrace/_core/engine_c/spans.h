@@ -119,20 +119,31 @@ static inline PyObject *running_loop(void) {
     return PyObject_CallNoArgs(dft_asyncio_get_running_loop);
 }
 
+/* The stack of the asyncio task running on `loop` where it has one of its own already
+   (its context holds it, and its owner is the task: a task made by another inherits
+   its maker's context), as a new reference; NULL with no error set otherwise, and
+   resolve() makes it (or finds a loop callback's thread stack). Inside a loop
+   LOCAL.stk is None: resolve() set it so when it made the task's stack. */
+PyObject *dft_task_stack(PyObject *loop);
+
 /* The stack spans of this thread (or asyncio task) nest on; NULL with an error. */
 static inline PyObject *current_stack(void) {
     PyObject *loop = running_loop();
     if (!loop)
         return NULL;
-    int in_loop = (loop != Py_None);
-    Py_DECREF(loop);
-    if (!in_loop) {
+    if (loop == Py_None) {
+        Py_DECREF(loop);
         PyObject *stk = local_stk();
         if (!stk)
             return NULL;
         if (stk != Py_None)
             return stk;
         Py_DECREF(stk);
+    } else {
+        PyObject *stk = dft_task_stack(loop);
+        Py_DECREF(loop);
+        if (stk)
+            return stk;
     }
     return PyObject_CallNoArgs(dft_calls.resolve);
 }

@@ -101,20 +101,25 @@ static PyObject *Traceable_exit(PyObject *self, PyObject *const *args, Py_ssize_
         goto slow;
     stk = local_stk();
     if (stk == Py_None) {
-        /* A thread that never recorded has nothing to close (unless inside a loop). */
-        PyObject *own = PyObject_GetAttr(dft_calls.local, dft_str_thread_stk);
-        int never = (own == Py_None);
-        Py_XDECREF(own);
-        if (never) {
-            PyObject *loop = running_loop();
-            never = (loop == Py_None);
-            Py_XDECREF(loop);
+        /* Inside a loop: the task's own stack, where it has one. */
+        PyObject *loop = running_loop();
+        PyObject *task_stk = (loop != NULL && loop != Py_None) ? dft_task_stack(loop) : NULL;
+        int outside = (loop == Py_None);
+        Py_XDECREF(loop);
+        if (task_stk != NULL) {
+            Py_DECREF(stk);
+            stk = task_stk;
+        } else {
+            /* A thread that never recorded has nothing to close (unless inside a loop). */
+            PyObject *own = outside ? PyObject_GetAttr(dft_calls.local, dft_str_thread_stk) : NULL;
+            int never = (own == Py_None);
+            Py_XDECREF(own);
             if (never) {
                 Py_DECREF(stk);
                 Py_RETURN_FALSE;
             }
+            goto slow;
         }
-        goto slow;
     }
     if (!stk || !PyList_Check(stk))
         goto slow;
