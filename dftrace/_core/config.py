@@ -353,6 +353,13 @@ class Config:
                 f"compression_level (env DFTRACE_COMPRESSION_LEVEL)={lvl!r} is invalid for "
                 f"{self.compression}: expected an integer from {lo} to {hi}")
 
+    def absolute_log_file(self) -> str:
+        """``log_file`` as a child process, started in any directory, must be given it:
+        absolute, ``~`` expanded, a folder's trailing separator kept (without it the
+        child wrote its files beside the folder, named after it)."""
+        folder = self.log_file.endswith(("/", os.sep))
+        return os.path.abspath(os.path.expanduser(self.log_file)) + (os.sep if folder else "")
+
     def to_env(self) -> dict[str, str]:
         """The variables that make a child process start with this configuration."""
         out: dict[str, str] = {}
@@ -365,7 +372,7 @@ class Config:
             out[opt.env] = str(v)
         out["DFTRACE_ENABLE"] = "1"
         # Paths as this process names them now: a child may start in another directory.
-        out["DFTRACE_LOG_FILE"] = os.path.abspath(self.log_file)
+        out["DFTRACE_LOG_FILE"] = self.absolute_log_file()
         if self.data_dir and self.data_dir.strip().lower() != "all":
             out["DFTRACE_DATA_DIR"] = ":".join(os.path.abspath(p) for p in self.data_dir.split(":") if p.strip())
         return out

@@ -13,7 +13,6 @@ starting the iterator (worker start-up).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,7 +51,7 @@ def _child_options() -> dict[str, Any] | None:
         if s is None:
             return None
         opts = dict(s.config.as_dict())
-        opts["log_file"] = os.path.abspath(os.path.expanduser(s.config.log_file))
+        opts["log_file"] = s.config.absolute_log_file()
         opts["enable"] = True
         opts["process_name"] = None
         return opts

@@ -37,8 +37,9 @@ def seed_worker(worker_id: int) -> None:
 
 
 def main(method: str, out: str, n: int, init: bool) -> None:
-    # A long flush interval: workers' events reach disk only when they end.
-    dftrace.initialize(log_file=f"{out}/dl", compression="zstd", flush_interval=60)
+    # A long flush interval: workers' events reach disk only when they end. The folder
+    # named with a trailing separator, as its workers must be given it.
+    dftrace.initialize(log_file=f"{out}/", compression="zstd", flush_interval=60)
     loader = DataLoader(Squares(n), batch_size=4, num_workers=2,
                         multiprocessing_context=method,
                         worker_init_fn=WorkerInit(seed_worker) if init else None)

@@ -183,6 +183,45 @@ def test_subprocess_traces_with_the_configuration_the_parent_exported(tmp_path):
     assert [e["name"] for e in spans(child)] == ["step"]
 
 
+@pytest.mark.parametrize("folder", ["{tmp}/traces/", "~/traces/"])
+def test_children_write_into_a_folder_named_with_a_trailing_separator(tmp_path, folder):
+    """``log_file`` a folder (``DIR/``, ``~/DIR/``): a spawned child and a Python
+    subprocess write their files in it, beside the parent's (they wrote theirs beside
+    the folder, named after it: ``traces-<host>-<pid>.pfw``, and a summary of the
+    folder lost them)."""
+    script = write_script(tmp_path, """
+        import multiprocessing as mp
+        import subprocess
+        import sys
+
+        import dftrace
+        from dftrace import ai
+
+
+        def child():
+            with ai.data.item:
+                pass
+
+
+        if __name__ == "__main__":
+            dftrace.initialize(log_file=sys.argv[1])
+            with ai.pipeline.train:
+                p = mp.get_context("spawn").Process(target=child)
+                p.start()
+                p.join()
+                code = "from dftrace import ai\\nwith ai.compute.step: pass"
+                subprocess.run([sys.executable, "-c", code], check=True)
+    """)
+    home = tmp_path / "home"
+    home.mkdir()
+    out = run([script, folder.format(tmp=home)], HOME=str(home))
+    assert out.returncode == 0, out.stderr
+    everything = sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file())
+    assert len(everything) == 3 and all(p.startswith("traces/dftrace-") for p in everything), everything
+    names = sorted(e["name"] for evs in events_by_pid(home / "traces").values() for e in spans(evs))
+    assert names == ["item", "step", "train"]
+
+
 def test_process_context_is_recorded_at_start(tmp_path):
     """The PR metadata says what the process is: command line, directory, versions, CPUs, host."""
     numpy = pytest.importorskip("numpy")  # an imported framework gets its version recorded
