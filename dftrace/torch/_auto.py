@@ -217,13 +217,14 @@ class _Fetches:
     """A DataLoader's iterator, with a ``dataloader.fetch`` span per batch waited for
     (the pure-Python engine's twin of ``AutoState.fetches()``)."""
 
-    __slots__ = ("it", "loader", "epoch", "done")
+    __slots__ = ("it", "loader", "epoch", "done", "items")
 
     def __init__(self, it: Any, loader: int, epoch: int):
         self.it = it
         self.loader = loader
         self.epoch = epoch
         self.done = False  # its iteration ended
+        self.items = 0  # the batches it gave
 
     def __del__(self) -> None:
         """A loader's iteration left early (a break): its workers' shut-down is its
@@ -236,8 +237,8 @@ class _Fetches:
                 t0 = _clock()
                 self.it = None
                 t1 = _clock()
-                _FETCH_END.record(t0, t1, _epoch_now() if training else None)
-                _evaluations.iteration_ended(self.loader, t1)
+                _FETCH_END.record(t0, t1, {**((_epoch_now() or {}) if training else {}), "count": self.items})
+                _evaluations.iteration_ended(self.loader, t1, self.items)
         except Exception:
             pass
 
@@ -261,8 +262,9 @@ class _Fetches:
             if STATE.training == self.loader:  # its iteration ran to its end
                 STATE.ended = True
             t1 = _clock()
-            _FETCH_END.record(t0, t1, _epoch_now())
-            _evaluations.iteration_ended(self.loader, t1)
+            training = STATE.training == self.loader
+            _FETCH_END.record(t0, t1, {**((_epoch_now() or {}) if training else {}), "count": self.items})
+            _evaluations.iteration_ended(self.loader, t1, self.items)
             raise
         except BaseException as exc:
             position = STATE.position if STATE.training == self.loader else {}
@@ -273,10 +275,12 @@ class _Fetches:
 
     def _next(self) -> Any:
         try:
-            return next(self.it)
+            item = next(self.it)
         except BaseException:
             self.done = True
             raise
+        self.items += 1
+        return item
 
     def __len__(self) -> int:
         return len(self.it)
@@ -313,6 +317,8 @@ def _traced_iter(self: Any) -> Any:
         if key:
             _settle_start()
             epoch = _ITERATIONS.get(key, 0)
+            if _evaluations.LOOKED.pop(key, False):  # the pass before was a look at a batch: not an epoch
+                epoch -= 1
             _ITERATIONS[key] = epoch + 1
             STATE.begin(key, epoch)
     except Exception:

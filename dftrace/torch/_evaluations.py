@@ -24,12 +24,17 @@ STATE: Any = None
 #: ``pipeline.evaluate`` span on a track of its own (the step it interrupts ends there).
 BEGUN: dict[int, tuple[int, int]] = {}
 _EVALUATION_TRACK: list[int] = []  # [pid, tid] of this process's track
+#: The loaders whose last iteration was a look at a batch (``next(iter(loader))``: one
+#: batch or none, no optimizer step): the next iteration takes its epoch number.
+LOOKED: dict[int, bool] = {}
 
 
-def iteration_ended(key: int, t1: int) -> None:
-    """Loader ``key``'s iteration ran to its end at ``t1`` (see ``BEGUN``)."""
+def iteration_ended(key: int, t1: int, batches: int = -1) -> None:
+    """Loader ``key``'s iteration ran to its end, or was left, at ``t1``, having given
+    ``batches`` (see ``BEGUN``)."""
     try:
         begun = BEGUN.pop(key, None)
+        LOOKED[key] = begun is not None and 0 <= batches <= 1 and begun[1] == STATE.optimizer_steps
         if begun is None or key == STATE.training or begun[1] != STATE.optimizer_steps:
             return
         record_evaluation(begun[0], t1)

@@ -180,6 +180,40 @@ def test_steps_numbered_without_epochs_end_with_their_epoch_loop(tmp_path):
     assert all(s["max_us"] < 20_000 for s in summary.steps), summary.steps
 
 
+def test_spans_after_the_loop_that_carry_its_last_step_do_not_lengthen_it(tmp_path, monkeypatch):
+    """``ai.update(epoch=, step=)`` in the loop body, then a checkpoint and a metric
+    computed after the loop, still carrying the last step's number (nothing updates it):
+    the epoch's last step ends where its loader's pass ends, as long as by the loop's
+    own clock (it held the 50 ms after the loop: about 58 ms for 8)."""
+    import time
+
+    from dftrace import ai, testing
+
+    truth_us = []
+    with testing.trace_to(tmp_path / "trace") as result:
+        for epoch in range(2):
+            began = time.perf_counter_ns()
+            for step, _ in ai.dataloader.fetch.iter(enumerate(range(4))):
+                ai.update(epoch=epoch, step=step)
+                with ai.compute.forward:
+                    time.sleep(0.008)
+                now = time.perf_counter_ns()
+                truth_us.append((now - began) / 1000)
+                began = now
+            with ai.checkpoint.capture:
+                time.sleep(0.03)
+            with ai.compute.forward:
+                time.sleep(0.02)
+    summary = summarize(result.paths, index=False)
+    assert [(s["epoch"], s["step"]) for s in summary.steps] == [(e, k) for e in range(2) for k in range(4)]
+    mine = [s["max_us"] for s in summary.steps]
+    for ours, theirs in zip(mine, truth_us):
+        assert 0.9 * theirs - 500 <= ours <= theirs + 1_000, (mine, truth_us)
+    # The same steps from numpy's model.
+    monkeypatch.setattr(kernels, "C", None)
+    assert summarize(result.paths, index=False).steps == summary.steps
+
+
 @pytest.mark.parametrize("epochs", ["spans", "none"])
 def test_step_numbers_that_start_again_without_an_epoch_are_each_passs_steps(tmp_path, monkeypatch, epochs):
     """``ai.update(step=i)`` with ``i`` from 0 in each pass over the data and no epoch

@@ -15,6 +15,8 @@
 - ``gan_tensors``: ``gan`` with no DataLoader (tensors made in the loop), 12
   iterations, then 6 steps of a third optimizer alone (a new phase);
 - ``break``: ``plain`` leaving each epoch's loop after 4 of its 8 batches;
+- ``peek``: ``plain`` after a look at one batch (``next(iter(loader))``) and 0.3 s
+  of setting up before training;
 - ``valmid``: ``plain`` with an evaluation loader iterated under ``torch.no_grad()``
   in the middle of each epoch, after its fourth step;
 - ``valbreak``: ``valmid`` whose evaluation leaves its loop after two batches (a
@@ -151,6 +153,9 @@ def main(mode: str, truth_path: str) -> None:
                 truth["steps"] += 1
             truth["epochs"] += 1
     else:
+        if mode == "peek":  # a look at a batch's shape, then setting up
+            x, _ = next(iter(loader))
+            time.sleep(0.3)
         for epoch in range(EPOCHS):
             if mode == "fresh":
                 loader = DataLoader(Data(), batch_size=8, num_workers=2)

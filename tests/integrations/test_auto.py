@@ -69,7 +69,9 @@ def test_an_unannotated_script_gets_steps_epochs_and_its_data_wait(tmp_path, how
     fetches = [e for e in spans if e["name"] == "fetch"]
     assert len(fetches) == truth["steps"]
     waited_us = sum(e["dur"] for e in fetches)
-    assert waited_us == pytest.approx(truth["fetch_ns"] / 1e3, rel=0.05)
+    # (a busy machine may hold the loop between its clock read and the recorder's: up to
+    # a millisecond a fetch allowed)
+    assert waited_us == pytest.approx(truth["fetch_ns"] / 1e3, rel=0.05, abs=1000 * len(fetches))
     forwards = [e for e in spans if e["name"] == "forward"]
     assert len(forwards) == truth["forwards"] + 1  # and the evaluation's
     assert sum("step" not in e["args"] for e in forwards) == 1
@@ -141,6 +143,23 @@ def test_a_loader_made_anew_each_epoch_numbers_the_epochs_on(tmp_path, engine):
     steps = [e for e in _spans(out) if e["name"] == "step"]
     assert [(e["args"]["step"], e["args"].get("epoch")) for e in steps] == [
         (k, k // 8) for k in range(16)]
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_batch_looked_at_before_training_is_no_epoch_nor_step(tmp_path, engine):
+    """``next(iter(loader))`` to look at a batch, then 0.3 s of setting up, then the
+    loop: the epochs are numbered from 0 as the loop counts them (the look was epoch 0,
+    the loop's epochs 1 and 2), each as long as by its clock, and the first step is
+    not the look's (it held the 0.3 s). Each pass's end says how many batches it gave."""
+    out, truth = _run_engine(tmp_path, "peek", engine)
+    summary = summarize(out)
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 8), (1, 8)]
+    _assert_epoch_times(summary, truth)
+    assert [(s["epoch"], s["step"]) for s in summary.steps] == [(k // 8, k) for k in range(16)]
+    starts = truth["starts_ns"]
+    assert summary.steps[0]["max_us"] == pytest.approx((starts[1] - starts[0]) / 1e3, rel=0.1, abs=2000)
+    ends = sorted(_spans(out, "fetch.end"), key=lambda e: e["ts"])
+    assert [(e["args"].get("epoch"), e["args"]["count"]) for e in ends] == [(0, 1), (0, BATCHES), (1, BATCHES)]
 
 
 def test_under_dftrace_run_the_last_evaluation_loader_s_start_is_written(tmp_path):

@@ -54,7 +54,7 @@ typedef struct {
     PyObject *fetch, *step; /* the nodes */
     uint32_t fetch_kid;
     PyObject *fetch_end;  /* the node of the wait for a loader's end (NULL: not recorded) */
-    PyObject *ended_cb;   /* ended_cb(loader_id, t1): a loader's iteration ran to its end (NULL: none) */
+    PyObject *ended_cb;   /* ended_cb(loader_id, t1, batches): a loader's iteration ran to its end (NULL: none) */
     /* evaluated_cb(t0, t1): a root's forward in eval mode between an optimizer step and
        the next batch (an evaluation over tensors at hand); evaluation_over_cb(): the
        step after such forwards begins (NULL: none) */
@@ -86,7 +86,7 @@ static PyTypeObject AutoStateType;
 /* ------------------------------------------------------------------------- */
 /* the position: this step's args                                              */
 
-static PyObject *str_step, *str_epoch, *str_module, *str_optimizer, *str_training, *str_name;
+static PyObject *str_step, *str_epoch, *str_count, *str_module, *str_optimizer, *str_training, *str_name;
 
 /* The args of this step, made anew (the step or the loader changed). */
 static int moved(AutoState *st) {
@@ -477,6 +477,7 @@ typedef struct {
     PyObject *it;
     AutoState *st;
     long long key, epoch;
+    long long items; /* the batches it gave */
     int done; /* its iteration ended (its last next() returned nothing) */
 } AutoFetches;
 
@@ -494,28 +495,34 @@ static PyObject *AutoState_fetches(PyObject *self, PyObject *args) {
     f->st = (AutoState *)Py_NewRef(self);
     f->key = key;
     f->epoch = epoch;
+    f->items = 0;
     f->done = 0;
     PyObject_GC_Track(f);
     return (PyObject *)f;
 }
 
 /* A loader's iteration ended: the wait for its end (its workers shut down) is a
-   `fetch.end` span with the training loader's epoch (no step: it is none). */
+   `fetch.end` span with the training loader's epoch (no step: it is none) and the
+   batches the pass gave (`count`). */
 static int end_of_iteration(AutoState *st, AutoFetches *f, span_t *sp, PyObject *stk, long long t1) {
-    PyObject *x = NULL;
+    PyObject *x = NULL, *d = PyDict_New(), *e = NULL, *n = PyLong_FromLongLong(f->items);
     if (f->key == st->training) {
         st->ended = 1;
-        PyObject *e = PyLong_FromLongLong(st->epoch + st->shift);
-        x = e ? one_arg(str_epoch, e) : NULL;
-        Py_XDECREF(e);
-        if (!x)
-            PyErr_Clear();
+        e = PyLong_FromLongLong(st->epoch + st->shift);
     }
+    if (d && n && (f->key != st->training || (e && PyDict_SetItem(d, str_epoch, e) == 0)) &&
+        PyDict_SetItem(d, str_count, n) == 0)
+        x = dft_plain_extra(d, 1);
+    Py_XDECREF(d);
+    Py_XDECREF(e);
+    Py_XDECREF(n);
+    if (!x)
+        PyErr_Clear();
     sp->kid = st->fetch_end_kid;
     int rc = span_close(sp, stk, t1, x, NULL, -1, 0); /* -1: a signal's exception, raised */
     Py_XDECREF(x);
     if (rc == 0 && st->ended_cb) { /* (an evaluation's loader, say) */
-        PyObject *r = PyObject_CallFunction(st->ended_cb, "LL", f->key, t1);
+        PyObject *r = PyObject_CallFunction(st->ended_cb, "LLL", f->key, t1, f->items);
         if (r)
             Py_DECREF(r);
         else if (PyErr_ExceptionMatches(PyExc_Exception))
@@ -531,6 +538,8 @@ static PyObject *next_of(AutoFetches *f) {
     PyObject *item = PyIter_Next(f->it);
     if (item == NULL)
         f->done = 1;
+    else
+        f->items++;
     return item;
 }
 
@@ -866,6 +875,7 @@ static PyTypeObject AutoCallType = {
 int dft_auto_hooks_add(PyObject *m) {
     if (!(str_step = PyUnicode_InternFromString("step")) ||
         !(str_epoch = PyUnicode_InternFromString("epoch")) ||
+        !(str_count = PyUnicode_InternFromString("count")) ||
         !(str_module = PyUnicode_InternFromString("module")) ||
         !(str_optimizer = PyUnicode_InternFromString("optimizer")) ||
         !(str_training = PyUnicode_InternFromString("training")) ||

@@ -14,6 +14,7 @@ import polars.selectors as cs
 
 from ..reduce.combine import Combined
 from ..reduce.busy import time_in_steps
+from ..reduce.data_waits import PASS_END
 from ..reduce.steps import each_process_steps, step_spread, unit_steps
 from .context import Context, UnitTables
 from .runs import (RUN_SUFFIX, each_rank_across_runs, find_runs, last_run_of_each_step, processes_frame,
@@ -205,15 +206,26 @@ def epoch_extents(combined: Combined, process_steps: pl.DataFrame) -> pl.DataFra
     carry each ``args.epoch``, begun where its first step begins (that step's batch
     was fetched before ``ai.update(epoch=...)``, so the fetch carries the epoch
     before: a loader's workers started again for the new pass were the old epoch's
-    time) and ended where the next epoch begins."""
+    time) and ended where the next epoch begins. Where a loader's pass ended between
+    its first event and its first step, it begins with that step: what came before
+    was a batch looked at before training (``next(iter(loader))``), not the epoch."""
     epochs = epoch_source(combined)
     if combined.epoch_spans.height or not epochs.height or not process_steps.height:
         return epochs
+    proc = pl.col("proc").cast(epochs.schema["proc"])
     firsts = (process_steps.lazy().filter(pl.col("epoch").is_not_null())
-              .group_by(pl.col("proc").cast(epochs.schema["proc"]), pl.col("epoch").cast(epochs.schema["epoch"]))
+              .group_by(proc, pl.col("epoch").cast(epochs.schema["epoch"]))
               .agg(pl.col("start").min().alias("_first")).collect())
+    joined = epochs.join(firsts, on=["proc", "epoch"], how="left")
+    passes = combined.containers.filter(pl.col("name") == PASS_END).select(proc, pl.col("start").alias("_pass"))
     begun = pl.min_horizontal("start", "_first")
-    return (epochs.join(firsts, on=["proc", "epoch"], how="left").with_columns(begun.alias("start"))
+    if passes.height:
+        joined = (joined.with_columns(pl.col("_first").fill_null(pl.col("start")).alias("_at")).sort("_at")
+                  .join_asof(passes.sort("_pass"), left_on="_at", right_on="_pass", by="proc", strategy="backward",
+                             check_sortedness=False))
+        begun = pl.when(pl.col("_first").is_not_null() & (pl.col("_pass") > pl.col("start"))).then(
+            pl.col("_first")).otherwise(begun)
+    return (joined.with_columns(begun.alias("start"))
             .sort("proc", "start")
             .with_columns(pl.max_horizontal("start", pl.min_horizontal("end", pl.col("start").shift(-1).over("proc")))
                           .alias("end"))

@@ -46,7 +46,7 @@ def rows_apart() -> pl.Expr:
 
 def data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_start: np.ndarray,
                  work_end: np.ndarray, cuts: np.ndarray, leads_on: np.ndarray,
-                 cut_ends: np.ndarray | None = None) -> np.ndarray:
+                 cut_ends: np.ndarray | None = None, pass_ends: np.ndarray | None = None) -> np.ndarray:
     """The step (its place in time order) each data-loading row belongs to, or -1.
 
     A step's data wait is the fetch of the batch it trains on. That fetch ran before
@@ -58,7 +58,9 @@ def data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_sta
     not the next (``leads_on`` false: steps untraced between them). One
     that began while ``s``'s work ran (data loading inside the step's own spans) is
     ``s``'s, and so is one that began before (between the previous step's work and its
-    own). Rows of no placed step, and earlier ones, belong to none.
+    own). Rows of no placed step, and earlier ones, belong to none, nor do those before
+    the end of a loader's pass (``pass_ends``: their sorted starts) that precedes the
+    step (a batch looked at before training: ``next(iter(loader))``).
     """
     size = step_start.size
     target = np.full(rank.size, -1, dtype=np.int64)
@@ -74,6 +76,10 @@ def data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_sta
         ahead &= np.searchsorted(cuts, step_start[nxt], side="left") == np.searchsorted(cuts, start, side="right")
         if cut_ends is not None:
             ahead &= ~inside_ended(cuts, cut_ends, start, step_start[nxt])
+    if pass_ends is not None and pass_ends.size:
+        passes_before = np.searchsorted(pass_ends, start, side="right")
+        own &= passes_before == np.searchsorted(pass_ends, step_start[r], side="left")
+        ahead &= passes_before == np.searchsorted(pass_ends, step_start[nxt], side="left")
     target[own] = r[own]
     target[ahead] = nxt[ahead]
     return target
@@ -96,8 +102,9 @@ def with_leading_data(leads: pl.DataFrame, epochs: pl.Series, step_start: np.nda
     fetched before the first ``ai.update(step=...)``, or every batch where only the
     integrations number steps), the step before ending where it begins. A fetch is
     left out where a step begins inside it, where it carries another epoch than the
-    step's (``epochs``: each step's), where a pipeline span (``cuts``: their starts)
-    begins between it and the step, where it lies in one (``containers``: start,
+    step's (``epochs``: each step's), where a pipeline span begins or a loader's pass
+    ends between it and the step (``cuts``: their starts; a batch looked at before
+    training, ``next(iter(loader))``, is no step's wait), where it lies in one (``containers``: start,
     end) that ended before the step (an evaluation's fetches), or where it began
     before the step before had done its work (``work_end``: each step's last work
     end): the next epoch's loader start inside a step whose micro-batches span the

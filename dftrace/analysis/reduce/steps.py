@@ -308,7 +308,7 @@ def _process_steps(proc: int, rows: pl.DataFrame, containers: np.ndarray, after_
         leads = pl.DataFrame({"epoch": numbers.get_column("epoch").filter(pl.Series(lead)),
                               **{name: values[lead] for name, values in columns.items()}})
         step_start, step_end, counts = with_leading_data(leads, picked.get_column("epoch"), step_start, step_end,
-                                                         counts, np.concatenate((cuts, after_work)), containers,
+                                                         counts, np.concatenate((cuts, after_work, pass_ends)), containers,
                                                          work_end)
     return pl.DataFrame(
         {
@@ -379,7 +379,7 @@ def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, star
     same_epoch = np.concatenate((same_numbers(epochs[1:], epochs[:-1]), [False]))
     follows = same_epoch & ~skipped_steps(numbers_of(keys, key, codes)[order], same_epoch)
     target = data_targets(rank_of[key], start, ~is_work & keep, step_start, work_end, cuts,
-                          follows | ~same_epoch, cut_ends)
+                          follows | ~same_epoch, cut_ends, pass_ends)
     data = target >= 0
     if data.any():
         earliest = np.full(order.size, np.iinfo(np.int64).max, dtype=np.int64)
@@ -393,7 +393,7 @@ def _placed_numpy(rows: pl.DataFrame, codes: tuple[np.ndarray, int] | None, star
     np.add.at(counts, owner[placed], n[placed])
     step_end = np.where(follows, np.concatenate((step_start[1:], [0])), last_end)
     if pass_ends is not None and pass_ends.size:  # an epoch's last step: to its pass's end, before the next step
-        at = np.searchsorted(pass_ends, last_end, side="left")
+        at = np.searchsorted(pass_ends, step_start, side="right")  # spans after it that carry the step: not its
         found = pass_ends[np.minimum(at, pass_ends.size - 1)]
         before_next = found < np.concatenate((step_start[1:], [np.iinfo(np.int64).max]))
         step_end = np.where(~same_epoch & (at < pass_ends.size) & before_next, found, step_end)

@@ -1032,19 +1032,22 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     }
 #define SAME_EPOCH(s) ((s) + 1 < n_steps && code[step_row[s]] / epoch_span == code[step_row[(s) + 1]] / epoch_span)
 #define SKIPS(s) (SAME_EPOCH(s) && code[step_row[(s) + 1]] - code[step_row[s]] > least_forward)
-    /* The step each data-loading row belongs to (see _steps._data_targets). */
+    /* The step each data-loading row belongs to (see _steps._data_targets): none where
+     * a loader's pass ends between the row and the step. */
+#define PASS_BETWEEN(j, s) (count_below(pass_ends, n_passes, ST(j), 1) < count_below(pass_ends, n_passes, step_start[s], 0))
     for (Py_ssize_t j = 0; j < n; j++) {
         int64_t r = rank_of[key[j]];
         target[j] = -1;
         if (work[j] || !keep[j] || r < 0) continue;
         if (ST(j) > (r ? step_start[r - 1] : INT64_MIN) && ST(j) < work_end[r]) {
-            target[j] = r;
+            if (!PASS_BETWEEN(j, r)) target[j] = r;
         } else if (ST(j) >= work_end[r] && r + 1 < n_steps && !SKIPS(r)
                    && count_below(cuts, n_cuts, step_start[r + 1], 0) == count_below(cuts, n_cuts, ST(j), 1)
-                   && !inside_ended(cuts, cut_ends, n_cuts, ST(j), step_start[r + 1])) {
+                   && !inside_ended(cuts, cut_ends, n_cuts, ST(j), step_start[r + 1]) && !PASS_BETWEEN(j, r + 1)) {
             target[j] = r + 1;
         }
     }
+#undef PASS_BETWEEN
     for (Py_ssize_t j = 0; j < n; j++)
         if (target[j] >= 0 && ST(j) < earliest[target[j]]) earliest[target[j]] = ST(j);
     for (Py_ssize_t s = 0; s < n_steps; s++) if (earliest[s] < step_start[s]) step_start[s] = earliest[s];
@@ -1056,12 +1059,13 @@ PyObject *sweeps_steps(PyObject *self, PyObject *args) {
     }
     /* A step ends where the next of its epoch starts (unless that one skips untraced
      * steps), else with its last span, or, the last of its epoch, at the end of its
-     * loader's pass found after it (before the next step); a pipeline span starting
+     * loader's pass found after its start (before the next step: spans after the loop
+     * that still carry its number are not its); a pipeline span starting
      * inside it ends it there, and one of after_work starting once its work has ended. */
     for (Py_ssize_t s = 0; s < n_steps; s++) {
         int64_t e = SAME_EPOCH(s) && !SKIPS(s) ? step_start[s + 1] : last_end[s];
         if (!SAME_EPOCH(s) && n_passes) {
-            Py_ssize_t p = count_below(pass_ends, n_passes, last_end[s], 0);
+            Py_ssize_t p = count_below(pass_ends, n_passes, step_start[s], 1);
             if (p < n_passes && (s + 1 == n_steps || pass_ends[p] < step_start[s + 1])) e = pass_ends[p];
         }
         Py_ssize_t next_cut = count_below(cuts, n_cuts, step_start[s], 1);
