@@ -58,17 +58,14 @@ class _State:
         self.steps = 0
         self.down = 0  # integrations training now (they record the same)
         self.current = 0  # id() of the loader iterated last (0: none)
-        #: id() of the training loader (the one iterated at the first optimizer
-        #: step); until then, the first loader iterated.
-        self.training = 0
+        self.training = 0  # id() of the training loader (iterated at the first optimizer step; until then the first)
         self.fixed = False  # the training loader is known
         self.epoch = 0  # how many times ``current`` was iterated before
         #: the training loader's epochs: the first of its own is ``shift`` (a loader
         #: made anew for each epoch continues its predecessor's count), its latest
-        #: ``train_epoch``; ``ended``: that iteration ran to its end
-        self.shift = 0
-        self.train_epoch = 0
-        self.ended = False
+        #: ``train_epoch``; ``ended``: that iteration ran to its end (``current_ended``:
+        #: ``current``'s, which is then not adopted)
+        self.shift, self.train_epoch, self.ended, self.current_ended = 0, 0, False, False
         #: an optimizer stepped while a loader is iterated: counted at the next batch
         #: (a GAN's second optimizer is the same step), or when ``stepped`` steps again;
         #: with no loader, the steps of ``counting`` alone count (see auto_hooks.c)
@@ -100,13 +97,14 @@ class _State:
             self.training = key
         if key == self.training:
             self.train_epoch, self.ended = epoch + self.shift, False
-        self.current, self.epoch = key, epoch
+        self.current, self.epoch, self.current_ended = key, epoch, False
         self.moved()
 
     def _adopt(self) -> None:
         """An optimizer step while another loader is iterated, after the training
         loader's iteration ended: that loader trains now (one made anew for each
-        epoch), its epoch the next one."""
+        epoch), its epoch the next one (not one whose iteration ended before the
+        step: an evaluation's, where ``itertools.cycle`` replays the training batches)."""
         self.shift = self.train_epoch + 1 - self.epoch
         self.training, self.train_epoch, self.ended = self.current, self.train_epoch + 1, False
         self.moved()
@@ -128,8 +126,12 @@ class _State:
                         self.train_epoch, self.ended = self.epoch, False
                     self.training = self.current
                 self.moved()
-            elif self.ended and self.current and self.current != self.training:
+            elif self.ended and self.current and self.current != self.training and not self.current_ended:
                 self._adopt()
+            elif self.current and self.current != self.training and self.current_ended:
+                # an evaluation's loader ended before this step: it trains on, in the training loader's epoch
+                self.current, self.epoch, self.current_ended = self.training, self.train_epoch - self.shift, self.ended
+                self.moved()
             _LOCAL.step_span = (_STEP.start(), optimizer)
         except Exception as exc:
             warn_once("auto-step", f"optimizer step not recorded: {exc!r}")
@@ -158,9 +160,8 @@ class _State:
 
 
 def _end_step_left() -> None:
-    """The step span left open by a step that raised (torch calls no post-hook then)
-    ends, incomplete, at the next step or batch fetched on its thread (a forward or
-    backward may nest in it: a closure's)."""
+    """The step span left open by a step that raised (torch calls no post-hook then) ends, incomplete,
+    at the next step or batch fetched on its thread (a forward or backward may nest in it: a closure's)."""
     held = _LOCAL.step_span
     if held is not None:
         _LOCAL.step_span = None
@@ -184,8 +185,6 @@ _speedups = _engine.speedups
 STATE: Any = _State()
 _evaluations.STATE = STATE
 _installed = False
-#: id(loader) -> how many times it was iterated
-_ITERATIONS: dict[int, int] = {}
 _original_iter: Any = None
 
 
@@ -220,27 +219,30 @@ class _Fetches:
     __slots__ = ("it", "loader", "epoch", "done", "items")
 
     def __init__(self, it: Any, loader: int, epoch: int):
-        self.it = it
-        self.loader = loader
-        self.epoch = epoch
-        self.done = False  # its iteration ended
-        self.items = 0  # the batches it gave
+        self.it, self.loader, self.epoch = it, loader, epoch
+        self.done, self.items = False, 0  # its iteration ended; the batches it gave
 
     def __del__(self) -> None:
         """A loader's iteration left early (a break): its workers' shut-down is its
         ``fetch.end``, and an evaluation's, cut short, is an evaluation all the same."""
         try:
             if not self.done and sys.getrefcount(self.it) == 2:
-                training = STATE.training == self.loader
-                if training:
-                    STATE.ended = True
                 t0 = _clock()
                 self.it = None
-                t1 = _clock()
-                _FETCH_END.record(t0, t1, {**((_epoch_now() or {}) if training else {}), "count": self.items})
-                _evaluations.iteration_ended(self.loader, t1, self.items)
+                self._ended(t0)
         except Exception:
             pass
+
+    def _ended(self, t0: int) -> None:
+        """Its iteration ended (ran to its end, or was let go): the wait for that end,
+        from ``t0`` until now, is its ``fetch.end``."""
+        t1, training = _clock(), STATE.training == self.loader
+        if training:
+            STATE.ended = True
+        if STATE.current == self.loader:
+            STATE.current_ended = True
+        _FETCH_END.record(t0, t1, {**((_epoch_now() or {}) if training else {}), "count": self.items})
+        _evaluations.iteration_ended(self.loader, t1, self.items)
 
     def __iter__(self) -> _Fetches:
         return self
@@ -253,18 +255,13 @@ class _Fetches:
         if _stands_aside(_FETCH, "dataloader"):
             return self._next()
         if STATE.current != self.loader:
-            STATE.current, STATE.epoch = self.loader, self.epoch
+            STATE.current, STATE.epoch, STATE.current_ended = self.loader, self.epoch, False
             STATE.moved()
         t0 = _clock()
         try:
             item = self._next()
         except StopIteration:  # the wait for the end (its workers shut down): no batch
-            if STATE.training == self.loader:  # its iteration ran to its end
-                STATE.ended = True
-            t1 = _clock()
-            training = STATE.training == self.loader
-            _FETCH_END.record(t0, t1, {**((_epoch_now() or {}) if training else {}), "count": self.items})
-            _evaluations.iteration_ended(self.loader, t1, self.items)
+            self._ended(t0)
             raise
         except BaseException as exc:
             position = STATE.position if STATE.training == self.loader else {}
@@ -306,6 +303,7 @@ def _settle_start(*_: Any) -> None:
     held = tuple(_HELD)
     _HELD.clear()
     STATE.after_step = None
+    _evaluations.settle_before_training()
     if held:
         key, t0, t1 = held
         _FETCH_INIT.record(t0, t1, _epoch_now() if STATE.training == key == STATE.current else None)
@@ -316,10 +314,7 @@ def _traced_iter(self: Any) -> Any:
         key = 0 if STATE.down or not _FETCH.enabled or self in _tree.ITERATED or covered("dataloader") else id(self)
         if key:
             _settle_start()
-            epoch = _ITERATIONS.get(key, 0)
-            if _evaluations.LOOKED.pop(key, False):  # the pass before was a look at a batch: not an epoch
-                epoch -= 1
-            _ITERATIONS[key] = epoch + 1
+            epoch = _evaluations.pass_number(key)
             STATE.begin(key, epoch)
     except Exception:
         key = 0

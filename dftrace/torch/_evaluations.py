@@ -1,5 +1,7 @@
-"""Evaluation passes under automatic tracing (``dftrace.torch._auto``): a loader that is
-not the training one, iterated with no optimizer step (to its end or left early), and
+"""Loaders' passes under automatic tracing (``dftrace.torch._auto``): their numbers (a
+look at a batch is none), and evaluation passes: a loader that is
+not the training one, iterated with no optimizer step (to its end or left early), or
+one iterated before the first optimizer step when another then trains, and
 the eval-mode forwards of the outermost modules run between an optimizer step and the
 next batch over tensors at hand, each pass a ``pipeline.evaluate`` span on a track of
 its own, so that the step it interrupts does not hold its time."""
@@ -24,9 +26,22 @@ STATE: Any = None
 #: ``pipeline.evaluate`` span on a track of its own (the step it interrupts ends there).
 BEGUN: dict[int, tuple[int, int]] = {}
 _EVALUATION_TRACK: list[int] = []  # [pid, tid] of this process's track
-#: The loaders whose last iteration was a look at a batch (``next(iter(loader))``: one
-#: batch or none, no optimizer step): the next iteration takes its epoch number.
-LOOKED: dict[int, bool] = {}
+#: id(loader) -> how many times it was iterated, and whether its last iteration was a
+#: look at a batch (``next(iter(loader))``: one batch or none, no optimizer step),
+#: whose number the next iteration takes (see ``pass_number``).
+_ITERATIONS: dict[int, int] = {}
+_LOOKED: dict[int, bool] = {}
+#: [loader id, t0, t1] of a pass before the first optimizer step, of more than one
+#: batch, through the loader then taken for the training one: an evaluation (a
+#: baseline's) once another loader trains (see ``settle_before_training``).
+_BEFORE_TRAINING: list[int] = []
+
+
+def pass_number(key: int) -> int:
+    """Loader ``key``'s iteration that begins: its number, from 0 (see ``_ITERATIONS``)."""
+    number = _ITERATIONS.get(key, 0) - _LOOKED.pop(key, False)
+    _ITERATIONS[key] = number + 1
+    return number
 
 
 def iteration_ended(key: int, t1: int, batches: int = -1) -> None:
@@ -34,12 +49,24 @@ def iteration_ended(key: int, t1: int, batches: int = -1) -> None:
     ``batches`` (see ``BEGUN``)."""
     try:
         begun = BEGUN.pop(key, None)
-        LOOKED[key] = begun is not None and 0 <= batches <= 1 and begun[1] == STATE.optimizer_steps
+        _LOOKED[key] = begun is not None and 0 <= batches <= 1 and begun[1] == STATE.optimizer_steps
+        if begun is not None and key == STATE.training and batches > 1 and not STATE.optimizer_steps:
+            _BEFORE_TRAINING[:] = [key, begun[0], t1]
         if begun is None or key == STATE.training or begun[1] != STATE.optimizer_steps:
             return
         record_evaluation(begun[0], t1)
     except Exception as exc:
         warn_once("auto-evaluate", f"an evaluation pass not recorded: {exc!r}")
+
+
+def settle_before_training() -> None:
+    """After an optimizer step: the pass held in ``_BEFORE_TRAINING`` is an evaluation
+    where another loader trains now."""
+    if _BEFORE_TRAINING and STATE.optimizer_steps:
+        key, t0, t1 = _BEFORE_TRAINING
+        _BEFORE_TRAINING.clear()
+        if key != STATE.training:
+            record_evaluation(t0, t1)
 
 
 def record_evaluation(t0: int, t1: int) -> None:

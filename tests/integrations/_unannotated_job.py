@@ -29,6 +29,9 @@
   after each optimizer step, the epoch's last step's included;
 - ``cycle``: ``plain`` with the batches drawn through ``itertools.cycle(loader)``
   for two and a half passes: after the loader's one pass, no batch is fetched;
+- ``cycleval``: ``cycle`` with a pass of an evaluation loader under
+  ``torch.no_grad()`` after every fifth step;
+- ``preval``: ``plain`` after a pass of an evaluation loader (a baseline's);
 - ``compiled``: ``torch.compile(model)`` before the first step, trained four steps,
   then called once more with a global forward hook of the program's own: the
   warnings torch gave about global hooks, in each part;
@@ -116,11 +119,13 @@ def main(mode: str, truth_path: str) -> None:
             json.dump({**truth, "warned": said}, f)
         return
 
-    if mode == "cycle":
+    if mode in ("cycle", "cycleval"):
         import itertools
 
         batches = itertools.cycle(loader)
-        for _ in range(BATCHES * 5 // 2):
+        for k in range(BATCHES * 5 // 2):
+            if mode == "cycleval" and k and k % 5 == 0:
+                evaluate_pass(model, DataLoader(Data(), batch_size=16), truth)
             truth["starts_ns"].append(time.perf_counter_ns())
             x, y = next(batches)
             loss = nn.functional.mse_loss(model(x), y)
@@ -156,6 +161,8 @@ def main(mode: str, truth_path: str) -> None:
         if mode == "peek":  # a look at a batch's shape, then setting up
             x, _ = next(iter(loader))
             time.sleep(0.3)
+        if mode == "preval":  # a baseline's evaluation
+            evaluate_pass(model, DataLoader(Data(), batch_size=16), truth)
         for epoch in range(EPOCHS):
             if mode == "fresh":
                 loader = DataLoader(Data(), batch_size=8, num_workers=2)
@@ -218,6 +225,18 @@ def main(mode: str, truth_path: str) -> None:
         model(torch.randn(4, 16))
     with open(truth_path, "w") as f:
         json.dump(truth, f)
+
+
+def evaluate_pass(model, loader, truth) -> None:
+    """A pass of an evaluation loader under ``torch.no_grad()``, timed into
+    ``truth["evaluations_ns"]``."""
+    import torch
+
+    began = time.perf_counter_ns()
+    with torch.no_grad():
+        for x, _ in loader:
+            model(x)
+    truth.setdefault("evaluations_ns", []).append((began, time.perf_counter_ns()))
 
 
 def evaluate_over(model, x, truth) -> None:

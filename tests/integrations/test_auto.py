@@ -69,9 +69,9 @@ def test_an_unannotated_script_gets_steps_epochs_and_its_data_wait(tmp_path, how
     fetches = [e for e in spans if e["name"] == "fetch"]
     assert len(fetches) == truth["steps"]
     waited_us = sum(e["dur"] for e in fetches)
-    # (a busy machine may hold the loop between its clock read and the recorder's: up to
-    # a millisecond a fetch allowed)
-    assert waited_us == pytest.approx(truth["fetch_ns"] / 1e3, rel=0.05, abs=1000 * len(fetches))
+    # The loop's clock holds each wait and the calls around it: on a busy machine, what
+    # holds the loop between its clock read and the recorder's is the loop's alone.
+    assert 0.85 * truth["fetch_ns"] / 1e3 - 1000 * len(fetches) <= waited_us <= truth["fetch_ns"] / 1e3 + 1000
     forwards = [e for e in spans if e["name"] == "forward"]
     assert len(forwards) == truth["forwards"] + 1  # and the evaluation's
     assert sum("step" not in e["args"] for e in forwards) == 1
@@ -254,7 +254,8 @@ def test_an_evaluation_inside_the_epoch_is_no_step_s_time(tmp_path, engine, mode
     assert len(evaluations) == 3 and {e["args"]["level"] for e in evaluations} == {1}
     assert len({e["tid"] for e in evaluations} & {e["tid"] for e in _spans(out, "forward")}) == 0
     for (began, ended), span in zip(truth["evaluations_ns"], sorted(evaluations, key=lambda e: e["ts"])):
-        assert span["dur"] >= 0.9 * (ended - began) / 1e3
+        # (the loop's clock holds the calls around the pass: a busy machine's pauses there are its alone)
+        assert span["dur"] >= 0.8 * (ended - began) / 1e3, (span, began, ended)
     starts = truth["starts_ns"]
     ours = {(s["epoch"], s["step"]): s["median_us"] for s in summary.steps}
     for epoch, (began, ended) in enumerate(truth["evaluations_ns"]):
@@ -279,6 +280,37 @@ def test_an_evaluation_after_each_epoch_is_its_own_span(tmp_path, engine):
     (began, ended), last = truth["evaluations_ns"][1], evaluations[1]
     assert last["dur"] >= 0.9 * (ended - began) / 1e3, (last, began, ended)
     _assert_epoch_times(summary, truth)
+
+
+@pytest.mark.parametrize("mode", ["preval", "cycleval"])
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_an_evaluation_before_training_or_between_replayed_batches_is_its_own_span(tmp_path, engine, mode):
+    """A pass of an evaluation loader before the first optimizer step (a baseline's),
+    or after every fifth step where ``itertools.cycle`` replays the training loader's
+    batches: each is a pipeline.evaluate span as long as the loop timed it, and no
+    step's nor epoch's (the baseline's was no span, its batches the first step's; the
+    replayed run's evaluations became epochs 1 to 3, the last of no step, and two
+    steps held an evaluation each)."""
+    out, truth = _run_engine(tmp_path, mode, engine)
+    summary = summarize(out)
+    passes = truth["evaluations_ns"]
+    evaluations = sorted(_spans(out, "evaluate"), key=lambda e: e["ts"])[:len(passes)]
+    assert len(passes) == (1 if mode == "preval" else 3) and len(evaluations) == len(passes)
+    for (began, ended), span in zip(passes, evaluations):
+        assert 0.9 * (ended - began) / 1e3 <= span["dur"] <= (ended - began) / 1e3 + 1000, (span, began, ended)
+    starts = truth["starts_ns"]
+    if mode == "preval":
+        assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 8), (1, 8)]
+        _assert_epoch_times(summary, truth)
+        gaps = [(b - a) / 1e3 for k, (a, b) in enumerate(zip(starts, starts[1:])) if k % 8 != 7]
+        ours = [s["median_us"] for s in sorted(summary.steps, key=lambda s: s["step"]) if s["step"] % 8 != 7]
+        assert sum(ours) == pytest.approx(sum(gaps), rel=0.02)
+        return
+    assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 20)]
+    ours = {s["step"]: s["median_us"] for s in summary.steps}
+    for (began, ended), k in zip(passes, (4, 9, 14)):  # the step each follows: its own time, less the evaluation
+        own_us = (starts[k + 1] - starts[k] - (ended - began)) / 1e3
+        assert ours[k] <= own_us + 0.5 * (ended - began) / 1e3, (k, ours, own_us)
 
 
 @pytest.mark.parametrize("engine", ["c", "python"])

@@ -38,6 +38,7 @@ typedef struct {
        `train_epoch`; `ended`: that iteration ran to its end */
     long long shift, train_epoch;
     int ended;
+    int current_ended; /* `current`'s iteration ended (an evaluation's, run or left): it is not adopted */
     /* an optimizer stepped while a loader is iterated: the step is counted at the next
        batch fetched (a second optimizer stepping meanwhile, a GAN's, is the same
        step), or when `stepped` (compared only) steps again first */
@@ -245,6 +246,7 @@ static PyObject *AutoState_begin(PyObject *self, PyObject *args) {
         st->ended = 0;
     }
     st->current = key;
+    st->current_ended = 0;
     st->epoch = epoch;
     if (moved(st) < 0)
         return NULL;
@@ -303,13 +305,23 @@ static PyObject *AutoState_step_pre(PyObject *self, PyObject *const *args, Py_ss
         }
         if (moved(st) < 0)
             PyErr_Clear();
-    } else if (st->ended && st->current && st->current != st->training) {
-        /* another loader iterated after the training loader's iteration ended: it
-           trains now (one made anew for each epoch), its epoch the next one */
+    } else if (st->ended && st->current && st->current != st->training && !st->current_ended) {
+        /* another loader iterated after the training loader's iteration ended, and
+           under way: it trains now (one made anew for each epoch), its epoch the next
+           one (not an evaluation's that ended before the step: `itertools.cycle` of
+           the training loader fetches nothing more) */
         st->shift = st->train_epoch + 1 - st->epoch;
         st->training = st->current;
         st->train_epoch++;
         st->ended = 0;
+        if (moved(st) < 0)
+            PyErr_Clear();
+    } else if (st->current && st->current != st->training && st->current_ended) {
+        /* an evaluation's loader ended before this step: it trains on, in the training
+           loader's epoch */
+        st->current = st->training;
+        st->epoch = st->train_epoch - st->shift;
+        st->current_ended = st->ended;
         if (moved(st) < 0)
             PyErr_Clear();
     }
@@ -510,6 +522,8 @@ static int end_of_iteration(AutoState *st, AutoFetches *f, span_t *sp, PyObject 
         st->ended = 1;
         e = PyLong_FromLongLong(st->epoch + st->shift);
     }
+    if (f->key == st->current)
+        st->current_ended = 1;
     if (d && n && (f->key != st->training || (e && PyDict_SetItem(d, str_epoch, e) == 0)) &&
         PyDict_SetItem(d, str_count, n) == 0)
         x = dft_plain_extra(d, 1);
@@ -554,6 +568,7 @@ static PyObject *AutoFetches_next(AutoFetches *f) {
         return next_of(f);
     if (st->current != f->key) {
         st->current = f->key;
+        st->current_ended = 0;
         st->epoch = f->epoch;
         if (moved(st) < 0)
             PyErr_Clear();
