@@ -506,7 +506,7 @@ def test_sql_io_table(traced, summary):
     rows = run_sql("select * from io order by pid, ts", traced[0])
     assert rows.height == len(calls)
     assert rows.columns == ["pid", "host", "rank", "tid", "ts", "dur", "name", "cat", "category", "path", "bytes",
-                            "count", "offset", "calls"]
+                            "count", "offset", "calls", "ret", "errno"]
     ordered = sorted(calls, key=lambda c: (c.pid, c.ts))
     assert rows.get_column("bytes").to_list() == [c.bytes for c in ordered]
     assert rows.get_column("calls").to_list() == [c.ops for c in ordered]

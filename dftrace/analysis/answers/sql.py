@@ -58,7 +58,8 @@ VIEWS = {
                 "call started in the span, on its thread): rank, host, pid, tid, cat, name, ts, dur, kernels, kernel_us",
     "io": "traced file calls (cat POSIX and STDIO), one row each: pid, host, rank, tid, ts, dur, name, cat, category "
           "(read, write, metadata, sync, other), path, bytes (moved by a read or write), count (bytes asked), "
-          "offset (a word of SQL: quote it, \"offset\"), calls (the calls an aggregated event stands for, else 1)",
+          "offset (a word of SQL: quote it, \"offset\"), calls (the calls an aggregated event stands for, else 1), "
+          "ret (the call's result, -1 on failure), errno (on failure)",
 }
 
 #: Decoded from the start of each file to learn which other args exist.

@@ -109,11 +109,12 @@ def io_tables(events: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, pl.D
 
 
 #: The args ``dftrace sql``'s io table reads, as event columns.
-SQL_ARG_COLUMNS = {**ARG_COLUMNS, "io_offset": ("offset", pl.Int64())}
+SQL_ARG_COLUMNS = {**ARG_COLUMNS, "io_offset": ("offset", pl.Int64()), "io_errno": ("errno", pl.Int64())}
 #: Columns of ``dftrace sql``'s io table.
 SQL_SCHEMA = {"pid": pl.Int64, "host": pl.String, "rank": pl.Int32, "tid": pl.Int64, "ts": pl.Int64,
               "dur": pl.Int64, "name": pl.String, "cat": pl.String, "category": pl.String, "path": pl.String,
-              "bytes": pl.Int64, "count": pl.Int64, "offset": pl.Int64, "calls": pl.Int64}
+              "bytes": pl.Int64, "count": pl.Int64, "offset": pl.Int64, "calls": pl.Int64, "ret": pl.Int64,
+              "errno": pl.Int64}
 
 
 def named_by_any_process(rows: pl.DataFrame, paths: pl.DataFrame, key: str) -> pl.DataFrame:
@@ -137,7 +138,8 @@ def sql_rows(events: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
                                  paths, "io_fhash")
             .with_columns(_kind(), _ops().alias("calls"))
             .with_columns(_bytes(), pl.col("kind").replace_strict(dict(enumerate(KINDS)), return_dtype=pl.String)
-                          .alias("category"), pl.col("io_offset").alias("offset"))
+                          .alias("category"), pl.col("io_offset").alias("offset"), pl.col("io_ret").alias("ret"),
+                          pl.col("io_errno").alias("errno"))
             .select(*SQL_SCHEMA).cast(SQL_SCHEMA))
 
 
