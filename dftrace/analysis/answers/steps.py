@@ -232,15 +232,12 @@ def epoch_extents(combined: Combined, process_steps: pl.DataFrame) -> pl.DataFra
             .select(epochs.columns))
 
 
-def epoch_rows(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any]]:
+def epoch_rows(by_unit: pl.DataFrame, steps: pl.DataFrame, procs: pl.DataFrame,
+               runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_unit = by_unit.filter(pl.col("epoch").is_not_null())
     if not by_unit.height:
         return []
-    # Lazy: only the two columns are taken from the steps (a filter of the frame
-    # copied every column of every process's steps).
-    step_counts = steps.lazy().filter(pl.col("epoch").is_not_null()).group_by(pl.col("epoch").cast(pl.Int64)).agg(
-        pl.col("step").n_unique().alias("steps")
-    ).collect()
+    step_counts = _step_counts(steps, procs, runs)
     per_epoch = (
         by_unit.group_by("epoch")
         .agg(
@@ -256,6 +253,22 @@ def epoch_rows(by_unit: pl.DataFrame, steps: pl.DataFrame) -> list[dict[str, Any
         .sort("epoch")
     )
     return per_epoch.to_dicts()
+
+
+def _step_counts(steps: pl.DataFrame, procs: pl.DataFrame, runs: list[dict[str, Any]]) -> pl.DataFrame:
+    """epoch, steps: the steps each epoch ran, a step run again in a resumed job's next
+    run counted each time, as its time is (the most of any job's)."""
+    # Lazy: only the columns needed are taken from the steps (a filter of the frame
+    # copied every column of every process's steps).
+    counted = steps.lazy().filter(pl.col("epoch").is_not_null()).with_columns(pl.col("epoch").cast(pl.Int64))
+    if not any(run.get("resumed") for run in runs):
+        return counted.group_by("epoch").agg(pl.col("step").n_unique().alias("steps")).collect()
+    job_of = {i: run["job"] for i, run in enumerate(runs)}
+    runs_of = procs.lazy().select("proc", "run", pl.col("run").replace_strict(job_of, default=0, return_dtype=pl.Int64)
+                                  .alias("job"))
+    return (counted.join(runs_of, on="proc", how="left").group_by("epoch", "job")
+            .agg(pl.struct("run", "step").n_unique().alias("steps"))
+            .group_by("epoch").agg(pl.col("steps").max()).collect())
 
 
 def rank_imbalance(by_unit: pl.DataFrame, steps: pl.DataFrame,
@@ -326,7 +339,7 @@ def epochs(context: Context) -> dict[str, Any]:
     by_unit = each_rank_across_runs(unit_extents(epoch_extents(combined, context.process_steps), context.procs,
                                                  ["epoch"]),
                                     context.procs, context.runs, ["epoch"])
-    return {"epochs": epoch_rows(by_unit, context.process_steps)}
+    return {"epochs": epoch_rows(by_unit, context.process_steps, context.procs, context.runs)}
 
 
 def from_process_steps(context: Context) -> None:
