@@ -77,9 +77,9 @@ def data_targets(rank: np.ndarray, start: np.ndarray, data: np.ndarray, step_sta
         if cut_ends is not None:
             ahead &= ~inside_ended(cuts, cut_ends, start, step_start[nxt])
     if pass_ends is not None and pass_ends.size:
-        passes_before = np.searchsorted(pass_ends, start, side="right")
-        own &= passes_before == np.searchsorted(pass_ends, step_start[r], side="left")
-        ahead &= passes_before == np.searchsorted(pass_ends, step_start[nxt], side="left")
+        passes_before = np.searchsorted(pass_ends, start, side="right")  # a pass end after the row, before the step
+        own &= passes_before >= np.searchsorted(pass_ends, step_start[r], side="left")
+        ahead &= passes_before >= np.searchsorted(pass_ends, step_start[nxt], side="left")
     target[own] = r[own]
     target[ahead] = nxt[ahead]
     return target
