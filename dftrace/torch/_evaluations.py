@@ -44,12 +44,12 @@ def pass_number(key: int) -> int:
     return number
 
 
-def iteration_ended(key: int, t1: int, batches: int = -1) -> None:
+def iteration_ended(key: int, t1: int, batches: int) -> None:
     """Loader ``key``'s iteration ran to its end, or was left, at ``t1``, having given
     ``batches`` (see ``BEGUN``)."""
     try:
         begun = BEGUN.pop(key, None)
-        _LOOKED[key] = begun is not None and 0 <= batches <= 1 and begun[1] == STATE.optimizer_steps
+        _LOOKED[key] = begun is not None and batches <= 1 and begun[1] == STATE.optimizer_steps
         if begun is not None and key == STATE.training and batches > 1 and not STATE.optimizer_steps:
             _BEFORE_TRAINING[:] = [key, begun[0], t1]
         if begun is None or key == STATE.training or begun[1] != STATE.optimizer_steps:
