@@ -270,16 +270,17 @@ def _cmd_run(ns: argparse.Namespace) -> int:
         target = _command_on_path(target) or target  # a console script named alone: `dftrace run torchrun ...`
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
     started_ns = time.time_ns()
+    old_argv = sys.argv
+    sys.argv = [target, *rest]  # before tracing starts: the trace's command line is the script's
     try:
         session = dftrace.initialize(**auto_unless_set(_trace_kwargs(ns)))
     except ConfigError as exc:
+        sys.argv = old_argv
         print(f"dftrace run: {exc}", file=sys.stderr)
         return 2
     code = 0
-    old_argv = sys.argv
     try:
         if ns.module:
-            sys.argv = [target, *rest]
             try:
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
             except ImportError as exc:
@@ -289,7 +290,6 @@ def _cmd_run(ns: argparse.Namespace) -> int:
                 print(f"dftrace run: no module named {missing!r}", file=sys.stderr)
                 code = 2
         else:
-            sys.argv = [target, *rest]
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

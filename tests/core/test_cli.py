@@ -50,8 +50,13 @@ def test_run_traces_a_script_and_keeps_its_exit_code(tmp_path):
                           "--compression", "gzip", str(script), "a", "--b"],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 3, out.stderr
-    (train,) = testing.spans(testing.read_events(tmp_path), "train")
+    events = testing.read_events(tmp_path)
+    (train,) = testing.spans(events, "train")
     assert train["args"]["argv"] == ["a", "--b"]
+    # the process's command line is the script's (as `python job.py a --b` records it):
+    # what the answers name a rankless process by, not `dftrace run ...`
+    (pr,) = [e for e in events if e.get("name") == "PR"]
+    assert pr["args"]["cmdline"] == [str(script), "a", "--b"]
 
 
 def test_run_s_next_command_pastes_as_it_is(tmp_path):
