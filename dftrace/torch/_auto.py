@@ -109,6 +109,11 @@ class _State:
         self.training, self.train_epoch, self.ended = self.current, self.train_epoch + 1, False
         self.moved()
 
+    def trained_elsewhere(self) -> None:
+        """An integration's training run ended: the C engine's (auto_hooks.c)."""
+        self.training, self.fixed, self.ended, self.current, self.current_ended = -1, True, True, 0, False
+        self.moved()
+
     def fetches(self, it: Any, key: int, epoch: int) -> _Fetches:
         return _Fetches(it, key, epoch)
 
@@ -188,10 +193,18 @@ _installed = False
 _original_iter: Any = None
 
 
+_DOWN_AT: list[int] = []  # the optimizer steps taken when an integration's run began
+
+
 def standing_down(delta: int) -> None:
-    """An integration began (+1) or ended (-1) a training run: the hooks record
-    nothing meanwhile (the integration records the same)."""
+    """An integration began (+1) or ended (-1) a run: the hooks record nothing
+    meanwhile (the integration records the same). One that took optimizer steps
+    trained: a loader iterated after it is an evaluation's (unless one steps)."""
+    if delta > 0 and not STATE.down:
+        _DOWN_AT[:] = [STATE.optimizer_steps]
     STATE.down = max(0, STATE.down + delta)
+    if not STATE.down and _DOWN_AT and STATE.optimizer_steps > _DOWN_AT.pop():
+        STATE.trained_elsewhere()
     ROOTS.pause(STATE.down > 0)
 
 

@@ -54,7 +54,9 @@ def iteration_ended(key: int, t1: int, batches: int) -> None:
             _BEFORE_TRAINING[:] = [key, begun[0], t1]
         if begun is None or key == STATE.training or begun[1] != STATE.optimizer_steps:
             return
-        record_evaluation(begun[0], t1)
+        evaluation_over()  # one before it is over
+        _EVALUATION_RUN[:] = [begun[0], t1]  # held: the forwards of batches fetched ahead follow its end
+        STATE.evaluating = 1
     except Exception as exc:
         warn_once("auto-evaluate", f"an evaluation pass not recorded: {exc!r}")
 
@@ -80,8 +82,11 @@ def record_evaluation(t0: int, t1: int) -> None:
 
 #: The first start and last end of the eval-mode forwards of the outermost modules run
 #: between an optimizer step and the next batch, outside any loader's pass: an
-#: evaluation over tensors at hand. Recorded as one ``pipeline.evaluate`` span when
-#: the next step begins (or at exit), so that the step before does not hold its time.
+#: evaluation over tensors at hand; or an evaluation loader's pass and the eval-mode
+#: forwards after its end (a loader that fetches a batch ahead, as Hugging Face's
+#: accelerate does, ends before the last batch's forward). Recorded as one
+#: ``pipeline.evaluate`` span when the next step begins, another evaluation pass ends
+#: (or at exit), so that the step before does not hold its time.
 _EVALUATION_RUN: list[int] = []
 os.register_at_fork(after_in_child=_EVALUATION_RUN.clear)  # a forked child's (a worker's) is its parent's
 

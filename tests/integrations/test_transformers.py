@@ -227,3 +227,64 @@ def test_failed_train_is_closed_by_the_next_train(tmp_path):
     second = [e for e in result.spans("forward") if e["ts"] >= trains[1]["ts"]]
     assert len(second) == 2  # two steps of one micro-batch: one forward each, not doubled
     assert validate_file(result.paths[0]) == []
+
+
+_EVALUATE_AFTER_TRAINING = """
+import json, sys, time
+import torch, transformers
+sys.path.insert(0, {here!r})
+from test_transformers import dataset, tiny_model
+
+args = transformers.TrainingArguments(
+    output_dir={out!r}, num_train_epochs=2, per_device_train_batch_size=4, per_device_eval_batch_size=8,
+    report_to=[], use_cpu=True, disable_tqdm=True, logging_strategy="no", save_strategy="no")
+trainer = transformers.Trainer(model=tiny_model(), args=args, train_dataset=dataset(16), eval_dataset=dataset(24))
+trainer.train()
+forwards = []
+model = trainer.model
+model.register_forward_pre_hook(lambda *a: forwards.append(time.perf_counter_ns()))
+began = time.perf_counter_ns()
+trainer.evaluate()
+ended = time.perf_counter_ns()
+json.dump({{"evaluate_ns": ended - began, "forwards": len(forwards)}}, open({truth!r}, "w"))
+"""
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_evaluate_after_train_under_dftrace_run_is_an_evaluation(tmp_path, engine):
+    """``trainer.evaluate()`` after ``trainer.train()`` under ``dftrace run``: its
+    loader's pass (it fetches a batch ahead, so the last batch's forward follows the
+    pass's end) is one pipeline.evaluate span holding every forward of it, within the
+    job's own clock of the call; its batches carry no training step or epoch, and the
+    last training step does not hold its time."""
+    import json
+    import subprocess
+    import sys
+
+    script, truth = tmp_path / "job.py", tmp_path / "truth.json"
+    script.write_text(_EVALUATE_AFTER_TRAINING.format(
+        here=os.path.dirname(__file__), out=str(tmp_path / "out"), truth=str(truth)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "RANK", "LOCAL_RANK"))}
+    if engine == "python":
+        env["DFTRACE_NO_SPEEDUPS"] = "1"
+    done = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "job"),
+                           str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    clock = json.loads(truth.read_text())
+    events = testing.read_events(tmp_path / "t")
+    spans = testing.spans(events)
+    (evaluation,) = testing.spans(events, "evaluate")
+    (train,) = testing.spans(events, "train")
+    start, end = evaluation["ts"], evaluation["ts"] + evaluation["dur"]
+    after = [e for e in spans if e["name"] == "forward" and e["ts"] >= train["ts"] + train["dur"]]
+    assert len(after) == clock["forwards"] == 3
+    assert all(start <= f["ts"] and f["ts"] + f["dur"] <= end for f in after), (evaluation, after)
+    assert evaluation["dur"] <= clock["evaluate_ns"] / 1e3
+    fetches = [e for e in spans if e["name"] == "fetch" and e["ts"] >= start]
+    assert len(fetches) == 3 and not any("step" in e["args"] or "epoch" in e["args"] for e in fetches)
+    summary = summarize(tmp_path / "t")
+    assert len(summary.steps) == 8
+    last = max(summary.steps, key=lambda s: s["step"])
+    steps = sorted((e for e in spans if e["name"] == "compute" and e["cat"] == "compute"), key=lambda e: e["ts"])
+    # its time: from the step before's end until the evaluation begins at the latest, not into it
+    assert last["max_us"] <= start - steps[-2]["ts"] - steps[-2]["dur"], last

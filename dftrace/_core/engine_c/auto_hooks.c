@@ -253,6 +253,23 @@ static PyObject *AutoState_begin(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* trained_elsewhere(): an integration's training run, which took optimizer steps,
+   ended: its loader was the training one (TRAINED_ELSEWHERE, none of those the hooks
+   see). A loader iterated from now on is an evaluation's unless an optimizer steps
+   during its iteration (it is adopted then, as a loader made anew for an epoch). */
+#define TRAINED_ELSEWHERE (-1LL)
+static PyObject *AutoState_trained_elsewhere(PyObject *self, PyObject *unused) {
+    AutoState *st = (AutoState *)self;
+    st->training = TRAINED_ELSEWHERE;
+    st->fixed = 1;
+    st->ended = 1;
+    st->current = 0;
+    st->current_ended = 0;
+    if (moved(st) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* The step span left open by a step that raised (torch calls no post-hook then):
    it ends, incomplete, at the next step or batch fetched on its thread, so that
    what follows does not nest in it. (A forward or backward may: a closure's.) */
@@ -437,6 +454,7 @@ static PyMemberDef AutoState_members[] = {
     {"current", T_LONGLONG, offsetof(AutoState, current), READONLY, "id() of the loader iterated last"},
     {"training", T_LONGLONG, offsetof(AutoState, training), READONLY, "id() of the training loader"},
     {"optimizer_steps", T_LONGLONG, offsetof(AutoState, optimizer_steps), READONLY, "every optimizer step taken"},
+    {"ended", T_INT, offsetof(AutoState, ended), READONLY, "the training loader's iteration ended"},
     {"pending", T_INT, offsetof(AutoState, pending), READONLY,
      "an optimizer stepped, the step counted at the next batch"},
     {"evaluating", T_INT, offsetof(AutoState, evaluating), 0,
@@ -457,6 +475,8 @@ static PyObject *AutoState_fetches(PyObject *self, PyObject *args);
 
 static PyMethodDef AutoState_methods[] = {
     {"begin", AutoState_begin, METH_VARARGS, "begin(loader_id, epoch): a loader's iteration begins"},
+    {"trained_elsewhere", AutoState_trained_elsewhere, METH_NOARGS,
+     "trained_elsewhere(): an integration's training run ended; its loader trained"},
     {"step_pre", (PyCFunction)(void (*)(void))AutoState_step_pre, METH_FASTCALL,
      "step_pre(optimizer, args, kwargs): the optimizer step pre-hook"},
     {"step_post", (PyCFunction)(void (*)(void))AutoState_step_post, METH_FASTCALL,
