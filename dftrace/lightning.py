@@ -57,7 +57,7 @@ import os
 from typing import Any
 
 from ._core.tree import ai
-from ._hooks import OpenSpans, Wait, bytes_at, call_in_span, guarded, warn_once
+from ._hooks import OpenSpans, Wait, bytes_at, call_in_span, clock, guarded, warn_once
 from ._install_hint import import_framework
 
 __all__ = ["TraceCallback"]
@@ -141,6 +141,7 @@ class TraceCallback(pl.Callback):
         self._fetch = Wait(ai.dataloader.fetch)
         self._ddp_traced: Any = None
         self._standing_down = False
+        self._began: int | None = None  # when the evaluation, test or prediction under way began
         #: (object, attribute) set on the trainer's objects, removed at the fit's end
         self._patched: list[tuple[Any, str]] = []
 
@@ -315,31 +316,47 @@ class TraceCallback(pl.Callback):
             args["sanity_check"] = True
         self._fetch.cancel()  # what follows the evaluation waits for its own batch
         self._spans.open("evaluate", ai.pipeline.evaluate, **args)
+        self._began = clock()
 
     @guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self._spans.close("eval_batch")
         self._spans.close("evaluate")
+        self._recorded()
         if self._spans.is_open("epoch"):
             self._fetch.begin()
+
+    def _recorded(self) -> None:
+        """An evaluation recorded here: automatic tracing (``dftrace run``), which
+        records an evaluation loader's pass outside ``fit``, leaves this one's."""
+        import sys
+
+        evaluations = sys.modules.get("dftrace.torch._evaluations")
+        if evaluations is not None and self._began is not None:
+            evaluations.recorded_elsewhere(self._began, clock())
+        self._began = None
 
     @guarded
     def on_test_start(self, trainer: Any, pl_module: Any) -> None:
         self._spans.open("test", ai.pipeline.test, stage="test")
+        self._began = clock()
 
     @guarded
     def on_test_end(self, trainer: Any, pl_module: Any) -> None:
         self._spans.close("eval_batch")
         self._spans.close("test")
+        self._recorded()
 
     @guarded
     def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
         self._spans.open("predict", ai.pipeline.test, stage="predict")
+        self._began = clock()
 
     @guarded
     def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
         self._spans.close("eval_batch")
         self._spans.close("predict")
+        self._recorded()
 
     # Validation, test and predict batches alike: a ``compute.forward`` span with
     # ``args.batch`` (and ``args.dataloader`` past the first loader).

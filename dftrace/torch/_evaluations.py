@@ -14,6 +14,7 @@ from typing import Any
 from .._core import engine as _engine
 from .._core.tree import ai
 from .._hooks import warn_once
+from ._hooking import covered
 
 _EVALUATE = ai.pipeline.evaluate
 
@@ -54,11 +55,25 @@ def iteration_ended(key: int, t1: int, batches: int) -> None:
             _BEFORE_TRAINING[:] = [key, begun[0], t1]
         if begun is None or key == STATE.training or begun[1] != STATE.optimizer_steps:
             return
+        if covered("pipeline", names=("evaluate", "test")) or any(
+                a < t1 and begun[0] < b for a, b in RECORDED_ELSEWHERE):
+            return  # recorded by you or an integration (Lightning's validate())
         evaluation_over()  # one before it is over
         _EVALUATION_RUN[:] = [begun[0], t1]  # held: the forwards of batches fetched ahead follow its end
         STATE.evaluating = 1
     except Exception as exc:
         warn_once("auto-evaluate", f"an evaluation pass not recorded: {exc!r}")
+
+
+#: [t0, t1] of the last evaluations an integration recorded (Lightning's ``validate()``,
+#: whose loader's pass ends at its teardown): a pass overlapping one is that evaluation.
+RECORDED_ELSEWHERE: list[tuple[int, int]] = []
+
+
+def recorded_elsewhere(t0: int, t1: int) -> None:
+    """An integration recorded an evaluation from ``t0`` to ``t1`` (see ``RECORDED_ELSEWHERE``)."""
+    RECORDED_ELSEWHERE.append((t0, t1))
+    del RECORDED_ELSEWHERE[:-8]
 
 
 def settle_before_training() -> None:

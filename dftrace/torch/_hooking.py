@@ -261,12 +261,12 @@ def compiling() -> Any:
     return is_compiling
 
 
-def covered(category: str, depth: int = 12) -> bool:
-    """Whether a span of ``category`` you opened yourself is open on this thread: a
-    ``with``/``start()`` span or an ``.iter()`` loop body of that category, or a
-    function decorated with such a node. Nothing open (an un-annotated program): no,
-    at once. The callers' frames are looked at only while a span of no known kind (a
-    decorated function's) is open."""
+def covered(category: str, depth: int = 12, names: tuple[str, ...] = ()) -> bool:
+    """Whether a span of ``category`` (named one of ``names``, if given) you opened
+    yourself is open on this thread: a ``with``/``start()`` span or an ``.iter()`` loop
+    body of that category, or a function decorated with such a node. Nothing open (an
+    un-annotated program): no, at once. The callers' frames are looked at only while a
+    span of no known kind (a decorated function's) is open."""
     try:
         stk = _engine.LOCAL.stk or _engine.current_stack()
         if len(stk) <= 1:
@@ -284,10 +284,10 @@ def covered(category: str, depth: int = 12) -> bool:
                 kid = blocks.get(i)
             if kid is None:
                 unknown = True
-            elif kinds.get(kid, ("", ""))[1] == category:
+            elif kinds.get(kid, ("", ""))[1] == category and (not names or kinds[kid][0] in names):
                 return True
         decorated = _tree.DECORATED_CODE
-        if unknown and decorated:
+        if unknown and decorated and not names:
             frame = sys._getframe(2)
             while frame is not None and depth:
                 if decorated.get(frame.f_code) == category:

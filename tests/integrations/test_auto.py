@@ -428,3 +428,43 @@ def test_a_lightning_trainer_gets_its_callback_and_the_hooks_stand_down(tmp_path
     steps = [e["args"]["step"] for e in spans if e["name"] == "step"]
     fit, loop = truth["batches"], truth["loop_steps"]
     assert sorted(steps) == list(range(fit + loop))
+
+
+_ANNOTATED_EVALUATION = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from dftrace import ai
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+train = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=4)
+val = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
+for epoch in range(2):
+    model.train()
+    for (x,) in train:
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+    model.eval()
+    with ai.pipeline.evaluate, torch.no_grad():
+        for (x,) in val:
+            model(x)
+"""
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_an_evaluation_you_annotate_is_not_recorded_again(tmp_path, engine):
+    """``with ai.pipeline.evaluate:`` around an evaluation loader's pass under
+    ``dftrace run``: your span, one per epoch, holding its 4 batches' forwards, and
+    no second one recorded for the same pass."""
+    script = tmp_path / "job.py"
+    script.write_text(_ANNOTATED_EVALUATION)
+    env = _env(**({"DFTRACE_NO_SPEEDUPS": "1"} if engine == "python" else {}))
+    done = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "job"),
+                           str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    evaluations, forwards = _spans(tmp_path / "t", "evaluate"), _spans(tmp_path / "t", "forward")
+    assert len(evaluations) == 2
+    for span in evaluations:
+        inside = [f for f in forwards if span["ts"] <= f["ts"] and f["ts"] + f["dur"] <= span["ts"] + span["dur"]]
+        assert len(inside) == 4, (span, inside)

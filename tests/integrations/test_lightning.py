@@ -200,3 +200,59 @@ def test_a_fit_resumed_mid_epoch_has_that_epoch_and_every_batch_s_wait(tmp_path)
     assert len(result.spans("fetch", "dataloader")) == len(clock.starts) == 13
     summary = summarize(result.paths)
     assert [(e["epoch"], e["steps"]) for e in summary.epochs] == [(0, 5), (1, 8)]
+
+
+_VALIDATE_AFTER_FIT = """
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Regressor(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+    validation_step = test_step = training_step
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+data = TensorDataset(torch.randn(64, 3), torch.randn(64, 1))
+kw = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer = pl.Trainer(max_epochs=2, limit_val_batches=0, num_sanity_val_steps=0, **kw)
+trainer.fit(Regressor(), DataLoader(data, batch_size=8))
+evaluator = pl.Trainer(**kw)
+evaluator.validate(trainer.lightning_module, DataLoader(data, batch_size=8))
+evaluator.test(trainer.lightning_module, DataLoader(data, batch_size=16))
+"""
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_validate_and_test_after_fit_under_dftrace_run_are_recorded_once(tmp_path, engine):
+    """``trainer.validate()`` and ``trainer.test()`` after ``fit`` under ``dftrace run``:
+    the callback's evaluate and test spans, each holding its own batches, and no
+    second evaluation recorded by automatic tracing for the same loader's pass."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_VALIDATE_AFTER_FIT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "RANK", "LOCAL_RANK"))}
+    if engine == "python":
+        env["DFTRACE_NO_SPEEDUPS"] = "1"
+    done = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "job"),
+                           str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = testing.read_events(tmp_path / "t")
+    (evaluation,) = testing.spans(events, "evaluate")
+    (test,) = testing.spans(events, "test")
+    for span, batches in ((evaluation, 8), (test, 4)):
+        inside = [e for e in testing.spans(events, "forward")
+                  if span["ts"] <= e["ts"] and e["ts"] + e["dur"] <= span["ts"] + span["dur"]]
+        assert len(inside) == batches, (span, inside)
