@@ -351,6 +351,37 @@ def _main_frame_key() -> Any:
     return None if frame is None else (id(frame), frame.f_lasti)
 
 
+def _identity(fd: int) -> tuple[int, int] | None:
+    """What ``fd`` refers to now (None: it is closed)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _pipe_out_of_the_way() -> tuple[int, int]:
+    """A pipe (its write end non-blocking) at numbers a program seldom reaches: one
+    that closes every fd it did not open (a daemon's ``closerange``) and opens files
+    again gets the lowest free numbers, never ours (see ``_Watcher._run``)."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        import fcntl
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        top = 1024 if soft == resource.RLIM_INFINITY else min(soft, 1024)
+        if top > 256:
+            moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, top - 16) for fd in (r, w)]
+            for fd in (r, w):
+                os.close(fd)
+            r, w = moved
+    except Exception:
+        pass
+    return r, w
+
+
 class _Watcher:
     """The daemon thread that reads the signal wakeup fd (see the module doc)."""
 
@@ -363,13 +394,13 @@ class _Watcher:
         if cls.pipe is not None:
             return
         try:
-            r, w = os.pipe()
-            os.set_blocking(w, False)
+            r, w = _pipe_out_of_the_way()
             old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         except (ValueError, OSError, AttributeError):
             return
         cls.pipe, cls.chained = (r, w), old
-        cls.thread = threading.Thread(target=cls._run, args=(r, w), name="dftrace-signals",
+        ends = [_identity(r), _identity(w)]  # what the pipe's ends are (see _ours)
+        cls.thread = threading.Thread(target=cls._run, args=(r, w, ends), name="dftrace-signals",
                                       daemon=True)
         try:
             cls.thread.start()
@@ -425,14 +456,40 @@ class _Watcher:
             cls.start()
 
     @classmethod
-    def _run(cls, r: int, w: int) -> None:
+    def _ours(cls, r: int, w: int, ends: list[Any]) -> bool:
+        """Whether the pipe's numbers still are the pipe: the program may have closed
+        them (a daemon's ``closerange``). Then, where both numbers are free, a new
+        pipe takes them (the wakeup fd stays a pipe of ours, never a file the program
+        opens later); where not, they are the program's, never read nor closed."""
+        if [_identity(r), _identity(w)] == ends:
+            return True
+        if _identity(r) is not None or _identity(w) is not None:
+            return False
+        try:
+            nr, nw = os.pipe()
+            os.set_blocking(nw, False)
+            os.dup2(nr, r, inheritable=False)
+            os.dup2(nw, w, inheritable=False)
+            for fd in (nr, nw):
+                os.close(fd)
+        except OSError:
+            return False
+        ends[:] = [_identity(r), _identity(w)]
+        return True
+
+    @classmethod
+    def _run(cls, r: int, w: int, ends: list[Any]) -> None:
         while True:
+            if not cls._ours(r, w, ends):
+                return
             try:
                 data = os.read(r, 512)
             except InterruptedError:
                 continue
             except OSError:
                 return
+            if not data and cls.pipe is not None and cls.pipe[0] == r:
+                continue  # its write end was closed by the program: _ours() looks
             if not data or cls.pipe is None or cls.pipe[0] != r:
                 break  # stopped (a later session has a pipe of its own)
             chained = cls.chained
@@ -444,11 +501,12 @@ class _Watcher:
             for signum in set(data):
                 if signum and _terminating(signum):
                     cls._maybe_end(signum)
-        for fd in (r, w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        if cls._ours(r, w, ends):
+            for fd in (r, w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     @classmethod
     def _maybe_end(cls, signum: int) -> None:

@@ -233,6 +233,26 @@ def test_no_signal_handler_is_installed_at_import(tmp_path):
     assert out.stdout.strip() == "same", out.stderr
 
 
+def test_a_program_that_closes_every_fd_gets_no_signal_byte_in_its_files(tmp_path):
+    """A daemon-like program closes every fd it did not open (``closerange``), opens
+    files, gets signals: its files hold what it wrote, none of the bytes Python's
+    handler writes to dftrace's signal wakeup fd, and none is closed under it."""
+    code = (f"import os, signal, time, dftrace\n"
+            f"dftrace.initialize(log_file={str(tmp_path / 't')!r})\n"
+            "signal.signal(signal.SIGUSR1, lambda s, f: None)\n"
+            "os.closerange(3, 4096)\n"
+            f"files = [open(os.path.join({str(tmp_path)!r}, f'u{{i}}.bin'), 'wb', buffering=0) for i in range(8)]\n"
+            "for f in files: f.write(b'USERDATA')\n"
+            "for _ in range(3):\n"
+            "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "    time.sleep(0.05)\n"
+            "for f in files: f.write(b'END')\n"
+            "print('done')\n")
+    out = run(["-c", code])
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr
+    assert [(tmp_path / f"u{i}.bin").read_bytes() for i in range(8)] == [b"USERDATAEND"] * 8
+
+
 def test_handlers_are_installed_by_initialize_and_restored_by_finalize(tmp_path):
     """initialize() takes over SIGTERM (chaining to what was there); finalize() puts it back."""
     def mine(signum, frame):
