@@ -182,6 +182,10 @@ def _events_of(written: Any) -> str:
     if written.left_out:
         phases = ", ".join(f"{n} of phase {ph!r}" for ph, n in sorted(written.left_out.items()))
         skipped += f" (events the format has no place for left out: {phases})"
+    if written.copies:
+        from .render.text import copies_left_out
+
+        skipped += f"; {copies_left_out(written.copies)}"
     return (f"{count_of(written.events, 'event')} of "
             f"{count_of(written.trace.processes.height, 'process', 'processes')}{skipped}")
 

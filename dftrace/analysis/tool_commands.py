@@ -86,11 +86,16 @@ def _run_sql(args: argparse.Namespace) -> int:
     try:
         with Run(args) as options:
             broken: list[int] = []
+            copies: list[dict[str, str]] = []
             result = run_sql(args.query, args.paths, allow_file_functions=args.allow_file_functions,
-                             broken=broken, **options)
+                             broken=broken, copies=copies, **options)
     except pl.exceptions.PolarsError as exc:
         print(f"dftrace: error: in the query: {printable_text(query_error_text(exc))}", file=sys.stderr)
         return 2
+    if copies:
+        from .render.text import copies_left_out
+
+        print(f"dftrace sql: {copies_left_out(copies)}", file=sys.stderr)
     if sum(broken):
         print(f"dftrace sql: {sum(broken)} broken line{'s' if sum(broken) != 1 else ''} of the input left out "
               "(dftrace summary lists them)", file=sys.stderr)

@@ -391,3 +391,19 @@ def test_a_straggler_s_idle_time_is_no_machine_s(tmp_path, capsys, every):
     mean = next(r for r in data["rows"] if r["metric"] == "step.mean")
     assert mean["change"] == pytest.approx(len(idle_steps) * idle_us / steps, rel=0.05)
     assert data["speed"] == pytest.approx(1.0, abs=0.02) and mean["flagged"] and code == 1
+
+
+def test_a_name_that_moved_against_its_steps_is_named_so_in_the_guard_s_message(tmp_path):
+    """forward 2x as long, the rest as it was: ``--metric compute.forward.mean`` fails
+    the guard saying it moved against the rest of its steps, with the change as
+    measured beside the part judged (before: "from names that took longer ... ()")."""
+    base, new = tmp_path / "base", tmp_path / "new"
+    ms = {"fetch": 0.5, "forward": 2.0, "backward": 2.0, "step": 1.0}
+    _recorded_run(base, ms)
+    _recorded_run(new, {**ms, "forward": 4.0})
+    diff = compare_runs(str(base), str(new))
+    row = diff.row("compute.forward.mean")
+    why = diff.regression("compute.forward.mean", 0.10)
+    assert row.noise == "names" and why is not None and "()" not in why, (row, why)
+    assert "against the rest of its steps" in why and "as measured; the part judged" in why, why
+    assert f"{row.relative * 100:+.1f}% as measured" in why, why

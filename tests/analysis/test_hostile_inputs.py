@@ -189,6 +189,18 @@ def test_a_trace_reached_twice_counts_once(tmp_path, capsys):
     assert main(["summary", str(run), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "Left out 1 file holding the same events as another: copy.pfw.gz (as " in out
+    # sql, convert and merge count as the summary does, and say so (before: 2x the events)
+    spans = sum(c["count"] for c in once["categories"])
+    assert main(["sql", "select count(*) as n from spans", str(run), "--no-progress", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert orjson.loads(captured.out) == [{"n": spans}]
+    assert "Left out 1 file holding the same events as another: copy.pfw.gz (as " in captured.err
+    for command in ("convert", "merge"):
+        assert main([command, str(run), "-o", str(tmp_path / f"{command}.json"), "--no-progress"]) == 0
+        assert "Left out 1 file holding the same events as another: copy.pfw.gz" in capsys.readouterr().out
+        written = summarize(tmp_path / f"{command}.json")
+        assert written.overview["events"] == once["overview"]["events"], command
+        assert written.categories == once["categories"], command
     # One process's file and its copy beside it: the copy is left out, whatever the
     # names' order; a link to the file is read as the file.
     single = tmp_path / "single"

@@ -146,9 +146,10 @@ class RunDiff:
         within = "" if row.low is None else f", interval {interval_text(row)}"
         if row.noise == "names":
             low, high = row.low - row.machine, row.high - row.machine  # type: ignore[operator]
-            return (f"{metric} got worse by {excess * 100:.1f}% from names that took longer against the rest "
-                    f"of their steps ({row.note}), more than {limit * 100:g}% ({change}, "
-                    f"{row.relative * 100:+.1f}% in all; their part {signed_text(row.unit, low)} .. "  # type: ignore[operator]
+            judged = (f"from names that took longer against the rest of their steps ({row.note})" if row.note
+                      else "against the rest of its steps")  # a name's own mean
+            return (f"{metric} got worse by {excess * 100:.1f}% {judged}, more than {limit * 100:g}% ({change}, "
+                    f"{row.relative * 100:+.1f}% as measured; the part judged {signed_text(row.unit, low)} .. "  # type: ignore[operator]
                     f"{signed_text(row.unit, high)}, outside the noise)")
         if row.machine:
             speed = 1 + row.machine / row.base  # type: ignore[operator]

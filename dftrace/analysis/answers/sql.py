@@ -28,16 +28,16 @@ from ... import format as fmt
 from ..read.decode import read_partition
 from ..runtime.executor import default_executor
 from ..read.schema import EVENT_COLUMNS, RAW_FIELDS
-from ..read.sources import SQL_PARTITION_BYTES, Partition, PathsLike, plan_paths
+from ..read.sources import SQL_PARTITION_BYTES, Partition, PathsLike, expand_paths, first_events_of, plan_partitions
 from ..reduce.aggregate import aggregate_partitions
 from ..reduce.combine import combine
+from ..reduce.index import without_copies
 from .steps import steps_of
 from .gpu import (GPU_VIEW_SCHEMA, KERNELS_SCHEMA, SPAN_GPU_SCHEMA, USER_SPANS, gpu_answers, gpu_view,
                    kernels_table, span_gpu)
 from ..reduce.io_tables import SQL_ARG_COLUMNS as IO_ARG_COLUMNS
 from ..reduce.io_tables import SQL_SCHEMA as IO_SCHEMA
 from ..reduce.io_tables import sql_rows as io_rows
-from ..read.kineto import first_events, is_document_file
 from ..read.metadata import FileMetadata, Resolution, resolve
 from ..read.schema import HOST_KEY
 from ..read.partition_data import PartitionData
@@ -62,10 +62,6 @@ VIEWS = {
           "ret (the call's result, -1 on failure), errno (on failure)",
 }
 
-#: Decoded from the start of each file to learn which other args exist.
-_SAMPLE_BYTES = 1 << 20
-# Events of a PyTorch profiler trace looked at for their args.
-_SAMPLE_EVENTS = 1000
 #: Args every event may carry, already columns of ``events`` (``hhash`` names the host).
 _KNOWN_ARGS = {source[1] for source in RAW_FIELDS.values() if source[0] == "args"} | {fmt.ARG_HOSTNAME_HASH}
 
@@ -84,6 +80,7 @@ def run_sql(
     progress: bool | None = None,
     allow_file_functions: bool = False,
     broken: list[int] | None = None,
+    copies: list[dict[str, str]] | None = None,
 ) -> pl.DataFrame:
     """Run one SQL ``query`` over the traces at ``paths`` and return its result.
 
@@ -92,7 +89,8 @@ def run_sql(
     functions that read files (``read_csv(...)`` and the like) raise ValueError
     unless ``allow_file_functions``, so a query from someone else cannot print a
     file of this machine. The number of broken lines of the input is appended to
-    ``broken`` when given. Raises ``polars.exceptions.PolarsError`` for a query
+    ``broken`` when given, the files left out as copies of others (as the summary
+    leaves them out) to ``copies``. Raises ``polars.exceptions.PolarsError`` for a query
     polars cannot run.
     """
     if not allow_file_functions:
@@ -111,6 +109,8 @@ def run_sql(
         tables.close_reads()
     if broken is not None:
         broken.append(tables.broken_lines)
+    if copies is not None:
+        copies.extend(tables.copies)
     return _count_named(query, result)
 
 
@@ -215,8 +215,10 @@ class TraceTables:
         partition_bytes: int = SQL_PARTITION_BYTES,
         progress: bool | None = None,
     ):
-        self._plan = plan_paths(paths, partition_bytes)
         self._executor = default_executor(executor)
+        #: The files left out, holding the same events as another (as the summary does).
+        files, self.copies = without_copies(expand_paths(paths), self._executor, progress)
+        self._plan = plan_partitions(files, partition_bytes)
         self._progress = progress
         #: Other args as columns: column name -> (key in args, type).
         self.arg_columns = discover_arg_columns(self._plan)
@@ -467,7 +469,7 @@ def discover_arg_columns(plan: Sequence[Partition]) -> dict[str, tuple[str, pl.D
     seen: dict[str, set[type]] = {}
     firsts = {p.path: p for p in plan if not p.is_parquet and p.index == 0}
     for partition in firsts.values():
-        for event in _first_events(partition):
+        for event in first_events_of(partition):
             args = event.get("args")
             if not isinstance(args, dict) or fmt.normalize_phase(event.get("ph")) == fmt.PH_METADATA:
                 continue
@@ -491,21 +493,6 @@ def discover_arg_columns(plan: Sequence[Partition]) -> dict[str, tuple[str, pl.D
             dtype = pl.String()
         columns[f"arg_{key}" if key in EVENT_COLUMNS or key == "end" else key] = (key, dtype)
     return columns
-
-
-def _first_events(partition: Partition) -> Iterator[dict[str, Any]]:
-    if is_document_file(partition.path):
-        yield from first_events(partition.path, _SAMPLE_EVENTS)
-        return
-    data = b""
-    for chunk in fmt.iter_decoded_chunks(partition.path, partition.start, partition.end):
-        data += chunk
-        if len(data) >= _SAMPLE_BYTES:
-            break
-    for line in data.split(b"\n")[:-1] if len(data) >= _SAMPLE_BYTES else data.split(b"\n"):
-        parsed = fmt.parse_line(line.strip())
-        if parsed.event is not None:
-            yield parsed.event
 
 
 def _parquet_arg_types(path: str) -> dict[str, set[type]]:

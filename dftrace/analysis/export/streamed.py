@@ -117,7 +117,11 @@ class _Inputs:
 
         from ..runtime.executor import default_executor
 
-        plan = plan_partitions(_inputs_but(paths, output), partition_bytes)
+        from ..reduce.index import without_copies
+
+        #: The files left out, holding the same events as another (as the summary does).
+        files, self.copies = without_copies(_inputs_but(paths, output), executor, progress)
+        plan = plan_partitions(files, partition_bytes)
         self.scans: list[_Scanned] = default_executor(executor).map(
             partial(_scan, with_steps=with_steps), plan, progress=progress, desc="reading")
         parts = [s.part for s in self.scans]
@@ -178,7 +182,7 @@ def convert(paths: PathsLike, output: str | os.PathLike[str], *, to: str | None 
                 first[pid] = min(ts, first.get(pid, ts))
     frames = inputs.frames()
     left_out = _write(inputs.header, output, kind, first, frames)
-    return Written(inputs.header, inputs.events - sum(left_out.values()), left_out)
+    return Written(inputs.header, inputs.events - sum(left_out.values()), left_out, inputs.copies)
 
 
 @dataclass
@@ -190,6 +194,8 @@ class Written:
     events: int
     #: Events the format has no place for, by phase (Perfetto's: see ``perfetto``).
     left_out: dict[str, int] = field(default_factory=dict)
+    #: The input files left out, holding the same events as another (``path``, ``same_as``).
+    copies: list[dict[str, str]] = field(default_factory=list)
 
 
 def _write(header: TraceTable, output: str | os.PathLike[str], kind: str, first_ts: dict[int, int],
@@ -280,7 +286,7 @@ def merge_files(paths: PathsLike, output: str | os.PathLike[str], keep: MergeFil
         left_out = _write(header, output, kind, first_ts, frames)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return Written(header, kept - sum(left_out.values()), left_out)
+    return Written(header, kept - sum(left_out.values()), left_out, inputs.copies)
 
 
 def _filtered(frame: pl.DataFrame, keep: MergeFilter, origin: int, windows: pl.DataFrame | None) -> pl.DataFrame:

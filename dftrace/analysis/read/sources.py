@@ -12,12 +12,13 @@ import glob
 import os
 import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ...format.names import is_trace_file
-from ...format.reading import iter_decoded_chunks
-from .kineto import is_document_file
+from ...format.reading import iter_decoded_chunks, parse_line
+from .kineto import first_events, is_document_file
 
 #: Default on-disk size of one partition of a compressed file. TraceTable lines compress
 #: about tenfold, so a partition decodes to roughly 150-250 MB of JSON.
@@ -312,3 +313,26 @@ def _line_cuts(fh, size: int, target: int) -> list[int]:
         cuts.append(offset + newline + 1)
         offset = cuts[-1] + target
     return cuts
+
+
+#: Decoded from the start of a file for its first events (see ``first_events_of``).
+_SAMPLE_BYTES = 1 << 20
+#: Events of a PyTorch profiler trace (one JSON document) looked at.
+_SAMPLE_EVENTS = 1000
+
+
+def first_events_of(partition: Partition) -> Iterator[dict[str, Any]]:
+    """The events of the first MiB of ``partition`` (of a JSON document: its first
+    events), what a file holds learnt without reading it all."""
+    if is_document_file(partition.path):
+        yield from first_events(partition.path, _SAMPLE_EVENTS)
+        return
+    data = b""
+    for chunk in iter_decoded_chunks(partition.path, partition.start, partition.end):
+        data += chunk
+        if len(data) >= _SAMPLE_BYTES:
+            break
+    for line in data.split(b"\n")[:-1] if len(data) >= _SAMPLE_BYTES else data.split(b"\n"):
+        parsed = parse_line(line.strip())
+        if parsed.event is not None:
+            yield parsed.event

@@ -38,7 +38,7 @@ import polars as pl
 
 from ...format import parse_trace_filename
 from ..read.partition_data import PartitionData
-from ..read.sources import Partition, PathsLike, expand_paths, plan_partitions
+from ..read.sources import DEFAULT_PARTITION_BYTES, Partition, PathsLike, expand_paths, first_events_of, plan_partitions
 from ..read.trace import require_content
 from ..runtime.executor import default_executor
 from .aggregate import aggregate_partitions
@@ -95,6 +95,30 @@ def partials_of(paths: PathsLike, skipped: list[str], executor: Any, partition_b
     partials = [p for file_partials in each_file.values() for p in file_partials]
     require_content([p.source for p in partials], sum(p.events for p in partials))
     return partials
+
+
+def without_copies(files: Sequence[str], executor: Any = None,
+                   progress: bool | None = None) -> tuple[list[str], list[dict[str, str]]]:
+    """``files`` but those whose events another holds (``copies_of_others``), as the
+    summary leaves them out, and those left out (``path``, ``same_as``). The files are
+    read for it (or their partials taken from the index) only where two of them begin
+    with events of the same pid, as a copy begins with its original's."""
+    seen: dict[Any, int] = {}
+    unknown = False  # a Parquet file's events are not sampled: it may be any file's copy
+    for path in files:
+        first = plan_partitions([path], DEFAULT_PARTITION_BYTES)[:1]
+        unknown = unknown or any(p.is_parquet for p in first)
+        for pid in {event.get("pid") for p in first if not p.is_parquet for event in first_events_of(p)}:
+            seen[pid] = seen.get(pid, 0) + 1
+    if len(files) < 2 or not unknown and all(n < 2 for n in seen.values()):
+        return list(files), []
+    duplicates: list[dict[str, str]] = []
+    try:
+        partials_of(list(files), [], executor, DEFAULT_PARTITION_BYTES, progress, True, duplicates)
+    except ValueError:  # no events at all: the command says so
+        return list(files), []
+    copies = {d["path"] for d in duplicates}
+    return [path for path in files if path not in copies], duplicates
 
 
 def copies_of_others(each_file: dict[str, list[Partial]]) -> dict[str, str]:

@@ -204,9 +204,7 @@ def _broken(summary: Summary) -> list[str]:
                  f"no trace events: {names}"]
     copies = summary.overview.get("duplicate_files") or []
     if copies:
-        names = ", ".join(f"{os.path.basename(c['path'])} (as {os.path.basename(c['same_as'])})" for c in copies[:5])
-        lines.append(f"Left out {count_of(len(copies), 'file')} holding the same events as another: {names}"
-                     + (" ..." if len(copies) > 5 else ""))
+        lines.append(copies_left_out(copies))
     if not damaged:
         return lines
     lines.append("Damaged files")
@@ -466,3 +464,10 @@ def io_text(io: dict[str, Any], top: int) -> list[str]:
 def _short_path(path: str, width: int = 60) -> str:
     path = one_line(path)
     return path if len(path) <= width else "..." + path[-(width - 3):]
+
+
+def copies_left_out(copies: list[dict[str, str]]) -> str:
+    """The sentence on the files left out as copies of others (``duplicate_files``)."""
+    names = ", ".join(f"{os.path.basename(c['path'])} (as {os.path.basename(c['same_as'])})" for c in copies[:5])
+    return (f"Left out {count_of(len(copies), 'file')} holding the same events as another: {names}"
+            + (" ..." if len(copies) > 5 else ""))
