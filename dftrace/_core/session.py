@@ -331,6 +331,10 @@ def _check_dir(d: str) -> str | None:
     and the whole check where no shell can be started, here."""
     import subprocess
 
+    real = os.path.realpath(d)
+    for kernel in ("/proc", "/sys"):  # writable to root by the mode bits, no file can be made there
+        if real == kernel or real.startswith(kernel + "/"):
+            return f"directory {_clean(d)!r} is in {kernel}, the kernel's: no file can be written there"
     code = None
     try:
         proc = subprocess.Popen(["/bin/sh", "-c", _DIR_CHECK, "sh", d], stdin=subprocess.DEVNULL,

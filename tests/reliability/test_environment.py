@@ -55,10 +55,12 @@ def test_an_entry_with_the_trace_files_name_is_left_alone(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
-def test_unwritable_log_directory_fails_at_initialize():
-    """A directory where no file can be created is a ConfigError naming log_file."""
-    with pytest.raises(ConfigError, match=r"log_file \(env DFTRACE_LOG_FILE\)='/proc/self/run'"):
-        dftrace.initialize(log_file="/proc/self/run", inherit=False)
+@pytest.mark.parametrize("path", ["/proc/self/run", "/proc/run", "/sys/run"])
+def test_unwritable_log_directory_fails_at_initialize(path):
+    """A directory where no file can be created is a ConfigError naming log_file
+    (``/proc`` and ``/sys`` too for root, whom their mode bits let write)."""
+    with pytest.raises(ConfigError, match=rf"log_file \(env DFTRACE_LOG_FILE\)='{path}'"):
+        dftrace.initialize(log_file=path, inherit=False)
 
 
 INITIALIZE = """
