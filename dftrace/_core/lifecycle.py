@@ -338,6 +338,10 @@ def finalize(target: Session | None = None) -> None:
                     + (" (it was deleted)" if failed == "deleted" else f" ({failed})" if failed else "")
                     + (f"; the record of the loss is in {s.sink.loss_record}"
                        if s.sink.loss_record else ""))
+            if STATE.dropped:  # the trace counts them: said here too, once
+                STATE.warn_once("dropped", f"{STATE.dropped} events were dropped, the buffer full ("
+                                + ("on_full=drop" if s.config.on_full == "drop" else "the writer made no "
+                                   "progress") + f"); {s.path} counts them")
             s.events_lost = lost
         except BaseException as exc:
             if isinstance(exc, Exception):

@@ -574,6 +574,8 @@ def test_drops_under_a_full_ring_and_a_stopped_drainer_are_counted_exactly(tmp_p
                   if e["args"]["reason"] == "buffer full")
     assert 0 < written < n
     assert written + dropped == n
+    # said on stderr as well, with the count the file has
+    assert f"dftrace: {dropped} events were dropped, the buffer full (" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("limit", [1024, 3000])
