@@ -111,6 +111,9 @@ def evaluated(t0: int, t1: int) -> None:
     try:
         if any(key != STATE.training for key in BEGUN):
             return  # an evaluation loader's pass: a span of its own
+        if _BEFORE_TRAINING and t0 >= _BEFORE_TRAINING[2] and not STATE.optimizer_steps:
+            _BEFORE_TRAINING[2] = t1  # the forward of a batch a pass before training fetched ahead
+            return
         if _EVALUATION_RUN:
             _EVALUATION_RUN[1] = t1
         else:

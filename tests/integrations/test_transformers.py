@@ -239,24 +239,29 @@ args = transformers.TrainingArguments(
     output_dir={out!r}, num_train_epochs=2, per_device_train_batch_size=4, per_device_eval_batch_size=8,
     report_to=[], use_cpu=True, disable_tqdm=True, logging_strategy="no", save_strategy="no")
 trainer = transformers.Trainer(model=tiny_model(), args=args, train_dataset=dataset(16), eval_dataset=dataset(24))
-trainer.train()
 forwards = []
-model = trainer.model
-model.register_forward_pre_hook(lambda *a: forwards.append(time.perf_counter_ns()))
+hook = trainer.model.register_forward_pre_hook(lambda *a: forwards.append(time.perf_counter_ns()))
+began = time.perf_counter_ns()
+trainer.evaluate()  # a baseline
+baseline = [time.perf_counter_ns() - began, len(forwards)]
+hook.remove()
+trainer.train()
+forwards.clear()
+trainer.model.register_forward_pre_hook(lambda *a: forwards.append(time.perf_counter_ns()))
 began = time.perf_counter_ns()
 trainer.evaluate()
 ended = time.perf_counter_ns()
-json.dump({{"evaluate_ns": ended - began, "forwards": len(forwards)}}, open({truth!r}, "w"))
+json.dump({{"evaluate_ns": ended - began, "forwards": len(forwards), "baseline": baseline}}, open({truth!r}, "w"))
 """
 
 
 @pytest.mark.parametrize("engine", ["c", "python"])
 def test_evaluate_after_train_under_dftrace_run_is_an_evaluation(tmp_path, engine):
-    """``trainer.evaluate()`` after ``trainer.train()`` under ``dftrace run``: its
-    loader's pass (it fetches a batch ahead, so the last batch's forward follows the
-    pass's end) is one pipeline.evaluate span holding every forward of it, within the
-    job's own clock of the call; its batches carry no training step or epoch, and the
-    last training step does not hold its time."""
+    """``trainer.evaluate()`` before and after ``trainer.train()`` under ``dftrace run``:
+    each one's loader's pass (it fetches a batch ahead, so the last batch's forward
+    follows the pass's end) is one pipeline.evaluate span holding every forward of it,
+    within the job's own clock of the call; the batches of the one after training
+    carry no training step or epoch, and the last training step does not hold its time."""
     import json
     import subprocess
     import sys
@@ -273,8 +278,12 @@ def test_evaluate_after_train_under_dftrace_run_is_an_evaluation(tmp_path, engin
     clock = json.loads(truth.read_text())
     events = testing.read_events(tmp_path / "t")
     spans = testing.spans(events)
-    (evaluation,) = testing.spans(events, "evaluate")
+    first, evaluation = sorted(testing.spans(events, "evaluate"), key=lambda e: e["ts"])
     (train,) = testing.spans(events, "train")
+    before = [e for e in spans if e["name"] == "forward" and e["ts"] + e["dur"] <= train["ts"]]
+    assert len(before) == clock["baseline"][1] == 3
+    assert all(first["ts"] <= f["ts"] and f["ts"] + f["dur"] <= first["ts"] + first["dur"] for f in before), first
+    assert first["dur"] <= clock["baseline"][0] / 1e3
     start, end = evaluation["ts"], evaluation["ts"] + evaluation["dur"]
     after = [e for e in spans if e["name"] == "forward" and e["ts"] >= train["ts"] + train["dur"]]
     assert len(after) == clock["forwards"] == 3
