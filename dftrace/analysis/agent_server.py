@@ -70,14 +70,18 @@ class Refused(ValueError):
 
 def capped(value: Any, limit: int) -> Any:
     """``value`` with each list of rows cut to ``limit`` items and ``<key>_left_off``
-    beside it counting what was cut; lists of numbers (histogram bins) stay whole."""
+    beside it counting what was cut; lists of numbers (histogram bins) stay whole, and
+    so do the lists of the same length beside them (their labels)."""
     if isinstance(value, list):
         return [capped(item, limit) for item in value]
     if not isinstance(value, dict):
         return value
     out: dict[str, Any] = {}
+    bins = {len(item) for item in value.values()
+            if isinstance(item, list) and item and all(isinstance(x, (int, float)) for x in item)}
     for key, item in value.items():
-        if isinstance(item, list) and len(item) > limit and not all(isinstance(x, (int, float)) for x in item):
+        if (isinstance(item, list) and len(item) > limit and len(item) not in bins
+                and not all(isinstance(x, (int, float)) for x in item)):
             out[key] = capped(item[:limit], limit)
             out[f"{key}_left_off"] = len(item) - limit
         else:

@@ -227,12 +227,16 @@ def test_long_lists_are_cut_and_say_how_many_were_left_off(session, truth):
 
 
 def test_capping_keeps_numeric_series_whole():
-    """Histogram bins are a value, not rows: only lists of rows are cut."""
+    """Histogram bins are a value, not rows: only lists of rows are cut; and their
+    labels beside them stay whole with them (the io answer's size buckets: before,
+    2 labels for 10 counts)."""
     data = {"edges_us": list(range(30)), "rows": [{"a": i, "ranks": list("abc")} for i in range(5)]}
     assert agent_server.capped(data, 2) == {
         "edges_us": list(range(30)), "rows": [{"a": 0, "ranks": ["a", "b"], "ranks_left_off": 1},
                                               {"a": 1, "ranks": ["a", "b"], "ranks_left_off": 1}],
         "rows_left_off": 3}
+    sizes = {"buckets": [f"b{i}" for i in range(10)], "read": [0, 0, 1600] + [0] * 7, "write": [0] * 10}
+    assert agent_server.capped({"sizes": sizes}, 2) == {"sizes": sizes}
 
 
 def test_diff_is_dftrace_diff(session, truth):

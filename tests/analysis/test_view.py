@@ -165,6 +165,33 @@ def test_view_names_the_way_out_when_the_port_is_taken(traces, tmp_path, capsys)
     assert "another 'dftrace view' or a trace_processor may hold it; stop it, or use --port" in capsys.readouterr().err
 
 
+def test_view_refuses_a_port_out_of_range_and_an_output_it_would_misname(traces, tmp_path, capsys):
+    """--port 99999 or -1, and -o x.json (the file is Perfetto's protobuf), are one line
+    and exit code 2 before anything is read or written (before: a traceback after the
+    conversion; a protobuf file named .json)."""
+    for args in (["--port", "99999"], ["--port=-1"], ["-o", str(tmp_path / "x.json")]):
+        assert main(["view", str(traces), "--no-browser", "--once", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_view_on_port_0_says_the_port_it_serves_on(traces, tmp_path):
+    """--port 0 (any free port): the URL printed is the one served, which the UI can fetch."""
+    trace = tmp_path / "job.pftrace"
+    assert main(["convert", str(traces), "-o", str(trace)]) == 0
+    view = _View(str(trace), "--once", "--no-browser", "--port", "0")
+    try:
+        first = view.lines_until("serving until the UI has fetched it")[0]
+        url = first.rpartition(" at ")[2]
+        assert ":0/" not in url, first
+        with urllib.request.urlopen(url, timeout=60) as reply:
+            assert reply.read() == trace.read_bytes()
+    finally:
+        code, out, err = view.end(interrupt=False)
+    assert code == 0 and "Traceback" not in err, err
+
+
 def test_view_decides_what_to_convert(traces, tmp_path, monkeypatch):
     """What the UI opens as it is is served as it is (a .pftrace; one small Chrome JSON
     or plain or gzip pfw file); a directory, several files, zstd or a big file are

@@ -159,6 +159,7 @@ def serve(path: str, *, port: int = DEFAULT_PORT, ui: str = DEFAULT_UI, browser:
     except OSError as exc:
         raise OSError(f"cannot serve on 127.0.0.1:{port} ({exc.strerror or exc}): another 'dftrace view' or a "
                       f"trace_processor may hold it; stop it, or use --port") from None
+    port = server.server_address[1]  # the one bound (port 0: any free one)
     url = ui_url(ui, port, server.name)
     thread = threading.Thread(target=server.serve_forever, name="dftrace-view", daemon=True)
     thread.start()
@@ -186,7 +187,11 @@ def view(paths: Sequence[str], *, port: int = DEFAULT_PORT, ui: str = DEFAULT_UI
          once: bool = False, output: str | None = None, **options: Any) -> int:
     """``dftrace view``: ``paths`` made viewable (:func:`viewable`) and served
     (:func:`serve`). Ctrl-C ends it, with exit code 0."""
-    _origin(ui)  # a wrong --ui fails before any work
+    _origin(ui)  # a wrong --ui, --port or -o fails before any work
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port wants a port from 0 to 65535 (0: any free one), got {port}")
+    if output is not None and not output.endswith(".pftrace"):
+        raise ValueError(f"-o {output}: the trace made for the UI is Perfetto's protobuf; name it FILE.pftrace")
     try:
         with _ended_by_signals():
             with viewable(paths, output, **options) as path:
