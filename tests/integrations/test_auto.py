@@ -18,6 +18,8 @@ pytest.importorskip("polars")
 from dftrace.analysis import summarize  # noqa: E402
 from dftrace.testing import read_events, trace_files  # noqa: E402
 
+from ._dftrace_run import dftrace_run  # noqa: E402
+
 JOB = os.path.join(os.path.dirname(__file__), "_unannotated_job.py")
 BATCHES = 8  # a pass of the job's loader (its BATCHES)
 
@@ -457,13 +459,8 @@ def test_an_evaluation_you_annotate_is_not_recorded_again(tmp_path, engine):
     """``with ai.pipeline.evaluate:`` around an evaluation loader's pass under
     ``dftrace run``: your span, one per epoch, holding its 4 batches' forwards, and
     no second one recorded for the same pass."""
-    script = tmp_path / "job.py"
-    script.write_text(_ANNOTATED_EVALUATION)
-    env = _env(**({"DFTRACE_NO_SPEEDUPS": "1"} if engine == "python" else {}))
-    done = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "job"),
-                           str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    evaluations, forwards = _spans(tmp_path / "t", "evaluate"), _spans(tmp_path / "t", "forward")
+    traces = dftrace_run(tmp_path, _ANNOTATED_EVALUATION, engine)
+    evaluations, forwards = _spans(traces, "evaluate"), _spans(traces, "forward")
     assert len(evaluations) == 2
     for span in evaluations:
         inside = [f for f in forwards if span["ts"] <= f["ts"] and f["ts"] + f["dur"] <= span["ts"] + span["dur"]]

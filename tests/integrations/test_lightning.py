@@ -20,6 +20,7 @@ from dftrace.format import validate_file  # noqa: E402
 from dftrace.analysis import summarize  # noqa: E402
 from dftrace.lightning import TraceCallback  # noqa: E402
 
+from ._dftrace_run import dftrace_run  # noqa: E402
 from ._fit_spans import fit_batches  # noqa: E402
 
 
@@ -238,18 +239,7 @@ def test_validate_and_test_after_fit_under_dftrace_run_are_recorded_once(tmp_pat
     """``trainer.validate()`` and ``trainer.test()`` after ``fit`` under ``dftrace run``:
     the callback's evaluate and test spans, each holding its own batches, and no
     second evaluation recorded by automatic tracing for the same loader's pass."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "job.py"
-    script.write_text(_VALIDATE_AFTER_FIT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "RANK", "LOCAL_RANK"))}
-    if engine == "python":
-        env["DFTRACE_NO_SPEEDUPS"] = "1"
-    done = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "job"),
-                           str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    events = testing.read_events(tmp_path / "t")
+    events = testing.read_events(dftrace_run(tmp_path, _VALIDATE_AFTER_FIT, engine))
     (evaluation,) = testing.spans(events, "evaluate")
     (test,) = testing.spans(events, "test")
     for span, batches in ((evaluation, 8), (test, 4)):

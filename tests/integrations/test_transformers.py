@@ -19,6 +19,8 @@ from dftrace.analysis import summarize  # noqa: E402
 from dftrace.format import validate_file  # noqa: E402
 from dftrace.transformers import TraceCallback  # noqa: E402
 
+from ._dftrace_run import dftrace_run  # noqa: E402
+
 
 def tiny_model():
     torch.manual_seed(0)
@@ -230,10 +232,22 @@ def test_failed_train_is_closed_by_the_next_train(tmp_path):
 
 
 _EVALUATE_AFTER_TRAINING = """
-import json, sys, time
+import json, time
 import torch, transformers
-sys.path.insert(0, {here!r})
-from test_transformers import dataset, tiny_model
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=16, num_labels=2)
+    return transformers.BertForSequenceClassification(cfg)
+
+
+def dataset(n):
+    g = torch.Generator().manual_seed(0)
+    return [{{"input_ids": torch.randint(0, 50, (8,), generator=g),
+             "attention_mask": torch.ones(8, dtype=torch.long), "labels": i % 2}} for i in range(n)]
+
 
 args = transformers.TrainingArguments(
     output_dir={out!r}, num_train_epochs=2, per_device_train_batch_size=4, per_device_eval_batch_size=8,
@@ -263,20 +277,12 @@ def test_evaluate_after_train_under_dftrace_run_is_an_evaluation(tmp_path, engin
     within the job's own clock of the call; the batches of the one after training
     carry no training step or epoch, and the last training step does not hold its time."""
     import json
-    import subprocess
-    import sys
 
-    script, truth = tmp_path / "job.py", tmp_path / "truth.json"
-    script.write_text(_EVALUATE_AFTER_TRAINING.format(
-        here=os.path.dirname(__file__), out=str(tmp_path / "out"), truth=str(truth)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACE_", "RANK", "LOCAL_RANK"))}
-    if engine == "python":
-        env["DFTRACE_NO_SPEEDUPS"] = "1"
-    done = subprocess.run([sys.executable, "-m", "dftrace", "run", "--log-file", str(tmp_path / "t" / "job"),
-                           str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    truth = tmp_path / "truth.json"
+    traces = dftrace_run(tmp_path, _EVALUATE_AFTER_TRAINING.format(out=str(tmp_path / "out"), truth=str(truth)),
+                         engine)
     clock = json.loads(truth.read_text())
-    events = testing.read_events(tmp_path / "t")
+    events = testing.read_events(traces)
     spans = testing.spans(events)
     first, evaluation = sorted(testing.spans(events, "evaluate"), key=lambda e: e["ts"])
     (train,) = testing.spans(events, "train")
@@ -291,7 +297,7 @@ def test_evaluate_after_train_under_dftrace_run_is_an_evaluation(tmp_path, engin
     assert evaluation["dur"] <= clock["evaluate_ns"] / 1e3
     fetches = [e for e in spans if e["name"] == "fetch" and e["ts"] >= start]
     assert len(fetches) == 3 and not any("step" in e["args"] or "epoch" in e["args"] for e in fetches)
-    summary = summarize(tmp_path / "t")
+    summary = summarize(traces)
     assert len(summary.steps) == 8
     last = max(summary.steps, key=lambda s: s["step"])
     steps = sorted((e for e in spans if e["name"] == "compute" and e["cat"] == "compute"), key=lambda e: e["ts"])
