@@ -203,6 +203,18 @@ def add_callback(owner: Any, method: str, callback: str, *, hooks_stand_down: bo
     setattr(owner, method, call)
 
 
+#: The modules that define the trainers, and where the callback each trainer made gets is (named, not
+#: imported here: the integrations import torch's automatic tracing). The older ``pytorch_lightning``
+#: package is not one: dftrace.lightning's callback is a ``lightning.pytorch`` one.
+TRAINER_CALLBACKS = (("transformers.trainer", "dftrace.transformers:TraceCallback"),
+                     ("lightning.pytorch.trainer.trainer", "dftrace.lightning:TraceCallback"))
+
+
+def give_trainer_callback(callback: str, module: Any) -> None:
+    """``auto=True``: each ``module.Trainer`` made gets ``callback`` unless given one."""
+    add_callback(module.Trainer, "__init__", callback)
+
+
 def give_keras_callbacks(models: Any) -> None:
     """``auto=True``: every Keras ``fit``, ``evaluate`` and ``predict`` gets a
     :class:`dftrace.keras.TraceCallback` unless given one (``models``:

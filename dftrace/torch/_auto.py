@@ -31,7 +31,7 @@ from .._core import engine as _engine
 from .._core import lifecycle as _lifecycle
 from .._core import tree as _tree
 from .._core.tree import ai
-from .._hooks import add_callback, warn_once
+from .._hooks import TRAINER_CALLBACKS, give_trainer_callback, warn_once
 from . import _evaluations
 from ._dist import note_distributed_rank, patch_init_process_group, trace_distributed, watch_ddp
 from ._hooking import (BACKWARD, covered, forward_failed, front_function, global_hooks_aside, never_a_root,
@@ -552,19 +552,6 @@ class _BackwardArgs:
         return STATE.position  # encoded by the span's stop(): shared safely
 
 
-# -- trainers -------------------------------------------------------------------------
-
-#: The modules that define the trainers, and where the callback each trainer made gets is (named, not
-#: imported here: the integrations import this module). The older ``pytorch_lightning`` package is not
-#: one: dftrace.lightning's callback is a ``lightning.pytorch`` one, a class of another package to its trainers.
-_TRAINERS = (("transformers.trainer", "dftrace.transformers:TraceCallback"),
-             ("lightning.pytorch.trainer.trainer", "dftrace.lightning:TraceCallback"))
-
-
-def _give_callback(callback: str, module: Any) -> None:
-    add_callback(module.Trainer, "__init__", callback)
-
-
 # -- installing -----------------------------------------------------------------------
 
 
@@ -609,5 +596,5 @@ def install(_torch: Any = None) -> None:
         watch_ddp(every=True)
         patch_init_process_group()
         note_distributed_rank()
-    for name, callback in _TRAINERS:
-        when_imported(name, functools.partial(_give_callback, callback))
+    for name, callback in TRAINER_CALLBACKS:
+        when_imported(name, functools.partial(give_trainer_callback, callback))
