@@ -123,7 +123,7 @@ def test_the_cli_exit_code_in_a_pipeline(runs):
     assert result.returncode == 1
     # backward moved against the rest of its steps: the step is judged by its part
     assert "regression: step.p50 got worse by" in result.stderr and "(moved: compute.backward" in result.stderr
-    assert "(445 us -> 745 us, +67.4% in all;" in result.stderr
+    assert "(445 us -> 745 us, +67.4% as measured;" in result.stderr
 
 
 def test_different_numbers_of_ranks_compare_per_rank(tmp_path, capsys):
