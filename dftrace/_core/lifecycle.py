@@ -314,11 +314,9 @@ def finalize(target: Session | None = None) -> None:
                 why = (f"the writer was still writing after {patience.elapsed:.0f} s "
                        f"(at {s.writer.events_written / max(patience.elapsed, 1e-9):,.0f} events/s: "
                        "too slow for the load, the storage still answering)")
-            elif patience.reason == "stalled":
+            else:
                 why = (f"no progress for shutdown_timeout={s.config.shutdown_timeout:g} s "
                        "(storage stalled)")
-            else:  # known stalled before the wait (a write under way made no progress for long)
-                why = "its storage stalled (a write under way made no progress)"
             if (not done and isinstance(s.writer, _process_writer.ProcessWriter)
                     and s.writer.fallback is None):
                 STATE.warn_once(

@@ -331,9 +331,12 @@ def _check_dir(d: str) -> str | None:
     and the whole check where no shell can be started, here."""
     import subprocess
 
-    real = os.path.realpath(d)
+    try:
+        named = os.path.abspath(d)  # by its name: the storage is not asked here
+    except OSError:  # the working directory deleted
+        named = d
     for kernel in ("/proc", "/sys"):  # writable to root by the mode bits, no file can be made there
-        if real == kernel or real.startswith(kernel + "/"):
+        if named == kernel or named.startswith(kernel + "/"):
             return f"directory {_clean(d)!r} is in {kernel}, the kernel's: no file can be written there"
     code = None
     try:
